@@ -1,0 +1,39 @@
+#pragma once
+// The process-wide allocators, one per device, as the C ABI and LibTorch integration use
+// them. Configured from REMAT_ALLOC_CONF on first use, or by configure().
+
+#include <remat/alloc/caching_allocator.hpp>
+#include <remat/alloc/config.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <string_view>
+
+namespace remat::alloc {
+
+inline constexpr int kMaxDevices = 64;
+
+// The allocator of `device`, created on first use. Throws ConfigError when
+// REMAT_ALLOC_CONF is malformed, InvalidArgumentError for a device outside [0, 64).
+CachingAllocator& device_allocator(int device);
+
+// Applies `text` (REMAT_ALLOC_CONF syntax) on top of the configuration in force. Keys that
+// pick the backend or its capacity are accepted only while nothing is allocated.
+void configure(std::string_view text);
+Config current_config();
+// The backend a new allocator gets under the configuration in force (never automatic).
+BackendKind effective_backend();
+
+// The device a call without one means: the current CUDA device, or 0 on host.
+int default_device() noexcept;
+
+// Calls `fn` for each allocator created so far.
+void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn);
+
+using OomObserver = std::function<void(const OomEvent&)>;
+// Observers run after the allocator's lock is released; one that throws is reported on
+// stderr and the others still run. Returns an id for remove_oom_observer.
+int add_oom_observer(OomObserver observer);
+bool remove_oom_observer(int id);
+
+}  // namespace remat::alloc

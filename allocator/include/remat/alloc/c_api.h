@@ -1,0 +1,125 @@
+/* C ABI of libremat_alloc.so. remat_alloc/remat_free are what PyTorch's
+ * CUDAPluggableAllocator calls; the rest configure, tag, query and dump. Functions that
+ * return int give 0 on success and a REMAT_ERR_* code otherwise; remat_last_error() then
+ * holds the message for the calling thread. Nothing throws across this boundary. */
+#ifndef REMAT_ALLOC_C_API_H
+#define REMAT_ALLOC_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define REMAT_API __declspec(dllexport)
+#else
+#define REMAT_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Same type as the CUDA runtime's, without needing its headers. */
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+
+enum {
+  REMAT_OK = 0,
+  REMAT_ERR_INVALID_ARGUMENT = 1,
+  REMAT_ERR_CONFIG = 2,
+  REMAT_ERR_OUT_OF_MEMORY = 3,
+  REMAT_ERR_INVALID_POINTER = 4,
+  REMAT_ERR_TAG_STACK = 5,
+  REMAT_ERR_IO = 6,
+  REMAT_ERR_BACKEND = 7,
+  REMAT_ERR_STATE = 8,
+  REMAT_ERR_INTERNAL = 99
+};
+
+/* PyTorch CUDAPluggableAllocator entry points. remat_alloc returns NULL for size 0 and
+ * on out-of-memory (after releasing the cache and retrying). remat_free(NULL, ...) does
+ * nothing; a bad pointer or size is refused, counted and reported via remat_last_error. */
+REMAT_API void* remat_alloc(size_t size, int device, cudaStream_t stream);
+REMAT_API void remat_free(void* ptr, size_t size, int device, cudaStream_t stream);
+
+/* "key:value,..." as in REMAT_ALLOC_CONF, applied over the configuration in force. */
+REMAT_API int remat_configure(const char* conf);
+
+REMAT_API int remat_push_region(const char* name);
+REMAT_API int remat_pop_region(void);
+/* direction is 'F' (forward activations) or 'B' (gradients). */
+REMAT_API int remat_push_recv_slot(int stage, char direction, int slot);
+REMAT_API int remat_pop_recv_slot(void);
+REMAT_API int remat_push_site(const char* name);
+REMAT_API int remat_pop_site(void);
+/* phase: "forward", "recompute", "backward" or "other". */
+REMAT_API int remat_push_phase(const char* phase);
+REMAT_API int remat_pop_phase(void);
+/* policy: "save", "recompute" or "none". */
+REMAT_API int remat_push_policy(const char* policy);
+REMAT_API int remat_pop_policy(void);
+
+/* Snapshot of the default device (current CUDA device, or 0 on host). */
+REMAT_API int remat_dump_snapshot(const char* path);
+REMAT_API int remat_dump_snapshot_device(const char* path, int device);
+/* The trace ring of the default device as JSON Lines (kind "trace"). */
+REMAT_API int remat_dump_trace(const char* path);
+/* Returns cached segments of every device to the backend. */
+REMAT_API int remat_empty_cache(void);
+REMAT_API int remat_record_stream(void* ptr, cudaStream_t stream);
+
+typedef struct remat_stats {
+  size_t struct_size; /* caller sets sizeof(remat_stats) */
+  int64_t allocated_bytes;
+  int64_t allocated_bytes_peak;
+  int64_t requested_bytes;
+  int64_t requested_bytes_peak;
+  int64_t active_bytes;
+  int64_t active_bytes_peak;
+  int64_t reserved_bytes;
+  int64_t reserved_bytes_peak;
+  int64_t live_blocks;
+  int64_t segments;
+  uint64_t num_allocs;
+  uint64_t num_frees;
+  uint64_t num_segment_allocs;
+  uint64_t num_segment_frees;
+  uint64_t num_ooms;
+  uint64_t num_alloc_retries;
+  uint64_t num_invalid_frees;
+} remat_stats;
+
+REMAT_API int remat_get_stats(int device, remat_stats* out);
+REMAT_API int remat_reset_peak_stats(int device);
+/* Requested bytes live under regions equal to or nested in `region_prefix`. */
+REMAT_API int remat_live_bytes(int device, const char* region_prefix, int64_t* out);
+
+typedef struct remat_oom_info {
+  int device;
+  size_t requested_bytes;
+  size_t rounded_bytes;
+  size_t device_free_bytes;
+  size_t device_total_bytes;
+  int64_t reserved_bytes;
+  int64_t allocated_bytes;
+  const char* message;
+} remat_oom_info;
+typedef void (*remat_oom_observer_fn)(const remat_oom_info* info, void* user_data);
+
+/* Observers are called without the allocator's lock, on the failing thread. Returns an id
+ * (> 0) or a negative REMAT_ERR_* code. */
+REMAT_API int remat_register_oom_observer(remat_oom_observer_fn fn, void* user_data);
+REMAT_API int remat_unregister_oom_observer(int id);
+
+/* Host backend only: hold a simulated stream (its events stay pending) or complete it. */
+REMAT_API int remat_host_hold_stream(int device, cudaStream_t stream);
+REMAT_API int remat_host_complete_stream(int device, cudaStream_t stream);
+
+/* The calling thread's last error message ("" when none). Valid until its next call. */
+REMAT_API const char* remat_last_error(void);
+REMAT_API const char* remat_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* REMAT_ALLOC_C_API_H */

@@ -1,0 +1,93 @@
+#pragma once
+// What an allocation belongs to. The tag in force is the top of a thread-local stack that
+// RAII scopes (C++) or push/pop calls (C ABI) change; every block copies it at allocation.
+// Names and whole tags are interned process-wide, so a block stores one small id.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace remat::alloc {
+
+enum class Policy : std::uint8_t { none, save, recompute };
+enum class Phase : std::uint8_t { other, forward, recompute, backward };
+enum class Direction : std::uint8_t { forward, backward };  // 'F' / 'B' in schedules
+
+std::string_view to_string(Policy policy);
+std::string_view to_string(Phase phase);
+char to_char(Direction direction);
+
+using NameId = std::uint32_t;  // 0 is the empty name
+using TagId = std::uint32_t;   // 0 is the untagged tag
+
+struct RecvSlot {
+  std::int32_t stage = 0;
+  Direction direction = Direction::forward;
+  std::int32_t slot = 0;
+  bool operator==(const RecvSlot&) const = default;
+};
+
+struct Tag {
+  NameId region = 0;  // interned path such as "layers.0::attention"
+  Policy policy = Policy::none;
+  Phase phase = Phase::other;
+  bool has_recv = false;
+  RecvSlot recv{};
+  NameId site = 0;
+  bool operator==(const Tag&) const = default;
+};
+
+NameId intern_name(std::string_view name);
+std::string name_of(NameId id);
+// Every interned name, indexed by NameId.
+std::vector<std::string> interned_names();
+
+TagId intern_tag(const Tag& tag);
+Tag tag_of(TagId id);
+// Every interned tag, indexed by TagId.
+std::vector<Tag> interned_tags();
+
+// The tag in force on this thread (0 when nothing is pushed).
+TagId current_tag_id() noexcept;
+Tag current_tag();
+
+enum class ScopeKind : std::uint8_t { region, policy, phase, recv_slot, site };
+std::string_view to_string(ScopeKind kind);
+
+// Pushing a region inside another composes the path: "layers.0" then "attention" gives
+// "layers.0::attention". Empty names are rejected (InvalidArgumentError).
+void push_region(std::string_view name);
+void push_policy(Policy policy);
+void push_phase(Phase phase);
+void push_recv_slot(RecvSlot slot);
+void push_site(std::string_view name);
+// Pops the top frame, which must be of `kind`; throws TagStackError otherwise, leaving the
+// stack unchanged.
+void pop_tag(ScopeKind kind);
+std::size_t tag_stack_depth() noexcept;
+// The frames from bottom to top, as text (for reports): "region layers.0", "site experts".
+std::vector<std::string> describe_tag_stack();
+
+// RAII scopes over the push/pop calls.
+class [[nodiscard]] TagScope {
+ public:
+  static TagScope region(std::string_view name) { push_region(name); return TagScope(ScopeKind::region); }
+  static TagScope policy(Policy policy) { push_policy(policy); return TagScope(ScopeKind::policy); }
+  static TagScope phase(Phase phase) { push_phase(phase); return TagScope(ScopeKind::phase); }
+  static TagScope recv_slot(RecvSlot slot) { push_recv_slot(slot); return TagScope(ScopeKind::recv_slot); }
+  static TagScope site(std::string_view name) { push_site(name); return TagScope(ScopeKind::site); }
+
+  TagScope(TagScope&& other) noexcept : kind_(other.kind_), active_(other.active_) { other.active_ = false; }
+  TagScope(const TagScope&) = delete;
+  TagScope& operator=(const TagScope&) = delete;
+  TagScope& operator=(TagScope&&) = delete;
+  ~TagScope();
+
+ private:
+  explicit TagScope(ScopeKind kind) : kind_(kind) {}
+  ScopeKind kind_;
+  bool active_ = true;
+};
+
+}  // namespace remat::alloc

@@ -1,0 +1,55 @@
+#pragma once
+// A bounded ring of allocator events, oldest overwritten first.
+
+#include <remat/alloc/backend.hpp>
+#include <remat/alloc/tags.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace remat::alloc {
+
+// Names match PyTorch's memory snapshot trace actions.
+enum class TraceAction : std::uint8_t {
+  alloc,
+  free_requested,
+  free_completed,
+  segment_alloc,
+  segment_free,
+  oom,
+};
+std::string_view to_string(TraceAction action);
+
+struct TraceEvent {
+  std::int64_t time_us = 0;  // wall clock, microseconds since the Unix epoch
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;
+  Stream stream = 0;
+  TagId tag = 0;
+  TraceAction action = TraceAction::alloc;
+};
+
+class TraceRing {
+ public:
+  explicit TraceRing(std::size_t capacity = 0) { resize(capacity); }
+
+  bool enabled() const noexcept { return !events_.empty(); }
+  std::size_t capacity() const noexcept { return events_.size(); }
+  // Events recorded but since overwritten.
+  std::uint64_t dropped() const noexcept { return recorded_ > events_.size() ? recorded_ - events_.size() : 0; }
+  std::uint64_t recorded() const noexcept { return recorded_; }
+
+  void record(TraceAction action, std::uint64_t address, std::uint64_t size, Stream stream, TagId tag);
+  // Resizing clears the ring; capacity 0 switches tracing off.
+  void resize(std::size_t capacity);
+  // Oldest first; at most the last `limit` events.
+  std::vector<TraceEvent> events(std::size_t limit = SIZE_MAX) const;
+
+ private:
+  std::vector<TraceEvent> events_;
+  std::uint64_t recorded_ = 0;
+};
+
+}  // namespace remat::alloc

@@ -1,0 +1,153 @@
+#include <remat/alloc/allocator.hpp>
+#include <remat/alloc/cuda_backend.hpp>
+#include <remat/alloc/errors.hpp>
+#include <remat/alloc/host_backend.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace remat::alloc {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  bool configured = false;
+  Config config;
+  std::array<std::atomic<CachingAllocator*>, kMaxDevices> allocators{};
+  std::mutex observer_mutex;
+  std::map<int, OomObserver> observers;
+  int next_observer_id = 1;
+};
+
+// Never destroyed: PyTorch may free tensors during interpreter shutdown, after static
+// destructors would have run.
+Registry& registry() {
+  static auto* instance = new Registry();
+  return *instance;
+}
+
+void notify_observers(const OomEvent& event) {
+  Registry& r = registry();
+  std::vector<OomObserver> observers;
+  {
+    std::lock_guard lock(r.observer_mutex);
+    for (const auto& [id, observer] : r.observers) observers.push_back(observer);
+  }
+  for (const OomObserver& observer : observers) {
+    try {
+      observer(event);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "remat: an out-of-memory observer threw: %s (ignored)\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "remat: an out-of-memory observer threw a non-standard exception (ignored)\n");
+    }
+  }
+}
+
+BackendKind resolve(BackendKind kind) {
+  if (kind != BackendKind::automatic) return kind;
+  return cuda_device_available() ? BackendKind::cuda : BackendKind::host;
+}
+
+std::unique_ptr<Backend> make_backend(const Config& config, int device) {
+  if (resolve(config.backend) == BackendKind::cuda) return make_cuda_backend(device);
+  return std::make_unique<HostBackend>(config.host_capacity_bytes, device);
+}
+
+// Callers hold r.mutex.
+const Config& configured_locked(Registry& r) {
+  if (!r.configured) {
+    r.config = Config::from_environment();
+    r.configured = true;
+  }
+  return r.config;
+}
+
+}  // namespace
+
+CachingAllocator& device_allocator(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    throw InvalidArgumentError("device " + std::to_string(device) + " is out of range; pass a device index in [0, " +
+                               std::to_string(kMaxDevices) + ")");
+  }
+  Registry& r = registry();
+  if (CachingAllocator* existing = r.allocators[device].load(std::memory_order_acquire)) return *existing;
+  std::lock_guard lock(r.mutex);
+  if (CachingAllocator* existing = r.allocators[device].load(std::memory_order_relaxed)) return *existing;
+  const Config& config = configured_locked(r);
+  auto* created = new CachingAllocator(make_backend(config, device), config);
+  created->set_oom_handler(notify_observers);
+  r.allocators[device].store(created, std::memory_order_release);
+  return *created;
+}
+
+void configure(std::string_view text) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  const Config& current = configured_locked(r);
+  Config next = Config::parse(text, current, "remat_configure");
+  const bool backend_changes = resolve(next.backend) != resolve(current.backend) ||
+                               next.host_capacity_bytes != current.host_capacity_bytes;
+  std::vector<CachingAllocator*> existing;
+  for (auto& slot : r.allocators) {
+    if (CachingAllocator* allocator = slot.load(std::memory_order_relaxed)) existing.push_back(allocator);
+  }
+  if (backend_changes) {
+    // Check every device before switching any, so a refusal leaves all of them as they were.
+    for (CachingAllocator* allocator : existing) {
+      const std::int64_t live = allocator->stats().allocations.current;
+      if (live != 0) {
+        throw StateError("cannot change backend or host_capacity_mb while device " +
+                         std::to_string(allocator->device()) + " has " + std::to_string(live) +
+                         " live blocks; configure before the first allocation, or free everything first");
+      }
+    }
+  }
+  for (CachingAllocator* allocator : existing) {
+    if (backend_changes) allocator->replace_backend(make_backend(next, allocator->device()), next);
+    else allocator->apply_config(next);
+  }
+  r.config = std::move(next);
+}
+
+Config current_config() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  return configured_locked(r);
+}
+
+BackendKind effective_backend() { return resolve(current_config().backend); }
+
+int default_device() noexcept {
+  try {
+    return effective_backend() == BackendKind::cuda ? current_cuda_device() : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn) {
+  for (auto& slot : registry().allocators) {
+    if (CachingAllocator* allocator = slot.load(std::memory_order_acquire)) fn(*allocator);
+  }
+}
+
+int add_oom_observer(OomObserver observer) {
+  Registry& r = registry();
+  std::lock_guard lock(r.observer_mutex);
+  const int id = r.next_observer_id++;
+  r.observers.emplace(id, std::move(observer));
+  return id;
+}
+
+bool remove_oom_observer(int id) {
+  Registry& r = registry();
+  std::lock_guard lock(r.observer_mutex);
+  return r.observers.erase(id) != 0;
+}
+
+}  // namespace remat::alloc

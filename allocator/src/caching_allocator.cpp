@@ -1,0 +1,521 @@
+#include <remat/alloc/caching_allocator.hpp>
+#include <remat/alloc/errors.hpp>
+
+#include "detail/format.hpp"
+#include "detail/pointer_map.hpp"
+
+#include <map>
+#include <memory_resource>
+#include <mutex>
+#include <set>
+
+namespace remat::alloc {
+
+using detail::format_address;
+using detail::format_bytes;
+
+std::size_t round_request_size(std::size_t size) {
+  if (size < kMinBlockSize) return kMinBlockSize;
+  return (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+
+std::size_t segment_size_for(std::size_t rounded_size) {
+  if (rounded_size <= kSmallRequestLimit) return kSmallSegmentSize;
+  if (rounded_size < kMinLargeAlloc) return kLargeSegmentSize;
+  return (rounded_size + kLargeRoundUp - 1) / kLargeRoundUp * kLargeRoundUp;
+}
+
+std::string_view to_string(BlockState state) {
+  switch (state) {
+    case BlockState::active_allocated: return "active_allocated";
+    case BlockState::active_pending_free: return "active_pending_free";
+    case BlockState::inactive: break;
+  }
+  return "inactive";
+}
+
+namespace {
+
+// A piece of a segment. Blocks of one segment form an address-ordered list via prev/next.
+struct Block {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  Stream stream = 0;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  std::vector<Stream> stream_uses;  // other streams the block was used on (record_stream)
+  int pending_events = 0;
+  TagId tag = 0;
+  bool allocated = false;
+  bool small = false;
+
+  bool is_free() const { return !allocated && pending_events == 0; }
+  bool is_whole_segment() const { return prev == nullptr && next == nullptr; }
+};
+
+// Best fit within a stream: ordered by (stream, size, address).
+struct BlockOrder {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->size != b->size) return a->size < b->size;
+    return a->address < b->address;
+  }
+};
+
+using FreePool = std::pmr::set<Block*, BlockOrder>;
+
+std::size_t reserved_cap(Backend& backend, const Config& config) {
+  if (config.memory_fraction >= 1.0) return Config::kUnlimited;
+  return static_cast<std::size_t>(config.memory_fraction * static_cast<double>(backend.memory_info().total_bytes));
+}
+
+}  // namespace
+
+struct CachingAllocator::State {
+  State(std::unique_ptr<Backend> b, const Config& c)
+      : backend(std::move(b)), config(c), reserved_limit(reserved_cap(*backend, c)), trace(c.trace_entries) {}
+
+  mutable std::mutex mutex;
+  std::unique_ptr<Backend> backend;
+  Config config;
+  std::size_t reserved_limit;
+  // Set nodes come from a pool so that moving a block in and out of a free pool does not
+  // call malloc once the pool is warm.
+  std::pmr::unsynchronized_pool_resource set_nodes;
+  FreePool small_pool{&set_nodes};
+  FreePool large_pool{&set_nodes};
+  detail::PointerMap<Block> live;
+  std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
+  std::vector<std::pair<Event, Block*>> pending_frees;
+  std::vector<Block*> spare_blocks;
+  AllocatorStats stats;
+  std::vector<TagStats> tag_stats;  // indexed by TagId
+  TraceRing trace;
+  OomHandler oom_handler;
+
+  FreePool& pool_of(const Block* block) { return block->small ? small_pool : large_pool; }
+
+  Block* new_block() {
+    if (spare_blocks.empty()) return new Block();
+    Block* block = spare_blocks.back();
+    spare_blocks.pop_back();
+    *block = Block();
+    return block;
+  }
+  void recycle(Block* block) {
+    block->stream_uses = {};
+    spare_blocks.push_back(block);
+  }
+
+  TagStats& stats_for(TagId tag) {
+    if (tag >= tag_stats.size()) tag_stats.resize(static_cast<std::size_t>(tag) + 1);
+    return tag_stats[tag];
+  }
+
+  Block* take_free_block(FreePool& pool, Stream stream, std::size_t size) {
+    Block probe;
+    probe.stream = stream;
+    probe.size = size;
+    const auto it = pool.lower_bound(&probe);
+    if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    Block* block = *it;
+    const std::size_t max_split = config.max_split_size_bytes;
+    if (max_split != Config::kUnlimited) {
+      // Keep oversized blocks for large requests, and do not hand out far more than asked.
+      if (size < max_split && block->size >= max_split) return nullptr;
+      if (size >= max_split && block->size >= size + kLargeSegmentSize) return nullptr;
+    }
+    pool.erase(it);
+    return block;
+  }
+
+  Block* new_segment(std::size_t size, Stream stream, bool small) {
+    if (size > reserved_limit || static_cast<std::size_t>(stats.reserved_bytes.current) > reserved_limit - size) {
+      return nullptr;
+    }
+    void* ptr = backend->allocate(size);
+    if (ptr == nullptr) return nullptr;
+    Block* block = new_block();
+    block->address = reinterpret_cast<std::uintptr_t>(ptr);
+    block->size = size;
+    block->stream = stream;
+    block->small = small;
+    segments.emplace(block->address, block);
+    stats.reserved_bytes.add(static_cast<std::int64_t>(size));
+    stats.segments.add(1);
+    trace.record(TraceAction::segment_alloc, block->address, size, stream, current_tag_id());
+    return block;
+  }
+
+  void release_segment(Block* block) {
+    backend->deallocate(reinterpret_cast<void*>(block->address), block->size);
+    segments.erase(block->address);
+    stats.reserved_bytes.subtract(static_cast<std::int64_t>(block->size));
+    stats.segments.subtract(1);
+    trace.record(TraceAction::segment_free, block->address, block->size, block->stream, 0);
+    recycle(block);
+  }
+
+  void release_cached_blocks() {
+    for (FreePool* pool : {&small_pool, &large_pool}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* block = *it;
+        if (block->is_whole_segment()) {
+          it = pool->erase(it);
+          release_segment(block);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  void split(Block* block, std::size_t size) {
+    const std::size_t remaining = block->size - size;
+    const bool worth_splitting = block->small ? remaining >= kMinBlockSize
+                                              : size < config.max_split_size_bytes && remaining > kSmallRequestLimit;
+    if (!worth_splitting) return;
+    Block* rest = new_block();
+    rest->address = block->address + size;
+    rest->size = remaining;
+    rest->stream = block->stream;
+    rest->small = block->small;
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next != nullptr) rest->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    pool_of(rest).insert(rest);
+  }
+
+  // Absorbs `neighbour` into `block` when it is free; keeps segment bookkeeping right.
+  void merge(Block* block, Block* neighbour) {
+    if (neighbour == nullptr || !neighbour->is_free()) return;
+    pool_of(neighbour).erase(neighbour);
+    if (neighbour == block->prev) {
+      block->address = neighbour->address;
+      block->prev = neighbour->prev;
+      if (block->prev != nullptr) block->prev->next = block;
+      else segments[block->address] = block;
+    } else {
+      block->next = neighbour->next;
+      if (block->next != nullptr) block->next->prev = block;
+    }
+    block->size += neighbour->size;
+    recycle(neighbour);
+  }
+
+  // The block is no longer used by anyone: return it to its pool.
+  void complete_free(Block* block) {
+    stats.active_bytes.subtract(static_cast<std::int64_t>(block->size));
+    trace.record(TraceAction::free_completed, block->address, block->size, block->stream, block->tag);
+    block->requested = 0;
+    block->tag = 0;
+    merge(block, block->prev);
+    merge(block, block->next);
+    pool_of(block).insert(block);
+  }
+
+  // Retires completed stream events; with `wait`, blocks on each where the backend can.
+  void process_pending_frees(bool wait) {
+    for (std::size_t i = 0; i < pending_frees.size();) {
+      auto [event, block] = pending_frees[i];
+      const bool done = wait ? backend->wait_event(event) : backend->event_completed(event);
+      if (!done) {
+        ++i;
+        continue;
+      }
+      backend->destroy_event(event);
+      pending_frees[i] = pending_frees.back();
+      pending_frees.pop_back();
+      if (--block->pending_events == 0) complete_free(block);
+    }
+  }
+
+  std::size_t largest_free_block() const {
+    std::size_t largest = 0;
+    for (const FreePool* pool : {&small_pool, &large_pool}) {
+      for (const Block* block : *pool) largest = std::max(largest, block->size);
+    }
+    return largest;
+  }
+
+  std::string describe_bad_pointer(std::uintptr_t address) const {
+    const std::string where = format_address(address);
+    auto it = segments.upper_bound(address);
+    if (it != segments.begin()) {
+      --it;
+      for (const Block* block = it->second; block != nullptr; block = block->next) {
+        if (address < block->address || address >= block->address + block->size) continue;
+        if (!block->allocated) {
+          return "free of " + where + ", which is already free (double free); free each pointer exactly once";
+        }
+        return "free of " + where + ", which points inside the live block at " + format_address(block->address) +
+               "; free the pointer that allocation returned";
+      }
+    }
+    return "free of " + where + ", which this allocator (device " + std::to_string(backend->device()) +
+           ") never returned; free it with the allocator that allocated it";
+  }
+};
+
+CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Config& config)
+    : state_(std::make_unique<State>(std::move(backend), config)) {}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard lock(state_->mutex);
+  state_->process_pending_frees(true);
+  state_->release_cached_blocks();
+  for (Block* block : state_->spare_blocks) delete block;
+}
+
+void* CachingAllocator::allocate(std::size_t size, Stream stream) {
+  if (size == 0) return nullptr;
+  if (size > kMaxRequestSize) {
+    std::lock_guard lock(state_->mutex);
+    ++state_->stats.num_ooms;
+    throw OutOfMemoryError("request of " + std::to_string(size) + " bytes (" + format_bytes(size) +
+                           ") exceeds what any device holds (limit " + format_bytes(kMaxRequestSize) +
+                           "); check the size computation that produced it");
+  }
+  const TagId tag = current_tag_id();
+  State& s = *state_;
+  std::unique_lock lock(s.mutex);
+  if (!s.pending_frees.empty()) s.process_pending_frees(false);
+
+  const std::size_t rounded = round_request_size(size);
+  const bool small = rounded <= kSmallRequestLimit;
+  FreePool& pool = small ? s.small_pool : s.large_pool;
+  Block* block = s.take_free_block(pool, stream, rounded);
+  if (block == nullptr) {
+    const std::size_t segment_size = segment_size_for(rounded);
+    block = s.new_segment(segment_size, stream, small);
+    if (block == nullptr) {
+      // Like PyTorch: wait for freed blocks still in use by streams, give every cached
+      // segment back, and try once more before declaring out-of-memory.
+      ++s.stats.num_alloc_retries;
+      s.process_pending_frees(true);
+      s.release_cached_blocks();
+      block = s.take_free_block(pool, stream, rounded);
+      if (block == nullptr) block = s.new_segment(segment_size, stream, small);
+    }
+    if (block == nullptr) {
+      ++s.stats.num_ooms;
+      s.trace.record(TraceAction::oom, 0, rounded, stream, tag);
+      OomEvent event;
+      event.device = s.backend->device();
+      event.requested_bytes = size;
+      event.rounded_bytes = rounded;
+      event.memory = s.backend->memory_info();
+      event.reserved_bytes = s.stats.reserved_bytes.current;
+      event.allocated_bytes = s.stats.allocated_bytes.current;
+      event.tag = tag;
+      event.message = "out of memory on device " + std::to_string(event.device) + " (" +
+                      std::string(s.backend->name()) + "): tried to allocate " + format_bytes(size) +
+                      " (a " + format_bytes(segment_size) + " segment); " + format_bytes(event.memory.free_bytes) +
+                      " free of " + format_bytes(event.memory.total_bytes) + ", " +
+                      format_bytes(static_cast<std::uint64_t>(event.allocated_bytes)) + " allocated, " +
+                      format_bytes(static_cast<std::uint64_t>(event.reserved_bytes)) +
+                      " reserved. Free tensors, recompute more regions, or lower the batch size";
+      OomHandler handler = s.oom_handler;
+      lock.unlock();
+      if (handler) handler(event);
+      throw OutOfMemoryError(event.message);
+    }
+  }
+  s.split(block, rounded);
+  block->allocated = true;
+  block->requested = size;
+  block->tag = tag;
+  s.live.insert(block->address, block);
+
+  const auto bytes = static_cast<std::int64_t>(block->size);
+  s.stats.allocated_bytes.add(bytes);
+  s.stats.active_bytes.add(bytes);
+  s.stats.requested_bytes.add(static_cast<std::int64_t>(size));
+  s.stats.allocations.add(1);
+  TagStats& per_tag = s.stats_for(tag);
+  per_tag.bytes.add(bytes);
+  per_tag.requested_bytes.add(static_cast<std::int64_t>(size));
+  per_tag.count.add(1);
+  s.trace.record(TraceAction::alloc, block->address, block->size, stream, tag);
+  return reinterpret_cast<void*>(block->address);
+}
+
+void CachingAllocator::deallocate(void* ptr, std::size_t expected_size) {
+  if (ptr == nullptr) return;
+  State& s = *state_;
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard lock(s.mutex);
+  Block* block = s.live.find(address);
+  if (block == nullptr) {
+    ++s.stats.num_invalid_frees;
+    throw InvalidPointerError(s.describe_bad_pointer(address));
+  }
+  if (expected_size != 0 && expected_size != block->requested) {
+    ++s.stats.num_invalid_frees;
+    throw InvalidPointerError("free of " + format_address(address) + " with size " + std::to_string(expected_size) +
+                              ", but it was allocated with size " + std::to_string(block->requested) +
+                              "; pass the size given at allocation (the block stays allocated)");
+  }
+  s.live.erase(address);
+  block->allocated = false;
+
+  const auto bytes = static_cast<std::int64_t>(block->size);
+  const auto requested = static_cast<std::int64_t>(block->requested);
+  s.stats.allocated_bytes.subtract(bytes);
+  s.stats.requested_bytes.subtract(requested);
+  s.stats.allocations.subtract(1);
+  TagStats& per_tag = s.tag_stats[block->tag];
+  per_tag.bytes.subtract(bytes);
+  per_tag.requested_bytes.subtract(requested);
+  per_tag.count.subtract(1);
+  s.trace.record(TraceAction::free_requested, address, block->size, block->stream, block->tag);
+
+  if (block->stream_uses.empty()) {
+    s.complete_free(block);
+    return;
+  }
+  for (const Stream used_on : block->stream_uses) {
+    s.pending_frees.emplace_back(s.backend->record_event(used_on), block);
+    ++block->pending_events;
+  }
+  block->stream_uses.clear();
+}
+
+void CachingAllocator::record_stream(void* ptr, Stream stream) {
+  State& s = *state_;
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard lock(s.mutex);
+  Block* block = s.live.find(address);
+  if (block == nullptr) {
+    throw InvalidPointerError("record_stream on " + format_address(address) +
+                              ", which is not a live allocation of this allocator; pass a pointer it returned "
+                              "and has not freed");
+  }
+  if (stream == block->stream) return;
+  for (const Stream used_on : block->stream_uses) {
+    if (used_on == stream) return;
+  }
+  block->stream_uses.push_back(stream);
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard lock(state_->mutex);
+  state_->process_pending_frees(false);
+  state_->release_cached_blocks();
+}
+
+void CachingAllocator::apply_config(const Config& config) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (config.trace_entries != s.config.trace_entries) s.trace.resize(config.trace_entries);
+  s.reserved_limit = reserved_cap(*s.backend, config);
+  s.config = config;
+}
+
+void CachingAllocator::replace_backend(std::unique_ptr<Backend> backend, const Config& config) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (s.live.size() != 0 || !s.pending_frees.empty()) {
+    throw StateError("cannot switch the backend of device " + std::to_string(s.backend->device()) + " while " +
+                     std::to_string(s.live.size()) + " blocks are live; configure the backend before the first "
+                     "allocation or free everything first");
+  }
+  s.release_cached_blocks();
+  s.backend = std::move(backend);
+  if (config.trace_entries != s.config.trace_entries) s.trace.resize(config.trace_entries);
+  s.reserved_limit = reserved_cap(*s.backend, config);
+  s.config = config;
+}
+
+void CachingAllocator::set_oom_handler(OomHandler handler) {
+  std::lock_guard lock(state_->mutex);
+  state_->oom_handler = std::move(handler);
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->stats;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  for (Stat* stat : {&s.stats.allocated_bytes, &s.stats.requested_bytes, &s.stats.active_bytes,
+                     &s.stats.reserved_bytes, &s.stats.allocations, &s.stats.segments}) {
+    stat->reset_peak();
+  }
+  for (TagStats& per_tag : s.tag_stats) {
+    per_tag.bytes.reset_peak();
+    per_tag.requested_bytes.reset_peak();
+    per_tag.count.reset_peak();
+  }
+}
+
+AllocatorSnapshot CachingAllocator::snapshot() const {
+  const State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  AllocatorSnapshot out;
+  out.device = s.backend->device();
+  out.backend = std::string(s.backend->name());
+  out.config = s.config;
+  out.stats = s.stats;
+  out.memory = s.backend->memory_info();
+  for (std::size_t tag = 0; tag < s.tag_stats.size(); ++tag) {
+    if (s.tag_stats[tag].count.total_added != 0) out.tag_stats.push_back({static_cast<TagId>(tag), s.tag_stats[tag]});
+  }
+  out.segments.reserve(s.segments.size());
+  for (const auto& [address, head] : s.segments) {
+    SegmentInfo segment;
+    segment.address = address;
+    segment.stream = head->stream;
+    segment.is_small = head->small;
+    for (const Block* block = head; block != nullptr; block = block->next) {
+      const BlockState state = block->allocated ? BlockState::active_allocated
+                               : block->pending_events > 0 ? BlockState::active_pending_free
+                                                            : BlockState::inactive;
+      segment.blocks.push_back({block->address, block->size, block->requested, state, block->tag});
+      segment.total_size += block->size;
+    }
+    out.segments.push_back(std::move(segment));
+  }
+  out.trace = s.trace.events();
+  out.trace_capacity = s.trace.capacity();
+  out.trace_dropped = s.trace.dropped();
+  return out;
+}
+
+std::int64_t CachingAllocator::live_requested_bytes(std::string_view region_prefix) const {
+  std::vector<std::pair<TagId, std::int64_t>> live_by_tag;
+  {
+    std::lock_guard lock(state_->mutex);
+    for (std::size_t tag = 0; tag < state_->tag_stats.size(); ++tag) {
+      const std::int64_t bytes = state_->tag_stats[tag].requested_bytes.current;
+      if (bytes != 0) live_by_tag.emplace_back(static_cast<TagId>(tag), bytes);
+    }
+  }
+  std::int64_t total = 0;
+  for (const auto& [tag, bytes] : live_by_tag) {
+    const std::string region = name_of(tag_of(tag).region);
+    const bool covered = region.size() >= region_prefix.size() &&
+                         region.compare(0, region_prefix.size(), region_prefix) == 0 &&
+                         (region.size() == region_prefix.size() || region_prefix.empty() ||
+                          region.compare(region_prefix.size(), 2, "::") == 0);
+    if (covered) total += bytes;
+  }
+  return total;
+}
+
+int CachingAllocator::device() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->backend->device();
+}
+
+Backend& CachingAllocator::backend() {
+  std::lock_guard lock(state_->mutex);
+  return *state_->backend;
+}
+
+}  // namespace remat::alloc

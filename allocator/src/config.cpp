@@ -1,0 +1,130 @@
+#include <remat/alloc/config.hpp>
+#include <remat/alloc/errors.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace remat::alloc {
+namespace {
+
+constexpr std::string_view kKeys =
+    "backend, host_capacity_mb, max_split_size_mb, memory_fraction, trace_entries, oom_dump_dir";
+
+std::string_view trim(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t\n\r");
+  if (first == std::string_view::npos) return {};
+  const auto last = s.find_last_not_of(" \t\n\r");
+  return s.substr(first, last - first + 1);
+}
+
+[[noreturn]] void fail(std::string_view source, std::string_view key, std::string_view value,
+                       std::string_view expected) {
+  throw ConfigError(std::string(source) + ": " + std::string(key) + ":'" + std::string(value) +
+                    "' is not valid; expected " + std::string(expected));
+}
+
+std::uint64_t parse_unsigned(std::string_view source, std::string_view key, std::string_view value,
+                             std::string_view expected) {
+  std::uint64_t out = 0;
+  const auto* end = value.data() + value.size();
+  const auto [ptr, ec] = std::from_chars(value.data(), end, out);
+  if (ec != std::errc() || ptr != end || value.empty()) fail(source, key, value, expected);
+  return out;
+}
+
+std::size_t parse_mebibytes(std::string_view source, std::string_view key, std::string_view value,
+                            std::uint64_t minimum, std::string_view expected) {
+  const std::uint64_t mb = parse_unsigned(source, key, value, expected);
+  if (mb < minimum || mb > (std::uint64_t{1} << 40)) fail(source, key, value, expected);
+  return static_cast<std::size_t>(mb) * Config::kMiB;
+}
+
+double parse_fraction(std::string_view source, std::string_view key, std::string_view value) {
+  constexpr std::string_view expected = "a number in (0, 1], e.g. memory_fraction:0.8";
+  const std::string text(value);
+  char* end = nullptr;
+  const double out = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(out) || out <= 0.0 || out > 1.0) {
+    fail(source, key, value, expected);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view to_string(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::cuda: return "cuda";
+    case BackendKind::host: return "host";
+    case BackendKind::automatic: break;
+  }
+  return "auto";
+}
+
+Config Config::parse(std::string_view text, Config base, std::string_view source) {
+  Config config = std::move(base);
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    if (item.empty()) continue;
+    const auto colon = item.find(':');
+    if (colon == std::string_view::npos) {
+      throw ConfigError(std::string(source) + ": '" + std::string(item) +
+                        "' has no value; write key:value pairs separated by commas, e.g. "
+                        "backend:host,host_capacity_mb:1024");
+    }
+    const std::string_view key = trim(item.substr(0, colon));
+    const std::string_view value = trim(item.substr(colon + 1));
+    if (key == "backend") {
+      if (value == "cuda") config.backend = BackendKind::cuda;
+      else if (value == "host") config.backend = BackendKind::host;
+      else if (value == "auto") config.backend = BackendKind::automatic;
+      else fail(source, key, value, "cuda, host or auto");
+    } else if (key == "host_capacity_mb") {
+      config.host_capacity_bytes = parse_mebibytes(source, key, value, 1, "a whole number of MiB >= 1");
+    } else if (key == "max_split_size_mb") {
+      if (value == "unlimited") {
+        config.max_split_size_bytes = kUnlimited;
+      } else {
+        config.max_split_size_bytes =
+            parse_mebibytes(source, key, value, 20, "a whole number of MiB >= 20, or unlimited");
+      }
+    } else if (key == "memory_fraction") {
+      config.memory_fraction = parse_fraction(source, key, value);
+    } else if (key == "trace_entries") {
+      const auto n = parse_unsigned(source, key, value, "a whole number of events (0 switches tracing off)");
+      if (n > (std::uint64_t{1} << 26)) fail(source, key, value, "at most 67108864 events");
+      config.trace_entries = static_cast<std::size_t>(n);
+    } else if (key == "oom_dump_dir") {
+      config.oom_dump_dir = std::string(value);
+    } else {
+      throw ConfigError(std::string(source) + ": unknown key '" + std::string(key) + "'; valid keys are " +
+                        std::string(kKeys));
+    }
+  }
+  return config;
+}
+
+Config Config::from_environment() {
+  const char* text = std::getenv("REMAT_ALLOC_CONF");
+  return text == nullptr ? Config{} : parse(text, Config{});
+}
+
+std::string Config::to_string() const {
+  std::string out = "backend:" + std::string(alloc::to_string(backend));
+  out += ",host_capacity_mb:" + std::to_string(host_capacity_bytes / kMiB);
+  out += ",max_split_size_mb:";
+  out += max_split_size_bytes == kUnlimited ? std::string("unlimited") : std::to_string(max_split_size_bytes / kMiB);
+  char fraction[32];
+  std::snprintf(fraction, sizeof fraction, "%.17g", memory_fraction);
+  out += ",memory_fraction:" + std::string(fraction);
+  out += ",trace_entries:" + std::to_string(trace_entries);
+  if (!oom_dump_dir.empty()) out += ",oom_dump_dir:" + oom_dump_dir;
+  return out;
+}
+
+}  // namespace remat::alloc

@@ -1,0 +1,236 @@
+#include <remat/alloc/errors.hpp>
+#include <remat/alloc/snapshot.hpp>
+
+#include "detail/dump_header.hpp"
+#include "detail/json_writer.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+
+namespace remat::alloc {
+
+namespace {
+
+[[noreturn]] void io_failure(const std::string& what, const std::string& path, int error) {
+  throw IoError("cannot write " + path + ": " + what + " failed (" + std::strerror(error) +
+                "); pass a path in an existing directory you can write to");
+}
+
+std::string directory_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+void write_tag_table(detail::JsonWriter& json) {
+  json.key("names").begin_array();
+  for (const std::string& name : interned_names()) json.value(name);
+  json.end_array();
+  json.key("tags").begin_array();
+  for (const Tag& tag : interned_tags()) {
+    json.begin_object()
+        .field("region", tag.region)
+        .field("policy", to_string(tag.policy))
+        .field("phase", to_string(tag.phase))
+        .field("site", tag.site);
+    json.key("recv");
+    if (tag.has_recv) {
+      const char direction[2] = {to_char(tag.recv.direction), '\0'};
+      json.begin_object()
+          .field("stage", tag.recv.stage)
+          .field("direction", direction)
+          .field("slot", tag.recv.slot)
+          .end_object();
+    } else {
+      json.null();
+    }
+    json.end_object();
+  }
+  json.end_array();
+}
+
+void write_event(detail::JsonWriter& json, const TraceEvent& event) {
+  json.begin_object()
+      .field("action", to_string(event.action))
+      .field("time_us", event.time_us)
+      .field("address", event.address)
+      .field("size", event.size)
+      .field("stream", static_cast<std::uint64_t>(event.stream))
+      .field("tag", event.tag)
+      .end_object();
+}
+
+void write_stat(detail::JsonWriter& json, std::string_view name, const Stat& stat) {
+  json.key(name).begin_object().field("current", stat.current).field("peak", stat.peak).field("total", stat.total_added);
+  json.end_object();
+}
+
+}  // namespace
+
+std::string snapshot_to_json(const AllocatorSnapshot& snapshot) {
+  std::size_t blocks = 0;
+  for (const SegmentInfo& segment : snapshot.segments) blocks += segment.blocks.size();
+  detail::JsonWriter json(4096 + blocks * 128 + snapshot.trace.size() * 128);
+  json.begin_object();
+  detail::write_dump_header(json, "snapshot", kSnapshotSchemaVersion, snapshot.device);
+
+  const Config& config = snapshot.config;
+  json.key("config").begin_object()
+      .field("backend", snapshot.backend)
+      .field("host_capacity_mb", static_cast<std::uint64_t>(config.host_capacity_bytes / Config::kMiB));
+  json.key("max_split_size_mb");
+  if (config.max_split_size_bytes == Config::kUnlimited) json.null();
+  else json.value(static_cast<std::uint64_t>(config.max_split_size_bytes / Config::kMiB));
+  json.field("memory_fraction", config.memory_fraction)
+      .field("trace_entries", static_cast<std::uint64_t>(config.trace_entries))
+      .field("oom_dump_dir", config.oom_dump_dir)
+      .field("text", config.to_string())
+      .end_object();
+
+  json.key("device_memory").begin_object()
+      .field("free_bytes", static_cast<std::uint64_t>(snapshot.memory.free_bytes))
+      .field("total_bytes", static_cast<std::uint64_t>(snapshot.memory.total_bytes))
+      .end_object();
+
+  const AllocatorStats& stats = snapshot.stats;
+  json.key("stats").begin_object();
+  write_stat(json, "allocated_bytes", stats.allocated_bytes);
+  write_stat(json, "requested_bytes", stats.requested_bytes);
+  write_stat(json, "active_bytes", stats.active_bytes);
+  write_stat(json, "reserved_bytes", stats.reserved_bytes);
+  write_stat(json, "allocations", stats.allocations);
+  write_stat(json, "segments", stats.segments);
+  json.field("num_ooms", stats.num_ooms)
+      .field("num_alloc_retries", stats.num_alloc_retries)
+      .field("num_invalid_frees", stats.num_invalid_frees)
+      .end_object();
+
+  write_tag_table(json);
+
+  json.key("tag_stats").begin_array();
+  for (const TagStatsEntry& entry : snapshot.tag_stats) {
+    json.begin_object().field("tag", entry.tag);
+    write_stat(json, "bytes", entry.stats.bytes);
+    write_stat(json, "requested_bytes", entry.stats.requested_bytes);
+    write_stat(json, "count", entry.stats.count);
+    json.end_object();
+  }
+  json.end_array();
+
+  json.key("segments").begin_array();
+  for (const SegmentInfo& segment : snapshot.segments) {
+    std::uint64_t allocated = 0;
+    std::uint64_t active = 0;
+    std::uint64_t requested = 0;
+    for (const BlockInfo& block : segment.blocks) {
+      if (block.state == BlockState::active_allocated) allocated += block.size;
+      if (block.state != BlockState::inactive) active += block.size;
+      requested += block.requested_size;
+    }
+    json.begin_object()
+        .field("address", segment.address)
+        .field("total_size", static_cast<std::uint64_t>(segment.total_size))
+        .field("stream", static_cast<std::uint64_t>(segment.stream))
+        .field("segment_type", segment.is_small ? "small" : "large")
+        .field("allocated_size", allocated)
+        .field("active_size", active)
+        .field("requested_size", requested);
+    json.key("blocks").begin_array();
+    for (const BlockInfo& block : segment.blocks) {
+      json.begin_object()
+          .field("address", block.address)
+          .field("size", static_cast<std::uint64_t>(block.size))
+          .field("requested_size", static_cast<std::uint64_t>(block.requested_size))
+          .field("state", to_string(block.state))
+          .field("tag", block.tag)
+          .end_object();
+    }
+    json.end_array().end_object();
+  }
+  json.end_array();
+
+  json.key("trace").begin_object()
+      .field("capacity", static_cast<std::uint64_t>(snapshot.trace_capacity))
+      .field("dropped", snapshot.trace_dropped);
+  json.key("events").begin_array();
+  for (const TraceEvent& event : snapshot.trace) write_event(json, event);
+  json.end_array().end_object();
+
+  json.end_object();
+  json.str() += '\n';
+  return std::move(json.str());
+}
+
+std::string trace_to_jsonl(const AllocatorSnapshot& snapshot) {
+  detail::JsonWriter header;
+  header.begin_object();
+  detail::write_dump_header(header, "trace", kTraceSchemaVersion, snapshot.device);
+  write_tag_table(header);
+  header.field("event_count", static_cast<std::uint64_t>(snapshot.trace.size()));
+  header.end_object();
+  std::string out = std::move(header.str());
+  out += '\n';
+  out.reserve(out.size() + snapshot.trace.size() * 120);
+  for (const TraceEvent& event : snapshot.trace) {
+    detail::JsonWriter line(128);
+    write_event(line, event);
+    out += line.str();
+    out += '\n';
+  }
+  return out;
+}
+
+void write_file_atomically(const std::string& path, std::string_view contents) {
+  if (path.empty()) throw IoError("dump path is empty; pass a file path such as /tmp/snapshot.json");
+  static std::atomic<unsigned> counter{0};
+  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) io_failure("creating the temporary file " + temp, path, errno);
+  const char* data = contents.data();
+  std::size_t left = contents.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, data, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : EIO;
+      ::close(fd);
+      ::unlink(temp.c_str());
+      io_failure("writing", path, error);
+    }
+    data += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(temp.c_str());
+    io_failure("fsync", path, error);
+  }
+  ::close(fd);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    io_failure("renaming into place", path, error);
+  }
+  // Make the rename itself durable.
+  const int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+void write_snapshot(const AllocatorSnapshot& snapshot, const std::string& path) {
+  write_file_atomically(path, snapshot_to_json(snapshot));
+}
+
+void write_trace(const AllocatorSnapshot& snapshot, const std::string& path) {
+  write_file_atomically(path, trace_to_jsonl(snapshot));
+}
+
+}  // namespace remat::alloc

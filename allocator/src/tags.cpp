@@ -1,0 +1,228 @@
+#include <remat/alloc/errors.hpp>
+#include <remat/alloc/tags.hpp>
+
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+
+namespace remat::alloc {
+namespace {
+
+struct TagHash {
+  std::size_t operator()(const Tag& t) const noexcept {
+    std::uint64_t h = t.region;
+    h = h * 0x9E3779B97F4A7C15ULL + t.site;
+    h = h * 0x9E3779B97F4A7C15ULL + (static_cast<std::uint64_t>(t.policy) << 8 | static_cast<std::uint64_t>(t.phase));
+    if (t.has_recv) {
+      h = h * 0x9E3779B97F4A7C15ULL + static_cast<std::uint32_t>(t.recv.stage);
+      h = h * 0x9E3779B97F4A7C15ULL + static_cast<std::uint32_t>(t.recv.slot) * 2 +
+          static_cast<std::uint64_t>(t.recv.direction);
+    }
+    return static_cast<std::size_t>(h ^ (h >> 29));
+  }
+};
+
+// Interned names and tags only grow, so ids stay valid for the life of the process.
+struct InternTables {
+  std::mutex mutex;
+  std::unordered_map<std::string, NameId> name_ids{{"", 0}};
+  std::vector<std::string> names{""};
+  std::unordered_map<Tag, TagId, TagHash> tag_ids{{Tag{}, 0}};
+  std::vector<Tag> tags{Tag{}};
+};
+
+InternTables& tables() {
+  static auto* instance = new InternTables();  // never destroyed: frees may run at exit
+  return *instance;
+}
+
+struct Frame {
+  ScopeKind kind;
+  Tag tag;
+  TagId id;
+};
+
+thread_local std::vector<Frame> t_stack;
+// The hot path reads only this; kept in step with t_stack.
+thread_local TagId t_current_id __attribute__((tls_model("initial-exec"))) = 0;
+
+Tag top_tag() { return t_stack.empty() ? Tag{} : t_stack.back().tag; }
+
+void push_frame(ScopeKind kind, const Tag& tag) {
+  const TagId id = intern_tag(tag);
+  t_stack.push_back(Frame{kind, tag, id});
+  t_current_id = id;
+}
+
+void require_name(std::string_view name, std::string_view what) {
+  if (name.empty()) {
+    throw InvalidArgumentError(std::string(what) + " name is empty; pass a non-empty name such as \"layers.0\"");
+  }
+}
+
+}  // namespace
+
+std::string_view to_string(Policy policy) {
+  switch (policy) {
+    case Policy::save: return "save";
+    case Policy::recompute: return "recompute";
+    case Policy::none: break;
+  }
+  return "none";
+}
+
+std::string_view to_string(Phase phase) {
+  switch (phase) {
+    case Phase::forward: return "forward";
+    case Phase::recompute: return "recompute";
+    case Phase::backward: return "backward";
+    case Phase::other: break;
+  }
+  return "other";
+}
+
+char to_char(Direction direction) { return direction == Direction::forward ? 'F' : 'B'; }
+
+std::string_view to_string(ScopeKind kind) {
+  switch (kind) {
+    case ScopeKind::region: return "region";
+    case ScopeKind::policy: return "policy";
+    case ScopeKind::phase: return "phase";
+    case ScopeKind::recv_slot: return "recv_slot";
+    case ScopeKind::site: return "site";
+  }
+  return "unknown";
+}
+
+NameId intern_name(std::string_view name) {
+  InternTables& t = tables();
+  std::lock_guard lock(t.mutex);
+  const auto [it, inserted] = t.name_ids.try_emplace(std::string(name), static_cast<NameId>(t.names.size()));
+  if (inserted) t.names.emplace_back(name);
+  return it->second;
+}
+
+std::string name_of(NameId id) {
+  InternTables& t = tables();
+  std::lock_guard lock(t.mutex);
+  return id < t.names.size() ? t.names[id] : std::string();
+}
+
+std::vector<std::string> interned_names() {
+  InternTables& t = tables();
+  std::lock_guard lock(t.mutex);
+  return t.names;
+}
+
+TagId intern_tag(const Tag& tag) {
+  InternTables& t = tables();
+  std::lock_guard lock(t.mutex);
+  const auto [it, inserted] = t.tag_ids.try_emplace(tag, static_cast<TagId>(t.tags.size()));
+  if (inserted) t.tags.push_back(tag);
+  return it->second;
+}
+
+Tag tag_of(TagId id) {
+  InternTables& t = tables();
+  std::lock_guard lock(t.mutex);
+  return id < t.tags.size() ? t.tags[id] : Tag{};
+}
+
+std::vector<Tag> interned_tags() {
+  InternTables& t = tables();
+  std::lock_guard lock(t.mutex);
+  return t.tags;
+}
+
+TagId current_tag_id() noexcept { return t_current_id; }
+Tag current_tag() { return top_tag(); }
+
+void push_region(std::string_view name) {
+  require_name(name, "region");
+  Tag tag = top_tag();
+  if (tag.region != 0) {
+    tag.region = intern_name(name_of(tag.region) + "::" + std::string(name));
+  } else {
+    tag.region = intern_name(name);
+  }
+  push_frame(ScopeKind::region, tag);
+}
+
+void push_policy(Policy policy) {
+  Tag tag = top_tag();
+  tag.policy = policy;
+  push_frame(ScopeKind::policy, tag);
+}
+
+void push_phase(Phase phase) {
+  Tag tag = top_tag();
+  tag.phase = phase;
+  push_frame(ScopeKind::phase, tag);
+}
+
+void push_recv_slot(RecvSlot slot) {
+  if (slot.stage < 0 || slot.slot < 0) {
+    throw InvalidArgumentError("receive slot stage=" + std::to_string(slot.stage) + " slot=" +
+                               std::to_string(slot.slot) + " is negative; stage and slot are indices >= 0");
+  }
+  Tag tag = top_tag();
+  tag.has_recv = true;
+  tag.recv = slot;
+  push_frame(ScopeKind::recv_slot, tag);
+}
+
+void push_site(std::string_view name) {
+  require_name(name, "site");
+  Tag tag = top_tag();
+  tag.site = intern_name(name);
+  push_frame(ScopeKind::site, tag);
+}
+
+void pop_tag(ScopeKind kind) {
+  if (t_stack.empty()) {
+    throw TagStackError("pop of a " + std::string(to_string(kind)) +
+                        " scope on an empty tag stack; every pop must match an earlier push on the same thread");
+  }
+  const Frame& top = t_stack.back();
+  if (top.kind != kind) {
+    throw TagStackError("pop of a " + std::string(to_string(kind)) + " scope, but the innermost scope is a " +
+                        std::string(to_string(top.kind)) + "; pop scopes in the reverse order of their pushes");
+  }
+  t_stack.pop_back();
+  t_current_id = t_stack.empty() ? 0 : t_stack.back().id;
+}
+
+std::size_t tag_stack_depth() noexcept { return t_stack.size(); }
+
+std::vector<std::string> describe_tag_stack() {
+  std::vector<std::string> out;
+  out.reserve(t_stack.size());
+  for (const Frame& frame : t_stack) {
+    std::string text(to_string(frame.kind));
+    text += ' ';
+    switch (frame.kind) {
+      case ScopeKind::region: text += name_of(frame.tag.region); break;
+      case ScopeKind::policy: text += to_string(frame.tag.policy); break;
+      case ScopeKind::phase: text += to_string(frame.tag.phase); break;
+      case ScopeKind::site: text += name_of(frame.tag.site); break;
+      case ScopeKind::recv_slot:
+        text += std::to_string(frame.tag.recv.stage) + to_char(frame.tag.recv.direction) +
+                std::to_string(frame.tag.recv.slot);
+        break;
+    }
+    out.push_back(std::move(text));
+  }
+  return out;
+}
+
+TagScope::~TagScope() {
+  if (!active_) return;
+  try {
+    pop_tag(kind_);
+  } catch (const Error& e) {
+    // A destructor must not throw; a mismatched stack is a caller bug worth seeing.
+    std::fprintf(stderr, "remat: %s\n", e.what());
+  }
+}
+
+}  // namespace remat::alloc

@@ -1,0 +1,220 @@
+// The C ABI through the shared library, as PyTorch's CUDAPluggableAllocator uses it. Each
+// test uses its own device index so that tests share the process-wide registry safely.
+
+#include <remat/alloc/c_api.h>
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <thread>
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+class CApi : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { ASSERT_EQ(remat_configure("backend:host,host_capacity_mb:64"), REMAT_OK) << remat_last_error(); }
+};
+
+remat_stats stats_of(int device) {
+  remat_stats s{};
+  s.struct_size = sizeof s;
+  EXPECT_EQ(remat_get_stats(device, &s), REMAT_OK) << remat_last_error();
+  return s;
+}
+
+cudaStream_t stream(std::uintptr_t id) { return reinterpret_cast<cudaStream_t>(id); }
+
+}  // namespace
+
+TEST_F(CApi, SymbolsLoadedByNameHaveThePluggableAllocatorSignatures) {
+  void* lib = dlopen(REMAT_ALLOC_SHARED_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  // Exactly the casts PyTorch applies to the symbols it looks up.
+  using AllocFn = void* (*)(size_t, int, cudaStream_t);
+  using FreeFn = void (*)(void*, size_t, int, cudaStream_t);
+  auto alloc_fn = reinterpret_cast<AllocFn>(dlsym(lib, "remat_alloc"));
+  auto free_fn = reinterpret_cast<FreeFn>(dlsym(lib, "remat_free"));
+  ASSERT_NE(alloc_fn, nullptr);
+  ASSERT_NE(free_fn, nullptr);
+  void* p = alloc_fn(12345, 1, stream(3));
+  ASSERT_NE(p, nullptr) << remat_last_error();
+  EXPECT_EQ(stats_of(1).requested_bytes, 12345);
+  free_fn(p, 12345, 1, stream(3));
+  EXPECT_EQ(stats_of(1).allocated_bytes, 0);
+  EXPECT_EQ(stats_of(1).num_invalid_frees, 0u);
+  dlclose(lib);
+}
+
+TEST_F(CApi, OnlyTheCAbiIsExported) {
+  void* lib = dlopen(REMAT_ALLOC_SHARED_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr);
+  EXPECT_EQ(dlsym(lib, "_ZN5remat5alloc16device_allocatorEi"), nullptr);
+  EXPECT_NE(dlsym(lib, "remat_last_error"), nullptr);
+  dlclose(lib);
+}
+
+TEST_F(CApi, CapacityExhaustedReturnsNullCountsTheOomAndKeepsThePoolUsable) {
+  void* held = remat_alloc(50 * MiB, 2, nullptr);
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(remat_alloc(30 * MiB, 2, nullptr), nullptr);
+  EXPECT_NE(std::string(remat_last_error()).find("out of memory"), std::string::npos) << remat_last_error();
+  EXPECT_EQ(stats_of(2).num_ooms, 1u);
+  EXPECT_EQ(stats_of(2).allocated_bytes, static_cast<int64_t>(50 * MiB));
+  remat_free(held, 50 * MiB, 2, nullptr);
+  void* again = remat_alloc(30 * MiB, 2, nullptr);
+  EXPECT_NE(again, nullptr);
+  remat_free(again, 30 * MiB, 2, nullptr);
+}
+
+TEST_F(CApi, OomObserversSeeTheFailureAndCanBeRemoved) {
+  struct Seen {
+    std::atomic<int> calls{0};
+    size_t requested = 0;
+    std::string message;
+  } seen;
+  const int id = remat_register_oom_observer(
+      [](const remat_oom_info* info, void* user) {
+        auto* s = static_cast<Seen*>(user);
+        s->requested = info->requested_bytes;
+        s->message = info->message;
+        ++s->calls;
+      },
+      &seen);
+  ASSERT_GT(id, 0) << remat_last_error();
+  EXPECT_EQ(remat_alloc(100 * MiB, 3, nullptr), nullptr);
+  EXPECT_EQ(seen.calls.load(), 1);
+  EXPECT_EQ(seen.requested, 100 * MiB);
+  EXPECT_NE(seen.message.find("device 3"), std::string::npos) << seen.message;
+  EXPECT_EQ(remat_unregister_oom_observer(id), REMAT_OK);
+  EXPECT_EQ(remat_alloc(100 * MiB, 3, nullptr), nullptr);
+  EXPECT_EQ(seen.calls.load(), 1);
+  EXPECT_EQ(remat_unregister_oom_observer(id), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(remat_register_oom_observer(nullptr, nullptr), -REMAT_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(CApi, ZeroBytesGiveNullWithoutAnOom) {
+  EXPECT_EQ(remat_alloc(0, 4, nullptr), nullptr);
+  EXPECT_NE(std::string(remat_last_error()).find("zero-byte"), std::string::npos);
+  EXPECT_EQ(stats_of(4).num_ooms, 0u);
+  remat_free(nullptr, 0, 4, nullptr);  // PyTorch frees the null pointer of an empty tensor
+  EXPECT_EQ(stats_of(4).num_invalid_frees, 0u);
+}
+
+TEST_F(CApi, SizeNearSizeMaxReturnsNull) {
+  EXPECT_EQ(remat_alloc(std::numeric_limits<size_t>::max(), 5, nullptr), nullptr);
+  EXPECT_NE(std::string(remat_last_error()).find("exceeds"), std::string::npos) << remat_last_error();
+  void* p = remat_alloc(64, 5, nullptr);
+  EXPECT_NE(p, nullptr);
+  remat_free(p, 64, 5, nullptr);
+}
+
+TEST_F(CApi, BadFreesAreRefusedCountedAndExplained) {
+  void* p = remat_alloc(1000, 6, nullptr);
+  int local = 0;
+  remat_free(&local, 4, 6, nullptr);
+  EXPECT_NE(std::string(remat_last_error()).find("never returned"), std::string::npos) << remat_last_error();
+  remat_free(p, 999, 6, nullptr);
+  EXPECT_NE(std::string(remat_last_error()).find("allocated with size 1000"), std::string::npos);
+  EXPECT_EQ(stats_of(6).allocated_bytes, 1024);
+  remat_free(p, 1000, 6, nullptr);
+  remat_free(p, 1000, 6, nullptr);
+  EXPECT_NE(std::string(remat_last_error()).find("double free"), std::string::npos) << remat_last_error();
+  EXPECT_EQ(stats_of(6).num_invalid_frees, 3u);
+  EXPECT_EQ(stats_of(6).allocated_bytes, 0);
+}
+
+TEST_F(CApi, TagPushesAndPopsAreCheckedAndVisibleInSnapshots) {
+  ASSERT_EQ(remat_push_region("layers.3"), REMAT_OK);
+  ASSERT_EQ(remat_push_phase("backward"), REMAT_OK);
+  ASSERT_EQ(remat_push_recv_slot(1, 'B', 0), REMAT_OK);
+  ASSERT_EQ(remat_push_site("experts"), REMAT_OK);
+  void* p = remat_alloc(2048, 7, nullptr);
+  EXPECT_EQ(remat_pop_region(), REMAT_ERR_TAG_STACK);  // innermost is the site
+  EXPECT_EQ(remat_pop_site(), REMAT_OK);
+  EXPECT_EQ(remat_pop_recv_slot(), REMAT_OK);
+  EXPECT_EQ(remat_pop_phase(), REMAT_OK);
+  EXPECT_EQ(remat_pop_region(), REMAT_OK);
+  EXPECT_EQ(remat_pop_region(), REMAT_ERR_TAG_STACK);
+  EXPECT_NE(std::string(remat_last_error()).find("empty tag stack"), std::string::npos);
+
+  int64_t live = 0;
+  ASSERT_EQ(remat_live_bytes(7, "layers.3", &live), REMAT_OK);
+  EXPECT_EQ(live, 2048);
+
+  const auto path = std::filesystem::temp_directory_path() / ("remat-capi-" + std::to_string(getpid()) + ".json");
+  ASSERT_EQ(remat_dump_snapshot_device(path.c_str(), 7), REMAT_OK) << remat_last_error();
+  const auto doc = nlohmann::json::parse(std::ifstream(path));
+  std::filesystem::remove(path);
+  const auto& block = doc["segments"][0]["blocks"][0];
+  const auto& tag = doc["tags"][block["tag"].get<size_t>()];
+  EXPECT_EQ(doc["names"][tag["region"].get<size_t>()], "layers.3");
+  EXPECT_EQ(doc["names"][tag["site"].get<size_t>()], "experts");
+  EXPECT_EQ(tag["phase"], "backward");
+  EXPECT_EQ(tag["recv"]["direction"], "B");
+  remat_free(p, 2048, 7, nullptr);
+}
+
+TEST_F(CApi, BadArgumentsAreErrorsNotCrashes) {
+  EXPECT_EQ(remat_push_region(nullptr), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(remat_push_region(""), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(remat_push_recv_slot(0, 'X', 0), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(remat_last_error()).find("'F'"), std::string::npos);
+  EXPECT_EQ(remat_push_phase("sideways"), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(remat_push_policy("maybe"), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(remat_get_stats(0, nullptr), REMAT_ERR_INVALID_ARGUMENT);
+  remat_stats small{};
+  small.struct_size = 8;
+  EXPECT_EQ(remat_get_stats(0, &small), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(remat_alloc(64, -1, nullptr), nullptr);
+  EXPECT_NE(std::string(remat_last_error()).find("out of range"), std::string::npos);
+  EXPECT_EQ(remat_dump_snapshot(nullptr), REMAT_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(CApi, MalformedConfigurationIsRejectedAndChangesNothing) {
+  EXPECT_EQ(remat_configure("backend:host,bogus:1"), REMAT_ERR_CONFIG);
+  EXPECT_NE(std::string(remat_last_error()).find("unknown key 'bogus'"), std::string::npos) << remat_last_error();
+  EXPECT_EQ(remat_configure("memory_fraction:2"), REMAT_ERR_CONFIG);
+  EXPECT_EQ(remat_configure(nullptr), REMAT_ERR_INVALID_ARGUMENT);
+  void* p = remat_alloc(60 * MiB, 8, nullptr);  // capacity is still 64 MiB
+  EXPECT_NE(p, nullptr);
+  EXPECT_EQ(remat_configure("host_capacity_mb:128"), REMAT_ERR_STATE);  // blocks are live
+  EXPECT_NE(std::string(remat_last_error()).find("live blocks"), std::string::npos) << remat_last_error();
+  remat_free(p, 60 * MiB, 8, nullptr);
+}
+
+TEST_F(CApi, SnapshotToAnUnwritablePathFailsWithTheReason) {
+  EXPECT_EQ(remat_dump_snapshot("/proc/remat-cannot-write-here.json"), REMAT_ERR_IO);
+  EXPECT_NE(std::string(remat_last_error()).find("/proc/remat-cannot-write-here.json"), std::string::npos);
+}
+
+TEST_F(CApi, RecordStreamDefersReuseOnTheHostBackend) {
+  // Default device on the host backend is 0.
+  ASSERT_EQ(remat_host_hold_stream(0, stream(9)), REMAT_OK);
+  void* p = remat_alloc(512, 0, stream(1));
+  ASSERT_EQ(remat_record_stream(p, stream(9)), REMAT_OK);
+  remat_free(p, 512, 0, stream(1));
+  EXPECT_EQ(stats_of(0).active_bytes, 512);
+  ASSERT_EQ(remat_host_complete_stream(0, stream(9)), REMAT_OK);
+  ASSERT_EQ(remat_empty_cache(), REMAT_OK);
+  EXPECT_EQ(stats_of(0).active_bytes, 0);
+  EXPECT_EQ(stats_of(0).reserved_bytes, 0);
+  int local = 0;
+  EXPECT_EQ(remat_record_stream(&local, stream(9)), REMAT_ERR_INVALID_POINTER);
+}
+
+TEST_F(CApi, LastErrorIsPerThread) {
+  EXPECT_EQ(remat_pop_site(), REMAT_ERR_TAG_STACK);
+  std::string other;
+  std::thread([&] { other = remat_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_NE(std::string(remat_last_error()), "");
+}

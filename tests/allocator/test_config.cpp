@@ -1,0 +1,81 @@
+#include <remat/alloc/config.hpp>
+#include <remat/alloc/errors.hpp>
+
+#include <gtest/gtest.h>
+
+using namespace remat::alloc;
+
+namespace {
+
+std::string config_error(std::string_view text) {
+  try {
+    Config::parse(text, Config{});
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST(Config, ParsesEveryKey) {
+  const Config c = Config::parse(
+      " backend:host, host_capacity_mb:64,max_split_size_mb:40,memory_fraction:0.5,trace_entries:128,"
+      "oom_dump_dir:/tmp/dumps ",
+      Config{});
+  EXPECT_EQ(c.backend, BackendKind::host);
+  EXPECT_EQ(c.host_capacity_bytes, 64u << 20);
+  EXPECT_EQ(c.max_split_size_bytes, 40u << 20);
+  EXPECT_DOUBLE_EQ(c.memory_fraction, 0.5);
+  EXPECT_EQ(c.trace_entries, 128u);
+  EXPECT_EQ(c.oom_dump_dir, "/tmp/dumps");
+}
+
+TEST(Config, KeysNotNamedKeepTheirBaseValues) {
+  Config base;
+  base.trace_entries = 7;
+  const Config c = Config::parse("backend:host", base);
+  EXPECT_EQ(c.trace_entries, 7u);
+  EXPECT_EQ(c.max_split_size_bytes, Config::kUnlimited);
+}
+
+TEST(Config, EmptyTextAndTrailingCommaAreAccepted) {
+  EXPECT_EQ(Config::parse("", Config{}).trace_entries, Config{}.trace_entries);
+  EXPECT_EQ(Config::parse("trace_entries:3,", Config{}).trace_entries, 3u);
+}
+
+TEST(Config, RoundTripsThroughText) {
+  const Config c = Config::parse("backend:host,host_capacity_mb:96,max_split_size_mb:64,memory_fraction:0.25", Config{});
+  const Config again = Config::parse(c.to_string(), Config{});
+  EXPECT_EQ(again.to_string(), c.to_string());
+  EXPECT_EQ(again.host_capacity_bytes, 96u << 20);
+  EXPECT_DOUBLE_EQ(again.memory_fraction, 0.25);
+}
+
+TEST(Config, UnknownKeyNamesTheKeyAndTheValidOnes) {
+  const std::string message = config_error("backend:host,max_split_mb:40");
+  EXPECT_NE(message.find("unknown key 'max_split_mb'"), std::string::npos) << message;
+  EXPECT_NE(message.find("max_split_size_mb"), std::string::npos) << message;
+}
+
+TEST(Config, BadValuesAreClearErrors) {
+  EXPECT_NE(config_error("backend:tpu").find("expected cuda, host or auto"), std::string::npos);
+  EXPECT_NE(config_error("host_capacity_mb:-5").find("host_capacity_mb:'-5'"), std::string::npos);
+  EXPECT_NE(config_error("host_capacity_mb:12abc").find("not valid"), std::string::npos);
+  EXPECT_NE(config_error("host_capacity_mb:0").find(">= 1"), std::string::npos);
+  EXPECT_NE(config_error("max_split_size_mb:10").find(">= 20"), std::string::npos);
+  EXPECT_NE(config_error("memory_fraction:1.5").find("(0, 1]"), std::string::npos);
+  EXPECT_NE(config_error("memory_fraction:0").find("(0, 1]"), std::string::npos);
+  EXPECT_NE(config_error("memory_fraction:nan").find("(0, 1]"), std::string::npos);
+  EXPECT_NE(config_error("trace_entries:99999999999").find("at most"), std::string::npos);
+  EXPECT_NE(config_error("host_capacity_mb:99999999999999999999999").find("not valid"), std::string::npos);
+}
+
+TEST(Config, EntryWithoutColonIsAClearError) {
+  const std::string message = config_error("backend");
+  EXPECT_NE(message.find("'backend' has no value"), std::string::npos) << message;
+}
+
+TEST(Config, MaxSplitSizeAcceptsUnlimited) {
+  EXPECT_EQ(Config::parse("max_split_size_mb:unlimited", Config{}).max_split_size_bytes, Config::kUnlimited);
+}

@@ -1,0 +1,125 @@
+#include "support/host_allocator.hpp"
+
+#include <remat/alloc/errors.hpp>
+#include <remat/alloc/snapshot.hpp>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+using namespace remat::alloc;
+using namespace remat::alloc::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("remat-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+TEST(Snapshot, DescribesSegmentsBlocksTagsAndStats) {
+  HostAllocator a("trace_entries:32");
+  void* p = nullptr;
+  void* q = nullptr;
+  {
+    auto region = TagScope::region("layers.0");
+    auto slot = TagScope::recv_slot({1, Direction::forward, 2});
+    p = a.alloc(1000);
+  }
+  q = a.alloc(3 * MiB);
+  const auto doc = nlohmann::json::parse(snapshot_to_json(a.allocator->snapshot()));
+
+  EXPECT_EQ(doc["kind"], "snapshot");
+  EXPECT_EQ(doc["schema_version"], 1);
+  EXPECT_EQ(doc["device"], 0);
+  EXPECT_EQ(doc["config"]["backend"], "host");
+  EXPECT_EQ(doc["stats"]["allocated_bytes"]["current"], 1024 + 3 * MiB);
+  EXPECT_EQ(doc["stats"]["reserved_bytes"]["current"], 22 * MiB);
+  ASSERT_EQ(doc["segments"].size(), 2u);
+
+  const auto& small = doc["segments"][0]["segment_type"] == "small" ? doc["segments"][0] : doc["segments"][1];
+  EXPECT_EQ(small["total_size"], 2 * MiB);
+  EXPECT_EQ(small["allocated_size"], 1024);
+  ASSERT_EQ(small["blocks"].size(), 2u);
+  const auto& block = small["blocks"][0];
+  EXPECT_EQ(block["address"], addr(p));
+  EXPECT_EQ(block["requested_size"], 1000);
+  EXPECT_EQ(block["state"], "active_allocated");
+  const auto& tag = doc["tags"][block["tag"].get<std::size_t>()];
+  EXPECT_EQ(doc["names"][tag["region"].get<std::size_t>()], "layers.0");
+  EXPECT_EQ(tag["recv"]["stage"], 1);
+  EXPECT_EQ(tag["recv"]["direction"], "F");
+  EXPECT_EQ(tag["recv"]["slot"], 2);
+  EXPECT_EQ(small["blocks"][1]["state"], "inactive");
+
+  EXPECT_EQ(doc["trace"]["capacity"], 32);
+  EXPECT_EQ(doc["trace"]["events"].size(), 4u);  // two segment_alloc, two alloc
+  a.free(p);
+  a.free(q);
+}
+
+TEST(Snapshot, TraceDumpIsJsonLinesWithAHeader) {
+  HostAllocator a("trace_entries:32");
+  a.free(a.alloc(512));
+  std::istringstream lines(trace_to_jsonl(a.allocator->snapshot()));
+  std::string line;
+  std::getline(lines, line);
+  const auto header = nlohmann::json::parse(line);
+  EXPECT_EQ(header["kind"], "trace");
+  EXPECT_EQ(header["event_count"], 4);
+  std::vector<std::string> actions;
+  while (std::getline(lines, line)) actions.push_back(nlohmann::json::parse(line)["action"]);
+  EXPECT_EQ(actions, (std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed"}));
+}
+
+TEST(Snapshot, StringsAreEscaped) {
+  HostAllocator a;
+  auto region = TagScope::region("quote\"back\\slash\nnewline\x01");
+  void* p = a.alloc(512);
+  const auto doc = nlohmann::json::parse(snapshot_to_json(a.allocator->snapshot()));
+  bool found = false;
+  for (const auto& name : doc["names"]) found = found || name == "quote\"back\\slash\nnewline\x01";
+  EXPECT_TRUE(found);
+  a.free(p);
+}
+
+TEST(Snapshot, IsWrittenAtomicallyWithoutLeftovers) {
+  const fs::path dir = fresh_dir("atomic");
+  const fs::path path = dir / "snap.json";
+  HostAllocator a;
+  std::ofstream(path) << "old contents";
+  write_snapshot(a.allocator->snapshot(), path.string());
+  EXPECT_EQ(nlohmann::json::parse(read(path))["kind"], "snapshot");
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir)) ++files;
+  EXPECT_EQ(files, 1u);
+  fs::remove_all(dir);
+}
+
+TEST(Snapshot, UnwritablePathIsAClearErrorAndKeepsTheOldFile) {
+  HostAllocator a;
+  try {
+    write_snapshot(a.allocator->snapshot(), "/nonexistent-dir/for/sure/snap.json");
+    FAIL();
+  } catch (const IoError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("/nonexistent-dir/for/sure/snap.json"), std::string::npos) << message;
+    EXPECT_NE(message.find("No such file or directory"), std::string::npos) << message;
+  }
+  EXPECT_THROW(write_snapshot(a.allocator->snapshot(), ""), IoError);
+}

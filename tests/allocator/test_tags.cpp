@@ -1,0 +1,166 @@
+#include "support/host_allocator.hpp"
+
+#include <remat/alloc/errors.hpp>
+#include <remat/alloc/tags.hpp>
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+using namespace remat::alloc;
+using namespace remat::alloc::testing;
+
+namespace {
+
+const TagStats* stats_of(const AllocatorSnapshot& snap, TagId tag) {
+  for (const TagStatsEntry& entry : snap.tag_stats) {
+    if (entry.tag == tag) return &entry.stats;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(Tags, NestedRegionsComposeTheirPaths) {
+  auto outer = TagScope::region("layers.0");
+  auto inner = TagScope::region("attention");
+  EXPECT_EQ(name_of(current_tag().region), "layers.0::attention");
+}
+
+TEST(Tags, ScopesRestoreTheOuterTagOnExit) {
+  const TagId before = current_tag_id();
+  {
+    auto region = TagScope::region("layers.1");
+    auto phase = TagScope::phase(Phase::forward);
+    auto policy = TagScope::policy(Policy::save);
+    auto site = TagScope::site("experts");
+    auto slot = TagScope::recv_slot({2, Direction::backward, 1});
+    const Tag tag = current_tag();
+    EXPECT_EQ(name_of(tag.region), "layers.1");
+    EXPECT_EQ(tag.phase, Phase::forward);
+    EXPECT_EQ(tag.policy, Policy::save);
+    EXPECT_EQ(name_of(tag.site), "experts");
+    EXPECT_TRUE(tag.has_recv);
+    EXPECT_EQ(tag.recv, (RecvSlot{2, Direction::backward, 1}));
+    EXPECT_EQ(tag_stack_depth(), 5u);
+  }
+  EXPECT_EQ(current_tag_id(), before);
+  EXPECT_EQ(tag_stack_depth(), 0u);
+}
+
+TEST(Tags, EqualTagsInternToTheSameId) {
+  TagId first = 0;
+  {
+    auto region = TagScope::region("same");
+    first = current_tag_id();
+  }
+  auto region = TagScope::region("same");
+  EXPECT_EQ(current_tag_id(), first);
+  EXPECT_NE(first, 0u);
+}
+
+TEST(Tags, PopOnAnEmptyStackIsAClearError) {
+  try {
+    pop_tag(ScopeKind::region);
+    FAIL();
+  } catch (const TagStackError& e) {
+    EXPECT_NE(std::string(e.what()).find("empty tag stack"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tags, MismatchedPopNamesBothKindsAndLeavesTheStackUnchanged) {
+  push_region("r");
+  push_site("s");
+  try {
+    pop_tag(ScopeKind::region);
+    FAIL();
+  } catch (const TagStackError& e) {
+    EXPECT_NE(std::string(e.what()).find("innermost scope is a site"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tag_stack_depth(), 2u);
+  EXPECT_EQ(describe_tag_stack(), (std::vector<std::string>{"region r", "site s"}));
+  pop_tag(ScopeKind::site);
+  pop_tag(ScopeKind::region);
+}
+
+TEST(Tags, EmptyNamesAndNegativeSlotsAreRejected) {
+  EXPECT_THROW(push_region(""), InvalidArgumentError);
+  EXPECT_THROW(push_site(""), InvalidArgumentError);
+  EXPECT_THROW(push_recv_slot({-1, Direction::forward, 0}), InvalidArgumentError);
+  EXPECT_EQ(tag_stack_depth(), 0u);
+}
+
+TEST(Tags, EachThreadHasItsOwnStack) {
+  auto region = TagScope::region("main-thread");
+  TagId seen_in_worker = 99;
+  std::thread worker([&] { seen_in_worker = current_tag_id(); });
+  worker.join();
+  EXPECT_EQ(seen_in_worker, 0u);
+  EXPECT_EQ(name_of(current_tag().region), "main-thread");
+}
+
+TEST(Tags, BlocksKeepTheTagInForceAtAllocation) {
+  HostAllocator a;
+  void* p = nullptr;
+  TagId tag = 0;
+  {
+    auto region = TagScope::region("layers.0");
+    auto phase = TagScope::phase(Phase::forward);
+    tag = current_tag_id();
+    p = a.alloc(1000);
+  }
+  AllocatorSnapshot snap = a.allocator->snapshot();
+  EXPECT_EQ(snap.segments[0].blocks[0].tag, tag);
+  const TagStats* s = stats_of(snap, tag);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->bytes.current, 1024);
+  EXPECT_EQ(s->requested_bytes.current, 1000);
+  EXPECT_EQ(s->count.current, 1);
+  a.free(p);  // freed outside the scope: still billed to the block's own tag
+  snap = a.allocator->snapshot();
+  s = stats_of(snap, tag);
+  EXPECT_EQ(s->bytes.current, 0);
+  EXPECT_EQ(s->bytes.peak, 1024);
+  EXPECT_EQ(s->count.total_added, 1u);
+}
+
+TEST(Tags, PerTagBytesAddUpToTheGlobalFigures) {
+  HostAllocator a;
+  std::vector<void*> blocks;
+  for (int layer = 0; layer < 3; ++layer) {
+    auto region = TagScope::region("layers." + std::to_string(layer));
+    for (int i = 0; i < 4; ++i) blocks.push_back(a.alloc(static_cast<std::size_t>(1000 * (i + 1) * (layer + 1))));
+  }
+  blocks.push_back(a.alloc(77));
+  const AllocatorSnapshot snap = a.allocator->snapshot();
+  std::int64_t bytes = 0;
+  std::int64_t requested = 0;
+  for (const TagStatsEntry& entry : snap.tag_stats) {
+    bytes += entry.stats.bytes.current;
+    requested += entry.stats.requested_bytes.current;
+  }
+  EXPECT_EQ(bytes, snap.stats.allocated_bytes.current);
+  EXPECT_EQ(requested, snap.stats.requested_bytes.current);
+  for (void* p : blocks) a.free(p);
+}
+
+TEST(Tags, LiveBytesByRegionPrefixCoversNestedRegionsOnly) {
+  HostAllocator a;
+  std::vector<void*> blocks;
+  {
+    auto layer = TagScope::region("layers.0");
+    blocks.push_back(a.alloc(100));
+    auto attention = TagScope::region("attention");
+    blocks.push_back(a.alloc(200));
+  }
+  {
+    auto other = TagScope::region("layers.01");
+    blocks.push_back(a.alloc(400));
+  }
+  EXPECT_EQ(a.allocator->live_requested_bytes("layers.0"), 300);
+  EXPECT_EQ(a.allocator->live_requested_bytes("layers.0::attention"), 200);
+  EXPECT_EQ(a.allocator->live_requested_bytes("layers.01"), 400);
+  EXPECT_EQ(a.allocator->live_requested_bytes(""), 700);
+  for (void* p : blocks) a.free(p);
+  EXPECT_EQ(a.allocator->live_requested_bytes("layers.0"), 0);
+}
