@@ -1,13 +1,14 @@
 #include <remat/alloc/caching_allocator.hpp>
 #include <remat/alloc/errors.hpp>
 
+#include "detail/adaptive_mutex.hpp"
+#include "detail/block.hpp"
 #include "detail/format.hpp"
+#include "detail/free_pools.hpp"
 #include "detail/pointer_map.hpp"
 
 #include <map>
-#include <memory_resource>
 #include <mutex>
-#include <set>
 
 namespace remat::alloc {
 
@@ -36,34 +37,7 @@ std::string_view to_string(BlockState state) {
 
 namespace {
 
-// A piece of a segment. Blocks of one segment form an address-ordered list via prev/next.
-struct Block {
-  std::uintptr_t address = 0;
-  std::size_t size = 0;
-  std::size_t requested = 0;
-  Stream stream = 0;
-  Block* prev = nullptr;
-  Block* next = nullptr;
-  std::vector<Stream> stream_uses;  // other streams the block was used on (record_stream)
-  int pending_events = 0;
-  TagId tag = 0;
-  bool allocated = false;
-  bool small = false;
-
-  bool is_free() const { return !allocated && pending_events == 0; }
-  bool is_whole_segment() const { return prev == nullptr && next == nullptr; }
-};
-
-// Best fit within a stream: ordered by (stream, size, address).
-struct BlockOrder {
-  bool operator()(const Block* a, const Block* b) const {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return a->address < b->address;
-  }
-};
-
-using FreePool = std::pmr::set<Block*, BlockOrder>;
+using detail::Block;
 
 std::size_t reserved_cap(Backend& backend, const Config& config) {
   if (config.memory_fraction >= 1.0) return Config::kUnlimited;
@@ -76,15 +50,12 @@ struct CachingAllocator::State {
   State(std::unique_ptr<Backend> b, const Config& c)
       : backend(std::move(b)), config(c), reserved_limit(reserved_cap(*backend, c)), trace(c.trace_entries) {}
 
-  mutable std::mutex mutex;
+  mutable detail::AdaptiveMutex mutex;
   std::unique_ptr<Backend> backend;
   Config config;
   std::size_t reserved_limit;
-  // Set nodes come from a pool so that moving a block in and out of a free pool does not
-  // call malloc once the pool is warm.
-  std::pmr::unsynchronized_pool_resource set_nodes;
-  FreePool small_pool{&set_nodes};
-  FreePool large_pool{&set_nodes};
+  detail::SmallPool small_pool;
+  detail::LargePool large_pool;
   detail::PointerMap<Block> live;
   std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
   std::vector<std::pair<Event, Block*>> pending_frees;
@@ -94,7 +65,18 @@ struct CachingAllocator::State {
   TraceRing trace;
   OomHandler oom_handler;
 
-  FreePool& pool_of(const Block* block) { return block->small ? small_pool : large_pool; }
+  void insert_free(Block* block) {
+    if (block->small) small_pool.insert(block);
+    else large_pool.insert(block);
+  }
+  void erase_free(Block* block) {
+    if (block->small) small_pool.erase(block);
+    else large_pool.erase(block);
+  }
+  Block* take_free_block(bool small, Stream stream, std::size_t size) {
+    return small ? small_pool.take_best_fit(stream, size)
+                 : large_pool.take_best_fit(stream, size, config.max_split_size_bytes);
+  }
 
   Block* new_block() {
     if (spare_blocks.empty()) return new Block();
@@ -111,23 +93,6 @@ struct CachingAllocator::State {
   TagStats& stats_for(TagId tag) {
     if (tag >= tag_stats.size()) tag_stats.resize(static_cast<std::size_t>(tag) + 1);
     return tag_stats[tag];
-  }
-
-  Block* take_free_block(FreePool& pool, Stream stream, std::size_t size) {
-    Block probe;
-    probe.stream = stream;
-    probe.size = size;
-    const auto it = pool.lower_bound(&probe);
-    if (it == pool.end() || (*it)->stream != stream) return nullptr;
-    Block* block = *it;
-    const std::size_t max_split = config.max_split_size_bytes;
-    if (max_split != Config::kUnlimited) {
-      // Keep oversized blocks for large requests, and do not hand out far more than asked.
-      if (size < max_split && block->size >= max_split) return nullptr;
-      if (size >= max_split && block->size >= size + kLargeSegmentSize) return nullptr;
-    }
-    pool.erase(it);
-    return block;
   }
 
   Block* new_segment(std::size_t size, Stream stream, bool small) {
@@ -158,16 +123,12 @@ struct CachingAllocator::State {
   }
 
   void release_cached_blocks() {
-    for (FreePool* pool : {&small_pool, &large_pool}) {
-      for (auto it = pool->begin(); it != pool->end();) {
-        Block* block = *it;
-        if (block->is_whole_segment()) {
-          it = pool->erase(it);
-          release_segment(block);
-        } else {
-          ++it;
-        }
-      }
+    std::vector<Block*> whole;
+    small_pool.for_each([&](Block* block) { if (block->is_whole_segment()) whole.push_back(block); });
+    large_pool.for_each([&](Block* block) { if (block->is_whole_segment()) whole.push_back(block); });
+    for (Block* block : whole) {
+      erase_free(block);
+      release_segment(block);
     }
   }
 
@@ -186,13 +147,13 @@ struct CachingAllocator::State {
     if (rest->next != nullptr) rest->next->prev = rest;
     block->next = rest;
     block->size = size;
-    pool_of(rest).insert(rest);
+    insert_free(rest);
   }
 
   // Absorbs `neighbour` into `block` when it is free; keeps segment bookkeeping right.
   void merge(Block* block, Block* neighbour) {
     if (neighbour == nullptr || !neighbour->is_free()) return;
-    pool_of(neighbour).erase(neighbour);
+    erase_free(neighbour);
     if (neighbour == block->prev) {
       block->address = neighbour->address;
       block->prev = neighbour->prev;
@@ -214,7 +175,7 @@ struct CachingAllocator::State {
     block->tag = 0;
     merge(block, block->prev);
     merge(block, block->next);
-    pool_of(block).insert(block);
+    insert_free(block);
   }
 
   // Retires completed stream events; with `wait`, blocks on each where the backend can.
@@ -231,14 +192,6 @@ struct CachingAllocator::State {
       pending_frees.pop_back();
       if (--block->pending_events == 0) complete_free(block);
     }
-  }
-
-  std::size_t largest_free_block() const {
-    std::size_t largest = 0;
-    for (const FreePool* pool : {&small_pool, &large_pool}) {
-      for (const Block* block : *pool) largest = std::max(largest, block->size);
-    }
-    return largest;
   }
 
   std::string describe_bad_pointer(std::uintptr_t address) const {
@@ -279,15 +232,14 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
                            ") exceeds what any device holds (limit " + format_bytes(kMaxRequestSize) +
                            "); check the size computation that produced it");
   }
-  const TagId tag = current_tag_id();
   State& s = *state_;
   std::unique_lock lock(s.mutex);
+  const TagId tag = s.config.tagging ? current_tag_id() : 0;
   if (!s.pending_frees.empty()) s.process_pending_frees(false);
 
   const std::size_t rounded = round_request_size(size);
   const bool small = rounded <= kSmallRequestLimit;
-  FreePool& pool = small ? s.small_pool : s.large_pool;
-  Block* block = s.take_free_block(pool, stream, rounded);
+  Block* block = s.take_free_block(small, stream, rounded);
   if (block == nullptr) {
     const std::size_t segment_size = segment_size_for(rounded);
     block = s.new_segment(segment_size, stream, small);
@@ -297,7 +249,7 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
       ++s.stats.num_alloc_retries;
       s.process_pending_frees(true);
       s.release_cached_blocks();
-      block = s.take_free_block(pool, stream, rounded);
+      block = s.take_free_block(small, stream, rounded);
       if (block == nullptr) block = s.new_segment(segment_size, stream, small);
     }
     if (block == nullptr) {

@@ -89,6 +89,7 @@ std::string snapshot_to_json(const AllocatorSnapshot& snapshot) {
   json.field("memory_fraction", config.memory_fraction)
       .field("trace_entries", static_cast<std::uint64_t>(config.trace_entries))
       .field("oom_dump_dir", config.oom_dump_dir)
+      .field("tagging", config.tagging)
       .field("text", config.to_string())
       .end_object();
 

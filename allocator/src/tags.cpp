@@ -44,7 +44,7 @@ struct Frame {
 
 thread_local std::vector<Frame> t_stack;
 // The hot path reads only this; kept in step with t_stack.
-thread_local TagId t_current_id __attribute__((tls_model("initial-exec"))) = 0;
+thread_local TagId t_current_id = 0;
 
 Tag top_tag() { return t_stack.empty() ? Tag{} : t_stack.back().tag; }
 

@@ -25,25 +25,41 @@ std::string_view to_string(TraceAction action) {
   return "unknown";
 }
 
-void TraceRing::record(TraceAction action, std::uint64_t address, std::uint64_t size, Stream stream, TagId tag) {
-  if (events_.empty()) return;
-  TraceEvent& event = events_[recorded_ % events_.size()];
-  event = TraceEvent{now_us(), address, size, stream, tag, action};
-  ++recorded_;
+#if !defined(__x86_64__)
+std::uint64_t TraceRing::ticks() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000 + static_cast<std::uint64_t>(ts.tv_nsec);
 }
+#endif
 
 void TraceRing::resize(std::size_t capacity) {
-  events_.assign(capacity, TraceEvent{});
+  events_.assign(capacity, RawEvent{});
   events_.shrink_to_fit();
+  next_ = 0;
   recorded_ = 0;
+  origin_ticks_ = ticks();
+  origin_us_ = now_us();
 }
 
 std::vector<TraceEvent> TraceRing::events(std::size_t limit) const {
   const std::size_t held = recorded_ < events_.size() ? static_cast<std::size_t>(recorded_) : events_.size();
   const std::size_t count = held < limit ? held : limit;
+  const std::uint64_t now_ticks = ticks();
+  const std::int64_t now = now_us();
+  const double us_per_tick = now_ticks > origin_ticks_ ? static_cast<double>(now - origin_us_) /
+                                                             static_cast<double>(now_ticks - origin_ticks_)
+                                                       : 0.0;
   std::vector<TraceEvent> out;
   out.reserve(count);
-  for (std::uint64_t i = recorded_ - count; i < recorded_; ++i) out.push_back(events_[i % events_.size()]);
+  std::size_t index = (next_ + events_.size() - count) % (events_.empty() ? 1 : events_.size());
+  for (std::size_t i = 0; i < count; ++i) {
+    const RawEvent& raw = events_[index];
+    const double elapsed = static_cast<double>(raw.ticks - origin_ticks_) * us_per_tick;
+    out.push_back(TraceEvent{origin_us_ + static_cast<std::int64_t>(elapsed), raw.address, raw.size, raw.stream,
+                             raw.tag, raw.action});
+    if (++index == events_.size()) index = 0;
+  }
   return out;
 }
 

@@ -102,7 +102,7 @@ class CachingAllocator {
   void record_stream(void* ptr, Stream stream);
   // Returns every fully free segment to the backend.
   void empty_cache();
-  // Applies config keys that can change on a live allocator (trace_entries,
+  // Applies config keys that can change on a live allocator (trace_entries, tagging,
   // memory_fraction, max_split_size_mb, oom_dump_dir). Backend keys need replace_backend.
   void apply_config(const Config& config);
   // Swaps the backend; only while nothing is allocated (throws StateError otherwise).

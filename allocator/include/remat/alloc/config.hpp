@@ -21,6 +21,7 @@ struct Config {
   double memory_fraction = 1.0;                   // cap on reserved bytes, as a share of device total
   std::size_t trace_entries = 16384;              // trace ring size; 0 switches tracing off
   std::string oom_dump_dir;                       // where OOM reports go; empty = REMAT_OOM_DUMP_DIR
+  bool tagging = true;                            // off: every block is untagged (tag 0)
 
   // Applies every key in `text` on top of `base`. Throws ConfigError naming the key, the
   // value and what is accepted. `source` names the text's origin in messages.

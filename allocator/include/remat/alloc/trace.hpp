@@ -31,6 +31,8 @@ struct TraceEvent {
   TraceAction action = TraceAction::alloc;
 };
 
+// Events are stamped with a cheap tick counter on the hot path and converted to wall-clock
+// microseconds when read, by interpolating between the ring's creation and the read.
 class TraceRing {
  public:
   explicit TraceRing(std::size_t capacity = 0) { resize(capacity); }
@@ -41,15 +43,38 @@ class TraceRing {
   std::uint64_t dropped() const noexcept { return recorded_ > events_.size() ? recorded_ - events_.size() : 0; }
   std::uint64_t recorded() const noexcept { return recorded_; }
 
-  void record(TraceAction action, std::uint64_t address, std::uint64_t size, Stream stream, TagId tag);
+  void record(TraceAction action, std::uint64_t address, std::uint64_t size, Stream stream, TagId tag) {
+    if (events_.empty()) return;
+    events_[next_] = RawEvent{ticks(), address, size, stream, tag, action};
+    if (++next_ == events_.size()) next_ = 0;
+    ++recorded_;
+  }
   // Resizing clears the ring; capacity 0 switches tracing off.
   void resize(std::size_t capacity);
   // Oldest first; at most the last `limit` events.
   std::vector<TraceEvent> events(std::size_t limit = SIZE_MAX) const;
 
+  static std::uint64_t ticks() noexcept;
+
  private:
-  std::vector<TraceEvent> events_;
+  struct RawEvent {
+    std::uint64_t ticks = 0;
+    std::uint64_t address = 0;
+    std::uint64_t size = 0;
+    Stream stream = 0;
+    TagId tag = 0;
+    TraceAction action = TraceAction::alloc;
+  };
+
+  std::vector<RawEvent> events_;
+  std::size_t next_ = 0;
   std::uint64_t recorded_ = 0;
+  std::uint64_t origin_ticks_ = 0;
+  std::int64_t origin_us_ = 0;
 };
+
+#if defined(__x86_64__)
+inline std::uint64_t TraceRing::ticks() noexcept { return __builtin_ia32_rdtsc(); }
+#endif
 
 }  // namespace remat::alloc

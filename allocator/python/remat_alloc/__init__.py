@@ -1,0 +1,225 @@
+"""Python access to libremat_alloc.so through ctypes (no compiled extension).
+
+    import remat_alloc
+    remat_alloc.install()                 # make it PyTorch's CUDA allocator
+    with remat_alloc.region("layers.0"):
+        y = model.layers[0](x)            # these allocations are tagged layers.0
+    remat_alloc.dump_snapshot("snap.json")
+
+The library is found through REMAT_ALLOC_LIBRARY, next to this package, or on the
+loader's search path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from pathlib import Path
+from typing import Iterator, Optional
+
+__all__ = [
+    "RematError", "load", "configure", "install", "region", "recv_slot", "site", "phase",
+    "policy", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "live_bytes",
+    "empty_cache", "record_stream", "library_path",
+]
+
+
+class RematError(RuntimeError):
+    """A remat C ABI call failed; the message is the library's own."""
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("allocated_bytes", ctypes.c_int64),
+        ("allocated_bytes_peak", ctypes.c_int64),
+        ("requested_bytes", ctypes.c_int64),
+        ("requested_bytes_peak", ctypes.c_int64),
+        ("active_bytes", ctypes.c_int64),
+        ("active_bytes_peak", ctypes.c_int64),
+        ("reserved_bytes", ctypes.c_int64),
+        ("reserved_bytes_peak", ctypes.c_int64),
+        ("live_blocks", ctypes.c_int64),
+        ("segments", ctypes.c_int64),
+        ("num_allocs", ctypes.c_uint64),
+        ("num_frees", ctypes.c_uint64),
+        ("num_segment_allocs", ctypes.c_uint64),
+        ("num_segment_frees", ctypes.c_uint64),
+        ("num_ooms", ctypes.c_uint64),
+        ("num_alloc_retries", ctypes.c_uint64),
+        ("num_invalid_frees", ctypes.c_uint64),
+    ]
+
+
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+
+
+def _candidates() -> list[str]:
+    found = []
+    env = os.environ.get("REMAT_ALLOC_LIBRARY")
+    if env:
+        found.append(env)
+    here = Path(__file__).resolve().parent
+    for folder in (here, here.parent, here.parent.parent):
+        found.append(str(folder / "libremat_alloc.so"))
+    found.append("libremat_alloc.so")
+    return found
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    c_int, c_char_p, c_void_p, c_size_t = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t
+    signatures = {
+        "remat_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
+        "remat_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
+        "remat_configure": (c_int, [c_char_p]),
+        "remat_push_region": (c_int, [c_char_p]),
+        "remat_pop_region": (c_int, []),
+        "remat_push_recv_slot": (c_int, [c_int, ctypes.c_char, c_int]),
+        "remat_pop_recv_slot": (c_int, []),
+        "remat_push_site": (c_int, [c_char_p]),
+        "remat_pop_site": (c_int, []),
+        "remat_push_phase": (c_int, [c_char_p]),
+        "remat_pop_phase": (c_int, []),
+        "remat_push_policy": (c_int, [c_char_p]),
+        "remat_pop_policy": (c_int, []),
+        "remat_dump_snapshot": (c_int, [c_char_p]),
+        "remat_dump_snapshot_device": (c_int, [c_char_p, c_int]),
+        "remat_dump_trace": (c_int, [c_char_p]),
+        "remat_empty_cache": (c_int, []),
+        "remat_record_stream": (c_int, [c_void_p, c_void_p]),
+        "remat_get_stats": (c_int, [c_int, ctypes.POINTER(_Stats)]),
+        "remat_reset_peak_stats": (c_int, [c_int]),
+        "remat_live_bytes": (c_int, [c_int, c_char_p, ctypes.POINTER(ctypes.c_int64)]),
+        "remat_last_error": (c_char_p, []),
+        "remat_version": (c_char_p, []),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def load(path: Optional[str] = None) -> ctypes.CDLL:
+    """Loads the library once (from `path` if given) and returns it."""
+    global _lib, _lib_path
+    if _lib is not None:
+        if path is not None and os.path.realpath(path) != os.path.realpath(_lib_path or ""):
+            raise RematError(f"libremat_alloc is already loaded from {_lib_path}; load() takes one library per process")
+        return _lib
+    errors = []
+    for candidate in [path] if path else _candidates():
+        try:
+            lib = ctypes.CDLL(candidate)
+        except OSError as e:
+            errors.append(f"{candidate}: {e}")
+            continue
+        _declare(lib)
+        _lib, _lib_path = lib, candidate
+        return lib
+    raise RematError("cannot load libremat_alloc.so; set REMAT_ALLOC_LIBRARY to its path. Tried: " + "; ".join(errors))
+
+
+def library_path() -> str:
+    load()
+    assert _lib_path is not None
+    return _lib_path
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise RematError(load().remat_last_error().decode(errors="replace"))
+
+
+def configure(conf: str) -> None:
+    """Applies REMAT_ALLOC_CONF-style text, e.g. "backend:host,host_capacity_mb:1024"."""
+    _check(load().remat_configure(conf.encode()))
+
+
+def install() -> None:
+    """Makes this allocator PyTorch's CUDA allocator. Call before the first CUDA allocation."""
+    from torch.cuda import memory
+
+    path = library_path()
+    allocator = memory.CUDAPluggableAllocator(path, "remat_alloc", "remat_free")
+    memory.change_current_allocator(allocator)
+
+
+@contextlib.contextmanager
+def _scope(push, pop) -> Iterator[None]:
+    _check(push())
+    try:
+        yield
+    finally:
+        _check(pop())
+
+
+def region(name: str):
+    """Tags allocations in the block with a region; nested regions compose as a::b."""
+    lib = load()
+    return _scope(lambda: lib.remat_push_region(name.encode()), lib.remat_pop_region)
+
+
+def recv_slot(stage: int, direction: str, slot: int):
+    """Tags allocations as pipeline receive buffers of (stage, 'F' or 'B', slot)."""
+    if direction not in ("F", "B"):
+        raise RematError(f"direction {direction!r} is not valid; pass 'F' (activations) or 'B' (gradients)")
+    lib = load()
+    return _scope(lambda: lib.remat_push_recv_slot(stage, direction.encode(), slot), lib.remat_pop_recv_slot)
+
+
+def site(name: str):
+    """Tags allocations with an allocation-site annotation."""
+    lib = load()
+    return _scope(lambda: lib.remat_push_site(name.encode()), lib.remat_pop_site)
+
+
+def phase(name: str):
+    """Tags allocations with a phase: forward, recompute, backward or other."""
+    lib = load()
+    return _scope(lambda: lib.remat_push_phase(name.encode()), lib.remat_pop_phase)
+
+
+def policy(name: str):
+    """Tags allocations with a checkpoint policy: save, recompute or none."""
+    lib = load()
+    return _scope(lambda: lib.remat_push_policy(name.encode()), lib.remat_pop_policy)
+
+
+def dump_snapshot(path: str, device: Optional[int] = None) -> None:
+    lib = load()
+    if device is None:
+        _check(lib.remat_dump_snapshot(os.fspath(path).encode()))
+    else:
+        _check(lib.remat_dump_snapshot_device(os.fspath(path).encode(), device))
+
+
+def dump_trace(path: str) -> None:
+    _check(load().remat_dump_trace(os.fspath(path).encode()))
+
+
+def memory_stats(device: int = 0) -> dict:
+    stats = _Stats()
+    stats.struct_size = ctypes.sizeof(_Stats)
+    _check(load().remat_get_stats(device, ctypes.byref(stats)))
+    return {name: getattr(stats, name) for name, _ in _Stats._fields_ if name != "struct_size"}
+
+
+def reset_peak_stats(device: int = 0) -> None:
+    _check(load().remat_reset_peak_stats(device))
+
+
+def live_bytes(region_prefix: str = "", device: int = 0) -> int:
+    """Requested bytes live under regions equal to or nested in `region_prefix`."""
+    out = ctypes.c_int64()
+    _check(load().remat_live_bytes(device, region_prefix.encode(), ctypes.byref(out)))
+    return out.value
+
+
+def empty_cache() -> None:
+    _check(load().remat_empty_cache())
+
+
+def record_stream(ptr: int, stream: int) -> None:
+    _check(load().remat_record_stream(ptr, stream))

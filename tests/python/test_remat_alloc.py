@@ -1,0 +1,109 @@
+"""The ctypes layer against the host backend, exactly as a PyTorch user calls it."""
+
+import ctypes
+import json
+import os
+import tempfile
+import unittest
+
+import remat_alloc
+
+MiB = 1 << 20
+
+
+class RematAllocCtypes(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        remat_alloc.configure("backend:host,host_capacity_mb:64,trace_entries:128")
+        cls.lib = remat_alloc.load()
+
+    def alloc(self, size, device=0, stream=0):
+        return self.lib.remat_alloc(size, device, stream)
+
+    def free(self, ptr, size, device=0, stream=0):
+        self.lib.remat_free(ptr, size, device, stream)
+
+    def test_regions_tag_allocations_and_live_bytes_follow_them(self):
+        with remat_alloc.region("layers.0"):
+            with remat_alloc.region("attention"):
+                p = self.alloc(3000, device=1)
+            q = self.alloc(1000, device=1)
+        self.assertEqual(remat_alloc.live_bytes("layers.0", device=1), 4000)
+        self.assertEqual(remat_alloc.live_bytes("layers.0::attention", device=1), 3000)
+        self.free(p, 3000, device=1)
+        self.free(q, 1000, device=1)
+        self.assertEqual(remat_alloc.live_bytes("layers.0", device=1), 0)
+
+    def test_snapshot_carries_every_tag_kind(self):
+        with remat_alloc.region("stage1"), remat_alloc.phase("forward"), remat_alloc.policy("save"), \
+                remat_alloc.recv_slot(1, "F", 0), remat_alloc.site("recv_buffer"):
+            p = self.alloc(4096, device=2)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "snap.json")
+            remat_alloc.dump_snapshot(path, device=2)
+            with open(path) as f:
+                doc = json.load(f)
+        block = doc["segments"][0]["blocks"][0]
+        tag = doc["tags"][block["tag"]]
+        self.assertEqual(doc["names"][tag["region"]], "stage1")
+        self.assertEqual(doc["names"][tag["site"]], "recv_buffer")
+        self.assertEqual(tag["phase"], "forward")
+        self.assertEqual(tag["policy"], "save")
+        self.assertEqual(tag["recv"], {"stage": 1, "direction": "F", "slot": 0})
+        self.assertEqual(block["requested_size"], 4096)
+        self.free(p, 4096, device=2)
+
+    def test_memory_stats_report_real_figures(self):
+        p = self.alloc(5 * MiB, device=3)
+        stats = remat_alloc.memory_stats(3)
+        self.assertEqual(stats["allocated_bytes"], 5 * MiB)
+        self.assertEqual(stats["reserved_bytes"], 20 * MiB)
+        self.assertEqual(stats["num_allocs"], 1)
+        self.free(p, 5 * MiB, device=3)
+        remat_alloc.empty_cache()
+        self.assertEqual(remat_alloc.memory_stats(3)["reserved_bytes"], 0)
+
+    def test_out_of_memory_returns_null_and_is_counted(self):
+        self.assertIsNone(self.alloc(100 * MiB, device=4))
+        self.assertIn("out of memory", self.lib.remat_last_error().decode())
+        self.assertEqual(remat_alloc.memory_stats(4)["num_ooms"], 1)
+
+    def test_errors_raise_with_the_library_message(self):
+        with self.assertRaisesRegex(remat_alloc.RematError, "unknown key 'nonsense'"):
+            remat_alloc.configure("nonsense:1")
+        with self.assertRaisesRegex(remat_alloc.RematError, "empty tag stack"):
+            with remat_alloc.region("x"):
+                self.lib.remat_pop_region()
+        with self.assertRaisesRegex(remat_alloc.RematError, "'F'"):
+            remat_alloc.recv_slot(0, "Z", 0)
+        with self.assertRaisesRegex(remat_alloc.RematError, "cannot write"):
+            remat_alloc.dump_snapshot("/nonexistent-dir/snap.json")
+
+    def test_bad_free_is_refused_without_crashing(self):
+        p = self.alloc(512, device=5)
+        self.free(p, 512, device=5)
+        self.free(p, 512, device=5)
+        self.assertIn("double free", self.lib.remat_last_error().decode())
+        self.assertEqual(remat_alloc.memory_stats(5)["num_invalid_frees"], 1)
+
+    def test_trace_dump_is_json_lines(self):
+        p = self.alloc(512)
+        self.free(p, 512)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.jsonl")
+            remat_alloc.dump_trace(path)
+            with open(path) as f:
+                lines = [json.loads(line) for line in f]
+        self.assertEqual(lines[0]["kind"], "trace")
+        self.assertEqual(lines[0]["event_count"], len(lines) - 1)
+        self.assertIn("free_completed", [e["action"] for e in lines[1:]])
+
+    def test_memory_is_writable_through_ctypes(self):
+        p = self.alloc(1024)
+        ctypes.memset(p, 0x5A, 1024)
+        self.assertEqual(ctypes.string_at(p + 1000, 4), b"\x5a" * 4)
+        self.free(p, 1024)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,76 @@
+"""Runs the allocator demo and validates every dump it writes against schemas/.
+
+Also checks that the validator really rejects broken dumps, so a schema that accepts
+anything cannot pass.
+"""
+
+import argparse
+import copy
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import jsonschema
+
+
+def load_schemas(schema_dir: pathlib.Path) -> dict:
+    return {p.name: json.loads(p.read_text()) for p in schema_dir.glob("*.schema.json")}
+
+
+def validator_for(schemas: dict, name: str):
+    store = {}
+    for file_name, schema in schemas.items():
+        store[schema["$id"]] = schema
+        store[file_name] = schema
+    resolver = jsonschema.RefResolver(base_uri=schemas[name]["$id"], referrer=schemas[name], store=store)
+    cls = jsonschema.validators.validator_for(schemas[name])
+    cls.check_schema(schemas[name])
+    return cls(schemas[name], resolver=resolver)
+
+
+def errors_of(validator, doc) -> list:
+    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--schema-dir", required=True, type=pathlib.Path)
+    parser.add_argument("--demo", required=True)
+    args = parser.parse_args()
+    schemas = load_schemas(args.schema_dir)
+    snapshot = validator_for(schemas, "snapshot.schema.json")
+    trace_header = validator_for(schemas, "trace.schema.json")
+    event = validator_for({"event": {**schemas["snapshot.schema.json"]["$defs"]["event"],
+                                     "$id": "https://schemas.remat.invalid/event", "$schema": schemas["snapshot.schema.json"]["$schema"]}},
+                          "event")
+    failures = []
+    checked = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([args.demo, "--out", tmp, "--layers", "2", "--steps", "2"], check=True, stdout=subprocess.DEVNULL)
+        for name in ("snapshot-peak.json", "snapshot-end.json"):
+            doc = json.loads(pathlib.Path(tmp, name).read_text())
+            failures += [f"{name}: {e}" for e in errors_of(snapshot, doc)]
+            checked += 1
+            broken = copy.deepcopy(doc)
+            broken["segments"][0]["blocks"][0]["state"] = "half-freed"
+            del broken["stats"]["allocated_bytes"]
+            if len(errors_of(snapshot, broken)) != 2:
+                failures.append(f"{name}: the schema did not reject a bad block state and a missing stat")
+        lines = pathlib.Path(tmp, "trace.jsonl").read_text().splitlines()
+        header = json.loads(lines[0])
+        failures += [f"trace.jsonl header: {e}" for e in errors_of(trace_header, header)]
+        if header["event_count"] != len(lines) - 1:
+            failures.append(f"trace.jsonl: event_count {header['event_count']} but {len(lines) - 1} event lines")
+        for number, line in enumerate(lines[1:], start=2):
+            failures += [f"trace.jsonl line {number}: {e}" for e in errors_of(event, json.loads(line))]
+        checked += len(lines)
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    print(f"validated {checked} documents: {len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
