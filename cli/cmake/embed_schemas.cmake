@@ -1,0 +1,18 @@
+# Writes a C++ source holding every schemas/*.schema.json so remat-report validates without
+# needing the source tree. Run as: cmake -DSCHEMA_DIR=... -DOUTPUT=... -P embed_schemas.cmake
+file(GLOB schema_files "${SCHEMA_DIR}/*.schema.json")
+list(SORT schema_files)
+set(body "// Generated from schemas/ by cli/cmake/embed_schemas.cmake; do not edit.\n#include \"schema/schema_set.hpp\"\n\nnamespace remat::report {\n\nstd::vector<std::pair<std::string_view, std::string_view>> embedded_schemas() {\n  return {\n")
+foreach(schema_file IN LISTS schema_files)
+  get_filename_component(name "${schema_file}" NAME)
+  file(READ "${schema_file}" text)
+  string(APPEND body "      {\"${name}\", R\"remat_schema(${text})remat_schema\"},\n")
+endforeach()
+string(APPEND body "  };\n}\n\n}  // namespace remat::report\n")
+set(old "")
+if(EXISTS "${OUTPUT}")
+  file(READ "${OUTPUT}" old)
+endif()
+if(NOT "${old}" STREQUAL "${body}")
+  file(WRITE "${OUTPUT}" "${body}")
+endif()

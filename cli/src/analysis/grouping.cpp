@@ -1,0 +1,63 @@
+#include "analysis/grouping.hpp"
+
+#include "core/errors.hpp"
+
+#include <fmt/format.h>
+
+namespace remat::report {
+
+GroupBy group_by_from(const std::string& text) {
+  if (text == "region") return GroupBy::region;
+  if (text == "slot") return GroupBy::slot;
+  if (text == "site") return GroupBy::site;
+  if (text == "phase") return GroupBy::phase;
+  if (text == "stream") return GroupBy::stream;
+  throw UsageError("--by " + text + " is not a grouping; use region, slot, site, phase or stream");
+}
+
+std::string_view to_string(GroupBy by) {
+  switch (by) {
+    case GroupBy::region: return "region";
+    case GroupBy::slot: return "slot";
+    case GroupBy::site: return "site";
+    case GroupBy::phase: return "phase";
+    case GroupBy::stream: return "stream";
+  }
+  return "region";
+}
+
+std::string tag_label(const TagTable& tags, std::uint32_t tag, GroupBy by) {
+  const Tag& t = tags.tags[tag];
+  switch (by) {
+    case GroupBy::region: return t.region == 0 ? "(untagged)" : tags.names[t.region];
+    case GroupBy::site: return t.site == 0 ? "(no site)" : tags.names[t.site];
+    case GroupBy::phase: return std::string(to_string(t.phase));
+    case GroupBy::slot:
+      if (!t.recv) return "(no recv slot)";
+      return fmt::format("stage {} {} slot {}", t.recv->stage, t.recv->direction, t.recv->slot);
+    case GroupBy::stream: break;
+  }
+  return {};
+}
+
+Grouper::Grouper(const TagTable& tags, GroupBy by) : by_(by) {
+  if (by_ == GroupBy::stream) return;
+  tag_group_.reserve(tags.tags.size());
+  for (std::uint32_t tag = 0; tag < tags.tags.size(); ++tag) tag_group_.push_back(intern(tag_label(tags, tag, by)));
+}
+
+std::uint32_t Grouper::intern(const std::string& label) {
+  const auto [it, inserted] = label_ids_.try_emplace(label, static_cast<std::uint32_t>(labels_.size()));
+  if (inserted) labels_.push_back(label);
+  return it->second;
+}
+
+std::uint32_t Grouper::stream_group(std::uint64_t stream) {
+  const auto it = stream_groups_.find(stream);
+  if (it != stream_groups_.end()) return it->second;
+  const std::uint32_t id = intern(fmt::format("stream {}", stream));
+  stream_groups_.emplace(stream, id);
+  return id;
+}
+
+}  // namespace remat::report

@@ -1,0 +1,58 @@
+#pragma once
+// Segments with their blocks, summarised for fragmentation: allocated bytes, internal free
+// bytes (rounding slack inside allocated blocks: size - requested_size) and external free
+// bytes (inactive blocks), with a one-line picture of each segment.
+
+#include "model/dump.hpp"
+#include "analysis/address_map.hpp"
+#include "reader/trace_file.hpp"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace remat::report {
+
+struct SegmentRow {
+  std::uint64_t address = 0;
+  std::uint64_t total_size = 0;
+  std::uint64_t stream = 0;
+  bool small = false;
+  std::uint64_t allocated = 0;       // active_allocated blocks, rounded sizes
+  std::uint64_t requested = 0;       // what those blocks asked for
+  std::uint64_t pending_free = 0;    // active_pending_free blocks
+  std::uint64_t internal_free = 0;   // allocated - requested
+  std::uint64_t external_free = 0;   // inactive blocks
+  std::uint64_t largest_free = 0;    // largest inactive block
+  std::uint64_t blocks = 0;
+  std::string picture;  // '#' allocated, '~' pending free, '.' free
+};
+
+struct SegmentSummary {
+  std::vector<SegmentRow> rows;
+  std::uint64_t reserved = 0, allocated = 0, requested = 0, pending_free = 0, internal_free = 0, external_free = 0,
+                largest_free = 0;
+  std::string source;  // where the segments came from
+};
+
+SegmentSummary summarize_segments(const std::vector<Segment>& segments, std::size_t picture_width);
+
+// Rebuilds the segments alive at the end of an event stream from segment_alloc/segment_free
+// and the blocks alive inside them (requested sizes are not in events: equal to sizes).
+class SegmentRebuilder : public EventSink {
+ public:
+  void on_event(const Event& event) override;
+  std::vector<Segment> segments() const;
+  std::uint64_t orphan_blocks() const { return orphans_; }
+
+ private:
+  struct Live {
+    std::uint64_t size;
+    std::uint64_t stream;
+  };
+  std::map<std::uint64_t, Live> segments_;
+  AddressMap blocks_;
+  mutable std::uint64_t orphans_ = 0;
+};
+
+}  // namespace remat::report

@@ -1,0 +1,59 @@
+#include "commands/command.hpp"
+
+#include "core/errors.hpp"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <unistd.h>
+
+namespace remat::report {
+
+OutputFormat GlobalOptions::format() const {
+  if (json && csv) throw UsageError("--json and --csv are exclusive; pick one");
+  if (json) return OutputFormat::json;
+  if (csv) return OutputFormat::csv;
+  return OutputFormat::text;
+}
+
+bool GlobalOptions::use_color() const {
+  if (color == "always") return true;
+  if (color == "never") return false;
+  const char* no_color = std::getenv("NO_COLOR");
+  if (no_color != nullptr && *no_color != '\0') return false;
+  return ::isatty(STDOUT_FILENO) == 1;
+}
+
+void add_output_options(CLI::App& command, GlobalOptions& options) {
+  command.add_flag("--json", options.json, "Print JSON for machines");
+  command.add_flag("--csv", options.csv, "Print CSV for machines");
+  command.add_option("--color", options.color, "Color the table: auto (on a terminal), always, never")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
+}
+
+void print(const Report& report, const GlobalOptions& options) {
+  write_report(std::cout, report, options.format(), options.format() == OutputFormat::text && options.use_color());
+  std::cout.flush();
+}
+
+void write_output_file(const std::string& path, std::string_view contents) {
+  const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
+  std::FILE* file = std::fopen(temp.c_str(), "wb");
+  if (file == nullptr) {
+    throw UsageError(fmt::format("cannot write {}: {}; pass -o a path in a directory you can write to", path,
+                                 std::strerror(errno)));
+  }
+  const bool ok = std::fwrite(contents.data(), 1, contents.size(), file) == contents.size();
+  const bool closed = std::fclose(file) == 0;
+  if (!ok || !closed || std::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(temp.c_str());
+    throw UsageError(fmt::format("cannot write {}: {}", path, std::strerror(error)));
+  }
+}
+
+}  // namespace remat::report

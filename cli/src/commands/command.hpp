@@ -1,0 +1,38 @@
+#pragma once
+// Each subcommand registers itself on the CLI11 app; options shared by all live here.
+
+#include "output/table.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <iosfwd>
+#include <string>
+
+namespace remat::report {
+
+struct GlobalOptions {
+  bool json = false;
+  bool csv = false;
+  std::string color = "auto";
+
+  OutputFormat format() const;
+  bool use_color() const;  // on a terminal unless NO_COLOR or --color never
+};
+
+// Adds --json, --csv and --color to a subcommand.
+void add_output_options(CLI::App& command, GlobalOptions& options);
+void print(const Report& report, const GlobalOptions& options);
+// Writes `contents` to `path` through a temporary file and a rename.
+void write_output_file(const std::string& path, std::string_view contents);
+
+void register_summary(CLI::App& app, GlobalOptions& options);
+void register_memory(CLI::App& app, GlobalOptions& options);
+void register_segments(CLI::App& app, GlobalOptions& options);
+void register_trace(CLI::App& app, GlobalOptions& options);
+void register_timeline(CLI::App& app, GlobalOptions& options);
+void register_diff(CLI::App& app, GlobalOptions& options);
+void register_validate(CLI::App& app, GlobalOptions& options);
+void register_export(CLI::App& app, GlobalOptions& options);
+void register_import(CLI::App& app, GlobalOptions& options);
+
+}  // namespace remat::report

@@ -1,0 +1,35 @@
+#include "commands/command.hpp"
+
+#include <memory>
+#include "renderers/memory_summary.hpp"
+
+namespace remat::report {
+
+namespace {
+struct MemoryOptions {
+  std::string file;
+  std::string by = "region";
+  std::size_t top = 0;
+};
+}  // namespace
+
+void register_memory(CLI::App& app, GlobalOptions& options) {
+  auto* command = app.add_subcommand("memory", "Live and peak bytes grouped by tag, with counts and shares");
+  auto opts = std::make_shared<MemoryOptions>();
+  command->add_option("file", opts->file, "A remat dump")->required();
+  command->add_option("--by", opts->by, "Group by region, slot, site, phase or stream")
+      ->check(CLI::IsMember({"region", "slot", "site", "phase", "stream"}));
+  command->add_option("--top", opts->top, "Show the N largest groups (by peak) and fold the rest");
+  add_output_options(*command, options);
+  command->callback([opts, &options] {
+    const DumpFile dump = open_dump(opts->file);
+    const MemoryView view = renderer_for(dump).memory(dump, group_by_from(opts->by));
+    Report report;
+    report.tables.push_back(memory_table(view, opts->top));
+    report.notes = view.notes;
+    report.notes.push_back("the total's peak is the peak of all groups together, not the sum of group peaks");
+    print(report, options);
+  });
+}
+
+}  // namespace remat::report

@@ -1,0 +1,68 @@
+#include "commands/command.hpp"
+#include "renderers/renderer.hpp"
+
+#include <fmt/format.h>
+
+#include <memory>
+
+namespace remat::report {
+
+namespace {
+struct SegmentsOptions {
+  std::string file;
+  std::size_t width = 32;
+};
+
+Cell share(std::uint64_t part, std::uint64_t whole) {
+  return Cell::share(whole == 0 ? 0.0 : static_cast<double>(part) / static_cast<double>(whole));
+}
+}  // namespace
+
+void register_segments(CLI::App& app, GlobalOptions& options) {
+  auto* command = app.add_subcommand("segments", "Segment map with internal and external fragmentation");
+  auto opts = std::make_shared<SegmentsOptions>();
+  command->add_option("file", opts->file, "A remat dump")->required();
+  command->add_option("--width", opts->width, "Characters in each segment's picture (0: none)")
+      ->check(CLI::Range(0, 400));
+  add_output_options(*command, options);
+  command->callback([opts, &options] {
+    const DumpFile dump = open_dump(opts->file);
+    const SegmentSummary summary = renderer_for(dump).segments(dump, opts->width);
+    Report report;
+    Table table;
+    table.id = "segments";
+    table.title = fmt::format("Segments ({}; map: # allocated, ~ freed but pending, . free)", summary.source);
+    table.columns = {{"address", "address", false},    {"size", "total_size", true},
+                     {"stream", "stream", true},       {"pool", "segment_type", false},
+                     {"allocated", "allocated", true}, {"internal free", "internal_free", true},
+                     {"external free", "external_free", true}, {"largest free", "largest_free", true},
+                     {"blocks", "blocks", true},       {"map", "map", false}};
+    for (const SegmentRow& row : summary.rows) {
+      table.rows.push_back({Cell::address(row.address), Cell::bytes(row.total_size), Cell::count(row.stream),
+                            Cell::text(row.small ? "small" : "large"), Cell::bytes(row.allocated),
+                            Cell::bytes(row.internal_free), Cell::bytes(row.external_free),
+                            Cell::bytes(row.largest_free), Cell::count(row.blocks),
+                            Cell::text(row.picture.empty() ? "" : "[" + row.picture + "]")});
+    }
+    report.tables.push_back(std::move(table));
+    Table totals = key_value_table("totals", "Totals");
+    add_field(totals, "segments", Cell::count(summary.rows.size()));
+    add_field(totals, "reserved", Cell::bytes(summary.reserved));
+    add_field(totals, "allocated", Cell::bytes(summary.allocated));
+    add_field(totals, "requested", Cell::bytes(summary.requested));
+    add_field(totals, "pending_free", Cell::bytes(summary.pending_free));
+    add_field(totals, "internal_free", Cell::bytes(summary.internal_free));
+    add_field(totals, "external_free", Cell::bytes(summary.external_free));
+    add_field(totals, "largest_free_block", Cell::bytes(summary.largest_free));
+    add_field(totals, "free_share_of_reserved", share(summary.internal_free + summary.external_free, summary.reserved));
+    // 0 when all free bytes form one block, near 1 when they are scattered in small pieces.
+    add_field(totals, "external_fragmentation",
+              summary.external_free == 0 ? Cell::share(0.0)
+                                         : Cell::share(1.0 - static_cast<double>(summary.largest_free) /
+                                                                 static_cast<double>(summary.external_free)));
+    report.tables.push_back(std::move(totals));
+    print(report, options);
+  });
+}
+
+}  // namespace remat::report

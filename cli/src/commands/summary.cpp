@@ -1,0 +1,19 @@
+#include "commands/command.hpp"
+
+#include <memory>
+#include "renderers/renderer.hpp"
+
+namespace remat::report {
+
+void register_summary(CLI::App& app, GlobalOptions& options) {
+  auto* command = app.add_subcommand("summary", "What a dump holds: its kind, producer and the essentials");
+  auto file = std::make_shared<std::string>();
+  command->add_option("file", *file, "A remat dump (snapshot JSON, trace JSON Lines, ...)")->required();
+  add_output_options(*command, options);
+  command->callback([file, &options] {
+    const DumpFile dump = open_dump(*file);
+    print(renderer_for(dump).summary(dump), options);
+  });
+}
+
+}  // namespace remat::report

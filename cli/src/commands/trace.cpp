@@ -1,0 +1,160 @@
+#include "commands/command.hpp"
+#include "core/errors.hpp"
+#include "core/format.hpp"
+#include "renderers/renderer.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+namespace remat::report {
+
+namespace {
+
+struct TraceOptions {
+  std::string file;
+  std::string from, to;
+  std::vector<std::string> actions;
+  std::string region;
+  std::uint64_t limit = 0;
+};
+
+// `layers.0` matches `layers.0`, `layers.0::attention` and `layers.0.mlp`.
+bool region_matches(std::string_view region, std::string_view wanted) {
+  if (region.size() < wanted.size() || region.compare(0, wanted.size(), wanted) != 0) return false;
+  if (region.size() == wanted.size()) return true;
+  const char next = region[wanted.size()];
+  return next == ':' || next == '.';
+}
+
+// Prints matching events as they stream by: nothing is held in memory.
+class EventPrinter final : public EventSink {
+ public:
+  EventPrinter(const TraceOptions& options, OutputFormat format, std::ostream& out)
+      : options_(options), format_(format), out_(out) {
+    if (!options.from.empty()) from_ = parse_time_us(options.from);
+    if (!options.to.empty()) to_ = parse_time_us(options.to);
+    for (const std::string& list : options.actions) {
+      std::size_t start = 0;
+      while (start <= list.size()) {
+        const std::size_t comma = list.find(',', start);
+        const std::string name = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        const auto action = action_from(name);
+        if (!action) {
+          throw UsageError("--action " + name + " is not an action; use alloc, free_requested, free_completed, "
+                           "segment_alloc, segment_free or oom");
+        }
+        wanted_[static_cast<std::size_t>(*action)] = true;
+        any_action_ = true;
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    }
+  }
+
+  void begin(const TagTable& tags) {
+    tags_ = &tags;
+    if (!options_.region.empty()) {
+      region_ok_.resize(tags.tags.size());
+      for (std::size_t t = 0; t < tags.tags.size(); ++t) {
+        region_ok_[t] = region_matches(tags.names[tags.tags[t].region], options_.region);
+      }
+    }
+    switch (format_) {
+      case OutputFormat::text:
+        out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", "time", "action", "address", "size",
+                            "stream", "phase", "region / site");
+        break;
+      case OutputFormat::csv: out_ << "time_us,action,address,size,stream,tag,region,phase,policy,site\n"; break;
+      case OutputFormat::json: out_ << "{\"events\": [\n"; break;
+    }
+  }
+
+  void on_event(const Event& e) override {
+    if (from_ && e.time_us < *from_) return;
+    if (to_ && e.time_us > *to_) return;
+    if (any_action_ && !wanted_[static_cast<std::size_t>(e.action)]) return;
+    if (!region_ok_.empty() && !region_ok_[e.tag]) return;
+    if (options_.limit != 0 && printed_ >= options_.limit) return;
+    const Tag& tag = tags_->tags[e.tag];
+    const std::string& region = tags_->names[tag.region];
+    const std::string& site = tags_->names[tag.site];
+    switch (format_) {
+      case OutputFormat::text: {
+        std::string where = region.empty() ? "(untagged)" : region;
+        if (!site.empty()) where += " @ " + site;
+        out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", human_time_us(e.time_us),
+                            to_string(e.action), hex_address(e.address), human_bytes(e.size), e.stream,
+                            to_string(tag.phase), where);
+        break;
+      }
+      case OutputFormat::csv: {
+        auto quote = [](const std::string& s) {
+          if (s.find_first_of(",\"\n") == std::string::npos) return s;
+          std::string q = "\"";
+          for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+          return q + "\"";
+        };
+        out_ << fmt::format("{},{},{},{},{},{},{},{},{},{}\n", e.time_us, to_string(e.action), e.address, e.size,
+                            e.stream, e.tag, quote(region), to_string(tag.phase), to_string(tag.policy), quote(site));
+        break;
+      }
+      case OutputFormat::json: {
+        nlohmann::json object = {{"time_us", e.time_us}, {"action", to_string(e.action)}, {"address", e.address},
+                                 {"size", e.size},       {"stream", e.stream},             {"tag", e.tag},
+                                 {"region", region},     {"phase", to_string(tag.phase)},  {"policy", to_string(tag.policy)},
+                                 {"site", site}};
+        out_ << (printed_ ? ",\n" : "") << "  " << object.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        break;
+      }
+    }
+    ++printed_;
+  }
+
+  void end() {
+    if (format_ == OutputFormat::json) out_ << (printed_ ? "\n" : "") << "], \"count\": " << printed_ << "}\n";
+    out_.flush();
+  }
+
+ private:
+  const TraceOptions& options_;
+  OutputFormat format_;
+  std::ostream& out_;
+  const TagTable* tags_ = nullptr;
+  std::optional<std::int64_t> from_, to_;
+  std::array<bool, kActionCount> wanted_{};
+  bool any_action_ = false;
+  std::vector<bool> region_ok_;
+  std::uint64_t printed_ = 0;
+};
+
+}  // namespace
+
+void register_trace(CLI::App& app, GlobalOptions& options) {
+  auto* command = app.add_subcommand("trace", "Events in time order, filtered");
+  auto opts = std::make_shared<TraceOptions>();
+  command->add_option("file", opts->file, "A remat dump with events (trace, snapshot)")->required();
+  command->add_option("--from", opts->from, "Only events at or after this time (1500, 1500us, 2.5ms, 3s)");
+  command->add_option("--to", opts->to, "Only events at or before this time");
+  command->add_option("--action", opts->actions, "Only these actions (repeat or comma-separate)");
+  command->add_option("--region", opts->region, "Only this region and the regions under it");
+  command->add_option("--limit", opts->limit, "Print at most N events");
+  add_output_options(*command, options);
+  command->callback([opts, &options] {
+    const OutputFormat format = options.format();
+    EventPrinter printer(*opts, format, std::cout);
+    const DumpFile dump = open_dump(opts->file);
+    std::ios::sync_with_stdio(false);
+    renderer_for(dump).events(dump, [&](const TagTable& tags) -> EventSink& {
+      printer.begin(tags);
+      return printer;
+    });
+    printer.end();
+  });
+}
+
+}  // namespace remat::report

@@ -1,0 +1,42 @@
+#pragma once
+// Reads Python pickles (protocols 2 to 5) of plain data only. A pickle that would construct
+// Python objects (GLOBAL, REDUCE, ...) is refused: importing never runs code.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace remat::report {
+
+struct PyValue;
+// Values live in the PickleDocument that read them (an arena), so shared and even cyclic
+// references are plain pointers.
+using PyRef = PyValue*;
+
+struct PyValue {
+  enum class Kind : std::uint8_t { none, boolean, integer, real, string, bytes, list, tuple, dict, set };
+  Kind kind = Kind::none;
+  bool boolean = false;
+  std::int64_t integer = 0;
+  double real = 0;
+  std::string text;  // string (UTF-8) or bytes
+  std::vector<PyRef> items;  // list, tuple, set
+  std::vector<std::pair<PyRef, PyRef>> entries;  // dict, in insertion order
+
+  // The value under string key `key` of a dict, or null.
+  const PyValue* get(std::string_view key) const;
+  bool is_number() const { return kind == Kind::integer || kind == Kind::boolean; }
+};
+
+struct PickleDocument {
+  std::vector<std::unique_ptr<PyValue>> arena;
+  const PyValue* root = nullptr;
+};
+
+// Throws InputError "byte N: ..." for malformed or unsupported pickles.
+PickleDocument read_pickle(std::string_view bytes);
+
+}  // namespace remat::report

@@ -1,0 +1,361 @@
+#include "core/errors.hpp"
+#include "interop/pickle_reader.hpp"
+#include "interop/torch_snapshot.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <ctime>
+#include <map>
+#include <tuple>
+
+namespace remat::report {
+
+namespace {
+
+using Kind = PyValue::Kind;
+
+[[noreturn]] void bad(const std::string& where, const std::string& what) { throw InputError(where, what); }
+
+std::int64_t integer_at(const PyValue& dict, std::string_view key, const std::string& where,
+                        std::optional<std::int64_t> fallback = std::nullopt) {
+  const PyValue* v = dict.get(key);
+  if (v == nullptr || v->kind == Kind::none) {
+    if (fallback) return *fallback;
+    bad(where, fmt::format("missing key '{}'", key));
+  }
+  if (v->kind != Kind::integer) bad(where + "['" + std::string(key) + "']", "expected an int");
+  return v->integer;
+}
+
+std::uint64_t size_at(const PyValue& dict, std::string_view key, const std::string& where,
+                      std::optional<std::int64_t> fallback = std::nullopt) {
+  const std::int64_t v = integer_at(dict, key, where, fallback);
+  if (v < 0) bad(where + "['" + std::string(key) + "']", fmt::format("must not be negative (got {})", v));
+  return static_cast<std::uint64_t>(v);
+}
+
+std::string string_at(const PyValue& dict, std::string_view key, const std::string& fallback) {
+  const PyValue* v = dict.get(key);
+  return v != nullptr && v->kind == Kind::string ? v->text : fallback;
+}
+
+const PyValue& list_at(const PyValue& value, const std::string& where) {
+  if (value.kind != Kind::list && value.kind != Kind::tuple) bad(where, "expected a list");
+  return value;
+}
+
+struct TagKey {
+  std::uint32_t region = 0, site = 0;
+  Policy policy = Policy::none;
+  Phase phase = Phase::other;
+  std::optional<RecvSlot> recv;
+  auto tie() const {
+    return std::make_tuple(region, site, static_cast<int>(policy), static_cast<int>(phase), recv.has_value(),
+                           recv ? recv->stage : 0, recv ? recv->direction : 'F', recv ? recv->slot : 0);
+  }
+  bool operator<(const TagKey& other) const { return tie() < other.tie(); }
+};
+
+// Rebuilds tags from frames: remat's own frames when the pickle came from `export`,
+// otherwise the first frame outside PyTorch as the allocation site.
+class TagBuilder {
+ public:
+  TagBuilder() {
+    names_.push_back("");
+    tags_.emplace_back();
+    ids_[TagKey{}] = 0;
+  }
+
+  std::uint32_t tag_of(const PyValue* frames) {
+    if (frames == nullptr || (frames->kind != Kind::list && frames->kind != Kind::tuple) || frames->items.empty()) return 0;
+    const auto cached = cache_.find(frames);
+    if (cached != cache_.end()) return cached->second;
+    TagKey key;
+    bool remat = false;
+    std::string fallback_site;
+    for (const PyValue* frame : frames->items) {
+      if (frame->kind != Kind::dict) continue;
+      const std::string file = string_at(*frame, "filename", "");
+      const std::string name = string_at(*frame, "name", "");
+      if (file == "remat:region") remat = true, key.region = intern(name);
+      else if (file == "remat:site") remat = true, key.site = intern(name);
+      else if (file == "remat:tag") {
+        remat = true;
+        char phase[32] = {}, policy[32] = {};
+        if (std::sscanf(name.c_str(), "phase=%31s policy=%31s", phase, policy) == 2) {
+          key.phase = phase_from(phase).value_or(Phase::other);
+          key.policy = policy_from(policy).value_or(Policy::none);
+        }
+      } else if (file == "remat:recv") {
+        remat = true;
+        unsigned long long stage = 0, slot = 0;
+        char direction = 'F';
+        if (std::sscanf(name.c_str(), "stage=%llu direction=%c slot=%llu", &stage, &direction, &slot) == 3 &&
+            (direction == 'F' || direction == 'B')) {
+          key.recv = RecvSlot{stage, direction, slot};
+        }
+      } else if (fallback_site.empty() && !file.empty() && file.find("/torch/") == std::string::npos &&
+                 file.find("??") == std::string::npos && file[0] != '<' &&
+                 !(file.size() > 4 && (file.ends_with(".cpp") || file.ends_with(".h") || file.ends_with(".cu")))) {
+        const PyValue* line = frame->get("line");
+        fallback_site = fmt::format("{}:{}{}", file, line && line->kind == Kind::integer ? line->integer : 0,
+                                    name.empty() ? "" : " (" + name + ")");
+      }
+    }
+    if (!remat && !fallback_site.empty()) key.site = intern(fallback_site);
+    const auto [it, inserted] = ids_.try_emplace(key, static_cast<std::uint32_t>(tags_.size()));
+    if (inserted) tags_.push_back(Tag{key.region, key.policy, key.phase, key.site, key.recv});
+    cache_[frames] = it->second;
+    return it->second;
+  }
+
+  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<Tag>& tags() const { return tags_; }
+
+ private:
+  std::uint32_t intern(const std::string& name) {
+    const auto [it, inserted] = name_ids_.try_emplace(name, static_cast<std::uint32_t>(names_.size()));
+    if (inserted) names_.push_back(name);
+    return it->second;
+  }
+  std::vector<std::string> names_;
+  std::vector<Tag> tags_;
+  std::map<std::string, std::uint32_t> name_ids_;
+  std::map<TagKey, std::uint32_t> ids_;
+  std::map<const PyValue*, std::uint32_t> cache_;
+};
+
+nlohmann::ordered_json stat(std::uint64_t current, std::uint64_t peak, std::uint64_t total) {
+  return {{"current", current}, {"peak", std::max(peak, current)}, {"total", std::max(total, current)}};
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+}  // namespace
+
+ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t device, const std::string& source) {
+  const PickleDocument document = read_pickle(pickle_bytes);
+  const PyValue& root = *document.root;
+  const PyValue* segments_value = nullptr;
+  const PyValue* traces_value = nullptr;
+  if (root.kind == Kind::dict) {
+    segments_value = root.get("segments");
+    traces_value = root.get("device_traces");
+    if (segments_value == nullptr) bad("$", "not a PyTorch memory snapshot: no 'segments' key");
+  } else if (root.kind == Kind::list) {
+    segments_value = &root;  // torch.cuda.memory_snapshot(): the segment list alone
+  } else {
+    bad("$", "not a PyTorch memory snapshot: expected a dict with 'segments' and 'device_traces'");
+  }
+  list_at(*segments_value, "$['segments']");
+  if (traces_value != nullptr && traces_value->kind != Kind::none) list_at(*traces_value, "$['device_traces']");
+  else traces_value = nullptr;
+
+  if (device < 0) {
+    device = 0;
+    bool found = false;
+    for (const PyValue* segment : segments_value->items) {
+      if (segment->kind == Kind::dict && segment->get("device") != nullptr) {
+        device = integer_at(*segment, "device", "$['segments'][0]");
+        found = true;
+        break;
+      }
+    }
+    if (!found && traces_value != nullptr) {
+      for (std::size_t d = 0; d < traces_value->items.size(); ++d) {
+        if (!traces_value->items[d]->items.empty()) {
+          device = static_cast<std::int64_t>(d);
+          break;
+        }
+      }
+    }
+  }
+  if (device < 0) bad("$", "device must not be negative");
+
+  ImportResult result;
+  result.device = static_cast<std::uint64_t>(device);
+  TagBuilder tags;
+  nlohmann::ordered_json segments = nlohmann::ordered_json::array();
+  std::map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> tag_live;  // tag -> (bytes, count)
+  std::map<std::uint32_t, std::uint64_t> tag_requested;
+  std::uint64_t allocated = 0, requested = 0, active = 0, reserved = 0, allocated_blocks = 0;
+  std::size_t index = 0;
+  for (const PyValue* segment : segments_value->items) {
+    const std::string where = fmt::format("$['segments'][{}]", index++);
+    if (segment->kind != Kind::dict) bad(where, "expected a dict");
+    if (integer_at(*segment, "device", where, device) != device) continue;
+    const std::uint64_t address = size_at(*segment, "address", where);
+    const std::uint64_t total = size_at(*segment, "total_size", where);
+    nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
+    std::uint64_t seg_allocated = 0, seg_active = 0, seg_requested = 0;
+    std::uint64_t cursor = address;
+    const PyValue* blocks_value = segment->get("blocks");
+    if (blocks_value != nullptr) {
+      std::size_t b = 0;
+      for (const PyValue* block : list_at(*blocks_value, where + "['blocks']").items) {
+        const std::string bwhere = fmt::format("{}['blocks'][{}]", where, b++);
+        if (block->kind != Kind::dict) bad(bwhere, "expected a dict");
+        const std::uint64_t size = size_at(*block, "size", bwhere);
+        const std::uint64_t block_address = block->get("address") ? size_at(*block, "address", bwhere) : cursor;
+        const std::uint64_t block_requested = std::min(size, size_at(*block, "requested_size", bwhere, static_cast<std::int64_t>(size)));
+        std::string state = string_at(*block, "state", "inactive");
+        if (state == "active_awaiting_free") state = "active_pending_free";
+        if (!block_state_from(state)) bad(bwhere + "['state']", fmt::format("unknown block state '{}'", printable(state)));
+        const std::uint32_t tag = state == "inactive" ? 0 : tags.tag_of(block->get("frames"));
+        if (state == "active_allocated") {
+          seg_allocated += size;
+          tag_live[tag].first += size;
+          ++tag_live[tag].second;
+          tag_requested[tag] += block_requested;
+          ++allocated_blocks;
+        }
+        if (state != "inactive") seg_active += size;
+        seg_requested += state == "inactive" ? 0 : block_requested;
+        blocks.push_back({{"address", block_address},
+                          {"size", size},
+                          {"requested_size", state == "inactive" ? 0 : block_requested},
+                          {"state", state},
+                          {"tag", tag}});
+        cursor = block_address + size;
+        ++result.blocks;
+      }
+    }
+    std::string type = string_at(*segment, "segment_type", total <= (std::uint64_t{2} << 20) ? "small" : "large");
+    if (type != "small" && type != "large") type = "large";
+    segments.push_back({{"address", address},
+                        {"total_size", total},
+                        {"stream", size_at(*segment, "stream", where, 0)},
+                        {"segment_type", type},
+                        {"allocated_size", seg_allocated},
+                        {"active_size", seg_active},
+                        {"requested_size", seg_requested},
+                        {"blocks", std::move(blocks)}});
+    allocated += seg_allocated;
+    active += seg_active;
+    requested += seg_requested;
+    reserved += total;
+    ++result.segments;
+  }
+
+  // The trace: actions keep their names; PyTorch's segment_map/unmap (expandable segments)
+  // become segment_alloc/free; `snapshot` markers carry no memory change and are dropped.
+  nlohmann::ordered_json events = nlohmann::ordered_json::array();
+  std::uint64_t ooms = 0, alloc_events = 0, live = 0, peak = 0, reserved_live = 0, reserved_peak = 0;
+  std::map<std::uint64_t, std::pair<std::uint64_t, std::uint32_t>> live_blocks;
+  std::map<std::uint32_t, std::uint64_t> tag_now, tag_peak, tag_allocs;
+  if (traces_value != nullptr && static_cast<std::size_t>(device) < traces_value->items.size()) {
+    const PyValue& trace = list_at(*traces_value->items[static_cast<std::size_t>(device)], "$['device_traces'][device]");
+    std::int64_t last_time = INT64_MIN;
+    std::size_t e = 0;
+    for (const PyValue* entry : trace.items) {
+      const std::string where = fmt::format("$['device_traces'][{}][{}]", device, e++);
+      if (entry->kind != Kind::dict) bad(where, "expected a dict");
+      std::string action = string_at(*entry, "action", "");
+      if (action == "segment_map") action = "segment_alloc";
+      else if (action == "segment_unmap") action = "segment_free";
+      else if (action == "free") action = "free_requested";
+      const auto parsed = action_from(action);
+      if (!parsed) {
+        ++result.skipped_events;
+        continue;
+      }
+      const std::uint64_t address = size_at(*entry, entry->get("addr") ? "addr" : "address", where, 0);
+      const std::uint64_t size = size_at(*entry, "size", where, 0);
+      std::int64_t time = integer_at(*entry, "time_us", where, last_time == INT64_MIN ? 0 : last_time);
+      time = std::max(time, last_time == INT64_MIN ? time : last_time);  // keep time order
+      last_time = time;
+      const std::uint32_t tag = tags.tag_of(entry->get("frames"));
+      switch (*parsed) {
+        case Action::alloc:
+          ++alloc_events;
+          live += size;
+          peak = std::max(peak, live);
+          live_blocks[address] = {size, tag};
+          tag_now[tag] += size;
+          tag_peak[tag] = std::max(tag_peak[tag], tag_now[tag]);
+          ++tag_allocs[tag];
+          break;
+        case Action::free_requested:
+        case Action::free_completed:
+          if (const auto it = live_blocks.find(address); it != live_blocks.end()) {
+            live -= it->second.first;
+            tag_now[it->second.second] -= it->second.first;
+            live_blocks.erase(it);
+          }
+          break;
+        case Action::segment_alloc:
+          reserved_live += size;
+          reserved_peak = std::max(reserved_peak, reserved_live);
+          break;
+        case Action::segment_free: reserved_live -= std::min(reserved_live, size); break;
+        case Action::oom: ++ooms; break;
+      }
+      events.push_back({{"action", action}, {"time_us", time}, {"address", address}, {"size", size},
+                        {"stream", size_at(*entry, "stream", where, 0)}, {"tag", tag}});
+      ++result.events;
+    }
+  }
+
+  nlohmann::ordered_json tag_stats = nlohmann::ordered_json::array();
+  std::map<std::uint32_t, bool> seen;
+  for (const auto& [tag, v] : tag_live) seen[tag] = true;
+  for (const auto& [tag, v] : tag_peak) seen[tag] = true;
+  for (const auto& [tag, unused] : seen) {
+    const auto current = tag_live.count(tag) ? tag_live[tag] : std::pair<std::uint64_t, std::uint64_t>{0, 0};
+    tag_stats.push_back({{"tag", tag},
+                         {"bytes", stat(current.first, tag_peak[tag], 0)},
+                         {"requested_bytes", stat(tag_requested[tag], tag_requested[tag], 0)},
+                         {"count", stat(current.second, current.second, tag_allocs[tag])}});
+  }
+
+  nlohmann::ordered_json tag_table = nlohmann::ordered_json::array();
+  for (const Tag& tag : tags.tags()) {
+    nlohmann::ordered_json recv = nullptr;
+    if (tag.recv) recv = {{"stage", tag.recv->stage}, {"direction", std::string(1, tag.recv->direction)}, {"slot", tag.recv->slot}};
+    tag_table.push_back({{"region", tag.region}, {"policy", to_string(tag.policy)}, {"phase", to_string(tag.phase)},
+                         {"site", tag.site}, {"recv", recv}});
+  }
+
+  nlohmann::ordered_json& s = result.snapshot;
+  s["kind"] = "snapshot";
+  s["schema_version"] = 1;
+  s["producer"] = "remat-report import (PyTorch memory snapshot)";
+  s["created_at"] = utc_now();
+  s["host"] = "";
+  s["pid"] = 0;
+  s["rank"] = 0;
+  s["device"] = device;
+  s["config"] = {{"backend", "cuda"},
+                 {"host_capacity_mb", 1},
+                 {"max_split_size_mb", nullptr},
+                 {"memory_fraction", 1.0},
+                 {"trace_entries", result.events},
+                 {"oom_dump_dir", ""},
+                 {"text", "imported from the PyTorch snapshot " + source}};
+  s["device_memory"] = {{"free_bytes", 0}, {"total_bytes", 0}};
+  s["stats"] = {{"allocated_bytes", stat(allocated, peak, 0)},
+                {"requested_bytes", stat(requested, requested, 0)},
+                {"active_bytes", stat(active, active, 0)},
+                {"reserved_bytes", stat(reserved, reserved_peak, 0)},
+                {"allocations", stat(allocated_blocks, allocated_blocks, alloc_events)},
+                {"segments", stat(result.segments, result.segments, 0)},
+                {"num_ooms", ooms},
+                {"num_alloc_retries", 0},
+                {"num_invalid_frees", 0}};
+  s["names"] = tags.names();
+  s["tags"] = std::move(tag_table);
+  s["tag_stats"] = std::move(tag_stats);
+  s["segments"] = std::move(segments);
+  s["trace"] = {{"capacity", result.events}, {"dropped", 0}, {"events", std::move(events)}};
+  return result;
+}
+
+}  // namespace remat::report

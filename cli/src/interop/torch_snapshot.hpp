@@ -1,0 +1,35 @@
+#pragma once
+// Interchange with PyTorch's memory snapshot format, the one `torch.cuda.memory._snapshot()`
+// returns and `torch.cuda.memory._dump_snapshot` pickles, read by PyTorch's memory viewer
+// and `python -m torch.cuda._memory_viz`:
+//   {"segments": [{device, address, total_size, allocated_size, active_size, requested_size,
+//                  stream, segment_type, segment_pool_id, is_expandable, frames,
+//                  blocks: [{address, size, requested_size, state, frames}]}],
+//    "device_traces": [[{action, addr, size, stream, time_us, frames}], ...]}
+// Tags travel as frames: {"filename": "remat:region", "line": 0, "name": "layers.0::attention"}
+// and likewise remat:tag (phase and policy), remat:site and remat:recv, so an exported
+// snapshot imports back with its tags.
+
+#include "renderers/renderer.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace remat::report {
+
+std::string torch_snapshot_pickle(const AllocatorState& state);
+
+struct ImportResult {
+  nlohmann::ordered_json snapshot;  // a remat snapshot dump
+  std::uint64_t segments = 0;
+  std::uint64_t blocks = 0;
+  std::uint64_t events = 0;
+  std::uint64_t skipped_events = 0;
+  std::uint64_t device = 0;
+};
+
+// `device` < 0 picks the first device that has segments or events.
+ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t device, const std::string& source);
+
+}  // namespace remat::report

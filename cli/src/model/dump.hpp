@@ -1,0 +1,149 @@
+#pragma once
+// In-memory form of the dumps remat-report reads. Field meanings follow
+// schemas/snapshot.schema.json and schemas/trace.schema.json.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace remat::report {
+
+// The fields every dump kind starts with.
+struct DumpHeader {
+  std::string kind;
+  std::int64_t schema_version = 0;
+  std::string producer;
+  std::string created_at;
+  std::string host;
+  std::uint64_t pid = 0;
+  std::uint64_t rank = 0;
+  std::uint64_t device = 0;
+};
+
+enum class Policy : std::uint8_t { none, save, recompute };
+enum class Phase : std::uint8_t { other, forward, recompute, backward };
+
+struct RecvSlot {
+  std::uint64_t stage = 0;
+  char direction = 'F';
+  std::uint64_t slot = 0;
+};
+
+struct Tag {
+  std::uint32_t region = 0;  // index into names
+  Policy policy = Policy::none;
+  Phase phase = Phase::other;
+  std::uint32_t site = 0;  // index into names
+  std::optional<RecvSlot> recv;
+};
+
+// Interned names and tags as written once per dump. Index 0 of each is "untagged".
+struct TagTable {
+  std::vector<std::string> names;
+  std::vector<Tag> tags;
+
+  std::string_view region(std::uint32_t tag) const { return names[tags[tag].region]; }
+  std::string_view site(std::uint32_t tag) const { return names[tags[tag].site]; }
+};
+
+enum class Action : std::uint8_t { alloc, free_requested, free_completed, segment_alloc, segment_free, oom };
+inline constexpr int kActionCount = 6;
+
+struct Event {
+  Action action = Action::alloc;
+  std::int64_t time_us = 0;
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;
+  std::uint64_t stream = 0;
+  std::uint32_t tag = 0;
+};
+
+struct Stat {
+  std::uint64_t current = 0;
+  std::uint64_t peak = 0;
+  std::uint64_t total = 0;
+};
+
+struct TagStat {
+  std::uint32_t tag = 0;
+  Stat bytes;
+  Stat requested_bytes;
+  Stat count;
+};
+
+enum class BlockState : std::uint8_t { active_allocated, active_pending_free, inactive };
+
+struct Block {
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;
+  std::uint64_t requested_size = 0;
+  BlockState state = BlockState::inactive;
+  std::uint32_t tag = 0;
+};
+
+struct Segment {
+  std::uint64_t address = 0;
+  std::uint64_t total_size = 0;
+  std::uint64_t stream = 0;
+  bool small = false;
+  std::uint64_t allocated_size = 0;
+  std::uint64_t active_size = 0;
+  std::uint64_t requested_size = 0;
+  std::vector<Block> blocks;
+};
+
+struct AllocatorConfig {
+  std::string backend;
+  std::uint64_t host_capacity_mb = 0;
+  std::optional<std::uint64_t> max_split_size_mb;
+  double memory_fraction = 1.0;
+  std::uint64_t trace_entries = 0;
+  std::string oom_dump_dir;
+  std::string text;
+};
+
+struct AllocatorStats {
+  Stat allocated_bytes;
+  Stat requested_bytes;
+  Stat active_bytes;
+  Stat reserved_bytes;
+  Stat allocations;
+  Stat segments;
+  std::uint64_t num_ooms = 0;
+  std::uint64_t num_alloc_retries = 0;
+  std::uint64_t num_invalid_frees = 0;
+};
+
+struct Snapshot {
+  DumpHeader header;
+  AllocatorConfig config;
+  std::uint64_t device_free_bytes = 0;
+  std::uint64_t device_total_bytes = 0;
+  AllocatorStats stats;
+  TagTable tags;
+  std::vector<TagStat> tag_stats;
+  std::vector<Segment> segments;
+  std::uint64_t trace_capacity = 0;
+  std::uint64_t trace_dropped = 0;
+  std::vector<Event> events;
+};
+
+// The header line of a JSON Lines trace.
+struct TraceHeader {
+  DumpHeader header;
+  TagTable tags;
+  std::optional<std::uint64_t> event_count;
+};
+
+std::string_view to_string(Policy policy);
+std::string_view to_string(Phase phase);
+std::string_view to_string(Action action);
+std::string_view to_string(BlockState state);
+std::optional<Policy> policy_from(std::string_view text);
+std::optional<Phase> phase_from(std::string_view text);
+std::optional<Action> action_from(std::string_view text);
+std::optional<BlockState> block_state_from(std::string_view text);
+
+}  // namespace remat::report

@@ -1,0 +1,82 @@
+#include "output/chart_style.hpp"
+
+#include "core/format.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace remat::report {
+
+std::string series_color(std::size_t index, bool is_other) {
+  static constexpr const char* kPalette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948",
+                                             "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#a0cbe8",
+                                             "#ffbe7d", "#8cd17d", "#f1ce63", "#499894"};
+  if (is_other) return "#bab0ac";
+  return kPalette[index % (sizeof(kPalette) / sizeof(kPalette[0]))];
+}
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\t') out += ' ';
+        else out += c;
+    }
+  }
+  return out;
+}
+
+namespace {
+double nice_step(double range, int count) {
+  const double raw = range / std::max(count, 1);
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  for (const double m : {1.0, 2.0, 2.5, 5.0, 10.0}) {
+    if (m * power >= raw) return m * power;
+  }
+  return 10.0 * power;
+}
+}  // namespace
+
+std::vector<Tick> byte_ticks(std::uint64_t max_bytes, int count) {
+  std::vector<Tick> ticks;
+  if (max_bytes == 0) {
+    ticks.push_back({0.0, "0 B"});
+    return ticks;
+  }
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double unit = 1.0;
+  int u = 0;
+  while (static_cast<double>(max_bytes) / unit >= 1024.0 && u < 6) {
+    unit *= 1024.0;
+    ++u;
+  }
+  const double range = static_cast<double>(max_bytes) / unit;
+  const double step = nice_step(range, count);
+  for (double v = 0.0; v <= range + step * 0.999; v += step) {
+    ticks.push_back({v * unit, fmt::format("{:g} {}", v, kUnits[u])});
+  }
+  return ticks;
+}
+
+std::vector<Tick> time_ticks(std::int64_t span_us, int count) {
+  std::vector<Tick> ticks;
+  if (span_us <= 0) {
+    ticks.push_back({0.0, "0us"});
+    return ticks;
+  }
+  const double step = std::max(1.0, nice_step(static_cast<double>(span_us), count));
+  for (double v = 0.0; v <= static_cast<double>(span_us) + 0.5; v += step) {
+    ticks.push_back({v, human_time_us(static_cast<std::int64_t>(std::llround(v)))});
+  }
+  return ticks;
+}
+
+}  // namespace remat::report

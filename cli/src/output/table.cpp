@@ -1,0 +1,213 @@
+#include "output/table.hpp"
+
+#include "core/format.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+namespace remat::report {
+
+namespace {
+
+constexpr const char* kBold = "\x1b[1m";
+constexpr const char* kTitle = "\x1b[1;36m";
+constexpr const char* kDim = "\x1b[2m";
+constexpr const char* kReset = "\x1b[0m";
+
+// Display width in terminal columns: one per code point (enough for names and paths).
+std::size_t width_of(const std::string& text) {
+  std::size_t width = 0;
+  for (const char c : text) {
+    if ((static_cast<unsigned char>(c) & 0xc0) != 0x80) ++width;
+  }
+  return width;
+}
+
+std::string raw_text(const Cell& cell) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::monostate>) return "";
+        else if constexpr (std::is_same_v<T, std::string>) return v;
+        else if constexpr (std::is_same_v<T, double>) return fmt::format("{}", v);
+        else return std::to_string(v);
+      },
+      cell.value);
+}
+
+nlohmann::ordered_json json_value(const Cell& cell) {
+  return std::visit(
+      [&](const auto& v) -> nlohmann::ordered_json {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::monostate>) return nullptr;
+        else if constexpr (std::is_same_v<T, std::string>) return v;
+        else if constexpr (std::is_same_v<T, double>) {
+          if (cell.display == Display::share) return std::round(v * 1e6) / 1e6;
+          return v;
+        } else return v;
+      },
+      cell.value);
+}
+
+std::string csv_escape(const std::string& text) {
+  if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + '"';
+}
+
+void write_text_table(std::ostream& out, const Table& table, bool color) {
+  if (!table.title.empty()) out << (color ? kTitle : "") << table.title << (color ? kReset : "") << '\n';
+  if (table.key_value) {
+    std::size_t key_width = 0;
+    for (const auto& row : table.rows) key_width = std::max(key_width, width_of(raw_text(row[0])));
+    for (const auto& row : table.rows) {
+      const std::string key = raw_text(row[0]);
+      out << "  " << key << std::string(key_width - width_of(key), ' ') << "  " << display_text(row[1]) << '\n';
+    }
+    return;
+  }
+  const std::size_t n = table.columns.size();
+  std::vector<std::vector<std::string>> cells;
+  std::vector<std::size_t> widths(n);
+  for (std::size_t c = 0; c < n; ++c) widths[c] = width_of(table.columns[c].title);
+  auto measure = [&](const std::vector<Cell>& row) {
+    std::vector<std::string> text(n);
+    for (std::size_t c = 0; c < n && c < row.size(); ++c) {
+      text[c] = display_text(row[c]);
+      widths[c] = std::max(widths[c], width_of(text[c]));
+    }
+    return text;
+  };
+  for (const auto& row : table.rows) cells.push_back(measure(row));
+  std::vector<std::string> total;
+  if (table.total) total = measure(*table.total);
+  auto line = [&](const std::vector<std::string>& text) {
+    std::string s;
+    for (std::size_t c = 0; c < n; ++c) {
+      const std::string pad(widths[c] - width_of(text[c]), ' ');
+      if (c > 0) s += "  ";
+      if (table.columns[c].numeric) s += pad + text[c];
+      else if (c + 1 < n) s += text[c] + pad;
+      else s += text[c];
+    }
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    return s;
+  };
+  std::vector<std::string> header(n);
+  for (std::size_t c = 0; c < n; ++c) header[c] = table.columns[c].title;
+  out << (color ? kBold : "") << line(header) << (color ? kReset : "") << '\n';
+  std::size_t rule = 0;
+  for (std::size_t c = 0; c < n; ++c) rule += widths[c] + (c > 0 ? 2 : 0);
+  for (const auto& text : cells) out << line(text) << '\n';
+  if (table.total) {
+    out << (color ? kDim : "") << std::string(rule, '-') << (color ? kReset : "") << '\n';
+    out << (color ? kBold : "") << line(total) << (color ? kReset : "") << '\n';
+  }
+}
+
+nlohmann::ordered_json row_object(const Table& table, const std::vector<Cell>& row) {
+  nlohmann::ordered_json object = nlohmann::ordered_json::object();
+  for (std::size_t c = 0; c < table.columns.size() && c < row.size(); ++c) {
+    object[table.columns[c].key] = json_value(row[c]);
+  }
+  return object;
+}
+
+}  // namespace
+
+std::string display_text(const Cell& cell) {
+  if (std::holds_alternative<std::monostate>(cell.value)) return "-";
+  switch (cell.display) {
+    case Display::bytes:
+      if (const auto* v = std::get_if<std::uint64_t>(&cell.value)) return human_bytes(*v);
+      break;
+    case Display::signed_bytes:
+      if (const auto* v = std::get_if<std::int64_t>(&cell.value)) return human_signed_bytes(*v);
+      break;
+    case Display::share:
+      if (const auto* v = std::get_if<double>(&cell.value)) return percent(*v);
+      break;
+    case Display::time_us:
+      if (const auto* v = std::get_if<std::int64_t>(&cell.value)) return human_time_us(*v);
+      break;
+    case Display::address:
+      if (const auto* v = std::get_if<std::uint64_t>(&cell.value)) return hex_address(*v);
+      break;
+    case Display::plain:
+      if (const auto* v = std::get_if<double>(&cell.value)) return fmt::format("{:.4g}", *v);
+      break;
+  }
+  return raw_text(cell);
+}
+
+Table key_value_table(std::string id, std::string title) {
+  Table table;
+  table.id = std::move(id);
+  table.title = std::move(title);
+  table.columns = {{"field", "field", false}, {"value", "value", false}};
+  table.key_value = true;
+  return table;
+}
+
+void add_field(Table& table, const std::string& key, Cell value) {
+  table.rows.push_back({Cell::text(key), std::move(value)});
+}
+
+void write_report(std::ostream& out, const Report& report, OutputFormat format, bool color) {
+  switch (format) {
+    case OutputFormat::text: {
+      bool first = true;
+      for (const Table& table : report.tables) {
+        if (!first) out << '\n';
+        first = false;
+        write_text_table(out, table, color);
+      }
+      for (const std::string& note : report.notes) out << (color ? kDim : "") << "note: " << note << (color ? kReset : "") << '\n';
+      break;
+    }
+    case OutputFormat::json: {
+      nlohmann::ordered_json root = nlohmann::ordered_json::object();
+      for (const Table& table : report.tables) {
+        if (table.key_value) {
+          nlohmann::ordered_json object = nlohmann::ordered_json::object();
+          for (const auto& row : table.rows) object[raw_text(row[0])] = json_value(row[1]);
+          root[table.id] = std::move(object);
+          continue;
+        }
+        nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+        for (const auto& row : table.rows) rows.push_back(row_object(table, row));
+        root[table.id] = std::move(rows);
+        if (table.total) root[table.id + "_total"] = row_object(table, *table.total);
+      }
+      if (!report.notes.empty()) root["notes"] = report.notes;
+      out << root.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
+      break;
+    }
+    case OutputFormat::csv: {
+      bool first = true;
+      for (const Table& table : report.tables) {
+        if (!first) out << '\n';
+        first = false;
+        for (std::size_t c = 0; c < table.columns.size(); ++c) out << (c ? "," : "") << csv_escape(table.columns[c].key);
+        out << '\n';
+        auto write_row = [&](const std::vector<Cell>& row) {
+          for (std::size_t c = 0; c < table.columns.size(); ++c) {
+            out << (c ? "," : "") << (c < row.size() ? csv_escape(raw_text(row[c])) : "");
+          }
+          out << '\n';
+        };
+        for (const auto& row : table.rows) write_row(row);
+        if (table.total) write_row(*table.total);
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace remat::report

@@ -1,0 +1,62 @@
+#pragma once
+// Results as tables that render three ways: aligned text for people (bytes in binary units,
+// color only on a terminal), JSON and CSV with raw numbers for machines.
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace remat::report {
+
+enum class Display : std::uint8_t { plain, bytes, signed_bytes, share, time_us, address };
+
+struct Cell {
+  std::variant<std::monostate, std::string, std::int64_t, std::uint64_t, double> value;
+  Display display = Display::plain;
+
+  static Cell none() { return {}; }
+  static Cell text(std::string s) { return {std::move(s), Display::plain}; }
+  static Cell count(std::uint64_t v) { return {v, Display::plain}; }
+  static Cell integer(std::int64_t v) { return {v, Display::plain}; }
+  static Cell bytes(std::uint64_t v) { return {v, Display::bytes}; }
+  static Cell delta_bytes(std::int64_t v) { return {v, Display::signed_bytes}; }
+  static Cell share(double v) { return {v, Display::share}; }
+  static Cell time(std::int64_t v) { return {v, Display::time_us}; }
+  static Cell address(std::uint64_t v) { return {v, Display::address}; }
+  static Cell real(double v) { return {v, Display::plain}; }
+};
+
+struct Column {
+  std::string title;  // for people
+  std::string key;    // for JSON and CSV
+  bool numeric = false;
+};
+
+struct Table {
+  std::string id;
+  std::string title;
+  std::vector<Column> columns;
+  std::vector<std::vector<Cell>> rows;
+  std::optional<std::vector<Cell>> total;
+  // Two columns, key and value: JSON renders it as one object.
+  bool key_value = false;
+};
+
+// A table of (field, value) pairs, such as a summary section.
+Table key_value_table(std::string id, std::string title);
+void add_field(Table& table, const std::string& key, Cell value);
+
+struct Report {
+  std::vector<Table> tables;
+  std::vector<std::string> notes;
+};
+
+enum class OutputFormat : std::uint8_t { text, json, csv };
+
+void write_report(std::ostream& out, const Report& report, OutputFormat format, bool color);
+std::string display_text(const Cell& cell);
+
+}  // namespace remat::report

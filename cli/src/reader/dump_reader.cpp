@@ -1,0 +1,253 @@
+#include "reader/dump_reader.hpp"
+
+#include "core/errors.hpp"
+
+#include <fmt/format.h>
+
+namespace remat::report {
+
+using json::member;
+
+DumpHeader read_dump_header(json::object root, const JsonPath& path) {
+  DumpHeader header;
+  header.kind = json::as_string(member(root, "kind", path), path.key("kind"));
+  header.schema_version = json::as_i64(member(root, "schema_version", path), path.key("schema_version"));
+  header.producer = json::as_string(member(root, "producer", path), path.key("producer"));
+  header.created_at = json::as_string(member(root, "created_at", path), path.key("created_at"));
+  header.host = json::as_string(member(root, "host", path), path.key("host"));
+  header.pid = json::as_u64(member(root, "pid", path), path.key("pid"));
+  header.rank = json::as_u64(member(root, "rank", path), path.key("rank"));
+  header.device = json::as_u64(member(root, "device", path), path.key("device"));
+  return header;
+}
+
+namespace {
+
+Tag read_tag(json::element value, const JsonPath& path, std::size_t name_count) {
+  const json::object object = json::as_object(value, path);
+  Tag tag;
+  tag.region = json::as_index(member(object, "region", path), path.key("region"), name_count, "names");
+  tag.site = json::as_index(member(object, "site", path), path.key("site"), name_count, "names");
+  const JsonPath policy_path = path.key("policy");
+  const std::string_view policy = json::as_string(member(object, "policy", path), policy_path);
+  if (auto p = policy_from(policy)) tag.policy = *p;
+  else throw InputError(policy_path.str(), fmt::format("unknown policy '{}'; expected none, save or recompute", printable(policy)));
+  const JsonPath phase_path = path.key("phase");
+  const std::string_view phase = json::as_string(member(object, "phase", path), phase_path);
+  if (auto p = phase_from(phase)) tag.phase = *p;
+  else throw InputError(phase_path.str(), fmt::format("unknown phase '{}'; expected other, forward, recompute or backward", printable(phase)));
+  const JsonPath recv_path = path.key("recv");
+  const json::element recv = member(object, "recv", path);
+  if (!json::is_null(recv)) {
+    const json::object r = json::as_object(recv, recv_path);
+    RecvSlot slot;
+    slot.stage = json::as_u64(member(r, "stage", recv_path), recv_path.key("stage"));
+    slot.slot = json::as_u64(member(r, "slot", recv_path), recv_path.key("slot"));
+    const JsonPath direction_path = recv_path.key("direction");
+    const std::string_view direction = json::as_string(member(r, "direction", recv_path), direction_path);
+    if (direction != "F" && direction != "B") {
+      throw InputError(direction_path.str(), fmt::format("unknown direction '{}'; expected F or B", printable(direction)));
+    }
+    slot.direction = direction[0];
+    tag.recv = slot;
+  }
+  return tag;
+}
+
+}  // namespace
+
+TagTable read_tag_table(json::object root, const JsonPath& path) {
+  TagTable table;
+  const JsonPath names_path = path.key("names");
+  const json::array names = json::as_array(member(root, "names", path), names_path);
+  std::size_t i = 0;
+  for (json::element name : names) table.names.emplace_back(json::as_string(name, names_path.index(i++)));
+  if (table.names.empty()) throw InputError(names_path.str(), "must hold at least the empty name at index 0");
+  const JsonPath tags_path = path.key("tags");
+  const json::array tags = json::as_array(member(root, "tags", path), tags_path);
+  i = 0;
+  for (json::element tag : tags) {
+    table.tags.push_back(read_tag(tag, tags_path.index(i), table.names.size()));
+    ++i;
+  }
+  if (table.tags.empty()) throw InputError(tags_path.str(), "must hold at least the untagged tag at index 0");
+  return table;
+}
+
+Stat read_stat(json::element value, const JsonPath& path) {
+  const json::object object = json::as_object(value, path);
+  Stat stat;
+  stat.current = json::as_u64(member(object, "current", path), path.key("current"));
+  stat.peak = json::as_u64(member(object, "peak", path), path.key("peak"));
+  stat.total = json::as_u64(member(object, "total", path), path.key("total"));
+  return stat;
+}
+
+Event read_event(json::element value, const JsonPath& path, std::size_t tag_count) {
+  const json::object object = json::as_object(value, path);
+  Event event;
+  const JsonPath action_path = path.key("action");
+  const std::string_view action = json::as_string(member(object, "action", path), action_path);
+  if (auto a = action_from(action)) event.action = *a;
+  else {
+    throw InputError(action_path.str(), fmt::format("unknown action '{}'; expected alloc, free_requested, free_completed, "
+                                                    "segment_alloc, segment_free or oom", printable(action)));
+  }
+  event.time_us = json::as_i64(member(object, "time_us", path), path.key("time_us"));
+  event.address = json::as_u64(member(object, "address", path), path.key("address"));
+  event.size = json::as_u64(member(object, "size", path), path.key("size"));
+  event.stream = json::as_u64(member(object, "stream", path), path.key("stream"));
+  event.tag = json::as_index(member(object, "tag", path), path.key("tag"), tag_count, "tags");
+  return event;
+}
+
+namespace {
+
+Block read_block(json::element value, const JsonPath& path, std::size_t tag_count) {
+  const json::object object = json::as_object(value, path);
+  Block block;
+  block.address = json::as_u64(member(object, "address", path), path.key("address"));
+  block.size = json::as_u64(member(object, "size", path), path.key("size"));
+  block.requested_size = json::as_u64(member(object, "requested_size", path), path.key("requested_size"));
+  const JsonPath state_path = path.key("state");
+  const std::string_view state = json::as_string(member(object, "state", path), state_path);
+  if (auto s = block_state_from(state)) block.state = *s;
+  else {
+    throw InputError(state_path.str(), fmt::format("unknown block state '{}'; expected active_allocated, "
+                                                   "active_pending_free or inactive", printable(state)));
+  }
+  block.tag = json::as_index(member(object, "tag", path), path.key("tag"), tag_count, "tags");
+  if (block.requested_size > block.size) {
+    throw InputError(path.key("requested_size").str(),
+                     fmt::format("requested_size {} exceeds the block size {}", block.requested_size, block.size));
+  }
+  return block;
+}
+
+Segment read_segment(json::element value, const JsonPath& path, std::size_t tag_count) {
+  const json::object object = json::as_object(value, path);
+  Segment segment;
+  segment.address = json::as_u64(member(object, "address", path), path.key("address"));
+  segment.total_size = json::as_u64(member(object, "total_size", path), path.key("total_size"));
+  segment.stream = json::as_u64(member(object, "stream", path), path.key("stream"));
+  const JsonPath type_path = path.key("segment_type");
+  const std::string_view type = json::as_string(member(object, "segment_type", path), type_path);
+  if (type != "small" && type != "large") {
+    throw InputError(type_path.str(), fmt::format("unknown segment_type '{}'; expected small or large", printable(type)));
+  }
+  segment.small = type == "small";
+  segment.allocated_size = json::as_u64(member(object, "allocated_size", path), path.key("allocated_size"));
+  segment.active_size = json::as_u64(member(object, "active_size", path), path.key("active_size"));
+  segment.requested_size = json::as_u64(member(object, "requested_size", path), path.key("requested_size"));
+  const JsonPath blocks_path = path.key("blocks");
+  std::size_t i = 0;
+  std::uint64_t covered = 0;
+  for (json::element block : json::as_array(member(object, "blocks", path), blocks_path)) {
+    const JsonPath block_path = blocks_path.index(i++);
+    segment.blocks.push_back(read_block(block, block_path, tag_count));
+    const Block& b = segment.blocks.back();
+    if (b.address < segment.address || b.address - segment.address != covered) {
+      throw InputError(block_path.key("address").str(),
+                       fmt::format("block at 0x{:x} does not follow the previous block (expected 0x{:x})", b.address,
+                                   segment.address + covered));
+    }
+    if (__builtin_add_overflow(covered, b.size, &covered) || covered > segment.total_size) {
+      throw InputError(block_path.key("size").str(),
+                       fmt::format("blocks extend past the segment's total_size {}", segment.total_size));
+    }
+  }
+  return segment;
+}
+
+AllocatorConfig read_config(json::element value, const JsonPath& path) {
+  const json::object object = json::as_object(value, path);
+  AllocatorConfig config;
+  config.backend = json::as_string(member(object, "backend", path), path.key("backend"));
+  config.host_capacity_mb = json::as_u64(member(object, "host_capacity_mb", path), path.key("host_capacity_mb"));
+  const json::element split = member(object, "max_split_size_mb", path);
+  if (!json::is_null(split)) config.max_split_size_mb = json::as_u64(split, path.key("max_split_size_mb"));
+  config.memory_fraction = json::as_number(member(object, "memory_fraction", path), path.key("memory_fraction"));
+  config.trace_entries = json::as_u64(member(object, "trace_entries", path), path.key("trace_entries"));
+  config.oom_dump_dir = json::as_string(member(object, "oom_dump_dir", path), path.key("oom_dump_dir"));
+  config.text = json::as_string(member(object, "text", path), path.key("text"));
+  return config;
+}
+
+AllocatorStats read_stats(json::element value, const JsonPath& path) {
+  const json::object o = json::as_object(value, path);
+  AllocatorStats s;
+  s.allocated_bytes = read_stat(member(o, "allocated_bytes", path), path.key("allocated_bytes"));
+  s.requested_bytes = read_stat(member(o, "requested_bytes", path), path.key("requested_bytes"));
+  s.active_bytes = read_stat(member(o, "active_bytes", path), path.key("active_bytes"));
+  s.reserved_bytes = read_stat(member(o, "reserved_bytes", path), path.key("reserved_bytes"));
+  s.allocations = read_stat(member(o, "allocations", path), path.key("allocations"));
+  s.segments = read_stat(member(o, "segments", path), path.key("segments"));
+  s.num_ooms = json::as_u64(member(o, "num_ooms", path), path.key("num_ooms"));
+  s.num_alloc_retries = json::as_u64(member(o, "num_alloc_retries", path), path.key("num_alloc_retries"));
+  s.num_invalid_frees = json::as_u64(member(o, "num_invalid_frees", path), path.key("num_invalid_frees"));
+  return s;
+}
+
+}  // namespace
+
+Snapshot read_snapshot(json::object root) {
+  const JsonPath path;
+  Snapshot snapshot;
+  snapshot.header = read_dump_header(root, path);
+  snapshot.config = read_config(member(root, "config", path), path.key("config"));
+  const JsonPath memory_path = path.key("device_memory");
+  const json::object memory = json::as_object(member(root, "device_memory", path), memory_path);
+  snapshot.device_free_bytes = json::as_u64(member(memory, "free_bytes", memory_path), memory_path.key("free_bytes"));
+  snapshot.device_total_bytes = json::as_u64(member(memory, "total_bytes", memory_path), memory_path.key("total_bytes"));
+  snapshot.stats = read_stats(member(root, "stats", path), path.key("stats"));
+  snapshot.tags = read_tag_table(root, path);
+  const std::size_t tag_count = snapshot.tags.tags.size();
+
+  const JsonPath tag_stats_path = path.key("tag_stats");
+  std::size_t i = 0;
+  for (json::element entry : json::as_array(member(root, "tag_stats", path), tag_stats_path)) {
+    const JsonPath entry_path = tag_stats_path.index(i++);
+    const json::object o = json::as_object(entry, entry_path);
+    TagStat stat;
+    stat.tag = json::as_index(member(o, "tag", entry_path), entry_path.key("tag"), tag_count, "tags");
+    stat.bytes = read_stat(member(o, "bytes", entry_path), entry_path.key("bytes"));
+    stat.requested_bytes = read_stat(member(o, "requested_bytes", entry_path), entry_path.key("requested_bytes"));
+    stat.count = read_stat(member(o, "count", entry_path), entry_path.key("count"));
+    snapshot.tag_stats.push_back(stat);
+  }
+
+  const JsonPath segments_path = path.key("segments");
+  i = 0;
+  for (json::element segment : json::as_array(member(root, "segments", path), segments_path)) {
+    snapshot.segments.push_back(read_segment(segment, segments_path.index(i++), tag_count));
+  }
+
+  const JsonPath trace_path = path.key("trace");
+  const json::object trace = json::as_object(member(root, "trace", path), trace_path);
+  snapshot.trace_capacity = json::as_u64(member(trace, "capacity", trace_path), trace_path.key("capacity"));
+  snapshot.trace_dropped = json::as_u64(member(trace, "dropped", trace_path), trace_path.key("dropped"));
+  const JsonPath events_path = trace_path.key("events");
+  i = 0;
+  for (json::element event : json::as_array(member(trace, "events", trace_path), events_path)) {
+    const JsonPath event_path = events_path.index(i++);
+    snapshot.events.push_back(read_event(event, event_path, tag_count));
+    if (snapshot.events.size() > 1 && snapshot.events.back().time_us < snapshot.events[snapshot.events.size() - 2].time_us) {
+      throw InputError(event_path.key("time_us").str(),
+                       fmt::format("events are out of time order ({} after {})", snapshot.events.back().time_us,
+                                   snapshot.events[snapshot.events.size() - 2].time_us));
+    }
+  }
+  return snapshot;
+}
+
+TraceHeader read_trace_header(json::object root) {
+  const JsonPath path;
+  TraceHeader header;
+  header.header = read_dump_header(root, path);
+  header.tags = read_tag_table(root, path);
+  const json::element count = member(root, "event_count", path);
+  if (!json::is_null(count)) header.event_count = json::as_u64(count, path.key("event_count"));
+  return header;
+}
+
+}  // namespace remat::report

@@ -1,0 +1,104 @@
+#include "reader/json_fields.hpp"
+
+#include "core/errors.hpp"
+
+#include <fmt/format.h>
+
+namespace remat::report::json {
+
+using simdjson::dom::element_type;
+
+std::string_view type_name(element value) {
+  switch (value.type()) {
+    case element_type::ARRAY: return "an array";
+    case element_type::OBJECT: return "an object";
+    case element_type::INT64:
+    case element_type::UINT64: return "an integer";
+    case element_type::DOUBLE: return "a number with a fraction";
+    case element_type::STRING: return "a string";
+    case element_type::BOOL: return "a boolean";
+    case element_type::NULL_VALUE: return "null";
+  }
+  return "an unknown value";
+}
+
+namespace {
+[[noreturn]] void wrong_type(element value, const JsonPath& path, std::string_view expected) {
+  throw InputError(path.str(), fmt::format("expected {}, found {}", expected, type_name(value)));
+}
+}  // namespace
+
+object as_object(element value, const JsonPath& path) {
+  if (value.type() != element_type::OBJECT) wrong_type(value, path, "an object");
+  return object(value);
+}
+
+array as_array(element value, const JsonPath& path) {
+  if (value.type() != element_type::ARRAY) wrong_type(value, path, "an array");
+  return array(value);
+}
+
+std::string_view as_string(element value, const JsonPath& path) {
+  if (value.type() != element_type::STRING) wrong_type(value, path, "a string");
+  return std::string_view(value);
+}
+
+std::uint64_t as_u64(element value, const JsonPath& path) {
+  switch (value.type()) {
+    case element_type::UINT64: return std::uint64_t(value);
+    case element_type::INT64: {
+      const std::int64_t v = std::int64_t(value);
+      if (v < 0) throw InputError(path.str(), fmt::format("must not be negative (got {})", v));
+      return static_cast<std::uint64_t>(v);
+    }
+    case element_type::DOUBLE:
+      throw InputError(path.str(), fmt::format("expected a non-negative integer, found {}", double(value)));
+    default: wrong_type(value, path, "a non-negative integer");
+  }
+}
+
+std::int64_t as_i64(element value, const JsonPath& path) {
+  switch (value.type()) {
+    case element_type::INT64: return std::int64_t(value);
+    case element_type::UINT64:
+      throw InputError(path.str(), fmt::format("integer {} overflows a signed 64-bit value", std::uint64_t(value)));
+    case element_type::DOUBLE:
+      throw InputError(path.str(), fmt::format("expected an integer, found {}", double(value)));
+    default: wrong_type(value, path, "an integer");
+  }
+}
+
+double as_number(element value, const JsonPath& path) {
+  switch (value.type()) {
+    case element_type::INT64: return static_cast<double>(std::int64_t(value));
+    case element_type::UINT64: return static_cast<double>(std::uint64_t(value));
+    case element_type::DOUBLE: return double(value);
+    default: wrong_type(value, path, "a number");
+  }
+}
+
+bool is_null(element value) { return value.type() == element_type::NULL_VALUE; }
+
+element member(object parent, std::string_view key, const JsonPath& parent_path) {
+  element value;
+  if (parent.at_key(key).get(value) != simdjson::SUCCESS) {
+    throw InputError(parent_path.key(key).str(), "missing required field");
+  }
+  return value;
+}
+
+std::optional<element> optional_member(object parent, std::string_view key) {
+  element value;
+  if (parent.at_key(key).get(value) != simdjson::SUCCESS) return std::nullopt;
+  return value;
+}
+
+std::uint32_t as_index(element value, const JsonPath& path, std::size_t limit, std::string_view table) {
+  const std::uint64_t index = as_u64(value, path);
+  if (index >= limit) {
+    throw InputError(path.str(), fmt::format("index {} is out of range; `{}` has {} entries", index, table, limit));
+  }
+  return static_cast<std::uint32_t>(index);
+}
+
+}  // namespace remat::report::json

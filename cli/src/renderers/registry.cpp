@@ -1,0 +1,70 @@
+#include "renderers/renderer.hpp"
+
+#include "analysis/live_replay.hpp"
+#include "core/errors.hpp"
+#include "renderers/snapshot_renderer.hpp"
+#include "renderers/trace_renderer.hpp"
+
+#include <fmt/format.h>
+
+#include <memory>
+
+namespace remat::report {
+
+std::vector<const Renderer*> all_renderers() {
+  static const SnapshotRenderer snapshot;
+  static const TraceRenderer trace;
+  return {&snapshot, &trace};
+}
+
+const Renderer& renderer_for(const DumpFile& file) {
+  std::string known;
+  for (const Renderer* renderer : all_renderers()) {
+    if (renderer->kind() == file.kind) {
+      if (renderer->schema_version() != file.schema_version) {
+        throw InputError(file.path + ": $.schema_version",
+                         fmt::format("unsupported schema_version {} for kind '{}'; this remat-report reads version {}",
+                                     file.schema_version, file.kind, renderer->schema_version()));
+      }
+      return *renderer;
+    }
+    known += (known.empty() ? "" : ", ") + std::string(renderer->kind());
+  }
+  throw InputError(file.path + ": $.kind",
+                   fmt::format("unknown dump kind '{}'; this remat-report reads: {}", printable(file.kind), known));
+}
+
+void Renderer::unsupported(const DumpFile& file, std::string_view view) const {
+  throw InputError(file.path, fmt::format("`{}` does not apply to a {} dump; `remat-report summary` reads every kind",
+                                          view, kind()));
+}
+
+MemoryView Renderer::memory(const DumpFile& file, GroupBy) const { unsupported(file, "memory"); }
+SegmentSummary Renderer::segments(const DumpFile& file, std::size_t) const { unsupported(file, "segments"); }
+void Renderer::events(const DumpFile& file, const EventsBegin&) const { unsupported(file, "trace"); }
+AllocatorState Renderer::allocator_state(const DumpFile& file) const { unsupported(file, "export"); }
+
+MemoryView memory_from_events(const Renderer& renderer, const DumpFile& file, GroupBy by) {
+  std::unique_ptr<LiveReplay> replay;
+  renderer.events(file, [&](const TagTable& tags) -> EventSink& {
+    replay = std::make_unique<LiveReplay>(tags, by);
+    return *replay;
+  });
+  MemoryView view;
+  view.by = by;
+  const auto& labels = replay->labels();
+  for (std::size_t g = 0; g < labels.size(); ++g) {
+    if (replay->allocations()[g] == 0 && replay->live()[g] == 0) continue;
+    view.rows.push_back(MemoryRow{labels[g], replay->live()[g], replay->peak()[g], replay->live_count()[g],
+                                  replay->allocations()[g]});
+  }
+  view.live_total = replay->total();
+  view.peak_total = replay->peak_total();
+  if (replay->unmatched_frees() > 0) {
+    view.notes.push_back(fmt::format("{} frees matched no allocation in the dump (allocated before it began)",
+                                     replay->unmatched_frees()));
+  }
+  return view;
+}
+
+}  // namespace remat::report

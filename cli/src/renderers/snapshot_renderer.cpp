@@ -1,0 +1,172 @@
+#include "renderers/snapshot_renderer.hpp"
+
+#include "core/errors.hpp"
+#include "reader/dump_reader.hpp"
+#include "renderers/header_fields.hpp"
+#include "renderers/memory_summary.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+
+namespace remat::report {
+
+Snapshot SnapshotRenderer::load(const DumpFile& file) const {
+  if (file.json_lines) {
+    throw InputError(file.path, "a snapshot is one JSON document, but this file has more lines after its first "
+                                "(is it a trace written with the wrong kind?)");
+  }
+  try {
+    return read_snapshot(json::as_object(file.root, JsonPath()));
+  } catch (const InputError& error) {
+    throw InputError(file.path, error.what());
+  }
+}
+
+void SnapshotRenderer::check(const DumpFile& file) const { (void)load(file); }
+
+namespace {
+
+void add_stat(Table& table, const std::string& name, const Stat& stat, bool bytes) {
+  auto cell = [&](std::uint64_t v) { return bytes ? Cell::bytes(v) : Cell::count(v); };
+  add_field(table, name + ".current", cell(stat.current));
+  add_field(table, name + ".peak", cell(stat.peak));
+}
+
+}  // namespace
+
+Report SnapshotRenderer::summary(const DumpFile& file) const {
+  const Snapshot snapshot = load(file);
+  Report report;
+  report.tables.push_back(header_table(snapshot.header, file.path));
+
+  Table allocator = key_value_table("allocator", "Allocator");
+  add_field(allocator, "backend", Cell::text(snapshot.config.backend));
+  add_field(allocator, "config", Cell::text(snapshot.config.text));
+  add_field(allocator, "device_total", Cell::bytes(snapshot.device_total_bytes));
+  add_field(allocator, "device_free", Cell::bytes(snapshot.device_free_bytes));
+  report.tables.push_back(std::move(allocator));
+
+  const AllocatorStats& s = snapshot.stats;
+  Table stats_table = key_value_table("stats", "Memory");
+  add_stat(stats_table, "allocated", s.allocated_bytes, true);
+  add_stat(stats_table, "requested", s.requested_bytes, true);
+  add_stat(stats_table, "active", s.active_bytes, true);
+  add_stat(stats_table, "reserved", s.reserved_bytes, true);
+  add_stat(stats_table, "allocations", s.allocations, false);
+  add_stat(stats_table, "segments", s.segments, false);
+  add_field(stats_table, "ooms", Cell::count(s.num_ooms));
+  add_field(stats_table, "alloc_retries", Cell::count(s.num_alloc_retries));
+  add_field(stats_table, "invalid_frees", Cell::count(s.num_invalid_frees));
+  report.tables.push_back(std::move(stats_table));
+
+  std::uint64_t blocks = 0, allocated = 0, pending = 0;
+  for (const Segment& segment : snapshot.segments) {
+    blocks += segment.blocks.size();
+    for (const Block& block : segment.blocks) {
+      if (block.state == BlockState::active_allocated) ++allocated;
+      else if (block.state == BlockState::active_pending_free) ++pending;
+    }
+  }
+  Table contents = key_value_table("contents", "Contents");
+  add_field(contents, "names", Cell::count(snapshot.tags.names.size()));
+  add_field(contents, "tags", Cell::count(snapshot.tags.tags.size()));
+  add_field(contents, "segments", Cell::count(snapshot.segments.size()));
+  add_field(contents, "blocks", Cell::count(blocks));
+  add_field(contents, "blocks_allocated", Cell::count(allocated));
+  add_field(contents, "blocks_pending_free", Cell::count(pending));
+  add_field(contents, "trace_events", Cell::count(snapshot.events.size()));
+  add_field(contents, "trace_capacity", Cell::count(snapshot.trace_capacity));
+  add_field(contents, "trace_dropped", Cell::count(snapshot.trace_dropped));
+  if (!snapshot.events.empty()) {
+    add_field(contents, "trace_span", Cell::time(snapshot.events.back().time_us - snapshot.events.front().time_us));
+  }
+  report.tables.push_back(std::move(contents));
+
+  report.tables.push_back(memory_table(memory(file, GroupBy::region), 5, "top_regions", "Largest regions by peak"));
+  return report;
+}
+
+MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
+  const Snapshot snapshot = load(file);
+  MemoryView view;
+  view.by = by;
+  view.peak_total = snapshot.stats.allocated_bytes.peak;
+  if (by == GroupBy::stream) {
+    std::map<std::uint64_t, MemoryRow> rows;
+    for (const Segment& segment : snapshot.segments) {
+      for (const Block& block : segment.blocks) {
+        if (block.state != BlockState::active_allocated) continue;
+        MemoryRow& row = rows[segment.stream];
+        row.live += block.size;
+        ++row.live_count;
+        view.live_total += block.size;
+      }
+    }
+    std::map<std::string, MemoryRow> replayed;
+    const bool complete = snapshot.trace_dropped == 0 && !snapshot.events.empty();
+    if (complete) {
+      for (const MemoryRow& row : memory_from_events(*this, file, GroupBy::stream).rows) replayed[row.group] = row;
+    } else {
+      view.notes.push_back("per-stream peaks need a trace that holds every event; this snapshot's trace dropped some "
+                           "or is empty");
+    }
+    for (auto& [stream, row] : rows) row.group = fmt::format("stream {}", stream);
+    for (auto& [stream, row] : rows) {
+      if (const auto it = replayed.find(row.group); it != replayed.end()) {
+        row.peak = it->second.peak;
+        row.allocations = it->second.allocations;
+        replayed.erase(it);
+      }
+      view.rows.push_back(row);
+    }
+    for (auto& [label, row] : replayed) {
+      row.live = 0;
+      row.live_count = 0;
+      view.rows.push_back(row);
+    }
+    return view;
+  }
+  std::map<std::string, MemoryRow> rows;
+  std::map<std::string, int> tags_with_peak;
+  for (const TagStat& stat : snapshot.tag_stats) {
+    const std::string label = tag_label(snapshot.tags, stat.tag, by);
+    MemoryRow& row = rows[label];
+    row.group = label;
+    row.live += stat.bytes.current;
+    row.peak = row.peak.value_or(0) + stat.bytes.peak;
+    row.live_count += stat.count.current;
+    row.allocations += stat.count.total;
+    view.live_total += stat.bytes.current;
+    if (stat.bytes.peak > 0) ++tags_with_peak[label];
+  }
+  for (auto& [label, row] : rows) view.rows.push_back(row);
+  for (const auto& [label, tags] : tags_with_peak) {
+    if (tags > 1) {
+      view.notes.push_back("a group's peak sums the peaks of its tags when it spans several (phases, sites, slots): "
+                           "an upper bound; the total's peak is exact");
+      break;
+    }
+  }
+  return view;
+}
+
+SegmentSummary SnapshotRenderer::segments(const DumpFile& file, std::size_t picture_width) const {
+  SegmentSummary summary = summarize_segments(load(file).segments, picture_width);
+  summary.source = "snapshot";
+  return summary;
+}
+
+void SnapshotRenderer::events(const DumpFile& file, const EventsBegin& begin) const {
+  const Snapshot snapshot = load(file);
+  EventSink& sink = begin(snapshot.tags);
+  for (const Event& event : snapshot.events) sink.on_event(event);
+}
+
+AllocatorState SnapshotRenderer::allocator_state(const DumpFile& file) const {
+  Snapshot snapshot = load(file);
+  return AllocatorState{std::move(snapshot.header), std::move(snapshot.tags), std::move(snapshot.segments),
+                        std::move(snapshot.events)};
+}
+
+}  // namespace remat::report

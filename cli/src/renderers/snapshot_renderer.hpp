@@ -1,0 +1,24 @@
+#pragma once
+// Renders `snapshot` dumps (schemas/snapshot.schema.json).
+
+#include "renderers/renderer.hpp"
+
+namespace remat::report {
+
+class SnapshotRenderer final : public Renderer {
+ public:
+  std::string_view kind() const override { return "snapshot"; }
+  std::int64_t schema_version() const override { return 1; }
+  std::string_view schema_file() const override { return "snapshot.schema.json"; }
+
+  void check(const DumpFile& file) const override;
+  Report summary(const DumpFile& file) const override;
+  MemoryView memory(const DumpFile& file, GroupBy by) const override;
+  SegmentSummary segments(const DumpFile& file, std::size_t picture_width) const override;
+  void events(const DumpFile& file, const EventsBegin& begin) const override;
+  AllocatorState allocator_state(const DumpFile& file) const override;
+
+  Snapshot load(const DumpFile& file) const;
+};
+
+}  // namespace remat::report

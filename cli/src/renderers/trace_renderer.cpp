@@ -1,0 +1,110 @@
+#include "renderers/trace_renderer.hpp"
+
+#include "analysis/live_replay.hpp"
+#include "core/errors.hpp"
+#include "renderers/header_fields.hpp"
+#include "renderers/memory_summary.hpp"
+
+#include <fmt/format.h>
+
+namespace remat::report {
+
+namespace {
+
+class NullSink final : public EventSink {
+ public:
+  void on_event(const Event&) override {}
+};
+
+class CollectSink final : public EventSink {
+ public:
+  explicit CollectSink(std::vector<Event>& events) : events_(events) {}
+  void on_event(const Event& event) override {
+    events_.push_back(event);
+    segments.on_event(event);
+  }
+  SegmentRebuilder segments;
+
+ private:
+  std::vector<Event>& events_;
+};
+
+}  // namespace
+
+void TraceRenderer::check(const DumpFile& file) const {
+  TraceFile trace(file.path);
+  NullSink sink;
+  trace.stream(sink);
+}
+
+void TraceRenderer::events(const DumpFile& file, const EventsBegin& begin) const {
+  TraceFile trace(file.path);
+  trace.stream(begin(trace.header().tags));
+}
+
+Report TraceRenderer::summary(const DumpFile& file) const {
+  TraceFile trace(file.path);
+  LiveReplay replay(trace.header().tags, GroupBy::region);
+  trace.stream(replay);
+  const TraceHeader& header = trace.header();
+
+  Report report;
+  report.tables.push_back(header_table(header.header, file.path));
+  Table events = key_value_table("events", "Events");
+  add_field(events, "events", Cell::count(replay.events()));
+  for (int a = 0; a < kActionCount; ++a) {
+    const auto action = static_cast<Action>(a);
+    add_field(events, std::string(to_string(action)), Cell::count(replay.action_count(action)));
+  }
+  if (replay.events() > 0) {
+    add_field(events, "first_time", Cell::time(replay.first_time()));
+    add_field(events, "span", Cell::time(replay.last_time() - replay.first_time()));
+  }
+  add_field(events, "names", Cell::count(header.tags.names.size()));
+  add_field(events, "tags", Cell::count(header.tags.tags.size()));
+  report.tables.push_back(std::move(events));
+
+  Table memory = key_value_table("memory", "Memory");
+  add_field(memory, "peak_live", Cell::bytes(replay.peak_total()));
+  add_field(memory, "peak_time", Cell::time(replay.peak_time()));
+  add_field(memory, "final_live", Cell::bytes(replay.total()));
+  add_field(memory, "peak_reserved", Cell::bytes(replay.peak_reserved()));
+  add_field(memory, "final_reserved", Cell::bytes(replay.reserved()));
+  add_field(memory, "unmatched_frees", Cell::count(replay.unmatched_frees()));
+  report.tables.push_back(std::move(memory));
+
+  MemoryView view;
+  view.by = GroupBy::region;
+  for (std::size_t g = 0; g < replay.labels().size(); ++g) {
+    if (replay.allocations()[g] == 0) continue;
+    view.rows.push_back(MemoryRow{replay.labels()[g], replay.live()[g], replay.peak()[g], replay.live_count()[g],
+                                  replay.allocations()[g]});
+  }
+  view.live_total = replay.total();
+  view.peak_total = replay.peak_total();
+  report.tables.push_back(memory_table(view, 5, "top_regions", "Largest regions by peak"));
+  return report;
+}
+
+MemoryView TraceRenderer::memory(const DumpFile& file, GroupBy by) const { return memory_from_events(*this, file, by); }
+
+SegmentSummary TraceRenderer::segments(const DumpFile& file, std::size_t picture_width) const {
+  SegmentRebuilder rebuilder;
+  events(file, [&](const TagTable&) -> EventSink& { return rebuilder; });
+  SegmentSummary summary = summarize_segments(rebuilder.segments(), picture_width);
+  summary.source = "rebuilt from the trace's segment and block events";
+  return summary;
+}
+
+AllocatorState TraceRenderer::allocator_state(const DumpFile& file) const {
+  TraceFile trace(file.path);
+  AllocatorState state;
+  state.header = trace.header().header;
+  state.tags = trace.header().tags;
+  CollectSink sink(state.events);
+  trace.stream(sink);
+  state.segments = sink.segments.segments();
+  return state;
+}
+
+}  // namespace remat::report
