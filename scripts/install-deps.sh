@@ -24,3 +24,26 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "install-deps: all Debian packages present"
 fi
+
+# LibTorch from the PyPI wheel torch==2.11.0. Only its CPU libraries are linked, so the
+# CUDA runtime and CUPTI (what libtorch_cpu loads) are the only CUDA packages installed.
+python=${PYTHON:-python3}
+torch_ready=$("$python" - <<'PY'
+import importlib.util, os, pathlib
+spec = importlib.util.find_spec("torch")
+if spec is None:
+    print("no"); raise SystemExit
+root = pathlib.Path(spec.origin).parent
+version = (root / "version.py").read_text()
+cuda = root.parent / "nvidia" / "cu13" / "lib"
+ok = "__version__ = '2.11.0" in version and (cuda / "libcudart.so.13").exists() and (cuda / "libcupti.so.13").exists()
+print("yes" if ok else "no")
+PY
+)
+if [ "$torch_ready" != yes ]; then
+  echo "install-deps: installing torch==2.11.0 (LibTorch CPU libraries) from PyPI"
+  "$python" -m pip install --quiet --disable-pip-version-check --no-deps torch==2.11.0
+  "$python" -m pip install --quiet --disable-pip-version-check "cuda-toolkit[cudart,cupti]==13.0.2"
+else
+  echo "install-deps: torch 2.11.0 present"
+fi

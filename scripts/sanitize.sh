@@ -11,9 +11,10 @@ case "${1:-}" in
 esac
 bash scripts/install-deps.sh
 build_dir=build-$1
-# CUDA is off: its static runtime is not instrumented. Tests that load the library into
-# another process (Python, the package consumer) are left to the normal build.
-BUILD_DIR=$build_dir BUILD_TYPE=Debug bash scripts/build.sh -DREMAT_WITH_CUDA=OFF -DREMAT_BUILD_BENCH=OFF \
+# CUDA and LibTorch are off: their prebuilt libraries are not instrumented. Tests that load
+# the library into another process (Python, the package consumer) are left to the normal build.
+BUILD_DIR=$build_dir BUILD_TYPE=Debug bash scripts/build.sh -DREMAT_WITH_CUDA=OFF -DREMAT_WITH_TORCH=OFF \
+  -DREMAT_BUILD_BENCH=OFF \
   -DREMAT_SANITIZE=$sanitizers "${@:2}"
 cd "$build_dir"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1

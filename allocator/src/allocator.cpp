@@ -18,6 +18,7 @@ struct Registry {
   bool configured = false;
   Config config;
   std::array<std::atomic<CachingAllocator*>, kMaxDevices> allocators{};
+  std::atomic<CachingAllocator*> separate_cpu_allocator{nullptr};
   std::mutex observer_mutex;
   std::map<int, OomObserver> observers;
   int next_observer_id = 1;
@@ -85,6 +86,19 @@ CachingAllocator& device_allocator(int device) {
   return *created;
 }
 
+CachingAllocator& cpu_allocator() {
+  if (effective_backend() == BackendKind::host) return device_allocator(0);
+  Registry& r = registry();
+  if (CachingAllocator* existing = r.separate_cpu_allocator.load(std::memory_order_acquire)) return *existing;
+  std::lock_guard lock(r.mutex);
+  if (CachingAllocator* existing = r.separate_cpu_allocator.load(std::memory_order_relaxed)) return *existing;
+  const Config& config = configured_locked(r);
+  auto* created = new CachingAllocator(std::make_unique<HostBackend>(config.host_capacity_bytes, 0), config);
+  created->set_oom_handler(notify_observers);
+  r.separate_cpu_allocator.store(created, std::memory_order_release);
+  return *created;
+}
+
 void configure(std::string_view text) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
@@ -134,6 +148,7 @@ void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn)
   for (auto& slot : registry().allocators) {
     if (CachingAllocator* allocator = slot.load(std::memory_order_acquire)) fn(*allocator);
   }
+  if (CachingAllocator* cpu = registry().separate_cpu_allocator.load(std::memory_order_acquire)) fn(*cpu);
 }
 
 int add_oom_observer(OomObserver observer) {

@@ -1,5 +1,6 @@
 #include "detail/dump_header.hpp"
 
+#include <remat/alloc/snapshot.hpp>
 #include <remat/alloc/version.hpp>
 
 #include <unistd.h>
@@ -36,14 +37,24 @@ std::string host_name() {
 }
 
 void write_dump_header(JsonWriter& json, std::string_view kind, int schema_version, int device) {
+  const DumpHeader header = current_dump_header();
   json.field("kind", kind)
       .field("schema_version", schema_version)
-      .field("producer", std::string("remat ") + kVersion)
-      .field("created_at", utc_timestamp())
-      .field("host", host_name())
-      .field("pid", static_cast<std::int64_t>(::getpid()))
-      .field("rank", launcher_rank())
+      .field("producer", header.producer)
+      .field("created_at", header.created_at)
+      .field("host", header.host)
+      .field("pid", header.pid)
+      .field("rank", header.rank)
       .field("device", device);
 }
 
 }  // namespace remat::alloc::detail
+
+namespace remat::alloc {
+
+DumpHeader current_dump_header() {
+  return {std::string("remat ") + kVersion, detail::utc_timestamp(), detail::host_name(),
+          static_cast<std::int64_t>(::getpid()), detail::launcher_rank()};
+}
+
+}  // namespace remat::alloc

@@ -17,6 +17,10 @@ inline constexpr int kMaxDevices = 64;
 // REMAT_ALLOC_CONF is malformed, InvalidArgumentError for a device outside [0, 64).
 CachingAllocator& device_allocator(int device);
 
+// The allocator for host (CPU) memory: device 0's allocator when the backend is host,
+// otherwise a host-backend allocator of its own (capacity host_capacity_mb).
+CachingAllocator& cpu_allocator();
+
 // Applies `text` (REMAT_ALLOC_CONF syntax) on top of the configuration in force. Keys that
 // pick the backend or its capacity are accepted only while nothing is allocated.
 void configure(std::string_view text);
@@ -27,7 +31,7 @@ BackendKind effective_backend();
 // The device a call without one means: the current CUDA device, or 0 on host.
 int default_device() noexcept;
 
-// Calls `fn` for each allocator created so far.
+// Calls `fn` for each allocator created so far (devices, then a separate CPU allocator).
 void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn);
 
 using OomObserver = std::function<void(const OomEvent&)>;

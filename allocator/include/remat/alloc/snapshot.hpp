@@ -12,6 +12,16 @@ namespace remat::alloc {
 inline constexpr int kSnapshotSchemaVersion = 1;
 inline constexpr int kTraceSchemaVersion = 1;
 
+// The fields every dump starts with besides kind, schema_version and device.
+struct DumpHeader {
+  std::string producer;    // "remat 0.1.0"
+  std::string created_at;  // UTC, ISO 8601
+  std::string host;
+  std::int64_t pid = 0;
+  int rank = 0;  // from RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK
+};
+DumpHeader current_dump_header();
+
 // The dump as JSON text.
 std::string snapshot_to_json(const AllocatorSnapshot& snapshot);
 

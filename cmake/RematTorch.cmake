@@ -1,0 +1,34 @@
+# Finds LibTorch inside the PyPI wheel `torch` (headers, libtorch_cpu, libc10) without
+# importing it, and defines remat::torch_cpu. The CPU libraries are all the checkpoint
+# runtime needs, so builds and tests here do not depend on the CUDA parts of the wheel.
+# Override the location with -DREMAT_TORCH_DIR=/path/to/site-packages/torch.
+
+set(REMAT_TORCH_DIR "" CACHE PATH "The torch package directory (site-packages/torch)")
+if(NOT REMAT_TORCH_DIR)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    execute_process(
+      COMMAND ${Python3_EXECUTABLE} -c
+        "import importlib.util, os; s = importlib.util.find_spec('torch'); print(os.path.dirname(s.origin) if s else '')"
+      OUTPUT_VARIABLE _torch_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    set(REMAT_TORCH_DIR "${_torch_dir}" CACHE PATH "The torch package directory (site-packages/torch)" FORCE)
+  endif()
+endif()
+
+set(REMAT_HAVE_TORCH OFF)
+if(REMAT_TORCH_DIR AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cpu.so" AND EXISTS "${REMAT_TORCH_DIR}/include/ATen/ATen.h")
+  set(REMAT_HAVE_TORCH ON)
+  file(STRINGS "${REMAT_TORCH_DIR}/version.py" _torch_version_line REGEX "^__version__")
+  string(REGEX MATCH "[0-9]+\\.[0-9]+\\.[0-9]+" REMAT_TORCH_VERSION "${_torch_version_line}")
+  add_library(remat_torch_cpu INTERFACE)
+  add_library(remat::torch_cpu ALIAS remat_torch_cpu)
+  target_include_directories(remat_torch_cpu SYSTEM INTERFACE
+    ${REMAT_TORCH_DIR}/include ${REMAT_TORCH_DIR}/include/torch/csrc/api/include)
+  target_link_libraries(remat_torch_cpu INTERFACE
+    ${REMAT_TORCH_DIR}/lib/libtorch_cpu.so ${REMAT_TORCH_DIR}/lib/libc10.so)
+  target_link_options(remat_torch_cpu INTERFACE "-Wl,-rpath,${REMAT_TORCH_DIR}/lib")
+  message(STATUS "remat: LibTorch ${REMAT_TORCH_VERSION} from ${REMAT_TORCH_DIR}")
+else()
+  message(STATUS "remat: LibTorch not found (pip install torch==2.11.0, or -DREMAT_TORCH_DIR=...); "
+                 "skipping the checkpoint runtime")
+endif()

@@ -1,0 +1,198 @@
+#pragma once
+// Activation checkpointing for LibTorch with save and recompute regions.
+//
+//   auto y = remat::checkpoint({.region_name = "layers.0"})([&](const at::Tensor& x) {
+//     auto h = remat::region(attention, "attention", /*recompute=*/false)(x);  // saved
+//     return remat::region(mlp, "mlp")(h);                                      // recomputed
+//   })(x);
+//
+// Forward keeps only what backward needs from save regions; everything else is recomputed
+// when backward first needs it, and recompute stops as soon as every needed tensor exists.
+// During recompute a save region's body is skipped: it returns its persisted output, or a
+// placeholder with the right shape, strides and dtype whose data cannot be read.
+
+#include <remat/allocator.hpp>
+#include <remat/errors.hpp>
+#include <remat/state_hooks.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace remat {
+
+struct CheckpointOptions {
+  std::string region_name = "checkpoint";
+  std::vector<std::shared_ptr<RecomputeStateHook>> recompute_state_hooks;
+  // Not supported: RNG state belongs in a RecomputeStateHook (cpu_rng_state_hook()).
+  // Setting it to true is an error that says so.
+  std::optional<bool> preserve_rng_state;
+};
+
+using TensorList = std::vector<at::Tensor>;
+using FlatFunction = std::function<TensorList(const TensorList&)>;
+
+namespace detail {
+
+TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, TensorList inputs);
+TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs);
+
+// Inputs and outputs: a tensor, or one level of tuple or vector of tensors.
+template <typename T>
+struct Flat {
+  static_assert(sizeof(T) == 0,
+                "remat: checkpoint and region inputs and outputs must be at::Tensor, std::tuple<at::Tensor...> "
+                "or std::vector<at::Tensor> (one level deep)");
+};
+
+template <>
+struct Flat<at::Tensor> {
+  static void append(const at::Tensor& t, TensorList& out) { out.push_back(t); }
+  static std::size_t count(const at::Tensor&) { return 1; }
+  static at::Tensor take(const TensorList& flat, std::size_t& pos, std::size_t) { return flat.at(pos++); }
+};
+
+template <>
+struct Flat<std::vector<at::Tensor>> {
+  static void append(const std::vector<at::Tensor>& v, TensorList& out) { out.insert(out.end(), v.begin(), v.end()); }
+  static std::size_t count(const std::vector<at::Tensor>& v) { return v.size(); }
+  static std::vector<at::Tensor> take(const TensorList& flat, std::size_t& pos, std::size_t n) {
+    std::vector<at::Tensor> out(flat.begin() + static_cast<std::ptrdiff_t>(pos),
+                                flat.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    pos += n;
+    return out;
+  }
+};
+
+template <typename... Ts>
+struct Flat<std::tuple<Ts...>> {
+  static_assert((std::is_same_v<std::decay_t<Ts>, at::Tensor> && ...),
+                "remat: a tuple input or output must hold tensors only (one level deep)");
+  static void append(const std::tuple<Ts...>& t, TensorList& out) {
+    std::apply([&](const auto&... e) { (out.push_back(e), ...); }, t);
+  }
+  static std::size_t count(const std::tuple<Ts...>&) { return sizeof...(Ts); }
+  static std::tuple<Ts...> take(const TensorList& flat, std::size_t& pos, std::size_t) {
+    return take_each(flat, pos, std::index_sequence_for<Ts...>{});
+  }
+  template <std::size_t... I>
+  static std::tuple<Ts...> take_each(const TensorList& flat, std::size_t& pos, std::index_sequence<I...>) {
+    const std::size_t base = pos;
+    pos += sizeof...(Ts);
+    return std::tuple<Ts...>(flat.at(base + I)...);
+  }
+};
+
+template <typename T>
+using FlatOf = Flat<std::decay_t<T>>;
+
+// Rebuilds the arguments of a call from the flattened inputs: argument I starts at
+// starts[I] and has counts[I] tensors.
+template <typename... Args, std::size_t... I>
+std::tuple<std::decay_t<Args>...> rebuild_args(const TensorList& in, const std::vector<std::size_t>& starts,
+                                               const std::vector<std::size_t>& counts, std::index_sequence<I...>) {
+  return {[&] {
+    std::size_t pos = starts[I];
+    return FlatOf<Args>::take(in, pos, counts[I]);
+  }()...};
+}
+
+// Wraps `fn(args...)` as a function of the flattened inputs, rebuilding each argument with
+// the element counts of the call.
+template <typename F, typename... Args>
+std::pair<FlatFunction, TensorList> flatten_call(F fn, const Args&... args) {
+  TensorList flat;
+  (FlatOf<Args>::append(args, flat), ...);
+  std::vector<std::size_t> counts{FlatOf<Args>::count(args)...};
+  std::vector<std::size_t> starts(counts.size(), 0);
+  for (std::size_t i = 1; i < counts.size(); ++i) starts[i] = starts[i - 1] + counts[i - 1];
+  FlatFunction body = [fn = std::move(fn), counts, starts](const TensorList& in) -> TensorList {
+    auto result = std::apply(fn, rebuild_args<Args...>(in, starts, counts, std::index_sequence_for<Args...>{}));
+    TensorList out;
+    FlatOf<decltype(result)>::append(result, out);
+    return out;
+  };
+  return {std::move(body), std::move(flat)};
+}
+
+template <typename R>
+R unflatten_result(const TensorList& flat) {
+  std::size_t pos = 0;
+  return FlatOf<R>::take(flat, pos, flat.size());
+}
+
+}  // namespace detail
+
+template <typename F>
+class Checkpointed {
+ public:
+  Checkpointed(CheckpointOptions options, F fn) : options_(std::move(options)), fn_(std::move(fn)) {}
+
+  template <typename... Args>
+  auto operator()(const Args&... args) const {
+    using Result = std::decay_t<std::invoke_result_t<const F&, const Args&...>>;
+    auto [body, inputs] = detail::flatten_call(fn_, args...);
+    return detail::unflatten_result<Result>(detail::run_checkpoint(options_, std::move(body), std::move(inputs)));
+  }
+
+ private:
+  CheckpointOptions options_;
+  F fn_;
+};
+
+class CheckpointBuilder {
+ public:
+  explicit CheckpointBuilder(CheckpointOptions options) : options_(std::move(options)) {}
+  template <typename F>
+  Checkpointed<std::decay_t<F>> operator()(F&& fn) const {
+    return Checkpointed<std::decay_t<F>>(options_, std::forward<F>(fn));
+  }
+
+ private:
+  CheckpointOptions options_;
+};
+
+// checkpoint(options)(fn)(args...): runs fn keeping only what backward needs.
+inline CheckpointBuilder checkpoint(CheckpointOptions options = {}) { return CheckpointBuilder(std::move(options)); }
+
+template <typename F>
+class Region {
+ public:
+  Region(F fn, std::string name, bool recompute) : fn_(std::move(fn)), name_(std::move(name)), recompute_(recompute) {}
+
+  template <typename... Args>
+  auto operator()(const Args&... args) const {
+    using Result = std::decay_t<std::invoke_result_t<const F&, const Args&...>>;
+    auto [body, inputs] = detail::flatten_call(fn_, args...);
+    return detail::unflatten_result<Result>(detail::run_region(std::move(body), name_, recompute_, std::move(inputs)));
+  }
+
+ private:
+  F fn_;
+  std::string name_;
+  bool recompute_;
+};
+
+// A region inside a checkpoint. recompute=false makes a save region: autograd keeps what it
+// saves, and recompute skips its body. Outside a checkpoint the body simply runs.
+template <typename F>
+Region<std::decay_t<F>> region(F&& fn, std::string name, bool recompute = true) {
+  return Region<std::decay_t<F>>(std::forward<F>(fn), std::move(name), recompute);
+}
+
+// Persists `t` (or the save-region output it is a view of) so recompute gets its value
+// instead of a placeholder. A no-op outside a checkpoint forward or on a tensor that is not
+// a save region's output.
+void recompute_needs_tensor(const at::Tensor& t);
+
+// True while recompute replays a checkpoint's forward.
+bool is_recomputing();
+
+}  // namespace remat

@@ -1,0 +1,168 @@
+#include "frame.hpp"
+
+#include <remat/diagnostics.hpp>
+
+#include <remat/alloc/snapshot.hpp>
+
+#include <c10/core/StorageImpl.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <unordered_set>
+
+namespace remat {
+namespace detail {
+namespace {
+
+thread_local std::vector<CheckpointScope> t_scopes;
+
+nlohmann::json dump_header(std::string_view kind) {
+  const alloc::DumpHeader header = alloc::current_dump_header();
+  return {{"kind", kind},           {"schema_version", 1},   {"producer", header.producer},
+          {"created_at", header.created_at}, {"host", header.host}, {"pid", header.pid},
+          {"rank", header.rank},    {"device", 0}};
+}
+
+std::string human_bytes(std::int64_t bytes) {
+  char text[32];
+  if (bytes >= (1 << 20)) std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  else if (bytes >= (1 << 10)) std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(bytes) / (1 << 10));
+  else std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
+  return text;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// Adds `t` to a region's residency, counting each storage once.
+class ResidencyBuilder {
+ public:
+  explicit ResidencyBuilder(std::string region) { residency_.region = std::move(region); }
+  void add(const std::string& name, const at::Tensor& t) {
+    const c10::StorageImpl* storage = storage_of(t);
+    const std::int64_t bytes = t.has_storage() ? static_cast<std::int64_t>(t.storage().nbytes()) : 0;
+    residency_.tensors.push_back({name, t.sizes().vec(), std::string(c10::toString(t.scalar_type())), bytes});
+    if (storage != nullptr && seen_.insert(storage).second) {
+      residency_.bytes += bytes;
+      ++residency_.storages;
+    }
+  }
+  RegionResidency take() { return std::move(residency_); }
+  bool empty() const { return residency_.tensors.empty(); }
+
+ private:
+  RegionResidency residency_;
+  std::unordered_set<const c10::StorageImpl*> seen_;
+};
+
+}  // namespace
+
+void record_scope(CheckpointScope scope) { t_scopes.push_back(std::move(scope)); }
+
+}  // namespace detail
+
+RematTrace collect_trace() {
+  RematTrace trace;
+  trace.scopes = std::move(detail::t_scopes);
+  detail::t_scopes.clear();
+  return trace;
+}
+
+std::string RematTrace::format() const {
+  std::size_t regions = 0;
+  for (const CheckpointScope& scope : scopes) regions += scope.regions.size();
+  std::string out = "remat trace: " + std::to_string(scopes.size()) + " checkpoint(s), " + std::to_string(regions) +
+                    " region(s)\n";
+  for (const CheckpointScope& scope : scopes) {
+    out += "scope [" + scope.name + "]\n";
+    for (const RegionDecision& region : scope.regions) {
+      out += "  " + region.name + ": " + (region.saved ? "save" : "recompute") + "\n";
+    }
+  }
+  return out;
+}
+
+std::string RematTrace::to_json() const {
+  nlohmann::json doc = detail::dump_header("remat-trace");
+  nlohmann::json list = nlohmann::json::array();
+  for (const CheckpointScope& scope : scopes) {
+    nlohmann::json regions = nlohmann::json::array();
+    for (const RegionDecision& region : scope.regions) {
+      regions.push_back({{"name", region.name}, {"decision", region.saved ? "save" : "recompute"}});
+    }
+    list.push_back({{"name", scope.name}, {"regions", std::move(regions)}});
+  }
+  doc["scopes"] = std::move(list);
+  return doc.dump(2) + "\n";
+}
+
+MemoryReport current_memory_report() {
+  const detail::ThreadState& state = detail::thread_state();
+  if (state.mode != detail::Mode::forward || state.frame == nullptr) {
+    throw Error("format_current_memory_report() works only inside a checkpoint's forward; call it from the "
+                "checkpointed function (outside recompute)");
+  }
+  const detail::Frame& frame = *state.frame;
+  MemoryReport report;
+  report.checkpoint = frame.options.region_name;
+  detail::ResidencyBuilder inputs("<inputs>");
+  for (std::size_t i = 0; i < frame.inputs.size(); ++i) {
+    if (frame.inputs[i].needed) inputs.add("input " + std::to_string(i), frame.inputs[i].value);
+  }
+  if (!inputs.empty()) report.regions.push_back(inputs.take());
+  for (std::size_t r = 0; r < frame.save_regions.size(); ++r) {
+    const detail::SaveRegionRecord& region = frame.save_regions[r];
+    detail::ResidencyBuilder builder(frame.options.region_name + "::" + region.name);
+    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      if (region.persisted[o]) builder.add("output " + std::to_string(o), region.outputs[o]);
+    }
+    std::size_t saved = 0;
+    for (const detail::KeptTensor& kept : frame.kept) {
+      if (kept.save_region != static_cast<int>(r)) continue;
+      if (auto impl = kept.tensor.lock()) builder.add("saved " + std::to_string(saved++), at::Tensor(std::move(impl)));
+    }
+    if (!builder.empty()) report.regions.push_back(builder.take());
+  }
+  return report;
+}
+
+std::string MemoryReport::format() const {
+  std::int64_t total = 0;
+  for (const RegionResidency& region : regions) total += region.bytes;
+  std::string out = "memory kept for backward by checkpoint [" + checkpoint + "]: " + detail::human_bytes(total) + "\n";
+  for (const RegionResidency& region : regions) {
+    out += "  " + region.region + ": " + detail::human_bytes(region.bytes) + " in " + std::to_string(region.storages) +
+           " storage(s)\n";
+    for (const ResidentTensor& t : region.tensors) {
+      out += "    " + t.name + "  " + detail::shape_text(t.shape) + "  " + t.dtype + "\n";
+    }
+  }
+  return out;
+}
+
+std::string MemoryReport::to_json() const {
+  nlohmann::json doc = detail::dump_header("memory-report");
+  doc["checkpoint"] = checkpoint;
+  nlohmann::json list = nlohmann::json::array();
+  for (const RegionResidency& region : regions) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const ResidentTensor& t : region.tensors) {
+      tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"storage_bytes", t.bytes}});
+    }
+    list.push_back({{"region", region.region},
+                    {"bytes", region.bytes},
+                    {"storages", region.storages},
+                    {"tensors", std::move(tensors)}});
+  }
+  doc["regions"] = std::move(list);
+  return doc.dump(2) + "\n";
+}
+
+std::string format_current_memory_report() { return current_memory_report().format(); }
+
+void write_dump(const std::string& path, const std::string& json) { alloc::write_file_atomically(path, json); }
+
+}  // namespace remat

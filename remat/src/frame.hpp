@@ -1,0 +1,125 @@
+#pragma once
+// Private state of the checkpoint runtime: one Frame per checkpoint call, and the
+// thread-local view of which frame is running forward or recompute.
+
+#include <remat/diagnostics.hpp>
+#include <remat/remat.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <any>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace remat::detail {
+
+struct TensorMeta {
+  std::vector<std::int64_t> sizes;
+  std::vector<std::int64_t> strides;
+  std::int64_t storage_offset = 0;
+  std::int64_t storage_bytes = 0;
+  at::TensorOptions options;
+  bool requires_grad = false;
+};
+
+TensorMeta meta_of(const at::Tensor& t);
+inline constexpr const char* kPlaceholderMarker = "remat placeholder";
+// Same shape, strides and dtype as described, but no data: reading it raises an error that
+// names `source` and the fix.
+at::Tensor make_placeholder(const TensorMeta& meta, const std::string& source);
+// The placeholder's message when `e` is a read of one.
+std::optional<std::string> placeholder_error_of(const std::exception& e);
+const c10::StorageImpl* storage_of(const at::Tensor& t);
+
+struct InputRecord {
+  TensorMeta meta;
+  at::Tensor value;     // held during forward; afterwards only when recompute needs it
+  bool needed = false;  // read by code that runs again in recompute
+};
+
+struct SaveRegionRecord {
+  std::string name;
+  std::vector<TensorMeta> metas;
+  std::vector<at::Tensor> outputs;  // held during forward; afterwards only the persisted ones
+  std::vector<bool> persisted;
+  std::vector<std::any> state_after;  // state hook snapshots after the region ran
+};
+
+struct KeptTensor {
+  int save_region = -1;
+  c10::weak_intrusive_ptr<c10::TensorImpl> tensor{c10::intrusive_ptr<c10::TensorImpl>()};
+};
+
+enum class Mode : std::uint8_t { none, forward, recompute };
+
+struct Frame : std::enable_shared_from_this<Frame> {
+  CheckpointOptions options;
+  FlatFunction body;
+  std::vector<InputRecord> inputs;
+  std::vector<SaveRegionRecord> save_regions;
+  std::vector<RegionDecision> regions;  // every region in forward order
+  std::vector<std::any> state_at_entry;
+  std::vector<KeptTensor> kept;  // for reports only
+
+  // Tensors autograd saved outside save regions: dropped in forward, recreated by recompute
+  // in the same order.
+  std::size_t dropped = 0;
+  std::vector<at::Tensor> recreated;
+  std::vector<bool> filled;
+  std::size_t missing = 0;  // slots recompute still has to fill
+
+  // Recompute progress.
+  std::size_t recompute_packs = 0;
+  std::size_t recompute_regions = 0;
+
+  // Tensors are matched to inputs and save-region outputs by storage, so views count.
+  void persist(const at::Tensor& t);    // keep the save-region output(s) behind t
+  void note_read(const at::Tensor& t);  // read by code that recompute runs again
+
+  void recompute();
+  at::Tensor take_recreated(std::size_t index);
+};
+
+struct ThreadState {
+  Frame* frame = nullptr;
+  Mode mode = Mode::none;
+  int save_region = -1;  // the save region whose body runs now (forward only)
+  bool in_region = false;
+};
+
+ThreadState& thread_state();
+
+// Sets the thread state for a scope and puts the previous one back.
+class ThreadStateScope {
+ public:
+  explicit ThreadStateScope(const ThreadState& next) : previous_(thread_state()) { thread_state() = next; }
+  ~ThreadStateScope() { thread_state() = previous_; }
+  ThreadStateScope(const ThreadStateScope&) = delete;
+  ThreadStateScope& operator=(const ThreadStateScope&) = delete;
+
+ private:
+  ThreadState previous_;
+};
+
+// Makes `frame` the one new saved-variable hooks belong to, for a scope.
+class FrameOwnerScope {
+ public:
+  explicit FrameOwnerScope(std::shared_ptr<Frame> frame);
+  ~FrameOwnerScope();
+  FrameOwnerScope(const FrameOwnerScope&) = delete;
+  FrameOwnerScope& operator=(const FrameOwnerScope&) = delete;
+
+ private:
+  std::shared_ptr<Frame> previous_;
+};
+
+// Installs the autograd engine whose default saved-variable hooks consult the thread state.
+void ensure_engine_installed();
+
+// Records of finished checkpoint forwards for collect_trace().
+void record_scope(CheckpointScope scope);
+
+}  // namespace remat::detail

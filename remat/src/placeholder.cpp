@@ -1,0 +1,55 @@
+#include "frame.hpp"
+
+#include <ATen/core/TensorBody.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+
+#include <c10/util/Exception.h>
+
+namespace remat::detail {
+
+TensorMeta meta_of(const at::Tensor& t) {
+  TensorMeta meta;
+  meta.sizes = t.sizes().vec();
+  meta.strides = t.strides().vec();
+  meta.storage_offset = t.storage_offset();
+  meta.storage_bytes = t.has_storage() ? static_cast<std::int64_t>(t.storage().nbytes()) : 0;
+  meta.options = t.options();
+  meta.requires_grad = t.requires_grad();
+  return meta;
+}
+
+at::Tensor make_placeholder(const TensorMeta& meta, const std::string& source) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<std::size_t>(meta.storage_bytes),
+                       c10::DataPtr(nullptr, meta.options.device()), /*allocator=*/nullptr, /*resizable=*/false);
+  // Any access to the data throws this message; shape, strides and views still work.
+  std::string message = kPlaceholderMarker;
+  message += ": recompute read the data of ";
+  message += source;
+  message += ", which forward did not keep; call remat::recompute_needs_tensor(t) on that tensor in forward so its "
+             "value is persisted";
+  storage.unsafeGetStorageImpl()->release_data_and_set_meta_custom_data_ptr_error_msg_(std::move(message));
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::computeDispatchKey(
+                                                                          meta.options.dtype().toScalarType(),
+                                                                          meta.options.layout(),
+                                                                          meta.options.device()),
+                                                   meta.options.dtype());
+  impl->set_sizes_and_strides(meta.sizes, meta.strides, meta.storage_offset);
+  return at::Tensor(std::move(impl));
+}
+
+std::optional<std::string> placeholder_error_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  const auto start = what.find(kPlaceholderMarker);
+  if (start == std::string::npos) return std::nullopt;
+  const auto end = what.find('\n', start);
+  return what.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
+const c10::StorageImpl* storage_of(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return nullptr;
+  return t.storage().unsafeGetStorageImpl();
+}
+
+}  // namespace remat::detail

@@ -1,0 +1,368 @@
+// The checkpoint runtime: forward under saved-variable hooks that keep what save regions
+// save and drop the rest, recompute on first unpack in backward, early stop.
+
+#include "frame.hpp"
+
+#include <remat/alloc/tags.hpp>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <mutex>
+#include <unordered_set>
+
+namespace remat {
+namespace detail {
+namespace {
+
+using alloc::Phase;
+using alloc::Policy;
+using alloc::TagScope;
+
+// Thrown from the pack hook once recompute has recreated every tensor backward needs.
+struct StopRecompute {};
+
+thread_local ThreadState t_state;
+
+// Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
+class SavedHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  SavedHooks(std::shared_ptr<Frame> frame, ThreadState state) : frame_(std::move(frame)), state_(state) {}
+
+  void call_pack_hook(const at::Tensor& tensor) override {
+    Frame& f = *frame_;
+    if (state_.mode == Mode::recompute) {
+      const std::size_t index = f.recompute_packs++;
+      if (index < f.dropped && !f.filled[index]) {
+        f.recreated[index] = tensor.detach();
+        f.filled[index] = true;
+        if (--f.missing == 0) throw StopRecompute{};
+      }
+      frame_.reset();  // the recompute graph is thrown away; nothing to keep
+      return;
+    }
+    f.persist(tensor);  // a save region's output that autograd saves must survive
+    if (state_.save_region >= 0) {
+      // Kept as it is. The hook still holds the frame: what the checkpoint persisted stays
+      // resident as long as the graph that may need it.
+      kept_ = tensor.detach();
+      f.kept.push_back({state_.save_region, c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
+      return;
+    }
+    f.note_read(tensor);
+    index_ = f.dropped++;
+  }
+
+  at::Tensor call_unpack_hook() override {
+    if (kept_.defined()) return kept_;
+    return frame_->take_recreated(index_);
+  }
+
+ private:
+  std::shared_ptr<Frame> frame_;
+  ThreadState state_;
+  at::Tensor kept_;
+  std::size_t index_ = 0;
+};
+
+// Frames are owned by the hooks of the tensors they dropped; the running one is reachable
+// from the thread state as a raw pointer, and from here as a shared pointer for new hooks.
+thread_local std::shared_ptr<Frame> t_frame_owner;
+
+class RematEngine final : public torch::autograd::Engine {
+ public:
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    const ThreadState& state = t_state;
+    if (state.frame == nullptr || state.mode == Mode::none) return nullptr;
+    return std::make_unique<SavedHooks>(t_frame_owner, state);
+  }
+};
+
+torch::autograd::Engine& remat_engine() {
+  static auto* engine = new RematEngine();  // lives as long as the process, like the base engine
+  return *engine;
+}
+
+std::vector<std::any> snapshot_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hooks) {
+  std::vector<std::any> out;
+  out.reserve(hooks.size());
+  for (const auto& hook : hooks) out.push_back(hook->snapshot());
+  return out;
+}
+
+void restore_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hooks, const std::vector<std::any>& states) {
+  for (std::size_t i = 0; i < hooks.size(); ++i) hooks[i]->restore(states[i]);
+}
+
+// Sees every op the checkpoint body runs outside save regions, to learn which inputs
+// recompute will read again.
+std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
+  const ThreadState& state = t_state;
+  if (state.mode != Mode::forward || state.save_region >= 0 || state.frame == nullptr) return nullptr;
+  for (const c10::IValue& value : fn.inputs()) {
+    if (value.isTensor()) {
+      state.frame->note_read(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorVector()) state.frame->note_read(t);
+    }
+  }
+  return nullptr;
+}
+
+class ReadObserver {
+ public:
+  ReadObserver()
+      : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(observe_op).needsInputs(true).scopes(
+            {at::RecordScope::FUNCTION}))) {}
+  ~ReadObserver() { at::removeCallback(handle_); }
+  ReadObserver(const ReadObserver&) = delete;
+  ReadObserver& operator=(const ReadObserver&) = delete;
+
+ private:
+  at::CallbackHandle handle_;
+};
+
+std::string full_region_name(const Frame& frame, const std::string& name) {
+  return frame.options.region_name + "::" + name;
+}
+
+}  // namespace
+
+ThreadState& thread_state() { return t_state; }
+
+FrameOwnerScope::FrameOwnerScope(std::shared_ptr<Frame> frame) : previous_(std::exchange(t_frame_owner, std::move(frame))) {}
+FrameOwnerScope::~FrameOwnerScope() { t_frame_owner = std::move(previous_); }
+
+void ensure_engine_installed() {
+  static std::once_flag once;
+  std::call_once(once, [] { torch::autograd::set_default_engine_stub(&remat_engine); });
+}
+
+void Frame::persist(const at::Tensor& t) {
+  const c10::StorageImpl* storage = storage_of(t);
+  if (storage == nullptr) return;
+  for (SaveRegionRecord& region : save_regions) {
+    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      if (storage_of(region.outputs[o]) == storage) region.persisted[o] = true;
+    }
+  }
+}
+
+void Frame::note_read(const at::Tensor& t) {
+  const c10::StorageImpl* storage = storage_of(t);
+  if (storage == nullptr) return;
+  for (InputRecord& input : inputs) {
+    if (storage_of(input.value) == storage) input.needed = true;
+  }
+}
+
+at::Tensor Frame::take_recreated(std::size_t index) {
+  if (index >= dropped) {
+    throw Error("checkpoint '" + options.region_name + "': saved tensor " + std::to_string(index) +
+                " is out of range; this is a bug in remat");
+  }
+  if (!filled[index]) recompute();
+  at::Tensor out = std::move(recreated[index]);
+  recreated[index] = at::Tensor();
+  filled[index] = false;  // freed as backward consumes it; a second backward recomputes
+  return out;
+}
+
+void Frame::recompute() {
+  missing = 0;
+  for (std::size_t i = 0; i < dropped; ++i) missing += filled[i] ? 0 : 1;
+  if (missing == 0) return;
+  recompute_packs = 0;
+  recompute_regions = 0;
+
+  const auto& hooks = options.recompute_state_hooks;
+  const std::vector<std::any> outer = snapshot_states(hooks);
+  restore_states(hooks, state_at_entry);
+
+  TensorList args;
+  args.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const InputRecord& input = inputs[i];
+    if (input.value.defined()) {
+      at::Tensor arg = input.value.detach();
+      if (input.meta.requires_grad) arg.requires_grad_(true);
+      args.push_back(std::move(arg));
+    } else {
+      args.push_back(make_placeholder(input.meta, "input " + std::to_string(i) + " of checkpoint '" +
+                                                      options.region_name + "'"));
+    }
+  }
+
+  {
+    FrameOwnerScope owner(shared_from_this());
+    ThreadStateScope scope({this, Mode::recompute, -1, false});
+    auto region_tag = TagScope::region(options.region_name);
+    auto phase_tag = TagScope::phase(Phase::recompute);
+    at::AutoGradMode grad(true);
+    try {
+      body(args);
+    } catch (const StopRecompute&) {
+      // Every tensor backward needs exists: the rest of the body need not run.
+    } catch (const std::exception& e) {
+      restore_states(hooks, outer);
+      if (auto message = placeholder_error_of(e)) throw Error(*message);
+      throw;
+    }
+  }
+  restore_states(hooks, outer);
+  if (missing != 0) {
+    throw Error("recompute of checkpoint '" + options.region_name + "' recreated " +
+                std::to_string(recompute_packs) + " saved tensors but forward saved " + std::to_string(dropped) +
+                "; the body must take the same path in recompute as in forward (branch on remat::is_recomputing() "
+                "only for work autograd does not save)");
+  }
+}
+
+TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, TensorList inputs) {
+  if (options.preserve_rng_state.value_or(false)) {
+    throw Error("checkpoint '" + options.region_name +
+                "': preserve_rng_state is not supported; pass remat::cpu_rng_state_hook() (or your own "
+                "RecomputeStateHook) in CheckpointOptions::recompute_state_hooks");
+  }
+  if (t_state.mode != Mode::none) {
+    throw Error("checkpoint '" + options.region_name + "' is nested inside checkpoint '" +
+                t_state.frame->options.region_name + "'; checkpoints do not nest: use regions inside one checkpoint");
+  }
+  if (options.region_name.empty()) {
+    throw Error("checkpoint region_name is empty; name the checkpoint, e.g. {.region_name = \"layers.0\"}");
+  }
+  if (!at::GradMode::is_enabled()) {
+    // Nothing will run backward: run once and register nothing.
+    auto region_tag = TagScope::region(options.region_name);
+    return body(inputs);
+  }
+  ensure_engine_installed();
+
+  auto frame = std::make_shared<Frame>();
+  frame->options = options;
+  frame->body = std::move(body);
+  frame->state_at_entry = snapshot_states(options.recompute_state_hooks);
+  frame->inputs.reserve(inputs.size());
+  for (const at::Tensor& input : inputs) frame->inputs.push_back({meta_of(input), input, false});
+
+  TensorList outputs;
+  {
+    FrameOwnerScope owner(frame);
+    ThreadStateScope scope({frame.get(), Mode::forward, -1, false});
+    ReadObserver observer;
+    auto region_tag = TagScope::region(options.region_name);
+    auto phase_tag = TagScope::phase(Phase::forward);
+    outputs = frame->body(inputs);
+  }
+
+  // Keep only what recompute needs.
+  for (InputRecord& input : frame->inputs) {
+    if (input.needed) input.value = input.value.detach();
+    else input.value = at::Tensor();
+  }
+  for (SaveRegionRecord& region : frame->save_regions) {
+    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      region.outputs[o] = region.persisted[o] ? region.outputs[o].detach() : at::Tensor();
+    }
+  }
+  frame->recreated.assign(frame->dropped, at::Tensor());
+  frame->filled.assign(frame->dropped, false);
+  record_scope({options.region_name, frame->regions});
+  return outputs;
+}
+
+TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs) {
+  ThreadState& state = t_state;
+  if (state.mode == Mode::none) {
+    return body(inputs);  // outside a checkpoint a region is just its body
+  }
+  Frame& frame = *state.frame;
+  if (name.empty()) throw Error("region name is empty; name each region, e.g. \"attention\"");
+  if (state.in_region) {
+    throw Error("region '" + name + "' is nested inside another region of checkpoint '" + frame.options.region_name +
+                "'; regions do not nest: split the work into consecutive regions");
+  }
+
+  if (state.mode == Mode::recompute) {
+    const std::size_t index = frame.recompute_regions++;
+    if (index >= frame.regions.size() || frame.regions[index].name != name) {
+      throw Error("recompute of checkpoint '" + frame.options.region_name + "' reached region '" + name +
+                  "' where forward ran " +
+                  (index < frame.regions.size() ? "'" + frame.regions[index].name + "'" : std::string("no region")) +
+                  "; the body must take the same path in recompute as in forward");
+    }
+    if (frame.regions[index].saved) {
+      int save_index = 0;
+      for (std::size_t i = 0; i < index; ++i) save_index += frame.regions[i].saved ? 1 : 0;
+      const SaveRegionRecord& record = frame.save_regions[static_cast<std::size_t>(save_index)];
+      restore_states(frame.options.recompute_state_hooks, record.state_after);
+      TensorList out;
+      for (std::size_t o = 0; o < record.metas.size(); ++o) {
+        if (record.outputs[o].defined()) {
+          at::Tensor value = record.outputs[o].detach();
+          if (record.metas[o].requires_grad) value.requires_grad_(true);
+          out.push_back(std::move(value));
+        } else {
+          out.push_back(make_placeholder(record.metas[o], "output " + std::to_string(o) + " of save region '" +
+                                                              full_region_name(frame, name) + "'"));
+        }
+      }
+      return out;
+    }
+    ThreadState inner = state;
+    inner.in_region = true;
+    ThreadStateScope scope(inner);
+    auto region_tag = TagScope::region(name);
+    auto policy_tag = TagScope::policy(Policy::recompute);
+    return body(inputs);
+  }
+
+  for (const RegionDecision& seen : frame.regions) {
+    if (seen.name == name) {
+      throw Error("region '" + name + "' appears twice in checkpoint '" + frame.options.region_name +
+                  "'; region names must be unique within a checkpoint");
+    }
+  }
+  frame.regions.push_back({name, !recompute});
+  // Inputs a region consumes: a save region's output is persisted, and a checkpoint input
+  // read by a recompute region is kept.
+  for (const at::Tensor& input : inputs) {
+    frame.persist(input);
+    if (recompute) frame.note_read(input);
+  }
+
+  ThreadState inner = state;
+  inner.in_region = true;
+  if (!recompute) inner.save_region = static_cast<int>(frame.save_regions.size());
+  TensorList outputs;
+  {
+    ThreadStateScope scope(inner);
+    auto region_tag = TagScope::region(name);
+    auto policy_tag = TagScope::policy(recompute ? Policy::recompute : Policy::save);
+    outputs = body(inputs);
+  }
+  if (!recompute) {
+    SaveRegionRecord record;
+    record.name = name;
+    for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
+    record.outputs = outputs;
+    record.persisted.assign(outputs.size(), false);
+    record.state_after = snapshot_states(frame.options.recompute_state_hooks);
+    frame.save_regions.push_back(std::move(record));
+  }
+  return outputs;
+}
+
+}  // namespace detail
+
+void recompute_needs_tensor(const at::Tensor& t) {
+  const detail::ThreadState& state = detail::thread_state();
+  if (state.mode != detail::Mode::forward || state.frame == nullptr) return;
+  state.frame->persist(t);
+}
+
+bool is_recomputing() { return detail::thread_state().mode == detail::Mode::recompute; }
+
+}  // namespace remat

@@ -1,0 +1,285 @@
+// The checkpoint semantics of shared/DESIGN.md: residency per save/recompute policy,
+// placeholders, early stop, no-grad, retain_graph and the misuse errors.
+
+#include "support.hpp"
+
+#include <remat/alloc/tags.hpp>
+
+#include <map>
+
+using remat::testing::float_bytes;
+
+namespace {
+
+constexpr std::int64_t N = 1000;  // elements per tensor
+
+struct Chain {
+  bool a_saves = false;
+  bool b_saves = false;
+  std::map<std::string, int> runs;  // region body executions
+
+  // A: p = exp(x) (autograd saves p), y = 3p.  B: q = exp(y), z = 3q.  C: sum(3z).
+  at::Tensor forward(const at::Tensor& x) {
+    return remat::checkpoint({.region_name = "ckpt"})([this](const at::Tensor& in) {
+      auto y = remat::region(
+          [this](const at::Tensor& t) {
+            ++runs["A"];
+            return t.exp() * 3.0;
+          },
+          "A", !a_saves)(in);
+      auto z = remat::region(
+          [this](const at::Tensor& t) {
+            ++runs["B"];
+            return t.exp() * 3.0;
+          },
+          "B", !b_saves)(y);
+      return remat::region(
+          [this](const at::Tensor& t) {
+            ++runs["C"];
+            return (t * 3.0).sum();
+          },
+          "C")(z);
+    })(x);
+  }
+};
+
+at::Tensor reference_loss(const at::Tensor& x) { return ((x.exp() * 3.0).exp() * 3.0 * 3.0).sum(); }
+
+struct ResidencyCase {
+  bool a_saves;
+  bool b_saves;
+  std::int64_t resident_tensors;  // of N floats each
+  int a_runs;
+  int b_runs;
+};
+
+class Residency : public ::testing::TestWithParam<ResidencyCase> {};
+
+TEST_P(Residency, ResidentBytesAndRecomputedTensorsMatchTheTable) {
+  const ResidencyCase c = GetParam();
+  at::manual_seed(0);
+  auto w = (at::rand({N}) * 0.1).requires_grad_(true);
+  Chain chain{c.a_saves, c.b_saves, {}};
+  at::Tensor loss;
+  {
+    at::Tensor x;
+    {
+      auto input_scope = remat::alloc::TagScope::region("input");
+      x = w * 2.0;  // the checkpoint input; only the checkpoint can keep it alive
+    }
+    loss = chain.forward(x);
+  }
+  const std::int64_t resident = remat::live_bytes("input") + remat::live_bytes("ckpt::A") + remat::live_bytes("ckpt::B");
+  EXPECT_EQ(resident, float_bytes(c.resident_tensors * N));
+  loss.backward();
+  EXPECT_EQ(chain.runs["A"], c.a_runs);
+  EXPECT_EQ(chain.runs["B"], c.b_runs);
+  EXPECT_EQ(chain.runs["C"], 1);  // recompute stops before C: nothing after B is needed
+
+  auto w_ref = w.detach().clone().requires_grad_(true);
+  reference_loss(w_ref * 2.0).backward();
+  EXPECT_TRUE(at::equal(w.grad(), w_ref.grad()));
+  loss = at::Tensor();
+  EXPECT_EQ(remat::live_bytes("ckpt"), 0);
+  EXPECT_EQ(remat::live_bytes("input"), 0);
+}
+
+// shared/DESIGN.md: save/save keeps y, z, p, q; save/recompute keeps y, p and recreates z, q;
+// recompute/save keeps x, z, q and recreates y, p; recompute/recompute keeps x only.
+INSTANTIATE_TEST_SUITE_P(Table, Residency,
+                         ::testing::Values(ResidencyCase{true, true, 4, 1, 1}, ResidencyCase{true, false, 2, 1, 2},
+                                           ResidencyCase{false, true, 3, 2, 1}, ResidencyCase{false, false, 1, 2, 2}),
+                         [](const auto& param_info) {
+                           return std::string(param_info.param.a_saves ? "Save" : "Recompute") +
+                                  (param_info.param.b_saves ? "Save" : "Recompute");
+                         });
+
+// y = save region output read by plain code in recompute: a placeholder unless marked.
+struct PlaceholderProbe {
+  bool mark = false;
+  bool mark_view = false;
+  std::vector<std::int64_t> seen_sizes;
+  std::vector<std::int64_t> seen_strides;
+  std::vector<std::int64_t> seen_view_sizes;
+  at::ScalarType seen_dtype = at::kByte;
+
+  at::Tensor run(const at::Tensor& x) {
+    return remat::checkpoint({.region_name = "probe"})([this](const at::Tensor& in) {
+      auto y = remat::region([](const at::Tensor& t) { return (t * 2.0).t(); }, "producer", /*recompute=*/false)(in);
+      if (mark) remat::recompute_needs_tensor(y);
+      if (mark_view) remat::recompute_needs_tensor(y.select(0, 1));
+      if (remat::is_recomputing()) {
+        seen_sizes = y.sizes().vec();
+        seen_strides = y.strides().vec();
+        seen_dtype = y.scalar_type();
+        seen_view_sizes = y.transpose(0, 1).sizes().vec();
+      }
+      return (y * 5.0).exp().sum();  // exp's saved result makes recompute run this line
+    })(x);
+  }
+};
+
+TEST(Placeholders, HaveShapeStridesAndDtypeAndViewsWork) {
+  auto x = at::rand({3, 4}).requires_grad_(true);
+  PlaceholderProbe probe;
+  probe.mark = true;
+  probe.run(x).backward();
+  EXPECT_EQ(probe.seen_sizes, (std::vector<std::int64_t>{4, 3}));
+  EXPECT_EQ(probe.seen_strides, (std::vector<std::int64_t>{1, 4}));
+  EXPECT_EQ(probe.seen_dtype, at::kFloat);
+  EXPECT_EQ(probe.seen_view_sizes, (std::vector<std::int64_t>{3, 4}));
+}
+
+TEST(Placeholders, ReadingDataNamesTheRegionAndTheFix) {
+  auto x = at::rand({3, 4}).requires_grad_(true);
+  PlaceholderProbe probe;
+  auto loss = probe.run(x);
+  try {
+    loss.backward();
+    FAIL() << "reading a placeholder must raise";
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("save region 'probe::producer'"), std::string::npos) << message;
+    EXPECT_NE(message.find("recompute_needs_tensor"), std::string::npos) << message;
+  }
+  EXPECT_EQ(probe.seen_sizes, (std::vector<std::int64_t>{4, 3}));  // metadata was readable
+}
+
+TEST(Placeholders, MarkingFixesTheReadAndGradientsAreExact) {
+  auto x = at::rand({3, 4}).requires_grad_(true);
+  PlaceholderProbe probe;
+  probe.mark = true;
+  probe.run(x).backward();
+  auto x_ref = x.detach().clone().requires_grad_(true);
+  ((x_ref * 2.0).t() * 5.0).exp().sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), x_ref.grad()));
+}
+
+TEST(Placeholders, MarkingAViewPersistsItsBase) {
+  auto x = at::rand({3, 4}).requires_grad_(true);
+  PlaceholderProbe probe;
+  probe.mark_view = true;
+  EXPECT_NO_THROW(probe.run(x).backward());
+}
+
+TEST(Placeholders, MarkingOutsideACheckpointOrARecomputeOutputIsANoOp) {
+  auto t = at::rand({2});
+  remat::recompute_needs_tensor(t);  // outside any checkpoint
+  auto x = at::rand({4}).requires_grad_(true);
+  auto loss = remat::checkpoint({.region_name = "noop"})([](const at::Tensor& in) {
+    auto h = remat::region([](const at::Tensor& v) { return v.exp(); }, "r")(in);
+    remat::recompute_needs_tensor(h);  // a recompute region's output: nothing to persist
+    return h.sum();
+  })(x);
+  EXPECT_EQ(remat::live_bytes("noop::r"), 0);
+  loss.backward();
+  EXPECT_TRUE(at::allclose(x.grad(), x.detach().exp()));
+}
+
+TEST(EarlyStop, RecomputeRunsNoFurtherThanTheLastTensorBackwardNeeds) {
+  std::map<std::string, int> runs;
+  auto x = at::rand({8}).requires_grad_(true);
+  auto loss = remat::checkpoint({.region_name = "stop"})([&](const at::Tensor& in) {
+    auto a = remat::region([&](const at::Tensor& t) { ++runs["a"]; return t.sin(); }, "a")(in);
+    auto b = remat::region([&](const at::Tensor& t) { ++runs["b"]; return t * 2.0; }, "b")(a);
+    auto c = remat::region([&](const at::Tensor& t) { ++runs["c"]; return t + 1.0; }, "c")(b);
+    return c.sum();
+  })(x);
+  loss.backward();
+  // Only sin saves a tensor (its input); b and c save nothing, so recompute stops after a.
+  EXPECT_EQ(runs["a"], 2);
+  EXPECT_EQ(runs["b"], 1);
+  EXPECT_EQ(runs["c"], 1);
+  EXPECT_TRUE(at::allclose(x.grad(), x.detach().cos() * 2.0));
+}
+
+TEST(NoGrad, RunsTheBodyOnceAndRegistersNothing) {
+  remat::collect_trace();  // forget earlier tests' checkpoints
+  int runs = 0;
+  auto x = at::rand({4});
+  at::NoGradGuard no_grad;
+  auto y = remat::checkpoint({.region_name = "nograd"})([&](const at::Tensor& in) {
+    return remat::region([&](const at::Tensor& t) { ++runs; return t.exp(); }, "r", false)(in);
+  })(x);
+  EXPECT_EQ(runs, 1);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_TRUE(remat::collect_trace().scopes.empty());
+}
+
+TEST(RetainGraph, ASecondBackwardRecomputesAgainAndAccumulates) {
+  int runs = 0;
+  auto x = at::rand({5}).requires_grad_(true);
+  auto loss = remat::checkpoint({.region_name = "twice"})([&](const at::Tensor& in) {
+    return remat::region([&](const at::Tensor& t) { ++runs; return t.exp().sum(); }, "r")(in);
+  })(x);
+  loss.backward({}, /*retain_graph=*/true);
+  loss.backward();
+  EXPECT_EQ(runs, 3);  // forward, then one recompute per backward
+  EXPECT_TRUE(at::allclose(x.grad(), 2.0 * x.detach().exp()));
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const remat::Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Misuse, DuplicateRegionNamesAreAClearError) {
+  auto x = at::rand({2}).requires_grad_(true);
+  const std::string message = error_of([&] {
+    remat::checkpoint({.region_name = "dup"})([](const at::Tensor& in) {
+      auto a = remat::region([](const at::Tensor& t) { return t * 2.0; }, "same")(in);
+      return remat::region([](const at::Tensor& t) { return t * 3.0; }, "same")(a);
+    })(x);
+  });
+  EXPECT_NE(message.find("region 'same' appears twice in checkpoint 'dup'"), std::string::npos) << message;
+}
+
+TEST(Misuse, NestedRegionsAreAClearError) {
+  auto x = at::rand({2}).requires_grad_(true);
+  const std::string message = error_of([&] {
+    remat::checkpoint({.region_name = "outer"})([](const at::Tensor& in) {
+      return remat::region(
+          [](const at::Tensor& t) { return remat::region([](const at::Tensor& u) { return u * 2.0; }, "inner")(t); },
+          "outer_region")(in);
+    })(x);
+  });
+  EXPECT_NE(message.find("regions do not nest"), std::string::npos) << message;
+}
+
+TEST(Misuse, NestedCheckpointsAreAClearError) {
+  auto x = at::rand({2}).requires_grad_(true);
+  const std::string message = error_of([&] {
+    remat::checkpoint({.region_name = "outer"})([](const at::Tensor& in) {
+      return remat::checkpoint({.region_name = "inner"})([](const at::Tensor& t) { return t * 2.0; })(in);
+    })(x);
+  });
+  EXPECT_NE(message.find("checkpoints do not nest"), std::string::npos) << message;
+}
+
+TEST(Misuse, PreserveRngStateIsRejectedWithTheAlternative) {
+  auto x = at::rand({2}).requires_grad_(true);
+  const std::string message = error_of([&] {
+    remat::checkpoint({.region_name = "rng", .preserve_rng_state = true})([](const at::Tensor& t) { return t * 2.0; })(x);
+  });
+  EXPECT_NE(message.find("preserve_rng_state is not supported"), std::string::npos) << message;
+  EXPECT_NE(message.find("cpu_rng_state_hook"), std::string::npos) << message;
+}
+
+TEST(Misuse, TupleAndVectorOutputsWorkOneLevelDeep) {
+  auto x = at::rand({3}).requires_grad_(true);
+  auto [a, b] = remat::checkpoint({.region_name = "tuple"})([](const at::Tensor& in) {
+    return remat::region([](const at::Tensor& t) { return std::make_tuple(t.exp(), t.sin()); }, "pair")(in);
+  })(x);
+  auto parts = remat::checkpoint({.region_name = "vector"})([](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{in[0].cos(), in[1].exp()};
+  })(std::vector<at::Tensor>{x, x});
+  (a.sum() + b.sum() + parts[0].sum() + parts[1].sum()).backward();
+  const auto xd = x.detach();
+  EXPECT_TRUE(at::allclose(x.grad(), 2 * xd.exp() + xd.cos() - xd.sin()));
+}
+
+}  // namespace
