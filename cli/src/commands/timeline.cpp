@@ -61,7 +61,7 @@ void register_timeline(CLI::App& app, GlobalOptions& options) {
     add_field(table, "bucket_width", Cell::time(timeline.bucket_us));
     add_field(table, "series", Cell::count(timeline.series.size()));
     add_field(table, "peak", Cell::bytes(timeline.peak_bytes));
-    add_field(table, "peak_time", Cell::time(timeline.peak_time_us - timeline.start_us));
+    add_field(table, "peak_after", Cell::time(timeline.peak_time_us - timeline.start_us));
     report.tables.push_back(std::move(table));
     print(report, options);
   });

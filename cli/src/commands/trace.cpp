@@ -66,17 +66,22 @@ class EventPrinter final : public EventSink {
     }
     switch (format_) {
       case OutputFormat::text:
-        out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", "time", "action", "address", "size",
+        out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", "since first", "action", "address", "size",
                             "stream", "phase", "region / site");
         break;
-      case OutputFormat::csv: out_ << "time_us,action,address,size,stream,tag,region,phase,policy,site\n"; break;
+      case OutputFormat::csv: out_ << "time_us,since_first_us,action,address,size,stream,tag,region,phase,policy,site\n"; break;
       case OutputFormat::json: out_ << "{\"events\": [\n"; break;
     }
   }
 
   void on_event(const Event& e) override {
-    if (from_ && e.time_us < *from_) return;
-    if (to_ && e.time_us > *to_) return;
+    if (!started_) {
+      started_ = true;
+      first_time_ = e.time_us;
+    }
+    const std::int64_t since = e.time_us - first_time_;
+    if (from_ && since < *from_) return;
+    if (to_ && since > *to_) return;
     if (any_action_ && !wanted_[static_cast<std::size_t>(e.action)]) return;
     if (!region_ok_.empty() && !region_ok_[e.tag]) return;
     if (options_.limit != 0 && printed_ >= options_.limit) return;
@@ -87,7 +92,7 @@ class EventPrinter final : public EventSink {
       case OutputFormat::text: {
         std::string where = region.empty() ? "(untagged)" : region;
         if (!site.empty()) where += " @ " + site;
-        out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", human_time_us(e.time_us),
+        out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", human_time_us(since),
                             to_string(e.action), hex_address(e.address), human_bytes(e.size), e.stream,
                             to_string(tag.phase), where);
         break;
@@ -99,16 +104,16 @@ class EventPrinter final : public EventSink {
           for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
           return q + "\"";
         };
-        out_ << fmt::format("{},{},{},{},{},{},{},{},{},{}\n", e.time_us, to_string(e.action), e.address, e.size,
+        out_ << fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", e.time_us, since, to_string(e.action), e.address, e.size,
                             e.stream, e.tag, quote(region), to_string(tag.phase), to_string(tag.policy), quote(site));
         break;
       }
       case OutputFormat::json: {
-        nlohmann::json object = {{"time_us", e.time_us}, {"action", to_string(e.action)}, {"address", e.address},
+        nlohmann::ordered_json object = {{"time_us", e.time_us}, {"since_first_us", since}, {"action", to_string(e.action)}, {"address", e.address},
                                  {"size", e.size},       {"stream", e.stream},             {"tag", e.tag},
                                  {"region", region},     {"phase", to_string(tag.phase)},  {"policy", to_string(tag.policy)},
                                  {"site", site}};
-        out_ << (printed_ ? ",\n" : "") << "  " << object.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        out_ << (printed_ ? ",\n" : "") << "  " << object.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
         break;
       }
     }
@@ -130,6 +135,8 @@ class EventPrinter final : public EventSink {
   bool any_action_ = false;
   std::vector<bool> region_ok_;
   std::uint64_t printed_ = 0;
+  bool started_ = false;
+  std::int64_t first_time_ = 0;
 };
 
 }  // namespace
@@ -138,8 +145,8 @@ void register_trace(CLI::App& app, GlobalOptions& options) {
   auto* command = app.add_subcommand("trace", "Events in time order, filtered");
   auto opts = std::make_shared<TraceOptions>();
   command->add_option("file", opts->file, "A remat dump with events (trace, snapshot)")->required();
-  command->add_option("--from", opts->from, "Only events at or after this time (1500, 1500us, 2.5ms, 3s)");
-  command->add_option("--to", opts->to, "Only events at or before this time");
+  command->add_option("--from", opts->from, "Only events at or after this time since the first event (1500, 1500us, 2.5ms, 3s)");
+  command->add_option("--to", opts->to, "Only events at or before this time since the first event");
   command->add_option("--action", opts->actions, "Only these actions (repeat or comma-separate)");
   command->add_option("--region", opts->region, "Only this region and the regions under it");
   command->add_option("--limit", opts->limit, "Print at most N events");

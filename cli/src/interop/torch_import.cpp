@@ -339,6 +339,7 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
                  {"memory_fraction", 1.0},
                  {"trace_entries", result.events},
                  {"oom_dump_dir", ""},
+                 {"tagging", tags.tags().size() > 1},
                  {"text", "imported from the PyTorch snapshot " + source}};
   s["device_memory"] = {{"free_bytes", 0}, {"total_bytes", 0}};
   s["stats"] = {{"allocated_bytes", stat(allocated, peak, 0)},

@@ -101,6 +101,7 @@ struct AllocatorConfig {
   double memory_fraction = 1.0;
   std::uint64_t trace_entries = 0;
   std::string oom_dump_dir;
+  bool tagging = true;
   std::string text;
 };
 

@@ -78,8 +78,8 @@ constexpr const char* kScript = R"JS(
 constexpr const char* kStyle = R"CSS(
 body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; margin: 20px; color: #222; }
 h1 { font-size: 18px; margin: 0 0 4px; } .meta { color: #555; margin-bottom: 10px; }
-#wrap { display: flex; gap: 16px; align-items: flex-start; } #chart { cursor: crosshair; user-select: none; }
-#legend div { margin: 3px 0; white-space: nowrap; } #legend span, #tip span { display: inline-block; width: 11px; height: 11px; margin-right: 6px; }
+#chart { cursor: crosshair; user-select: none; }
+#legend { columns: 3 260px; margin: 6px 0 0 90px; } #legend div { margin: 3px 0; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; } #legend span, #tip span { display: inline-block; width: 11px; height: 11px; margin-right: 6px; }
 #tip { position: absolute; display: none; background: rgba(255,255,255,0.96); border: 1px solid #999; padding: 6px 8px; font-size: 12px; pointer-events: none; }
 #tip td { padding: 0 6px 0 0; }
 )CSS";

@@ -35,7 +35,7 @@ DumpFile open_dump(const std::string& path) {
     std::string_view first;
     lines.next(first);
     if (!first.empty() && static_cast<unsigned char>(first[0]) == 0x80) {
-      throw InputError("byte 0: this is a Python pickle, not a remat JSON dump; convert a PyTorch snapshot with "
+      throw InputError(path + ": byte 0: this is a Python pickle, not a remat JSON dump; convert a PyTorch snapshot with "
                        "`remat-report import " + path + " -o OUT.json`");
     }
     bool more_lines = false;

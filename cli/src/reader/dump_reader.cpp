@@ -169,6 +169,7 @@ AllocatorConfig read_config(json::element value, const JsonPath& path) {
   config.memory_fraction = json::as_number(member(object, "memory_fraction", path), path.key("memory_fraction"));
   config.trace_entries = json::as_u64(member(object, "trace_entries", path), path.key("trace_entries"));
   config.oom_dump_dir = json::as_string(member(object, "oom_dump_dir", path), path.key("oom_dump_dir"));
+  config.tagging = json::as_bool(member(object, "tagging", path), path.key("tagging"));
   config.text = json::as_string(member(object, "text", path), path.key("text"));
   return config;
 }

@@ -77,6 +77,11 @@ double as_number(element value, const JsonPath& path) {
   }
 }
 
+bool as_bool(element value, const JsonPath& path) {
+  if (value.type() != element_type::BOOL) wrong_type(value, path, "a boolean");
+  return bool(value);
+}
+
 bool is_null(element value) { return value.type() == element_type::NULL_VALUE; }
 
 element member(object parent, std::string_view key, const JsonPath& parent_path) {

@@ -22,6 +22,7 @@ std::string_view as_string(element value, const JsonPath& path);
 std::uint64_t as_u64(element value, const JsonPath& path);
 std::int64_t as_i64(element value, const JsonPath& path);
 double as_number(element value, const JsonPath& path);
+bool as_bool(element value, const JsonPath& path);
 bool is_null(element value);
 
 // The member `key` of `parent`; a missing member is an error naming the path.

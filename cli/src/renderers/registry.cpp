@@ -60,6 +60,7 @@ MemoryView memory_from_events(const Renderer& renderer, const DumpFile& file, Gr
   }
   view.live_total = replay->total();
   view.peak_total = replay->peak_total();
+  view.unmatched_frees = replay->unmatched_frees();
   if (replay->unmatched_frees() > 0) {
     view.notes.push_back(fmt::format("{} frees matched no allocation in the dump (allocated before it began)",
                                      replay->unmatched_frees()));

@@ -31,6 +31,7 @@ struct MemoryView {
   std::vector<MemoryRow> rows;
   std::uint64_t live_total = 0;
   std::optional<std::uint64_t> peak_total;  // the peak of the sum, not the sum of peaks
+  std::uint64_t unmatched_frees = 0;         // frees of blocks allocated before the dump began
   std::vector<std::string> notes;
 };
 

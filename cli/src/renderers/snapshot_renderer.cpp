@@ -42,6 +42,7 @@ Report SnapshotRenderer::summary(const DumpFile& file) const {
 
   Table allocator = key_value_table("allocator", "Allocator");
   add_field(allocator, "backend", Cell::text(snapshot.config.backend));
+  add_field(allocator, "tagging", Cell::text(snapshot.config.tagging ? "on" : "off"));
   add_field(allocator, "config", Cell::text(snapshot.config.text));
   add_field(allocator, "device_total", Cell::bytes(snapshot.device_total_bytes));
   add_field(allocator, "device_free", Cell::bytes(snapshot.device_free_bytes));
@@ -92,62 +93,58 @@ MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
   MemoryView view;
   view.by = by;
   view.peak_total = snapshot.stats.allocated_bytes.peak;
+  std::map<std::string, MemoryRow> rows;
+  bool peaks_are_sums = false;
   if (by == GroupBy::stream) {
-    std::map<std::uint64_t, MemoryRow> rows;
     for (const Segment& segment : snapshot.segments) {
       for (const Block& block : segment.blocks) {
         if (block.state != BlockState::active_allocated) continue;
-        MemoryRow& row = rows[segment.stream];
+        const std::string label = fmt::format("stream {}", segment.stream);
+        MemoryRow& row = rows[label];
+        row.group = label;
         row.live += block.size;
         ++row.live_count;
         view.live_total += block.size;
       }
     }
-    std::map<std::string, MemoryRow> replayed;
-    const bool complete = snapshot.trace_dropped == 0 && !snapshot.events.empty();
-    if (complete) {
-      for (const MemoryRow& row : memory_from_events(*this, file, GroupBy::stream).rows) replayed[row.group] = row;
-    } else {
-      view.notes.push_back("per-stream peaks need a trace that holds every event; this snapshot's trace dropped some "
-                           "or is empty");
+  } else {
+    std::map<std::string, int> tags_with_peak;
+    for (const TagStat& stat : snapshot.tag_stats) {
+      const std::string label = tag_label(snapshot.tags, stat.tag, by);
+      MemoryRow& row = rows[label];
+      row.group = label;
+      row.live += stat.bytes.current;
+      row.peak = row.peak.value_or(0) + stat.bytes.peak;
+      row.live_count += stat.count.current;
+      row.allocations += stat.count.total;
+      view.live_total += stat.bytes.current;
+      if (stat.bytes.peak > 0 && ++tags_with_peak[label] > 1) peaks_are_sums = true;
     }
-    for (auto& [stream, row] : rows) row.group = fmt::format("stream {}", stream);
-    for (auto& [stream, row] : rows) {
-      if (const auto it = replayed.find(row.group); it != replayed.end()) {
-        row.peak = it->second.peak;
-        row.allocations = it->second.allocations;
-        replayed.erase(it);
-      }
-      view.rows.push_back(row);
-    }
-    for (auto& [label, row] : replayed) {
-      row.live = 0;
-      row.live_count = 0;
-      view.rows.push_back(row);
-    }
-    return view;
   }
-  std::map<std::string, MemoryRow> rows;
-  std::map<std::string, int> tags_with_peak;
-  for (const TagStat& stat : snapshot.tag_stats) {
-    const std::string label = tag_label(snapshot.tags, stat.tag, by);
-    MemoryRow& row = rows[label];
-    row.group = label;
-    row.live += stat.bytes.current;
-    row.peak = row.peak.value_or(0) + stat.bytes.peak;
-    row.live_count += stat.count.current;
-    row.allocations += stat.count.total;
-    view.live_total += stat.bytes.current;
-    if (stat.bytes.peak > 0) ++tags_with_peak[label];
+  // A trace that kept every event since the allocator started gives exact group peaks;
+  // it must end where the snapshot stands, or it is not the whole story.
+  bool exact = false;
+  if (snapshot.trace_dropped == 0 && !snapshot.events.empty()) {
+    const MemoryView replay = memory_from_events(*this, file, by);
+    if (replay.live_total == view.live_total && replay.unmatched_frees == 0) {
+      exact = true;
+      for (auto& [label, row] : rows) row.peak = 0;
+      for (const MemoryRow& r : replay.rows) {
+        MemoryRow& row = rows[r.group];
+        row.group = r.group;
+        row.peak = r.peak;
+        if (by == GroupBy::stream) row.allocations = r.allocations;
+      }
+    }
+  }
+  if (!exact && by == GroupBy::stream) {
+    view.notes.push_back("per-stream peaks need a trace holding every event since the allocator started; this "
+                         "snapshot's trace dropped some");
+  } else if (!exact && peaks_are_sums) {
+    view.notes.push_back("a group's peak sums the peaks of its tags when it spans several (phases, sites, slots): "
+                         "an upper bound; the total's peak is exact");
   }
   for (auto& [label, row] : rows) view.rows.push_back(row);
-  for (const auto& [label, tags] : tags_with_peak) {
-    if (tags > 1) {
-      view.notes.push_back("a group's peak sums the peaks of its tags when it spans several (phases, sites, slots): "
-                           "an upper bound; the total's peak is exact");
-      break;
-    }
-  }
   return view;
 }
 

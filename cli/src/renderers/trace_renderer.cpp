@@ -57,7 +57,7 @@ Report TraceRenderer::summary(const DumpFile& file) const {
     add_field(events, std::string(to_string(action)), Cell::count(replay.action_count(action)));
   }
   if (replay.events() > 0) {
-    add_field(events, "first_time", Cell::time(replay.first_time()));
+    add_field(events, "first_time_us", Cell::integer(replay.first_time()));
     add_field(events, "span", Cell::time(replay.last_time() - replay.first_time()));
   }
   add_field(events, "names", Cell::count(header.tags.names.size()));
@@ -66,7 +66,7 @@ Report TraceRenderer::summary(const DumpFile& file) const {
 
   Table memory = key_value_table("memory", "Memory");
   add_field(memory, "peak_live", Cell::bytes(replay.peak_total()));
-  add_field(memory, "peak_time", Cell::time(replay.peak_time()));
+  add_field(memory, "peak_after", Cell::time(replay.peak_time() - replay.first_time()));
   add_field(memory, "final_live", Cell::bytes(replay.total()));
   add_field(memory, "peak_reserved", Cell::bytes(replay.peak_reserved()));
   add_field(memory, "final_reserved", Cell::bytes(replay.reserved()));

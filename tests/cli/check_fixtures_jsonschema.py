@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Cross-checks the committed fixtures with python-jsonschema, so remat-report's own
+validator and a reference implementation agree on what is valid. Exits 77 without jsonschema.
+
+usage: check_fixtures_jsonschema.py SCHEMA_DIR
+"""
+import json
+import pathlib
+import sys
+
+try:
+    import jsonschema
+except ImportError:
+    print("python3-jsonschema not installed; skipping")
+    sys.exit(77)
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def main():
+    schemas = {p.name: json.loads(p.read_text()) for p in pathlib.Path(sys.argv[1]).glob("*.schema.json")}
+    store = {s["$id"]: s for s in schemas.values()}
+
+    def validator(name, fragment=None):
+        schema = schemas[name]
+        resolver = jsonschema.RefResolver(schema["$id"], schema, store=store)
+        target = schema if fragment is None else resolver.resolve(fragment)[1]
+        return jsonschema.Draft202012Validator(target, resolver=resolver)
+
+    snapshot = validator("snapshot.schema.json")
+    for name in ("snapshot-peak.json", "snapshot-end.json", "torch-snapshot.json"):
+        snapshot.validate(json.loads((HERE / "data" / name).read_text()))
+    lines = (HERE / "data" / "trace.jsonl").read_text().splitlines()
+    validator("trace.schema.json").validate(json.loads(lines[0]))
+    event = validator("snapshot.schema.json", "#/$defs/event")
+    for line in lines[1:]:
+        event.validate(json.loads(line))
+    print(f"ok: 3 snapshots and a trace of {len(lines) - 1} events")
+
+
+if __name__ == "__main__":
+    main()

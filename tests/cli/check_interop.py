@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Export and import against PyTorch's snapshot format: the exported pickle loads with
+Python's pickle and has the layout PyTorch's memory tools read (and, where torch is
+installed, `python -m torch.cuda._memory_viz stats` reads it); a pickle in PyTorch's layout
+imports into a valid remat snapshot; export then import keeps live bytes per region.
+
+usage: check_interop.py REMAT_REPORT
+"""
+import importlib.util
+import json
+import pathlib
+import pickle
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def run(*args):
+    return subprocess.run([sys.argv[1], *args], cwd=HERE, capture_output=True, text=True, check=True).stdout
+
+
+def torch_imports():
+    if importlib.util.find_spec("torch") is None:
+        return False
+    return subprocess.run([sys.executable, "-c", "import torch.cuda._memory_viz"], capture_output=True).returncode == 0
+
+
+def segsum(snapshot):
+    """What `_memory_viz stats` totals: reserved, allocated (requested bytes of active blocks)."""
+    reserved = allocated = 0
+    for seg in snapshot["segments"]:
+        reserved += seg["total_size"]
+        assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"], "blocks do not tile the segment"
+        for b in seg["blocks"]:
+            if b["state"] == "active_allocated":
+                allocated += b["requested_size"]
+    return reserved, allocated
+
+
+def check_export(tmp):
+    out = tmp / "peak.pickle"
+    run("export", "data/snapshot-peak.json", "--to", "torch-snapshot", "-o", str(out))
+    with open(out, "rb") as f:
+        snap = pickle.load(f)
+    ours = json.loads((HERE / "data/snapshot-peak.json").read_text())
+    assert len(snap["segments"]) == len(ours["segments"])
+    reserved, allocated = segsum(snap)
+    assert reserved == ours["stats"]["reserved_bytes"]["current"], (reserved, ours["stats"]["reserved_bytes"])
+    assert allocated == sum(b["requested_size"] for s in ours["segments"] for b in s["blocks"]
+                            if b["state"] == "active_allocated")
+    trace = snap["device_traces"][ours["device"]]
+    assert len(trace) == len(ours["trace"]["events"])
+    assert {"action", "addr", "size", "stream", "time_us", "frames"} <= set(trace[0])
+    assert all(seg["device"] == ours["device"] for seg in snap["segments"])
+    tagged = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated" and b["frames"]]
+    assert tagged, "no block carries its tag as frames"
+    assert any(fr["filename"] == "remat:region" and fr["name"].startswith("layers.") for b in tagged for fr in b["frames"])
+    if torch_imports():
+        stats = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", str(out)], capture_output=True,
+                               text=True, check=True).stdout
+        assert "total_reserved" in stats, stats
+        print("ok torch.cuda._memory_viz stats reads the export")
+    else:
+        print("torch not installed (or does not import): skipped `python -m torch.cuda._memory_viz stats`")
+    return out
+
+
+def live_by_region(path):
+    rows = json.loads(run("memory", str(path), "--json"))["memory"]
+    return {r["region"]: r["live_bytes"] for r in rows if r["live_bytes"]}
+
+
+def check_roundtrip(tmp, exported):
+    back = tmp / "back.json"
+    run("import", str(exported), "-o", str(back))
+    run("validate", str(back))
+    assert live_by_region(back) == live_by_region(HERE / "data/snapshot-peak.json"), "tags lost in the round trip"
+
+
+def check_torch_layout(tmp):
+    pickled = tmp / "torch.pickle"
+    subprocess.run([sys.executable, str(HERE / "write_torch_snapshot.py"), str(pickled)], check=True)
+    imported = tmp / "torch.json"
+    run("import", str(pickled), "-o", str(imported))
+    run("validate", str(imported))
+    sites = {r["site"]: r for r in json.loads(run("memory", str(imported), "--by", "site", "--json"))["memory"]}
+    assert sites["model.py:17 (attention)"]["live_bytes"] == 4 * 2**20 + 512, sites
+    assert sites["train.py:42 (step)"]["live_bytes"] == 8 * 2**20, sites
+    device1 = tmp / "torch-device1.json"
+    run("import", str(pickled), "-o", str(device1), "--device", "1")
+    assert json.loads(device1.read_text())["segments"][0]["total_size"] == 2 * 2**20
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        exported = check_export(tmp)
+        check_roundtrip(tmp, exported)
+        check_torch_layout(tmp)
+        print("ok export, import and round trip")
+
+
+if __name__ == "__main__":
+    main()

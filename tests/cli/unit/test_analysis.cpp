@@ -1,0 +1,171 @@
+// Replaying events into live and peak bytes, timelines and the hot-path line decoder.
+#include "analysis/address_map.hpp"
+#include "analysis/live_replay.hpp"
+#include "analysis/timeline_series.hpp"
+#include "reader/event_line.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+#include <unordered_map>
+
+namespace remat::report {
+namespace {
+
+TagTable two_regions() {
+  TagTable tags;
+  tags.names = {"", "layers.0::attention", "layers.1::mlp"};
+  tags.tags = {Tag{}, Tag{1, Policy::save, Phase::forward, 0, std::nullopt},
+               Tag{2, Policy::recompute, Phase::recompute, 0, RecvSlot{1, 'B', 3}}};
+  return tags;
+}
+
+Event ev(Action action, std::int64_t time, std::uint64_t address, std::uint64_t size, std::uint32_t tag) {
+  return Event{action, time, address, size, 0, tag};
+}
+
+TEST(LiveReplay, FreeRequestedEndsAnAllocationAndPeaksAreKeptPerGroup) {
+  const TagTable tags = two_regions();
+  LiveReplay replay(tags, GroupBy::region);
+  replay.apply(ev(Action::alloc, 0, 0x1000, 100, 1));
+  replay.apply(ev(Action::alloc, 1, 0x2000, 50, 2));
+  replay.apply(ev(Action::free_requested, 2, 0x1000, 100, 1));
+  replay.apply(ev(Action::free_completed, 3, 0x1000, 100, 1));  // already released: no double count
+  replay.apply(ev(Action::alloc, 4, 0x3000, 30, 1));
+  const auto& labels = replay.labels();
+  const auto index = [&](const std::string& label) {
+    return static_cast<std::size_t>(std::find(labels.begin(), labels.end(), label) - labels.begin());
+  };
+  EXPECT_EQ(replay.live()[index("layers.0::attention")], 30u);
+  EXPECT_EQ(replay.peak()[index("layers.0::attention")], 100u);
+  EXPECT_EQ(replay.live()[index("layers.1::mlp")], 50u);
+  EXPECT_EQ(replay.total(), 80u);
+  EXPECT_EQ(replay.peak_total(), 150u);
+  EXPECT_EQ(replay.peak_time(), 1);
+  EXPECT_EQ(replay.unmatched_frees(), 0u);
+}
+
+TEST(LiveReplay, FreeCompletedAloneAlsoEndsAnAllocation) {
+  const TagTable tags = two_regions();
+  LiveReplay replay(tags, GroupBy::phase);
+  replay.apply(ev(Action::alloc, 0, 0x1000, 100, 1));
+  replay.apply(ev(Action::free_completed, 1, 0x1000, 100, 1));
+  EXPECT_EQ(replay.total(), 0u);
+}
+
+TEST(LiveReplay, FreesOfBlocksAllocatedBeforeTheTraceAreCountedNotSubtracted) {
+  const TagTable tags = two_regions();
+  LiveReplay replay(tags, GroupBy::region);
+  replay.apply(ev(Action::alloc, 0, 0x1000, 100, 1));
+  replay.apply(ev(Action::free_requested, 1, 0x9000, 4096, 1));
+  EXPECT_EQ(replay.total(), 100u);
+  EXPECT_EQ(replay.unmatched_frees(), 1u);
+}
+
+TEST(LiveReplay, GroupsBySlotNameTheRecvSlot) {
+  const TagTable tags = two_regions();
+  LiveReplay replay(tags, GroupBy::slot);
+  replay.apply(ev(Action::alloc, 0, 0x1000, 64, 2));
+  const auto& labels = replay.labels();
+  EXPECT_NE(std::find(labels.begin(), labels.end(), "stage 1 B slot 3"), labels.end());
+}
+
+TEST(Timeline, StackedSeriesAddUpToTheTotalInEveryBucketAndKeepThePeak) {
+  const TagTable tags = two_regions();
+  TimelineBuilder builder(tags, GroupBy::region, 64);
+  std::mt19937_64 rng(7);
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> live;
+  std::uint64_t next = 0x1000;
+  LiveReplay reference(tags, GroupBy::region);
+  for (std::int64_t t = 0; t < 100000; t += 3) {
+    Event e;
+    if (live.empty() || rng() % 3 != 0) {
+      e = ev(Action::alloc, t, next, 1 + rng() % 5000, static_cast<std::uint32_t>(rng() % 3));
+      live.emplace_back(next, e.tag);
+      next += 8192;
+    } else {
+      const std::size_t i = rng() % live.size();
+      e = ev(Action::free_requested, t, live[i].first, 0, live[i].second);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    builder.on_event(e);
+    reference.apply(e);
+  }
+  const Timeline timeline = builder.finish(12);
+  ASSERT_GT(timeline.totals.size(), 32u);  // coarsened, but most buckets used
+  ASSERT_LE(timeline.totals.size(), 64u);
+  for (std::size_t b = 0; b < timeline.totals.size(); ++b) {
+    std::uint64_t sum = 0;
+    for (const TimelineSeries& s : timeline.series) sum += s.values[b];
+    EXPECT_EQ(sum, timeline.totals[b]) << "bucket " << b;
+  }
+  EXPECT_EQ(*std::max_element(timeline.totals.begin(), timeline.totals.end()), reference.peak_total());
+  EXPECT_EQ(timeline.peak_bytes, reference.peak_total());
+}
+
+TEST(Timeline, GroupsBeyondTheSeriesLimitAreFoldedIntoOther) {
+  const TagTable tags = two_regions();
+  TimelineBuilder builder(tags, GroupBy::region, 16);
+  builder.on_event(ev(Action::alloc, 0, 0x1000, 10, 0));
+  builder.on_event(ev(Action::alloc, 1, 0x2000, 20, 1));
+  builder.on_event(ev(Action::alloc, 2, 0x3000, 30, 2));
+  const Timeline timeline = builder.finish(2);
+  ASSERT_EQ(timeline.series.size(), 2u);
+  EXPECT_EQ(timeline.series[0].label, "layers.1::mlp");
+  EXPECT_EQ(timeline.series[1].label, "other (2 groups)");
+  EXPECT_EQ(timeline.series[1].values.back(), 30u);
+}
+
+TEST(AddressMap, AgreesWithUnorderedMapUnderRandomInsertsAndErases) {
+  AddressMap map;
+  std::unordered_map<std::uint64_t, std::uint64_t> reference;
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 200000; ++i) {
+    const std::uint64_t address = (rng() % 5000) * 512;
+    if (rng() % 2) {
+      map.put(address, LiveBlock{static_cast<std::uint64_t>(i), 0, 0, 0, false});
+      reference[address] = static_cast<std::uint64_t>(i);
+    } else {
+      EXPECT_EQ(map.erase(address), reference.erase(address) == 1);
+    }
+  }
+  EXPECT_EQ(map.size(), reference.size());
+  for (const auto& [address, size] : reference) {
+    const LiveBlock* block = map.find(address);
+    ASSERT_NE(block, nullptr);
+    EXPECT_EQ(block->size, size);
+  }
+}
+
+TEST(EventLine, DecodesTheUsualShapeInAnyKeyOrder) {
+  RawEvent e;
+  ASSERT_TRUE(decode_event_line(
+      R"( {"tag": 3, "size":1048576,"action":"free_requested","stream":7,"address":140000000000,"time_us":-12} )", e));
+  EXPECT_EQ(e.action, "free_requested");
+  EXPECT_EQ(e.time_us, -12);
+  EXPECT_EQ(e.address, 140000000000u);
+  EXPECT_EQ(e.size, 1048576u);
+  EXPECT_EQ(e.stream, 7u);
+  EXPECT_EQ(e.tag, 3u);
+}
+
+TEST(EventLine, LeavesEverythingUnusualToTheFullParser) {
+  RawEvent e;
+  const char* unusual[] = {
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0})",                    // missing tag
+      R"({"action":"al\u006coc","time_us":1,"address":2,"size":3,"stream":0,"tag":0})",       // escape
+      R"({"action":"alloc","time_us":1.5,"address":2,"size":3,"stream":0,"tag":0})",          // fraction
+      R"({"action":"alloc","time_us":1,"address":2,"size":-3,"stream":0,"tag":0})",           // negative size
+      R"({"action":"alloc","time_us":1,"address":2,"size":012,"stream":0,"tag":0})",          // leading zero
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0,"tag":1})",    // duplicate
+      R"({"action":"alloc","time_us":1,"address":2,"size":99999999999999999999,"stream":0,"tag":0})",
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0} x)",          // trailing
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0,"x":[1]})",    // nested
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0)",             // cut
+  };
+  for (const char* line : unusual) EXPECT_FALSE(decode_event_line(line, e)) << line;
+}
+
+}  // namespace
+}  // namespace remat::report

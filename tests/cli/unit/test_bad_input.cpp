@@ -1,0 +1,163 @@
+// Bad input a user will really send: every case exits 2 with one line naming where.
+#include "cli_runner.hpp"
+
+#include <algorithm>
+
+namespace remat::report::testing {
+namespace {
+
+void expect_bad_input(const CliResult& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line expected: " << r.err;
+}
+
+TEST(BadInput, EmptyFileIsReportedAsEmpty) {
+  TempDir dir;
+  expect_bad_input(run({"summary", dir.write("empty.json", "")}), "file is empty (0 bytes)");
+}
+
+TEST(BadInput, MissingFileNamesTheSystemError) {
+  expect_bad_input(run({"summary", "/nonexistent/dump.json"}), "No such file or directory");
+}
+
+TEST(BadInput, TruncatedSnapshotReportsTheByteOffsetOfTheEnd) {
+  TempDir dir;
+  const std::string text = R"({"kind":"snapshot","schema_version":1,"names":["a",)";
+  expect_bad_input(run({"summary", dir.write("cut.json", text)}), "byte " + std::to_string(text.size()));
+}
+
+TEST(BadInput, BinaryGarbageIsASyntaxErrorAtByteZero) {
+  TempDir dir;
+  expect_bad_input(run({"memory", dir.write("garbage.bin", std::string("\x01\x02\xff\xfe\x00garbage", 12))}), "byte 0");
+}
+
+TEST(BadInput, InvalidUtf8InAStringNamesItsByte) {
+  TempDir dir;
+  const std::string text = "{\"kind\":\"snap\xc3\x28shot\",\"schema_version\":1}";
+  expect_bad_input(run({"summary", dir.write("utf8.json", text)}), "byte 13: invalid UTF-8");
+}
+
+TEST(BadInput, UnknownKindListsTheKindsThisBuildReads) {
+  TempDir dir;
+  expect_bad_input(run({"summary", dir.write("k.json", R"({"kind":"pipeline-plan-v9","schema_version":1})")}),
+                   "$.kind: unknown dump kind 'pipeline-plan-v9'; this remat-report reads: snapshot, trace");
+}
+
+TEST(BadInput, UnknownSchemaVersionIsRefused) {
+  TempDir dir;
+  expect_bad_input(run({"summary", dir.write("v.json", R"({"kind":"snapshot","schema_version":7})")}),
+                   "$.schema_version: unsupported schema_version 7 for kind 'snapshot'");
+}
+
+TEST(BadInput, SnapshotMissingAFieldNamesItsPath) {
+  TempDir dir;
+  expect_bad_input(run({"summary", dir.write("m.json", R"({"kind":"snapshot","schema_version":1,"producer":"p"})")}),
+                   "$.created_at: missing required field");
+}
+
+TEST(BadInput, MistypedTraceFieldNamesLineAndPath) {
+  TempDir dir;
+  const std::string text = trace_text({event("alloc", 1, 4096, 512, 1),
+                                       R"({"action":"alloc","time_us":2,"address":8192,"size":"big","stream":0,"tag":1})"});
+  expect_bad_input(run({"memory", dir.write("t.jsonl", text)}), "line 3 (byte");
+  expect_bad_input(run({"memory", dir.write("t2.jsonl", text)}), "$.size: expected a non-negative integer, found a string");
+}
+
+TEST(BadInput, NegativeSizeIsRefused) {
+  TempDir dir;
+  const std::string text = trace_text({R"({"action":"alloc","time_us":2,"address":8192,"size":-5,"stream":0,"tag":1})"});
+  expect_bad_input(run({"memory", dir.write("t.jsonl", text)}), "$.size: must not be negative (got -5)");
+}
+
+TEST(BadInput, IntegerBeyond64BitsNamesItsByteOffset) {
+  TempDir dir;
+  const std::string line = R"({"action":"alloc","time_us":2,"address":8192,"size":99999999999999999999999,"stream":0,"tag":1})";
+  const std::string header = trace_text({});
+  const std::size_t offset = header.size() + line.find("99999");
+  expect_bad_input(run({"summary", dir.write("t.jsonl", header + line + "\n")}),
+                   "byte " + std::to_string(offset) + ": integer 99999999999999999999999 does not fit in 64 bits");
+}
+
+TEST(BadInput, LiveBytesOverflowingIsReportedNotWrapped) {
+  TempDir dir;
+  const std::string text = trace_text({event("alloc", 1, 4096, 18446744073709551000ull, 1),
+                                       event("alloc", 2, 8192, 18446744073709551000ull, 1)});
+  expect_bad_input(run({"memory", dir.write("t.jsonl", text)}), "overflow");
+}
+
+TEST(BadInput, EventsOutOfTimeOrderNameTheLine) {
+  TempDir dir;
+  const std::string text = trace_text({event("alloc", 10, 4096, 512, 1), event("alloc", 5, 8192, 512, 1)});
+  expect_bad_input(run({"summary", dir.write("t.jsonl", text)}), "line 3 (byte");
+  expect_bad_input(run({"summary", dir.write("t2.jsonl", text)}), "out of time order (5 after 10)");
+}
+
+TEST(BadInput, TagIndexOutOfRangeIsRefused) {
+  TempDir dir;
+  const std::string text = trace_text({event("alloc", 10, 4096, 512, 9)});
+  expect_bad_input(run({"memory", dir.write("t.jsonl", text)}), "$.tag: index 9 is out of range; `tags` has 3 entries");
+}
+
+TEST(BadInput, TraceShorterThanItsHeaderDeclaresIsTruncated) {
+  TempDir dir;
+  const std::string text = trace_text({event("alloc", 10, 4096, 512, 1)}, "5");
+  expect_bad_input(run({"summary", dir.write("t.jsonl", text)}), "declares 5 events but the file holds 1 (truncated file?)");
+}
+
+TEST(BadInput, TraceCutInsideTheLastLineIsASyntaxError) {
+  TempDir dir;
+  std::string text = trace_text({event("alloc", 10, 4096, 512, 1), event("free_requested", 11, 4096, 512, 1)});
+  text.resize(text.size() - 9);
+  expect_bad_input(run({"summary", dir.write("t.jsonl", text)}), "line 3 (byte");
+}
+
+TEST(BadInput, UnknownActionIsNamed) {
+  TempDir dir;
+  const std::string text = trace_text({event("teleport", 10, 4096, 512, 1)});
+  expect_bad_input(run({"trace", dir.write("t.jsonl", text)}), "$.action: unknown action 'teleport'");
+}
+
+TEST(BadInput, WrongKindForTheSubcommandIsRefused) {
+  TempDir dir;
+  // A snapshot renderer never sees a trace: the kind picks the renderer, and a snapshot
+  // claimed by a multi-line file is refused.
+  const std::string lying = R"({"kind":"snapshot","schema_version":1})" "\n" + event("alloc", 1, 1, 1, 0) + "\n";
+  expect_bad_input(run({"segments", dir.write("lying.json", lying)}), "a snapshot is one JSON document");
+}
+
+TEST(BadInput, DeepNestingIsRefusedWithoutCrashing) {
+  TempDir dir;
+  const std::string text = std::string(100000, '[') + std::string(100000, ']');
+  const CliResult r = run({"summary", dir.write("deep.json", text)});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("nesting deeper than"), std::string::npos) << r.err;
+}
+
+TEST(BadInput, PickleGivenToSummaryPointsToImport) {
+  TempDir dir;
+  expect_bad_input(run({"summary", dir.write("s.pickle", std::string("\x80\x04\x95", 3))}), "remat-report import");
+}
+
+TEST(Usage, UnknownOptionExitsOne) {
+  const CliResult r = run({"memory", "x.json", "--frobnicate"});
+  EXPECT_EQ(r.code, 1);
+}
+
+TEST(Usage, TimelineNeedsAnSvgOrHtmlName) {
+  TempDir dir;
+  const std::string path = dir.write("t.jsonl", trace_text({event("alloc", 10, 4096, 512, 1)}));
+  const CliResult r = run({"timeline", path, "-o", dir.path("out.png")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("name the output .svg"), std::string::npos) << r.err;
+}
+
+TEST(Usage, BadTimeUnitExitsOne) {
+  TempDir dir;
+  const std::string path = dir.write("t.jsonl", trace_text({event("alloc", 10, 4096, 512, 1)}));
+  const CliResult r = run({"trace", path, "--from", "3 fortnights"});
+  EXPECT_EQ(r.code, 1);
+}
+
+}  // namespace
+}  // namespace remat::report::testing
