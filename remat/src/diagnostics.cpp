@@ -8,13 +8,17 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <deque>
+#include <iterator>
 #include <unordered_set>
 
 namespace remat {
 namespace detail {
 namespace {
 
-thread_local std::vector<CheckpointScope> t_scopes;
+// Bounded, so a job that never collects does not grow without limit: the oldest go first.
+constexpr std::size_t kMaxScopes = 4096;
+thread_local std::deque<CheckpointScope> t_scopes;
 
 nlohmann::json dump_header(std::string_view kind) {
   const alloc::DumpHeader header = alloc::current_dump_header();
@@ -60,13 +64,16 @@ class ResidencyBuilder {
 
 }  // namespace
 
-void record_scope(CheckpointScope scope) { t_scopes.push_back(std::move(scope)); }
+void record_scope(CheckpointScope scope) {
+  if (t_scopes.size() == kMaxScopes) t_scopes.pop_front();
+  t_scopes.push_back(std::move(scope));
+}
 
 }  // namespace detail
 
 RematTrace collect_trace() {
   RematTrace trace;
-  trace.scopes = std::move(detail::t_scopes);
+  trace.scopes.assign(std::make_move_iterator(detail::t_scopes.begin()), std::make_move_iterator(detail::t_scopes.end()));
   detail::t_scopes.clear();
   return trace;
 }

@@ -70,6 +70,10 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<at::Tensor> recreated;
   std::vector<bool> filled;
   std::size_t missing = 0;  // slots recompute still has to fill
+  // Ops forward ran after the last dropped tensor: when there are any, recompute stops
+  // (by exception) once the last slot is filled instead of running them.
+  std::size_t ops_after_last_drop = 0;
+  bool stop_early = false;
 
   // Recompute progress.
   std::size_t recompute_packs = 0;

@@ -38,7 +38,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       if (index < f.dropped && !f.filled[index]) {
         f.recreated[index] = tensor.detach();
         f.filled[index] = true;
-        if (--f.missing == 0) throw StopRecompute{};
+        if (--f.missing == 0 && f.stop_early) throw StopRecompute{};
       }
       frame_.reset();  // the recompute graph is thrown away; nothing to keep
       return;
@@ -53,6 +53,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     }
     f.note_read(tensor);
     index_ = f.dropped++;
+    f.ops_after_last_drop = 0;
   }
 
   at::Tensor call_unpack_hook() override {
@@ -101,6 +102,7 @@ void restore_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hook
 std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
   const ThreadState& state = t_state;
   if (state.mode != Mode::forward || state.save_region >= 0 || state.frame == nullptr) return nullptr;
+  ++state.frame->ops_after_last_drop;
   for (const c10::IValue& value : fn.inputs()) {
     if (value.isTensor()) {
       state.frame->note_read(value.toTensor());
@@ -267,6 +269,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
       region.outputs[o] = region.persisted[o] ? region.outputs[o].detach() : at::Tensor();
     }
   }
+  frame->stop_early = frame->ops_after_last_drop > 0;
   frame->recreated.assign(frame->dropped, at::Tensor());
   frame->filled.assign(frame->dropped, false);
   record_scope({options.region_name, frame->regions});

@@ -26,7 +26,8 @@ struct RematTrace {
   std::string to_json() const;  // kind "remat-trace"
 };
 
-// The checkpoints this thread ran forward since the last call, oldest first; clears them.
+// The checkpoints this thread ran forward since the last call (at most the last 4096),
+// oldest first; clears them.
 RematTrace collect_trace();
 
 struct ResidentTensor {

@@ -1,0 +1,204 @@
+// Checkpoint runtime benchmarks: memory kept between forward and backward and peak memory
+// for no, full and selective checkpointing (measured through the allocator's tags, checked
+// against the analytic expectation), and the CPU overhead per checkpoint and per region.
+
+#include <remat/alloc/allocator.hpp>
+#include <remat/alloc/tags.hpp>
+#include <remat/remat.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using remat::alloc::TagScope;
+
+enum class Mode { none, full, selective };
+const char* name_of(Mode mode) {
+  switch (mode) {
+    case Mode::none: return "no checkpointing";
+    case Mode::full: return "full (every region recomputed)";
+    case Mode::selective: return "selective (attention saved, MLP recomputed)";
+  }
+  return "";
+}
+
+// Layer: a = tanh(h W_a) ("attention"), h' = sigmoid(a W_m) ("mlp"). Autograd saves h and
+// a for the first (mm input, tanh result) and a and h' for the second.
+struct Model {
+  std::int64_t layers, batch, width;
+  std::vector<at::Tensor> wa, wm;
+
+  Model(std::int64_t l, std::int64_t b, std::int64_t d) : layers(l), batch(b), width(d) {
+    at::manual_seed(0);
+    for (std::int64_t i = 0; i < l; ++i) {
+      wa.push_back((at::randn({d, d}) * 0.1).requires_grad_(true));
+      wm.push_back((at::randn({d, d}) * 0.1).requires_grad_(true));
+    }
+  }
+
+  at::Tensor layer(std::int64_t i, const at::Tensor& h, Mode mode) const {
+    auto attention = [this, i](const at::Tensor& t) { return at::tanh(t.mm(wa[static_cast<std::size_t>(i)])); };
+    auto mlp = [this, i](const at::Tensor& t) { return at::sigmoid(t.mm(wm[static_cast<std::size_t>(i)])); };
+    const std::string name = "layers." + std::to_string(i);
+    if (mode == Mode::none) {
+      auto scope = TagScope::region(name);
+      return mlp(attention(h));
+    }
+    const bool save_attention = mode == Mode::selective;
+    return remat::checkpoint({.region_name = name})([&](const at::Tensor& in) {
+      auto a = remat::region(attention, "attention", !save_attention)(in);
+      return remat::region(mlp, "mlp")(a);
+    })(h);
+  }
+
+  at::Tensor forward(const at::Tensor& x, Mode mode) const {
+    at::Tensor h = x;
+    for (std::int64_t i = 0; i < layers; ++i) h = layer(i, h, mode);
+    return h.sum();
+  }
+
+  // Bytes of activations kept between forward and backward, tagged "layers.*".
+  std::int64_t expected_kept(Mode mode) const {
+    const std::int64_t tensor = batch * width * static_cast<std::int64_t>(sizeof(float));
+    switch (mode) {
+      case Mode::none: return 2 * layers * tensor;            // a_i and h_{i+1} of every layer
+      case Mode::full: return (layers - 1) * tensor;          // each later checkpoint's input
+      case Mode::selective: return (2 * layers - 1) * tensor;  // a_i, and h_i for i >= 1
+    }
+    return 0;
+  }
+};
+
+std::int64_t layers_live_bytes(std::int64_t layers) {
+  std::int64_t total = 0;
+  for (std::int64_t i = 0; i < layers; ++i) total += remat::live_bytes("layers." + std::to_string(i));
+  return total;
+}
+
+void memory_table() {
+  const Model model(8, 512, 256);
+  std::printf("memory: %lld layers, batch %lld, width %lld (float32), bytes tagged layers.*\n",
+              static_cast<long long>(model.layers), static_cast<long long>(model.batch),
+              static_cast<long long>(model.width));
+  std::printf("  %-46s %14s %14s %8s %14s %8s\n", "mode", "kept after fwd", "expected", "match", "peak", "ratio");
+  auto& cpu = remat::alloc::cpu_allocator();
+  std::int64_t baseline_peak = 0;
+  for (Mode mode : {Mode::none, Mode::full, Mode::selective}) {
+    auto x = at::randn({model.batch, model.width});
+    const std::int64_t before = cpu.stats().allocated_bytes.current;
+    cpu.reset_peak_stats();
+    auto loss = model.forward(x, mode);
+    const std::int64_t kept = layers_live_bytes(model.layers);
+    loss.backward();
+    const std::int64_t peak = cpu.stats().allocated_bytes.peak - before;
+    loss = at::Tensor();
+    if (mode == Mode::none) baseline_peak = peak;
+    std::printf("  %-46s %14lld %14lld %8s %14lld %7.2fx\n", name_of(mode), static_cast<long long>(kept),
+                static_cast<long long>(model.expected_kept(mode)), kept == model.expected_kept(mode) ? "exact" : "NO",
+                static_cast<long long>(peak), static_cast<double>(peak) / static_cast<double>(baseline_peak));
+    for (const auto& w : model.wa) w.mutable_grad() = at::Tensor();
+    for (const auto& w : model.wm) w.mutable_grad() = at::Tensor();
+  }
+}
+
+double median_us(int repetitions, const std::function<void()>& body) {
+  std::vector<double> samples;
+  for (int r = 0; r < repetitions; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+void overhead_table(int repetitions) {
+  constexpr int kCalls = 200;
+  constexpr int kRegions = 4;
+  auto w = at::rand({4}).requires_grad_(true);
+  auto step = [](const at::Tensor& t) { return (t * 1.5).sin(); };
+  // The same tiny ops in four arrangements; the differences are the runtime's overhead.
+  auto plain = [&] {
+    at::Tensor h = w;
+    for (int c = 0; c < kCalls; ++c) {
+      for (int r = 0; r < kRegions; ++r) h = step(h);
+    }
+    h.sum().backward();
+  };
+  auto checkpointed = [&](bool regions) {
+    return [&, regions] {
+      at::Tensor h = w;
+      for (int c = 0; c < kCalls; ++c) {
+        h = remat::checkpoint({.region_name = "overhead." + std::to_string(c)})([&](const at::Tensor& in) {
+          at::Tensor t = in;
+          for (int r = 0; r < kRegions; ++r) {
+            t = regions ? remat::region(step, "r" + std::to_string(r))(t) : step(t);
+          }
+          return t;
+        })(h);
+      }
+      h.sum().backward();
+    };
+  };
+  // What recompute costs by itself: every body's forward once more, with autograd on.
+  auto bodies_again = [&] {
+    at::Tensor h = w.detach().requires_grad_(true);
+    for (int c = 0; c < kCalls; ++c) {
+      for (int r = 0; r < kRegions; ++r) h = step(h);
+    }
+  };
+  for (int i = 0; i < 3; ++i) {  // warm up
+    plain();
+    bodies_again();
+    checkpointed(false)();
+    checkpointed(true)();
+  }
+  std::vector<double> plain_us, again_us, ckpt_us, region_us;
+  for (int r = 0; r < repetitions; ++r) {  // interleaved so drift hits all alike
+    plain_us.push_back(median_us(1, plain));
+    again_us.push_back(median_us(1, bodies_again));
+    ckpt_us.push_back(median_us(1, checkpointed(false)));
+    region_us.push_back(median_us(1, checkpointed(true)));
+  }
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double base = med(plain_us), again = med(again_us), ckpt = med(ckpt_us), regions = med(region_us);
+  std::printf("\noverhead on [4]-element tensors, %d checkpoints x %d regions, forward+backward (median of %d):\n",
+              kCalls, kRegions, repetitions);
+  std::printf("  %-52s %10.1f us   1.00x\n", "no checkpointing", base);
+  std::printf("  %-52s %10.1f us   %.2fx\n", "no checkpointing + every body run once more", base + again,
+              (base + again) / base);
+  std::printf("  %-52s %10.1f us   %.2fx\n", "checkpoint per call, no regions", ckpt, ckpt / base);
+  std::printf("  %-52s %10.1f us   %.2fx\n", "checkpoint per call, 4 recompute regions", regions, regions / base);
+  std::printf("  runtime overhead per checkpoint (beyond re-running its body): %.2f us (target <= 10 us)\n",
+              (ckpt - base - again) / kCalls);
+  std::printf("  runtime overhead per region (forward and recompute): %.2f us (target <= 2 us)\n",
+              (regions - ckpt) / (kCalls * kRegions));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repetitions = 21;
+  if (argc > 1 && std::strcmp(argv[1], "--quick") == 0) repetitions = 5;
+  remat::alloc::configure("backend:host,host_capacity_mb:4096,trace_entries:0");
+  remat::CpuAllocatorGuard guard;
+  const bool overhead_only = argc > 2 && std::strcmp(argv[2], "--overhead-only") == 0;
+  if (!overhead_only) memory_table();
+  // One intra-op thread: on tiny tensors the figures are the runtime's own CPU time, not
+  // OpenMP workers spinning.
+  at::set_num_threads(1);
+  overhead_table(repetitions);
+  return 0;
+}
