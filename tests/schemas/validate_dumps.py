@@ -38,6 +38,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--schema-dir", required=True, type=pathlib.Path)
     parser.add_argument("--demo", required=True)
+    parser.add_argument("--train-demo", help="remat-train-demo, whose remat-trace and memory-report dumps are checked")
     args = parser.parse_args()
     schemas = load_schemas(args.schema_dir)
     snapshot = validator_for(schemas, "snapshot.schema.json")
@@ -66,6 +67,18 @@ def main() -> int:
         for number, line in enumerate(lines[1:], start=2):
             failures += [f"trace.jsonl line {number}: {e}" for e in errors_of(event, json.loads(line))]
         checked += len(lines)
+        if args.train_demo:
+            train_dir = pathlib.Path(tmp, "train")
+            subprocess.run([args.train_demo, "--out", str(train_dir), "--steps", "2", "--layers", "2"], check=True,
+                           stdout=subprocess.DEVNULL)
+            for kind in ("remat-trace", "memory-report", "snapshot"):
+                doc = json.loads((train_dir / f"{kind}.json").read_text())
+                failures += [f"train {kind}.json: {e}" for e in errors_of(validator_for(schemas, f"{kind}.schema.json"), doc)]
+                checked += 1
+            broken = json.loads((train_dir / "remat-trace.json").read_text())
+            broken["scopes"][0]["regions"][0]["decision"] = "maybe"
+            if not errors_of(validator_for(schemas, "remat-trace.schema.json"), broken):
+                failures.append("remat-trace schema accepted an unknown decision")
     for failure in failures:
         print(failure, file=sys.stderr)
     print(f"validated {checked} documents: {len(failures)} failures")
