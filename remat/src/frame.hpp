@@ -48,6 +48,17 @@ struct SaveRegionRecord {
   std::vector<std::any> state_after;  // state hook snapshots after the region ran
 };
 
+// What verify_recompute compares: an exact hash of the bytes, plus sums that say how large
+// a difference is.
+struct Fingerprint {
+  std::string where;  // "region 'layers.0::mlp'" or "the checkpoint body"
+  std::vector<std::int64_t> shape;
+  std::uint64_t hash = 0;
+  double sum = 0;
+  double norm = 0;
+};
+Fingerprint fingerprint_of(const at::Tensor& t, std::string where);
+
 struct KeptTensor {
   int save_region = -1;
   c10::weak_intrusive_ptr<c10::TensorImpl> tensor{c10::intrusive_ptr<c10::TensorImpl>()};
@@ -63,6 +74,8 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<RegionDecision> regions;  // every region in forward order
   std::vector<std::any> state_at_entry;
   std::vector<KeptTensor> kept;  // for reports only
+  std::vector<std::unique_ptr<CheckpointContext>> contexts;
+  std::vector<Fingerprint> fingerprints;  // per dropped tensor, with verify_recompute
 
   // Tensors autograd saved outside save regions: dropped in forward, recreated by recompute
   // in the same order.
@@ -92,6 +105,7 @@ struct ThreadState {
   Mode mode = Mode::none;
   int save_region = -1;  // the save region whose body runs now (forward only)
   bool in_region = false;
+  const std::string* region = nullptr;  // name of the region whose body runs now
 };
 
 ThreadState& thread_state();

@@ -47,6 +47,23 @@ std::optional<std::string> placeholder_error_of(const std::exception& e) {
   return what.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
+Fingerprint fingerprint_of(const at::Tensor& t, std::string where) {
+  Fingerprint out;
+  out.where = std::move(where);
+  out.shape = t.sizes().vec();
+  const at::Tensor bytes = t.detach().to(at::kCPU).contiguous();
+  const auto* data = static_cast<const unsigned char*>(bytes.const_data_ptr());
+  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a
+  for (std::size_t i = 0; i < bytes.nbytes(); ++i) hash = (hash ^ data[i]) * 1099511628211ULL;
+  out.hash = hash;
+  if (at::isFloatingType(bytes.scalar_type()) || at::isIntegralType(bytes.scalar_type(), /*includeBool=*/false)) {
+    const at::Tensor values = bytes.to(at::kDouble);
+    out.sum = values.sum().item<double>();
+    out.norm = values.norm().item<double>();
+  }
+  return out;
+}
+
 const c10::StorageImpl* storage_of(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return nullptr;
   return t.storage().unsafeGetStorageImpl();

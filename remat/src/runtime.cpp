@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
+#include <cstdio>
 #include <mutex>
 #include <unordered_set>
 
@@ -26,6 +27,51 @@ struct StopRecompute {};
 
 thread_local ThreadState t_state;
 
+void verify(const Frame& frame, std::size_t index, const at::Tensor& recreated) {
+  const Fingerprint& forward = frame.fingerprints[index];
+  const Fingerprint now = fingerprint_of(recreated, forward.where);
+  if (now.hash == forward.hash && now.shape == forward.shape) return;
+  std::string shape;
+  for (const std::int64_t d : forward.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+  char figures[256];
+  std::snprintf(figures, sizeof figures, "sum %.9g in forward vs %.9g in recompute (difference %.3g), L2 norm %.9g vs %.9g",
+                forward.sum, now.sum, now.sum - forward.sum, forward.norm, now.norm);
+  throw Error("verify_recompute: checkpoint '" + frame.options.region_name + "': saved tensor #" +
+              std::to_string(index) + " of " + forward.where + " (shape [" + shape +
+              "]) differs between forward and recompute: " + figures +
+              ". The region is not deterministic: add a RecomputeStateHook for the state it depends on (RNG: "
+              "remat::cpu_rng_state_hook())");
+}
+
+// Enters contexts in order and exits them in reverse, also when the body throws.
+class ContextScope {
+ public:
+  ContextScope(std::vector<std::unique_ptr<CheckpointContext>>& contexts, bool recompute)
+      : contexts_(contexts), recompute_(recompute) {
+    for (auto& context : contexts_) {
+      recompute_ ? context->enter_recompute() : context->enter_forward();
+      ++entered_;
+    }
+  }
+  ~ContextScope() {
+    while (entered_ > 0) {
+      auto& context = contexts_[--entered_];
+      try {
+        recompute_ ? context->exit_recompute() : context->exit_forward();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "remat: a checkpoint context failed on exit: %s\n", e.what());
+      }
+    }
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  std::vector<std::unique_ptr<CheckpointContext>>& contexts_;
+  bool recompute_;
+  std::size_t entered_ = 0;
+};
+
 // Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
 class SavedHooks final : public torch::autograd::SavedVariableHooks {
  public:
@@ -36,6 +82,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     if (state_.mode == Mode::recompute) {
       const std::size_t index = f.recompute_packs++;
       if (index < f.dropped && !f.filled[index]) {
+        if (f.options.verify_recompute) verify(f, index, tensor);
         f.recreated[index] = tensor.detach();
         f.filled[index] = true;
         if (--f.missing == 0 && f.stop_early) throw StopRecompute{};
@@ -52,6 +99,11 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       return;
     }
     f.note_read(tensor);
+    if (f.options.verify_recompute) {
+      f.fingerprints.push_back(fingerprint_of(
+          tensor, state_.region != nullptr ? "region '" + f.options.region_name + "::" + *state_.region + "'"
+                                           : std::string("the body of checkpoint '") + f.options.region_name + "'"));
+    }
     index_ = f.dropped++;
     f.ops_after_last_drop = 0;
   }
@@ -199,7 +251,8 @@ void Frame::recompute() {
 
   {
     FrameOwnerScope owner(shared_from_this());
-    ThreadStateScope scope({this, Mode::recompute, -1, false});
+    ThreadStateScope scope({this, Mode::recompute, -1, false, nullptr});
+    ContextScope context_scope(contexts, /*recompute=*/true);
     auto region_tag = TagScope::region(options.region_name);
     auto phase_tag = TagScope::phase(Phase::recompute);
     at::AutoGradMode grad(true);
@@ -246,13 +299,15 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   frame->options = options;
   frame->body = std::move(body);
   frame->state_at_entry = snapshot_states(options.recompute_state_hooks);
+  for (const CheckpointContextFactory& factory : options.contexts) frame->contexts.push_back(factory());
   frame->inputs.reserve(inputs.size());
   for (const at::Tensor& input : inputs) frame->inputs.push_back({meta_of(input), input, false});
 
   TensorList outputs;
   {
     FrameOwnerScope owner(frame);
-    ThreadStateScope scope({frame.get(), Mode::forward, -1, false});
+    ThreadStateScope scope({frame.get(), Mode::forward, -1, false, nullptr});
+    ContextScope context_scope(frame->contexts, /*recompute=*/false);
     ReadObserver observer;
     auto region_tag = TagScope::region(options.region_name);
     auto phase_tag = TagScope::phase(Phase::forward);
@@ -316,6 +371,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     }
     ThreadState inner = state;
     inner.in_region = true;
+    inner.region = &name;
     ThreadStateScope scope(inner);
     auto region_tag = TagScope::region(name);
     auto policy_tag = TagScope::policy(Policy::recompute);
@@ -338,6 +394,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
 
   ThreadState inner = state;
   inner.in_region = true;
+  inner.region = &name;
   if (!recompute) inner.save_region = static_cast<int>(frame.save_regions.size());
   TensorList outputs;
   {

@@ -12,6 +12,7 @@
 // placeholder with the right shape, strides and dtype whose data cannot be read.
 
 #include <remat/allocator.hpp>
+#include <remat/context.hpp>
 #include <remat/errors.hpp>
 #include <remat/state_hooks.hpp>
 
@@ -34,6 +35,12 @@ struct CheckpointOptions {
   // Not supported: RNG state belongs in a RecomputeStateHook (cpu_rng_state_hook()).
   // Setting it to true is an error that says so.
   std::optional<bool> preserve_rng_state;
+  // One context per checkpoint call from each factory, entered around forward and around
+  // every recompute (e.g. RecomputeReplay::context_factory()).
+  std::vector<CheckpointContextFactory> contexts;
+  // Checksums every tensor recompute recreates against forward and raises an error naming
+  // the region, the tensor's position and the size of the difference on a mismatch.
+  bool verify_recompute = false;
 };
 
 using TensorList = std::vector<at::Tensor>;

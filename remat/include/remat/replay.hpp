@@ -1,0 +1,166 @@
+#pragma once
+// Record and replay of forward decisions across recompute. Work inside a checkpoint that
+// recompute would reproduce bit for bit but that costs real time (a frozen router's top-k,
+// a dispatch layout) is recorded in forward and taken back, in order, in recompute.
+//
+//   remat::RecomputeReplay<at::Tensor> router("router.topk");
+//   CheckpointOptions options{.region_name = "moe", .contexts = {router.context_factory()}};
+//   // inside the checkpointed function:
+//   at::Tensor indices = router.record_or_replay([&] { return std::get<1>(logits.topk(k)); });
+
+#include <remat/context.hpp>
+#include <remat/errors.hpp>
+
+#include <c10/core/GradMode.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace remat {
+
+enum class ReplayMode { record, replay };
+
+// An ordered log of decisions: forward records, recompute takes them back in order.
+template <typename T>
+class RecomputeReplayRecorder {
+ public:
+  void record(T value) { records_.push_back(std::move(value)); }
+
+  // The next recorded decision, or nothing when the log ran out (counted as a miss: the
+  // caller recomputes).
+  std::optional<T> take() {
+    if (cursor_ >= records_.size()) {
+      ++misses_;
+      return std::nullopt;
+    }
+    return records_[cursor_++];
+  }
+
+  void rewind() { cursor_ = 0; }
+  const std::vector<T>& records() const { return records_; }
+  std::size_t size() const { return records_.size(); }
+  std::size_t replay_misses() const { return misses_; }
+
+ private:
+  std::vector<T> records_;
+  std::size_t cursor_ = 0;
+  std::size_t misses_ = 0;
+};
+
+// A named channel whose recorder binding is thread-local, so pipeline worker threads stay
+// independent. Bindings nest: a scope restores the outer binding when it ends.
+template <typename T>
+class RecomputeReplay {
+ public:
+  using Recorder = RecomputeReplayRecorder<T>;
+
+  struct Binding {
+    std::shared_ptr<Recorder> recorder;  // null: replay disabled inside the scope
+    ReplayMode mode = ReplayMode::record;
+  };
+
+  class [[nodiscard]] Scope {
+   public:
+    Scope(const RecomputeReplay* channel, Binding binding) : channel_(channel) {
+      channel_->stack().push_back(std::move(binding));
+    }
+    Scope(Scope&& other) noexcept : channel_(std::exchange(other.channel_, nullptr)) {}
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    Scope& operator=(Scope&&) = delete;
+    ~Scope() {
+      if (channel_ != nullptr) channel_->stack().pop_back();
+    }
+
+   private:
+    const RecomputeReplay* channel_;
+  };
+
+  explicit RecomputeReplay(std::string name) : name_(std::move(name)) {}
+  RecomputeReplay(const RecomputeReplay&) = delete;
+  RecomputeReplay& operator=(const RecomputeReplay&) = delete;
+
+  const std::string& name() const { return name_; }
+
+  // The binding in force on this thread, if any scope is open. A scope opened with a null
+  // recorder yields nothing, which disables replay inside it.
+  std::optional<Binding> current() const {
+    const auto& bindings = stack();
+    if (bindings.empty() || !bindings.back().recorder) return std::nullopt;
+    return bindings.back();
+  }
+
+  // Binds `recorder` for a scope; `mode` is "record" or "replay".
+  Scope scope(std::shared_ptr<Recorder> recorder, std::string_view mode) const {
+    if (mode == "record") return Scope(this, {std::move(recorder), ReplayMode::record});
+    if (mode == "replay") return Scope(this, {std::move(recorder), ReplayMode::replay});
+    throw Error("replay channel '" + name_ + "': mode '" + std::string(mode) +
+                "' is not valid; pass \"record\" or \"replay\"");
+  }
+
+  // The common consumer: under replay take the recorded decision (or recompute it on a
+  // miss), under record compute and record it, with no binding just compute. `compute`
+  // runs with autograd off: a decision is not differentiated, and saving tensors for it
+  // in forward but not in replay would break the order recompute matches them in.
+  template <typename Compute>
+  T record_or_replay(Compute&& compute) const {
+    auto run = [&] {
+      c10::NoGradGuard no_grad;
+      return compute();
+    };
+    const std::optional<Binding> binding = current();
+    if (binding && binding->mode == ReplayMode::replay) {
+      if (std::optional<T> recorded = binding->recorder->take()) return std::move(*recorded);
+      return run();
+    }
+    T value = run();
+    if (binding) binding->recorder->record(value);
+    return value;
+  }
+
+  // For CheckpointOptions::contexts: each checkpoint call gets a fresh recorder that
+  // forward records into and every recompute rewinds and replays. `on_record_exit` runs on
+  // the recorder once the forward context has exited.
+  CheckpointContextFactory context_factory(std::function<void(Recorder&)> on_record_exit = {}) const {
+    return [this, on_record_exit] { return std::make_unique<Context>(this, on_record_exit); };
+  }
+
+ private:
+  class Context final : public CheckpointContext {
+   public:
+    Context(const RecomputeReplay* channel, std::function<void(Recorder&)> on_record_exit)
+        : channel_(channel), recorder_(std::make_shared<Recorder>()), on_record_exit_(std::move(on_record_exit)) {}
+    void enter_forward() override { scope_.emplace(channel_->scope(recorder_, "record")); }
+    void exit_forward() override {
+      scope_.reset();
+      if (on_record_exit_) on_record_exit_(*recorder_);
+    }
+    void enter_recompute() override {
+      recorder_->rewind();
+      scope_.emplace(channel_->scope(recorder_, "replay"));
+    }
+    void exit_recompute() override { scope_.reset(); }
+
+   private:
+    const RecomputeReplay* channel_;
+    std::shared_ptr<Recorder> recorder_;
+    std::function<void(Recorder&)> on_record_exit_;
+    std::optional<Scope> scope_;
+  };
+
+  std::vector<Binding>& stack() const {
+    thread_local std::unordered_map<const RecomputeReplay*, std::vector<Binding>> bindings;
+    return bindings[this];
+  }
+
+  std::string name_;
+};
+
+}  // namespace remat
