@@ -4,6 +4,7 @@
 // snapshot at the forward peak and at the end, plus the trace, and prints a per-tag table.
 
 #include <remat/alloc/allocator.hpp>
+#include <remat/alloc/errors.hpp>
 #include <remat/alloc/snapshot.hpp>
 #include <remat/alloc/tags.hpp>
 
@@ -26,13 +27,15 @@ struct Options {
   int layers = 4;
   int steps = 2;
   int microbatches = 4;
+  bool force_oom = false;
 };
 
 void usage() {
   std::puts(
-      "usage: remat-alloc-demo [--out DIR] [--layers N] [--steps N] [--microbatches N]\n"
+      "usage: remat-alloc-demo [--out DIR] [--layers N] [--steps N] [--microbatches N] [--force-oom]\n"
       "Runs a training-like allocation pattern on the host backend and writes\n"
-      "DIR/snapshot-peak.json, DIR/snapshot-end.json and DIR/trace.jsonl.");
+      "DIR/snapshot-peak.json, DIR/snapshot-end.json and DIR/trace.jsonl. With --force-oom it then\n"
+      "asks for more than the device holds, inside layers.0, and writes the OOM report into DIR.");
 }
 
 bool parse_int(const char* text, int& out) {
@@ -49,6 +52,10 @@ int parse_args(int argc, char** argv, Options& options) {
     if (arg == "--help" || arg == "-h") {
       usage();
       return 0;
+    }
+    if (arg == "--force-oom") {
+      options.force_oom = true;
+      continue;
     }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "remat-alloc-demo: %s needs a value\n", arg.c_str());
@@ -222,6 +229,15 @@ int main(int argc, char** argv) {
     write_snapshot(end, options.out_dir + "/snapshot-end.json");
     write_trace(end, options.out_dir + "/trace.jsonl");
     print_tag_table(end);
+    if (options.force_oom) {
+      configure("oom_dump_dir:" + options.out_dir + ",oom_dump_interval_ms:0");
+      auto region = TagScope::region("layers.0");
+      try {
+        allocator.allocate(4096 * MiB, 0);
+      } catch (const OutOfMemoryError&) {
+        std::puts("forced out-of-memory: caught, report written; the job goes on");
+      }
+    }
     model.release();
     std::printf("wrote %s/snapshot-peak.json, %s/snapshot-end.json and %s/trace.jsonl\n", options.out_dir.c_str(),
                 options.out_dir.c_str(), options.out_dir.c_str());

@@ -196,6 +196,7 @@ int remat_register_oom_observer(remat_oom_observer_fn fn, void* user_data) {
       info.reserved_bytes = event.reserved_bytes;
       info.allocated_bytes = event.allocated_bytes;
       info.message = event.message.c_str();
+      info.dump_path = event.dump_path.c_str();
       fn(&info, user_data);
     });
   });

@@ -1,5 +1,6 @@
 #include <remat/alloc/caching_allocator.hpp>
 #include <remat/alloc/errors.hpp>
+#include <remat/alloc/snapshot.hpp>
 
 #include "detail/adaptive_mutex.hpp"
 #include "detail/block.hpp"
@@ -7,6 +8,10 @@
 #include "detail/free_pools.hpp"
 #include "detail/pointer_map.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -64,6 +69,8 @@ struct CachingAllocator::State {
   std::vector<TagStats> tag_stats;  // indexed by TagId
   TraceRing trace;
   OomHandler oom_handler;
+  std::chrono::steady_clock::time_point last_oom_dump{};
+  bool oom_dumped = false;
 
   void insert_free(Block* block) {
     if (block->small) small_pool.insert(block);
@@ -194,6 +201,92 @@ struct CachingAllocator::State {
     }
   }
 
+  // Built under the lock from per-tag statistics and the free pools: its size depends on
+  // the number of tags, not on the number of live blocks.
+  OomReport build_oom_report(std::size_t size, std::size_t rounded, std::size_t segment_size) const {
+    OomReport r;
+    r.device = backend->device();
+    r.backend = std::string(backend->name());
+    r.requested_bytes = size;
+    r.rounded_bytes = rounded;
+    r.segment_bytes = segment_size;
+    r.memory = backend->memory_info();
+    r.reserved_bytes = stats.reserved_bytes.current;
+    r.allocated_bytes = stats.allocated_bytes.current;
+    r.requested_live_bytes = stats.requested_bytes.current;
+    r.active_bytes = stats.active_bytes.current;
+    r.segments = stats.segments.current;
+    r.cached_free_bytes = stats.reserved_bytes.current - stats.active_bytes.current;
+    r.num_ooms = stats.num_ooms;
+    r.config = config.to_string();
+    auto count_free = [&r](const Block* block) {
+      const auto bytes = static_cast<std::int64_t>(block->size);
+      r.largest_free_block = std::max(r.largest_free_block, bytes);
+      if (block->is_whole_segment()) {
+        r.releasable_bytes += bytes;
+      } else {
+        r.fragmented_free_bytes += bytes;
+        ++r.free_blocks_in_split_segments;
+      }
+    };
+    small_pool.for_each(count_free);
+    large_pool.for_each(count_free);
+
+    const std::vector<std::string> names = interned_names();
+    const std::vector<Tag> tags = interned_tags();
+    std::map<std::string, OomHolder> regions, slots, sites, phases;
+    auto add = [](std::map<std::string, OomHolder>& into, const std::string& name, const TagStats& per_tag,
+                  bool saved) {
+      OomHolder& holder = into[name];
+      holder.name = name;
+      holder.bytes += per_tag.bytes.current;
+      holder.blocks += per_tag.count.current;
+      if (saved) holder.saved_bytes += per_tag.bytes.current;
+    };
+    for (std::size_t id = 0; id < tag_stats.size() && id < tags.size(); ++id) {
+      const TagStats& per_tag = tag_stats[id];
+      if (per_tag.count.current == 0) continue;
+      const Tag& tag = tags[id];
+      const bool saved = tag.policy == Policy::save;
+      add(regions, tag.region != 0 ? names[tag.region] : "<untagged>", per_tag, saved);
+      if (tag.has_recv) {
+        add(slots, std::to_string(tag.recv.stage) + to_char(tag.recv.direction) + std::to_string(tag.recv.slot),
+            per_tag, saved);
+      }
+      add(sites, tag.site != 0 ? names[tag.site] : "<no site>", per_tag, saved);
+      add(phases, std::string(to_string(tag.phase)), per_tag, saved);
+    }
+    auto top = [](const std::map<std::string, OomHolder>& holders) {
+      std::vector<OomHolder> out;
+      for (const auto& [name, holder] : holders) out.push_back(holder);
+      std::sort(out.begin(), out.end(), [](const OomHolder& a, const OomHolder& b) {
+        return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
+      });
+      if (out.size() > kOomTopHolders) out.resize(kOomTopHolders);
+      return out;
+    };
+    r.by_region = top(regions);
+    r.by_recv_slot = top(slots);
+    r.by_site = top(sites);
+    r.by_phase = top(phases);
+    r.tag_stack = describe_tag_stack();
+    for (const TraceEvent& event : trace.events(kOomTraceEvents)) {
+      const std::string region = event.tag < tags.size() && tags[event.tag].region != 0 ? names[tags[event.tag].region]
+                                                                                         : std::string();
+      r.last_events.push_back({event, region});
+    }
+    return r;
+  }
+
+  // Whether this OOM may write a report, under the configured rate limit.
+  bool take_oom_dump_slot() {
+    const auto now = std::chrono::steady_clock::now();
+    if (oom_dumped && now - last_oom_dump < std::chrono::milliseconds(config.oom_dump_interval_ms)) return false;
+    oom_dumped = true;
+    last_oom_dump = now;
+    return true;
+  }
+
   std::string describe_bad_pointer(std::uintptr_t address) const {
     const std::string where = format_address(address);
     auto it = segments.upper_bound(address);
@@ -223,6 +316,67 @@ CachingAllocator::~CachingAllocator() {
   for (Block* block : state_->spare_blocks) delete block;
 }
 
+void CachingAllocator::report_out_of_memory(std::unique_lock<detail::AdaptiveMutex>& lock, std::size_t size,
+                                            std::size_t rounded, std::size_t segment_size, TagId tag) {
+  State& s = *state_;
+  OomEvent event;
+  bool may_dump = false;
+  std::string directory;
+  try {
+    auto report = std::make_shared<OomReport>(s.build_oom_report(size, rounded, segment_size));
+    may_dump = s.take_oom_dump_slot();
+    directory = s.config.oom_dump_dir;
+    event.report = std::move(report);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "remat: could not build the out-of-memory report: %s\n", e.what());
+  }
+  event.device = s.backend->device();
+  event.requested_bytes = size;
+  event.rounded_bytes = rounded;
+  event.memory = event.report ? event.report->memory : DeviceMemoryInfo{};
+  event.reserved_bytes = s.stats.reserved_bytes.current;
+  event.allocated_bytes = s.stats.allocated_bytes.current;
+  event.tag = tag;
+  event.message = "out of memory on device " + std::to_string(event.device) + " (" + std::string(s.backend->name()) +
+                  "): tried to allocate " + format_bytes(size) + " (a " + format_bytes(segment_size) + " segment); " +
+                  format_bytes(event.memory.free_bytes) + " free of " + format_bytes(event.memory.total_bytes) + ", " +
+                  format_bytes(static_cast<std::uint64_t>(event.allocated_bytes)) + " allocated, " +
+                  format_bytes(static_cast<std::uint64_t>(event.reserved_bytes)) +
+                  " reserved. Free tensors, recompute more regions, or lower the batch size";
+  OomHandler handler = s.oom_handler;
+  lock.unlock();
+
+  // From here on nothing holds the allocator's lock: writing the report, printing and the
+  // observers may allocate, block or re-enter the allocator.
+  if (directory.empty()) {
+    if (const char* env = std::getenv("REMAT_OOM_DUMP_DIR")) directory = env;
+  }
+  if (event.report) {
+    if (may_dump && !directory.empty()) {
+      try {
+        event.dump_path = oom_dump_path(directory, event.device);
+        write_file_atomically(event.dump_path, oom_report_to_json(*event.report));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "remat: could not write the out-of-memory report: %s\n", e.what());
+        event.dump_path.clear();
+      }
+    }
+    std::string line = oom_summary_line(*event.report, event.dump_path);
+    if (!may_dump && !directory.empty()) line += " (report skipped: rate limit oom_dump_interval_ms)";
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  if (handler) {
+    try {
+      handler(event);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "remat: the out-of-memory handler threw: %s (ignored)\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "remat: the out-of-memory handler threw (ignored)\n");
+    }
+  }
+  throw OutOfMemoryError(event.message);
+}
+
 void* CachingAllocator::allocate(std::size_t size, Stream stream) {
   if (size == 0) return nullptr;
   if (size > kMaxRequestSize) {
@@ -233,7 +387,7 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
                            "); check the size computation that produced it");
   }
   State& s = *state_;
-  std::unique_lock lock(s.mutex);
+  std::unique_lock<detail::AdaptiveMutex> lock(s.mutex);
   const TagId tag = s.config.tagging ? current_tag_id() : 0;
   if (!s.pending_frees.empty()) s.process_pending_frees(false);
 
@@ -255,25 +409,7 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
     if (block == nullptr) {
       ++s.stats.num_ooms;
       s.trace.record(TraceAction::oom, 0, rounded, stream, tag);
-      OomEvent event;
-      event.device = s.backend->device();
-      event.requested_bytes = size;
-      event.rounded_bytes = rounded;
-      event.memory = s.backend->memory_info();
-      event.reserved_bytes = s.stats.reserved_bytes.current;
-      event.allocated_bytes = s.stats.allocated_bytes.current;
-      event.tag = tag;
-      event.message = "out of memory on device " + std::to_string(event.device) + " (" +
-                      std::string(s.backend->name()) + "): tried to allocate " + format_bytes(size) +
-                      " (a " + format_bytes(segment_size) + " segment); " + format_bytes(event.memory.free_bytes) +
-                      " free of " + format_bytes(event.memory.total_bytes) + ", " +
-                      format_bytes(static_cast<std::uint64_t>(event.allocated_bytes)) + " allocated, " +
-                      format_bytes(static_cast<std::uint64_t>(event.reserved_bytes)) +
-                      " reserved. Free tensors, recompute more regions, or lower the batch size";
-      OomHandler handler = s.oom_handler;
-      lock.unlock();
-      if (handler) handler(event);
-      throw OutOfMemoryError(event.message);
+      report_out_of_memory(lock, size, rounded, segment_size, tag);
     }
   }
   s.split(block, rounded);

@@ -10,7 +10,7 @@ namespace remat::alloc {
 namespace {
 
 constexpr std::string_view kKeys =
-    "backend, host_capacity_mb, max_split_size_mb, memory_fraction, trace_entries, oom_dump_dir, tagging";
+    "backend, host_capacity_mb, max_split_size_mb, memory_fraction, trace_entries, oom_dump_dir, oom_dump_interval_ms, tagging";
 
 std::string_view trim(std::string_view s) {
   const auto first = s.find_first_not_of(" \t\n\r");
@@ -101,6 +101,10 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
       config.trace_entries = static_cast<std::size_t>(n);
     } else if (key == "oom_dump_dir") {
       config.oom_dump_dir = std::string(value);
+    } else if (key == "oom_dump_interval_ms") {
+      const auto ms = parse_unsigned(source, key, value, "a whole number of milliseconds (0: no limit)");
+      if (ms > 86'400'000) fail(source, key, value, "at most 86400000 (one day)");
+      config.oom_dump_interval_ms = static_cast<std::size_t>(ms);
     } else if (key == "tagging") {
       if (value == "on") config.tagging = true;
       else if (value == "off") config.tagging = false;
@@ -127,6 +131,7 @@ std::string Config::to_string() const {
   std::snprintf(fraction, sizeof fraction, "%.17g", memory_fraction);
   out += ",memory_fraction:" + std::string(fraction);
   out += ",trace_entries:" + std::to_string(trace_entries);
+  out += ",oom_dump_interval_ms:" + std::to_string(oom_dump_interval_ms);
   out += tagging ? ",tagging:on" : ",tagging:off";
   if (!oom_dump_dir.empty()) out += ",oom_dump_dir:" + oom_dump_dir;
   return out;

@@ -49,7 +49,15 @@ def main() -> int:
     failures = []
     checked = 0
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([args.demo, "--out", tmp, "--layers", "2", "--steps", "2"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([args.demo, "--out", tmp, "--layers", "2", "--steps", "2", "--force-oom"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        oom_files = sorted(pathlib.Path(tmp).glob("oom-*.json"))
+        if len(oom_files) != 1:
+            failures.append(f"expected one OOM report from --force-oom, found {len(oom_files)}")
+        for oom_file in oom_files:
+            doc = json.loads(oom_file.read_text())
+            failures += [f"{oom_file.name}: {e}" for e in errors_of(validator_for(schemas, "oom.schema.json"), doc)]
+            checked += 1
         for name in ("snapshot-peak.json", "snapshot-end.json"):
             doc = json.loads(pathlib.Path(tmp, name).read_text())
             failures += [f"{name}: {e}" for e in errors_of(snapshot, doc)]

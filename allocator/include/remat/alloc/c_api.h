@@ -102,6 +102,7 @@ typedef struct remat_oom_info {
   int64_t reserved_bytes;
   int64_t allocated_bytes;
   const char* message;
+  const char* dump_path; /* the OOM report written, or "" */
 } remat_oom_info;
 typedef void (*remat_oom_observer_fn)(const remat_oom_info* info, void* user_data);
 

@@ -6,6 +6,7 @@
 
 #include <remat/alloc/backend.hpp>
 #include <remat/alloc/config.hpp>
+#include <remat/alloc/oom.hpp>
 #include <remat/alloc/stats.hpp>
 #include <remat/alloc/tags.hpp>
 #include <remat/alloc/trace.hpp>
@@ -14,10 +15,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace remat::alloc {
+
+namespace detail {
+class AdaptiveMutex;
+}
 
 inline constexpr std::size_t kMinBlockSize = 512;
 inline constexpr std::size_t kSmallRequestLimit = std::size_t{1} << 20;  // small pool cut-off
@@ -80,6 +86,8 @@ struct OomEvent {
   std::int64_t allocated_bytes = 0;
   TagId tag = 0;  // tag in force at the failed request
   std::string message;
+  std::shared_ptr<const OomReport> report;
+  std::string dump_path;  // "" when no report was written
 };
 using OomHandler = std::function<void(const OomEvent&)>;
 
@@ -91,8 +99,10 @@ class CachingAllocator {
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   // Returns nullptr for size 0. Throws OutOfMemoryError when the request cannot be met even
-  // after releasing cached blocks (the pool stays usable) and InvalidArgumentError for
-  // sizes above kMaxRequestSize.
+  // after releasing cached blocks (the pool stays usable), or for sizes above
+  // kMaxRequestSize. Before throwing it writes an OOM report (rate-limited; into
+  // oom_dump_dir or $REMAT_OOM_DUMP_DIR when set), prints one line to stderr and calls the
+  // OOM handler, all without the lock held.
   void* allocate(std::size_t size, Stream stream);
   // `expected_size`, when nonzero, must equal the size given to allocate. Throws
   // InvalidPointerError (unknown pointer, double free, wrong size); state is unchanged then.
@@ -119,6 +129,8 @@ class CachingAllocator {
 
  private:
   struct State;
+  [[noreturn]] void report_out_of_memory(std::unique_lock<detail::AdaptiveMutex>& lock, std::size_t size,
+                                         std::size_t rounded, std::size_t segment_size, TagId tag);
   std::unique_ptr<State> state_;
 };
 

@@ -22,6 +22,7 @@ struct Config {
   std::size_t trace_entries = 16384;              // trace ring size; 0 switches tracing off
   std::string oom_dump_dir;                       // where OOM reports go; empty = REMAT_OOM_DUMP_DIR
   bool tagging = true;                            // off: every block is untagged (tag 0)
+  std::size_t oom_dump_interval_ms = 10000;       // at most one OOM report per interval
 
   // Applies every key in `text` on top of `base`. Throws ConfigError naming the key, the
   // value and what is accepted. `source` names the text's origin in messages.

@@ -1,0 +1,62 @@
+#pragma once
+// What held the memory when a request failed: built under the allocator's lock from its
+// per-tag statistics (no copy of the block list, so it stays small and fast with any number
+// of live blocks), written as an "oom" dump, summarised in one stderr line.
+
+#include <remat/alloc/backend.hpp>
+#include <remat/alloc/trace.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace remat::alloc {
+
+inline constexpr int kOomSchemaVersion = 1;
+inline constexpr std::size_t kOomTopHolders = 10;
+inline constexpr std::size_t kOomTraceEvents = 64;
+
+struct OomHolder {
+  std::string name;          // region path, receive slot "1F0", site, or "<untagged>"
+  std::int64_t bytes = 0;    // live, rounded
+  std::int64_t blocks = 0;
+  std::int64_t saved_bytes = 0;  // of those, allocated under policy save
+};
+
+struct OomTraceEvent {
+  TraceEvent event;
+  std::string region;  // of the event's tag, "" when untagged
+};
+
+struct OomReport {
+  int device = 0;
+  std::string backend;
+  std::size_t requested_bytes = 0;
+  std::size_t rounded_bytes = 0;
+  std::size_t segment_bytes = 0;  // the segment the allocator tried to obtain
+  DeviceMemoryInfo memory{};
+  std::int64_t reserved_bytes = 0;
+  std::int64_t allocated_bytes = 0;
+  std::int64_t requested_live_bytes = 0;
+  std::int64_t active_bytes = 0;
+  std::int64_t segments = 0;
+  std::int64_t largest_free_block = 0;
+  std::int64_t cached_free_bytes = 0;       // reserved but not active
+  std::int64_t releasable_bytes = 0;        // whole free segments: what empty-cache returns
+  std::int64_t fragmented_free_bytes = 0;   // free bytes inside segments that hold live blocks
+  std::int64_t free_blocks_in_split_segments = 0;
+  std::uint64_t num_ooms = 0;
+  std::string config;
+  std::vector<OomHolder> by_region, by_recv_slot, by_site, by_phase;  // largest first, top N
+  std::vector<std::string> tag_stack;  // of the failing thread, outermost first
+  std::vector<OomTraceEvent> last_events;  // oldest first
+};
+
+std::string oom_report_to_json(const OomReport& report);
+// "remat: out of memory on device 0 (host): tried to allocate 10.00 MiB; top holders:
+// layers.0::attention 40.00 MiB (3 blocks), ...; report: PATH"
+std::string oom_summary_line(const OomReport& report, const std::string& dump_path);
+// oom-<host>-r<rank>-p<pid>-d<device>-<UTC time>.json inside `directory`.
+std::string oom_dump_path(const std::string& directory, int device);
+
+}  // namespace remat::alloc

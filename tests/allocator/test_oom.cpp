@@ -1,0 +1,212 @@
+// Out-of-memory reports: what they hold, where they go, and that producing them is safe.
+
+#include "support/host_allocator.hpp"
+
+#include <remat/alloc/errors.hpp>
+#include <remat/alloc/oom.hpp>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <barrier>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+using namespace remat::alloc;
+using namespace remat::alloc::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("remat-oom-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::vector<fs::path> dumps_in(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& entry : fs::directory_iterator(dir)) out.push_back(entry.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// 30 MiB in layers.0 (saved), 20 MiB in layers.1, a 512 KiB receive buffer at site "recv":
+// 52 MiB of a 64 MiB device reserved.
+std::vector<void*> fill(HostAllocator& a) {
+  std::vector<void*> blocks;
+  {
+    auto region = TagScope::region("layers.0");
+    auto policy = TagScope::policy(Policy::save);
+    blocks.push_back(a.alloc(30 * MiB));
+  }
+  {
+    auto region = TagScope::region("layers.1");
+    blocks.push_back(a.alloc(20 * MiB));
+  }
+  {
+    auto slot = TagScope::recv_slot({1, Direction::forward, 0});
+    auto site = TagScope::site("recv");
+    blocks.push_back(a.alloc(MiB / 2));
+  }
+  return blocks;
+}
+
+}  // namespace
+
+TEST(OomReport, NamesTheHoldersTheRequestAndTheFailingThreadsTags) {
+  const fs::path dir = fresh_dir("holders");
+  HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0,trace_entries:128", 64);
+  auto blocks = fill(a);
+  {
+    auto region = TagScope::region("failing");
+    auto phase = TagScope::phase(Phase::forward);
+    EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  }
+  const auto files = dumps_in(dir);
+  ASSERT_EQ(files.size(), 1u);
+  const std::string name = files[0].filename().string();
+  EXPECT_EQ(name.rfind("oom-", 0), 0u) << name;
+  EXPECT_NE(name.find("-p" + std::to_string(::getpid()) + "-d0-"), std::string::npos) << name;
+  EXPECT_EQ(files[0].extension(), ".json");
+
+  const auto doc = nlohmann::json::parse(std::ifstream(files[0]));
+  EXPECT_EQ(doc["kind"], "oom");
+  EXPECT_EQ(doc["request"]["requested_bytes"], 30 * MiB);
+  EXPECT_EQ(doc["memory"]["device_total_bytes"], 64 * MiB);
+  EXPECT_EQ(doc["memory"]["allocated_bytes"], 50 * MiB + MiB / 2);
+  const auto& regions = doc["holders"]["by_region"];
+  ASSERT_EQ(regions.size(), 3u);
+  EXPECT_EQ(regions[0]["name"], "layers.0");
+  EXPECT_EQ(regions[0]["bytes"], 30 * MiB);
+  EXPECT_EQ(regions[0]["saved_bytes"], 30 * MiB);
+  EXPECT_EQ(regions[1]["name"], "layers.1");
+  EXPECT_EQ(regions[2]["name"], "<untagged>");
+  EXPECT_EQ(doc["holders"]["by_recv_slot"][0]["name"], "1F0");
+  EXPECT_EQ(doc["holders"]["by_recv_slot"][0]["bytes"], MiB / 2);
+  EXPECT_EQ(doc["holders"]["by_site"][0]["name"], "<no site>");
+  EXPECT_EQ(doc["holders"]["by_site"][1]["name"], "recv");
+  EXPECT_EQ(doc["tag_stack"], nlohmann::json({"region failing", "phase forward"}));
+  EXPECT_EQ(doc["last_events"].back()["action"], "oom");
+  EXPECT_EQ(doc["last_events"].back()["region"], "failing");
+  EXPECT_GE(doc["fragmentation"]["largest_free_block"].get<std::int64_t>(), 0);
+  for (void* p : blocks) a.free(p);
+}
+
+TEST(OomReport, StderrLineNamesTopHoldersAndTheDumpPath) {
+  const fs::path dir = fresh_dir("stderr");
+  HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0", 64);
+  auto blocks = fill(a);
+  ::testing::internal::CaptureStderr();
+  EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("top holders: layers.0 30.00 MiB, layers.1 20.00 MiB"), std::string::npos) << err;
+  EXPECT_NE(err.find("report: " + dumps_in(dir)[0].string()), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1);
+  for (void* p : blocks) a.free(p);
+}
+
+TEST(OomReport, RankComesFromTheLauncherVariables) {
+  const fs::path dir = fresh_dir("rank");
+  ::setenv("RANK", "3", 1);
+  HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0", 8);
+  EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  ::unsetenv("RANK");
+  const auto files = dumps_in(dir);
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_NE(files[0].filename().string().find("-r3-p"), std::string::npos) << files[0];
+}
+
+TEST(OomReport, DirectoryFromTheEnvironmentWhenNotConfigured) {
+  const fs::path dir = fresh_dir("env");
+  ::setenv("REMAT_OOM_DUMP_DIR", dir.c_str(), 1);
+  HostAllocator a("oom_dump_interval_ms:0", 8);
+  EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  ::unsetenv("REMAT_OOM_DUMP_DIR");
+  EXPECT_EQ(dumps_in(dir).size(), 1u);
+}
+
+TEST(OomReport, UnwritableDirectoryGivesAStderrMessageAndNothingElse) {
+  HostAllocator a("oom_dump_dir:/nonexistent/remat/oom,oom_dump_interval_ms:0", 8);
+  ::testing::internal::CaptureStderr();
+  EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("could not write the out-of-memory report"), std::string::npos) << err;
+  EXPECT_NE(err.find("no report written"), std::string::npos) << err;
+  void* p = a.alloc(MiB);  // still usable
+  a.free(p);
+}
+
+TEST(OomReport, DumpsAreRateLimited) {
+  const fs::path dir = fresh_dir("rate");
+  HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:60000", 8);
+  EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  ::testing::internal::CaptureStderr();
+  EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(dumps_in(dir).size(), 1u);
+  EXPECT_NE(err.find("rate limit"), std::string::npos) << err;
+  EXPECT_EQ(a.stats().num_ooms, 2u);
+}
+
+TEST(OomReport, AThrowingHandlerIsContained) {
+  HostAllocator a("oom_dump_interval_ms:0", 8);
+  a.allocator->set_oom_handler([](const OomEvent&) { throw std::runtime_error("observer failed"); });
+  ::testing::internal::CaptureStderr();
+  EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("observer failed"), std::string::npos);
+}
+
+TEST(OomReport, HandlerSeesTheReportAndThePath) {
+  const fs::path dir = fresh_dir("handler");
+  HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0", 64);
+  auto blocks = fill(a);
+  OomEvent seen;
+  a.allocator->set_oom_handler([&](const OomEvent& event) { seen = event; });
+  EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  ASSERT_TRUE(seen.report);
+  EXPECT_EQ(seen.report->by_region[0].name, "layers.0");
+  EXPECT_EQ(seen.dump_path, dumps_in(dir)[0].string());
+  for (void* p : blocks) a.free(p);
+}
+
+TEST(OomReport, TwoThreadsFailingAtOnceBothGetErrorsAndConsistentDumps) {
+  const fs::path dir = fresh_dir("threads");
+  HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0", 64);
+  auto blocks = fill(a);
+  std::barrier start(2);
+  std::atomic<int> errors{0};
+  auto fail = [&](const char* region) {
+    auto scope = TagScope::region(region);
+    start.arrive_and_wait();
+    try {
+      a.alloc(40 * MiB);
+    } catch (const OutOfMemoryError&) {
+      ++errors;
+    }
+  };
+  ::testing::internal::CaptureStderr();
+  std::thread t1(fail, "thread.a");
+  std::thread t2(fail, "thread.b");
+  t1.join();
+  t2.join();
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(errors.load(), 2);
+  const auto files = dumps_in(dir);
+  ASSERT_EQ(files.size(), 2u);
+  std::set<std::string> stacks;
+  for (const auto& file : files) {
+    const auto doc = nlohmann::json::parse(std::ifstream(file));
+    std::int64_t held = 0;
+    for (const auto& holder : doc["holders"]["by_region"]) held += holder["bytes"].get<std::int64_t>();
+    EXPECT_EQ(held, doc["memory"]["allocated_bytes"].get<std::int64_t>());
+    stacks.insert(doc["tag_stack"][0].get<std::string>());
+  }
+  EXPECT_EQ(stacks, (std::set<std::string>{"region thread.a", "region thread.b"}));
+  for (void* p : blocks) a.free(p);
+}
