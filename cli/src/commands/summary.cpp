@@ -12,7 +12,8 @@ void register_summary(CLI::App& app, GlobalOptions& options) {
   add_output_options(*command, options);
   command->callback([file, &options] {
     const DumpFile dump = open_dump(*file);
-    print(renderer_for(dump).summary(dump), options);
+    const Renderer* renderer = find_renderer(dump.kind);
+    print(renderer != nullptr ? renderer_for(dump).summary(dump) : generic_summary(dump), options);
   });
 }
 

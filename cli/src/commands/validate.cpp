@@ -85,7 +85,7 @@ void register_validate(CLI::App& app, GlobalOptions& options) {
       }
       errors = schema_errors(dump, schemas, schema, opts->max_errors);
       // Beyond the schema: tag and name indices, block layout, time order, event counts.
-      if (errors.empty()) renderer_for(dump).check(dump);
+      if (errors.empty() && find_renderer(dump.kind) != nullptr) renderer_for(dump).check(dump);
     } catch (const InputError& error) {
       errors.push_back(error.what());
     }

@@ -4,10 +4,13 @@
 #include "core/errors.hpp"
 #include "renderers/snapshot_renderer.hpp"
 #include "renderers/trace_renderer.hpp"
+#include "reader/dump_reader.hpp"
+#include "renderers/header_fields.hpp"
 
 #include <fmt/format.h>
 
 #include <memory>
+#include <set>
 
 namespace remat::report {
 
@@ -32,6 +35,42 @@ const Renderer& renderer_for(const DumpFile& file) {
   }
   throw InputError(file.path + ": $.kind",
                    fmt::format("unknown dump kind '{}'; this remat-report reads: {}", printable(file.kind), known));
+}
+
+const Renderer* find_renderer(std::string_view kind) {
+  for (const Renderer* renderer : all_renderers()) {
+    if (renderer->kind() == kind) return renderer;
+  }
+  return nullptr;
+}
+
+Report generic_summary(const DumpFile& file) {
+  if (file.json_lines) renderer_for(file);  // no generic reading of JSON Lines: the usual error
+  Report report;
+  try {
+    const json::object root = json::as_object(file.root, JsonPath());
+    report.tables.push_back(header_table(read_dump_header(root, JsonPath()), file.path));
+    Table fields;
+    fields.id = "fields";
+    fields.title = "Fields";
+    fields.columns = {{"field", "field", false}, {"type", "type", false}, {"items", "items", true}};
+    for (const auto [key, value] : root) {
+      static const std::set<std::string_view> kHeader = {"kind", "schema_version", "producer", "created_at",
+                                                        "host", "pid",            "rank",     "device"};
+      if (kHeader.count(key)) continue;
+      Cell items = Cell::none();
+      if (value.type() == simdjson::dom::element_type::ARRAY) items = Cell::count(simdjson::dom::array(value).size());
+      else if (value.type() == simdjson::dom::element_type::OBJECT) items = Cell::count(simdjson::dom::object(value).size());
+      fields.rows.push_back({Cell::text(std::string(key)), Cell::text(std::string(json::type_name(value))), items});
+    }
+    report.tables.push_back(std::move(fields));
+  } catch (const InputError& error) {
+    throw InputError(file.path, error.what());
+  }
+  report.notes.push_back(fmt::format("this remat-report has no renderer for '{}' dumps yet; `remat-report validate` "
+                                     "checks them against schemas/",
+                                     printable(file.kind)));
+  return report;
 }
 
 void Renderer::unsupported(const DumpFile& file, std::string_view view) const {

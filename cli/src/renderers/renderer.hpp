@@ -68,6 +68,11 @@ class Renderer {
 
 // The renderer for the file's kind and schema version; InputError for unknown ones.
 const Renderer& renderer_for(const DumpFile& file);
+// The renderer for a kind, or null when this build has none.
+const Renderer* find_renderer(std::string_view kind);
+// What any JSON dump holds, for kinds without a renderer: the common header and the shape of
+// the other top-level fields.
+Report generic_summary(const DumpFile& file);
 std::vector<const Renderer*> all_renderers();
 
 // Shared by renderers: the memory table from replaying events.

@@ -37,26 +37,18 @@ SchemaSet SchemaSet::load(const std::string& directory) {
 void SchemaSet::add(const std::string& file, std::string_view text) {
   nlohmann::json schema = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
   if (schema.is_discarded() || !schema.is_object()) throw InputError(file, "schema is not a JSON object");
-  check_keywords(schema, file);
   schemas_[file] = std::move(schema);
 }
 
 void SchemaSet::check_keywords(const nlohmann::json& schema, const std::string& file) const {
   static const std::set<std::string> kKnown = {
-      "$schema", "$id",      "title",       "description", "$defs",   "type",    "const",   "enum",
-      "required", "properties", "items",    "minItems",    "minimum", "maximum", "exclusiveMinimum",
-      "pattern",  "oneOf",    "$ref"};
-  if (!schema.is_object()) return;
-  for (const auto& [key, value] : schema.items()) {
-    if (!kKnown.count(key)) {
-      throw InputError(file, fmt::format("schema keyword '{}' is not supported by remat-report's validator", key));
-    }
-    if (key == "properties" || key == "$defs") {
-      for (const auto& [name, sub] : value.items()) check_keywords(sub, file);
-    } else if (key == "items") {
-      check_keywords(value, file);
-    } else if (key == "oneOf") {
-      for (const auto& sub : value) check_keywords(sub, file);
+      "$schema", "$id",       "title",   "description", "$defs",   "type",    "const",   "enum",   "required",
+      "properties", "items",  "minItems", "minLength",  "minimum", "maximum", "exclusiveMinimum", "pattern", "oneOf",
+      "$ref"};
+  if (!schema.is_object()) throw InputError(file, "a schema inside it is not a JSON object");
+  for (const auto& item : schema.items()) {
+    if (!kKnown.count(item.key())) {
+      throw InputError(file, fmt::format("schema keyword '{}' is not supported by remat-report's validator", item.key()));
     }
   }
 }
@@ -81,9 +73,65 @@ const std::regex& SchemaSet::regex(const std::string& pattern) const {
 
 void SchemaSet::validate(const std::string& ref, element value, const JsonPath& path, std::vector<std::string>& errors,
                          std::size_t max_errors) const {
-  std::string file;
-  const nlohmann::json& schema = resolve(ref, "", file);
-  check(schema, file, value, path, errors, max_errors);
+  auto it = roots_.find(ref);
+  if (it == roots_.end()) {
+    std::string file;
+    const nlohmann::json& schema = resolve(ref, "", file);
+    it = roots_.emplace(ref, std::make_pair(&schema, file)).first;
+  }
+  check(*it->second.first, it->second.second, value, path, errors, max_errors);
+}
+
+namespace {
+enum TypeBit : unsigned { kObject = 1, kArray = 2, kString = 4, kInteger = 8, kNumber = 16, kBoolean = 32, kNull = 64 };
+
+unsigned type_bit(const std::string& type) {
+  if (type == "object") return kObject;
+  if (type == "array") return kArray;
+  if (type == "string") return kString;
+  if (type == "integer") return kInteger;
+  if (type == "number") return kNumber;
+  if (type == "boolean") return kBoolean;
+  if (type == "null") return kNull;
+  return 0;
+}
+}  // namespace
+
+const SchemaSet::Node& SchemaSet::node(const nlohmann::json& schema, const std::string& file) const {
+  const auto found = nodes_.find(&schema);
+  if (found != nodes_.end()) return found->second;
+  check_keywords(schema, file);
+  Node n;
+  if (const auto ref = schema.find("$ref"); ref != schema.end()) n.ref = &resolve(ref->get<std::string>(), file, n.ref_file);
+  if (const auto type = schema.find("type"); type != schema.end()) {
+    std::vector<std::string> types;
+    if (type->is_array()) for (const auto& t : *type) types.push_back(t.get<std::string>());
+    else types.push_back(type->get<std::string>());
+    for (const std::string& t : types) {
+      n.types |= type_bit(t);
+      n.type_text += (n.type_text.empty() ? "" : " or ") + t;
+    }
+  }
+  if (const auto c = schema.find("const"); c != schema.end()) n.constant = &*c;
+  if (const auto e = schema.find("enum"); e != schema.end()) n.allowed = &*e;
+  if (const auto r = schema.find("required"); r != schema.end()) {
+    for (const auto& key : *r) n.required.push_back(key.get<std::string>());
+  }
+  if (const auto p = schema.find("properties"); p != schema.end()) {
+    for (const auto& [key, sub] : p->items()) n.properties.emplace_back(key, &sub);
+  }
+  if (const auto i = schema.find("items"); i != schema.end()) n.items = &*i;
+  if (const auto o = schema.find("oneOf"); o != schema.end()) n.one_of = &*o;
+  if (const auto m = schema.find("minimum"); m != schema.end()) n.minimum = m->get<long double>();
+  if (const auto m = schema.find("maximum"); m != schema.end()) n.maximum = m->get<long double>();
+  if (const auto m = schema.find("exclusiveMinimum"); m != schema.end()) n.exclusive_minimum = m->get<long double>();
+  if (const auto m = schema.find("minItems"); m != schema.end()) n.min_items = m->get<std::size_t>();
+  if (const auto m = schema.find("minLength"); m != schema.end()) n.min_length = m->get<std::size_t>();
+  if (const auto p = schema.find("pattern"); p != schema.end()) {
+    n.pattern_text = p->get<std::string>();
+    n.pattern = &regex(n.pattern_text);
+  }
+  return nodes_.emplace(&schema, std::move(n)).first->second;
 }
 
 namespace {
@@ -107,17 +155,6 @@ long double number_of(element v) {
     case element_type::UINT64: return static_cast<long double>(std::uint64_t(v));
     default: return static_cast<long double>(double(v));
   }
-}
-
-bool has_type(element v, const std::string& type) {
-  if (type == "object") return v.type() == element_type::OBJECT;
-  if (type == "array") return v.type() == element_type::ARRAY;
-  if (type == "string") return v.type() == element_type::STRING;
-  if (type == "integer") return is_integer(v);
-  if (type == "number") return is_number(v);
-  if (type == "boolean") return v.type() == element_type::BOOL;
-  if (type == "null") return v.type() == element_type::NULL_VALUE;
-  return false;
 }
 
 bool equals(element v, const nlohmann::json& expected) {
@@ -150,90 +187,81 @@ void SchemaSet::check(const nlohmann::json& schema, const std::string& file, ele
     if (errors.size() < max_errors) errors.push_back(path.str() + ": " + message);
   };
   if (errors.size() >= max_errors) return;
-  if (const auto ref = schema.find("$ref"); ref != schema.end()) {
-    std::string target_file;
-    const nlohmann::json& target = resolve(ref->get<std::string>(), file, target_file);
-    check(target, target_file, value, path, errors, max_errors);
-  }
-  if (const auto type = schema.find("type"); type != schema.end()) {
-    std::vector<std::string> types;
-    if (type->is_array()) for (const auto& t : *type) types.push_back(t.get<std::string>());
-    else types.push_back(type->get<std::string>());
-    bool ok = false;
-    for (const std::string& t : types) ok = ok || has_type(value, t);
-    if (!ok) {
-      std::string wanted;
-      for (const std::string& t : types) wanted += (wanted.empty() ? "" : " or ") + t;
-      fail(fmt::format("expected {}, found {}", wanted, json::type_name(value)));
+  const Node& n = node(schema, file);
+  if (n.ref != nullptr) check(*n.ref, n.ref_file, value, path, errors, max_errors);
+  if (n.types != 0) {
+    unsigned actual = 0;
+    switch (value.type()) {
+      case element_type::OBJECT: actual = kObject; break;
+      case element_type::ARRAY: actual = kArray; break;
+      case element_type::STRING: actual = kString; break;
+      case element_type::BOOL: actual = kBoolean; break;
+      case element_type::NULL_VALUE: actual = kNull; break;
+      default: actual = kNumber | (is_integer(value) ? kInteger : 0u); break;
+    }
+    if ((n.types & actual) == 0) {
+      fail(fmt::format("expected {}, found {}", n.type_text, json::type_name(value)));
       return;
     }
   }
-  if (const auto c = schema.find("const"); c != schema.end() && !equals(value, *c)) {
-    fail(fmt::format("must be {}, found {}", show(*c), show(value)));
+  if (n.constant != nullptr && !equals(value, *n.constant)) {
+    fail(fmt::format("must be {}, found {}", show(*n.constant), show(value)));
   }
-  if (const auto e = schema.find("enum"); e != schema.end()) {
+  if (n.allowed != nullptr) {
     bool ok = false;
-    std::string allowed;
-    for (const auto& option : *e) {
-      ok = ok || equals(value, option);
-      allowed += (allowed.empty() ? "" : ", ") + show(option);
+    for (const auto& option : *n.allowed) ok = ok || equals(value, option);
+    if (!ok) {
+      std::string allowed;
+      for (const auto& option : *n.allowed) allowed += (allowed.empty() ? "" : ", ") + show(option);
+      fail(fmt::format("{} is not one of {}", show(value), allowed));
     }
-    if (!ok) fail(fmt::format("{} is not one of {}", show(value), allowed));
   }
-  if (is_number(value)) {
+  if (is_number(value) && (n.minimum || n.maximum || n.exclusive_minimum)) {
     const long double v = number_of(value);
-    if (const auto m = schema.find("minimum"); m != schema.end() && v < m->get<long double>()) {
-      fail(fmt::format("{} is below the minimum {}", show(value), show(*m)));
-    }
-    if (const auto m = schema.find("maximum"); m != schema.end() && v > m->get<long double>()) {
-      fail(fmt::format("{} is above the maximum {}", show(value), show(*m)));
-    }
-    if (const auto m = schema.find("exclusiveMinimum"); m != schema.end() && v <= m->get<long double>()) {
-      fail(fmt::format("{} must be greater than {}", show(value), show(*m)));
+    if (n.minimum && v < *n.minimum) fail(fmt::format("{} is below the minimum {}", show(value), static_cast<double>(*n.minimum)));
+    if (n.maximum && v > *n.maximum) fail(fmt::format("{} is above the maximum {}", show(value), static_cast<double>(*n.maximum)));
+    if (n.exclusive_minimum && v <= *n.exclusive_minimum) {
+      fail(fmt::format("{} must be greater than {}", show(value), static_cast<double>(*n.exclusive_minimum)));
     }
   }
-  if (value.type() == element_type::STRING) {
-    if (const auto p = schema.find("pattern"); p != schema.end()) {
-      const std::string text{std::string_view(value)};
-      if (!std::regex_search(text, regex(p->get<std::string>()))) {
-        fail(fmt::format("{} does not match the pattern {}", show(value), p->get<std::string>()));
-      }
-    }
+  if (n.min_length && value.type() == element_type::STRING) {
+    std::size_t length = 0;  // in code points, as JSON Schema counts
+    for (const char c : std::string_view(value)) length += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+    if (length < *n.min_length) fail(fmt::format("is {} characters long, shorter than the minimum {}", length, *n.min_length));
+  }
+  if (n.pattern != nullptr && value.type() == element_type::STRING) {
+    const std::string text{std::string_view(value)};
+    if (!std::regex_search(text, *n.pattern)) fail(fmt::format("{} does not match the pattern {}", show(value), n.pattern_text));
   }
   if (value.type() == element_type::OBJECT) {
     const simdjson::dom::object object(value);
-    if (const auto required = schema.find("required"); required != schema.end()) {
-      for (const auto& key : *required) {
-        element member;
-        if (object.at_key(key.get<std::string>()).get(member) != simdjson::SUCCESS) {
-          if (errors.size() < max_errors) errors.push_back(path.key(key.get<std::string>()).str() + ": missing required field");
-        }
+    element member;
+    for (const std::string& key : n.required) {
+      if (object.at_key(key).get(member) != simdjson::SUCCESS && errors.size() < max_errors) {
+        errors.push_back(path.key(key).str() + ": missing required field");
       }
     }
-    if (const auto properties = schema.find("properties"); properties != schema.end()) {
-      for (const auto& [key, sub] : properties->items()) {
-        element member;
-        if (object.at_key(key).get(member) == simdjson::SUCCESS) check(sub, file, member, path.key(key), errors, max_errors);
-      }
+    for (const auto& [key, sub] : n.properties) {
+      if (object.at_key(key).get(member) == simdjson::SUCCESS) check(*sub, file, member, path.key(key), errors, max_errors);
     }
   }
   if (value.type() == element_type::ARRAY) {
     const simdjson::dom::array array(value);
-    if (const auto m = schema.find("minItems"); m != schema.end() && array.size() < m->get<std::size_t>()) {
-      fail(fmt::format("holds {} items, fewer than the minimum {}", array.size(), m->get<std::size_t>()));
+    if (n.min_items && array.size() < *n.min_items) {
+      fail(fmt::format("holds {} items, fewer than the minimum {}", array.size(), *n.min_items));
     }
-    if (const auto items = schema.find("items"); items != schema.end()) {
+    if (n.items != nullptr) {
       std::size_t i = 0;
       for (element item : array) {
         if (errors.size() >= max_errors) break;
-        check(*items, file, item, path.index(i++), errors, max_errors);
+        check(*n.items, file, item, path.index(i++), errors, max_errors);
       }
     }
   }
-  if (const auto one_of = schema.find("oneOf"); one_of != schema.end()) {
+  if (n.one_of != nullptr) {
     std::size_t matches = 0;
     std::string reasons;
-    for (const auto& alternative : *one_of) {
+    for (const auto& alternative : *n.one_of) {
       std::vector<std::string> sub_errors;
       check(alternative, file, value, path, sub_errors, 1);
       if (sub_errors.empty()) ++matches;

@@ -94,9 +94,29 @@ TEST(Schema, ErrorsNameTheJsonPathAndTheRule) {
   EXPECT_EQ(errors[2], "$.address: -4 is below the minimum 0");
 }
 
-TEST(Schema, UnsupportedKeywordsAreRefusedWhenLoading) {
+TEST(Schema, UnsupportedKeywordsAreRefusedWhenUsedNotIgnored) {
   SchemaSet schemas;
-  EXPECT_THROW(schemas.add("x.schema.json", R"({"type":"object","additionalProperties":false})"), InputError);
+  schemas.add("x.schema.json", R"({"type":"object","additionalProperties":false})");
+  simdjson::dom::parser parser;
+  const simdjson::padded_string text(std::string("{}"));
+  std::vector<std::string> errors;
+  try {
+    schemas.validate("x.schema.json", parser.parse(text), JsonPath(), errors, 10);
+    FAIL() << "an unsupported keyword was ignored";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("'additionalProperties' is not supported"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Schema, MinLengthCountsCharacters) {
+  SchemaSet schemas;
+  schemas.add("s.schema.json", R"({"type":"string","minLength":3})");
+  simdjson::dom::parser parser;
+  const simdjson::padded_string text(std::string("\"\u00e9\u00e9\""));
+  std::vector<std::string> errors;
+  schemas.validate("s.schema.json", parser.parse(text), JsonPath(), errors, 10);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0], "$: is 2 characters long, shorter than the minimum 3");
 }
 
 }  // namespace
