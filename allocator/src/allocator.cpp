@@ -151,6 +151,14 @@ void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn)
   if (CachingAllocator* cpu = registry().separate_cpu_allocator.load(std::memory_order_acquire)) fn(*cpu);
 }
 
+std::optional<TagId> find_block_tag(const void* ptr) {
+  std::optional<TagId> found;
+  for_each_device_allocator([&](CachingAllocator& allocator) {
+    if (!found) found = allocator.tag_of_block(ptr);
+  });
+  return found;
+}
+
 int add_oom_observer(OomObserver observer) {
   Registry& r = registry();
   std::lock_guard lock(r.observer_mutex);

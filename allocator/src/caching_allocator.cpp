@@ -575,6 +575,13 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   return out;
 }
 
+std::optional<TagId> CachingAllocator::tag_of_block(const void* ptr) const {
+  std::lock_guard lock(state_->mutex);
+  const Block* block = state_->live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr) return std::nullopt;
+  return block->tag;
+}
+
 std::int64_t CachingAllocator::live_requested_bytes(std::string_view region_prefix) const {
   std::vector<std::pair<TagId, std::int64_t>> live_by_tag;
   {

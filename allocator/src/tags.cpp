@@ -215,6 +215,13 @@ std::vector<std::string> describe_tag_stack() {
   return out;
 }
 
+std::string source_site(const std::source_location& where) {
+  std::string_view file = where.file_name();
+  const auto slash = file.find_last_of('/');
+  if (slash != std::string_view::npos) file.remove_prefix(slash + 1);
+  return std::string(file) + ":" + std::to_string(where.line());
+}
+
 TagScope::~TagScope() {
   if (!active_) return;
   try {

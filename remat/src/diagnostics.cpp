@@ -2,7 +2,9 @@
 
 #include <remat/diagnostics.hpp>
 
+#include <remat/alloc/allocator.hpp>
 #include <remat/alloc/snapshot.hpp>
+#include <remat/alloc/tags.hpp>
 
 #include <c10/core/StorageImpl.h>
 #include <nlohmann/json.hpp>
@@ -41,6 +43,15 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return out + "]";
 }
 
+// Views share their storage's block, so every view of one storage reports the same site.
+std::string site_of(const at::Tensor& t) {
+  if (!t.has_storage()) return {};
+  const auto tag = alloc::find_block_tag(t.storage().data());
+  if (!tag) return {};
+  const alloc::Tag resolved = alloc::tag_of(*tag);
+  return resolved.site != 0 ? alloc::name_of(resolved.site) : std::string();
+}
+
 // Adds `t` to a region's residency, counting each storage once.
 class ResidencyBuilder {
  public:
@@ -48,7 +59,8 @@ class ResidencyBuilder {
   void add(const std::string& name, const at::Tensor& t) {
     const c10::StorageImpl* storage = storage_of(t);
     const std::int64_t bytes = t.has_storage() ? static_cast<std::int64_t>(t.storage().nbytes()) : 0;
-    residency_.tensors.push_back({name, t.sizes().vec(), std::string(c10::toString(t.scalar_type())), bytes});
+    residency_.tensors.push_back(
+        {name, t.sizes().vec(), std::string(c10::toString(t.scalar_type())), bytes, site_of(t)});
     if (storage != nullptr && seen_.insert(storage).second) {
       residency_.bytes += bytes;
       ++residency_.storages;
@@ -144,7 +156,8 @@ std::string MemoryReport::format() const {
     out += "  " + region.region + ": " + detail::human_bytes(region.bytes) + " in " + std::to_string(region.storages) +
            " storage(s)\n";
     for (const ResidentTensor& t : region.tensors) {
-      out += "    " + t.name + "  " + detail::shape_text(t.shape) + "  " + t.dtype + "\n";
+      out += "    " + t.name + "  " + detail::shape_text(t.shape) + "  " + t.dtype +
+             (t.site.empty() ? "" : "  @" + t.site) + "\n";
     }
   }
   return out;
@@ -157,7 +170,8 @@ std::string MemoryReport::to_json() const {
   for (const RegionResidency& region : regions) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const ResidentTensor& t : region.tensors) {
-      tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"storage_bytes", t.bytes}});
+      tensors.push_back(
+          {{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"storage_bytes", t.bytes}, {"site", t.site}});
     }
     list.push_back({{"region", region.region},
                     {"bytes", region.bytes},

@@ -2,6 +2,7 @@
 // save and drop the rest, recompute on first unpack in backward, early stop.
 
 #include "frame.hpp"
+#include "saved_registry.hpp"
 
 #include <remat/alloc/tags.hpp>
 
@@ -75,7 +76,13 @@ class ContextScope {
 // Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
 class SavedHooks final : public torch::autograd::SavedVariableHooks {
  public:
-  SavedHooks(std::shared_ptr<Frame> frame, ThreadState state) : frame_(std::move(frame)), state_(state) {}
+  SavedHooks(std::shared_ptr<Frame> frame, ThreadState state)
+      : frame_(std::move(frame)), state_(state), tracked_(saved_tracking_enabled() && state.mode == Mode::forward) {}
+  ~SavedHooks() override {
+    if (tracked_) unregister_saved(this);
+  }
+  SavedHooks(const SavedHooks&) = delete;
+  SavedHooks& operator=(const SavedHooks&) = delete;
 
   void call_pack_hook(const at::Tensor& tensor) override {
     Frame& f = *frame_;
@@ -96,6 +103,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       // resident as long as the graph that may need it.
       kept_ = tensor.detach();
       f.kept.push_back({state_.save_region, c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
+      track(kept_);
       return;
     }
     f.note_read(tensor);
@@ -106,6 +114,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     }
     index_ = f.dropped++;
     f.ops_after_last_drop = 0;
+    track(at::Tensor());
   }
 
   at::Tensor call_unpack_hook() override {
@@ -114,10 +123,41 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
  private:
+  void track(const at::Tensor& resident) {
+    if (!tracked_) return;
+    SavedEntry entry = entry_for_current_node();
+    entry.tensor = resident;
+    entry.checkpoint = frame_->options.region_name;
+    entry.frame = frame_;
+    register_saved(this, std::move(entry));
+  }
+
   std::shared_ptr<Frame> frame_;
   ThreadState state_;
+  bool tracked_;
   at::Tensor kept_;
   std::size_t index_ = 0;
+};
+
+// Outside checkpoints, under SavedTensorsTracking: keeps the tensor as autograd would and
+// records which node saved it.
+class TrackingHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  TrackingHooks() = default;
+  ~TrackingHooks() override { unregister_saved(this); }
+  TrackingHooks(const TrackingHooks&) = delete;
+  TrackingHooks& operator=(const TrackingHooks&) = delete;
+
+  void call_pack_hook(const at::Tensor& tensor) override {
+    tensor_ = tensor;
+    SavedEntry entry = entry_for_current_node();
+    entry.tensor = tensor;
+    register_saved(this, std::move(entry));
+  }
+  at::Tensor call_unpack_hook() override { return tensor_; }
+
+ private:
+  at::Tensor tensor_;
 };
 
 // Frames are owned by the hooks of the tensors they dropped; the running one is reachable
@@ -128,8 +168,9 @@ class RematEngine final : public torch::autograd::Engine {
  public:
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     const ThreadState& state = t_state;
-    if (state.frame == nullptr || state.mode == Mode::none) return nullptr;
-    return std::make_unique<SavedHooks>(t_frame_owner, state);
+    if (state.frame != nullptr && state.mode != Mode::none) return std::make_unique<SavedHooks>(t_frame_owner, state);
+    if (saved_tracking_enabled()) return std::make_unique<TrackingHooks>();
+    return nullptr;
   }
 };
 

@@ -164,3 +164,25 @@ TEST(Tags, LiveBytesByRegionPrefixCoversNestedRegionsOnly) {
   for (void* p : blocks) a.free(p);
   EXPECT_EQ(a.allocator->live_requested_bytes("layers.0"), 0);
 }
+
+TEST(Sites, MacroAndSourceLocationMarkAllocations) {
+  HostAllocator a;
+  void* p = nullptr;
+  void* q = nullptr;
+  int line = 0;
+  {
+    REMAT_SITE("experts");
+    p = a.alloc(512);
+  }
+  {
+    line = __LINE__ + 1;
+    REMAT_SITE_HERE();
+    q = a.alloc(512);
+  }
+  EXPECT_EQ(name_of(tag_of(*a.allocator->tag_of_block(p)).site), "experts");
+  EXPECT_EQ(name_of(tag_of(*a.allocator->tag_of_block(q)).site), "test_tags.cpp:" + std::to_string(line));
+  EXPECT_FALSE(a.allocator->tag_of_block(static_cast<char*>(p) + 256).has_value());  // not a block start
+  EXPECT_EQ(tag_stack_depth(), 0u);
+  a.free(p);
+  a.free(q);
+}

@@ -35,6 +35,7 @@ struct ResidentTensor {
   std::vector<std::int64_t> shape;
   std::string dtype;
   std::int64_t bytes = 0;  // of its storage
+  std::string site;        // allocation site of its storage ("" when none)
 };
 
 struct RegionResidency {

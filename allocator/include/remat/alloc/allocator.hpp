@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string_view>
 
 namespace remat::alloc {
@@ -33,6 +34,9 @@ int default_device() noexcept;
 
 // Calls `fn` for each allocator created so far (devices, then a separate CPU allocator).
 void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn);
+
+// The tag of the live block starting at `ptr` in any allocator (CPU and devices).
+std::optional<TagId> find_block_tag(const void* ptr);
 
 using OomObserver = std::function<void(const OomEvent&)>;
 // Observers run after the allocator's lock is released; one that throws is reported on

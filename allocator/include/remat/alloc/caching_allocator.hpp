@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -122,6 +123,8 @@ class CachingAllocator {
   AllocatorStats stats() const;
   void reset_peak_stats();
   AllocatorSnapshot snapshot() const;
+  // The tag of the live block that starts at `ptr`, if this allocator returned it.
+  std::optional<TagId> tag_of_block(const void* ptr) const;
   // Requested bytes currently live under regions whose path starts with `prefix`.
   std::int64_t live_requested_bytes(std::string_view region_prefix) const;
   int device() const;

@@ -4,6 +4,7 @@
 // Names and whole tags are interned process-wide, so a block stores one small id.
 
 #include <cstdint>
+#include <source_location>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,6 +70,9 @@ std::size_t tag_stack_depth() noexcept;
 // The frames from bottom to top, as text (for reports): "region layers.0", "site experts".
 std::vector<std::string> describe_tag_stack();
 
+// "file.cpp:123" for a source location (the file's base name).
+std::string source_site(const std::source_location& where);
+
 // RAII scopes over the push/pop calls.
 class [[nodiscard]] TagScope {
  public:
@@ -77,6 +81,10 @@ class [[nodiscard]] TagScope {
   static TagScope phase(Phase phase) { push_phase(phase); return TagScope(ScopeKind::phase); }
   static TagScope recv_slot(RecvSlot slot) { push_recv_slot(slot); return TagScope(ScopeKind::recv_slot); }
   static TagScope site(std::string_view name) { push_site(name); return TagScope(ScopeKind::site); }
+  // The caller's file and line as the site, e.g. "attention.cpp:42".
+  static TagScope site_here(std::source_location where = std::source_location::current()) {
+    return site(source_site(where));
+  }
 
   TagScope(TagScope&& other) noexcept : kind_(other.kind_), active_(other.active_) { other.active_ = false; }
   TagScope(const TagScope&) = delete;
@@ -91,3 +99,12 @@ class [[nodiscard]] TagScope {
 };
 
 }  // namespace remat::alloc
+
+#define REMAT_SITE_CONCAT_INNER(a, b) a##b
+#define REMAT_SITE_CONCAT(a, b) REMAT_SITE_CONCAT_INNER(a, b)
+// Marks allocations in the rest of the enclosing block with an allocation site:
+// REMAT_SITE("experts"), or REMAT_SITE_HERE() for this file and line.
+#define REMAT_SITE(name) \
+  const auto REMAT_SITE_CONCAT(remat_site_scope_, __LINE__) = ::remat::alloc::TagScope::site(name)
+#define REMAT_SITE_HERE() \
+  const auto REMAT_SITE_CONCAT(remat_site_scope_, __LINE__) = ::remat::alloc::TagScope::site_here()
