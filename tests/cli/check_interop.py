@@ -21,10 +21,21 @@ def run(*args):
     return subprocess.run([sys.argv[1], *args], cwd=HERE, capture_output=True, text=True, check=True).stdout
 
 
-def torch_imports():
-    if importlib.util.find_spec("torch") is None:
-        return False
-    return subprocess.run([sys.executable, "-c", "import torch.cuda._memory_viz"], capture_output=True).returncode == 0
+def memory_viz_command():
+    """How to run PyTorch's _memory_viz: as a module where torch imports, else as its file
+    (it needs nothing from torch itself), or None without torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
+        return None
+    if subprocess.run([sys.executable, "-c", "import torch.cuda._memory_viz"], capture_output=True).returncode == 0:
+        return [sys.executable, "-m", "torch.cuda._memory_viz"]
+    script = pathlib.Path(spec.origin).parent / "cuda" / "_memory_viz.py"
+    return [sys.executable, str(script)] if script.exists() else None
+
+
+def mib(text):
+    number, unit = text[:-3], text[-3:]
+    return float(number) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit] if unit in ("KiB", "MiB", "GiB") else float(text[:-1])
 
 
 def segsum(snapshot):
@@ -57,11 +68,15 @@ def check_export(tmp):
     tagged = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated" and b["frames"]]
     assert tagged, "no block carries its tag as frames"
     assert any(fr["filename"] == "remat:region" and fr["name"].startswith("layers.") for b in tagged for fr in b["frames"])
-    if torch_imports():
-        stats = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", str(out)], capture_output=True,
-                               text=True, check=True).stdout
-        assert "total_reserved" in stats, stats
-        print("ok torch.cuda._memory_viz stats reads the export")
+    viz = memory_viz_command()
+    if viz is not None:
+        stats = subprocess.run([*viz, "stats", str(out)], capture_output=True, text=True, check=True).stdout
+        totals = dict(line.split(": ", 1) for line in stats.splitlines() if line.startswith("total_"))
+        assert abs(mib(totals["total_reserved"]) - reserved) < 2**16, (totals, reserved)
+        assert abs(mib(totals["total_allocated"].split()[0]) - allocated) < 2**16, (totals, allocated)
+        trace_text = subprocess.run([*viz, "trace", str(out)], capture_output=True, text=True, check=True).stdout
+        assert f"{len(trace)} entries" in trace_text, trace_text[:200]
+        print(f"ok PyTorch's _memory_viz stats and trace read the export ({' '.join(viz[1:])})")
     else:
         print("torch not installed (or does not import): skipped `python -m torch.cuda._memory_viz stats`")
     return out
