@@ -1,12 +1,13 @@
 // Trains a small transformer-like model on CPU with activation checkpointing: attention
 // saved, MLP recomputed. Every CPU tensor goes through the tagging allocator, so the dumps
 // show memory per layer and region. Writes into --out: snapshot.json, trace.jsonl,
-// remat-trace.json and memory-report.json.
+// remat-trace.json, memory-report.json and saved-report.json.
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/snapshot.hpp>
 #include <remat/diagnostics.hpp>
 #include <remat/remat.hpp>
+#include <remat/saved_report.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,7 +96,10 @@ int main(int argc, char** argv) {
     const auto targets = at::randn({8, 16, kWidth}) * 0.1;
 
     std::string memory_report;
+    std::string saved_report;
     for (int step = 0; step < options.steps; ++step) {
+      std::optional<remat::SavedTensorsTracking> tracking;
+      if (step == 0) tracking.emplace();  // the first step's forward feeds the saved report
       at::Tensor h = inputs;
       for (int i = 0; i < options.layers; ++i) {
         const Layer& layer = layers[static_cast<std::size_t>(i)];
@@ -106,7 +111,13 @@ int main(int argc, char** argv) {
         })(h);
       }
       auto loss = (h - targets).pow(2).mean();
+      tracking.reset();
       const std::int64_t kept = remat::live_bytes("layers.0");
+      if (step == 0) {
+        const remat::SavedReport report = remat::saved_report(loss);
+        std::fputs(report.format().c_str(), stdout);
+        saved_report = report.to_json();
+      }
       loss.backward();
       {
         at::NoGradGuard no_grad;
@@ -130,8 +141,9 @@ int main(int argc, char** argv) {
     const remat::RematTrace trace = remat::collect_trace();
     remat::write_dump(dir + "remat-trace.json", trace.to_json());
     remat::write_dump(dir + "memory-report.json", memory_report);
+    remat::write_dump(dir + "saved-report.json", saved_report);
     std::printf("%zu checkpoint forwards traced; wrote %ssnapshot.json, trace.jsonl, remat-trace.json, "
-                "memory-report.json\n",
+                "memory-report.json, saved-report.json\n",
                 trace.scopes.size(), dir.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "remat-train-demo: %s\n", e.what());

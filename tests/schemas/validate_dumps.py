@@ -79,7 +79,7 @@ def main() -> int:
             train_dir = pathlib.Path(tmp, "train")
             subprocess.run([args.train_demo, "--out", str(train_dir), "--steps", "2", "--layers", "2"], check=True,
                            stdout=subprocess.DEVNULL)
-            for kind in ("remat-trace", "memory-report", "snapshot"):
+            for kind in ("remat-trace", "memory-report", "saved-report", "snapshot"):
                 doc = json.loads((train_dir / f"{kind}.json").read_text())
                 failures += [f"train {kind}.json: {e}" for e in errors_of(validator_for(schemas, f"{kind}.schema.json"), doc)]
                 checked += 1
