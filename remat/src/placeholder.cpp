@@ -1,3 +1,4 @@
+#include "compat.hpp"
 #include "frame.hpp"
 
 #include <ATen/core/TensorBody.h>
@@ -28,7 +29,7 @@ at::Tensor make_placeholder(const TensorMeta& meta, const std::string& source) {
   message += source;
   message += ", which forward did not keep; call remat::recompute_needs_tensor(t) on that tensor in forward so its "
              "value is persisted";
-  storage.unsafeGetStorageImpl()->release_data_and_set_meta_custom_data_ptr_error_msg_(std::move(message));
+  compat::raise_on_data_access(*storage.unsafeGetStorageImpl(), std::move(message));
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::computeDispatchKey(
                                                                           meta.options.dtype().toScalarType(),
                                                                           meta.options.layout(),
