@@ -4,7 +4,8 @@ run, with jq computing the same per-region live and peak bytes.
 
 usage: run_cli_bench.py BUILD_DIR [--events N] [--work DIR] [--skip-jq]
 
-Prints wall time and peak RSS of each command, the ratio jq / remat-report, and checks that
+Needs GNU time (/usr/bin/time, Debian package `time`) for peak RSS. Prints wall time and
+peak RSS of each command, the ratio jq / remat-report, and checks that
 both produce the same per-region numbers.
 """
 import argparse
@@ -14,20 +15,24 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 
 def measure(args, stdout=subprocess.DEVNULL):
-    start = time.perf_counter()
-    process = subprocess.Popen(args, stdout=stdout, stderr=subprocess.PIPE)
-    out = process.stdout.read() if stdout == subprocess.PIPE else None
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"{' '.join(map(str, args))} failed: {process.stderr.read().decode()}")
-    return wall, usage.ru_maxrss / 1024.0, out
+    """Wall seconds, peak RSS in MB and stdout of one command. Peak RSS comes from GNU time:
+    a child forked from Python would count the interpreter's pages it started with."""
+    with tempfile.NamedTemporaryFile("r") as rss_file:
+        start = time.perf_counter()
+        run = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss_file.name, *map(str, args)], stdout=stdout,
+                             stderr=subprocess.PIPE)
+        wall = time.perf_counter() - start
+        if run.returncode != 0:
+            sys.exit(f"{' '.join(map(str, args))} failed: {run.stderr.decode()}")
+        rss_kb = float(rss_file.read().strip().splitlines()[-1])
+    return wall, rss_kb / 1024.0, run.stdout
 
 
 def main():
