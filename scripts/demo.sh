@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine, builds, and runs the demo: a training-like allocation pattern on
-# the host backend (no GPU needed), its per-tag table, and the dumps it wrote.
+# Sets up a fresh machine, builds, and runs the demos on the CPU host backend (no GPU
+# needed): the allocator through a training-like pattern, then a small model trained on CPU
+# with activation checkpointing; renders what they wrote with remat-report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh -DREMAT_BUILD_TESTS=OFF >/dev/null
 out=${DEMO_OUT:-demo-out}
 build_dir=${BUILD_DIR:-build}
-"$build_dir/examples/remat-alloc-demo" --out "$out"
-if [ -x "$build_dir/cli/remat-report" ]; then
+report="$build_dir/cli/remat-report"
+
+echo "== allocator: training-like allocation pattern, tagged =="
+"$build_dir/examples/remat-alloc-demo" --out "$out" --force-oom
+echo
+"$report" memory "$out/snapshot-peak.json" --by region --top 10
+"$report" timeline "$out/trace.jsonl" -o "$out/timeline.html" --by region
+echo "timeline: $out/timeline.html"
+
+if [ -x "$build_dir/examples/remat-train-demo" ]; then
   echo
-  "$build_dir/cli/remat-report" memory "$out/snapshot-peak.json" --by region --top 10
-  "$build_dir/cli/remat-report" timeline "$out/trace.jsonl" -o "$out/timeline.html" --by region
-  echo "timeline: $out/timeline.html"
+  echo "== checkpoint runtime: 4 checkpointed layers trained on CPU =="
+  "$build_dir/examples/remat-train-demo" --out "$out/train"
+  "$report" summary "$out/train/remat-trace.json"
+  "$report" memory "$out/train/snapshot.json" --by region --top 8
+  "$report" timeline "$out/train/trace.jsonl" -o "$out/train/timeline.svg" --by region
+  echo "timeline: $out/train/timeline.svg"
 fi
