@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Configures and builds into BUILD_DIR (default: build). Extra arguments go to CMake.
+# Configures and builds into BUILD_DIR (default: build). Extra arguments go to CMake;
+# TARGETS (space-separated) limits the build to those targets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} "$@"
-cmake --build "$build_dir" -j "$jobs"
+targets=()
+for target in ${TARGETS:-}; do targets+=(--target "$target"); done
+cmake --build "$build_dir" -j "$jobs" "${targets[@]}"

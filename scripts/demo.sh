@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh -DREMAT_BUILD_TESTS=OFF >/dev/null
+TARGETS="remat-alloc-demo remat-report $(test -d remat && echo remat-train-demo)" \
+  bash scripts/build.sh >/dev/null
 out=${DEMO_OUT:-demo-out}
 build_dir=${BUILD_DIR:-build}
 report="$build_dir/cli/remat-report"
