@@ -22,7 +22,7 @@ std::string one_line(std::string text) {
 }  // namespace
 
 int run_cli(int argc, char** argv) {
-  CLI::App app{"remat-report: render the remat allocator's dumps (snapshots, traces) as tables, pictures and diffs"};
+  CLI::App app{"remat-report: render the remat allocator's dumps (snapshots, traces, checkpoint reports, OOM reports) as tables, pictures and diffs"};
   app.name("remat-report");
   app.require_subcommand(1, 1);
   app.set_version_flag("--version", std::string("remat-report 0.1.0"));
@@ -36,6 +36,7 @@ int run_cli(int argc, char** argv) {
   register_validate(app, options);
   register_export(app, options);
   register_import(app, options);
+  register_oom(app, options);
   app.footer("Exit codes: 0 ok, 1 usage error, 2 bad input.");
   try {
     app.parse(argc, argv);

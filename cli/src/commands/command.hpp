@@ -34,5 +34,6 @@ void register_diff(CLI::App& app, GlobalOptions& options);
 void register_validate(CLI::App& app, GlobalOptions& options);
 void register_export(CLI::App& app, GlobalOptions& options);
 void register_import(CLI::App& app, GlobalOptions& options);
+void register_oom(CLI::App& app, GlobalOptions& options);
 
 }  // namespace remat::report

@@ -27,7 +27,9 @@ void register_memory(CLI::App& app, GlobalOptions& options) {
     Report report;
     report.tables.push_back(memory_table(view, opts->top));
     report.notes = view.notes;
-    report.notes.push_back("the total's peak is the peak of all groups together, not the sum of group peaks");
+    if (view.resident_count.empty()) {
+      report.notes.push_back("the total's peak is the peak of all groups together, not the sum of group peaks");
+    }
     print(report, options);
   });
 }

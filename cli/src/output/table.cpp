@@ -63,6 +63,10 @@ std::string csv_escape(const std::string& text) {
 
 void write_text_table(std::ostream& out, const Table& table, bool color) {
   if (!table.title.empty()) out << (color ? kTitle : "") << table.title << (color ? kReset : "") << '\n';
+  if (table.text_lines) {
+    for (const std::string& line : *table.text_lines) out << line << '\n';
+    return;
+  }
   if (table.key_value) {
     std::size_t key_width = 0;
     for (const auto& row : table.rows) key_width = std::max(key_width, width_of(raw_text(row[0])));
@@ -164,6 +168,7 @@ void write_report(std::ostream& out, const Report& report, OutputFormat format, 
     case OutputFormat::text: {
       bool first = true;
       for (const Table& table : report.tables) {
+        if (table.title.empty() && table.text_lines && table.text_lines->empty()) continue;  // for machines only
         if (!first) out << '\n';
         first = false;
         write_text_table(out, table, color);

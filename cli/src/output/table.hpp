@@ -43,6 +43,9 @@ struct Table {
   std::optional<std::vector<Cell>> total;
   // Two columns, key and value: JSON renders it as one object.
   bool key_value = false;
+  // For people: these lines under the title instead of the grid (JSON and CSV keep the rows),
+  // for reports whose text form is fixed elsewhere, such as the runtime's own formatters.
+  std::optional<std::vector<std::string>> text_lines;
 };
 
 // A table of (field, value) pairs, such as a summary section.

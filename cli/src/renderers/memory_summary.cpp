@@ -16,9 +16,48 @@ void sort_memory_rows(std::vector<MemoryRow>& rows) {
   });
 }
 
+namespace {
+
+Table resident_table(const MemoryView& view, std::vector<MemoryRow> rows, std::size_t top, std::string id,
+                     std::string title) {
+  Table table;
+  table.id = std::move(id);
+  table.title = title.empty() ? fmt::format("Resident bytes by {}", to_string(view.by)) : std::move(title);
+  const std::string by(to_string(view.by));
+  table.columns = {{by, by, false},
+                   {"resident", "resident_bytes", true},
+                   {"share", "share", true},
+                   {view.resident_count, view.resident_count, true}};
+  auto share = [&](std::uint64_t part) {
+    return Cell::share(view.live_total == 0 ? 0.0 : static_cast<double>(part) / static_cast<double>(view.live_total));
+  };
+  const std::size_t shown = top == 0 ? rows.size() : std::min(top, rows.size());
+  std::uint64_t count_sum = 0;
+  for (const MemoryRow& row : rows) count_sum += row.live_count;
+  for (std::size_t i = 0; i < shown; ++i) {
+    table.rows.push_back(
+        {Cell::text(rows[i].group), Cell::bytes(rows[i].live), share(rows[i].live), Cell::count(rows[i].live_count)});
+  }
+  if (shown < rows.size()) {
+    std::uint64_t live = 0, count = 0;
+    for (std::size_t i = shown; i < rows.size(); ++i) {
+      live += rows[i].live;
+      count += rows[i].live_count;
+    }
+    table.rows.push_back({Cell::text(fmt::format("({} more)", rows.size() - shown)), Cell::bytes(live), share(live),
+                          Cell::count(count)});
+  }
+  table.total = std::vector<Cell>{Cell::text("total"), Cell::bytes(view.live_total), share(view.live_total),
+                                  Cell::count(count_sum)};
+  return table;
+}
+
+}  // namespace
+
 Table memory_table(const MemoryView& view, std::size_t top, std::string id, std::string title) {
   std::vector<MemoryRow> rows = view.rows;
   sort_memory_rows(rows);
+  if (!view.resident_count.empty()) return resident_table(view, std::move(rows), top, std::move(id), std::move(title));
   Table table;
   table.id = std::move(id);
   table.title = title.empty() ? fmt::format("Live and peak bytes by {}", to_string(view.by)) : std::move(title);
@@ -33,8 +72,10 @@ Table memory_table(const MemoryView& view, std::size_t top, std::string id, std:
   bool peaks_known = true;
   for (const MemoryRow& row : rows) {
     live_sum += row.live;
-    if (row.peak) peak_sum += *row.peak;
-    else peaks_known = false;
+    if (row.peak)
+      peak_sum += *row.peak;
+    else
+      peaks_known = false;
     count_sum += row.live_count;
     alloc_sum += row.allocations;
   }
@@ -42,7 +83,9 @@ Table memory_table(const MemoryView& view, std::size_t top, std::string id, std:
     return whole == 0 ? Cell::share(0.0) : Cell::share(static_cast<double>(part) / static_cast<double>(whole));
   };
   auto peak_cell = [&](const std::optional<std::uint64_t>& peak) { return peak ? Cell::bytes(*peak) : Cell::none(); };
-  auto peak_share = [&](const std::optional<std::uint64_t>& peak) { return peak ? share(*peak, peak_sum) : Cell::none(); };
+  auto peak_share = [&](const std::optional<std::uint64_t>& peak) {
+    return peak ? share(*peak, peak_sum) : Cell::none();
+  };
   const std::size_t shown = top == 0 ? rows.size() : std::min(top, rows.size());
   for (std::size_t i = 0; i < shown; ++i) {
     const MemoryRow& row = rows[i];
@@ -54,8 +97,10 @@ Table memory_table(const MemoryView& view, std::size_t top, std::string id, std:
     rest.peak = 0;
     for (std::size_t i = shown; i < rows.size(); ++i) {
       rest.live += rows[i].live;
-      if (rows[i].peak && rest.peak) *rest.peak += *rows[i].peak;
-      else rest.peak.reset();
+      if (rows[i].peak && rest.peak)
+        *rest.peak += *rows[i].peak;
+      else
+        rest.peak.reset();
       rest.live_count += rows[i].live_count;
       rest.allocations += rows[i].allocations;
     }
@@ -63,9 +108,14 @@ Table memory_table(const MemoryView& view, std::size_t top, std::string id, std:
                           share(rest.live, live_sum), peak_cell(rest.peak), peak_share(rest.peak),
                           Cell::count(rest.live_count), Cell::count(rest.allocations)});
   }
-  table.total = std::vector<Cell>{Cell::text("total"), Cell::bytes(view.live_total), share(view.live_total, live_sum),
-                                  view.peak_total ? Cell::bytes(*view.peak_total) : (peaks_known ? Cell::bytes(peak_sum) : Cell::none()),
-                                  Cell::none(), Cell::count(count_sum), Cell::count(alloc_sum)};
+  table.total = std::vector<Cell>{
+      Cell::text("total"),
+      Cell::bytes(view.live_total),
+      share(view.live_total, live_sum),
+      view.peak_total ? Cell::bytes(*view.peak_total) : (peaks_known ? Cell::bytes(peak_sum) : Cell::none()),
+      Cell::none(),
+      Cell::count(count_sum),
+      Cell::count(alloc_sum)};
   return table;
 }
 

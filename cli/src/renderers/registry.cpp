@@ -2,6 +2,10 @@
 
 #include "analysis/live_replay.hpp"
 #include "core/errors.hpp"
+#include "renderers/memory_report_renderer.hpp"
+#include "renderers/oom_renderer.hpp"
+#include "renderers/remat_trace_renderer.hpp"
+#include "renderers/saved_report_renderer.hpp"
 #include "renderers/snapshot_renderer.hpp"
 #include "renderers/trace_renderer.hpp"
 #include "reader/dump_reader.hpp"
@@ -17,7 +21,11 @@ namespace remat::report {
 std::vector<const Renderer*> all_renderers() {
   static const SnapshotRenderer snapshot;
   static const TraceRenderer trace;
-  return {&snapshot, &trace};
+  static const OomRenderer oom;
+  static const RematTraceRenderer remat_trace;
+  static const MemoryReportRenderer memory_report;
+  static const SavedReportRenderer saved_report;
+  return {&snapshot, &trace, &oom, &remat_trace, &memory_report, &saved_report};
 }
 
 const Renderer& renderer_for(const DumpFile& file) {

@@ -33,6 +33,9 @@ struct MemoryView {
   std::optional<std::uint64_t> peak_total;  // the peak of the sum, not the sum of peaks
   std::uint64_t unmatched_frees = 0;         // frees of blocks allocated before the dump began
   std::vector<std::string> notes;
+  // Set for dumps that hold resident bytes only, no peaks or allocation counts: the table then
+  // shows bytes, share and `live_count` under this title ("storages", "tensors").
+  std::string resident_count;
 };
 
 // Everything an interchange format needs: segments with blocks and the event history.

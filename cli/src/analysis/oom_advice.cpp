@@ -1,0 +1,110 @@
+#include "analysis/oom_advice.hpp"
+
+#include "core/format.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace remat::report {
+
+namespace {
+
+constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+
+double share_of(std::uint64_t part, std::uint64_t whole) {
+  return whole == 0 ? 0.0 : static_cast<double>(part) / static_cast<double>(whole);
+}
+
+// The value of `key` in a `key:value,key:value` configuration, or empty.
+std::string config_value(const std::string& config, std::string_view key) {
+  std::size_t at = 0;
+  while (at < config.size()) {
+    std::size_t end = config.find(',', at);
+    if (end == std::string::npos) end = config.size();
+    const std::string_view entry(config.data() + at, end - at);
+    if (entry.size() > key.size() && entry.substr(0, key.size()) == key && entry[key.size()] == ':') {
+      return std::string(entry.substr(key.size() + 1));
+    }
+    at = end + 1;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string_view to_string(SuggestionKind kind) {
+  switch (kind) {
+    case SuggestionKind::request_exceeds_device: return "request_exceeds_device";
+    case SuggestionKind::empty_cache: return "empty_cache";
+    case SuggestionKind::fragmentation: return "fragmentation";
+    case SuggestionKind::recompute_region: return "recompute_region";
+    case SuggestionKind::reduce_batch: return "reduce_batch";
+  }
+  return "unknown";
+}
+
+std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder>& regions, const std::string& config) {
+  std::vector<Suggestion> out;
+  // What the allocator must place: the request after rounding.
+  const std::uint64_t need = std::max(n.rounded_bytes, n.requested_bytes);
+
+  if (n.device_total_bytes > 0 && need > n.device_total_bytes) {
+    out.push_back({SuggestionKind::request_exceeds_device,
+                   fmt::format("the request alone ({}) is larger than the whole device ({}): no cache setting or "
+                               "recompute makes it fit; split the tensor or shrink what sizes it (batch size, "
+                               "sequence length)",
+                               human_bytes(need), human_bytes(n.device_total_bytes)),
+                   std::nullopt, "", ""});
+    return out;  // nothing else can help a request the device cannot hold
+  }
+
+  if (need > 0 && n.releasable_bytes >= need) {
+    out.push_back({SuggestionKind::empty_cache,
+                   fmt::format("empty-cache would have freed {} in whole cached segments (enough for this request "
+                               "of {}): call empty_cache before the step that fails",
+                               human_bytes(n.releasable_bytes), human_bytes(need)),
+                   n.releasable_bytes, "", ""});
+  }
+
+  // cached_free_bytes counts every free cached byte, those in split segments included.
+  if (n.largest_free_block < need && n.cached_free_bytes >= need && n.fragmented_free_bytes > 0 &&
+      n.releasable_bytes < need) {
+    const std::uint64_t mb = std::max(kMinMaxSplitSizeMb, (need + kMiB - 1) / kMiB);
+    const std::string now = config_value(config, "max_split_size_mb");
+    out.push_back({SuggestionKind::fragmentation,
+                   fmt::format("the largest free block ({}) is smaller than the request ({}) although {} sit cached "
+                               "and free, {} of them in {} free block(s) inside split segments: set "
+                               "REMAT_ALLOC_CONF=max_split_size_mb:{} so blocks this large are not split{}",
+                               human_bytes(n.largest_free_block), human_bytes(need), human_bytes(n.cached_free_bytes),
+                               human_bytes(n.fragmented_free_bytes), n.free_blocks_in_split_segments, mb,
+                               now.empty() ? "" : fmt::format(" (now {})", now)),
+                   n.fragmented_free_bytes, fmt::format("max_split_size_mb:{}", mb), ""});
+  }
+
+  const auto most_saved = std::max_element(regions.begin(), regions.end(), [](const OomHolder& a, const OomHolder& b) {
+    return a.saved_bytes < b.saved_bytes;
+  });
+  if (most_saved != regions.end() && most_saved->saved_bytes > 0) {
+    out.push_back({SuggestionKind::recompute_region,
+                   fmt::format("switch region {} to recompute: frees up to {} it keeps saved for backward ({} of "
+                               "allocated; the request needs {}{})",
+                               most_saved->name, human_bytes(most_saved->saved_bytes),
+                               percent(share_of(most_saved->saved_bytes, n.allocated_bytes)), human_bytes(need),
+                               most_saved->saved_bytes >= need ? ", which this covers" : ""),
+                   most_saved->saved_bytes, "", most_saved->name});
+  }
+
+  if (n.device_total_bytes > 0 && share_of(n.allocated_bytes, n.device_total_bytes) >= kNearCapacityShare) {
+    out.push_back(
+        {SuggestionKind::reduce_batch,
+         fmt::format("allocated ({}) is {} of the device ({}): lower the batch size or recompute more "
+                     "regions",
+                     human_bytes(n.allocated_bytes), percent(share_of(n.allocated_bytes, n.device_total_bytes)),
+                     human_bytes(n.device_total_bytes)),
+         std::nullopt, "", ""});
+  }
+  return out;
+}
+
+}  // namespace remat::report

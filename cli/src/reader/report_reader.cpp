@@ -1,0 +1,212 @@
+#include "reader/report_reader.hpp"
+
+#include "core/errors.hpp"
+#include "reader/dump_reader.hpp"
+
+#include <fmt/format.h>
+
+namespace remat::report {
+
+using json::member;
+
+namespace {
+
+std::uint64_t u64_field(json::object parent, std::string_view key, const JsonPath& path) {
+  return json::as_u64(member(parent, key, path), path.key(key));
+}
+
+std::string string_field(json::object parent, std::string_view key, const JsonPath& path) {
+  return std::string(json::as_string(member(parent, key, path), path.key(key)));
+}
+
+// A string that must not be empty (names and labels).
+std::string name_field(json::object parent, std::string_view key, const JsonPath& path) {
+  std::string text = string_field(parent, key, path);
+  if (text.empty()) throw InputError(path.key(key).str(), "must not be empty");
+  return text;
+}
+
+// Calls `each(element, path)` for every item of the array member `key`.
+template <typename Each>
+void for_each_item(json::object parent, std::string_view key, const JsonPath& path, Each each) {
+  const JsonPath array_path = path.key(key);
+  std::size_t i = 0;
+  for (json::element item : json::as_array(member(parent, key, path), array_path)) {
+    each(item, array_path.index(i));
+    ++i;
+  }
+}
+
+SavedGroup read_saved_group(json::element value, const JsonPath& path) {
+  const json::object object = json::as_object(value, path);
+  SavedGroup group;
+  group.label = name_field(object, "label", path);
+  group.bytes = u64_field(object, "bytes", path);
+  group.count = u64_field(object, "count", path);
+  if (group.count == 0) throw InputError(path.key("count").str(), "must be at least 1 (a group has members)");
+  group.storages = u64_field(object, "storages", path);
+  return group;
+}
+
+OomHolder read_holder(json::element value, const JsonPath& path) {
+  const json::object object = json::as_object(value, path);
+  OomHolder holder;
+  holder.name = name_field(object, "name", path);
+  holder.bytes = u64_field(object, "bytes", path);
+  holder.blocks = u64_field(object, "blocks", path);
+  holder.saved_bytes = u64_field(object, "saved_bytes", path);
+  if (holder.saved_bytes > holder.bytes) {
+    throw InputError(path.key("saved_bytes").str(),
+                     fmt::format("{} exceeds the holder's bytes ({}); saved bytes are a part of them",
+                                 holder.saved_bytes, holder.bytes));
+  }
+  return holder;
+}
+
+}  // namespace
+
+RematTraceDump read_remat_trace(json::object root) {
+  const JsonPath path;
+  RematTraceDump dump;
+  dump.header = read_dump_header(root, path);
+  for_each_item(root, "scopes", path, [&](json::element value, const JsonPath& scope_path) {
+    const json::object object = json::as_object(value, scope_path);
+    CheckpointScope scope;
+    scope.name = name_field(object, "name", scope_path);
+    for_each_item(object, "regions", scope_path, [&](json::element region_value, const JsonPath& region_path) {
+      const json::object region = json::as_object(region_value, region_path);
+      RegionDecision decision;
+      decision.name = name_field(region, "name", region_path);
+      const JsonPath decision_path = region_path.key("decision");
+      const std::string_view text = json::as_string(member(region, "decision", region_path), decision_path);
+      if (text != "save" && text != "recompute") {
+        throw InputError(decision_path.str(),
+                         fmt::format("unknown decision '{}'; expected save or recompute", printable(text)));
+      }
+      decision.saved = text == "save";
+      scope.regions.push_back(std::move(decision));
+    });
+    dump.scopes.push_back(std::move(scope));
+  });
+  return dump;
+}
+
+MemoryReportDump read_memory_report(json::object root) {
+  const JsonPath path;
+  MemoryReportDump dump;
+  dump.header = read_dump_header(root, path);
+  dump.checkpoint = name_field(root, "checkpoint", path);
+  for_each_item(root, "regions", path, [&](json::element value, const JsonPath& region_path) {
+    const json::object object = json::as_object(value, region_path);
+    ResidentRegion region;
+    region.region = name_field(object, "region", region_path);
+    region.bytes = u64_field(object, "bytes", region_path);
+    region.storages = u64_field(object, "storages", region_path);
+    for_each_item(object, "tensors", region_path, [&](json::element tensor_value, const JsonPath& tensor_path) {
+      const json::object t = json::as_object(tensor_value, tensor_path);
+      ResidentTensor tensor;
+      tensor.name = string_field(t, "name", tensor_path);
+      for_each_item(t, "shape", tensor_path, [&](json::element dim, const JsonPath& dim_path) {
+        tensor.shape.push_back(json::as_u64(dim, dim_path));
+      });
+      tensor.dtype = string_field(t, "dtype", tensor_path);
+      tensor.storage_bytes = u64_field(t, "storage_bytes", tensor_path);
+      tensor.site = string_field(t, "site", tensor_path);
+      region.tensors.push_back(std::move(tensor));
+    });
+    dump.regions.push_back(std::move(region));
+  });
+  return dump;
+}
+
+SavedReportDump read_saved_report(json::object root) {
+  const JsonPath path;
+  SavedReportDump dump;
+  dump.header = read_dump_header(root, path);
+  dump.total_bytes = u64_field(root, "total_bytes", path);
+  dump.region_bytes = u64_field(root, "region_bytes", path);
+  dump.outside_bytes = u64_field(root, "outside_bytes", path);
+  dump.regions = u64_field(root, "regions", path);
+  for_each_item(root, "region_groups", path, [&](json::element value, const JsonPath& group_path) {
+    dump.region_groups.push_back(read_saved_group(value, group_path));
+  });
+  for_each_item(root, "node_groups", path, [&](json::element value, const JsonPath& group_path) {
+    dump.node_groups.push_back(read_saved_group(value, group_path));
+  });
+  return dump;
+}
+
+OomDump read_oom(json::object root) {
+  const JsonPath path;
+  OomDump dump;
+  dump.header = read_dump_header(root, path);
+  const JsonPath backend_path = path.key("backend");
+  dump.backend = std::string(json::as_string(member(root, "backend", path), backend_path));
+  if (dump.backend != "cuda" && dump.backend != "host") {
+    throw InputError(backend_path.str(),
+                     fmt::format("unknown backend '{}'; expected cuda or host", printable(dump.backend)));
+  }
+  OomNumbers& n = dump.numbers;
+  const JsonPath request_path = path.key("request");
+  const json::object request = json::as_object(member(root, "request", path), request_path);
+  n.requested_bytes = u64_field(request, "requested_bytes", request_path);
+  n.rounded_bytes = u64_field(request, "rounded_bytes", request_path);
+  n.segment_bytes = u64_field(request, "segment_bytes", request_path);
+
+  const JsonPath memory_path = path.key("memory");
+  const json::object memory = json::as_object(member(root, "memory", path), memory_path);
+  n.device_free_bytes = u64_field(memory, "device_free_bytes", memory_path);
+  n.device_total_bytes = u64_field(memory, "device_total_bytes", memory_path);
+  n.reserved_bytes = u64_field(memory, "reserved_bytes", memory_path);
+  n.allocated_bytes = u64_field(memory, "allocated_bytes", memory_path);
+  n.requested_live_bytes = u64_field(memory, "requested_bytes", memory_path);
+  n.active_bytes = u64_field(memory, "active_bytes", memory_path);
+  n.segments = u64_field(memory, "segments", memory_path);
+
+  const JsonPath fragmentation_path = path.key("fragmentation");
+  const json::object fragmentation = json::as_object(member(root, "fragmentation", path), fragmentation_path);
+  n.largest_free_block = u64_field(fragmentation, "largest_free_block", fragmentation_path);
+  n.cached_free_bytes = u64_field(fragmentation, "cached_free_bytes", fragmentation_path);
+  n.releasable_bytes = u64_field(fragmentation, "releasable_bytes", fragmentation_path);
+  n.fragmented_free_bytes = u64_field(fragmentation, "fragmented_free_bytes", fragmentation_path);
+  n.free_blocks_in_split_segments = u64_field(fragmentation, "free_blocks_in_split_segments", fragmentation_path);
+  n.internal_bytes = u64_field(fragmentation, "internal_bytes", fragmentation_path);
+
+  dump.num_ooms = u64_field(root, "num_ooms", path);
+  dump.config = string_field(root, "config", path);
+
+  const JsonPath holders_path = path.key("holders");
+  const json::object holders = json::as_object(member(root, "holders", path), holders_path);
+  auto read_holders = [&](std::string_view key, std::vector<OomHolder>& into) {
+    for_each_item(holders, key, holders_path, [&](json::element value, const JsonPath& holder_path) {
+      into.push_back(read_holder(value, holder_path));
+    });
+  };
+  read_holders("by_region", dump.holders.by_region);
+  read_holders("by_recv_slot", dump.holders.by_recv_slot);
+  read_holders("by_site", dump.holders.by_site);
+  read_holders("by_phase", dump.holders.by_phase);
+
+  for_each_item(root, "tag_stack", path, [&](json::element value, const JsonPath& entry_path) {
+    dump.tag_stack.emplace_back(json::as_string(value, entry_path));
+  });
+  for_each_item(root, "last_events", path, [&](json::element value, const JsonPath& event_path) {
+    const json::object object = json::as_object(value, event_path);
+    OomEvent event;
+    const JsonPath action_path = event_path.key("action");
+    const std::string_view action = json::as_string(member(object, "action", event_path), action_path);
+    if (auto a = action_from(action))
+      event.action = *a;
+    else
+      throw InputError(action_path.str(), fmt::format("unknown action '{}'", printable(action)));
+    event.time_us = json::as_i64(member(object, "time_us", event_path), event_path.key("time_us"));
+    event.address = u64_field(object, "address", event_path);
+    event.size = u64_field(object, "size", event_path);
+    event.stream = u64_field(object, "stream", event_path);
+    event.region = string_field(object, "region", event_path);
+    dump.last_events.push_back(std::move(event));
+  });
+  return dump;
+}
+
+}  // namespace remat::report

@@ -1,0 +1,26 @@
+#pragma once
+// Renders `oom` dumps (schemas/oom.schema.json): the failed request, who held memory, fragmentation, and what to
+// change, computed from the numbers.
+
+#include "model/reports.hpp"
+#include "renderers/renderer.hpp"
+
+namespace remat::report {
+
+class OomRenderer final : public Renderer {
+ public:
+  std::string_view kind() const override { return "oom"; }
+  std::int64_t schema_version() const override { return 1; }
+  std::string_view schema_file() const override { return "oom.schema.json"; }
+
+  void check(const DumpFile& file) const override;
+  Report summary(const DumpFile& file) const override;
+
+  OomDump load(const DumpFile& file) const;
+};
+
+// The whole analysis of one OOM report: request, memory, holders, fragmentation, tag stack,
+// last events and suggestions. `remat-report oom` and `summary` print it.
+Report oom_report(const OomDump& dump, const std::string& path);
+
+}  // namespace remat::report

@@ -1,0 +1,20 @@
+#pragma once
+// Renders `saved-report` dumps (schemas/saved-report.schema.json): bytes autograd keeps for backward, as the runtime's
+// own formatter prints them.
+
+#include "model/reports.hpp"
+#include "renderers/renderer.hpp"
+
+namespace remat::report {
+
+class SavedReportRenderer final : public Renderer {
+ public:
+  std::string_view kind() const override { return "saved-report"; }
+  std::int64_t schema_version() const override { return 1; }
+  std::string_view schema_file() const override { return "saved-report.schema.json"; }
+
+  void check(const DumpFile& file) const override;
+  Report summary(const DumpFile& file) const override;
+};
+
+}  // namespace remat::report
