@@ -35,7 +35,11 @@ def main():
     event = validator("snapshot.schema.json", "#/$defs/event")
     for line in lines[1:]:
         event.validate(json.loads(line))
-    print(f"ok: 3 snapshots and a trace of {len(lines) - 1} events")
+    reports = {"oom.json": "oom", "remat-trace.json": "remat-trace", "memory-report.json": "memory-report",
+               "saved-report.json": "saved-report"}
+    for name, kind in reports.items():
+        validator(f"{kind}.schema.json").validate(json.loads((HERE / "data" / name).read_text()))
+    print(f"ok: 3 snapshots, a trace of {len(lines) - 1} events and {len(reports)} reports")
 
 
 if __name__ == "__main__":
