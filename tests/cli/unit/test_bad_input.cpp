@@ -41,18 +41,19 @@ TEST(BadInput, InvalidUtf8InAStringNamesItsByte) {
 TEST(BadInput, UnknownKindListsTheKindsThisBuildReads) {
   TempDir dir;
   expect_bad_input(run({"memory", dir.write("k.json", R"({"kind":"pipeline-plan-v9","schema_version":1})")}),
-                   "$.kind: unknown dump kind 'pipeline-plan-v9'; this remat-report reads: snapshot, trace");
+                   "$.kind: unknown dump kind 'pipeline-plan-v9'; this remat-report reads: snapshot, trace, oom, remat-trace, memory-report, "
+                   "saved-report");
 }
 
 TEST(Summary, KindsWithoutARendererStillShowTheirHeaderAndFields) {
   TempDir dir;
   const CliResult r = run({"summary", dir.write("r.json",
-      R"({"kind":"memory-report","schema_version":1,"producer":"p","created_at":"c","host":"h","pid":3,"rank":1,)"
+      R"({"kind":"pipeline-plan","schema_version":1,"producer":"p","created_at":"c","host":"h","pid":3,"rank":1,)"
       R"("device":0,"regions":[{"name":"a"},{"name":"b"}]})")});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("memory-report"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pipeline-plan"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("regions  an array      2"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("no renderer for 'memory-report' dumps yet"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no renderer for 'pipeline-plan' dumps yet"), std::string::npos) << r.out;
 }
 
 TEST(BadInput, UnknownSchemaVersionIsRefused) {

@@ -1,0 +1,139 @@
+// What `remat-report oom` suggests, pinned on hand-made numbers: each suggestion appears exactly
+// when the numbers support it and cites them.
+#include "analysis/oom_advice.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace remat::report {
+namespace {
+
+constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+
+// A 16 GiB device with 8 GiB allocated, nothing cached free, and a 64 MiB request.
+OomNumbers quiet_numbers() {
+  OomNumbers n;
+  n.requested_bytes = 64 * kMiB;
+  n.rounded_bytes = 64 * kMiB;
+  n.segment_bytes = 64 * kMiB;
+  n.device_total_bytes = 16 * kGiB;
+  n.device_free_bytes = 32 * kMiB;
+  n.reserved_bytes = 8 * kGiB;
+  n.allocated_bytes = 8 * kGiB;
+  n.active_bytes = 8 * kGiB;
+  return n;
+}
+
+const Suggestion* find(const std::vector<Suggestion>& all, SuggestionKind kind) {
+  const auto it = std::find_if(all.begin(), all.end(), [&](const Suggestion& s) { return s.kind == kind; });
+  return it == all.end() ? nullptr : &*it;
+}
+
+TEST(OomAdvice, NoSuggestionWhenNoRuleIsSupportedByTheNumbers) {
+  const std::vector<OomHolder> regions = {{"layers.0", 4 * kGiB, 10, 0}, {"<untagged>", 4 * kGiB, 3, 0}};
+  EXPECT_TRUE(suggest(quiet_numbers(), regions, "max_split_size_mb:unlimited").empty());
+}
+
+TEST(OomAdvice, EmptyCacheSufficesWhenWholeFreeSegmentsCoverTheRoundedRequest) {
+  OomNumbers n = quiet_numbers();
+  n.releasable_bytes = 96 * kMiB;
+  n.cached_free_bytes = 96 * kMiB;
+  n.largest_free_block = 48 * kMiB;
+  const std::vector<Suggestion> all = suggest(n, {}, "");
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].kind, SuggestionKind::empty_cache);
+  EXPECT_EQ(all[0].frees, 96 * kMiB);
+  EXPECT_NE(all[0].message.find("empty-cache would have freed 96.00 MiB"), std::string::npos) << all[0].message;
+  EXPECT_NE(all[0].message.find("enough for this request of 64.00 MiB"), std::string::npos) << all[0].message;
+}
+
+TEST(OomAdvice, EmptyCacheIsNotSuggestedWhenReleasableFallsShortOfTheRequest) {
+  OomNumbers n = quiet_numbers();
+  n.releasable_bytes = 63 * kMiB;
+  EXPECT_EQ(find(suggest(n, {}, ""), SuggestionKind::empty_cache), nullptr);
+}
+
+TEST(OomAdvice, FragmentationSuggestsMaxSplitSizeOfTheRoundedRequestInMiB) {
+  OomNumbers n = quiet_numbers();
+  n.rounded_bytes = 50 * kMiB;
+  n.requested_bytes = 50 * kMiB - 100;
+  n.largest_free_block = 30 * kMiB;
+  n.cached_free_bytes = 80 * kMiB;
+  n.fragmented_free_bytes = 70 * kMiB;
+  n.free_blocks_in_split_segments = 5;
+  n.releasable_bytes = 10 * kMiB;
+  const std::vector<Suggestion> all = suggest(n, {}, "backend:cuda,max_split_size_mb:unlimited");
+  ASSERT_EQ(all.size(), 1u);
+  const Suggestion& s = all[0];
+  EXPECT_EQ(s.kind, SuggestionKind::fragmentation);
+  EXPECT_EQ(s.setting, "max_split_size_mb:50");
+  EXPECT_EQ(s.frees, 70 * kMiB);
+  EXPECT_NE(s.message.find("largest free block (30.00 MiB) is smaller than the request (50.00 MiB)"), std::string::npos)
+      << s.message;
+  EXPECT_NE(s.message.find("70.00 MiB of them in 5 free block(s) inside split segments"), std::string::npos)
+      << s.message;
+  EXPECT_NE(s.message.find("(now unlimited)"), std::string::npos) << s.message;
+}
+
+TEST(OomAdvice, FragmentationSettingIsAtLeast20MiBForSmallRequests) {
+  OomNumbers n = quiet_numbers();
+  n.requested_bytes = n.rounded_bytes = 3 * kMiB;
+  n.largest_free_block = 2 * kMiB;
+  n.cached_free_bytes = 6 * kMiB;
+  n.fragmented_free_bytes = 6 * kMiB;
+  n.free_blocks_in_split_segments = 4;
+  const std::vector<Suggestion> all = suggest(n, {}, "");
+  const Suggestion* s = find(all, SuggestionKind::fragmentation);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->setting, "max_split_size_mb:20");
+}
+
+TEST(OomAdvice, NoFragmentationSuggestionWhenCachedFreeCannotCoverTheRequest) {
+  OomNumbers n = quiet_numbers();
+  n.largest_free_block = 8 * kMiB;
+  n.cached_free_bytes = 40 * kMiB;
+  n.fragmented_free_bytes = 40 * kMiB;
+  EXPECT_EQ(find(suggest(n, {}, ""), SuggestionKind::fragmentation), nullptr);
+}
+
+TEST(OomAdvice, RecomputeNamesTheRegionHoldingTheMostSavedBytes) {
+  const std::vector<OomHolder> regions = {
+      {"layers.0", 3 * kGiB, 10, 512 * kMiB}, {"layers.1", 2 * kGiB, 10, kGiB}, {"<untagged>", 3 * kGiB, 2, 0}};
+  const std::vector<Suggestion> all = suggest(quiet_numbers(), regions, "");
+  const Suggestion* s = find(all, SuggestionKind::recompute_region);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->region, "layers.1");
+  EXPECT_EQ(s->frees, kGiB);
+  EXPECT_NE(s->message.find("switch region layers.1 to recompute: frees up to 1.00 GiB"), std::string::npos)
+      << s->message;
+  EXPECT_NE(s->message.find("12.5% of allocated"), std::string::npos) << s->message;
+  EXPECT_NE(s->message.find("which this covers"), std::string::npos) << s->message;
+}
+
+TEST(OomAdvice, NearCapacitySuggestsALowerBatchSizeCitingTheShare) {
+  OomNumbers n = quiet_numbers();
+  n.allocated_bytes = 15 * kGiB;
+  const std::vector<Suggestion> all = suggest(n, {}, "");
+  const Suggestion* s = find(all, SuggestionKind::reduce_batch);
+  ASSERT_NE(s, nullptr);
+  EXPECT_NE(s->message.find("allocated (15.00 GiB) is 93.8% of the device (16.00 GiB)"), std::string::npos)
+      << s->message;
+}
+
+TEST(OomAdvice, ARequestLargerThanTheDeviceGetsOnlyThatSuggestion) {
+  OomNumbers n = quiet_numbers();
+  n.requested_bytes = n.rounded_bytes = n.segment_bytes = 32 * kGiB;
+  n.releasable_bytes = 64 * kGiB;  // nothing cached could help anyway
+  const std::vector<OomHolder> regions = {{"layers.0", kGiB, 1, kGiB}};
+  const std::vector<Suggestion> all = suggest(n, regions, "");
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].kind, SuggestionKind::request_exceeds_device);
+  EXPECT_NE(all[0].message.find("the request alone (32.00 GiB) is larger than the whole device (16.00 GiB)"),
+            std::string::npos)
+      << all[0].message;
+}
+
+}  // namespace
+}  // namespace remat::report

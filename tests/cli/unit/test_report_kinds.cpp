@@ -1,0 +1,162 @@
+// The checkpoint and OOM report kinds: `oom` on files a user will really pass it, and bad
+// report dumps failing with one line naming the JSON path.
+#include "cli_runner.hpp"
+
+#include <algorithm>
+
+namespace remat::report::testing {
+namespace {
+
+const std::string kHeader =
+    R"("schema_version":1,"producer":"test","created_at":"2026-01-01T00:00:00Z","host":"h","pid":1,"rank":0,"device":0)";
+
+// An OOM report whose numbers (and one replaced field) are given; `fragmentation` defaults to a
+// case where empty-cache covers the 64 MiB request.
+std::string oom_text(
+    const std::string& request = R"({"requested_bytes":67108864,"rounded_bytes":67108864,"segment_bytes":67108864})",
+    const std::string& fragmentation =
+        R"({"largest_free_block":104857600,"cached_free_bytes":104857600,"releasable_bytes":104857600,)"
+        R"("fragmented_free_bytes":0,"free_blocks_in_split_segments":0,"internal_bytes":0})") {
+  return R"({"kind":"oom",)" + kHeader + R"(,"backend":"cuda","request":)" + request +
+         R"(,"memory":{"device_free_bytes":0,"device_total_bytes":17179869184,"reserved_bytes":8589934592,)"
+         R"("allocated_bytes":8485076992,"requested_bytes":8485076992,"active_bytes":8485076992,"segments":9},)"
+         R"("fragmentation":)" +
+         fragmentation +
+         R"(,"num_ooms":1,"config":"backend:cuda","holders":{"by_region":[{"name":"layers.0","bytes":8485076992,)"
+         R"("blocks":4,"saved_bytes":0}],"by_recv_slot":[],"by_site":[],"by_phase":[]},"tag_stack":["region layers.0"],)"
+         R"("last_events":[{"action":"oom","time_us":5,"address":0,"size":67108864,"stream":0,"region":"layers.0"}]})";
+}
+
+void expect_bad_input(const CliResult& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line expected: " << r.err;
+}
+
+TEST(OomCommand, SuggestsEmptyCacheWhenReleasableCoversTheRequest) {
+  TempDir dir;
+  const CliResult r = run({"oom", dir.write("oom.json", oom_text())});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("  - empty-cache would have freed 100.00 MiB in whole cached segments (enough for this "
+                       "request of 64.00 MiB)"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(OomCommand, JsonHoldsTheSuggestionsWithTheirNumbers) {
+  TempDir dir;
+  const CliResult r = run({"oom", dir.write("oom.json", oom_text()), "--json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(R"("kind": "empty_cache")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("frees_bytes": 104857600)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("releasable_by_empty_cache": 104857600)"), std::string::npos) << r.out;
+}
+
+TEST(OomCommand, SummaryOfAnOomDumpPrintsTheSameAnalysis) {
+  TempDir dir;
+  const std::string path = dir.write("oom.json", oom_text());
+  const CliResult oom = run({"oom", path});
+  const CliResult summary = run({"summary", path});
+  EXPECT_EQ(summary.code, 0) << summary.err;
+  EXPECT_EQ(oom.out, summary.out);
+}
+
+TEST(OomCommand, ASnapshotIsRefusedNamingTheKindItReads) {
+  TempDir dir;
+  const std::string snapshot = R"({"kind":"snapshot",)" + kHeader + "}";
+  expect_bad_input(run({"oom", dir.write("s.json", snapshot)}), "$.kind: `oom` reads dumps of kind oom only");
+}
+
+TEST(OomCommand, AMissingFieldNamesItsJsonPath) {
+  TempDir dir;
+  const std::string text = oom_text(R"({"requested_bytes":1,"segment_bytes":2})");
+  expect_bad_input(run({"oom", dir.write("m.json", text)}), "$.request.rounded_bytes: missing required field");
+}
+
+TEST(OomCommand, AWrongTypeNamesThePathAndTheTypeFound) {
+  TempDir dir;
+  const std::string text = oom_text(R"({"requested_bytes":"64MiB","rounded_bytes":1,"segment_bytes":2})");
+  expect_bad_input(run({"oom", dir.write("t.json", text)}),
+                   "$.request.requested_bytes: expected a non-negative integer, found a string");
+}
+
+TEST(OomCommand, ANegativeByteCountIsRefused) {
+  TempDir dir;
+  const std::string text =
+      oom_text(R"({"requested_bytes":1,"rounded_bytes":1,"segment_bytes":2})",
+               R"({"largest_free_block":-1,"cached_free_bytes":0,"releasable_bytes":0,"fragmented_free_bytes":0,)"
+               R"("free_blocks_in_split_segments":0,"internal_bytes":0})");
+  expect_bad_input(run({"oom", dir.write("n.json", text)}),
+                   "$.fragmentation.largest_free_block: must not be negative (got -1)");
+}
+
+TEST(RematTrace, UnknownDecisionNamesItsPath) {
+  TempDir dir;
+  const std::string text = R"({"kind":"remat-trace",)" + kHeader +
+                           R"(,"scopes":[{"name":"layers.0","regions":[{"name":"mlp","decision":"maybe"}]}]})";
+  expect_bad_input(run({"summary", dir.write("r.json", text)}),
+                   "$.scopes[0].regions[0].decision: unknown decision 'maybe'; expected save or recompute");
+}
+
+TEST(RematTrace, IdenticalConsecutiveScopesAreFoldedAndCounted) {
+  TempDir dir;
+  const std::string scope = R"({"name":"layers.0","regions":[{"name":"mlp","decision":"recompute"}]})";
+  const std::string text =
+      R"({"kind":"remat-trace",)" + kHeader + R"(,"scopes":[)" + scope + "," + scope + "," + scope + "]}";
+  const CliResult r = run({"summary", dir.write("r.json", text)});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("remat trace: 3 checkpoint(s), 3 region(s)\n"
+                        "scope [layers.0]  x3 (identical consecutive scopes folded)\n"
+                        "  mlp: recompute\n",
+                        0),
+            0u)
+      << r.out;
+  EXPECT_NE(r.out.find("note: 2 scope(s) folded"), std::string::npos) << r.out;
+}
+
+TEST(SavedReport, GroupCountOfZeroIsRefused) {
+  TempDir dir;
+  const std::string text =
+      R"({"kind":"saved-report",)" + kHeader +
+      R"(,"total_bytes":10,"region_bytes":10,"outside_bytes":0,"regions":1,)"
+      R"("region_groups":[{"label":"layers.0","bytes":10,"count":0,"storages":1}],"node_groups":[]})";
+  expect_bad_input(run({"summary", dir.write("s.json", text)}), "$.region_groups[0].count: must be at least 1");
+}
+
+TEST(SavedReport, TextMatchesTheRuntimeFormatterIncludingMiB) {
+  TempDir dir;
+  const std::string text = R"({"kind":"saved-report",)" + kHeader +
+                           R"(,"total_bytes":6292480,"region_bytes":6291456,"outside_bytes":1024,"regions":3,)"
+                           R"("region_groups":[{"label":"block.0-2","bytes":6291456,"count":3,"storages":12}],)"
+                           R"("node_groups":[{"label":"MulBackward0","bytes":1024,"count":2,"storages":2}]})";
+  const CliResult r = run({"summary", dir.write("s.json", text)});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("saved for backward: 6.00 MiB resident -- 3 region(s) 6.00 MiB, outside regions 1.00 KiB\n"
+                        "  2.00 MiB  x3  block.0-2  (4 storages each)\n"
+                        "  1.00 KiB  MulBackward0 (x2)\n",
+                        0),
+            0u)
+      << r.out;
+}
+
+TEST(MemoryReport, SlotGroupingIsRefusedNamingTheGroupingsItHas) {
+  TempDir dir;
+  const std::string text = R"({"kind":"memory-report",)" + kHeader + R"(,"checkpoint":"layers.0","regions":[]})";
+  expect_bad_input(run({"memory", dir.write("m.json", text), "--by", "slot"}),
+                   "a memory-report groups by region or site, not by slot");
+}
+
+TEST(MemoryReport, SiteGroupingBillsARegionOfOneSiteItsExactBytes) {
+  TempDir dir;
+  const std::string text =
+      R"({"kind":"memory-report",)" + kHeader +
+      R"(,"checkpoint":"layers.0","regions":[{"region":"layers.0::a","bytes":4096,"storages":1,"tensors":[)"
+      R"({"name":"t0","shape":[1024],"dtype":"Float","storage_bytes":4096,"site":"attn.qkv"},)"
+      R"({"name":"t1","shape":[2,512],"dtype":"Float","storage_bytes":4096,"site":"attn.qkv"}]}]})";
+  const CliResult r = run({"memory", dir.write("m.json", text), "--by", "site", "--csv"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "site,resident_bytes,share,tensors\nattn.qkv,4096,1,2\ntotal,4096,1,2\n");
+}
+
+}  // namespace
+}  // namespace remat::report::testing
