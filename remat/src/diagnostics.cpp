@@ -1,4 +1,5 @@
 #include "frame.hpp"
+#include "report_text.hpp"
 
 #include <remat/diagnostics.hpp>
 
@@ -21,21 +22,6 @@ namespace {
 // Bounded, so a job that never collects does not grow without limit: the oldest go first.
 constexpr std::size_t kMaxScopes = 4096;
 thread_local std::deque<CheckpointScope> t_scopes;
-
-nlohmann::json dump_header(std::string_view kind) {
-  const alloc::DumpHeader header = alloc::current_dump_header();
-  return {{"kind", kind},           {"schema_version", 1},   {"producer", header.producer},
-          {"created_at", header.created_at}, {"host", header.host}, {"pid", header.pid},
-          {"rank", header.rank},    {"device", 0}};
-}
-
-std::string human_bytes(std::int64_t bytes) {
-  char text[32];
-  if (bytes >= (1 << 20)) std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  else if (bytes >= (1 << 10)) std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(bytes) / (1 << 10));
-  else std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
-  return text;
-}
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string out = "[";
@@ -75,6 +61,26 @@ class ResidencyBuilder {
 };
 
 }  // namespace
+
+std::string human_bytes(std::int64_t bytes) {
+  char text[32];
+  if (bytes >= (1 << 20)) std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  else if (bytes >= (1 << 10)) std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(bytes) / (1 << 10));
+  else std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
+  return text;
+}
+
+nlohmann::json dump_header(std::string_view kind) {
+  const alloc::DumpHeader header = alloc::current_dump_header();
+  return {{"kind", kind},
+          {"schema_version", 1},
+          {"producer", header.producer},
+          {"created_at", header.created_at},
+          {"host", header.host},
+          {"pid", header.pid},
+          {"rank", header.rank},
+          {"device", 0}};
+}
 
 void record_scope(CheckpointScope scope) {
   if (t_scopes.size() == kMaxScopes) t_scopes.pop_front();

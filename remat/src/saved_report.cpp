@@ -1,9 +1,8 @@
 #include "frame.hpp"
+#include "report_text.hpp"
 #include "saved_registry.hpp"
 
 #include <remat/saved_report.hpp>
-
-#include <remat/alloc/snapshot.hpp>
 
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
@@ -69,14 +68,6 @@ std::vector<SavedEntry> saved_entries() {
 }
 
 namespace {
-
-std::string human_bytes(std::int64_t bytes) {
-  char text[32];
-  if (bytes >= (1 << 20)) std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  else if (bytes >= (1 << 10)) std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(bytes) / (1 << 10));
-  else std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
-  return text;
-}
 
 // Bills storages once each, in the order offered.
 class Biller {
@@ -257,11 +248,11 @@ std::string SavedReport::format() const {
 }
 
 std::string SavedReport::to_json() const {
-  const alloc::DumpHeader header = alloc::current_dump_header();
-  nlohmann::json doc = {{"kind", "saved-report"}, {"schema_version", 1}, {"producer", header.producer},
-                        {"created_at", header.created_at}, {"host", header.host}, {"pid", header.pid},
-                        {"rank", header.rank}, {"device", 0}, {"total_bytes", total_bytes},
-                        {"region_bytes", region_bytes}, {"outside_bytes", outside_bytes}, {"regions", regions}};
+  nlohmann::json doc = detail::dump_header("saved-report");
+  doc["total_bytes"] = total_bytes;
+  doc["region_bytes"] = region_bytes;
+  doc["outside_bytes"] = outside_bytes;
+  doc["regions"] = regions;
   auto groups = [](const std::vector<SavedGroup>& list) {
     nlohmann::json out = nlohmann::json::array();
     for (const SavedGroup& g : list) {
