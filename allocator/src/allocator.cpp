@@ -18,7 +18,8 @@ struct Registry {
   bool configured = false;
   Config config;
   std::array<std::atomic<CachingAllocator*>, kMaxDevices> allocators{};
-  std::atomic<CachingAllocator*> separate_cpu_allocator{nullptr};
+  std::atomic<CachingAllocator*> separate_cpu_allocator{nullptr};  // when devices are CUDA
+  std::atomic<CachingAllocator*> cpu_allocator{nullptr};           // what cpu_allocator() returns
   std::mutex observer_mutex;
   std::map<int, OomObserver> observers;
   int next_observer_id = 1;
@@ -87,16 +88,25 @@ CachingAllocator& device_allocator(int device) {
 }
 
 CachingAllocator& cpu_allocator() {
-  if (effective_backend() == BackendKind::host) return device_allocator(0);
+  // Resolved once: every CPU tensor allocation comes through here.
   Registry& r = registry();
-  if (CachingAllocator* existing = r.separate_cpu_allocator.load(std::memory_order_acquire)) return *existing;
-  std::lock_guard lock(r.mutex);
-  if (CachingAllocator* existing = r.separate_cpu_allocator.load(std::memory_order_relaxed)) return *existing;
-  const Config& config = configured_locked(r);
-  auto* created = new CachingAllocator(std::make_unique<HostBackend>(config.host_capacity_bytes, 0), config);
-  created->set_oom_handler(notify_observers);
-  r.separate_cpu_allocator.store(created, std::memory_order_release);
-  return *created;
+  if (CachingAllocator* resolved = r.cpu_allocator.load(std::memory_order_acquire)) return *resolved;
+  CachingAllocator* chosen = nullptr;
+  if (effective_backend() == BackendKind::host) {
+    chosen = &device_allocator(0);
+  } else {
+    std::lock_guard lock(r.mutex);
+    chosen = r.separate_cpu_allocator.load(std::memory_order_relaxed);
+    if (chosen == nullptr) {
+      const Config& config = configured_locked(r);
+      chosen = new CachingAllocator(std::make_unique<HostBackend>(config.host_capacity_bytes, 0), config);
+      chosen->set_oom_handler(notify_observers);
+      r.separate_cpu_allocator.store(chosen, std::memory_order_release);
+    }
+  }
+  CachingAllocator* expected = nullptr;
+  if (!r.cpu_allocator.compare_exchange_strong(expected, chosen, std::memory_order_acq_rel)) return *expected;
+  return *chosen;
 }
 
 void configure(std::string_view text) {
