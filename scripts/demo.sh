@@ -17,12 +17,15 @@ echo
 "$report" memory "$out/snapshot-peak.json" --by region --top 10
 "$report" timeline "$out/trace.jsonl" -o "$out/timeline.html" --by region
 echo "timeline: $out/timeline.html"
+echo
+"$report" oom "$(ls -t "$out"/oom-*.json | head -n 1)" | sed -n '/Held by region/,/^$/p;/Suggestions/,/^$/p'
 
 if [ -x "$build_dir/examples/remat-train-demo" ]; then
   echo
   echo "== checkpoint runtime: 4 checkpointed layers trained on CPU =="
   "$build_dir/examples/remat-train-demo" --out "$out/train"
-  "$report" summary "$out/train/remat-trace.json"
+  "$report" summary "$out/train/remat-trace.json" | head -n 8
+  "$report" summary "$out/train/saved-report.json" | head -n 4
   "$report" memory "$out/train/snapshot.json" --by region --top 8
   "$report" timeline "$out/train/trace.jsonl" -o "$out/train/timeline.svg" --by region
   echo "timeline: $out/train/timeline.svg"
