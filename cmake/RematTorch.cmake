@@ -22,6 +22,7 @@ if(REMAT_TORCH_DIR AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cpu.so" AND EXIST
   string(REGEX MATCH "[0-9]+\\.[0-9]+\\.[0-9]+" REMAT_TORCH_VERSION "${_torch_version_line}")
   add_library(remat_torch_cpu INTERFACE)
   add_library(remat::torch_cpu ALIAS remat_torch_cpu)
+  set_target_properties(remat_torch_cpu PROPERTIES EXPORT_NAME torch_cpu)
   target_include_directories(remat_torch_cpu SYSTEM INTERFACE
     ${REMAT_TORCH_DIR}/include ${REMAT_TORCH_DIR}/include/torch/csrc/api/include)
   target_link_libraries(remat_torch_cpu INTERFACE
