@@ -1,32 +1,53 @@
 #pragma once
-// The allocator's lock. Critical sections are tens of nanoseconds, so a waiter spins
-// briefly before sleeping (glibc's adaptive mutex) instead of paying a futex round trip.
+// The allocator's lock. Critical sections are tens of nanoseconds, so the lock is one
+// atomic flag: taking and releasing it uncontended costs two atomic operations, a waiter
+// spins briefly and then yields the core instead of sleeping in the kernel.
 
-#include <pthread.h>
+#include <atomic>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace remat::alloc::detail {
 
 class AdaptiveMutex {
  public:
-  AdaptiveMutex() {
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-#if defined(PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP)
-    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
-#endif
-    pthread_mutex_init(&mutex_, &attr);
-    pthread_mutexattr_destroy(&attr);
-  }
-  ~AdaptiveMutex() { pthread_mutex_destroy(&mutex_); }
+  AdaptiveMutex() = default;
   AdaptiveMutex(const AdaptiveMutex&) = delete;
   AdaptiveMutex& operator=(const AdaptiveMutex&) = delete;
 
-  void lock() { pthread_mutex_lock(&mutex_); }
-  void unlock() { pthread_mutex_unlock(&mutex_); }
-  bool try_lock() { return pthread_mutex_trylock(&mutex_) == 0; }
+  void lock() {
+    if (!locked_.exchange(true, std::memory_order_acquire)) return;
+    contended_lock();
+  }
+  bool try_lock() { return !locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire); }
+  void unlock() { locked_.store(false, std::memory_order_release); }
 
  private:
-  pthread_mutex_t mutex_;
+  void contended_lock() {
+    for (unsigned spins = 0;; ++spins) {
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (spins < kSpinsBeforeYield) {
+          pause();
+          ++spins;
+        } else {
+          std::this_thread::yield();  // the holder may be descheduled: give it the core
+        }
+      }
+      if (!locked_.exchange(true, std::memory_order_acquire)) return;
+    }
+  }
+
+  static void pause() {
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+  }
+
+  static constexpr unsigned kSpinsBeforeYield = 128;
+  std::atomic<bool> locked_{false};
 };
 
 }  // namespace remat::alloc::detail
