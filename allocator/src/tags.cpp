@@ -48,10 +48,55 @@ thread_local TagId t_current_id = 0;
 
 Tag top_tag() { return t_stack.empty() ? Tag{} : t_stack.back().tag; }
 
-void push_frame(ScopeKind kind, const Tag& tag) {
-  const TagId id = intern_tag(tag);
-  t_stack.push_back(Frame{kind, tag, id});
-  t_current_id = id;
+// A push derives the child tag from the innermost one. Interned ids never change, so each
+// thread remembers the children it has derived and later pushes take no lock and build no
+// strings. `value` holds an enum or receive slot, `name` a region or site name.
+struct ChildView {
+  TagId parent;
+  ScopeKind kind;
+  std::uint64_t value;
+  std::string_view name;
+};
+struct ChildKey {
+  TagId parent;
+  ScopeKind kind;
+  std::uint64_t value;
+  std::string name;
+};
+struct ChildHash {
+  using is_transparent = void;
+  std::size_t operator()(const ChildView& k) const noexcept {
+    std::uint64_t h = std::hash<std::string_view>{}(k.name);
+    h = h * 0x9E3779B97F4A7C15ULL + k.parent;
+    h = h * 0x9E3779B97F4A7C15ULL + (k.value << 3 | static_cast<std::uint64_t>(k.kind));
+    return static_cast<std::size_t>(h ^ (h >> 29));
+  }
+  std::size_t operator()(const ChildKey& k) const noexcept { return (*this)(ChildView{k.parent, k.kind, k.value, k.name}); }
+};
+struct ChildEqual {
+  using is_transparent = void;
+  template <typename A, typename B>
+  bool operator()(const A& a, const B& b) const noexcept {
+    return a.parent == b.parent && a.kind == b.kind && a.value == b.value &&
+           std::string_view(a.name) == std::string_view(b.name);
+  }
+};
+struct Derived {
+  Tag tag;
+  TagId id;
+};
+thread_local std::unordered_map<ChildKey, Derived, ChildHash, ChildEqual> t_children;
+
+template <typename Derive>
+void push_child(ScopeKind kind, std::uint64_t value, std::string_view name, Derive derive) {
+  const ChildView key{t_current_id, kind, value, name};
+  auto it = t_children.find(key);
+  if (it == t_children.end()) {
+    const Tag tag = derive(top_tag());
+    it = t_children.emplace(ChildKey{key.parent, kind, value, std::string(name)}, Derived{tag, intern_tag(tag)}).first;
+  }
+  t_stack.push_back(Frame{kind, it->second.tag, it->second.id});
+  t_current_id = it->second.id;
 }
 
 void require_name(std::string_view name, std::string_view what) {
@@ -139,25 +184,24 @@ Tag current_tag() { return top_tag(); }
 
 void push_region(std::string_view name) {
   require_name(name, "region");
-  Tag tag = top_tag();
-  if (tag.region != 0) {
-    tag.region = intern_name(name_of(tag.region) + "::" + std::string(name));
-  } else {
-    tag.region = intern_name(name);
-  }
-  push_frame(ScopeKind::region, tag);
+  push_child(ScopeKind::region, 0, name, [name](Tag tag) {
+    tag.region = tag.region != 0 ? intern_name(name_of(tag.region) + "::" + std::string(name)) : intern_name(name);
+    return tag;
+  });
 }
 
 void push_policy(Policy policy) {
-  Tag tag = top_tag();
-  tag.policy = policy;
-  push_frame(ScopeKind::policy, tag);
+  push_child(ScopeKind::policy, static_cast<std::uint64_t>(policy), {}, [policy](Tag tag) {
+    tag.policy = policy;
+    return tag;
+  });
 }
 
 void push_phase(Phase phase) {
-  Tag tag = top_tag();
-  tag.phase = phase;
-  push_frame(ScopeKind::phase, tag);
+  push_child(ScopeKind::phase, static_cast<std::uint64_t>(phase), {}, [phase](Tag tag) {
+    tag.phase = phase;
+    return tag;
+  });
 }
 
 void push_recv_slot(RecvSlot slot) {
@@ -165,17 +209,21 @@ void push_recv_slot(RecvSlot slot) {
     throw InvalidArgumentError("receive slot stage=" + std::to_string(slot.stage) + " slot=" +
                                std::to_string(slot.slot) + " is negative; stage and slot are indices >= 0");
   }
-  Tag tag = top_tag();
-  tag.has_recv = true;
-  tag.recv = slot;
-  push_frame(ScopeKind::recv_slot, tag);
+  const std::uint64_t value = static_cast<std::uint64_t>(slot.stage) << 32 |
+                              static_cast<std::uint64_t>(slot.slot) << 1 | static_cast<std::uint64_t>(slot.direction);
+  push_child(ScopeKind::recv_slot, value, {}, [slot](Tag tag) {
+    tag.has_recv = true;
+    tag.recv = slot;
+    return tag;
+  });
 }
 
 void push_site(std::string_view name) {
   require_name(name, "site");
-  Tag tag = top_tag();
-  tag.site = intern_name(name);
-  push_frame(ScopeKind::site, tag);
+  push_child(ScopeKind::site, 0, name, [name](Tag tag) {
+    tag.site = intern_name(name);
+    return tag;
+  });
 }
 
 void pop_tag(ScopeKind kind) {

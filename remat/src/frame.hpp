@@ -83,10 +83,16 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<at::Tensor> recreated;
   std::vector<bool> filled;
   std::size_t missing = 0;  // slots recompute still has to fill
-  // Ops forward ran after the last dropped tensor: when there are any, recompute stops
-  // (by exception) once the last slot is filled instead of running them.
-  std::size_t ops_after_last_drop = 0;
+  // Autograd's sequence number when the last tensor was dropped. When forward created
+  // graph nodes after it, recompute stops (by exception) once the last slot is filled
+  // instead of running that work again.
+  std::uint64_t sequence_at_last_drop = 0;
   bool stop_early = false;
+
+  // Which inputs code outside save regions reads, learned from an op observer that is
+  // removed as soon as every input is known to be read.
+  std::size_t inputs_not_read = 0;
+  std::uint64_t read_observer = 0;  // at::CallbackHandle; 0 when none is registered
 
   // Recompute progress.
   std::size_t recompute_packs = 0;
@@ -95,6 +101,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // Tensors are matched to inputs and save-region outputs by storage, so views count.
   void persist(const at::Tensor& t);    // keep the save-region output(s) behind t
   void note_read(const at::Tensor& t);  // read by code that recompute runs again
+  void stop_observing_reads();
 
   void recompute();
   at::Tensor take_recreated(std::size_t index);

@@ -6,6 +6,7 @@
 
 #include <remat/alloc/tags.hpp>
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/engine.h>
@@ -13,6 +14,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <utility>
 #include <unordered_set>
 
 namespace remat {
@@ -90,7 +92,9 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       const std::size_t index = f.recompute_packs++;
       if (index < f.dropped && !f.filled[index]) {
         if (f.options.verify_recompute) verify(f, index, tensor);
-        f.recreated[index] = tensor.detach();
+        // variable_data(): the same storage without the graph, as detach() gives, but
+        // without a dispatcher round trip; the runtime uses it wherever it holds tensors.
+        f.recreated[index] = tensor.variable_data();
         f.filled[index] = true;
         if (--f.missing == 0 && f.stop_early) throw StopRecompute{};
       }
@@ -101,7 +105,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     if (state_.save_region >= 0) {
       // Kept as it is. The hook still holds the frame: what the checkpoint persisted stays
       // resident as long as the graph that may need it.
-      kept_ = tensor.detach();
+      kept_ = tensor.variable_data();
       f.kept.push_back({state_.save_region, c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
       track(kept_);
       return;
@@ -113,7 +117,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
                                            : std::string("the body of checkpoint '") + f.options.region_name + "'"));
     }
     index_ = f.dropped++;
-    f.ops_after_last_drop = 0;
+    f.sequence_at_last_drop = at::sequence_number::peek();
     track(at::Tensor());
   }
 
@@ -190,12 +194,11 @@ void restore_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hook
   for (std::size_t i = 0; i < hooks.size(); ++i) hooks[i]->restore(states[i]);
 }
 
-// Sees every op the checkpoint body runs outside save regions, to learn which inputs
+// Sees the ops the checkpoint body runs outside save regions, to learn which inputs
 // recompute will read again.
 std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
   const ThreadState& state = t_state;
   if (state.mode != Mode::forward || state.save_region >= 0 || state.frame == nullptr) return nullptr;
-  ++state.frame->ops_after_last_drop;
   for (const c10::IValue& value : fn.inputs()) {
     if (value.isTensor()) {
       state.frame->note_read(value.toTensor());
@@ -206,17 +209,21 @@ std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
   return nullptr;
 }
 
+// Observes reads for the checkpoint forward unless every input is known to be read first;
+// the frame removes it earlier once that happens, so later ops run without it.
 class ReadObserver {
  public:
-  ReadObserver()
-      : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(observe_op).needsInputs(true).scopes(
-            {at::RecordScope::FUNCTION}))) {}
-  ~ReadObserver() { at::removeCallback(handle_); }
+  explicit ReadObserver(Frame& frame) : frame_(frame) {
+    if (frame_.inputs_not_read == 0) return;
+    frame_.read_observer = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(observe_op).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~ReadObserver() { frame_.stop_observing_reads(); }
   ReadObserver(const ReadObserver&) = delete;
   ReadObserver& operator=(const ReadObserver&) = delete;
 
  private:
-  at::CallbackHandle handle_;
+  Frame& frame_;
 };
 
 std::string full_region_name(const Frame& frame, const std::string& name) {
@@ -246,11 +253,21 @@ void Frame::persist(const at::Tensor& t) {
 }
 
 void Frame::note_read(const at::Tensor& t) {
+  if (inputs_not_read == 0) return;
   const c10::StorageImpl* storage = storage_of(t);
   if (storage == nullptr) return;
   for (InputRecord& input : inputs) {
-    if (storage_of(input.value) == storage) input.needed = true;
+    if (!input.needed && storage_of(input.value) == storage) {
+      input.needed = true;
+      --inputs_not_read;
+    }
   }
+  if (inputs_not_read == 0) stop_observing_reads();
+}
+
+void Frame::stop_observing_reads() {
+  // Safe from inside the observer: a running op keeps its own copy of the callbacks.
+  if (read_observer != 0) at::removeCallback(std::exchange(read_observer, 0));
 }
 
 at::Tensor Frame::take_recreated(std::size_t index) {
@@ -281,7 +298,7 @@ void Frame::recompute() {
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const InputRecord& input = inputs[i];
     if (input.value.defined()) {
-      at::Tensor arg = input.value.detach();
+      at::Tensor arg = input.value.variable_data();
       if (input.meta.requires_grad) arg.requires_grad_(true);
       args.push_back(std::move(arg));
     } else {
@@ -302,9 +319,14 @@ void Frame::recompute() {
     } catch (const StopRecompute&) {
       // Every tensor backward needs exists: the rest of the body need not run.
     } catch (const std::exception& e) {
-      restore_states(hooks, outer);
-      if (auto message = placeholder_error_of(e)) throw Error(*message);
-      throw;
+      auto placeholder_read = placeholder_error_of(e);
+      // Work after the last needed tensor that built no graph node (so no early stop was
+      // planned) may read a placeholder; its results are discarded anyway.
+      if (!placeholder_read || missing != 0) {
+        restore_states(hooks, outer);
+        if (placeholder_read) throw Error(*placeholder_read);
+        throw;
+      }
     }
   }
   restore_states(hooks, outer);
@@ -343,13 +365,14 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   for (const CheckpointContextFactory& factory : options.contexts) frame->contexts.push_back(factory());
   frame->inputs.reserve(inputs.size());
   for (const at::Tensor& input : inputs) frame->inputs.push_back({meta_of(input), input, false});
+  for (const InputRecord& input : frame->inputs) frame->inputs_not_read += storage_of(input.value) != nullptr ? 1 : 0;
 
   TensorList outputs;
   {
     FrameOwnerScope owner(frame);
     ThreadStateScope scope({frame.get(), Mode::forward, -1, false, nullptr});
     ContextScope context_scope(frame->contexts, /*recompute=*/false);
-    ReadObserver observer;
+    ReadObserver observer(*frame);
     auto region_tag = TagScope::region(options.region_name);
     auto phase_tag = TagScope::phase(Phase::forward);
     outputs = frame->body(inputs);
@@ -357,15 +380,15 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
 
   // Keep only what recompute needs.
   for (InputRecord& input : frame->inputs) {
-    if (input.needed) input.value = input.value.detach();
+    if (input.needed) input.value = input.value.variable_data();
     else input.value = at::Tensor();
   }
   for (SaveRegionRecord& region : frame->save_regions) {
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {
-      region.outputs[o] = region.persisted[o] ? region.outputs[o].detach() : at::Tensor();
+      region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();
     }
   }
-  frame->stop_early = frame->ops_after_last_drop > 0;
+  frame->stop_early = at::sequence_number::peek() != frame->sequence_at_last_drop;
   frame->recreated.assign(frame->dropped, at::Tensor());
   frame->filled.assign(frame->dropped, false);
   record_scope({options.region_name, frame->regions});
@@ -400,7 +423,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
       TensorList out;
       for (std::size_t o = 0; o < record.metas.size(); ++o) {
         if (record.outputs[o].defined()) {
-          at::Tensor value = record.outputs[o].detach();
+          at::Tensor value = record.outputs[o].variable_data();
           if (record.metas[o].requires_grad) value.requires_grad_(true);
           out.push_back(std::move(value));
         } else {

@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -103,8 +104,9 @@ using FlatOf = Flat<std::decay_t<T>>;
 // Rebuilds the arguments of a call from the flattened inputs: argument I starts at
 // starts[I] and has counts[I] tensors.
 template <typename... Args, std::size_t... I>
-std::tuple<std::decay_t<Args>...> rebuild_args(const TensorList& in, const std::vector<std::size_t>& starts,
-                                               const std::vector<std::size_t>& counts, std::index_sequence<I...>) {
+std::tuple<std::decay_t<Args>...> rebuild_args(const TensorList& in, const std::array<std::size_t, sizeof...(Args)>& starts,
+                                               const std::array<std::size_t, sizeof...(Args)>& counts,
+                                               std::index_sequence<I...>) {
   return {[&] {
     std::size_t pos = starts[I];
     return FlatOf<Args>::take(in, pos, counts[I]);
@@ -117,8 +119,8 @@ template <typename F, typename... Args>
 std::pair<FlatFunction, TensorList> flatten_call(F fn, const Args&... args) {
   TensorList flat;
   (FlatOf<Args>::append(args, flat), ...);
-  std::vector<std::size_t> counts{FlatOf<Args>::count(args)...};
-  std::vector<std::size_t> starts(counts.size(), 0);
+  const std::array<std::size_t, sizeof...(Args)> counts{FlatOf<Args>::count(args)...};
+  std::array<std::size_t, sizeof...(Args)> starts{};
   for (std::size_t i = 1; i < counts.size(); ++i) starts[i] = starts[i - 1] + counts[i - 1];
   FlatFunction body = [fn = std::move(fn), counts, starts](const TensorList& in) -> TensorList {
     auto result = std::apply(fn, rebuild_args<Args...>(in, starts, counts, std::index_sequence_for<Args...>{}));
