@@ -1,6 +1,7 @@
 # Finds LibTorch inside the PyPI wheel `torch` (headers, libtorch_cpu, libc10) without
 # importing it, and defines remat::torch_cpu. The CPU libraries are all the checkpoint
-# runtime needs, so builds and tests here do not depend on the CUDA parts of the wheel.
+# runtime needs, so builds and tests here do not depend on the CUDA parts of the wheel;
+# remat::torch_cuda (libtorch_cuda, libc10_cuda) is defined too on CUDA builds.
 # Override the location with -DREMAT_TORCH_DIR=/path/to/site-packages/torch.
 
 set(REMAT_TORCH_DIR "" CACHE PATH "The torch package directory (site-packages/torch)")
@@ -29,6 +30,20 @@ if(REMAT_TORCH_DIR AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cpu.so" AND EXIST
     ${REMAT_TORCH_DIR}/lib/libtorch_cpu.so ${REMAT_TORCH_DIR}/lib/libc10.so)
   target_link_options(remat_torch_cpu INTERFACE "-Wl,-rpath,${REMAT_TORCH_DIR}/lib")
   message(STATUS "remat: LibTorch ${REMAT_TORCH_VERSION} from ${REMAT_TORCH_DIR}")
+
+  # LibTorch's CUDA libraries, for installing the tagging allocator as its CUDA allocator.
+  set(REMAT_HAVE_TORCH_CUDA OFF)
+  if(REMAT_HAVE_CUDA AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cuda.so"
+     AND EXISTS "${REMAT_TORCH_DIR}/include/torch/csrc/cuda/CUDAPluggableAllocator.h")
+    set(REMAT_HAVE_TORCH_CUDA ON)
+    add_library(remat_torch_cuda INTERFACE)
+    add_library(remat::torch_cuda ALIAS remat_torch_cuda)
+    set_target_properties(remat_torch_cuda PROPERTIES EXPORT_NAME torch_cuda)
+    target_link_libraries(remat_torch_cuda INTERFACE remat::torch_cpu
+      ${REMAT_TORCH_DIR}/lib/libtorch_cuda.so ${REMAT_TORCH_DIR}/lib/libc10_cuda.so CUDA::cudart_static)
+    target_link_options(remat_torch_cuda INTERFACE "-Wl,-rpath-link,${CUDAToolkit_LIBRARY_DIR}")
+    message(STATUS "remat: LibTorch CUDA libraries found; building remat::cuda")
+  endif()
 else()
   message(STATUS "remat: LibTorch not found (pip install torch==2.11.0, or -DREMAT_TORCH_DIR=...); "
                  "skipping the checkpoint runtime")

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace remat::alloc {
@@ -161,12 +162,29 @@ void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn)
   if (CachingAllocator* cpu = registry().separate_cpu_allocator.load(std::memory_order_acquire)) fn(*cpu);
 }
 
-std::optional<TagId> find_block_tag(const void* ptr) {
-  std::optional<TagId> found;
+CachingAllocator* find_owner(const void* ptr) {
+  CachingAllocator* owner = nullptr;
   for_each_device_allocator([&](CachingAllocator& allocator) {
-    if (!found) found = allocator.tag_of_block(ptr);
+    if (owner == nullptr && allocator.tag_of_block(ptr)) owner = &allocator;
   });
-  return found;
+  return owner;
+}
+
+void record_stream_anywhere(void* ptr, Stream stream) {
+  CachingAllocator* owner = find_owner(ptr);
+  if (owner == nullptr) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%p", ptr);
+    throw InvalidPointerError(std::string("record_stream: ") + text +
+                              " is not the start of a live block of any remat allocator; pass the pointer the "
+                              "allocator returned, before freeing it");
+  }
+  owner->record_stream(ptr, stream);
+}
+
+std::optional<TagId> find_block_tag(const void* ptr) {
+  CachingAllocator* owner = find_owner(ptr);
+  return owner != nullptr ? owner->tag_of_block(ptr) : std::nullopt;
 }
 
 int add_oom_observer(OomObserver observer) {

@@ -140,7 +140,7 @@ int remat_empty_cache(void) {
 }
 
 int remat_record_stream(void* ptr, cudaStream_t stream) {
-  return guarded([&] { device_allocator(default_device()).record_stream(ptr, as_stream(stream)); });
+  return guarded([&] { record_stream_anywhere(ptr, as_stream(stream)); });
 }
 
 int remat_get_stats(int device, remat_stats* out) {

@@ -35,6 +35,11 @@ int default_device() noexcept;
 // Calls `fn` for each allocator created so far (devices, then a separate CPU allocator).
 void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn);
 
+// The allocator (CPU or device) whose live block starts at `ptr`, or nullptr.
+CachingAllocator* find_owner(const void* ptr);
+// record_stream on the allocator that owns `ptr`, whatever the current device; throws
+// InvalidPointerError when no allocator does.
+void record_stream_anywhere(void* ptr, Stream stream);
 // The tag of the live block starting at `ptr` in any allocator (CPU and devices).
 std::optional<TagId> find_block_tag(const void* ptr);
 
