@@ -182,10 +182,28 @@ std::vector<Tag> interned_tags() {
 TagId current_tag_id() noexcept { return t_current_id; }
 Tag current_tag() { return top_tag(); }
 
+namespace {
+
+NameId nested_region(NameId parent, std::string_view name) {
+  return parent != 0 ? intern_name(name_of(parent) + "::" + std::string(name)) : intern_name(name);
+}
+
+}  // namespace
+
 void push_region(std::string_view name) {
   require_name(name, "region");
   push_child(ScopeKind::region, 0, name, [name](Tag tag) {
-    tag.region = tag.region != 0 ? intern_name(name_of(tag.region) + "::" + std::string(name)) : intern_name(name);
+    tag.region = nested_region(tag.region, name);
+    return tag;
+  });
+}
+
+void push_region(std::string_view name, Policy policy) {
+  require_name(name, "region");
+  // value 0 is the plain region push, which keeps the enclosing policy
+  push_child(ScopeKind::region, 1 + static_cast<std::uint64_t>(policy), name, [name, policy](Tag tag) {
+    tag.region = nested_region(tag.region, name);
+    tag.policy = policy;
     return tag;
   });
 }

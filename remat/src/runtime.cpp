@@ -437,8 +437,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     inner.in_region = true;
     inner.region = &name;
     ThreadStateScope scope(inner);
-    auto region_tag = TagScope::region(name);
-    auto policy_tag = TagScope::policy(Policy::recompute);
+    auto region_tag = TagScope::region(name, Policy::recompute);
     return body(inputs);
   }
 
@@ -463,8 +462,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   TensorList outputs;
   {
     ThreadStateScope scope(inner);
-    auto region_tag = TagScope::region(name);
-    auto policy_tag = TagScope::policy(recompute ? Policy::recompute : Policy::save);
+    auto region_tag = TagScope::region(name, recompute ? Policy::recompute : Policy::save);
     outputs = body(inputs);
   }
   if (!recompute) {

@@ -27,6 +27,28 @@ TEST(Tags, NestedRegionsComposeTheirPaths) {
   EXPECT_EQ(name_of(current_tag().region), "layers.0::attention");
 }
 
+TEST(Tags, ARegionWithItsPolicyIsOneFrame) {
+  auto outer = TagScope::region("layers.2");
+  auto policy = TagScope::policy(Policy::save);
+  const std::size_t depth = tag_stack_depth();
+  TagId mlp = 0;
+  {
+    auto inner = TagScope::region("mlp", Policy::recompute);
+    mlp = current_tag_id();
+    EXPECT_EQ(tag_stack_depth(), depth + 1);
+    EXPECT_EQ(name_of(current_tag().region), "layers.2::mlp");
+    EXPECT_EQ(current_tag().policy, Policy::recompute);
+    auto plain = TagScope::region("inner");  // a plain region keeps the policy in force
+    EXPECT_EQ(current_tag().policy, Policy::recompute);
+  }
+  EXPECT_EQ(name_of(current_tag().region), "layers.2");
+  EXPECT_EQ(current_tag().policy, Policy::save);
+  auto again = TagScope::region("mlp", Policy::recompute);
+  EXPECT_EQ(current_tag_id(), mlp);
+  auto separate = TagScope::region("x");
+  EXPECT_EQ(name_of(current_tag().region), "layers.2::mlp::x");
+}
+
 TEST(Tags, ScopesRestoreTheOuterTagOnExit) {
   const TagId before = current_tag_id();
   {

@@ -59,6 +59,8 @@ std::string_view to_string(ScopeKind kind);
 // Pushing a region inside another composes the path: "layers.0" then "attention" gives
 // "layers.0::attention". Empty names are rejected (InvalidArgumentError).
 void push_region(std::string_view name);
+// A region and its checkpoint policy in one frame (one push instead of two).
+void push_region(std::string_view name, Policy policy);
 void push_policy(Policy policy);
 void push_phase(Phase phase);
 void push_recv_slot(RecvSlot slot);
@@ -77,6 +79,10 @@ std::string source_site(const std::source_location& where);
 class [[nodiscard]] TagScope {
  public:
   static TagScope region(std::string_view name) { push_region(name); return TagScope(ScopeKind::region); }
+  static TagScope region(std::string_view name, Policy policy) {
+    push_region(name, policy);
+    return TagScope(ScopeKind::region);
+  }
   static TagScope policy(Policy policy) { push_policy(policy); return TagScope(ScopeKind::policy); }
   static TagScope phase(Phase phase) { push_phase(phase); return TagScope(ScopeKind::phase); }
   static TagScope recv_slot(RecvSlot slot) { push_recv_slot(slot); return TagScope(ScopeKind::recv_slot); }
