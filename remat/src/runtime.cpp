@@ -92,9 +92,9 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       const std::size_t index = f.recompute_packs++;
       if (index < f.dropped && !f.filled[index]) {
         if (f.options.verify_recompute) verify(f, index, tensor);
-        // variable_data(): the same storage without the graph, as detach() gives, but
-        // without a dispatcher round trip; the runtime uses it wherever it holds tensors.
-        f.recreated[index] = tensor.variable_data();
+        // Held with its recompute graph, which saves nothing (these hooks keep no data), until
+        // backward unpacks it; autograd rewraps what unpack returns, so no detach is needed.
+        f.recreated[index] = tensor;
         f.filled[index] = true;
         if (--f.missing == 0 && f.stop_early) throw StopRecompute{};
       }
@@ -105,6 +105,8 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     if (state_.save_region >= 0) {
       // Kept as it is. The hook still holds the frame: what the checkpoint persisted stays
       // resident as long as the graph that may need it.
+      // variable_data(): the same storage without the graph, as detach() gives, but without a
+      // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
       kept_ = tensor.variable_data();
       f.kept.push_back({state_.save_region, c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
       track(kept_);
