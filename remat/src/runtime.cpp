@@ -14,8 +14,8 @@
 
 #include <cstdio>
 #include <mutex>
-#include <utility>
 #include <unordered_set>
+#include <utility>
 
 namespace remat {
 namespace detail {
