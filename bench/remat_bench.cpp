@@ -16,7 +16,6 @@
 #include <cstring>
 #include <ctime>
 #include <exception>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -121,15 +120,25 @@ double thread_cpu_us() {
   return static_cast<double>(now.tv_sec) * 1e6 + static_cast<double>(now.tv_nsec) / 1e3;
 }
 
-double cpu_us(const std::function<void()>& body) {
-  const double start = thread_cpu_us();
-  body();
-  return thread_cpu_us() - start;
-}
-
 double median(std::vector<double> samples) {
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
+}
+
+// Thread CPU time of a forward and of the backward that follows it.
+struct Timing {
+  double forward_us = 0;
+  double backward_us = 0;
+  double total() const { return forward_us + backward_us; }
+};
+
+template <typename Forward>
+Timing time_forward_backward(Forward forward) {
+  const double start = thread_cpu_us();
+  at::Tensor loss = forward();
+  const double middle = thread_cpu_us();
+  if (loss.defined()) loss.backward();
+  return {middle - start, thread_cpu_us() - middle};
 }
 
 void overhead_table(int repetitions) {
@@ -146,7 +155,7 @@ void overhead_table(int repetitions) {
     for (int c = 0; c < kCalls; ++c) {
       for (int r = 0; r < kRegions; ++r) h = step(h);
     }
-    h.sum().backward();
+    return h.sum();
   };
   auto checkpointed = [&](bool regions) {
     return [&, regions] {
@@ -158,7 +167,7 @@ void overhead_table(int repetitions) {
           return t;
         })(h);
       }
-      h.sum().backward();
+      return h.sum();
     };
   };
   // What recompute costs by itself: every body's forward once more, with autograd on.
@@ -167,23 +176,31 @@ void overhead_table(int repetitions) {
     for (int c = 0; c < kCalls; ++c) {
       for (int r = 0; r < kRegions; ++r) h = step(h);
     }
+    return at::Tensor();
   };
   for (int i = 0; i < 3; ++i) {  // warm up
-    plain();
-    bodies_again();
-    checkpointed(false)();
-    checkpointed(true)();
+    time_forward_backward(plain);
+    time_forward_backward(bodies_again);
+    time_forward_backward(checkpointed(false));
+    time_forward_backward(checkpointed(true));
   }
   // Interleaved, and each overhead taken from the samples of one repetition, so that
   // drift hits the arrangements alike; the medians of those differences are reported.
-  std::vector<double> plain_us, again_us, ckpt_us, region_us, per_checkpoint, per_region;
+  std::vector<double> plain_us, again_us, ckpt_us, region_us;
+  std::vector<double> per_checkpoint, per_checkpoint_forward, per_checkpoint_backward, per_region;
   for (int r = 0; r < repetitions; ++r) {
-    plain_us.push_back(cpu_us(plain));
-    again_us.push_back(cpu_us(bodies_again));
-    ckpt_us.push_back(cpu_us(checkpointed(false)));
-    region_us.push_back(cpu_us(checkpointed(true)));
-    per_checkpoint.push_back((ckpt_us.back() - plain_us.back() - again_us.back()) / kCalls);
-    per_region.push_back((region_us.back() - ckpt_us.back()) / (kCalls * kRegions));
+    const Timing base = time_forward_backward(plain);
+    const double again = time_forward_backward(bodies_again).forward_us;
+    const Timing ckpt = time_forward_backward(checkpointed(false));
+    const Timing regions = time_forward_backward(checkpointed(true));
+    plain_us.push_back(base.total());
+    again_us.push_back(again);
+    ckpt_us.push_back(ckpt.total());
+    region_us.push_back(regions.total());
+    per_checkpoint.push_back((ckpt.total() - base.total() - again) / kCalls);
+    per_checkpoint_forward.push_back((ckpt.forward_us - base.forward_us) / kCalls);
+    per_checkpoint_backward.push_back((ckpt.backward_us - base.backward_us - again) / kCalls);
+    per_region.push_back((regions.total() - ckpt.total()) / (kCalls * kRegions));
   }
   const double base = median(plain_us), again = median(again_us), ckpt = median(ckpt_us),
                regions = median(region_us);
@@ -197,6 +214,8 @@ void overhead_table(int repetitions) {
   std::printf("  %-52s %10.1f us   %.2fx\n", "checkpoint per call, 4 recompute regions", regions, regions / base);
   std::printf("  runtime overhead per checkpoint (beyond re-running its body): %.2f us (target <= 10 us)\n",
               median(per_checkpoint));
+  std::printf("    in forward %.2f us; in backward (saved-tensor hooks, recompute set-up) %.2f us\n",
+              median(per_checkpoint_forward), median(per_checkpoint_backward));
   std::printf("  runtime overhead per region (forward and recompute): %.2f us (target <= 2 us)\n",
               median(per_region));
 }
