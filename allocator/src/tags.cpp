@@ -182,13 +182,10 @@ std::vector<Tag> interned_tags() {
 TagId current_tag_id() noexcept { return t_current_id; }
 Tag current_tag() { return top_tag(); }
 
-namespace {
-
-NameId nested_region(NameId parent, std::string_view name) {
+// The interned path of region `name` inside region `parent` (0: none).
+static NameId nested_region(NameId parent, std::string_view name) {
   return parent != 0 ? intern_name(name_of(parent) + "::" + std::string(name)) : intern_name(name);
 }
-
-}  // namespace
 
 void push_region(std::string_view name) {
   require_name(name, "region");
