@@ -228,6 +228,22 @@ class ReadObserver {
   Frame& frame_;
 };
 
+// Checkpoints, by name, whose last forward on this thread ran no save region. There every
+// read is outside save regions, so every input that is read is needed: such a checkpoint
+// keeps all its inputs instead of observing reads, which costs more per call than the
+// unused input it could drop. Bounded: a job that names every call differently starts over.
+constexpr std::size_t kMaxRemembered = 4096;
+thread_local std::unordered_set<std::string> t_without_save_regions;
+
+void remember_save_regions(const std::string& checkpoint, bool ran_save_region) {
+  if (ran_save_region) {
+    t_without_save_regions.erase(checkpoint);
+    return;
+  }
+  if (t_without_save_regions.size() >= kMaxRemembered) t_without_save_regions.clear();
+  t_without_save_regions.insert(checkpoint);
+}
+
 std::string full_region_name(const Frame& frame, const std::string& name) {
   return frame.options.region_name + "::" + name;
 }
@@ -366,8 +382,12 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   frame->state_at_entry = snapshot_states(options.recompute_state_hooks);
   for (const CheckpointContextFactory& factory : options.contexts) frame->contexts.push_back(factory());
   frame->inputs.reserve(inputs.size());
-  for (const at::Tensor& input : inputs) frame->inputs.push_back({meta_of(input), input, false});
-  for (const InputRecord& input : frame->inputs) frame->inputs_not_read += storage_of(input.value) != nullptr ? 1 : 0;
+  const bool keep_all_inputs = t_without_save_regions.contains(options.region_name);
+  for (const at::Tensor& input : inputs) {
+    const bool has_data = storage_of(input) != nullptr;
+    frame->inputs.push_back({meta_of(input), input, has_data && keep_all_inputs});
+    if (has_data && !keep_all_inputs) ++frame->inputs_not_read;
+  }
 
   TensorList outputs;
   {
@@ -390,6 +410,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
       region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();
     }
   }
+  remember_save_regions(options.region_name, !frame->save_regions.empty());
   frame->stop_early = at::sequence_number::peek() != frame->sequence_at_last_drop;
   frame->recreated.assign(frame->dropped, at::Tensor());
   frame->filled.assign(frame->dropped, false);

@@ -16,11 +16,12 @@ constexpr std::int64_t N = 1000;  // elements per tensor
 struct Chain {
   bool a_saves = false;
   bool b_saves = false;
+  std::string name = "ckpt";
   std::map<std::string, int> runs;  // region body executions
 
   // A: p = exp(x) (autograd saves p), y = 3p.  B: q = exp(y), z = 3q.  C: sum(3z).
   at::Tensor forward(const at::Tensor& x) {
-    return remat::checkpoint({.region_name = "ckpt"})([this](const at::Tensor& in) {
+    return remat::checkpoint({.region_name = name})([this](const at::Tensor& in) {
       auto y = remat::region(
           [this](const at::Tensor& t) {
             ++runs["A"];
@@ -45,6 +46,20 @@ struct Chain {
 
 at::Tensor reference_loss(const at::Tensor& x) { return ((x.exp() * 3.0).exp() * 3.0 * 3.0).sum(); }
 
+// Runs the chain on x = 2w, tagged "input", that only the checkpoint can keep alive.
+at::Tensor run_with_fresh_input(Chain& chain, const at::Tensor& w) {
+  at::Tensor x;
+  {
+    auto input_scope = remat::alloc::TagScope::region("input");
+    x = w * 2.0;
+  }
+  return chain.forward(x);
+}
+
+std::int64_t resident_bytes(const Chain& chain) {
+  return remat::live_bytes("input") + remat::live_bytes(chain.name + "::A") + remat::live_bytes(chain.name + "::B");
+}
+
 struct ResidencyCase {
   bool a_saves;
   bool b_saves;
@@ -59,18 +74,10 @@ TEST_P(Residency, ResidentBytesAndRecomputedTensorsMatchTheTable) {
   const ResidencyCase c = GetParam();
   at::manual_seed(0);
   auto w = (at::rand({N}) * 0.1).requires_grad_(true);
-  Chain chain{c.a_saves, c.b_saves, {}};
-  at::Tensor loss;
-  {
-    at::Tensor x;
-    {
-      auto input_scope = remat::alloc::TagScope::region("input");
-      x = w * 2.0;  // the checkpoint input; only the checkpoint can keep it alive
-    }
-    loss = chain.forward(x);
-  }
-  const std::int64_t resident = remat::live_bytes("input") + remat::live_bytes("ckpt::A") + remat::live_bytes("ckpt::B");
-  EXPECT_EQ(resident, float_bytes(c.resident_tensors * N));
+  // A name per case: what one case's calls teach the runtime must not reach another.
+  Chain chain{c.a_saves, c.b_saves, ::testing::UnitTest::GetInstance()->current_test_info()->name(), {}};
+  at::Tensor loss = run_with_fresh_input(chain, w);
+  EXPECT_EQ(resident_bytes(chain), float_bytes(c.resident_tensors * N));
   loss.backward();
   EXPECT_EQ(chain.runs["A"], c.a_runs);
   EXPECT_EQ(chain.runs["B"], c.b_runs);
@@ -80,7 +87,7 @@ TEST_P(Residency, ResidentBytesAndRecomputedTensorsMatchTheTable) {
   reference_loss(w_ref * 2.0).backward();
   EXPECT_TRUE(at::equal(w.grad(), w_ref.grad()));
   loss = at::Tensor();
-  EXPECT_EQ(remat::live_bytes("ckpt"), 0);
+  EXPECT_EQ(remat::live_bytes(chain.name), 0);
   EXPECT_EQ(remat::live_bytes("input"), 0);
 }
 
@@ -93,6 +100,33 @@ INSTANTIATE_TEST_SUITE_P(Table, Residency,
                            return std::string(param_info.param.a_saves ? "Save" : "Recompute") +
                                   (param_info.param.b_saves ? "Save" : "Recompute");
                          });
+
+// A checkpoint whose last call ran no save region keeps every input without watching which
+// are read. When it runs save regions again, that call still keeps them; the next one drops
+// an input that only save regions read, as the table says.
+TEST(Residency, InputsOfACheckpointThatStartsSavingAreDroppedFromItsNextCall) {
+  at::manual_seed(0);
+  auto w = (at::rand({N}) * 0.1).requires_grad_(true);
+  Chain chain{false, false, "starts.saving", {}};
+  const std::int64_t x_bytes = float_bytes(N);
+  const std::vector<std::pair<bool, std::int64_t>> calls = {
+      {false, x_bytes},                  // recompute/recompute: x
+      {true, float_bytes(4 * N) + x_bytes},  // save/save: y, z, p, q, and x kept as before
+      {true, float_bytes(4 * N)},        // save/save: y, z, p, q
+  };
+  for (const auto& [saves, expected] : calls) {
+    chain.a_saves = chain.b_saves = saves;
+    at::Tensor loss = run_with_fresh_input(chain, w);
+    EXPECT_EQ(resident_bytes(chain), expected) << (saves ? "save/save" : "recompute/recompute");
+    w.mutable_grad() = at::Tensor();
+    loss.backward();
+    auto w_ref = w.detach().clone().requires_grad_(true);
+    reference_loss(w_ref * 2.0).backward();
+    EXPECT_TRUE(at::equal(w.grad(), w_ref.grad()));
+    loss = at::Tensor();
+    EXPECT_EQ(remat::live_bytes("input"), 0);
+  }
+}
 
 // y = save region output read by plain code in recompute: a placeholder unless marked.
 struct PlaceholderProbe {
