@@ -206,23 +206,24 @@ void overhead_table(int repetitions) {
     rerun_us.push_back(rerun.total());
     ckpt_us.push_back(ckpt.total());
     region_us.push_back(regions.total());
-    per_checkpoint.push_back((ckpt.total() - rerun.total()) / kCalls);
-    per_checkpoint_forward.push_back((ckpt.forward_us - base.forward_us) / kCalls);
-    per_checkpoint_backward.push_back((ckpt.total() - rerun.total() - (ckpt.forward_us - base.forward_us)) / kCalls);
+    const double overhead = (ckpt.total() - rerun.total()) / kCalls;
+    const double forward_overhead = (ckpt.forward_us - base.forward_us) / kCalls;
+    per_checkpoint.push_back(overhead);
+    per_checkpoint_forward.push_back(forward_overhead);
+    per_checkpoint_backward.push_back(overhead - forward_overhead);
     per_region.push_back((regions.total() - ckpt.total()) / (kCalls * kRegions));
   }
-  const double base = median(plain_us), rerun = median(rerun_us), ckpt = median(ckpt_us),
-               regions = median(region_us);
+  const double base = median(plain_us), rerun = median(rerun_us), ckpt = median(ckpt_us), regions = median(region_us);
   std::printf("\noverhead on [4]-element tensors, %d checkpoints x %d regions, forward+backward, thread CPU time "
               "(median of %d):\n",
               kCalls, kRegions, repetitions);
   std::printf("  %-52s %10.1f us   1.00x\n", "no checkpointing", base);
-  std::printf("  %-52s %10.1f us   %.2fx\n", "no checkpointing, each body run again in backward", rerun,
-              rerun / base);
+  std::printf("  %-52s %10.1f us   %.2fx\n", "no checkpointing, each body run again in backward", rerun, rerun / base);
   std::printf("  %-52s %10.1f us   %.2fx\n", "checkpoint per call, no regions", ckpt, ckpt / base);
   std::printf("  %-52s %10.1f us   %.2fx\n", "checkpoint per call, 4 recompute regions", regions, regions / base);
-  std::printf("  runtime overhead per checkpoint (beyond running its body again in backward): %.2f us (target <= 10 us)\n",
-              median(per_checkpoint));
+  std::printf(
+      "  runtime overhead per checkpoint (beyond running its body again in backward): %.2f us (target <= 10 us)\n",
+      median(per_checkpoint));
   std::printf("    in forward %.2f us; in backward (saved-tensor hooks, recompute set-up) %.2f us\n",
               median(per_checkpoint_forward), median(per_checkpoint_backward));
   std::printf("  runtime overhead per region (forward and recompute): %.2f us (target <= 2 us)\n",

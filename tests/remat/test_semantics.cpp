@@ -110,9 +110,9 @@ TEST(Residency, InputsOfACheckpointThatStartsSavingAreDroppedFromItsNextCall) {
   Chain chain{false, false, "starts.saving", {}};
   const std::int64_t x_bytes = float_bytes(N);
   const std::vector<std::pair<bool, std::int64_t>> calls = {
-      {false, x_bytes},                  // recompute/recompute: x
+      {false, x_bytes},                      // recompute/recompute: x
       {true, float_bytes(4 * N) + x_bytes},  // save/save: y, z, p, q, and x kept as before
-      {true, float_bytes(4 * N)},        // save/save: y, z, p, q
+      {true, float_bytes(4 * N)},            // save/save: y, z, p, q
   };
   for (const auto& [saves, expected] : calls) {
     chain.a_saves = chain.b_saves = saves;
