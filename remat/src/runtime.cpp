@@ -235,7 +235,9 @@ class ReadObserver {
 constexpr std::size_t kMaxRemembered = 4096;
 thread_local std::unordered_set<std::string> t_without_save_regions;
 
-void remember_save_regions(const std::string& checkpoint, bool ran_save_region) {
+// Touches the set only when the answer changed, so a steady model looks each name up once.
+void remember_save_regions(const std::string& checkpoint, bool remembered, bool ran_save_region) {
+  if (remembered == !ran_save_region) return;  // the set already says so
   if (ran_save_region) {
     t_without_save_regions.erase(checkpoint);
     return;
@@ -410,7 +412,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
       region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();
     }
   }
-  remember_save_regions(options.region_name, !frame->save_regions.empty());
+  remember_save_regions(options.region_name, keep_all_inputs, !frame->save_regions.empty());
   frame->stop_early = at::sequence_number::peek() != frame->sequence_at_last_drop;
   frame->recreated.assign(frame->dropped, at::Tensor());
   frame->filled.assign(frame->dropped, false);
