@@ -1,6 +1,7 @@
 // Checkpoint runtime benchmarks: memory kept between forward and backward and peak memory
 // for no, full and selective checkpointing (measured through the allocator's tags, checked
-// against the analytic expectation), and the CPU overhead per checkpoint and per region.
+// against the analytic expectation), and the overhead per checkpoint and per region. With
+// --device cuda the same runs on CUDA tensors through install_cuda_allocator().
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/tags.hpp>
@@ -10,6 +11,12 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+
+#if REMAT_BENCH_HAVE_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <remat/alloc/cuda_backend.hpp>
+#include <remat/cuda_allocator.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +30,20 @@
 namespace {
 
 using remat::alloc::TagScope;
+
+// Where the benchmark's tensors live: the CPU through the tagging CPU allocator, or CUDA
+// device 0 through the tagging allocator installed as LibTorch's CUDA allocator.
+at::Device g_device = at::kCPU;
+
+void synchronize() {
+#if REMAT_BENCH_HAVE_CUDA
+  if (g_device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+}
+
+remat::alloc::CachingAllocator& tensor_allocator() {
+  return g_device.is_cuda() ? remat::alloc::device_allocator(0) : remat::alloc::cpu_allocator();
+}
 
 enum class Mode { none, full, selective };
 const char* name_of(Mode mode) {
@@ -43,8 +64,8 @@ struct Model {
   Model(std::int64_t l, std::int64_t b, std::int64_t d) : layers(l), batch(b), width(d) {
     at::manual_seed(0);
     for (std::int64_t i = 0; i < l; ++i) {
-      wa.push_back((at::randn({d, d}) * 0.1).requires_grad_(true));
-      wm.push_back((at::randn({d, d}) * 0.1).requires_grad_(true));
+      wa.push_back((at::randn({d, d}) * 0.1).to(g_device).requires_grad_(true));
+      wm.push_back((at::randn({d, d}) * 0.1).to(g_device).requires_grad_(true));
     }
   }
 
@@ -93,16 +114,16 @@ void memory_table() {
               static_cast<long long>(model.layers), static_cast<long long>(model.batch),
               static_cast<long long>(model.width));
   std::printf("  %-46s %14s %14s %8s %14s %8s\n", "mode", "kept after fwd", "expected", "match", "peak", "ratio");
-  auto& cpu = remat::alloc::cpu_allocator();
+  auto& allocator = tensor_allocator();
   std::int64_t baseline_peak = 0;
   for (Mode mode : {Mode::none, Mode::full, Mode::selective}) {
-    auto x = at::randn({model.batch, model.width});
-    const std::int64_t before = cpu.stats().allocated_bytes.current;
-    cpu.reset_peak_stats();
+    auto x = at::randn({model.batch, model.width}).to(g_device);
+    const std::int64_t before = allocator.stats().allocated_bytes.current;
+    allocator.reset_peak_stats();
     auto loss = model.forward(x, mode);
     const std::int64_t kept = layers_live_bytes(model.layers);
     loss.backward();
-    const std::int64_t peak = cpu.stats().allocated_bytes.peak - before;
+    const std::int64_t peak = allocator.stats().allocated_bytes.peak - before;
     loss = at::Tensor();
     if (mode == Mode::none) baseline_peak = peak;
     std::printf("  %-46s %14lld %14lld %8s %14lld %7.2fx\n", name_of(mode), static_cast<long long>(kept),
@@ -113,20 +134,24 @@ void memory_table() {
   }
 }
 
-// CPU time of the calling thread: the runtime's own cost, without the time other
-// processes on a shared host take from it.
-double thread_cpu_us() {
+// On the CPU, the calling thread's CPU time: the runtime's own cost, without the time other
+// processes on a shared host take from it (backward of CPU tensors runs on this thread).
+// On CUDA, wall time up to a device synchronization: backward runs on autograd's device
+// thread, which the calling thread's clock would miss.
+double now_us() {
   timespec now{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  clock_gettime(g_device.is_cuda() ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &now);
   return static_cast<double>(now.tv_sec) * 1e6 + static_cast<double>(now.tv_nsec) / 1e3;
 }
+
+const char* clock_name() { return g_device.is_cuda() ? "wall time to device sync" : "thread CPU time"; }
 
 double median(std::vector<double> samples) {
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
 }
 
-// Thread CPU time of a forward and of the backward that follows it.
+// Time of a forward and of the backward that follows it.
 struct Timing {
   double forward_us = 0;
   double backward_us = 0;
@@ -135,17 +160,19 @@ struct Timing {
 
 template <typename Forward>
 Timing time_forward_backward(Forward forward) {
-  const double start = thread_cpu_us();
+  const double start = now_us();
   at::Tensor loss = forward();
-  const double middle = thread_cpu_us();
+  synchronize();
+  const double middle = now_us();
   if (loss.defined()) loss.backward();
-  return {middle - start, thread_cpu_us() - middle};
+  synchronize();
+  return {middle - start, now_us() - middle};
 }
 
 void overhead_table(int repetitions) {
   static constexpr int kCalls = 50;
   static constexpr int kRegions = 4;
-  auto w = at::rand({4}).requires_grad_(true);
+  auto w = at::rand({4}).to(g_device).requires_grad_(true);
   auto step = [](const at::Tensor& t) { return (t * 1.5).sin(); };
   std::vector<std::string> checkpoint_names, region_names;
   for (int c = 0; c < kCalls; ++c) checkpoint_names.push_back("overhead." + std::to_string(c));
@@ -214,9 +241,9 @@ void overhead_table(int repetitions) {
     per_region.push_back((regions.total() - ckpt.total()) / (kCalls * kRegions));
   }
   const double base = median(plain_us), rerun = median(rerun_us), ckpt = median(ckpt_us), regions = median(region_us);
-  std::printf("\noverhead on [4]-element tensors, %d checkpoints x %d regions, forward+backward, thread CPU time "
+  std::printf("\noverhead on [4]-element %s tensors, %d checkpoints x %d regions, forward+backward, %s "
               "(median of %d):\n",
-              kCalls, kRegions, repetitions);
+              g_device.is_cuda() ? "CUDA" : "CPU", kCalls, kRegions, clock_name(), repetitions);
   std::printf("  %-52s %10.1f us   1.00x\n", "no checkpointing", base);
   std::printf("  %-52s %10.1f us   %.2fx\n", "no checkpointing, each body run again in backward", rerun, rerun / base);
   std::printf("  %-52s %10.1f us   %.2fx\n", "checkpoint per call, no regions", ckpt, ckpt / base);
@@ -235,8 +262,8 @@ void overhead_table(int repetitions) {
 void replay_table(int repetitions) {
   constexpr std::int64_t tokens = 1024, width = 128, experts = 8192, top = 8;
   at::manual_seed(0);
-  const auto router = at::randn({experts, width});  // frozen
-  const auto proj = (at::randn({width, width}) * 0.05).requires_grad_(true);
+  const auto router = at::randn({experts, width}).to(g_device);  // frozen
+  const auto proj = (at::randn({width, width}) * 0.05).to(g_device).requires_grad_(true);
   remat::RecomputeReplay<at::Tensor> channel("router.topk");
   auto block = [&](const at::Tensor& x) {
     auto h = at::matmul(x, proj).tanh();
@@ -245,12 +272,14 @@ void replay_table(int repetitions) {
     return at::softmax(logits.gather(-1, indices), -1).pow(2).sum();
   };
   auto backward_us = [&](bool replay) {
-    auto x = at::randn({tokens, width}).requires_grad_(true);
+    auto x = at::randn({tokens, width}).to(g_device).requires_grad_(true);
     std::vector<remat::CheckpointContextFactory> contexts;
     if (replay) contexts.push_back(channel.context_factory());
     auto loss = remat::checkpoint({.region_name = "router", .contexts = contexts})(block)(x);
+    synchronize();
     const auto start = std::chrono::steady_clock::now();
     loss.backward();
+    synchronize();
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   };
   backward_us(false);
@@ -279,13 +308,32 @@ int main(int argc, char** argv) {
       repetitions = 5;
     } else if (std::strcmp(argv[i], "--overhead-only") == 0) {
       overhead_only = true;
+    } else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "cpu") == 0 || std::strcmp(argv[i + 1], "cuda") == 0)) {
+      g_device = std::strcmp(argv[++i], "cuda") == 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
     } else {
-      std::fprintf(stderr, "unknown option '%s'; usage: %s [--quick] [--overhead-only]\n", argv[i], argv[0]);
+      std::fprintf(stderr, "unknown option '%s'; usage: %s [--quick] [--overhead-only] [--device cpu|cuda]\n",
+                   argv[i], argv[0]);
       return 2;
     }
   }
   try {
-    remat::alloc::configure("backend:host,host_capacity_mb:4096,trace_entries:0");
+    if (g_device.is_cuda()) {
+#if REMAT_BENCH_HAVE_CUDA
+      if (!remat::alloc::cuda_device_available()) {
+        std::fprintf(stderr, "remat_runtime_bench: --device cuda, but no CUDA device is visible\n");
+        return 2;
+      }
+      remat::install_cuda_allocator();
+      remat::alloc::configure("trace_entries:0");
+#else
+      std::fprintf(stderr, "remat_runtime_bench: this program has no CUDA support; run remat_runtime_bench_cuda, "
+                           "built where the CUDA toolkit and LibTorch's CUDA libraries are found\n");
+      return 2;
+#endif
+    } else {
+      remat::alloc::configure("backend:host,host_capacity_mb:4096,trace_entries:0");
+    }
     remat::CpuAllocatorGuard guard;
     if (!overhead_only) memory_table();
     // One intra-op thread: on tiny tensors the figures are the runtime's own CPU time, not

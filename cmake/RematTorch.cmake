@@ -40,7 +40,7 @@ if(REMAT_TORCH_DIR AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cpu.so" AND EXIST
     add_library(remat::torch_cuda ALIAS remat_torch_cuda)
     set_target_properties(remat_torch_cuda PROPERTIES EXPORT_NAME torch_cuda)
     target_link_libraries(remat_torch_cuda INTERFACE remat::torch_cpu
-      ${REMAT_TORCH_DIR}/lib/libtorch_cuda.so ${REMAT_TORCH_DIR}/lib/libc10_cuda.so CUDA::cudart_static)
+      ${REMAT_TORCH_DIR}/lib/libtorch_cuda.so ${REMAT_TORCH_DIR}/lib/libc10_cuda.so CUDA::cudart)
     target_link_options(remat_torch_cuda INTERFACE "-Wl,-rpath-link,${CUDAToolkit_LIBRARY_DIR}")
     message(STATUS "remat: LibTorch CUDA libraries found; building remat::cuda")
   endif()

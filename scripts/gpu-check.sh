@@ -1,48 +1,131 @@
 #!/usr/bin/env bash
-# GPU checks, for a machine with an NVIDIA GPU, CMake, a compiler and PyTorch but without
-# Debian packages or network access.
+# GPU verification, for a machine with an NVIDIA GPU, CMake, a C++ compiler, the CUDA toolkit
+# and a CUDA build of PyTorch, but without Debian packages or network access.
 #
-#   scripts/gpu-check.sh prepare   on a Debian machine: unpacks GoogleTest and nlohmann_json
-#                                  into .gpu-deps/ (ignored by git) to carry along
-#   scripts/gpu-check.sh run       on the GPU machine: builds the CUDA backend, remat::cuda
-#                                  and their tests, runs them and the Python pluggable-allocator
-#                                  check; logs go to $OUT (default build-gpu/logs)
-set -euo pipefail
+#   scripts/gpu-check.sh prepare   here (Debian, network): unpacks the build and test
+#                                  dependencies into .gpu-deps/ (ignored by git), to carry along
+#   scripts/gpu-check.sh run       there: builds everything against that machine's PyTorch with
+#                                  CUDA on, runs the whole test suite, then the GPU suites one by
+#                                  one (CUDA backend, LibTorch's CUDA allocator hook, checkpoint
+#                                  runtime on CUDA tensors, PyTorch's pluggable allocator end to
+#                                  end), then the benchmarks against PyTorch's own allocator.
+#
+# `run` writes its logs, dumps and figures into $OUT (default build-gpu/out): summary.txt, the
+# figures, and gpu-check.tar.gz with everything else. STEPS (default "build tests gpu-tests
+# bench") picks the stages; each stage has a time limit so the whole run stays bounded.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-deps="$PWD/.gpu-deps"
+root=$PWD
+deps="$root/.gpu-deps"
+
+prepare() {
+  set -e
+  rm -rf "$deps"
+  mkdir -p "$deps/debs" "$deps/wheels"
+  (cd "$deps/debs" && apt-get download libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev \
+    libfmt-dev libfmt9 libsimdjson-dev libsimdjson14)
+  for deb in "$deps"/debs/*.deb; do dpkg -x "$deb" "$deps/root"; done
+  rm -rf "$deps/debs" "$deps/root/usr/share/doc"
+  # remat's schema tests check dumps with python-jsonschema; the GPU machine's Python lacks it.
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$deps/wheels" \
+    jsonschema==4.10.3 pyrsistent==0.20.0
+  echo "prepared $(du -sh "$deps" | cut -f1) in $deps; carry .gpu-deps to the GPU machine"
+}
+
+# Runs a stage with a time limit, its output into $logs/NAME.log; records the outcome.
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  local verdict=passed
+  [ "$rc" -eq 0 ] || verdict="FAILED (exit $rc$([ "$rc" -eq 124 ] && echo ", time limit ${limit}s"))"
+  printf '%-28s %-40s %4ds\n' "$name" "$verdict" $((SECONDS - start)) | tee -a "$summary"
+  [ "$rc" -eq 0 ] || status=1
+  return "$rc"
+}
+
+run() {
+  out="${OUT:-$root/build-gpu/out}"
+  logs="$root/build-gpu/logs"
+  summary="$out/summary.txt"
+  build="$root/build-gpu"
+  status=0
+  mkdir -p "$out" "$logs"
+  : > "$summary"
+  local steps=" ${STEPS:-build tests gpu-tests bench} "
+  local python
+  python=$(command -v python3)
+
+  {
+    echo "== machine"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+    echo "compiler: $(c++ --version 2>&1 | head -n 1)"
+    echo "nvcc: $(nvcc --version 2>&1 | tail -n 1)"
+    echo "cmake: $(cmake --version | head -n 1)"
+    echo "python: $python $("$python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2> /dev/null)"
+    echo "cores: $(nproc)"
+  } | tee -a "$summary"
+  echo "== stages" | tee -a "$summary"
+
+  if [ -d "$deps/wheels" ]; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/remat-site \
+      "$deps"/wheels/*.whl > "$logs/wheels.log" 2>&1 || echo "could not install the carried wheels" | tee -a "$summary"
+    export PYTHONPATH="/tmp/remat-site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  local torch_dir
+  if ! torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2> /dev/null); then
+    echo "$python cannot import torch: the GPU checks need a CUDA build of PyTorch" | tee -a "$summary"
+    return 1
+  fi
+  local generator=()
+  command -v ninja > /dev/null && generator=(-G Ninja)
+
+  if [[ $steps == *" build "* ]]; then
+    # Warnings stay warnings here: another compiler's new warnings must not hide the GPU results.
+    stage configure 120 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$deps/root/usr" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DREMAT_WERROR=OFF \
+      -DREMAT_TORCH_DIR="$torch_dir" -DPython3_EXECUTABLE="$python" -DREMAT_SYSTEM_PYTHON="$python" \
+      -DREMAT_BUILD_TESTS=ON
+    grep -E '^-- remat:' "$logs/configure.log" | tee -a "$summary"
+    stage build 420 cmake --build "$build" -j "$(nproc)"
+  fi
+  if [[ $steps == *" tests "* ]]; then
+    stage tests 300 ctest --test-dir "$build" -LE gpu -j "$(nproc)" --timeout 240 --output-on-failure
+    grep -E 'tests passed|tests failed|Skipped|Failed|\(Failed\)' "$logs/tests.log" | sed 's/^/    /' | tee -a "$summary"
+  fi
+  if [[ $steps == *" gpu-tests "* ]]; then
+    for gpu_test in remat_alloc_cuda_tests remat_cuda_tests.suite remat_cuda_tests.late-install \
+                    python_pluggable_end_to_end; do
+      stage "$gpu_test" 240 ctest --test-dir "$build" -R "^${gpu_test}\$" -V --timeout 200
+      if grep -q '(Skipped)' "$logs/$gpu_test.log"; then
+        echo "    $gpu_test was skipped: it saw no GPU (or no torch)" | tee -a "$summary"
+        status=1
+      fi
+      grep -E '^[0-9]+: \[  (PASSED|FAILED) |^[0-9]+: FAILED|Skipped|\(Failed\)|all checks passed|check\(s\) failed|refused as expected|\[ (parity|dropout) \]' \
+        "$logs/$gpu_test.log" | sed 's/^[0-9]*: /    /' | tee -a "$summary"
+    done
+  fi
+  if [[ $steps == *" bench "* ]]; then
+    stage runtime_bench_cuda 180 "$build/bench/remat_runtime_bench_cuda" --device cuda
+    sed -n '/^memory/,$p' "$logs/runtime_bench_cuda.log" | sed 's/^/    /' | tee -a "$summary"
+    stage torch_allocator_bench 300 env REMAT_ALLOC_LIBRARY="$build/allocator/libremat_alloc.so" \
+      PYTHONPATH="$root/allocator/python:${PYTHONPATH:-}" \
+      "$python" "$root/bench/gpu/torch_allocator_bench.py" --out "$out" --rounds 2
+    sed -n '/^allocator vs/,$p' "$logs/torch_allocator_bench.log" | sed 's/^/    /' | tee -a "$summary"
+  fi
+
+  echo "== overall: $([ "$status" -eq 0 ] && echo passed || echo FAILED)" | tee -a "$summary"
+  tar -czf "$out/gpu-check.tar.gz" -C "$root/build-gpu" logs \
+    $(cd "$root/build-gpu" && ls -d tests/gpu_end_to_end 2> /dev/null) 2> /dev/null
+  return "$status"
+}
 
 case "${1:-}" in
-  prepare)
-    rm -rf "$deps"
-    mkdir -p "$deps/debs"
-    (cd "$deps/debs" && apt-get download libgtest-dev googletest nlohmann-json3-dev)
-    for deb in "$deps"/debs/*.deb; do dpkg -x "$deb" "$deps/root"; done
-    echo "unpacked into $deps/root; carry .gpu-deps to the GPU machine"
-    ;;
-  run)
-    logs="${OUT:-$PWD/build-gpu/logs}"
-    mkdir -p "$logs"
-    nvidia-smi > "$logs/nvidia-smi.txt" 2>&1 || true
-    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/root/usr" \
-      -DREMAT_BUILD_CLI=OFF -DREMAT_BUILD_BENCH=OFF -DREMAT_BUILD_EXAMPLES=OFF -DREMAT_BUILD_TESTS=ON \
-      > "$logs/configure.log" 2>&1
-    cmake --build build-gpu -j "$(nproc)" --target remat_cuda_tests remat_alloc_shared > "$logs/build.log" 2>&1
-    status=0
-    (cd build-gpu && ctest -R '^remat_cuda_tests' --output-on-failure) > "$logs/ctest.log" 2>&1 || status=1
-    REMAT_ALLOC_LIBRARY="$PWD/build-gpu/allocator/libremat_alloc.so" PYTHONPATH="$PWD/allocator/python" \
-      python3 - > "$logs/python.log" 2>&1 <<'PY' || status=1
-import remat_alloc, torch
-remat_alloc.install()
-with remat_alloc.region("py.check"):
-    x = torch.empty(1 << 20, device="cuda")
-assert remat_alloc.live_bytes("py.check") == 4 << 20, remat_alloc.live_bytes("py.check")
-del x
-assert remat_alloc.live_bytes("py.check") == 0
-print("python pluggable allocator: tagged 4 MiB and freed it")
-PY
-    tail -n 5 "$logs"/ctest.log "$logs"/python.log
-    exit "$status"
-    ;;
+  prepare) prepare ;;
+  run) run ;;
   *)
     echo "usage: $0 prepare|run" >&2
     exit 2

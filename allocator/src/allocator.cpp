@@ -145,6 +145,17 @@ Config current_config() {
   return configured_locked(r);
 }
 
+void set_memory_fraction(int device, double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    throw InvalidArgumentError("memory fraction " + std::to_string(fraction) + " for device " + std::to_string(device) +
+                               " is outside (0, 1]; pass the share of device memory to allow, e.g. 0.8");
+  }
+  CachingAllocator& allocator = device_allocator(device);
+  Config config = current_config();
+  config.memory_fraction = fraction;
+  allocator.apply_config(config);
+}
+
 BackendKind effective_backend() { return resolve(current_config().backend); }
 
 int default_device() noexcept {

@@ -67,12 +67,19 @@ HostBackend& host_backend(int device) {
 
 extern "C" {
 
-void* remat_alloc(size_t size, int device, cudaStream_t stream) {
-  void* ptr = nullptr;
-  const int status = guarded([&] { ptr = device_allocator(device).allocate(size, as_stream(stream)); });
+int remat_alloc_status(size_t size, int device, cudaStream_t stream, void** out) {
+  if (out == nullptr) return fail(REMAT_ERR_INVALID_ARGUMENT, "allocation output is NULL; pass a pointer to a void*");
+  *out = nullptr;
+  const int status = guarded([&] { *out = device_allocator(device).allocate(size, as_stream(stream)); });
   if (status == REMAT_OK && size == 0) {
     t_last_error = "zero-byte request: returned NULL and allocated nothing";
   }
+  return status;
+}
+
+void* remat_alloc(size_t size, int device, cudaStream_t stream) {
+  void* ptr = nullptr;
+  remat_alloc_status(size, device, stream, &ptr);
   return ptr;
 }
 
@@ -141,6 +148,10 @@ int remat_empty_cache(void) {
 
 int remat_record_stream(void* ptr, cudaStream_t stream) {
   return guarded([&] { record_stream_anywhere(ptr, as_stream(stream)); });
+}
+
+int remat_set_memory_fraction(int device, double fraction) {
+  return guarded([&] { set_memory_fraction(device, fraction); });
 }
 
 int remat_get_stats(int device, remat_stats* out) {

@@ -40,13 +40,11 @@ void empty_cache() {
 }
 
 void set_memory_fraction(double fraction, int device) {
-  if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw Error("memory fraction " + std::to_string(fraction) + " for device " + std::to_string(device) +
-                " is outside (0, 1]; pass the share of device memory to allow, e.g. 0.8");
+  try {
+    alloc::set_memory_fraction(device, fraction);
+  } catch (const alloc::InvalidArgumentError& e) {
+    throw Error(e.what());
   }
-  alloc::Config config = alloc::current_config();
-  config.memory_fraction = fraction;
-  alloc::device_allocator(device).apply_config(config);
 }
 
 }  // namespace remat::device

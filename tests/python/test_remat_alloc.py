@@ -68,6 +68,30 @@ class RematAllocCtypes(unittest.TestCase):
         self.assertIn("out of memory", self.lib.remat_last_error().decode())
         self.assertEqual(remat_alloc.memory_stats(4)["num_ooms"], 1)
 
+    def test_alloc_status_tells_out_of_memory_apart(self):
+        out = ctypes.c_void_p(1)
+        status = self.lib.remat_alloc_status(100 * MiB, 6, None, ctypes.byref(out))
+        self.assertEqual(status, 3)  # REMAT_ERR_OUT_OF_MEMORY
+        self.assertIsNone(out.value)
+        self.assertEqual(self.lib.remat_alloc_status(4096, 6, None, ctypes.byref(out)), 0)
+        self.assertIsNotNone(out.value)
+        self.free(out.value, 4096, device=6)
+        self.assertEqual(self.lib.remat_alloc_status(0, 6, None, ctypes.byref(out)), 0)
+        self.assertIsNone(out.value)
+        self.assertEqual(self.lib.remat_alloc_status(512, 6, None, None), 1)  # REMAT_ERR_INVALID_ARGUMENT
+        self.assertIn("output is NULL", self.lib.remat_last_error().decode())
+
+    def test_memory_fraction_caps_reserved_bytes(self):
+        remat_alloc.set_memory_fraction(0.25, device=7)  # 16 MiB of the 64 MiB capacity
+        self.assertIsNone(self.alloc(20 * MiB, device=7))
+        remat_alloc.set_memory_fraction(1.0, device=7)
+        p = self.alloc(20 * MiB, device=7)
+        self.assertIsNotNone(p)
+        self.free(p, 20 * MiB, device=7)
+        for bad in (0.0, -1.0, 1.5):
+            with self.assertRaisesRegex(remat_alloc.RematError, r"outside \(0, 1\]"):
+                remat_alloc.set_memory_fraction(bad, device=7)
+
     def test_errors_raise_with_the_library_message(self):
         with self.assertRaisesRegex(remat_alloc.RematError, "unknown key 'nonsense'"):
             remat_alloc.configure("nonsense:1")

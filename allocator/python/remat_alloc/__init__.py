@@ -15,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import warnings
 from pathlib import Path
 from typing import Iterator, Optional
 
 __all__ = [
     "RematError", "load", "configure", "install", "region", "recv_slot", "site", "phase",
     "policy", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "live_bytes",
-    "empty_cache", "record_stream", "library_path",
+    "empty_cache", "record_stream", "set_memory_fraction", "library_path", "pluggable_library_path",
 ]
 
 
@@ -73,6 +74,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     signatures = {
         "remat_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
         "remat_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
+        "remat_alloc_status": (c_int, [c_size_t, c_int, c_void_p, ctypes.POINTER(c_void_p)]),
+        "remat_set_memory_fraction": (c_int, [c_int, ctypes.c_double]),
         "remat_configure": (c_int, [c_char_p]),
         "remat_push_region": (c_int, [c_char_p]),
         "remat_pop_region": (c_int, []),
@@ -137,13 +140,53 @@ def configure(conf: str) -> None:
     _check(load().remat_configure(conf.encode()))
 
 
+def pluggable_library_path() -> Optional[str]:
+    """libremat_pluggable.so: REMAT_PLUGGABLE_LIBRARY, or the one beside libremat_alloc.so."""
+    env = os.environ.get("REMAT_PLUGGABLE_LIBRARY")
+    if env:
+        return env
+    loaded = Path(library_path())
+    if loaded.parent == Path("."):
+        return None  # found on the loader's search path: no folder to look beside
+    sibling = loaded.resolve().parent / "libremat_pluggable.so"
+    return str(sibling) if sibling.exists() else None
+
+
 def install() -> None:
-    """Makes this allocator PyTorch's CUDA allocator. Call before the first CUDA allocation."""
+    """Makes this allocator PyTorch's CUDA allocator. Call right after `import torch`,
+    before the first CUDA tensor: PyTorch cannot swap an allocator it has used.
+
+    Through libremat_pluggable.so (built with LibTorch's CUDA libraries, installed beside
+    libremat_alloc.so), out-of-memory raises torch.OutOfMemoryError after the OOM report is
+    written, and torch.cuda.empty_cache(), torch.cuda.set_per_process_memory_fraction() and
+    Tensor.record_stream() reach this allocator. Without it, PyTorch's plain
+    CUDAPluggableAllocator is used, which has none of these (a warning says so)."""
+    import torch
     from torch.cuda import memory
 
+    if torch.version.cuda is None:
+        raise RematError(f"torch {torch.__version__} has no CUDA support; install a CUDA build of torch")
     path = library_path()
-    allocator = memory.CUDAPluggableAllocator(path, "remat_alloc", "remat_free")
-    memory.change_current_allocator(allocator)
+    pluggable = pluggable_library_path()
+    if pluggable is None:
+        warnings.warn(
+            f"libremat_pluggable.so was not found beside {path}: under PyTorch's plain CUDAPluggableAllocator "
+            "an out-of-memory error hands PyTorch a NULL pointer instead of raising torch.OutOfMemoryError, and "
+            "empty_cache, set_per_process_memory_fraction and record_stream do not reach this allocator. Build "
+            "the project where LibTorch's CUDA libraries are present, or set REMAT_PLUGGABLE_LIBRARY",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        memory.change_current_allocator(memory.CUDAPluggableAllocator(path, "remat_alloc", "remat_free"))
+        return
+    try:
+        hooks = ctypes.CDLL(pluggable)
+    except OSError as e:
+        raise RematError(f"cannot load {pluggable}: {e}; it must be built against this torch ({torch.__version__})")
+    hooks.remat_pluggable_install.restype = ctypes.c_int
+    hooks.remat_pluggable_last_error.restype = ctypes.c_char_p
+    if hooks.remat_pluggable_install() != 0:
+        raise RematError(hooks.remat_pluggable_last_error().decode(errors="replace"))
 
 
 @contextlib.contextmanager
@@ -223,3 +266,8 @@ def empty_cache() -> None:
 
 def record_stream(ptr: int, stream: int) -> None:
     _check(load().remat_record_stream(ptr, stream))
+
+
+def set_memory_fraction(fraction: float, device: int = 0) -> None:
+    """Caps the device's reserved bytes at `fraction` (in (0, 1]) of its memory."""
+    _check(load().remat_set_memory_fraction(device, fraction))

@@ -26,6 +26,9 @@ CachingAllocator& cpu_allocator();
 // pick the backend or its capacity are accepted only while nothing is allocated.
 void configure(std::string_view text);
 Config current_config();
+// Caps `device`'s reserved bytes at `fraction` (in (0, 1]) of its memory; throws
+// InvalidArgumentError outside that range.
+void set_memory_fraction(int device, double fraction);
 // The backend a new allocator gets under the configuration in force (never automatic).
 BackendKind effective_backend();
 

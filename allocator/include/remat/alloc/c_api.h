@@ -40,6 +40,11 @@ enum {
  * nothing; a bad pointer or size is refused, counted and reported via remat_last_error. */
 REMAT_API void* remat_alloc(size_t size, int device, cudaStream_t stream);
 REMAT_API void remat_free(void* ptr, size_t size, int device, cudaStream_t stream);
+/* remat_alloc with its status, for integrations that must tell out-of-memory apart from
+ * other failures (PyTorch's own out-of-memory error is raised from it): REMAT_OK with *out
+ * set (NULL for size 0), or a REMAT_ERR_* code (REMAT_ERR_OUT_OF_MEMORY when the request
+ * cannot be met) with *out NULL. */
+REMAT_API int remat_alloc_status(size_t size, int device, cudaStream_t stream, void** out);
 
 /* "key:value,..." as in REMAT_ALLOC_CONF, applied over the configuration in force. */
 REMAT_API int remat_configure(const char* conf);
@@ -66,6 +71,8 @@ REMAT_API int remat_dump_trace(const char* path);
 /* Returns cached segments of every device to the backend. */
 REMAT_API int remat_empty_cache(void);
 REMAT_API int remat_record_stream(void* ptr, cudaStream_t stream);
+/* Caps device's reserved bytes at fraction, in (0, 1], of its memory. */
+REMAT_API int remat_set_memory_fraction(int device, double fraction);
 
 typedef struct remat_stats {
   size_t struct_size; /* caller sets sizeof(remat_stats) */
