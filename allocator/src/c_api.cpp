@@ -20,10 +20,17 @@ static_assert(std::is_same_v<decltype(&remat_free), void (*)(void*, size_t, int,
 
 namespace {
 
-thread_local std::string t_last_error;
+// A plain array, not a std::string: LibTorch frees tensors from static destructors, after
+// the thread's thread_local destructors have run, and a free that fails then still records
+// its message here. Longer messages are cut.
+thread_local char t_last_error[2048];
+
+void set_last_error(const char* message) {
+  std::snprintf(t_last_error, sizeof t_last_error, "%s", message);
+}
 
 int fail(int code, const char* message) {
-  t_last_error = message;
+  set_last_error(message);
   return code;
 }
 
@@ -32,7 +39,7 @@ template <typename Body>
 int guarded(Body&& body) noexcept {
   try {
     body();
-    t_last_error.clear();
+    t_last_error[0] = '\0';
     return REMAT_OK;
   } catch (const Error& e) {
     return fail(static_cast<int>(e.code()), e.what());
@@ -72,7 +79,7 @@ int remat_alloc_status(size_t size, int device, cudaStream_t stream, void** out)
   *out = nullptr;
   const int status = guarded([&] { *out = device_allocator(device).allocate(size, as_stream(stream)); });
   if (status == REMAT_OK && size == 0) {
-    t_last_error = "zero-byte request: returned NULL and allocated nothing";
+    set_last_error("zero-byte request: returned NULL and allocated nothing");
   }
   return status;
 }
@@ -86,7 +93,7 @@ void* remat_alloc(size_t size, int device, cudaStream_t stream) {
 void remat_free(void* ptr, size_t size, int device, cudaStream_t) {
   if (ptr == nullptr) return;
   const int status = guarded([&] { device_allocator(device).deallocate(ptr, size); });
-  if (status != REMAT_OK) std::fprintf(stderr, "remat: %s\n", t_last_error.c_str());
+  if (status != REMAT_OK) std::fprintf(stderr, "remat: %s\n", t_last_error);
 }
 
 int remat_configure(const char* conf) {
@@ -231,7 +238,7 @@ int remat_host_complete_stream(int device, cudaStream_t stream) {
   return guarded([&] { host_backend(device).complete_stream(as_stream(stream)); });
 }
 
-const char* remat_last_error(void) { return t_last_error.c_str(); }
+const char* remat_last_error(void) { return t_last_error; }
 
 const char* remat_version(void) { return kVersion; }
 

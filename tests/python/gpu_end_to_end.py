@@ -70,6 +70,12 @@ def main() -> int:
     checks.expect(remat_alloc.pluggable_library_path() is not None, "installed through libremat_pluggable.so")
     checks.expect(torch.cuda.get_allocator_backend() == "pluggable", "PyTorch reports a pluggable allocator")
     remat_alloc.configure(f"oom_dump_dir:{out},oom_dump_interval_ms:0")
+    # cuBLAS and cuBLASLt keep a workspace per thread and stream, allocated through the
+    # allocator at their first matrix product there and held for the process: made here,
+    # untagged, instead of under the first layer's region.
+    a = torch.randn(64, 64, device="cuda")
+    torch.nn.functional.linear(a @ a, a, a[0])
+    del a
 
     # A small transformer, each layer's allocations tagged layers.<i> through module hooks.
     torch.manual_seed(0)
@@ -115,8 +121,8 @@ def main() -> int:
     losses.append(step(out / "snapshot.json"))
     print("losses:", " ".join(f"{x:.4f}" for x in losses))
     checks.expect(losses[-1] < losses[0], "the loss goes down over five steps")
-    checks.expect(all(remat_alloc.live_bytes(f"layers.{i}") == 0 for i in range(layers)),
-                  "nothing stays live under layers.* after the step")
+    live_after = {i: remat_alloc.live_bytes(f"layers.{i}") for i in range(layers)}
+    checks.expect(all(b == 0 for b in live_after.values()), f"nothing stays live under layers.* after the step: {live_after}")
 
     ok, memory_table = run_report(args.report, "memory", str(out / "snapshot.json"), "--by", "region")
     checks.expect(ok and all(f"layers.{i}" in memory_table for i in range(layers)),
@@ -137,13 +143,17 @@ def main() -> int:
     side = torch.cuda.Stream()
     t = torch.ones(3 * MiB, device="cuda")  # 12 MiB
     address = t.data_ptr()
+    t.mul_(1)  # loads the kernel now: a first launch may wait for the device
+    torch.cuda.synchronize()
     with torch.cuda.stream(side):
         torch.cuda._sleep(2_000_000_000)  # keeps the side stream busy for about a second
         t.mul_(2)
     t.record_stream(side)
+    before = remat_alloc.memory_stats()
     del t
     stats = remat_alloc.memory_stats()
-    checks.expect(stats["active_bytes"] - stats["allocated_bytes"] == 12 * MiB,
+    freed = before["allocated_bytes"] - stats["allocated_bytes"]
+    checks.expect(freed >= 12 * MiB and stats["active_bytes"] == before["active_bytes"],
                   "record_stream: the freed block waits for the side stream")
     pending = torch.empty(3 * MiB, device="cuda")
     checks.expect(pending.data_ptr() != address, "record_stream: not handed out while the side stream runs")
