@@ -301,6 +301,7 @@ void replay_table(int repetitions) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table line reaches a log even if a later step fails
   int repetitions = 21;
   bool overhead_only = false;
   for (int i = 1; i < argc; ++i) {

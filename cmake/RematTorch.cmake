@@ -42,6 +42,15 @@ if(REMAT_TORCH_DIR AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cpu.so" AND EXIST
     target_link_libraries(remat_torch_cuda INTERFACE remat::torch_cpu
       ${REMAT_TORCH_DIR}/lib/libtorch_cuda.so ${REMAT_TORCH_DIR}/lib/libc10_cuda.so CUDA::cudart)
     target_link_options(remat_torch_cuda INTERFACE "-Wl,-rpath-link,${CUDAToolkit_LIBRARY_DIR}")
+    # A program that links LibTorch loads LibTorch's CUDA runtime (the wheel's), not the
+    # toolkit's: its folder comes first on the search path for libcudart.so.
+    file(GLOB _torch_cudart "${REMAT_TORCH_DIR}/../nvidia/cu*/lib/libcudart.so.*"
+                            "${REMAT_TORCH_DIR}/../nvidia/cuda_runtime/lib/libcudart.so.*")
+    if(_torch_cudart)
+      list(GET _torch_cudart 0 _torch_cudart)
+      get_filename_component(_torch_cudart_dir "${_torch_cudart}" DIRECTORY)
+      target_link_options(remat_torch_cuda INTERFACE "-Wl,-rpath,${_torch_cudart_dir}")
+    endif()
     message(STATUS "remat: LibTorch CUDA libraries found; building remat::cuda")
   endif()
 else()

@@ -12,7 +12,7 @@
 #
 # `run` writes its logs, dumps and figures into $OUT (default build-gpu/out): summary.txt, the
 # figures, and gpu-check.tar.gz with everything else. STEPS (default "build tests gpu-tests
-# bench") picks the stages; each stage has a time limit so the whole run stays bounded.
+# runtime-bench torch-bench") picks the stages; each has a time limit, so the run stays bounded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -55,7 +55,7 @@ run() {
   status=0
   mkdir -p "$out" "$logs"
   : > "$summary"
-  local steps=" ${STEPS:-build tests gpu-tests bench} "
+  local steps=" ${STEPS:-build tests gpu-tests runtime-bench torch-bench} "
   local python
   python=$(command -v python3)
 
@@ -113,12 +113,17 @@ run() {
         "$logs/$gpu_test.log" | sed 's/^[0-9]*: /    /' | tee -a "$summary"
     done
   fi
-  if [[ $steps == *" bench "* ]]; then
+  if [[ $steps == *" runtime-bench "* ]]; then
     stage runtime_bench_cuda 180 "$build/bench/remat_runtime_bench_cuda" --device cuda
     sed -n '/^memory/,$p' "$logs/runtime_bench_cuda.log" | sed 's/^/    /' | tee -a "$summary"
+    # The allocator's own figures on this machine's CPU (host backend): tagging and trace costs.
+    stage alloc_bench 60 "$build/bench/remat_alloc_bench" --quick
+    sed -n '/^cached 4 KiB/,/^$/p' "$logs/alloc_bench.log" | sed 's/^/    /' | tee -a "$summary"
+  fi
+  if [[ $steps == *" torch-bench "* ]]; then
     stage torch_allocator_bench 300 env REMAT_ALLOC_LIBRARY="$build/allocator/libremat_alloc.so" \
       PYTHONPATH="$root/allocator/python:${PYTHONPATH:-}" \
-      "$python" "$root/bench/gpu/torch_allocator_bench.py" --out "$out" --rounds 2
+      "$python" "$root/bench/gpu/torch_allocator_bench.py" --out "$out" --rounds 3
     sed -n '/^allocator vs/,$p' "$logs/torch_allocator_bench.log" | sed 's/^/    /' | tee -a "$summary"
   fi
 

@@ -2,8 +2,9 @@
 
     torch_allocator_bench.py [--out DIR] [--rounds N] [--quick]
 
-Each allocator runs in a fresh process (PyTorch cannot swap an allocator it has used), in
-rounds that alternate the allocators so drift on the machine hits them alike:
+Each allocator runs in a fresh process (PyTorch cannot swap an allocator it has used), pinned
+to the same two CPU cores, in rounds that alternate the allocators so drift on the machine hits
+them alike:
   - native:          PyTorch's own caching allocator;
   - remat:           remat_alloc.install() with the default configuration (trace ring on);
   - remat-untraced:  the same with trace_entries:0.
@@ -98,7 +99,13 @@ def transformer_steps(torch, width: int, layers: int, batch: int, seq: int, step
 
 
 def child(mode: str, quick: bool) -> dict:
+    # The same two cores for every process (the Python thread and autograd's device thread):
+    # host-bound steps vary more between cores than between allocators.
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 4:
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[2:4]))
     import torch
+
+    torch.set_num_threads(1)
 
     if mode != "native":
         import remat_alloc
@@ -124,11 +131,11 @@ def child(mode: str, quick: bool) -> dict:
     torch.cuda.init()
     results = {"mode": mode}
     reset()
-    results["empty_del"] = {**empty_del_loop(torch, 20000 if quick else 100000), **peaks()}
+    results["empty_del"] = {**empty_del_loop(torch, 20000 if quick else 60000), **peaks()}
     reset()
-    results["train"] = {**transformer_steps(torch, 1024, 8, 8, 512, 10 if quick else 30), **peaks()}
+    results["train"] = {**transformer_steps(torch, 1024, 8, 8, 512, 10 if quick else 25), **peaks()}
     reset()
-    results["train_launch_bound"] = {**transformer_steps(torch, 256, 4, 8, 128, 20 if quick else 60), **peaks()}
+    results["train_launch_bound"] = {**transformer_steps(torch, 256, 4, 8, 128, 20 if quick else 50), **peaks()}
     return results
 
 
@@ -139,7 +146,7 @@ def ratio(value: float, baseline: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="bench-out", help="folder for the figures (default: bench-out)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of the three allocators (default: 2)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three allocators (default: 3)")
     parser.add_argument("--quick", action="store_true", help="fewer iterations, for a smoke test")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -169,7 +176,16 @@ def main() -> int:
     def median_of(mode: str, workload: str, key: str) -> float:
         return statistics.median(r[workload][key] for r in runs if r["mode"] == mode)
 
-    lines = [f"allocator vs PyTorch's native caching allocator, median over {args.rounds} round(s)", ""]
+    def round_ratios(mode: str, workload: str, key: str) -> str:
+        per_round = []
+        for index in range(1, args.rounds + 1):
+            value = next(r[workload][key] for r in runs if r["mode"] == mode and r["round"] == index)
+            base = next(r[workload][key] for r in runs if r["mode"] == "native" and r["round"] == index)
+            per_round.append(f"{value / base:.2f}")
+        return " ".join(per_round)
+
+    lines = [f"allocator vs PyTorch's native caching allocator, median over {args.rounds} round(s) "
+             "(per-round ratios in brackets)", ""]
     for workload, key, unit in (("empty_del", "ns_per_pair", "ns/pair"), ("train", "median_ms", "ms/step"),
                                 ("train_launch_bound", "median_ms", "ms/step")):
         shape = runs[0][workload].get("shape", "training-like size mix, 64 live tensors")
@@ -180,7 +196,8 @@ def main() -> int:
             value = median_of(mode, workload, key)
             reserved = median_of(mode, workload, "peak_reserved")
             allocated = median_of(mode, workload, "peak_allocated")
-            lines.append(f"  {mode:15} {value:10.2f} {unit:8} {ratio(value, base):>8}   peak reserved "
+            lines.append(f"  {mode:15} {value:10.2f} {unit:8} {ratio(value, base):>8} [{round_ratios(mode, workload, key)}]"
+                         f"   peak reserved "
                          f"{reserved / MiB:9.1f} MiB {ratio(reserved, base_reserved):>8}   peak allocated "
                          f"{allocated / MiB:9.1f} MiB")
         lines.append("")

@@ -170,18 +170,47 @@ class TrackingHooks final : public torch::autograd::SavedVariableHooks {
 // from the thread state as a raw pointer, and from here as a shared pointer for new hooks.
 thread_local std::shared_ptr<Frame> t_frame_owner;
 
+// The process's autograd engine while checkpoints are in use: it supplies the saved-tensor
+// hooks of checkpoints and of saved-tensor tracking, and hands everything else to the engine
+// it replaced (LibTorch's own in a C++ program). Backward runs on that engine: LibTorch
+// starts device threads for one engine per process only, so a second engine could not run
+// backward on CUDA tensors.
 class RematEngine final : public torch::autograd::Engine {
  public:
+  explicit RematEngine(torch::autograd::Engine& delegate) : delegate_(delegate) {}
+
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     const ThreadState& state = t_state;
     if (state.frame != nullptr && state.mode != Mode::none) return std::make_unique<SavedHooks>(t_frame_owner, state);
     if (saved_tracking_enabled()) return std::make_unique<TrackingHooks>();
-    return nullptr;
+    return delegate_.get_default_saved_variable_hooks();
   }
+
+  torch::autograd::variable_list execute(const torch::autograd::edge_list& roots,
+                                         const torch::autograd::variable_list& inputs, bool keep_graph,
+                                         bool create_graph, bool accumulate_grad,
+                                         const torch::autograd::edge_list& outputs) override {
+    return delegate_.execute(roots, inputs, keep_graph, create_graph, accumulate_grad, outputs);
+  }
+
+  c10::intrusive_ptr<at::ivalue::Future> execute_with_graph_task(
+      const std::shared_ptr<torch::autograd::GraphTask>& graph_task, std::shared_ptr<torch::autograd::Node> graph_root,
+      torch::autograd::InputBuffer&& input_buffer) override {
+    return delegate_.execute_with_graph_task(graph_task, std::move(graph_root), std::move(input_buffer));
+  }
+
+  std::unique_ptr<torch::autograd::AnomalyMetadata> make_anomaly_metadata() override {
+    return delegate_.make_anomaly_metadata();
+  }
+
+ private:
+  torch::autograd::Engine& delegate_;
 };
 
+torch::autograd::Engine* g_replaced_engine = nullptr;  // set once, before the stub points here
+
 torch::autograd::Engine& remat_engine() {
-  static auto* engine = new RematEngine();  // lives as long as the process, like the base engine
+  static auto* engine = new RematEngine(*g_replaced_engine);  // lives as long as the process
   return *engine;
 }
 
@@ -259,7 +288,11 @@ FrameOwnerScope::~FrameOwnerScope() { t_frame_owner = std::move(previous_); }
 
 void ensure_engine_installed() {
   static std::once_flag once;
-  std::call_once(once, [] { torch::autograd::set_default_engine_stub(&remat_engine); });
+  std::call_once(once, [] {
+    g_replaced_engine = &torch::autograd::Engine::get_default_engine();
+    remat_engine();
+    torch::autograd::set_default_engine_stub(&remat_engine);
+  });
 }
 
 void Frame::persist(const at::Tensor& t) {
