@@ -257,9 +257,9 @@ class StreamGate {
 };
 
 TEST(CudaAllocator, RecordStreamKeepsTheBlockUntilTheSideStreamsWorkIsDone) {
-  // 12 MiB in a segment of its own (the cache emptied first), so the freed block is the
-  // only free one of that size and reuse hands out exactly it.
-  constexpr std::int64_t kLargeFloats = 3 << 20;
+  // 64 MiB: larger than any free block once the cache is emptied (free blocks left in split
+  // segments are under 20 MiB), so it gets a segment of its own and reuse hands out exactly it.
+  constexpr std::int64_t kLargeFloats = 16 << 20;
   c10::cuda::CUDACachingAllocator::emptyCache();
   auto side = c10::cuda::getStreamFromPool();
   auto t = at::ones({kLargeFloats}, at::kCUDA);
