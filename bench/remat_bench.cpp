@@ -78,7 +78,7 @@ struct Model {
       return mlp(attention(h));
     }
     const bool save_attention = mode == Mode::selective;
-    return remat::checkpoint({.region_name = name})([&](const at::Tensor& in) {
+    return remat::checkpoint({.region_name = name})([attention, mlp, save_attention](const at::Tensor& in) {
       auto a = remat::region(attention, "attention", !save_attention)(in);
       return remat::region(mlp, "mlp")(a);
     })(h);

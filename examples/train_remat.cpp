@@ -103,7 +103,9 @@ int main(int argc, char** argv) {
       at::Tensor h = inputs;
       for (int i = 0; i < options.layers; ++i) {
         const Layer& layer = layers[static_cast<std::size_t>(i)];
-        h = remat::checkpoint({.region_name = "layers." + std::to_string(i)})([&](const at::Tensor& x) {
+        // Recompute calls the body again in backward: it captures the loop's counters by value.
+        h = remat::checkpoint({.region_name = "layers." + std::to_string(i)})([&layer, &memory_report, step,
+                                                                              i](const at::Tensor& x) {
           auto y = remat::region([&](const at::Tensor& t) { return layer.attention(t); }, "attention", false)(x);
           auto out = remat::region([&](const at::Tensor& t) { return layer.mlp(t); }, "mlp")(y);
           if (step == 0 && i == 0 && !remat::is_recomputing()) memory_report = remat::current_memory_report().to_json();

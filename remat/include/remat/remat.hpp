@@ -168,7 +168,9 @@ class CheckpointBuilder {
   CheckpointOptions options_;
 };
 
-// checkpoint(options)(fn)(args...): runs fn keeping only what backward needs.
+// checkpoint(options)(fn)(args...): runs fn keeping only what backward needs. A copy of fn
+// runs again in backward, on autograd's device thread for CUDA tensors: capture by value, or
+// by reference only what outlives backward (not the locals of a function that has returned).
 inline CheckpointBuilder checkpoint(CheckpointOptions options = {}) { return CheckpointBuilder(std::move(options)); }
 
 template <typename F>

@@ -138,8 +138,10 @@ Difference compare(const std::vector<at::Tensor>& actual, const std::vector<at::
 
 at::Tensor checkpointed_block(const Block& block, const at::Tensor& x, bool attention_saves, double dropout,
                               const std::string& name) {
+  // Recompute calls the body again in backward, after this function has returned: it
+  // captures the parameters by value.
   return remat::checkpoint({.region_name = name, .recompute_state_hooks = {remat::cuda_rng_state_hook()}})(
-      [&](const at::Tensor& in) {
+      [&block, attention_saves, dropout](const at::Tensor& in) {
         auto y = remat::region([&](const at::Tensor& t) { return block.attention(t); }, "attention",
                                !attention_saves)(in);
         return remat::region([&](const at::Tensor& t) { return block.mlp(t, dropout); }, "mlp")(y);
