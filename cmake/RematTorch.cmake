@@ -28,7 +28,8 @@ if(REMAT_TORCH_DIR AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cpu.so" AND EXIST
     ${REMAT_TORCH_DIR}/include ${REMAT_TORCH_DIR}/include/torch/csrc/api/include)
   target_link_libraries(remat_torch_cpu INTERFACE
     ${REMAT_TORCH_DIR}/lib/libtorch_cpu.so ${REMAT_TORCH_DIR}/lib/libc10.so)
-  target_link_options(remat_torch_cpu INTERFACE "-Wl,-rpath,${REMAT_TORCH_DIR}/lib")
+  target_link_options(remat_torch_cpu INTERFACE "-Wl,-rpath,${REMAT_TORCH_DIR}/lib"
+    $<BUILD_INTERFACE:$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:-Wl,--version-script=${PROJECT_SOURCE_DIR}/cmake/program_exports.map>>)
   message(STATUS "remat: LibTorch ${REMAT_TORCH_VERSION} from ${REMAT_TORCH_DIR}")
 
   # LibTorch's CUDA libraries, for installing the tagging allocator as its CUDA allocator.
