@@ -16,8 +16,27 @@ if(NOT REMAT_TORCH_DIR)
   endif()
 endif()
 
+# LibTorch's libraries load the shared libstdc++; a program that links them must use that one
+# too. A compiler that links libstdc++ statically (some toolchains installed under /opt do)
+# gives the program a second copy that LibTorch's libraries bind to, and LibTorch CUDA
+# programs built that way crashed at exit.
+function(remat_require_shared_libstdcxx)
+  try_run(run_result compile_result ${CMAKE_BINARY_DIR}/CMakeFiles/remat_shared_libstdcxx
+    ${CMAKE_CURRENT_LIST_DIR}/shared_libstdcxx_probe.cpp CXX_STANDARD 20 COMPILE_OUTPUT_VARIABLE compile_output)
+  if(NOT compile_result)
+    message(FATAL_ERROR "remat: could not build the libstdc++ probe with ${CMAKE_CXX_COMPILER}:\n${compile_output}")
+  endif()
+  if(NOT run_result EQUAL 0)
+    message(FATAL_ERROR "remat: ${CMAKE_CXX_COMPILER}, with the flags in force, links the C++ standard library "
+                        "statically, but LibTorch uses the shared libstdc++.so.6: a program linking both would carry "
+                        "two copies and crash. Configure with the system compiler and no -static-libstdc++ (e.g. "
+                        "-DCMAKE_CXX_COMPILER=/usr/bin/c++), or without the LibTorch parts (-DREMAT_WITH_TORCH=OFF)")
+  endif()
+endfunction()
+
 set(REMAT_HAVE_TORCH OFF)
 if(REMAT_TORCH_DIR AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cpu.so" AND EXISTS "${REMAT_TORCH_DIR}/include/ATen/ATen.h")
+  remat_require_shared_libstdcxx()
   set(REMAT_HAVE_TORCH ON)
   file(STRINGS "${REMAT_TORCH_DIR}/version.py" _torch_version_line REGEX "^__version__")
   string(REGEX MATCH "[0-9]+\\.[0-9]+\\.[0-9]+" REMAT_TORCH_VERSION "${_torch_version_line}")

@@ -82,10 +82,14 @@ run() {
   fi
   local generator=()
   command -v ninja > /dev/null && generator=(-G Ninja)
+  # The system compiler, whose libstdc++ is the shared one LibTorch loads: a toolchain named in
+  # CC/CXX may link a static copy, which CMake refuses for programs that link LibTorch.
+  local compilers=()
+  [ -x /usr/bin/cc ] && [ -x /usr/bin/c++ ] && compilers=(-DCMAKE_C_COMPILER=/usr/bin/cc -DCMAKE_CXX_COMPILER=/usr/bin/c++)
 
   if [[ $steps == *" build "* ]]; then
     # Warnings stay warnings here: another compiler's new warnings must not hide the GPU results.
-    stage configure 120 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    stage configure 120 cmake -S "$root" -B "$build" "${generator[@]}" "${compilers[@]}" -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$deps/root/usr" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DREMAT_WERROR=OFF \
       -DREMAT_TORCH_DIR="$torch_dir" -DPython3_EXECUTABLE="$python" -DREMAT_SYSTEM_PYTHON="$python" \
       -DREMAT_BUILD_TESTS=ON

@@ -1,5 +1,5 @@
 # Installs the build tree into a scratch prefix, then configures, builds and runs the
-# consumer project against it.
+# consumer project against it, with the compiler the package was built with.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix} --component Unspecified
@@ -9,7 +9,7 @@ if(NOT rc EQUAL 0)
 endif()
 string(REPLACE "|" ";" prefixes "${prefix}|${DEPENDENCY_PREFIXES}")
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build "-DCMAKE_PREFIX_PATH=${prefixes}"
-  RESULT_VARIABLE rc)
+  -DCMAKE_CXX_COMPILER=${CXX_COMPILER} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "configuring the consumer against the installed package failed: ${rc}")
 endif()
