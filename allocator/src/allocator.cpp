@@ -3,6 +3,8 @@
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/host_backend.hpp>
 
+#include "detail/format.hpp"
+
 #include <array>
 #include <atomic>
 #include <cstdio>
@@ -110,10 +112,28 @@ CachingAllocator& cpu_allocator() {
   return *chosen;
 }
 
+namespace {
+
+// The configuration configure() applies `text` over. A malformed REMAT_ALLOC_CONF fails
+// every other call, naming the bad key; an explicit configure() is how a process recovers,
+// so it starts from the defaults then (and says so) instead of failing too.
+Config base_for_configure(Registry& r, std::string_view text) {
+  if (r.configured) return r.config;
+  try {
+    return configured_locked(r);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "remat: %s; remat_configure(%s) applies over the defaults instead\n", e.what(),
+                 detail::quote(text).c_str());
+    return Config{};
+  }
+}
+
+}  // namespace
+
 void configure(std::string_view text) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
-  const Config& current = configured_locked(r);
+  const Config current = base_for_configure(r, text);
   Config next = Config::parse(text, current, "remat_configure");
   const bool backend_changes = resolve(next.backend) != resolve(current.backend) ||
                                next.host_capacity_bytes != current.host_capacity_bytes;
@@ -137,6 +157,7 @@ void configure(std::string_view text) {
     else allocator->apply_config(next);
   }
   r.config = std::move(next);
+  r.configured = true;
 }
 
 Config current_config() {

@@ -71,6 +71,8 @@ struct CachingAllocator::State {
   OomHandler oom_handler;
   std::chrono::steady_clock::time_point last_oom_dump{};
   bool oom_dumped = false;
+  // Why the last new segment was refused: the memory-fraction cap, or the backend had no room.
+  enum class Refusal : std::uint8_t { none, cap, backend } last_refusal = Refusal::none;
 
   void insert_free(Block* block) {
     if (block->small) small_pool.insert(block);
@@ -104,10 +106,14 @@ struct CachingAllocator::State {
 
   Block* new_segment(std::size_t size, Stream stream, bool small) {
     if (size > reserved_limit || static_cast<std::size_t>(stats.reserved_bytes.current) > reserved_limit - size) {
+      last_refusal = Refusal::cap;
       return nullptr;
     }
     void* ptr = backend->allocate(size);
-    if (ptr == nullptr) return nullptr;
+    if (ptr == nullptr) {
+      last_refusal = Refusal::backend;
+      return nullptr;
+    }
     Block* block = new_block();
     block->address = reinterpret_cast<std::uintptr_t>(ptr);
     block->size = size;
@@ -211,6 +217,11 @@ struct CachingAllocator::State {
     r.rounded_bytes = rounded;
     r.segment_bytes = segment_size;
     r.memory = backend->memory_info();
+    r.memory_fraction = config.memory_fraction;
+    r.reserved_limit_bytes = reserved_limit == Config::kUnlimited ? 0 : reserved_limit;
+    r.cause = segment_size > r.memory.total_bytes ? OomCause::request_exceeds_device
+              : last_refusal == Refusal::cap      ? OomCause::memory_fraction_cap
+                                                  : OomCause::device_full;
     r.reserved_bytes = stats.reserved_bytes.current;
     r.allocated_bytes = stats.allocated_bytes.current;
     r.requested_live_bytes = stats.requested_bytes.current;
@@ -337,12 +348,10 @@ void CachingAllocator::report_out_of_memory(std::unique_lock<detail::AdaptiveMut
   event.reserved_bytes = s.stats.reserved_bytes.current;
   event.allocated_bytes = s.stats.allocated_bytes.current;
   event.tag = tag;
-  event.message = "out of memory on device " + std::to_string(event.device) + " (" + std::string(s.backend->name()) +
-                  "): tried to allocate " + format_bytes(size) + " (a " + format_bytes(segment_size) + " segment); " +
-                  format_bytes(event.memory.free_bytes) + " free of " + format_bytes(event.memory.total_bytes) + ", " +
-                  format_bytes(static_cast<std::uint64_t>(event.allocated_bytes)) + " allocated, " +
-                  format_bytes(static_cast<std::uint64_t>(event.reserved_bytes)) +
-                  " reserved. Free tensors, recompute more regions, or lower the batch size";
+  event.message = event.report ? oom_message(*event.report)
+                               : "out of memory on device " + std::to_string(event.device) + ": tried to allocate " +
+                                     format_bytes(size) + "; free tensors, recompute more regions, or lower the "
+                                     "batch size";
   OomHandler handler = s.oom_handler;
   lock.unlock();
 
@@ -352,18 +361,19 @@ void CachingAllocator::report_out_of_memory(std::unique_lock<detail::AdaptiveMut
     if (const char* env = std::getenv("REMAT_OOM_DUMP_DIR")) directory = env;
   }
   if (event.report) {
-    if (may_dump && !directory.empty()) {
+    std::string write_error;
+    if (!directory.empty() && !may_dump) {
+      write_error = "skipped by the rate limit (oom_dump_interval_ms)";
+    } else if (!directory.empty()) {
       try {
         event.dump_path = oom_dump_path(directory, event.device);
         write_file_atomically(event.dump_path, oom_report_to_json(*event.report));
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "remat: could not write the out-of-memory report: %s\n", e.what());
+        write_error = e.what();
         event.dump_path.clear();
       }
     }
-    std::string line = oom_summary_line(*event.report, event.dump_path);
-    if (!may_dump && !directory.empty()) line += " (report skipped: rate limit oom_dump_interval_ms)";
-    std::fprintf(stderr, "%s\n", line.c_str());
+    std::fprintf(stderr, "%s\n", oom_summary_line(*event.report, event.dump_path, write_error).c_str());
   }
   if (handler) {
     try {

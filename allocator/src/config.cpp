@@ -1,6 +1,8 @@
 #include <remat/alloc/config.hpp>
 #include <remat/alloc/errors.hpp>
 
+#include "detail/format.hpp"
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +12,7 @@
 namespace remat::alloc {
 namespace {
 
+constexpr std::size_t kMaxPathBytes = 4096;  // PATH_MAX, with its terminating NUL
 constexpr std::string_view kKeys =
     "backend, host_capacity_mb, max_split_size_mb, memory_fraction, trace_entries, oom_dump_dir, oom_dump_interval_ms, tagging";
 
@@ -22,8 +25,8 @@ std::string_view trim(std::string_view s) {
 
 [[noreturn]] void fail(std::string_view source, std::string_view key, std::string_view value,
                        std::string_view expected) {
-  throw ConfigError(std::string(source) + ": " + std::string(key) + ":'" + std::string(value) +
-                    "' is not valid; expected " + std::string(expected));
+  throw ConfigError(std::string(source) + ": " + std::string(key) + ":" + detail::quote(value) +
+                    " is not valid; expected " + std::string(expected));
 }
 
 std::uint64_t parse_unsigned(std::string_view source, std::string_view key, std::string_view value,
@@ -74,8 +77,8 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
     if (item.empty()) continue;
     const auto colon = item.find(':');
     if (colon == std::string_view::npos) {
-      throw ConfigError(std::string(source) + ": '" + std::string(item) +
-                        "' has no value; write key:value pairs separated by commas, e.g. "
+      throw ConfigError(std::string(source) + ": " + detail::quote(item) +
+                        " has no value; write key:value pairs separated by commas, e.g. "
                         "backend:host,host_capacity_mb:1024");
     }
     const std::string_view key = trim(item.substr(0, colon));
@@ -101,6 +104,7 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
       if (n > (std::uint64_t{1} << 26)) fail(source, key, value, "at most 67108864 events");
       config.trace_entries = static_cast<std::size_t>(n);
     } else if (key == "oom_dump_dir") {
+      if (value.size() >= kMaxPathBytes) fail(source, key, value, "a directory path shorter than 4096 bytes");
       config.oom_dump_dir = std::string(value);
     } else if (key == "oom_dump_interval_ms") {
       const auto ms = parse_unsigned(source, key, value, "a whole number of milliseconds (0: no limit)");
@@ -111,7 +115,7 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
       else if (value == "off") config.tagging = false;
       else fail(source, key, value, "on or off");
     } else {
-      throw ConfigError(std::string(source) + ": unknown key '" + std::string(key) + "'; valid keys are " +
+      throw ConfigError(std::string(source) + ": unknown key " + detail::quote(key) + "; valid keys are " +
                         std::string(kKeys));
     }
   }

@@ -1,26 +1,44 @@
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/host_backend.hpp>
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <new>
 
 namespace remat::alloc {
+namespace {
+
+// Segments (2 MiB and up) are mapped and unmapped directly, so address space returns to the
+// system with every segment released: from malloc, a long run of mixed sizes on several
+// threads left the process hundreds of GB of address space after empty_cache. Smaller
+// requests (only direct backend users make them) come from malloc.
+constexpr std::size_t kMapThreshold = std::size_t{1} << 20;
+
+}  // namespace
 
 HostBackend::HostBackend(std::size_t capacity_bytes, int device) : capacity_(capacity_bytes), device_(device) {}
 
 void* HostBackend::allocate(std::size_t bytes) {
   std::lock_guard lock(mutex_);
   if (bytes == 0 || bytes > capacity_ - used_) return nullptr;
-  // Segments are 512-aligned like device memory, so block offsets keep that alignment.
-  void* ptr = std::aligned_alloc(512, bytes);
-  if (ptr == nullptr) return nullptr;
+  void* ptr = nullptr;
+  if (bytes >= kMapThreshold) {
+    ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // page-aligned
+    if (ptr == MAP_FAILED) return nullptr;
+  } else {
+    // 512-aligned like device memory, so block offsets keep that alignment.
+    ptr = std::aligned_alloc(512, (bytes + 511) / 512 * 512);
+    if (ptr == nullptr) return nullptr;
+  }
   used_ += bytes;
   return ptr;
 }
 
 void HostBackend::deallocate(void* ptr, std::size_t bytes) {
   std::lock_guard lock(mutex_);
-  std::free(ptr);
+  if (bytes >= kMapThreshold) munmap(ptr, bytes);
+  else std::free(ptr);
   used_ -= bytes;
 }
 

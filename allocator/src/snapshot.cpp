@@ -2,6 +2,7 @@
 #include <remat/alloc/snapshot.hpp>
 
 #include "detail/dump_header.hpp"
+#include "detail/format.hpp"
 #include "detail/json_writer.hpp"
 
 #include <cerrno>
@@ -17,7 +18,7 @@ namespace remat::alloc {
 namespace {
 
 [[noreturn]] void io_failure(const std::string& what, const std::string& path, int error) {
-  throw IoError("cannot write " + path + ": " + what + " failed (" + std::strerror(error) +
+  throw IoError("cannot write " + detail::quote(path, 256) + ": " + what + " failed (" + std::strerror(error) +
                 "); pass a path in an existing directory you can write to");
 }
 

@@ -1,6 +1,8 @@
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/tags.hpp>
 
+#include "detail/format.hpp"
+
 #include <cstdio>
 #include <mutex>
 #include <unordered_map>
@@ -48,6 +50,10 @@ thread_local TagId t_current_id = 0;
 
 Tag top_tag() { return t_stack.empty() ? Tag{} : t_stack.back().tag; }
 
+std::string describe(const Frame& frame);
+
+std::string describe_innermost() { return t_stack.empty() ? std::string("none") : detail::quote(describe(t_stack.back())); }
+
 // A push derives the child tag from the innermost one. Interned ids never change, so each
 // thread remembers the children it has derived and later pushes take no lock and build no
 // strings. `value` holds an enum or receive slot, `name` a region or site name.
@@ -89,6 +95,12 @@ thread_local std::unordered_map<ChildKey, Derived, ChildHash, ChildEqual> t_chil
 
 template <typename Derive>
 void push_child(ScopeKind kind, std::uint64_t value, std::string_view name, Derive derive) {
+  if (t_stack.size() >= kMaxTagDepth) {
+    throw TagStackError("tag stack is already " + std::to_string(kMaxTagDepth) + " scopes deep on this thread (innermost " +
+                        describe_innermost() + ") at the push of a " + std::string(to_string(kind)) +
+                        " scope: a scope is pushed without its pop, in a loop perhaps; pop every push (RAII "
+                        "scopes in C++, with-blocks in Python)");
+  }
   const ChildView key{t_current_id, kind, value, name};
   auto it = t_children.find(key);
   if (it == t_children.end()) {
@@ -102,6 +114,10 @@ void push_child(ScopeKind kind, std::uint64_t value, std::string_view name, Deri
 void require_name(std::string_view name, std::string_view what) {
   if (name.empty()) {
     throw InvalidArgumentError(std::string(what) + " name is empty; pass a non-empty name such as \"layers.0\"");
+  }
+  if (name.size() > kMaxTagNameBytes) {
+    throw InvalidArgumentError(std::string(what) + " name " + detail::quote(name) + " is longer than " +
+                               std::to_string(kMaxTagNameBytes) + " bytes; pass a shorter name");
   }
 }
 
@@ -184,7 +200,15 @@ Tag current_tag() { return top_tag(); }
 
 // The interned path of region `name` inside region `parent` (0: none).
 static NameId nested_region(NameId parent, std::string_view name) {
-  return parent != 0 ? intern_name(name_of(parent) + "::" + std::string(name)) : intern_name(name);
+  if (parent == 0) return intern_name(name);
+  const std::string path = name_of(parent) + "::" + std::string(name);
+  if (path.size() > kMaxTagNameBytes) {
+    throw InvalidArgumentError("region path " + detail::quote(path) + " is longer than " +
+                               std::to_string(kMaxTagNameBytes) + " bytes at the push of region " +
+                               detail::quote(name) + ": regions nested this deep are a region pushed without its " +
+                               "pop; pop every push");
+  }
+  return intern_name(path);
 }
 
 void push_region(std::string_view name) {
@@ -257,24 +281,30 @@ void pop_tag(ScopeKind kind) {
 
 std::size_t tag_stack_depth() noexcept { return t_stack.size(); }
 
+namespace {
+
+std::string describe(const Frame& frame) {
+  std::string text(to_string(frame.kind));
+  text += ' ';
+  switch (frame.kind) {
+    case ScopeKind::region: text += name_of(frame.tag.region); break;
+    case ScopeKind::policy: text += to_string(frame.tag.policy); break;
+    case ScopeKind::phase: text += to_string(frame.tag.phase); break;
+    case ScopeKind::site: text += name_of(frame.tag.site); break;
+    case ScopeKind::recv_slot:
+      text += std::to_string(frame.tag.recv.stage) + to_char(frame.tag.recv.direction) +
+              std::to_string(frame.tag.recv.slot);
+      break;
+  }
+  return text;
+}
+
+}  // namespace
+
 std::vector<std::string> describe_tag_stack() {
   std::vector<std::string> out;
   out.reserve(t_stack.size());
-  for (const Frame& frame : t_stack) {
-    std::string text(to_string(frame.kind));
-    text += ' ';
-    switch (frame.kind) {
-      case ScopeKind::region: text += name_of(frame.tag.region); break;
-      case ScopeKind::policy: text += to_string(frame.tag.policy); break;
-      case ScopeKind::phase: text += to_string(frame.tag.phase); break;
-      case ScopeKind::site: text += name_of(frame.tag.site); break;
-      case ScopeKind::recv_slot:
-        text += std::to_string(frame.tag.recv.stage) + to_char(frame.tag.recv.direction) +
-                std::to_string(frame.tag.recv.slot);
-        break;
-    }
-    out.push_back(std::move(text));
-  }
+  for (const Frame& frame : t_stack) out.push_back(describe(frame));
   return out;
 }
 

@@ -79,3 +79,19 @@ TEST(Config, EntryWithoutColonIsAClearError) {
 TEST(Config, MaxSplitSizeAcceptsUnlimited) {
   EXPECT_EQ(Config::parse("max_split_size_mb:unlimited", Config{}).max_split_size_bytes, Config::kUnlimited);
 }
+
+TEST(Config, HugeValuesAreQuotedInPart) {
+  const std::string huge(1 << 20, 'z');
+  for (const std::string& text : {"backend:" + huge, huge + ":1", huge, "host_capacity_mb:" + huge}) {
+    const std::string message = config_error(text);
+    EXPECT_NE(message.find("(1048576 bytes)"), std::string::npos) << message.substr(0, 200);
+    EXPECT_LT(message.size(), 400u);
+  }
+}
+
+TEST(Config, OomDumpDirLongerThanAPathIsRefused) {
+  const std::string message = config_error("oom_dump_dir:/" + std::string(5000, 'd'));
+  EXPECT_NE(message.find("shorter than 4096 bytes"), std::string::npos) << message.substr(0, 300);
+  EXPECT_LT(message.size(), 400u);
+  EXPECT_EQ(Config::parse("oom_dump_dir:/" + std::string(4000, 'd'), Config{}).oom_dump_dir.size(), 4001u);
+}

@@ -136,11 +136,71 @@ TEST(OomReport, UnwritableDirectoryGivesAStderrMessageAndNothingElse) {
   ::testing::internal::CaptureStderr();
   EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("could not write the out-of-memory report"), std::string::npos) << err;
-  EXPECT_NE(err.find("no report written"), std::string::npos) << err;
+  EXPECT_NE(err.find("no report written: cannot write '/nonexistent/remat/oom/oom-"), std::string::npos) << err;
+  EXPECT_EQ(err.find("set REMAT_OOM_DUMP_DIR"), std::string::npos) << "the directory is set already: " << err;
   void* p = a.alloc(MiB);  // still usable
   a.free(p);
 }
+
+TEST(OomReport, WithoutADirectoryTheLineSaysHowToKeepReports) {
+  ::unsetenv("REMAT_OOM_DUMP_DIR");
+  HostAllocator a("oom_dump_interval_ms:0", 8);
+  ::testing::internal::CaptureStderr();
+  EXPECT_THROW(a.alloc(30 * MiB), OutOfMemoryError);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("no report written (set REMAT_OOM_DUMP_DIR or oom_dump_dir to keep one)"), std::string::npos)
+      << err;
+}
+
+// The report, the error and the stderr line name the limit the request actually ran into.
+struct CauseCase {
+  std::string name;
+  std::string conf;      // on a 64 MiB host device
+  std::size_t request;   // after fill(): 52 MiB reserved
+  std::string cause;
+  std::string in_message;
+};
+
+class OomCauses : public ::testing::TestWithParam<CauseCase> {};
+
+TEST_P(OomCauses, ReportErrorAndLineNameTheLimitThatApplied) {
+  const CauseCase c = GetParam();
+  const fs::path dir = fresh_dir("cause-" + c.name);
+  HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0," + c.conf, 64);
+  std::vector<void*> held;
+  if (c.cause != "memory_fraction_cap") held = fill(a);
+  std::string message;
+  ::testing::internal::CaptureStderr();
+  try {
+    a.alloc(c.request);
+  } catch (const OutOfMemoryError& e) {
+    message = e.what();
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(message.find(c.in_message), std::string::npos) << message;
+  EXPECT_NE(err.find(c.in_message), std::string::npos) << err;
+  const auto dumps = dumps_in(dir);
+  ASSERT_EQ(dumps.size(), 1u);
+  const auto doc = nlohmann::json::parse(std::ifstream(dumps[0]));
+  EXPECT_EQ(doc["cause"], c.cause);
+  if (c.cause == "memory_fraction_cap") {
+    EXPECT_EQ(doc["memory"]["reserved_limit_bytes"], 16 * MiB);
+    EXPECT_DOUBLE_EQ(doc["memory"]["memory_fraction"].get<double>(), 0.25);
+  } else {
+    EXPECT_FALSE(doc["memory"].contains("reserved_limit_bytes"));
+  }
+  for (void* p : held) a.free(p);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryCause, OomCauses,
+    ::testing::Values(
+        CauseCase{"cap", "memory_fraction:0.25", 20 * MiB, "memory_fraction_cap",
+                  "memory_fraction:0.25 caps reserved memory at 16777216 bytes (16.00 MiB)"},
+        CauseCase{"full", "", 20 * MiB, "device_full", "free of 64.00 MiB"},
+        CauseCase{"too_large", "", 100 * MiB, "request_exceeds_device", "larger than the whole device (64.00 MiB)"}),
+    [](const auto& param_info) { return param_info.param.name; });
 
 TEST(OomReport, DumpsAreRateLimited) {
   const fs::path dir = fresh_dir("rate");

@@ -2,6 +2,7 @@
 // allocator's books must balance exactly.
 
 #include "support/host_allocator.hpp"
+#include "support/process_status.hpp"
 
 #include <remat/alloc/tags.hpp>
 
@@ -17,6 +18,7 @@
 
 using namespace remat::alloc;
 using namespace remat::alloc::testing;
+using remat::testing::process_status_mib;
 
 namespace {
 
@@ -73,6 +75,8 @@ void check_invariants(const AllocatorSnapshot& snap) {
 }  // namespace
 
 TEST(Stress, EightThreadsOneMillionMixedOperationsKeepTheBooksBalanced) {
+  const std::int64_t vm_before = process_status_mib("VmSize");
+  const std::int64_t rss_before = process_status_mib("VmRSS");
   HostAllocator a("trace_entries:4096", /*capacity_mb=*/64 * 1024);
   std::mutex handoff_mutex;
   std::vector<Live> handoff;  // blocks one thread allocates and another frees
@@ -158,4 +162,41 @@ TEST(Stress, EightThreadsOneMillionMixedOperationsKeepTheBooksBalanced) {
   EXPECT_EQ(end.stats.allocations.current, 0);
   EXPECT_EQ(end.stats.reserved_bytes.current, 0);
   EXPECT_EQ(a.host->used_bytes(), 0u);
+  // Segments went back to the system: what remains is the threads' own malloc arenas.
+  EXPECT_LE(process_status_mib("VmSize") - vm_before, 1024);
+  EXPECT_LE(process_status_mib("VmRSS") - rss_before, 256);
+}
+
+// Two threads of training-like churn with tag pushes and pops, then empty_cache: the host
+// backend's address space must go back with its segments (from malloc, it kept growing).
+TEST(Stress, HostChurnGivesTheAddressSpaceBackAtEmptyCache) {
+  constexpr std::size_t kCapacityMb = 4096;
+  HostAllocator a("trace_entries:4096", kCapacityMb);
+  const std::int64_t vm_before = process_status_mib("VmSize");
+  auto worker = [&](int index) {
+    std::mt19937_64 rng(static_cast<std::uint64_t>(index) + 11);
+    std::vector<Live> live;
+    for (int op = 0; op < 150'000; ++op) {
+      auto region = TagScope::region("churn." + std::to_string(rng() % 8));
+      auto phase = TagScope::phase(op % 2 ? Phase::forward : Phase::backward);
+      const std::size_t size = random_size(rng);
+      live.push_back({a.alloc(size, static_cast<Stream>(1 + index)), size});
+      if (live.size() > kMaxLivePerThread) {
+        const std::size_t victim = rng() % live.size();
+        a.allocator->deallocate(live[victim].ptr, live[victim].size);
+        live[victim] = live.back();
+        live.pop_back();
+      }
+      if (rng() % 500 == 0) a.allocator->empty_cache();
+    }
+    for (const Live& block : live) a.allocator->deallocate(block.ptr, block.size);
+  };
+  std::thread one(worker, 0), two(worker, 1);
+  one.join();
+  two.join();
+  a.allocator->empty_cache();
+  EXPECT_EQ(a.allocator->stats().reserved_bytes.current, 0);
+  const std::int64_t vm_after = process_status_mib("VmSize");
+  EXPECT_LE(vm_after, static_cast<std::int64_t>(kCapacityMb) + 2048) << "virtual size after empty_cache, MiB";
+  EXPECT_LE(vm_after - vm_before, 512) << "address space kept after empty_cache, MiB";
 }

@@ -1,4 +1,5 @@
 #include "support/host_allocator.hpp"
+#include "support/process_status.hpp"
 
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/tags.hpp>
@@ -207,4 +208,70 @@ TEST(Sites, MacroAndSourceLocationMarkAllocations) {
   EXPECT_EQ(tag_stack_depth(), 0u);
   a.free(p);
   a.free(q);
+}
+
+// A loop that misses a pop nests one scope deeper each step. Each kind of push must stop at a
+// documented bound with a clear error, the memory it took must stay small (it grew with the
+// square of the depth), and the stack must stay usable.
+class RunawayPushes : public ::testing::TestWithParam<ScopeKind> {};
+
+TEST_P(RunawayPushes, StopAtTheBoundInLittleMemoryAndLeaveTheStackUsable) {
+  const ScopeKind kind = GetParam();
+  std::size_t pushed = 0;
+  std::string error;
+  std::thread worker([&] {  // a fresh thread: its own stack and derived-tag cache
+    const std::int64_t rss_before = remat::testing::process_status_kib("VmRSS");
+    try {
+      for (; pushed < 20'000; ++pushed) {
+        switch (kind) {
+          case ScopeKind::region: push_region("layer"); break;
+          case ScopeKind::policy: push_policy(pushed % 2 ? Policy::save : Policy::recompute); break;
+          case ScopeKind::phase: push_phase(Phase::forward); break;
+          case ScopeKind::recv_slot: push_recv_slot({0, Direction::forward, static_cast<std::int32_t>(pushed)}); break;
+          case ScopeKind::site: push_site("site." + std::to_string(pushed)); break;
+        }
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    const std::int64_t grown_kib = remat::testing::process_status_kib("VmRSS") - rss_before;
+    EXPECT_LE(grown_kib, 16 * 1024) << pushed << " pushes";
+    EXPECT_EQ(tag_stack_depth(), pushed) << "the refused push must leave the stack as it was";
+    while (tag_stack_depth() > 0) pop_tag(kind);
+    push_phase(Phase::backward);  // usable again
+    EXPECT_EQ(current_tag().phase, Phase::backward);
+    pop_tag(ScopeKind::phase);
+  });
+  worker.join();
+  if (kind == ScopeKind::region) {
+    // "layer::layer::..." reaches the path bound first.
+    EXPECT_LT(pushed, kMaxTagDepth);
+    EXPECT_NE(error.find("longer than 4096 bytes"), std::string::npos) << error;
+    EXPECT_NE(error.find("pushed without its pop"), std::string::npos) << error;
+    EXPECT_LT(error.size(), 600u) << "the path is quoted in part, not in full";
+  } else {
+    EXPECT_EQ(pushed, kMaxTagDepth);
+    EXPECT_NE(error.find("1024 scopes deep"), std::string::npos) << error;
+    EXPECT_NE(error.find("pop every push"), std::string::npos) << error;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryKind, RunawayPushes,
+                         ::testing::Values(ScopeKind::region, ScopeKind::policy, ScopeKind::phase,
+                                           ScopeKind::recv_slot, ScopeKind::site),
+                         [](const auto& param_info) { return std::string(to_string(param_info.param)); });
+
+TEST(Tags, NamesLongerThanTheBoundAreRefusedAndQuotedInPart) {
+  const std::string huge(1 << 20, 'x');
+  for (auto push : {+[](const std::string& n) { push_region(n); }, +[](const std::string& n) { push_site(n); }}) {
+    try {
+      push(huge);
+      FAIL() << "a 1 MiB name was accepted";
+    } catch (const InvalidArgumentError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("(1048576 bytes)"), std::string::npos) << message.substr(0, 200);
+      EXPECT_LT(message.size(), 300u);
+    }
+  }
+  EXPECT_EQ(tag_stack_depth(), 0u);
 }

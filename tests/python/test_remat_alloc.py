@@ -3,7 +3,10 @@
 import ctypes
 import json
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 import unittest
 
 import remat_alloc
@@ -91,6 +94,32 @@ class RematAllocCtypes(unittest.TestCase):
         for bad in (0.0, -1.0, 1.5):
             with self.assertRaisesRegex(remat_alloc.RematError, r"outside \(0, 1\]"):
                 remat_alloc.set_memory_fraction(bad, device=7)
+
+    def test_a_malformed_environment_is_reported_and_configure_recovers(self):
+        script = textwrap.dedent('''
+            import remat_alloc
+            lib = remat_alloc.load()
+            assert lib.remat_alloc(4096, 0, None) is None
+            error = lib.remat_last_error().decode()
+            assert "REMAT_ALLOC_CONF" in error and "'bogus'" in error, error
+            remat_alloc.configure("backend:host,host_capacity_mb:64")
+            p = lib.remat_alloc(4096, 0, None)
+            assert p is not None, lib.remat_last_error()
+            lib.remat_free(p, 4096, 0, None)
+            print("recovered")
+        ''')
+        env = dict(os.environ, REMAT_ALLOC_CONF="backend:host,bogus:1")
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("recovered", done.stdout)
+        self.assertIn("applies over the defaults", done.stderr)
+
+    def test_huge_values_are_quoted_in_part(self):
+        for text in ("oom_dump_dir:/" + "d" * (1 << 20), "backend:" + "x" * (1 << 20)):
+            with self.assertRaises(remat_alloc.RematError) as caught:
+                remat_alloc.configure(text)
+            self.assertLess(len(str(caught.exception)), 400)
+            self.assertIn("bytes)", str(caught.exception))
 
     def test_errors_raise_with_the_library_message(self):
         with self.assertRaisesRegex(remat_alloc.RematError, "unknown key 'nonsense'"):

@@ -4,8 +4,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
 namespace remat::alloc::detail {
+
+// `text` in single quotes for a message; past `limit` bytes, its first `limit` bytes (never
+// half a UTF-8 character) and its length, so a huge value is not echoed in full.
+inline std::string quote(std::string_view text, std::size_t limit = 64) {
+  if (text.size() <= limit) return "'" + std::string(text) + "'";
+  std::size_t cut = limit;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return "'" + std::string(text.substr(0, cut)) + "...' (" + std::to_string(text.size()) + " bytes)";
+}
 
 inline std::string format_bytes(std::uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

@@ -37,7 +37,9 @@ enum {
 
 /* PyTorch CUDAPluggableAllocator entry points. remat_alloc returns NULL for size 0 and
  * on out-of-memory (after releasing the cache and retrying). remat_free(NULL, ...) does
- * nothing; a bad pointer or size is refused, counted and reported via remat_last_error. */
+ * nothing; a bad pointer or size is refused, counted and reported via remat_last_error.
+ * remat_free checks `size` against the size given to remat_alloc unless it is 0: a free
+ * with size 0 skips the check. */
 REMAT_API void* remat_alloc(size_t size, int device, cudaStream_t stream);
 REMAT_API void remat_free(void* ptr, size_t size, int device, cudaStream_t stream);
 /* remat_alloc with its status, for integrations that must tell out-of-memory apart from

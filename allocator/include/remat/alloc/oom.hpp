@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace remat::alloc {
@@ -28,9 +29,20 @@ struct OomTraceEvent {
   std::string region;  // of the event's tag, "" when untagged
 };
 
+// Which limit the failed request ran into.
+enum class OomCause : std::uint8_t {
+  request_exceeds_device,  // the request's segment alone is larger than the whole device
+  memory_fraction_cap,     // reserved bytes would pass the memory_fraction cap
+  device_full,             // the device (cudaMalloc, or the host capacity) had no room
+};
+std::string_view to_string(OomCause cause);
+
 struct OomReport {
   int device = 0;
   std::string backend;
+  OomCause cause = OomCause::device_full;
+  double memory_fraction = 1.0;
+  std::size_t reserved_limit_bytes = 0;  // the memory_fraction cap; 0 when none is set
   std::size_t requested_bytes = 0;
   std::size_t rounded_bytes = 0;
   std::size_t segment_bytes = 0;  // the segment the allocator tried to obtain
@@ -53,9 +65,12 @@ struct OomReport {
 };
 
 std::string oom_report_to_json(const OomReport& report);
-// "remat: out of memory on device 0 (host): tried to allocate 10.00 MiB; top holders:
-// layers.0::attention 40.00 MiB (3 blocks), ...; report: PATH"
-std::string oom_summary_line(const OomReport& report, const std::string& dump_path);
+// What happened and what to change, one sentence, for the error the caller sees.
+std::string oom_message(const OomReport& report);
+// "remat: out of memory on device 0 (host): tried to allocate 10.00 MiB ...; top holders:
+// layers.0::attention 40.00 MiB, ...; report: PATH". `write_error` says why no report was
+// written to a configured directory ("" when none was configured or it was written).
+std::string oom_summary_line(const OomReport& report, const std::string& dump_path, const std::string& write_error);
 // oom-<host>-r<rank>-p<pid>-d<device>-<UTC time>.json inside `directory`.
 std::string oom_dump_path(const std::string& directory, int device);
 

@@ -3,6 +3,7 @@
 // RAII scopes (C++) or push/pop calls (C ABI) change; every block copies it at allocation.
 // Names and whole tags are interned process-wide, so a block stores one small id.
 
+#include <cstddef>
 #include <cstdint>
 #include <source_location>
 #include <string>
@@ -54,10 +55,19 @@ TagId current_tag_id() noexcept;
 Tag current_tag();
 
 enum class ScopeKind : std::uint8_t { region, policy, phase, recv_slot, site };
+
+// Frames one thread's tag stack may hold. Real nesting is a handful deep; a stack this deep
+// is a scope pushed without its pop (in a loop, say), and the push past it fails with
+// TagStackError instead of growing without bound.
+inline constexpr std::size_t kMaxTagDepth = 1024;
+// The longest region path ("layers.0::attention::...") or site name, in bytes; longer ones
+// are refused (InvalidArgumentError). Together the two bound a thread's tag memory.
+inline constexpr std::size_t kMaxTagNameBytes = 4096;
 std::string_view to_string(ScopeKind kind);
 
 // Pushing a region inside another composes the path: "layers.0" then "attention" gives
-// "layers.0::attention". Empty names are rejected (InvalidArgumentError).
+// "layers.0::attention". Empty names are rejected (InvalidArgumentError). Every push throws
+// TagStackError on a stack already kMaxTagDepth deep.
 void push_region(std::string_view name);
 // A region and its checkpoint policy in one frame (one push instead of two).
 void push_region(std::string_view name, Policy policy);
