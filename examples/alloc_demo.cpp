@@ -4,6 +4,7 @@
 // snapshot at the forward peak and at the end, plus the trace, and prints a per-tag table.
 
 #include <remat/alloc/allocator.hpp>
+#include <remat/alloc/bytes.hpp>
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/snapshot.hpp>
 #include <remat/alloc/tags.hpp>
@@ -182,14 +183,7 @@ class Model {
   std::vector<void*> saved_inputs_;
 };
 
-std::string human(std::int64_t bytes) {
-  char text[32];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= static_cast<std::int64_t>(MiB)) std::snprintf(text, sizeof text, "%.2f MiB", b / static_cast<double>(MiB));
-  else if (bytes >= static_cast<std::int64_t>(KiB)) std::snprintf(text, sizeof text, "%.2f KiB", b / static_cast<double>(KiB));
-  else std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
-  return text;
-}
+std::string human(std::int64_t bytes) { return format_bytes(static_cast<std::uint64_t>(bytes)); }
 
 void print_tag_table(const AllocatorSnapshot& snapshot) {
   std::vector<TagStatsEntry> rows = snapshot.tag_stats;

@@ -1,11 +1,12 @@
+#include <remat/alloc/bytes.hpp>
 #include <remat/alloc/caching_allocator.hpp>
 #include <remat/alloc/errors.hpp>
-#include <remat/alloc/snapshot.hpp>
 
 #include "detail/adaptive_mutex.hpp"
 #include "detail/block.hpp"
 #include "detail/format.hpp"
 #include "detail/free_pools.hpp"
+#include "detail/oom_reporting.hpp"
 #include "detail/pointer_map.hpp"
 
 #include <algorithm>
@@ -18,7 +19,6 @@
 namespace remat::alloc {
 
 using detail::format_address;
-using detail::format_bytes;
 
 std::size_t round_request_size(std::size_t size) {
   if (size < kMinBlockSize) return kMinBlockSize;
@@ -69,8 +69,7 @@ struct CachingAllocator::State {
   std::vector<TagStats> tag_stats;  // indexed by TagId
   TraceRing trace;
   OomHandler oom_handler;
-  std::chrono::steady_clock::time_point last_oom_dump{};
-  bool oom_dumped = false;
+  detail::OomDumpLimiter oom_dumps;
   // Why the last new segment was refused: the memory-fraction cap, or the backend had no room.
   enum class Refusal : std::uint8_t { none, cap, backend } last_refusal = Refusal::none;
 
@@ -207,95 +206,24 @@ struct CachingAllocator::State {
     }
   }
 
-  // Built under the lock from per-tag statistics and the free pools: its size depends on
-  // the number of tags, not on the number of live blocks.
-  OomReport build_oom_report(std::size_t size, std::size_t rounded, std::size_t segment_size) const {
-    OomReport r;
-    r.device = backend->device();
-    r.backend = std::string(backend->name());
-    r.requested_bytes = size;
-    r.rounded_bytes = rounded;
-    r.segment_bytes = segment_size;
-    r.memory = backend->memory_info();
-    r.memory_fraction = config.memory_fraction;
-    r.reserved_limit_bytes = reserved_limit == Config::kUnlimited ? 0 : reserved_limit;
-    r.cause = segment_size > r.memory.total_bytes ? OomCause::request_exceeds_device
-              : last_refusal == Refusal::cap      ? OomCause::memory_fraction_cap
-                                                  : OomCause::device_full;
-    r.reserved_bytes = stats.reserved_bytes.current;
-    r.allocated_bytes = stats.allocated_bytes.current;
-    r.requested_live_bytes = stats.requested_bytes.current;
-    r.active_bytes = stats.active_bytes.current;
-    r.segments = stats.segments.current;
-    r.cached_free_bytes = stats.reserved_bytes.current - stats.active_bytes.current;
-    r.num_ooms = stats.num_ooms;
-    r.config = config.to_string();
-    auto count_free = [&r](const Block* block) {
+  // What the OOM report needs from the pool's own books; the rest comes from the per-tag
+  // statistics and the trace (detail/oom_reporting.hpp).
+  detail::PoolFigures figures_for_oom_report() const {
+    detail::FreeSpace free;
+    auto count = [&free](const Block* block) {
       const auto bytes = static_cast<std::int64_t>(block->size);
-      r.largest_free_block = std::max(r.largest_free_block, bytes);
+      free.largest_free_block = std::max(free.largest_free_block, bytes);
       if (block->is_whole_segment()) {
-        r.releasable_bytes += bytes;
+        free.releasable_bytes += bytes;
       } else {
-        r.fragmented_free_bytes += bytes;
-        ++r.free_blocks_in_split_segments;
+        free.fragmented_free_bytes += bytes;
+        ++free.free_blocks_in_split_segments;
       }
     };
-    small_pool.for_each(count_free);
-    large_pool.for_each(count_free);
-
-    const std::vector<std::string> names = interned_names();
-    const std::vector<Tag> tags = interned_tags();
-    std::map<std::string, OomHolder> regions, slots, sites, phases;
-    auto add = [](std::map<std::string, OomHolder>& into, const std::string& name, const TagStats& per_tag,
-                  bool saved) {
-      OomHolder& holder = into[name];
-      holder.name = name;
-      holder.bytes += per_tag.bytes.current;
-      holder.blocks += per_tag.count.current;
-      if (saved) holder.saved_bytes += per_tag.bytes.current;
-    };
-    for (std::size_t id = 0; id < tag_stats.size() && id < tags.size(); ++id) {
-      const TagStats& per_tag = tag_stats[id];
-      if (per_tag.count.current == 0) continue;
-      const Tag& tag = tags[id];
-      const bool saved = tag.policy == Policy::save;
-      add(regions, tag.region != 0 ? names[tag.region] : "<untagged>", per_tag, saved);
-      if (tag.has_recv) {
-        add(slots, std::to_string(tag.recv.stage) + to_char(tag.recv.direction) + std::to_string(tag.recv.slot),
-            per_tag, saved);
-      }
-      add(sites, tag.site != 0 ? names[tag.site] : "<no site>", per_tag, saved);
-      add(phases, std::string(to_string(tag.phase)), per_tag, saved);
-    }
-    auto top = [](const std::map<std::string, OomHolder>& holders) {
-      std::vector<OomHolder> out;
-      for (const auto& [name, holder] : holders) out.push_back(holder);
-      std::sort(out.begin(), out.end(), [](const OomHolder& a, const OomHolder& b) {
-        return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
-      });
-      if (out.size() > kOomTopHolders) out.resize(kOomTopHolders);
-      return out;
-    };
-    r.by_region = top(regions);
-    r.by_recv_slot = top(slots);
-    r.by_site = top(sites);
-    r.by_phase = top(phases);
-    r.tag_stack = describe_tag_stack();
-    for (const TraceEvent& event : trace.events(kOomTraceEvents)) {
-      const std::string region = event.tag < tags.size() && tags[event.tag].region != 0 ? names[tags[event.tag].region]
-                                                                                         : std::string();
-      r.last_events.push_back({event, region});
-    }
-    return r;
-  }
-
-  // Whether this OOM may write a report, under the configured rate limit.
-  bool take_oom_dump_slot() {
-    const auto now = std::chrono::steady_clock::now();
-    if (oom_dumped && now - last_oom_dump < std::chrono::milliseconds(config.oom_dump_interval_ms)) return false;
-    oom_dumped = true;
-    last_oom_dump = now;
-    return true;
+    small_pool.for_each(count);
+    large_pool.for_each(count);
+    return {backend->device(), backend->name(), backend->memory_info(), config, reserved_limit,
+            last_refusal == Refusal::cap, stats, tag_stats, trace, free};
   }
 
   std::string describe_bad_pointer(std::uintptr_t address) const {
@@ -331,59 +259,30 @@ void CachingAllocator::report_out_of_memory(std::unique_lock<detail::AdaptiveMut
                                             std::size_t rounded, std::size_t segment_size, TagId tag) {
   State& s = *state_;
   OomEvent event;
-  bool may_dump = false;
-  std::string directory;
-  try {
-    auto report = std::make_shared<OomReport>(s.build_oom_report(size, rounded, segment_size));
-    may_dump = s.take_oom_dump_slot();
-    directory = s.config.oom_dump_dir;
-    event.report = std::move(report);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "remat: could not build the out-of-memory report: %s\n", e.what());
-  }
   event.device = s.backend->device();
   event.requested_bytes = size;
   event.rounded_bytes = rounded;
-  event.memory = event.report ? event.report->memory : DeviceMemoryInfo{};
   event.reserved_bytes = s.stats.reserved_bytes.current;
   event.allocated_bytes = s.stats.allocated_bytes.current;
   event.tag = tag;
-  event.message = event.report ? oom_message(*event.report)
-                               : "out of memory on device " + std::to_string(event.device) + ": tried to allocate " +
-                                     format_bytes(size) + "; free tensors, recompute more regions, or lower the "
-                                     "batch size";
-  OomHandler handler = s.oom_handler;
+  bool may_dump = false;
+  try {
+    auto report = std::make_shared<OomReport>(build_oom_report(s.figures_for_oom_report(), size, rounded, segment_size));
+    event.memory = report->memory;
+    event.message = oom_message(*report);
+    event.report = std::move(report);
+    may_dump = s.oom_dumps.take(s.config.oom_dump_interval_ms);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "remat: could not build the out-of-memory report: %s\n", e.what());
+    event.message = "out of memory on device " + std::to_string(event.device) + ": tried to allocate " +
+                    format_bytes(size) + "; free tensors, recompute more regions, or lower the batch size";
+  }
+  std::string directory = s.config.oom_dump_dir;
+  const OomHandler handler = s.oom_handler;
   lock.unlock();
-
-  // From here on nothing holds the allocator's lock: writing the report, printing and the
-  // observers may allocate, block or re-enter the allocator.
-  if (directory.empty()) {
-    if (const char* env = std::getenv("REMAT_OOM_DUMP_DIR")) directory = env;
-  }
-  if (event.report) {
-    std::string write_error;
-    if (!directory.empty() && !may_dump) {
-      write_error = "skipped by the rate limit (oom_dump_interval_ms)";
-    } else if (!directory.empty()) {
-      try {
-        event.dump_path = oom_dump_path(directory, event.device);
-        write_file_atomically(event.dump_path, oom_report_to_json(*event.report));
-      } catch (const std::exception& e) {
-        write_error = e.what();
-        event.dump_path.clear();
-      }
-    }
-    std::fprintf(stderr, "%s\n", oom_summary_line(*event.report, event.dump_path, write_error).c_str());
-  }
-  if (handler) {
-    try {
-      handler(event);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "remat: the out-of-memory handler threw: %s (ignored)\n", e.what());
-    } catch (...) {
-      std::fprintf(stderr, "remat: the out-of-memory handler threw (ignored)\n");
-    }
-  }
+  // Nothing holds the pool's lock from here on: the dump, the stderr line and the handler
+  // may allocate, block or re-enter the allocator.
+  detail::announce_out_of_memory(event, std::move(directory), may_dump, handler);
   throw OutOfMemoryError(event.message);
 }
 

@@ -1,21 +1,23 @@
+#include <remat/alloc/bytes.hpp>
+#include <remat/alloc/dump.hpp>
 #include <remat/alloc/oom.hpp>
-#include <remat/alloc/snapshot.hpp>
 
-#include "detail/dump_header.hpp"
-#include "detail/format.hpp"
-#include "detail/json_writer.hpp"
+#include "detail/oom_reporting.hpp"
 
 #include <sys/time.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <map>
 
 namespace remat::alloc {
 namespace {
 
-void write_holders(detail::JsonWriter& json, std::string_view key, const std::vector<OomHolder>& holders) {
+void write_holders(JsonWriter& json, std::string_view key, const std::vector<OomHolder>& holders) {
   json.key(key).begin_array();
   for (const OomHolder& holder : holders) {
     json.begin_object()
@@ -36,23 +38,23 @@ std::string fraction_text(double fraction) {
 
 // What the request ran into, in words: the start of the error message and the stderr line.
 std::string what_happened(const OomReport& r) {
-  const std::string request = "tried to allocate " + detail::format_bytes(r.requested_bytes);
+  const std::string request = "tried to allocate " + format_bytes(r.requested_bytes);
   switch (r.cause) {
     case OomCause::request_exceeds_device:
-      return request + ", a " + detail::format_bytes(r.segment_bytes) + " segment: larger than the whole device (" +
-             detail::format_bytes(r.memory.total_bytes) + ")";
+      return request + ", a " + format_bytes(r.segment_bytes) + " segment: larger than the whole device (" +
+             format_bytes(r.memory.total_bytes) + ")";
     case OomCause::memory_fraction_cap:
       return request + ", but memory_fraction:" + fraction_text(r.memory_fraction) + " caps reserved memory at " +
-             std::to_string(r.reserved_limit_bytes) + " bytes (" + detail::format_bytes(r.reserved_limit_bytes) +
-             ") and " + detail::format_bytes(static_cast<std::uint64_t>(r.reserved_bytes)) +
-             " are reserved; the device has " + detail::format_bytes(r.memory.free_bytes) + " free";
+             std::to_string(r.reserved_limit_bytes) + " bytes (" + format_bytes(r.reserved_limit_bytes) +
+             ") and " + format_bytes(static_cast<std::uint64_t>(r.reserved_bytes)) +
+             " are reserved; the device has " + format_bytes(r.memory.free_bytes) + " free";
     case OomCause::device_full:
       break;
   }
-  return request + " (a " + detail::format_bytes(r.segment_bytes) + " segment): " +
-         detail::format_bytes(r.memory.free_bytes) + " free of " + detail::format_bytes(r.memory.total_bytes) + ", " +
-         detail::format_bytes(static_cast<std::uint64_t>(r.allocated_bytes)) + " allocated, " +
-         detail::format_bytes(static_cast<std::uint64_t>(r.reserved_bytes)) + " reserved";
+  return request + " (a " + format_bytes(r.segment_bytes) + " segment): " +
+         format_bytes(r.memory.free_bytes) + " free of " + format_bytes(r.memory.total_bytes) + ", " +
+         format_bytes(static_cast<std::uint64_t>(r.allocated_bytes)) + " allocated, " +
+         format_bytes(static_cast<std::uint64_t>(r.reserved_bytes)) + " reserved";
 }
 
 // The change that addresses the cause.
@@ -86,9 +88,9 @@ std::string oom_message(const OomReport& r) {
 }
 
 std::string oom_report_to_json(const OomReport& r) {
-  detail::JsonWriter json(8192 + r.last_events.size() * 128);
+  JsonWriter json(8192 + r.last_events.size() * 128);
   json.begin_object();
-  detail::write_dump_header(json, "oom", kOomSchemaVersion, r.device);
+  write_dump_header(json, "oom", kOomSchemaVersion, r.device);
   json.field("backend", r.backend).field("cause", to_string(r.cause));
   json.key("request").begin_object()
       .field("requested_bytes", static_cast<std::uint64_t>(r.requested_bytes))
@@ -147,7 +149,7 @@ std::string oom_summary_line(const OomReport& r, const std::string& dump_path, c
   const std::size_t shown = std::min<std::size_t>(3, r.by_region.size());
   for (std::size_t i = 0; i < shown; ++i) {
     const OomHolder& holder = r.by_region[i];
-    line += (i ? ", " : "") + holder.name + " " + detail::format_bytes(static_cast<std::uint64_t>(holder.bytes));
+    line += (i ? ", " : "") + holder.name + " " + format_bytes(static_cast<std::uint64_t>(holder.bytes));
   }
   if (shown == 0) line += "none";
   if (!dump_path.empty()) line += "; report: " + dump_path;
@@ -175,5 +177,120 @@ std::string oom_dump_path(const std::string& directory, int device) {
   if (n > 0) path += "-" + std::to_string(n);
   return path + ".json";
 }
+
+namespace detail {
+
+OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::size_t rounded,
+                           std::size_t segment) {
+  OomReport r;
+  r.device = pool.device;
+  r.backend = std::string(pool.backend);
+  r.requested_bytes = requested;
+  r.rounded_bytes = rounded;
+  r.segment_bytes = segment;
+  r.memory = pool.memory;
+  r.memory_fraction = pool.config.memory_fraction;
+  r.reserved_limit_bytes = pool.reserved_limit == Config::kUnlimited ? 0 : pool.reserved_limit;
+  r.cause = segment > pool.memory.total_bytes ? OomCause::request_exceeds_device
+            : pool.cap_refused                ? OomCause::memory_fraction_cap
+                                              : OomCause::device_full;
+  const AllocatorStats& stats = pool.stats;
+  r.reserved_bytes = stats.reserved_bytes.current;
+  r.allocated_bytes = stats.allocated_bytes.current;
+  r.requested_live_bytes = stats.requested_bytes.current;
+  r.active_bytes = stats.active_bytes.current;
+  r.segments = stats.segments.current;
+  r.cached_free_bytes = stats.reserved_bytes.current - stats.active_bytes.current;
+  r.largest_free_block = pool.free.largest_free_block;
+  r.releasable_bytes = pool.free.releasable_bytes;
+  r.fragmented_free_bytes = pool.free.fragmented_free_bytes;
+  r.free_blocks_in_split_segments = pool.free.free_blocks_in_split_segments;
+  r.num_ooms = stats.num_ooms;
+  r.config = pool.config.to_string();
+
+  const std::vector<std::string> names = interned_names();
+  const std::vector<Tag> tags = interned_tags();
+  std::map<std::string, OomHolder> regions, slots, sites, phases;
+  auto add = [](std::map<std::string, OomHolder>& into, const std::string& name, const TagStats& per_tag,
+                bool saved) {
+    OomHolder& holder = into[name];
+    holder.name = name;
+    holder.bytes += per_tag.bytes.current;
+    holder.blocks += per_tag.count.current;
+    if (saved) holder.saved_bytes += per_tag.bytes.current;
+  };
+  for (std::size_t id = 0; id < pool.tag_stats.size() && id < tags.size(); ++id) {
+    const TagStats& per_tag = pool.tag_stats[id];
+    if (per_tag.count.current == 0) continue;
+    const Tag& tag = tags[id];
+    const bool saved = tag.policy == Policy::save;
+    add(regions, tag.region != 0 ? names[tag.region] : "<untagged>", per_tag, saved);
+    if (tag.has_recv) {
+      add(slots, std::to_string(tag.recv.stage) + to_char(tag.recv.direction) + std::to_string(tag.recv.slot),
+          per_tag, saved);
+    }
+    add(sites, tag.site != 0 ? names[tag.site] : "<no site>", per_tag, saved);
+    add(phases, std::string(to_string(tag.phase)), per_tag, saved);
+  }
+  auto top = [](const std::map<std::string, OomHolder>& holders) {
+    std::vector<OomHolder> out;
+    for (const auto& [name, holder] : holders) out.push_back(holder);
+    std::sort(out.begin(), out.end(), [](const OomHolder& a, const OomHolder& b) {
+      return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
+    });
+    if (out.size() > kOomTopHolders) out.resize(kOomTopHolders);
+    return out;
+  };
+  r.by_region = top(regions);
+  r.by_recv_slot = top(slots);
+  r.by_site = top(sites);
+  r.by_phase = top(phases);
+  r.tag_stack = describe_tag_stack();
+  for (const TraceEvent& event : pool.trace.events(kOomTraceEvents)) {
+    const std::string region = event.tag < tags.size() && tags[event.tag].region != 0 ? names[tags[event.tag].region]
+                                                                                       : std::string();
+    r.last_events.push_back({event, region});
+  }
+  return r;
+}
+
+bool OomDumpLimiter::take(std::size_t interval_ms) {
+  const auto now = std::chrono::steady_clock::now();
+  if (dumped_ && now - last_ < std::chrono::milliseconds(interval_ms)) return false;
+  dumped_ = true;
+  last_ = now;
+  return true;
+}
+
+void announce_out_of_memory(OomEvent& event, std::string directory, bool may_dump, const OomHandler& handler) {
+  if (directory.empty()) {
+    if (const char* env = std::getenv("REMAT_OOM_DUMP_DIR")) directory = env;
+  }
+  if (event.report) {
+    std::string write_error;
+    if (!directory.empty() && !may_dump) {
+      write_error = "skipped by the rate limit (oom_dump_interval_ms)";
+    } else if (!directory.empty()) {
+      try {
+        event.dump_path = oom_dump_path(directory, event.device);
+        write_file_atomically(event.dump_path, oom_report_to_json(*event.report));
+      } catch (const std::exception& e) {
+        write_error = e.what();
+        event.dump_path.clear();
+      }
+    }
+    std::fprintf(stderr, "%s\n", oom_summary_line(*event.report, event.dump_path, write_error).c_str());
+  }
+  if (!handler) return;
+  try {
+    handler(event);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "remat: the out-of-memory handler threw: %s (ignored)\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "remat: the out-of-memory handler threw (ignored)\n");
+  }
+}
+
+}  // namespace detail
 
 }  // namespace remat::alloc

@@ -1,34 +1,12 @@
-#include <remat/alloc/errors.hpp>
+#include <remat/alloc/dump.hpp>
 #include <remat/alloc/snapshot.hpp>
 
-#include "detail/dump_header.hpp"
-#include "detail/format.hpp"
-#include "detail/json_writer.hpp"
-
-#include <cerrno>
-#include <cstring>
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <atomic>
 #include <string>
 
 namespace remat::alloc {
-
 namespace {
 
-[[noreturn]] void io_failure(const std::string& what, const std::string& path, int error) {
-  throw IoError("cannot write " + detail::quote(path, 256) + ": " + what + " failed (" + std::strerror(error) +
-                "); pass a path in an existing directory you can write to");
-}
-
-std::string directory_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-void write_tag_table(detail::JsonWriter& json) {
+void write_tag_table(JsonWriter& json) {
   json.key("names").begin_array();
   for (const std::string& name : interned_names()) json.value(name);
   json.end_array();
@@ -55,7 +33,7 @@ void write_tag_table(detail::JsonWriter& json) {
   json.end_array();
 }
 
-void write_event(detail::JsonWriter& json, const TraceEvent& event) {
+void write_event(JsonWriter& json, const TraceEvent& event) {
   json.begin_object()
       .field("action", to_string(event.action))
       .field("time_us", event.time_us)
@@ -66,7 +44,7 @@ void write_event(detail::JsonWriter& json, const TraceEvent& event) {
       .end_object();
 }
 
-void write_stat(detail::JsonWriter& json, std::string_view name, const Stat& stat) {
+void write_stat(JsonWriter& json, std::string_view name, const Stat& stat) {
   json.key(name).begin_object().field("current", stat.current).field("peak", stat.peak).field("total", stat.total_added);
   json.end_object();
 }
@@ -76,9 +54,9 @@ void write_stat(detail::JsonWriter& json, std::string_view name, const Stat& sta
 std::string snapshot_to_json(const AllocatorSnapshot& snapshot) {
   std::size_t blocks = 0;
   for (const SegmentInfo& segment : snapshot.segments) blocks += segment.blocks.size();
-  detail::JsonWriter json(4096 + blocks * 128 + snapshot.trace.size() * 128);
+  JsonWriter json(4096 + blocks * 128 + snapshot.trace.size() * 128);
   json.begin_object();
-  detail::write_dump_header(json, "snapshot", kSnapshotSchemaVersion, snapshot.device);
+  write_dump_header(json, "snapshot", kSnapshotSchemaVersion, snapshot.device);
 
   const Config& config = snapshot.config;
   json.key("config").begin_object()
@@ -169,9 +147,9 @@ std::string snapshot_to_json(const AllocatorSnapshot& snapshot) {
 }
 
 std::string trace_to_jsonl(const AllocatorSnapshot& snapshot) {
-  detail::JsonWriter header;
+  JsonWriter header;
   header.begin_object();
-  detail::write_dump_header(header, "trace", kTraceSchemaVersion, snapshot.device);
+  write_dump_header(header, "trace", kTraceSchemaVersion, snapshot.device);
   write_tag_table(header);
   header.field("event_count", static_cast<std::uint64_t>(snapshot.trace.size()));
   header.end_object();
@@ -179,52 +157,12 @@ std::string trace_to_jsonl(const AllocatorSnapshot& snapshot) {
   out += '\n';
   out.reserve(out.size() + snapshot.trace.size() * 120);
   for (const TraceEvent& event : snapshot.trace) {
-    detail::JsonWriter line(128);
+    JsonWriter line(128);
     write_event(line, event);
     out += line.str();
     out += '\n';
   }
   return out;
-}
-
-void write_file_atomically(const std::string& path, std::string_view contents) {
-  if (path.empty()) throw IoError("dump path is empty; pass a file path such as /tmp/snapshot.json");
-  static std::atomic<unsigned> counter{0};
-  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) io_failure("creating the temporary file " + temp, path, errno);
-  const char* data = contents.data();
-  std::size_t left = contents.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, data, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = n < 0 ? errno : EIO;
-      ::close(fd);
-      ::unlink(temp.c_str());
-      io_failure("writing", path, error);
-    }
-    data += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int error = errno;
-    ::close(fd);
-    ::unlink(temp.c_str());
-    io_failure("fsync", path, error);
-  }
-  ::close(fd);
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temp.c_str());
-    io_failure("renaming into place", path, error);
-  }
-  // Make the rename itself durable.
-  const int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
 }
 
 void write_snapshot(const AllocatorSnapshot& snapshot, const std::string& path) {

@@ -1,10 +1,11 @@
 #include "frame.hpp"
-#include "report_text.hpp"
+#include "report_json.hpp"
 
 #include <remat/diagnostics.hpp>
 
 #include <remat/alloc/allocator.hpp>
-#include <remat/alloc/snapshot.hpp>
+#include <remat/alloc/bytes.hpp>
+#include <remat/alloc/dump.hpp>
 #include <remat/alloc/tags.hpp>
 
 #include <c10/core/StorageImpl.h>
@@ -62,24 +63,12 @@ class ResidencyBuilder {
 
 }  // namespace
 
-std::string human_bytes(std::int64_t bytes) {
-  char text[32];
-  if (bytes >= (1 << 20)) std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  else if (bytes >= (1 << 10)) std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(bytes) / (1 << 10));
-  else std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
-  return text;
-}
-
 nlohmann::json dump_header(std::string_view kind) {
-  const alloc::DumpHeader header = alloc::current_dump_header();
-  return {{"kind", kind},
-          {"schema_version", 1},
-          {"producer", header.producer},
-          {"created_at", header.created_at},
-          {"host", header.host},
-          {"pid", header.pid},
-          {"rank", header.rank},
-          {"device", 0}};
+  alloc::JsonWriter json;
+  json.begin_object();
+  alloc::write_dump_header(json, kind, 1, 0);
+  json.end_object();
+  return nlohmann::json::parse(json.str());
 }
 
 void record_scope(CheckpointScope scope) {
@@ -157,9 +146,9 @@ MemoryReport current_memory_report() {
 std::string MemoryReport::format() const {
   std::int64_t total = 0;
   for (const RegionResidency& region : regions) total += region.bytes;
-  std::string out = "memory kept for backward by checkpoint [" + checkpoint + "]: " + detail::human_bytes(total) + "\n";
+  std::string out = "memory kept for backward by checkpoint [" + checkpoint + "]: " + alloc::format_bytes(total) + "\n";
   for (const RegionResidency& region : regions) {
-    out += "  " + region.region + ": " + detail::human_bytes(region.bytes) + " in " + std::to_string(region.storages) +
+    out += "  " + region.region + ": " + alloc::format_bytes(region.bytes) + " in " + std::to_string(region.storages) +
            " storage(s)\n";
     for (const ResidentTensor& t : region.tensors) {
       out += "    " + t.name + "  " + detail::shape_text(t.shape) + "  " + t.dtype +

@@ -1,6 +1,8 @@
 #include "frame.hpp"
-#include "report_text.hpp"
+#include "report_json.hpp"
 #include "saved_registry.hpp"
+
+#include <remat/alloc/bytes.hpp>
 
 #include <remat/saved_report.hpp>
 
@@ -232,17 +234,16 @@ SavedReport saved_report(const at::Tensor& loss) {
 }
 
 std::string SavedReport::format() const {
-  using detail::human_bytes;
-  std::string out = "saved for backward: " + human_bytes(total_bytes) + " resident -- " + std::to_string(regions) +
-                    " region(s) " + human_bytes(region_bytes) + ", outside regions " + human_bytes(outside_bytes) +
+  std::string out = "saved for backward: " + alloc::format_bytes(total_bytes) + " resident -- " + std::to_string(regions) +
+                    " region(s) " + alloc::format_bytes(region_bytes) + ", outside regions " + alloc::format_bytes(outside_bytes) +
                     "\n";
   for (const SavedGroup& group : region_groups) {
-    out += "  " + human_bytes(group.bytes / group.count) + "  x" + std::to_string(group.count) + "  " + group.label +
+    out += "  " + alloc::format_bytes(group.bytes / group.count) + "  x" + std::to_string(group.count) + "  " + group.label +
            "  (" + std::to_string(group.storages / group.count) +
            (group.count > 1 ? " storages each)\n" : " storages)\n");
   }
   for (const SavedGroup& group : node_groups) {
-    out += "  " + human_bytes(group.bytes) + "  " + group.label + " (x" + std::to_string(group.count) + ")\n";
+    out += "  " + alloc::format_bytes(group.bytes) + "  " + group.label + " (x" + std::to_string(group.count) + ")\n";
   }
   return out;
 }

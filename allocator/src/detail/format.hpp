@@ -1,5 +1,5 @@
 #pragma once
-// Small text helpers shared by error messages and reports.
+// Small text helpers for the allocator's messages (byte counts: <remat/alloc/bytes.hpp>).
 
 #include <cstdint>
 #include <cstdio>
@@ -15,20 +15,6 @@ inline std::string quote(std::string_view text, std::size_t limit = 64) {
   std::size_t cut = limit;
   while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
   return "'" + std::string(text.substr(0, cut)) + "...' (" + std::to_string(text.size()) + " bytes)";
-}
-
-inline std::string format_bytes(std::uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 6) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[48];
-  if (unit == 0) std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
-  else std::snprintf(text, sizeof text, "%.2f %s", value, kUnits[unit]);
-  return text;
 }
 
 inline std::string format_address(std::uint64_t address) {

@@ -11,7 +11,7 @@
 // During recompute a save region's body is skipped: it returns its persisted output, or a
 // placeholder with the right shape, strides and dtype whose data cannot be read.
 
-#include <remat/allocator.hpp>
+#include <remat/cpu_allocator.hpp>
 #include <remat/context.hpp>
 #include <remat/errors.hpp>
 #include <remat/state_hooks.hpp>

@@ -4,93 +4,26 @@
 // large pools, best fit, splitting and merging, per-stream reuse, record-stream, release
 // of cached blocks and retry before OOM, memory-fraction cap and max-split-size.
 
+#include <remat/alloc/allocator_snapshot.hpp>
 #include <remat/alloc/backend.hpp>
 #include <remat/alloc/config.hpp>
 #include <remat/alloc/oom.hpp>
+#include <remat/alloc/size_classes.hpp>
 #include <remat/alloc/stats.hpp>
 #include <remat/alloc/tags.hpp>
-#include <remat/alloc/trace.hpp>
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <optional>
 #include <memory>
 #include <mutex>
-#include <string>
-#include <vector>
+#include <optional>
+#include <string_view>
 
 namespace remat::alloc {
 
 namespace detail {
 class AdaptiveMutex;
 }
-
-inline constexpr std::size_t kMinBlockSize = 512;
-inline constexpr std::size_t kSmallRequestLimit = std::size_t{1} << 20;  // small pool cut-off
-inline constexpr std::size_t kSmallSegmentSize = std::size_t{2} << 20;
-inline constexpr std::size_t kLargeSegmentSize = std::size_t{20} << 20;
-inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
-inline constexpr std::size_t kLargeRoundUp = std::size_t{2} << 20;
-// Requests above this are refused outright: no device has that much, and rounding them
-// would overflow.
-inline constexpr std::size_t kMaxRequestSize = std::size_t{1} << 56;
-
-std::size_t round_request_size(std::size_t size);
-std::size_t segment_size_for(std::size_t rounded_size);
-
-enum class BlockState : std::uint8_t { active_allocated, active_pending_free, inactive };
-std::string_view to_string(BlockState state);
-
-struct BlockInfo {
-  std::uint64_t address = 0;
-  std::size_t size = 0;
-  std::size_t requested_size = 0;  // 0 for inactive blocks
-  BlockState state = BlockState::inactive;
-  TagId tag = 0;
-};
-
-struct SegmentInfo {
-  std::uint64_t address = 0;
-  std::size_t total_size = 0;
-  Stream stream = 0;
-  bool is_small = false;
-  std::vector<BlockInfo> blocks;  // in address order, covering the segment
-};
-
-struct TagStatsEntry {
-  TagId tag = 0;
-  TagStats stats;
-};
-
-// A consistent copy of the allocator's state, taken under its lock.
-struct AllocatorSnapshot {
-  int device = 0;
-  std::string backend;
-  Config config;
-  AllocatorStats stats;
-  DeviceMemoryInfo memory{};
-  std::vector<TagStatsEntry> tag_stats;  // tags that ever allocated
-  std::vector<SegmentInfo> segments;     // in address order
-  std::vector<TraceEvent> trace;         // oldest first
-  std::size_t trace_capacity = 0;
-  std::uint64_t trace_dropped = 0;
-};
-
-// What an observer learns when a request cannot be met.
-struct OomEvent {
-  int device = 0;
-  std::size_t requested_bytes = 0;
-  std::size_t rounded_bytes = 0;
-  DeviceMemoryInfo memory{};
-  std::int64_t reserved_bytes = 0;
-  std::int64_t allocated_bytes = 0;
-  TagId tag = 0;  // tag in force at the failed request
-  std::string message;
-  std::shared_ptr<const OomReport> report;
-  std::string dump_path;  // "" when no report was written
-};
-using OomHandler = std::function<void(const OomEvent&)>;
 
 class CachingAllocator {
  public:

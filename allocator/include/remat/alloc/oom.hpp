@@ -4,9 +4,12 @@
 // of live blocks), written as an "oom" dump, summarised in one stderr line.
 
 #include <remat/alloc/backend.hpp>
+#include <remat/alloc/tags.hpp>
 #include <remat/alloc/trace.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +66,21 @@ struct OomReport {
   std::vector<std::string> tag_stack;  // of the failing thread, outermost first
   std::vector<OomTraceEvent> last_events;  // oldest first
 };
+
+// What an observer learns when a request cannot be met.
+struct OomEvent {
+  int device = 0;
+  std::size_t requested_bytes = 0;
+  std::size_t rounded_bytes = 0;
+  DeviceMemoryInfo memory{};
+  std::int64_t reserved_bytes = 0;
+  std::int64_t allocated_bytes = 0;
+  TagId tag = 0;  // tag in force at the failed request
+  std::string message;
+  std::shared_ptr<const OomReport> report;
+  std::string dump_path;  // "" when no report was written
+};
+using OomHandler = std::function<void(const OomEvent&)>;
 
 std::string oom_report_to_json(const OomReport& report);
 // What happened and what to change, one sentence, for the error the caller sees.

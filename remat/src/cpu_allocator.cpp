@@ -1,4 +1,4 @@
-#include <remat/allocator.hpp>
+#include <remat/cpu_allocator.hpp>
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/errors.hpp>

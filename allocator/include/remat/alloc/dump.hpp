@@ -1,15 +1,28 @@
 #pragma once
-// A streaming JSON writer into a string: the allocator writes its dumps without a JSON
-// library and without building a document tree first.
+// What every dump has in common, for every producer (the allocator, the checkpoint runtime,
+// the pipeline): the header fields, a streaming JSON writer, and the atomic write.
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace remat::alloc::detail {
+namespace remat::alloc {
 
+// The fields every dump starts with besides kind, schema_version and device.
+struct DumpHeader {
+  std::string producer;    // "remat 0.1.0"
+  std::string created_at;  // UTC, ISO 8601
+  std::string host;
+  std::int64_t pid = 0;
+  int rank = 0;  // from RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK
+};
+DumpHeader current_dump_header();
+
+// JSON written as a stream into a string, without a document tree: dumps with millions of
+// events stay cheap to produce.
 class JsonWriter {
  public:
   explicit JsonWriter(std::size_t reserve = 4096) { out_.reserve(reserve); }
@@ -114,4 +127,14 @@ class JsonWriter {
   bool after_key_ = false;
 };
 
-}  // namespace remat::alloc::detail
+
+// Writes kind, schema_version, producer, created_at, host, pid, rank and device into the
+// object being written: the one place that lists the header's fields.
+void write_dump_header(JsonWriter& json, std::string_view kind, int schema_version, int device);
+
+// Writes text to `path` through a temporary file in the same directory, fsync and rename:
+// readers see the old file or the new one, never a partial one. Throws IoError naming the
+// path, the system error and the fix.
+void write_file_atomically(const std::string& path, std::string_view contents);
+
+}  // namespace remat::alloc

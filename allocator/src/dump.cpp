@@ -1,0 +1,118 @@
+#include <remat/alloc/dump.hpp>
+#include <remat/alloc/errors.hpp>
+#include <remat/alloc/version.hpp>
+
+#include "detail/format.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+namespace remat::alloc {
+namespace {
+
+// The job rank from the usual launcher variables (RANK, then SLURM_PROCID, then
+// OMPI_COMM_WORLD_RANK), or 0.
+int launcher_rank() {
+  for (const char* name : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
+    const char* text = std::getenv(name);
+    if (text == nullptr || *text == '\0') continue;
+    char* end = nullptr;
+    const long rank = std::strtol(text, &end, 10);
+    if (*end == '\0' && rank >= 0 && rank < (1L << 30)) return static_cast<int>(rank);
+  }
+  return 0;
+}
+
+// Current UTC time as ISO 8601 with seconds, e.g. 2026-11-30T01:02:03Z.
+std::string utc_timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+[[noreturn]] void io_failure(const std::string& what, const std::string& path, int error) {
+  throw IoError("cannot write " + detail::quote(path, 256) + ": " + what + " failed (" + std::strerror(error) +
+                "); pass a path in an existing directory you can write to");
+}
+
+std::string directory_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+DumpHeader current_dump_header() {
+  return {std::string("remat ") + kVersion, utc_timestamp(), host_name(),
+          static_cast<std::int64_t>(::getpid()), launcher_rank()};
+}
+
+void write_dump_header(JsonWriter& json, std::string_view kind, int schema_version, int device) {
+  const DumpHeader header = current_dump_header();
+  json.field("kind", kind)
+      .field("schema_version", schema_version)
+      .field("producer", header.producer)
+      .field("created_at", header.created_at)
+      .field("host", header.host)
+      .field("pid", header.pid)
+      .field("rank", header.rank)
+      .field("device", device);
+}
+
+void write_file_atomically(const std::string& path, std::string_view contents) {
+  if (path.empty()) throw IoError("dump path is empty; pass a file path such as /tmp/snapshot.json");
+  static std::atomic<unsigned> counter{0};
+  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) io_failure("creating the temporary file " + temp, path, errno);
+  const char* data = contents.data();
+  std::size_t left = contents.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, data, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : EIO;
+      ::close(fd);
+      ::unlink(temp.c_str());
+      io_failure("writing", path, error);
+    }
+    data += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(temp.c_str());
+    io_failure("fsync", path, error);
+  }
+  ::close(fd);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    io_failure("renaming into place", path, error);
+  }
+  // Make the rename itself durable.
+  const int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+}  // namespace remat::alloc

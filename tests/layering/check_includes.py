@@ -1,0 +1,58 @@
+"""The project's layering, checked on its sources: what may include what.
+
+- The allocator and remat-report include nothing from LibTorch; remat-report nothing from
+  the allocator's sources or the runtime.
+- The allocator's pool (caching_allocator.cpp) reaches dumps, the trace and OOM reporting
+  only through their interfaces: no dump or snapshot headers, no other unit's sources.
+- One module writes the dump header: the field list appears in allocator/src/dump.cpp only.
+"""
+
+import pathlib
+import re
+import sys
+import unittest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
+
+
+def sources(folder: str) -> list[pathlib.Path]:
+    base = ROOT / folder
+    return sorted(p for p in base.rglob("*") if p.suffix in {".cpp", ".hpp", ".h"})
+
+
+def includes(path: pathlib.Path) -> list[str]:
+    return INCLUDE.findall(path.read_text(errors="replace"))
+
+
+class Layering(unittest.TestCase):
+    def assert_none_match(self, folder: str, pattern: str, why: str) -> None:
+        found = [f"{p.relative_to(ROOT)}: {inc}" for p in sources(folder) for inc in includes(p) if re.match(pattern, inc)]
+        self.assertEqual(found, [], why)
+
+    def test_the_allocator_does_not_depend_on_libtorch(self):
+        self.assert_none_match("allocator", r"(torch|ATen|c10)/", "the allocator loads into any torch version")
+
+    def test_remat_report_depends_on_neither_libtorch_nor_the_producers(self):
+        self.assert_none_match("cli", r"(torch|ATen|c10|remat)/", "remat-report builds without LibTorch or the allocator")
+
+    def test_the_pool_reaches_dumps_trace_and_oom_reporting_only_through_their_interfaces(self):
+        pool = ROOT / "allocator/src/caching_allocator.cpp"
+        found = includes(pool)
+        self.assertTrue(any(inc.endswith("oom_reporting.hpp") for inc in found), found)
+        forbidden = [inc for inc in found if re.search(r"(snapshot|dump|json_writer)\.hpp$|\.cpp$", inc)]
+        self.assertEqual(forbidden, [], "the pool writes no dumps itself")
+
+    def test_one_module_lists_the_dump_header(self):
+        writers = [
+            str(p.relative_to(ROOT))
+            for folder in ("allocator/src", "remat/src", "pipeline")
+            if (ROOT / folder).exists()
+            for p in sources(folder)
+            if '"created_at"' in p.read_text(errors="replace")
+        ]
+        self.assertEqual(writers, ["allocator/src/dump.cpp"])
+
+
+if __name__ == "__main__":
+    sys.exit(unittest.main())
