@@ -11,11 +11,11 @@
 #include "renderers/renderer.hpp"
 #include "schema/schema_set.hpp"
 
+#include <unistd.h>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <unistd.h>
 
 namespace {
 
@@ -26,28 +26,46 @@ const std::string& scratch_path() {
   return path;
 }
 
-void exercise_dump(const std::string& path) {
+// Opens the dump afresh for each view: a JSON Lines trace streams once.
+template <typename View>
+void each_view(const std::string& path, View view) {
   const DumpFile dump = open_dump(path);
-  const SchemaSet& schemas = [] () -> const SchemaSet& {
+  view(dump, renderer_for(dump));
+}
+
+void exercise_dump(const std::string& path) {
+  const SchemaSet& schemas = []() -> const SchemaSet& {
     static const SchemaSet set = SchemaSet::load("");
     return set;
   }();
-  if (!dump.json_lines && schemas.has(dump.kind + ".schema.json")) {
-    std::vector<std::string> errors;
-    schemas.validate(dump.kind + ".schema.json", dump.root, JsonPath(), errors, 50);
-  }
-  const Renderer& renderer = renderer_for(dump);
-  renderer.check(dump);
-  (void)renderer.summary(dump);
-  for (GroupBy by : {GroupBy::region, GroupBy::slot, GroupBy::stream}) (void)renderer.memory(dump, by);
-  (void)renderer.segments(dump, 16);
-  std::unique_ptr<TimelineBuilder> builder;
-  renderer.events(dump, [&](const TagTable& tags) -> EventSink& {
-    builder = std::make_unique<TimelineBuilder>(tags, GroupBy::site, 64);
-    return *builder;
+  each_view(path, [&](const DumpFile& dump, const Renderer&) {
+    if (!dump.json_lines && schemas.has(dump.kind + ".schema.json")) {
+      std::vector<std::string> errors;
+      schemas.validate(dump.kind + ".schema.json", dump.root, JsonPath(), errors, 50);
+    }
   });
-  (void)builder->finish(4);
-  (void)torch_snapshot_pickle(renderer.allocator_state(dump));
+  each_view(path, [](const DumpFile& dump, const Renderer& renderer) { renderer.check(dump); });
+  each_view(path, [](const DumpFile& dump, const Renderer& renderer) { (void)renderer.summary(dump); });
+  for (GroupBy by : {GroupBy::region, GroupBy::slot, GroupBy::stream}) {
+    each_view(path, [by](const DumpFile& dump, const Renderer& renderer) {
+      if (renderer.provides(View::memory) && renderer.groups_by(by)) (void)renderer.memory(dump, by);
+    });
+  }
+  each_view(path, [](const DumpFile& dump, const Renderer& renderer) {
+    if (renderer.provides(View::segments)) (void)renderer.segments(dump, 16);
+  });
+  each_view(path, [](const DumpFile& dump, const Renderer& renderer) {
+    if (!renderer.provides(View::events)) return;
+    std::unique_ptr<TimelineBuilder> builder;
+    renderer.events(dump, [&](const TagTable& tags) -> EventSink& {
+      builder = std::make_unique<TimelineBuilder>(tags, GroupBy::site, 64);
+      return *builder;
+    });
+    (void)builder->finish(4);
+  });
+  each_view(path, [](const DumpFile& dump, const Renderer& renderer) {
+    if (renderer.provides(View::allocator_state)) (void)torch_snapshot_pickle(renderer.allocator_state(dump));
+  });
 }
 
 }  // namespace

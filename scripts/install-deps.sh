@@ -7,7 +7,8 @@ packages=(
   build-essential cmake ninja-build ccache git
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libsimdjson-dev
-  python3 python3-jsonschema
+  python3 python3-jsonschema python3-venv
+  chromium  # renders remat-report's timeline pictures in the tests
 )
 
 missing=()
@@ -25,25 +26,21 @@ else
   echo "install-deps: all Debian packages present"
 fi
 
-# LibTorch from the PyPI wheel torch==2.11.0. Only its CPU libraries are linked, so the
-# CUDA runtime and CUPTI (what libtorch_cpu loads) are the only CUDA packages installed.
+# PyTorch from the PyPI wheel torch==2.11.0, with its dependencies (about 4.6 GB, mostly
+# NVIDIA libraries): the checkpoint runtime links LibTorch from it, and the Python tests run
+# against the real torch (which imports on a machine without a GPU). scikit-build-core
+# builds the pip package.
 python=${PYTHON:-python3}
-torch_ready=$("$python" - <<'PY'
-import importlib.util, os, pathlib
-spec = importlib.util.find_spec("torch")
-if spec is None:
-    print("no"); raise SystemExit
-root = pathlib.Path(spec.origin).parent
-version = (root / "version.py").read_text()
-cuda = root.parent / "nvidia" / "cu13" / "lib"
-ok = "__version__ = '2.11.0" in version and (cuda / "libcudart.so.13").exists() and (cuda / "libcupti.so.13").exists()
-print("yes" if ok else "no")
+if "$python" - <<'PY' 2>/dev/null
+import importlib.metadata as metadata
+import sys
+import torch
+ok = torch.__version__.startswith("2.11.0") and metadata.version("scikit-build-core") >= "0.10"
+sys.exit(0 if ok else 1)
 PY
-)
-if [ "$torch_ready" != yes ]; then
-  echo "install-deps: installing torch==2.11.0 (LibTorch CPU libraries) from PyPI"
-  "$python" -m pip install --quiet --disable-pip-version-check --no-deps torch==2.11.0
-  "$python" -m pip install --quiet --disable-pip-version-check "cuda-toolkit[cudart,cupti]==13.0.2"
+then
+  echo "install-deps: torch 2.11.0 and scikit-build-core present"
 else
-  echo "install-deps: torch 2.11.0 present"
+  echo "install-deps: installing torch==2.11.0 with its dependencies and scikit-build-core from PyPI"
+  "$python" -m pip install --quiet --disable-pip-version-check torch==2.11.0 "scikit-build-core>=0.10"
 fi

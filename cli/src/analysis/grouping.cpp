@@ -26,15 +26,19 @@ std::string_view to_string(GroupBy by) {
   return "region";
 }
 
-std::string tag_label(const TagTable& tags, std::uint32_t tag, GroupBy by) {
+GroupLabel tag_label(const TagTable& tags, std::uint32_t tag, GroupBy by) {
   const Tag& t = tags.tags[tag];
+  const auto named_or = [&](std::uint32_t index, std::string_view placeholder) {
+    if (index == 0 || tags.names[index].empty()) return GroupLabel::own(std::string(placeholder));
+    return GroupLabel::name(tags.names[index]);
+  };
   switch (by) {
-    case GroupBy::region: return t.region == 0 ? "(untagged)" : tags.names[t.region];
-    case GroupBy::site: return t.site == 0 ? "(no site)" : tags.names[t.site];
-    case GroupBy::phase: return std::string(to_string(t.phase));
+    case GroupBy::region: return named_or(t.region, kUntaggedLabel);
+    case GroupBy::site: return named_or(t.site, kNoSiteLabel);
+    case GroupBy::phase: return GroupLabel::name(std::string(to_string(t.phase)));
     case GroupBy::slot:
-      if (!t.recv) return "(no recv slot)";
-      return fmt::format("stage {} {} slot {}", t.recv->stage, t.recv->direction, t.recv->slot);
+      if (!t.recv) return GroupLabel::own(std::string(kNoRecvSlotLabel));
+      return GroupLabel::name(fmt::format("stage {} {} slot {}", t.recv->stage, t.recv->direction, t.recv->slot));
     case GroupBy::stream: break;
   }
   return {};
@@ -46,7 +50,7 @@ Grouper::Grouper(const TagTable& tags, GroupBy by) : by_(by) {
   for (std::uint32_t tag = 0; tag < tags.tags.size(); ++tag) tag_group_.push_back(intern(tag_label(tags, tag, by)));
 }
 
-std::uint32_t Grouper::intern(const std::string& label) {
+std::uint32_t Grouper::intern(const GroupLabel& label) {
   const auto [it, inserted] = label_ids_.try_emplace(label, static_cast<std::uint32_t>(labels_.size()));
   if (inserted) labels_.push_back(label);
   return it->second;
@@ -55,7 +59,7 @@ std::uint32_t Grouper::intern(const std::string& label) {
 std::uint32_t Grouper::stream_group(std::uint64_t stream) {
   const auto it = stream_groups_.find(stream);
   if (it != stream_groups_.end()) return it->second;
-  const std::uint32_t id = intern(fmt::format("stream {}", stream));
+  const std::uint32_t id = intern(GroupLabel::name(fmt::format("stream {}", stream)));
   stream_groups_.emplace(stream, id);
   return id;
 }

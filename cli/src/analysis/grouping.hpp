@@ -4,7 +4,9 @@
 
 #include "model/dump.hpp"
 
+#include <compare>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -16,6 +18,27 @@ enum class GroupBy : std::uint8_t { region, slot, site, phase, stream };
 GroupBy group_by_from(const std::string& text);  // throws UsageError
 std::string_view to_string(GroupBy by);
 
+// What names a group: a name from the dump, or one of remat-report's own placeholders for
+// memory without a region, site or receive slot ("(untagged)", "(no site)", "(no recv slot)")
+// or for several groups folded into one. Groups compare by both parts, so a region literally
+// named "(untagged)" stays apart from untagged memory in every view.
+struct GroupLabel {
+  std::string text;
+  bool placeholder = false;
+
+  static GroupLabel name(std::string text) { return {std::move(text), false}; }
+  static GroupLabel own(std::string text) { return {std::move(text), true}; }
+  friend auto operator<=>(const GroupLabel&, const GroupLabel&) = default;
+};
+
+inline constexpr std::string_view kUntaggedLabel = "(untagged)";
+inline constexpr std::string_view kNoSiteLabel = "(no site)";
+inline constexpr std::string_view kNoRecvSlotLabel = "(no recv slot)";
+
+// The label of one tag under a grouping (not for GroupBy::stream). A tag's region or site has
+// no name when its index is 0 or its name is empty.
+GroupLabel tag_label(const TagTable& tags, std::uint32_t tag, GroupBy by);
+
 class Grouper {
  public:
   Grouper(const TagTable& tags, GroupBy by);
@@ -24,21 +47,18 @@ class Grouper {
     if (by_ != GroupBy::stream) return tag_group_[tag];
     return stream_group(stream);
   }
-  const std::vector<std::string>& labels() const { return labels_; }
+  const std::vector<GroupLabel>& labels() const { return labels_; }
   GroupBy by() const { return by_; }
 
  private:
   std::uint32_t stream_group(std::uint64_t stream);
-  std::uint32_t intern(const std::string& label);
+  std::uint32_t intern(const GroupLabel& label);
 
   GroupBy by_;
   std::vector<std::uint32_t> tag_group_;
-  std::vector<std::string> labels_;
-  std::unordered_map<std::string, std::uint32_t> label_ids_;
+  std::vector<GroupLabel> labels_;
+  std::map<GroupLabel, std::uint32_t> label_ids_;
   std::unordered_map<std::uint64_t, std::uint32_t> stream_groups_;
 };
-
-// The label of one tag under a grouping (not for GroupBy::stream).
-std::string tag_label(const TagTable& tags, std::uint32_t tag, GroupBy by);
 
 }  // namespace remat::report

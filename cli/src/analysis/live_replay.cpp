@@ -1,9 +1,5 @@
 #include "analysis/live_replay.hpp"
 
-#include "core/errors.hpp"
-
-#include <fmt/format.h>
-
 namespace remat::report {
 
 LiveReplay::LiveReplay(const TagTable& tags, GroupBy by) : grouper_(tags, by) {
@@ -24,7 +20,7 @@ void LiveReplay::ensure(std::uint32_t group) {
 }
 
 void LiveReplay::release(std::uint64_t address) {
-  LiveBlock* block = blocks_.find(address);
+  const LiveBlock* block = blocks_.find(address);
   if (block == nullptr) {
     ++unmatched_frees_;
     return;
@@ -32,32 +28,19 @@ void LiveReplay::release(std::uint64_t address) {
   live_[block->group] -= block->size;
   --live_count_[block->group];
   total_ -= block->size;
-  changed_ = block->group;
   blocks_.erase(address);
 }
 
-std::int64_t LiveReplay::apply(const Event& event) {
+void LiveReplay::apply(const Event& event) {
   if (events_ == 0) first_time_ = event.time_us;
   last_time_ = event.time_us;
   ++events_;
   ++actions_[static_cast<std::size_t>(event.action)];
-  changed_ = -1;
   switch (event.action) {
     case Action::alloc: {
       const std::uint32_t group = grouper_.group_of(event.tag, event.stream);
       ensure(group);
-      if (LiveBlock* old = blocks_.find(event.address)) {
-        // The same address allocated twice without a free: the earlier free was lost.
-        ++unmatched_frees_;
-        release(event.address);
-        (void)old;
-      }
-      std::uint64_t total = 0;
-      if (__builtin_add_overflow(total_, event.size, &total)) {
-        throw InputError(fmt::format("live bytes overflow 64 bits at time {}us (allocation of {} bytes)",
-                                     event.time_us, event.size));
-      }
-      total_ = total;
+      total_ += event.size;
       live_[group] += event.size;
       ++live_count_[group];
       ++allocations_[group];
@@ -66,8 +49,7 @@ std::int64_t LiveReplay::apply(const Event& event) {
         peak_total_ = total_;
         peak_time_ = event.time_us;
       }
-      blocks_.put(event.address, LiveBlock{event.size, group, event.tag, event.stream, false});
-      changed_ = group;
+      blocks_.put(event.address, LiveBlock{event.size, group});
       break;
     }
     case Action::free_requested: release(event.address); break;
@@ -76,15 +58,12 @@ std::int64_t LiveReplay::apply(const Event& event) {
       if (blocks_.find(event.address) != nullptr) release(event.address);
       break;
     case Action::segment_alloc:
-      if (__builtin_add_overflow(reserved_, event.size, &reserved_)) {
-        throw InputError(fmt::format("reserved bytes overflow 64 bits at time {}us", event.time_us));
-      }
+      reserved_ += event.size;
       if (reserved_ > peak_reserved_) peak_reserved_ = reserved_;
       break;
     case Action::segment_free: reserved_ = event.size > reserved_ ? 0 : reserved_ - event.size; break;
     case Action::oom: break;
   }
-  return changed_;
 }
 
 }  // namespace remat::report

@@ -6,12 +6,16 @@
 // until `free_completed`, but the program has released it). A `free_completed` without a
 // preceding `free_requested` also ends it. Frees of addresses allocated before the trace
 // began (a ring buffer that dropped events) are counted as unmatched and change nothing.
+//
+// Events come from a checked stream (reader/event_checks.hpp): in time order, no alloc at a
+// live address, live and reserved bytes within 64 bits.
 
-#include "analysis/address_map.hpp"
 #include "analysis/grouping.hpp"
+#include "core/address_map.hpp"
 #include "reader/trace_file.hpp"
 
 #include <array>
+#include <optional>
 #include <vector>
 
 namespace remat::report {
@@ -21,17 +25,17 @@ class LiveReplay : public EventSink {
   LiveReplay(const TagTable& tags, GroupBy by);
 
   void on_event(const Event& event) override { apply(event); }
-  // Applies one event; returns the group whose live bytes changed, or -1.
-  std::int64_t apply(const Event& event);
+  void apply(const Event& event);
 
-  const std::vector<std::string>& labels() const { return grouper_.labels(); }
+  const std::vector<GroupLabel>& labels() const { return grouper_.labels(); }
   const std::vector<std::uint64_t>& live() const { return live_; }
   const std::vector<std::uint64_t>& peak() const { return peak_; }
   const std::vector<std::uint64_t>& live_count() const { return live_count_; }
   const std::vector<std::uint64_t>& allocations() const { return allocations_; }
   std::uint64_t total() const { return total_; }
   std::uint64_t peak_total() const { return peak_total_; }
-  std::int64_t peak_time() const { return peak_time_; }
+  // When the total first reached its peak; empty when nothing was ever live.
+  std::optional<std::int64_t> peak_time() const { return peak_time_; }
   std::uint64_t reserved() const { return reserved_; }
   std::uint64_t peak_reserved() const { return peak_reserved_; }
   std::uint64_t events() const { return events_; }
@@ -41,15 +45,19 @@ class LiveReplay : public EventSink {
   std::uint64_t action_count(Action action) const { return actions_[static_cast<std::size_t>(action)]; }
 
  private:
+  struct LiveBlock {
+    std::uint64_t size = 0;
+    std::uint32_t group = 0;
+  };
   void ensure(std::uint32_t group);
   void release(std::uint64_t address);
 
   Grouper grouper_;
-  AddressMap blocks_;
+  AddressMap<LiveBlock> blocks_;
   std::vector<std::uint64_t> live_, peak_, live_count_, allocations_;
   std::uint64_t total_ = 0, peak_total_ = 0, reserved_ = 0, peak_reserved_ = 0, events_ = 0, unmatched_frees_ = 0;
-  std::int64_t peak_time_ = 0, first_time_ = 0, last_time_ = 0;
-  std::int64_t changed_ = -1;
+  std::optional<std::int64_t> peak_time_;
+  std::int64_t first_time_ = 0, last_time_ = 0;
   std::array<std::uint64_t, kActionCount> actions_{};
 };
 

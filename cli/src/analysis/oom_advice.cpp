@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace remat::report {
 
@@ -36,6 +37,7 @@ std::string config_value(const std::string& config, std::string_view key) {
 std::string_view to_string(SuggestionKind kind) {
   switch (kind) {
     case SuggestionKind::request_exceeds_device: return "request_exceeds_device";
+    case SuggestionKind::raise_memory_fraction: return "raise_memory_fraction";
     case SuggestionKind::empty_cache: return "empty_cache";
     case SuggestionKind::fragmentation: return "fragmentation";
     case SuggestionKind::recompute_region: return "recompute_region";
@@ -49,14 +51,45 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
   // What the allocator must place: the request after rounding.
   const std::uint64_t need = std::max(n.rounded_bytes, n.requested_bytes);
 
-  if (n.device_total_bytes > 0 && need > n.device_total_bytes) {
+  if (n.cause == OomCause::request_exceeds_device || (n.device_total_bytes > 0 && need > n.device_total_bytes)) {
+    const std::uint64_t placed = std::max(need, n.segment_bytes);
     out.push_back({SuggestionKind::request_exceeds_device,
                    fmt::format("the request alone ({}) is larger than the whole device ({}): no cache setting or "
                                "recompute makes it fit; split the tensor or shrink what sizes it (batch size, "
                                "sequence length)",
-                               human_bytes(need), human_bytes(n.device_total_bytes)),
+                               human_bytes(placed), human_bytes(n.device_total_bytes)),
                    std::nullopt, "", ""});
     return out;  // nothing else can help a request the device cannot hold
+  }
+
+  // Under a memory_fraction cap the cap is the capacity; older reports without a cause count
+  // as capped when the segment would have passed the cap.
+  const bool capped = n.cause == OomCause::memory_fraction_cap ||
+                      (n.cause == OomCause::unknown && n.reserved_limit_bytes > 0 &&
+                       n.reserved_bytes + n.segment_bytes > n.reserved_limit_bytes);
+  if (capped && n.device_total_bytes > 0) {
+    // What must fit under the cap: what stays reserved plus the new segment.
+    const std::uint64_t must_fit = n.reserved_bytes - std::min(n.reserved_bytes, n.releasable_bytes) + n.segment_bytes;
+    const double needed = std::ceil(100.0 * share_of(must_fit, n.device_total_bytes)) / 100.0;
+    const std::string cap_text =
+        fmt::format("memory_fraction:{} caps reserved memory at {} bytes ({}), {} were reserved and the request "
+                    "needed a {} segment, while the device had {} free",
+                    n.memory_fraction, n.reserved_limit_bytes, human_bytes(n.reserved_limit_bytes),
+                    human_bytes(n.reserved_bytes), human_bytes(n.segment_bytes), human_bytes(n.device_free_bytes));
+    if (needed <= 1.0) {
+      out.push_back({SuggestionKind::raise_memory_fraction,
+                     fmt::format("the memory_fraction cap was reached: {}; raise memory_fraction to at least {:.2f} "
+                                 "(REMAT_ALLOC_CONF=memory_fraction:{:.2f}, or "
+                                 "torch.cuda.set_per_process_memory_fraction({:.2f}))",
+                                 cap_text, needed, needed, needed),
+                     std::nullopt, fmt::format("memory_fraction:{:.2f}", needed), ""});
+    } else {
+      out.push_back({SuggestionKind::raise_memory_fraction,
+                     fmt::format("the memory_fraction cap was reached: {}; even memory_fraction:1 would not hold "
+                                 "the {} needed, so free memory as well",
+                                 cap_text, human_bytes(must_fit)),
+                     std::nullopt, "memory_fraction:1", ""});
+    }
   }
 
   if (need > 0 && n.releasable_bytes >= need) {
@@ -95,14 +128,13 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
                    most_saved->saved_bytes, "", most_saved->name});
   }
 
-  if (n.device_total_bytes > 0 && share_of(n.allocated_bytes, n.device_total_bytes) >= kNearCapacityShare) {
-    out.push_back(
-        {SuggestionKind::reduce_batch,
-         fmt::format("allocated ({}) is {} of the device ({}): lower the batch size or recompute more "
-                     "regions",
-                     human_bytes(n.allocated_bytes), percent(share_of(n.allocated_bytes, n.device_total_bytes)),
-                     human_bytes(n.device_total_bytes)),
-         std::nullopt, "", ""});
+  const std::uint64_t capacity = capped ? n.reserved_limit_bytes : n.device_total_bytes;
+  if (capacity > 0 && share_of(n.allocated_bytes, capacity) >= kNearCapacityShare) {
+    out.push_back({SuggestionKind::reduce_batch,
+                   fmt::format("allocated ({}) is {} of the {} ({}): lower the batch size or recompute more regions",
+                               human_bytes(n.allocated_bytes), percent(share_of(n.allocated_bytes, capacity)),
+                               capped ? "memory_fraction cap" : "device", human_bytes(capacity)),
+                   std::nullopt, "", ""});
   }
   return out;
 }

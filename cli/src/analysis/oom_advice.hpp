@@ -13,10 +13,11 @@ namespace remat::report {
 
 enum class SuggestionKind : std::uint8_t {
   request_exceeds_device,  // the request alone is larger than the device
+  raise_memory_fraction,   // the memory_fraction cap, not the device, stopped the request
   empty_cache,             // whole cached segments would cover the request
   fragmentation,           // enough is cached, but no free block is large enough
   recompute_region,        // a region keeps saved activations that recompute would free
-  reduce_batch,            // allocated memory is close to the device's capacity
+  reduce_batch,            // allocated memory is close to the capacity (the cap, when one applied)
 };
 
 struct Suggestion {

@@ -25,8 +25,10 @@ std::string draw(const Segment& segment, std::size_t width) {
   std::string picture(width, '.');
   for (std::size_t c = 0; c < width; ++c) {
     const double free_share = 1.0 - used[c] - pending[c];
-    if (used[c] >= pending[c] && used[c] >= free_share) picture[c] = '#';
-    else if (pending[c] >= free_share) picture[c] = '~';
+    if (used[c] >= pending[c] && used[c] >= free_share)
+      picture[c] = '#';
+    else if (pending[c] >= free_share)
+      picture[c] = '~';
   }
   return picture;
 }
@@ -80,7 +82,7 @@ void SegmentRebuilder::on_event(const Event& event) {
   switch (event.action) {
     case Action::segment_alloc: segments_[event.address] = Live{event.size, event.stream}; break;
     case Action::segment_free: segments_.erase(event.address); break;
-    case Action::alloc: blocks_.put(event.address, LiveBlock{event.size, 0, event.tag, event.stream, false}); break;
+    case Action::alloc: blocks_.put(event.address, LiveBlock{event.size, event.tag, false}); break;
     case Action::free_requested:
       if (LiveBlock* block = blocks_.find(event.address)) block->free_requested = true;
       break;
@@ -103,9 +105,9 @@ std::vector<Segment> SegmentRebuilder::segments() const {
       ++orphans_;
       return;
     }
-    inside[it->first].push_back(Block{address, live.size, live.size,
-                                      live.free_requested ? BlockState::active_pending_free : BlockState::active_allocated,
-                                      live.tag});
+    inside[it->first].push_back(
+        Block{address, live.size, live.size,
+              live.free_requested ? BlockState::active_pending_free : BlockState::active_allocated, live.tag});
   });
   std::vector<Segment> out;
   for (const auto& [address, live] : segments_) {
@@ -122,7 +124,8 @@ std::vector<Segment> SegmentRebuilder::segments() const {
         ++orphans_;
         continue;
       }
-      if (block.address > cursor) segment.blocks.push_back(Block{cursor, block.address - cursor, 0, BlockState::inactive, 0});
+      if (block.address > cursor)
+        segment.blocks.push_back(Block{cursor, block.address - cursor, 0, BlockState::inactive, 0});
       segment.blocks.push_back(block);
       cursor = block.address + block.size;
     }

@@ -3,8 +3,8 @@
 // bytes (rounding slack inside allocated blocks: size - requested_size) and external free
 // bytes (inactive blocks), with a one-line picture of each segment.
 
+#include "core/address_map.hpp"
 #include "model/dump.hpp"
-#include "analysis/address_map.hpp"
 #include "reader/trace_file.hpp"
 
 #include <map>
@@ -18,12 +18,12 @@ struct SegmentRow {
   std::uint64_t total_size = 0;
   std::uint64_t stream = 0;
   bool small = false;
-  std::uint64_t allocated = 0;       // active_allocated blocks, rounded sizes
-  std::uint64_t requested = 0;       // what those blocks asked for
-  std::uint64_t pending_free = 0;    // active_pending_free blocks
-  std::uint64_t internal_free = 0;   // allocated - requested
-  std::uint64_t external_free = 0;   // inactive blocks
-  std::uint64_t largest_free = 0;    // largest inactive block
+  std::uint64_t allocated = 0;      // active_allocated blocks, rounded sizes
+  std::uint64_t requested = 0;      // what those blocks asked for
+  std::uint64_t pending_free = 0;   // active_pending_free blocks
+  std::uint64_t internal_free = 0;  // allocated - requested
+  std::uint64_t external_free = 0;  // inactive blocks
+  std::uint64_t largest_free = 0;   // largest inactive block
   std::uint64_t blocks = 0;
   std::string picture;  // '#' allocated, '~' pending free, '.' free
 };
@@ -50,8 +50,13 @@ class SegmentRebuilder : public EventSink {
     std::uint64_t size;
     std::uint64_t stream;
   };
+  struct LiveBlock {
+    std::uint64_t size = 0;
+    std::uint32_t tag = 0;
+    bool free_requested = false;
+  };
   std::map<std::uint64_t, Live> segments_;
-  AddressMap blocks_;
+  AddressMap<LiveBlock> blocks_;
   mutable std::uint64_t orphans_ = 0;
 };
 

@@ -6,8 +6,11 @@
 namespace remat::report {
 
 TimelineBuilder::TimelineBuilder(const TagTable& tags, GroupBy by, std::size_t buckets)
-    : replay_(tags, by), bucket_count_(std::max<std::size_t>(buckets, 2) & ~std::size_t{1}),
-      max_total_(bucket_count_), state_(bucket_count_), by_(by) {}
+    : replay_(tags, by),
+      bucket_count_(std::max<std::size_t>(buckets, 2) & ~std::size_t{1}),
+      max_total_(bucket_count_),
+      state_(bucket_count_),
+      by_(by) {}
 
 void TimelineBuilder::capture() {
   state_[current_] = replay_.live();
@@ -94,7 +97,8 @@ Timeline TimelineBuilder::finish(std::size_t max_series) {
   }
   if (merge) {
     TimelineSeries other;
-    other.label = "other (" + std::to_string(order.size() - kept) + " groups)";
+    other.label = GroupLabel::own("other (" + std::to_string(order.size() - kept) + " groups)");
+    other.other = true;
     other.values.resize(used);
     for (std::size_t s = kept; s < order.size(); ++s) {
       for (std::size_t b = 0; b < used; ++b) {

@@ -7,24 +7,26 @@
 
 #include "analysis/live_replay.hpp"
 
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace remat::report {
 
 struct TimelineSeries {
-  std::string label;
-  std::uint64_t peak = 0;  // the group's own peak
+  GroupLabel label;
+  bool other = false;                 // the groups beyond the series limit, summed
+  std::uint64_t peak = 0;             // the group's own peak
   std::vector<std::uint64_t> values;  // per bucket
 };
 
 struct Timeline {
   std::int64_t start_us = 0;
   std::int64_t bucket_us = 1;
-  std::vector<std::uint64_t> totals;  // per bucket
+  std::vector<std::uint64_t> totals;   // per bucket
   std::vector<TimelineSeries> series;  // largest first; "other" last when groups were merged
   std::uint64_t peak_bytes = 0;
-  std::int64_t peak_time_us = 0;
+  std::optional<std::int64_t> peak_time_us;  // empty when nothing was ever live
   std::int64_t end_us = 0;
   std::uint64_t events = 0;
   std::string grouped_by;

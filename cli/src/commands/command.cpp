@@ -4,12 +4,13 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <unistd.h>
 
 namespace remat::report {
 
@@ -35,6 +36,21 @@ void add_output_options(CLI::App& command, GlobalOptions& options) {
       ->check(CLI::IsMember({"auto", "always", "never"}));
 }
 
+CLI::Validator whole_number(std::uint64_t min, std::uint64_t max, std::string_view counts) {
+  const std::string range = max == UINT64_MAX ? fmt::format("a whole number, {} or more", min)
+                                              : fmt::format("a whole number from {} to {}", min, max);
+  const std::string meaning(counts);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        std::uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, error] = std::from_chars(text.data(), end, value);
+        if (error == std::errc() && stop == end && value >= min && value <= max) return {};
+        return fmt::format("got '{}'; give {} ({})", text, range, meaning);
+      },
+      "");
+}
+
 void print(const Report& report, const GlobalOptions& options) {
   write_report(std::cout, report, options.format(), options.format() == OutputFormat::text && options.use_color());
   std::cout.flush();
@@ -44,8 +60,8 @@ void write_output_file(const std::string& path, std::string_view contents) {
   const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
   std::FILE* file = std::fopen(temp.c_str(), "wb");
   if (file == nullptr) {
-    throw UsageError(fmt::format("cannot write {}: {}; pass -o a path in a directory you can write to", path,
-                                 std::strerror(errno)));
+    throw UsageError(
+        fmt::format("cannot write {}: {}; pass -o a path in a directory you can write to", path, std::strerror(errno)));
   }
   const bool ok = std::fwrite(contents.data(), 1, contents.size(), file) == contents.size();
   const bool closed = std::fclose(file) == 0;

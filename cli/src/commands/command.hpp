@@ -5,8 +5,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <string_view>
 
 namespace remat::report {
 
@@ -21,6 +23,9 @@ struct GlobalOptions {
 
 // Adds --json, --csv and --color to a subcommand.
 void add_output_options(CLI::App& command, GlobalOptions& options);
+// Accepts a whole number from `min` to `max`; anything else (a negative number, zero below
+// `min`, a fraction, a word) is refused naming the value, the range and what it counts.
+CLI::Validator whole_number(std::uint64_t min, std::uint64_t max, std::string_view counts);
 void print(const Report& report, const GlobalOptions& options);
 // Writes `contents` to `path` through a temporary file and a rename.
 void write_output_file(const std::string& path, std::string_view contents);

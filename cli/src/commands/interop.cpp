@@ -1,7 +1,8 @@
 #include "commands/command.hpp"
 #include "core/errors.hpp"
 #include "interop/torch_snapshot.hpp"
-#include "reader/json_document.hpp"
+#include "reader/input_file.hpp"
+#include "reader/input_sniff.hpp"
 
 #include <fmt/format.h>
 
@@ -31,7 +32,7 @@ void register_export(CLI::App& app, GlobalOptions& options) {
   add_output_options(*command, options);
   command->callback([opts, &options] {
     const DumpFile dump = open_dump(opts->file);
-    const AllocatorState state = renderer_for(dump).allocator_state(dump);
+    const AllocatorState state = renderer_for(dump, {"export", View::allocator_state, {}}).allocator_state(dump);
     write_output_file(opts->out, torch_snapshot_pickle(state));
     std::size_t blocks = 0;
     for (const Segment& segment : state.segments) blocks += segment.blocks.size();
@@ -54,15 +55,17 @@ void register_import(CLI::App& app, GlobalOptions& options) {
   auto opts = std::make_shared<ImportOptions>();
   command->add_option("file", opts->file, "A pickle written by torch.cuda.memory._dump_snapshot")->required();
   command->add_option("-o,--output", opts->out, "OUT.json")->required();
-  command->add_option("--device", opts->device, "Device to import (default: the first with memory)");
+  command->add_option("--device", opts->device, "Device to import (default: the first with memory)")
+      ->check(whole_number(0, INT32_MAX, "a CUDA device index"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
-    const simdjson::padded_string bytes = read_whole_file(opts->file);
+    const std::string bytes = read_whole_input(opts->file, refuse_non_pickle_start);
+    const std::string name = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
     ImportResult result;
     try {
-      result = import_torch_snapshot(std::string_view(bytes.data(), bytes.size()), opts->device, opts->file);
+      result = import_torch_snapshot(bytes, opts->device, name);
     } catch (const InputError& error) {
-      throw InputError(opts->file, error.what());
+      throw InputError(name, error.what());
     }
     write_output_file(opts->out, result.snapshot.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     Report report;

@@ -1,7 +1,7 @@
 #include "commands/command.hpp"
+#include "renderers/memory_summary.hpp"
 
 #include <memory>
-#include "renderers/memory_summary.hpp"
 
 namespace remat::report {
 
@@ -19,11 +19,13 @@ void register_memory(CLI::App& app, GlobalOptions& options) {
   command->add_option("file", opts->file, "A remat dump")->required();
   command->add_option("--by", opts->by, "Group by region, slot, site, phase or stream")
       ->check(CLI::IsMember({"region", "slot", "site", "phase", "stream"}));
-  command->add_option("--top", opts->top, "Show the N largest groups (by peak) and fold the rest");
+  command->add_option("--top", opts->top, "Show the N largest groups (by peak) and fold the rest")
+      ->check(whole_number(1, UINT64_MAX, "groups to show"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
+    const GroupBy by = group_by_from(opts->by);
     const DumpFile dump = open_dump(opts->file);
-    const MemoryView view = renderer_for(dump).memory(dump, group_by_from(opts->by));
+    const MemoryView view = renderer_for(dump, {"memory", View::memory, by}).memory(dump, by);
     Report report;
     report.tables.push_back(memory_table(view, opts->top));
     report.notes = view.notes;

@@ -1,8 +1,5 @@
 #include "commands/command.hpp"
-#include "core/errors.hpp"
 #include "renderers/oom_renderer.hpp"
-
-#include <fmt/format.h>
 
 #include <memory>
 
@@ -16,13 +13,7 @@ void register_oom(CLI::App& app, GlobalOptions& options) {
   add_output_options(*command, options);
   command->callback([file, &options] {
     const DumpFile dump = open_dump(*file);
-    if (dump.kind != "oom") {
-      throw InputError(*file + ": $.kind",
-                       fmt::format("`oom` reads dumps of kind oom only (the allocator writes them on out-of-memory "
-                                   "as oom-*.json); this is a '{}' dump: try `remat-report summary`",
-                                   printable(dump.kind)));
-    }
-    const Renderer& renderer = renderer_for(dump);
+    const Renderer& renderer = renderer_for(dump, {"oom", View::oom_analysis, {}});
     print(static_cast<const OomRenderer&>(renderer).summary(dump), options);
   });
 }

@@ -23,20 +23,25 @@ void register_segments(CLI::App& app, GlobalOptions& options) {
   auto opts = std::make_shared<SegmentsOptions>();
   command->add_option("file", opts->file, "A remat dump")->required();
   command->add_option("--width", opts->width, "Characters in each segment's picture (0: none)")
-      ->check(CLI::Range(0, 400));
+      ->check(whole_number(0, 400, "characters in each segment's picture"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
     const DumpFile dump = open_dump(opts->file);
-    const SegmentSummary summary = renderer_for(dump).segments(dump, opts->width);
+    const SegmentSummary summary = renderer_for(dump, {"segments", View::segments, {}}).segments(dump, opts->width);
     Report report;
     Table table;
     table.id = "segments";
     table.title = fmt::format("Segments ({}; map: # allocated, ~ freed but pending, . free)", summary.source);
-    table.columns = {{"address", "address", false},    {"size", "total_size", true},
-                     {"stream", "stream", true},       {"pool", "segment_type", false},
-                     {"allocated", "allocated", true}, {"internal free", "internal_free", true},
-                     {"external free", "external_free", true}, {"largest free", "largest_free", true},
-                     {"blocks", "blocks", true},       {"map", "map", false}};
+    table.columns = {{"address", "address", false},
+                     {"size", "total_size", true},
+                     {"stream", "stream", true},
+                     {"pool", "segment_type", false},
+                     {"allocated", "allocated", true},
+                     {"internal free", "internal_free", true},
+                     {"external free", "external_free", true},
+                     {"largest free", "largest_free", true},
+                     {"blocks", "blocks", true},
+                     {"map", "map", false}};
     for (const SegmentRow& row : summary.rows) {
       table.rows.push_back({Cell::address(row.address), Cell::bytes(row.total_size), Cell::count(row.stream),
                             Cell::text(row.small ? "small" : "large"), Cell::bytes(row.allocated),

@@ -1,7 +1,7 @@
 #include "commands/command.hpp"
+#include "renderers/renderer.hpp"
 
 #include <memory>
-#include "renderers/renderer.hpp"
 
 namespace remat::report {
 

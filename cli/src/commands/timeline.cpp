@@ -33,9 +33,9 @@ void register_timeline(CLI::App& app, GlobalOptions& options) {
   command->add_option("--by", opts->by, "Stack by region, slot, site, phase or stream")
       ->check(CLI::IsMember({"region", "slot", "site", "phase", "stream"}));
   command->add_option("--buckets", opts->buckets, "Time buckets (default 1000 for SVG, 4000 for HTML)")
-      ->check(CLI::Range(2, 1000000));
+      ->check(whole_number(2, 1000000, "time buckets"));
   command->add_option("--series", opts->series, "Largest groups drawn on their own; the rest become 'other'")
-      ->check(CLI::Range(1, 200));
+      ->check(whole_number(1, 200, "series drawn on their own"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
     const bool html = ends_with(opts->out, ".html") || ends_with(opts->out, ".htm");
@@ -46,12 +46,12 @@ void register_timeline(CLI::App& app, GlobalOptions& options) {
     const DumpFile dump = open_dump(opts->file);
     std::unique_ptr<TimelineBuilder> builder;
     const GroupBy by = group_by_from(opts->by);
-    renderer_for(dump).events(dump, [&](const TagTable& tags) -> EventSink& {
+    renderer_for(dump, {"timeline", View::events, {}}).events(dump, [&](const TagTable& tags) -> EventSink& {
       builder = std::make_unique<TimelineBuilder>(tags, by, buckets);
       return *builder;
     });
     const Timeline timeline = builder->finish(opts->series);
-    const ChartText text{fmt::format("Live memory by {}", opts->by), opts->file};
+    const ChartText text{fmt::format("Live memory by {}", opts->by), dump.path};
     write_output_file(opts->out, html ? timeline_html(timeline, text) : timeline_svg(timeline, text));
     Report report;
     Table table = key_value_table("timeline", "Timeline");
@@ -61,7 +61,8 @@ void register_timeline(CLI::App& app, GlobalOptions& options) {
     add_field(table, "bucket_width", Cell::time(timeline.bucket_us));
     add_field(table, "series", Cell::count(timeline.series.size()));
     add_field(table, "peak", Cell::bytes(timeline.peak_bytes));
-    add_field(table, "peak_after", Cell::time(timeline.peak_time_us - timeline.start_us));
+    add_field(table, "peak_after",
+              timeline.peak_time_us ? Cell::time(*timeline.peak_time_us - timeline.start_us) : Cell::none());
     report.tables.push_back(std::move(table));
     print(report, options);
   });

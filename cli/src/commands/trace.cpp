@@ -1,6 +1,10 @@
+#include "analysis/grouping.hpp"
 #include "commands/command.hpp"
 #include "core/errors.hpp"
 #include "core/format.hpp"
+#include "core/terminal_text.hpp"
+#include "output/display_names.hpp"
+#include "output/json_text.hpp"
 #include "renderers/renderer.hpp"
 
 #include <fmt/format.h>
@@ -31,13 +35,36 @@ bool region_matches(std::string_view region, std::string_view wanted) {
   return next == ':' || next == '.';
 }
 
+// A --from or --to time: counted from the dump's first event, so never negative.
+std::int64_t parse_offset(std::string_view option, const std::string& text) {
+  std::int64_t time = 0;
+  try {
+    time = parse_time_us(text);
+  } catch (const UsageError& error) {
+    throw UsageError(fmt::format("{}: {}", option, error.what()));
+  }
+  if (time < 0) {
+    throw UsageError(
+        fmt::format("{} {}: times count from the dump's first event and cannot be negative; give "
+                    "0 or more, such as 1500, 1500us, 2.5ms or 3s",
+                    option, text));
+  }
+  return time;
+}
+
 // Prints matching events as they stream by: nothing is held in memory.
 class EventPrinter final : public EventSink {
  public:
   EventPrinter(const TraceOptions& options, OutputFormat format, std::ostream& out)
       : options_(options), format_(format), out_(out) {
-    if (!options.from.empty()) from_ = parse_time_us(options.from);
-    if (!options.to.empty()) to_ = parse_time_us(options.to);
+    if (!options.from.empty()) from_ = parse_offset("--from", options.from);
+    if (!options.to.empty()) to_ = parse_offset("--to", options.to);
+    if (from_ && to_ && *from_ > *to_) {
+      throw UsageError(
+          fmt::format("--from {} is after --to {}; no event could print: give --from a time at or "
+                      "before --to",
+                      options.from, options.to));
+    }
     for (const std::string& list : options.actions) {
       std::size_t start = 0;
       while (start <= list.size()) {
@@ -45,7 +72,8 @@ class EventPrinter final : public EventSink {
         const std::string name = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
         const auto action = action_from(name);
         if (!action) {
-          throw UsageError("--action " + name + " is not an action; use alloc, free_requested, free_completed, "
+          throw UsageError("--action " + name +
+                           " is not an action; use alloc, free_requested, free_completed, "
                            "segment_alloc, segment_free or oom");
         }
         wanted_[static_cast<std::size_t>(*action)] = true;
@@ -66,10 +94,12 @@ class EventPrinter final : public EventSink {
     }
     switch (format_) {
       case OutputFormat::text:
-        out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", "since first", "action", "address", "size",
-                            "stream", "phase", "region / site");
+        out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", "since first", "action", "address",
+                            "size", "stream", "phase", "region / site");
         break;
-      case OutputFormat::csv: out_ << "time_us,since_first_us,action,address,size,stream,tag,region,phase,policy,site\n"; break;
+      case OutputFormat::csv:
+        out_ << "time_us,since_first_us,action,address,size,stream,tag,region,phase,policy,site\n";
+        break;
       case OutputFormat::json: out_ << "{\"events\": [\n"; break;
     }
   }
@@ -90,30 +120,33 @@ class EventPrinter final : public EventSink {
     const std::string& site = tags_->names[tag.site];
     switch (format_) {
       case OutputFormat::text: {
-        std::string where = region.empty() ? "(untagged)" : region;
-        if (!site.empty()) where += " @ " + site;
+        const GroupLabel label = tag_label(*tags_, e.tag, GroupBy::region);
+        std::string where = label.placeholder ? label.text : shown_name(label.text);
+        if (!site.empty()) where += " @ " + shown_name(site);
         out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", human_time_us(since),
                             to_string(e.action), hex_address(e.address), human_bytes(e.size), e.stream,
-                            to_string(tag.phase), where);
+                            to_string(tag.phase), escape_controls(where));
         break;
       }
       case OutputFormat::csv: {
-        auto quote = [](const std::string& s) {
-          if (s.find_first_of(",\"\n") == std::string::npos) return s;
-          std::string q = "\"";
-          for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-          return q + "\"";
-        };
-        out_ << fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", e.time_us, since, to_string(e.action), e.address, e.size,
-                            e.stream, e.tag, quote(region), to_string(tag.phase), to_string(tag.policy), quote(site));
+        out_ << fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", e.time_us, since, to_string(e.action), e.address,
+                            e.size, e.stream, e.tag, csv_field(region), to_string(tag.phase), to_string(tag.policy),
+                            csv_field(site));
         break;
       }
       case OutputFormat::json: {
-        nlohmann::ordered_json object = {{"time_us", e.time_us}, {"since_first_us", since}, {"action", to_string(e.action)}, {"address", e.address},
-                                 {"size", e.size},       {"stream", e.stream},             {"tag", e.tag},
-                                 {"region", region},     {"phase", to_string(tag.phase)},  {"policy", to_string(tag.policy)},
-                                 {"site", site}};
-        out_ << (printed_ ? ",\n" : "") << "  " << object.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+        nlohmann::ordered_json object = {{"time_us", e.time_us},
+                                         {"since_first_us", since},
+                                         {"action", to_string(e.action)},
+                                         {"address", e.address},
+                                         {"size", e.size},
+                                         {"stream", e.stream},
+                                         {"tag", e.tag},
+                                         {"region", region},
+                                         {"phase", to_string(tag.phase)},
+                                         {"policy", to_string(tag.policy)},
+                                         {"site", site}};
+        out_ << (printed_ ? ",\n" : "") << "  " << json_text(object, -1);
         break;
       }
     }
@@ -145,18 +178,20 @@ void register_trace(CLI::App& app, GlobalOptions& options) {
   auto* command = app.add_subcommand("trace", "Events in time order, filtered");
   auto opts = std::make_shared<TraceOptions>();
   command->add_option("file", opts->file, "A remat dump with events (trace, snapshot)")->required();
-  command->add_option("--from", opts->from, "Only events at or after this time since the first event (1500, 1500us, 2.5ms, 3s)");
+  command->add_option("--from", opts->from,
+                      "Only events at or after this time since the first event (1500, 1500us, 2.5ms, 3s)");
   command->add_option("--to", opts->to, "Only events at or before this time since the first event");
   command->add_option("--action", opts->actions, "Only these actions (repeat or comma-separate)");
   command->add_option("--region", opts->region, "Only this region and the regions under it");
-  command->add_option("--limit", opts->limit, "Print at most N events");
+  command->add_option("--limit", opts->limit, "Print at most N events")
+      ->check(whole_number(1, UINT64_MAX, "events to print at most"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
     const OutputFormat format = options.format();
     EventPrinter printer(*opts, format, std::cout);
     const DumpFile dump = open_dump(opts->file);
     std::ios::sync_with_stdio(false);
-    renderer_for(dump).events(dump, [&](const TagTable& tags) -> EventSink& {
+    renderer_for(dump, {"trace", View::events, {}}).events(dump, [&](const TagTable& tags) -> EventSink& {
       printer.begin(tags);
       return printer;
     });

@@ -1,7 +1,8 @@
 #include "commands/command.hpp"
 #include "core/errors.hpp"
-#include "reader/json_document.hpp"
-#include "reader/line_reader.hpp"
+#include "core/terminal_text.hpp"
+#include "output/json_text.hpp"
+#include "reader/trace_file.hpp"
 #include "renderers/renderer.hpp"
 #include "schema/schema_set.hpp"
 
@@ -27,77 +28,113 @@ class Invalid : public InputError {
   using InputError::InputError;
 };
 
-std::vector<std::string> schema_errors(const DumpFile& dump, const SchemaSet& schemas, const std::string& schema,
-                                       std::size_t max_errors) {
+// Checks each line of a JSON Lines dump against the schema: the header against the kind's
+// schema, every later line against its $defs/event.
+class SchemaLines final : public LineInspector {
+ public:
+  SchemaLines(const SchemaSet& schemas, const std::string& schema, std::size_t max_errors,
+              std::vector<std::string>& errors)
+      : schemas_(schemas),
+        header_schema_(schema),
+        record_schema_(schema + "#/$defs/event"),
+        max_errors_(max_errors),
+        errors_(errors) {}
+
+  bool inspect(simdjson::dom::element line, bool header, const std::string& where) override {
+    std::vector<std::string> line_errors;
+    schemas_.validate(header ? header_schema_ : record_schema_, line, JsonPath(), line_errors,
+                      max_errors_ - errors_.size());
+    for (const std::string& error : line_errors) errors_.push_back(where + ": " + error);
+    return line_errors.empty();
+  }
+  void unparsable(const std::string& where, const std::string& problem) override {
+    errors_.push_back(where + ": " + problem);
+  }
+  bool wants_more_lines() const override { return errors_.size() < max_errors_; }
+
+ private:
+  const SchemaSet& schemas_;
+  std::string header_schema_, record_schema_;
+  std::size_t max_errors_;
+  std::vector<std::string>& errors_;
+};
+
+class DiscardEvents final : public EventSink {
+ public:
+  void on_event(const Event&) override {}
+};
+
+// Schema problems first, then (when there are none) what the schema cannot say: tag and name
+// indices, block layout, the consistency of the events, event counts. One pass over the
+// input, so standard input works too.
+std::vector<std::string> problems(const DumpFile& dump, const SchemaSet& schemas, const std::string& schema,
+                                  std::size_t max_errors) {
   std::vector<std::string> errors;
-  if (!dump.json_lines) {
-    schemas.validate(schema, dump.root, JsonPath(), errors, max_errors);
-    for (std::string& error : errors) error = dump.path + ": " + error;
+  if (dump.json_lines) {
+    SchemaLines lines(schemas, schema, max_errors, errors);
+    DiscardEvents discard;
+    try {
+      TraceFile(dump, &lines).stream(discard);
+      if (errors.empty()) renderer_for(dump);  // the schema version this build reads
+    } catch (const InputError& error) {
+      errors.push_back(error.what());
+    }
     return errors;
   }
-  // JSON Lines: the header against the schema, every later line against its $defs/record.
-  const std::string record = schema + "#/$defs/event";
-  LineReader lines(dump.path);
-  simdjson::dom::parser parser;
-  std::string_view line;
-  while (errors.size() < max_errors && lines.next(line)) {
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = fmt::format("{}: line {} (byte {})", dump.path, lines.line_number(), lines.line_offset());
-    simdjson::dom::element value;
-    try {
-      value = parse_json(parser, line, lines.line_offset());
-    } catch (const InputError& error) {
-      errors.push_back(where + ": " + error.what());
-      continue;
-    }
-    std::vector<std::string> line_errors;
-    schemas.validate(lines.line_number() == 1 ? schema : record, value, JsonPath(), line_errors,
-                     max_errors - errors.size());
-    for (const std::string& error : line_errors) errors.push_back(where + ": " + error);
-  }
+  schemas.validate(schema, dump.root, JsonPath(), errors, max_errors);
+  for (std::string& error : errors) error = dump.path + ": " + error;
+  if (errors.empty() && find_renderer(dump.kind) != nullptr) renderer_for(dump).check(dump);
   return errors;
 }
 
 }  // namespace
 
 void register_validate(CLI::App& app, GlobalOptions& options) {
-  auto* command = app.add_subcommand("validate", "Check a dump against its schema in schemas/ and its internal references");
+  auto* command =
+      app.add_subcommand("validate", "Check a dump against its schema in schemas/ and its internal references");
   auto opts = std::make_shared<ValidateOptions>();
   command->add_option("file", opts->file, "A remat dump")->required();
-  command->add_option("--schema-dir", opts->schema_dir, "Read schemas from this directory instead of the built-in copy");
-  command->add_option("--max-errors", opts->max_errors, "Stop after N problems")->check(CLI::Range(1, 100000));
+  command->add_option("--schema-dir", opts->schema_dir,
+                      "Read schemas from this directory instead of the built-in copy");
+  command->add_option("--max-errors", opts->max_errors, "Stop after N problems")
+      ->check(whole_number(1, 100000, "problems to report at most"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
     const OutputFormat format = options.format();
     const SchemaSet schemas = SchemaSet::load(opts->schema_dir);
     std::vector<std::string> errors;
+    std::string name = opts->file;
     std::string kind;
     std::int64_t version = 0;
     std::string schema;
     try {
       const DumpFile dump = open_dump(opts->file);
+      name = dump.path;
       kind = dump.kind;
       version = dump.schema_version;
       schema = dump.kind + ".schema.json";
       if (!schemas.has(schema)) {
-        throw InputError(opts->file + ": $.kind", fmt::format("no schema for dump kind '{}' (looked for {})",
-                                                              printable(dump.kind), schema));
+        throw InputError(dump.path + ": $.kind",
+                         fmt::format("no schema for dump kind '{}' (looked for {})", printable(dump.kind), schema));
       }
-      errors = schema_errors(dump, schemas, schema, opts->max_errors);
-      // Beyond the schema: tag and name indices, block layout, time order, event counts.
-      if (errors.empty() && find_renderer(dump.kind) != nullptr) renderer_for(dump).check(dump);
+      std::vector<std::string> found = problems(dump, schemas, schema, opts->max_errors);
+      errors.insert(errors.end(), found.begin(), found.end());
     } catch (const InputError& error) {
       errors.push_back(error.what());
     }
     if (format == OutputFormat::json) {
-      nlohmann::ordered_json result = {{"file", opts->file}, {"valid", errors.empty()}, {"kind", kind},
-                                       {"schema_version", version}, {"schema", schema}, {"errors", errors}};
-      std::cout << result.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+      nlohmann::ordered_json result = {{"file", name},     {"valid", errors.empty()},
+                                       {"kind", kind},     {"schema_version", version},
+                                       {"schema", schema}, {"errors", errors}};
+      std::cout << json_text(result, 2) << '\n';
     } else if (errors.empty()) {
-      std::cout << fmt::format("{}: valid {} dump (schema_version {}, {})\n", opts->file, kind, version, schema);
+      std::cout << escape_controls(
+                       fmt::format("{}: valid {} dump (schema_version {}, {})", name, kind, version, schema))
+                << '\n';
     } else {
-      for (const std::string& error : errors) std::cerr << "invalid: " << error << '\n';
+      for (const std::string& error : errors) std::cerr << "invalid: " << escape_controls(error) << '\n';
     }
+    std::cout.flush();
     if (!errors.empty()) throw Invalid("");
   });
 }

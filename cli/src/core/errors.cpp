@@ -1,21 +1,14 @@
 #include "core/errors.hpp"
 
-#include <fmt/format.h>
+#include "core/terminal_text.hpp"
 
 namespace remat::report {
 
 std::string printable(std::string_view text, std::size_t max_chars) {
-  std::string out;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (out.size() >= max_chars) {
-      out += "...";
-      break;
-    }
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
-    else out += fmt::format("\\x{:02x}", c);
-  }
-  return out;
+  if (text.size() <= max_chars) return escape_controls(text);
+  std::size_t cut = max_chars;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;  // whole characters only
+  return escape_controls(text.substr(0, cut)) + "...";
 }
 
 }  // namespace remat::report

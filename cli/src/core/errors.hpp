@@ -26,7 +26,8 @@ class InputError : public std::runtime_error {
       : std::runtime_error(where.empty() ? message : where + ": " + message) {}
 };
 
-// Makes text safe for a one-line message: control bytes and non-ASCII become \xNN.
+// Quotes text from a dump in a one-line message: control characters escaped as
+// escape_controls() does (core/terminal_text.hpp), cut after `max_chars` bytes with "...".
 std::string printable(std::string_view text, std::size_t max_chars = 60);
 
 }  // namespace remat::report

@@ -1,6 +1,9 @@
 #include "output/table.hpp"
 
 #include "core/format.hpp"
+#include "core/terminal_text.hpp"
+#include "output/display_names.hpp"
+#include "output/json_text.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -29,10 +32,16 @@ std::string raw_text(const Cell& cell) {
   return std::visit(
       [](const auto& v) -> std::string {
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::monostate>) return "";
-        else if constexpr (std::is_same_v<T, std::string>) return v;
-        else if constexpr (std::is_same_v<T, double>) return fmt::format("{}", v);
-        else return std::to_string(v);
+        if constexpr (std::is_same_v<T, std::monostate>)
+          return "";
+        else if constexpr (std::is_same_v<T, std::string>)
+          return v;
+        else if constexpr (std::is_same_v<T, double>)
+          return fmt::format("{}", v);
+        else if constexpr (std::is_same_v<T, bool>)
+          return v ? "true" : "false";
+        else
+          return std::to_string(v);
       },
       cell.value);
 }
@@ -41,18 +50,24 @@ nlohmann::ordered_json json_value(const Cell& cell) {
   return std::visit(
       [&](const auto& v) -> nlohmann::ordered_json {
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::monostate>) return nullptr;
-        else if constexpr (std::is_same_v<T, std::string>) return v;
+        if constexpr (std::is_same_v<T, std::monostate>)
+          return nullptr;
+        else if constexpr (std::is_same_v<T, std::string>)
+          return v;
         else if constexpr (std::is_same_v<T, double>) {
           if (cell.display == Display::share) return std::round(v * 1e6) / 1e6;
           return v;
-        } else return v;
+        } else
+          return v;
       },
       cell.value);
 }
 
-std::string csv_escape(const std::string& text) {
-  if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
+}  // namespace
+
+std::string csv_field(const std::string& raw) {
+  const std::string text = escape_controls(raw);
+  if (text.find_first_of(",\"") == std::string::npos) return text;
   std::string out = "\"";
   for (const char c : text) {
     if (c == '"') out += '"';
@@ -61,29 +76,40 @@ std::string csv_escape(const std::string& text) {
   return out + '"';
 }
 
+namespace {
+
 void write_text_table(std::ostream& out, const Table& table, bool color) {
-  if (!table.title.empty()) out << (color ? kTitle : "") << table.title << (color ? kReset : "") << '\n';
+  if (!table.title.empty())
+    out << (color ? kTitle : "") << escape_controls(table.title) << (color ? kReset : "") << '\n';
   if (table.text_lines) {
-    for (const std::string& line : *table.text_lines) out << line << '\n';
+    for (const std::string& line : *table.text_lines) out << escape_controls(line) << '\n';
     return;
   }
   if (table.key_value) {
     std::size_t key_width = 0;
-    for (const auto& row : table.rows) key_width = std::max(key_width, width_of(raw_text(row[0])));
+    for (const auto& row : table.rows) key_width = std::max(key_width, width_of(escape_controls(raw_text(row[0]))));
     for (const auto& row : table.rows) {
-      const std::string key = raw_text(row[0]);
-      out << "  " << key << std::string(key_width - width_of(key), ' ') << "  " << display_text(row[1]) << '\n';
+      const std::string key = escape_controls(raw_text(row[0]));
+      out << "  " << key << std::string(key_width - width_of(key), ' ') << "  " << escape_controls(display_text(row[1]))
+          << '\n';
     }
     return;
   }
-  const std::size_t n = table.columns.size();
+  std::vector<const Column*> columns;
+  std::vector<std::size_t> source;  // the row index of each shown column
+  for (std::size_t c = 0; c < table.columns.size(); ++c) {
+    if (!table.columns[c].in_text) continue;
+    columns.push_back(&table.columns[c]);
+    source.push_back(c);
+  }
+  const std::size_t n = columns.size();
   std::vector<std::vector<std::string>> cells;
   std::vector<std::size_t> widths(n);
-  for (std::size_t c = 0; c < n; ++c) widths[c] = width_of(table.columns[c].title);
+  for (std::size_t c = 0; c < n; ++c) widths[c] = width_of(escape_controls(columns[c]->title));
   auto measure = [&](const std::vector<Cell>& row) {
     std::vector<std::string> text(n);
-    for (std::size_t c = 0; c < n && c < row.size(); ++c) {
-      text[c] = display_text(row[c]);
+    for (std::size_t c = 0; c < n && source[c] < row.size(); ++c) {
+      text[c] = escape_controls(display_text(row[source[c]]));
       widths[c] = std::max(widths[c], width_of(text[c]));
     }
     return text;
@@ -96,15 +122,18 @@ void write_text_table(std::ostream& out, const Table& table, bool color) {
     for (std::size_t c = 0; c < n; ++c) {
       const std::string pad(widths[c] - width_of(text[c]), ' ');
       if (c > 0) s += "  ";
-      if (table.columns[c].numeric) s += pad + text[c];
-      else if (c + 1 < n) s += text[c] + pad;
-      else s += text[c];
+      if (columns[c]->numeric)
+        s += pad + text[c];
+      else if (c + 1 < n)
+        s += text[c] + pad;
+      else
+        s += text[c];
     }
     while (!s.empty() && s.back() == ' ') s.pop_back();
     return s;
   };
   std::vector<std::string> header(n);
-  for (std::size_t c = 0; c < n; ++c) header[c] = table.columns[c].title;
+  for (std::size_t c = 0; c < n; ++c) header[c] = escape_controls(columns[c]->title);
   out << (color ? kBold : "") << line(header) << (color ? kReset : "") << '\n';
   std::size_t rule = 0;
   for (std::size_t c = 0; c < n; ++c) rule += widths[c] + (c > 0 ? 2 : 0);
@@ -145,6 +174,10 @@ std::string display_text(const Cell& cell) {
       break;
     case Display::plain:
       if (const auto* v = std::get_if<double>(&cell.value)) return fmt::format("{:.4g}", *v);
+      if (const auto* v = std::get_if<bool>(&cell.value)) return *v ? "yes" : "no";
+      break;
+    case Display::name:
+      if (const auto* v = std::get_if<std::string>(&cell.value)) return shown_name(*v);
       break;
   }
   return raw_text(cell);
@@ -173,7 +206,9 @@ void write_report(std::ostream& out, const Report& report, OutputFormat format, 
         first = false;
         write_text_table(out, table, color);
       }
-      for (const std::string& note : report.notes) out << (color ? kDim : "") << "note: " << note << (color ? kReset : "") << '\n';
+      for (const std::string& note : report.notes) {
+        out << (color ? kDim : "") << "note: " << escape_controls(note) << (color ? kReset : "") << '\n';
+      }
       break;
     }
     case OutputFormat::json: {
@@ -191,7 +226,7 @@ void write_report(std::ostream& out, const Report& report, OutputFormat format, 
         if (table.total) root[table.id + "_total"] = row_object(table, *table.total);
       }
       if (!report.notes.empty()) root["notes"] = report.notes;
-      out << root.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
+      out << json_text(root, 2) << '\n';
       break;
     }
     case OutputFormat::csv: {
@@ -199,11 +234,11 @@ void write_report(std::ostream& out, const Report& report, OutputFormat format, 
       for (const Table& table : report.tables) {
         if (!first) out << '\n';
         first = false;
-        for (std::size_t c = 0; c < table.columns.size(); ++c) out << (c ? "," : "") << csv_escape(table.columns[c].key);
+        for (std::size_t c = 0; c < table.columns.size(); ++c) out << (c ? "," : "") << csv_field(table.columns[c].key);
         out << '\n';
         auto write_row = [&](const std::vector<Cell>& row) {
           for (std::size_t c = 0; c < table.columns.size(); ++c) {
-            out << (c ? "," : "") << (c < row.size() ? csv_escape(raw_text(row[c])) : "");
+            out << (c ? "," : "") << (c < row.size() ? csv_field(raw_text(row[c])) : "");
           }
           out << '\n';
         };

@@ -1,6 +1,7 @@
 #pragma once
 // Results as tables that render three ways: aligned text for people (bytes in binary units,
-// color only on a terminal), JSON and CSV with raw numbers for machines.
+// color only on a terminal), JSON and CSV with raw numbers for machines. Text and CSV escape
+// control characters (core/terminal_text.hpp); JSON keeps every string's exact value.
 
 #include <cstdint>
 #include <optional>
@@ -11,14 +12,18 @@
 
 namespace remat::report {
 
-enum class Display : std::uint8_t { plain, bytes, signed_bytes, share, time_us, address };
+// `name`: a name from the dump, quoted in text when it reads like remat-report's own labels
+// (output/display_names.hpp).
+enum class Display : std::uint8_t { plain, bytes, signed_bytes, share, time_us, address, name };
 
 struct Cell {
-  std::variant<std::monostate, std::string, std::int64_t, std::uint64_t, double> value;
+  std::variant<std::monostate, std::string, std::int64_t, std::uint64_t, double, bool> value;
   Display display = Display::plain;
 
   static Cell none() { return {}; }
   static Cell text(std::string s) { return {std::move(s), Display::plain}; }
+  static Cell name(std::string s) { return {std::move(s), Display::name}; }
+  static Cell flag(bool v) { return {v, Display::plain}; }
   static Cell count(std::uint64_t v) { return {v, Display::plain}; }
   static Cell integer(std::int64_t v) { return {v, Display::plain}; }
   static Cell bytes(std::uint64_t v) { return {v, Display::bytes}; }
@@ -33,6 +38,7 @@ struct Column {
   std::string title;  // for people
   std::string key;    // for JSON and CSV
   bool numeric = false;
+  bool in_text = true;  // false: for JSON and CSV only
 };
 
 struct Table {
@@ -61,5 +67,8 @@ enum class OutputFormat : std::uint8_t { text, json, csv };
 
 void write_report(std::ostream& out, const Report& report, OutputFormat format, bool color);
 std::string display_text(const Cell& cell);
+// One CSV field: control characters escaped (a field is always one line), quoted when it holds
+// a comma or a double quote.
+std::string csv_field(const std::string& text);
 
 }  // namespace remat::report

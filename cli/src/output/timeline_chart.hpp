@@ -1,7 +1,9 @@
 #pragma once
 // Timeline pictures: a standalone SVG (stacked areas, axes, legend, peak marker), and an
 // HTML page with the same chart drawn by inline script, adding hover details and zoom.
-// Both are self-contained files: no network, no external fonts or scripts.
+// Both are self-contained files: no network, no external fonts or scripts. Every text from
+// the dump is escaped for XML (chart_style.hpp), and the HTML page's data is JSON that cannot
+// close its <script> element.
 
 #include "analysis/timeline_series.hpp"
 

@@ -1,4 +1,6 @@
 #include "output/chart_style.hpp"
+#include "output/display_names.hpp"
+#include "output/json_text.hpp"
 #include "output/timeline_chart.hpp"
 
 #include <nlohmann/json.hpp>
@@ -41,9 +43,9 @@ constexpr const char* kScript = R"JS(
       for (let b = a; b < e; b++) below[b] += se.values[b];
     });
     const pb = (D.peak_time_us - D.start_us) / D.bucket_us;
-    if (pb >= lo && pb <= hi && D.events > 0) s += `<line x1="${x(pb)}" x2="${x(pb)}" y1="${T}" y2="${T + PH}" stroke="#c00" stroke-dasharray="4 3"/><circle cx="${x(pb)}" cy="${y(D.peak_bytes)}" r="4" fill="#c00"/>`;
+    if (pb >= lo && pb <= hi && D.peak_time_us !== null) s += `<line x1="${x(pb)}" x2="${x(pb)}" y1="${T}" y2="${T + PH}" stroke="#c00" stroke-dasharray="4 3"/><circle cx="${x(pb)}" cy="${y(D.peak_bytes)}" r="4" fill="#c00"/>`;
     s += `</svg><rect x="${L}" y="${T}" width="${PW}" height="${PH}" fill="none" stroke="#888"/>`;
-    if (pb >= lo && pb <= hi && D.events > 0) s += `<text x="${x(pb) + (x(pb) > L + PW * 0.7 ? -8 : 8)}" y="${Math.max(T + 14, y(D.peak_bytes) - 8)}" fill="#c00" font-weight="bold" text-anchor="${x(pb) > L + PW * 0.7 ? 'end' : 'start'}">peak ${bytes(D.peak_bytes)} at ${time(D.peak_time_us - D.start_us)}</text>`;
+    if (pb >= lo && pb <= hi && D.peak_time_us !== null) s += `<text x="${x(pb) + (x(pb) > L + PW * 0.7 ? -8 : 8)}" y="${Math.max(T + 14, y(D.peak_bytes) - 8)}" fill="#c00" font-weight="bold" text-anchor="${x(pb) > L + PW * 0.7 ? 'end' : 'start'}">peak ${bytes(D.peak_bytes)} at ${time(D.peak_time_us - D.start_us)}</text>`;
     chart.innerHTML = s + '</svg>';
   }
   function bucketAt(ev) { const r = chart.getBoundingClientRect(); return lo + (ev.clientX - r.left - L) / PW * (hi - lo); }
@@ -87,35 +89,44 @@ h1 { font-size: 18px; margin: 0 0 4px; } .meta { color: #555; margin-bottom: 10p
 }  // namespace
 
 std::string timeline_html(const Timeline& t, const ChartText& text) {
-  nlohmann::json data;
+  nlohmann::ordered_json data;
   data["start_us"] = t.start_us;
   data["bucket_us"] = t.bucket_us;
   data["totals"] = t.totals;
   data["peak_bytes"] = t.peak_bytes;
-  data["peak_time_us"] = t.peak_time_us;
+  data["peak_time_us"] = t.peak_time_us ? nlohmann::ordered_json(*t.peak_time_us) : nlohmann::ordered_json(nullptr);
   data["events"] = t.events;
   data["by"] = t.grouped_by;
-  data["series"] = nlohmann::json::array();
+  data["series"] = nlohmann::ordered_json::array();
   for (std::size_t s = 0; s < t.series.size(); ++s) {
-    const bool other = s + 1 == t.series.size() && t.series[s].label.rfind("other (", 0) == 0;
-    data["series"].push_back({{"label", t.series[s].label},
-                              {"color", series_color(s, other)},
+    const GroupLabel& label = t.series[s].label;
+    data["series"].push_back({{"label", label.placeholder ? label.text : shown_name(label.text)},
+                              {"placeholder", label.placeholder},
+                              {"color", series_color(s, t.series[s].other)},
                               {"peak", t.series[s].peak},
                               {"values", t.series[s].values}});
   }
-  std::string json = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  // Keep the data from closing its <script> element.
-  for (std::size_t at = 0; (at = json.find("</", at)) != std::string::npos; at += 3) json.replace(at, 2, "<\\/");
+  // No '<' in the data, so no name can close its <script> element or open a comment or
+  // script inside it; '<' stands only inside JSON strings, where \u003c means the same.
+  std::string json;
+  for (const char c : json_text(data, -1)) {
+    if (c == '<')
+      json += "\\u003c";
+    else
+      json += c;
+  }
 
   std::string html = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>";
   html += xml_escape(text.title);
   html += "</title><style>";
   html += kStyle;
-  html += "</style></head><body>\n<h1>" + xml_escape(text.title) + "</h1><div class=\"meta\">" + xml_escape(text.source) +
-          " - " + std::to_string(t.events) + " events, grouped by " + xml_escape(t.grouped_by) + "</div>\n";
+  html += "</style></head><body>\n<h1>" + xml_escape(text.title) + "</h1><div class=\"meta\">" +
+          xml_escape(text.source) + " - " + std::to_string(t.events) + " events, grouped by " +
+          xml_escape(t.grouped_by) + "</div>\n";
   html += "<div id=\"wrap\"><div id=\"chart\"></div><div id=\"legend\"></div></div><div id=\"tip\"></div>\n";
-  html += "<noscript>This page draws its chart with JavaScript; `remat-report timeline -o OUT.svg` writes a static "
-          "picture.</noscript>\n";
+  html +=
+      "<noscript>This page draws its chart with JavaScript; `remat-report timeline -o OUT.svg` writes a static "
+      "picture.</noscript>\n";
   html += "<script type=\"application/json\" id=\"timeline-data\">" + json + "</script>\n<script>";
   html += kScript;
   html += "</script>\n</body></html>\n";

@@ -1,5 +1,6 @@
 #include "core/format.hpp"
 #include "output/chart_style.hpp"
+#include "output/display_names.hpp"
 #include "output/timeline_chart.hpp"
 
 #include <fmt/format.h>
@@ -13,6 +14,8 @@ namespace {
 constexpr double kWidth = 1200, kHeight = 600;
 constexpr double kLeft = 90, kRight = 300, kTop = 64, kBottom = 64;
 constexpr double kPlotW = kWidth - kLeft - kRight, kPlotH = kHeight - kTop - kBottom;
+
+std::string shown(const GroupLabel& label) { return label.placeholder ? label.text : shown_name(label.text); }
 
 std::string values_attribute(const std::vector<std::uint64_t>& values) {
   std::string out;
@@ -43,7 +46,8 @@ std::string timeline_svg(const Timeline& t, const ChartText& text) {
       "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\" "
       "data-start-us=\"{2}\" data-bucket-us=\"{3}\" data-buckets=\"{4}\" data-peak-bytes=\"{5}\" "
       "data-peak-time-us=\"{6}\" data-events=\"{7}\" data-by=\"{8}\">\n",
-      kWidth, kHeight, t.start_us, t.bucket_us, n, t.peak_bytes, t.peak_time_us, t.events, xml_escape(t.grouped_by));
+      kWidth, kHeight, t.start_us, t.bucket_us, n, t.peak_bytes,
+      t.peak_time_us ? std::to_string(*t.peak_time_us) : std::string(), t.events, xml_escape(t.grouped_by));
   svg += fmt::format("<rect width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", kWidth, kHeight);
   svg += fmt::format("<text x=\"{}\" y=\"26\" font-size=\"17\" font-weight=\"bold\">{}</text>\n", kLeft,
                      xml_escape(text.title));
@@ -63,22 +67,24 @@ std::string timeline_svg(const Timeline& t, const ChartText& text) {
     const double x = x_of(tick.value);
     if (x > kLeft + kPlotW + 0.5) break;
     svg += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\"/>", x, x, kTop, kTop + kPlotH);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" stroke=\"none\" fill=\"#333\">{}</text>\n",
-                       x, kTop + kPlotH + 18, xml_escape(tick.label));
+    svg +=
+        fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" stroke=\"none\" fill=\"#333\">{}</text>\n",
+                    x, kTop + kPlotH + 18, xml_escape(tick.label));
   }
   svg += "</g>\n";
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#333\">time since the first event</text>\n",
-                     kLeft + kPlotW / 2, kHeight - 18);
-  svg += fmt::format("<text transform=\"translate(20,{:.1f}) rotate(-90)\" text-anchor=\"middle\" fill=\"#333\">live bytes "
-                     "(highest point of each bucket)</text>\n",
-                     kTop + kPlotH / 2);
+  svg += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#333\">time since the first event</text>\n",
+      kLeft + kPlotW / 2, kHeight - 18);
+  svg += fmt::format(
+      "<text transform=\"translate(20,{:.1f}) rotate(-90)\" text-anchor=\"middle\" fill=\"#333\">live bytes "
+      "(highest point of each bucket)</text>\n",
+      kTop + kPlotH / 2);
 
   // Stacked areas, largest series at the bottom; each bucket is a step.
   svg += "<g id=\"series\" stroke=\"none\">\n";
   std::vector<std::uint64_t> below(n, 0);
   for (std::size_t s = 0; s < t.series.size(); ++s) {
     const TimelineSeries& series = t.series[s];
-    const bool other = s + 1 == t.series.size() && series.label.rfind("other (", 0) == 0;
     std::string d;
     d.reserve(n * 24);
     if (n > 0) {
@@ -91,45 +97,51 @@ std::string timeline_svg(const Timeline& t, const ChartText& text) {
       }
       d += 'Z';
     }
-    svg += fmt::format("<path class=\"series\" d=\"{}\" fill=\"{}\" data-label=\"{}\" data-peak=\"{}\" data-values=\"{}\">"
-                       "<title>{} (peak {})</title></path>\n",
-                       d, series_color(s, other), xml_escape(series.label), series.peak, values_attribute(series.values),
-                       xml_escape(series.label), human_bytes(series.peak));
+    svg += fmt::format(
+        "<path class=\"series\" d=\"{}\" fill=\"{}\" data-label=\"{}\" data-placeholder=\"{}\" "
+        "data-peak=\"{}\" data-values=\"{}\"><title>{} (peak {})</title></path>\n",
+        d, series_color(s, series.other), xml_escape(series.label.text), series.label.placeholder, series.peak,
+        values_attribute(series.values), xml_escape(shown(series.label)), human_bytes(series.peak));
     for (std::size_t b = 0; b < n; ++b) below[b] += series.values[b];
   }
   svg += "</g>\n";
   svg += fmt::format("<g id=\"totals\" data-values=\"{}\"/>\n", values_attribute(t.totals));
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n", kLeft, kTop,
-                     kPlotW, kPlotH);
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n", kLeft,
+                     kTop, kPlotW, kPlotH);
 
   // Peak marker.
-  if (t.events > 0) {
-    const double px = x_of(static_cast<double>(t.peak_time_us - t.start_us));
+  if (t.peak_time_us) {
+    const double px = x_of(static_cast<double>(*t.peak_time_us - t.start_us));
     const double py = y_of(static_cast<double>(t.peak_bytes));
     const bool left_side = px > kLeft + kPlotW * 0.7;
-    svg += fmt::format("<g id=\"peak\"><line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#c00\" "
-                       "stroke-dasharray=\"4 3\"/><circle cx=\"{0:.1f}\" cy=\"{3:.1f}\" r=\"4\" fill=\"#c00\"/>"
-                       "<text x=\"{4:.1f}\" y=\"{5:.1f}\" fill=\"#c00\" text-anchor=\"{6}\" font-weight=\"bold\">peak {7} at "
-                       "{8}</text></g>\n",
-                       px, kTop, kTop + kPlotH, py, left_side ? px - 8 : px + 8, std::max(kTop + 14, py - 8),
-                       left_side ? "end" : "start", human_bytes(t.peak_bytes), human_time_us(t.peak_time_us - t.start_us));
+    svg += fmt::format(
+        "<g id=\"peak\"><line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#c00\" "
+        "stroke-dasharray=\"4 3\"/><circle cx=\"{0:.1f}\" cy=\"{3:.1f}\" r=\"4\" fill=\"#c00\"/>"
+        "<text x=\"{4:.1f}\" y=\"{5:.1f}\" fill=\"#c00\" text-anchor=\"{6}\" font-weight=\"bold\">peak {7} at "
+        "{8}</text></g>\n",
+        px, kTop, kTop + kPlotH, py, left_side ? px - 8 : px + 8, std::max(kTop + 14, py - 8),
+        left_side ? "end" : "start", human_bytes(t.peak_bytes), human_time_us(*t.peak_time_us - t.start_us));
   }
 
   // Legend.
   const double lx = kLeft + kPlotW + 20;
-  svg += fmt::format("<g id=\"legend\"><text x=\"{:.1f}\" y=\"{:.1f}\" font-weight=\"bold\">{} (peak)</text>\n", lx, kTop + 4,
-                     xml_escape(t.grouped_by));
+  svg += fmt::format("<g id=\"legend\"><text x=\"{:.1f}\" y=\"{:.1f}\" font-weight=\"bold\">{} (peak)</text>\n", lx,
+                     kTop + 4, xml_escape(t.grouped_by));
   for (std::size_t s = t.series.size(); s-- > 0;) {
     const std::size_t row = t.series.size() - 1 - s;
     const double y = kTop + 22 + static_cast<double>(row) * 20;
     if (y > kHeight - 20) break;
     const TimelineSeries& series = t.series[s];
-    const bool other = s + 1 == t.series.size() && series.label.rfind("other (", 0) == 0;
-    std::string label = series.label;
-    if (label.size() > 30) label = label.substr(0, 29) + "~";
-    svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1f}\" "
-                       "y=\"{:.1f}\">{} ({})</text>\n",
-                       lx, y - 10, series_color(s, other), lx + 18, y, xml_escape(label), human_bytes(series.peak));
+    std::string label = shown(series.label);
+    if (label.size() > 30) {
+      std::size_t cut = 29;  // whole UTF-8 characters only
+      while (cut > 0 && (static_cast<unsigned char>(label[cut]) & 0xc0) == 0x80) --cut;
+      label = label.substr(0, cut) + "~";
+    }
+    svg += fmt::format(
+        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1f}\" "
+        "y=\"{:.1f}\">{} ({})</text>\n",
+        lx, y - 10, series_color(s, series.other), lx + 18, y, xml_escape(label), human_bytes(series.peak));
   }
   svg += "</g>\n</svg>\n";
   return svg;

@@ -1,9 +1,10 @@
 #include "reader/dump_file.hpp"
 
 #include "core/errors.hpp"
+#include "reader/duplicate_keys.hpp"
+#include "reader/input_sniff.hpp"
 #include "reader/json_document.hpp"
 #include "reader/json_fields.hpp"
-#include "reader/line_reader.hpp"
 
 #include <fmt/format.h>
 
@@ -11,9 +12,10 @@ namespace remat::report {
 
 namespace {
 
-bool is_blank(std::string_view line) {
-  return line.find_first_not_of(" \t\r\n") == std::string_view::npos;
-}
+// The first read; the buffer grows only for a longer first line.
+constexpr std::size_t kFirstChunk = std::size_t{1} << 16;
+
+bool is_blank(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
 
 void read_kind(DumpFile& dump, simdjson::dom::element root) {
   const JsonPath path;
@@ -23,54 +25,67 @@ void read_kind(DumpFile& dump, simdjson::dom::element root) {
   dump.schema_version = json::as_i64(json::member(object, "schema_version", path), path.key("schema_version"));
 }
 
+// Runs `step`, prefixing the input's name to the InputError it throws.
+template <typename Step>
+auto naming(const DumpFile& dump, Step step) {
+  try {
+    return step();
+  } catch (const InputError& error) {
+    throw InputError(dump.path, error.what());
+  }
+}
+
 }  // namespace
 
-DumpFile open_dump(const std::string& path) {
+bool is_json_lines_kind(std::string_view kind) { return kind == "trace"; }
+
+DumpFile open_dump(const std::string& argument) {
+  auto lines = std::make_unique<LineReader>(InputFile::open(argument), kFirstChunk);
   DumpFile dump;
-  dump.path = path;
+  dump.path = lines->name();
   dump.parser = std::make_unique<simdjson::dom::parser>();
-  try {
-    LineReader lines(path, std::size_t{1} << 16);
-    dump.file_size = lines.file_size();
-    std::string_view first;
-    lines.next(first);
-    if (!first.empty() && static_cast<unsigned char>(first[0]) == 0x80) {
-      throw InputError(path + ": byte 0: this is a Python pickle, not a remat JSON dump; convert a PyTorch snapshot with "
-                       "`remat-report import " + path + " -o OUT.json`");
+  refuse_non_json_start(lines->peek(kSniffBytes), dump.path);
+  if (!lines->skip_whitespace()) throw InputError(dump.path, "holds only whitespace; expected a remat JSON dump");
+  refuse_non_object_start(lines->peek(1)[0], lines->position(), dump.path);
+
+  // A complete object on the first line is a header line or a one-line document; anything
+  // else (a pretty-printed document, a syntax error) is parsed as one document.
+  std::string_view first;
+  lines->next(first);
+  simdjson::dom::element root;
+  if (dump.parser->parse(first.data(), first.size(), false).get(root) == simdjson::SUCCESS &&
+      root.type() == simdjson::dom::element_type::OBJECT) {
+    naming(dump, [&] {
+      refuse_duplicate_keys(root);
+      read_kind(dump, root);
+    });
+    if (is_json_lines_kind(dump.kind)) {
+      dump.json_lines = true;
+      dump.header_line = simdjson::padded_string(first);
+      dump.lines = std::move(lines);
+      return dump;
     }
-    bool more_lines = false;
-    std::string_view next;
-    while (lines.next(next)) {
-      if (!is_blank(next)) {
-        more_lines = true;
-        break;
-      }
+    std::string_view more;
+    while (lines->next(more)) {
+      if (is_blank(more)) continue;
+      throw InputError(fmt::format("{}: line {} (byte {})", dump.path, lines->line_number(), lines->line_offset()),
+                       fmt::format("a {} dump is one JSON document, but this file has more lines after its first (is "
+                                   "it a trace written with the wrong kind?)",
+                                   printable(dump.kind)));
     }
-    if (more_lines) {
-      // Either JSON Lines or one pretty-printed document: the first line decides.
-      LineReader again(path, std::size_t{1} << 16);
-      again.next(first);
-      simdjson::dom::element header;
-      if (dump.parser->parse(first.data(), first.size(), false).get(header) == simdjson::SUCCESS &&
-          header.type() == simdjson::dom::element_type::OBJECT) {
-        dump.json_lines = true;
-        read_kind(dump, header);
-        return dump;
-      }
-    }
-  } catch (const InputError& error) {
-    const std::string message = error.what();
-    if (message.find(path) != std::string::npos) throw;
-    throw InputError(path, message);
+    dump.root = root;
+    return dump;
   }
-  try {
-    dump.text = read_whole_file(path);
-    dump.root = parse_json(*dump.parser, std::string_view(dump.text.data(), dump.text.size()));
+  lines->unread();
+  const std::string_view text = lines->read_rest();
+  naming(dump, [&] {
+    dump.root = parse_json(*dump.parser, text, lines->line_offset());
     read_kind(dump, dump.root);
-  } catch (const InputError& error) {
-    const std::string message = error.what();
-    if (message.find(path) != std::string::npos) throw;
-    throw InputError(path, message);
+  });
+  if (is_json_lines_kind(dump.kind)) {
+    throw InputError(dump.path, fmt::format("a {} dump is JSON Lines: its header object on the first line, then one "
+                                            "record a line; this file's first line is not a complete JSON object",
+                                            dump.kind));
   }
   return dump;
 }

@@ -1,8 +1,12 @@
 #pragma once
-// Opening a dump: detects the kind from `kind` and `schema_version`, whether the file is one
-// JSON document (snapshot and most kinds) or JSON Lines (trace), and keeps a parsed document.
+// Opening a dump: looks at its first bytes (reader/input_sniff.hpp), reads its `kind` and
+// `schema_version`, and either parses it as one JSON document or, for the kinds written as
+// JSON Lines (a header line, then one record a line), keeps the header and a reader
+// positioned after it so the records stream by in bounded memory. Files, `-` (standard
+// input), pipes and FIFOs are all read front to back once.
 
 #include "model/dump.hpp"
+#include "reader/line_reader.hpp"
 
 #include <simdjson.h>
 
@@ -12,19 +16,26 @@
 namespace remat::report {
 
 struct DumpFile {
-  std::string path;
+  std::string path;  // what messages call the input: its path, or "<stdin>"
   std::string kind;
   std::int64_t schema_version = 0;
-  bool json_lines = false;  // a header line followed by one record a line
-  std::uint64_t file_size = 0;
+  bool json_lines = false;
 
-  // Set for single-document dumps: the parsed document, alive as long as this object.
+  // Single-document dumps: the parsed document, alive as long as this object.
   std::unique_ptr<simdjson::dom::parser> parser;
-  simdjson::padded_string text;
   simdjson::dom::element root;
+
+  // JSON Lines dumps: the header line, and the rest of the input, which one reader takes
+  // (TraceFile); a second one is refused.
+  simdjson::padded_string header_line;
+  mutable std::unique_ptr<LineReader> lines;
 };
 
-// Throws InputError for an unreadable, empty, non-JSON or kind-less file.
-DumpFile open_dump(const std::string& path);
+// Kinds written as JSON Lines.
+bool is_json_lines_kind(std::string_view kind);
+
+// Opens `argument` (a path, or `-` for standard input). Throws InputError for an unreadable,
+// empty, non-JSON or kind-less input, naming the input and the byte, line or JSON path.
+DumpFile open_dump(const std::string& argument);
 
 }  // namespace remat::report

@@ -1,6 +1,7 @@
 #include "reader/dump_reader.hpp"
 
 #include "core/errors.hpp"
+#include "reader/event_checks.hpp"
 
 #include <fmt/format.h>
 
@@ -30,12 +31,18 @@ Tag read_tag(json::element value, const JsonPath& path, std::size_t name_count) 
   tag.site = json::as_index(member(object, "site", path), path.key("site"), name_count, "names");
   const JsonPath policy_path = path.key("policy");
   const std::string_view policy = json::as_string(member(object, "policy", path), policy_path);
-  if (auto p = policy_from(policy)) tag.policy = *p;
-  else throw InputError(policy_path.str(), fmt::format("unknown policy '{}'; expected none, save or recompute", printable(policy)));
+  if (auto p = policy_from(policy))
+    tag.policy = *p;
+  else
+    throw InputError(policy_path.str(),
+                     fmt::format("unknown policy '{}'; expected none, save or recompute", printable(policy)));
   const JsonPath phase_path = path.key("phase");
   const std::string_view phase = json::as_string(member(object, "phase", path), phase_path);
-  if (auto p = phase_from(phase)) tag.phase = *p;
-  else throw InputError(phase_path.str(), fmt::format("unknown phase '{}'; expected other, forward, recompute or backward", printable(phase)));
+  if (auto p = phase_from(phase))
+    tag.phase = *p;
+  else
+    throw InputError(phase_path.str(), fmt::format("unknown phase '{}'; expected other, forward, recompute or backward",
+                                                   printable(phase)));
   const JsonPath recv_path = path.key("recv");
   const json::element recv = member(object, "recv", path);
   if (!json::is_null(recv)) {
@@ -46,7 +53,8 @@ Tag read_tag(json::element value, const JsonPath& path, std::size_t name_count) 
     const JsonPath direction_path = recv_path.key("direction");
     const std::string_view direction = json::as_string(member(r, "direction", recv_path), direction_path);
     if (direction != "F" && direction != "B") {
-      throw InputError(direction_path.str(), fmt::format("unknown direction '{}'; expected F or B", printable(direction)));
+      throw InputError(direction_path.str(),
+                       fmt::format("unknown direction '{}'; expected F or B", printable(direction)));
     }
     slot.direction = direction[0];
     tag.recv = slot;
@@ -63,6 +71,12 @@ TagTable read_tag_table(json::object root, const JsonPath& path) {
   std::size_t i = 0;
   for (json::element name : names) table.names.emplace_back(json::as_string(name, names_path.index(i++)));
   if (table.names.empty()) throw InputError(names_path.str(), "must hold at least the empty name at index 0");
+  if (!table.names[0].empty()) {
+    throw InputError(names_path.index(0).str(),
+                     fmt::format("must be the empty name, found '{}': index 0 stands for no name (untagged memory, "
+                                 "no site)",
+                                 printable(table.names[0])));
+  }
   const JsonPath tags_path = path.key("tags");
   const json::array tags = json::as_array(member(root, "tags", path), tags_path);
   i = 0;
@@ -88,10 +102,13 @@ Event read_event(json::element value, const JsonPath& path, std::size_t tag_coun
   Event event;
   const JsonPath action_path = path.key("action");
   const std::string_view action = json::as_string(member(object, "action", path), action_path);
-  if (auto a = action_from(action)) event.action = *a;
+  if (auto a = action_from(action))
+    event.action = *a;
   else {
-    throw InputError(action_path.str(), fmt::format("unknown action '{}'; expected alloc, free_requested, free_completed, "
-                                                    "segment_alloc, segment_free or oom", printable(action)));
+    throw InputError(action_path.str(),
+                     fmt::format("unknown action '{}'; expected alloc, free_requested, free_completed, "
+                                 "segment_alloc, segment_free or oom",
+                                 printable(action)));
   }
   event.time_us = json::as_i64(member(object, "time_us", path), path.key("time_us"));
   event.address = json::as_u64(member(object, "address", path), path.key("address"));
@@ -111,10 +128,12 @@ Block read_block(json::element value, const JsonPath& path, std::size_t tag_coun
   block.requested_size = json::as_u64(member(object, "requested_size", path), path.key("requested_size"));
   const JsonPath state_path = path.key("state");
   const std::string_view state = json::as_string(member(object, "state", path), state_path);
-  if (auto s = block_state_from(state)) block.state = *s;
+  if (auto s = block_state_from(state))
+    block.state = *s;
   else {
     throw InputError(state_path.str(), fmt::format("unknown block state '{}'; expected active_allocated, "
-                                                   "active_pending_free or inactive", printable(state)));
+                                                   "active_pending_free or inactive",
+                                                   printable(state)));
   }
   block.tag = json::as_index(member(object, "tag", path), path.key("tag"), tag_count, "tags");
   if (block.requested_size > block.size) {
@@ -133,12 +152,18 @@ Segment read_segment(json::element value, const JsonPath& path, std::size_t tag_
   const JsonPath type_path = path.key("segment_type");
   const std::string_view type = json::as_string(member(object, "segment_type", path), type_path);
   if (type != "small" && type != "large") {
-    throw InputError(type_path.str(), fmt::format("unknown segment_type '{}'; expected small or large", printable(type)));
+    throw InputError(type_path.str(),
+                     fmt::format("unknown segment_type '{}'; expected small or large", printable(type)));
   }
   segment.small = type == "small";
   segment.allocated_size = json::as_u64(member(object, "allocated_size", path), path.key("allocated_size"));
   segment.active_size = json::as_u64(member(object, "active_size", path), path.key("active_size"));
   segment.requested_size = json::as_u64(member(object, "requested_size", path), path.key("requested_size"));
+  std::uint64_t segment_end = 0;
+  if (__builtin_add_overflow(segment.address, segment.total_size, &segment_end)) {
+    throw InputError(path.key("total_size").str(), fmt::format("{} bytes at 0x{:x} end past the 64-bit address space",
+                                                               segment.total_size, segment.address));
+  }
   const JsonPath blocks_path = path.key("blocks");
   std::size_t i = 0;
   std::uint64_t covered = 0;
@@ -199,13 +224,16 @@ Snapshot read_snapshot(json::object root) {
   const JsonPath memory_path = path.key("device_memory");
   const json::object memory = json::as_object(member(root, "device_memory", path), memory_path);
   snapshot.device_free_bytes = json::as_u64(member(memory, "free_bytes", memory_path), memory_path.key("free_bytes"));
-  snapshot.device_total_bytes = json::as_u64(member(memory, "total_bytes", memory_path), memory_path.key("total_bytes"));
+  snapshot.device_total_bytes =
+      json::as_u64(member(memory, "total_bytes", memory_path), memory_path.key("total_bytes"));
   snapshot.stats = read_stats(member(root, "stats", path), path.key("stats"));
   snapshot.tags = read_tag_table(root, path);
   const std::size_t tag_count = snapshot.tags.tags.size();
 
   const JsonPath tag_stats_path = path.key("tag_stats");
   std::size_t i = 0;
+  // Views add these up across tags; so must they fit in 64 bits.
+  std::uint64_t current_sum = 0, peak_sum = 0, count_sum = 0;
   for (json::element entry : json::as_array(member(root, "tag_stats", path), tag_stats_path)) {
     const JsonPath entry_path = tag_stats_path.index(i++);
     const json::object o = json::as_object(entry, entry_path);
@@ -214,13 +242,25 @@ Snapshot read_snapshot(json::object root) {
     stat.bytes = read_stat(member(o, "bytes", entry_path), entry_path.key("bytes"));
     stat.requested_bytes = read_stat(member(o, "requested_bytes", entry_path), entry_path.key("requested_bytes"));
     stat.count = read_stat(member(o, "count", entry_path), entry_path.key("count"));
+    if (__builtin_add_overflow(current_sum, stat.bytes.current, &current_sum) ||
+        __builtin_add_overflow(peak_sum, stat.bytes.peak, &peak_sum) ||
+        __builtin_add_overflow(count_sum, stat.count.total, &count_sum)) {
+      throw InputError(entry_path.str(),
+                       "the tags' bytes or counts add up to more than 2^64 - 1: the snapshot is corrupt");
+    }
     snapshot.tag_stats.push_back(stat);
   }
 
   const JsonPath segments_path = path.key("segments");
   i = 0;
+  std::uint64_t reserved = 0;
   for (json::element segment : json::as_array(member(root, "segments", path), segments_path)) {
-    snapshot.segments.push_back(read_segment(segment, segments_path.index(i++), tag_count));
+    const JsonPath segment_path = segments_path.index(i++);
+    snapshot.segments.push_back(read_segment(segment, segment_path, tag_count));
+    if (__builtin_add_overflow(reserved, snapshot.segments.back().total_size, &reserved)) {
+      throw InputError(segment_path.key("total_size").str(),
+                       "the segments' sizes add up to more than 2^64 - 1 bytes: the snapshot is corrupt");
+    }
   }
 
   const JsonPath trace_path = path.key("trace");
@@ -229,13 +269,14 @@ Snapshot read_snapshot(json::object root) {
   snapshot.trace_dropped = json::as_u64(member(trace, "dropped", trace_path), trace_path.key("dropped"));
   const JsonPath events_path = trace_path.key("events");
   i = 0;
+  EventChecker checker;
   for (json::element event : json::as_array(member(trace, "events", trace_path), events_path)) {
     const JsonPath event_path = events_path.index(i++);
     snapshot.events.push_back(read_event(event, event_path, tag_count));
-    if (snapshot.events.size() > 1 && snapshot.events.back().time_us < snapshot.events[snapshot.events.size() - 2].time_us) {
-      throw InputError(event_path.key("time_us").str(),
-                       fmt::format("events are out of time order ({} after {})", snapshot.events.back().time_us,
-                                   snapshot.events[snapshot.events.size() - 2].time_us));
+    try {
+      checker.check(snapshot.events.back());
+    } catch (const InputError& error) {
+      throw InputError(event_path.str(), error.what());
     }
   }
   return snapshot;

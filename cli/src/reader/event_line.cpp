@@ -69,26 +69,34 @@ bool decode_event_line(std::string_view line, RawEvent& out) {
     if (p >= end) return false;
 
     unsigned field = 0;
-    if (key == "action") field = kAction;
-    else if (key == "time_us") field = kTime;
-    else if (key == "address") field = kAddress;
-    else if (key == "size") field = kSize;
-    else if (key == "stream") field = kStream;
-    else if (key == "tag") field = kTag;
-    if ((seen & field) != 0) return false;  // duplicate key
+    if (key == "action")
+      field = kAction;
+    else if (key == "time_us")
+      field = kTime;
+    else if (key == "address")
+      field = kAddress;
+    else if (key == "size")
+      field = kSize;
+    else if (key == "stream")
+      field = kStream;
+    else if (key == "tag")
+      field = kTag;
+    else
+      return false;                         // another key: the full parser checks the whole object
+    if ((seen & field) != 0) return false;  // duplicate key: refused by the full parser
     seen |= field;
 
     if (*p == '"') {
       const char* value_end = scan_plain_string(p + 1, end);
       if (value_end == nullptr) return false;
-      if (field == kAction) out.action = std::string_view(p + 1, static_cast<std::size_t>(value_end - p - 1));
-      else if (field != 0) return false;  // wrong type: full parser reports it
+      if (field != kAction) return false;  // wrong type: the full parser reports it
+      out.action = std::string_view(p + 1, static_cast<std::size_t>(value_end - p - 1));
       p = value_end + 1;
     } else {
       if (field == kAction) return false;
       std::uint64_t magnitude = 0;
       bool negative = false;
-      const char* value_end = scan_integer(p, end, field == kTime || field == 0, magnitude, negative);
+      const char* value_end = scan_integer(p, end, field == kTime, magnitude, negative);
       if (value_end == nullptr) return false;
       switch (field) {
         case kTime:

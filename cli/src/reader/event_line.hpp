@@ -1,7 +1,8 @@
 #pragma once
-// The hot path for trace lines: a flat event object in its usual shape (keys in any order,
-// string and integer values, plain ASCII) is decoded without a general JSON parser. Anything
-// else is left to the full parser, which also produces the error message.
+// The hot path for trace lines: a flat event object in its usual shape (the six event keys
+// once each, in any order, string and integer values, plain ASCII) is decoded without a
+// general JSON parser. Anything else -- another key, a key twice, an escape -- is left to the
+// full parser, which also produces the error message.
 
 #include <cstdint>
 #include <string_view>

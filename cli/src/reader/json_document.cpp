@@ -1,45 +1,12 @@
 #include "reader/json_document.hpp"
 
 #include "core/errors.hpp"
+#include "reader/duplicate_keys.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
-#include <cstring>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 namespace remat::report {
-
-simdjson::padded_string read_whole_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw InputError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-  struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd);
-    throw InputError(fmt::format("{} is not a regular file", path));
-  }
-  const auto size = static_cast<std::size_t>(info.st_size);
-  if (size == 0) {
-    ::close(fd);
-    throw InputError(fmt::format("{}: file is empty (0 bytes); expected a remat JSON dump", path));
-  }
-  simdjson::padded_string text(size);
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd, text.data() + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      throw InputError(fmt::format("cannot read {}: {}", path, n < 0 ? std::strerror(errno) : "file shrank while reading"));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  return text;
-}
 
 std::size_t find_invalid_utf8(std::string_view text) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
@@ -53,10 +20,14 @@ std::size_t find_invalid_utf8(std::string_view text) {
     }
     std::size_t len = 0;
     std::uint32_t cp = 0;
-    if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1fu;
-    else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0fu;
-    else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07u;
-    else return i;
+    if (c >= 0xc2 && c <= 0xdf)
+      len = 2, cp = c & 0x1fu;
+    else if (c >= 0xe0 && c <= 0xef)
+      len = 3, cp = c & 0x0fu;
+    else if (c >= 0xf0 && c <= 0xf4)
+      len = 4, cp = c & 0x07u;
+    else
+      return i;
     if (i + len > n) return i;
     for (std::size_t k = 1; k < len; ++k) {
       if ((s[i + k] & 0xc0) != 0x80) return i;
@@ -108,11 +79,14 @@ std::size_t find_structural_limit(std::string_view text, std::string& what) {
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
+    if (c == '"')
+      in_string = true;
     else if (c == '{' || c == '[') {
       if (++depth > simdjson::DEFAULT_MAX_DEPTH) {
         what = fmt::format("nesting deeper than {} levels", simdjson::DEFAULT_MAX_DEPTH);
@@ -126,8 +100,9 @@ std::size_t find_structural_limit(std::string_view text, std::string& what) {
       while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
       const bool fraction = j < text.size() && (text[j] == '.' || text[j] == 'e' || text[j] == 'E');
       const std::string_view digits = text.substr(digits_begin, j - digits_begin);
-      if (!fraction && (digits.size() > 20 || (digits.size() == 20 && digits > "18446744073709551615") ||
-                        (c == '-' && (digits.size() > 19 || (digits.size() == 19 && digits > "9223372036854775808"))))) {
+      if (!fraction &&
+          (digits.size() > 20 || (digits.size() == 20 && digits > "18446744073709551615") ||
+           (c == '-' && (digits.size() > 19 || (digits.size() == 19 && digits > "9223372036854775808"))))) {
         what = fmt::format("integer {} does not fit in 64 bits", printable(text.substr(i, j - i), 30));
         return i;
       }
@@ -161,6 +136,7 @@ simdjson::dom::element parse_json(simdjson::dom::parser& parser, std::string_vie
   simdjson::dom::element root;
   const simdjson::error_code code = parser.parse(text.data(), text.size(), false).get(root);
   if (code != simdjson::SUCCESS) throw InputError(describe_json_error(text, base_offset, code));
+  refuse_duplicate_keys(root);
   return root;
 }
 

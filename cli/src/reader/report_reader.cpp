@@ -96,12 +96,18 @@ MemoryReportDump read_memory_report(json::object root) {
   MemoryReportDump dump;
   dump.header = read_dump_header(root, path);
   dump.checkpoint = name_field(root, "checkpoint", path);
+  // Views add these up across regions and sites; so must they fit in 64 bits.
+  std::uint64_t region_sum = 0, storage_sum = 0;
   for_each_item(root, "regions", path, [&](json::element value, const JsonPath& region_path) {
     const json::object object = json::as_object(value, region_path);
     ResidentRegion region;
     region.region = name_field(object, "region", region_path);
     region.bytes = u64_field(object, "bytes", region_path);
     region.storages = u64_field(object, "storages", region_path);
+    if (__builtin_add_overflow(region_sum, region.bytes, &region_sum)) {
+      throw InputError(region_path.key("bytes").str(),
+                       "the regions' bytes add up to more than 2^64 - 1: the report is corrupt");
+    }
     for_each_item(object, "tensors", region_path, [&](json::element tensor_value, const JsonPath& tensor_path) {
       const json::object t = json::as_object(tensor_value, tensor_path);
       ResidentTensor tensor;
@@ -111,6 +117,10 @@ MemoryReportDump read_memory_report(json::object root) {
       });
       tensor.dtype = string_field(t, "dtype", tensor_path);
       tensor.storage_bytes = u64_field(t, "storage_bytes", tensor_path);
+      if (__builtin_add_overflow(storage_sum, tensor.storage_bytes, &storage_sum)) {
+        throw InputError(tensor_path.key("storage_bytes").str(),
+                         "the tensors' storage bytes add up to more than 2^64 - 1: the report is corrupt");
+      }
       tensor.site = string_field(t, "site", tensor_path);
       region.tensors.push_back(std::move(tensor));
     });
@@ -162,6 +172,33 @@ OomDump read_oom(json::object root) {
   n.requested_live_bytes = u64_field(memory, "requested_bytes", memory_path);
   n.active_bytes = u64_field(memory, "active_bytes", memory_path);
   n.segments = u64_field(memory, "segments", memory_path);
+  if (const auto fraction = json::optional_member(memory, "memory_fraction")) {
+    const JsonPath fraction_path = memory_path.key("memory_fraction");
+    n.memory_fraction = json::as_number(*fraction, fraction_path);
+    if (!(n.memory_fraction > 0.0 && n.memory_fraction <= 1.0)) {
+      throw InputError(fraction_path.str(), fmt::format("{} is outside (0, 1]", n.memory_fraction));
+    }
+  }
+  if (json::optional_member(memory, "reserved_limit_bytes")) {
+    n.reserved_limit_bytes = u64_field(memory, "reserved_limit_bytes", memory_path);
+  }
+  if (const auto cause = json::optional_member(root, "cause")) {
+    const JsonPath cause_path = path.key("cause");
+    const std::string_view text = json::as_string(*cause, cause_path);
+    for (const OomCause known :
+         {OomCause::request_exceeds_device, OomCause::memory_fraction_cap, OomCause::device_full}) {
+      if (text == to_string(known)) n.cause = known;
+    }
+    if (n.cause == OomCause::unknown) {
+      throw InputError(cause_path.str(), fmt::format("unknown cause '{}'; expected request_exceeds_device, "
+                                                     "memory_fraction_cap or device_full",
+                                                     printable(text)));
+    }
+    if (n.cause == OomCause::memory_fraction_cap && n.reserved_limit_bytes == 0) {
+      throw InputError(memory_path.key("reserved_limit_bytes").str(),
+                       "missing, but the cause is memory_fraction_cap: the report must give the cap");
+    }
+  }
 
   const JsonPath fragmentation_path = path.key("fragmentation");
   const json::object fragmentation = json::as_object(member(root, "fragmentation", path), fragmentation_path);

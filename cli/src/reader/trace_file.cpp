@@ -17,20 +17,38 @@ bool is_blank(std::string_view line) { return line.find_first_not_of(" \t\r") ==
 inline bool action_of(std::string_view text, Action& action) {
   switch (text.size()) {
     case 5:
-      if (text == "alloc") { action = Action::alloc; return true; }
+      if (text == "alloc") {
+        action = Action::alloc;
+        return true;
+      }
       return false;
     case 3:
-      if (text == "oom") { action = Action::oom; return true; }
+      if (text == "oom") {
+        action = Action::oom;
+        return true;
+      }
       return false;
     case 14:
-      if (text == "free_requested") { action = Action::free_requested; return true; }
-      if (text == "free_completed") { action = Action::free_completed; return true; }
+      if (text == "free_requested") {
+        action = Action::free_requested;
+        return true;
+      }
+      if (text == "free_completed") {
+        action = Action::free_completed;
+        return true;
+      }
       return false;
     case 13:
-      if (text == "segment_alloc") { action = Action::segment_alloc; return true; }
+      if (text == "segment_alloc") {
+        action = Action::segment_alloc;
+        return true;
+      }
       return false;
     case 12:
-      if (text == "segment_free") { action = Action::segment_free; return true; }
+      if (text == "segment_free") {
+        action = Action::segment_free;
+        return true;
+      }
       return false;
     default: return false;
   }
@@ -38,20 +56,40 @@ inline bool action_of(std::string_view text, Action& action) {
 
 }  // namespace
 
-TraceFile::TraceFile(const std::string& path) : lines_(std::make_unique<LineReader>(path)) {
-  std::string_view line;
-  if (!lines_->next(line)) fail("file is empty; expected a trace header line");
+TraceFile::TraceFile(const DumpFile& file, LineInspector* inspector) : inspector_(inspector) {
+  lines_ = std::move(file.lines);
+  if (!lines_) {
+    throw InputError(file.path, "this trace was read already; it can be read once (standard input does not come back)");
+  }
+  const std::string_view line(file.header_line.data(), file.header_line.size());
+  simdjson::dom::element root;
+  if (!inspect(line, root, true)) return;
   try {
-    const simdjson::dom::element root = parse_json(parser_, line, lines_->line_offset());
+    if (inspector_ == nullptr) root = parse_json(parser_, line, lines_->line_offset());
     header_ = read_trace_header(json::as_object(root, JsonPath()));
   } catch (const InputError& error) {
     fail(error.what());
   }
 }
 
-void TraceFile::fail(const std::string& message) const {
-  throw InputError(fmt::format("{}: line {} (byte {})", lines_->path(), lines_->line_number(), lines_->line_offset()),
-                   message);
+std::string TraceFile::where() const {
+  return fmt::format("{}: line {} (byte {})", lines_->name(), lines_->line_number(), lines_->line_offset());
+}
+
+void TraceFile::fail(const std::string& message) const { throw InputError(where(), message); }
+
+bool TraceFile::inspect(std::string_view line, simdjson::dom::element& value, bool header) {
+  if (inspector_ == nullptr) return true;
+  if (decoding_ || inspector_->wants_more_lines()) {
+    try {
+      value = parse_json(parser_, line, lines_->line_offset());
+      if (!inspector_->inspect(value, header, where())) decoding_ = false;
+    } catch (const InputError& error) {
+      inspector_->unparsable(where(), error.what());
+      decoding_ = false;
+    }
+  }
+  return decoding_;
 }
 
 Event TraceFile::decode_slow(std::string_view line) {
@@ -65,14 +103,13 @@ Event TraceFile::decode_slow(std::string_view line) {
 
 std::uint64_t TraceFile::stream(EventSink& sink) {
   const std::size_t tag_count = header_.tags.tags.size();
-  std::uint64_t count = 0;
-  std::int64_t last_time = INT64_MIN;
   std::uint64_t blank_line = 0;
   std::uint64_t blank_offset = 0;
   std::string_view line;
   RawEvent raw;
   Event event;
   while (lines_->next(line)) {
+    if (!decoding_ && !inspector_->wants_more_lines()) break;
     if (is_blank(line)) {
       if (blank_line == 0) {
         blank_line = lines_->line_number();
@@ -81,10 +118,18 @@ std::uint64_t TraceFile::stream(EventSink& sink) {
       continue;
     }
     if (blank_line != 0) {
-      throw InputError(fmt::format("{}: line {} (byte {})", lines_->path(), blank_line, blank_offset),
+      throw InputError(fmt::format("{}: line {} (byte {})", lines_->name(), blank_line, blank_offset),
                        "empty line inside the trace; every line after the header must be one event object");
     }
-    if (decode_event_line(line, raw) && action_of(raw.action, event.action) && raw.tag < tag_count) {
+    if (inspector_ != nullptr) {
+      simdjson::dom::element value;
+      if (!inspect(line, value, false)) continue;
+      try {
+        event = read_event(value, JsonPath(), tag_count);
+      } catch (const InputError& error) {
+        fail(error.what());
+      }
+    } else if (decode_event_line(line, raw) && action_of(raw.action, event.action) && raw.tag < tag_count) {
       event.time_us = raw.time_us;
       event.address = raw.address;
       event.size = raw.size;
@@ -93,19 +138,20 @@ std::uint64_t TraceFile::stream(EventSink& sink) {
     } else {
       event = decode_slow(line);
     }
-    if (event.time_us < last_time) {
-      fail(fmt::format("$.time_us: events are out of time order ({} after {})", event.time_us, last_time));
+    try {
+      checker_.check(event);
+    } catch (const InputError& error) {
+      fail(error.what());
     }
-    last_time = event.time_us;
-    ++count;
+    ++events_;
     sink.on_event(event);
   }
-  if (header_.event_count && *header_.event_count != count) {
-    throw InputError(lines_->path(),
-                     fmt::format("the header declares {} events but the file holds {}{}", *header_.event_count, count,
-                                 count < *header_.event_count ? " (truncated file?)" : ""));
+  if (decoding_ && header_.event_count && *header_.event_count != events_) {
+    throw InputError(lines_->name(),
+                     fmt::format("the header declares {} events but the file holds {}{}", *header_.event_count, events_,
+                                 events_ < *header_.event_count ? " (truncated file?)" : ""));
   }
-  return count;
+  return events_;
 }
 
 }  // namespace remat::report

@@ -6,17 +6,10 @@
 #include "reader/dump_file.hpp"
 #include "reader/json_fields.hpp"
 
-#include <fmt/format.h>
-
 namespace remat::report {
 
 template <typename Read>
 auto read_document(const DumpFile& file, Read read) {
-  if (file.json_lines) {
-    throw InputError(file.path, fmt::format("a {} dump is one JSON document, but this file has more lines after its "
-                                            "first (is it a trace written with the wrong kind?)",
-                                            file.kind));
-  }
   try {
     return read(json::as_object(file.root, JsonPath()));
   } catch (const InputError& error) {

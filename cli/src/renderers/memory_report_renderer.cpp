@@ -83,32 +83,32 @@ Report MemoryReportRenderer::summary(const DumpFile& file) const {
 }
 
 MemoryView MemoryReportRenderer::memory(const DumpFile& file, GroupBy by) const {
-  if (by != GroupBy::region && by != GroupBy::site) {
-    throw InputError(file.path, fmt::format("a memory-report groups by region or site, not by {}; use --by region or "
-                                            "--by site",
-                                            to_string(by)));
-  }
+  if (!groups_by(by)) unsupported(file, fmt::format("memory by {}", to_string(by)));
   const MemoryReportDump dump = load(file);
   MemoryView view;
   view.by = by;
   view.resident_count = by == GroupBy::region ? "storages" : "tensors";
-  std::map<std::string, MemoryRow> rows;
+  const auto site_label = [](const std::string& site) {
+    return site.empty() ? GroupLabel::own(std::string(kNoSite)) : GroupLabel::name(site);
+  };
+  std::map<GroupLabel, MemoryRow> rows;
   bool site_bounds = false;
   for (const ResidentRegion& region : dump.regions) {
     view.live_total += region.bytes;
     if (by == GroupBy::region) {
-      MemoryRow& row = rows[region.region];
-      row.group = region.region;
+      const GroupLabel label = GroupLabel::name(region.region);
+      MemoryRow& row = rows[label];
+      row.group = label;
       row.live += region.bytes;
       row.live_count += region.storages;
       continue;
     }
     // Sites: a region whose tensors share one site gives it its exact bytes; otherwise each
     // site gets the storage bytes of its tensors, counting a shared storage once per tensor.
-    std::set<std::string> sites;
-    for (const ResidentTensor& t : region.tensors) sites.insert(t.site.empty() ? std::string(kNoSite) : t.site);
+    std::set<GroupLabel> sites;
+    for (const ResidentTensor& t : region.tensors) sites.insert(site_label(t.site));
     if (sites.size() <= 1) {
-      const std::string site = sites.empty() ? std::string(kNoSite) : *sites.begin();
+      const GroupLabel site = sites.empty() ? site_label("") : *sites.begin();
       MemoryRow& row = rows[site];
       row.group = site;
       row.live += region.bytes;
@@ -117,7 +117,7 @@ MemoryView MemoryReportRenderer::memory(const DumpFile& file, GroupBy by) const 
     }
     site_bounds = true;
     for (const ResidentTensor& t : region.tensors) {
-      const std::string site = t.site.empty() ? std::string(kNoSite) : t.site;
+      const GroupLabel site = site_label(t.site);
       MemoryRow& row = rows[site];
       row.group = site;
       row.live += t.storage_bytes;

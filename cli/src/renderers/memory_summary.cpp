@@ -16,6 +16,10 @@ void sort_memory_rows(std::vector<MemoryRow>& rows) {
   });
 }
 
+Cell group_cell(const GroupLabel& label) { return label.placeholder ? Cell::text(label.text) : Cell::name(label.text); }
+
+Column placeholder_column() { return Column{"placeholder", "placeholder", false, false}; }
+
 namespace {
 
 Table resident_table(const MemoryView& view, std::vector<MemoryRow> rows, std::size_t top, std::string id,
@@ -25,6 +29,7 @@ Table resident_table(const MemoryView& view, std::vector<MemoryRow> rows, std::s
   table.title = title.empty() ? fmt::format("Resident bytes by {}", to_string(view.by)) : std::move(title);
   const std::string by(to_string(view.by));
   table.columns = {{by, by, false},
+                   placeholder_column(),
                    {"resident", "resident_bytes", true},
                    {"share", "share", true},
                    {view.resident_count, view.resident_count, true}};
@@ -35,8 +40,8 @@ Table resident_table(const MemoryView& view, std::vector<MemoryRow> rows, std::s
   std::uint64_t count_sum = 0;
   for (const MemoryRow& row : rows) count_sum += row.live_count;
   for (std::size_t i = 0; i < shown; ++i) {
-    table.rows.push_back(
-        {Cell::text(rows[i].group), Cell::bytes(rows[i].live), share(rows[i].live), Cell::count(rows[i].live_count)});
+    table.rows.push_back({group_cell(rows[i].group), Cell::flag(rows[i].group.placeholder), Cell::bytes(rows[i].live),
+                          share(rows[i].live), Cell::count(rows[i].live_count)});
   }
   if (shown < rows.size()) {
     std::uint64_t live = 0, count = 0;
@@ -44,11 +49,11 @@ Table resident_table(const MemoryView& view, std::vector<MemoryRow> rows, std::s
       live += rows[i].live;
       count += rows[i].live_count;
     }
-    table.rows.push_back({Cell::text(fmt::format("({} more)", rows.size() - shown)), Cell::bytes(live), share(live),
-                          Cell::count(count)});
+    table.rows.push_back({Cell::text(fmt::format("({} more)", rows.size() - shown)), Cell::flag(true),
+                          Cell::bytes(live), share(live), Cell::count(count)});
   }
-  table.total = std::vector<Cell>{Cell::text("total"), Cell::bytes(view.live_total), share(view.live_total),
-                                  Cell::count(count_sum)};
+  table.total = std::vector<Cell>{Cell::text("total"), Cell::flag(true), Cell::bytes(view.live_total),
+                                  share(view.live_total), Cell::count(count_sum)};
   return table;
 }
 
@@ -62,6 +67,7 @@ Table memory_table(const MemoryView& view, std::size_t top, std::string id, std:
   table.id = std::move(id);
   table.title = title.empty() ? fmt::format("Live and peak bytes by {}", to_string(view.by)) : std::move(title);
   table.columns = {{std::string(to_string(view.by)), std::string(to_string(view.by)), false},
+                   placeholder_column(),
                    {"live", "live_bytes", true},
                    {"live %", "live_share", true},
                    {"peak", "peak_bytes", true},
@@ -89,8 +95,9 @@ Table memory_table(const MemoryView& view, std::size_t top, std::string id, std:
   const std::size_t shown = top == 0 ? rows.size() : std::min(top, rows.size());
   for (std::size_t i = 0; i < shown; ++i) {
     const MemoryRow& row = rows[i];
-    table.rows.push_back({Cell::text(row.group), Cell::bytes(row.live), share(row.live, live_sum), peak_cell(row.peak),
-                          peak_share(row.peak), Cell::count(row.live_count), Cell::count(row.allocations)});
+    table.rows.push_back({group_cell(row.group), Cell::flag(row.group.placeholder), Cell::bytes(row.live),
+                          share(row.live, live_sum), peak_cell(row.peak), peak_share(row.peak),
+                          Cell::count(row.live_count), Cell::count(row.allocations)});
   }
   if (shown < rows.size()) {
     MemoryRow rest;
@@ -104,12 +111,13 @@ Table memory_table(const MemoryView& view, std::size_t top, std::string id, std:
       rest.live_count += rows[i].live_count;
       rest.allocations += rows[i].allocations;
     }
-    table.rows.push_back({Cell::text(fmt::format("({} more)", rows.size() - shown)), Cell::bytes(rest.live),
-                          share(rest.live, live_sum), peak_cell(rest.peak), peak_share(rest.peak),
-                          Cell::count(rest.live_count), Cell::count(rest.allocations)});
+    table.rows.push_back({Cell::text(fmt::format("({} more)", rows.size() - shown)), Cell::flag(true),
+                          Cell::bytes(rest.live), share(rest.live, live_sum), peak_cell(rest.peak),
+                          peak_share(rest.peak), Cell::count(rest.live_count), Cell::count(rest.allocations)});
   }
   table.total = std::vector<Cell>{
       Cell::text("total"),
+      Cell::flag(true),
       Cell::bytes(view.live_total),
       share(view.live_total, live_sum),
       view.peak_total ? Cell::bytes(*view.peak_total) : (peaks_known ? Cell::bytes(peak_sum) : Cell::none()),

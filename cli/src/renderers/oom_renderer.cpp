@@ -56,6 +56,7 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   add_field(request, "backend", Cell::text(dump.backend));
   add_field(request, "device", Cell::count(dump.header.device));
   add_field(request, "ooms_so_far", Cell::count(dump.num_ooms));
+  if (n.cause != OomCause::unknown) add_field(request, "cause", Cell::text(std::string(to_string(n.cause))));
   report.tables.push_back(std::move(request));
 
   Table memory = key_value_table("memory", "Memory when it failed");
@@ -67,6 +68,10 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   add_field(memory, "active", Cell::bytes(n.active_bytes));
   add_field(memory, "requested_live", Cell::bytes(n.requested_live_bytes));
   add_field(memory, "segments", Cell::count(n.segments));
+  if (n.reserved_limit_bytes > 0) {
+    add_field(memory, "memory_fraction", Cell::text(fmt::format("{}", n.memory_fraction)));
+    add_field(memory, "reserved_limit", Cell::bytes(n.reserved_limit_bytes));
+  }
   report.tables.push_back(std::move(memory));
 
   const OomHolders& h = dump.holders;

@@ -12,6 +12,7 @@ class OomRenderer final : public Renderer {
   std::string_view kind() const override { return "oom"; }
   std::int64_t schema_version() const override { return 1; }
   std::string_view schema_file() const override { return "oom.schema.json"; }
+  bool provides(View view) const override { return view == View::oom_analysis; }
 
   void check(const DumpFile& file) const override;
   Report summary(const DumpFile& file) const override;

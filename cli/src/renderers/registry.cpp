@@ -2,14 +2,14 @@
 
 #include "analysis/live_replay.hpp"
 #include "core/errors.hpp"
+#include "reader/dump_reader.hpp"
+#include "renderers/header_fields.hpp"
 #include "renderers/memory_report_renderer.hpp"
 #include "renderers/oom_renderer.hpp"
 #include "renderers/remat_trace_renderer.hpp"
 #include "renderers/saved_report_renderer.hpp"
 #include "renderers/snapshot_renderer.hpp"
 #include "renderers/trace_renderer.hpp"
-#include "reader/dump_reader.hpp"
-#include "renderers/header_fields.hpp"
 
 #include <fmt/format.h>
 
@@ -45,6 +45,56 @@ const Renderer& renderer_for(const DumpFile& file) {
                    fmt::format("unknown dump kind '{}'; this remat-report reads: {}", printable(file.kind), known));
 }
 
+namespace {
+
+std::string_view what_provides(View view) {
+  switch (view) {
+    case View::memory: return "dumps with live bytes by group";
+    case View::segments: return "dumps with segments";
+    case View::events: return "dumps with allocator events";
+    case View::allocator_state: return "dumps with segments and events";
+    case View::oom_analysis: return "OOM reports, which the allocator writes as oom-*.json when an allocation fails";
+  }
+  return "";
+}
+
+// "a, b or c", each item written as `prefix` + item.
+std::string either(const std::vector<std::string>& items, std::string_view prefix = {}) {
+  std::string text;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == items.size() ? " or " : ", ") + std::string(prefix) + items[i];
+  }
+  return text;
+}
+
+}  // namespace
+
+const Renderer& renderer_for(const DumpFile& file, const Need& need) {
+  const Renderer& renderer = renderer_for(file);
+  if (!renderer.provides(need.view)) {
+    std::vector<std::string> kinds;
+    for (const Renderer* other : all_renderers()) {
+      if (other->provides(need.view)) kinds.emplace_back(other->kind());
+    }
+    const std::string_view reader = renderer.provides(View::oom_analysis) ? "oom" : "summary";
+    const bool vowel = std::string_view("aeiou").find(renderer.kind().front()) != std::string_view::npos;
+    throw InputError(file.path, fmt::format("`remat-report {}` reads {} (kind {}); this is {} {} dump: `remat-report "
+                                            "{} {}` reads it",
+                                            need.command, what_provides(need.view), either(kinds), vowel ? "an" : "a",
+                                            renderer.kind(), reader, file.path));
+  }
+  if (need.by && !renderer.groups_by(*need.by)) {
+    std::vector<std::string> groupings;
+    for (const GroupBy by : {GroupBy::region, GroupBy::slot, GroupBy::site, GroupBy::phase, GroupBy::stream}) {
+      if (renderer.groups_by(by)) groupings.emplace_back(to_string(by));
+    }
+    throw InputError(file.path, fmt::format("`remat-report {} --by {}`: a {} groups by {}, not by {}; use {}",
+                                            need.command, to_string(*need.by), renderer.kind(), either(groupings),
+                                            to_string(*need.by), either(groupings, "--by ")));
+  }
+  return renderer;
+}
+
 const Renderer* find_renderer(std::string_view kind) {
   for (const Renderer* renderer : all_renderers()) {
     if (renderer->kind() == kind) return renderer;
@@ -53,7 +103,6 @@ const Renderer* find_renderer(std::string_view kind) {
 }
 
 Report generic_summary(const DumpFile& file) {
-  if (file.json_lines) renderer_for(file);  // no generic reading of JSON Lines: the usual error
   Report report;
   try {
     const json::object root = json::as_object(file.root, JsonPath());
@@ -63,33 +112,37 @@ Report generic_summary(const DumpFile& file) {
     fields.title = "Fields";
     fields.columns = {{"field", "field", false}, {"type", "type", false}, {"items", "items", true}};
     for (const auto [key, value] : root) {
-      static const std::set<std::string_view> kHeader = {"kind", "schema_version", "producer", "created_at",
-                                                        "host", "pid",            "rank",     "device"};
+      static const std::set<std::string_view> kHeader = {"kind", "schema_version", "producer", "created_at", "host",
+                                                         "pid",  "rank",           "device"};
       if (kHeader.count(key)) continue;
       Cell items = Cell::none();
-      if (value.type() == simdjson::dom::element_type::ARRAY) items = Cell::count(simdjson::dom::array(value).size());
-      else if (value.type() == simdjson::dom::element_type::OBJECT) items = Cell::count(simdjson::dom::object(value).size());
+      if (value.type() == simdjson::dom::element_type::ARRAY)
+        items = Cell::count(simdjson::dom::array(value).size());
+      else if (value.type() == simdjson::dom::element_type::OBJECT)
+        items = Cell::count(simdjson::dom::object(value).size());
       fields.rows.push_back({Cell::text(std::string(key)), Cell::text(std::string(json::type_name(value))), items});
     }
     report.tables.push_back(std::move(fields));
   } catch (const InputError& error) {
     throw InputError(file.path, error.what());
   }
-  report.notes.push_back(fmt::format("this remat-report has no renderer for '{}' dumps yet; `remat-report validate` "
-                                     "checks them against schemas/",
-                                     printable(file.kind)));
+  report.notes.push_back(
+      fmt::format("this remat-report has no renderer for '{}' dumps yet; `remat-report validate` "
+                  "checks them against schemas/",
+                  printable(file.kind)));
   return report;
 }
 
+// Reached only when a subcommand skipped renderer_for(file, need).
 void Renderer::unsupported(const DumpFile& file, std::string_view view) const {
-  throw InputError(file.path, fmt::format("`{}` does not apply to a {} dump; `remat-report summary` reads every kind",
-                                          view, kind()));
+  throw InputError(file.path, fmt::format("a {} dump has no {} view; `remat-report summary {}` reads every kind",
+                                          kind(), view, file.path));
 }
 
 MemoryView Renderer::memory(const DumpFile& file, GroupBy) const { unsupported(file, "memory"); }
 SegmentSummary Renderer::segments(const DumpFile& file, std::size_t) const { unsupported(file, "segments"); }
-void Renderer::events(const DumpFile& file, const EventsBegin&) const { unsupported(file, "trace"); }
-AllocatorState Renderer::allocator_state(const DumpFile& file) const { unsupported(file, "export"); }
+void Renderer::events(const DumpFile& file, const EventsBegin&) const { unsupported(file, "events"); }
+AllocatorState Renderer::allocator_state(const DumpFile& file) const { unsupported(file, "allocator state"); }
 
 MemoryView memory_from_events(const Renderer& renderer, const DumpFile& file, GroupBy by) {
   std::unique_ptr<LiveReplay> replay;
@@ -102,8 +155,8 @@ MemoryView memory_from_events(const Renderer& renderer, const DumpFile& file, Gr
   const auto& labels = replay->labels();
   for (std::size_t g = 0; g < labels.size(); ++g) {
     if (replay->allocations()[g] == 0 && replay->live()[g] == 0) continue;
-    view.rows.push_back(MemoryRow{labels[g], replay->live()[g], replay->peak()[g], replay->live_count()[g],
-                                  replay->allocations()[g]});
+    view.rows.push_back(
+        MemoryRow{labels[g], replay->live()[g], replay->peak()[g], replay->live_count()[g], replay->allocations()[g]});
   }
   view.live_total = replay->total();
   view.peak_total = replay->peak_total();

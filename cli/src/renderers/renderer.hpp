@@ -1,8 +1,8 @@
 #pragma once
 // One renderer per dump kind. A subcommand asks the registry for the renderer of a file's
-// kind and calls the view it needs; a kind that lacks that view is a bad-input error naming
-// the kinds that have it. Adding a dump kind is one more renderer file plus one line in
-// registry.cpp.
+// kind, saying which view it needs; a kind that lacks that view is a bad-input error naming
+// the command, the file, the kinds that have the view and the command that reads this kind.
+// Adding a dump kind is one more renderer file plus one line in registry.cpp.
 
 #include "analysis/grouping.hpp"
 #include "analysis/segment_map.hpp"
@@ -19,7 +19,7 @@
 namespace remat::report {
 
 struct MemoryRow {
-  std::string group;
+  GroupLabel group;
   std::uint64_t live = 0;
   std::optional<std::uint64_t> peak;  // unknown when the dump cannot tell
   std::uint64_t live_count = 0;
@@ -31,7 +31,7 @@ struct MemoryView {
   std::vector<MemoryRow> rows;
   std::uint64_t live_total = 0;
   std::optional<std::uint64_t> peak_total;  // the peak of the sum, not the sum of peaks
-  std::uint64_t unmatched_frees = 0;         // frees of blocks allocated before the dump began
+  std::uint64_t unmatched_frees = 0;        // frees of blocks allocated before the dump began
   std::vector<std::string> notes;
   // Set for dumps that hold resident bytes only, no peaks or allocation counts: the table then
   // shows bytes, share and `live_count` under this title ("storages", "tensors").
@@ -48,6 +48,17 @@ struct AllocatorState {
 
 using EventsBegin = std::function<EventSink&(const TagTable&)>;
 
+// The views a subcommand can ask of a dump, beyond `summary` and `check`, which every kind has.
+enum class View : std::uint8_t { memory, segments, events, allocator_state, oom_analysis };
+
+// What a subcommand needs of the dump it reads: its name (for messages), a view, and for
+// `memory`, the grouping.
+struct Need {
+  std::string_view command;
+  View view;
+  std::optional<GroupBy> by;
+};
+
 class Renderer {
  public:
   virtual ~Renderer() = default;
@@ -55,6 +66,9 @@ class Renderer {
   virtual std::string_view kind() const = 0;
   virtual std::int64_t schema_version() const = 0;  // the version this build reads
   virtual std::string_view schema_file() const = 0;
+  // The views this kind implements, and the groupings its memory view knows.
+  virtual bool provides(View view) const = 0;
+  virtual bool groups_by(GroupBy) const { return true; }
 
   // Reads the whole dump, throwing InputError at the first problem (for `validate`).
   virtual void check(const DumpFile& file) const = 0;
@@ -71,6 +85,9 @@ class Renderer {
 
 // The renderer for the file's kind and schema version; InputError for unknown ones.
 const Renderer& renderer_for(const DumpFile& file);
+// The same, refusing a kind that lacks what `need` asks with a message naming the command,
+// the file, the kinds (or groupings) that would work and what reads this kind instead.
+const Renderer& renderer_for(const DumpFile& file, const Need& need);
 // The renderer for a kind, or null when this build has none.
 const Renderer* find_renderer(std::string_view kind);
 // What any JSON dump holds, for kinds without a renderer: the common header and the shape of

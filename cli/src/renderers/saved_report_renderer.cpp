@@ -13,7 +13,8 @@ namespace {
 
 SavedReportDump load(const DumpFile& file) {
   SavedReportDump dump = read_document(file, read_saved_report);
-  if (dump.region_bytes + dump.outside_bytes != dump.total_bytes) {
+  std::uint64_t sum = 0;
+  if (__builtin_add_overflow(dump.region_bytes, dump.outside_bytes, &sum) || sum != dump.total_bytes) {
     throw InputError(file.path + ": $.total_bytes",
                      fmt::format("{} is not region_bytes + outside_bytes ({} + {})", dump.total_bytes,
                                  dump.region_bytes, dump.outside_bytes));

@@ -12,6 +12,7 @@ class SavedReportRenderer final : public Renderer {
   std::string_view kind() const override { return "saved-report"; }
   std::int64_t schema_version() const override { return 1; }
   std::string_view schema_file() const override { return "saved-report.schema.json"; }
+  bool provides(View) const override { return false; }
 
   void check(const DumpFile& file) const override;
   Report summary(const DumpFile& file) const override;

@@ -2,6 +2,7 @@
 
 #include "core/errors.hpp"
 #include "reader/dump_reader.hpp"
+#include "renderers/document.hpp"
 #include "renderers/header_fields.hpp"
 #include "renderers/memory_summary.hpp"
 
@@ -11,17 +12,7 @@
 
 namespace remat::report {
 
-Snapshot SnapshotRenderer::load(const DumpFile& file) const {
-  if (file.json_lines) {
-    throw InputError(file.path, "a snapshot is one JSON document, but this file has more lines after its first "
-                                "(is it a trace written with the wrong kind?)");
-  }
-  try {
-    return read_snapshot(json::as_object(file.root, JsonPath()));
-  } catch (const InputError& error) {
-    throw InputError(file.path, error.what());
-  }
-}
+Snapshot SnapshotRenderer::load(const DumpFile& file) const { return read_document(file, read_snapshot); }
 
 void SnapshotRenderer::check(const DumpFile& file) const { (void)load(file); }
 
@@ -65,8 +56,10 @@ Report SnapshotRenderer::summary(const DumpFile& file) const {
   for (const Segment& segment : snapshot.segments) {
     blocks += segment.blocks.size();
     for (const Block& block : segment.blocks) {
-      if (block.state == BlockState::active_allocated) ++allocated;
-      else if (block.state == BlockState::active_pending_free) ++pending;
+      if (block.state == BlockState::active_allocated)
+        ++allocated;
+      else if (block.state == BlockState::active_pending_free)
+        ++pending;
     }
   }
   Table contents = key_value_table("contents", "Contents");
@@ -93,13 +86,13 @@ MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
   MemoryView view;
   view.by = by;
   view.peak_total = snapshot.stats.allocated_bytes.peak;
-  std::map<std::string, MemoryRow> rows;
+  std::map<GroupLabel, MemoryRow> rows;
   bool peaks_are_sums = false;
   if (by == GroupBy::stream) {
     for (const Segment& segment : snapshot.segments) {
       for (const Block& block : segment.blocks) {
         if (block.state != BlockState::active_allocated) continue;
-        const std::string label = fmt::format("stream {}", segment.stream);
+        const GroupLabel label = GroupLabel::name(fmt::format("stream {}", segment.stream));
         MemoryRow& row = rows[label];
         row.group = label;
         row.live += block.size;
@@ -108,9 +101,9 @@ MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
       }
     }
   } else {
-    std::map<std::string, int> tags_with_peak;
+    std::map<GroupLabel, int> tags_with_peak;
     for (const TagStat& stat : snapshot.tag_stats) {
-      const std::string label = tag_label(snapshot.tags, stat.tag, by);
+      const GroupLabel label = tag_label(snapshot.tags, stat.tag, by);
       MemoryRow& row = rows[label];
       row.group = label;
       row.live += stat.bytes.current;
@@ -138,11 +131,13 @@ MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
     }
   }
   if (!exact && by == GroupBy::stream) {
-    view.notes.push_back("per-stream peaks need a trace holding every event since the allocator started; this "
-                         "snapshot's trace dropped some");
+    view.notes.push_back(
+        "per-stream peaks need a trace holding every event since the allocator started; this "
+        "snapshot's trace dropped some");
   } else if (!exact && peaks_are_sums) {
-    view.notes.push_back("a group's peak sums the peaks of its tags when it spans several (phases, sites, slots): "
-                         "an upper bound; the total's peak is exact");
+    view.notes.push_back(
+        "a group's peak sums the peaks of its tags when it spans several (phases, sites, slots): "
+        "an upper bound; the total's peak is exact");
   }
   for (auto& [label, row] : rows) view.rows.push_back(row);
   return view;

@@ -10,6 +10,7 @@ class SnapshotRenderer final : public Renderer {
   std::string_view kind() const override { return "snapshot"; }
   std::int64_t schema_version() const override { return 1; }
   std::string_view schema_file() const override { return "snapshot.schema.json"; }
+  bool provides(View view) const override { return view != View::oom_analysis; }
 
   void check(const DumpFile& file) const override;
   Report summary(const DumpFile& file) const override;

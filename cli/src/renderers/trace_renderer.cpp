@@ -32,18 +32,18 @@ class CollectSink final : public EventSink {
 }  // namespace
 
 void TraceRenderer::check(const DumpFile& file) const {
-  TraceFile trace(file.path);
+  TraceFile trace(file);
   NullSink sink;
   trace.stream(sink);
 }
 
 void TraceRenderer::events(const DumpFile& file, const EventsBegin& begin) const {
-  TraceFile trace(file.path);
+  TraceFile trace(file);
   trace.stream(begin(trace.header().tags));
 }
 
 Report TraceRenderer::summary(const DumpFile& file) const {
-  TraceFile trace(file.path);
+  TraceFile trace(file);
   LiveReplay replay(trace.header().tags, GroupBy::region);
   trace.stream(replay);
   const TraceHeader& header = trace.header();
@@ -66,7 +66,8 @@ Report TraceRenderer::summary(const DumpFile& file) const {
 
   Table memory = key_value_table("memory", "Memory");
   add_field(memory, "peak_live", Cell::bytes(replay.peak_total()));
-  add_field(memory, "peak_after", Cell::time(replay.peak_time() - replay.first_time()));
+  add_field(memory, "peak_after",
+            replay.peak_time() ? Cell::time(*replay.peak_time() - replay.first_time()) : Cell::none());
   add_field(memory, "final_live", Cell::bytes(replay.total()));
   add_field(memory, "peak_reserved", Cell::bytes(replay.peak_reserved()));
   add_field(memory, "final_reserved", Cell::bytes(replay.reserved()));
@@ -97,7 +98,7 @@ SegmentSummary TraceRenderer::segments(const DumpFile& file, std::size_t picture
 }
 
 AllocatorState TraceRenderer::allocator_state(const DumpFile& file) const {
-  TraceFile trace(file.path);
+  TraceFile trace(file);
   AllocatorState state;
   state.header = trace.header().header;
   state.tags = trace.header().tags;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,7 @@ struct CliResult {
   std::string err;
 };
 
-inline CliResult run(std::initializer_list<std::string> args) {
+inline CliResult run(const std::vector<std::string>& args) {
   std::vector<std::string> storage{"remat-report"};
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -32,6 +33,15 @@ inline CliResult run(std::initializer_list<std::string> args) {
   result.out = ::testing::internal::GetCapturedStdout();
   result.err = ::testing::internal::GetCapturedStderr();
   return result;
+}
+
+inline CliResult run(std::initializer_list<std::string> args) { return run(std::vector<std::string>(args)); }
+
+// The committed fixtures in tests/cli/data.
+inline std::string data_path(const std::string& name) { return std::string(REMAT_CLI_TEST_DATA) + "/" + name; }
+inline std::string data_text(const std::string& name) {
+  std::ifstream in(data_path(name), std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 class TempDir {
@@ -57,6 +67,29 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// Every subcommand that reads a dump, with the arguments it needs besides the file (outputs go
+// to `dir`).
+inline std::vector<std::vector<std::string>> every_reading_command(const std::string& file, const TempDir& dir) {
+  return {{"summary", file},
+          {"memory", file},
+          {"segments", file},
+          {"trace", file},
+          {"timeline", file, "-o", dir.path("timeline.svg")},
+          {"diff", file, file},
+          {"validate", file},
+          {"export", file, "--to", "torch-snapshot", "-o", dir.path("export.pickle")}};
+}
+
+// Runs every reading subcommand on `file` and expects each to exit 2 with exactly `message`
+// as its one line on stderr (`validate` prints it as "invalid: ...").
+inline void expect_refused_by_every_command(const std::string& file, const TempDir& dir, const std::string& message) {
+  for (const std::vector<std::string>& command : every_reading_command(file, dir)) {
+    const CliResult r = run(command);
+    EXPECT_EQ(r.code, 2) << command[0] << ": " << r.err;
+    EXPECT_EQ(r.err, (command[0] == "validate" ? "invalid: " : "remat-report: ") + message + "\n") << command[0];
+  }
+}
+
 // A valid trace: header plus the given event lines.
 inline std::string trace_text(const std::vector<std::string>& events, const std::string& event_count = "null") {
   std::string text =
@@ -65,7 +98,8 @@ inline std::string trace_text(const std::vector<std::string>& events, const std:
       R"("tags":[{"region":0,"policy":"none","phase":"other","site":0,"recv":null},)"
       R"({"region":1,"policy":"save","phase":"forward","site":3,"recv":null},)"
       R"({"region":2,"policy":"recompute","phase":"backward","site":0,"recv":{"stage":1,"direction":"F","slot":2}}],)"
-      R"("event_count":)" + event_count + "}\n";
+      R"("event_count":)" +
+      event_count + "}\n";
   for (const std::string& e : events) text += e + "\n";
   return text;
 }

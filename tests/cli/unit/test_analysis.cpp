@@ -1,7 +1,7 @@
 // Replaying events into live and peak bytes, timelines and the hot-path line decoder.
-#include "analysis/address_map.hpp"
 #include "analysis/live_replay.hpp"
 #include "analysis/timeline_series.hpp"
+#include "core/address_map.hpp"
 #include "reader/event_line.hpp"
 
 #include <gtest/gtest.h>
@@ -34,8 +34,8 @@ TEST(LiveReplay, FreeRequestedEndsAnAllocationAndPeaksAreKeptPerGroup) {
   replay.apply(ev(Action::free_completed, 3, 0x1000, 100, 1));  // already released: no double count
   replay.apply(ev(Action::alloc, 4, 0x3000, 30, 1));
   const auto& labels = replay.labels();
-  const auto index = [&](const std::string& label) {
-    return static_cast<std::size_t>(std::find(labels.begin(), labels.end(), label) - labels.begin());
+  const auto index = [&](const std::string& name) {
+    return static_cast<std::size_t>(std::find(labels.begin(), labels.end(), GroupLabel::name(name)) - labels.begin());
   };
   EXPECT_EQ(replay.live()[index("layers.0::attention")], 30u);
   EXPECT_EQ(replay.peak()[index("layers.0::attention")], 100u);
@@ -68,7 +68,7 @@ TEST(LiveReplay, GroupsBySlotNameTheRecvSlot) {
   LiveReplay replay(tags, GroupBy::slot);
   replay.apply(ev(Action::alloc, 0, 0x1000, 64, 2));
   const auto& labels = replay.labels();
-  EXPECT_NE(std::find(labels.begin(), labels.end(), "stage 1 B slot 3"), labels.end());
+  EXPECT_NE(std::find(labels.begin(), labels.end(), GroupLabel::name("stage 1 B slot 3")), labels.end());
 }
 
 TEST(Timeline, StackedSeriesAddUpToTheTotalInEveryBucketAndKeepThePeak) {
@@ -112,19 +112,20 @@ TEST(Timeline, GroupsBeyondTheSeriesLimitAreFoldedIntoOther) {
   builder.on_event(ev(Action::alloc, 2, 0x3000, 30, 2));
   const Timeline timeline = builder.finish(2);
   ASSERT_EQ(timeline.series.size(), 2u);
-  EXPECT_EQ(timeline.series[0].label, "layers.1::mlp");
-  EXPECT_EQ(timeline.series[1].label, "other (2 groups)");
+  EXPECT_EQ(timeline.series[0].label, GroupLabel::name("layers.1::mlp"));
+  EXPECT_EQ(timeline.series[1].label, GroupLabel::own("other (2 groups)"));
+  EXPECT_TRUE(timeline.series[1].other);
   EXPECT_EQ(timeline.series[1].values.back(), 30u);
 }
 
 TEST(AddressMap, AgreesWithUnorderedMapUnderRandomInsertsAndErases) {
-  AddressMap map;
+  AddressMap<std::uint64_t> map;
   std::unordered_map<std::uint64_t, std::uint64_t> reference;
   std::mt19937_64 rng(11);
   for (int i = 0; i < 200000; ++i) {
     const std::uint64_t address = (rng() % 5000) * 512;
     if (rng() % 2) {
-      map.put(address, LiveBlock{static_cast<std::uint64_t>(i), 0, 0, 0, false});
+      map.put(address, static_cast<std::uint64_t>(i));
       reference[address] = static_cast<std::uint64_t>(i);
     } else {
       EXPECT_EQ(map.erase(address), reference.erase(address) == 1);
@@ -132,9 +133,9 @@ TEST(AddressMap, AgreesWithUnorderedMapUnderRandomInsertsAndErases) {
   }
   EXPECT_EQ(map.size(), reference.size());
   for (const auto& [address, size] : reference) {
-    const LiveBlock* block = map.find(address);
-    ASSERT_NE(block, nullptr);
-    EXPECT_EQ(block->size, size);
+    const std::uint64_t* value = map.find(address);
+    ASSERT_NE(value, nullptr);
+    EXPECT_EQ(*value, size);
   }
 }
 
@@ -153,16 +154,18 @@ TEST(EventLine, DecodesTheUsualShapeInAnyKeyOrder) {
 TEST(EventLine, LeavesEverythingUnusualToTheFullParser) {
   RawEvent e;
   const char* unusual[] = {
-      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0})",                    // missing tag
-      R"({"action":"al\u006coc","time_us":1,"address":2,"size":3,"stream":0,"tag":0})",       // escape
-      R"({"action":"alloc","time_us":1.5,"address":2,"size":3,"stream":0,"tag":0})",          // fraction
-      R"({"action":"alloc","time_us":1,"address":2,"size":-3,"stream":0,"tag":0})",           // negative size
-      R"({"action":"alloc","time_us":1,"address":2,"size":012,"stream":0,"tag":0})",          // leading zero
-      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0,"tag":1})",    // duplicate
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0})",                  // missing tag
+      R"({"action":"al\u006coc","time_us":1,"address":2,"size":3,"stream":0,"tag":0})",     // escape
+      R"({"action":"alloc","time_us":1.5,"address":2,"size":3,"stream":0,"tag":0})",        // fraction
+      R"({"action":"alloc","time_us":1,"address":2,"size":-3,"stream":0,"tag":0})",         // negative size
+      R"({"action":"alloc","time_us":1,"address":2,"size":012,"stream":0,"tag":0})",        // leading zero
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0,"tag":1})",  // duplicate
       R"({"action":"alloc","time_us":1,"address":2,"size":99999999999999999999,"stream":0,"tag":0})",
-      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0} x)",          // trailing
-      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0,"x":[1]})",    // nested
-      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0)",             // cut
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0} x)",            // trailing
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0,"x":[1]})",      // nested
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0,"x":1,"x":2})",  // another key, twice
+      R"({"note":"a","action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0})",   // another key
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"tag":0)",               // cut
   };
   for (const char* line : unusual) EXPECT_FALSE(decode_event_line(line, e)) << line;
 }

@@ -41,15 +41,19 @@ TEST(BadInput, InvalidUtf8InAStringNamesItsByte) {
 TEST(BadInput, UnknownKindListsTheKindsThisBuildReads) {
   TempDir dir;
   expect_bad_input(run({"memory", dir.write("k.json", R"({"kind":"pipeline-plan-v9","schema_version":1})")}),
-                   "$.kind: unknown dump kind 'pipeline-plan-v9'; this remat-report reads: snapshot, trace, oom, remat-trace, memory-report, "
+                   "$.kind: unknown dump kind 'pipeline-plan-v9'; this remat-report reads: snapshot, trace, oom, "
+                   "remat-trace, memory-report, "
                    "saved-report");
 }
 
 TEST(Summary, KindsWithoutARendererStillShowTheirHeaderAndFields) {
   TempDir dir;
-  const CliResult r = run({"summary", dir.write("r.json",
-      R"({"kind":"pipeline-plan","schema_version":1,"producer":"p","created_at":"c","host":"h","pid":3,"rank":1,)"
-      R"("device":0,"regions":[{"name":"a"},{"name":"b"}]})")});
+  const CliResult r = run(
+      {"summary",
+       dir.write(
+           "r.json",
+           R"({"kind":"pipeline-plan","schema_version":1,"producer":"p","created_at":"c","host":"h","pid":3,"rank":1,)"
+           R"("device":0,"regions":[{"name":"a"},{"name":"b"}]})")});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("pipeline-plan"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("regions  an array      2"), std::string::npos) << r.out;
@@ -70,21 +74,25 @@ TEST(BadInput, SnapshotMissingAFieldNamesItsPath) {
 
 TEST(BadInput, MistypedTraceFieldNamesLineAndPath) {
   TempDir dir;
-  const std::string text = trace_text({event("alloc", 1, 4096, 512, 1),
-                                       R"({"action":"alloc","time_us":2,"address":8192,"size":"big","stream":0,"tag":1})"});
+  const std::string text =
+      trace_text({event("alloc", 1, 4096, 512, 1),
+                  R"({"action":"alloc","time_us":2,"address":8192,"size":"big","stream":0,"tag":1})"});
   expect_bad_input(run({"memory", dir.write("t.jsonl", text)}), "line 3 (byte");
-  expect_bad_input(run({"memory", dir.write("t2.jsonl", text)}), "$.size: expected a non-negative integer, found a string");
+  expect_bad_input(run({"memory", dir.write("t2.jsonl", text)}),
+                   "$.size: expected a non-negative integer, found a string");
 }
 
 TEST(BadInput, NegativeSizeIsRefused) {
   TempDir dir;
-  const std::string text = trace_text({R"({"action":"alloc","time_us":2,"address":8192,"size":-5,"stream":0,"tag":1})"});
+  const std::string text =
+      trace_text({R"({"action":"alloc","time_us":2,"address":8192,"size":-5,"stream":0,"tag":1})"});
   expect_bad_input(run({"memory", dir.write("t.jsonl", text)}), "$.size: must not be negative (got -5)");
 }
 
 TEST(BadInput, IntegerBeyond64BitsNamesItsByteOffset) {
   TempDir dir;
-  const std::string line = R"({"action":"alloc","time_us":2,"address":8192,"size":99999999999999999999999,"stream":0,"tag":1})";
+  const std::string line =
+      R"({"action":"alloc","time_us":2,"address":8192,"size":99999999999999999999999,"stream":0,"tag":1})";
   const std::string header = trace_text({});
   const std::size_t offset = header.size() + line.find("99999");
   expect_bad_input(run({"summary", dir.write("t.jsonl", header + line + "\n")}),
@@ -93,9 +101,13 @@ TEST(BadInput, IntegerBeyond64BitsNamesItsByteOffset) {
 
 TEST(BadInput, LiveBytesOverflowingIsReportedNotWrapped) {
   TempDir dir;
-  const std::string text = trace_text({event("alloc", 1, 4096, 18446744073709551000ull, 1),
-                                       event("alloc", 2, 8192, 18446744073709551000ull, 1)});
-  expect_bad_input(run({"memory", dir.write("t.jsonl", text)}), "overflow");
+  const std::string first = event("alloc", 1, 4096, 9223372036854775808ull, 1);
+  const std::string text = trace_text({first, event("alloc", 2, 8192, 9223372036854775808ull, 1)});
+  const std::size_t offset = trace_text({}).size() + first.size() + 1;
+  expect_bad_input(run({"memory", dir.write("t.jsonl", text)}),
+                   "line 3 (byte " + std::to_string(offset) +
+                       "): event 2: $.size: live bytes overflow 64 bits with this allocation of 9223372036854775808 "
+                       "bytes");
 }
 
 TEST(BadInput, EventsOutOfTimeOrderNameTheLine) {
@@ -114,7 +126,8 @@ TEST(BadInput, TagIndexOutOfRangeIsRefused) {
 TEST(BadInput, TraceShorterThanItsHeaderDeclaresIsTruncated) {
   TempDir dir;
   const std::string text = trace_text({event("alloc", 10, 4096, 512, 1)}, "5");
-  expect_bad_input(run({"summary", dir.write("t.jsonl", text)}), "declares 5 events but the file holds 1 (truncated file?)");
+  expect_bad_input(run({"summary", dir.write("t.jsonl", text)}),
+                   "declares 5 events but the file holds 1 (truncated file?)");
 }
 
 TEST(BadInput, TraceCutInsideTheLastLineIsASyntaxError) {
@@ -134,13 +147,17 @@ TEST(BadInput, WrongKindForTheSubcommandIsRefused) {
   TempDir dir;
   // A snapshot renderer never sees a trace: the kind picks the renderer, and a snapshot
   // claimed by a multi-line file is refused.
-  const std::string lying = R"({"kind":"snapshot","schema_version":1})" "\n" + event("alloc", 1, 1, 1, 0) + "\n";
-  expect_bad_input(run({"segments", dir.write("lying.json", lying)}), "a snapshot is one JSON document");
+  const std::string lying = R"({"kind":"snapshot","schema_version":1})"
+                            "\n" +
+                            event("alloc", 1, 1, 1, 0) + "\n";
+  expect_bad_input(run({"segments", dir.write("lying.json", lying)}),
+                   "lying.json: line 2 (byte 39): a snapshot dump is one JSON document, but this file has more lines "
+                   "after its first (is it a trace written with the wrong kind?)");
 }
 
 TEST(BadInput, DeepNestingIsRefusedWithoutCrashing) {
   TempDir dir;
-  const std::string text = std::string(100000, '[') + std::string(100000, ']');
+  const std::string text = "{\"kind\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
   const CliResult r = run({"summary", dir.write("deep.json", text)});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("nesting deeper than"), std::string::npos) << r.err;

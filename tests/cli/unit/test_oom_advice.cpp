@@ -135,5 +135,79 @@ TEST(OomAdvice, ARequestLargerThanTheDeviceGetsOnlyThatSuggestion) {
       << all[0].message;
 }
 
+// Each rule checked against the cause that applied.
+
+// A 16 GiB device capped at memory_fraction 0.0625 (1 GiB): 1000 MiB reserved, 950 MiB of it
+// allocated, a 64 MiB segment needed, and 15 GiB free on the device.
+OomNumbers capped_numbers() {
+  OomNumbers n = quiet_numbers();
+  n.cause = OomCause::memory_fraction_cap;
+  n.memory_fraction = 0.0625;
+  n.reserved_limit_bytes = kGiB;
+  n.reserved_bytes = 1000 * kMiB;
+  n.allocated_bytes = 950 * kMiB;
+  n.active_bytes = 950 * kMiB;
+  n.device_free_bytes = 15 * kGiB;
+  return n;
+}
+
+TEST(OomAdvice, TheMemoryFractionCapIsNamedWithItsBytesAndTheSettingToChange) {
+  const std::vector<Suggestion> all = suggest(capped_numbers(), {}, "memory_fraction:0.0625");
+  ASSERT_FALSE(all.empty());
+  const Suggestion& s = all[0];
+  EXPECT_EQ(s.kind, SuggestionKind::raise_memory_fraction);
+  EXPECT_EQ(s.setting, "memory_fraction:0.07");  // (1000 + 64) MiB of 16 GiB, rounded up
+  EXPECT_NE(s.message.find("the memory_fraction cap was reached"), std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("memory_fraction:0.0625 caps reserved memory at 1073741824 bytes (1.00 GiB)"),
+            std::string::npos)
+      << s.message;
+  EXPECT_NE(s.message.find("while the device had 15.00 GiB free"), std::string::npos) << s.message;
+}
+
+TEST(OomAdvice, UnderTheCapNearCapacityIsMeasuredAgainstTheCap) {
+  const Suggestion* s = find(suggest(capped_numbers(), {}, ""), SuggestionKind::reduce_batch);
+  ASSERT_NE(s, nullptr);  // 950 MiB: 92.8% of the 1 GiB cap, 5.8% of the 16 GiB device
+  EXPECT_NE(s->message.find("is 92.8% of the memory_fraction cap (1.00 GiB)"), std::string::npos) << s->message;
+}
+
+TEST(OomAdvice, ACapThatEvenTheWholeDeviceCannotLiftSaysSo) {
+  OomNumbers n = capped_numbers();
+  n.reserved_bytes = 16 * kGiB - 32 * kMiB;
+  const std::vector<Suggestion> all = suggest(n, {}, "");
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all[0].kind, SuggestionKind::raise_memory_fraction);
+  EXPECT_NE(all[0].message.find("even memory_fraction:1 would not hold"), std::string::npos) << all[0].message;
+}
+
+TEST(OomAdvice, AFullDeviceNeverMentionsMemoryFraction) {
+  OomNumbers n = quiet_numbers();
+  n.cause = OomCause::device_full;
+  n.allocated_bytes = 15 * kGiB;
+  for (const Suggestion& s : suggest(n, {{"layers.0", kGiB, 1, kGiB}}, "")) {
+    EXPECT_NE(s.kind, SuggestionKind::raise_memory_fraction);
+    EXPECT_EQ(s.message.find("memory_fraction"), std::string::npos) << s.message;
+  }
+}
+
+TEST(OomAdvice, TheRecordedCauseDecidesForARequestWhoseSegmentExceedsTheDevice) {
+  OomNumbers n = quiet_numbers();
+  n.cause = OomCause::request_exceeds_device;
+  n.requested_bytes = n.rounded_bytes = 16 * kGiB - 100 * 512;  // its 2 MiB-rounded segment does not fit
+  n.segment_bytes = 16 * kGiB + 2 * kMiB;
+  const std::vector<Suggestion> all = suggest(n, {}, "");
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].kind, SuggestionKind::request_exceeds_device);
+}
+
+TEST(OomAdvice, FragmentationUnderAFullDeviceStillSuggestsMaxSplitSize) {
+  OomNumbers n = quiet_numbers();
+  n.cause = OomCause::device_full;
+  n.largest_free_block = 30 * kMiB;
+  n.cached_free_bytes = 80 * kMiB;
+  n.fragmented_free_bytes = 70 * kMiB;
+  n.free_blocks_in_split_segments = 5;
+  EXPECT_NE(find(suggest(n, {}, ""), SuggestionKind::fragmentation), nullptr);
+}
+
 }  // namespace
 }  // namespace remat::report

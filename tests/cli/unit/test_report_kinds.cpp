@@ -64,7 +64,12 @@ TEST(OomCommand, SummaryOfAnOomDumpPrintsTheSameAnalysis) {
 TEST(OomCommand, ASnapshotIsRefusedNamingTheKindItReads) {
   TempDir dir;
   const std::string snapshot = R"({"kind":"snapshot",)" + kHeader + "}";
-  expect_bad_input(run({"oom", dir.write("s.json", snapshot)}), "$.kind: `oom` reads dumps of kind oom only");
+  const std::string path = dir.write("s.json", snapshot);
+  expect_bad_input(run({"oom", path}), path +
+                                           ": `remat-report oom` reads OOM reports, which the allocator writes as "
+                                           "oom-*.json when an allocation fails (kind oom); this is a snapshot "
+                                           "dump: `remat-report summary " +
+                                           path + "` reads it");
 }
 
 TEST(OomCommand, AMissingFieldNamesItsJsonPath) {
@@ -143,7 +148,8 @@ TEST(MemoryReport, SlotGroupingIsRefusedNamingTheGroupingsItHas) {
   TempDir dir;
   const std::string text = R"({"kind":"memory-report",)" + kHeader + R"(,"checkpoint":"layers.0","regions":[]})";
   expect_bad_input(run({"memory", dir.write("m.json", text), "--by", "slot"}),
-                   "a memory-report groups by region or site, not by slot");
+                   "`remat-report memory --by slot`: a memory-report groups by region or site, not by slot; use --by "
+                   "region or --by site");
 }
 
 TEST(MemoryReport, SiteGroupingBillsARegionOfOneSiteItsExactBytes) {
@@ -155,7 +161,7 @@ TEST(MemoryReport, SiteGroupingBillsARegionOfOneSiteItsExactBytes) {
       R"({"name":"t1","shape":[2,512],"dtype":"Float","storage_bytes":4096,"site":"attn.qkv"}]}]})";
   const CliResult r = run({"memory", dir.write("m.json", text), "--by", "site", "--csv"});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, "site,resident_bytes,share,tensors\nattn.qkv,4096,1,2\ntotal,4096,1,2\n");
+  EXPECT_EQ(r.out, "site,placeholder,resident_bytes,share,tensors\nattn.qkv,false,4096,1,2\ntotal,true,4096,1,2\n");
 }
 
 }  // namespace

@@ -1,0 +1,23 @@
+#include "output/display_names.hpp"
+
+namespace remat::report {
+
+namespace {
+
+bool wrapped(std::string_view text, char open, char close) {
+  return text.size() >= 2 && text.front() == open && text.back() == close;
+}
+
+bool reads_like_own_label(std::string_view name) {
+  while (wrapped(name, '"', '"')) name = name.substr(1, name.size() - 2);
+  return wrapped(name, '(', ')') || wrapped(name, '<', '>') || (name.substr(0, 7) == "other (" && name.back() == ')');
+}
+
+}  // namespace
+
+std::string shown_name(std::string_view name) {
+  if (!reads_like_own_label(name)) return std::string(name);
+  return "\"" + std::string(name) + "\"";
+}
+
+}  // namespace remat::report

@@ -1,0 +1,75 @@
+#include "reader/event_checks.hpp"
+
+#include "core/errors.hpp"
+
+#include <fmt/format.h>
+
+namespace remat::report {
+
+void EventChecker::fail(std::string_view field, const std::string& problem) const {
+  throw InputError(fmt::format("event {}: $.{}", events_, field), problem);
+}
+
+void EventChecker::check(const Event& event) {
+  ++events_;
+  if (events_ == 1) {
+    first_time_ = event.time_us;
+  } else if (event.time_us < last_time_) {
+    fail("time_us", fmt::format("events are out of time order ({} after {})", event.time_us, last_time_));
+  }
+  std::int64_t span = 0;
+  if (__builtin_sub_overflow(event.time_us, first_time_, &span)) {
+    fail("time_us", fmt::format("{} is too far from the first event's time {}: the span does not fit in 64 bits",
+                                event.time_us, first_time_));
+  }
+  last_time_ = event.time_us;
+
+  std::uint64_t end = 0;
+  const bool has_extent = event.action == Action::alloc || event.action == Action::segment_alloc;
+  if (has_extent && __builtin_add_overflow(event.address, event.size, &end)) {
+    fail("size", fmt::format("{} bytes at 0x{:x} end past the 64-bit address space", event.size, event.address));
+  }
+  switch (event.action) {
+    case Action::alloc: {
+      if (const Allocation* live = blocks_.find(event.address)) {
+        fail("address", fmt::format("alloc at 0x{:x} while the block allocated there by event {} is still live (no "
+                                    "free_requested or free_completed between them): events were lost or the dump is "
+                                    "corrupt",
+                                    event.address, live->event));
+      }
+      if (__builtin_add_overflow(live_bytes_, event.size, &live_bytes_)) {
+        fail("size", fmt::format("live bytes overflow 64 bits with this allocation of {} bytes", event.size));
+      }
+      blocks_.put(event.address, Allocation{event.size, events_});
+      break;
+    }
+    case Action::free_requested:
+    case Action::free_completed:
+      if (const Allocation* live = blocks_.find(event.address)) {
+        live_bytes_ -= live->size;
+        blocks_.erase(event.address);
+      }
+      break;
+    case Action::segment_alloc: {
+      if (const Allocation* reserved = segments_.find(event.address)) {
+        fail("address", fmt::format("segment_alloc at 0x{:x} while the segment allocated there by event {} is still "
+                                    "reserved (no segment_free between them): events were lost or the dump is corrupt",
+                                    event.address, reserved->event));
+      }
+      if (__builtin_add_overflow(reserved_bytes_, event.size, &reserved_bytes_)) {
+        fail("size", fmt::format("reserved bytes overflow 64 bits with this segment of {} bytes", event.size));
+      }
+      segments_.put(event.address, Allocation{event.size, events_});
+      break;
+    }
+    case Action::segment_free:
+      if (const Allocation* reserved = segments_.find(event.address)) {
+        reserved_bytes_ -= reserved->size;
+        segments_.erase(event.address);
+      }
+      break;
+    case Action::oom: break;
+  }
+}
+
+}  // namespace remat::report

@@ -1,0 +1,41 @@
+#pragma once
+// The consistency every stream of allocator events must have, checked in one place for every
+// dump kind and subcommand, so that no view prints an impossible figure:
+//   - events in time order, the whole span within 64 bits of microseconds;
+//   - every block and segment ends within the 64-bit address space;
+//   - live bytes and reserved bytes stay within 64 bits;
+//   - no `alloc` at an address whose block is still live, no `segment_alloc` at an address
+//     whose segment is still reserved (the events between were lost, or the dump is corrupt).
+// A free of an address the stream never allocated is allowed: the dump may have begun after
+// the allocation (a ring buffer that dropped its oldest events).
+
+#include "core/address_map.hpp"
+#include "model/dump.hpp"
+
+#include <cstdint>
+
+namespace remat::report {
+
+class EventChecker {
+ public:
+  // Checks the next event. Throws InputError "event N: $.field: <problem>", N counting the
+  // stream's events from 1.
+  void check(const Event& event);
+
+ private:
+  struct Allocation {
+    std::uint64_t size = 0;
+    std::uint64_t event = 0;  // the event that made it, counted from 1
+  };
+  [[noreturn]] void fail(std::string_view field, const std::string& problem) const;
+
+  AddressMap<Allocation> blocks_;
+  AddressMap<Allocation> segments_;
+  std::uint64_t events_ = 0;
+  std::uint64_t live_bytes_ = 0;
+  std::uint64_t reserved_bytes_ = 0;
+  std::int64_t first_time_ = 0;
+  std::int64_t last_time_ = 0;
+};
+
+}  // namespace remat::report

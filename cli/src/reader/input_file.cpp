@@ -1,0 +1,95 @@
+#include "reader/input_file.hpp"
+
+#include "core/errors.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace remat::report {
+
+InputFile InputFile::open(const std::string& argument) {
+  const bool standard_input = argument == kStdinArgument;
+  const std::string name = standard_input ? std::string(kStdinName) : argument;
+  const int fd = standard_input ? STDIN_FILENO : ::open(argument.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(fmt::format("cannot open {}: {}", name, std::strerror(errno)));
+  InputFile input(fd, !standard_input, name, std::nullopt);
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) throw InputError(fmt::format("cannot read {}: {}", name, std::strerror(errno)));
+  if (S_ISDIR(info.st_mode)) throw InputError(fmt::format("{} is a directory; pass a dump file inside it", name));
+  if (S_ISREG(info.st_mode)) {
+    input.size_ = static_cast<std::uint64_t>(info.st_size);
+#ifdef POSIX_FADV_SEQUENTIAL
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+#endif
+  }
+  return input;
+}
+
+InputFile::InputFile(int fd, bool owned, std::string name, std::optional<std::uint64_t> size)
+    : fd_(fd), owned_(owned), name_(std::move(name)), size_(size) {}
+
+InputFile::InputFile(InputFile&& other) noexcept
+    : fd_(other.fd_), owned_(other.owned_), name_(std::move(other.name_)), size_(other.size_) {
+  other.fd_ = -1;
+  other.owned_ = false;
+}
+
+InputFile& InputFile::operator=(InputFile&& other) noexcept {
+  if (this != &other) {
+    if (owned_ && fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    owned_ = other.owned_;
+    name_ = std::move(other.name_);
+    size_ = other.size_;
+    other.fd_ = -1;
+    other.owned_ = false;
+  }
+  return *this;
+}
+
+InputFile::~InputFile() {
+  if (owned_ && fd_ >= 0) ::close(fd_);
+}
+
+std::size_t InputFile::read(char* into, std::size_t max) {
+  for (;;) {
+    const ssize_t n = ::read(fd_, into, max);
+    if (n >= 0) return static_cast<std::size_t>(n);
+    if (errno != EINTR) throw InputError(fmt::format("cannot read {}: {}", name_, std::strerror(errno)));
+  }
+}
+
+std::string read_whole_input(const std::string& argument,
+                             const std::function<void(std::string_view head, const std::string& name)>& check_head) {
+  constexpr std::size_t kHead = 4096;
+  InputFile input = InputFile::open(argument);
+  std::string bytes(kHead, '\0');
+  std::size_t used = 0;
+  while (used < kHead) {
+    const std::size_t n = input.read(bytes.data() + used, kHead - used);
+    if (n == 0) break;
+    used += n;
+  }
+  if (used == 0) throw InputError(fmt::format("{}: file is empty (0 bytes)", input.name()));
+  check_head(std::string_view(bytes.data(), used), input.name());
+  if (used == kHead) {
+    bytes.resize(input.size() ? std::max<std::size_t>(static_cast<std::size_t>(*input.size()) + 1, 2 * kHead)
+                              : std::size_t{1} << 20);
+    for (;;) {
+      if (used == bytes.size()) bytes.resize(bytes.size() * 2);
+      const std::size_t n = input.read(bytes.data() + used, bytes.size() - used);
+      if (n == 0) break;
+      used += n;
+    }
+  }
+  bytes.resize(used);
+  return bytes;
+}
+
+}  // namespace remat::report

@@ -1,0 +1,52 @@
+#pragma once
+// An input named on the command line: a file, or `-` for standard input. Pipes, FIFOs and
+// other streams are read front to back once, like regular files; only their size is unknown.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace remat::report {
+
+// The command-line name of standard input, and how messages call it.
+inline constexpr std::string_view kStdinArgument = "-";
+inline constexpr std::string_view kStdinName = "<stdin>";
+
+class InputFile {
+ public:
+  // Opens `argument`; throws InputError for a missing, unreadable or directory path.
+  static InputFile open(const std::string& argument);
+
+  InputFile(InputFile&& other) noexcept;
+  InputFile& operator=(InputFile&& other) noexcept;
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  ~InputFile();
+
+  // The path, or "<stdin>": what messages call this input.
+  const std::string& name() const { return name_; }
+  // Bytes in a regular file; empty for streams.
+  std::optional<std::uint64_t> size() const { return size_; }
+  // Up to `max` bytes; 0 only at the end of the input. Throws InputError on a read error.
+  std::size_t read(char* into, std::size_t max);
+
+ private:
+  InputFile(int fd, bool owned, std::string name, std::optional<std::uint64_t> size);
+
+  int fd_ = -1;
+  bool owned_ = false;
+  std::string name_;
+  std::optional<std::uint64_t> size_;
+};
+
+// Reads a whole input (`-` for standard input) into memory: for binary inputs such as pickles.
+// `check_head` sees the first bytes (up to 4096) and the input's name before the rest is read,
+// so that a wrong input is refused in bounded memory. A missing, unreadable or empty input is
+// an InputError.
+std::string read_whole_input(const std::string& argument,
+                             const std::function<void(std::string_view head, const std::string& name)>& check_head);
+
+}  // namespace remat::report

@@ -1,0 +1,14 @@
+# What `pip install .` puts in the wheel (scikit-build-core installs the "python" component):
+# the shared allocator library inside the remat_alloc package, where the module finds it,
+# the LibTorch hooks library beside it when it was built, and remat-report as a command.
+add_custom_target(remat_python_package)
+add_dependencies(remat_python_package remat_alloc_shared)
+install(FILES $<TARGET_FILE:remat_alloc_shared> DESTINATION remat_alloc RENAME libremat_alloc.so COMPONENT python)
+if(TARGET remat_pluggable)
+  add_dependencies(remat_python_package remat_pluggable)
+  install(TARGETS remat_pluggable LIBRARY DESTINATION remat_alloc COMPONENT python)
+endif()
+if(TARGET remat-report)
+  add_dependencies(remat_python_package remat-report)
+  install(TARGETS remat-report RUNTIME DESTINATION ${SKBUILD_SCRIPTS_DIR} COMPONENT python)
+endif()

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Standard input and FIFOs through real pipes: every subcommand that reads one dump reads `-`
+and a FIFO given by path exactly as it reads the file; `diff` takes `-` for one side only; and
+memory stays bounded on large or zero-filled input, from a file or a pipe.
+
+usage: check_streams.py REMAT_REPORT
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import threading
+
+HERE = pathlib.Path(__file__).resolve().parent
+DATA = HERE / "data"
+ENV = {"PATH": "/usr/bin:/bin", "NO_COLOR": "1"}
+
+# Runs a command, feeding `stdin_path` (or nothing) through a real pipe, and prints the peak RSS
+# of that command alone (KiB) on the last line of stderr.
+MEASURE = r"""
+import resource, subprocess, sys
+source = open(sys.argv[1], "rb") if sys.argv[1] != "" else subprocess.DEVNULL
+run = subprocess.run(sys.argv[2:], stdin=source, capture_output=True)
+sys.stdout.buffer.write(run.stdout)
+sys.stderr.buffer.write(run.stderr)
+sys.stderr.write("\nmaxrss_kib=%d\n" % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(run.returncode)
+"""
+
+
+def run(args, stdin=None):
+    """Runs remat-report with `stdin` (bytes-producing command list, or None) piped in."""
+    if stdin is None:
+        return subprocess.run([BINARY, *args], capture_output=True, text=True, env=ENV, cwd=HERE)
+    producer = subprocess.Popen(stdin, stdout=subprocess.PIPE)
+    result = subprocess.run([BINARY, *args], stdin=producer.stdout, capture_output=True, text=True, env=ENV, cwd=HERE)
+    producer.stdout.close()
+    producer.wait()
+    return result
+
+
+def measure(args, stdin_path=""):
+    run = subprocess.run([sys.executable, "-c", MEASURE, str(stdin_path), BINARY, *args], capture_output=True,
+                         text=True, env=ENV, cwd=HERE)
+    lines = run.stderr.rstrip("\n").split("\n")
+    rss = int(lines[-1].split("=")[1])
+    return run.returncode, run.stdout, "\n".join(lines[:-2]) + "\n", rss
+
+
+def expect(condition, message):
+    if not condition:
+        print("FAIL", message)
+        sys.exit(1)
+
+
+def same_through_a_pipe(command, fixture, outputs=()):
+    """`command` on `fixture` by path, through `-` and through a FIFO: same exit code and output."""
+    path = str(DATA / fixture)
+    by_path = run([*command[:1], path, *command[1:]])
+    piped = run([*command[:1], "-", *command[1:]], stdin=["cat", path])
+    expected = by_path.stdout.replace(path, "<stdin>")
+    expect(by_path.returncode == 0, f"{command} {fixture}: exit {by_path.returncode}: {by_path.stderr}")
+    expect(piped.returncode == 0, f"{command} - < {fixture}: exit {piped.returncode}: {piped.stderr}")
+    expect(piped.stdout == expected, f"{command} - < {fixture}: output differs\n{piped.stdout}\n---\n{expected}")
+    with tempfile.TemporaryDirectory() as tmp:
+        fifo = os.path.join(tmp, "dump.fifo")
+        os.mkfifo(fifo)
+        writer = threading.Thread(target=lambda: pathlib.Path(fifo).write_bytes(pathlib.Path(path).read_bytes()))
+        writer.start()
+        through_fifo = run([*command[:1], fifo, *command[1:]])
+        writer.join()
+        expect(through_fifo.returncode == 0, f"{command} FIFO: {through_fifo.stderr}")
+        expect(through_fifo.stdout == by_path.stdout.replace(path, fifo), f"{command} FIFO: output differs")
+    print(f"ok {' '.join(command)} {fixture}: same by path, through `-` and through a FIFO")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        for fixture in ("trace.jsonl", "snapshot-end.json"):
+            for command in (["summary"], ["summary", "--json"], ["memory", "--by", "site"], ["segments"],
+                            ["trace", "--limit", "20"], ["validate"], ["diff", str(DATA / "snapshot-peak.json")],
+                            ["timeline", "-o", str(tmp / "t.svg")],
+                            ["export", "--to", "torch-snapshot", "-o", str(tmp / "t.pickle")]):
+                same_through_a_pipe(command, fixture)
+        for fixture in ("oom.json", "memory-report.json", "saved-report.json", "remat-trace.json"):
+            same_through_a_pipe(["summary"], fixture)
+        same_through_a_pipe(["oom"], "oom.json")
+
+        # diff: `-` on either side, never both.
+        after = run(["diff", str(DATA / "snapshot-peak.json"), "-"], stdin=["cat", str(DATA / "trace.jsonl")])
+        before = run(["diff", "-", str(DATA / "trace.jsonl")], stdin=["cat", str(DATA / "snapshot-peak.json")])
+        expect(after.returncode == 0 and before.returncode == 0, f"diff with `-`: {after.stderr}{before.stderr}")
+        expect(after.stdout.splitlines()[1:] == before.stdout.splitlines()[1:], "diff with `-` on either side differs")
+        both = run(["diff", "-", "-"], stdin=["cat", str(DATA / "trace.jsonl")])
+        expect(both.returncode == 1 and both.stderr ==
+               "remat-report diff: BEFORE and AFTER are both `-`, but standard input holds one dump; save one of "
+               "them to a file and pass its path\n", f"diff - -: {both.stderr}")
+        print("ok diff takes `-` for one side, and refuses it for both")
+
+        # import reads a pickle from standard input.
+        imported = run(["import", "-", "-o", str(tmp / "imported.json"), "--json"],
+                       stdin=["cat", str(DATA / "torch-snapshot.pickle")])
+        expect(imported.returncode == 0, f"import -: {imported.stderr}")
+        expect(json.loads((tmp / "imported.json").read_text())["kind"] == "snapshot", "import - wrote no snapshot")
+        print("ok import reads a pickle from `-`")
+
+        # Bounded memory: a 2 GiB zero-filled file, the same through a pipe, and a large trace
+        # through a pipe.
+        zeros = tmp / "zeros.json"
+        with open(zeros, "wb") as f:
+            f.truncate(2 << 30)
+        message = ("byte 0: starts with NUL bytes (4096 or more of them): not a JSON dump (a preallocated or "
+                   "zero-filled file, or one whose writer stopped before writing?)\n")
+        code, _, err, rss = measure(["summary", str(zeros)])
+        expect(code == 2 and err == f"remat-report: {zeros}: {message}", f"zero-filled file: {err}")
+        expect(rss < 32 << 10, f"zero-filled file: peak RSS {rss} KiB")
+        print(f"ok a 2 GiB zero-filled file is refused at byte 0 in {rss} KiB")
+        code, _, err, rss = measure(["summary", "-"], zeros)
+        expect(code == 2 and err == f"remat-report: <stdin>: {message}", f"zero-filled pipe: {err}")
+        expect(rss < 32 << 10, f"zero-filled pipe: peak RSS {rss} KiB")
+        print(f"ok 2 GiB of zeros through a pipe are refused at byte 0 in {rss} KiB")
+        zeros.unlink()
+
+        trace = tmp / "big.jsonl"
+        events = 1_000_000
+        with open(DATA / "trace.jsonl") as source:
+            header = json.loads(source.readline())
+        header["event_count"] = events
+        with open(trace, "w") as out:
+            out.write(json.dumps(header) + "\n")
+            for i in range(events // 2):
+                address = 0x10000000 + (i % 4096) * 4096
+                out.write('{"action":"alloc","time_us":%d,"address":%d,"size":4096,"stream":0,"tag":1}\n'
+                          '{"action":"free_requested","time_us":%d,"address":%d,"size":4096,"stream":0,"tag":1}\n'
+                          % (2 * i, address, 2 * i + 1, address))
+        size = trace.stat().st_size
+        code, out, err, rss = measure(["memory", "-", "--json"], trace)
+        expect(code == 0, f"large trace through a pipe: {err}")
+        expect(json.loads(out)["memory_total"]["allocations"] == events // 2, "large trace: wrong allocation count")
+        expect(rss < 48 << 10, f"large trace through a pipe: peak RSS {rss} KiB for {size >> 20} MiB")
+        print(f"ok a {size >> 20} MiB trace streams through a pipe in {rss} KiB")
+
+
+if __name__ == "__main__":
+    BINARY = sys.argv[1]
+    main()

@@ -1,0 +1,132 @@
+// Usage and wrong-input messages name the command, the value or file, and what would work.
+#include "cli_runner.hpp"
+
+namespace remat::report::testing {
+namespace {
+
+const std::string kSubcommands = "summary, memory, segments, trace, timeline, diff, validate, export, import, oom";
+
+TEST(CliMessages, NumbersOutOfRangeNameTheOptionTheValueAndTheRange) {
+  TempDir dir;
+  const std::string trace = dir.write("t.jsonl", trace_text({event("alloc", 1, 4096, 512, 1)}));
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{"trace", trace, "--limit", "-1"},
+       "remat-report trace: --limit: got '-1'; give a whole number, 1 or more (events to print at most)"},
+      {{"trace", trace, "--limit", "0"},
+       "remat-report trace: --limit: got '0'; give a whole number, 1 or more (events to print at most)"},
+      {{"memory", trace, "--top", "2.5"},
+       "remat-report memory: --top: got '2.5'; give a whole number, 1 or more (groups to show)"},
+      {{"diff", trace, trace, "--top", "-3"},
+       "remat-report diff: --top: got '-3'; give a whole number, 1 or more (changes to show)"},
+      {{"segments", trace, "--width", "401"},
+       "remat-report segments: --width: got '401'; give a whole number from 0 to 400 (characters in each segment's "
+       "picture)"},
+      {{"timeline", trace, "-o", dir.path("t.svg"), "--buckets", "1"},
+       "remat-report timeline: --buckets: got '1'; give a whole number from 2 to 1000000 (time buckets)"},
+      {{"timeline", trace, "-o", dir.path("t.svg"), "--series", "many"},
+       "remat-report timeline: --series: got 'many'; give a whole number from 1 to 200 (series drawn on their own)"},
+      {{"validate", trace, "--max-errors", "0"},
+       "remat-report validate: --max-errors: got '0'; give a whole number from 1 to 100000 (problems to report at "
+       "most)"},
+      {{"import", trace, "-o", dir.path("o.json"), "--device", "-2"},
+       "remat-report import: --device: got '-2'; give a whole number from 0 to 2147483647 (a CUDA device index)"},
+  };
+  for (const Case& c : cases) {
+    const CliResult r = run(c.args);
+    EXPECT_EQ(r.code, 1) << c.args[0];
+    EXPECT_EQ(r.err, c.message + "\nRun with --help for more information.\n");
+  }
+}
+
+TEST(CliMessages, TimeWindowsMustBeNonNegativeAndInOrder) {
+  TempDir dir;
+  const std::string trace = dir.write("t.jsonl", trace_text({event("alloc", 1, 4096, 512, 1)}));
+  CliResult r = run({"trace", trace, "--from", "20us", "--to", "10us"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err,
+            "remat-report trace: --from 20us is after --to 10us; no event could print: give --from a time at or "
+            "before --to\n");
+  r = run({"trace", trace, "--from", "-5ms"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err,
+            "remat-report trace: --from -5ms: times count from the dump's first event and cannot be negative; give 0 "
+            "or more, such as 1500, 1500us, 2.5ms or 3s\n");
+}
+
+TEST(CliMessages, AnUnknownSubcommandIsNamedWithTheListAndTheNearestOne) {
+  CliResult r = run({"frobnicate", "x.json"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "remat-report: unknown subcommand 'frobnicate'; the subcommands are: " + kSubcommands +
+                       "; run `remat-report --help` for what each does\n");
+  r = run({"sumary", "x.json"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "remat-report: unknown subcommand 'sumary' (did you mean `summary`?); the subcommands are: " +
+                       kSubcommands + "; run `remat-report --help` for what each does\n");
+  r = run({"--json"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "remat-report: a subcommand is required: " + kSubcommands +
+                       "; run `remat-report --help` for what each does\n");
+}
+
+TEST(CliMessages, AKindWithoutTheViewNamesTheCommandTheFileAndWhatReadsIt) {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> args;
+    std::string file, message;
+  };
+  const std::string oom = data_path("oom.json"), saved = data_path("saved-report.json");
+  const std::string remat = data_path("remat-trace.json"), report = data_path("memory-report.json");
+  const std::string trace = data_path("trace.jsonl");
+  const Case cases[] = {
+      {{"diff", oom, data_path("snapshot-end.json")},
+       oom,
+       "`remat-report diff` reads dumps with live bytes by group (kind snapshot, trace or memory-report); this is an "
+       "oom dump: `remat-report oom " +
+           oom + "` reads it"},
+      {{"timeline", saved, "-o", dir.path("t.svg")},
+       saved,
+       "`remat-report timeline` reads dumps with allocator events (kind snapshot or trace); this is a saved-report "
+       "dump: `remat-report summary " +
+           saved + "` reads it"},
+      {{"trace", remat},
+       remat,
+       "`remat-report trace` reads dumps with allocator events (kind snapshot or trace); this is a remat-trace dump: "
+       "`remat-report summary " +
+           remat + "` reads it"},
+      {{"segments", report},
+       report,
+       "`remat-report segments` reads dumps with segments (kind snapshot or trace); this is a memory-report dump: "
+       "`remat-report summary " +
+           report + "` reads it"},
+      {{"export", oom, "--to", "torch-snapshot", "-o", dir.path("o.pickle")},
+       oom,
+       "`remat-report export` reads dumps with segments and events (kind snapshot or trace); this is an oom dump: "
+       "`remat-report oom " +
+           oom + "` reads it"},
+      {{"oom", trace},
+       trace,
+       "`remat-report oom` reads OOM reports, which the allocator writes as oom-*.json when an allocation fails (kind "
+       "oom); this is a trace dump: `remat-report summary " +
+           trace + "` reads it"},
+  };
+  for (const Case& c : cases) {
+    const CliResult r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args[0];
+    EXPECT_EQ(r.err, "remat-report: " + c.file + ": " + c.message + "\n");
+  }
+}
+
+TEST(CliMessages, DiffReadsStandardInputForOneSideOnly) {
+  const CliResult r = run({"diff", "-", "-"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err,
+            "remat-report diff: BEFORE and AFTER are both `-`, but standard input holds one dump; save one of them "
+            "to a file and pass its path\n");
+}
+
+}  // namespace
+}  // namespace remat::report::testing

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `pip install .` into a fresh virtual environment, then the Python tests from there: the
+# remat_alloc module must find its library inside the installed package (no
+# REMAT_ALLOC_LIBRARY, no source tree on the path) and remat-report must be a command.
+#
+# usage: run_package_tests.sh SOURCE_DIR WORK_DIR [PYTHON]
+set -euo pipefail
+source_dir=$(cd "${1:?usage: run_package_tests.sh SOURCE_DIR WORK_DIR [PYTHON]}" && pwd)
+work=${2:?usage: run_package_tests.sh SOURCE_DIR WORK_DIR [PYTHON]}
+python=${3:-python3}
+
+rm -rf "$work"
+mkdir -p "$work"
+# The environment's torch stays visible (--system-site-packages); nothing is downloaded: the
+# build uses the scikit-build-core, CMake and Ninja already installed.
+"$python" -m venv --system-site-packages "$work/venv"
+venv_python=$work/venv/bin/python
+if ! "$venv_python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index \
+    "$source_dir" > "$work/pip.log" 2>&1; then
+  tail -n 40 "$work/pip.log"
+  echo "pip install of $source_dir failed; the log is $work/pip.log"
+  exit 1
+fi
+
+unset REMAT_ALLOC_LIBRARY PYTHONPATH REMAT_REPORT
+cd "$work"
+"$venv_python" - <<'PY'
+import pathlib, sys
+import remat_alloc
+library = pathlib.Path(remat_alloc.library_path()).resolve()
+package = pathlib.Path(remat_alloc.__file__).resolve().parent
+assert library.parent == package, f"{library} is not inside the installed package {package}"
+assert pathlib.Path(sys.prefix).resolve() in package.parents, f"{package} is not in the virtual environment"
+print(f"remat_alloc {remat_alloc.__file__} loads {library}")
+PY
+test -x "$work/venv/bin/remat-report" || { echo "the package installed no remat-report command"; exit 1; }
+PATH=$work/venv/bin:$PATH remat-report --help > /dev/null
+PATH=$work/venv/bin:$PATH "$venv_python" -m unittest discover -v -s "$source_dir/tests/python" -p 'test_*.py'

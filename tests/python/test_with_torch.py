@@ -1,0 +1,145 @@
+"""remat_alloc where the real PyTorch imports: PyTorch accepts the allocator, the tag scopes,
+statistics and dumps work in a process that imported torch, and PyTorch's own memory viewer
+reads remat-report's export. On a machine without a GPU a CUDA allocation then fails with
+PyTorch's own no-driver error. Each case runs in a fresh process (an allocator is installed
+once per process). Skipped, with the reason, where torch cannot be imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+try:
+    import torch
+except Exception as error:  # noqa: BLE001 - any failure to import means: no usable torch here
+    torch = None
+    TORCH_MISSING = f"torch cannot be imported here ({type(error).__name__}: {error})"
+else:
+    TORCH_MISSING = ""
+
+
+def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, **(env or {})})
+
+
+def remat_report() -> str | None:
+    return os.environ.get("REMAT_REPORT") or shutil.which("remat-report")
+
+
+@unittest.skipIf(torch is None, TORCH_MISSING)
+class WithRealTorch(unittest.TestCase):
+    def test_pytorch_accepts_the_allocator_and_reports_its_own_error_without_a_gpu(self):
+        if torch.cuda.is_available():
+            self.skipTest("a GPU is visible: gpu_end_to_end.py covers allocations on it")
+        done = run_python("""
+            import warnings
+            import torch
+            import remat_alloc
+            warnings.simplefilter("error", RuntimeWarning)  # the hooks library must be found: no fallback
+            remat_alloc.install()
+            print("backend", torch.cuda.get_allocator_backend())
+            try:
+                torch.empty(16, device="cuda")
+            except RuntimeError as e:
+                print("cuda error:", str(e).splitlines()[0])
+            else:
+                raise SystemExit("a CUDA tensor was created on a machine without a GPU")
+        """)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("backend pluggable", done.stdout)
+        self.assertIn("cuda error: Found no NVIDIA driver on your system", done.stdout)
+
+    def test_without_the_hooks_library_install_falls_back_and_warns(self):
+        import remat_alloc
+
+        with tempfile.TemporaryDirectory() as alone:
+            library = pathlib.Path(alone) / "libremat_alloc.so"
+            shutil.copy(remat_alloc.library_path(), library)
+            done = run_python("""
+                import torch
+                import remat_alloc
+                remat_alloc.install()
+                print("backend", torch.cuda.get_allocator_backend())
+            """, env={"REMAT_ALLOC_LIBRARY": str(library)})
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("backend pluggable", done.stdout)
+        self.assertIn("libremat_pluggable.so was not found", done.stderr)
+        self.assertIn("RuntimeWarning", done.stderr)
+
+    def test_a_hooks_library_that_cannot_load_is_a_clear_error(self):
+        done = run_python("""
+            import torch
+            import remat_alloc
+            try:
+                remat_alloc.install()
+            except remat_alloc.RematError as e:
+                print("refused:", e)
+        """, env={"REMAT_PLUGGABLE_LIBRARY": "/nonexistent/libremat_pluggable.so"})
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("refused: cannot load /nonexistent/libremat_pluggable.so", done.stdout)
+
+    def test_tags_statistics_and_dumps_work_with_torch_imported(self):
+        with tempfile.TemporaryDirectory() as out:
+            done = run_python(f"""
+                import json
+                import torch
+                import remat_alloc
+                remat_alloc.configure("backend:host,host_capacity_mb:64")
+                lib = remat_alloc.load()
+                with remat_alloc.region("layers.0"), remat_alloc.phase("forward"), remat_alloc.site("attn"):
+                    p = lib.remat_alloc(3 << 20, 0, None)
+                with remat_alloc.recv_slot(stage=1, direction="F", slot=0):
+                    q = lib.remat_alloc(1 << 20, 0, None)
+                assert remat_alloc.live_bytes("layers.0") == 3 << 20, remat_alloc.live_bytes("layers.0")
+                stats = remat_alloc.memory_stats()
+                assert stats["allocated_bytes"] == 4 << 20, stats
+                remat_alloc.dump_snapshot({out!r} + "/snap.json")
+                remat_alloc.dump_trace({out!r} + "/trace.jsonl")
+                lib.remat_free(p, 3 << 20, 0, None)
+                lib.remat_free(q, 1 << 20, 0, None)
+                print("peak", remat_alloc.memory_stats()["allocated_bytes_peak"])
+            """)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn(f"peak {4 << 20}", done.stdout)
+            snapshot = json.loads((pathlib.Path(out) / "snap.json").read_text())
+            self.assertEqual(snapshot["kind"], "snapshot")
+            self.assertIn("layers.0", snapshot["names"])
+            first = json.loads((pathlib.Path(out) / "trace.jsonl").read_text().splitlines()[0])
+            self.assertEqual(first["kind"], "trace")
+
+    def test_pytorchs_memory_viewer_reads_the_export(self):
+        report = remat_report()
+        if report is None:
+            self.skipTest("remat-report is neither on PATH nor named by REMAT_REPORT")
+        with tempfile.TemporaryDirectory() as out:
+            done = run_python(f"""
+                import torch
+                import remat_alloc
+                remat_alloc.configure("backend:host,host_capacity_mb:64")
+                lib = remat_alloc.load()
+                with remat_alloc.region("layers.3"):
+                    p = lib.remat_alloc(5 << 20, 0, None)
+                remat_alloc.dump_snapshot({out!r} + "/snap.json")
+            """)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            pickle_path = os.path.join(out, "snap.pickle")
+            exported = subprocess.run([report, "export", os.path.join(out, "snap.json"), "--to", "torch-snapshot",
+                                       "-o", pickle_path], capture_output=True, text=True, timeout=60)
+            self.assertEqual(exported.returncode, 0, exported.stderr)
+            viewed = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", pickle_path],
+                                    capture_output=True, text=True, timeout=120)
+            self.assertEqual(viewed.returncode, 0, viewed.stderr)
+            self.assertIn("total_allocated: 5.0MiB", viewed.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
