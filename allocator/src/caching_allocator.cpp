@@ -179,10 +179,11 @@ struct CachingAllocator::State {
     recycle(neighbour);
   }
 
-  // The block is no longer used by anyone: return it to its pool.
-  void complete_free(Block* block) {
+  // The block is no longer used by anyone: return it to its pool. `traced`: the caller
+  // recorded the completion already (an immediate free).
+  void complete_free(Block* block, bool traced = false) {
     stats.active_bytes.subtract(static_cast<std::int64_t>(block->size));
-    trace.record(TraceAction::free_completed, block->address, block->size, block->stream, block->tag);
+    if (!traced) trace.record(TraceAction::free_completed, block->address, block->size, block->stream, block->tag);
     block->requested = 0;
     block->tag = 0;
     merge(block, block->prev);
@@ -368,12 +369,12 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_size) {
   per_tag.bytes.subtract(bytes);
   per_tag.requested_bytes.subtract(requested);
   per_tag.count.subtract(1);
-  s.trace.record(TraceAction::free_requested, address, block->size, block->stream, block->tag);
-
   if (block->stream_uses.empty()) {
-    s.complete_free(block);
+    s.trace.record_immediate_free(address, block->size, block->stream, block->tag);
+    s.complete_free(block, /*traced=*/true);
     return;
   }
+  s.trace.record(TraceAction::free_requested, address, block->size, block->stream, block->tag);
   for (const Stream used_on : block->stream_uses) {
     s.pending_frees.emplace_back(s.backend->record_event(used_on), block);
     ++block->pending_events;

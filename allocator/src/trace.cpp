@@ -43,23 +43,36 @@ void TraceRing::resize(std::size_t capacity) {
 }
 
 std::vector<TraceEvent> TraceRing::events(std::size_t limit) const {
-  const std::size_t held = recorded_ < events_.size() ? static_cast<std::size_t>(recorded_) : events_.size();
-  const std::size_t count = held < limit ? held : limit;
+  const std::size_t capacity = events_.size();
+  const std::size_t held = recorded_ < capacity ? static_cast<std::size_t>(recorded_) : capacity;
+  // Walk back from the newest record until `limit` events are covered.
+  std::size_t records = 0;
+  std::size_t covered = 0;
+  while (records < held && covered < limit) {
+    const RawEvent& raw = events_[(next_ + capacity - 1 - records) % capacity];
+    covered += raw.completed_at_once ? 2 : 1;
+    ++records;
+  }
   const std::uint64_t now_ticks = ticks();
   const std::int64_t now = now_us();
   const double us_per_tick = now_ticks > origin_ticks_ ? static_cast<double>(now - origin_us_) /
                                                              static_cast<double>(now_ticks - origin_ticks_)
                                                        : 0.0;
   std::vector<TraceEvent> out;
-  out.reserve(count);
-  std::size_t index = (next_ + events_.size() - count) % (events_.empty() ? 1 : events_.size());
-  for (std::size_t i = 0; i < count; ++i) {
+  out.reserve(covered);
+  std::size_t index = records == 0 ? 0 : (next_ + capacity - records) % capacity;
+  for (std::size_t i = 0; i < records; ++i) {
     const RawEvent& raw = events_[index];
-    const double elapsed = static_cast<double>(raw.ticks - origin_ticks_) * us_per_tick;
-    out.push_back(TraceEvent{origin_us_ + static_cast<std::int64_t>(elapsed), raw.address, raw.size, raw.stream,
-                             raw.tag, raw.action});
-    if (++index == events_.size()) index = 0;
+    const std::int64_t time = origin_us_ + static_cast<std::int64_t>(static_cast<double>(raw.ticks - origin_ticks_) *
+                                                                      us_per_tick);
+    out.push_back(TraceEvent{time, raw.address, raw.size, raw.stream, raw.tag, raw.action});
+    if (raw.completed_at_once) {
+      out.push_back(TraceEvent{time, raw.address, raw.size, raw.stream, raw.tag, TraceAction::free_completed});
+    }
+    if (++index == capacity) index = 0;
   }
+  // The oldest record may be an immediate free of which only the completion fits.
+  if (out.size() > limit) out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(out.size() - limit));
   return out;
 }
 

@@ -29,6 +29,35 @@ TEST(TraceRing, KeepsTheNewestEventsAndCountsDropped) {
   EXPECT_EQ(ring.events(2).front().address, 4u * 512);
 }
 
+// A free completed at once is one record read back as both events, with one time.
+TEST(TraceRing, AnImmediateFreeReadsBackAsRequestAndCompletion) {
+  TraceRing ring(8);
+  ring.record(TraceAction::alloc, 4096, 512, 7, 3);
+  ring.record_immediate_free(4096, 512, 7, 3);
+  const auto events = ring.events();
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(actions(events), (std::vector<TraceAction>{TraceAction::alloc, TraceAction::free_requested,
+                                                       TraceAction::free_completed}));
+  for (const TraceEvent& e : events) {
+    EXPECT_EQ(e.address, 4096u);
+    EXPECT_EQ(e.size, 512u);
+    EXPECT_EQ(e.stream, 7u);
+    EXPECT_EQ(e.tag, 3u);
+  }
+  EXPECT_EQ(events[1].time_us, events[2].time_us);
+  EXPECT_EQ(ring.recorded(), 2u);
+}
+
+TEST(TraceRing, ALimitCanCutAnImmediateFreeToItsCompletion) {
+  TraceRing ring(8);
+  ring.record_immediate_free(512, 512, 0, 0);
+  ring.record(TraceAction::alloc, 1024, 512, 0, 0);
+  EXPECT_EQ(actions(ring.events(2)), (std::vector<TraceAction>{TraceAction::free_completed, TraceAction::alloc}));
+  EXPECT_EQ(ring.events(3).size(), 3u);
+  EXPECT_EQ(ring.events(1).front().address, 1024u);
+  EXPECT_TRUE(ring.events(0).empty());
+}
+
 TEST(TraceRing, CapacityZeroSwitchesTracingOff) {
   TraceRing ring(0);
   ring.record(TraceAction::alloc, 512, 512, 0, 0);

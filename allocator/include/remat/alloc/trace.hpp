@@ -39,17 +39,20 @@ class TraceRing {
 
   bool enabled() const noexcept { return !events_.empty(); }
   std::size_t capacity() const noexcept { return events_.size(); }
-  // Events recorded but since overwritten.
+  // Records made but since overwritten (an immediate free is one record, two events).
   std::uint64_t dropped() const noexcept { return recorded_ > events_.size() ? recorded_ - events_.size() : 0; }
   std::uint64_t recorded() const noexcept { return recorded_; }
 
   void record(TraceAction action, std::uint64_t address, std::uint64_t size, Stream stream, TagId tag) {
-    if (events_.empty()) return;
-    events_[next_] = RawEvent{ticks(), address, size, stream, tag, action};
-    if (++next_ == events_.size()) next_ = 0;
-    ++recorded_;
+    if (enabled()) put(RawEvent{ticks(), address, size, stream, tag, action, false});
   }
-  // Resizing clears the ring; capacity 0 switches tracing off.
+  // A free_requested whose free_completed follows at once (no other stream used the block):
+  // one record, read back as both events with the same time, so the hot path reads the
+  // clock once per free.
+  void record_immediate_free(std::uint64_t address, std::uint64_t size, Stream stream, TagId tag) {
+    if (enabled()) put(RawEvent{ticks(), address, size, stream, tag, TraceAction::free_requested, true});
+  }
+  // Resizing clears the ring; capacity (in records) 0 switches tracing off.
   void resize(std::size_t capacity);
   // Oldest first; at most the last `limit` events.
   std::vector<TraceEvent> events(std::size_t limit = SIZE_MAX) const;
@@ -64,7 +67,15 @@ class TraceRing {
     Stream stream = 0;
     TagId tag = 0;
     TraceAction action = TraceAction::alloc;
+    bool completed_at_once = false;  // a free_requested immediately followed by free_completed
   };
+
+  // Only while enabled(): the clock is read before the event is built.
+  void put(const RawEvent& event) {
+    events_[next_] = event;
+    if (++next_ == events_.size()) next_ = 0;
+    ++recorded_;
+  }
 
   std::vector<RawEvent> events_;
   std::size_t next_ = 0;
