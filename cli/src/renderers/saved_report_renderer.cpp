@@ -1,6 +1,7 @@
 #include "renderers/saved_report_renderer.hpp"
 
 #include "core/errors.hpp"
+#include "core/format.hpp"
 #include "reader/report_reader.hpp"
 #include "renderers/document.hpp"
 #include "renderers/header_fields.hpp"
@@ -20,13 +21,6 @@ SavedReportDump load(const DumpFile& file) {
                                  dump.region_bytes, dump.outside_bytes));
   }
   return dump;
-}
-
-// Bytes as the runtime's saved-report formatter writes them: B, KiB and MiB only.
-std::string formatter_bytes(std::uint64_t bytes) {
-  if (bytes >= (std::uint64_t{1} << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1 << 20));
-  if (bytes >= (std::uint64_t{1} << 10)) return fmt::format("{:.2f} KiB", static_cast<double>(bytes) / (1 << 10));
-  return fmt::format("{} B", bytes);
 }
 
 Table group_table(std::string id, const std::vector<SavedGroup>& groups) {
@@ -51,16 +45,16 @@ Report SavedReportRenderer::summary(const DumpFile& file) const {
   // The text is exactly what SavedReport::format() prints in the training process.
   std::vector<std::string> lines;
   for (const SavedGroup& g : dump.region_groups) {
-    lines.push_back(fmt::format("  {}  x{}  {}  ({} {})", formatter_bytes(g.bytes / g.count), g.count, g.label,
+    lines.push_back(fmt::format("  {}  x{}  {}  ({} {})", human_bytes(g.bytes / g.count), g.count, g.label,
                                 g.storages / g.count, g.count > 1 ? "storages each" : "storages"));
   }
   for (const SavedGroup& g : dump.node_groups) {
-    lines.push_back(fmt::format("  {}  {} (x{})", formatter_bytes(g.bytes), g.label, g.count));
+    lines.push_back(fmt::format("  {}  {} (x{})", human_bytes(g.bytes), g.label, g.count));
   }
   Table totals =
       key_value_table("saved", fmt::format("saved for backward: {} resident -- {} region(s) {}, outside regions {}",
-                                           formatter_bytes(dump.total_bytes), dump.regions,
-                                           formatter_bytes(dump.region_bytes), formatter_bytes(dump.outside_bytes)));
+                                           human_bytes(dump.total_bytes), dump.regions,
+                                           human_bytes(dump.region_bytes), human_bytes(dump.outside_bytes)));
   add_field(totals, "total_bytes", Cell::bytes(dump.total_bytes));
   add_field(totals, "region_bytes", Cell::bytes(dump.region_bytes));
   add_field(totals, "outside_bytes", Cell::bytes(dump.outside_bytes));
