@@ -36,7 +36,7 @@ def main():
     for line in lines[1:]:
         event.validate(json.loads(line))
     reports = {"oom.json": "oom", "remat-trace.json": "remat-trace", "memory-report.json": "memory-report",
-               "saved-report.json": "saved-report"}
+               "saved-report.json": "saved-report", "pipeline-plan.json": "pipeline-plan"}
     for name, kind in reports.items():
         validator(f"{kind}.schema.json").validate(json.loads((HERE / "data" / name).read_text()))
     print(f"ok: 3 snapshots, a trace of {len(lines) - 1} events and {len(reports)} reports")

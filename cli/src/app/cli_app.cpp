@@ -85,7 +85,7 @@ std::string subcommand_of(int argc, char** argv, const std::vector<std::string>&
 int run_cli(int argc, char** argv) {
   CLI::App app{
       "remat-report: render the remat allocator's dumps (snapshots, traces, checkpoint reports, OOM reports) as "
-      "tables, pictures and diffs"};
+      "tables, pictures and diffs, and plan pipeline receive-buffer rings"};
   app.name("remat-report");
   app.require_subcommand(1, 1);
   app.set_version_flag("--version", std::string("remat-report 0.1.0"));
@@ -100,6 +100,8 @@ int run_cli(int argc, char** argv) {
   register_export(app, options);
   register_import(app, options);
   register_oom(app, options);
+  register_schedule(app, options);
+  register_plan(app, options);
   app.footer("Exit codes: 0 ok, 1 usage error, 2 bad input. A DUMP argument of `-` reads standard input.");
   std::vector<std::string> names;
   for (const CLI::App* command : app.get_subcommands([](CLI::App*) { return true; }))

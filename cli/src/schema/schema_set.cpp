@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -140,7 +141,7 @@ bool is_integer(element v) {
   if (v.type() == element_type::INT64 || v.type() == element_type::UINT64) return true;
   if (v.type() == element_type::DOUBLE) {
     const double d = double(v);
-    return d == static_cast<double>(static_cast<long long>(d));
+    return std::isfinite(d) && std::floor(d) == d;  // 1.0 is an integer; 1e300 too, without a cast
   }
   return false;
 }

@@ -188,5 +188,19 @@ TEST(Usage, BadTimeUnitExitsOne) {
   EXPECT_EQ(r.code, 1);
 }
 
+TEST(BadInput, SchemaCountsAHugeWholeNumberAsAnIntegerWithoutConvertingIt) {
+  TempDir dir;
+  // 1.4e139 has no fraction, so JSON Schema counts it an integer; the check converted it to a
+  // 64-bit integer on the way (undefined behaviour, found by fuzzing). 1.5 is not an integer.
+  const std::string head = R"({"kind":"snapshot","schema_version":1,"producer":"p","created_at":"c","host":"h",)";
+  const auto whole = run({"validate", dir.write("whole.json", head + R"("pid":1.39638e139})")});
+  EXPECT_EQ(whole.code, 2);
+  EXPECT_NE(whole.err.find("$.rank: missing required field"), std::string::npos) << whole.err;
+  EXPECT_EQ(whole.err.find("$.pid"), std::string::npos) << whole.err;
+  const auto fraction = run({"validate", dir.write("fraction.json", head + R"("pid":1.5})")});
+  EXPECT_NE(fraction.err.find("$.pid: expected integer, found a number with a fraction"), std::string::npos)
+      << fraction.err;
+}
+
 }  // namespace
 }  // namespace remat::report::testing

@@ -4,7 +4,8 @@
 namespace remat::report::testing {
 namespace {
 
-const std::string kSubcommands = "summary, memory, segments, trace, timeline, diff, validate, export, import, oom";
+const std::string kSubcommands =
+    "summary, memory, segments, trace, timeline, diff, validate, export, import, oom, schedule, plan";
 
 TEST(CliMessages, NumbersOutOfRangeNameTheOptionTheValueAndTheRange) {
   TempDir dir;

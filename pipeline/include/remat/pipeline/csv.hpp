@@ -10,11 +10,16 @@
 
 namespace remat::pipeline {
 
-// Parses and validates (see validate.hpp). `source` names the input in error messages.
-// Throws PlanError naming the row (rank), the cell (position) and the text.
+// Reads the CSV as Python's csv.reader does for PyTorch's _load_csv (lines end at \n, \r\n or
+// \r; quoted cells; a blank line is a rank with no actions), infers the stage-to-rank mapping
+// and the microbatch count from the actions, and validates the schedule (see validate.hpp).
+// Refuses byte-order marks, cells over Python's 131072-character field limit and files of more
+// than 2^21 cells. Throws PlanError starting with `source` and naming the rank (row, from 0),
+// the position (cell, from 0) and the text or action.
 Schedule load_csv(std::istream& in, CsvFormat format, std::string_view source);
 
-// Writes what PyTorch's _dump_csv writes for the same schedule.
+// Writes byte for byte what PyTorch's _dump_csv writes for the same schedule (Python's
+// csv.writer: "\r\n" after each row, a row of one idle step as "").
 void write_csv(std::ostream& out, const Schedule& schedule);
 
 }  // namespace remat::pipeline

@@ -1,13 +1,23 @@
 #pragma once
-// Lowering a compute-only schedule to compute and communication, as PyTorch 2.11's
-// _add_send_recv does: the same actions in the same order on every rank, and no
-// SEND/RECV between two stages on the same rank.
+// Lowering a compute-only schedule to compute and communication, as PyTorch 2.11 does.
 
 #include <remat/pipeline/schedule.hpp>
 
 namespace remat::pipeline {
 
-// Throws PlanError when the schedule cannot be lowered (it would deadlock).
+// Exactly what PyTorch 2.11's _add_send_recv returns for the same compute-only order (idle
+// steps included, since they take their turn in its lock-step walk): the same actions in the
+// same order on every rank, each cross-rank F followed by its SEND_F and each cross-rank B/I by
+// its SEND_B, the RECV at the receiving rank's end of the order at that moment, and no
+// SEND/RECV between two stages on the same rank. Idle steps are dropped.
+// Validates the schedule first; throws PlanError when it is invalid or the lowering would
+// deadlock (naming every stuck rank's position and action).
 Schedule lower_schedule(const Schedule& compute_only);
+
+// What PyTorch 2.11's _PipelineScheduleRuntime runs and its _dump_csv(format="compute_comms")
+// writes: _prepare_schedule_with_comms puts FSDP's UNSHARD/RESHARD (_add_unshard_reshard) and
+// REDUCE_GRAD after each stage's last backward (_add_reduce_grad) into every rank's order
+// before _add_send_recv, so the RECVs can land at other places than in lower_schedule.
+Schedule lower_schedule_for_runtime(const Schedule& compute_only);
 
 }  // namespace remat::pipeline

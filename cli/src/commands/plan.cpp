@@ -1,0 +1,90 @@
+// `remat-report plan`: receive-buffer rings for a pipeline schedule, per rank, stage and
+// direction, against stock buffers and NeMo's closed form.
+
+#include "commands/command.hpp"
+#include "commands/schedule_input.hpp"
+#include "core/errors.hpp"
+
+#include <remat/pipeline/errors.hpp>
+#include <remat/pipeline/plan.hpp>
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <iostream>
+#include <memory>
+
+namespace remat::report {
+namespace {
+
+struct PlanCommandOptions {
+  ScheduleOptions schedule;
+  std::string slack = "2";
+  std::string buffer_bytes;
+  bool json = false;
+};
+
+// "67108864", "64MiB", "64 MiB", "1GiB": binary units only, so a size means one thing.
+std::uint64_t parse_buffer_bytes(const std::string& text) {
+  std::uint64_t value = 0;
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(begin, end, value);
+  std::string unit(stop, end);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  std::uint64_t scale = 0;
+  if (unit.empty() || unit == "B")
+    scale = 1;
+  else if (unit == "KiB")
+    scale = std::uint64_t{1} << 10;
+  else if (unit == "MiB")
+    scale = std::uint64_t{1} << 20;
+  else if (unit == "GiB")
+    scale = std::uint64_t{1} << 30;
+  else if (unit == "TiB")
+    scale = std::uint64_t{1} << 40;
+  if (error != std::errc() || stop == begin || scale == 0 || value == 0 || value > UINT64_MAX / scale) {
+    throw InputError(
+        fmt::format("--buffer-bytes: got '{}'; give the bytes of one buffer set (every tensor a stage receives for one "
+                    "microbatch), 1 or more, as a whole number with an optional binary unit: 67108864, 64MiB, 1GiB",
+                    printable(text)));
+  }
+  return value * scale;
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app, GlobalOptions&) {
+  auto* command = app.add_subcommand(
+      "plan",
+      "Receive-buffer rings for a pipeline schedule: colored minimum and slot of every microbatch per rank, stage "
+      "and direction, NeMo's closed form for 1F1B with its safety verdict, stock against pooled bytes");
+  auto options = std::make_shared<PlanCommandOptions>();
+  add_schedule_options(*command, options->schedule);
+  command->add_option(
+      "--slack", options->slack,
+      "Extra buffer sets in NeMo's 1F1B closed form max(2, min(M, S - s + slack)) (default 2, as NeMo)");
+  command->add_option("--buffer-bytes", options->buffer_bytes,
+                      "Bytes of one buffer set, for stock and pooled bytes (67108864, 64MiB); without it, sets only");
+  command->add_flag("--json", options->json, "Print a pipeline-plan dump (schemas/pipeline-plan.schema.json)");
+  command->callback([options, command] {
+    pipeline::PlanOptions plan_options;
+    plan_options.slack = static_cast<int>(
+        parse_whole_number("--slack", options->slack, 0, 1 << 20, "extra buffer sets beyond the in-flight depth"));
+    if (command->count("--buffer-bytes") > 0) plan_options.buffer_bytes = parse_buffer_bytes(options->buffer_bytes);
+    const LoadedSchedule loaded = load_schedule(options->schedule);
+    plan_options.schedule_name = loaded.name;
+    plan_options.lowering = loaded.lowering;
+    try {
+      const pipeline::PipelinePlan plan = pipeline::plan_receive_buffers(loaded.lowered, plan_options);
+      std::cout << (options->json ? pipeline::plan_to_json(plan) : pipeline::format_plan(plan));
+    } catch (const pipeline::PlanError& e) {
+      throw InputError(e.what());
+    }
+    std::cout.flush();
+  });
+}
+
+}  // namespace remat::report
