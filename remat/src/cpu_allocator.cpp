@@ -34,15 +34,15 @@ class TaggingCpuAllocator final : public c10::Allocator {
 // Priority high enough to replace LibTorch's default CPU allocator.
 constexpr std::uint8_t kPriority = 100;
 
-TaggingCpuAllocator& tagging_cpu_allocator() {
-  static auto* instance = new TaggingCpuAllocator();  // tensors may outlive every guard
-  return *instance;
-}
-
 }  // namespace
 
+c10::Allocator* tagging_cpu_allocator() {
+  static auto* instance = new TaggingCpuAllocator();  // tensors may outlive every guard
+  return instance;
+}
+
 CpuAllocatorGuard::CpuAllocatorGuard() : previous_(c10::GetCPUAllocator()) {
-  c10::SetCPUAllocator(&tagging_cpu_allocator(), kPriority);
+  c10::SetCPUAllocator(tagging_cpu_allocator(), kPriority);
 }
 
 CpuAllocatorGuard::~CpuAllocatorGuard() { c10::SetCPUAllocator(previous_, kPriority); }

@@ -24,6 +24,10 @@ class CpuAllocatorGuard {
   c10::Allocator* previous_;
 };
 
+// LibTorch's CPU allocator interface over the tagging allocator, for code that allocates
+// through it explicitly (at::detail::empty_generic) whether or not a guard is in force.
+c10::Allocator* tagging_cpu_allocator();
+
 // Requested bytes currently live (CPU tensors through the guard, plus every device
 // allocator) whose region equals `region_prefix` or is nested under it: "layers.0" covers
 // "layers.0::attention" but not "layers.01". An empty prefix covers everything.

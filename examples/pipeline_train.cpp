@@ -1,0 +1,169 @@
+// Pipeline-parallel training of a small model on CPU ranks over Gloo, with receive buffers
+// pooled into the plan's rings (or stock, one set per microbatch), optionally with activation
+// checkpointing inside every stage. Run it under a launcher:
+//
+//   remat-launch --nproc 4 -- remat-pipeline-train --schedule 1f1b --microbatches 16
+//
+// Rank 3 prints the loss of every step; every rank prints its receive-buffer memory as the
+// tagging allocator counts it (by receive slot) beside the plan, and writes its snapshot to
+// --out/snapshot-rank<r>.json for `remat-report memory --by slot`.
+
+#include "pipeline_model.hpp"
+
+#include <remat/alloc/allocator.hpp>
+#include <remat/alloc/bytes.hpp>
+#include <remat/alloc/snapshot.hpp>
+#include <remat/pipeline/generators.hpp>
+#include <remat/pipeline/lowering.hpp>
+#include <remat/pipeline/receive_memory.hpp>
+
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+using namespace remat::pipeline;
+
+struct Options {
+  std::string schedule = "1f1b";
+  std::optional<int> virtual_stages;
+  int microbatches = 8;
+  BufferMode buffers = BufferMode::pooled;
+  bool checkpoint = false;
+  int steps = 3;
+  int slack = 2;
+  std::int64_t width = 64;
+  std::int64_t rows = 4;
+  double learning_rate = 0.1;
+  int timeout_s = 60;
+  std::string out_dir = "pipeline-out";
+};
+
+int parse_int(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  int value = 0;
+  try {
+    value = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || used == 0) throw std::invalid_argument(flag + " '" + text + "' is not a whole number");
+  return value;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--schedule") options.schedule = next();
+    else if (arg == "--virtual-stages") options.virtual_stages = parse_int(arg, next());
+    else if (arg == "--microbatches") options.microbatches = parse_int(arg, next());
+    else if (arg == "--steps") options.steps = parse_int(arg, next());
+    else if (arg == "--slack") options.slack = parse_int(arg, next());
+    else if (arg == "--width") options.width = parse_int(arg, next());
+    else if (arg == "--rows") options.rows = parse_int(arg, next());
+    else if (arg == "--timeout") options.timeout_s = parse_int(arg, next());
+    else if (arg == "--out") options.out_dir = next();
+    else if (arg == "--checkpoint") options.checkpoint = true;
+    else if (arg == "--buffers") {
+      const std::string mode = next();
+      if (mode != "pooled" && mode != "stock") throw std::invalid_argument("--buffers is pooled or stock, not " + mode);
+      options.buffers = mode == "pooled" ? BufferMode::pooled : BufferMode::stock;
+    } else {
+      throw std::invalid_argument(
+          "unknown option " + arg +
+          "; options: --schedule NAME --virtual-stages V --microbatches M --buffers pooled|stock --checkpoint "
+          "--steps N --slack K --width W --rows R --timeout S --out DIR");
+    }
+  }
+  if (options.steps < 1 || options.width < 1 || options.rows < 1 || options.timeout_s < 1) {
+    throw std::invalid_argument("--steps, --width, --rows and --timeout must be at least 1");
+  }
+  return options;
+}
+
+int run(const Options& options) {
+  const remat::CpuAllocatorGuard tagged_cpu_tensors;
+  const LaunchEnvironment environment = read_launch_environment();
+  auto communicator = Communicator::connect(environment, {.timeout = std::chrono::seconds(options.timeout_s)});
+  const int rank = communicator->rank();
+
+  const auto kind = parse_schedule_kind(options.schedule);
+  if (!kind) throw std::invalid_argument("unknown schedule '" + options.schedule + "'");
+  const Schedule lowered = lower_schedule(
+      generate_schedule(*kind, {communicator->world_size(), options.virtual_stages, options.microbatches}));
+  const pipeline_example::ModelShape shape{options.width, options.rows, lowered.num_stages(), options.microbatches};
+
+  std::vector<pipeline_example::ToyStage> stages;
+  std::vector<StageModule> modules;
+  std::vector<at::Tensor> parameters;
+  for (int s = 0; s < lowered.num_stages(); ++s) {
+    if (lowered.stage_to_rank[static_cast<std::size_t>(s)] != rank) continue;
+    stages.push_back(pipeline_example::ToyStage::make(s, options.width));
+    modules.push_back(stages.back().module(options.checkpoint));
+    for (const auto& p : stages.back().parameters()) parameters.push_back(p);
+  }
+  RuntimeOptions runtime_options;
+  runtime_options.schedule_name = options.schedule;
+  runtime_options.buffers = options.buffers;
+  runtime_options.slack = options.slack;
+  runtime_options.activation_shape = {options.rows, options.width};
+  PipelineRuntime pipeline(communicator, lowered, runtime_options, std::move(modules), pipeline_example::mean_squared_error);
+
+  const bool last_here = lowered.stage_to_rank.back() == rank;
+  for (int step = 0; step < options.steps; ++step) {
+    const auto batch = pipeline_example::make_batch(shape, step);
+    pipeline_example::zero_grads(parameters);
+    const auto started = std::chrono::steady_clock::now();
+    const auto losses = pipeline.step(batch.inputs, batch.targets);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    pipeline_example::sgd_step(parameters, options.learning_rate);
+    if (last_here) {
+      double total = 0;
+      for (const auto& loss : losses) total += loss.item<double>();
+      std::printf("step %d: loss %.6f (%.1f ms)\n", step, total / static_cast<double>(losses.size()), ms);
+    }
+  }
+
+  for (const auto& usage : live_receive_buffers()) {
+    const auto& entry = pipeline.plan().entries;
+    int planned = 0;
+    for (const auto& e : entry) {
+      if (e.stage == usage.stage && e.direction == usage.direction) planned = e.ring_size.value_or(0);
+    }
+    std::printf("stage %d %s receive buffers: %d sets, %s (plan: ring of %d, stock: %d)\n", usage.stage,
+                std::string(to_string(usage.direction)).c_str(), usage.sets,
+                remat::alloc::format_bytes(usage.bytes).c_str(), planned, options.microbatches);
+  }
+  std::filesystem::create_directories(options.out_dir);
+  const std::string path = options.out_dir + "/snapshot-rank" + std::to_string(rank) + ".json";
+  remat::alloc::write_snapshot(remat::alloc::cpu_allocator().snapshot(), path);
+  std::printf("wrote %s\n", path.c_str());
+  communicator->barrier();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  at::set_num_threads(1);  // several ranks share this machine's cores
+  try {
+    return run(parse_options(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // Exit at once: the other ranks see the connections close and fail instead of waiting.
+    std::_Exit(1);
+  }
+}

@@ -1,0 +1,192 @@
+#include <remat/pipeline/communicator.hpp>
+#include <remat/pipeline/errors.hpp>
+
+#include "runtime/nccl_backend.hpp"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <charconv>
+#include <cstdlib>
+#include <limits>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace remat::pipeline {
+namespace {
+
+constexpr std::string_view kHowToLaunch =
+    "start the job with remat-launch --nproc N -- PROGRAM (one machine) or torchrun, which set "
+    "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT";
+
+std::optional<std::string> environment_value(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+int environment_int(const char* name, int min, int max, std::optional<int> fallback) {
+  const auto text = environment_value(name);
+  if (!text) {
+    if (fallback) return *fallback;
+    throw RuntimeError(std::string(name) + " is not set; " + std::string(kHowToLaunch));
+  }
+  int value = 0;
+  const char* end = text->data() + text->size();
+  const auto [ptr, error] = std::from_chars(text->data(), end, value);
+  if (error != std::errc() || ptr != end || value < min || value > max) {
+    throw RuntimeError(std::string(name) + "='" + text->substr(0, 64) + "' is not a whole number in " +
+                       std::to_string(min) + ".." + std::to_string(max) + "; " + std::string(kHowToLaunch));
+  }
+  return value;
+}
+
+// c10's errors carry a C++ backtrace in what(); a user needs the message.
+std::string message_of(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
+  return error.what();
+}
+
+bool is_loopback(const std::string& address) {
+  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
+}
+
+}  // namespace
+
+LaunchEnvironment read_launch_environment() {
+  LaunchEnvironment environment;
+  environment.world_size = environment_int("WORLD_SIZE", 1, 1 << 20, std::nullopt);
+  environment.rank = environment_int("RANK", 0, environment.world_size - 1, std::nullopt);
+  environment.local_rank = environment_int("LOCAL_RANK", 0, 1 << 20, environment.rank);
+  environment.master_addr = environment_value("MASTER_ADDR").value_or("127.0.0.1");
+  if (environment.master_addr.empty()) throw RuntimeError("MASTER_ADDR is empty; " + std::string(kHowToLaunch));
+  environment.master_port = environment_int("MASTER_PORT", 1, 65535, std::nullopt);
+  if (environment_value("REMAT_MASTER_LISTEN_FD") && environment.rank == 0) {
+    environment.master_listen_fd =
+        environment_int("REMAT_MASTER_LISTEN_FD", 0, std::numeric_limits<int>::max(), std::nullopt);
+  }
+  environment.agent_store = environment_value("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  return environment;
+}
+
+struct Transfer::State {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor tensor;  // kept alive until the transfer completes
+  std::string what;   // "receive from rank 2 (tag 17)"
+  std::chrono::milliseconds timeout;
+};
+
+void Transfer::wait() {
+  if (!state_) return;
+  const auto state = std::move(state_);
+  try {
+    state->work->wait(state->timeout);
+  } catch (const std::exception& e) {
+    throw RuntimeError(state->what + " failed: " + message_of(e) +
+                       " (the peer rank exited, failed or did not reach this transfer within " +
+                       std::to_string(state->timeout.count()) + " ms; see its output)");
+  }
+}
+
+struct Communicator::Impl {
+  LaunchEnvironment environment;
+  CommunicatorOptions options;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+
+std::shared_ptr<Communicator> Communicator::connect(const LaunchEnvironment& environment,
+                                                    const CommunicatorOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->environment = environment;
+  impl->options = options;
+  const std::string where = environment.master_addr + ":" + std::to_string(environment.master_port);
+
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(environment.master_port);
+  store_options.isServer = environment.rank == 0 && !environment.agent_store;
+  store_options.numWorkers = environment.world_size;
+  store_options.timeout = options.timeout;
+  if (store_options.isServer && environment.master_listen_fd) store_options.masterListenFd = environment.master_listen_fd;
+  try {
+    impl->store = c10::make_intrusive<c10d::TCPStore>(environment.master_addr, store_options);
+  } catch (const std::exception& e) {
+    throw RuntimeError(
+        "rank " + std::to_string(environment.rank) +
+        (store_options.isServer ? " could not serve the rendezvous store on " : " could not reach the rendezvous store at ") +
+        where + ": " + message_of(e) + "; if the port is in use pick another MASTER_PORT (remat-launch picks a free one), and " +
+        "check that all WORLD_SIZE=" + std::to_string(environment.world_size) + " ranks start within " +
+        std::to_string(options.timeout.count()) + " ms");
+  }
+
+  try {
+    if (options.backend == CommBackend::nccl) {
+      impl->backend = detail::make_nccl_backend(impl->store, environment.rank, environment.world_size, options.timeout);
+    } else {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+      if (const auto interface = environment_value("GLOO_SOCKET_IFNAME")) {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(*interface));
+      } else if (is_loopback(environment.master_addr)) {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      } else {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, environment.rank,
+                                                                 environment.world_size, gloo_options);
+    }
+  } catch (const RuntimeError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RuntimeError("rank " + std::to_string(environment.rank) + " could not join the process group of " +
+                       std::to_string(environment.world_size) + " ranks through " + where + ": " + message_of(e) +
+                       "; check that WORLD_SIZE matches the number of ranks started");
+  }
+  return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+int Communicator::rank() const { return impl_->environment.rank; }
+int Communicator::world_size() const { return impl_->environment.world_size; }
+CommBackend Communicator::backend() const { return impl_->options.backend; }
+
+namespace {
+
+Transfer start_transfer(c10d::Backend& backend, bool sending, const at::Tensor& tensor, int peer, int tag,
+                        std::chrono::milliseconds timeout) {
+  auto state = std::make_shared<Transfer::State>();
+  state->tensor = tensor;
+  state->timeout = timeout;
+  state->what = std::string(sending ? "send to rank " : "receive from rank ") + std::to_string(peer) + " (tag " +
+                std::to_string(tag) + ")";
+  std::vector<at::Tensor> tensors{tensor};
+  try {
+    state->work = sending ? backend.send(tensors, peer, tag) : backend.recv(tensors, peer, tag);
+  } catch (const std::exception& e) {
+    throw RuntimeError(state->what + " could not start: " + message_of(e));
+  }
+  return Transfer(std::move(state));
+}
+
+}  // namespace
+
+Transfer Communicator::send(const at::Tensor& tensor, int peer, int tag) {
+  return start_transfer(*impl_->backend, true, tensor, peer, tag, impl_->options.timeout);
+}
+
+Transfer Communicator::receive(const at::Tensor& tensor, int peer, int tag) {
+  return start_transfer(*impl_->backend, false, tensor, peer, tag, impl_->options.timeout);
+}
+
+void Communicator::barrier() {
+  try {
+    impl_->backend->barrier()->wait(impl_->options.timeout);
+  } catch (const std::exception& e) {
+    throw RuntimeError("rank " + std::to_string(rank()) + ": barrier failed: " + message_of(e) +
+                       " (another rank exited or failed; see its output)");
+  }
+}
+
+}  // namespace remat::pipeline

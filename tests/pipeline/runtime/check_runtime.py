@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Multi-process checks of the pipeline runtime: real ranks over Gloo on 127.0.0.1, started by
+remat-launch with a free port, every run bounded by a timeout and every child reaped.
+
+    check_runtime.py --launcher remat-launch --worker pipeline_check CASE [worker options]
+
+CASE: parity, undersized, unguarded, kill, stall, world-size, wrong-stages, port-in-use.
+"""
+
+import argparse
+import re
+import socket
+import subprocess
+import sys
+import time
+
+RUN_TIMEOUT_S = 240
+
+
+def launch(args, nproc, worker_args, extra=(), timeout=RUN_TIMEOUT_S):
+    command = [args.launcher, "--nproc", str(nproc), "--timeout", str(timeout - 20), *extra, "--",
+               args.worker, *worker_args]
+    started = time.monotonic()
+    # remat-launch reaps its ranks itself; the outer timeout only guards against the launcher.
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    elapsed = time.monotonic() - started
+    output = result.stdout + result.stderr
+    print(f"$ {' '.join(command)}\n(exit {result.returncode} after {elapsed:.1f} s)\n{output}")
+    return result.returncode, output, elapsed
+
+
+def expect(condition, message):
+    if not condition:
+        print(f"FAILED: {message}")
+        sys.exit(1)
+
+
+def rank_lines(output, rank, word):
+    return [line for line in output.splitlines() if line.startswith(f"[rank {rank}] rank {rank}: {word}")]
+
+
+def check_parity(args, worker_args):
+    code, output, _ = launch(args, args.nproc, ["--check", "parity", *worker_args])
+    expect(code == 0, "every rank passes")
+    for rank in range(args.nproc):
+        expect(rank_lines(output, rank, "PASS"), f"rank {rank} reports PASS")
+        expect(rank_lines(output, rank, "parity: ") and "DIFFER" not in "".join(rank_lines(output, rank, "parity")),
+               f"rank {rank}: stock and pooled runs are bitwise equal")
+        for line in rank_lines(output, rank, "sets: "):
+            tagged, planned = map(int, re.search(r"tagged (\d+), planned (\d+)", line).groups())
+            expect(tagged == planned, f"rank {rank}: tagged sets equal the plan: {line}")
+
+
+def check_undersized(args, worker_args):
+    code, output, _ = launch(args, args.nproc, ["--check", "undersized", *worker_args])
+    expect(code == 0, "ranks report and exit cleanly")
+    errors = re.findall(r"ownership error: (.*)", output)
+    expect(errors, "at least one rank raises the ownership error")
+    for message in errors:
+        expect(re.search(r"stage \d+ [FB] receive slot \d+ \(of \d+\) is needed by microbatch \d+ while microbatch \d+ "
+                         r"still holds it", message), f"the error names stage, direction, slot and both microbatches: {message}")
+    expect("completed without an ownership error" not in output or errors, "the clash is caught")
+
+
+def check_unguarded(args, worker_args):
+    code, output, _ = launch(args, args.nproc, ["--check", "unguarded", *worker_args])
+    expect(code == 0, "the unguarded run completes")
+    expect("differs from stock" in output, "with the guard off, an undersized ring changes the results")
+
+
+def check_kill(args, worker_args):
+    die_rank = 2
+    code, output, elapsed = launch(args, args.nproc,
+                                   ["--check", "kill", "--die-rank", str(die_rank), "--timeout", "20", *worker_args],
+                                   extra=["--grace", "90"], timeout=150)
+    expect(code != 0, "the job fails")
+    expect(f"remat-launch: rank {die_rank} was killed by signal 9" in output, "the killed rank is reported")
+    for rank in range(args.nproc):
+        if rank == die_rank:
+            continue
+        expect(rank_lines(output, rank, "failed: "), f"rank {rank} fails on its own, with an error")
+        expect(f"remat-launch: rank {rank} exited with status 1" in output, f"rank {rank} exits with status 1")
+    expect("did not exit within --grace" not in output, "no rank had to be stopped by the launcher")
+    expect(elapsed < 60, f"the others fail within the transfer timeout (took {elapsed:.1f} s)")
+
+
+def check_stall(args, worker_args):
+    stalled_rank = 1
+    code, output, elapsed = launch(args, args.nproc,
+                                   ["--check", "kill", "--die-rank", str(stalled_rank), "--die-signal", "STOP",
+                                    "--timeout", "10", *worker_args], extra=["--grace", "5"], timeout=150)
+    expect(code != 0, "the job fails")
+    for rank in range(args.nproc):
+        if rank != stalled_rank:
+            expect(rank_lines(output, rank, "failed: "), f"rank {rank} fails on its own when its transfers time out")
+    expect(f"remat-launch: rank {stalled_rank} was killed by signal 9" in output,
+           "the launcher stops the stalled rank after the grace period")
+    expect(elapsed < 60, f"the job ends within the transfer timeout plus the grace period (took {elapsed:.1f} s)")
+
+
+def check_world_size(args, worker_args):
+    code, output, _ = launch(args, 2, ["--check", "fit", "--schedule-ranks", "4", *worker_args])
+    expect(code == 1, "the job fails")
+    expect("the schedule has 4 ranks but the job has WORLD_SIZE=2" in output, "the error names both counts")
+
+
+def check_wrong_stages(args, worker_args):
+    code, output, _ = launch(args, args.nproc, ["--check", "fit", "--wrong-stages", *worker_args])
+    expect(code == 1, "the job fails")
+    expect(re.search(r"rank 0 runs stages \{0\} of this schedule \(\d+ stages over \d+ ranks\) but was given stages \{1\}",
+                     output), "the error names the stages expected and given")
+
+
+def check_port_in_use(args, worker_args):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, output, _ = launch(args, 2, ["--check", "fit", *worker_args], extra=["--master-port", str(port)], timeout=60)
+        expect(code == 2, "remat-launch refuses a port in use")
+        expect(f"port {port} on 127.0.0.1 is in use" in output, "the message names the port")
+        # A rank started by another launcher with that port: the store cannot be served.
+        env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PATH": "/usr/bin"}
+        result = subprocess.run([args.worker, "--check", "fit", "--timeout", "5", *worker_args], env=env,
+                                capture_output=True, text=True, timeout=60)
+        print(result.stdout + result.stderr)
+        expect(result.returncode == 1, "the rank fails")
+        expect(f"could not serve the rendezvous store on 127.0.0.1:{port}" in result.stdout, "the error names the address")
+
+
+CASES = {
+    "parity": check_parity,
+    "undersized": check_undersized,
+    "unguarded": check_unguarded,
+    "kill": check_kill,
+    "stall": check_stall,
+    "world-size": check_world_size,
+    "wrong-stages": check_wrong_stages,
+    "port-in-use": check_port_in_use,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--launcher", required=True)
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("case", choices=sorted(CASES))
+    args, worker_args = parser.parse_known_args()
+    CASES[args.case](args, worker_args)
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()
