@@ -5,14 +5,16 @@
 //   remat-launch --nproc 4 -- remat-pipeline-train --schedule 1f1b --microbatches 16
 //
 // Rank 3 prints the loss of every step; every rank prints its receive-buffer memory as the
-// tagging allocator counts it (by receive slot) beside the plan, and writes its snapshot to
-// --out/snapshot-rank<r>.json for `remat-report memory --by slot`.
+// tagging allocator counts it (by receive slot) beside the plan, and writes its snapshot and
+// trace to --out/snapshot-rank<r>.json and trace-rank<r>.jsonl (`remat-report memory --by slot`
+// shows the rings), with --checkpoint also remat-trace-rank<r>.json (regions per rank).
 
 #include "pipeline_model.hpp"
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/bytes.hpp>
 #include <remat/alloc/snapshot.hpp>
+#include <remat/diagnostics.hpp>
 #include <remat/pipeline/generators.hpp>
 #include <remat/pipeline/lowering.hpp>
 #include <remat/pipeline/receive_memory.hpp>
@@ -146,9 +148,14 @@ int run(const Options& options) {
                 remat::alloc::format_bytes(usage.bytes).c_str(), planned, options.microbatches);
   }
   std::filesystem::create_directories(options.out_dir);
-  const std::string path = options.out_dir + "/snapshot-rank" + std::to_string(rank) + ".json";
-  remat::alloc::write_snapshot(remat::alloc::cpu_allocator().snapshot(), path);
-  std::printf("wrote %s\n", path.c_str());
+  const std::string prefix = options.out_dir + "/";
+  const std::string suffix = "-rank" + std::to_string(rank);
+  const auto snapshot = remat::alloc::cpu_allocator().snapshot();
+  remat::alloc::write_snapshot(snapshot, prefix + "snapshot" + suffix + ".json");
+  remat::alloc::write_trace(snapshot, prefix + "trace" + suffix + ".jsonl");
+  if (options.checkpoint) remat::write_dump(prefix + "remat-trace" + suffix + ".json", remat::collect_trace().to_json());
+  std::printf("wrote %ssnapshot%s.json, trace%s.jsonl%s\n", prefix.c_str(), suffix.c_str(), suffix.c_str(),
+              options.checkpoint ? (" and remat-trace" + suffix + ".json").c_str() : "");
   communicator->barrier();
   return 0;
 }

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine, builds, and runs the demos on the CPU host backend (no GPU
-# needed): the allocator through a training-like pattern, then a small model trained on CPU
-# with activation checkpointing; renders what they wrote with remat-report.
+# needed): the allocator through a training-like pattern, a small model trained on CPU
+# with activation checkpointing, and a model split over 4 pipeline ranks with pooled receive
+# buffers; renders what they wrote with remat-report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-TARGETS="remat-alloc-demo remat-report $(test -d remat && echo remat-train-demo)" \
+TARGETS="remat-alloc-demo remat-report remat_launch $(test -d remat && echo remat-train-demo remat-pipeline-train)" \
   bash scripts/build.sh >/dev/null
 out=${DEMO_OUT:-demo-out}
 build_dir=${BUILD_DIR:-build}
@@ -29,4 +30,13 @@ if [ -x "$build_dir/examples/remat-train-demo" ]; then
   "$report" memory "$out/train/snapshot.json" --by region --top 8
   "$report" timeline "$out/train/trace.jsonl" -o "$out/train/timeline.svg" --by region
   echo "timeline: $out/train/timeline.svg"
+fi
+
+if [ -x "$build_dir/examples/remat-pipeline-train" ]; then
+  echo
+  echo "== pipeline: 4 ranks over Gloo on 127.0.0.1, 1F1B, 16 microbatches, pooled receive buffers =="
+  "$build_dir/remat-launch" --nproc 4 --timeout 300 -- "$build_dir/examples/remat-pipeline-train" \
+    --schedule 1f1b --microbatches 16 --checkpoint --out "$out/pipeline"
+  "$report" memory "$out/pipeline/snapshot-rank1.json" --by slot
+  "$report" plan --schedule 1f1b --ranks 4 --microbatches 16 --buffer-bytes 1KiB
 fi

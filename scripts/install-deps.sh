@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build ccache git
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libsimdjson-dev
+  libgloo-dev  # headers for c10d's Gloo process group (the torch wheel ships its library only)
   python3 python3-jsonschema python3-venv
   chromium  # renders remat-report's timeline pictures in the tests
 )
