@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Seeds a fuzz corpus with real dumps and small variants of them.
-# usage: make_corpus.sh OUT_DIR [dump|trace|config]
+# usage: make_corpus.sh OUT_DIR [dump|trace|config|pipeline]
 #   dump  (default) whole dumps of every kind, for fuzz_dump_reader
 #   trace           event lines without their header, for fuzz_trace_reader
 #   config          allocator configuration texts, for fuzz_config
+#   pipeline        PyTorch's schedule CSVs behind a form byte, for fuzz_pipeline_csv
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: make_corpus.sh OUT_DIR [dump|trace|config]}
+out=${1:?usage: make_corpus.sh OUT_DIR [dump|trace|config|pipeline]}
 target=${2:-dump}
 mkdir -p "$out"
 data=$here/../tests/cli/data
+
+if [ "$target" = pipeline ]; then
+  # Byte 0 picks the form: '0' compute_only, '1' compute_comms (lowered files).
+  for csv in "$here"/../tests/pipeline/reference/*.csv; do
+    name=$(basename "$csv" .csv)
+    case $name in index | grid) continue ;; esac
+    form=0
+    case $name in *lowered* | *comms* | *runtime*) form=1 ;; esac
+    { printf '%s' "$form"; cat "$csv"; } > "$out/$name.bin"
+  done
+  exit 0
+fi
 
 if [ "$target" = config ]; then
   printf '%s' 'backend:host,host_capacity_mb:64,max_split_size_mb:40,memory_fraction:0.5,trace_entries:128' > "$out"/every-number.txt

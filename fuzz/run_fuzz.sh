@@ -8,7 +8,7 @@ build=${1:?usage: run_fuzz.sh BUILD_DIR [SECONDS] [TARGET...]}
 seconds=${2:-600}
 shift $(($# < 2 ? $# : 2))
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_dump_reader fuzz_trace_reader fuzz_config)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_dump_reader fuzz_trace_reader fuzz_pipeline_csv fuzz_config)
 mkdir -p "$build/fuzz-artifacts"
 status=0
 for target in "${targets[@]}"; do
@@ -16,6 +16,7 @@ for target in "${targets[@]}"; do
     fuzz_dump_reader) seeds=dump ;;
     fuzz_trace_reader) seeds=trace ;;
     fuzz_config) seeds=config ;;
+    fuzz_pipeline_csv) seeds=pipeline ;;
     *) seeds= ;;  # a target without seeds starts from an empty corpus
   esac
   corpus=$build/fuzz-corpus/$target
