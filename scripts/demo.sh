@@ -25,8 +25,8 @@ if [ -x "$build_dir/examples/remat-train-demo" ]; then
   echo
   echo "== checkpoint runtime: 4 checkpointed layers trained on CPU =="
   "$build_dir/examples/remat-train-demo" --out "$out/train"
-  "$report" summary "$out/train/remat-trace.json" | head -n 8
-  "$report" summary "$out/train/saved-report.json" | head -n 4
+  "$report" summary "$out/train/remat-trace.json" | sed -n '1,8p'
+  "$report" summary "$out/train/saved-report.json" | sed -n '1,4p'
   "$report" memory "$out/train/snapshot.json" --by region --top 8
   "$report" timeline "$out/train/trace.jsonl" -o "$out/train/timeline.svg" --by region
   echo "timeline: $out/train/timeline.svg"
