@@ -46,6 +46,7 @@ struct SaveRegionRecord {
   std::vector<at::Tensor> outputs;  // held during forward; afterwards only the persisted ones
   std::vector<bool> persisted;
   std::vector<std::any> state_after;  // state hook snapshots after the region ran
+  std::shared_ptr<void> annotation;   // the caller's, see run_region
 };
 
 // What verify_recompute compares: an exact hash of the bytes, plus sums that say how large
@@ -113,6 +114,9 @@ struct ThreadState {
   int save_region = -1;  // the save region whose body runs now (forward only)
   bool in_region = false;
   const std::string* region = nullptr;  // name of the region whose body runs now
+  // Saved-tensor hooks on PyTorch's stack (Python's saved_tensors_hooks) when this forward or
+  // recompute began: hooks pushed inside the body take the tensors saved under them.
+  std::size_t user_hooks_depth = 0;
 };
 
 ThreadState& thread_state();

@@ -9,6 +9,7 @@
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
+#include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
@@ -25,8 +26,24 @@ using alloc::Phase;
 using alloc::Policy;
 using alloc::TagScope;
 
-// Thrown from the pack hook once recompute has recreated every tensor backward needs.
-struct StopRecompute {};
+// Thrown from the pack hook once recompute has recreated every tensor backward needs. A
+// std::exception, so that a layer between the hook and recompute (PyTorch's Python bindings,
+// when the body is a Python function) turns it into an error of its own instead of unwinding
+// through code that does not expect a foreign exception; recompute then ends the same way.
+struct StopRecompute : std::exception {
+  const char* what() const noexcept override { return "remat: recompute stopped early"; }
+};
+
+// Saved-tensor hooks pushed on PyTorch's stack (Python's saved_tensors_hooks; always 0 in a
+// C++ program).
+std::size_t user_hooks_depth() { return at::SavedTensorDefaultHooks::get_tls_state().stack.size(); }
+
+// Hooks the user pushed inside the checkpoint's body, and tracing (which defers hooks to
+// runtime), take precedence over the checkpoint's own.
+bool user_hooks_win(const ThreadState& state) {
+  const auto& hooks = at::SavedTensorDefaultHooks::get_tls_state();
+  return hooks.is_tracing || hooks.stack.size() > state.user_hooks_depth;
+}
 
 thread_local ThreadState t_state;
 
@@ -181,8 +198,10 @@ class RematEngine final : public torch::autograd::Engine {
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     const ThreadState& state = t_state;
-    if (state.frame != nullptr && state.mode != Mode::none) return std::make_unique<SavedHooks>(t_frame_owner, state);
-    if (saved_tracking_enabled()) return std::make_unique<TrackingHooks>();
+    if (state.frame != nullptr && state.mode != Mode::none && !user_hooks_win(state)) {
+      return std::make_unique<SavedHooks>(t_frame_owner, state);
+    }
+    if (saved_tracking_enabled() && user_hooks_depth() == 0) return std::make_unique<TrackingHooks>();
     return delegate_.get_default_saved_variable_hooks();
   }
 
@@ -201,6 +220,16 @@ class RematEngine final : public torch::autograd::Engine {
 
   std::unique_ptr<torch::autograd::AnomalyMetadata> make_anomaly_metadata() override {
     return delegate_.make_anomaly_metadata();
+  }
+
+  void thread_on_exception(const std::shared_ptr<torch::autograd::GraphTask>& graph_task,
+                           const std::shared_ptr<torch::autograd::Node>& fn, std::exception& e) override {
+    delegate_.thread_on_exception(graph_task, fn, e);
+  }
+
+  void thread_init(int device, const std::shared_ptr<torch::autograd::ReadyQueue>& ready_queue,
+                   bool should_increment) override {
+    delegate_.thread_init(device, ready_queue, should_increment);
   }
 
  private:
@@ -362,7 +391,7 @@ void Frame::recompute() {
 
   {
     FrameOwnerScope owner(shared_from_this());
-    ThreadStateScope scope({this, Mode::recompute, -1, false, nullptr});
+    ThreadStateScope scope({this, Mode::recompute, -1, false, nullptr, user_hooks_depth()});
     ContextScope context_scope(contexts, /*recompute=*/true);
     auto region_tag = TagScope::region(options.region_name);
     auto phase_tag = TagScope::phase(Phase::recompute);
@@ -372,10 +401,13 @@ void Frame::recompute() {
     } catch (const StopRecompute&) {
       // Every tensor backward needs exists: the rest of the body need not run.
     } catch (const std::exception& e) {
+      // The stop, as a layer between the hook and here rethrew it (PyTorch's Python bindings,
+      // for a Python body).
+      const bool stopped = missing == 0 && stop_early;
       auto placeholder_read = placeholder_error_of(e);
       // Work after the last needed tensor that built no graph node (so no early stop was
       // planned) may read a placeholder; its results are discarded anyway.
-      if (!placeholder_read || missing != 0) {
+      if (!stopped && (!placeholder_read || missing != 0)) {
         restore_states(hooks, outer);
         if (placeholder_read) throw Error(*placeholder_read);
         throw;
@@ -404,6 +436,11 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   if (options.region_name.empty()) {
     throw Error("checkpoint region_name is empty; name the checkpoint, e.g. {.region_name = \"layers.0\"}");
   }
+  if (!at::SavedTensorDefaultHooks::is_enabled()) {
+    // torch.func transforms, for one, disable saved-tensor hooks: checkpoints rely on them.
+    throw Error("checkpoint '" + options.region_name + "' cannot run here: " +
+                at::SavedTensorDefaultHooks::get_disabled_error_message().value_or("saved-tensor hooks are disabled"));
+  }
   if (!at::GradMode::is_enabled()) {
     // Nothing will run backward: run once and register nothing.
     auto region_tag = TagScope::region(options.region_name);
@@ -427,7 +464,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   TensorList outputs;
   {
     FrameOwnerScope owner(frame);
-    ThreadStateScope scope({frame.get(), Mode::forward, -1, false, nullptr});
+    ThreadStateScope scope({frame.get(), Mode::forward, -1, false, nullptr, user_hooks_depth()});
     ContextScope context_scope(frame->contexts, /*recompute=*/false);
     ReadObserver observer(*frame);
     auto region_tag = TagScope::region(options.region_name);
@@ -453,7 +490,8 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   return outputs;
 }
 
-TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs) {
+TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs,
+                      std::shared_ptr<void>* annotation) {
   ThreadState& state = t_state;
   if (state.mode == Mode::none) {
     return body(inputs);  // outside a checkpoint a region is just its body
@@ -478,6 +516,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
       for (std::size_t i = 0; i < index; ++i) save_index += frame.regions[i].saved ? 1 : 0;
       const SaveRegionRecord& record = frame.save_regions[static_cast<std::size_t>(save_index)];
       restore_states(frame.options.recompute_state_hooks, record.state_after);
+      if (annotation != nullptr) *annotation = record.annotation;
       TensorList out;
       for (std::size_t o = 0; o < record.metas.size(); ++o) {
         if (record.outputs[o].defined()) {
@@ -530,6 +569,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     record.outputs = outputs;
     record.persisted.assign(outputs.size(), false);
     record.state_after = snapshot_states(frame.options.recompute_state_hooks);
+    if (annotation != nullptr) record.annotation = *annotation;
     frame.save_regions.push_back(std::move(record));
   }
   return outputs;

@@ -50,7 +50,10 @@ using FlatFunction = std::function<TensorList(const TensorList&)>;
 namespace detail {
 
 TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, TensorList inputs);
-TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs);
+// `annotation`, when given, is kept with a save region's record in forward and handed back in
+// recompute, where the body is skipped (the Python binding keeps its result's structure there).
+TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs,
+                      std::shared_ptr<void>* annotation = nullptr);
 
 // Inputs and outputs: a tensor, or one level of tuple or vector of tensors.
 template <typename T>

@@ -1,0 +1,109 @@
+"""The runtime's autograd engine chains to PyTorch's: Python's saved-tensor hooks, anomaly
+mode and torch.utils.checkpoint keep working around and inside checkpoints, and a Python
+exception raised in recompute reaches the caller of backward() as itself."""
+
+import pytest
+import torch
+import torch.utils.checkpoint
+
+import remat
+
+
+def block(w1, w2):
+    def body(x):
+        h = remat.region(lambda t: torch.tanh(t @ w1), "attention", recompute=False)(x)
+        return remat.region(lambda t: torch.tanh(t @ w2), "mlp")(h)
+
+    return body
+
+
+def weights(n=16):
+    return torch.randn(n, n, requires_grad=True), torch.randn(n, n, requires_grad=True)
+
+
+def grads_of(loss, tensors):
+    return torch.autograd.grad(loss, tensors)
+
+
+def test_gradients_are_bitwise_those_without_checkpointing():
+    w1, w2 = weights()
+    x = torch.randn(4, 16, requires_grad=True)
+    with_checkpoint = grads_of(remat.checkpoint(block(w1, w2), x, region_name="layers.0").sum(), (w1, w2, x))
+    without = grads_of(block(w1, w2)(x).sum(), (w1, w2, x))
+    for a, b in zip(with_checkpoint, without):
+        assert torch.equal(a, b)
+
+
+def test_python_exception_in_recompute_reaches_backward_with_its_traceback():
+    w1, _ = weights()
+    calls = []
+
+    def body(x):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("raised in recompute")
+        return torch.tanh(x @ w1)
+
+    y = remat.checkpoint(body, torch.randn(4, 16, requires_grad=True), region_name="failing")
+    with pytest.raises(ValueError, match="raised in recompute") as raised:
+        y.sum().backward()
+    assert any(entry.name == "body" for entry in raised.traceback)
+
+
+def test_detect_anomaly_metadata_inside_and_outside_checkpoints():
+    w1, w2 = weights()
+    x = torch.randn(4, 16, requires_grad=True)
+    with torch.autograd.detect_anomaly():
+        inside = remat.checkpoint(lambda t: torch.tanh(t @ w1) * 2, x, region_name="anomaly")
+        outside = torch.tanh(inside @ w2)
+        assert isinstance(inside.grad_fn.metadata, dict)
+        assert isinstance(outside.grad_fn.metadata, dict)
+        outside.sum().backward()
+    assert w1.grad is not None and w2.grad is not None
+
+
+def test_saved_tensors_hooks_pushed_inside_a_checkpoint_take_the_tensors_saved_under_them():
+    w1, _ = weights()
+    packed = []
+
+    def body(x):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):
+            return torch.tanh(x @ w1)
+
+    x = torch.randn(4, 16, requires_grad=True)
+    y = remat.checkpoint(body, x, region_name="user-hooks")
+    assert packed, "the user's pack hook saw the tensors saved under it"
+    y.sum().backward()
+    assert torch.equal(w1.grad, grads_of(torch.tanh(x @ w1).sum(), (w1,))[0])
+
+
+def test_save_on_cpu_around_checkpoints_still_packs_what_is_saved_outside_them():
+    w1, w2 = weights()
+    x = torch.randn(4, 16, requires_grad=True)
+    with torch.autograd.graph.save_on_cpu():
+        h = remat.checkpoint(lambda t: torch.tanh(t @ w1), x, region_name="under-save-on-cpu")
+        y = torch.tanh(h @ w2)
+    y.sum().backward()
+    expected = grads_of(torch.tanh(torch.tanh(x @ w1) @ w2).sum(), (w1, w2))
+    assert torch.equal(w1.grad, expected[0]) and torch.equal(w2.grad, expected[1])
+
+
+def test_beside_torch_utils_checkpoint_in_one_model():
+    w1, w2 = weights()
+    x = torch.randn(4, 16, requires_grad=True)
+    h = remat.checkpoint(lambda t: torch.tanh(t @ w1), x, region_name="ours")
+    y = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(t @ w2), h, use_reentrant=False)
+    got = grads_of(y.sum(), (w1, w2, x))
+    expected = grads_of(torch.tanh(torch.tanh(x @ w1) @ w2).sum(), (w1, w2, x))
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+
+
+def test_torch_func_refuses_checkpoints_with_its_own_message():
+    w1, _ = weights()
+
+    def f(x):
+        return remat.checkpoint(lambda t: torch.tanh(t @ w1.detach()), x, region_name="under-func").sum()
+
+    with pytest.raises(RuntimeError, match="checkpoint 'under-func' cannot run here"):
+        torch.func.grad(f)(torch.randn(4, 16))
