@@ -8,7 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libsimdjson-dev
   libgloo-dev  # headers for c10d's Gloo process group (the torch wheel ships its library only)
-  python3 python3-jsonschema python3-venv
+  python3 python3-dev python3-jsonschema python3-venv
   chromium  # renders remat-report's timeline pictures in the tests
 )
 
@@ -30,18 +30,19 @@ fi
 # PyTorch from the PyPI wheel torch==2.11.0, with its dependencies (about 4.6 GB, mostly
 # NVIDIA libraries): the checkpoint runtime links LibTorch from it, and the Python tests run
 # against the real torch (which imports on a machine without a GPU). scikit-build-core
-# builds the pip package.
+# builds the pip package; pytest runs the checkpoint runtime's Python tests.
 python=${PYTHON:-python3}
 if "$python" - <<'PY' 2>/dev/null
 import importlib.metadata as metadata
 import sys
+import pytest
 import torch
 ok = torch.__version__.startswith("2.11.0") and metadata.version("scikit-build-core") >= "0.10"
 sys.exit(0 if ok else 1)
 PY
 then
-  echo "install-deps: torch 2.11.0 and scikit-build-core present"
+  echo "install-deps: torch 2.11.0, scikit-build-core and pytest present"
 else
-  echo "install-deps: installing torch==2.11.0 with its dependencies and scikit-build-core from PyPI"
-  "$python" -m pip install --quiet --disable-pip-version-check torch==2.11.0 "scikit-build-core>=0.10"
+  echo "install-deps: installing torch==2.11.0 with its dependencies, scikit-build-core and pytest from PyPI"
+  "$python" -m pip install --quiet --disable-pip-version-check torch==2.11.0 "scikit-build-core>=0.10" pytest
 fi

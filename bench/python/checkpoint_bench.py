@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The checkpoint runtime from Python against torch.utils.checkpoint (non-reentrant) and
+against no checkpointing, on the same model in one run.
+
+The model is a chain of checkpoints over [4]-element tensors, so each implementation's own
+cost dominates; every checkpoint runs K ops that each save a tensor for backward. Forward and
+backward are timed separately (thread CPU time, median over rounds that alternate the modes).
+Per checkpoint: (mode - none) / checkpoints at K = 1. Per saved tensor: the slope between
+K = 1 and K = 9, per checkpoint, beyond what the same ops cost without checkpointing.
+
+    PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
+        python3 bench/python/checkpoint_bench.py [--rounds 41] [--checkpoints 50]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.utils.checkpoint
+
+import remat
+
+
+def body_of(k, weight):
+    def body(x):
+        for _ in range(k):
+            x = torch.tanh(x * weight)  # saves its input and output
+        return x
+
+    return body
+
+
+def model(mode, checkpoints, k, weights, x):
+    for i in range(checkpoints):
+        body = body_of(k, weights[i])
+        if mode == "none":
+            x = body(x)
+        elif mode == "torch":
+            x = torch.utils.checkpoint.checkpoint(body, x, use_reentrant=False)
+        else:
+            x = remat.checkpoint(body, x, region_name=f"layers.{i}")
+    return x.sum()
+
+
+def measure(mode, checkpoints, k, weights):
+    x = torch.randn(4, requires_grad=True)
+    started = time.thread_time_ns()
+    loss = model(mode, checkpoints, k, weights, x)
+    forward = time.thread_time_ns() - started
+    started = time.thread_time_ns()
+    loss.backward()
+    backward = time.thread_time_ns() - started
+    remat.collect_trace()  # keeps the runtime's trace from growing across rounds
+    return forward, backward
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=41)
+    parser.add_argument("--checkpoints", type=int, default=50)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    modes = ["none", "torch", "remat"]
+    depths = [1, 9]
+    weights = [torch.randn(4, requires_grad=True) for _ in range(args.checkpoints)]
+    samples = {(mode, k): ([], []) for mode in modes for k in depths}
+    for round_index in range(args.rounds + 2):  # two warm-up rounds
+        order = modes[round_index % 3:] + modes[:round_index % 3]
+        for k in depths:
+            for mode in order:
+                forward, backward = measure(mode, args.checkpoints, k, weights)
+                if round_index >= 2:
+                    samples[(mode, k)][0].append(forward)
+                    samples[(mode, k)][1].append(backward)
+    us = {key: (statistics.median(f) / 1e3, statistics.median(b) / 1e3) for key, (f, b) in samples.items()}
+
+    n = args.checkpoints
+    print(f"{n} checkpoints over [4]-element tensors, median of {args.rounds} rounds (thread CPU time)\n")
+    print(f"{'mode':<8}{'K':>3}{'forward us':>13}{'backward us':>13}")
+    for mode in modes:
+        for k in depths:
+            f, b = us[(mode, k)]
+            print(f"{mode:<8}{k:>3}{f:>13.1f}{b:>13.1f}")
+    print()
+    for phase, index in (("forward", 0), ("backward", 1)):
+        none1, none9 = us[("none", 1)][index], us[("none", 9)][index]
+        figures = {}
+        for mode in ("torch", "remat"):
+            per_checkpoint = (us[(mode, 1)][index] - none1) / n
+            per_saved = ((us[(mode, 9)][index] - none9) - (us[(mode, 1)][index] - none1)) / n / (2 * 8)
+            figures[mode] = (per_checkpoint, per_saved)
+            print(f"{phase:<9} {mode:<6} {per_checkpoint:7.2f} us per checkpoint, {per_saved:6.2f} us per saved tensor "
+                  "beyond no checkpointing")
+        ratio = figures["remat"][0] / figures["torch"][0] if figures["torch"][0] > 0 else float("nan")
+        print(f"{phase:<9} remat/torch per checkpoint: {ratio:.2f}x (target < 1)\n")
+
+
+if __name__ == "__main__":
+    main()
