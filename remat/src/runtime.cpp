@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <unordered_set>
@@ -46,6 +47,8 @@ bool user_hooks_win(const ThreadState& state) {
 }
 
 thread_local ThreadState t_state;
+
+std::atomic<BackwardErrorTranslator> g_backward_error_translator{nullptr};
 
 void verify(const Frame& frame, std::size_t index, const at::Tensor& recreated) {
   const Fingerprint& forward = frame.fingerprints[index];
@@ -142,7 +145,12 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
 
   at::Tensor call_unpack_hook() override {
     if (kept_.defined()) return kept_;
-    return frame_->take_recreated(index_);
+    try {
+      return frame_->take_recreated(index_);
+    } catch (const Error& e) {
+      if (const auto translate = g_backward_error_translator.load()) translate(e);
+      throw;
+    }
   }
 
  private:
@@ -311,6 +319,8 @@ std::string full_region_name(const Frame& frame, const std::string& name) {
 }  // namespace
 
 ThreadState& thread_state() { return t_state; }
+
+void set_backward_error_translator(BackwardErrorTranslator translator) { g_backward_error_translator = translator; }
 
 FrameOwnerScope::FrameOwnerScope(std::shared_ptr<Frame> frame) : previous_(std::exchange(t_frame_owner, std::move(frame))) {}
 FrameOwnerScope::~FrameOwnerScope() { t_frame_owner = std::move(previous_); }

@@ -50,6 +50,13 @@ using FlatFunction = std::function<TensorList(const TensorList&)>;
 namespace detail {
 
 TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, TensorList inputs);
+// Called with an Error the runtime raises in backward (recompute, reached from autograd's
+// unpack of a saved tensor), before it propagates into the autograd engine; it may throw
+// another exception in its place (the Python extension throws one that PyTorch's engine
+// re-raises as remat.RematError). Null: the Error propagates as it is.
+using BackwardErrorTranslator = void (*)(const Error& error);
+void set_backward_error_translator(BackwardErrorTranslator translator);
+
 // `annotation`, when given, is kept with a save region's record in forward and handed back in
 // recompute, where the body is skipped (the Python binding keeps its result's structure there).
 TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs,

@@ -113,6 +113,10 @@ def checkpoint(fn, *args, region_name="checkpoint", recompute_state_hooks=(), co
     """
     if not callable(fn):
         raise TypeError(f"checkpoint: fn must be callable, got {type(fn).__name__}")
+    if "preserve_rng_state" in kwargs:
+        # torch.utils.checkpoint's option; passed on, fn would fail with a TypeError that hides the alternative.
+        raise RematError(f"checkpoint '{region_name}': preserve_rng_state is not supported; pass "
+                         "recompute_state_hooks=[remat.cpu_rng_state_hook()] (or your own remat.RecomputeStateHook)")
     if verify_recompute is None:
         verify_recompute = getattr(_defaults, "verify_recompute", False)
     return _C.checkpoint(fn, tuple(args), dict(kwargs), region_name, list(recompute_state_hooks), list(contexts),

@@ -88,6 +88,16 @@ py::object run(const py::object& fn, const py::tuple& args, const py::dict& kwar
   return (*result)->rebuild(outputs);
 }
 
+PyObject* g_remat_error = nullptr;  // remat.RematError, for the lifetime of the process
+
+[[noreturn]] void raise_remat_error(const Error& error) {
+  py::gil_scoped_acquire gil;
+  PyErr_SetString(g_remat_error, error.what());
+  python_error raised;
+  raised.persist();
+  throw raised;
+}
+
 // A C++ guard as a Python context manager.
 template <typename Guard>
 void bind_guard(py::module_& m, const char* name, const char* doc) {
@@ -117,7 +127,11 @@ PYBIND11_MODULE(_C, m) {
       e.restore();
     }
   });
-  static py::exception<Error> remat_error(m, "RematError", PyExc_RuntimeError);
+  // The runtime's errors are remat.RematError, a RuntimeError: in forward (nested checkpoints,
+  // duplicate region names, ...) through pybind11, in backward (a placeholder read, a
+  // verify_recompute mismatch) as a Python error PyTorch's engine raises again as it is.
+  g_remat_error = py::register_local_exception<Error>(m, "RematError", PyExc_RuntimeError).ptr();
+  detail::set_backward_error_translator(&raise_remat_error);
 
   m.def(
       "checkpoint",

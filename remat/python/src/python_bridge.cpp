@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <string_view>
 #include <utility>
 
 namespace remat::python {
@@ -37,7 +38,12 @@ bool all_tensors(const py::sequence& items) {
   return true;
 }
 
-std::string type_name(const py::handle& value) { return py::str(py::type::handle_of(value).attr("__name__")); }
+// "an int", "a tuple": the value's type as a message names it.
+std::string type_name(const py::handle& value) {
+  const std::string name = py::str(py::type::handle_of(value).attr("__name__"));
+  const bool vowel = !name.empty() && std::string_view("aeiouAEIOU").find(name.front()) != std::string_view::npos;
+  return (vowel ? "an " : "a ") + name;
+}
 
 }  // namespace
 
@@ -96,8 +102,8 @@ ResultStructure ResultStructure::of(const py::handle& result, TensorList& output
   }
   throw py::type_error(fn_name + " must return a tensor, or a tuple or list of tensors; it returned " +
                        (py::isinstance<py::sequence>(result) && !py::isinstance<py::str>(result)
-                            ? "a " + type_name(result) + " holding something other than tensors (or nothing)"
-                            : "a " + type_name(result)));
+                            ? type_name(result) + " holding something other than tensors (or nothing)"
+                            : type_name(result)));
 }
 
 py::object ResultStructure::rebuild(const TensorList& outputs) const {
@@ -160,7 +166,7 @@ class PythonContext final : public CheckpointContext {
 std::shared_ptr<RecomputeStateHook> python_state_hook(py::object hook) {
   for (const char* method : {"snapshot", "restore"}) {
     if (!py::hasattr(hook, method)) {
-      throw py::type_error("recompute_state_hooks: a " + type_name(hook) + " has no " + method +
+      throw py::type_error("recompute_state_hooks: " + type_name(hook) + " has no " + method +
                            "(); subclass remat.RecomputeStateHook and define snapshot() and restore(state)");
     }
   }
@@ -169,7 +175,7 @@ std::shared_ptr<RecomputeStateHook> python_state_hook(py::object hook) {
 
 CheckpointContextFactory python_context_factory(py::object factory) {
   if (!PyCallable_Check(factory.ptr())) {
-    throw py::type_error("contexts: a " + type_name(factory) +
+    throw py::type_error("contexts: " + type_name(factory) +
                          " is not a context factory; pass a remat.RecomputeReplay or a callable returning an object "
                          "with enter_forward/exit_forward/enter_recompute/exit_recompute");
   }

@@ -1,0 +1,183 @@
+"""Misuse a user will really write, and the errors that say what was wrong and how to fix it:
+nesting, duplicate names, a body that takes another path in recompute, bad arguments and
+results, and torch.utils.checkpoint's options."""
+
+import re
+
+import pytest
+import torch
+
+import remat
+
+
+def exact(message):
+    return "^" + re.escape(message) + "$"
+
+
+def test_duplicate_region_names_are_a_remat_error():
+    def body(t):
+        a = remat.region(lambda u: u * 2.0, "same")(t)
+        return remat.region(lambda u: u * 3.0, "same")(a)
+
+    with pytest.raises(remat.RematError, match=exact(
+            "region 'same' appears twice in checkpoint 'dup'; region names must be unique within a checkpoint")):
+        remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="dup")
+
+
+def test_a_region_inside_a_region_is_a_remat_error():
+    def body(t):
+        return remat.region(lambda u: remat.region(lambda v: v * 2.0, "inner")(u), "outer_region")(t)
+
+    with pytest.raises(remat.RematError, match=exact(
+            "region 'inner' is nested inside another region of checkpoint 'nested.regions'; regions do not nest: "
+            "split the work into consecutive regions")):
+        remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="nested.regions")
+
+
+def test_a_checkpoint_inside_a_checkpoint_is_a_remat_error():
+    def body(t):
+        return remat.checkpoint(lambda u: u * 2.0, t, region_name="inner")
+
+    with pytest.raises(remat.RematError, match=exact(
+            "checkpoint 'inner' is nested inside checkpoint 'outer'; checkpoints do not nest: use regions inside one "
+            "checkpoint")):
+        remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="outer")
+
+
+def test_after_a_misuse_error_the_next_checkpoint_runs_normally():
+    x = torch.rand(3, requires_grad=True)
+    with pytest.raises(remat.RematError):
+        remat.checkpoint(lambda t: remat.checkpoint(torch.exp, t, region_name="inner"), x, region_name="failed")
+    assert remat.is_recomputing() is False
+    loss = remat.checkpoint(lambda t: remat.region(lambda u: u.exp().sum(), "r")(t), x, region_name="after-error")
+    loss.backward()
+    assert torch.equal(x.grad, x.detach().exp())
+    assert [s.name for s in remat.collect_trace().scopes] == ["after-error"]
+
+
+def test_recompute_reaching_another_region_than_forward_is_a_remat_error_naming_both():
+    def body(t):
+        name = "in_recompute" if remat.is_recomputing() else "in_forward"
+        return remat.region(lambda u: u.exp(), name)(t).sum()
+
+    loss = remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="diverge.regions")
+    with pytest.raises(remat.RematError, match=exact(
+            "recompute of checkpoint 'diverge.regions' reached region 'in_recompute' where forward ran 'in_forward'; "
+            "the body must take the same path in recompute as in forward")):
+        loss.backward()
+
+
+def test_recompute_saving_fewer_tensors_than_forward_names_both_counts():
+    def body(t):
+        h = t.exp()
+        if not remat.is_recomputing():
+            h = h.sin()  # a second saved tensor, only in forward
+        return h.sum()
+
+    loss = remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="diverge.saved")
+    with pytest.raises(RuntimeError, match=exact(
+            "recompute of checkpoint 'diverge.saved' recreated 1 saved tensors but forward saved 2; the body must take "
+            "the same path in recompute as in forward (branch on remat::is_recomputing() only for work autograd does "
+            "not save)")):
+        loss.backward()
+
+
+def test_errors_the_runtime_raises_in_backward_are_remat_errors():
+    probe_body = lambda t: (remat.region(lambda u: u * 2.0, "p", recompute=False)(t) * 5.0).exp().sum()  # noqa: E731
+    loss = remat.checkpoint(probe_body, torch.rand(2, requires_grad=True), region_name="backward.error-type")
+    with pytest.raises(remat.RematError):
+        loss.backward()
+
+
+def test_preserve_rng_state_is_refused_with_the_state_hook_alternative():
+    with pytest.raises(remat.RematError, match=exact(
+            "checkpoint 'rng': preserve_rng_state is not supported; pass recompute_state_hooks="
+            "[remat.cpu_rng_state_hook()] (or your own remat.RecomputeStateHook)")):
+        remat.checkpoint(lambda t: t * 2.0, torch.rand(2, requires_grad=True), region_name="rng",
+                         preserve_rng_state=True)
+
+
+def test_an_empty_checkpoint_name_is_a_remat_error():
+    with pytest.raises(remat.RematError, match="^checkpoint region_name is empty"):
+        remat.checkpoint(lambda t: t * 2.0, torch.rand(2, requires_grad=True), region_name="")
+
+
+def test_an_empty_region_name_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match=exact('region: name each region, e.g. region(fn, "attention")')):
+        remat.region(lambda t: t, "")
+
+
+def test_tensor_keyword_arguments_are_refused_naming_the_keyword():
+    x = torch.rand(2, requires_grad=True)
+    w = torch.rand(2)
+
+    def scaled(t, weight=None):
+        return t * weight
+
+    with pytest.raises(TypeError, match=exact(
+            "checkpoint 'kw' (test_tensor_keyword_arguments_are_refused_naming_the_keyword.<locals>.scaled): tensor "
+            "keyword argument 'weight'; pass tensors positionally so that they are the inputs recompute runs on")):
+        remat.checkpoint(scaled, x, weight=w, region_name="kw")
+    with pytest.raises(TypeError, match=r"^region 'r' \(.*scaled\): tensor keyword argument 'weight'"):
+        remat.checkpoint(lambda t: remat.region(scaled, "r")(t, weight=w), x, region_name="kw.region")
+
+
+def returns_a_string(t):
+    return "not a tensor"
+
+
+def returns_a_mixed_tuple(t):
+    return t * 2.0, 3
+
+
+@pytest.mark.parametrize("fn, returned", [
+    (returns_a_string, "a str"),
+    (returns_a_mixed_tuple, "a tuple holding something other than tensors (or nothing)"),
+    (lambda t: [], "a list holding something other than tensors (or nothing)"),
+    (lambda t: 3, "an int"),
+    (lambda t: {"out": t}, "a dict"),
+], ids=["str", "mixed-tuple", "empty-list", "int", "dict"])
+def test_a_bad_return_is_a_type_error_naming_the_function_and_what_it_returned(fn, returned):
+    with pytest.raises(TypeError) as raised:
+        remat.checkpoint(fn, torch.rand(2, requires_grad=True), region_name="bad-return")
+    assert str(raised.value) == (f"checkpoint 'bad-return' ({fn.__qualname__}) must return a tensor, or a tuple or "
+                                 f"list of tensors; it returned {returned}")
+
+
+def test_a_regions_bad_return_names_the_region_and_its_function():
+    x = torch.rand(2, requires_grad=True)
+    with pytest.raises(TypeError, match=exact(
+            "region 'head' (returns_a_string) must return a tensor, or a tuple or list of tensors; it returned a str")):
+        remat.checkpoint(lambda t: remat.region(returns_a_string, "head")(t), x, region_name="bad-region-return")
+
+
+def test_fn_that_is_not_callable_is_a_type_error():
+    with pytest.raises(TypeError, match=exact("checkpoint: fn must be callable, got Tensor")):
+        remat.checkpoint(torch.rand(2), torch.rand(2))
+    with pytest.raises(TypeError, match=exact("region 'r': fn must be callable, got int")):
+        remat.region(3, "r")
+
+
+def test_a_state_hook_without_snapshot_and_restore_is_a_type_error():
+    with pytest.raises(TypeError, match=exact(
+            "recompute_state_hooks: an object has no snapshot(); subclass remat.RecomputeStateHook and define "
+            "snapshot() and restore(state)")):
+        remat.checkpoint(lambda t: t * 2.0, torch.rand(2, requires_grad=True), region_name="bad-hook",
+                         recompute_state_hooks=[object()])
+
+
+def test_a_context_that_is_not_a_factory_is_a_type_error():
+    with pytest.raises(TypeError, match=exact(
+            "contexts: an int is not a context factory; pass a remat.RecomputeReplay or a callable returning an object "
+            "with enter_forward/exit_forward/enter_recompute/exit_recompute")):
+        remat.checkpoint(lambda t: t * 2.0, torch.rand(2, requires_grad=True), region_name="bad-context",
+                         contexts=[3])
+
+
+def test_a_python_exception_in_forward_reaches_the_caller_as_itself():
+    def body(t):
+        raise KeyError("raised in forward")
+
+    with pytest.raises(KeyError, match="raised in forward"):
+        remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="forward-raises")
+    assert remat.is_recomputing() is False

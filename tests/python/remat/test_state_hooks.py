@@ -1,0 +1,164 @@
+"""Recompute state hooks: snapshot at checkpoint entry and after each save region, restored at
+the matching points in recompute, and the state backward had put back afterwards; with the
+RNG in a hook, dropout gives bitwise the gradients it gives without checkpointing."""
+
+import pytest
+import torch
+
+import remat
+from transformer_block import Block, assert_bitwise_equal, gradients
+
+
+def dropout_reference(block, x):
+    """Gradients of the block with dropout 0.3 and no checkpointing, from seed 7."""
+    torch.manual_seed(7)
+    block.forward(x, dropout=0.3).pow(2).sum().backward()
+    return gradients(block, x)
+
+
+def run_dropout_checkpoint(block, x, name, hooks):
+    torch.manual_seed(7)
+
+    def body(t):
+        y = remat.region(block.attention, "attention", recompute=False)(t)
+        return remat.region(lambda u: block.mlp(u, 0.3), "mlp")(y)
+
+    out = remat.checkpoint(body, x, region_name=name, recompute_state_hooks=hooks)
+    torch.rand(3)  # the caller moves the generator on before backward
+    out.pow(2).sum().backward()
+    return gradients(block, x)
+
+
+class TorchRngHook(remat.RecomputeStateHook):
+    """The CPU generator's state through PyTorch's Python API."""
+
+    def snapshot(self):
+        return torch.get_rng_state()
+
+    def restore(self, state):
+        torch.set_rng_state(state)
+
+
+def test_dropout_with_cpu_rng_state_hook_gives_bitwise_equal_gradients():
+    block = Block()
+    x = torch.randn(2, 6, 16, requires_grad=True)
+    expected = dropout_reference(block, x)
+    actual = run_dropout_checkpoint(block, x, "hooks.dropout.native", [remat.cpu_rng_state_hook()])
+    assert_bitwise_equal(actual, expected)
+
+
+def test_dropout_with_a_python_state_hook_subclass_gives_bitwise_equal_gradients():
+    block = Block()
+    x = torch.randn(2, 6, 16, requires_grad=True)
+    expected = dropout_reference(block, x)
+    actual = run_dropout_checkpoint(block, x, "hooks.dropout.python", [TorchRngHook()])
+    assert_bitwise_equal(actual, expected)
+
+
+def test_without_a_hook_dropout_in_recompute_draws_a_different_mask():
+    block = Block()
+    x = torch.randn(2, 6, 16, requires_grad=True)
+    expected = dropout_reference(block, x)
+    actual = run_dropout_checkpoint(block, x, "hooks.dropout.none", [])
+    assert not torch.equal(actual[8], expected[8])  # w1 sees a different mask
+
+
+def test_rng_hook_leaves_the_generator_where_backward_found_it():
+    x = torch.rand(64, requires_grad=True)
+    out = remat.checkpoint(lambda t: torch.nn.functional.dropout(t.exp(), 0.5, training=True).sum(), x,
+                           region_name="hooks.generator-after", recompute_state_hooks=[remat.cpu_rng_state_hook()])
+    torch.manual_seed(123)
+    state_before_backward = torch.get_rng_state()
+    out.backward()
+    assert torch.equal(torch.get_rng_state(), state_before_backward)
+
+
+class CounterHook(remat.RecomputeStateHook):
+    """Counts through a shared list so the test sees every snapshot and restore."""
+
+    def __init__(self, state, events):
+        self.state = state
+        self.events = events
+
+    def snapshot(self):
+        self.events.append(f"snapshot {self.state[0]}")
+        return self.state[0]
+
+    def restore(self, value):
+        self.state[0] = value
+        self.events.append(f"restore {value}")
+
+
+def test_snapshots_at_entry_and_after_save_regions_restore_them_in_recompute_then_put_the_outer_state_back():
+    counter = [0]
+    events = []
+    seen_in_recompute = []
+    x = torch.rand(4, requires_grad=True)
+
+    def saved(t):
+        counter[0] += 10
+        return t * 2.0
+
+    def body(t):
+        counter[0] += 1  # 1
+        a = remat.region(saved, "saved", recompute=False)(t)
+        if remat.is_recomputing():
+            seen_in_recompute.append(counter[0])
+        counter[0] += 100
+        return remat.region(lambda u: u.exp().sum(), "recomputed")(a)
+
+    out = remat.checkpoint(body, x, region_name="hooks.counter", recompute_state_hooks=[CounterHook(counter, events)])
+    assert counter[0] == 111
+    counter[0] = 5000  # state at recompute time, which recompute must leave as it found it
+    out.backward()
+    assert counter[0] == 5000
+    assert seen_in_recompute == [11]  # restored to the state after "saved"
+    assert events == ["snapshot 0", "snapshot 11", "snapshot 5000", "restore 0", "restore 11", "restore 5000"]
+    assert torch.equal(x.grad, (x.detach() * 2.0).exp() * 2.0)
+
+
+def test_an_object_with_snapshot_and_restore_works_without_subclassing():
+    class Duck:
+        def __init__(self):
+            self.value = 1
+            self.restored = []
+
+        def snapshot(self):
+            return self.value
+
+        def restore(self, state):
+            self.restored.append(state)
+            self.value = state
+
+    duck = Duck()
+    x = torch.rand(4, requires_grad=True)
+    out = remat.checkpoint(lambda t: t.exp().sum(), x, region_name="hooks.duck", recompute_state_hooks=[duck])
+    duck.value = 2
+    out.backward()
+    assert duck.restored == [1, 2]  # forward's state for recompute, then backward's back
+    assert duck.value == 2
+
+
+def test_a_subclass_that_defines_no_snapshot_fails_at_checkpoint_entry_naming_itself():
+    class Incomplete(remat.RecomputeStateHook):
+        pass
+
+    x = torch.rand(4, requires_grad=True)
+    with pytest.raises(NotImplementedError, match=r"^Incomplete must define snapshot\(\)$"):
+        remat.checkpoint(lambda t: t.exp().sum(), x, region_name="hooks.incomplete",
+                         recompute_state_hooks=[Incomplete()])
+
+
+def test_is_recomputing_is_true_only_while_recompute_runs_the_body():
+    seen = []
+    x = torch.rand(4, requires_grad=True)
+
+    def body(t):
+        seen.append(remat.is_recomputing())
+        return t.exp().sum()
+
+    out = remat.checkpoint(body, x, region_name="hooks.is-recomputing")
+    assert remat.is_recomputing() is False
+    out.backward()
+    assert seen == [False, True]
+    assert remat.is_recomputing() is False
