@@ -107,3 +107,34 @@ def test_torch_func_refuses_checkpoints_with_its_own_message():
 
     with pytest.raises(RuntimeError, match="checkpoint 'under-func' cannot run here"):
         torch.func.grad(f)(torch.randn(4, 16))
+
+
+def test_save_on_cpu_inside_a_checkpoint_gives_the_same_gradients():
+    w1, w2 = weights()
+    x = torch.randn(4, 16, requires_grad=True)
+
+    def body(t):
+        h = torch.tanh(t @ w1)
+        with torch.autograd.graph.save_on_cpu():
+            return torch.tanh(h @ w2)
+
+    got = grads_of(remat.checkpoint(body, x, region_name="save-on-cpu-inside").sum(), (w1, w2, x))
+    expected = grads_of(torch.tanh(torch.tanh(x @ w1) @ w2).sum(), (w1, w2, x))
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+
+
+def test_saved_tensors_hooks_around_a_checkpoint_see_only_what_is_saved_outside_it():
+    w1, w2 = weights()
+    x = torch.randn(4, 16, requires_grad=True)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(tuple(t.shape)) or t, lambda t: t):
+        h = remat.checkpoint(lambda t: torch.tanh(t @ w1 * 3.0), x, region_name="hooks-around")
+        inside = len(packed)
+        y = torch.tanh(h @ w2)
+    assert inside == 0, "the checkpoint's own hooks take what its body saves"
+    assert packed, "the user's hooks take what is saved outside the checkpoint"
+    got = grads_of(y.sum(), (w1, w2, x))
+    expected = grads_of(torch.tanh(torch.tanh(x @ w1 * 3.0) @ w2).sum(), (w1, w2, x))
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
