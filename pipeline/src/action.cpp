@@ -87,6 +87,14 @@ std::string_view to_string(ActionType type) {
   return "?";
 }
 
+Action Action::on(int stage, ActionType type, int microbatch) {
+  Action action;
+  action.stage = stage;
+  action.type = type;
+  action.microbatch = microbatch;
+  return action;
+}
+
 bool Action::is_compute() const {
   return type == ActionType::forward || type == ActionType::full_backward || type == ActionType::backward_input ||
          type == ActionType::backward_weight || type == ActionType::overlap_f_b;

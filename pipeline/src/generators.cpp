@@ -188,14 +188,6 @@ Schedule generate_schedule(ScheduleKind kind, const ScheduleShape& shape) {
 
 namespace detail {
 
-Action compute_action(int stage, ActionType type, int microbatch) {
-  Action action;
-  action.stage = stage;
-  action.type = type;
-  action.microbatch = microbatch;
-  return action;
-}
-
 std::vector<int> loop_stage_to_rank(int ranks, int stages) {
   std::vector<int> out(static_cast<std::size_t>(stages));
   for (int s = 0; s < stages; ++s) out[static_cast<std::size_t>(s)] = s % ranks;

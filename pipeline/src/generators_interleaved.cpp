@@ -82,17 +82,17 @@ RankOrder interleaved_rank_order(const InterleavedPlan& plan, int num_stages) {
   idle(order, plan.rank);
   auto forward = [&](int step) {
     const int stage = plan.forward_stage(step);
-    order.emplace_back(compute_action(stage, ActionType::forward, next_forward[static_cast<std::size_t>(stage)]++));
+    order.emplace_back(Action::on(stage, ActionType::forward, next_forward[static_cast<std::size_t>(stage)]++));
   };
   auto backward = [&](int step) {
     const int stage = plan.backward_stage(step);
-    order.emplace_back(compute_action(stage, backward_type, next_backward[static_cast<std::size_t>(stage)]++));
+    order.emplace_back(Action::on(stage, backward_type, next_backward[static_cast<std::size_t>(stage)]++));
     backward_steps.push_back(step);
   };
   auto weight = [&] {
     const int stage = plan.backward_stage(backward_steps[weights_done++]);
     order.emplace_back(
-        compute_action(stage, ActionType::backward_weight, next_weight[static_cast<std::size_t>(stage)]++));
+        Action::on(stage, ActionType::backward_weight, next_weight[static_cast<std::size_t>(stage)]++));
   };
   auto weight_if_due = [&](int step) {
     if (plan.zero_bubble && step - plan.warmup >= plan.weights_deferred) weight();
@@ -193,13 +193,13 @@ Schedule looped_bfs(int ranks, int virtual_stages, int microbatches) {
     idle(order, rank);
     for (int local = 0; local < virtual_stages; ++local) {
       for (int mb = 0; mb < microbatches; ++mb) {
-        order.emplace_back(compute_action(local * ranks + rank, ActionType::forward, mb));
+        order.emplace_back(Action::on(local * ranks + rank, ActionType::forward, mb));
       }
     }
     idle(order, 2 * (ranks - 1 - rank));
     for (int local = virtual_stages - 1; local >= 0; --local) {
       for (int mb = microbatches - 1; mb >= 0; --mb) {
-        order.emplace_back(compute_action(local * ranks + rank, ActionType::full_backward, mb));
+        order.emplace_back(Action::on(local * ranks + rank, ActionType::full_backward, mb));
       }
     }
   }

@@ -33,9 +33,9 @@ Schedule gpipe(int ranks, int microbatches) {
   for (int rank = 0; rank < ranks; ++rank) {
     RankOrder& order = schedule.ranks[static_cast<std::size_t>(rank)];
     idle(order, rank);
-    for (int mb = 0; mb < microbatches; ++mb) order.emplace_back(compute_action(rank, ActionType::forward, mb));
+    for (int mb = 0; mb < microbatches; ++mb) order.emplace_back(Action::on(rank, ActionType::forward, mb));
     idle(order, 3 * (ranks - 1 - rank));
-    for (int mb = 0; mb < microbatches; ++mb) order.emplace_back(compute_action(rank, ActionType::full_backward, mb));
+    for (int mb = 0; mb < microbatches; ++mb) order.emplace_back(Action::on(rank, ActionType::full_backward, mb));
   }
   return schedule;
 }
@@ -51,17 +51,17 @@ Schedule one_f_one_b(int ranks, int microbatches) {
     const int warmup_forwards = ranks - 1 - rank;
     int next_forward = 0;
     for (; next_forward < warmup_forwards; ++next_forward) {
-      order.emplace_back(compute_action(rank, ActionType::forward, next_forward));
+      order.emplace_back(Action::on(rank, ActionType::forward, next_forward));
     }
     idle(order, 2 * (ranks - 1 - rank));
     int next_backward = 0;
     while (next_forward < microbatches) {
-      order.emplace_back(compute_action(rank, ActionType::forward, next_forward++));
-      order.emplace_back(compute_action(rank, ActionType::full_backward, next_backward++));
+      order.emplace_back(Action::on(rank, ActionType::forward, next_forward++));
+      order.emplace_back(Action::on(rank, ActionType::full_backward, next_backward++));
     }
     while (next_backward < microbatches) {
       order.emplace_back(std::nullopt);
-      order.emplace_back(compute_action(rank, ActionType::full_backward, next_backward++));
+      order.emplace_back(Action::on(rank, ActionType::full_backward, next_backward++));
     }
   }
   return schedule;

@@ -27,7 +27,7 @@ RankOrder zbv_rank_order(int rank, int ranks, int microbatches) {
   const int up = 2 * ranks - 1 - rank;  // the stage on the way back up
   int f_down = 0, f_up = 0, b_down = 0, b_up = 0;
   RankOrder order(static_cast<std::size_t>(rank));
-  auto add = [&](int stage, ActionType type, int mb) { order.emplace_back(compute_action(stage, type, mb)); };
+  auto add = [&](int stage, ActionType type, int mb) { order.emplace_back(Action::on(stage, type, mb)); };
   auto backward_and_weight = [&](int stage, int& counter) {
     add(stage, ActionType::backward_input, counter);
     add(stage, ActionType::backward_weight, counter);
@@ -124,11 +124,11 @@ class DualPipeVRank {
 
   void single(int stage, ActionType type) {
     if (type == ActionType::forward) {
-      order_.emplace_back(compute_action(stage, type, forwards(stage)++));
+      order_.emplace_back(Action::on(stage, type, forwards(stage)++));
       return;
     }
     const int mb = backwards(stage)++;
-    order_.emplace_back(compute_action(stage, type, mb));
+    order_.emplace_back(Action::on(stage, type, mb));
     if (type == ActionType::backward_input) pending_weights_.emplace_back(stage, mb);
   }
 
@@ -136,9 +136,9 @@ class DualPipeVRank {
     Action container;
     container.stage = -1;
     container.type = ActionType::overlap_f_b;
-    container.sub_actions.push_back(compute_action(forward_stage, ActionType::forward, forwards(forward_stage)++));
+    container.sub_actions.push_back(Action::on(forward_stage, ActionType::forward, forwards(forward_stage)++));
     container.sub_actions.push_back(
-        compute_action(backward_stage, ActionType::full_backward, backwards(backward_stage)++));
+        Action::on(backward_stage, ActionType::full_backward, backwards(backward_stage)++));
     order_.emplace_back(std::move(container));
   }
 
@@ -146,7 +146,7 @@ class DualPipeVRank {
     if (pending_weights_.empty()) return;
     const auto [stage, mb] = pending_weights_.front();
     pending_weights_.pop_front();
-    order_.emplace_back(compute_action(stage, ActionType::backward_weight, mb));
+    order_.emplace_back(Action::on(stage, ActionType::backward_weight, mb));
   }
 
   int down_;

@@ -11,14 +11,6 @@ namespace remat::pipeline {
 namespace detail {
 namespace {
 
-Action comm_action(int stage, ActionType type, int microbatch) {
-  Action action;
-  action.stage = stage;
-  action.type = type;
-  action.microbatch = microbatch;
-  return action;
-}
-
 bool is_backward(ActionType type) { return type == ActionType::full_backward || type == ActionType::backward_input; }
 
 // What each rank has done so far, as PyTorch's prev_actions sets: a stage lives on one rank,
@@ -62,7 +54,7 @@ class Progress {
     const int mb = *a.microbatch;
     if (a.type == ActionType::forward) {
       const int from = a.stage - 1;
-      return "its input: " + to_string(comm_action(from, ActionType::forward, mb)) +
+      return "its input: " + to_string(Action::on(from, ActionType::forward, mb)) +
              (rank_of(from) == rank ? " (later on this rank)" : " on rank " + std::to_string(rank_of(from)));
     }
     const int from = a.stage + 1;
@@ -164,9 +156,9 @@ std::vector<RankOrder> add_send_recv(const std::vector<RankOrder>& orders, const
           if (!progress.sends(leaf)) continue;
           const int to_stage = forward ? leaf.stage + 1 : leaf.stage - 1;
           const int to_rank = progress.rank_of(to_stage);
-          lowered[r].push_back(comm_action(leaf.stage, forward ? ActionType::send_f : ActionType::send_b, mb));
+          lowered[r].push_back(Action::on(leaf.stage, forward ? ActionType::send_f : ActionType::send_b, mb));
           lowered[static_cast<std::size_t>(to_rank)].push_back(
-              comm_action(to_stage, forward ? ActionType::recv_f : ActionType::recv_b, mb));
+              Action::on(to_stage, forward ? ActionType::recv_f : ActionType::recv_b, mb));
           progress.set(to_stage, mb, forward ? Progress::forward_received : Progress::backward_received);
           wake(to_rank, rank);
         }

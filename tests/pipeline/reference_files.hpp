@@ -2,6 +2,7 @@
 // The schedules PyTorch 2.11 wrote into tests/pipeline/reference (see make_reference.py there):
 // index.csv's shapes with their files, and grid.csv's digests of many more shapes.
 
+#include <remat/pipeline/csv.hpp>
 #include <remat/pipeline/generators.hpp>
 #include <remat/pipeline/schedule.hpp>
 
@@ -55,6 +56,13 @@ inline std::vector<std::vector<std::string>> cells_of(const Schedule& schedule) 
     rows.push_back(std::move(row));
   }
   return rows;
+}
+
+// What our writer makes of a schedule.
+inline std::string csv_of(const Schedule& schedule) {
+  std::ostringstream out;
+  write_csv(out, schedule);
+  return out.str();
 }
 
 // Lines of a reference table, without its comment line and header, split at commas.

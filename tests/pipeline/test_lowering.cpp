@@ -21,13 +21,8 @@ namespace remat::pipeline {
 namespace {
 
 using testing::cells_of;
+using testing::csv_of;
 using testing::reference_cells;
-
-std::string csv_of(const Schedule& schedule) {
-  std::ostringstream out;
-  write_csv(out, schedule);
-  return out.str();
-}
 
 Schedule from_rows(const std::vector<std::string>& rows, std::vector<int> stage_to_rank, int microbatches) {
   Schedule s;

@@ -8,9 +8,6 @@
 
 namespace remat::pipeline::detail {
 
-// A compute action: stage, F/B/I/W, microbatch.
-Action compute_action(int stage, ActionType type, int microbatch);
-
 // torch.distributed.pipelining._utils.generate_stage_to_rank_mapping: "loop" puts stage s on
 // rank s % ranks; "v" zigzags, so with two stages per rank, rank r holds r and 2R-1-r.
 std::vector<int> loop_stage_to_rank(int ranks, int stages);

@@ -98,6 +98,12 @@ PyObject* g_remat_error = nullptr;  // remat.RematError, for the lifetime of the
   throw raised;
 }
 
+// A report's text (str() and format()) and its dump (to_json()).
+template <typename Report>
+void def_report_text(py::class_<Report> report) {
+  report.def("format", &Report::format).def("to_json", &Report::to_json).def("__str__", &Report::format);
+}
+
 // A C++ guard as a Python context manager.
 template <typename Guard>
 void bind_guard(py::module_& m, const char* name, const char* doc) {
@@ -180,11 +186,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<CheckpointScope>(m, "CheckpointScope")
       .def_readonly("name", &CheckpointScope::name)
       .def_readonly("regions", &CheckpointScope::regions);
-  py::class_<RematTrace>(m, "RematTrace")
-      .def_readonly("scopes", &RematTrace::scopes)
-      .def("format", &RematTrace::format)
-      .def("to_json", &RematTrace::to_json)
-      .def("__str__", &RematTrace::format);
+  def_report_text(py::class_<RematTrace>(m, "RematTrace").def_readonly("scopes", &RematTrace::scopes));
   m.def("collect_trace", &collect_trace, "The checkpoints this thread ran forward since the last call; clears them.");
 
   py::class_<ResidentTensor>(m, "ResidentTensor")
@@ -198,12 +200,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("bytes", &RegionResidency::bytes)
       .def_readonly("storages", &RegionResidency::storages)
       .def_readonly("tensors", &RegionResidency::tensors);
-  py::class_<MemoryReport>(m, "MemoryReport")
-      .def_readonly("checkpoint", &MemoryReport::checkpoint)
-      .def_readonly("regions", &MemoryReport::regions)
-      .def("format", &MemoryReport::format)
-      .def("to_json", &MemoryReport::to_json)
-      .def("__str__", &MemoryReport::format);
+  def_report_text(py::class_<MemoryReport>(m, "MemoryReport")
+                      .def_readonly("checkpoint", &MemoryReport::checkpoint)
+                      .def_readonly("regions", &MemoryReport::regions));
   m.def("current_memory_report", &current_memory_report);
   m.def("format_current_memory_report", &format_current_memory_report);
 
@@ -212,16 +211,13 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("bytes", &SavedGroup::bytes)
       .def_readonly("count", &SavedGroup::count)
       .def_readonly("storages", &SavedGroup::storages);
-  py::class_<SavedReport>(m, "SavedReport")
-      .def_readonly("total_bytes", &SavedReport::total_bytes)
-      .def_readonly("region_bytes", &SavedReport::region_bytes)
-      .def_readonly("outside_bytes", &SavedReport::outside_bytes)
-      .def_readonly("regions", &SavedReport::regions)
-      .def_readonly("region_groups", &SavedReport::region_groups)
-      .def_readonly("node_groups", &SavedReport::node_groups)
-      .def("format", &SavedReport::format)
-      .def("to_json", &SavedReport::to_json)
-      .def("__str__", &SavedReport::format);
+  def_report_text(py::class_<SavedReport>(m, "SavedReport")
+                      .def_readonly("total_bytes", &SavedReport::total_bytes)
+                      .def_readonly("region_bytes", &SavedReport::region_bytes)
+                      .def_readonly("outside_bytes", &SavedReport::outside_bytes)
+                      .def_readonly("regions", &SavedReport::regions)
+                      .def_readonly("region_groups", &SavedReport::region_groups)
+                      .def_readonly("node_groups", &SavedReport::node_groups));
   m.def("saved_report", &saved_report, py::arg("loss"));
   bind_guard<SavedTensorsTracking>(m, "track_saved_tensors",
                                    "Records tensors autograd saves outside checkpoints, for saved_report().");

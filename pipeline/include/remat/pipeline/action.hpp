@@ -34,6 +34,9 @@ struct Action {
   std::optional<int> microbatch;  // absent for UNSHARD, RESHARD, REDUCE_GRAD and containers
   std::vector<Action> sub_actions;  // the actions an OVERLAP_F_B container runs together
 
+  // An action on one microbatch: Action::on(0, ActionType::forward, 1) is "0F1".
+  static Action on(int stage, ActionType type, int microbatch);
+
   // F, B, I, W and OVERLAP_F_B (PyTorch's is_compute_op).
   bool is_compute() const;
   bool operator==(const Action& other) const;
