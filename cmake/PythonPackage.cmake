@@ -5,7 +5,7 @@
 # command.
 add_custom_target(remat_python_package)
 add_dependencies(remat_python_package remat_alloc_shared)
-install(FILES $<TARGET_FILE:remat_alloc_shared> DESTINATION remat_alloc RENAME libremat_alloc.so COMPONENT python)
+install(TARGETS remat_alloc_shared LIBRARY DESTINATION remat_alloc COMPONENT python)
 if(TARGET remat_pluggable)
   add_dependencies(remat_python_package remat_pluggable)
   install(TARGETS remat_pluggable LIBRARY DESTINATION remat_alloc COMPONENT python)

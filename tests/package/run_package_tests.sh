@@ -33,6 +33,15 @@ assert library.parent == package, f"{library} is not inside the installed packag
 assert pathlib.Path(sys.prefix).resolve() in package.parents, f"{package} is not in the virtual environment"
 print(f"remat_alloc {remat_alloc.__file__} loads {library}")
 PY
+# Each installed library finds the project's libraries it needs inside the package itself
+# (LibTorch's are loaded by `import torch` first).
+site_packages=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+for library in "$site_packages"/remat_alloc/*.so "$site_packages"/remat/*.so; do
+  [ -e "$library" ] || continue
+  if ldd "$library" | grep 'libremat.*not found'; then
+    echo "$library cannot find the project's libraries inside the installed package"; exit 1
+  fi
+done
 test -x "$work/venv/bin/remat-report" || { echo "the package installed no remat-report command"; exit 1; }
 PATH=$work/venv/bin:$PATH remat-report --help > /dev/null
 PATH=$work/venv/bin:$PATH "$venv_python" -m unittest discover -v -s "$source_dir/tests/python" -p 'test_*.py'
