@@ -20,6 +20,7 @@
 #include <remat/pipeline/receive_memory.hpp>
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include <chrono>
 #include <cstdio>
@@ -97,13 +98,14 @@ Options parse_options(int argc, char** argv) {
 int run(const Options& options) {
   const remat::CpuAllocatorGuard tagged_cpu_tensors;
   const LaunchEnvironment environment = read_launch_environment();
-  auto communicator = Communicator::connect(environment, {.timeout = std::chrono::seconds(options.timeout_s)});
-  const int rank = communicator->rank();
-
+  // The schedule before the rendezvous: a shape it refuses fails every rank alike, before any
+  // waits on a rank that already exited.
   const auto kind = parse_schedule_kind(options.schedule);
   if (!kind) throw std::invalid_argument("unknown schedule '" + options.schedule + "'");
   const Schedule lowered = lower_schedule(
-      generate_schedule(*kind, {communicator->world_size(), options.virtual_stages, options.microbatches}));
+      generate_schedule(*kind, {environment.world_size, options.virtual_stages, options.microbatches}));
+  auto communicator = Communicator::connect(environment, {.timeout = std::chrono::seconds(options.timeout_s)});
+  const int rank = communicator->rank();
   const pipeline_example::ModelShape shape{options.width, options.rows, lowered.num_stages(), options.microbatches};
 
   std::vector<pipeline_example::ToyStage> stages;
@@ -167,7 +169,9 @@ int main(int argc, char** argv) {
   try {
     return run(parse_options(argc, argv));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    // c10's errors carry a C++ backtrace in what(); the message is what a user needs.
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::fprintf(stderr, "error: %s\n", c10_error != nullptr ? c10_error->what_without_backtrace() : e.what());
     std::fflush(stdout);
     std::fflush(stderr);
     // Exit at once: the other ranks see the connections close and fail instead of waiting.

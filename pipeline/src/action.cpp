@@ -139,6 +139,7 @@ std::optional<Action> parse_action(std::string_view text) {
       if (!part.empty()) container.sub_actions.push_back(parse_single(part, whole));
       inner = semicolon == std::string_view::npos ? std::string_view{} : inner.substr(semicolon + 1);
     }
+    if (container.sub_actions.empty()) malformed(whole, "an OVERLAP_F_B group of no actions");
     return container;
   }
   return parse_single(whole, whole);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <ios>
 #include <istream>
 #include <ostream>
 #include <string>
@@ -16,6 +17,12 @@ constexpr std::size_t kFieldLimit = 131072;
 // Far more cells than any real schedule (a generated one stays under a tenth of it); past
 // this a file is refused before it can take gigabytes.
 constexpr std::size_t kMaxCells = std::size_t{1} << 21;
+// Rows are ranks, as many as `remat-report schedule --ranks` takes. Counted apart from cells
+// because a blank line is a row with no cells: a file of newlines would otherwise take
+// gigabytes before anything refused it.
+constexpr std::size_t kMaxRows = std::size_t{1} << 16;
+// Stages times microbatches, the limit generated schedules have too (see generators.cpp).
+constexpr std::int64_t kMaxStageMicrobatches = std::int64_t{1} << 18;
 
 std::string printable(std::string_view text) {
   static const char* hex = "0123456789abcdef";
@@ -65,7 +72,7 @@ class PythonCsvReader {
     if (line_open) end_of_line();
     if (!field_.empty() || state_ == State::in_quoted_field) {
       save_field();
-      ++row_;
+      next_row();
     }
     return row_;
   }
@@ -95,10 +102,15 @@ class PythonCsvReader {
 
   void end_of_line() {
     process(kEndOfLine);
-    if (state_ == State::start_record) {
-      ++row_;
-      cell_ = 0;
+    if (state_ == State::start_record) next_row();
+  }
+
+  void next_row() {
+    if (++row_ > kMaxRows) {
+      throw PlanError("more than " + std::to_string(kMaxRows) +
+                      " rows: every row (a blank one too) is a rank, and no pipeline has this many");
     }
+    cell_ = 0;
   }
 
   void add(int c) {
@@ -285,6 +297,12 @@ void infer_shape(Schedule& schedule) {
                     cell_name(static_cast<std::size_t>(first_rank[top]), first_position[top]) +
                     "): stages are numbered 0.." + std::to_string(max_stage) + " without gaps");
   }
+  const std::int64_t size = std::int64_t{max_stage + 1} * (max_mb + 1);
+  if (size > kMaxStageMicrobatches) {
+    throw PlanError(std::to_string(max_stage + 1) + " stages x " + std::to_string(max_mb + 1) +
+                    " microbatches is too large to plan: stages x microbatches exceeds " +
+                    std::to_string(kMaxStageMicrobatches) + ", the limit generated schedules have too");
+  }
   schedule.stage_to_rank = std::move(first_rank);
   schedule.microbatches = max_mb + 1;
 }
@@ -310,7 +328,14 @@ Schedule load_csv(std::istream& in, CsvFormat format, std::string_view source) {
   const std::string prefix = std::string(source) + ": ";
   try {
     Loading loading;
-    const std::size_t rows = PythonCsvReader(in, &loading, &on_field).read();
+    std::size_t rows = 0;
+    try {
+      rows = PythonCsvReader(in, &loading, &on_field).read();
+    } catch (const std::ios_base::failure& e) {
+      // The reader takes bytes from the stream buffer, whose read errors (a directory opened as
+      // a file, an I/O error) arrive as exceptions rather than as the stream's state.
+      throw PlanError(std::string("reading failed: ") + e.what());
+    }
     if (in.bad()) throw PlanError("reading failed");
     if (rows == 0) throw PlanError("the CSV is empty: it needs one row of actions per rank");
     loading.rows.resize(rows);

@@ -76,7 +76,24 @@ def same_through_a_pipe(command, fixture, outputs=()):
     print(f"ok {' '.join(command)} {fixture}: same by path, through `-` and through a FIFO")
 
 
+def output_that_cannot_be_written():
+    # A full disk or a closed standard output loses the output: that is a failure, never exit 0.
+    for args in (["schedule", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8"],
+                 ["plan", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8", "--json"],
+                 ["summary", str(DATA / "snapshot-end.json")], ["trace", str(DATA / "trace.jsonl")]):
+        if os.path.exists("/dev/full"):
+            with open("/dev/full", "w") as full:
+                result = subprocess.run([BINARY, *args], stdout=full, stderr=subprocess.PIPE, text=True, env=ENV)
+            expect(result.returncode == 2 and "cannot write the output to standard output" in result.stderr,
+                   f"{args[0]} > /dev/full: exit {result.returncode}: {result.stderr}")
+        closed = subprocess.run(["sh", "-c", '"$0" "$@" >&-', BINARY, *args], stderr=subprocess.PIPE, text=True, env=ENV)
+        expect(closed.returncode == 2 and "cannot write the output to standard output" in closed.stderr,
+               f"{args[0]} with standard output closed: exit {closed.returncode}: {closed.stderr}")
+        print(f"ok {args[0]}: output that cannot be written exits 2 and says so")
+
+
 def main():
+    output_that_cannot_be_written()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         for fixture in ("trace.jsonl", "snapshot-end.json"):

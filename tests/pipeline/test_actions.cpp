@@ -51,5 +51,20 @@ TEST(Actions, MalformedTextIsRefusedAndQuoted) {
   }
 }
 
+TEST(Actions, AnOverlapGroupOfNoActionsIsRefusedRatherThanReadAsStageMinusOne) {
+  for (const char* text : {"()OVERLAP_F_B", "( ; ;)OVERLAP_F_B"}) {
+    try {
+      parse_action(text);
+      FAIL() << text << " was accepted";
+    } catch (const PlanError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + text +
+                                           "' is not a pipeline action (an OVERLAP_F_B group "
+                                           "of no actions)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace remat::pipeline

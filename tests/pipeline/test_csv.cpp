@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 
@@ -224,6 +226,39 @@ TEST(Csv, A100MBLineOfCellsIsRefusedAtTheCellLimitInLinearTime) {
   const std::string m = error_of(line);
   EXPECT_LT(seconds_since(start), 10.0);
   EXPECT_MESSAGE(m, "rank 0, position 2097152: more than 2097152 cells");
+}
+
+TEST(Csv, AReadErrorOfTheStreamIsAPlanErrorNotAnEscapingException) {
+  // A directory opens as a file stream; its first read throws from inside the stream buffer.
+  std::ifstream directory(std::filesystem::temp_directory_path(), std::ios::binary);
+  ASSERT_TRUE(directory.is_open());
+  try {
+    load_csv(directory, CsvFormat::compute_only, "dir");
+    FAIL() << "a directory loaded as a schedule";
+  } catch (const PlanError& e) {
+    EXPECT_MESSAGE(std::string(e.what()), "dir: reading failed: ");
+  }
+}
+
+TEST(Csv, AFileOfBlankLinesIsRefusedAtTheRowLimitInBoundedMemory) {
+  // Each blank line is a rank with no cells; 50 MB of them once took 1.2 GB before refusal.
+  EXPECT_MESSAGE(error_of(std::string((1u << 16) + 1, '\n')),
+                 "test.csv: more than 65536 rows: every row (a blank one too) is a rank");
+  const std::string newlines(50u << 20, '\n');
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_MESSAGE(error_of(newlines), "more than 65536 rows");
+  EXPECT_LT(seconds_since(start), 2.0);
+  EXPECT_MESSAGE(error_of(std::string(1u << 16, '\n') + "0F0,0B0\n"), "more than 65536 rows");
+}
+
+TEST(Csv, MoreStagesTimesMicrobatchesThanAGeneratedScheduleMayHaveIsRefused) {
+  // One rank running 262145 stages of one microbatch: 2^18 + 1 stage-microbatches.
+  const int stages = (1 << 18) + 1;
+  std::string line;
+  for (int s = 0; s < stages; ++s) line += std::to_string(s) + "F0,";
+  for (int s = stages - 1; s >= 0; --s) line += std::to_string(s) + (s > 0 ? "B0," : "B0\n");
+  EXPECT_MESSAGE(error_of(line),
+                 "test.csv: 262145 stages x 1 microbatches is too large to plan: stages x microbatches exceeds 262144");
 }
 
 TEST(Csv, ALongValidLineLoadsInLinearTime) {

@@ -8,6 +8,9 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -102,7 +105,9 @@ int run_cli(int argc, char** argv) {
   register_oom(app, options);
   register_schedule(app, options);
   register_plan(app, options);
-  app.footer("Exit codes: 0 ok, 1 usage error, 2 bad input. A DUMP argument of `-` reads standard input.");
+  app.footer(
+      "Exit codes: 0 ok, 1 usage error, 2 bad input or output that cannot be written. A DUMP argument of `-` reads "
+      "standard input.");
   std::vector<std::string> names;
   for (const CLI::App* command : app.get_subcommands([](CLI::App*) { return true; }))
     names.push_back(command->get_name());
@@ -130,6 +135,14 @@ int run_cli(int argc, char** argv) {
     return kExitBadInput;
   } catch (const std::bad_alloc&) {
     std::cerr << "remat-report: out of memory reading the input\n";
+    return kExitBadInput;
+  }
+  // Output lost to a full disk or a closed standard output is a failure, not a success.
+  errno = 0;
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::cerr << "remat-report: cannot write the output to standard output"
+              << (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()) << '\n';
     return kExitBadInput;
   }
   return kExitOk;

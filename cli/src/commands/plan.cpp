@@ -33,9 +33,10 @@ std::uint64_t parse_buffer_bytes(const std::string& text) {
   const char* end = text.data() + text.size();
   const auto [stop, error] = std::from_chars(begin, end, value);
   std::string unit(stop, end);
+  const bool spaced = !unit.empty() && unit.front() == ' ';
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   std::uint64_t scale = 0;
-  if (unit.empty() || unit == "B")
+  if (unit.empty() ? !spaced : unit == "B")  // a space goes before a unit only, as in "64 MiB"
     scale = 1;
   else if (unit == "KiB")
     scale = std::uint64_t{1} << 10;
@@ -45,7 +46,13 @@ std::uint64_t parse_buffer_bytes(const std::string& text) {
     scale = std::uint64_t{1} << 30;
   else if (unit == "TiB")
     scale = std::uint64_t{1} << 40;
-  if (error != std::errc() || stop == begin || scale == 0 || value == 0 || value > UINT64_MAX / scale) {
+  if (error == std::errc::result_out_of_range || (error == std::errc() && scale != 0 && value > UINT64_MAX / scale)) {
+    throw InputError(
+        fmt::format("--buffer-bytes: got '{}', more than 2^64 - 1 bytes (16 EiB); give the bytes of one "
+                    "buffer set (every tensor a stage receives for one microbatch)",
+                    printable(text)));
+  }
+  if (error != std::errc() || stop == begin || scale == 0 || value == 0) {
     throw InputError(
         fmt::format("--buffer-bytes: got '{}'; give the bytes of one buffer set (every tensor a stage receives for one "
                     "microbatch), 1 or more, as a whole number with an optional binary unit: 67108864, 64MiB, 1GiB",

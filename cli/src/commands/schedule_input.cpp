@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -96,6 +97,11 @@ LoadedSchedule custom(const ScheduleOptions& options) {
   const std::string source = from_stdin ? "<stdin>" : options.csv;
   std::ifstream file;
   if (!from_stdin) {
+    std::error_code error;
+    if (std::filesystem::is_directory(options.csv, error)) {
+      throw InputError(fmt::format("{} is a directory; pass a schedule CSV inside it (PyTorch's _dump_csv format)",
+                                   printable(options.csv)));
+    }
     file.open(options.csv, std::ios::binary);
     if (!file) {
       throw InputError(fmt::format("cannot read {}: {}; pass the path of a schedule CSV (PyTorch's _dump_csv format)",

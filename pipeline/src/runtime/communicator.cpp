@@ -6,8 +6,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string_view>
 #include <utility>
@@ -50,6 +57,57 @@ std::string message_of(const std::exception& error) {
 
 bool is_loopback(const std::string& address) {
   return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
+}
+
+bool is_loopback(const addrinfo& address) {
+  if (address.ai_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(address.ai_addr)->sin_addr.s_addr) >> 24) == 127;
+  }
+  return address.ai_family == AF_INET6 &&
+         IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(address.ai_addr)->sin6_addr);
+}
+
+struct Addresses {
+  addrinfo* first = nullptr;
+  Addresses() = default;
+  Addresses(const Addresses&) = delete;
+  Addresses& operator=(const Addresses&) = delete;
+  ~Addresses() {
+    if (first != nullptr) ::freeaddrinfo(first);
+  }
+};
+
+// Resolved before anything waits on it: a name that does not resolve would otherwise cost the
+// whole timeout in connection retries and end in a message about timing out.
+void resolve_master(const LaunchEnvironment& environment, Addresses& addresses) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  const std::string port = std::to_string(environment.master_port);
+  const int error = ::getaddrinfo(environment.master_addr.c_str(), port.c_str(), &hints, &addresses.first);
+  if (error != 0) {
+    throw RuntimeError("rank " + std::to_string(environment.rank) + ": MASTER_ADDR='" +
+                       environment.master_addr.substr(0, 256) + "' does not resolve (" + ::gai_strerror(error) +
+                       "); give the host name or address of rank 0's machine (127.0.0.1 when every rank runs on "
+                       "this one)");
+  }
+}
+
+// The store's server listens on every interface unless it is handed a socket. When MASTER_ADDR
+// is a loopback address no other machine takes part, so the store gets a socket bound to that
+// address alone and stays unreachable from the network.
+int listen_on(const addrinfo& address, const std::string& where) {
+  const int fd = ::socket(address.ai_family, address.ai_socktype | SOCK_CLOEXEC, address.ai_protocol);
+  const int one = 1;
+  if (fd < 0 || ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      ::bind(fd, address.ai_addr, address.ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    throw RuntimeError("rank 0 could not serve the rendezvous store on " + where + ": " + std::strerror(error) +
+                       (error == EADDRINUSE ? "; the port is in use: pick another MASTER_PORT (remat-launch picks a "
+                                              "free one)"
+                                            : ""));
+  }
+  return fd;
 }
 
 }  // namespace
@@ -105,13 +163,19 @@ std::shared_ptr<Communicator> Communicator::connect(const LaunchEnvironment& env
   impl->environment = environment;
   impl->options = options;
   const std::string where = environment.master_addr + ":" + std::to_string(environment.master_port);
+  Addresses addresses;
+  resolve_master(environment, addresses);
 
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(environment.master_port);
   store_options.isServer = environment.rank == 0 && !environment.agent_store;
   store_options.numWorkers = environment.world_size;
   store_options.timeout = options.timeout;
-  if (store_options.isServer && environment.master_listen_fd) store_options.masterListenFd = environment.master_listen_fd;
+  if (store_options.isServer && environment.master_listen_fd) {
+    store_options.masterListenFd = environment.master_listen_fd;
+  } else if (store_options.isServer && is_loopback(*addresses.first)) {
+    store_options.masterListenFd = listen_on(*addresses.first, where);
+  }
   try {
     impl->store = c10::make_intrusive<c10d::TCPStore>(environment.master_addr, store_options);
   } catch (const std::exception& e) {
@@ -143,7 +207,8 @@ std::shared_ptr<Communicator> Communicator::connect(const LaunchEnvironment& env
   } catch (const std::exception& e) {
     throw RuntimeError("rank " + std::to_string(environment.rank) + " could not join the process group of " +
                        std::to_string(environment.world_size) + " ranks through " + where + ": " + message_of(e) +
-                       "; check that WORLD_SIZE matches the number of ranks started");
+                       "; check that WORLD_SIZE matches the number of ranks started, and the other ranks' output "
+                       "for one that failed before joining");
   }
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }

@@ -197,6 +197,34 @@ TEST(PipelineCommands, BadInputExitsTwoNamingTheProblem) {
   }
 }
 
+TEST(PipelineCommands, ADirectoryAsTheCsvIsBadInputNotACrash) {
+  // Reading a directory through a file stream throws from inside the stream buffer.
+  TempDir dir;
+  for (const char* command : {"schedule", "plan"}) {
+    const CliResult r = run({command, "--csv", dir.path("")});
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "is a directory; pass a schedule CSV inside it")) << r.err;
+  }
+}
+
+TEST(PipelineCommands, BufferBytesPastSixtyFourBitsOrWithStraySpacesAreRefused) {
+  auto plan_with = [](const std::string& bytes) {
+    return run({"plan", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--buffer-bytes", bytes});
+  };
+  for (const char* bytes : {"18446744073709551616", "99999999999999999999999", "17179869184GiB", "16777216TiB"}) {
+    const CliResult r = plan_with(bytes);
+    EXPECT_EQ(r.code, 2) << bytes;
+    EXPECT_TRUE(contains(r.err, std::string("--buffer-bytes: got '") + bytes + "', more than 2^64 - 1 bytes")) << r.err;
+  }
+  for (const char* bytes : {"1 ", " 1", "64MiB ", "1e3", "-5", "1.5GiB", "16EiB"}) {
+    const CliResult r = plan_with(bytes);
+    EXPECT_EQ(r.code, 2) << "'" << bytes << "'";
+    EXPECT_TRUE(contains(r.err, std::string("--buffer-bytes: got '") + bytes + "'; give the bytes")) << r.err;
+  }
+  EXPECT_EQ(plan_with("64 MiB").code, 0);
+  EXPECT_EQ(plan_with("18446744073709551615").code, 2);  // fits, but two sets of it do not
+}
+
 TEST(PipelineCommands, OptionsThatDoNotGoTogetherAreUsageErrors) {
   const CliResult neither = run({"plan", "--ranks", "4"});
   EXPECT_EQ(neither.code, 1);

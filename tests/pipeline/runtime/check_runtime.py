@@ -4,10 +4,12 @@ remat-launch with a free port, every run bounded by a timeout and every child re
 
     check_runtime.py --launcher remat-launch --worker pipeline_check CASE [worker options]
 
-CASE: parity, undersized, unguarded, kill, stall, world-size, wrong-stages, port-in-use.
+CASE: parity, undersized, unguarded, kill, stall, world-size, wrong-stages, port-in-use,
+bad-environment, store-on-loopback, refused-shape.
 """
 
 import argparse
+import os
 import re
 import socket
 import subprocess
@@ -128,6 +130,99 @@ def check_port_in_use(args, worker_args):
         expect(f"could not serve the rendezvous store on 127.0.0.1:{port}" in result.stdout, "the error names the address")
 
 
+def run_rank(args, environment, worker_args, timeout=60):
+    env = {"PATH": "/usr/bin:/bin", **environment}
+    started = time.monotonic()
+    result = subprocess.run([args.worker, "--check", "fit", *worker_args], env=env, capture_output=True, text=True,
+                            timeout=timeout)
+    elapsed = time.monotonic() - started
+    print(f"{environment} (exit {result.returncode} after {elapsed:.1f} s)\n{result.stdout}")
+    return result, elapsed
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def check_bad_environment(args, worker_args):
+    # Ranks started by hand with the launcher's variables wrong: each fails at once, naming the variable.
+    port = str(free_port())
+    cases = [
+        ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+         "RANK='2' is not a whole number in 0..1"),
+        ({"RANK": "0", "WORLD_SIZE": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+         "WORLD_SIZE='0' is not a whole number"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"},
+         "MASTER_PORT='70000' is not a whole number in 1..65535"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}, "MASTER_PORT is not set"),
+        ({"WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}, "RANK is not set"),
+        # Once a timeout in connection retries and a message about timing out.
+        ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "no.such.host.invalid", "MASTER_PORT": port},
+         "MASTER_ADDR='no.such.host.invalid' does not resolve"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "no.such.host.invalid", "MASTER_PORT": port},
+         "MASTER_ADDR='no.such.host.invalid' does not resolve"),
+    ]
+    for environment, message in cases:
+        result, elapsed = run_rank(args, environment, ["--timeout", "30", *worker_args])
+        expect(result.returncode == 1, f"{environment}: the rank fails")
+        expect(message in result.stdout, f"{environment}: the error says {message!r}")
+        expect(elapsed < 20, f"{environment}: it fails at once, not after the 30 s timeout (took {elapsed:.1f} s)")
+
+
+def listening_addresses(port):
+    """Local addresses of the sockets listening on `port`, from /proc/net/tcp and tcp6."""
+    addresses = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:
+                addresses.append(address)
+    return addresses
+
+
+def check_store_on_loopback(args, worker_args):
+    if not os.path.exists("/proc/net/tcp"):
+        print("skipped: reads the listening sockets from Linux's /proc/net/tcp")
+        return
+    # Rank 0 started by hand, as torchrun-less jobs do: with MASTER_ADDR=127.0.0.1 its store must
+    # not listen on every interface (it accepts any client that reaches it).
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    rank = subprocess.Popen([args.worker, "--check", "fit", "--timeout", "10", *worker_args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        addresses = []
+        while not addresses and time.monotonic() < deadline and rank.poll() is None:
+            time.sleep(0.05)
+            addresses = listening_addresses(port)
+    finally:
+        rank.kill()
+        rank.communicate(timeout=60)
+    print(f"listening on port {port}: {addresses}")
+    expect(addresses, "rank 0 serves the store")
+    expect(all(address == "0100007F" for address in addresses), f"only on 127.0.0.1 (got {addresses})")
+
+
+def check_refused_shape(args, worker_args):
+    # Every rank refuses the schedule alike; none is left waiting for the others and blames WORLD_SIZE.
+    code, output, _ = launch(args, args.nproc, ["--check", "fit", *worker_args])
+    expect(code == 1, "the job fails")
+    for rank in range(args.nproc):
+        expect(rank_lines(output, rank, "failed: 1F1B needs at least as many microbatches as stages"),
+               f"rank {rank} names the shape 1F1B refuses")
+    expect("could not join" not in output, "no rank fails in the rendezvous instead")
+
+
 CASES = {
     "parity": check_parity,
     "undersized": check_undersized,
@@ -137,6 +232,9 @@ CASES = {
     "world-size": check_world_size,
     "wrong-stages": check_wrong_stages,
     "port-in-use": check_port_in_use,
+    "bad-environment": check_bad_environment,
+    "store-on-loopback": check_store_on_loopback,
+    "refused-shape": check_refused_shape,
 }
 
 

@@ -222,12 +222,14 @@ int check_unguarded(const Job& job) {
 }
 
 int run(const Options& options) {
-  auto communicator = Communicator::connect(read_launch_environment(), {.timeout = std::chrono::seconds(options.timeout_s)});
+  const LaunchEnvironment environment = read_launch_environment();
   const auto kind = parse_schedule_kind(options.schedule);
   if (!kind) throw std::invalid_argument("unknown schedule " + options.schedule);
-  const int ranks = options.schedule_ranks.value_or(communicator->world_size());
-  Job job{communicator, lower_schedule(generate_schedule(*kind, {ranks, options.virtual_stages, options.microbatches})),
-          options};
+  // Before the rendezvous, so that a refused shape fails every rank with the same message.
+  const int ranks = options.schedule_ranks.value_or(environment.world_size);
+  Schedule lowered = lower_schedule(generate_schedule(*kind, {ranks, options.virtual_stages, options.microbatches}));
+  auto communicator = Communicator::connect(environment, {.timeout = std::chrono::seconds(options.timeout_s)});
+  Job job{communicator, std::move(lowered), options};
   if (options.check == "parity") return check_parity(job);
   if (options.check == "undersized") return check_undersized(job);
   if (options.check == "unguarded") return check_unguarded(job);

@@ -56,8 +56,9 @@ class Transfer {
 
 class Communicator {
  public:
-  // Joins the job: rank 0 serves the store (unless agent_store), every rank connects to it and
-  // builds the process group. Throws RuntimeError for a port in use, a store that cannot be
+  // Joins the job: rank 0 serves the store (unless agent_store; on the loopback address alone
+  // when MASTER_ADDR is one), every rank connects to it and builds the process group. Throws
+  // RuntimeError for a MASTER_ADDR that does not resolve, a port in use, a store that cannot be
   // reached within the timeout, or a backend this build lacks.
   static std::shared_ptr<Communicator> connect(const LaunchEnvironment& environment,
                                                const CommunicatorOptions& options = {});

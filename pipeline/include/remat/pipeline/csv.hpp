@@ -13,8 +13,9 @@ namespace remat::pipeline {
 // Reads the CSV as Python's csv.reader does for PyTorch's _load_csv (lines end at \n, \r\n or
 // \r; quoted cells; a blank line is a rank with no actions), infers the stage-to-rank mapping
 // and the microbatch count from the actions, and validates the schedule (see validate.hpp).
-// Refuses byte-order marks, cells over Python's 131072-character field limit and files of more
-// than 2^21 cells. Throws PlanError starting with `source` and naming the rank (row, from 0),
+// Refuses byte-order marks, cells over Python's 131072-character field limit, files of more
+// than 2^21 cells or 2^16 rows, and schedules of more than 2^18 stages x microbatches (the
+// limit generated schedules have). Throws PlanError starting with `source` and naming the rank (row, from 0),
 // the position (cell, from 0) and the text or action.
 Schedule load_csv(std::istream& in, CsvFormat format, std::string_view source);
 
