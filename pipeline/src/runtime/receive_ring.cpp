@@ -8,6 +8,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <string>
 
 namespace remat::pipeline::detail {
@@ -83,6 +84,11 @@ at::Tensor ReceiveRing::acquire(int microbatch) {
 void ReceiveRing::release(int microbatch) {
   auto& holder = holders_[static_cast<std::size_t>(slot_of(microbatch))];
   if (holder == microbatch) holder.reset();
+}
+
+bool ReceiveRing::aliases(const at::Tensor& tensor) const {
+  return std::any_of(buffers_.begin(), buffers_.end(),
+                     [&](const at::Tensor& buffer) { return tensor.is_alias_of(buffer); });
 }
 
 void ReceiveRing::expect_all_released() const {

@@ -25,6 +25,8 @@ class ReceiveRing {
   // it, or its buffer is still referenced (autograd saved it).
   at::Tensor acquire(int microbatch);
   void release(int microbatch);
+  // Whether `tensor` shares storage with one of the ring's buffers.
+  bool aliases(const at::Tensor& tensor) const;
   // Throws RuntimeError naming the holders left at the end of a step.
   void expect_all_released() const;
 

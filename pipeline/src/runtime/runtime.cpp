@@ -36,6 +36,15 @@ struct LocalStage {
   std::unique_ptr<detail::ReceiveRing> forward_ring;
   std::unique_ptr<detail::ReceiveRing> backward_ring;
   std::vector<MicrobatchState> microbatches;
+
+  // `tensor`, or a copy where it is a view of one of this stage's receive buffers (a stage that
+  // passes its input through): what leaves the stage, a send in flight or a handover, must not
+  // pin a slot that the ring hands out again.
+  at::Tensor apart_from_rings(const at::Tensor& tensor) const {
+    const bool aliased =
+        (forward_ring && forward_ring->aliases(tensor)) || (backward_ring && backward_ring->aliases(tensor));
+    return aliased ? tensor.clone() : tensor;
+  }
 };
 
 std::string describe(int rank, std::size_t position, const Action& action) {
@@ -229,7 +238,8 @@ void PipelineRuntime::Impl::send(LocalStage& stage, Direction direction, int mic
   }
   const int receiving_stage = stage.module.stage + (forward ? 1 : -1);
   sends.push_back(
-      communicator->send(value.detach().contiguous(), *peer, tag(receiving_stage, direction, microbatch)));
+      communicator->send(stage.apart_from_rings(value.detach().contiguous()), *peer,
+                         tag(receiving_stage, direction, microbatch)));
 }
 
 void PipelineRuntime::Impl::forward(LocalStage& stage, int microbatch, const std::string& where,
@@ -254,7 +264,7 @@ void PipelineRuntime::Impl::forward(LocalStage& stage, int microbatch, const std
     mb.loss_value = mb.loss.detach();
   } else if (stage.next_rank == rank()) {  // the next stage is on this rank: hand over directly
     LocalStage& next = this->stage(s + 1, where);
-    next.microbatches[static_cast<std::size_t>(microbatch)].input = mb.output.detach();
+    next.microbatches[static_cast<std::size_t>(microbatch)].input = stage.apart_from_rings(mb.output.detach());
   }
 }
 
@@ -297,6 +307,7 @@ void PipelineRuntime::Impl::backward(LocalStage& stage, int microbatch, bool inp
     if (wants_input_grad) mb.input_grad = mb.input.grad();
   }
   if (wants_input_grad && !mb.input_grad.defined()) mb.input_grad = at::zeros_like(mb.input);
+  if (wants_input_grad) mb.input_grad = stage.apart_from_rings(mb.input_grad);
   if (wants_input_grad && stage.previous_rank == rank()) {
     this->stage(s - 1, where).microbatches[static_cast<std::size_t>(microbatch)].grad_output = mb.input_grad;
   }

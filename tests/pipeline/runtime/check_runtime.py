@@ -4,7 +4,7 @@ remat-launch with a free port, every run bounded by a timeout and every child re
 
     check_runtime.py --launcher remat-launch --worker pipeline_check CASE [worker options]
 
-CASE: parity, undersized, unguarded, kill, stall, world-size, wrong-stages, port-in-use,
+CASE: parity, pass-through, undersized, unguarded, kill, stall, world-size, wrong-stages, port-in-use,
 bad-environment, store-on-loopback, refused-shape.
 """
 
@@ -51,6 +51,14 @@ def check_parity(args, worker_args):
         for line in rank_lines(output, rank, "sets: "):
             tagged, planned = map(int, re.search(r"tagged (\d+), planned (\d+)", line).groups())
             expect(tagged == planned, f"rank {rank}: tagged sets equal the plan: {line}")
+
+
+def check_pass_through(args, worker_args):
+    code, output, _ = launch(args, args.nproc, ["--check", "pass-through", "--pass-through-stages", *worker_args])
+    expect(code == 0, "every rank trains with stages that return views of their receive buffers")
+    for rank in range(args.nproc):
+        expect(rank_lines(output, rank, "pass-through: pooled bitwise equal to stock"),
+               f"rank {rank}: pooled and stock runs are bitwise equal")
 
 
 def check_undersized(args, worker_args):
@@ -225,6 +233,7 @@ def check_refused_shape(args, worker_args):
 
 CASES = {
     "parity": check_parity,
+    "pass-through": check_pass_through,
     "undersized": check_undersized,
     "unguarded": check_unguarded,
     "kill": check_kill,
