@@ -55,6 +55,15 @@ def expect(condition, message):
         sys.exit(1)
 
 
+# A sanitized build (REMAT_SANITIZED set by CMake) carries shadow memory and quarantine that
+# no bound on the program's own memory can allow for: there the figure is printed, not checked.
+def expect_bounded(rss_kib, limit_kib, what):
+    if os.environ.get("REMAT_SANITIZED"):
+        print(f"not checked under a sanitizer: {what}: peak RSS {rss_kib} KiB")
+        return
+    expect(rss_kib < limit_kib, f"{what}: peak RSS {rss_kib} KiB (at most {limit_kib} KiB)")
+
+
 def same_through_a_pipe(command, fixture, outputs=()):
     """`command` on `fixture` by path, through `-` and through a FIFO: same exit code and output."""
     path = str(DATA / fixture)
@@ -133,11 +142,11 @@ def main():
                    "zero-filled file, or one whose writer stopped before writing?)\n")
         code, _, err, rss = measure(["summary", str(zeros)])
         expect(code == 2 and err == f"remat-report: {zeros}: {message}", f"zero-filled file: {err}")
-        expect(rss < 32 << 10, f"zero-filled file: peak RSS {rss} KiB")
+        expect_bounded(rss, 32 << 10, "zero-filled file")
         print(f"ok a 2 GiB zero-filled file is refused at byte 0 in {rss} KiB")
         code, _, err, rss = measure(["summary", "-"], zeros)
         expect(code == 2 and err == f"remat-report: <stdin>: {message}", f"zero-filled pipe: {err}")
-        expect(rss < 32 << 10, f"zero-filled pipe: peak RSS {rss} KiB")
+        expect_bounded(rss, 32 << 10, "zero-filled pipe")
         print(f"ok 2 GiB of zeros through a pipe are refused at byte 0 in {rss} KiB")
         zeros.unlink()
 
@@ -157,7 +166,7 @@ def main():
         code, out, err, rss = measure(["memory", "-", "--json"], trace)
         expect(code == 0, f"large trace through a pipe: {err}")
         expect(json.loads(out)["memory_total"]["allocations"] == events // 2, "large trace: wrong allocation count")
-        expect(rss < 48 << 10, f"large trace through a pipe: peak RSS {rss} KiB for {size >> 20} MiB")
+        expect_bounded(rss, 48 << 10, f"large trace through a pipe ({size >> 20} MiB)")
         print(f"ok a {size >> 20} MiB trace streams through a pipe in {rss} KiB")
 
 

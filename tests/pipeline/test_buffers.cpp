@@ -79,7 +79,7 @@ TEST(ReceiveBuffers, GPipeHoldsEveryMicrobatchAtOnce) {
 }
 
 TEST(ReceiveBuffers, StockIsOneSetPerMicrobatchAndPooledOnePerSlot) {
-  const StageBuffers& middle = analyze_receive_buffers(testing::one_f_one_b_3x4()).at(1, Direction::forward);
+  const StageBuffers middle = analyze_receive_buffers(testing::one_f_one_b_3x4()).at(1, Direction::forward);
   EXPECT_EQ(middle.stock_bytes(1000), 4000u);
   EXPECT_EQ(middle.pooled_bytes(1000), 3000u);
 }
@@ -101,7 +101,7 @@ TEST(ReceiveBuffers, ComputeInsideOverlapContainersReadsBuffers) {
   const Schedule overlapped = schedule_from_rows({"0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1",
                                                   "1RECV_F0,1F0,1RECV_F1,(1F1;1B0)OVERLAP_F_B,1SEND_B0,1B1,1SEND_B1"},
                                                  {0, 1}, 2);
-  const StageBuffers& input = analyze_receive_buffers(overlapped).at(1, Direction::forward);
+  const StageBuffers input = analyze_receive_buffers(overlapped).at(1, Direction::forward);
   EXPECT_EQ(input.intervals[0].end, 3);  // the container that runs 1B0
   EXPECT_EQ(input.min_slots, 2);
 }

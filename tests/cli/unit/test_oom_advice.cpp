@@ -165,7 +165,8 @@ TEST(OomAdvice, TheMemoryFractionCapIsNamedWithItsBytesAndTheSettingToChange) {
 }
 
 TEST(OomAdvice, UnderTheCapNearCapacityIsMeasuredAgainstTheCap) {
-  const Suggestion* s = find(suggest(capped_numbers(), {}, ""), SuggestionKind::reduce_batch);
+  const auto all = suggest(capped_numbers(), {}, "");
+  const Suggestion* s = find(all, SuggestionKind::reduce_batch);
   ASSERT_NE(s, nullptr);  // 950 MiB: 92.8% of the 1 GiB cap, 5.8% of the 16 GiB device
   EXPECT_NE(s->message.find("is 92.8% of the memory_fraction cap (1.00 GiB)"), std::string::npos) << s->message;
 }
