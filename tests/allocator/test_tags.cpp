@@ -1,5 +1,6 @@
 #include "support/host_allocator.hpp"
 #include "support/process_status.hpp"
+#include "support/sanitized.hpp"
 
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/tags.hpp>
@@ -235,7 +236,7 @@ TEST_P(RunawayPushes, StopAtTheBoundInLittleMemoryAndLeaveTheStackUsable) {
       error = e.what();
     }
     const std::int64_t grown_kib = remat::testing::process_status_kib("VmRSS") - rss_before;
-    EXPECT_LE(grown_kib, 16 * 1024) << pushed << " pushes";
+    EXPECT_LE(grown_kib, 16 * 1024 * remat::testing::kSanitizerAllowance) << pushed << " pushes";
     EXPECT_EQ(tag_stack_depth(), pushed) << "the refused push must leave the stack as it was";
     while (tag_stack_depth() > 0) pop_tag(kind);
     push_phase(Phase::backward);  // usable again
