@@ -21,7 +21,6 @@ namespace pipeline_example {
 struct ModelShape {
   std::int64_t width = 64;
   std::int64_t microbatch_rows = 4;  // rows in one microbatch
-  int stages = 4;
   int microbatches = 8;
 };
 

@@ -106,7 +106,7 @@ int run(const Options& options) {
       generate_schedule(*kind, {environment.world_size, options.virtual_stages, options.microbatches}));
   auto communicator = Communicator::connect(environment, {.timeout = std::chrono::seconds(options.timeout_s)});
   const int rank = communicator->rank();
-  const pipeline_example::ModelShape shape{options.width, options.rows, lowered.num_stages(), options.microbatches};
+  const pipeline_example::ModelShape shape{options.width, options.rows, options.microbatches};
 
   std::vector<pipeline_example::ToyStage> stages;
   std::vector<StageModule> modules;

@@ -34,10 +34,20 @@ fi
 python=${PYTHON:-python3}
 if "$python" - <<'PY' 2>/dev/null
 import importlib.metadata as metadata
+import re
 import sys
 import pytest
 import torch
-ok = torch.__version__.startswith("2.11.0") and metadata.version("scikit-build-core") >= "0.10"
+
+def release(version, parts=2):
+    # Numeric (major, minor): as strings, "0.9" >= "0.10" would hold.
+    numbers = []
+    for part in version.split(".")[:parts]:
+        digits = re.match(r"\d*", part).group()
+        numbers.append(int(digits) if digits else 0)
+    return tuple(numbers + [0] * (parts - len(numbers)))
+
+ok = torch.__version__.startswith("2.11.0") and release(metadata.version("scikit-build-core")) >= (0, 10)
 sys.exit(0 if ok else 1)
 PY
 then

@@ -118,7 +118,6 @@ namespace {
 // every other call, naming the bad key; an explicit configure() is how a process recovers,
 // so it starts from the defaults then (and says so) instead of failing too.
 Config base_for_configure(Registry& r, std::string_view text) {
-  if (r.configured) return r.config;
   try {
     return configured_locked(r);
   } catch (const ConfigError& e) {

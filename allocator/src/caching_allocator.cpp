@@ -70,8 +70,6 @@ struct CachingAllocator::State {
   TraceRing trace;
   OomHandler oom_handler;
   detail::OomDumpLimiter oom_dumps;
-  // Why the last new segment was refused: the memory-fraction cap, or the backend had no room.
-  enum class Refusal : std::uint8_t { none, cap, backend } last_refusal = Refusal::none;
 
   void insert_free(Block* block) {
     if (block->small) small_pool.insert(block);
@@ -104,15 +102,11 @@ struct CachingAllocator::State {
   }
 
   Block* new_segment(std::size_t size, Stream stream, bool small) {
-    if (size > reserved_limit || static_cast<std::size_t>(stats.reserved_bytes.current) > reserved_limit - size) {
-      last_refusal = Refusal::cap;
+    if (detail::exceeds_reserved_cap(static_cast<std::size_t>(stats.reserved_bytes.current), reserved_limit, size)) {
       return nullptr;
     }
     void* ptr = backend->allocate(size);
-    if (ptr == nullptr) {
-      last_refusal = Refusal::backend;
-      return nullptr;
-    }
+    if (ptr == nullptr) return nullptr;
     Block* block = new_block();
     block->address = reinterpret_cast<std::uintptr_t>(ptr);
     block->size = size;
@@ -179,11 +173,9 @@ struct CachingAllocator::State {
     recycle(neighbour);
   }
 
-  // The block is no longer used by anyone: return it to its pool. `traced`: the caller
-  // recorded the completion already (an immediate free).
-  void complete_free(Block* block, bool traced = false) {
+  // The block is no longer used by anyone: return it to its pool.
+  void complete_free(Block* block) {
     stats.active_bytes.subtract(static_cast<std::int64_t>(block->size));
-    if (!traced) trace.record(TraceAction::free_completed, block->address, block->size, block->stream, block->tag);
     block->requested = 0;
     block->tag = 0;
     merge(block, block->prev);
@@ -203,7 +195,10 @@ struct CachingAllocator::State {
       backend->destroy_event(event);
       pending_frees[i] = pending_frees.back();
       pending_frees.pop_back();
-      if (--block->pending_events == 0) complete_free(block);
+      if (--block->pending_events == 0) {
+        trace.record(TraceAction::free_completed, block->address, block->size, block->stream, block->tag);
+        complete_free(block);
+      }
     }
   }
 
@@ -224,7 +219,7 @@ struct CachingAllocator::State {
     small_pool.for_each(count);
     large_pool.for_each(count);
     return {backend->device(), backend->name(), backend->memory_info(), config, reserved_limit,
-            last_refusal == Refusal::cap, stats, tag_stats, trace, free};
+            stats, tag_stats, trace, free};
   }
 
   std::string describe_bad_pointer(std::uintptr_t address) const {
@@ -371,7 +366,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_size) {
   per_tag.count.subtract(1);
   if (block->stream_uses.empty()) {
     s.trace.record_immediate_free(address, block->size, block->stream, block->tag);
-    s.complete_free(block, /*traced=*/true);
+    s.complete_free(block);
     return;
   }
   s.trace.record(TraceAction::free_requested, address, block->size, block->stream, block->tag);

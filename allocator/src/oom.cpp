@@ -191,8 +191,12 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
   r.memory = pool.memory;
   r.memory_fraction = pool.config.memory_fraction;
   r.reserved_limit_bytes = pool.reserved_limit == Config::kUnlimited ? 0 : pool.reserved_limit;
+  // Built right after the pool's last new segment of `segment` bytes failed, with the same
+  // reserved bytes and cap: the cap refused it exactly when it would have exceeded the cap.
+  const bool cap_refused = exceeds_reserved_cap(static_cast<std::size_t>(pool.stats.reserved_bytes.current),
+                                                pool.reserved_limit, segment);
   r.cause = segment > pool.memory.total_bytes ? OomCause::request_exceeds_device
-            : pool.cap_refused                ? OomCause::memory_fraction_cap
+            : cap_refused                     ? OomCause::memory_fraction_cap
                                               : OomCause::device_full;
   const AllocatorStats& stats = pool.stats;
   r.reserved_bytes = stats.reserved_bytes.current;

@@ -90,7 +90,7 @@ int run(const Options& options) {
   if (!kind) throw std::invalid_argument("unknown schedule " + options.schedule);
   const Schedule lowered = lower_schedule(
       generate_schedule(*kind, {communicator->world_size(), options.virtual_stages, options.microbatches}));
-  const pipeline_example::ModelShape shape{options.width, options.rows, lowered.num_stages(), options.microbatches};
+  const pipeline_example::ModelShape shape{options.width, options.rows, options.microbatches};
 
   Mode stock{"stock", {}, {}, nullptr, {}, {}, 0};
   Mode pooled{"pooled", {}, {}, nullptr, {}, {}, 0};

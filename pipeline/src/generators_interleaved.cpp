@@ -13,30 +13,17 @@
 namespace remat::pipeline::detail {
 namespace {
 
-Schedule looped_schedule(int ranks, int virtual_stages, int microbatches) {
-  Schedule schedule;
-  schedule.ranks.resize(static_cast<std::size_t>(ranks));
-  schedule.stage_to_rank = loop_stage_to_rank(ranks, ranks * virtual_stages);
-  schedule.microbatches = microbatches;
-  return schedule;
-}
-
-void idle(RankOrder& order, int steps) {
-  for (int i = 0; i < steps; ++i) order.emplace_back(std::nullopt);
-}
-
 // The shape of one rank's interleaved order: how many forwards run before the first backward
 // (warm-up), how many steps pair a forward with a backward, and which local stage a step uses.
+// Under zero bubble a rank's W lags `rank` backwards behind its I.
 struct InterleavedPlan {
   int rank = 0;
   int ranks = 0;
   int virtual_stages = 0;
   int microbatches_per_round = 0;
   int warmup = 0;
-  int paired = 0;    // steps with one forward and one backward
-  int cooldown = 0;  // steps with a backward only
+  int paired = 0;  // steps with one forward and one backward
   int idle_after_warmup = 0;
-  int weights_deferred = 0;  // zero bubble: W lags this many backwards behind its I
   bool zero_bubble = false;
 
   int forward_stage(int step) const { return ((step / microbatches_per_round) % virtual_stages) * ranks + rank; }
@@ -58,13 +45,11 @@ InterleavedPlan plan_rank(int rank, int ranks, int virtual_stages, int microbatc
   const int total = virtual_stages * microbatches;
   plan.warmup = std::min((virtual_stages - 1) * plan.microbatches_per_round + hop_factor * (ranks - 1 - rank), total);
   plan.paired = total - plan.warmup;
-  plan.cooldown = plan.warmup;
   // Idle until the first backward can arrive: it leaves the last stage after V*R forward
   // steps and climbs two steps per rank (zero bubble: the warm-up is shorter by the hops).
   plan.idle_after_warmup = zero_bubble
                                ? ranks - rank - 1
                                : std::max(0, virtual_stages * ranks + 2 * (ranks - 1 - rank) - (plan.warmup + rank));
-  plan.weights_deferred = rank;
   plan.zero_bubble = zero_bubble;
   return plan;
 }
@@ -95,10 +80,10 @@ RankOrder interleaved_rank_order(const InterleavedPlan& plan, int num_stages) {
         Action::on(stage, ActionType::backward_weight, next_weight[static_cast<std::size_t>(stage)]++));
   };
   auto weight_if_due = [&](int step) {
-    if (plan.zero_bubble && step - plan.warmup >= plan.weights_deferred) weight();
+    if (plan.zero_bubble && step - plan.warmup >= plan.rank) weight();
   };
 
-  const int steps = plan.warmup + plan.paired + plan.cooldown;
+  const int steps = plan.warmup + plan.paired + plan.warmup;  // the cool-down is as long as the warm-up
   for (int step = 0; step < steps; ++step) {
     if (step < plan.warmup) {
       forward(step);
@@ -176,7 +161,7 @@ void add_bubbles(Schedule& schedule) {
 }
 
 Schedule interleaved(int ranks, int virtual_stages, int microbatches, bool zero_bubble) {
-  Schedule schedule = looped_schedule(ranks, virtual_stages, microbatches);
+  Schedule schedule = make_schedule(ranks, loop_stage_to_rank(ranks, ranks * virtual_stages), microbatches);
   for (int rank = 0; rank < ranks; ++rank) {
     schedule.ranks[static_cast<std::size_t>(rank)] = interleaved_rank_order(
         plan_rank(rank, ranks, virtual_stages, microbatches, zero_bubble), schedule.num_stages());
@@ -187,7 +172,7 @@ Schedule interleaved(int ranks, int virtual_stages, int microbatches, bool zero_
 }  // namespace
 
 Schedule looped_bfs(int ranks, int virtual_stages, int microbatches) {
-  Schedule schedule = looped_schedule(ranks, virtual_stages, microbatches);
+  Schedule schedule = make_schedule(ranks, loop_stage_to_rank(ranks, ranks * virtual_stages), microbatches);
   for (int rank = 0; rank < ranks; ++rank) {
     RankOrder& order = schedule.ranks[static_cast<std::size_t>(rank)];
     idle(order, rank);

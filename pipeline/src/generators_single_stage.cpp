@@ -12,24 +12,9 @@
 #include <optional>
 
 namespace remat::pipeline::detail {
-namespace {
-
-void idle(RankOrder& order, int steps) {
-  for (int i = 0; i < steps; ++i) order.emplace_back(std::nullopt);
-}
-
-Schedule single_stage_schedule(int ranks, int microbatches) {
-  Schedule schedule;
-  schedule.ranks.resize(static_cast<std::size_t>(ranks));
-  schedule.stage_to_rank = loop_stage_to_rank(ranks, ranks);
-  schedule.microbatches = microbatches;
-  return schedule;
-}
-
-}  // namespace
 
 Schedule gpipe(int ranks, int microbatches) {
-  Schedule schedule = single_stage_schedule(ranks, microbatches);
+  Schedule schedule = make_schedule(ranks, loop_stage_to_rank(ranks, ranks), microbatches);
   for (int rank = 0; rank < ranks; ++rank) {
     RankOrder& order = schedule.ranks[static_cast<std::size_t>(rank)];
     idle(order, rank);
@@ -44,7 +29,7 @@ Schedule gpipe(int ranks, int microbatches) {
 // forward counter starts one ahead when that rank has no warm-up forwards); here they are
 // 0..M-1 like every other rank's, which is what Schedule1F1B._step_microbatches runs.
 Schedule one_f_one_b(int ranks, int microbatches) {
-  Schedule schedule = single_stage_schedule(ranks, microbatches);
+  Schedule schedule = make_schedule(ranks, loop_stage_to_rank(ranks, ranks), microbatches);
   for (int rank = 0; rank < ranks; ++rank) {
     RankOrder& order = schedule.ranks[static_cast<std::size_t>(rank)];
     idle(order, rank);

@@ -11,14 +11,6 @@
 namespace remat::pipeline::detail {
 namespace {
 
-Schedule v_schedule(int ranks, int microbatches) {
-  Schedule schedule;
-  schedule.ranks.resize(static_cast<std::size_t>(ranks));
-  schedule.stage_to_rank = v_stage_to_rank(ranks, 2 * ranks);
-  schedule.microbatches = microbatches;
-  return schedule;
-}
-
 // One rank of ZBV. The order is built for at least 2R-1 microbatches, the fewest that fill
 // the V, and the actions on microbatches beyond the real count become idle steps.
 RankOrder zbv_rank_order(int rank, int ranks, int microbatches) {
@@ -72,22 +64,22 @@ RankOrder zbv_rank_order(int rank, int ranks, int microbatches) {
 // the I's ran.
 class DualPipeVRank {
  public:
-  DualPipeVRank(int rank, int ranks) : down_(rank), up_(2 * ranks - 1 - rank) {}
+  DualPipeVRank(int rank, int ranks) : rank_(rank), ranks_(ranks), down_(rank), up_(2 * ranks - 1 - rank) {}
 
-  RankOrder build(int rank, int ranks, int microbatches) {
-    for (int i = 0; i < 2 * (ranks - rank - 1); ++i) single(down_, ActionType::forward);
-    for (int i = 0; i < rank + 1; ++i) {
+  RankOrder build(int microbatches) {
+    for (int i = 0; i < 2 * (ranks_ - rank_ - 1); ++i) single(down_, ActionType::forward);
+    for (int i = 0; i < rank_ + 1; ++i) {
       single(down_, ActionType::forward);
       single(up_, ActionType::forward);
     }
-    for (int i = 0; i < ranks - rank - 1; ++i) {
+    for (int i = 0; i < ranks_ - rank_ - 1; ++i) {
       single(up_, ActionType::backward_input);
       weight_if_pending();
       single(up_, ActionType::forward);
     }
-    const int steady = microbatches - 2 * ranks + rank + 1;
+    const int steady = microbatches - 2 * ranks_ + rank_ + 1;
     for (int i = 0; i < steady; ++i) {
-      if (i == 0 && rank == ranks - 1) {
+      if (i == 0 && rank_ == ranks_ - 1) {
         // The last rank runs its first pair apart, which shortens the bubble.
         single(down_, ActionType::forward);
         single(up_, ActionType::full_backward);
@@ -96,25 +88,25 @@ class DualPipeVRank {
       }
       overlapped(up_, down_);
     }
-    for (int i = 0; i < ranks - rank - 1; ++i) {
+    for (int i = 0; i < ranks_ - rank_ - 1; ++i) {
       single(up_, ActionType::full_backward);
       overlapped(up_, down_);
     }
     // The second half of the drain splits backwards into I and W (zero bubble); odd ranks
     // switch one backward earlier than even ones.
     bool split = false;
-    const int drain = rank + 1;
+    const int drain = rank_ + 1;
     for (int i = 0; i < drain; ++i) {
-      if (i == drain / 2 && rank % 2 == 1) split = true;
+      if (i == drain / 2 && rank_ % 2 == 1) split = true;
       single(up_, split ? ActionType::backward_input : ActionType::full_backward);
-      if (i == drain / 2 && rank % 2 == 0) split = true;
+      if (i == drain / 2 && rank_ % 2 == 0) split = true;
       single(down_, split ? ActionType::backward_input : ActionType::full_backward);
     }
-    for (int i = 0; i < ranks - rank - 1; ++i) {
+    for (int i = 0; i < ranks_ - rank_ - 1; ++i) {
       weight_if_pending();
       single(down_, split ? ActionType::backward_input : ActionType::full_backward);
     }
-    for (int i = 0; i < rank + 1; ++i) weight_if_pending();
+    for (int i = 0; i < rank_ + 1; ++i) weight_if_pending();
     return std::move(order_);
   }
 
@@ -149,6 +141,8 @@ class DualPipeVRank {
     order_.emplace_back(Action::on(stage, ActionType::backward_weight, mb));
   }
 
+  int rank_;
+  int ranks_;
   int down_;
   int up_;
   int forward_down_ = 0, forward_up_ = 0, backward_down_ = 0, backward_up_ = 0;
@@ -159,7 +153,7 @@ class DualPipeVRank {
 }  // namespace
 
 Schedule zbv_zero_bubble(int ranks, int microbatches) {
-  Schedule schedule = v_schedule(ranks, microbatches);
+  Schedule schedule = make_schedule(ranks, v_stage_to_rank(ranks, 2 * ranks), microbatches);
   for (int rank = 0; rank < ranks; ++rank) {
     schedule.ranks[static_cast<std::size_t>(rank)] = zbv_rank_order(rank, ranks, microbatches);
   }
@@ -167,9 +161,9 @@ Schedule zbv_zero_bubble(int ranks, int microbatches) {
 }
 
 Schedule dualpipev(int ranks, int microbatches) {
-  Schedule schedule = v_schedule(ranks, microbatches);
+  Schedule schedule = make_schedule(ranks, v_stage_to_rank(ranks, 2 * ranks), microbatches);
   for (int rank = 0; rank < ranks; ++rank) {
-    schedule.ranks[static_cast<std::size_t>(rank)] = DualPipeVRank(rank, ranks).build(rank, ranks, microbatches);
+    schedule.ranks[static_cast<std::size_t>(rank)] = DualPipeVRank(rank, ranks).build(microbatches);
   }
   return schedule;
 }

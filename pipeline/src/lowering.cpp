@@ -11,8 +11,6 @@ namespace remat::pipeline {
 namespace detail {
 namespace {
 
-bool is_backward(ActionType type) { return type == ActionType::full_backward || type == ActionType::backward_input; }
-
 // What each rank has done so far, as PyTorch's prev_actions sets: a stage lives on one rank,
 // so one flag array indexed by stage and microbatch serves every rank.
 class Progress {

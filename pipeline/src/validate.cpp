@@ -142,8 +142,6 @@ void check_forward_count(const Schedule& s) {
   }
 }
 
-std::string name(int stage, const char* type, int mb) { return std::to_string(stage) + type + std::to_string(mb); }
-
 // In reading order: F before B or I, I before W, and a backward is B or I+W, never both.
 void check_order(const Schedule& s, const ScheduleIndex& index) {
   for_each_leaf(s, [&](int rank, std::size_t position, const Action& leaf, const Action& step) {
@@ -151,37 +149,40 @@ void check_order(const Schedule& s, const ScheduleIndex& index) {
     const int mb = leaf.microbatch.value_or(0);
     const auto kind = ScheduleIndex::kind_of(leaf.type);
     const std::int32_t self = kind ? index.ordinal(*kind, stage, mb) : -1;
-    auto needs_before = [&](Kind earlier, const char* type, const std::string& why) {
+    auto needs_before = [&](Kind earlier, ActionType type, const std::string& why) {
       const std::int32_t other = index.ordinal(earlier, stage, mb);
-      if (other < 0) fail(rank, position, leaf, step, why + ", but the schedule has no " + name(stage, type, mb));
+      if (other < 0) {
+        fail(rank, position, leaf, step, why + ", but the schedule has no " + action_name(stage, type, mb));
+      }
       if (other > self) {
         fail(rank, position, leaf, step,
-             why + ", but " + name(stage, type, mb) + " comes later, at position " +
+             why + ", but " + action_name(stage, type, mb) + " comes later, at position " +
                  std::to_string(index.position(earlier, stage, mb)));
       }
     };
-    auto not_both = [&](Kind other, const char* type) {
+    auto not_both = [&](Kind other, ActionType type) {
       if (!index.has(other, stage, mb)) return;
       fail(rank, position, leaf, step,
-           "stage " + std::to_string(stage) + " also runs " + name(stage, type, mb) + " (position " +
+           "stage " + std::to_string(stage) + " also runs " + action_name(stage, type, mb) + " (position " +
                std::to_string(index.position(other, stage, mb)) +
                "): a microbatch's backward is either B, or I and later W");
     };
     switch (leaf.type) {
       case ActionType::full_backward:
-        needs_before(Kind::forward, "F", "a backward runs after its forward");
-        not_both(Kind::input, "I");
+        needs_before(Kind::forward, ActionType::forward, "a backward runs after its forward");
+        not_both(Kind::input, ActionType::backward_input);
         break;
       case ActionType::backward_input:
-        needs_before(Kind::forward, "F", "a backward runs after its forward");
-        not_both(Kind::backward, "B");
+        needs_before(Kind::forward, ActionType::forward, "a backward runs after its forward");
+        not_both(Kind::backward, ActionType::full_backward);
         if (!index.has(Kind::weight, stage, mb)) {
           fail(rank, position, leaf, step,
-               "no " + name(stage, "W", mb) + " follows it: an I leaves the weight gradient to a later W");
+               "no " + action_name(stage, ActionType::backward_weight, mb) +
+                   " follows it: an I leaves the weight gradient to a later W");
         }
         break;
       case ActionType::backward_weight:
-        needs_before(Kind::input, "I", "a W runs after the I of its stage and microbatch");
+        needs_before(Kind::input, ActionType::backward_input, "a W runs after the I of its stage and microbatch");
         break;
       default: break;
     }
@@ -194,8 +195,9 @@ void check_complete(const Schedule& s, const ScheduleIndex& index) {
       if (index.has(Kind::backward, stage, mb) || index.has(Kind::input, stage, mb)) continue;
       throw PlanError("rank " + std::to_string(s.stage_to_rank[static_cast<std::size_t>(stage)]) + ": stage " +
                       std::to_string(stage) + " never runs a backward for microbatch " + std::to_string(mb) +
-                      ": it needs " + name(stage, "B", mb) + ", or " + name(stage, "I", mb) + " and " +
-                      name(stage, "W", mb));
+                      ": it needs " + action_name(stage, ActionType::full_backward, mb) + ", or " +
+                      action_name(stage, ActionType::backward_input, mb) + " and " +
+                      action_name(stage, ActionType::backward_weight, mb));
     }
   }
 }

@@ -17,13 +17,7 @@ namespace {
 
 using Kind = ScheduleIndex::Kind;
 
-std::string name(int stage, ActionType type, int mb) {
-  return std::to_string(stage) + std::string(to_string(type)) + std::to_string(mb);
-}
-
 Kind kind_of(ActionType type) { return *ScheduleIndex::kind_of(type); }
-
-bool is_backward(ActionType t) { return t == ActionType::full_backward || t == ActionType::backward_input; }
 
 // A message between two ranks, named by the stage that receives it.
 struct Message {
@@ -61,9 +55,11 @@ class CommunicationCheck {
   // `type` of (stage, mb) must exist on this rank, before this action (or after it).
   void needs(ActionType type, int stage, int mb, bool before, const std::string& why) const {
     const std::int32_t other = index_.ordinal(kind_of(type), stage, mb);
-    if (other < 0) fail(why + ", but rank " + std::to_string(rank_of(stage)) + " has no " + name(stage, type, mb));
+    if (other < 0) {
+      fail(why + ", but rank " + std::to_string(rank_of(stage)) + " has no " + action_name(stage, type, mb));
+    }
     if ((other < self()) != before) {
-      fail(why + ", but " + name(stage, type, mb) + " is at position " +
+      fail(why + ", but " + action_name(stage, type, mb) + " is at position " +
            std::to_string(index_.position(kind_of(type), stage, mb)));
     }
   }
@@ -73,7 +69,7 @@ class CommunicationCheck {
   }
   void needs_peer(ActionType type, int stage, int mb, const std::string& why) const {
     if (index_.has(kind_of(type), stage, mb)) return;
-    fail(why + ", but rank " + std::to_string(rank_of(stage)) + " has no " + name(stage, type, mb));
+    fail(why + ", but rank " + std::to_string(rank_of(stage)) + " has no " + action_name(stage, type, mb));
   }
   void no_neighbour(bool missing, const char* what) const {
     if (missing) fail(what);
@@ -165,9 +161,9 @@ class CommunicationCheck {
         const ActionType send_type = s.forward ? ActionType::send_f : ActionType::send_b;
         const int send_stage = s.forward ? s.to_stage - 1 : s.to_stage + 1;
         throw PlanError("rank " + std::to_string(r.rank) + ", position " + std::to_string(r.position) + ", " +
-                        name(r.to_stage, recv_type, r.mb) + ": it is receive number " + std::to_string(k + 1) +
+                        action_name(r.to_stage, recv_type, r.mb) + ": it is receive number " + std::to_string(k + 1) +
                         " from rank " + std::to_string(pair.first) + ", whose send number " + std::to_string(k + 1) +
-                        " to rank " + std::to_string(pair.second) + " is " + name(send_stage, send_type, s.mb) +
+                        " to rank " + std::to_string(pair.second) + " is " + action_name(send_stage, send_type, s.mb) +
                         " (position " + std::to_string(s.position) +
                         "): messages between two ranks are matched in the order they are posted, so it would "
                         "receive the wrong tensor; post the receives in the order the peer sends");
@@ -264,7 +260,7 @@ void check_runs_without_deadlock(const Schedule& s) {
     const ActionType send = a.forward ? ActionType::send_f : ActionType::send_b;
     const int peer = rank_of(a.stage);
     message += " rank " + std::to_string(rank) + ", position " + std::to_string(next[rank]) + ", " +
-               to_string(*s.ranks[rank][next[rank]]) + " waits for " + name(a.stage, send, a.mb) + " on rank " +
+               to_string(*s.ranks[rank][next[rank]]) + " waits for " + action_name(a.stage, send, a.mb) + " on rank " +
                std::to_string(peer) + ";";
   }
   if (!stuck) return;

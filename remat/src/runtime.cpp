@@ -408,11 +408,10 @@ void Frame::recompute() {
     at::AutoGradMode grad(true);
     try {
       body(args);
-    } catch (const StopRecompute&) {
-      // Every tensor backward needs exists: the rest of the body need not run.
     } catch (const std::exception& e) {
-      // The stop, as a layer between the hook and here rethrew it (PyTorch's Python bindings,
-      // for a Python body).
+      // The stop (StopRecompute, or what a layer between the hook and here rethrew it as:
+      // PyTorch's Python bindings, for a Python body): every tensor backward needs exists, so
+      // the rest of the body need not run.
       const bool stopped = missing == 0 && stop_early;
       auto placeholder_read = placeholder_error_of(e);
       // Work after the last needed tensor that built no graph node (so no early stop was

@@ -24,13 +24,18 @@ struct FreeSpace {
   std::int64_t free_blocks_in_split_segments = 0;
 };
 
+// Whether a new segment of `size` bytes would take reserved memory past the memory_fraction
+// cap `limit`. The pool refuses such a segment; the OOM report names the cap as the cause.
+inline bool exceeds_reserved_cap(std::size_t reserved, std::size_t limit, std::size_t size) {
+  return size > limit || reserved > limit - size;
+}
+
 struct PoolFigures {
   int device = 0;
   std::string_view backend;
   DeviceMemoryInfo memory{};
   const Config& config;
   std::size_t reserved_limit = Config::kUnlimited;  // the memory_fraction cap
-  bool cap_refused = false;  // the last segment was refused by that cap, not by the device
   const AllocatorStats& stats;
   const std::vector<TagStats>& tag_stats;  // indexed by TagId
   const TraceRing& trace;

@@ -1,6 +1,7 @@
 #include "commands/schedule_input.hpp"
 
 #include "core/errors.hpp"
+#include "reader/input_file.hpp"
 
 #include <remat/pipeline/csv.hpp>
 #include <remat/pipeline/errors.hpp>
@@ -93,8 +94,8 @@ LoadedSchedule custom(const ScheduleOptions& options) {
   if (format == pipeline::CsvFormat::compute_comms && given(options, "--lowering")) {
     throw UsageError("--lowering applies to compute-only schedules; a compute_comms file is lowered already");
   }
-  const bool from_stdin = options.csv == "-";
-  const std::string source = from_stdin ? "<stdin>" : options.csv;
+  const bool from_stdin = options.csv == kStdinArgument;
+  const std::string source = from_stdin ? std::string(kStdinName) : options.csv;
   std::ifstream file;
   if (!from_stdin) {
     std::error_code error;

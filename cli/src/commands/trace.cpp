@@ -121,7 +121,7 @@ class EventPrinter final : public EventSink {
     switch (format_) {
       case OutputFormat::text: {
         const GroupLabel label = tag_label(*tags_, e.tag, GroupBy::region);
-        std::string where = label.placeholder ? label.text : shown_name(label.text);
+        std::string where = shown_label(label);
         if (!site.empty()) where += " @ " + shown_name(site);
         out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", human_time_us(since),
                             to_string(e.action), hex_address(e.address), human_bytes(e.size), e.stream,

@@ -59,11 +59,6 @@ class SchemaLines final : public LineInspector {
   std::vector<std::string>& errors_;
 };
 
-class DiscardEvents final : public EventSink {
- public:
-  void on_event(const Event&) override {}
-};
-
 // Schema problems first, then (when there are none) what the schema cannot say: tag and name
 // indices, block layout, the consistency of the events, event counts. One pass over the
 // input, so standard input works too.

@@ -1,5 +1,7 @@
 #include "output/display_names.hpp"
 
+#include "analysis/grouping.hpp"
+
 namespace remat::report {
 
 namespace {
@@ -19,5 +21,7 @@ std::string shown_name(std::string_view name) {
   if (!reads_like_own_label(name)) return std::string(name);
   return "\"" + std::string(name) + "\"";
 }
+
+std::string shown_label(const GroupLabel& label) { return label.placeholder ? label.text : shown_name(label.text); }
 
 }  // namespace remat::report

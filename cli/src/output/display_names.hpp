@@ -10,6 +10,11 @@
 
 namespace remat::report {
 
+struct GroupLabel;
+
 std::string shown_name(std::string_view name);
+// A group's label as text shows it: remat-report's own placeholders as they are, names from
+// the dump through shown_name.
+std::string shown_label(const GroupLabel& label);
 
 }  // namespace remat::report

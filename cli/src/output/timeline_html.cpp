@@ -100,7 +100,7 @@ std::string timeline_html(const Timeline& t, const ChartText& text) {
   data["series"] = nlohmann::ordered_json::array();
   for (std::size_t s = 0; s < t.series.size(); ++s) {
     const GroupLabel& label = t.series[s].label;
-    data["series"].push_back({{"label", label.placeholder ? label.text : shown_name(label.text)},
+    data["series"].push_back({{"label", shown_label(label)},
                               {"placeholder", label.placeholder},
                               {"color", series_color(s, t.series[s].other)},
                               {"peak", t.series[s].peak},

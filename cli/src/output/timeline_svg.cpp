@@ -15,8 +15,6 @@ constexpr double kWidth = 1200, kHeight = 600;
 constexpr double kLeft = 90, kRight = 300, kTop = 64, kBottom = 64;
 constexpr double kPlotW = kWidth - kLeft - kRight, kPlotH = kHeight - kTop - kBottom;
 
-std::string shown(const GroupLabel& label) { return label.placeholder ? label.text : shown_name(label.text); }
-
 std::string values_attribute(const std::vector<std::uint64_t>& values) {
   std::string out;
   out.reserve(values.size() * 10);
@@ -101,7 +99,7 @@ std::string timeline_svg(const Timeline& t, const ChartText& text) {
         "<path class=\"series\" d=\"{}\" fill=\"{}\" data-label=\"{}\" data-placeholder=\"{}\" "
         "data-peak=\"{}\" data-values=\"{}\"><title>{} (peak {})</title></path>\n",
         d, series_color(s, series.other), xml_escape(series.label.text), series.label.placeholder, series.peak,
-        values_attribute(series.values), xml_escape(shown(series.label)), human_bytes(series.peak));
+        values_attribute(series.values), xml_escape(shown_label(series.label)), human_bytes(series.peak));
     for (std::size_t b = 0; b < n; ++b) below[b] += series.values[b];
   }
   svg += "</g>\n";
@@ -132,7 +130,7 @@ std::string timeline_svg(const Timeline& t, const ChartText& text) {
     const double y = kTop + 22 + static_cast<double>(row) * 20;
     if (y > kHeight - 20) break;
     const TimelineSeries& series = t.series[s];
-    std::string label = shown(series.label);
+    std::string label = shown_label(series.label);
     if (label.size() > 30) {
       std::size_t cut = 29;  // whole UTF-8 characters only
       while (cut > 0 && (static_cast<unsigned char>(label[cut]) & 0xc0) == 0x80) --cut;

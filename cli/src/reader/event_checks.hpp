@@ -21,6 +21,8 @@ class EventChecker {
   // Checks the next event. Throws InputError "event N: $.field: <problem>", N counting the
   // stream's events from 1.
   void check(const Event& event);
+  // How many events check has seen, a refused one included.
+  std::uint64_t events() const { return events_; }
 
  private:
   struct Allocation {

@@ -1,6 +1,7 @@
 #include "reader/input_file.hpp"
 
 #include "core/errors.hpp"
+#include "reader/input_sniff.hpp"
 
 #include <fmt/format.h>
 
@@ -67,19 +68,18 @@ std::size_t InputFile::read(char* into, std::size_t max) {
 
 std::string read_whole_input(const std::string& argument,
                              const std::function<void(std::string_view head, const std::string& name)>& check_head) {
-  constexpr std::size_t kHead = 4096;
   InputFile input = InputFile::open(argument);
-  std::string bytes(kHead, '\0');
+  std::string bytes(kSniffBytes, '\0');
   std::size_t used = 0;
-  while (used < kHead) {
-    const std::size_t n = input.read(bytes.data() + used, kHead - used);
+  while (used < kSniffBytes) {
+    const std::size_t n = input.read(bytes.data() + used, kSniffBytes - used);
     if (n == 0) break;
     used += n;
   }
   if (used == 0) throw InputError(fmt::format("{}: file is empty (0 bytes)", input.name()));
   check_head(std::string_view(bytes.data(), used), input.name());
-  if (used == kHead) {
-    bytes.resize(input.size() ? std::max<std::size_t>(static_cast<std::size_t>(*input.size()) + 1, 2 * kHead)
+  if (used == kSniffBytes) {
+    bytes.resize(input.size() ? std::max<std::size_t>(static_cast<std::size_t>(*input.size()) + 1, 2 * kSniffBytes)
                               : std::size_t{1} << 20);
     for (;;) {
       if (used == bytes.size()) bytes.resize(bytes.size() * 2);

@@ -43,7 +43,7 @@ class InputFile {
 };
 
 // Reads a whole input (`-` for standard input) into memory: for binary inputs such as pickles.
-// `check_head` sees the first bytes (up to 4096) and the input's name before the rest is read,
+// `check_head` sees the first bytes (up to kSniffBytes) and the input's name before the rest is read,
 // so that a wrong input is refused in bounded memory. A missing, unreadable or empty input is
 // an InputError.
 std::string read_whole_input(const std::string& argument,

@@ -143,15 +143,15 @@ std::uint64_t TraceFile::stream(EventSink& sink) {
     } catch (const InputError& error) {
       fail(error.what());
     }
-    ++events_;
     sink.on_event(event);
   }
-  if (decoding_ && header_.event_count && *header_.event_count != events_) {
+  const std::uint64_t events = checker_.events();
+  if (decoding_ && header_.event_count && *header_.event_count != events) {
     throw InputError(lines_->name(),
-                     fmt::format("the header declares {} events but the file holds {}{}", *header_.event_count, events_,
-                                 events_ < *header_.event_count ? " (truncated file?)" : ""));
+                     fmt::format("the header declares {} events but the file holds {}{}", *header_.event_count, events,
+                                 events < *header_.event_count ? " (truncated file?)" : ""));
   }
-  return events_;
+  return events;
 }
 
 }  // namespace remat::report

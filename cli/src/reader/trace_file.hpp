@@ -22,6 +22,12 @@ class EventSink {
   virtual void on_event(const Event& event) = 0;
 };
 
+// For reading a trace only to check it.
+class DiscardEvents final : public EventSink {
+ public:
+  void on_event(const Event&) override {}
+};
+
 // Sees every line of a trace as parsed JSON before it is decoded (`validate` checks each line
 // against its schema). Once it refuses a line, events are no longer decoded, so that one
 // problem is not reported again through its consequences; later lines are still shown to it.
@@ -58,7 +64,6 @@ class TraceFile {
   EventChecker checker_;
   LineInspector* inspector_ = nullptr;
   bool decoding_ = true;
-  std::uint64_t events_ = 0;
 };
 
 }  // namespace remat::report

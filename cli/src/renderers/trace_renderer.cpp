@@ -11,11 +11,6 @@ namespace remat::report {
 
 namespace {
 
-class NullSink final : public EventSink {
- public:
-  void on_event(const Event&) override {}
-};
-
 class CollectSink final : public EventSink {
  public:
   explicit CollectSink(std::vector<Event>& events) : events_(events) {}
@@ -33,8 +28,8 @@ class CollectSink final : public EventSink {
 
 void TraceRenderer::check(const DumpFile& file) const {
   TraceFile trace(file);
-  NullSink sink;
-  trace.stream(sink);
+  DiscardEvents discard;
+  trace.stream(discard);
 }
 
 void TraceRenderer::events(const DumpFile& file, const EventsBegin& begin) const {

@@ -4,6 +4,8 @@
 
 #include <remat/pipeline/schedule.hpp>
 
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace remat::pipeline::detail {
@@ -12,6 +14,20 @@ namespace remat::pipeline::detail {
 // rank s % ranks; "v" zigzags, so with two stages per rank, rank r holds r and 2R-1-r.
 std::vector<int> loop_stage_to_rank(int ranks, int stages);
 std::vector<int> v_stage_to_rank(int ranks, int stages);
+
+// An empty order per rank, to be filled by the generator.
+inline Schedule make_schedule(int ranks, std::vector<int> stage_to_rank, int microbatches) {
+  Schedule schedule;
+  schedule.ranks.resize(static_cast<std::size_t>(ranks));
+  schedule.stage_to_rank = std::move(stage_to_rank);
+  schedule.microbatches = microbatches;
+  return schedule;
+}
+
+// Appends `steps` idle steps.
+inline void idle(RankOrder& order, int steps) {
+  for (int i = 0; i < steps; ++i) order.emplace_back(std::nullopt);
+}
 
 Schedule gpipe(int ranks, int microbatches);                                        // ScheduleGPipe
 Schedule one_f_one_b(int ranks, int microbatches);                                  // Schedule1F1B

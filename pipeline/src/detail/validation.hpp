@@ -13,6 +13,9 @@
 
 namespace remat::pipeline::detail {
 
+// "1B2": the action on one stage and microbatch, as the error messages name it.
+inline std::string action_name(int stage, ActionType type, int mb) { return to_string(Action::on(stage, type, mb)); }
+
 // "rank 1, position 4, 1B2", with the group it belongs to for a sub-action.
 std::string where(int rank, std::size_t position, const Action& leaf, const Action& step);
 

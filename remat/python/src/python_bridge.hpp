@@ -27,7 +27,6 @@ class PyRef {
   explicit PyRef(py::object object);
   // Needs the GIL.
   const py::object& get() const;
-  explicit operator bool() const { return holder_ != nullptr; }
 
  private:
   struct Holder;

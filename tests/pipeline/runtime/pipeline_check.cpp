@@ -78,7 +78,7 @@ struct Job {
   Schedule lowered;
   Options options;
   int rank() const { return communicator->rank(); }
-  pipeline_example::ModelShape shape() const { return {kWidth, kRows, lowered.num_stages(), lowered.microbatches}; }
+  pipeline_example::ModelShape shape() const { return {kWidth, kRows, lowered.microbatches}; }
 };
 
 struct RunResult {

@@ -28,6 +28,11 @@ enum class ActionType {
 };
 std::string_view to_string(ActionType type);
 
+// B and I: the backwards that send a gradient to the previous stage (W sends nothing).
+inline bool is_backward(ActionType type) {
+  return type == ActionType::full_backward || type == ActionType::backward_input;
+}
+
 struct Action {
   int stage = 0;  // -1 for an overlapped container, as in PyTorch
   ActionType type = ActionType::forward;
