@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 using namespace remat::alloc;
 using namespace remat::alloc::testing;
 
@@ -63,6 +65,26 @@ TEST(TraceRing, CapacityZeroSwitchesTracingOff) {
   ring.record(TraceAction::alloc, 512, 512, 0, 0);
   EXPECT_FALSE(ring.enabled());
   EXPECT_TRUE(ring.events().empty());
+}
+
+// Threads on different cores record into one ring: the trace still reads back in time
+// order, which remat-report requires of every trace.
+TEST(Trace, TimesStayInOrderWhenThreadsContendForTheLock) {
+  HostAllocator a("trace_entries:65536");
+  constexpr int kThreads = 4;
+  constexpr int kPairs = 4000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&a] {
+      for (int i = 0; i < kPairs; ++i) a.free(a.alloc(4096));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const auto events = a.allocator->snapshot().trace;
+  ASSERT_GE(events.size(), static_cast<std::size_t>(kThreads * kPairs * 3));
+  for (std::size_t i = 1; i < events.size(); ++i) {
+    ASSERT_LE(events[i - 1].time_us, events[i].time_us) << "event " << i << " goes back in time";
+  }
 }
 
 TEST(Trace, RecordsTheLifecycleOfABlockInOrder) {
