@@ -101,6 +101,14 @@ struct CachingAllocator::State {
     return tag_stats[tag];
   }
 
+  std::vector<TagStatsEntry> tags_that_allocated() const {
+    std::vector<TagStatsEntry> out;
+    for (std::size_t tag = 0; tag < tag_stats.size(); ++tag) {
+      if (tag_stats[tag].count.total_added != 0) out.push_back({static_cast<TagId>(tag), tag_stats[tag]});
+    }
+    return out;
+  }
+
   Block* new_segment(std::size_t size, Stream stream, bool small) {
     if (detail::exceeds_reserved_cap(static_cast<std::size_t>(stats.reserved_bytes.current), reserved_limit, size)) {
       return nullptr;
@@ -456,9 +464,7 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   out.config = s.config;
   out.stats = s.stats;
   out.memory = s.backend->memory_info();
-  for (std::size_t tag = 0; tag < s.tag_stats.size(); ++tag) {
-    if (s.tag_stats[tag].count.total_added != 0) out.tag_stats.push_back({static_cast<TagId>(tag), s.tag_stats[tag]});
-  }
+  out.tag_stats = s.tags_that_allocated();
   out.segments.reserve(s.segments.size());
   for (const auto& [address, head] : s.segments) {
     SegmentInfo segment;
@@ -478,6 +484,11 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   out.trace_capacity = s.trace.capacity();
   out.trace_dropped = s.trace.dropped();
   return out;
+}
+
+std::vector<TagStatsEntry> CachingAllocator::tag_stats() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->tags_that_allocated();
 }
 
 std::optional<TagId> CachingAllocator::tag_of_block(const void* ptr) const {

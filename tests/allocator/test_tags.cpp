@@ -168,6 +168,36 @@ TEST(Tags, PerTagBytesAddUpToTheGlobalFigures) {
   for (void* p : blocks) a.free(p);
 }
 
+// tag_stats() is the snapshot's per-tag part on its own: same tags, same figures, and a tag
+// whose blocks were all freed stays listed with nothing live.
+TEST(Tags, TagStatsMatchTheSnapshotsAndKeepFreedTags) {
+  HostAllocator a;
+  void* kept = nullptr;
+  {
+    auto region = TagScope::region("kept");
+    kept = a.alloc(3000);
+  }
+  {
+    auto region = TagScope::region("freed");
+    a.free(a.alloc(5000));
+  }
+  const std::vector<TagStatsEntry> entries = a.allocator->tag_stats();
+  const AllocatorSnapshot snap = a.allocator->snapshot();
+  ASSERT_EQ(entries.size(), snap.tag_stats.size());
+  ASSERT_EQ(entries.size(), 2u);
+  for (const TagStatsEntry& entry : entries) {
+    const TagStats* same = stats_of(snap, entry.tag);
+    ASSERT_NE(same, nullptr);
+    EXPECT_EQ(entry.stats.requested_bytes.current, same->requested_bytes.current);
+    EXPECT_EQ(entry.stats.count.total_added, same->count.total_added);
+    const bool is_kept = name_of(tag_of(entry.tag).region) == "kept";
+    EXPECT_EQ(entry.stats.count.current, is_kept ? 1 : 0);
+    EXPECT_EQ(entry.stats.requested_bytes.current, is_kept ? 3000 : 0);
+    EXPECT_EQ(entry.stats.requested_bytes.peak, is_kept ? 3000 : 5000);
+  }
+  a.free(kept);
+}
+
 TEST(Tags, LiveBytesByRegionPrefixCoversNestedRegionsOnly) {
   HostAllocator a;
   std::vector<void*> blocks;

@@ -17,15 +17,13 @@ std::vector<ReceiveBufferUsage> live_receive_buffers() {
   };
   std::map<std::tuple<int, int>, Totals> by_stage;  // (stage, 0 = F / 1 = B)
   alloc::for_each_device_allocator([&](alloc::CachingAllocator& allocator) {
-    for (const auto& segment : allocator.snapshot().segments) {
-      for (const auto& block : segment.blocks) {
-        if (block.state != alloc::BlockState::active_allocated) continue;
-        const alloc::Tag tag = alloc::tag_of(block.tag);
-        if (!tag.has_recv) continue;
-        Totals& totals = by_stage[{tag.recv.stage, tag.recv.direction == alloc::Direction::forward ? 0 : 1}];
-        totals.slots.insert(tag.recv.slot);
-        totals.bytes += block.requested_size;
-      }
+    for (const alloc::TagStatsEntry& entry : allocator.tag_stats()) {
+      if (entry.stats.count.current == 0) continue;
+      const alloc::Tag tag = alloc::tag_of(entry.tag);
+      if (!tag.has_recv) continue;
+      Totals& totals = by_stage[{tag.recv.stage, tag.recv.direction == alloc::Direction::forward ? 0 : 1}];
+      totals.slots.insert(tag.recv.slot);
+      totals.bytes += static_cast<std::uint64_t>(entry.stats.requested_bytes.current);
     }
   });
   std::vector<ReceiveBufferUsage> usage;

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace remat::pipeline {
@@ -47,8 +48,16 @@ struct LocalStage {
   }
 };
 
-std::string describe(int rank, std::size_t position, const Action& action) {
-  return "rank " + std::to_string(rank) + ", position " + std::to_string(position) + " (" + to_string(action) + ")";
+// The action being run, for error messages: formatted only when one is thrown.
+struct ActionSite {
+  int rank = 0;
+  std::size_t position = 0;
+  const Action& action;
+};
+
+std::string operator+(const ActionSite& site, std::string_view text) {
+  return "rank " + std::to_string(site.rank) + ", position " + std::to_string(site.position) + " (" +
+         to_string(site.action) + ")" + std::string(text);
 }
 
 }  // namespace
@@ -69,12 +78,12 @@ struct PipelineRuntime::Impl {
   int tag(int receiving_stage, Direction direction, int microbatch) const {
     return (receiving_stage * 2 + (direction == Direction::backward ? 1 : 0)) * microbatches() + microbatch;
   }
-  LocalStage& stage(int index, const std::string& where) {
+  LocalStage& stage(int index, const ActionSite& where) {
     const auto found = stages.find(index);
     if (found == stages.end()) throw RuntimeError(where + ": stage " + std::to_string(index) + " is not on this rank");
     return found->second;
   }
-  MicrobatchState& state(LocalStage& stage, int microbatch, const std::string& where) {
+  MicrobatchState& state(LocalStage& stage, int microbatch, const ActionSite& where) {
     if (microbatch < 0 || microbatch >= microbatches()) {
       throw RuntimeError(where + ": microbatch " + std::to_string(microbatch) + " is outside 0.." +
                          std::to_string(microbatches() - 1));
@@ -86,12 +95,12 @@ struct PipelineRuntime::Impl {
   void build_rings();
   void run(const Action& action, std::size_t position, const std::vector<at::Tensor>& inputs,
            const std::vector<at::Tensor>& targets);
-  void forward(LocalStage& stage, int microbatch, const std::string& where, const std::vector<at::Tensor>& inputs,
+  void forward(LocalStage& stage, int microbatch, const ActionSite& where, const std::vector<at::Tensor>& inputs,
                const std::vector<at::Tensor>& targets);
-  void backward(LocalStage& stage, int microbatch, bool input_only, const std::string& where);
-  void backward_weight(LocalStage& stage, int microbatch, const std::string& where);
-  void send(LocalStage& stage, Direction direction, int microbatch, const std::string& where);
-  void receive(LocalStage& stage, Direction direction, int microbatch, const std::string& where);
+  void backward(LocalStage& stage, int microbatch, bool input_only, const ActionSite& where);
+  void backward_weight(LocalStage& stage, int microbatch, const ActionSite& where);
+  void send(LocalStage& stage, Direction direction, int microbatch, const ActionSite& where);
+  void receive(LocalStage& stage, Direction direction, int microbatch, const ActionSite& where);
 };
 
 void PipelineRuntime::Impl::check_fits_schedule(const std::vector<StageModule>& given) const {
@@ -206,7 +215,7 @@ int PipelineRuntime::buffer_sets(int stage, Direction direction) const {
   return ring ? ring->size() : 0;
 }
 
-void PipelineRuntime::Impl::receive(LocalStage& stage, Direction direction, int microbatch, const std::string& where) {
+void PipelineRuntime::Impl::receive(LocalStage& stage, Direction direction, int microbatch, const ActionSite& where) {
   const bool forward = direction == Direction::forward;
   auto& ring = forward ? stage.forward_ring : stage.backward_ring;
   const auto peer = forward ? stage.previous_rank : stage.next_rank;
@@ -218,7 +227,7 @@ void PipelineRuntime::Impl::receive(LocalStage& stage, Direction direction, int 
   (forward ? mb.input : mb.grad_output) = buffer;
 }
 
-void PipelineRuntime::Impl::send(LocalStage& stage, Direction direction, int microbatch, const std::string& where) {
+void PipelineRuntime::Impl::send(LocalStage& stage, Direction direction, int microbatch, const ActionSite& where) {
   const bool forward = direction == Direction::forward;
   const auto peer = forward ? stage.next_rank : stage.previous_rank;
   if (!peer) throw RuntimeError(where + ": stage " + std::to_string(stage.module.stage) + " has no neighbour to send to");
@@ -242,7 +251,7 @@ void PipelineRuntime::Impl::send(LocalStage& stage, Direction direction, int mic
                          tag(receiving_stage, direction, microbatch)));
 }
 
-void PipelineRuntime::Impl::forward(LocalStage& stage, int microbatch, const std::string& where,
+void PipelineRuntime::Impl::forward(LocalStage& stage, int microbatch, const ActionSite& where,
                                     const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
   MicrobatchState& mb = state(stage, microbatch, where);
   const int s = stage.module.stage;
@@ -268,7 +277,7 @@ void PipelineRuntime::Impl::forward(LocalStage& stage, int microbatch, const std
   }
 }
 
-void PipelineRuntime::Impl::backward(LocalStage& stage, int microbatch, bool input_only, const std::string& where) {
+void PipelineRuntime::Impl::backward(LocalStage& stage, int microbatch, bool input_only, const ActionSite& where) {
   MicrobatchState& mb = state(stage, microbatch, where);
   const int s = stage.module.stage;
   if (!mb.output.defined()) throw RuntimeError(where + ": backward before the microbatch's forward on this stage");
@@ -318,7 +327,7 @@ void PipelineRuntime::Impl::backward(LocalStage& stage, int microbatch, bool inp
   if (s > 0 && stage.previous_rank == rank()) mb.input = at::Tensor();
 }
 
-void PipelineRuntime::Impl::backward_weight(LocalStage& stage, int microbatch, const std::string& where) {
+void PipelineRuntime::Impl::backward_weight(LocalStage& stage, int microbatch, const ActionSite& where) {
   MicrobatchState& mb = state(stage, microbatch, where);
   if (mb.weight_grads.size() != stage.module.parameters.size()) {
     throw RuntimeError(where + ": W before the microbatch's I on this stage");
@@ -338,7 +347,7 @@ void PipelineRuntime::Impl::backward_weight(LocalStage& stage, int microbatch, c
 
 void PipelineRuntime::Impl::run(const Action& action, std::size_t position, const std::vector<at::Tensor>& inputs,
                                 const std::vector<at::Tensor>& targets) {
-  const std::string where = describe(rank(), position, action);
+  const ActionSite where{rank(), position, action};
   if (action.type == ActionType::overlap_f_b) {
     for (const Action& inner : action.sub_actions) run(inner, position, inputs, targets);
     return;

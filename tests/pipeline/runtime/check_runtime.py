@@ -4,8 +4,8 @@ remat-launch with a free port, every run bounded by a timeout and every child re
 
     check_runtime.py --launcher remat-launch --worker pipeline_check CASE [worker options]
 
-CASE: parity, pass-through, undersized, unguarded, kill, stall, world-size, wrong-stages, port-in-use,
-bad-environment, store-on-loopback, refused-shape.
+CASE: parity, pass-through, undersized, unguarded, kill, stall, world-size, wrong-stages,
+wrong-output-shape, port-in-use, bad-environment, store-on-loopback, refused-shape.
 """
 
 import argparse
@@ -112,6 +112,15 @@ def check_world_size(args, worker_args):
     code, output, _ = launch(args, 2, ["--check", "fit", "--schedule-ranks", "4", *worker_args])
     expect(code == 1, "the job fails")
     expect("the schedule has 4 ranks but the job has WORLD_SIZE=2" in output, "the error names both counts")
+
+
+def check_wrong_output_shape(args, worker_args):
+    code, output, _ = launch(args, args.nproc, ["--check", "fit", "--wrong-output-shape", *worker_args])
+    expect(code == 1, "the job fails")
+    expect(re.search(r"rank 0: failed: rank 0, position \d+ \(0SEND_F0\): stage 0 has a forward output of shape "
+                     r"\[\d+, (\d+)\] and type Float but the receive buffers hold \[\d+, (\d+)\] Float; set "
+                     r"RuntimeOptions::activation_shape", output),
+           "rank 0 names the action, the stage and both shapes")
 
 
 def check_wrong_stages(args, worker_args):
@@ -240,6 +249,7 @@ CASES = {
     "stall": check_stall,
     "world-size": check_world_size,
     "wrong-stages": check_wrong_stages,
+    "wrong-output-shape": check_wrong_output_shape,
     "port-in-use": check_port_in_use,
     "bad-environment": check_bad_environment,
     "store-on-loopback": check_store_on_loopback,

@@ -7,7 +7,7 @@
 //   --check unguarded   the same rings without the guard: results differ from stock
 //   --check kill        --die-rank kills itself mid-step (--die-signal STOP: stops instead);
 //                       the others must fail on their own
-//   --check fit         --schedule-ranks / --wrong-stages: the runtime's errors
+//   --check fit         --schedule-ranks / --wrong-stages / --wrong-output-shape: the runtime's errors
 
 #include "pipeline_model.hpp"
 
@@ -40,6 +40,7 @@ struct Options {
   bool checkpoint = false;
   bool wrong_stages = false;
   bool pass_through_stages = false;  // odd stages return a view of their input
+  bool wrong_output_shape = false;   // stage 0 returns one column fewer than the buffers hold
   int die_rank = -1;
   int die_step = 1;
   int die_signal = SIGKILL;
@@ -60,6 +61,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--checkpoint") o.checkpoint = true;
     else if (arg == "--wrong-stages") o.wrong_stages = true;
     else if (arg == "--pass-through-stages") o.pass_through_stages = true;
+    else if (arg == "--wrong-output-shape") o.wrong_output_shape = true;
     else if (arg == "--die-rank") o.die_rank = std::stoi(value());
     else if (arg == "--die-step") o.die_step = std::stoi(value());
     else if (arg == "--die-signal") o.die_signal = value() == "STOP" ? SIGSTOP : SIGKILL;
@@ -103,6 +105,10 @@ RunResult train(const Job& job, BufferMode buffers, int rings_below_minimum = 0,
     if (job.options.pass_through_stages && s % 2 == 1) {
       // Its output and its input gradient are views of its receive buffers.
       module.forward = [](const at::Tensor& x) { return x.view_as(x); };
+    }
+    if (job.options.wrong_output_shape && s == 0) {
+      auto forward = module.forward;
+      module.forward = [forward](const at::Tensor& x) { return forward(x).narrow(1, 0, kWidth - 1); };
     }
     if (job.rank() == job.options.die_rank) {
       auto forward = module.forward;

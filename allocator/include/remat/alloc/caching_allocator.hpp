@@ -56,6 +56,8 @@ class CachingAllocator {
   AllocatorStats stats() const;
   void reset_peak_stats();
   AllocatorSnapshot snapshot() const;
+  // Statistics of every tag that ever allocated, without the snapshot's segments and trace.
+  std::vector<TagStatsEntry> tag_stats() const;
   // The tag of the live block that starts at `ptr`, if this allocator returned it.
   std::optional<TagId> tag_of_block(const void* ptr) const;
   // Requested bytes currently live under regions whose path starts with `prefix`.
