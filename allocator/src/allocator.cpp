@@ -3,7 +3,10 @@
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/host_backend.hpp>
 
+#include "detail/fork_safety.hpp"
 #include "detail/format.hpp"
+
+#include <pthread.h>
 
 #include <array>
 #include <atomic>
@@ -28,11 +31,49 @@ struct Registry {
   int next_observer_id = 1;
 };
 
+void hold_everything_for_fork();
+void release_everything_after_fork();
+
 // Never destroyed: PyTorch may free tensors during interpreter shutdown, after static
 // destructors would have run.
 Registry& registry() {
-  static auto* instance = new Registry();
+  static auto* instance = [] {
+    auto* created = new Registry();
+    pthread_atfork(hold_everything_for_fork, release_everything_after_fork, release_everything_after_fork);
+    return created;
+  }();
   return *instance;
+}
+
+// The registry's allocators, each once (the CPU allocator may be device 0's). Stable while
+// r.mutex is held: allocators are created under it.
+std::vector<CachingAllocator*> registered_allocators(Registry& r) {
+  std::vector<CachingAllocator*> out;
+  for (auto& slot : r.allocators) {
+    if (CachingAllocator* allocator = slot.load(std::memory_order_relaxed)) out.push_back(allocator);
+  }
+  CachingAllocator* separate = r.separate_cpu_allocator.load(std::memory_order_relaxed);
+  if (separate != nullptr) out.push_back(separate);
+  return out;
+}
+
+// Fork handlers (detail/fork_safety.hpp), in the order every other path takes these locks:
+// the registry, then allocators, then the tag tables; observers last.
+void hold_everything_for_fork() {
+  Registry& r = registry();
+  r.mutex.lock();
+  for (CachingAllocator* allocator : registered_allocators(r)) allocator->hold_for_fork();
+  detail::hold_tag_tables_for_fork();
+  r.observer_mutex.lock();
+}
+
+void release_everything_after_fork() {
+  Registry& r = registry();
+  r.observer_mutex.unlock();
+  detail::release_tag_tables_after_fork();
+  const std::vector<CachingAllocator*> allocators = registered_allocators(r);
+  for (auto it = allocators.rbegin(); it != allocators.rend(); ++it) (*it)->release_after_fork();
+  r.mutex.unlock();
 }
 
 void notify_observers(const OomEvent& event) {
@@ -167,7 +208,7 @@ Config current_config() {
 
 void set_memory_fraction(int device, double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw InvalidArgumentError("memory fraction " + std::to_string(fraction) + " for device " + std::to_string(device) +
+    throw InvalidArgumentError("memory fraction " + detail::shortest_text(fraction) + " for device " + std::to_string(device) +
                                " is outside (0, 1]; pass the share of device memory to allow, e.g. 0.8");
   }
   CachingAllocator& allocator = device_allocator(device);

@@ -8,6 +8,8 @@
 #include <remat/alloc/snapshot.hpp>
 #include <remat/alloc/version.hpp>
 
+#include "detail/format.hpp"
+
 #include <cstdio>
 #include <string>
 #include <type_traits>
@@ -106,8 +108,8 @@ int remat_pop_region(void) { return guarded([] { pop_tag(ScopeKind::region); });
 int remat_push_recv_slot(int stage, char direction, int slot) {
   return guarded([&] {
     if (direction != 'F' && direction != 'B') {
-      throw InvalidArgumentError(std::string("receive direction '") + direction +
-                                 "' is not valid; pass 'F' (forward activations) or 'B' (gradients)");
+      throw InvalidArgumentError("receive direction " + detail::quote(std::string_view(&direction, 1)) +
+                                 " is not valid; pass 'F' (forward activations) or 'B' (gradients)");
     }
     push_recv_slot({stage, direction == 'F' ? Direction::forward : Direction::backward, slot});
   });
@@ -123,7 +125,7 @@ int remat_push_phase(const char* phase) {
     for (const Phase candidate : {Phase::forward, Phase::recompute, Phase::backward, Phase::other}) {
       if (text == to_string(candidate)) return push_phase(candidate);
     }
-    throw InvalidArgumentError("phase '" + std::string(text) + "' is not valid; pass forward, recompute, backward or other");
+    throw InvalidArgumentError("phase " + detail::quote(text) + " is not valid; pass forward, recompute, backward or other");
   });
 }
 int remat_pop_phase(void) { return guarded([] { pop_tag(ScopeKind::phase); }); }
@@ -134,7 +136,7 @@ int remat_push_policy(const char* policy) {
     for (const Policy candidate : {Policy::save, Policy::recompute, Policy::none}) {
       if (text == to_string(candidate)) return push_policy(candidate);
     }
-    throw InvalidArgumentError("policy '" + std::string(text) + "' is not valid; pass save, recompute or none");
+    throw InvalidArgumentError("policy " + detail::quote(text) + " is not valid; pass save, recompute or none");
   });
 }
 int remat_pop_policy(void) { return guarded([] { pop_tag(ScopeKind::policy); }); }

@@ -237,8 +237,13 @@ struct CachingAllocator::State {
       --it;
       for (const Block* block = it->second; block != nullptr; block = block->next) {
         if (address < block->address || address >= block->address + block->size) continue;
-        if (!block->allocated) {
+        if (!block->allocated && address == block->address) {
           return "free of " + where + ", which is already free (double free); free each pointer exactly once";
+        }
+        if (!block->allocated) {
+          return "free of " + where + ", which lies inside free cached memory: a pointer past the start of its "
+                 "block, or a double free of a block since merged with its free neighbours; free the pointer that "
+                 "allocation returned, once";
         }
         return "free of " + where + ", which points inside the live block at " + format_address(block->address) +
                "; free the pointer that allocation returned";
@@ -485,6 +490,9 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   out.trace_dropped = s.trace.dropped();
   return out;
 }
+
+void CachingAllocator::hold_for_fork() { state_->mutex.lock(); }
+void CachingAllocator::release_after_fork() { state_->mutex.unlock(); }
 
 std::vector<TagStatsEntry> CachingAllocator::tag_stats() const {
   std::lock_guard lock(state_->mutex);

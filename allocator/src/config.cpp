@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace remat::alloc {
 namespace {
@@ -69,6 +71,7 @@ std::string_view to_string(BackendKind kind) {
 
 Config Config::parse(std::string_view text, Config base, std::string_view source) {
   Config config = std::move(base);
+  std::vector<std::pair<std::string_view, std::string_view>> given;  // key, value
   std::string_view rest = text;
   while (!rest.empty()) {
     const auto comma = rest.find(',');
@@ -83,6 +86,13 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
     }
     const std::string_view key = trim(item.substr(0, colon));
     const std::string_view value = trim(item.substr(colon + 1));
+    for (const auto& [earlier_key, earlier_value] : given) {
+      if (earlier_key != key) continue;
+      throw ConfigError(std::string(source) + ": key " + detail::quote(key) + " is given twice (" +
+                        detail::quote(earlier_value) + ", then " + detail::quote(value) +
+                        "); give each key once, with the value you mean");
+    }
+    given.emplace_back(key, value);
     if (key == "backend") {
       if (value == "cuda") config.backend = BackendKind::cuda;
       else if (value == "host") config.backend = BackendKind::host;

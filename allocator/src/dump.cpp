@@ -5,6 +5,7 @@
 #include "detail/format.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -50,6 +51,38 @@ std::string host_name() {
                 "); pass a path in an existing directory you can write to");
 }
 
+std::string_view file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// The file a dump replaces: `path`, or what a symbolic link at `path` points to (the link is
+// kept). A dump is renamed into place, which would replace a device, FIFO or socket itself
+// (as root, /dev/null), so anything but a regular file or a new name is refused.
+std::string dump_target(const std::string& path) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) return path;  // a new file; open() reports a bad directory
+  std::string target = path;
+  if (S_ISLNK(info.st_mode)) {
+    char* resolved = ::realpath(path.c_str(), nullptr);
+    if (resolved == nullptr) {
+      throw IoError("cannot write " + detail::quote(path, 256) + ": it is a symbolic link that cannot be followed (" +
+                    std::strerror(errno) + "); point it at a file in an existing directory, or pass another path");
+    }
+    target = resolved;
+    std::free(resolved);
+    if (::stat(target.c_str(), &info) != 0) return target;
+  }
+  if (!S_ISREG(info.st_mode)) {
+    throw IoError("cannot write " + detail::quote(path, 256) + ": it is " + std::string(file_kind(info.st_mode)) +
+                  ", and a dump replaces its target with a new file; pass the path of a regular file");
+  }
+  return target;
+}
+
 std::string directory_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -75,10 +108,15 @@ void write_dump_header(JsonWriter& json, std::string_view kind, int schema_versi
       .field("device", device);
 }
 
-void write_file_atomically(const std::string& path, std::string_view contents) {
-  if (path.empty()) throw IoError("dump path is empty; pass a file path such as /tmp/snapshot.json");
+void write_file_atomically(const std::string& requested_path, std::string_view contents) {
+  if (requested_path.empty()) throw IoError("dump path is empty; pass the path of the file to write");
+  const std::string path = dump_target(requested_path);
   static std::atomic<unsigned> counter{0};
-  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  // A short name beside the target, so that any name the file system accepts for the target
+  // also leaves room for the temporary file's.
+  std::string temp = directory_of(path);
+  if (temp.back() != '/') temp += '/';
+  temp += ".remat-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".tmp";
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) io_failure("creating the temporary file " + temp, path, errno);
   const char* data = contents.data();

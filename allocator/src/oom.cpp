@@ -2,6 +2,7 @@
 #include <remat/alloc/dump.hpp>
 #include <remat/alloc/oom.hpp>
 
+#include "detail/format.hpp"
 #include "detail/oom_reporting.hpp"
 
 #include <sys/time.h>
@@ -57,18 +58,27 @@ std::string what_happened(const OomReport& r) {
          format_bytes(static_cast<std::uint64_t>(r.reserved_bytes)) + " reserved";
 }
 
+// The host backend's "device" is a capacity the configuration sets, not a card's memory.
+std::string host_capacity_advice(const OomReport& r) {
+  return "raise host_capacity_mb (REMAT_ALLOC_CONF, remat_configure or remat_alloc.configure; the host backend "
+         "holds " + format_bytes(r.memory.total_bytes) + " now)";
+}
+
 // The change that addresses the cause.
-std::string what_to_change(OomCause cause) {
-  switch (cause) {
+std::string what_to_change(const OomReport& r) {
+  const bool host = r.backend == "host";
+  switch (r.cause) {
     case OomCause::request_exceeds_device:
-      return "split the tensor, or shrink what sizes it (batch size, sequence length)";
+      return (host ? host_capacity_advice(r) + ", or " : std::string()) +
+             "split the tensor, or shrink what sizes it (batch size, sequence length)";
     case OomCause::memory_fraction_cap:
       return "raise memory_fraction (REMAT_ALLOC_CONF, remat_configure or "
              "torch.cuda.set_per_process_memory_fraction), or free tensors";
     case OomCause::device_full:
       break;
   }
-  return "free tensors, recompute more regions, or lower the batch size";
+  return "free tensors, recompute more regions, or lower the batch size" +
+         (host ? ", or " + host_capacity_advice(r) : std::string());
 }
 
 }  // namespace
@@ -84,7 +94,7 @@ std::string_view to_string(OomCause cause) {
 
 std::string oom_message(const OomReport& r) {
   return "out of memory on device " + std::to_string(r.device) + " (" + r.backend + "): " + what_happened(r) + ". " +
-         what_to_change(r.cause);
+         what_to_change(r);
 }
 
 std::string oom_report_to_json(const OomReport& r) {
@@ -149,7 +159,7 @@ std::string oom_summary_line(const OomReport& r, const std::string& dump_path, c
   const std::size_t shown = std::min<std::size_t>(3, r.by_region.size());
   for (std::size_t i = 0; i < shown; ++i) {
     const OomHolder& holder = r.by_region[i];
-    line += (i ? ", " : "") + holder.name + " " + format_bytes(static_cast<std::uint64_t>(holder.bytes));
+    line += (i ? ", " : "") + detail::printable(holder.name) + " " + format_bytes(static_cast<std::uint64_t>(holder.bytes));
   }
   if (shown == 0) line += "none";
   if (!dump_path.empty()) line += "; report: " + dump_path;
@@ -214,11 +224,13 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
 
   const std::vector<std::string> names = interned_names();
   const std::vector<Tag> tags = interned_tags();
-  std::map<std::string, OomHolder> regions, slots, sites, phases;
-  auto add = [](std::map<std::string, OomHolder>& into, const std::string& name, const TagStats& per_tag,
-                bool saved) {
-    OomHolder& holder = into[name];
-    holder.name = name;
+  // Regions and sites are keyed by name id, so that a region a user named "<untagged>" is not
+  // merged with untagged memory.
+  std::map<NameId, OomHolder> regions, sites;
+  std::map<std::string, OomHolder> slots, phases;
+  auto add = [](auto& into, const auto& key, std::string name, const TagStats& per_tag, bool saved) {
+    OomHolder& holder = into[key];
+    holder.name = std::move(name);
     holder.bytes += per_tag.bytes.current;
     holder.blocks += per_tag.count.current;
     if (saved) holder.saved_bytes += per_tag.bytes.current;
@@ -228,17 +240,19 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
     if (per_tag.count.current == 0) continue;
     const Tag& tag = tags[id];
     const bool saved = tag.policy == Policy::save;
-    add(regions, tag.region != 0 ? names[tag.region] : "<untagged>", per_tag, saved);
+    // Memory saved outside any region has no region to switch to recompute.
+    add(regions, tag.region, tag.region != 0 ? names[tag.region] : "<untagged>", per_tag, saved && tag.region != 0);
     if (tag.has_recv) {
-      add(slots, std::to_string(tag.recv.stage) + to_char(tag.recv.direction) + std::to_string(tag.recv.slot),
-          per_tag, saved);
+      std::string slot = std::to_string(tag.recv.stage) + to_char(tag.recv.direction) + std::to_string(tag.recv.slot);
+      add(slots, slot, slot, per_tag, saved);
     }
-    add(sites, tag.site != 0 ? names[tag.site] : "<no site>", per_tag, saved);
-    add(phases, std::string(to_string(tag.phase)), per_tag, saved);
+    add(sites, tag.site, tag.site != 0 ? names[tag.site] : "<no site>", per_tag, saved);
+    const std::string phase(to_string(tag.phase));
+    add(phases, phase, phase, per_tag, saved);
   }
-  auto top = [](const std::map<std::string, OomHolder>& holders) {
+  auto top = [](const auto& holders) {
     std::vector<OomHolder> out;
-    for (const auto& [name, holder] : holders) out.push_back(holder);
+    for (const auto& entry : holders) out.push_back(entry.second);
     std::sort(out.begin(), out.end(), [](const OomHolder& a, const OomHolder& b) {
       return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
     });

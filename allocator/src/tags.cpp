@@ -1,6 +1,7 @@
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/tags.hpp>
 
+#include "detail/fork_safety.hpp"
 #include "detail/format.hpp"
 
 #include <cstdio>
@@ -194,6 +195,13 @@ std::vector<Tag> interned_tags() {
   std::lock_guard lock(t.mutex);
   return t.tags;
 }
+
+namespace detail {
+
+void hold_tag_tables_for_fork() { tables().mutex.lock(); }
+void release_tag_tables_after_fork() { tables().mutex.unlock(); }
+
+}  // namespace detail
 
 TagId current_tag_id() noexcept { return t_current_id; }
 Tag current_tag() { return top_tag(); }

@@ -4,10 +4,14 @@
 #include <remat/alloc/c_api.h>
 
 #include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -175,6 +179,14 @@ TEST_F(CApi, BadArgumentsAreErrorsNotCrashes) {
   EXPECT_NE(std::string(remat_last_error()).find("'F'"), std::string::npos);
   EXPECT_EQ(remat_push_phase("sideways"), REMAT_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(remat_push_policy("maybe"), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(remat_push_phase("\x1b]0;title\x07"), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(remat_last_error()).find("phase '\\x1B]0;title\\x07' is not valid"), std::string::npos)
+      << remat_last_error();
+  EXPECT_EQ(remat_push_policy(std::string(10000, 'P').c_str()), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_LT(std::string(remat_last_error()).size(), 300u) << remat_last_error();
+  EXPECT_EQ(remat_set_memory_fraction(0, 1.0000001), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(remat_last_error()).find("memory fraction 1.0000001 "), std::string::npos)
+      << remat_last_error();
   EXPECT_EQ(remat_get_stats(0, nullptr), REMAT_ERR_INVALID_ARGUMENT);
   remat_stats small{};
   small.struct_size = 8;
@@ -222,4 +234,48 @@ TEST_F(CApi, LastErrorIsPerThread) {
   std::thread([&] { other = remat_last_error(); }).join();
   EXPECT_EQ(other, "");
   EXPECT_NE(std::string(remat_last_error()), "");
+}
+
+// fork() while another thread is inside the allocator: the child must not inherit its lock
+// held (it would spin forever in its first allocation, as fork-based DataLoader workers did).
+TEST_F(CApi, AChildForkedWhileAnotherThreadAllocatesCanAllocate) {
+  constexpr int kDevice = 11;
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    while (!stop.load()) {
+      remat_push_region("churn");
+      void* p = remat_alloc(4096, kDevice, nullptr);
+      remat_free(p, 4096, kDevice, nullptr);
+      remat_pop_region();
+    }
+  });
+  int hung = 0;
+  int failed = 0;
+  for (int i = 0; i < 200 && hung == 0; ++i) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      remat_push_region("child");
+      void* p = remat_alloc(4096, kDevice, nullptr);
+      remat_free(p, 4096, kDevice, nullptr);
+      remat_pop_region();
+      ::_exit(p != nullptr ? 0 : 1);
+    }
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (::waitpid(child, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(child, SIGKILL);
+        ::waitpid(child, &status, 0);
+        ++hung;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (hung == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) ++failed;
+  }
+  stop = true;
+  churn.join();
+  EXPECT_EQ(hung, 0) << "a child hung in its first allocation";
+  EXPECT_EQ(failed, 0);
 }

@@ -283,6 +283,23 @@ TEST(CachingAllocator, DoubleFreeIsDetectedAndNamed) {
   a.free(keep);
 }
 
+// A pointer into a freed block that is not where the block started was never returned: the
+// message says so instead of calling it a double free.
+TEST(CachingAllocator, FreeOfAPointerInsideFreedMemoryIsNotCalledADoubleFree) {
+  HostAllocator a;
+  void* keep = a.alloc(512);
+  auto* p = static_cast<char*>(a.alloc(4096));
+  a.free(p);
+  try {
+    a.free(p + 512);
+    FAIL();
+  } catch (const InvalidPointerError& e) {
+    EXPECT_NE(std::string(e.what()).find("lies inside free cached memory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a.stats().num_invalid_frees, 1u);
+  a.free(keep);
+}
+
 TEST(CachingAllocator, FreeOfAnInteriorPointerIsRefused) {
   HostAllocator a;
   auto* p = static_cast<char*>(a.alloc(4096));

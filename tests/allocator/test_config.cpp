@@ -58,6 +58,29 @@ TEST(Config, UnknownKeyNamesTheKeyAndTheValidOnes) {
   EXPECT_NE(message.find("max_split_size_mb"), std::string::npos) << message;
 }
 
+// The last value winning would hide a typo in a long configuration: a key given twice is refused.
+TEST(Config, AKeyGivenTwiceIsRefusedWithBothValues) {
+  const std::string message = config_error("memory_fraction:0.5,tagging:on,memory_fraction:1");
+  EXPECT_NE(message.find("key 'memory_fraction' is given twice ('0.5', then '1'); give each key once"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(config_error("backend:host,host_capacity_mb:64,host_capacity_mb:32").find("given twice"),
+            std::string::npos);
+  // Over a base configuration, naming a key once is an override, not a repeat.
+  Config base = Config::parse("memory_fraction:0.5", Config{});
+  EXPECT_EQ(Config::parse("memory_fraction:0.25", base).memory_fraction, 0.25);
+}
+
+// Hostile values are quoted on one line, cut to 64 bytes, with control characters escaped.
+TEST(Config, ControlCharactersInAQuotedValueAreEscaped) {
+  const std::string message = config_error("\x1b[2J:1");
+  EXPECT_NE(message.find("unknown key '\\x1B[2J'"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\x1b'), std::string::npos) << message;
+  const std::string long_value = config_error("backend:" + std::string(10000, 'x'));
+  EXPECT_LT(long_value.size(), 400u) << long_value;
+  EXPECT_NE(long_value.find("...' (10000 bytes)"), std::string::npos) << long_value;
+}
+
 TEST(Config, BadValuesAreClearErrors) {
   EXPECT_NE(config_error("backend:tpu").find("expected cuda, host or auto"), std::string::npos);
   EXPECT_NE(config_error("host_capacity_mb:-5").find("host_capacity_mb:'-5'"), std::string::npos);

@@ -59,6 +59,35 @@ std::vector<void*> fill(HostAllocator& a) {
 
 }  // namespace
 
+// A region that a user named "<untagged>" stays apart from untagged memory, and memory saved
+// outside any region counts as saved nowhere: there is no region to switch to recompute.
+TEST(OomReport, ARegionNamedLikeThePlaceholderIsNotMergedWithUntaggedMemory) {
+  const fs::path dir = fresh_dir("placeholder");
+  HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0", 64);
+  std::vector<void*> blocks{a.alloc(4 * MiB)};
+  {
+    auto region = TagScope::region("<untagged>");
+    blocks.push_back(a.alloc(8 * MiB));
+  }
+  {
+    auto policy = TagScope::policy(Policy::save);
+    blocks.push_back(a.alloc(16 * MiB));
+  }
+  EXPECT_THROW(a.alloc(60 * MiB), OutOfMemoryError);
+  const auto files = dumps_in(dir);
+  ASSERT_EQ(files.size(), 1u);
+  const auto doc = nlohmann::json::parse(std::ifstream(files[0]));
+  const auto& regions = doc["holders"]["by_region"];
+  ASSERT_EQ(regions.size(), 2u) << regions.dump();
+  EXPECT_EQ(regions[0]["name"], "<untagged>");
+  EXPECT_EQ(regions[0]["bytes"], 20 * MiB);
+  EXPECT_EQ(regions[0]["saved_bytes"], 0);
+  EXPECT_EQ(regions[1]["name"], "<untagged>");
+  EXPECT_EQ(regions[1]["bytes"], 8 * MiB);
+  for (void* p : blocks) a.free(p);
+  fs::remove_all(dir);
+}
+
 TEST(OomReport, NamesTheHoldersTheRequestAndTheFailingThreadsTags) {
   const fs::path dir = fresh_dir("holders");
   HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0,trace_entries:128", 64);
@@ -269,4 +298,33 @@ TEST(OomReport, TwoThreadsFailingAtOnceBothGetErrorsAndConsistentDumps) {
   }
   EXPECT_EQ(stacks, (std::set<std::string>{"region thread.a", "region thread.b"}));
   for (void* p : blocks) a.free(p);
+}
+
+// The line on stderr is for a terminal and a log: names come escaped and cut to 64 bytes.
+TEST(OomReport, TheStderrLineShowsHostileNamesEscapedAndCut) {
+  OomReport report;
+  report.backend = "host";
+  report.by_region = {{"\x1b[31mred\x1b[0m\nnewline", 1024, 1, 0}, {std::string(3000, 'R'), 512, 1, 0}};
+  const std::string line = oom_summary_line(report, "", "");
+  EXPECT_EQ(line.find('\x1b'), std::string::npos) << line;
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  EXPECT_NE(line.find("\\x1B[31mred\\x1B[0m\\x0Anewline 1.00 KiB"), std::string::npos) << line;
+  EXPECT_NE(line.find("... (3000 bytes) 512 B"), std::string::npos) << line;
+  EXPECT_LT(line.size(), 600u) << line;
+}
+
+// On the host backend the "device" is the configured capacity: the error says how to raise it.
+TEST(OomReport, TheHostBackendNamesItsCapacitySetting) {
+  HostAllocator a("", 64);
+  try {
+    a.alloc(100 * MiB);
+    FAIL() << "a request over the capacity succeeded";
+  } catch (const OutOfMemoryError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("larger than the whole device (64.00 MiB)"), std::string::npos) << message;
+    EXPECT_NE(message.find("raise host_capacity_mb (REMAT_ALLOC_CONF, remat_configure or remat_alloc.configure; "
+                           "the host backend holds 64.00 MiB now), or split the tensor"),
+              std::string::npos)
+        << message;
+  }
 }

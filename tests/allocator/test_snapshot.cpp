@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -108,6 +110,54 @@ TEST(Snapshot, IsWrittenAtomicallyWithoutLeftovers) {
   std::size_t files = 0;
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir)) ++files;
   EXPECT_EQ(files, 1u);
+  fs::remove_all(dir);
+}
+
+// A dump is renamed into place, which would replace a FIFO or a device node itself: those are
+// refused and left as they are. A symbolic link is followed: its file gets the dump, the link stays.
+TEST(Snapshot, OnlyRegularFilesAreReplacedAndLinksAreFollowed) {
+  const fs::path dir = fresh_dir("targets");
+  HostAllocator a;
+  const fs::path fifo = dir / "pipe.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    write_snapshot(a.allocator->snapshot(), fifo.string());
+    FAIL() << "a FIFO was replaced";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("it is a FIFO, and a dump replaces its target with a new file"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  try {
+    write_snapshot(a.allocator->snapshot(), dir.string());
+    FAIL() << "a directory was accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("it is a directory"), std::string::npos) << e.what();
+  }
+
+  const fs::path target = dir / "real.json";
+  std::ofstream(target) << "old contents";
+  const fs::path link = dir / "latest.json";
+  fs::create_symlink(target, link);
+  write_snapshot(a.allocator->snapshot(), link.string());
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(nlohmann::json::parse(read(target))["kind"], "snapshot");
+
+  const fs::path dangling = dir / "dangling.json";
+  fs::create_symlink(dir / "missing" / "x.json", dangling);
+  EXPECT_THROW(write_snapshot(a.allocator->snapshot(), dangling.string()), IoError);
+  EXPECT_TRUE(fs::is_symlink(dangling));
+  fs::remove_all(dir);
+}
+
+// The temporary file must not need a longer name than the target: a 250-byte name is valid
+// on common file systems (255 at most).
+TEST(Snapshot, ATargetWithALongValidNameIsWritten) {
+  const fs::path dir = fresh_dir("long-name");
+  const fs::path path = dir / (std::string(245, 's') + ".json");
+  HostAllocator a;
+  write_snapshot(a.allocator->snapshot(), path.string());
+  EXPECT_EQ(nlohmann::json::parse(read(path))["kind"], "snapshot");
   fs::remove_all(dir);
 }
 

@@ -2,6 +2,7 @@
 // Small text helpers for the allocator's messages (byte counts: <remat/alloc/bytes.hpp>).
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -9,17 +10,54 @@
 
 namespace remat::alloc::detail {
 
-// `text` in single quotes for a message; past `limit` bytes, its first `limit` bytes (never
-// half a UTF-8 character) and its length, so a huge value is not echoed in full.
+// The first `limit` bytes of `text` (never half a UTF-8 character) with control bytes as
+// \xNN, so that a message stays on one line and cannot drive a terminal; `cut` when shortened.
+struct ShownText {
+  std::string text;
+  bool cut = false;
+};
+inline ShownText shown_text(std::string_view text, std::size_t limit) {
+  std::size_t keep = std::min(limit, text.size());
+  while (keep < text.size() && keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;
+  ShownText shown;
+  shown.text.reserve(keep + 8);
+  for (const char c : text.substr(0, keep)) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7F) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02X", byte);
+      shown.text.append(escaped);
+    } else {
+      shown.text.push_back(c);
+    }
+  }
+  shown.cut = keep < text.size();
+  return shown;
+}
+
+// `text` for a message: shown_text, then "... (N bytes)" when it was cut.
+inline std::string printable(std::string_view text, std::size_t limit = 64) {
+  ShownText shown = shown_text(text, limit);
+  if (shown.cut) shown.text.append("... (").append(std::to_string(text.size())).append(" bytes)");
+  return std::move(shown.text);
+}
+
+// `text` in single quotes for a message: 'name', or 'first bytes...' (N bytes).
 inline std::string quote(std::string_view text, std::size_t limit = 64) {
-  std::size_t cut = std::min(limit, text.size());
-  while (cut < text.size() && cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  const ShownText shown = shown_text(text, limit);
   // Built by appending: GCC 12 at -O3 misreads "'" + std::string(...) as an overlapping copy.
   std::string quoted;
-  quoted.reserve(cut + 32);
-  quoted.append(1, '\'').append(text.substr(0, cut));
-  if (cut == text.size()) return quoted.append(1, '\'');
+  quoted.reserve(shown.text.size() + 32);
+  quoted.append(1, '\'').append(shown.text);
+  if (!shown.cut) return quoted.append(1, '\'');
   return quoted.append("...' (").append(std::to_string(text.size())).append(" bytes)");
+}
+
+// The shortest text that reads back as `value`: 1.0000001, where %f would print 1.000000.
+inline std::string shortest_text(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
 }
 
 inline std::string format_address(std::uint64_t address) {

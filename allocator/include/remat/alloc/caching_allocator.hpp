@@ -64,6 +64,10 @@ class CachingAllocator {
   std::int64_t live_requested_bytes(std::string_view region_prefix) const;
   int device() const;
   Backend& backend();
+  // For fork handlers only: take the allocator's lock before fork() and release it after, in
+  // parent and child, so that no other thread holds it in the child.
+  void hold_for_fork();
+  void release_after_fork();
 
  private:
   struct State;
