@@ -38,6 +38,13 @@ struct InputRecord {
   TensorMeta meta;
   at::Tensor value;     // held during forward; afterwards only when recompute needs it
   bool needed = false;  // read by code that runs again in recompute
+  // The caller's tensor's version counter (value's own is a new one once forward ends): an
+  // in-place change would make recompute read a different value, which autograd refuses too.
+  c10::VariableVersion version{c10::VariableVersion::DISABLED};
+  std::uint32_t version_at_entry = 0;
+  // Whether the caller's tensor changed in place since forward began (false when its
+  // version counter is disabled, as for inference tensors).
+  bool changed_in_place() const { return version.enabled() && version.current_version() != version_at_entry; }
 };
 
 struct SaveRegionRecord {
@@ -89,6 +96,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // instead of running that work again.
   std::uint64_t sequence_at_last_drop = 0;
   bool stop_early = false;
+  bool forward_finished = false;  // the body returned: recompute has a complete record
 
   // Which inputs code outside save regions reads, learned from an op observer that is
   // removed as soon as every input is known to be read.

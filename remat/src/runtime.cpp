@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <exception>
 #include <mutex>
 #include <unordered_set>
 #include <utility>
@@ -76,20 +77,38 @@ class ContextScope {
       ++entered_;
     }
   }
+  // While another error unwinds, a context that fails on exit can only be reported.
   ~ContextScope() {
     while (entered_ > 0) {
-      auto& context = contexts_[--entered_];
       try {
-        recompute_ ? context->exit_recompute() : context->exit_forward();
+        exit_next();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "remat: a checkpoint context failed on exit: %s\n", e.what());
       }
     }
   }
+  // After the body returned: exits every context, then rethrows the first failure (a Python
+  // context's KeyboardInterrupt, for one).
+  void close() {
+    std::exception_ptr first;
+    while (entered_ > 0) {
+      try {
+        exit_next();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
 
  private:
+  void exit_next() {
+    auto& context = contexts_[--entered_];
+    recompute_ ? context->exit_recompute() : context->exit_forward();
+  }
+
   std::vector<std::unique_ptr<CheckpointContext>>& contexts_;
   bool recompute_;
   std::size_t entered_ = 0;
@@ -363,6 +382,11 @@ void Frame::stop_observing_reads() {
 }
 
 at::Tensor Frame::take_recreated(std::size_t index) {
+  if (!forward_finished) {
+    throw Error("checkpoint '" + options.region_name +
+                "' raised an error in forward, so the tensors it dropped cannot be recomputed; backward cannot run "
+                "through tensors made inside a failed checkpoint: drop them, or run the work outside the checkpoint");
+  }
   if (index >= dropped) {
     throw Error("checkpoint '" + options.region_name + "': saved tensor " + std::to_string(index) +
                 " is out of range; this is a bug in remat");
@@ -389,6 +413,14 @@ void Frame::recompute() {
   args.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const InputRecord& input = inputs[i];
+    if (input.value.defined() && input.changed_in_place()) {
+      restore_states(hooks, outer);
+      throw Error("input " + std::to_string(i) + " of checkpoint '" + options.region_name +
+                  "' was changed by an in-place operation after forward (version " +
+                  std::to_string(input.version_at_entry) + ", now " + std::to_string(input.version.current_version()) +
+                  "); recompute would read the changed value and give wrong gradients: make that operation "
+                  "out-of-place (h = h + y instead of h += y), or pass the checkpoint a copy");
+    }
     if (input.value.defined()) {
       at::Tensor arg = input.value.variable_data();
       if (input.meta.requires_grad) arg.requires_grad_(true);
@@ -422,6 +454,7 @@ void Frame::recompute() {
         throw;
       }
     }
+    context_scope.close();
   }
   restore_states(hooks, outer);
   if (missing != 0) {
@@ -464,9 +497,20 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   for (const CheckpointContextFactory& factory : options.contexts) frame->contexts.push_back(factory());
   frame->inputs.reserve(inputs.size());
   const bool keep_all_inputs = t_without_save_regions.contains(options.region_name);
-  for (const at::Tensor& input : inputs) {
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& input = inputs[i];
+    if (input.defined() && input.layout() != at::kStrided) {
+      throw Error("input " + std::to_string(i) + " of checkpoint '" + options.region_name + "' has layout " +
+                  c10::str(input.layout()) + "; checkpoints take strided tensors: pass input.to_dense(), or keep "
+                  "the ops on it outside the checkpoint");
+    }
     const bool has_data = storage_of(input) != nullptr;
-    frame->inputs.push_back({meta_of(input), input, has_data && keep_all_inputs});
+    InputRecord record{meta_of(input), input, has_data && keep_all_inputs};
+    if (input.defined()) {
+      record.version = input.unsafeGetTensorImpl()->version_counter();
+      if (record.version.enabled()) record.version_at_entry = record.version.current_version();
+    }
+    frame->inputs.push_back(std::move(record));
     if (has_data && !keep_all_inputs) ++frame->inputs_not_read;
   }
 
@@ -479,8 +523,17 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
     auto region_tag = TagScope::region(options.region_name);
     auto phase_tag = TagScope::phase(Phase::forward);
     outputs = frame->body(inputs);
+    context_scope.close();
   }
 
+  for (std::size_t i = 0; i < frame->inputs.size(); ++i) {
+    const InputRecord& input = frame->inputs[i];
+    if (!input.needed || !input.changed_in_place()) continue;
+    throw Error("checkpoint '" + options.region_name + "' changed its input " + std::to_string(i) +
+                " in place (an operation such as x.mul_() or x += y on it); recompute would start from the changed "
+                "value and give wrong gradients: make that operation out-of-place, or clone the input inside the "
+                "body first");
+  }
   // Keep only what recompute needs.
   for (InputRecord& input : frame->inputs) {
     if (input.needed) input.value = input.value.variable_data();
@@ -495,6 +548,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   frame->stop_early = at::sequence_number::peek() != frame->sequence_at_last_drop;
   frame->recreated.assign(frame->dropped, at::Tensor());
   frame->filled.assign(frame->dropped, false);
+  frame->forward_finished = true;
   record_scope({options.region_name, frame->regions});
   return outputs;
 }
