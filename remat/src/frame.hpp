@@ -10,6 +10,7 @@
 #include <any>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,6 +98,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::uint64_t sequence_at_last_drop = 0;
   bool stop_early = false;
   bool forward_finished = false;  // the body returned: recompute has a complete record
+  // Backward may run through one checkpoint on several threads at once (retain_graph=True):
+  // one thread recomputes and takes its tensors at a time.
+  std::recursive_mutex backward_mutex;
 
   // Which inputs code outside save regions reads, learned from an op observer that is
   // removed as soon as every input is known to be read.

@@ -382,6 +382,7 @@ void Frame::stop_observing_reads() {
 }
 
 at::Tensor Frame::take_recreated(std::size_t index) {
+  std::lock_guard lock(backward_mutex);
   if (!forward_finished) {
     throw Error("checkpoint '" + options.region_name +
                 "' raised an error in forward, so the tensors it dropped cannot be recomputed; backward cannot run "
@@ -553,6 +554,18 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   return outputs;
 }
 
+namespace {
+
+// A tensor's version counter, where it has one (not for undefined or inference tensors).
+std::optional<std::uint32_t> version_of(const at::Tensor& t) {
+  if (!t.defined()) return std::nullopt;
+  const c10::VariableVersion& version = t.unsafeGetTensorImpl()->version_counter();
+  if (!version.enabled()) return std::nullopt;
+  return version.current_version();
+}
+
+}  // namespace
+
 TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs,
                       std::shared_ptr<void>* annotation) {
   ThreadState& state = t_state;
@@ -619,11 +632,24 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   inner.in_region = true;
   inner.region = &name;
   if (!recompute) inner.save_region = static_cast<int>(frame.save_regions.size());
+  // Recompute skips a save region, so an in-place change it makes to its input would not
+  // happen again: code after the region would read the unchanged value.
+  std::vector<std::optional<std::uint32_t>> input_versions;
+  if (!recompute) {
+    for (const at::Tensor& input : inputs) input_versions.push_back(version_of(input));
+  }
   TensorList outputs;
   {
     ThreadStateScope scope(inner);
     auto region_tag = TagScope::region(name, recompute ? Policy::recompute : Policy::save);
     outputs = body(inputs);
+  }
+  for (std::size_t i = 0; i < input_versions.size(); ++i) {
+    if (input_versions[i] == version_of(inputs[i])) continue;
+    throw Error("save region '" + full_region_name(frame, name) + "' changed its input " + std::to_string(i) +
+                " in place (an op such as LeakyReLU(inplace=True) or x.relu_()); recompute skips save regions, so "
+                "the change would not happen again and what follows would read the unchanged value: make the op "
+                "out-of-place, or make the region a recompute region");
   }
   if (!recompute) {
     SaveRegionRecord record;

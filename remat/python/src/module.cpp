@@ -34,18 +34,43 @@ std::string callable_name(const py::object& fn) {
   return py::str(py::repr(fn));
 }
 
+// The version counter of a tensor decision (none for other objects and inference tensors).
+std::optional<std::uint32_t> tensor_version(const py::object& value) {
+  if (!THPVariable_Check(value.ptr())) return std::nullopt;
+  const at::Tensor& tensor = THPVariable_Unpack(value.ptr());
+  if (!tensor.defined() || tensor.is_inference()) return std::nullopt;
+  return tensor._version();
+}
+
 // remat.RecomputeReplay: a decision recorded in forward and taken back in recompute.
 class Replay {
  public:
   explicit Replay(std::string name) : channel_(std::move(name)) {}
   const std::string& name() const { return channel_.name(); }
+  // A tensor decision changed in place after forward (ids += offset) would come back changed
+  // and recompute would run on other values than forward did: that is refused.
   py::object record_or_replay(const py::object& compute) const {
-    return channel_.record_or_replay([&] { return PyRef(compute()); }).get();
+    const Decision decision = channel_.record_or_replay([&] {
+      py::object value = compute();
+      return Decision{PyRef(value), tensor_version(value)};
+    });
+    const py::object& value = decision.value.get();
+    if (decision.version && tensor_version(value) != decision.version) {
+      throw Error("replay channel '" + name() + "': the tensor recorded in forward was changed in place afterwards (" +
+                  "version " + std::to_string(*decision.version) + ", now " +
+                  std::to_string(*tensor_version(value)) + "), so replay would hand back the changed value: make "
+                  "that operation out-of-place (ids = ids + offset), or return a copy from compute");
+    }
+    return value;
   }
   CheckpointContextFactory context_factory() const { return channel_.context_factory(); }
 
  private:
-  RecomputeReplay<PyRef> channel_;
+  struct Decision {
+    PyRef value;
+    std::optional<std::uint32_t> version;
+  };
+  RecomputeReplay<Decision> channel_;
 };
 
 CheckpointOptions options_of(const std::string& region_name, const py::list& state_hooks, const py::list& contexts,

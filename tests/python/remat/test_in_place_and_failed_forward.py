@@ -68,3 +68,66 @@ def test_an_exception_from_a_context_exit_reaches_the_caller():
     x = torch.randn(4, requires_grad=True)
     with pytest.raises(KeyboardInterrupt, match="pressed Ctrl-C"):
         remat.checkpoint(lambda t: t.sin(), x, contexts=[InterruptOnExit])
+
+
+def test_a_save_region_that_changes_its_input_in_place_is_refused():
+    lin = torch.nn.Linear(8, 8)
+    act = torch.nn.LeakyReLU(0.1, inplace=True)
+
+    def block(x):
+        h = lin(x)
+        a = remat.region(act, "act", recompute=False)(h)  # leaky_relu_ on h
+        return a * h
+
+    with pytest.raises(RuntimeError, match=r"save region 'block::act' changed its input 0 in place \(an op such as "
+                                           r"LeakyReLU\(inplace=True\)"):
+        remat.checkpoint(block, torch.randn(4, 8, requires_grad=True), region_name="block")
+
+
+def test_a_replayed_tensor_changed_in_place_after_forward_is_refused():
+    table = torch.randn(8, 4, requires_grad=True)
+    router = remat.RecomputeReplay("router")
+
+    def body(x):
+        ids = router.record_or_replay(lambda: x.abs().argmax(dim=1))
+        ids += 2  # local to global ids, in place: the recorded tensor changes too
+        return (table[ids] * x).exp()
+
+    y = remat.checkpoint(body, torch.randn(3, 4), contexts=[router], region_name="moe")
+    with pytest.raises(RuntimeError, match=r"replay channel 'router': the tensor recorded in forward was changed in "
+                                           r"place afterwards \(version 0, now 1\)"):
+        y.sum().backward()
+
+
+def test_backward_on_two_threads_through_one_checkpoint_matches_autograd():
+    import threading
+
+    a = torch.randn(256, requires_grad=True)
+
+    def body(u):
+        h = remat.region(lambda v: v.exp().sin(), "s", recompute=False)(u)
+        g = remat.region(lambda v: v.cos().exp().tanh(), "r")(h)
+        return remat.region(lambda v: (v * 1.5).sigmoid().exp(), "r2")(g), (g * h).exp()
+
+    b = a.detach().clone().requires_grad_()
+    k, m = body(b)
+    expected = [torch.autograd.grad(k.sum(), b, retain_graph=True)[0], torch.autograd.grad(m.sum(), b)[0]]
+    failures = []
+    for _ in range(40):
+        outputs = remat.checkpoint(body, a, region_name="shared")
+
+        def run(i):
+            try:
+                for _ in range(3):
+                    got = torch.autograd.grad(outputs[i].sum(), a, retain_graph=True)[0]
+                    if not torch.allclose(got, expected[i]):
+                        failures.append(f"output {i}: wrong gradient")
+            except RuntimeError as error:
+                failures.append(f"output {i}: {error}")
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert failures == []
