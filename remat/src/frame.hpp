@@ -53,6 +53,7 @@ struct SaveRegionRecord {
   std::vector<TensorMeta> metas;
   std::vector<at::Tensor> outputs;  // held during forward; afterwards only the persisted ones
   std::vector<bool> persisted;
+  std::vector<std::optional<std::uint32_t>> versions;  // of the outputs when the region returned
   std::vector<std::any> state_after;  // state hook snapshots after the region ran
   std::shared_ptr<void> annotation;   // the caller's, see run_region
 };

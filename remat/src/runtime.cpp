@@ -466,6 +466,18 @@ void Frame::recompute() {
   }
 }
 
+namespace {
+
+// A tensor's version counter, where it has one (not for undefined or inference tensors).
+std::optional<std::uint32_t> version_of(const at::Tensor& t) {
+  if (!t.defined()) return std::nullopt;
+  const c10::VariableVersion& version = t.unsafeGetTensorImpl()->version_counter();
+  if (!version.enabled()) return std::nullopt;
+  return version.current_version();
+}
+
+}  // namespace
+
 TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, TensorList inputs) {
   if (options.preserve_rng_state.value_or(false)) {
     throw Error("checkpoint '" + options.region_name +
@@ -542,6 +554,12 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   }
   for (SaveRegionRecord& region : frame->save_regions) {
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      if (region.persisted[o] && version_of(region.outputs[o]) != region.versions[o]) {
+        throw Error("output " + std::to_string(o) + " of save region '" + full_region_name(*frame, region.name) +
+                    "' was changed in place after the region returned (an op such as h.mul_(2) or h += y); "
+                    "recompute hands back the saved output and would apply the change twice: make that op "
+                    "out-of-place");
+      }
       region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();
     }
   }
@@ -553,18 +571,6 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   record_scope({options.region_name, frame->regions});
   return outputs;
 }
-
-namespace {
-
-// A tensor's version counter, where it has one (not for undefined or inference tensors).
-std::optional<std::uint32_t> version_of(const at::Tensor& t) {
-  if (!t.defined()) return std::nullopt;
-  const c10::VariableVersion& version = t.unsafeGetTensorImpl()->version_counter();
-  if (!version.enabled()) return std::nullopt;
-  return version.current_version();
-}
-
-}  // namespace
 
 TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs,
                       std::shared_ptr<void>* annotation) {
@@ -657,6 +663,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
     record.outputs = outputs;
     record.persisted.assign(outputs.size(), false);
+    for (const at::Tensor& out : outputs) record.versions.push_back(version_of(out));
     record.state_after = snapshot_states(frame.options.recompute_state_hooks);
     if (annotation != nullptr) record.annotation = *annotation;
     frame.save_regions.push_back(std::move(record));

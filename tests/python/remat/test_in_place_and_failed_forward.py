@@ -131,3 +131,16 @@ def test_backward_on_two_threads_through_one_checkpoint_matches_autograd():
         for thread in threads:
             thread.join(timeout=60)
     assert failures == []
+
+
+def test_a_save_region_output_changed_in_place_afterwards_is_refused():
+    def body(a, b):
+        h = remat.region(lambda u: u * 3, "scale", recompute=False)(a)
+        h.mul_(2)
+        return (h * b).sin()
+
+    a = torch.randn(5, requires_grad=True)
+    b = torch.randn(5, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"output 0 of save region 'twice::scale' was changed in place after the "
+                                           r"region returned"):
+        remat.checkpoint(body, a, b, region_name="twice")
