@@ -5,8 +5,11 @@ import json
 import os
 import subprocess
 import sys
+import pathlib
+import re
 import tempfile
 import textwrap
+import threading
 import unittest
 
 import remat_alloc
@@ -156,6 +159,178 @@ class RematAllocCtypes(unittest.TestCase):
         ctypes.memset(p, 0x5A, 1024)
         self.assertEqual(ctypes.string_at(p + 1000, 4), b"\x5a" * 4)
         self.free(p, 1024)
+
+    # Arguments ctypes would convert silently: ints wrap modulo 2**32, strings end at a NUL.
+
+    def test_ints_beyond_a_c_int_are_refused_naming_the_argument_instead_of_wrapping(self):
+        int_range = "pass an int in [-2147483648, 2147483647]"
+        cases = [
+            (lambda: remat_alloc.memory_stats(2**32),
+             f"memory_stats: device=4294967296 does not fit a C int; {int_range}"),
+            (lambda: remat_alloc.reset_peak_stats(-2**31 - 1),
+             f"reset_peak_stats: device=-2147483649 does not fit a C int; {int_range}"),
+            (lambda: remat_alloc.live_bytes("x", device=2**40),
+             f"live_bytes: device=1099511627776 does not fit a C int; {int_range}"),
+            (lambda: remat_alloc.dump_snapshot("/nonexistent-dir/unused.json", device=2**32 + 2),
+             f"dump_snapshot: device=4294967298 does not fit a C int; {int_range}"),
+            (lambda: remat_alloc.recv_slot(stage=2**31, direction="F", slot=0),
+             f"recv_slot: stage=2147483648 does not fit a C int; {int_range}"),
+            (lambda: remat_alloc.recv_slot(stage=0, direction="F", slot=2**32 + 3),
+             f"recv_slot: slot=4294967299 does not fit a C int; {int_range}"),
+            (lambda: remat_alloc.record_stream(-1, 0),
+             "record_stream: ptr=-1 does not fit an address; pass an int in [0, 18446744073709551615]"),
+            (lambda: remat_alloc.record_stream(4096, 2**64),
+             "record_stream: stream=18446744073709551616 does not fit an address; "
+             "pass an int in [0, 18446744073709551615]"),
+        ]
+        for call, message in cases:
+            with self.subTest(message=message), self.assertRaisesRegex(ValueError, "^" + re.escape(message) + "$"):
+                call()
+
+    def test_a_device_beyond_a_c_int_does_not_cap_the_device_it_would_wrap_to(self):
+        with self.assertRaisesRegex(ValueError, r"^set_memory_fraction: device=4294967304 does not fit a C int"):
+            remat_alloc.set_memory_fraction(0.25, device=2**32 + 8)
+        p = self.alloc(20 * MiB, device=8)  # device 8 keeps its whole 64 MiB
+        self.assertIsNotNone(p, self.lib.remat_last_error())
+        self.free(p, 20 * MiB, device=8)
+
+    def test_bools_floats_and_strings_where_an_int_is_meant_are_type_errors(self):
+        cases = [
+            (lambda: remat_alloc.memory_stats(1.0), "memory_stats: device must be an int, got float 1.0"),
+            (lambda: remat_alloc.memory_stats(True), "memory_stats: device must be an int, got bool True"),
+            (lambda: remat_alloc.recv_slot(1.5, "F", 0), "recv_slot: stage must be an int, got float 1.5"),
+            (lambda: remat_alloc.recv_slot(1, "F", "0"), "recv_slot: slot must be an int, got str '0'"),
+            (lambda: remat_alloc.set_memory_fraction(0.5, device=None),
+             "set_memory_fraction: device must be an int, got NoneType None"),
+            (lambda: remat_alloc.set_memory_fraction("0.5"),
+             "set_memory_fraction: fraction must be a float in (0, 1], got str '0.5'"),
+            (lambda: remat_alloc.set_memory_fraction(True),
+             "set_memory_fraction: fraction must be a float in (0, 1], got bool True"),
+        ]
+        for call, message in cases:
+            with self.subTest(message=message), self.assertRaisesRegex(TypeError, "^" + re.escape(message) + "$"):
+                call()
+
+    def test_strings_with_a_nul_are_refused_instead_of_cut(self):
+        nul_name = "contains a NUL character; C strings end there, so pass it without one"
+        cases = [
+            (lambda: remat_alloc.configure("backend:host\0,no_such_key:1"),
+             f"configure: conf 'backend:host\\x00,no_such_key:1' {nul_name}"),
+            (lambda: remat_alloc.region("layers.0\0.attention"), f"region: name 'layers.0\\x00.attention' {nul_name}"),
+            (lambda: remat_alloc.site("recv\0buffer"), f"site: name 'recv\\x00buffer' {nul_name}"),
+            (lambda: remat_alloc.phase("forward\0"), f"phase: name 'forward\\x00' {nul_name}"),
+            (lambda: remat_alloc.policy("\0save"), f"policy: name '\\x00save' {nul_name}"),
+            (lambda: remat_alloc.live_bytes("layers\0"), f"live_bytes: region_prefix 'layers\\x00' {nul_name}"),
+        ]
+        for call, message in cases:
+            with self.subTest(message=message), self.assertRaisesRegex(ValueError, "^" + re.escape(message) + "$"):
+                call()
+        with tempfile.TemporaryDirectory() as tmp:
+            for dump in (remat_alloc.dump_snapshot, remat_alloc.dump_trace):
+                path = os.path.join(tmp, "snap\0shot.json")
+                with self.assertRaisesRegex(ValueError, f"^{dump.__name__}: path '.*snap\\\\x00shot.json' contains "
+                                                        "a NUL character; a path cannot hold one$"):
+                    dump(path)
+            self.assertEqual(os.listdir(tmp), [])  # no "snap" written
+
+    def test_names_that_are_not_str_are_type_errors(self):
+        with self.assertRaisesRegex(TypeError, r"^region: name must be a str, got NoneType None$"):
+            remat_alloc.region(None)
+        with self.assertRaisesRegex(TypeError,
+                                    r"^region: name must be a str \(decode bytes first\), got bytes b'layers.0'$"):
+            remat_alloc.region(b"layers.0")
+        with self.assertRaisesRegex(TypeError, r"^configure: conf must be a str, got dict \{'backend': 'host'\}$"):
+            remat_alloc.configure({"backend": "host"})
+        with self.assertRaisesRegex(TypeError, r"^dump_snapshot: path must be a str, bytes or os.PathLike path, "
+                                               r"got int 5$"):
+            remat_alloc.dump_snapshot(5)
+        with self.assertRaisesRegex(ValueError, r"^region: name 'layers\\udc80' is not valid Unicode "
+                                                r"\(surrogates not allowed\); pass text that encodes as UTF-8$"):
+            remat_alloc.region("layers\udc80")
+
+    def test_dump_paths_may_be_bytes_or_path_objects(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            remat_alloc.dump_snapshot(os.fsencode(os.path.join(tmp, "bytes.json")))
+            remat_alloc.dump_snapshot(pathlib.Path(tmp) / "pathlib.json")
+            remat_alloc.dump_trace(os.fsencode(os.path.join(tmp, "trace.jsonl")))
+            self.assertEqual(sorted(os.listdir(tmp)), ["bytes.json", "pathlib.json", "trace.jsonl"])
+            with open(os.path.join(tmp, "bytes.json")) as f:
+                self.assertEqual(json.load(f)["kind"], "snapshot")
+
+    # Scopes: the C tag stack belongs to the thread and pops in reverse order of pushes.
+
+    def assert_tag_stack_empty(self):
+        self.assertEqual(self.lib.remat_pop_region(), 5)  # REMAT_ERR_TAG_STACK
+        self.assertIn("empty tag stack", self.lib.remat_last_error().decode())
+
+    def test_a_scope_exited_before_the_one_entered_after_it_is_refused_and_pops_nothing(self):
+        outer, inner = remat_alloc.region("outer"), remat_alloc.region("inner")
+        outer.__enter__()
+        inner.__enter__()
+        with self.assertRaises(RuntimeError) as raised:
+            outer.__exit__(None, None, None)
+        self.assertEqual(str(raised.exception),
+                         "remat_alloc.region('outer') exited while remat_alloc.region('inner'), entered after it on "
+                         "this thread, is still entered; exit remat_alloc.region('inner') first (scopes exit in the "
+                         "reverse order of entry, as nested `with` blocks do). Nothing was popped")
+        p = self.alloc(700, device=9)  # still tagged outer::inner
+        self.assertEqual(remat_alloc.live_bytes("outer::inner", device=9), 700)
+        inner.__exit__(None, None, None)
+        outer.__exit__(None, None, None)
+        self.assert_tag_stack_empty()
+        self.free(p, 700, device=9)
+
+    def test_out_of_order_exit_is_caught_across_scope_kinds(self):
+        region, phase = remat_alloc.region("stage0"), remat_alloc.phase("forward")
+        region.__enter__()
+        phase.__enter__()
+        with self.assertRaisesRegex(RuntimeError, r"^remat_alloc.region\('stage0'\) exited while "
+                                                  r"remat_alloc.phase\('forward'\), entered after it"):
+            region.__exit__(None, None, None)
+        phase.__exit__(None, None, None)
+        region.__exit__(None, None, None)
+        self.assert_tag_stack_empty()
+
+    def test_a_scope_can_be_entered_again_and_nested_in_itself(self):
+        scope = remat_alloc.region("again")
+        with scope:
+            with scope:
+                p = self.alloc(300, device=10)
+            q = self.alloc(200, device=10)
+        with scope:
+            r = self.alloc(100, device=10)
+        self.assertEqual(remat_alloc.live_bytes("again::again", device=10), 300)
+        self.assertEqual(remat_alloc.live_bytes("again", device=10), 600)
+        self.assert_tag_stack_empty()
+        with self.assertRaisesRegex(RuntimeError, r"^remat_alloc.region\('again'\) exited without being entered "
+                                                  r"\(or exited once more than entered\)$"):
+            scope.__exit__(None, None, None)
+        for ptr, size in ((p, 300), (q, 200), (r, 100)):
+            self.free(ptr, size, device=10)
+
+    def test_a_scope_exited_on_another_thread_says_its_tag_stays_on_the_entering_thread(self):
+        scope = remat_alloc.region("threaded")
+        scope.__enter__()
+        errors = []
+
+        def exit_here():
+            try:
+                scope.__exit__(None, None, None)
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        worker = threading.Thread(target=exit_here, name="worker")
+        worker.start()
+        worker.join()
+        main = threading.current_thread().name
+        self.assertEqual(errors, [f"remat_alloc.region('threaded') was entered on thread {main!r} and exited on "
+                                  f"thread 'worker'; a tag stack belongs to its thread, so this thread cannot pop it "
+                                  f"and the tag stays pushed on {main!r} until that thread exits the scope"])
+        p = self.alloc(400, device=11)
+        self.assertEqual(remat_alloc.live_bytes("threaded", device=11), 400)
+        scope.__exit__(None, None, None)  # the entering thread can still exit it
+        self.assert_tag_stack_empty()
+        self.free(p, 400, device=11)
 
 
 if __name__ == "__main__":

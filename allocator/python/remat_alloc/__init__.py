@@ -12,12 +12,14 @@ loader's search path.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import numbers
+import operator
 import os
+import threading
 import warnings
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Optional, Union
 
 __all__ = [
     "RematError", "load", "configure", "install", "region", "recv_slot", "site", "phase",
@@ -135,9 +137,51 @@ def _check(status: int) -> None:
         raise RematError(load().remat_last_error().decode(errors="replace"))
 
 
+# Checked here because ctypes converts silently: an int argument wraps modulo 2**32
+# (device 2**32 is device 0), and a C string ends at the first NUL ("a\0b" is "a").
+_C_INT = (-(1 << 31), (1 << 31) - 1, "a C int")
+_C_POINTER = (0, (1 << (8 * ctypes.sizeof(ctypes.c_void_p))) - 1, "an address")
+
+
+def _int_arg(function: str, name: str, value, c_type=_C_INT) -> int:
+    low, high, what = c_type
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{function}: {name} must be an int, got {type(value).__name__} {value!r:.80}")
+    value = operator.index(value)
+    if not low <= value <= high:
+        raise ValueError(f"{function}: {name}={value} does not fit {what}; pass an int in [{low}, {high}]")
+    return value
+
+
+def _text_arg(function: str, name: str, value) -> bytes:
+    if not isinstance(value, str):
+        hint = " (decode bytes first)" if isinstance(value, (bytes, bytearray)) else ""
+        raise TypeError(f"{function}: {name} must be a str{hint}, got {type(value).__name__} {value!r:.80}")
+    if "\0" in value:
+        raise ValueError(f"{function}: {name} {value!r:.80} contains a NUL character; C strings end there, "
+                         "so pass it without one")
+    try:
+        return value.encode()
+    except UnicodeEncodeError as error:  # a lone surrogate, e.g. from os.fsdecode of bad bytes
+        raise ValueError(f"{function}: {name} {value!r:.80} is not valid Unicode ({error.reason}); "
+                         "pass text that encodes as UTF-8") from None
+
+
+def _path_arg(function: str, name: str, value) -> bytes:
+    try:
+        path = os.fsencode(value)  # str, bytes or os.PathLike, as open() takes
+    except TypeError:
+        raise TypeError(f"{function}: {name} must be a str, bytes or os.PathLike path, "
+                        f"got {type(value).__name__} {value!r:.80}") from None
+    if b"\0" in path:
+        raise ValueError(f"{function}: {name} {os.fsdecode(path)!r:.80} contains a NUL character; "
+                         "a path cannot hold one")
+    return path
+
+
 def configure(conf: str) -> None:
     """Applies REMAT_ALLOC_CONF-style text, e.g. "backend:host,host_capacity_mb:1024"."""
-    _check(load().remat_configure(conf.encode()))
+    _check(load().remat_configure(_text_arg("configure", "conf", conf)))
 
 
 def pluggable_library_path() -> Optional[str]:
@@ -189,60 +233,121 @@ def install() -> None:
         raise RematError(hooks.remat_pluggable_last_error().decode(errors="replace"))
 
 
-@contextlib.contextmanager
-def _scope(push, pop) -> Iterator[None]:
-    _check(push())
-    try:
-        yield
-    finally:
-        _check(pop())
+class _Scope:
+    """A tag scope: pushes its tag on this thread's tag stack on entry, pops it on exit.
+
+    The C tag stack belongs to the thread, so scopes must exit in the reverse order of entry on
+    the thread that entered them; an exit that breaks this raises RuntimeError and pops
+    nothing, so the stack keeps matching the scopes still entered. A scope can be entered
+    again, also nested in itself."""
+
+    _thread = threading.local()  # .entered: this thread's scopes, innermost last
+
+    def __init__(self, label: str, push: Callable[[], int], pop: Callable[[], int]) -> None:
+        self._label = label
+        self._push = push
+        self._pop = pop
+        self._lock = threading.Lock()
+        self._threads: dict[int, list] = {}  # thread id -> [thread name, times entered there]
+
+    def __repr__(self) -> str:
+        return f"remat_alloc.{self._label}"
+
+    @classmethod
+    def _entered(cls) -> list:
+        if not hasattr(cls._thread, "entered"):
+            cls._thread.entered = []
+        return cls._thread.entered
+
+    def __enter__(self) -> "_Scope":
+        _check(self._push())
+        self._entered().append(self)
+        thread = threading.current_thread()
+        with self._lock:
+            self._threads.setdefault(thread.ident, [thread.name, 0])[1] += 1
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        entered = self._entered()
+        thread = threading.current_thread()
+        if not entered or entered[-1] is not self:
+            if any(scope is self for scope in entered):
+                raise RuntimeError(
+                    f"{self!r} exited while {entered[-1]!r}, entered after it on this thread, is still entered; "
+                    f"exit {entered[-1]!r} first (scopes exit in the reverse order of entry, as nested `with` "
+                    "blocks do). Nothing was popped")
+            with self._lock:
+                others = [name for ident, (name, _) in self._threads.items() if ident != thread.ident]
+            if others:
+                raise RuntimeError(
+                    f"{self!r} was entered on thread {others[0]!r} and exited on thread {thread.name!r}; a tag "
+                    f"stack belongs to its thread, so this thread cannot pop it and the tag stays pushed on "
+                    f"{others[0]!r} until that thread exits the scope")
+            raise RuntimeError(f"{self!r} exited without being entered (or exited once more than entered)")
+        entered.pop()
+        with self._lock:
+            count = self._threads[thread.ident]
+            count[1] -= 1
+            if count[1] == 0:
+                del self._threads[thread.ident]
+        _check(self._pop())
 
 
-def region(name: str):
+def region(name: str) -> _Scope:
     """Tags allocations in the block with a region; nested regions compose as a::b."""
+    encoded = _text_arg("region", "name", name)
     lib = load()
-    return _scope(lambda: lib.remat_push_region(name.encode()), lib.remat_pop_region)
+    return _Scope(f"region({name!r:.80})", lambda: lib.remat_push_region(encoded), lib.remat_pop_region)
 
 
-def recv_slot(stage: int, direction: str, slot: int):
+def recv_slot(stage: int, direction: str, slot: int) -> _Scope:
     """Tags allocations as pipeline receive buffers of (stage, 'F' or 'B', slot)."""
+    stage = _int_arg("recv_slot", "stage", stage)
+    slot = _int_arg("recv_slot", "slot", slot)
     if direction not in ("F", "B"):
         raise RematError(f"direction {direction!r} is not valid; pass 'F' (activations) or 'B' (gradients)")
     lib = load()
-    return _scope(lambda: lib.remat_push_recv_slot(stage, direction.encode(), slot), lib.remat_pop_recv_slot)
+    return _Scope(f"recv_slot({stage}, {direction!r}, {slot})",
+                  lambda: lib.remat_push_recv_slot(stage, direction.encode(), slot), lib.remat_pop_recv_slot)
 
 
-def site(name: str):
+def site(name: str) -> _Scope:
     """Tags allocations with an allocation-site annotation."""
+    encoded = _text_arg("site", "name", name)
     lib = load()
-    return _scope(lambda: lib.remat_push_site(name.encode()), lib.remat_pop_site)
+    return _Scope(f"site({name!r:.80})", lambda: lib.remat_push_site(encoded), lib.remat_pop_site)
 
 
-def phase(name: str):
+def phase(name: str) -> _Scope:
     """Tags allocations with a phase: forward, recompute, backward or other."""
+    encoded = _text_arg("phase", "name", name)
     lib = load()
-    return _scope(lambda: lib.remat_push_phase(name.encode()), lib.remat_pop_phase)
+    return _Scope(f"phase({name!r:.80})", lambda: lib.remat_push_phase(encoded), lib.remat_pop_phase)
 
 
-def policy(name: str):
+def policy(name: str) -> _Scope:
     """Tags allocations with a checkpoint policy: save, recompute or none."""
+    encoded = _text_arg("policy", "name", name)
     lib = load()
-    return _scope(lambda: lib.remat_push_policy(name.encode()), lib.remat_pop_policy)
+    return _Scope(f"policy({name!r:.80})", lambda: lib.remat_push_policy(encoded), lib.remat_pop_policy)
 
 
-def dump_snapshot(path: str, device: Optional[int] = None) -> None:
+def dump_snapshot(path: Union[str, bytes, os.PathLike], device: Optional[int] = None) -> None:
+    """Writes the snapshot of `device` (default: the current CUDA device, or 0 on host)."""
+    encoded = _path_arg("dump_snapshot", "path", path)
     lib = load()
     if device is None:
-        _check(lib.remat_dump_snapshot(os.fspath(path).encode()))
+        _check(lib.remat_dump_snapshot(encoded))
     else:
-        _check(lib.remat_dump_snapshot_device(os.fspath(path).encode(), device))
+        _check(lib.remat_dump_snapshot_device(encoded, _int_arg("dump_snapshot", "device", device)))
 
 
-def dump_trace(path: str) -> None:
-    _check(load().remat_dump_trace(os.fspath(path).encode()))
+def dump_trace(path: Union[str, bytes, os.PathLike]) -> None:
+    _check(load().remat_dump_trace(_path_arg("dump_trace", "path", path)))
 
 
 def memory_stats(device: int = 0) -> dict:
+    device = _int_arg("memory_stats", "device", device)
     stats = _Stats()
     stats.struct_size = ctypes.sizeof(_Stats)
     _check(load().remat_get_stats(device, ctypes.byref(stats)))
@@ -250,13 +355,15 @@ def memory_stats(device: int = 0) -> dict:
 
 
 def reset_peak_stats(device: int = 0) -> None:
-    _check(load().remat_reset_peak_stats(device))
+    _check(load().remat_reset_peak_stats(_int_arg("reset_peak_stats", "device", device)))
 
 
 def live_bytes(region_prefix: str = "", device: int = 0) -> int:
     """Requested bytes live under regions equal to or nested in `region_prefix`."""
+    encoded = _text_arg("live_bytes", "region_prefix", region_prefix)
+    device = _int_arg("live_bytes", "device", device)
     out = ctypes.c_int64()
-    _check(load().remat_live_bytes(device, region_prefix.encode(), ctypes.byref(out)))
+    _check(load().remat_live_bytes(device, encoded, ctypes.byref(out)))
     return out.value
 
 
@@ -265,9 +372,17 @@ def empty_cache() -> None:
 
 
 def record_stream(ptr: int, stream: int) -> None:
+    """Marks the block at `ptr` as in use by `stream` (a cudaStream_t as an int; 0 or None: the
+    default stream)."""
+    ptr = _int_arg("record_stream", "ptr", ptr, _C_POINTER)
+    stream = 0 if stream is None else _int_arg("record_stream", "stream", stream, _C_POINTER)
     _check(load().remat_record_stream(ptr, stream))
 
 
 def set_memory_fraction(fraction: float, device: int = 0) -> None:
     """Caps the device's reserved bytes at `fraction` (in (0, 1]) of its memory."""
-    _check(load().remat_set_memory_fraction(device, fraction))
+    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+        raise TypeError(f"set_memory_fraction: fraction must be a float in (0, 1], "
+                        f"got {type(fraction).__name__} {fraction!r}")
+    device = _int_arg("set_memory_fraction", "device", device)
+    _check(load().remat_set_memory_fraction(device, float(fraction)))

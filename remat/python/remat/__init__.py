@@ -15,8 +15,8 @@ saved-tensor hooks and hands everything else to PyTorch's, so saved_tensors_hook
 save_on_cpu, torch.utils.checkpoint and detect_anomaly keep working around it.
 """
 
-import contextlib
 import functools
+import os
 import threading
 
 import torch  # loads LibTorch and PyTorch's autograd engine before the runtime captures it
@@ -25,7 +25,6 @@ from . import _C
 from ._C import (  # noqa: F401  (re-exported)
     CheckpointScope,
     MemoryReport,
-    RecomputeReplay,
     RegionDecision,
     RematError,
     RematTrace,
@@ -34,12 +33,8 @@ from ._C import (  # noqa: F401  (re-exported)
     current_memory_report,
     format_current_memory_report,
     is_recomputing,
-    live_bytes,
     recompute_needs_tensor,
     saved_report,
-    tag_cpu_tensors,
-    track_saved_tensors,
-    write_dump,
 )
 
 __all__ = [
@@ -81,20 +76,182 @@ def cpu_rng_state_hook():
     return _C.cpu_rng_state_hook()
 
 
-_defaults = threading.local()
-
-
-@contextlib.contextmanager
-def verify_recompute(enabled=True):
-    """Checkpoints started inside compare every tensor recompute recreates with forward's and
-    raise an error naming the region and the difference on a mismatch (as
-    checkpoint(..., verify_recompute=True))."""
-    previous = getattr(_defaults, "verify_recompute", False)
-    _defaults.verify_recompute = enabled
+# Checked here: the runtime takes names as C++ strings, and paths end at the first NUL.
+def _name_arg(function, parameter, value):
+    if not isinstance(value, str):
+        raise TypeError(f"{function}: {parameter} must be a str, got {type(value).__name__} {value!r:.80}")
+    if "\0" in value:
+        raise ValueError(f"{function}: {parameter} {value!r:.80} contains a NUL character; pass a name without one")
     try:
-        yield
-    finally:
-        _defaults.verify_recompute = previous
+        value.encode()
+    except UnicodeEncodeError as error:  # a lone surrogate, e.g. from os.fsdecode of bad bytes
+        raise ValueError(f"{function}: {parameter} {value!r:.80} is not valid Unicode ({error.reason}); "
+                         "pass text that encodes as UTF-8") from None
+    return value
+
+
+def _flag_arg(function, parameter, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{function}: {parameter} must be True or False, got {type(value).__name__} {value!r:.80}")
+    return value
+
+
+def _path_arg(function, parameter, value):
+    try:
+        path = os.fsencode(value)  # str, bytes or os.PathLike, as open() takes
+    except TypeError:
+        raise TypeError(f"{function}: {parameter} must be a str, bytes or os.PathLike path, "
+                        f"got {type(value).__name__} {value!r:.80}") from None
+    if b"\0" in path:
+        raise ValueError(f"{function}: {parameter} {os.fsdecode(path)!r:.80} contains a NUL character; "
+                         "a path cannot hold one")
+    return path
+
+
+class RecomputeReplay(_C.RecomputeReplay):
+    """Decisions forward records and recompute takes back in order: record_or_replay(compute)
+    under a checkpoint that has this channel in contexts=[...]."""
+
+    def __init__(self, name):
+        super().__init__(_name_arg("RecomputeReplay", "name", name))
+
+
+def write_dump(path, json):
+    """Writes `json` (a report's to_json()) to `path` atomically."""
+    if not isinstance(json, str):
+        raise TypeError(f"write_dump: json must be a str (a report's to_json()), got {type(json).__name__}")
+    _C.write_dump(_path_arg("write_dump", "path", path), json)
+
+
+def live_bytes(region_prefix=""):
+    """Requested bytes live under a region (and its nested regions), on every allocator."""
+    return _C.live_bytes(_name_arg("live_bytes", "region_prefix", region_prefix))
+
+
+class tag_cpu_tensors:
+    """Allocates CPU tensors through remat's tagging allocator while in force, so they carry
+    the region, policy and phase tags and count in live_bytes(); tensors it allocated are freed
+    through it afterwards too. Process-wide: while any tag_cpu_tensors() is entered, on any
+    thread, every CPU tensor goes through it; guards may be nested and exited in any order.
+
+    Capacity: CPU tensors then come from the allocator's host backend, which holds at most
+    host_capacity_mb (default 4096 MiB, 4 GiB) of them at once; a tensor beyond what is left
+    raises torch.OutOfMemoryError. Raise it before the first tagged CPU tensor, with
+    REMAT_ALLOC_CONF="host_capacity_mb:16384" in the environment or
+    remat_alloc.configure("host_capacity_mb:16384") (refused once tagged tensors are live)."""
+
+    _lock = threading.Lock()
+    _entered = 0  # guards entered, process-wide
+    _guard = None  # the runtime's guard while _entered > 0
+
+    def __init__(self):
+        self._times_entered = 0
+
+    def __enter__(self):
+        cls = tag_cpu_tensors
+        with cls._lock:
+            if cls._entered == 0:
+                guard = _C.tag_cpu_tensors()
+                guard.__enter__()
+                cls._guard = guard
+            cls._entered += 1
+            self._times_entered += 1
+        return self
+
+    def __exit__(self, *exc_info):
+        cls = tag_cpu_tensors
+        with cls._lock:
+            if self._times_entered == 0:
+                raise RuntimeError("tag_cpu_tensors: exited without being entered (or exited once more than "
+                                   "entered)")
+            self._times_entered -= 1
+            cls._entered -= 1
+            if cls._entered == 0:
+                guard, cls._guard = cls._guard, None
+                guard.__exit__(None, None, None)
+
+
+class track_saved_tensors:
+    """Records tensors autograd saves outside checkpoints on this thread, for saved_report().
+    Guards may be nested and exited in any order; tracking stays on while any is entered on
+    the thread. A guard must exit on the thread that entered it."""
+
+    _thread = threading.local()  # .entered: guards entered on this thread; .guard: the runtime's
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._threads = {}  # thread id -> [thread name, times entered there]
+
+    def __enter__(self):
+        here, thread = track_saved_tensors._thread, threading.current_thread()
+        if getattr(here, "entered", 0) == 0:
+            guard = _C.track_saved_tensors()
+            guard.__enter__()
+            here.guard, here.entered = guard, 0
+        here.entered += 1
+        with self._lock:
+            self._threads.setdefault(thread.ident, [thread.name, 0])[1] += 1
+        return self
+
+    def __exit__(self, *exc_info):
+        here, thread = track_saved_tensors._thread, threading.current_thread()
+        with self._lock:
+            count = self._threads.get(thread.ident)
+            if count is None:
+                others = [name for name, _ in self._threads.values()]
+                if others:
+                    raise RuntimeError(
+                        f"track_saved_tensors: entered on thread {others[0]!r} and exited on thread "
+                        f"{thread.name!r}; tracking is per thread, so it stays on for {others[0]!r} until that "
+                        "thread exits the guard")
+                raise RuntimeError("track_saved_tensors: exited without being entered (or exited once more than "
+                                   "entered)")
+            count[1] -= 1
+            if count[1] == 0:
+                del self._threads[thread.ident]
+        here.entered -= 1
+        if here.entered == 0:
+            guard, here.guard = here.guard, None
+            guard.__exit__(None, None, None)
+
+
+_defaults = threading.local()  # .verify_recompute: [(scope, enabled)] entered on this thread, innermost last
+
+
+def _verify_recompute_default():
+    entered = getattr(_defaults, "verify_recompute", None)
+    return entered[-1][1] if entered else False
+
+
+class _VerifyRecompute:
+    def __init__(self, enabled):
+        self._enabled = enabled
+        self._entered_into = []  # the thread lists this scope was entered into, latest last
+
+    def __enter__(self):
+        if not hasattr(_defaults, "verify_recompute"):
+            _defaults.verify_recompute = []
+        _defaults.verify_recompute.append((self, self._enabled))
+        self._entered_into.append(_defaults.verify_recompute)
+        return self
+
+    def __exit__(self, *exc_info):
+        if not self._entered_into:
+            raise RuntimeError("verify_recompute: exited without being entered (or exited once more than entered)")
+        # This thread's list if it was entered here, else where it was entered last (another thread's).
+        here = getattr(_defaults, "verify_recompute", None)
+        mine = [i for i, entered in enumerate(self._entered_into) if entered is here]
+        entered = self._entered_into.pop(mine[-1] if mine else -1)
+        # Its own entry, wherever it is: scopes exited out of order leave the others' settings in force.
+        index = max(i for i, (scope, _) in enumerate(entered) if scope is self)
+        del entered[index]
+
+
+def verify_recompute(enabled=True):
+    """Checkpoints started inside on this thread compare every tensor recompute recreates with
+    forward's and raise an error naming the region and the difference on a mismatch (as
+    checkpoint(..., verify_recompute=True)). verify_recompute(False) turns it off inside."""
+    return _VerifyRecompute(_flag_arg("verify_recompute", "enabled", enabled))
 
 
 def checkpoint(fn, *args, region_name="checkpoint", recompute_state_hooks=(), contexts=(), verify_recompute=None,
@@ -117,10 +274,12 @@ def checkpoint(fn, *args, region_name="checkpoint", recompute_state_hooks=(), co
         # torch.utils.checkpoint's option; passed on, fn would fail with a TypeError that hides the alternative.
         raise RematError(f"checkpoint '{region_name}': preserve_rng_state is not supported; pass "
                          "recompute_state_hooks=[remat.cpu_rng_state_hook()] (or your own remat.RecomputeStateHook)")
+    _name_arg("checkpoint", "region_name", region_name)
     if verify_recompute is None:
-        verify_recompute = getattr(_defaults, "verify_recompute", False)
+        verify_recompute = _verify_recompute_default()
+    _flag_arg(f"checkpoint '{region_name}'", "verify_recompute", verify_recompute)
     return _C.checkpoint(fn, tuple(args), dict(kwargs), region_name, list(recompute_state_hooks), list(contexts),
-                         bool(verify_recompute))
+                         verify_recompute)
 
 
 def region(fn=None, name=None, recompute=True):
@@ -130,8 +289,10 @@ def region(fn=None, name=None, recompute=True):
     simply runs."""
     if isinstance(fn, str) and name is None:  # @region("attention")
         fn, name = None, fn
-    if not name:
+    if name is None or name == "":
         raise ValueError("region: name each region, e.g. region(fn, \"attention\")")
+    _name_arg("region", "name", name)
+    _flag_arg(f"region '{name}'", "recompute", recompute)
 
     def wrap(body):
         if not callable(body):
@@ -139,7 +300,7 @@ def region(fn=None, name=None, recompute=True):
 
         @functools.wraps(body)
         def run(*args, **kwargs):
-            return _C.region(body, tuple(args), dict(kwargs), name, bool(recompute))
+            return _C.region(body, tuple(args), dict(kwargs), name, recompute)
 
         return run
 

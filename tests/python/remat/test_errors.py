@@ -181,3 +181,82 @@ def test_a_python_exception_in_forward_reaches_the_caller_as_itself():
     with pytest.raises(KeyError, match="raised in forward"):
         remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="forward-raises")
     assert remat.is_recomputing() is False
+
+
+# Names and flags are checked when the region or checkpoint is made, before anything runs: the
+# runtime takes names as C++ strings, and a NUL would cut a dump path and print raw in a trace.
+
+def never_called(t):
+    raise AssertionError("the body must not run")
+
+
+def test_a_region_name_that_is_not_a_str_is_refused_at_decoration():
+    with pytest.raises(TypeError, match=exact("region: name must be a str, got int 5")):
+        remat.region(never_called, 5)
+    with pytest.raises(TypeError, match=exact("region: name must be a str, got bytes b'mlp'")):
+        remat.region(name=b"mlp")
+
+
+def test_recompute_accepts_only_a_real_bool():
+    with pytest.raises(TypeError, match=exact("region 'mlp': recompute must be True or False, got str 'False'")):
+        remat.region(never_called, "mlp", recompute="False")
+    with pytest.raises(TypeError, match=exact("region 'attention': recompute must be True or False, got int 0")):
+        remat.region(name="attention", recompute=0)
+    with pytest.raises(TypeError, match=exact("checkpoint 'layers.0': verify_recompute must be True or False, "
+                                              "got str 'no'")):
+        remat.checkpoint(never_called, torch.rand(2), region_name="layers.0", verify_recompute="no")
+    with pytest.raises(TypeError, match=exact("verify_recompute: enabled must be True or False, got int 1")):
+        remat.verify_recompute(1)
+
+
+def test_names_with_a_nul_are_refused_naming_the_argument():
+    nul = "contains a NUL character; pass a name without one"
+    with pytest.raises(ValueError, match=exact(f"region: name 'layers.0\\x00.attention' {nul}")):
+        remat.region(never_called, "layers.0\0.attention")
+    with pytest.raises(ValueError, match=exact(f"checkpoint: region_name 'layers\\x000' {nul}")):
+        remat.checkpoint(never_called, torch.rand(2), region_name="layers\x000")
+    with pytest.raises(ValueError, match=exact(f"RecomputeReplay: name 'router\\x00' {nul}")):
+        remat.RecomputeReplay("router\0")
+    with pytest.raises(ValueError, match=exact(f"live_bytes: region_prefix 'layers\\x00' {nul}")):
+        remat.live_bytes("layers\0")
+    with pytest.raises(ValueError, match=exact("region: name 'mlp\\udc80' is not valid Unicode (surrogates not "
+                                               "allowed); pass text that encodes as UTF-8")):
+        remat.region(never_called, "mlp\udc80")
+    assert remat.collect_trace().scopes == []  # nothing ran
+
+
+def test_a_checkpoint_name_that_is_not_a_str_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match=exact("checkpoint: region_name must be a str, got int 5")):
+        remat.checkpoint(never_called, torch.rand(2), region_name=5)
+    with pytest.raises(TypeError, match=exact("RecomputeReplay: name must be a str, got NoneType None")):
+        remat.RecomputeReplay(None)
+    with pytest.raises(TypeError, match=exact("live_bytes: region_prefix must be a str, got NoneType None")):
+        remat.live_bytes(None)
+
+
+def test_a_recompute_replay_subclassed_for_checks_still_replays():
+    channel = remat.RecomputeReplay("checked")
+    assert channel.name == "checked"
+    computed = []
+    loss = remat.checkpoint(lambda t: t * float(channel.record_or_replay(lambda: computed.append(1) or 2.0)),
+                            torch.rand(2, requires_grad=True), region_name="replay.checked", contexts=[channel])
+    loss.sum().backward()
+    assert computed == [1]
+
+
+def test_write_dump_refuses_a_path_with_a_nul_and_writes_nothing(tmp_path):
+    with pytest.raises(ValueError, match=exact(f"write_dump: path '{tmp_path}/report\\x00.json' contains a NUL "
+                                               "character; a path cannot hold one")):
+        remat.write_dump(str(tmp_path / "report") + "\0.json", "{}")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match=exact("write_dump: path must be a str, bytes or os.PathLike path, got int 3")):
+        remat.write_dump(3, "{}")
+    with pytest.raises(TypeError, match=exact("write_dump: json must be a str (a report's to_json()), got bytes")):
+        remat.write_dump(str(tmp_path / "bytes.json"), b"{}")
+
+
+def test_write_dump_takes_path_objects_and_bytes_paths(tmp_path):
+    remat.write_dump(tmp_path / "path.json", '{"a": 1}')
+    remat.write_dump(bytes(tmp_path / "bytes.json"), '{"b": 2}')
+    assert (tmp_path / "path.json").read_text() == '{"a": 1}'
+    assert (tmp_path / "bytes.json").read_text() == '{"b": 2}'
