@@ -110,6 +110,10 @@ void write_dump_header(JsonWriter& json, std::string_view kind, int schema_versi
 
 void write_file_atomically(const std::string& requested_path, std::string_view contents) {
   if (requested_path.empty()) throw IoError("dump path is empty; pass the path of the file to write");
+  if (requested_path.find('\0') != std::string::npos) {
+    throw IoError("dump path " + detail::quote(requested_path, 256) +
+                  " holds a NUL character, where the system would cut it; pass a path without one");
+  }
   const std::string path = dump_target(requested_path);
   static std::atomic<unsigned> counter{0};
   // A short name beside the target, so that any name the file system accepts for the target

@@ -13,10 +13,12 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <exception>
 #include <mutex>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 
@@ -468,6 +470,19 @@ void Frame::recompute() {
 
 namespace {
 
+// Names are printed in traces and reports and end C strings: a NUL or another control
+// character in one is refused.
+void refuse_control_characters(std::string_view what, const std::string& name) {
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(name[i]);
+    if (byte >= 0x20 && byte != 0x7F) continue;
+    char code[8];
+    std::snprintf(code, sizeof code, "\\x%02X", byte);
+    throw Error(std::string(what) + " name '" + name.substr(0, std::min<std::size_t>(i, 64)) + "...' holds the control "
+                "character " + code + " at byte " + std::to_string(i) + "; name it with printable characters");
+  }
+}
+
 // A tensor's version counter, where it has one (not for undefined or inference tensors).
 std::optional<std::uint32_t> version_of(const at::Tensor& t) {
   if (!t.defined()) return std::nullopt;
@@ -491,6 +506,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   if (options.region_name.empty()) {
     throw Error("checkpoint region_name is empty; name the checkpoint, e.g. {.region_name = \"layers.0\"}");
   }
+  refuse_control_characters("checkpoint", options.region_name);
   if (!at::SavedTensorDefaultHooks::is_enabled()) {
     // torch.func transforms, for one, disable saved-tensor hooks: checkpoints rely on them.
     throw Error("checkpoint '" + options.region_name + "' cannot run here: " +
@@ -580,6 +596,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   }
   Frame& frame = *state.frame;
   if (name.empty()) throw Error("region name is empty; name each region, e.g. \"attention\"");
+  refuse_control_characters("region", name);
   if (state.in_region) {
     throw Error("region '" + name + "' is nested inside another region of checkpoint '" + frame.options.region_name +
                 "'; regions do not nest: split the work into consecutive regions");

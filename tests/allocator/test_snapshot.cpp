@@ -172,4 +172,11 @@ TEST(Snapshot, UnwritablePathIsAClearErrorAndKeepsTheOldFile) {
     EXPECT_NE(message.find("No such file or directory"), std::string::npos) << message;
   }
   EXPECT_THROW(write_snapshot(a.allocator->snapshot(), ""), IoError);
+  try {
+    write_snapshot(a.allocator->snapshot(), std::string("/tmp/snap\0shot.json", 19));
+    FAIL() << "a path with a NUL was cut and written";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a NUL character"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists("/tmp/snap"));
 }

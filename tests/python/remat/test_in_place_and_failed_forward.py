@@ -144,3 +144,10 @@ def test_a_save_region_output_changed_in_place_afterwards_is_refused():
     with pytest.raises(RuntimeError, match=r"output 0 of save region 'twice::scale' was changed in place after the "
                                            r"region returned"):
         remat.checkpoint(body, a, b, region_name="twice")
+
+
+def test_control_characters_in_names_are_refused_by_the_runtime_itself():
+    # The Python layer refuses NUL first; the runtime refuses what reaches it from C++ or _C.
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"checkpoint name 'blk...' holds the control character \\x1B at byte 3"):
+        remat._C.checkpoint(lambda t: t.sin(), (x,), {}, "blk\x1b[31m", [], [], False)
