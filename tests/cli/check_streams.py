@@ -124,7 +124,11 @@ def main():
         expect(both.returncode == 1 and both.stderr ==
                "remat-report diff: BEFORE and AFTER are both `-`, but standard input holds one dump; save one of "
                "them to a file and pass its path\n", f"diff - -: {both.stderr}")
-        print("ok diff takes `-` for one side, and refuses it for both")
+        aliased = run(["diff", "/dev/stdin", "-"], stdin=["cat", str(DATA / "trace.jsonl")])
+        expect(aliased.returncode == 1 and aliased.stderr ==
+               "remat-report diff: BEFORE (/dev/stdin) and AFTER (-) read the same stream, which holds one dump; save "
+               "one of them to a file and pass its path\n", f"diff /dev/stdin -: {aliased.stderr}")
+        print("ok diff takes `-` for one side, and refuses it for both, under any name")
 
         # import reads a pickle from standard input.
         imported = run(["import", "-", "-o", str(tmp / "imported.json"), "--json"],

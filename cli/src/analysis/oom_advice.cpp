@@ -13,6 +13,15 @@ namespace {
 
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 
+// Sums of report fields saturate: a report's numbers may be anything, and a sum that wrapped
+// would advise a setting far too small to help.
+std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? UINT64_MAX : sum;
+}
+
+std::uint64_t whole_mib_above(std::uint64_t bytes) { return bytes / kMiB + (bytes % kMiB != 0 ? 1 : 0); }
+
 double share_of(std::uint64_t part, std::uint64_t whole) {
   return whole == 0 ? 0.0 : static_cast<double>(part) / static_cast<double>(whole);
 }
@@ -66,10 +75,11 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
   // as capped when the segment would have passed the cap.
   const bool capped = n.cause == OomCause::memory_fraction_cap ||
                       (n.cause == OomCause::unknown && n.reserved_limit_bytes > 0 &&
-                       n.reserved_bytes + n.segment_bytes > n.reserved_limit_bytes);
+                       saturating_add(n.reserved_bytes, n.segment_bytes) > n.reserved_limit_bytes);
   if (capped && n.device_total_bytes > 0) {
     // What must fit under the cap: what stays reserved plus the new segment.
-    const std::uint64_t must_fit = n.reserved_bytes - std::min(n.reserved_bytes, n.releasable_bytes) + n.segment_bytes;
+    const std::uint64_t must_fit =
+        saturating_add(n.reserved_bytes - std::min(n.reserved_bytes, n.releasable_bytes), n.segment_bytes);
     const double needed = std::ceil(100.0 * share_of(must_fit, n.device_total_bytes)) / 100.0;
     const std::string cap_text =
         fmt::format("memory_fraction:{} caps reserved memory at {} bytes ({}), {} were reserved and the request "
@@ -101,9 +111,9 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
   }
 
   // cached_free_bytes counts every free cached byte, those in split segments included.
+  const std::uint64_t mb = std::max(kMinMaxSplitSizeMb, whole_mib_above(need));
   if (n.largest_free_block < need && n.cached_free_bytes >= need && n.fragmented_free_bytes > 0 &&
-      n.releasable_bytes < need) {
-    const std::uint64_t mb = std::max(kMinMaxSplitSizeMb, (need + kMiB - 1) / kMiB);
+      n.releasable_bytes < need && mb <= kMaxMaxSplitSizeMb) {
     const std::string now = config_value(config, "max_split_size_mb");
     out.push_back({SuggestionKind::fragmentation,
                    fmt::format("the largest free block ({}) is smaller than the request ({}) although {} sit cached "

@@ -32,6 +32,9 @@ struct Suggestion {
 inline constexpr double kNearCapacityShare = 0.9;
 // PyTorch and this allocator refuse max_split_size_mb values at or below 20.
 inline constexpr std::uint64_t kMinMaxSplitSizeMb = 20;
+// ... and values above 2^40 MiB (allocator/src/config.cpp): a request that would need more gets
+// no max_split_size_mb advice.
+inline constexpr std::uint64_t kMaxMaxSplitSizeMb = std::uint64_t{1} << 40;
 
 std::vector<Suggestion> suggest(const OomNumbers& numbers, const std::vector<OomHolder>& regions,
                                 const std::string& config);

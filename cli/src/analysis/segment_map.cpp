@@ -91,25 +91,29 @@ void SegmentRebuilder::on_event(const Event& event) {
   }
 }
 
-std::vector<Segment> SegmentRebuilder::segments() const {
+RebuiltSegments SegmentRebuilder::rebuild() const {
+  RebuiltSegments out;
+  auto outside = [&](const Block& block) {
+    ++out.blocks_outside;
+    // Saturates: blocks pending free are not bounded by the event checks' live-bytes limit.
+    if (__builtin_add_overflow(out.bytes_outside, block.size, &out.bytes_outside)) out.bytes_outside = UINT64_MAX;
+  };
   std::map<std::uint64_t, std::vector<Block>> inside;
-  orphans_ = 0;
   blocks_.for_each([&](std::uint64_t address, const LiveBlock& live) {
+    const Block block{address, live.size, live.size,
+                      live.free_requested ? BlockState::active_pending_free : BlockState::active_allocated, live.tag};
     auto it = segments_.upper_bound(address);
     if (it == segments_.begin()) {
-      ++orphans_;
+      outside(block);
       return;
     }
     --it;
     if (address - it->first + live.size > it->second.size) {
-      ++orphans_;
+      outside(block);
       return;
     }
-    inside[it->first].push_back(
-        Block{address, live.size, live.size,
-              live.free_requested ? BlockState::active_pending_free : BlockState::active_allocated, live.tag});
+    inside[it->first].push_back(block);
   });
-  std::vector<Segment> out;
   for (const auto& [address, live] : segments_) {
     Segment segment;
     segment.address = address;
@@ -121,7 +125,7 @@ std::vector<Segment> SegmentRebuilder::segments() const {
     std::uint64_t cursor = address;
     for (const Block& block : blocks) {
       if (block.address < cursor) {  // overlapping blocks: a malformed trace; keep the first
-        ++orphans_;
+        outside(block);
         continue;
       }
       if (block.address > cursor)
@@ -137,7 +141,7 @@ std::vector<Segment> SegmentRebuilder::segments() const {
       if (block.state != BlockState::inactive) segment.active_size += block.size;
       segment.requested_size += block.requested_size;
     }
-    out.push_back(std::move(segment));
+    out.segments.push_back(std::move(segment));
   }
   return out;
 }

@@ -32,18 +32,27 @@ struct SegmentSummary {
   std::vector<SegmentRow> rows;
   std::uint64_t reserved = 0, allocated = 0, requested = 0, pending_free = 0, internal_free = 0, external_free = 0,
                 largest_free = 0;
+  // Blocks allocated or pending free that lie in no known segment (rebuilt segments only).
+  std::uint64_t blocks_outside = 0, bytes_outside = 0;
   std::string source;  // where the segments came from
 };
 
 SegmentSummary summarize_segments(const std::vector<Segment>& segments, std::size_t picture_width);
+
+// The segments alive at the end of an event stream, and the blocks alive outside all of them:
+// a trace ring that dropped a segment_alloc still holds the blocks allocated in it.
+struct RebuiltSegments {
+  std::vector<Segment> segments;
+  std::uint64_t blocks_outside = 0;
+  std::uint64_t bytes_outside = 0;
+};
 
 // Rebuilds the segments alive at the end of an event stream from segment_alloc/segment_free
 // and the blocks alive inside them (requested sizes are not in events: equal to sizes).
 class SegmentRebuilder : public EventSink {
  public:
   void on_event(const Event& event) override;
-  std::vector<Segment> segments() const;
-  std::uint64_t orphan_blocks() const { return orphans_; }
+  RebuiltSegments rebuild() const;
 
  private:
   struct Live {
@@ -57,7 +66,6 @@ class SegmentRebuilder : public EventSink {
   };
   std::map<std::uint64_t, Live> segments_;
   AddressMap<LiveBlock> blocks_;
-  mutable std::uint64_t orphans_ = 0;
 };
 
 }  // namespace remat::report

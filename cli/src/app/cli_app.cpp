@@ -19,11 +19,11 @@ namespace remat::report {
 
 namespace {
 
-// One line, whatever the message holds, with control characters made visible.
-std::string one_line(const std::string& text) {
-  std::string line = text;
-  std::replace(line.begin(), line.end(), '\n', ' ');
-  return escape_controls(line);
+// One line, whatever the message holds: control characters, a newline in a path included, are
+// written as escape_controls() writes them (a trailing newline is dropped).
+std::string one_line(std::string_view text) {
+  while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  return escape_controls(text);
 }
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {
@@ -132,6 +132,9 @@ int run_cli(int argc, char** argv) {
     return kExitUsage;
   } catch (const InputError& e) {
     if (*e.what() != '\0') std::cerr << "remat-report: " << one_line(e.what()) << '\n';
+    return kExitBadInput;
+  } catch (const OutputError& e) {
+    std::cerr << "remat-report: " << one_line(e.what()) << '\n';
     return kExitBadInput;
   } catch (const std::bad_alloc&) {
     std::cerr << "remat-report: out of memory reading the input\n";

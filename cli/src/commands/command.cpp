@@ -5,11 +5,8 @@
 #include <fmt/format.h>
 
 #include <unistd.h>
-#include <cerrno>
 #include <charconv>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 
 namespace remat::report {
@@ -54,22 +51,6 @@ CLI::Validator whole_number(std::uint64_t min, std::uint64_t max, std::string_vi
 void print(const Report& report, const GlobalOptions& options) {
   write_report(std::cout, report, options.format(), options.format() == OutputFormat::text && options.use_color());
   std::cout.flush();
-}
-
-void write_output_file(const std::string& path, std::string_view contents) {
-  const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::FILE* file = std::fopen(temp.c_str(), "wb");
-  if (file == nullptr) {
-    throw UsageError(
-        fmt::format("cannot write {}: {}; pass -o a path in a directory you can write to", path, std::strerror(errno)));
-  }
-  const bool ok = std::fwrite(contents.data(), 1, contents.size(), file) == contents.size();
-  const bool closed = std::fclose(file) == 0;
-  if (!ok || !closed || std::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    std::remove(temp.c_str());
-    throw UsageError(fmt::format("cannot write {}: {}", path, std::strerror(error)));
-  }
 }
 
 }  // namespace remat::report

@@ -27,8 +27,6 @@ void add_output_options(CLI::App& command, GlobalOptions& options);
 // `min`, a fraction, a word) is refused naming the value, the range and what it counts.
 CLI::Validator whole_number(std::uint64_t min, std::uint64_t max, std::string_view counts);
 void print(const Report& report, const GlobalOptions& options);
-// Writes `contents` to `path` through a temporary file and a rename.
-void write_output_file(const std::string& path, std::string_view contents);
 
 void register_summary(CLI::App& app, GlobalOptions& options);
 void register_memory(CLI::App& app, GlobalOptions& options);

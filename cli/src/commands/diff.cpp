@@ -20,18 +20,37 @@ struct DiffOptions {
   std::size_t top = 0;
 };
 
-std::int64_t delta(std::uint64_t before, std::uint64_t after) {
-  return after >= before ? static_cast<std::int64_t>(std::min<std::uint64_t>(after - before, INT64_MAX))
-                         : -static_cast<std::int64_t>(std::min<std::uint64_t>(before - after, INT64_MAX));
+// The change from `before` to `after`: exact for every increase and for decreases down to
+// -2^63 bytes; a larger decrease does not fit a signed 64-bit number, shows as -2^63 and sets
+// `clamped` for a note.
+Cell change_cell(std::uint64_t before, std::uint64_t after, bool& clamped) {
+  if (after >= before) {
+    const std::uint64_t increase = after - before;
+    return increase <= INT64_MAX ? Cell::delta_bytes(static_cast<std::int64_t>(increase))
+                                 : Cell::increase_bytes(increase);
+  }
+  const std::uint64_t decrease = before - after;
+  if (decrease > std::uint64_t{INT64_MAX} + 1) {
+    clamped = true;
+    return Cell::delta_bytes(INT64_MIN);
+  }
+  return Cell::delta_bytes(decrease == std::uint64_t{INT64_MAX} + 1 ? INT64_MIN : -static_cast<std::int64_t>(decrease));
 }
 
-std::uint64_t magnitude(std::int64_t v) {
-  return v < 0 ? static_cast<std::uint64_t>(-(v + 1)) + 1 : static_cast<std::uint64_t>(v);
+std::uint64_t change_size(std::uint64_t before, std::uint64_t after) {
+  return after >= before ? after - before : before - after;
+}
+
+// Whether a view tells peaks at all (a memory-report holds resident bytes only): a group
+// missing from a view that does had a peak of 0 there; from one that does not, it is unknown.
+bool knows_peaks(const MemoryView& view) {
+  return view.peak_total.has_value() ||
+         std::any_of(view.rows.begin(), view.rows.end(), [](const MemoryRow& row) { return row.peak.has_value(); });
 }
 
 Cell optional_bytes(const std::optional<std::uint64_t>& v) { return v ? Cell::bytes(*v) : Cell::none(); }
-Cell optional_delta(const std::optional<std::uint64_t>& a, const std::optional<std::uint64_t>& b) {
-  return a && b ? Cell::delta_bytes(delta(*a, *b)) : Cell::none();
+Cell optional_change(const std::optional<std::uint64_t>& a, const std::optional<std::uint64_t>& b, bool& clamped) {
+  return a && b ? change_cell(*a, *b, clamped) : Cell::none();
 }
 
 }  // namespace
@@ -54,6 +73,12 @@ void register_diff(CLI::App& app, GlobalOptions& options) {
           "BEFORE and AFTER are both `-`, but standard input holds one dump; save one of them to "
           "a file and pass its path");
     }
+    if (same_stream(opts->before, opts->after)) {
+      throw UsageError(
+          fmt::format("BEFORE ({}) and AFTER ({}) read the same stream, which holds one dump; save one of "
+                      "them to a file and pass its path",
+                      opts->before, opts->after));
+    }
     MemoryView views[2];
     std::string names[2];
     const std::string* paths[2] = {&opts->before, &opts->after};
@@ -73,21 +98,21 @@ void register_diff(CLI::App& app, GlobalOptions& options) {
       GroupLabel group;
       std::uint64_t live[2] = {0, 0};
       std::optional<std::uint64_t> peak[2];
-      std::int64_t live_delta = 0;
       std::uint64_t weight = 0;
     };
     std::vector<Line> lines;
+    const std::optional<std::uint64_t> absent_peak[2] = {
+        knows_peaks(views[0]) ? std::optional<std::uint64_t>(0) : std::nullopt,
+        knows_peaks(views[1]) ? std::optional<std::uint64_t>(0) : std::nullopt};
     for (const auto& [group, pair] : joined) {
       Line line;
       line.group = group;
       for (int i = 0; i < 2; ++i) {
         line.live[i] = pair.side[i] ? pair.side[i]->live : 0;
-        line.peak[i] = pair.side[i] ? pair.side[i]->peak : std::optional<std::uint64_t>(0);
+        line.peak[i] = pair.side[i] ? pair.side[i]->peak : absent_peak[i];
       }
-      line.live_delta = delta(line.live[0], line.live[1]);
-      line.weight = magnitude(line.live_delta);
-      if (line.peak[0] && line.peak[1])
-        line.weight = std::max(line.weight, magnitude(delta(*line.peak[0], *line.peak[1])));
+      line.weight = change_size(line.live[0], line.live[1]);
+      if (line.peak[0] && line.peak[1]) line.weight = std::max(line.weight, change_size(*line.peak[0], *line.peak[1]));
       lines.push_back(std::move(line));
     }
     std::stable_sort(lines.begin(), lines.end(), [](const Line& a, const Line& b) { return a.weight > b.weight; });
@@ -99,22 +124,29 @@ void register_diff(CLI::App& app, GlobalOptions& options) {
                      {"live change", "live_change", true}, {"peak before", "peak_before", true},
                      {"peak after", "peak_after", true},   {"peak change", "peak_change", true}};
     const std::size_t shown = opts->top == 0 ? lines.size() : std::min(opts->top, lines.size());
+    bool clamped = false;
     for (std::size_t i = 0; i < shown; ++i) {
       const Line& l = lines[i];
       table.rows.push_back({group_cell(l.group), Cell::flag(l.group.placeholder), Cell::bytes(l.live[0]),
-                            Cell::bytes(l.live[1]), Cell::delta_bytes(l.live_delta), optional_bytes(l.peak[0]),
-                            optional_bytes(l.peak[1]), optional_delta(l.peak[0], l.peak[1])});
+                            Cell::bytes(l.live[1]), change_cell(l.live[0], l.live[1], clamped),
+                            optional_bytes(l.peak[0]), optional_bytes(l.peak[1]),
+                            optional_change(l.peak[0], l.peak[1], clamped)});
     }
     table.total = std::vector<Cell>{Cell::text("total"),
                                     Cell::flag(true),
                                     Cell::bytes(views[0].live_total),
                                     Cell::bytes(views[1].live_total),
-                                    Cell::delta_bytes(delta(views[0].live_total, views[1].live_total)),
+                                    change_cell(views[0].live_total, views[1].live_total, clamped),
                                     optional_bytes(views[0].peak_total),
                                     optional_bytes(views[1].peak_total),
-                                    optional_delta(views[0].peak_total, views[1].peak_total)};
+                                    optional_change(views[0].peak_total, views[1].peak_total, clamped)};
     Report report;
     report.tables.push_back(std::move(table));
+    if (clamped) {
+      report.notes.push_back(
+          "a decrease of more than 2^63 bytes does not fit a signed 64-bit number and shows as -8.00 EiB "
+          "(-9223372036854775808); compare the before and after columns");
+    }
     if (shown < lines.size()) report.notes.push_back(fmt::format("{} smaller changes not shown", lines.size() - shown));
     print(report, options);
   });

@@ -1,6 +1,7 @@
 #include "commands/command.hpp"
 #include "core/errors.hpp"
 #include "interop/torch_snapshot.hpp"
+#include "output/output_file.hpp"
 #include "reader/input_file.hpp"
 #include "reader/input_sniff.hpp"
 
@@ -31,9 +32,10 @@ void register_export(CLI::App& app, GlobalOptions& options) {
   command->add_option("-o,--output", opts->out, "OUT.pickle")->required();
   add_output_options(*command, options);
   command->callback([opts, &options] {
+    const OutputTarget target = output_target(opts->out, {opts->file});
     const DumpFile dump = open_dump(opts->file);
     const AllocatorState state = renderer_for(dump, {"export", View::allocator_state, {}}).allocator_state(dump);
-    write_output_file(opts->out, torch_snapshot_pickle(state));
+    write_output_file(target, torch_snapshot_pickle(state));
     std::size_t blocks = 0;
     for (const Segment& segment : state.segments) blocks += segment.blocks.size();
     Report report;
@@ -59,6 +61,7 @@ void register_import(CLI::App& app, GlobalOptions& options) {
       ->check(whole_number(0, INT32_MAX, "a CUDA device index"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
+    const OutputTarget target = output_target(opts->out, {opts->file});
     const std::string bytes = read_whole_input(opts->file, refuse_non_pickle_start);
     const std::string name = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
     ImportResult result;
@@ -67,7 +70,7 @@ void register_import(CLI::App& app, GlobalOptions& options) {
     } catch (const InputError& error) {
       throw InputError(name, error.what());
     }
-    write_output_file(opts->out, result.snapshot.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    write_output_file(target, result.snapshot.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     Report report;
     Table table = key_value_table("import", "Imported a PyTorch memory snapshot");
     add_field(table, "output", Cell::text(opts->out));

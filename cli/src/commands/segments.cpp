@@ -1,4 +1,5 @@
 #include "commands/command.hpp"
+#include "core/format.hpp"
 #include "renderers/renderer.hpp"
 
 #include <fmt/format.h>
@@ -65,7 +66,16 @@ void register_segments(CLI::App& app, GlobalOptions& options) {
               summary.external_free == 0 ? Cell::share(0.0)
                                          : Cell::share(1.0 - static_cast<double>(summary.largest_free) /
                                                                  static_cast<double>(summary.external_free)));
+    add_field(totals, "blocks_outside_segments", Cell::count(summary.blocks_outside));
+    add_field(totals, "bytes_outside_segments", Cell::bytes(summary.bytes_outside));
     report.tables.push_back(std::move(totals));
+    if (summary.blocks_outside > 0) {
+      report.notes.push_back(fmt::format(
+          "{} block(s) holding {}, live or pending free, lie outside every segment the dump shows, so the map and "
+          "the totals leave them out (a trace ring that dropped their segment_alloc); `remat-report memory` counts "
+          "them",
+          summary.blocks_outside, human_bytes(summary.bytes_outside)));
+    }
     print(report, options);
   });
 }

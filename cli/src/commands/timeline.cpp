@@ -1,6 +1,7 @@
 #include "commands/command.hpp"
 #include "core/errors.hpp"
 #include "core/format.hpp"
+#include "output/output_file.hpp"
 #include "output/timeline_chart.hpp"
 #include "renderers/renderer.hpp"
 
@@ -38,6 +39,7 @@ void register_timeline(CLI::App& app, GlobalOptions& options) {
       ->check(whole_number(1, 200, "series drawn on their own"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
+    const OutputTarget target = output_target(opts->out, {opts->file});
     const bool html = ends_with(opts->out, ".html") || ends_with(opts->out, ".htm");
     if (!html && !ends_with(opts->out, ".svg")) {
       throw UsageError("-o " + opts->out + ": name the output .svg (static picture) or .html (interactive)");
@@ -52,7 +54,7 @@ void register_timeline(CLI::App& app, GlobalOptions& options) {
     });
     const Timeline timeline = builder->finish(opts->series);
     const ChartText text{fmt::format("Live memory by {}", opts->by), dump.path};
-    write_output_file(opts->out, html ? timeline_html(timeline, text) : timeline_svg(timeline, text));
+    write_output_file(target, html ? timeline_html(timeline, text) : timeline_svg(timeline, text));
     Report report;
     Table table = key_value_table("timeline", "Timeline");
     add_field(table, "output", Cell::text(opts->out));

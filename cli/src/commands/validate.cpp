@@ -82,6 +82,55 @@ std::vector<std::string> problems(const DumpFile& dump, const SchemaSet& schemas
   return errors;
 }
 
+// The schema the dump's kind names; a --schema-dir lacking a schema this build has is the
+// directory's fault, not the dump's.
+void require_schema(const SchemaSet& schemas, const DumpFile& dump, const std::string& schema) {
+  if (schemas.has(schema)) return;
+  if (!schemas.directory().empty() && SchemaSet::load("").has(schema)) {
+    throw SchemaError(
+        fmt::format("--schema-dir {} holds no {}, the schema for '{}' dumps; copy it there from the "
+                    "project's schemas/, or leave out --schema-dir to use the built-in schemas",
+                    schemas.directory(), schema, printable(dump.kind)));
+  }
+  throw InputError(dump.path + ": $.kind",
+                   fmt::format("no schema for dump kind '{}' (looked for {})", printable(dump.kind), schema));
+}
+
+void run_validate(const ValidateOptions& opts, const GlobalOptions& options) {
+  const OutputFormat format = options.format();
+  const SchemaSet schemas = SchemaSet::load(opts.schema_dir);
+  std::vector<std::string> errors;
+  std::string name = opts.file;
+  std::string kind;
+  std::int64_t version = 0;
+  std::string schema;
+  try {
+    const DumpFile dump = open_dump(opts.file);
+    name = dump.path;
+    kind = dump.kind;
+    version = dump.schema_version;
+    schema = dump.kind + ".schema.json";
+    require_schema(schemas, dump, schema);
+    std::vector<std::string> found = problems(dump, schemas, schema, opts.max_errors);
+    errors.insert(errors.end(), found.begin(), found.end());
+  } catch (const InputError& error) {
+    errors.push_back(error.what());
+  }
+  if (format == OutputFormat::json) {
+    nlohmann::ordered_json result = {{"file", name},     {"valid", errors.empty()},
+                                     {"kind", kind},     {"schema_version", version},
+                                     {"schema", schema}, {"errors", errors}};
+    std::cout << json_text(result, 2) << '\n';
+  } else if (errors.empty()) {
+    std::cout << escape_controls(fmt::format("{}: valid {} dump (schema_version {}, {})", name, kind, version, schema))
+              << '\n';
+  } else {
+    for (const std::string& error : errors) std::cerr << "invalid: " << escape_controls(error) << '\n';
+  }
+  std::cout.flush();
+  if (!errors.empty()) throw Invalid("");
+}
+
 }  // namespace
 
 void register_validate(CLI::App& app, GlobalOptions& options) {
@@ -95,42 +144,11 @@ void register_validate(CLI::App& app, GlobalOptions& options) {
       ->check(whole_number(1, 100000, "problems to report at most"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
-    const OutputFormat format = options.format();
-    const SchemaSet schemas = SchemaSet::load(opts->schema_dir);
-    std::vector<std::string> errors;
-    std::string name = opts->file;
-    std::string kind;
-    std::int64_t version = 0;
-    std::string schema;
     try {
-      const DumpFile dump = open_dump(opts->file);
-      name = dump.path;
-      kind = dump.kind;
-      version = dump.schema_version;
-      schema = dump.kind + ".schema.json";
-      if (!schemas.has(schema)) {
-        throw InputError(dump.path + ": $.kind",
-                         fmt::format("no schema for dump kind '{}' (looked for {})", printable(dump.kind), schema));
-      }
-      std::vector<std::string> found = problems(dump, schemas, schema, opts->max_errors);
-      errors.insert(errors.end(), found.begin(), found.end());
-    } catch (const InputError& error) {
-      errors.push_back(error.what());
+      run_validate(*opts, options);
+    } catch (const SchemaError& error) {
+      throw InputError(error.what());  // the schema is at fault, not the dump: no "invalid:" verdict
     }
-    if (format == OutputFormat::json) {
-      nlohmann::ordered_json result = {{"file", name},     {"valid", errors.empty()},
-                                       {"kind", kind},     {"schema_version", version},
-                                       {"schema", schema}, {"errors", errors}};
-      std::cout << json_text(result, 2) << '\n';
-    } else if (errors.empty()) {
-      std::cout << escape_controls(
-                       fmt::format("{}: valid {} dump (schema_version {}, {})", name, kind, version, schema))
-                << '\n';
-    } else {
-      for (const std::string& error : errors) std::cerr << "invalid: " << escape_controls(error) << '\n';
-    }
-    std::cout.flush();
-    if (!errors.empty()) throw Invalid("");
   });
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// Errors remat-report turns into exit codes: a usage error exits 1, bad input exits 2.
+// Errors remat-report turns into exit codes: a usage error exits 1, bad input and output that
+// cannot be written exit 2.
 // Messages are one line and say where (byte offset, line or JSON path) and what was wrong.
 
 #include <stdexcept>
@@ -24,6 +25,13 @@ class InputError : public std::runtime_error {
   explicit InputError(const std::string& message) : std::runtime_error(message) {}
   InputError(const std::string& where, const std::string& message)
       : std::runtime_error(where.empty() ? message : where + ": " + message) {}
+};
+
+// An -o file cannot be written: its directory is missing, the disk is full, or the path names
+// something remat-report must not replace (a device, a FIFO, an input of the same command).
+class OutputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 // Quotes text from a dump in a one-line message: control characters escaped as

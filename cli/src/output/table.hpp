@@ -28,6 +28,8 @@ struct Cell {
   static Cell integer(std::int64_t v) { return {v, Display::plain}; }
   static Cell bytes(std::uint64_t v) { return {v, Display::bytes}; }
   static Cell delta_bytes(std::int64_t v) { return {v, Display::signed_bytes}; }
+  // An increase too large for delta_bytes (above 2^63 - 1), shown with its sign like one.
+  static Cell increase_bytes(std::uint64_t v) { return {v, Display::signed_bytes}; }
   static Cell share(double v) { return {v, Display::share}; }
   static Cell time(std::int64_t v) { return {v, Display::time_us}; }
   static Cell address(std::uint64_t v) { return {v, Display::address}; }

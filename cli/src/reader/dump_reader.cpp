@@ -5,6 +5,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <numeric>
+
 namespace remat::report {
 
 using json::member;
@@ -94,6 +97,12 @@ Stat read_stat(json::element value, const JsonPath& path) {
   stat.current = json::as_u64(member(object, "current", path), path.key("current"));
   stat.peak = json::as_u64(member(object, "peak", path), path.key("peak"));
   stat.total = json::as_u64(member(object, "total", path), path.key("total"));
+  if (stat.peak < stat.current) {
+    throw InputError(path.key("peak").str(),
+                     fmt::format("peak {} is below current {}: a peak is the highest value current has reached, so "
+                                 "at least current; the dump is corrupt (regenerate it)",
+                                 stat.peak, stat.current));
+  }
   return stat;
 }
 
@@ -184,6 +193,30 @@ Segment read_segment(json::element value, const JsonPath& path, std::size_t tag_
   return segment;
 }
 
+// Each byte of device memory belongs to one segment at most: segments that overlap (or repeat
+// an address) would count reserved and allocated bytes twice.
+void check_segments_disjoint(const std::vector<Segment>& segments, const JsonPath& segments_path) {
+  std::vector<std::size_t> order(segments.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return segments[a].address != segments[b].address ? segments[a].address < segments[b].address : a < b;
+  });
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    const Segment& before = segments[order[i - 1]];
+    const Segment& segment = segments[order[i]];
+    if (segment.address == before.address || segment.address < before.address + before.total_size) {
+      const std::size_t later = std::max(order[i - 1], order[i]);
+      const std::size_t other = std::min(order[i - 1], order[i]);
+      throw InputError(segments_path.index(later).key("address").str(),
+                       fmt::format("segment at 0x{:x} ({} bytes) overlaps segments[{}] at 0x{:x} ({} bytes): "
+                                   "segments must not share bytes, or reserved memory is counted twice; the snapshot "
+                                   "is corrupt (regenerate it)",
+                                   segments[later].address, segments[later].total_size, other, segments[other].address,
+                                   segments[other].total_size));
+    }
+  }
+}
+
 AllocatorConfig read_config(json::element value, const JsonPath& path) {
   const json::object object = json::as_object(value, path);
   AllocatorConfig config;
@@ -262,6 +295,7 @@ Snapshot read_snapshot(json::object root) {
                        "the segments' sizes add up to more than 2^64 - 1 bytes: the snapshot is corrupt");
     }
   }
+  check_segments_disjoint(snapshot.segments, segments_path);
 
   const JsonPath trace_path = path.key("trace");
   const json::object trace = json::as_object(member(root, "trace", path), trace_path);

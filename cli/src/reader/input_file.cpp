@@ -66,6 +66,20 @@ std::size_t InputFile::read(char* into, std::size_t max) {
   }
 }
 
+namespace {
+bool stat_input(const std::string& argument, struct stat& info) {
+  return argument == kStdinArgument ? ::fstat(STDIN_FILENO, &info) == 0 : ::stat(argument.c_str(), &info) == 0;
+}
+}  // namespace
+
+bool same_stream(const std::string& a, const std::string& b) {
+  if (a == kStdinArgument && b == kStdinArgument) return true;
+  struct stat first {
+  }, second{};
+  if (!stat_input(a, first) || !stat_input(b, second)) return false;
+  return first.st_dev == second.st_dev && first.st_ino == second.st_ino && !S_ISREG(first.st_mode);
+}
+
 std::string read_whole_input(const std::string& argument,
                              const std::function<void(std::string_view head, const std::string& name)>& check_head) {
   InputFile input = InputFile::open(argument);

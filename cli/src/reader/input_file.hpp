@@ -42,6 +42,11 @@ class InputFile {
   std::optional<std::uint64_t> size_;
 };
 
+// Whether two input arguments name one stream (standard input, a pipe, a FIFO), which holds
+// one dump and can be read once: `-` and /dev/stdin, or a FIFO named twice. A regular file
+// named twice is read twice and is not one stream.
+bool same_stream(const std::string& a, const std::string& b);
+
 // Reads a whole input (`-` for standard input) into memory: for binary inputs such as pickles.
 // `check_head` sees the first bytes (up to kSniffBytes) and the input's name before the rest is read,
 // so that a wrong input is refused in bounded memory. A missing, unreadable or empty input is

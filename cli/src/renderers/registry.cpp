@@ -10,6 +10,7 @@
 #include "renderers/saved_report_renderer.hpp"
 #include "renderers/snapshot_renderer.hpp"
 #include "renderers/trace_renderer.hpp"
+#include "schema/schema_set.hpp"
 
 #include <fmt/format.h>
 
@@ -67,21 +68,36 @@ std::string either(const std::vector<std::string>& items, std::string_view prefi
   return text;
 }
 
+// Whether this build knows the kind, with no renderer for it: `summary` and `validate` read it.
+bool has_schema_only(std::string_view kind) {
+  const std::string schema = std::string(kind) + ".schema.json";
+  for (const auto& [file, text] : embedded_schemas()) {
+    if (file == schema) return true;
+  }
+  return false;
+}
+
+// `need.command` cannot read this file's kind: names the kinds that have the view and the
+// command that reads this one.
+[[noreturn]] void refuse_kind(const DumpFile& file, const Need& need, std::string_view reader) {
+  std::vector<std::string> kinds;
+  for (const Renderer* other : all_renderers()) {
+    if (other->provides(need.view)) kinds.emplace_back(other->kind());
+  }
+  const bool vowel = std::string_view("aeiou").find(file.kind.front()) != std::string_view::npos;
+  throw InputError(file.path, fmt::format("`remat-report {}` reads {} (kind {}); this is {} {} dump: `remat-report "
+                                          "{} {}` reads it",
+                                          need.command, what_provides(need.view), either(kinds), vowel ? "an" : "a",
+                                          file.kind, reader, file.path));
+}
+
 }  // namespace
 
 const Renderer& renderer_for(const DumpFile& file, const Need& need) {
+  if (find_renderer(file.kind) == nullptr && has_schema_only(file.kind)) refuse_kind(file, need, "summary");
   const Renderer& renderer = renderer_for(file);
   if (!renderer.provides(need.view)) {
-    std::vector<std::string> kinds;
-    for (const Renderer* other : all_renderers()) {
-      if (other->provides(need.view)) kinds.emplace_back(other->kind());
-    }
-    const std::string_view reader = renderer.provides(View::oom_analysis) ? "oom" : "summary";
-    const bool vowel = std::string_view("aeiou").find(renderer.kind().front()) != std::string_view::npos;
-    throw InputError(file.path, fmt::format("`remat-report {}` reads {} (kind {}); this is {} {} dump: `remat-report "
-                                            "{} {}` reads it",
-                                            need.command, what_provides(need.view), either(kinds), vowel ? "an" : "a",
-                                            renderer.kind(), reader, file.path));
+    refuse_kind(file, need, renderer.provides(View::oom_analysis) ? "oom" : "summary");
   }
   if (need.by && !renderer.groups_by(*need.by)) {
     std::vector<std::string> groupings;
@@ -150,20 +166,30 @@ MemoryView memory_from_events(const Renderer& renderer, const DumpFile& file, Gr
     replay = std::make_unique<LiveReplay>(tags, by);
     return *replay;
   });
+  return memory_from_replay(*replay, by, file);
+}
+
+MemoryView memory_from_replay(const LiveReplay& replay, GroupBy by, const DumpFile& file) {
   MemoryView view;
   view.by = by;
-  const auto& labels = replay->labels();
+  const auto& labels = replay.labels();
+  std::uint64_t peak_sum = 0;  // the peak shares divide by it, so it must fit in 64 bits
   for (std::size_t g = 0; g < labels.size(); ++g) {
-    if (replay->allocations()[g] == 0 && replay->live()[g] == 0) continue;
+    if (replay.allocations()[g] == 0 && replay.live()[g] == 0) continue;
     view.rows.push_back(
-        MemoryRow{labels[g], replay->live()[g], replay->peak()[g], replay->live_count()[g], replay->allocations()[g]});
+        MemoryRow{labels[g], replay.live()[g], replay.peak()[g], replay.live_count()[g], replay.allocations()[g]});
+    if (__builtin_add_overflow(peak_sum, replay.peak()[g], &peak_sum)) {
+      throw InputError(file.path, fmt::format("the peaks of the groups by {} add up to more than 2^64 - 1 bytes: the "
+                                              "dump's allocation sizes are not real",
+                                              to_string(by)));
+    }
   }
-  view.live_total = replay->total();
-  view.peak_total = replay->peak_total();
-  view.unmatched_frees = replay->unmatched_frees();
-  if (replay->unmatched_frees() > 0) {
+  view.live_total = replay.total();
+  view.peak_total = replay.peak_total();
+  view.unmatched_frees = replay.unmatched_frees();
+  if (replay.unmatched_frees() > 0) {
     view.notes.push_back(fmt::format("{} frees matched no allocation in the dump (allocated before it began)",
-                                     replay->unmatched_frees()));
+                                     replay.unmatched_frees()));
   }
   return view;
 }

@@ -95,7 +95,11 @@ const Renderer* find_renderer(std::string_view kind);
 Report generic_summary(const DumpFile& file);
 std::vector<const Renderer*> all_renderers();
 
-// Shared by renderers: the memory table from replaying events.
+class LiveReplay;
+
+// Shared by renderers: the memory table from replaying events. Group peaks that add up past
+// 2^64 - 1 bytes (the peak shares divide by their sum) are an InputError naming the file.
 MemoryView memory_from_events(const Renderer& renderer, const DumpFile& file, GroupBy by);
+MemoryView memory_from_replay(const LiveReplay& replay, GroupBy by, const DumpFile& file);
 
 }  // namespace remat::report

@@ -69,15 +69,7 @@ Report TraceRenderer::summary(const DumpFile& file) const {
   add_field(memory, "unmatched_frees", Cell::count(replay.unmatched_frees()));
   report.tables.push_back(std::move(memory));
 
-  MemoryView view;
-  view.by = GroupBy::region;
-  for (std::size_t g = 0; g < replay.labels().size(); ++g) {
-    if (replay.allocations()[g] == 0) continue;
-    view.rows.push_back(MemoryRow{replay.labels()[g], replay.live()[g], replay.peak()[g], replay.live_count()[g],
-                                  replay.allocations()[g]});
-  }
-  view.live_total = replay.total();
-  view.peak_total = replay.peak_total();
+  const MemoryView view = memory_from_replay(replay, GroupBy::region, file);
   report.tables.push_back(memory_table(view, 5, "top_regions", "Largest regions by peak"));
   return report;
 }
@@ -87,8 +79,11 @@ MemoryView TraceRenderer::memory(const DumpFile& file, GroupBy by) const { retur
 SegmentSummary TraceRenderer::segments(const DumpFile& file, std::size_t picture_width) const {
   SegmentRebuilder rebuilder;
   events(file, [&](const TagTable&) -> EventSink& { return rebuilder; });
-  SegmentSummary summary = summarize_segments(rebuilder.segments(), picture_width);
+  const RebuiltSegments rebuilt = rebuilder.rebuild();
+  SegmentSummary summary = summarize_segments(rebuilt.segments, picture_width);
   summary.source = "rebuilt from the trace's segment and block events";
+  summary.blocks_outside = rebuilt.blocks_outside;
+  summary.bytes_outside = rebuilt.bytes_outside;
   return summary;
 }
 
@@ -99,7 +94,7 @@ AllocatorState TraceRenderer::allocator_state(const DumpFile& file) const {
   state.tags = trace.header().tags;
   CollectSink sink(state.events);
   trace.stream(sink);
-  state.segments = sink.segments.segments();
+  state.segments = sink.segments.rebuild().segments;
   return state;
 }
 

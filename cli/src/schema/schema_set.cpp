@@ -22,6 +22,7 @@ SchemaSet SchemaSet::load(const std::string& directory) {
     for (const auto& [file, text] : embedded_schemas()) set.add(std::string(file), text);
     return set;
   }
+  set.directory_ = directory;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
     const std::string name = entry.path().filename().string();
@@ -35,21 +36,29 @@ SchemaSet SchemaSet::load(const std::string& directory) {
   return set;
 }
 
+std::string SchemaSet::source_of(const std::string& file) const {
+  return directory_.empty() ? file : (std::filesystem::path(directory_) / file).string();
+}
+
+void SchemaSet::fail(const std::string& file, const std::string& problem) const {
+  throw SchemaError(file.empty() ? problem : source_of(file) + ": " + problem);
+}
+
 void SchemaSet::add(const std::string& file, std::string_view text) {
   nlohmann::json schema = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  if (schema.is_discarded() || !schema.is_object()) throw InputError(file, "schema is not a JSON object");
+  if (schema.is_discarded() || !schema.is_object()) fail(file, "schema is not a JSON object");
   schemas_[file] = std::move(schema);
 }
 
 void SchemaSet::check_keywords(const nlohmann::json& schema, const std::string& file) const {
   static const std::set<std::string> kKnown = {
-      "$schema", "$id",       "title",   "description", "$defs",   "type",    "const",   "enum",   "required",
-      "properties", "items",  "minItems", "minLength",  "minimum", "maximum", "exclusiveMinimum", "pattern", "oneOf",
-      "$ref"};
-  if (!schema.is_object()) throw InputError(file, "a schema inside it is not a JSON object");
+      "$schema",  "$id",        "title", "description", "$defs",     "type",    "const",   "enum",
+      "required", "properties", "items", "minItems",    "minLength", "minimum", "maximum", "exclusiveMinimum",
+      "pattern",  "oneOf",      "$ref"};
+  if (!schema.is_object()) fail(file, "a schema inside it is not a JSON object");
   for (const auto& item : schema.items()) {
     if (!kKnown.count(item.key())) {
-      throw InputError(file, fmt::format("schema keyword '{}' is not supported by remat-report's validator", item.key()));
+      fail(file, fmt::format("schema keyword '{}' is not supported by remat-report's validator", item.key()));
     }
   }
 }
@@ -59,16 +68,29 @@ const nlohmann::json& SchemaSet::resolve(const std::string& ref, const std::stri
   const std::size_t hash = ref.find('#');
   file_out = hash == 0 ? current_file : ref.substr(0, hash);
   const auto it = schemas_.find(file_out);
-  if (it == schemas_.end()) throw InputError(current_file, fmt::format("schema reference '{}' names no loaded schema", ref));
+  if (it == schemas_.end()) {
+    fail(current_file, directory_.empty()
+                           ? fmt::format("schema reference '{}' names no built-in schema", ref)
+                           : fmt::format("schema reference '{}' names {}, which --schema-dir {} does not hold; copy it "
+                                         "there from the project's schemas/",
+                                         ref, file_out, directory_));
+  }
   if (hash == std::string::npos || hash + 1 == ref.size()) return it->second;
   const nlohmann::json::json_pointer pointer(ref.substr(hash + 1));
-  if (!it->second.contains(pointer)) throw InputError(current_file, fmt::format("schema reference '{}' points nowhere", ref));
+  if (!it->second.contains(pointer)) fail(current_file, fmt::format("schema reference '{}' points nowhere", ref));
   return it->second.at(pointer);
 }
 
-const std::regex& SchemaSet::regex(const std::string& pattern) const {
+const std::regex& SchemaSet::regex(const std::string& pattern, const std::string& file) const {
   auto& slot = regexes_[pattern];
-  if (!slot) slot = std::make_unique<std::regex>(pattern, std::regex::ECMAScript);
+  if (!slot) {
+    try {
+      slot = std::make_unique<std::regex>(pattern, std::regex::ECMAScript);
+    } catch (const std::regex_error& error) {
+      fail(file, fmt::format("pattern '{}' is not a valid regular expression ({}); write it in ECMAScript syntax",
+                             printable(pattern), error.what()));
+    }
+  }
   return *slot;
 }
 
@@ -101,13 +123,26 @@ unsigned type_bit(const std::string& type) {
 const SchemaSet::Node& SchemaSet::node(const nlohmann::json& schema, const std::string& file) const {
   const auto found = nodes_.find(&schema);
   if (found != nodes_.end()) return found->second;
+  try {
+    return nodes_.emplace(&schema, make_node(schema, file)).first->second;
+  } catch (const nlohmann::json::exception& error) {
+    fail(file, fmt::format("a keyword's value has the wrong type or form ({})", error.what()));
+  }
+}
+
+SchemaSet::Node SchemaSet::make_node(const nlohmann::json& schema, const std::string& file) const {
   check_keywords(schema, file);
   Node n;
-  if (const auto ref = schema.find("$ref"); ref != schema.end()) n.ref = &resolve(ref->get<std::string>(), file, n.ref_file);
+  if (const auto ref = schema.find("$ref"); ref != schema.end()) {
+    n.ref_text = ref->get<std::string>();
+    n.ref = &resolve(n.ref_text, file, n.ref_file);
+  }
   if (const auto type = schema.find("type"); type != schema.end()) {
     std::vector<std::string> types;
-    if (type->is_array()) for (const auto& t : *type) types.push_back(t.get<std::string>());
-    else types.push_back(type->get<std::string>());
+    if (type->is_array())
+      for (const auto& t : *type) types.push_back(t.get<std::string>());
+    else
+      types.push_back(type->get<std::string>());
     for (const std::string& t : types) {
       n.types |= type_bit(t);
       n.type_text += (n.type_text.empty() ? "" : " or ") + t;
@@ -130,9 +165,9 @@ const SchemaSet::Node& SchemaSet::node(const nlohmann::json& schema, const std::
   if (const auto m = schema.find("minLength"); m != schema.end()) n.min_length = m->get<std::size_t>();
   if (const auto p = schema.find("pattern"); p != schema.end()) {
     n.pattern_text = p->get<std::string>();
-    n.pattern = &regex(n.pattern_text);
+    n.pattern = &regex(n.pattern_text, file);
   }
-  return nodes_.emplace(&schema, std::move(n)).first->second;
+  return n;
 }
 
 namespace {
@@ -159,7 +194,8 @@ long double number_of(element v) {
 }
 
 bool equals(element v, const nlohmann::json& expected) {
-  if (expected.is_string()) return v.type() == element_type::STRING && std::string_view(v) == expected.get<std::string>();
+  if (expected.is_string())
+    return v.type() == element_type::STRING && std::string_view(v) == expected.get<std::string>();
   if (expected.is_boolean()) return v.type() == element_type::BOOL && bool(v) == expected.get<bool>();
   if (expected.is_null()) return v.type() == element_type::NULL_VALUE;
   if (expected.is_number()) return is_number(v) && number_of(v) == expected.get<long double>();
@@ -183,13 +219,20 @@ std::string show(const nlohmann::json& j) { return j.is_string() ? j.get<std::st
 }  // namespace
 
 void SchemaSet::check(const nlohmann::json& schema, const std::string& file, element value, const JsonPath& path,
-                      std::vector<std::string>& errors, std::size_t max_errors) const {
+                      std::vector<std::string>& errors, std::size_t max_errors, unsigned hops) const {
   auto fail = [&](const std::string& message) {
     if (errors.size() < max_errors) errors.push_back(path.str() + ": " + message);
   };
   if (errors.size() >= max_errors) return;
   const Node& n = node(schema, file);
-  if (n.ref != nullptr) check(*n.ref, n.ref_file, value, path, errors, max_errors);
+  if (n.ref != nullptr) {
+    if (hops >= kMaxReferenceHops) {
+      SchemaSet::fail(file, fmt::format("'$ref' '{}' is part of a reference cycle: more than {} references in a row "
+                                        "never reach a schema that checks the value; make the chain end",
+                                        printable(n.ref_text), kMaxReferenceHops));
+    }
+    check(*n.ref, n.ref_file, value, path, errors, max_errors, hops + 1);
+  }
   if (n.types != 0) {
     unsigned actual = 0;
     switch (value.type()) {
@@ -219,8 +262,10 @@ void SchemaSet::check(const nlohmann::json& schema, const std::string& file, ele
   }
   if (is_number(value) && (n.minimum || n.maximum || n.exclusive_minimum)) {
     const long double v = number_of(value);
-    if (n.minimum && v < *n.minimum) fail(fmt::format("{} is below the minimum {}", show(value), static_cast<double>(*n.minimum)));
-    if (n.maximum && v > *n.maximum) fail(fmt::format("{} is above the maximum {}", show(value), static_cast<double>(*n.maximum)));
+    if (n.minimum && v < *n.minimum)
+      fail(fmt::format("{} is below the minimum {}", show(value), static_cast<double>(*n.minimum)));
+    if (n.maximum && v > *n.maximum)
+      fail(fmt::format("{} is above the maximum {}", show(value), static_cast<double>(*n.maximum)));
     if (n.exclusive_minimum && v <= *n.exclusive_minimum) {
       fail(fmt::format("{} must be greater than {}", show(value), static_cast<double>(*n.exclusive_minimum)));
     }
@@ -228,11 +273,19 @@ void SchemaSet::check(const nlohmann::json& schema, const std::string& file, ele
   if (n.min_length && value.type() == element_type::STRING) {
     std::size_t length = 0;  // in code points, as JSON Schema counts
     for (const char c : std::string_view(value)) length += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
-    if (length < *n.min_length) fail(fmt::format("is {} characters long, shorter than the minimum {}", length, *n.min_length));
+    if (length < *n.min_length)
+      fail(fmt::format("is {} characters long, shorter than the minimum {}", length, *n.min_length));
   }
   if (n.pattern != nullptr && value.type() == element_type::STRING) {
     const std::string text{std::string_view(value)};
-    if (!std::regex_search(text, *n.pattern)) fail(fmt::format("{} does not match the pattern {}", show(value), n.pattern_text));
+    if (text.size() > kMaxPatternInputBytes) {
+      fail(
+          fmt::format("{} is {} bytes long, too long for the pattern {} of {} (remat-report matches at most {} bytes "
+                      "against a pattern)",
+                      show(value), text.size(), n.pattern_text, source_of(file), kMaxPatternInputBytes));
+    } else if (!std::regex_search(text, *n.pattern)) {
+      fail(fmt::format("{} does not match the pattern {}", show(value), n.pattern_text));
+    }
   }
   if (value.type() == element_type::OBJECT) {
     const simdjson::dom::object object(value);
@@ -243,7 +296,8 @@ void SchemaSet::check(const nlohmann::json& schema, const std::string& file, ele
       }
     }
     for (const auto& [key, sub] : n.properties) {
-      if (object.at_key(key).get(member) == simdjson::SUCCESS) check(*sub, file, member, path.key(key), errors, max_errors);
+      if (object.at_key(key).get(member) == simdjson::SUCCESS)
+        check(*sub, file, member, path.key(key), errors, max_errors);
     }
   }
   if (value.type() == element_type::ARRAY) {
@@ -262,11 +316,19 @@ void SchemaSet::check(const nlohmann::json& schema, const std::string& file, ele
   if (n.one_of != nullptr) {
     std::size_t matches = 0;
     std::string reasons;
+    if (hops >= kMaxReferenceHops) {
+      SchemaSet::fail(file, fmt::format("'oneOf' is part of a reference cycle: more than {} references and "
+                                        "alternatives in a row never reach a schema that checks the value; make the "
+                                        "chain end",
+                                        kMaxReferenceHops));
+    }
     for (const auto& alternative : *n.one_of) {
       std::vector<std::string> sub_errors;
-      check(alternative, file, value, path, sub_errors, 1);
-      if (sub_errors.empty()) ++matches;
-      else reasons += (reasons.empty() ? "" : "; or ") + sub_errors.front();
+      check(alternative, file, value, path, sub_errors, 1, hops + 1);
+      if (sub_errors.empty())
+        ++matches;
+      else
+        reasons += (reasons.empty() ? "" : "; or ") + sub_errors.front();
     }
     if (matches != 1) {
       fail(matches == 0 ? "matches none of the allowed shapes: " + reasons

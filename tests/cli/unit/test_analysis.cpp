@@ -1,5 +1,6 @@
 // Replaying events into live and peak bytes, timelines and the hot-path line decoder.
 #include "analysis/live_replay.hpp"
+#include "analysis/segment_map.hpp"
 #include "analysis/timeline_series.hpp"
 #include "core/address_map.hpp"
 #include "reader/event_line.hpp"
@@ -69,6 +70,21 @@ TEST(LiveReplay, GroupsBySlotNameTheRecvSlot) {
   replay.apply(ev(Action::alloc, 0, 0x1000, 64, 2));
   const auto& labels = replay.labels();
   EXPECT_NE(std::find(labels.begin(), labels.end(), GroupLabel::name("stage 1 B slot 3")), labels.end());
+}
+
+TEST(SegmentRebuilder, CountsLiveBlocksOutsideEverySegmentInsteadOfDroppingThem) {
+  SegmentRebuilder rebuilder;
+  rebuilder.on_event(ev(Action::segment_alloc, 0, 1 << 20, 1 << 20, 0));
+  rebuilder.on_event(ev(Action::alloc, 1, 1 << 20, 8192, 1));           // inside the segment
+  rebuilder.on_event(ev(Action::alloc, 2, 1 << 30, 8192, 1));           // its segment_alloc fell off the ring
+  rebuilder.on_event(ev(Action::alloc, 3, (2 << 20) - 4096, 8192, 2));  // runs past the segment's end
+  rebuilder.on_event(ev(Action::alloc, 4, 3 << 30, 512, 2));            // freed: not counted
+  rebuilder.on_event(ev(Action::free_completed, 5, 3 << 30, 512, 2));
+  const RebuiltSegments rebuilt = rebuilder.rebuild();
+  ASSERT_EQ(rebuilt.segments.size(), 1u);
+  EXPECT_EQ(rebuilt.segments[0].allocated_size, 8192u);
+  EXPECT_EQ(rebuilt.blocks_outside, 2u);
+  EXPECT_EQ(rebuilt.bytes_outside, 16384u);
 }
 
 TEST(Timeline, StackedSeriesAddUpToTheTotalInEveryBucketAndKeepThePeak) {

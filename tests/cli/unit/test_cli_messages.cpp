@@ -121,6 +121,20 @@ TEST(CliMessages, AKindWithoutTheViewNamesTheCommandTheFileAndWhatReadsIt) {
   }
 }
 
+TEST(CliMessages, AKindWithASchemaButNoRendererNamesWhatReadsIt) {
+  const std::string plan = data_path("pipeline-plan.json");
+  const CliResult r = run({"memory", plan});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "remat-report: " + plan +
+                       ": `remat-report memory` reads dumps with live bytes by group (kind snapshot, trace or "
+                       "memory-report); this is a pipeline-plan dump: `remat-report summary " +
+                       plan + "` reads it\n");
+  const CliResult timeline = run({"timeline", plan, "-o", "never-written.svg"});
+  EXPECT_EQ(timeline.code, 2);
+  EXPECT_NE(timeline.err.find("this is a pipeline-plan dump: `remat-report summary"), std::string::npos)
+      << timeline.err;
+}
+
 TEST(CliMessages, DiffReadsStandardInputForOneSideOnly) {
   const CliResult r = run({"diff", "-", "-"});
   EXPECT_EQ(r.code, 1);

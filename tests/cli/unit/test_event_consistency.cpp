@@ -122,6 +122,87 @@ TEST(EventConsistency, ReportTotalsThatWrapAroundAreInvalid) {
                 ": $.regions[1].bytes: the regions' bytes add up to more than 2^64 - 1: the report is corrupt\n");
 }
 
+TEST(EventConsistency, GroupPeaksAddingUpBeyond64BitsAreInvalidWhereTheyAreSummed) {
+  TempDir dir;
+  // Each region peaks at `size` bytes, one after another: live bytes stay within 64 bits, but
+  // the peaks the peak shares divide by add up to three times as much.
+  const auto regions_peaking_at = [](std::uint64_t size) {
+    std::vector<std::string> events;
+    for (int tag = 0; tag < 3; ++tag) {
+      events.push_back(event("alloc", 2 * tag, 4096, size, tag));
+      events.push_back(event("free_requested", 2 * tag + 1, 4096, size, tag));
+    }
+    return trace_text(events);
+  };
+  const std::string file = dir.write("t.jsonl", regions_peaking_at(9223372036854775808ull));
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"memory", file}, {"memory", file, "--top", "1"}, {"summary", file}, {"diff", file, file}}) {
+    const CliResult r = run(args);
+    EXPECT_EQ(r.code, 2) << args[0];
+    EXPECT_EQ(r.err, "remat-report: " + file +
+                         ": the peaks of the groups by region add up to more than 2^64 - 1 bytes: the dump's "
+                         "allocation sizes are not real\n")
+        << args[0];
+  }
+  // At 2^62 bytes each they fit: the peaks are shown as they are.
+  const CliResult r = run({"memory", dir.write("fits.jsonl", regions_peaking_at(4611686018427387904ull)), "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json memory = nlohmann::json::parse(r.out);
+  ASSERT_EQ(memory["memory"].size(), 3u);
+  EXPECT_EQ(memory["memory"][0]["peak_bytes"], 4611686018427387904ull);
+  EXPECT_EQ(memory["memory"][0]["peak_share"], 0.333333);
+}
+
+TEST(EventConsistency, SnapshotSegmentsThatOverlapOrRepeatAnAddressAreInvalid) {
+  TempDir dir;
+  nlohmann::json snapshot = nlohmann::json::parse(data_text("snapshot-end.json"));
+  // segments[1] moved, with its blocks, to start 4096 bytes into segments[0].
+  nlohmann::json& moved = snapshot["segments"][1];
+  const std::uint64_t start = snapshot["segments"][0]["address"].get<std::uint64_t>() + 4096;
+  const std::uint64_t shift = start - moved["address"].get<std::uint64_t>();
+  moved["address"] = start;
+  for (nlohmann::json& block : moved["blocks"]) block["address"] = block["address"].get<std::uint64_t>() + shift;
+  const std::string overlapping = dir.write("overlap.json", snapshot.dump());
+  for (const char* command : {"validate", "segments", "memory", "summary"}) {
+    const CliResult r = run({command, overlapping});
+    EXPECT_EQ(r.code, 2) << command;
+    EXPECT_NE(r.err.find(overlapping + ": $.segments[1].address: segment at 0x7fdf10597200 (2097152 bytes) overlaps "
+                                       "segments[0] at 0x7fdf10596200 (12582912 bytes): segments must not share "
+                                       "bytes, or reserved memory is counted twice; the snapshot is corrupt"),
+              std::string::npos)
+        << command << ": " << r.err;
+  }
+
+  snapshot = nlohmann::json::parse(data_text("snapshot-end.json"));
+  snapshot["segments"].push_back(snapshot["segments"][2]);
+  const std::string repeated = dir.write("repeat.json", snapshot.dump());
+  const CliResult r = run({"validate", repeated});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("$.segments[6].address: segment at 0x7fdf11398200 (2097152 bytes) overlaps segments[2] at "
+                       "0x7fdf11398200"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(EventConsistency, AStatPeakBelowItsCurrentValueIsInvalid) {
+  TempDir dir;
+  nlohmann::json snapshot = nlohmann::json::parse(data_text("snapshot-end.json"));
+  snapshot["stats"]["allocated_bytes"]["peak"] = 0;
+  const std::string stats = dir.write("stats.json", snapshot.dump());
+  CliResult r = run({"validate", stats});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "invalid: " + stats +
+                       ": $.stats.allocated_bytes.peak: peak 0 is below current 50331648: a peak is the highest "
+                       "value current has reached, so at least current; the dump is corrupt (regenerate it)\n");
+
+  snapshot = nlohmann::json::parse(data_text("snapshot-end.json"));
+  snapshot["tag_stats"][3]["count"]["current"] = snapshot["tag_stats"][3]["count"]["peak"].get<std::uint64_t>() + 1;
+  const std::string tag_stats = dir.write("tag-stats.json", snapshot.dump());
+  r = run({"memory", tag_stats});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(tag_stats + ": $.tag_stats[3].count.peak: peak "), std::string::npos) << r.err;
+}
+
 TEST(EventConsistency, ABlockEndingPastTheAddressSpaceIsInvalid) {
   TempDir dir;
   const std::vector<std::string> events = {event("alloc", 1, 18446744073709551600ull, 32, 1)};
@@ -189,6 +270,35 @@ TEST(EventConsistency, ReallocatingAfterTheFreeRequestIsConsistent) {
   const CliResult memory = run({"memory", file, "--json"});
   ASSERT_EQ(memory.code, 0) << memory.err;
   EXPECT_EQ(nlohmann::json::parse(memory.out)["memory_total"]["live_bytes"], 256);
+}
+
+TEST(EventConsistency, SegmentsNameTheLiveBlocksOutsideEveryKnownSegment) {
+  TempDir dir;
+  // A wrapped ring: the segment_alloc of the block at 1 GiB fell off before the trace began.
+  const std::string file =
+      dir.write("t.jsonl", trace_text({event("segment_alloc", 0, 1 << 20, 1 << 20, 0),
+                                       event("alloc", 1, 1 << 20, 8192, 1), event("alloc", 2, 1 << 30, 8192, 2)}));
+  const CliResult memory = run({"memory", file, "--json"});
+  ASSERT_EQ(memory.code, 0) << memory.err;
+  EXPECT_EQ(nlohmann::json::parse(memory.out)["memory_total"]["live_bytes"], 16384);
+
+  const CliResult text = run({"segments", file});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("note: 1 block(s) holding 8.00 KiB, live or pending free, lie outside every segment the "
+                          "dump shows, so the map and the totals leave them out (a trace ring that dropped their "
+                          "segment_alloc); `remat-report memory` counts them"),
+            std::string::npos)
+      << text.out;
+  const CliResult json = run({"segments", file, "--json"});
+  ASSERT_EQ(json.code, 0) << json.err;
+  const nlohmann::json totals = nlohmann::json::parse(json.out)["totals"];
+  EXPECT_EQ(totals["allocated"], 8192);
+  EXPECT_EQ(totals["blocks_outside_segments"], 1);
+  EXPECT_EQ(totals["bytes_outside_segments"], 8192);
+
+  const CliResult snapshot = run({"segments", data_path("snapshot-end.json"), "--json"});
+  ASSERT_EQ(snapshot.code, 0) << snapshot.err;
+  EXPECT_EQ(nlohmann::json::parse(snapshot.out)["totals"]["blocks_outside_segments"], 0);
 }
 
 TEST(EventChecker, NamesTheEventAndTheEarlierOneItConflictsWith) {

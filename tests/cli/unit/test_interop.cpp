@@ -103,7 +103,7 @@ TEST(Schema, UnsupportedKeywordsAreRefusedWhenUsedNotIgnored) {
   try {
     schemas.validate("x.schema.json", parser.parse(text), JsonPath(), errors, 10);
     FAIL() << "an unsupported keyword was ignored";
-  } catch (const InputError& e) {
+  } catch (const SchemaError& e) {
     EXPECT_NE(std::string(e.what()).find("'additionalProperties' is not supported"), std::string::npos) << e.what();
   }
 }

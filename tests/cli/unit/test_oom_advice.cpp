@@ -200,6 +200,37 @@ TEST(OomAdvice, TheRecordedCauseDecidesForARequestWhoseSegmentExceedsTheDevice) 
   EXPECT_EQ(all[0].kind, SuggestionKind::request_exceeds_device);
 }
 
+TEST(OomAdvice, ACapWithASegmentNearTwoTo64NeverAdvisesASmallFraction) {
+  OomNumbers n = capped_numbers();
+  n.segment_bytes = UINT64_MAX;  // reserved + segment would wrap around to a few MiB
+  const std::vector<Suggestion> all = suggest(n, {}, "");
+  const Suggestion* s = find(all, SuggestionKind::raise_memory_fraction);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->setting, "memory_fraction:1");
+  EXPECT_NE(s->message.find("even memory_fraction:1 would not hold the 16.00 EiB needed"), std::string::npos)
+      << s->message;
+
+  n.cause = OomCause::unknown;  // an older report: capped because reserved + segment passes the cap
+  EXPECT_NE(find(suggest(n, {}, ""), SuggestionKind::raise_memory_fraction), nullptr);
+}
+
+TEST(OomAdvice, ARequestNearTwoTo64GetsNoMaxSplitSizeTheAllocatorWouldRefuse) {
+  OomNumbers n = quiet_numbers();
+  n.device_total_bytes = 0;  // unknown: the request is not compared with the device
+  n.requested_bytes = n.rounded_bytes = UINT64_MAX;
+  n.cached_free_bytes = UINT64_MAX;
+  n.fragmented_free_bytes = kGiB;
+  n.free_blocks_in_split_segments = 3;
+  // (need + 1 MiB - 1) wrapped to under 1 MiB and advised max_split_size_mb:20.
+  EXPECT_EQ(find(suggest(n, {}, ""), SuggestionKind::fragmentation), nullptr);
+
+  n.requested_bytes = n.rounded_bytes = kMaxMaxSplitSizeMb * kMiB;  // the largest the allocator accepts
+  const std::vector<Suggestion> all = suggest(n, {}, "");
+  const Suggestion* s = find(all, SuggestionKind::fragmentation);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->setting, "max_split_size_mb:1099511627776");
+}
+
 TEST(OomAdvice, FragmentationUnderAFullDeviceStillSuggestsMaxSplitSize) {
   OomNumbers n = quiet_numbers();
   n.cause = OomCause::device_full;

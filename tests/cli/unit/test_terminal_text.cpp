@@ -134,5 +134,13 @@ TEST(TerminalText, MessagesOnStderrAreEscaped) {
   EXPECT_NE(valid.out.find("odd\\u001b[31m.jsonl: valid trace dump"), std::string::npos) << valid.out;
 }
 
+TEST(TerminalText, ANewlineInAPathIsEscapedInMessagesNotTurnedIntoASpace) {
+  TempDir dir;
+  const std::string file = dir.path("two\nlines.json");
+  const CliResult r = run({"summary", file});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "remat-report: cannot open " + dir.path("two\\u000alines.json") + ": No such file or directory\n");
+}
+
 }  // namespace
 }  // namespace remat::report::testing

@@ -1,0 +1,108 @@
+#include "output/output_file.hpp"
+
+#include "core/errors.hpp"
+#include "reader/input_file.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+namespace remat::report {
+
+namespace {
+
+std::string_view kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+[[noreturn]] void refuse(const std::string& argument, const std::string& problem) {
+  throw OutputError(fmt::format("-o {} {}", argument, problem));
+}
+
+// The file a symlink at `argument` finally points to.
+std::string link_target(const std::string& argument) {
+  const std::unique_ptr<char, decltype(&std::free)> resolved(::realpath(argument.c_str(), nullptr), &std::free);
+  if (resolved == nullptr) {
+    refuse(argument, fmt::format("is a symbolic link to a path that cannot be followed ({}); point it at a file or "
+                                 "name another output",
+                                 std::strerror(errno)));
+  }
+  return resolved.get();
+}
+
+bool same_file(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
+
+}  // namespace
+
+OutputTarget output_target(const std::string& argument, const std::vector<std::string>& inputs) {
+  if (argument == kStdinArgument) {
+    throw UsageError(
+        "-o -: this command writes its output to a file and its summary to standard output; name an output file");
+  }
+  OutputTarget target{argument, argument};
+  struct stat info {};
+  if (::lstat(argument.c_str(), &info) != 0) return target;  // a new file, or a path open() will explain
+  if (S_ISLNK(info.st_mode)) {
+    target.file = link_target(argument);
+    if (::stat(target.file.c_str(), &info) != 0) return target;
+  }
+  if (!S_ISREG(info.st_mode)) {
+    refuse(argument, fmt::format("is {}{}, which remat-report will not replace; name a regular file or a new path",
+                                 target.file == argument ? "" : "a symbolic link to ", kind_of(info.st_mode)));
+  }
+  for (const std::string& input : inputs) {
+    struct stat input_info {};
+    const bool found =
+        input == kStdinArgument ? ::fstat(STDIN_FILENO, &input_info) == 0 : ::stat(input.c_str(), &input_info) == 0;
+    if (found && same_file(info, input_info)) {
+      const std::string name = input == kStdinArgument ? std::string(kStdinName) : input;
+      refuse(argument, fmt::format("is the same file as the input {}: writing it would destroy the input; name another "
+                                   "output file",
+                                   name));
+    }
+  }
+  return target;
+}
+
+void write_output_file(const OutputTarget& target, std::string_view contents) {
+  // A short name beside the target: any name the file system accepts for the target leaves
+  // room for it.
+  const auto slash = target.file.find_last_of('/');
+  const std::string directory = slash == std::string::npos ? "." : target.file.substr(0, slash == 0 ? 1 : slash);
+  const std::string temp = fmt::format("{}/.remat-report-{}.tmp", directory == "/" ? "" : directory, ::getpid());
+  auto fail = [&](int error, std::string_view advice) {
+    throw OutputError(fmt::format("cannot write {}: {}{}", target.argument, std::strerror(error), advice));
+  };
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) fail(errno, "; pass -o a path in a directory you can write to");
+  struct stat existing {};
+  int error = 0;
+  if (::stat(target.file.c_str(), &existing) == 0 && ::fchmod(fd, existing.st_mode & 07777) != 0) error = errno;
+  for (std::size_t written = 0; error == 0 && written < contents.size();) {
+    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
+    if (n >= 0)
+      written += static_cast<std::size_t>(n);
+    else if (errno != EINTR)
+      error = errno;
+  }
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error == 0 && std::rename(temp.c_str(), target.file.c_str()) != 0) error = errno;
+  if (error != 0) {
+    std::remove(temp.c_str());
+    fail(error, "");
+  }
+}
+
+}  // namespace remat::report

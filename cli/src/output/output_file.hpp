@@ -1,0 +1,28 @@
+#pragma once
+// Files named by -o (timeline, export, import). They are written whole, through a temporary
+// file in the same directory and a rename, so a reader never sees half a file and a failed
+// write leaves the old one. What -o names is checked before any input is read.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace remat::report {
+
+struct OutputTarget {
+  std::string argument;  // as given to -o, for messages
+  std::string file;      // what is replaced: the argument, or the file a symlink there points to
+};
+
+// Checks -o `argument` and returns where to write. A symlink is followed, so the link stays
+// and the file it points to is replaced. Refuses `-` (a UsageError: standard output carries the
+// command's summary) and, as OutputError: an existing target that is not a regular file
+// (directory, FIFO, device, socket), a dangling link, and a file that is one of `inputs`
+// (paths, or `-` for standard input).
+OutputTarget output_target(const std::string& argument, const std::vector<std::string>& inputs);
+
+// Replaces the target with `contents`, keeping an existing file's permission bits; OutputError
+// naming the path and the system's reason when it cannot.
+void write_output_file(const OutputTarget& target, std::string_view contents);
+
+}  // namespace remat::report
