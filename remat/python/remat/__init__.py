@@ -16,10 +16,12 @@ save_on_cpu, torch.utils.checkpoint and detect_anomaly keep working around it.
 """
 
 import functools
-import os
 import threading
 
 import torch  # loads LibTorch and PyTorch's autograd engine before the runtime captures it
+
+from remat_alloc._arguments import path_arg as _path_arg
+from remat_alloc._arguments import text_arg
 
 from . import _C
 from ._C import (  # noqa: F401  (re-exported)
@@ -78,15 +80,7 @@ def cpu_rng_state_hook():
 
 # Checked here: the runtime takes names as C++ strings, and paths end at the first NUL.
 def _name_arg(function, parameter, value):
-    if not isinstance(value, str):
-        raise TypeError(f"{function}: {parameter} must be a str, got {type(value).__name__} {value!r:.80}")
-    if "\0" in value:
-        raise ValueError(f"{function}: {parameter} {value!r:.80} contains a NUL character; pass a name without one")
-    try:
-        value.encode()
-    except UnicodeEncodeError as error:  # a lone surrogate, e.g. from os.fsdecode of bad bytes
-        raise ValueError(f"{function}: {parameter} {value!r:.80} is not valid Unicode ({error.reason}); "
-                         "pass text that encodes as UTF-8") from None
+    text_arg(function, parameter, value)
     return value
 
 
@@ -94,18 +88,6 @@ def _flag_arg(function, parameter, value):
     if not isinstance(value, bool):
         raise TypeError(f"{function}: {parameter} must be True or False, got {type(value).__name__} {value!r:.80}")
     return value
-
-
-def _path_arg(function, parameter, value):
-    try:
-        path = os.fsencode(value)  # str, bytes or os.PathLike, as open() takes
-    except TypeError:
-        raise TypeError(f"{function}: {parameter} must be a str, bytes or os.PathLike path, "
-                        f"got {type(value).__name__} {value!r:.80}") from None
-    if b"\0" in path:
-        raise ValueError(f"{function}: {parameter} {os.fsdecode(path)!r:.80} contains a NUL character; "
-                         "a path cannot hold one")
-    return path
 
 
 class RecomputeReplay(_C.RecomputeReplay):

@@ -193,7 +193,7 @@ def never_called(t):
 def test_a_region_name_that_is_not_a_str_is_refused_at_decoration():
     with pytest.raises(TypeError, match=exact("region: name must be a str, got int 5")):
         remat.region(never_called, 5)
-    with pytest.raises(TypeError, match=exact("region: name must be a str, got bytes b'mlp'")):
+    with pytest.raises(TypeError, match=exact("region: name must be a str (decode bytes first), got bytes b'mlp'")):
         remat.region(name=b"mlp")
 
 
@@ -210,7 +210,7 @@ def test_recompute_accepts_only_a_real_bool():
 
 
 def test_names_with_a_nul_are_refused_naming_the_argument():
-    nul = "contains a NUL character; pass a name without one"
+    nul = "contains a NUL character; C strings end there, so pass it without one"
     with pytest.raises(ValueError, match=exact(f"region: name 'layers.0\\x00.attention' {nul}")):
         remat.region(never_called, "layers.0\0.attention")
     with pytest.raises(ValueError, match=exact(f"checkpoint: region_name 'layers\\x000' {nul}")):
