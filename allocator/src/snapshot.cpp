@@ -152,6 +152,7 @@ std::string trace_to_jsonl(const AllocatorSnapshot& snapshot) {
   write_dump_header(header, "trace", kTraceSchemaVersion, snapshot.device);
   write_tag_table(header);
   header.field("event_count", static_cast<std::uint64_t>(snapshot.trace.size()));
+  header.field("dropped_records", snapshot.trace_dropped);
   header.end_object();
   std::string out = std::move(header.str());
   out += '\n';

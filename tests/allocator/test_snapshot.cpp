@@ -89,6 +89,18 @@ TEST(Snapshot, TraceDumpIsJsonLinesWithAHeader) {
   EXPECT_EQ(actions, (std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed"}));
 }
 
+// The header says how many records the ring overwrote before the first event it holds.
+TEST(Snapshot, TraceDumpHeaderCountsTheRecordsTheRingDropped) {
+  HostAllocator a("trace_entries:4");
+  EXPECT_NE(trace_to_jsonl(a.allocator->snapshot()).find("\"dropped_records\":0}"), std::string::npos);
+  for (int i = 0; i < 5; ++i) a.free(a.alloc(512));  // a segment_alloc, then 5 allocs and 5 immediate frees
+  std::istringstream lines(trace_to_jsonl(a.allocator->snapshot()));
+  std::string line;
+  std::getline(lines, line);
+  const auto header = nlohmann::json::parse(line);
+  EXPECT_EQ(header["dropped_records"], 11 - 4);
+}
+
 TEST(Snapshot, StringsAreEscaped) {
   HostAllocator a;
   auto region = TagScope::region("quote\"back\\slash\nnewline\x01");

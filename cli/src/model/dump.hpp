@@ -136,6 +136,8 @@ struct TraceHeader {
   DumpHeader header;
   TagTable tags;
   std::optional<std::uint64_t> event_count;
+  // Records the ring overwrote before the first event (absent in traces from other producers).
+  std::optional<std::uint64_t> dropped_records;
 };
 
 std::string_view to_string(Policy policy);

@@ -323,6 +323,9 @@ TraceHeader read_trace_header(json::object root) {
   header.tags = read_tag_table(root, path);
   const json::element count = member(root, "event_count", path);
   if (!json::is_null(count)) header.event_count = json::as_u64(count, path.key("event_count"));
+  if (const auto dropped = json::optional_member(root, "dropped_records")) {
+    header.dropped_records = json::as_u64(*dropped, path.key("dropped_records"));
+  }
   return header;
 }
 

@@ -37,6 +37,19 @@ void TraceRenderer::events(const DumpFile& file, const EventsBegin& begin) const
   trace.stream(begin(trace.header().tags));
 }
 
+namespace {
+
+// A ring that wrapped before the dump leaves out what was allocated before its first event.
+void note_dropped_records(std::vector<std::string>& notes, const TraceHeader& header) {
+  if (header.dropped_records.value_or(0) == 0) return;
+  notes.push_back(fmt::format("the trace ring had overwritten {} records before this dump's first event: blocks "
+                              "allocated earlier and still live are not counted, so live and peak figures cover only "
+                              "what the trace holds; raise trace_entries to keep more",
+                              *header.dropped_records));
+}
+
+}  // namespace
+
 Report TraceRenderer::summary(const DumpFile& file) const {
   TraceFile trace(file);
   LiveReplay replay(trace.header().tags, GroupBy::region);
@@ -57,6 +70,7 @@ Report TraceRenderer::summary(const DumpFile& file) const {
   }
   add_field(events, "names", Cell::count(header.tags.names.size()));
   add_field(events, "tags", Cell::count(header.tags.tags.size()));
+  if (header.dropped_records) add_field(events, "dropped_records", Cell::count(*header.dropped_records));
   report.tables.push_back(std::move(events));
 
   Table memory = key_value_table("memory", "Memory");
@@ -71,10 +85,18 @@ Report TraceRenderer::summary(const DumpFile& file) const {
 
   const MemoryView view = memory_from_replay(replay, GroupBy::region, file);
   report.tables.push_back(memory_table(view, 5, "top_regions", "Largest regions by peak"));
+  note_dropped_records(report.notes, header);
   return report;
 }
 
-MemoryView TraceRenderer::memory(const DumpFile& file, GroupBy by) const { return memory_from_events(*this, file, by); }
+MemoryView TraceRenderer::memory(const DumpFile& file, GroupBy by) const {
+  TraceFile trace(file);
+  LiveReplay replay(trace.header().tags, by);
+  trace.stream(replay);
+  MemoryView view = memory_from_replay(replay, by, file);
+  note_dropped_records(view.notes, trace.header());
+  return view;
+}
 
 SegmentSummary TraceRenderer::segments(const DumpFile& file, std::size_t picture_width) const {
   SegmentRebuilder rebuilder;

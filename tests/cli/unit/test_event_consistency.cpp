@@ -326,5 +326,27 @@ TEST(EventChecker, RefusesEventsOutOfTimeOrder) {
   }
 }
 
+// A trace whose ring wrapped says so where it prints live figures: blocks allocated before its
+// first event and still live are not in it.
+TEST(EventConsistency, ATraceWhoseRingDroppedRecordsSaysSoInMemoryAndSummary) {
+  TempDir dir;
+  std::string text = trace_text({event("alloc", 1, 4096, 512, 1), event("free_requested", 2, 4096, 512, 1)});
+  text.replace(text.find("\"event_count\":null"), 18, "\"event_count\":2,\"dropped_records\":7");
+  const std::string file = dir.write("wrapped.jsonl", text);
+  const std::string note = "the trace ring had overwritten 7 records before this dump's first event";
+  const CliResult memory = run({"memory", file});
+  ASSERT_EQ(memory.code, 0) << memory.err;
+  EXPECT_NE(memory.out.find(note), std::string::npos) << memory.out;
+  const CliResult summary = run({"summary", file});
+  ASSERT_EQ(summary.code, 0) << summary.err;
+  EXPECT_NE(summary.out.find("dropped_records"), std::string::npos) << summary.out;
+  EXPECT_NE(summary.out.find(note), std::string::npos) << summary.out;
+  const CliResult valid = run({"validate", file});
+  EXPECT_EQ(valid.code, 0) << valid.out << valid.err;
+
+  const std::string whole = dir.write("whole.jsonl", trace_text({event("alloc", 1, 4096, 512, 1)}));
+  EXPECT_EQ(run({"memory", whole}).out.find("trace ring had overwritten"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace remat::report::testing
