@@ -108,12 +108,50 @@ def check_torch_layout(tmp):
     assert json.loads(device1.read_text())["segments"][0]["total_size"] == 2 * 2**20
 
 
+def check_refusals(tmp):
+    """Pickles Python itself wrote: addresses from 2^63 up import; a block outside its segment and
+    two allocs at one address are refused with exit 2, naming the pickle path, writing nothing."""
+    sys.path.insert(0, str(HERE))
+    import write_torch_snapshot
+
+    high = write_torch_snapshot.snapshot()
+    shift = 2**63
+    for seg in high["segments"]:
+        seg["address"] += shift
+        for block in seg["blocks"]:
+            block["address"] += shift
+    for entry in high["device_traces"][0]:
+        entry["addr"] += shift if entry["addr"] else 0
+    pickled = tmp / "high.pickle"
+    pickled.write_bytes(pickle.dumps(high))
+    imported = tmp / "high.json"
+    run("import", str(pickled), "-o", str(imported))
+    run("validate", str(imported))
+    assert json.loads(imported.read_text())["segments"][0]["address"] == 0x7F0000000000 + shift
+
+    outside = write_torch_snapshot.snapshot()
+    outside["segments"][0]["blocks"][0]["address"] = 10**9
+    twice = write_torch_snapshot.snapshot()
+    twice["device_traces"] = [[{"action": "alloc", "addr": 0x1000, "size": 512, "stream": 0, "time_us": t,
+                                "frames": []} for t in (1, 2)]]
+    for name, snap, where in (("outside", outside, "$['segments'][0]['blocks'][0]['address']: block at 0x3b9aca00"),
+                              ("twice", twice, "$['device_traces'][0][1]['addr']: alloc at 0x1000")):
+        pickled = tmp / f"{name}.pickle"
+        pickled.write_bytes(pickle.dumps(snap))
+        out = tmp / f"{name}.json"
+        r = subprocess.run([sys.argv[1], "import", str(pickled), "-o", str(out)], capture_output=True, text=True)
+        assert r.returncode == 2, (name, r.returncode, r.stderr)
+        assert r.stderr.startswith(f"remat-report: {pickled}: {where}"), r.stderr
+        assert not out.exists(), f"{name}: import wrote a dump it refused"
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         exported = check_export(tmp)
         check_roundtrip(tmp, exported)
         check_torch_layout(tmp)
+        check_refusals(tmp)
         print("ok export, import and round trip")
 
 

@@ -70,7 +70,7 @@ void register_import(CLI::App& app, GlobalOptions& options) {
     } catch (const InputError& error) {
       throw InputError(name, error.what());
     }
-    write_output_file(target, result.snapshot.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    write_output_file(target, result.text);
     Report report;
     Table table = key_value_table("import", "Imported a PyTorch memory snapshot");
     add_field(table, "output", Cell::text(opts->out));

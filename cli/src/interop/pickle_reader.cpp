@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
@@ -49,11 +50,22 @@ class Unpickler {
         case 0x8a: case 0x8b: {  // LONG1, LONG4
           const std::size_t n = code == 0x8a ? le(take(1), 1) : le(take(4), 4);
           const char* p = take(n);
-          if (n > 8) fail(at, fmt::format("integer of {} bytes does not fit in 64 bits", n));
+          // Nine bytes whose last is 0 hold a non-negative value below 2^64 (Python adds the
+          // zero byte to keep the sign of values from 2^63 up).
+          const bool unsigned_64 = n == 9 && p[8] == 0;
+          if (n > 8 && !unsigned_64) {
+            fail(at, fmt::format("integer of {} bytes does not fit in 64 bits (the largest accepted is 2^64 - 1, the "
+                                 "smallest -2^63)",
+                                 n));
+          }
+          const std::size_t width = std::min<std::size_t>(n, 8);
           std::uint64_t v = 0;
-          for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+          for (std::size_t i = 0; i < width; ++i) {
+            v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+          }
           if (n > 0 && n < 8 && (static_cast<unsigned char>(p[n - 1]) & 0x80)) v |= ~std::uint64_t{0} << (8 * n);
           push_int(static_cast<std::int64_t>(v));
+          stack_.back()->above_int64 = unsigned_64 && v > static_cast<std::uint64_t>(INT64_MAX);
           break;
         }
         case 'G': {

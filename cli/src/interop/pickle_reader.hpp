@@ -21,6 +21,9 @@ struct PyValue {
   Kind kind = Kind::none;
   bool boolean = false;
   std::int64_t integer = 0;
+  // Python ints in [2^63, 2^64) (addresses and sizes near the top of the address space):
+  // `integer` then holds their low 64 bits, and only unsigned fields may take them.
+  bool above_int64 = false;
   double real = 0;
   std::string text;  // string (UTF-8) or bytes
   std::vector<PyRef> items;  // list, tuple, set
@@ -29,6 +32,7 @@ struct PyValue {
   // The value under string key `key` of a dict, or null.
   const PyValue* get(std::string_view key) const;
   bool is_number() const { return kind == Kind::integer || kind == Kind::boolean; }
+  std::uint64_t unsigned_integer() const { return static_cast<std::uint64_t>(integer); }
 };
 
 struct PickleDocument {

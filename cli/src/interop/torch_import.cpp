@@ -1,12 +1,16 @@
 #include "core/errors.hpp"
 #include "interop/pickle_reader.hpp"
 #include "interop/torch_snapshot.hpp"
+#include "reader/dump_reader.hpp"
+#include "reader/event_checks.hpp"
+#include "reader/json_document.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <ctime>
 #include <map>
+#include <numeric>
 #include <tuple>
 
 namespace remat::report {
@@ -17,22 +21,40 @@ using Kind = PyValue::Kind;
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) { throw InputError(where, what); }
 
-std::int64_t integer_at(const PyValue& dict, std::string_view key, const std::string& where,
-                        std::optional<std::int64_t> fallback = std::nullopt) {
+std::string key_path(const std::string& where, std::string_view key) { return where + "['" + std::string(key) + "']"; }
+
+// The int under `key`, or null when it is missing or None.
+const PyValue* int_value(const PyValue& dict, std::string_view key, const std::string& where, bool has_fallback) {
   const PyValue* v = dict.get(key);
   if (v == nullptr || v->kind == Kind::none) {
-    if (fallback) return *fallback;
+    if (has_fallback) return nullptr;
     bad(where, fmt::format("missing key '{}'", key));
   }
-  if (v->kind != Kind::integer) bad(where + "['" + std::string(key) + "']", "expected an int");
+  if (v->kind != Kind::integer) bad(key_path(where, key), "expected an int");
+  return v;
+}
+
+// A signed field (time_us, device): Python ints from 2^63 up do not fit.
+std::int64_t integer_at(const PyValue& dict, std::string_view key, const std::string& where,
+                        std::optional<std::int64_t> fallback = std::nullopt) {
+  const PyValue* v = int_value(dict, key, where, fallback.has_value());
+  if (v == nullptr) return *fallback;
+  if (v->above_int64) {
+    bad(key_path(where, key), fmt::format("{} does not fit a signed 64-bit integer (at most 2^63 - 1 = {})",
+                                          v->unsigned_integer(), INT64_MAX));
+  }
   return v->integer;
 }
 
+// An unsigned field (addresses, sizes, streams): 0 to 2^64 - 1.
 std::uint64_t size_at(const PyValue& dict, std::string_view key, const std::string& where,
-                      std::optional<std::int64_t> fallback = std::nullopt) {
-  const std::int64_t v = integer_at(dict, key, where, fallback);
-  if (v < 0) bad(where + "['" + std::string(key) + "']", fmt::format("must not be negative (got {})", v));
-  return static_cast<std::uint64_t>(v);
+                      std::optional<std::uint64_t> fallback = std::nullopt) {
+  const PyValue* v = int_value(dict, key, where, fallback.has_value());
+  if (v == nullptr) return *fallback;
+  if (!v->above_int64 && v->integer < 0) {
+    bad(key_path(where, key), fmt::format("must not be negative (got {})", v->integer));
+  }
+  return v->unsigned_integer();
 }
 
 std::string string_at(const PyValue& dict, std::string_view key, const std::string& fallback) {
@@ -99,8 +121,9 @@ class TagBuilder {
                  file.find("??") == std::string::npos && file[0] != '<' &&
                  !(file.size() > 4 && (file.ends_with(".cpp") || file.ends_with(".h") || file.ends_with(".cu")))) {
         const PyValue* line = frame->get("line");
-        fallback_site = fmt::format("{}:{}{}", file, line && line->kind == Kind::integer ? line->integer : 0,
-                                    name.empty() ? "" : " (" + name + ")");
+        const bool has_line = line != nullptr && line->kind == Kind::integer && !line->above_int64;
+        fallback_site =
+            fmt::format("{}:{}{}", file, has_line ? line->integer : 0, name.empty() ? "" : " (" + name + ")");
       }
     }
     if (!remat && !fallback_site.empty()) key.site = intern(fallback_site);
@@ -137,6 +160,41 @@ std::string utc_now() {
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return text;
+}
+
+// Each byte of device memory belongs to one segment at most, as the snapshot reader requires.
+template <typename Extent>
+void check_disjoint(const std::vector<Extent>& extents) {
+  std::vector<std::size_t> order(extents.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return extents[a].address != extents[b].address ? extents[a].address < extents[b].address : a < b;
+  });
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    const Extent& before = extents[order[i - 1]];
+    const Extent& segment = extents[order[i]];
+    if (segment.address == before.address || segment.address - before.address < before.size) {
+      const Extent& later = before.index > segment.index ? before : segment;
+      const Extent& other = before.index > segment.index ? segment : before;
+      bad(fmt::format("$['segments'][{}]['address']", later.index),
+          fmt::format("segment at 0x{:x} ({} bytes) overlaps segments[{}] at 0x{:x} ({} bytes): segments must not "
+                      "share bytes; the snapshot is corrupt",
+                      later.address, later.size, other.index, other.address, other.size));
+    }
+  }
+}
+
+// What import writes must read back: the checks above name the pickle's paths; this catches
+// whatever they miss (sums of tag peaks past 64 bits, say) with the written dump's path.
+void check_as_remat_reads_it(const std::string& text) {
+  simdjson::dom::parser parser;
+  const simdjson::padded_string padded(text);
+  try {
+    read_snapshot(json::as_object(parse_json(parser, padded), JsonPath()));
+  } catch (const InputError& error) {
+    bad("$", fmt::format("the snapshot imports into a dump remat-report cannot read ({}); nothing was written",
+                         error.what()));
+  }
 }
 
 }  // namespace
@@ -187,6 +245,11 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
   std::map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> tag_live;  // tag -> (bytes, count)
   std::map<std::uint32_t, std::uint64_t> tag_requested;
   std::uint64_t allocated = 0, requested = 0, active = 0, reserved = 0, allocated_blocks = 0;
+  struct Extent {
+    std::uint64_t address = 0, size = 0;
+    std::size_t index = 0;  // in the pickle's segment list
+  };
+  std::vector<Extent> extents;
   std::size_t index = 0;
   for (const PyValue* segment : segments_value->items) {
     const std::string where = fmt::format("$['segments'][{}]", index++);
@@ -194,6 +257,16 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
     if (integer_at(*segment, "device", where, device) != device) continue;
     const std::uint64_t address = size_at(*segment, "address", where);
     const std::uint64_t total = size_at(*segment, "total_size", where);
+    std::uint64_t segment_end = 0;
+    if (__builtin_add_overflow(address, total, &segment_end)) {
+      bad(key_path(where, "total_size"),
+          fmt::format("{} bytes at 0x{:x} end past the 64-bit address space", total, address));
+    }
+    if (__builtin_add_overflow(reserved, total, &reserved)) {
+      bad(key_path(where, "total_size"),
+          "the segments' sizes add up to more than 2^64 - 1 bytes: the snapshot is corrupt");
+    }
+    extents.push_back({address, total, index - 1});
     nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
     std::uint64_t seg_allocated = 0, seg_active = 0, seg_requested = 0;
     std::uint64_t cursor = address;
@@ -205,10 +278,30 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
         if (block->kind != Kind::dict) bad(bwhere, "expected a dict");
         const std::uint64_t size = size_at(*block, "size", bwhere);
         const std::uint64_t block_address = block->get("address") ? size_at(*block, "address", bwhere) : cursor;
-        const std::uint64_t block_requested = std::min(size, size_at(*block, "requested_size", bwhere, static_cast<std::int64_t>(size)));
+        // Blocks tile their segment in address order, as remat-report's readers require.
+        if (block_address != cursor) {
+          bad(key_path(bwhere, "address"),
+              fmt::format("block at 0x{:x} does not follow the previous block (expected 0x{:x}): the blocks of the "
+                          "segment at 0x{:x} must start at its address and follow each other without gaps",
+                          block_address, cursor, address));
+        }
+        if (size > segment_end - cursor) {
+          bad(key_path(bwhere, "size"), fmt::format("block of {} bytes at 0x{:x} extends past the end of its segment "
+                                                    "(0x{:x}, total_size {})",
+                                                    size, block_address, segment_end, total));
+        }
         std::string state = string_at(*block, "state", "inactive");
         if (state == "active_awaiting_free") state = "active_pending_free";
         if (!block_state_from(state)) bad(bwhere + "['state']", fmt::format("unknown block state '{}'", printable(state)));
+        // PyTorch keeps a stale requested_size on inactive blocks (the remainder of a split
+        // keeps its old value), so it is only read, and only checked, for active ones.
+        const std::uint64_t block_requested = state == "inactive" ? 0 : size_at(*block, "requested_size", bwhere, size);
+        if (block_requested > size) {
+          bad(key_path(bwhere, "requested_size"),
+              fmt::format("requested_size {} exceeds the block size {}: an active block holds at least the bytes "
+                          "requested of it; the snapshot is corrupt",
+                          block_requested, size));
+        }
         const std::uint32_t tag = state == "inactive" ? 0 : tags.tag_of(block->get("frames"));
         if (state == "active_allocated") {
           seg_allocated += size;
@@ -218,10 +311,10 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
           ++allocated_blocks;
         }
         if (state != "inactive") seg_active += size;
-        seg_requested += state == "inactive" ? 0 : block_requested;
+        seg_requested += block_requested;
         blocks.push_back({{"address", block_address},
                           {"size", size},
-                          {"requested_size", state == "inactive" ? 0 : block_requested},
+                          {"requested_size", block_requested},
                           {"state", state},
                           {"tag", tag}});
         cursor = block_address + size;
@@ -241,9 +334,9 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
     allocated += seg_allocated;
     active += seg_active;
     requested += seg_requested;
-    reserved += total;
     ++result.segments;
   }
+  check_disjoint(extents);
 
   // The trace: actions keep their names; PyTorch's segment_map/unmap (expandable segments)
   // become segment_alloc/free; `snapshot` markers carry no memory change and are dropped.
@@ -254,6 +347,11 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
   if (traces_value != nullptr && static_cast<std::size_t>(device) < traces_value->items.size()) {
     const PyValue& trace = list_at(*traces_value->items[static_cast<std::size_t>(device)], "$['device_traces'][device]");
     std::int64_t last_time = INT64_MIN;
+    EventChecker checker;
+    std::vector<std::size_t> checked;  // pickle index of each event the checker saw
+    checker.name_events_by([&](std::uint64_t event) {
+      return fmt::format("$['device_traces'][{}][{}]", device, checked[event - 1]);
+    });
     std::size_t e = 0;
     for (const PyValue* entry : trace.items) {
       const std::string where = fmt::format("$['device_traces'][{}][{}]", device, e++);
@@ -269,10 +367,17 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
       }
       const std::uint64_t address = size_at(*entry, entry->get("addr") ? "addr" : "address", where, 0);
       const std::uint64_t size = size_at(*entry, "size", where, 0);
-      std::int64_t time = integer_at(*entry, "time_us", where, last_time == INT64_MIN ? 0 : last_time);
-      time = std::max(time, last_time == INT64_MIN ? time : last_time);  // keep time order
+      const char* address_key = entry->get("addr") ? "addr" : "address";
+      const std::int64_t time = integer_at(*entry, "time_us", where, last_time == INT64_MIN ? 0 : last_time);
       last_time = time;
+      const std::uint64_t stream = size_at(*entry, "stream", where, 0);
       const std::uint32_t tag = tags.tag_of(entry->get("frames"));
+      checked.push_back(e - 1);
+      try {
+        checker.check(Event{*parsed, time, address, size, stream, tag});
+      } catch (const EventError& error) {
+        bad(key_path(where, error.field == "address" ? address_key : error.field), error.problem);
+      }
       switch (*parsed) {
         case Action::alloc:
           ++alloc_events;
@@ -299,7 +404,7 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
         case Action::oom: ++ooms; break;
       }
       events.push_back({{"action", action}, {"time_us", time}, {"address", address}, {"size", size},
-                        {"stream", size_at(*entry, "stream", where, 0)}, {"tag", tag}});
+                        {"stream", stream}, {"tag", tag}});
       ++result.events;
     }
   }
@@ -356,6 +461,8 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
   s["tag_stats"] = std::move(tag_stats);
   s["segments"] = std::move(segments);
   s["trace"] = {{"capacity", result.events}, {"dropped", 0}, {"events", std::move(events)}};
+  result.text = s.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  check_as_remat_reads_it(result.text);
   return result;
 }
 

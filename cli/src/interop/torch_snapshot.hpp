@@ -22,6 +22,7 @@ std::string torch_snapshot_pickle(const AllocatorState& state);
 
 struct ImportResult {
   nlohmann::ordered_json snapshot;  // a remat snapshot dump
+  std::string text;                  // the dump as written, checked by remat-report's own reader
   std::uint64_t segments = 0;
   std::uint64_t blocks = 0;
   std::uint64_t events = 0;

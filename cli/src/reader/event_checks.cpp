@@ -4,10 +4,22 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 namespace remat::report {
 
+EventError::EventError(std::uint64_t event_number, std::string field_name, std::string what)
+    : InputError(fmt::format("event {}: $.{}", event_number, field_name), what),
+      event(event_number),
+      field(std::move(field_name)),
+      problem(std::move(what)) {}
+
+std::string EventChecker::event_name(std::uint64_t event) const {
+  return name_event_ ? name_event_(event) : fmt::format("event {}", event);
+}
+
 void EventChecker::fail(std::string_view field, const std::string& problem) const {
-  throw InputError(fmt::format("event {}: $.{}", events_, field), problem);
+  throw EventError(events_, std::string(field), problem);
 }
 
 void EventChecker::check(const Event& event) {
@@ -32,10 +44,10 @@ void EventChecker::check(const Event& event) {
   switch (event.action) {
     case Action::alloc: {
       if (const Allocation* live = blocks_.find(event.address)) {
-        fail("address", fmt::format("alloc at 0x{:x} while the block allocated there by event {} is still live (no "
+        fail("address", fmt::format("alloc at 0x{:x} while the block allocated there by {} is still live (no "
                                     "free_requested or free_completed between them): events were lost or the dump is "
                                     "corrupt",
-                                    event.address, live->event));
+                                    event.address, event_name(live->event)));
       }
       if (__builtin_add_overflow(live_bytes_, event.size, &live_bytes_)) {
         fail("size", fmt::format("live bytes overflow 64 bits with this allocation of {} bytes", event.size));
@@ -52,9 +64,9 @@ void EventChecker::check(const Event& event) {
       break;
     case Action::segment_alloc: {
       if (const Allocation* reserved = segments_.find(event.address)) {
-        fail("address", fmt::format("segment_alloc at 0x{:x} while the segment allocated there by event {} is still "
+        fail("address", fmt::format("segment_alloc at 0x{:x} while the segment allocated there by {} is still "
                                     "reserved (no segment_free between them): events were lost or the dump is corrupt",
-                                    event.address, reserved->event));
+                                    event.address, event_name(reserved->event)));
       }
       if (__builtin_add_overflow(reserved_bytes_, event.size, &reserved_bytes_)) {
         fail("size", fmt::format("reserved bytes overflow 64 bits with this segment of {} bytes", event.size));

@@ -10,17 +10,33 @@
 // the allocation (a ring buffer that dropped its oldest events).
 
 #include "core/address_map.hpp"
+#include "core/errors.hpp"
 #include "model/dump.hpp"
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 namespace remat::report {
 
+// An event that breaks the stream's consistency: which event (counted from 1), which field,
+// and what is wrong, for callers that name the event their own way (import names the pickle's path).
+class EventError : public InputError {
+ public:
+  EventError(std::uint64_t event, std::string field, std::string problem);
+  std::uint64_t event;
+  std::string field;
+  std::string problem;
+};
+
 class EventChecker {
  public:
-  // Checks the next event. Throws InputError "event N: $.field: <problem>", N counting the
-  // stream's events from 1.
+  // Checks the next event. Throws EventError, an InputError "event N: $.field: <problem>", N
+  // counting the stream's events from 1.
   void check(const Event& event);
+  // How messages name an earlier event, given its number counted from 1 ("event 3" unless
+  // set: import names the pickle entry it came from instead).
+  void name_events_by(std::function<std::string(std::uint64_t)> name) { name_event_ = std::move(name); }
   // How many events check has seen, a refused one included.
   std::uint64_t events() const { return events_; }
 
@@ -31,6 +47,9 @@ class EventChecker {
   };
   [[noreturn]] void fail(std::string_view field, const std::string& problem) const;
 
+  std::string event_name(std::uint64_t event) const;
+
+  std::function<std::string(std::uint64_t)> name_event_;
   AddressMap<Allocation> blocks_;
   AddressMap<Allocation> segments_;
   std::uint64_t events_ = 0;
