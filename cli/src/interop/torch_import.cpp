@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <ctime>
 #include <map>
-#include <numeric>
 #include <tuple>
 
 namespace remat::report {
@@ -162,28 +161,6 @@ std::string utc_now() {
   return text;
 }
 
-// Each byte of device memory belongs to one segment at most, as the snapshot reader requires.
-template <typename Extent>
-void check_disjoint(const std::vector<Extent>& extents) {
-  std::vector<std::size_t> order(extents.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return extents[a].address != extents[b].address ? extents[a].address < extents[b].address : a < b;
-  });
-  for (std::size_t i = 1; i < order.size(); ++i) {
-    const Extent& before = extents[order[i - 1]];
-    const Extent& segment = extents[order[i]];
-    if (segment.address == before.address || segment.address - before.address < before.size) {
-      const Extent& later = before.index > segment.index ? before : segment;
-      const Extent& other = before.index > segment.index ? segment : before;
-      bad(fmt::format("$['segments'][{}]['address']", later.index),
-          fmt::format("segment at 0x{:x} ({} bytes) overlaps segments[{}] at 0x{:x} ({} bytes): segments must not "
-                      "share bytes; the snapshot is corrupt",
-                      later.address, later.size, other.index, other.address, other.size));
-    }
-  }
-}
-
 // What import writes must read back: the checks above name the pickle's paths; this catches
 // whatever they miss (sums of tag peaks past 64 bits, say) with the written dump's path.
 void check_as_remat_reads_it(const std::string& text) {
@@ -245,11 +222,8 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
   std::map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> tag_live;  // tag -> (bytes, count)
   std::map<std::uint32_t, std::uint64_t> tag_requested;
   std::uint64_t allocated = 0, requested = 0, active = 0, reserved = 0, allocated_blocks = 0;
-  struct Extent {
-    std::uint64_t address = 0, size = 0;
-    std::size_t index = 0;  // in the pickle's segment list
-  };
-  std::vector<Extent> extents;
+  std::vector<AddressRange> extents;        // this device's segments
+  std::vector<std::size_t> extent_indices;  // their indices in the pickle's segment list
   std::size_t index = 0;
   for (const PyValue* segment : segments_value->items) {
     const std::string where = fmt::format("$['segments'][{}]", index++);
@@ -266,7 +240,8 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
       bad(key_path(where, "total_size"),
           "the segments' sizes add up to more than 2^64 - 1 bytes: the snapshot is corrupt");
     }
-    extents.push_back({address, total, index - 1});
+    extents.push_back({address, total});
+    extent_indices.push_back(index - 1);
     nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
     std::uint64_t seg_allocated = 0, seg_active = 0, seg_requested = 0;
     std::uint64_t cursor = address;
@@ -336,7 +311,14 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
     requested += seg_requested;
     ++result.segments;
   }
-  check_disjoint(extents);
+  if (const auto overlap = first_overlap(extents)) {
+    const auto [later, other] = *overlap;
+    bad(fmt::format("$['segments'][{}]['address']", extent_indices[later]),
+        fmt::format("segment at 0x{:x} ({} bytes) overlaps segments[{}] at 0x{:x} ({} bytes): segments must not share "
+                    "bytes; the snapshot is corrupt",
+                    extents[later].address, extents[later].size, extent_indices[other], extents[other].address,
+                    extents[other].size));
+  }
 
   // The trace: actions keep their names; PyTorch's segment_map/unmap (expandable segments)
   // become segment_alloc/free; `snapshot` markers carry no memory change and are dropped.

@@ -193,28 +193,20 @@ Segment read_segment(json::element value, const JsonPath& path, std::size_t tag_
   return segment;
 }
 
-// Each byte of device memory belongs to one segment at most: segments that overlap (or repeat
-// an address) would count reserved and allocated bytes twice.
+// Segments that overlap (or repeat an address) would count reserved and allocated bytes twice.
 void check_segments_disjoint(const std::vector<Segment>& segments, const JsonPath& segments_path) {
-  std::vector<std::size_t> order(segments.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return segments[a].address != segments[b].address ? segments[a].address < segments[b].address : a < b;
-  });
-  for (std::size_t i = 1; i < order.size(); ++i) {
-    const Segment& before = segments[order[i - 1]];
-    const Segment& segment = segments[order[i]];
-    if (segment.address == before.address || segment.address < before.address + before.total_size) {
-      const std::size_t later = std::max(order[i - 1], order[i]);
-      const std::size_t other = std::min(order[i - 1], order[i]);
-      throw InputError(segments_path.index(later).key("address").str(),
-                       fmt::format("segment at 0x{:x} ({} bytes) overlaps segments[{}] at 0x{:x} ({} bytes): "
-                                   "segments must not share bytes, or reserved memory is counted twice; the snapshot "
-                                   "is corrupt (regenerate it)",
-                                   segments[later].address, segments[later].total_size, other, segments[other].address,
-                                   segments[other].total_size));
-    }
-  }
+  std::vector<AddressRange> ranges;
+  ranges.reserve(segments.size());
+  for (const Segment& segment : segments) ranges.push_back({segment.address, segment.total_size});
+  const auto overlap = first_overlap(ranges);
+  if (!overlap) return;
+  const auto [later, other] = *overlap;
+  throw InputError(segments_path.index(later).key("address").str(),
+                   fmt::format("segment at 0x{:x} ({} bytes) overlaps segments[{}] at 0x{:x} ({} bytes): segments "
+                               "must not share bytes, or reserved memory is counted twice; the snapshot is corrupt "
+                               "(regenerate it)",
+                               segments[later].address, segments[later].total_size, other, segments[other].address,
+                               segments[other].total_size));
 }
 
 AllocatorConfig read_config(json::element value, const JsonPath& path) {
@@ -327,6 +319,22 @@ TraceHeader read_trace_header(json::object root) {
     header.dropped_records = json::as_u64(*dropped, path.key("dropped_records"));
   }
   return header;
+}
+
+std::optional<std::pair<std::size_t, std::size_t>> first_overlap(const std::vector<AddressRange>& ranges) {
+  std::vector<std::size_t> order(ranges.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return ranges[a].address != ranges[b].address ? ranges[a].address < ranges[b].address : a < b;
+  });
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    const AddressRange& before = ranges[order[i - 1]];
+    const AddressRange& range = ranges[order[i]];
+    if (range.address == before.address || range.address - before.address < before.size) {
+      return std::pair{std::max(order[i - 1], order[i]), std::min(order[i - 1], order[i])};
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace remat::report

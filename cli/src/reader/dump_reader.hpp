@@ -5,6 +5,11 @@
 #include "model/dump.hpp"
 #include "reader/json_fields.hpp"
 
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
 namespace remat::report {
 
 DumpHeader read_dump_header(json::object root, const JsonPath& path);
@@ -14,5 +19,14 @@ TraceHeader read_trace_header(json::object root);
 // One event object; `tags` bounds the tag index.
 Event read_event(json::element value, const JsonPath& path, std::size_t tag_count);
 Stat read_stat(json::element value, const JsonPath& path);
+
+// A range of device addresses, as a segment covers.
+struct AddressRange {
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;
+};
+// Each byte of device memory belongs to one segment at most: the first two ranges that share a
+// byte (or an address), as (the later index, the earlier index) in `ranges`' order.
+std::optional<std::pair<std::size_t, std::size_t>> first_overlap(const std::vector<AddressRange>& ranges);
 
 }  // namespace remat::report
