@@ -158,8 +158,13 @@ class FrameOwnerScope {
   std::shared_ptr<Frame> previous_;
 };
 
-// Installs the autograd engine whose default saved-variable hooks consult the thread state.
+// Installs the autograd engine whose default saved-variable hooks consult the thread state
+// (engine.cpp).
 void ensure_engine_installed();
+
+// Saved-tensor hooks on PyTorch's stack (Python's saved_tensors_hooks; always 0 in a C++
+// program).
+std::size_t user_hooks_depth();
 
 // Records of finished checkpoint forwards for collect_trace().
 void record_scope(CheckpointScope scope);

@@ -1,8 +1,7 @@
-// The checkpoint runtime: forward under saved-variable hooks that keep what save regions
-// save and drop the rest, recompute on first unpack in backward, early stop.
+// The checkpoint runtime: checkpoint and region calls in forward, recompute of a frame in
+// backward. The saved-tensor hooks and the engine that supplies them are in engine.cpp.
 
 #include "frame.hpp"
-#include "saved_registry.hpp"
 
 #include <remat/alloc/tags.hpp>
 
@@ -10,11 +9,8 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <ATen/SavedTensorHooks.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <mutex>
@@ -30,44 +26,7 @@ using alloc::Phase;
 using alloc::Policy;
 using alloc::TagScope;
 
-// Thrown from the pack hook once recompute has recreated every tensor backward needs. A
-// std::exception, so that a layer between the hook and recompute (PyTorch's Python bindings,
-// when the body is a Python function) turns it into an error of its own instead of unwinding
-// through code that does not expect a foreign exception; recompute then ends the same way.
-struct StopRecompute : std::exception {
-  const char* what() const noexcept override { return "remat: recompute stopped early"; }
-};
-
-// Saved-tensor hooks pushed on PyTorch's stack (Python's saved_tensors_hooks; always 0 in a
-// C++ program).
-std::size_t user_hooks_depth() { return at::SavedTensorDefaultHooks::get_tls_state().stack.size(); }
-
-// Hooks the user pushed inside the checkpoint's body, and tracing (which defers hooks to
-// runtime), take precedence over the checkpoint's own.
-bool user_hooks_win(const ThreadState& state) {
-  const auto& hooks = at::SavedTensorDefaultHooks::get_tls_state();
-  return hooks.is_tracing || hooks.stack.size() > state.user_hooks_depth;
-}
-
 thread_local ThreadState t_state;
-
-std::atomic<BackwardErrorTranslator> g_backward_error_translator{nullptr};
-
-void verify(const Frame& frame, std::size_t index, const at::Tensor& recreated) {
-  const Fingerprint& forward = frame.fingerprints[index];
-  const Fingerprint now = fingerprint_of(recreated, forward.where);
-  if (now.hash == forward.hash && now.shape == forward.shape) return;
-  std::string shape;
-  for (const std::int64_t d : forward.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-  char figures[256];
-  std::snprintf(figures, sizeof figures, "sum %.9g in forward vs %.9g in recompute (difference %.3g), L2 norm %.9g vs %.9g",
-                forward.sum, now.sum, now.sum - forward.sum, forward.norm, now.norm);
-  throw Error("verify_recompute: checkpoint '" + frame.options.region_name + "': saved tensor #" +
-              std::to_string(index) + " of " + forward.where + " (shape [" + shape +
-              "]) differs between forward and recompute: " + figures +
-              ". The region is not deterministic: add a RecomputeStateHook for the state it depends on (RNG: "
-              "remat::cpu_rng_state_hook())");
-}
 
 // Enters contexts in order and exits them in reverse, also when the body throws.
 class ContextScope {
@@ -115,162 +74,6 @@ class ContextScope {
   bool recompute_;
   std::size_t entered_ = 0;
 };
-
-// Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
-class SavedHooks final : public torch::autograd::SavedVariableHooks {
- public:
-  SavedHooks(std::shared_ptr<Frame> frame, ThreadState state)
-      : frame_(std::move(frame)), state_(state), tracked_(saved_tracking_enabled() && state.mode == Mode::forward) {}
-  ~SavedHooks() override {
-    if (tracked_) unregister_saved(this);
-  }
-  SavedHooks(const SavedHooks&) = delete;
-  SavedHooks& operator=(const SavedHooks&) = delete;
-
-  void call_pack_hook(const at::Tensor& tensor) override {
-    Frame& f = *frame_;
-    if (state_.mode == Mode::recompute) {
-      const std::size_t index = f.recompute_packs++;
-      if (index < f.dropped && !f.filled[index]) {
-        if (f.options.verify_recompute) verify(f, index, tensor);
-        // Held with its recompute graph, which saves nothing (these hooks keep no data), until
-        // backward unpacks it; autograd rewraps what unpack returns, so no detach is needed.
-        f.recreated[index] = tensor;
-        f.filled[index] = true;
-        if (--f.missing == 0 && f.stop_early) throw StopRecompute{};
-      }
-      frame_.reset();  // the recompute graph is thrown away; nothing to keep
-      return;
-    }
-    f.persist(tensor);  // a save region's output that autograd saves must survive
-    if (state_.save_region >= 0) {
-      // Kept as it is. The hook still holds the frame: what the checkpoint persisted stays
-      // resident as long as the graph that may need it.
-      // variable_data(): the same storage without the graph, as detach() gives, but without a
-      // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
-      kept_ = tensor.variable_data();
-      f.kept.push_back({state_.save_region, c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
-      track(kept_);
-      return;
-    }
-    f.note_read(tensor);
-    if (f.options.verify_recompute) {
-      f.fingerprints.push_back(fingerprint_of(
-          tensor, state_.region != nullptr ? "region '" + f.options.region_name + "::" + *state_.region + "'"
-                                           : std::string("the body of checkpoint '") + f.options.region_name + "'"));
-    }
-    index_ = f.dropped++;
-    f.sequence_at_last_drop = at::sequence_number::peek();
-    track(at::Tensor());
-  }
-
-  at::Tensor call_unpack_hook() override {
-    if (kept_.defined()) return kept_;
-    try {
-      return frame_->take_recreated(index_);
-    } catch (const Error& e) {
-      if (const auto translate = g_backward_error_translator.load()) translate(e);
-      throw;
-    }
-  }
-
- private:
-  void track(const at::Tensor& resident) {
-    if (!tracked_) return;
-    SavedEntry entry = entry_for_current_node();
-    entry.tensor = resident;
-    entry.checkpoint = frame_->options.region_name;
-    entry.frame = frame_;
-    register_saved(this, std::move(entry));
-  }
-
-  std::shared_ptr<Frame> frame_;
-  ThreadState state_;
-  bool tracked_;
-  at::Tensor kept_;
-  std::size_t index_ = 0;
-};
-
-// Outside checkpoints, under SavedTensorsTracking: keeps the tensor as autograd would and
-// records which node saved it.
-class TrackingHooks final : public torch::autograd::SavedVariableHooks {
- public:
-  TrackingHooks() = default;
-  ~TrackingHooks() override { unregister_saved(this); }
-  TrackingHooks(const TrackingHooks&) = delete;
-  TrackingHooks& operator=(const TrackingHooks&) = delete;
-
-  void call_pack_hook(const at::Tensor& tensor) override {
-    tensor_ = tensor;
-    SavedEntry entry = entry_for_current_node();
-    entry.tensor = tensor;
-    register_saved(this, std::move(entry));
-  }
-  at::Tensor call_unpack_hook() override { return tensor_; }
-
- private:
-  at::Tensor tensor_;
-};
-
-// Frames are owned by the hooks of the tensors they dropped; the running one is reachable
-// from the thread state as a raw pointer, and from here as a shared pointer for new hooks.
-thread_local std::shared_ptr<Frame> t_frame_owner;
-
-// The process's autograd engine while checkpoints are in use: it supplies the saved-tensor
-// hooks of checkpoints and of saved-tensor tracking, and hands everything else to the engine
-// it replaced (LibTorch's own in a C++ program). Backward runs on that engine: LibTorch
-// starts device threads for one engine per process only, so a second engine could not run
-// backward on CUDA tensors.
-class RematEngine final : public torch::autograd::Engine {
- public:
-  explicit RematEngine(torch::autograd::Engine& delegate) : delegate_(delegate) {}
-
-  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
-    const ThreadState& state = t_state;
-    if (state.frame != nullptr && state.mode != Mode::none && !user_hooks_win(state)) {
-      return std::make_unique<SavedHooks>(t_frame_owner, state);
-    }
-    if (saved_tracking_enabled() && user_hooks_depth() == 0) return std::make_unique<TrackingHooks>();
-    return delegate_.get_default_saved_variable_hooks();
-  }
-
-  torch::autograd::variable_list execute(const torch::autograd::edge_list& roots,
-                                         const torch::autograd::variable_list& inputs, bool keep_graph,
-                                         bool create_graph, bool accumulate_grad,
-                                         const torch::autograd::edge_list& outputs) override {
-    return delegate_.execute(roots, inputs, keep_graph, create_graph, accumulate_grad, outputs);
-  }
-
-  c10::intrusive_ptr<at::ivalue::Future> execute_with_graph_task(
-      const std::shared_ptr<torch::autograd::GraphTask>& graph_task, std::shared_ptr<torch::autograd::Node> graph_root,
-      torch::autograd::InputBuffer&& input_buffer) override {
-    return delegate_.execute_with_graph_task(graph_task, std::move(graph_root), std::move(input_buffer));
-  }
-
-  std::unique_ptr<torch::autograd::AnomalyMetadata> make_anomaly_metadata() override {
-    return delegate_.make_anomaly_metadata();
-  }
-
-  void thread_on_exception(const std::shared_ptr<torch::autograd::GraphTask>& graph_task,
-                           const std::shared_ptr<torch::autograd::Node>& fn, std::exception& e) override {
-    delegate_.thread_on_exception(graph_task, fn, e);
-  }
-
-  void thread_init(int device, const std::shared_ptr<torch::autograd::ReadyQueue>& ready_queue,
-                   bool should_increment) override {
-    delegate_.thread_init(device, ready_queue, should_increment);
-  }
-
- private:
-  torch::autograd::Engine& delegate_;
-};
-
-torch::autograd::Engine* g_replaced_engine = nullptr;  // set once, before the stub points here
-
-torch::autograd::Engine& remat_engine() {
-  static auto* engine = new RematEngine(*g_replaced_engine);  // lives as long as the process
-  return *engine;
-}
 
 std::vector<std::any> snapshot_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hooks) {
   std::vector<std::any> out;
@@ -340,20 +143,6 @@ std::string full_region_name(const Frame& frame, const std::string& name) {
 }  // namespace
 
 ThreadState& thread_state() { return t_state; }
-
-void set_backward_error_translator(BackwardErrorTranslator translator) { g_backward_error_translator = translator; }
-
-FrameOwnerScope::FrameOwnerScope(std::shared_ptr<Frame> frame) : previous_(std::exchange(t_frame_owner, std::move(frame))) {}
-FrameOwnerScope::~FrameOwnerScope() { t_frame_owner = std::move(previous_); }
-
-void ensure_engine_installed() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    g_replaced_engine = &torch::autograd::Engine::get_default_engine();
-    remat_engine();
-    torch::autograd::set_default_engine_stub(&remat_engine);
-  });
-}
 
 void Frame::persist(const at::Tensor& t) {
   const c10::StorageImpl* storage = storage_of(t);
