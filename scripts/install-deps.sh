@@ -30,7 +30,8 @@ fi
 # PyTorch from the PyPI wheel torch==2.11.0, with its dependencies (about 4.6 GB, mostly
 # NVIDIA libraries): the checkpoint runtime links LibTorch from it, and the Python tests run
 # against the real torch (which imports on a machine without a GPU). scikit-build-core
-# builds the pip package; pytest runs the checkpoint runtime's Python tests.
+# builds the pip package; pytest runs the checkpoint runtime's Python tests; transformers (about
+# 45 MB with its dependencies; tested with 5.24.0) is for remat.wrap_decoder_layers and its tests.
 python=${PYTHON:-python3}
 if "$python" - <<'PY' 2>/dev/null
 import importlib.metadata as metadata
@@ -38,6 +39,7 @@ import re
 import sys
 import pytest
 import torch
+import transformers
 
 def release(version, parts=2):
     # Numeric (major, minor): as strings, "0.9" >= "0.10" would hold.
@@ -51,8 +53,9 @@ ok = torch.__version__.startswith("2.11.0") and release(metadata.version("scikit
 sys.exit(0 if ok else 1)
 PY
 then
-  echo "install-deps: torch 2.11.0, scikit-build-core and pytest present"
+  echo "install-deps: torch 2.11.0, scikit-build-core, pytest and transformers present"
 else
-  echo "install-deps: installing torch==2.11.0 with its dependencies, scikit-build-core and pytest from PyPI"
-  "$python" -m pip install --quiet --disable-pip-version-check torch==2.11.0 "scikit-build-core>=0.10" pytest
+  echo "install-deps: installing torch==2.11.0 with its dependencies, scikit-build-core, pytest and transformers from PyPI"
+  "$python" -m pip install --quiet --disable-pip-version-check torch==2.11.0 "scikit-build-core>=0.10" pytest \
+    transformers==5.24.0
 fi

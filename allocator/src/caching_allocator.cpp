@@ -518,10 +518,12 @@ std::int64_t CachingAllocator::live_requested_bytes(std::string_view region_pref
   std::int64_t total = 0;
   for (const auto& [tag, bytes] : live_by_tag) {
     const std::string region = name_of(tag_of(tag).region);
+    // Whole components only: "::" and "." (module paths such as layers.1) both separate them,
+    // so "layers" covers "layers.0" and "layers.1" does not cover "layers.10".
     const bool covered = region.size() >= region_prefix.size() &&
                          region.compare(0, region_prefix.size(), region_prefix) == 0 &&
                          (region.size() == region_prefix.size() || region_prefix.empty() ||
-                          region.compare(region_prefix.size(), 2, "::") == 0);
+                          region.compare(region_prefix.size(), 2, "::") == 0 || region[region_prefix.size()] == '.');
     if (covered) total += bytes;
   }
   return total;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The checkpoint runtime from Python against torch.utils.checkpoint (non-reentrant) and
-against no checkpointing, on the same model in one run.
+"""The checkpoint runtime from Python against torch.utils.checkpoint (non-reentrant), against
+torch_remat (when it is importable: `pip install --no-deps torch-remat` into an environment
+that sees torch) and against no checkpointing, on the same model in one run.
 
 The model is a chain of checkpoints over [4]-element tensors, so each implementation's own
 cost dominates; every checkpoint runs K ops that each save a tensor for backward. Forward and
@@ -12,6 +13,8 @@ K = 1 and K = 9, per checkpoint, beyond what the same ops cost without checkpoin
         python3 bench/python/checkpoint_bench.py [--rounds 41] [--checkpoints 50]
 """
 
+import importlib.util
+
 import argparse
 import statistics
 import time
@@ -20,6 +23,8 @@ import torch
 import torch.utils.checkpoint
 
 import remat
+
+torch_remat = importlib.import_module("torch_remat") if importlib.util.find_spec("torch_remat") else None
 
 
 def body_of(k, weight):
@@ -38,8 +43,10 @@ def model(mode, checkpoints, k, weights, x):
             x = body(x)
         elif mode == "torch":
             x = torch.utils.checkpoint.checkpoint(body, x, use_reentrant=False)
+        elif mode == "torch_remat":
+            x = torch_remat.checkpoint(region_name=f"layers.{i}")(body)(x)
         else:
-            x = remat.checkpoint(body, x, region_name=f"layers.{i}")
+            x = remat.checkpoint(region_name=f"layers.{i}")(body)(x)
     return x.sum()
 
 
@@ -51,7 +58,6 @@ def measure(mode, checkpoints, k, weights):
     started = time.thread_time_ns()
     loss.backward()
     backward = time.thread_time_ns() - started
-    remat.collect_trace()  # keeps the runtime's trace from growing across rounds
     return forward, backward
 
 
@@ -61,12 +67,12 @@ def main():
     parser.add_argument("--checkpoints", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    modes = ["none", "torch", "remat"]
+    modes = ["none", "torch", "remat"] + (["torch_remat"] if torch_remat is not None else [])
     depths = [1, 9]
     weights = [torch.randn(4, requires_grad=True) for _ in range(args.checkpoints)]
     samples = {(mode, k): ([], []) for mode in modes for k in depths}
     for round_index in range(args.rounds + 2):  # two warm-up rounds
-        order = modes[round_index % 3:] + modes[:round_index % 3]
+        order = modes[round_index % len(modes):] + modes[:round_index % len(modes)]
         for k in depths:
             for mode in order:
                 forward, backward = measure(mode, args.checkpoints, k, weights)
@@ -86,14 +92,19 @@ def main():
     for phase, index in (("forward", 0), ("backward", 1)):
         none1, none9 = us[("none", 1)][index], us[("none", 9)][index]
         figures = {}
-        for mode in ("torch", "remat"):
+        for mode in modes[1:]:
             per_checkpoint = (us[(mode, 1)][index] - none1) / n
             per_saved = ((us[(mode, 9)][index] - none9) - (us[(mode, 1)][index] - none1)) / n / (2 * 8)
             figures[mode] = (per_checkpoint, per_saved)
             print(f"{phase:<9} {mode:<6} {per_checkpoint:7.2f} us per checkpoint, {per_saved:6.2f} us per saved tensor "
                   "beyond no checkpointing")
-        ratio = figures["remat"][0] / figures["torch"][0] if figures["torch"][0] > 0 else float("nan")
-        print(f"{phase:<9} remat/torch per checkpoint: {ratio:.2f}x (target < 1)\n")
+        for baseline in modes[1:]:
+            if baseline == "remat":
+                continue
+            cost = figures[baseline][0]
+            ratio = figures["remat"][0] / cost if cost > 0 else float("nan")
+            print(f"{phase:<9} remat/{baseline} per checkpoint: {ratio:.2f}x")
+        print()
 
 
 if __name__ == "__main__":

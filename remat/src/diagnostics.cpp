@@ -11,9 +11,12 @@
 #include <c10/core/StorageImpl.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <iterator>
+#include <mutex>
+#include <optional>
 #include <unordered_set>
 
 namespace remat {
@@ -24,12 +27,6 @@ namespace {
 constexpr std::size_t kMaxScopes = 4096;
 thread_local std::deque<CheckpointScope> t_scopes;
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // Views share their storage's block, so every view of one storage reports the same site.
 std::string site_of(const at::Tensor& t) {
   if (!t.has_storage()) return {};
@@ -39,27 +36,75 @@ std::string site_of(const at::Tensor& t) {
   return resolved.site != 0 ? alloc::name_of(resolved.site) : std::string();
 }
 
-// Adds `t` to a region's residency, counting each storage once.
-class ResidencyBuilder {
- public:
-  explicit ResidencyBuilder(std::string region) { residency_.region = std::move(region); }
-  void add(const std::string& name, const at::Tensor& t) {
-    const c10::StorageImpl* storage = storage_of(t);
-    const std::int64_t bytes = t.has_storage() ? static_cast<std::int64_t>(t.storage().nbytes()) : 0;
-    residency_.tensors.push_back(
-        {name, t.sizes().vec(), std::string(c10::toString(t.scalar_type())), bytes, site_of(t)});
-    if (storage != nullptr && seen_.insert(storage).second) {
-      residency_.bytes += bytes;
-      ++residency_.storages;
-    }
+// The dtype as PyTorch's Python API names it.
+std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    default: return c10::toString(type);
   }
-  RegionResidency take() { return std::move(residency_); }
-  bool empty() const { return residency_.tensors.empty(); }
+}
+
+// A report's residency, region by region, billing each storage once in the whole report (a
+// storage two regions hold is billed to the first).
+class ReportBuilder {
+ public:
+  explicit ReportBuilder(std::string checkpoint) { report_.checkpoint = std::move(checkpoint); }
+  void begin_region(std::string region) {
+    report_.regions.emplace_back();
+    report_.regions.back().region = std::move(region);
+  }
+  void add(std::string name, const at::Tensor& t) {
+    RegionResidency& region = report_.regions.back();
+    const c10::StorageImpl* storage = storage_of(t);
+    const std::int64_t bytes = storage != nullptr ? static_cast<std::int64_t>(storage->nbytes()) : 0;
+    const bool first = storage == nullptr || billed_.insert(storage).second;
+    region.tensors.push_back({std::move(name), t.sizes().vec(), dtype_name(t.scalar_type()), bytes, site_of(t),
+                              storage != nullptr ? reinterpret_cast<std::uintptr_t>(storage->data()) : 0,
+                              t.device().str(), !first});
+    if (storage == nullptr || !first) return;
+    region.bytes += bytes;
+    ++region.storages;
+    report_.bytes += bytes;
+    ++report_.storages;
+  }
+  // Regions that keep nothing are left out.
+  MemoryReport take() {
+    std::erase_if(report_.regions, [](const RegionResidency& region) { return region.tensors.empty(); });
+    return std::move(report_);
+  }
 
  private:
-  RegionResidency residency_;
-  std::unordered_set<const c10::StorageImpl*> seen_;
+  MemoryReport report_;
+  std::unordered_set<const c10::StorageImpl*> billed_;
 };
+
+// "(3,)", "(3, 4)", "()": shapes as Python prints a tuple.
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + (shape.size() == 1 ? ",)" : ")");
+}
+
+struct LiveFrames {
+  std::mutex mutex;
+  std::vector<Frame*> frames;  // in registration order
+};
+
+LiveFrames& live_frames() {
+  static auto* instance = new LiveFrames();  // frames may be destroyed during shutdown
+  return *instance;
+}
 
 }  // namespace
 
@@ -113,60 +158,123 @@ std::string RematTrace::to_json() const {
   return doc.dump(2) + "\n";
 }
 
+namespace detail {
+
+Frame::~Frame() {
+  if (!live) return;
+  LiveFrames& registry = live_frames();
+  std::lock_guard lock(registry.mutex);
+  std::erase(registry.frames, this);
+}
+
+void register_live_frame(Frame& frame) {
+  LiveFrames& registry = live_frames();
+  std::lock_guard lock(registry.mutex);
+  registry.frames.push_back(&frame);
+  frame.live = true;
+}
+
+MemoryReport memory_report_of(const Frame& frame) {
+  ReportBuilder builder(frame.options.region_name);
+  builder.begin_region("<inputs>");
+  for (std::size_t i = 0; i < frame.inputs.size(); ++i) {
+    const InputRecord& input = frame.inputs[i];
+    if (input.needed && input.value.defined()) builder.add("input." + std::to_string(i), input.value);
+  }
+  for (std::size_t r = 0; r < frame.save_regions.size(); ++r) {
+    const SaveRegionRecord& region = frame.save_regions[r];
+    builder.begin_region(frame.options.region_name + "::" + region.name);
+    std::size_t unnamed = 0;
+    for (const KeptTensor& kept : frame.kept) {
+      if (kept.save_region != static_cast<int>(r) || kept.parameter) continue;
+      if (auto impl = kept.tensor.lock()) {
+        builder.add(kept.name.empty() ? "saved." + std::to_string(unnamed++) : kept.name, at::Tensor(std::move(impl)));
+      }
+    }
+    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      if (region.persisted[o] && region.outputs[o].defined()) builder.add("output." + std::to_string(o), region.outputs[o]);
+    }
+  }
+  return builder.take();
+}
+
+}  // namespace detail
+
 MemoryReport current_memory_report() {
   const detail::ThreadState& state = detail::thread_state();
   if (state.mode != detail::Mode::forward || state.frame == nullptr) {
-    throw Error("format_current_memory_report() works only inside a checkpoint's forward; call it from the "
-                "checkpointed function (outside recompute)");
+    throw Error(detail::api_name("current_memory_report") +
+                "() works only inside a checkpoint's forward; call it from the checkpointed function (outside "
+                "recompute: guard it with `if not " + detail::api_name("is_recomputing") + "()`)");
   }
-  const detail::Frame& frame = *state.frame;
-  MemoryReport report;
-  report.checkpoint = frame.options.region_name;
-  detail::ResidencyBuilder inputs("<inputs>");
-  for (std::size_t i = 0; i < frame.inputs.size(); ++i) {
-    if (frame.inputs[i].needed) inputs.add("input " + std::to_string(i), frame.inputs[i].value);
+  return detail::memory_report_of(*state.frame);
+}
+
+std::vector<MemoryReport> live_checkpoint_reports() {
+  detail::LiveFrames& registry = detail::live_frames();
+  std::lock_guard lock(registry.mutex);
+  std::vector<MemoryReport> reports;
+  reports.reserve(registry.frames.size());
+  for (const detail::Frame* frame : registry.frames) reports.push_back(detail::memory_report_of(*frame));
+  return reports;
+}
+
+void name_saved_tensors(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  const detail::ThreadState& state = detail::thread_state();
+  if (state.mode != detail::Mode::forward || state.frame == nullptr || state.save_region < 0) return;
+  for (const auto& [name, tensor] : named) {
+    if (tensor.defined()) state.frame->pending_names.emplace_back(tensor.unsafeGetTensorImpl(), name);
   }
-  if (!inputs.empty()) report.regions.push_back(inputs.take());
-  for (std::size_t r = 0; r < frame.save_regions.size(); ++r) {
-    const detail::SaveRegionRecord& region = frame.save_regions[r];
-    detail::ResidencyBuilder builder(frame.options.region_name + "::" + region.name);
-    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
-      if (region.persisted[o]) builder.add("output " + std::to_string(o), region.outputs[o]);
-    }
-    std::size_t saved = 0;
-    for (const detail::KeptTensor& kept : frame.kept) {
-      if (kept.save_region != static_cast<int>(r)) continue;
-      if (auto impl = kept.tensor.lock()) builder.add("saved " + std::to_string(saved++), at::Tensor(std::move(impl)));
-    }
-    if (!builder.empty()) report.regions.push_back(builder.take());
-  }
-  return report;
 }
 
 std::string MemoryReport::format() const {
-  std::int64_t total = 0;
-  for (const RegionResidency& region : regions) total += region.bytes;
-  std::string out = "memory kept for backward by checkpoint [" + checkpoint + "]: " + alloc::format_bytes(total) + "\n";
+  std::string out = checkpoint + ": " + alloc::format_bytes(static_cast<std::uint64_t>(bytes)) + " resident in " +
+                    std::to_string(storages) + " storage(s)";
+  // Columns aligned across the whole report.
+  std::size_t byte_width = 0, name_width = 0, shape_width = 0;
   for (const RegionResidency& region : regions) {
-    out += "  " + region.region + ": " + alloc::format_bytes(region.bytes) + " in " + std::to_string(region.storages) +
-           " storage(s)\n";
     for (const ResidentTensor& t : region.tensors) {
-      out += "    " + t.name + "  " + detail::shape_text(t.shape) + "  " + t.dtype +
-             (t.site.empty() ? "" : "  @" + t.site) + "\n";
+      byte_width = std::max(byte_width, alloc::format_bytes(static_cast<std::uint64_t>(t.bytes)).size());
+      name_width = std::max(name_width, t.name.size());
+      shape_width = std::max(shape_width, detail::shape_text(t.shape).size());
     }
   }
-  return out;
+  auto pad = [](std::string text, std::size_t width, bool right) {
+    if (text.size() >= width) return text;
+    const std::string fill(width - text.size(), ' ');
+    return right ? fill + text : text + fill;
+  };
+  for (const RegionResidency& region : regions) {
+    out += "\n" + region.region + ": " + alloc::format_bytes(static_cast<std::uint64_t>(region.bytes));
+    for (const ResidentTensor& t : region.tensors) {
+      // A tensor sharing a storage listed above carries no bytes of its own.
+      const std::string figure = t.shares_storage ? "" : alloc::format_bytes(static_cast<std::uint64_t>(t.bytes));
+      std::string row = "  " + pad(figure, byte_width, true) + "  " + pad(t.name, name_width, false) + "  " +
+                        pad(detail::shape_text(t.shape), shape_width, false) + "  " + t.dtype;
+      if (t.shares_storage) row += "  (shares a storage above)";
+      if (!t.site.empty()) row += "  @" + t.site;
+      out += "\n" + row;
+    }
+  }
+  return out + "\n";
 }
 
 std::string MemoryReport::to_json() const {
   nlohmann::json doc = detail::dump_header("memory-report");
   doc["checkpoint"] = checkpoint;
+  doc["bytes"] = bytes;
+  doc["storages"] = storages;
   nlohmann::json list = nlohmann::json::array();
   for (const RegionResidency& region : regions) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const ResidentTensor& t : region.tensors) {
-      tensors.push_back(
-          {{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"storage_bytes", t.bytes}, {"site", t.site}});
+      tensors.push_back({{"name", t.name},
+                         {"shape", t.shape},
+                         {"dtype", t.dtype},
+                         {"storage_bytes", t.bytes},
+                         {"site", t.site},
+                         {"device", t.device},
+                         {"shares_storage", t.shares_storage}});
     }
     list.push_back({{"region", region.region},
                     {"bytes", region.bytes},

@@ -5,6 +5,8 @@
 #include "frame.hpp"
 #include "saved_registry.hpp"
 
+#include <remat/saved_report.hpp>
+
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/engine.h>
@@ -39,20 +41,34 @@ bool user_hooks_win(const ThreadState& state) {
 
 std::atomic<BackwardErrorTranslator> g_backward_error_translator{nullptr};
 
-void verify(const Frame& frame, std::size_t index, const at::Tensor& recreated) {
+thread_local SavedTensorsWalk* t_walk = nullptr;  // the walk entered on this thread
+
+// What is wrong with the tensor recompute recreated in place of dropped tensor `index`, if
+// anything: another shape, dtype or device always; other values under verify_recompute.
+std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t index, const at::Tensor& recreated,
+                                              int region) {
+  const DroppedMeta& forward_meta = frame.dropped_metas[index];
+  const DroppedMeta now_meta = DroppedMeta::of(recreated, region);
+  if (!(now_meta == forward_meta)) {
+    return "recompute of checkpoint '" + frame.options.region_name + "' recreated saved tensor #" +
+           std::to_string(index) + " as " + now_meta.describe() + " in " + frame.where(region) +
+           ", but forward saved " + forward_meta.describe() + " in " + frame.where(forward_meta.region) +
+           "; the body must take the same path in recompute as in forward (branch on " + api_name("is_recomputing") +
+           "() only for work autograd does not save, and run it under the same autocast and grad modes)";
+  }
+  if (!frame.options.verify_recompute) return std::nullopt;
   const Fingerprint& forward = frame.fingerprints[index];
   const Fingerprint now = fingerprint_of(recreated, forward.where);
-  if (now.hash == forward.hash && now.shape == forward.shape) return;
+  if (now.hash == forward.hash) return std::nullopt;
   std::string shape;
   for (const std::int64_t d : forward.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
   char figures[256];
   std::snprintf(figures, sizeof figures, "sum %.9g in forward vs %.9g in recompute (difference %.3g), L2 norm %.9g vs %.9g",
                 forward.sum, now.sum, now.sum - forward.sum, forward.norm, now.norm);
-  throw Error("verify_recompute: checkpoint '" + frame.options.region_name + "': saved tensor #" +
-              std::to_string(index) + " of " + forward.where + " (shape [" + shape +
-              "]) differs between forward and recompute: " + figures +
-              ". The region is not deterministic: add a RecomputeStateHook for the state it depends on (RNG: "
-              "remat::cpu_rng_state_hook())");
+  return "verify_recompute: checkpoint '" + frame.options.region_name + "': saved tensor #" + std::to_string(index) +
+         " of " + forward.where + " (shape [" + shape + "]) differs between forward and recompute: " + figures +
+         ". The region is not deterministic: add a " + api_name("RecomputeStateHook") +
+         " for the state it depends on (RNG: " + api_name("cpu_rng_state_hook") + "())";
 }
 
 // Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
@@ -70,8 +86,14 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     Frame& f = *frame_;
     if (state_.mode == Mode::recompute) {
       const std::size_t index = f.recompute_packs++;
-      if (index < f.dropped && !f.filled[index]) {
-        if (f.options.verify_recompute) verify(f, index, tensor);
+      const int region = state_.in_region ? static_cast<int>(f.recompute_regions) - 1 : -1;
+      if (index >= f.dropped) {
+        stop_with_mismatch("recompute of checkpoint '" + f.options.region_name + "' saved more tensors than forward (" +
+                           std::to_string(f.dropped) + "): the next is " + DroppedMeta::of(tensor, region).describe() +
+                           " in " + f.where(region) + "; the body must take the same path in recompute as in forward");
+      }
+      if (!f.filled[index]) {
+        if (auto mismatch = recreated_mismatch(f, index, tensor, region)) stop_with_mismatch(std::move(*mismatch));
         // Held with its recompute graph, which saves nothing (these hooks keep no data), until
         // backward unpacks it; autograd rewraps what unpack returns, so no detach is needed.
         f.recreated[index] = tensor;
@@ -88,11 +110,18 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       // variable_data(): the same storage without the graph, as detach() gives, but without a
       // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
       kept_ = tensor.variable_data();
-      f.kept.push_back({state_.save_region, c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
+      std::string name;
+      for (const auto& [impl, given] : f.pending_names) {
+        if (impl == tensor.unsafeGetTensorImpl()) name = given;
+      }
+      const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
+      f.kept.push_back({state_.save_region, std::move(name), base.is_leaf() && base.requires_grad(),
+                        c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
       track(kept_);
       return;
     }
     f.note_read(tensor);
+    f.dropped_metas.push_back(DroppedMeta::of(tensor, state_.in_region ? static_cast<int>(f.regions.size()) - 1 : -1));
     if (f.options.verify_recompute) {
       f.fingerprints.push_back(fingerprint_of(
           tensor, state_.region != nullptr ? "region '" + f.options.region_name + "::" + *state_.region + "'"
@@ -104,6 +133,13 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
   at::Tensor call_unpack_hook() override {
+    if (t_walk != nullptr && frame_) {
+      t_walk->note_checkpoint(frame_);
+      if (!kept_.defined()) {
+        throw Error(std::string(SavedTensorsWalk::kDroppedForRecompute) + " by checkpoint '" +
+                    frame_->options.region_name + "'");
+      }
+    }
     if (kept_.defined()) return kept_;
     try {
       return frame_->take_recreated(index_);
@@ -114,6 +150,13 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
  private:
+  // Ends recompute: the body is stopped as by an early stop, and recompute raises `mismatch`.
+  [[noreturn]] void stop_with_mismatch(std::string mismatch) {
+    frame_->recompute_mismatch = std::move(mismatch);
+    frame_.reset();
+    throw StopRecompute{};
+  }
+
   void track(const at::Tensor& resident) {
     if (!tracked_) return;
     SavedEntry entry = entry_for_current_node();
@@ -232,4 +275,28 @@ void ensure_engine_installed() {
 }
 
 }  // namespace detail
+
+void SavedTensorsWalk::enter() {
+  if (entered_) throw Error("saved-tensors walk: entered twice");
+  previous_ = std::exchange(detail::t_walk, this);
+  entered_ = true;
+}
+
+void SavedTensorsWalk::exit() {
+  if (!entered_ || detail::t_walk != this) throw Error("saved-tensors walk: exited out of order or on another thread");
+  detail::t_walk = std::exchange(previous_, nullptr);
+  entered_ = false;
+}
+
+SavedTensorsWalk::~SavedTensorsWalk() {
+  if (entered_ && detail::t_walk == this) detail::t_walk = previous_;
+}
+
+void SavedTensorsWalk::note_checkpoint(const std::shared_ptr<detail::Frame>& frame) {
+  for (const auto& seen : checkpoints_) {
+    if (seen == frame) return;
+  }
+  checkpoints_.push_back(frame);
+}
+
 }  // namespace remat

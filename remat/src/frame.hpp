@@ -2,10 +2,13 @@
 // Private state of the checkpoint runtime: one Frame per checkpoint call, and the
 // thread-local view of which frame is running forward or recompute.
 
+#include "forward_modes.hpp"
+
 #include <remat/diagnostics.hpp>
 #include <remat/remat.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 
 #include <any>
 #include <cstdint>
@@ -53,6 +56,10 @@ struct SaveRegionRecord {
   std::vector<TensorMeta> metas;
   std::vector<at::Tensor> outputs;  // held during forward; afterwards only the persisted ones
   std::vector<bool> persisted;
+  // Per output persisted only because code that recompute runs again read it: the number of
+  // tensors dropped when it was first read (kNotOnlyRead when something else needs it).
+  static constexpr std::size_t kNotOnlyRead = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> read_at;
   std::vector<std::optional<std::uint32_t>> versions;  // of the outputs when the region returned
   std::vector<std::any> state_after;  // state hook snapshots after the region ran
   std::shared_ptr<void> annotation;   // the caller's, see run_region
@@ -69,23 +76,54 @@ struct Fingerprint {
 };
 Fingerprint fingerprint_of(const at::Tensor& t, std::string where);
 
+// What recompute must recreate in place of a dropped tensor: checked on every recompute (as
+// torch.utils.checkpoint's default determinism check), so a body that takes another path
+// fails naming the tensor instead of handing backward the wrong one.
+struct DroppedMeta {
+  c10::SmallVector<std::int64_t, 6> sizes;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  at::Device device = at::kCPU;
+  int region = -1;  // index into Frame::regions; -1 for the checkpoint body outside regions
+
+  static DroppedMeta of(const at::Tensor& t, int region);
+  bool operator==(const DroppedMeta& other) const {
+    return sizes == other.sizes && dtype == other.dtype && device == other.device;
+  }
+  std::string describe() const;  // "float32 [32, 64] on cpu"
+};
+
 struct KeptTensor {
   int save_region = -1;
+  std::string name;  // given with name_saved_tensors(); "" for "saved.<i>"
+  // A parameter (a leaf that requires grad) or a view of one, such as the weight.t() a matmul
+  // saves: resident whatever the checkpoint does, so reports leave it out.
+  bool parameter = false;
   c10::weak_intrusive_ptr<c10::TensorImpl> tensor{c10::intrusive_ptr<c10::TensorImpl>()};
 };
 
 enum class Mode : std::uint8_t { none, forward, recompute };
 
 struct Frame : std::enable_shared_from_this<Frame> {
+  Frame() = default;
+  ~Frame();  // leaves the live frames, if forward registered it
+  Frame(const Frame&) = delete;
+  Frame& operator=(const Frame&) = delete;
+
   CheckpointOptions options;
   FlatFunction body;
   std::vector<InputRecord> inputs;
   std::vector<SaveRegionRecord> save_regions;
   std::vector<RegionDecision> regions;  // every region in forward order
   std::vector<std::any> state_at_entry;
+  ForwardModes modes;  // autocast, default dtype and backend flags at entry: recompute's too
   std::vector<KeptTensor> kept;  // for reports only
+  // Report names for tensors a save region is about to save (name_saved_tensors()), by the
+  // exact tensor; cleared when the region returns.
+  std::vector<std::pair<const c10::TensorImpl*, std::string>> pending_names;
+  bool live = false;  // in the live frames (a finished forward whose frame backward may need)
   std::vector<std::unique_ptr<CheckpointContext>> contexts;
   std::vector<Fingerprint> fingerprints;  // per dropped tensor, with verify_recompute
+  std::vector<DroppedMeta> dropped_metas;  // per dropped tensor
 
   // Tensors autograd saved outside save regions: dropped in forward, recreated by recompute
   // in the same order.
@@ -103,22 +141,36 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // one thread recomputes and takes its tensors at a time.
   std::recursive_mutex backward_mutex;
 
-  // Which inputs code outside save regions reads, learned from an op observer that is
-  // removed as soon as every input is known to be read.
+  // What code outside save regions reads (recompute runs it again): which inputs, and which
+  // save-region outputs (a residual add of attention's output, say), learned from an op
+  // observer that runs only while some input or output has not been seen read yet.
   std::size_t inputs_not_read = 0;
+  std::size_t outputs_not_persisted = 0;
   std::uint64_t read_observer = 0;  // at::CallbackHandle; 0 when none is registered
+  bool observing_needed() const { return inputs_not_read != 0 || outputs_not_persisted != 0; }
 
   // Recompute progress.
   std::size_t recompute_packs = 0;
   std::size_t recompute_regions = 0;
+  // Set by the pack hook when recompute recreated something other than forward dropped; the
+  // hook stops the body and recompute raises this.
+  std::optional<std::string> recompute_mismatch;
+
+  // "region 'layers.0::mlp'" or "the body of checkpoint 'layers.0'".
+  std::string where(int region) const;
 
   // Tensors are matched to inputs and save-region outputs by storage, so views count.
-  void persist(const at::Tensor& t);    // keep the save-region output(s) behind t
+  // Keeps the save-region output(s) behind t; `by_read`: only because code that recompute runs
+  // again read it.
+  void persist(const at::Tensor& t, bool by_read = false);
   void note_read(const at::Tensor& t);  // read by code that recompute runs again
+  void observe_reads_if_needed();
   void stop_observing_reads();
 
   void recompute();
   at::Tensor take_recreated(std::size_t index);
+  // After the body raised: drops everything the frame holds (its hooks may still hold it).
+  void release_after_failed_forward();
 };
 
 struct ThreadState {
@@ -168,5 +220,10 @@ std::size_t user_hooks_depth();
 
 // Records of finished checkpoint forwards for collect_trace().
 void record_scope(CheckpointScope scope);
+
+// Frames of finished forwards still alive (backward may recompute them), for reports of
+// what every live checkpoint keeps.
+void register_live_frame(Frame& frame);
+MemoryReport memory_report_of(const Frame& frame);
 
 }  // namespace remat::detail

@@ -20,6 +20,21 @@ TensorMeta meta_of(const at::Tensor& t) {
   return meta;
 }
 
+DroppedMeta DroppedMeta::of(const at::Tensor& t, int region) {
+  DroppedMeta meta;
+  meta.sizes.assign(t.sizes().begin(), t.sizes().end());
+  meta.dtype = t.scalar_type();
+  meta.device = t.device();
+  meta.region = region;
+  return meta;
+}
+
+std::string DroppedMeta::describe() const {
+  std::string out = std::string(c10::toString(dtype)) + " [";
+  for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "] on " + device.str();
+}
+
 at::Tensor make_placeholder(const TensorMeta& meta, const std::string& source) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<std::size_t>(meta.storage_bytes),
                        c10::DataPtr(nullptr, meta.options.device()), /*allocator=*/nullptr, /*resizable=*/false);
@@ -27,8 +42,8 @@ at::Tensor make_placeholder(const TensorMeta& meta, const std::string& source) {
   std::string message = kPlaceholderMarker;
   message += ": recompute read the data of ";
   message += source;
-  message += ", which forward did not keep; call remat::recompute_needs_tensor(t) on that tensor in forward so its "
-             "value is persisted";
+  message += ", which forward did not keep; call " + api_name("recompute_needs_tensor") +
+             "(t) on that tensor in forward so its value is persisted";
   compat::raise_on_data_access(*storage.unsafeGetStorageImpl(), std::move(message));
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::computeDispatchKey(
                                                                           meta.options.dtype().toScalarType(),

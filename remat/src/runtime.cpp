@@ -9,6 +9,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <ATen/SavedTensorHooks.h>
+#include <ATen/functorch/DynamicLayer.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -86,8 +87,8 @@ void restore_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hook
   for (std::size_t i = 0; i < hooks.size(); ++i) hooks[i]->restore(states[i]);
 }
 
-// Sees the ops the checkpoint body runs outside save regions, to learn which inputs
-// recompute will read again.
+// Sees the ops the checkpoint body runs outside save regions (recompute runs them again), to
+// learn which inputs they read and which save-region outputs they need.
 std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
   const ThreadState& state = t_state;
   if (state.mode != Mode::forward || state.save_region >= 0 || state.frame == nullptr) return nullptr;
@@ -101,15 +102,12 @@ std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-// Observes reads for the checkpoint forward unless every input is known to be read first;
-// the frame removes it earlier once that happens, so later ops run without it.
+// Observes reads for the checkpoint forward while something is still to learn (see
+// Frame::observing_needed): the frame removes it as soon as nothing is, so later ops run
+// without it, and a save region adds it again when it leaves outputs nothing has read yet.
 class ReadObserver {
  public:
-  explicit ReadObserver(Frame& frame) : frame_(frame) {
-    if (frame_.inputs_not_read == 0) return;
-    frame_.read_observer = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(observe_op).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
-  }
+  explicit ReadObserver(Frame& frame) : frame_(frame) { frame_.observe_reads_if_needed(); }
   ~ReadObserver() { frame_.stop_observing_reads(); }
   ReadObserver(const ReadObserver&) = delete;
   ReadObserver& operator=(const ReadObserver&) = delete;
@@ -144,32 +142,70 @@ std::string full_region_name(const Frame& frame, const std::string& name) {
 
 ThreadState& thread_state() { return t_state; }
 
-void Frame::persist(const at::Tensor& t) {
+void Frame::persist(const at::Tensor& t, bool by_read) {
   const c10::StorageImpl* storage = storage_of(t);
   if (storage == nullptr) return;
   for (SaveRegionRecord& region : save_regions) {
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {
-      if (storage_of(region.outputs[o]) == storage) region.persisted[o] = true;
+      if (storage_of(region.outputs[o]) != storage) continue;
+      if (!region.persisted[o]) {
+        region.persisted[o] = true;
+        --outputs_not_persisted;
+        region.read_at[o] = by_read ? dropped : SaveRegionRecord::kNotOnlyRead;
+      } else if (!by_read) {
+        region.read_at[o] = SaveRegionRecord::kNotOnlyRead;
+      }
     }
   }
 }
 
 void Frame::note_read(const at::Tensor& t) {
-  if (inputs_not_read == 0) return;
+  if (!observing_needed()) return;
   const c10::StorageImpl* storage = storage_of(t);
   if (storage == nullptr) return;
-  for (InputRecord& input : inputs) {
-    if (!input.needed && storage_of(input.value) == storage) {
-      input.needed = true;
-      --inputs_not_read;
+  if (outputs_not_persisted != 0) persist(t, /*by_read=*/true);  // recompute runs the reading code again
+  if (inputs_not_read != 0) {
+    for (InputRecord& input : inputs) {
+      if (!input.needed && storage_of(input.value) == storage) {
+        input.needed = true;
+        --inputs_not_read;
+      }
     }
   }
-  if (inputs_not_read == 0) stop_observing_reads();
+  if (!observing_needed()) stop_observing_reads();
+}
+
+void Frame::observe_reads_if_needed() {
+  if (read_observer != 0 || !observing_needed()) return;
+  read_observer = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(observe_op).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
 }
 
 void Frame::stop_observing_reads() {
   // Safe from inside the observer: a running op keeps its own copy of the callbacks.
   if (read_observer != 0) at::removeCallback(std::exchange(read_observer, 0));
+}
+
+std::string Frame::where(int region) const {
+  if (region < 0 || static_cast<std::size_t>(region) >= regions.size()) {
+    return "the body of checkpoint '" + options.region_name + "'";
+  }
+  return "region '" + full_region_name(*this, regions[static_cast<std::size_t>(region)].name) + "'";
+}
+
+void Frame::release_after_failed_forward() {
+  stop_observing_reads();
+  inputs.clear();
+  save_regions.clear();
+  kept.clear();
+  pending_names.clear();
+  fingerprints.clear();
+  dropped_metas.clear();
+  contexts.clear();
+  body = nullptr;  // a Python body holds its closure, which may hold the graph
+  options.recompute_state_hooks.clear();
+  options.contexts.clear();
+  state_at_entry.clear();
 }
 
 at::Tensor Frame::take_recreated(std::size_t index) {
@@ -196,6 +232,7 @@ void Frame::recompute() {
   if (missing == 0) return;
   recompute_packs = 0;
   recompute_regions = 0;
+  recompute_mismatch.reset();
 
   const auto& hooks = options.recompute_state_hooks;
   const std::vector<std::any> outer = snapshot_states(hooks);
@@ -225,6 +262,7 @@ void Frame::recompute() {
 
   {
     FrameOwnerScope owner(shared_from_this());
+    ForwardModesScope modes_scope(modes);
     ThreadStateScope scope({this, Mode::recompute, -1, false, nullptr, user_hooks_depth()});
     ContextScope context_scope(contexts, /*recompute=*/true);
     auto region_tag = TagScope::region(options.region_name);
@@ -236,6 +274,10 @@ void Frame::recompute() {
       // The stop (StopRecompute, or what a layer between the hook and here rethrew it as:
       // PyTorch's Python bindings, for a Python body): every tensor backward needs exists, so
       // the rest of the body need not run.
+      if (recompute_mismatch) {
+        restore_states(hooks, outer);
+        throw Error(*recompute_mismatch);
+      }
       const bool stopped = missing == 0 && stop_early;
       auto placeholder_read = placeholder_error_of(e);
       // Work after the last needed tensor that built no graph node (so no early stop was
@@ -252,8 +294,8 @@ void Frame::recompute() {
   if (missing != 0) {
     throw Error("recompute of checkpoint '" + options.region_name + "' recreated " +
                 std::to_string(recompute_packs) + " saved tensors but forward saved " + std::to_string(dropped) +
-                "; the body must take the same path in recompute as in forward (branch on remat::is_recomputing() "
-                "only for work autograd does not save)");
+                "; the body must take the same path in recompute as in forward (branch on " + api_name("is_recomputing") +
+                "() only for work autograd does not save)");
   }
 }
 
@@ -285,15 +327,17 @@ std::optional<std::uint32_t> version_of(const at::Tensor& t) {
 TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, TensorList inputs) {
   if (options.preserve_rng_state.value_or(false)) {
     throw Error("checkpoint '" + options.region_name +
-                "': preserve_rng_state is not supported; pass remat::cpu_rng_state_hook() (or your own "
-                "RecomputeStateHook) in CheckpointOptions::recompute_state_hooks");
+                "': preserve_rng_state is not supported; pass " + api_name("cpu_rng_state_hook") + "() (or your own " +
+                api_name("RecomputeStateHook") + ") in " + option_name("recompute_state_hooks"));
   }
   if (t_state.mode != Mode::none) {
     throw Error("checkpoint '" + options.region_name + "' is nested inside checkpoint '" +
                 t_state.frame->options.region_name + "'; checkpoints do not nest: use regions inside one checkpoint");
   }
   if (options.region_name.empty()) {
-    throw Error("checkpoint region_name is empty; name the checkpoint, e.g. {.region_name = \"layers.0\"}");
+    throw Error(std::string("checkpoint region_name is empty; name the checkpoint, e.g. ") +
+                (api_spelling() == ApiSpelling::python ? "checkpoint(region_name=\"layers.0\")"
+                                                       : "{.region_name = \"layers.0\"}"));
   }
   refuse_control_characters("checkpoint", options.region_name);
   if (!at::SavedTensorDefaultHooks::is_enabled()) {
@@ -306,12 +350,20 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
     auto region_tag = TagScope::region(options.region_name);
     return body(inputs);
   }
+  if (const auto layer = at::functorch::maybeCurrentDynamicLayer();
+      layer && layer->key() == at::functorch::TransformType::Vmap) {
+    // Backward would recompute outside the vmap, on unbatched inputs.
+    throw Error("checkpoint '" + options.region_name + "' cannot run under torch.func.vmap: recompute runs the "
+                "body again from backward, outside the transform, and would see other inputs; checkpoint inside the "
+                "mapped function's caller instead (vmap inside the checkpointed function), or run this under no-grad");
+  }
   ensure_engine_installed();
 
   auto frame = std::make_shared<Frame>();
   frame->options = options;
   frame->body = std::move(body);
   frame->state_at_entry = snapshot_states(options.recompute_state_hooks);
+  frame->modes = ForwardModes::capture();
   for (const CheckpointContextFactory& factory : options.contexts) frame->contexts.push_back(factory());
   frame->inputs.reserve(inputs.size());
   const bool keep_all_inputs = t_without_save_regions.contains(options.region_name);
@@ -331,6 +383,16 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
     frame->inputs.push_back(std::move(record));
     if (has_data && !keep_all_inputs) ++frame->inputs_not_read;
   }
+
+  // A forward that raises (an out-of-memory error a job catches, Ctrl-C) leaves a graph whose
+  // hooks own the frame, and the frame holds that graph's tensors: the cycle is cut here, so
+  // everything the checkpoint kept is freed with the graph.
+  struct ReleaseIfForwardFails {
+    Frame& frame;
+    ~ReleaseIfForwardFails() {
+      if (!frame.forward_finished) frame.release_after_failed_forward();
+    }
+  } release_if_failed{*frame};
 
   TensorList outputs;
   {
@@ -359,6 +421,11 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   }
   for (SaveRegionRecord& region : frame->save_regions) {
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      // Read only by code after the last dropped tensor: recompute stops before it (or, when it
+      // runs on, discards what that code computes), so no value is needed there.
+      if (region.read_at[o] != SaveRegionRecord::kNotOnlyRead && region.read_at[o] >= frame->dropped) {
+        region.persisted[o] = false;
+      }
       if (region.persisted[o] && version_of(region.outputs[o]) != region.versions[o]) {
         throw Error("output " + std::to_string(o) + " of save region '" + full_region_name(*frame, region.name) +
                     "' was changed in place after the region returned (an op such as h.mul_(2) or h += y); "
@@ -373,6 +440,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   frame->recreated.assign(frame->dropped, at::Tensor());
   frame->filled.assign(frame->dropped, false);
   frame->forward_finished = true;
+  register_live_frame(*frame);
   record_scope({options.region_name, frame->regions});
   return outputs;
 }
@@ -456,6 +524,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     auto region_tag = TagScope::region(name, recompute ? Policy::recompute : Policy::save);
     outputs = body(inputs);
   }
+  frame.pending_names.clear();
   for (std::size_t i = 0; i < input_versions.size(); ++i) {
     if (input_versions[i] == version_of(inputs[i])) continue;
     throw Error("save region '" + full_region_name(frame, name) + "' changed its input " + std::to_string(i) +
@@ -469,10 +538,13 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
     record.outputs = outputs;
     record.persisted.assign(outputs.size(), false);
+    record.read_at.assign(outputs.size(), SaveRegionRecord::kNotOnlyRead);
+    frame.outputs_not_persisted += outputs.size();
     for (const at::Tensor& out : outputs) record.versions.push_back(version_of(out));
     record.state_after = snapshot_states(frame.options.recompute_state_hooks);
     if (annotation != nullptr) record.annotation = *annotation;
     frame.save_regions.push_back(std::move(record));
+    frame.observe_reads_if_needed();
   }
   return outputs;
 }

@@ -71,18 +71,20 @@ std::vector<SavedEntry> saved_entries() {
 
 namespace {
 
-// Bills storages once each, in the order offered.
+// Bills storages once each, in the order offered, by the address of their data.
 class Biller {
  public:
   // Bytes newly billed for `t` (0 when its storage was billed already).
   std::int64_t bill(const at::Tensor& t) {
     const c10::StorageImpl* storage = storage_of(t);
-    if (storage == nullptr || !billed_.insert(storage).second) return 0;
-    return static_cast<std::int64_t>(t.storage().nbytes());
+    if (storage == nullptr || !bill_address(reinterpret_cast<std::uintptr_t>(storage->data()))) return 0;
+    return static_cast<std::int64_t>(storage->nbytes());
   }
+  // Whether the storage at `address` is billed now for the first time.
+  bool bill_address(std::uintptr_t address) { return address != 0 && billed_.insert(address).second; }
 
  private:
-  std::unordered_set<const c10::StorageImpl*> billed_;
+  std::unordered_set<std::uintptr_t> billed_;
 };
 
 struct Usage {
@@ -109,14 +111,24 @@ NamePattern pattern_of(const std::string& name) {
 
 std::string fold_label(const NamePattern& first, std::vector<long> indices) {
   std::sort(indices.begin(), indices.end());
-  std::string middle;
+  // Appended piece by piece: GCC 12 at -O3 reports a false overlap (-Wrestrict,
+  // -Wstringop-overflow) in `const char* + std::string&&`.
+  std::string label = first.prefix;
   const bool contiguous = indices.back() - indices.front() + 1 == static_cast<long>(indices.size());
-  if (indices.size() == 1) middle = std::to_string(indices[0]);
-  else if (contiguous) middle = std::to_string(indices.front()) + "-" + std::to_string(indices.back());
-  else {
-    for (const long i : indices) middle += (middle.empty() ? "" : ",") + std::to_string(i);
+  if (indices.size() == 1) {
+    label += std::to_string(indices.front());
+  } else if (contiguous) {
+    label += std::to_string(indices.front());
+    label += '-';
+    label += std::to_string(indices.back());
+  } else {
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      if (i > 0) label += ',';
+      label += std::to_string(indices[i]);
+    }
   }
-  return first.prefix + middle + first.suffix;
+  label += first.suffix;
+  return label;
 }
 
 std::vector<SavedGroup> fold_regions(const std::map<std::string, Usage>& regions) {
@@ -127,21 +139,29 @@ std::vector<SavedGroup> fold_regions(const std::map<std::string, Usage>& regions
       return std::tie(prefix, suffix, bytes, storages) < std::tie(o.prefix, o.suffix, o.bytes, o.storages);
     }
   };
-  std::map<Key, std::pair<NamePattern, std::vector<long>>> folded;
+  struct Members {
+    NamePattern first;       // the lowest index
+    std::string first_name;  // its full name
+    std::vector<long> indices;
+  };
+  std::map<Key, Members> folded;
   std::vector<SavedGroup> out;
   for (const auto& [name, usage] : regions) {
     const NamePattern pattern = pattern_of(name);
     if (pattern.index < 0) {
-      out.push_back({name, usage.bytes, 1, usage.storages});
+      out.push_back({name, usage.bytes, 1, usage.storages, name});
       continue;
     }
     auto& slot = folded[{pattern.prefix, pattern.suffix, usage.bytes, usage.storages}];
-    slot.first = pattern;
-    slot.second.push_back(pattern.index);
+    if (slot.indices.empty() || pattern.index < slot.first.index) {
+      slot.first = pattern;
+      slot.first_name = name;
+    }
+    slot.indices.push_back(pattern.index);
   }
   for (const auto& [key, members] : folded) {
-    const auto n = static_cast<std::int64_t>(members.second.size());
-    out.push_back({fold_label(members.first, members.second), key.bytes * n, n, key.storages * n});
+    const auto n = static_cast<std::int64_t>(members.indices.size());
+    out.push_back({fold_label(members.first, members.indices), key.bytes * n, n, key.storages * n, members.first_name});
   }
   return out;
 }
@@ -162,7 +182,7 @@ SavedTensorsTracking::SavedTensorsTracking() : previous_(detail::saved_tracking_
 
 SavedTensorsTracking::~SavedTensorsTracking() { detail::set_saved_tracking(previous_); }
 
-SavedReport saved_report(const at::Tensor& loss) {
+SavedReport saved_report(const at::Tensor& loss, const SavedTensorsWalk* walk) {
   using detail::Usage;
   // The nodes behind the loss, by the (thread, sequence number) that identifies them.
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::string> nodes;
@@ -194,26 +214,57 @@ SavedReport saved_report(const at::Tensor& loss) {
       ++usage.storages;
     }
   };
-  // Checkpoints first, so a storage they share with plain code is billed to them.
-  std::set<const detail::Frame*> frames_billed;
+  // Checkpoints first, so a storage they share with plain code is billed to them: those the
+  // walk read, and those tracking recorded.
+  std::vector<const detail::Frame*> frames;
+  auto add_frame = [&](const detail::Frame* frame) {
+    if (frame != nullptr && std::find(frames.begin(), frames.end(), frame) == frames.end()) frames.push_back(frame);
+  };
+  std::vector<std::shared_ptr<detail::Frame>> tracked_frames;  // held while billed
+  if (walk != nullptr) {
+    for (const auto& frame : walk->checkpoints()) add_frame(frame.get());
+  }
   for (const detail::SavedEntry& entry : entries) {
-    if (entry.checkpoint.empty()) continue;
-    Usage& usage = regions[entry.checkpoint];
-    if (entry.tensor.defined()) bill(usage, entry.tensor);
-    const auto frame = entry.frame.lock();
-    if (frame && frames_billed.insert(frame.get()).second) {
-      for (const detail::InputRecord& input : frame->inputs) bill(usage, input.value);
-      for (const detail::SaveRegionRecord& region : frame->save_regions) {
-        for (const at::Tensor& output : region.outputs) bill(usage, output);
-      }
+    if (auto frame = entry.frame.lock()) {
+      add_frame(frame.get());
+      tracked_frames.push_back(std::move(frame));
     }
   }
+  std::map<std::string, MemoryReport> first_report;  // per checkpoint name, for the details
+  for (const detail::Frame* frame : frames) {
+    MemoryReport kept = detail::memory_report_of(*frame);
+    Usage& usage = regions[kept.checkpoint];
+    for (const RegionResidency& region : kept.regions) {
+      for (const ResidentTensor& t : region.tensors) {
+        if (t.shares_storage || !biller.bill_address(t.address)) continue;
+        usage.bytes += t.bytes;
+        ++usage.storages;
+      }
+    }
+    first_report.emplace(kept.checkpoint, std::move(kept));
+  }
+  // The nodes the walk read replace what tracking recorded of them. A node whose every storage
+  // is billed already (a checkpoint keeps it) is not listed.
   std::map<std::string, std::set<std::pair<std::uint64_t, std::uint64_t>>> node_members;
-  for (const detail::SavedEntry& entry : entries) {
-    if (!entry.checkpoint.empty() || !entry.tensor.defined()) continue;
-    const std::string& name = nodes[{entry.thread, entry.sequence}];
-    bill(outside[name], entry.tensor);
-    node_members[name].insert({entry.thread, entry.sequence});
+  auto bill_node = [&](const std::string& name, std::pair<std::uint64_t, std::uint64_t> id,
+                       const std::vector<at::Tensor>& tensors) {
+    Usage usage;
+    for (const at::Tensor& t : tensors) bill(usage, t);
+    if (usage.bytes == 0) return;
+    Usage& total = outside[name];
+    total.bytes += usage.bytes;
+    total.storages += usage.storages;
+    node_members[name].insert(id);
+  };
+  if (walk != nullptr && !walk->nodes().empty()) {
+    for (const SavedTensorsWalk::NodeSaves& saves : walk->nodes()) {
+      bill_node(saves.node, {~std::uint64_t{0}, saves.id}, saves.tensors);
+    }
+  } else {
+    for (const detail::SavedEntry& entry : entries) {
+      if (!entry.checkpoint.empty() || !entry.tensor.defined()) continue;
+      bill_node(nodes[{entry.thread, entry.sequence}], {entry.thread, entry.sequence}, {entry.tensor});
+    }
   }
 
   SavedReport report;
@@ -222,28 +273,46 @@ SavedReport saved_report(const at::Tensor& loss) {
     ++report.regions;
   }
   report.region_groups = detail::fold_regions(regions);
+  detail::sort_groups(report.region_groups);
+  for (const SavedGroup& group : report.region_groups) {
+    const auto found = first_report.find(group.first_member);
+    report.details.push_back(found != first_report.end() ? found->second : MemoryReport{});
+  }
   for (const auto& [name, usage] : outside) {
     report.outside_bytes += usage.bytes;
     report.node_groups.push_back({name, usage.bytes, static_cast<std::int64_t>(node_members[name].size()),
                                   usage.storages});
   }
   report.total_bytes = report.region_bytes + report.outside_bytes;
-  detail::sort_groups(report.region_groups);
   detail::sort_groups(report.node_groups);
   return report;
 }
 
 std::string SavedReport::format() const {
-  std::string out = "saved for backward: " + alloc::format_bytes(total_bytes) + " resident -- " + std::to_string(regions) +
-                    " region(s) " + alloc::format_bytes(region_bytes) + ", outside regions " + alloc::format_bytes(outside_bytes) +
-                    "\n";
+  using alloc::format_bytes;
+  std::string out = "saved for backward: " + format_bytes(total_bytes) + " resident -- " + std::to_string(regions) +
+                    " region(s) " + format_bytes(region_bytes) + ", outside regions " + format_bytes(outside_bytes) + "\n";
+  if (!region_groups.empty()) out += "\nregions:\n";
   for (const SavedGroup& group : region_groups) {
-    out += "  " + alloc::format_bytes(group.bytes / group.count) + "  x" + std::to_string(group.count) + "  " + group.label +
+    out += "  " + format_bytes(group.bytes / group.count) + "  x" + std::to_string(group.count) + "  " + group.label +
            "  (" + std::to_string(group.storages / group.count) +
            (group.count > 1 ? " storages each)\n" : " storages)\n");
   }
+  std::int64_t outside_storages = 0;
+  for (const SavedGroup& group : node_groups) outside_storages += group.storages;
+  if (!node_groups.empty()) {
+    out += "\noutside regions: " + format_bytes(outside_bytes) + " in " + std::to_string(outside_storages) +
+           (outside_storages == 1 ? " storage\n" : " storages\n");
+  }
   for (const SavedGroup& group : node_groups) {
-    out += "  " + alloc::format_bytes(group.bytes) + "  " + group.label + " (x" + std::to_string(group.count) + ")\n";
+    std::string figure = format_bytes(group.bytes);
+    if (figure.size() < 9) figure.insert(0, 9 - figure.size(), ' ');
+    out += "  " + figure + "  " + group.label + " (x" + std::to_string(group.count) + ")\n";
+  }
+  if (!region_groups.empty()) out += "\nregion detail:\n";
+  for (std::size_t i = 0; i < details.size() && i < region_groups.size(); ++i) {
+    if (details[i].checkpoint.empty()) continue;
+    out += "[x" + std::to_string(region_groups[i].count) + ": " + region_groups[i].label + "]\n" + details[i].format();
   }
   return out;
 }

@@ -11,17 +11,45 @@ namespace {
 using Recorder = remat::RecomputeReplayRecorder<int>;
 
 TEST(Recorder, ReplaysInOrderThenCountsMisses) {
-  Recorder recorder;
-  recorder.record(4);
-  recorder.record(7);
-  EXPECT_EQ(recorder.size(), 2u);
-  EXPECT_EQ(recorder.take(), 4);
-  EXPECT_EQ(recorder.take(), 7);
-  EXPECT_EQ(recorder.take(), std::nullopt);
-  EXPECT_EQ(recorder.replay_misses(), 1u);
-  recorder.rewind();
-  EXPECT_EQ(recorder.take(), 4);
-  EXPECT_EQ(recorder.records(), (std::vector<int>{4, 7}));
+  remat::RecomputeReplay<int> channel("decisions");
+  auto recorder = std::make_shared<Recorder>();
+  recorder->record(4);
+  recorder->record(7);
+  EXPECT_EQ(recorder->size(), 2u);
+  auto replay = channel.scope(recorder, "replay");
+  EXPECT_EQ(recorder->take(), 4);
+  EXPECT_EQ(recorder->take(), 7);
+  EXPECT_EQ(recorder->take(), std::nullopt);
+  EXPECT_EQ(recorder->replay_misses(), 1u);
+  recorder->rewind();
+  EXPECT_EQ(recorder->take(), 4);
+  EXPECT_EQ(recorder->records(), (std::vector<int>{4, 7}));
+}
+
+TEST(Recorder, TakeOutsideAReplayScopeIsRefused) {
+  remat::RecomputeReplay<int> channel("decisions");
+  auto recorder = std::make_shared<Recorder>();
+  recorder->record(4);
+  {
+    auto record = channel.scope(recorder, "record");
+    EXPECT_THROW(recorder->take(), remat::Error);
+  }
+  EXPECT_THROW(recorder->take(), remat::Error);
+  EXPECT_EQ(recorder->replay_misses(), 0u);
+}
+
+TEST(Recorder, SecondCheckpointCallRecordingIntoOneRecorderIsRefused) {
+  remat::RecomputeReplay<int> channel("router");
+  auto shared = std::make_shared<Recorder>();
+  { auto first_forward = channel.scope(shared, "record"); }
+  try {
+    auto second_forward = channel.scope(shared, "record");
+    FAIL() << "a second forward recorded into a used recorder";
+  } catch (const remat::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another checkpoint call"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(channel.current().has_value());  // the refused scope bound nothing
+  { auto replay = channel.scope(shared, "replay"); }  // the first call's recompute still replays
 }
 
 TEST(Channel, ScopesBindNestAndRestore) {

@@ -19,7 +19,7 @@ namespace {
 // Two checkpointed layers whose save region keeps two 3x4 float32 tensors each (sin and
 // cos save their inputs), then a tanh head that saves its 3x4 result: 240 B in all.
 at::Tensor two_layers_and_a_head(const at::Tensor& x) {
-  at::Tensor h = x;
+  at::Tensor h = x.clone();  // x itself, a leaf that requires grad, is the caller's and not billed
   for (int i = 0; i < 2; ++i) {
     h = remat::checkpoint({.region_name = "layer." + std::to_string(i)})([](const at::Tensor& in) {
       return remat::region([](const at::Tensor& t) { return t.sin().cos(); }, "block", /*recompute=*/false)(in);
@@ -42,8 +42,19 @@ TEST(SavedReport, BillsRegionsFoldedAndTheRestByNode) {
   EXPECT_EQ(report.regions, 2);
   EXPECT_EQ(report.format(),
             "saved for backward: 240 B resident -- 2 region(s) 192 B, outside regions 48 B\n"
+            "\n"
+            "regions:\n"
             "  96 B  x2  layer.0-1  (2 storages each)\n"
-            "  48 B  TanhBackward0 (x1)\n");
+            "\n"
+            "outside regions: 48 B in 1 storage\n"
+            "       48 B  TanhBackward0 (x1)\n"
+            "\n"
+            "region detail:\n"
+            "[x2: layer.0-1]\n"
+            "layer.0: 96 B resident in 2 storage(s)\n"
+            "layer.0::block: 96 B\n"
+            "  48 B  saved.0  (3, 4)  float32\n"
+            "  48 B  saved.1  (3, 4)  float32\n");
   const auto doc = nlohmann::json::parse(report.to_json());
   EXPECT_EQ(doc["kind"], "saved-report");
   EXPECT_EQ(doc["region_groups"][0]["label"], "layer.0-1");
@@ -63,6 +74,26 @@ TEST(SavedReport, AStorageSharedByTwoSavesIsBilledOnce) {
   const remat::SavedReport report = remat::saved_report(loss);
   EXPECT_EQ(report.total_bytes, 48);
   EXPECT_EQ(report.regions, 0);
+}
+
+TEST(SavedReport, FoldsIndicesWithGapsIntoACommaList) {
+  auto x = at::rand({3, 4}).requires_grad_(true);
+  at::Tensor loss;
+  {
+    remat::SavedTensorsTracking tracking;
+    at::Tensor h = x.clone();
+    for (const int i : {0, 2, 3, 10}) {
+      h = remat::checkpoint({.region_name = "layer." + std::to_string(i) + ".mlp"})([](const at::Tensor& in) {
+        return remat::region([](const at::Tensor& t) { return t.sin().cos(); }, "block", /*recompute=*/false)(in);
+      })(h);
+    }
+    loss = h.sum();
+  }
+  const remat::SavedReport report = remat::saved_report(loss);
+  ASSERT_EQ(report.region_groups.size(), 1U);
+  EXPECT_EQ(report.region_groups[0].label, "layer.0,2,3,10.mlp");
+  EXPECT_EQ(report.region_groups[0].count, 4);
+  EXPECT_EQ(report.region_groups[0].bytes, 4 * 96);
 }
 
 TEST(SavedReport, WithoutTrackingOnlyCheckpointsAreSeen) {

@@ -128,7 +128,8 @@ TEST(Residency, InputsOfACheckpointThatStartsSavingAreDroppedFromItsNextCall) {
   }
 }
 
-// y = save region output read by plain code in recompute: a placeholder unless marked.
+// y = a save region's output that forward's code never reads; recompute reads it on a path
+// forward did not take, so it is a placeholder unless marked.
 struct PlaceholderProbe {
   bool mark = false;
   bool mark_view = false;
@@ -136,6 +137,7 @@ struct PlaceholderProbe {
   std::vector<std::int64_t> seen_strides;
   std::vector<std::int64_t> seen_view_sizes;
   at::ScalarType seen_dtype = at::kByte;
+  at::Tensor read;
 
   at::Tensor run(const at::Tensor& x) {
     return remat::checkpoint({.region_name = "probe"})([this](const at::Tensor& in) {
@@ -147,8 +149,9 @@ struct PlaceholderProbe {
         seen_strides = y.strides().vec();
         seen_dtype = y.scalar_type();
         seen_view_sizes = y.transpose(0, 1).sizes().vec();
+        read = (y * 5.0).detach();  // reads y's data
       }
-      return (y * 5.0).exp().sum();  // exp's saved result makes recompute run this line
+      return in.exp().sum();  // exp's saved result makes recompute run the body
     })(x);
   }
 };
@@ -184,8 +187,20 @@ TEST(Placeholders, MarkingFixesTheReadAndGradientsAreExact) {
   PlaceholderProbe probe;
   probe.mark = true;
   probe.run(x).backward();
+  EXPECT_TRUE(at::equal(probe.read, (x.detach() * 2.0).t() * 5.0));
+  EXPECT_TRUE(at::equal(x.grad(), x.detach().exp()));
+}
+
+TEST(Placeholders, AnOutputReadByCodeRecomputeRunsAgainIsPersistedWithoutMarking) {
+  auto x = at::rand({3, 4}).requires_grad_(true);
+  auto loss = remat::checkpoint({.region_name = "persisted.residual"})([](const at::Tensor& in) {
+    auto h = remat::region([](const at::Tensor& t) { return (t * 2.0).exp(); }, "attention", /*recompute=*/false)(in);
+    return (remat::region([](const at::Tensor& t) { return t.tanh(); }, "mlp")(h + in) + h).pow(2).sum();
+  })(x);
+  loss.backward();
   auto x_ref = x.detach().clone().requires_grad_(true);
-  ((x_ref * 2.0).t() * 5.0).exp().sum().backward();
+  auto h = (x_ref * 2.0).exp();
+  ((h + x_ref).tanh() + h).pow(2).sum().backward();
   EXPECT_TRUE(at::equal(x.grad(), x_ref.grad()));
 }
 

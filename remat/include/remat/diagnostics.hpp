@@ -2,8 +2,11 @@
 // What the checkpoint runtime decided and what it keeps: a trace of save/recompute
 // decisions per region, and a report of the memory a checkpoint keeps for backward.
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace remat {
@@ -31,11 +34,14 @@ struct RematTrace {
 RematTrace collect_trace();
 
 struct ResidentTensor {
-  std::string name;  // "input 0", "output 0", "saved 3"
+  std::string name;  // "input.0", "output.0", "saved.3", or the name given to name_saved_tensors()
   std::vector<std::int64_t> shape;
-  std::string dtype;
+  std::string dtype;       // as PyTorch names it: "float32"
   std::int64_t bytes = 0;  // of its storage
   std::string site;        // allocation site of its storage ("" when none)
+  std::uintptr_t address = 0;  // of its storage's data
+  std::string device;          // "cpu", "cuda:0"
+  bool shares_storage = false;  // with a tensor listed before it in the report (billed there)
 };
 
 struct RegionResidency {
@@ -48,6 +54,10 @@ struct RegionResidency {
 struct MemoryReport {
   std::string checkpoint;
   std::vector<RegionResidency> regions;
+  std::int64_t bytes = 0;     // every storage once
+  std::int64_t storages = 0;
+  // "layers.0: 28 B resident in 2 storage(s)", then per region "layers.0::attn: 28 B" and a
+  // row per tensor: "  12 B  lse  (3,)  float32".
   std::string format() const;
   std::string to_json() const;  // kind "memory-report"
 };
@@ -56,6 +66,14 @@ struct MemoryReport {
 // Throws remat::Error elsewhere.
 MemoryReport current_memory_report();
 std::string format_current_memory_report();
+
+// What every checkpoint whose forward finished and whose frame is still alive keeps, oldest
+// first (on every thread).
+std::vector<MemoryReport> live_checkpoint_reports();
+
+// Inside a save region's forward: names the tensors it is about to save for backward, for
+// memory reports ("lse" instead of "saved.0"). A no-op elsewhere.
+void name_saved_tensors(const std::vector<std::pair<std::string, at::Tensor>>& named);
 
 // Writes a dump atomically (temporary file, fsync, rename).
 void write_dump(const std::string& path, const std::string& json);

@@ -27,15 +27,22 @@ namespace remat {
 
 enum class ReplayMode { record, replay };
 
-// An ordered log of decisions: forward records, recompute takes them back in order.
+// An ordered log of decisions: forward records, recompute takes them back in order. One
+// recorder belongs to one checkpoint call: a record scope opened on a recorder whose forward
+// already ended (another call sharing it) is refused, so replay never hands one call the
+// decisions of another.
 template <typename T>
 class RecomputeReplayRecorder {
  public:
   void record(T value) { records_.push_back(std::move(value)); }
 
   // The next recorded decision, or nothing when the log ran out (counted as a miss: the
-  // caller recomputes).
+  // caller recomputes). Only inside a replay scope.
   std::optional<T> take() {
+    if (replay_scopes_ == 0) {
+      throw Error("replay recorder: take() outside a replay scope; recorded decisions are taken back in recompute "
+                  "only (under record, call record(entry); or let the channel's record_or_replay(compute) choose)");
+    }
     if (cursor_ >= records_.size()) {
       ++misses_;
       return std::nullopt;
@@ -48,10 +55,34 @@ class RecomputeReplayRecorder {
   std::size_t size() const { return records_.size(); }
   std::size_t replay_misses() const { return misses_; }
 
+  // Called by the channel's scopes.
+  void begin_scope(ReplayMode mode, const std::string& channel) {
+    if (mode == ReplayMode::replay) {
+      ++replay_scopes_;
+      return;
+    }
+    if (forward_ended_) {
+      throw Error("replay channel '" + channel + "': this recorder already holds the forward decisions of another "
+                  "checkpoint call, so a second call recording into it would replay the first call's decisions; give "
+                  "each checkpoint call its own recorder (checkpoint_context_fn() and context_factory() do)");
+    }
+    ++record_scopes_;
+  }
+  void end_scope(ReplayMode mode) {
+    if (mode == ReplayMode::replay) {
+      --replay_scopes_;
+    } else if (--record_scopes_ == 0) {
+      forward_ended_ = true;
+    }
+  }
+
  private:
   std::vector<T> records_;
   std::size_t cursor_ = 0;
   std::size_t misses_ = 0;
+  std::size_t replay_scopes_ = 0;
+  std::size_t record_scopes_ = 0;
+  bool forward_ended_ = false;
 };
 
 // A named channel whose recorder binding is thread-local, so pipeline worker threads stay
@@ -69,6 +100,7 @@ class RecomputeReplay {
   class [[nodiscard]] Scope {
    public:
     Scope(const RecomputeReplay* channel, Binding binding) : channel_(channel) {
+      if (binding.recorder) binding.recorder->begin_scope(binding.mode, channel_->name());
       channel_->stack().push_back(std::move(binding));
     }
     Scope(Scope&& other) noexcept : channel_(std::exchange(other.channel_, nullptr)) {}
@@ -76,7 +108,10 @@ class RecomputeReplay {
     Scope& operator=(const Scope&) = delete;
     Scope& operator=(Scope&&) = delete;
     ~Scope() {
-      if (channel_ != nullptr) channel_->stack().pop_back();
+      if (channel_ == nullptr) return;
+      Binding binding = std::move(channel_->stack().back());
+      channel_->stack().pop_back();
+      if (binding.recorder) binding.recorder->end_scope(binding.mode);
     }
 
    private:

@@ -9,6 +9,8 @@
 //   }
 //   std::puts(remat::saved_report(loss).format().c_str());
 
+#include <remat/diagnostics.hpp>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -36,6 +38,47 @@ struct SavedGroup {
   std::int64_t bytes = 0;     // all members together
   std::int64_t count = 0;     // checkpoints folded together, or nodes of that name
   std::int64_t storages = 0;  // all members together
+  std::string first_member;   // "layer.0": whose memory report the region detail shows
+};
+
+namespace detail {
+struct Frame;
+}  // namespace detail
+
+// A walk of the graph behind a loss by a caller that can read the nodes' saved tensors (the
+// Python layer, through their `_saved_*` attributes). While entered on a thread, unpacking a
+// tensor a checkpoint dropped there raises an Error starting with kDroppedForRecompute instead
+// of running recompute, and every checkpoint whose saved tensors are read is noted.
+class SavedTensorsWalk {
+ public:
+  static constexpr const char* kDroppedForRecompute = "remat: dropped for recompute";
+
+  struct NodeSaves {
+    std::string node;       // "TanhBackward0"
+    std::uintptr_t id = 0;  // tells nodes of one name apart
+    std::vector<at::Tensor> tensors;
+  };
+
+  SavedTensorsWalk() = default;
+  SavedTensorsWalk(const SavedTensorsWalk&) = delete;
+  SavedTensorsWalk& operator=(const SavedTensorsWalk&) = delete;
+  ~SavedTensorsWalk();
+
+  void enter();
+  void exit();
+  // What one node saved, read by the caller while entered.
+  void add_node(NodeSaves saves) { nodes_.push_back(std::move(saves)); }
+  // Called by the runtime's unpack of a checkpoint's saved tensor while entered.
+  void note_checkpoint(const std::shared_ptr<detail::Frame>& frame);
+
+  const std::vector<NodeSaves>& nodes() const { return nodes_; }
+  const std::vector<std::shared_ptr<detail::Frame>>& checkpoints() const { return checkpoints_; }
+
+ private:
+  std::vector<NodeSaves> nodes_;
+  std::vector<std::shared_ptr<detail::Frame>> checkpoints_;
+  SavedTensorsWalk* previous_ = nullptr;
+  bool entered_ = false;
 };
 
 struct SavedReport {
@@ -45,12 +88,15 @@ struct SavedReport {
   std::int64_t regions = 0;
   std::vector<SavedGroup> region_groups;  // largest first
   std::vector<SavedGroup> node_groups;    // largest first
+  // Per region group, in its order: its first member's memory report (empty when that
+  // checkpoint is no longer alive).
+  std::vector<MemoryReport> details;
   std::string format() const;
   std::string to_json() const;  // kind "saved-report"
 };
 
-// Walks the graph behind `loss`. Tensors saved outside checkpoints appear only if the
-// forward ran under SavedTensorsTracking.
-SavedReport saved_report(const at::Tensor& loss);
+// What is kept behind `loss`: the checkpoints and nodes `walk` read (when given), and what
+// SavedTensorsTracking recorded of the nodes behind it (the nodes `walk` read replace those).
+SavedReport saved_report(const at::Tensor& loss, const SavedTensorsWalk* walk = nullptr);
 
 }  // namespace remat

@@ -1,5 +1,5 @@
-// remat._C: the checkpoint runtime for Python processes. The Python API in remat/__init__.py
-// wraps these functions.
+// remat._C: the checkpoint runtime for Python processes. The remat package's modules wrap
+// these functions.
 
 #include "python_bridge.hpp"
 
@@ -7,8 +7,9 @@
 #include <remat/diagnostics.hpp>
 #include <remat/errors.hpp>
 #include <remat/remat.hpp>
-#include <remat/replay.hpp>
 #include <remat/saved_report.hpp>
+
+#include <remat/alloc/dump.hpp>
 
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -19,59 +20,15 @@
 namespace remat::python {
 namespace {
 
-// Tensors given by keyword would not be the checkpoint's inputs: recompute could not see them.
-void refuse_tensor_keywords(const py::dict& kwargs, const std::string& what) {
-  for (const auto [key, value] : kwargs) {
-    if (THPVariable_Check(value.ptr())) {
-      throw py::type_error(what + ": tensor keyword argument '" + py::str(key).cast<std::string>() +
-                           "'; pass tensors positionally so that they are the inputs recompute runs on");
-    }
-  }
-}
-
-std::string callable_name(const py::object& fn) {
-  if (py::hasattr(fn, "__qualname__")) return py::str(fn.attr("__qualname__"));
-  return py::str(py::repr(fn));
-}
-
-// The version counter of a tensor decision (none for other objects and inference tensors).
-std::optional<std::uint32_t> tensor_version(const py::object& value) {
-  if (!THPVariable_Check(value.ptr())) return std::nullopt;
-  const at::Tensor& tensor = THPVariable_Unpack(value.ptr());
-  if (!tensor.defined() || tensor.is_inference()) return std::nullopt;
-  return tensor._version();
-}
-
-// remat.RecomputeReplay: a decision recorded in forward and taken back in recompute.
-class Replay {
- public:
-  explicit Replay(std::string name) : channel_(std::move(name)) {}
-  const std::string& name() const { return channel_.name(); }
-  // A tensor decision changed in place after forward (ids += offset) would come back changed
-  // and recompute would run on other values than forward did: that is refused.
-  py::object record_or_replay(const py::object& compute) const {
-    const Decision decision = channel_.record_or_replay([&] {
-      py::object value = compute();
-      return Decision{PyRef(value), tensor_version(value)};
-    });
-    const py::object& value = decision.value.get();
-    if (decision.version && tensor_version(value) != decision.version) {
-      throw Error("replay channel '" + name() + "': the tensor recorded in forward was changed in place afterwards (" +
-                  "version " + std::to_string(*decision.version) + ", now " +
-                  std::to_string(*tensor_version(value)) + "), so replay would hand back the changed value: make "
-                  "that operation out-of-place (ids = ids + offset), or return a copy from compute");
-    }
-    return value;
-  }
-  CheckpointContextFactory context_factory() const { return channel_.context_factory(); }
-
- private:
-  struct Decision {
-    PyRef value;
-    std::optional<std::uint32_t> version;
+// "checkpoint 'layers.0' (Block.forward)": built only when an error names the call, since
+// repr() of a bound method or functools.partial can print a whole module.
+std::function<std::string()> call_name(std::string kind, const PyRef& fn) {
+  return [kind = std::move(kind), fn] {
+    const py::object& callable = fn.get();
+    if (py::hasattr(callable, "__qualname__")) return kind + " (" + py::str(callable.attr("__qualname__")).cast<std::string>() + ")";
+    return kind + " (" + py::str(py::type::handle_of(callable).attr("__name__")).cast<std::string>() + ")";
   };
-  RecomputeReplay<Decision> channel_;
-};
+}
 
 CheckpointOptions options_of(const std::string& region_name, const py::list& state_hooks, const py::list& contexts,
                              bool verify_recompute) {
@@ -86,10 +43,8 @@ CheckpointOptions options_of(const std::string& region_name, const py::list& sta
     }
   }
   for (const py::handle context : contexts) {
-    if (py::isinstance<Replay>(context)) {
-      // The factory keeps the Python object, and so the channel, alive as long as the checkpoint.
-      options.contexts.push_back([keep = PyRef(py::reinterpret_borrow<py::object>(context)),
-                                  factory = context.cast<const Replay&>().context_factory()] { return factory(); });
+    if (auto factory = replay_context_factory(context)) {
+      options.contexts.push_back(std::move(factory));
     } else {
       options.contexts.push_back(python_context_factory(py::reinterpret_borrow<py::object>(context)));
     }
@@ -97,19 +52,21 @@ CheckpointOptions options_of(const std::string& region_name, const py::list& sta
   return options;
 }
 
-using ResultSlot = std::shared_ptr<std::optional<ResultStructure>>;
+using ResultSlot = std::shared_ptr<std::optional<Structure>>;
 
 // `runner` gets the body and its inputs, and the slot where the body records the structure of
 // its result (a skipped body's comes back from forward through the same slot).
-py::object run(const py::object& fn, const py::tuple& args, const py::dict& kwargs, const std::string& what,
+// `kind` names the call in errors ("checkpoint 'layers.0'").
+py::object run(const py::object& fn, const py::tuple& args, const py::dict& kwargs, std::string kind,
                const std::function<TensorList(FlatFunction, TensorList, ResultSlot&)>& runner) {
-  refuse_tensor_keywords(kwargs, what);
+  PyRef callable(fn);
+  const std::function<std::string()> name = call_name(std::move(kind), callable);
   TensorList inputs;
-  CallStructure call = CallStructure::of(args, inputs);
-  auto result = std::make_shared<std::optional<ResultStructure>>();
-  FlatFunction body = python_body(PyRef(fn), PyRef(kwargs), std::move(call), result, what);
+  Structure call = Structure::of(py::make_tuple(args, kwargs), inputs, name);
+  auto result = std::make_shared<std::optional<Structure>>();
+  FlatFunction body = python_body(std::move(callable), std::move(call), result, name);
   const TensorList outputs = runner(std::move(body), std::move(inputs), result);
-  if (!result || !*result) throw Error(what + ": no result structure recorded for a skipped body");
+  if (!result || !*result) throw Error(name() + ": no result structure recorded for a skipped body");
   return (*result)->rebuild(outputs);
 }
 
@@ -148,6 +105,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace remat;
   using namespace remat::python;
   m.doc() = "remat's checkpoint runtime (use the remat package)";
+  detail::set_api_spelling(detail::ApiSpelling::python);
 
   // A Python exception raised in a body (in forward, or in recompute on autograd's thread)
   // reaches the caller as itself.
@@ -169,7 +127,7 @@ PYBIND11_MODULE(_C, m) {
       [](const py::object& fn, const py::tuple& args, const py::dict& kwargs, const std::string& region_name,
          const py::list& state_hooks, const py::list& contexts, bool verify_recompute) {
         const CheckpointOptions options = options_of(region_name, state_hooks, contexts, verify_recompute);
-        return run(fn, args, kwargs, "checkpoint '" + region_name + "' (" + callable_name(fn) + ")",
+        return run(fn, args, kwargs, "checkpoint '" + region_name + "'",
                    [&](FlatFunction body, TensorList inputs, ResultSlot&) {
                      return detail::run_checkpoint(options, std::move(body), std::move(inputs));
                    });
@@ -180,12 +138,12 @@ PYBIND11_MODULE(_C, m) {
       "region",
       [](const py::object& fn, const py::tuple& args, const py::dict& kwargs, const std::string& name,
          bool recompute) {
-        return run(fn, args, kwargs, "region '" + name + "' (" + callable_name(fn) + ")",
+        return run(fn, args, kwargs, "region '" + name + "'",
                    [&](FlatFunction body, TensorList inputs, ResultSlot& result) {
                      std::shared_ptr<void> annotation = result;
                      TensorList outputs =
                          detail::run_region(std::move(body), name, recompute, std::move(inputs), &annotation);
-                     result = std::static_pointer_cast<std::optional<ResultStructure>>(annotation);
+                     result = std::static_pointer_cast<std::optional<Structure>>(annotation);
                      return outputs;
                    });
       },
@@ -198,12 +156,7 @@ PYBIND11_MODULE(_C, m) {
                                                                      "A state hook implemented in C++.");
   m.def("cpu_rng_state_hook", &cpu_rng_state_hook, "Puts the CPU generator's state back for recompute.");
 
-  py::class_<Replay>(m, "RecomputeReplay", "Decisions forward records and recompute takes back in order.")
-      .def(py::init<std::string>(), py::arg("name"))
-      .def_property_readonly("name", &Replay::name)
-      .def("record_or_replay", &Replay::record_or_replay, py::arg("compute"),
-           "Under replay, the recorded value (compute() when the log ran out); under record, compute() recorded; "
-           "elsewhere compute(). compute() runs without autograd.");
+  bind_replay(m);
 
   py::class_<RegionDecision>(m, "RegionDecision")
       .def_readonly("name", &RegionDecision::name)
@@ -211,7 +164,12 @@ PYBIND11_MODULE(_C, m) {
   py::class_<CheckpointScope>(m, "CheckpointScope")
       .def_readonly("name", &CheckpointScope::name)
       .def_readonly("regions", &CheckpointScope::regions);
-  def_report_text(py::class_<RematTrace>(m, "RematTrace").def_readonly("scopes", &RematTrace::scopes));
+  def_report_text(py::class_<RematTrace>(m, "RematTrace")
+                      .def(py::init<>())
+                      .def_readonly("scopes", &RematTrace::scopes)
+                      .def("extend", [](RematTrace& trace, const RematTrace& more) {
+                        trace.scopes.insert(trace.scopes.end(), more.scopes.begin(), more.scopes.end());
+                      }));
   m.def("collect_trace", &collect_trace, "The checkpoints this thread ran forward since the last call; clears them.");
 
   py::class_<ResidentTensor>(m, "ResidentTensor")
@@ -219,7 +177,10 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("shape", &ResidentTensor::shape)
       .def_readonly("dtype", &ResidentTensor::dtype)
       .def_readonly("bytes", &ResidentTensor::bytes)
-      .def_readonly("site", &ResidentTensor::site);
+      .def_readonly("site", &ResidentTensor::site)
+      .def_readonly("address", &ResidentTensor::address)
+      .def_readonly("device", &ResidentTensor::device)
+      .def_readonly("shares_storage", &ResidentTensor::shares_storage);
   py::class_<RegionResidency>(m, "RegionResidency")
       .def_readonly("region", &RegionResidency::region)
       .def_readonly("bytes", &RegionResidency::bytes)
@@ -227,28 +188,58 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("tensors", &RegionResidency::tensors);
   def_report_text(py::class_<MemoryReport>(m, "MemoryReport")
                       .def_readonly("checkpoint", &MemoryReport::checkpoint)
-                      .def_readonly("regions", &MemoryReport::regions));
+                      .def_readonly("regions", &MemoryReport::regions)
+                      .def_readonly("bytes", &MemoryReport::bytes)
+                      .def_readonly("storages", &MemoryReport::storages));
   m.def("current_memory_report", &current_memory_report);
-  m.def("format_current_memory_report", &format_current_memory_report);
+  m.def("live_checkpoint_reports", &live_checkpoint_reports,
+        "What every live checkpoint (forward finished, backward may still need it) keeps.");
+  m.def("name_saved_tensors", &name_saved_tensors, py::arg("named"),
+        "Inside a save region: report names for the tensors it is about to save.");
 
   py::class_<SavedGroup>(m, "SavedGroup")
       .def_readonly("label", &SavedGroup::label)
       .def_readonly("bytes", &SavedGroup::bytes)
       .def_readonly("count", &SavedGroup::count)
-      .def_readonly("storages", &SavedGroup::storages);
+      .def_readonly("storages", &SavedGroup::storages)
+      .def_readonly("first_member", &SavedGroup::first_member);
   def_report_text(py::class_<SavedReport>(m, "SavedReport")
                       .def_readonly("total_bytes", &SavedReport::total_bytes)
                       .def_readonly("region_bytes", &SavedReport::region_bytes)
                       .def_readonly("outside_bytes", &SavedReport::outside_bytes)
                       .def_readonly("regions", &SavedReport::regions)
                       .def_readonly("region_groups", &SavedReport::region_groups)
-                      .def_readonly("node_groups", &SavedReport::node_groups));
-  m.def("saved_report", &saved_report, py::arg("loss"));
+                      .def_readonly("node_groups", &SavedReport::node_groups)
+                      .def_readonly("details", &SavedReport::details));
+  py::class_<SavedTensorsWalk>(m, "SavedTensorsWalk",
+                                "A graph walk: inside, reading a tensor a checkpoint dropped raises instead of "
+                                "recomputing it, and the checkpoints read are noted.")
+      .def(py::init<>())
+      .def("__enter__", [](SavedTensorsWalk& walk) { walk.enter(); })
+      .def("__exit__", [](SavedTensorsWalk& walk, const py::args&) { walk.exit(); })
+      .def(
+          "add_node",
+          [](SavedTensorsWalk& walk, std::string node, std::uintptr_t id, TensorList tensors) {
+            walk.add_node({std::move(node), id, std::move(tensors)});
+          },
+          py::arg("node"), py::arg("id"), py::arg("tensors"));
+  m.def("saved_report", &saved_report, py::arg("loss"), py::arg("walk") = nullptr);
   bind_guard<SavedTensorsTracking>(m, "track_saved_tensors",
                                    "Records tensors autograd saves outside checkpoints, for saved_report().");
   bind_guard<CpuAllocatorGuard>(m, "tag_cpu_tensors",
                                 "Allocates CPU tensors through the tagging allocator, so they carry tags.");
   m.def("live_bytes", &live_bytes, py::arg("region_prefix") = "",
         "Requested bytes live under a region (and its nested regions), on every allocator.");
+  m.def(
+      "dump_header",
+      [](const std::string& kind, int schema_version, int device) {
+        alloc::JsonWriter json;
+        json.begin_object();
+        alloc::write_dump_header(json, kind, schema_version, device);
+        json.end_object();
+        return json.str();
+      },
+      py::arg("kind"), py::arg("schema_version"), py::arg("device"),
+      "The header every dump has (kind, schema_version, producer, created_at, host, pid, rank, device), as JSON.");
   m.def("write_dump", &write_dump, py::arg("path"), py::arg("json"), "Writes a dump atomically.");
 }

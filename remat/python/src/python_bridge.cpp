@@ -30,14 +30,6 @@ bool is_tensor(const py::handle& value) { return THPVariable_Check(value.ptr());
 
 at::Tensor tensor_of(const py::handle& value) { return THPVariable_Unpack(value.ptr()); }
 
-bool all_tensors(const py::sequence& items) {
-  if (py::len(items) == 0) return false;
-  for (const py::handle item : items) {
-    if (!is_tensor(item)) return false;
-  }
-  return true;
-}
-
 // "an int", "a tuple": the value's type as a message names it.
 std::string type_name(const py::handle& value) {
   const std::string name = py::str(py::type::handle_of(value).attr("__name__"));
@@ -45,84 +37,111 @@ std::string type_name(const py::handle& value) {
   return (vowel ? "an " : "a ") + name;
 }
 
+constexpr int kMaxDepth = 64;
+
 }  // namespace
 
-CallStructure CallStructure::of(const py::tuple& args, TensorList& inputs) {
-  CallStructure call;
-  for (const py::handle arg : args) {
-    Slot slot;
-    if (is_tensor(arg)) {
-      slot.kind = Kind::tensor;
-      slot.count = 1;
-      inputs.push_back(tensor_of(arg));
-    } else if ((py::isinstance<py::tuple>(arg) || py::isinstance<py::list>(arg)) &&
-               all_tensors(py::reinterpret_borrow<py::sequence>(arg))) {
-      slot.kind = py::isinstance<py::tuple>(arg) ? Kind::tuple : Kind::list;
-      for (const py::handle item : arg) inputs.push_back(tensor_of(item));
-      slot.count = py::len(arg);
-    } else {
-      slot.constant = PyRef(py::reinterpret_borrow<py::object>(arg));
+Structure Structure::of(const py::handle& value, TensorList& tensors, const std::function<std::string()>& name) {
+  Structure structure;
+  structure.add(value, tensors, 0, name);
+  return structure;
+}
+
+void Structure::add(const py::handle& value, TensorList& tensors, int depth, const std::function<std::string()>& name) {
+  if (is_tensor(value)) {
+    nodes_.push_back({Kind::tensor, 0, {}});
+    tensors.push_back(tensor_of(value));
+    return;
+  }
+  Kind kind = Kind::constant;
+  if (PyTuple_CheckExact(value.ptr())) kind = Kind::tuple;
+  else if (PyList_CheckExact(value.ptr())) kind = Kind::list;
+  else if (PyDict_CheckExact(value.ptr())) kind = Kind::dict;
+  else if (PyTuple_Check(value.ptr()) && py::hasattr(value, "_fields")) kind = Kind::named_tuple;
+  if (kind == Kind::constant) {
+    nodes_.push_back({Kind::constant, 0, PyRef(py::reinterpret_borrow<py::object>(value))});
+    return;
+  }
+  if (depth >= kMaxDepth) {
+    throw py::type_error(name() + ": an argument or result is nested deeper than " + std::to_string(kMaxDepth) +
+                         " containers (or holds itself); pass flatter structures");
+  }
+  const std::size_t node = nodes_.size();
+  const std::size_t tensors_before = tensors.size();
+  nodes_.push_back({kind, 0, {}});
+  if (kind == Kind::dict) {
+    const py::dict dict = py::reinterpret_borrow<py::dict>(value);
+    py::list keys;
+    for (const auto [key, item] : dict) {
+      keys.append(key);
+      add(item, tensors, depth + 1, name);
     }
-    call.slots_.push_back(std::move(slot));
-  }
-  return call;
-}
-
-py::tuple CallStructure::rebuild(const TensorList& inputs) const {
-  py::tuple args(slots_.size());
-  std::size_t next = 0;
-  for (std::size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& slot = slots_[i];
-    switch (slot.kind) {
-      case Kind::tensor: args[i] = py::cast(inputs.at(next++)); break;
-      case Kind::tuple:
-      case Kind::list: {
-        py::list items;
-        for (std::size_t k = 0; k < slot.count; ++k) items.append(py::cast(inputs.at(next++)));
-        args[i] = slot.kind == Kind::tuple ? py::object(py::tuple(items)) : py::object(items);
-        break;
-      }
-      case Kind::constant: args[i] = slot.constant.get(); break;
+    nodes_[node].children = py::len(keys);
+    nodes_[node].object = PyRef(std::move(keys));
+  } else {
+    std::size_t children = 0;
+    for (const py::handle item : value) {
+      add(item, tensors, depth + 1, name);
+      ++children;
+    }
+    nodes_[node].children = children;
+    if (kind == Kind::named_tuple) {
+      nodes_[node].object = PyRef(py::reinterpret_borrow<py::object>(py::type::handle_of(value)));
     }
   }
-  return args;
-}
-
-ResultStructure ResultStructure::of(const py::handle& result, TensorList& outputs, const std::string& fn_name) {
-  ResultStructure structure;
-  if (is_tensor(result)) {
-    outputs.push_back(tensor_of(result));
-    return structure;
+  if (tensors.size() == tensors_before) {  // nothing to take out: keep the container itself
+    nodes_.resize(node);
+    nodes_.push_back({Kind::constant, 0, PyRef(py::reinterpret_borrow<py::object>(value))});
   }
-  if ((py::isinstance<py::tuple>(result) || py::isinstance<py::list>(result)) &&
-      all_tensors(py::reinterpret_borrow<py::sequence>(result))) {
-    structure.kind_ = py::isinstance<py::tuple>(result) ? Kind::tuple : Kind::list;
-    for (const py::handle item : result) outputs.push_back(tensor_of(item));
-    return structure;
+}
+
+py::object Structure::rebuild(const TensorList& tensors) const {
+  std::size_t node = 0;
+  std::size_t tensor = 0;
+  return build(node, tensor, tensors);
+}
+
+py::object Structure::build(std::size_t& node, std::size_t& tensor, const TensorList& tensors) const {
+  const Node& here = nodes_.at(node++);
+  switch (here.kind) {
+    case Kind::tensor: return py::cast(tensors.at(tensor++));
+    case Kind::constant: return here.object.get();
+    case Kind::dict: {
+      py::dict dict;
+      const py::list keys = here.object.get();
+      for (std::size_t i = 0; i < here.children; ++i) dict[keys[i]] = build(node, tensor, tensors);
+      return dict;
+    }
+    case Kind::list: {
+      py::list list(here.children);
+      for (std::size_t i = 0; i < here.children; ++i) list[i] = build(node, tensor, tensors);
+      return list;
+    }
+    case Kind::tuple:
+    case Kind::named_tuple: {
+      py::tuple items(here.children);
+      for (std::size_t i = 0; i < here.children; ++i) items[i] = build(node, tensor, tensors);
+      if (here.kind == Kind::tuple) return items;
+      return here.object.get()(*items);
+    }
   }
-  throw py::type_error(fn_name + " must return a tensor, or a tuple or list of tensors; it returned " +
-                       (py::isinstance<py::sequence>(result) && !py::isinstance<py::str>(result)
-                            ? type_name(result) + " holding something other than tensors (or nothing)"
-                            : type_name(result)));
+  return py::none();
 }
 
-py::object ResultStructure::rebuild(const TensorList& outputs) const {
-  if (kind_ == Kind::tensor) return py::cast(outputs.at(0));
-  py::list items;
-  for (const at::Tensor& t : outputs) items.append(py::cast(t));
-  if (kind_ == Kind::tuple) return py::tuple(items);
-  return items;
-}
-
-FlatFunction python_body(PyRef fn, PyRef kwargs, CallStructure call, std::shared_ptr<std::optional<ResultStructure>> result,
-                         std::string name) {
-  return [fn = std::move(fn), kwargs = std::move(kwargs), call = std::move(call), result = std::move(result),
+FlatFunction python_body(PyRef fn, Structure call, std::shared_ptr<std::optional<Structure>> result,
+                         std::function<std::string()> name) {
+  return [fn = std::move(fn), call = std::move(call), result = std::move(result),
           name = std::move(name)](const TensorList& inputs) {
     return with_gil([&] {
-      const py::object returned = fn.get()(*call.rebuild(inputs), **kwargs.get());
+      const py::tuple args_and_kwargs = call.rebuild(inputs);
+      const py::object returned = fn.get()(*args_and_kwargs[0], **args_and_kwargs[1]);
       TensorList outputs;
-      ResultStructure structure = ResultStructure::of(returned, outputs, name);
-      if (!*result) *result = structure;
+      Structure structure = Structure::of(returned, outputs, name);
+      if (outputs.empty()) {
+        throw py::type_error(name() + " must return at least one tensor (alone, or inside tuples, lists or dicts); "
+                             "it returned " + type_name(returned));
+      }
+      if (!*result) *result = std::move(structure);
       return outputs;
     });
   };

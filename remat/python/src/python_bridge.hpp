@@ -10,6 +10,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,39 +51,34 @@ auto with_gil(Call&& call) {
   }
 }
 
-// A call's positional arguments: tensors and one level of tuples or lists of tensors become
-// the checkpoint's inputs; anything else is passed through as it is.
-class CallStructure {
+// A Python value with its tensors taken out, in depth-first order: they are the runtime's
+// inputs (from a call's arguments, positional and keyword) or outputs (from a result).
+// Tuples, lists, dicts and named tuples are walked; anything else (None, numbers, modules,
+// containers without tensors) is kept as it is and comes back as the same object.
+class Structure {
  public:
-  static CallStructure of(const py::tuple& args, TensorList& inputs);
-  py::tuple rebuild(const TensorList& inputs) const;
+  // Throws py::type_error for a value nested deeper than 64 containers (or one holding itself).
+  static Structure of(const py::handle& value, TensorList& tensors, const std::function<std::string()>& name);
+  py::object rebuild(const TensorList& tensors) const;
 
  private:
-  enum class Kind { tensor, tuple, list, constant };
-  struct Slot {
+  enum class Kind : std::uint8_t { tensor, tuple, list, dict, named_tuple, constant };
+  struct Node {
     Kind kind = Kind::constant;
-    std::size_t count = 0;  // tensors, for tensor (1), tuple and list
-    PyRef constant;
+    std::size_t children = 0;  // for containers
+    PyRef object;              // the value (constant), the dict's keys (dict), the type (named_tuple)
   };
-  std::vector<Slot> slots_;
+  void add(const py::handle& value, TensorList& tensors, int depth, const std::function<std::string()>& name);
+  py::object build(std::size_t& node, std::size_t& tensor, const TensorList& tensors) const;
+  std::vector<Node> nodes_;  // in preorder
 };
 
-// What the function returned: a tensor, or a tuple or list of tensors.
-class ResultStructure {
- public:
-  // Throws py::type_error naming what `fn_name` returned instead.
-  static ResultStructure of(const py::handle& result, TensorList& outputs, const std::string& fn_name);
-  py::object rebuild(const TensorList& outputs) const;
-
- private:
-  enum class Kind { tensor, tuple, list };
-  Kind kind_ = Kind::tensor;
-};
-
-// `fn(*args, **kwargs)` as the runtime's flat function, called with the GIL from whichever
-// thread runs it. Records the result structure of the first call in `result`.
-FlatFunction python_body(PyRef fn, PyRef kwargs, CallStructure call, std::shared_ptr<std::optional<ResultStructure>> result,
-                         std::string name);
+// `fn(*args, **kwargs)` as the runtime's flat function, with `call` the structure of
+// (args, kwargs), called with the GIL from whichever thread runs it. Records the result
+// structure of the first call in `result`. `name` names the call in errors; it is called only
+// when one is raised.
+FlatFunction python_body(PyRef fn, Structure call, std::shared_ptr<std::optional<Structure>> result,
+                         std::function<std::string()> name);
 
 // remat.RecomputeStateHook subclasses (any object with snapshot() and restore(state)).
 std::shared_ptr<RecomputeStateHook> python_state_hook(py::object hook);
@@ -89,5 +86,11 @@ std::shared_ptr<RecomputeStateHook> python_state_hook(py::object hook);
 // A zero-argument callable returning an object with any of enter_forward, exit_forward,
 // enter_recompute and exit_recompute.
 CheckpointContextFactory python_context_factory(py::object factory);
+
+// The runtime's context factory for a remat.RecomputeReplay channel; empty for other objects.
+CheckpointContextFactory replay_context_factory(const py::handle& context);
+
+// remat._C.RecomputeReplay, RecomputeReplayRecorder and ReplayScope (replay_bindings.cpp).
+void bind_replay(py::module_& m);
 
 }  // namespace remat::python

@@ -11,7 +11,7 @@ import remat
 @pytest.fixture(autouse=True)
 def fresh_trace():
     """Each test starts with an empty remat trace and the default generator seed."""
-    remat.collect_trace()
+    remat._C.collect_trace()
     torch.manual_seed(0)
     yield
-    remat.collect_trace()
+    remat._C.collect_trace()

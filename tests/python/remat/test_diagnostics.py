@@ -19,13 +19,15 @@ def two_region_block(name, x):
         y = remat.region(lambda u: u.exp() * 3.0, "attention", recompute=False)(t)
         return remat.region(lambda u: u.sin().sum(), "mlp")(y)
 
-    return remat.checkpoint(body, x, region_name=name)
+    return remat.checkpoint(region_name=name)(body)(x)
 
 
 def test_trace_formats_one_scope_line_per_checkpoint_and_one_line_per_region():
     x = torch.rand(8, requires_grad=True)
-    loss = two_region_block("layers.0", x) + two_region_block("layers.1", x)
-    trace = remat.collect_trace()
+    two_region_block("before", x)  # ran before the block: not in its trace
+    with remat.collect_trace() as trace:
+        loss = two_region_block("layers.0", x) + two_region_block("layers.1", x)
+    two_region_block("after", x)
     assert trace.format() == ("remat trace: 2 checkpoint(s), 4 region(s)\n"
                               "scope [layers.0]\n"
                               "  attention: save\n"
@@ -36,15 +38,27 @@ def test_trace_formats_one_scope_line_per_checkpoint_and_one_line_per_region():
     assert str(trace) == trace.format()
     assert [(s.name, [(r.name, r.saved) for r in s.regions]) for s in trace.scopes] == [
         ("layers.0", [("attention", True), ("mlp", False)]), ("layers.1", [("attention", True), ("mlp", False)])]
-    assert remat.collect_trace().scopes == []  # collecting clears
     doc = json.loads(trace.to_json())
     assert doc["kind"] == "remat-trace"
     assert doc["pid"] == os.getpid()
     assert doc["scopes"][1]["name"] == "layers.1"
     assert doc["scopes"][1]["regions"] == [{"name": "attention", "decision": "save"},
                                            {"name": "mlp", "decision": "recompute"}]
-    loss.backward()
-    assert remat.collect_trace().scopes == []  # recompute records nothing
+    with remat.collect_trace() as during_backward:
+        loss.backward()
+    assert during_backward.scopes == []  # recompute records nothing
+
+
+def test_nested_trace_blocks_each_see_what_ran_inside_them():
+    x = torch.rand(8, requires_grad=True)
+    with remat.collect_trace() as outer:
+        two_region_block("outer.first", x)
+        with remat.collect_trace() as inner:
+            two_region_block("inner", x)
+            assert [s.name for s in inner.scopes] == ["inner"]  # readable while inside
+        two_region_block("outer.last", x)
+    assert [s.name for s in inner.scopes] == ["inner"]
+    assert [s.name for s in outer.scopes] == ["outer.first", "inner", "outer.last"]
 
 
 def test_memory_report_lists_what_the_checkpoint_keeps_per_region_with_exact_bytes():
@@ -59,38 +73,69 @@ def test_memory_report_lists_what_the_checkpoint_keeps_per_region_with_exact_byt
         captured["text"] = remat.format_current_memory_report()
         return out
 
-    loss = remat.checkpoint(body, x, region_name="m")
+    loss = remat.checkpoint(region_name="m")(body)(x)
     report = captured["report"]
     assert report.checkpoint == "m"
+    assert (report.bytes, report.storages) == (3 * n * FLOAT, 3)
     assert [(r.region, r.bytes, r.storages) for r in report.regions] == [
         ("<inputs>", n * FLOAT, 1),  # the tail region reads x again in recompute
         ("m::kept", 2 * n * FLOAT, 2),  # exp's saved result and the persisted output
     ]
     kept = report.regions[1].tensors
-    assert [(t.name, t.shape, t.dtype, t.bytes) for t in kept] == [("output 0", [n], "Float", n * FLOAT),
-                                                                    ("saved 0", [n], "Float", n * FLOAT)]
-    assert captured["text"] == ("memory kept for backward by checkpoint [m]: 3.00 KiB\n"
-                                "  <inputs>: 1.00 KiB in 1 storage(s)\n"
-                                "    input 0  [256]  Float\n"
-                                "  m::kept: 2.00 KiB in 2 storage(s)\n"
-                                "    output 0  [256]  Float\n"
-                                "    saved 0  [256]  Float\n")
+    assert [(t.name, t.shape, t.dtype, t.bytes, t.device) for t in kept] == [
+        ("saved.0", [n], "float32", n * FLOAT, "cpu"), ("output.0", [n], "float32", n * FLOAT, "cpu")]
+    assert captured["text"] == ("m: 3.00 KiB resident in 3 storage(s)\n"
+                                "<inputs>: 1.00 KiB\n"
+                                "  1.00 KiB  input.0   (256,)  float32\n"
+                                "m::kept: 2.00 KiB\n"
+                                "  1.00 KiB  saved.0   (256,)  float32\n"
+                                "  1.00 KiB  output.0  (256,)  float32\n")
     assert captured["text"] == report.format() == str(report)
     doc = json.loads(report.to_json())
     assert doc["kind"] == "memory-report"
+    assert (doc["bytes"], doc["storages"]) == (3 * n * FLOAT, 3)
     assert doc["regions"][1]["bytes"] == 2 * n * FLOAT
     assert doc["regions"][1]["tensors"][1]["storage_bytes"] == n * FLOAT
     loss.backward()
 
 
+def test_print_current_memory_report_writes_the_report_as_torch_remat_shows_it(capsys):
+    class Softmax(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            probs = t.softmax(0)
+            lse = t.logsumexp(0, keepdim=True).expand(3).contiguous()
+            remat.save_for_backward(ctx, {"lse": lse, "probs": probs})
+            return probs
+
+        @staticmethod
+        def backward(ctx, grad):
+            lse, probs = ctx.saved_tensors
+            return probs * (grad - (grad * probs).sum())
+
+    def body(t):
+        probs = remat.region(Softmax.apply, "attn.softmax", recompute=False)(t)
+        if not remat.is_recomputing():
+            remat.print_current_memory_report()
+        return probs.sum()
+
+    remat.checkpoint(region_name="layers.0")(body)(torch.rand(4, requires_grad=True))
+    assert capsys.readouterr().out == ("layers.0: 28 B resident in 2 storage(s)\n"
+                                       "layers.0::attn.softmax: 28 B\n"
+                                       "  12 B  lse    (3,)  float32\n"
+                                       "  16 B  probs  (4,)  float32\n")
+
+
 def test_memory_report_outside_a_checkpoints_forward_is_a_remat_error():
-    message = ("format_current_memory_report() works only inside a checkpoint's forward; call it from the "
-               "checkpointed function (outside recompute)")
+    message = ("remat.current_memory_report() works only inside a checkpoint's forward; call it from the checkpointed "
+               "function (outside recompute: guard it with `if not remat.is_recomputing()`)")
     with pytest.raises(remat.RematError) as raised:
         remat.format_current_memory_report()
     assert str(raised.value) == message
     with pytest.raises(remat.RematError):
         remat.current_memory_report()
+    with pytest.raises(remat.RematError):
+        remat.print_current_memory_report()
 
 
 def test_memory_report_names_the_allocation_site_and_views_share_it():
@@ -110,65 +155,130 @@ def test_memory_report_names_the_allocation_site_and_views_share_it():
         return out
 
     with remat.tag_cpu_tensors():
-        loss = remat.checkpoint(body, x, region_name="sited")
+        loss = remat.checkpoint(region_name="sited")(body)(x)
         report = captured["report"]
         assert [(r.region, r.bytes, r.storages) for r in report.regions] == [("sited::moe", n * FLOAT, 1)]
         # The output view and exp's saved result share one storage.
-        assert [(t.name, t.shape, t.site) for t in report.regions[0].tensors] == [("output 0", [8, 8], "experts"),
-                                                                                   ("saved 0", [n], "experts")]
-        assert "    saved 0  [64]  Float  @experts\n" in report.format()
+        assert [(t.name, t.shape, t.site, t.shares_storage) for t in report.regions[0].tensors] == [
+            ("saved.0", [n], "experts", False), ("output.0", [8, 8], "experts", True)]
+        assert "  256 B  saved.0   (64,)   float32  @experts\n" in report.format()
+        assert "         output.0  (8, 8)  float32  (shares a storage above)  @experts\n" in report.format()
         loss.backward()
 
 
 def two_layers_and_a_head(x):
     """Two checkpointed layers whose save region keeps two 3x4 float32 tensors each (sin and cos
     save their inputs), then a tanh head that saves its 3x4 result: 240 B in all."""
-    h = x
+    h = x.clone()  # x itself, a leaf that requires grad, is the caller's and not billed
     for i in range(2):
-        h = remat.checkpoint(lambda t: remat.region(lambda u: u.sin().cos(), "block", recompute=False)(t), h,
-                             region_name=f"layer.{i}")
+        h = remat.checkpoint(region_name=f"layer.{i}")(lambda t: remat.region(lambda u: u.sin().cos(), "block", recompute=False)(t))(h)
     return h.tanh().sum()
 
 
-def test_saved_report_bills_regions_folded_and_the_rest_by_node():
+@pytest.mark.parametrize("tracking", [False, True], ids=["no-guard", "tracked"])
+def test_saved_tensors_report_bills_regions_folded_and_the_rest_by_node(tracking, capsys):
     x = torch.rand(3, 4, requires_grad=True)
-    with remat.track_saved_tensors():
+    if tracking:
+        with remat.track_saved_tensors():
+            loss = two_layers_and_a_head(x)
+    else:
         loss = two_layers_and_a_head(x)
-    report = remat.saved_report(loss)
+    report = remat.saved_tensors_report(loss)
     assert (report.total_bytes, report.region_bytes, report.outside_bytes, report.regions) == (240, 192, 48, 2)
-    assert report.format() == ("saved for backward: 240 B resident -- 2 region(s) 192 B, outside regions 48 B\n"
-                               "  96 B  x2  layer.0-1  (2 storages each)\n"
-                               "  48 B  TanhBackward0 (x1)\n")
+    expected = ("saved for backward: 240 B resident -- 2 region(s) 192 B, outside regions 48 B\n"
+                "\n"
+                "regions:\n"
+                "  96 B  x2  layer.0-1  (2 storages each)\n"
+                "\n"
+                "outside regions: 48 B in 1 storage\n"
+                "       48 B  TanhBackward0 (x1)\n"
+                "\n"
+                "region detail:\n"
+                "[x2: layer.0-1]\n"
+                "layer.0: 96 B resident in 2 storage(s)\n"
+                "layer.0::block: 96 B\n"
+                "  48 B  saved.0  (3, 4)  float32\n"
+                "  48 B  saved.1  (3, 4)  float32\n")
+    assert report.format() == expected
+    remat.print_saved_tensors_report(loss)
+    assert capsys.readouterr().out == expected
     assert [(g.label, g.bytes, g.count) for g in report.node_groups] == [("TanhBackward0", 48, 1)]
     doc = json.loads(report.to_json())
     assert doc["kind"] == "saved-report"
     assert doc["region_groups"][0]["label"] == "layer.0-1"
     assert doc["region_groups"][0]["bytes"] == 192
     loss.backward()
-    assert remat.saved_report(loss).total_bytes == 0  # backward released everything
+    assert remat.saved_tensors_report(loss).total_bytes == 0  # backward released everything
 
 
-def test_saved_report_bills_a_storage_saved_twice_once():
+def test_saved_tensors_report_walks_the_graph_without_running_recompute():
     x = torch.rand(3, 4, requires_grad=True)
-    with remat.track_saved_tensors():
-        t = x * 2.0
-        loss = (t * t).sum() + t.sin().sum()  # mul saves t twice, sin saves t once more
-    report = remat.saved_report(loss)
+    runs = []
+
+    def body(t):
+        runs.append(remat.is_recomputing())
+        return remat.region(lambda u: u.sin(), "recomputed")(t).exp()
+
+    loss = remat.checkpoint(region_name="walked")(body)(x).tanh().sum()
+    report = remat.saved_tensors_report(loss)
+    assert runs == [False]  # reading the graph's saved tensors ran no recompute
+    assert report.outside_bytes == 48  # tanh's result; exp's and sin's were dropped by the checkpoint
+    assert [g.label for g in report.region_groups] == ["walked"]
+    loss.backward()
+    assert runs == [False, True]
+    assert torch.allclose(x.grad, (1 - x.sin().exp().tanh() ** 2).detach() * (x.sin().exp() * x.cos()).detach())
+
+
+def test_saved_tensors_report_bills_a_storage_saved_twice_once():
+    x = torch.rand(3, 4, requires_grad=True)
+    t = x.exp()  # exp saves t, its result
+    loss = (t * t).sum() + t.sin().sum()  # mul saves t twice, sin saves t once more
+    report = remat.saved_tensors_report(loss)
     assert (report.total_bytes, report.regions) == (48, 0)
-
-
-def test_saved_report_without_tracking_sees_only_checkpoints():
-    x = torch.rand(3, 4, requires_grad=True)
-    loss = two_layers_and_a_head(x)
-    assert remat.saved_report(loss).total_bytes == 0
+    assert remat.saved_report is remat.saved_tensors_report
+    with pytest.raises(TypeError, match="^saved_tensors_report: loss must be a tensor, got float$"):
+        remat.saved_tensors_report(1.0)
 
 
 def test_dumps_are_written_atomically_and_parse(tmp_path):
     x = torch.rand(4, requires_grad=True)
-    two_region_block("dumped", x).backward()
+    with remat.collect_trace() as trace:
+        two_region_block("dumped", x).backward()
     path = tmp_path / "remat-trace.json"
-    remat.write_dump(str(path), remat.collect_trace().to_json())
+    remat.write_dump(str(path), trace.to_json())
     doc = json.loads(path.read_text())
     assert doc["scopes"][0]["name"] == "dumped"
     assert doc["pid"] == os.getpid()
     assert [p.name for p in tmp_path.iterdir()] == ["remat-trace.json"]  # no temporary file left behind
+
+
+def test_site_as_a_decorator_and_a_context_manager_tags_what_reports_and_dumps_show():
+    @remat.site("experts")
+    def experts(t):
+        return t.exp()
+
+    def body(t):
+        kept = remat.region(experts, "moe", recompute=False)(t)
+        with remat.site("router"):
+            scores = remat.region(lambda u: u.sin(), "router", recompute=False)(t)
+        out = (kept * scores).sum()  # mul saves both outputs: their values stay resident
+        captured.append(remat.current_memory_report())
+        return out
+
+    captured = []
+    x = torch.rand(64, requires_grad=True)
+    with remat.tag_cpu_tensors():
+        loss = remat.checkpoint(region_name="sites")(body)(x)
+        report = captured[0]
+        sites = {t.name: t.site for region in report.regions for t in region.tensors if region.region == "sites::moe"}
+        assert sites == {"saved.0": "experts", "output.0": "experts"}
+        assert {t.site for region in report.regions if region.region == "sites::router" for t in region.tensors} == {
+            "router"}
+        doc = json.loads(report.to_json())
+        assert {t["site"] for region in doc["regions"] for t in region["tensors"]} == {"experts", "router"}
+        loss.backward()
+    assert experts.__name__ == "experts"
+    with pytest.raises(TypeError, match=r"^remat.site\('experts'\): decorates a callable, got int$"):
+        remat.site("experts")(3)
+    with pytest.raises(ValueError, match="contains a NUL character"):
+        remat.site("a\0b")

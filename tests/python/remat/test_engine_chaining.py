@@ -28,7 +28,7 @@ def grads_of(loss, tensors):
 def test_gradients_are_bitwise_those_without_checkpointing():
     w1, w2 = weights()
     x = torch.randn(4, 16, requires_grad=True)
-    with_checkpoint = grads_of(remat.checkpoint(block(w1, w2), x, region_name="layers.0").sum(), (w1, w2, x))
+    with_checkpoint = grads_of(remat.checkpoint(region_name="layers.0")(block(w1, w2))(x).sum(), (w1, w2, x))
     without = grads_of(block(w1, w2)(x).sum(), (w1, w2, x))
     for a, b in zip(with_checkpoint, without):
         assert torch.equal(a, b)
@@ -44,7 +44,7 @@ def test_python_exception_in_recompute_reaches_backward_with_its_traceback():
             raise ValueError("raised in recompute")
         return torch.tanh(x @ w1)
 
-    y = remat.checkpoint(body, torch.randn(4, 16, requires_grad=True), region_name="failing")
+    y = remat.checkpoint(region_name="failing")(body)(torch.randn(4, 16, requires_grad=True))
     with pytest.raises(ValueError, match="raised in recompute") as raised:
         y.sum().backward()
     assert any(entry.name == "body" for entry in raised.traceback)
@@ -54,7 +54,7 @@ def test_detect_anomaly_metadata_inside_and_outside_checkpoints():
     w1, w2 = weights()
     x = torch.randn(4, 16, requires_grad=True)
     with torch.autograd.detect_anomaly():
-        inside = remat.checkpoint(lambda t: torch.tanh(t @ w1) * 2, x, region_name="anomaly")
+        inside = remat.checkpoint(region_name="anomaly")(lambda t: torch.tanh(t @ w1) * 2)(x)
         outside = torch.tanh(inside @ w2)
         assert isinstance(inside.grad_fn.metadata, dict)
         assert isinstance(outside.grad_fn.metadata, dict)
@@ -71,7 +71,7 @@ def test_saved_tensors_hooks_pushed_inside_a_checkpoint_take_the_tensors_saved_u
             return torch.tanh(x @ w1)
 
     x = torch.randn(4, 16, requires_grad=True)
-    y = remat.checkpoint(body, x, region_name="user-hooks")
+    y = remat.checkpoint(region_name="user-hooks")(body)(x)
     assert packed, "the user's pack hook saw the tensors saved under it"
     y.sum().backward()
     assert torch.equal(w1.grad, grads_of(torch.tanh(x @ w1).sum(), (w1,))[0])
@@ -81,7 +81,7 @@ def test_save_on_cpu_around_checkpoints_still_packs_what_is_saved_outside_them()
     w1, w2 = weights()
     x = torch.randn(4, 16, requires_grad=True)
     with torch.autograd.graph.save_on_cpu():
-        h = remat.checkpoint(lambda t: torch.tanh(t @ w1), x, region_name="under-save-on-cpu")
+        h = remat.checkpoint(region_name="under-save-on-cpu")(lambda t: torch.tanh(t @ w1))(x)
         y = torch.tanh(h @ w2)
     y.sum().backward()
     expected = grads_of(torch.tanh(torch.tanh(x @ w1) @ w2).sum(), (w1, w2))
@@ -91,7 +91,7 @@ def test_save_on_cpu_around_checkpoints_still_packs_what_is_saved_outside_them()
 def test_beside_torch_utils_checkpoint_in_one_model():
     w1, w2 = weights()
     x = torch.randn(4, 16, requires_grad=True)
-    h = remat.checkpoint(lambda t: torch.tanh(t @ w1), x, region_name="ours")
+    h = remat.checkpoint(region_name="ours")(lambda t: torch.tanh(t @ w1))(x)
     y = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(t @ w2), h, use_reentrant=False)
     got = grads_of(y.sum(), (w1, w2, x))
     expected = grads_of(torch.tanh(torch.tanh(x @ w1) @ w2).sum(), (w1, w2, x))
@@ -103,7 +103,7 @@ def test_torch_func_refuses_checkpoints_with_its_own_message():
     w1, _ = weights()
 
     def f(x):
-        return remat.checkpoint(lambda t: torch.tanh(t @ w1.detach()), x, region_name="under-func").sum()
+        return remat.checkpoint(region_name="under-func")(lambda t: torch.tanh(t @ w1.detach()))(x).sum()
 
     with pytest.raises(RuntimeError, match="checkpoint 'under-func' cannot run here"):
         torch.func.grad(f)(torch.randn(4, 16))
@@ -118,7 +118,7 @@ def test_save_on_cpu_inside_a_checkpoint_gives_the_same_gradients():
         with torch.autograd.graph.save_on_cpu():
             return torch.tanh(h @ w2)
 
-    got = grads_of(remat.checkpoint(body, x, region_name="save-on-cpu-inside").sum(), (w1, w2, x))
+    got = grads_of(remat.checkpoint(region_name="save-on-cpu-inside")(body)(x).sum(), (w1, w2, x))
     expected = grads_of(torch.tanh(torch.tanh(x @ w1) @ w2).sum(), (w1, w2, x))
     for a, b in zip(got, expected):
         assert torch.equal(a, b)
@@ -129,7 +129,7 @@ def test_saved_tensors_hooks_around_a_checkpoint_see_only_what_is_saved_outside_
     x = torch.randn(4, 16, requires_grad=True)
     packed = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(tuple(t.shape)) or t, lambda t: t):
-        h = remat.checkpoint(lambda t: torch.tanh(t @ w1 * 3.0), x, region_name="hooks-around")
+        h = remat.checkpoint(region_name="hooks-around")(lambda t: torch.tanh(t @ w1 * 3.0))(x)
         inside = len(packed)
         y = torch.tanh(h @ w2)
     assert inside == 0, "the checkpoint's own hooks take what its body saves"

@@ -21,7 +21,7 @@ def test_duplicate_region_names_are_a_remat_error():
 
     with pytest.raises(remat.RematError, match=exact(
             "region 'same' appears twice in checkpoint 'dup'; region names must be unique within a checkpoint")):
-        remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="dup")
+        remat.checkpoint(region_name="dup")(body)(torch.rand(2, requires_grad=True))
 
 
 def test_a_region_inside_a_region_is_a_remat_error():
@@ -31,28 +31,29 @@ def test_a_region_inside_a_region_is_a_remat_error():
     with pytest.raises(remat.RematError, match=exact(
             "region 'inner' is nested inside another region of checkpoint 'nested.regions'; regions do not nest: "
             "split the work into consecutive regions")):
-        remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="nested.regions")
+        remat.checkpoint(region_name="nested.regions")(body)(torch.rand(2, requires_grad=True))
 
 
 def test_a_checkpoint_inside_a_checkpoint_is_a_remat_error():
     def body(t):
-        return remat.checkpoint(lambda u: u * 2.0, t, region_name="inner")
+        return remat.checkpoint(region_name="inner")(lambda u: u * 2.0)(t)
 
     with pytest.raises(remat.RematError, match=exact(
             "checkpoint 'inner' is nested inside checkpoint 'outer'; checkpoints do not nest: use regions inside one "
             "checkpoint")):
-        remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="outer")
+        remat.checkpoint(region_name="outer")(body)(torch.rand(2, requires_grad=True))
 
 
 def test_after_a_misuse_error_the_next_checkpoint_runs_normally():
     x = torch.rand(3, requires_grad=True)
-    with pytest.raises(remat.RematError):
-        remat.checkpoint(lambda t: remat.checkpoint(torch.exp, t, region_name="inner"), x, region_name="failed")
-    assert remat.is_recomputing() is False
-    loss = remat.checkpoint(lambda t: remat.region(lambda u: u.exp().sum(), "r")(t), x, region_name="after-error")
+    with remat.collect_trace() as trace:
+        with pytest.raises(remat.RematError):
+            remat.checkpoint(region_name="failed")(lambda t: remat.checkpoint(region_name="inner")(torch.exp)(t))(x)
+        assert remat.is_recomputing() is False
+        loss = remat.checkpoint(region_name="after-error")(lambda t: remat.region(lambda u: u.exp().sum(), "r")(t))(x)
     loss.backward()
     assert torch.equal(x.grad, x.detach().exp())
-    assert [s.name for s in remat.collect_trace().scopes] == ["after-error"]
+    assert [s.name for s in trace.scopes] == ["after-error"]
 
 
 def test_recompute_reaching_another_region_than_forward_is_a_remat_error_naming_both():
@@ -60,7 +61,7 @@ def test_recompute_reaching_another_region_than_forward_is_a_remat_error_naming_
         name = "in_recompute" if remat.is_recomputing() else "in_forward"
         return remat.region(lambda u: u.exp(), name)(t).sum()
 
-    loss = remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="diverge.regions")
+    loss = remat.checkpoint(region_name="diverge.regions")(body)(torch.rand(2, requires_grad=True))
     with pytest.raises(remat.RematError, match=exact(
             "recompute of checkpoint 'diverge.regions' reached region 'in_recompute' where forward ran 'in_forward'; "
             "the body must take the same path in recompute as in forward")):
@@ -74,17 +75,22 @@ def test_recompute_saving_fewer_tensors_than_forward_names_both_counts():
             h = h.sin()  # a second saved tensor, only in forward
         return h.sum()
 
-    loss = remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="diverge.saved")
+    loss = remat.checkpoint(region_name="diverge.saved")(body)(torch.rand(2, requires_grad=True))
     with pytest.raises(RuntimeError, match=exact(
             "recompute of checkpoint 'diverge.saved' recreated 1 saved tensors but forward saved 2; the body must take "
-            "the same path in recompute as in forward (branch on remat::is_recomputing() only for work autograd does "
+            "the same path in recompute as in forward (branch on remat.is_recomputing() only for work autograd does "
             "not save)")):
         loss.backward()
 
 
 def test_errors_the_runtime_raises_in_backward_are_remat_errors():
-    probe_body = lambda t: (remat.region(lambda u: u * 2.0, "p", recompute=False)(t) * 5.0).exp().sum()  # noqa: E731
-    loss = remat.checkpoint(probe_body, torch.rand(2, requires_grad=True), region_name="backward.error-type")
+    def probe_body(t):
+        p = remat.region(lambda u: u * 2.0, "p", recompute=False)(t)
+        if remat.is_recomputing():
+            (p * 5.0).sum()  # a read forward never made: a placeholder
+        return t.exp().sum()
+
+    loss = remat.checkpoint(region_name="backward.error-type")(probe_body)(torch.rand(2, requires_grad=True))
     with pytest.raises(remat.RematError):
         loss.backward()
 
@@ -92,14 +98,13 @@ def test_errors_the_runtime_raises_in_backward_are_remat_errors():
 def test_preserve_rng_state_is_refused_with_the_state_hook_alternative():
     with pytest.raises(remat.RematError, match=exact(
             "checkpoint 'rng': preserve_rng_state is not supported; pass recompute_state_hooks="
-            "[remat.cpu_rng_state_hook()] (or your own remat.RecomputeStateHook)")):
-        remat.checkpoint(lambda t: t * 2.0, torch.rand(2, requires_grad=True), region_name="rng",
-                         preserve_rng_state=True)
+            "[remat.cpu_rng_state_hook()] (or your own hook: any object with snapshot() and restore(state))")):
+        remat.checkpoint(region_name="rng", preserve_rng_state=True)(lambda t: t * 2.0)(torch.rand(2, requires_grad=True))
 
 
 def test_an_empty_checkpoint_name_is_a_remat_error():
     with pytest.raises(remat.RematError, match="^checkpoint region_name is empty"):
-        remat.checkpoint(lambda t: t * 2.0, torch.rand(2, requires_grad=True), region_name="")
+        remat.checkpoint(region_name="")(lambda t: t * 2.0)(torch.rand(2, requires_grad=True))
 
 
 def test_an_empty_region_name_is_refused_before_anything_runs():
@@ -107,19 +112,20 @@ def test_an_empty_region_name_is_refused_before_anything_runs():
         remat.region(lambda t: t, "")
 
 
-def test_tensor_keyword_arguments_are_refused_naming_the_keyword():
+def test_tensor_keyword_arguments_are_inputs_like_positional_ones():
     x = torch.rand(2, requires_grad=True)
-    w = torch.rand(2)
+    w = torch.rand(2, requires_grad=True)
 
     def scaled(t, weight=None):
-        return t * weight
+        return (t * weight).exp()
 
-    with pytest.raises(TypeError, match=exact(
-            "checkpoint 'kw' (test_tensor_keyword_arguments_are_refused_naming_the_keyword.<locals>.scaled): tensor "
-            "keyword argument 'weight'; pass tensors positionally so that they are the inputs recompute runs on")):
-        remat.checkpoint(scaled, x, weight=w, region_name="kw")
-    with pytest.raises(TypeError, match=r"^region 'r' \(.*scaled\): tensor keyword argument 'weight'"):
-        remat.checkpoint(lambda t: remat.region(scaled, "r")(t, weight=w), x, region_name="kw.region")
+    remat.checkpoint(region_name="kw")(scaled)(x, weight=w).sum().backward()
+    assert torch.allclose(x.grad, (x * w).exp().detach() * w.detach())
+    assert torch.allclose(w.grad, (x * w).exp().detach() * x.detach())
+    x.grad, w.grad = None, None
+    remat.checkpoint(region_name="kw.region")(lambda t: remat.region(scaled, "r", recompute=False)(t, weight=w))(
+        x).sum().backward()
+    assert torch.allclose(w.grad, (x * w).exp().detach() * x.detach())
 
 
 def returns_a_string(t):
@@ -132,46 +138,59 @@ def returns_a_mixed_tuple(t):
 
 @pytest.mark.parametrize("fn, returned", [
     (returns_a_string, "a str"),
-    (returns_a_mixed_tuple, "a tuple holding something other than tensors (or nothing)"),
-    (lambda t: [], "a list holding something other than tensors (or nothing)"),
+    (lambda t: [], "a list"),
     (lambda t: 3, "an int"),
-    (lambda t: {"out": t}, "a dict"),
-], ids=["str", "mixed-tuple", "empty-list", "int", "dict"])
-def test_a_bad_return_is_a_type_error_naming_the_function_and_what_it_returned(fn, returned):
+    (lambda t: (None, 3), "a tuple"),
+], ids=["str", "empty-list", "int", "tuple-without-tensors"])
+def test_a_return_without_tensors_is_a_type_error_naming_the_function_and_what_it_returned(fn, returned):
     with pytest.raises(TypeError) as raised:
-        remat.checkpoint(fn, torch.rand(2, requires_grad=True), region_name="bad-return")
-    assert str(raised.value) == (f"checkpoint 'bad-return' ({fn.__qualname__}) must return a tensor, or a tuple or "
-                                 f"list of tensors; it returned {returned}")
+        remat.checkpoint(region_name="bad-return")(fn)(torch.rand(2, requires_grad=True))
+    assert str(raised.value) == (f"checkpoint 'bad-return' ({fn.__qualname__}) must return at least one tensor "
+                                 f"(alone, or inside tuples, lists or dicts); it returned {returned}")
+
+
+def test_results_holding_none_numbers_and_dicts_pass_through_unchanged():
+    x = torch.rand(2, requires_grad=True)
+    out, count = remat.checkpoint(region_name="mixed")(returns_a_mixed_tuple)(x)
+    assert count == 3
+    attention = lambda t: (t.exp(), None)  # noqa: E731  (Hugging Face attention without weights)
+    result = remat.checkpoint(region_name="with-none")(
+        lambda t: remat.region(attention, "attention", recompute=False)(t))(x)
+    assert isinstance(result, tuple) and result[1] is None
+    as_dict = remat.checkpoint(region_name="dict")(lambda t: {"out": t.sin(), "step": 7})(x)
+    assert as_dict["step"] == 7
+    (as_dict["out"].sum() + result[0].sum() + out.sum()).backward()
+    assert torch.allclose(x.grad, x.detach().cos() + x.detach().exp() + 2.0)
 
 
 def test_a_regions_bad_return_names_the_region_and_its_function():
     x = torch.rand(2, requires_grad=True)
     with pytest.raises(TypeError, match=exact(
-            "region 'head' (returns_a_string) must return a tensor, or a tuple or list of tensors; it returned a str")):
-        remat.checkpoint(lambda t: remat.region(returns_a_string, "head")(t), x, region_name="bad-region-return")
+            "region 'head' (returns_a_string) must return at least one tensor (alone, or inside tuples, lists or dicts); "
+            "it returned a str")):
+        remat.checkpoint(region_name="bad-region-return")(lambda t: remat.region(returns_a_string, "head")(t))(x)
 
 
 def test_fn_that_is_not_callable_is_a_type_error():
-    with pytest.raises(TypeError, match=exact("checkpoint: fn must be callable, got Tensor")):
-        remat.checkpoint(torch.rand(2), torch.rand(2))
+    with pytest.raises(TypeError, match=exact("remat.checkpoint(region_name='checkpoint'): fn must be callable, got "
+                                              "Tensor")):
+        remat.checkpoint()(torch.rand(2))(torch.rand(2))
     with pytest.raises(TypeError, match=exact("region 'r': fn must be callable, got int")):
         remat.region(3, "r")
 
 
 def test_a_state_hook_without_snapshot_and_restore_is_a_type_error():
     with pytest.raises(TypeError, match=exact(
-            "recompute_state_hooks: an object has no snapshot(); subclass remat.RecomputeStateHook and define "
+            "checkpoint: recompute_state_hooks: object has no snapshot() method; a state hook is any object with "
             "snapshot() and restore(state)")):
-        remat.checkpoint(lambda t: t * 2.0, torch.rand(2, requires_grad=True), region_name="bad-hook",
-                         recompute_state_hooks=[object()])
+        remat.checkpoint(region_name="bad-hook", recompute_state_hooks=[object()])(lambda t: t * 2.0)(torch.rand(2, requires_grad=True))
 
 
 def test_a_context_that_is_not_a_factory_is_a_type_error():
     with pytest.raises(TypeError, match=exact(
             "contexts: an int is not a context factory; pass a remat.RecomputeReplay or a callable returning an object "
             "with enter_forward/exit_forward/enter_recompute/exit_recompute")):
-        remat.checkpoint(lambda t: t * 2.0, torch.rand(2, requires_grad=True), region_name="bad-context",
-                         contexts=[3])
+        remat.checkpoint(region_name="bad-context", contexts=[3])(lambda t: t * 2.0)(torch.rand(2, requires_grad=True))
 
 
 def test_a_python_exception_in_forward_reaches_the_caller_as_itself():
@@ -179,7 +198,7 @@ def test_a_python_exception_in_forward_reaches_the_caller_as_itself():
         raise KeyError("raised in forward")
 
     with pytest.raises(KeyError, match="raised in forward"):
-        remat.checkpoint(body, torch.rand(2, requires_grad=True), region_name="forward-raises")
+        remat.checkpoint(region_name="forward-raises")(body)(torch.rand(2, requires_grad=True))
     assert remat.is_recomputing() is False
 
 
@@ -204,7 +223,7 @@ def test_recompute_accepts_only_a_real_bool():
         remat.region(name="attention", recompute=0)
     with pytest.raises(TypeError, match=exact("checkpoint 'layers.0': verify_recompute must be True or False, "
                                               "got str 'no'")):
-        remat.checkpoint(never_called, torch.rand(2), region_name="layers.0", verify_recompute="no")
+        remat.checkpoint(region_name="layers.0", verify_recompute="no")(never_called)(torch.rand(2))
     with pytest.raises(TypeError, match=exact("verify_recompute: enabled must be True or False, got int 1")):
         remat.verify_recompute(1)
 
@@ -214,7 +233,7 @@ def test_names_with_a_nul_are_refused_naming_the_argument():
     with pytest.raises(ValueError, match=exact(f"region: name 'layers.0\\x00.attention' {nul}")):
         remat.region(never_called, "layers.0\0.attention")
     with pytest.raises(ValueError, match=exact(f"checkpoint: region_name 'layers\\x000' {nul}")):
-        remat.checkpoint(never_called, torch.rand(2), region_name="layers\x000")
+        remat.checkpoint(region_name="layers\x000")(never_called)(torch.rand(2))
     with pytest.raises(ValueError, match=exact(f"RecomputeReplay: name 'router\\x00' {nul}")):
         remat.RecomputeReplay("router\0")
     with pytest.raises(ValueError, match=exact(f"live_bytes: region_prefix 'layers\\x00' {nul}")):
@@ -222,12 +241,12 @@ def test_names_with_a_nul_are_refused_naming_the_argument():
     with pytest.raises(ValueError, match=exact("region: name 'mlp\\udc80' is not valid Unicode (surrogates not "
                                                "allowed); pass text that encodes as UTF-8")):
         remat.region(never_called, "mlp\udc80")
-    assert remat.collect_trace().scopes == []  # nothing ran
+    assert remat._C.collect_trace().scopes == []  # nothing ran
 
 
 def test_a_checkpoint_name_that_is_not_a_str_is_a_type_error_naming_it():
     with pytest.raises(TypeError, match=exact("checkpoint: region_name must be a str, got int 5")):
-        remat.checkpoint(never_called, torch.rand(2), region_name=5)
+        remat.checkpoint(region_name=5)(never_called)(torch.rand(2))
     with pytest.raises(TypeError, match=exact("RecomputeReplay: name must be a str, got NoneType None")):
         remat.RecomputeReplay(None)
     with pytest.raises(TypeError, match=exact("live_bytes: region_prefix must be a str, got NoneType None")):
@@ -238,8 +257,7 @@ def test_a_recompute_replay_subclassed_for_checks_still_replays():
     channel = remat.RecomputeReplay("checked")
     assert channel.name == "checked"
     computed = []
-    loss = remat.checkpoint(lambda t: t * float(channel.record_or_replay(lambda: computed.append(1) or 2.0)),
-                            torch.rand(2, requires_grad=True), region_name="replay.checked", contexts=[channel])
+    loss = remat.checkpoint(region_name="replay.checked", contexts=[channel])(lambda t: t * float(channel.record_or_replay(lambda: computed.append(1) or 2.0)))(torch.rand(2, requires_grad=True))
     loss.sum().backward()
     assert computed == [1]
 
@@ -251,8 +269,11 @@ def test_write_dump_refuses_a_path_with_a_nul_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(TypeError, match=exact("write_dump: path must be a str, bytes or os.PathLike path, got int 3")):
         remat.write_dump(3, "{}")
-    with pytest.raises(TypeError, match=exact("write_dump: json must be a str (a report's to_json()), got bytes")):
+    with pytest.raises(TypeError, match=exact("write_dump: the dump must be a str (a report's to_json()), got bytes")):
         remat.write_dump(str(tmp_path / "bytes.json"), b"{}")
+    with pytest.raises(ValueError, match=r"^write_dump: the dump is not one JSON document \(.*\); pass a report's "):
+        remat.write_dump(str(tmp_path / "broken.json"), "{not json")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_write_dump_takes_path_objects_and_bytes_paths(tmp_path):

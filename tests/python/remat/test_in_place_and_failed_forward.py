@@ -17,7 +17,7 @@ def test_backward_through_a_tensor_from_a_failed_checkpoint_is_an_error_not_a_cr
 
     a = torch.randn(5, requires_grad=True)
     with pytest.raises(ValueError, match="bad batch"):
-        remat.checkpoint(body, a, region_name="failing")
+        remat.checkpoint(region_name="failing")(body)(a)
     with pytest.raises(RuntimeError, match="checkpoint 'failing' raised an error in forward, so the tensors it "
                                            "dropped cannot be recomputed"):
         kept["h"].sum().backward()
@@ -29,7 +29,7 @@ def test_an_input_changed_in_place_after_forward_is_refused_like_autograd_does()
 
     a = torch.randn(4, requires_grad=True)
     h = a * 1.0
-    h += remat.checkpoint(block, h, region_name="residual")  # h was the checkpoint's input
+    h += remat.checkpoint(region_name="residual")(block)(h)  # h was the checkpoint's input
     with pytest.raises(RuntimeError, match=r"input 0 of checkpoint 'residual' was changed by an in-place operation "
                                            r"after forward \(version 0, now 1\)"):
         h.sum().backward()
@@ -37,7 +37,7 @@ def test_an_input_changed_in_place_after_forward_is_refused_like_autograd_does()
     # The same written out of place trains, with autograd's gradient.
     a.grad = None
     h = a * 1.0
-    h = h + remat.checkpoint(block, h, region_name="residual")
+    h = h + remat.checkpoint(region_name="residual")(block)(h)
     h.sum().backward()
     torch.testing.assert_close(a.grad, 1 + 2 * a.detach().cos())
 
@@ -49,14 +49,14 @@ def test_a_body_that_changes_its_input_in_place_is_refused_in_forward():
 
     a = torch.randn(5, requires_grad=True)
     with pytest.raises(RuntimeError, match=r"checkpoint 'scales' changed its input 0 in place"):
-        remat.checkpoint(body, a * 1.0, region_name="scales")
+        remat.checkpoint(region_name="scales")(body)(a * 1.0)
 
 
 def test_a_sparse_input_is_refused_with_the_fix():
     s = torch.randn(4, 4).to_sparse().requires_grad_()
     with pytest.raises(RuntimeError, match=r"input 0 of checkpoint 'sparse' has layout Sparse; checkpoints take "
                                            r"strided tensors: pass input.to_dense\(\)"):
-        remat.checkpoint(lambda t: torch.sparse.mm(t, torch.randn(4, 4)).exp(), s, region_name="sparse")
+        remat.checkpoint(region_name="sparse")(lambda t: torch.sparse.mm(t, torch.randn(4, 4)).exp())(s)
 
 
 class InterruptOnExit:
@@ -67,7 +67,7 @@ class InterruptOnExit:
 def test_an_exception_from_a_context_exit_reaches_the_caller():
     x = torch.randn(4, requires_grad=True)
     with pytest.raises(KeyboardInterrupt, match="pressed Ctrl-C"):
-        remat.checkpoint(lambda t: t.sin(), x, contexts=[InterruptOnExit])
+        remat.checkpoint(contexts=[InterruptOnExit])(lambda t: t.sin())(x)
 
 
 def test_a_save_region_that_changes_its_input_in_place_is_refused():
@@ -81,7 +81,7 @@ def test_a_save_region_that_changes_its_input_in_place_is_refused():
 
     with pytest.raises(RuntimeError, match=r"save region 'block::act' changed its input 0 in place \(an op such as "
                                            r"LeakyReLU\(inplace=True\)"):
-        remat.checkpoint(block, torch.randn(4, 8, requires_grad=True), region_name="block")
+        remat.checkpoint(region_name="block")(block)(torch.randn(4, 8, requires_grad=True))
 
 
 def test_a_replayed_tensor_changed_in_place_after_forward_is_refused():
@@ -93,7 +93,7 @@ def test_a_replayed_tensor_changed_in_place_after_forward_is_refused():
         ids += 2  # local to global ids, in place: the recorded tensor changes too
         return (table[ids] * x).exp()
 
-    y = remat.checkpoint(body, torch.randn(3, 4), contexts=[router], region_name="moe")
+    y = remat.checkpoint(contexts=[router], region_name="moe")(body)(torch.randn(3, 4))
     with pytest.raises(RuntimeError, match=r"replay channel 'router': the tensor recorded in forward was changed in "
                                            r"place afterwards \(version 0, now 1\)"):
         y.sum().backward()
@@ -114,7 +114,7 @@ def test_backward_on_two_threads_through_one_checkpoint_matches_autograd():
     expected = [torch.autograd.grad(k.sum(), b, retain_graph=True)[0], torch.autograd.grad(m.sum(), b)[0]]
     failures = []
     for _ in range(40):
-        outputs = remat.checkpoint(body, a, region_name="shared")
+        outputs = remat.checkpoint(region_name="shared")(body)(a)
 
         def run(i):
             try:
@@ -143,7 +143,7 @@ def test_a_save_region_output_changed_in_place_afterwards_is_refused():
     b = torch.randn(5, requires_grad=True)
     with pytest.raises(RuntimeError, match=r"output 0 of save region 'twice::scale' was changed in place after the "
                                            r"region returned"):
-        remat.checkpoint(body, a, b, region_name="twice")
+        remat.checkpoint(region_name="twice")(body)(a, b)
 
 
 def test_control_characters_in_names_are_refused_by_the_runtime_itself():

@@ -27,7 +27,7 @@ def checkpointed(block, name, attention_saves, mlp_saves):
         y = remat.region(block.attention, "attention", recompute=not attention_saves)(x)
         return remat.region(block.mlp, "mlp", recompute=not mlp_saves)(y)
 
-    return lambda x: remat.checkpoint(body, x, region_name=name)
+    return lambda x: remat.checkpoint(region_name=name)(body)(x)
 
 
 @pytest.mark.parametrize("attention_saves, mlp_saves", POLICIES)

@@ -9,13 +9,15 @@ import remat
 
 
 class PlaceholderProbe:
-    """y = a save region's output, read by plain code in recompute: a placeholder unless marked."""
+    """y = a save region's output that forward's code never reads; recompute reads it on a path
+    forward did not take (remat.is_recomputing()), so it is a placeholder unless marked."""
 
     def __init__(self, name, mark=False, mark_view=False):
         self.name = name
         self.mark = mark
         self.mark_view = mark_view
         self.seen = None
+        self.read = None
 
     def body(self, x):
         y = remat.region(lambda t: (t * 2.0).t(), "producer", recompute=False)(x)
@@ -25,16 +27,11 @@ class PlaceholderProbe:
             remat.recompute_needs_tensor(y.select(0, 1))
         if remat.is_recomputing():
             self.seen = (tuple(y.shape), y.stride(), y.dtype, tuple(y.transpose(0, 1).shape))
-        return (y * 5.0).exp().sum()  # exp's saved result makes recompute run this line
+            self.read = (y * 5.0).detach()  # reads y's data
+        return x.exp().sum()  # exp's saved result makes recompute run the body
 
     def run(self, x):
-        return remat.checkpoint(self.body, x, region_name=self.name)
-
-
-def reference_grad(x):
-    x_ref = x.detach().clone().requires_grad_(True)
-    ((x_ref * 2.0).t() * 5.0).exp().sum().backward()
-    return x_ref.grad
+        return remat.checkpoint(region_name=self.name)(self.body)(x)
 
 
 def test_placeholder_has_shape_strides_and_dtype_and_its_views_work():
@@ -48,25 +45,56 @@ def test_placeholder_has_shape_strides_and_dtype_and_its_views_work():
 def test_reading_a_placeholders_data_names_the_save_region_and_the_fix():
     probe = PlaceholderProbe("probe")
     loss = probe.run(torch.rand(3, 4, requires_grad=True))
-    with pytest.raises(RuntimeError) as raised:
+    with pytest.raises(remat.RematError) as raised:
         loss.backward()
     assert str(raised.value) == (
         "remat placeholder: recompute read the data of output 0 of save region 'probe::producer', which forward did "
-        "not keep; call remat::recompute_needs_tensor(t) on that tensor in forward so its value is persisted")
+        "not keep; call remat.recompute_needs_tensor(t) on that tensor in forward so its value is persisted")
 
 
-def test_marking_the_output_fixes_the_read_and_gradients_are_bitwise_exact():
+def test_marking_the_output_persists_its_value_for_recompute():
     x = torch.rand(3, 4, requires_grad=True)
     probe = PlaceholderProbe("placeholder.marked", mark=True)
     probe.run(x).backward()
     assert probe.seen == ((4, 3), (1, 4), torch.float32, (3, 4))  # the persisted value, with its layout
-    assert torch.equal(x.grad, reference_grad(x))
+    assert torch.equal(probe.read, (x.detach() * 2.0).t() * 5.0)
+    assert torch.equal(x.grad, x.detach().exp())
 
 
 def test_marking_a_view_persists_its_base():
     x = torch.rand(3, 4, requires_grad=True)
-    PlaceholderProbe("placeholder.view", mark_view=True).run(x).backward()
-    assert torch.equal(x.grad, reference_grad(x))
+    probe = PlaceholderProbe("placeholder.view", mark_view=True)
+    probe.run(x).backward()
+    assert torch.equal(probe.read, (x.detach() * 2.0).t() * 5.0)
+
+
+@pytest.mark.parametrize("shape", ["residual-add", "pointwise", "tuple-output", "inside-a-recompute-region"])
+def test_a_save_regions_output_read_by_code_that_recompute_runs_again_is_persisted_by_itself(shape):
+    """Code outside save regions runs again in recompute, so what it reads of a save region's
+    output in forward is kept: the runtime sees the read, no recompute_needs_tensor needed."""
+    def attention(t):
+        return (t * 2.0).exp(), t.sin()
+
+    def body(t):
+        h, g = remat.region(attention, "attention", recompute=False)(t)
+        if shape == "residual-add":
+            return remat.region(lambda u: u.tanh(), "mlp")(h + t) + h
+        if shape == "pointwise":
+            return (h * 3.0).tanh()
+        if shape == "tuple-output":
+            return remat.region(lambda u: u.tanh(), "mlp")(t) * g
+        return remat.region(lambda u: (u * h).tanh(), "mlp")(t)  # h reaches the region through a closure
+
+    def plain(t):
+        h, g = (t * 2.0).exp(), t.sin()
+        return {"residual-add": lambda: (h + t).tanh() + h, "pointwise": lambda: (h * 3.0).tanh(),
+                "tuple-output": lambda: t.tanh() * g, "inside-a-recompute-region": lambda: (t * h).tanh()}[shape]()
+
+    x = torch.rand(3, 4, requires_grad=True)
+    remat.checkpoint(region_name=f"persisted.{shape}")(body)(x).pow(2).sum().backward()
+    reference = x.detach().clone().requires_grad_()
+    plain(reference).pow(2).sum().backward()
+    assert torch.equal(x.grad, reference.grad)
 
 
 def test_marking_outside_a_checkpoint_or_a_recompute_regions_output_is_a_no_op():
@@ -79,7 +107,7 @@ def test_marking_outside_a_checkpoint_or_a_recompute_regions_output_is_a_no_op()
         return h.sum()
 
     with remat.tag_cpu_tensors():
-        loss = remat.checkpoint(body, x, region_name="placeholder.noop")
+        loss = remat.checkpoint(region_name="placeholder.noop")(body)(x)
         assert remat.live_bytes("placeholder.noop::r") == 0
         loss.backward()
     assert torch.equal(x.grad, x.detach().exp())
@@ -102,7 +130,7 @@ def test_recompute_runs_no_further_than_the_last_tensor_backward_needs():
         c = remat.region(counted("c", lambda u: u + 1.0), "c")(b)
         return c.sum()
 
-    remat.checkpoint(body, x, region_name="early-stop").backward()
+    remat.checkpoint(region_name="early-stop")(body)(x).backward()
     # Only sin saves a tensor through the hooks (its input); b and c save none, so recompute stops after a.
     assert runs == {"a": 2, "b": 1, "c": 1}
     assert torch.equal(x.grad, x.detach().cos() * 2.0)
@@ -121,7 +149,7 @@ def test_work_after_the_last_needed_tensor_that_builds_no_graph_may_read_a_place
             assert scaled.sum().item() > 0  # no graph node: recompute runs it and reads a placeholder
         return out
 
-    remat.checkpoint(body, x, region_name="early-stop.tail").sum().backward()
+    remat.checkpoint(region_name="early-stop.tail")(body)(x).sum().backward()
     assert tail_runs == [False, True]
     assert torch.equal(x.grad, x.detach().cos())
 
@@ -134,18 +162,17 @@ def test_under_no_grad_a_checkpoint_runs_the_body_once_and_registers_nothing():
         return remat.region(lambda u: runs.append(1) or u.exp(), "r", recompute=False)(t)
 
     with torch.no_grad():
-        y = remat.checkpoint(body, x, region_name="nograd")
+        y = remat.checkpoint(region_name="nograd")(body)(x)
     assert runs == [1]
     assert not y.requires_grad
     assert torch.equal(y, x.exp())
-    assert remat.collect_trace().scopes == []
+    assert remat._C.collect_trace().scopes == []
 
 
 def test_retain_graph_second_backward_recomputes_again_and_accumulates():
     runs = []
     x = torch.rand(5, requires_grad=True)
-    loss = remat.checkpoint(lambda t: remat.region(lambda u: runs.append(1) or u.exp().sum(), "r")(t), x,
-                            region_name="retain-graph")
+    loss = remat.checkpoint(region_name="retain-graph")(lambda t: remat.region(lambda u: runs.append(1) or u.exp().sum(), "r")(t))(x)
     loss.backward(retain_graph=True)
     first = x.grad.clone()
     loss.backward()
@@ -164,8 +191,8 @@ def test_tuple_and_list_outputs_come_back_as_the_same_type_with_gradients():
         assert isinstance(parts, list)
         return [parts[0].cos(), parts[1].exp()]
 
-    a_b = remat.checkpoint(pair, x, region_name="io.tuple")
-    parts = remat.checkpoint(as_list, [x, x], region_name="io.list")
+    a_b = remat.checkpoint(region_name="io.tuple")(pair)(x)
+    parts = remat.checkpoint(region_name="io.list")(as_list)([x, x])
     assert isinstance(a_b, tuple) and len(a_b) == 2
     assert isinstance(parts, list) and len(parts) == 2
     (a_b[0].sum() + a_b[1].sum() + parts[0].sum() + parts[1].sum()).backward()
@@ -185,7 +212,7 @@ def test_tuple_inputs_arrive_as_a_tuple_in_forward_and_in_recompute():
         seen.append(type(pair))
         return (pair[0] * pair[1]).sum()
 
-    remat.checkpoint(body, (a, b), region_name="io.tuple-input").backward()
+    remat.checkpoint(region_name="io.tuple-input")(body)((a, b)).backward()
     assert seen == [tuple, tuple]
     assert torch.equal(a.grad, b.detach()) and torch.equal(b.grad, a.detach())
 
@@ -198,7 +225,7 @@ def test_constants_and_keyword_arguments_reach_the_body_in_forward_and_in_recomp
         seen.append((scale, label, nothing, power))
         return remat.region(lambda u, k: (u * k).pow(power).sum(), "scaled")(t, scale)
 
-    loss = remat.checkpoint(body, x, 2.5, "mode", None, power=3, region_name="io.constants")
+    loss = remat.checkpoint(region_name="io.constants")(body)(x, 2.5, "mode", None, power=3)
     loss.backward()
     assert seen == [(2.5, "mode", None, 3), (2.5, "mode", None, 3)]
     x_ref = x.detach().clone().requires_grad_(True)
@@ -216,8 +243,8 @@ def test_region_as_a_decorator_by_name_and_with_keywords():
         return t.sin().sum()
 
     x = torch.rand(4, requires_grad=True)
-    loss = remat.checkpoint(lambda t: mlp(attention(t)), x, region_name="decorated")
-    trace = remat.collect_trace()
+    with remat.collect_trace() as trace:
+        loss = remat.checkpoint(region_name="decorated")(lambda t: mlp(attention(t)))(x)
     assert [(s.name, [(r.name, r.saved) for r in s.regions]) for s in trace.scopes] == [
         ("decorated", [("attention", True), ("mlp", False)])]
     assert attention.__name__ == "attention"  # functools.wraps keeps the body's name
@@ -227,6 +254,7 @@ def test_region_as_a_decorator_by_name_and_with_keywords():
 
 def test_outside_a_checkpoint_a_region_just_runs_its_body():
     x = torch.rand(4, requires_grad=True)
-    y = remat.region(lambda t: t * 2.0, "alone", recompute=False)(x)
+    with remat.collect_trace() as trace:
+        y = remat.region(lambda t: t * 2.0, "alone", recompute=False)(x)
     assert torch.equal(y, x.detach() * 2.0)
-    assert remat.collect_trace().scopes == []
+    assert trace.scopes == []

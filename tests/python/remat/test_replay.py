@@ -18,7 +18,7 @@ def test_decision_is_computed_in_forward_only_and_replayed_in_recompute():
         taken.append((remat.is_recomputing(), decision))
         return (t * float(decision)).exp().sum()
 
-    loss = remat.checkpoint(body, x, region_name="replay.counter", contexts=[channel])
+    loss = remat.checkpoint(region_name="replay.counter", contexts=[channel])(body)(x)
     loss.backward()
     assert computed == [False]  # compute() ran in forward only
     assert taken == [(False, 10), (True, 10)]
@@ -38,7 +38,7 @@ def test_when_the_log_runs_out_recompute_falls_back_to_computing():
             taken.append(channel.record_or_replay(lambda: computed.append(len(computed)) or 100 + len(computed)))
         return t.exp().sum()
 
-    remat.checkpoint(body, x, region_name="replay.misses", contexts=[channel]).backward()
+    remat.checkpoint(region_name="replay.misses", contexts=[channel])(body)(x).backward()
     assert taken == [101, 101, 102, 103]  # forward's record replayed, then two misses computed
     assert computed == [0, 1, 2]
 
@@ -58,7 +58,7 @@ def test_a_channel_not_passed_in_contexts_computes_in_forward_and_in_recompute()
         channel.record_or_replay(lambda: computed.append(remat.is_recomputing()))
         return t.exp().sum()
 
-    remat.checkpoint(body, x, region_name="replay.unbound").backward()
+    remat.checkpoint(region_name="replay.unbound")(body)(x).backward()
     assert computed == [False, True]
 
 
@@ -71,7 +71,7 @@ def test_compute_runs_without_autograd():
         chosen = channel.record_or_replay(lambda: grad_enabled.append(torch.is_grad_enabled()) or t.argmax())
         return (t * t[chosen]).sum()
 
-    loss = remat.checkpoint(body, x, region_name="replay.no-grad", contexts=[channel])
+    loss = remat.checkpoint(region_name="replay.no-grad", contexts=[channel])(body)(x)
     loss.backward()
     assert grad_enabled == [False]
 
@@ -109,7 +109,7 @@ class Router:
         x = x_in.detach().clone().requires_grad_(True)
         self.experts.grad = None
         if checkpointed:
-            out = remat.checkpoint(lambda t: self.forward(t).tanh(), x, region_name="moe", contexts=contexts)
+            out = remat.checkpoint(region_name="moe", contexts=contexts)(lambda t: self.forward(t).tanh())(x)
         else:
             out = self.forward(x).tanh()
         out.pow(2).sum().backward()
@@ -143,8 +143,8 @@ def test_each_call_gets_its_own_recorder_even_with_two_microbatches_in_flight():
 
     x1 = torch.randn(4, 6, requires_grad=True)
     x2 = torch.randn(4, 6, requires_grad=True)
-    loss1 = remat.checkpoint(body, x1, region_name="replay.microbatches", contexts=[channel])
-    loss2 = remat.checkpoint(body, x2, region_name="replay.microbatches", contexts=[channel])
+    loss1 = remat.checkpoint(region_name="replay.microbatches", contexts=[channel])(body)(x1)
+    loss2 = remat.checkpoint(region_name="replay.microbatches", contexts=[channel])(body)(x2)
     loss2.backward()  # recompute of call 2 first
     loss1.backward()
     assert len(forward_choice) == 2 and len(recompute_choice) == 2
@@ -178,7 +178,7 @@ def test_contexts_enter_in_order_and_exit_in_reverse_around_forward_and_recomput
         events.append("body recompute" if remat.is_recomputing() else "body forward")
         return t.exp().sum()
 
-    loss = remat.checkpoint(body, x, region_name="replay.contexts", contexts=[lambda: Event("A"), lambda: Event("B")])
+    loss = remat.checkpoint(region_name="replay.contexts", contexts=[lambda: Event("A"), lambda: Event("B")])(body)(x)
     loss.backward()
     assert events == ["A forward enter", "B forward enter", "body forward", "B forward exit", "A forward exit",
                       "A recompute enter", "B recompute enter", "body recompute", "B recompute exit",
@@ -190,33 +190,31 @@ def noisy_block(t):
 
 
 def test_verify_recompute_catches_a_region_that_is_not_deterministic():
-    loss = remat.checkpoint(noisy_block, torch.rand(16, requires_grad=True), region_name="verify",
-                            verify_recompute=True)
-    with pytest.raises(RuntimeError) as raised:
+    loss = remat.checkpoint(region_name="verify", verify_recompute=True)(noisy_block)(torch.rand(16, requires_grad=True))
+    with pytest.raises(remat.RematError) as raised:
         loss.backward()
     message = str(raised.value)
     assert message.startswith("verify_recompute: checkpoint 'verify': saved tensor #0 of region 'verify::noisy' "
                               "(shape [16]) differs between forward and recompute: sum ")
     assert "(difference " in message
-    assert message.endswith("The region is not deterministic: add a RecomputeStateHook for the state it depends on "
-                            "(RNG: remat::cpu_rng_state_hook())")
+    assert message.endswith("The region is not deterministic: add a remat.RecomputeStateHook for the state it depends "
+                            "on (RNG: remat.cpu_rng_state_hook())")
 
 
 def test_verify_recompute_context_manager_turns_it_on_for_checkpoints_started_inside():
     x = torch.rand(16, requires_grad=True)
     with remat.verify_recompute():
-        loss = remat.checkpoint(noisy_block, x, region_name="verify.context")
+        loss = remat.checkpoint(region_name="verify.context")(noisy_block)(x)
     with pytest.raises(RuntimeError, match=r"^verify_recompute: checkpoint 'verify.context': saved tensor #0 "):
         loss.backward()
-    unverified = remat.checkpoint(noisy_block, x, region_name="verify.after-context")  # off again outside
+    unverified = remat.checkpoint(region_name="verify.after-context")(noisy_block)(x)  # off again outside
     unverified.backward()
 
 
 def test_verify_recompute_passes_with_the_rng_state_hook_and_gradients_match():
     x = torch.rand(16, requires_grad=True)
     torch.manual_seed(11)
-    loss = remat.checkpoint(noisy_block, x, region_name="verify.hooked", verify_recompute=True,
-                            recompute_state_hooks=[remat.cpu_rng_state_hook()])
+    loss = remat.checkpoint(region_name="verify.hooked", verify_recompute=True, recompute_state_hooks=[remat.cpu_rng_state_hook()])(noisy_block)(x)
     loss.backward()
     x_ref = x.detach().clone().requires_grad_(True)
     torch.manual_seed(11)

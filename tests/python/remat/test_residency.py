@@ -46,7 +46,7 @@ class Chain:
         return remat.region(self._c, "C")(z)
 
     def forward(self, x):
-        return remat.checkpoint(self.body, x, region_name=self.name)
+        return remat.checkpoint(region_name=self.name)(self.body)(x)
 
     def resident_bytes(self):
         return remat.live_bytes("input") + remat.live_bytes(self.name + "::A") + remat.live_bytes(self.name + "::B")
@@ -128,7 +128,7 @@ def test_save_region_keeps_exactly_what_autograd_saves_in_it(tagged):
         h = remat.region(lambda u: u.sin().cos(), "kept", recompute=False)(t)
         return h.sum()
 
-    loss = remat.checkpoint(body, x, region_name="residency.kept")
+    loss = remat.checkpoint(region_name="residency.kept")(body)(x)
     assert remat.live_bytes("residency.kept::kept") == N * FLOAT
     loss.backward()
     assert torch.allclose(x.grad, -x.detach().sin().sin() * x.detach().cos())
@@ -145,9 +145,9 @@ def test_recompute_needs_tensor_persists_a_save_regions_output(tagged):
             remat.recompute_needs_tensor(h)
         return h.sum()
 
-    unmarked = remat.checkpoint(body, x, False, region_name="residency.unmarked")
+    unmarked = remat.checkpoint(region_name="residency.unmarked")(body)(x, False)
     assert remat.live_bytes("residency.unmarked::scaled") == 0
-    marked = remat.checkpoint(body, x, True, region_name="residency.marked")
+    marked = remat.checkpoint(region_name="residency.marked")(body)(x, True)
     assert remat.live_bytes("residency.marked::scaled") == N * FLOAT
     (unmarked + marked).backward()
     assert torch.equal(x.grad, torch.full((N,), 6.0))
@@ -163,23 +163,44 @@ def test_live_bytes_return_to_zero_after_backward_every_iteration(tagged):
         return remat.region(lambda u: torch.tanh(u @ w2), "mlp")(y)
 
     for i in range(3):
-        out = remat.checkpoint(body, x, region_name="residency.leak")
+        out = remat.checkpoint(region_name="residency.leak")(body)(x)
         assert remat.live_bytes("residency.leak::attention") == 4 * 16 * FLOAT, f"iteration {i}"  # tanh's result
         out.sum().backward()
         del out
         assert remat.live_bytes("residency.leak") == 0, f"iteration {i}"
 
 
-def test_live_bytes_prefix_covers_nested_regions_only(tagged):
+def test_live_bytes_prefix_covers_nested_regions_by_whole_components(tagged):
     with remat_alloc.region("lb.0"):
         a = torch.empty(10)
         with remat_alloc.region("attention"):
             b = torch.empty(20)
             assert remat.live_bytes("lb.0") == 30 * FLOAT
             assert remat.live_bytes("lb.0::attention") == 20 * FLOAT
-            assert remat.live_bytes("lb") == 0
-    del a, b
-    assert remat.live_bytes("lb.0") == 0
+            assert remat.live_bytes("lb") == 30 * FLOAT  # "." separates components, as in module paths
+            assert remat.live_bytes("l") == 0
+    with remat_alloc.region("lb.1"):
+        c = torch.empty(5)
+    with remat_alloc.region("lb.10"):
+        d = torch.empty(7)
+    assert remat.live_bytes("lb.1") == 5 * FLOAT  # not lb.10
+    assert remat.live_bytes("lb") == 42 * FLOAT
+    del a, b, c, d
+    assert remat.live_bytes("lb") == 0
+
+
+def test_live_bytes_of_checkpoints_named_as_module_paths_sum_under_their_parent():
+    x = torch.rand(64, requires_grad=True)
+    with remat.tag_cpu_tensors():
+        h = x
+        for i in range(4):
+            h = remat.checkpoint(region_name=f"layers.{i}")(
+                lambda t: remat.region(lambda u: u.exp(), "attention", recompute=False)(t))(h)
+        per_layer = remat.live_bytes("layers.0")
+        assert per_layer > 0
+        assert remat.live_bytes("layers") == sum(remat.live_bytes(f"layers.{i}") for i in range(4))
+        assert remat.live_bytes("layers") >= 4 * 64 * FLOAT
+        h.sum().backward()
 
 
 def test_tag_cpu_tensors_tags_only_while_in_force_and_frees_through_it_afterwards():

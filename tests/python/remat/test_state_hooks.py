@@ -23,7 +23,7 @@ def run_dropout_checkpoint(block, x, name, hooks):
         y = remat.region(block.attention, "attention", recompute=False)(t)
         return remat.region(lambda u: block.mlp(u, 0.3), "mlp")(y)
 
-    out = remat.checkpoint(body, x, region_name=name, recompute_state_hooks=hooks)
+    out = remat.checkpoint(region_name=name, recompute_state_hooks=hooks)(body)(x)
     torch.rand(3)  # the caller moves the generator on before backward
     out.pow(2).sum().backward()
     return gradients(block, x)
@@ -65,8 +65,7 @@ def test_without_a_hook_dropout_in_recompute_draws_a_different_mask():
 
 def test_rng_hook_leaves_the_generator_where_backward_found_it():
     x = torch.rand(64, requires_grad=True)
-    out = remat.checkpoint(lambda t: torch.nn.functional.dropout(t.exp(), 0.5, training=True).sum(), x,
-                           region_name="hooks.generator-after", recompute_state_hooks=[remat.cpu_rng_state_hook()])
+    out = remat.checkpoint(region_name="hooks.generator-after", recompute_state_hooks=[remat.cpu_rng_state_hook()])(lambda t: torch.nn.functional.dropout(t.exp(), 0.5, training=True).sum())(x)
     torch.manual_seed(123)
     state_before_backward = torch.get_rng_state()
     out.backward()
@@ -107,7 +106,7 @@ def test_snapshots_at_entry_and_after_save_regions_restore_them_in_recompute_the
         counter[0] += 100
         return remat.region(lambda u: u.exp().sum(), "recomputed")(a)
 
-    out = remat.checkpoint(body, x, region_name="hooks.counter", recompute_state_hooks=[CounterHook(counter, events)])
+    out = remat.checkpoint(region_name="hooks.counter", recompute_state_hooks=[CounterHook(counter, events)])(body)(x)
     assert counter[0] == 111
     counter[0] = 5000  # state at recompute time, which recompute must leave as it found it
     out.backward()
@@ -132,7 +131,7 @@ def test_an_object_with_snapshot_and_restore_works_without_subclassing():
 
     duck = Duck()
     x = torch.rand(4, requires_grad=True)
-    out = remat.checkpoint(lambda t: t.exp().sum(), x, region_name="hooks.duck", recompute_state_hooks=[duck])
+    out = remat.checkpoint(region_name="hooks.duck", recompute_state_hooks=[duck])(lambda t: t.exp().sum())(x)
     duck.value = 2
     out.backward()
     assert duck.restored == [1, 2]  # forward's state for recompute, then backward's back
@@ -145,8 +144,7 @@ def test_a_subclass_that_defines_no_snapshot_fails_at_checkpoint_entry_naming_it
 
     x = torch.rand(4, requires_grad=True)
     with pytest.raises(NotImplementedError, match=r"^Incomplete must define snapshot\(\)$"):
-        remat.checkpoint(lambda t: t.exp().sum(), x, region_name="hooks.incomplete",
-                         recompute_state_hooks=[Incomplete()])
+        remat.checkpoint(region_name="hooks.incomplete", recompute_state_hooks=[Incomplete()])(lambda t: t.exp().sum())(x)
 
 
 def test_is_recomputing_is_true_only_while_recompute_runs_the_body():
@@ -157,7 +155,7 @@ def test_is_recomputing_is_true_only_while_recompute_runs_the_body():
         seen.append(remat.is_recomputing())
         return t.exp().sum()
 
-    out = remat.checkpoint(body, x, region_name="hooks.is-recomputing")
+    out = remat.checkpoint(region_name="hooks.is-recomputing")(body)(x)
     assert remat.is_recomputing() is False
     out.backward()
     assert seen == [False, True]

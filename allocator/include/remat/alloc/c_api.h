@@ -99,7 +99,8 @@ typedef struct remat_stats {
 
 REMAT_API int remat_get_stats(int device, remat_stats* out);
 REMAT_API int remat_reset_peak_stats(int device);
-/* Requested bytes live under regions equal to or nested in `region_prefix`. */
+/* Requested bytes live under regions equal to or nested in `region_prefix` (whole components:
+   "layers" covers "layers.0" and "layers::mlp", "layers.1" does not cover "layers.10"). */
 REMAT_API int remat_live_bytes(int device, const char* region_prefix, int64_t* out);
 
 typedef struct remat_oom_info {

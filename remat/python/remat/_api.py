@@ -1,0 +1,225 @@
+"""The checkpoint call and regions.
+
+`remat.checkpoint(**options)` makes a checkpoint and `checkpoint(fn)` the checkpointed function,
+so a call reads `remat.checkpoint(region_name="layers.0")(block)(x)`, as torch_remat writes it;
+`checkpoint(fn, x)`, torch.utils.checkpoint's form, is refused because it would read as that
+function with other semantics. Options are checked once, when the checkpoint is made; each call
+then goes straight to the C++ runtime (remat._C), which runs the body under saved-tensor hooks
+that keep what save regions save and drop the rest, and recomputes the dropped tensors when
+backward first needs them. Every tensor in the call's arguments, positional or keyword and
+inside tuples, lists and dicts, is an input of the checkpoint; everything else is passed as it
+is. `.call(fn, *args, **kwargs)` is the function-first form that integrations expect
+(torch.distributed's checkpoint_wrapper(checkpoint_fn=...), Hugging Face's
+_gradient_checkpointing_func).
+"""
+
+import functools
+import threading
+
+from remat_alloc._arguments import text_arg
+
+from . import _C
+from ._C import RematError
+from ._state import checked_state_hooks
+
+__all__ = ["checkpoint", "region", "verify_recompute"]
+
+
+def name_arg(function, parameter, value):
+    """`value` when it is a str a C++ string keeps whole (no NUL)."""
+    text_arg(function, parameter, value)
+    return value
+
+
+def flag_arg(function, parameter, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{function}: {parameter} must be True or False, got {type(value).__name__} {value!r:.80}")
+    return value
+
+
+_defaults = threading.local()  # .verify_recompute: [(scope, enabled)] entered on this thread, innermost last
+
+
+def _verify_recompute_default():
+    entered = getattr(_defaults, "verify_recompute", None)
+    return entered[-1][1] if entered else False
+
+
+class _VerifyRecompute:
+    def __init__(self, enabled):
+        self._enabled = enabled
+        self._entered_into = []  # the thread lists this scope was entered into, latest last
+
+    def __enter__(self):
+        if not hasattr(_defaults, "verify_recompute"):
+            _defaults.verify_recompute = []
+        _defaults.verify_recompute.append((self, self._enabled))
+        self._entered_into.append(_defaults.verify_recompute)
+        return self
+
+    def __exit__(self, *exc_info):
+        if not self._entered_into:
+            raise RuntimeError("verify_recompute: exited without being entered (or exited once more than entered)")
+        # This thread's list if it was entered here, else where it was entered last (another thread's).
+        here = getattr(_defaults, "verify_recompute", None)
+        mine = [i for i, entered in enumerate(self._entered_into) if entered is here]
+        entered = self._entered_into.pop(mine[-1] if mine else -1)
+        # Its own entry, wherever it is: scopes exited out of order leave the others' settings in force.
+        index = max(i for i, (scope, _) in enumerate(entered) if scope is self)
+        del entered[index]
+
+
+def verify_recompute(enabled=True):
+    """Checkpoints started inside on this thread compare every tensor recompute recreates with
+    forward's and raise an error naming the region and the difference on a mismatch (as
+    checkpoint(..., verify_recompute=True)). verify_recompute(False) turns it off inside."""
+    return _VerifyRecompute(flag_arg("verify_recompute", "enabled", enabled))
+
+
+class _TorchCheckpointContexts:
+    """torch.utils.checkpoint's context_fn contract, (forward context, recompute context) per
+    call, as the runtime's per-call context: the first around forward, the second around every
+    recompute."""
+
+    __slots__ = ("_forward", "_recompute")
+
+    def __init__(self, context_fn):
+        contexts = context_fn()
+        if not (isinstance(contexts, tuple) and len(contexts) == 2):
+            raise TypeError(f"checkpoint: context_fn must return a (forward context, recompute context) pair, as for "
+                            f"torch.utils.checkpoint; it returned {type(contexts).__name__}")
+        self._forward, self._recompute = contexts
+
+    def enter_forward(self):
+        self._forward.__enter__()
+
+    def exit_forward(self):
+        self._forward.__exit__(None, None, None)
+
+    def enter_recompute(self):
+        self._recompute.__enter__()
+
+    def exit_recompute(self):
+        self._recompute.__exit__(None, None, None)
+
+
+_REFUSED_OPTIONS = {
+    "preserve_rng_state": "preserve_rng_state is not supported; pass recompute_state_hooks=[remat.cpu_rng_state_hook()] "
+                          "(or your own hook: any object with snapshot() and restore(state))",
+    "debug": "debug is torch.utils.checkpoint's recompute log; remat reports mismatches itself, naming the region "
+             "(and compares values with verify_recompute=True)",
+}
+
+
+class Checkpoint:
+    """A checkpoint made by remat.checkpoint(**options): call it on a function."""
+
+    __slots__ = ("region_name", "_hooks", "_contexts", "_verify")
+
+    def __init__(self, region_name, hooks, contexts, verify):
+        self.region_name = region_name
+        self._hooks = hooks
+        self._contexts = contexts
+        self._verify = verify
+
+    def __repr__(self):
+        return f"remat.checkpoint(region_name={self.region_name!r})"
+
+    def __call__(self, fn):
+        """`fn` checkpointed: calling the result runs fn(*args, **kwargs) keeping only what
+        backward needs."""
+        if not callable(fn):
+            raise TypeError(f"{self!r}: fn must be callable, got {type(fn).__name__}")
+
+        @functools.wraps(fn)
+        def checkpointed(*args, **kwargs):
+            return self.call(fn, *args, **kwargs)
+
+        return checkpointed
+
+    def call(self, fn, *args, **kwargs):
+        """Runs fn(*args, **kwargs) checkpointed (the function-first form integrations call)."""
+        verify = _verify_recompute_default() if self._verify is None else self._verify
+        return _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, self._contexts, verify)
+
+
+def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), context_fn=None, contexts=(),
+               verify_recompute=None, use_reentrant=None, determinism_check="default", early_stop=True, **unknown):
+    """A checkpoint: remat.checkpoint(**options)(fn)(*args, **kwargs) runs fn keeping only what
+    backward needs from save regions and recomputing the rest in backward.
+
+    region_name: the checkpoint's name in traces, reports and tags ("layers.0").
+    recompute_state_hooks: objects with snapshot() and restore(state) (cpu_rng_state_hook() for
+        dropout), restored for recompute.
+    context_fn: as torch.utils.checkpoint's, a callable returning a (forward context, recompute
+        context) pair per call (RecomputeReplay.checkpoint_context_fn(), or
+        torch.utils.checkpoint.create_selective_checkpoint_contexts(policy)).
+    contexts: RecomputeReplay channels, or callables returning an object with any of
+        enter_forward/exit_forward/enter_recompute/exit_recompute.
+    verify_recompute: compare the values recompute recreates with forward's (shapes, dtypes and
+        devices are always compared).
+    use_reentrant=False, determinism_check="default" and early_stop=True are torch.utils.checkpoint's
+    keywords with the meaning they have here (remat is non-reentrant, checks what recompute
+    recreates, and stops recompute early); their other values are refused.
+    """
+    if positional:
+        what = "remat.checkpoint(fn)" if len(positional) == 1 else "remat.checkpoint(fn, *args)"
+        raise TypeError(f"{what} is not supported: it reads as torch.utils.checkpoint.checkpoint(fn, *args), whose "
+                        "semantics differ. Make the checkpoint with its options, then call it on the function: "
+                        "remat.checkpoint(region_name=\"layers.0\")(fn)(*args, **kwargs)")
+    for option in unknown:
+        if option in _REFUSED_OPTIONS:
+            raise RematError(f"checkpoint '{region_name}': {_REFUSED_OPTIONS[option]}")
+        raise TypeError(f"checkpoint() got an unexpected keyword argument {option!r}; its options are region_name, "
+                        "recompute_state_hooks, context_fn, contexts, verify_recompute (and torch.utils.checkpoint's "
+                        "use_reentrant=False, determinism_check, early_stop); arguments for the function go to the "
+                        "call: remat.checkpoint(region_name=...)(fn)(*args, **kwargs)")
+    name_arg("checkpoint", "region_name", region_name)
+    if use_reentrant is not None and use_reentrant is not False:
+        raise RematError(f"checkpoint '{region_name}': use_reentrant={use_reentrant!r} is not supported; remat's "
+                         "checkpoint is non-reentrant (it recomputes through saved-tensor hooks, which is what lets "
+                         "save regions keep their tensors): pass use_reentrant=False or leave it out")
+    if determinism_check != "default":
+        raise RematError(f"checkpoint '{region_name}': determinism_check={determinism_check!r} is not supported; remat "
+                         "always checks the shape, dtype and device of what recompute recreates (determinism_check="
+                         "\"default\"), and compares values too with verify_recompute=True")
+    if early_stop is not True:
+        raise RematError(f"checkpoint '{region_name}': early_stop={early_stop!r} is not supported; recompute always "
+                         "stops once every tensor backward needs exists")
+    if verify_recompute is not None:
+        flag_arg(f"checkpoint '{region_name}'", "verify_recompute", verify_recompute)
+    if isinstance(contexts, (str, bytes)) or not hasattr(contexts, "__iter__"):
+        raise TypeError(f"checkpoint '{region_name}': contexts must be a sequence, got {type(contexts).__name__}")
+    contexts = list(contexts)
+    if context_fn is not None:
+        if not callable(context_fn):
+            raise TypeError(f"checkpoint '{region_name}': context_fn must be callable (returning a (forward context, "
+                            f"recompute context) pair), got {type(context_fn).__name__}")
+        contexts.append(functools.partial(_TorchCheckpointContexts, context_fn))
+    return Checkpoint(region_name, checked_state_hooks(recompute_state_hooks), contexts, verify_recompute)
+
+
+def region(fn=None, name=None, recompute=True):
+    """A region inside a checkpoint: region(fn, "mlp")(x), or as a decorator,
+    @region(name="attention", recompute=False). recompute=False makes a save region: what
+    autograd saves in it is kept, and recompute skips its body. Outside a checkpoint the body
+    simply runs. Tensors in its arguments (positional or keyword) are its inputs; its result may
+    hold None and other values beside tensors."""
+    if isinstance(fn, str) and name is None:  # @region("attention")
+        fn, name = None, fn
+    if name is None or name == "":
+        raise ValueError("region: name each region, e.g. region(fn, \"attention\")")
+    name_arg("region", "name", name)
+    flag_arg(f"region '{name}'", "recompute", recompute)
+
+    def wrap(body):
+        if not callable(body):
+            raise TypeError(f"region '{name}': fn must be callable, got {type(body).__name__}")
+
+        @functools.wraps(body)
+        def run(*args, **kwargs):
+            return _C.region(body, args, kwargs, name, recompute)
+
+        return run
+
+    return wrap if fn is None else wrap(fn)

@@ -1,0 +1,430 @@
+"""Hugging Face transformers models checkpointed by remat, one checkpoint per decoder layer.
+
+transformers checkpoints a model through its decoder layers: every layer that is a
+`GradientCheckpointingLayer` runs its forward as `self._gradient_checkpointing_func(
+partial(forward, self, **kwargs), *args)` when `self.gradient_checkpointing` is set, the layer
+is training and grad mode is on; otherwise it runs as is. `wrap_decoder_layers(model)` uses that
+hook and nothing else of the layer: it sets the two instance attributes, with a function that
+takes the partial apart and hands the forward to the layer's own `remat.checkpoint(region_name=
+<module path>)`, so the hidden states, masks and position embeddings the model passes by keyword
+are the checkpoint's inputs. Module hooks (FSDP2's, accelerate's) stay outside the checkpoint,
+as with transformers' own checkpointing, and eval mode or no-grad never reaches it. The layer's
+children become regions by an instance `forward` wrapper: each name in `save` a save region
+(`recompute=False`: autograd keeps what it saves, recompute skips it, and the runtime keeps its
+output because the layer's residual add reads it), each name in
+`recompute` (by default every other child) a recompute region. A wrapper acts only while its own
+layer's checkpoint runs on the thread; anywhere else it calls the forward it wraps. Layers that
+are not `GradientCheckpointingLayer`s (older transformers, other models: the modules of an
+`nn.ModuleList` named `layers`, or what `layers=` names) get an instance `forward` that
+checkpoints under the same conditions.
+
+transformers' own switches act on the same attributes. `model.gradient_checkpointing_disable()`
+(`activation_checkpointing_disable()` in transformers 5) turns checkpointing off: the layers run
+unchanged and the region wrappers call straight through. `model.gradient_checkpointing_enable()`
+(`activation_checkpointing_enable()`, and the Trainer's `gradient_checkpointing=True` /
+`activation_checkpointing=True`) puts `torch.utils.checkpoint` back in remat's place; call
+`wrap_decoder_layers` after it (or not at all) to use remat. `model.is_gradient_checkpointing`
+reads True while remat checkpoints the layers. Calling `wrap_decoder_layers` again first undoes
+the previous call, so the last call's settings hold and nothing is wrapped twice;
+`unwrap_decoder_layers(model)` undoes it and restores what transformers had set.
+"""
+
+import copy
+import functools
+import threading
+
+import torch
+
+from . import _C
+from ._api import checkpoint
+
+__all__ = ["wrap_decoder_layers", "unwrap_decoder_layers"]
+
+class _ABSENT:
+    """An instance attribute that was not set before wrapping (a class: deepcopy keeps it)."""
+
+
+def _gradient_checkpointing_layer_class():
+    """transformers.modeling_layers.GradientCheckpointingLayer, or None (transformers missing
+    or older than 4.52)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return None
+    return GradientCheckpointingLayer
+
+
+def _transformers_version():
+    try:
+        import transformers
+    except ImportError:
+        return "not installed"
+    return transformers.__version__
+
+
+# --- which child regions run inside which layer call -------------------------------------------
+
+_calls = threading.local()  # .stack: the _LayerCall of every wrapped layer forward running here
+
+
+class _LayerCall:
+    """One run of a layer's body (forward or recompute): its plan and the region names used so
+    far, so a child called twice gets "mlp" and then "mlp#2" in forward and recompute alike."""
+
+    __slots__ = ("plan", "_uses")
+
+    def __init__(self, plan):
+        self.plan = plan
+        self._uses = {}
+
+    def region_name(self, name):
+        uses = self._uses.get(name, 0) + 1
+        self._uses[name] = uses
+        return name if uses == 1 else f"{name}#{uses}"
+
+
+def _current_call():
+    stack = getattr(_calls, "stack", None)
+    return stack[-1] if stack else None
+
+
+class _RegionForward:
+    """The instance forward of a child named in a plan: a region while a plan naming this child
+    runs on the thread, the forward it wraps otherwise. An object, not a closure, so that
+    copy.deepcopy(model) gives the copy's child a wrapper of the copy's forward."""
+
+    def __init__(self, child, inner):
+        functools.update_wrapper(self, inner)  # name, docstring and __wrapped__ (inspect.signature follows it)
+        self.child = child
+        self.inner = inner
+
+    def __call__(self, *args, **kwargs):
+        call = _current_call()
+        entry = call.plan.regions.get(self.child) if call is not None else None
+        if entry is None:
+            return self.inner(*args, **kwargs)
+        name, save = entry
+        # Names were checked when the layer was wrapped; the region goes straight to the runtime.
+        return _C.region(self.inner, args, kwargs, call.region_name(name), not save)
+
+
+# --- one layer ---------------------------------------------------------------------------------
+
+
+class _LayerPlan:
+    """What wrap_decoder_layers did to one layer: its checkpoint, its child regions
+    ({child module: (region name, saved)}), and what to put back."""
+
+    def __init__(self, layer, path, ckpt, regions):
+        self.layer = layer
+        self.path = path
+        self.checkpoint = ckpt
+        self.regions = regions
+        self.restore = []  # (module, attribute, previous value or _ABSENT, value set)
+        self.body = self._make_body()
+
+    def __deepcopy__(self, memo):
+        """The plan of a copied model: its modules copied with the model, the checkpoint (its
+        options, immutable) shared."""
+        copied = _LayerPlan.__new__(_LayerPlan)
+        memo[id(self)] = copied
+        copied.layer = copy.deepcopy(self.layer, memo)
+        copied.path = self.path
+        copied.checkpoint = self.checkpoint
+        copied.regions = copy.deepcopy(self.regions, memo)
+        copied.restore = copy.deepcopy(self.restore, memo)
+        copied.body = copied._make_body()
+        return copied
+
+    def _make_body(self):
+        def body(function, *args, **kwargs):
+            """The checkpoint's body: the layer's forward with its child regions in force."""
+            if not hasattr(_calls, "stack"):
+                _calls.stack = []
+            _calls.stack.append(_LayerCall(self))
+            try:
+                return function(*args, **kwargs)
+            finally:
+                _calls.stack.pop()
+
+        body.__qualname__ = f"{type(self.layer).__qualname__}.forward"  # errors: "checkpoint '...' (<Layer>.forward)"
+        return body
+
+    def checkpoint_function(self, function, *args, **kwargs):
+        """The layer's _gradient_checkpointing_func: transformers passes partial(forward, self,
+        **kwargs) and the positional arguments; the keyword tensors become checkpoint inputs."""
+        if isinstance(function, functools.partial):
+            args = function.args + args
+            kwargs = {**function.keywords, **kwargs}
+            function = function.func
+        return self.checkpoint.call(self.body, function, *args, **kwargs)
+
+    def set_attribute(self, module, attribute, value):
+        self.restore.append((module, attribute, module.__dict__.get(attribute, _ABSENT), value))
+        setattr(module, attribute, value)
+
+    def undo(self):
+        for module, attribute, previous, value in reversed(self.restore):
+            if module.__dict__.get(attribute, _ABSENT) is not value:
+                continue  # replaced since (gradient_checkpointing_enable, another wrapper): leave it
+            if previous is _ABSENT:
+                delattr(module, attribute)
+            else:
+                setattr(module, attribute, previous)
+        self.restore.clear()
+
+
+class _PlainLayerForward:
+    """The instance forward of a layer that is not a GradientCheckpointingLayer: checkpointed
+    under the conditions transformers uses (training, grad mode on)."""
+
+    def __init__(self, plan, inner):
+        functools.update_wrapper(self, inner)
+        self.plan = plan
+        self.inner = inner
+
+    def __call__(self, *args, **kwargs):
+        if self.plan.layer.training and torch.is_grad_enabled() and _current_call() is None:
+            return self.plan.checkpoint.call(self.plan.body, self.inner, *args, **kwargs)
+        return self.inner(*args, **kwargs)
+
+
+# --- finding layers and children ---------------------------------------------------------------
+
+
+def _names_arg(parameter, names):
+    if names is None:
+        return None
+    if isinstance(names, str):
+        return (names,)
+    if not hasattr(names, "__iter__"):
+        raise TypeError(f"wrap_decoder_layers: {parameter} must be child names (a str or a sequence of str, such as "
+                        f"(\"self_attn\",)), got {type(names).__name__}")
+    names = tuple(names)
+    for name in names:
+        if not isinstance(name, str) or not name or "\0" in name:
+            raise TypeError(f"wrap_decoder_layers: {parameter} must hold non-empty child names such as \"self_attn\", "
+                            f"got {name!r:.80}")
+    return names
+
+
+def _module_paths(model):
+    """{module: its first path in model}."""
+    paths = {}
+    for path, module in model.named_modules():
+        paths.setdefault(module, path)
+    return paths
+
+
+def _find_layers(model, layers, paths):
+    """[(path, layer)] in model order."""
+    if layers is not None:
+        if isinstance(layers, str):
+            try:
+                layers = model.get_submodule(layers)
+            except AttributeError:
+                raise ValueError(f"wrap_decoder_layers: layers={layers!r} names no submodule of "
+                                 f"{type(model).__name__}") from None
+        modules = list(layers.children()) if isinstance(layers, torch.nn.ModuleList) else list(layers)
+        found = []
+        for item in modules:
+            if isinstance(item, str):
+                try:
+                    item = model.get_submodule(item)
+                except AttributeError:
+                    raise ValueError(f"wrap_decoder_layers: layers holds {item!r}, which names no submodule of "
+                                     f"{type(model).__name__}") from None
+            if not isinstance(item, torch.nn.Module):
+                raise TypeError(f"wrap_decoder_layers: layers must hold modules or their paths, got "
+                                f"{type(item).__name__}")
+            if item not in paths:
+                raise ValueError(f"wrap_decoder_layers: layers holds a {type(item).__name__} that is not a submodule "
+                                 f"of {type(model).__name__}")
+            found.append((paths[item], item))
+        if not found:
+            raise ValueError("wrap_decoder_layers: layers= holds no modules")
+        return found
+
+    layer_class = _gradient_checkpointing_layer_class()
+    if layer_class is not None:
+        found = []
+        for path, module in model.named_modules():
+            if isinstance(module, layer_class) and not any(
+                    path.startswith(outer + ".") or outer == "" for outer, _ in found):
+                found.append((path, module))  # outermost only: a layer inside a layer is part of it
+        if found:
+            return found
+    found = []
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and path.rsplit(".", 1)[-1] == "layers":
+            found.extend((paths[layer], layer) for layer in module.children())
+    if found:
+        return found
+    raise ValueError(
+        f"wrap_decoder_layers: found no decoder layers in {type(model).__name__}: looked for modules that are "
+        f"transformers.modeling_layers.GradientCheckpointingLayer (transformers {_transformers_version()}) and for "
+        "an nn.ModuleList named 'layers'; pass layers= (a ModuleList, its path such as \"model.layers\", or the "
+        "layer modules)")
+
+
+def _refuse_checkpoint_wrapped(model, found):
+    wrapped = [path for path, module in model.named_modules() if type(module).__name__ == "CheckpointWrapper"]
+    for path, _ in found:
+        for outer in wrapped:
+            if outer == "" or path.startswith(outer + "."):
+                raise ValueError(f"wrap_decoder_layers: layer '{path}' is inside torch.distributed's "
+                                 f"checkpoint_wrapper ('{outer or type(model).__name__}'), which checkpoints it "
+                                 "already; checkpoints do not nest: drop the wrapper, or pass its checkpoint_fn="
+                                 "remat.checkpoint(region_name=...).call instead of calling wrap_decoder_layers")
+
+
+def _children_of(layer, names):
+    """{name: module} for the names a layer has (dotted paths allowed)."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = layer.get_submodule(name)
+        except AttributeError:
+            continue
+    return found
+
+
+def _check_region_names(save, recompute):
+    both = set(save) & set(recompute or ())
+    if both:
+        raise ValueError(f"wrap_decoder_layers: {sorted(both)[0]!r} is in both save and recompute; a child is one "
+                         "region or the other")
+    names = list(save) + list(recompute or ())
+    for outer in names:
+        for inner in names:
+            if inner.startswith(outer + "."):
+                raise ValueError(f"wrap_decoder_layers: {inner!r} is inside {outer!r}, and regions do not nest: name "
+                                 "one of them")
+
+
+def _layer_regions(layer, save, recompute):
+    """{child module: (region name, saved)} for one layer."""
+    regions = {}
+    for name, child in _children_of(layer, save).items():
+        regions[child] = (name, True)
+    if recompute is None:  # every other direct child, except those that hold a save region
+        recompute = [name for name, _ in layer.named_children()
+                     if name not in save and not any(path.startswith(name + ".") for path in save)]
+    for name, child in _children_of(layer, recompute).items():
+        if child not in regions:
+            regions[child] = (name, False)
+    return regions
+
+
+def _require_present(parameter, names, found_layers):
+    for name in names:
+        if any(_has_submodule(layer, name) for _, layer in found_layers):
+            continue
+        kinds = sorted({type(layer).__name__ for _, layer in found_layers})
+        _, first = found_layers[0]
+        children = ", ".join(name for name, _ in first.named_children()) or "no children"
+        raise ValueError(f"wrap_decoder_layers: {parameter}={name!r} names no submodule of any decoder layer "
+                         f"({', '.join(kinds)}; {type(first).__name__} has {children})")
+
+
+def _has_submodule(layer, name):
+    try:
+        layer.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+# --- the entry points --------------------------------------------------------------------------
+
+
+def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *, recompute=None, layers=None,
+                        every_n_layers=1, context_fn=None, contexts=(), verify_recompute=None):
+    """Runs every decoder layer of a Hugging Face model as one remat checkpoint named after its
+    module path ("model.layers.0"), and returns the model:
+
+        model = remat.wrap_decoder_layers(model)                        # attention saved, the rest recomputed
+        model = remat.wrap_decoder_layers(model, save=())               # everything recomputed
+        model = remat.wrap_decoder_layers(model, recompute_state_hooks=(remat.cpu_rng_state_hook(),))  # dropout
+
+    save: the layer's children (names such as "self_attn", or dotted paths such as
+        "self_attn.o_proj") that are save regions: what autograd saves in them is kept and
+        recompute skips them. Each must be a submodule of at least one layer (hybrid models
+        have attention in some layers only).
+    recompute_state_hooks: as for remat.checkpoint; cpu_rng_state_hook() when the layers use
+        dropout on CPU.
+    recompute: the children that are recompute regions (named in traces and memory reports);
+        by default every direct child not in `save`; () for none. Recomputed they are either way.
+    layers: which modules are the decoder layers: a ModuleList, its path ("model.layers") or the
+        modules (or paths) themselves. By default the outermost
+        transformers.modeling_layers.GradientCheckpointingLayer modules, else the modules of
+        every nn.ModuleList named "layers".
+    every_n_layers: checkpoint only every n-th layer (0, n, 2n, ...); the others keep their
+        activations (transformers' activation_checkpointing_enable(every_n_layers=) does the same).
+    context_fn, contexts, verify_recompute: as for remat.checkpoint, for every layer's checkpoint.
+
+    Checkpoints run only in training mode with grad mode on; in eval mode or under no_grad the
+    layers run unchanged. Calling it again replaces the previous call's wrapping; see the module
+    docstring for how gradient_checkpointing_enable/disable relate.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"wrap_decoder_layers: model must be a torch.nn.Module, got {type(model).__name__}")
+    save = _names_arg("save", save) or ()
+    recompute = _names_arg("recompute", recompute)
+    if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+        raise ValueError(f"wrap_decoder_layers: every_n_layers must be a positive int, got {every_n_layers!r}")
+    _check_region_names(save, recompute)
+
+    paths = _module_paths(model)
+    found = _find_layers(model, layers, paths)
+    _refuse_checkpoint_wrapped(model, found)
+    _require_present("save", save, found)
+    if recompute is not None:
+        _require_present("recompute", recompute, found)
+
+    layer_class = _gradient_checkpointing_layer_class()
+    # Make every checkpoint first, so bad options fail before any layer changes.
+    plans = []
+    for index, (path, layer) in enumerate(found):
+        if index % every_n_layers != 0:
+            plans.append((path, layer, None))
+            continue
+        ckpt = checkpoint(region_name=path or type(layer).__name__, recompute_state_hooks=recompute_state_hooks,
+                          context_fn=context_fn, contexts=contexts, verify_recompute=verify_recompute)
+        plans.append((path, layer, _LayerPlan(layer, path, ckpt, _layer_regions(layer, save, recompute))))
+
+    unwrap_decoder_layers(model)  # only now: a call with bad arguments leaves the previous wrapping in force
+    for path, layer, plan in plans:
+        if plan is None:
+            if layer_class is not None and isinstance(layer, layer_class):
+                restore = _LayerPlan(layer, path, None, {})
+                restore.set_attribute(layer, "gradient_checkpointing", False)
+                layer._remat_layer_plan = restore
+            continue
+        for child in plan.regions:
+            current = child.__dict__.get("forward")
+            if isinstance(current, _RegionForward) and current.child is child:
+                continue  # shared with a layer wrapped before: its wrapper serves every plan
+            plan.set_attribute(child, "forward", _RegionForward(child, child.forward))
+        if layer_class is not None and isinstance(layer, layer_class):
+            plan.set_attribute(layer, "_gradient_checkpointing_func", plan.checkpoint_function)
+            plan.set_attribute(layer, "gradient_checkpointing", True)
+        else:
+            plan.set_attribute(layer, "forward", _PlainLayerForward(plan, layer.forward))
+        layer._remat_layer_plan = plan
+    return model
+
+
+def unwrap_decoder_layers(model):
+    """Undoes wrap_decoder_layers on `model` (a no-op where it did nothing) and returns the
+    model: the layers' checkpoint settings and the children's forwards are what they were,
+    except where something set them again since (gradient_checkpointing_enable, say)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"unwrap_decoder_layers: model must be a torch.nn.Module, got {type(model).__name__}")
+    for module in list(model.modules()):
+        plan = module.__dict__.get("_remat_layer_plan")
+        if plan is None:
+            continue
+        plan.undo()
+        del module._remat_layer_plan
+    return model

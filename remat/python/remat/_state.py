@@ -1,0 +1,48 @@
+"""State that recompute must see as forward saw it.
+
+A recompute runs the checkpoint's body a second time, later, from backward. Anything the body
+reads besides its inputs (an RNG, a counter) must be put back first. A state hook is any object
+with snapshot() and restore(state): the runtime snapshots each hook when the checkpoint starts
+and after every save region in forward, restores the matching snapshot before recompute runs
+that stretch again, and puts back the state backward had once recompute ends (recompute is a
+fork, not a rewind of the program). RecomputeStateHook is an optional base class that documents
+the two methods; cpu_rng_state_hook() is the runtime's own for the CPU generator.
+"""
+
+from . import _C
+
+__all__ = ["RecomputeStateHook", "cpu_rng_state_hook"]
+
+
+class RecomputeStateHook:
+    """State that recompute must see as forward saw it (an RNG, a counter): snapshot() at
+    checkpoint entry, restore(state) before recompute runs the body again; the state backward
+    had is put back afterwards. Subclassing is optional: any object with both methods works."""
+
+    def snapshot(self):
+        raise NotImplementedError(f"{type(self).__name__} must define snapshot()")
+
+    def restore(self, state):
+        raise NotImplementedError(f"{type(self).__name__} must define restore(state)")
+
+
+def cpu_rng_state_hook():
+    """A state hook for the CPU generator (dropout and friends give the same masks in
+    recompute)."""
+    return _C.cpu_rng_state_hook()
+
+
+def checked_state_hooks(hooks):
+    """The hooks as a list, each refused when it lacks snapshot() or restore(state)."""
+    if isinstance(hooks, (str, bytes)) or not hasattr(hooks, "__iter__"):
+        raise TypeError(f"checkpoint: recompute_state_hooks must be a sequence of hooks, got {type(hooks).__name__}; "
+                        "pass recompute_state_hooks=(hook,)")
+    hooks = list(hooks)
+    for hook in hooks:
+        if isinstance(hook, _C.NativeStateHook):
+            continue
+        for method in ("snapshot", "restore"):
+            if not callable(getattr(hook, method, None)):
+                raise TypeError(f"checkpoint: recompute_state_hooks: {type(hook).__name__} has no {method}() method; "
+                                "a state hook is any object with snapshot() and restore(state)")
+    return hooks
