@@ -36,7 +36,8 @@ std::string site_of(const at::Tensor& t) {
   return resolved.site != 0 ? alloc::name_of(resolved.site) : std::string();
 }
 
-// The dtype as PyTorch's Python API names it.
+}  // namespace
+
 std::string dtype_name(at::ScalarType type) {
   switch (type) {
     case at::kFloat: return "float32";
@@ -54,6 +55,8 @@ std::string dtype_name(at::ScalarType type) {
     default: return c10::toString(type);
   }
 }
+
+namespace {
 
 // A report's residency, region by region, billing each storage once in the whole report (a
 // storage two regions hold is billed to the first).

@@ -8,7 +8,7 @@
 namespace remat::detail {
 namespace {
 
-constexpr std::array kAutocastDevices = {c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::XPU,
+constexpr std::array<c10::DeviceType, 7> kAutocastDevices = {c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::XPU,
                                          c10::DeviceType::MPS, c10::DeviceType::HPU,  c10::DeviceType::XLA,
                                          c10::DeviceType::PrivateUse1};
 
@@ -25,7 +25,8 @@ ForwardModes ForwardModes::capture() {
   ForwardModes modes;
   for (const c10::DeviceType device : kAutocastDevices) {
     if (!at::autocast::is_autocast_available(device)) continue;
-    modes.autocast_.push_back({device, at::autocast::is_autocast_enabled(device), at::autocast::get_autocast_dtype(device)});
+    modes.autocast_[modes.autocast_devices_++] = {device, at::autocast::is_autocast_enabled(device),
+                                                  at::autocast::get_autocast_dtype(device)};
   }
   modes.autocast_cache_ = at::autocast::is_autocast_cache_enabled();
   modes.default_dtype_ = c10::get_default_dtype();
@@ -43,16 +44,16 @@ ForwardModes ForwardModes::capture() {
 }
 
 bool ForwardModes::any_autocast() const {
-  for (const Autocast& autocast : autocast_) {
-    if (autocast.enabled) return true;
+  for (std::size_t i = 0; i < autocast_devices_; ++i) {
+    if (autocast_[i].enabled) return true;
   }
   return false;
 }
 
 void ForwardModes::apply() const {
-  for (const Autocast& autocast : autocast_) {
-    at::autocast::set_autocast_enabled(autocast.device, autocast.enabled);
-    at::autocast::set_autocast_dtype(autocast.device, autocast.dtype);
+  for (std::size_t i = 0; i < autocast_devices_; ++i) {
+    at::autocast::set_autocast_enabled(autocast_[i].device, autocast_[i].enabled);
+    at::autocast::set_autocast_dtype(autocast_[i].device, autocast_[i].dtype);
   }
   at::autocast::set_autocast_cache_enabled(autocast_cache_);
   if (c10::get_default_dtype() != default_dtype_) c10::set_default_dtype(default_dtype_);

@@ -8,7 +8,8 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/typeid.h>
 
-#include <vector>
+#include <array>
+#include <cstddef>
 
 namespace remat::detail {
 
@@ -27,7 +28,9 @@ class ForwardModes {
   void apply() const;
   bool any_autocast() const;
 
-  std::vector<Autocast> autocast_;  // per device type that has autocast
+  static constexpr std::size_t kMaxAutocastDevices = 8;
+  std::array<Autocast, kMaxAutocastDevices> autocast_{};  // per device type that has autocast
+  std::size_t autocast_devices_ = 0;
   bool autocast_cache_ = true;
   caffe2::TypeMeta default_dtype_;
   // Global flags a context manager sets (torch.backends.*.flags, sdpa_kernel,

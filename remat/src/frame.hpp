@@ -30,6 +30,8 @@ struct TensorMeta {
 };
 
 TensorMeta meta_of(const at::Tensor& t);
+// The dtype as PyTorch's Python API names it: "float32".
+std::string dtype_name(at::ScalarType type);
 inline constexpr const char* kPlaceholderMarker = "remat placeholder";
 // Same shape, strides and dtype as described, but no data: reading it raises an error that
 // names `source` and the fix.

@@ -30,7 +30,7 @@ DroppedMeta DroppedMeta::of(const at::Tensor& t, int region) {
 }
 
 std::string DroppedMeta::describe() const {
-  std::string out = std::string(c10::toString(dtype)) + " [";
+  std::string out = dtype_name(dtype) + " [";
   for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
   return out + "] on " + device.str();
 }

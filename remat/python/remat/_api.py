@@ -38,9 +38,12 @@ def flag_arg(function, parameter, value):
 
 
 _defaults = threading.local()  # .verify_recompute: [(scope, enabled)] entered on this thread, innermost last
+_verify_scopes_entered = 0  # on any thread: while 0, no thread-local lookup per checkpoint call
 
 
 def _verify_recompute_default():
+    if _verify_scopes_entered == 0:
+        return False
     entered = getattr(_defaults, "verify_recompute", None)
     return entered[-1][1] if entered else False
 
@@ -51,6 +54,8 @@ class _VerifyRecompute:
         self._entered_into = []  # the thread lists this scope was entered into, latest last
 
     def __enter__(self):
+        global _verify_scopes_entered
+        _verify_scopes_entered += 1
         if not hasattr(_defaults, "verify_recompute"):
             _defaults.verify_recompute = []
         _defaults.verify_recompute.append((self, self._enabled))
@@ -58,8 +63,10 @@ class _VerifyRecompute:
         return self
 
     def __exit__(self, *exc_info):
+        global _verify_scopes_entered
         if not self._entered_into:
             raise RuntimeError("verify_recompute: exited without being entered (or exited once more than entered)")
+        _verify_scopes_entered -= 1
         # This thread's list if it was entered here, else where it was entered last (another thread's).
         here = getattr(_defaults, "verify_recompute", None)
         mine = [i for i, entered in enumerate(self._entered_into) if entered is here]
@@ -130,17 +137,31 @@ class Checkpoint:
         backward needs."""
         if not callable(fn):
             raise TypeError(f"{self!r}: fn must be callable, got {type(fn).__name__}")
-
-        @functools.wraps(fn)
-        def checkpointed(*args, **kwargs):
-            return self.call(fn, *args, **kwargs)
-
-        return checkpointed
+        return _Checkpointed(self, fn)
 
     def call(self, fn, *args, **kwargs):
         """Runs fn(*args, **kwargs) checkpointed (the function-first form integrations call)."""
+        return self._run(fn, args, kwargs)
+
+    def _run(self, fn, args, kwargs):
         verify = _verify_recompute_default() if self._verify is None else self._verify
         return _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, self._contexts, verify)
+
+
+class _Checkpointed:
+    """fn under a checkpoint (what checkpoint(**options)(fn) returns); __wrapped__ is fn."""
+
+    __slots__ = ("_checkpoint", "__wrapped__")
+
+    def __init__(self, ckpt, fn):
+        self._checkpoint = ckpt
+        self.__wrapped__ = fn
+
+    def __repr__(self):
+        return f"{self._checkpoint!r}({getattr(self.__wrapped__, '__qualname__', type(self.__wrapped__).__name__)})"
+
+    def __call__(self, *args, **kwargs):
+        return self._checkpoint._run(self.__wrapped__, args, kwargs)
 
 
 def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), context_fn=None, contexts=(),

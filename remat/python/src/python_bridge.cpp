@@ -7,20 +7,23 @@
 
 namespace remat::python {
 
+// Drops its object with the GIL held, whichever thread drops the last copy.
 struct PyRef::Holder {
+  explicit Holder(py::object held) : object(std::move(held)) {}
+  ~Holder() {
+    if (!Py_IsInitialized()) {  // the interpreter is gone: nothing left to release
+      (void)object.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    object = py::object();
+  }
+  Holder(const Holder&) = delete;
+  Holder& operator=(const Holder&) = delete;
   py::object object;
 };
 
-PyRef::PyRef(py::object object)
-    : holder_(new Holder{std::move(object)}, [](Holder* holder) {
-        if (!Py_IsInitialized()) {  // the interpreter is gone: nothing left to release
-          (void)holder->object.release();
-          delete holder;
-          return;
-        }
-        py::gil_scoped_acquire gil;
-        delete holder;
-      }) {}
+PyRef::PyRef(py::object object) : holder_(std::make_shared<Holder>(std::move(object))) {}
 
 const py::object& PyRef::get() const { return holder_->object; }
 
@@ -38,6 +41,31 @@ std::string type_name(const py::handle& value) {
 }
 
 constexpr int kMaxDepth = 64;
+
+// Runs the body with Dynamo's frame hook off: under torch.compile, Dynamo cannot trace the
+// runtime and runs it eagerly, and a body it compiled in forward would run eagerly in recompute
+// (backward is outside the compiled frame) and recreate other tensors. Both run eagerly instead.
+class DynamoOff {
+ public:
+  DynamoOff() : prior_(set_eval_frame()(py::none())) {}
+  ~DynamoOff() {
+    try {
+      set_eval_frame()(prior_);
+    } catch (const py::error_already_set&) {  // cannot fail for a callback it returned; never throw here
+    }
+  }
+  DynamoOff(const DynamoOff&) = delete;
+  DynamoOff& operator=(const DynamoOff&) = delete;
+
+ private:
+  static const py::object& set_eval_frame() {
+    // Leaked: it must outlive every call, and the interpreter owns the function anyway.
+    static const auto* function =
+        new py::object(py::module_::import("torch._C._dynamo.eval_frame").attr("set_eval_frame"));
+    return *function;
+  }
+  py::object prior_;
+};
 
 }  // namespace
 
@@ -134,7 +162,11 @@ FlatFunction python_body(PyRef fn, Structure call, std::shared_ptr<std::optional
           name = std::move(name)](const TensorList& inputs) {
     return with_gil([&] {
       const py::tuple args_and_kwargs = call.rebuild(inputs);
-      const py::object returned = fn.get()(*args_and_kwargs[0], **args_and_kwargs[1]);
+      py::object returned;
+      {
+        DynamoOff eager;
+        returned = fn.get()(*args_and_kwargs[0], **args_and_kwargs[1]);
+      }
       TensorList outputs;
       Structure structure = Structure::of(returned, outputs, name);
       if (outputs.empty()) {

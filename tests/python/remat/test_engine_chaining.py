@@ -138,3 +138,24 @@ def test_saved_tensors_hooks_around_a_checkpoint_see_only_what_is_saved_outside_
     expected = grads_of(torch.tanh(torch.tanh(x @ w1 * 3.0) @ w2).sum(), (w1, w2, x))
     for a, b in zip(got, expected):
         assert torch.equal(a, b)
+
+
+def test_under_torch_compile_the_body_runs_eagerly_in_forward_and_recompute_and_gradients_match_eager():
+    """Dynamo cannot trace the runtime, so it runs a checkpoint eagerly; the body must then run
+    eagerly in forward too, as recompute (from backward, outside the compiled frame) runs it."""
+    x = torch.rand(32, 64, requires_grad=True)
+
+    def body(t):
+        h = remat.region(lambda u: torch.sigmoid(u) * u, "swish", recompute=False)(t)
+        return remat.region(lambda u: (u @ u.t()).tanh(), "mlp")(h)
+
+    def step(t):
+        return remat.checkpoint(region_name="compiled.l0")(body)(t)
+
+    torch.compile(step, backend="aot_eager")(x).sum().backward()
+    compiled = x.grad.clone()
+    x.grad = None
+    swish = torch.sigmoid(x) * x
+    (swish @ swish.t()).tanh().sum().backward()
+    assert torch.allclose(compiled, x.grad, atol=1e-6)
+    torch._dynamo.reset()
