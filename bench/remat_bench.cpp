@@ -176,7 +176,7 @@ void overhead_table(int repetitions) {
   auto step = [](const at::Tensor& t) { return (t * 1.5).sin(); };
   std::vector<std::string> checkpoint_names, region_names;
   for (int c = 0; c < kCalls; ++c) checkpoint_names.push_back("overhead." + std::to_string(c));
-  for (int r = 0; r < kRegions; ++r) region_names.push_back("r" + std::to_string(r));
+  for (int r = 0; r < kRegions; ++r) region_names.push_back(std::string("r").append(std::to_string(r)));
   // The same tiny ops in four arrangements; the differences are the runtime's overhead.
   auto plain = [&] {
     at::Tensor h = w;

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Configures and builds into BUILD_DIR (default: build). Extra arguments go to CMake;
-# TARGETS (space-separated) limits the build to those targets.
+# TARGETS (space-separated) limits the build to those targets. The project's own builds treat
+# warnings as errors (REMAT_WERROR, off in a plain configure); -DREMAT_WERROR=OFF overrides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} "$@"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} -DREMAT_WERROR=ON "$@"
 targets=()
 for target in ${TARGETS:-}; do targets+=(--target "$target"); done
 cmake --build "$build_dir" -j "$jobs" "${targets[@]}"

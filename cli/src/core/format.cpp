@@ -25,7 +25,7 @@ std::string human_signed_bytes(std::int64_t bytes) {
   if (bytes == 0) return "0 B";
   const std::uint64_t magnitude =
       bytes < 0 ? static_cast<std::uint64_t>(-(bytes + 1)) + 1 : static_cast<std::uint64_t>(bytes);
-  return (bytes < 0 ? "-" : "+") + human_bytes(magnitude);
+  return fmt::format("{}{}", bytes < 0 ? '-' : '+', human_bytes(magnitude));
 }
 
 std::string human_time_us(std::int64_t time_us) {

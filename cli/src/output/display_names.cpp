@@ -19,7 +19,12 @@ bool reads_like_own_label(std::string_view name) {
 
 std::string shown_name(std::string_view name) {
   if (!reads_like_own_label(name)) return std::string(name);
-  return "\"" + std::string(name) + "\"";
+  std::string quoted;
+  quoted.reserve(name.size() + 2);
+  quoted += '"';
+  quoted += name;
+  quoted += '"';
+  return quoted;
 }
 
 std::string shown_label(const GroupLabel& label) { return label.placeholder ? label.text : shown_name(label.text); }

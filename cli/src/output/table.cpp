@@ -162,7 +162,8 @@ std::string display_text(const Cell& cell) {
       break;
     case Display::signed_bytes:
       if (const auto* v = std::get_if<std::int64_t>(&cell.value)) return human_signed_bytes(*v);
-      if (const auto* v = std::get_if<std::uint64_t>(&cell.value)) return (*v == 0 ? "" : "+") + human_bytes(*v);
+      if (const auto* v = std::get_if<std::uint64_t>(&cell.value))
+        return fmt::format("{}{}", *v == 0 ? "" : "+", human_bytes(*v));
       break;
     case Display::share:
       if (const auto* v = std::get_if<double>(&cell.value)) return percent(*v);

@@ -204,7 +204,7 @@ bool equals(element v, const nlohmann::json& expected) {
 
 std::string show(element v) {
   switch (v.type()) {
-    case element_type::STRING: return "'" + printable(std::string_view(v), 40) + "'";
+    case element_type::STRING: return fmt::format("'{}'", printable(std::string_view(v), 40));
     case element_type::INT64: return std::to_string(std::int64_t(v));
     case element_type::UINT64: return std::to_string(std::uint64_t(v));
     case element_type::DOUBLE: return fmt::format("{}", double(v));

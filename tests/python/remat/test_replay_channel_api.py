@@ -129,6 +129,15 @@ def routed_block(channel, computed):
     return block, weight
 
 
+def assert_gradients_of_the_plain_block(x, weight):
+    reference_x = x.detach().clone().requires_grad_()
+    reference_weight = weight.detach().clone().requires_grad_()
+    indices = (reference_x @ reference_weight).topk(2, dim=-1).indices
+    torch.gather(reference_x @ reference_weight, -1, indices).exp().sum().backward()
+    assert torch.equal(x.grad, reference_x.grad)
+    assert torch.equal(weight.grad, reference_weight.grad)
+
+
 @pytest.mark.parametrize("through", ["torch.utils.checkpoint", "remat.checkpoint"])
 def test_checkpoint_context_fn_records_in_forward_and_replays_in_recompute(through):
     channel = remat.RecomputeReplay("router")
@@ -144,12 +153,7 @@ def test_checkpoint_context_fn_records_in_forward_and_replays_in_recompute(throu
     assert computed == [1] and exits == [1]
     loss.backward()
     assert computed == [1]  # recompute took the recorded decision
-    reference_x = x.detach().clone().requires_grad_()
-    reference_weight = weight.detach().clone().requires_grad_()
-    indices = (reference_x @ reference_weight).topk(2, dim=-1).indices
-    torch.gather(reference_x @ reference_weight, -1, indices).exp().sum().backward()
-    assert torch.equal(x.grad, reference_x.grad)
-    assert torch.equal(weight.grad, reference_weight.grad)
+    assert_gradients_of_the_plain_block(x, weight)
 
 
 def test_each_checkpoint_call_gets_a_fresh_recorder():
@@ -181,12 +185,7 @@ def test_checkpoint_context_fn_composes_with_selective_activation_checkpointing(
         loss = remat.checkpoint(region_name="sac", context_fn=context_fn)(block)(x)
     loss.backward()
     assert computed == [1]
-    reference_x = x.detach().clone().requires_grad_()
-    reference_weight = weight.detach().clone().requires_grad_()
-    indices = (reference_x @ reference_weight).topk(2, dim=-1).indices
-    torch.gather(reference_x @ reference_weight, -1, indices).exp().sum().backward()
-    assert torch.equal(x.grad, reference_x.grad)
-    assert torch.equal(weight.grad, reference_weight.grad)
+    assert_gradients_of_the_plain_block(x, weight)
 
 
 def test_checkpoint_context_fn_arguments_are_checked():
