@@ -18,8 +18,11 @@ import threading
 
 from remat_alloc._arguments import text_arg
 
+import torch
+
 from . import _C
 from ._C import RematError
+from ._compile import compiled_checkpoint, compiled_region
 from ._state import checked_state_hooks
 
 __all__ = ["checkpoint", "region", "verify_recompute"]
@@ -121,12 +124,15 @@ _REFUSED_OPTIONS = {
 class Checkpoint:
     """A checkpoint made by remat.checkpoint(**options): call it on a function."""
 
-    __slots__ = ("region_name", "_hooks", "_contexts", "_verify")
+    __slots__ = ("region_name", "_hooks", "_channels", "_context_fn", "_contexts", "_verify")
 
-    def __init__(self, region_name, hooks, contexts, verify):
+    def __init__(self, region_name, hooks, channels, context_fn, verify):
         self.region_name = region_name
         self._hooks = hooks
-        self._contexts = contexts
+        self._channels = channels  # the `contexts` option
+        self._context_fn = context_fn
+        # What the runtime enters around forward and recompute.
+        self._contexts = channels + ([functools.partial(_TorchCheckpointContexts, context_fn)] if context_fn else [])
         self._verify = verify
 
     def __repr__(self):
@@ -144,6 +150,8 @@ class Checkpoint:
         return self._run(fn, args, kwargs)
 
     def _run(self, fn, args, kwargs):
+        if torch.compiler.is_compiling():
+            return compiled_checkpoint(self, fn, args, kwargs)
         verify = _verify_recompute_default() if self._verify is None else self._verify
         return _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, self._contexts, verify)
 
@@ -183,6 +191,10 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
     keywords with the meaning they have here (remat is non-reentrant, checks what recompute
     recreates, and stops recompute early); their other values are refused.
     """
+    if torch.compiler.is_compiling() and not positional and not unknown:
+        # Traced by Dynamo: the options were checked where this code ran eagerly, or are checked
+        # by compiled_checkpoint; the checks themselves use what Dynamo cannot trace.
+        return Checkpoint(region_name, tuple(recompute_state_hooks), list(contexts), context_fn, verify_recompute)
     if positional:
         what = "remat.checkpoint(fn)" if len(positional) == 1 else "remat.checkpoint(fn, *args)"
         raise TypeError(f"{what} is not supported: it reads as torch.utils.checkpoint.checkpoint(fn, *args), whose "
@@ -211,13 +223,11 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
         flag_arg(f"checkpoint '{region_name}'", "verify_recompute", verify_recompute)
     if isinstance(contexts, (str, bytes)) or not hasattr(contexts, "__iter__"):
         raise TypeError(f"checkpoint '{region_name}': contexts must be a sequence, got {type(contexts).__name__}")
-    contexts = list(contexts)
-    if context_fn is not None:
-        if not callable(context_fn):
-            raise TypeError(f"checkpoint '{region_name}': context_fn must be callable (returning a (forward context, "
-                            f"recompute context) pair), got {type(context_fn).__name__}")
-        contexts.append(functools.partial(_TorchCheckpointContexts, context_fn))
-    return Checkpoint(region_name, checked_state_hooks(recompute_state_hooks), contexts, verify_recompute)
+    if context_fn is not None and not callable(context_fn):
+        raise TypeError(f"checkpoint '{region_name}': context_fn must be callable (returning a (forward context, "
+                        f"recompute context) pair), got {type(context_fn).__name__}")
+    return Checkpoint(region_name, checked_state_hooks(recompute_state_hooks), list(contexts), context_fn,
+                      verify_recompute)
 
 
 def region(fn=None, name=None, recompute=True):
@@ -239,6 +249,8 @@ def region(fn=None, name=None, recompute=True):
 
         @functools.wraps(body)
         def run(*args, **kwargs):
+            if torch.compiler.is_compiling():
+                return compiled_region(body, recompute, args, kwargs)
             return _C.region(body, args, kwargs, name, recompute)
 
         return run

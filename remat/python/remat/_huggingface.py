@@ -37,6 +37,7 @@ import torch
 
 from . import _C
 from ._api import checkpoint
+from ._compile import compiled_region
 
 __all__ = ["wrap_decoder_layers", "unwrap_decoder_layers"]
 
@@ -105,6 +106,8 @@ class _RegionForward:
             return self.inner(*args, **kwargs)
         name, save = entry
         # Names were checked when the layer was wrapped; the region goes straight to the runtime.
+        if torch.compiler.is_compiling():
+            return compiled_region(self.inner, not save, args, kwargs)
         return _C.region(self.inner, args, kwargs, call.region_name(name), not save)
 
 

@@ -9,6 +9,8 @@ fork, not a rewind of the program). RecomputeStateHook is an optional base class
 the two methods; cpu_rng_state_hook() is the runtime's own for the CPU generator.
 """
 
+import torch
+
 from . import _C
 
 __all__ = ["RecomputeStateHook", "cpu_rng_state_hook"]
@@ -26,9 +28,22 @@ class RecomputeStateHook:
         raise NotImplementedError(f"{type(self).__name__} must define restore(state)")
 
 
+class _NotNeededUnderCompile:
+    """What cpu_rng_state_hook() gives under torch.compile, where checkpoints leave state hooks
+    out (a compiled graph never recomputes random ops)."""
+
+    def snapshot(self):
+        return None
+
+    def restore(self, state):
+        pass
+
+
 def cpu_rng_state_hook():
     """A state hook for the CPU generator (dropout and friends give the same masks in
     recompute)."""
+    if torch.compiler.is_compiling():
+        return _NotNeededUnderCompile()
     return _C.cpu_rng_state_hook()
 
 

@@ -353,3 +353,29 @@ def test_a_deep_copy_of_a_wrapped_model_checkpoints_its_own_layers():
     remat.unwrap_decoder_layers(copied)
     assert "forward" not in decoder_layers(copied)[0].self_attn.__dict__
     assert "forward" in decoder_layers(model)[0].self_attn.__dict__
+
+
+@pytest.mark.parametrize("compiled", ["decoder-layers", "whole-model"])
+def test_compiled_llama_with_remat_layers_matches_the_uncompiled_uncheckpointed_model(compiled):
+    reference, model = twin_models(llama_config())
+    ids = input_ids()
+    expected = train_step(reference, ids)
+    remat.wrap_decoder_layers(model, save=("self_attn",))
+    torch._dynamo.reset()
+    try:
+        if compiled == "decoder-layers":
+            for layer in decoder_layers(model):
+                layer.compile(backend="aot_eager")
+            actual = train_step(model, ids)
+        else:
+            compiled_model = torch.compile(model, backend="aot_eager")
+            model.zero_grad(set_to_none=True)
+            loss = compiled_model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            actual = loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+    finally:
+        torch._dynamo.reset()
+    expected_loss, expected_grads = expected
+    actual_loss, actual_grads = actual
+    assert torch.allclose(actual_loss, expected_loss, rtol=1e-6, atol=1e-6)
+    assert all(torch.allclose(actual_grads[name], grad, rtol=1e-5, atol=1e-6) for name, grad in expected_grads.items())

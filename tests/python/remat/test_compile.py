@@ -1,0 +1,183 @@
+"""remat under torch.compile: checkpoints and regions traced by Dynamo (0 graph breaks,
+fullgraph=True), save regions saved and recompute regions recomputed by AOTAutograd's
+partitioner, gradients equal to eager; eager-only options refused with a clear error."""
+
+import functools
+
+import pytest
+import torch
+from torch._functorch.aot_autograd import aot_module_simplified
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+import remat
+
+TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32; Inductor reorders reductions
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def parameters(*shapes):
+    torch.manual_seed(0)
+    return [torch.rand(*shape, requires_grad=True) for shape in shapes]
+
+
+def grads_of(step, tensors, *inputs):
+    for t in tensors:
+        t.grad = None
+    out = step(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    sum(o.pow(2).sum() for o in outs).backward()
+    return [t.grad.clone() for t in tensors]
+
+
+def save_and_recompute(x, w1, w2):
+    def body(t):
+        h = remat.region(lambda u: torch.relu(u @ w1), "attention", recompute=False)(t)
+        return remat.region(lambda u: (u @ w2).tanh(), "mlp")(h)
+    return remat.checkpoint(region_name="l0")(body)(x)
+
+
+def residual(x, w1, w2):
+    def body(t):
+        h = remat.region(lambda u: torch.relu(u @ w1), "attention", recompute=False)(t) + t
+        return remat.region(lambda u: (u @ w2).tanh(), "mlp")(h) + h
+    return remat.checkpoint(region_name="residual")(body)(x)
+
+
+def multiple_outputs(x, w1, w2):
+    def body(t):
+        h = remat.region(lambda u: torch.relu(u @ w1), "attention", recompute=False)(t)
+        return h.sin(), remat.region(lambda u: (u @ w2).tanh(), "mlp")(h)
+    return remat.checkpoint(region_name="outputs")(body)(x)
+
+
+def tuple_inputs(x, w1, w2):
+    def body(pair, scale=1.0):
+        a, b = pair
+        h = remat.region(lambda u, v: torch.relu(u @ v), "attention", recompute=False)(a, b)
+        return remat.region(lambda u: (u @ w2).tanh() * scale, "mlp")(h)
+    return remat.checkpoint(region_name="tuple")(body)((x, w1), scale=0.5)
+
+
+CASES = [save_and_recompute, residual, multiple_outputs, tuple_inputs]
+
+
+@pytest.mark.parametrize("fullgraph", [False, True], ids=["graph", "fullgraph"])
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+def test_compiled_checkpoints_have_no_graph_breaks_and_eager_gradients(case, fullgraph):
+    x, w1, w2 = parameters((16, 32), (32, 32), (32, 32))
+    expected = grads_of(case, (x, w1, w2), x, w1, w2)
+    explanation = torch._dynamo.explain(case)(x, w1, w2)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0)
+    torch._dynamo.reset()
+    compiled = torch.compile(case, backend="aot_eager", fullgraph=fullgraph)
+    got = grads_of(compiled, (x, w1, w2), x, w1, w2)
+    assert all(torch.allclose(g, e, **TOLERANCE) for g, e in zip(got, expected))
+
+
+@pytest.mark.parametrize("case", [save_and_recompute, residual], ids=["save-and-recompute", "residual"])
+def test_inductor_compiled_checkpoints_give_eager_gradients(case):
+    x, w1, w2 = parameters((16, 32), (32, 32), (32, 32))
+    expected = grads_of(case, (x, w1, w2), x, w1, w2)
+    got = grads_of(torch.compile(case, fullgraph=True), (x, w1, w2), x, w1, w2)
+    assert all(torch.allclose(g, e, **TOLERANCE) for g, e in zip(got, expected))
+
+
+def test_a_swish_checkpoint_compiled_gives_the_eager_gradient():
+    # Once off by 1.91: the body compiled in forward and run eagerly in recompute.
+    x = torch.rand(64, requires_grad=True)
+    step = lambda t: remat.checkpoint(region_name="swish")(lambda u: torch.sigmoid(u) * u)(t)  # noqa: E731
+    (expected,) = grads_of(step, (x,), x)
+    (got,) = grads_of(torch.compile(step, backend="aot_eager"), (x,), x)
+    assert torch.allclose(got, expected, **TOLERANCE)
+
+
+def test_dropout_in_a_compiled_checkpoint_gives_gradients_consistent_with_its_forward():
+    x, w1, w2 = parameters((16, 32), (32, 32), (32, 32))
+
+    def case(t):
+        def body(u):
+            h = remat.region(lambda v: torch.nn.functional.dropout(v @ w1, 0.5), "attention", recompute=False)(u)
+            return remat.region(lambda v: torch.nn.functional.dropout((v @ w2).tanh(), 0.3), "mlp")(h)
+        return remat.checkpoint(region_name="dropout", recompute_state_hooks=[remat.cpu_rng_state_hook()])(body)(t)
+
+    torch.manual_seed(7)
+    out = torch.compile(case, backend="aot_eager", fullgraph=True)(x)
+    out.sum().backward()
+    # The same masks, read back from the output: dropout keeps or zeroes each element.
+    torch.manual_seed(7)
+    reference = x.detach().clone().requires_grad_()
+    case_eager_out = case(reference)
+    assert torch.equal((out == 0), (case_eager_out == 0))
+    case_eager_out.sum().backward()
+    assert torch.allclose(x.grad, reference.grad, **TOLERANCE)
+
+
+def saved_by_the_partitioner(fn, *inputs):
+    """The aten targets of what the partitioned forward graph saves for backward."""
+    saved = []
+
+    def partition(joint, joint_inputs, **kwargs):
+        forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+        outputs = next(node for node in forward.graph.nodes if node.op == "output").args[0]
+        user_outputs = kwargs["num_fwd_outputs"]
+        saved.extend(str(node.target) for node in outputs[user_outputs:] if hasattr(node, "target"))
+        return forward, backward
+
+    def backend(graph, example_inputs):
+        return aot_module_simplified(graph, example_inputs, fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g,
+                                     partition_fn=partition)
+
+    torch.compile(fn, backend=backend, fullgraph=True)(*inputs).sum().backward()
+    return saved
+
+
+def test_the_partitioner_saves_save_regions_and_recomputes_recompute_regions():
+    x, w1, w2 = parameters((16, 32), (32, 32), (32, 32))
+
+    def mlp_saved(t):
+        def body(u):
+            h = remat.region(lambda v: (v @ w1).tanh(), "attention")(u)
+            return remat.region(lambda v: (v @ w2).sigmoid(), "mlp", recompute=False)(h) * 2.0
+        return remat.checkpoint(region_name="saved-mlp")(body)(t)
+
+    def attention_saved(t):
+        def body(u):
+            h = remat.region(lambda v: (v @ w1).tanh(), "attention", recompute=False)(u)
+            return remat.region(lambda v: (v @ w2).sigmoid(), "mlp")(h) * 2.0
+        return remat.checkpoint(region_name="saved-attention")(body)(t)
+
+    saved = saved_by_the_partitioner(attention_saved, x)
+    assert "aten.tanh.default" in saved and "aten.sigmoid.default" not in saved
+    torch._dynamo.reset()
+    saved = saved_by_the_partitioner(mlp_saved, x)
+    assert "aten.sigmoid.default" in saved and "aten.tanh.default" not in saved
+
+
+def test_a_compiled_module_inside_an_eager_checkpoint_works():
+    x, w1, w2 = parameters((16, 32), (32, 32), (32, 32))
+    attention = torch.compile(lambda u: torch.relu(u @ w1), backend="aot_eager")
+
+    def step(t):
+        def body(u):
+            h = remat.region(attention, "attention", recompute=False)(u)
+            return remat.region(lambda v: (v @ w2).tanh(), "mlp")(h)
+        return remat.checkpoint(region_name="inner-compiled")(body)(t)
+
+    got = grads_of(step, (x, w1, w2), x)
+    expected = grads_of(save_and_recompute, (x, w1, w2), x, w1, w2)
+    assert all(torch.allclose(g, e, **TOLERANCE) for g, e in zip(got, expected))
+
+
+@pytest.mark.parametrize("option", [dict(contexts=[remat.RecomputeReplay("router")]), dict(verify_recompute=True)],
+                         ids=["replay-channel", "verify_recompute"])
+def test_eager_only_options_under_compile_are_refused_clearly(option):
+    x = torch.rand(8, requires_grad=True)
+    step = lambda t: remat.checkpoint(region_name="eager-only", **option)(lambda u: u.sin())(t)  # noqa: E731
+    with pytest.raises(Exception, match="need recompute to run the Python body again"):
+        torch.compile(step, backend="aot_eager", fullgraph=True)(x)
