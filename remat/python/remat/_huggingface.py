@@ -66,6 +66,9 @@ def _transformers_version():
 # --- which child regions run inside which layer call -------------------------------------------
 
 _calls = threading.local()  # .stack: the _LayerCall of every wrapped layer forward running here
+# The plan of the layer Dynamo traces now: set outside the checkpoint (its higher-order op
+# allows no side effects inside) and only read inside, where region wrappers look it up.
+_traced_plan = None
 
 
 class _LayerCall:
@@ -84,8 +87,14 @@ class _LayerCall:
         return name if uses == 1 else f"{name}#{uses}"
 
 
+def _call_stack():
+    if not hasattr(_calls, "stack"):
+        _calls.stack = []
+    return _calls.stack
+
+
 def _current_call():
-    stack = getattr(_calls, "stack", None)
+    stack = _call_stack()
     return stack[-1] if stack else None
 
 
@@ -100,14 +109,17 @@ class _RegionForward:
         self.inner = inner
 
     def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            entry = _traced_plan.regions.get(self.child) if _traced_plan is not None else None
+            if entry is None:
+                return self.inner(*args, **kwargs)
+            return compiled_region(self.inner, not entry[1], args, kwargs)
         call = _current_call()
         entry = call.plan.regions.get(self.child) if call is not None else None
         if entry is None:
             return self.inner(*args, **kwargs)
         name, save = entry
         # Names were checked when the layer was wrapped; the region goes straight to the runtime.
-        if torch.compiler.is_compiling():
-            return compiled_region(self.inner, not save, args, kwargs)
         return _C.region(self.inner, args, kwargs, call.region_name(name), not save)
 
 
@@ -142,13 +154,12 @@ class _LayerPlan:
     def _make_body(self):
         def body(function, *args, **kwargs):
             """The checkpoint's body: the layer's forward with its child regions in force."""
-            if not hasattr(_calls, "stack"):
-                _calls.stack = []
-            _calls.stack.append(_LayerCall(self))
+            stack = _call_stack()
+            stack.append(_LayerCall(self))
             try:
                 return function(*args, **kwargs)
             finally:
-                _calls.stack.pop()
+                stack.pop()
 
         body.__qualname__ = f"{type(self.layer).__qualname__}.forward"  # errors: "checkpoint '...' (<Layer>.forward)"
         return body
@@ -160,6 +171,13 @@ class _LayerPlan:
             args = function.args + args
             kwargs = {**function.keywords, **kwargs}
             function = function.func
+        if torch.compiler.is_compiling():
+            global _traced_plan
+            outer, _traced_plan = _traced_plan, self
+            try:
+                return self.checkpoint.call(function, *args, **kwargs)
+            finally:
+                _traced_plan = outer
         return self.checkpoint.call(self.body, function, *args, **kwargs)
 
     def set_attribute(self, module, attribute, value):

@@ -368,7 +368,7 @@ def test_compiled_llama_with_remat_layers_matches_the_uncompiled_uncheckpointed_
                 layer.compile(backend="aot_eager")
             actual = train_step(model, ids)
         else:
-            compiled_model = torch.compile(model, backend="aot_eager")
+            compiled_model = torch.compile(model, backend="aot_eager", fullgraph=True)  # no graph break
             model.zero_grad(set_to_none=True)
             loss = compiled_model(input_ids=ids, labels=ids).loss
             loss.backward()
