@@ -237,24 +237,23 @@ def _module_paths(model):
     return paths
 
 
+def _submodule(model, path, what):
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        raise ValueError(f"wrap_decoder_layers: {what} no submodule of {type(model).__name__}") from None
+
+
 def _find_layers(model, layers, paths):
     """[(path, layer)] in model order."""
     if layers is not None:
         if isinstance(layers, str):
-            try:
-                layers = model.get_submodule(layers)
-            except AttributeError:
-                raise ValueError(f"wrap_decoder_layers: layers={layers!r} names no submodule of "
-                                 f"{type(model).__name__}") from None
+            layers = _submodule(model, layers, f"layers={layers!r} names")
         modules = list(layers.children()) if isinstance(layers, torch.nn.ModuleList) else list(layers)
         found = []
         for item in modules:
             if isinstance(item, str):
-                try:
-                    item = model.get_submodule(item)
-                except AttributeError:
-                    raise ValueError(f"wrap_decoder_layers: layers holds {item!r}, which names no submodule of "
-                                     f"{type(model).__name__}") from None
+                item = _submodule(model, item, f"layers holds {item!r}, which names")
             if not isinstance(item, torch.nn.Module):
                 raise TypeError(f"wrap_decoder_layers: layers must hold modules or their paths, got "
                                 f"{type(item).__name__}")

@@ -379,3 +379,13 @@ def test_compiled_llama_with_remat_layers_matches_the_uncompiled_uncheckpointed_
     actual_loss, actual_grads = actual
     assert torch.allclose(actual_loss, expected_loss, rtol=1e-6, atol=1e-6)
     assert all(torch.allclose(actual_grads[name], grad, rtol=1e-5, atol=1e-6) for name, grad in expected_grads.items())
+
+
+def test_layers_named_by_a_path_that_is_not_there_are_a_clear_error():
+    _, model = twin_models(llama_config())
+    with pytest.raises(ValueError, match=r"^wrap_decoder_layers: layers='model\.nope' names no submodule of "
+                                         r"LlamaForCausalLM$"):
+        remat.wrap_decoder_layers(model, layers="model.nope")
+    with pytest.raises(ValueError, match=r"^wrap_decoder_layers: layers holds 'model\.layers\.9', which names no "
+                                         r"submodule of LlamaForCausalLM$"):
+        remat.wrap_decoder_layers(model, layers=["model.layers.0", "model.layers.9"])
