@@ -47,10 +47,14 @@ constexpr int kMaxDepth = 64;
 // (backward is outside the compiled frame) and recreate other tensors. Both run eagerly instead.
 class DynamoOff {
  public:
-  DynamoOff() : prior_(set_eval_frame()(py::none())) {}
+  // Outside torch.compile there is no frame hook: one call finds that, and nothing is set.
+  DynamoOff() : prior_(functions().get_callback()) {
+    if (!prior_.is_none()) functions().set_callback(py::none());
+  }
   ~DynamoOff() {
+    if (prior_.is_none()) return;
     try {
-      set_eval_frame()(prior_);
+      functions().set_callback(prior_);
     } catch (const py::error_already_set&) {  // cannot fail for a callback it returned; never throw here
     }
   }
@@ -58,11 +62,17 @@ class DynamoOff {
   DynamoOff& operator=(const DynamoOff&) = delete;
 
  private:
-  static const py::object& set_eval_frame() {
-    // Leaked: it must outlive every call, and the interpreter owns the function anyway.
-    static const auto* function =
-        new py::object(py::module_::import("torch._C._dynamo.eval_frame").attr("set_eval_frame"));
-    return *function;
+  struct Functions {
+    py::object get_callback;
+    py::object set_callback;
+  };
+  static const Functions& functions() {
+    // Leaked: they must outlive every call, and the interpreter owns them anyway.
+    static const auto* found = [] {
+      const py::module_ module = py::module_::import("torch._C._dynamo.eval_frame");
+      return new Functions{module.attr("get_eval_frame_callback"), module.attr("set_eval_frame")};
+    }();
+    return *found;
   }
   py::object prior_;
 };
