@@ -1,8 +1,8 @@
 # What `pip install .` puts in the wheel (scikit-build-core installs the "python" component):
 # the shared allocator library inside the remat_alloc package, where the module finds it,
 # the LibTorch hooks library beside it when it was built, the checkpoint runtime's extension
-# in the remat package (it loads libremat_alloc.so from remat_alloc), and remat-report as a
-# command.
+# in the remat package (it loads libremat_alloc.so from remat_alloc), remat.pipelining with its
+# planner extension, and remat-report as a command.
 
 # Without its extension the remat package installs and then cannot be imported, so a wheel
 # that would lack it is a configure error, unless the checkpoint runtime is left out on
@@ -34,6 +34,12 @@ endif()
 if(TARGET remat_python_module)
   add_dependencies(remat_python_package remat_python_module)
   install(TARGETS remat_python_module LIBRARY DESTINATION remat COMPONENT python)
+endif()
+if(TARGET remat_pipeline_plan_module)
+  add_dependencies(remat_python_package remat_pipeline_plan_module)
+  install(TARGETS remat_pipeline_plan_module LIBRARY DESTINATION remat COMPONENT python)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/pipeline/python/remat/pipelining DESTINATION remat COMPONENT python
+    FILES_MATCHING PATTERN "*.py")
 endif()
 if(TARGET remat-report)
   add_dependencies(remat_python_package remat-report)

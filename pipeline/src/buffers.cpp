@@ -118,10 +118,22 @@ class Scanner {
         read(action.stage, Direction::backward, *action.microbatch, position, true);
         return;
       case ActionType::backward_weight:
+        // The weight gradient reads the stage input, and the received gradient too: stage 0 runs
+        // its whole backward here, and a later stage's weight step can start from it.
         check_placement(rank, position, action, shown);
         read(action.stage, Direction::forward, *action.microbatch, position, false);
+        read(action.stage, Direction::backward, *action.microbatch, position, false);
         return;
-      default: return;  // sends, UNSHARD, RESHARD, REDUCE_GRAD hold no receive buffer
+      case ActionType::send_f:
+      case ActionType::send_b: {
+        // What a stage sends on can be the buffer it received (a stage that passes its input
+        // through, or its gradient, as in y = x + bias): the send reads it.
+        check_placement(rank, position, action, shown);
+        const Direction direction = action.type == ActionType::send_f ? Direction::forward : Direction::backward;
+        read(action.stage, direction, *action.microbatch, position, false);
+        return;
+      }
+      default: return;  // UNSHARD, RESHARD, REDUCE_GRAD hold no receive buffer
     }
   }
 
@@ -198,33 +210,44 @@ BufferAnalysis analyze_receive_buffers(const Schedule& lowered) {
   return scanner.result();
 }
 
-std::vector<int> color_intervals(const std::vector<LiveInterval>& intervals, int& count) {
+std::vector<int> color_intervals(const std::vector<LiveInterval>& intervals, int& count, int ring_size) {
   std::vector<std::size_t> order(intervals.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return intervals[a].start < intervals[b].start; });
-  // Slots whose holder ended, lowest first; busy slots by the position their holder ends.
-  std::priority_queue<int, std::vector<int>, std::greater<>> free_slots;
+  // Slots whose holder ended: lowest first, or in a ring the one freed longest ago first (its
+  // key is the order of release). Busy slots by the position their holder ends.
+  using Free = std::pair<long long, int>;  // (key, slot)
+  std::priority_queue<Free, std::vector<Free>, std::greater<>> free_slots;
+  long long releases = 0;
+  for (int slot = 0; slot < ring_size; ++slot) free_slots.emplace(releases++, slot);
   using Busy = std::pair<int, int>;  // (end, slot)
   std::priority_queue<Busy, std::vector<Busy>, std::greater<>> busy;
   std::vector<int> slots(intervals.size(), 0);
   count = 0;
   for (const std::size_t i : order) {
-    // Inclusive ends: a holder ending at the very position this one starts still holds.
+    // Inclusive ends: a holder ending at the very position this one starts still holds. Holders
+    // ending at the same position are released lowest slot first.
     while (!busy.empty() && busy.top().first < intervals[i].start) {
-      free_slots.push(busy.top().second);
+      const int slot = busy.top().second;
+      free_slots.emplace(ring_size > 0 ? releases++ : slot, slot);
       busy.pop();
     }
     int slot = count;
     if (!free_slots.empty()) {
-      slot = free_slots.top();
+      slot = free_slots.top().second;
       free_slots.pop();
+    } else if (ring_size > 0) {
+      throw PlanError("a ring of " + std::to_string(ring_size) + " buffer sets is too small: " +
+                      std::to_string(busy.size() + 1) + " buffers are live at position " +
+                      std::to_string(intervals[i].start) + "; give a ring of at least the colored minimum");
     } else {
       ++count;
     }
     slots[i] = slot;
     busy.emplace(intervals[i].end, slot);
   }
+  if (ring_size > 0) count = ring_size;
   return slots;
 }
 

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace remat::pipeline {
 namespace {
@@ -30,12 +32,21 @@ StagePlan stage_plan(const StageBuffers& buffers, const PipelinePlan& plan) {
   entry.slots = buffers.slots;
   if (entry.received > 0) {
     entry.ring_size = entry.min_slots;
+    if (plan.spare_sets > 0 && !plan.closed_form_used) {
+      // min(received, min + spares), without overflow for a large spare count.
+      entry.ring_size = entry.min_slots + std::min(plan.spare_sets, entry.received - entry.min_slots);
+      int count = 0;
+      const std::vector<int> ring = color_intervals(buffers.intervals, count, *entry.ring_size);
+      for (std::size_t i = 0; i < ring.size(); ++i) {
+        entry.slots[static_cast<std::size_t>(buffers.intervals[i].microbatch)] = ring[i];
+      }
+    }
     if (plan.closed_form_applies) {
       ClosedFormRing ring;
       ring.size = nemo_ring_size(plan.stages, entry.stage, plan.microbatches, plan.slack);
       ring.safe = ring.size >= entry.min_slots;
       entry.closed_form = ring;
-      if (ring.safe) entry.ring_size = std::min(ring.size, entry.received);
+      if (ring.safe && plan.closed_form_used) entry.ring_size = std::min(ring.size, entry.received);
     }
   }
   entry.stock_bytes = times(entry.stock_sets(), plan.buffer_bytes);
@@ -43,7 +54,37 @@ StagePlan stage_plan(const StageBuffers& buffers, const PipelinePlan& plan) {
   return entry;
 }
 
+SharedRing shared_ring(const BufferAnalysis& analysis, int rank, Direction direction) {
+  SharedRing ring;
+  ring.rank = rank;
+  ring.direction = direction;
+  std::vector<LiveInterval> together;
+  std::vector<std::size_t> owner;  // index into ring.stages of each interval in `together`
+  for (const StageBuffers& buffers : analysis.stages) {
+    if (buffers.rank != rank || buffers.direction != direction || buffers.received() == 0) continue;
+    ring.stages.push_back(buffers.stage);
+    ring.separate_slots += buffers.min_slots;
+    for (const LiveInterval& interval : buffers.intervals) {
+      together.push_back(interval);
+      owner.push_back(ring.stages.size() - 1);
+    }
+  }
+  ring.slots.assign(ring.stages.size(),
+                    std::vector<std::optional<int>>(static_cast<std::size_t>(analysis.microbatches), std::nullopt));
+  const std::vector<int> slots = color_intervals(together, ring.min_slots);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    ring.slots[owner[i]][static_cast<std::size_t>(together[i].microbatch)] = slots[i];
+  }
+  return ring;
+}
+
 }  // namespace
+
+int PipelinePlan::shared_sets() const {
+  int sets = 0;
+  for (const SharedRing& ring : shared) sets += ring.min_slots;
+  return sets;
+}
 
 int PipelinePlan::stock_sets() const {
   int sets = 0;
@@ -81,8 +122,13 @@ PipelinePlan plan_receive_buffers(const Schedule& lowered, const PlanOptions& op
     throw PlanError("slack " + std::to_string(options.slack) +
                     " is negative; give 0 or more extra buffer sets beyond the in-flight depth (NeMo's default is 2)");
   }
+  if (options.spare_sets < 0) {
+    throw PlanError("spare sets " + std::to_string(options.spare_sets) +
+                    " is negative; give 0 or more buffer sets beyond the colored minimum");
+  }
   PipelinePlan plan;
   plan.schedule_name = options.schedule_name;
+  plan.spare_sets = options.spare_sets;
   plan.lowering = options.lowering;
   plan.ranks = lowered.num_ranks();
   plan.stages = lowered.num_stages();
@@ -90,11 +136,18 @@ PipelinePlan plan_receive_buffers(const Schedule& lowered, const PlanOptions& op
   plan.slack = options.slack;
   plan.buffer_bytes = options.buffer_bytes;
   plan.closed_form_applies = schedule_supports_recv_pool(options.schedule_name);
+  plan.closed_form_used = plan.closed_form_applies && options.use_closed_form;
   const BufferAnalysis analysis = analyze_receive_buffers(lowered);
   for (const StageBuffers& buffers : analysis.stages) plan.entries.push_back(stage_plan(buffers, plan));
   std::stable_sort(plan.entries.begin(), plan.entries.end(), [](const StagePlan& a, const StagePlan& b) {
     return std::tie(a.rank, a.stage) < std::tie(b.rank, b.stage);
   });
+  for (int rank = 0; rank < plan.ranks; ++rank) {
+    for (const Direction direction : {Direction::forward, Direction::backward}) {
+      SharedRing ring = shared_ring(analysis, rank, direction);
+      if (!ring.stages.empty()) plan.shared.push_back(std::move(ring));
+    }
+  }
   return plan;
 }
 

@@ -96,6 +96,24 @@ std::string verdicts(const PipelinePlan& plan) {
   return out;
 }
 
+bool shares_any(const PipelinePlan& plan) {
+  return std::any_of(plan.shared.begin(), plan.shared.end(), [](const SharedRing& ring) { return ring.stages.size() > 1; });
+}
+
+// A line per rank and direction where several of the rank's stages receive: one ring for them all.
+std::string shared_lines(const PipelinePlan& plan) {
+  std::string out;
+  for (const SharedRing& ring : plan.shared) {
+    if (ring.stages.size() < 2) continue;
+    std::string stages;
+    for (const int stage : ring.stages) stages += (stages.empty() ? "" : ", ") + std::to_string(stage);
+    out += "shared ring: rank " + std::to_string(ring.rank) + " " + std::string(to_string(ring.direction)) +
+           " (stages " + stages + "): " + sets_text(ring.min_slots, std::nullopt) + " for all, against " +
+           std::to_string(ring.separate_slots) + " in separate rings (where the stages' buffers have the same shapes)\n";
+  }
+  return out;
+}
+
 std::string total_line(const PipelinePlan& plan) {
   const int stock = plan.stock_sets();
   const int pooled = plan.pooled_sets();
@@ -105,6 +123,7 @@ std::string total_line(const PipelinePlan& plan) {
     text += ": " + std::to_string(stock - pooled) + " fewer (" +
             percent(static_cast<double>(stock - pooled) / static_cast<double>(stock)) + ")";
   }
+  if (shares_any(plan)) text += "; shared by rank " + sets_text(plan.shared_sets(), std::nullopt);
   return text + "\n";
 }
 
@@ -115,6 +134,18 @@ void optional_bytes(alloc::JsonWriter& json, std::string_view name, const std::o
   } else {
     json.null();
   }
+}
+
+void write_slots(alloc::JsonWriter& json, const std::vector<std::optional<int>>& slots) {
+  json.begin_array();
+  for (const std::optional<int>& slot : slots) {
+    if (slot) {
+      json.value(*slot);
+    } else {
+      json.null();
+    }
+  }
+  json.end_array();
 }
 
 void write_entry(alloc::JsonWriter& json, const StagePlan& entry) {
@@ -128,21 +159,27 @@ void write_entry(alloc::JsonWriter& json, const StagePlan& entry) {
     json.null();
   }
   json.field("min_slots", entry.min_slots);
-  json.key("slots").begin_array();
-  for (const std::optional<int>& slot : entry.slots) {
-    if (slot) {
-      json.value(*slot);
-    } else {
-      json.null();
-    }
-  }
-  json.end_array();
+  json.key("slots");
+  write_slots(json, entry.slots);
   json.field("stock_sets", entry.stock_sets()).field("pooled_sets", entry.pooled_sets());
   optional_bytes(json, "stock_bytes", entry.stock_bytes);
   optional_bytes(json, "pooled_bytes", entry.pooled_bytes);
   if (entry.closed_form) {
     json.field("closed_form_ring", entry.closed_form->size).field("closed_form_safe", entry.closed_form->safe);
   }
+  json.end_object();
+}
+
+void write_shared(alloc::JsonWriter& json, const SharedRing& ring) {
+  json.begin_object();
+  json.field("rank", ring.rank).field("direction", to_string(ring.direction));
+  json.key("stages").begin_array();
+  for (const int stage : ring.stages) json.value(stage);
+  json.end_array();
+  json.field("min_slots", ring.min_slots).field("separate_slots", ring.separate_slots);
+  json.key("slots").begin_array();
+  for (const auto& slots : ring.slots) write_slots(json, slots);
+  json.end_array();
   json.end_object();
 }
 
@@ -159,7 +196,7 @@ std::string format_plan(const PipelinePlan& plan) {
                     receives ? sets_text(entry.stock_sets(), entry.stock_bytes) : "-",
                     receives ? sets_text(entry.pooled_sets(), entry.pooled_bytes) : "-", slots_text(entry)});
   }
-  return headline(plan) + table(rows) + "\n" + verdicts(plan) + total_line(plan);
+  return headline(plan) + table(rows) + "\n" + verdicts(plan) + shared_lines(plan) + total_line(plan);
 }
 
 std::string plan_to_json(const PipelinePlan& plan) {
@@ -181,12 +218,17 @@ std::string plan_to_json(const PipelinePlan& plan) {
   json.field("ranks", plan.ranks).field("stages", plan.stages).field("microbatches", plan.microbatches);
   json.field("slack", plan.slack);
   optional_bytes(json, "buffer_bytes", plan.buffer_bytes);
-  json.field("closed_form_applies", plan.closed_form_applies);
+  json.field("closed_form_applies", plan.closed_form_applies).field("closed_form_used", plan.closed_form_used);
+  json.field("spare_sets", plan.spare_sets);
   json.key("entries").begin_array();
   for (const StagePlan& entry : plan.entries) write_entry(json, entry);
   json.end_array();
+  json.key("shared").begin_array();
+  for (const SharedRing& ring : plan.shared) write_shared(json, ring);
+  json.end_array();
   json.key("totals").begin_object();
   json.field("stock_sets", plan.stock_sets()).field("pooled_sets", plan.pooled_sets());
+  json.field("shared_sets", plan.shared_sets());
   optional_bytes(json, "stock_bytes", plan.stock_bytes());
   optional_bytes(json, "pooled_bytes", plan.pooled_bytes());
   json.field("unsafe_closed_forms", plan.unsafe_closed_forms());

@@ -105,15 +105,17 @@ class RingSimulator {
     return out;
   }
 
-  // The buffers a compute action reads: its stage input (F, B, I, W) and the gradient it
-  // received (B, I).
+  // The buffers an action reads: its stage input (F, B, I, W, and SEND_F, which can send the
+  // input itself) and the gradient it received (B, I, W, and SEND_B, which can send it back).
   static std::vector<Key> reads(const Action& a) {
     const int mb = a.microbatch.value_or(-1);
     switch (a.type) {
       case ActionType::forward:
-      case ActionType::backward_weight: return {Key{a.stage, Direction::forward, mb}};
+      case ActionType::send_f: return {Key{a.stage, Direction::forward, mb}};
+      case ActionType::send_b: return {Key{a.stage, Direction::backward, mb}};
       case ActionType::full_backward:
       case ActionType::backward_input:
+      case ActionType::backward_weight:
         return {Key{a.stage, Direction::forward, mb}, Key{a.stage, Direction::backward, mb}};
       default: return {};
     }
@@ -224,6 +226,7 @@ class RingSimulator {
                                           done_.count({a->stage, ActionType::backward_input, mb}) >
                                       0;
           if (!made) error(rank, position, *a, "sends what this rank has not computed yet");
+          read(rank, position, *a);
           sent_.insert({a->stage, a->type, mb});
           break;
         }

@@ -1,5 +1,6 @@
 // Receive-buffer lifetimes come from the lowered order alone: forward inputs live through
-// the last of B/I/W (inside OVERLAP_F_B too), gradients through their B or I; stages fed by a
+// the last of B/I/W and SEND_F (inside OVERLAP_F_B too), gradients through the last of B/I/W
+// and SEND_B; stages fed by a
 // neighbour on the same rank receive nothing; first fit in start order uses the fewest slots.
 
 #include "schedule_rows.hpp"
@@ -93,8 +94,8 @@ TEST(ReceiveBuffers, WeightGradientKeepsTheStageInputLive) {
   EXPECT_EQ(input.intervals[0].end, 8);  // 1W0, not 1I0 at 2
   EXPECT_EQ(input.min_slots, 2);
   const StageBuffers& gradient = analysis.at(0, Direction::backward);
-  EXPECT_EQ(gradient.intervals[0].end, 5);  // 0I0: W does not read the received gradient
-  EXPECT_EQ(gradient.min_slots, 1);
+  EXPECT_EQ(gradient.intervals[0].end, 8);  // 0W0: stage 0 runs its whole backward at W, from the gradient
+  EXPECT_EQ(gradient.min_slots, 2);
 }
 
 TEST(ReceiveBuffers, ComputeInsideOverlapContainersReadsBuffers) {

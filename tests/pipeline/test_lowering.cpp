@@ -84,6 +84,35 @@ TEST(Lowering, GPipeOnTwoRanksSendsAfterEachComputeAndReceivesInLockStep) {
   EXPECT_EQ(lowered.microbatches, 2);
 }
 
+TEST(Lowering, TheStepOrderIsWhatScheduleOneFOneBsLoopRuns) {
+  // Schedule1F1B._step_microbatches with 3 stages and 4 microbatches: stage s warms up with
+  // min(M, S - s) forwards, then one backward and one forward in turn, then the backwards.
+  const Schedule lowered = lower_single_stage_step(ScheduleKind::one_f_one_b, {3, std::nullopt, 4});
+  const std::vector<std::vector<std::string>> cells = cells_of(lowered);
+  EXPECT_EQ(cells[0], (std::vector<std::string>{"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0F2", "0SEND_F2", "0RECV_B0",
+                                                "0B0", "0F3", "0SEND_F3", "0RECV_B1", "0B1", "0RECV_B2", "0B2",
+                                                "0RECV_B3", "0B3"}));
+  EXPECT_EQ(cells[2], (std::vector<std::string>{"2RECV_F0", "2F0", "2B0", "2SEND_B0", "2RECV_F1", "2F1", "2B1",
+                                                "2SEND_B1", "2RECV_F2", "2F2", "2B2", "2SEND_B2", "2RECV_F3", "2F3",
+                                                "2B3", "2SEND_B3"}));
+  EXPECT_EQ(lowered.stage_to_rank, (std::vector<int>{0, 1, 2}));
+  EXPECT_NO_THROW(validate_schedule(lowered, CsvFormat::compute_comms));
+}
+
+TEST(Lowering, TheStepOrderOfGPipeRunsEveryForwardBeforeAnyBackward) {
+  const Schedule lowered = lower_single_stage_step(ScheduleKind::gpipe, {2, std::nullopt, 2});
+  EXPECT_EQ(cells_of(lowered), (std::vector<std::vector<std::string>>{
+                                   {"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"},
+                                   {"1RECV_F0", "1F0", "1RECV_F1", "1F1", "1B0", "1SEND_B0", "1B1", "1SEND_B1"}}));
+}
+
+TEST(Lowering, TheStepOrderIsRefusedForMultiStageSchedulesAndBadShapes) {
+  EXPECT_NE(error_of([] { lower_single_stage_step(ScheduleKind::interleaved_1f1b, {2, 2, 4}); })
+                .find("single-stage schedules (gpipe, 1f1b)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { lower_single_stage_step(ScheduleKind::one_f_one_b, {4, std::nullopt, 2}); }), "");
+}
+
 TEST(Lowering, NoSendOrReceiveBetweenStagesOnTheSameRank) {
   for (const auto& g : testing::grid_shapes()) {
     if (g.refused || g.shape.ranks > 4) continue;

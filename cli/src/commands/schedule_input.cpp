@@ -75,7 +75,8 @@ LoadedSchedule generated(const ScheduleOptions& options) {
   loaded.lowering = options.lowering;
   try {
     loaded.compute_only = pipeline::generate_schedule(*kind, shape);
-    loaded.lowered = lower(options, loaded.compute_only);
+    loaded.lowered = options.lowering == "step" ? pipeline::lower_single_stage_step(*kind, shape)
+                                                : lower(options, loaded.compute_only);
   } catch (const pipeline::PlanError& e) {
     throw InputError(fmt::format("--schedule {}: {}", loaded.name, e.what()));
   }
@@ -91,6 +92,10 @@ LoadedSchedule custom(const ScheduleOptions& options) {
   }
   const pipeline::CsvFormat format =
       options.format == "compute_comms" ? pipeline::CsvFormat::compute_comms : pipeline::CsvFormat::compute_only;
+  if (options.lowering == "step") {
+    throw UsageError("--lowering step is the order of PyTorch's ScheduleGPipe and Schedule1F1B; give it with "
+                     "--schedule gpipe or --schedule 1f1b, not with --csv");
+  }
   if (format == pipeline::CsvFormat::compute_comms && given(options, "--lowering")) {
     throw UsageError("--lowering applies to compute-only schedules; a compute_comms file is lowered already");
   }
@@ -156,8 +161,9 @@ void add_schedule_options(CLI::App& command, ScheduleOptions& options) {
                   "How SEND/RECV are placed: add-send-recv (PyTorch's _add_send_recv over the compute-only "
                   "timeline, idle steps taking their turn; the default) or runtime (what PyTorch's "
                   "_PipelineScheduleRuntime runs and its _dump_csv(format=\"compute_comms\") writes: UNSHARD/RESHARD "
-                  "and REDUCE_GRAD added, idle steps dropped, then _add_send_recv)")
-      ->check(CLI::IsMember({"add-send-recv", "runtime"}));
+                  "and REDUCE_GRAD added, idle steps dropped, then _add_send_recv) or step (gpipe and 1f1b only: "
+                  "what ScheduleGPipe and Schedule1F1B run in their own _step_microbatches loops)")
+      ->check(CLI::IsMember({"add-send-recv", "runtime", "step"}));
   command.add_option("--ranks", options.ranks, "Pipeline ranks (with --schedule)");
   command.add_option("--virtual-stages", options.virtual_stages,
                      "Stages per rank (with --schedule; default: what the schedule takes, 1 or 2 for V shapes)");

@@ -17,7 +17,7 @@ struct ScheduleOptions {
   std::string schedule;
   std::string csv;
   std::string format = "compute_only";
-  std::string lowering = "add-send-recv";  // or "runtime"
+  std::string lowering = "add-send-recv";  // or "runtime", "step"
   // Counts stay text until checked, so that 0, -3 and "four" are bad input (exit 2) with a
   // message of ours rather than a usage error.
   std::string ranks;
@@ -27,7 +27,7 @@ struct ScheduleOptions {
 
 struct LoadedSchedule {
   std::string name;                 // the generator's name; empty for --csv
-  std::string lowering;             // "add-send-recv" or "runtime"; empty for a compute_comms file
+  std::string lowering;             // "add-send-recv", "runtime" or "step"; empty for a compute_comms file
   pipeline::Schedule compute_only;  // compute actions only
   pipeline::Schedule lowered;       // with SEND/RECV, as PyTorch's _add_send_recv lowers it
 };

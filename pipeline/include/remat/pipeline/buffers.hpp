@@ -4,9 +4,12 @@
 // generated or loaded from CSV).
 //
 // A buffer is live from its RECV until the last compute on that rank that reads it:
-// - F (activations received by stage s for microbatch m): through the last of s's F, B, I
-//   and W for m (recompute in B and the weight gradient in W read the stage input);
-// - B (gradients received by stage s for microbatch m): through s's B or I for m.
+// - F (activations received by stage s for microbatch m): through the last of s's F, B, I,
+//   W and SEND_F for m (recompute in B and the weight gradient in W read the stage input; a
+//   stage that passes its input through sends the buffer itself);
+// - B (gradients received by stage s for microbatch m): through the last of s's B, I, W and
+//   SEND_B for m (stage 0 runs its whole backward at W under the I/W split, and the gradient a
+//   stage sends back can be the buffer it received, as in y = x + bias).
 // Compute inside an OVERLAP_F_B container counts at the container's position.
 // Both ends are inclusive positions in the rank's order (idle steps count as positions):
 // a slot is busy through the consumer, and free for a RECV positioned after it.
@@ -59,7 +62,10 @@ BufferAnalysis analyze_receive_buffers(const Schedule& lowered);
 
 // Slots for intervals by first fit in start order (optimal for intervals: the count equals the
 // most buffers live at once). Returns each interval's slot, in the order given; `count` gets
-// the number of slots used.
-std::vector<int> color_intervals(const std::vector<LiveInterval>& intervals, int& count);
+// the number of slots used. With a ring larger than that (ring_size > 0), each interval takes
+// the slot freed longest ago instead of the lowest free one, so spare slots lengthen the time
+// between a slot's release and its reuse; `count` is then ring_size. Throws PlanError when
+// ring_size is above 0 but below the most buffers live at once.
+std::vector<int> color_intervals(const std::vector<LiveInterval>& intervals, int& count, int ring_size = 0);
 
 }  // namespace remat::pipeline

@@ -1,6 +1,7 @@
 #pragma once
 // Lowering a compute-only schedule to compute and communication, as PyTorch 2.11 does.
 
+#include <remat/pipeline/generators.hpp>
 #include <remat/pipeline/schedule.hpp>
 
 namespace remat::pipeline {
@@ -19,5 +20,12 @@ Schedule lower_schedule(const Schedule& compute_only);
 // REDUCE_GRAD after each stage's last backward (_add_reduce_grad) into every rank's order
 // before _add_send_recv, so the RECVs can land at other places than in lower_schedule.
 Schedule lower_schedule_for_runtime(const Schedule& compute_only);
+
+// What PyTorch 2.11's single-stage schedules run in their own _step_microbatches, which never
+// read pipeline_order: ScheduleGPipe every forward (RECV_F, F, SEND_F) then every backward
+// (RECV_B, B, SEND_B); Schedule1F1B min(M, S - s) warm-up forwards on stage s, then one
+// backward and one forward in turn, then the remaining backwards. Stage s on rank s, no idle
+// steps. Throws PlanError for the other schedules and for a shape generate_schedule refuses.
+Schedule lower_single_stage_step(ScheduleKind kind, const ScheduleShape& shape);
 
 }  // namespace remat::pipeline

@@ -27,6 +27,12 @@ struct PlanOptions {
   // Bytes of one buffer set (every tensor a stage receives for one microbatch in one
   // direction); nullopt = count sets only.
   std::optional<std::uint64_t> buffer_bytes;
+  // Where NeMo's closed form applies and is safe, the ring is its size (NeMo's behaviour);
+  // false = the colored minimum everywhere (remat.pipelining.pool_recv_buffers).
+  bool use_closed_form = true;
+  // Spare buffer sets in every colored ring beyond the colored minimum (at most one set per
+  // microbatch received); with spares, each microbatch takes the slot freed longest ago.
+  int spare_sets = 0;
 };
 
 // NeMo's ring for one stage, max(2, min(M, S - s + slack)), against the colored minimum.
@@ -54,6 +60,19 @@ struct StagePlan {
   std::optional<std::uint64_t> pooled_bytes;  // pooled_sets() * buffer bytes
 };
 
+// One ring per rank and direction shared by all of the rank's stages that receive in that
+// direction (interleaved and V schedules hold several stages per rank): the colored minimum of
+// their live intervals together, which is at most the sum of the per-stage rings. It holds
+// where those stages receive buffers of the same shapes.
+struct SharedRing {
+  int rank = 0;
+  Direction direction = Direction::forward;
+  std::vector<int> stages;                             // the rank's stages that receive, ascending
+  int min_slots = 0;                                   // sets in the shared ring
+  int separate_slots = 0;                              // the per-stage rings' sets together
+  std::vector<std::vector<std::optional<int>>> slots;  // per stage (as in `stages`), per microbatch
+};
+
 struct PipelinePlan {
   std::string schedule_name;  // empty for a custom schedule
   std::string lowering;       // empty when the schedule came lowered
@@ -61,12 +80,16 @@ struct PipelinePlan {
   int stages = 0;
   int microbatches = 0;
   int slack = 0;
+  int spare_sets = 0;
   std::optional<std::uint64_t> buffer_bytes;
   bool closed_form_applies = false;
+  bool closed_form_used = false;   // closed_form_applies and PlanOptions::use_closed_form
   std::vector<StagePlan> entries;  // every stage in both directions, by rank, then stage, F before B
+  std::vector<SharedRing> shared;  // by rank, F before B, where a rank has a stage receiving
 
   int stock_sets() const;
   int pooled_sets() const;
+  int shared_sets() const;  // the shared rings' sets together
   std::optional<std::uint64_t> stock_bytes() const;
   std::optional<std::uint64_t> pooled_bytes() const;
   int unsafe_closed_forms() const;
@@ -75,7 +98,7 @@ struct PipelinePlan {
   bool pool_saves_nothing(Direction direction) const;
 };
 
-// Throws PlanError for a negative slack and for what analyze_receive_buffers refuses.
+// Throws PlanError for a negative slack or spare count and for what analyze_receive_buffers refuses.
 PipelinePlan plan_receive_buffers(const Schedule& lowered, const PlanOptions& options);
 
 // A table per rank, stage and direction, the unsafe closed forms with their safe sizes, and

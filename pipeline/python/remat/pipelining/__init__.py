@@ -1,0 +1,188 @@
+"""Pooled receive buffers for torch.distributed.pipelining schedules.
+
+PyTorch's pipeline stages allocate one full-size receive buffer per microbatch and direction
+for the whole step. ``pool_recv_buffers(schedule)`` replaces them, per local stage and
+direction, by a ring of real buffer sets sized and slotted by remat's planner from the
+order the schedule really runs (``remat-report plan`` prints the same plan), or allocates
+each buffer just in time. NeMo AutoModel's entry points are here too, with NeMo's
+semantics, except that a closed-form ring smaller than the colored minimum is never used.
+
+    schedule = ScheduleInterleaved1F1B(stages, n_microbatches=16, loss_fn=loss_fn)
+    plan = remat.pipelining.pool_recv_buffers(schedule)   # before the first step()
+    schedule.step(x, target=y)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from .. import _pipeline_plan
+from ._plan import STAGE_METHODS as _STAGE_METHODS, UnsupportedSchedule, layout_of, plan_of
+from ._pool import RecvSlotInUse, SchedulePool
+
+__all__ = [
+    "pool_recv_buffers",
+    "recv_buffer_memory",
+    "RecvSlotInUse",
+    "UnsupportedSchedule",
+    "install_recv_buffer_pool",
+    "install_interleaved_recv_pool",
+    "schedule_supports_recv_pool",
+]
+
+logger = logging.getLogger(__name__)
+
+_POOL_ATTRIBUTE = "_remat_recv_pool"
+
+
+def _check_slack(slack: Any, api: str) -> int:
+    if isinstance(slack, bool) or not isinstance(slack, int):
+        raise TypeError(f"{api}: slack must be an int, got {type(slack).__name__}")
+    if slack < 0:
+        raise ValueError(f"{api}: slack must be >= 0, got {slack}")
+    return slack
+
+
+def _pool(schedule: Any, *, slack: int, mode: str, closed_form: bool) -> dict:
+    if getattr(schedule, _POOL_ATTRIBUTE, None) is not None:
+        raise RuntimeError("remat.pipelining: this schedule's receive buffers are pooled already; pool a schedule once")
+    layout = layout_of(schedule)
+    plan = plan_of(layout, slack=slack, use_closed_form=closed_form)
+    pool = SchedulePool(layout, plan, mode, closed_form)
+    pool.install()
+    setattr(schedule, _POOL_ATTRIBUTE, pool)
+    return plan
+
+
+def pool_recv_buffers(schedule: Any, *, slack: int = 0, mode: str = "ring") -> dict:
+    """Pools the receive buffers of this rank's stages of `schedule`; returns the plan.
+
+    Call after the schedule and its stages are built and before the first ``step()``.
+    mode:
+      - "ring": per stage and direction, a ring of the colored minimum plus `slack` spare
+        buffer sets (spares lengthen the time between a slot's release and its reuse);
+      - "shared_ring": one ring per direction for all of this rank's stages whose buffers
+        have the same shapes (interleaved and V schedules), the colored minimum of them all;
+        `slack` spares per ring;
+      - "just_in_time": each buffer set allocated at its receive and dropped after its last
+        reader (the peak is the live set; no fixed addresses).
+    Returns the `pipeline-plan` dump (schemas/pipeline-plan.schema.json) as a dict.
+    Raises UnsupportedSchedule, before changing anything, where the schedule or this torch is
+    not the layout adapted here; RecvSlotInUse during a step where a slot is handed to a
+    microbatch while its previous holder still needs it (an order the plan did not see).
+    """
+    slack = _check_slack(slack, "pool_recv_buffers")
+    return _pool(schedule, slack=slack, mode=mode, closed_form=False)
+
+
+def recv_buffer_memory(schedule: Any) -> list:
+    """The receive buffers this rank's stages hold, per stage (or shared ring) and direction.
+
+    Each row: ``stages``, ``direction`` ("F" activations, "B" gradients), ``sets`` and
+    ``bytes`` held between steps, ``peak_sets`` and ``peak_bytes`` held at once during the
+    last step (just in time: the live set; otherwise what is held). Works on a stock
+    schedule too, counting the stage's own buffers, after its first step.
+    """
+    pool = getattr(schedule, _POOL_ATTRIBUTE, None)
+    if pool is not None:
+        return pool.memory()
+    return _stock_memory(_stages_of(schedule))
+
+
+def _stages_of(schedule: Any) -> list:
+    stages = getattr(schedule, "_stages", None)
+    return list(stages) if stages is not None else [schedule._stage]
+
+
+def _stock_memory(stages: list) -> list:
+    from torch.distributed.pipelining.stage import _RecvInfo
+
+    local = {stage.stage_index for stage in stages}
+    rows = []
+    for stage in sorted(stages, key=lambda s: s.stage_index):
+        for direction, infos, receives in (
+                ("F", stage.args_recv_info, not stage.is_first and stage.stage_index - 1 not in local),
+                ("B", stage.grad_recv_info, not stage.is_last and stage.stage_index + 1 not in local)):
+            if not receives or not infos:
+                continue
+            storages = {}
+            for recv_infos in infos.values():
+                for info in recv_infos:
+                    if isinstance(info, _RecvInfo) and info.buffer.numel() > 0:
+                        storage = info.buffer.untyped_storage()
+                        storages[storage.data_ptr()] = storage.nbytes()
+            per_set = sum(1 for info in infos[0] if isinstance(info, _RecvInfo)) or 1
+            sets = len(storages) // per_set
+            total = sum(storages.values())
+            rows.append({"stages": [stage.stage_index], "direction": direction, "sets": sets, "bytes": total,
+                         "peak_sets": sets, "peak_bytes": total})
+    return rows
+
+
+# NeMo AutoModel's entry points (nemo_automodel.components.distributed.pipelining.recv_buffer_pool).
+
+_installed_slack: Optional[int] = None
+
+
+def schedule_supports_recv_pool(pp_schedule: Optional[str]) -> bool:
+    """NeMo's gate for its closed-form ring: True for "1f1b" (any letter case) only.
+
+    pool_recv_buffers covers every schedule; this answers NeMo's question, whether its
+    closed form max(2, min(M, S - s + slack)) applies.
+    """
+    return pp_schedule is not None and _pipeline_plan.schedule_supports_recv_pool(pp_schedule)
+
+
+def install_recv_buffer_pool(slack: int = 2) -> bool:
+    """Pools the receive buffers of every Schedule1F1B built in this process, as NeMo does.
+
+    Process-wide and idempotent: the first call's `slack` wins. Each 1F1B stage gets NeMo's
+    ring of max(2, min(M, S - s + slack)) buffer sets, microbatch m in set m % K, where that
+    ring is at least the colored minimum of the order Schedule1F1B runs; elsewhere the
+    colored minimum (NeMo would use its smaller ring and corrupt gradients). Returns True when
+    installed (or already installed); False, with one warning, where the torch internals it
+    adapts are not recognised (stock behaviour is kept). A negative slack is a ValueError.
+    """
+    global _installed_slack
+    slack = _check_slack(slack, "install_recv_buffer_pool")
+    if _installed_slack is not None:
+        return True
+    try:
+        from torch.distributed.pipelining import schedules, stage
+
+        one_f_one_b = schedules.Schedule1F1B
+        original = one_f_one_b._initialize_stage
+        missing = [name for name in _STAGE_METHODS if not hasattr(stage.PipelineStage, name)]
+        if missing or not hasattr(stage, "_RecvInfo"):
+            raise AttributeError(f"PipelineStage has no {', '.join(missing) or '_RecvInfo'}")
+    except (ImportError, AttributeError) as error:
+        logger.warning("remat.pipelining: torch internals not recognised, receive buffers stay stock: %s", error)
+        return False
+
+    def _initialize_stage(self, args, kwargs):
+        if (type(self) is one_f_one_b and not self._stage_forward_initialized
+                and getattr(self, _POOL_ATTRIBUTE, None) is None):
+            _pool(self, slack=_installed_slack, mode="ring", closed_form=True)
+        return original(self, args, kwargs)
+
+    one_f_one_b._initialize_stage = _initialize_stage
+    _installed_slack = slack
+    return True
+
+
+def install_interleaved_recv_pool(schedule: Any, slack: int = 2) -> bool:
+    """Pools one multi-stage schedule's receive buffers (Interleaved1F1B and the others).
+
+    Rings of the colored minimum plus `slack` spare sets, per stage and direction, as
+    pool_recv_buffers(schedule, slack=slack). Returns True when pooled; False, with one
+    warning, where the schedule or the torch internals are not recognised (stock behaviour
+    is kept). A negative slack is a ValueError.
+    """
+    slack = _check_slack(slack, "install_interleaved_recv_pool")
+    try:
+        _pool(schedule, slack=slack, mode="ring", closed_form=False)
+    except UnsupportedSchedule as error:
+        logger.warning("%s", error)
+        return False
+    return True

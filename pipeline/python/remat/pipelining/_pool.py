@@ -1,0 +1,462 @@
+"""Receive buffers of torch.distributed.pipelining stages as rings, or just in time.
+
+A stage of PyTorch 2.11 allocates one buffer set per microbatch and direction at the first
+step() and keeps them for every later step. Here each stage's setup allocates one set (its
+shapes are the template), and the microbatches share real sets instead:
+
+- ring: the sets of the plan's ring, each microbatch in the slot the plan gives it. At each
+  receive the slot's previous holder must have finished with it (the ownership guard), the
+  slot's version counter is bumped (so that autograd refuses a stale saved tensor of the
+  previous holder instead of reading new data), and the microbatch gets a fresh autograd
+  leaf over the slot's storage (no .grad or hook carried from one microbatch to the next).
+- just_in_time: a set allocated at each receive and dropped once its last reader is done.
+
+What a stage sends on, or hands to a stage on the same rank, is copied where it shares a
+ring slot's storage (a stage that returns its input, a gradient that passes through), since
+the slot is received into again while such a send can still be in flight.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import torch
+
+import remat_alloc
+
+__all__ = ["RecvSlotInUse", "SchedulePool", "FORWARD", "BACKWARD"]
+
+FORWARD, BACKWARD = "F", "B"
+_NAMES = {FORWARD: "activation (F)", BACKWARD: "gradient (B)"}
+_MODES = ("ring", "shared_ring", "just_in_time")
+
+
+class RecvSlotInUse(RuntimeError):
+    """A receive slot handed to a microbatch while its previous holder still needs it."""
+
+
+def _recv_info_class():
+    from torch.distributed.pipelining.stage import _RecvInfo
+
+    return _RecvInfo
+
+
+class _Ring:
+    """Buffer sets shared by the microbatches of one or more stages in one direction."""
+
+    def __init__(self, size: int, direction: str, tag_stage: int):
+        self.size = size
+        self.direction = direction
+        self.tag_stage = tag_stage
+        self.template: Optional[tuple] = None  # ((shape, dtype, device), ...) of one set
+        self.sets: list = []  # sets[slot]: one tensor per received input
+        self.holders: list = [None] * size  # (receiver, microbatch) holding each slot
+
+    def accepts(self, template: tuple) -> bool:
+        """Allocates the sets for the first template offered; True where `template` is that one."""
+        if self.template is None:
+            self.template = template
+            for slot in range(self.size):
+                with remat_alloc.recv_slot(self.tag_stage, self.direction, slot):
+                    self.sets.append([torch.empty(shape, dtype=dtype, device=device)
+                                      for shape, dtype, device in template])
+        return self.template == template
+
+    def storages(self) -> set:
+        return {t.untyped_storage().data_ptr() for tensors in self.sets for t in tensors}
+
+    def set_bytes(self) -> int:
+        return sum(t.nbytes for t in self.sets[0]) if self.sets else 0
+
+
+class _Receiver:
+    """One stage's receive buffers in one direction.
+
+    mode "ring" (slots from the plan; a shared ring falls back to the stage's own where its
+    shapes differ), "just_in_time", or "handoff" (the neighbour is on this rank and hands its
+    tensors over; nothing is received, and those tensors are dropped once read).
+    """
+
+    def __init__(self, pool: "_StagePool", direction: str, mode: str, ring: Optional[_Ring] = None,
+                 slots: Optional[list] = None, own_ring: Optional[_Ring] = None, own_slots: Optional[list] = None):
+        self.pool = pool
+        self.direction = direction
+        self.mode = mode
+        self.ring, self.slots = ring, slots
+        self._own_ring, self._own_slots = own_ring, own_slots
+        self.infos: Optional[dict] = None  # the stage's args_recv_info or grad_recv_info
+        self.template: tuple = ()
+        self.requires_grad: list = []
+        self.placeholders: list = []
+        self.live: dict = {}  # microbatch -> its slot (ring), or None
+        self.live_sets = 0
+        self.peak_sets = 0
+
+    @property
+    def stage_index(self) -> int:
+        return self.pool.stage.stage_index
+
+    def build(self, infos: dict, microbatches: int) -> None:
+        """Fills infos[0..M-1] from the one set the stage's own setup made in infos[0]."""
+        recv_info = _recv_info_class()
+        first = infos[0]
+        received = [info for info in first if isinstance(info, recv_info)]
+        self.template = tuple((tuple(info.buffer.shape), info.buffer.dtype, info.buffer.device) for info in received)
+        self.requires_grad = [info.buffer.requires_grad for info in received]
+        self.placeholders = [torch.empty(0, dtype=dtype, device=device) for _, dtype, device in self.template]
+        if self.mode == "ring" and not self.ring.accepts(self.template):
+            self.ring, self.slots = self._own_ring, self._own_slots
+            self.ring.accepts(self.template)
+        self.infos = infos
+        for mb in range(microbatches):
+            buffers = iter(self._idle_buffers(mb))
+            infos[mb] = tuple(self._copy(info, next(buffers)) if isinstance(info, recv_info) else info
+                              for info in first)
+
+    @staticmethod
+    def _copy(info: Any, buffer: torch.Tensor) -> Any:
+        fresh = copy.copy(info)
+        fresh.buffer = buffer
+        return fresh
+
+    def _idle_buffers(self, mb: int) -> list:
+        if self.mode == "ring" and self.slots[mb] is not None:
+            return self._leaves(self.ring.sets[self.slots[mb]])
+        return list(self.placeholders)
+
+    def _leaves(self, tensors: list) -> list:
+        if self.direction == BACKWARD:
+            return list(tensors)
+        return [t.detach().requires_grad_(rg) for t, rg in zip(tensors, self.requires_grad)]
+
+    def _set_buffers(self, mb: int, buffers: list) -> None:
+        recv_info = _recv_info_class()
+        for info, buffer in zip((i for i in self.infos[mb] if isinstance(i, recv_info)), buffers):
+            info.buffer = buffer
+
+    def post(self, mb: int) -> None:
+        """Called before the receive of `mb` is posted: gives it its buffers."""
+        if mb in self.live:
+            raise RecvSlotInUse(
+                f"remat.pipelining: stage {self.stage_index} receives {_NAMES[self.direction]} microbatch {mb} a "
+                "second time in one step; the order differs from the one the pool was planned for: pool the "
+                "schedule after its order is final (after _load_csv)")
+        if self.mode == "just_in_time":
+            with remat_alloc.recv_slot(self.stage_index, self.direction, mb):
+                buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in self.template]
+            if self.direction == FORWARD:
+                buffers = [b.requires_grad_(rg) for b, rg in zip(buffers, self.requires_grad)]
+            self._set_buffers(mb, buffers)
+            self.live[mb] = None
+            self.live_sets += 1
+            self.peak_sets = max(self.peak_sets, self.live_sets)
+            return
+        slot = self.slots[mb] if mb < len(self.slots) else None
+        if slot is None:
+            raise RecvSlotInUse(
+                f"remat.pipelining: stage {self.stage_index} receives {_NAMES[self.direction]} microbatch {mb}, "
+                "which the plan has it never receive; the order differs from the one the pool was planned for: "
+                "pool the schedule after its order is final (after _load_csv)")
+        holder = self.ring.holders[slot]
+        if holder is not None:
+            other, other_mb = holder
+            where = f"stage {self.stage_index}" if other is self else f"stage {other.stage_index} (a shared ring)"
+            raise RecvSlotInUse(
+                f"remat.pipelining: stage {self.stage_index} {_NAMES[self.direction]} receive slot {slot} is handed "
+                f"to microbatch {mb} while microbatch {other_mb} of {where} still needs it (not yet run: "
+                f"{', '.join(other.pool.missing(other_mb, self.direction))}); receiving into it would overwrite "
+                "data still in use. The order run differs from the one the ring was planned for: pool the schedule "
+                "after its order is final (after _load_csv), or give pool_recv_buffers a larger slack")
+        self.ring.holders[slot] = (self, mb)
+        tensors = self.ring.sets[slot]
+        for tensor in tensors:
+            # irecv writes without bumping the version: bump it, so that a saved tensor of the
+            # previous holder read later is autograd's "modified by an inplace operation" error.
+            torch.autograd.graph.increment_version(tensor)
+        self._set_buffers(mb, self._leaves(tensors))
+        self.live[mb] = slot
+
+    def handed_over(self, mb: int) -> None:
+        self.live[mb] = None
+
+    def release(self, mb: int) -> None:
+        """The last reader of `mb`'s buffers is done with them."""
+        slot = self.live.pop(mb)
+        recv_info = _recv_info_class()
+        if self.mode == "ring":
+            self.ring.holders[slot] = None
+            for info in self.infos[mb]:
+                if isinstance(info, recv_info):
+                    info.buffer.grad = None  # the input gradient was sent; the leaf need not keep it
+            return
+        if self.mode == "just_in_time":
+            self.live_sets -= 1
+        self._set_buffers(mb, list(self.placeholders))
+
+    def reset(self) -> None:
+        for mb in list(self.live):
+            self.release(mb)
+        self.live_sets = 0
+
+    def memory(self) -> dict:
+        set_bytes = sum(dtype.itemsize * _numel(shape) for shape, dtype, _ in self.template)
+        if self.mode == "ring":
+            sets = self.ring.size
+            return {"sets": sets, "bytes": sets * set_bytes, "peak_sets": sets, "peak_bytes": sets * set_bytes}
+        return {"sets": 0, "bytes": 0, "peak_sets": self.peak_sets, "peak_bytes": self.peak_sets * set_bytes}
+
+
+def _numel(shape: tuple) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+class _StagePool:
+    """One stage's receivers and what its microbatches have run this step."""
+
+    def __init__(self, stage: Any, schedule_pool: "SchedulePool"):
+        self.stage = stage
+        self.schedule_pool = schedule_pool
+        local = schedule_pool.local_stage_indices
+        index = stage.stage_index
+        self.prev_local = index - 1 in local
+        self.next_local = index + 1 in local
+        self.forward: Optional[_Receiver] = None
+        self.backward: Optional[_Receiver] = None
+        self.done: dict = {}  # microbatch -> the actions it has run on this stage this step
+
+    def missing(self, mb: int, direction: str) -> list:
+        """What must still run on this stage before `mb`'s buffers in `direction` are free."""
+        done = self.done.get(mb, set())
+        stage = self.stage
+        backward_done = "B" in done or ("I" in done and "W" in done)
+        missing = []
+        if direction == FORWARD:
+            if "F" not in done:
+                missing.append(f"F{mb}")
+            if stage.has_backward and not backward_done:
+                missing.append(f"B{mb}" if "I" not in done else f"W{mb}")
+            if not stage.is_last and not self.next_local and "SEND_F" not in done:
+                missing.append(f"SEND_F{mb}")
+        else:
+            if not backward_done:
+                missing.append(f"B{mb}" if "I" not in done else f"W{mb}")
+            if not stage.is_first and not self.prev_local and "SEND_B" not in done:
+                missing.append(f"SEND_B{mb}")
+            if self.prev_local and "LOCAL_B" not in done:
+                missing.append(f"the handoff of microbatch {mb}'s input gradient to stage {stage.stage_index - 1}")
+        return missing
+
+    def note(self, mb: int, action: str) -> None:
+        self.done.setdefault(mb, set()).add(action)
+        for receiver in (self.forward, self.backward):
+            if receiver is not None and mb in receiver.live and not self.missing(mb, receiver.direction):
+                receiver.release(mb)
+
+    def new_step(self) -> None:
+        self.done.clear()
+        for receiver in (self.forward, self.backward):
+            if receiver is not None:
+                receiver.reset()
+
+    def unaliased(self, value: Any) -> Any:
+        """`value` with every tensor that shares a ring slot's storage replaced by a copy."""
+        storages = self.schedule_pool.ring_storages()
+        if not storages:
+            return value
+
+        def visit(item):
+            if isinstance(item, torch.Tensor):
+                return item.clone() if item.untyped_storage().data_ptr() in storages else item
+            if isinstance(item, tuple):
+                return tuple(visit(x) for x in item)
+            if isinstance(item, list):
+                return [visit(x) for x in item]
+            return item
+
+        return visit(value)
+
+    def unaliased_ops(self, ops: list) -> list:
+        import torch.distributed as dist
+
+        storages = self.schedule_pool.ring_storages()
+        result = []
+        for op in ops:
+            if storages and op.tensor.untyped_storage().data_ptr() in storages:
+                op = dist.P2POp(op.op, op.tensor.clone(), op.peer, op.group, op.tag)
+            result.append(op)
+        return result
+
+    def wrappers(self) -> dict:
+        """The stage's methods, wrapped; installed together by SchedulePool.install."""
+        stage, pool = self.stage, self
+        original = {name: getattr(stage, name) for name in (
+            "_prepare_forward_infra", "_prepare_backward_infra", "get_fwd_recv_ops", "get_bwd_recv_ops",
+            "get_fwd_send_ops", "get_bwd_send_ops", "forward_one_chunk", "backward_one_chunk",
+            "backward_weight_one_chunk", "clear_runtime_states", "set_local_fwd_input", "set_local_bwd_input",
+            "get_local_bwd_output")}
+
+        def _prepare_forward_infra(num_microbatches, args, kwargs=None):
+            if pool.forward is None:
+                return original["_prepare_forward_infra"](num_microbatches, args, kwargs)
+            outputs = original["_prepare_forward_infra"](1, args, kwargs)
+            pool.forward.build(stage.args_recv_info, num_microbatches)
+            return outputs
+
+        def _prepare_backward_infra(num_microbatches):
+            if pool.backward is None:
+                return original["_prepare_backward_infra"](num_microbatches)
+            result = original["_prepare_backward_infra"](1)
+            stage.chunks = num_microbatches  # the schedule reads it as the step's microbatch count
+            pool.backward.build(stage.grad_recv_info, num_microbatches)
+            return result
+
+        def get_fwd_recv_ops(fwd_chunk_id):
+            if pool.forward is not None and pool.forward.mode != "handoff":
+                pool.forward.post(fwd_chunk_id)
+            return original["get_fwd_recv_ops"](fwd_chunk_id)
+
+        def get_bwd_recv_ops(bwd_chunk_id):
+            if pool.backward is not None and pool.backward.mode != "handoff" and stage.has_backward:
+                pool.backward.post(bwd_chunk_id)
+            return original["get_bwd_recv_ops"](bwd_chunk_id)
+
+        def get_fwd_send_ops(fwd_chunk_id):
+            ops = pool.unaliased_ops(original["get_fwd_send_ops"](fwd_chunk_id))
+            pool.note(fwd_chunk_id, "SEND_F")
+            return ops
+
+        def get_bwd_send_ops(bwd_chunk_id):
+            ops = pool.unaliased_ops(original["get_bwd_send_ops"](bwd_chunk_id))
+            pool.note(bwd_chunk_id, "SEND_B")
+            return ops
+
+        def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
+            output = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
+            if stage.is_last and stage.output_chunks and stage.output_chunks[-1] is output:
+                # The merged output is read at the end of the step, after the slot was reused.
+                stage.output_chunks[-1] = pool.unaliased(output)
+            pool.note(fwd_chunk_id, "F")
+            return output
+
+        def backward_one_chunk(bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
+            result = original["backward_one_chunk"](bwd_chunk_id, loss=loss, full_backward=full_backward,
+                                                    last_backward=last_backward)
+            pool.note(bwd_chunk_id, "B" if full_backward else "I")
+            return result
+
+        def backward_weight_one_chunk(bwd_chunk_id, last_backward=False):
+            result = original["backward_weight_one_chunk"](bwd_chunk_id, last_backward=last_backward)
+            pool.note(bwd_chunk_id, "W")
+            return result
+
+        def clear_runtime_states():
+            pool.new_step()
+            return original["clear_runtime_states"]()
+
+        def set_local_fwd_input(prev_stage_outputs, mb_index):
+            original["set_local_fwd_input"](pool.unaliased(prev_stage_outputs), mb_index)
+            if pool.forward is not None:
+                pool.forward.handed_over(mb_index)
+
+        def set_local_bwd_input(next_stage_bwd_outputs, mb_index):
+            original["set_local_bwd_input"](next_stage_bwd_outputs, mb_index)
+            if pool.backward is not None:
+                pool.backward.handed_over(mb_index)
+
+        def get_local_bwd_output(mb_index):
+            grads = pool.unaliased(original["get_local_bwd_output"](mb_index))
+            pool.note(mb_index, "LOCAL_B")
+            return grads
+
+        return {
+            "_prepare_forward_infra": _prepare_forward_infra, "_prepare_backward_infra": _prepare_backward_infra,
+            "get_fwd_recv_ops": get_fwd_recv_ops, "get_bwd_recv_ops": get_bwd_recv_ops,
+            "get_fwd_send_ops": get_fwd_send_ops, "get_bwd_send_ops": get_bwd_send_ops,
+            "forward_one_chunk": forward_one_chunk, "backward_one_chunk": backward_one_chunk,
+            "backward_weight_one_chunk": backward_weight_one_chunk, "clear_runtime_states": clear_runtime_states,
+            "set_local_fwd_input": set_local_fwd_input, "set_local_bwd_input": set_local_bwd_input,
+            "get_local_bwd_output": get_local_bwd_output,
+        }
+
+
+class SchedulePool:
+    """The receivers of one rank's stages of a schedule, built from a plan."""
+
+    def __init__(self, layout: Any, plan: dict, mode: str, closed_form: bool):
+        if mode not in _MODES:
+            raise ValueError(f"remat.pipelining: mode {mode!r} is not one of {', '.join(map(repr, _MODES))}")
+        self.layout = layout
+        self.plan = plan
+        self.mode = mode
+        self.local_stage_indices = {stage.stage_index for stage in layout.stages}
+        self.stage_pools = [_StagePool(stage, self) for stage in layout.stages]
+        self.rings: list = []
+        entries = {(e["stage"], e["direction"]): e for e in plan["entries"]}
+        shared = {(r["direction"], s): (r, i) for r in plan["shared"] if r["rank"] == layout.rank
+                  for i, s in enumerate(r["stages"])}
+        shared_rings: dict = {}
+        for stage_pool in self.stage_pools:
+            index = stage_pool.stage.stage_index
+            for direction, handoff, attribute in ((FORWARD, stage_pool.prev_local, "forward"),
+                                                  (BACKWARD, stage_pool.next_local, "backward")):
+                entry = entries[(index, direction)]
+                if entry["received"] == 0:
+                    if handoff:
+                        setattr(stage_pool, attribute, _Receiver(stage_pool, direction, "handoff"))
+                    continue
+                if mode == "just_in_time":
+                    setattr(stage_pool, attribute, _Receiver(stage_pool, direction, "just_in_time"))
+                    continue
+                own_ring = self._ring(entry["ring_size"], direction, index)
+                own_slots = self._slots(entry)
+                ring, slots = own_ring, own_slots
+                if mode == "shared_ring" and (direction, index) in shared:
+                    group, position = shared[(direction, index)]
+                    key = (direction, tuple(group["stages"]))
+                    if key not in shared_rings:
+                        shared_rings[key] = self._ring(group["min_slots"], direction, group["stages"][0])
+                    ring, slots = shared_rings[key], group["slots"][position]
+                setattr(stage_pool, attribute,
+                        _Receiver(stage_pool, direction, "ring", ring, slots, own_ring, own_slots))
+
+    def _ring(self, size: int, direction: str, tag_stage: int) -> _Ring:
+        ring = _Ring(size, direction, tag_stage)
+        self.rings.append(ring)
+        return ring
+
+    def _slots(self, entry: dict) -> list:
+        # NeMo's closed form aliases microbatch m to set m % K; elsewhere the plan's coloring.
+        if self.plan["closed_form_used"] and entry.get("closed_form_safe") and entry["ring_size"] == min(
+                entry["closed_form_ring"], entry["received"]):
+            return [None if slot is None else mb % entry["ring_size"] for mb, slot in enumerate(entry["slots"])]
+        return entry["slots"]
+
+    def ring_storages(self) -> set:
+        return {ptr for ring in self.rings for ptr in ring.storages()}
+
+    def install(self) -> None:
+        wrapped = [(stage_pool.stage, stage_pool.wrappers()) for stage_pool in self.stage_pools]
+        for stage, functions in wrapped:
+            for name, function in functions.items():
+                setattr(stage, name, function)
+
+    def memory(self) -> list:
+        """Per receiving stage (or shared ring) and direction: sets and bytes held, and the peak."""
+        rows, seen = [], {}
+        for stage_pool in self.stage_pools:
+            for receiver in (stage_pool.forward, stage_pool.backward):
+                if receiver is None or receiver.mode == "handoff":
+                    continue
+                figures = receiver.memory()
+                if receiver.mode == "ring" and id(receiver.ring) in seen:
+                    seen[id(receiver.ring)]["stages"].append(receiver.stage_index)
+                    continue
+                row = {"stages": [receiver.stage_index], "direction": receiver.direction, **figures}
+                if receiver.mode == "ring":
+                    seen[id(receiver.ring)] = row
+                rows.append(row)
+        return rows
