@@ -47,4 +47,4 @@ PATH=$work/venv/bin:$PATH remat-report --help > /dev/null
 PATH=$work/venv/bin:$PATH "$venv_python" -m unittest discover -v -s "$source_dir/tests/python" -p 'test_*.py'
 # The checkpoint runtime's extension from the installed remat package.
 "$venv_python" -c 'import remat, pathlib; print(f"remat {remat.__file__} loads {pathlib.Path(remat._C.__file__).name}")'
-"$venv_python" -m pytest -q -p no:cacheprovider "$source_dir/tests/python/remat"
+PATH=$work/venv/bin:$PATH "$venv_python" -m pytest -q -p no:cacheprovider "$source_dir/tests/python/remat"

@@ -44,7 +44,7 @@ def _check_slack(slack: Any, api: str) -> int:
     return slack
 
 
-def _pool(schedule: Any, *, slack: int, mode: str, closed_form: bool) -> dict:
+def _install_pool(schedule: Any, *, slack: int, mode: str, closed_form: bool) -> dict:
     if getattr(schedule, _POOL_ATTRIBUTE, None) is not None:
         raise RuntimeError("remat.pipelining: this schedule's receive buffers are pooled already; pool a schedule once")
     layout = layout_of(schedule)
@@ -73,7 +73,7 @@ def pool_recv_buffers(schedule: Any, *, slack: int = 0, mode: str = "ring") -> d
     microbatch while its previous holder still needs it (an order the plan did not see).
     """
     slack = _check_slack(slack, "pool_recv_buffers")
-    return _pool(schedule, slack=slack, mode=mode, closed_form=False)
+    return _install_pool(schedule, slack=slack, mode=mode, closed_form=False)
 
 
 def recv_buffer_memory(schedule: Any) -> list:
@@ -163,7 +163,7 @@ def install_recv_buffer_pool(slack: int = 2) -> bool:
     def _initialize_stage(self, args, kwargs):
         if (type(self) is one_f_one_b and not self._stage_forward_initialized
                 and getattr(self, _POOL_ATTRIBUTE, None) is None):
-            _pool(self, slack=_installed_slack, mode="ring", closed_form=True)
+            _install_pool(self, slack=_installed_slack, mode="ring", closed_form=True)
         return original(self, args, kwargs)
 
     one_f_one_b._initialize_stage = _initialize_stage
@@ -181,7 +181,7 @@ def install_interleaved_recv_pool(schedule: Any, slack: int = 2) -> bool:
     """
     slack = _check_slack(slack, "install_interleaved_recv_pool")
     try:
-        _pool(schedule, slack=slack, mode="ring", closed_form=False)
+        _install_pool(schedule, slack=slack, mode="ring", closed_form=False)
     except UnsupportedSchedule as error:
         logger.warning("%s", error)
         return False
