@@ -30,23 +30,33 @@ __all__ = ["RecvSlotInUse", "SchedulePool", "FORWARD", "BACKWARD"]
 FORWARD, BACKWARD = "F", "B"
 _NAMES = {FORWARD: "activation (F)", BACKWARD: "gradient (B)"}
 _MODES = ("ring", "shared_ring", "just_in_time")
+# What a microbatch has run on a stage: F, B, I, W, its sends, and the handoff of its input
+# gradient to the previous stage on the same rank.
+_F, _B, _I, _W, _SEND_F, _SEND_B, _LOCAL_B = (1 << bit for bit in range(7))
 
 
 class RecvSlotInUse(RuntimeError):
     """A receive slot handed to a microbatch while its previous holder still needs it."""
 
 
-def _recv_info_class():
-    from torch.distributed.pipelining.stage import _RecvInfo
+_recv_info = None
 
-    return _RecvInfo
+
+def _recv_info_class():
+    global _recv_info
+    if _recv_info is None:
+        from torch.distributed.pipelining.stage import _RecvInfo
+
+        _recv_info = _RecvInfo
+    return _recv_info
 
 
 class _Ring:
     """Buffer sets shared by the microbatches of one or more stages in one direction."""
 
-    def __init__(self, size: int, direction: str, tag_stage: int):
+    def __init__(self, size: int, direction: str, tag_stage: int, storages: set):
         self.size = size
+        self.storages = storages  # the data pointers of every ring's storage on this rank
         self.direction = direction
         self.tag_stage = tag_stage
         self.template: Optional[tuple] = None  # ((shape, dtype, device), ...) of one set
@@ -59,12 +69,10 @@ class _Ring:
             self.template = template
             for slot in range(self.size):
                 with remat_alloc.recv_slot(self.tag_stage, self.direction, slot):
-                    self.sets.append([torch.empty(shape, dtype=dtype, device=device)
-                                      for shape, dtype, device in template])
+                    tensors = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in template]
+                self.sets.append(tensors)
+                self.storages.update(t.untyped_storage().data_ptr() for t in tensors)
         return self.template == template
-
-    def storages(self) -> set:
-        return {t.untyped_storage().data_ptr() for tensors in self.sets for t in tensors}
 
     def set_bytes(self) -> int:
         return sum(t.nbytes for t in self.sets[0]) if self.sets else 0
@@ -85,7 +93,7 @@ class _Receiver:
         self.mode = mode
         self.ring, self.slots = ring, slots
         self._own_ring, self._own_slots = own_ring, own_slots
-        self.infos: Optional[dict] = None  # the stage's args_recv_info or grad_recv_info
+        self.received: list = []  # per microbatch, its _RecvInfo objects (set up by build)
         self.template: tuple = ()
         self.requires_grad: list = []
         self.placeholders: list = []
@@ -108,11 +116,12 @@ class _Receiver:
         if self.mode == "ring" and not self.ring.accepts(self.template):
             self.ring, self.slots = self._own_ring, self._own_slots
             self.ring.accepts(self.template)
-        self.infos = infos
+        self.received = []  # received[mb]: the _RecvInfo objects of microbatch mb, in input order
         for mb in range(microbatches):
             buffers = iter(self._idle_buffers(mb))
             infos[mb] = tuple(self._copy(info, next(buffers)) if isinstance(info, recv_info) else info
                               for info in first)
+            self.received.append([info for info in infos[mb] if isinstance(info, recv_info)])
 
     @staticmethod
     def _copy(info: Any, buffer: torch.Tensor) -> Any:
@@ -131,8 +140,7 @@ class _Receiver:
         return [t.detach().requires_grad_(rg) for t, rg in zip(tensors, self.requires_grad)]
 
     def _set_buffers(self, mb: int, buffers: list) -> None:
-        recv_info = _recv_info_class()
-        for info, buffer in zip((i for i in self.infos[mb] if isinstance(i, recv_info)), buffers):
+        for info, buffer in zip(self.received[mb], buffers):
             info.buffer = buffer
 
     def post(self, mb: int) -> None:
@@ -183,12 +191,10 @@ class _Receiver:
     def release(self, mb: int) -> None:
         """The last reader of `mb`'s buffers is done with them."""
         slot = self.live.pop(mb)
-        recv_info = _recv_info_class()
         if self.mode == "ring":
             self.ring.holders[slot] = None
-            for info in self.infos[mb]:
-                if isinstance(info, recv_info):
-                    info.buffer.grad = None  # the input gradient was sent; the leaf need not keep it
+            for info in self.received[mb]:
+                info.buffer.grad = None  # the input gradient was sent; the leaf need not keep it
             return
         if self.mode == "just_in_time":
             self.live_sets -= 1
@@ -226,34 +232,46 @@ class _StagePool:
         self.next_local = index + 1 in local
         self.forward: Optional[_Receiver] = None
         self.backward: Optional[_Receiver] = None
-        self.done: dict = {}  # microbatch -> the actions it has run on this stage this step
+        self.done: dict = {}  # microbatch -> the actions it has run on this stage this step (bits)
+
+    def finished(self, mb: int, direction: str) -> bool:
+        """Whether every reader of `mb`'s buffers in `direction` on this stage has run."""
+        done = self.done.get(mb, 0)
+        stage = self.stage
+        backward_done = done & _B or (done & _I and done & _W)
+        if direction == FORWARD:
+            return bool(done & _F and (backward_done or not stage.has_backward)
+                        and (stage.is_last or self.next_local or done & _SEND_F))
+        return bool(backward_done and (stage.is_first or self.prev_local or done & _SEND_B)
+                    and (not self.prev_local or done & _LOCAL_B))
 
     def missing(self, mb: int, direction: str) -> list:
-        """What must still run on this stage before `mb`'s buffers in `direction` are free."""
-        done = self.done.get(mb, set())
+        """What must still run on this stage before `mb`'s buffers in `direction` are free (for messages)."""
+        done = self.done.get(mb, 0)
         stage = self.stage
-        backward_done = "B" in done or ("I" in done and "W" in done)
+        backward = f"B{mb}" if not done & _I else f"W{mb}"
+        backward_done = done & _B or (done & _I and done & _W)
         missing = []
         if direction == FORWARD:
-            if "F" not in done:
+            if not done & _F:
                 missing.append(f"F{mb}")
             if stage.has_backward and not backward_done:
-                missing.append(f"B{mb}" if "I" not in done else f"W{mb}")
-            if not stage.is_last and not self.next_local and "SEND_F" not in done:
+                missing.append(backward)
+            if not stage.is_last and not self.next_local and not done & _SEND_F:
                 missing.append(f"SEND_F{mb}")
         else:
             if not backward_done:
-                missing.append(f"B{mb}" if "I" not in done else f"W{mb}")
-            if not stage.is_first and not self.prev_local and "SEND_B" not in done:
+                missing.append(backward)
+            if not stage.is_first and not self.prev_local and not done & _SEND_B:
                 missing.append(f"SEND_B{mb}")
-            if self.prev_local and "LOCAL_B" not in done:
+            if self.prev_local and not done & _LOCAL_B:
                 missing.append(f"the handoff of microbatch {mb}'s input gradient to stage {stage.stage_index - 1}")
         return missing
 
-    def note(self, mb: int, action: str) -> None:
-        self.done.setdefault(mb, set()).add(action)
+    def note(self, mb: int, action: int) -> None:
+        self.done[mb] = self.done.get(mb, 0) | action
         for receiver in (self.forward, self.backward):
-            if receiver is not None and mb in receiver.live and not self.missing(mb, receiver.direction):
+            if receiver is not None and mb in receiver.live and self.finished(mb, receiver.direction):
                 receiver.release(mb)
 
     def new_step(self) -> None:
@@ -264,7 +282,7 @@ class _StagePool:
 
     def unaliased(self, value: Any) -> Any:
         """`value` with every tensor that shares a ring slot's storage replaced by a copy."""
-        storages = self.schedule_pool.ring_storages()
+        storages = self.schedule_pool.ring_storages
         if not storages:
             return value
 
@@ -280,15 +298,11 @@ class _StagePool:
         return visit(value)
 
     def unaliased_ops(self, ops: list) -> list:
-        import torch.distributed as dist
-
-        storages = self.schedule_pool.ring_storages()
-        result = []
-        for op in ops:
-            if storages and op.tensor.untyped_storage().data_ptr() in storages:
-                op = dist.P2POp(op.op, op.tensor.clone(), op.peer, op.group, op.tag)
-            result.append(op)
-        return result
+        storages = self.schedule_pool.ring_storages
+        if not storages:
+            return ops
+        return [type(op)(op.op, op.tensor.clone(), op.peer, op.group, op.tag)
+                if op.tensor.untyped_storage().data_ptr() in storages else op for op in ops]
 
     def wrappers(self) -> dict:
         """The stage's methods, wrapped; installed together by SchedulePool.install."""
@@ -326,12 +340,12 @@ class _StagePool:
 
         def get_fwd_send_ops(fwd_chunk_id):
             ops = pool.unaliased_ops(original["get_fwd_send_ops"](fwd_chunk_id))
-            pool.note(fwd_chunk_id, "SEND_F")
+            pool.note(fwd_chunk_id, _SEND_F)
             return ops
 
         def get_bwd_send_ops(bwd_chunk_id):
             ops = pool.unaliased_ops(original["get_bwd_send_ops"](bwd_chunk_id))
-            pool.note(bwd_chunk_id, "SEND_B")
+            pool.note(bwd_chunk_id, _SEND_B)
             return ops
 
         def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
@@ -339,18 +353,18 @@ class _StagePool:
             if stage.is_last and stage.output_chunks and stage.output_chunks[-1] is output:
                 # The merged output is read at the end of the step, after the slot was reused.
                 stage.output_chunks[-1] = pool.unaliased(output)
-            pool.note(fwd_chunk_id, "F")
+            pool.note(fwd_chunk_id, _F)
             return output
 
         def backward_one_chunk(bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
             result = original["backward_one_chunk"](bwd_chunk_id, loss=loss, full_backward=full_backward,
                                                     last_backward=last_backward)
-            pool.note(bwd_chunk_id, "B" if full_backward else "I")
+            pool.note(bwd_chunk_id, _B if full_backward else _I)
             return result
 
         def backward_weight_one_chunk(bwd_chunk_id, last_backward=False):
             result = original["backward_weight_one_chunk"](bwd_chunk_id, last_backward=last_backward)
-            pool.note(bwd_chunk_id, "W")
+            pool.note(bwd_chunk_id, _W)
             return result
 
         def clear_runtime_states():
@@ -369,7 +383,7 @@ class _StagePool:
 
         def get_local_bwd_output(mb_index):
             grads = pool.unaliased(original["get_local_bwd_output"](mb_index))
-            pool.note(mb_index, "LOCAL_B")
+            pool.note(mb_index, _LOCAL_B)
             return grads
 
         return {
@@ -395,6 +409,7 @@ class SchedulePool:
         self.local_stage_indices = {stage.stage_index for stage in layout.stages}
         self.stage_pools = [_StagePool(stage, self) for stage in layout.stages]
         self.rings: list = []
+        self.ring_storages: set = set()  # what a send or handoff must not share with a slot
         entries = {(e["stage"], e["direction"]): e for e in plan["entries"]}
         shared = {(r["direction"], s): (r, i) for r in plan["shared"] if r["rank"] == layout.rank
                   for i, s in enumerate(r["stages"])}
@@ -424,7 +439,7 @@ class SchedulePool:
                         _Receiver(stage_pool, direction, "ring", ring, slots, own_ring, own_slots))
 
     def _ring(self, size: int, direction: str, tag_stage: int) -> _Ring:
-        ring = _Ring(size, direction, tag_stage)
+        ring = _Ring(size, direction, tag_stage, self.ring_storages)
         self.rings.append(ring)
         return ring
 
@@ -434,9 +449,6 @@ class SchedulePool:
                 entry["closed_form_ring"], entry["received"]):
             return [None if slot is None else mb % entry["ring_size"] for mb, slot in enumerate(entry["slots"])]
         return entry["slots"]
-
-    def ring_storages(self) -> set:
-        return {ptr for ring in self.rings for ptr in ring.storages()}
 
     def install(self) -> None:
         wrapped = [(stage_pool.stage, stage_pool.wrappers()) for stage_pool in self.stage_pools]
