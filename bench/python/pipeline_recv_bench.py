@@ -2,7 +2,10 @@
 """Receive-buffer memory and step time of PyTorch's pipeline schedules, stock against
 remat.pipelining, on 4 ranks of this machine (Gloo on 127.0.0.1).
 
-Memory is read from the stages' own receive buffers after a step (remat.pipelining.
+CPU tensors come from remat's caching allocator (remat.tag_cpu_tensors(), the ring buffers
+tagged with their slot), as CUDA tensors do under remat_alloc.install(); with --system-malloc
+from glibc, whose mmap and trim thresholds make any change in the order of frees cost 5-10%
+of a step here, in either direction. Memory is read from the stages' own receive buffers after a step (remat.pipelining.
 recv_buffer_memory): buffer sets and bytes per rank, summed over the ranks, for stock, ring,
 shared ring, and the just-in-time peak. Step time: stock and ring schedules built side by
 side, steps alternating (stock first in even rounds, ring first in odd ones), each step
@@ -115,9 +118,23 @@ def mib(n):
 def worker(args):
     import torch.distributed as dist
 
-    import remat.pipelining
+    import remat
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    if args.system_malloc:
+        measure(args)
+    else:
+        with remat.tag_cpu_tensors():
+            measure(args)
+    dist.destroy_process_group()
+
+
+def measure(args):
+    import torch
+    import torch.distributed as dist
+
+    import remat.pipelining
+
     rank = dist.get_rank()
     report = {"memory": [], "time": []}
     for microbatches in args.microbatches:
@@ -142,24 +159,28 @@ def worker(args):
             step(schedule, stages, microbatches, args.rows, args.hidden)  # warm-up: buffers made, first step's exchange
             pair[mode] = (schedule, stages)
         times = {"stock": [], "ring": []}
+        cpu = {"stock": [], "ring": []}
         for round_index in range(args.rounds):
             order = ("stock", "ring") if round_index % 2 == 0 else ("ring", "stock")
             for mode in order:
                 schedule, stages = pair[mode]
                 dist.barrier()
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 step(schedule, stages, microbatches, args.rows, args.hidden)
-                dist.barrier()
+                used = torch.tensor([time.process_time() - start_cpu], dtype=torch.float64)
+                dist.all_reduce(used)  # also the barrier that ends the step
                 times[mode].append(time.perf_counter() - start)
+                cpu[mode].append(float(used))
         report["time"].append({"schedule": name, "microbatches": microbatches,
                                "stock_ms": [t * 1e3 for t in times["stock"]],
-                               "ring_ms": [t * 1e3 for t in times["ring"]]})
+                               "ring_ms": [t * 1e3 for t in times["ring"]],
+                               "stock_cpu_ms": [t * 1e3 for t in cpu["stock"]],
+                               "ring_cpu_ms": [t * 1e3 for t in cpu["ring"]]})
     if rank == 0:
         print_tables(report, args)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
-    dist.destroy_process_group()
 
 
 def print_tables(report, args):
@@ -174,15 +195,20 @@ def print_tables(report, args):
         share = row["ring"]["bytes"] / row["stock"]["bytes"]
         print(f"| {row['schedule']} | {row['microbatches']} | {' | '.join(cells)} | {jit} | {share:.2f} |")
     print()
-    print(f"Step time, stock against ring, {args.rounds} alternating rounds, median (min-max) ms")
-    print("| schedule | M | stock | ring | stock / ring |")
-    print("|---|---|---|---|---|")
+    print(f"Step time, stock against ring, {args.rounds} alternating rounds: wall time, median (min-max) ms, "
+          "and the median of each round's stock / ring (the two steps of a round run back to back); "
+          "CPU time of the 4 ranks together, median, and stock / ring of the medians")
+    print("| schedule | M | stock | ring | stock / ring (rounds' min-max) | CPU stock | CPU ring | CPU stock / ring |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in report["time"]:
         stock, ring = row["stock_ms"], row["ring_ms"]
-        ratio = statistics.median(stock) / statistics.median(ring)
+        ratios = [s / r for s, r in zip(stock, ring)]
+        cpu_stock, cpu_ring = statistics.median(row["stock_cpu_ms"]), statistics.median(row["ring_cpu_ms"])
         print(f"| {row['schedule']} | {row['microbatches']} | {statistics.median(stock):.1f} "
               f"({min(stock):.1f}-{max(stock):.1f}) | {statistics.median(ring):.1f} "
-              f"({min(ring):.1f}-{max(ring):.1f}) | {ratio:.3f} |")
+              f"({min(ring):.1f}-{max(ring):.1f}) | {statistics.median(ratios):.3f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f}) | {cpu_stock:.1f} | {cpu_ring:.1f} | "
+              f"{cpu_stock / cpu_ring:.3f} |")
 
 
 def main():
@@ -195,6 +221,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--timeout", type=int, default=900, help="seconds before the ranks are killed")
     parser.add_argument("--json", help="also write the figures here (rank 0)")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="CPU tensors from glibc malloc instead of remat's caching allocator (tag_cpu_tensors)")
     args = parser.parse_args()
     args.microbatches = [int(m) for m in args.microbatches.split(",")]
     args.schedules = args.schedules.split(",")

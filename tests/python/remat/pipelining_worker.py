@@ -88,13 +88,11 @@ def build(name, layout, rank, world, workdir, stock):
     stages = []
     for index in indices:
         kind = KINDS[(index + layout) % len(KINDS)]
-        if kind == "pass" and index == num_stages - 1:
-            # Stock PyTorch cannot train a last stage that returns its input: backward_one_chunk
-            # detaches the stage output in place, which is then the persistent receive buffer.
-            kind = "residual"
-        if kind == "pass" and stock and name in SPLIT_BACKWARD:
-            # Nor any such stage under the I/W split (stage_backward_input detaches its outputs in
-            # place): stock runs x * 1, bitwise the same values and gradients without the aliasing.
+        if kind == "pass" and stock and (index == num_stages - 1 or name in SPLIT_BACKWARD):
+            # Stock PyTorch cannot train past one step a last stage that returns its input
+            # (backward_one_chunk detaches the stage output in place, and it is the persistent
+            # receive buffer), nor any such stage under the I/W split (stage_backward_input does
+            # the same): stock runs x * 1, bitwise the same values and gradients, unaliased.
             kind = "pass_copy"
         module = Stage(kind, seed=1000 * layout + index)
         stages.append(PipelineStage(module, index, num_stages, torch.device("cpu"), input_args=(example,),

@@ -192,9 +192,9 @@ class _Receiver:
         """The last reader of `mb`'s buffers is done with them."""
         slot = self.live.pop(mb)
         if self.mode == "ring":
+            # The leaf keeps its .grad until clear_runtime_states, as stock does: freeing it here
+            # measured 5-10% more CPU time per step on the host (malloc returning each to the OS).
             self.ring.holders[slot] = None
-            for info in self.received[mb]:
-                info.buffer.grad = None  # the input gradient was sent; the leaf need not keep it
             return
         if self.mode == "just_in_time":
             self.live_sets -= 1
