@@ -47,8 +47,13 @@ std::size_t parse_mebibytes(std::string_view source, std::string_view key, std::
   return static_cast<std::size_t>(mb) * Config::kMiB;
 }
 
+std::size_t parse_max_split_size(std::string_view source, std::string_view key, std::string_view value) {
+  if (value == "unlimited") return Config::kUnlimited;
+  return parse_mebibytes(source, key, value, 20, "a whole number of MiB >= 20, or unlimited");
+}
+
 double parse_fraction(std::string_view source, std::string_view key, std::string_view value) {
-  constexpr std::string_view expected = "a number in (0, 1], e.g. memory_fraction:0.8";
+  constexpr std::string_view expected = "a number in (0, 1], e.g. 0.8";
   const std::string text(value);
   char* end = nullptr;
   const double out = std::strtod(text.c_str(), &end);
@@ -101,12 +106,7 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
     } else if (key == "host_capacity_mb") {
       config.host_capacity_bytes = parse_mebibytes(source, key, value, 1, "a whole number of MiB >= 1");
     } else if (key == "max_split_size_mb") {
-      if (value == "unlimited") {
-        config.max_split_size_bytes = kUnlimited;
-      } else {
-        config.max_split_size_bytes =
-            parse_mebibytes(source, key, value, 20, "a whole number of MiB >= 20, or unlimited");
-      }
+      config.max_split_size_bytes = parse_max_split_size(source, key, value);
     } else if (key == "memory_fraction") {
       config.memory_fraction = parse_fraction(source, key, value);
     } else if (key == "trace_entries") {
@@ -132,9 +132,107 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
   return config;
 }
 
+namespace {
+
+// PyTorch 2.11's keys that only its own allocator implements (and the pinned host pool's).
+bool pytorch_only_key(std::string_view key) {
+  constexpr std::string_view kPyTorchOnly[] = {
+      "expandable_segments", "roundup_power2_divisions", "max_non_split_rounding_mb", "garbage_collection_threshold",
+      "large_segment_size_mb", "release_lock_on_cudamalloc", "graph_capture_record_stream_reuse"};
+  for (const std::string_view known : kPyTorchOnly) {
+    if (key == known) return true;
+  }
+  return key.substr(0, 7) == "pinned_";
+}
+
+// Items separated by commas outside brackets: "a:1,b:[256:1,512:2],c:x".
+std::vector<std::string_view> pytorch_items(std::string_view text) {
+  std::vector<std::string_view> items;
+  std::size_t start = 0;
+  int depth = 0;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] == '[') ++depth;
+    if (i < text.size() && text[i] == ']' && depth > 0) --depth;
+    if (i == text.size() || (text[i] == ',' && depth == 0)) {
+      const std::string_view item = trim(text.substr(start, i - start));
+      if (!item.empty()) items.push_back(item);
+      start = i + 1;
+    }
+  }
+  return items;
+}
+
+}  // namespace
+
+Config Config::parse_pytorch(std::string_view text, Config base, std::vector<std::string>& not_applied,
+                             std::string_view source) {
+  Config config = std::move(base);
+  for (const std::string_view item : pytorch_items(text)) {
+    const auto colon = item.find(':');
+    if (colon == std::string_view::npos) {
+      throw ConfigError(std::string(source) + ": " + detail::quote(item) +
+                        " has no value; write key:value pairs separated by commas, e.g. "
+                        "max_split_size_mb:128,expandable_segments:True");
+    }
+    const std::string_view key = trim(item.substr(0, colon));
+    const std::string_view value = trim(item.substr(colon + 1));
+    if (key == "max_split_size_mb") {
+      config.max_split_size_bytes = parse_max_split_size(source, key, value);
+    } else if (key == "per_process_memory_fraction") {
+      config.memory_fraction = parse_fraction(source, key, value);
+    } else if (key == "backend") {
+      if (value == "cudaMallocAsync") {
+        not_applied.emplace_back(item);
+      } else if (value != "native") {
+        fail(source, key, value, "native or cudaMallocAsync (PyTorch's allocator backends)");
+      }
+    } else if (pytorch_only_key(key)) {
+      not_applied.emplace_back(item);
+    } else {
+      throw ConfigError(std::string(source) + ": unknown key " + detail::quote(key) +
+                        "; PyTorch's keys are max_split_size_mb, per_process_memory_fraction, backend, "
+                        "expandable_segments, roundup_power2_divisions, max_non_split_rounding_mb, "
+                        "garbage_collection_threshold, large_segment_size_mb, release_lock_on_cudamalloc, "
+                        "graph_capture_record_stream_reuse and the pinned_* host keys");
+    }
+  }
+  return config;
+}
+
+Config Config::from_environment(std::string& notice) {
+  notice.clear();
+  const char* ours = std::getenv("REMAT_ALLOC_CONF");
+  // PyTorch reads PYTORCH_ALLOC_CONF first and PYTORCH_CUDA_ALLOC_CONF, its older name, after.
+  std::string_view source = "PYTORCH_ALLOC_CONF";
+  const char* pytorch = std::getenv("PYTORCH_ALLOC_CONF");
+  if (pytorch == nullptr) {
+    source = "PYTORCH_CUDA_ALLOC_CONF";
+    pytorch = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  }
+  if (ours != nullptr) {
+    if (pytorch != nullptr && !trim(pytorch).empty()) {
+      notice = "remat: REMAT_ALLOC_CONF is set, so " + std::string(source) + " (" + detail::quote(pytorch) +
+               ") is not read; put the settings to keep in REMAT_ALLOC_CONF";
+    }
+    return parse(ours, Config{});
+  }
+  if (pytorch == nullptr) return Config{};
+  std::vector<std::string> not_applied;
+  Config config = parse_pytorch(pytorch, Config{}, not_applied, source);
+  if (!not_applied.empty()) {
+    notice = "remat: " + std::string(source) + ": ";
+    for (std::size_t i = 0; i < not_applied.size(); ++i) notice += (i == 0 ? "" : ", ") + not_applied[i];
+    notice += not_applied.size() == 1 ? " is a setting of PyTorch's own allocator, not applied here"
+                                      : " are settings of PyTorch's own allocator, not applied here";
+  }
+  return config;
+}
+
 Config Config::from_environment() {
-  const char* text = std::getenv("REMAT_ALLOC_CONF");
-  return text == nullptr ? Config{} : parse(text, Config{});
+  std::string notice;
+  Config config = from_environment(notice);
+  if (!notice.empty()) std::fprintf(stderr, "%s\n", notice.c_str());
+  return config;
 }
 
 std::string Config::to_string() const {

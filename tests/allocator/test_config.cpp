@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
 using namespace remat::alloc;
 
 namespace {
@@ -117,4 +122,113 @@ TEST(Config, OomDumpDirLongerThanAPathIsRefused) {
   EXPECT_NE(message.find("shorter than 4096 bytes"), std::string::npos) << message.substr(0, 300);
   EXPECT_LT(message.size(), 400u);
   EXPECT_EQ(Config::parse("oom_dump_dir:/" + std::string(4000, 'd'), Config{}).oom_dump_dir.size(), 4001u);
+}
+
+namespace {
+
+// Sets an environment variable for one scope (nullptr: unset), restoring it afterwards.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value == nullptr) {
+      ::unsetenv(name);
+    } else {
+      ::setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::string pytorch_error(std::string_view text) {
+  std::vector<std::string> not_applied;
+  try {
+    Config::parse_pytorch(text, Config{}, not_applied);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST(PyTorchConf, KeysWithAMeaningHereApplyAndTheRestAreListed) {
+  std::vector<std::string> not_applied;
+  const Config c = Config::parse_pytorch(
+      "max_split_size_mb:128, expandable_segments:True,roundup_power2_divisions:[256:1,512:2,>:4],"
+      "per_process_memory_fraction:0.5,backend:native,pinned_num_register_threads:8",
+      Config{}, not_applied);
+  EXPECT_EQ(c.max_split_size_bytes, 128u << 20);
+  EXPECT_DOUBLE_EQ(c.memory_fraction, 0.5);
+  EXPECT_EQ(c.backend, BackendKind::automatic);  // PyTorch's backend is not this allocator's device backend
+  EXPECT_EQ(not_applied, (std::vector<std::string>{"expandable_segments:True", "roundup_power2_divisions:[256:1,512:2,>:4]",
+                                                   "pinned_num_register_threads:8"}));
+}
+
+TEST(PyTorchConf, CudaMallocAsyncIsReportedAsNotApplied) {
+  std::vector<std::string> not_applied;
+  Config::parse_pytorch("backend:cudaMallocAsync", Config{}, not_applied);
+  EXPECT_EQ(not_applied, (std::vector<std::string>{"backend:cudaMallocAsync"}));
+  EXPECT_NE(pytorch_error("backend:cuda").find("backend:'cuda' is not valid; expected native or cudaMallocAsync"),
+            std::string::npos);
+}
+
+TEST(PyTorchConf, BadValuesAndUnknownKeysAreTheSameClearErrors) {
+  EXPECT_EQ(pytorch_error("max_split_size_mb:10"),
+            "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb:'10' is not valid; expected a whole number of MiB >= 20, or "
+            "unlimited");
+  EXPECT_NE(pytorch_error("per_process_memory_fraction:2").find("per_process_memory_fraction:'2' is not valid"),
+            std::string::npos);
+  EXPECT_NE(pytorch_error("expandable_segmentz:True").find("unknown key 'expandable_segmentz'"), std::string::npos);
+  EXPECT_NE(pytorch_error("expandable_segments").find("has no value"), std::string::npos);
+}
+
+TEST(PyTorchConf, ReadWhenRematAllocConfIsUnsetAndOverriddenWhenItIsSet) {
+  std::string notice;
+  const ScopedEnv newer_unset("PYTORCH_ALLOC_CONF", nullptr);
+  {
+    const ScopedEnv ours("REMAT_ALLOC_CONF", nullptr);
+    const ScopedEnv pytorch("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,expandable_segments:True");
+    const Config c = Config::from_environment(notice);
+    EXPECT_EQ(c.max_split_size_bytes, 64u << 20);
+    EXPECT_EQ(notice,
+              "remat: PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is a setting of PyTorch's own allocator, not "
+              "applied here");
+  }
+  {
+    const ScopedEnv ours("REMAT_ALLOC_CONF", "trace_entries:8");
+    const ScopedEnv pytorch("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64");
+    const Config c = Config::from_environment(notice);
+    EXPECT_EQ(c.max_split_size_bytes, Config::kUnlimited);
+    EXPECT_EQ(c.trace_entries, 8u);
+    EXPECT_NE(notice.find("REMAT_ALLOC_CONF is set, so PYTORCH_CUDA_ALLOC_CONF ('max_split_size_mb:64') is not read"),
+              std::string::npos);
+  }
+  {
+    const ScopedEnv ours("REMAT_ALLOC_CONF", nullptr);
+    const ScopedEnv pytorch("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128");
+    Config::from_environment(notice);
+    EXPECT_EQ(notice, "");  // everything given applied: nothing to say
+  }
+  {
+    // PyTorch's newer name comes first, as in PyTorch.
+    const ScopedEnv ours("REMAT_ALLOC_CONF", nullptr);
+    const ScopedEnv newer("PYTORCH_ALLOC_CONF", "max_split_size_mb:32,garbage_collection_threshold:0.6");
+    const ScopedEnv older("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128");
+    EXPECT_EQ(Config::from_environment(notice).max_split_size_bytes, 32u << 20);
+    EXPECT_EQ(notice, "remat: PYTORCH_ALLOC_CONF: garbage_collection_threshold:0.6 is a setting of PyTorch's own "
+                      "allocator, not applied here");
+  }
 }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace remat::alloc {
 
@@ -28,7 +29,21 @@ struct Config {
   // value and what is accepted. `source` names the text's origin in messages.
   static Config parse(std::string_view text, Config base, std::string_view source = "REMAT_ALLOC_CONF");
 
-  // Config from the REMAT_ALLOC_CONF environment variable (defaults when unset).
+  // PyTorch's PYTORCH_CUDA_ALLOC_CONF text ("key:value,...", lists in brackets as in
+  // roundup_power2_divisions:[256:1,512:2]) applied on top of `base`: the keys that mean
+  // something here apply (max_split_size_mb; per_process_memory_fraction as memory_fraction;
+  // backend:native, PyTorch's own caching allocator, is what this allocator is), and the keys
+  // only PyTorch's allocator implements are appended to `not_applied` as "key:value". Throws
+  // ConfigError for a bad value of an applied key, a malformed item and a key PyTorch does not have.
+  static Config parse_pytorch(std::string_view text, Config base, std::vector<std::string>& not_applied,
+                              std::string_view source = "PYTORCH_CUDA_ALLOC_CONF");
+
+  // REMAT_ALLOC_CONF, or PyTorch's settings when it is unset (PYTORCH_ALLOC_CONF, else
+  // PYTORCH_CUDA_ALLOC_CONF, in PyTorch's order of precedence), over the defaults; `notice`
+  // gets the line to print for a job (empty when there is nothing to say): the PyTorch keys not
+  // applied, or that PyTorch's variable is not read because REMAT_ALLOC_CONF wins.
+  static Config from_environment(std::string& notice);
+  // The same, printing the notice on stderr.
   static Config from_environment();
 
   // The canonical "key:value,..." form; parse(to_string()) round-trips.
