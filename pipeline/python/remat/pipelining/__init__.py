@@ -135,7 +135,7 @@ def schedule_supports_recv_pool(pp_schedule: Optional[str]) -> bool:
 
 
 def install_recv_buffer_pool(slack: int = 2) -> bool:
-    """Pools the receive buffers of every Schedule1F1B built in this process, as NeMo does.
+    """Pools the receive buffers of every Schedule1F1B whose first step runs after this, as NeMo does.
 
     Process-wide and idempotent: the first call's `slack` wins. Each 1F1B stage gets NeMo's
     ring of max(2, min(M, S - s + slack)) buffer sets, microbatch m in set m % K, where that
