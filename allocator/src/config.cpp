@@ -3,6 +3,8 @@
 
 #include "detail/format.hpp"
 
+#include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -16,7 +18,8 @@ namespace {
 
 constexpr std::size_t kMaxPathBytes = 4096;  // PATH_MAX, with its terminating NUL
 constexpr std::string_view kKeys =
-    "backend, host_capacity_mb, max_split_size_mb, memory_fraction, trace_entries, oom_dump_dir, oom_dump_interval_ms, tagging";
+    "backend, host_capacity_mb, max_split_size_mb, memory_fraction, roundup_power2_divisions, trace_entries, "
+    "oom_dump_dir, oom_dump_interval_ms, tagging";
 
 std::string_view trim(std::string_view s) {
   const auto first = s.find_first_not_of(" \t\n\r");
@@ -63,6 +66,83 @@ double parse_fraction(std::string_view source, std::string_view key, std::string
   return out;
 }
 
+// Items separated by commas outside brackets: "a:1,b:[256:1,512:2],c:x".
+std::vector<std::string_view> config_items(std::string_view text) {
+  std::vector<std::string_view> items;
+  std::size_t start = 0;
+  int depth = 0;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] == '[') ++depth;
+    if (i < text.size() && text[i] == ']' && depth > 0) --depth;
+    if (i == text.size() || (text[i] == ',' && depth == 0)) {
+      const std::string_view item = trim(text.substr(start, i - start));
+      if (!item.empty()) items.push_back(item);
+      start = i + 1;
+    }
+  }
+  return items;
+}
+
+// PyTorch's roundup_power2_divisions: one count for every size ("4"), or per size interval
+// ("[256:1,512:2,>:8]": intervals named by their lower end in MiB, a power of two; ">" sets
+// every interval after the last one named; the first one named also sets those below it).
+// Counts are powers of two, or 0 (no rounding) in the list form.
+std::array<std::size_t, Config::kRoundUpIntervals> parse_roundup_divisions(std::string_view source,
+                                                                           std::string_view key,
+                                                                           std::string_view value) {
+  constexpr std::string_view expected =
+      "a power of two (roundup_power2_divisions:4) or a list of MiB:count with MiB a power of two and count 0 "
+      "or a power of two, e.g. roundup_power2_divisions:[256:1,512:2,>:8]";
+  auto power_of_two = [](std::uint64_t n) { return n != 0 && (n & (n - 1)) == 0; };
+  std::array<std::size_t, Config::kRoundUpIntervals> divisions{};
+  if (value.empty() || value.front() != '[') {
+    const std::uint64_t count = parse_unsigned(source, key, value, expected);
+    if (!power_of_two(count) || count > (std::uint64_t{1} << 20)) fail(source, key, value, expected);
+    divisions.fill(static_cast<std::size_t>(count));
+    return divisions;
+  }
+  if (value.back() != ']') fail(source, key, value, expected);
+  std::size_t last = 0;
+  bool first = true;
+  std::string_view rest = value.substr(1, value.size() - 2);
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view entry = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const auto colon = entry.find(':');
+    if (colon == std::string_view::npos) fail(source, key, value, expected);
+    const std::string_view bound = trim(entry.substr(0, colon));
+    const std::uint64_t count = parse_unsigned(source, key, trim(entry.substr(colon + 1)), expected);
+    if ((count != 0 && !power_of_two(count)) || count > (std::uint64_t{1} << 20)) fail(source, key, value, expected);
+    if (bound == ">") {
+      for (std::size_t i = last + 1; i < divisions.size(); ++i) divisions[i] = static_cast<std::size_t>(count);
+      continue;
+    }
+    const std::uint64_t mib = parse_unsigned(source, key, bound, expected);
+    if (!power_of_two(mib)) fail(source, key, value, expected);
+    const std::size_t index = std::min<std::size_t>(static_cast<std::size_t>(63 - __builtin_clzll(mib)),
+                                                    divisions.size() - 1);
+    if (first) {
+      for (std::size_t i = 0; i < index; ++i) divisions[i] = static_cast<std::size_t>(count);
+      first = false;
+    }
+    divisions[index] = static_cast<std::size_t>(count);
+    last = index;
+  }
+  return divisions;
+}
+
+std::string roundup_divisions_text(const std::array<std::size_t, Config::kRoundUpIntervals>& divisions) {
+  bool same = true;
+  for (const std::size_t d : divisions) same = same && d == divisions[0];
+  if (same) return std::to_string(divisions[0]);
+  std::string text = "[";
+  for (std::size_t i = 0; i < divisions.size(); ++i) {
+    text += (i == 0 ? "" : ",") + std::to_string(std::uint64_t{1} << i) + ":" + std::to_string(divisions[i]);
+  }
+  return text + "]";
+}
+
 }  // namespace
 
 std::string_view to_string(BackendKind kind) {
@@ -77,12 +157,7 @@ std::string_view to_string(BackendKind kind) {
 Config Config::parse(std::string_view text, Config base, std::string_view source) {
   Config config = std::move(base);
   std::vector<std::pair<std::string_view, std::string_view>> given;  // key, value
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    const auto comma = rest.find(',');
-    const std::string_view item = trim(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    if (item.empty()) continue;
+  for (const std::string_view item : config_items(text)) {
     const auto colon = item.find(':');
     if (colon == std::string_view::npos) {
       throw ConfigError(std::string(source) + ": " + detail::quote(item) +
@@ -120,6 +195,8 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
       const auto ms = parse_unsigned(source, key, value, "a whole number of milliseconds (0: no limit)");
       if (ms > 86'400'000) fail(source, key, value, "at most 86400000 (one day)");
       config.oom_dump_interval_ms = static_cast<std::size_t>(ms);
+    } else if (key == "roundup_power2_divisions") {
+      config.roundup_power2_divisions = parse_roundup_divisions(source, key, value);
     } else if (key == "tagging") {
       if (value == "on") config.tagging = true;
       else if (value == "off") config.tagging = false;
@@ -137,7 +214,7 @@ namespace {
 // PyTorch 2.11's keys that only its own allocator implements (and the pinned host pool's).
 bool pytorch_only_key(std::string_view key) {
   constexpr std::string_view kPyTorchOnly[] = {
-      "expandable_segments", "roundup_power2_divisions", "max_non_split_rounding_mb", "garbage_collection_threshold",
+      "expandable_segments", "max_non_split_rounding_mb", "garbage_collection_threshold",
       "large_segment_size_mb", "release_lock_on_cudamalloc", "graph_capture_record_stream_reuse"};
   for (const std::string_view known : kPyTorchOnly) {
     if (key == known) return true;
@@ -145,29 +222,12 @@ bool pytorch_only_key(std::string_view key) {
   return key.substr(0, 7) == "pinned_";
 }
 
-// Items separated by commas outside brackets: "a:1,b:[256:1,512:2],c:x".
-std::vector<std::string_view> pytorch_items(std::string_view text) {
-  std::vector<std::string_view> items;
-  std::size_t start = 0;
-  int depth = 0;
-  for (std::size_t i = 0; i <= text.size(); ++i) {
-    if (i < text.size() && text[i] == '[') ++depth;
-    if (i < text.size() && text[i] == ']' && depth > 0) --depth;
-    if (i == text.size() || (text[i] == ',' && depth == 0)) {
-      const std::string_view item = trim(text.substr(start, i - start));
-      if (!item.empty()) items.push_back(item);
-      start = i + 1;
-    }
-  }
-  return items;
-}
-
 }  // namespace
 
 Config Config::parse_pytorch(std::string_view text, Config base, std::vector<std::string>& not_applied,
                              std::string_view source) {
   Config config = std::move(base);
-  for (const std::string_view item : pytorch_items(text)) {
+  for (const std::string_view item : config_items(text)) {
     const auto colon = item.find(':');
     if (colon == std::string_view::npos) {
       throw ConfigError(std::string(source) + ": " + detail::quote(item) +
@@ -180,6 +240,8 @@ Config Config::parse_pytorch(std::string_view text, Config base, std::vector<std
       config.max_split_size_bytes = parse_max_split_size(source, key, value);
     } else if (key == "per_process_memory_fraction") {
       config.memory_fraction = parse_fraction(source, key, value);
+    } else if (key == "roundup_power2_divisions") {
+      config.roundup_power2_divisions = parse_roundup_divisions(source, key, value);
     } else if (key == "backend") {
       if (value == "cudaMallocAsync") {
         not_applied.emplace_back(item);
@@ -245,6 +307,9 @@ std::string Config::to_string() const {
   out += ",memory_fraction:" + std::string(fraction);
   out += ",trace_entries:" + std::to_string(trace_entries);
   out += ",oom_dump_interval_ms:" + std::to_string(oom_dump_interval_ms);
+  const bool rounds = std::any_of(roundup_power2_divisions.begin(), roundup_power2_divisions.end(),
+                                  [](std::size_t d) { return d > 1; });
+  if (rounds) out += ",roundup_power2_divisions:" + roundup_divisions_text(roundup_power2_divisions);
   out += tagging ? ",tagging:on" : ",tagging:off";
   if (!oom_dump_dir.empty()) out += ",oom_dump_dir:" + oom_dump_dir;
   return out;

@@ -345,3 +345,18 @@ TEST(CachingAllocator, ResetPeakStatsBringsPeaksDownToCurrent) {
   a.allocator->reset_peak_stats();
   EXPECT_EQ(a.stats().allocated_bytes.peak, 0);
 }
+
+TEST(CachingAllocator, RoundupPower2DivisionsSizeTheBlocksAsPyTorchDoes) {
+  HostAllocator rounded("roundup_power2_divisions:4");
+  void* p = rounded.alloc(MiB + MiB / 5);  // 1.2 MiB: the next of 4 steps between 1 and 2 MiB is 1.25 MiB
+  EXPECT_EQ(rounded.stats().allocated_bytes.current, static_cast<std::int64_t>(MiB + MiB / 4));
+  EXPECT_EQ(rounded.stats().requested_bytes.current, static_cast<std::int64_t>(MiB + MiB / 5));
+  rounded.free(p);
+  void* again = rounded.alloc(MiB + MiB / 6);  // rounds to the same 1.25 MiB and reuses the cached block
+  EXPECT_EQ(addr(again), addr(p));
+  rounded.free(again);
+  HostAllocator plain;
+  void* q = plain.alloc(MiB + MiB / 5);
+  EXPECT_EQ(plain.stats().allocated_bytes.current, static_cast<std::int64_t>(round_request_size(MiB + MiB / 5)));
+  plain.free(q);
+}

@@ -1,8 +1,10 @@
 #include <remat/alloc/config.hpp>
 #include <remat/alloc/errors.hpp>
+#include <remat/alloc/size_classes.hpp>
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -173,8 +175,10 @@ TEST(PyTorchConf, KeysWithAMeaningHereApplyAndTheRestAreListed) {
   EXPECT_EQ(c.max_split_size_bytes, 128u << 20);
   EXPECT_DOUBLE_EQ(c.memory_fraction, 0.5);
   EXPECT_EQ(c.backend, BackendKind::automatic);  // PyTorch's backend is not this allocator's device backend
-  EXPECT_EQ(not_applied, (std::vector<std::string>{"expandable_segments:True", "roundup_power2_divisions:[256:1,512:2,>:4]",
-                                                   "pinned_num_register_threads:8"}));
+  EXPECT_EQ(c.roundup_power2_divisions[8], 1u);  // 256 MiB and up
+  EXPECT_EQ(c.roundup_power2_divisions[9], 2u);
+  EXPECT_EQ(c.roundup_power2_divisions[10], 4u);
+  EXPECT_EQ(not_applied, (std::vector<std::string>{"expandable_segments:True", "pinned_num_register_threads:8"}));
 }
 
 TEST(PyTorchConf, CudaMallocAsyncIsReportedAsNotApplied) {
@@ -231,4 +235,46 @@ TEST(PyTorchConf, ReadWhenRematAllocConfIsUnsetAndOverriddenWhenItIsSet) {
     EXPECT_EQ(notice, "remat: PYTORCH_ALLOC_CONF: garbage_collection_threshold:0.6 is a setting of PyTorch's own "
                       "allocator, not applied here");
   }
+}
+
+TEST(RoundupPower2Divisions, OneCountAppliesToEverySize) {
+  const Config c = Config::parse("roundup_power2_divisions:4", Config{});
+  for (const std::size_t d : c.roundup_power2_divisions) EXPECT_EQ(d, 4u);
+  EXPECT_NE(c.to_string().find("roundup_power2_divisions:4"), std::string::npos);
+  EXPECT_EQ(Config::parse(c.to_string(), Config{}).roundup_power2_divisions, c.roundup_power2_divisions);
+}
+
+TEST(RoundupPower2Divisions, TheListSetsIntervalsAsPyTorchDoes) {
+  // PyTorch's rule: the first interval named also sets those below it, ">" those after the last.
+  const Config c = Config::parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]", Config{});
+  for (std::size_t i = 0; i <= 8; ++i) EXPECT_EQ(c.roundup_power2_divisions[i], 1u) << i;
+  EXPECT_EQ(c.roundup_power2_divisions[9], 2u);
+  EXPECT_EQ(c.roundup_power2_divisions[10], 4u);
+  for (std::size_t i = 11; i < Config::kRoundUpIntervals; ++i) EXPECT_EQ(c.roundup_power2_divisions[i], 8u) << i;
+  EXPECT_EQ(Config::parse(c.to_string(), Config{}).roundup_power2_divisions, c.roundup_power2_divisions);
+}
+
+TEST(RoundupPower2Divisions, BadValuesAreClearErrors) {
+  for (const char* bad : {"roundup_power2_divisions:3", "roundup_power2_divisions:0", "roundup_power2_divisions:[300:2]",
+                          "roundup_power2_divisions:[256:3]", "roundup_power2_divisions:[256:2",
+                          "roundup_power2_divisions:[256]", "roundup_power2_divisions:four"}) {
+    const std::string message = config_error(bad);
+    EXPECT_NE(message.find("is not valid; expected a power of two"), std::string::npos) << bad << ": " << message;
+  }
+}
+
+TEST(RoundupPower2Divisions, SizesRoundToTheNextDivisionAsPyTorchsRoundSize) {
+  std::array<std::size_t, Config::kRoundUpIntervals> four{};
+  four.fill(4);
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  // Between 1 MiB and 2 MiB in 4 steps: 1, 1.25, 1.5, 1.75 MiB.
+  EXPECT_EQ(round_request_size(MiB + MiB / 5, four.data()), MiB + MiB / 4);
+  EXPECT_EQ(round_request_size(MiB + MiB / 4, four.data()), MiB + MiB / 4);  // on a step: unchanged
+  EXPECT_EQ(round_request_size(2 * MiB, four.data()), 2 * MiB);              // a power of two: unchanged
+  EXPECT_EQ(round_request_size(7 * MiB + 1, four.data()), 8 * MiB);          // 4, 5, 6, 7 MiB: next is 8
+  // At or below 512 B x divisions only 512 B rounding applies (PyTorch's size > kMinBlockSize * divisions).
+  EXPECT_EQ(round_request_size(1200, four.data()), 1536u);
+  EXPECT_EQ(round_request_size(2049, four.data()), 2560u);  // above 2048: 2048, 2560, 3072, 3584
+  std::array<std::size_t, Config::kRoundUpIntervals> none{};
+  EXPECT_EQ(round_request_size(MiB + MiB / 5, none.data()), round_request_size(MiB + MiB / 5));
 }

@@ -1,6 +1,7 @@
 #pragma once
 // Allocator configuration, parsed from REMAT_ALLOC_CONF-style text ("key:value,key:value").
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -24,6 +25,11 @@ struct Config {
   std::string oom_dump_dir;                       // where OOM reports go; empty = REMAT_OOM_DUMP_DIR
   bool tagging = true;                            // off: every block is untagged (tag 0)
   std::size_t oom_dump_interval_ms = 10000;       // at most one OOM report per interval
+  // PyTorch's roundup_power2_divisions: for requests in [2^(20+i), 2^(21+i)) bytes (i = 0..15,
+  // the last interval open-ended; below 1 MiB interval 0 applies), round up to one of this many
+  // equal steps between two powers of two; 0 or 1 = 512 B rounding only.
+  static constexpr std::size_t kRoundUpIntervals = 16;
+  std::array<std::size_t, kRoundUpIntervals> roundup_power2_divisions{};
 
   // Applies every key in `text` on top of `base`. Throws ConfigError naming the key, the
   // value and what is accepted. `source` names the text's origin in messages.

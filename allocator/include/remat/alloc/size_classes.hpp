@@ -17,7 +17,10 @@ inline constexpr std::size_t kLargeRoundUp = std::size_t{2} << 20;
 // would overflow.
 inline constexpr std::size_t kMaxRequestSize = std::size_t{1} << 56;
 
+// 512 B rounding; with PyTorch's roundup_power2_divisions (Config), requests above
+// 512 B x divisions round up to the next of `divisions` equal steps between powers of two.
 std::size_t round_request_size(std::size_t size);
+std::size_t round_request_size(std::size_t size, const std::size_t* roundup_power2_divisions);
 std::size_t segment_size_for(std::size_t rounded_size);
 
 }  // namespace remat::alloc
