@@ -83,6 +83,17 @@ std::vector<std::string_view> config_items(std::string_view text) {
   return items;
 }
 
+// "key:value" as its trimmed key and value; ConfigError where there is no colon.
+std::pair<std::string_view, std::string_view> key_and_value(std::string_view item, std::string_view source,
+                                                            std::string_view example) {
+  const auto colon = item.find(':');
+  if (colon == std::string_view::npos) {
+    throw ConfigError(std::string(source) + ": " + detail::quote(item) +
+                      " has no value; write key:value pairs separated by commas, e.g. " + std::string(example));
+  }
+  return {trim(item.substr(0, colon)), trim(item.substr(colon + 1))};
+}
+
 // PyTorch's roundup_power2_divisions: one count for every size ("4"), or per size interval
 // ("[256:1,512:2,>:8]": intervals named by their lower end in MiB, a power of two; ">" sets
 // every interval after the last one named; the first one named also sets those below it).
@@ -158,14 +169,7 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
   Config config = std::move(base);
   std::vector<std::pair<std::string_view, std::string_view>> given;  // key, value
   for (const std::string_view item : config_items(text)) {
-    const auto colon = item.find(':');
-    if (colon == std::string_view::npos) {
-      throw ConfigError(std::string(source) + ": " + detail::quote(item) +
-                        " has no value; write key:value pairs separated by commas, e.g. "
-                        "backend:host,host_capacity_mb:1024");
-    }
-    const std::string_view key = trim(item.substr(0, colon));
-    const std::string_view value = trim(item.substr(colon + 1));
+    const auto [key, value] = key_and_value(item, source, "backend:host,host_capacity_mb:1024");
     for (const auto& [earlier_key, earlier_value] : given) {
       if (earlier_key != key) continue;
       throw ConfigError(std::string(source) + ": key " + detail::quote(key) + " is given twice (" +
@@ -228,14 +232,7 @@ Config Config::parse_pytorch(std::string_view text, Config base, std::vector<std
                              std::string_view source) {
   Config config = std::move(base);
   for (const std::string_view item : config_items(text)) {
-    const auto colon = item.find(':');
-    if (colon == std::string_view::npos) {
-      throw ConfigError(std::string(source) + ": " + detail::quote(item) +
-                        " has no value; write key:value pairs separated by commas, e.g. "
-                        "max_split_size_mb:128,expandable_segments:True");
-    }
-    const std::string_view key = trim(item.substr(0, colon));
-    const std::string_view value = trim(item.substr(colon + 1));
+    const auto [key, value] = key_and_value(item, source, "max_split_size_mb:128,expandable_segments:True");
     if (key == "max_split_size_mb") {
       config.max_split_size_bytes = parse_max_split_size(source, key, value);
     } else if (key == "per_process_memory_fraction") {
