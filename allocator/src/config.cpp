@@ -149,9 +149,13 @@ std::string roundup_divisions_text(const std::array<std::size_t, Config::kRoundU
   if (same) return std::to_string(divisions[0]);
   std::string text = "[";
   for (std::size_t i = 0; i < divisions.size(); ++i) {
-    text += (i == 0 ? "" : ",") + std::to_string(std::uint64_t{1} << i) + ":" + std::to_string(divisions[i]);
+    if (i > 0) text += ',';
+    text += std::to_string(std::uint64_t{1} << i);
+    text += ':';
+    text += std::to_string(divisions[i]);
   }
-  return text + "]";
+  text += ']';
+  return text;
 }
 
 }  // namespace
@@ -280,7 +284,10 @@ Config Config::from_environment(std::string& notice) {
   Config config = parse_pytorch(pytorch, Config{}, not_applied, source);
   if (!not_applied.empty()) {
     notice = "remat: " + std::string(source) + ": ";
-    for (std::size_t i = 0; i < not_applied.size(); ++i) notice += (i == 0 ? "" : ", ") + not_applied[i];
+    for (std::size_t i = 0; i < not_applied.size(); ++i) {
+      if (i > 0) notice += ", ";
+      notice += not_applied[i];
+    }
     notice += not_applied.size() == 1 ? " is a setting of PyTorch's own allocator, not applied here"
                                       : " are settings of PyTorch's own allocator, not applied here";
   }

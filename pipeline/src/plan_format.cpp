@@ -106,7 +106,10 @@ std::string shared_lines(const PipelinePlan& plan) {
   for (const SharedRing& ring : plan.shared) {
     if (ring.stages.size() < 2) continue;
     std::string stages;
-    for (const int stage : ring.stages) stages += (stages.empty() ? "" : ", ") + std::to_string(stage);
+    for (const int stage : ring.stages) {
+      if (!stages.empty()) stages += ", ";
+      stages += std::to_string(stage);
+    }
     out += "shared ring: rank " + std::to_string(ring.rank) + " " + std::string(to_string(ring.direction)) +
            " (stages " + stages + "): " + sets_text(ring.min_slots, std::nullopt) + " for all, against " +
            std::to_string(ring.separate_slots) + " in separate rings (where the stages' buffers have the same shapes)\n";
