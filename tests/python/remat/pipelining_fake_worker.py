@@ -61,7 +61,7 @@ def guard(names):
             if shortened is None:
                 continue
             plan, stage, direction = shortened
-            _pool.SchedulePool(layout, plan, "ring", closed_form=False).install()
+            _pool.SchedulePool(layout, plan, "ring").install()
             try:
                 step(schedule, stages)
                 caught = {"rank": rank, "stage": stage, "direction": direction, "error": None}

@@ -49,7 +49,7 @@ def _install_pool(schedule: Any, *, slack: int, mode: str, closed_form: bool) ->
         raise RuntimeError("remat.pipelining: this schedule's receive buffers are pooled already; pool a schedule once")
     layout = layout_of(schedule)
     plan = plan_of(layout, slack=slack, use_closed_form=closed_form)
-    pool = SchedulePool(layout, plan, mode, closed_form)
+    pool = SchedulePool(layout, plan, mode)
     pool.install()
     setattr(schedule, _POOL_ATTRIBUTE, pool)
     return plan

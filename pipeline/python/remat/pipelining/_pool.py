@@ -19,6 +19,7 @@ the slot is received into again while such a send can still be in flight.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Optional
 
 import torch
@@ -73,9 +74,6 @@ class _Ring:
                 self.sets.append(tensors)
                 self.storages.update(t.untyped_storage().data_ptr() for t in tensors)
         return self.template == template
-
-    def set_bytes(self) -> int:
-        return sum(t.nbytes for t in self.sets[0]) if self.sets else 0
 
 
 class _Receiver:
@@ -206,18 +204,11 @@ class _Receiver:
         self.live_sets = 0
 
     def memory(self) -> dict:
-        set_bytes = sum(dtype.itemsize * _numel(shape) for shape, dtype, _ in self.template)
+        set_bytes = sum(dtype.itemsize * math.prod(shape) for shape, dtype, _ in self.template)
         if self.mode == "ring":
             sets = self.ring.size
             return {"sets": sets, "bytes": sets * set_bytes, "peak_sets": sets, "peak_bytes": sets * set_bytes}
         return {"sets": 0, "bytes": 0, "peak_sets": self.peak_sets, "peak_bytes": self.peak_sets * set_bytes}
-
-
-def _numel(shape: tuple) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 class _StagePool:
@@ -400,7 +391,7 @@ class _StagePool:
 class SchedulePool:
     """The receivers of one rank's stages of a schedule, built from a plan."""
 
-    def __init__(self, layout: Any, plan: dict, mode: str, closed_form: bool):
+    def __init__(self, layout: Any, plan: dict, mode: str):
         if mode not in _MODES:
             raise ValueError(f"remat.pipelining: mode {mode!r} is not one of {', '.join(map(repr, _MODES))}")
         self.layout = layout
