@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <numeric>
 
 namespace remat::alloc {
 
@@ -52,9 +53,9 @@ std::size_t round_request_size(std::size_t size, const std::size_t* roundup_powe
   return round_request_size(size);
 }
 
-std::size_t segment_size_for(std::size_t rounded_size) {
+std::size_t segment_size_for(std::size_t rounded_size, std::size_t large_segment_size) {
   if (rounded_size <= kSmallRequestLimit) return kSmallSegmentSize;
-  if (rounded_size < kMinLargeAlloc) return kLargeSegmentSize;
+  if (rounded_size < kMinLargeAlloc) return large_segment_size;
   return (rounded_size + kLargeRoundUp - 1) / kLargeRoundUp * kLargeRoundUp;
 }
 
@@ -70,17 +71,29 @@ std::string_view to_string(BlockState state) {
 namespace {
 
 using detail::Block;
+using detail::ExpandableSegment;
 
 std::size_t reserved_cap(Backend& backend, const Config& config) {
   if (config.memory_fraction >= 1.0) return Config::kUnlimited;
   return static_cast<std::size_t>(config.memory_fraction * static_cast<double>(backend.memory_info().total_bytes));
 }
 
+std::size_t round_up(std::size_t value, std::size_t step) { return (value + step - 1) / step * step; }
+
+void check_backend_supports(const Backend& backend, const Config& config) {
+  if (config.expandable_segments && backend.granularity() == 0) {
+    throw ConfigError("expandable_segments:True needs a backend that maps memory into reserved address space; "
+                      "the " + std::string(backend.name()) + " backend cannot: set expandable_segments:False");
+  }
+}
+
 }  // namespace
 
 struct CachingAllocator::State {
   State(std::unique_ptr<Backend> b, const Config& c)
-      : backend(std::move(b)), config(c), reserved_limit(reserved_cap(*backend, c)), trace(c.trace_entries) {}
+      : backend(std::move(b)), config(c), reserved_limit(reserved_cap(*backend, c)), trace(c.trace_entries) {
+    check_backend_supports(*backend, config);
+  }
 
   mutable detail::AdaptiveMutex mutex;
   std::unique_ptr<Backend> backend;
@@ -92,10 +105,13 @@ struct CachingAllocator::State {
   std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
   std::vector<std::pair<Event, Block*>> pending_frees;
   std::vector<Block*> spare_blocks;
+  std::vector<std::unique_ptr<ExpandableSegment>> expandable;  // one per stream and pool in use
+  std::uint64_t frees = 0;                                      // stamps Block::freed_at
   AllocatorStats stats;
   std::vector<TagStats> tag_stats;  // indexed by TagId
   TraceRing trace;
   OomHandler oom_handler;
+  bool oom_reporting = true;
   detail::OomDumpLimiter oom_dumps;
 
   void insert_free(Block* block) {
@@ -108,7 +124,8 @@ struct CachingAllocator::State {
   }
   Block* take_free_block(bool small, Stream stream, std::size_t size) {
     return small ? small_pool.take_best_fit(stream, size)
-                 : large_pool.take_best_fit(stream, size, config.max_split_size_bytes);
+                 : large_pool.take_best_fit(stream, size, config.max_split_size_bytes,
+                                            config.max_non_split_rounding_bytes);
   }
 
   Block* new_block() {
@@ -163,6 +180,107 @@ struct CachingAllocator::State {
     recycle(block);
   }
 
+  // A block for `rounded` bytes from new device memory: a new fixed segment, or the stream's
+  // expandable segment grown at its end.
+  Block* new_memory(std::size_t rounded, Stream stream, bool small) {
+    if (config.expandable_segments) return grow_expandable(rounded, stream, small);
+    return new_segment(segment_size_for(rounded, config.large_segment_size_bytes), stream, small);
+  }
+
+  ExpandableSegment* expandable_for(Stream stream, bool small) {
+    for (const auto& segment : expandable) {
+      if (segment->stream == stream && segment->small == small) return segment.get();
+    }
+    // As PyTorch: room to map the whole device and an eighth more, in whole growth steps.
+    const std::size_t step = growth_step(small);
+    const std::size_t total = backend->memory_info().total_bytes;
+    const std::size_t reserved = round_up(total + total / 8, step);
+    void* base = backend->reserve(reserved);
+    if (base == nullptr) return nullptr;
+    auto segment = std::make_unique<ExpandableSegment>();
+    segment->base = reinterpret_cast<std::uintptr_t>(base);
+    segment->reserved = reserved;
+    segment->stream = stream;
+    segment->small = small;
+    return expandable.emplace_back(std::move(segment)).get();
+  }
+
+  // One small or large segment, in whole granules of the backend.
+  std::size_t growth_step(bool small) const {
+    return std::lcm(small ? kSmallSegmentSize : config.large_segment_size_bytes, backend->granularity());
+  }
+
+  // Maps enough at the segment's end for `rounded` bytes in its free tail block (or a new
+  // tail block) and returns that block, out of the free pool; nullptr when the cap, the
+  // reservation or the device has no room.
+  Block* grow_expandable(std::size_t rounded, Stream stream, bool small) {
+    ExpandableSegment* segment = expandable_for(stream, small);
+    if (segment == nullptr) return nullptr;
+    Block* tail = segment->tail;
+    // A free tail too small for the request grows; one the pool would not hand out
+    // (max_split_size) stays as it is, with the new block after it.
+    const bool extend_tail = tail != nullptr && tail->is_free() && tail->size < rounded;
+    const std::size_t have = extend_tail ? tail->size : 0;
+    const std::size_t grow = round_up(rounded - have, growth_step(small));
+    if (grow > segment->reserved - segment->mapped ||
+        detail::exceeds_reserved_cap(static_cast<std::size_t>(stats.reserved_bytes.current), reserved_limit, grow)) {
+      return nullptr;
+    }
+    const std::uintptr_t end = segment->base + segment->mapped;
+    if (!backend->map(reinterpret_cast<void*>(end), grow)) return nullptr;
+    if (segment->mapped == 0) stats.segments.add(1);
+    segment->mapped += grow;
+    stats.reserved_bytes.add(static_cast<std::int64_t>(grow));
+    trace.record(TraceAction::segment_alloc, end, grow, stream, current_tag_id());
+    if (extend_tail) {
+      erase_free(tail);
+      tail->size += grow;
+      return tail;
+    }
+    Block* block = new_block();
+    block->address = end;
+    block->size = grow;
+    block->stream = stream;
+    block->small = small;
+    block->expandable = segment;
+    block->prev = tail;
+    if (tail != nullptr) tail->next = block;
+    else segments.emplace(block->address, block);
+    segment->tail = block;
+    return block;
+  }
+
+  // Unmaps the whole granules of the segment's free tail block; the segment's reservation
+  // goes back once nothing of it is mapped. Returns the bytes unmapped.
+  std::size_t shrink_expandable(ExpandableSegment& segment) {
+    Block* tail = segment.tail;
+    if (tail == nullptr || !tail->is_free()) return 0;
+    const std::uintptr_t end = segment.base + segment.mapped;
+    const std::uintptr_t keep_to = segment.base + round_up(tail->address - segment.base, backend->granularity());
+    if (keep_to >= end) return 0;
+    const std::size_t unmapped = end - keep_to;
+    erase_free(tail);
+    backend->unmap(reinterpret_cast<void*>(keep_to), unmapped);
+    trace.record(TraceAction::segment_free, keep_to, unmapped, segment.stream, 0);
+    segment.mapped -= unmapped;
+    stats.reserved_bytes.subtract(static_cast<std::int64_t>(unmapped));
+    if (keep_to > tail->address) {
+      tail->size = keep_to - tail->address;
+      insert_free(tail);
+      return unmapped;
+    }
+    segment.tail = tail->prev;
+    if (tail->prev != nullptr) tail->prev->next = nullptr;
+    else segments.erase(tail->address);
+    recycle(tail);
+    if (segment.mapped == 0) {
+      stats.segments.subtract(1);
+      backend->release(reinterpret_cast<void*>(segment.base), segment.reserved);
+      std::erase_if(expandable, [&](const auto& owned) { return owned.get() == &segment; });
+    }
+    return unmapped;
+  }
+
   void release_cached_blocks() {
     std::vector<Block*> whole;
     small_pool.for_each([&](Block* block) { if (block->is_whole_segment()) whole.push_back(block); });
@@ -171,21 +289,58 @@ struct CachingAllocator::State {
       erase_free(block);
       release_segment(block);
     }
+    std::vector<ExpandableSegment*> grown;
+    for (const auto& segment : expandable) grown.push_back(segment.get());
+    for (ExpandableSegment* segment : grown) shrink_expandable(*segment);
+  }
+
+  // PyTorch's garbage_collection_threshold: with a memory_fraction cap, once reserved bytes
+  // pass the threshold's share of it, give back the cached memory idle longest (whole free
+  // segments, expandable segments' free tails) until reserved is under the threshold again.
+  void collect_garbage() {
+    if (config.garbage_collection_threshold <= 0.0 || reserved_limit == Config::kUnlimited) return;
+    const auto threshold = static_cast<std::size_t>(config.garbage_collection_threshold *
+                                                    static_cast<double>(reserved_limit));
+    auto reserved = [&] { return static_cast<std::size_t>(stats.reserved_bytes.current); };
+    if (reserved() <= threshold) return;
+    std::vector<Block*> idle;
+    auto consider = [&](Block* block) {
+      if (block->is_whole_segment() || (block->expandable != nullptr && block == block->expandable->tail)) {
+        idle.push_back(block);
+      }
+    };
+    small_pool.for_each(consider);
+    large_pool.for_each(consider);
+    std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
+    for (Block* block : idle) {
+      if (reserved() <= threshold) break;
+      if (block->expandable != nullptr) {
+        shrink_expandable(*block->expandable);
+      } else {
+        erase_free(block);
+        release_segment(block);
+      }
+    }
   }
 
   void split(Block* block, std::size_t size) {
     const std::size_t remaining = block->size - size;
-    const bool worth_splitting = block->small ? remaining >= kMinBlockSize
-                                              : size < config.max_split_size_bytes && remaining > kSmallRequestLimit;
+    // As PyTorch: expandable segments split any remainder, like the small pool.
+    const bool worth_splitting = block->small || block->expandable != nullptr
+                                     ? remaining >= kMinBlockSize
+                                     : size < config.max_split_size_bytes && remaining > kSmallRequestLimit;
     if (!worth_splitting) return;
     Block* rest = new_block();
     rest->address = block->address + size;
     rest->size = remaining;
     rest->stream = block->stream;
     rest->small = block->small;
+    rest->expandable = block->expandable;
+    rest->freed_at = ++frees;
     rest->prev = block;
     rest->next = block->next;
     if (rest->next != nullptr) rest->next->prev = rest;
+    else if (rest->expandable != nullptr) rest->expandable->tail = rest;
     block->next = rest;
     block->size = size;
     insert_free(rest);
@@ -203,6 +358,7 @@ struct CachingAllocator::State {
     } else {
       block->next = neighbour->next;
       if (block->next != nullptr) block->next->prev = block;
+      else if (block->expandable != nullptr) block->expandable->tail = block;
     }
     block->size += neighbour->size;
     recycle(neighbour);
@@ -215,6 +371,7 @@ struct CachingAllocator::State {
     block->tag = 0;
     merge(block, block->prev);
     merge(block, block->next);
+    block->freed_at = ++frees;
     insert_free(block);
   }
 
@@ -244,7 +401,7 @@ struct CachingAllocator::State {
     auto count = [&free](const Block* block) {
       const auto bytes = static_cast<std::int64_t>(block->size);
       free.largest_free_block = std::max(free.largest_free_block, bytes);
-      if (block->is_whole_segment()) {
+      if (block->is_whole_segment() || (block->expandable != nullptr && block == block->expandable->tail)) {
         free.releasable_bytes += bytes;
       } else {
         free.fragmented_free_bytes += bytes;
@@ -294,6 +451,11 @@ CachingAllocator::~CachingAllocator() {
 void CachingAllocator::report_out_of_memory(std::unique_lock<detail::AdaptiveMutex>& lock, std::size_t size,
                                             std::size_t rounded, std::size_t segment_size, TagId tag) {
   State& s = *state_;
+  if (!s.oom_reporting) {
+    lock.unlock();
+    throw OutOfMemoryError("out of memory on device " + std::to_string(s.backend->device()) + ": tried to allocate " +
+                           format_bytes(size));
+  }
   OomEvent event;
   event.device = s.backend->device();
   event.requested_bytes = size;
@@ -340,8 +502,8 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
   const bool small = rounded <= kSmallRequestLimit;
   Block* block = s.take_free_block(small, stream, rounded);
   if (block == nullptr) {
-    const std::size_t segment_size = segment_size_for(rounded);
-    block = s.new_segment(segment_size, stream, small);
+    s.collect_garbage();
+    block = s.new_memory(rounded, stream, small);
     if (block == nullptr) {
       // Like PyTorch: wait for freed blocks still in use by streams, give every cached
       // segment back, and try once more before declaring out-of-memory.
@@ -349,11 +511,14 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
       s.process_pending_frees(true);
       s.release_cached_blocks();
       block = s.take_free_block(small, stream, rounded);
-      if (block == nullptr) block = s.new_segment(segment_size, stream, small);
+      if (block == nullptr) block = s.new_memory(rounded, stream, small);
     }
     if (block == nullptr) {
       ++s.stats.num_ooms;
       s.trace.record(TraceAction::oom, 0, rounded, stream, tag);
+      const std::size_t segment_size = s.config.expandable_segments
+                                           ? round_up(rounded, s.growth_step(small))
+                                           : segment_size_for(rounded, s.config.large_segment_size_bytes);
       report_out_of_memory(lock, size, rounded, segment_size, tag);
     }
   }
@@ -443,6 +608,7 @@ void CachingAllocator::empty_cache() {
 void CachingAllocator::apply_config(const Config& config) {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
+  check_backend_supports(*s.backend, config);
   if (config.trace_entries != s.config.trace_entries) s.trace.resize(config.trace_entries);
   s.reserved_limit = reserved_cap(*s.backend, config);
   s.config = config;
@@ -456,6 +622,7 @@ void CachingAllocator::replace_backend(std::unique_ptr<Backend> backend, const C
                      std::to_string(s.live.size()) + " blocks are live; configure the backend before the first "
                      "allocation or free everything first");
   }
+  check_backend_supports(*backend, config);
   s.release_cached_blocks();
   s.backend = std::move(backend);
   if (config.trace_entries != s.config.trace_entries) s.trace.resize(config.trace_entries);
@@ -466,6 +633,11 @@ void CachingAllocator::replace_backend(std::unique_ptr<Backend> backend, const C
 void CachingAllocator::set_oom_handler(OomHandler handler) {
   std::lock_guard lock(state_->mutex);
   state_->oom_handler = std::move(handler);
+}
+
+void CachingAllocator::set_oom_reporting(bool enabled) {
+  std::lock_guard lock(state_->mutex);
+  state_->oom_reporting = enabled;
 }
 
 AllocatorStats CachingAllocator::stats() const {
@@ -503,6 +675,7 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
     segment.address = address;
     segment.stream = head->stream;
     segment.is_small = head->small;
+    segment.is_expandable = head->expandable != nullptr;
     for (const Block* block = head; block != nullptr; block = block->next) {
       const BlockState state = block->allocated ? BlockState::active_allocated
                                : block->pending_events > 0 ? BlockState::active_pending_free

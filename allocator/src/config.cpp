@@ -18,8 +18,9 @@ namespace {
 
 constexpr std::size_t kMaxPathBytes = 4096;  // PATH_MAX, with its terminating NUL
 constexpr std::string_view kKeys =
-    "backend, host_capacity_mb, max_split_size_mb, memory_fraction, roundup_power2_divisions, trace_entries, "
-    "oom_dump_dir, oom_dump_interval_ms, tagging";
+    "backend, host_capacity_mb, max_split_size_mb, memory_fraction, roundup_power2_divisions, expandable_segments, "
+    "max_non_split_rounding_mb, garbage_collection_threshold, large_segment_size_mb, trace_entries, oom_dump_dir, "
+    "oom_dump_interval_ms, tagging";
 
 std::string_view trim(std::string_view s) {
   const auto first = s.find_first_not_of(" \t\n\r");
@@ -158,6 +159,43 @@ std::string roundup_divisions_text(const std::array<std::size_t, Config::kRoundU
   return text;
 }
 
+double parse_threshold(std::string_view source, std::string_view key, std::string_view value) {
+  constexpr std::string_view expected = "a number strictly between 0 and 1, e.g. 0.8";
+  const std::string text(value);
+  char* end = nullptr;
+  const double out = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !(out > 0.0 && out < 1.0)) fail(source, key, value, expected);
+  return out;
+}
+
+bool parse_bool(std::string_view source, std::string_view key, std::string_view value) {
+  if (value == "true" || value == "True") return true;
+  if (value == "false" || value == "False") return false;
+  fail(source, key, value, "True or False");
+}
+
+// The keys REMAT_ALLOC_CONF shares with PyTorch's variables, with PyTorch's names, meanings
+// and limits. False when `key` is not one of them.
+bool apply_pytorch_setting(Config& config, std::string_view source, std::string_view key, std::string_view value) {
+  if (key == "max_split_size_mb") {
+    config.max_split_size_bytes = parse_max_split_size(source, key, value);
+  } else if (key == "roundup_power2_divisions") {
+    config.roundup_power2_divisions = parse_roundup_divisions(source, key, value);
+  } else if (key == "expandable_segments") {
+    config.expandable_segments = parse_bool(source, key, value);
+  } else if (key == "max_non_split_rounding_mb") {
+    config.max_non_split_rounding_bytes = parse_mebibytes(source, key, value, 20, "a whole number of MiB >= 20");
+  } else if (key == "garbage_collection_threshold") {
+    config.garbage_collection_threshold = parse_threshold(source, key, value);
+  } else if (key == "large_segment_size_mb") {
+    config.large_segment_size_bytes = parse_mebibytes(
+        source, key, value, 10, "a whole number of MiB >= 10 (the segment holds requests of up to 10 MiB)");
+  } else {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string_view to_string(BackendKind kind) {
@@ -181,6 +219,7 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
                         "); give each key once, with the value you mean");
     }
     given.emplace_back(key, value);
+    if (apply_pytorch_setting(config, source, key, value)) continue;
     if (key == "backend") {
       if (value == "cuda") config.backend = BackendKind::cuda;
       else if (value == "host") config.backend = BackendKind::host;
@@ -188,8 +227,6 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
       else fail(source, key, value, "cuda, host or auto");
     } else if (key == "host_capacity_mb") {
       config.host_capacity_bytes = parse_mebibytes(source, key, value, 1, "a whole number of MiB >= 1");
-    } else if (key == "max_split_size_mb") {
-      config.max_split_size_bytes = parse_max_split_size(source, key, value);
     } else if (key == "memory_fraction") {
       config.memory_fraction = parse_fraction(source, key, value);
     } else if (key == "trace_entries") {
@@ -203,8 +240,6 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
       const auto ms = parse_unsigned(source, key, value, "a whole number of milliseconds (0: no limit)");
       if (ms > 86'400'000) fail(source, key, value, "at most 86400000 (one day)");
       config.oom_dump_interval_ms = static_cast<std::size_t>(ms);
-    } else if (key == "roundup_power2_divisions") {
-      config.roundup_power2_divisions = parse_roundup_divisions(source, key, value);
     } else if (key == "tagging") {
       if (value == "on") config.tagging = true;
       else if (value == "off") config.tagging = false;
@@ -221,9 +256,7 @@ namespace {
 
 // PyTorch 2.11's keys that only its own allocator implements (and the pinned host pool's).
 bool pytorch_only_key(std::string_view key) {
-  constexpr std::string_view kPyTorchOnly[] = {
-      "expandable_segments", "max_non_split_rounding_mb", "garbage_collection_threshold",
-      "large_segment_size_mb", "release_lock_on_cudamalloc", "graph_capture_record_stream_reuse"};
+  constexpr std::string_view kPyTorchOnly[] = {"release_lock_on_cudamalloc", "graph_capture_record_stream_reuse"};
   for (const std::string_view known : kPyTorchOnly) {
     if (key == known) return true;
   }
@@ -237,12 +270,9 @@ Config Config::parse_pytorch(std::string_view text, Config base, std::vector<std
   Config config = std::move(base);
   for (const std::string_view item : config_items(text)) {
     const auto [key, value] = key_and_value(item, source, "max_split_size_mb:128,expandable_segments:True");
-    if (key == "max_split_size_mb") {
-      config.max_split_size_bytes = parse_max_split_size(source, key, value);
-    } else if (key == "per_process_memory_fraction") {
+    if (apply_pytorch_setting(config, source, key, value)) continue;
+    if (key == "per_process_memory_fraction") {
       config.memory_fraction = parse_fraction(source, key, value);
-    } else if (key == "roundup_power2_divisions") {
-      config.roundup_power2_divisions = parse_roundup_divisions(source, key, value);
     } else if (key == "backend") {
       if (value == "cudaMallocAsync") {
         not_applied.emplace_back(item);
@@ -314,6 +344,23 @@ std::string Config::to_string() const {
   const bool rounds = std::any_of(roundup_power2_divisions.begin(), roundup_power2_divisions.end(),
                                   [](std::size_t d) { return d > 1; });
   if (rounds) out += ",roundup_power2_divisions:" + roundup_divisions_text(roundup_power2_divisions);
+  // PyTorch's other settings appear when they differ from PyTorch's defaults.
+  const Config defaults;
+  if (expandable_segments) out += ",expandable_segments:True";
+  if (max_non_split_rounding_bytes != defaults.max_non_split_rounding_bytes) {
+    out += ",max_non_split_rounding_mb:";
+    out += std::to_string(max_non_split_rounding_bytes / kMiB);
+  }
+  if (garbage_collection_threshold != defaults.garbage_collection_threshold) {
+    char threshold[32];
+    std::snprintf(threshold, sizeof threshold, "%.17g", garbage_collection_threshold);
+    out += ",garbage_collection_threshold:";
+    out += threshold;
+  }
+  if (large_segment_size_bytes != defaults.large_segment_size_bytes) {
+    out += ",large_segment_size_mb:";
+    out += std::to_string(large_segment_size_bytes / kMiB);
+  }
   out += tagging ? ",tagging:on" : ",tagging:off";
   if (!oom_dump_dir.empty()) out += ",oom_dump_dir:" + oom_dump_dir;
   return out;

@@ -2,9 +2,14 @@
 #include <remat/alloc/errors.hpp>
 
 #include <string>
+#include <type_traits>
 
 #if REMAT_ALLOC_HAVE_CUDA
+#include <cuda.h>  // the driver's types; its functions are looked up at run time
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <unordered_map>
 #endif
 
 namespace remat::alloc {
@@ -37,9 +42,61 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
+// The driver's virtual memory API, for expandable segments. libcuda is opened when first
+// needed rather than linked, so the library still loads where no driver is installed; there
+// expandable segments are refused with a message.
+struct DriverApi {
+  decltype(&cuMemAddressReserve) address_reserve = nullptr;
+  decltype(&cuMemAddressFree) address_free = nullptr;
+  decltype(&cuMemCreate) create = nullptr;
+  decltype(&cuMemRelease) release = nullptr;
+  decltype(&cuMemMap) map = nullptr;
+  decltype(&cuMemUnmap) unmap = nullptr;
+  decltype(&cuMemSetAccess) set_access = nullptr;
+  decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&cuGetErrorString) error_string = nullptr;
+
+  // nullptr when libcuda.so.1 or one of the functions is missing.
+  static const DriverApi* get() {
+    static const DriverApi* api = load();
+    return api;
+  }
+
+ private:
+  static const DriverApi* load() {
+    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) return nullptr;
+    static DriverApi api;
+    bool complete = true;
+    auto find = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(library, name));
+      complete = complete && fn != nullptr;
+    };
+    find(api.address_reserve, "cuMemAddressReserve");
+    find(api.address_free, "cuMemAddressFree");
+    find(api.create, "cuMemCreate");
+    find(api.release, "cuMemRelease");
+    find(api.map, "cuMemMap");
+    find(api.unmap, "cuMemUnmap");
+    find(api.set_access, "cuMemSetAccess");
+    find(api.granularity, "cuMemGetAllocationGranularity");
+    find(api.error_string, "cuGetErrorString");
+    return complete ? &api : nullptr;
+  }
+};
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {}
+  explicit CudaBackend(int device) : device_(device), driver_(DriverApi::get()) {
+    if (driver_ == nullptr) return;
+    properties_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    properties_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    properties_.location.id = device;
+    std::size_t granularity = 0;
+    if (driver_->granularity(&granularity, &properties_, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS) {
+      granularity_ = granularity;
+    }
+  }
 
   std::string_view name() const override { return "cuda"; }
   int device() const override { return device_; }
@@ -93,8 +150,77 @@ class CudaBackend final : public Backend {
 
   void destroy_event(Event event) override { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
 
+  std::size_t granularity() const override { return granularity_; }
+
+  void* reserve(std::size_t bytes) override {
+    DeviceGuard guard(device_);
+    check(cudaFree(nullptr), "cudaFree(nullptr) (creating the device's context)", device_);
+    CUdeviceptr address = 0;
+    if (driver_->address_reserve(&address, bytes, 0, 0, 0) != CUDA_SUCCESS) return nullptr;
+    return reinterpret_cast<void*>(address);
+  }
+
+  // One physical allocation per granule, so that any granule-aligned tail can be unmapped.
+  bool map(void* address, std::size_t bytes) override {
+    DeviceGuard guard(device_);
+    const auto base = reinterpret_cast<CUdeviceptr>(address);
+    for (std::size_t offset = 0; offset < bytes; offset += granularity_) {
+      CUmemGenericAllocationHandle handle = 0;
+      const CUresult created = driver_->create(&handle, granularity_, &properties_, 0);
+      if (created == CUDA_ERROR_OUT_OF_MEMORY) {
+        if (offset > 0) unmap(address, offset);
+        return false;
+      }
+      check_driver(created, "cuMemCreate");
+      const CUresult mapped = driver_->map(base + offset, granularity_, 0, handle, 0);
+      if (mapped != CUDA_SUCCESS) {
+        driver_->release(handle);
+        if (offset > 0) unmap(address, offset);
+        check_driver(mapped, "cuMemMap");
+      }
+      handles_.emplace(base + offset, handle);
+    }
+    CUmemAccessDesc access{};
+    access.location = properties_.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUresult granted = driver_->set_access(base, bytes, &access, 1);
+    if (granted != CUDA_SUCCESS) {
+      unmap(address, bytes);
+      check_driver(granted, "cuMemSetAccess");
+    }
+    return true;
+  }
+
+  void unmap(void* address, std::size_t bytes) override {
+    DeviceGuard guard(device_);
+    const auto base = reinterpret_cast<CUdeviceptr>(address);
+    for (std::size_t offset = 0; offset < bytes; offset += granularity_) {
+      const auto it = handles_.find(base + offset);
+      if (it == handles_.end()) continue;
+      check_driver(driver_->unmap(base + offset, granularity_), "cuMemUnmap");
+      check_driver(driver_->release(it->second), "cuMemRelease");
+      handles_.erase(it);
+    }
+  }
+
+  void release(void* address, std::size_t bytes) override {
+    DeviceGuard guard(device_);
+    check_driver(driver_->address_free(reinterpret_cast<CUdeviceptr>(address), bytes), "cuMemAddressFree");
+  }
+
  private:
+  void check_driver(CUresult status, const char* what) const {
+    if (status == CUDA_SUCCESS) return;
+    const char* text = nullptr;
+    if (driver_->error_string(status, &text) != CUDA_SUCCESS || text == nullptr) text = "unknown driver error";
+    throw BackendError(std::string(what) + " failed on device " + std::to_string(device_) + ": " + text);
+  }
+
   int device_;
+  const DriverApi* driver_;
+  CUmemAllocationProp properties_{};
+  std::size_t granularity_ = 0;  // 0: no driver virtual memory API, no expandable segments
+  std::unordered_map<CUdeviceptr, CUmemGenericAllocationHandle> handles_;  // by mapped granule
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <new>
+#include <string>
 
 namespace remat::alloc {
 namespace {
@@ -41,6 +42,35 @@ void HostBackend::deallocate(void* ptr, std::size_t bytes) {
   else std::free(ptr);
   used_ -= bytes;
 }
+
+void* HostBackend::reserve(std::size_t bytes) {
+  // No access and no swap reserved: only map() makes pages usable.
+  void* ptr = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return ptr == MAP_FAILED ? nullptr : ptr;
+}
+
+bool HostBackend::map(void* address, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (bytes > capacity_ - used_) return false;
+  if (mmap(address, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    return false;
+  }
+  used_ += bytes;
+  return true;
+}
+
+void HostBackend::unmap(void* address, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  // A fresh inaccessible mapping over the range drops its pages and keeps the addresses.
+  if (mmap(address, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    throw BackendError("could not unmap " + std::to_string(bytes) + " bytes of an expandable segment on host "
+                       "device " + std::to_string(device_) + "; the process is out of memory mappings (raise "
+                       "vm.max_map_count)");
+  }
+  used_ -= bytes;
+}
+
+void HostBackend::release(void* address, std::size_t bytes) { munmap(address, bytes); }
 
 DeviceMemoryInfo HostBackend::memory_info() {
   std::lock_guard lock(mutex_);

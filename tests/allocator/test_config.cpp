@@ -178,7 +178,51 @@ TEST(PyTorchConf, KeysWithAMeaningHereApplyAndTheRestAreListed) {
   EXPECT_EQ(c.roundup_power2_divisions[8], 1u);  // 256 MiB and up
   EXPECT_EQ(c.roundup_power2_divisions[9], 2u);
   EXPECT_EQ(c.roundup_power2_divisions[10], 4u);
-  EXPECT_EQ(not_applied, (std::vector<std::string>{"expandable_segments:True", "pinned_num_register_threads:8"}));
+  EXPECT_TRUE(c.expandable_segments);
+  EXPECT_EQ(not_applied, (std::vector<std::string>{"pinned_num_register_threads:8"}));
+}
+
+TEST(PyTorchConf, EveryPyTorchSettingWithAMeaningHereApplies) {
+  std::vector<std::string> not_applied;
+  const Config c = Config::parse_pytorch(
+      "expandable_segments:True,max_non_split_rounding_mb:64,garbage_collection_threshold:0.75,"
+      "large_segment_size_mb:40,release_lock_on_cudamalloc:True,graph_capture_record_stream_reuse:True",
+      Config{}, not_applied);
+  EXPECT_TRUE(c.expandable_segments);
+  EXPECT_EQ(c.max_non_split_rounding_bytes, 64u << 20);
+  EXPECT_DOUBLE_EQ(c.garbage_collection_threshold, 0.75);
+  EXPECT_EQ(c.large_segment_size_bytes, 40u << 20);
+  EXPECT_EQ(not_applied,
+            (std::vector<std::string>{"release_lock_on_cudamalloc:True", "graph_capture_record_stream_reuse:True"}));
+  // The same keys in REMAT_ALLOC_CONF, and the canonical text round-trips them.
+  const Config ours = Config::parse(
+      "expandable_segments:true,max_non_split_rounding_mb:64,garbage_collection_threshold:0.75,large_segment_size_mb:40",
+      Config{});
+  EXPECT_TRUE(ours.expandable_segments);
+  EXPECT_EQ(ours.to_string(), c.to_string());
+  const Config again = Config::parse(c.to_string(), Config{});
+  EXPECT_TRUE(again.expandable_segments);
+  EXPECT_EQ(again.max_non_split_rounding_bytes, 64u << 20);
+  EXPECT_DOUBLE_EQ(again.garbage_collection_threshold, 0.75);
+  EXPECT_EQ(again.large_segment_size_bytes, 40u << 20);
+  // PyTorch's defaults are left out of the text.
+  EXPECT_EQ(Config{}.to_string().find("expandable"), std::string::npos);
+  EXPECT_EQ(Config{}.to_string().find("large_segment"), std::string::npos);
+}
+
+TEST(PyTorchConf, PyTorchSettingsRefuseValuesOutsidePyTorchsLimits) {
+  EXPECT_EQ(pytorch_error("expandable_segments:yes"),
+            "PYTORCH_CUDA_ALLOC_CONF: expandable_segments:'yes' is not valid; expected True or False");
+  EXPECT_EQ(pytorch_error("garbage_collection_threshold:1"),
+            "PYTORCH_CUDA_ALLOC_CONF: garbage_collection_threshold:'1' is not valid; expected a number strictly "
+            "between 0 and 1, e.g. 0.8");
+  EXPECT_NE(pytorch_error("garbage_collection_threshold:0").find("strictly between 0 and 1"), std::string::npos);
+  EXPECT_NE(pytorch_error("garbage_collection_threshold:nan").find("strictly between 0 and 1"), std::string::npos);
+  EXPECT_EQ(pytorch_error("max_non_split_rounding_mb:8"),
+            "PYTORCH_CUDA_ALLOC_CONF: max_non_split_rounding_mb:'8' is not valid; expected a whole number of MiB >= 20");
+  EXPECT_NE(pytorch_error("large_segment_size_mb:4").find("a whole number of MiB >= 10"), std::string::npos);
+  EXPECT_NE(pytorch_error("large_segment_size_mb:-20").find("large_segment_size_mb:'-20' is not valid"),
+            std::string::npos);
 }
 
 TEST(PyTorchConf, CudaMallocAsyncIsReportedAsNotApplied) {
@@ -204,12 +248,12 @@ TEST(PyTorchConf, ReadWhenRematAllocConfIsUnsetAndOverriddenWhenItIsSet) {
   const ScopedEnv newer_unset("PYTORCH_ALLOC_CONF", nullptr);
   {
     const ScopedEnv ours("REMAT_ALLOC_CONF", nullptr);
-    const ScopedEnv pytorch("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,expandable_segments:True");
+    const ScopedEnv pytorch("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,release_lock_on_cudamalloc:True");
     const Config c = Config::from_environment(notice);
     EXPECT_EQ(c.max_split_size_bytes, 64u << 20);
     EXPECT_EQ(notice,
-              "remat: PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is a setting of PyTorch's own allocator, not "
-              "applied here");
+              "remat: PYTORCH_CUDA_ALLOC_CONF: release_lock_on_cudamalloc:True is a setting of PyTorch's own "
+              "allocator, not applied here");
   }
   {
     const ScopedEnv ours("REMAT_ALLOC_CONF", "trace_entries:8");
@@ -229,10 +273,10 @@ TEST(PyTorchConf, ReadWhenRematAllocConfIsUnsetAndOverriddenWhenItIsSet) {
   {
     // PyTorch's newer name comes first, as in PyTorch.
     const ScopedEnv ours("REMAT_ALLOC_CONF", nullptr);
-    const ScopedEnv newer("PYTORCH_ALLOC_CONF", "max_split_size_mb:32,garbage_collection_threshold:0.6");
+    const ScopedEnv newer("PYTORCH_ALLOC_CONF", "max_split_size_mb:32,pinned_use_cuda_host_register:True");
     const ScopedEnv older("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128");
     EXPECT_EQ(Config::from_environment(notice).max_split_size_bytes, 32u << 20);
-    EXPECT_EQ(notice, "remat: PYTORCH_ALLOC_CONF: garbage_collection_threshold:0.6 is a setting of PyTorch's own "
+    EXPECT_EQ(notice, "remat: PYTORCH_ALLOC_CONF: pinned_use_cuda_host_register:True is a setting of PyTorch's own "
                       "allocator, not applied here");
   }
 }

@@ -11,6 +11,19 @@
 
 namespace remat::alloc::detail {
 
+struct Block;
+
+// Address space reserved for one stream and pool, mapped from its start up to `mapped`; its
+// blocks cover [base, base + mapped) and `tail` is the last of them.
+struct ExpandableSegment {
+  std::uintptr_t base = 0;
+  std::size_t reserved = 0;
+  std::size_t mapped = 0;
+  Stream stream = 0;
+  bool small = false;
+  Block* tail = nullptr;
+};
+
 struct Block {
   std::uintptr_t address = 0;
   std::size_t size = 0;
@@ -21,13 +34,16 @@ struct Block {
   Block* bin_prev = nullptr;
   Block* bin_next = nullptr;
   std::vector<Stream> stream_uses;  // other streams the block was used on (record_stream)
+  ExpandableSegment* expandable = nullptr;  // the expandable segment it lies in, if any
+  std::uint64_t freed_at = 0;               // when it last became free (a counter), for GC
   int pending_events = 0;
   TagId tag = 0;
   bool allocated = false;
   bool small = false;
 
   bool is_free() const { return !allocated && pending_events == 0; }
-  bool is_whole_segment() const { return prev == nullptr && next == nullptr; }
+  // A free block that is a whole fixed segment can go back to the backend as it is.
+  bool is_whole_segment() const { return prev == nullptr && next == nullptr && expandable == nullptr; }
 };
 
 }  // namespace remat::alloc::detail

@@ -9,6 +9,7 @@
 
 #include <remat/alloc/caching_allocator.hpp>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <memory>
@@ -84,7 +85,9 @@ class SmallPool {
     }
 
    private:
-    static std::size_t index(std::size_t size) { return size / kMinBlockSize - 1; }
+    // Blocks of expandable segments can outgrow 2 MiB; they share the last bin, where any
+    // block holds any small request.
+    static std::size_t index(std::size_t size) { return std::min(size / kMinBlockSize, kCount) - 1; }
 
     std::array<Block*, kCount> heads_{};
     std::array<std::uint64_t, kCount / 64> words_{};
@@ -112,8 +115,8 @@ class LargePool {
 
   // Removes and returns the smallest free block of `stream` holding `size` bytes, keeping
   // to max_split_size: oversized blocks are not handed to requests below it, nor to
-  // requests they exceed by a whole large segment or more.
-  Block* take_best_fit(Stream stream, std::size_t size, std::size_t max_split) {
+  // requests they exceed by max_non_split_rounding or more.
+  Block* take_best_fit(Stream stream, std::size_t size, std::size_t max_split, std::size_t max_non_split_rounding) {
     Block probe;
     probe.stream = stream;
     probe.size = size;
@@ -122,7 +125,7 @@ class LargePool {
     Block* block = *it;
     if (max_split != Config::kUnlimited) {
       if (size < max_split && block->size >= max_split) return nullptr;
-      if (size >= max_split && block->size >= size + kLargeSegmentSize) return nullptr;
+      if (size >= max_split && block->size >= size + max_non_split_rounding) return nullptr;
     }
     blocks_.erase(it);
     return block;

@@ -33,6 +33,7 @@ struct SegmentInfo {
   std::size_t total_size = 0;
   Stream stream = 0;
   bool is_small = false;
+  bool is_expandable = false;     // total_size is what is mapped of it now
   std::vector<BlockInfo> blocks;  // in address order, covering the segment
 };
 

@@ -2,7 +2,8 @@
 // A caching device allocator over a Backend that tags every block. Behaviour follows
 // PyTorch's CUDA caching allocator: 512 B rounding, small (<= 1 MiB, 2 MiB segments) and
 // large pools, best fit, splitting and merging, per-stream reuse, record-stream, release
-// of cached blocks and retry before OOM, memory-fraction cap and max-split-size.
+// of cached blocks and retry before OOM, memory-fraction cap and max-split-size, expandable
+// segments, garbage collection of cached blocks.
 
 #include <remat/alloc/allocator_snapshot.hpp>
 #include <remat/alloc/backend.hpp>
@@ -46,12 +47,16 @@ class CachingAllocator {
   void record_stream(void* ptr, Stream stream);
   // Returns every fully free segment to the backend.
   void empty_cache();
-  // Applies config keys that can change on a live allocator (trace_entries, tagging,
-  // memory_fraction, max_split_size_mb, oom_dump_dir). Backend keys need replace_backend.
+  // Applies config keys that can change on a live allocator (all but backend and
+  // host_capacity_mb, which need replace_backend). Blocks already in fixed or expandable
+  // segments stay where they are when expandable_segments changes.
   void apply_config(const Config& config);
   // Swaps the backend; only while nothing is allocated (throws StateError otherwise).
   void replace_backend(std::unique_ptr<Backend> backend, const Config& config);
   void set_oom_handler(OomHandler handler);
+  // Off: an out-of-memory error only throws OutOfMemoryError, with no report, no dump, no
+  // stderr line and no handler call (for replays that expect to run out).
+  void set_oom_reporting(bool enabled);
 
   AllocatorStats stats() const;
   void reset_peak_stats();

@@ -30,6 +30,19 @@ struct Config {
   // equal steps between two powers of two; 0 or 1 = 512 B rounding only.
   static constexpr std::size_t kRoundUpIntervals = 16;
   std::array<std::size_t, kRoundUpIntervals> roundup_power2_divisions{};
+  // PyTorch's expandable_segments: one segment per stream and pool, grown at its end by
+  // mapping more memory and shrunk from its end by empty_cache, instead of fixed segments.
+  bool expandable_segments = false;
+  // PyTorch's max_non_split_rounding_mb: a request of at least max_split_size takes an
+  // unsplittable cached block only if the block is less than this much larger.
+  std::size_t max_non_split_rounding_bytes = 20 * kMiB;
+  // PyTorch's garbage_collection_threshold: with memory_fraction below 1, once reserved bytes
+  // pass this share of the cap, a request that finds no cached block first frees the cached
+  // segments idle longest until reserved is back under it. 0 switches it off.
+  double garbage_collection_threshold = 0.0;
+  // PyTorch's large_segment_size_mb: the segment that requests from 1 MiB to 10 MiB share,
+  // and the growth step of an expandable segment's large pool.
+  std::size_t large_segment_size_bytes = 20 * kMiB;
 
   // Applies every key in `text` on top of `base`. Throws ConfigError naming the key, the
   // value and what is accepted. `source` names the text's origin in messages.
@@ -37,8 +50,10 @@ struct Config {
 
   // PyTorch's PYTORCH_CUDA_ALLOC_CONF text ("key:value,...", lists in brackets as in
   // roundup_power2_divisions:[256:1,512:2]) applied on top of `base`: the keys that mean
-  // something here apply (max_split_size_mb; per_process_memory_fraction as memory_fraction;
-  // backend:native, PyTorch's own caching allocator, is what this allocator is), and the keys
+  // something here apply (max_split_size_mb, roundup_power2_divisions, expandable_segments,
+  // max_non_split_rounding_mb, garbage_collection_threshold, large_segment_size_mb;
+  // per_process_memory_fraction as memory_fraction; backend:native, PyTorch's own caching
+  // allocator, is what this allocator is), and the keys
   // only PyTorch's allocator implements are appended to `not_applied` as "key:value". Throws
   // ConfigError for a bad value of an applied key, a malformed item and a key PyTorch does not have.
   static Config parse_pytorch(std::string_view text, Config base, std::vector<std::string>& not_applied,

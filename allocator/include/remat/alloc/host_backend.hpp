@@ -1,6 +1,8 @@
 #pragma once
 // Host memory standing in for a device: a fixed capacity, and simulated streams whose
-// completion a test controls (hold a stream, then complete its work).
+// completion a test controls (hold a stream, then complete its work). Expandable segments
+// reserve address space without access and commit it in 2 MiB granules, as CUDA's virtual
+// memory API does on a device; the capacity counts committed bytes.
 
 #include <remat/alloc/backend.hpp>
 
@@ -20,6 +22,11 @@ class HostBackend final : public Backend {
   void* allocate(std::size_t bytes) override;
   void deallocate(void* ptr, std::size_t bytes) override;
   DeviceMemoryInfo memory_info() override;
+  std::size_t granularity() const override { return kGranularity; }
+  void* reserve(std::size_t bytes) override;
+  bool map(void* address, std::size_t bytes) override;
+  void unmap(void* address, std::size_t bytes) override;
+  void release(void* address, std::size_t bytes) override;
   Event record_event(Stream stream) override;
   bool event_completed(Event event) override;
   bool wait_event(Event event) override;
@@ -34,6 +41,7 @@ class HostBackend final : public Backend {
   std::size_t capacity_bytes() const { return capacity_; }
 
  private:
+  static constexpr std::size_t kGranularity = std::size_t{2} << 20;
   struct StreamState {
     bool held = false;
     std::uint64_t submitted = 0;
