@@ -69,6 +69,13 @@ std::string snapshot_to_json(const AllocatorSnapshot& snapshot) {
       .field("trace_entries", static_cast<std::uint64_t>(config.trace_entries))
       .field("oom_dump_dir", config.oom_dump_dir)
       .field("tagging", config.tagging)
+      .field("expandable_segments", config.expandable_segments);
+  json.key("roundup_power2_divisions").begin_array();
+  for (const std::size_t divisions : config.roundup_power2_divisions) json.value(static_cast<std::uint64_t>(divisions));
+  json.end_array();
+  json.field("max_non_split_rounding_mb", static_cast<std::uint64_t>(config.max_non_split_rounding_bytes / Config::kMiB))
+      .field("garbage_collection_threshold", config.garbage_collection_threshold)
+      .field("large_segment_size_mb", static_cast<std::uint64_t>(config.large_segment_size_bytes / Config::kMiB))
       .field("text", config.to_string())
       .end_object();
 
@@ -117,6 +124,7 @@ std::string snapshot_to_json(const AllocatorSnapshot& snapshot) {
         .field("total_size", static_cast<std::uint64_t>(segment.total_size))
         .field("stream", static_cast<std::uint64_t>(segment.stream))
         .field("segment_type", segment.is_small ? "small" : "large")
+        .field("is_expandable", segment.is_expandable)
         .field("allocated_size", allocated)
         .field("active_size", active)
         .field("requested_size", requested);

@@ -75,6 +75,31 @@ TEST(Snapshot, DescribesSegmentsBlocksTagsAndStats) {
   a.free(q);
 }
 
+TEST(Snapshot, ShowsExpandableSegmentsAndPyTorchsSettings) {
+  HostAllocator a("expandable_segments:True,roundup_power2_divisions:[256:1,>:4],large_segment_size_mb:40,"
+                  "max_non_split_rounding_mb:64,garbage_collection_threshold:0.5,memory_fraction:0.9");
+  void* p = a.alloc(30 * MiB);
+  const auto doc = nlohmann::json::parse(snapshot_to_json(a.allocator->snapshot()));
+  const auto& config = doc["config"];
+  EXPECT_EQ(config["expandable_segments"], true);
+  EXPECT_EQ(config["large_segment_size_mb"], 40);
+  EXPECT_EQ(config["max_non_split_rounding_mb"], 64);
+  EXPECT_EQ(config["garbage_collection_threshold"], 0.5);
+  ASSERT_EQ(config["roundup_power2_divisions"].size(), 16u);
+  EXPECT_EQ(config["roundup_power2_divisions"][8], 1);
+  EXPECT_EQ(config["roundup_power2_divisions"][9], 4);
+  EXPECT_EQ(config["roundup_power2_divisions"][15], 4);
+  ASSERT_EQ(doc["segments"].size(), 1u);
+  EXPECT_EQ(doc["segments"][0]["is_expandable"], true);
+  EXPECT_EQ(doc["segments"][0]["total_size"], 40 * MiB);
+  a.free(p);
+  HostAllocator plain;
+  void* q = plain.alloc(512);
+  EXPECT_EQ(nlohmann::json::parse(snapshot_to_json(plain.allocator->snapshot()))["segments"][0]["is_expandable"],
+            false);
+  plain.free(q);
+}
+
 TEST(Snapshot, TraceDumpIsJsonLinesWithAHeader) {
   HostAllocator a("trace_entries:32");
   a.free(a.alloc(512));

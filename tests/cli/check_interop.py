@@ -145,6 +145,30 @@ def check_refusals(tmp):
         assert not out.exists(), f"{name}: import wrote a dump it refused"
 
 
+def check_expandable_segments(tmp):
+    """An expandable segment (is_expandable) shows in `segments`, survives export to PyTorch's
+    layout and comes back on import."""
+    snap = json.loads((HERE / "data/snapshot-peak.json").read_text())
+    snap["segments"][0]["is_expandable"] = True
+    for other in snap["segments"][1:]:
+        other["is_expandable"] = False
+    mine = tmp / "expandable.json"
+    mine.write_text(json.dumps(snap))
+    run("validate", str(mine))
+    rows = json.loads(run("segments", str(mine), "--json"))["segments"]
+    assert [row["is_expandable"] for row in rows] == ["yes"] + ["no"] * (len(snap["segments"]) - 1), rows
+    plain = json.loads(run("segments", "data/snapshot-peak.json", "--json"))["segments"]
+    assert "is_expandable" not in plain[0], "the column appears only where a segment is expandable"
+    pickled = tmp / "expandable.pickle"
+    run("export", str(mine), "--to", "torch-snapshot", "-o", str(pickled))
+    exported = pickle.loads(pickled.read_bytes())["segments"]
+    assert [s["is_expandable"] for s in exported] == [True] + [False] * (len(exported) - 1)
+    back = tmp / "expandable-back.json"
+    run("import", str(pickled), "-o", str(back))
+    imported = json.loads(back.read_text())["segments"]
+    assert [s.get("is_expandable", False) for s in imported] == [True] + [False] * (len(imported) - 1)
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
@@ -152,6 +176,7 @@ def main():
         check_roundtrip(tmp, exported)
         check_torch_layout(tmp)
         check_refusals(tmp)
+        check_expandable_segments(tmp)
         print("ok export, import and round trip")
 
 

@@ -43,6 +43,7 @@ SegmentSummary summarize_segments(const std::vector<Segment>& segments, std::siz
     row.total_size = segment.total_size;
     row.stream = segment.stream;
     row.small = segment.small;
+    row.expandable = segment.expandable;
     row.blocks = segment.blocks.size();
     std::uint64_t covered = 0;
     for (const Block& block : segment.blocks) {

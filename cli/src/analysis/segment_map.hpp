@@ -18,6 +18,7 @@ struct SegmentRow {
   std::uint64_t total_size = 0;
   std::uint64_t stream = 0;
   bool small = false;
+  bool expandable = false;
   std::uint64_t allocated = 0;      // active_allocated blocks, rounded sizes
   std::uint64_t requested = 0;      // what those blocks asked for
   std::uint64_t pending_free = 0;   // active_pending_free blocks

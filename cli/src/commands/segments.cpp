@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 namespace remat::report {
 
@@ -43,12 +45,18 @@ void register_segments(CLI::App& app, GlobalOptions& options) {
                      {"largest free", "largest_free", true},
                      {"blocks", "blocks", true},
                      {"map", "map", false}};
+    // Expandable segments (PyTorch's expandable_segments) get a column of their own where there are any.
+    const bool any_expandable =
+        std::any_of(summary.rows.begin(), summary.rows.end(), [](const SegmentRow& row) { return row.expandable; });
+    if (any_expandable) table.columns.insert(table.columns.begin() + 4, {"expandable", "is_expandable", false});
     for (const SegmentRow& row : summary.rows) {
-      table.rows.push_back({Cell::address(row.address), Cell::bytes(row.total_size), Cell::count(row.stream),
-                            Cell::text(row.small ? "small" : "large"), Cell::bytes(row.allocated),
-                            Cell::bytes(row.internal_free), Cell::bytes(row.external_free),
-                            Cell::bytes(row.largest_free), Cell::count(row.blocks),
-                            Cell::text(row.picture.empty() ? "" : "[" + row.picture + "]")});
+      std::vector<Cell> cells = {Cell::address(row.address), Cell::bytes(row.total_size), Cell::count(row.stream),
+                                 Cell::text(row.small ? "small" : "large"), Cell::bytes(row.allocated),
+                                 Cell::bytes(row.internal_free), Cell::bytes(row.external_free),
+                                 Cell::bytes(row.largest_free), Cell::count(row.blocks),
+                                 Cell::text(row.picture.empty() ? "" : "[" + row.picture + "]")};
+      if (any_expandable) cells.insert(cells.begin() + 4, Cell::text(row.expandable ? "yes" : "no"));
+      table.rows.push_back(std::move(cells));
     }
     report.tables.push_back(std::move(table));
     Table totals = key_value_table("totals", "Totals");

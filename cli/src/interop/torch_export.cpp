@@ -80,7 +80,7 @@ std::string torch_snapshot_pickle(const AllocatorState& state) {
     p.integer(0);
     p.tuple(2);
     p.string("is_expandable");
-    p.boolean(false);
+    p.boolean(segment.expandable);
     p.string("frames");
     p.begin_list();
     p.end_list();

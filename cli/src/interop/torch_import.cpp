@@ -174,6 +174,50 @@ void check_as_remat_reads_it(const std::string& text) {
   }
 }
 
+// PyTorch's snapshot()["allocator_settings"] as PYTORCH_CUDA_ALLOC_CONF text.
+std::optional<std::string> allocator_settings_text(const PyValue& root) {
+  const PyValue* settings = root.kind == Kind::dict ? root.get("allocator_settings") : nullptr;
+  if (settings == nullptr || settings->kind != Kind::dict) return std::nullopt;
+  const PyValue* text = settings->get("PYTORCH_CUDA_ALLOC_CONF");
+  if (text != nullptr && text->kind == Kind::string && !text->text.empty()) return text->text;
+  std::string conf;
+  auto add = [&](const std::string& item) {
+    if (!conf.empty()) conf += ',';
+    conf += item;
+  };
+  if (const PyValue* v = settings->get("expandable_segments"); v != nullptr && v->is_number() && (v->boolean || v->integer != 0))
+    add("expandable_segments:True");
+  // max_split_size is SIZE_MAX (written as -1) when unlimited.
+  if (const PyValue* v = settings->get("max_split_size");
+      v != nullptr && v->kind == Kind::integer && !v->above_int64 && v->integer > 0) {
+    add(fmt::format("max_split_size_mb:{}", v->unsigned_integer() >> 20));
+  }
+  if (const PyValue* v = settings->get("garbage_collection_threshold");
+      v != nullptr && v->kind == Kind::real && v->real > 0.0) {
+    add(fmt::format("garbage_collection_threshold:{}", v->real));
+  }
+  // {"1": n, "2": n, "4": n, ...}: divisions per interval starting at that many MiB.
+  if (const PyValue* v = settings->get("roundup_power2_divisions"); v != nullptr && v->kind == Kind::dict) {
+    std::string list;
+    bool any = false;
+    for (const auto& [key, value] : v->entries) {
+      if (key->kind != Kind::string || value->kind != Kind::integer) continue;
+      if (value->integer > 0) any = true;
+      if (!list.empty()) list += ',';
+      list += key->text;
+      list += ':';
+      list += std::to_string(value->integer);
+    }
+    if (any) {
+      std::string item = "roundup_power2_divisions:[";
+      item += list;
+      item += ']';
+      add(item);
+    }
+  }
+  return conf;
+}
+
 }  // namespace
 
 ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t device, const std::string& source) {
@@ -217,6 +261,7 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
 
   ImportResult result;
   result.device = static_cast<std::uint64_t>(device);
+  result.allocator_settings = allocator_settings_text(root);
   TagBuilder tags;
   nlohmann::ordered_json segments = nlohmann::ordered_json::array();
   std::map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> tag_live;  // tag -> (bytes, count)
@@ -298,14 +343,19 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
     }
     std::string type = string_at(*segment, "segment_type", total <= (std::uint64_t{2} << 20) ? "small" : "large");
     if (type != "small" && type != "large") type = "large";
-    segments.push_back({{"address", address},
-                        {"total_size", total},
-                        {"stream", size_at(*segment, "stream", where, 0)},
-                        {"segment_type", type},
-                        {"allocated_size", seg_allocated},
-                        {"active_size", seg_active},
-                        {"requested_size", seg_requested},
-                        {"blocks", std::move(blocks)}});
+    nlohmann::ordered_json imported = {{"address", address},
+                                       {"total_size", total},
+                                       {"stream", size_at(*segment, "stream", where, 0)},
+                                       {"segment_type", type},
+                                       {"allocated_size", seg_allocated},
+                                       {"active_size", seg_active},
+                                       {"requested_size", seg_requested},
+                                       {"blocks", std::move(blocks)}};
+    const PyValue* expandable = segment->get("is_expandable");
+    if (expandable != nullptr && expandable->kind == Kind::boolean && expandable->boolean) {
+      imported["is_expandable"] = true;
+    }
+    segments.push_back(std::move(imported));
     allocated += seg_allocated;
     active += seg_active;
     requested += seg_requested;

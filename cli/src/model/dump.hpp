@@ -88,6 +88,7 @@ struct Segment {
   std::uint64_t total_size = 0;
   std::uint64_t stream = 0;
   bool small = false;
+  bool expandable = false;  // grown and shrunk at its end; total_size is what is mapped now
   std::uint64_t allocated_size = 0;
   std::uint64_t active_size = 0;
   std::uint64_t requested_size = 0;

@@ -165,6 +165,9 @@ Segment read_segment(json::element value, const JsonPath& path, std::size_t tag_
                      fmt::format("unknown segment_type '{}'; expected small or large", printable(type)));
   }
   segment.small = type == "small";
+  if (const auto expandable = json::optional_member(object, "is_expandable")) {
+    segment.expandable = json::as_bool(*expandable, path.key("is_expandable"));
+  }
   segment.allocated_size = json::as_u64(member(object, "allocated_size", path), path.key("allocated_size"));
   segment.active_size = json::as_u64(member(object, "active_size", path), path.key("active_size"));
   segment.requested_size = json::as_u64(member(object, "requested_size", path), path.key("requested_size"));
