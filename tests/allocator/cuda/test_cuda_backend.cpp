@@ -1,7 +1,8 @@
 // The caching allocator over the CUDA backend on a real GPU, without LibTorch: device
 // memory from cudaMalloc, cudaMemGetInfo, per-stream pools, record_stream with real events,
 // out-of-memory from the memory-fraction cap and from the device itself, and the C ABI of
-// libremat_alloc.so (its own statically linked CUDA runtime) next to this program's.
+// libremat_alloc.so (its own statically linked CUDA runtime) next to this program's, and
+// expandable segments through the driver's virtual memory API.
 // Exits 77 (skipped) where no GPU is visible.
 
 #include <remat/alloc/c_api.h>
@@ -127,6 +128,48 @@ TEST(CudaBackend, SegmentsComeFromCudaMallocAndEmptyCacheGivesThemBack) {
   allocator->empty_cache();
   EXPECT_EQ(allocator->stats().reserved_bytes.current, 0);
   EXPECT_GE(device_memory().free, held.free + size);
+}
+
+TEST(CudaExpandableSegments, GrowByMappingDeviceMemoryAndShrinkAtEmptyCache) {
+  auto allocator = cuda_allocator("expandable_segments:True");
+  ASSERT_EQ(allocator->backend().granularity(), 2 * MiB) << "the driver's minimum granularity";
+  const DeviceMemory before = device_memory();
+  void* first = allocator->allocate(30 * MiB, 0);
+  void* second = allocator->allocate(300 * MiB, 0);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(second), reinterpret_cast<std::uintptr_t>(first) + 30 * MiB);
+  EXPECT_EQ(allocator->stats().reserved_bytes.current, static_cast<std::int64_t>(340 * MiB));
+  EXPECT_GE(before.free - device_memory().free, 330 * MiB);
+  const AllocatorSnapshot snap = allocator->snapshot();
+  ASSERT_EQ(snap.segments.size(), 1u);
+  EXPECT_TRUE(snap.segments[0].is_expandable);
+
+  // The memory holds what is written across the boundary of the two mappings (at 40 MiB).
+  std::vector<unsigned char> out(64 * MiB), in(64 * MiB);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<unsigned char>(i * 13 + 1);
+  CUDA_OK(cudaMemcpy(second, out.data(), out.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(in.data(), second, in.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(in, out);
+  CUDA_OK(cudaMemset(first, 0, 330 * MiB));  // one kernel over both mappings
+  CUDA_OK(cudaDeviceSynchronize());
+
+  allocator->deallocate(second, 300 * MiB);
+  allocator->empty_cache();
+  EXPECT_EQ(allocator->stats().reserved_bytes.current, static_cast<std::int64_t>(30 * MiB));
+  allocator->deallocate(first, 30 * MiB);
+  allocator->empty_cache();
+  EXPECT_EQ(allocator->stats().reserved_bytes.current, 0);
+  EXPECT_GE(device_memory().free + 4 * MiB, before.free) << "the physical memory went back to the driver";
+}
+
+TEST(CudaExpandableSegments, DeviceOutOfMemoryIsAnErrorThatLeavesCudaUsable) {
+  auto allocator = cuda_allocator("expandable_segments:True");
+  void* held = allocator->allocate(64 * MiB, 0);
+  EXPECT_THROW(allocator->allocate(device_memory().total, 0), OutOfMemoryError);
+  void* again = allocator->allocate(64 * MiB, 0);
+  CUDA_OK(cudaMemset(again, 1, 64 * MiB));
+  CUDA_OK(cudaDeviceSynchronize());
+  allocator->deallocate(again, 64 * MiB);
+  allocator->deallocate(held, 64 * MiB);
 }
 
 TEST(CudaBackend, BlocksAreReusedOnlyOnTheStreamTheyWereAllocatedOn) {
