@@ -117,6 +117,38 @@ class RematAllocCtypes(unittest.TestCase):
         self.assertIn("recovered", done.stdout)
         self.assertIn("applies over the defaults", done.stderr)
 
+    def test_pytorchs_expandable_segments_setting_applies_through_the_library(self):
+        # A job tuned for PyTorch's allocator keeps its setting: one segment that grows.
+        script = textwrap.dedent('''
+            import json, sys, remat_alloc
+            lib = remat_alloc.load()
+            a = lib.remat_alloc(30 << 20, 0, None)
+            b = lib.remat_alloc(15 << 20, 0, None)
+            assert a and b, lib.remat_last_error()
+            assert b == a + (30 << 20), (a, b)
+            remat_alloc.dump_snapshot(sys.argv[1])
+            lib.remat_free(b, 15 << 20, 0, None)
+            lib.remat_free(a, 30 << 20, 0, None)
+            remat_alloc.empty_cache()
+            print(remat_alloc.memory_stats()["reserved_bytes"])
+        ''')
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "snapshot.json")
+            env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True,release_lock_on_cudamalloc:True")
+            env.pop("REMAT_ALLOC_CONF", None)
+            env.pop("PYTORCH_ALLOC_CONF", None)
+            done = subprocess.run([sys.executable, "-c", script, path], env=env, capture_output=True, text=True,
+                                  timeout=60)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn("release_lock_on_cudamalloc:True is a setting of PyTorch's own allocator", done.stderr)
+            self.assertEqual(done.stdout.split()[-1], "0")
+            with open(path) as f:
+                snapshot = json.load(f)
+        self.assertTrue(snapshot["config"]["expandable_segments"])
+        [segment] = snapshot["segments"]
+        self.assertTrue(segment["is_expandable"])
+        self.assertEqual(segment["total_size"], 60 << 20)
+
     def test_huge_values_are_quoted_in_part(self):
         for text in ("oom_dump_dir:/" + "d" * (1 << 20), "backend:" + "x" * (1 << 20)):
             with self.assertRaises(remat_alloc.RematError) as caught:
