@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Golden tests for remat-report: runs every case in golden_cases.txt from tests/cli/ and
-compares stdout, stderr and the exit code with golden/<name>.txt.
+compares stdout, stderr and the exit code with golden/<name>.txt. A case with a fourth field
+`mask-header` prints a dump made now (whatif --json): its created_at, host and pid are masked.
 
 usage: run_golden.py REMAT_REPORT [--update]
 """
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -27,11 +29,17 @@ def main():
     for line in (HERE / "golden_cases.txt").read_text().splitlines():
         if not line.strip() or line.startswith("#"):
             continue
-        name, args, expected_code = (part.strip() for part in line.split("|"))
+        parts = [part.strip() for part in line.split("|")]
+        name, args, expected_code = parts[:3]
+        mask_header = parts[3:] == ["mask-header"]
         cases += 1
         run = subprocess.run([binary, *shlex.split(args)], cwd=HERE, capture_output=True, text=True,
                              env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1"})
-        actual = render(run.returncode, run.stdout, run.stderr)
+        stdout = run.stdout
+        if mask_header:
+            stdout = re.sub(r'^(  "(?:created_at|host)": )"[^"]*"', r'\1"<masked>"', stdout, flags=re.M)
+            stdout = re.sub(r'^(  "pid": )\d+', r'\1"<masked>"', stdout, flags=re.M)
+        actual = render(run.returncode, stdout, run.stderr)
         golden = HERE / "golden" / f"{name}.txt"
         if run.returncode != int(expected_code):
             failures.append(f"{name}: exit {run.returncode}, expected {expected_code}\n{run.stderr}")

@@ -40,5 +40,6 @@ void register_import(CLI::App& app, GlobalOptions& options);
 void register_oom(CLI::App& app, GlobalOptions& options);
 void register_schedule(CLI::App& app, GlobalOptions& options);
 void register_plan(CLI::App& app, GlobalOptions& options);
+void register_whatif(CLI::App& app, GlobalOptions& options);
 
 }  // namespace remat::report

@@ -4,6 +4,7 @@
 #include "commands/command.hpp"
 #include "commands/schedule_input.hpp"
 #include "core/errors.hpp"
+#include "core/format.hpp"
 
 #include <remat/pipeline/errors.hpp>
 #include <remat/pipeline/plan.hpp>
@@ -28,37 +29,20 @@ struct PlanCommandOptions {
 
 // "67108864", "64MiB", "64 MiB", "1GiB": binary units only, so a size means one thing.
 std::uint64_t parse_buffer_bytes(const std::string& text) {
-  std::uint64_t value = 0;
-  const char* begin = text.data();
-  const char* end = text.data() + text.size();
-  const auto [stop, error] = std::from_chars(begin, end, value);
-  std::string unit(stop, end);
-  const bool spaced = !unit.empty() && unit.front() == ' ';
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  std::uint64_t scale = 0;
-  if (unit.empty() ? !spaced : unit == "B")  // a space goes before a unit only, as in "64 MiB"
-    scale = 1;
-  else if (unit == "KiB")
-    scale = std::uint64_t{1} << 10;
-  else if (unit == "MiB")
-    scale = std::uint64_t{1} << 20;
-  else if (unit == "GiB")
-    scale = std::uint64_t{1} << 30;
-  else if (unit == "TiB")
-    scale = std::uint64_t{1} << 40;
-  if (error == std::errc::result_out_of_range || (error == std::errc() && scale != 0 && value > UINT64_MAX / scale)) {
+  const ByteSize size = parse_byte_size(text, /*decimal_units=*/false);
+  if (size.problem == ByteSize::Problem::too_large) {
     throw InputError(
         fmt::format("--buffer-bytes: got '{}', more than 2^64 - 1 bytes (16 EiB); give the bytes of one "
                     "buffer set (every tensor a stage receives for one microbatch)",
                     printable(text)));
   }
-  if (error != std::errc() || stop == begin || scale == 0 || value == 0) {
+  if (size.problem != ByteSize::Problem::none || size.bytes == 0) {
     throw InputError(
         fmt::format("--buffer-bytes: got '{}'; give the bytes of one buffer set (every tensor a stage receives for one "
                     "microbatch), 1 or more, as a whole number with an optional binary unit: 67108864, 64MiB, 1GiB",
                     printable(text)));
   }
-  return value * scale;
+  return size.bytes;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 
 namespace remat::report {
@@ -28,6 +29,11 @@ struct ImportResult {
   std::uint64_t events = 0;
   std::uint64_t skipped_events = 0;
   std::uint64_t device = 0;
+  // The pickle's allocator_settings as PYTORCH_CUDA_ALLOC_CONF text: the variable's text where
+  // the snapshot recorded one, else the effective settings it lists (expandable_segments,
+  // max_split_size, garbage_collection_threshold, roundup_power2_divisions); empty when the
+  // pickle has no allocator_settings (PyTorch before 2.1, or a hand-made snapshot).
+  std::optional<std::string> allocator_settings;
 };
 
 // `device` < 0 picks the first device that has segments or events.

@@ -40,7 +40,22 @@ auto naming(const DumpFile& dump, Step step) {
 bool is_json_lines_kind(std::string_view kind) { return kind == "trace"; }
 
 DumpFile open_dump(const std::string& argument) {
-  auto lines = std::make_unique<LineReader>(InputFile::open(argument), kFirstChunk);
+  return open_dump(std::make_unique<LineReader>(InputFile::open(argument), kFirstChunk));
+}
+
+DumpFile dump_from_text(const std::string& text, const std::string& name) {
+  DumpFile dump;
+  dump.path = name;
+  dump.parser = std::make_unique<simdjson::dom::parser>();
+  const simdjson::padded_string padded(text);
+  naming(dump, [&] {
+    dump.root = parse_json(*dump.parser, padded, 0);
+    read_kind(dump, dump.root);
+  });
+  return dump;
+}
+
+DumpFile open_dump(std::unique_ptr<LineReader> lines) {
   DumpFile dump;
   dump.path = lines->name();
   dump.parser = std::make_unique<simdjson::dom::parser>();

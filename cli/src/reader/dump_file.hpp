@@ -37,5 +37,9 @@ bool is_json_lines_kind(std::string_view kind);
 // Opens `argument` (a path, or `-` for standard input). Throws InputError for an unreadable,
 // empty, non-JSON or kind-less input, naming the input and the byte, line or JSON path.
 DumpFile open_dump(const std::string& argument);
+// The same for an input already open, whose first bytes a caller may have peeked at.
+DumpFile open_dump(std::unique_ptr<LineReader> lines);
+// A single-document dump held in memory (what `import` makes of a pickle), named `name`.
+DumpFile dump_from_text(const std::string& text, const std::string& name);
 
 }  // namespace remat::report

@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
+
 #include <utility>
 
 namespace remat::report {
@@ -63,7 +66,8 @@ void EventChecker::check(const Event& event) {
       }
       break;
     case Action::segment_alloc: {
-      if (const Allocation* reserved = segments_.find(event.address)) {
+      if (const auto found = segments_.find(event.address); found != segments_.end()) {
+        const Allocation* reserved = &found->second;
         fail("address", fmt::format("segment_alloc at 0x{:x} while the segment allocated there by {} is still "
                                     "reserved (no segment_free between them): events were lost or the dump is corrupt",
                                     event.address, event_name(reserved->event)));
@@ -71,15 +75,27 @@ void EventChecker::check(const Event& event) {
       if (__builtin_add_overflow(reserved_bytes_, event.size, &reserved_bytes_)) {
         fail("size", fmt::format("reserved bytes overflow 64 bits with this segment of {} bytes", event.size));
       }
-      segments_.put(event.address, Allocation{event.size, events_});
+      segments_[event.address] = Allocation{event.size, events_};
       break;
     }
-    case Action::segment_free:
-      if (const Allocation* reserved = segments_.find(event.address)) {
-        reserved_bytes_ -= reserved->size;
-        segments_.erase(event.address);
+    case Action::segment_free: {
+      // Releases what the range covers: one whole segment, or under expandable segments the
+      // end of one or several mapped ranges (PyTorch's segment_unmap, our shrink on empty_cache).
+      const std::uint64_t begin = event.address;
+      const std::uint64_t limit = event.size > UINT64_MAX - begin ? UINT64_MAX : begin + event.size;
+      auto it = segments_.upper_bound(begin);
+      if (it != segments_.begin() && std::prev(it)->first + std::prev(it)->second.size > begin) --it;
+      while (it != segments_.end() && it->first < limit) {
+        const std::uint64_t start = it->first;
+        const std::uint64_t stop = start + it->second.size;
+        const std::uint64_t made_by = it->second.event;
+        it = segments_.erase(it);
+        reserved_bytes_ -= std::min(stop, limit) - std::max(start, begin);
+        if (start < begin) segments_[start] = Allocation{begin - start, made_by};
+        if (stop > limit) segments_[limit] = Allocation{stop - limit, made_by};
       }
       break;
+    }
     case Action::oom: break;
   }
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 namespace remat::report {
@@ -51,7 +52,8 @@ class EventChecker {
 
   std::function<std::string(std::uint64_t)> name_event_;
   AddressMap<Allocation> blocks_;
-  AddressMap<Allocation> segments_;
+  // Ordered: a segment_free may release the end of one or several ranges (expandable segments).
+  std::map<std::uint64_t, Allocation> segments_;
   std::uint64_t events_ = 0;
   std::uint64_t live_bytes_ = 0;
   std::uint64_t reserved_bytes_ = 0;

@@ -10,6 +10,10 @@
 
 namespace remat::report {
 
+namespace {
+constexpr std::size_t kBinaryChunk = std::size_t{1} << 20;
+}  // namespace
+
 LineReader::LineReader(InputFile input, std::size_t chunk_bytes) : input_(std::move(input)), capacity_(chunk_bytes) {
   if (const auto size = input_.size())
     capacity_ = static_cast<std::size_t>(std::min<std::uint64_t>(capacity_, *size + 1));
@@ -129,6 +133,21 @@ std::string_view LineReader::read_rest() {
   const std::string_view rest(buffer_.data() + begin_, end_ - begin_);
   begin_ = end_;
   return rest;
+}
+
+std::string LineReader::read_binary_rest() {
+  std::string bytes(buffer_.data() + begin_, end_ - begin_);
+  begin_ = end_;
+  if (const auto size = input_.size(); size && *size > offset_of(end_)) bytes.reserve(static_cast<std::size_t>(*size - offset_of(begin_)) + bytes.size());
+  std::size_t used = bytes.size();
+  while (!eof_) {
+    if (bytes.size() - used < kBinaryChunk) bytes.resize(used + std::max(kBinaryChunk, used));
+    const std::size_t n = input_.read(bytes.data() + used, bytes.size() - used);
+    if (n == 0) eof_ = true;
+    used += n;
+  }
+  bytes.resize(used);
+  return bytes;
 }
 
 }  // namespace remat::report

@@ -31,6 +31,9 @@ class LineReader {
   // Everything from the next unread byte to the end of the input, held in this reader until
   // its next call; followed by padding. For one JSON document spread over many lines.
   std::string_view read_rest();
+  // Everything from the next unread byte to the end of the input as raw bytes, NUL bytes
+  // included: for a binary input (a pickle) that peek() recognised.
+  std::string read_binary_rest();
 
   // Byte offset of the last line returned (or of the text read_rest returned), and its
   // 1-based line number.

@@ -1,0 +1,207 @@
+#include "analysis/whatif_replay.hpp"
+
+#include <remat/alloc/caching_allocator.hpp>
+#include <remat/alloc/errors.hpp>
+#include <remat/alloc/virtual_backend.hpp>
+
+#include <algorithm>
+#include <map>
+
+namespace remat::report {
+
+namespace {
+// Regions listed as holders at a failure.
+constexpr std::size_t kHolders = 5;
+}  // namespace
+
+struct WhatIfReplay::Pool {
+  std::unique_ptr<alloc::CachingAllocator> allocator;
+  alloc::VirtualBackend* backend = nullptr;  // owned by allocator
+  std::string conf;
+  bool stopped = false;
+  std::uint64_t reserved = 0;  // after the last operation that could change it
+  std::uint64_t peak_reserved = 0;
+  std::uint64_t peak_allocated = 0;
+  std::uint64_t reserved_at_allocated_peak = 0;
+  std::uint64_t allocated_at_reserved_peak = 0;
+  std::uint64_t events = 0;
+  std::optional<WhatIfFailure> failure;
+};
+
+WhatIfReplay::WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint64_t capacity_bytes,
+                           const TagTable& tags)
+    : tags_(tags) {
+  for (const alloc::Config& config : configs) {
+    auto pool = std::make_unique<Pool>();
+    pool->conf = config.to_string();
+    alloc::Config replay = config;
+    replay.tagging = false;
+    replay.trace_entries = 0;
+    auto backend = std::make_unique<alloc::VirtualBackend>(static_cast<std::size_t>(capacity_bytes));
+    pool->backend = backend.get();
+    pool->allocator = std::make_unique<alloc::CachingAllocator>(std::move(backend), replay);
+    pool->allocator->set_oom_reporting(false);
+    pools_.push_back(std::move(pool));
+  }
+  running_ = pools_.size();
+}
+
+WhatIfReplay::~WhatIfReplay() = default;
+
+void WhatIfReplay::on_event(const Event& event) {
+  if (!started_) {
+    started_ = true;
+    first_time_ = event.time_us;
+  }
+  ++counts_.events;
+  const bool segment_free = event.action == Action::segment_free;
+  switch (event.action) {
+    case Action::alloc: allocate(event); break;
+    case Action::free_completed: deallocate(event); break;
+    case Action::segment_free:
+      if (!in_segment_free_run_) empty_cache();
+      break;
+    case Action::free_requested:
+    case Action::segment_alloc:
+    case Action::oom: ++counts_.ignored; break;
+  }
+  in_segment_free_run_ = segment_free;
+  for (auto& pool : pools_) {
+    if (!pool->stopped) ++pool->events;
+  }
+}
+
+void WhatIfReplay::observe(Pool& pool) {
+  const alloc::AllocatorStats stats = pool.allocator->stats();
+  const auto reserved = static_cast<std::uint64_t>(stats.reserved_bytes.current);
+  const auto allocated = static_cast<std::uint64_t>(stats.allocated_bytes.current);
+  pool.reserved = reserved;
+  if (allocated > pool.peak_allocated) {
+    pool.peak_allocated = allocated;
+    pool.reserved_at_allocated_peak = reserved;
+  }
+  if (reserved > pool.peak_reserved) {
+    pool.peak_reserved = reserved;
+    pool.allocated_at_reserved_peak = allocated;
+  } else if (reserved == pool.peak_reserved && allocated > pool.allocated_at_reserved_peak) {
+    pool.allocated_at_reserved_peak = allocated;
+  }
+}
+
+void WhatIfReplay::allocate(const Event& event) {
+  ++counts_.allocs;
+  std::uint32_t slot = 0;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = static_cast<std::uint32_t>(pointers_.size() / std::max<std::size_t>(pools_.size(), 1));
+    pointers_.resize(pointers_.size() + pools_.size(), nullptr);
+  }
+  void** pointers = pointers_.data() + static_cast<std::size_t>(slot) * pools_.size();
+  for (std::size_t p = 0; p < pools_.size(); ++p) {
+    Pool& pool = *pools_[p];
+    pointers[p] = nullptr;
+    if (pool.stopped) continue;
+    try {
+      pointers[p] = pool.allocator->allocate(static_cast<std::size_t>(event.size), event.stream);
+    } catch (const alloc::OutOfMemoryError& error) {
+      fail(pool, event, error.what());
+      continue;
+    }
+    observe(pool);
+  }
+  live_.put(event.address, Live{event.size, event.tag, slot});
+}
+
+void WhatIfReplay::deallocate(const Event& event) {
+  const Live* live = live_.find(event.address);
+  if (live == nullptr) {
+    ++counts_.skipped_frees;
+    return;
+  }
+  ++counts_.frees;
+  const std::uint32_t slot = live->slot;
+  void** pointers = pointers_.data() + static_cast<std::size_t>(slot) * pools_.size();
+  for (std::size_t p = 0; p < pools_.size(); ++p) {
+    if (!pools_[p]->stopped) pools_[p]->allocator->deallocate(pointers[p]);
+  }
+  live_.erase(event.address);
+  free_slots_.push_back(slot);
+}
+
+void WhatIfReplay::empty_cache() {
+  ++counts_.empty_cache_calls;
+  for (auto& pool : pools_) {
+    if (pool->stopped) continue;
+    pool->allocator->empty_cache();
+    observe(*pool);
+  }
+}
+
+void WhatIfReplay::fail(Pool& pool, const Event& event, const char* message) {
+  WhatIfFailure failure;
+  failure.event = counts_.events;
+  failure.time_us = event.time_us;
+  failure.since_first_us = event.time_us - first_time_;
+  failure.size = event.size;
+  failure.stream = event.stream;
+  failure.reserved_bytes = pool.reserved;
+  // Releasing cached blocks before giving up leaves allocated bytes as they were.
+  failure.allocated_bytes = static_cast<std::uint64_t>(pool.allocator->stats().allocated_bytes.current);
+  failure.holders = holders();
+  failure.message = message;
+  pool.failure = std::move(failure);
+  pool.stopped = true;
+  ++pool.events;  // the failing event is the last one this run took in
+  --running_;
+}
+
+std::vector<WhatIfHolder> WhatIfReplay::holders() const {
+  if (tags_.tags.size() <= 1) return {};
+  std::map<std::uint32_t, WhatIfHolder> by_region;
+  live_.for_each([&](std::uint64_t, const Live& live) {
+    const std::uint32_t region = live.tag < tags_.tags.size() ? tags_.tags[live.tag].region : 0;
+    WhatIfHolder& holder = by_region[region];
+    holder.bytes += live.size;
+    ++holder.count;
+  });
+  std::vector<WhatIfHolder> holders;
+  for (auto& [region, holder] : by_region) {
+    holder.region = region < tags_.names.size() ? tags_.names[region] : std::string();
+    holders.push_back(std::move(holder));
+  }
+  std::sort(holders.begin(), holders.end(), [](const WhatIfHolder& a, const WhatIfHolder& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.region < b.region;
+  });
+  if (holders.size() > kHolders) holders.resize(kHolders);
+  return holders;
+}
+
+std::vector<WhatIfRun> WhatIfReplay::results() const {
+  std::vector<WhatIfRun> runs;
+  for (const auto& pool : pools_) {
+    const alloc::AllocatorStats stats = pool->allocator->stats();
+    WhatIfRun run;
+    run.conf = pool->conf;
+    run.peak_reserved = static_cast<std::uint64_t>(stats.reserved_bytes.peak);
+    run.peak_allocated = static_cast<std::uint64_t>(stats.allocated_bytes.peak);
+    run.reserved_at_allocated_peak = pool->reserved_at_allocated_peak;
+    run.allocated_at_reserved_peak = pool->allocated_at_reserved_peak;
+    if (pool->peak_reserved > 0) {
+      run.fragmentation_at_peak = static_cast<double>(pool->peak_reserved - pool->allocated_at_reserved_peak) /
+                                  static_cast<double>(pool->peak_reserved);
+    }
+    run.final_reserved = static_cast<std::uint64_t>(stats.reserved_bytes.current);
+    run.final_allocated = static_cast<std::uint64_t>(stats.allocated_bytes.current);
+    run.device_allocations = pool->backend->device_allocations();
+    run.device_releases = pool->backend->device_releases();
+    run.alloc_retries = stats.num_alloc_retries;
+    run.events_replayed = pool->events;
+    run.failure = pool->failure;
+    runs.push_back(std::move(run));
+  }
+  return runs;
+}
+
+}  // namespace remat::report
