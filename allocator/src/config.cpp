@@ -331,14 +331,21 @@ Config Config::from_environment() {
   return config;
 }
 
+namespace {
+// The shortest text that parses back to the same double: 0.9, not 0.90000000000000002.
+std::string shortest_text(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+}  // namespace
+
 std::string Config::to_string() const {
   std::string out = "backend:" + std::string(alloc::to_string(backend));
   out += ",host_capacity_mb:" + std::to_string(host_capacity_bytes / kMiB);
   out += ",max_split_size_mb:";
   out += max_split_size_bytes == kUnlimited ? std::string("unlimited") : std::to_string(max_split_size_bytes / kMiB);
-  char fraction[32];
-  std::snprintf(fraction, sizeof fraction, "%.17g", memory_fraction);
-  out += ",memory_fraction:" + std::string(fraction);
+  out += ",memory_fraction:" + shortest_text(memory_fraction);
   out += ",trace_entries:" + std::to_string(trace_entries);
   out += ",oom_dump_interval_ms:" + std::to_string(oom_dump_interval_ms);
   const bool rounds = std::any_of(roundup_power2_divisions.begin(), roundup_power2_divisions.end(),
@@ -352,10 +359,7 @@ std::string Config::to_string() const {
     out += std::to_string(max_non_split_rounding_bytes / kMiB);
   }
   if (garbage_collection_threshold != defaults.garbage_collection_threshold) {
-    char threshold[32];
-    std::snprintf(threshold, sizeof threshold, "%.17g", garbage_collection_threshold);
-    out += ",garbage_collection_threshold:";
-    out += threshold;
+    out += ",garbage_collection_threshold:" + shortest_text(garbage_collection_threshold);
   }
   if (large_segment_size_bytes != defaults.large_segment_size_bytes) {
     out += ",large_segment_size_mb:";

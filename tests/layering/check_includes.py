@@ -1,8 +1,10 @@
 """The project's layering, checked on its sources: what may include what.
 
 - The allocator and remat-report include nothing from LibTorch; remat-report nothing from
-  the allocator or the runtime: of the project's headers only `remat/pipeline/` (the
-  planning library, standard C++ only) for `schedule` and `plan`.
+  the runtime: of the project's headers only `remat/pipeline/` (the planning library) for
+  `schedule` and `plan`, and of the allocator only the pool over its virtual backend
+  (remat::alloc_core) and the dump header module, for `whatif`: no device allocator, C ABI
+  or CUDA backend.
 - The allocator's pool (caching_allocator.cpp) reaches dumps, the trace and OOM reporting
   only through their interfaces: no dump or snapshot headers, no other unit's sources.
 - One module writes the dump header: the field list appears in allocator/src/dump.cpp only.
@@ -36,7 +38,10 @@ class Layering(unittest.TestCase):
 
     def test_remat_report_depends_on_neither_libtorch_nor_the_producers(self):
         self.assert_none_match("cli", r"(torch|ATen|c10)/", "remat-report builds without LibTorch")
-        self.assert_none_match("cli", r"remat/(?!pipeline/)", "remat-report includes the planning library only")
+        self.assert_none_match("cli", r"remat/(?!pipeline/|alloc/)",
+                               "remat-report includes the planning library and the allocator's pool only")
+        self.assert_none_match("cli", r"remat/alloc/(allocator|c_api|cuda_backend|host_backend)\.",
+                               "remat-report replays through the pool on the virtual backend, never a device")
 
     def test_the_pool_reaches_dumps_trace_and_oom_reporting_only_through_their_interfaces(self):
         pool = ROOT / "allocator/src/caching_allocator.cpp"

@@ -34,11 +34,34 @@ def errors_of(validator, doc) -> list:
     return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(doc)]
 
 
+def check_whatif(remat_report: str, validator, dumps: pathlib.Path) -> list:
+    """whatif --json of the demo's peak snapshot (its trace ring, its recorded settings) under
+    a second configuration: valid, the recorded settings first, and the recorded run's peak
+    reserved no more than the snapshot's own peak (the ring may have dropped older events)."""
+    run = subprocess.run([remat_report, "whatif", str(dumps / "snapshot-end.json"), "--json",
+                          "--conf", "expandable_segments:True"], capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        return [f"whatif exited {run.returncode}: {run.stderr.strip()}"]
+    doc = json.loads(run.stdout)
+    failures = [f"whatif: {e}" for e in errors_of(validator, doc)]
+    if [r["name"] for r in doc["runs"]] != ["recorded", "conf 1"] or "expandable_segments:True" not in doc["runs"][1]["conf"]:
+        failures.append(f"whatif: runs are not the recorded settings then --conf: {[r['conf'] for r in doc['runs']]}")
+    snapshot = json.loads((dumps / "snapshot-end.json").read_text())
+    if doc["runs"][0]["peak_allocated"] > snapshot["stats"]["allocated_bytes"]["peak"]:
+        failures.append("whatif: the replay allocated more at its peak than the recorded allocator ever did")
+    broken = copy.deepcopy(doc)
+    broken["runs"][0]["peak_reserved"] = -1
+    if not errors_of(validator, broken):
+        failures.append("whatif schema accepted a negative peak_reserved")
+    return failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--schema-dir", required=True, type=pathlib.Path)
     parser.add_argument("--demo", required=True)
     parser.add_argument("--train-demo", help="remat-train-demo, whose remat-trace and memory-report dumps are checked")
+    parser.add_argument("--remat-report", help="remat-report, whose whatif dump of the demo's trace is checked")
     args = parser.parse_args()
     schemas = load_schemas(args.schema_dir)
     snapshot = validator_for(schemas, "snapshot.schema.json")
@@ -75,6 +98,9 @@ def main() -> int:
         for number, line in enumerate(lines[1:], start=2):
             failures += [f"trace.jsonl line {number}: {e}" for e in errors_of(event, json.loads(line))]
         checked += len(lines)
+        if args.remat_report:
+            failures += check_whatif(args.remat_report, validator_for(schemas, "whatif.schema.json"), pathlib.Path(tmp))
+            checked += 1
         if args.train_demo:
             train_dir = pathlib.Path(tmp, "train")
             subprocess.run([args.train_demo, "--out", str(train_dir), "--steps", "2", "--layers", "2"], check=True,

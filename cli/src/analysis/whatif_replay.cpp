@@ -5,13 +5,41 @@
 #include <remat/alloc/virtual_backend.hpp>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
+#include <string_view>
 
 namespace remat::report {
 
 namespace {
 // Regions listed as holders at a failure.
 constexpr std::size_t kHolders = 5;
+
+// The items of Config::to_string() that shape the pool's decisions; the backend, host
+// capacity, trace ring, tagging and OOM-report items change nothing a replay measures.
+std::string pool_settings_text(const alloc::Config& config) {
+  static constexpr std::string_view kPoolKeys[] = {"max_split_size_mb",         "memory_fraction",
+                                                   "roundup_power2_divisions",  "expandable_segments",
+                                                   "max_non_split_rounding_mb", "garbage_collection_threshold",
+                                                   "large_segment_size_mb"};
+  const std::string text = config.to_string();
+  std::string kept;
+  std::size_t begin = 0;
+  int depth = 0;  // inside roundup_power2_divisions' [..] list
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] == '[') ++depth;
+    if (i < text.size() && text[i] == ']') --depth;
+    if (i < text.size() && (text[i] != ',' || depth > 0)) continue;
+    const std::string_view item(text.data() + begin, i - begin);
+    const std::string_view key = item.substr(0, item.find(':'));
+    if (std::find(std::begin(kPoolKeys), std::end(kPoolKeys), key) != std::end(kPoolKeys)) {
+      if (!kept.empty()) kept += ',';
+      kept += item;
+    }
+    begin = i + 1;
+  }
+  return kept;
+}
 }  // namespace
 
 struct WhatIfReplay::Pool {
@@ -33,7 +61,7 @@ WhatIfReplay::WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint6
     : tags_(tags) {
   for (const alloc::Config& config : configs) {
     auto pool = std::make_unique<Pool>();
-    pool->conf = config.to_string();
+    pool->conf = pool_settings_text(config);
     alloc::Config replay = config;
     replay.tagging = false;
     replay.trace_entries = 0;

@@ -52,7 +52,7 @@ struct WhatIfFailure {
 };
 
 struct WhatIfRun {
-  std::string conf;  // Config::to_string()
+  std::string conf;  // the pool-shaping items of Config::to_string()
   std::uint64_t peak_reserved = 0;
   std::uint64_t peak_allocated = 0;
   std::uint64_t reserved_at_allocated_peak = 0;  // reserved bytes when allocated first reached its peak

@@ -151,7 +151,8 @@ TEST(WhatIfReplay, ExpandableSegmentsReserveLessWhenSequenceLengthsChange) {
   EXPECT_EQ(fixed.peak_reserved, static_cast<std::uint64_t>(recording.stats.reserved_bytes.peak));
   EXPECT_LT(expandable.peak_reserved, fixed.peak_reserved);
   EXPECT_LT(expandable.fragmentation_at_peak, fixed.fragmentation_at_peak);
-  EXPECT_EQ(expandable.conf, config_of("expandable_segments:True").to_string());
+  EXPECT_EQ(fixed.conf, "max_split_size_mb:unlimited,memory_fraction:1");
+  EXPECT_EQ(expandable.conf, "max_split_size_mb:unlimited,memory_fraction:1,expandable_segments:True");
   std::remove(recording.trace_path.c_str());
 }
 
