@@ -12,7 +12,8 @@
 #
 # `run` writes its logs, dumps and figures into $OUT (default build-gpu/out): summary.txt, the
 # figures, and gpu-check.tar.gz with everything else. STEPS (default "build tests gpu-tests
-# runtime-bench torch-bench") picks the stages; each has a time limit, so the run stays bounded.
+# torch-snapshot runtime-bench torch-bench") picks the stages; each has a time limit, so the run
+# stays bounded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -55,7 +56,7 @@ run() {
   status=0
   mkdir -p "$out" "$logs"
   : > "$summary"
-  local steps=" ${STEPS:-build tests gpu-tests runtime-bench torch-bench} "
+  local steps=" ${STEPS:-build tests gpu-tests torch-snapshot runtime-bench torch-bench} "
   local python
   python=$(command -v python3)
 
@@ -116,6 +117,21 @@ run() {
       grep -E '^[0-9]+: \[  (PASSED|FAILED) |^[0-9]+: FAILED|Skipped|\(Failed\)|all checks passed|check\(s\) failed|refused as expected|\[ (parity|dropout) \]' \
         "$logs/$gpu_test.log" | sed 's/^[0-9]*: /    /' | tee -a "$summary"
     done
+  fi
+  if [[ $steps == *" torch-snapshot "* ]]; then
+    # A snapshot made by PyTorch's own allocator, through remat-report and back into PyTorch's viewer.
+    local pickle="$out/torch-snapshot.pickle" report="$build/cli/remat-report"
+    if stage torch_snapshot_record 120 "$python" "$root/bench/gpu/record_torch_snapshot.py" "$pickle"; then
+      stage torch_snapshot_import 60 "$report" import "$pickle" -o "$out/torch-snapshot.json"
+      stage torch_snapshot_summary 60 "$report" summary "$out/torch-snapshot.json"
+      stage torch_snapshot_segments 60 "$report" segments "$out/torch-snapshot.json"
+      stage torch_snapshot_timeline 60 "$report" timeline "$out/torch-snapshot.json" -o "$out/torch-snapshot.svg"
+      stage torch_snapshot_whatif 60 "$report" whatif "$pickle" --conf expandable_segments:True \
+        --conf roundup_power2_divisions:4
+      sed -n '/^Replayed/,$p' "$logs/torch_snapshot_whatif.log" | sed 's/^/    /' | tee -a "$summary"
+      stage torch_snapshot_export 60 "$report" export "$out/torch-snapshot.json" --to torch-snapshot -o "$out/torch-snapshot-export.pickle"
+      stage torch_snapshot_viewer 60 "$python" -m torch.cuda._memory_viz trace "$out/torch-snapshot-export.pickle"
+    fi
   fi
   if [[ $steps == *" runtime-bench "* ]]; then
     stage runtime_bench_cuda 180 "$build/bench/remat_runtime_bench_cuda" --device cuda

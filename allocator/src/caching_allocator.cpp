@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <utility>
 
 namespace remat::alloc {
 
@@ -445,6 +446,11 @@ CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(state_->mutex);
   state_->process_pending_frees(true);
   state_->release_cached_blocks();
+  // Segments that still hold live blocks (a pool dropped mid-run, as `whatif` drops a run that
+  // failed): their memory goes with the backend, their block records with the pool.
+  for (const auto& [address, head] : state_->segments) {
+    for (Block* block = head; block != nullptr;) delete std::exchange(block, block->next);
+  }
   for (Block* block : state_->spare_blocks) delete block;
 }
 

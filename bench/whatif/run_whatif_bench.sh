@@ -3,10 +3,10 @@
 # the recorded settings alone, then with expandable_segments:True beside them in the same pass,
 # from a file and from standard input; prints seconds, peak RSS and the two-run/one-run ratio.
 #
-# usage: run_whatif_bench.sh [REMAT_REPORT] [EVENTS]   (defaults: build-whatif/cli/remat-report, 10000000)
+# usage: run_whatif_bench.sh [REMAT_REPORT] [EVENTS]   (defaults: build/cli/remat-report, 10000000)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-report=${1:-$root/build-whatif/cli/remat-report}
+report=$(realpath "${1:-$root/build/cli/remat-report}")
 events=${2:-10000000}
 trace=${WHATIF_TRACE:-/tmp/remat-whatif-$events.jsonl}
 [[ -s $trace ]] || python3 "$root/bench/whatif/make_trace.py" "$trace" --events "$events"
