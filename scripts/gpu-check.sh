@@ -12,8 +12,8 @@
 #
 # `run` writes its logs, dumps and figures into $OUT (default build-gpu/out): summary.txt, the
 # figures, and gpu-check.tar.gz with everything else. STEPS (default "build tests gpu-tests
-# torch-snapshot runtime-bench torch-bench") picks the stages; each has a time limit, so the run
-# stays bounded.
+# torch-snapshot runtime-bench torch-bench headline") picks the stages; each has a time limit, so
+# the run stays bounded (all of them together take longer than one 10-minute call: split them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -28,9 +28,13 @@ prepare() {
   for deb in "$deps"/debs/*.deb; do dpkg -x "$deb" "$deps/root"; done
   rm -rf "$deps/debs" "$deps/root/usr/share/doc"
   # remat's schema tests check dumps with python-jsonschema; the GPU machine's Python lacks it.
-  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$deps/wheels" \
-    jsonschema==4.10.3 pyrsistent==0.20.0
+  local wheel_platform=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$deps/wheels")
+  python3 -m pip download --quiet --no-deps "${wheel_platform[@]}" jsonschema==4.10.3 pyrsistent==0.20.0
+  # The headline table: a Hugging Face Llama (transformers and what it imports, not torch) and
+  # torch_remat 0.2.2 beside this project's runtime.
+  python3 -m pip download --quiet "${wheel_platform[@]}" transformers==5.24.0
+  python3 -m pip download --quiet --no-deps "${wheel_platform[@]}" torch-remat==0.2.2
   echo "prepared $(du -sh "$deps" | cut -f1) in $deps; carry .gpu-deps to the GPU machine"
 }
 
@@ -56,7 +60,7 @@ run() {
   status=0
   mkdir -p "$out" "$logs"
   : > "$summary"
-  local steps=" ${STEPS:-build tests gpu-tests torch-snapshot runtime-bench torch-bench} "
+  local steps=" ${STEPS:-build tests gpu-tests torch-snapshot runtime-bench torch-bench headline} "
   local python
   python=$(command -v python3)
 
@@ -145,6 +149,21 @@ run() {
       PYTHONPATH="$root/allocator/python:${PYTHONPATH:-}" \
       "$python" "$root/bench/gpu/torch_allocator_bench.py" --out "$out" --rounds 3
     sed -n '/^allocator vs/,$p' "$logs/torch_allocator_bench.log" | sed 's/^/    /' | tee -a "$summary"
+  fi
+
+  if [[ $steps == *" headline "* ]]; then
+    # The README's GPU table: a Llama-shaped model (hidden 2048, 16 heads, sequence 2048, bf16) on
+    # PyTorch's own allocator, every checkpointing variant eager and then compiled. HEADLINE_LAYERS
+    # sizes it (default 8).
+    local headline=("$python" "$root/bench/python/hf_llama_bench.py" --device cuda --dtype bfloat16 --hidden 2048
+      --heads 16 --kv-heads 8 --layers "${HEADLINE_LAYERS:-8}" --batch 2 --sequence 2048 --vocab 32000 --rounds 5)
+    "$python" -c 'import torch_remat' 2> /dev/null && headline+=(--torch-remat)
+    local with_remat=(env PYTHONPATH="$build/python:$root/allocator/python:${PYTHONPATH:-}"
+      REMAT_ALLOC_LIBRARY="$build/allocator/libremat_alloc.so")
+    stage headline_eager 240 "${with_remat[@]}" "${headline[@]}"
+    sed -n '/^Llama/,$p' "$logs/headline_eager.log" | sed 's/^/    /' | tee -a "$summary"
+    stage headline_compiled 420 "${with_remat[@]}" "${headline[@]}" --compile
+    sed -n '/^Llama/,$p' "$logs/headline_compiled.log" | sed 's/^/    /' | tee -a "$summary"
   fi
 
   echo "== overall: $([ "$status" -eq 0 ] && echo passed || echo FAILED)" | tee -a "$summary"

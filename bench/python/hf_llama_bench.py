@@ -25,6 +25,14 @@ context_fn through model.gradient_checkpointing_enable(gradient_checkpointing_kw
                  projection matmuls, rotary embedding, views, the kernel): MUST_SAVE while a
                  forward pre-hook / forward hook pair on self_attn says the op is inside it, so
                  attention is not recomputed, as with remat's save region.
+On a GPU (--device cuda, the headline table: --dtype bfloat16 --sequence 2048 and a model
+shaped like a real one) memory is PyTorch's own count of allocated bytes
+(torch.cuda.memory_allocated, the native caching allocator, or remat_alloc's with --allocator
+remat), time is the device time between CUDA events around forward and backward, and gradients
+are compared by their largest absolute difference (bf16 kernels need not be bitwise across
+variants). --compile runs every variant under torch.compile (--compile-backend, default
+inductor); a variant that fails to compile or run says so in its row instead of stopping the run.
+
 torch_remat (--torch-remat) comes from a throwaway venv, never the project's requirements:
 
     python3 -m venv --system-site-packages /tmp/tr-venv
@@ -36,6 +44,7 @@ torch_remat (--torch-remat) comes from a throwaway venv, never the project's req
 """
 
 import argparse
+import contextlib
 import functools
 import statistics
 import sys
@@ -140,18 +149,82 @@ def variants(torch_remat):
     return rows
 
 
-def train_step(model, ids):
+class CpuMeter:
+    """Requested bytes through remat's tagging allocator made the CPU allocator, thread CPU time."""
+
+    name = "CPU"
+
+    def step(self):
+        return remat.tag_cpu_tensors()
+
+    def reset(self):
+        remat_alloc.reset_peak_stats()
+
+    def allocated(self):
+        return remat_alloc.memory_stats()["requested_bytes"]
+
+    def peak(self):
+        return remat_alloc.memory_stats()["requested_bytes_peak"]
+
+    def start(self):
+        self._started = time.thread_time()
+
+    def seconds(self):
+        return time.thread_time() - self._started
+
+
+class CudaMeter:
+    """Allocated bytes as the CUDA allocator in use counts them, device time between CUDA events."""
+
+    def __init__(self, allocator):
+        self.name = f"CUDA ({torch.cuda.get_device_name()}), {allocator} allocator"
+        self._remat = allocator == "remat"
+        self._device = torch.cuda.current_device()
+
+    def step(self):
+        return contextlib.nullcontext()
+
+    def reset(self):
+        torch.cuda.synchronize()
+        if self._remat:
+            remat_alloc.reset_peak_stats(self._device)
+        else:
+            torch.cuda.reset_peak_memory_stats()
+
+    def allocated(self):
+        if self._remat:
+            return remat_alloc.memory_stats(self._device)["allocated_bytes"]
+        return torch.cuda.memory_allocated()
+
+    def peak(self):
+        torch.cuda.synchronize()
+        if self._remat:
+            return remat_alloc.memory_stats(self._device)["allocated_bytes_peak"]
+        return torch.cuda.max_memory_allocated()
+
+    def start(self):
+        self._begin = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+        self._begin.record()
+
+    def seconds(self):
+        self._end.record()
+        self._end.synchronize()
+        return self._begin.elapsed_time(self._end) / 1e3
+
+
+def train_step(model, ids, meter):
     """(seconds, kept bytes, peak bytes, loss, gradients) of one forward and backward."""
     model.zero_grad(set_to_none=True)
-    with remat.tag_cpu_tensors():
-        remat_alloc.reset_peak_stats()
-        before = remat_alloc.memory_stats()["requested_bytes"]
-        started = time.thread_time()
+    with meter.step():
+        meter.reset()
+        before = meter.allocated()
+        meter.start()
         loss = model(input_ids=ids, labels=ids).loss
-        after_forward = remat_alloc.memory_stats()["requested_bytes"]
+        after_forward = meter.allocated()
         loss.backward()
-        seconds = time.thread_time() - started
-        peak = remat_alloc.memory_stats()["requested_bytes_peak"]
+        seconds = meter.seconds()
+        peak = meter.peak()
         loss = loss.detach().clone()
     remat.collect_trace()  # keeps the runtime's trace log from growing across rounds
     grads = [p.grad.clone() for p in model.parameters()]
@@ -175,12 +248,31 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--sequence", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
+    parser.add_argument("--kv-heads", type=int, default=4, help="key/value heads (default 4)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1: CPU time is the step's)")
     parser.add_argument("--torch-remat", action="store_true", help="include torch_remat 0.2.2 (must be importable)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--allocator", choices=("native", "remat"), default="native",
+                        help="on CUDA: PyTorch's caching allocator, or remat_alloc.install() (default native)")
+    parser.add_argument("--compile", action="store_true", help="run every variant under torch.compile")
+    parser.add_argument("--compile-backend", default="inductor")
     args = parser.parse_args()
     if args.rounds < 5:
         parser.error("--rounds: at least 5 for a median")
+    if args.device == "cuda":
+        if args.allocator == "remat":
+            remat_alloc.install()  # before the first CUDA allocation
+        if not torch.cuda.is_available():
+            sys.exit("hf_llama_bench: --device cuda: no CUDA device is visible")
+        meter = CudaMeter(args.allocator)
+    else:
+        if args.allocator == "remat":
+            parser.error("--allocator: CPU tensors always go through remat's tagging allocator here")
+        meter = CpuMeter()
     torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
 
     torch_remat = None
     if args.torch_remat:
@@ -191,53 +283,72 @@ def main():
                      "throwaway venv: python3 -m venv --system-site-packages /tmp/tr-venv && /tmp/tr-venv/bin/pip "
                      "install --no-deps torch-remat==0.2.2, and run this script with /tmp/tr-venv/bin/python3")
 
-    config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=8,
-                         num_key_value_heads=4, intermediate_size=688 * args.hidden // 256, vocab_size=args.vocab,
+    config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.kv_heads, intermediate_size=688 * args.hidden // 256, vocab_size=args.vocab,
                          max_position_embeddings=max(256, args.sequence), use_cache=False)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     weights = LlamaForCausalLM(config).state_dict()
     ids = torch.randint(0, args.vocab, (args.batch, args.sequence), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(args.device)
 
     rows = variants(torch_remat)
     models = []
     for _, setup in rows:
         model = LlamaForCausalLM(config)
         model.load_state_dict(weights)
+        model.to(device=args.device, dtype=dtype)
         model.train()
         setup(model)
+        if args.compile:
+            model.compile(backend=args.compile_backend)
         models.append(model)
 
     samples = [[] for _ in rows]  # (seconds, kept, peak) per measured round
     checks = [None] * len(rows)
+    failures = [None] * len(rows)  # why a variant stopped (compile or run error)
     reference = None
     for round_index in range(args.warmup + args.rounds):
         shift = round_index % len(rows)
         for index in list(range(len(rows)))[shift:] + list(range(len(rows)))[:shift]:
-            seconds, kept, peak, loss, grads = train_step(models[index], ids)
+            if failures[index] is not None:
+                continue
+            try:
+                seconds, kept, peak, loss, grads = train_step(models[index], ids, meter)
+            except Exception as error:  # a variant that cannot run here is reported in its row
+                failures[index] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
+                models[index].zero_grad(set_to_none=True)
+                continue
             if index == 0 and reference is None:
                 reference = (loss, grads)
             if round_index >= args.warmup:
                 samples[index].append((seconds, kept, peak))
             if checks[index] is None and reference is not None:
                 checks[index] = (loss, grads)
-    verdicts = [compare(reference, *check) for check in checks]
+    if failures[0] is not None:
+        sys.exit(f"hf_llama_bench: no checkpointing, the baseline, {failures[0]}")
 
     baseline = statistics.median(s for s, _, _ in samples[0])
-    print(f"Llama hidden {args.hidden}, {args.layers} layers, 8 heads (4 kv), intermediate {config.intermediate_size}, "
-          f"vocab {args.vocab}, batch {args.batch}, sequence {args.sequence}, float32, CPU, sdpa attention; "
-          f"transformers {sys.modules['transformers'].__version__}, torch {torch.__version__}, "
+    compiled = f", torch.compile(backend={args.compile_backend})" if args.compile else ", eager"
+    print(f"Llama hidden {args.hidden}, {args.layers} layers, {args.heads} heads ({args.kv_heads} kv), intermediate {config.intermediate_size}, "
+          f"vocab {args.vocab}, batch {args.batch}, sequence {args.sequence}, {args.dtype}, {meter.name}{compiled}, "
+          f"sdpa attention; transformers {sys.modules['transformers'].__version__}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} intra-op thread(s); median of {args.rounds} rounds (after {args.warmup} "
           "warm-up), variants rotated each round\n")
-    print("| variant | kept fwd->bwd (MiB) | peak over step (MiB) | step CPU time (ms) | time vs none | "
+    clock = "device" if args.device == "cuda" else "CPU"
+    print(f"| variant | kept fwd->bwd (MiB) | peak over step (MiB) | step {clock} time (ms) | time vs none | "
           "gradients vs none |")
     print("|---|---:|---:|---:|---:|---|")
-    for (label, _), rounds, verdict in zip(rows, samples, verdicts):
+    for index, (label, _) in enumerate(rows):
+        if failures[index] is not None or checks[index] is None:
+            print(f"| {label} | - | - | - | - | {failures[index] or 'no measured round'} |")
+            continue
+        rounds = samples[index]
         seconds = statistics.median(s for s, _, _ in rounds)
         kept = statistics.median(k for _, k, _ in rounds)
         peak = statistics.median(p for _, _, p in rounds)
         print(f"| {label} | {kept / MiB:.2f} | {peak / MiB:.2f} | {seconds * 1e3:.1f} | {seconds / baseline:.2f}x | "
-              f"{verdict} |")
+              f"{compare(reference, *checks[index])} |")
 
 
 if __name__ == "__main__":
