@@ -71,7 +71,6 @@ WhatIfReplay::WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint6
     pool->allocator->set_oom_reporting(false);
     pools_.push_back(std::move(pool));
   }
-  running_ = pools_.size();
 }
 
 WhatIfReplay::~WhatIfReplay() = default;
@@ -182,7 +181,6 @@ void WhatIfReplay::fail(Pool& pool, const Event& event, const char* message) {
   pool.failure = std::move(failure);
   pool.stopped = true;
   ++pool.events;  // the failing event is the last one this run took in
-  --running_;
 }
 
 std::vector<WhatIfHolder> WhatIfReplay::holders() const {

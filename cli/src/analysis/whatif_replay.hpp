@@ -92,8 +92,6 @@ class WhatIfReplay final : public EventSink {
   WhatIfReplay& operator=(const WhatIfReplay&) = delete;
 
   void on_event(const Event& event) override;
-  // True once every run has stopped at a failure: the rest of the input changes nothing.
-  bool all_stopped() const { return running_ == 0; }
 
   // The figures of every run, in configuration order, as they stand now.
   std::vector<WhatIfRun> results() const;
@@ -115,7 +113,6 @@ class WhatIfReplay final : public EventSink {
   std::vector<WhatIfHolder> holders() const;
 
   std::vector<std::unique_ptr<Pool>> pools_;
-  std::size_t running_ = 0;
   const TagTable& tags_;
   AddressMap<Live> live_;
   std::vector<void*> pointers_;        // pools_.size() replayed pointers per live allocation
