@@ -89,7 +89,8 @@ def output_that_cannot_be_written():
     # A full disk or a closed standard output loses the output: that is a failure, never exit 0.
     for args in (["schedule", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8"],
                  ["plan", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8", "--json"],
-                 ["summary", str(DATA / "snapshot-end.json")], ["trace", str(DATA / "trace.jsonl")]):
+                 ["summary", str(DATA / "snapshot-end.json")], ["trace", str(DATA / "trace.jsonl")],
+                 ["whatif", str(DATA / "trace.jsonl")]):
         if os.path.exists("/dev/full"):
             with open("/dev/full", "w") as full:
                 result = subprocess.run([BINARY, *args], stdout=full, stderr=subprocess.PIPE, text=True, env=ENV)
@@ -109,8 +110,10 @@ def main():
             for command in (["summary"], ["summary", "--json"], ["memory", "--by", "site"], ["segments"],
                             ["trace", "--limit", "20"], ["validate"], ["diff", str(DATA / "snapshot-peak.json")],
                             ["timeline", "-o", str(tmp / "t.svg")],
-                            ["export", "--to", "torch-snapshot", "-o", str(tmp / "t.pickle")]):
+                            ["export", "--to", "torch-snapshot", "-o", str(tmp / "t.pickle")],
+                            ["whatif", "--conf", "expandable_segments:True"]):
                 same_through_a_pipe(command, fixture)
+        same_through_a_pipe(["whatif", "--conf", "expandable_segments:True"], "torch-snapshot.pickle")
         for fixture in ("oom.json", "memory-report.json", "saved-report.json", "remat-trace.json"):
             same_through_a_pipe(["summary"], fixture)
         same_through_a_pipe(["oom"], "oom.json")
@@ -172,6 +175,18 @@ def main():
         expect(json.loads(out)["memory_total"]["allocations"] == events // 2, "large trace: wrong allocation count")
         expect_bounded(rss, 48 << 10, f"large trace through a pipe ({size >> 20} MiB)")
         print(f"ok a {size >> 20} MiB trace streams through a pipe in {rss} KiB")
+        # whatif on the same trace: its frees never complete, so each block is freed when its
+        # address is handed out again, and the pools stay as small as the recorded one.
+        code, out, err, rss = measure(["whatif", "-", "--json", "--conf", "expandable_segments:True"], trace)
+        expect(code == 0, f"whatif of a large trace through a pipe: {err}")
+        replayed = json.loads(out)
+        expect(replayed["input"]["allocs"] == events // 2, f"whatif: {replayed['input']}")
+        expect(all(run["peak_allocated"] == 4096 * 4096 for run in replayed["runs"]),
+               f"whatif: peak allocated {[run['peak_allocated'] for run in replayed['runs']]}, expected 16 MiB")
+        expect(any("free_requested but no free_completed" in note for note in replayed["notes"]),
+               f"whatif: no note on frees that never completed: {replayed['notes']}")
+        expect_bounded(rss, 48 << 10, f"whatif of a large trace through a pipe ({size >> 20} MiB)")
+        print(f"ok whatif replays a {size >> 20} MiB trace from a pipe in {rss} KiB")
 
 
 if __name__ == "__main__":

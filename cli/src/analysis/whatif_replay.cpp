@@ -117,6 +117,9 @@ void WhatIfReplay::observe(Pool& pool) {
 
 void WhatIfReplay::allocate(const Event& event) {
   ++counts_.allocs;
+  // The recorded allocator handed this address out again, so the block there was freed even
+  // though its free never completed in the input (a trace cut after free_requested).
+  if (release(event.address)) ++counts_.frees_not_completed;
   std::uint32_t slot = 0;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -142,19 +145,21 @@ void WhatIfReplay::allocate(const Event& event) {
 }
 
 void WhatIfReplay::deallocate(const Event& event) {
-  const Live* live = live_.find(event.address);
-  if (live == nullptr) {
-    ++counts_.skipped_frees;
-    return;
-  }
-  ++counts_.frees;
+  if (release(event.address)) ++counts_.frees;
+  else ++counts_.skipped_frees;
+}
+
+bool WhatIfReplay::release(std::uint64_t address) {
+  const Live* live = live_.find(address);
+  if (live == nullptr) return false;
   const std::uint32_t slot = live->slot;
   void** pointers = pointers_.data() + static_cast<std::size_t>(slot) * pools_.size();
   for (std::size_t p = 0; p < pools_.size(); ++p) {
     if (!pools_[p]->stopped) pools_[p]->allocator->deallocate(pointers[p]);
   }
-  live_.erase(event.address);
+  live_.erase(address);
   free_slots_.push_back(slot);
+  return true;
 }
 
 void WhatIfReplay::empty_cache() {

@@ -77,6 +77,7 @@ struct WhatIfCounts {
   std::uint64_t allocs = 0;          // alloc events replayed
   std::uint64_t frees = 0;           // free_completed events replayed
   std::uint64_t skipped_frees = 0;   // free_completed of addresses allocated before the trace began
+  std::uint64_t frees_not_completed = 0;  // blocks freed at the next alloc of their address
   std::uint64_t empty_cache_calls = 0;  // runs of consecutive segment_free events
   std::uint64_t ignored = 0;         // free_requested, segment_alloc, oom
 };
@@ -107,6 +108,8 @@ class WhatIfReplay final : public EventSink {
 
   void allocate(const Event& event);
   void deallocate(const Event& event);
+  // Frees the live block at `address` in every running pool; false when none is live there.
+  bool release(std::uint64_t address);
   void empty_cache();
   void observe(Pool& pool);
   void fail(Pool& pool, const Event& event, const char* message);

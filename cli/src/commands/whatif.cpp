@@ -185,13 +185,28 @@ void replay_input(const WhatIfOptions& options, Recorded& recorded, Begin begin)
   for (const Event& event : snapshot.events) sink.on_event(event);
 }
 
+// What the input said about itself, then what the replay met in it.
+std::vector<std::string> all_notes(const Recorded& recorded, const WhatIfCounts& counts) {
+  std::vector<std::string> notes = recorded.notes;
+  if (counts.skipped_frees > 0) {
+    notes.push_back(fmt::format("{} frees of addresses allocated before the input's first event were skipped",
+                                counts.skipped_frees));
+  }
+  if (counts.frees_not_completed > 0) {
+    notes.push_back(fmt::format("{} blocks had a free_requested but no free_completed before their address was "
+                                "allocated again: each was freed at that alloc",
+                                counts.frees_not_completed));
+  }
+  return notes;
+}
+
 std::string run_name(std::size_t index) { return index == 0 ? "recorded" : fmt::format("conf {}", index); }
 
 Report text_report(const WhatIfOptions& options, const Recorded& recorded, const WhatIfCounts& counts,
                    std::uint64_t capacity, const std::string& capacity_source, const std::vector<WhatIfRun>& runs) {
   Report report;
   Table input = key_value_table("input", "Input");
-  add_field(input, "input", Cell::name(options.file == kStdinArgument ? std::string(kStdinName) : options.file));
+  add_field(input, "input", options.file == kStdinArgument ? Cell::text(std::string(kStdinName)) : Cell::name(options.file));
   add_field(input, "kind", Cell::text(recorded.kind));
   add_field(input, "events", Cell::count(counts.events));
   add_field(input, "allocs", Cell::count(counts.allocs));
@@ -264,11 +279,7 @@ Report text_report(const WhatIfOptions& options, const Recorded& recorded, const
   }
   if (!failures.rows.empty()) report.tables.push_back(std::move(failures));
   if (!holders.rows.empty()) report.tables.push_back(std::move(holders));
-  report.notes = recorded.notes;
-  if (counts.skipped_frees > 0) {
-    report.notes.push_back(fmt::format("{} frees of addresses allocated before the input's first event were skipped",
-                                       counts.skipped_frees));
-  }
+  report.notes = all_notes(recorded, counts);
   return report;
 }
 
@@ -325,7 +336,7 @@ std::string whatif_dump(const WhatIfOptions& options, const Recorded& recorded, 
                     {"failure", std::move(failure)}});
   }
   root["runs"] = std::move(list);
-  root["notes"] = recorded.notes;
+  root["notes"] = all_notes(recorded, counts);
   return json_text(root, 2) + "\n";
 }
 
