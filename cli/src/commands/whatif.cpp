@@ -147,6 +147,11 @@ void replay_input(const WhatIfOptions& options, Recorded& recorded, Begin begin)
   const std::string name = lines->name();
   const std::string_view head = lines->peek(kSniffBytes);
   if (head.empty() || static_cast<unsigned char>(head[0]) != 0x80) {
+    if (options.device >= 0) {
+      throw UsageError(fmt::format("--device {}: {} is not a PyTorch snapshot pickle; a remat trace or snapshot "
+                                   "records one device, so leave --device out",
+                                   options.device, printable(name)));
+    }
     const DumpFile dump = open_dump(std::move(lines));
     replay_dump(dump, recorded, begin);
     return;
