@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -195,7 +196,9 @@ struct CachingAllocator::State {
     // As PyTorch: room to map the whole device and an eighth more, in whole growth steps.
     const std::size_t step = growth_step(small);
     const std::size_t total = backend->memory_info().total_bytes;
-    const std::size_t reserved = round_up(total + total / 8, step);
+    constexpr std::size_t kLargest = std::numeric_limits<std::size_t>::max();
+    const bool fits = total <= kLargest - step && total / 8 < kLargest - step - total;
+    const std::size_t reserved = fits ? round_up(total + total / 8, step) : kLargest / step * step;
     void* base = backend->reserve(reserved);
     if (base == nullptr) return nullptr;
     auto segment = std::make_unique<ExpandableSegment>();

@@ -1,29 +1,75 @@
 #include <remat/alloc/virtual_backend.hpp>
 
+#include <iterator>
 #include <limits>
 
 namespace remat::alloc {
 
-VirtualBackend::VirtualBackend(std::size_t capacity_bytes, int device) : capacity_(capacity_bytes), device_(device) {}
+namespace {
+// Addresses from 16 TiB to one granule below the top of the 64-bit space, in whole granules:
+// no replayed pointer is null or near it, and no range's end wraps around.
+constexpr std::uintptr_t kFirstAddress = std::uintptr_t{1} << 44;
 
-void* VirtualBackend::next_range(std::size_t bytes) {
-  const std::size_t span = (bytes + kGranularity - 1) / kGranularity * kGranularity;
-  if (span < bytes || span > std::numeric_limits<std::uintptr_t>::max() - next_address_) return nullptr;
-  const std::uintptr_t address = next_address_;
-  next_address_ += span;
-  return reinterpret_cast<void*>(address);
+std::size_t granules(std::size_t bytes, std::size_t granularity) {
+  if (bytes > std::numeric_limits<std::size_t>::max() - (granularity - 1)) return 0;
+  return (bytes + granularity - 1) / granularity * granularity;
+}
+}  // namespace
+
+VirtualBackend::VirtualBackend(std::size_t capacity_bytes, int device) : capacity_(capacity_bytes), device_(device) {
+  const std::size_t length = (std::numeric_limits<std::uintptr_t>::max() - kFirstAddress) / kGranularity * kGranularity;
+  free_by_address_.emplace(kFirstAddress, length);
+  free_by_length_.emplace(length, kFirstAddress);
+}
+
+void* VirtualBackend::take_range(std::size_t bytes) {
+  const std::size_t span = granules(bytes, kGranularity);
+  if (span == 0) return nullptr;
+  const auto fit = free_by_length_.lower_bound({span, 0});
+  if (fit == free_by_length_.end()) return nullptr;
+  const auto [length, start] = *fit;
+  free_by_length_.erase(fit);
+  free_by_address_.erase(start);
+  if (length > span) {
+    free_by_address_.emplace(start + span, length - span);
+    free_by_length_.emplace(length - span, start + span);
+  }
+  return reinterpret_cast<void*>(start);
+}
+
+void VirtualBackend::give_back_range(void* address, std::size_t bytes) {
+  std::uintptr_t start = reinterpret_cast<std::uintptr_t>(address);
+  std::size_t length = granules(bytes, kGranularity);
+  auto next = free_by_address_.lower_bound(start);
+  if (next != free_by_address_.begin()) {
+    const auto previous = std::prev(next);
+    if (previous->first + previous->second == start) {
+      start = previous->first;
+      length += previous->second;
+      free_by_length_.erase({previous->second, previous->first});
+      free_by_address_.erase(previous);
+    }
+  }
+  if (next != free_by_address_.end() && start + length == next->first) {
+    length += next->second;
+    free_by_length_.erase({next->second, next->first});
+    free_by_address_.erase(next);
+  }
+  free_by_address_.emplace(start, length);
+  free_by_length_.emplace(length, start);
 }
 
 void* VirtualBackend::allocate(std::size_t bytes) {
   if (bytes == 0 || bytes > capacity_ - used_) return nullptr;
-  void* ptr = next_range(bytes);
+  void* ptr = take_range(bytes);
   if (ptr == nullptr) return nullptr;
   used_ += bytes;
   ++allocations_;
   return ptr;
 }
 
-void VirtualBackend::deallocate(void*, std::size_t bytes) {
+void VirtualBackend::deallocate(void* ptr, std::size_t bytes) {
+  give_back_range(ptr, bytes);
   used_ -= bytes;
   ++releases_;
 }
@@ -35,7 +81,7 @@ Event VirtualBackend::record_event(Stream) {
   return &completed;
 }
 
-void* VirtualBackend::reserve(std::size_t bytes) { return next_range(bytes); }
+void* VirtualBackend::reserve(std::size_t bytes) { return take_range(bytes); }
 
 bool VirtualBackend::map(void*, std::size_t bytes) {
   if (bytes > capacity_ - used_) return false;
@@ -49,6 +95,6 @@ void VirtualBackend::unmap(void*, std::size_t bytes) {
   ++releases_;
 }
 
-void VirtualBackend::release(void*, std::size_t) {}
+void VirtualBackend::release(void* address, std::size_t bytes) { give_back_range(address, bytes); }
 
 }  // namespace remat::alloc

@@ -56,7 +56,7 @@ struct WhatIfReplay::Pool {
   std::optional<WhatIfFailure> failure;
 };
 
-WhatIfReplay::WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint64_t capacity_bytes,
+WhatIfReplay::WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint64_t capacity_bytes, int device,
                            const TagTable& tags)
     : tags_(tags) {
   for (const alloc::Config& config : configs) {
@@ -65,7 +65,7 @@ WhatIfReplay::WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint6
     alloc::Config replay = config;
     replay.tagging = false;
     replay.trace_entries = 0;
-    auto backend = std::make_unique<alloc::VirtualBackend>(static_cast<std::size_t>(capacity_bytes));
+    auto backend = std::make_unique<alloc::VirtualBackend>(static_cast<std::size_t>(capacity_bytes), device);
     pool->backend = backend.get();
     pool->allocator = std::make_unique<alloc::CachingAllocator>(std::move(backend), replay);
     pool->allocator->set_oom_reporting(false);

@@ -56,8 +56,7 @@ struct WhatIfRun {
   std::uint64_t peak_reserved = 0;
   std::uint64_t peak_allocated = 0;
   std::uint64_t reserved_at_allocated_peak = 0;  // reserved bytes when allocated first reached its peak
-  // The most bytes allocated while reserved stood at its peak (from the operation that first
-  // took it there until it rose further or fell).
+  // The most bytes allocated at any moment reserved stood at its peak.
   std::uint64_t allocated_at_reserved_peak = 0;
   // (peak_reserved - allocated_at_reserved_peak) / peak_reserved: the share of the peak
   // reservation never handed out while it lasted; 0 when nothing was reserved.
@@ -84,10 +83,11 @@ struct WhatIfCounts {
 
 class WhatIfReplay final : public EventSink {
  public:
-  // One run per configuration, in this order, each on a virtual device of `capacity_bytes`.
+  // One run per configuration, in this order, each on a virtual device `device` of `capacity_bytes`.
   // Each pool runs with tagging and the trace ring off and without OOM reports. `tags` names
   // the regions of the holders at a failure; it must outlive the calls to on_event.
-  WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint64_t capacity_bytes, const TagTable& tags);
+  WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint64_t capacity_bytes, int device,
+               const TagTable& tags);
   ~WhatIfReplay() override;
   WhatIfReplay(const WhatIfReplay&) = delete;
   WhatIfReplay& operator=(const WhatIfReplay&) = delete;

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 
@@ -33,6 +34,7 @@ namespace {
 
 constexpr int kWhatIfSchemaVersion = 1;
 constexpr std::uint64_t kDefaultCapacity = std::uint64_t{1} << 50;  // 1 PiB: nothing fails
+constexpr std::uint64_t kLargestCapacity = std::uint64_t{1} << 52;  // 4 PiB
 constexpr std::size_t kFirstChunk = std::size_t{1} << 16;
 
 struct WhatIfOptions {
@@ -54,24 +56,43 @@ struct Recorded {
 
 std::uint64_t parse_capacity(const std::string& text) {
   const ByteSize size = parse_byte_size(text, /*decimal_units=*/true);
-  if (size.problem == ByteSize::Problem::too_large) {
-    throw UsageError(fmt::format("--capacity {}: more than 2^64 - 1 bytes (16 EiB); give the device's memory, such "
-                                 "as 80GB or 80GiB",
+  if (size.problem == ByteSize::Problem::too_large || (size.problem == ByteSize::Problem::none && size.bytes > kLargestCapacity)) {
+    throw UsageError(fmt::format("--capacity {}: more than 4 PiB, the most a replayed device may have (each "
+                                 "expandable segment reserves the device's size and an eighth more of the 64-bit "
+                                 "address space); give the device's memory, such as 80GB or 80GiB",
                                  printable(text)));
   }
   if (size.problem != ByteSize::Problem::none || size.bytes == 0) {
     throw UsageError(fmt::format("--capacity {}: give the device's memory in bytes, 1 or more, as a whole number "
-                                 "with an optional unit: 85899345920, 80GiB (binary) or 80GB (10^9 bytes each)",
-                                 printable(text)));
+                                 "with an optional unit, B, KiB, MiB, GiB, TiB, PiB (powers of 1024) or kB, MB, GB, "
+                                 "TB, PB (powers of 1000): 85899345920, 80GiB or 80GB",
+                                 text.empty() ? std::string("'' (empty)") : printable(text)));
   }
   return size.bytes;
 }
 
-alloc::Config parse_conf(const std::string& text, const alloc::Config& base) {
+// --conf text in REMAT_ALLOC_CONF's form, or else a job's PYTORCH_CUDA_ALLOC_CONF text as it
+// stands (backend:native, pinned_* and the other keys only PyTorch's allocator has are noted in
+// `notes`, when given, and not replayed). A text that is neither is REMAT_ALLOC_CONF's error.
+alloc::Config parse_conf(const std::string& text, const alloc::Config& base, std::vector<std::string>* notes) {
   try {
     return alloc::Config::parse(text, base, "--conf");
   } catch (const alloc::ConfigError& error) {
-    throw UsageError(error.what());
+    std::vector<std::string> not_applied;
+    alloc::Config config;
+    try {
+      config = alloc::Config::parse_pytorch(text, base, not_applied, "--conf");
+    } catch (const alloc::ConfigError&) {
+      throw UsageError(error.what());
+    }
+    for (const std::string& item : not_applied) {
+      if (notes != nullptr) {
+        notes->push_back(fmt::format("--conf {}: the PyTorch setting {} has no meaning for this pool and is not "
+                                     "replayed",
+                                     printable(text), escape_controls(item)));
+      }
+    }
+    return config;
   }
 }
 
@@ -130,7 +151,12 @@ void replay_dump(const DumpFile& dump, Recorded& recorded, Begin begin) {
     throw InputError(dump.path, "the snapshot holds no trace events to replay; record with trace_entries above 0 "
                                 "(REMAT_ALLOC_CONF=trace_entries:1000000) or write a trace dump");
   }
-  recorded_config(recorded, snapshot.config.text, false, "the snapshot's config.text");
+  if (snapshot.header.producer == kImportProducer) {
+    no_recorded_config(recorded, "the snapshot was imported from a PyTorch pickle, whose allocator settings it does "
+                                 "not keep (run whatif on the pickle itself to use them)");
+  } else {
+    recorded_config(recorded, snapshot.config.text, false, "the snapshot's config.text");
+  }
   if (snapshot.trace_dropped > 0) {
     recorded.notes.push_back(
         fmt::format("the snapshot's trace ring had dropped {} records: blocks allocated before its first event are "
@@ -193,8 +219,10 @@ void replay_input(const WhatIfOptions& options, Recorded& recorded, Begin begin)
 // What the input said about itself, then what the replay met in it.
 std::vector<std::string> all_notes(const Recorded& recorded, const WhatIfCounts& counts) {
   std::vector<std::string> notes = recorded.notes;
+  if (counts.events == 0) notes.push_back("the input holds no events: every figure is 0");
   if (counts.skipped_frees > 0) {
-    notes.push_back(fmt::format("{} frees of addresses allocated before the input's first event were skipped",
+    notes.push_back(fmt::format("{} frees of addresses with no live allocation in the input (allocated before its "
+                                "first event, or freed twice) were skipped",
                                 counts.skipped_frees));
   }
   if (counts.frees_not_completed > 0) {
@@ -295,6 +323,7 @@ std::string whatif_dump(const WhatIfOptions& options, const Recorded& recorded, 
   alloc::write_dump_header(header, "whatif", kWhatIfSchemaVersion, static_cast<int>(recorded.device));
   header.end_object();
   nlohmann::ordered_json root = nlohmann::ordered_json::parse(header.str());
+  root["device"] = recorded.device;  // the header's writer takes an int; a trace's device is any whole number
   root["input"] = {{"name", options.file == kStdinArgument ? std::string(kStdinName) : options.file},
                    {"kind", recorded.kind},
                    {"events", counts.events},
@@ -356,7 +385,7 @@ constexpr const char* kHelp =
     "(the recorded allocator gave cached memory back); free_requested, segment_alloc and oom are not replayed (the "
     "pool decides those itself). remat traces record block sizes (already rounded), PyTorch's the requested sizes.\n"
     "Figures: peak reserved and peak allocated bytes; reserved bytes when allocated first reached its peak; "
-    "fragmentation at peak = (peak reserved - allocated bytes at the moment reserved first reached its peak) / peak "
+    "fragmentation at peak = (peak reserved - the most bytes allocated while reserved stood at its peak) / peak "
     "reserved; device allocations and releases (segments allocated or ranges mapped, and given back). With a capacity "
     "a run that cannot satisfy an allocation even after releasing its cache stops there, and the output names the "
     "event (number counted from 1, time, size, stream) and what held memory then. The recorded settings are a "
@@ -372,21 +401,21 @@ void register_whatif(CLI::App& app, GlobalOptions& options) {
   command->add_option("file", opts->file, "A remat trace (JSON Lines), a snapshot with its trace, or a PyTorch pickle")
       ->required();
   command->add_option("--conf", opts->confs,
-                      "Settings for one more run, as REMAT_ALLOC_CONF text over the recorded ones "
+                      "Settings for one more run, as REMAT_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF text over the recorded ones "
                       "(expandable_segments:True, max_split_size_mb:256, roundup_power2_divisions:4, ...); repeat "
                       "for more runs");
-  command->add_option("--capacity", opts->capacity,
+  auto* capacity_option = command->add_option("--capacity", opts->capacity,
                       "Device memory (85899345920, 80GiB, or 80GB = 80 x 10^9 bytes); default: the recorded device's "
                       "total memory where the input has it, else 1 PiB");
   command->add_option("--device", opts->device, "For a PyTorch pickle: the device to replay (default: as import picks)")
       ->check(whole_number(0, INT32_MAX, "a CUDA device index"));
   add_output_options(*command, options);
-  command->callback([opts, &options] {
+  command->callback([opts, capacity_option, &options] {
     const OutputFormat format = options.format();
     std::optional<std::uint64_t> capacity;
-    if (!opts->capacity.empty()) capacity = parse_capacity(opts->capacity);
+    if (capacity_option->count() > 0) capacity = parse_capacity(opts->capacity);
     // A bad --conf is refused before the input is read.
-    for (const std::string& text : opts->confs) (void)parse_conf(text, alloc::Config{});
+    for (const std::string& text : opts->confs) (void)parse_conf(text, alloc::Config{}, nullptr);
 
     Recorded recorded;
     std::unique_ptr<WhatIfReplay> replay;
@@ -395,7 +424,7 @@ void register_whatif(CLI::App& app, GlobalOptions& options) {
     replay_input(*opts, recorded, [&](const TagTable& tags) -> EventSink& {
       const alloc::Config base = recorded.config.value_or(alloc::Config{});
       std::vector<alloc::Config> configs{base};
-      for (const std::string& text : opts->confs) configs.push_back(parse_conf(text, base));
+      for (const std::string& text : opts->confs) configs.push_back(parse_conf(text, base, &recorded.notes));
       if (capacity) {
         capacity_bytes = *capacity;
         capacity_source = "--capacity";
@@ -406,7 +435,7 @@ void register_whatif(CLI::App& app, GlobalOptions& options) {
         capacity_bytes = kDefaultCapacity;
         capacity_source = "default (the input records no device total)";
       }
-      replay = std::make_unique<WhatIfReplay>(configs, capacity_bytes, tags);
+      replay = std::make_unique<WhatIfReplay>(configs, capacity_bytes, static_cast<int>(std::min<std::uint64_t>(recorded.device, INT32_MAX)), tags);
       return *replay;
     });
     const std::vector<WhatIfRun> runs = replay->results();

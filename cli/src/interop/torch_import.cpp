@@ -464,7 +464,7 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
   nlohmann::ordered_json& s = result.snapshot;
   s["kind"] = "snapshot";
   s["schema_version"] = 1;
-  s["producer"] = "remat-report import (PyTorch memory snapshot)";
+  s["producer"] = kImportProducer;
   s["created_at"] = utc_now();
   s["host"] = "";
   s["pid"] = 0;

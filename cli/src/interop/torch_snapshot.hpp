@@ -16,8 +16,12 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace remat::report {
+
+// The producer named in the snapshots `import` writes.
+inline constexpr std::string_view kImportProducer = "remat-report import (PyTorch memory snapshot)";
 
 std::string torch_snapshot_pickle(const AllocatorState& state);
 

@@ -61,7 +61,7 @@ Replayed replay(const std::string& path, const std::vector<alloc::Config>& confi
                 std::uint64_t capacity = std::uint64_t{1} << 50) {
   const DumpFile dump = open_dump(path);
   TraceFile trace(dump);
-  WhatIfReplay replay(configs, capacity, trace.header().tags);
+  WhatIfReplay replay(configs, capacity, 0, trace.header().tags);
   trace.stream(replay);
   return {replay.results(), replay.counts()};
 }

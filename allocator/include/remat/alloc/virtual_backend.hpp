@@ -7,7 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
+#include <utility>
 
 namespace remat::alloc {
 
@@ -38,14 +41,17 @@ class VirtualBackend final : public Backend {
 
  private:
   static constexpr std::size_t kGranularity = std::size_t{2} << 20;
-  // The next unused range of `bytes`, granule-aligned; addresses are never reused, so a
-  // replay's addresses stay unique for as long as it runs.
-  void* next_range(std::size_t bytes);
+  // A free granule-aligned range of at least `bytes` (the smallest that fits, lowest address
+  // first), or nullptr; ranges given back are merged with free neighbours and reused, so a
+  // replay that reserves and releases without end never runs out of addresses.
+  void* take_range(std::size_t bytes);
+  void give_back_range(void* address, std::size_t bytes);
 
   const std::size_t capacity_;
   const int device_;
   std::size_t used_ = 0;
-  std::uintptr_t next_address_ = std::uintptr_t{1} << 44;
+  std::map<std::uintptr_t, std::size_t> free_by_address_;           // start -> length
+  std::set<std::pair<std::size_t, std::uintptr_t>> free_by_length_;  // (length, start)
   std::uint64_t allocations_ = 0;
   std::uint64_t releases_ = 0;
 };
