@@ -10,7 +10,7 @@ namespace {
 // no replayed pointer is null or near it, and no range's end wraps around.
 constexpr std::uintptr_t kFirstAddress = std::uintptr_t{1} << 44;
 
-std::size_t granules(std::size_t bytes, std::size_t granularity) {
+std::size_t round_up_to_granules(std::size_t bytes, std::size_t granularity) {
   if (bytes > std::numeric_limits<std::size_t>::max() - (granularity - 1)) return 0;
   return (bytes + granularity - 1) / granularity * granularity;
 }
@@ -23,7 +23,7 @@ VirtualBackend::VirtualBackend(std::size_t capacity_bytes, int device) : capacit
 }
 
 void* VirtualBackend::take_range(std::size_t bytes) {
-  const std::size_t span = granules(bytes, kGranularity);
+  const std::size_t span = round_up_to_granules(bytes, kGranularity);
   if (span == 0) return nullptr;
   const auto fit = free_by_length_.lower_bound({span, 0});
   if (fit == free_by_length_.end()) return nullptr;
@@ -39,7 +39,7 @@ void* VirtualBackend::take_range(std::size_t bytes) {
 
 void VirtualBackend::give_back_range(void* address, std::size_t bytes) {
   std::uintptr_t start = reinterpret_cast<std::uintptr_t>(address);
-  std::size_t length = granules(bytes, kGranularity);
+  std::size_t length = round_up_to_granules(bytes, kGranularity);
   auto next = free_by_address_.lower_bound(start);
   if (next != free_by_address_.begin()) {
     const auto previous = std::prev(next);

@@ -85,12 +85,10 @@ alloc::Config parse_conf(const std::string& text, const alloc::Config& base, std
     } catch (const alloc::ConfigError&) {
       throw UsageError(error.what());
     }
+    if (notes == nullptr) return config;
     for (const std::string& item : not_applied) {
-      if (notes != nullptr) {
-        notes->push_back(fmt::format("--conf {}: the PyTorch setting {} has no meaning for this pool and is not "
-                                     "replayed",
-                                     printable(text), escape_controls(item)));
-      }
+      notes->push_back(fmt::format("--conf {}: the PyTorch setting {} has no meaning for this pool and is not replayed",
+                                   printable(text), escape_controls(item)));
     }
     return config;
   }
