@@ -1,0 +1,403 @@
+#pragma once
+// The caching pool's state and its mechanics: free pools, segments fixed and expandable, block
+// splitting and merging, frees waiting on stream events, cache release and garbage collection.
+// CachingAllocator (caching_allocator.cpp) locks it and turns its operations into the public API.
+
+#include <remat/alloc/backend.hpp>
+#include <remat/alloc/caching_allocator.hpp>
+#include <remat/alloc/config.hpp>
+#include <remat/alloc/errors.hpp>
+#include <remat/alloc/size_classes.hpp>
+
+#include "adaptive_mutex.hpp"
+#include "block.hpp"
+#include "format.hpp"
+#include "free_pools.hpp"
+#include "oom_reporting.hpp"
+#include "pointer_map.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace remat::alloc {
+namespace detail {
+
+inline std::size_t reserved_cap(Backend& backend, const Config& config) {
+  if (config.memory_fraction >= 1.0) return Config::kUnlimited;
+  return static_cast<std::size_t>(config.memory_fraction * static_cast<double>(backend.memory_info().total_bytes));
+}
+
+inline std::size_t round_up(std::size_t value, std::size_t step) { return (value + step - 1) / step * step; }
+
+inline void check_backend_supports(const Backend& backend, const Config& config) {
+  if (config.expandable_segments && backend.granularity() == 0) {
+    throw ConfigError("expandable_segments:True needs a backend that maps memory into reserved address space; "
+                      "the " + std::string(backend.name()) + " backend cannot: set expandable_segments:False");
+  }
+}
+
+}  // namespace detail
+
+struct CachingAllocator::State {
+  using Block = detail::Block;
+  using ExpandableSegment = detail::ExpandableSegment;
+
+  State(std::unique_ptr<Backend> b, const Config& c)
+      : backend(std::move(b)), config(c), reserved_limit(detail::reserved_cap(*backend, c)), trace(c.trace_entries) {
+    detail::check_backend_supports(*backend, config);
+  }
+
+  mutable detail::AdaptiveMutex mutex;
+  std::unique_ptr<Backend> backend;
+  Config config;
+  std::size_t reserved_limit;
+  detail::SmallPool small_pool;
+  detail::LargePool large_pool;
+  detail::PointerMap<Block> live;
+  std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
+  std::vector<std::pair<Event, Block*>> pending_frees;
+  std::vector<Block*> spare_blocks;
+  std::vector<std::unique_ptr<ExpandableSegment>> expandable;  // one per stream and pool in use
+  std::uint64_t frees = 0;                                      // stamps Block::freed_at
+  AllocatorStats stats;
+  std::vector<TagStats> tag_stats;  // indexed by TagId
+  TraceRing trace;
+  OomHandler oom_handler;
+  bool oom_reporting = true;
+  detail::OomDumpLimiter oom_dumps;
+
+  void insert_free(Block* block) {
+    if (block->small) small_pool.insert(block);
+    else large_pool.insert(block);
+  }
+  void erase_free(Block* block) {
+    if (block->small) small_pool.erase(block);
+    else large_pool.erase(block);
+  }
+  Block* take_free_block(bool small, Stream stream, std::size_t size) {
+    return small ? small_pool.take_best_fit(stream, size)
+                 : large_pool.take_best_fit(stream, size, config.max_split_size_bytes,
+                                            config.max_non_split_rounding_bytes);
+  }
+
+  Block* new_block() {
+    if (spare_blocks.empty()) return new Block();
+    Block* block = spare_blocks.back();
+    spare_blocks.pop_back();
+    *block = Block();
+    return block;
+  }
+  void recycle(Block* block) {
+    block->stream_uses = {};
+    spare_blocks.push_back(block);
+  }
+
+  TagStats& stats_for(TagId tag) {
+    if (tag >= tag_stats.size()) tag_stats.resize(static_cast<std::size_t>(tag) + 1);
+    return tag_stats[tag];
+  }
+
+  std::vector<TagStatsEntry> tags_that_allocated() const {
+    std::vector<TagStatsEntry> out;
+    for (std::size_t tag = 0; tag < tag_stats.size(); ++tag) {
+      if (tag_stats[tag].count.total_added != 0) out.push_back({static_cast<TagId>(tag), tag_stats[tag]});
+    }
+    return out;
+  }
+
+  Block* new_segment(std::size_t size, Stream stream, bool small) {
+    if (detail::exceeds_reserved_cap(static_cast<std::size_t>(stats.reserved_bytes.current), reserved_limit, size)) {
+      return nullptr;
+    }
+    void* ptr = backend->allocate(size);
+    if (ptr == nullptr) return nullptr;
+    Block* block = new_block();
+    block->address = reinterpret_cast<std::uintptr_t>(ptr);
+    block->size = size;
+    block->stream = stream;
+    block->small = small;
+    segments.emplace(block->address, block);
+    stats.reserved_bytes.add(static_cast<std::int64_t>(size));
+    stats.segments.add(1);
+    trace.record(TraceAction::segment_alloc, block->address, size, stream, current_tag_id());
+    return block;
+  }
+
+  void release_segment(Block* block) {
+    backend->deallocate(reinterpret_cast<void*>(block->address), block->size);
+    segments.erase(block->address);
+    stats.reserved_bytes.subtract(static_cast<std::int64_t>(block->size));
+    stats.segments.subtract(1);
+    trace.record(TraceAction::segment_free, block->address, block->size, block->stream, 0);
+    recycle(block);
+  }
+
+  // A block for `rounded` bytes from new device memory: a new fixed segment, or the stream's
+  // expandable segment grown at its end.
+  Block* new_memory(std::size_t rounded, Stream stream, bool small) {
+    if (config.expandable_segments) return grow_expandable(rounded, stream, small);
+    return new_segment(segment_size_for(rounded, config.large_segment_size_bytes), stream, small);
+  }
+
+  ExpandableSegment* expandable_for(Stream stream, bool small) {
+    for (const auto& segment : expandable) {
+      if (segment->stream == stream && segment->small == small) return segment.get();
+    }
+    // As PyTorch: room to map the whole device and an eighth more, in whole growth steps.
+    const std::size_t step = growth_step(small);
+    const std::size_t total = backend->memory_info().total_bytes;
+    constexpr std::size_t kLargest = std::numeric_limits<std::size_t>::max();
+    const bool fits = total <= kLargest - step && total / 8 < kLargest - step - total;
+    const std::size_t reserved = fits ? detail::round_up(total + total / 8, step) : kLargest / step * step;
+    void* base = backend->reserve(reserved);
+    if (base == nullptr) return nullptr;
+    auto segment = std::make_unique<ExpandableSegment>();
+    segment->base = reinterpret_cast<std::uintptr_t>(base);
+    segment->reserved = reserved;
+    segment->stream = stream;
+    segment->small = small;
+    return expandable.emplace_back(std::move(segment)).get();
+  }
+
+  // One small or large segment, in whole granules of the backend.
+  std::size_t growth_step(bool small) const {
+    return std::lcm(small ? kSmallSegmentSize : config.large_segment_size_bytes, backend->granularity());
+  }
+
+  // Maps enough at the segment's end for `rounded` bytes in its free tail block (or a new
+  // tail block) and returns that block, out of the free pool; nullptr when the cap, the
+  // reservation or the device has no room.
+  Block* grow_expandable(std::size_t rounded, Stream stream, bool small) {
+    ExpandableSegment* segment = expandable_for(stream, small);
+    if (segment == nullptr) return nullptr;
+    Block* tail = segment->tail;
+    // A free tail too small for the request grows; one the pool would not hand out
+    // (max_split_size) stays as it is, with the new block after it.
+    const bool extend_tail = tail != nullptr && tail->is_free() && tail->size < rounded;
+    const std::size_t have = extend_tail ? tail->size : 0;
+    const std::size_t grow = detail::round_up(rounded - have, growth_step(small));
+    if (grow > segment->reserved - segment->mapped ||
+        detail::exceeds_reserved_cap(static_cast<std::size_t>(stats.reserved_bytes.current), reserved_limit, grow)) {
+      return nullptr;
+    }
+    const std::uintptr_t end = segment->base + segment->mapped;
+    if (!backend->map(reinterpret_cast<void*>(end), grow)) return nullptr;
+    if (segment->mapped == 0) stats.segments.add(1);
+    segment->mapped += grow;
+    stats.reserved_bytes.add(static_cast<std::int64_t>(grow));
+    trace.record(TraceAction::segment_alloc, end, grow, stream, current_tag_id());
+    if (extend_tail) {
+      erase_free(tail);
+      tail->size += grow;
+      return tail;
+    }
+    Block* block = new_block();
+    block->address = end;
+    block->size = grow;
+    block->stream = stream;
+    block->small = small;
+    block->expandable = segment;
+    block->prev = tail;
+    if (tail != nullptr) tail->next = block;
+    else segments.emplace(block->address, block);
+    segment->tail = block;
+    return block;
+  }
+
+  // Unmaps the whole granules of the segment's free tail block; the segment's reservation
+  // goes back once nothing of it is mapped. Returns the bytes unmapped.
+  std::size_t shrink_expandable(ExpandableSegment& segment) {
+    Block* tail = segment.tail;
+    if (tail == nullptr || !tail->is_free()) return 0;
+    const std::uintptr_t end = segment.base + segment.mapped;
+    const std::uintptr_t keep_to = segment.base + detail::round_up(tail->address - segment.base, backend->granularity());
+    if (keep_to >= end) return 0;
+    const std::size_t unmapped = end - keep_to;
+    erase_free(tail);
+    backend->unmap(reinterpret_cast<void*>(keep_to), unmapped);
+    trace.record(TraceAction::segment_free, keep_to, unmapped, segment.stream, 0);
+    segment.mapped -= unmapped;
+    stats.reserved_bytes.subtract(static_cast<std::int64_t>(unmapped));
+    if (keep_to > tail->address) {
+      tail->size = keep_to - tail->address;
+      insert_free(tail);
+      return unmapped;
+    }
+    segment.tail = tail->prev;
+    if (tail->prev != nullptr) tail->prev->next = nullptr;
+    else segments.erase(tail->address);
+    recycle(tail);
+    if (segment.mapped == 0) {
+      stats.segments.subtract(1);
+      backend->release(reinterpret_cast<void*>(segment.base), segment.reserved);
+      std::erase_if(expandable, [&](const auto& owned) { return owned.get() == &segment; });
+    }
+    return unmapped;
+  }
+
+  void release_cached_blocks() {
+    std::vector<Block*> whole;
+    small_pool.for_each([&](Block* block) { if (block->is_whole_segment()) whole.push_back(block); });
+    large_pool.for_each([&](Block* block) { if (block->is_whole_segment()) whole.push_back(block); });
+    for (Block* block : whole) {
+      erase_free(block);
+      release_segment(block);
+    }
+    std::vector<ExpandableSegment*> grown;
+    for (const auto& segment : expandable) grown.push_back(segment.get());
+    for (ExpandableSegment* segment : grown) shrink_expandable(*segment);
+  }
+
+  // PyTorch's garbage_collection_threshold: with a memory_fraction cap, once reserved bytes
+  // pass the threshold's share of it, give back the cached memory idle longest (whole free
+  // segments, expandable segments' free tails) until reserved is under the threshold again.
+  void collect_garbage() {
+    if (config.garbage_collection_threshold <= 0.0 || reserved_limit == Config::kUnlimited) return;
+    const auto threshold = static_cast<std::size_t>(config.garbage_collection_threshold *
+                                                    static_cast<double>(reserved_limit));
+    auto reserved = [&] { return static_cast<std::size_t>(stats.reserved_bytes.current); };
+    if (reserved() <= threshold) return;
+    std::vector<Block*> idle;
+    auto consider = [&](Block* block) {
+      if (block->is_whole_segment() || (block->expandable != nullptr && block == block->expandable->tail)) {
+        idle.push_back(block);
+      }
+    };
+    small_pool.for_each(consider);
+    large_pool.for_each(consider);
+    std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
+    for (Block* block : idle) {
+      if (reserved() <= threshold) break;
+      if (block->expandable != nullptr) {
+        shrink_expandable(*block->expandable);
+      } else {
+        erase_free(block);
+        release_segment(block);
+      }
+    }
+  }
+
+  void split(Block* block, std::size_t size) {
+    const std::size_t remaining = block->size - size;
+    // As PyTorch: expandable segments split any remainder, like the small pool.
+    const bool worth_splitting = block->small || block->expandable != nullptr
+                                     ? remaining >= kMinBlockSize
+                                     : size < config.max_split_size_bytes && remaining > kSmallRequestLimit;
+    if (!worth_splitting) return;
+    Block* rest = new_block();
+    rest->address = block->address + size;
+    rest->size = remaining;
+    rest->stream = block->stream;
+    rest->small = block->small;
+    rest->expandable = block->expandable;
+    rest->freed_at = ++frees;
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next != nullptr) rest->next->prev = rest;
+    else if (rest->expandable != nullptr) rest->expandable->tail = rest;
+    block->next = rest;
+    block->size = size;
+    insert_free(rest);
+  }
+
+  // Absorbs `neighbour` into `block` when it is free; keeps segment bookkeeping right.
+  void merge(Block* block, Block* neighbour) {
+    if (neighbour == nullptr || !neighbour->is_free()) return;
+    erase_free(neighbour);
+    if (neighbour == block->prev) {
+      block->address = neighbour->address;
+      block->prev = neighbour->prev;
+      if (block->prev != nullptr) block->prev->next = block;
+      else segments[block->address] = block;
+    } else {
+      block->next = neighbour->next;
+      if (block->next != nullptr) block->next->prev = block;
+      else if (block->expandable != nullptr) block->expandable->tail = block;
+    }
+    block->size += neighbour->size;
+    recycle(neighbour);
+  }
+
+  // The block is no longer used by anyone: return it to its pool.
+  void complete_free(Block* block) {
+    stats.active_bytes.subtract(static_cast<std::int64_t>(block->size));
+    block->requested = 0;
+    block->tag = 0;
+    merge(block, block->prev);
+    merge(block, block->next);
+    block->freed_at = ++frees;
+    insert_free(block);
+  }
+
+  // Retires completed stream events; with `wait`, blocks on each where the backend can.
+  void process_pending_frees(bool wait) {
+    for (std::size_t i = 0; i < pending_frees.size();) {
+      auto [event, block] = pending_frees[i];
+      const bool done = wait ? backend->wait_event(event) : backend->event_completed(event);
+      if (!done) {
+        ++i;
+        continue;
+      }
+      backend->destroy_event(event);
+      pending_frees[i] = pending_frees.back();
+      pending_frees.pop_back();
+      if (--block->pending_events == 0) {
+        trace.record(TraceAction::free_completed, block->address, block->size, block->stream, block->tag);
+        complete_free(block);
+      }
+    }
+  }
+
+  // What the OOM report needs from the pool's own books; the rest comes from the per-tag
+  // statistics and the trace (detail/oom_reporting.hpp).
+  detail::PoolFigures figures_for_oom_report() const {
+    detail::FreeSpace free;
+    auto count = [&free](const Block* block) {
+      const auto bytes = static_cast<std::int64_t>(block->size);
+      free.largest_free_block = std::max(free.largest_free_block, bytes);
+      if (block->is_whole_segment() || (block->expandable != nullptr && block == block->expandable->tail)) {
+        free.releasable_bytes += bytes;
+      } else {
+        free.fragmented_free_bytes += bytes;
+        ++free.free_blocks_in_split_segments;
+      }
+    };
+    small_pool.for_each(count);
+    large_pool.for_each(count);
+    return {backend->device(), backend->name(), backend->memory_info(), config, reserved_limit,
+            stats, tag_stats, trace, free};
+  }
+
+  std::string describe_bad_pointer(std::uintptr_t address) const {
+    const std::string where = detail::format_address(address);
+    auto it = segments.upper_bound(address);
+    if (it != segments.begin()) {
+      --it;
+      for (const Block* block = it->second; block != nullptr; block = block->next) {
+        if (address < block->address || address >= block->address + block->size) continue;
+        if (!block->allocated && address == block->address) {
+          return "free of " + where + ", which is already free (double free); free each pointer exactly once";
+        }
+        if (!block->allocated) {
+          return "free of " + where + ", which lies inside free cached memory: a pointer past the start of its "
+                 "block, or a double free of a block since merged with its free neighbours; free the pointer that "
+                 "allocation returned, once";
+        }
+        return "free of " + where + ", which points inside the live block at " + detail::format_address(block->address) +
+               "; free the pointer that allocation returned";
+      }
+    }
+    return "free of " + where + ", which this allocator (device " + std::to_string(backend->device()) +
+           ") never returned; free it with the allocator that allocated it";
+  }
+};
+
+}  // namespace remat::alloc
