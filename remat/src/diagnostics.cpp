@@ -2,6 +2,7 @@
 #include "report_json.hpp"
 
 #include <remat/diagnostics.hpp>
+#include <remat/saved_report.hpp>
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/bytes.hpp>
@@ -211,6 +212,14 @@ MemoryReport current_memory_report() {
                 "recompute: guard it with `if not " + detail::api_name("is_recomputing") + "()`)");
   }
   return detail::memory_report_of(*state.frame);
+}
+
+void SavedTensorsWalk::note_live_checkpoints() {
+  detail::LiveFrames& registry = detail::live_frames();
+  std::lock_guard lock(registry.mutex);
+  for (detail::Frame* frame : registry.frames) {
+    if (auto held = frame->weak_from_this().lock()) note_checkpoint(held);  // null: being destroyed
+  }
 }
 
 std::vector<MemoryReport> live_checkpoint_reports() {

@@ -105,18 +105,31 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     }
     f.persist(tensor);  // a save region's output that autograd saves must survive
     if (state_.save_region >= 0) {
-      // Kept as it is. The hook still holds the frame: what the checkpoint persisted stays
-      // resident as long as the graph that may need it.
-      // variable_data(): the same storage without the graph, as detach() gives, but without a
-      // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
-      kept_ = tensor.variable_data();
+      // Kept: as it is, or through the hook pair in force. The hook still holds the frame: what
+      // the checkpoint persisted stays resident as long as the graph that may need it.
       std::string name;
       for (const auto& [impl, given] : f.pending_names) {
         if (impl == tensor.unsafeGetTensorImpl()) name = given;
       }
+      // Autograd does not check the version of a tensor saved through hooks: these do, as
+      // autograd would, so an in-place change after the save is an error, not a wrong gradient.
+      region_index_ = static_cast<int>(f.regions.size()) - 1;
+      version_ = tensor.unsafeGetTensorImpl()->version_counter();
+      if (version_.enabled()) saved_version_ = version_.current_version();
+      if (const std::shared_ptr<SavedTensorHooks>& hooks = active_saved_tensor_hooks()) {
+        packed_ = PackedTensor(hooks, tensor.detach(), SavedTensorKind::backward,
+                               hooks->captures_context() ? hooks->capture_context() : std::any());
+        saved_name_ = name;
+        track(at::Tensor());
+        return;
+      }
+      // variable_data(): the same storage without the graph, as detach() gives, but without a
+      // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
+      kept_ = tensor.variable_data();
       const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
-      f.kept.push_back({state_.save_region, std::move(name), base.is_leaf() && base.requires_grad(),
+      f.kept.push_back({state_.save_region, name, base.is_leaf() && base.requires_grad(),
                         c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
+      saved_name_ = std::move(name);
       track(kept_);
       return;
     }
@@ -133,14 +146,24 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
   at::Tensor call_unpack_hook() override {
+    const bool kept = kept_.defined() || packed_;
     if (t_walk != nullptr && frame_) {
       t_walk->note_checkpoint(frame_);
-      if (!kept_.defined()) {
+      if (!kept) {
         throw Error(std::string(SavedTensorsWalk::kDroppedForRecompute) + " by checkpoint '" +
                     frame_->options.region_name + "'");
       }
     }
-    if (kept_.defined()) return kept_;
+    if (kept) {
+      if (version_.enabled() && version_.current_version() != saved_version_) {
+        throw Error("saved tensor " + (saved_name_.empty() ? std::string() : "'" + saved_name_ + "' ") + "of " +
+                    frame_->where(region_index_) + " was modified in-place after it was saved (version " + std::to_string(saved_version_) +
+                    ", now " + std::to_string(version_.current_version()) +
+                    "); backward would use the changed value and give a wrong gradient: make the in-place "
+                    "operation out-of-place, or clone the tensor before changing it");
+      }
+      return packed_ ? packed_.unpack() : kept_;
+    }
     try {
       return frame_->take_recreated(index_);
     } catch (const Error& e) {
@@ -170,6 +193,11 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   ThreadState state_;
   bool tracked_;
   at::Tensor kept_;
+  PackedTensor packed_;  // in place of kept_ when a hook pair was in force
+  c10::VariableVersion version_{c10::VariableVersion::DISABLED};
+  std::uint32_t saved_version_ = 0;
+  std::string saved_name_;
+  int region_index_ = -1;
   std::size_t index_ = 0;
 };
 

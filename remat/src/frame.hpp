@@ -44,6 +44,7 @@ struct InputRecord {
   TensorMeta meta;
   at::Tensor value;     // held during forward; afterwards only when recompute needs it
   bool needed = false;  // read by code that runs again in recompute
+  PackedTensor packed;  // in place of value after forward, when the checkpoint has a hook pair
   // The caller's tensor's version counter (value's own is a new one once forward ends): an
   // in-place change would make recompute read a different value, which autograd refuses too.
   c10::VariableVersion version{c10::VariableVersion::DISABLED};
@@ -51,6 +52,7 @@ struct InputRecord {
   // Whether the caller's tensor changed in place since forward began (false when its
   // version counter is disabled, as for inference tensors).
   bool changed_in_place() const { return version.enabled() && version.current_version() != version_at_entry; }
+  bool held() const { return value.defined() || static_cast<bool>(packed); }
 };
 
 struct SaveRegionRecord {
@@ -58,6 +60,11 @@ struct SaveRegionRecord {
   std::vector<TensorMeta> metas;
   std::vector<at::Tensor> outputs;  // held during forward; afterwards only the persisted ones
   std::vector<bool> persisted;
+  // The hook pair in force where the region ran and its captured context: persisted outputs
+  // are packed through it when forward ends (packed[o] then stands in for outputs[o]).
+  std::shared_ptr<SavedTensorHooks> hooks;
+  std::any hooks_context;
+  std::vector<PackedTensor> packed;
   // Per output persisted only because code that recompute runs again read it: the number of
   // tensors dropped when it was first read (kNotOnlyRead when something else needs it).
   static constexpr std::size_t kNotOnlyRead = static_cast<std::size_t>(-1);
@@ -117,6 +124,10 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<SaveRegionRecord> save_regions;
   std::vector<RegionDecision> regions;  // every region in forward order
   std::vector<std::any> state_at_entry;
+  // The pair the checkpoint was called under (its own, or the one in force): needed inputs are
+  // packed through it when forward ends.
+  std::shared_ptr<SavedTensorHooks> input_hooks;
+  std::any input_hooks_context;
   ForwardModes modes;  // autocast, default dtype and backend flags at entry: recompute's too
   std::vector<KeptTensor> kept;  // for reports only
   // Report names for tensors a save region is about to save (name_saved_tensors()), by the

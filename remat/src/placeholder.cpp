@@ -86,3 +86,17 @@ const c10::StorageImpl* storage_of(const at::Tensor& t) {
 }
 
 }  // namespace remat::detail
+
+namespace remat {
+
+bool is_placeholder(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return false;
+  try {
+    (void)t.storage().data();  // raises only for storages without data: placeholders among them
+    return false;
+  } catch (const c10::Error& e) {
+    return detail::placeholder_error_of(e).has_value();
+  }
+}
+
+}  // namespace remat

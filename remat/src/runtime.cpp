@@ -205,6 +205,9 @@ void Frame::release_after_failed_forward() {
   body = nullptr;  // a Python body holds its closure, which may hold the graph
   options.recompute_state_hooks.clear();
   options.contexts.clear();
+  options.saved_tensor_hooks = nullptr;  // a Python pair's closure may hold the graph too
+  input_hooks = nullptr;
+  input_hooks_context.reset();
   state_at_entry.clear();
 }
 
@@ -242,7 +245,7 @@ void Frame::recompute() {
   args.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const InputRecord& input = inputs[i];
-    if (input.value.defined() && input.changed_in_place()) {
+    if (input.held() && input.changed_in_place()) {
       restore_states(hooks, outer);
       throw Error("input " + std::to_string(i) + " of checkpoint '" + options.region_name +
                   "' was changed by an in-place operation after forward (version " +
@@ -250,8 +253,8 @@ void Frame::recompute() {
                   "); recompute would read the changed value and give wrong gradients: make that operation "
                   "out-of-place (h = h + y instead of h += y), or pass the checkpoint a copy");
     }
-    if (input.value.defined()) {
-      at::Tensor arg = input.value.variable_data();
+    if (input.held()) {
+      at::Tensor arg = input.packed ? input.packed.unpack().variable_data() : input.value.variable_data();
       if (input.meta.requires_grad) arg.requires_grad_(true);
       args.push_back(std::move(arg));
     } else {
@@ -363,6 +366,10 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   frame->options = options;
   frame->body = std::move(body);
   frame->state_at_entry = snapshot_states(options.recompute_state_hooks);
+  frame->input_hooks = options.saved_tensor_hooks ? options.saved_tensor_hooks : active_saved_tensor_hooks();
+  if (frame->input_hooks && frame->input_hooks->captures_context()) {
+    frame->input_hooks_context = frame->input_hooks->capture_context();
+  }
   frame->modes = ForwardModes::capture();
   for (const CheckpointContextFactory& factory : options.contexts) frame->contexts.push_back(factory());
   frame->inputs.reserve(inputs.size());
@@ -398,6 +405,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   {
     FrameOwnerScope owner(frame);
     ThreadStateScope scope({frame.get(), Mode::forward, -1, false, nullptr, user_hooks_depth()});
+    SavedTensorHooksScope hooks_scope(frame->input_hooks);
     ContextScope context_scope(frame->contexts, /*recompute=*/false);
     ReadObserver observer(*frame);
     auto region_tag = TagScope::region(options.region_name);
@@ -414,10 +422,15 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
                 "value and give wrong gradients: make that operation out-of-place, or clone the input inside the "
                 "body first");
   }
-  // Keep only what recompute needs.
+  // Keep only what recompute needs, through the checkpoint's hook pair where it has one.
   for (InputRecord& input : frame->inputs) {
-    if (input.needed) input.value = input.value.variable_data();
-    else input.value = at::Tensor();
+    if (input.needed && frame->input_hooks) {
+      input.packed = PackedTensor(frame->input_hooks, input.value.detach(), SavedTensorKind::checkpoint_input,
+                                  frame->input_hooks_context);
+      input.value = at::Tensor();
+    } else {
+      input.value = input.needed ? input.value.variable_data() : at::Tensor();
+    }
   }
   for (SaveRegionRecord& region : frame->save_regions) {
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {
@@ -432,7 +445,13 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
                     "recompute hands back the saved output and would apply the change twice: make that op "
                     "out-of-place");
       }
-      region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();
+      if (region.persisted[o] && region.hooks) {
+        region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(), SavedTensorKind::save_output,
+                                        region.hooks_context);
+        region.outputs[o] = at::Tensor();
+      } else {
+        region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();
+      }
     }
   }
   remember_save_regions(options.region_name, keep_all_inputs, !frame->save_regions.empty());
@@ -454,9 +473,17 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   Frame& frame = *state.frame;
   if (name.empty()) throw Error("region name is empty; name each region, e.g. \"attention\"");
   refuse_control_characters("region", name);
-  if (state.in_region) {
-    throw Error("region '" + name + "' is nested inside another region of checkpoint '" + frame.options.region_name +
-                "'; regions do not nest: split the work into consecutive regions");
+  if (state.in_region && state.save_region >= 0) {
+    // Inside a save region everything is kept and recompute skips the whole body: an inner
+    // save region has nothing to add (it runs inert, claiming no name), an inner recompute
+    // region could never be recomputed.
+    if (recompute) {
+      throw Error("region '" + name + "' (recompute=True) is nested inside save region '" +
+                  full_region_name(frame, *state.region) + "' (recompute=False); recompute skips the save region's "
+                  "whole body, so the inner region cannot be recomputed: make the inner region recompute=False, or "
+                  "the enclosing one recompute=True");
+    }
+    return body(inputs);
   }
 
   if (state.mode == Mode::recompute) {
@@ -467,6 +494,12 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
                   (index < frame.regions.size() ? "'" + frame.regions[index].name + "'" : std::string("no region")) +
                   "; the body must take the same path in recompute as in forward");
     }
+    if (frame.regions[index].saved == recompute) {
+      throw Error("region '" + full_region_name(frame, name) + "' ran with recompute=" +
+                  (recompute ? "False" : "True") + " in forward but recompute=" + (recompute ? "True" : "False") +
+                  " in recompute; a region's recompute setting must not depend on " + api_name("is_recomputing") +
+                  "() or on state that changes between forward and backward");
+    }
     if (frame.regions[index].saved) {
       int save_index = 0;
       for (std::size_t i = 0; i < index; ++i) save_index += frame.regions[i].saved ? 1 : 0;
@@ -475,8 +508,10 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
       if (annotation != nullptr) *annotation = record.annotation;
       TensorList out;
       for (std::size_t o = 0; o < record.metas.size(); ++o) {
-        if (record.outputs[o].defined()) {
-          at::Tensor value = record.outputs[o].variable_data();
+        if (record.packed[o] || record.outputs[o].defined()) {
+          // Unpacked here, in forward order, as recompute reaches the region.
+          at::Tensor value = record.packed[o] ? record.packed[o].unpack().variable_data()
+                                              : record.outputs[o].variable_data();
           if (record.metas[o].requires_grad) value.requires_grad_(true);
           out.push_back(std::move(value));
         } else {
@@ -525,6 +560,13 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     outputs = body(inputs);
   }
   frame.pending_names.clear();
+  for (const at::Tensor& out : outputs) {
+    if (!out.defined() || !out.requires_grad() || !out.is_leaf()) continue;
+    throw Error("region '" + full_region_name(frame, name) + "' returned a leaf tensor that requires grad (no "
+                "grad_fn: a bare allocation such as torch.zeros(..., requires_grad=True), or an input returned as "
+                "it is); recompute cannot recreate it as the same tensor: move the allocation outside the checkpoint, "
+                "or do not wrap it in a region");
+  }
   for (std::size_t i = 0; i < input_versions.size(); ++i) {
     if (input_versions[i] == version_of(inputs[i])) continue;
     throw Error("save region '" + full_region_name(frame, name) + "' changed its input " + std::to_string(i) +
@@ -538,6 +580,9 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
     record.outputs = outputs;
     record.persisted.assign(outputs.size(), false);
+    record.packed.resize(outputs.size());
+    record.hooks = active_saved_tensor_hooks();
+    if (record.hooks && record.hooks->captures_context()) record.hooks_context = record.hooks->capture_context();
     record.read_at.assign(outputs.size(), SaveRegionRecord::kNotOnlyRead);
     frame.outputs_not_persisted += outputs.size();
     for (const at::Tensor& out : outputs) record.versions.push_back(version_of(out));
@@ -558,5 +603,7 @@ void recompute_needs_tensor(const at::Tensor& t) {
 }
 
 bool is_recomputing() { return detail::thread_state().mode == detail::Mode::recompute; }
+
+bool in_checkpoint() { return detail::thread_state().mode != detail::Mode::none; }
 
 }  // namespace remat

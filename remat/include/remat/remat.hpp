@@ -14,6 +14,7 @@
 #include <remat/cpu_allocator.hpp>
 #include <remat/context.hpp>
 #include <remat/errors.hpp>
+#include <remat/saved_tensor_hooks.hpp>
 #include <remat/state_hooks.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +43,10 @@ struct CheckpointOptions {
   // Checksums every tensor recompute recreates against forward and raises an error naming
   // the region, the tensor's position and the size of the difference on a mismatch.
   bool verify_recompute = false;
+  // Holds what the checkpoint keeps through this pair: the inputs recompute starts from and,
+  // unless a pair is entered inside the body, what its save regions keep. Null: the pair in
+  // force where the checkpoint is called (SavedTensorHooksScope), if any.
+  std::shared_ptr<SavedTensorHooks> saved_tensor_hooks;
 };
 
 using TensorList = std::vector<at::Tensor>;
@@ -215,5 +220,13 @@ void recompute_needs_tensor(const at::Tensor& t);
 
 // True while recompute replays a checkpoint's forward.
 bool is_recomputing();
+
+// Whether `t` is (a view of) a placeholder: what recompute hands back for a skipped save
+// region's output that forward did not keep. Its shape, strides and dtype are real; its data
+// cannot be read.
+bool is_placeholder(const at::Tensor& t);
+
+// True while a checkpoint's forward or recompute runs on this thread.
+bool in_checkpoint();
 
 }  // namespace remat

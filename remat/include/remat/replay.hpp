@@ -37,12 +37,8 @@ class RecomputeReplayRecorder {
   void record(T value) { records_.push_back(std::move(value)); }
 
   // The next recorded decision, or nothing when the log ran out (counted as a miss: the
-  // caller recomputes). Only inside a replay scope.
+  // caller recomputes). As NeMo's recorder, it may be driven directly, outside any scope.
   std::optional<T> take() {
-    if (replay_scopes_ == 0) {
-      throw Error("replay recorder: take() outside a replay scope; recorded decisions are taken back in recompute "
-                  "only (under record, call record(entry); or let the channel's record_or_replay(compute) choose)");
-    }
     if (cursor_ >= records_.size()) {
       ++misses_;
       return std::nullopt;
@@ -57,10 +53,7 @@ class RecomputeReplayRecorder {
 
   // Called by the channel's scopes.
   void begin_scope(ReplayMode mode, const std::string& channel) {
-    if (mode == ReplayMode::replay) {
-      ++replay_scopes_;
-      return;
-    }
+    if (mode == ReplayMode::replay) return;
     if (forward_ended_) {
       throw Error("replay channel '" + channel + "': this recorder already holds the forward decisions of another "
                   "checkpoint call, so a second call recording into it would replay the first call's decisions; give "
@@ -69,18 +62,13 @@ class RecomputeReplayRecorder {
     ++record_scopes_;
   }
   void end_scope(ReplayMode mode) {
-    if (mode == ReplayMode::replay) {
-      --replay_scopes_;
-    } else if (--record_scopes_ == 0) {
-      forward_ended_ = true;
-    }
+    if (mode == ReplayMode::record && --record_scopes_ == 0) forward_ended_ = true;
   }
 
  private:
   std::vector<T> records_;
   std::size_t cursor_ = 0;
   std::size_t misses_ = 0;
-  std::size_t replay_scopes_ = 0;
   std::size_t record_scopes_ = 0;
   bool forward_ended_ = false;
 };

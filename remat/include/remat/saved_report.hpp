@@ -70,6 +70,9 @@ class SavedTensorsWalk {
   void add_node(NodeSaves saves) { nodes_.push_back(std::move(saves)); }
   // Called by the runtime's unpack of a checkpoint's saved tensor while entered.
   void note_checkpoint(const std::shared_ptr<detail::Frame>& frame);
+  // Notes every live checkpoint (forward finished, backward may still need it): the report
+  // without roots covers them all.
+  void note_live_checkpoints();
 
   const std::vector<NodeSaves>& nodes() const { return nodes_; }
   const std::vector<std::shared_ptr<detail::Frame>>& checkpoints() const { return checkpoints_; }

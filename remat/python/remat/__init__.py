@@ -14,24 +14,31 @@ first needs it, and recompute stops as soon as every needed tensor exists. The r
 saved-tensor hooks and hands everything else to PyTorch's, so saved_tensors_hooks,
 save_on_cpu, torch.utils.checkpoint and detect_anomaly keep working around it.
 
-The modules, one idea each: _api (checkpoint, region), _state (state hooks), _trace
+The modules, one idea each: _extension (loading remat._C), _api (checkpoint, region, name
+scopes), _saved_tensors_hooks (how kept tensors are held), _state (state hooks), _trace
 (collect_trace), _reporting (memory report of the running checkpoint), _saved_report (what is
-kept behind a loss), _replay (NeMo's record/replay channel), _memory (tagged memory, sites,
-dumps), _oom (out-of-memory dumps on PyTorch's own allocator), _huggingface (Hugging Face
-models).
+kept behind a loss), _oom_saved_report (that report in an out-of-memory observer), _annotate
+(allocation sites from PyTorch's snapshot), _replay (NeMo's record/replay channel), _memory
+(tagged memory, sites, dumps), _oom (out-of-memory dumps on PyTorch's own allocator),
+_compile (checkpoints under torch.compile), _huggingface (Hugging Face models).
 """
 
+from __future__ import annotations  # torch_remat's package exports the name too
+
 from ._extension import _C  # noqa: F401  (raises an ImportError that says how to fix a missing extension)
-from ._C import RematError, is_recomputing, recompute_needs_tensor
-from ._api import checkpoint, region, verify_recompute
+from ._C import RematError, is_recomputing
+from ._api import checkpoint, is_placeholder, name_scope, recompute_needs_tensor, region, verify_recompute
+from ._saved_tensors_hooks import SavedTensorInfo, SavedTensorKind, current_saved_tensor_info, saved_tensors_hooks
 from ._state import RecomputeStateHook, cpu_rng_state_hook
-from ._trace import collect_trace
+from ._trace import collect_trace, trace_scope
 from ._reporting import current_memory_report, format_current_memory_report, print_current_memory_report, save_for_backward
 from ._saved_report import (format_saved_tensors_report, print_saved_tensors_report, saved_report, saved_tensors_report,
                             track_saved_tensors)
 from ._replay import RecomputeReplay, RecomputeReplayRecorder
 from ._memory import live_bytes, site, tag_cpu_tensors, write_dump
 from ._oom import OomObserver, attach_oom_observer, oom_dump_from_snapshot
+from ._oom_saved_report import discover_autograd_roots, format_oom_saved_tensors_report, oom_observer
+from ._annotate import clear_memory_snapshot_cache, memory_snapshot_annotate
 from ._huggingface import unwrap_decoder_layers, wrap_decoder_layers
 
 __all__ = [
@@ -39,6 +46,18 @@ __all__ = [
     "region",
     "recompute_needs_tensor",
     "is_recomputing",
+    "is_placeholder",
+    "name_scope",
+    "saved_tensors_hooks",
+    "current_saved_tensor_info",
+    "SavedTensorInfo",
+    "SavedTensorKind",
+    "trace_scope",
+    "discover_autograd_roots",
+    "format_oom_saved_tensors_report",
+    "oom_observer",
+    "memory_snapshot_annotate",
+    "clear_memory_snapshot_cache",
     "RecomputeStateHook",
     "cpu_rng_state_hook",
     "verify_recompute",

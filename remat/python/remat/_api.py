@@ -15,6 +15,7 @@ _gradient_checkpointing_func).
 
 import functools
 import threading
+import types
 
 from remat_alloc._arguments import text_arg
 
@@ -23,9 +24,10 @@ import torch
 from . import _C
 from ._C import RematError
 from ._compile import compiled_checkpoint, compiled_region
+from ._saved_tensors_hooks import enclosing_hooks, hooks_pair_arg
 from ._state import checked_state_hooks
 
-__all__ = ["checkpoint", "region", "verify_recompute"]
+__all__ = ["checkpoint", "region", "verify_recompute", "recompute_needs_tensor", "is_placeholder", "name_scope"]
 
 
 def name_arg(function, parameter, value):
@@ -86,6 +88,53 @@ def verify_recompute(enabled=True):
     return _VerifyRecompute(flag_arg("verify_recompute", "enabled", enabled))
 
 
+_name_scopes = threading.local()  # .prefixes: the name_scope prefixes entered on this thread, outermost first
+_name_scopes_entered = 0  # on any thread: while 0, regions skip the thread-local lookup
+
+
+def _qualified_name(name):
+    prefixes = getattr(_name_scopes, "prefixes", None)
+    return "/".join((*prefixes, name)) if prefixes else name
+
+
+class name_scope:
+    """Regions called inside are named prefix/name (scopes nest: outer/inner/name), so one
+    sub-block called several times in a checkpoint gets a distinct name each time:
+
+        for index, block in enumerate(blocks):
+            with remat.name_scope(f"block.{index}"):
+                x = block(x)
+
+    Enter it in the checkpoint's body, so that recompute names the regions as forward did.
+    Under torch.compile it changes nothing (compiled regions carry no names)."""
+
+    def __init__(self, prefix):
+        if torch.compiler.is_compiling():
+            self._prefix = None
+            return
+        name_arg("name_scope", "prefix", prefix)
+        if not prefix:
+            raise ValueError("name_scope: the prefix is empty; give it text, e.g. name_scope(\"block.0\")")
+        self._prefix = prefix
+
+    def __enter__(self):
+        global _name_scopes_entered
+        if self._prefix is None:
+            return self
+        if not hasattr(_name_scopes, "prefixes"):
+            _name_scopes.prefixes = []
+        _name_scopes.prefixes.append(self._prefix)
+        _name_scopes_entered += 1
+        return self
+
+    def __exit__(self, *exc_info):
+        global _name_scopes_entered
+        if self._prefix is not None:
+            _name_scopes_entered -= 1
+            _name_scopes.prefixes.pop()
+        return False
+
+
 class _TorchCheckpointContexts:
     """torch.utils.checkpoint's context_fn contract, (forward context, recompute context) per
     call, as the runtime's per-call context: the first around forward, the second around every
@@ -113,9 +162,11 @@ class _TorchCheckpointContexts:
         self._recompute.__exit__(None, None, None)
 
 
+class _UnsupportedOption(RematError, NotImplementedError):
+    """An option remat refuses: a RematError, and the NotImplementedError torch_remat raises."""
+
+
 _REFUSED_OPTIONS = {
-    "preserve_rng_state": "preserve_rng_state is not supported; pass recompute_state_hooks=[remat.cpu_rng_state_hook()] "
-                          "(or your own hook: any object with snapshot() and restore(state))",
     "debug": "debug is torch.utils.checkpoint's recompute log; remat reports mismatches itself, naming the region "
              "(and compares values with verify_recompute=True)",
 }
@@ -124,11 +175,12 @@ _REFUSED_OPTIONS = {
 class Checkpoint:
     """A checkpoint made by remat.checkpoint(**options): call it on a function."""
 
-    __slots__ = ("region_name", "_hooks", "_channels", "_context_fn", "_contexts", "_verify")
+    __slots__ = ("region_name", "_hooks", "_channels", "_context_fn", "_contexts", "_verify", "_saved_tensors_hooks")
 
-    def __init__(self, region_name, hooks, channels, context_fn, verify):
+    def __init__(self, region_name, hooks, channels, context_fn, verify, saved_tensors_hooks=None):
         self.region_name = region_name
         self._hooks = hooks
+        self._saved_tensors_hooks = saved_tensors_hooks  # the runtime's pair, or None
         self._channels = channels  # the `contexts` option
         self._context_fn = context_fn
         # What the runtime enters around forward and recompute.
@@ -153,17 +205,24 @@ class Checkpoint:
         if torch.compiler.is_compiling():
             return compiled_checkpoint(self, fn, args, kwargs)
         verify = _verify_recompute_default() if self._verify is None else self._verify
-        return _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, self._contexts, verify)
+        saved_tensors_hooks = self._saved_tensors_hooks or enclosing_hooks()
+        return _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, self._contexts, verify,
+                             saved_tensors_hooks)
 
 
 class _Checkpointed:
-    """fn under a checkpoint (what checkpoint(**options)(fn) returns); __wrapped__ is fn."""
-
-    __slots__ = ("_checkpoint", "__wrapped__")
+    """fn under a checkpoint (what checkpoint(**options)(fn) returns), with fn's name and
+    docstring; __wrapped__ is fn. On a class, it binds as a method does."""
 
     def __init__(self, ckpt, fn):
         self._checkpoint = ckpt
-        self.__wrapped__ = fn
+        if torch.compiler.is_compiling():  # made inside a compiled function: Dynamo cannot trace update_wrapper
+            self.__wrapped__ = fn
+        else:
+            functools.update_wrapper(self, fn)
+
+    def __get__(self, instance, owner=None):
+        return self if instance is None else types.MethodType(self, instance)
 
     def __repr__(self):
         return f"{self._checkpoint!r}({getattr(self.__wrapped__, '__qualname__', type(self.__wrapped__).__name__)})"
@@ -173,7 +232,8 @@ class _Checkpointed:
 
 
 def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), context_fn=None, contexts=(),
-               verify_recompute=None, use_reentrant=None, determinism_check="default", early_stop=True, **unknown):
+               verify_recompute=None, saved_tensors_hooks=None, preserve_rng_state=False, use_reentrant=None,
+               determinism_check="default", early_stop=True, **unknown):
     """A checkpoint: remat.checkpoint(**options)(fn)(*args, **kwargs) runs fn keeping only what
     backward needs from save regions and recomputing the rest in backward.
 
@@ -187,6 +247,10 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
         enter_forward/exit_forward/enter_recompute/exit_recompute.
     verify_recompute: compare the values recompute recreates with forward's (shapes, dtypes and
         devices are always compared).
+    saved_tensors_hooks: a (pack_hook, unpack_hook) pair holding what the checkpoint keeps: the
+        inputs recompute needs and what save regions keep (see remat.saved_tensors_hooks).
+    preserve_rng_state: False, or left out; True is refused (RNG state belongs in a state hook:
+        remat.cpu_rng_state_hook()).
     use_reentrant=False, determinism_check="default" and early_stop=True are torch.utils.checkpoint's
     keywords with the meaning they have here (remat is non-reentrant, checks what recompute
     recreates, and stops recompute early); their other values are refused.
@@ -194,6 +258,10 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
     if torch.compiler.is_compiling() and not positional and not unknown:
         # Traced by Dynamo: the options were checked where this code ran eagerly, or are checked
         # by compiled_checkpoint; the checks themselves use what Dynamo cannot trace.
+        if saved_tensors_hooks is not None:
+            raise _UnsupportedOption(f"checkpoint '{region_name}': saved_tensors_hooks are not supported under "
+                                     "torch.compile (the compiled graph saves what the partitioner chooses); make "
+                                     "the checkpoint outside the compiled function, or drop the pair")
         return Checkpoint(region_name, tuple(recompute_state_hooks), list(contexts), context_fn, verify_recompute)
     if positional:
         what = "remat.checkpoint(fn)" if len(positional) == 1 else "remat.checkpoint(fn, *args)"
@@ -208,6 +276,10 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
                         "use_reentrant=False, determinism_check, early_stop); arguments for the function go to the "
                         "call: remat.checkpoint(region_name=...)(fn)(*args, **kwargs)")
     name_arg("checkpoint", "region_name", region_name)
+    if preserve_rng_state is not False:
+        raise _UnsupportedOption(f"checkpoint '{region_name}': preserve_rng_state={preserve_rng_state!r} is not "
+                                 "supported; pass recompute_state_hooks=[remat.cpu_rng_state_hook()] (or your own "
+                                 "hook: any object with snapshot() and restore(state))")
     if use_reentrant is not None and use_reentrant is not False:
         raise RematError(f"checkpoint '{region_name}': use_reentrant={use_reentrant!r} is not supported; remat's "
                          "checkpoint is non-reentrant (it recomputes through saved-tensor hooks, which is what lets "
@@ -227,7 +299,7 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
         raise TypeError(f"checkpoint '{region_name}': context_fn must be callable (returning a (forward context, "
                         f"recompute context) pair), got {type(context_fn).__name__}")
     return Checkpoint(region_name, checked_state_hooks(recompute_state_hooks), list(contexts), context_fn,
-                      verify_recompute)
+                      verify_recompute, hooks_pair_arg(f"checkpoint '{region_name}'", saved_tensors_hooks))
 
 
 def region(fn=None, name=None, recompute=True):
@@ -251,8 +323,27 @@ def region(fn=None, name=None, recompute=True):
         def run(*args, **kwargs):
             if torch.compiler.is_compiling():
                 return compiled_region(body, recompute, args, kwargs)
-            return _C.region(body, args, kwargs, name, recompute)
+            qualified = name if _name_scopes_entered == 0 else _qualified_name(name)
+            return _C.region(body, args, kwargs, qualified, recompute)
 
         return run
 
     return wrap if fn is None else wrap(fn)
+
+
+def recompute_needs_tensor(*tensors):
+    """Keeps the save-region outputs behind these tensors (the outputs, or views of them) for
+    recompute, which then reads their values instead of placeholders. A no-op outside a
+    checkpoint's forward, for tensors no save region returned, and under torch.compile (the
+    compiled graph keeps what it needs)."""
+    if torch.compiler.is_compiling():
+        return
+    _C.recompute_needs_tensor(*tensors)
+
+
+def is_placeholder(tensor):
+    """Whether `tensor` is (a view of) a placeholder: what recompute hands back for a skipped save
+    region's output that forward did not keep (real shape and dtype, no data)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"is_placeholder: expected a Tensor, got {type(tensor).__name__}")
+    return _C.is_placeholder(tensor)

@@ -10,6 +10,8 @@ remat.save_for_backward(ctx, {"lse": lse, ...}).
 
 import sys
 
+import torch
+
 from . import _C
 from ._api import name_arg
 
@@ -38,6 +40,9 @@ def save_for_backward(ctx, saved):
     """ctx.save_for_backward with names for the memory report: save_for_backward(ctx, {"lse": lse,
     "probs": probs}) in a custom autograd Function's forward. Inside a save region the names label
     the tensors in the report; elsewhere it is ctx.save_for_backward(*saved.values())."""
+    if torch.compiler.is_compiling():  # the partitioner decides what is saved; names feed eager reports only
+        ctx.save_for_backward(*saved.values())
+        return
     if not hasattr(saved, "items"):
         raise TypeError(f"save_for_backward: saved must map names to tensors, got {type(saved).__name__}")
     named = []

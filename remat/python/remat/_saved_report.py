@@ -31,14 +31,26 @@ def _tensors_in(value):
     return [item for item in items if isinstance(item, torch.Tensor) and not _is_parameter(item)]
 
 
-def _walk(loss):
-    """The runtime's record of a walk of the graph behind `loss`: each node's saved tensors
-    that the walk could read, and the checkpoints behind it."""
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError(f"saved_tensors_report: loss must be a tensor, got {type(loss).__name__}")
+def _roots_of(roots):
+    """The report's roots as a list: a tensor (the loss), tensors, or None (no graph walk)."""
+    if roots is None:
+        return []
+    listed = [roots] if isinstance(roots, torch.Tensor) else list(roots) if hasattr(roots, "__iter__") else None
+    if listed is None or not all(isinstance(root, torch.Tensor) for root in listed):
+        raise TypeError("saved_tensors_report: roots must be a tensor (the loss), tensors, or None, got "
+                        f"{type(roots).__name__}")
+    return listed
+
+
+def _walk(roots):
+    """The runtime's record of a walk of the graph behind `roots`: each node's saved tensors
+    that the walk could read, and the checkpoints behind it; without roots, every live
+    checkpoint."""
     walk = _C.SavedTensorsWalk()
     seen = set()
-    stack = [loss.grad_fn] if loss.grad_fn is not None else []
+    stack = [root.grad_fn for root in roots if root.grad_fn is not None]
+    if not roots:
+        walk.note_live_checkpoints()
     with walk:
         while stack:
             node = stack.pop()
@@ -59,24 +71,32 @@ def _walk(loss):
     return walk
 
 
-def saved_tensors_report(loss):
-    """What is kept for backward behind `loss` (a remat._C.SavedReport: .total_bytes,
-    .region_groups, .node_groups, .details, .format(), .to_json() for the `saved-report` dump)."""
-    return _C.saved_report(loss, _walk(loss))
+def saved_tensors_report(roots=None):
+    """What is kept for backward behind `roots` (the loss, or several tensors; None: every live
+    checkpoint, with no graph walk), as a remat._C.SavedReport: .total_bytes, .region_groups,
+    .node_groups, .details, .format(), .to_json() for the `saved-report` dump."""
+    listed = _roots_of(roots)
+    return _C.saved_report(listed[0] if listed else None, _walk(listed))
 
 
 saved_report = saved_tensors_report  # the name this package used first
 
 
-def format_saved_tensors_report(loss):
-    return saved_tensors_report(loss).format()
+def format_saved_tensors_report(roots=None, annotate=None):
+    """saved_tensors_report(roots) as text. Its rows carry each tensor's allocation site from the
+    tagging allocator's tags already, so `annotate` (torch_remat's per-tensor labeller) is not
+    taken: passing one is refused rather than ignored."""
+    if annotate is not None:
+        raise TypeError("format_saved_tensors_report: annotate is not supported; remat's rows name each tensor "
+                        "and its allocation site (remat.site) from the tagging allocator's tags")
+    return saved_tensors_report(roots).format()
 
 
-def print_saved_tensors_report(loss, file=None):
-    """Prints what is kept for backward behind `loss`: the total, live checkpoints grouped when
-    identical ("96 B  x2  layer.0-1  (2 storages each)"), saves outside checkpoints by autograd
-    node ("48 B  TanhBackward0 (x1)"), and one checkpoint's detail per group."""
-    (sys.stdout if file is None else file).write(format_saved_tensors_report(loss))
+def print_saved_tensors_report(roots=None, file=None):
+    """Prints what is kept for backward behind `roots` (the loss): the total, live checkpoints
+    grouped when identical ("96 B  x2  layer.0-1  (2 storages each)"), saves outside checkpoints
+    by autograd node ("48 B  TanhBackward0 (x1)"), and one checkpoint's detail per group."""
+    (sys.stdout if file is None else file).write(format_saved_tensors_report(roots))
 
 
 class track_saved_tensors:

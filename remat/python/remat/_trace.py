@@ -11,7 +11,7 @@ import threading
 
 from . import _C
 
-__all__ = ["collect_trace"]
+__all__ = ["collect_trace", "trace_scope"]
 
 _collecting = threading.local()  # .stack: the collect_trace blocks entered on this thread, innermost last
 
@@ -72,3 +72,19 @@ class collect_trace:
 
     def __str__(self):
         return self.format()
+
+
+def trace_scope(function, name, *, metadata=None):
+    """torch_remat's reporting-only scope: function wrapped, its behaviour unchanged. remat's trace
+    lists checkpoints and their regions, not scopes below them, so the scope is not shown there
+    (use remat.name_scope to qualify region names instead)."""
+    if not callable(function):
+        raise RuntimeError("trace_scope expects a function as its first argument")
+    for what, text in (("name", name), ("metadata", metadata)):
+        if text is None and what == "metadata":
+            continue
+        if not isinstance(text, str):
+            raise RuntimeError(f"trace_scope: {what} must be a str, got {type(text).__name__}")
+        if not text:
+            raise ValueError(f"trace_scope: {what} is empty")
+    return function

@@ -31,10 +31,11 @@ std::function<std::string()> call_name(std::string kind, const PyRef& fn) {
 }
 
 CheckpointOptions options_of(const std::string& region_name, const py::list& state_hooks, const py::list& contexts,
-                             bool verify_recompute) {
+                             bool verify_recompute, const py::handle& saved_tensor_hooks) {
   CheckpointOptions options;
   options.region_name = region_name;
   options.verify_recompute = verify_recompute;
+  options.saved_tensor_hooks = saved_tensor_hooks_of(saved_tensor_hooks);
   for (const py::handle hook : state_hooks) {
     if (py::isinstance<RecomputeStateHook>(hook)) {
       options.recompute_state_hooks.push_back(hook.cast<std::shared_ptr<RecomputeStateHook>>());
@@ -125,15 +126,17 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "checkpoint",
       [](const py::object& fn, const py::tuple& args, const py::dict& kwargs, const std::string& region_name,
-         const py::list& state_hooks, const py::list& contexts, bool verify_recompute) {
-        const CheckpointOptions options = options_of(region_name, state_hooks, contexts, verify_recompute);
+         const py::list& state_hooks, const py::list& contexts, bool verify_recompute,
+         const py::object& saved_tensor_hooks) {
+        const CheckpointOptions options =
+            options_of(region_name, state_hooks, contexts, verify_recompute, saved_tensor_hooks);
         return run(fn, args, kwargs, "checkpoint '" + region_name + "'",
                    [&](FlatFunction body, TensorList inputs, ResultSlot&) {
                      return detail::run_checkpoint(options, std::move(body), std::move(inputs));
                    });
       },
       py::arg("fn"), py::arg("args"), py::arg("kwargs"), py::arg("region_name"), py::arg("recompute_state_hooks"),
-      py::arg("contexts"), py::arg("verify_recompute"));
+      py::arg("contexts"), py::arg("verify_recompute"), py::arg("saved_tensor_hooks") = py::none());
   m.def(
       "region",
       [](const py::object& fn, const py::tuple& args, const py::dict& kwargs, const std::string& name,
@@ -149,14 +152,28 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("fn"), py::arg("args"), py::arg("kwargs"), py::arg("name"), py::arg("recompute"));
   m.def("is_recomputing", &is_recomputing, "True while recompute runs a checkpoint's forward again.");
-  m.def("recompute_needs_tensor", &recompute_needs_tensor, py::arg("tensor"),
-        "Keeps a save region's output for recompute instead of a placeholder.");
+  m.def("is_placeholder", &is_placeholder, py::arg("tensor"),
+        "Whether the tensor is (a view of) a placeholder recompute handed back for a skipped save region.");
+  m.def("in_checkpoint", &in_checkpoint, "True while a checkpoint's forward or recompute runs on this thread.");
+  m.def(
+      "recompute_needs_tensor",
+      [](const py::args& tensors) {
+        for (const py::handle tensor : tensors) {
+          if (!THPVariable_Check(tensor.ptr())) {
+            throw Error("remat.recompute_needs_tensor() expects Tensor arguments, got " +
+                        py::str(py::type::handle_of(tensor).attr("__name__")).cast<std::string>());
+          }
+          recompute_needs_tensor(THPVariable_Unpack(tensor.ptr()));
+        }
+      },
+      "Keeps save regions' outputs (or tensors sharing their storage) for recompute instead of placeholders.");
 
   py::class_<RecomputeStateHook, std::shared_ptr<RecomputeStateHook>>(m, "NativeStateHook",
                                                                      "A state hook implemented in C++.");
   m.def("cpu_rng_state_hook", &cpu_rng_state_hook, "Puts the CPU generator's state back for recompute.");
 
   bind_replay(m);
+  bind_saved_tensor_hooks(m);
 
   py::class_<RegionDecision>(m, "RegionDecision")
       .def_readonly("name", &RegionDecision::name)
@@ -222,8 +239,14 @@ PYBIND11_MODULE(_C, m) {
           [](SavedTensorsWalk& walk, std::string node, std::uintptr_t id, TensorList tensors) {
             walk.add_node({std::move(node), id, std::move(tensors)});
           },
-          py::arg("node"), py::arg("id"), py::arg("tensors"));
-  m.def("saved_report", &saved_report, py::arg("loss"), py::arg("walk") = nullptr);
+          py::arg("node"), py::arg("id"), py::arg("tensors"))
+      .def("note_live_checkpoints", &SavedTensorsWalk::note_live_checkpoints);
+  m.def(
+      "saved_report",
+      [](const std::optional<at::Tensor>& loss, const SavedTensorsWalk* walk) {
+        return saved_report(loss.value_or(at::Tensor()), walk);
+      },
+      py::arg("loss"), py::arg("walk") = nullptr);
   bind_guard<SavedTensorsTracking>(m, "track_saved_tensors",
                                    "Records tensors autograd saves outside checkpoints, for saved_report().");
   bind_guard<CpuAllocatorGuard>(m, "tag_cpu_tensors",

@@ -5,6 +5,7 @@
 
 #include <remat/context.hpp>
 #include <remat/remat.hpp>
+#include <remat/saved_tensor_hooks.hpp>
 #include <remat/state_hooks.hpp>
 
 #include <torch/csrc/Exceptions.h>
@@ -62,11 +63,12 @@ class Structure {
   py::object rebuild(const TensorList& tensors) const;
 
  private:
-  enum class Kind : std::uint8_t { tensor, tuple, list, dict, named_tuple, constant };
+  // struct_sequence: torch.return_types (torch.max(x, dim) returns one), built from one tuple.
+  enum class Kind : std::uint8_t { tensor, tuple, list, dict, named_tuple, struct_sequence, constant };
   struct Node {
     Kind kind = Kind::constant;
     std::size_t children = 0;  // for containers
-    PyRef object;              // the value (constant), the dict's keys (dict), the type (named_tuple)
+    PyRef object;              // the value (constant), the dict's keys (dict), the type (named_tuple, struct_sequence)
   };
   void add(const py::handle& value, TensorList& tensors, int depth, const std::function<std::string()>& name);
   py::object build(std::size_t& node, std::size_t& tensor, const TensorList& tensors) const;
@@ -92,5 +94,10 @@ CheckpointContextFactory replay_context_factory(const py::handle& context);
 
 // remat._C.RecomputeReplay, RecomputeReplayRecorder and ReplayScope (replay_bindings.cpp).
 void bind_replay(py::module_& m);
+
+// remat._C.SavedTensorHooks and its scope (saved_tensor_hooks_bindings.cpp); the runtime's
+// pair for one of them, null for None.
+void bind_saved_tensor_hooks(py::module_& m);
+std::shared_ptr<SavedTensorHooks> saved_tensor_hooks_of(const py::handle& hooks);
 
 }  // namespace remat::python

@@ -181,3 +181,41 @@ def test_eager_only_options_under_compile_are_refused_clearly(option):
     step = lambda t: remat.checkpoint(region_name="eager-only", **option)(lambda u: u.sin())(t)  # noqa: E731
     with pytest.raises(Exception, match="need recompute to run the Python body again"):
         torch.compile(step, backend="aot_eager", fullgraph=True)(x)
+
+
+def test_the_torch_remat_readme_block_compiles_fullgraph_with_recompute_needs_tensor_and_names():
+    # torch_remat's README pattern: save regions, recompute_needs_tensor on their outputs, a
+    # name scope and a named save: under compile the marks are no-ops, the gradients eager's.
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(16)
+    attention, moe = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            remat.save_for_backward(ctx, {"input": t})
+            return t * t
+
+        @staticmethod
+        def backward(ctx, grad):
+            (t,) = ctx.saved_tensors
+            return 2.0 * t * grad
+
+    def block(hidden):
+        with remat.name_scope("block.0"):
+            attn = remat.region(attention, "attention", recompute=False)(norm(hidden))
+        remat.recompute_needs_tensor(attn, attn)
+        hidden = hidden + attn
+        expert = remat.region(lambda u: Square.apply(moe(u)), "moe", recompute=False)(norm(hidden))
+        remat.recompute_needs_tensor(expert)
+        return hidden + expert
+
+    def step(x):
+        return remat.checkpoint(region_name="layers.0")(block)(x)
+
+    x = torch.rand(4, 16, requires_grad=True)
+    tensors = (x, *norm.parameters(), *attention.parameters(), *moe.parameters())
+    expected = grads_of(step, tensors, x)
+    torch._dynamo.reset()
+    got = grads_of(torch.compile(step, backend="aot_eager", fullgraph=True), tensors, x)
+    assert all(torch.allclose(g, e, **TOLERANCE) for g, e in zip(got, expected))

@@ -236,7 +236,8 @@ def test_saved_tensors_report_bills_a_storage_saved_twice_once():
     report = remat.saved_tensors_report(loss)
     assert (report.total_bytes, report.regions) == (48, 0)
     assert remat.saved_report is remat.saved_tensors_report
-    with pytest.raises(TypeError, match="^saved_tensors_report: loss must be a tensor, got float$"):
+    with pytest.raises(TypeError, match="^saved_tensors_report: roots must be a tensor \\(the loss\\), tensors, or "
+                                        "None, got float$"):
         remat.saved_tensors_report(1.0)
 
 

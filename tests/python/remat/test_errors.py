@@ -24,13 +24,15 @@ def test_duplicate_region_names_are_a_remat_error():
         remat.checkpoint(region_name="dup")(body)(torch.rand(2, requires_grad=True))
 
 
-def test_a_region_inside_a_region_is_a_remat_error():
+def test_a_recompute_region_inside_a_save_region_is_a_remat_error():
     def body(t):
-        return remat.region(lambda u: remat.region(lambda v: v * 2.0, "inner")(u), "outer_region")(t)
+        inner = remat.region(lambda v: v * 2.0, "inner", recompute=True)
+        return remat.region(lambda u: inner(u).sin(), "outer_region", recompute=False)(t)
 
     with pytest.raises(remat.RematError, match=exact(
-            "region 'inner' is nested inside another region of checkpoint 'nested.regions'; regions do not nest: "
-            "split the work into consecutive regions")):
+            "region 'inner' (recompute=True) is nested inside save region 'nested.regions::outer_region' "
+            "(recompute=False); recompute skips the save region's whole body, so the inner region cannot be "
+            "recomputed: make the inner region recompute=False, or the enclosing one recompute=True")):
         remat.checkpoint(region_name="nested.regions")(body)(torch.rand(2, requires_grad=True))
 
 
@@ -95,11 +97,19 @@ def test_errors_the_runtime_raises_in_backward_are_remat_errors():
         loss.backward()
 
 
-def test_preserve_rng_state_is_refused_with_the_state_hook_alternative():
-    with pytest.raises(remat.RematError, match=exact(
-            "checkpoint 'rng': preserve_rng_state is not supported; pass recompute_state_hooks="
-            "[remat.cpu_rng_state_hook()] (or your own hook: any object with snapshot() and restore(state))")):
+def test_preserve_rng_state_true_is_refused_with_the_state_hook_alternative():
+    # A RematError, and the NotImplementedError torch_remat raises.
+    with pytest.raises(NotImplementedError, match=exact(
+            "checkpoint 'rng': preserve_rng_state=True is not supported; pass recompute_state_hooks="
+            "[remat.cpu_rng_state_hook()] (or your own hook: any object with snapshot() and restore(state))")) as info:
         remat.checkpoint(region_name="rng", preserve_rng_state=True)(lambda t: t * 2.0)(torch.rand(2, requires_grad=True))
+    assert isinstance(info.value, remat.RematError)
+
+
+def test_preserve_rng_state_false_is_accepted_as_torch_remat_accepts_it():
+    x = torch.rand(3, requires_grad=True)
+    remat.checkpoint(region_name="rng", preserve_rng_state=False)(lambda t: t * 2.0)(x).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
 
 
 def test_an_empty_checkpoint_name_is_a_remat_error():

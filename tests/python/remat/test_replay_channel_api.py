@@ -88,12 +88,18 @@ def test_recorder_records_in_order_takes_back_and_counts_misses():
         assert recorder.take() is ids
 
 
-def test_take_outside_a_replay_scope_is_refused():
+def test_a_recorder_driven_directly_takes_records_then_none_as_nemos_does():
     recorder = remat.RecomputeReplayRecorder()
     recorder.record(1)
-    with pytest.raises(remat.RematError, match="^replay recorder: take\\(\\) outside a replay scope"):
-        recorder.take()
-    assert recorder.replay_misses == 0
+    recorder.record("two")
+    assert recorder.take() == 1
+    assert recorder.take() == "two"
+    assert recorder.take() is None
+    assert recorder.take() is None
+    assert recorder.replay_misses == 2
+    recorder.rewind()
+    assert recorder.take() == 1
+    assert len(recorder) == 2 and recorder.records == (1, "two")
 
 
 def test_one_recorder_shared_by_two_checkpoint_calls_is_refused_instead_of_replaying_the_other_call():

@@ -1,0 +1,72 @@
+// The thread's pair of saved-tensor hooks and the info a pack reads.
+
+#include <remat/errors.hpp>
+#include <remat/saved_tensor_hooks.hpp>
+
+#include <utility>
+
+namespace remat {
+namespace {
+
+thread_local std::shared_ptr<SavedTensorHooks> t_active_hooks;
+thread_local const SavedTensorInfo* t_pack_info = nullptr;  // set while a pack runs
+
+// Sets the info for one pack and puts the outer one back (a pack may save tensors itself).
+class PackInfoScope {
+ public:
+  explicit PackInfoScope(const SavedTensorInfo& info) : previous_(std::exchange(t_pack_info, &info)) {}
+  ~PackInfoScope() { t_pack_info = previous_; }
+  PackInfoScope(const PackInfoScope&) = delete;
+  PackInfoScope& operator=(const PackInfoScope&) = delete;
+
+ private:
+  const SavedTensorInfo* previous_;
+};
+
+}  // namespace
+
+const char* to_string(SavedTensorKind kind) {
+  switch (kind) {
+    case SavedTensorKind::checkpoint_input: return "CHECKPOINT_INPUT";
+    case SavedTensorKind::backward: return "BACKWARD";
+    case SavedTensorKind::save_output: return "SAVE_OUTPUT";
+  }
+  return "BACKWARD";
+}
+
+const SavedTensorInfo& current_saved_tensor_info() {
+  if (t_pack_info == nullptr) {
+    throw Error(detail::api_name("current_saved_tensor_info") +
+                "() may only be called from a remat saved-tensor pack hook (it tells why the tensor being packed is "
+                "kept)");
+  }
+  return *t_pack_info;
+}
+
+SavedTensorHooksScope::SavedTensorHooksScope(std::shared_ptr<SavedTensorHooks> hooks)
+    : previous_(std::exchange(t_active_hooks, std::move(hooks))) {}
+
+SavedTensorHooksScope::~SavedTensorHooksScope() { t_active_hooks = std::move(previous_); }
+
+const std::shared_ptr<SavedTensorHooks>& active_saved_tensor_hooks() { return t_active_hooks; }
+
+std::any run_pack(SavedTensorHooks& hooks, const at::Tensor& tensor, SavedTensorKind kind, const std::any& context) {
+  const SavedTensorInfo info{kind, &context};
+  PackInfoScope scope(info);
+  return hooks.pack(tensor);
+}
+
+PackedTensor::PackedTensor(std::shared_ptr<SavedTensorHooks> hooks, const at::Tensor& tensor, SavedTensorKind kind,
+                           const std::any& context)
+    : hooks_(std::move(hooks)), payload_(run_pack(*hooks_, tensor, kind, context)) {}
+
+at::Tensor PackedTensor::unpack() const {
+  at::Tensor tensor = hooks_->unpack(payload_);
+  if (!tensor.defined()) {
+    throw Error("a saved-tensor unpack hook returned no tensor; unpack must return the tensor its pack was given "
+                "(or an equal copy)");
+  }
+  return tensor;
+}
+
+}  // namespace remat

@@ -1,0 +1,191 @@
+"""Region rules torch_remat defines and remat follows: nesting, structured outputs, several tensors
+marked at once, settings that must not change between forward and recompute, name scopes,
+placeholders, and a checkpoint decorating a method."""
+
+import pytest
+import torch
+
+import remat
+
+
+def grad_of(body, x):
+    leaf = x.detach().clone().requires_grad_(True)
+    body(leaf * 1.0).sum().backward()
+    return leaf.grad
+
+
+def checkpointed(name, body):
+    return lambda t: remat.checkpoint(region_name=name)(body)(t)
+
+
+def test_a_save_region_inside_a_save_region_runs_inert_and_claims_no_name():
+    def body(t):
+        def outer(u):
+            inner = remat.region(lambda v: v.sin(), "inner", recompute=False)(u)
+            return inner.cos()
+
+        h = remat.region(outer, "outer", recompute=False)(t)
+        return remat.region(lambda v: v.exp(), "tail")(h)
+
+    x = torch.rand(4)
+    with remat.collect_trace() as trace:
+        got = grad_of(checkpointed("nest", body), x)
+    assert [r.name for r in trace.scopes[0].regions] == ["outer", "tail"]
+    assert torch.allclose(got, grad_of(lambda t: t.sin().cos().exp(), x))
+
+
+def test_a_save_region_inside_a_recompute_region_keeps_its_own_policy():
+    def body(t):
+        def outer(u):
+            kept = remat.region(lambda v: (v * 2.0).sin(), "kept", recompute=False)(u)
+            return kept.cos()
+
+        return remat.region(outer, "outer")(t)
+
+    x = torch.rand(4)
+    with remat.collect_trace() as trace:
+        got = grad_of(checkpointed("policy", body), x)
+    assert [(r.name, r.saved) for r in trace.scopes[0].regions] == [("outer", False), ("kept", True)]
+    assert torch.allclose(got, grad_of(lambda t: (t * 2.0).sin().cos(), x))
+
+
+def test_a_region_may_return_a_torch_return_types_structseq():
+    def body(t):
+        values, indices = remat.region(lambda u: torch.max(u * 2.0, dim=1), "max", recompute=False)(t)
+        return values.sin() + indices.to(values.dtype)
+
+    seen = []
+
+    def body_checking_type(t):
+        result = remat.region(lambda u: torch.max(u * 2.0, dim=1), "max", recompute=False)(t)
+        seen.append(type(result))
+        return result.values.sin() + result.indices.to(result.values.dtype)
+
+    x = torch.rand(3, 4)
+    assert torch.allclose(grad_of(checkpointed("structseq", body), x),
+                          grad_of(lambda t: torch.max(t * 2.0, dim=1).values.sin(), x))
+    grad_of(checkpointed("structseq.type", body_checking_type), x)
+    assert seen and all(kind is torch.return_types.max for kind in seen)
+
+
+def test_recompute_needs_tensor_takes_several_tensors_and_refuses_non_tensors():
+    def body(t):
+        a = remat.region(lambda u: u.sin(), "a", recompute=False)(t)
+        b = remat.region(lambda u: u.cos(), "b", recompute=False)(t)
+        remat.recompute_needs_tensor(a, b)
+        return remat.region(lambda u, v: u * v, "product")(a, b)
+
+    x = torch.rand(5)
+    assert torch.allclose(grad_of(checkpointed("many", body), x), grad_of(lambda t: t.sin() * t.cos(), x))
+    with pytest.raises(RuntimeError, match="expects Tensor arguments, got int"):
+        remat.recompute_needs_tensor(torch.rand(2), 3)
+
+
+def test_a_recompute_setting_that_changes_in_recompute_is_refused():
+    def body(t):
+        h = remat.region(lambda u: u.sin(), "flip", recompute=remat.is_recomputing())(t)
+        return (h * t).sum()
+
+    y = remat.checkpoint(region_name="flips")(body)(torch.rand(3, requires_grad=True) * 1.0)
+    with pytest.raises(remat.RematError, match="region 'flips::flip' ran with recompute=False in forward but "
+                                               "recompute=True in recompute"):
+        y.backward()
+
+
+def test_a_region_returning_a_leaf_that_requires_grad_is_refused():
+    def body(t):
+        return remat.region(lambda u: torch.zeros(3, requires_grad=True), "alloc")(t) + t
+
+    with pytest.raises(remat.RematError, match="region 'leaf::alloc' returned a leaf tensor that requires grad"):
+        remat.checkpoint(region_name="leaf")(body)(torch.rand(3, requires_grad=True))
+
+
+def test_name_scopes_qualify_region_names_so_one_block_can_run_twice():
+    def sub_block(t):
+        return remat.region(lambda u: u.sin(), "attn", recompute=False)(t)
+
+    def body(t):
+        for index in range(2):
+            with remat.name_scope(f"block.{index}"):
+                with remat.name_scope("inner"):
+                    t = sub_block(t)
+        return t
+
+    x = torch.rand(3)
+    with remat.collect_trace() as trace:
+        got = grad_of(checkpointed("scoped", body), x)
+    assert [r.name for r in trace.scopes[0].regions] == ["block.0/inner/attn", "block.1/inner/attn"]
+    assert torch.allclose(got, grad_of(lambda t: t.sin().sin(), x))
+    with pytest.raises(ValueError, match="the prefix is empty"):
+        with remat.name_scope(""):
+            pass
+
+
+def test_is_placeholder_tells_a_skipped_outputs_stand_in_from_real_tensors():
+    seen = []
+
+    def body(t):
+        h = remat.region(lambda u: u * 2.0, "producer", recompute=False)(t)
+        seen.append(remat.is_placeholder(h))
+        seen.append(remat.is_placeholder(h[0]))  # a view of a placeholder is one too
+        return remat.region(lambda u: u.sin(), "consumer", recompute=False)(h)
+
+    remat.checkpoint(region_name="ph")(body)(torch.rand(3, requires_grad=True) * 1.0).sum().backward()
+    # Forward: real. Recompute does not run (nothing was dropped), so no placeholder appears.
+    assert seen == [False, False]
+    assert not remat.is_placeholder(torch.rand(2))
+    with pytest.raises(TypeError, match="expected a Tensor, got list"):
+        remat.is_placeholder([1])
+
+
+def test_a_placeholder_is_reported_as_one_in_recompute():
+    seen = []
+
+    def body(t):
+        h = remat.region(lambda u: u * 2.0, "producer", recompute=False)(t)
+        if remat.is_recomputing():
+            seen.append(remat.is_placeholder(h))
+        g = t.cos()  # dropped: backward recomputes the body, which stops once g exists
+        return g + h  # h is read only after that, so forward does not keep it
+
+    remat.checkpoint(region_name="ph2")(body)(torch.rand(3, requires_grad=True) * 1.0).sum().backward()
+    assert seen == [True]
+
+
+def test_a_checkpoint_decorating_a_method_binds_like_a_method():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        @remat.checkpoint(region_name="method")
+        def forward(self, x):
+            """Docstring kept."""
+            return self.linear(x).relu()
+
+    block = Block()
+    x = torch.rand(2, 4, requires_grad=True)
+    block(x).sum().backward()
+    assert block.linear.weight.grad is not None and x.grad.shape == (2, 4)
+    assert Block.forward.__doc__ == "Docstring kept." and Block.forward.__name__ == "forward"
+
+
+def test_every_public_name_of_torch_remat_is_exported():
+    names = ["annotations", "checkpoint", "clear_memory_snapshot_cache", "collect_trace", "current_saved_tensor_info",
+             "discover_autograd_roots", "format_current_memory_report", "format_oom_saved_tensors_report",
+             "format_saved_tensors_report", "is_placeholder", "is_recomputing", "memory_snapshot_annotate",
+             "name_scope", "oom_observer", "print_current_memory_report", "print_saved_tensors_report",
+             "recompute_needs_tensor", "RecomputeStateHook", "region", "save_for_backward", "saved_tensors_hooks",
+             "SavedTensorInfo", "SavedTensorKind", "trace_scope"]
+    assert [name for name in names if not hasattr(remat, name)] == []
+
+
+def test_the_oom_report_without_a_loss_finds_live_checkpoints_and_the_tail():
+    x = torch.rand(4, 3, requires_grad=True)
+    y = remat.checkpoint(region_name="layers.0")(
+        lambda t: remat.region(lambda u: (u * 2.0).sin(), "attention", recompute=False)(t))(x * 1.0)
+    loss = y.exp().sum()  # exp saves its result outside the checkpoint
+    assert any(root is loss for root in remat.discover_autograd_roots())
+    text = remat.format_oom_saved_tensors_report()
+    assert "layers.0" in text and "ExpBackward0" in text
+    del loss, y

@@ -1,0 +1,161 @@
+"""torch_remat's saved-tensor hook contract on remat: which pair takes which kept tensor, with which
+kind and captured context, when unpacks run, and that gradients stay those of plain autograd."""
+
+import pytest
+import torch
+
+import remat
+
+
+class Recording:
+    """A hook pair holding a copy of each packed tensor (an offloader's shape) and logging what it saw."""
+
+    def __init__(self, name="pair"):
+        self.name = name
+        self.packs = []  # (kind, context)
+        self.unpacks = []  # kinds, in unpack order
+
+    def pack(self, tensor):
+        info = remat.current_saved_tensor_info()
+        self.packs.append((info.kind, info.context))
+        return (info.kind, tensor.detach().clone())
+
+    def unpack(self, payload):
+        kind, tensor = payload
+        self.unpacks.append(kind)
+        return tensor
+
+
+def attention(x):
+    return (x * 2.0).sin()
+
+
+def mlp(h):
+    return (h * 3.0).cos()
+
+
+def block(x):
+    h = remat.region(attention, "attention", recompute=False)(x)
+    return remat.region(mlp, "mlp")(h)
+
+
+def reference_grad(x, body=block):
+    leaf = x.detach().clone().requires_grad_(True)
+    body(leaf * 1.0).sum().backward()
+    return leaf.grad
+
+
+K = remat.SavedTensorKind
+
+
+def test_a_pair_around_the_call_takes_what_save_regions_keep_and_gives_exact_gradients():
+    pair = Recording()
+    x = torch.rand(4, 3, requires_grad=True)
+    with remat.saved_tensors_hooks(pair.pack, pair.unpack):
+        y = remat.checkpoint(region_name="layers.0")(block)(x * 1.0)
+    assert sorted(kind.name for kind, _ in pair.packs) == ["BACKWARD", "SAVE_OUTPUT"]
+    y.sum().backward()  # the unpack hook runs after the block has exited
+    # The save region's output comes back in recompute, before backward reaches sin's saved input.
+    assert pair.unpacks == [K.SAVE_OUTPUT, K.BACKWARD]
+    assert torch.equal(x.grad, reference_grad(x))
+
+
+def test_the_checkpoint_pair_takes_the_inputs_recompute_reads_and_shadows_an_enclosing_pair():
+    outer, own = Recording("outer"), Recording("own")
+
+    def body(t):
+        return (t.sin() * t).sum()
+
+    x = torch.rand(5, requires_grad=True)
+    with remat.saved_tensors_hooks(outer.pack, outer.unpack):
+        loss = remat.checkpoint(region_name="plain", saved_tensors_hooks=(own.pack, own.unpack))(body)(x * 1.0)
+    loss.backward()
+    assert [kind for kind, _ in own.packs] == [K.CHECKPOINT_INPUT]
+    assert own.unpacks == [K.CHECKPOINT_INPUT]
+    assert outer.packs == []  # the explicit pair comes first
+    assert torch.allclose(x.grad, x.detach().sin() + x.detach() * x.detach().cos())
+
+
+def test_a_deferred_save_output_pack_sees_the_context_captured_where_the_region_ran():
+    current = {"bucket": "forward-0"}
+    pair = Recording()
+
+    def body(t):
+        with remat.saved_tensors_hooks(pair.pack, pair.unpack, capture_context=lambda: current["bucket"]):
+            h = remat.region(attention, "attention", recompute=False)(t)
+        current["bucket"] = "changed after the region"
+        return remat.region(mlp, "mlp")(h)
+
+    x = torch.rand(3, requires_grad=True)
+    remat.checkpoint(region_name="ctx")(body)(x * 1.0).sum().backward()
+    # The output is packed when forward ends, after the block exited and the state changed.
+    assert sorted((kind.name, context) for kind, context in pair.packs) == [
+        ("BACKWARD", "forward-0"), ("SAVE_OUTPUT", "forward-0")]
+    assert torch.equal(x.grad, reference_grad(x))
+
+
+def test_an_enclosing_pytorch_pair_is_inherited_by_the_checkpoint():
+    seen = []
+
+    def pack(tensor):
+        seen.append(remat.current_saved_tensor_info().kind)
+        return tensor
+
+    x = torch.rand(3, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = remat.checkpoint(region_name="inherit")(block)(x * 1.0)
+    assert sorted(kind.name for kind in seen) == ["BACKWARD", "SAVE_OUTPUT"]
+    y.sum().backward()
+    assert torch.equal(x.grad, reference_grad(x))
+
+
+def test_outside_checkpoints_the_pair_is_pytorchs_with_kind_backward():
+    pair = Recording()
+    x = torch.rand(3, requires_grad=True)
+    with remat.saved_tensors_hooks(pair.pack, pair.unpack, capture_context=lambda: "unused"):
+        loss = x.exp().sum()
+    loss.backward()
+    assert pair.packs == [(K.BACKWARD, None)]
+    assert pair.unpacks == [K.BACKWARD]
+    assert torch.equal(x.grad, x.detach().exp())
+
+
+def test_the_info_is_refused_outside_a_pack_hook():
+    with pytest.raises(RuntimeError, match="may only be called from a remat saved-tensor pack hook"):
+        remat.current_saved_tensor_info()
+    info = remat.SavedTensorInfo(K.BACKWARD)
+    assert info.context is None
+    with pytest.raises(AttributeError):
+        info.kind = K.SAVE_OUTPUT  # frozen
+
+
+def test_bad_pairs_are_refused_with_what_is_wrong():
+    with pytest.raises(TypeError, match="saved_tensors_hooks must be a \\(pack_hook, unpack_hook\\) pair"):
+        remat.checkpoint(saved_tensors_hooks=lambda t: t)
+    with pytest.raises(TypeError, match="unpack_hook must be callable, got int"):
+        remat.saved_tensors_hooks(lambda t: t, 3)
+
+    def bad_unpack(payload):
+        return "not a tensor"
+
+    x = torch.rand(3, requires_grad=True)
+    with remat.saved_tensors_hooks(lambda t: t, bad_unpack):
+        y = remat.checkpoint(region_name="bad")(block)(x * 1.0)
+    with pytest.raises(TypeError, match="the unpack hook returned str; it must return the Tensor"):
+        y.sum().backward()
+
+
+def test_a_saved_tensor_changed_in_place_after_the_save_is_an_error_not_a_wrong_gradient():
+    kept = {}
+
+    def body(t):
+        def save(u):
+            kept["t"] = u * 2.0
+            return kept["t"].sin()  # sin saves kept["t"]
+
+        return remat.region(save, "attention", recompute=False)(t)
+
+    y = remat.checkpoint(region_name="mutated")(body)(torch.rand(4, requires_grad=True) * 1.0)
+    kept["t"].mul_(3.0)
+    with pytest.raises(RuntimeError, match="of region 'mutated::attention' was modified in-place after it was saved"):
+        y.sum().backward()
