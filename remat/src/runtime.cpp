@@ -478,10 +478,10 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     // save region has nothing to add (it runs inert, claiming no name), an inner recompute
     // region could never be recomputed.
     if (recompute) {
-      throw Error("region '" + name + "' (recompute=True) is nested inside save region '" +
-                  full_region_name(frame, *state.region) + "' (recompute=False); recompute skips the save region's "
-                  "whole body, so the inner region cannot be recomputed: make the inner region recompute=False, or "
-                  "the enclosing one recompute=True");
+      throw Error("region '" + name + "' (recompute=True) is nested inside a recompute=False (save) region, '" +
+                  full_region_name(frame, *state.region) + "'; recompute skips the save region's whole body, so "
+                  "the inner region cannot be recomputed: make the inner region recompute=False, or the enclosing "
+                  "one recompute=True");
     }
     return body(inputs);
   }

@@ -313,7 +313,8 @@ TEST(Misuse, RecomputeRegionInsideASaveRegionIsAClearError) {
           "outer_region", /*recompute=*/false)(in);
     })(x);
   });
-  EXPECT_NE(message.find("region 'inner' (recompute=True) is nested inside save region 'outer::outer_region'"),
+  EXPECT_NE(message.find("region 'inner' (recompute=True) is nested inside a recompute=False (save) region, "
+                         "'outer::outer_region'"),
             std::string::npos)
       << message;
 }

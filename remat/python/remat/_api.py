@@ -278,7 +278,7 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
     name_arg("checkpoint", "region_name", region_name)
     if preserve_rng_state is not False:
         raise _UnsupportedOption(f"checkpoint '{region_name}': preserve_rng_state={preserve_rng_state!r} is not "
-                                 "supported; pass recompute_state_hooks=[remat.cpu_rng_state_hook()] (or your own "
+                                 "supported: remat does not preserve torch's RNG state; pass recompute_state_hooks=[remat.cpu_rng_state_hook()] (or your own "
                                  "hook: any object with snapshot() and restore(state))")
     if use_reentrant is not None and use_reentrant is not False:
         raise RematError(f"checkpoint '{region_name}': use_reentrant={use_reentrant!r} is not supported; remat's "
@@ -308,6 +308,13 @@ def region(fn=None, name=None, recompute=True):
     autograd saves in it is kept, and recompute skips its body. Outside a checkpoint the body
     simply runs. Tensors in its arguments (positional or keyword) are its inputs; its result may
     hold None and other values beside tensors."""
+    if torch.compiler.is_compiling() and name is not None:
+        # Made inside a compiled function: Dynamo cannot trace the checks below on every callable
+        # (isinstance on an autograd Function's apply); names are not used under compile.
+        def compiled(body):
+            return lambda *args, **kwargs: compiled_region(body, recompute, args, kwargs)
+
+        return compiled if fn is None else compiled(fn)
     if isinstance(fn, str) and name is None:  # @region("attention")
         fn, name = None, fn
     if name is None or name == "":

@@ -96,7 +96,7 @@ void Structure::add(const py::handle& value, TensorList& tensors, int depth, con
   else if (PyList_CheckExact(value.ptr())) kind = Kind::list;
   else if (PyDict_CheckExact(value.ptr())) kind = Kind::dict;
   else if (PyTuple_Check(value.ptr()) && py::hasattr(value, "_fields")) kind = Kind::named_tuple;
-  else if (PyTuple_Check(value.ptr()) && py::hasattr(value, "n_fields")) kind = Kind::struct_sequence;
+  else if (PyTuple_Check(value.ptr())) kind = Kind::tuple_subclass;
   if (kind == Kind::constant) {
     nodes_.push_back({Kind::constant, 0, PyRef(py::reinterpret_borrow<py::object>(value))});
     return;
@@ -124,7 +124,7 @@ void Structure::add(const py::handle& value, TensorList& tensors, int depth, con
       ++children;
     }
     nodes_[node].children = children;
-    if (kind == Kind::named_tuple || kind == Kind::struct_sequence) {
+    if (kind == Kind::named_tuple || kind == Kind::tuple_subclass) {
       nodes_[node].object = PyRef(py::reinterpret_borrow<py::object>(py::type::handle_of(value)));
     }
   }
@@ -158,11 +158,11 @@ py::object Structure::build(std::size_t& node, std::size_t& tensor, const Tensor
     }
     case Kind::tuple:
     case Kind::named_tuple:
-    case Kind::struct_sequence: {
+    case Kind::tuple_subclass: {
       py::tuple items(here.children);
       for (std::size_t i = 0; i < here.children; ++i) items[i] = build(node, tensor, tensors);
       if (here.kind == Kind::tuple) return items;
-      if (here.kind == Kind::struct_sequence) return here.object.get()(items);
+      if (here.kind == Kind::tuple_subclass) return here.object.get()(items);
       return here.object.get()(*items);
     }
   }

@@ -63,12 +63,13 @@ class Structure {
   py::object rebuild(const TensorList& tensors) const;
 
  private:
-  // struct_sequence: torch.return_types (torch.max(x, dim) returns one), built from one tuple.
-  enum class Kind : std::uint8_t { tensor, tuple, list, dict, named_tuple, struct_sequence, constant };
+  // tuple_subclass: another tuple type built from one tuple, such as torch.return_types (what
+  // torch.max(x, dim) returns); a named tuple takes its fields as arguments instead.
+  enum class Kind : std::uint8_t { tensor, tuple, list, dict, named_tuple, tuple_subclass, constant };
   struct Node {
     Kind kind = Kind::constant;
     std::size_t children = 0;  // for containers
-    PyRef object;              // the value (constant), the dict's keys (dict), the type (named_tuple, struct_sequence)
+    PyRef object;              // the value (constant), the dict's keys (dict), the type (named_tuple, tuple_subclass)
   };
   void add(const py::handle& value, TensorList& tensors, int depth, const std::function<std::string()>& name);
   py::object build(std::size_t& node, std::size_t& tensor, const TensorList& tensors) const;

@@ -30,9 +30,9 @@ def test_a_recompute_region_inside_a_save_region_is_a_remat_error():
         return remat.region(lambda u: inner(u).sin(), "outer_region", recompute=False)(t)
 
     with pytest.raises(remat.RematError, match=exact(
-            "region 'inner' (recompute=True) is nested inside save region 'nested.regions::outer_region' "
-            "(recompute=False); recompute skips the save region's whole body, so the inner region cannot be "
-            "recomputed: make the inner region recompute=False, or the enclosing one recompute=True")):
+            "region 'inner' (recompute=True) is nested inside a recompute=False (save) region, "
+            "'nested.regions::outer_region'; recompute skips the save region's whole body, so the inner region cannot "
+            "be recomputed: make the inner region recompute=False, or the enclosing one recompute=True")):
         remat.checkpoint(region_name="nested.regions")(body)(torch.rand(2, requires_grad=True))
 
 
@@ -100,7 +100,8 @@ def test_errors_the_runtime_raises_in_backward_are_remat_errors():
 def test_preserve_rng_state_true_is_refused_with_the_state_hook_alternative():
     # A RematError, and the NotImplementedError torch_remat raises.
     with pytest.raises(NotImplementedError, match=exact(
-            "checkpoint 'rng': preserve_rng_state=True is not supported; pass recompute_state_hooks="
+            "checkpoint 'rng': preserve_rng_state=True is not supported: remat does not preserve torch's RNG state; "
+            "pass recompute_state_hooks="
             "[remat.cpu_rng_state_hook()] (or your own hook: any object with snapshot() and restore(state))")) as info:
         remat.checkpoint(region_name="rng", preserve_rng_state=True)(lambda t: t * 2.0)(torch.rand(2, requires_grad=True))
     assert isinstance(info.value, remat.RematError)

@@ -189,3 +189,14 @@ def test_the_oom_report_without_a_loss_finds_live_checkpoints_and_the_tail():
     text = remat.format_oom_saved_tensors_report()
     assert "layers.0" in text and "ExpBackward0" in text
     del loss, y
+
+
+def test_a_checkpoint_returning_a_tuple_subclass_gives_back_that_type():
+    class Pair(tuple):
+        pass
+
+    x = torch.rand(3, requires_grad=True)
+    out = remat.checkpoint(region_name="pair")(lambda t: Pair((t.sin(), t.cos())))(x * 1.0)
+    assert type(out) is Pair
+    (out[0] + out[1]).sum().backward()
+    assert torch.allclose(x.grad, x.detach().cos() - x.detach().sin())
