@@ -171,6 +171,8 @@ struct Frame : std::enable_shared_from_this<Frame> {
 
   // "region 'layers.0::mlp'" or "the body of checkpoint 'layers.0'".
   std::string where(int region) const;
+  // A region's name within this checkpoint: "layers.0::mlp".
+  std::string region_path(const std::string& name) const;
 
   // Tensors are matched to inputs and save-region outputs by storage, so views count.
   // Keeps the save-region output(s) behind t; `by_read`: only because code that recompute runs

@@ -1,20 +1,21 @@
-// The checkpoint runtime: checkpoint and region calls in forward, recompute of a frame in
-// backward. The saved-tensor hooks and the engine that supplies them are in engine.cpp.
+// The checkpoint runtime's entry points: a checkpoint call builds a frame and runs the body
+// forward, a region call records its decision in forward and is skipped or rerun in recompute.
+// The frame's own mechanics and recompute are in frame.cpp, the saved-tensor hooks and the
+// engine that supplies them in engine.cpp.
 
+#include "carried_state.hpp"
 #include "frame.hpp"
 
 #include <remat/alloc/tags.hpp>
 
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/record_function.h>
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/functorch/DynamicLayer.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <exception>
-#include <mutex>
 #include <string_view>
 #include <unordered_set>
 #include <utility>
@@ -28,79 +29,6 @@ using alloc::Policy;
 using alloc::TagScope;
 
 thread_local ThreadState t_state;
-
-// Enters contexts in order and exits them in reverse, also when the body throws.
-class ContextScope {
- public:
-  ContextScope(std::vector<std::unique_ptr<CheckpointContext>>& contexts, bool recompute)
-      : contexts_(contexts), recompute_(recompute) {
-    for (auto& context : contexts_) {
-      recompute_ ? context->enter_recompute() : context->enter_forward();
-      ++entered_;
-    }
-  }
-  // While another error unwinds, a context that fails on exit can only be reported.
-  ~ContextScope() {
-    while (entered_ > 0) {
-      try {
-        exit_next();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "remat: a checkpoint context failed on exit: %s\n", e.what());
-      }
-    }
-  }
-  // After the body returned: exits every context, then rethrows the first failure (a Python
-  // context's KeyboardInterrupt, for one).
-  void close() {
-    std::exception_ptr first;
-    while (entered_ > 0) {
-      try {
-        exit_next();
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
-  }
-  ContextScope(const ContextScope&) = delete;
-  ContextScope& operator=(const ContextScope&) = delete;
-
- private:
-  void exit_next() {
-    auto& context = contexts_[--entered_];
-    recompute_ ? context->exit_recompute() : context->exit_forward();
-  }
-
-  std::vector<std::unique_ptr<CheckpointContext>>& contexts_;
-  bool recompute_;
-  std::size_t entered_ = 0;
-};
-
-std::vector<std::any> snapshot_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hooks) {
-  std::vector<std::any> out;
-  out.reserve(hooks.size());
-  for (const auto& hook : hooks) out.push_back(hook->snapshot());
-  return out;
-}
-
-void restore_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hooks, const std::vector<std::any>& states) {
-  for (std::size_t i = 0; i < hooks.size(); ++i) hooks[i]->restore(states[i]);
-}
-
-// Sees the ops the checkpoint body runs outside save regions (recompute runs them again), to
-// learn which inputs they read and which save-region outputs they need.
-std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
-  const ThreadState& state = t_state;
-  if (state.mode != Mode::forward || state.save_region >= 0 || state.frame == nullptr) return nullptr;
-  for (const c10::IValue& value : fn.inputs()) {
-    if (value.isTensor()) {
-      state.frame->note_read(value.toTensor());
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorVector()) state.frame->note_read(t);
-    }
-  }
-  return nullptr;
-}
 
 // Observes reads for the checkpoint forward while something is still to learn (see
 // Frame::observing_needed): the frame removes it as soon as nothing is, so later ops run
@@ -134,173 +62,9 @@ void remember_save_regions(const std::string& checkpoint, bool remembered, bool 
   t_without_save_regions.insert(checkpoint);
 }
 
-std::string full_region_name(const Frame& frame, const std::string& name) {
-  return frame.options.region_name + "::" + name;
-}
-
 }  // namespace
 
 ThreadState& thread_state() { return t_state; }
-
-void Frame::persist(const at::Tensor& t, bool by_read) {
-  const c10::StorageImpl* storage = storage_of(t);
-  if (storage == nullptr) return;
-  for (SaveRegionRecord& region : save_regions) {
-    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
-      if (storage_of(region.outputs[o]) != storage) continue;
-      if (!region.persisted[o]) {
-        region.persisted[o] = true;
-        --outputs_not_persisted;
-        region.read_at[o] = by_read ? dropped : SaveRegionRecord::kNotOnlyRead;
-      } else if (!by_read) {
-        region.read_at[o] = SaveRegionRecord::kNotOnlyRead;
-      }
-    }
-  }
-}
-
-void Frame::note_read(const at::Tensor& t) {
-  if (!observing_needed()) return;
-  const c10::StorageImpl* storage = storage_of(t);
-  if (storage == nullptr) return;
-  if (outputs_not_persisted != 0) persist(t, /*by_read=*/true);  // recompute runs the reading code again
-  if (inputs_not_read != 0) {
-    for (InputRecord& input : inputs) {
-      if (!input.needed && storage_of(input.value) == storage) {
-        input.needed = true;
-        --inputs_not_read;
-      }
-    }
-  }
-  if (!observing_needed()) stop_observing_reads();
-}
-
-void Frame::observe_reads_if_needed() {
-  if (read_observer != 0 || !observing_needed()) return;
-  read_observer = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(observe_op).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
-}
-
-void Frame::stop_observing_reads() {
-  // Safe from inside the observer: a running op keeps its own copy of the callbacks.
-  if (read_observer != 0) at::removeCallback(std::exchange(read_observer, 0));
-}
-
-std::string Frame::where(int region) const {
-  if (region < 0 || static_cast<std::size_t>(region) >= regions.size()) {
-    return "the body of checkpoint '" + options.region_name + "'";
-  }
-  return "region '" + full_region_name(*this, regions[static_cast<std::size_t>(region)].name) + "'";
-}
-
-void Frame::release_after_failed_forward() {
-  stop_observing_reads();
-  inputs.clear();
-  save_regions.clear();
-  kept.clear();
-  pending_names.clear();
-  fingerprints.clear();
-  dropped_metas.clear();
-  contexts.clear();
-  body = nullptr;  // a Python body holds its closure, which may hold the graph
-  options.recompute_state_hooks.clear();
-  options.contexts.clear();
-  options.saved_tensor_hooks = nullptr;  // a Python pair's closure may hold the graph too
-  input_hooks = nullptr;
-  input_hooks_context.reset();
-  state_at_entry.clear();
-}
-
-at::Tensor Frame::take_recreated(std::size_t index) {
-  std::lock_guard lock(backward_mutex);
-  if (!forward_finished) {
-    throw Error("checkpoint '" + options.region_name +
-                "' raised an error in forward, so the tensors it dropped cannot be recomputed; backward cannot run "
-                "through tensors made inside a failed checkpoint: drop them, or run the work outside the checkpoint");
-  }
-  if (index >= dropped) {
-    throw Error("checkpoint '" + options.region_name + "': saved tensor " + std::to_string(index) +
-                " is out of range; this is a bug in remat");
-  }
-  if (!filled[index]) recompute();
-  at::Tensor out = std::move(recreated[index]);
-  recreated[index] = at::Tensor();
-  filled[index] = false;  // freed as backward consumes it; a second backward recomputes
-  return out;
-}
-
-void Frame::recompute() {
-  missing = 0;
-  for (std::size_t i = 0; i < dropped; ++i) missing += filled[i] ? 0 : 1;
-  if (missing == 0) return;
-  recompute_packs = 0;
-  recompute_regions = 0;
-  recompute_mismatch.reset();
-
-  const auto& hooks = options.recompute_state_hooks;
-  const std::vector<std::any> outer = snapshot_states(hooks);
-  restore_states(hooks, state_at_entry);
-
-  TensorList args;
-  args.reserve(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const InputRecord& input = inputs[i];
-    if (input.held() && input.changed_in_place()) {
-      restore_states(hooks, outer);
-      throw Error("input " + std::to_string(i) + " of checkpoint '" + options.region_name +
-                  "' was changed by an in-place operation after forward (version " +
-                  std::to_string(input.version_at_entry) + ", now " + std::to_string(input.version.current_version()) +
-                  "); recompute would read the changed value and give wrong gradients: make that operation "
-                  "out-of-place (h = h + y instead of h += y), or pass the checkpoint a copy");
-    }
-    if (input.held()) {
-      at::Tensor arg = input.packed ? input.packed.unpack().variable_data() : input.value.variable_data();
-      if (input.meta.requires_grad) arg.requires_grad_(true);
-      args.push_back(std::move(arg));
-    } else {
-      args.push_back(make_placeholder(input.meta, "input " + std::to_string(i) + " of checkpoint '" +
-                                                      options.region_name + "'"));
-    }
-  }
-
-  {
-    FrameOwnerScope owner(shared_from_this());
-    ForwardModesScope modes_scope(modes);
-    ThreadStateScope scope({this, Mode::recompute, -1, false, nullptr, user_hooks_depth()});
-    ContextScope context_scope(contexts, /*recompute=*/true);
-    auto region_tag = TagScope::region(options.region_name);
-    auto phase_tag = TagScope::phase(Phase::recompute);
-    at::AutoGradMode grad(true);
-    try {
-      body(args);
-    } catch (const std::exception& e) {
-      // The stop (StopRecompute, or what a layer between the hook and here rethrew it as:
-      // PyTorch's Python bindings, for a Python body): every tensor backward needs exists, so
-      // the rest of the body need not run.
-      if (recompute_mismatch) {
-        restore_states(hooks, outer);
-        throw Error(*recompute_mismatch);
-      }
-      const bool stopped = missing == 0 && stop_early;
-      auto placeholder_read = placeholder_error_of(e);
-      // Work after the last needed tensor that built no graph node (so no early stop was
-      // planned) may read a placeholder; its results are discarded anyway.
-      if (!stopped && (!placeholder_read || missing != 0)) {
-        restore_states(hooks, outer);
-        if (placeholder_read) throw Error(*placeholder_read);
-        throw;
-      }
-    }
-    context_scope.close();
-  }
-  restore_states(hooks, outer);
-  if (missing != 0) {
-    throw Error("recompute of checkpoint '" + options.region_name + "' recreated " +
-                std::to_string(recompute_packs) + " saved tensors but forward saved " + std::to_string(dropped) +
-                "; the body must take the same path in recompute as in forward (branch on " + api_name("is_recomputing") +
-                "() only for work autograd does not save)");
-  }
-}
 
 namespace {
 
@@ -440,7 +204,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
         region.persisted[o] = false;
       }
       if (region.persisted[o] && version_of(region.outputs[o]) != region.versions[o]) {
-        throw Error("output " + std::to_string(o) + " of save region '" + full_region_name(*frame, region.name) +
+        throw Error("output " + std::to_string(o) + " of save region '" + frame->region_path(region.name) +
                     "' was changed in place after the region returned (an op such as h.mul_(2) or h += y); "
                     "recompute hands back the saved output and would apply the change twice: make that op "
                     "out-of-place");
@@ -479,7 +243,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     // region could never be recomputed.
     if (recompute) {
       throw Error("region '" + name + "' (recompute=True) is nested inside a recompute=False (save) region, '" +
-                  full_region_name(frame, *state.region) + "'; recompute skips the save region's whole body, so "
+                  frame.region_path(*state.region) + "'; recompute skips the save region's whole body, so "
                   "the inner region cannot be recomputed: make the inner region recompute=False, or the enclosing "
                   "one recompute=True");
     }
@@ -495,7 +259,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
                   "; the body must take the same path in recompute as in forward");
     }
     if (frame.regions[index].saved == recompute) {
-      throw Error("region '" + full_region_name(frame, name) + "' ran with recompute=" +
+      throw Error("region '" + frame.region_path(name) + "' ran with recompute=" +
                   (recompute ? "False" : "True") + " in forward but recompute=" + (recompute ? "True" : "False") +
                   " in recompute; a region's recompute setting must not depend on " + api_name("is_recomputing") +
                   "() or on state that changes between forward and backward");
@@ -516,7 +280,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
           out.push_back(std::move(value));
         } else {
           out.push_back(make_placeholder(record.metas[o], "output " + std::to_string(o) + " of save region '" +
-                                                              full_region_name(frame, name) + "'"));
+                                                              frame.region_path(name) + "'"));
         }
       }
       return out;
@@ -562,14 +326,14 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   frame.pending_names.clear();
   for (const at::Tensor& out : outputs) {
     if (!out.defined() || !out.requires_grad() || !out.is_leaf()) continue;
-    throw Error("region '" + full_region_name(frame, name) + "' returned a leaf tensor that requires grad (no "
+    throw Error("region '" + frame.region_path(name) + "' returned a leaf tensor that requires grad (no "
                 "grad_fn: a bare allocation such as torch.zeros(..., requires_grad=True), or an input returned as "
                 "it is); recompute cannot recreate it as the same tensor: move the allocation outside the checkpoint, "
                 "or do not wrap it in a region");
   }
   for (std::size_t i = 0; i < input_versions.size(); ++i) {
     if (input_versions[i] == version_of(inputs[i])) continue;
-    throw Error("save region '" + full_region_name(frame, name) + "' changed its input " + std::to_string(i) +
+    throw Error("save region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
                 " in place (an op such as LeakyReLU(inplace=True) or x.relu_()); recompute skips save regions, so "
                 "the change would not happen again and what follows would read the unchanged value: make the op "
                 "out-of-place, or make the region a recompute region");

@@ -1,0 +1,199 @@
+// The frame of one checkpoint call: what it keeps (inputs and save-region outputs, matched by
+// storage), what it learns of the reads recompute repeats, and recompute itself, run from
+// backward on the first unpack of a dropped tensor. The calls that build a frame in forward are
+// in runtime.cpp.
+
+#include "carried_state.hpp"
+#include "frame.hpp"
+
+#include <remat/alloc/tags.hpp>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
+
+#include <mutex>
+#include <utility>
+
+namespace remat::detail {
+namespace {
+
+// Sees the ops the checkpoint body runs outside save regions (recompute runs them again), to
+// learn which inputs they read and which save-region outputs they need.
+std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
+  const ThreadState& state = thread_state();
+  if (state.mode != Mode::forward || state.save_region >= 0 || state.frame == nullptr) return nullptr;
+  for (const c10::IValue& value : fn.inputs()) {
+    if (value.isTensor()) {
+      state.frame->note_read(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorVector()) state.frame->note_read(t);
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string Frame::region_path(const std::string& name) const { return options.region_name + "::" + name; }
+
+void Frame::persist(const at::Tensor& t, bool by_read) {
+  const c10::StorageImpl* storage = storage_of(t);
+  if (storage == nullptr) return;
+  for (SaveRegionRecord& region : save_regions) {
+    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      if (storage_of(region.outputs[o]) != storage) continue;
+      if (!region.persisted[o]) {
+        region.persisted[o] = true;
+        --outputs_not_persisted;
+        region.read_at[o] = by_read ? dropped : SaveRegionRecord::kNotOnlyRead;
+      } else if (!by_read) {
+        region.read_at[o] = SaveRegionRecord::kNotOnlyRead;
+      }
+    }
+  }
+}
+
+void Frame::note_read(const at::Tensor& t) {
+  if (!observing_needed()) return;
+  const c10::StorageImpl* storage = storage_of(t);
+  if (storage == nullptr) return;
+  if (outputs_not_persisted != 0) persist(t, /*by_read=*/true);  // recompute runs the reading code again
+  if (inputs_not_read != 0) {
+    for (InputRecord& input : inputs) {
+      if (!input.needed && storage_of(input.value) == storage) {
+        input.needed = true;
+        --inputs_not_read;
+      }
+    }
+  }
+  if (!observing_needed()) stop_observing_reads();
+}
+
+void Frame::observe_reads_if_needed() {
+  if (read_observer != 0 || !observing_needed()) return;
+  read_observer = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(observe_op).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+}
+
+void Frame::stop_observing_reads() {
+  // Safe from inside the observer: a running op keeps its own copy of the callbacks.
+  if (read_observer != 0) at::removeCallback(std::exchange(read_observer, 0));
+}
+
+std::string Frame::where(int region) const {
+  if (region < 0 || static_cast<std::size_t>(region) >= regions.size()) {
+    return "the body of checkpoint '" + options.region_name + "'";
+  }
+  return "region '" + region_path(regions[static_cast<std::size_t>(region)].name) + "'";
+}
+
+void Frame::release_after_failed_forward() {
+  stop_observing_reads();
+  inputs.clear();
+  save_regions.clear();
+  kept.clear();
+  pending_names.clear();
+  fingerprints.clear();
+  dropped_metas.clear();
+  contexts.clear();
+  body = nullptr;  // a Python body holds its closure, which may hold the graph
+  options.recompute_state_hooks.clear();
+  options.contexts.clear();
+  options.saved_tensor_hooks = nullptr;  // a Python pair's closure may hold the graph too
+  input_hooks = nullptr;
+  input_hooks_context.reset();
+  state_at_entry.clear();
+}
+
+at::Tensor Frame::take_recreated(std::size_t index) {
+  std::lock_guard lock(backward_mutex);
+  if (!forward_finished) {
+    throw Error("checkpoint '" + options.region_name +
+                "' raised an error in forward, so the tensors it dropped cannot be recomputed; backward cannot run "
+                "through tensors made inside a failed checkpoint: drop them, or run the work outside the checkpoint");
+  }
+  if (index >= dropped) {
+    throw Error("checkpoint '" + options.region_name + "': saved tensor " + std::to_string(index) +
+                " is out of range; this is a bug in remat");
+  }
+  if (!filled[index]) recompute();
+  at::Tensor out = std::move(recreated[index]);
+  recreated[index] = at::Tensor();
+  filled[index] = false;  // freed as backward consumes it; a second backward recomputes
+  return out;
+}
+
+void Frame::recompute() {
+  missing = 0;
+  for (std::size_t i = 0; i < dropped; ++i) missing += filled[i] ? 0 : 1;
+  if (missing == 0) return;
+  recompute_packs = 0;
+  recompute_regions = 0;
+  recompute_mismatch.reset();
+
+  const auto& hooks = options.recompute_state_hooks;
+  const std::vector<std::any> outer = snapshot_states(hooks);
+  restore_states(hooks, state_at_entry);
+
+  TensorList args;
+  args.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const InputRecord& input = inputs[i];
+    if (input.held() && input.changed_in_place()) {
+      restore_states(hooks, outer);
+      throw Error("input " + std::to_string(i) + " of checkpoint '" + options.region_name +
+                  "' was changed by an in-place operation after forward (version " +
+                  std::to_string(input.version_at_entry) + ", now " + std::to_string(input.version.current_version()) +
+                  "); recompute would read the changed value and give wrong gradients: make that operation "
+                  "out-of-place (h = h + y instead of h += y), or pass the checkpoint a copy");
+    }
+    if (input.held()) {
+      at::Tensor arg = input.packed ? input.packed.unpack().variable_data() : input.value.variable_data();
+      if (input.meta.requires_grad) arg.requires_grad_(true);
+      args.push_back(std::move(arg));
+    } else {
+      args.push_back(make_placeholder(input.meta, "input " + std::to_string(i) + " of checkpoint '" +
+                                                      options.region_name + "'"));
+    }
+  }
+
+  {
+    FrameOwnerScope owner(shared_from_this());
+    ForwardModesScope modes_scope(modes);
+    ThreadStateScope scope({this, Mode::recompute, -1, false, nullptr, user_hooks_depth()});
+    ContextScope context_scope(contexts, /*recompute=*/true);
+    auto region_tag = alloc::TagScope::region(options.region_name);
+    auto phase_tag = alloc::TagScope::phase(alloc::Phase::recompute);
+    at::AutoGradMode grad(true);
+    try {
+      body(args);
+    } catch (const std::exception& e) {
+      // The stop (StopRecompute, or what a layer between the hook and here rethrew it as:
+      // PyTorch's Python bindings, for a Python body): every tensor backward needs exists, so
+      // the rest of the body need not run.
+      if (recompute_mismatch) {
+        restore_states(hooks, outer);
+        throw Error(*recompute_mismatch);
+      }
+      const bool stopped = missing == 0 && stop_early;
+      auto placeholder_read = placeholder_error_of(e);
+      // Work after the last needed tensor that built no graph node (so no early stop was
+      // planned) may read a placeholder; its results are discarded anyway.
+      if (!stopped && (!placeholder_read || missing != 0)) {
+        restore_states(hooks, outer);
+        if (placeholder_read) throw Error(*placeholder_read);
+        throw;
+      }
+    }
+    context_scope.close();
+  }
+  restore_states(hooks, outer);
+  if (missing != 0) {
+    throw Error("recompute of checkpoint '" + options.region_name + "' recreated " +
+                std::to_string(recompute_packs) + " saved tensors but forward saved " + std::to_string(dropped) +
+                "; the body must take the same path in recompute as in forward (branch on " + api_name("is_recomputing") +
+                "() only for work autograd does not save)");
+  }
+}
+
+}  // namespace remat::detail
