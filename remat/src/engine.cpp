@@ -107,9 +107,8 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     if (state_.save_region >= 0) {
       // Kept: as it is, or through the hook pair in force. The hook still holds the frame: what
       // the checkpoint persisted stays resident as long as the graph that may need it.
-      std::string name;
       for (const auto& [impl, given] : f.pending_names) {
-        if (impl == tensor.unsafeGetTensorImpl()) name = given;
+        if (impl == tensor.unsafeGetTensorImpl()) saved_name_ = given;
       }
       // Autograd does not check the version of a tensor saved through hooks: these do, as
       // autograd would, so an in-place change after the save is an error, not a wrong gradient.
@@ -119,7 +118,6 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       if (const std::shared_ptr<SavedTensorHooks>& hooks = active_saved_tensor_hooks()) {
         packed_ = PackedTensor(hooks, tensor.detach(), SavedTensorKind::backward,
                                hooks->captures_context() ? hooks->capture_context() : std::any());
-        saved_name_ = name;
         track(at::Tensor());
         return;
       }
@@ -127,9 +125,8 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
       kept_ = tensor.variable_data();
       const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
-      f.kept.push_back({state_.save_region, name, base.is_leaf() && base.requires_grad(),
+      f.kept.push_back({state_.save_region, saved_name_, base.is_leaf() && base.requires_grad(),
                         c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
-      saved_name_ = std::move(name);
       track(kept_);
       return;
     }
@@ -155,13 +152,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       }
     }
     if (kept) {
-      if (version_.enabled() && version_.current_version() != saved_version_) {
-        throw Error("saved tensor " + (saved_name_.empty() ? std::string() : "'" + saved_name_ + "' ") + "of " +
-                    frame_->where(region_index_) + " was modified in-place after it was saved (version " + std::to_string(saved_version_) +
-                    ", now " + std::to_string(version_.current_version()) +
-                    "); backward would use the changed value and give a wrong gradient: make the in-place "
-                    "operation out-of-place, or clone the tensor before changing it");
-      }
+      if (version_.enabled() && version_.current_version() != saved_version_) throw modified_in_place();
       return packed_ ? packed_.unpack() : kept_;
     }
     try {
@@ -173,6 +164,16 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
  private:
+  Error modified_in_place() const {
+    std::string message = "saved tensor ";
+    if (!saved_name_.empty()) message += "'" + saved_name_ + "' ";
+    message += "of " + frame_->where(region_index_) + " was modified in-place after it was saved (version " +
+               std::to_string(saved_version_) + ", now " + std::to_string(version_.current_version()) +
+               "); backward would use the changed value and give a wrong gradient: make the in-place operation "
+               "out-of-place, or clone the tensor before changing it";
+    return Error(message);
+  }
+
   // Ends recompute: the body is stopped as by an early stop, and recompute raises `mismatch`.
   [[noreturn]] void stop_with_mismatch(std::string mismatch) {
     frame_->recompute_mismatch = std::move(mismatch);
@@ -196,7 +197,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   PackedTensor packed_;  // in place of kept_ when a hook pair was in force
   c10::VariableVersion version_{c10::VariableVersion::DISABLED};
   std::uint32_t saved_version_ = 0;
-  std::string saved_name_;
+  std::string saved_name_;  // given with name_saved_tensors(), for reports and errors
   int region_index_ = -1;
   std::size_t index_ = 0;
 };

@@ -28,8 +28,7 @@ import torch
 
 from . import _C
 
-__all__ = ["SavedTensorKind", "SavedTensorInfo", "saved_tensors_hooks", "current_saved_tensor_info",
-           "hooks_pair_arg", "enclosing_hooks"]
+__all__ = ["SavedTensorKind", "SavedTensorInfo", "saved_tensors_hooks", "current_saved_tensor_info"]
 
 
 class SavedTensorKind(enum.Enum):

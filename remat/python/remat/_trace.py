@@ -80,9 +80,8 @@ def trace_scope(function, name, *, metadata=None):
     (use remat.name_scope to qualify region names instead)."""
     if not callable(function):
         raise RuntimeError("trace_scope expects a function as its first argument")
-    for what, text in (("name", name), ("metadata", metadata)):
-        if text is None and what == "metadata":
-            continue
+    checked = {"name": name} if metadata is None else {"name": name, "metadata": metadata}
+    for what, text in checked.items():
         if not isinstance(text, str):
             raise RuntimeError(f"trace_scope: {what} must be a str, got {type(text).__name__}")
         if not text:

@@ -200,3 +200,17 @@ def test_a_checkpoint_returning_a_tuple_subclass_gives_back_that_type():
     assert type(out) is Pair
     (out[0] + out[1]).sum().backward()
     assert torch.allclose(x.grad, x.detach().cos() - x.detach().sin())
+
+
+def test_trace_scope_wraps_without_changing_behaviour_and_checks_its_text():
+    def double(t):
+        return t * 2.0
+
+    scoped = remat.trace_scope(double, "double", metadata="x2")
+    assert torch.equal(scoped(torch.ones(2)), torch.full((2,), 2.0))
+    with pytest.raises(ValueError, match="name is empty"):
+        remat.trace_scope(double, "")
+    with pytest.raises(RuntimeError, match="metadata must be a str, got int"):
+        remat.trace_scope(double, "double", metadata=3)
+    with pytest.raises(RuntimeError, match="expects a function"):
+        remat.trace_scope("double", "double")
