@@ -22,13 +22,6 @@ namespace remat {
 namespace detail {
 namespace {
 
-// Thrown from the pack hook once recompute has recreated every tensor backward needs. A
-// std::exception, so that a layer between the hook and recompute (PyTorch's Python bindings,
-// when the body is a Python function) turns it into an error of its own instead of unwinding
-// through code that does not expect a foreign exception; recompute then ends the same way.
-struct StopRecompute : std::exception {
-  const char* what() const noexcept override { return "remat: recompute stopped early"; }
-};
 
 
 // Hooks the user pushed inside the checkpoint's body, and tracing (which defers hooks to
@@ -112,6 +105,14 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       }
       // Autograd does not check the version of a tensor saved through hooks: these do, as
       // autograd would, so an in-place change after the save is an error, not a wrong gradient.
+      if (const std::optional<std::size_t> slot = f.ferry(tensor, state_.save_region)) {
+        // Recompute recreates the region's input it views: taken from there, not kept.
+        ferried_ = true;
+        index_ = *slot;
+        f.sequence_at_last_drop = at::sequence_number::peek();
+        track(at::Tensor());
+        return;
+      }
       region_index_ = static_cast<int>(f.regions.size()) - 1;
       version_ = tensor.unsafeGetTensorImpl()->version_counter();
       if (version_.enabled()) saved_version_ = version_.current_version();
@@ -156,7 +157,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       return packed_ ? packed_.unpack() : kept_;
     }
     try {
-      return frame_->take_recreated(index_);
+      return frame_->take_recreated(ferried_ ? frame_->dropped + index_ : index_);
     } catch (const Error& e) {
       if (const auto translate = g_backward_error_translator.load()) translate(e);
       throw;
@@ -199,7 +200,8 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   std::uint32_t saved_version_ = 0;
   std::string saved_name_;  // given with name_saved_tensors(), for reports and errors
   int region_index_ = -1;
-  std::size_t index_ = 0;
+  std::size_t index_ = 0;  // the dropped tensor's slot, or the ferried tensor's when ferried_
+  bool ferried_ = false;
 };
 
 // Outside checkpoints, under SavedTensorsTracking: keeps the tensor as autograd would and

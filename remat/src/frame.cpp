@@ -100,9 +100,69 @@ void Frame::release_after_failed_forward() {
   options.recompute_state_hooks.clear();
   options.contexts.clear();
   options.saved_tensor_hooks = nullptr;  // a Python pair's closure may hold the graph too
+  recreated_region_inputs.clear();
+  ferried.clear();
   input_hooks = nullptr;
   input_hooks_context.reset();
   state_at_entry.clear();
+}
+
+void Frame::note_recreated_region_inputs(const TensorList& region_inputs) {
+  recreated_region_inputs.clear();
+  auto kept_by_the_checkpoint = [&](const c10::StorageImpl* storage) {
+    for (const InputRecord& input : inputs) {
+      if (storage_of(input.value) == storage) return true;
+    }
+    for (const SaveRegionRecord& region : save_regions) {
+      for (const at::Tensor& output : region.outputs) {
+        if (storage_of(output) == storage) return true;
+      }
+    }
+    return false;
+  };
+  for (std::size_t i = 0; i < region_inputs.size(); ++i) {
+    const at::Tensor& input = region_inputs[i];
+    // Made by differentiable code in the checkpoint outside save regions, which recompute runs
+    // again: not a parameter, a constant, a checkpoint input or a save region's output.
+    if (!input.defined() || !input.requires_grad() || input.is_leaf()) continue;
+    const c10::StorageImpl* storage = storage_of(input);
+    if (storage == nullptr || kept_by_the_checkpoint(storage)) continue;
+    recreated_region_inputs.emplace_back(i, input);
+  }
+}
+
+std::optional<std::size_t> Frame::ferry(const at::Tensor& t, int save_region) {
+  if (recreated_region_inputs.empty()) return std::nullopt;
+  const c10::StorageImpl* storage = storage_of(t);
+  for (const auto& [index, input] : recreated_region_inputs) {
+    if (storage_of(input) != storage) continue;
+    ferried.push_back({save_region, index, meta_of(input), meta_of(t)});
+    return ferried.size() - 1;
+  }
+  return std::nullopt;
+}
+
+void Frame::fill_ferried(int save_region, const TensorList& region_inputs) {
+  for (std::size_t k = 0; k < ferried.size(); ++k) {
+    const FerriedTensor& slot = ferried[k];
+    if (slot.save_region != save_region || filled[dropped + k]) continue;
+    const at::Tensor& input = region_inputs.at(slot.input);
+    const TensorMeta now = meta_of(input);
+    if (now.sizes != slot.input_meta.sizes || now.strides != slot.input_meta.strides ||
+        now.storage_offset != slot.input_meta.storage_offset || now.storage_bytes != slot.input_meta.storage_bytes ||
+        now.options.dtype() != slot.input_meta.options.dtype()) {
+      throw Error("recompute of checkpoint '" + options.region_name + "' gave input " + std::to_string(slot.input) +
+                  " of save region '" + region_path(save_regions[static_cast<std::size_t>(save_region)].name) +
+                  "' a different layout than forward did (sizes, strides, offset or storage size), so the tensor "
+                  "the region saved from it cannot be taken from it again; the body must take the same path in "
+                  "recompute as in forward");
+    }
+    recreated[dropped + k] = input.variable_data().as_strided(slot.saved_meta.sizes, slot.saved_meta.strides,
+                                                              slot.saved_meta.storage_offset);
+    filled[dropped + k] = true;
+    --missing;
+  }
+  if (missing == 0 && stop_early) throw StopRecompute{};
 }
 
 at::Tensor Frame::take_recreated(std::size_t index) {
@@ -112,7 +172,7 @@ at::Tensor Frame::take_recreated(std::size_t index) {
                 "' raised an error in forward, so the tensors it dropped cannot be recomputed; backward cannot run "
                 "through tensors made inside a failed checkpoint: drop them, or run the work outside the checkpoint");
   }
-  if (index >= dropped) {
+  if (index >= filled.size()) {
     throw Error("checkpoint '" + options.region_name + "': saved tensor " + std::to_string(index) +
                 " is out of range; this is a bug in remat");
   }
@@ -125,7 +185,7 @@ at::Tensor Frame::take_recreated(std::size_t index) {
 
 void Frame::recompute() {
   missing = 0;
-  for (std::size_t i = 0; i < dropped; ++i) missing += filled[i] ? 0 : 1;
+  for (const bool slot : filled) missing += slot ? 0 : 1;
   if (missing == 0) return;
   recompute_packs = 0;
   recompute_regions = 0;

@@ -12,10 +12,12 @@
 
 #include <any>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace remat::detail {
@@ -110,6 +112,25 @@ struct KeptTensor {
   c10::weak_intrusive_ptr<c10::TensorImpl> tensor{c10::intrusive_ptr<c10::TensorImpl>()};
 };
 
+// Thrown once recompute has recreated every tensor backward needs (from the pack hook, or from
+// a skipped save region that gave back the last ferried tensor). A
+// std::exception, so that a layer between the hook and recompute (PyTorch's Python bindings,
+// when the body is a Python function) turns it into an error of its own instead of unwinding
+// through code that does not expect a foreign exception; recompute then ends the same way.
+struct StopRecompute : std::exception {
+  const char* what() const noexcept override { return "remat: recompute stopped early"; }
+};
+
+// A tensor a save region saved that is (a view of) one of its inputs recompute recreates:
+// forward does not keep it; recompute takes it from that input as it reaches the skipped
+// region (torch_remat re-derives such inputs the same way).
+struct FerriedTensor {
+  int save_region = -1;
+  std::size_t input = 0;   // the region's input it shares a storage with
+  TensorMeta input_meta;   // that input's layout in forward: recompute's must be the same
+  TensorMeta saved_meta;   // the saved tensor's sizes, strides and offset in that storage
+};
+
 enum class Mode : std::uint8_t { none, forward, recompute };
 
 struct Frame : std::enable_shared_from_this<Frame> {
@@ -139,8 +160,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<DroppedMeta> dropped_metas;  // per dropped tensor
 
   // Tensors autograd saved outside save regions: dropped in forward, recreated by recompute
-  // in the same order.
+  // in the same order. Slots past `dropped` hold the ferried tensors, in their order.
   std::size_t dropped = 0;
+  std::vector<FerriedTensor> ferried;
   std::vector<at::Tensor> recreated;
   std::vector<bool> filled;
   std::size_t missing = 0;  // slots recompute still has to fill
@@ -181,6 +203,17 @@ struct Frame : std::enable_shared_from_this<Frame> {
   void note_read(const at::Tensor& t);  // read by code that recompute runs again
   void observe_reads_if_needed();
   void stop_observing_reads();
+
+  // The inputs of the save region whose body runs now that recompute recreates (produced in
+  // the checkpoint by differentiable code that runs again), by storage: set when the region
+  // starts, forward only.
+  std::vector<std::pair<std::size_t, at::Tensor>> recreated_region_inputs;
+  void note_recreated_region_inputs(const TensorList& region_inputs);
+  // When `t`, saved in save region `save_region`, shares a storage with one of those inputs:
+  // its ferried slot (past `dropped` once forward ends).
+  std::optional<std::size_t> ferry(const at::Tensor& t, int save_region);
+  // In recompute, at skipped save region `save_region` with the inputs recompute gave it.
+  void fill_ferried(int save_region, const TensorList& region_inputs);
 
   void recompute();
   at::Tensor take_recreated(std::size_t index);

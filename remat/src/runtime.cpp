@@ -220,8 +220,8 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   }
   remember_save_regions(options.region_name, keep_all_inputs, !frame->save_regions.empty());
   frame->stop_early = at::sequence_number::peek() != frame->sequence_at_last_drop;
-  frame->recreated.assign(frame->dropped, at::Tensor());
-  frame->filled.assign(frame->dropped, false);
+  frame->recreated.assign(frame->dropped + frame->ferried.size(), at::Tensor());
+  frame->filled.assign(frame->dropped + frame->ferried.size(), false);
   frame->forward_finished = true;
   register_live_frame(*frame);
   record_scope({options.region_name, frame->regions});
@@ -269,6 +269,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
       for (std::size_t i = 0; i < index; ++i) save_index += frame.regions[i].saved ? 1 : 0;
       const SaveRegionRecord& record = frame.save_regions[static_cast<std::size_t>(save_index)];
       restore_states(frame.options.recompute_state_hooks, record.state_after);
+      frame.fill_ferried(save_index, inputs);
       if (annotation != nullptr) *annotation = record.annotation;
       TensorList out;
       for (std::size_t o = 0; o < record.metas.size(); ++o) {
@@ -316,6 +317,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   std::vector<std::optional<std::uint32_t>> input_versions;
   if (!recompute) {
     for (const at::Tensor& input : inputs) input_versions.push_back(version_of(input));
+    frame.note_recreated_region_inputs(inputs);
   }
   TensorList outputs;
   {
@@ -323,6 +325,7 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     auto region_tag = TagScope::region(name, recompute ? Policy::recompute : Policy::save);
     outputs = body(inputs);
   }
+  frame.recreated_region_inputs.clear();
   frame.pending_names.clear();
   for (const at::Tensor& out : outputs) {
     if (!out.defined() || !out.requires_grad() || !out.is_leaf()) continue;

@@ -352,3 +352,24 @@ TEST(Misuse, TupleAndVectorOutputsWorkOneLevelDeep) {
 }
 
 }  // namespace
+
+// A save region that saves (a view of) an input recompute makes again keeps nothing for it:
+// backward takes the view from the recomputed input, as torch_remat re-derives it.
+TEST(Residency, ASaveRegionsSavedInputThatRecomputeRecreatesIsNotKept) {
+  auto x = at::rand({3, 4}).requires_grad_(true);
+  std::int64_t kept_bytes = -1;
+  auto body = [&kept_bytes](const at::Tensor& in) {
+    at::Tensor y = remat::region([](const at::Tensor& t) { return t * 3.0; }, "producer")(in);
+    at::Tensor out = remat::region(
+        [](const at::Tensor& u) { return u.slice(1, 0, 2) * u.slice(1, 2, 4); },  // mul saves both views of u
+        "consumer", /*recompute=*/false)(y);
+    if (!remat::is_recomputing()) kept_bytes = remat::current_memory_report().bytes;
+    return out;
+  };
+  remat::checkpoint({.region_name = "ferry"})(body)(x).sum().backward();
+  // Only the checkpoint's input (the producer reads it) is kept; neither y nor its views.
+  EXPECT_EQ(kept_bytes, remat::testing::float_bytes(12));
+  const at::Tensor xd = x.detach();
+  const at::Tensor expected = at::cat({xd.slice(1, 2, 4) * 9.0, xd.slice(1, 0, 2) * 9.0}, 1);
+  EXPECT_TRUE(at::allclose(x.grad(), expected));
+}

@@ -214,3 +214,68 @@ def test_trace_scope_wraps_without_changing_behaviour_and_checks_its_text():
         remat.trace_scope(double, "double", metadata=3)
     with pytest.raises(RuntimeError, match="expects a function"):
         remat.trace_scope("double", "double")
+
+
+class CountingProducer(torch.autograd.Function):
+    """x * 3 that counts its forward runs (recompute runs it again)."""
+
+    runs = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        CountingProducer.runs += 1
+        return x * 3.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3.0
+
+
+def test_a_save_region_saving_a_view_of_an_input_recompute_recreates_does_not_keep_it():
+    # The save region's linear-like op saves a slice of its input; the input is a recompute
+    # region's output, so recompute makes it again: forward keeps nothing for it (as torch_remat),
+    # backward takes the slice from the recomputed input.
+    reports = []
+
+    def consumer(y):
+        head = y[:, :2]
+        out = head.exp()  # exp saves its result, kept as usual
+        w = head * y[:, 2:]  # mul saves both views of y: taken from y in recompute
+        return out + w
+
+    def body(t):
+        y = remat.region(CountingProducer.apply, "producer")(t)
+        result = remat.region(consumer, "consumer", recompute=False)(y)
+        if not remat.is_recomputing():
+            reports.append(remat.format_current_memory_report())
+        return result
+
+    CountingProducer.runs = 0
+    x = torch.rand(3, 4)
+    got = grad_of(checkpointed("ferry", body), x)
+    assert CountingProducer.runs == 2  # forward, and recompute recreating y
+    expected = grad_of(lambda t: (lambda y: y[:, :2].exp() + y[:, :2] * y[:, 2:])(t * 3.0), x)
+    assert torch.allclose(got, expected)
+    # Kept by the save region: exp's result only (3x2 floats), not y or its views.
+    assert "ferry::consumer: 24 B" in reports[0]
+
+
+def test_an_input_recompute_recreates_with_another_layout_is_a_clear_error():
+    class Drifting(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            if remat.is_recomputing():
+                return torch.repeat_interleave(x * 3.0, 2)[::2]  # same values, other strides
+            return x * 3.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 3.0
+
+    def body(t):
+        y = remat.region(Drifting.apply, "producer")(t)
+        return remat.region(lambda u: u[:1] * u[1:], "consumer", recompute=False)(y)  # mul saves both views
+
+    y = remat.checkpoint(region_name="drift")(body)(torch.rand(2, requires_grad=True) * 1.0)
+    with pytest.raises(remat.RematError, match="gave input 0 of save region 'drift::consumer' a different layout"):
+        y.sum().backward()
