@@ -74,6 +74,21 @@ class RematAllocCtypes(unittest.TestCase):
         self.assertIn("out of memory", self.lib.remat_last_error().decode())
         self.assertEqual(remat_alloc.memory_stats(4)["num_ooms"], 1)
 
+    def test_oom_observers_see_each_failure_until_removed(self):
+        events = []
+        observer_id = remat_alloc.add_oom_observer(
+            lambda event: events.append((event.device, event.requested_bytes, event.device_total_bytes)))
+        try:
+            self.assertIsNone(self.alloc(100 * MiB, device=7))
+        finally:
+            remat_alloc.remove_oom_observer(observer_id)
+        self.assertEqual(events, [(7, 100 * MiB, 64 * MiB)])
+        self.assertIsNone(self.alloc(100 * MiB, device=7))
+        self.assertEqual(len(events), 1)  # removed: not called again
+        self.assertFalse(remat_alloc.is_installed())  # not PyTorch's allocator in this process
+        with self.assertRaisesRegex(TypeError, "observer must be callable, got int"):
+            remat_alloc.add_oom_observer(3)
+
     def test_alloc_status_tells_out_of_memory_apart(self):
         out = ctypes.c_void_p(1)
         status = self.lib.remat_alloc_status(100 * MiB, 6, None, ctypes.byref(out))

@@ -24,11 +24,13 @@ from ._arguments import C_POINTER as _C_POINTER
 from ._arguments import int_arg as _int_arg
 from ._arguments import path_arg as _path_arg
 from ._arguments import text_arg as _text_arg
+from ._oom_observers import OomEvent, add_oom_observer, is_installed, pluggable_allocator_in_use, remove_oom_observer
 
 __all__ = [
     "RematError", "load", "configure", "install", "region", "recv_slot", "site", "phase",
     "policy", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "live_bytes",
     "empty_cache", "record_stream", "set_memory_fraction", "library_path", "pluggable_library_path",
+    "OomEvent", "add_oom_observer", "remove_oom_observer", "is_installed", "pluggable_allocator_in_use",
 ]
 
 

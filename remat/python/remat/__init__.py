@@ -19,7 +19,8 @@ scopes), _saved_tensors_hooks (how kept tensors are held), _state (state hooks),
 (collect_trace), _reporting (memory report of the running checkpoint), _saved_report (what is
 kept behind a loss), _oom_saved_report (that report in an out-of-memory observer), _annotate
 (allocation sites from PyTorch's snapshot), _replay (NeMo's record/replay channel), _memory
-(tagged memory, sites, dumps), _oom (out-of-memory dumps on PyTorch's own allocator),
+(tagged memory, sites, dumps), _oom_dump (an `oom` dump from PyTorch's snapshot), _oom (the
+observer that writes it on PyTorch's own allocator, or the tagging allocator's own report),
 _compile (checkpoints under torch.compile), _huggingface (Hugging Face models).
 """
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 import remat
+import remat_alloc
 from remat import _oom
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -510,7 +511,7 @@ def test_with_cuda_the_observer_is_registered_with_pytorchs_allocator(tmp_path, 
     registered = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", registered.append, raising=False)
-    monkeypatch.setattr(_oom, "_pluggable_allocator_installed", lambda: False)
+    monkeypatch.setattr(remat_alloc, "pluggable_allocator_in_use", lambda: False)
     monkeypatch.setattr(_oom, "_native_snapshot", two_stream_snapshot)
     observer = _oom.attach_oom_observer(tmp_path, device=0)
     assert registered == [observer] and observer.allocator == "native" and "native allocator" in repr(observer)
@@ -522,26 +523,26 @@ def test_with_cuda_the_observer_is_registered_with_pytorchs_allocator(tmp_path, 
 def test_with_another_pluggable_allocator_there_is_no_observer_to_attach(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(_oom, "_pluggable_allocator_installed", lambda: True)
-    monkeypatch.setattr(_oom, "_tagging_allocator_installed", lambda: False)
+    monkeypatch.setattr(remat_alloc, "pluggable_allocator_in_use", lambda: True)
+    monkeypatch.setattr(remat_alloc, "is_installed", lambda: False)
     with pytest.raises(RuntimeError, match="a pluggable allocator, which has no OOM observers; install remat's"):
         _oom.attach_oom_observer(tmp_path)
-    monkeypatch.setattr(_oom, "_tagging_allocator_installed", lambda: True)
+    monkeypatch.setattr(remat_alloc, "is_installed", lambda: True)
     with pytest.raises(RuntimeError, match="it is remat's tagging allocator: pass allocator='auto' or 'remat'"):
         _oom.attach_oom_observer(tmp_path, allocator="native")
 
 
 def test_the_tagging_allocator_is_found_when_it_is_pytorchs_cuda_allocator(tmp_path):
-    assert not _oom._pluggable_allocator_installed()  # this process keeps PyTorch's own
+    assert not remat_alloc.pluggable_allocator_in_use()  # this process keeps PyTorch's own
     # A fresh process: PyTorch cannot put its own allocator back.
     script = textwrap.dedent(f"""
         import remat_alloc, torch
         from torch.cuda import memory
         from remat import _oom
-        print(_oom._tagging_allocator_installed())
+        print(remat_alloc.is_installed())
         memory.change_current_allocator(
             memory.CUDAPluggableAllocator(remat_alloc.library_path(), "remat_alloc", "remat_free"))
-        print(_oom._tagging_allocator_installed())
+        print(remat_alloc.is_installed())
         observer = _oom.attach_oom_observer({str(tmp_path)!r})
         print(observer.allocator)
         observer.detach()

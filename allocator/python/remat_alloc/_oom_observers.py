@@ -1,0 +1,103 @@
+"""The tagging allocator's out-of-memory observers, and whether it is PyTorch's CUDA allocator.
+
+The allocator calls each registered observer, from its C ABI, when a request fails for good
+(after its cache was released and the request retried), with one OomEvent: the device, the
+request, the device's free and total bytes, what it had reserved and allocated, its one-line
+message and the path of the report it wrote. add_oom_observer() keeps the ctypes callback alive
+until remove_oom_observer(): freeing one the allocator still holds would crash the next OOM.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from typing import Callable
+
+
+class OomEvent(ctypes.Structure):
+    """What the allocator hands an observer (remat_oom_info in the C ABI)."""
+
+    _fields_ = [
+        ("device", ctypes.c_int),
+        ("requested_bytes", ctypes.c_size_t),
+        ("rounded_bytes", ctypes.c_size_t),
+        ("device_free_bytes", ctypes.c_size_t),
+        ("device_total_bytes", ctypes.c_size_t),
+        ("reserved_bytes", ctypes.c_int64),
+        ("allocated_bytes", ctypes.c_int64),
+        ("message", ctypes.c_char_p),
+        ("dump_path", ctypes.c_char_p),
+    ]
+
+
+_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.POINTER(OomEvent), ctypes.c_void_p)
+_callbacks_lock = threading.Lock()
+_callbacks: dict = {}  # observer id -> the ctypes callback the allocator holds
+
+
+def _library():
+    from . import load
+
+    lib = load()
+    lib.remat_register_oom_observer.restype = ctypes.c_int
+    lib.remat_register_oom_observer.argtypes = [_OBSERVER, ctypes.c_void_p]
+    lib.remat_unregister_oom_observer.restype = ctypes.c_int
+    lib.remat_unregister_oom_observer.argtypes = [ctypes.c_int]
+    return lib
+
+
+def add_oom_observer(observer: Callable[[OomEvent], None]) -> int:
+    """Calls observer(event) on every out-of-memory error of the tagging allocator; returns the
+    id remove_oom_observer() takes. An exception the observer raises is printed, never passed
+    into the allocator."""
+    if not callable(observer):
+        raise TypeError(f"add_oom_observer: observer must be callable, got {type(observer).__name__}")
+
+    def on_oom(event, _user_data) -> None:
+        try:
+            if event:
+                observer(event.contents)
+        except Exception as error:  # noqa: BLE001  (a ctypes callback must not raise)
+            print(f"remat: OOM observer failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+
+    from . import RematError
+
+    lib = _library()
+    callback = _OBSERVER(on_oom)
+    observer_id = lib.remat_register_oom_observer(callback, None)
+    if observer_id <= 0:
+        raise RematError(lib.remat_last_error().decode(errors="replace"))
+    with _callbacks_lock:
+        _callbacks[observer_id] = callback
+    return observer_id
+
+
+def remove_oom_observer(observer_id: int) -> None:
+    """The observer add_oom_observer() returned `observer_id` for is called no more."""
+    _library().remat_unregister_oom_observer(observer_id)
+    with _callbacks_lock:
+        _callbacks.pop(observer_id, None)
+
+
+def pluggable_allocator_in_use() -> bool:
+    """Whether PyTorch's CUDA allocator is a pluggable allocator (this one or another)."""
+    import torch
+
+    pluggable = getattr(torch._C, "_CUDAPluggableAllocator", None)
+    get = getattr(torch._C, "_cuda_getAllocator", None)
+    if pluggable is None or get is None:
+        return False
+    try:
+        return isinstance(get(), pluggable)
+    except Exception:  # noqa: BLE001  (no CUDA allocator to ask about)
+        return False
+
+
+def is_installed() -> bool:
+    """Whether the tagging allocator is PyTorch's CUDA allocator (install(), or PyTorch's
+    CUDAPluggableAllocator over this library)."""
+    package = sys.modules.get(__package__)
+    if package is None or getattr(package, "_lib", None) is None:
+        return False  # installing loads the library
+    return pluggable_allocator_in_use()
