@@ -152,11 +152,16 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
                     frame_->options.region_name + "'");
       }
     }
-    if (kept) {
+    if (kept && !packed_) {
       if (version_.enabled() && version_.current_version() != saved_version_) throw modified_in_place();
-      return packed_ ? packed_.unpack() : kept_;
+      return kept_;
     }
     try {
+      if (packed_) {
+        if (version_.enabled() && version_.current_version() != saved_version_) throw modified_in_place();
+        frame_->recompute_before_unpacks();
+        return packed_.unpack();
+      }
       return frame_->take_recreated(ferried_ ? frame_->dropped + index_ : index_);
     } catch (const Error& e) {
       if (const auto translate = g_backward_error_translator.load()) translate(e);

@@ -49,6 +49,12 @@ void Frame::persist(const at::Tensor& t, bool by_read) {
       } else if (!by_read) {
         region.read_at[o] = SaveRegionRecord::kNotOnlyRead;
       }
+      // Claimed for good (not only read, which forward's end may undo): packed now, where the
+      // claim happens, as torch_remat's deferred pack; forward still holds the output itself.
+      if (!by_read && region.hooks && !region.packed[o]) {
+        region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(), SavedTensorKind::save_output,
+                                        region.hooks_context);
+      }
     }
   }
 }
@@ -165,6 +171,11 @@ void Frame::fill_ferried(int save_region, const TensorList& region_inputs) {
   if (missing == 0 && stop_early) throw StopRecompute{};
 }
 
+void Frame::recompute_before_unpacks() {
+  std::lock_guard lock(backward_mutex);
+  if (forward_finished && taken_since_recompute == 0) recompute();  // returns at once when nothing is missing
+}
+
 at::Tensor Frame::take_recreated(std::size_t index) {
   std::lock_guard lock(backward_mutex);
   if (!forward_finished) {
@@ -177,6 +188,7 @@ at::Tensor Frame::take_recreated(std::size_t index) {
                 " is out of range; this is a bug in remat");
   }
   if (!filled[index]) recompute();
+  ++taken_since_recompute;
   at::Tensor out = std::move(recreated[index]);
   recreated[index] = at::Tensor();
   filled[index] = false;  // freed as backward consumes it; a second backward recomputes
@@ -187,6 +199,7 @@ void Frame::recompute() {
   missing = 0;
   for (const bool slot : filled) missing += slot ? 0 : 1;
   if (missing == 0) return;
+  taken_since_recompute = 0;
   recompute_packs = 0;
   recompute_regions = 0;
   recompute_mismatch.reset();

@@ -166,6 +166,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<at::Tensor> recreated;
   std::vector<bool> filled;
   std::size_t missing = 0;  // slots recompute still has to fill
+  std::size_t taken_since_recompute = 0;  // slots backward took since recompute last ran
   // Autograd's sequence number when the last tensor was dropped. When forward created
   // graph nodes after it, recompute stops (by exception) once the last slot is filled
   // instead of running that work again.
@@ -217,6 +218,11 @@ struct Frame : std::enable_shared_from_this<Frame> {
 
   void recompute();
   at::Tensor take_recreated(std::size_t index);
+  // torch_remat's contract for hook pairs: a checkpoint that recomputes does so before any
+  // unpack of its pairs runs (a group offloader onloads at the top of the body under
+  // is_recomputing()). Called by such an unpack; recomputes unless backward already took
+  // recreated tensors since the last recompute.
+  void recompute_before_unpacks();
   // After the body raised: drops everything the frame holds (its hooks may still hold it).
   void release_after_failed_forward();
 };

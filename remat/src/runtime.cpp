@@ -210,8 +210,10 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
                     "out-of-place");
       }
       if (region.persisted[o] && region.hooks) {
-        region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(), SavedTensorKind::save_output,
-                                        region.hooks_context);
+        if (!region.packed[o]) {  // persisted only because code recompute runs again reads it
+          region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(), SavedTensorKind::save_output,
+                                          region.hooks_context);
+        }
         region.outputs[o] = at::Tensor();
       } else {
         region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();

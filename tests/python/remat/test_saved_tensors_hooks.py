@@ -159,3 +159,42 @@ def test_a_saved_tensor_changed_in_place_after_the_save_is_an_error_not_a_wrong_
     kept["t"].mul_(3.0)
     with pytest.raises(RuntimeError, match="of region 'mutated::attention' was modified in-place after it was saved"):
         y.sum().backward()
+
+
+def test_a_save_output_is_packed_where_a_region_claims_it_and_recompute_runs_before_any_unpack():
+    # torch_remat's contract for group offloaders: the output is packed when the consuming region
+    # claims it (inside forward, so a flush at the end of the block sees it), and in backward the
+    # body starts again (is_recomputing) before any unpack of the pair, so it can onload first.
+    log = []
+
+    def pack(tensor):
+        log.append(f"pack {remat.current_saved_tensor_info().kind.name}")
+        return tensor.detach().clone()
+
+    def unpack(payload):
+        log.append("unpack")
+        return payload
+
+    def body(t):
+        log.append("recompute starts" if remat.is_recomputing() else "forward starts")
+        with remat.saved_tensors_hooks(pack, unpack):
+            h = remat.region(lambda u: u.exp(), "producer", recompute=False)(t)
+        log.append("consumer claims")
+        m = remat.region(lambda u: u.sin(), "consumer")(h)
+        if not remat.is_recomputing():
+            log.append("block flushed")
+        with remat.saved_tensors_hooks(pack, unpack):
+            return remat.region(lambda u: (u * 2.0).cos(), "tail", recompute=False)(m)  # cos saves u * 2.0
+
+    x = torch.rand(3, requires_grad=True)
+    y = remat.checkpoint(region_name="order")(body)(x * 1.0)
+    assert log == ["forward starts", "pack BACKWARD", "consumer claims", "pack SAVE_OUTPUT", "block flushed",
+                   "pack BACKWARD"]
+    del log[:]
+    y.sum().backward()
+    # The first node backward runs is the tail's, whose saved tensor the pair holds: the body
+    # starts again before that unpack; then the producer's output comes back as recompute
+    # reaches it, and the producer's own saved tensor last.
+    assert log == ["recompute starts", "unpack", "consumer claims", "unpack", "unpack"]
+    e = x.detach().exp()
+    assert torch.allclose(x.grad, -(2.0 * e.sin()).sin() * 2.0 * e.cos() * e)
