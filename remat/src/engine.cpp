@@ -105,6 +105,9 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       }
       // Autograd does not check the version of a tensor saved through hooks: these do, as
       // autograd would, so an in-place change after the save is an error, not a wrong gradient.
+      region_index_ = static_cast<int>(f.regions.size()) - 1;
+      version_ = tensor.unsafeGetTensorImpl()->version_counter();
+      if (version_.enabled()) saved_version_ = version_.current_version();
       if (const std::optional<std::size_t> slot = f.ferry(tensor, state_.save_region)) {
         // Recompute recreates the region's input it views: taken from there, not kept.
         ferried_ = true;
@@ -113,9 +116,6 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
         track(at::Tensor());
         return;
       }
-      region_index_ = static_cast<int>(f.regions.size()) - 1;
-      version_ = tensor.unsafeGetTensorImpl()->version_counter();
-      if (version_.enabled()) saved_version_ = version_.current_version();
       if (const std::shared_ptr<SavedTensorHooks>& hooks = active_saved_tensor_hooks()) {
         packed_ = PackedTensor(hooks, tensor.detach(), SavedTensorKind::backward,
                                hooks->captures_context() ? hooks->capture_context() : std::any());
@@ -152,13 +152,11 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
                     frame_->options.region_name + "'");
       }
     }
-    if (kept && !packed_) {
-      if (version_.enabled() && version_.current_version() != saved_version_) throw modified_in_place();
-      return kept_;
-    }
     try {
+      // Disabled (never checked) for tensors dropped outside save regions: recompute makes them.
+      if (version_.enabled() && version_.current_version() != saved_version_) throw modified_in_place();
+      if (kept_.defined()) return kept_;
       if (packed_) {
-        if (version_.enabled() && version_.current_version() != saved_version_) throw modified_in_place();
         frame_->recompute_before_unpacks();
         return packed_.unpack();
       }

@@ -221,7 +221,10 @@ void Frame::recompute() {
                   "out-of-place (h = h + y instead of h += y), or pass the checkpoint a copy");
     }
     if (input.held()) {
-      at::Tensor arg = input.packed ? input.packed.unpack().variable_data() : input.value.variable_data();
+      at::Tensor arg = input.packed ? restore_layout(input.packed.unpack(), input.meta,
+                                                     "input " + std::to_string(i) + " of checkpoint '" +
+                                                         options.region_name + "'")
+                                    : input.value.variable_data();
       if (input.meta.requires_grad) arg.requires_grad_(true);
       args.push_back(std::move(arg));
     } else {

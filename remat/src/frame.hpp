@@ -32,6 +32,11 @@ struct TensorMeta {
 };
 
 TensorMeta meta_of(const at::Tensor& t);
+// What a hook pair's unpack gave back for a tensor that was `meta` when packed (`what` names it
+// in errors): refused when its shape, dtype or device differ, laid out again as it was (strides,
+// offset, storage size) when only the layout differs, as a copying pair's contiguous copy does,
+// so that recompute sees the tensor forward saw.
+at::Tensor restore_layout(const at::Tensor& unpacked, const TensorMeta& meta, const std::string& what);
 // The dtype as PyTorch's Python API names it: "float32".
 std::string dtype_name(at::ScalarType type);
 inline constexpr const char* kPlaceholderMarker = "remat placeholder";
@@ -72,6 +77,9 @@ struct SaveRegionRecord {
   static constexpr std::size_t kNotOnlyRead = static_cast<std::size_t>(-1);
   std::vector<std::size_t> read_at;
   std::vector<std::optional<std::uint32_t>> versions;  // of the outputs when the region returned
+  // The outputs' own version counters (what is held after forward has new ones): a persisted
+  // output changed in place between forward and backward would hand recompute another value.
+  std::vector<c10::VariableVersion> version_counters;
   std::vector<std::any> state_after;  // state hook snapshots after the region ran
   std::shared_ptr<void> annotation;   // the caller's, see run_region
 };

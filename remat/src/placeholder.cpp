@@ -2,6 +2,7 @@
 #include "frame.hpp"
 
 #include <ATen/core/TensorBody.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 
@@ -18,6 +19,29 @@ TensorMeta meta_of(const at::Tensor& t) {
   meta.options = t.options();
   meta.requires_grad = t.requires_grad();
   return meta;
+}
+
+at::Tensor restore_layout(const at::Tensor& unpacked, const TensorMeta& meta, const std::string& what) {
+  const at::Tensor t = unpacked.variable_data();
+  if (t.sizes() != at::IntArrayRef(meta.sizes) || t.scalar_type() != meta.options.dtype().toScalarType() ||
+      t.device() != meta.options.device()) {
+    auto describe = [](at::ScalarType dtype, at::IntArrayRef sizes, const at::Device& device) {
+      std::string out = dtype_name(dtype) + " [";
+      for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+      return out + "] on " + device.str();
+    };
+    throw Error("the saved-tensor unpack hook returned " + describe(t.scalar_type(), t.sizes(), t.device()) +
+                " for " + what + ", which was packed as " +
+                describe(meta.options.dtype().toScalarType(), meta.sizes, meta.options.device()) +
+                "; unpack must return the tensor its pack was given (or an equal copy)");
+  }
+  const bool same_layout = t.strides() == at::IntArrayRef(meta.strides) && t.storage_offset() == meta.storage_offset &&
+                           static_cast<std::int64_t>(t.storage().nbytes()) == meta.storage_bytes;
+  if (same_layout) return t;
+  const std::int64_t elements = meta.storage_bytes / static_cast<std::int64_t>(t.element_size());
+  at::Tensor laid_out = at::empty({elements}, t.options()).as_strided(meta.sizes, meta.strides, meta.storage_offset);
+  laid_out.copy_(t);
+  return laid_out.variable_data();
 }
 
 DroppedMeta DroppedMeta::of(const at::Tensor& t, int region) {

@@ -276,8 +276,16 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
       TensorList out;
       for (std::size_t o = 0; o < record.metas.size(); ++o) {
         if (record.packed[o] || record.outputs[o].defined()) {
+          if (record.versions[o] && record.version_counters[o].current_version() != *record.versions[o]) {
+            throw Error("output " + std::to_string(o) + " of save region '" + frame.region_path(name) +
+                        "' was changed in place after forward (an op such as h.mul_(2) between forward and "
+                        "backward); recompute would read the changed value and give wrong gradients: make that op "
+                        "out-of-place, or clone the output before changing it");
+          }
           // Unpacked here, in forward order, as recompute reaches the region.
-          at::Tensor value = record.packed[o] ? record.packed[o].unpack().variable_data()
+          at::Tensor value = record.packed[o] ? restore_layout(record.packed[o].unpack(), record.metas[o],
+                                                               "output " + std::to_string(o) + " of save region '" +
+                                                                   frame.region_path(name) + "'")
                                               : record.outputs[o].variable_data();
           if (record.metas[o].requires_grad) value.requires_grad_(true);
           out.push_back(std::move(value));
@@ -354,7 +362,11 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     if (record.hooks && record.hooks->captures_context()) record.hooks_context = record.hooks->capture_context();
     record.read_at.assign(outputs.size(), SaveRegionRecord::kNotOnlyRead);
     frame.outputs_not_persisted += outputs.size();
-    for (const at::Tensor& out : outputs) record.versions.push_back(version_of(out));
+    for (const at::Tensor& out : outputs) {
+      record.versions.push_back(version_of(out));
+      record.version_counters.push_back(out.defined() ? out.unsafeGetTensorImpl()->version_counter()
+                                                      : c10::VariableVersion(c10::VariableVersion::DISABLED));
+    }
     record.state_after = snapshot_states(frame.options.recompute_state_hooks);
     if (annotation != nullptr) record.annotation = *annotation;
     frame.save_regions.push_back(std::move(record));

@@ -3,12 +3,17 @@
 #include <remat/errors.hpp>
 #include <remat/saved_tensor_hooks.hpp>
 
+#include <c10/core/GradMode.h>
+
+#include <iterator>
 #include <utility>
+#include <vector>
 
 namespace remat {
 namespace {
 
-thread_local std::shared_ptr<SavedTensorHooks> t_active_hooks;
+// The scopes alive on this thread with their pairs, innermost last.
+thread_local std::vector<std::pair<const SavedTensorHooksScope*, std::shared_ptr<SavedTensorHooks>>> t_scopes;
 thread_local const SavedTensorInfo* t_pack_info = nullptr;  // set while a pack runs
 
 // Sets the info for one pack and puts the outer one back (a pack may save tensors itself).
@@ -43,12 +48,23 @@ const SavedTensorInfo& current_saved_tensor_info() {
   return *t_pack_info;
 }
 
-SavedTensorHooksScope::SavedTensorHooksScope(std::shared_ptr<SavedTensorHooks> hooks)
-    : previous_(std::exchange(t_active_hooks, std::move(hooks))) {}
+SavedTensorHooksScope::SavedTensorHooksScope(std::shared_ptr<SavedTensorHooks> hooks) {
+  t_scopes.emplace_back(this, std::move(hooks));
+}
 
-SavedTensorHooksScope::~SavedTensorHooksScope() { t_active_hooks = std::move(previous_); }
+SavedTensorHooksScope::~SavedTensorHooksScope() {
+  for (auto scope = t_scopes.rbegin(); scope != t_scopes.rend(); ++scope) {
+    if (scope->first == this) {
+      t_scopes.erase(std::next(scope).base());
+      return;
+    }
+  }
+}
 
-const std::shared_ptr<SavedTensorHooks>& active_saved_tensor_hooks() { return t_active_hooks; }
+const std::shared_ptr<SavedTensorHooks>& active_saved_tensor_hooks() {
+  static const std::shared_ptr<SavedTensorHooks> none;
+  return t_scopes.empty() ? none : t_scopes.back().second;
+}
 
 std::any run_pack(SavedTensorHooks& hooks, const at::Tensor& tensor, SavedTensorKind kind, const std::any& context) {
   const SavedTensorInfo info{kind, &context};
@@ -56,11 +72,24 @@ std::any run_pack(SavedTensorHooks& hooks, const at::Tensor& tensor, SavedTensor
   return hooks.pack(tensor);
 }
 
+namespace {
+
+// A pair's ops run without autograd: inside a checkpoint they would otherwise save tensors the
+// runtime counts as the body's, which recompute (where packs do not run) would not save again.
+std::any pack_without_grad(SavedTensorHooks& hooks, const at::Tensor& tensor, SavedTensorKind kind,
+                           const std::any& context) {
+  c10::NoGradGuard no_grad;
+  return run_pack(hooks, tensor, kind, context);
+}
+
+}  // namespace
+
 PackedTensor::PackedTensor(std::shared_ptr<SavedTensorHooks> hooks, const at::Tensor& tensor, SavedTensorKind kind,
                            const std::any& context)
-    : hooks_(std::move(hooks)), payload_(run_pack(*hooks_, tensor, kind, context)) {}
+    : hooks_(std::move(hooks)), payload_(pack_without_grad(*hooks_, tensor, kind, context)) {}
 
 at::Tensor PackedTensor::unpack() const {
+  c10::NoGradGuard no_grad;
   at::Tensor tensor = hooks_->unpack(payload_);
   if (!tensor.defined()) {
     throw Error("a saved-tensor unpack hook returned no tensor; unpack must return the tensor its pack was given "

@@ -58,16 +58,14 @@ struct SavedTensorInfo {
 const SavedTensorInfo& current_saved_tensor_info();
 
 // Save regions entered inside the scope keep their tensors through `hooks`, on this thread
-// (a null pair: resident, as without a scope).
+// (a null pair: resident, as without a scope). Scopes ended out of order remove their own
+// pair only: the innermost scope still alive decides.
 class SavedTensorHooksScope {
  public:
   explicit SavedTensorHooksScope(std::shared_ptr<SavedTensorHooks> hooks);
   ~SavedTensorHooksScope();
   SavedTensorHooksScope(const SavedTensorHooksScope&) = delete;
   SavedTensorHooksScope& operator=(const SavedTensorHooksScope&) = delete;
-
- private:
-  std::shared_ptr<SavedTensorHooks> previous_;
 };
 
 // hooks.pack(tensor) with current_saved_tensor_info() telling `kind` and `context` inside.
@@ -76,7 +74,8 @@ std::any run_pack(SavedTensorHooks& hooks, const at::Tensor& tensor, SavedTensor
 // The pair in force on this thread (innermost scope), or null.
 const std::shared_ptr<SavedTensorHooks>& active_saved_tensor_hooks();
 
-// A tensor held through a pair: the pair that packed it and its payload.
+// A tensor held through a pair: the pair that packed it and its payload. The pair's pack and
+// unpack run with autograd off.
 class PackedTensor {
  public:
   PackedTensor() = default;

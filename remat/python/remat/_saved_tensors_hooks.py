@@ -23,6 +23,7 @@ recompute reaches them; tensors saved for backward when their autograd node runs
 
 import dataclasses
 import enum
+import threading
 
 import torch
 
@@ -62,7 +63,9 @@ class _SavedTensorsHooks:
 
     def __init__(self, hooks):
         self._hooks = hooks
-        self._entered = []  # (remat scope, PyTorch's hooks context or None), innermost last
+        # Per thread that entered it: [(remat scope, PyTorch's hooks context or None)], innermost
+        # last, so one block object shared by threads keeps each thread's entries apart.
+        self._entered = {}
 
     def __enter__(self):
         scope = _C.SavedTensorHooksScope(self._hooks)
@@ -73,11 +76,17 @@ class _SavedTensorsHooks:
             native = torch.autograd.graph.saved_tensors_hooks(self._hooks.native_pack, self._hooks.unpack_hook)
             native.__enter__()
         scope.__enter__()
-        self._entered.append((scope, native))
+        self._entered.setdefault(threading.get_ident(), []).append((scope, native))
         return self
 
     def __exit__(self, *exc_info):
-        scope, native = self._entered.pop()
+        entered = self._entered.get(threading.get_ident())
+        if not entered:
+            raise RuntimeError("saved_tensors_hooks: exited on a thread that did not enter it (or exited once more "
+                               "than entered); exit the block on the thread that entered it")
+        scope, native = entered.pop()
+        if not entered:
+            del self._entered[threading.get_ident()]
         scope.__exit__(None, None, None)
         if native is not None:
             native.__exit__(*exc_info)
@@ -100,9 +109,9 @@ def hooks_pair_arg(where, pair):
     """checkpoint(saved_tensors_hooks=(pack, unpack)) as the runtime's pair (None stays None)."""
     if pair is None:
         return None
-    if not (isinstance(pair, tuple) and len(pair) == 2):
-        raise TypeError(f"{where}: saved_tensors_hooks must be a (pack_hook, unpack_hook) pair, got "
-                        f"{type(pair).__name__}")
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+        got = f"{len(pair)} items" if isinstance(pair, (tuple, list)) else type(pair).__name__
+        raise TypeError(f"{where}: saved_tensors_hooks must be a (pack_hook, unpack_hook) pair, got {got}")
     return _C.SavedTensorHooks(*pair)
 
 

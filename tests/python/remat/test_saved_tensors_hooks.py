@@ -198,3 +198,115 @@ def test_a_save_output_is_packed_where_a_region_claims_it_and_recompute_runs_bef
     assert log == ["recompute starts", "unpack", "consumer claims", "unpack", "unpack"]
     e = x.detach().exp()
     assert torch.allclose(x.grad, -(2.0 * e.sin()).sin() * 2.0 * e.cos() * e)
+
+
+def test_changes_in_place_to_what_recompute_would_read_are_errors_not_wrong_gradients():
+    # A view a save region saved of an input recompute recreates (not kept: taken from that
+    # input again), changed in place after the region.
+    def body(x):
+        u = x.sin()
+        h = remat.region(lambda t: t * t, "square", recompute=False)(u)
+        u.mul_(3.0)
+        return (h * remat.region(lambda t: t.cos(), "after")(u)).sum()
+
+    loss = remat.checkpoint(region_name="ferried")(body)(torch.rand(4, requires_grad=True) * 1.0)
+    with pytest.raises(remat.RematError, match="of region 'ferried::square' was modified in-place after it was saved"):
+        loss.backward()
+
+    # A save region's output recompute reads, changed in place between forward and backward.
+    outputs = {}
+
+    def producer_then_consumer(x):
+        outputs["h"] = remat.region(lambda t: t * 2.0, "producer", recompute=False)(x)
+        return remat.region(lambda t: t.sin(), "consumer")(outputs["h"])
+
+    y = remat.checkpoint(region_name="mutated.output")(producer_then_consumer)(torch.rand(3, requires_grad=True) * 1.0)
+    outputs["h"].mul_(10.0)
+    with pytest.raises(remat.RematError, match="output 0 of save region 'mutated.output::producer' was changed in place "
+                                               "after forward"):
+        y.sum().backward()
+
+
+def test_a_copying_pair_that_changes_the_layout_gives_the_gradient_of_plain_autograd():
+    # save_on_cpu(pin_memory=True) hands back contiguous copies: recompute starts from tensors
+    # laid out as forward's were, so a view taken from a recreated input still fits.
+    def body(x):
+        u = x * 2.0  # keeps the transposed input's strides
+        h = remat.region(lambda t: t[:, 1:] * t[:, 1:], "square", recompute=False)(u)
+        return remat.region(lambda t: t.cos(), "after")(h) * u[:, 1:].cos()
+
+    def contiguous_copy(tensor):
+        return torch.empty(tensor.size()).copy_(tensor)
+
+    x = torch.rand(6, 8, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(contiguous_copy, lambda payload: payload):
+        remat.checkpoint(region_name="layout")(body)(x.t() * 1.0).sum().backward()
+    leaf = x.detach().clone().requires_grad_(True)
+    body(leaf.t() * 1.0).sum().backward()
+    assert torch.equal(x.grad, leaf.grad)
+
+
+def test_an_unpack_returning_another_shape_names_the_unpack_hook():
+    def body(t):
+        return (t.sin() * t).sum()  # the input is kept for recompute
+
+    checkpointed = remat.checkpoint(region_name="shape", saved_tensors_hooks=(lambda t: t, lambda t: t[:2]))(body)
+    loss = checkpointed(torch.rand(4, requires_grad=True) * 1.0)
+    with pytest.raises(remat.RematError, match="the saved-tensor unpack hook returned float32 \\[2\\] on cpu for input 0 "
+                                               "of checkpoint 'shape', which was packed as float32 \\[4\\] on cpu"):
+        loss.backward()
+
+
+def test_blocks_exited_out_of_order_or_shared_by_threads_leave_no_pair_behind():
+    import threading
+
+    a = remat.saved_tensors_hooks(lambda t: t, lambda t: t)
+    b = remat.saved_tensors_hooks(lambda t: t, lambda t: t)
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    b.__exit__(None, None, None)
+    assert not remat._C.saved_tensor_hooks_active()
+
+    shared = remat.saved_tensors_hooks(lambda t: t, lambda t: t)
+    entered, release = threading.Event(), threading.Event()
+    seen = []
+
+    def other_thread():
+        with shared:
+            entered.set()
+            release.wait(10)
+            seen.append(remat._C.saved_tensor_hooks_active())
+        seen.append(remat._C.saved_tensor_hooks_active())
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    entered.wait(10)
+    with shared:  # entered and exited here while the other thread holds its own entry
+        pass
+    release.set()
+    thread.join(10)
+    assert seen == [True, False] and not remat._C.saved_tensor_hooks_active()
+    with pytest.raises(RuntimeError, match="exited on a thread that did not enter it"):
+        shared.__exit__(None, None, None)
+
+
+def test_ops_a_pair_runs_on_tensors_that_require_grad_are_not_recorded_into_the_checkpoint():
+    scale = torch.tensor(2.0, requires_grad=True)
+
+    def pack(tensor):
+        return tensor * scale  # would save `tensor` and `scale` if autograd recorded it
+
+    def unpack(payload):
+        return payload / scale
+
+    def body(x):
+        u = x.cos()
+        h = remat.region(lambda t: (t * 2.0).sin(), "attention", recompute=False)(u)
+        return remat.region(lambda t: t.tanh(), "mlp")(h) * u
+
+    x = torch.rand(4, 3, requires_grad=True)
+    remat.checkpoint(region_name="ops", saved_tensors_hooks=(pack, unpack))(body)(x * 1.0).sum().backward()
+    leaf = x.detach().clone().requires_grad_(True)
+    body(leaf * 1.0).sum().backward()
+    assert torch.allclose(x.grad, leaf.grad) and scale.grad is None
