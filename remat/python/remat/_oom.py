@@ -35,8 +35,8 @@ __all__ = ["attach_oom_observer", "oom_dump_from_snapshot", "OomObserver"]
 # --- the observer ---------------------------------------------------------------------------------
 
 def _format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
             return f"{n} B" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n} B"  # not reached

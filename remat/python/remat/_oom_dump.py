@@ -40,10 +40,30 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# The largest number a dump holds: remat-report reads every figure as a 64-bit signed integer.
+_MAX_FIGURE = (1 << 63) - 1
+
+
 def _count(value, where: str) -> int:
     if not _is_int(value) or value < 0:
         raise ValueError(f"{where} must be a non-negative int, got {type(value).__name__} {value!r:.80}")
+    if value > _MAX_FIGURE:
+        raise ValueError(f"{where} is {value:.3e}, more than any allocator holds (at most 2**63 - 1); the snapshot "
+                         "is not a real allocator's")
     return value
+
+
+def _figures_fit(value, where: str = "dump") -> None:
+    """Every int in the dump fits what remat-report reads (sums of many large figures may not)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _figures_fit(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _figures_fit(item, f"{where}[{i}]")
+    elif _is_int(value) and not -_MAX_FIGURE - 1 <= value <= _MAX_FIGURE:
+        raise ValueError(f"{where} would be {value:.3e}, more than a 64-bit figure holds; the snapshot's sizes add up "
+                         "to more than any allocator holds, so no report is written from it")
 
 
 def _member(obj, key: str, where: str):
@@ -318,6 +338,7 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
         "tag_stack": [],
         "last_events": _last_events(trace, device),
     })
+    _figures_fit(dump)
     return dump
 
 

@@ -123,8 +123,11 @@ def refusals():
     out["bad_mode"] = error_of(lambda: remat.pipelining.pool_recv_buffers(schedule, mode="fifo"))
     out["not_a_schedule"] = error_of(lambda: remat.pipelining.pool_recv_buffers(stages[0]))
     out["untouched_after_refusals"] = "get_fwd_recv_ops" not in vars(stages[0])
+    out["huge_slack"] = error_of(lambda: remat.pipelining.pool_recv_buffers(schedule, slack=10**12))
     remat.pipelining.pool_recv_buffers(schedule)
     out["twice"] = error_of(lambda: remat.pipelining.pool_recv_buffers(schedule))
+    other = schedules.ScheduleGPipe(stages[0], parity.MICROBATCHES)  # a second schedule over the pooled stage
+    out["second_schedule"] = error_of(lambda: remat.pipelining.pool_recv_buffers(other))
 
     after, after_stages = parity.build("1f1b", 0, 1, WORLD, ".", stock=False)
     step(after, after_stages)

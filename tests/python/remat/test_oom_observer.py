@@ -457,6 +457,28 @@ def test_what_the_runtime_keeps_is_billed_by_storage_address():
     assert "oom.ck" not in [r.checkpoint for r in _oom._live_resident()]
 
 
+def test_numbers_no_allocator_holds_are_refused_before_a_dump_remat_report_cannot_read_is_written():
+    huge_segment = segment(SEG_A, [block(SEG_A, 8 * MiB)])
+    huge_segment["total_size"] = 2 ** 64
+    with pytest.raises(ValueError, match=r"snapshot\['segments'\]\[0\]\['total_size'\] is 1.845e\+19, more than any "
+                                         r"allocator holds"):
+        build({"segments": [huge_segment]})
+    oom_event = {"action": "oom", "addr": 0, "size": 10 ** 30, "stream": 0, "frames": []}
+    with pytest.raises(ValueError, match="more than"):
+        build(two_stream_snapshot(traces=[[oom_event], []]))
+    with pytest.raises(ValueError, match=r"segment_bytes is 1.209e\+24, more than any allocator holds"):
+        build(two_stream_snapshot(), segment_bytes=2 ** 80)
+    # Each figure fits, their sum does not: refused, not written.
+    many = [segment(i << 12, [block(i << 12, 2 ** 60)]) for i in range(9)]  # 9 * 2**60 > 2**63 - 1
+    with pytest.raises(ValueError, match="more than a 64-bit figure holds"):
+        build({"segments": many}, device_limit=2 ** 62)
+
+
+def test_the_observer_line_names_sizes_past_tebibytes_in_larger_units():
+    assert _oom._format_bytes(2 ** 50) == "1.00 PiB"
+    assert _oom._format_bytes(2 ** 63) == "8.00 EiB"
+
+
 # --- attaching ----------------------------------------------------------------------------------
 
 def attach_native(path):

@@ -187,6 +187,11 @@ def test_bad_input_is_refused_before_anything_changes(tmp_path):
     assert result["untouched_after_refusals"] is True
     assert result["twice"] == ["RuntimeError", "remat.pipelining: this schedule's receive buffers are pooled "
                                                "already; pool a schedule once"]
+    assert result["huge_slack"] == ["ValueError", "pool_recv_buffers: slack must be at most 65536 (spare buffer sets "
+                                                  "per ring; more than a step's microbatches are never used), got "
+                                                  "1000000000000"]
+    assert result["second_schedule"][0] == "RuntimeError"
+    assert "these stages are pooled by another schedule" in result["second_schedule"][1]
     assert result["after_step"][0] == "RuntimeError" and "before the first step()" in result["after_step"][1]
     assert result["renamed"][0] == "UnsupportedSchedule" and "get_local_bwd_output" in result["renamed"][1]
     assert result["renamed_untouched"] is True

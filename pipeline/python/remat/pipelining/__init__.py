@@ -15,6 +15,7 @@ semantics, except that a closed-form ring smaller than the colored minimum is ne
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Optional
 
 from .. import _pipeline_plan
@@ -34,6 +35,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _POOL_ATTRIBUTE = "_remat_recv_pool"
+_POOLED_BY_ATTRIBUTE = "_remat_recv_pool_schedule"  # on each pooled stage: a weak reference to its schedule
+# Spare buffer sets per ring: more than a step's microbatches are never used, and the planner
+# counts them in a C int.
+_MAX_SLACK = 1 << 16
 
 
 def _check_slack(slack: Any, api: str) -> int:
@@ -41,17 +46,30 @@ def _check_slack(slack: Any, api: str) -> int:
         raise TypeError(f"{api}: slack must be an int, got {type(slack).__name__}")
     if slack < 0:
         raise ValueError(f"{api}: slack must be >= 0, got {slack}")
+    if slack > _MAX_SLACK:
+        raise ValueError(f"{api}: slack must be at most {_MAX_SLACK} (spare buffer sets per ring; more than a step's "
+                         f"microbatches are never used), got {slack}")
     return slack
 
 
 def _install_pool(schedule: Any, *, slack: int, mode: str, closed_form: bool) -> dict:
     if getattr(schedule, _POOL_ATTRIBUTE, None) is not None:
         raise RuntimeError("remat.pipelining: this schedule's receive buffers are pooled already; pool a schedule once")
-    layout = layout_of(schedule)
+    layout = layout_of(schedule)  # refuses what is no schedule, before anything changes
+    for stage in _stages_of(schedule):
+        owner = getattr(stage, _POOLED_BY_ATTRIBUTE, None)
+        if owner is not None and owner() is not None:
+            # The pool patches the stage for its own schedule's order: another schedule
+            # running the same stages would hand out slots that plan never saw.
+            raise RuntimeError(f"remat.pipelining: these stages are pooled by another schedule "
+                               f"({type(owner()).__name__}, at stage {stage.stage_index}), whose pool runs them in "
+                               "its own order; build separate stages for each schedule you pool, or pool only one")
     plan = plan_of(layout, slack=slack, use_closed_form=closed_form)
     pool = SchedulePool(layout, plan, mode)
     pool.install()
     setattr(schedule, _POOL_ATTRIBUTE, pool)
+    for stage in _stages_of(schedule):
+        setattr(stage, _POOLED_BY_ATTRIBUTE, weakref.ref(schedule))
     return plan
 
 
