@@ -207,18 +207,69 @@ std::string_view to_string(BackendKind kind) {
   return "auto";
 }
 
-Config Config::parse(std::string_view text, Config base, std::string_view source) {
-  Config config = std::move(base);
-  std::vector<std::pair<std::string_view, std::string_view>> given;  // key, value
-  for (const std::string_view item : config_items(text)) {
-    const auto [key, value] = key_and_value(item, source, "backend:host,host_capacity_mb:1024");
-    for (const auto& [earlier_key, earlier_value] : given) {
+namespace {
+
+// The last value winning would hide a typo in a long configuration: a key given twice is refused.
+class KeysGiven {
+ public:
+  void add(std::string_view source, std::string_view key, std::string_view value) {
+    for (const auto& [earlier_key, earlier_value] : given_) {
       if (earlier_key != key) continue;
       throw ConfigError(std::string(source) + ": key " + detail::quote(key) + " is given twice (" +
                         detail::quote(earlier_value) + ", then " + detail::quote(value) +
                         "); give each key once, with the value you mean");
     }
-    given.emplace_back(key, value);
+    given_.emplace_back(key, value);
+  }
+
+ private:
+  std::vector<std::pair<std::string_view, std::string_view>> given_;
+};
+
+// PyTorch 2.11's keys that only its own allocator implements (and the pinned host pool's).
+bool pytorch_only_key(std::string_view key) {
+  constexpr std::string_view kPyTorchOnly[] = {"release_lock_on_cudamalloc", "graph_capture_record_stream_reuse"};
+  for (const std::string_view known : kPyTorchOnly) {
+    if (key == known) return true;
+  }
+  return key.substr(0, 7) == "pinned_";
+}
+
+// Keys one syntax has and the other lacks, for the message when a text mixes them.
+bool pytorch_syntax_key(std::string_view key) { return key == "per_process_memory_fraction" || pytorch_only_key(key); }
+
+constexpr std::string_view kRematOnlyKeys[] = {"host_capacity_mb", "memory_fraction",      "trace_entries",
+                                               "oom_dump_dir",     "oom_dump_interval_ms", "tagging"};
+
+bool remat_syntax_key(std::string_view key) {
+  for (const std::string_view known : kRematOnlyKeys) {
+    if (key == known) return true;
+  }
+  return false;
+}
+
+// "..., and this text also has ..." when the text holds keys of the other syntax too.
+std::string mixed_syntax_note(std::string_view text, bool (*other_syntax_key)(std::string_view),
+                              std::string_view other_syntax) {
+  for (const std::string_view item : config_items(text)) {
+    const auto colon = item.find(':');
+    const std::string_view key = trim(item.substr(0, colon));
+    if (other_syntax_key(key)) {
+      return "; the text mixes the two syntaxes (it also has " + std::string(other_syntax) + "'s key " +
+             detail::quote(key) + "): write it all as REMAT_ALLOC_CONF or all as PYTORCH_CUDA_ALLOC_CONF";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+Config Config::parse(std::string_view text, Config base, std::string_view source) {
+  Config config = std::move(base);
+  KeysGiven given;
+  for (const std::string_view item : config_items(text)) {
+    const auto [key, value] = key_and_value(item, source, "backend:host,host_capacity_mb:1024");
+    given.add(source, key, value);
     if (apply_pytorch_setting(config, source, key, value)) continue;
     if (key == "backend") {
       if (value == "cuda") config.backend = BackendKind::cuda;
@@ -244,6 +295,11 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
       if (value == "on") config.tagging = true;
       else if (value == "off") config.tagging = false;
       else fail(source, key, value, "on or off");
+    } else if (pytorch_syntax_key(key)) {
+      const std::string mixed = mixed_syntax_note(text, &remat_syntax_key, "REMAT_ALLOC_CONF");
+      throw ConfigError(std::string(source) + ": unknown key " + detail::quote(key) + ": it is PyTorch's (" +
+                        "PYTORCH_CUDA_ALLOC_CONF), not REMAT_ALLOC_CONF's" +
+                        (mixed.empty() ? "; REMAT_ALLOC_CONF's keys are " + std::string(kKeys) : mixed));
     } else {
       throw ConfigError(std::string(source) + ": unknown key " + detail::quote(key) + "; valid keys are " +
                         std::string(kKeys));
@@ -252,24 +308,13 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
   return config;
 }
 
-namespace {
-
-// PyTorch 2.11's keys that only its own allocator implements (and the pinned host pool's).
-bool pytorch_only_key(std::string_view key) {
-  constexpr std::string_view kPyTorchOnly[] = {"release_lock_on_cudamalloc", "graph_capture_record_stream_reuse"};
-  for (const std::string_view known : kPyTorchOnly) {
-    if (key == known) return true;
-  }
-  return key.substr(0, 7) == "pinned_";
-}
-
-}  // namespace
-
 Config Config::parse_pytorch(std::string_view text, Config base, std::vector<std::string>& not_applied,
                              std::string_view source) {
   Config config = std::move(base);
+  KeysGiven given;
   for (const std::string_view item : config_items(text)) {
     const auto [key, value] = key_and_value(item, source, "max_split_size_mb:128,expandable_segments:True");
+    given.add(source, key, value);
     if (apply_pytorch_setting(config, source, key, value)) continue;
     if (key == "per_process_memory_fraction") {
       config.memory_fraction = parse_fraction(source, key, value);
@@ -281,6 +326,10 @@ Config Config::parse_pytorch(std::string_view text, Config base, std::vector<std
       }
     } else if (pytorch_only_key(key)) {
       not_applied.emplace_back(item);
+    } else if (remat_syntax_key(key)) {
+      throw ConfigError(std::string(source) + ": unknown key " + detail::quote(key) +
+                        ": it is REMAT_ALLOC_CONF's, not PyTorch's" +
+                        mixed_syntax_note(text, &pytorch_syntax_key, "PYTORCH_CUDA_ALLOC_CONF"));
     } else {
       throw ConfigError(std::string(source) + ": unknown key " + detail::quote(key) +
                         "; PyTorch's keys are max_split_size_mb, per_process_memory_fraction, backend, "

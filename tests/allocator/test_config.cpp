@@ -66,6 +66,38 @@ TEST(Config, UnknownKeyNamesTheKeyAndTheValidOnes) {
 }
 
 // The last value winning would hide a typo in a long configuration: a key given twice is refused.
+TEST(Config, PyTorchsSyntaxRefusesAKeyGivenTwiceToo) {
+  std::vector<std::string> not_applied;
+  try {
+    Config::parse_pytorch("expandable_segments:True,expandable_segments:False", Config{}, not_applied);
+    FAIL() << "a repeated key was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'expandable_segments' is given twice ('True', then 'False')"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Config, ATextMixingBothSyntaxesSaysSo) {
+  const std::string ours = config_error("per_process_memory_fraction:0.5,memory_fraction:0.5");
+  EXPECT_NE(ours.find("unknown key 'per_process_memory_fraction': it is PyTorch's (PYTORCH_CUDA_ALLOC_CONF), not "
+                      "REMAT_ALLOC_CONF's; the text mixes the two syntaxes (it also has REMAT_ALLOC_CONF's key "
+                      "'memory_fraction')"),
+            std::string::npos)
+      << ours;
+  std::vector<std::string> not_applied;
+  try {
+    Config::parse_pytorch("memory_fraction:0.5,per_process_memory_fraction:0.5", Config{}, not_applied);
+    FAIL() << "a mixed text was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown key 'memory_fraction': it is REMAT_ALLOC_CONF's, not PyTorch's; the "
+                                         "text mixes the two syntaxes (it also has PYTORCH_CUDA_ALLOC_CONF's key "
+                                         "'per_process_memory_fraction')"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Config, AKeyGivenTwiceIsRefusedWithBothValues) {
   const std::string message = config_error("memory_fraction:0.5,tagging:on,memory_fraction:1");
   EXPECT_NE(message.find("key 'memory_fraction' is given twice ('0.5', then '1'); give each key once"),

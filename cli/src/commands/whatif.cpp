@@ -54,7 +54,11 @@ struct Recorded {
   std::vector<std::string> notes;
 };
 
-std::uint64_t parse_capacity(const std::string& text) {
+std::uint64_t parse_capacity(const std::string& given) {
+  // " 80GB" as "80 GB" and "80GB": white space around the figure means nothing.
+  const std::size_t first = given.find_first_not_of(" \t");
+  const std::string text =
+      first == std::string::npos ? std::string() : given.substr(first, given.find_last_not_of(" \t") - first + 1);
   const ByteSize size = parse_byte_size(text, /*decimal_units=*/true);
   if (size.problem == ByteSize::Problem::too_large || (size.problem == ByteSize::Problem::none && size.bytes > kLargestCapacity)) {
     throw UsageError(fmt::format("--capacity {}: more than 4 PiB, the most a replayed device may have (each "
@@ -75,6 +79,11 @@ std::uint64_t parse_capacity(const std::string& text) {
 // stands (backend:native, pinned_* and the other keys only PyTorch's allocator has are noted in
 // `notes`, when given, and not replayed). A text that is neither is REMAT_ALLOC_CONF's error.
 alloc::Config parse_conf(const std::string& text, const alloc::Config& base, std::vector<std::string>* notes) {
+  if (text.find_first_not_of(", \t") == std::string::npos) {
+    throw UsageError(fmt::format("--conf {}: no setting in it; give key:value pairs separated by commas, such as "
+                                 "expandable_segments:True or max_split_size_mb:128,memory_fraction:0.9",
+                                 text.empty() ? std::string("'' (empty)") : printable(text)));
+  }
   try {
     return alloc::Config::parse(text, base, "--conf");
   } catch (const alloc::ConfigError& error) {
