@@ -81,7 +81,11 @@ Event VirtualBackend::record_event(Stream) {
   return &completed;
 }
 
-void* VirtualBackend::reserve(std::size_t bytes) { return take_range(bytes); }
+void* VirtualBackend::reserve(std::size_t bytes) {
+  void* base = take_range(bytes);
+  if (base == nullptr) address_space_ran_out_ = true;
+  return base;
+}
 
 bool VirtualBackend::map(void*, std::size_t bytes) {
   if (bytes > capacity_ - used_) return false;

@@ -183,6 +183,13 @@ void WhatIfReplay::fail(Pool& pool, const Event& event, const char* message) {
   failure.allocated_bytes = static_cast<std::uint64_t>(pool.allocator->stats().allocated_bytes.current);
   failure.holders = holders();
   failure.message = message;
+  if (pool.backend->address_space_ran_out()) {
+    failure.replay_limit = true;
+    failure.message = "the replay's 64-bit address space ran out: each stream's expandable segment reserves the "
+                      "device's size and an eighth more, and this input has more streams than that space holds "
+                      "segments of that size; this is the replay's limit, not the workload's: give --capacity the "
+                      "device's real size";
+  }
   pool.failure = std::move(failure);
   pool.stopped = true;
   ++pool.events;  // the failing event is the last one this run took in

@@ -48,7 +48,9 @@ struct WhatIfFailure {
   std::uint64_t reserved_bytes = 0;   // the pool's reserved bytes before the request
   std::uint64_t allocated_bytes = 0;  // the pool's allocated bytes before the request
   std::vector<WhatIfHolder> holders;  // by region, largest first (empty where the input has no tags)
-  std::string message;                // the pool's OutOfMemoryError text
+  std::string message;                // the pool's OutOfMemoryError text, or the replay's limit
+  // The replay's own address space ran out (not the replayed device's memory).
+  bool replay_limit = false;
 };
 
 struct WhatIfRun {

@@ -223,9 +223,19 @@ void replay_input(const WhatIfOptions& options, Recorded& recorded, Begin begin)
   for (const Event& event : snapshot.events) sink.on_event(event);
 }
 
+std::string run_name(std::size_t index) { return index == 0 ? "recorded" : fmt::format("conf {}", index); }
+
 // What the input said about itself, then what the replay met in it.
-std::vector<std::string> all_notes(const Recorded& recorded, const WhatIfCounts& counts) {
+std::vector<std::string> all_notes(const Recorded& recorded, const WhatIfCounts& counts,
+                                   const std::vector<WhatIfRun>& runs) {
   std::vector<std::string> notes = recorded.notes;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].failure && runs[i].failure->replay_limit) {
+      notes.push_back(fmt::format("{} stopped at event {}, not out of the device's memory: {}",
+                                  run_name(i),
+                                  runs[i].failure->event, runs[i].failure->message));
+    }
+  }
   if (counts.events == 0) notes.push_back("the input holds no events: every figure is 0");
   if (counts.skipped_frees > 0) {
     notes.push_back(fmt::format("{} frees of addresses with no live allocation in the input (allocated before its "
@@ -239,8 +249,6 @@ std::vector<std::string> all_notes(const Recorded& recorded, const WhatIfCounts&
   }
   return notes;
 }
-
-std::string run_name(std::size_t index) { return index == 0 ? "recorded" : fmt::format("conf {}", index); }
 
 Report text_report(const WhatIfOptions& options, const Recorded& recorded, const WhatIfCounts& counts,
                    std::uint64_t capacity, const std::string& capacity_source, const std::vector<WhatIfRun>& runs) {
@@ -319,7 +327,7 @@ Report text_report(const WhatIfOptions& options, const Recorded& recorded, const
   }
   if (!failures.rows.empty()) report.tables.push_back(std::move(failures));
   if (!holders.rows.empty()) report.tables.push_back(std::move(holders));
-  report.notes = all_notes(recorded, counts);
+  report.notes = all_notes(recorded, counts, runs);
   return report;
 }
 
@@ -377,7 +385,7 @@ std::string whatif_dump(const WhatIfOptions& options, const Recorded& recorded, 
                     {"failure", std::move(failure)}});
   }
   root["runs"] = std::move(list);
-  root["notes"] = all_notes(recorded, counts);
+  root["notes"] = all_notes(recorded, counts, runs);
   return json_text(root, 2) + "\n";
 }
 

@@ -143,5 +143,24 @@ TEST(CliMessages, DiffReadsStandardInputForOneSideOnly) {
             "to a file and pass its path\n");
 }
 
+// With expandable segments each stream reserves the device's size and an eighth more of the
+// replay's 64-bit space; thousands of streams at a 4 PiB capacity exhaust it. That is said to be
+// the replay's limit, not reported as the workload running out of memory.
+TEST(CliMessages, WhatifSaysWhenTheReplaysOwnAddressSpaceRanOut) {
+  TempDir dir;
+  std::vector<std::string> events;
+  for (int i = 0; i < 4000; ++i) events.push_back(event("alloc", 1000 + i, (1ULL << 40) + 4096ULL * i, 512, 0, i + 1));
+  const std::string trace = dir.write("streams.jsonl", trace_text(events));
+  const CliResult r = run({"whatif", trace, "--capacity", "4PiB", "--conf", "expandable_segments:True"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("note: conf 1 stopped at event 3641, not out of the device's memory: the replay's 64-bit "
+                       "address space ran out"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("this is the replay's limit, not the workload's: give --capacity the device's real size"),
+            std::string::npos)
+      << r.out;
+}
+
 }  // namespace
 }  // namespace remat::report::testing

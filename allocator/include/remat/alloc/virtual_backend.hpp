@@ -38,6 +38,9 @@ class VirtualBackend final : public Backend {
   std::uint64_t device_allocations() const { return allocations_; }
   // Backend calls that gave memory back: segments freed and ranges unmapped.
   std::uint64_t device_releases() const { return releases_; }
+  // Whether a reservation found no free range in the 64-bit space: the replay's limit (each
+  // expandable segment reserves the device's size and an eighth more), not the device's.
+  bool address_space_ran_out() const { return address_space_ran_out_; }
 
  private:
   static constexpr std::size_t kGranularity = std::size_t{2} << 20;
@@ -54,6 +57,7 @@ class VirtualBackend final : public Backend {
   std::set<std::pair<std::size_t, std::uintptr_t>> free_by_length_;  // (length, start)
   std::uint64_t allocations_ = 0;
   std::uint64_t releases_ = 0;
+  bool address_space_ran_out_ = false;
 };
 
 }  // namespace remat::alloc
