@@ -265,20 +265,24 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   out.memory = s.backend->memory_info();
   out.tag_stats = s.tags_that_allocated();
   out.segments.reserve(s.segments.size());
+  // As PyTorch: each mapped run of an expandable segment (between its holes) is one segment.
   for (const auto& [address, head] : s.segments) {
     SegmentInfo segment;
-    segment.address = address;
-    segment.stream = head->stream;
-    segment.is_small = head->small;
-    segment.is_expandable = head->expandable != nullptr;
     for (const Block* block = head; block != nullptr; block = block->next) {
+      if (!block->mapped) continue;
+      if (segment.blocks.empty()) {
+        segment.address = block->address;
+        segment.stream = block->stream;
+        segment.is_small = block->small;
+        segment.is_expandable = block->expandable != nullptr;
+      }
       const BlockState state = block->allocated ? BlockState::active_allocated
                                : block->pending_events > 0 ? BlockState::active_pending_free
                                                             : BlockState::inactive;
       segment.blocks.push_back({block->address, block->size, block->requested, state, block->tag});
       segment.total_size += block->size;
+      if (block->next == nullptr || !block->next->mapped) out.segments.push_back(std::exchange(segment, {}));
     }
-    out.segments.push_back(std::move(segment));
   }
   out.trace = s.trace.events();
   out.trace_capacity = s.trace.capacity();

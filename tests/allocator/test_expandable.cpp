@@ -8,9 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
+#include <vector>
 
 using namespace remat::alloc;
 using namespace remat::alloc::testing;
@@ -251,4 +255,109 @@ TEST(GarbageCollectionThreshold, UnmapsIdleExpandableTails) {
   void* on_two = a.alloc(30 * MiB, 2);  // stream 2 finds nothing cached: GC unmaps stream 1's tail first
   EXPECT_EQ(a.stats().reserved_bytes.current, mib(40));
   a.free(on_two);
+}
+
+TEST(ExpandableSegments, UnmapFreePagesInTheirMiddleBeforeGivingUp) {
+  // 100 MiB freed at the segment's start, below a live block: the pool does not hand it to a
+  // 30 MiB request (max_split_size), and growing the end would pass the 140 MiB device. The
+  // retry unmaps the free pages in the middle and maps the request's there.
+  HostAllocator a("expandable_segments:True,max_split_size_mb:48", 140);
+  void* front = a.alloc(100 * MiB);
+  void* live = a.alloc(20 * MiB);
+  a.free(front);
+  void* request = a.alloc(30 * MiB);
+  EXPECT_EQ(request, front);
+  EXPECT_EQ(a.stats().num_alloc_retries, 1u);
+  EXPECT_EQ(a.stats().num_ooms, 0u);
+  EXPECT_EQ(a.stats().reserved_bytes.current, mib(60));  // 40 MiB mapped in the hole, 20 MiB live
+  EXPECT_EQ(a.host->used_bytes(), 60 * MiB);
+  // The snapshot shows the mapped runs on either side of the remaining hole, as PyTorch does.
+  const AllocatorSnapshot snap = a.allocator->snapshot();
+  ASSERT_EQ(snap.segments.size(), 2u);
+  EXPECT_EQ(snap.segments[0].address, addr(front));
+  EXPECT_EQ(snap.segments[0].total_size, 40 * MiB);
+  EXPECT_EQ(snap.segments[1].address, addr(live));
+  EXPECT_EQ(snap.segments[1].total_size, 20 * MiB);
+  EXPECT_EQ(a.stats().segments.current, 1);
+  // The hole fills again, joining the mapped runs: one 120 MiB segment.
+  void* more = a.alloc(60 * MiB);
+  EXPECT_EQ(addr(more), addr(front) + 30 * MiB);
+  EXPECT_EQ(a.allocator->snapshot().segments.size(), 1u);
+  EXPECT_EQ(a.stats().reserved_bytes.current, mib(120));
+  a.free(request);
+  a.free(more);
+  a.free(live);
+  a.allocator->empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes.current, 0);
+  EXPECT_EQ(a.stats().segments.current, 0);
+  EXPECT_EQ(a.host->used_bytes(), 0u);
+}
+
+TEST(ExpandableSegments, EmptyCacheUnmapsFreePagesBetweenLiveBlocks) {
+  HostAllocator a(kExpandable);
+  void* first = a.alloc(10 * MiB);
+  void* middle = a.alloc(50 * MiB);
+  void* last = a.alloc(10 * MiB);
+  a.free(middle);
+  a.allocator->empty_cache();
+  // The 50 MiB block lies from 10 to 60 MiB: granules 10-60 go back, nothing live is touched.
+  EXPECT_EQ(a.host->used_bytes(), 20 * MiB);
+  std::memset(first, 1, 10 * MiB);
+  std::memset(last, 2, 10 * MiB);
+  a.free(first);
+  a.free(last);
+  a.allocator->empty_cache();
+  EXPECT_EQ(a.host->used_bytes(), 0u);
+  EXPECT_EQ(a.stats().reserved_bytes.current, 0);
+}
+
+namespace {
+
+// Random sizes from 1 B to 70 MB (half uniform, half log-uniform), up to 60 blocks live, on an
+// 8 GiB host device; counts the requests refused.
+std::uint64_t out_of_memory_errors(const std::string& conf, std::uint64_t seed, int steps) {
+  HostAllocator a(conf, 8192);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> log_size(0.0, std::log(70e6));
+  std::uniform_int_distribution<std::size_t> uniform_size(1, 70'000'000);
+  std::vector<void*> live;
+  std::uint64_t refused = 0;
+  for (int step = 0; step < steps; ++step) {
+    if (live.size() < 60 && (live.empty() || rng() % 2 == 0)) {
+      const std::size_t size =
+          rng() % 2 == 0 ? uniform_size(rng) : static_cast<std::size_t>(std::exp(log_size(rng)));
+      try {
+        live.push_back(a.alloc(std::max<std::size_t>(size, 1)));
+      } catch (const OutOfMemoryError&) {
+        ++refused;
+      }
+    } else {
+      const std::size_t victim = rng() % live.size();
+      a.free(live[victim]);
+      live[victim] = live.back();
+      live.pop_back();
+    }
+  }
+  EXPECT_LE(a.stats().reserved_bytes.peak, mib(8192));
+  for (void* p : live) a.free(p);
+  a.allocator->empty_cache();
+  EXPECT_EQ(a.host->used_bytes(), 0u) << conf;
+  return refused;
+}
+
+}  // namespace
+
+TEST(ExpandableSegments, WithMaxSplitSizeNeverRunOutWithMostMemoryFree) {
+  // At most 60 blocks of 70 MB live: 4.2 GB at most on an 8 GiB device, so no request may fail.
+  for (const char* conf : {"expandable_segments:True,max_split_size_mb:48", "expandable_segments:True",
+                           "max_split_size_mb:48",
+                           "expandable_segments:True,max_split_size_mb:48,roundup_power2_divisions:4",
+                           "expandable_segments:True,max_split_size_mb:48,memory_fraction:0.9,"
+                           "garbage_collection_threshold:0.6",
+                           "expandable_segments:True,max_split_size_mb:64,roundup_power2_divisions:[256:1,>:8],"
+                           "memory_fraction:0.8,garbage_collection_threshold:0.5"}) {
+    for (const std::uint64_t seed : {9u, 1u, 2u}) {
+      EXPECT_EQ(out_of_memory_errors(conf, seed, 4000), 0u) << conf << " seed " << seed;
+    }
+  }
 }

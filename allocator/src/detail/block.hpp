@@ -7,21 +7,25 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace remat::alloc::detail {
 
 struct Block;
 
-// Address space reserved for one stream and pool, mapped from its start up to `mapped`; its
-// blocks cover [base, base + mapped) and `tail` is the last of them.
+// Address space reserved for one stream and pool. Its blocks cover [base, base + extent) and
+// `tail` is the last of them; all of that is mapped but the holes: unmapped blocks (whole
+// granules given back while the blocks around them stayed), by address.
 struct ExpandableSegment {
   std::uintptr_t base = 0;
   std::size_t reserved = 0;
-  std::size_t mapped = 0;
+  std::size_t extent = 0;
+  std::size_t mapped = 0;  // extent less the holes
   Stream stream = 0;
   bool small = false;
   Block* tail = nullptr;
+  std::map<std::uintptr_t, Block*> holes;
 };
 
 struct Block {
@@ -40,8 +44,9 @@ struct Block {
   TagId tag = 0;
   bool allocated = false;
   bool small = false;
+  bool mapped = true;  // false: a hole of an expandable segment, in no free pool
 
-  bool is_free() const { return !allocated && pending_events == 0; }
+  bool is_free() const { return mapped && !allocated && pending_events == 0; }
   // A free block that is a whole fixed segment can go back to the backend as it is.
   bool is_whole_segment() const { return prev == nullptr && next == nullptr && expandable == nullptr; }
 };

@@ -140,8 +140,8 @@ struct CachingAllocator::State {
     recycle(block);
   }
 
-  // A block for `rounded` bytes from new device memory: a new fixed segment, or the stream's
-  // expandable segment grown at its end.
+  // A block for `rounded` bytes from new device memory: a new fixed segment, or pages mapped in
+  // the stream's expandable segment (into a hole, else at its end).
   Block* new_memory(std::size_t rounded, Stream stream, bool small) {
     if (config.expandable_segments) return grow_expandable(rounded, stream, small);
     return new_segment(segment_size_for(rounded, config.large_segment_size_bytes), stream, small);
@@ -172,28 +172,27 @@ struct CachingAllocator::State {
     return std::lcm(small ? kSmallSegmentSize : config.large_segment_size_bytes, backend->granularity());
   }
 
-  // Maps enough at the segment's end for `rounded` bytes in its free tail block (or a new
-  // tail block) and returns that block, out of the free pool; nullptr when the cap, the
-  // reservation or the device has no room.
+  // Maps pages for `rounded` bytes and returns the free block holding them, out of the free
+  // pool: in the lowest hole that has room (with the free blocks on either side of it), else
+  // at the segment's end. nullptr when the cap, the reservation or the device has no room.
   Block* grow_expandable(std::size_t rounded, Stream stream, bool small) {
     ExpandableSegment* segment = expandable_for(stream, small);
     if (segment == nullptr) return nullptr;
+    for (const auto& [address, hole] : segment->holes) {
+      if (Block* block = map_into_hole(*segment, hole, rounded)) return block;
+    }
     Block* tail = segment->tail;
     // A free tail too small for the request grows; one the pool would not hand out
     // (max_split_size) stays as it is, with the new block after it.
     const bool extend_tail = tail != nullptr && tail->is_free() && tail->size < rounded;
     const std::size_t have = extend_tail ? tail->size : 0;
     const std::size_t grow = detail::round_up(rounded - have, growth_step(small));
-    if (grow > segment->reserved - segment->mapped ||
-        detail::exceeds_reserved_cap(static_cast<std::size_t>(stats.reserved_bytes.current), reserved_limit, grow)) {
+    if (grow > segment->reserved - segment->extent || !map_pages(*segment, segment->base + segment->extent, grow)) {
       return nullptr;
     }
-    const std::uintptr_t end = segment->base + segment->mapped;
-    if (!backend->map(reinterpret_cast<void*>(end), grow)) return nullptr;
-    if (segment->mapped == 0) stats.segments.add(1);
-    segment->mapped += grow;
-    stats.reserved_bytes.add(static_cast<std::int64_t>(grow));
-    trace.record(TraceAction::segment_alloc, end, grow, stream, current_tag_id());
+    if (segment->extent == 0) stats.segments.add(1);
+    const std::uintptr_t end = segment->base + segment->extent;
+    segment->extent += grow;
     if (extend_tail) {
       erase_free(tail);
       tail->size += grow;
@@ -212,30 +211,92 @@ struct CachingAllocator::State {
     return block;
   }
 
-  // Unmaps the whole granules of the segment's free tail block; the segment's reservation
-  // goes back once nothing of it is mapped. Returns the bytes unmapped.
-  std::size_t shrink_expandable(ExpandableSegment& segment) {
-    Block* tail = segment.tail;
-    if (tail == nullptr || !tail->is_free()) return 0;
-    const std::uintptr_t end = segment.base + segment.mapped;
-    const std::uintptr_t keep_to = segment.base + detail::round_up(tail->address - segment.base, backend->granularity());
-    if (keep_to >= end) return 0;
-    const std::size_t unmapped = end - keep_to;
-    erase_free(tail);
-    backend->unmap(reinterpret_cast<void*>(keep_to), unmapped);
-    trace.record(TraceAction::segment_free, keep_to, unmapped, segment.stream, 0);
+  // Maps `bytes` at `address` of the segment and counts them; false when the cap or the device
+  // has no room.
+  bool map_pages(ExpandableSegment& segment, std::uintptr_t address, std::size_t bytes) {
+    if (detail::exceeds_reserved_cap(static_cast<std::size_t>(stats.reserved_bytes.current), reserved_limit, bytes) ||
+        !backend->map(reinterpret_cast<void*>(address), bytes)) {
+      return false;
+    }
+    segment.mapped += bytes;
+    stats.reserved_bytes.add(static_cast<std::int64_t>(bytes));
+    trace.record(TraceAction::segment_alloc, address, bytes, segment.stream, current_tag_id());
+    return true;
+  }
+
+  // Maps the start of `hole` so that, with the free blocks before and after it, a free block of
+  // `rounded` bytes forms; returns it out of the pool, or nullptr when the hole has no room or
+  // the memory is not there.
+  Block* map_into_hole(ExpandableSegment& segment, Block* hole, std::size_t rounded) {
+    Block* before = hole->prev != nullptr && hole->prev->is_free() ? hole->prev : nullptr;
+    Block* after = hole->next != nullptr && hole->next->is_free() ? hole->next : nullptr;
+    const std::size_t have = before != nullptr ? before->size : 0;
+    // The block before alone would do but the pool did not hand it out (max_split_size):
+    // mapping nothing changes that.
+    if (have >= rounded) return nullptr;
+    const std::size_t grow = std::min(hole->size, detail::round_up(rounded - have, growth_step(segment.small)));
+    const bool whole = grow == hole->size;
+    if (have + grow + (whole && after != nullptr ? after->size : 0) < rounded) return nullptr;
+    if (!map_pages(segment, hole->address, grow)) return nullptr;
+    segment.holes.erase(hole->address);
+    Block* block = hole;
+    if (whole) {
+      hole->mapped = true;
+    } else {
+      block = new_block();
+      block->address = hole->address;
+      block->size = grow;
+      block->stream = hole->stream;
+      block->small = hole->small;
+      block->expandable = &segment;
+      block->prev = hole->prev;
+      block->next = hole;
+      if (block->prev != nullptr) block->prev->next = block;
+      else segments[block->address] = block;
+      hole->prev = block;
+      hole->address += grow;
+      hole->size -= grow;
+      segment.holes.emplace(hole->address, hole);
+    }
+    merge(block, before);
+    if (whole) merge(block, after);
+    return block;
+  }
+
+  // Unmaps the whole granules inside a free block of an expandable segment: they become a hole
+  // (merged with holes beside it), or, at the segment's end, leave the segment, whose
+  // reservation goes back once nothing of it is left. Returns the bytes unmapped.
+  std::size_t unmap_free_pages(Block* block) {
+    ExpandableSegment& segment = *block->expandable;
+    const std::size_t granularity = backend->granularity();
+    const std::uintptr_t begin = block->address;
+    const std::uintptr_t end = begin + block->size;
+    const std::uintptr_t low = segment.base + detail::round_up(begin - segment.base, granularity);
+    const std::uintptr_t high = segment.base + (end - segment.base) / granularity * granularity;
+    if (low >= high) return 0;
+    const std::size_t unmapped = high - low;
+    erase_free(block);
+    backend->unmap(reinterpret_cast<void*>(low), unmapped);
+    trace.record(TraceAction::segment_free, low, unmapped, segment.stream, 0);
     segment.mapped -= unmapped;
     stats.reserved_bytes.subtract(static_cast<std::int64_t>(unmapped));
-    if (keep_to > tail->address) {
-      tail->size = keep_to - tail->address;
-      insert_free(tail);
+    // The pieces of granules that stay mapped on either side stay free blocks.
+    if (low > begin) insert_free(split_off_front(block, low - begin));
+    if (high < end) insert_free(split_off_back(block, end - high));
+    Block* hole = block;
+    hole->mapped = false;
+    if (hole->prev != nullptr && !hole->prev->mapped) absorb_hole(hole, hole->prev);
+    if (hole->next != nullptr && !hole->next->mapped) absorb_hole(hole, hole->next);
+    if (hole != segment.tail) {
+      segment.holes.emplace(hole->address, hole);
       return unmapped;
     }
-    segment.tail = tail->prev;
-    if (tail->prev != nullptr) tail->prev->next = nullptr;
-    else segments.erase(tail->address);
-    recycle(tail);
-    if (segment.mapped == 0) {
+    segment.tail = hole->prev;
+    segment.extent = hole->address - segment.base;
+    if (hole->prev != nullptr) hole->prev->next = nullptr;
+    else segments.erase(hole->address);
+    recycle(hole);
+    if (segment.extent == 0) {
       stats.segments.subtract(1);
       backend->release(reinterpret_cast<void*>(segment.base), segment.reserved);
       std::erase_if(expandable, [&](const auto& owned) { return owned.get() == &segment; });
@@ -243,22 +304,83 @@ struct CachingAllocator::State {
     return unmapped;
   }
 
+  // A new block for the first `bytes` of `block`, which keeps the rest; the new one is free.
+  Block* split_off_front(Block* block, std::size_t bytes) {
+    Block* front = new_block();
+    front->address = block->address;
+    front->size = bytes;
+    front->stream = block->stream;
+    front->small = block->small;
+    front->expandable = block->expandable;
+    front->freed_at = block->freed_at;
+    front->prev = block->prev;
+    front->next = block;
+    if (front->prev != nullptr) front->prev->next = front;
+    else segments[front->address] = front;
+    block->prev = front;
+    block->address += bytes;
+    block->size -= bytes;
+    return front;
+  }
+
+  // A new block for the last `bytes` of `block`, which keeps the rest; the new one is free.
+  Block* split_off_back(Block* block, std::size_t bytes) {
+    Block* back = new_block();
+    back->size = bytes;
+    block->size -= bytes;
+    back->address = block->address + block->size;
+    back->stream = block->stream;
+    back->small = block->small;
+    back->expandable = block->expandable;
+    back->freed_at = block->freed_at;
+    back->prev = block;
+    back->next = block->next;
+    if (back->next != nullptr) back->next->prev = back;
+    else block->expandable->tail = back;
+    block->next = back;
+    return back;
+  }
+
+  // `hole` takes in the hole beside it.
+  void absorb_hole(Block* hole, Block* neighbour) {
+    ExpandableSegment& segment = *hole->expandable;
+    segment.holes.erase(neighbour->address);
+    if (neighbour == hole->prev) {
+      hole->address = neighbour->address;
+      hole->prev = neighbour->prev;
+      if (hole->prev != nullptr) hole->prev->next = hole;
+      else segments[hole->address] = hole;
+    } else {
+      hole->next = neighbour->next;
+      if (hole->next != nullptr) hole->next->prev = hole;
+      else segment.tail = hole;
+    }
+    hole->size += neighbour->size;
+    recycle(neighbour);
+  }
+
+  // What empty_cache and the retry before out-of-memory give back: every whole free fixed
+  // segment, and every whole free granule of the expandable segments, wherever it lies.
   void release_cached_blocks() {
     std::vector<Block*> whole;
-    small_pool.for_each([&](Block* block) { if (block->is_whole_segment()) whole.push_back(block); });
-    large_pool.for_each([&](Block* block) { if (block->is_whole_segment()) whole.push_back(block); });
+    std::vector<Block*> in_expandable;
+    auto consider = [&](Block* block) {
+      if (block->is_whole_segment()) whole.push_back(block);
+      else if (block->expandable != nullptr) in_expandable.push_back(block);
+    };
+    small_pool.for_each(consider);
+    large_pool.for_each(consider);
     for (Block* block : whole) {
       erase_free(block);
       release_segment(block);
     }
-    std::vector<ExpandableSegment*> grown;
-    for (const auto& segment : expandable) grown.push_back(segment.get());
-    for (ExpandableSegment* segment : grown) shrink_expandable(*segment);
+    // Unmapping one block changes only it and the holes beside it, so the others stay valid.
+    for (Block* block : in_expandable) unmap_free_pages(block);
   }
 
   // PyTorch's garbage_collection_threshold: with a memory_fraction cap, once reserved bytes
   // pass the threshold's share of it, give back the cached memory idle longest (whole free
-  // segments, expandable segments' free tails) until reserved is under the threshold again.
+  // segments, expandable segments' free granules) until reserved is under the threshold again.
   void collect_garbage() {
     if (config.garbage_collection_threshold <= 0.0 || reserved_limit == Config::kUnlimited) return;
     const auto threshold = static_cast<std::size_t>(config.garbage_collection_threshold *
@@ -267,9 +389,7 @@ struct CachingAllocator::State {
     if (reserved() <= threshold) return;
     std::vector<Block*> idle;
     auto consider = [&](Block* block) {
-      if (block->is_whole_segment() || (block->expandable != nullptr && block == block->expandable->tail)) {
-        idle.push_back(block);
-      }
+      if (block->is_whole_segment() || block->expandable != nullptr) idle.push_back(block);
     };
     small_pool.for_each(consider);
     large_pool.for_each(consider);
@@ -277,7 +397,7 @@ struct CachingAllocator::State {
     for (Block* block : idle) {
       if (reserved() <= threshold) break;
       if (block->expandable != nullptr) {
-        shrink_expandable(*block->expandable);
+        unmap_free_pages(block);
       } else {
         erase_free(block);
         release_segment(block);
@@ -360,13 +480,21 @@ struct CachingAllocator::State {
   // statistics and the trace (detail/oom_reporting.hpp).
   detail::PoolFigures figures_for_oom_report() const {
     detail::FreeSpace free;
-    auto count = [&free](const Block* block) {
+    const std::size_t granularity = backend->granularity();
+    auto count = [&](const Block* block) {
       const auto bytes = static_cast<std::int64_t>(block->size);
       free.largest_free_block = std::max(free.largest_free_block, bytes);
-      if (block->is_whole_segment() || (block->expandable != nullptr && block == block->expandable->tail)) {
-        free.releasable_bytes += bytes;
-      } else {
-        free.fragmented_free_bytes += bytes;
+      std::int64_t releasable = block->is_whole_segment() ? bytes : 0;
+      if (const ExpandableSegment* segment = block->expandable) {
+        // Its whole granules can be unmapped.
+        const std::uintptr_t low = segment->base + detail::round_up(block->address - segment->base, granularity);
+        const std::uintptr_t high =
+            segment->base + (block->address + block->size - segment->base) / granularity * granularity;
+        releasable = high > low ? static_cast<std::int64_t>(high - low) : 0;
+      }
+      free.releasable_bytes += releasable;
+      if (releasable < bytes) {
+        free.fragmented_free_bytes += bytes - releasable;
         ++free.free_blocks_in_split_segments;
       }
     };
