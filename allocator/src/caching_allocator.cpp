@@ -110,7 +110,7 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
     }
     if (block == nullptr) {
       ++s.stats.num_ooms;
-      s.trace.record(TraceAction::oom, 0, rounded, stream, tag);
+      s.trace.record_request(TraceAction::oom, 0, rounded, size, stream, tag);
       const std::size_t segment_size = s.config.expandable_segments
                                            ? detail::round_up(rounded, s.growth_step(small))
                                            : segment_size_for(rounded, s.config.large_segment_size_bytes);
@@ -132,7 +132,7 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
   per_tag.bytes.add(bytes);
   per_tag.requested_bytes.add(static_cast<std::int64_t>(size));
   per_tag.count.add(1);
-  s.trace.record(TraceAction::alloc, block->address, block->size, stream, tag);
+  s.trace.record_request(TraceAction::alloc, block->address, block->size, size, stream, tag);
   return reinterpret_cast<void*>(block->address);
 }
 
@@ -198,6 +198,24 @@ void CachingAllocator::empty_cache() {
   std::lock_guard lock(state_->mutex);
   state_->process_pending_frees(false);
   state_->release_cached_blocks();
+}
+
+bool CachingAllocator::release_cached_range(std::uintptr_t address, std::size_t bytes) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  s.process_pending_frees(false);
+  Block* block = s.block_holding(address);
+  if (block == nullptr || !block->is_free()) return false;
+  if (block->expandable == nullptr) {
+    if (!block->is_whole_segment() || block->address != address || block->size != bytes) return false;
+    s.erase_free(block);
+    s.release_segment(block);
+    return true;
+  }
+  const auto [low, high] = s.whole_granules(*block);
+  if (low != address || high - low != bytes) return false;
+  s.unmap_free_pages(block);
+  return true;
 }
 
 void CachingAllocator::apply_config(const Config& config) {

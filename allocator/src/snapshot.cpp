@@ -40,8 +40,9 @@ void write_event(JsonWriter& json, const TraceEvent& event) {
       .field("address", event.address)
       .field("size", event.size)
       .field("stream", static_cast<std::uint64_t>(event.stream))
-      .field("tag", event.tag)
-      .end_object();
+      .field("tag", event.tag);
+  if (event.requested != 0) json.field("requested", event.requested);
+  json.end_object();
 }
 
 void write_stat(JsonWriter& json, std::string_view name, const Stat& stat) {

@@ -65,7 +65,7 @@ std::vector<TraceEvent> TraceRing::events(std::size_t limit) const {
     const RawEvent& raw = events_[index];
     const std::int64_t time = origin_us_ + static_cast<std::int64_t>(static_cast<double>(raw.ticks - origin_ticks_) *
                                                                       us_per_tick);
-    out.push_back(TraceEvent{time, raw.address, raw.size, raw.stream, raw.tag, raw.action});
+    out.push_back(TraceEvent{time, raw.address, raw.size, raw.stream, raw.tag, raw.action, raw.requested});
     if (raw.completed_at_once) {
       out.push_back(TraceEvent{time, raw.address, raw.size, raw.stream, raw.tag, TraceAction::free_completed});
     }

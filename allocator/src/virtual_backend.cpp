@@ -37,6 +37,51 @@ void* VirtualBackend::take_range(std::size_t bytes) {
   return reinterpret_cast<void*>(start);
 }
 
+bool VirtualBackend::take_range_at(std::uintptr_t start, std::size_t bytes) {
+  const std::size_t span = round_up_to_granules(bytes, kGranularity);
+  if (span == 0 || start > std::numeric_limits<std::uintptr_t>::max() - span) return false;
+  auto holder = free_by_address_.upper_bound(start);
+  if (holder == free_by_address_.begin()) return false;
+  --holder;
+  const auto [free_start, length] = *holder;
+  if (start + span > free_start + length) return false;
+  free_by_length_.erase({length, free_start});
+  free_by_address_.erase(holder);
+  if (start > free_start) {
+    free_by_address_.emplace(free_start, start - free_start);
+    free_by_length_.emplace(start - free_start, free_start);
+  }
+  const std::uintptr_t end = start + span;
+  if (free_start + length > end) {
+    free_by_address_.emplace(end, free_start + length - end);
+    free_by_length_.emplace(free_start + length - end, end);
+  }
+  return true;
+}
+
+void* VirtualBackend::take_expected(std::size_t bytes, bool reservation) {
+  if (expected_.empty()) {
+    ++misses_;
+    return nullptr;
+  }
+  const Range expected = expected_.front();
+  // A reservation's size is the pool's (the device's and an eighth more); its first mapping
+  // says where it lay.
+  if (!reservation) expected_.pop_front();
+  if ((!reservation && expected.bytes != bytes) || !take_range_at(expected.address, bytes)) {
+    ++misses_;
+    return nullptr;
+  }
+  return reinterpret_cast<void*>(expected.address);
+}
+
+std::uint64_t VirtualBackend::take_misses() {
+  const std::uint64_t misses = misses_ + expected_.size();
+  misses_ = 0;
+  expected_.clear();
+  return misses;
+}
+
 void VirtualBackend::give_back_range(void* address, std::size_t bytes) {
   std::uintptr_t start = reinterpret_cast<std::uintptr_t>(address);
   std::size_t length = round_up_to_granules(bytes, kGranularity);
@@ -61,7 +106,8 @@ void VirtualBackend::give_back_range(void* address, std::size_t bytes) {
 
 void* VirtualBackend::allocate(std::size_t bytes) {
   if (bytes == 0 || bytes > capacity_ - used_) return nullptr;
-  void* ptr = take_range(bytes);
+  void* ptr = following_ ? take_expected(bytes, false) : nullptr;
+  if (ptr == nullptr) ptr = take_range(bytes);
   if (ptr == nullptr) return nullptr;
   used_ += bytes;
   ++allocations_;
@@ -74,20 +120,31 @@ void VirtualBackend::deallocate(void* ptr, std::size_t bytes) {
   ++releases_;
 }
 
-Event VirtualBackend::record_event(Stream) {
+Event VirtualBackend::record_event(Stream stream) {
   // Work on a virtual stream is complete as soon as it is enqueued; the pool needs a
   // non-null handle to keep.
   static char completed;
-  return &completed;
+  if (stream != kHeldStream) return &completed;
+  // Handles numbered 2, 4, ...: small numbers, never the address of `completed`.
+  last_held_ = reinterpret_cast<Event>(held_events_ += 2);
+  held_.insert(last_held_);
+  return last_held_;
 }
 
 void* VirtualBackend::reserve(std::size_t bytes) {
-  void* base = take_range(bytes);
+  void* base = following_ ? take_expected(bytes, true) : nullptr;
+  if (base == nullptr) base = take_range(bytes);
   if (base == nullptr) address_space_ran_out_ = true;
   return base;
 }
 
-bool VirtualBackend::map(void*, std::size_t bytes) {
+bool VirtualBackend::map(void* address, std::size_t bytes) {
+  if (following_) {
+    const bool as_expected = !expected_.empty() && expected_.front().address == reinterpret_cast<std::uintptr_t>(address) &&
+                             expected_.front().bytes == bytes;
+    if (as_expected) expected_.pop_front();
+    else ++misses_;
+  }
   if (bytes > capacity_ - used_) return false;
   used_ += bytes;
   ++allocations_;

@@ -102,16 +102,24 @@ TEST(Snapshot, ShowsExpandableSegmentsAndPyTorchsSettings) {
 
 TEST(Snapshot, TraceDumpIsJsonLinesWithAHeader) {
   HostAllocator a("trace_entries:32");
-  a.free(a.alloc(512));
+  a.free(a.alloc(500));
   std::istringstream lines(trace_to_jsonl(a.allocator->snapshot()));
   std::string line;
   std::getline(lines, line);
   const auto header = nlohmann::json::parse(line);
   EXPECT_EQ(header["kind"], "trace");
   EXPECT_EQ(header["event_count"], 4);
+  std::vector<nlohmann::json> events;
+  while (std::getline(lines, line)) events.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(events.size(), 4u);
   std::vector<std::string> actions;
-  while (std::getline(lines, line)) actions.push_back(nlohmann::json::parse(line)["action"]);
+  for (const auto& event : events) actions.push_back(event["action"]);
   EXPECT_EQ(actions, (std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed"}));
+  // The alloc records the block's size and the size asked for; the other actions have no request.
+  EXPECT_EQ(events[1]["size"], 512);
+  EXPECT_EQ(events[1]["requested"], 500);
+  EXPECT_FALSE(events[0].contains("requested"));
+  EXPECT_FALSE(events[2].contains("requested"));
 }
 
 // The header says how many records the ring overwrote before the first event it holds.

@@ -101,6 +101,8 @@ TEST(Trace, RecordsTheLifecycleOfABlockInOrder) {
                                                        TraceAction::segment_free}));
   EXPECT_EQ(events[1].address, addr(p));
   EXPECT_EQ(events[1].size, 1024u);
+  EXPECT_EQ(events[1].requested, 1000u);  // the size asked for, beside the block's
+  EXPECT_EQ(events[2].requested, 0u);
   EXPECT_EQ(events[1].stream, 1u);
   EXPECT_EQ(events[0].size, 2 * MiB);
   EXPECT_LE(events.front().time_us, events.back().time_us);
@@ -113,6 +115,7 @@ TEST(Trace, RecordsOomWithTheRequestedSize) {
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().action, TraceAction::oom);
   EXPECT_EQ(events.back().size, 5 * MiB);
+  EXPECT_EQ(events.back().requested, 5 * MiB);
 }
 
 TEST(Trace, CanBeResizedAndSwitchedOffOnALiveAllocator) {

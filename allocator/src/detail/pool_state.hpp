@@ -268,11 +268,9 @@ struct CachingAllocator::State {
   // reservation goes back once nothing of it is left. Returns the bytes unmapped.
   std::size_t unmap_free_pages(Block* block) {
     ExpandableSegment& segment = *block->expandable;
-    const std::size_t granularity = backend->granularity();
     const std::uintptr_t begin = block->address;
     const std::uintptr_t end = begin + block->size;
-    const std::uintptr_t low = segment.base + detail::round_up(begin - segment.base, granularity);
-    const std::uintptr_t high = segment.base + (end - segment.base) / granularity * granularity;
+    const auto [low, high] = whole_granules(*block);
     if (low >= high) return 0;
     const std::size_t unmapped = high - low;
     erase_free(block);
@@ -302,6 +300,24 @@ struct CachingAllocator::State {
       std::erase_if(expandable, [&](const auto& owned) { return owned.get() == &segment; });
     }
     return unmapped;
+  }
+
+  // The whole granules a block of an expandable segment covers, [low, high); empty when low >= high.
+  std::pair<std::uintptr_t, std::uintptr_t> whole_granules(const Block& block) const {
+    const std::uintptr_t base = block.expandable->base;
+    const std::size_t granularity = backend->granularity();
+    return {base + detail::round_up(block.address - base, granularity),
+            base + (block.address + block.size - base) / granularity * granularity};
+  }
+
+  // The block of a segment that holds `address`, or nullptr.
+  Block* block_holding(std::uintptr_t address) const {
+    auto it = segments.upper_bound(address);
+    if (it == segments.begin()) return nullptr;
+    for (Block* block = std::prev(it)->second; block != nullptr; block = block->next) {
+      if (address >= block->address && address - block->address < block->size) return block;
+    }
+    return nullptr;
   }
 
   // A new block for the first `bytes` of `block`, which keeps the rest; the new one is free.
@@ -480,16 +496,12 @@ struct CachingAllocator::State {
   // statistics and the trace (detail/oom_reporting.hpp).
   detail::PoolFigures figures_for_oom_report() const {
     detail::FreeSpace free;
-    const std::size_t granularity = backend->granularity();
     auto count = [&](const Block* block) {
       const auto bytes = static_cast<std::int64_t>(block->size);
       free.largest_free_block = std::max(free.largest_free_block, bytes);
       std::int64_t releasable = block->is_whole_segment() ? bytes : 0;
-      if (const ExpandableSegment* segment = block->expandable) {
-        // Its whole granules can be unmapped.
-        const std::uintptr_t low = segment->base + detail::round_up(block->address - segment->base, granularity);
-        const std::uintptr_t high =
-            segment->base + (block->address + block->size - segment->base) / granularity * granularity;
+      if (block->expandable != nullptr) {
+        const auto [low, high] = whole_granules(*block);  // these can be unmapped
         releasable = high > low ? static_cast<std::int64_t>(high - low) : 0;
       }
       free.releasable_bytes += releasable;
@@ -506,22 +518,17 @@ struct CachingAllocator::State {
 
   std::string describe_bad_pointer(std::uintptr_t address) const {
     const std::string where = detail::format_address(address);
-    auto it = segments.upper_bound(address);
-    if (it != segments.begin()) {
-      --it;
-      for (const Block* block = it->second; block != nullptr; block = block->next) {
-        if (address < block->address || address >= block->address + block->size) continue;
-        if (!block->allocated && address == block->address) {
-          return "free of " + where + ", which is already free (double free); free each pointer exactly once";
-        }
-        if (!block->allocated) {
-          return "free of " + where + ", which lies inside free cached memory: a pointer past the start of its "
-                 "block, or a double free of a block since merged with its free neighbours; free the pointer that "
-                 "allocation returned, once";
-        }
-        return "free of " + where + ", which points inside the live block at " + detail::format_address(block->address) +
-               "; free the pointer that allocation returned";
+    if (const Block* block = block_holding(address)) {
+      if (!block->allocated && address == block->address) {
+        return "free of " + where + ", which is already free (double free); free each pointer exactly once";
       }
+      if (!block->allocated) {
+        return "free of " + where + ", which lies inside free cached memory: a pointer past the start of its "
+               "block, or a double free of a block since merged with its free neighbours; free the pointer that "
+               "allocation returned, once";
+      }
+      return "free of " + where + ", which points inside the live block at " + detail::format_address(block->address) +
+             "; free the pointer that allocation returned";
     }
     return "free of " + where + ", which this allocator (device " + std::to_string(backend->device()) +
            ") never returned; free it with the allocator that allocated it";

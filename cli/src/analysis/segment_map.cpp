@@ -1,5 +1,7 @@
 #include "analysis/segment_map.hpp"
 
+#include "core/address_ranges.hpp"
+
 #include <algorithm>
 
 namespace remat::report {
@@ -82,8 +84,12 @@ SegmentSummary summarize_segments(const std::vector<Segment>& segments, std::siz
 void SegmentRebuilder::on_event(const Event& event) {
   switch (event.action) {
     case Action::segment_alloc: segments_[event.address] = Live{event.size, event.stream}; break;
-    case Action::segment_free: segments_.erase(event.address); break;
-    case Action::alloc: blocks_.put(event.address, LiveBlock{event.size, event.tag, false}); break;
+    // A whole segment, or under expandable segments pages anywhere in mapped runs.
+    case Action::segment_free: cut_ranges(segments_, event.address, event.size); break;
+    case Action::alloc:
+      blocks_.put(event.address, LiveBlock{event.size, event.requested != 0 ? event.requested : event.size, event.tag,
+                                           false});
+      break;
     case Action::free_requested:
       if (LiveBlock* block = blocks_.find(event.address)) block->free_requested = true;
       break;
@@ -101,7 +107,7 @@ RebuiltSegments SegmentRebuilder::rebuild() const {
   };
   std::map<std::uint64_t, std::vector<Block>> inside;
   blocks_.for_each([&](std::uint64_t address, const LiveBlock& live) {
-    const Block block{address, live.size, live.size,
+    const Block block{address, live.size, live.requested,
                       live.free_requested ? BlockState::active_pending_free : BlockState::active_allocated, live.tag};
     auto it = segments_.upper_bound(address);
     if (it == segments_.begin()) {

@@ -49,7 +49,8 @@ struct RebuiltSegments {
 };
 
 // Rebuilds the segments alive at the end of an event stream from segment_alloc/segment_free
-// and the blocks alive inside them (requested sizes are not in events: equal to sizes).
+// and the blocks alive inside them (requested sizes where the events record them, else the
+// blocks' sizes).
 class SegmentRebuilder : public EventSink {
  public:
   void on_event(const Event& event) override;
@@ -62,6 +63,7 @@ class SegmentRebuilder : public EventSink {
   };
   struct LiveBlock {
     std::uint64_t size = 0;
+    std::uint64_t requested = 0;
     std::uint32_t tag = 0;
     bool free_requested = false;
   };

@@ -47,6 +47,8 @@ struct WhatIfReplay::Pool {
   alloc::VirtualBackend* backend = nullptr;  // owned by allocator
   std::string conf;
   bool stopped = false;
+  bool following = false;  // following the recording (see the header)
+  std::optional<WhatIfDrift> drift;
   std::uint64_t reserved = 0;  // after the last operation that could change it
   std::uint64_t peak_reserved = 0;
   std::uint64_t peak_allocated = 0;
@@ -57,7 +59,7 @@ struct WhatIfReplay::Pool {
 };
 
 WhatIfReplay::WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint64_t capacity_bytes, int device,
-                           const TagTable& tags)
+                           const TagTable& tags, bool follow_recording)
     : tags_(tags) {
   for (const alloc::Config& config : configs) {
     auto pool = std::make_unique<Pool>();
@@ -69,6 +71,8 @@ WhatIfReplay::WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint6
     pool->backend = backend.get();
     pool->allocator = std::make_unique<alloc::CachingAllocator>(std::move(backend), replay);
     pool->allocator->set_oom_reporting(false);
+    pool->following = follow_recording && pools_.empty();
+    pool->backend->follow_recording(pool->following);
     pools_.push_back(std::move(pool));
   }
 }
@@ -81,15 +85,25 @@ void WhatIfReplay::on_event(const Event& event) {
     first_time_ = event.time_us;
   }
   ++counts_.events;
+  if (free_requested_) {
+    // A free that did not complete at once waited for work on other streams.
+    const bool completed_at_once = event.action == Action::free_completed && event.address == *free_requested_;
+    if (completed_at_once) ++counts_.ignored;
+    else hold(*free_requested_);
+    free_requested_.reset();
+  }
   const bool segment_free = event.action == Action::segment_free;
   switch (event.action) {
     case Action::alloc: allocate(event); break;
+    case Action::free_requested: free_requested_ = event.address; break;
     case Action::free_completed: deallocate(event); break;
-    case Action::segment_free:
-      if (!in_segment_free_run_) empty_cache();
-      break;
-    case Action::free_requested:
+    case Action::segment_free: release_segment(event); break;
     case Action::segment_alloc:
+      for (auto& pool : pools_) {
+        if (pool->following && !pool->stopped) pool->backend->expect(event.address, event.size);
+      }
+      ++counts_.ignored;
+      break;
     case Action::oom: ++counts_.ignored; break;
   }
   in_segment_free_run_ = segment_free;
@@ -129,15 +143,21 @@ void WhatIfReplay::allocate(const Event& event) {
     pointers_.resize(pointers_.size() + pools_.size(), nullptr);
   }
   void** pointers = pointers_.data() + static_cast<std::size_t>(slot) * pools_.size();
+  // The size the caller asked for, rounded by each pool as its settings say; traces that do
+  // not record it give the block's.
+  const std::uint64_t size = event.requested != 0 ? event.requested : event.size;
   for (std::size_t p = 0; p < pools_.size(); ++p) {
     Pool& pool = *pools_[p];
     pointers[p] = nullptr;
     if (pool.stopped) continue;
     try {
-      pointers[p] = pool.allocator->allocate(static_cast<std::size_t>(event.size), event.stream);
+      pointers[p] = pool.allocator->allocate(static_cast<std::size_t>(size), event.stream);
     } catch (const alloc::OutOfMemoryError& error) {
       fail(pool, event, error.what());
       continue;
+    }
+    if (pool.following && pool.backend->take_misses() > 0) {
+      leave_recording(pool, "the pool's new segment was not the one the recording made there");
     }
     observe(pool);
   }
@@ -155,20 +175,55 @@ bool WhatIfReplay::release(std::uint64_t address) {
   const std::uint32_t slot = live->slot;
   void** pointers = pointers_.data() + static_cast<std::size_t>(slot) * pools_.size();
   for (std::size_t p = 0; p < pools_.size(); ++p) {
-    if (!pools_[p]->stopped) pools_[p]->allocator->deallocate(pointers[p]);
+    Pool& pool = *pools_[p];
+    if (pool.stopped) continue;
+    // A held block goes back to its pool at the pool's next operation, as the recorded one did.
+    if (live->held) pool.backend->complete(pointers[p]);
+    else pool.allocator->deallocate(pointers[p]);
   }
+  if (live->held) ++counts_.held_frees;
   live_.erase(address);
   free_slots_.push_back(slot);
   return true;
 }
 
-void WhatIfReplay::empty_cache() {
-  ++counts_.empty_cache_calls;
+void WhatIfReplay::hold(std::uint64_t address) {
+  Live* live = live_.find(address);
+  if (live == nullptr || live->held) return;
+  void** pointers = pointers_.data() + static_cast<std::size_t>(live->slot) * pools_.size();
+  for (std::size_t p = 0; p < pools_.size(); ++p) {
+    Pool& pool = *pools_[p];
+    if (pool.stopped) continue;
+    const alloc::Event before = pool.backend->last_held_event();
+    pool.allocator->record_stream(pointers[p], alloc::VirtualBackend::kHeldStream);
+    pool.allocator->deallocate(pointers[p]);
+    // A block allocated on the held stream itself was freed at once: nothing to complete.
+    const alloc::Event event = pool.backend->last_held_event();
+    pointers[p] = event != before ? event : nullptr;
+  }
+  live->held = true;
+}
+
+void WhatIfReplay::release_segment(const Event& event) {
+  const bool starts_run = !in_segment_free_run_;
+  if (starts_run) ++counts_.empty_cache_calls;
   for (auto& pool : pools_) {
     if (pool->stopped) continue;
-    pool->allocator->empty_cache();
+    bool left_now = false;
+    if (pool->following && !pool->allocator->release_cached_range(event.address, event.size)) {
+      leave_recording(*pool, "the recording released memory the pool did not hold cached there");
+      left_now = true;
+    }
+    // A run not following the recording gives back all its cached memory at the first release.
+    if (!pool->following && (starts_run || left_now)) pool->allocator->empty_cache();
     observe(*pool);
   }
+}
+
+void WhatIfReplay::leave_recording(Pool& pool, std::string reason) {
+  pool.following = false;
+  pool.backend->follow_recording(false);
+  pool.drift = WhatIfDrift{counts_.events, std::move(reason)};
 }
 
 void WhatIfReplay::fail(Pool& pool, const Event& event, const char* message) {
@@ -176,7 +231,7 @@ void WhatIfReplay::fail(Pool& pool, const Event& event, const char* message) {
   failure.event = counts_.events;
   failure.time_us = event.time_us;
   failure.since_first_us = event.time_us - first_time_;
-  failure.size = event.size;
+  failure.size = event.requested != 0 ? event.requested : event.size;
   failure.stream = event.stream;
   failure.reserved_bytes = pool.reserved;
   // Releasing cached blocks before giving up leaves allocated bytes as they were.
@@ -237,6 +292,8 @@ std::vector<WhatIfRun> WhatIfReplay::results() const {
     run.alloc_retries = stats.num_alloc_retries;
     run.events_replayed = pool->events;
     run.failure = pool->failure;
+    run.followed_recording = pool->following && !pool->failure;
+    run.drift = pool->drift;
     runs.push_back(std::move(run));
   }
   return runs;

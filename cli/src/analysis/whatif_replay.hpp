@@ -4,11 +4,21 @@
 // side by side in one pass: every event goes to every configuration's pool before the next one
 // is read, so a trace on standard input is read once and memory stays bounded by what is live.
 //
-// Replay rules: `alloc` -> allocate(size, stream), remembering recorded address -> replayed
-// pointer; `free_completed` -> deallocate (a free of an address the stream never allocated is
-// skipped and counted: a ring that dropped older events); every run of consecutive
-// `segment_free` events -> one empty_cache() (the recorded allocator gave cached memory back);
-// `free_requested`, `segment_alloc` and `oom` are not replayed (the pool decides those itself).
+// Replay rules: `alloc` -> allocate(requested size, stream), remembering recorded address ->
+// replayed pointer; `free_requested` then at once `free_completed` -> deallocate; a
+// `free_requested` whose `free_completed` comes later -> deallocate with the block held on an
+// event that completes at that `free_completed` (as a block used on another stream waits); a
+// free of an address the stream never allocated is skipped and counted (a ring that dropped
+// older events); every run of consecutive `segment_free` events -> one empty_cache() (the
+// recorded allocator gave cached memory back); `oom` is not replayed.
+//
+// The run under the recorded settings can follow the recording: each segment goes where the
+// recorded `segment_alloc` put it (so best fit breaks ties between equal free blocks as the
+// recorded allocator did) and each `segment_free` releases that one range. Replayed by the
+// allocator that recorded it, such a run is the recording again; where it cannot follow (a
+// segment of another size or at a taken range, a release of memory that is not cached), it says
+// at which event and goes on as its own replay.
+//
 // A run whose pool runs out of memory stops at that event and keeps what held memory then.
 
 #include "core/address_map.hpp"
@@ -53,8 +63,16 @@ struct WhatIfFailure {
   bool replay_limit = false;
 };
 
+// Where a run that followed the recording could not follow it any more.
+struct WhatIfDrift {
+  std::uint64_t event = 0;  // counted from 1 over every event of the input
+  std::string reason;
+};
+
 struct WhatIfRun {
   std::string conf;  // the pool-shaping items of Config::to_string()
+  bool followed_recording = false;  // asked to follow, and followed it to the end
+  std::optional<WhatIfDrift> drift;   // asked to follow, and stopped following here
   std::uint64_t peak_reserved = 0;
   std::uint64_t peak_allocated = 0;
   std::uint64_t reserved_at_allocated_peak = 0;  // reserved bytes when allocated first reached its peak
@@ -76,20 +94,23 @@ struct WhatIfRun {
 struct WhatIfCounts {
   std::uint64_t events = 0;          // every event read
   std::uint64_t allocs = 0;          // alloc events replayed
-  std::uint64_t frees = 0;           // free_completed events replayed
+  std::uint64_t frees = 0;           // frees replayed (at free_completed)
+  std::uint64_t held_frees = 0;      // of them, frees that waited on other streams (free_requested earlier)
   std::uint64_t skipped_frees = 0;   // free_completed of addresses allocated before the trace began
   std::uint64_t frees_not_completed = 0;  // blocks freed at the next alloc of their address
   std::uint64_t empty_cache_calls = 0;  // runs of consecutive segment_free events
-  std::uint64_t ignored = 0;         // free_requested, segment_alloc, oom
+  std::uint64_t ignored = 0;         // segment_alloc, oom, and free_requested completed at once
 };
 
 class WhatIfReplay final : public EventSink {
  public:
   // One run per configuration, in this order, each on a virtual device `device` of `capacity_bytes`.
   // Each pool runs with tagging and the trace ring off and without OOM reports. `tags` names
-  // the regions of the holders at a failure; it must outlive the calls to on_event.
+  // the regions of the holders at a failure; it must outlive the calls to on_event. With
+  // `follow_recording`, the first run follows the recording (the input was recorded by this
+  // allocator under the first configuration).
   WhatIfReplay(const std::vector<alloc::Config>& configs, std::uint64_t capacity_bytes, int device,
-               const TagTable& tags);
+               const TagTable& tags, bool follow_recording = false);
   ~WhatIfReplay() override;
   WhatIfReplay(const WhatIfReplay&) = delete;
   WhatIfReplay& operator=(const WhatIfReplay&) = delete;
@@ -106,13 +127,18 @@ class WhatIfReplay final : public EventSink {
     std::uint64_t size = 0;
     std::uint32_t tag = 0;
     std::uint32_t slot = 0;  // row in pointers_
+    bool held = false;       // freed, waiting for its free to complete: pointers_ hold the events
   };
 
   void allocate(const Event& event);
   void deallocate(const Event& event);
-  // Frees the live block at `address` in every running pool; false when none is live there.
+  // Frees the block at `address` in every running pool (a held one: completes its event);
+  // false when none is live there.
   bool release(std::uint64_t address);
-  void empty_cache();
+  // Frees the block at `address`, held until its free_completed.
+  void hold(std::uint64_t address);
+  void release_segment(const Event& event);
+  void leave_recording(Pool& pool, std::string reason);
   void observe(Pool& pool);
   void fail(Pool& pool, const Event& event, const char* message);
   std::vector<WhatIfHolder> holders() const;
@@ -120,10 +146,11 @@ class WhatIfReplay final : public EventSink {
   std::vector<std::unique_ptr<Pool>> pools_;
   const TagTable& tags_;
   AddressMap<Live> live_;
-  std::vector<void*> pointers_;        // pools_.size() replayed pointers per live allocation
+  std::vector<void*> pointers_;  // pools_.size() replayed pointers (or held events) per live allocation
   std::vector<std::uint32_t> free_slots_;
   WhatIfCounts counts_;
   bool in_segment_free_run_ = false;
+  std::optional<std::uint64_t> free_requested_;  // its free_completed may follow at once
   bool started_ = false;
   std::int64_t first_time_ = 0;
 };

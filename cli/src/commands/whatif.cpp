@@ -51,6 +51,8 @@ struct Recorded {
   std::optional<alloc::Config> config;
   std::string config_source;  // where the recorded configuration came from, or why there is none
   std::uint64_t device_total = 0;
+  // Recorded by this allocator, so the run under the recorded settings can follow the recording.
+  bool followable = false;
   std::vector<std::string> notes;
 };
 
@@ -147,6 +149,7 @@ void replay_dump(const DumpFile& dump, Recorded& recorded, Begin begin) {
                       "earlier are skipped, and those blocks are missing from every run",
                       *trace.header().dropped_records));
     }
+    recorded.followable = true;
     trace.stream(begin(trace.header().tags));
     return;
   }
@@ -163,6 +166,7 @@ void replay_dump(const DumpFile& dump, Recorded& recorded, Begin begin) {
                                  "not keep (run whatif on the pickle itself to use them)");
   } else {
     recorded_config(recorded, snapshot.config.text, false, "the snapshot's config.text");
+    recorded.followable = true;
   }
   if (snapshot.trace_dropped > 0) {
     recorded.notes.push_back(
@@ -229,6 +233,15 @@ std::string run_name(std::size_t index) { return index == 0 ? "recorded" : fmt::
 std::vector<std::string> all_notes(const Recorded& recorded, const WhatIfCounts& counts,
                                    const std::vector<WhatIfRun>& runs) {
   std::vector<std::string> notes = recorded.notes;
+  if (!runs.empty() && runs[0].followed_recording) {
+    notes.push_back("the recorded run followed the recording to its end, each segment at its recorded address and "
+                    "each release as recorded: its figures are the recording's");
+  } else if (!runs.empty() && runs[0].drift) {
+    notes.push_back(fmt::format("the recorded run followed the recording until event {} ({}); from there on it is "
+                                "this pool's own replay under those settings, and its figures may differ from the "
+                                "recording's",
+                                runs[0].drift->event, runs[0].drift->reason));
+  }
   for (std::size_t i = 0; i < runs.size(); ++i) {
     if (runs[i].failure && runs[i].failure->replay_limit) {
       notes.push_back(fmt::format("{} stopped at event {}, not out of the device's memory: {}",
@@ -259,6 +272,7 @@ Report text_report(const WhatIfOptions& options, const Recorded& recorded, const
   add_field(input, "events", Cell::count(counts.events));
   add_field(input, "allocs", Cell::count(counts.allocs));
   add_field(input, "frees", Cell::count(counts.frees));
+  add_field(input, "held_frees", Cell::count(counts.held_frees));
   add_field(input, "skipped_frees", Cell::count(counts.skipped_frees));
   add_field(input, "empty_cache_calls", Cell::count(counts.empty_cache_calls));
   add_field(input, "ignored_events", Cell::count(counts.ignored));
@@ -345,6 +359,7 @@ std::string whatif_dump(const WhatIfOptions& options, const Recorded& recorded, 
                    {"replayed", counts.allocs + counts.frees + counts.empty_cache_calls},
                    {"allocs", counts.allocs},
                    {"frees", counts.frees},
+                   {"held_frees", counts.held_frees},
                    {"skipped_frees", counts.skipped_frees},
                    {"empty_cache_calls", counts.empty_cache_calls},
                    {"ignored_events", counts.ignored}};
@@ -382,6 +397,9 @@ std::string whatif_dump(const WhatIfOptions& options, const Recorded& recorded, 
                     {"final_reserved", r.final_reserved},
                     {"final_allocated", r.final_allocated},
                     {"events_replayed", r.events_replayed},
+                    {"followed_recording", r.followed_recording},
+                    {"drift", r.drift ? nlohmann::ordered_json{{"event", r.drift->event}, {"reason", r.drift->reason}}
+                                      : nlohmann::ordered_json(nullptr)},
                     {"failure", std::move(failure)}});
   }
   root["runs"] = std::move(list);
@@ -395,10 +413,13 @@ constexpr const char* kHelp =
     "settings and once per --conf, all in one pass over the input; print the figures side by side.\n"
     "Inputs: a remat trace (JSON Lines, streamed), a remat snapshot holding its trace ring, or a PyTorch snapshot "
     "pickle recorded with torch.cuda.memory._record_memory_history() (its device_traces).\n"
-    "Replay rules: alloc -> allocate(size, stream); free_completed -> free (a free of an address allocated before the "
-    "input's first event is skipped and counted); each run of consecutive segment_free events -> one empty_cache() "
-    "(the recorded allocator gave cached memory back); free_requested, segment_alloc and oom are not replayed (the "
-    "pool decides those itself). remat traces record block sizes (already rounded), PyTorch's the requested sizes.\n"
+    "Replay rules: alloc -> allocate(the requested size, stream); free_requested and at once free_completed -> free; "
+    "a free_requested whose free_completed comes later -> free, the block held until then (as a block used on "
+    "another stream waits); a free of an address allocated before the input's first event is skipped and counted; "
+    "each run of consecutive segment_free events -> one empty_cache() (the recorded allocator gave cached memory "
+    "back); oom is not replayed. On a remat trace or snapshot the run under the recorded settings follows the "
+    "recording: segments at the recorded addresses, releases one by one as recorded; where it cannot, a note says "
+    "from which event on it is its own replay.\n"
     "Figures: peak reserved and peak allocated bytes; reserved bytes when allocated first reached its peak; "
     "fragmentation at peak = (peak reserved - the most bytes allocated while reserved stood at its peak) / peak "
     "reserved; device allocations and releases (segments allocated or ranges mapped, and given back). With a capacity "
@@ -450,7 +471,9 @@ void register_whatif(CLI::App& app, GlobalOptions& options) {
         capacity_bytes = kDefaultCapacity;
         capacity_source = "default (the input records no device total)";
       }
-      replay = std::make_unique<WhatIfReplay>(configs, capacity_bytes, static_cast<int>(std::min<std::uint64_t>(recorded.device, INT32_MAX)), tags);
+      replay = std::make_unique<WhatIfReplay>(configs, capacity_bytes,
+                                              static_cast<int>(std::min<std::uint64_t>(recorded.device, INT32_MAX)),
+                                              tags, recorded.followable);
       return *replay;
     });
     const std::vector<WhatIfRun> runs = replay->results();

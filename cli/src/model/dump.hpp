@@ -58,6 +58,9 @@ struct Event {
   std::uint64_t size = 0;
   std::uint64_t stream = 0;
   std::uint32_t tag = 0;
+  // alloc and oom: the bytes the caller asked for, where the input records it (else 0); `size`
+  // is the block handed out.
+  std::uint64_t requested = 0;
 };
 
 struct Stat {

@@ -124,6 +124,9 @@ Event read_event(json::element value, const JsonPath& path, std::size_t tag_coun
   event.size = json::as_u64(member(object, "size", path), path.key("size"));
   event.stream = json::as_u64(member(object, "stream", path), path.key("stream"));
   event.tag = json::as_index(member(object, "tag", path), path.key("tag"), tag_count, "tags");
+  if (const auto requested = json::optional_member(object, "requested")) {
+    event.requested = json::as_u64(*requested, path.key("requested"));
+  }
   return event;
 }
 

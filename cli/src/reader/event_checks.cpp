@@ -1,11 +1,9 @@
 #include "reader/event_checks.hpp"
 
+#include "core/address_ranges.hpp"
 #include "core/errors.hpp"
 
 #include <fmt/format.h>
-
-#include <algorithm>
-#include <iterator>
 
 #include <utility>
 
@@ -81,19 +79,7 @@ void EventChecker::check(const Event& event) {
     case Action::segment_free: {
       // Releases what the range covers: one whole segment, or under expandable segments the
       // end of one or several mapped ranges (PyTorch's segment_unmap, our shrink on empty_cache).
-      const std::uint64_t begin = event.address;
-      const std::uint64_t limit = event.size > UINT64_MAX - begin ? UINT64_MAX : begin + event.size;
-      auto it = segments_.upper_bound(begin);
-      if (it != segments_.begin() && std::prev(it)->first + std::prev(it)->second.size > begin) --it;
-      while (it != segments_.end() && it->first < limit) {
-        const std::uint64_t start = it->first;
-        const std::uint64_t stop = start + it->second.size;
-        const std::uint64_t made_by = it->second.event;
-        it = segments_.erase(it);
-        reserved_bytes_ -= std::min(stop, limit) - std::max(start, begin);
-        if (start < begin) segments_[start] = Allocation{begin - start, made_by};
-        if (stop > limit) segments_[limit] = Allocation{stop - limit, made_by};
-      }
+      reserved_bytes_ -= cut_ranges(segments_, event.address, event.size);
       break;
     }
     case Action::oom: break;

@@ -4,7 +4,16 @@ namespace remat::report {
 
 namespace {
 
-enum Field : unsigned { kAction = 1, kTime = 2, kAddress = 4, kSize = 8, kStream = 16, kTag = 32, kAll = 63 };
+enum Field : unsigned {
+  kAction = 1,
+  kTime = 2,
+  kAddress = 4,
+  kSize = 8,
+  kStream = 16,
+  kTag = 32,
+  kAll = 63,  // the fields every event has
+  kRequested = 64,
+};
 
 inline const char* skip_space(const char* p, const char* end) {
   while (p < end && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')) ++p;
@@ -53,6 +62,7 @@ bool decode_event_line(std::string_view line, RawEvent& out) {
   const char* p = line.data();
   const char* const end = p + line.size();
   unsigned seen = 0;
+  out.requested = 0;
   p = skip_space(p, end);
   if (p >= end || *p != '{') return false;
   p = skip_space(p + 1, end);
@@ -81,6 +91,8 @@ bool decode_event_line(std::string_view line, RawEvent& out) {
       field = kStream;
     else if (key == "tag")
       field = kTag;
+    else if (key == "requested")
+      field = kRequested;
     else
       return false;                         // another key: the full parser checks the whole object
     if ((seen & field) != 0) return false;  // duplicate key: refused by the full parser
@@ -107,6 +119,7 @@ bool decode_event_line(std::string_view line, RawEvent& out) {
         case kSize: out.size = magnitude; break;
         case kStream: out.stream = magnitude; break;
         case kTag: out.tag = magnitude; break;
+        case kRequested: out.requested = magnitude; break;
         default: break;
       }
       p = value_end;
@@ -119,7 +132,7 @@ bool decode_event_line(std::string_view line, RawEvent& out) {
     }
     if (*p != '}') return false;
     p = skip_space(p + 1, end);
-    return p == end && seen == kAll;
+    return p == end && (seen & kAll) == kAll;
   }
 }
 

@@ -135,6 +135,7 @@ std::uint64_t TraceFile::stream(EventSink& sink) {
       event.size = raw.size;
       event.stream = raw.stream;
       event.tag = static_cast<std::uint32_t>(raw.tag);
+      event.requested = raw.requested;
     } else {
       event = decode_slow(line);
     }

@@ -42,28 +42,39 @@ def _is_int(value) -> bool:
 
 # The largest number a dump holds: remat-report reads every figure as a 64-bit signed integer.
 _MAX_FIGURE = (1 << 63) - 1
+_MAX_DEVICE = (1 << 31) - 1  # a CUDA device index is a C int
+
+
+def _magnitude(value: int) -> str:
+    """A huge int in a message: 1.845e+19, or 10**400 where a float cannot hold it."""
+    if abs(value) < 10**300:
+        return f"{value:.3e}"
+    return f"{'-' if value < 0 else ''}about 10**{len(str(abs(value))) - 1}"
 
 
 def _count(value, where: str) -> int:
     if not _is_int(value) or value < 0:
-        raise ValueError(f"{where} must be a non-negative int, got {type(value).__name__} {value!r:.80}")
+        shown = f"{value!r:.80}" if not _is_int(value) else _magnitude(value)
+        raise ValueError(f"{where} must be a non-negative int, got {type(value).__name__} {shown}")
     if value > _MAX_FIGURE:
-        raise ValueError(f"{where} is {value:.3e}, more than any allocator holds (at most 2**63 - 1); the snapshot "
-                         "is not a real allocator's")
+        raise ValueError(f"{where} is {_magnitude(value)}, more than any allocator holds (at most 2**63 - 1); the "
+                         "snapshot is not a real allocator's")
     return value
 
 
-def _figures_fit(value, where: str = "dump") -> None:
-    """Every int in the dump fits what remat-report reads (sums of many large figures may not)."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _figures_fit(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _figures_fit(item, f"{where}[{i}]")
-    elif _is_int(value) and not -_MAX_FIGURE - 1 <= value <= _MAX_FIGURE:
-        raise ValueError(f"{where} would be {value:.3e}, more than a 64-bit figure holds; the snapshot's sizes add up "
-                         "to more than any allocator holds, so no report is written from it")
+def _figures_fit(dump: dict) -> None:
+    """Every int in the dump fits what remat-report reads (sums of many large figures may not).
+    Walks without recursion, so a deeply nested header is checked, not a RecursionError."""
+    pending = [(dump, "dump")]
+    while pending:
+        value, where = pending.pop()
+        if isinstance(value, dict):
+            pending.extend((item, f"{where}.{key}") for key, item in value.items())
+        elif isinstance(value, list):
+            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+        elif _is_int(value) and not -_MAX_FIGURE - 1 <= value <= _MAX_FIGURE:
+            raise ValueError(f"{where} would be {_magnitude(value)}, more than a 64-bit figure holds; the snapshot's "
+                             "sizes add up to more than any allocator holds, so no report is written from it")
 
 
 def _member(obj, key: str, where: str):
@@ -90,6 +101,16 @@ def _list(value, where: str) -> list:
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{where} must be a list, got {type(value).__name__}")
     return list(value)
+
+
+def _items(value, where: str) -> list:
+    """Any iterable but a string or a mapping, as a list (the reports' region and tensor lists)."""
+    if isinstance(value, (str, bytes, Mapping)):
+        raise ValueError(f"{where} must be a list, got {type(value).__name__}")
+    try:
+        return list(value)
+    except TypeError:
+        raise ValueError(f"{where} must be a list, got {type(value).__name__}") from None
 
 
 def _segments_of(snapshot, device: int) -> list:
@@ -151,7 +172,7 @@ def _last_events(trace: list, device: int) -> list:
     events = []
     for i, entry in enumerate(trace):
         action = entry.get("action")
-        if action not in _EVENT_ACTIONS:
+        if not isinstance(action, str) or action not in _EVENT_ACTIONS:
             continue
         where = f"snapshot['device_traces'][{device}][{i}]"
         time_us = entry.get("time_us", 0)
@@ -176,12 +197,12 @@ def _resident_storages(resident, device: int) -> list:
         return []
     wanted = f"cuda:{device}"
     seen, out = set(), []
-    for i, report in enumerate(resident):
+    for i, report in enumerate(_items(resident, "resident")):
         where = f"resident[{i}]"
         checkpoint = _member(report, "checkpoint", where)
         if not isinstance(checkpoint, str):
             raise ValueError(f"{where}.checkpoint must be a str, got {type(checkpoint).__name__}")
-        for j, region in enumerate(_member(report, "regions", where)):
+        for j, region in enumerate(_items(_member(report, "regions", where), f"{where}.regions")):
             here = f"{where}.regions[{j}]"
             name = _member(region, "region", here)
             if not isinstance(name, str) or not name:
@@ -190,7 +211,7 @@ def _resident_storages(resident, device: int) -> list:
             # a save region's bytes go away by switching it to recompute.
             saved = name != INPUTS
             holder = name if saved else (f"{checkpoint}::{INPUTS}" if checkpoint else INPUTS)
-            for k, tensor in enumerate(_member(region, "tensors", here)):
+            for k, tensor in enumerate(_items(_member(region, "tensors", here), f"{here}.tensors")):
                 at = f"{here}.tensors[{k}]"
                 tensor_device = _member(tensor, "device", at)
                 if not isinstance(tensor_device, str):
@@ -233,6 +254,10 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
     Raises ValueError naming the first malformed part of the snapshot or of `resident`.
     """
     device = _count(device, "device")
+    if device > _MAX_DEVICE:
+        raise ValueError(f"device={device} is not a CUDA device index (at most 2**31 - 1)")
+    if header is not None and not isinstance(header, Mapping):
+        raise ValueError(f"header must be a dict of the common dump header fields, got {type(header).__name__}")
     segment_bytes = _count(segment_bytes, "segment_bytes")
     device_limit = _count(device_limit, "device_limit")
     device_free = _count(device_free, "device_free")
@@ -285,7 +310,7 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
         regions[UNTAGGED][0] += allocated - sum(live[i][1] for i in billed)
         regions[UNTAGGED][1] += untagged_blocks
 
-    ooms = [entry for entry in trace if entry.get("action") == "oom"]
+    ooms = [entry for entry in trace if isinstance(entry.get("action"), str) and entry.get("action") == "oom"]
     if rounded_bytes is None:
         rounded_bytes = _count(ooms[-1].get("size", segment_bytes), "the 'oom' trace event's size") if ooms \
             else segment_bytes

@@ -87,6 +87,28 @@ TEST(SegmentRebuilder, CountsLiveBlocksOutsideEverySegmentInsteadOfDroppingThem)
   EXPECT_EQ(rebuilt.bytes_outside, 16384u);
 }
 
+TEST(SegmentRebuilder, AReleaseInTheMiddleOfAMappedRunLeavesBothSides) {
+  // Expandable segments unmap free pages between live blocks: 60 MiB mapped, 20 MiB given back
+  // from 10 MiB on; requested sizes come from the events that record them.
+  constexpr std::uint64_t kM = 1 << 20;
+  SegmentRebuilder rebuilder;
+  rebuilder.on_event(ev(Action::segment_alloc, 0, 64 * kM, 60 * kM, 0));
+  Event first = ev(Action::alloc, 1, 64 * kM, 10 * kM, 0);
+  first.requested = 10 * kM - 100;
+  rebuilder.on_event(first);
+  rebuilder.on_event(ev(Action::alloc, 2, 94 * kM, 30 * kM, 0));
+  rebuilder.on_event(ev(Action::segment_free, 3, 74 * kM, 20 * kM, 0));
+  const RebuiltSegments rebuilt = rebuilder.rebuild();
+  ASSERT_EQ(rebuilt.segments.size(), 2u);
+  EXPECT_EQ(rebuilt.segments[0].address, 64 * kM);
+  EXPECT_EQ(rebuilt.segments[0].total_size, 10 * kM);
+  ASSERT_EQ(rebuilt.segments[0].blocks.size(), 1u);
+  EXPECT_EQ(rebuilt.segments[0].blocks[0].requested_size, 10 * kM - 100);
+  EXPECT_EQ(rebuilt.segments[1].address, 94 * kM);
+  EXPECT_EQ(rebuilt.segments[1].total_size, 30 * kM);
+  EXPECT_EQ(rebuilt.blocks_outside, 0u);
+}
+
 TEST(Timeline, StackedSeriesAddUpToTheTotalInEveryBucketAndKeepThePeak) {
   const TagTable tags = two_regions();
   TimelineBuilder builder(tags, GroupBy::region, 64);
@@ -165,12 +187,21 @@ TEST(EventLine, DecodesTheUsualShapeInAnyKeyOrder) {
   EXPECT_EQ(e.size, 1048576u);
   EXPECT_EQ(e.stream, 7u);
   EXPECT_EQ(e.tag, 3u);
+  EXPECT_EQ(e.requested, 0u);
+  // An alloc's requested size, when recorded; the next line without one reads 0 again.
+  ASSERT_TRUE(decode_event_line(
+      R"({"action":"alloc","time_us":1,"address":4096,"size":1536,"stream":0,"tag":0,"requested":1000})", e));
+  EXPECT_EQ(e.size, 1536u);
+  EXPECT_EQ(e.requested, 1000u);
+  ASSERT_TRUE(decode_event_line(R"({"action":"alloc","time_us":2,"address":8192,"size":512,"stream":0,"tag":0})", e));
+  EXPECT_EQ(e.requested, 0u);
 }
 
 TEST(EventLine, LeavesEverythingUnusualToTheFullParser) {
   RawEvent e;
   const char* unusual[] = {
       R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0})",                  // missing tag
+      R"({"action":"alloc","time_us":1,"address":2,"size":3,"stream":0,"requested":3})",    // requested, no tag
       R"({"action":"al\u006coc","time_us":1,"address":2,"size":3,"stream":0,"tag":0})",     // escape
       R"({"action":"alloc","time_us":1.5,"address":2,"size":3,"stream":0,"tag":0})",        // fraction
       R"({"action":"alloc","time_us":1,"address":2,"size":-3,"stream":0,"tag":0})",         // negative size

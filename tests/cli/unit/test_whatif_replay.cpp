@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +32,7 @@ using Workload = std::function<void(alloc::CachingAllocator&)>;
 
 struct Recording {
   alloc::AllocatorStats stats;
+  std::uint64_t device_allocations = 0;  // segments allocated and ranges mapped
   std::string trace_path;
 };
 
@@ -42,11 +44,14 @@ alloc::Config config_of(const std::string& text) {
 // event, and writes its trace.
 Recording record(const alloc::Config& config, const Workload& workload, const std::string& name) {
   alloc::Config recorded = config;
-  recorded.trace_entries = std::size_t{1} << 22;
+  recorded.trace_entries = std::size_t{1} << 17;
   alloc::CachingAllocator allocator(std::make_unique<alloc::HostBackend>(kHostCapacity), recorded);
   workload(allocator);
   Recording out;
   out.stats = allocator.stats();
+  for (const alloc::TraceEvent& event : allocator.snapshot().trace) {
+    if (event.action == alloc::TraceAction::segment_alloc) ++out.device_allocations;
+  }
   out.trace_path = (std::filesystem::temp_directory_path() / ("remat-whatif-" + name + ".jsonl")).string();
   std::ofstream(out.trace_path) << alloc::trace_to_jsonl(allocator.snapshot());
   return out;
@@ -57,11 +62,12 @@ struct Replayed {
   WhatIfCounts counts;
 };
 
+// Replays on a device the size of the recording's, the first run following the recording.
 Replayed replay(const std::string& path, const std::vector<alloc::Config>& configs,
-                std::uint64_t capacity = std::uint64_t{1} << 50) {
+                std::uint64_t capacity = kHostCapacity) {
   const DumpFile dump = open_dump(path);
   TraceFile trace(dump);
-  WhatIfReplay replay(configs, capacity, 0, trace.header().tags);
+  WhatIfReplay replay(configs, capacity, 0, trace.header().tags, /*follow_recording=*/true);
   trace.stream(replay);
   return {replay.results(), replay.counts()};
 }
@@ -119,6 +125,8 @@ TEST_P(ReplayUnderRecordedSettings, GivesTheRecordedPeaksExactly) {
   EXPECT_EQ(run.peak_allocated, static_cast<std::uint64_t>(recording.stats.allocated_bytes.peak));
   EXPECT_EQ(run.final_reserved, static_cast<std::uint64_t>(recording.stats.reserved_bytes.current));
   EXPECT_FALSE(run.failure.has_value());
+  EXPECT_TRUE(run.followed_recording);
+  EXPECT_FALSE(run.drift.has_value());
   EXPECT_EQ(replayed.counts.skipped_frees, 0u);
   EXPECT_EQ(replayed.counts.allocs, recording.stats.allocations.total_added);
   EXPECT_EQ(replayed.counts.frees, replayed.counts.allocs);
@@ -136,6 +144,84 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"empty_cache", "", true},
                       Case{"expandable_empty_cache", "expandable_segments:True", true}),
     [](const ::testing::TestParamInfo<Case>& param) { return std::string(param.param.name); });
+
+// Random workloads: sizes from 1 B to 70 MB (half uniform, half log-uniform), up to 60 blocks live, on one or
+// several streams, some blocks used on another stream (record_stream), some empty_cache calls.
+struct RandomCase {
+  const char* name;
+  const char* conf;
+  int streams;
+  bool record_stream;
+  bool empty_cache;
+};
+
+void random_workload(alloc::CachingAllocator& a, std::uint32_t seed, const RandomCase& c) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> log_size(0.0, std::log(70e6));
+  std::uniform_int_distribution<std::size_t> uniform_size(1, 70'000'000);
+  std::vector<void*> live;
+  for (int step = 0; step < 1500; ++step) {
+    if (live.size() < 60 && (live.empty() || rng() % 2 == 0)) {
+      const std::size_t size =
+          rng() % 2 == 0 ? uniform_size(rng) : static_cast<std::size_t>(std::exp(log_size(rng)));
+      const auto stream = static_cast<alloc::Stream>(rng() % static_cast<std::uint64_t>(c.streams));
+      void* p = a.allocate(std::max<std::size_t>(size, 1), stream);
+      if (c.record_stream && rng() % 4 == 0) a.record_stream(p, stream + 1);
+      live.push_back(p);
+    } else {
+      const std::size_t victim = rng() % live.size();
+      a.deallocate(live[victim]);
+      live[victim] = live.back();
+      live.pop_back();
+    }
+    if (c.empty_cache && rng() % 150 == 0) a.empty_cache();
+  }
+  for (void* p : live) a.deallocate(p);
+}
+
+class RandomWorkloadsUnderRecordedSettings : public ::testing::TestWithParam<RandomCase> {};
+
+TEST_P(RandomWorkloadsUnderRecordedSettings, ReplayEveryOneExactly) {
+  const RandomCase c = GetParam();
+  const alloc::Config config = config_of(c.conf);
+  constexpr std::uint32_t kSeeds = 32;
+  std::uint32_t exact = 0;
+  for (std::uint32_t seed = 0; seed < kSeeds; ++seed) {
+    const Recording recording = record(
+        config, [&](alloc::CachingAllocator& a) { random_workload(a, seed, c); },
+        std::string(c.name) + "-" + std::to_string(seed));
+    const Replayed replayed = replay(recording.trace_path, {config});
+    const WhatIfRun& run = replayed.runs.at(0);
+    const bool same = 
+                      run.peak_reserved == static_cast<std::uint64_t>(recording.stats.reserved_bytes.peak) &&
+                      run.peak_allocated == static_cast<std::uint64_t>(recording.stats.allocated_bytes.peak) &&
+                      run.final_reserved == static_cast<std::uint64_t>(recording.stats.reserved_bytes.current) &&
+                      run.device_allocations == recording.device_allocations &&
+                      !run.failure.has_value();
+    if (same) ++exact;
+    EXPECT_TRUE(same) << c.name << " seed " << seed << ": recorded peak reserved "
+                      << recording.stats.reserved_bytes.peak << ", allocated " << recording.stats.allocated_bytes.peak
+                      << ", device allocations " << recording.device_allocations << "; replayed "
+                      << run.peak_reserved << ", " << run.peak_allocated << ", " << run.device_allocations
+                      << (run.drift ? "; left the recording at event " + std::to_string(run.drift->event) + ": " +
+                                          run.drift->reason
+                                    : std::string());
+    std::remove(recording.trace_path.c_str());
+  }
+  std::printf("%s (%s): %u of %u random workloads replay exactly\n", c.name, c.conf, exact, kSeeds);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Random, RandomWorkloadsUnderRecordedSettings,
+    ::testing::Values(RandomCase{"single_stream", "", 1, false, false},
+                      RandomCase{"multi_stream", "", 3, false, false},
+                      RandomCase{"record_stream", "", 2, true, false},
+                      RandomCase{"empty_cache", "", 2, true, true},
+                      RandomCase{"expandable", "expandable_segments:True", 1, false, false},
+                      RandomCase{"expandable_streams", "expandable_segments:True", 3, true, true},
+                      RandomCase{"max_split", "max_split_size_mb:48", 2, true, false},
+                      RandomCase{"roundup", "roundup_power2_divisions:4,garbage_collection_threshold:0.6,memory_fraction:0.5", 2, false, false}),
+    [](const ::testing::TestParamInfo<RandomCase>& param) { return std::string(param.param.name); });
 
 TEST(WhatIfReplay, ExpandableSegmentsReserveLessWhenSequenceLengthsChange) {
   const Recording recording =
@@ -210,6 +296,74 @@ TEST(WhatIfReplay, SkipsFreesOfAddressesAllocatedBeforeTheTraceBegan) {
   EXPECT_EQ(replayed.runs[0].device_allocations, 1u);
   EXPECT_EQ(replayed.runs[0].final_reserved, 20 * kMiB);  // empty_cache came while the block was live
   std::remove(path.c_str());
+}
+
+// Two equal free blocks in two segments: best fit takes the one at the lower address. The
+// recorded device put its second segment below its first (as mmap does); followed, the replay
+// does too and takes the same block, so the release that follows is the recorded one.
+TEST(WhatIfReplay, FollowingTheRecordingBreaksTiesAsTheRecordedAllocatorDid) {
+  constexpr std::uint64_t kHigh = 0x7f0004000000;
+  constexpr std::uint64_t kLow = 0x7f0002000000;
+  constexpr std::uint64_t kM = kMiB;
+  std::string lines;
+  std::uint64_t time = 0;
+  auto event = [&](const char* action, std::uint64_t address, std::uint64_t size) {
+    lines += "{\"action\":\"" + std::string(action) + "\",\"time_us\":" + std::to_string(++time) +
+             ",\"address\":" + std::to_string(address) + ",\"size\":" + std::to_string(size) +
+             ",\"stream\":0,\"tag\":0}\n";
+  };
+  auto freed = [&](std::uint64_t address, std::uint64_t size) {
+    event("free_requested", address, size);
+    event("free_completed", address, size);
+  };
+  // 20 MiB segments, shared by requests of 1 to 10 MiB.
+  event("segment_alloc", kHigh, 20 * kM);
+  event("alloc", kHigh, 6 * kM);
+  event("alloc", kHigh + 6 * kM, 8 * kM);
+  event("alloc", kHigh + 14 * kM, 6 * kM);
+  event("segment_alloc", kLow, 20 * kM);
+  event("alloc", kLow, 6 * kM);
+  event("alloc", kLow + 6 * kM, 4 * kM);
+  event("alloc", kLow + 10 * kM, 10 * kM);
+  freed(kHigh, 6 * kM);
+  freed(kHigh + 14 * kM, 6 * kM);
+  freed(kLow, 6 * kM);
+  event("alloc", kLow, 6 * kM);  // three free 6 MiB blocks tie: the lowest address
+  freed(kHigh + 6 * kM, 8 * kM);
+  event("segment_free", kHigh, 20 * kM);  // empty_cache: the first segment is whole and free
+  const auto path = (std::filesystem::temp_directory_path() / "remat-whatif-tie.jsonl").string();
+  std::ofstream(path) << R"({"kind":"trace","schema_version":1,"producer":"test","created_at":"2026-01-01T00:00:00Z","host":"h","pid":1,"rank":0,"device":0,"names":[""],"tags":[{"region":0,"policy":"none","phase":"other","site":0,"recv":null}],"event_count":null})"
+                      << "\n"
+                      << lines;
+  auto final_reserved = [&](bool follow) {
+    const DumpFile dump = open_dump(path);
+    TraceFile trace(dump);
+    WhatIfReplay replay({alloc::Config{}}, kHostCapacity, 0, trace.header().tags, follow);
+    trace.stream(replay);
+    const WhatIfRun run = replay.results().at(0);
+    EXPECT_EQ(run.followed_recording, follow);
+    EXPECT_FALSE(run.drift.has_value());
+    return run.final_reserved;
+  };
+  EXPECT_EQ(final_reserved(true), 20 * kM);   // as recorded
+  EXPECT_EQ(final_reserved(false), 40 * kM);  // its own segments ascend: the other block, nothing whole to free
+  std::remove(path.c_str());
+}
+
+TEST(WhatIfReplay, SaysWhereItCouldNotFollowTheRecording) {
+  // Recorded under expandable segments, replayed as if under the defaults: fixed segments soon
+  // differ from the recorded mappings.
+  const Recording recording = record(config_of("expandable_segments:True"),
+                                     [](alloc::CachingAllocator& a) { training(a, 3, true); }, "drift");
+  const Replayed replayed = replay(recording.trace_path, {alloc::Config{}});
+  const WhatIfRun& run = replayed.runs.at(0);
+  EXPECT_FALSE(run.followed_recording);
+  ASSERT_TRUE(run.drift.has_value());
+  EXPECT_GT(run.drift->event, 1u);
+  EXPECT_LE(run.drift->event, replayed.counts.events);
+  EXPECT_EQ(run.drift->reason, "the pool's new segment was not the one the recording made there");
+  EXPECT_FALSE(run.failure.has_value());
+  std::remove(recording.trace_path.c_str());
 }
 
 }  // namespace

@@ -294,6 +294,11 @@ def test_the_dumps_validate_against_the_oom_schema_and_a_broken_one_does_not():
     ({"segments": [], "device_traces": [[5]]}, "snapshot['device_traces'][0][0] must be a dict"),
     ({"segments": [], "device_traces": [[{"action": "alloc", "addr": "0x10"}]]}, "['addr'] must be a non-negative"),
     ({"segments": [], "device_traces": [[{"action": "alloc", "time_us": None}]]}, "['time_us'] must be an int"),
+    # Past what a float holds: the message says so without converting it.
+    ({"segments": [{"device": 10 ** 400, "address": 0, "total_size": 1, "blocks": []}]},
+     "snapshot['segments'][0]['device'] is about 10**400, more than any allocator holds"),
+    ({"segments": [{"device": 0, "address": -10 ** 400, "total_size": 1, "blocks": []}]},
+     "['address'] must be a non-negative int, got int -about 10**400"),
 ])
 def test_a_malformed_snapshot_is_a_value_error_naming_the_bad_part(snapshot, problem):
     with pytest.raises(ValueError) as error:
@@ -310,6 +315,10 @@ def test_a_malformed_snapshot_is_a_value_error_naming_the_bad_part(snapshot, pro
     ([report("ck", ("ck::r", [tensor(-4, 4)]))], "resident[0].regions[0].tensors[0].address must be a non-negative"),
     ([report("ck", ("ck::r", [tensor(4, 4, device=0)]))], "device must be a str such as 'cuda:0'"),
     ([{"checkpoint": "ck"}], "resident[0] has no 'regions'"),
+    (7, "resident must be a list, got int"),
+    ([{"checkpoint": "ck", "regions": 3}], "resident[0].regions must be a list, got int"),
+    ([{"checkpoint": "ck", "regions": [{"region": "ck::r", "tensors": None}]}],
+     "resident[0].regions[0].tensors must be a list, got NoneType"),
 ])
 def test_malformed_resident_data_is_a_value_error_naming_the_bad_part(resident, problem):
     with pytest.raises(ValueError) as error:
@@ -323,6 +332,8 @@ def test_malformed_resident_data_is_a_value_error_naming_the_bad_part(resident, 
     ("device_free", None, "device_free must be a non-negative int"),
     ("config", 5, "config must be a str"),
     ("num_ooms", 0, "num_ooms must be at least 1"),
+    ("device", 2 ** 40, "device=1099511627776 is not a CUDA device index"),
+    ("header", [("kind", "oom")], "header must be a dict of the common dump header fields, got list"),
 ])
 def test_bad_observer_figures_are_value_errors(argument, value, problem):
     with pytest.raises(ValueError, match=problem):
@@ -468,6 +479,15 @@ def test_numbers_no_allocator_holds_are_refused_before_a_dump_remat_report_canno
         build(two_stream_snapshot(traces=[[oom_event], []]))
     with pytest.raises(ValueError, match=r"segment_bytes is 1.209e\+24, more than any allocator holds"):
         build(two_stream_snapshot(), segment_bytes=2 ** 80)
+    # A header nested past Python's recursion limit is checked without recursing.
+    deep = {"figure": 2 ** 70}
+    for _ in range(5000):
+        deep = {"inner": deep}
+    with pytest.raises(ValueError, match=r"dump\.inner(\.inner)+\.figure would be 1\.181e\+21"):
+        build(two_stream_snapshot(), header=deep)
+    # Trace entries whose action is not a string are left out like other unknown actions.
+    odd = [{"action": ["alloc"], "addr": 0, "size": 1}, {"action": {"oom": 1}, "size": 1}]
+    assert build(two_stream_snapshot(traces=[odd, []]))["last_events"] == []
     # Each figure fits, their sum does not: refused, not written.
     many = [segment(i << 12, [block(i << 12, 2 ** 60)]) for i in range(9)]  # 9 * 2**60 > 2**63 - 1
     with pytest.raises(ValueError, match="more than a 64-bit figure holds"):

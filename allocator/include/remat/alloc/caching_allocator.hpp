@@ -45,8 +45,15 @@ class CachingAllocator {
   // The block behind `ptr` is also used on `stream`: it is reused only after that stream's
   // work enqueued before the free has completed.
   void record_stream(void* ptr, Stream stream);
-  // Returns every fully free segment to the backend.
+  // Returns every fully free segment, and every whole free granule of expandable segments, to
+  // the backend.
   void empty_cache();
+  // Returns exactly [address, address + bytes) to the backend when it is cached memory that
+  // empty_cache would give back as one piece (a whole free segment, or the whole free granules
+  // of one free block of an expandable segment), after retiring the frees whose stream work has
+  // completed; false, with nothing given back, when it is not. `whatif` replays a recording's
+  // releases one by one with it.
+  bool release_cached_range(std::uintptr_t address, std::size_t bytes);
   // Applies config keys that can change on a live allocator (all but backend and
   // host_capacity_mb, which need replace_backend). Blocks already in fixed or expandable
   // segments stay where they are when expandable_segments changes.

@@ -29,6 +29,9 @@ struct TraceEvent {
   Stream stream = 0;
   TagId tag = 0;
   TraceAction action = TraceAction::alloc;
+  // alloc and oom: the bytes the caller asked for (`size` is the block's, or the rounded
+  // request's); 0 on the other actions. A replay requests this, so it rounds as the pool did.
+  std::uint64_t requested = 0;
 };
 
 // Events are stamped with a cheap tick counter on the hot path and converted to wall-clock
@@ -44,13 +47,18 @@ class TraceRing {
   std::uint64_t recorded() const noexcept { return recorded_; }
 
   void record(TraceAction action, std::uint64_t address, std::uint64_t size, Stream stream, TagId tag) {
-    if (enabled()) put(RawEvent{ticks(), address, size, stream, tag, action, false});
+    if (enabled()) put(RawEvent{ticks(), address, size, 0, stream, tag, action, false});
+  }
+  // An alloc or oom event, with the size the caller asked for.
+  void record_request(TraceAction action, std::uint64_t address, std::uint64_t size, std::uint64_t requested,
+                      Stream stream, TagId tag) {
+    if (enabled()) put(RawEvent{ticks(), address, size, requested, stream, tag, action, false});
   }
   // A free_requested whose free_completed follows at once (no other stream used the block):
   // one record, read back as both events with the same time, so the hot path reads the
   // clock once per free.
   void record_immediate_free(std::uint64_t address, std::uint64_t size, Stream stream, TagId tag) {
-    if (enabled()) put(RawEvent{ticks(), address, size, stream, tag, TraceAction::free_requested, true});
+    if (enabled()) put(RawEvent{ticks(), address, size, 0, stream, tag, TraceAction::free_requested, true});
   }
   // Resizing clears the ring; capacity (in records) 0 switches tracing off.
   void resize(std::size_t capacity);
@@ -64,6 +72,7 @@ class TraceRing {
     std::uint64_t ticks = 0;
     std::uint64_t address = 0;
     std::uint64_t size = 0;
+    std::uint64_t requested = 0;
     Stream stream = 0;
     TagId tag = 0;
     TraceAction action = TraceAction::alloc;
