@@ -1,0 +1,101 @@
+#pragma once
+// Budget plans: which regions of the checkpoints to save and which to recompute, chosen from the
+// bytes and times one training step measured (a region profile), so that what the checkpoints
+// keep fits a memory budget and recompute costs the least time. The solver is exact (0/1
+// knapsack). Standard C++, no LibTorch: the Python package, the checkpoint runtime and
+// remat-report all plan with it, and read and write the same dumps (schemas/region-profile and
+// schemas/remat-plan).
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace remat::budget {
+
+// A budget below what the checkpoints keep anyway, a malformed profile or plan dump.
+class BudgetError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What one region costs: the bytes its checkpoint keeps for backward while it is saved, and
+// its forward time, which recompute spends again when it is not.
+struct RegionCost {
+  std::string name;  // "checkpoint::region"; in a grouped profile, a pattern ("layers.*::attn")
+  std::uint64_t saved_bytes = 0;
+  double seconds = 0;
+  std::uint64_t count = 1;  // the regions it stands for
+};
+
+struct RegionProfile {
+  // What the checkpoints keep with every region recomputed: their inputs.
+  std::uint64_t base_bytes = 0;
+  std::vector<RegionCost> regions;  // in the order the step ran them
+  std::string device;               // where the step ran: "cpu", "cuda:0"
+  std::string timer;                // how seconds were measured: "thread_time", "cuda_events"
+
+  // base_bytes and every region saved.
+  std::uint64_t all_saved_bytes() const;
+};
+
+enum class Choice : std::uint8_t { save, recompute };
+std::string_view to_string(Choice choice);
+
+struct Plan {
+  std::uint64_t budget_bytes = 0;
+  std::uint64_t base_bytes = 0;
+  std::uint64_t kept_bytes = 0;  // base_bytes and the saved regions' bytes
+  double recompute_seconds = 0;  // the recomputed regions' seconds
+  // The solver proved the plan optimal; false only when a profile was too large to search to
+  // the end (the plan then fits the budget but may recompute more than it must, at most
+  // recompute_seconds - least_recompute_seconds more).
+  bool exact = true;
+  double least_recompute_seconds = 0;  // no plan within the budget recomputes less
+  // Each region with its cost and choice, in profile order (patterns in a grouped plan).
+  std::vector<std::pair<RegionCost, Choice>> regions;
+};
+
+// The plan that recomputes the fewest seconds with base_bytes plus the saved regions' bytes at
+// most `budget_bytes`. Throws BudgetError for a budget below base_bytes, naming that minimum.
+Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes);
+
+// The fastest plan at `steps` budgets spread evenly from base_bytes to everything saved
+// (at least 2: both ends).
+std::vector<Plan> frontier(const RegionProfile& profile, std::size_t steps);
+
+// The profile with regions whose names differ only in their numbers made one: every run of
+// digits becomes '*' ("layers.0::attn" and "layers.1::attn" are "layers.*::attn"), bytes and
+// seconds added up, in order of first appearance.
+RegionProfile grouped(const RegionProfile& profile);
+
+// Whether `name` matches `pattern`, where '*' stands for any run of characters.
+bool matches(std::string_view pattern, std::string_view name);
+
+// A plan's choices, looked up by region name: an exact name first, then the first pattern that
+// matches.
+class RegionChoices {
+ public:
+  explicit RegionChoices(std::vector<std::pair<std::string, Choice>> choices);
+  std::optional<Choice> choice_for(std::string_view region) const;
+  const std::vector<std::pair<std::string, Choice>>& entries() const { return choices_; }
+
+ private:
+  std::vector<std::pair<std::string, Choice>> choices_;
+};
+
+// Dumps (kind "region_profile" and "remat_plan", with the common header). The readers check
+// every field and throw BudgetError naming `source`, the field's path and the fix.
+std::string profile_to_json(const RegionProfile& profile);
+RegionProfile profile_from_json(std::string_view text, std::string_view source);
+std::string plan_to_json(const Plan& plan);
+Plan plan_from_json(std::string_view text, std::string_view source);
+
+inline constexpr int kProfileSchemaVersion = 1;
+inline constexpr int kPlanSchemaVersion = 1;
+
+}  // namespace remat::budget

@@ -1,0 +1,59 @@
+// remat._budget: remat::budget for the remat package, so that profile.plan() and
+// `remat-report advise` make the same plan from the same dump. Dumps cross as JSON text, which
+// the C++ readers check field by field. Standard C++ over pybind11's headers; no LibTorch.
+
+#include <remat/budget/plan.hpp>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace remat::budget {
+namespace {
+
+RegionProfile profile_of(const std::string& text, bool group) {
+  RegionProfile profile = profile_from_json(text, "profile");
+  return group ? grouped(profile) : profile;
+}
+
+}  // namespace
+}  // namespace remat::budget
+
+PYBIND11_MODULE(_budget, m) {
+  using namespace remat::budget;
+  m.doc() = "Budget plans from region profiles (use remat.profile_regions and remat.RegionProfile)";
+  py::register_exception<BudgetError>(m, "BudgetError", PyExc_ValueError);
+  m.def(
+      "plan",
+      [](const std::string& profile, std::uint64_t budget_bytes, bool group) {
+        return plan_to_json(solve(profile_of(profile, group), budget_bytes));
+      },
+      py::arg("profile"), py::arg("budget_bytes"), py::arg("group"),
+      "The remat_plan dump of the fastest plan within the budget, from a region_profile dump.");
+  m.def(
+      "frontier",
+      [](const std::string& profile, std::size_t steps, bool group) {
+        std::vector<std::string> plans;
+        for (const Plan& plan : frontier(profile_of(profile, group), steps)) plans.push_back(plan_to_json(plan));
+        return plans;
+      },
+      py::arg("profile"), py::arg("steps"), py::arg("group"),
+      "The remat_plan dumps of the fastest plans at budgets spread from the least to everything saved.");
+  m.def(
+      "check_profile", [](const std::string& text, const std::string& source) {
+        return profile_to_json(profile_from_json(text, source));
+      },
+      py::arg("text"), py::arg("source"), "The region_profile dump, checked and written again.");
+  m.def(
+      "check_plan", [](const std::string& text, const std::string& source) {
+        return plan_to_json(plan_from_json(text, source));
+      },
+      py::arg("text"), py::arg("source"), "The remat_plan dump, checked and written again.");
+  m.def("matches", &matches, py::arg("pattern"), py::arg("name"),
+        "Whether a region name matches a plan's pattern ('*' stands for any run of characters).");
+}

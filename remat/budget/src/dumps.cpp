@@ -1,0 +1,251 @@
+// The region_profile and remat_plan dumps: written with the common header, read back with every
+// field checked, so a profile or plan edited by hand is an error naming what is wrong, never a
+// plan made from half of it.
+
+#include <remat/alloc/dump.hpp>
+#include <remat/budget/plan.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace remat::budget {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+[[noreturn]] void refuse(std::string_view source, const std::string& path, const std::string& problem) {
+  throw BudgetError(std::string(source) + ": " + path + ": " + problem);
+}
+
+// The document, refusing a key given twice in one object (JSON readers disagree on which wins).
+Json parse(std::string_view text, std::string_view source) {
+  std::vector<std::set<std::string>> keys;
+  std::string repeated;
+  const Json::parser_callback_t check = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+        repeated.empty()) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
+  Json root;
+  try {
+    root = Json::parse(text, check);
+  } catch (const Json::parse_error& error) {
+    refuse(source, "$", std::string("not JSON (") + error.what() + ")");
+  }
+  if (!repeated.empty()) refuse(source, "$", "the key '" + repeated + "' is given twice in one object; keep one");
+  return root;
+}
+
+// The CUDA device index of "cuda:N", else 0, for the header.
+int device_index(const std::string& device) {
+  if (device.rfind("cuda:", 0) != 0) return 0;
+  try {
+    return std::stoi(device.substr(5));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+const Json& member(const Json& object, const char* key, std::string_view source, const std::string& path) {
+  const auto it = object.find(key);
+  if (it == object.end()) refuse(source, path, std::string("has no '") + key + "'");
+  return *it;
+}
+
+std::uint64_t count_of(const Json& value, std::string_view source, const std::string& path) {
+  if (!value.is_number_unsigned() && !(value.is_number_integer() && value.get<std::int64_t>() >= 0)) {
+    refuse(source, path, "must be a whole number of 0 or more, got " + value.dump());
+  }
+  return value.get<std::uint64_t>();
+}
+
+double seconds_of(const Json& value, std::string_view source, const std::string& path) {
+  if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0) {
+    refuse(source, path, "must be a number of seconds, 0 or more, got " + value.dump());
+  }
+  return value.get<double>();
+}
+
+std::string text_of(const Json& value, std::string_view source, const std::string& path) {
+  if (!value.is_string()) refuse(source, path, "must be a string, got " + value.dump());
+  return value.get<std::string>();
+}
+
+Choice choice_of(const Json& value, std::string_view source, const std::string& path) {
+  if (value == "save") return Choice::save;
+  if (value == "recompute") return Choice::recompute;
+  refuse(source, path, "must be \"save\" or \"recompute\", got " + value.dump());
+}
+
+// The root object of a dump of `kind` at a schema version this reader knows.
+Json open_dump(std::string_view text, std::string_view source, std::string_view kind, int version) {
+  Json root = parse(text, source);
+  if (!root.is_object()) refuse(source, "$", "must be a JSON object (a " + std::string(kind) + " dump)");
+  const std::string found = text_of(member(root, "kind", source, "$"), source, "$.kind");
+  if (found != kind) {
+    refuse(source, "$.kind", "is '" + found + "', not '" + std::string(kind) + "'" +
+                                 (kind == "remat_plan" && found == "region_profile"
+                                      ? ": this is a profile; make a plan from it with profile.plan(budget_bytes=...) "
+                                        "or remat-report advise PROFILE --budget B"
+                                      : ""));
+  }
+  const Json& schema = member(root, "schema_version", source, "$");
+  if (!schema.is_number_integer() || schema.get<std::int64_t>() != version) {
+    refuse(source, "$.schema_version", "is " + schema.dump() + "; this version reads schema_version " +
+                                           std::to_string(version));
+  }
+  return root;
+}
+
+void write_cost(alloc::JsonWriter& json, const RegionCost& region) {
+  json.field("name", std::string_view(region.name))
+      .field("saved_bytes", region.saved_bytes)
+      .field("seconds", region.seconds)
+      .field("count", region.count);
+}
+
+RegionCost read_cost(const Json& value, std::string_view source, const std::string& path) {
+  if (!value.is_object()) refuse(source, path, "must be an object with name, saved_bytes and seconds");
+  RegionCost region;
+  region.name = text_of(member(value, "name", source, path), source, path + ".name");
+  if (region.name.empty()) refuse(source, path + ".name", "is empty; regions are named checkpoint::region");
+  region.saved_bytes = count_of(member(value, "saved_bytes", source, path), source, path + ".saved_bytes");
+  region.seconds = seconds_of(member(value, "seconds", source, path), source, path + ".seconds");
+  if (const auto it = value.find("count"); it != value.end()) {
+    region.count = count_of(*it, source, path + ".count");
+    if (region.count == 0) refuse(source, path + ".count", "is 0; a region stands for at least itself");
+  }
+  return region;
+}
+
+}  // namespace
+
+std::string profile_to_json(const RegionProfile& profile) {
+  alloc::JsonWriter json;
+  json.begin_object();
+  alloc::write_dump_header(json, "region_profile", kProfileSchemaVersion, device_index(profile.device));
+  json.field("device_name", std::string_view(profile.device))
+      .field("timer", std::string_view(profile.timer))
+      .field("base_bytes", profile.base_bytes)
+      .field("all_saved_bytes", profile.all_saved_bytes());
+  json.key("regions").begin_array();
+  for (const RegionCost& region : profile.regions) {
+    json.begin_object();
+    write_cost(json, region);
+    json.end_object();
+  }
+  json.end_array().end_object();
+  return std::move(json.str()) + "\n";
+}
+
+RegionProfile profile_from_json(std::string_view text, std::string_view source) {
+  const Json root = open_dump(text, source, "region_profile", kProfileSchemaVersion);
+  RegionProfile profile;
+  profile.base_bytes = count_of(member(root, "base_bytes", source, "$"), source, "$.base_bytes");
+  if (const auto it = root.find("device_name"); it != root.end()) profile.device = text_of(*it, source, "$.device_name");
+  if (const auto it = root.find("timer"); it != root.end()) profile.timer = text_of(*it, source, "$.timer");
+  const Json& regions = member(root, "regions", source, "$");
+  if (!regions.is_array()) refuse(source, "$.regions", "must be a list of regions");
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    const std::string path = "$.regions[" + std::to_string(i) + "]";
+    RegionCost region = read_cost(regions[i], source, path);
+    if (!seen.insert(region.name).second) {
+      refuse(source, path + ".name", "'" + region.name + "' is listed twice; each region appears once");
+    }
+    profile.regions.push_back(std::move(region));
+  }
+  std::uint64_t total = profile.base_bytes;
+  for (const RegionCost& region : profile.regions) {
+    if (region.saved_bytes > UINT64_MAX - total) {
+      refuse(source, "$.regions", "the regions' saved_bytes add up past 64 bits; the profile is not a real step's");
+    }
+    total += region.saved_bytes;
+  }
+  return profile;
+}
+
+std::string plan_to_json(const Plan& plan) {
+  alloc::JsonWriter json;
+  json.begin_object();
+  alloc::write_dump_header(json, "remat_plan", kPlanSchemaVersion, 0);
+  json.field("budget_bytes", plan.budget_bytes)
+      .field("base_bytes", plan.base_bytes)
+      .field("kept_bytes", plan.kept_bytes)
+      .field("recompute_seconds", plan.recompute_seconds)
+      .field("exact", plan.exact)
+      .field("least_recompute_seconds", plan.least_recompute_seconds);
+  json.key("decisions").begin_object();
+  for (const auto& [region, choice] : plan.regions) json.field(region.name, to_string(choice));
+  json.end_object();
+  json.key("regions").begin_array();
+  for (const auto& [region, choice] : plan.regions) {
+    json.begin_object();
+    write_cost(json, region);
+    json.field("decision", to_string(choice));
+    json.end_object();
+  }
+  json.end_array().end_object();
+  return std::move(json.str()) + "\n";
+}
+
+Plan plan_from_json(std::string_view text, std::string_view source) {
+  const Json root = open_dump(text, source, "remat_plan", kPlanSchemaVersion);
+  Plan plan;
+  plan.budget_bytes = count_of(member(root, "budget_bytes", source, "$"), source, "$.budget_bytes");
+  plan.base_bytes = count_of(member(root, "base_bytes", source, "$"), source, "$.base_bytes");
+  plan.kept_bytes = count_of(member(root, "kept_bytes", source, "$"), source, "$.kept_bytes");
+  plan.recompute_seconds =
+      seconds_of(member(root, "recompute_seconds", source, "$"), source, "$.recompute_seconds");
+  if (const auto it = root.find("exact"); it != root.end()) {
+    if (!it->is_boolean()) refuse(source, "$.exact", "must be true or false, got " + it->dump());
+    plan.exact = it->get<bool>();
+  }
+  plan.least_recompute_seconds = plan.recompute_seconds;
+  if (const auto it = root.find("least_recompute_seconds"); it != root.end()) {
+    plan.least_recompute_seconds = seconds_of(*it, source, "$.least_recompute_seconds");
+  }
+  const Json& decisions = member(root, "decisions", source, "$");
+  if (!decisions.is_object()) {
+    refuse(source, "$.decisions", "must be an object mapping each region to \"save\" or \"recompute\"");
+  }
+  // Costs where the dump lists them (a plan this project wrote); a hand-written plan may give
+  // the decisions alone.
+  std::vector<RegionCost> costs;
+  if (const auto it = root.find("regions"); it != root.end()) {
+    if (!it->is_array()) refuse(source, "$.regions", "must be a list of regions");
+    for (std::size_t i = 0; i < it->size(); ++i) {
+      costs.push_back(read_cost((*it)[i], source, "$.regions[" + std::to_string(i) + "]"));
+    }
+  }
+  for (const auto& [name, value] : decisions.items()) {
+    const std::string path = "$.decisions['" + name + "']";
+    if (name.empty()) refuse(source, "$.decisions", "has an empty region name; regions are named checkpoint::region");
+    RegionCost cost{name, 0, 0, 1};
+    for (const RegionCost& listed : costs) {
+      if (listed.name == name) cost = listed;
+    }
+    plan.regions.emplace_back(std::move(cost), choice_of(value, source, path));
+  }
+  if (!costs.empty() && costs.size() != plan.regions.size()) {
+    refuse(source, "$.regions", "lists " + std::to_string(costs.size()) + " regions but decisions has " +
+                                    std::to_string(plan.regions.size()) + "; they must name the same regions");
+  }
+  for (const RegionCost& listed : costs) {
+    bool named = false;
+    for (const auto& [region, choice] : plan.regions) named = named || region.name == listed.name;
+    if (!named) refuse(source, "$.regions", "'" + listed.name + "' has no decision in $.decisions");
+  }
+  return plan;
+}
+
+}  // namespace remat::budget

@@ -1,0 +1,265 @@
+// The budget solver against exhaustive search, its limits, grouping, pattern matching, and the
+// region_profile and remat_plan dumps it reads and writes.
+
+#include <remat/budget/plan.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace remat::budget {
+namespace {
+
+RegionProfile random_profile(std::mt19937_64& rng, std::size_t regions, std::uint64_t base) {
+  RegionProfile profile;
+  profile.base_bytes = base;
+  std::uniform_int_distribution<std::uint64_t> bytes(1, 1000);
+  std::uniform_real_distribution<double> seconds(0.0, 1.0);
+  for (std::size_t r = 0; r < regions; ++r) {
+    // Some regions cost the same bytes or the same time, so ties are tried too.
+    const std::uint64_t b = rng() % 4 == 0 ? 100 : bytes(rng);
+    const double s = rng() % 5 == 0 ? 0.25 : seconds(rng);
+    profile.regions.push_back({"layers." + std::to_string(r) + "::attn", b, s, 1});
+  }
+  return profile;
+}
+
+// The least recompute time over every subset of regions that fits.
+double exhaustive_best(const RegionProfile& profile, std::uint64_t budget) {
+  const std::size_t n = profile.regions.size();
+  double best = 1e300;
+  for (std::uint64_t mask = 0; mask < (std::uint64_t{1} << n); ++mask) {
+    std::uint64_t kept = profile.base_bytes;
+    double recompute = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      if ((mask >> r) & 1) kept += profile.regions[r].saved_bytes;
+      else recompute += profile.regions[r].seconds;
+    }
+    if (kept <= budget && recompute < best) best = recompute;
+  }
+  return best;
+}
+
+TEST(BudgetSolver, MatchesExhaustiveSearchOnSmallProfiles) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::size_t n = 1 + rng() % 14;
+    const RegionProfile profile = random_profile(rng, n, rng() % 500);
+    const std::uint64_t budget = profile.base_bytes + rng() % (profile.all_saved_bytes() - profile.base_bytes + 50);
+    const Plan plan = solve(profile, budget);
+    EXPECT_TRUE(plan.exact);
+    EXPECT_LE(plan.kept_bytes, budget);
+    EXPECT_NEAR(plan.recompute_seconds, exhaustive_best(profile, budget), 1e-9) << "trial " << trial;
+    // The figures are those of the decisions.
+    std::uint64_t kept = profile.base_bytes;
+    double recompute = 0;
+    ASSERT_EQ(plan.regions.size(), n);
+    for (std::size_t r = 0; r < n; ++r) {
+      EXPECT_EQ(plan.regions[r].first.name, profile.regions[r].name);
+      if (plan.regions[r].second == Choice::save) kept += profile.regions[r].saved_bytes;
+      else recompute += profile.regions[r].seconds;
+    }
+    EXPECT_EQ(kept, plan.kept_bytes);
+    EXPECT_NEAR(recompute, plan.recompute_seconds, 1e-12);
+  }
+}
+
+TEST(BudgetSolver, RecomputesNoMoreAsTheBudgetGrows) {
+  std::mt19937_64 rng(5);
+  const RegionProfile profile = random_profile(rng, 200, 4096);
+  double previous = 1e300;
+  for (std::uint64_t budget = profile.base_bytes; budget <= profile.all_saved_bytes(); budget += 997) {
+    const Plan plan = solve(profile, budget);
+    EXPECT_LE(plan.recompute_seconds, previous + 1e-9) << budget;
+    previous = plan.recompute_seconds;
+  }
+  const Plan everything = solve(profile, profile.all_saved_bytes());
+  EXPECT_EQ(everything.recompute_seconds, 0.0);
+  EXPECT_EQ(everything.kept_bytes, profile.all_saved_bytes());
+}
+
+TEST(BudgetSolver, ABudgetBelowTheInputsNamesTheSmallestOne) {
+  RegionProfile profile;
+  profile.base_bytes = 3 << 20;
+  profile.regions.push_back({"layers.0::attn", 1 << 20, 0.5, 1});
+  try {
+    solve(profile, (3 << 20) - 1);
+    FAIL() << "expected BudgetError";
+  } catch (const BudgetError& error) {
+    EXPECT_NE(std::string(error.what()).find("the smallest budget a plan can meet is 3145728 bytes"),
+              std::string::npos)
+        << error.what();
+  }
+  const Plan least = solve(profile, 3 << 20);
+  EXPECT_EQ(least.kept_bytes, 3u << 20);
+  EXPECT_EQ(least.regions[0].second, Choice::recompute);
+}
+
+TEST(BudgetSolver, SavesWhatCostsNoBytesAndRecomputesWhatCostsNoTime) {
+  RegionProfile profile;
+  profile.regions = {{"c::free_bytes", 0, 0.3, 1}, {"c::free_time", 500, 0.0, 1}, {"c::big", 900, 1.0, 1}};
+  const Plan plan = solve(profile, 100);
+  EXPECT_EQ(plan.regions[0].second, Choice::save);
+  EXPECT_EQ(plan.regions[1].second, Choice::recompute);
+  EXPECT_EQ(plan.regions[2].second, Choice::recompute);  // does not fit
+  EXPECT_EQ(plan.kept_bytes, 0u);
+  EXPECT_DOUBLE_EQ(plan.recompute_seconds, 1.0);
+}
+
+TEST(BudgetSolver, TenThousandRegionsSolveExactlyInUnderASecond) {
+  // Layers of four kinds of regions: the same shapes, so the same bytes, in every layer, and
+  // times measured with a little noise, as a real profile has them.
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> noise(1.0, 0.03);
+  RegionProfile profile;
+  profile.base_bytes = std::uint64_t{1} << 30;
+  const std::uint64_t kind_bytes[] = {64 << 20, 256 << 20, 24 << 20, 96 << 20};
+  const double kind_seconds[] = {0.004, 0.011, 0.0015, 0.002};
+  for (int layer = 0; layer < 2500; ++layer) {
+    for (int kind = 0; kind < 4; ++kind) {
+      profile.regions.push_back({"layers." + std::to_string(layer) + "::r" + std::to_string(kind),
+                                 kind_bytes[kind], kind_seconds[kind] * noise(rng), 1});
+    }
+  }
+  const std::uint64_t budget = profile.base_bytes + (profile.all_saved_bytes() - profile.base_bytes) * 2 / 5;
+  const auto start = std::chrono::steady_clock::now();
+  const Plan plan = solve(profile, budget);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("10000 regions: solved in %.3f s, %s, kept %llu of %llu budget bytes\n", seconds,
+              plan.exact ? "exact" : "not proved exact", static_cast<unsigned long long>(plan.kept_bytes),
+              static_cast<unsigned long long>(budget));
+  EXPECT_TRUE(plan.exact);
+  EXPECT_LE(plan.kept_bytes, budget);
+  EXPECT_LT(seconds, 5.0);  // the benchmark reports the time; this only catches a blow-up
+}
+
+TEST(BudgetSolver, AProfileTooLargeToSearchGivesAPlanWithinTheBudgetAndSaysHowCloseItIs) {
+  // 2,000 regions whose bytes all differ a little: the front of the search outgrows its cap.
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> noise(1.0, 0.03);
+  RegionProfile profile;
+  const std::uint64_t kind_bytes[] = {64 << 20, 256 << 20, 24 << 20, 96 << 20};
+  const double kind_seconds[] = {0.004, 0.011, 0.0015, 0.002};
+  for (int layer = 0; layer < 500; ++layer) {
+    for (int kind = 0; kind < 4; ++kind) {
+      profile.regions.push_back({"layers." + std::to_string(layer) + "::r" + std::to_string(kind),
+                                 kind_bytes[kind] + rng() % 4096, kind_seconds[kind] * noise(rng), 1});
+    }
+  }
+  const std::uint64_t budget = profile.all_saved_bytes() * 2 / 5;
+  const auto start = std::chrono::steady_clock::now();
+  const Plan plan = solve(profile, budget);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("2000 regions of varied bytes: %.3f s, %s, recompute %.6f s, no plan below %.6f s\n", seconds,
+              plan.exact ? "exact" : "not proved exact", plan.recompute_seconds, plan.least_recompute_seconds);
+  EXPECT_LE(plan.kept_bytes, budget);
+  EXPECT_LE(plan.least_recompute_seconds, plan.recompute_seconds);
+  EXPECT_LT(plan.recompute_seconds - plan.least_recompute_seconds, 1e-3 * plan.recompute_seconds);
+  EXPECT_LT(seconds, 30.0);
+}
+
+TEST(BudgetGroups, RegionsDifferingInTheirNumbersBecomeOnePattern) {
+  RegionProfile profile;
+  profile.base_bytes = 10;
+  profile.regions = {{"layers.0::attn", 100, 1.0, 1}, {"layers.0::mlp", 300, 0.5, 1},
+                     {"layers.12::attn", 110, 1.5, 1}, {"layers.12::mlp", 290, 0.25, 1}};
+  const RegionProfile groups = grouped(profile);
+  ASSERT_EQ(groups.regions.size(), 2u);
+  EXPECT_EQ(groups.regions[0].name, "layers.*::attn");
+  EXPECT_EQ(groups.regions[0].saved_bytes, 210u);
+  EXPECT_DOUBLE_EQ(groups.regions[0].seconds, 2.5);
+  EXPECT_EQ(groups.regions[0].count, 2u);
+  EXPECT_EQ(groups.regions[1].name, "layers.*::mlp");
+  EXPECT_EQ(groups.base_bytes, 10u);
+  const Plan plan = solve(groups, 10 + 210);
+  EXPECT_EQ(plan.regions[0].second, Choice::save);
+  EXPECT_EQ(plan.regions[1].second, Choice::recompute);
+}
+
+TEST(BudgetChoices, ExactNamesWinOverPatternsAndPatternsMatchInOrder) {
+  EXPECT_TRUE(matches("layers.*::attn", "layers.12::attn"));
+  EXPECT_FALSE(matches("layers.*::attn", "layers.12::attn_out"));
+  EXPECT_TRUE(matches("*", "anything::at_all"));
+  EXPECT_TRUE(matches("a*b*c", "aXXbYYbc"));
+  EXPECT_FALSE(matches("a*b*c", "aXXbYY"));
+  const RegionChoices choices({{"layers.*::attn", Choice::save}, {"layers.3::attn", Choice::recompute},
+                               {"*", Choice::recompute}});
+  EXPECT_EQ(choices.choice_for("layers.3::attn"), Choice::recompute);
+  EXPECT_EQ(choices.choice_for("layers.4::attn"), Choice::save);
+  EXPECT_EQ(choices.choice_for("layers.4::mlp"), Choice::recompute);
+  EXPECT_EQ(RegionChoices({{"layers.0::attn", Choice::save}}).choice_for("layers.1::attn"), std::nullopt);
+}
+
+TEST(BudgetDumps, AProfileAndAPlanReadBackAsWritten) {
+  RegionProfile profile;
+  profile.base_bytes = 1234;
+  profile.device = "cuda:1";
+  profile.timer = "cuda_events";
+  profile.regions = {{"layers.0::attn", 100, 0.125, 1}, {"layers.0::mlp", 300, 0.5, 1}};
+  const std::string text = profile_to_json(profile);
+  const nlohmann::json doc = nlohmann::json::parse(text);
+  EXPECT_EQ(doc["kind"], "region_profile");
+  EXPECT_EQ(doc["device"], 1);
+  EXPECT_EQ(doc["all_saved_bytes"], 1634);
+  const RegionProfile back = profile_from_json(text, "p.json");
+  EXPECT_EQ(back.base_bytes, 1234u);
+  EXPECT_EQ(back.regions.size(), 2u);
+  EXPECT_EQ(back.regions[1].name, "layers.0::mlp");
+  EXPECT_DOUBLE_EQ(back.regions[0].seconds, 0.125);
+
+  const Plan plan = solve(back, 1234 + 300);
+  const nlohmann::ordered_json written = nlohmann::ordered_json::parse(plan_to_json(plan));
+  EXPECT_EQ(written["kind"], "remat_plan");
+  EXPECT_EQ(written["decisions"]["layers.0::attn"], "recompute");
+  EXPECT_EQ(written["decisions"]["layers.0::mlp"], "save");
+  const Plan again = plan_from_json(plan_to_json(plan), "plan.json");
+  EXPECT_EQ(again.kept_bytes, plan.kept_bytes);
+  EXPECT_EQ(again.regions.size(), 2u);
+  EXPECT_EQ(again.regions[1].second, Choice::save);
+  EXPECT_EQ(again.regions[1].first.saved_bytes, 300u);
+}
+
+std::string refusal(const std::string& text, bool plan) {
+  try {
+    if (plan) plan_from_json(text, "edited.json");
+    else profile_from_json(text, "edited.json");
+  } catch (const BudgetError& error) {
+    return error.what();
+  }
+  return "accepted";
+}
+
+TEST(BudgetDumps, AHandEditedDumpIsRefusedNamingTheField) {
+  const std::string head = R"({"kind":"region_profile","schema_version":1,"base_bytes":)";
+  EXPECT_EQ(refusal(head + R"(-5,"regions":[]})", false),
+            "edited.json: $.base_bytes: must be a whole number of 0 or more, got -5");
+  EXPECT_EQ(refusal(head + R"(0,"regions":[{"name":"a::b","saved_bytes":1,"seconds":"1"}]})", false),
+            "edited.json: $.regions[0].seconds: must be a number of seconds, 0 or more, got \"1\"");
+  EXPECT_EQ(refusal(head + R"(0,"regions":[{"name":"a::b","saved_bytes":1,"seconds":1},)"
+                               R"({"name":"a::b","saved_bytes":2,"seconds":1}]})",
+                    false),
+            "edited.json: $.regions[1].name: 'a::b' is listed twice; each region appears once");
+  EXPECT_EQ(refusal(head + R"(0,"base_bytes":1,"regions":[]})", false),
+            "edited.json: $: the key 'base_bytes' is given twice in one object; keep one");
+  EXPECT_EQ(refusal(R"({"kind":"region_profile","schema_version":2,"base_bytes":0,"regions":[]})", false),
+            "edited.json: $.schema_version: is 2; this version reads schema_version 1");
+  EXPECT_NE(refusal(R"({"kind":"region_profile","schema_version":1,"base_bytes":0,"regions":[]})", true)
+                .find("this is a profile; make a plan from it"),
+            std::string::npos);
+  const std::string plan_head =
+      R"({"kind":"remat_plan","schema_version":1,"budget_bytes":10,"base_bytes":0,"kept_bytes":0,)"
+      R"("recompute_seconds":0,"decisions":)";
+  EXPECT_EQ(refusal(plan_head + R"({"a::b":"keep"}})", true),
+            "edited.json: $.decisions['a::b']: must be \"save\" or \"recompute\", got \"keep\"");
+  EXPECT_EQ(refusal(plan_head + R"({"a::b":"save"}})", true), "accepted");
+  EXPECT_EQ(refusal("{not json", false).rfind("edited.json: $: not JSON", 0), 0u);
+}
+
+}  // namespace
+}  // namespace remat::budget
