@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Golden tests for remat-report: runs every case in golden_cases.txt from tests/cli/ and
 compares stdout, stderr and the exit code with golden/<name>.txt. A case with a fourth field
-`mask-header` prints a dump made now (whatif --json): its created_at, host and pid are masked.
+`mask-header` prints a dump made now (whatif --json, advise --json): its created_at, host and pid
+are masked.
 
 usage: run_golden.py REMAT_REPORT [--update]
 """
@@ -39,6 +40,9 @@ def main():
         if mask_header:
             stdout = re.sub(r'^(  "(?:created_at|host)": )"[^"]*"', r'\1"<masked>"', stdout, flags=re.M)
             stdout = re.sub(r'^(  "pid": )\d+', r'\1"<masked>"', stdout, flags=re.M)
+            # Compact dumps (advise --json) on one line.
+            stdout = re.sub(r'("(?:created_at|host)":)"[^"]*"', r'\1"<masked>"', stdout)
+            stdout = re.sub(r'("pid":)\d+', r'\1"<masked>"', stdout)
         actual = render(run.returncode, stdout, run.stderr)
         golden = HERE / "golden" / f"{name}.txt"
         if run.returncode != int(expected_code):

@@ -1,8 +1,8 @@
 """The project's layering, checked on its sources: what may include what.
 
 - The allocator and remat-report include nothing from LibTorch; remat-report nothing from
-  the runtime: of the project's headers only `remat/pipeline/` (the planning library) for
-  `schedule` and `plan`, and of the allocator only the pool over its virtual backend
+  the runtime: of the project's headers only `remat/pipeline/` (the pipeline planning library)
+  for `schedule` and `plan`, `remat/budget/` (budget plans) for `advise`, and of the allocator only the pool over its virtual backend
   (remat::alloc_core) and the dump header module, for `whatif`: no device allocator, C ABI
   or CUDA backend.
 - The allocator's pool (caching_allocator.cpp and detail/pool_state.hpp) reaches dumps, the trace and OOM reporting
@@ -38,8 +38,8 @@ class Layering(unittest.TestCase):
 
     def test_remat_report_depends_on_neither_libtorch_nor_the_producers(self):
         self.assert_none_match("cli", r"(torch|ATen|c10)/", "remat-report builds without LibTorch")
-        self.assert_none_match("cli", r"remat/(?!pipeline/|alloc/)",
-                               "remat-report includes the planning library and the allocator's pool only")
+        self.assert_none_match("cli", r"remat/(?!pipeline/|budget/|alloc/)",
+                               "remat-report includes the planning libraries and the allocator's pool only")
         self.assert_none_match("cli", r"remat/alloc/(allocator|c_api|cuda_backend|host_backend)\.",
                                "remat-report replays through the pool on the virtual backend, never a device")
 

@@ -41,5 +41,6 @@ void register_oom(CLI::App& app, GlobalOptions& options);
 void register_schedule(CLI::App& app, GlobalOptions& options);
 void register_plan(CLI::App& app, GlobalOptions& options);
 void register_whatif(CLI::App& app, GlobalOptions& options);
+void register_advise(CLI::App& app, GlobalOptions& options);
 
 }  // namespace remat::report

@@ -1,0 +1,170 @@
+// `remat-report advise`: the budget plan remat.RegionProfile.plan() makes from a region profile
+// (the same solver, the same remat_plan dump), or the budget/time frontier between the least
+// the checkpoints keep and everything saved.
+
+#include "commands/command.hpp"
+#include "core/errors.hpp"
+#include "core/format.hpp"
+#include "reader/input_file.hpp"
+
+#include <remat/budget/plan.hpp>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+
+namespace remat::report {
+namespace {
+
+// A profile lists each region once: even 100,000 regions are a few MiB.
+constexpr std::uintmax_t kLargestProfile = std::uintmax_t{256} << 20;
+
+struct AdviseOptions {
+  std::string file;
+  std::string budget;
+  bool group = false;
+  std::size_t steps = 8;
+};
+
+std::string read_profile_text(const std::string& path) {
+  if (path == kStdinArgument) {
+    std::ostringstream text;
+    text << std::cin.rdbuf();
+    return text.str();
+  }
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw InputError(fmt::format("{} is a directory; pass a region_profile dump (profile.to_json(path))",
+                                 printable(path)));
+  }
+  const std::uintmax_t size = std::filesystem::file_size(path, error);
+  if (!error && size > kLargestProfile) {
+    throw InputError(fmt::format("{} is {} bytes, more than a region profile holds; pass a region_profile dump",
+                                 printable(path), size));
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw InputError(fmt::format("cannot read {}: {}; pass a region_profile dump (profile.to_json(path))",
+                                 printable(path), std::strerror(errno)));
+  }
+  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+}
+
+std::uint64_t parse_budget(const std::string& text) {
+  const ByteSize size = parse_byte_size(text, /*decimal_units=*/true);
+  if (size.problem != ByteSize::Problem::none) {
+    throw UsageError(fmt::format("--budget {}: give the memory the checkpoints may keep, in bytes, as a whole "
+                                 "number with an optional unit, B, KiB, MiB, GiB, TiB (powers of 1024) or kB, MB, "
+                                 "GB, TB (powers of 1000): 12884901888, 12GiB or 12GB",
+                                 text.empty() ? std::string("'' (empty)") : printable(text)));
+  }
+  return size.bytes;
+}
+
+Report plan_report(const budget::Plan& plan) {
+  Report report;
+  Table summary = key_value_table("plan", "Plan");
+  add_field(summary, "budget", Cell::bytes(plan.budget_bytes));
+  add_field(summary, "base", Cell::bytes(plan.base_bytes));  // every region recomputed
+  add_field(summary, "kept", Cell::bytes(plan.kept_bytes));
+  add_field(summary, "recompute_seconds", Cell::real(plan.recompute_seconds));
+  add_field(summary, "exact", Cell::flag(plan.exact));
+  report.tables.push_back(std::move(summary));
+  Table regions;
+  regions.id = "regions";
+  regions.title = "Regions";
+  regions.columns = {{"region", "region", false},
+                     {"saved bytes", "saved_bytes", true},
+                     {"seconds", "seconds", true},
+                     {"decision", "decision", false}};
+  for (const auto& [region, choice] : plan.regions) {
+    regions.rows.push_back({Cell::name(region.name), Cell::bytes(region.saved_bytes), Cell::real(region.seconds),
+                            Cell::text(std::string(budget::to_string(choice)))});
+  }
+  report.tables.push_back(std::move(regions));
+  if (!plan.exact) {
+    report.notes.push_back(fmt::format("the profile was too large to search to the end: this plan fits the budget "
+                                       "and no plan recomputes less than {:.6g} s",
+                                       plan.least_recompute_seconds));
+  }
+  return report;
+}
+
+Report frontier_report(const budget::RegionProfile& profile, const std::vector<budget::Plan>& plans) {
+  Report report;
+  Table table;
+  table.id = "frontier";
+  table.title = "Fastest plan at each budget";
+  table.columns = {{"budget", "budget_bytes", true},
+                   {"kept", "kept_bytes", true},
+                   {"recompute seconds", "recompute_seconds", true},
+                   {"saved regions", "saved_regions", true}};
+  for (const budget::Plan& plan : plans) {
+    std::uint64_t saved = 0;
+    for (const auto& [region, choice] : plan.regions) saved += choice == budget::Choice::save ? region.count : 0;
+    table.rows.push_back({Cell::bytes(plan.budget_bytes), Cell::bytes(plan.kept_bytes),
+                          Cell::real(plan.recompute_seconds), Cell::count(saved)});
+  }
+  report.tables.push_back(std::move(table));
+  report.notes.push_back(fmt::format("{} regions; every region recomputed keeps {} bytes, every region saved {} "
+                                     "bytes; pass --budget for one plan",
+                                     profile.regions.size(), profile.base_bytes, profile.all_saved_bytes()));
+  return report;
+}
+
+}  // namespace
+
+void register_advise(CLI::App& app, GlobalOptions& options) {
+  auto* command = app.add_subcommand(
+      "advise",
+      "The budget plan for a region profile: which regions to save so that what the checkpoints keep fits --budget "
+      "and recompute takes the least time (the plan remat's profile.plan() makes); without --budget, the fastest "
+      "plan at budgets from the least to everything saved");
+  auto opts = std::make_shared<AdviseOptions>();
+  command->add_option("file", opts->file, "A region_profile dump (remat.profile_regions(), profile.to_json(path))")
+      ->required();
+  auto* budget_option = command->add_option(
+      "--budget", opts->budget, "Memory the checkpoints may keep (12884901888, 12GiB, or 12GB = 12 x 10^9 bytes)");
+  command->add_flag("--group", opts->group,
+                    "Plan regions whose names differ only in numbers as one (layers.*::attn), as plan(group=True)");
+  command->add_option("--steps", opts->steps, "Budgets on the frontier without --budget (default 8)")
+      ->check(whole_number(2, 1000, "budgets on the frontier"));
+  add_output_options(*command, options);
+  command->callback([opts, budget_option, &options] {
+    const bool has_budget = budget_option->count() > 0;
+    const std::uint64_t budget_bytes = has_budget ? parse_budget(opts->budget) : 0;
+    const std::string source = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
+    budget::RegionProfile profile;
+    try {
+      profile = budget::profile_from_json(read_profile_text(opts->file), source);
+    } catch (const budget::BudgetError& error) {
+      throw InputError(error.what());
+    }
+    if (opts->group) profile = budget::grouped(profile);
+    if (!has_budget) {
+      print(frontier_report(profile, budget::frontier(profile, opts->steps)), options);
+      return;
+    }
+    budget::Plan plan;
+    try {
+      plan = budget::solve(profile, budget_bytes);
+    } catch (const budget::BudgetError& error) {
+      throw UsageError(fmt::format("--budget {}: {}", printable(opts->budget), error.what()));
+    }
+    if (options.format() == OutputFormat::json) {
+      std::cout << budget::plan_to_json(plan);
+      std::cout.flush();
+      return;
+    }
+    print(plan_report(plan), options);
+  });
+}
+
+}  // namespace remat::report
