@@ -239,11 +239,17 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   Frame& frame = *state.frame;
   if (name.empty()) throw Error("region name is empty; name each region, e.g. \"attention\"");
   refuse_control_characters("region", name);
+  if (frame.options.plan) {
+    if (const auto choice = frame.options.plan->choice_for(frame.region_path(name))) {
+      recompute = *choice == budget::Choice::recompute;
+    }
+  }
   if (state.in_region && state.save_region >= 0) {
     // Inside a save region everything is kept and recompute skips the whole body: an inner
     // save region has nothing to add (it runs inert, claiming no name), an inner recompute
-    // region could never be recomputed.
-    if (recompute) {
+    // region could never be recomputed. Under a plan, which may save an outer region whose
+    // inner ones recompute, they run as part of it.
+    if (recompute && !frame.options.plan) {
       throw Error("region '" + name + "' (recompute=True) is nested inside a recompute=False (save) region, '" +
                   frame.region_path(*state.region) + "'; recompute skips the save region's whole body, so "
                   "the inner region cannot be recomputed: make the inner region recompute=False, or the enclosing "

@@ -134,3 +134,37 @@ TEST(LiveBytes, PrefixCoversNestedRegionsByWholeComponents) {
 }
 
 }  // namespace
+
+// A budget plan in CheckpointOptions: the regions it names (by name or pattern) take its choice,
+// the others keep theirs, and the gradients are those of the plain code.
+TEST(BudgetPlan, RegionsTakeThePlansChoiceOverTheirOwn) {
+  using remat::budget::Choice;
+  const auto plan = std::make_shared<remat::budget::RegionChoices>(std::vector<std::pair<std::string, Choice>>{
+      {"layers.*::attention", Choice::recompute}, {"layers.1::mlp", Choice::save}});
+  auto block = [&](const std::string& name, const at::Tensor& x) {
+    return remat::checkpoint({.region_name = name, .plan = plan})([](const at::Tensor& in) {
+      auto y = remat::region([](const at::Tensor& t) { return t.exp() * 3.0; }, "attention", false)(in);
+      auto z = remat::region([](const at::Tensor& t) { return t.sin() * 2.0; }, "mlp")(y);
+      return remat::region([](const at::Tensor& t) { return t.cos().sum(); }, "head")(z);
+    })(x);
+  };
+  remat::collect_trace();
+  auto x = at::rand({8}).requires_grad_(true);
+  auto first = block("layers.0", x);
+  auto loss = first + block("layers.1", x);
+  EXPECT_EQ(remat::collect_trace().format(),
+            "remat trace: 2 checkpoint(s), 6 region(s)\n"
+            "scope [layers.0]\n"
+            "  attention: recompute\n"
+            "  mlp: recompute\n"
+            "  head: recompute\n"
+            "scope [layers.1]\n"
+            "  attention: recompute\n"
+            "  mlp: save\n"
+            "  head: recompute\n");
+  loss.backward();
+  auto reference = x.detach().clone().requires_grad_(true);
+  auto plain = [](const at::Tensor& t) { return ((t.exp() * 3.0).sin() * 2.0).cos().sum(); };
+  (plain(reference) + plain(reference)).backward();
+  EXPECT_TRUE(at::equal(x.grad(), reference.grad()));
+}

@@ -21,7 +21,8 @@ kept behind a loss), _oom_saved_report (that report in an out-of-memory observer
 (allocation sites from PyTorch's snapshot), _replay (NeMo's record/replay channel), _memory
 (tagged memory, sites, dumps), _oom_dump (an `oom` dump from PyTorch's snapshot), _oom (the
 observer that writes it on PyTorch's own allocator, or the tagging allocator's own report),
-_compile (checkpoints under torch.compile), _huggingface (Hugging Face models).
+_compile (checkpoints under torch.compile), _huggingface (Hugging Face models), _plans (budget
+plans: profile_regions, use_plan).
 """
 
 from __future__ import annotations  # torch_remat's package exports the name too
@@ -32,6 +33,7 @@ from ._api import checkpoint, is_placeholder, name_scope, recompute_needs_tensor
 from ._saved_tensors_hooks import SavedTensorInfo, SavedTensorKind, current_saved_tensor_info, saved_tensors_hooks
 from ._state import RecomputeStateHook, cpu_rng_state_hook
 from ._trace import collect_trace, trace_scope
+from ._plans import Plan, RegionCost, RegionProfile, load_plan, profile_regions, use_plan
 from ._reporting import current_memory_report, format_current_memory_report, print_current_memory_report, save_for_backward
 from ._saved_report import (format_saved_tensors_report, print_saved_tensors_report, saved_report, saved_tensors_report,
                             track_saved_tensors)
@@ -83,5 +85,11 @@ __all__ = [
     "OomObserver",
     "wrap_decoder_layers",
     "unwrap_decoder_layers",
+    "profile_regions",
+    "use_plan",
+    "load_plan",
+    "RegionProfile",
+    "RegionCost",
+    "Plan",
     "RematError",
 ]

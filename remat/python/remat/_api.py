@@ -23,6 +23,7 @@ import torch
 
 from . import _C
 from ._C import RematError
+from . import _plans
 from ._compile import compiled_checkpoint, compiled_region
 from ._saved_tensors_hooks import enclosing_hooks, hooks_pair_arg
 from ._state import checked_state_hooks
@@ -175,10 +176,12 @@ _REFUSED_OPTIONS = {
 class Checkpoint:
     """A checkpoint made by remat.checkpoint(**options): call it on a function."""
 
-    __slots__ = ("region_name", "_hooks", "_channels", "_context_fn", "_contexts", "_verify", "_saved_tensors_hooks")
+    __slots__ = ("region_name", "_hooks", "_channels", "_context_fn", "_contexts", "_verify", "_saved_tensors_hooks",
+                 "_plan")
 
-    def __init__(self, region_name, hooks, channels, context_fn, verify, saved_tensors_hooks=None):
+    def __init__(self, region_name, hooks, channels, context_fn, verify, saved_tensors_hooks=None, plan=None):
         self.region_name = region_name
+        self._plan = plan  # the runtime's choices of a budget plan, or None
         self._hooks = hooks
         self._saved_tensors_hooks = saved_tensors_hooks  # the runtime's pair, or None
         self._channels = channels  # the `contexts` option
@@ -206,8 +209,12 @@ class Checkpoint:
             return compiled_checkpoint(self, fn, args, kwargs)
         verify = _verify_recompute_default() if self._verify is None else self._verify
         saved_tensors_hooks = self._saved_tensors_hooks or enclosing_hooks()
-        return _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, self._contexts, verify,
-                             saved_tensors_hooks)
+        choices = _plans.region_choices(self._plan)
+
+        return _plans.run_checkpoint(
+            self.region_name, choices, args, kwargs,
+            lambda: _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, self._contexts, verify,
+                                  saved_tensors_hooks, choices))
 
 
 class _Checkpointed:
@@ -232,7 +239,7 @@ class _Checkpointed:
 
 
 def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), context_fn=None, contexts=(),
-               verify_recompute=None, saved_tensors_hooks=None, preserve_rng_state=False, use_reentrant=None,
+               verify_recompute=None, saved_tensors_hooks=None, plan=None, preserve_rng_state=False, use_reentrant=None,
                determinism_check="default", early_stop=True, **unknown):
     """A checkpoint: remat.checkpoint(**options)(fn)(*args, **kwargs) runs fn keeping only what
     backward needs from save regions and recomputing the rest in backward.
@@ -249,6 +256,8 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
         devices are always compared).
     saved_tensors_hooks: a (pack_hook, unpack_hook) pair holding what the checkpoint keeps: the
         inputs recompute needs and what save regions keep (see remat.saved_tensors_hooks).
+    plan: a remat.Plan (profile.plan(...), remat.load_plan(path)): each region it names takes its
+        save or recompute choice from it; the others keep their own (see remat.use_plan).
     preserve_rng_state: False, or left out; True is refused (RNG state belongs in a state hook:
         remat.cpu_rng_state_hook()).
     use_reentrant=False, determinism_check="default" and early_stop=True are torch.utils.checkpoint's
@@ -272,7 +281,8 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
         if option in _REFUSED_OPTIONS:
             raise RematError(f"checkpoint '{region_name}': {_REFUSED_OPTIONS[option]}")
         raise TypeError(f"checkpoint() got an unexpected keyword argument {option!r}; its options are region_name, "
-                        "recompute_state_hooks, context_fn, contexts, verify_recompute (and torch.utils.checkpoint's "
+                        "recompute_state_hooks, context_fn, contexts, verify_recompute, saved_tensors_hooks, plan (and "
+                        "torch.utils.checkpoint's "
                         "use_reentrant=False, determinism_check, early_stop); arguments for the function go to the "
                         "call: remat.checkpoint(region_name=...)(fn)(*args, **kwargs)")
     name_arg("checkpoint", "region_name", region_name)
@@ -299,7 +309,8 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
         raise TypeError(f"checkpoint '{region_name}': context_fn must be callable (returning a (forward context, "
                         f"recompute context) pair), got {type(context_fn).__name__}")
     return Checkpoint(region_name, checked_state_hooks(recompute_state_hooks), list(contexts), context_fn,
-                      verify_recompute, hooks_pair_arg(f"checkpoint '{region_name}'", saved_tensors_hooks))
+                      verify_recompute, hooks_pair_arg(f"checkpoint '{region_name}'", saved_tensors_hooks),
+                      _plans.plan_arg(f"checkpoint '{region_name}'", plan))
 
 
 def region(fn=None, name=None, recompute=True):
@@ -331,7 +342,8 @@ def region(fn=None, name=None, recompute=True):
             if torch.compiler.is_compiling():
                 return compiled_region(body, recompute, args, kwargs)
             qualified = name if _name_scopes_entered == 0 else _qualified_name(name)
-            return _C.region(body, args, kwargs, qualified, recompute)
+            return _plans.run_region(qualified, recompute,
+                                     lambda: _C.region(body, args, kwargs, qualified, recompute))
 
         return run
 

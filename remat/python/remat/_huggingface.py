@@ -35,7 +35,7 @@ import threading
 
 import torch
 
-from . import _C
+from . import _C, _plans
 from ._api import checkpoint
 from ._compile import compiled_region
 
@@ -119,8 +119,9 @@ class _RegionForward:
         if entry is None:
             return self.inner(*args, **kwargs)
         name, save = entry
+        region = call.region_name(name)
         # Names were checked when the layer was wrapped; the region goes straight to the runtime.
-        return _C.region(self.inner, args, kwargs, call.region_name(name), not save)
+        return _plans.run_region(region, not save, lambda: _C.region(self.inner, args, kwargs, region, not save))
 
 
 # --- one layer ---------------------------------------------------------------------------------
@@ -359,7 +360,7 @@ def _has_submodule(layer, name):
 
 
 def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *, recompute=None, layers=None,
-                        every_n_layers=1, context_fn=None, contexts=(), verify_recompute=None):
+                        every_n_layers=1, context_fn=None, contexts=(), verify_recompute=None, plan=None):
     """Runs every decoder layer of a Hugging Face model as one remat checkpoint named after its
     module path ("model.layers.0"), and returns the model:
 
@@ -382,6 +383,8 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
     every_n_layers: checkpoint only every n-th layer (0, n, 2n, ...); the others keep their
         activations (transformers' activation_checkpointing_enable(every_n_layers=) does the same).
     context_fn, contexts, verify_recompute: as for remat.checkpoint, for every layer's checkpoint.
+    plan: a remat.Plan from a profile of this model (remat.profile_regions()): each region it
+        names ("model.layers.0::self_attn") is saved or recomputed as it says, over `save`.
 
     Checkpoints run only in training mode with grad mode on; in eval mode or under no_grad the
     layers run unchanged. Calling it again replaces the previous call's wrapping; see the module
@@ -410,7 +413,7 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
             plans.append((path, layer, None))
             continue
         ckpt = checkpoint(region_name=path or type(layer).__name__, recompute_state_hooks=recompute_state_hooks,
-                          context_fn=context_fn, contexts=contexts, verify_recompute=verify_recompute)
+                          context_fn=context_fn, contexts=contexts, verify_recompute=verify_recompute, plan=plan)
         plans.append((path, layer, _LayerPlan(layer, path, ckpt, _layer_regions(layer, save, recompute))))
 
     unwrap_decoder_layers(model)  # only now: a call with bad arguments leaves the previous wrapping in force

@@ -31,9 +31,11 @@ std::function<std::string()> call_name(std::string kind, const PyRef& fn) {
 }
 
 CheckpointOptions options_of(const std::string& region_name, const py::list& state_hooks, const py::list& contexts,
-                             bool verify_recompute, const py::handle& saved_tensor_hooks) {
+                             bool verify_recompute, const py::handle& saved_tensor_hooks,
+                             std::shared_ptr<const budget::RegionChoices> plan) {
   CheckpointOptions options;
   options.region_name = region_name;
+  options.plan = std::move(plan);
   options.verify_recompute = verify_recompute;
   options.saved_tensor_hooks = saved_tensor_hooks_of(saved_tensor_hooks);
   for (const py::handle hook : state_hooks) {
@@ -127,16 +129,32 @@ PYBIND11_MODULE(_C, m) {
       "checkpoint",
       [](const py::object& fn, const py::tuple& args, const py::dict& kwargs, const std::string& region_name,
          const py::list& state_hooks, const py::list& contexts, bool verify_recompute,
-         const py::object& saved_tensor_hooks) {
+         const py::object& saved_tensor_hooks, std::shared_ptr<const budget::RegionChoices> plan) {
         const CheckpointOptions options =
-            options_of(region_name, state_hooks, contexts, verify_recompute, saved_tensor_hooks);
+            options_of(region_name, state_hooks, contexts, verify_recompute, saved_tensor_hooks, std::move(plan));
         return run(fn, args, kwargs, "checkpoint '" + region_name + "'",
                    [&](FlatFunction body, TensorList inputs, ResultSlot&) {
                      return detail::run_checkpoint(options, std::move(body), std::move(inputs));
                    });
       },
       py::arg("fn"), py::arg("args"), py::arg("kwargs"), py::arg("region_name"), py::arg("recompute_state_hooks"),
-      py::arg("contexts"), py::arg("verify_recompute"), py::arg("saved_tensor_hooks") = py::none());
+      py::arg("contexts"), py::arg("verify_recompute"), py::arg("saved_tensor_hooks") = py::none(),
+      py::arg("plan") = nullptr);
+  // A budget plan's choices, made once per plan and handed to every checkpoint it applies to.
+  py::class_<budget::RegionChoices, std::shared_ptr<budget::RegionChoices>>(m, "RegionChoices")
+      .def(py::init([](const std::vector<std::pair<std::string, bool>>& recompute_by_region) {
+             std::vector<std::pair<std::string, budget::Choice>> choices;
+             for (const auto& [name, recompute] : recompute_by_region) {
+               choices.emplace_back(name, recompute ? budget::Choice::recompute : budget::Choice::save);
+             }
+             return std::make_shared<budget::RegionChoices>(std::move(choices));
+           }),
+           py::arg("recompute_by_region"))
+      .def("recompute_of", [](const budget::RegionChoices& choices, const std::string& region) -> std::optional<bool> {
+        const auto choice = choices.choice_for(region);
+        if (!choice) return std::nullopt;
+        return *choice == budget::Choice::recompute;
+      });
   m.def(
       "region",
       [](const py::object& fn, const py::tuple& args, const py::dict& kwargs, const std::string& name,

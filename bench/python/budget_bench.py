@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Budget plans on the Hugging Face Llama of hf_llama_bench.py: a region profile of one step, the
+plan at 5 budgets from the least the checkpoints can keep to everything saved, each applied with
+wrap_decoder_layers(model, plan=plan), against the hand choices (attention saved, everything
+recomputed) and torch.compile's own planner (torch._functorch.config.activation_memory_budget).
+
+For each row: the bytes the plan predicts its checkpoints keep, the bytes they keep measured
+after forward (the live checkpoints' saved-tensors reports, each storage once: must be at most
+the budget), the step's kept and peak bytes as hf_llama_bench counts them (remat's tagging
+allocator as the CPU allocator), and the step's CPU time (median over rounds that rotate the
+order of the rows, as a ratio to no checkpointing). Each hand choice is followed by the plan at
+its measured bytes, which must be no slower. The compiled rows run the model without remat under
+torch.compile with activation_memory_budget set (its partitioner decides per ATen op from
+estimates); their kept bytes are the step's.
+
+    PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
+        python3 bench/python/budget_bench.py [--rounds 7] [--compile-budgets 0.3,0.6]
+
+Also times the solver on 10,000 regions (layers of four kinds, as a real profile has them).
+"""
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import hf_llama_bench as hf  # noqa: E402  (the model, the meter and the training step)
+
+import remat  # noqa: E402
+from remat import _budget  # noqa: E402
+
+MiB = 1024 * 1024
+
+
+def checkpoint_bytes():
+    """Bytes the live checkpoints keep, each storage once."""
+    storages = {}
+    for report in remat._C.live_checkpoint_reports():
+        for region in report.regions:
+            for tensor in region.tensors:
+                storages[(tensor.device, tensor.address)] = tensor.bytes
+    return sum(storages.values())
+
+
+def measure(model, ids, meter):
+    """(seconds, checkpoint-kept bytes, step kept bytes, step peak bytes) of one training step."""
+    model.zero_grad(set_to_none=True)
+    with meter.step():
+        meter.reset()
+        before = meter.allocated()
+        meter.start()
+        loss = model(input_ids=ids, labels=ids).loss
+        kept_by_checkpoints = checkpoint_bytes()
+        after_forward = meter.allocated()
+        loss.backward()
+        seconds = meter.seconds()
+        peak = meter.peak()
+    remat.collect_trace()
+    return seconds, kept_by_checkpoints, after_forward - before, peak - before
+
+
+def solver_timing():
+    regions = []
+    kinds = [(64 << 20, 0.004), (256 << 20, 0.011), (24 << 20, 0.0015), (96 << 20, 0.002)]
+    generator = torch.Generator().manual_seed(3)
+    noise = (1 + 0.03 * torch.randn(10000, generator=generator)).tolist()
+    for layer in range(2500):
+        for kind, (nbytes, seconds) in enumerate(kinds):
+            regions.append({"name": f"layers.{layer}::r{kind}", "saved_bytes": nbytes,
+                            "seconds": seconds * noise[4 * layer + kind]})
+    text = json.dumps({"kind": "region_profile", "schema_version": 1, "base_bytes": 1 << 30, "regions": regions})
+    all_saved = (1 << 30) + sum(r["saved_bytes"] for r in regions)
+    times = []
+    for share in (0.2, 0.4, 0.6, 0.8):
+        start = time.perf_counter()
+        plan = json.loads(_budget.plan(text, int((1 << 30) + share * (all_saved - (1 << 30))), False))
+        times.append(time.perf_counter() - start)
+        assert plan["exact"]
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--sequence", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--compile-budgets", default="0.3,0.6",
+                        help="activation_memory_budget values for torch.compile rows ('' for none)")
+    args = parser.parse_args()
+    if args.rounds < 3:
+        parser.error("--rounds: at least 3")
+    torch.set_num_threads(1)
+    meter = hf.CpuMeter()
+    config = hf.LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=8,
+                            num_key_value_heads=4, intermediate_size=688 * args.hidden // 256, vocab_size=args.vocab,
+                            max_position_embeddings=max(256, args.sequence), use_cache=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    weights = hf.LlamaForCausalLM(config).state_dict()
+    ids = torch.randint(0, args.vocab, (args.batch, args.sequence), generator=torch.Generator().manual_seed(1))
+
+    def fresh():
+        model = hf.LlamaForCausalLM(config)
+        model.load_state_dict(weights)
+        return model.train()
+
+    profiled = remat.wrap_decoder_layers(fresh())
+    measure(profiled, ids, meter)  # warm-up
+    profiled.zero_grad(set_to_none=True)
+    with meter.step(), remat.profile_regions() as profile:
+        profiled(input_ids=ids, labels=ids).loss.backward()
+    low, high = profile.base_bytes, profile.all_saved_bytes
+    budgets = [low + (high - low) * k // 4 for k in range(5)]
+
+    rows = [("no checkpointing", fresh(), None, None)]
+    hand = [("hand: attention saved", ("self_attn",)), ("hand: everything recomputed", ())]
+    for label, save in hand:
+        rows.append((label, remat.wrap_decoder_layers(fresh(), save=save), None, None))
+    for budget in budgets:
+        plan = profile.plan(budget_bytes=budget)
+        rows.append((f"plan at {budget / MiB:.2f} MiB", remat.wrap_decoder_layers(fresh(), plan=plan), plan, budget))
+    for fraction in [float(f) for f in args.compile_budgets.split(",") if f]:
+        torch._functorch.config.activation_memory_budget = fraction
+        model = fresh()
+        model.compile(backend="inductor")
+        try:
+            measure(model, ids, meter)  # compiles under this budget
+        except Exception as error:  # noqa: BLE001  (reported in the output instead)
+            print(f"torch.compile with activation_memory_budget={fraction}: {type(error).__name__}: {error}")
+            continue
+        rows.append((f"torch.compile, activation_memory_budget={fraction}", model, None, None))
+    torch._functorch.config.activation_memory_budget = 1.0
+
+    # The plan at each hand choice's measured bytes, which must be no slower.
+    for label, save in hand:
+        model = next(m for name, m, _, _ in rows if name == label)
+        kept = measure(model, ids, meter)[1]
+        if kept < low:
+            continue
+        plan = profile.plan(budget_bytes=kept)
+        rows.append((f"plan at {label[6:]}'s {kept / MiB:.2f} MiB", remat.wrap_decoder_layers(fresh(), plan=plan),
+                     plan, kept))
+
+    samples = [[] for _ in rows]
+    for round_index in range(args.rounds + 1):
+        shift = round_index % len(rows)
+        for index in list(range(len(rows)))[shift:] + list(range(len(rows)))[:shift]:
+            result = measure(rows[index][1], ids, meter)
+            if round_index > 0:
+                samples[index].append(result)
+    baseline = statistics.median(s[0] for s in samples[0])
+
+    print(f"Llama hidden {args.hidden}, {args.layers} layers, batch {args.batch}, sequence {args.sequence}, float32, "
+          f"CPU, 1 intra-op thread; torch {torch.__version__}; median of {args.rounds} rounds, rows rotated\n")
+    print(f"profile: {len(profile.regions)} regions; every region recomputed keeps {low / MiB:.2f} MiB, every "
+          f"region saved {high / MiB:.2f} MiB\n")
+    print("| row | budget (MiB) | predicted (MiB) | checkpoints keep (MiB) | step kept (MiB) | step peak (MiB) | "
+          "step CPU time (ms) | vs none |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for (label, _, plan, budget), rounds in zip(rows, samples):
+        seconds = statistics.median(r[0] for r in rounds)
+        kept = statistics.median(r[1] for r in rounds)
+        step_kept = statistics.median(r[2] for r in rounds)
+        peak = statistics.median(r[3] for r in rounds)
+        within = "" if budget is None or kept <= budget else " OVER BUDGET"
+        print(f"| {label}{within} | {'-' if budget is None else f'{budget / MiB:.2f}'} | "
+              f"{'-' if plan is None else f'{plan.kept_bytes / MiB:.2f}'} | {kept / MiB:.2f} | {step_kept / MiB:.2f} | "
+              f"{peak / MiB:.2f} | {seconds * 1e3:.1f} | {seconds / baseline:.2f}x |")
+    times = solver_timing()
+    print(f"\nsolver, 10,000 regions (four kinds, times with 3% noise), 4 budgets: "
+          f"{', '.join(f'{t * 1e3:.0f} ms' for t in times)}, every plan exact")
+
+
+if __name__ == "__main__":
+    main()
