@@ -356,12 +356,17 @@ class profile_regions:
         out = call()
         for tensor in tensors_in((args, kwargs)):
             storage = tensor.untyped_storage()
-            self._inputs[(tensor.device, storage.data_ptr())] = storage.nbytes()
+            self._inputs[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
         reports = [report for report in _C.live_checkpoint_reports() if report.checkpoint == name]
         if reports:
             for region in reports[-1].regions:
-                if region.region in self._timings:
-                    self._bytes[region.region] = self._bytes.get(region.region, 0) + region.bytes
+                if region.region not in self._timings:
+                    continue
+                # Each storage once, and not the checkpoints' inputs (position embeddings every
+                # layer takes, say): base_bytes has those whatever the plan.
+                kept = sum(t.bytes for t in region.tensors
+                           if not t.shares_storage and (t.device, t.address) not in self._inputs)
+                self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
         return out
 
     def time_region(self, name, call):
