@@ -33,18 +33,9 @@ import hf_llama_bench as hf  # noqa: E402  (the model, the meter and the trainin
 
 import remat  # noqa: E402
 from remat import _budget  # noqa: E402
+from remat._plans import live_checkpoint_bytes  # noqa: E402
 
 MiB = 1024 * 1024
-
-
-def checkpoint_bytes():
-    """Bytes the live checkpoints keep, each storage once."""
-    storages = {}
-    for report in remat._C.live_checkpoint_reports():
-        for region in report.regions:
-            for tensor in region.tensors:
-                storages[(tensor.device, tensor.address)] = tensor.bytes
-    return sum(storages.values())
 
 
 def measure(model, ids, meter):
@@ -55,7 +46,7 @@ def measure(model, ids, meter):
         before = meter.allocated()
         meter.start()
         loss = model(input_ids=ids, labels=ids).loss
-        kept_by_checkpoints = checkpoint_bytes()
+        kept_by_checkpoints = live_checkpoint_bytes()
         after_forward = meter.allocated()
         loss.backward()
         seconds = meter.seconds()

@@ -394,6 +394,17 @@ class profile_regions:
         return out
 
 
+def live_checkpoint_bytes():
+    """Bytes the live checkpoints (forward done, backward to come) keep, each storage once: what a
+    plan's kept_bytes predicts."""
+    storages = {}
+    for report in _C.live_checkpoint_reports():
+        for region in report.regions:
+            for tensor in region.tensors:
+                storages[(tensor.device, tensor.address)] = tensor.bytes
+    return sum(storages.values())
+
+
 def tensors_in(value):
     """The tensors in a value, through lists, tuples (model outputs too) and dicts."""
     if isinstance(value, torch.Tensor):

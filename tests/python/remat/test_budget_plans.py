@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import remat
+from remat._plans import live_checkpoint_bytes
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 WIDTH = 256  # one activation: 4 x 256 float32 = 4 KiB
@@ -56,16 +57,6 @@ def profile():
     with remat.profile_regions() as measured:
         model(x).sum().backward()
     return measured
-
-
-def kept_now():
-    """Bytes the live checkpoints keep, each storage once."""
-    storages = {}
-    for report in remat._C.live_checkpoint_reports():
-        for region in report.regions:
-            for tensor in region.tensors:
-                storages[(tensor.device, tensor.address)] = tensor.bytes
-    return sum(storages.values())
 
 
 def test_the_profile_measures_every_region_in_order_with_its_saved_bytes(profile):
@@ -120,11 +111,11 @@ def test_applied_the_checkpoints_keep_at_most_the_budget_and_gradients_are_bitwi
             if apply == "use_plan":
                 with remat.use_plan(plan):
                     out = model(x)
-                    kept = kept_now()
+                    kept = live_checkpoint_bytes()
                     out.sum().backward()
             else:
                 out = model(x, plan=plan)
-                kept = kept_now()
+                kept = live_checkpoint_bytes()
                 out.sum().backward()
         assert kept <= plan.kept_bytes <= budget, (budget, kept, plan.kept_bytes)
         assert torch.equal(x.grad, reference.grad)
