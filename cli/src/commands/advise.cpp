@@ -5,6 +5,8 @@
 #include "commands/command.hpp"
 #include "core/errors.hpp"
 #include "core/format.hpp"
+#include "output/frontier_svg.hpp"
+#include "output/output_file.hpp"
 #include "reader/input_file.hpp"
 
 #include <remat/budget/plan.hpp>
@@ -18,6 +20,7 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 namespace remat::report {
@@ -31,7 +34,11 @@ struct AdviseOptions {
   std::string budget;
   bool group = false;
   std::size_t steps = 8;
+  std::string svg;
 };
+
+// Budgets on the frontier's picture: enough that each step of the curve shows.
+constexpr std::size_t kPictureSteps = 96;
 
 std::string read_profile_text(const std::string& path) {
   if (path == kStdinArgument) {
@@ -136,8 +143,18 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
                     "Plan regions whose names differ only in numbers as one (layers.*::attn), as plan(group=True)");
   command->add_option("--steps", opts->steps, "Budgets on the frontier without --budget (default 8)")
       ->check(whole_number(2, 1000, "budgets on the frontier"));
+  auto* svg_option = command->add_option(
+      "--svg", opts->svg, "Also draw the frontier (recompute time of the fastest plan at each budget) into OUT.svg");
   add_output_options(*command, options);
-  command->callback([opts, budget_option, &options] {
+  command->callback([opts, budget_option, svg_option, &options] {
+    const bool draw = svg_option->count() > 0;
+    std::optional<OutputTarget> picture;
+    if (draw) {
+      if (opts->svg.size() < 4 || opts->svg.compare(opts->svg.size() - 4, 4, ".svg") != 0) {
+        throw UsageError("--svg " + printable(opts->svg) + ": name the picture's file OUT.svg");
+      }
+      picture = output_target(opts->svg, {opts->file});
+    }
     const bool has_budget = budget_option->count() > 0;
     const std::uint64_t budget_bytes = has_budget ? parse_budget(opts->budget) : 0;
     const std::string source = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
@@ -148,6 +165,7 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       throw InputError(error.what());
     }
     if (opts->group) profile = budget::grouped(profile);
+    if (picture) write_output_file(*picture, frontier_svg(profile, budget::frontier(profile, kPictureSteps), source));
     if (!has_budget) {
       print(frontier_report(profile, budget::frontier(profile, opts->steps)), options);
       return;

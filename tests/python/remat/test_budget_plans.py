@@ -234,3 +234,26 @@ def test_wrap_decoder_layers_takes_a_plan_for_a_hugging_face_model():
     reference(input_ids=ids, labels=ids).loss.backward()
     for (name, p), q in zip(llama.named_parameters(), reference.parameters()):
         assert torch.equal(p.grad, q.grad), name
+
+
+def test_remat_report_advise_draws_the_frontier(profile, tmp_path):
+    import xml.etree.ElementTree as ElementTree
+
+    path = tmp_path / "profile.json"
+    profile.to_json(path)
+    picture = tmp_path / "frontier.svg"
+    run = subprocess.run([remat_report(), "advise", str(path), "--svg", str(picture)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    root = ElementTree.parse(picture).getroot()
+    svg = "{http://www.w3.org/2000/svg}"
+    assert int(root.get("data-base-bytes")) == profile.base_bytes
+    assert int(root.get("data-all-saved-bytes")) == profile.all_saved_bytes
+    plans = root.findall(f".//{svg}circle")
+    assert len(plans) == int(root.get("data-plans")) == 96
+    seconds = [float(plan.get("data-recompute-seconds")) for plan in plans]
+    assert seconds == sorted(seconds, reverse=True) and seconds[-1] == 0.0  # more budget, less recompute
+    assert all(int(p.get("data-kept-bytes")) <= int(p.get("data-budget-bytes")) for p in plans)
+    refused = subprocess.run([remat_report(), "advise", str(path), "--svg", str(tmp_path / "frontier.png")],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "name the picture's file OUT.svg" in refused.stderr
