@@ -257,3 +257,12 @@ def test_remat_report_advise_draws_the_frontier(profile, tmp_path):
     refused = subprocess.run([remat_report(), "advise", str(path), "--svg", str(tmp_path / "frontier.png")],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "name the picture's file OUT.svg" in refused.stderr
+
+
+def test_the_dumps_validate_against_their_schemas(profile, tmp_path):
+    profile.to_json(tmp_path / "profile.json")
+    profile.plan(budget_bytes=profile.all_saved_bytes, group=True).to_json(tmp_path / "plan.json")
+    for name, kind in (("profile.json", "region_profile"), ("plan.json", "remat_plan")):
+        run = subprocess.run([remat_report(), "validate", str(tmp_path / name)], capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr
