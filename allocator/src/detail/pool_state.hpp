@@ -243,19 +243,8 @@ struct CachingAllocator::State {
     if (whole) {
       hole->mapped = true;
     } else {
-      block = new_block();
-      block->address = hole->address;
-      block->size = grow;
-      block->stream = hole->stream;
-      block->small = hole->small;
-      block->expandable = &segment;
-      block->prev = hole->prev;
-      block->next = hole;
-      if (block->prev != nullptr) block->prev->next = block;
-      else segments[block->address] = block;
-      hole->prev = block;
-      hole->address += grow;
-      hole->size -= grow;
+      block = split_off_front(hole, grow);
+      block->mapped = true;
       segment.holes.emplace(hole->address, hole);
     }
     merge(block, before);
@@ -320,15 +309,21 @@ struct CachingAllocator::State {
     return nullptr;
   }
 
+  // A new, unlinked block of the same segment, stream and pool as `block`.
+  Block* new_block_beside(const Block& block) {
+    Block* other = new_block();
+    other->stream = block.stream;
+    other->small = block.small;
+    other->expandable = block.expandable;
+    other->freed_at = block.freed_at;
+    return other;
+  }
+
   // A new block for the first `bytes` of `block`, which keeps the rest; the new one is free.
   Block* split_off_front(Block* block, std::size_t bytes) {
-    Block* front = new_block();
+    Block* front = new_block_beside(*block);
     front->address = block->address;
     front->size = bytes;
-    front->stream = block->stream;
-    front->small = block->small;
-    front->expandable = block->expandable;
-    front->freed_at = block->freed_at;
     front->prev = block->prev;
     front->next = block;
     if (front->prev != nullptr) front->prev->next = front;
@@ -341,18 +336,14 @@ struct CachingAllocator::State {
 
   // A new block for the last `bytes` of `block`, which keeps the rest; the new one is free.
   Block* split_off_back(Block* block, std::size_t bytes) {
-    Block* back = new_block();
+    Block* back = new_block_beside(*block);
     back->size = bytes;
     block->size -= bytes;
     back->address = block->address + block->size;
-    back->stream = block->stream;
-    back->small = block->small;
-    back->expandable = block->expandable;
-    back->freed_at = block->freed_at;
     back->prev = block;
     back->next = block->next;
     if (back->next != nullptr) back->next->prev = back;
-    else block->expandable->tail = back;
+    else if (back->expandable != nullptr) back->expandable->tail = back;
     block->next = back;
     return back;
   }
@@ -428,19 +419,8 @@ struct CachingAllocator::State {
                                      ? remaining >= kMinBlockSize
                                      : size < config.max_split_size_bytes && remaining > kSmallRequestLimit;
     if (!worth_splitting) return;
-    Block* rest = new_block();
-    rest->address = block->address + size;
-    rest->size = remaining;
-    rest->stream = block->stream;
-    rest->small = block->small;
-    rest->expandable = block->expandable;
+    Block* rest = split_off_back(block, remaining);
     rest->freed_at = ++frees;
-    rest->prev = block;
-    rest->next = block->next;
-    if (rest->next != nullptr) rest->next->prev = rest;
-    else if (rest->expandable != nullptr) rest->expandable->tail = rest;
-    block->next = rest;
-    block->size = size;
     insert_free(rest);
   }
 

@@ -284,8 +284,6 @@ class use_plan:
         unnamed = sorted({name for name in ran if self._plan.recompute_of(name) is None})
         unused = [entry for entry in self._plan.decisions
                   if not any(entry == name or ("*" in entry and _budget.matches(entry, name)) for name in ran)]
-        if not ran and not self._plan.decisions:
-            return
         problems = []
         if unused:
             problems.append(f"the plan names {len(unused)} region(s) that did not run: {', '.join(unused[:8])}"
