@@ -260,8 +260,10 @@ std::vector<Plan> frontier(const RegionProfile& profile, std::size_t steps) {
   std::vector<Plan> plans;
   for (std::size_t step = 0; step < steps; ++step) {
     const long double share = static_cast<long double>(step) / static_cast<long double>(steps - 1);
-    const auto budget = static_cast<std::uint64_t>(low + share * static_cast<long double>(high - low));
-    plans.push_back(solve(profile, step + 1 == steps ? high : budget));
+    const std::uint64_t budget =
+        step + 1 == steps ? high : static_cast<std::uint64_t>(low + share * static_cast<long double>(high - low));
+    if (!plans.empty() && plans.back().budget_bytes == budget) continue;  // a narrow range: each budget once
+    plans.push_back(solve(profile, budget));
   }
   return plans;
 }

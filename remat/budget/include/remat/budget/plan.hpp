@@ -65,7 +65,7 @@ struct Plan {
 Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes);
 
 // The fastest plan at `steps` budgets spread evenly from base_bytes to everything saved
-// (at least 2: both ends).
+// (at least 2: both ends; fewer where the range holds fewer distinct budgets).
 std::vector<Plan> frontier(const RegionProfile& profile, std::size_t steps);
 
 // The profile with regions whose names differ only in their numbers made one: every run of
