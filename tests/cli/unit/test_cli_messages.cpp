@@ -5,7 +5,7 @@ namespace remat::report::testing {
 namespace {
 
 const std::string kSubcommands =
-    "summary, memory, segments, trace, timeline, diff, validate, export, import, oom, schedule, plan, whatif";
+    "summary, memory, segments, trace, timeline, diff, validate, export, import, oom, schedule, plan, whatif, advise";
 
 TEST(CliMessages, NumbersOutOfRangeNameTheOptionTheValueAndTheRange) {
   TempDir dir;
