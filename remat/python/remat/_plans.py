@@ -282,8 +282,10 @@ class use_plan:
 
     def _check(self, ran):
         unnamed = sorted({name for name in ran if self._plan.recompute_of(name) is None})
+        ran_names = set(ran)
         unused = [entry for entry in self._plan.decisions
-                  if not any(entry == name or ("*" in entry and _budget.matches(entry, name)) for name in ran)]
+                  if entry not in ran_names
+                  and not ("*" in entry and any(_budget.matches(entry, name) for name in ran_names))]
         problems = []
         if unused:
             problems.append(f"the plan names {len(unused)} region(s) that did not run: {', '.join(unused[:8])}"
