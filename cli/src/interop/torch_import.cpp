@@ -5,10 +5,11 @@
 #include "reader/event_checks.hpp"
 #include "reader/json_document.hpp"
 
+#include <remat/alloc/dump.hpp>
+
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <ctime>
 #include <map>
 #include <tuple>
 
@@ -150,15 +151,6 @@ class TagBuilder {
 
 nlohmann::ordered_json stat(std::uint64_t current, std::uint64_t peak, std::uint64_t total) {
   return {{"current", current}, {"peak", std::max(peak, current)}, {"total", std::max(total, current)}};
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
 }
 
 // What import writes must read back: the checks above name the pickle's paths; this catches
@@ -465,7 +457,7 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
   s["kind"] = "snapshot";
   s["schema_version"] = 1;
   s["producer"] = kImportProducer;
-  s["created_at"] = utc_now();
+  s["created_at"] = alloc::current_dump_header().created_at;
   s["host"] = "";
   s["pid"] = 0;
   s["rank"] = 0;
