@@ -43,19 +43,8 @@ MiB = 1024 * 1024
 
 def measure(model, ids, meter):
     """(seconds, checkpoint-kept bytes, step kept bytes, step peak bytes) of one training step."""
-    model.zero_grad(set_to_none=True)
-    with meter.step():
-        meter.reset()
-        before = meter.allocated()
-        meter.start()
-        loss = model(input_ids=ids, labels=ids).loss
-        kept_by_checkpoints = live_checkpoint_bytes()
-        after_forward = meter.allocated()
-        loss.backward()
-        seconds = meter.seconds()
-        peak = meter.peak()
-    remat.collect_trace()
-    return seconds, kept_by_checkpoints, after_forward - before, peak - before
+    seconds, kept, peak, _, _, by_checkpoints = hf.train_step(model, ids, meter, live_checkpoint_bytes)
+    return seconds, by_checkpoints, kept, peak
 
 
 def solver_timing():

@@ -213,22 +213,24 @@ class CudaMeter:
         return self._begin.elapsed_time(self._end) / 1e3
 
 
-def train_step(model, ids, meter):
-    """(seconds, kept bytes, peak bytes, loss, gradients) of one forward and backward."""
+def train_step(model, ids, meter, after_forward=lambda: None):
+    """(seconds, kept bytes, peak bytes, loss, gradients, after_forward()) of one forward and
+    backward; after_forward runs between them (budget_bench measures what checkpoints keep)."""
     model.zero_grad(set_to_none=True)
     with meter.step():
         meter.reset()
         before = meter.allocated()
         meter.start()
         loss = model(input_ids=ids, labels=ids).loss
-        after_forward = meter.allocated()
+        probed = after_forward()
+        allocated_after_forward = meter.allocated()
         loss.backward()
         seconds = meter.seconds()
         peak = meter.peak()
         loss = loss.detach().clone()
     remat.collect_trace()  # keeps the runtime's trace log from growing across rounds
     grads = [p.grad.clone() for p in model.parameters()]
-    return seconds, after_forward - before, peak - before, loss, grads
+    return seconds, allocated_after_forward - before, peak - before, loss, grads, probed
 
 
 def compare(reference, loss, grads):
@@ -314,7 +316,7 @@ def main():
             if failures[index] is not None:
                 continue
             try:
-                seconds, kept, peak, loss, grads = train_step(models[index], ids, meter)
+                seconds, kept, peak, loss, grads, _ = train_step(models[index], ids, meter)
             except Exception as error:  # a variant that cannot run here is reported in its row
                 failures[index] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
                 models[index].zero_grad(set_to_none=True)

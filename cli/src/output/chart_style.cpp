@@ -79,4 +79,28 @@ std::vector<Tick> time_ticks(std::int64_t span_us, int count) {
   return ticks;
 }
 
+std::string axis_grid(const PlotArea& area, const std::vector<Tick>& x_ticks, const std::vector<Tick>& y_ticks,
+                      const std::function<double(double)>& x_of, const std::function<double(double)>& y_of) {
+  const double right = area.left + area.width;
+  const double bottom = area.top + area.height;
+  std::string svg = "<g id=\"y-axis\" stroke=\"#e3e3e3\">\n";
+  for (const Tick& tick : y_ticks) {
+    const double y = y_of(tick.value);
+    svg += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\"/>", area.left, right, y, y);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" stroke=\"none\" fill=\"#333\">{}</text>\n",
+                       area.left - 8, y + 4, xml_escape(tick.label));
+  }
+  svg += "</g>\n<g id=\"x-axis\" stroke=\"#e3e3e3\">\n";
+  for (const Tick& tick : x_ticks) {
+    const double x = x_of(tick.value);
+    if (x > right + 0.5) break;
+    svg += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\"/>", x, x, area.top, bottom);
+    svg +=
+        fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" stroke=\"none\" fill=\"#333\">{}</text>\n",
+                    x, bottom + 18, xml_escape(tick.label));
+  }
+  svg += "</g>\n";
+  return svg;
+}
+
 }  // namespace remat::report

@@ -2,6 +2,7 @@
 // What the SVG and HTML charts share: series colors, axis ticks and text escaping.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,5 +20,14 @@ struct Tick {
 std::vector<Tick> byte_ticks(std::uint64_t max_bytes, int count);
 // Round ticks across [0, span_us], labelled as times.
 std::vector<Tick> time_ticks(std::int64_t span_us, int count);
+
+// Where a chart's plot lies in its picture.
+struct PlotArea {
+  double left, top, width, height;
+};
+// The grid lines and tick labels of both axes, as groups "y-axis" and "x-axis"; x_of and y_of
+// place a tick's value. X ticks past the plot's right edge are left out.
+std::string axis_grid(const PlotArea& area, const std::vector<Tick>& x_ticks, const std::vector<Tick>& y_ticks,
+                      const std::function<double(double)>& x_of, const std::function<double(double)>& y_of);
 
 }  // namespace remat::report

@@ -62,20 +62,7 @@ std::string frontier_svg(const budget::RegionProfile& profile, const std::vector
   svg += fmt::format("<text x=\"{}\" y=\"46\" fill=\"#555\">{} - {} regions; {} kept with every region recomputed, "
                      "{} with every region saved</text>\n",
                      kLeft, xml_escape(source), profile.regions.size(), human_bytes(low), human_bytes(high));
-  svg += "<g id=\"grid\" stroke=\"#e3e3e3\">\n";
-  for (const Tick& tick : y_ticks) {
-    const double y = y_of(tick.value);
-    svg += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\"/>", kLeft, kLeft + kPlotW, y, y);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" stroke=\"none\" fill=\"#333\">{}</text>\n",
-                       kLeft - 8, y + 4, xml_escape(tick.label));
-  }
-  for (const Tick& tick : x_ticks) {
-    const double x = x_of(tick.value);
-    svg += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\"/>", x, x, kTop, kTop + kPlotH);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" stroke=\"none\" fill=\"#333\">{}</text>\n",
-                       x, kTop + kPlotH + 18, xml_escape(tick.label));
-  }
-  svg += "</g>\n";
+  svg += axis_grid({kLeft, kTop, kPlotW, kPlotH}, x_ticks, y_ticks, x_of, y_of);
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#333\">budget (bytes the "
                      "checkpoints may keep)</text>\n",
                      kLeft + kPlotW / 2, kHeight - 18);

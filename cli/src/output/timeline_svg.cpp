@@ -53,23 +53,7 @@ std::string timeline_svg(const Timeline& t, const ChartText& text) {
                      xml_escape(text.source), t.events, n, human_time_us(t.bucket_us));
 
   // Grid and axes.
-  svg += "<g id=\"y-axis\" stroke=\"#e3e3e3\">\n";
-  for (const Tick& tick : y_ticks) {
-    const double y = y_of(tick.value);
-    svg += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\"/>", kLeft, kLeft + kPlotW, y, y);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" stroke=\"none\" fill=\"#333\">{}</text>\n",
-                       kLeft - 8, y + 4, xml_escape(tick.label));
-  }
-  svg += "</g>\n<g id=\"x-axis\" stroke=\"#e3e3e3\">\n";
-  for (const Tick& tick : x_ticks) {
-    const double x = x_of(tick.value);
-    if (x > kLeft + kPlotW + 0.5) break;
-    svg += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\"/>", x, x, kTop, kTop + kPlotH);
-    svg +=
-        fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" stroke=\"none\" fill=\"#333\">{}</text>\n",
-                    x, kTop + kPlotH + 18, xml_escape(tick.label));
-  }
-  svg += "</g>\n";
+  svg += axis_grid({kLeft, kTop, kPlotW, kPlotH}, x_ticks, y_ticks, x_of, y_of);
   svg += fmt::format(
       "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#333\">time since the first event</text>\n",
       kLeft + kPlotW / 2, kHeight - 18);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -106,11 +107,15 @@ Json open_dump(std::string_view text, std::string_view source, std::string_view 
   return root;
 }
 
-void write_cost(alloc::JsonWriter& json, const RegionCost& region) {
-  json.field("name", std::string_view(region.name))
+// One entry of a dump's "regions" list: its cost and, in a plan, its decision.
+void write_region(alloc::JsonWriter& json, const RegionCost& region, std::optional<Choice> choice = std::nullopt) {
+  json.begin_object()
+      .field("name", std::string_view(region.name))
       .field("saved_bytes", region.saved_bytes)
       .field("seconds", region.seconds)
       .field("count", region.count);
+  if (choice) json.field("decision", to_string(*choice));
+  json.end_object();
 }
 
 RegionCost read_cost(const Json& value, std::string_view source, const std::string& path) {
@@ -138,11 +143,7 @@ std::string profile_to_json(const RegionProfile& profile) {
       .field("base_bytes", profile.base_bytes)
       .field("all_saved_bytes", profile.all_saved_bytes());
   json.key("regions").begin_array();
-  for (const RegionCost& region : profile.regions) {
-    json.begin_object();
-    write_cost(json, region);
-    json.end_object();
-  }
+  for (const RegionCost& region : profile.regions) write_region(json, region);
   json.end_array().end_object();
   return std::move(json.str()) + "\n";
 }
@@ -188,12 +189,7 @@ std::string plan_to_json(const Plan& plan) {
   for (const auto& [region, choice] : plan.regions) json.field(region.name, to_string(choice));
   json.end_object();
   json.key("regions").begin_array();
-  for (const auto& [region, choice] : plan.regions) {
-    json.begin_object();
-    write_cost(json, region);
-    json.field("decision", to_string(choice));
-    json.end_object();
-  }
+  for (const auto& [region, choice] : plan.regions) write_region(json, region, choice);
   json.end_array().end_object();
   return std::move(json.str()) + "\n";
 }
