@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Renders remat-report's timeline pictures in headless Chromium to PNG files and checks they
-# are real images. Exits 77 (skipped) when no Chromium is installed.
+# Renders remat-report's pictures (the timeline, and the ranks of a job) in headless Chromium
+# to PNG files and checks they are real images. Exits 77 (skipped) when no Chromium is installed.
 #
 # usage: render_png.sh REMAT_REPORT [DUMP] [OUT_DIR]
 set -euo pipefail
@@ -19,7 +19,9 @@ fi
 mkdir -p "$out"
 "$report" timeline "$dump" -o "$out/timeline.svg" >/dev/null
 "$report" timeline "$dump" -o "$out/timeline.html" >/dev/null
-for name in timeline.svg timeline.html; do
+"$report" ranks "$here/data/snapshot-peak.json" "$here/data/oom.json" --svg "$out/ranks.svg" --html "$out/ranks.html" \
+  >/dev/null
+for name in timeline.svg timeline.html ranks.svg ranks.html; do
   timeout 90 "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1260,760 \
     --user-data-dir="$out/profile" --screenshot="$out/${name%.*}-${name##*.}.png" "file://$out/$name" \
     >/dev/null 2>&1

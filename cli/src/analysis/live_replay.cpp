@@ -48,6 +48,7 @@ void LiveReplay::apply(const Event& event) {
       if (total_ > peak_total_) {
         peak_total_ = total_;
         peak_time_ = event.time_us;
+        events_to_peak_ = events_;
       }
       blocks_.put(event.address, LiveBlock{event.size, group});
       break;

@@ -42,5 +42,6 @@ void register_schedule(CLI::App& app, GlobalOptions& options);
 void register_plan(CLI::App& app, GlobalOptions& options);
 void register_whatif(CLI::App& app, GlobalOptions& options);
 void register_advise(CLI::App& app, GlobalOptions& options);
+void register_ranks(CLI::App& app, GlobalOptions& options);
 
 }  // namespace remat::report

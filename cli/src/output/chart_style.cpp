@@ -27,11 +27,20 @@ std::string xml_escape(std::string_view text) {
       case '"': out += "&quot;"; break;
       case '\'': out += "&#39;"; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\t') out += ' ';
-        else out += c;
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\t')
+          out += ' ';
+        else
+          out += c;
     }
   }
   return out;
+}
+
+std::string clipped_label(std::string label, std::size_t max_bytes) {
+  if (label.size() <= max_bytes) return label;
+  std::size_t cut = max_bytes - 1;
+  while (cut > 0 && (static_cast<unsigned char>(label[cut]) & 0xc0) == 0x80) --cut;
+  return label.substr(0, cut) + "~";
 }
 
 namespace {

@@ -11,6 +11,8 @@ namespace remat::report {
 
 std::string series_color(std::size_t index, bool is_other);
 std::string xml_escape(std::string_view text);
+// A legend's label: cut to whole UTF-8 characters within `max_bytes`, marked with "~" when cut.
+std::string clipped_label(std::string label, std::size_t max_bytes);
 
 struct Tick {
   double value;

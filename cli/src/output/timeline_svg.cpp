@@ -114,12 +114,7 @@ std::string timeline_svg(const Timeline& t, const ChartText& text) {
     const double y = kTop + 22 + static_cast<double>(row) * 20;
     if (y > kHeight - 20) break;
     const TimelineSeries& series = t.series[s];
-    std::string label = shown_label(series.label);
-    if (label.size() > 30) {
-      std::size_t cut = 29;  // whole UTF-8 characters only
-      while (cut > 0 && (static_cast<unsigned char>(label[cut]) & 0xc0) == 0x80) --cut;
-      label = label.substr(0, cut) + "~";
-    }
+    const std::string label = clipped_label(shown_label(series.label), 30);
     svg += fmt::format(
         "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1f}\" "
         "y=\"{:.1f}\">{} ({})</text>\n",

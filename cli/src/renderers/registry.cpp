@@ -160,16 +160,7 @@ SegmentSummary Renderer::segments(const DumpFile& file, std::size_t) const { uns
 void Renderer::events(const DumpFile& file, const EventsBegin&) const { unsupported(file, "events"); }
 AllocatorState Renderer::allocator_state(const DumpFile& file) const { unsupported(file, "allocator state"); }
 
-MemoryView memory_from_events(const Renderer& renderer, const DumpFile& file, GroupBy by) {
-  std::unique_ptr<LiveReplay> replay;
-  renderer.events(file, [&](const TagTable& tags) -> EventSink& {
-    replay = std::make_unique<LiveReplay>(tags, by);
-    return *replay;
-  });
-  return memory_from_replay(*replay, by, file);
-}
-
-MemoryView memory_from_replay(const LiveReplay& replay, GroupBy by, const DumpFile& file) {
+MemoryView memory_from_replay(const LiveReplay& replay, GroupBy by, const std::string& path) {
   MemoryView view;
   view.by = by;
   const auto& labels = replay.labels();
@@ -179,7 +170,7 @@ MemoryView memory_from_replay(const LiveReplay& replay, GroupBy by, const DumpFi
     view.rows.push_back(
         MemoryRow{labels[g], replay.live()[g], replay.peak()[g], replay.live_count()[g], replay.allocations()[g]});
     if (__builtin_add_overflow(peak_sum, replay.peak()[g], &peak_sum)) {
-      throw InputError(file.path, fmt::format("the peaks of the groups by {} add up to more than 2^64 - 1 bytes: the "
+      throw InputError(path, fmt::format("the peaks of the groups by {} add up to more than 2^64 - 1 bytes: the "
                                               "dump's allocation sizes are not real",
                                               to_string(by)));
     }

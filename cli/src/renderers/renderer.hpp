@@ -24,6 +24,9 @@ struct MemoryRow {
   std::optional<std::uint64_t> peak;  // unknown when the dump cannot tell
   std::uint64_t live_count = 0;
   std::uint64_t allocations = 0;
+  // Live bytes at the moment the total peaked, where the dump shows that moment (a snapshot
+  // whose trace holds every event, asked for it): what the peak was made of.
+  std::optional<std::uint64_t> at_peak;
 };
 
 struct MemoryView {
@@ -32,6 +35,7 @@ struct MemoryView {
   std::uint64_t live_total = 0;
   std::optional<std::uint64_t> peak_total;  // the peak of the sum, not the sum of peaks
   std::uint64_t unmatched_frees = 0;        // frees of blocks allocated before the dump began
+  bool peaks_are_bounds = false;            // some group peaks sum the peaks of several tags
   std::vector<std::string> notes;
   // Set for dumps that hold resident bytes only, no peaks or allocation counts: the table then
   // shows bytes, share and `live_count` under this title ("storages", "tensors").
@@ -98,8 +102,8 @@ std::vector<const Renderer*> all_renderers();
 class LiveReplay;
 
 // Shared by renderers: the memory table from replaying events. Group peaks that add up past
-// 2^64 - 1 bytes (the peak shares divide by their sum) are an InputError naming the file.
-MemoryView memory_from_events(const Renderer& renderer, const DumpFile& file, GroupBy by);
-MemoryView memory_from_replay(const LiveReplay& replay, GroupBy by, const DumpFile& file);
+// 2^64 - 1 bytes (the peak shares divide by their sum) are an InputError naming the file
+// (`path`).
+MemoryView memory_from_replay(const LiveReplay& replay, GroupBy by, const std::string& path);
 
 }  // namespace remat::report

@@ -1,5 +1,6 @@
 #include "renderers/snapshot_renderer.hpp"
 
+#include "analysis/live_replay.hpp"
 #include "core/errors.hpp"
 #include "reader/dump_reader.hpp"
 #include "renderers/document.hpp"
@@ -82,7 +83,10 @@ Report SnapshotRenderer::summary(const DumpFile& file) const {
 }
 
 MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
-  const Snapshot snapshot = load(file);
+  return snapshot_memory(load(file), by, file.path);
+}
+
+MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path, bool composition_at_peak) {
   MemoryView view;
   view.by = by;
   view.peak_total = snapshot.stats.allocated_bytes.peak;
@@ -118,15 +122,26 @@ MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
   // it must end where the snapshot stands, or it is not the whole story.
   bool exact = false;
   if (snapshot.trace_dropped == 0 && !snapshot.events.empty()) {
-    const MemoryView replay = memory_from_events(*this, file, by);
-    if (replay.live_total == view.live_total && replay.unmatched_frees == 0) {
+    LiveReplay replay(snapshot.tags, by);
+    for (const Event& event : snapshot.events) replay.apply(event);
+    if (replay.total() == view.live_total && replay.unmatched_frees() == 0) {
       exact = true;
       for (auto& [label, row] : rows) row.peak = 0;
-      for (const MemoryRow& r : replay.rows) {
+      for (const MemoryRow& r : memory_from_replay(replay, by, path).rows) {
         MemoryRow& row = rows[r.group];
         row.group = r.group;
         row.peak = r.peak;
         if (by == GroupBy::stream) row.allocations = r.allocations;
+      }
+      // The peak the trace shows is the snapshot's own (not one before a reset of the peak
+      // statistics): replaying up to it shows each group's share of it.
+      if (composition_at_peak && replay.peak_total() == snapshot.stats.allocated_bytes.peak) {
+        LiveReplay to_peak(snapshot.tags, by);
+        for (std::uint64_t i = 0; i < replay.events_to_peak(); ++i) to_peak.apply(snapshot.events[i]);
+        for (auto& [label, row] : rows) row.at_peak = 0;
+        for (std::size_t g = 0; g < to_peak.labels().size(); ++g) {
+          if (to_peak.live()[g] > 0) rows[to_peak.labels()[g]].at_peak = to_peak.live()[g];
+        }
       }
     }
   }
@@ -135,6 +150,7 @@ MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
         "per-stream peaks need a trace holding every event since the allocator started; this "
         "snapshot's trace dropped some");
   } else if (!exact && peaks_are_sums) {
+    view.peaks_are_bounds = true;
     view.notes.push_back(
         "a group's peak sums the peaks of its tags when it spans several (phases, sites, slots): "
         "an upper bound; the total's peak is exact");

@@ -22,4 +22,11 @@ class SnapshotRenderer final : public Renderer {
   Snapshot load(const DumpFile& file) const;
 };
 
+// A snapshot's memory by group: live bytes and peaks from its tag statistics, the peaks made
+// exact by replaying its trace when the trace holds every event since the allocator started.
+// With `composition_at_peak`, also each group's bytes when the total peaked (MemoryRow::at_peak)
+// where that trace shows the snapshot's own peak. `path` names the snapshot in errors.
+MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path,
+                           bool composition_at_peak = false);
+
 }  // namespace remat::report

@@ -83,7 +83,7 @@ Report TraceRenderer::summary(const DumpFile& file) const {
   add_field(memory, "unmatched_frees", Cell::count(replay.unmatched_frees()));
   report.tables.push_back(std::move(memory));
 
-  const MemoryView view = memory_from_replay(replay, GroupBy::region, file);
+  const MemoryView view = memory_from_replay(replay, GroupBy::region, file.path);
   report.tables.push_back(memory_table(view, 5, "top_regions", "Largest regions by peak"));
   note_dropped_records(report.notes, header);
   return report;
@@ -93,7 +93,7 @@ MemoryView TraceRenderer::memory(const DumpFile& file, GroupBy by) const {
   TraceFile trace(file);
   LiveReplay replay(trace.header().tags, by);
   trace.stream(replay);
-  MemoryView view = memory_from_replay(replay, by, file);
+  MemoryView view = memory_from_replay(replay, by, file.path);
   note_dropped_records(view.notes, trace.header());
   return view;
 }

@@ -2,7 +2,8 @@
 """The pipeline example as a user runs it: 4 ranks under remat-launch, checkpointing inside the
 stages, then remat-report on what each rank wrote. The receive slots in each rank's snapshot
 must be the rings `remat-report plan` gives for the same schedule, and every dump must carry
-its rank in its name and header.
+its rank in its name and header. `remat-report ranks` over the output folder must agree with
+each rank's own summary.
 
     check_example.py --launcher remat-launch --example remat-pipeline-train --report remat-report
 """
@@ -30,6 +31,42 @@ def expect(condition, message):
     if not condition:
         print(f"FAILED: {message}")
         sys.exit(1)
+
+
+def check_ranks_report(report, out):
+    """One report over the four ranks: each rank's peaks, OOM count and largest region are its
+    own summary's, and each receive slot's max is on the rank whose snapshot holds it."""
+    job = run([report, "ranks", out, "--by", "slot", "--json"])
+    expect(job.returncode == 0, "remat-report ranks reads the example's output folder")
+    document = json.loads(job.stdout)
+    expect(document["unreadable"] == [] and document["missing_ranks"] == [], "every rank's snapshot is read")
+    expect(document["skipped"] == {"remat-trace": RANKS, "trace": RANKS}, f"the traces are skipped: {document['skipped']}")
+    ranks = {entry["rank"]: entry for entry in document["ranks"]}
+    expect(sorted(ranks) == list(range(RANKS)), f"one entry a rank: {sorted(ranks)}")
+    peaks = [entry["peak_allocated_bytes"] for entry in document["ranks"]]
+    expect(peaks == sorted(peaks, reverse=True), "ranks are listed by peak, highest first")
+    for rank, entry in ranks.items():
+        summary = json.loads(run([report, "summary", Path(out, f"snapshot-rank{rank}.json"), "--json"]).stdout)
+        expect(entry["peak_allocated_bytes"] == summary["stats"]["allocated.peak"], f"rank {rank}: peak allocated")
+        expect(entry["peak_reserved_bytes"] == summary["stats"]["reserved.peak"], f"rank {rank}: peak reserved")
+        expect(entry["ooms"] == summary["stats"]["ooms"], f"rank {rank}: OOMs")
+        expect(entry["composition_known"], f"rank {rank}: the whole trace shows what the peak held")
+        at_peak = sum(group["at_peak_bytes"] for group in entry["groups"])
+        expect(at_peak == entry["peak_allocated_bytes"], f"rank {rank}: the slots at the peak add up to it")
+        by_slot = json.loads(run([report, "memory", Path(out, f"snapshot-rank{rank}.json"), "--by", "slot",
+                                  "--json"]).stdout)["memory"]
+        expect({g["name"]: g["bytes"] for g in entry["groups"]} == {m["slot"]: m["peak_bytes"] for m in by_slot if m["peak_bytes"] > 0},
+               f"rank {rank}: each slot's peak is the memory report's")
+    for group in document["groups"]:
+        if group["placeholder"]:
+            continue
+        stage = int(group["name"].split()[1])
+        expect(group["max_rank"] == stage and group["ranks_with_group"] == 1,
+               f"{group['name']} lives on rank {stage} only: {group}")
+    median = document["median_peak_allocated_bytes"]
+    ordered = sorted(peaks)
+    expect(median == (ordered[1] + ordered[2]) // 2, f"the median of four ranks is the mean of the middle two: {median}")
+    expect(abs(document["imbalance"] - max(peaks) / median) < 1e-9, "imbalance is max / median")
 
 
 def main():
@@ -67,6 +104,8 @@ def main():
             mine = {(stage, direction): size for (r, stage, direction), size in planned.items() if r == rank}
             expect({(int(s), d): n for (s, d), n in slots.items()} == mine,
                    f"rank {rank}: receive slots in the snapshot {dict(slots)} are the planned rings {mine}")
+
+        check_ranks_report(args.report, out)
     print("OK")
 
 

@@ -1,0 +1,234 @@
+// `remat-report ranks`: one report over every rank's dump of a job. Each path is a dump or a
+// folder of them; a folder's dumps are found by what they hold, not by their names. The
+// dumps are read one at a time and only each rank's figures kept (ranks/job_ranks.hpp). A
+// dump that cannot be read is listed with the reason and the rest reported; --strict makes
+// any such dump fail the command.
+
+#include "commands/command.hpp"
+#include "core/errors.hpp"
+#include "interop/torch_snapshot.hpp"
+#include "output/output_file.hpp"
+#include "ranks/ranks_chart.hpp"
+#include "ranks/ranks_report.hpp"
+#include "reader/dump_file.hpp"
+#include "reader/dump_reader.hpp"
+#include "reader/input_file.hpp"
+#include "reader/input_sniff.hpp"
+#include "reader/report_reader.hpp"
+#include "renderers/document.hpp"
+#include "renderers/renderer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+namespace remat::report {
+namespace {
+
+struct RanksOptions {
+  std::vector<std::string> paths;
+  std::string by;
+  std::size_t top = 20;
+  std::string svg;
+  std::string html;
+  bool strict = false;
+};
+
+struct RankInput {
+  std::string path;
+  bool in_folder = false;  // found in a folder named, rather than named itself
+};
+
+// What a file's first bytes say it may be.
+enum class Looks : std::uint8_t { json, pickle, other };
+
+Looks first_bytes(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  char c = 0;
+  while (file.get(c)) {
+    if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;
+    if (c == '{') return Looks::json;
+    if (static_cast<unsigned char>(c) == 0x80) return Looks::pickle;
+    return Looks::other;
+  }
+  return Looks::other;
+}
+
+std::vector<RankInput> expand(const std::vector<std::string>& paths) {
+  std::vector<RankInput> inputs;
+  for (const std::string& path : paths) {
+    if (path == kStdinArgument) {
+      throw UsageError(
+          "`ranks` reads rank dumps from files and folders, not standard input: name the files or their "
+          "folder");
+    }
+    std::error_code error;
+    if (!std::filesystem::is_directory(path, error)) {
+      inputs.push_back({path, false});
+      continue;
+    }
+    std::vector<std::string> files;
+    for (const auto& entry : std::filesystem::directory_iterator(path, error)) {
+      std::error_code type_error;
+      if (entry.is_regular_file(type_error)) files.push_back(entry.path().string());
+    }
+    if (error) throw InputError(fmt::format("cannot list the folder {}: {}", printable(path), error.message()));
+    std::sort(files.begin(), files.end());
+    for (std::string& file : files) inputs.push_back({std::move(file), true});
+  }
+  return inputs;
+}
+
+// A PyTorch snapshot pickle records no rank: the last number in its file's name is taken.
+std::optional<std::uint64_t> rank_from_name(const std::string& path) {
+  const std::string name = std::filesystem::path(path).stem().string();
+  std::size_t end = name.size();
+  while (end > 0 && !std::isdigit(static_cast<unsigned char>(name[end - 1]))) --end;
+  std::size_t begin = end;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(name[begin - 1]))) --begin;
+  if (begin == end || end - begin > 9) return std::nullopt;
+  return std::stoull(name.substr(begin, end - begin));
+}
+
+// The reason without the path the reader put in front of it: the report names the path.
+std::string reason_of(const std::string& message, const std::string& path) {
+  const std::string prefix = path + ": ";
+  return message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size()) : message;
+}
+
+class RankReader {
+ public:
+  RankReader(RanksRun& run, GroupBy by) : run_(run), by_(by) {}
+
+  void read(const RankInput& input) {
+    try {
+      if (std::optional<RankFigures> figures = figures_of(input)) {
+        if (std::optional<std::string> refused = run_.job.add(*figures)) unreadable(input.path, *refused);
+      }
+    } catch (const InputError& error) {
+      unreadable(input.path, reason_of(error.what(), input.path));
+    } catch (const std::bad_alloc&) {
+      unreadable(input.path, "out of memory reading it");
+    }
+  }
+
+ private:
+  void unreadable(const std::string& path, std::string reason) { run_.unreadable.push_back({path, std::move(reason)}); }
+
+  // Empty for a file in a folder that is no rank's dump.
+  std::optional<RankFigures> figures_of(const RankInput& input) {
+    const Looks looks = first_bytes(input.path);
+    if (looks == Looks::pickle) return from_pickle(input.path);
+    if (looks == Looks::other && input.in_folder) {
+      ++run_.skipped["not a dump"];
+      return std::nullopt;
+    }
+    std::optional<DumpFile> opened;
+    try {
+      opened = open_dump(input.path);
+    } catch (const InputError& error) {
+      // JSON without a kind (a config file beside the dumps) is no dump; a dump cut short is unreadable.
+      if (input.in_folder && std::string_view(error.what()).find("$.kind: missing") != std::string_view::npos) {
+        ++run_.skipped["not a dump"];
+        return std::nullopt;
+      }
+      throw;
+    }
+    const DumpFile& file = *opened;
+    if (file.kind != "snapshot" && file.kind != "oom") {
+      if (input.in_folder && find_renderer(file.kind) != nullptr) {
+        ++run_.skipped[file.kind];
+        return std::nullopt;
+      }
+      throw InputError(
+          fmt::format("a {} dump, not a rank's snapshot or OOM dump: `ranks` reads snapshots "
+                      "(remat_alloc.dump_snapshot, one a rank) and OOM dumps",
+                      printable(file.kind)));
+    }
+    (void)renderer_for(file);  // refuses a schema version this build does not read
+    if (file.kind == "oom") return rank_from_oom(read_document(file, read_oom), by_, input.path);
+    return rank_from_snapshot(read_document(file, read_snapshot), by_, input.path, RankSource::snapshot);
+  }
+
+  RankFigures from_pickle(const std::string& path) {
+    const std::optional<std::uint64_t> rank = rank_from_name(path);
+    if (!rank) {
+      throw InputError(
+          "a PyTorch snapshot pickle does not record its rank, and this file's name holds no number: "
+          "name it with its rank (snapshot-rank3.pickle)");
+    }
+    const std::string bytes = read_whole_input(path, refuse_non_pickle_start);
+    const ImportResult imported = import_torch_snapshot(bytes, -1, path);
+    const DumpFile file = dump_from_text(imported.text, path);
+    Snapshot snapshot = read_document(file, read_snapshot);
+    snapshot.header.rank = *rank;
+    return rank_from_snapshot(snapshot, by_, path, RankSource::torch_snapshot);
+  }
+
+  RanksRun& run_;
+  GroupBy by_;
+};
+
+std::optional<OutputTarget> picture_target(const std::string& argument, const std::string& extension,
+                                           const std::string& option, const std::vector<std::string>& inputs) {
+  if (argument.empty()) return std::nullopt;
+  if (argument.size() <= extension.size() ||
+      argument.compare(argument.size() - extension.size(), extension.size(), extension) != 0) {
+    throw UsageError(fmt::format("{} {}: name the picture's file OUT{}", option, printable(argument), extension));
+  }
+  return output_target(argument, inputs);
+}
+
+}  // namespace
+
+void register_ranks(CLI::App& app, GlobalOptions& options) {
+  auto* command = app.add_subcommand(
+      "ranks", "One report over every rank's dump of a job: which rank is hot, and the tags that make it hot");
+  auto opts = std::make_shared<RanksOptions>();
+  command
+      ->add_option("paths", opts->paths,
+                   "Rank dumps (snapshots, OOM dumps, PyTorch snapshot pickles) or folders of them")
+      ->required();
+  command->add_option("--by", opts->by, "Each group's spread across ranks: region, slot, site or phase")
+      ->check(CLI::IsMember({"region", "slot", "site", "phase"}));
+  command->add_option("--top", opts->top, "Rows of the ranks table to print (default 20; 0: all)")
+      ->check(whole_number(0, UINT32_MAX, "rows of the ranks table"));
+  command->add_option("--svg", opts->svg, "Also draw each rank's peak, stacked by group, into OUT.svg");
+  command->add_option("--html", opts->html, "Also write the picture and the hottest ranks into OUT.html");
+  command->add_flag("--strict", opts->strict, "Exit 2 when any dump is unreadable (the report is printed first)");
+  add_output_options(*command, options);
+  command->callback([opts, &options] {
+    (void)options.format();  // --json with --csv is refused before any input is read
+    const std::optional<OutputTarget> svg = picture_target(opts->svg, ".svg", "--svg", opts->paths);
+    const std::optional<OutputTarget> html = picture_target(opts->html, ".html", "--html", opts->paths);
+    RanksRun run;
+    run.spreads = !opts->by.empty();
+    run.by = run.spreads ? group_by_from(opts->by) : GroupBy::region;
+    RankReader reader(run, run.by);
+    for (const RankInput& input : expand(opts->paths)) reader.read(input);
+    if (run.job.ranks().empty() && run.unreadable.empty()) {
+      throw InputError(
+          fmt::format("no rank's snapshot or OOM dump in {}: pass the dumps each rank wrote "
+                      "(remat_alloc.dump_snapshot, the OOM observer's oom-*.json) or their folder",
+                      opts->paths.size() == 1 ? printable(opts->paths.front()) : "the paths given"));
+    }
+    if (svg) write_output_file(*svg, ranks_svg(run));
+    if (html) write_output_file(*html, ranks_html(run));
+    switch (options.format()) {
+      case OutputFormat::json: std::cout << ranks_json(run); break;
+      case OutputFormat::csv: print(ranks_csv(run), options); break;
+      case OutputFormat::text: print(ranks_report(run, opts->top), options); break;
+    }
+    std::cout.flush();
+    if (opts->strict && !run.unreadable.empty()) {
+      throw InputError(fmt::format("--strict: {} of the dumps are unreadable (listed above)", run.unreadable.size()));
+    }
+  });
+}
+
+}  // namespace remat::report
