@@ -39,4 +39,8 @@ if [ -x "$build_dir/examples/remat-pipeline-train" ]; then
     --schedule 1f1b --microbatches 16 --checkpoint --out "$out/pipeline"
   "$report" memory "$out/pipeline/snapshot-rank1.json" --by slot
   "$report" plan --schedule 1f1b --ranks 4 --microbatches 16 --buffer-bytes 1KiB
+  echo
+  echo "== every rank in one report: which rank is hot, and what it holds =="
+  "$report" ranks "$out/pipeline" --svg "$out/ranks.svg"
+  echo "ranks picture: $out/ranks.svg"
 fi

@@ -130,7 +130,7 @@ class RankReader {
     }
     std::optional<DumpFile> opened;
     try {
-      opened = open_dump(input.path);
+      opened = open_dump(input.path, std::move(parser_));
     } catch (const InputError& error) {
       // JSON without a kind (a config file beside the dumps) is no dump; a dump cut short is unreadable.
       if (input.in_folder && std::string_view(error.what()).find("$.kind: missing") != std::string_view::npos) {
@@ -139,7 +139,12 @@ class RankReader {
       }
       throw;
     }
-    const DumpFile& file = *opened;
+    DumpFile& file = *opened;
+    struct GiveBack {  // the parser goes back for the next dump, however this one ends
+      DumpFile& file;
+      std::unique_ptr<simdjson::dom::parser>& parser;
+      ~GiveBack() { parser = std::move(file.parser); }
+    } give_back{file, parser_};
     if (file.kind != "snapshot" && file.kind != "oom") {
       if (input.in_folder && find_renderer(file.kind) != nullptr) {
         ++run_.skipped[file.kind];
@@ -172,6 +177,7 @@ class RankReader {
 
   RanksRun& run_;
   GroupBy by_;
+  std::unique_ptr<simdjson::dom::parser> parser_;  // one for every dump, its memory reused
 };
 
 std::optional<OutputTarget> picture_target(const std::string& argument, const std::string& extension,
@@ -220,7 +226,7 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
     if (svg) write_output_file(*svg, ranks_svg(run));
     if (html) write_output_file(*html, ranks_html(run));
     switch (options.format()) {
-      case OutputFormat::json: std::cout << ranks_json(run); break;
+      case OutputFormat::json: write_ranks_json(std::cout, run); break;
       case OutputFormat::csv: print(ranks_csv(run), options); break;
       case OutputFormat::text: print(ranks_report(run, opts->top), options); break;
     }

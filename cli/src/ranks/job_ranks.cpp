@@ -207,11 +207,16 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> rank_ranges(const std::vect
   return ranges;
 }
 
-std::string ranges_text(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges) {
+std::string ranges_text(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, std::size_t max_ranges) {
+  auto range = [](const std::pair<std::uint64_t, std::uint64_t>& r) {
+    return r.first == r.second ? std::to_string(r.first) : fmt::format("{}-{}", r.first, r.second);
+  };
   std::string text;
-  for (const auto& [first, last] : ranges) {
-    if (!text.empty()) text += ", ";
-    text += first == last ? std::to_string(first) : fmt::format("{}-{}", first, last);
+  for (std::size_t i = 0; i < ranges.size() && i < max_ranges; ++i) text += (i == 0 ? "" : ", ") + range(ranges[i]);
+  if (ranges.size() > max_ranges) {
+    std::uint64_t ranks = 0;
+    for (const auto& [first, last] : ranges) ranks += last - first + 1;
+    text += fmt::format(", ..., {} ({} ranks)", range(ranges.back()), ranks);
   }
   return text;
 }

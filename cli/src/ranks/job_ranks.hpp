@@ -7,6 +7,7 @@
 
 #include "ranks/rank_figures.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -101,6 +102,8 @@ class JobRanks {
 
 // Sorted ranks as ranges (first, last), and as people read them: "0-3, 8, 10-11".
 std::vector<std::pair<std::uint64_t, std::uint64_t>> rank_ranges(const std::vector<std::uint64_t>& ranks);
-std::string ranges_text(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges);
+// With `max_ranges`, the ranges past the first `max_ranges` fold into "..., 19996 (5000 ranks)".
+std::string ranges_text(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges,
+                        std::size_t max_ranges = SIZE_MAX);
 
 }  // namespace remat::report

@@ -121,7 +121,8 @@ std::string ranks_svg(const RanksRun& run) {
       kTop + kPlotH / 2);
 
   bool drew_other = false, drew_unknown = false, drew_oom = false;
-  svg += "<g id=\"bars\" stroke=\"none\">\n";
+  // Bars a few pixels wide or less: edges on whole pixels, or neighbours blur into stripes.
+  svg += fmt::format("<g id=\"bars\" stroke=\"none\"{}>\n", slot < 4 ? " shape-rendering=\"crispEdges\"" : "");
   for (std::size_t b = 0; b < bars.size(); ++b) {
     const Bar& bar = bars[b];
     const RankRow& row = *bar.rank;

@@ -10,6 +10,7 @@
 
 #include <ctime>
 #include <map>
+#include <ostream>
 #include <set>
 #include <tuple>
 
@@ -19,6 +20,8 @@ namespace {
 
 // Rows of the first-failure table text shows; JSON and CSV list every rank.
 constexpr std::size_t kOthersShown = 8;
+// Rank ranges a cell of text shows before it folds the rest.
+constexpr std::size_t kRangesShown = 6;
 
 std::string utc_time_text(std::int64_t time_us, bool to_the_second) {
   const std::time_t seconds = static_cast<std::time_t>(time_us / 1000000);
@@ -38,7 +41,7 @@ std::string source_text(const RankRow& row) {
 }
 
 std::string ranks_text(std::uint64_t count, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges) {
-  return fmt::format("{} ({})", count, ranges_text(ranges));
+  return fmt::format("{} ({})", count, ranges_text(ranges, kRangesShown));
 }
 
 // One cell naming the set of values a grouped row's ranks have: the value, or "N hosts".
@@ -77,7 +80,7 @@ Table job_table(const RanksRun& run) {
   for (const auto& [rank, row] : job.ranks()) failed += row.ooms > 0 ? 1 : 0;
   add_field(table, "ranks_out_of_memory", Cell::count(failed));
   const auto missing = job.missing_ranks();
-  add_field(table, "missing_ranks", Cell::text(missing.empty() ? "none" : ranges_text(missing)));
+  add_field(table, "missing_ranks", Cell::text(missing.empty() ? "none" : ranges_text(missing, kRangesShown)));
   add_field(table, "unreadable", Cell::count(run.unreadable.size()));
   return table;
 }
@@ -128,8 +131,8 @@ Table ranks_table(const RanksRun& run, std::size_t top) {
     std::sort(row.ranks.begin(), row.ranks.end());
     const RankRow& r = *row.first;
     const RankRow::Group* largest = r.largest();
-    table.rows.push_back({Cell::text(ranges_text(rank_ranges(row.ranks))), Cell::bytes(r.peak_allocated_bytes),
-                          Cell::bytes(r.peak_reserved_bytes),
+    table.rows.push_back({Cell::text(ranges_text(rank_ranges(row.ranks), kRangesShown)),
+                          Cell::bytes(r.peak_allocated_bytes), Cell::bytes(r.peak_reserved_bytes),
                           largest != nullptr ? group_cell(job.labels()[largest->id]) : Cell::text("-"),
                           largest != nullptr ? Cell::bytes(largest->bytes) : Cell::none(), Cell::count(r.ooms),
                           Cell::text(source_text(r)), shared_or_count(row.hosts, "hosts"),
@@ -331,7 +334,7 @@ Report ranks_csv(const RanksRun& run) {
   return report;
 }
 
-std::string ranks_json(const RanksRun& run) {
+void write_ranks_json(std::ostream& out, const RanksRun& run) {
   const JobRanks& job = run.job;
   alloc::JsonWriter header;
   header.begin_object();
@@ -340,9 +343,7 @@ std::string ranks_json(const RanksRun& run) {
   nlohmann::ordered_json root = nlohmann::ordered_json::parse(header.str());
   root["group_by"] = to_string(run.by);
   root["dumps_read"] = job.dumps_read();
-  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-  for (const RankRow* row : job.by_peak()) ranks.push_back(rank_json(*row, job.labels()));
-  root["ranks"] = std::move(ranks);
+  root["ranks"] = nlohmann::ordered_json::array();  // written one rank at a time, below
   root["median_peak_allocated_bytes"] = job.median_peak_allocated();
   root["median_peak_reserved_bytes"] = job.median_peak_reserved();
   const std::optional<double> imbalance = job.imbalance();
@@ -387,7 +388,24 @@ std::string ranks_json(const RanksRun& run) {
   for (const auto& [kind, count] : run.skipped) skipped[kind] = count;
   root["skipped"] = std::move(skipped);
   root["notes"] = run_notes(run);
-  return json_text(root, 2) + "\n";
+  // The ranks go in one at a time: a document of every rank's groups at once would take
+  // more memory than all the rest of the run.
+  const std::string text = json_text(root, 2);
+  const std::string_view empty_ranks = "\n  \"ranks\": []";
+  const std::size_t at = text.find(empty_ranks);
+  const std::vector<const RankRow*> rows = job.by_peak();
+  if (at == std::string::npos || rows.empty()) {
+    out << text << '\n';
+    return;
+  }
+  out << std::string_view(text).substr(0, at) << "\n  \"ranks\": [";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::string entry = i == 0 ? "\n    " : ",\n    ";
+    for (const char c : json_text(rank_json(*rows[i], job.labels()), 2))
+      entry += c == '\n' ? "\n    " : std::string(1, c);
+    out << entry;
+  }
+  out << "\n  ]" << std::string_view(text).substr(at + empty_ranks.size()) << '\n';
 }
 
 }  // namespace remat::report

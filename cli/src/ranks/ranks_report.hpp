@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,7 @@ struct RanksRun {
 // `top`: the rows of the ranks table text shows (0: all).
 Report ranks_report(const RanksRun& run, std::size_t top);
 Report ranks_csv(const RanksRun& run);
-std::string ranks_json(const RanksRun& run);
+void write_ranks_json(std::ostream& out, const RanksRun& run);
 
 inline constexpr std::int64_t kRanksSchemaVersion = 1;
 

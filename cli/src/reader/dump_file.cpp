@@ -39,8 +39,10 @@ auto naming(const DumpFile& dump, Step step) {
 
 bool is_json_lines_kind(std::string_view kind) { return kind == "trace"; }
 
-DumpFile open_dump(const std::string& argument) {
-  return open_dump(std::make_unique<LineReader>(InputFile::open(argument), kFirstChunk));
+DumpFile open_dump(const std::string& argument) { return open_dump(argument, nullptr); }
+
+DumpFile open_dump(const std::string& argument, std::unique_ptr<simdjson::dom::parser> parser) {
+  return open_dump(std::make_unique<LineReader>(InputFile::open(argument), kFirstChunk), std::move(parser));
 }
 
 DumpFile dump_from_text(const std::string& text, const std::string& name) {
@@ -55,10 +57,10 @@ DumpFile dump_from_text(const std::string& text, const std::string& name) {
   return dump;
 }
 
-DumpFile open_dump(std::unique_ptr<LineReader> lines) {
+DumpFile open_dump(std::unique_ptr<LineReader> lines, std::unique_ptr<simdjson::dom::parser> parser) {
   DumpFile dump;
   dump.path = lines->name();
-  dump.parser = std::make_unique<simdjson::dom::parser>();
+  dump.parser = parser ? std::move(parser) : std::make_unique<simdjson::dom::parser>();
   refuse_non_json_start(lines->peek(kSniffBytes), dump.path);
   if (!lines->skip_whitespace()) throw InputError(dump.path, "holds only whitespace; expected a remat JSON dump");
   refuse_non_object_start(lines->peek(1)[0], lines->position(), dump.path);

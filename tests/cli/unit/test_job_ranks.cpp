@@ -51,6 +51,7 @@ TEST(JobRanks, MissingRanksAreRangesFromZeroToTheHighest) {
   EXPECT_EQ(job.missing_ranks(), expected);
   EXPECT_EQ(ranges_text(job.missing_ranks()), "0-1, 4, 6-8");
   EXPECT_EQ(ranges_text(rank_ranges({0, 1, 2, 3, 8, 10, 11})), "0-3, 8, 10-11");
+  EXPECT_EQ(ranges_text(rank_ranges({0, 4, 8, 9, 12, 16}), 2), "0, 4, ..., 16 (6 ranks)");
 }
 
 TEST(JobRanks, ASecondSnapshotForARankIsRefusedNamingTheFirst) {
