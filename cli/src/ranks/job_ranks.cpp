@@ -32,16 +32,7 @@ const RankRow::Group* RankRow::largest() const {
 }
 
 void JobRanks::set_peaks(RankRow& row, const RankFigures& figures) {
-  row.path = figures.path;
-  row.source = figures.source;
-  row.host = figures.host;
-  row.pid = figures.pid;
-  row.device = figures.device;
-  row.peak_allocated_bytes = figures.peak_allocated_bytes;
-  row.peak_reserved_bytes = figures.peak_reserved_bytes;
-  row.device_total_bytes = figures.device_total_bytes;
-  row.composition_known = figures.composition_known;
-  row.group_peaks_are_bounds = figures.group_peaks_are_bounds;
+  static_cast<RankPeaks&>(row) = figures;
   row.groups.clear();
   for (const GroupBytes& group : figures.groups) {
     const auto [it, inserted] = label_ids_.try_emplace(group.label, static_cast<std::uint32_t>(labels_.size()));

@@ -17,17 +17,9 @@
 
 namespace remat::report {
 
-// One rank as the report shows it.
-struct RankRow {
+// One rank as the report shows it: the peaks of its snapshot (or its fullest OOM dump).
+struct RankRow : RankPeaks {
   std::uint64_t rank = 0;
-  std::string path;  // the dump its peaks come from
-  RankSource source = RankSource::snapshot;
-  std::string host;
-  std::uint64_t pid = 0;
-  std::uint64_t device = 0;
-  std::uint64_t peak_allocated_bytes = 0;
-  std::uint64_t peak_reserved_bytes = 0;
-  std::uint64_t device_total_bytes = 0;
   std::uint64_t ooms = 0;
   std::optional<OomFailure> first_oom;
   std::vector<OomFailure> oom_dumps;  // the OOM dumps read for this rank
@@ -37,8 +29,6 @@ struct RankRow {
     std::optional<std::uint64_t> at_peak;
   };
   std::vector<Group> groups;  // by id
-  bool composition_known = false;
-  bool group_peaks_are_bounds = false;
 
   // The group with the most bytes, if any.
   const Group* largest() const;

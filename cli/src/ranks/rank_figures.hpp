@@ -37,8 +37,8 @@ struct OomFailure {
   std::string path;
 };
 
-struct RankFigures {
-  std::uint64_t rank = 0;
+// Where a rank's peaks come from, and the peaks.
+struct RankPeaks {
   std::string path;
   RankSource source = RankSource::snapshot;
   std::string host;
@@ -47,13 +47,18 @@ struct RankFigures {
   std::uint64_t peak_allocated_bytes = 0;
   std::uint64_t peak_reserved_bytes = 0;
   std::uint64_t device_total_bytes = 0;  // 0 when the dump does not say
-  std::uint64_t ooms = 0;
-  std::optional<OomFailure> first_oom;
-  std::vector<GroupBytes> groups;  // sorted by label
   // Each group's at_peak is known (a trace holding every event up to the peak, or an OOM dump).
   bool composition_known = false;
   // Peaks that sum the peaks of several tags (a snapshot whose trace dropped events): upper bounds.
   bool group_peaks_are_bounds = false;
+};
+
+// What one dump says about its rank.
+struct RankFigures : RankPeaks {
+  std::uint64_t rank = 0;
+  std::uint64_t ooms = 0;
+  std::optional<OomFailure> first_oom;
+  std::vector<GroupBytes> groups;  // sorted by label
 };
 
 // `by` is region, slot, site or phase.
