@@ -26,6 +26,7 @@ struct Registry {
   std::array<std::atomic<CachingAllocator*>, kMaxDevices> allocators{};
   std::atomic<CachingAllocator*> separate_cpu_allocator{nullptr};  // when devices are CUDA
   std::atomic<CachingAllocator*> cpu_allocator{nullptr};           // what cpu_allocator() returns
+  std::atomic<CachingAllocator*> pinned_host_allocator{nullptr};   // when devices are CUDA
   std::mutex observer_mutex;
   std::map<int, OomObserver> observers;
   int next_observer_id = 1;
@@ -54,6 +55,8 @@ std::vector<CachingAllocator*> registered_allocators(Registry& r) {
   }
   CachingAllocator* separate = r.separate_cpu_allocator.load(std::memory_order_relaxed);
   if (separate != nullptr) out.push_back(separate);
+  CachingAllocator* pinned = r.pinned_host_allocator.load(std::memory_order_relaxed);
+  if (pinned != nullptr) out.push_back(pinned);
   return out;
 }
 
@@ -153,6 +156,21 @@ CachingAllocator& cpu_allocator() {
   return *chosen;
 }
 
+CachingAllocator& pinned_host_allocator() {
+  Registry& r = registry();
+  if (CachingAllocator* existing = r.pinned_host_allocator.load(std::memory_order_acquire)) return *existing;
+  if (effective_backend() == BackendKind::host) return cpu_allocator();
+  std::lock_guard lock(r.mutex);
+  CachingAllocator* created = r.pinned_host_allocator.load(std::memory_order_relaxed);
+  if (created == nullptr) {
+    const Config& config = configured_locked(r);
+    created = new CachingAllocator(make_pinned_host_backend(config.host_capacity_bytes), config);
+    created->set_oom_handler(notify_observers);
+    r.pinned_host_allocator.store(created, std::memory_order_release);
+  }
+  return *created;
+}
+
 namespace {
 
 // The configuration configure() applies `text` over. A malformed REMAT_ALLOC_CONF fails
@@ -232,6 +250,7 @@ void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn)
     if (CachingAllocator* allocator = slot.load(std::memory_order_acquire)) fn(*allocator);
   }
   if (CachingAllocator* cpu = registry().separate_cpu_allocator.load(std::memory_order_acquire)) fn(*cpu);
+  if (CachingAllocator* pinned = registry().pinned_host_allocator.load(std::memory_order_acquire)) fn(*pinned);
 }
 
 CachingAllocator* find_owner(const void* ptr) {

@@ -122,10 +122,10 @@ int remat_pop_site(void) { return guarded([] { pop_tag(ScopeKind::site); }); }
 int remat_push_phase(const char* phase) {
   return guarded([&] {
     const std::string_view text = require_text(phase, "phase");
-    for (const Phase candidate : {Phase::forward, Phase::recompute, Phase::backward, Phase::other}) {
+    for (const Phase candidate : {Phase::forward, Phase::recompute, Phase::backward, Phase::offloaded, Phase::other}) {
       if (text == to_string(candidate)) return push_phase(candidate);
     }
-    throw InvalidArgumentError("phase " + detail::quote(text) + " is not valid; pass forward, recompute, backward or other");
+    throw InvalidArgumentError("phase " + detail::quote(text) + " is not valid; pass forward, recompute, backward, offloaded or other");
   });
 }
 int remat_pop_phase(void) { return guarded([] { pop_tag(ScopeKind::phase); }); }

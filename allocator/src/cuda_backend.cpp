@@ -244,6 +244,47 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   return std::make_unique<CudaBackend>(device);
 }
 
+namespace {
+
+class PinnedHostBackend final : public Backend {
+ public:
+  explicit PinnedHostBackend(std::size_t capacity_bytes) : capacity_(capacity_bytes) {}
+
+  std::string_view name() const override { return "pinned_host"; }
+  int device() const override { return 0; }
+  void* allocate(std::size_t bytes) override {
+    if (bytes > capacity_ - used_) return nullptr;
+    void* ptr = nullptr;
+    const cudaError_t status = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    check(status, "cudaHostAlloc", 0);
+    used_ += bytes;
+    return ptr;
+  }
+  void deallocate(void* ptr, std::size_t bytes) override {
+    cudaFreeHost(ptr);
+    used_ -= bytes;
+  }
+  DeviceMemoryInfo memory_info() override { return {capacity_ - used_, capacity_}; }
+  Event record_event(Stream) override { return nullptr; }
+  bool event_completed(Event) override { return true; }
+  bool wait_event(Event) override { return true; }
+  void destroy_event(Event) override {}
+
+ private:
+  std::size_t capacity_;
+  std::size_t used_ = 0;  // the pool calls under its lock
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_pinned_host_backend(std::size_t capacity_bytes) {
+  return std::make_unique<PinnedHostBackend>(capacity_bytes);
+}
+
 int current_cuda_device() noexcept {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
@@ -260,6 +301,11 @@ bool cuda_device_available() noexcept { return false; }
 std::unique_ptr<Backend> make_cuda_backend(int) {
   throw BackendError("this build of remat has no CUDA backend; rebuild where the CUDA toolkit is found, "
                      "or set REMAT_ALLOC_CONF=backend:host");
+}
+
+std::unique_ptr<Backend> make_pinned_host_backend(std::size_t) {
+  throw BackendError("this build of remat has no CUDA backend, so no page-locked host memory; rebuild where the CUDA "
+                     "toolkit is found");
 }
 
 int current_cuda_device() noexcept { return 0; }

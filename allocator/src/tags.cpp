@@ -138,6 +138,7 @@ std::string_view to_string(Phase phase) {
     case Phase::forward: return "forward";
     case Phase::recompute: return "recompute";
     case Phase::backward: return "backward";
+    case Phase::offloaded: return "offloaded";
     case Phase::other: break;
   }
   return "other";

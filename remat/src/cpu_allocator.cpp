@@ -10,13 +10,14 @@
 namespace remat {
 namespace {
 
-// LibTorch's CPU allocator interface over the tagging host allocator.
+// LibTorch's CPU allocator interface over one of the allocator's host pools.
+template <alloc::CachingAllocator& (*Pool)()>
 class TaggingCpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t bytes) override {
     void* ptr = nullptr;
     try {
-      ptr = alloc::cpu_allocator().allocate(bytes, 0);
+      ptr = Pool().allocate(bytes, 0);
     } catch (const alloc::OutOfMemoryError& e) {
       C10_THROW_ERROR(OutOfMemoryError, e.what());
     }
@@ -28,7 +29,7 @@ class TaggingCpuAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
  private:
-  static void release(void* ptr) { alloc::cpu_allocator().deallocate(ptr); }
+  static void release(void* ptr) { Pool().deallocate(ptr); }
 };
 
 // Priority high enough to replace LibTorch's default CPU allocator.
@@ -37,7 +38,12 @@ constexpr std::uint8_t kPriority = 100;
 }  // namespace
 
 c10::Allocator* tagging_cpu_allocator() {
-  static auto* instance = new TaggingCpuAllocator();  // tensors may outlive every guard
+  static auto* instance = new TaggingCpuAllocator<alloc::cpu_allocator>();  // tensors may outlive every guard
+  return instance;
+}
+
+c10::Allocator* offload_host_allocator() {
+  static auto* instance = new TaggingCpuAllocator<alloc::pinned_host_allocator>();
   return instance;
 }
 

@@ -116,17 +116,18 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
         track(at::Tensor());
         return;
       }
+      const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
+      const bool of_parameter = base.is_leaf() && base.requires_grad();
       if (const std::shared_ptr<SavedTensorHooks>& hooks = active_saved_tensor_hooks()) {
-        packed_ = PackedTensor(hooks, tensor.detach(), SavedTensorKind::backward,
-                               hooks->captures_context() ? hooks->capture_context() : std::any());
+        const std::any context = hooks->captures_context() ? hooks->capture_context() : std::any();
+        packed_ = PackedTensor(hooks, tensor.detach(), {SavedTensorKind::backward, &context, of_parameter, &f});
         track(at::Tensor());
         return;
       }
       // variable_data(): the same storage without the graph, as detach() gives, but without a
       // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
       kept_ = tensor.variable_data();
-      const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
-      f.kept.push_back({state_.save_region, saved_name_, base.is_leaf() && base.requires_grad(),
+      f.kept.push_back({state_.save_region, saved_name_, of_parameter,
                         c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
       track(kept_);
       return;

@@ -52,8 +52,9 @@ void Frame::persist(const at::Tensor& t, bool by_read) {
       // Claimed for good (not only read, which forward's end may undo): packed now, where the
       // claim happens, as torch_remat's deferred pack; forward still holds the output itself.
       if (!by_read && region.hooks && !region.packed[o]) {
-        region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(), SavedTensorKind::save_output,
-                                        region.hooks_context);
+        const std::string path = region_path(region.name);
+        region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(),
+                                        {SavedTensorKind::save_output, &region.hooks_context, false, this, path});
       }
     }
   }

@@ -189,8 +189,10 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   // Keep only what recompute needs, through the checkpoint's hook pair where it has one.
   for (InputRecord& input : frame->inputs) {
     if (input.needed && frame->input_hooks) {
-      input.packed = PackedTensor(frame->input_hooks, input.value.detach(), SavedTensorKind::checkpoint_input,
-                                  frame->input_hooks_context);
+      const at::TensorBase& base = input.value.is_view() ? input.value._base() : input.value;
+      input.packed = PackedTensor(frame->input_hooks, input.value.detach(),
+                                  {SavedTensorKind::checkpoint_input, &frame->input_hooks_context,
+                                   base.is_leaf() && base.requires_grad(), frame.get(), frame->options.region_name});
       input.value = at::Tensor();
     } else {
       input.value = input.needed ? input.value.variable_data() : at::Tensor();
@@ -211,8 +213,9 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
       }
       if (region.persisted[o] && region.hooks) {
         if (!region.packed[o]) {  // persisted only because code recompute runs again reads it
-          region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(), SavedTensorKind::save_output,
-                                          region.hooks_context);
+          const std::string path = frame->region_path(region.name);
+          region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(),
+                                          {SavedTensorKind::save_output, &region.hooks_context, false, frame.get(), path});
         }
         region.outputs[o] = at::Tensor();
       } else {

@@ -66,8 +66,7 @@ const std::shared_ptr<SavedTensorHooks>& active_saved_tensor_hooks() {
   return t_scopes.empty() ? none : t_scopes.back().second;
 }
 
-std::any run_pack(SavedTensorHooks& hooks, const at::Tensor& tensor, SavedTensorKind kind, const std::any& context) {
-  const SavedTensorInfo info{kind, &context};
+std::any run_pack(SavedTensorHooks& hooks, const at::Tensor& tensor, const SavedTensorInfo& info) {
   PackInfoScope scope(info);
   return hooks.pack(tensor);
 }
@@ -76,17 +75,16 @@ namespace {
 
 // A pair's ops run without autograd: inside a checkpoint they would otherwise save tensors the
 // runtime counts as the body's, which recompute (where packs do not run) would not save again.
-std::any pack_without_grad(SavedTensorHooks& hooks, const at::Tensor& tensor, SavedTensorKind kind,
-                           const std::any& context) {
+std::any pack_without_grad(SavedTensorHooks& hooks, const at::Tensor& tensor, const SavedTensorInfo& info) {
   c10::NoGradGuard no_grad;
-  return run_pack(hooks, tensor, kind, context);
+  return run_pack(hooks, tensor, info);
 }
 
 }  // namespace
 
-PackedTensor::PackedTensor(std::shared_ptr<SavedTensorHooks> hooks, const at::Tensor& tensor, SavedTensorKind kind,
-                           const std::any& context)
-    : hooks_(std::move(hooks)), payload_(pack_without_grad(*hooks_, tensor, kind, context)) {}
+PackedTensor::PackedTensor(std::shared_ptr<SavedTensorHooks> hooks, const at::Tensor& tensor,
+                           const SavedTensorInfo& info)
+    : hooks_(std::move(hooks)), payload_(pack_without_grad(*hooks_, tensor, info)) {}
 
 at::Tensor PackedTensor::unpack() const {
   c10::NoGradGuard no_grad;

@@ -283,7 +283,7 @@ def site(name: str) -> _Scope:
 
 
 def phase(name: str) -> _Scope:
-    """Tags allocations with a phase: forward, recompute, backward or other."""
+    """Tags allocations with a phase: forward, recompute, backward, offloaded or other."""
     encoded = _text_arg("phase", "name", name)
     lib = load()
     return _Scope(f"phase({name!r:.80})", lambda: lib.remat_push_phase(encoded), lib.remat_pop_phase)

@@ -23,7 +23,7 @@ struct DumpHeader {
 };
 
 enum class Policy : std::uint8_t { none, save, recompute };
-enum class Phase : std::uint8_t { other, forward, recompute, backward };
+enum class Phase : std::uint8_t { other, forward, recompute, backward, offloaded };
 
 struct RecvSlot {
   std::uint64_t stage = 0;

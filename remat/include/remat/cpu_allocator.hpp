@@ -27,6 +27,9 @@ class CpuAllocatorGuard {
 // LibTorch's CPU allocator interface over the tagging allocator, for code that allocates
 // through it explicitly (at::detail::empty_generic) whether or not a guard is in force.
 c10::Allocator* tagging_cpu_allocator();
+// The same over the allocator's pinned host pool (alloc::pinned_host_allocator()): host copies
+// of device tensors (remat::CpuOffload).
+c10::Allocator* offload_host_allocator();
 
 // Requested bytes currently live (CPU tensors through the guard, plus every device
 // allocator) whose region equals `region_prefix` or is nested under it: "layers.0" covers

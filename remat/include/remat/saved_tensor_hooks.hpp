@@ -19,6 +19,7 @@
 #include <any>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 namespace remat {
 
@@ -52,6 +53,16 @@ class SavedTensorHooks {
 struct SavedTensorInfo {
   SavedTensorKind kind = SavedTensorKind::backward;
   const std::any* context = nullptr;  // empty when the pair captures none
+  // The tensor is a parameter or a view of one (a leaf that requires grad; packs see it
+  // detached): its memory stays with the model whatever the pair does.
+  bool of_parameter = false;
+  // The checkpoint whose forward keeps the tensor, as an identity that tells the packs of one
+  // checkpoint from the next (it may be reused once that checkpoint is gone); null outside.
+  const void* checkpoint = nullptr;
+  // The region the tensor is kept for when the pack runs outside it (a checkpoint's inputs and
+  // save-region outputs are packed as forward ends), as tags name it; empty when the pack runs
+  // inside it. Valid during the pack.
+  std::string_view region;
 };
 
 // The info of the pack running on this thread; throws remat::Error outside a pack.
@@ -68,8 +79,8 @@ class SavedTensorHooksScope {
   SavedTensorHooksScope& operator=(const SavedTensorHooksScope&) = delete;
 };
 
-// hooks.pack(tensor) with current_saved_tensor_info() telling `kind` and `context` inside.
-std::any run_pack(SavedTensorHooks& hooks, const at::Tensor& tensor, SavedTensorKind kind, const std::any& context);
+// hooks.pack(tensor) with current_saved_tensor_info() telling `info` inside.
+std::any run_pack(SavedTensorHooks& hooks, const at::Tensor& tensor, const SavedTensorInfo& info);
 
 // The pair in force on this thread (innermost scope), or null.
 const std::shared_ptr<SavedTensorHooks>& active_saved_tensor_hooks();
@@ -80,8 +91,7 @@ class PackedTensor {
  public:
   PackedTensor() = default;
   // Packs through run_pack.
-  PackedTensor(std::shared_ptr<SavedTensorHooks> hooks, const at::Tensor& tensor, SavedTensorKind kind,
-               const std::any& context);
+  PackedTensor(std::shared_ptr<SavedTensorHooks> hooks, const at::Tensor& tensor, const SavedTensorInfo& info);
   explicit operator bool() const { return hooks_ != nullptr; }
   at::Tensor unpack() const;
 

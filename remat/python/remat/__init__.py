@@ -15,7 +15,8 @@ saved-tensor hooks and hands everything else to PyTorch's, so saved_tensors_hook
 save_on_cpu, torch.utils.checkpoint and detect_anomaly keep working around it.
 
 The modules, one idea each: _extension (loading remat._C), _api (checkpoint, region, name
-scopes), _saved_tensors_hooks (how kept tensors are held), _state (state hooks), _trace
+scopes), _saved_tensors_hooks (how kept tensors are held), _offload (CpuOffload: kept tensors
+held in host memory), _state (state hooks), _trace
 (collect_trace), _reporting (memory report of the running checkpoint), _saved_report (what is
 kept behind a loss), _oom_saved_report (that report in an out-of-memory observer), _annotate
 (allocation sites from PyTorch's snapshot), _replay (NeMo's record/replay channel), _memory
@@ -31,6 +32,7 @@ from ._extension import _C  # noqa: F401  (raises an ImportError that says how t
 from ._C import RematError, is_recomputing
 from ._api import checkpoint, is_placeholder, name_scope, recompute_needs_tensor, region, verify_recompute
 from ._saved_tensors_hooks import SavedTensorInfo, SavedTensorKind, current_saved_tensor_info, saved_tensors_hooks
+from ._offload import CpuOffload
 from ._state import RecomputeStateHook, cpu_rng_state_hook
 from ._trace import collect_trace, trace_scope
 from ._plans import Plan, RegionCost, RegionProfile, load_plan, profile_regions, use_plan
@@ -55,6 +57,7 @@ __all__ = [
     "current_saved_tensor_info",
     "SavedTensorInfo",
     "SavedTensorKind",
+    "CpuOffload",
     "trace_scope",
     "discover_autograd_roots",
     "format_oom_saved_tensors_report",

@@ -38,6 +38,7 @@ import torch
 from . import _C, _plans
 from ._api import checkpoint
 from ._compile import compiled_region
+from ._offload import CpuOffload
 
 __all__ = ["wrap_decoder_layers", "unwrap_decoder_layers"]
 
@@ -360,7 +361,8 @@ def _has_submodule(layer, name):
 
 
 def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *, recompute=None, layers=None,
-                        every_n_layers=1, context_fn=None, contexts=(), verify_recompute=None, plan=None):
+                        every_n_layers=1, context_fn=None, contexts=(), verify_recompute=None, plan=None,
+                        offload=None):
     """Runs every decoder layer of a Hugging Face model as one remat checkpoint named after its
     module path ("model.layers.0"), and returns the model:
 
@@ -385,6 +387,9 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
     context_fn, contexts, verify_recompute: as for remat.checkpoint, for every layer's checkpoint.
     plan: a remat.Plan from a profile of this model (remat.profile_regions()): each region it
         names ("model.layers.0::self_attn") is saved or recomputed as it says, over `save`.
+    offload: True, or a remat.CpuOffload: what the layers' checkpoints keep (the save regions'
+        tensors and each layer's input) is held in host memory and brought back ahead of
+        backward. Pass your own CpuOffload to read its stats().
 
     Checkpoints run only in training mode with grad mode on; in eval mode or under no_grad the
     layers run unchanged. Calling it again replaces the previous call's wrapping; see the module
@@ -397,6 +402,12 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
     if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
         raise ValueError(f"wrap_decoder_layers: every_n_layers must be a positive int, got {every_n_layers!r}")
     _check_region_names(save, recompute)
+    if offload is True:
+        offload = CpuOffload()
+    if not (offload is None or offload is False or isinstance(offload, CpuOffload)):
+        raise TypeError(f"wrap_decoder_layers: offload must be True, False, None or a remat.CpuOffload, got "
+                        f"{type(offload).__name__}")
+    hooks = (offload.pack, offload.unpack) if offload else None
 
     paths = _module_paths(model)
     found = _find_layers(model, layers, paths)
@@ -413,7 +424,8 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
             plans.append((path, layer, None))
             continue
         ckpt = checkpoint(region_name=path or type(layer).__name__, recompute_state_hooks=recompute_state_hooks,
-                          context_fn=context_fn, contexts=contexts, verify_recompute=verify_recompute, plan=plan)
+                          context_fn=context_fn, contexts=contexts, verify_recompute=verify_recompute, plan=plan,
+                          saved_tensors_hooks=hooks)
         plans.append((path, layer, _LayerPlan(layer, path, ckpt, _layer_regions(layer, save, recompute))))
 
     unwrap_decoder_layers(model)  # only now: a call with bad arguments leaves the previous wrapping in force

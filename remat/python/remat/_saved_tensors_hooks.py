@@ -102,7 +102,19 @@ def saved_tensors_hooks(pack_hook, unpack_hook, *, capture_context=None):
     outside checkpoints it is PyTorch's pair. capture_context(), if given, runs where a tensor is
     produced; its value is current_saved_tensor_info().context in the pack. The unpack hook is
     bound to each payload: it may run after the block has exited."""
-    return _SavedTensorsHooks(_C.SavedTensorHooks(pack_hook, unpack_hook, capture_context))
+    pair = _runtime_pair(pack_hook, unpack_hook) if capture_context is None else None
+    return _SavedTensorsHooks(pair or _C.SavedTensorHooks(pack_hook, unpack_hook, capture_context))
+
+
+def _runtime_pair(pack_hook, unpack_hook):
+    """The runtime's own pair behind (x.pack, x.unpack) of an object that has one (remat.CpuOffload's
+    C++ engine), so the runtime calls it without going through Python; else None."""
+    owner = getattr(pack_hook, "__self__", None)
+    pair = getattr(owner, "_runtime_pair", None)
+    if (pair is not None and getattr(unpack_hook, "__self__", None) is owner
+            and getattr(pack_hook, "__name__", None) == "pack" and getattr(unpack_hook, "__name__", None) == "unpack"):
+        return pair
+    return None
 
 
 def hooks_pair_arg(where, pair):
@@ -112,7 +124,7 @@ def hooks_pair_arg(where, pair):
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
         got = f"{len(pair)} items" if isinstance(pair, (tuple, list)) else type(pair).__name__
         raise TypeError(f"{where}: saved_tensors_hooks must be a (pack_hook, unpack_hook) pair, got {got}")
-    return _C.SavedTensorHooks(*pair)
+    return _runtime_pair(*pair) or _C.SavedTensorHooks(*pair)
 
 
 _top_pytorch_pair = torch._C._autograd._top_saved_tensors_default_hooks

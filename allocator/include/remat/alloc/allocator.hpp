@@ -22,6 +22,10 @@ CachingAllocator& device_allocator(int device);
 // otherwise a host-backend allocator of its own (capacity host_capacity_mb).
 CachingAllocator& cpu_allocator();
 
+// The pool host copies of device memory come from (remat.CpuOffload): page-locked host memory
+// (capacity host_capacity_mb) where the devices are CUDA, else cpu_allocator() itself.
+CachingAllocator& pinned_host_allocator();
+
 // Applies `text` (REMAT_ALLOC_CONF syntax) on top of the configuration in force. Keys that
 // pick the backend or its capacity are accepted only while nothing is allocated.
 void configure(std::string_view text);
@@ -35,7 +39,8 @@ BackendKind effective_backend();
 // The device a call without one means: the current CUDA device, or 0 on host.
 int default_device() noexcept;
 
-// Calls `fn` for each allocator created so far (devices, then a separate CPU allocator).
+// Calls `fn` for each allocator created so far (devices, then a separate CPU allocator and
+// the pinned host pool).
 void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn);
 
 // The allocator (CPU or device) whose live block starts at `ptr`, or nullptr.

@@ -13,7 +13,8 @@
 namespace remat::alloc {
 
 enum class Policy : std::uint8_t { none, save, recompute };
-enum class Phase : std::uint8_t { other, forward, recompute, backward };
+// offloaded: host copies of what a checkpoint keeps (remat.CpuOffload), not device memory in use.
+enum class Phase : std::uint8_t { other, forward, recompute, backward, offloaded };
 enum class Direction : std::uint8_t { forward, backward };  // 'F' / 'B' in schedules
 
 std::string_view to_string(Policy policy);

@@ -1,0 +1,318 @@
+// remat::CpuOffload: the payloads, the host pool they copy into, the copy stream and the
+// prefetch by checkpoint. Every access to a host buffer runs on the one copy stream of its
+// device (CUDA), so a buffer that goes back to the pool is reused only after the copies that
+// read or wrote it: stream order, no host waits.
+
+#include <remat/cpu_allocator.hpp>
+#include <remat/cpu_offload.hpp>
+#include <remat/errors.hpp>
+
+#include <remat/alloc/tags.hpp>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/Event.h>
+#include <c10/core/Storage.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+namespace remat {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A kept tensor as held: either the tensor itself, or its host copy and what to rebuild it.
+struct Payload {
+  std::weak_ptr<CpuOffload::Engine> engine;
+  at::Tensor resident;  // kept as it is
+  at::Tensor host;      // the host copy
+  at::TensorOptions options;
+  std::vector<std::int64_t> sizes, strides;
+  std::uint64_t bytes = 0;
+  std::uint64_t group = 0;
+  at::Tensor prefetched;                  // brought back ahead of its unpack
+  std::optional<c10::Event> arrived;  // CUDA: the copy back is done (on the copy stream)
+  ~Payload();
+};
+
+bool is_parameter(const at::TensorBase& tensor) { return tensor.is_leaf() && tensor.requires_grad(); }
+
+// What to push on the tag stack so that the region in force becomes `path` (a checkpoint's
+// region path, "layers.0::attention"), given the one in force now: the part of `path` past the
+// longest run of its leading components that ends the current region ("outer::layers.0" and
+// "layers.0::attention" give "attention"; "" gives the whole path; the path itself, nothing).
+std::string_view region_to_push(std::string_view current, std::string_view path) {
+  constexpr std::string_view kSep = "::";
+  for (std::size_t end = path.size(); end != std::string_view::npos && end > 0;
+       end = end == 0 ? std::string_view::npos : path.rfind(kSep, end - 1)) {
+    const std::string_view head = path.substr(0, end);
+    const bool ends_current = current == head || (current.size() > head.size() && current.ends_with(head) &&
+                                                  current.substr(0, current.size() - head.size()).ends_with(kSep));
+    if (ends_current) return end == path.size() ? std::string_view() : path.substr(end + kSep.size());
+  }
+  return path;
+}
+
+}  // namespace
+
+struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
+  explicit Engine(CpuOffloadOptions options_in)
+      : options(options_in),
+        device_type(c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) &&
+                            c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() > 0
+                        ? c10::DeviceType::CUDA
+                        : c10::DeviceType::CPU) {}
+
+  CpuOffloadOptions options;
+  c10::DeviceType device_type;  // what is offloaded from: CUDA where a GPU is visible, else CPU
+  // Recursive: a payload dropped while the engine holds the lock (its last owner a temporary of
+  // the prefetch) tells the engine from its destructor.
+  mutable std::recursive_mutex mutex;
+  CpuOffloadStats stats;
+  std::uint64_t live_payloads = 0;
+  std::uint64_t group = 0;
+  const void* last_checkpoint = nullptr;  // of the last pack offloaded
+  std::map<std::uint64_t, std::vector<std::weak_ptr<Payload>>> groups;
+  struct InFlight {
+    c10::Event done;
+    at::Tensor device;  // held until the copy has read it
+    std::uint64_t bytes;
+  };
+  std::deque<InFlight> inflight;
+  std::map<c10::DeviceIndex, c10::Stream> copy_streams;
+
+  bool on_cuda() const { return device_type == c10::DeviceType::CUDA; }
+
+  // Why `tensor` stays as it is, or nullptr when it is offloaded.
+  const char* keep_reason(const at::Tensor& tensor) const {
+    if (tensor.layout() != at::kStrided) return "sparse or another layout";
+    if (tensor.device().type() != device_type) return on_cuda() ? "not on a CUDA device" : "not on the CPU";
+    if (!tensor.is_non_overlapping_and_dense()) return "overlapping or not dense";
+    if (is_parameter(tensor) || (tensor.is_view() && is_parameter(tensor._base()))) return "a parameter or a view of one";
+    if (tensor.numel() == 0) return "empty";
+    if (tensor.nbytes() < options.min_bytes) return "under min_bytes";
+    return nullptr;
+  }
+
+  c10::Stream copy_stream(c10::DeviceIndex device) {
+    auto it = copy_streams.find(device);
+    if (it == copy_streams.end()) {
+      c10::impl::VirtualGuardImpl impl(device_type);
+      it = copy_streams.emplace(device, impl.getStreamFromGlobalPool(c10::Device(device_type, device))).first;
+    }
+    return it->second;
+  }
+
+  c10::Stream current_stream(c10::DeviceIndex device) const {
+    return c10::impl::VirtualGuardImpl(device_type).getStream(c10::Device(device_type, device));
+  }
+
+  // Lets go of device tensors whose copy to the host is done; waits for the oldest while more
+  // than `limit` bytes are in flight. Callers hold the mutex.
+  void settle_inflight(std::uint64_t limit) {
+    while (!inflight.empty()) {
+      InFlight& oldest = inflight.front();
+      if (!oldest.done.query()) {
+        if (stats.inflight_bytes <= limit) return;
+        const auto start = Clock::now();
+        oldest.done.synchronize();
+        stats.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+        stats.wait_bytes += oldest.bytes;
+      }
+      stats.inflight_bytes -= oldest.bytes;
+      inflight.pop_front();
+    }
+  }
+
+  // A new step: every payload of the last one is gone.
+  void start_step() {
+    const std::uint64_t resident = stats.resident_host_bytes, peak = stats.peak_host_bytes,
+                        in_flight = stats.inflight_bytes;
+    stats = CpuOffloadStats{};
+    stats.resident_host_bytes = resident;
+    stats.peak_host_bytes = peak;
+    stats.inflight_bytes = in_flight;
+    groups.clear();
+    group = 0;
+    last_checkpoint = nullptr;
+  }
+
+  // Which checkpoint a pack belongs to, numbered in forward order: a new one when the
+  // checkpoint keeping the tensor changes; outside checkpoints each tensor stands alone.
+  std::uint64_t group_of(const void* checkpoint) {
+    if (checkpoint == nullptr || checkpoint != last_checkpoint) ++group;
+    last_checkpoint = checkpoint;
+    return group;
+  }
+
+  // A buffer of the pinned host pool, tagged with the region the tensor is kept for and phase
+  // `offloaded`.
+  at::Tensor host_buffer(const at::Tensor& tensor, std::string_view region) {
+    std::optional<alloc::TagScope> in_region;
+    if (!region.empty()) {
+      const std::string current = alloc::name_of(alloc::current_tag().region);
+      const std::string_view rest = region_to_push(current, region);
+      if (!rest.empty()) in_region.emplace(alloc::TagScope::region(rest));
+    }
+    auto offloaded = alloc::TagScope::phase(alloc::Phase::offloaded);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), tensor.nbytes(), offload_host_allocator(), false);
+    return at::empty({0}, tensor.options().device(at::kCPU).requires_grad(false))
+        .set_(storage, 0, tensor.sizes(), tensor.strides());
+  }
+
+  std::any pack(const at::Tensor& tensor) {
+    SavedTensorInfo info;  // called as PyTorch's own pack hook: a tensor saved for backward, not detached
+    try {
+      info = current_saved_tensor_info();
+    } catch (const Error&) {
+    }
+    at::NoGradGuard no_grad;
+    auto payload = std::make_shared<Payload>();
+    payload->engine = weak_from_this();
+    std::lock_guard lock(mutex);
+    if (live_payloads == 0) start_step();
+    ++live_payloads;
+    if (const char* reason = info.of_parameter ? "a parameter or a view of one" : keep_reason(tensor)) {
+      payload->resident = tensor;
+      stats.kept_resident_tensors += 1;
+      stats.kept_resident_bytes += tensor.layout() == at::kStrided ? tensor.nbytes() : 0;
+      stats.kept_resident_reasons[reason] += 1;
+      return payload;
+    }
+    payload->options = tensor.options();
+    payload->sizes = tensor.sizes().vec();
+    payload->strides = tensor.strides().vec();
+    payload->bytes = tensor.nbytes();
+    payload->group = group_of(info.checkpoint);
+    payload->host = host_buffer(tensor, info.region);
+    if (on_cuda()) {
+      const std::uint64_t limit = options.max_inflight_bytes.value_or(UINT64_MAX);
+      settle_inflight(limit > payload->bytes ? limit - payload->bytes : 0);  // room for this copy
+      const c10::DeviceIndex device = tensor.device().index();
+      const c10::Stream side = copy_stream(device);
+      c10::Event produced(device_type);
+      produced.record(current_stream(device));
+      produced.block(side);
+      {
+        c10::StreamGuard on_side(side);
+        payload->host.copy_(tensor, /*non_blocking=*/true);
+      }
+      c10::Event done(device_type);
+      done.record(side);
+      inflight.push_back({std::move(done), tensor, payload->bytes});
+      stats.inflight_bytes += payload->bytes;
+    } else {
+      payload->host.copy_(tensor);
+    }
+    stats.offloaded_bytes += payload->bytes;
+    stats.offloaded_tensors += 1;
+    stats.resident_host_bytes += payload->bytes;
+    stats.peak_host_bytes = std::max(stats.peak_host_bytes, stats.resident_host_bytes);
+    groups[payload->group].push_back(payload);
+    return payload;
+  }
+
+  // Starts the copy of `payload` back to its device. Callers hold the mutex.
+  at::Tensor bring_back(Payload& payload, bool ahead) {
+    at::Tensor tensor = at::empty_strided(payload.sizes, payload.strides, payload.options);
+    if (on_cuda()) {
+      const c10::DeviceIndex device = payload.options.device().index();
+      const c10::Stream side = copy_stream(device);
+      // The new tensor's memory may have been freed by work still queued on the compute stream.
+      c10::Event free_now(device_type);
+      free_now.record(current_stream(device));
+      free_now.block(side);
+      {
+        c10::StreamGuard on_side(side);
+        tensor.copy_(payload.host, /*non_blocking=*/true);
+      }
+      payload.arrived.emplace(device_type);
+      payload.arrived->record(side);
+      if (!ahead) payload.arrived->block(current_stream(device));
+    } else {
+      tensor.copy_(payload.host);
+    }
+    return tensor;
+  }
+
+  // The tensors of the checkpoint `payload` belongs to and of the `prefetch` before it (backward
+  // reaches them next), brought back now. Callers hold the mutex.
+  void prefetch_around(const Payload& payload) {
+    const std::uint64_t first = payload.group > options.prefetch ? payload.group - options.prefetch : 0;
+    for (auto it = groups.lower_bound(first); it != groups.end() && it->first <= payload.group;) {
+      bool any_alive = false;
+      for (const std::weak_ptr<Payload>& weak : it->second) {
+        const std::shared_ptr<Payload> other = weak.lock();
+        if (other == nullptr) continue;
+        any_alive = true;
+        if (other.get() == &payload || other->prefetched.defined()) continue;
+        other->prefetched = bring_back(*other, /*ahead=*/true);
+      }
+      it = any_alive ? std::next(it) : groups.erase(it);
+    }
+  }
+
+  at::Tensor unpack(Payload& payload) {
+    if (payload.resident.defined()) return payload.resident;
+    at::NoGradGuard no_grad;
+    std::lock_guard lock(mutex);
+    if (on_cuda()) settle_inflight(UINT64_MAX);
+    prefetch_around(payload);
+    if (payload.prefetched.defined()) {
+      stats.prefetch_hits += 1;
+      if (payload.arrived) payload.arrived->block(current_stream(payload.options.device().index()));
+      return std::exchange(payload.prefetched, at::Tensor());
+    }
+    stats.prefetch_misses += 1;
+    const auto start = Clock::now();
+    at::Tensor tensor = bring_back(payload, /*ahead=*/false);
+    stats.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    stats.wait_bytes += payload.bytes;
+    return tensor;
+  }
+
+  void released(const Payload& payload) {
+    std::lock_guard lock(mutex);
+    live_payloads -= 1;
+    if (payload.host.defined()) stats.resident_host_bytes -= payload.bytes;
+  }
+};
+
+namespace {
+
+Payload::~Payload() {
+  if (const std::shared_ptr<CpuOffload::Engine> owner = engine.lock()) owner->released(*this);
+}
+
+Payload& payload_of(const std::any& any) {
+  const auto* payload = std::any_cast<std::shared_ptr<Payload>>(&any);
+  if (payload == nullptr || *payload == nullptr) {
+    throw Error("CpuOffload.unpack: this payload was not made by a CpuOffload's pack; unpack the payloads of the "
+                "same offloader's pack");
+  }
+  return **payload;
+}
+
+}  // namespace
+
+CpuOffload::CpuOffload(CpuOffloadOptions options) : engine_(std::make_shared<Engine>(options)) {}
+CpuOffload::~CpuOffload() = default;
+
+std::any CpuOffload::pack(const at::Tensor& tensor) { return engine_->pack(tensor); }
+at::Tensor CpuOffload::unpack(const std::any& payload) { return engine_->unpack(payload_of(payload)); }
+
+CpuOffloadStats CpuOffload::stats() const {
+  std::lock_guard lock(engine_->mutex);
+  return engine_->stats;
+}
+
+const CpuOffloadOptions& CpuOffload::options() const { return engine_->options; }
+
+}  // namespace remat

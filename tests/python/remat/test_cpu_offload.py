@@ -1,0 +1,256 @@
+"""remat.CpuOffload on CPU, where the same path runs with synchronous copies into the host pool:
+bitwise gradients (the checkpoint tests' block, prefetch 0-2, autocast, the pair and `with`
+forms, PyTorch's own saves, a Hugging Face Llama in one line); what stays resident and why; the
+bytes on the host tagged by region and phase `offloaded`; prefetch hits and misses by
+checkpoint; nothing left on the host after backward over many steps or after forwards that
+raised; bad arguments."""
+
+import json
+
+import pytest
+import torch
+
+import remat
+import remat_alloc
+from transformer_block import Block, D
+
+LAYERS = 4
+
+
+def layer(block, i):
+    def body(x):
+        y = remat.region(block.attention, f"attention", recompute=False)(x)
+        return block.mlp(y)
+
+    return remat.checkpoint(region_name=f"layers.{i}")(body)
+
+
+def run(block, x, hooks=None, autocast=False):
+    """(output, {parameter index: gradient}, input gradient) of LAYERS checkpoints."""
+    for p in block.parameters():
+        p.grad = None
+    x = x.detach().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        h = x
+        for i in range(LAYERS):
+            body = layer(block, i)
+            if hooks is not None:
+                body = remat.checkpoint(region_name=f"layers.{i}", saved_tensors_hooks=hooks)(
+                    lambda t, b=block: b.mlp(remat.region(b.attention, "attention", recompute=False)(t)))
+            h = body(h)
+        loss = h.float().square().sum()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in block.parameters()], x.grad.clone()
+
+
+def assert_same(expected, actual):
+    assert torch.equal(expected[0], actual[0])
+    for e, a in zip(expected[1], actual[1]):
+        assert torch.equal(e, a)
+    assert torch.equal(expected[2], actual[2])
+
+
+@pytest.fixture
+def x():
+    return torch.randn(4, 8, D, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_gradients_are_bitwise_those_without_offload_and_each_checkpoint_misses_once_at_most(x, prefetch):
+    block = Block()
+    expected = run(block, x)
+    off = remat.CpuOffload(prefetch=prefetch, min_bytes=0)
+    assert_same(expected, run(block, x, hooks=(off.pack, off.unpack)))
+    stats = off.stats()
+    assert stats["offloaded_tensors"] > 0 and stats["resident_host_bytes"] == 0
+    unpacks = stats["prefetch_hits"] + stats["prefetch_misses"]
+    assert unpacks == stats["offloaded_tensors"]
+    # Backward reaches the last checkpoint first: its first tensor is copied back on the spot;
+    # without prefetch every checkpoint's first tensor is, with it only the last checkpoint's.
+    assert stats["prefetch_misses"] == (LAYERS if prefetch == 0 else 1)
+    assert stats["wait_bytes"] > 0
+
+
+def test_the_with_form_is_the_pair_form_and_keeps_parameters_where_they_are(x):
+    block = Block()
+    expected = run(block, x)
+    pair, scoped = remat.CpuOffload(min_bytes=0), remat.CpuOffload(min_bytes=0)
+    assert_same(expected, run(block, x, hooks=(pair.pack, pair.unpack)))
+    with scoped:
+        assert_same(expected, run(block, x))
+    a, b = pair.stats(), scoped.stats()
+    # The with block also holds what PyTorch saves outside the checkpoints: square()'s input.
+    assert (b["offloaded_tensors"], b["offloaded_bytes"]) == (a["offloaded_tensors"] + 1,
+                                                              a["offloaded_bytes"] + x.numel() * 4)
+    # The attention weights its save region saves stay with the model; so does the leaf input.
+    assert b["kept_resident_reasons"] == {"a parameter or a view of one": b["kept_resident_tensors"]}
+    assert b["kept_resident_tensors"] >= 4 * LAYERS
+
+
+def test_under_bf16_autocast_gradients_are_bitwise_those_without_offload(x):
+    block = Block()
+    expected = run(block, x, autocast=True)
+    off = remat.CpuOffload(min_bytes=0)
+    assert_same(expected, run(block, x, hooks=(off.pack, off.unpack), autocast=True))
+    assert off.stats()["offloaded_tensors"] > 0
+
+
+def test_outside_checkpoints_it_holds_pytorchs_own_saves(x):
+    block = Block()
+
+    def plain():
+        for p in block.parameters():
+            p.grad = None
+        loss = block.mlp(block.attention(x)).square().sum()
+        loss.backward()
+        return [p.grad.clone() for p in block.parameters()]
+
+    expected = plain()
+    off = remat.CpuOffload(min_bytes=0)
+    with off:
+        actual = plain()
+    for e, a in zip(expected, actual):
+        assert torch.equal(e, a)
+    stats = off.stats()
+    assert stats["offloaded_tensors"] > 0 and stats["resident_host_bytes"] == 0
+    assert stats["kept_resident_reasons"].get("a parameter or a view of one", 0) > 0
+
+
+def offloaded_regions(tmp_path):
+    """{region: requested bytes} live in phase `offloaded`, from a snapshot."""
+    remat_alloc.dump_snapshot(str(tmp_path / "snapshot.json"))
+    snapshot = json.loads((tmp_path / "snapshot.json").read_text())
+    regions = {}
+    for stat in snapshot["tag_stats"]:
+        tag = snapshot["tags"][stat["tag"]]
+        if tag["phase"] == "offloaded" and stat["requested_bytes"]["current"]:
+            name = snapshot["names"][tag["region"]]
+            regions[name] = regions.get(name, 0) + stat["requested_bytes"]["current"]
+    return regions
+
+
+def test_host_bytes_are_tagged_by_region_and_phase_offloaded_until_backward(x, tmp_path):
+    block = Block()
+    off = remat.CpuOffload(min_bytes=0)
+    h = x.detach().requires_grad_(True)
+    with off:
+        for i in range(LAYERS):
+            h = layer(block, i)(h)
+    resident = off.stats()["resident_host_bytes"]
+    assert resident == off.stats()["offloaded_bytes"] > 0
+    assert remat.live_bytes("layers") == resident
+    offloaded = offloaded_regions(tmp_path)
+    assert sum(offloaded.values()) == resident
+    # Recompute starts from the saved attention output, so what is kept is the save region's.
+    assert set(offloaded) == {f"layers.{i}::attention" for i in range(LAYERS)}
+    h.square().sum().backward()
+    assert off.stats()["resident_host_bytes"] == 0 and remat.live_bytes("layers") == 0
+
+
+def test_nothing_stays_on_the_host_over_a_thousand_steps(x):
+    block = Block()
+    off = remat.CpuOffload(min_bytes=0)
+    for step in range(1000):
+        run(block, x, hooks=(off.pack, off.unpack))
+        assert off.stats()["resident_host_bytes"] == 0, f"step {step}"
+    stats = off.stats()
+    assert stats["peak_host_bytes"] == stats["offloaded_bytes"]  # one step's worth, never more
+    assert remat.live_bytes("layers") == 0
+
+
+def test_a_forward_that_raises_gives_its_host_buffers_back(x):
+    block = Block()
+    off = remat.CpuOffload(min_bytes=0)
+
+    def failing(t):
+        remat.region(block.attention, "attention", recompute=False)(t)
+        raise RuntimeError("boom")
+
+    for _ in range(200):
+        h = x.detach().requires_grad_(True)
+        with pytest.raises(RuntimeError, match="boom"):
+            with off:
+                h = layer(block, 0)(h)
+                remat.checkpoint(region_name="layers.1")(failing)(h)
+        del h
+    assert off.stats()["resident_host_bytes"] == 0
+    assert remat.live_bytes("layers") == 0
+
+
+def test_tensors_that_gain_nothing_stay_resident_and_are_counted():
+    off = remat.CpuOffload(min_bytes=1024)
+    small = torch.randn(4)
+    sparse = torch.randn(8, 8).to_sparse()
+    overlapping = torch.randn(8).expand(8, 8)
+    with off:
+        for t in (small, sparse, overlapping):
+            payload = off.pack(t)
+            assert off.unpack(payload) is t
+    reasons = off.stats()["kept_resident_reasons"]
+    assert reasons == {"under min_bytes": 1, "sparse or another layout": 1, "overlapping or not dense": 1}
+    assert off.stats()["offloaded_tensors"] == 0
+
+
+def test_a_payload_of_another_pair_is_refused():
+    off = remat.CpuOffload()
+    with pytest.raises(TypeError):
+        off.unpack(torch.zeros(2))
+
+
+@pytest.mark.parametrize("kwargs", [{"prefetch": -1}, {"prefetch": 1.5}, {"min_bytes": -1},
+                                    {"max_inflight_bytes": 0}, {"prefetch": True}])
+def test_bad_arguments_name_the_argument(kwargs):
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=name):
+        remat.CpuOffload(**kwargs)
+
+
+def test_under_torch_compile_the_pair_is_refused_with_a_clear_error(x):
+    block = Block()
+    off = remat.CpuOffload()
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def compiled(t):
+        return remat.checkpoint(region_name="layers.0", saved_tensors_hooks=(off.pack, off.unpack))(block.mlp)(t)
+
+    with pytest.raises(Exception, match="saved_tensors_hooks are not supported under"):
+        compiled(x)
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_hugging_face_llama_in_one_line_gives_the_same_gradients():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=128, intermediate_size=128, max_position_embeddings=64, use_cache=False)
+    torch.manual_seed(0)
+    reference, model = LlamaForCausalLM(config).train(), LlamaForCausalLM(config).train()
+    model.load_state_dict(reference.state_dict())
+    off = remat.CpuOffload(min_bytes=0)
+    remat.wrap_decoder_layers(model, offload=off)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    for m in (reference, model):
+        m.zero_grad(set_to_none=True)
+        m(input_ids=ids, labels=ids).loss.backward()
+    for (name, p), q in zip(reference.named_parameters(), model.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    stats = off.stats()
+    assert stats["offloaded_tensors"] > 0 and stats["resident_host_bytes"] == 0
+    assert stats["prefetch_misses"] == 1
+    with pytest.raises(TypeError, match="offload must be"):
+        remat.wrap_decoder_layers(model, offload="yes")
+
+
+def test_checkpoint_inputs_are_tagged_with_the_checkpoint_under_an_enclosing_region(x, tmp_path):
+    block = Block()
+    off = remat.CpuOffload(min_bytes=0)
+    h = x.detach().requires_grad_(True)
+    with remat_alloc.region("outer"), off:
+        for i in range(3):
+            h = remat.checkpoint(region_name=f"layers.{i}")(block.mlp)(h)  # no save region: the input is kept
+    regions = offloaded_regions(tmp_path)
+    assert regions == {f"outer::layers.{i}": x.numel() * 4 for i in (1, 2)}  # layer 0's input is a leaf
+    h.sum().backward()
+    assert offloaded_regions(tmp_path) == {}
