@@ -122,6 +122,15 @@ run() {
         "$logs/$gpu_test.log" | sed 's/^[0-9]*: /    /' | tee -a "$summary"
     done
   fi
+  if [[ $steps == *" gpu-tests "* ]]; then
+    # remat.CpuOffload on CUDA: copies on their own stream, prefetch, bitwise gradients, memory freed.
+    for allocator in native remat; do
+      stage "offload_$allocator" 180 env PYTHONPATH="$build/python:$root/allocator/python:${PYTHONPATH:-}" \
+        REMAT_ALLOC_LIBRARY="$build/allocator/libremat_alloc.so" \
+        "$python" "$root/bench/gpu/offload_check.py" --allocator "$allocator"
+      grep -E '^\[(ok|FAILED)\]|checks passed|failed' "$logs/offload_$allocator.log" | sed 's/^/    /' | tee -a "$summary"
+    done
+  fi
   if [[ $steps == *" torch-snapshot "* ]]; then
     # A snapshot made by PyTorch's own allocator, through remat-report and back into PyTorch's viewer.
     local pickle="$out/torch-snapshot.pickle" report="$build/cli/remat-report"

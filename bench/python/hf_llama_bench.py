@@ -2,7 +2,9 @@
 """Activation checkpointing on a Hugging Face Llama, every variant on the same weights and input
 in one run: no checkpointing, transformers' own per-layer torch.utils.checkpoint, selective
 activation checkpointing (SAC) saving attention, torch_remat 0.2.2 (optional), and remat with
-attention saved or everything recomputed.
+attention saved or everything recomputed; on a GPU also torch.autograd.graph.save_on_cpu and
+remat with attention saved and what the checkpoints keep offloaded (remat.CpuOffload, prefetch
+1 and 2).
 
 Memory is counted by remat's tagging allocator, made the CPU allocator for the whole training
 step with remat.tag_cpu_tensors(), so every variant is counted alike, in requested bytes (the
@@ -130,8 +132,20 @@ def enable_torch_remat(model, torch_remat):
         layer.gradient_checkpointing = True
 
 
-def variants(torch_remat):
-    """[(label, setup(model))]."""
+def under_save_on_cpu(model):
+    """PyTorch's own offload: everything autograd saves copied to pinned host memory, nothing recomputed."""
+    forward = model.forward
+
+    def offloaded(*args, **kwargs):
+        with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
+            return forward(*args, **kwargs)
+
+    model.forward = offloaded
+
+
+def variants(torch_remat, device="cpu"):
+    """[(label, setup(model))]. The offload rows only on a GPU: on the CPU host memory is the
+    device's, so they would only move bytes from one count to the same one."""
     rows = [
         ("no checkpointing", lambda model: None),
         ("torch.utils.checkpoint per layer", enable_torch_checkpoint),
@@ -146,6 +160,12 @@ def variants(torch_remat):
         ("remat, attention saved", lambda model: remat.wrap_decoder_layers(model, save=("self_attn",))),
         ("remat, all recomputed", lambda model: remat.wrap_decoder_layers(model, save=())),
     ]
+    if device == "cuda":
+        rows += [("save_on_cpu, nothing recomputed", under_save_on_cpu)]
+        rows += [(f"remat, attention saved, CpuOffload prefetch {n}",
+                  lambda model, n=n: remat.wrap_decoder_layers(model, save=("self_attn",),
+                                                               offload=remat.CpuOffload(prefetch=n)))
+                 for n in (1, 2)]
     return rows
 
 
@@ -294,7 +314,7 @@ def main():
     ids = torch.randint(0, args.vocab, (args.batch, args.sequence), generator=torch.Generator().manual_seed(1))
     ids = ids.to(args.device)
 
-    rows = variants(torch_remat)
+    rows = variants(torch_remat, args.device)
     models = []
     for _, setup in rows:
         model = LlamaForCausalLM(config)

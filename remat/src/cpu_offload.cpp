@@ -7,6 +7,7 @@
 #include <remat/cpu_offload.hpp>
 #include <remat/errors.hpp>
 
+#include <remat/alloc/cuda_backend.hpp>
 #include <remat/alloc/tags.hpp>
 
 #include <ATen/core/grad_mode.h>
@@ -64,9 +65,10 @@ std::string_view region_to_push(std::string_view current, std::string_view path)
 
 struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
   explicit Engine(CpuOffloadOptions options_in)
+      // The CUDA runtime's own count: LibTorch's CUDA guard can be registered, and report a
+      // device, on a machine with none (once Inductor loaded its CUDA libraries).
       : options(options_in),
-        device_type(c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) &&
-                            c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() > 0
+        device_type(alloc::cuda_device_available() && c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)
                         ? c10::DeviceType::CUDA
                         : c10::DeviceType::CPU) {}
 
