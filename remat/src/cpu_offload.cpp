@@ -29,18 +29,39 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A kept tensor as held: either the tensor itself, or its host copy and what to rebuild it.
-struct Payload {
+// One tensor's copy in host memory, shared by every payload of that tensor (a tensor saved by
+// three ops, as the input of q, k and v projections is, is copied once).
+struct HostCopy {
   std::weak_ptr<CpuOffload::Engine> engine;
-  at::Tensor resident;  // kept as it is
-  at::Tensor host;      // the host copy
+  at::Tensor host;
   at::TensorOptions options;
   std::vector<std::int64_t> sizes, strides;
   std::uint64_t bytes = 0;
   std::uint64_t group = 0;
-  at::Tensor prefetched;                  // brought back ahead of its unpack
+  std::uint64_t payloads = 0;  // that hold it
+  std::uint64_t unpacked = 0;  // of those, unpacked at least once
+  at::Tensor back;             // on the device again, for the payloads not unpacked yet
   std::optional<c10::Event> arrived;  // CUDA: the copy back is done (on the copy stream)
+  ~HostCopy();
+};
+
+// A kept tensor as held: the tensor itself, or a share of its host copy.
+struct Payload {
+  std::weak_ptr<CpuOffload::Engine> engine;
+  at::Tensor resident;
+  std::shared_ptr<HostCopy> copy;
+  bool unpacked = false;
   ~Payload();
+};
+
+// What makes two saved tensors one: the same storage, view and version.
+struct TensorKey {
+  const void* storage;
+  std::int64_t offset;
+  std::vector<std::int64_t> sizes, strides;
+  c10::ScalarType dtype;
+  std::uint32_t version;
+  auto operator<=>(const TensorKey&) const = default;
 };
 
 bool is_parameter(const at::TensorBase& tensor) { return tensor.is_leaf() && tensor.requires_grad(); }
@@ -81,7 +102,10 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
   std::uint64_t live_payloads = 0;
   std::uint64_t group = 0;
   const void* last_checkpoint = nullptr;  // of the last pack offloaded
-  std::map<std::uint64_t, std::vector<std::weak_ptr<Payload>>> groups;
+  std::map<std::uint64_t, std::vector<std::weak_ptr<HostCopy>>> groups;
+  // This step's host copies by tensor; the storage's weak reference tells a live storage from a
+  // new one at a freed one's address.
+  std::map<TensorKey, std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, std::weak_ptr<HostCopy>>> copies;
   struct InFlight {
     c10::Event done;
     at::Tensor device;  // held until the copy has read it
@@ -142,6 +166,7 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
     stats.peak_host_bytes = peak;
     stats.inflight_bytes = in_flight;
     groups.clear();
+    copies.clear();
     group = 0;
     last_checkpoint = nullptr;
   }
@@ -188,15 +213,31 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
       stats.kept_resident_reasons[reason] += 1;
       return payload;
     }
-    payload->options = tensor.options();
-    payload->sizes = tensor.sizes().vec();
-    payload->strides = tensor.strides().vec();
-    payload->bytes = tensor.nbytes();
-    payload->group = group_of(info.checkpoint);
-    payload->host = host_buffer(tensor, info.region);
+    const TensorKey key{tensor.storage().unsafeGetStorageImpl(), tensor.storage_offset(), tensor.sizes().vec(),
+                        tensor.strides().vec(), tensor.scalar_type(),
+                        tensor.unsafeGetTensorImpl()->version_counter().enabled()
+                            ? tensor.unsafeGetTensorImpl()->version_counter().current_version()
+                            : 0};
+    if (auto found = copies.find(key); found != copies.end() && !found->second.first.expired()) {
+      if (std::shared_ptr<HostCopy> shared = found->second.second.lock()) {
+        payload->copy = std::move(shared);
+        payload->copy->payloads += 1;
+        stats.shared_tensors += 1;
+        return payload;
+      }
+    }
+    auto copy = std::make_shared<HostCopy>();
+    copy->engine = weak_from_this();
+    copy->options = tensor.options();
+    copy->sizes = tensor.sizes().vec();
+    copy->strides = tensor.strides().vec();
+    copy->bytes = tensor.nbytes();
+    copy->group = group_of(info.checkpoint);
+    copy->payloads = 1;
+    copy->host = host_buffer(tensor, info.region);
     if (on_cuda()) {
       const std::uint64_t limit = options.max_inflight_bytes.value_or(UINT64_MAX);
-      settle_inflight(limit > payload->bytes ? limit - payload->bytes : 0);  // room for this copy
+      settle_inflight(limit > copy->bytes ? limit - copy->bytes : 0);  // room for this copy
       const c10::DeviceIndex device = tensor.device().index();
       const c10::Stream side = copy_stream(device);
       c10::Event produced(device_type);
@@ -204,28 +245,30 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
       produced.block(side);
       {
         c10::StreamGuard on_side(side);
-        payload->host.copy_(tensor, /*non_blocking=*/true);
+        copy->host.copy_(tensor, /*non_blocking=*/true);
       }
       c10::Event done(device_type);
       done.record(side);
-      inflight.push_back({std::move(done), tensor, payload->bytes});
-      stats.inflight_bytes += payload->bytes;
+      inflight.push_back({std::move(done), tensor, copy->bytes});
+      stats.inflight_bytes += copy->bytes;
     } else {
-      payload->host.copy_(tensor);
+      copy->host.copy_(tensor);
     }
-    stats.offloaded_bytes += payload->bytes;
+    stats.offloaded_bytes += copy->bytes;
     stats.offloaded_tensors += 1;
-    stats.resident_host_bytes += payload->bytes;
+    stats.resident_host_bytes += copy->bytes;
     stats.peak_host_bytes = std::max(stats.peak_host_bytes, stats.resident_host_bytes);
-    groups[payload->group].push_back(payload);
+    groups[copy->group].push_back(copy);
+    copies.insert_or_assign(key, std::pair(tensor.storage().getWeakStorageImpl(), std::weak_ptr<HostCopy>(copy)));
+    payload->copy = std::move(copy);
     return payload;
   }
 
-  // Starts the copy of `payload` back to its device. Callers hold the mutex.
-  at::Tensor bring_back(Payload& payload, bool ahead) {
-    at::Tensor tensor = at::empty_strided(payload.sizes, payload.strides, payload.options);
+  // Starts the copy of `copy` back to its device. Callers hold the mutex.
+  at::Tensor bring_back(HostCopy& copy, bool ahead) {
+    at::Tensor tensor = at::empty_strided(copy.sizes, copy.strides, copy.options);
     if (on_cuda()) {
-      const c10::DeviceIndex device = payload.options.device().index();
+      const c10::DeviceIndex device = copy.options.device().index();
       const c10::Stream side = copy_stream(device);
       // The new tensor's memory may have been freed by work still queued on the compute stream.
       c10::Event free_now(device_type);
@@ -233,29 +276,29 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
       free_now.block(side);
       {
         c10::StreamGuard on_side(side);
-        tensor.copy_(payload.host, /*non_blocking=*/true);
+        tensor.copy_(copy.host, /*non_blocking=*/true);
       }
-      payload.arrived.emplace(device_type);
-      payload.arrived->record(side);
-      if (!ahead) payload.arrived->block(current_stream(device));
+      copy.arrived.emplace(device_type);
+      copy.arrived->record(side);
+      if (!ahead) copy.arrived->block(current_stream(device));
     } else {
-      tensor.copy_(payload.host);
+      tensor.copy_(copy.host);
     }
     return tensor;
   }
 
-  // The tensors of the checkpoint `payload` belongs to and of the `prefetch` before it (backward
+  // The tensors of the checkpoint `copy` belongs to and of the `prefetch` before it (backward
   // reaches them next), brought back now. Callers hold the mutex.
-  void prefetch_around(const Payload& payload) {
-    const std::uint64_t first = payload.group > options.prefetch ? payload.group - options.prefetch : 0;
-    for (auto it = groups.lower_bound(first); it != groups.end() && it->first <= payload.group;) {
+  void prefetch_around(const HostCopy& copy) {
+    const std::uint64_t first = copy.group > options.prefetch ? copy.group - options.prefetch : 0;
+    for (auto it = groups.lower_bound(first); it != groups.end() && it->first <= copy.group;) {
       bool any_alive = false;
-      for (const std::weak_ptr<Payload>& weak : it->second) {
-        const std::shared_ptr<Payload> other = weak.lock();
+      for (const std::weak_ptr<HostCopy>& weak : it->second) {
+        const std::shared_ptr<HostCopy> other = weak.lock();
         if (other == nullptr) continue;
         any_alive = true;
-        if (other.get() == &payload || other->prefetched.defined()) continue;
-        other->prefetched = bring_back(*other, /*ahead=*/true);
+        if (other.get() == &copy || other->back.defined() || other->unpacked == other->payloads) continue;
+        other->back = bring_back(*other, /*ahead=*/true);
       }
       it = any_alive ? std::next(it) : groups.erase(it);
     }
@@ -263,34 +306,53 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
 
   at::Tensor unpack(Payload& payload) {
     if (payload.resident.defined()) return payload.resident;
+    HostCopy& copy = *payload.copy;
     at::NoGradGuard no_grad;
     std::lock_guard lock(mutex);
     if (on_cuda()) settle_inflight(UINT64_MAX);
-    prefetch_around(payload);
-    if (payload.prefetched.defined()) {
+    prefetch_around(copy);
+    at::Tensor tensor;
+    if (copy.back.defined()) {
       stats.prefetch_hits += 1;
-      if (payload.arrived) payload.arrived->block(current_stream(payload.options.device().index()));
-      return std::exchange(payload.prefetched, at::Tensor());
+      if (copy.arrived) copy.arrived->block(current_stream(copy.options.device().index()));
+      tensor = copy.back;
+    } else {
+      stats.prefetch_misses += 1;
+      const auto start = Clock::now();
+      tensor = bring_back(copy, /*ahead=*/false);
+      stats.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      stats.wait_bytes += copy.bytes;
+      copy.back = tensor;
     }
-    stats.prefetch_misses += 1;
-    const auto start = Clock::now();
-    at::Tensor tensor = bring_back(payload, /*ahead=*/false);
-    stats.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
-    stats.wait_bytes += payload.bytes;
+    if (!payload.unpacked) {
+      payload.unpacked = true;
+      copy.unpacked += 1;
+    }
+    // Once every payload has it, the device copy is autograd's alone (a second backward over a
+    // retained graph copies it again).
+    if (copy.unpacked == copy.payloads) copy.back = at::Tensor();
     return tensor;
   }
 
-  void released(const Payload& payload) {
+  void released_payload() {
     std::lock_guard lock(mutex);
     live_payloads -= 1;
-    if (payload.host.defined()) stats.resident_host_bytes -= payload.bytes;
+  }
+
+  void released_copy(const HostCopy& copy) {
+    std::lock_guard lock(mutex);
+    stats.resident_host_bytes -= copy.bytes;
   }
 };
 
 namespace {
 
 Payload::~Payload() {
-  if (const std::shared_ptr<CpuOffload::Engine> owner = engine.lock()) owner->released(*this);
+  if (const std::shared_ptr<CpuOffload::Engine> owner = engine.lock()) owner->released_payload();
+}
+
+HostCopy::~HostCopy() {
+  if (const std::shared_ptr<CpuOffload::Engine> owner = engine.lock()) owner->released_copy(*this);
 }
 
 Payload& payload_of(const std::any& any) {

@@ -44,6 +44,9 @@ struct CpuOffloadStats {
   // This step: since the first pack after every payload of the previous step was dropped.
   std::uint64_t offloaded_bytes = 0;
   std::uint64_t offloaded_tensors = 0;
+  // Saves of a tensor already offloaded this step (the same storage, view and version, as the
+  // input several projections save): held by that one copy.
+  std::uint64_t shared_tensors = 0;
   std::uint64_t kept_resident_bytes = 0;
   std::uint64_t kept_resident_tensors = 0;
   std::map<std::string, std::uint64_t> kept_resident_reasons;  // tensors by reason
@@ -51,7 +54,8 @@ struct CpuOffloadStats {
   std::uint64_t resident_host_bytes = 0;
   std::uint64_t peak_host_bytes = 0;
   std::uint64_t inflight_bytes = 0;
-  // Unpacks whose tensor had come back ahead, and those that copied it then.
+  // Unpacks that found their tensor back already (prefetched, or unpacked for another save of
+  // it), and those that copied it then.
   std::uint64_t prefetch_hits = 0;
   std::uint64_t prefetch_misses = 0;
   // Bytes unpack or pack waited for, and the wall time waited (copies done on the spot included).

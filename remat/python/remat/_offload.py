@@ -70,7 +70,8 @@ class CpuOffload:
         return self._engine.unpack(payload)
 
     def stats(self):
-        """A dict: offloaded_bytes and offloaded_tensors, kept_resident_bytes, kept_resident_tensors
+        """A dict: offloaded_bytes and offloaded_tensors, shared_tensors (saves of a tensor already
+        offloaded, held by its one copy), kept_resident_bytes, kept_resident_tensors
         and kept_resident_reasons (this step: since the first pack after every payload of the
         previous step was dropped); resident_host_bytes and inflight_bytes (now); peak_host_bytes
         (since it was made); prefetch_hits and prefetch_misses, wait_bytes and wait_seconds (this

@@ -85,6 +85,7 @@ py::dict stats_dict(const CpuOffloadStats& stats) {
   py::dict out;
   out["offloaded_bytes"] = stats.offloaded_bytes;
   out["offloaded_tensors"] = stats.offloaded_tensors;
+  out["shared_tensors"] = stats.shared_tensors;
   out["kept_resident_bytes"] = stats.kept_resident_bytes;
   out["kept_resident_tensors"] = stats.kept_resident_tensors;
   out["kept_resident_reasons"] = reasons;

@@ -63,12 +63,33 @@ def test_gradients_are_bitwise_those_without_offload_and_each_checkpoint_misses_
     assert_same(expected, run(block, x, hooks=(off.pack, off.unpack)))
     stats = off.stats()
     assert stats["offloaded_tensors"] > 0 and stats["resident_host_bytes"] == 0
+    # The attention's normalized input is saved by the q, k and v projections: one copy holds it.
+    assert stats["shared_tensors"] >= 2 * LAYERS
     unpacks = stats["prefetch_hits"] + stats["prefetch_misses"]
-    assert unpacks == stats["offloaded_tensors"]
+    assert unpacks == stats["offloaded_tensors"] + stats["shared_tensors"]
     # Backward reaches the last checkpoint first: its first tensor is copied back on the spot;
     # without prefetch every checkpoint's first tensor is, with it only the last checkpoint's.
     assert stats["prefetch_misses"] == (LAYERS if prefetch == 0 else 1)
     assert stats["wait_bytes"] > 0
+
+
+def test_what_is_offloaded_is_what_the_saved_tensors_report_bills_the_regions_without_offload(x):
+    block = Block()
+
+    def forward(hooks):
+        h = x.detach().requires_grad_(True) * 1.0
+        for i in range(LAYERS):
+            h = remat.checkpoint(region_name=f"layers.{i}", saved_tensors_hooks=hooks)(
+                lambda t: block.mlp(remat.region(block.attention, "attention", recompute=False)(t)))(h)
+        return h.square().sum()
+
+    kept = remat.saved_tensors_report(forward(None))
+    off = remat.CpuOffload(min_bytes=0)
+    loss = forward((off.pack, off.unpack))
+    # Each storage once, parameters left out, as the report bills them.
+    assert off.stats()["offloaded_bytes"] == kept.region_bytes > 0
+    assert off.stats()["resident_host_bytes"] == kept.region_bytes
+    loss.backward()
 
 
 def test_the_with_form_is_the_pair_form_and_keeps_parameters_where_they_are(x):
