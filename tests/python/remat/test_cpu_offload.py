@@ -100,6 +100,10 @@ def test_the_with_form_is_the_pair_form_and_keeps_parameters_where_they_are(x):
     with scoped:
         assert_same(expected, run(block, x))
     a, b = pair.stats(), scoped.stats()
+    block_form = remat.CpuOffload(min_bytes=0)
+    with remat.saved_tensors_hooks(block_form.pack, block_form.unpack):
+        assert_same(expected, run(block, x))
+    assert block_form.stats()["offloaded_bytes"] == b["offloaded_bytes"]
     # The with block also holds what PyTorch saves outside the checkpoints: square()'s input.
     assert (b["offloaded_tensors"], b["offloaded_bytes"]) == (a["offloaded_tensors"] + 1,
                                                               a["offloaded_bytes"] + x.numel() * 4)
