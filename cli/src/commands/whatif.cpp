@@ -432,7 +432,7 @@ constexpr const char* kHelp =
 
 void register_whatif(CLI::App& app, GlobalOptions& options) {
   auto* command = app.add_subcommand("whatif", "Replay a trace through the caching pool under other allocator settings");
-  command->description(kHelp);
+  command->footer(kHelp);  // the whole manual under `whatif --help`; one line in the subcommand list
   auto opts = std::make_shared<WhatIfOptions>();
   command->add_option("file", opts->file, "A remat trace (JSON Lines), a snapshot with its trace, or a PyTorch pickle")
       ->required();

@@ -162,5 +162,16 @@ TEST(CliMessages, WhatifSaysWhenTheReplaysOwnAddressSpaceRanOut) {
       << r.out;
 }
 
+TEST(CliMessages, TheSubcommandListGivesEachSubcommandOneLineAndItsHelpTheManual) {
+  const CliResult list = run({"--help"});
+  ASSERT_EQ(list.code, 0);
+  const std::size_t whatif = list.out.find("  whatif ");
+  ASSERT_NE(whatif, std::string::npos) << list.out;
+  const std::size_t next = list.out.find('\n', whatif);
+  EXPECT_EQ(list.out.compare(next + 1, 9, "  advise "), 0) << list.out;  // the next line is the next subcommand
+  const CliResult manual = run({"whatif", "--help"});
+  EXPECT_NE(manual.out.find("Replay rules: alloc -> allocate"), std::string::npos) << manual.out;
+}
+
 }  // namespace
 }  // namespace remat::report::testing
