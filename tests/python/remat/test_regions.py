@@ -258,3 +258,26 @@ def test_outside_a_checkpoint_a_region_just_runs_its_body():
         y = remat.region(lambda t: t * 2.0, "alone", recompute=False)(x)
     assert torch.equal(y, x.detach() * 2.0)
     assert trace.scopes == []
+
+
+def test_a_checkpointed_method_binds_to_its_instance_and_keeps_its_name():
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        @remat.checkpoint(region_name="layer")
+        def block(self, x):
+            """The layer's body."""
+            return torch.tanh(remat.region(self.linear, "linear", recompute=False)(x)).sin()
+
+    layer = Layer()
+    x = torch.randn(4, 8, requires_grad=True)
+    layer.block(x * 1.0).sum().backward()
+    checkpointed = (layer.linear.weight.grad.clone(), x.grad.clone())
+    layer.zero_grad()
+    x.grad = None
+    Layer.block.__wrapped__(layer, x * 1.0).sum().backward()  # the plain method
+    assert torch.equal(checkpointed[0], layer.linear.weight.grad) and torch.equal(checkpointed[1], x.grad)
+    assert Layer.block.__name__ == "block" and Layer.block.__doc__ == "The layer's body."
+    assert layer.block.__self__ is layer
