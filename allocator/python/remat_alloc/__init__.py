@@ -20,10 +20,10 @@ import warnings
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from ._arguments import C_POINTER as _C_POINTER
-from ._arguments import int_arg as _int_arg
-from ._arguments import path_arg as _path_arg
-from ._arguments import text_arg as _text_arg
+from .arguments import C_POINTER as _C_POINTER
+from .arguments import int_arg as _int_arg
+from .arguments import path_arg as _path_arg
+from .arguments import text_arg as _text_arg
 from ._oom_observers import OomEvent, add_oom_observer, is_installed, pluggable_allocator_in_use, remove_oom_observer
 
 __all__ = [

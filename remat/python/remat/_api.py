@@ -17,30 +17,19 @@ import functools
 import threading
 import types
 
-from remat_alloc._arguments import text_arg
 
 import torch
 
-from . import _C
-from ._C import RematError
+from ._extension import _C
 from . import _plans
+from ._arguments import flag_arg, name_arg
 from ._compile import compiled_checkpoint, compiled_region
 from ._saved_tensors_hooks import enclosing_hooks, hooks_pair_arg
 from ._state import checked_state_hooks
 
+RematError = _C.RematError
+
 __all__ = ["checkpoint", "region", "verify_recompute", "recompute_needs_tensor", "is_placeholder", "name_scope"]
-
-
-def name_arg(function, parameter, value):
-    """`value` when it is a str a C++ string keeps whole (no NUL)."""
-    text_arg(function, parameter, value)
-    return value
-
-
-def flag_arg(function, parameter, value):
-    if not isinstance(value, bool):
-        raise TypeError(f"{function}: {parameter} must be True or False, got {type(value).__name__} {value!r:.80}")
-    return value
 
 
 _defaults = threading.local()  # .verify_recompute: [(scope, enabled)] entered on this thread, innermost last

@@ -30,7 +30,9 @@ import torch
 import torch.utils.checkpoint
 from torch._higher_order_ops.wrap import dynamo_bypassing_wrapper
 
-from ._C import RematError
+from ._extension import _C
+
+RematError = _C.RematError
 
 __all__ = ["compiled_checkpoint", "compiled_region"]
 

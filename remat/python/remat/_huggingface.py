@@ -35,7 +35,9 @@ import threading
 
 import torch
 
-from . import _C, _plans
+from . import _plans
+
+from ._extension import _C
 from ._api import checkpoint
 from ._compile import compiled_region
 from ._offload import CpuOffload

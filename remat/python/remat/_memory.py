@@ -12,10 +12,10 @@ import json
 import threading
 
 import remat_alloc
-from remat_alloc._arguments import path_arg
+from remat_alloc.arguments import path_arg
 
-from . import _C
-from ._api import name_arg
+from ._extension import _C
+from ._arguments import name_arg
 
 __all__ = ["tag_cpu_tensors", "site", "live_bytes", "write_dump"]
 

@@ -23,7 +23,7 @@ tensors under min_bytes, and tensors on another device than the one offloaded fr
 
 import threading
 
-from . import _C
+from ._extension import _C
 from ._saved_tensors_hooks import _SavedTensorsHooks
 
 __all__ = ["CpuOffload"]

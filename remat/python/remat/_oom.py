@@ -45,7 +45,7 @@ def _format_bytes(n: int) -> str:
 def _live_resident() -> list:
     """What the checkpoint runtime keeps now: every checkpoint whose forward finished and whose
     frame is alive, and the one whose forward is running on this thread."""
-    from . import _C
+    from ._extension import _C
 
     reports = list(_C.live_checkpoint_reports()) if hasattr(_C, "live_checkpoint_reports") else []
     try:
@@ -109,7 +109,7 @@ def _dump_path(dump_dir: str, device: int, header: dict) -> str:
 
 
 def _dump_dir_arg(dump_dir) -> str:
-    from remat_alloc._arguments import path_arg
+    from remat_alloc.arguments import path_arg
 
     path = os.fsdecode(path_arg("attach_oom_observer", "dump_dir", dump_dir))
     shown = f"{path!r:.200}"

@@ -372,7 +372,7 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
 def _dump_header(device: int) -> dict:
     """The header every dump has, from the allocator's one writer of it, with the producer saying
     where the figures came from (a reader tells this report from the tagging allocator's)."""
-    from . import _C
+    from ._extension import _C
 
     header = json.loads(_C.dump_header("oom", OOM_SCHEMA_VERSION, device))
     header["producer"] += " (PyTorch's native allocator)"
@@ -381,6 +381,6 @@ def _dump_header(device: int) -> dict:
 
 def _write_dump(path: str, text: str) -> None:
     """Through the project's atomic write (temporary file, fsync, rename)."""
-    from . import _C
+    from ._extension import _C
 
     _C.write_dump(os.fsencode(path), text)

@@ -25,7 +25,7 @@ import time
 from collections import namedtuple
 
 import torch
-from remat_alloc._arguments import path_arg
+from remat_alloc.arguments import path_arg
 
 from . import _budget
 from ._extension import _C

@@ -13,8 +13,8 @@ checkpointing's.
 
 import contextlib
 
-from . import _C
-from ._api import name_arg
+from ._extension import _C
+from ._arguments import name_arg
 
 __all__ = ["RecomputeReplay", "RecomputeReplayRecorder"]
 

@@ -12,8 +12,8 @@ import sys
 
 import torch
 
-from . import _C
-from ._api import name_arg
+from ._extension import _C
+from ._arguments import name_arg
 
 __all__ = ["current_memory_report", "format_current_memory_report", "print_current_memory_report",
            "save_for_backward"]

@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from . import _C
+from ._extension import _C
 
 __all__ = ["saved_tensors_report", "format_saved_tensors_report", "print_saved_tensors_report", "saved_report",
            "track_saved_tensors"]

@@ -27,7 +27,7 @@ import threading
 
 import torch
 
-from . import _C
+from ._extension import _C
 
 __all__ = ["SavedTensorKind", "SavedTensorInfo", "saved_tensors_hooks", "current_saved_tensor_info"]
 

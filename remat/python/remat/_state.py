@@ -11,7 +11,7 @@ the two methods; cpu_rng_state_hook() is the runtime's own for the CPU generator
 
 import torch
 
-from . import _C
+from ._extension import _C
 
 __all__ = ["RecomputeStateHook", "cpu_rng_state_hook"]
 

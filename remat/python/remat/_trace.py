@@ -9,7 +9,7 @@ block ran), leaving moves the block's scopes into `trace`.
 
 import threading
 
-from . import _C
+from ._extension import _C
 
 __all__ = ["collect_trace", "trace_scope"]
 

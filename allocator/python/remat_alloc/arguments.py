@@ -1,5 +1,5 @@
-"""Argument checks for the C boundary, shared by remat_alloc and remat: ctypes and C++
-strings convert silently, so an int argument would wrap modulo 2**32 (device 2**32 is
+"""Argument checks for the C boundary, public so that packages over this library (remat)
+check theirs alike: ctypes and C++ strings convert silently, so an int argument would wrap modulo 2**32 (device 2**32 is
 device 0) and a string would end at its first NUL ("a\\0b" is "a")."""
 
 from __future__ import annotations
