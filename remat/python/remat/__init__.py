@@ -14,16 +14,16 @@ first needs it, and recompute stops as soon as every needed tensor exists. The r
 saved-tensor hooks and hands everything else to PyTorch's, so saved_tensors_hooks,
 save_on_cpu, torch.utils.checkpoint and detect_anomaly keep working around it.
 
-The modules, one idea each: _extension (loading remat._C), _arguments (argument checks),
-_api (checkpoint, region, name scopes), _saved_tensors_hooks (how kept tensors are held), _offload (CpuOffload: kept tensors
-held in host memory), _state (state hooks), _trace
-(collect_trace), _reporting (memory report of the running checkpoint), _saved_report (what is
-kept behind a loss), _oom_saved_report (that report in an out-of-memory observer), _annotate
-(allocation sites from PyTorch's snapshot), _replay (NeMo's record/replay channel), _memory
-(tagged memory, sites, dumps), _oom_dump (an `oom` dump from PyTorch's snapshot), _oom (the
-observer that writes it on PyTorch's own allocator, or the tagging allocator's own report),
-_compile (checkpoints under torch.compile), _huggingface (Hugging Face models), _plans (budget
-plans: profile_regions, use_plan).
+The modules, one idea each: _extension (loading remat._C), _arguments (argument checks), _api
+(checkpoint, region, name scopes), _saved_tensors_hooks (how kept tensors are held), _offload
+(CpuOffload: kept tensors held in host memory), _state (state hooks), _trace (collect_trace),
+_reporting (memory report of the running checkpoint), _saved_report (what is kept behind a
+loss), _oom_saved_report (that report in an out-of-memory observer), _annotate (allocation
+sites from PyTorch's snapshot), _replay (NeMo's record/replay channel), _memory (tagged memory,
+sites, dumps), _oom_dump (an `oom` dump from PyTorch's snapshot), _oom (the observer that
+writes it on PyTorch's own allocator, or the tagging allocator's own report), _compile
+(checkpoints under torch.compile), _huggingface (Hugging Face models), _plans (budget plans:
+profile_regions, use_plan).
 """
 
 from __future__ import annotations  # torch_remat's package exports the name too
