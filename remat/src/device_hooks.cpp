@@ -1,3 +1,6 @@
+// remat::device (cuda_allocator.hpp): the tagging allocator's device entry points, as
+// LibTorch's pluggable CUDA allocator calls them.
+
 #include <remat/cuda_allocator.hpp>
 #include <remat/errors.hpp>
 

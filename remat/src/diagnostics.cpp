@@ -1,3 +1,6 @@
+// The runtime's diagnostics (remat/diagnostics.hpp): the trace of checkpoints and regions, and
+// the memory report of the running checkpoint.
+
 #include "frame.hpp"
 #include "report_json.hpp"
 

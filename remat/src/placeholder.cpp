@@ -1,3 +1,6 @@
+// The placeholders forward leaves where it drops a tensor, and the layout a pair's unpacked copy
+// is given back (frame.hpp: TensorMeta, DroppedMeta, make_placeholder, restore_layout).
+
 #include "compat.hpp"
 #include "frame.hpp"
 

@@ -1,3 +1,6 @@
+// The saved-tensors report (remat/saved_report.hpp): what a loss keeps alive, billed to the
+// checkpoints' regions and to autograd nodes, each storage once.
+
 #include "frame.hpp"
 #include "report_json.hpp"
 #include "saved_registry.hpp"

@@ -1,3 +1,5 @@
+// `remat-report diff`: the per-group change of live and peak bytes between two dumps, largest first.
+
 #include "commands/command.hpp"
 #include "core/errors.hpp"
 #include "reader/input_file.hpp"

@@ -1,3 +1,6 @@
+// `remat-report export` and `import`: a dump to PyTorch's memory-snapshot pickle, and a pickle into
+// a remat snapshot dump (interop/torch_snapshot.hpp does the conversion).
+
 #include "commands/command.hpp"
 #include "core/errors.hpp"
 #include "interop/torch_snapshot.hpp"

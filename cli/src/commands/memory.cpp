@@ -1,3 +1,5 @@
+// `remat-report memory`: live and peak bytes of a dump grouped by a tag field or the stream.
+
 #include "commands/command.hpp"
 #include "renderers/memory_summary.hpp"
 

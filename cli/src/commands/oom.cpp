@@ -1,3 +1,5 @@
+// `remat-report oom`: an OOM dump's analysis, the request, the holders, fragmentation and the advice.
+
 #include "commands/command.hpp"
 #include "renderers/oom_renderer.hpp"
 

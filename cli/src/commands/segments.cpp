@@ -1,3 +1,5 @@
+// `remat-report segments`: the segment map, one line a segment, with fragmentation.
+
 #include "commands/command.hpp"
 #include "core/format.hpp"
 #include "renderers/renderer.hpp"

@@ -1,3 +1,5 @@
+// `remat-report summary`: what a dump holds, through its kind's renderer (or the generic shape).
+
 #include "commands/command.hpp"
 #include "renderers/renderer.hpp"
 

@@ -1,3 +1,5 @@
+// `remat-report timeline`: memory over time stacked by group, written as an SVG or HTML file.
+
 #include "commands/command.hpp"
 #include "core/errors.hpp"
 #include "core/format.hpp"

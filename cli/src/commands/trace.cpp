@@ -1,3 +1,5 @@
+// `remat-report trace`: a dump's events in time order, filtered by action, region, time and count.
+
 #include "analysis/grouping.hpp"
 #include "commands/command.hpp"
 #include "core/errors.hpp"

@@ -1,3 +1,6 @@
+// `remat-report validate`: a dump against its schema (built in, or --schema-dir) and its own
+// cross-references.
+
 #include "commands/command.hpp"
 #include "core/errors.hpp"
 #include "core/terminal_text.hpp"

@@ -1,3 +1,6 @@
+// A remat dump as PyTorch's memory-snapshot pickle (torch_snapshot.hpp): segments, blocks and the
+// device trace, with the tags as frames.
+
 #include "interop/pickle_writer.hpp"
 #include "interop/torch_snapshot.hpp"
 

@@ -1,3 +1,6 @@
+// A PyTorch memory-snapshot pickle as a remat snapshot dump (torch_snapshot.hpp): its segments,
+// blocks and device trace, tags read back from the frames an export wrote.
+
 #include "core/errors.hpp"
 #include "interop/pickle_reader.hpp"
 #include "interop/torch_snapshot.hpp"

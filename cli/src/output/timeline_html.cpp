@@ -1,3 +1,6 @@
+// The timeline as an HTML page (timeline_chart.hpp): the data as JSON, drawn by inline script
+// with zoom and hover details.
+
 #include "output/chart_style.hpp"
 #include "output/display_names.hpp"
 #include "output/json_text.hpp"

@@ -1,3 +1,5 @@
+// The timeline as a standalone SVG (timeline_chart.hpp): stacked areas, axes, legend, peak marker.
+
 #include "core/format.hpp"
 #include "output/chart_style.hpp"
 #include "output/display_names.hpp"
