@@ -17,30 +17,21 @@ says which path was taken.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import re
 import sys
 import threading
 from typing import Callable, Optional
 
 import remat_alloc
 
+from ._extension import _C
 from ._oom_dump import _dump_header, _is_int, _resident_storages, _write_dump, oom_dump_from_snapshot
 
 __all__ = ["attach_oom_observer", "oom_dump_from_snapshot", "OomObserver"]
 
 
 # --- the observer ---------------------------------------------------------------------------------
-
-def _format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if n < 1024 or unit == "EiB":
-            return f"{n} B" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n} B"  # not reached
-
 
 def _live_resident() -> list:
     """What the checkpoint runtime keeps now: every checkpoint whose forward finished and whose
@@ -92,20 +83,6 @@ def _stderr_line(text: str) -> None:
         print(" ".join(text.split()), file=sys.stderr, flush=True)
     except Exception:  # noqa: BLE001  (no stderr to tell)
         pass
-
-
-_sequence_lock = threading.Lock()
-_sequence = itertools.count(1)  # process-wide, so observers sharing a directory never collide
-
-
-def _dump_path(dump_dir: str, device: int, header: dict) -> str:
-    host = re.sub(r"[^A-Za-z0-9._-]", "_", header["host"])[:64] or "host"
-    stem = f"oom-{host}-r{header['rank']}-p{header['pid']}-d{device}"
-    with _sequence_lock:
-        while True:
-            path = os.path.join(dump_dir, f"{stem}-{next(_sequence)}.json")
-            if not os.path.lexists(path):  # a restarted job's process may reuse a pid
-                return path
 
 
 def _dump_dir_arg(dump_dir) -> str:
@@ -199,17 +176,17 @@ class OomObserver:
                                       device_free=device_free, device_total=_device_total(device, limit),
                                       num_ooms=_num_ooms(device), config=_allocator_config(),
                                       resident=resident, header=header)
-        path = _dump_path(self.dump_dir, device, header)
+        path = _C.oom_dump_path(self.dump_dir, device)
         _write_dump(path, json.dumps(dump, separators=(",", ":"), allow_nan=False) + "\n")
         with self._lock:
             self.dumps.append(path)
         memory = dump["memory"]
-        top = ", ".join(f"{h['name']} {_format_bytes(h['bytes'])}" for h in dump["holders"]["by_region"][:3])
+        top = ", ".join(f"{h['name']} {_C.format_bytes(h['bytes'])}" for h in dump["holders"]["by_region"][:3])
         _stderr_line(f"remat: out of memory on device {device} (PyTorch's native allocator): tried to allocate "
-                     f"{_format_bytes(dump['request']['rounded_bytes'])} (a {_format_bytes(alloc)} segment): "
-                     f"{_format_bytes(memory['device_free_bytes'])} free of "
-                     f"{_format_bytes(memory['device_total_bytes'])}, {_format_bytes(memory['allocated_bytes'])} "
-                     f"allocated, {_format_bytes(memory['reserved_bytes'])} reserved; top holders: {top or 'none'}; "
+                     f"{_C.format_bytes(dump['request']['rounded_bytes'])} (a {_C.format_bytes(alloc)} segment): "
+                     f"{_C.format_bytes(memory['device_free_bytes'])} free of "
+                     f"{_C.format_bytes(memory['device_total_bytes'])}, {_C.format_bytes(memory['allocated_bytes'])} "
+                     f"allocated, {_C.format_bytes(memory['reserved_bytes'])} reserved; top holders: {top or 'none'}; "
                      f"report: {path}{note}")
 
     def detach(self) -> None:
@@ -247,8 +224,9 @@ def _attach_to_tagging_allocator(observer: OomObserver) -> None:
 
 def attach_oom_observer(dump_dir, *, device=None, allocator: str = "auto") -> OomObserver:
     """Writes an `oom` report (schemas/oom.schema.json; `remat-report oom FILE` renders it) into
-    dump_dir whenever a CUDA allocation fails, one file per OOM
-    (oom-<host>-r<rank>-p<pid>-d<device>-<n>.json), before PyTorch raises torch.OutOfMemoryError.
+    dump_dir whenever a CUDA allocation fails, one file per OOM, named as the allocator names its
+    own (oom-<host>-r<rank>-p<pid>-d<device>-<UTC time>.json), before PyTorch raises
+    torch.OutOfMemoryError.
 
     allocator: "auto" uses remat's tagging allocator when remat_alloc.install() made it PyTorch's
     CUDA allocator, else PyTorch's native caching allocator. "native": PyTorch's observer; the

@@ -9,7 +9,9 @@
 #include <remat/remat.hpp>
 #include <remat/saved_report.hpp>
 
+#include <remat/alloc/bytes.hpp>
 #include <remat/alloc/dump.hpp>
+#include <remat/alloc/oom.hpp>
 
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -283,4 +285,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("kind"), py::arg("schema_version"), py::arg("device"),
       "The header every dump has (kind, schema_version, producer, created_at, host, pid, rank, device), as JSON.");
   m.def("write_dump", &write_dump, py::arg("path"), py::arg("json"), "Writes a dump atomically.");
+  m.def("format_bytes", &alloc::format_bytes, py::arg("bytes"), "Bytes as the allocator's messages write them.");
+  m.def("oom_dump_path", &alloc::oom_dump_path, py::arg("directory"), py::arg("device"),
+        "A new OOM dump's path in `directory`, named as the allocator names its own.");
 }

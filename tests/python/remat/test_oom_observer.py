@@ -495,8 +495,8 @@ def test_numbers_no_allocator_holds_are_refused_before_a_dump_remat_report_canno
 
 
 def test_the_observer_line_names_sizes_past_tebibytes_in_larger_units():
-    assert _oom._format_bytes(2 ** 50) == "1.00 PiB"
-    assert _oom._format_bytes(2 ** 63) == "8.00 EiB"
+    assert remat._C.format_bytes(2 ** 50) == "1.00 PiB"
+    assert remat._C.format_bytes(2 ** 63) == "8.00 EiB"
 
 
 # --- attaching ----------------------------------------------------------------------------------
