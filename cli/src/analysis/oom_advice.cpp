@@ -60,7 +60,7 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
   // What the allocator must place: the request after rounding.
   const std::uint64_t need = std::max(n.rounded_bytes, n.requested_bytes);
 
-  if (n.cause == OomCause::request_exceeds_device || (n.device_total_bytes > 0 && need > n.device_total_bytes)) {
+  if (n.cause == alloc::OomCause::request_exceeds_device || (n.device_total_bytes > 0 && need > n.device_total_bytes)) {
     const std::uint64_t placed = std::max(need, n.segment_bytes);
     out.push_back({SuggestionKind::request_exceeds_device,
                    fmt::format("the request alone ({}) is larger than the whole device ({}): no cache setting or "
@@ -73,8 +73,8 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
 
   // Under a memory_fraction cap the cap is the capacity; older reports without a cause count
   // as capped when the segment would have passed the cap.
-  const bool capped = n.cause == OomCause::memory_fraction_cap ||
-                      (n.cause == OomCause::unknown && n.reserved_limit_bytes > 0 &&
+  const bool capped = n.cause == alloc::OomCause::memory_fraction_cap ||
+                      (!n.cause && n.reserved_limit_bytes > 0 &&
                        saturating_add(n.reserved_bytes, n.segment_bytes) > n.reserved_limit_bytes);
   if (capped && n.device_total_bytes > 0) {
     // What must fit under the cap: what stays reserved plus the new segment.

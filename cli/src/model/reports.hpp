@@ -5,7 +5,10 @@
 
 #include "model/dump.hpp"
 
+#include <remat/alloc/oom.hpp>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -89,25 +92,10 @@ struct OomEvent {
 };
 
 // The numbers an OOM report gives about the failed request and the allocator's state.
-// The limit a failed request ran into, as the allocator recorded it.
-enum class OomCause : std::uint8_t {
-  unknown,                 // a report written before the cause was recorded
-  request_exceeds_device,  // the request's segment alone is larger than the device
-  memory_fraction_cap,     // reserved bytes would have passed the memory_fraction cap
-  device_full,             // the device had no room
-};
-inline std::string_view to_string(OomCause cause) {
-  switch (cause) {
-    case OomCause::request_exceeds_device: return "request_exceeds_device";
-    case OomCause::memory_fraction_cap: return "memory_fraction_cap";
-    case OomCause::device_full: return "device_full";
-    case OomCause::unknown: break;
-  }
-  return "unknown";
-}
-
 struct OomNumbers {
-  OomCause cause = OomCause::unknown;
+  // The limit the request ran into, as the allocator records it; empty in a report written
+  // before the cause was recorded.
+  std::optional<alloc::OomCause> cause;
   double memory_fraction = 1.0;
   std::uint64_t reserved_limit_bytes = 0;  // the memory_fraction cap in bytes; 0 when none
   std::uint64_t requested_bytes = 0;

@@ -185,11 +185,12 @@ OomDump read_oom(json::object root) {
   if (const auto cause = json::optional_member(root, "cause")) {
     const JsonPath cause_path = path.key("cause");
     const std::string_view text = json::as_string(*cause, cause_path);
+    using alloc::OomCause;
     for (const OomCause known :
          {OomCause::request_exceeds_device, OomCause::memory_fraction_cap, OomCause::device_full}) {
-      if (text == to_string(known)) n.cause = known;
+      if (text == alloc::to_string(known)) n.cause = known;
     }
-    if (n.cause == OomCause::unknown) {
+    if (!n.cause) {
       throw InputError(cause_path.str(), fmt::format("unknown cause '{}'; expected request_exceeds_device, "
                                                      "memory_fraction_cap or device_full",
                                                      printable(text)));

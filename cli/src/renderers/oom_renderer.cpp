@@ -56,7 +56,7 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   add_field(request, "backend", Cell::text(dump.backend));
   add_field(request, "device", Cell::count(dump.header.device));
   add_field(request, "ooms_so_far", Cell::count(dump.num_ooms));
-  if (n.cause != OomCause::unknown) add_field(request, "cause", Cell::text(std::string(to_string(n.cause))));
+  if (n.cause) add_field(request, "cause", Cell::text(std::string(alloc::to_string(*n.cause))));
   report.tables.push_back(std::move(request));
 
   Table memory = key_value_table("memory", "Memory when it failed");

@@ -141,7 +141,7 @@ TEST(OomAdvice, ARequestLargerThanTheDeviceGetsOnlyThatSuggestion) {
 // allocated, a 64 MiB segment needed, and 15 GiB free on the device.
 OomNumbers capped_numbers() {
   OomNumbers n = quiet_numbers();
-  n.cause = OomCause::memory_fraction_cap;
+  n.cause = alloc::OomCause::memory_fraction_cap;
   n.memory_fraction = 0.0625;
   n.reserved_limit_bytes = kGiB;
   n.reserved_bytes = 1000 * kMiB;
@@ -182,7 +182,7 @@ TEST(OomAdvice, ACapThatEvenTheWholeDeviceCannotLiftSaysSo) {
 
 TEST(OomAdvice, AFullDeviceNeverMentionsMemoryFraction) {
   OomNumbers n = quiet_numbers();
-  n.cause = OomCause::device_full;
+  n.cause = alloc::OomCause::device_full;
   n.allocated_bytes = 15 * kGiB;
   for (const Suggestion& s : suggest(n, {{"layers.0", kGiB, 1, kGiB}}, "")) {
     EXPECT_NE(s.kind, SuggestionKind::raise_memory_fraction);
@@ -192,7 +192,7 @@ TEST(OomAdvice, AFullDeviceNeverMentionsMemoryFraction) {
 
 TEST(OomAdvice, TheRecordedCauseDecidesForARequestWhoseSegmentExceedsTheDevice) {
   OomNumbers n = quiet_numbers();
-  n.cause = OomCause::request_exceeds_device;
+  n.cause = alloc::OomCause::request_exceeds_device;
   n.requested_bytes = n.rounded_bytes = 16 * kGiB - 100 * 512;  // its 2 MiB-rounded segment does not fit
   n.segment_bytes = 16 * kGiB + 2 * kMiB;
   const std::vector<Suggestion> all = suggest(n, {}, "");
@@ -210,7 +210,7 @@ TEST(OomAdvice, ACapWithASegmentNearTwoTo64NeverAdvisesASmallFraction) {
   EXPECT_NE(s->message.find("even memory_fraction:1 would not hold the 16.00 EiB needed"), std::string::npos)
       << s->message;
 
-  n.cause = OomCause::unknown;  // an older report: capped because reserved + segment passes the cap
+  n.cause.reset();  // an older report: capped because reserved + segment passes the cap
   EXPECT_NE(find(suggest(n, {}, ""), SuggestionKind::raise_memory_fraction), nullptr);
 }
 
@@ -233,7 +233,7 @@ TEST(OomAdvice, ARequestNearTwoTo64GetsNoMaxSplitSizeTheAllocatorWouldRefuse) {
 
 TEST(OomAdvice, FragmentationUnderAFullDeviceStillSuggestsMaxSplitSize) {
   OomNumbers n = quiet_numbers();
-  n.cause = OomCause::device_full;
+  n.cause = alloc::OomCause::device_full;
   n.largest_free_block = 30 * kMiB;
   n.cached_free_bytes = 80 * kMiB;
   n.fragmented_free_bytes = 70 * kMiB;
