@@ -3,8 +3,8 @@
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/host_backend.hpp>
 
-#include "detail/fork_safety.hpp"
-#include "detail/format.hpp"
+#include "fork_safety.hpp"
+#include "message_text.hpp"
 
 #include <pthread.h>
 
@@ -60,7 +60,7 @@ std::vector<CachingAllocator*> registered_allocators(Registry& r) {
   return out;
 }
 
-// Fork handlers (detail/fork_safety.hpp), in the order every other path takes these locks:
+// Fork handlers (fork_safety.hpp), in the order every other path takes these locks:
 // the registry, then allocators, then the tag tables; observers last.
 void hold_everything_for_fork() {
   Registry& r = registry();

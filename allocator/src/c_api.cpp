@@ -8,7 +8,7 @@
 #include <remat/alloc/snapshot.hpp>
 #include <remat/alloc/version.hpp>
 
-#include "detail/format.hpp"
+#include "message_text.hpp"
 
 #include <cstdio>
 #include <string>

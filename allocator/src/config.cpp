@@ -1,7 +1,7 @@
 #include <remat/alloc/config.hpp>
 #include <remat/alloc/errors.hpp>
 
-#include "detail/format.hpp"
+#include "message_text.hpp"
 
 #include <algorithm>
 #include <array>

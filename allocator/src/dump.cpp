@@ -2,7 +2,7 @@
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/version.hpp>
 
-#include "detail/format.hpp"
+#include "message_text.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

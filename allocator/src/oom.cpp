@@ -2,7 +2,7 @@
 #include <remat/alloc/dump.hpp>
 #include <remat/alloc/oom.hpp>
 
-#include "detail/format.hpp"
+#include "message_text.hpp"
 #include "detail/oom_reporting.hpp"
 
 #include <sys/time.h>

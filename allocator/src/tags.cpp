@@ -1,8 +1,8 @@
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/tags.hpp>
 
-#include "detail/fork_safety.hpp"
-#include "detail/format.hpp"
+#include "fork_safety.hpp"
+#include "message_text.hpp"
 
 #include <cstdio>
 #include <mutex>

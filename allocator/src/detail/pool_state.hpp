@@ -11,7 +11,7 @@
 
 #include "adaptive_mutex.hpp"
 #include "block.hpp"
-#include "format.hpp"
+#include "../message_text.hpp"
 #include "free_pools.hpp"
 #include "oom_reporting.hpp"
 #include "pointer_map.hpp"
