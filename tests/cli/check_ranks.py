@@ -147,14 +147,16 @@ def check_faults(binary, out: pathlib.Path, work: pathlib.Path) -> None:
     (oom,) = [p for p in out.glob("oom-*.json") if json.loads(p.read_text())["rank"] == 2]
     shutil.copy(oom, faults / "oom-a.json")
     shutil.copy(oom, faults / "oom-b.json")
+    os.mkfifo(faults / "pipe.json")  # named, never opened: no writer would ever come
     named = [faults / "cut.json", faults / "newer.json", faults / "again.json", out / "trace-rank0.jsonl",
-             faults / "absent.json", faults / "oom-a.json", faults / "oom-b.json"]
+             faults / "absent.json", faults / "oom-a.json", faults / "oom-b.json", faults / "pipe.json"]
     done = report(binary, "ranks", good, *named, "--json")
     document = json.loads(done.stdout)
     reasons = {pathlib.Path(u["path"]).name: u["reason"] for u in document["unreadable"]}
     print(json.dumps(reasons, indent=1))
-    expect(sorted(reasons) == ["absent.json", "again.json", "cut.json", "newer.json", "oom-b.json",
+    expect(sorted(reasons) == ["absent.json", "again.json", "cut.json", "newer.json", "oom-b.json", "pipe.json",
                                "trace-rank0.jsonl"], f"each bad input is named: {sorted(reasons)}")
+    expect("not a regular file" in reasons.get("pipe.json", ""), "a pipe is refused, not read")
     expect("schema_version 2" in reasons.get("newer.json", ""), "another schema version")
     expect("rank 0 is already read from" in reasons.get("again.json", ""), "two files claim rank 0")
     expect("trace dump, not a rank's snapshot" in reasons.get("trace-rank0.jsonl", ""), "another kind")

@@ -122,6 +122,12 @@ class RankReader {
 
   // Empty for a file in a folder that is no rank's dump.
   std::optional<RankFigures> figures_of(const RankInput& input) {
+    std::error_code status_error;
+    const auto status = std::filesystem::status(input.path, status_error);
+    if (!status_error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+      // Its first bytes are looked at before it is read: a pipe would lose them, or wait for a writer.
+      throw InputError("not a regular file (a pipe, socket or device): `ranks` reads dump files and folders of them");
+    }
     const Looks looks = first_bytes(input.path);
     if (looks == Looks::pickle) return from_pickle(input.path);
     if (looks == Looks::other && input.in_folder) {
