@@ -22,7 +22,7 @@ void read_kind(DumpFile& dump, simdjson::dom::element root) {
   const json::object object = json::as_object(root, path);
   const json::element kind = json::member(object, "kind", path);
   dump.kind = std::string(json::as_string(kind, path.key("kind")));
-  dump.schema_version = json::as_i64(json::member(object, "schema_version", path), path.key("schema_version"));
+  dump.schema_version = json::i64_field(object, "schema_version", path);
 }
 
 // Runs `step`, prefixing the input's name to the InputError it throws.

@@ -14,14 +14,14 @@ using json::member;
 
 DumpHeader read_dump_header(json::object root, const JsonPath& path) {
   DumpHeader header;
-  header.kind = json::as_string(member(root, "kind", path), path.key("kind"));
-  header.schema_version = json::as_i64(member(root, "schema_version", path), path.key("schema_version"));
-  header.producer = json::as_string(member(root, "producer", path), path.key("producer"));
-  header.created_at = json::as_string(member(root, "created_at", path), path.key("created_at"));
-  header.host = json::as_string(member(root, "host", path), path.key("host"));
-  header.pid = json::as_u64(member(root, "pid", path), path.key("pid"));
-  header.rank = json::as_u64(member(root, "rank", path), path.key("rank"));
-  header.device = json::as_u64(member(root, "device", path), path.key("device"));
+  header.kind = json::string_field(root, "kind", path);
+  header.schema_version = json::i64_field(root, "schema_version", path);
+  header.producer = json::string_field(root, "producer", path);
+  header.created_at = json::string_field(root, "created_at", path);
+  header.host = json::string_field(root, "host", path);
+  header.pid = json::u64_field(root, "pid", path);
+  header.rank = json::u64_field(root, "rank", path);
+  header.device = json::u64_field(root, "device", path);
   return header;
 }
 
@@ -33,28 +33,28 @@ Tag read_tag(json::element value, const JsonPath& path, std::size_t name_count) 
   tag.region = json::as_index(member(object, "region", path), path.key("region"), name_count, "names");
   tag.site = json::as_index(member(object, "site", path), path.key("site"), name_count, "names");
   const JsonPath policy_path = path.key("policy");
-  const std::string_view policy = json::as_string(member(object, "policy", path), policy_path);
+  const std::string_view policy = json::string_field(object, "policy", path);
   if (auto p = policy_from(policy))
     tag.policy = *p;
   else
     throw InputError(policy_path.str(),
                      fmt::format("unknown policy '{}'; expected none, save or recompute", printable(policy)));
   const JsonPath phase_path = path.key("phase");
-  const std::string_view phase = json::as_string(member(object, "phase", path), phase_path);
+  const std::string_view phase = json::string_field(object, "phase", path);
   if (auto p = phase_from(phase))
     tag.phase = *p;
   else
-    throw InputError(phase_path.str(), fmt::format("unknown phase '{}'; expected other, forward, recompute or backward",
+    throw InputError(phase_path.str(), fmt::format("unknown phase '{}'; expected other, forward, recompute, backward or offloaded",
                                                    printable(phase)));
   const JsonPath recv_path = path.key("recv");
   const json::element recv = member(object, "recv", path);
   if (!json::is_null(recv)) {
     const json::object r = json::as_object(recv, recv_path);
     RecvSlot slot;
-    slot.stage = json::as_u64(member(r, "stage", recv_path), recv_path.key("stage"));
-    slot.slot = json::as_u64(member(r, "slot", recv_path), recv_path.key("slot"));
+    slot.stage = json::u64_field(r, "stage", recv_path);
+    slot.slot = json::u64_field(r, "slot", recv_path);
     const JsonPath direction_path = recv_path.key("direction");
-    const std::string_view direction = json::as_string(member(r, "direction", recv_path), direction_path);
+    const std::string_view direction = json::string_field(r, "direction", recv_path);
     if (direction != "F" && direction != "B") {
       throw InputError(direction_path.str(),
                        fmt::format("unknown direction '{}'; expected F or B", printable(direction)));
@@ -94,9 +94,9 @@ TagTable read_tag_table(json::object root, const JsonPath& path) {
 Stat read_stat(json::element value, const JsonPath& path) {
   const json::object object = json::as_object(value, path);
   Stat stat;
-  stat.current = json::as_u64(member(object, "current", path), path.key("current"));
-  stat.peak = json::as_u64(member(object, "peak", path), path.key("peak"));
-  stat.total = json::as_u64(member(object, "total", path), path.key("total"));
+  stat.current = json::u64_field(object, "current", path);
+  stat.peak = json::u64_field(object, "peak", path);
+  stat.total = json::u64_field(object, "total", path);
   if (stat.peak < stat.current) {
     throw InputError(path.key("peak").str(),
                      fmt::format("peak {} is below current {}: a peak is the highest value current has reached, so "
@@ -110,7 +110,7 @@ Event read_event(json::element value, const JsonPath& path, std::size_t tag_coun
   const json::object object = json::as_object(value, path);
   Event event;
   const JsonPath action_path = path.key("action");
-  const std::string_view action = json::as_string(member(object, "action", path), action_path);
+  const std::string_view action = json::string_field(object, "action", path);
   if (auto a = action_from(action))
     event.action = *a;
   else {
@@ -119,10 +119,10 @@ Event read_event(json::element value, const JsonPath& path, std::size_t tag_coun
                                  "segment_alloc, segment_free or oom",
                                  printable(action)));
   }
-  event.time_us = json::as_i64(member(object, "time_us", path), path.key("time_us"));
-  event.address = json::as_u64(member(object, "address", path), path.key("address"));
-  event.size = json::as_u64(member(object, "size", path), path.key("size"));
-  event.stream = json::as_u64(member(object, "stream", path), path.key("stream"));
+  event.time_us = json::i64_field(object, "time_us", path);
+  event.address = json::u64_field(object, "address", path);
+  event.size = json::u64_field(object, "size", path);
+  event.stream = json::u64_field(object, "stream", path);
   event.tag = json::as_index(member(object, "tag", path), path.key("tag"), tag_count, "tags");
   if (const auto requested = json::optional_member(object, "requested")) {
     event.requested = json::as_u64(*requested, path.key("requested"));
@@ -135,11 +135,11 @@ namespace {
 Block read_block(json::element value, const JsonPath& path, std::size_t tag_count) {
   const json::object object = json::as_object(value, path);
   Block block;
-  block.address = json::as_u64(member(object, "address", path), path.key("address"));
-  block.size = json::as_u64(member(object, "size", path), path.key("size"));
-  block.requested_size = json::as_u64(member(object, "requested_size", path), path.key("requested_size"));
+  block.address = json::u64_field(object, "address", path);
+  block.size = json::u64_field(object, "size", path);
+  block.requested_size = json::u64_field(object, "requested_size", path);
   const JsonPath state_path = path.key("state");
-  const std::string_view state = json::as_string(member(object, "state", path), state_path);
+  const std::string_view state = json::string_field(object, "state", path);
   if (auto s = block_state_from(state))
     block.state = *s;
   else {
@@ -158,11 +158,11 @@ Block read_block(json::element value, const JsonPath& path, std::size_t tag_coun
 Segment read_segment(json::element value, const JsonPath& path, std::size_t tag_count) {
   const json::object object = json::as_object(value, path);
   Segment segment;
-  segment.address = json::as_u64(member(object, "address", path), path.key("address"));
-  segment.total_size = json::as_u64(member(object, "total_size", path), path.key("total_size"));
-  segment.stream = json::as_u64(member(object, "stream", path), path.key("stream"));
+  segment.address = json::u64_field(object, "address", path);
+  segment.total_size = json::u64_field(object, "total_size", path);
+  segment.stream = json::u64_field(object, "stream", path);
   const JsonPath type_path = path.key("segment_type");
-  const std::string_view type = json::as_string(member(object, "segment_type", path), type_path);
+  const std::string_view type = json::string_field(object, "segment_type", path);
   if (type != "small" && type != "large") {
     throw InputError(type_path.str(),
                      fmt::format("unknown segment_type '{}'; expected small or large", printable(type)));
@@ -171,9 +171,9 @@ Segment read_segment(json::element value, const JsonPath& path, std::size_t tag_
   if (const auto expandable = json::optional_member(object, "is_expandable")) {
     segment.expandable = json::as_bool(*expandable, path.key("is_expandable"));
   }
-  segment.allocated_size = json::as_u64(member(object, "allocated_size", path), path.key("allocated_size"));
-  segment.active_size = json::as_u64(member(object, "active_size", path), path.key("active_size"));
-  segment.requested_size = json::as_u64(member(object, "requested_size", path), path.key("requested_size"));
+  segment.allocated_size = json::u64_field(object, "allocated_size", path);
+  segment.active_size = json::u64_field(object, "active_size", path);
+  segment.requested_size = json::u64_field(object, "requested_size", path);
   std::uint64_t segment_end = 0;
   if (__builtin_add_overflow(segment.address, segment.total_size, &segment_end)) {
     throw InputError(path.key("total_size").str(), fmt::format("{} bytes at 0x{:x} end past the 64-bit address space",
@@ -218,15 +218,15 @@ void check_segments_disjoint(const std::vector<Segment>& segments, const JsonPat
 AllocatorConfig read_config(json::element value, const JsonPath& path) {
   const json::object object = json::as_object(value, path);
   AllocatorConfig config;
-  config.backend = json::as_string(member(object, "backend", path), path.key("backend"));
-  config.host_capacity_mb = json::as_u64(member(object, "host_capacity_mb", path), path.key("host_capacity_mb"));
+  config.backend = json::string_field(object, "backend", path);
+  config.host_capacity_mb = json::u64_field(object, "host_capacity_mb", path);
   const json::element split = member(object, "max_split_size_mb", path);
   if (!json::is_null(split)) config.max_split_size_mb = json::as_u64(split, path.key("max_split_size_mb"));
   config.memory_fraction = json::as_number(member(object, "memory_fraction", path), path.key("memory_fraction"));
-  config.trace_entries = json::as_u64(member(object, "trace_entries", path), path.key("trace_entries"));
-  config.oom_dump_dir = json::as_string(member(object, "oom_dump_dir", path), path.key("oom_dump_dir"));
+  config.trace_entries = json::u64_field(object, "trace_entries", path);
+  config.oom_dump_dir = json::string_field(object, "oom_dump_dir", path);
   config.tagging = json::as_bool(member(object, "tagging", path), path.key("tagging"));
-  config.text = json::as_string(member(object, "text", path), path.key("text"));
+  config.text = json::string_field(object, "text", path);
   return config;
 }
 
@@ -239,9 +239,9 @@ AllocatorStats read_stats(json::element value, const JsonPath& path) {
   s.reserved_bytes = read_stat(member(o, "reserved_bytes", path), path.key("reserved_bytes"));
   s.allocations = read_stat(member(o, "allocations", path), path.key("allocations"));
   s.segments = read_stat(member(o, "segments", path), path.key("segments"));
-  s.num_ooms = json::as_u64(member(o, "num_ooms", path), path.key("num_ooms"));
-  s.num_alloc_retries = json::as_u64(member(o, "num_alloc_retries", path), path.key("num_alloc_retries"));
-  s.num_invalid_frees = json::as_u64(member(o, "num_invalid_frees", path), path.key("num_invalid_frees"));
+  s.num_ooms = json::u64_field(o, "num_ooms", path);
+  s.num_alloc_retries = json::u64_field(o, "num_alloc_retries", path);
+  s.num_invalid_frees = json::u64_field(o, "num_invalid_frees", path);
   return s;
 }
 
@@ -254,9 +254,9 @@ Snapshot read_snapshot(json::object root) {
   snapshot.config = read_config(member(root, "config", path), path.key("config"));
   const JsonPath memory_path = path.key("device_memory");
   const json::object memory = json::as_object(member(root, "device_memory", path), memory_path);
-  snapshot.device_free_bytes = json::as_u64(member(memory, "free_bytes", memory_path), memory_path.key("free_bytes"));
+  snapshot.device_free_bytes = json::u64_field(memory, "free_bytes", memory_path);
   snapshot.device_total_bytes =
-      json::as_u64(member(memory, "total_bytes", memory_path), memory_path.key("total_bytes"));
+      json::u64_field(memory, "total_bytes", memory_path);
   snapshot.stats = read_stats(member(root, "stats", path), path.key("stats"));
   snapshot.tags = read_tag_table(root, path);
   const std::size_t tag_count = snapshot.tags.tags.size();
@@ -297,8 +297,8 @@ Snapshot read_snapshot(json::object root) {
 
   const JsonPath trace_path = path.key("trace");
   const json::object trace = json::as_object(member(root, "trace", path), trace_path);
-  snapshot.trace_capacity = json::as_u64(member(trace, "capacity", trace_path), trace_path.key("capacity"));
-  snapshot.trace_dropped = json::as_u64(member(trace, "dropped", trace_path), trace_path.key("dropped"));
+  snapshot.trace_capacity = json::u64_field(trace, "capacity", trace_path);
+  snapshot.trace_dropped = json::u64_field(trace, "dropped", trace_path);
   const JsonPath events_path = trace_path.key("events");
   i = 0;
   EventChecker checker;

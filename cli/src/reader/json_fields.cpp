@@ -106,4 +106,16 @@ std::uint32_t as_index(element value, const JsonPath& path, std::size_t limit, s
   return static_cast<std::uint32_t>(index);
 }
 
+std::uint64_t u64_field(object parent, std::string_view key, const JsonPath& path) {
+  return as_u64(member(parent, key, path), path.key(key));
+}
+
+std::int64_t i64_field(object parent, std::string_view key, const JsonPath& path) {
+  return as_i64(member(parent, key, path), path.key(key));
+}
+
+std::string_view string_field(object parent, std::string_view key, const JsonPath& path) {
+  return as_string(member(parent, key, path), path.key(key));
+}
+
 }  // namespace remat::report::json

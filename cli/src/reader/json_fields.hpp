@@ -32,6 +32,11 @@ std::optional<element> optional_member(object parent, std::string_view key);
 // An index into a table of `limit` entries (names, tags).
 std::uint32_t as_index(element value, const JsonPath& path, std::size_t limit, std::string_view table);
 
+// The member `key` of `parent` (at `path`) read as its type: member() then as_*().
+std::uint64_t u64_field(object parent, std::string_view key, const JsonPath& path);
+std::int64_t i64_field(object parent, std::string_view key, const JsonPath& path);
+std::string_view string_field(object parent, std::string_view key, const JsonPath& path);
+
 std::string_view type_name(element value);
 
 }  // namespace remat::report::json

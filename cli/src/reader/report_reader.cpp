@@ -11,17 +11,12 @@ using json::member;
 
 namespace {
 
-std::uint64_t u64_field(json::object parent, std::string_view key, const JsonPath& path) {
-  return json::as_u64(member(parent, key, path), path.key(key));
-}
-
-std::string string_field(json::object parent, std::string_view key, const JsonPath& path) {
-  return std::string(json::as_string(member(parent, key, path), path.key(key)));
-}
+using json::string_field;
+using json::u64_field;
 
 // A string that must not be empty (names and labels).
 std::string name_field(json::object parent, std::string_view key, const JsonPath& path) {
-  std::string text = string_field(parent, key, path);
+  std::string text(string_field(parent, key, path));
   if (text.empty()) throw InputError(path.key(key).str(), "must not be empty");
   return text;
 }
@@ -78,7 +73,7 @@ RematTraceDump read_remat_trace(json::object root) {
       RegionDecision decision;
       decision.name = name_field(region, "name", region_path);
       const JsonPath decision_path = region_path.key("decision");
-      const std::string_view text = json::as_string(member(region, "decision", region_path), decision_path);
+      const std::string_view text = json::string_field(region, "decision", region_path);
       if (text != "save" && text != "recompute") {
         throw InputError(decision_path.str(),
                          fmt::format("unknown decision '{}'; expected save or recompute", printable(text)));
@@ -151,7 +146,7 @@ OomDump read_oom(json::object root) {
   OomDump dump;
   dump.header = read_dump_header(root, path);
   const JsonPath backend_path = path.key("backend");
-  dump.backend = std::string(json::as_string(member(root, "backend", path), backend_path));
+  dump.backend = std::string(json::string_field(root, "backend", path));
   if (dump.backend != "cuda" && dump.backend != "host") {
     throw InputError(backend_path.str(),
                      fmt::format("unknown backend '{}'; expected cuda or host", printable(dump.backend)));
@@ -232,12 +227,12 @@ OomDump read_oom(json::object root) {
     const json::object object = json::as_object(value, event_path);
     OomEvent event;
     const JsonPath action_path = event_path.key("action");
-    const std::string_view action = json::as_string(member(object, "action", event_path), action_path);
+    const std::string_view action = json::string_field(object, "action", event_path);
     if (auto a = action_from(action))
       event.action = *a;
     else
       throw InputError(action_path.str(), fmt::format("unknown action '{}'", printable(action)));
-    event.time_us = json::as_i64(member(object, "time_us", event_path), event_path.key("time_us"));
+    event.time_us = json::i64_field(object, "time_us", event_path);
     event.address = u64_field(object, "address", event_path);
     event.size = u64_field(object, "size", event_path);
     event.stream = u64_field(object, "stream", event_path);
