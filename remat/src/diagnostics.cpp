@@ -1,6 +1,7 @@
 // The runtime's diagnostics (remat/diagnostics.hpp): the trace of checkpoints and regions, and
 // the memory report of the running checkpoint.
 
+#include "checkpoint_records.hpp"
 #include "frame.hpp"
 #include "report_json.hpp"
 
@@ -40,27 +41,6 @@ std::string site_of(const at::Tensor& t) {
   return resolved.site != 0 ? alloc::name_of(resolved.site) : std::string();
 }
 
-}  // namespace
-
-std::string dtype_name(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    case at::kComplexFloat: return "complex64";
-    case at::kComplexDouble: return "complex128";
-    default: return c10::toString(type);
-  }
-}
-
-namespace {
 
 // A report's residency, region by region, billing each storage once in the whole report (a
 // storage two regions hold is billed to the first).

@@ -2,6 +2,7 @@
 // supplies: a checkpoint's forward keeps what save regions save and drops the rest, recompute
 // recreates the dropped tensors on first unpack in backward and stops early.
 
+#include "engine.hpp"
 #include "frame.hpp"
 #include "saved_registry.hpp"
 

@@ -4,6 +4,7 @@
 // in runtime.cpp.
 
 #include "carried_state.hpp"
+#include "engine.hpp"
 #include "frame.hpp"
 
 #include <remat/alloc/tags.hpp>

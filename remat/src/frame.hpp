@@ -3,6 +3,7 @@
 // thread-local view of which frame is running forward or recompute.
 
 #include "forward_modes.hpp"
+#include "placeholder.hpp"
 
 #include <remat/diagnostics.hpp>
 #include <remat/remat.hpp>
@@ -21,31 +22,6 @@
 #include <vector>
 
 namespace remat::detail {
-
-struct TensorMeta {
-  std::vector<std::int64_t> sizes;
-  std::vector<std::int64_t> strides;
-  std::int64_t storage_offset = 0;
-  std::int64_t storage_bytes = 0;
-  at::TensorOptions options;
-  bool requires_grad = false;
-};
-
-TensorMeta meta_of(const at::Tensor& t);
-// What a hook pair's unpack gave back for a tensor that was `meta` when packed (`what` names it
-// in errors): refused when its shape, dtype or device differ, laid out again as it was (strides,
-// offset, storage size) when only the layout differs, as a copying pair's contiguous copy does,
-// so that recompute sees the tensor forward saw.
-at::Tensor restore_layout(const at::Tensor& unpacked, const TensorMeta& meta, const std::string& what);
-// The dtype as PyTorch's Python API names it: "float32".
-std::string dtype_name(at::ScalarType type);
-inline constexpr const char* kPlaceholderMarker = "remat placeholder";
-// Same shape, strides and dtype as described, but no data: reading it raises an error that
-// names `source` and the fix.
-at::Tensor make_placeholder(const TensorMeta& meta, const std::string& source);
-// The placeholder's message when `e` is a read of one.
-std::optional<std::string> placeholder_error_of(const std::exception& e);
-const c10::StorageImpl* storage_of(const at::Tensor& t);
 
 struct InputRecord {
   TensorMeta meta;
@@ -84,33 +60,6 @@ struct SaveRegionRecord {
   std::shared_ptr<void> annotation;   // the caller's, see run_region
 };
 
-// What verify_recompute compares: an exact hash of the bytes, plus sums that say how large
-// a difference is.
-struct Fingerprint {
-  std::string where;  // "region 'layers.0::mlp'" or "the checkpoint body"
-  std::vector<std::int64_t> shape;
-  std::uint64_t hash = 0;
-  double sum = 0;
-  double norm = 0;
-};
-Fingerprint fingerprint_of(const at::Tensor& t, std::string where);
-
-// What recompute must recreate in place of a dropped tensor: checked on every recompute (as
-// torch.utils.checkpoint's default determinism check), so a body that takes another path
-// fails naming the tensor instead of handing backward the wrong one.
-struct DroppedMeta {
-  c10::SmallVector<std::int64_t, 6> sizes;
-  at::ScalarType dtype = at::ScalarType::Undefined;
-  at::Device device = at::kCPU;
-  int region = -1;  // index into Frame::regions; -1 for the checkpoint body outside regions
-
-  static DroppedMeta of(const at::Tensor& t, int region);
-  bool operator==(const DroppedMeta& other) const {
-    return sizes == other.sizes && dtype == other.dtype && device == other.device;
-  }
-  std::string describe() const;  // "float32 [32, 64] on cpu"
-};
-
 struct KeptTensor {
   int save_region = -1;
   std::string name;  // given with name_saved_tensors(); "" for "saved.<i>"
@@ -134,9 +83,9 @@ struct StopRecompute : std::exception {
 // region (torch_remat re-derives such inputs the same way).
 struct FerriedTensor {
   int save_region = -1;
-  std::size_t input = 0;   // the region's input it shares a storage with
-  TensorMeta input_meta;   // that input's layout in forward: recompute's must be the same
-  TensorMeta saved_meta;   // the saved tensor's sizes, strides and offset in that storage
+  std::size_t input = 0;  // the region's input it shares a storage with
+  TensorMeta input_meta;  // that input's layout in forward: recompute's must be the same
+  TensorMeta saved_meta;  // the saved tensor's sizes, strides and offset in that storage
 };
 
 enum class Mode : std::uint8_t { none, forward, recompute };
@@ -157,14 +106,14 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // packed through it when forward ends.
   std::shared_ptr<SavedTensorHooks> input_hooks;
   std::any input_hooks_context;
-  ForwardModes modes;  // autocast, default dtype and backend flags at entry: recompute's too
+  ForwardModes modes;            // autocast, default dtype and backend flags at entry: recompute's too
   std::vector<KeptTensor> kept;  // for reports only
   // Report names for tensors a save region is about to save (name_saved_tensors()), by the
   // exact tensor; cleared when the region returns.
   std::vector<std::pair<const c10::TensorImpl*, std::string>> pending_names;
   bool live = false;  // in the live frames (a finished forward whose frame backward may need)
   std::vector<std::unique_ptr<CheckpointContext>> contexts;
-  std::vector<Fingerprint> fingerprints;  // per dropped tensor, with verify_recompute
+  std::vector<Fingerprint> fingerprints;   // per dropped tensor, with verify_recompute
   std::vector<DroppedMeta> dropped_metas;  // per dropped tensor
 
   // Tensors autograd saved outside save regions: dropped in forward, recreated by recompute
@@ -173,7 +122,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<FerriedTensor> ferried;
   std::vector<at::Tensor> recreated;
   std::vector<bool> filled;
-  std::size_t missing = 0;  // slots recompute still has to fill
+  std::size_t missing = 0;                // slots recompute still has to fill
   std::size_t taken_since_recompute = 0;  // slots backward took since recompute last ran
   // Autograd's sequence number when the last tensor was dropped. When forward created
   // graph nodes after it, recompute stops (by exception) once the last slot is filled
@@ -259,33 +208,5 @@ class ThreadStateScope {
  private:
   ThreadState previous_;
 };
-
-// Makes `frame` the one new saved-variable hooks belong to, for a scope.
-class FrameOwnerScope {
- public:
-  explicit FrameOwnerScope(std::shared_ptr<Frame> frame);
-  ~FrameOwnerScope();
-  FrameOwnerScope(const FrameOwnerScope&) = delete;
-  FrameOwnerScope& operator=(const FrameOwnerScope&) = delete;
-
- private:
-  std::shared_ptr<Frame> previous_;
-};
-
-// Installs the autograd engine whose default saved-variable hooks consult the thread state
-// (engine.cpp).
-void ensure_engine_installed();
-
-// Saved-tensor hooks on PyTorch's stack (Python's saved_tensors_hooks; always 0 in a C++
-// program).
-std::size_t user_hooks_depth();
-
-// Records of finished checkpoint forwards for collect_trace().
-void record_scope(CheckpointScope scope);
-
-// Frames of finished forwards still alive (backward may recompute them), for reports of
-// what every live checkpoint keeps.
-void register_live_frame(Frame& frame);
-MemoryReport memory_report_of(const Frame& frame);
 
 }  // namespace remat::detail

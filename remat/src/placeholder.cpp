@@ -1,6 +1,8 @@
 // The placeholders forward leaves where it drops a tensor, and the layout a pair's unpacked copy
 // is given back (frame.hpp: TensorMeta, DroppedMeta, make_placeholder, restore_layout).
 
+#include "placeholder.hpp"
+
 #include "compat.hpp"
 #include "frame.hpp"
 
@@ -110,6 +112,24 @@ Fingerprint fingerprint_of(const at::Tensor& t, std::string where) {
 const c10::StorageImpl* storage_of(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return nullptr;
   return t.storage().unsafeGetStorageImpl();
+}
+
+std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    default: return c10::toString(type);
+  }
 }
 
 }  // namespace remat::detail

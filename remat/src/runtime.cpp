@@ -4,6 +4,8 @@
 // engine that supplies them in engine.cpp.
 
 #include "carried_state.hpp"
+#include "checkpoint_records.hpp"
+#include "engine.hpp"
 #include "frame.hpp"
 
 #include <remat/alloc/tags.hpp>

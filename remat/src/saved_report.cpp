@@ -1,6 +1,8 @@
 // The saved-tensors report (remat/saved_report.hpp): what a loss keeps alive, billed to the
 // checkpoints' regions and to autograd nodes, each storage once.
 
+#include "checkpoint_records.hpp"
+#include "engine.hpp"
 #include "frame.hpp"
 #include "report_json.hpp"
 #include "saved_registry.hpp"
