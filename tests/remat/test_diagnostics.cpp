@@ -138,9 +138,11 @@ TEST(LiveBytes, PrefixCoversNestedRegionsByWholeComponents) {
 // A budget plan in CheckpointOptions: the regions it names (by name or pattern) take its choice,
 // the others keep theirs, and the gradients are those of the plain code.
 TEST(BudgetPlan, RegionsTakeThePlansChoiceOverTheirOwn) {
+  // Names of their own: the runtime remembers by name which checkpoints ran no save region, and
+  // this plan leaves planned.0 without one.
   using remat::budget::Choice;
   const auto plan = std::make_shared<remat::budget::RegionChoices>(std::vector<std::pair<std::string, Choice>>{
-      {"layers.*::attention", Choice::recompute}, {"layers.1::mlp", Choice::save}});
+      {"planned.*::attention", Choice::recompute}, {"planned.1::mlp", Choice::save}});
   auto block = [&](const std::string& name, const at::Tensor& x) {
     return remat::checkpoint({.region_name = name, .plan = plan})([](const at::Tensor& in) {
       auto y = remat::region([](const at::Tensor& t) { return t.exp() * 3.0; }, "attention", false)(in);
@@ -150,15 +152,15 @@ TEST(BudgetPlan, RegionsTakeThePlansChoiceOverTheirOwn) {
   };
   remat::collect_trace();
   auto x = at::rand({8}).requires_grad_(true);
-  auto first = block("layers.0", x);
-  auto loss = first + block("layers.1", x);
+  auto first = block("planned.0", x);
+  auto loss = first + block("planned.1", x);
   EXPECT_EQ(remat::collect_trace().format(),
             "remat trace: 2 checkpoint(s), 6 region(s)\n"
-            "scope [layers.0]\n"
+            "scope [planned.0]\n"
             "  attention: recompute\n"
             "  mlp: recompute\n"
             "  head: recompute\n"
-            "scope [layers.1]\n"
+            "scope [planned.1]\n"
             "  attention: recompute\n"
             "  mlp: save\n"
             "  head: recompute\n");
