@@ -1,6 +1,5 @@
 #include "ranks/ranks_report.hpp"
 
-#include "core/format.hpp"
 #include "output/json_text.hpp"
 #include "renderers/memory_summary.hpp"
 
@@ -13,6 +12,7 @@
 #include <ostream>
 #include <set>
 #include <tuple>
+#include <type_traits>
 
 namespace remat::report {
 
