@@ -9,9 +9,7 @@ namespace remat::report {
 
 class MemoryReportRenderer final : public Renderer {
  public:
-  std::string_view kind() const override { return "memory-report"; }
-  std::int64_t schema_version() const override { return 1; }
-  std::string_view schema_file() const override { return "memory-report.schema.json"; }
+  MemoryReportRenderer() : Renderer("memory-report") {}
   bool provides(View view) const override { return view == View::memory; }
   bool groups_by(GroupBy by) const override { return by == GroupBy::region || by == GroupBy::site; }
 

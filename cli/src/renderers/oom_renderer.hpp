@@ -9,9 +9,7 @@ namespace remat::report {
 
 class OomRenderer final : public Renderer {
  public:
-  std::string_view kind() const override { return "oom"; }
-  std::int64_t schema_version() const override { return 1; }
-  std::string_view schema_file() const override { return "oom.schema.json"; }
+  OomRenderer() : Renderer("oom") {}
   bool provides(View view) const override { return view == View::oom_analysis; }
 
   void check(const DumpFile& file) const override;

@@ -9,9 +9,7 @@ namespace remat::report {
 
 class RematTraceRenderer final : public Renderer {
  public:
-  std::string_view kind() const override { return "remat-trace"; }
-  std::int64_t schema_version() const override { return 1; }
-  std::string_view schema_file() const override { return "remat-trace.schema.json"; }
+  RematTraceRenderer() : Renderer("remat-trace") {}
   bool provides(View) const override { return false; }
 
   void check(const DumpFile& file) const override;

@@ -65,11 +65,15 @@ struct Need {
 
 class Renderer {
  public:
+  // The kind a renderer reads, at the schema version this build reads; its schema is
+  // schemas/KIND.schema.json.
+  explicit Renderer(std::string_view kind, std::int64_t schema_version = 1)
+      : kind_(kind), schema_file_(std::string(kind) + ".schema.json"), schema_version_(schema_version) {}
   virtual ~Renderer() = default;
 
-  virtual std::string_view kind() const = 0;
-  virtual std::int64_t schema_version() const = 0;  // the version this build reads
-  virtual std::string_view schema_file() const = 0;
+  std::string_view kind() const { return kind_; }
+  std::int64_t schema_version() const { return schema_version_; }
+  std::string_view schema_file() const { return schema_file_; }
   // The views this kind implements, and the groupings its memory view knows.
   virtual bool provides(View view) const = 0;
   virtual bool groups_by(GroupBy) const { return true; }
@@ -85,6 +89,11 @@ class Renderer {
 
  protected:
   [[noreturn]] void unsupported(const DumpFile& file, std::string_view view) const;
+
+ private:
+  std::string kind_;
+  std::string schema_file_;
+  std::int64_t schema_version_;
 };
 
 // The renderer for the file's kind and schema version; InputError for unknown ones.

@@ -7,9 +7,7 @@ namespace remat::report {
 
 class SnapshotRenderer final : public Renderer {
  public:
-  std::string_view kind() const override { return "snapshot"; }
-  std::int64_t schema_version() const override { return 1; }
-  std::string_view schema_file() const override { return "snapshot.schema.json"; }
+  SnapshotRenderer() : Renderer("snapshot") {}
   bool provides(View view) const override { return view != View::oom_analysis; }
 
   void check(const DumpFile& file) const override;

@@ -8,9 +8,7 @@ namespace remat::report {
 
 class TraceRenderer final : public Renderer {
  public:
-  std::string_view kind() const override { return "trace"; }
-  std::int64_t schema_version() const override { return 1; }
-  std::string_view schema_file() const override { return "trace.schema.json"; }
+  TraceRenderer() : Renderer("trace") {}
   bool provides(View view) const override { return view != View::oom_analysis; }
 
   void check(const DumpFile& file) const override;
