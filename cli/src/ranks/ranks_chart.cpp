@@ -45,10 +45,14 @@ struct Bar {
   bool any_oom = false;
 };
 
+// Ranks sharing a bar: one, until there are more ranks than the plot has pixels.
+std::size_t ranks_per_bar(std::size_t ranks) {
+  const auto pixels = static_cast<std::size_t>(kPlotW);
+  return std::max<std::size_t>(1, (ranks + pixels - 1) / pixels);
+}
+
 std::vector<Bar> bars_of(const JobRanks& job) {
-  const std::size_t n = job.ranks().size();
-  const std::size_t per_bar =
-      std::max<std::size_t>(1, (n + static_cast<std::size_t>(kPlotW) - 1) / static_cast<std::size_t>(kPlotW));
+  const std::size_t per_bar = ranks_per_bar(job.ranks().size());
   std::vector<Bar> bars;
   std::size_t in_bar = 0;
   for (const auto& [rank, row] : job.ranks()) {
@@ -94,7 +98,7 @@ std::string ranks_svg(const RanksRun& run) {
   }
 
   const std::string by(to_string(run.by));
-  const std::size_t per_bar = bars.empty() ? 1 : (job.ranks().size() + bars.size() - 1) / bars.size();
+  const std::size_t per_bar = ranks_per_bar(job.ranks().size());
   std::string svg;
   svg.reserve(16 * 1024 + bars.size() * (series.size() + 2) * 160);
   svg += fmt::format(
