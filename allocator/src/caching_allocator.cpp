@@ -1,5 +1,6 @@
 // The caching pool's public operations: each locks the pool's state (detail/pool_state.hpp),
-// applies its mechanics, and keeps the statistics, trace and OOM reporting in step.
+// applies its mechanics, tells the books (detail/ledger.hpp) what happened, and reports
+// out-of-memory.
 #include <remat/alloc/bytes.hpp>
 #include <remat/alloc/caching_allocator.hpp>
 #include <remat/alloc/errors.hpp>
@@ -18,6 +19,7 @@ namespace remat::alloc {
 
 using detail::Block;
 using detail::format_address;
+using detail::PoolState;
 
 std::string_view to_string(BlockState state) {
   switch (state) {
@@ -29,7 +31,7 @@ std::string_view to_string(BlockState state) {
 }
 
 CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Config& config)
-    : state_(std::make_unique<State>(std::move(backend), config)) {}
+    : state_(std::make_unique<PoolState>(std::move(backend), config)) {}
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(state_->mutex);
@@ -43,9 +45,11 @@ CachingAllocator::~CachingAllocator() {
   for (Block* block : state_->spare_blocks) delete block;
 }
 
-void CachingAllocator::report_out_of_memory(std::unique_lock<detail::AdaptiveMutex>& lock, std::size_t size,
-                                            std::size_t rounded, std::size_t segment_size, TagId tag) {
-  State& s = *state_;
+namespace {
+
+// Builds the report under the lock, then releases it to dump, announce and throw.
+[[noreturn]] void report_out_of_memory(PoolState& s, std::unique_lock<detail::AdaptiveMutex>& lock, std::size_t size,
+                                       std::size_t rounded, std::size_t segment_size, TagId tag) {
   if (!s.oom_reporting) {
     lock.unlock();
     throw OutOfMemoryError("out of memory on device " + std::to_string(s.backend->device()) + ": tried to allocate " +
@@ -55,8 +59,8 @@ void CachingAllocator::report_out_of_memory(std::unique_lock<detail::AdaptiveMut
   event.device = s.backend->device();
   event.requested_bytes = size;
   event.rounded_bytes = rounded;
-  event.reserved_bytes = s.stats.reserved_bytes.current;
-  event.allocated_bytes = s.stats.allocated_bytes.current;
+  event.reserved_bytes = s.books.stats().reserved_bytes.current;
+  event.allocated_bytes = s.books.stats().allocated_bytes.current;
   event.tag = tag;
   bool may_dump = false;
   try {
@@ -79,16 +83,18 @@ void CachingAllocator::report_out_of_memory(std::unique_lock<detail::AdaptiveMut
   throw OutOfMemoryError(event.message);
 }
 
+}  // namespace
+
 void* CachingAllocator::allocate(std::size_t size, Stream stream) {
   if (size == 0) return nullptr;
   if (size > kMaxRequestSize) {
     std::lock_guard lock(state_->mutex);
-    ++state_->stats.num_ooms;
+    state_->books.impossible_request();
     throw OutOfMemoryError("request of " + std::to_string(size) + " bytes (" + format_bytes(size) +
                            ") exceeds what any device holds (limit " + format_bytes(kMaxRequestSize) +
                            "); check the size computation that produced it");
   }
-  State& s = *state_;
+  PoolState& s = *state_;
   std::unique_lock<detail::AdaptiveMutex> lock(s.mutex);
   const TagId tag = s.config.tagging ? current_tag_id() : 0;
   if (!s.pending_frees.empty()) s.process_pending_frees(false);
@@ -102,19 +108,18 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
     if (block == nullptr) {
       // Like PyTorch: wait for freed blocks still in use by streams, give every cached
       // segment back, and try once more before declaring out-of-memory.
-      ++s.stats.num_alloc_retries;
+      s.books.retried();
       s.process_pending_frees(true);
       s.release_cached_blocks();
       block = s.take_free_block(small, stream, rounded);
       if (block == nullptr) block = s.new_memory(rounded, stream, small);
     }
     if (block == nullptr) {
-      ++s.stats.num_ooms;
-      s.trace.record_request(TraceAction::oom, 0, rounded, size, stream, tag);
+      s.books.out_of_memory(rounded, size, stream, tag);
       const std::size_t segment_size = s.config.expandable_segments
                                            ? detail::round_up(rounded, s.growth_step(small))
                                            : segment_size_for(rounded, s.config.large_segment_size_bytes);
-      report_out_of_memory(lock, size, rounded, segment_size, tag);
+      report_out_of_memory(s, lock, size, rounded, segment_size, tag);
     }
   }
   s.split(block, rounded);
@@ -122,54 +127,34 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
   block->requested = size;
   block->tag = tag;
   s.live.insert(block->address, block);
-
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  s.stats.allocated_bytes.add(bytes);
-  s.stats.active_bytes.add(bytes);
-  s.stats.requested_bytes.add(static_cast<std::int64_t>(size));
-  s.stats.allocations.add(1);
-  TagStats& per_tag = s.stats_for(tag);
-  per_tag.bytes.add(bytes);
-  per_tag.requested_bytes.add(static_cast<std::int64_t>(size));
-  per_tag.count.add(1);
-  s.trace.record_request(TraceAction::alloc, block->address, block->size, size, stream, tag);
+  s.books.allocated(*block);
   return reinterpret_cast<void*>(block->address);
 }
 
 void CachingAllocator::deallocate(void* ptr, std::size_t expected_size) {
   if (ptr == nullptr) return;
-  State& s = *state_;
+  PoolState& s = *state_;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard lock(s.mutex);
   Block* block = s.live.find(address);
   if (block == nullptr) {
-    ++s.stats.num_invalid_frees;
+    s.books.invalid_free();
     throw InvalidPointerError(s.describe_bad_pointer(address));
   }
   if (expected_size != 0 && expected_size != block->requested) {
-    ++s.stats.num_invalid_frees;
+    s.books.invalid_free();
     throw InvalidPointerError("free of " + format_address(address) + " with size " + std::to_string(expected_size) +
                               ", but it was allocated with size " + std::to_string(block->requested) +
                               "; pass the size given at allocation (the block stays allocated)");
   }
   s.live.erase(address);
   block->allocated = false;
-
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  const auto requested = static_cast<std::int64_t>(block->requested);
-  s.stats.allocated_bytes.subtract(bytes);
-  s.stats.requested_bytes.subtract(requested);
-  s.stats.allocations.subtract(1);
-  TagStats& per_tag = s.tag_stats[block->tag];
-  per_tag.bytes.subtract(bytes);
-  per_tag.requested_bytes.subtract(requested);
-  per_tag.count.subtract(1);
-  if (block->stream_uses.empty()) {
-    s.trace.record_immediate_free(address, block->size, block->stream, block->tag);
+  const bool free_now = block->stream_uses.empty();
+  s.books.freed(*block, free_now);
+  if (free_now) {
     s.complete_free(block);
     return;
   }
-  s.trace.record(TraceAction::free_requested, address, block->size, block->stream, block->tag);
   for (const Stream used_on : block->stream_uses) {
     s.pending_frees.emplace_back(s.backend->record_event(used_on), block);
     ++block->pending_events;
@@ -178,7 +163,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_size) {
 }
 
 void CachingAllocator::record_stream(void* ptr, Stream stream) {
-  State& s = *state_;
+  PoolState& s = *state_;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard lock(s.mutex);
   Block* block = s.live.find(address);
@@ -201,7 +186,7 @@ void CachingAllocator::empty_cache() {
 }
 
 bool CachingAllocator::release_cached_range(std::uintptr_t address, std::size_t bytes) {
-  State& s = *state_;
+  PoolState& s = *state_;
   std::lock_guard lock(s.mutex);
   s.process_pending_frees(false);
   Block* block = s.block_holding(address);
@@ -219,16 +204,16 @@ bool CachingAllocator::release_cached_range(std::uintptr_t address, std::size_t 
 }
 
 void CachingAllocator::apply_config(const Config& config) {
-  State& s = *state_;
+  PoolState& s = *state_;
   std::lock_guard lock(s.mutex);
   detail::check_backend_supports(*s.backend, config);
-  if (config.trace_entries != s.config.trace_entries) s.trace.resize(config.trace_entries);
+  if (config.trace_entries != s.config.trace_entries) s.books.resize_trace(config.trace_entries);
   s.reserved_limit = detail::reserved_cap(*s.backend, config);
   s.config = config;
 }
 
 void CachingAllocator::replace_backend(std::unique_ptr<Backend> backend, const Config& config) {
-  State& s = *state_;
+  PoolState& s = *state_;
   std::lock_guard lock(s.mutex);
   if (s.live.size() != 0 || !s.pending_frees.empty()) {
     throw StateError("cannot switch the backend of device " + std::to_string(s.backend->device()) + " while " +
@@ -238,7 +223,7 @@ void CachingAllocator::replace_backend(std::unique_ptr<Backend> backend, const C
   detail::check_backend_supports(*backend, config);
   s.release_cached_blocks();
   s.backend = std::move(backend);
-  if (config.trace_entries != s.config.trace_entries) s.trace.resize(config.trace_entries);
+  if (config.trace_entries != s.config.trace_entries) s.books.resize_trace(config.trace_entries);
   s.reserved_limit = detail::reserved_cap(*s.backend, config);
   s.config = config;
 }
@@ -255,33 +240,24 @@ void CachingAllocator::set_oom_reporting(bool enabled) {
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard lock(state_->mutex);
-  return state_->stats;
+  return state_->books.stats();
 }
 
 void CachingAllocator::reset_peak_stats() {
-  State& s = *state_;
-  std::lock_guard lock(s.mutex);
-  for (Stat* stat : {&s.stats.allocated_bytes, &s.stats.requested_bytes, &s.stats.active_bytes,
-                     &s.stats.reserved_bytes, &s.stats.allocations, &s.stats.segments}) {
-    stat->reset_peak();
-  }
-  for (TagStats& per_tag : s.tag_stats) {
-    per_tag.bytes.reset_peak();
-    per_tag.requested_bytes.reset_peak();
-    per_tag.count.reset_peak();
-  }
+  std::lock_guard lock(state_->mutex);
+  state_->books.reset_peaks();
 }
 
 AllocatorSnapshot CachingAllocator::snapshot() const {
-  const State& s = *state_;
+  const PoolState& s = *state_;
   std::lock_guard lock(s.mutex);
   AllocatorSnapshot out;
   out.device = s.backend->device();
   out.backend = std::string(s.backend->name());
   out.config = s.config;
-  out.stats = s.stats;
+  out.stats = s.books.stats();
   out.memory = s.backend->memory_info();
-  out.tag_stats = s.tags_that_allocated();
+  out.tag_stats = s.books.tags_that_allocated();
   out.segments.reserve(s.segments.size());
   // As PyTorch: each mapped run of an expandable segment (between its holes) is one segment.
   for (const auto& [address, head] : s.segments) {
@@ -302,9 +278,9 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
       if (block->next == nullptr || !block->next->mapped) out.segments.push_back(std::exchange(segment, {}));
     }
   }
-  out.trace = s.trace.events();
-  out.trace_capacity = s.trace.capacity();
-  out.trace_dropped = s.trace.dropped();
+  out.trace = s.books.trace().events();
+  out.trace_capacity = s.books.trace().capacity();
+  out.trace_dropped = s.books.trace().dropped();
   return out;
 }
 
@@ -313,7 +289,7 @@ void CachingAllocator::release_after_fork() { state_->mutex.unlock(); }
 
 std::vector<TagStatsEntry> CachingAllocator::tag_stats() const {
   std::lock_guard lock(state_->mutex);
-  return state_->tags_that_allocated();
+  return state_->books.tags_that_allocated();
 }
 
 std::optional<TagId> CachingAllocator::tag_of_block(const void* ptr) const {
@@ -327,10 +303,7 @@ std::int64_t CachingAllocator::live_requested_bytes(std::string_view region_pref
   std::vector<std::pair<TagId, std::int64_t>> live_by_tag;
   {
     std::lock_guard lock(state_->mutex);
-    for (std::size_t tag = 0; tag < state_->tag_stats.size(); ++tag) {
-      const std::int64_t bytes = state_->tag_stats[tag].requested_bytes.current;
-      if (bytes != 0) live_by_tag.emplace_back(static_cast<TagId>(tag), bytes);
-    }
+    live_by_tag = state_->books.live_requested_by_tag();
   }
   std::int64_t total = 0;
   for (const auto& [tag, bytes] : live_by_tag) {

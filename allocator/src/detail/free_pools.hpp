@@ -7,7 +7,7 @@
 
 #include "block.hpp"
 
-#include <remat/alloc/caching_allocator.hpp>
+#include <remat/alloc/size_classes.hpp>
 
 #include <algorithm>
 #include <array>

@@ -1,10 +1,10 @@
 #pragma once
 // The caching pool's state and its mechanics: free pools, segments fixed and expandable, block
 // splitting and merging, frees waiting on stream events, cache release and garbage collection.
-// CachingAllocator (caching_allocator.cpp) locks it and turns its operations into the public API.
+// CachingAllocator (caching_allocator.cpp) locks it and turns its operations into the public API;
+// the books (ledger.hpp) keep the statistics and the trace.
 
 #include <remat/alloc/backend.hpp>
-#include <remat/alloc/caching_allocator.hpp>
 #include <remat/alloc/config.hpp>
 #include <remat/alloc/errors.hpp>
 #include <remat/alloc/size_classes.hpp>
@@ -13,6 +13,7 @@
 #include "block.hpp"
 #include "../message_text.hpp"
 #include "free_pools.hpp"
+#include "ledger.hpp"
 #include "oom_reporting.hpp"
 #include "pointer_map.hpp"
 
@@ -27,8 +28,7 @@
 #include <utility>
 #include <vector>
 
-namespace remat::alloc {
-namespace detail {
+namespace remat::alloc::detail {
 
 inline std::size_t reserved_cap(Backend& backend, const Config& config) {
   if (config.memory_fraction >= 1.0) return Config::kUnlimited;
@@ -44,35 +44,28 @@ inline void check_backend_supports(const Backend& backend, const Config& config)
   }
 }
 
-}  // namespace detail
-
-struct CachingAllocator::State {
-  using Block = detail::Block;
-  using ExpandableSegment = detail::ExpandableSegment;
-
-  State(std::unique_ptr<Backend> b, const Config& c)
-      : backend(std::move(b)), config(c), reserved_limit(detail::reserved_cap(*backend, c)), trace(c.trace_entries) {
-    detail::check_backend_supports(*backend, config);
+struct PoolState {
+  PoolState(std::unique_ptr<Backend> b, const Config& c)
+      : backend(std::move(b)), config(c), reserved_limit(reserved_cap(*backend, c)), books(c.trace_entries) {
+    check_backend_supports(*backend, config);
   }
 
-  mutable detail::AdaptiveMutex mutex;
+  mutable AdaptiveMutex mutex;
   std::unique_ptr<Backend> backend;
   Config config;
   std::size_t reserved_limit;
-  detail::SmallPool small_pool;
-  detail::LargePool large_pool;
-  detail::PointerMap<Block> live;
+  SmallPool small_pool;
+  LargePool large_pool;
+  PointerMap<Block> live;
   std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
   std::vector<std::pair<Event, Block*>> pending_frees;
   std::vector<Block*> spare_blocks;
   std::vector<std::unique_ptr<ExpandableSegment>> expandable;  // one per stream and pool in use
   std::uint64_t frees = 0;                                      // stamps Block::freed_at
-  AllocatorStats stats;
-  std::vector<TagStats> tag_stats;  // indexed by TagId
-  TraceRing trace;
+  Ledger books;
   OomHandler oom_handler;
   bool oom_reporting = true;
-  detail::OomDumpLimiter oom_dumps;
+  OomDumpLimiter oom_dumps;
 
   void insert_free(Block* block) {
     if (block->small) small_pool.insert(block);
@@ -100,21 +93,8 @@ struct CachingAllocator::State {
     spare_blocks.push_back(block);
   }
 
-  TagStats& stats_for(TagId tag) {
-    if (tag >= tag_stats.size()) tag_stats.resize(static_cast<std::size_t>(tag) + 1);
-    return tag_stats[tag];
-  }
-
-  std::vector<TagStatsEntry> tags_that_allocated() const {
-    std::vector<TagStatsEntry> out;
-    for (std::size_t tag = 0; tag < tag_stats.size(); ++tag) {
-      if (tag_stats[tag].count.total_added != 0) out.push_back({static_cast<TagId>(tag), tag_stats[tag]});
-    }
-    return out;
-  }
-
   Block* new_segment(std::size_t size, Stream stream, bool small) {
-    if (detail::exceeds_reserved_cap(static_cast<std::size_t>(stats.reserved_bytes.current), reserved_limit, size)) {
+    if (exceeds_reserved_cap(books.reserved_bytes(), reserved_limit, size)) {
       return nullptr;
     }
     void* ptr = backend->allocate(size);
@@ -125,18 +105,16 @@ struct CachingAllocator::State {
     block->stream = stream;
     block->small = small;
     segments.emplace(block->address, block);
-    stats.reserved_bytes.add(static_cast<std::int64_t>(size));
-    stats.segments.add(1);
-    trace.record(TraceAction::segment_alloc, block->address, size, stream, current_tag_id());
+    books.reserved(block->address, size, stream, current_tag_id());
+    books.segment_opened();
     return block;
   }
 
   void release_segment(Block* block) {
     backend->deallocate(reinterpret_cast<void*>(block->address), block->size);
     segments.erase(block->address);
-    stats.reserved_bytes.subtract(static_cast<std::int64_t>(block->size));
-    stats.segments.subtract(1);
-    trace.record(TraceAction::segment_free, block->address, block->size, block->stream, 0);
+    books.released(block->address, block->size, block->stream);
+    books.segment_closed();
     recycle(block);
   }
 
@@ -156,7 +134,7 @@ struct CachingAllocator::State {
     const std::size_t total = backend->memory_info().total_bytes;
     constexpr std::size_t kLargest = std::numeric_limits<std::size_t>::max();
     const bool fits = total <= kLargest - step && total / 8 < kLargest - step - total;
-    const std::size_t reserved = fits ? detail::round_up(total + total / 8, step) : kLargest / step * step;
+    const std::size_t reserved = fits ? round_up(total + total / 8, step) : kLargest / step * step;
     void* base = backend->reserve(reserved);
     if (base == nullptr) return nullptr;
     auto segment = std::make_unique<ExpandableSegment>();
@@ -186,11 +164,11 @@ struct CachingAllocator::State {
     // (max_split_size) stays as it is, with the new block after it.
     const bool extend_tail = tail != nullptr && tail->is_free() && tail->size < rounded;
     const std::size_t have = extend_tail ? tail->size : 0;
-    const std::size_t grow = detail::round_up(rounded - have, growth_step(small));
+    const std::size_t grow = round_up(rounded - have, growth_step(small));
     if (grow > segment->reserved - segment->extent || !map_pages(*segment, segment->base + segment->extent, grow)) {
       return nullptr;
     }
-    if (segment->extent == 0) stats.segments.add(1);
+    if (segment->extent == 0) books.segment_opened();
     const std::uintptr_t end = segment->base + segment->extent;
     segment->extent += grow;
     if (extend_tail) {
@@ -214,13 +192,12 @@ struct CachingAllocator::State {
   // Maps `bytes` at `address` of the segment and counts them; false when the cap or the device
   // has no room.
   bool map_pages(ExpandableSegment& segment, std::uintptr_t address, std::size_t bytes) {
-    if (detail::exceeds_reserved_cap(static_cast<std::size_t>(stats.reserved_bytes.current), reserved_limit, bytes) ||
+    if (exceeds_reserved_cap(books.reserved_bytes(), reserved_limit, bytes) ||
         !backend->map(reinterpret_cast<void*>(address), bytes)) {
       return false;
     }
     segment.mapped += bytes;
-    stats.reserved_bytes.add(static_cast<std::int64_t>(bytes));
-    trace.record(TraceAction::segment_alloc, address, bytes, segment.stream, current_tag_id());
+    books.reserved(address, bytes, segment.stream, current_tag_id());
     return true;
   }
 
@@ -234,7 +211,7 @@ struct CachingAllocator::State {
     // The block before alone would do but the pool did not hand it out (max_split_size):
     // mapping nothing changes that.
     if (have >= rounded) return nullptr;
-    const std::size_t grow = std::min(hole->size, detail::round_up(rounded - have, growth_step(segment.small)));
+    const std::size_t grow = std::min(hole->size, round_up(rounded - have, growth_step(segment.small)));
     const bool whole = grow == hole->size;
     if (have + grow + (whole && after != nullptr ? after->size : 0) < rounded) return nullptr;
     if (!map_pages(segment, hole->address, grow)) return nullptr;
@@ -264,9 +241,8 @@ struct CachingAllocator::State {
     const std::size_t unmapped = high - low;
     erase_free(block);
     backend->unmap(reinterpret_cast<void*>(low), unmapped);
-    trace.record(TraceAction::segment_free, low, unmapped, segment.stream, 0);
+    books.released(low, unmapped, segment.stream);
     segment.mapped -= unmapped;
-    stats.reserved_bytes.subtract(static_cast<std::int64_t>(unmapped));
     // The pieces of granules that stay mapped on either side stay free blocks.
     if (low > begin) insert_free(split_off_front(block, low - begin));
     if (high < end) insert_free(split_off_back(block, end - high));
@@ -284,7 +260,7 @@ struct CachingAllocator::State {
     else segments.erase(hole->address);
     recycle(hole);
     if (segment.extent == 0) {
-      stats.segments.subtract(1);
+      books.segment_closed();
       backend->release(reinterpret_cast<void*>(segment.base), segment.reserved);
       std::erase_if(expandable, [&](const auto& owned) { return owned.get() == &segment; });
     }
@@ -295,7 +271,7 @@ struct CachingAllocator::State {
   std::pair<std::uintptr_t, std::uintptr_t> whole_granules(const Block& block) const {
     const std::uintptr_t base = block.expandable->base;
     const std::size_t granularity = backend->granularity();
-    return {base + detail::round_up(block.address - base, granularity),
+    return {base + round_up(block.address - base, granularity),
             base + (block.address + block.size - base) / granularity * granularity};
   }
 
@@ -392,8 +368,7 @@ struct CachingAllocator::State {
     if (config.garbage_collection_threshold <= 0.0 || reserved_limit == Config::kUnlimited) return;
     const auto threshold = static_cast<std::size_t>(config.garbage_collection_threshold *
                                                     static_cast<double>(reserved_limit));
-    auto reserved = [&] { return static_cast<std::size_t>(stats.reserved_bytes.current); };
-    if (reserved() <= threshold) return;
+    if (books.reserved_bytes() <= threshold) return;
     std::vector<Block*> idle;
     auto consider = [&](Block* block) {
       if (block->is_whole_segment() || block->expandable != nullptr) idle.push_back(block);
@@ -402,7 +377,7 @@ struct CachingAllocator::State {
     large_pool.for_each(consider);
     std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
     for (Block* block : idle) {
-      if (reserved() <= threshold) break;
+      if (books.reserved_bytes() <= threshold) break;
       if (block->expandable != nullptr) {
         unmap_free_pages(block);
       } else {
@@ -442,9 +417,8 @@ struct CachingAllocator::State {
     recycle(neighbour);
   }
 
-  // The block is no longer used by anyone: return it to its pool.
+  // The block is no longer used by anyone (the books already know): return it to its pool.
   void complete_free(Block* block) {
-    stats.active_bytes.subtract(static_cast<std::int64_t>(block->size));
     block->requested = 0;
     block->tag = 0;
     merge(block, block->prev);
@@ -466,7 +440,7 @@ struct CachingAllocator::State {
       pending_frees[i] = pending_frees.back();
       pending_frees.pop_back();
       if (--block->pending_events == 0) {
-        trace.record(TraceAction::free_completed, block->address, block->size, block->stream, block->tag);
+        books.free_completed(*block);
         complete_free(block);
       }
     }
@@ -474,8 +448,8 @@ struct CachingAllocator::State {
 
   // What the OOM report needs from the pool's own books; the rest comes from the per-tag
   // statistics and the trace (detail/oom_reporting.hpp).
-  detail::PoolFigures figures_for_oom_report() const {
-    detail::FreeSpace free;
+  PoolFigures figures_for_oom_report() const {
+    FreeSpace free;
     auto count = [&](const Block* block) {
       const auto bytes = static_cast<std::int64_t>(block->size);
       free.largest_free_block = std::max(free.largest_free_block, bytes);
@@ -493,11 +467,11 @@ struct CachingAllocator::State {
     small_pool.for_each(count);
     large_pool.for_each(count);
     return {backend->device(), backend->name(), backend->memory_info(), config, reserved_limit,
-            stats, tag_stats, trace, free};
+            books.stats(), books.tag_stats(), books.trace(), free};
   }
 
   std::string describe_bad_pointer(std::uintptr_t address) const {
-    const std::string where = detail::format_address(address);
+    const std::string where = format_address(address);
     if (const Block* block = block_holding(address)) {
       if (!block->allocated && address == block->address) {
         return "free of " + where + ", which is already free (double free); free each pointer exactly once";
@@ -507,7 +481,7 @@ struct CachingAllocator::State {
                "block, or a double free of a block since merged with its free neighbours; free the pointer that "
                "allocation returned, once";
       }
-      return "free of " + where + ", which points inside the live block at " + detail::format_address(block->address) +
+      return "free of " + where + ", which points inside the live block at " + format_address(block->address) +
              "; free the pointer that allocation returned";
     }
     return "free of " + where + ", which this allocator (device " + std::to_string(backend->device()) +
@@ -515,4 +489,4 @@ struct CachingAllocator::State {
   }
 };
 
-}  // namespace remat::alloc
+}  // namespace remat::alloc::detail

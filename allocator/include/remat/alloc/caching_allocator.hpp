@@ -16,14 +16,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string_view>
 
 namespace remat::alloc {
 
 namespace detail {
-class AdaptiveMutex;
+struct PoolState;
 }
 
 class CachingAllocator {
@@ -82,10 +81,7 @@ class CachingAllocator {
   void release_after_fork();
 
  private:
-  struct State;
-  [[noreturn]] void report_out_of_memory(std::unique_lock<detail::AdaptiveMutex>& lock, std::size_t size,
-                                         std::size_t rounded, std::size_t segment_size, TagId tag);
-  std::unique_ptr<State> state_;
+  std::unique_ptr<detail::PoolState> state_;
 };
 
 }  // namespace remat::alloc
