@@ -8,8 +8,11 @@
 - The allocator's pool (caching_allocator.cpp and detail/pool_state.hpp) reaches dumps, the trace and OOM reporting
   only through their interfaces: no dump or snapshot headers, no other unit's sources.
 - One module writes the dump header: the field list appears in allocator/src/dump.cpp only.
+- One module of remat.pipelining touches PyTorch's private pipelining internals
+  (_torch_internals.py): the others neither import torch.distributed.pipelining nor name them.
 """
 
+import ast
 import pathlib
 import re
 import sys
@@ -60,6 +63,23 @@ class Layering(unittest.TestCase):
         ]
         self.assertEqual(writers, ["allocator/src/dump.cpp"])
 
+    def test_one_module_touches_pytorchs_pipelining_internals(self):
+        private = {"_RecvInfo", "_stage", "_stages", "_n_microbatches", "args_recv_info", "grad_recv_info",
+                   "_initialize_stage", "output_chunks", "pipeline_order_with_comms", "_step_microbatches"}
+
+        def touches(path: pathlib.Path) -> bool:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch.distributed.pipelining"):
+                    return True
+                if isinstance(node, ast.Import) and any(a.name.startswith("torch.distributed.pipelining")
+                                                        for a in node.names):
+                    return True
+                if isinstance(node, ast.Attribute) and node.attr in private:
+                    return True
+            return False
+
+        package = ROOT / "pipeline/python/remat/pipelining"
+        self.assertEqual(sorted(p.name for p in package.glob("*.py") if touches(p)), ["_torch_internals.py"])
 
 if __name__ == "__main__":
     sys.exit(unittest.main())

@@ -19,7 +19,8 @@ import weakref
 from typing import Any, Optional
 
 from .. import _pipeline_plan
-from ._plan import STAGE_METHODS as _STAGE_METHODS, UnsupportedSchedule, layout_of, plan_of
+from . import _torch_internals as internals
+from ._plan import UnsupportedSchedule, layout_of, plan_of
 from ._pool import RecvSlotInUse, SchedulePool
 
 __all__ = [
@@ -56,7 +57,7 @@ def _install_pool(schedule: Any, *, slack: int, mode: str, closed_form: bool) ->
     if getattr(schedule, _POOL_ATTRIBUTE, None) is not None:
         raise RuntimeError("remat.pipelining: this schedule's receive buffers are pooled already; pool a schedule once")
     layout = layout_of(schedule)  # refuses what is no schedule, before anything changes
-    for stage in _stages_of(schedule):
+    for stage in internals.stages_of(schedule):
         owner = getattr(stage, _POOLED_BY_ATTRIBUTE, None)
         if owner is not None and owner() is not None:
             # The pool patches the stage for its own schedule's order: another schedule
@@ -68,7 +69,7 @@ def _install_pool(schedule: Any, *, slack: int, mode: str, closed_form: bool) ->
     pool = SchedulePool(layout, plan, mode)
     pool.install()
     setattr(schedule, _POOL_ATTRIBUTE, pool)
-    for stage in _stages_of(schedule):
+    for stage in internals.stages_of(schedule):
         setattr(stage, _POOLED_BY_ATTRIBUTE, weakref.ref(schedule))
     return plan
 
@@ -105,32 +106,25 @@ def recv_buffer_memory(schedule: Any) -> list:
     pool = getattr(schedule, _POOL_ATTRIBUTE, None)
     if pool is not None:
         return pool.memory()
-    return _stock_memory(_stages_of(schedule))
-
-
-def _stages_of(schedule: Any) -> list:
-    stages = getattr(schedule, "_stages", None)
-    return list(stages) if stages is not None else [schedule._stage]
+    return _stock_memory(internals.stages_of(schedule))
 
 
 def _stock_memory(stages: list) -> list:
-    from torch.distributed.pipelining.stage import _RecvInfo
-
     local = {stage.stage_index for stage in stages}
     rows = []
     for stage in sorted(stages, key=lambda s: s.stage_index):
-        for direction, infos, receives in (
-                ("F", stage.args_recv_info, not stage.is_first and stage.stage_index - 1 not in local),
-                ("B", stage.grad_recv_info, not stage.is_last and stage.stage_index + 1 not in local)):
+        for direction, receives in (("F", not stage.is_first and stage.stage_index - 1 not in local),
+                                    ("B", not stage.is_last and stage.stage_index + 1 not in local)):
+            infos = internals.recv_infos(stage, direction)
             if not receives or not infos:
                 continue
             storages = {}
-            for recv_infos in infos.values():
-                for info in recv_infos:
-                    if isinstance(info, _RecvInfo) and info.buffer.numel() > 0:
-                        storage = info.buffer.untyped_storage()
+            for records in infos.values():
+                for buffer in map(internals.buffer_of, internals.received(records)):
+                    if buffer.numel() > 0:
+                        storage = buffer.untyped_storage()
                         storages[storage.data_ptr()] = storage.nbytes()
-            per_set = sum(1 for info in infos[0] if isinstance(info, _RecvInfo)) or 1
+            per_set = len(internals.received(infos[0])) or 1
             sets = len(storages) // per_set
             total = sum(storages.values())
             rows.append({"stages": [stage.stage_index], "direction": direction, "sets": sets, "bytes": total,
@@ -166,25 +160,16 @@ def install_recv_buffer_pool(slack: int = 2) -> bool:
     slack = _check_slack(slack, "install_recv_buffer_pool")
     if _installed_slack is not None:
         return True
-    try:
-        from torch.distributed.pipelining import schedules, stage
 
-        one_f_one_b = schedules.Schedule1F1B
-        original = one_f_one_b._initialize_stage
-        missing = [name for name in _STAGE_METHODS if not hasattr(stage.PipelineStage, name)]
-        if missing or not hasattr(stage, "_RecvInfo"):
-            raise AttributeError(f"PipelineStage has no {', '.join(missing) or '_RecvInfo'}")
-    except (ImportError, AttributeError) as error:
+    def pool_at_first_step(schedule):
+        if getattr(schedule, _POOL_ATTRIBUTE, None) is None:
+            _install_pool(schedule, slack=_installed_slack, mode="ring", closed_form=True)
+
+    try:
+        internals.on_first_1f1b_step(pool_at_first_step)
+    except UnsupportedSchedule as error:
         logger.warning("remat.pipelining: torch internals not recognised, receive buffers stay stock: %s", error)
         return False
-
-    def _initialize_stage(self, args, kwargs):
-        if (type(self) is one_f_one_b and not self._stage_forward_initialized
-                and getattr(self, _POOL_ATTRIBUTE, None) is None):
-            _install_pool(self, slack=_installed_slack, mode="ring", closed_form=True)
-        return original(self, args, kwargs)
-
-    one_f_one_b._initialize_stage = _initialize_stage
     _installed_slack = slack
     return True
 

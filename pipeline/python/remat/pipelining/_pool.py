@@ -18,7 +18,6 @@ the slot is received into again while such a send can still be in flight.
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Optional
 
@@ -26,30 +25,18 @@ import torch
 
 import remat_alloc
 
+from . import _torch_internals as internals
+from ._torch_internals import HANDED_B, RAN_B, RAN_F, RAN_I, RAN_W, SENT_B, SENT_F
+
 __all__ = ["RecvSlotInUse", "SchedulePool", "FORWARD", "BACKWARD"]
 
 FORWARD, BACKWARD = "F", "B"
 _NAMES = {FORWARD: "activation (F)", BACKWARD: "gradient (B)"}
 _MODES = ("ring", "shared_ring", "just_in_time")
-# What a microbatch has run on a stage: F, B, I, W, its sends, and the handoff of its input
-# gradient to the previous stage on the same rank.
-_F, _B, _I, _W, _SEND_F, _SEND_B, _LOCAL_B = (1 << bit for bit in range(7))
 
 
 class RecvSlotInUse(RuntimeError):
     """A receive slot handed to a microbatch while its previous holder still needs it."""
-
-
-_recv_info = None
-
-
-def _recv_info_class():
-    global _recv_info
-    if _recv_info is None:
-        from torch.distributed.pipelining.stage import _RecvInfo
-
-        _recv_info = _RecvInfo
-    return _recv_info
 
 
 class _Ring:
@@ -91,7 +78,7 @@ class _Receiver:
         self.mode = mode
         self.ring, self.slots = ring, slots
         self._own_ring, self._own_slots = own_ring, own_slots
-        self.received: list = []  # per microbatch, its _RecvInfo objects (set up by build)
+        self.received: list = []  # per microbatch, its received records (set up by build)
         self.template: tuple = ()
         self.requires_grad: list = []
         self.placeholders: list = []
@@ -105,27 +92,21 @@ class _Receiver:
 
     def build(self, infos: dict, microbatches: int) -> None:
         """Fills infos[0..M-1] from the one set the stage's own setup made in infos[0]."""
-        recv_info = _recv_info_class()
         first = infos[0]
-        received = [info for info in first if isinstance(info, recv_info)]
-        self.template = tuple((tuple(info.buffer.shape), info.buffer.dtype, info.buffer.device) for info in received)
-        self.requires_grad = [info.buffer.requires_grad for info in received]
+        buffers = [internals.buffer_of(record) for record in internals.received(first)]
+        self.template = tuple((tuple(buffer.shape), buffer.dtype, buffer.device) for buffer in buffers)
+        self.requires_grad = [buffer.requires_grad for buffer in buffers]
         self.placeholders = [torch.empty(0, dtype=dtype, device=device) for _, dtype, device in self.template]
         if self.mode == "ring" and not self.ring.accepts(self.template):
             self.ring, self.slots = self._own_ring, self._own_slots
             self.ring.accepts(self.template)
-        self.received = []  # received[mb]: the _RecvInfo objects of microbatch mb, in input order
+        received = set(map(id, internals.received(first)))
+        self.received = []  # received[mb]: the received records of microbatch mb, in input order
         for mb in range(microbatches):
             buffers = iter(self._idle_buffers(mb))
-            infos[mb] = tuple(self._copy(info, next(buffers)) if isinstance(info, recv_info) else info
-                              for info in first)
-            self.received.append([info for info in infos[mb] if isinstance(info, recv_info)])
-
-    @staticmethod
-    def _copy(info: Any, buffer: torch.Tensor) -> Any:
-        fresh = copy.copy(info)
-        fresh.buffer = buffer
-        return fresh
+            infos[mb] = tuple(internals.with_buffer(record, next(buffers)) if id(record) in received else record
+                              for record in first)
+            self.received.append(internals.received(infos[mb]))
 
     def _idle_buffers(self, mb: int) -> list:
         if self.mode == "ring" and self.slots[mb] is not None:
@@ -138,8 +119,8 @@ class _Receiver:
         return [t.detach().requires_grad_(rg) for t, rg in zip(tensors, self.requires_grad)]
 
     def _set_buffers(self, mb: int, buffers: list) -> None:
-        for info, buffer in zip(self.received[mb], buffers):
-            info.buffer = buffer
+        for record, buffer in zip(self.received[mb], buffers):
+            internals.set_buffer(record, buffer)
 
     def post(self, mb: int) -> None:
         """Called before the receive of `mb` is posted: gives it its buffers."""
@@ -229,37 +210,58 @@ class _StagePool:
         """Whether every reader of `mb`'s buffers in `direction` on this stage has run."""
         done = self.done.get(mb, 0)
         stage = self.stage
-        backward_done = done & _B or (done & _I and done & _W)
+        backward_done = done & RAN_B or (done & RAN_I and done & RAN_W)
         if direction == FORWARD:
-            return bool(done & _F and (backward_done or not stage.has_backward)
-                        and (stage.is_last or self.next_local or done & _SEND_F))
-        return bool(backward_done and (stage.is_first or self.prev_local or done & _SEND_B)
-                    and (not self.prev_local or done & _LOCAL_B))
+            return bool(done & RAN_F and (backward_done or not stage.has_backward)
+                        and (stage.is_last or self.next_local or done & SENT_F))
+        return bool(backward_done and (stage.is_first or self.prev_local or done & SENT_B)
+                    and (not self.prev_local or done & HANDED_B))
 
     def missing(self, mb: int, direction: str) -> list:
         """What must still run on this stage before `mb`'s buffers in `direction` are free (for messages)."""
         done = self.done.get(mb, 0)
         stage = self.stage
-        backward = f"B{mb}" if not done & _I else f"W{mb}"
-        backward_done = done & _B or (done & _I and done & _W)
+        backward = f"B{mb}" if not done & RAN_I else f"W{mb}"
+        backward_done = done & RAN_B or (done & RAN_I and done & RAN_W)
         missing = []
         if direction == FORWARD:
-            if not done & _F:
+            if not done & RAN_F:
                 missing.append(f"F{mb}")
             if stage.has_backward and not backward_done:
                 missing.append(backward)
-            if not stage.is_last and not self.next_local and not done & _SEND_F:
+            if not stage.is_last and not self.next_local and not done & SENT_F:
                 missing.append(f"SEND_F{mb}")
         else:
             if not backward_done:
                 missing.append(backward)
-            if not stage.is_first and not self.prev_local and not done & _SEND_B:
+            if not stage.is_first and not self.prev_local and not done & SENT_B:
                 missing.append(f"SEND_B{mb}")
-            if self.prev_local and not done & _LOCAL_B:
+            if self.prev_local and not done & HANDED_B:
                 missing.append(f"the handoff of microbatch {mb}'s input gradient to stage {stage.stage_index - 1}")
         return missing
 
-    def note(self, mb: int, action: int) -> None:
+    def receiver(self, direction: str) -> Optional[_Receiver]:
+        return self.forward if direction == FORWARD else self.backward
+
+    # The stage's hooks (_torch_internals.StageHooks).
+
+    def pools(self, direction: str) -> bool:
+        return self.receiver(direction) is not None
+
+    def set_up(self, direction: str, infos: dict, microbatches: int) -> None:
+        self.receiver(direction).build(infos, microbatches)
+
+    def before_receive(self, direction: str, mb: int) -> None:
+        receiver = self.receiver(direction)
+        if receiver is not None and receiver.mode != "handoff":
+            receiver.post(mb)
+
+    def handed_over(self, direction: str, mb: int) -> None:
+        receiver = self.receiver(direction)
+        if receiver is not None:
+            receiver.handed_over(mb)
+
+    def ran(self, mb: int, action: int) -> None:
         self.done[mb] = self.done.get(mb, 0) | action
         for receiver in (self.forward, self.backward):
             if receiver is not None and mb in receiver.live and self.finished(mb, receiver.direction):
@@ -287,105 +289,6 @@ class _StagePool:
             return item
 
         return visit(value)
-
-    def unaliased_ops(self, ops: list) -> list:
-        storages = self.schedule_pool.ring_storages
-        if not storages:
-            return ops
-        return [type(op)(op.op, op.tensor.clone(), op.peer, op.group, op.tag)
-                if op.tensor.untyped_storage().data_ptr() in storages else op for op in ops]
-
-    def wrappers(self) -> dict:
-        """The stage's methods, wrapped; installed together by SchedulePool.install."""
-        stage, pool = self.stage, self
-        original = {name: getattr(stage, name) for name in (
-            "_prepare_forward_infra", "_prepare_backward_infra", "get_fwd_recv_ops", "get_bwd_recv_ops",
-            "get_fwd_send_ops", "get_bwd_send_ops", "forward_one_chunk", "backward_one_chunk",
-            "backward_weight_one_chunk", "clear_runtime_states", "set_local_fwd_input", "set_local_bwd_input",
-            "get_local_bwd_output")}
-
-        def _prepare_forward_infra(num_microbatches, args, kwargs=None):
-            if pool.forward is None:
-                return original["_prepare_forward_infra"](num_microbatches, args, kwargs)
-            outputs = original["_prepare_forward_infra"](1, args, kwargs)
-            pool.forward.build(stage.args_recv_info, num_microbatches)
-            return outputs
-
-        def _prepare_backward_infra(num_microbatches):
-            if pool.backward is None:
-                return original["_prepare_backward_infra"](num_microbatches)
-            result = original["_prepare_backward_infra"](1)
-            stage.chunks = num_microbatches  # the schedule reads it as the step's microbatch count
-            pool.backward.build(stage.grad_recv_info, num_microbatches)
-            return result
-
-        def get_fwd_recv_ops(fwd_chunk_id):
-            if pool.forward is not None and pool.forward.mode != "handoff":
-                pool.forward.post(fwd_chunk_id)
-            return original["get_fwd_recv_ops"](fwd_chunk_id)
-
-        def get_bwd_recv_ops(bwd_chunk_id):
-            if pool.backward is not None and pool.backward.mode != "handoff" and stage.has_backward:
-                pool.backward.post(bwd_chunk_id)
-            return original["get_bwd_recv_ops"](bwd_chunk_id)
-
-        def get_fwd_send_ops(fwd_chunk_id):
-            ops = pool.unaliased_ops(original["get_fwd_send_ops"](fwd_chunk_id))
-            pool.note(fwd_chunk_id, _SEND_F)
-            return ops
-
-        def get_bwd_send_ops(bwd_chunk_id):
-            ops = pool.unaliased_ops(original["get_bwd_send_ops"](bwd_chunk_id))
-            pool.note(bwd_chunk_id, _SEND_B)
-            return ops
-
-        def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
-            output = original["forward_one_chunk"](fwd_chunk_id, *args, **kwargs)
-            if stage.is_last and stage.output_chunks and stage.output_chunks[-1] is output:
-                # The merged output is read at the end of the step, after the slot was reused.
-                stage.output_chunks[-1] = pool.unaliased(output)
-            pool.note(fwd_chunk_id, _F)
-            return output
-
-        def backward_one_chunk(bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
-            result = original["backward_one_chunk"](bwd_chunk_id, loss=loss, full_backward=full_backward,
-                                                    last_backward=last_backward)
-            pool.note(bwd_chunk_id, _B if full_backward else _I)
-            return result
-
-        def backward_weight_one_chunk(bwd_chunk_id, last_backward=False):
-            result = original["backward_weight_one_chunk"](bwd_chunk_id, last_backward=last_backward)
-            pool.note(bwd_chunk_id, _W)
-            return result
-
-        def clear_runtime_states():
-            pool.new_step()
-            return original["clear_runtime_states"]()
-
-        def set_local_fwd_input(prev_stage_outputs, mb_index):
-            original["set_local_fwd_input"](pool.unaliased(prev_stage_outputs), mb_index)
-            if pool.forward is not None:
-                pool.forward.handed_over(mb_index)
-
-        def set_local_bwd_input(next_stage_bwd_outputs, mb_index):
-            original["set_local_bwd_input"](next_stage_bwd_outputs, mb_index)
-            if pool.backward is not None:
-                pool.backward.handed_over(mb_index)
-
-        def get_local_bwd_output(mb_index):
-            grads = pool.unaliased(original["get_local_bwd_output"](mb_index))
-            pool.note(mb_index, _LOCAL_B)
-            return grads
-
-        return {
-            "_prepare_forward_infra": _prepare_forward_infra, "_prepare_backward_infra": _prepare_backward_infra,
-            "get_fwd_recv_ops": get_fwd_recv_ops, "get_bwd_recv_ops": get_bwd_recv_ops,
-            "get_fwd_send_ops": get_fwd_send_ops, "get_bwd_send_ops": get_bwd_send_ops,
-            "forward_one_chunk": forward_one_chunk, "backward_one_chunk": backward_one_chunk,
-            "backward_weight_one_chunk": backward_weight_one_chunk, "clear_runtime_states": clear_runtime_states,
-            "set_local_fwd_input": set_local_fwd_input, "set_local_bwd_input": set_local_bwd_input,
-            "get_local_bwd_output": get_local_bwd_output,
-        }
 
 
 class SchedulePool:
@@ -442,10 +345,9 @@ class SchedulePool:
         return entry["slots"]
 
     def install(self) -> None:
-        wrapped = [(stage_pool.stage, stage_pool.wrappers()) for stage_pool in self.stage_pools]
-        for stage, functions in wrapped:
-            for name, function in functions.items():
-                setattr(stage, name, function)
+        installs = [internals.wrap_stage(stage_pool.stage, stage_pool) for stage_pool in self.stage_pools]
+        for install in installs:
+            install()
 
     def memory(self) -> list:
         """Per receiving stage (or shared ring) and direction: sets and bytes held, and the peak."""
