@@ -126,7 +126,7 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
   block->allocated = true;
   block->requested = size;
   block->tag = tag;
-  s.live.insert(block->address, block);
+  s.live.put(block->address, block);
   s.books.allocated(*block);
   return reinterpret_cast<void*>(block->address);
 }
@@ -136,7 +136,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_size) {
   PoolState& s = *state_;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard lock(s.mutex);
-  Block* block = s.live.find(address);
+  Block* block = s.live_block(address);
   if (block == nullptr) {
     s.books.invalid_free();
     throw InvalidPointerError(s.describe_bad_pointer(address));
@@ -166,7 +166,7 @@ void CachingAllocator::record_stream(void* ptr, Stream stream) {
   PoolState& s = *state_;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard lock(s.mutex);
-  Block* block = s.live.find(address);
+  Block* block = s.live_block(address);
   if (block == nullptr) {
     throw InvalidPointerError("record_stream on " + format_address(address) +
                               ", which is not a live allocation of this allocator; pass a pointer it returned "
@@ -294,7 +294,7 @@ std::vector<TagStatsEntry> CachingAllocator::tag_stats() const {
 
 std::optional<TagId> CachingAllocator::tag_of_block(const void* ptr) const {
   std::lock_guard lock(state_->mutex);
-  const Block* block = state_->live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  const Block* block = state_->live_block(reinterpret_cast<std::uintptr_t>(ptr));
   if (block == nullptr) return std::nullopt;
   return block->tag;
 }

@@ -4,6 +4,7 @@
 // CachingAllocator (caching_allocator.cpp) locks it and turns its operations into the public API;
 // the books (ledger.hpp) keep the statistics and the trace.
 
+#include <remat/alloc/address_map.hpp>
 #include <remat/alloc/backend.hpp>
 #include <remat/alloc/config.hpp>
 #include <remat/alloc/errors.hpp>
@@ -15,7 +16,6 @@
 #include "free_pools.hpp"
 #include "ledger.hpp"
 #include "oom_reporting.hpp"
-#include "pointer_map.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -56,7 +56,7 @@ struct PoolState {
   std::size_t reserved_limit;
   SmallPool small_pool;
   LargePool large_pool;
-  PointerMap<Block> live;
+  AddressMap<Block*> live;  // allocated blocks by address
   std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
   std::vector<std::pair<Event, Block*>> pending_frees;
   std::vector<Block*> spare_blocks;
@@ -273,6 +273,12 @@ struct PoolState {
     const std::size_t granularity = backend->granularity();
     return {base + round_up(block.address - base, granularity),
             base + (block.address + block.size - base) / granularity * granularity};
+  }
+
+  // The allocated block at `address`, or nullptr.
+  Block* live_block(std::uintptr_t address) const {
+    Block* const* found = live.find(address);
+    return found != nullptr ? *found : nullptr;
   }
 
   // The block of a segment that holds `address`, or nullptr.

@@ -10,8 +10,9 @@
 // Events come from a checked stream (reader/event_checks.hpp): in time order, no alloc at a
 // live address, live and reserved bytes within 64 bits.
 
+#include <remat/alloc/address_map.hpp>
+
 #include "analysis/grouping.hpp"
-#include "core/address_map.hpp"
 #include "reader/trace_file.hpp"
 
 #include <array>
@@ -56,7 +57,7 @@ class LiveReplay : public EventSink {
   void release(std::uint64_t address);
 
   Grouper grouper_;
-  AddressMap<LiveBlock> blocks_;
+  alloc::AddressMap<LiveBlock> blocks_;
   std::vector<std::uint64_t> live_, peak_, live_count_, allocations_;
   std::uint64_t total_ = 0, peak_total_ = 0, reserved_ = 0, peak_reserved_ = 0, events_ = 0, unmatched_frees_ = 0,
                 events_to_peak_ = 0;

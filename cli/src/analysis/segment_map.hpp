@@ -3,7 +3,8 @@
 // bytes (rounding slack inside allocated blocks: size - requested_size) and external free
 // bytes (inactive blocks), with a one-line picture of each segment.
 
-#include "core/address_map.hpp"
+#include <remat/alloc/address_map.hpp>
+
 #include "model/dump.hpp"
 #include "reader/trace_file.hpp"
 
@@ -68,7 +69,7 @@ class SegmentRebuilder : public EventSink {
     bool free_requested = false;
   };
   std::map<std::uint64_t, Live> segments_;
-  AddressMap<LiveBlock> blocks_;
+  alloc::AddressMap<LiveBlock> blocks_;
 };
 
 }  // namespace remat::report

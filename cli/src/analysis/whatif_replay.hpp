@@ -21,10 +21,10 @@
 //
 // A run whose pool runs out of memory stops at that event and keeps what held memory then.
 
-#include "core/address_map.hpp"
 #include "model/dump.hpp"
 #include "reader/trace_file.hpp"
 
+#include <remat/alloc/address_map.hpp>
 #include <remat/alloc/config.hpp>
 
 #include <cstddef>
@@ -145,7 +145,7 @@ class WhatIfReplay final : public EventSink {
 
   std::vector<std::unique_ptr<Pool>> pools_;
   const TagTable& tags_;
-  AddressMap<Live> live_;
+  alloc::AddressMap<Live> live_;
   std::vector<void*> pointers_;  // pools_.size() replayed pointers (or held events) per live allocation
   std::vector<std::uint32_t> free_slots_;
   WhatIfCounts counts_;

@@ -9,7 +9,8 @@
 // A free of an address the stream never allocated is allowed: the dump may have begun after
 // the allocation (a ring buffer that dropped its oldest events).
 
-#include "core/address_map.hpp"
+#include <remat/alloc/address_map.hpp>
+
 #include "core/errors.hpp"
 #include "model/dump.hpp"
 
@@ -51,7 +52,7 @@ class EventChecker {
   std::string event_name(std::uint64_t event) const;
 
   std::function<std::string(std::uint64_t)> name_event_;
-  AddressMap<Allocation> blocks_;
+  alloc::AddressMap<Allocation> blocks_;
   // Ordered: a segment_free may release the end of one or several ranges (expandable segments).
   std::map<std::uint64_t, Allocation> segments_;
   std::uint64_t events_ = 0;

@@ -2,14 +2,12 @@
 #include "analysis/live_replay.hpp"
 #include "analysis/segment_map.hpp"
 #include "analysis/timeline_series.hpp"
-#include "core/address_map.hpp"
 #include "reader/event_line.hpp"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <random>
-#include <unordered_map>
 
 namespace remat::report {
 namespace {
@@ -154,27 +152,6 @@ TEST(Timeline, GroupsBeyondTheSeriesLimitAreFoldedIntoOther) {
   EXPECT_EQ(timeline.series[1].label, GroupLabel::own("other (2 groups)"));
   EXPECT_TRUE(timeline.series[1].other);
   EXPECT_EQ(timeline.series[1].values.back(), 30u);
-}
-
-TEST(AddressMap, AgreesWithUnorderedMapUnderRandomInsertsAndErases) {
-  AddressMap<std::uint64_t> map;
-  std::unordered_map<std::uint64_t, std::uint64_t> reference;
-  std::mt19937_64 rng(11);
-  for (int i = 0; i < 200000; ++i) {
-    const std::uint64_t address = (rng() % 5000) * 512;
-    if (rng() % 2) {
-      map.put(address, static_cast<std::uint64_t>(i));
-      reference[address] = static_cast<std::uint64_t>(i);
-    } else {
-      EXPECT_EQ(map.erase(address), reference.erase(address) == 1);
-    }
-  }
-  EXPECT_EQ(map.size(), reference.size());
-  for (const auto& [address, size] : reference) {
-    const std::uint64_t* value = map.find(address);
-    ASSERT_NE(value, nullptr);
-    EXPECT_EQ(*value, size);
-  }
 }
 
 TEST(EventLine, DecodesTheUsualShapeInAnyKeyOrder) {
