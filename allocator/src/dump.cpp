@@ -1,5 +1,6 @@
 #include <remat/alloc/dump.hpp>
 #include <remat/alloc/errors.hpp>
+#include <remat/alloc/utc_time.hpp>
 #include <remat/alloc/version.hpp>
 
 #include "message_text.hpp"
@@ -12,7 +13,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 
 namespace remat::alloc {
 namespace {
@@ -28,16 +28,6 @@ int launcher_rank() {
     if (*end == '\0' && rank >= 0 && rank < (1L << 30)) return static_cast<int>(rank);
   }
   return 0;
-}
-
-// Current UTC time as ISO 8601 with seconds, e.g. 2026-11-30T01:02:03Z.
-std::string utc_timestamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
 }
 
 std::string host_name() {
@@ -92,7 +82,7 @@ std::string directory_of(const std::string& path) {
 }  // namespace
 
 DumpHeader current_dump_header() {
-  return {std::string("remat ") + kVersion, utc_timestamp(), host_name(),
+  return {std::string("remat ") + kVersion, utc_text(now_us(), false), host_name(),
           static_cast<std::int64_t>(::getpid()), launcher_rank()};
 }
 

@@ -1,18 +1,16 @@
 #include <remat/alloc/bytes.hpp>
 #include <remat/alloc/dump.hpp>
 #include <remat/alloc/oom.hpp>
+#include <remat/alloc/utc_time.hpp>
 
 #include "message_text.hpp"
 #include "detail/oom_reporting.hpp"
-
-#include <sys/time.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <map>
 
 namespace remat::alloc {
@@ -170,19 +168,11 @@ std::string oom_summary_line(const OomReport& r, const std::string& dump_path, c
 
 std::string oom_dump_path(const std::string& directory, int device) {
   static std::atomic<unsigned> sequence{0};
-  timeval now{};
-  gettimeofday(&now, nullptr);
-  std::tm utc{};
-  gmtime_r(&now.tv_sec, &utc);
-  char stamp[40];
-  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &utc);
-  char micros[16];
-  std::snprintf(micros, sizeof micros, ".%06ldZ", static_cast<long>(now.tv_usec));
   const DumpHeader header = current_dump_header();
   std::string path = directory;
   if (!path.empty() && path.back() != '/') path += '/';
   path += "oom-" + header.host + "-r" + std::to_string(header.rank) + "-p" + std::to_string(header.pid) + "-d" +
-          std::to_string(device) + "-" + stamp + micros;
+          std::to_string(device) + "-" + utc_file_stamp(now_us());
   const unsigned n = sequence++;
   if (n > 0) path += "-" + std::to_string(n);
   return path + ".json";

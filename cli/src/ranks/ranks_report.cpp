@@ -4,10 +4,10 @@
 #include "renderers/memory_summary.hpp"
 
 #include <remat/alloc/dump.hpp>
+#include <remat/alloc/utc_time.hpp>
 
 #include <fmt/format.h>
 
-#include <ctime>
 #include <map>
 #include <ostream>
 #include <set>
@@ -22,16 +22,6 @@ namespace {
 constexpr std::size_t kOthersShown = 8;
 // Rank ranges a cell of text shows before it folds the rest.
 constexpr std::size_t kRangesShown = 6;
-
-std::string utc_time_text(std::int64_t time_us, bool to_the_second) {
-  const std::time_t seconds = static_cast<std::time_t>(time_us / 1000000);
-  std::tm parts{};
-  gmtime_r(&seconds, &parts);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &parts);
-  if (to_the_second) return std::string(text) + "Z";
-  return fmt::format("{}.{:06d}Z", text, time_us % 1000000);
-}
 
 std::string source_text(const RankRow& row) {
   std::string text(to_string(row.source));
@@ -173,7 +163,7 @@ Table spreads_table(const RanksRun& run) {
 void add_first_failure(Report& report, const FirstFailure& first) {
   Table table = key_value_table("first_oom", fmt::format("Out of memory: rank {} failed first", first.rank));
   add_field(table, "rank", Cell::count(first.rank));
-  add_field(table, "time", Cell::text(utc_time_text(first.failure.time_us, !first.failure.time_from_event)));
+  add_field(table, "time", Cell::text(alloc::utc_text(first.failure.time_us, first.failure.time_from_event)));
   add_field(table, "requested", Cell::bytes(first.failure.requested_bytes));
   add_field(table, "dump", Cell::text(first.failure.path));
   std::uint64_t failed = 0;
