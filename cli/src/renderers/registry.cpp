@@ -1,3 +1,5 @@
+// The registry of renderers (renderer.hpp): one per dump kind, chosen by a file's kind and
+// schema version.
 #include "renderers/renderer.hpp"
 
 #include "analysis/live_replay.hpp"
