@@ -45,15 +45,15 @@ std::string what_happened(const OomReport& r) {
     case OomCause::memory_fraction_cap:
       return request + ", but memory_fraction:" + fraction_text(r.memory_fraction) + " caps reserved memory at " +
              std::to_string(r.reserved_limit_bytes) + " bytes (" + format_bytes(r.reserved_limit_bytes) +
-             ") and " + format_bytes(static_cast<std::uint64_t>(r.reserved_bytes)) +
+             ") and " + format_bytes(r.reserved_bytes) +
              " are reserved; the device has " + format_bytes(r.memory.free_bytes) + " free";
     case OomCause::device_full:
       break;
   }
   return request + " (a " + format_bytes(r.segment_bytes) + " segment): " +
          format_bytes(r.memory.free_bytes) + " free of " + format_bytes(r.memory.total_bytes) + ", " +
-         format_bytes(static_cast<std::uint64_t>(r.allocated_bytes)) + " allocated, " +
-         format_bytes(static_cast<std::uint64_t>(r.reserved_bytes)) + " reserved";
+         format_bytes(r.allocated_bytes) + " allocated, " +
+         format_bytes(r.reserved_bytes) + " reserved";
 }
 
 // The host backend's "device" is a capacity the configuration sets, not a card's memory.
@@ -101,20 +101,20 @@ std::string oom_report_to_json(const OomReport& r) {
   write_dump_header(json, "oom", kOomSchemaVersion, r.device);
   json.field("backend", r.backend).field("cause", to_string(r.cause));
   json.key("request").begin_object()
-      .field("requested_bytes", static_cast<std::uint64_t>(r.requested_bytes))
-      .field("rounded_bytes", static_cast<std::uint64_t>(r.rounded_bytes))
-      .field("segment_bytes", static_cast<std::uint64_t>(r.segment_bytes))
+      .field("requested_bytes", r.requested_bytes)
+      .field("rounded_bytes", r.rounded_bytes)
+      .field("segment_bytes", r.segment_bytes)
       .end_object();
   json.key("memory").begin_object()
-      .field("device_free_bytes", static_cast<std::uint64_t>(r.memory.free_bytes))
-      .field("device_total_bytes", static_cast<std::uint64_t>(r.memory.total_bytes))
+      .field("device_free_bytes", r.memory.free_bytes)
+      .field("device_total_bytes", r.memory.total_bytes)
       .field("reserved_bytes", r.reserved_bytes)
       .field("allocated_bytes", r.allocated_bytes)
       .field("requested_bytes", r.requested_live_bytes)
       .field("active_bytes", r.active_bytes)
       .field("segments", r.segments)
       .field("memory_fraction", r.memory_fraction);
-  if (r.reserved_limit_bytes != 0) json.field("reserved_limit_bytes", static_cast<std::uint64_t>(r.reserved_limit_bytes));
+  if (r.reserved_limit_bytes != 0) json.field("reserved_limit_bytes", r.reserved_limit_bytes);
   json.end_object();
   json.key("fragmentation").begin_object()
       .field("largest_free_block", r.largest_free_block)
@@ -157,7 +157,7 @@ std::string oom_summary_line(const OomReport& r, const std::string& dump_path, c
   const std::size_t shown = std::min<std::size_t>(3, r.by_region.size());
   for (std::size_t i = 0; i < shown; ++i) {
     const OomHolder& holder = r.by_region[i];
-    line += (i ? ", " : "") + detail::printable(holder.name) + " " + format_bytes(static_cast<std::uint64_t>(holder.bytes));
+    line += (i ? ", " : "") + detail::printable(holder.name) + " " + format_bytes(holder.bytes);
   }
   if (shown == 0) line += "none";
   if (!dump_path.empty()) line += "; report: " + dump_path;

@@ -60,13 +60,13 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
   // What the allocator must place: the request after rounding.
   const std::uint64_t need = std::max(n.rounded_bytes, n.requested_bytes);
 
-  if (n.cause == alloc::OomCause::request_exceeds_device || (n.device_total_bytes > 0 && need > n.device_total_bytes)) {
+  if (n.cause == alloc::OomCause::request_exceeds_device || (n.memory.total_bytes > 0 && need > n.memory.total_bytes)) {
     const std::uint64_t placed = std::max(need, n.segment_bytes);
     out.push_back({SuggestionKind::request_exceeds_device,
                    fmt::format("the request alone ({}) is larger than the whole device ({}): no cache setting or "
                                "recompute makes it fit; split the tensor or shrink what sizes it (batch size, "
                                "sequence length)",
-                               human_bytes(placed), human_bytes(n.device_total_bytes)),
+                               human_bytes(placed), human_bytes(n.memory.total_bytes)),
                    std::nullopt, "", ""});
     return out;  // nothing else can help a request the device cannot hold
   }
@@ -76,16 +76,16 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
   const bool capped = n.cause == alloc::OomCause::memory_fraction_cap ||
                       (!n.cause && n.reserved_limit_bytes > 0 &&
                        saturating_add(n.reserved_bytes, n.segment_bytes) > n.reserved_limit_bytes);
-  if (capped && n.device_total_bytes > 0) {
+  if (capped && n.memory.total_bytes > 0) {
     // What must fit under the cap: what stays reserved plus the new segment.
     const std::uint64_t must_fit =
         saturating_add(n.reserved_bytes - std::min(n.reserved_bytes, n.releasable_bytes), n.segment_bytes);
-    const double needed = std::ceil(100.0 * share_of(must_fit, n.device_total_bytes)) / 100.0;
+    const double needed = std::ceil(100.0 * share_of(must_fit, n.memory.total_bytes)) / 100.0;
     const std::string cap_text =
         fmt::format("memory_fraction:{} caps reserved memory at {} bytes ({}), {} were reserved and the request "
                     "needed a {} segment, while the device had {} free",
                     n.memory_fraction, n.reserved_limit_bytes, human_bytes(n.reserved_limit_bytes),
-                    human_bytes(n.reserved_bytes), human_bytes(n.segment_bytes), human_bytes(n.device_free_bytes));
+                    human_bytes(n.reserved_bytes), human_bytes(n.segment_bytes), human_bytes(n.memory.free_bytes));
     if (needed <= 1.0) {
       out.push_back({SuggestionKind::raise_memory_fraction,
                      fmt::format("the memory_fraction cap was reached: {}; raise memory_fraction to at least {:.2f} "
@@ -138,7 +138,7 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
                    most_saved->saved_bytes, "", most_saved->name});
   }
 
-  const std::uint64_t capacity = capped ? n.reserved_limit_bytes : n.device_total_bytes;
+  const std::uint64_t capacity = capped ? n.reserved_limit_bytes : n.memory.total_bytes;
   if (capacity > 0 && share_of(n.allocated_bytes, capacity) >= kNearCapacityShare) {
     out.push_back({SuggestionKind::reduce_batch,
                    fmt::format("allocated ({}) is {} of the {} ({}): lower the batch size or recompute more regions",

@@ -75,12 +75,8 @@ struct SavedReportDump {
   std::vector<SavedGroup> node_groups;
 };
 
-struct OomHolder {
-  std::string name;
-  std::uint64_t bytes = 0;
-  std::uint64_t blocks = 0;
-  std::uint64_t saved_bytes = 0;  // of `bytes`, allocated under policy save
-};
+using alloc::OomHolder;
+using alloc::OomHolders;
 
 struct OomEvent {
   Action action = Action::alloc;
@@ -91,36 +87,12 @@ struct OomEvent {
   std::string region;
 };
 
-// The numbers an OOM report gives about the failed request and the allocator's state.
-struct OomNumbers {
-  // The limit the request ran into, as the allocator records it; empty in a report written
-  // before the cause was recorded.
+// The figures an OOM report gives about the failed request and the allocator's state, as the
+// allocator writes them.
+struct OomNumbers : alloc::OomFigures {
+  // The limit the request ran into; empty in a report written before the cause was recorded.
   std::optional<alloc::OomCause> cause;
-  double memory_fraction = 1.0;
-  std::uint64_t reserved_limit_bytes = 0;  // the memory_fraction cap in bytes; 0 when none
-  std::uint64_t requested_bytes = 0;
-  std::uint64_t rounded_bytes = 0;
-  std::uint64_t segment_bytes = 0;
-  std::uint64_t device_free_bytes = 0;
-  std::uint64_t device_total_bytes = 0;
-  std::uint64_t reserved_bytes = 0;
-  std::uint64_t allocated_bytes = 0;
-  std::uint64_t requested_live_bytes = 0;
-  std::uint64_t active_bytes = 0;
-  std::uint64_t segments = 0;
-  std::uint64_t largest_free_block = 0;
-  std::uint64_t cached_free_bytes = 0;      // reserved but not active
-  std::uint64_t releasable_bytes = 0;       // whole free segments: what empty-cache returns
-  std::uint64_t fragmented_free_bytes = 0;  // free bytes inside segments that hold live blocks
-  std::uint64_t free_blocks_in_split_segments = 0;
-  std::uint64_t internal_bytes = 0;
-};
-
-struct OomHolders {
-  std::vector<OomHolder> by_region;
-  std::vector<OomHolder> by_recv_slot;
-  std::vector<OomHolder> by_site;
-  std::vector<OomHolder> by_phase;
+  std::uint64_t internal_bytes = 0;  // rounding slack in allocated blocks: allocated - requested
 };
 
 struct OomDump {

@@ -135,7 +135,7 @@ RankFigures rank_from_oom(const OomDump& dump, GroupBy by, const std::string& pa
   // The bytes held when the allocation failed: the rank's peak up to that moment is at least this.
   figures.peak_allocated_bytes = dump.numbers.allocated_bytes;
   figures.peak_reserved_bytes = dump.numbers.reserved_bytes;
-  figures.device_total_bytes = dump.numbers.device_total_bytes;
+  figures.device_total_bytes = dump.numbers.memory.total_bytes;
   figures.ooms = std::max<std::uint64_t>(dump.num_ooms, 1);
   OomFailure failure{0, false, dump.numbers.requested_bytes, path};
   const auto oom_event = std::find_if(dump.last_events.rbegin(), dump.last_events.rend(),

@@ -160,8 +160,8 @@ OomDump read_oom(json::object root) {
 
   const JsonPath memory_path = path.key("memory");
   const json::object memory = json::as_object(member(root, "memory", path), memory_path);
-  n.device_free_bytes = u64_field(memory, "device_free_bytes", memory_path);
-  n.device_total_bytes = u64_field(memory, "device_total_bytes", memory_path);
+  n.memory.free_bytes = u64_field(memory, "device_free_bytes", memory_path);
+  n.memory.total_bytes = u64_field(memory, "device_total_bytes", memory_path);
   n.reserved_bytes = u64_field(memory, "reserved_bytes", memory_path);
   n.allocated_bytes = u64_field(memory, "allocated_bytes", memory_path);
   n.requested_live_bytes = u64_field(memory, "requested_bytes", memory_path);

@@ -60,11 +60,11 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   report.tables.push_back(std::move(request));
 
   Table memory = key_value_table("memory", "Memory when it failed");
-  add_field(memory, "device_free", Cell::bytes(n.device_free_bytes));
-  add_field(memory, "device_total", Cell::bytes(n.device_total_bytes));
+  add_field(memory, "device_free", Cell::bytes(n.memory.free_bytes));
+  add_field(memory, "device_total", Cell::bytes(n.memory.total_bytes));
   add_field(memory, "reserved", Cell::bytes(n.reserved_bytes));
   add_field(memory, "allocated", Cell::bytes(n.allocated_bytes));
-  add_field(memory, "allocated_of_device", share(n.allocated_bytes, n.device_total_bytes));
+  add_field(memory, "allocated_of_device", share(n.allocated_bytes, n.memory.total_bytes));
   add_field(memory, "active", Cell::bytes(n.active_bytes));
   add_field(memory, "requested_live", Cell::bytes(n.requested_live_bytes));
   add_field(memory, "segments", Cell::count(n.segments));

@@ -18,8 +18,8 @@ OomNumbers quiet_numbers() {
   n.requested_bytes = 64 * kMiB;
   n.rounded_bytes = 64 * kMiB;
   n.segment_bytes = 64 * kMiB;
-  n.device_total_bytes = 16 * kGiB;
-  n.device_free_bytes = 32 * kMiB;
+  n.memory.total_bytes = 16 * kGiB;
+  n.memory.free_bytes = 32 * kMiB;
   n.reserved_bytes = 8 * kGiB;
   n.allocated_bytes = 8 * kGiB;
   n.active_bytes = 8 * kGiB;
@@ -147,7 +147,7 @@ OomNumbers capped_numbers() {
   n.reserved_bytes = 1000 * kMiB;
   n.allocated_bytes = 950 * kMiB;
   n.active_bytes = 950 * kMiB;
-  n.device_free_bytes = 15 * kGiB;
+  n.memory.free_bytes = 15 * kGiB;
   return n;
 }
 
@@ -216,7 +216,7 @@ TEST(OomAdvice, ACapWithASegmentNearTwoTo64NeverAdvisesASmallFraction) {
 
 TEST(OomAdvice, ARequestNearTwoTo64GetsNoMaxSplitSizeTheAllocatorWouldRefuse) {
   OomNumbers n = quiet_numbers();
-  n.device_total_bytes = 0;  // unknown: the request is not compared with the device
+  n.memory.total_bytes = 0;  // unknown: the request is not compared with the device
   n.requested_bytes = n.rounded_bytes = UINT64_MAX;
   n.cached_free_bytes = UINT64_MAX;
   n.fragmented_free_bytes = kGiB;

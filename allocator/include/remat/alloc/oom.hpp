@@ -21,10 +21,10 @@ inline constexpr std::size_t kOomTopHolders = 10;
 inline constexpr std::size_t kOomTraceEvents = 64;
 
 struct OomHolder {
-  std::string name;          // region path, receive slot "1F0", site, or "<untagged>"
-  std::int64_t bytes = 0;    // live, rounded
-  std::int64_t blocks = 0;
-  std::int64_t saved_bytes = 0;  // of those, allocated under policy save
+  std::string name;           // region path, receive slot "1F0", site, or "<untagged>"
+  std::uint64_t bytes = 0;   // live, rounded
+  std::uint64_t blocks = 0;
+  std::uint64_t saved_bytes = 0;  // of those, allocated under policy save
 };
 
 struct OomTraceEvent {
@@ -40,29 +40,38 @@ enum class OomCause : std::uint8_t {
 };
 std::string_view to_string(OomCause cause);
 
-struct OomReport {
+// An OOM report's figures: the request, the device and the pool when it failed. The allocator
+// fills them; remat-report reads them back from the dump.
+struct OomFigures {
+  double memory_fraction = 1.0;
+  std::uint64_t reserved_limit_bytes = 0;  // the memory_fraction cap; 0 when none is set
+  std::uint64_t requested_bytes = 0;
+  std::uint64_t rounded_bytes = 0;
+  std::uint64_t segment_bytes = 0;  // the segment the allocator tried to obtain
+  DeviceMemoryInfo memory{};
+  std::uint64_t reserved_bytes = 0;
+  std::uint64_t allocated_bytes = 0;
+  std::uint64_t requested_live_bytes = 0;
+  std::uint64_t active_bytes = 0;
+  std::uint64_t segments = 0;
+  std::uint64_t largest_free_block = 0;
+  std::uint64_t cached_free_bytes = 0;      // reserved but not active
+  std::uint64_t releasable_bytes = 0;       // whole free segments: what empty-cache returns
+  std::uint64_t fragmented_free_bytes = 0;  // free bytes inside segments that hold live blocks
+  std::uint64_t free_blocks_in_split_segments = 0;
+};
+
+// Who held the memory, by each grouping of the tags: largest first, the top kOomTopHolders.
+struct OomHolders {
+  std::vector<OomHolder> by_region, by_recv_slot, by_site, by_phase;
+};
+
+struct OomReport : OomFigures, OomHolders {
   int device = 0;
   std::string backend;
   OomCause cause = OomCause::device_full;
-  double memory_fraction = 1.0;
-  std::size_t reserved_limit_bytes = 0;  // the memory_fraction cap; 0 when none is set
-  std::size_t requested_bytes = 0;
-  std::size_t rounded_bytes = 0;
-  std::size_t segment_bytes = 0;  // the segment the allocator tried to obtain
-  DeviceMemoryInfo memory{};
-  std::int64_t reserved_bytes = 0;
-  std::int64_t allocated_bytes = 0;
-  std::int64_t requested_live_bytes = 0;
-  std::int64_t active_bytes = 0;
-  std::int64_t segments = 0;
-  std::int64_t largest_free_block = 0;
-  std::int64_t cached_free_bytes = 0;       // reserved but not active
-  std::int64_t releasable_bytes = 0;        // whole free segments: what empty-cache returns
-  std::int64_t fragmented_free_bytes = 0;   // free bytes inside segments that hold live blocks
-  std::int64_t free_blocks_in_split_segments = 0;
   std::uint64_t num_ooms = 0;
   std::string config;
-  std::vector<OomHolder> by_region, by_recv_slot, by_site, by_phase;  // largest first, top N
   std::vector<std::string> tag_stack;  // of the failing thread, outermost first
   std::vector<OomTraceEvent> last_events;  // oldest first
 };
