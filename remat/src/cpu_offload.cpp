@@ -51,16 +51,24 @@ struct Payload {
   at::Tensor resident;
   std::shared_ptr<HostCopy> copy;
   bool unpacked = false;
+  // The saved tensor's version counter and its version when packed. Autograd checks neither for
+  // a tensor saved through hooks; unpack does, so that a change in place after the save is an
+  // error as without the offloader, not a gradient from whichever value the copy read.
+  c10::VariableVersion version{c10::VariableVersion::DISABLED};
+  std::uint32_t version_at_pack = 0;
   ~Payload();
 };
 
-// What makes two saved tensors one: the same storage, view and version.
+// What makes two saved tensors one: the same storage, view, version and the conjugate and
+// negative bits (c and c.conj() share everything else, but hold other values).
 struct TensorKey {
   const void* storage;
   std::int64_t offset;
   std::vector<std::int64_t> sizes, strides;
   c10::ScalarType dtype;
   std::uint32_t version;
+  bool conjugate;
+  bool negative;
   auto operator<=>(const TensorKey&) const = default;
 };
 
@@ -203,6 +211,8 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
     at::NoGradGuard no_grad;
     auto payload = std::make_shared<Payload>();
     payload->engine = weak_from_this();
+    payload->version = tensor.unsafeGetTensorImpl()->version_counter();
+    if (payload->version.enabled()) payload->version_at_pack = payload->version.current_version();
     std::lock_guard lock(mutex);
     if (live_payloads == 0) start_step();
     ++live_payloads;
@@ -213,11 +223,14 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
       stats.kept_resident_reasons[reason] += 1;
       return payload;
     }
-    const TensorKey key{tensor.storage().unsafeGetStorageImpl(), tensor.storage_offset(), tensor.sizes().vec(),
-                        tensor.strides().vec(), tensor.scalar_type(),
-                        tensor.unsafeGetTensorImpl()->version_counter().enabled()
-                            ? tensor.unsafeGetTensorImpl()->version_counter().current_version()
-                            : 0};
+    const TensorKey key{tensor.storage().unsafeGetStorageImpl(),
+                        tensor.storage_offset(),
+                        tensor.sizes().vec(),
+                        tensor.strides().vec(),
+                        tensor.scalar_type(),
+                        payload->version_at_pack,
+                        tensor.is_conj(),
+                        tensor.is_neg()};
     if (auto found = copies.find(key); found != copies.end() && !found->second.first.expired()) {
       if (std::shared_ptr<HostCopy> shared = found->second.second.lock()) {
         payload->copy = std::move(shared);
@@ -305,6 +318,14 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
   }
 
   at::Tensor unpack(Payload& payload) {
+    if (payload.version.enabled() && payload.version.current_version() != payload.version_at_pack) {
+      throw Error("CpuOffload.unpack: a tensor saved for backward (" + describe(payload) +
+                  ") was modified by an inplace operation after it was saved (version " +
+                  std::to_string(payload.version_at_pack) + ", now " +
+                  std::to_string(payload.version.current_version()) +
+                  "); backward would use a value other than the one forward saw and give a wrong gradient: "
+                  "make that operation out-of-place, or clone the tensor before changing it");
+    }
     if (payload.resident.defined()) return payload.resident;
     HostCopy& copy = *payload.copy;
     at::NoGradGuard no_grad;
@@ -332,6 +353,15 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
     // retained graph copies it again).
     if (copy.unpacked == copy.payloads) copy.back = at::Tensor();
     return tensor;
+  }
+
+  // "Float [4, 8]": the saved tensor, for errors.
+  static std::string describe(const Payload& payload) {
+    if (payload.resident.defined()) {
+      return std::string(c10::toString(payload.resident.scalar_type())) + " " + c10::str(payload.resident.sizes());
+    }
+    return std::string(c10::toString(payload.copy->options.dtype().toScalarType())) + " " +
+           c10::str(at::IntArrayRef(payload.copy->sizes));
   }
 
   void released_payload() {

@@ -10,6 +10,8 @@
 #include <remat/alloc/tags.hpp>
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_conj.h>
+#include <ATen/ops/_neg_view.h>
 #include <ATen/record_function.h>
 
 #include <mutex>
@@ -103,6 +105,7 @@ void Frame::release_after_failed_forward() {
   pending_names.clear();
   fingerprints.clear();
   dropped_metas.clear();
+  dropped_versions.clear();
   contexts.clear();
   body = nullptr;  // a Python body holds its closure, which may hold the graph
   options.recompute_state_hooks.clear();
@@ -144,7 +147,8 @@ std::optional<std::size_t> Frame::ferry(const at::Tensor& t, int save_region) {
   const c10::StorageImpl* storage = storage_of(t);
   for (const auto& [index, input] : recreated_region_inputs) {
     if (storage_of(input) != storage) continue;
-    ferried.push_back({save_region, index, meta_of(input), meta_of(t)});
+    ferried.push_back(
+        {save_region, index, meta_of(input), meta_of(t), t.is_conj() != input.is_conj(), t.is_neg() != input.is_neg()});
     return ferried.size() - 1;
   }
   return std::nullopt;
@@ -165,8 +169,11 @@ void Frame::fill_ferried(int save_region, const TensorList& region_inputs) {
                   "the region saved from it cannot be taken from it again; the body must take the same path in "
                   "recompute as in forward");
     }
-    recreated[dropped + k] = input.variable_data().as_strided(slot.saved_meta.sizes, slot.saved_meta.strides,
-                                                              slot.saved_meta.storage_offset);
+    at::Tensor saved = input.variable_data().as_strided(slot.saved_meta.sizes, slot.saved_meta.strides,
+                                                        slot.saved_meta.storage_offset);
+    if (slot.conjugate_flipped) saved = at::_conj(saved);
+    if (slot.negative_flipped) saved = at::_neg_view(saved);
+    recreated[dropped + k] = std::move(saved);
     filled[dropped + k] = true;
     --missing;
   }
@@ -233,6 +240,18 @@ void Frame::recompute() {
       args.push_back(make_placeholder(input.meta, "input " + std::to_string(i) + " of checkpoint '" +
                                                       options.region_name + "'"));
     }
+  }
+
+  for (const DroppedVersion& saved : dropped_versions) {
+    if (saved.version.current_version() == saved.version_at_save) continue;
+    restore_states(hooks, outer);
+    const DroppedMeta& meta = dropped_metas[saved.index];
+    throw Error("a tensor that " + where(meta.region) + " read (saved tensor #" + std::to_string(saved.index) + ", " +
+                meta.describe() + ") was changed by an in-place operation after forward (version " +
+                std::to_string(saved.version_at_save) + ", now " + std::to_string(saved.version.current_version()) +
+                "); recompute would read the changed value and give wrong gradients: change parameters and other "
+                "tensors the checkpoint reads only after backward (optimizer.step() after loss.backward()), or make "
+                "that operation out-of-place");
   }
 
   {

@@ -86,6 +86,20 @@ struct FerriedTensor {
   std::size_t input = 0;  // the region's input it shares a storage with
   TensorMeta input_meta;  // that input's layout in forward: recompute's must be the same
   TensorMeta saved_meta;  // the saved tensor's sizes, strides and offset in that storage
+  // Whether the saved tensor's conjugate and negative bits differ from the input's (it was
+  // x.conj() or a negative view of x): what recompute takes is flipped the same way.
+  bool conjugate_flipped = false;
+  bool negative_flipped = false;
+};
+
+// A tensor that requires grad which forward saved and dropped. When it came from outside the
+// checkpoint (a parameter, a captured weight), recompute reads the same tensor again, so a change
+// in place since forward would recreate other values: recompute refuses to start, as autograd
+// refuses to unpack a saved tensor changed since it was saved.
+struct DroppedVersion {
+  std::size_t index = 0;  // its dropped slot
+  c10::VariableVersion version{c10::VariableVersion::DISABLED};
+  std::uint32_t version_at_save = 0;
 };
 
 enum class Mode : std::uint8_t { none, forward, recompute };
@@ -115,6 +129,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<std::unique_ptr<CheckpointContext>> contexts;
   std::vector<Fingerprint> fingerprints;   // per dropped tensor, with verify_recompute
   std::vector<DroppedMeta> dropped_metas;  // per dropped tensor
+  std::vector<DroppedVersion> dropped_versions;  // of the dropped tensors that require grad
 
   // Tensors autograd saved outside save regions: dropped in forward, recreated by recompute
   // in the same order. Slots past `dropped` hold the ferried tensors, in their order.

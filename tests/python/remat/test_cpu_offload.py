@@ -279,3 +279,74 @@ def test_checkpoint_inputs_are_tagged_with_the_checkpoint_under_an_enclosing_reg
     assert regions == {f"outer::layers.{i}": x.numel() * 4 for i in (1, 2)}  # layer 0's input is a leaf
     h.sum().backward()
     assert offloaded_regions(tmp_path) == {}
+
+
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_a_tensor_and_its_conjugate_or_negative_view_saved_together_keep_their_own_values(view):
+    x = torch.randn(64, 64, dtype=torch.complex64, generator=torch.Generator().manual_seed(5), requires_grad=True)
+
+    def loss_of(h):
+        other = h.conj() if view == "conj" else torch._neg_view(h)
+        return (h * other).real.sum()
+
+    h = x * 1
+    loss_of(h).backward()
+    expected = x.grad.clone()
+    x.grad = None
+    off = remat.CpuOffload(min_bytes=0)
+    with off:
+        h = x * 1
+        loss = loss_of(h)
+    loss.backward()
+    assert torch.equal(x.grad, expected)
+    assert off.stats()["offloaded_tensors"] == 2 and off.stats()["shared_tensors"] == 0
+
+    c = torch.randn(256, dtype=torch.complex64)
+    other = c.conj() if view == "conj" else torch._neg_view(c)
+    with off:
+        first, second = off.pack(c), off.pack(other)
+        assert torch.equal(off.unpack(second), other.resolve_conj().resolve_neg())
+        assert torch.equal(off.unpack(first), c)
+
+
+def test_a_conjugate_view_saved_inside_a_save_region_gives_autograds_gradient():
+    x = torch.randn(64, 64, dtype=torch.complex64, generator=torch.Generator().manual_seed(6), requires_grad=True)
+
+    def body(t):
+        h = t * 1
+        return remat.region(lambda u: (u * u.conj()).real, "product", recompute=False)(h).sum()
+
+    (x * 1 * (x * 1).conj()).real.sum().backward()
+    expected = x.grad.clone()
+    for hooks in (None, "offload"):
+        x.grad = None
+        off = remat.CpuOffload(min_bytes=0)
+        pair = (off.pack, off.unpack) if hooks else None
+        remat.checkpoint(region_name="ckpt", saved_tensors_hooks=pair)(body)(x).backward()
+        assert torch.equal(x.grad, expected), hooks
+
+
+def test_a_tensor_changed_in_place_after_it_was_saved_is_refused_as_autograd_refuses():
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(8, 64, requires_grad=True)
+    h = x * 1
+    y = (h @ w).sum()
+    h.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+    off = remat.CpuOffload(min_bytes=0)
+    with off:
+        h = x * 1
+        y = (h @ w).sum()
+    h.add_(1)
+    with pytest.raises(RuntimeError, match=r"CpuOffload.unpack: a tensor saved for backward \(Float \[8, 64\]\) was "
+                                           r"modified by an inplace operation after it was saved \(version 0, now 1\)"):
+        y.backward()
+
+    with off:  # a parameter stays resident, and is checked the same way
+        y = (x @ w).sum()
+    with torch.no_grad():
+        w.add_(1)
+    with pytest.raises(RuntimeError, match=r"\(Float \[64, 64\]\) was modified by an inplace operation"):
+        y.backward()

@@ -151,3 +151,37 @@ def test_control_characters_in_names_are_refused_by_the_runtime_itself():
     x = torch.randn(3, requires_grad=True)
     with pytest.raises(RuntimeError, match=r"checkpoint name 'blk...' holds the control character \\x1B at byte 3"):
         remat._C.checkpoint(lambda t: t.sin(), (x,), {}, "blk\x1b[31m", [], [], False)
+
+
+def test_a_parameter_changed_in_place_between_forward_and_backward_is_refused():
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def body(t):  # reads w from its closure: recompute reads it again
+        return (t @ w).tanh()
+
+    y = remat.checkpoint(region_name="captured")(body)(x * 1).sum()
+    with torch.no_grad():
+        w.add_(1)
+    with pytest.raises(RuntimeError, match=r"a tensor that the body of checkpoint 'captured' read \(saved tensor #\d, "
+                                           r"float32 \[8, 8\] on cpu\) was changed by an in-place operation after "
+                                           r"forward \(version 0, now 1\)"):
+        y.backward()
+
+    # Inside a region the message names the region.
+    def with_region(t):
+        return remat.region(lambda u: (u @ w).tanh(), "mlp")(t)
+
+    y = remat.checkpoint(region_name="layers.0")(with_region)(x * 1).sum()
+    with torch.no_grad():
+        w.mul_(2)
+    with pytest.raises(RuntimeError, match=r"a tensor that region 'layers.0::mlp' read"):
+        y.backward()
+
+    # A change after backward, as an optimizer step makes, is the next step's value.
+    x.grad = None
+    y = remat.checkpoint(region_name="layers.0")(with_region)(x * 1).sum()
+    y.backward()
+    torch.testing.assert_close(x.grad, (1 - (x @ w).tanh() ** 2).detach() @ w.detach().T)
+    with torch.no_grad():
+        w.add_(1)
