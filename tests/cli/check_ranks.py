@@ -149,12 +149,12 @@ def check_faults(binary, out: pathlib.Path, work: pathlib.Path) -> None:
     shutil.copy(oom, faults / "oom-b.json")
     os.mkfifo(faults / "pipe.json")  # named, never opened: no writer would ever come
     named = [faults / "cut.json", faults / "newer.json", faults / "again.json", out / "trace-rank0.jsonl",
-             faults / "absent.json", faults / "oom-a.json", faults / "oom-b.json", faults / "pipe.json"]
+             faults / "oom-a.json", faults / "oom-b.json", faults / "pipe.json"]
     done = report(binary, "ranks", good, *named, "--json")
     document = json.loads(done.stdout)
     reasons = {pathlib.Path(u["path"]).name: u["reason"] for u in document["unreadable"]}
     print(json.dumps(reasons, indent=1))
-    expect(sorted(reasons) == ["absent.json", "again.json", "cut.json", "newer.json", "oom-b.json", "pipe.json",
+    expect(sorted(reasons) == ["again.json", "cut.json", "newer.json", "oom-b.json", "pipe.json",
                                "trace-rank0.jsonl"], f"each bad input is named: {sorted(reasons)}")
     expect("not a regular file" in reasons.get("pipe.json", ""), "a pipe is refused, not read")
     expect("schema_version 2" in reasons.get("newer.json", ""), "another schema version")
@@ -181,11 +181,47 @@ def check_faults(binary, out: pathlib.Path, work: pathlib.Path) -> None:
     expect(document["skipped"] == {"not a dump": 2}, f"other files in the folder: {document['skipped']}")
     expect(document["missing_ranks"] == [{"first": 0, "last": 6}], "ranks 0-6 are missing")
 
+    absent = report(binary, "ranks", good, faults / "absent.json", expect_code=2)
+    expect("absent.json: no such file or folder" in absent.stderr and not absent.stdout,
+           f"a path that does not exist fails before any report, naming it: {absent.stderr}")
+
     empty = work / "empty"
     empty.mkdir()
     expect("no rank's snapshot or OOM dump" in report(binary, "ranks", empty, expect_code=2).stderr, "an empty folder")
     report(binary, "ranks", "-", expect_code=1)
     report(binary, "ranks", out, "--svg", work / "picture.png", expect_code=1)
+
+
+def check_rank_named_faults(binary, out: pathlib.Path, work: pathlib.Path) -> None:
+    """A file named like a rank's dump that holds none is unreadable, not skipped: --strict fails."""
+    folder = work / "rank-named"
+    folder.mkdir()
+    shutil.copy(out / "snapshot-rank0.json", folder / "snapshot-rank0.json")
+    (folder / "snapshot-rank1.json").write_bytes(b"")
+    (folder / "snapshot-rank2.json").write_bytes(b"\xef\xbb\xbf" + (out / "snapshot-rank2.json").read_bytes())
+    (folder / "notes.txt").write_text("not a dump\n")
+    done = report(binary, "ranks", folder, "--json", "--strict", expect_code=2)
+    document = json.loads(done.stdout)
+    reasons = {pathlib.Path(u["path"]).name: u["reason"] for u in document["unreadable"]}
+    expect(sorted(reasons) == ["snapshot-rank1.json", "snapshot-rank2.json"], f"both are unreadable: {reasons}")
+    expect("empty" in reasons.get("snapshot-rank1.json", ""), f"the empty file says so: {reasons}")
+    expect("UTF-8 byte-order mark" in reasons.get("snapshot-rank2.json", ""), f"the BOM is named: {reasons}")
+    expect(document["skipped"] == {"not a dump": 1}, f"only the notes are skipped: {document['skipped']}")
+
+
+def check_read_once(binary, out: pathlib.Path, work: pathlib.Path) -> None:
+    """A file reached twice (named twice, its folder twice, a symlink beside it) is read once."""
+    folder = work / "twice"
+    folder.mkdir()
+    shutil.copy(out / "snapshot-rank0.json", folder / "snapshot-rank0.json")
+    shutil.copy(out / "snapshot-rank3.json", folder / "snapshot-rank3.json")
+    os.symlink(folder / "snapshot-rank0.json", folder / "latest.json")
+    file = folder / "snapshot-rank0.json"
+    for args in ([file, file], [folder, folder], [folder, file], [folder]):
+        document = json.loads(report(binary, "ranks", *args, "--json", "--strict").stdout)
+        expect(document["unreadable"] == [], f"{args}: nothing reported twice: {document['unreadable']}")
+        expect(sorted(e["rank"] for e in document["ranks"]) == ([0] if args[0] == file else [0, 3]),
+               f"{args}: each rank once: {document['ranks']}")
 
 
 def check_picture(binary, out: pathlib.Path, work: pathlib.Path, document: dict) -> None:
@@ -219,6 +255,8 @@ def main() -> int:
         document = check_job(binary, schema_dir, out)
         check_text(binary, out)
         check_faults(binary, out, work)
+        check_rank_named_faults(binary, out, work)
+        check_read_once(binary, out, work)
         check_picture(binary, out, work, document)
     print("FAILED" if failures else "OK", f"{len(failures)} failures")
     return 1 if failures else 0

@@ -27,6 +27,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <set>
 
 namespace remat::report {
 namespace {
@@ -60,8 +61,28 @@ Looks first_bytes(const std::string& path) {
   return Looks::other;
 }
 
+// A file named as a rank's dump is written: snapshot*, oom*, or "rank" and a number, ending in
+// .json or .pickle. In a folder, such a file that holds no dump is unreadable, never skipped.
+bool named_like_rank_dump(const std::filesystem::path& path) {
+  const std::string extension = path.extension().string();
+  if (extension != ".json" && extension != ".pickle") return false;
+  const std::string stem = path.stem().string();
+  if (stem.rfind("snapshot", 0) == 0 || stem.rfind("oom", 0) == 0) return true;
+  const std::size_t rank = stem.find("rank");
+  return rank != std::string::npos && rank + 4 < stem.size() && std::isdigit(static_cast<unsigned char>(stem[rank + 4]));
+}
+
+// The paths as files to read, each file once however often it is reached (named twice, a folder
+// named twice, a symlink beside its target).
 std::vector<RankInput> expand(const std::vector<std::string>& paths) {
   std::vector<RankInput> inputs;
+  std::set<std::filesystem::path> seen;
+  auto add = [&](std::string path, bool in_folder) {
+    std::error_code error;
+    std::filesystem::path identity = std::filesystem::canonical(path, error);
+    if (error) identity = std::filesystem::absolute(path, error);
+    if (seen.insert(identity).second) inputs.push_back({std::move(path), in_folder});
+  };
   for (const std::string& path : paths) {
     if (path == kStdinArgument) {
       throw UsageError(
@@ -69,18 +90,24 @@ std::vector<RankInput> expand(const std::vector<std::string>& paths) {
           "folder");
     }
     std::error_code error;
-    if (!std::filesystem::is_directory(path, error)) {
-      inputs.push_back({path, false});
+    const auto status = std::filesystem::status(path, error);
+    if (!std::filesystem::exists(status)) {
+      throw InputError(fmt::format("{}: no such file or folder: name each rank's dump or the folder that holds them",
+                                   printable(path)));
+    }
+    if (!std::filesystem::is_directory(status)) {
+      add(path, false);
       continue;
     }
-    std::vector<std::string> files;
+    // Links after the files themselves: a link to a file beside it adds nothing, and the file's own name is reported.
+    std::vector<std::pair<bool, std::string>> files;  // (is a link, path)
     for (const auto& entry : std::filesystem::directory_iterator(path, error)) {
       std::error_code type_error;
-      if (entry.is_regular_file(type_error)) files.push_back(entry.path().string());
+      if (entry.is_regular_file(type_error)) files.emplace_back(entry.is_symlink(type_error), entry.path().string());
     }
     if (error) throw InputError(fmt::format("cannot list the folder {}: {}", printable(path), error.message()));
     std::sort(files.begin(), files.end());
-    for (std::string& file : files) inputs.push_back({std::move(file), true});
+    for (auto& [is_link, file] : files) add(std::move(file), true);
   }
   return inputs;
 }
@@ -131,7 +158,8 @@ class RankReader {
     }
     const Looks looks = first_bytes(input.path);
     if (looks == Looks::pickle) return from_pickle(input.path);
-    if (looks == Looks::other && input.in_folder) {
+    const bool may_skip = input.in_folder && !named_like_rank_dump(input.path);
+    if (looks == Looks::other && may_skip) {
       ++run_.skipped["not a dump"];
       return std::nullopt;
     }
@@ -140,7 +168,7 @@ class RankReader {
       opened = open_dump(input.path, std::move(parser_));
     } catch (const InputError& error) {
       // JSON without a kind (a config file beside the dumps) is no dump; a dump cut short is unreadable.
-      if (input.in_folder && std::string_view(error.what()).find("$.kind: missing") != std::string_view::npos) {
+      if (may_skip && std::string_view(error.what()).find("$.kind: missing") != std::string_view::npos) {
         ++run_.skipped["not a dump"];
         return std::nullopt;
       }
