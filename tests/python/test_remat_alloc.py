@@ -89,6 +89,36 @@ class RematAllocCtypes(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "observer must be callable, got int"):
             remat_alloc.add_oom_observer(3)
 
+    def test_an_oom_event_kept_by_its_observer_stays_valid_after_more_allocations_and_ooms(self):
+        kept = []
+        with tempfile.TemporaryDirectory() as dump_dir:
+            remat_alloc.configure(f"oom_dump_dir:{dump_dir}")
+            observer_id = remat_alloc.add_oom_observer(kept.append)
+            try:
+                held = self.alloc(40 * MiB, device=12)
+                self.assertIsNone(self.alloc(30 * MiB + 5, device=12))
+                self.free(held, 40 * MiB, device=12)
+                for size in (1000, 5 * MiB, 17):  # reuse the memory the C event lived in
+                    self.free(self.alloc(size, device=12), size, device=12)
+                self.assertIsNone(self.alloc(100 * MiB, device=12))
+            finally:
+                remat_alloc.remove_oom_observer(observer_id)
+                remat_alloc.configure("oom_dump_dir:")
+            reports = os.listdir(dump_dir)
+        self.assertEqual(len(kept), 2)
+        first = kept[0]
+        self.assertEqual((first.device, first.requested_bytes, first.rounded_bytes),
+                         (12, 30 * MiB + 5, 30 * MiB + 512))
+        self.assertEqual((first.device_free_bytes, first.device_total_bytes), (24 * MiB, 64 * MiB))
+        self.assertEqual((first.reserved_bytes, first.allocated_bytes), (40 * MiB, 40 * MiB))
+        self.assertTrue(first.message.startswith("out of memory on device 12 (host): tried to allocate 30.00 MiB "
+                                                 "(a 32.00 MiB segment): 24.00 MiB free of 64.00 MiB"), first.message)
+        self.assertEqual(os.path.dirname(first.dump_path), dump_dir)
+        self.assertIn(os.path.basename(first.dump_path), reports)
+        self.assertEqual((kept[1].device, kept[1].requested_bytes, kept[1].reserved_bytes), (12, 100 * MiB, 0))
+        with self.assertRaises(AttributeError):  # a record of what happened, not a handle to change
+            first.requested_bytes = 0
+
     def test_alloc_status_tells_out_of_memory_apart(self):
         out = ctypes.c_void_p(1)
         status = self.lib.remat_alloc_status(100 * MiB, 6, None, ctypes.byref(out))

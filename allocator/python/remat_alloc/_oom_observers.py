@@ -3,20 +3,40 @@
 The allocator calls each registered observer, from its C ABI, when a request fails for good
 (after its cache was released and the request retried), with one OomEvent: the device, the
 request, the device's free and total bytes, what it had reserved and allocated, its one-line
-message and the path of the report it wrote. add_oom_observer() keeps the ctypes callback alive
-until remove_oom_observer(): freeing one the allocator still holds would crash the next OOM.
+message and the path of the report it wrote. The C struct lives on the allocator's stack for the
+call only, so the observer gets a copy (strings decoded), which it may keep. add_oom_observer()
+keeps the ctypes callback alive until remove_oom_observer(): freeing one the allocator still
+holds would crash the next OOM.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import os
 import sys
 import threading
 from typing import Callable
 
 
-class OomEvent(ctypes.Structure):
-    """What the allocator hands an observer (remat_oom_info in the C ABI)."""
+@dataclasses.dataclass(frozen=True)
+class OomEvent:
+    """One out-of-memory error of the tagging allocator, as an observer receives it: a copy that
+    stays valid after the observer returns."""
+
+    device: int
+    requested_bytes: int
+    rounded_bytes: int  # the request after the allocator's size rounding
+    device_free_bytes: int
+    device_total_bytes: int
+    reserved_bytes: int
+    allocated_bytes: int
+    message: str
+    dump_path: str  # the OOM report written, or ""
+
+
+class _OomInfo(ctypes.Structure):
+    """remat_oom_info in the C ABI: valid only while the allocator calls the observer."""
 
     _fields_ = [
         ("device", ctypes.c_int),
@@ -31,7 +51,15 @@ class OomEvent(ctypes.Structure):
     ]
 
 
-_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.POINTER(OomEvent), ctypes.c_void_p)
+def _event_copied_from(info: _OomInfo) -> OomEvent:
+    return OomEvent(device=info.device, requested_bytes=info.requested_bytes, rounded_bytes=info.rounded_bytes,
+                    device_free_bytes=info.device_free_bytes, device_total_bytes=info.device_total_bytes,
+                    reserved_bytes=info.reserved_bytes, allocated_bytes=info.allocated_bytes,
+                    message=(info.message or b"").decode("utf-8", errors="replace"),
+                    dump_path=os.fsdecode(info.dump_path or b""))
+
+
+_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_OomInfo), ctypes.c_void_p)
 _callbacks_lock = threading.Lock()
 _callbacks: dict = {}  # observer id -> the ctypes callback the allocator holds
 
@@ -54,10 +82,10 @@ def add_oom_observer(observer: Callable[[OomEvent], None]) -> int:
     if not callable(observer):
         raise TypeError(f"add_oom_observer: observer must be callable, got {type(observer).__name__}")
 
-    def on_oom(event, _user_data) -> None:
+    def on_oom(info, _user_data) -> None:
         try:
-            if event:
-                observer(event.contents)
+            if info:
+                observer(_event_copied_from(info.contents))
         except Exception as error:  # noqa: BLE001  (a ctypes callback must not raise)
             print(f"remat: OOM observer failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
 

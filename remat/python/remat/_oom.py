@@ -213,7 +213,7 @@ def _attach_to_tagging_allocator(observer: OomObserver) -> None:
     def on_oom(event) -> None:
         if not observer._attached:
             return
-        path = os.fsdecode(event.dump_path or b"")
+        path = event.dump_path
         if path and (observer.device is None or event.device == observer.device):
             with observer._lock:
                 observer.dumps.append(path)
