@@ -33,7 +33,7 @@ from ._C import RematError, is_recomputing
 from ._api import checkpoint, is_placeholder, name_scope, recompute_needs_tensor, region, verify_recompute
 from ._saved_tensors_hooks import SavedTensorInfo, SavedTensorKind, current_saved_tensor_info, saved_tensors_hooks
 from ._offload import CpuOffload
-from ._state import RecomputeStateHook, cpu_rng_state_hook
+from ._state import RecomputeStateHook, cpu_rng_state_hook, cuda_rng_state_hook
 from ._trace import collect_trace, trace_scope
 from ._plans import Plan, RegionCost, RegionProfile, load_plan, profile_regions, use_plan
 from ._reporting import current_memory_report, format_current_memory_report, print_current_memory_report, save_for_backward
@@ -66,6 +66,7 @@ __all__ = [
     "clear_memory_snapshot_cache",
     "RecomputeStateHook",
     "cpu_rng_state_hook",
+    "cuda_rng_state_hook",
     "verify_recompute",
     "collect_trace",
     "current_memory_report",

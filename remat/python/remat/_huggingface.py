@@ -7,7 +7,9 @@ is training and grad mode is on; otherwise it runs as is. `wrap_decoder_layers(m
 hook and nothing else of the layer: it sets the two instance attributes, with a function that
 takes the partial apart and hands the forward to the layer's own `remat.checkpoint(region_name=
 <module path>)`, so the hidden states, masks and position embeddings the model passes by keyword
-are the checkpoint's inputs. Module hooks (FSDP2's, accelerate's) stay outside the checkpoint,
+are the checkpoint's inputs. Every layer's checkpoint keeps the CPU and CUDA generators' state for
+recompute, as transformers' own checkpointing preserves the RNG state, so dropout draws forward's
+masks again. Module hooks (FSDP2's, accelerate's) stay outside the checkpoint,
 as with transformers' own checkpointing, and eval mode or no-grad never reaches it. The layer's
 children become regions by an instance `forward` wrapper: each name in `save` a save region
 (`recompute=False`: autograd keeps what it saves, recompute skips it, and the runtime keeps its
@@ -41,6 +43,7 @@ from ._extension import _C
 from ._api import checkpoint
 from ._compile import compiled_region
 from ._offload import CpuOffload
+from ._state import checked_state_hooks, cpu_rng_state_hook, cuda_rng_state_hook
 
 __all__ = ["wrap_decoder_layers", "unwrap_decoder_layers"]
 
@@ -124,7 +127,7 @@ class _RegionForward:
         name, save = entry
         region = call.region_name(name)
         # Names were checked when the layer was wrapped; the region goes straight to the runtime.
-        return _plans.run_region(region, not save, lambda: _C.region(self.inner, args, kwargs, region, not save))
+        return _plans.run_region(region, not save, lambda setting: _C.region(self.inner, args, kwargs, region, setting))
 
 
 # --- one layer ---------------------------------------------------------------------------------
@@ -370,14 +373,13 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
 
         model = remat.wrap_decoder_layers(model)                        # attention saved, the rest recomputed
         model = remat.wrap_decoder_layers(model, save=())               # everything recomputed
-        model = remat.wrap_decoder_layers(model, recompute_state_hooks=(remat.cpu_rng_state_hook(),))  # dropout
 
     save: the layer's children (names such as "self_attn", or dotted paths such as
         "self_attn.o_proj") that are save regions: what autograd saves in them is kept and
         recompute skips them. Each must be a submodule of at least one layer (hybrid models
         have attention in some layers only).
-    recompute_state_hooks: as for remat.checkpoint; cpu_rng_state_hook() when the layers use
-        dropout on CPU.
+    recompute_state_hooks: further state hooks, as for remat.checkpoint; the CPU and CUDA RNG
+        states are kept already (dropout draws forward's masks again in recompute).
     recompute: the children that are recompute regions (named in traces and memory reports);
         by default every direct child not in `save`; () for none. Recomputed they are either way.
     layers: which modules are the decoder layers: a ModuleList, its path ("model.layers") or the
@@ -410,6 +412,8 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
         raise TypeError(f"wrap_decoder_layers: offload must be True, False, None or a remat.CpuOffload, got "
                         f"{type(offload).__name__}")
     hooks = (offload.pack, offload.unpack) if offload else None
+    # transformers' checkpointing preserves the RNG state; users switching to remat expect the same.
+    state_hooks = [cpu_rng_state_hook(), cuda_rng_state_hook(), *checked_state_hooks(recompute_state_hooks)]
 
     paths = _module_paths(model)
     found = _find_layers(model, layers, paths)
@@ -419,13 +423,17 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
         _require_present("recompute", recompute, found)
 
     layer_class = _gradient_checkpointing_layer_class()
+    # A plan for another layout is refused now, before any layer changes, where the checkpoints it
+    # names differ from the layers', and at the first layer whose regions differ, as use_plan does.
+    plan = _plans.layout_checked_plan("wrap_decoder_layers", plan, [
+        path or type(layer).__name__ for index, (path, layer) in enumerate(found) if index % every_n_layers == 0])
     # Make every checkpoint first, so bad options fail before any layer changes.
     plans = []
     for index, (path, layer) in enumerate(found):
         if index % every_n_layers != 0:
             plans.append((path, layer, None))
             continue
-        ckpt = checkpoint(region_name=path or type(layer).__name__, recompute_state_hooks=recompute_state_hooks,
+        ckpt = checkpoint(region_name=path or type(layer).__name__, recompute_state_hooks=state_hooks,
                           context_fn=context_fn, contexts=contexts, verify_recompute=verify_recompute, plan=plan,
                           saved_tensors_hooks=hooks)
         plans.append((path, layer, _LayerPlan(layer, path, ckpt, _layer_regions(layer, save, recompute))))

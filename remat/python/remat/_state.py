@@ -6,14 +6,15 @@ with snapshot() and restore(state): the runtime snapshots each hook when the che
 and after every save region in forward, restores the matching snapshot before recompute runs
 that stretch again, and puts back the state backward had once recompute ends (recompute is a
 fork, not a rewind of the program). RecomputeStateHook is an optional base class that documents
-the two methods; cpu_rng_state_hook() is the runtime's own for the CPU generator.
+the two methods; cpu_rng_state_hook() is the runtime's own for the CPU generator, and
+cuda_rng_state_hook() keeps the CUDA generators through torch.cuda's state calls.
 """
 
 import torch
 
 from ._extension import _C
 
-__all__ = ["RecomputeStateHook", "cpu_rng_state_hook"]
+__all__ = ["RecomputeStateHook", "cpu_rng_state_hook", "cuda_rng_state_hook"]
 
 
 class RecomputeStateHook:
@@ -45,6 +46,24 @@ def cpu_rng_state_hook():
     if torch.compiler.is_compiling():
         return _NotNeededUnderCompile()
     return _C.cpu_rng_state_hook()
+
+
+class _CudaRngStateHook(RecomputeStateHook):
+    """The default generator of every CUDA device; nothing to keep while CUDA is not initialized
+    (no CUDA random numbers were drawn)."""
+
+    def snapshot(self):
+        return torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self, state):
+        if state is not None:
+            torch.cuda.set_rng_state_all(state)
+
+
+def cuda_rng_state_hook():
+    """A state hook for the default generator of every CUDA device (dropout on CUDA tensors gives
+    the same masks in recompute); it costs a check while CUDA is not initialized."""
+    return _CudaRngStateHook()
 
 
 def checked_state_hooks(hooks):

@@ -63,6 +63,35 @@ def test_without_a_hook_dropout_in_recompute_draws_a_different_mask():
     assert not torch.equal(actual[8], expected[8])  # w1 sees a different mask
 
 
+def test_the_cuda_rng_hook_beside_the_cpu_one_changes_nothing_on_the_cpu_and_leaves_cuda_uninitialized():
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA is initialized in this process already")
+    block = Block()
+    x = torch.randn(2, 6, 16, requires_grad=True)
+    expected = dropout_reference(block, x)
+    actual = run_dropout_checkpoint(block, x, "hooks.dropout.cpu-and-cuda",
+                                    [remat.cpu_rng_state_hook(), remat.cuda_rng_state_hook()])
+    assert_bitwise_equal(actual, expected)
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dropout_on_cuda_with_the_cuda_rng_state_hook_gives_bitwise_equal_gradients():
+    x = torch.rand(4096, device="cuda", requires_grad=True)
+
+    def body(t):
+        return torch.nn.functional.dropout(t.exp(), 0.5, training=True).sin()
+
+    torch.manual_seed(7)
+    body(x).sum().backward()
+    expected, x.grad = x.grad, None
+    torch.manual_seed(7)
+    out = remat.checkpoint(region_name="hooks.dropout.cuda", recompute_state_hooks=[remat.cuda_rng_state_hook()])(body)(x)
+    torch.rand(3, device="cuda")  # the caller moves the generator on before backward
+    out.sum().backward()
+    assert torch.equal(x.grad, expected)
+
+
 def test_rng_hook_leaves_the_generator_where_backward_found_it():
     x = torch.rand(64, requires_grad=True)
     out = remat.checkpoint(region_name="hooks.generator-after", recompute_state_hooks=[remat.cpu_rng_state_hook()])(lambda t: torch.nn.functional.dropout(t.exp(), 0.5, training=True).sum())(x)
