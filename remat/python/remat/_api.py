@@ -195,7 +195,7 @@ class Checkpoint:
 
     def _run(self, fn, args, kwargs):
         if torch.compiler.is_compiling():
-            return compiled_checkpoint(self, fn, args, kwargs)
+            return compiled_checkpoint(self, fn, args, kwargs, _verify_recompute_default())
         verify = _verify_recompute_default() if self._verify is None else self._verify
         saved_tensors_hooks = self._saved_tensors_hooks or enclosing_hooks()
         choices = _plans.region_choices(self._plan)
@@ -234,8 +234,9 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
     backward needs from save regions and recomputing the rest in backward.
 
     region_name: the checkpoint's name in traces, reports and tags ("layers.0").
-    recompute_state_hooks: objects with snapshot() and restore(state) (cpu_rng_state_hook() for
-        dropout), restored for recompute.
+    recompute_state_hooks: objects with snapshot() and restore(state) (for dropout:
+        cpu_rng_state_hook(), and cuda_rng_state_hook() where it runs on CUDA), restored for
+        recompute.
     context_fn: as torch.utils.checkpoint's, a callable returning a (forward context, recompute
         context) pair per call (RecomputeReplay.checkpoint_context_fn(), or
         torch.utils.checkpoint.create_selective_checkpoint_contexts(policy)).
@@ -248,7 +249,7 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
     plan: a remat.Plan (profile.plan(...), remat.load_plan(path)): each region it names takes its
         save or recompute choice from it; the others keep their own (see remat.use_plan).
     preserve_rng_state: False, or left out; True is refused (RNG state belongs in a state hook:
-        remat.cpu_rng_state_hook()).
+        remat.cpu_rng_state_hook(), remat.cuda_rng_state_hook()).
     use_reentrant=False, determinism_check="default" and early_stop=True are torch.utils.checkpoint's
     keywords with the meaning they have here (remat is non-reentrant, checks what recompute
     recreates, and stops recompute early); their other values are refused.
@@ -260,7 +261,7 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
             raise _UnsupportedOption(f"checkpoint '{region_name}': saved_tensors_hooks are not supported under "
                                      "torch.compile (the compiled graph saves what the partitioner chooses); make "
                                      "the checkpoint outside the compiled function, or drop the pair")
-        return Checkpoint(region_name, tuple(recompute_state_hooks), list(contexts), context_fn, verify_recompute)
+        return Checkpoint(region_name, list(recompute_state_hooks), list(contexts), context_fn, verify_recompute)
     if positional:
         what = "remat.checkpoint(fn)" if len(positional) == 1 else "remat.checkpoint(fn, *args)"
         raise TypeError(f"{what} is not supported: it reads as torch.utils.checkpoint.checkpoint(fn, *args), whose "
@@ -277,8 +278,10 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
     name_arg("checkpoint", "region_name", region_name)
     if preserve_rng_state is not False:
         raise _UnsupportedOption(f"checkpoint '{region_name}': preserve_rng_state={preserve_rng_state!r} is not "
-                                 "supported: remat does not preserve torch's RNG state; pass recompute_state_hooks=[remat.cpu_rng_state_hook()] (or your own "
-                                 "hook: any object with snapshot() and restore(state))")
+                                 "supported: remat does not preserve torch's RNG state; pass recompute_state_hooks="
+                                 "[remat.cpu_rng_state_hook(), remat.cuda_rng_state_hook()] (the CUDA one where "
+                                 "random numbers are drawn on CUDA), or your own hook: any object with snapshot() and "
+                                 "restore(state)")
     if use_reentrant is not None and use_reentrant is not False:
         raise RematError(f"checkpoint '{region_name}': use_reentrant={use_reentrant!r} is not supported; remat's "
                          "checkpoint is non-reentrant (it recomputes through saved-tensor hooks, which is what lets "

@@ -19,22 +19,66 @@ those tags instead of runtime calls:
 
 What needs a second Python execution stays eager-only: state hooks and replay channels run in
 recompute, verify_recompute compares it, and the memory and trace diagnostics describe the
-runtime's frames. Under compile they are refused (state hooks, contexts, verify_recompute) or
-see nothing (collect_trace, the reports); recompute_needs_tensor is a no-op and
+runtime's frames. Under compile they are left out (state hooks), refused (contexts,
+verify_recompute, also when remat.verify_recompute(True) switches it on) or see nothing
+(collect_trace, the reports); recompute_needs_tensor is a no-op and
 is_recomputing() is False at trace time. The tagging allocator's tags are not visible inside a
 compiled graph: snapshots show a compiled checkpoint's memory under the tags in force where the
 compiled function was called.
+
+A refusal is raised when the compiled function runs, by an operator in its graph, not while
+Dynamo traces: an exception raised in traced code reaches the user as Dynamo's own error
+with ours in its debug context (fullgraph=True), or makes Dynamo run the frame eagerly, where
+the checkpoint no longer knows it was compiled (without fullgraph). The operator is registered
+as having an effect, so no graph pass drops it although it returns nothing.
 """
 
 import torch
 import torch.utils.checkpoint
 from torch._higher_order_ops.wrap import dynamo_bypassing_wrapper
+from torch._library.effects import EffectType
 
 from ._extension import _C
 
 RematError = _C.RematError
 
 __all__ = ["compiled_checkpoint", "compiled_region"]
+
+
+@torch.library.custom_op("remat::refuse_under_compile", mutates_args=())
+def _refuse_under_compile(message: str) -> None:
+    raise RematError(message)
+
+
+@_refuse_under_compile.register_fake
+def _(message: str) -> None:
+    return None
+
+
+torch.library._register_effectful_op(_refuse_under_compile._opoverload, EffectType.ORDERED)
+
+
+def _eager_only_refusal(checkpoint, verify_switched_on):
+    """The refusal of the checkpoint's options that need recompute to run the Python body again,
+    naming each and its fix; None when it has none."""
+    options, fixes = [], []
+    if checkpoint._channels:
+        options.append("the contexts option (replay channels)")
+        fixes.append("drop contexts under torch.compile")
+    if checkpoint._verify:
+        options.append("verify_recompute=True")
+        fixes.append("drop verify_recompute under torch.compile (verify in an eager run)")
+    elif checkpoint._verify is None and verify_switched_on:
+        options.append("verify_recompute, switched on by remat.verify_recompute(True) around the call,")
+        fixes.append("call the compiled function outside remat.verify_recompute(True) (or inside "
+                     "remat.verify_recompute(False)), or pass verify_recompute=False to this checkpoint")
+    if not options:
+        return None
+    return (f"checkpoint '{checkpoint.region_name}': {' and '.join(options)} "
+            f"{'needs' if len(options) == 1 else 'need'} recompute to run the Python body again, which a compiled "
+            f"graph never does; {'; '.join(fixes)}; or compile inside the checkpoint instead: "
+            "remat.checkpoint(...)(torch.compile(block))")
+
 
 # Whether Dynamo is tracing a checkpoint's body now. A module global, not a thread-local or a
 # ContextVar: Dynamo traces reads and writes of module globals, in fullgraph mode too.
@@ -71,18 +115,18 @@ def compiled_region(body, recompute, args, kwargs):
     return dynamo_bypassing_wrapper(_saved_by_the_partitioner, body, *args, **kwargs)
 
 
-def compiled_checkpoint(checkpoint, fn, args, kwargs):
+def compiled_checkpoint(checkpoint, fn, args, kwargs, verify_switched_on):
     """A checkpoint traced by Dynamo: its body under a non-reentrant torch.utils.checkpoint.
 
     State hooks are not needed there (the partitioner never recomputes random ops, so dropout
     keeps forward's mask) and are left out; a context_fn (selective activation checkpointing)
-    is torch.utils.checkpoint's own and passes through; replay channels and verify_recompute,
-    which need recompute to run the Python body again, are refused."""
+    is torch.utils.checkpoint's own and passes through; replay channels and verify_recompute
+    (given, or switched on by remat.verify_recompute(True): verify_switched_on), which need
+    recompute to run the Python body again, are refused when the compiled function runs."""
     global _tracing_checkpoint
-    if checkpoint._channels or checkpoint._verify:
-        raise RematError(f"checkpoint '{checkpoint.region_name}': contexts (replay channels) and verify_recompute "
-                         "need recompute to run the Python body again, which a compiled graph never does; drop them "
-                         "under torch.compile, or compile inside the checkpoint instead")
+    refusal = _eager_only_refusal(checkpoint, verify_switched_on)
+    if refusal is not None:
+        _refuse_under_compile(refusal)
     if _tracing_checkpoint:
         raise RematError(f"checkpoint '{checkpoint.region_name}' is nested inside another checkpoint; checkpoints do "
                          "not nest: use regions inside one checkpoint")

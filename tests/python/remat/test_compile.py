@@ -174,13 +174,46 @@ def test_a_compiled_module_inside_an_eager_checkpoint_works():
     assert all(torch.allclose(g, e, **TOLERANCE) for g, e in zip(got, expected))
 
 
-@pytest.mark.parametrize("option", [dict(contexts=[remat.RecomputeReplay("router")]), dict(verify_recompute=True)],
-                         ids=["replay-channel", "verify_recompute"])
-def test_eager_only_options_under_compile_are_refused_clearly(option):
+EAGER_ONLY_OPTIONS = [
+    (dict(contexts=[remat.RecomputeReplay("router")]), "the contexts option (replay channels) needs",
+     "drop contexts under torch.compile"),
+    (dict(verify_recompute=True), "verify_recompute=True needs",
+     "drop verify_recompute under torch.compile (verify in an eager run)"),
+]
+
+
+@pytest.mark.parametrize("fullgraph", [False, True], ids=["graph", "fullgraph"])
+@pytest.mark.parametrize("option,named,fix", EAGER_ONLY_OPTIONS, ids=["replay-channel", "verify_recompute"])
+def test_eager_only_options_of_a_compiled_checkpoint_raise_a_rematerror_naming_the_option_and_the_fix(
+        option, named, fix, fullgraph):
+    # Not pybind's TypeError (without fullgraph) nor Dynamo's Unsupported with ours in its debug
+    # context (fullgraph): the RematError itself.
     x = torch.rand(8, requires_grad=True)
     step = lambda t: remat.checkpoint(region_name="eager-only", **option)(lambda u: u.sin())(t)  # noqa: E731
-    with pytest.raises(Exception, match="need recompute to run the Python body again"):
-        torch.compile(step, backend="aot_eager", fullgraph=True)(x)
+    with pytest.raises(remat.RematError) as info:
+        torch.compile(step, backend="aot_eager", fullgraph=fullgraph)(x)
+    assert str(info.value) == (f"checkpoint 'eager-only': {named} recompute to run the Python body again, which a "
+                               f"compiled graph never does; {fix}; or compile inside the checkpoint instead: "
+                               "remat.checkpoint(...)(torch.compile(block))")
+
+
+def test_verify_recompute_switched_on_around_a_compiled_step_raises_a_rematerror_and_switched_off_runs():
+    x = torch.rand(8, requires_grad=True)
+    ckpt = remat.checkpoint(region_name="switched")
+    compiled = torch.compile(lambda t: ckpt(lambda u: u.sin().exp())(t), backend="aot_eager", fullgraph=True)
+    expected = (x.sin().exp() * x.cos()).detach()
+    with remat.verify_recompute(True):
+        with pytest.raises(remat.RematError) as info:
+            compiled(x)
+        with remat.verify_recompute(False):
+            compiled(x).sum().backward()
+    assert str(info.value) == (
+        "checkpoint 'switched': verify_recompute, switched on by remat.verify_recompute(True) around the call, needs "
+        "recompute to run the Python body again, which a compiled graph never does; call the compiled function "
+        "outside remat.verify_recompute(True) (or inside remat.verify_recompute(False)), or pass "
+        "verify_recompute=False to this checkpoint; or compile inside the checkpoint instead: "
+        "remat.checkpoint(...)(torch.compile(block))")
+    assert torch.allclose(x.grad, expected, **TOLERANCE)
 
 
 def test_the_torch_remat_readme_block_compiles_fullgraph_with_recompute_needs_tensor_and_names():

@@ -101,8 +101,9 @@ def test_preserve_rng_state_true_is_refused_with_the_state_hook_alternative():
     # A RematError, and the NotImplementedError torch_remat raises.
     with pytest.raises(NotImplementedError, match=exact(
             "checkpoint 'rng': preserve_rng_state=True is not supported: remat does not preserve torch's RNG state; "
-            "pass recompute_state_hooks="
-            "[remat.cpu_rng_state_hook()] (or your own hook: any object with snapshot() and restore(state))")) as info:
+            "pass recompute_state_hooks=[remat.cpu_rng_state_hook(), remat.cuda_rng_state_hook()] (the CUDA one "
+            "where random numbers are drawn on CUDA), or your own hook: any object with snapshot() and "
+            "restore(state)")) as info:
         remat.checkpoint(region_name="rng", preserve_rng_state=True)(lambda t: t * 2.0)(torch.rand(2, requires_grad=True))
     assert isinstance(info.value, remat.RematError)
 
