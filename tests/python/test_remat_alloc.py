@@ -89,6 +89,17 @@ class RematAllocCtypes(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "observer must be callable, got int"):
             remat_alloc.add_oom_observer(3)
 
+    def test_removing_an_observer_that_is_not_there_raises_naming_the_id(self):
+        observer_id = remat_alloc.add_oom_observer(lambda event: None)
+        remat_alloc.remove_oom_observer(observer_id)
+        for unknown in (observer_id, 12345, -1):
+            with self.assertRaisesRegex(remat_alloc.RematError, f"no out-of-memory observer has id {unknown}"):
+                remat_alloc.remove_oom_observer(unknown)
+        with self.assertRaisesRegex(TypeError, "observer_id must be an int, got str"):
+            remat_alloc.remove_oom_observer("3")
+        with self.assertRaisesRegex(ValueError, "observer_id=4294967296 does not fit a C int"):
+            remat_alloc.remove_oom_observer(2**32)
+
     def test_an_oom_event_kept_by_its_observer_stays_valid_after_more_allocations_and_ooms(self):
         kept = []
         with tempfile.TemporaryDirectory() as dump_dir:

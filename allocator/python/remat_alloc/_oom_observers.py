@@ -102,8 +102,14 @@ def add_oom_observer(observer: Callable[[OomEvent], None]) -> int:
 
 
 def remove_oom_observer(observer_id: int) -> None:
-    """The observer add_oom_observer() returned `observer_id` for is called no more."""
-    _library().remat_unregister_oom_observer(observer_id)
+    """The observer add_oom_observer() returned `observer_id` for is called no more. An id that
+    add_oom_observer() did not return, or that was removed already, raises RematError."""
+    from . import RematError
+    from .arguments import int_arg
+
+    lib = _library()
+    if lib.remat_unregister_oom_observer(int_arg("remove_oom_observer", "observer_id", observer_id)) != 0:
+        raise RematError(lib.remat_last_error().decode(errors="replace"))
     with _callbacks_lock:
         _callbacks.pop(observer_id, None)
 
