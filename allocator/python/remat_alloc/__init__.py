@@ -30,6 +30,7 @@ __all__ = [
     "RematError", "load", "configure", "install", "region", "recv_slot", "site", "phase",
     "policy", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "live_bytes",
     "empty_cache", "record_stream", "set_memory_fraction", "library_path", "pluggable_library_path",
+    "check_one_copy",
     "OomEvent", "add_oom_observer", "remove_oom_observer", "is_installed", "pluggable_allocator_in_use",
 ]
 
@@ -128,8 +129,30 @@ def load(path: Optional[str] = None) -> ctypes.CDLL:
             continue
         _declare(lib)
         _lib, _lib_path = lib, candidate
+        check_one_copy()
         return lib
     raise RematError("cannot load libremat_alloc.so; set REMAT_ALLOC_LIBRARY to its path. Tried: " + "; ".join(errors))
+
+
+def _mapped_copies() -> list[str]:
+    """The files named libremat_alloc*.so mapped into this process (Linux), each once."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps if line.count(" ") >= 5 and "libremat_alloc" in line}
+    except OSError:
+        return []
+    return sorted(path for path in paths if Path(path).name.startswith("libremat_alloc") and ".so" in path)
+
+
+def check_one_copy() -> None:
+    """Refuses a second copy of the allocator's library in this process. Each copy has its own
+    pools, tags and observers: with remat's extension linking one and REMAT_ALLOC_LIBRARY naming
+    another, observers added here would never see the other copy's out-of-memory errors."""
+    copies = _mapped_copies()
+    if len(copies) > 1:
+        raise RematError(f"two copies of the allocator's library are loaded in this process: {' and '.join(copies)}; "
+                         "each keeps its own memory, tags and observers. Load one: unset REMAT_ALLOC_LIBRARY (remat's "
+                         "extension brings the copy it was built with), or point it at that copy")
 
 
 def library_path() -> str:

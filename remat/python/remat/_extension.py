@@ -11,6 +11,7 @@ the problem and the command that fixes it. LibTorch is loaded first: the extensi
 
 import importlib
 
+import remat_alloc
 import torch  # noqa: F401  (loads LibTorch, which the extension links, before the extension)
 
 _NAME = f"{__package__}._C"
@@ -41,3 +42,6 @@ except ImportError as error:
         name=_NAME,
         path=error.path,
     ) from error
+
+# The extension links the allocator's library; remat_alloc may have loaded another file of it.
+remat_alloc.check_one_copy()

@@ -660,3 +660,21 @@ def test_on_a_gpu_a_real_oom_writes_a_report_billing_what_a_checkpoint_keeps(tmp
     rendered = subprocess.run([remat_report(), "oom", result["dumps"][0]], capture_output=True, text=True,
                               timeout=60)
     assert rendered.returncode == 0 and "gpu.ck::kept" in rendered.stdout, rendered.stderr
+
+
+def test_a_second_copy_of_the_allocators_library_is_refused_naming_both(tmp_path):
+    # remat's extension links one copy; REMAT_ALLOC_LIBRARY names another file of the same
+    # library: observers added through one would never see the other's out-of-memory errors.
+    linked = pathlib.Path(remat_alloc.library_path()).resolve()
+    copy = tmp_path / "libremat_alloc.so"
+    copy.write_bytes(linked.read_bytes())
+    load_both = "import remat, remat_alloc; remat_alloc.load()"
+    run = subprocess.run([sys.executable, "-c", load_both], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "REMAT_ALLOC_LIBRARY": str(copy)})
+    assert run.returncode != 0
+    assert "two copies of the allocator's library are loaded in this process" in run.stderr, run.stderr
+    assert str(copy) in run.stderr and str(linked) in run.stderr, run.stderr
+    # Loaded first, the named copy is the one the extension links (the loader matches its name).
+    run = subprocess.run([sys.executable, "-c", "import remat_alloc; remat_alloc.load(); import remat"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "REMAT_ALLOC_LIBRARY": str(copy)})
+    assert run.returncode == 0, run.stderr
