@@ -192,6 +192,37 @@ def main():
         expect_bounded(rss, 48 << 10, f"whatif of a large trace through a pipe ({size >> 20} MiB)")
         print(f"ok whatif replays a {size >> 20} MiB trace from a pipe in {rss} KiB")
 
+        ranks_of_a_large_snapshot(tmp)
+
+
+def ranks_of_a_large_snapshot(tmp: pathlib.Path) -> None:
+    """`ranks` reads a snapshot as it streams: a 1M-event trace costs no more memory than a short one."""
+    snapshot = json.loads((DATA / "snapshot-peak.json").read_text())
+    events = snapshot["trace"]["events"]
+    start = events[0]["time_us"] - 1_000_000
+    pairs = []
+    for i in range(500_000):  # freed at once: the snapshot's figures stay what they were
+        address = 0x700000000000 + (i % 4096) * 4096
+        pairs.append('{"action":"alloc","time_us":%d,"address":%d,"size":4096,"stream":0,"tag":1},'
+                     '{"action":"free_requested","time_us":%d,"address":%d,"size":4096,"stream":0,"tag":1}'
+                     % (start + 2 * i, address, start + 2 * i + 1, address))
+    snapshot["trace"]["events"] = []
+    head, tail = json.dumps(snapshot, separators=(",", ":")).rsplit('"events":[]', 1)
+    big = tmp / "snapshot-rank0.json"
+    big.write_text(head + '"events":[' + ",".join(pairs) + ("," if events else "")
+                   + ",".join(json.dumps(e, separators=(",", ":")) for e in events) + "]" + tail)
+    size = big.stat().st_size
+    code, out, err, rss = measure(["ranks", str(big), "--by", "region", "--json"])
+    expect(code == 0, f"ranks of a large snapshot: {err}")
+    small = run(["ranks", str(DATA / "snapshot-peak.json"), "--by", "region", "--json"])
+    figures = {key: value for key, value in json.loads(out).items() if key not in ("created_at", "pid")}
+    expected = {key: value for key, value in json.loads(small.stdout).items() if key not in ("created_at", "pid")}
+    for entry in figures.get("ranks", []) + expected.get("ranks", []):
+        entry.pop("path", None)
+    expect(figures == expected, "ranks of the large snapshot: its figures are the short snapshot's")
+    expect_bounded(rss, 32 << 10, f"ranks of a large snapshot ({size >> 20} MiB)")
+    print(f"ok ranks reads a {size >> 20} MiB snapshot in {rss} KiB")
+
 
 if __name__ == "__main__":
     BINARY = sys.argv[1]

@@ -8,6 +8,8 @@ LiveReplay::LiveReplay(const TagTable& tags, GroupBy by) : grouper_(tags, by) {
   peak_.resize(groups);
   live_count_.resize(groups);
   allocations_.resize(groups);
+  live_at_peak_.resize(groups);
+  is_changed_.resize(groups);
 }
 
 void LiveReplay::ensure(std::uint32_t group) {
@@ -16,7 +18,15 @@ void LiveReplay::ensure(std::uint32_t group) {
     peak_.resize(group + 1);
     live_count_.resize(group + 1);
     allocations_.resize(group + 1);
+    live_at_peak_.resize(group + 1);
+    is_changed_.resize(group + 1);
   }
+}
+
+void LiveReplay::changed(std::uint32_t group) {
+  if (is_changed_[group]) return;
+  is_changed_[group] = true;
+  changed_since_peak_.push_back(group);
 }
 
 void LiveReplay::release(std::uint64_t address) {
@@ -26,6 +36,7 @@ void LiveReplay::release(std::uint64_t address) {
     return;
   }
   live_[block->group] -= block->size;
+  changed(block->group);
   --live_count_[block->group];
   total_ -= block->size;
   blocks_.erase(address);
@@ -42,13 +53,18 @@ void LiveReplay::apply(const Event& event) {
       ensure(group);
       total_ += event.size;
       live_[group] += event.size;
+      changed(group);
       ++live_count_[group];
       ++allocations_[group];
       if (live_[group] > peak_[group]) peak_[group] = live_[group];
       if (total_ > peak_total_) {
         peak_total_ = total_;
         peak_time_ = event.time_us;
-        events_to_peak_ = events_;
+        for (const std::uint32_t changed_group : changed_since_peak_) {
+          live_at_peak_[changed_group] = live_[changed_group];
+          is_changed_[changed_group] = false;
+        }
+        changed_since_peak_.clear();
       }
       blocks_.put(event.address, LiveBlock{event.size, group});
       break;

@@ -37,9 +37,8 @@ class LiveReplay : public EventSink {
   std::uint64_t peak_total() const { return peak_total_; }
   // When the total first reached its peak; empty when nothing was ever live.
   std::optional<std::int64_t> peak_time() const { return peak_time_; }
-  // How many events had been applied when the total first reached its peak: replaying that
-  // many again shows what the peak was made of.
-  std::uint64_t events_to_peak() const { return events_to_peak_; }
+  // Each group's live bytes when the total first reached its peak: what the peak was made of.
+  const std::vector<std::uint64_t>& live_at_peak() const { return live_at_peak_; }
   std::uint64_t reserved() const { return reserved_; }
   std::uint64_t peak_reserved() const { return peak_reserved_; }
   std::uint64_t events() const { return events_; }
@@ -55,12 +54,18 @@ class LiveReplay : public EventSink {
   };
   void ensure(std::uint32_t group);
   void release(std::uint64_t address);
+  // live_ changed for `group` since the last peak; at the next peak, its value is copied.
+  void changed(std::uint32_t group);
 
   Grouper grouper_;
   alloc::AddressMap<LiveBlock> blocks_;
   std::vector<std::uint64_t> live_, peak_, live_count_, allocations_;
-  std::uint64_t total_ = 0, peak_total_ = 0, reserved_ = 0, peak_reserved_ = 0, events_ = 0, unmatched_frees_ = 0,
-                events_to_peak_ = 0;
+  // live_at_peak_ lags live_ only in the groups listed in changed_since_peak_ (copying just
+  // those at each new peak keeps a replay linear in events, not events times groups).
+  std::vector<std::uint64_t> live_at_peak_;
+  std::vector<std::uint32_t> changed_since_peak_;
+  std::vector<bool> is_changed_;
+  std::uint64_t total_ = 0, peak_total_ = 0, reserved_ = 0, peak_reserved_ = 0, events_ = 0, unmatched_frees_ = 0;
   std::optional<std::int64_t> peak_time_;
   std::int64_t first_time_ = 0, last_time_ = 0;
   std::array<std::uint64_t, kActionCount> actions_{};

@@ -15,6 +15,7 @@
 #include "reader/input_file.hpp"
 #include "reader/input_sniff.hpp"
 #include "reader/report_reader.hpp"
+#include "reader/snapshot_stream.hpp"
 #include "renderers/document.hpp"
 #include "renderers/renderer.hpp"
 
@@ -163,9 +164,12 @@ class RankReader {
       ++run_.skipped["not a dump"];
       return std::nullopt;
     }
-    std::optional<DumpFile> opened;
+    std::optional<RankTrace> trace;  // a snapshot's events, as they stream by
+    std::optional<StreamedDump> opened;
     try {
-      opened = open_dump(input.path, std::move(parser_));
+      opened = stream_dump(input.path, snapshot_version_, [&](const TagTable& tags) -> EventSink& {
+        return trace.emplace(tags, by_);
+      });
     } catch (const InputError& error) {
       // JSON without a kind (a config file beside the dumps) is no dump; a dump cut short is unreadable.
       if (may_skip && std::string_view(error.what()).find("$.kind: missing") != std::string_view::npos) {
@@ -174,12 +178,7 @@ class RankReader {
       }
       throw;
     }
-    DumpFile& file = *opened;
-    struct GiveBack {  // the parser goes back for the next dump, however this one ends
-      DumpFile& file;
-      std::unique_ptr<simdjson::dom::parser>& parser;
-      ~GiveBack() { parser = std::move(file.parser); }
-    } give_back{file, parser_};
+    const DumpFile& file = opened->file;
     if (file.kind != "snapshot" && file.kind != "oom") {
       if (input.in_folder && find_renderer(file.kind) != nullptr) {
         ++run_.skipped[file.kind];
@@ -192,7 +191,12 @@ class RankReader {
     }
     (void)renderer_for(file);  // refuses a schema version this build does not read
     if (file.kind == "oom") return rank_from_oom(read_document(file, read_oom), by_, input.path);
-    return rank_from_snapshot(read_document(file, read_snapshot), by_, input.path, RankSource::snapshot);
+    const Snapshot snapshot = read_document(file, read_snapshot);
+    if (opened->streamed) {
+      if (!trace) trace.emplace(snapshot.tags, by_);  // a trace with no events array
+      return rank_from_snapshot(snapshot, *trace, by_, input.path, RankSource::snapshot);
+    }
+    return rank_from_snapshot(snapshot, by_, input.path, RankSource::snapshot);
   }
 
   RankFigures from_pickle(const std::string& path) {
@@ -212,7 +216,7 @@ class RankReader {
 
   RanksRun& run_;
   GroupBy by_;
-  std::unique_ptr<simdjson::dom::parser> parser_;  // one for every dump, its memory reused
+  std::int64_t snapshot_version_ = find_renderer("snapshot")->schema_version();
 };
 
 std::optional<OutputTarget> picture_target(const std::string& argument, const std::string& extension,

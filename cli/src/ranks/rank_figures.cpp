@@ -91,7 +91,19 @@ std::optional<std::int64_t> created_at_us(const std::string& created_at) {
   return static_cast<std::int64_t>(seconds) * 1000000;
 }
 
+void RankTrace::on_event(const Event& event) {
+  replay_.apply(event);
+  if (event.action == Action::oom && !first_oom_) first_oom_ = event;
+}
+
 RankFigures rank_from_snapshot(const Snapshot& snapshot, GroupBy by, const std::string& path, RankSource source) {
+  RankTrace trace(snapshot.tags, by);
+  for (const Event& event : snapshot.events) trace.on_event(event);
+  return rank_from_snapshot(snapshot, trace, by, path, source);
+}
+
+RankFigures rank_from_snapshot(const Snapshot& snapshot, const RankTrace& trace, GroupBy by, const std::string& path,
+                               RankSource source) {
   RankFigures figures;
   figures.rank = snapshot.header.rank;
   figures.path = path;
@@ -103,13 +115,11 @@ RankFigures rank_from_snapshot(const Snapshot& snapshot, GroupBy by, const std::
   figures.peak_reserved_bytes = snapshot.stats.reserved_bytes.peak;
   figures.device_total_bytes = snapshot.device_total_bytes;
   figures.ooms = snapshot.stats.num_ooms;
-  for (const Event& event : snapshot.events) {
-    if (event.action != Action::oom) continue;
-    figures.first_oom = OomFailure{event.time_us, true, event.requested != 0 ? event.requested : event.size, path};
+  if (const std::optional<Event>& oom = trace.first_oom()) {
+    figures.first_oom = OomFailure{oom->time_us, true, oom->requested != 0 ? oom->requested : oom->size, path};
     figures.ooms = std::max<std::uint64_t>(figures.ooms, 1);
-    break;
   }
-  const MemoryView view = snapshot_memory(snapshot, by, path, /*composition_at_peak=*/true);
+  const MemoryView view = snapshot_memory(snapshot, by, path, &trace.replay(), /*composition_at_peak=*/true);
   figures.group_peaks_are_bounds = view.peaks_are_bounds;
   figures.composition_known = !view.rows.empty();
   for (const MemoryRow& row : view.rows) {

@@ -1,9 +1,10 @@
 #pragma once
 // One rank's figures for `remat-report ranks`, taken from its snapshot or OOM dump: the peaks,
 // the OOMs, and the bytes of each tag group. A job's report keeps these few numbers per rank
-// and drops the dump, so its memory grows with the ranks and groups, never with a dump's size.
+// and drops the dump, so its memory grows with the ranks and groups, not with a dump's length.
 
 #include "analysis/grouping.hpp"
+#include "analysis/live_replay.hpp"
 #include "model/dump.hpp"
 #include "model/reports.hpp"
 
@@ -61,8 +62,25 @@ struct RankFigures : RankPeaks {
   std::vector<GroupBytes> groups;  // sorted by label
 };
 
-// `by` is region, slot, site or phase.
+// A snapshot's events as a rank's figures need them, taken one at a time: the replay (grouped
+// by what the report groups by) and the first out-of-memory event.
+class RankTrace final : public EventSink {
+ public:
+  RankTrace(const TagTable& tags, GroupBy by) : replay_(tags, by) {}
+  void on_event(const Event& event) override;
+  const LiveReplay& replay() const { return replay_; }
+  const std::optional<Event>& first_oom() const { return first_oom_; }
+
+ private:
+  LiveReplay replay_;
+  std::optional<Event> first_oom_;
+};
+
+// `by` is region, slot, site or phase. The events are the snapshot's own, or (a snapshot read as
+// it streamed by, its events not kept) those `trace` saw.
 RankFigures rank_from_snapshot(const Snapshot& snapshot, GroupBy by, const std::string& path, RankSource source);
+RankFigures rank_from_snapshot(const Snapshot& snapshot, const RankTrace& trace, GroupBy by, const std::string& path,
+                               RankSource source);
 RankFigures rank_from_oom(const OomDump& dump, GroupBy by, const std::string& path);
 
 // Microseconds since the Unix epoch of a dump's created_at ("2026-01-01T00:00:00Z"), if it

@@ -39,10 +39,8 @@ auto naming(const DumpFile& dump, Step step) {
 
 bool is_json_lines_kind(std::string_view kind) { return kind == "trace"; }
 
-DumpFile open_dump(const std::string& argument) { return open_dump(argument, nullptr); }
-
-DumpFile open_dump(const std::string& argument, std::unique_ptr<simdjson::dom::parser> parser) {
-  return open_dump(std::make_unique<LineReader>(InputFile::open(argument), kFirstChunk), std::move(parser));
+DumpFile open_dump(const std::string& argument) {
+  return open_dump(std::make_unique<LineReader>(InputFile::open(argument), kFirstChunk));
 }
 
 DumpFile dump_from_text(const std::string& text, const std::string& name) {

@@ -37,9 +37,6 @@ bool is_json_lines_kind(std::string_view kind);
 // Opens `argument` (a path, or `-` for standard input). Throws InputError for an unreadable,
 // empty, non-JSON or kind-less input, naming the input and the byte, line or JSON path.
 DumpFile open_dump(const std::string& argument);
-// The same with the parser of a dump read before (DumpFile::parser, moved out of it): reading
-// many dumps in turn, its memory is reused rather than allocated and touched again each time.
-DumpFile open_dump(const std::string& argument, std::unique_ptr<simdjson::dom::parser> parser);
 // The same for an input already open, whose first bytes a caller may have peeked at.
 DumpFile open_dump(std::unique_ptr<LineReader> lines, std::unique_ptr<simdjson::dom::parser> parser = nullptr);
 // A single-document dump held in memory (what `import` makes of a pickle), named `name`.

@@ -199,21 +199,45 @@ Segment read_segment(json::element value, const JsonPath& path, std::size_t tag_
   return segment;
 }
 
+}  // namespace
+
+SegmentChecks::SegmentChecks(const JsonPath& segments_path) : path_(segments_path) {}
+
+Segment SegmentChecks::read(json::element value, std::size_t tag_count) {
+  const JsonPath segment_path = path_.index(ranges_.size());
+  Segment segment = read_segment(value, segment_path, tag_count);
+  if (__builtin_add_overflow(reserved_, segment.total_size, &reserved_)) {
+    throw InputError(segment_path.key("total_size").str(),
+                     "the segments' sizes add up to more than 2^64 - 1 bytes: the snapshot is corrupt");
+  }
+  ranges_.push_back({segment.address, segment.total_size});
+  return segment;
+}
+
 // Segments that overlap (or repeat an address) would count reserved and allocated bytes twice.
-void check_segments_disjoint(const std::vector<Segment>& segments, const JsonPath& segments_path) {
-  std::vector<AddressRange> ranges;
-  ranges.reserve(segments.size());
-  for (const Segment& segment : segments) ranges.push_back({segment.address, segment.total_size});
-  const auto overlap = first_overlap(ranges);
+void SegmentChecks::finish() const {
+  const auto overlap = first_overlap(ranges_);
   if (!overlap) return;
   const auto [later, other] = *overlap;
-  throw InputError(segments_path.index(later).key("address").str(),
+  throw InputError(path_.index(later).key("address").str(),
                    fmt::format("segment at 0x{:x} ({} bytes) overlaps segments[{}] at 0x{:x} ({} bytes): segments "
                                "must not share bytes, or reserved memory is counted twice; the snapshot is corrupt "
                                "(regenerate it)",
-                               segments[later].address, segments[later].total_size, other, segments[other].address,
-                               segments[other].total_size));
+                               ranges_[later].address, ranges_[later].size, other, ranges_[other].address,
+                               ranges_[other].size));
 }
+
+Event read_checked_event(json::element value, const JsonPath& path, std::size_t tag_count, EventChecker& checker) {
+  Event event = read_event(value, path, tag_count);
+  try {
+    checker.check(event);
+  } catch (const InputError& error) {
+    throw InputError(path.str(), error.what());
+  }
+  return event;
+}
+
+namespace {
 
 AllocatorConfig read_config(json::element value, const JsonPath& path) {
   const json::object object = json::as_object(value, path);
@@ -283,17 +307,11 @@ Snapshot read_snapshot(json::object root) {
   }
 
   const JsonPath segments_path = path.key("segments");
-  i = 0;
-  std::uint64_t reserved = 0;
+  SegmentChecks segments(segments_path);
   for (json::element segment : json::as_array(member(root, "segments", path), segments_path)) {
-    const JsonPath segment_path = segments_path.index(i++);
-    snapshot.segments.push_back(read_segment(segment, segment_path, tag_count));
-    if (__builtin_add_overflow(reserved, snapshot.segments.back().total_size, &reserved)) {
-      throw InputError(segment_path.key("total_size").str(),
-                       "the segments' sizes add up to more than 2^64 - 1 bytes: the snapshot is corrupt");
-    }
+    snapshot.segments.push_back(segments.read(segment, tag_count));
   }
-  check_segments_disjoint(snapshot.segments, segments_path);
+  segments.finish();
 
   const JsonPath trace_path = path.key("trace");
   const json::object trace = json::as_object(member(root, "trace", path), trace_path);
@@ -303,13 +321,7 @@ Snapshot read_snapshot(json::object root) {
   i = 0;
   EventChecker checker;
   for (json::element event : json::as_array(member(trace, "events", trace_path), events_path)) {
-    const JsonPath event_path = events_path.index(i++);
-    snapshot.events.push_back(read_event(event, event_path, tag_count));
-    try {
-      checker.check(snapshot.events.back());
-    } catch (const InputError& error) {
-      throw InputError(event_path.str(), error.what());
-    }
+    snapshot.events.push_back(read_checked_event(event, events_path.index(i++), tag_count, checker));
   }
   return snapshot;
 }

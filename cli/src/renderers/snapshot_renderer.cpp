@@ -87,6 +87,14 @@ MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
 }
 
 MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path, bool composition_at_peak) {
+  if (snapshot.events.empty()) return snapshot_memory(snapshot, by, path, nullptr, composition_at_peak);
+  LiveReplay replay(snapshot.tags, by);
+  for (const Event& event : snapshot.events) replay.apply(event);
+  return snapshot_memory(snapshot, by, path, &replay, composition_at_peak);
+}
+
+MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path, const LiveReplay* trace,
+                           bool composition_at_peak) {
   MemoryView view;
   view.by = by;
   view.peak_total = snapshot.stats.allocated_bytes.peak;
@@ -121,9 +129,8 @@ MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::stri
   // A trace that kept every event since the allocator started gives exact group peaks;
   // it must end where the snapshot stands, or it is not the whole story.
   bool exact = false;
-  if (snapshot.trace_dropped == 0 && !snapshot.events.empty()) {
-    LiveReplay replay(snapshot.tags, by);
-    for (const Event& event : snapshot.events) replay.apply(event);
+  if (trace != nullptr && snapshot.trace_dropped == 0 && trace->events() > 0) {
+    const LiveReplay& replay = *trace;
     if (replay.total() == view.live_total && replay.unmatched_frees() == 0) {
       exact = true;
       for (auto& [label, row] : rows) row.peak = 0;
@@ -136,11 +143,9 @@ MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::stri
       // The peak the trace shows is the snapshot's own (not one before a reset of the peak
       // statistics): replaying up to it shows each group's share of it.
       if (composition_at_peak && replay.peak_total() == snapshot.stats.allocated_bytes.peak) {
-        LiveReplay to_peak(snapshot.tags, by);
-        for (std::uint64_t i = 0; i < replay.events_to_peak(); ++i) to_peak.apply(snapshot.events[i]);
         for (auto& [label, row] : rows) row.at_peak = 0;
-        for (std::size_t g = 0; g < to_peak.labels().size(); ++g) {
-          if (to_peak.live()[g] > 0) rows[to_peak.labels()[g]].at_peak = to_peak.live()[g];
+        for (std::size_t g = 0; g < replay.labels().size(); ++g) {
+          if (replay.live_at_peak()[g] > 0) rows[replay.labels()[g]].at_peak = replay.live_at_peak()[g];
         }
       }
     }

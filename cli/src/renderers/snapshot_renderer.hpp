@@ -1,6 +1,7 @@
 #pragma once
 // Renders `snapshot` dumps (schemas/snapshot.schema.json).
 
+#include "analysis/live_replay.hpp"
 #include "renderers/renderer.hpp"
 
 namespace remat::report {
@@ -26,5 +27,9 @@ class SnapshotRenderer final : public Renderer {
 // where that trace shows the snapshot's own peak. `path` names the snapshot in errors.
 MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path,
                            bool composition_at_peak = false);
+// The same where the snapshot's events went by without being kept (reader/snapshot_stream.hpp):
+// `trace` replayed them, grouped `by` (nullptr: the snapshot has none).
+MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path, const LiveReplay* trace,
+                           bool composition_at_peak);
 
 }  // namespace remat::report
