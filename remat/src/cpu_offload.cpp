@@ -385,11 +385,18 @@ HostCopy::~HostCopy() {
   if (const std::shared_ptr<CpuOffload::Engine> owner = engine.lock()) owner->released_copy(*this);
 }
 
-Payload& payload_of(const std::any& any) {
+// The payload in `any`, made by `engine`'s pack: another offloader's payload is refused (its
+// bytes are counted, and its copy brought back, by the offloader that made it).
+Payload& payload_of(const std::any& any, const CpuOffload::Engine& engine) {
   const auto* payload = std::any_cast<std::shared_ptr<Payload>>(&any);
   if (payload == nullptr || *payload == nullptr) {
     throw Error("CpuOffload.unpack: this payload was not made by a CpuOffload's pack; unpack the payloads of the "
                 "same offloader's pack");
+  }
+  if ((*payload)->engine.lock().get() != &engine) {
+    throw Error(
+        "CpuOffload.unpack: this payload was made by another CpuOffload's pack; unpack each payload with "
+        "the offloader that packed it");
   }
   return **payload;
 }
@@ -400,7 +407,7 @@ CpuOffload::CpuOffload(CpuOffloadOptions options) : engine_(std::make_shared<Eng
 CpuOffload::~CpuOffload() = default;
 
 std::any CpuOffload::pack(const at::Tensor& tensor) { return engine_->pack(tensor); }
-at::Tensor CpuOffload::unpack(const std::any& payload) { return engine_->unpack(payload_of(payload)); }
+at::Tensor CpuOffload::unpack(const std::any& payload) { return engine_->unpack(payload_of(payload, *engine_)); }
 
 CpuOffloadStats CpuOffload::stats() const {
   std::lock_guard lock(engine_->mutex);

@@ -140,7 +140,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
           tensor, state_.region != nullptr ? "region '" + f.options.region_name + "::" + *state_.region + "'"
                                            : std::string("the body of checkpoint '") + f.options.region_name + "'"));
     }
-    if (tensor.requires_grad() && tensor.unsafeGetTensorImpl()->version_counter().enabled()) {
+    if (f.made_outside(tensor) && tensor.unsafeGetTensorImpl()->version_counter().enabled()) {
       const c10::VariableVersion& version = tensor.unsafeGetTensorImpl()->version_counter();
       f.dropped_versions.push_back({f.dropped, version, version.current_version()});
     }

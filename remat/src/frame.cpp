@@ -9,12 +9,16 @@
 
 #include <remat/alloc/tags.hpp>
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_conj.h>
 #include <ATen/ops/_neg_view.h>
 #include <ATen/record_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <mutex>
+#include <unordered_set>
 #include <utility>
 
 namespace remat::detail {
@@ -90,6 +94,78 @@ void Frame::stop_observing_reads() {
   if (read_observer != 0) at::removeCallback(std::exchange(read_observer, 0));
 }
 
+void Frame::note_read_parameters(const TensorList& outputs) {
+  if (dropped + ferried.size() == 0) return;  // nothing to recompute
+  const std::uint64_t end = at::sequence_number::peek();
+  // Recompute runs again the nodes made outside save regions up to the last one that saved a
+  // dropped tensor (it stops there).
+  auto runs_again = [&](std::uint64_t node) {
+    if (node >= sequence_at_last_drop) return false;
+    for (const SaveRegionRecord& region : save_regions) {
+      if (node >= region.first_node && node < region.end_node) return false;
+    }
+    return true;
+  };
+  std::vector<const torch::autograd::Node*> to_visit;
+  std::unordered_set<const torch::autograd::Node*> visited;
+  auto visit = [&](const torch::autograd::Node* node) {  // nodes forward made, each once
+    if (node->sequence_nr() >= sequence_at_entry && node->sequence_nr() < end && visited.insert(node).second) {
+      to_visit.push_back(node);
+    }
+  };
+  for (const at::Tensor& out : outputs) {
+    if (out.defined() && out.grad_fn() != nullptr) visit(out.grad_fn().get());
+  }
+  std::unordered_set<const c10::TensorImpl*> noted;
+  while (!to_visit.empty()) {
+    const torch::autograd::Node* node = to_visit.back();
+    to_visit.pop_back();
+    const bool read_again = runs_again(node->sequence_nr());
+    for (const torch::autograd::Edge& edge : node->next_edges()) {
+      const torch::autograd::Node* next = edge.function.get();
+      if (next == nullptr) continue;
+      const auto* leaf = dynamic_cast<const torch::autograd::AccumulateGrad*>(next);
+      if (leaf == nullptr) {
+        visit(next);
+        continue;
+      }
+      const c10::VariableVersion& version = leaf->variable.unsafeGetTensorImpl()->version_counter();
+      if (read_again && version.enabled() && noted.insert(leaf->variable.unsafeGetTensorImpl()).second) {
+        read_parameters.push_back({DroppedMeta::of(leaf->variable, -1), version, version.current_version()});
+      }
+    }
+  }
+}
+
+void Frame::check_read_again_unchanged() const {
+  auto refuse = [&](const std::string& what, std::uint32_t then, std::uint32_t now) {
+    return Error(what + " was changed by an in-place operation after forward (version " + std::to_string(then) +
+                 ", now " + std::to_string(now) +
+                 "); recompute would read the changed value and give wrong gradients: change parameters and other "
+                 "tensors the checkpoint reads only after backward (optimizer.step() after loss.backward()), or make "
+                 "that operation out-of-place");
+  };
+  for (const DroppedVersion& saved : dropped_versions) {
+    if (saved.version.current_version() == saved.version_at_save) continue;
+    const DroppedMeta& meta = dropped_metas[saved.index];
+    throw refuse("a tensor that " + where(meta.region) + " read (saved tensor #" + std::to_string(saved.index) + ", " +
+                     meta.describe() + ")",
+                 saved.version_at_save, saved.version.current_version());
+  }
+  for (const ReadParameter& parameter : read_parameters) {
+    if (parameter.version.current_version() == parameter.version_at_forward) continue;
+    throw refuse("a parameter (a leaf that requires grad, " + parameter.meta.describe() + ") that checkpoint '" +
+                     options.region_name + "' read",
+                 parameter.version_at_forward, parameter.version.current_version());
+  }
+}
+
+bool Frame::made_outside(const at::Tensor& t) const {
+  if (!t.requires_grad()) return false;
+  const std::shared_ptr<torch::autograd::Node>& node = t.grad_fn();
+  return node == nullptr || node->sequence_nr() < sequence_at_entry;
+}
+
 std::string Frame::where(int region) const {
   if (region < 0 || static_cast<std::size_t>(region) >= regions.size()) {
     return "the body of checkpoint '" + options.region_name + "'";
@@ -106,6 +182,7 @@ void Frame::release_after_failed_forward() {
   fingerprints.clear();
   dropped_metas.clear();
   dropped_versions.clear();
+  read_parameters.clear();
   contexts.clear();
   body = nullptr;  // a Python body holds its closure, which may hold the graph
   options.recompute_state_hooks.clear();
@@ -242,16 +319,11 @@ void Frame::recompute() {
     }
   }
 
-  for (const DroppedVersion& saved : dropped_versions) {
-    if (saved.version.current_version() == saved.version_at_save) continue;
+  try {
+    check_read_again_unchanged();
+  } catch (const Error&) {
     restore_states(hooks, outer);
-    const DroppedMeta& meta = dropped_metas[saved.index];
-    throw Error("a tensor that " + where(meta.region) + " read (saved tensor #" + std::to_string(saved.index) + ", " +
-                meta.describe() + ") was changed by an in-place operation after forward (version " +
-                std::to_string(saved.version_at_save) + ", now " + std::to_string(saved.version.current_version()) +
-                "); recompute would read the changed value and give wrong gradients: change parameters and other "
-                "tensors the checkpoint reads only after backward (optimizer.step() after loss.backward()), or make "
-                "that operation out-of-place");
+    throw;
   }
 
   {

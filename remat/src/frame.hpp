@@ -57,6 +57,8 @@ struct SaveRegionRecord {
   // output changed in place between forward and backward would hand recompute another value.
   std::vector<c10::VariableVersion> version_counters;
   std::vector<std::any> state_after;  // state hook snapshots after the region ran
+  // Autograd's sequence numbers of the graph nodes the region made: [first_node, end_node).
+  std::uint64_t first_node = 0, end_node = 0;
   std::shared_ptr<void> annotation;   // the caller's, see run_region
 };
 
@@ -92,10 +94,10 @@ struct FerriedTensor {
   bool negative_flipped = false;
 };
 
-// A tensor that requires grad which forward saved and dropped. When it came from outside the
-// checkpoint (a parameter, a captured weight), recompute reads the same tensor again, so a change
-// in place since forward would recreate other values: recompute refuses to start, as autograd
-// refuses to unpack a saved tensor changed since it was saved.
+// A tensor from outside the checkpoint (a parameter, a captured weight) that forward saved and
+// dropped: recompute reads the same tensor again, so a change in place since forward would
+// recreate other values. Recompute refuses to start, as autograd refuses to unpack a saved tensor
+// changed since it was saved.
 struct DroppedVersion {
   std::size_t index = 0;  // its dropped slot
   c10::VariableVersion version{c10::VariableVersion::DISABLED};
@@ -129,7 +131,26 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<std::unique_ptr<CheckpointContext>> contexts;
   std::vector<Fingerprint> fingerprints;   // per dropped tensor, with verify_recompute
   std::vector<DroppedMeta> dropped_metas;  // per dropped tensor
-  std::vector<DroppedVersion> dropped_versions;  // of the dropped tensors that require grad
+  std::vector<DroppedVersion> dropped_versions;  // of the dropped tensors made outside the checkpoint
+  // Parameters (leaves that require grad) read by the graph nodes forward made outside save
+  // regions, saved or not (a bias an add reads is not saved): recompute reads them again too.
+  struct ReadParameter {
+    DroppedMeta meta;
+    c10::VariableVersion version{c10::VariableVersion::DISABLED};
+    std::uint32_t version_at_forward = 0;
+  };
+  std::vector<ReadParameter> read_parameters;
+  // Once forward returned `outputs`: fills read_parameters from the graph behind them.
+  void note_read_parameters(const TensorList& outputs);
+  // In recompute, before the body runs: refuses a tensor of dropped_versions or read_parameters
+  // changed in place since forward.
+  void check_read_again_unchanged() const;
+  // Autograd's sequence number when forward began: graph nodes numbered below it were made
+  // before the checkpoint.
+  std::uint64_t sequence_at_entry = 0;
+  // Whether `t` requires grad and was made outside the checkpoint's forward: a leaf (a
+  // parameter), or the output of a graph node made before it.
+  bool made_outside(const at::Tensor& t) const;
 
   // Tensors autograd saved outside save regions: dropped in forward, recreated by recompute
   // in the same order. Slots past `dropped` hold the ferried tensors, in their order.

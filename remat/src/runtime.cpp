@@ -137,6 +137,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
     frame->input_hooks_context = frame->input_hooks->capture_context();
   }
   frame->modes = ForwardModes::capture();
+  frame->sequence_at_entry = at::sequence_number::peek();
   for (const CheckpointContextFactory& factory : options.contexts) frame->contexts.push_back(factory());
   frame->inputs.reserve(inputs.size());
   const bool keep_all_inputs = t_without_save_regions.contains(options.region_name);
@@ -227,6 +228,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   }
   remember_save_regions(options.region_name, keep_all_inputs, !frame->save_regions.empty());
   frame->stop_early = at::sequence_number::peek() != frame->sequence_at_last_drop;
+  frame->note_read_parameters(outputs);
   frame->recreated.assign(frame->dropped + frame->ferried.size(), at::Tensor());
   frame->filled.assign(frame->dropped + frame->ferried.size(), false);
   frame->forward_finished = true;
@@ -341,11 +343,13 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
     frame.note_recreated_region_inputs(inputs);
   }
   TensorList outputs;
+  const std::uint64_t first_node = at::sequence_number::peek();
   {
     ThreadStateScope scope(inner);
     auto region_tag = TagScope::region(name, recompute ? Policy::recompute : Policy::save);
     outputs = body(inputs);
   }
+  const std::uint64_t end_node = at::sequence_number::peek();
   frame.recreated_region_inputs.clear();
   frame.pending_names.clear();
   for (const at::Tensor& out : outputs) {
@@ -379,6 +383,8 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
                                                       : c10::VariableVersion(c10::VariableVersion::DISABLED));
     }
     record.state_after = snapshot_states(frame.options.recompute_state_hooks);
+    record.first_node = first_node;
+    record.end_node = end_node;
     if (annotation != nullptr) record.annotation = *annotation;
     frame.save_regions.push_back(std::move(record));
     frame.observe_reads_if_needed();

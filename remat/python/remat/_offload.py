@@ -31,9 +31,12 @@ __all__ = ["CpuOffload"]
 _DEFAULT_MIN_BYTES = 1 << 16  # smaller copies cost more than the memory they free
 
 
+_COUNT_LIMIT = (1 << 64) - 1  # the engine's counts are 64-bit
+
+
 def _count(where, name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{where}: {name} must be an int >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _COUNT_LIMIT:
+        raise ValueError(f"{where}: {name} must be an int from {minimum} to 2**64 - 1, got {value!r}")
     return value
 
 

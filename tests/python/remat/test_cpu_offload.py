@@ -222,8 +222,22 @@ def test_a_payload_of_another_pair_is_refused():
         off.unpack(torch.zeros(2))
 
 
+def test_a_payload_of_another_offloader_is_refused_and_stays_counted_where_it_was_made():
+    first, second = remat.CpuOffload(min_bytes=0), remat.CpuOffload(min_bytes=0)
+    t = torch.randn(1024)
+    payload = first.pack(t)
+    with pytest.raises(RuntimeError, match="made by another CpuOffload's pack; unpack each payload with the "
+                                           "offloader that packed it"):
+        second.unpack(payload)
+    assert second.stats()["prefetch_misses"] == 0 and first.stats()["resident_host_bytes"] == 4096
+    assert torch.equal(first.unpack(payload), t)
+    del payload
+    assert first.stats()["resident_host_bytes"] == 0
+
+
 @pytest.mark.parametrize("kwargs", [{"prefetch": -1}, {"prefetch": 1.5}, {"min_bytes": -1},
-                                    {"max_inflight_bytes": 0}, {"prefetch": True}])
+                                    {"max_inflight_bytes": 0}, {"prefetch": True}, {"prefetch": 2**64},
+                                    {"min_bytes": 2**64}, {"max_inflight_bytes": 2**64}])
 def test_bad_arguments_name_the_argument(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(ValueError, match=name):

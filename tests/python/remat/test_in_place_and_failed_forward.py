@@ -185,3 +185,33 @@ def test_a_parameter_changed_in_place_between_forward_and_backward_is_refused():
     torch.testing.assert_close(x.grad, (1 - (x @ w).tanh() ** 2).detach() @ w.detach().T)
     with torch.no_grad():
         w.add_(1)
+
+
+def test_a_parameter_that_no_op_saves_changed_between_forward_and_backward_is_refused():
+    layer = torch.nn.Linear(8, 8)  # addmm saves the input and the weight, not the bias
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def body(t):
+        return layer(t).tanh()
+
+    y = remat.checkpoint(region_name="linear")(body)(x * 1).sum()
+    with torch.no_grad():
+        layer.bias.add_(1)
+    with pytest.raises(RuntimeError, match=r"a parameter \(a leaf that requires grad, float32 \[8\] on cpu\) that "
+                                           r"checkpoint 'linear' read was changed by an in-place operation after "
+                                           r"forward \(version 1, now 2\)"):  # nn.Linear's init changed it once
+        y.backward()
+
+    # Read only inside a save region, which recompute skips, or after the last tensor recompute
+    # recreates, it may change: backward needs no value of it.
+    bias = torch.zeros(8, requires_grad=True)
+
+    def saved_then_shifted(t):
+        h = remat.region(lambda u: (u + bias).tanh(), "saved", recompute=False)(t)
+        return h.exp() + bias
+
+    y = remat.checkpoint(region_name="shifted")(saved_then_shifted)(x * 1).sum()
+    with torch.no_grad():
+        bias.add_(1)
+    y.backward()
+    assert bias.grad is not None and x.grad is not None
