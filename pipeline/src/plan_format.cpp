@@ -61,10 +61,15 @@ std::string percent(double share) {
   return text;
 }
 
+// "1 rank", "4 ranks".
+std::string counted(std::int64_t count, const char* one, const char* many) {
+  return std::to_string(count) + " " + (count == 1 ? one : many);
+}
+
 std::string headline(const PipelinePlan& plan) {
   std::string text = plan.schedule_name.empty() ? "custom schedule" : plan.schedule_name;
-  text += ": " + std::to_string(plan.ranks) + " ranks, " + std::to_string(plan.stages) + " stages, " +
-          std::to_string(plan.microbatches) + " microbatches; ";
+  text += ": " + counted(plan.ranks, "rank", "ranks") + ", " + counted(plan.stages, "stage", "stages") + ", " +
+          counted(plan.microbatches, "microbatch", "microbatches") + "; ";
   text += plan.lowering.empty() ? "lowered as given; " : plan.lowering + " lowering; ";
   text += plan.closed_form_applies ? "NeMo's closed form with slack " + std::to_string(plan.slack)
                                    : "rings of the colored minimum (NeMo's closed form and --slack cover 1F1B only)";

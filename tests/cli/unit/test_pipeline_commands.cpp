@@ -101,6 +101,12 @@ TEST(PlanCommand, ACustomCsvGetsTheColoredMinimumOnly) {
   EXPECT_FALSE(contains(r.out, "safe"));
 }
 
+TEST(PlanCommand, OneRankOneMicrobatchIsCountedInTheSingular) {
+  const CliResult r = run({"plan", "--schedule", "1f1b", "--ranks", "1", "--microbatches", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "1f1b: 1 rank, 1 stage, 1 microbatch; ")) << r.out;
+}
+
 TEST(PlanCommand, GPipeSaysThePoolSavesNothingOnActivations) {
   const CliResult r = run({"plan", "--schedule", "gpipe", "--ranks", "4", "--microbatches", "8"});
   ASSERT_EQ(r.code, 0) << r.err;
