@@ -31,6 +31,14 @@ enum class ReplayMode { record, replay };
 // recorder belongs to one checkpoint call: a record scope opened on a recorder whose forward
 // already ended (another call sharing it) is refused, so replay never hands one call the
 // decisions of another.
+// A mode other than "record" or "replay", refused in the words of this runtime and of NeMo's
+// channel ("Unsupported <channel> replay mode: '<mode>'"), which tests written for it match.
+inline std::string invalid_replay_mode(std::string_view channel, std::string_view mode) {
+  return "replay channel '" + std::string(channel) + "': mode '" + std::string(mode) +
+         "' is not valid; pass \"record\" or \"replay\" (Unsupported " + std::string(channel) + " replay mode: '" +
+         std::string(mode) + "')";
+}
+
 template <typename T>
 class RecomputeReplayRecorder {
  public:
@@ -124,8 +132,7 @@ class RecomputeReplay {
   Scope scope(std::shared_ptr<Recorder> recorder, std::string_view mode) const {
     if (mode == "record") return Scope(this, {std::move(recorder), ReplayMode::record});
     if (mode == "replay") return Scope(this, {std::move(recorder), ReplayMode::replay});
-    throw Error("replay channel '" + name_ + "': mode '" + std::string(mode) +
-                "' is not valid; pass \"record\" or \"replay\"");
+    throw Error(invalid_replay_mode(name_, mode));
   }
 
   // The common consumer: under replay take the recorded decision (or recompute it on a

@@ -56,8 +56,7 @@ std::string thread_text(std::thread::id id) {
 ReplayMode mode_of(const std::string& channel, const std::string& mode) {
   if (mode == "record") return ReplayMode::record;
   if (mode == "replay") return ReplayMode::replay;
-  throw py::value_error("replay channel '" + channel + "': mode '" + mode +
-                        "' is not valid; pass \"record\" or \"replay\"");
+  throw py::value_error(invalid_replay_mode(channel, mode));
 }
 
 // channel.scope(recorder, mode) as a context manager: binds on the thread that enters it and
