@@ -95,8 +95,8 @@ class name_scope:
             with remat.name_scope(f"block.{index}"):
                 x = block(x)
 
-    Enter it in the checkpoint's body, so that recompute names the regions as forward did.
-    Under torch.compile it changes nothing (compiled regions carry no names)."""
+    Around a checkpoint call it names the checkpoint's regions too (recompute enters the same
+    prefixes). Under torch.compile it changes nothing (compiled regions carry no names)."""
 
     def __init__(self, prefix):
         if torch.compiler.is_compiling():
@@ -123,6 +123,28 @@ class name_scope:
             _name_scopes_entered -= 1
             _name_scopes.prefixes.pop()
         return False
+
+
+class _NameScopesOfTheCall:
+    """The name_scope prefixes in force where a checkpoint was called, in force again around its
+    recompute, which backward runs outside them: regions are named there as forward named them."""
+
+    __slots__ = ("_prefixes", "_outer")
+
+    def __init__(self, prefixes):
+        self._prefixes = prefixes
+        self._outer = None
+
+    def enter_recompute(self):
+        global _name_scopes_entered
+        self._outer = getattr(_name_scopes, "prefixes", None)
+        _name_scopes.prefixes = list(self._prefixes)
+        _name_scopes_entered += 1
+
+    def exit_recompute(self):
+        global _name_scopes_entered
+        _name_scopes_entered -= 1
+        _name_scopes.prefixes = self._outer if self._outer is not None else []
 
 
 class _TorchCheckpointContexts:
@@ -198,11 +220,15 @@ class Checkpoint:
             return compiled_checkpoint(self, fn, args, kwargs, _verify_recompute_default())
         verify = _verify_recompute_default() if self._verify is None else self._verify
         saved_tensors_hooks = self._saved_tensors_hooks or enclosing_hooks()
+        contexts = self._contexts
+        prefixes = getattr(_name_scopes, "prefixes", None) if _name_scopes_entered else None
+        if prefixes:  # called inside name_scope: recompute names regions as forward did
+            contexts = [*contexts, functools.partial(_NameScopesOfTheCall, tuple(prefixes))]
         choices = _plans.region_choices(self._plan)
 
         return _plans.run_checkpoint(
             self.region_name, choices, args, kwargs,
-            lambda: _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, self._contexts, verify,
+            lambda: _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, contexts, verify,
                                   saved_tensors_hooks, choices))
 
 

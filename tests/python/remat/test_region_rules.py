@@ -121,6 +121,21 @@ def test_name_scopes_qualify_region_names_so_one_block_can_run_twice():
             pass
 
 
+def test_a_name_scope_around_a_checkpoint_call_names_its_regions_in_forward_and_recompute():
+    def block(t):
+        h = remat.region(lambda u: u.sin(), "attn", recompute=False)(t)
+        return remat.region(lambda u: u.cos() * 2, "mlp")(h)
+
+    x = torch.rand(3, requires_grad=True)
+    with remat.collect_trace() as trace:
+        with remat.name_scope("model"):
+            y = remat.checkpoint(region_name="layers.0")(block)(x)
+        y.sum().backward()  # recompute runs here, outside the scope
+    assert [r.name for r in trace.scopes[0].regions] == ["model/attn", "model/mlp"]
+    torch.testing.assert_close(x.grad, -2 * x.detach().sin().sin() * x.detach().cos())
+    assert remat._api._qualified_name("attn") == "attn"  # recompute put the caller's scopes back
+
+
 def test_is_placeholder_tells_a_skipped_outputs_stand_in_from_real_tensors():
     seen = []
 
