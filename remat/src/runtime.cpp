@@ -319,8 +319,10 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
 
   for (const RegionDecision& seen : frame.regions) {
     if (seen.name == name) {
+      // The second sentence is torch_remat's, which code written against it matches.
       throw Error("region '" + name + "' appears twice in checkpoint '" + frame.options.region_name +
-                  "'; region names must be unique within a checkpoint");
+                  "'; region names must be unique within a checkpoint (Duplicate torch_remat region name " +
+                  frame.region_path(name) + " during forward)");
     }
   }
   frame.regions.push_back({name, !recompute});

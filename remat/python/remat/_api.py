@@ -184,6 +184,12 @@ _REFUSED_OPTIONS = {
 }
 
 
+class _NotAFunction(TypeError, RuntimeError):
+    """A region or checkpoint given something other than a function: the TypeError Python raises
+    for it, and the RuntimeError torch_remat raises ("region expects a function as its first
+    argument")."""
+
+
 class Checkpoint:
     """A checkpoint made by remat.checkpoint(**options): call it on a function."""
 
@@ -353,7 +359,8 @@ def region(fn=None, name=None, recompute=True):
 
     def wrap(body):
         if not callable(body):
-            raise TypeError(f"region '{name}': fn must be callable, got {type(body).__name__}")
+            raise _NotAFunction(f"region '{name}': fn must be callable, got {type(body).__name__} (region expects a "
+                                "function as its first argument)")
 
         @functools.wraps(body)
         def run(*args, **kwargs):
