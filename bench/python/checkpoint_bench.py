@@ -7,7 +7,9 @@ The model is a chain of checkpoints over [4]-element tensors, so each implementa
 cost dominates; every checkpoint runs K ops that each save a tensor for backward. Forward and
 backward are timed separately (thread CPU time, median over rounds that alternate the modes).
 Per checkpoint: (mode - none) / checkpoints at K = 1. Per saved tensor: the slope between
-K = 1 and K = 9, per checkpoint, beyond what the same ops cost without checkpointing.
+K = 1 and K = 9, per checkpoint, beyond what the same ops cost without checkpointing. Last, in
+torch_remat's call style (the checkpoint and two regions, one saved, made anew at every call),
+forward and backward together per checkpoint beyond no checkpointing.
 
     PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
         python3 bench/python/checkpoint_bench.py [--rounds 41] [--checkpoints 50]
@@ -50,10 +52,29 @@ def model(mode, checkpoints, k, weights, x):
     return x.sum()
 
 
-def measure(mode, checkpoints, k, weights):
+def model_with_regions(mode, checkpoints, k, weights, x):
+    """Each checkpoint's body is two regions made at the call, as torch_remat's users write it."""
+    library = {"torch_remat": torch_remat, "remat": remat}.get(mode)
+    for i in range(checkpoints):
+        def step(t, weight=weights[i]):
+            return torch.tanh(t * weight)
+
+        if library is None:
+            x = step(step(x))
+            continue
+
+        def body(t, step=step):
+            t = library.region(step, "attn", recompute=False)(t)
+            return library.region(step, "mlp", recompute=True)(t)
+
+        x = library.checkpoint(region_name=f"layers.{i}")(body)(x)
+    return x.sum()
+
+
+def measure(mode, checkpoints, k, weights, build=model):
     x = torch.randn(4, requires_grad=True)
     started = time.thread_time_ns()
-    loss = model(mode, checkpoints, k, weights, x)
+    loss = build(mode, checkpoints, k, weights, x)
     forward = time.thread_time_ns() - started
     started = time.thread_time_ns()
     loss.backward()
@@ -105,6 +126,21 @@ def main():
             ratio = figures["remat"][0] / cost if cost > 0 else float("nan")
             print(f"{phase:<9} remat/{baseline} per checkpoint: {ratio:.2f}x")
         print()
+
+    styles = ["none", "remat"] + (["torch_remat"] if torch_remat is not None else [])
+    totals = {mode: [] for mode in styles}
+    for round_index in range(args.rounds + 2):
+        for mode in styles[round_index % len(styles):] + styles[:round_index % len(styles)]:
+            forward, backward = measure(mode, args.checkpoints, 1, weights, build=model_with_regions)
+            if round_index >= 2:
+                totals[mode].append(forward + backward)
+    added = {mode: (statistics.median(totals[mode]) - statistics.median(totals["none"])) / 1e3 / n
+             for mode in styles[1:]}
+    print("wrappers made at every call, two regions per checkpoint (forward + backward):")
+    for mode, cost in added.items():
+        print(f"  {mode:<12} {cost:7.2f} us per checkpoint beyond no checkpointing")
+    if "torch_remat" in added:
+        print(f"  remat/torch_remat per checkpoint: {added['remat'] / added['torch_remat']:.2f}x")
 
 
 if __name__ == "__main__":

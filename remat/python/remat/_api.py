@@ -238,16 +238,44 @@ class Checkpoint:
                                   saved_tensors_hooks, choices))
 
 
-class _Checkpointed:
+class _DocOfWrapped:
+    """A wrapper's __doc__: its function's on an instance, the class's own on the class."""
+
+    def __init__(self, class_doc):
+        self._class_doc = class_doc
+
+    def __get__(self, instance, owner=None):
+        return self._class_doc if instance is None else getattr(instance.__wrapped__, "__doc__", None)
+
+
+class _FunctionWrapper:
+    """What functools.update_wrapper gives a wrapper, read from the function (__wrapped__) when
+    asked instead of copied when the wrapper is made: torch_remat's call style makes wrappers
+    per call (remat.region(fn, "attn")(x)), where copying cost more than the runtime's work."""
+
+    __doc__ = _DocOfWrapped(__doc__)
+
+    def __init__(self, fn):
+        self.__wrapped__ = fn
+        self.__module__ = getattr(fn, "__module__", None)  # found on the class otherwise
+
+    def __getattr__(self, name):  # called only for what the wrapper does not have itself
+        fn = self.__dict__.get("__wrapped__")
+        if fn is not None and (name in ("__name__", "__qualname__", "__annotations__", "__type_params__")
+                               or not name.startswith("__")):
+            return getattr(fn, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class _Checkpointed(_FunctionWrapper):
     """fn under a checkpoint (what checkpoint(**options)(fn) returns), with fn's name and
     docstring; __wrapped__ is fn. On a class, it binds as a method does."""
 
+    __doc__ = _DocOfWrapped(__doc__)
+
     def __init__(self, ckpt, fn):
+        super().__init__(fn)
         self._checkpoint = ckpt
-        if torch.compiler.is_compiling():  # made inside a compiled function: Dynamo cannot trace update_wrapper
-            self.__wrapped__ = fn
-        else:
-            functools.update_wrapper(self, fn)
 
     def __get__(self, instance, owner=None):
         return self if instance is None else types.MethodType(self, instance)
@@ -361,18 +389,28 @@ def region(fn=None, name=None, recompute=True):
         if not callable(body):
             raise _NotAFunction(f"region '{name}': fn must be callable, got {type(body).__name__} (region expects a "
                                 "function as its first argument)")
-
-        @functools.wraps(body)
-        def run(*args, **kwargs):
-            if torch.compiler.is_compiling():
-                return compiled_region(body, recompute, args, kwargs)
-            qualified = name if _name_scopes_entered == 0 else _qualified_name(name)
-            return _plans.run_region(qualified, recompute,
-                                     lambda: _C.region(body, args, kwargs, qualified, recompute))
-
-        return run
+        return _Region(body, name, recompute)
 
     return wrap if fn is None else wrap(fn)
+
+
+class _Region(_FunctionWrapper):
+    """fn as a region (what region(fn, name) returns), with fn's name and docstring."""
+
+    __doc__ = _DocOfWrapped(__doc__)
+
+    def __init__(self, fn, name, recompute):
+        super().__init__(fn)
+        self._name = name
+        self._recompute = recompute
+
+    def __call__(self, *args, **kwargs):
+        body, name, recompute = self.__wrapped__, self._name, self._recompute
+        if torch.compiler.is_compiling():
+            return compiled_region(body, recompute, args, kwargs)
+        qualified = name if _name_scopes_entered == 0 else _qualified_name(name)
+        return _plans.run_region(qualified, recompute,
+                                 lambda: _C.region(body, args, kwargs, qualified, recompute))
 
 
 def recompute_needs_tensor(*tensors):

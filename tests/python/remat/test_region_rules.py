@@ -2,6 +2,8 @@
 marked at once, settings that must not change between forward and recompute, name scopes,
 placeholders, and a checkpoint decorating a method."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -294,3 +296,19 @@ def test_an_input_recompute_recreates_with_another_layout_is_a_clear_error():
     y = remat.checkpoint(region_name="drift")(body)(torch.rand(2, requires_grad=True) * 1.0)
     with pytest.raises(remat.RematError, match="gave input 0 of save region 'drift::consumer' a different layout"):
         y.sum().backward()
+
+
+def test_wrappers_made_per_call_keep_their_functions_name_doc_module_and_attributes():
+    def attention(t):
+        """Attention's doc."""
+        return t.sin()
+
+    attention.layer_index = 3
+    for wrapper in (remat.region(attention, "attn", recompute=False), remat.checkpoint(region_name="c")(attention)):
+        assert wrapper.__wrapped__ is attention
+        assert (wrapper.__name__, wrapper.__qualname__) == ("attention", attention.__qualname__)
+        assert (wrapper.__doc__, wrapper.__module__, wrapper.layer_index) == ("Attention's doc.", __name__, 3)
+        assert str(inspect.signature(wrapper)) == "(t)"
+        with pytest.raises(AttributeError, match="no attribute 'missing'"):
+            wrapper.missing
+    assert type(remat.region(attention, "attn")).__doc__.startswith("fn as a region")
