@@ -33,6 +33,30 @@ void write_tag_table(JsonWriter& json) {
   json.end_array();
 }
 
+// The settings the allocator ran under; `text` parses back into the same Config.
+void write_config(JsonWriter& json, const AllocatorSnapshot& snapshot) {
+  const Config& config = snapshot.config;
+  json.key("config").begin_object()
+      .field("backend", snapshot.backend)
+      .field("host_capacity_mb", static_cast<std::uint64_t>(config.host_capacity_bytes / Config::kMiB));
+  json.key("max_split_size_mb");
+  if (config.max_split_size_bytes == Config::kUnlimited) json.null();
+  else json.value(static_cast<std::uint64_t>(config.max_split_size_bytes / Config::kMiB));
+  json.field("memory_fraction", config.memory_fraction)
+      .field("trace_entries", static_cast<std::uint64_t>(config.trace_entries))
+      .field("oom_dump_dir", config.oom_dump_dir)
+      .field("tagging", config.tagging)
+      .field("expandable_segments", config.expandable_segments);
+  json.key("roundup_power2_divisions").begin_array();
+  for (const std::size_t divisions : config.roundup_power2_divisions) json.value(static_cast<std::uint64_t>(divisions));
+  json.end_array();
+  json.field("max_non_split_rounding_mb", static_cast<std::uint64_t>(config.max_non_split_rounding_bytes / Config::kMiB))
+      .field("garbage_collection_threshold", config.garbage_collection_threshold)
+      .field("large_segment_size_mb", static_cast<std::uint64_t>(config.large_segment_size_bytes / Config::kMiB))
+      .field("text", config.to_string())
+      .end_object();
+}
+
 void write_event(JsonWriter& json, const TraceEvent& event) {
   json.begin_object()
       .field("action", to_string(event.action))
@@ -59,26 +83,7 @@ std::string snapshot_to_json(const AllocatorSnapshot& snapshot) {
   json.begin_object();
   write_dump_header(json, "snapshot", kSnapshotSchemaVersion, snapshot.device);
 
-  const Config& config = snapshot.config;
-  json.key("config").begin_object()
-      .field("backend", snapshot.backend)
-      .field("host_capacity_mb", static_cast<std::uint64_t>(config.host_capacity_bytes / Config::kMiB));
-  json.key("max_split_size_mb");
-  if (config.max_split_size_bytes == Config::kUnlimited) json.null();
-  else json.value(static_cast<std::uint64_t>(config.max_split_size_bytes / Config::kMiB));
-  json.field("memory_fraction", config.memory_fraction)
-      .field("trace_entries", static_cast<std::uint64_t>(config.trace_entries))
-      .field("oom_dump_dir", config.oom_dump_dir)
-      .field("tagging", config.tagging)
-      .field("expandable_segments", config.expandable_segments);
-  json.key("roundup_power2_divisions").begin_array();
-  for (const std::size_t divisions : config.roundup_power2_divisions) json.value(static_cast<std::uint64_t>(divisions));
-  json.end_array();
-  json.field("max_non_split_rounding_mb", static_cast<std::uint64_t>(config.max_non_split_rounding_bytes / Config::kMiB))
-      .field("garbage_collection_threshold", config.garbage_collection_threshold)
-      .field("large_segment_size_mb", static_cast<std::uint64_t>(config.large_segment_size_bytes / Config::kMiB))
-      .field("text", config.to_string())
-      .end_object();
+  write_config(json, snapshot);
 
   json.key("device_memory").begin_object()
       .field("free_bytes", static_cast<std::uint64_t>(snapshot.memory.free_bytes))
@@ -159,6 +164,7 @@ std::string trace_to_jsonl(const AllocatorSnapshot& snapshot) {
   JsonWriter header;
   header.begin_object();
   write_dump_header(header, "trace", kTraceSchemaVersion, snapshot.device);
+  write_config(header, snapshot);  // a replay (remat-report whatif) runs under the recorded settings
   write_tag_table(header);
   header.field("event_count", static_cast<std::uint64_t>(snapshot.trace.size()));
   header.field("dropped_records", snapshot.trace_dropped);

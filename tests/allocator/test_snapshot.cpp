@@ -122,6 +122,21 @@ TEST(Snapshot, TraceDumpIsJsonLinesWithAHeader) {
   EXPECT_FALSE(events[2].contains("requested"));
 }
 
+// A replay of the trace (remat-report whatif) runs under the settings it was recorded with.
+TEST(Snapshot, TraceDumpHeaderRecordsTheAllocatorSettings) {
+  HostAllocator a("trace_entries:32,expandable_segments:True,roundup_power2_divisions:4");
+  a.free(a.alloc(500));
+  const std::string dump = trace_to_jsonl(a.allocator->snapshot());
+  const auto header = nlohmann::json::parse(dump.substr(0, dump.find('\n')));
+  ASSERT_TRUE(header.contains("config"));
+  EXPECT_EQ(header["config"]["expandable_segments"], true);
+  EXPECT_EQ(header["config"]["trace_entries"], 32);
+  EXPECT_EQ(header["config"]["roundup_power2_divisions"][0], 4);
+  EXPECT_EQ(header["config"], nlohmann::json::parse(snapshot_to_json(a.allocator->snapshot()))["config"]);
+  const std::string text = header["config"]["text"];
+  EXPECT_NE(text.find("expandable_segments:True"), std::string::npos) << text;
+}
+
 // The header says how many records the ring overwrote before the first event it holds.
 TEST(Snapshot, TraceDumpHeaderCountsTheRecordsTheRingDropped) {
   HostAllocator a("trace_entries:4");

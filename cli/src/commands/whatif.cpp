@@ -142,7 +142,12 @@ void replay_dump(const DumpFile& dump, Recorded& recorded, Begin begin) {
     TraceFile trace(dump);
     recorded.kind = "trace";
     recorded.device = trace.header().header.device;
-    no_recorded_config(recorded, "a trace's header records no allocator settings");
+    if (const std::optional<AllocatorConfig>& config = trace.header().config) {
+      recorded_config(recorded, config->text, false, "the trace header's config.text");
+    } else {
+      no_recorded_config(recorded, "this trace's header records no allocator settings (a trace written before remat "
+                                   "recorded them, or by another producer)");
+    }
     if (trace.header().dropped_records.value_or(0) > 0) {
       recorded.notes.push_back(
           fmt::format("the trace ring had overwritten {} records before the first event: frees of blocks allocated "
@@ -227,25 +232,30 @@ void replay_input(const WhatIfOptions& options, Recorded& recorded, Begin begin)
   for (const Event& event : snapshot.events) sink.on_event(event);
 }
 
-std::string run_name(std::size_t index) { return index == 0 ? "recorded" : fmt::format("conf {}", index); }
+// The first run is "recorded" only where the input recorded its settings: without them it is the defaults.
+std::string run_name(std::size_t index, const Recorded& recorded) {
+  if (index > 0) return fmt::format("conf {}", index);
+  return recorded.config ? "recorded" : "defaults";
+}
 
 // What the input said about itself, then what the replay met in it.
 std::vector<std::string> all_notes(const Recorded& recorded, const WhatIfCounts& counts,
                                    const std::vector<WhatIfRun>& runs) {
   std::vector<std::string> notes = recorded.notes;
   if (!runs.empty() && runs[0].followed_recording) {
-    notes.push_back("the recorded run followed the recording to its end, each segment at its recorded address and "
-                    "each release as recorded: its figures are the recording's");
+    notes.push_back(fmt::format("the first run ({}) followed the recording to its end, each segment at its recorded "
+                                "address and each release as recorded: its figures are the recording's",
+                                run_name(0, recorded)));
   } else if (!runs.empty() && runs[0].drift) {
-    notes.push_back(fmt::format("the recorded run followed the recording until event {} ({}); from there on it is "
+    notes.push_back(fmt::format("the first run ({}) followed the recording until event {} ({}); from there on it is "
                                 "this pool's own replay under those settings, and its figures may differ from the "
                                 "recording's",
-                                runs[0].drift->event, runs[0].drift->reason));
+                                run_name(0, recorded), runs[0].drift->event, runs[0].drift->reason));
   }
   for (std::size_t i = 0; i < runs.size(); ++i) {
     if (runs[i].failure && runs[i].failure->replay_limit) {
       notes.push_back(fmt::format("{} stopped at event {}, not out of the device's memory: {}",
-                                  run_name(i),
+                                  run_name(i, recorded),
                                   runs[i].failure->event, runs[i].failure->message));
     }
   }
@@ -285,7 +295,7 @@ Report text_report(const WhatIfOptions& options, const Recorded& recorded, const
   confs.id = "configurations";
   confs.title = "Configurations";
   confs.columns = {{"run", "run", false}, {"conf", "conf", false}};
-  for (std::size_t i = 0; i < runs.size(); ++i) confs.rows.push_back({Cell::text(run_name(i)), Cell::text(runs[i].conf)});
+  for (std::size_t i = 0; i < runs.size(); ++i) confs.rows.push_back({Cell::text(run_name(i, recorded)), Cell::text(runs[i].conf)});
   report.tables.push_back(std::move(confs));
 
   Table figures;
@@ -293,7 +303,7 @@ Report text_report(const WhatIfOptions& options, const Recorded& recorded, const
   figures.title = "Replayed";
   figures.columns = {{"figure", "figure", false}};
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    const std::string title = run_name(i);
+    const std::string title = run_name(i, recorded);
     std::string key = title;
     for (char& c : key) c = c == ' ' ? '_' : c;
     figures.columns.push_back({title, key, true});
@@ -331,11 +341,11 @@ Report text_report(const WhatIfOptions& options, const Recorded& recorded, const
   for (std::size_t i = 0; i < runs.size(); ++i) {
     if (!runs[i].failure) continue;
     const WhatIfFailure& f = *runs[i].failure;
-    failures.rows.push_back({Cell::text(run_name(i)), Cell::count(f.event), Cell::time(f.since_first_us),
+    failures.rows.push_back({Cell::text(run_name(i, recorded)), Cell::count(f.event), Cell::time(f.since_first_us),
                              Cell::integer(f.time_us), Cell::bytes(f.size), Cell::count(f.stream),
                              Cell::bytes(f.reserved_bytes), Cell::bytes(f.allocated_bytes)});
     for (const WhatIfHolder& h : f.holders) {
-      holders.rows.push_back({Cell::text(run_name(i)), h.region.empty() ? Cell::text("(untagged)") : Cell::name(h.region),
+      holders.rows.push_back({Cell::text(run_name(i, recorded)), h.region.empty() ? Cell::text("(untagged)") : Cell::name(h.region),
                               Cell::bytes(h.bytes), Cell::count(h.count)});
     }
   }
@@ -384,7 +394,7 @@ std::string whatif_dump(const WhatIfOptions& options, const Recorded& recorded, 
                  {"holders", std::move(holders)},
                  {"message", f.message}};
     }
-    list.push_back({{"name", run_name(i)},
+    list.push_back({{"name", run_name(i, recorded)},
                     {"conf", r.conf},
                     {"peak_reserved", r.peak_reserved},
                     {"peak_allocated", r.peak_allocated},
@@ -425,8 +435,9 @@ constexpr const char* kHelp =
     "reserved; device allocations and releases (segments allocated or ranges mapped, and given back). With a capacity "
     "a run that cannot satisfy an allocation even after releasing its cache stops there, and the output names the "
     "event (number counted from 1, time, size, stream) and what held memory then. The recorded settings are a "
-    "snapshot's config.text or a pickle's allocator_settings; a trace records none (the defaults are used, and the "
-    "output says so). Details: docs/whatif.md.";
+    "snapshot's or trace header's config.text, or a pickle's allocator_settings; where the input has none (a trace "
+    "written before they were recorded, a pickle without them) the first run uses the defaults and is named "
+    "`defaults`, not `recorded`. Details: docs/whatif.md.";
 
 }  // namespace
 

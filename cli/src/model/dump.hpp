@@ -138,6 +138,9 @@ struct Snapshot {
 // The header line of a JSON Lines trace.
 struct TraceHeader {
   DumpHeader header;
+  // The recording allocator's settings (absent in traces written before they were recorded, and
+  // in other producers' traces).
+  std::optional<AllocatorConfig> config;
   TagTable tags;
   std::optional<std::uint64_t> event_count;
   // Records the ring overwrote before the first event (absent in traces from other producers).

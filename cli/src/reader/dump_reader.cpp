@@ -330,6 +330,7 @@ TraceHeader read_trace_header(json::object root) {
   const JsonPath path;
   TraceHeader header;
   header.header = read_dump_header(root, path);
+  if (const auto config = json::optional_member(root, "config")) header.config = read_config(*config, path.key("config"));
   header.tags = read_tag_table(root, path);
   const json::element count = member(root, "event_count", path);
   if (!json::is_null(count)) header.event_count = json::as_u64(count, path.key("event_count"));

@@ -3,6 +3,7 @@
 // the recorded peaks exactly; other settings give the figures they should.
 
 #include "analysis/whatif_replay.hpp"
+#include "cli_runner.hpp"
 #include "reader/dump_file.hpp"
 #include "reader/trace_file.hpp"
 
@@ -13,6 +14,7 @@
 #include <remat/alloc/tags.hpp>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -134,6 +136,51 @@ TEST_P(ReplayUnderRecordedSettings, GivesTheRecordedPeaksExactly) {
     EXPECT_GT(replayed.counts.empty_cache_calls, 0u);
   }
   std::remove(recording.trace_path.c_str());
+}
+
+// `whatif` on a trace: the header's settings make the first run "recorded" and give the
+// recording's peaks; a trace without them (written before they were recorded) is replayed under
+// the defaults, and its first run is named for what it is.
+TEST(WhatIfCommand, ATraceReplaysUnderTheSettingsItsHeaderRecords) {
+  const Recording recording = record(config_of("expandable_segments:True"),
+                                     [](alloc::CachingAllocator& a) { training(a, 12, false); }, "header-settings");
+  const testing::CliResult with = testing::run({"whatif", recording.trace_path, "--json"});
+  ASSERT_EQ(with.code, 0) << with.err;
+  const auto dump = nlohmann::json::parse(with.out);
+  EXPECT_EQ(dump["recorded_config_from"], "the trace header's config.text");
+  const auto& recorded = dump["runs"][0];
+  EXPECT_EQ(recorded["name"], "recorded");
+  EXPECT_NE(recorded["conf"].get<std::string>().find("expandable_segments:True"), std::string::npos)
+      << recorded["conf"];
+  EXPECT_EQ(recorded["peak_reserved"], recording.stats.reserved_bytes.peak);
+  EXPECT_EQ(recorded["peak_allocated"], recording.stats.allocated_bytes.peak);
+
+  // The same trace as one written before the header recorded settings.
+  std::ifstream in(recording.trace_path);
+  std::string header_line;
+  std::getline(in, header_line);
+  auto header = nlohmann::json::parse(header_line);
+  header.erase("config");
+  const std::string old_path = recording.trace_path + ".no-settings.jsonl";
+  {
+    std::ofstream out(old_path);
+    out << header.dump() << "\n" << in.rdbuf();
+  }
+  const testing::CliResult without = testing::run({"whatif", old_path, "--json"});
+  ASSERT_EQ(without.code, 0) << without.err;
+  const auto defaults = nlohmann::json::parse(without.out);
+  EXPECT_EQ(defaults["recorded_config_from"], "defaults (none recorded)");
+  EXPECT_EQ(defaults["runs"][0]["name"], "defaults");
+  EXPECT_EQ(defaults["runs"][0]["conf"].get<std::string>().find("expandable_segments:True"), std::string::npos);
+  const testing::CliResult text = testing::run({"whatif", old_path});
+  EXPECT_NE(text.out.find("this trace's header records no allocator settings"), std::string::npos) << text.out;
+  const std::size_t columns = text.out.find("\nfigure ");
+  ASSERT_NE(columns, std::string::npos) << text.out;
+  const std::string titles = text.out.substr(columns + 1, text.out.find('\n', columns + 1) - columns - 1);
+  EXPECT_EQ(titles.find("recorded"), std::string::npos) << titles;
+  EXPECT_NE(titles.find("defaults"), std::string::npos) << titles;
+  std::remove(recording.trace_path.c_str());
+  std::remove(old_path.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(
