@@ -198,7 +198,7 @@ class Checkpoint:
 
     def __init__(self, region_name, hooks, channels, context_fn, verify, saved_tensors_hooks=None, plan=None):
         self.region_name = region_name
-        self._plan = plan  # the runtime's choices of a budget plan, or None
+        self._plan = plan  # the budget plan in force for this checkpoint (_plans.plan_arg), or None
         self._hooks = hooks
         self._saved_tensors_hooks = saved_tensors_hooks  # the runtime's pair, or None
         self._channels = channels  # the `contexts` option
@@ -230,12 +230,10 @@ class Checkpoint:
         prefixes = getattr(_name_scopes, "prefixes", None) if _name_scopes_entered else None
         if prefixes:  # called inside name_scope: recompute names regions as forward did
             contexts = [*contexts, functools.partial(_NameScopesOfTheCall, tuple(prefixes))]
-        choices = _plans.region_choices(self._plan)
-
         return _plans.run_checkpoint(
-            self.region_name, choices, args, kwargs,
-            lambda: _C.checkpoint(fn, args, kwargs, self.region_name, self._hooks, contexts, verify,
-                                  saved_tensors_hooks, choices))
+            self.region_name, self._plan, fn, args, kwargs,
+            lambda body, choices: _C.checkpoint(body, args, kwargs, self.region_name, self._hooks, contexts,
+                                                verify, saved_tensors_hooks, choices))
 
 
 class _DocOfWrapped:
@@ -410,7 +408,7 @@ class _Region(_FunctionWrapper):
             return compiled_region(body, recompute, args, kwargs)
         qualified = name if _name_scopes_entered == 0 else _qualified_name(name)
         return _plans.run_region(qualified, recompute,
-                                 lambda: _C.region(body, args, kwargs, qualified, recompute))
+                                 lambda setting: _C.region(body, args, kwargs, qualified, setting))
 
 
 def recompute_needs_tensor(*tensors):

@@ -6,12 +6,17 @@
     with remat.use_plan(plan):                        # every region takes its choice from the plan
         model(**batch).loss.backward()
 
-profile_regions() runs the step with every region saved (a plan of one pattern, "*": save), so it
-measures both choices at once: each region's saved bytes from what its checkpoint keeps (the
-saved-tensors report, each storage once) and its forward time (CUDA events on a GPU, the thread's
-CPU time otherwise), and the bytes the checkpoints keep with every region recomputed (their tensor
-inputs, each storage once: `base_bytes`). That step keeps what saving everything keeps: profile
-with a batch that fits so. Regions nested in another region are planned as part of the outermost.
+profile_regions() runs the step with every region saved, so it measures both choices at once: each
+region's saved bytes from what its checkpoint keeps (the saved-tensors report, each storage once)
+and its forward time (CUDA events on a GPU, the thread's CPU time otherwise), and the bytes the
+checkpoints keep with every region recomputed (their tensor inputs, each storage once:
+`base_bytes`). That step keeps what saving everything keeps: profile with a batch that fits so.
+Regions nested in another region are planned as part of the outermost: under a plan they recompute
+with it (inside a saved region the runtime runs them inert), unless the plan names them.
+
+A plan names regions exactly or by a grouped plan's patterns, where each '*' stands for a number
+("layers.*::attn"). The regions a plan meets are checked against those it was made for (strict
+use_plan, wrap_decoder_layers(plan=)), as soon as a checkpoint's forward shows a difference.
 
 The solver (exact 0/1 knapsack) and the region_profile and remat_plan dumps are C++
 (remat/budget, also behind `remat-report advise`), reached through remat._budget.
@@ -19,6 +24,7 @@ The solver (exact 0/1 knapsack) and the region_profile and remat_plan dumps are 
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -29,7 +35,6 @@ from remat_alloc.arguments import path_arg
 
 from . import _budget
 from ._extension import _C
-from ._trace import collect_trace
 
 __all__ = ["RegionCost", "RegionProfile", "Plan", "profile_regions", "use_plan", "load_plan"]
 
@@ -37,27 +42,9 @@ RegionCost = namedtuple("RegionCost", ["name", "saved_bytes", "seconds"])
 RegionCost.__doc__ = "What one region costs: bytes its checkpoint keeps while it is saved, and its forward seconds."
 
 # .session: the profile_regions being measured; .plans: use_plan blocks, innermost last;
-# .checkpoints: (name, choices) of the checkpoints running under a plan or a profile, innermost last
+# .checkpoints: the _CheckpointRun of each checkpoint body running under a plan or a profile (in
+# forward or recompute), innermost last
 _state = threading.local()
-_SAVE_ALL = None  # _C.RegionChoices([("*", False)]), made on first use
-
-
-def _save_all():
-    global _SAVE_ALL
-    if _SAVE_ALL is None:
-        _SAVE_ALL = _C.RegionChoices([("*", False)])
-    return _SAVE_ALL
-
-
-def region_choices(own=None):
-    """The choices a checkpoint called now applies: every region saved while a profile is being
-    measured, else its own plan's, else the innermost use_plan's; None: every region its own."""
-    if getattr(_state, "session", None) is not None:
-        return _save_all()
-    if own is not None:
-        return own
-    plans = getattr(_state, "plans", None)
-    return plans[-1]._choices() if plans else None
 
 
 def profiling():
@@ -65,40 +52,88 @@ def profiling():
     return getattr(_state, "session", None)
 
 
-def run_checkpoint(name, choices, args, kwargs, call):
-    """Runs a checkpoint's call() under `choices` (None: no plan), measured when profiling."""
-    if choices is None:
-        return call()
-    if not hasattr(_state, "checkpoints"):
-        _state.checkpoints = []
-    _state.checkpoints.append((name, choices))
-    try:
-        profile = profiling()
-        return call() if profile is None else profile.run_checkpoint(name, args, kwargs, call)
-    finally:
-        _state.checkpoints.pop()
+def run_checkpoint(name, own_plan, fn, args, kwargs, call):
+    """Runs one checkpoint call: call(body, choices) runs `body` (fn, or fn wrapped so that its
+    regions find this call in forward and in recompute) with `choices`, the plan the runtime
+    applies (None: none). The plan in force is the checkpoint's own (a _PlanInForce), else the
+    innermost use_plan's; while a profile is measured there is none, and every region is saved
+    here. A strict plan checks the regions this call ran as soon as its forward is done."""
+    profile = profiling()
+    plans = getattr(_state, "plans", None)
+    in_force = None if profile is not None else own_plan if own_plan is not None else plans[-1] if plans else None
+    if profile is None and in_force is None:
+        return call(fn, None)
+    run = _CheckpointRun(name, None if in_force is None else in_force.plan._choices(), profile)
+    if profile is not None:
+        return profile.run_checkpoint(name, args, kwargs, lambda: call(run.body(fn), None))
+    out = call(run.body(fn), run.choices)
+    in_force.checkpoint_ran(run)
+    return out
 
 
 def run_region(name, own_recompute, call):
-    """Runs a region's call() (the runtime's region) in the innermost checkpoint. Under a plan
-    (or a profile, which saves every region) a region may be saved that its code recomputes: its
-    outputs are kept for recompute, since code between regions may read them again there. None
-    of this outside a plan: call() as it is."""
+    """Runs a region: call(recompute) is the runtime's region with that setting. Outside a
+    checkpoint under a plan or a profile, with the region's own setting."""
     running = getattr(_state, "checkpoints", None)
     if not running:
-        return call()
-    checkpoint, choices = running[-1]
-    recompute = choices.recompute_of(f"{checkpoint}::{name}")
-    saved = not own_recompute if recompute is None else not recompute
+        return call(own_recompute)
+    return running[-1].run_region(name, own_recompute, call)
 
-    def run():
-        out = call()
-        if saved and not _C.is_recomputing():
-            _C.recompute_needs_tensor(*tensors_in(out))
-        return out
 
-    profile = profiling()
-    return run() if profile is None else profile.time_region(f"{checkpoint}::{name}", run)
+class _CheckpointRun:
+    """One call of a checkpoint under a plan or a profile. A region takes the plan's choice where
+    the plan names it; a region nested in one that took the plan's choice is part of it (the
+    profile measured the outermost) and recomputes with it: inside a saved region the runtime
+    runs it inert. While a profile is measured every region is saved. Under a plan a region may
+    be saved that its code recomputes: its outputs are kept for recompute, since code between
+    regions may read them again there."""
+
+    def __init__(self, name, choices, profile):
+        self.name = name
+        self.choices = choices  # None while profiling
+        self.profile = profile
+        self.ran = []  # (path, planned) of the regions forward ran that are not part of a planned region
+        self._open = []  # for each region open now: whether it, or one around it, took the plan's choice
+
+    def body(self, fn):
+        def body(*args, **kwargs):
+            if not hasattr(_state, "checkpoints"):
+                _state.checkpoints = []
+            _state.checkpoints.append(self)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _state.checkpoints.pop()
+
+        functools.update_wrapper(body, fn)  # errors name fn: "checkpoint 'layers.0' (Block.forward)"
+        if not hasattr(fn, "__qualname__"):
+            body.__qualname__ = type(fn).__name__
+        return body
+
+    def run_region(self, name, own_recompute, call):
+        path = f"{self.name}::{name}"
+        inside_planned = any(self._open)
+        if self.profile is not None:
+            recompute, planned = False, True
+        else:
+            choice = self.choices.recompute_of(path)
+            planned = choice is not None
+            recompute = choice if planned else True if inside_planned else own_recompute
+        recomputing = _C.is_recomputing()
+        if not recomputing and (planned or not inside_planned):
+            self.ran.append((path, planned))
+
+        def run():
+            out = call(recompute)
+            if not recompute and not recomputing:
+                _C.recompute_needs_tensor(*tensors_in(out))
+            return out
+
+        self._open.append(planned or inside_planned)
+        try:
+            return run() if self.profile is None else self.profile.time_region(path, run)
+        finally:
+            self._open.pop()
 
 
 def _byte_count(value, what):
@@ -185,7 +220,11 @@ class Plan:
         self.exact = doc["exact"]
         self.least_recompute_seconds = doc["least_recompute_seconds"]
         self.decisions = dict(doc["decisions"])  # region (or pattern) -> "save" or "recompute"
-        self._costs = {r["name"]: RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]}
+        listed = doc.get("regions", [])  # absent from a plan given as decisions alone
+        self._costs = {r["name"]: RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in listed}
+        self._patterns = [entry for entry in self.decisions if "*" in entry]
+        # pattern -> the regions of the profile it stands for (a grouped plan's)
+        self._pattern_counts = {r["name"]: r["count"] for r in listed if "*" in r["name"]}
         self._profile = profile
         self._group = group
         self._region_choices = None
@@ -199,6 +238,37 @@ class Plan:
     def recompute_of(self, region):
         """True or False where the plan decides `region` ("checkpoint::region"), else None."""
         return self._choices().recompute_of(region)
+
+    def _entry_for(self, region):
+        """The decision `region` takes its choice from, as the runtime looks it up: the exact name,
+        else the first pattern that matches; None where the plan does not name it."""
+        if region in self.decisions:
+            return region
+        return next((pattern for pattern in self._patterns if _budget.matches(pattern, region)), None)
+
+    def _layout_problems(self, under, unnamed, *, complete=True):
+        """What shows the plan was made for another model layout, given the regions that took a
+        choice from each entry ({entry: regions}) and those that ran unnamed; `complete`: every
+        region has run, so an entry no region ran under, or a pattern under fewer regions than it
+        stands for, is one too."""
+        problems = []
+        if unnamed:
+            problems.append(f"{len(unnamed)} region(s) ran that the plan does not name: {_listed(unnamed)}")
+        counted = [(pattern, count, len(under.get(pattern, ()))) for pattern, count in self._pattern_counts.items()]
+        more = [f"{pattern} ({ran} ran, {count} in the profile)" for pattern, count, ran in counted if ran > count]
+        fewer = [f"{pattern} ({ran} ran, {count} in the profile)" for pattern, count, ran in counted
+                 if complete and 0 < ran < count]
+        if more:
+            problems.append(f"more regions ran under {len(more)} pattern(s) than each stands for in the profile the "
+                            f"plan was made from: {_listed(more)}")
+        if fewer:
+            problems.append(f"fewer regions ran under {len(fewer)} pattern(s) than each stands for in the profile "
+                            f"the plan was made from: {_listed(fewer)}")
+        if complete:
+            unused = [entry for entry in self.decisions if entry not in under]
+            if unused:
+                problems.append(f"the plan names {len(unused)} region(s) that did not run: {_listed(unused)}")
+        return problems
 
     def to_json(self, path=None):
         """The remat_plan dump (schemas/remat_plan.schema.json); written atomically to `path`
@@ -239,22 +309,102 @@ def load_plan(source):
     return Plan(_budget.check_plan(text, name))
 
 
-def plan_arg(where, plan):
-    """The choices of a plan given as an option (checkpoint(plan=), wrap_decoder_layers(plan=))."""
-    if plan is None:
-        return None
+def _plan_option(where, plan):
     if not isinstance(plan, Plan):
         raise TypeError(f"{where}: plan must be a remat.Plan (profile.plan(...) or remat.load_plan(path)), "
                         f"got {type(plan).__name__}")
-    return plan._choices()
+    return plan
+
+
+def plan_arg(where, plan):
+    """The plan given as an option (checkpoint(plan=)): regions it does not name keep their own
+    setting. wrap_decoder_layers' strict _PlanInForce passes through."""
+    if plan is None or isinstance(plan, _PlanInForce):
+        return plan
+    return _PlanInForce(_plan_option(where, plan), strict=False, where=where)
+
+
+def layout_checked_plan(where, plan, checkpoint_names):
+    """The plan given to wrap_decoder_layers, strict as use_plan is, and checked now against the
+    checkpoints the model will run (`checkpoint_names`)."""
+    if plan is None:
+        return None
+    in_force = _PlanInForce(_plan_option(where, plan), strict=True, where=where)
+    in_force.check_checkpoint_names(checkpoint_names)
+    return in_force
+
+
+def _listed(names):
+    return ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+
+
+class _PlanInForce:
+    """A plan as checkpoints apply it. Strict, it refuses a plan made for another model layout
+    with a ValueError naming the regions: a region that ran and the plan does not name, or more
+    regions under a grouped plan's pattern than it stands for, as soon as the checkpoint that ran
+    them has done its forward; at finished(), a plan entry that no region ran under, or a pattern
+    under fewer regions than it stands for."""
+
+    def __init__(self, plan, *, strict, where):
+        self.plan = plan
+        self.strict = strict
+        self.where = where
+        self._under = {}  # plan entry -> the regions that took their choice from it
+        self._seen = set()
+
+    def checkpoint_ran(self, run):
+        if not self.strict:
+            return
+        for path, planned in run.ran:
+            if planned and path not in self._seen:
+                self._seen.add(path)
+                self._under.setdefault(self.plan._entry_for(path), set()).add(path)
+        unnamed = [path for path, planned in run.ran if not planned]
+        self._refuse(self.plan._layout_problems(self._under, unnamed, complete=False),
+                     f"{self.where}: checkpoint '{run.name}'")
+
+    def finished(self):
+        if self.strict:
+            self._refuse(self.plan._layout_problems(self._under, []), self.where)
+
+    def check_checkpoint_names(self, names):
+        """Refuses, before any step, a plan with regions of checkpoints other than `names` (every
+        checkpoint the model will run) or none for some of them: those would keep their own
+        settings, which the plan's kept_bytes does not count."""
+        def checkpoint_part(entry):
+            return entry.partition("::")[0]
+
+        def names_checkpoint(entry, name):
+            return checkpoint_part(entry) == name or ("*" in entry and _budget.matches(checkpoint_part(entry), name))
+
+        foreign = [entry for entry in self.plan.decisions if not any(names_checkpoint(entry, name) for name in names)]
+        unplanned = [name for name in names if not any(names_checkpoint(entry, name) for entry in self.plan.decisions)]
+        problems = []
+        if foreign:
+            problems.append(f"the plan names {len(foreign)} region(s) of checkpoints the model does not have: "
+                            f"{_listed(foreign)}")
+        if unplanned:
+            problems.append(f"the plan names no region of {len(unplanned)} checkpoint(s): {_listed(unplanned)}")
+        self._refuse(problems, self.where)
+
+    @staticmethod
+    def _refuse(problems, where):
+        if problems:
+            raise ValueError(f"{where}: " + "; ".join(problems) + ". The plan was made for another model layout: "
+                             "profile this model again (remat.profile_regions()), or apply the plan with "
+                             "remat.use_plan(plan, strict=False) to let the regions it does not name keep their own "
+                             "setting")
 
 
 class use_plan:
     """`with remat.use_plan(plan):` every checkpoint called inside on this thread takes each
     region's choice from the plan (by name; a checkpoint's own plan= wins). strict=True (the
-    default): at the end of the block, a plan entry that no region ran under, or a region that
-    ran and the plan does not name, is a ValueError naming them (a plan from another model
-    layout); strict=False lets the regions the plan does not name keep their own setting."""
+    default) refuses a plan from another model layout with a ValueError naming the regions: a
+    region that ran and the plan does not name, or more regions under a grouped plan's pattern
+    than it stands for, as soon as the checkpoint that ran them has done its forward; a plan
+    entry that no region ran under (or a pattern under fewer regions than it stands for) at the
+    end of the block. strict=False lets the regions the plan does not name keep their own
+    setting."""
 
     def __init__(self, plan, *, strict=True):
         if not isinstance(plan, Plan):
@@ -262,41 +412,20 @@ class use_plan:
                             f"got {type(plan).__name__}")
         self._plan = plan
         self._strict = bool(strict)
-        self._trace = None
+        self._in_force = None
 
     def __enter__(self):
         if not hasattr(_state, "plans"):
             _state.plans = []
-        self._trace = collect_trace()
-        self._trace.__enter__()
-        _state.plans.append(self._plan)
+        self._in_force = _PlanInForce(self._plan, strict=self._strict, where="use_plan")
+        _state.plans.append(self._in_force)
         return self._plan
 
     def __exit__(self, exc_type, *rest):
         _state.plans.pop()
-        self._trace.__exit__(exc_type, *rest)
-        if self._strict and exc_type is None:
-            ran = [f"{scope.name}::{region.name}" for scope in self._trace.scopes for region in scope.regions]
-            self._check(ran)
+        if exc_type is None:
+            self._in_force.finished()
         return False
-
-    def _check(self, ran):
-        unnamed = sorted({name for name in ran if self._plan.recompute_of(name) is None})
-        ran_names = set(ran)
-        unused = [entry for entry in self._plan.decisions
-                  if entry not in ran_names
-                  and not ("*" in entry and any(_budget.matches(entry, name) for name in ran_names))]
-        problems = []
-        if unused:
-            problems.append(f"the plan names {len(unused)} region(s) that did not run: {', '.join(unused[:8])}"
-                            f"{' ...' if len(unused) > 8 else ''}")
-        if unnamed:
-            problems.append(f"{len(unnamed)} region(s) ran that the plan does not name: {', '.join(unnamed[:8])}"
-                            f"{' ...' if len(unnamed) > 8 else ''}")
-        if problems:
-            raise ValueError("use_plan: " + "; ".join(problems) + ". The plan was made for another model layout: "
-                             "profile this model again (remat.profile_regions()), or pass strict=False to let "
-                             "unnamed regions keep their own setting")
 
 
 class profile_regions:
