@@ -239,6 +239,66 @@ def check_picture(binary, out: pathlib.Path, work: pathlib.Path, document: dict)
     expect(html.read_text().count("<tr>") == 1 + len(RANKS), "the page lists the hottest ranks")
 
 
+def check_crowded_picture(binary, out: pathlib.Path, work: pathlib.Path) -> None:
+    """2,000 ranks share bars: the hottest and the OOM ranks are still marked and named, over the frame."""
+    folder = work / "crowded"
+    folder.mkdir()
+    base = json.loads((out / "snapshot-rank0.json").read_text())
+    base["trace"]["events"] = []
+    hottest = [1234, 1999, 7]
+    failed = set(range(3, 2000, 40))  # 50 ranks, most of them not the highest of their bar
+    for rank in range(2000):
+        doc = dict(base, rank=rank)
+        stats = json.loads(json.dumps(base["stats"]))
+        peak = 64 * MiB + (rank % 3) * MiB
+        if rank in hottest:
+            peak = (200 - hottest.index(rank)) * MiB
+        stats["allocated_bytes"]["peak"] = peak
+        stats["reserved_bytes"]["peak"] = max(stats["reserved_bytes"]["peak"], peak)
+        stats["num_ooms"] = 1 if rank in failed else 0
+        doc["stats"] = stats
+        (folder / f"snapshot-rank{rank}.json").write_text(json.dumps(doc))
+    svg = work / "crowded.svg"
+    report(binary, "ranks", folder, "--svg", svg, "--strict")
+    root = ElementTree.parse(svg).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    children = list(root)
+    frame = max(i for i, e in enumerate(children) if e.tag == f"{ns}rect" and e.get("stroke") == "#888")
+    named = [(i, e) for i, e in enumerate(children) if e.get("id") == "named-ranks"]
+    expect(len(named) == 1 and named[0][0] > frame, "the named ranks are drawn over the frame line")
+    marks = [g for g in named[0][1] if g.get("class") == "named"] if named else []
+    got = [(int(g.get("data-rank")), g.get("data-reason")) for g in marks]
+    expect(got == [(r, "hottest") for r in hottest] + [(r, "oom") for r in sorted(failed)[:3]],
+           f"the 3 hottest and the first 3 OOM ranks are marked: {got}")
+    expect(all(f"rank {r}" in "".join(g.itertext()) for g, (r, _) in zip(marks, got)), "each mark names its rank")
+    bars = [g for g in root.iter(f"{ns}g") if g.get("class") == "bar"]
+    expect(len(bars) < 2000 and all(int(b.get("data-rank")) in range(int(b.get("data-first-rank")),
+                                                                          int(b.get("data-last-rank")) + 1) for b in bars),
+           f"{len(bars)} bars, each the highest of its ranks")
+    shared = [b for b in bars if b.get("data-oom") == "true"]
+    expect(len(shared) == len(failed), f"a bar for each OOM rank's bucket: {len(shared)}")
+    for bar in shared:
+        oom = [r for r in failed if int(bar.get("data-first-rank")) <= r <= int(bar.get("data-last-rank"))]
+        titles = " ".join("".join(t.itertext()) for t in bar.iter(f"{ns}title"))
+        expect(all(f"ran out of memory: rank {r}" in titles for r in oom), f"the tooltip names the OOM rank {oom}: {titles}")
+    expect(not [p for p in root.iter(f"{ns}path") if p.get("class") == "oom"], "no OOM triangles stacked over the bars")
+    legend = "".join(next(g for g in root.iter(f"{ns}g") if g.get("id") == "legend").itertext())
+    expect("ran out of memory (50 ranks" in legend and "hottest: rank 1234" in legend, f"the legend names them: {legend}")
+
+
+def check_median_label(binary, out: pathlib.Path, work: pathlib.Path) -> None:
+    """At a few ranks the median's value sits in the legend, not on its line over the right-most bars."""
+    svg = work / "median.svg"
+    report(binary, "ranks", out, "--svg", svg)
+    root = ElementTree.parse(svg).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    median = next(g for g in root.iter(f"{ns}g") if g.get("id") == "median")
+    expect(not list(median.iter(f"{ns}text")), "no text on the median line")
+    legend = "".join(next(g for g in root.iter(f"{ns}g") if g.get("id") == "legend").itertext())
+    expect("median " in legend, f"the legend gives the median: {legend}")
+    expect(not any(g.get("id") == "named-ranks" for g in root.iter(f"{ns}g")), "a bar a rank needs no names")
+
+
 def main() -> int:
     if sys.argv[1] == "--worker":
         worker(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1")
@@ -258,6 +318,8 @@ def main() -> int:
         check_rank_named_faults(binary, out, work)
         check_read_once(binary, out, work)
         check_picture(binary, out, work, document)
+        check_crowded_picture(binary, out, work)
+        check_median_label(binary, out, work)
     print("FAILED" if failures else "OK", f"{len(failures)} failures")
     return 1 if failures else 0
 

@@ -38,11 +38,18 @@ std::vector<std::uint32_t> drawn_groups(const JobRanks& job) {
   return ids;
 }
 
+// Past this many ranks a bar, or below this bar width, single ranks are hard to see: the hottest
+// and the first to run out of memory are then marked and named above the frame.
+constexpr double kNamedBelowSlot = 4;
+constexpr std::size_t kNamedHottest = 3, kNamedOom = 3;
+// OOM ranks a shared bar's tooltip names before it counts the rest.
+constexpr std::size_t kOomRanksInTitle = 3;
+
 // A bar: one rank, or the highest of the ranks sharing its pixels.
 struct Bar {
   const RankRow* rank = nullptr;
   std::uint64_t first_rank = 0, last_rank = 0;
-  bool any_oom = false;
+  std::vector<std::uint64_t> oom_ranks;  // the ranks in the bar that ran out of memory
 };
 
 // Ranks sharing a bar: one, until there are more ranks than the plot has pixels.
@@ -56,22 +63,54 @@ std::vector<Bar> bars_of(const JobRanks& job) {
   std::vector<Bar> bars;
   std::size_t in_bar = 0;
   for (const auto& [rank, row] : job.ranks()) {
-    if (in_bar == 0) bars.push_back(Bar{&row, rank, rank, false});
+    if (in_bar == 0) bars.push_back(Bar{&row, rank, rank, {}});
     Bar& bar = bars.back();
     if (row.peak_allocated_bytes > bar.rank->peak_allocated_bytes) bar.rank = &row;
     bar.last_rank = rank;
-    bar.any_oom = bar.any_oom || row.ooms > 0;
+    if (row.ooms > 0) bar.oom_ranks.push_back(rank);
     in_bar = (in_bar + 1) % per_bar;
   }
   return bars;
+}
+
+// A shared bar names the OOM ranks among it, which need not be its highest rank.
+std::string oom_ranks_text(const Bar& bar) {
+  if (bar.oom_ranks.empty() || bar.first_rank == bar.last_rank) return {};
+  std::string text = "; ran out of memory: rank";
+  text += bar.oom_ranks.size() > 1 ? "s " : " ";
+  for (std::size_t i = 0; i < bar.oom_ranks.size() && i < kOomRanksInTitle; ++i) {
+    text += fmt::format("{}{}", i == 0 ? "" : ", ", bar.oom_ranks[i]);
+  }
+  if (bar.oom_ranks.size() > kOomRanksInTitle) text += fmt::format(" and {} more", bar.oom_ranks.size() - kOomRanksInTitle);
+  return text;
 }
 
 std::string bar_title(const Bar& bar, const RankRow& row, const std::string& detail) {
   const std::string ranks = bar.first_rank == bar.last_rank
                                 ? fmt::format("rank {}", row.rank)
                                 : fmt::format("ranks {}-{}, highest rank {}", bar.first_rank, bar.last_rank, row.rank);
-  return xml_escape(fmt::format("{}: peak {}{}{}", ranks, human_bytes(row.peak_allocated_bytes),
-                                row.ooms > 0 ? fmt::format(", {} OOM", row.ooms) : std::string(), detail));
+  return xml_escape(fmt::format("{}: peak {}{}{}{}", ranks, human_bytes(row.peak_allocated_bytes),
+                                row.ooms > 0 ? fmt::format(", {} OOM", row.ooms) : std::string(), detail,
+                                oom_ranks_text(bar)));
+}
+
+// The ranks named above the frame: the hottest, then the first to run out of memory (by the time
+// of the failure where the dumps give it, else by rank).
+std::vector<std::pair<const RankRow*, bool>> named_ranks(const JobRanks& job) {  // (rank, is an OOM rank)
+  std::vector<std::pair<const RankRow*, bool>> named;
+  const std::vector<const RankRow*> hottest = job.by_peak();
+  for (std::size_t i = 0; i < hottest.size() && i < kNamedHottest; ++i) named.emplace_back(hottest[i], false);
+  std::vector<const RankRow*> failed;
+  for (const auto& [rank, row] : job.ranks()) {
+    if (row.ooms > 0) failed.push_back(&row);
+  }
+  std::stable_sort(failed.begin(), failed.end(), [](const RankRow* a, const RankRow* b) {
+    const std::int64_t at = a->first_oom ? a->first_oom->time_us : INT64_MAX;
+    const std::int64_t bt = b->first_oom ? b->first_oom->time_us : INT64_MAX;
+    return at < bt;
+  });
+  for (std::size_t i = 0; i < failed.size() && i < kNamedOom; ++i) named.emplace_back(failed[i], true);
+  return named;
 }
 
 }  // namespace
@@ -125,6 +164,7 @@ std::string ranks_svg(const RanksRun& run) {
       kTop + kPlotH / 2);
 
   bool drew_other = false, drew_unknown = false, drew_oom = false;
+  const bool crowded = per_bar > 1 || slot < kNamedBelowSlot;
   // Bars a few pixels wide or less: edges on whole pixels, or neighbours blur into stripes.
   svg += fmt::format("<g id=\"bars\" stroke=\"none\"{}>\n", slot < 4 ? " shape-rendering=\"crispEdges\"" : "");
   for (std::size_t b = 0; b < bars.size(); ++b) {
@@ -134,7 +174,7 @@ std::string ranks_svg(const RanksRun& run) {
     svg += fmt::format(
         "<g class=\"bar\" data-rank=\"{}\" data-first-rank=\"{}\" data-last-rank=\"{}\" "
         "data-peak=\"{}\" data-oom=\"{}\">",
-        row.rank, bar.first_rank, bar.last_rank, row.peak_allocated_bytes, bar.any_oom);
+        row.rank, bar.first_rank, bar.last_rank, row.peak_allocated_bytes, !bar.oom_ranks.empty());
     if (!row.composition_known) {
       drew_unknown = true;
       const double top = y_of(static_cast<double>(row.peak_allocated_bytes));
@@ -169,23 +209,53 @@ std::string ranks_svg(const RanksRun& run) {
         below += parts[s];
       }
     }
-    if (bar.any_oom) {
+    if (!bar.oom_ranks.empty()) {
       drew_oom = true;
       const double cx = x + bar_w / 2;
-      const double cy = y_of(static_cast<double>(row.peak_allocated_bytes)) - 8;
-      svg += fmt::format("<path class=\"oom\" d=\"M{:.2f},{:.2f}l5,-8h-10z\" fill=\"#c00\"/>", cx, cy + 6);
+      if (crowded) {  // a tick under the axis: many OOM ranks make a rug there, not a band over the bars
+        svg += fmt::format("<rect class=\"oom\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"5\" fill=\"#c00\"/>",
+                           x, kTop + kPlotH + 1, std::max(bar_w, 1.0));
+      } else {
+        const double cy = y_of(static_cast<double>(row.peak_allocated_bytes)) - 2;
+        svg += fmt::format("<path class=\"oom\" d=\"M{:.2f},{:.2f}l5,-8h-10z\" fill=\"#c00\"/>", cx, cy);
+      }
     }
     svg += "</g>\n";
   }
   svg += "</g>\n";
+  // The median's value is in the legend: a label on the line would cover the bars beside it.
   const double median_y = y_of(static_cast<double>(job.median_peak_allocated()));
   svg += fmt::format(
       "<g id=\"median\"><line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#333\" "
-      "stroke-dasharray=\"6 4\"/><text x=\"{1}\" y=\"{3:.1f}\" text-anchor=\"end\" fill=\"#333\">median "
-      "{4}</text></g>\n",
-      kLeft, kLeft + kPlotW, median_y, median_y - 5, human_bytes(job.median_peak_allocated()));
+      "stroke-dasharray=\"6 4\"/></g>\n",
+      kLeft, kLeft + kPlotW, median_y);
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n", kLeft,
                      kTop, kPlotW, kPlotH);
+  // Bars too narrow to pick out: the hottest ranks and the first OOM ranks, marked and named over
+  // the frame, so neither the frame line nor a neighbour hides them.
+  std::vector<std::pair<const RankRow*, bool>> named;
+  if (crowded) named = named_ranks(job);
+  if (!named.empty()) {
+    svg += "<g id=\"named-ranks\">\n";
+    for (std::size_t n = 0; n < named.size(); ++n) {
+      const auto [row, is_oom] = named[n];
+      const std::size_t b = static_cast<std::size_t>(
+          std::lower_bound(bars.begin(), bars.end(), row->rank,
+                           [](const Bar& bar, std::uint64_t rank) { return bar.last_rank < rank; }) -
+          bars.begin());
+      const double cx = x_of(static_cast<double>(b)) + slot / 2;
+      const double top = y_of(static_cast<double>(row->peak_allocated_bytes));
+      const double label_y = std::max(kTop + 12.0, top - 8 - 13.0 * static_cast<double>(n % 3));
+      const std::string title = xml_escape(fmt::format("rank {}: peak {}{}", row->rank, human_bytes(row->peak_allocated_bytes),
+                                                       row->ooms > 0 ? fmt::format(", {} OOM", row->ooms) : std::string()));
+      svg += fmt::format(
+          "<g class=\"named\" data-rank=\"{0}\" data-reason=\"{1}\"><title>{2}</title>"
+          "<line x1=\"{3:.2f}\" x2=\"{3:.2f}\" y1=\"{4:.1f}\" y2=\"{5:.1f}\" stroke=\"{6}\"/>"
+          "<text x=\"{7:.2f}\" y=\"{5:.1f}\" fill=\"{6}\" font-size=\"11\">rank {0}</text></g>\n",
+          row->rank, is_oom ? "oom" : "hottest", title, cx, top, label_y, is_oom ? "#c00" : "#000", cx + 3);
+    }
+    svg += "</g>\n";
+  }
 
   // Legend: the drawn groups, other, unknown and the OOM marker.
   const double lx = kLeft + kPlotW + 20;
@@ -203,11 +273,26 @@ std::string ranks_svg(const RanksRun& run) {
     legend_row(series_color(s, false), clipped_label(shown_label(job.labels()[series[s]]), 30));
   if (drew_other) legend_row(series_color(0, true), "other");
   if (drew_unknown) legend_row(kUnknownColor, "not recorded (trace incomplete)");
+  svg += fmt::format(
+      "<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#333\" stroke-dasharray=\"6 4\"/>"
+      "<text x=\"{:.1f}\" y=\"{:.1f}\">median {}</text>\n",
+      lx, lx + 12, y - 4, y - 4, lx + 18, y, human_bytes(job.median_peak_allocated()));
+  y += 20;
+  std::size_t oom_ranks = 0;
+  for (const Bar& bar : bars) oom_ranks += bar.oom_ranks.size();
   if (drew_oom) {
+    const std::string what = crowded ? fmt::format("ran out of memory ({} ranks; ticks under the axis)", oom_ranks)
+                                     : std::string("ran out of memory");
     svg += fmt::format(
-        "<path d=\"M{:.1f},{:.1f}l6,-10h-12z\" fill=\"#c00\"/><text x=\"{:.1f}\" y=\"{:.1f}\">ran "
-        "out of memory</text>\n",
-        lx + 6, y, lx + 18, y);
+        "<path d=\"M{:.1f},{:.1f}l6,-10h-12z\" fill=\"#c00\"/><text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n", lx + 6, y,
+        lx + 18, y, what);
+    y += 20;
+  }
+  for (const auto& [row, is_oom] : named) {
+    svg += fmt::format("<text class=\"named\" x=\"{:.1f}\" y=\"{:.1f}\" fill=\"{}\">{} rank {}: {}</text>\n", lx, y,
+                       is_oom ? "#c00" : "#000", is_oom ? "ran out:" : "hottest:", row->rank,
+                       human_bytes(row->peak_allocated_bytes));
+    y += 16;
   }
   svg += "</g>\n</svg>\n";
   return svg;
