@@ -1,17 +1,25 @@
-"""Which regions each checkpoint saved and which it recomputed.
+"""Which regions each checkpoint saved and which it recomputed, and the trace scopes they ran in.
 
 Every checkpoint forward appends one scope (its name and the decision of each region, in order)
-to a bounded per-thread log in the runtime. `with remat.collect_trace() as trace:` takes what
-the checkpoints run inside the block logged on this thread: entering drops what was logged
-before (or hands it to an enclosing collect_trace, so nested collections see everything their
-block ran), leaving moves the block's scopes into `trace`.
+to a bounded per-thread log in the runtime when the forward ends. `with remat.collect_trace() as
+trace:` takes what the checkpoints run inside the block logged on this thread: entering hands what
+was logged before to an enclosing collect_trace (or drops it), so nested collections see
+everything their block ran; leaving moves the block's scopes into `trace`. A `trace_scope`
+wrapper drains the log into the innermost block when its function starts and when it returns, so
+the checkpoints that finished in between are filed under that scope. The block keeps what ran as
+a tree (checkpoint scopes from the runtime, trace scopes around them), from which `entries`
+(torch_remat's shape: an OpTrace per region, a ScopeTrace per trace scope) and `format()` are read.
 """
 
+import dataclasses
+import functools
 import threading
+
+import torch
 
 from ._extension import _C
 
-__all__ = ["collect_trace", "trace_scope"]
+__all__ = ["OpTrace", "ScopeTrace", "collect_trace", "trace_scope"]
 
 _collecting = threading.local()  # .stack: the collect_trace blocks entered on this thread, innermost last
 
@@ -22,23 +30,93 @@ def _stack():
     return _collecting.stack
 
 
+@dataclasses.dataclass
+class OpTrace:
+    """One region a checkpoint ran forward: its name with its name_scope prefixes ("outer/attn"),
+    and whether backward recomputes it."""
+
+    name: str
+    recompute: bool
+
+
+@dataclasses.dataclass
+class ScopeTrace:
+    """One trace_scope call, with the regions and trace scopes reached inside it in forward order."""
+
+    name: str
+    metadata: "str | None"
+    entries: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _ScopeRun:
+    """A trace_scope call as a block records it: the checkpoint scopes and trace scopes inside."""
+
+    name: str
+    metadata: "str | None"
+    ran: list = dataclasses.field(default_factory=list)
+
+
+def _entries(ran):
+    entries = []
+    for item in ran:
+        if isinstance(item, _ScopeRun):
+            entries.append(ScopeTrace(item.name, item.metadata, _entries(item.ran)))
+        else:
+            entries.extend(OpTrace(region.name, not region.saved) for region in item.regions)
+    return entries
+
+
+def _format_lines(ran, indent):
+    pad = " " * indent
+    lines = []
+    for item in ran:
+        if isinstance(item, _ScopeRun):
+            lines.append(pad + item.name + ("" if item.metadata is None else f" [{item.metadata}]"))
+            lines += _format_lines(item.ran, indent + 2)
+        else:
+            lines.append(f"{pad}scope [{item.name}]")
+            lines += [f"{pad}  {region.name}: {'save' if region.saved else 'recompute'}" for region in item.regions]
+    return lines
+
+
+def _drain():
+    """Files what the runtime logged since the last drain under the innermost block's open scope."""
+    logged = _C.collect_trace()
+    stack = _stack()
+    if stack:
+        stack[-1]._add(logged.scopes, logged)
+
+
 class collect_trace:
     """`with remat.collect_trace() as trace:` collects the save/recompute decisions of every
-    checkpoint run inside on this thread; trace.format() prints them, trace.to_json() is the
+    checkpoint run inside on this thread, and the trace_scope calls around them; trace.entries
+    lists them as torch_remat does, trace.format() prints them, trace.to_json() is the
     `remat-trace` dump, trace.scopes the data (one scope per checkpoint call)."""
 
     def __init__(self):
         self._trace = _C.RematTrace()
+        self._ran = []  # checkpoint scopes and _ScopeRuns outside any trace scope, in forward order
+        self._open = []  # the _ScopeRuns being run, outermost first
         self._thread = None
+
+    def _add(self, ran, trace):
+        self._current().extend(ran)
+        self._trace.extend(trace)
+
+    def _current(self):
+        return self._open[-1].ran if self._open else self._ran
+
+    def _enter_scope(self, name, metadata):
+        scope = _ScopeRun(name, metadata)
+        self._current().append(scope)
+        self._open.append(scope)
 
     def __enter__(self):
         if self._thread is not None:
             raise RuntimeError("collect_trace: this block is already entered; make a new remat.collect_trace()")
-        stack = _stack()
-        logged = _C.collect_trace()  # what ran before the block belongs to the enclosing one, if any
-        if stack:
-            stack[-1]._trace.extend(logged)
-        stack.append(self)
+        _drain()  # what ran before the block belongs to the enclosing one, if any
+        _stack().append(self)
         self._thread = threading.get_ident()
         return self
 
@@ -47,37 +125,48 @@ class collect_trace:
         if self._thread != threading.get_ident() or not stack or stack[-1] is not self:
             raise RuntimeError("collect_trace: exited on another thread or out of order; collect_trace blocks nest "
                                "on the thread that enters them")
-        self._trace.extend(_C.collect_trace())
+        _drain()
         stack.pop()
         if stack:
-            stack[-1]._trace.extend(self._trace)
+            stack[-1]._add(self._ran, self._trace)
         self._thread = None
 
     def _collected(self):
         if self._thread == threading.get_ident() and _stack()[-1] is self:  # still inside: what ran so far
-            self._trace.extend(_C.collect_trace())
-        return self._trace
+            _drain()
+        return self
 
     @property
     def scopes(self):
-        return self._collected().scopes
+        return self._collected()._trace.scopes
+
+    @property
+    def entries(self):
+        """An OpTrace per region and a ScopeTrace per trace_scope call, in forward order; a region
+        run inside a trace scope is in that ScopeTrace's entries."""
+        return _entries(self._collected()._ran)
 
     def format(self):
         """'remat trace: 2 checkpoint(s), 4 region(s)', then 'scope [layers.0]' and a
-        '  attention: save' line per region."""
-        return self._collected().format()
+        '  attention: save' line per region; a trace scope is a line 'NAME' or 'NAME [METADATA]'
+        with what ran inside it indented two more spaces."""
+        self._collected()
+        if not any(isinstance(item, _ScopeRun) for item in self._ran):
+            return self._trace.format()
+        header = self._trace.format().split("\n", 1)[0]
+        return "\n".join([header] + _format_lines(self._ran, 0)) + "\n"
 
     def to_json(self):
-        return self._collected().to_json()
+        return self._collected()._trace.to_json()
 
     def __str__(self):
         return self.format()
 
 
 def trace_scope(function, name, *, metadata=None):
-    """torch_remat's reporting-only scope: function wrapped, its behaviour unchanged. remat's trace
-    lists checkpoints and their regions, not scopes below them, so the scope is not shown there
-    (use remat.name_scope to qualify region names instead)."""
+    """torch_remat's reporting-only scope: `function` wrapped, its behaviour unchanged. While a
+    collect_trace block collects on this thread (and not in recompute), each call is listed in the
+    trace as a scope holding the checkpoints that ran inside it."""
     if not callable(function):
         raise RuntimeError("trace_scope expects a function as its first argument")
     checked = {"name": name} if metadata is None else {"name": name, "metadata": metadata}
@@ -86,4 +175,18 @@ def trace_scope(function, name, *, metadata=None):
             raise RuntimeError(f"trace_scope: {what} must be a str, got {type(text).__name__}")
         if not text:
             raise ValueError(f"trace_scope: {what} is empty")
-    return function
+
+    @functools.wraps(function)
+    def scoped(*args, **kwargs):
+        if torch.compiler.is_compiling() or not _stack() or _C.is_recomputing():
+            return function(*args, **kwargs)
+        _drain()
+        block = _stack()[-1]
+        block._enter_scope(name, metadata)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _drain()
+            block._open.pop()
+
+    return scoped

@@ -252,3 +252,17 @@ def test_the_torch_remat_readme_block_compiles_fullgraph_with_recompute_needs_te
     torch._dynamo.reset()
     got = grads_of(torch.compile(step, backend="aot_eager", fullgraph=True), tensors, x)
     assert all(torch.allclose(g, e, **TOLERANCE) for g, e in zip(got, expected))
+
+
+def test_a_trace_scope_inside_a_collect_trace_block_compiles_fullgraph_and_gives_the_eager_gradient():
+    x, w1, w2 = parameters((16, 32), (32, 32), (32, 32))
+    scoped = remat.trace_scope(save_and_recompute, "layer", metadata="l0")
+    expected = grads_of(save_and_recompute, (x, w1, w2), x, w1, w2)
+    with remat.collect_trace():
+        explanation = torch._dynamo.explain(scoped)(x, w1, w2)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0)
+    torch._dynamo.reset()
+    with remat.collect_trace() as trace:
+        got = grads_of(torch.compile(scoped, backend="aot_eager", fullgraph=True), (x, w1, w2), x, w1, w2)
+    assert all(torch.allclose(g, e, **TOLERANCE) for g, e in zip(got, expected))
+    assert trace.entries == []  # collect_trace sees nothing of compiled checkpoints

@@ -10,6 +10,7 @@ import torch
 
 import remat
 import remat_alloc
+from remat._trace import OpTrace, ScopeTrace
 
 FLOAT = 4
 
@@ -283,3 +284,120 @@ def test_site_as_a_decorator_and_a_context_manager_tags_what_reports_and_dumps_s
         remat.site("experts")(3)
     with pytest.raises(ValueError, match="contains a NUL character"):
         remat.site("a\0b")
+
+
+def test_trace_entries_list_each_region_with_its_name_scope_prefixes_and_recompute_setting():
+    x = torch.rand(8, requires_grad=True)
+    with remat.collect_trace() as trace:
+        with remat.name_scope("model"):
+            loss = two_region_block("layers.0", x)
+        loss = loss + two_region_block("layers.1", x)
+    assert trace.entries == [OpTrace("model/attention", recompute=False), OpTrace("model/mlp", recompute=True),
+                             OpTrace("attention", recompute=False), OpTrace("mlp", recompute=True)]
+    assert trace.format().startswith("remat trace: 2 checkpoint(s), 4 region(s)\nscope [layers.0]\n"
+                                     "  model/attention: save\n")
+    loss.backward()
+    assert torch.allclose(x.grad, 2 * (x.detach().exp() * 3.0).cos() * x.detach().exp() * 3.0)
+
+
+def test_trace_scopes_nest_what_ran_inside_them_in_entries_and_format():
+    x = torch.rand(8, requires_grad=True)
+    layer = remat.trace_scope(two_region_block, "layer", metadata="hidden=8")
+
+    def decoder(t):
+        return layer("layers.0", t) + remat.trace_scope(two_region_block, "last")("layers.1", t)
+
+    with remat.collect_trace() as trace:
+        first = two_region_block("embed", x)
+        loss = remat.trace_scope(decoder, "decoder")(x) + first
+    assert trace.entries == [
+        OpTrace("attention", recompute=False), OpTrace("mlp", recompute=True),
+        ScopeTrace("decoder", None, [
+            ScopeTrace("layer", "hidden=8", [OpTrace("attention", recompute=False), OpTrace("mlp", recompute=True)]),
+            ScopeTrace("last", None, [OpTrace("attention", recompute=False), OpTrace("mlp", recompute=True)]),
+        ]),
+    ]
+    assert trace.format() == ("remat trace: 3 checkpoint(s), 6 region(s)\n"
+                              "scope [embed]\n"
+                              "  attention: save\n"
+                              "  mlp: recompute\n"
+                              "decoder\n"
+                              "  layer [hidden=8]\n"
+                              "    scope [layers.0]\n"
+                              "      attention: save\n"
+                              "      mlp: recompute\n"
+                              "  last\n"
+                              "    scope [layers.1]\n"
+                              "      attention: save\n"
+                              "      mlp: recompute\n")
+    assert [s.name for s in trace.scopes] == ["embed", "layers.0", "layers.1"]  # the dump's data is unchanged
+    assert [s["name"] for s in json.loads(trace.to_json())["scopes"]] == ["embed", "layers.0", "layers.1"]
+    loss.backward()
+
+
+def test_trace_scope_records_nothing_in_recompute_or_outside_a_collect_trace_block():
+    x = torch.rand(8, requires_grad=True)
+    calls = []
+
+    def body(t):
+        calls.append(remat.is_recomputing())
+        y = remat.region(lambda u: u.exp(), "attention", recompute=True)(t)
+        return remat.region(lambda u: u.sin().sum(), "mlp")(y)
+
+    scoped = remat.trace_scope(body, "block")
+    loss = remat.checkpoint(region_name="layers.0")(scoped)(x)  # outside any block
+    with remat.collect_trace() as during_backward:
+        loss.backward()
+    assert calls == [False, True]  # the wrapper ran in recompute too
+    assert during_backward.entries == []
+    assert during_backward.format() == "remat trace: 0 checkpoint(s), 0 region(s)\n"
+
+
+def test_a_collect_trace_block_inside_a_trace_scope_hands_its_entries_to_that_scope():
+    x = torch.rand(8, requires_grad=True)
+    seen = {}
+
+    def inspected(t):
+        with remat.collect_trace() as inner:
+            out = two_region_block("layers.0", t)
+        seen["inner"] = inner.entries
+        return out
+
+    with remat.collect_trace() as outer:
+        remat.trace_scope(inspected, "inspected")(x)
+    assert seen["inner"] == [OpTrace("attention", recompute=False), OpTrace("mlp", recompute=True)]
+    assert outer.entries == [ScopeTrace("inspected", None, seen["inner"])]
+
+
+def test_a_trace_scope_inside_a_checkpoint_body_is_listed_before_the_checkpoints_regions():
+    x = torch.rand(8, requires_grad=True)
+
+    def body(t):
+        y = remat.trace_scope(lambda u: remat.region(torch.exp, "attention", recompute=False)(u), "attn")(t)
+        return remat.region(lambda u: u.sin().sum(), "mlp")(y)
+
+    with remat.collect_trace() as trace:
+        remat.checkpoint(region_name="layers.0")(body)(x)
+    # the runtime logs a checkpoint's regions when its forward ends, after the scope has closed
+    assert trace.entries == [ScopeTrace("attn", None, []), OpTrace("attention", recompute=False),
+                             OpTrace("mlp", recompute=True)]
+
+
+def test_trace_scope_wrapper_keeps_the_functions_name_doc_and_method_binding():
+    class Block:
+        def __init__(self, scale):
+            self.scale = scale
+
+        def forward(self, t):
+            """Scales t."""
+            return t * self.scale
+
+        forward = remat.trace_scope(forward, "block.forward")
+
+    assert Block.forward.__name__ == "forward"
+    assert Block.forward.__doc__ == "Scales t."
+    assert Block.forward.__qualname__.endswith("Block.forward")
+    with remat.collect_trace() as trace:
+        out = Block(3.0).forward(torch.ones(2))
+    assert torch.equal(out, torch.full((2,), 3.0))
+    assert trace.entries == [ScopeTrace("block.forward", None, [])]
