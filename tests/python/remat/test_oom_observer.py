@@ -668,13 +668,14 @@ def test_a_second_copy_of_the_allocators_library_is_refused_naming_both(tmp_path
     linked = pathlib.Path(remat_alloc.library_path()).resolve()
     copy = tmp_path / "libremat_alloc.so"
     copy.write_bytes(linked.read_bytes())
+    packages = os.pathsep.join(str(pathlib.Path(module.__file__).resolve().parents[1]) for module in (remat, remat_alloc))
+    env = {**os.environ, "REMAT_ALLOC_LIBRARY": str(copy), "PYTHONPATH": packages}
     load_both = "import remat, remat_alloc; remat_alloc.load()"
-    run = subprocess.run([sys.executable, "-c", load_both], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "REMAT_ALLOC_LIBRARY": str(copy)})
+    run = subprocess.run([sys.executable, "-c", load_both], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode != 0
     assert "two copies of the allocator's library are loaded in this process" in run.stderr, run.stderr
     assert str(copy) in run.stderr and str(linked) in run.stderr, run.stderr
     # Loaded first, the named copy is the one the extension links (the loader matches its name).
     run = subprocess.run([sys.executable, "-c", "import remat_alloc; remat_alloc.load(); import remat"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "REMAT_ALLOC_LIBRARY": str(copy)})
+                         capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr
