@@ -97,8 +97,8 @@ Report plan_report(const budget::Plan& plan) {
   }
   report.tables.push_back(std::move(regions));
   if (!plan.exact) {
-    report.notes.push_back(fmt::format("the profile was too large to search to the end: this plan fits the budget "
-                                       "and no plan recomputes less than {:.6g} s",
+    report.notes.push_back(fmt::format("the search was cut short to keep within a fraction of a second: this plan "
+                                       "fits the budget and no plan recomputes less than {:.6g} s",
                                        plan.least_recompute_seconds));
   }
   return report;

@@ -1,6 +1,7 @@
 // remat._budget: remat::budget for the remat package, so that profile.plan() and
 // `remat-report advise` make the same plan from the same dump. Dumps cross as JSON text, which
-// the C++ readers check field by field. Standard C++ over pybind11's headers; no LibTorch.
+// the C++ readers check field by field. Standard C++ over pybind11's headers; no LibTorch. Plans
+// are made without the GIL (the arguments are C++ strings by then), so other Python threads run.
 
 #include <remat/budget/plan.hpp>
 
@@ -33,7 +34,7 @@ PYBIND11_MODULE(_budget, m) {
       [](const std::string& profile, std::uint64_t budget_bytes, bool group) {
         return plan_to_json(solve(profile_of(profile, group), budget_bytes));
       },
-      py::arg("profile"), py::arg("budget_bytes"), py::arg("group"),
+      py::arg("profile"), py::arg("budget_bytes"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "The remat_plan dump of the fastest plan within the budget, from a region_profile dump.");
   m.def(
       "frontier",
@@ -42,7 +43,7 @@ PYBIND11_MODULE(_budget, m) {
         for (const Plan& plan : frontier(profile_of(profile, group), steps)) plans.push_back(plan_to_json(plan));
         return plans;
       },
-      py::arg("profile"), py::arg("steps"), py::arg("group"),
+      py::arg("profile"), py::arg("steps"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "The remat_plan dumps of the fastest plans at budgets spread from the least to everything saved.");
   m.def(
       "check_profile", [](const std::string& text, const std::string& source) {

@@ -107,12 +107,23 @@ Json open_dump(std::string_view text, std::string_view source, std::string_view 
   return root;
 }
 
+// Seconds as a dump holds them: JSON has no infinity or NaN, and every reader would refuse the dump
+// (solve() and the readers never make such seconds; a RegionCost or Plan filled in by hand can).
+double finite_seconds(double seconds, std::string_view what, std::string_view region = {}) {
+  if (!std::isfinite(seconds)) {
+    throw BudgetError(std::string(what) + std::string(region) + (region.empty() ? "" : "'") + " is " +
+                      (std::isnan(seconds) ? "NaN" : "infinite") +
+                      ", which a JSON dump cannot hold; give finite seconds, 0 or more");
+  }
+  return seconds;
+}
+
 // One entry of a dump's "regions" list: its cost and, in a plan, its decision.
 void write_region(alloc::JsonWriter& json, const RegionCost& region, std::optional<Choice> choice = std::nullopt) {
   json.begin_object()
       .field("name", std::string_view(region.name))
       .field("saved_bytes", region.saved_bytes)
-      .field("seconds", region.seconds)
+      .field("seconds", finite_seconds(region.seconds, "the seconds of region '", region.name))
       .field("count", region.count);
   if (choice) json.field("decision", to_string(*choice));
   json.end_object();
@@ -172,6 +183,11 @@ RegionProfile profile_from_json(std::string_view text, std::string_view source) 
     }
     total += region.saved_bytes;
   }
+  try {
+    check_seconds_add_up(profile);
+  } catch (const BudgetError& error) {
+    refuse(source, "$.regions", error.what());
+  }
   return profile;
 }
 
@@ -182,9 +198,10 @@ std::string plan_to_json(const Plan& plan) {
   json.field("budget_bytes", plan.budget_bytes)
       .field("base_bytes", plan.base_bytes)
       .field("kept_bytes", plan.kept_bytes)
-      .field("recompute_seconds", plan.recompute_seconds)
+      .field("recompute_seconds", finite_seconds(plan.recompute_seconds, "the plan's recompute_seconds"))
       .field("exact", plan.exact)
-      .field("least_recompute_seconds", plan.least_recompute_seconds);
+      .field("least_recompute_seconds",
+             finite_seconds(plan.least_recompute_seconds, "the plan's least_recompute_seconds"));
   json.key("decisions").begin_object();
   for (const auto& [region, choice] : plan.regions) json.field(region.name, to_string(choice));
   json.end_object();

@@ -9,7 +9,11 @@ import itertools
 import json
 import os
 import pathlib
+import random
+import re
 import subprocess
+import threading
+import time
 
 import pytest
 import torch
@@ -266,3 +270,128 @@ def test_the_dumps_validate_against_their_schemas(profile, tmp_path):
         run = subprocess.run([remat_report(), "validate", str(tmp_path / name)], capture_output=True, text=True,
                              timeout=60)
         assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr
+
+
+def profile_text(regions, base_bytes=1 << 30):
+    return json.dumps({"kind": "region_profile", "schema_version": 1, "base_bytes": base_bytes,
+                       "regions": [{"name": name, "saved_bytes": nbytes, "seconds": seconds}
+                                   for name, nbytes, seconds in regions]})
+
+
+def proportional_regions(count, page, most_pages, seed):
+    """Regions whose seconds are their bytes at a second per GB: a subset sum, hard for a knapsack."""
+    rng = random.Random(seed)
+    sizes = [page * rng.randint(1, most_pages) for _ in range(count)]
+    return [(f"layers.{index}::block", nbytes, nbytes * 1e-9) for index, nbytes in enumerate(sizes)]
+
+
+def test_ten_thousand_regions_with_seconds_proportional_to_bytes_plan_in_under_a_second(tmp_path):
+    # Any byte count up to 256 MiB: only a plan that fills the budget to the byte proves itself.
+    text = profile_text(proportional_regions(10000, 1, 256 << 20, seed=43))
+    path = tmp_path / "profile.json"
+    path.write_text(text)
+    profile = remat.RegionProfile.from_json(text)
+    span = profile.all_saved_bytes - profile.base_bytes
+    for share in (0.1, 0.5, 0.9):
+        budget = profile.base_bytes + int(share * span)
+        start = time.perf_counter()
+        plan = profile.plan(budget_bytes=budget)
+        python_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        run = subprocess.run([remat_report(), "advise", str(path), "--budget", str(budget), "--json"],
+                             capture_output=True, text=True, timeout=600)
+        cli_seconds = time.perf_counter() - start
+        assert run.returncode == 0, run.stderr
+        advised = json.loads(run.stdout)
+        assert plan.exact and advised["exact"]
+        assert plan.kept_bytes == advised["kept_bytes"] == budget
+        assert plan.recompute_seconds == plan.least_recompute_seconds
+        # Generous for a loaded two-core machine: a fifth of this here.
+        assert python_seconds < 2.0 and cli_seconds < 2.0, (share, python_seconds, cli_seconds)
+
+
+def least_recompute_by_table(regions, budget_units, page):
+    """The least recompute time over every choice, by a table over pages: needs no proof."""
+    most_saved = [0.0] * (budget_units + 1)
+    for _, nbytes, seconds in regions:
+        units = nbytes // page
+        for cell in range(budget_units, units - 1, -1):
+            most_saved[cell] = max(most_saved[cell], most_saved[cell - units] + seconds)
+    return sum(seconds for _, _, seconds in regions) - most_saved[budget_units]
+
+
+def test_fifty_regions_whose_bytes_share_pages_are_proved_optimal():
+    regions = proportional_regions(50, 4096, 1000, seed=50)
+    profile = remat.RegionProfile.from_json(profile_text(regions, base_bytes=1 << 20))
+    span = profile.all_saved_bytes - profile.base_bytes
+    for share in (0.25, 0.5, 0.75):
+        room_pages = int(share * span) // 4096
+        plan = profile.plan(budget_bytes=profile.base_bytes + room_pages * 4096)
+        assert plan.exact, share
+        assert plan.recompute_seconds == pytest.approx(least_recompute_by_table(regions, room_pages, 4096), abs=1e-12)
+
+
+def test_other_python_threads_run_while_plans_are_made():
+    # Layers of four kinds of regions with times measured with a little noise, as a real profile has them.
+    rng = random.Random(3)
+    kinds = [(64 << 20, 0.004), (256 << 20, 0.011), (24 << 20, 0.0015), (96 << 20, 0.002)]
+    text = profile_text([(f"layers.{index // 4}::r{index % 4}", kinds[index % 4][0],
+                          kinds[index % 4][1] * rng.gauss(1, 0.03)) for index in range(10000)])
+    ticks = 0
+    stop = threading.Event()
+
+    def tick():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        time.sleep(0.05)
+        before = ticks
+        start = time.perf_counter()
+        plans = remat._budget.frontier(text, 24, False)
+        seconds = time.perf_counter() - start
+        during = ticks - before
+    finally:
+        stop.set()
+        ticker.join()
+    assert len(plans) == 24 and seconds > 0.05, seconds
+    # Holding the GIL through the solve let the ticker in once or twice in all.
+    assert during >= max(10, seconds / 0.02), (during, seconds)
+
+
+def strict_json(text):
+    return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON: {text[:200]}"))
+
+
+def test_regions_of_1e308_seconds_plan_and_seconds_adding_up_past_the_largest_number_are_refused(tmp_path):
+    regions = [("layers.0::attn", 10, 1e308), ("layers.0::mlp", 20, 0.5), ("layers.1::attn", 10, 2.0)]
+    path = tmp_path / "huge.json"
+    path.write_text(profile_text(regions, base_bytes=100))
+    profile = remat.RegionProfile.from_json(str(path))
+    least = profile.plan(budget_bytes=100)
+    assert least.recompute_seconds == 1e308 and strict_json(least.to_json())["recompute_seconds"] == 1e308
+    one_saved = profile.plan(budget_bytes=110)
+    assert one_saved.decisions["layers.0::attn"] == "save" and one_saved.recompute_seconds == 2.5
+    assert [plan.recompute_seconds for plan in profile.frontier(steps=3)] == [1e308, 0.5, 0.0]
+    for args in (["--budget", "100", "--json"], ["--json"]):
+        run = subprocess.run([remat_report(), "advise", str(path)] + args, capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0, run.stderr
+        strict_json(run.stdout)
+
+    regions[2] = ("layers.1::attn", 10, 1e308)
+    path.write_text(profile_text(regions, base_bytes=100))
+    refusal = (r"\$\.regions: the regions' seconds up to 'layers\.1::attn' \(region 2\) add up to more than "
+               r"1\.7976931348623157e\+308, the largest number a plan can report as its recompute_seconds; divide "
+               r"every region's seconds by the same factor")
+    with pytest.raises(ValueError, match=refusal):
+        remat.RegionProfile.from_json(str(path))
+    for args in (["--budget", "100", "--json"], ["--json"]):
+        run = subprocess.run([remat_report(), "advise", str(path)] + args, capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 2 and run.stdout == "", run.stdout
+        assert re.search(refusal, run.stderr), run.stderr

@@ -1,10 +1,10 @@
 #pragma once
 // Budget plans: which regions of the checkpoints to save and which to recompute, chosen from the
 // bytes and times one training step measured (a region profile), so that what the checkpoints
-// keep fits a memory budget and recompute costs the least time. The solver is exact (0/1
-// knapsack). Standard C++, no LibTorch: the Python package, the checkpoint runtime and
-// remat-report all plan with it, and read and write the same dumps (schemas/region-profile and
-// schemas/remat-plan).
+// keep fits a memory budget and recompute costs the least time. The solver is a 0/1 knapsack,
+// proved optimal wherever it can be within a fraction of a second. Standard C++, no LibTorch: the
+// Python package, the checkpoint runtime and remat-report all plan with it, and read and write
+// the same dumps (schemas/region-profile and schemas/remat-plan).
 
 #include <cstddef>
 #include <cstdint>
@@ -59,6 +59,10 @@ struct Plan {
   // Each region with its cost and choice, in profile order (patterns in a grouped plan).
   std::vector<std::pair<RegionCost, Choice>> regions;
 };
+
+// Throws BudgetError naming the region where the profile's seconds, added up in order, pass the
+// largest double: no plan that recomputes them all could report its recompute_seconds.
+void check_seconds_add_up(const RegionProfile& profile);
 
 // The plan that recomputes the fewest seconds with base_bytes plus the saved regions' bytes at
 // most `budget_bytes`. Throws BudgetError for a budget below base_bytes, naming that minimum.
