@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -182,17 +183,44 @@ TEST(BudgetGroups, RegionsDifferingInTheirNumbersBecomeOnePattern) {
   EXPECT_EQ(plan.regions[1].second, Choice::recompute);
 }
 
-TEST(BudgetChoices, ExactNamesWinOverPatternsAndPatternsMatchInOrder) {
+TEST(BudgetChoices, AStarStandsForANumberSoAGroupedPatternMatchesOnlyTheNamesItWasMadeFrom) {
   EXPECT_TRUE(matches("layers.*::attn", "layers.12::attn"));
   EXPECT_FALSE(matches("layers.*::attn", "layers.12::attn_out"));
-  EXPECT_TRUE(matches("*", "anything::at_all"));
-  EXPECT_TRUE(matches("a*b*c", "aXXbYYbc"));
-  EXPECT_FALSE(matches("a*b*c", "aXXbYY"));
-  const RegionChoices choices({{"layers.*::attn", Choice::save}, {"layers.3::attn", Choice::recompute},
-                               {"*", Choice::recompute}});
+  EXPECT_FALSE(matches("layers.*::attn", "layers.::attn"));
+  EXPECT_TRUE(matches("layers.*::ff*", "layers.3::ff2"));
+  EXPECT_FALSE(matches("layers.*::ff*", "layers.3::ff"));
+  EXPECT_FALSE(matches("layers.*::mlp", "layers.3.sub::mlp"));
+  EXPECT_FALSE(matches("*", "anything::at_all"));
+  EXPECT_TRUE(matches("*", "2048"));
+  EXPECT_TRUE(matches("layers.1*::attn", "layers.12::attn"));
+  EXPECT_FALSE(matches("layers.1*::attn", "layers.1::attn"));  // '*' is at least one digit
+
+  RegionProfile profile;
+  profile.regions = {{"layers.0::ff2", 1, 1.0, 1},  {"layers.0::ff", 1, 1.0, 1},     {"layers.0::mlp", 1, 1.0, 1},
+                     {"layers.0.sub::mlp", 1, 1.0, 1}, {"layers.1::ff2", 1, 1.0, 1}, {"layers.1::ff", 1, 1.0, 1},
+                     {"layers.1::mlp", 1, 1.0, 1}, {"layers.1.sub::mlp", 1, 1.0, 1}};
+  const RegionProfile groups = grouped(profile);
+  const std::vector<std::string> patterns{"layers.*::ff*", "layers.*::ff", "layers.*::mlp", "layers.*.sub::mlp"};
+  ASSERT_EQ(groups.regions.size(), patterns.size());
+  for (std::size_t r = 0; r < profile.regions.size(); ++r) {
+    EXPECT_EQ(groups.regions[r % patterns.size()].name, patterns[r % patterns.size()]);
+    std::vector<std::string> matched;
+    for (const std::string& pattern : patterns) {
+      if (matches(pattern, profile.regions[r].name)) matched.push_back(pattern);
+    }
+    // Its own pattern, no other: "layers.0::ff" is "layers.*::ff" only.
+    EXPECT_EQ(matched, std::vector<std::string>{patterns[r % patterns.size()]}) << profile.regions[r].name;
+  }
+}
+
+TEST(BudgetChoices, ExactNamesWinOverPatternsAndPatternsMatchInOrder) {
+  const RegionChoices choices({{"layers.1*::attn", Choice::recompute},
+                               {"layers.*::attn", Choice::save},
+                               {"layers.3::attn", Choice::recompute}});
   EXPECT_EQ(choices.choice_for("layers.3::attn"), Choice::recompute);
+  EXPECT_EQ(choices.choice_for("layers.12::attn"), Choice::recompute);
   EXPECT_EQ(choices.choice_for("layers.4::attn"), Choice::save);
-  EXPECT_EQ(choices.choice_for("layers.4::mlp"), Choice::recompute);
+  EXPECT_EQ(choices.choice_for("layers.4::mlp"), std::nullopt);
   EXPECT_EQ(RegionChoices({{"layers.0::attn", Choice::save}}).choice_for("layers.1::attn"), std::nullopt);
 }
 
@@ -259,6 +287,68 @@ TEST(BudgetDumps, AHandEditedDumpIsRefusedNamingTheField) {
             "edited.json: $.decisions['a::b']: must be \"save\" or \"recompute\", got \"keep\"");
   EXPECT_EQ(refusal(plan_head + R"({"a::b":"save"}})", true), "accepted");
   EXPECT_EQ(refusal("{not json", false).rfind("edited.json: $: not JSON", 0), 0u);
+}
+
+TEST(BudgetDumps, APlanThatContradictsItselfIsRefusedNamingTheField) {
+  RegionProfile profile;
+  profile.base_bytes = 1000;
+  profile.regions = {{"layers.0::attn", 100, 0.25, 1}, {"layers.0::mlp", 300, 0.5, 1}};
+  const nlohmann::ordered_json plan = nlohmann::ordered_json::parse(plan_to_json(solve(profile, 1100)));
+  ASSERT_EQ(plan["kept_bytes"], 1100);
+  ASSERT_EQ(plan["decisions"]["layers.0::attn"], "save");
+  EXPECT_EQ(refusal(plan.dump(), true), "accepted");
+  auto edited = [&](const std::function<void(nlohmann::ordered_json&)>& edit) {
+    nlohmann::ordered_json copy = plan;
+    edit(copy);
+    return refusal(copy.dump(), true);
+  };
+  const std::string again =
+      "make the plan again (profile.plan(budget_bytes=...) or remat-report advise PROFILE --budget B --json) rather "
+      "than editing its decisions";
+  EXPECT_EQ(edited([](auto& p) { p["kept_bytes"] = 11000; }),
+            "edited.json: $.kept_bytes: is 11000, more than budget_bytes (1100): the plan does not fit its own "
+            "budget; " + again);
+  EXPECT_EQ(edited([](auto& p) { p["base_bytes"] = 1101; }),
+            "edited.json: $.base_bytes: is 1101, more than kept_bytes (1100), which includes it: " + again);
+  EXPECT_EQ(edited([](auto& p) { p["regions"][1]["decision"] = "save"; }),
+            "edited.json: $.regions[1].decision: is \"save\" but $.decisions['layers.0::mlp'] is \"recompute\"; the "
+            "plan contradicts itself: " + again);
+  // Every region saved, decisions and regions alike, the totals left as they were.
+  EXPECT_EQ(edited([](auto& p) {
+              p["budget_bytes"] = 2000;
+              p["decisions"]["layers.0::mlp"] = "save";
+              p["regions"][1]["decision"] = "save";
+            }),
+            "edited.json: $.kept_bytes: is 1100, but base_bytes and the saved_bytes of the regions it saves add up "
+            "to 1400: the plan contradicts itself; " + again);
+  EXPECT_EQ(edited([](auto& p) { p["recompute_seconds"] = 0.125; }),
+            "edited.json: $.recompute_seconds: is 0.125, but the seconds of the regions it recomputes add up to 0.5: "
+            "the plan contradicts itself; " + again);
+  EXPECT_EQ(edited([](auto& p) { p["least_recompute_seconds"] = 0.75; }),
+            "edited.json: $.least_recompute_seconds: is 0.75, more than recompute_seconds (0.5), which no plan can "
+            "beat by recomputing more: " + again);
+  EXPECT_EQ(edited([](auto& p) { p["regions"][0].erase("decision"); }),
+            "edited.json: $.regions[0]: has no 'decision'");
+}
+
+TEST(BudgetDumps, APlanOfDecisionsAloneReadsBackWithoutCostsItNeverHad) {
+  const std::string text =
+      R"({"kind":"remat_plan","schema_version":1,"budget_bytes":100,"base_bytes":10,"kept_bytes":50,)"
+      R"("recompute_seconds":0,"decisions":{"layers.*::attn":"save","layers.*::mlp":"recompute"}})";
+  const Plan plan = plan_from_json(text, "hand.json");
+  const std::string written = plan_to_json(plan);
+  EXPECT_FALSE(nlohmann::json::parse(written).contains("regions"));
+  const Plan again = plan_from_json(written, "written.json");
+  EXPECT_EQ(again.kept_bytes, 50u);
+  ASSERT_EQ(again.regions.size(), 2u);
+  EXPECT_EQ(again.regions[0].first.name, "layers.*::attn");
+  EXPECT_EQ(again.regions[1].second, Choice::recompute);
+  EXPECT_EQ(refusal(R"({"kind":"remat_plan","schema_version":1,"budget_bytes":100,"base_bytes":10,"kept_bytes":500,)"
+                    R"("recompute_seconds":0,"decisions":{}})",
+                    true),
+            "edited.json: $.kept_bytes: is 500, more than budget_bytes (100): the plan does not fit its own budget; "
+            "make the plan again (profile.plan(budget_bytes=...) or remat-report advise PROFILE --budget B --json) "
+            "rather than editing its decisions");
 }
 
 }  // namespace

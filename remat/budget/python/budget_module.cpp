@@ -56,5 +56,5 @@ PYBIND11_MODULE(_budget, m) {
       },
       py::arg("text"), py::arg("source"), "The remat_plan dump, checked and written again.");
   m.def("matches", &matches, py::arg("pattern"), py::arg("name"),
-        "Whether a region name matches a plan's pattern ('*' stands for any run of characters).");
+        "Whether a region name matches a plan's pattern (each '*' stands for a number: a run of digits).");
 }

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <set>
@@ -143,6 +144,58 @@ RegionCost read_cost(const Json& value, std::string_view source, const std::stri
   return region;
 }
 
+constexpr const char* kMakeThePlanAgain =
+    "make the plan again (profile.plan(budget_bytes=...) or remat-report advise PROFILE --budget B --json) rather "
+    "than editing its decisions";
+
+// The totals of a plan whose dump lists the regions' costs against the saved regions' bytes and
+// the recomputed regions' seconds.
+void check_totals_against_costs(const Plan& plan, std::string_view source) {
+  std::uint64_t kept = plan.base_bytes;
+  double seconds = 0;
+  for (const auto& [region, choice] : plan.regions) {
+    if (choice == Choice::recompute) {
+      seconds += region.seconds;
+    } else if (region.saved_bytes > UINT64_MAX - kept) {
+      refuse(source, "$.regions", "the saved regions' saved_bytes add up past 64 bits; the plan is not a real step's");
+    } else {
+      kept += region.saved_bytes;
+    }
+  }
+  if (plan.kept_bytes != kept) {
+    refuse(source, "$.kept_bytes", "is " + std::to_string(plan.kept_bytes) + ", but base_bytes and the saved_bytes "
+                                   "of the regions it saves add up to " + std::to_string(kept) +
+                                   ": the plan contradicts itself; " + kMakeThePlanAgain);
+  }
+  if (!std::isfinite(seconds) || std::fabs(plan.recompute_seconds - seconds) > 1e-9 * std::max(seconds, 1e-3)) {
+    refuse(source, "$.recompute_seconds", "is " + Json(plan.recompute_seconds).dump() + ", but the seconds of the "
+                                          "regions it recomputes add up to " + Json(seconds).dump() +
+                                          ": the plan contradicts itself; " + kMakeThePlanAgain);
+  }
+}
+
+// A plan's totals against each other and, where the dump lists the regions' costs, against them:
+// a plan edited by hand claims what it keeps, and a claim that is wrong would put a step over its
+// budget silently.
+void check_totals(const Plan& plan, bool costs_listed, std::string_view source) {
+  if (plan.base_bytes > plan.kept_bytes) {
+    refuse(source, "$.base_bytes", "is " + std::to_string(plan.base_bytes) + ", more than kept_bytes (" +
+                                       std::to_string(plan.kept_bytes) + "), which includes it: " + kMakeThePlanAgain);
+  }
+  if (plan.kept_bytes > plan.budget_bytes) {
+    refuse(source, "$.kept_bytes", "is " + std::to_string(plan.kept_bytes) + ", more than budget_bytes (" +
+                                       std::to_string(plan.budget_bytes) + "): the plan does not fit its own budget; " +
+                                       kMakeThePlanAgain);
+  }
+  if (costs_listed) check_totals_against_costs(plan, source);
+  if (plan.least_recompute_seconds > plan.recompute_seconds * (1 + 1e-9)) {
+    refuse(source, "$.least_recompute_seconds",
+           "is " + Json(plan.least_recompute_seconds).dump() + ", more than recompute_seconds (" +
+               Json(plan.recompute_seconds).dump() + "), which no plan can beat by recomputing more: " +
+               kMakeThePlanAgain);
+  }
+}
+
 }  // namespace
 
 std::string profile_to_json(const RegionProfile& profile) {
@@ -205,9 +258,17 @@ std::string plan_to_json(const Plan& plan) {
   json.key("decisions").begin_object();
   for (const auto& [region, choice] : plan.regions) json.field(region.name, to_string(choice));
   json.end_object();
-  json.key("regions").begin_array();
-  for (const auto& [region, choice] : plan.regions) write_region(json, region, choice);
-  json.end_array().end_object();
+  // A plan given as decisions alone (written by hand) has no costs to list: zeros would contradict
+  // its totals when the plan is read back.
+  const bool costs_known = std::any_of(plan.regions.begin(), plan.regions.end(), [](const auto& entry) {
+    return entry.first.saved_bytes != 0 || entry.first.seconds != 0 || entry.first.count != 1;
+  });
+  if (costs_known) {
+    json.key("regions").begin_array();
+    for (const auto& [region, choice] : plan.regions) write_region(json, region, choice);
+    json.end_array();
+  }
+  json.end_object();
   return std::move(json.str()) + "\n";
 }
 
@@ -234,10 +295,13 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
   // Costs where the dump lists them (a plan this project wrote); a hand-written plan may give
   // the decisions alone.
   std::vector<RegionCost> costs;
+  std::vector<Choice> listed_choices;  // each listed region's own "decision"
   if (const auto it = root.find("regions"); it != root.end()) {
     if (!it->is_array()) refuse(source, "$.regions", "must be a list of regions");
     for (std::size_t i = 0; i < it->size(); ++i) {
-      costs.push_back(read_cost((*it)[i], source, "$.regions[" + std::to_string(i) + "]"));
+      const std::string path = "$.regions[" + std::to_string(i) + "]";
+      costs.push_back(read_cost((*it)[i], source, path));
+      listed_choices.push_back(choice_of(member((*it)[i], "decision", source, path), source, path + ".decision"));
     }
   }
   for (const auto& [name, value] : decisions.items()) {
@@ -253,11 +317,20 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
     refuse(source, "$.regions", "lists " + std::to_string(costs.size()) + " regions but decisions has " +
                                     std::to_string(plan.regions.size()) + "; they must name the same regions");
   }
-  for (const RegionCost& listed : costs) {
-    bool named = false;
-    for (const auto& [region, choice] : plan.regions) named = named || region.name == listed.name;
-    if (!named) refuse(source, "$.regions", "'" + listed.name + "' has no decision in $.decisions");
+  for (std::size_t i = 0; i < costs.size(); ++i) {
+    const auto decided = std::find_if(plan.regions.begin(), plan.regions.end(),
+                                      [&](const auto& entry) { return entry.first.name == costs[i].name; });
+    if (decided == plan.regions.end()) {
+      refuse(source, "$.regions", "'" + costs[i].name + "' has no decision in $.decisions");
+    }
+    if (decided->second != listed_choices[i]) {
+      refuse(source, "$.regions[" + std::to_string(i) + "].decision",
+             "is \"" + std::string(to_string(listed_choices[i])) + "\" but $.decisions['" + costs[i].name +
+                 "'] is \"" + std::string(to_string(decided->second)) + "\"; the plan contradicts itself: " +
+                 kMakeThePlanAgain);
+    }
   }
+  check_totals(plan, !costs.empty(), source);
   return plan;
 }
 

@@ -149,24 +149,21 @@ RegionProfile grouped(const RegionProfile& profile) {
 }
 
 bool matches(std::string_view pattern, std::string_view name) {
-  // Glob matching with one backtrack point: the last '*' seen.
-  std::size_t p = 0, n = 0, star = std::string_view::npos, resume = 0;
-  while (n < name.size()) {
-    if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      resume = n;
-    } else if (p < pattern.size() && pattern[p] == name[n]) {
-      ++p;
+  // '*' takes the whole run of digits where it stands, so a grouped pattern matches exactly the
+  // names grouped() made it from (and their other layers): "ff*" is not "ff", "layers.*::mlp" is
+  // not "layers.0.sub::mlp".
+  std::size_t n = 0;
+  for (const char want : pattern) {
+    if (want == '*') {
+      if (n == name.size() || std::isdigit(static_cast<unsigned char>(name[n])) == 0) return false;
+      while (n < name.size() && std::isdigit(static_cast<unsigned char>(name[n])) != 0) ++n;
+    } else if (n < name.size() && name[n] == want) {
       ++n;
-    } else if (star != std::string_view::npos) {
-      p = star + 1;
-      n = ++resume;
     } else {
       return false;
     }
   }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
+  return n == name.size();
 }
 
 RegionChoices::RegionChoices(std::vector<std::pair<std::string, Choice>> choices) : choices_(std::move(choices)) {}

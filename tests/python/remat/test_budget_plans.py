@@ -272,6 +272,225 @@ def test_the_dumps_validate_against_their_schemas(profile, tmp_path):
         assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr
 
 
+# --- plans that must stand for exactly the regions they were made for ---------------------------
+
+
+def ff_block(x):
+    y = remat.region(lambda t: (t * 2).sin(), "ff2")(x)
+    z = remat.region(lambda t: (t.repeat(1, 3) * 3).cos()[:, :WIDTH] + t, "ff")(y)
+    return remat.region(lambda t: (t * 5).tanh(), "mlp")(z)
+
+
+def sub_block(x):
+    return remat.region(lambda t: (t.repeat(1, 2) * 7).sin()[:, :WIDTH] + t, "mlp")(x)
+
+
+def ff_model(x):
+    for index in range(LAYERS):
+        x = remat.checkpoint(region_name=f"layers.{index}")(ff_block)(x)
+        x = remat.checkpoint(region_name=f"layers.{index}.sub")(sub_block)(x)
+    return x
+
+
+def ff_plain(x):
+    for _ in range(LAYERS):
+        y = (x * 2).sin()
+        x = ((y.repeat(1, 3) * 3).cos()[:, :WIDTH] + y) * 5
+        x = x.tanh()
+        x = (x.repeat(1, 2) * 7).sin()[:, :WIDTH] + x
+    return x
+
+
+def with_seconds(profile, seconds_of):
+    """The profile with each region's seconds set by seconds_of(name), so the plan is known."""
+    doc = json.loads(profile.to_json())
+    for region in doc["regions"]:
+        region["seconds"] = seconds_of(region["name"])
+    return remat.RegionProfile.from_json(json.dumps(doc))
+
+
+def test_a_grouped_pattern_matches_only_the_regions_it_was_made_from():
+    with remat.profile_regions() as measured:
+        ff_model(batch()).sum().backward()
+    # ff2 and the layers' mlp are worth saving, ff and the sub-layers' mlp are not.
+    profile = with_seconds(measured, lambda name: 1.0 if name.endswith(("::ff2", f"{name[:8]}::mlp")) else 0.001)
+    bytes_of = {}
+    for region in profile.regions:
+        kind = region.name.split("::")[1] if ".sub::" not in region.name else "sub mlp"
+        bytes_of[kind] = bytes_of.get(kind, 0) + region.saved_bytes
+    assert min(bytes_of.values()) > 0
+    plan = profile.plan(budget_bytes=profile.base_bytes + bytes_of["ff2"] + bytes_of["mlp"], group=True)
+    assert plan.decisions == {"layers.*::ff*": "save", "layers.*::ff": "recompute", "layers.*::mlp": "save",
+                              "layers.*.sub::mlp": "recompute"}
+    assert plan.recompute_of("layers.1::ff") is True and plan.recompute_of("layers.1.sub::mlp") is True
+    assert plan.recompute_of("layers.1::ff2") is False and plan.recompute_of("layers.1::mlp") is False
+
+    reference = batch()
+    ff_plain(reference).sum().backward()
+    x = batch()
+    with remat.collect_trace() as trace, remat.use_plan(plan):
+        out = ff_model(x)
+        kept = live_checkpoint_bytes()
+        out.sum().backward()
+    assert kept <= plan.kept_bytes == profile.base_bytes + bytes_of["ff2"] + bytes_of["mlp"], (kept, plan.kept_bytes)
+    decided = {f"{scope.name}::{region.name}": region.saved for scope in trace.scopes for region in scope.regions}
+    assert decided == {f"layers.{i}{region}": saved for i in range(LAYERS)
+                       for region, saved in (("::ff2", True), ("::ff", False), ("::mlp", True), (".sub::mlp", False))}
+    assert torch.equal(x.grad, reference.grad)
+
+
+def test_strict_use_plan_refuses_at_the_first_checkpoint_that_differs(profile):
+    plan = profile.plan(budget_bytes=profile.all_saved_bytes)
+    with remat.collect_trace() as trace:
+        with pytest.raises(ValueError, match=r"use_plan: checkpoint 'layers\.4': 2 region\(s\) ran that the plan does "
+                                             r"not name: layers\.4::attn, layers\.4::mlp\. The plan was made for "
+                                             r"another model layout"):
+            with remat.use_plan(plan):
+                model(batch(), layers=6)
+    assert [scope.name for scope in trace.scopes] == [f"layers.{i}" for i in range(5)]  # layers.5 never ran
+
+    grouped = profile.plan(budget_bytes=profile.all_saved_bytes, group=True)
+    with pytest.raises(ValueError, match=r"checkpoint 'layers\.4': more regions ran under 2 pattern\(s\) than each "
+                                         r"stands for in the profile the plan was made from: layers\.\*::attn \(5 "
+                                         r"ran, 4 in the profile\), layers\.\*::mlp \(5 ran, 4 in the profile\)"):
+        with remat.use_plan(grouped):
+            model(batch(), layers=5)
+    with pytest.raises(ValueError, match=r"use_plan: fewer regions ran under 2 pattern\(s\) than each stands for in "
+                                         r"the profile the plan was made from: layers\.\*::attn \(3 ran, 4 in the "
+                                         r"profile\), layers\.\*::mlp \(3 ran, 4 in the profile\)"):
+        with remat.use_plan(grouped):
+            model(batch(), layers=3).sum().backward()
+    with remat.use_plan(grouped, strict=False):
+        model(batch(), layers=5).sum().backward()
+
+
+def nested_block(x):
+    def body(t):
+        a = remat.region(lambda u: (u * 2).sin(), "inner_save", recompute=False)(t)
+        return remat.region(lambda u: (u * 3).cos(), "inner")(a)
+
+    h = remat.region(body, "outer")(x)
+    return remat.region(lambda t: (t * 5).tanh(), "head")(h)
+
+
+def nested_plain(x):
+    for _ in range(LAYERS):
+        x = ((((x * 2).sin()) * 3).cos() * 5).tanh()
+    return x
+
+
+def test_a_profile_of_nested_regions_round_trips_through_a_strict_plan():
+    def nested_model(x):
+        for index in range(LAYERS):
+            x = remat.checkpoint(region_name=f"layers.{index}")(nested_block)(x)
+        return x
+
+    with remat.profile_regions() as profile:
+        nested_model(batch()).sum().backward()
+    assert [region.name for region in profile.regions] == [f"layers.{i}::{r}" for i in range(LAYERS)
+                                                          for r in ("outer", "head")]
+    reference = batch()
+    nested_plain(reference).sum().backward()
+    for budget in (profile.base_bytes, profile.all_saved_bytes):
+        plan = profile.plan(budget_bytes=budget)
+        x = batch()
+        with remat.collect_trace() as trace, remat.use_plan(plan):
+            out = nested_model(x)
+            kept = live_checkpoint_bytes()
+            out.sum().backward()
+        assert kept <= plan.kept_bytes <= budget, (budget, kept, plan.kept_bytes)
+        # The inner regions are part of the outer one: recomputed with it (inner_save too), or
+        # run inert inside it when it is saved.
+        saved = {f"{scope.name}::{region.name}": region.saved for scope in trace.scopes for region in scope.regions}
+        expected = {name: choice == "save" for name, choice in plan.decisions.items()}
+        if budget == profile.base_bytes:
+            expected.update({f"layers.{i}::{r}": False for i in range(LAYERS) for r in ("inner_save", "inner")})
+        assert saved == expected
+        assert torch.equal(x.grad, reference.grad)
+
+
+def test_load_plan_refuses_a_plan_that_contradicts_itself(profile):
+    plan = profile.plan(budget_bytes=profile.base_bytes + 3 * ACTIVATION)
+    doc = json.loads(plan.to_json())
+    assert doc["decisions"]["layers.0::attn"] == "save" and doc["decisions"]["layers.0::mlp"] == "recompute"
+    again = "make the plan again"
+
+    def edited(**fields):
+        copy = json.loads(plan.to_json())
+        copy.update(fields)
+        return json.dumps(copy)
+
+    with pytest.raises(ValueError, match=rf"\$\.kept_bytes: is {10 * plan.budget_bytes}, more than budget_bytes "
+                                         rf"\({plan.budget_bytes}\): the plan does not fit its own budget; {again}"):
+        remat.load_plan(edited(kept_bytes=10 * plan.budget_bytes))
+    with pytest.raises(ValueError, match=rf"\$\.base_bytes: is {plan.kept_bytes + 1}, more than kept_bytes"):
+        remat.load_plan(edited(base_bytes=plan.kept_bytes + 1))
+    flipped = [dict(region, decision="recompute") if region["name"] == "layers.0::attn" else region
+               for region in doc["regions"]]
+    with pytest.raises(ValueError, match=r"\$\.regions\[0\]\.decision: is \"recompute\" but "
+                                         r"\$\.decisions\['layers\.0::attn'\] is \"save\"; the plan contradicts"):
+        remat.load_plan(edited(regions=flipped))
+    # Edited to save everything, decisions and regions alike, the figures left as they were: it
+    # would keep all_saved_bytes while it says it keeps kept_bytes.
+    all_saved = dict(decisions={name: "save" for name in doc["decisions"]},
+                     regions=[dict(region, decision="save") for region in doc["regions"]])
+    with pytest.raises(ValueError, match=rf"\$\.kept_bytes: is {plan.kept_bytes}, but base_bytes and the saved_bytes "
+                                         rf"of the regions it saves add up to {profile.all_saved_bytes}"):
+        remat.load_plan(edited(budget_bytes=profile.all_saved_bytes, **all_saved))
+    with pytest.raises(ValueError, match=r"\$\.recompute_seconds: is 0\.0, but the seconds of the regions it "
+                                         r"recomputes add up to"):
+        remat.load_plan(edited(recompute_seconds=0.0, least_recompute_seconds=0.0))
+    assert remat.load_plan(edited(budget_bytes=profile.all_saved_bytes, kept_bytes=profile.all_saved_bytes,
+                                  recompute_seconds=0.0, least_recompute_seconds=0.0, **all_saved)).kept_bytes == \
+        profile.all_saved_bytes
+
+    by_hand = {"kind": "remat_plan", "schema_version": 1, "budget_bytes": 100, "base_bytes": 10, "kept_bytes": 50,
+               "recompute_seconds": 0, "decisions": {"layers.*::attn": "save", "layers.*::mlp": "recompute"}}
+    loaded = remat.load_plan(json.dumps(by_hand))
+    assert "regions" not in json.loads(loaded.to_json())  # no costs to list, none made up
+    assert remat.load_plan(loaded.to_json()).decisions == by_hand["decisions"]
+
+
+def tiny_llama(layers):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128, intermediate_size=128,
+                                      max_position_embeddings=64, use_cache=False)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).train()
+
+
+def test_wrap_decoder_layers_refuses_a_plan_for_another_layout():
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    two = remat.wrap_decoder_layers(tiny_llama(2))
+    with remat.profile_regions() as measured:
+        two(input_ids=ids, labels=ids).loss.backward()
+    plan = measured.plan(budget_bytes=measured.base_bytes)
+    grouped = measured.plan(budget_bytes=measured.base_bytes, group=True)
+
+    four = tiny_llama(4)
+    with pytest.raises(ValueError, match=r"wrap_decoder_layers: the plan names no region of 2 checkpoint\(s\): "
+                                         r"model\.layers\.2, model\.layers\.3\. The plan was made for another model "
+                                         r"layout: profile this model again"):
+        remat.wrap_decoder_layers(four, plan=plan)
+    assert not any("_remat_layer_plan" in module.__dict__ for module in four.modules())  # refused before any change
+    with pytest.raises(ValueError, match=r"wrap_decoder_layers: the plan names 4 region\(s\) of checkpoints the "
+                                         r"model does not have: model\.layers\.1::input_layernorm, "
+                                         r"model\.layers\.1::self_attn, model\.layers\.1::post_attention_layernorm, "
+                                         r"model\.layers\.1::mlp\. The plan was made for another model layout"):
+        remat.wrap_decoder_layers(tiny_llama(1), plan=plan)
+
+    # A grouped plan names every layer by its pattern: the third layer under it is refused as it runs.
+    remat.wrap_decoder_layers(four, plan=grouped)
+    with remat.collect_trace() as trace:
+        with pytest.raises(ValueError, match=r"wrap_decoder_layers: checkpoint 'model\.layers\.2': more regions ran "
+                                             r"under 4 pattern\(s\) than each stands for in the profile the plan was "
+                                             r"made from: model\.layers\.\*::input_layernorm \(3 ran, 2 in the "
+                                             r"profile\), model\.layers\.\*::self_attn \(3 ran, 2 in the profile\)"):
+            four(input_ids=ids, labels=ids)
+    assert [scope.name for scope in trace.scopes] == ["model.layers.0", "model.layers.1", "model.layers.2"]
+
+
 def profile_text(regions, base_bytes=1 << 30):
     return json.dumps({"kind": "region_profile", "schema_version": 1, "base_bytes": base_bytes,
                        "regions": [{"name": name, "saved_bytes": nbytes, "seconds": seconds}

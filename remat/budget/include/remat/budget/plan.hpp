@@ -77,7 +77,9 @@ std::vector<Plan> frontier(const RegionProfile& profile, std::size_t steps);
 // seconds added up, in order of first appearance.
 RegionProfile grouped(const RegionProfile& profile);
 
-// Whether `name` matches `pattern`, where '*' stands for any run of characters.
+// Whether `name` matches `pattern`, where each '*' stands for a number: the whole run of digits
+// at its place ("layers.*::ff*" matches "layers.12::ff2", not "layers.12::ff" or
+// "layers.1.sub::ff2").
 bool matches(std::string_view pattern, std::string_view name);
 
 // A plan's choices, looked up by region name: an exact name first, then the first pattern that
