@@ -96,6 +96,28 @@ def nemo(slack):
     return out
 
 
+def nemo_per_stage(slack):
+    """The later NeMo form, install_recv_buffer_pool(stage, slack=...): the 1F1B schedule running
+    a stage given to it is pooled with NeMo's ring; a schedule whose stage was not given stays
+    stock."""
+    out = {"rings": {}, "stock": {}}
+    for rank in range(WORLD):
+        as_rank(rank)
+        schedule, stages = parity.build("1f1b", 0, rank, WORLD, ".", stock=False)
+        out["installed"] = all(remat.pipelining.install_recv_buffer_pool(stage, slack=slack) for stage in stages)
+        step(schedule, stages)
+        out["rings"][rank] = remat.pipelining.recv_buffer_memory(schedule)
+        other, other_stages = parity.build("1f1b", 0, rank, WORLD, ".", stock=False)
+        step(other, other_stages)
+        out["stock"][rank] = remat.pipelining.recv_buffer_memory(other)
+    try:
+        remat.pipelining.install_recv_buffer_pool("stage 0", slack=slack)
+        out["not_a_stage"] = None
+    except TypeError as error:
+        out["not_a_stage"] = str(error)
+    return out
+
+
 def unrecognised():
     """install_recv_buffer_pool where the adapted internals are missing: False, one warning."""
     records = []
@@ -175,6 +197,8 @@ def main():
         result = guard(arg.split(","))
     elif check == "nemo":
         result = nemo(int(arg))
+    elif check == "nemo_per_stage":
+        result = nemo_per_stage(int(arg))
     elif check == "unrecognised":
         result = unrecognised()
     elif check == "refusals":

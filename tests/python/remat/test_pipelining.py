@@ -173,6 +173,25 @@ def test_install_recv_buffer_pool_is_nemos_closed_form_on_1f1b(tmp_path):
         assert gpipe == {key: microbatches for key in expected}, "only Schedule1F1B is pooled"
 
 
+def test_install_recv_buffer_pool_per_stage_pools_the_1f1b_schedule_running_that_stage(tmp_path):
+    result = run_fake(tmp_path, "nemo_per_stage", "2")
+    assert result["installed"] is True
+    assert result["not_a_stage"].startswith("install_recv_buffer_pool: stage must be a torch.distributed.pipelining "
+                                            "stage, got str")
+    stages, microbatches, slack = WORLD, 8, 2
+    for rank in range(WORLD):
+        nemo = max(2, min(microbatches, stages - rank + slack))
+        expected = {}
+        if rank > 0:
+            expected[(rank, "F")] = nemo
+        if rank < stages - 1:
+            expected[(rank, "B")] = nemo
+        rings = {(row["stages"][0], row["direction"]): row["sets"] for row in result["rings"][str(rank)]}
+        stock = {(row["stages"][0], row["direction"]): row["sets"] for row in result["stock"][str(rank)]}
+        assert rings == expected, f"rank {rank}"
+        assert stock == {key: microbatches for key in expected}, "a stage not given stays stock"
+
+
 def test_install_recv_buffer_pool_keeps_stock_buffers_where_torch_differs(tmp_path):
     result = run_fake(tmp_path, "unrecognised")
     assert result["installed"] is False

@@ -134,7 +134,9 @@ def _stock_memory(stages: list) -> list:
 
 # NeMo AutoModel's entry points (nemo_automodel.components.distributed.pipelining.recv_buffer_pool).
 
-_installed_slack: Optional[int] = None
+_installed_slack: Optional[int] = None  # process-wide (NeMo 0.7.0's form), once installed
+_STAGE_SLACK_ATTRIBUTE = "_remat_nemo_recv_pool_slack"  # on a stage given to the per-stage form
+_first_step_hooked = False
 
 
 def schedule_supports_recv_pool(pp_schedule: Optional[str]) -> bool:
@@ -146,31 +148,53 @@ def schedule_supports_recv_pool(pp_schedule: Optional[str]) -> bool:
     return pp_schedule is not None and _pipeline_plan.schedule_supports_recv_pool(pp_schedule)
 
 
-def install_recv_buffer_pool(slack: int = 2) -> bool:
-    """Pools the receive buffers of every Schedule1F1B whose first step runs after this, as NeMo does.
+def _pool_at_first_step(schedule: Any) -> None:
+    """At a Schedule1F1B's first step: pools it where install_recv_buffer_pool asked for it."""
+    if getattr(schedule, _POOL_ATTRIBUTE, None) is not None:
+        return
+    slack = _installed_slack
+    if slack is None:
+        marked = [getattr(stage, _STAGE_SLACK_ATTRIBUTE, None) for stage in internals.stages_of(schedule)]
+        slack = next((given for given in marked if given is not None), None)
+    if slack is not None:
+        _install_pool(schedule, slack=slack, mode="ring", closed_form=True)
 
-    Process-wide and idempotent: the first call's `slack` wins. Each 1F1B stage gets NeMo's
-    ring of max(2, min(M, S - s + slack)) buffer sets, microbatch m in set m % K, where that
-    ring is at least the colored minimum of the order Schedule1F1B runs; elsewhere the
-    colored minimum (NeMo would use its smaller ring and corrupt gradients). Returns True when
-    installed (or already installed); False, with one warning, where the torch internals it
-    adapts are not recognised (stock behaviour is kept). A negative slack is a ValueError.
+
+def install_recv_buffer_pool(stage: Any = None, *, slack: int = 2) -> bool:
+    """Pools the receive buffers of Schedule1F1B, as NeMo does, in either of NeMo's forms:
+
+        install_recv_buffer_pool(slack=2)          # NeMo 0.7.0: every Schedule1F1B from now on
+        install_recv_buffer_pool(stage, slack=2)   # later NeMo: the Schedule1F1B that runs `stage`
+
+    The process-wide form is idempotent: the first call's `slack` wins (a bare int as the first
+    argument is that form's slack, as NeMo 0.7.0 took it). Each 1F1B stage gets NeMo's ring of
+    max(2, min(M, S - s + slack)) buffer sets, microbatch m in set m % K, at the schedule's first
+    step, where that ring is at least the colored minimum of the order Schedule1F1B runs;
+    elsewhere the colored minimum (NeMo would use its smaller ring and corrupt gradients).
+    Returns True when installed (or already installed); False, with one warning, where the
+    torch internals it adapts are not recognised (stock behaviour is kept). A negative slack is
+    a ValueError.
     """
-    global _installed_slack
+    global _installed_slack, _first_step_hooked
+    if isinstance(stage, int) and not isinstance(stage, bool):  # NeMo 0.7.0: install_recv_buffer_pool(3)
+        stage, slack = None, stage
     slack = _check_slack(slack, "install_recv_buffer_pool")
-    if _installed_slack is not None:
+    if stage is not None and not (hasattr(stage, "stage_index") and hasattr(stage, "num_stages")):
+        raise TypeError(f"install_recv_buffer_pool: stage must be a torch.distributed.pipelining stage, got "
+                        f"{type(stage).__name__}; or call install_recv_buffer_pool(slack=...) for every 1F1B schedule")
+    if stage is None and _installed_slack is not None:
         return True
-
-    def pool_at_first_step(schedule):
-        if getattr(schedule, _POOL_ATTRIBUTE, None) is None:
-            _install_pool(schedule, slack=_installed_slack, mode="ring", closed_form=True)
-
-    try:
-        internals.on_first_1f1b_step(pool_at_first_step)
-    except UnsupportedSchedule as error:
-        logger.warning("remat.pipelining: torch internals not recognised, receive buffers stay stock: %s", error)
-        return False
-    _installed_slack = slack
+    if not _first_step_hooked:
+        try:
+            internals.on_first_1f1b_step(_pool_at_first_step)
+        except UnsupportedSchedule as error:
+            logger.warning("remat.pipelining: torch internals not recognised, receive buffers stay stock: %s", error)
+            return False
+        _first_step_hooked = True
+    if stage is None:
+        _installed_slack = slack
+    else:
+        setattr(stage, _STAGE_SLACK_ATTRIBUTE, slack)
     return True
 
 
