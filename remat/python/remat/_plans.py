@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import threading
 import time
 from collections import namedtuple
@@ -34,6 +35,7 @@ import torch
 from remat_alloc.arguments import path_arg
 
 from . import _budget
+from ._arguments import flag_arg
 from ._extension import _C
 
 __all__ = ["RegionCost", "RegionProfile", "Plan", "profile_regions", "use_plan", "load_plan"]
@@ -137,8 +139,13 @@ class _CheckpointRun:
 
 
 def _byte_count(value, what):
-    if isinstance(value, bool) or not isinstance(value, int):
+    # Any integer (numpy.int64, a 0-d integer tensor: what a computed budget often is), not a bool or float.
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{what} must be an int number of bytes, got {type(value).__name__}")
+    try:
+        value = operator.index(value)
+    except TypeError:  # a tensor of floats, or of more than one element
+        raise TypeError(f"{what} must be an int number of bytes, got {type(value).__name__} {value!r:.80}") from None
     if value < 0:
         raise ValueError(f"{what} must be 0 or more bytes, got {value}")
     if value >= 1 << 64:
@@ -193,13 +200,15 @@ class RegionProfile:
         ("layers.*::attn"): one choice for every layer. A budget below base_bytes is a ValueError
         naming the smallest one."""
         budget_bytes = _byte_count(budget_bytes, "plan: budget_bytes")
-        return Plan(_budget.plan(self._text, budget_bytes, bool(group)), profile=self, group=bool(group))
+        group = flag_arg("plan", "group", group)
+        return Plan(_budget.plan(self._text, budget_bytes, group), profile=self, group=group)
 
     def frontier(self, steps=8, *, group=False):
         """The fastest plan at `steps` budgets spread from base_bytes to everything saved."""
         if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= 1000:
             raise ValueError(f"frontier: steps must be an int from 2 to 1000, got {steps!r}")
-        return [Plan(text, profile=self, group=bool(group)) for text in _budget.frontier(self._text, steps, bool(group))]
+        group = flag_arg("frontier", "group", group)
+        return [Plan(text, profile=self, group=group) for text in _budget.frontier(self._text, steps, group)]
 
     def __repr__(self):
         return (f"RegionProfile({len(self.regions)} regions, base_bytes={self.base_bytes}, "

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 
+import numpy
 import pytest
 import torch
 
@@ -160,6 +161,20 @@ def test_bad_budgets_are_refused_with_the_smallest_budget_named(profile):
         profile.plan(budget_bytes="12GiB")
     with pytest.raises(TypeError, match="got bool"):
         profile.plan(budget_bytes=True)
+    with pytest.raises(TypeError, match="got float"):
+        profile.plan(budget_bytes=float(profile.base_bytes))
+    with pytest.raises(TypeError, match="must be an int number of bytes, got Tensor"):
+        profile.plan(budget_bytes=torch.tensor(float(profile.base_bytes)))
+    # A computed budget is often a numpy or 0-d tensor integer: taken as the int it holds.
+    everything = profile.all_saved_bytes
+    expected = profile.plan(budget_bytes=everything).decisions
+    assert profile.plan(budget_bytes=numpy.int64(everything)).decisions == expected
+    assert profile.plan(budget_bytes=torch.tensor(everything)).decisions == expected
+    for bad in ("no", 1, None):
+        with pytest.raises(TypeError, match=f"plan: group must be True or False, got {type(bad).__name__}"):
+            profile.plan(budget_bytes=everything, group=bad)
+    with pytest.raises(TypeError, match="frontier: group must be True or False, got str"):
+        profile.frontier(group="no")
     with pytest.raises(TypeError, match="plan must be a remat.Plan"):
         remat.checkpoint(region_name="c", plan={"c::r": "save"})
     with pytest.raises(TypeError, match="use_plan: expected a remat.Plan"):
