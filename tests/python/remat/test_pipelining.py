@@ -155,22 +155,28 @@ def test_a_ring_one_slot_short_is_caught_by_the_guard_on_every_schedule(tmp_path
         assert "is handed to microbatch" in error and "still needs it (not yet run:" in error
 
 
+MICROBATCHES = 8  # per step in the fake worker's schedules
+
+
+def nemo_rings(rank, slack):
+    """NeMo's ring, max(2, min(M, S - s + slack)) sets, per (stage, direction) that receives on `rank`."""
+    ring = max(2, min(MICROBATCHES, WORLD - rank + slack))
+    return {key: ring for key, receives in (((rank, "F"), rank > 0), ((rank, "B"), rank < WORLD - 1)) if receives}
+
+
+def sets_by_stage(rows):
+    return {(row["stages"][0], row["direction"]): row["sets"] for row in rows}
+
+
 def test_install_recv_buffer_pool_is_nemos_closed_form_on_1f1b(tmp_path):
     result = run_fake(tmp_path, "nemo", "2")
     assert result["installed"] is True and result["again"] is True
     assert result["negative"] == "install_recv_buffer_pool: slack must be >= 0, got -1"
-    stages, microbatches, slack = WORLD, 8, 2
     for rank in range(WORLD):
-        nemo = max(2, min(microbatches, stages - rank + slack))  # NeMo's ring for stage `rank`
-        expected = {}
-        if rank > 0:
-            expected[(rank, "F")] = nemo
-        if rank < stages - 1:
-            expected[(rank, "B")] = nemo
-        rings = {(row["stages"][0], row["direction"]): row["sets"] for row in result["rings"][str(rank)]}
-        assert rings == expected, f"rank {rank}"
-        gpipe = {(row["stages"][0], row["direction"]): row["sets"] for row in result["gpipe"][str(rank)]}
-        assert gpipe == {key: microbatches for key in expected}, "only Schedule1F1B is pooled"
+        expected = nemo_rings(rank, slack=2)
+        assert sets_by_stage(result["rings"][str(rank)]) == expected, f"rank {rank}"
+        gpipe = sets_by_stage(result["gpipe"][str(rank)])
+        assert gpipe == {key: MICROBATCHES for key in expected}, "only Schedule1F1B is pooled"
 
 
 def test_install_recv_buffer_pool_per_stage_pools_the_1f1b_schedule_running_that_stage(tmp_path):
@@ -178,18 +184,11 @@ def test_install_recv_buffer_pool_per_stage_pools_the_1f1b_schedule_running_that
     assert result["installed"] is True
     assert result["not_a_stage"].startswith("install_recv_buffer_pool: stage must be a torch.distributed.pipelining "
                                             "stage, got str")
-    stages, microbatches, slack = WORLD, 8, 2
     for rank in range(WORLD):
-        nemo = max(2, min(microbatches, stages - rank + slack))
-        expected = {}
-        if rank > 0:
-            expected[(rank, "F")] = nemo
-        if rank < stages - 1:
-            expected[(rank, "B")] = nemo
-        rings = {(row["stages"][0], row["direction"]): row["sets"] for row in result["rings"][str(rank)]}
-        stock = {(row["stages"][0], row["direction"]): row["sets"] for row in result["stock"][str(rank)]}
-        assert rings == expected, f"rank {rank}"
-        assert stock == {key: microbatches for key in expected}, "a stage not given stays stock"
+        expected = nemo_rings(rank, slack=2)
+        assert sets_by_stage(result["rings"][str(rank)]) == expected, f"rank {rank}"
+        stock = sets_by_stage(result["stock"][str(rank)])
+        assert stock == {key: MICROBATCHES for key in expected}, "a stage not given stays stock"
 
 
 def test_install_recv_buffer_pool_keeps_stock_buffers_where_torch_differs(tmp_path):
