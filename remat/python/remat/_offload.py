@@ -29,8 +29,6 @@ from ._saved_tensors_hooks import _SavedTensorsHooks
 __all__ = ["CpuOffload"]
 
 _DEFAULT_MIN_BYTES = 1 << 16  # smaller copies cost more than the memory they free
-
-
 _COUNT_LIMIT = (1 << 64) - 1  # the engine's counts are 64-bit
 
 
