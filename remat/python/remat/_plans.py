@@ -24,7 +24,6 @@ The solver (exact 0/1 knapsack) and the region_profile and remat_plan dumps are 
 
 from __future__ import annotations
 
-import functools
 import json
 import operator
 import threading
@@ -107,9 +106,9 @@ class _CheckpointRun:
             finally:
                 _state.checkpoints.pop()
 
-        functools.update_wrapper(body, fn)  # errors name fn: "checkpoint 'layers.0' (Block.forward)"
-        if not hasattr(fn, "__qualname__"):
-            body.__qualname__ = type(fn).__name__
+        # Errors name the body by its __qualname__ ("checkpoint 'layers.0' (Block.forward)"): that
+        # alone is copied, not all update_wrapper copies, at every call.
+        body.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
         return body
 
     def run_region(self, name, own_recompute, call):
