@@ -117,6 +117,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<InputRecord> inputs;
   std::vector<SaveRegionRecord> save_regions;
   std::vector<RegionDecision> regions;  // every region in forward order
+  std::uint64_t forward_number = 0;     // CheckpointScope::forward
   std::vector<std::any> state_at_entry;
   // The pair the checkpoint was called under (its own, or the one in force): needed inputs are
   // packed through it when forward ends.

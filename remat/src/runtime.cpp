@@ -31,6 +31,7 @@ using alloc::Policy;
 using alloc::TagScope;
 
 thread_local ThreadState t_state;
+thread_local std::uint64_t t_forwards_started = 0;
 
 // Observes reads for the checkpoint forward while something is still to learn (see
 // Frame::observing_needed): the frame removes it as soon as nothing is, so later ops run
@@ -129,6 +130,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   ensure_engine_installed();
 
   auto frame = std::make_shared<Frame>();
+  frame->forward_number = ++t_forwards_started;
   frame->options = options;
   frame->body = std::move(body);
   frame->state_at_entry = snapshot_states(options.recompute_state_hooks);
@@ -233,7 +235,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   frame->filled.assign(frame->dropped + frame->ferried.size(), false);
   frame->forward_finished = true;
   register_live_frame(*frame);
-  record_scope({options.region_name, frame->regions});
+  record_scope({options.region_name, frame->regions, frame->forward_number});
   return outputs;
 }
 
@@ -405,5 +407,11 @@ void recompute_needs_tensor(const at::Tensor& t) {
 bool is_recomputing() { return detail::thread_state().mode == detail::Mode::recompute; }
 
 bool in_checkpoint() { return detail::thread_state().mode != detail::Mode::none; }
+
+std::optional<ForwardPosition> forward_position() {
+  const detail::ThreadState& state = detail::thread_state();
+  if (state.mode != detail::Mode::forward || state.frame == nullptr) return std::nullopt;
+  return ForwardPosition{state.frame->forward_number, state.frame->regions.size()};
+}
 
 }  // namespace remat

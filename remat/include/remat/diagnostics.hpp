@@ -4,7 +4,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +21,7 @@ struct RegionDecision {
 struct CheckpointScope {
   std::string name;  // CheckpointOptions::region_name
   std::vector<RegionDecision> regions;
+  std::uint64_t forward = 0;  // which of this thread's checkpoint forwards it was, counted from 1
 };
 
 struct RematTrace {
@@ -32,6 +35,15 @@ struct RematTrace {
 // The checkpoints this thread ran forward since the last call (at most the last 4096),
 // oldest first; clears them.
 RematTrace collect_trace();
+
+// Where the checkpoint forward running on this thread stands, so that code in its body can
+// place itself among its regions: the forward (as CheckpointScope::forward numbers it) and
+// how many regions it has entered so far. Empty outside a checkpoint's forward.
+struct ForwardPosition {
+  std::uint64_t forward = 0;
+  std::size_t regions = 0;
+};
+std::optional<ForwardPosition> forward_position();
 
 struct ResidentTensor {
   std::string name;  // "input.0", "output.0", "saved.3", or the name given to name_saved_tensors()

@@ -6,9 +6,12 @@ trace:` takes what the checkpoints run inside the block logged on this thread: e
 was logged before to an enclosing collect_trace (or drops it), so nested collections see
 everything their block ran; leaving moves the block's scopes into `trace`. A `trace_scope`
 wrapper drains the log into the innermost block when its function starts and when it returns, so
-the checkpoints that finished in between are filed under that scope. The block keeps what ran as
-a tree (checkpoint scopes from the runtime, trace scopes around them), from which `entries`
-(torch_remat's shape: an OpTrace per region, a ScopeTrace per trace scope) and `format()` are read.
+the checkpoints that finished in between are filed under that scope. A trace scope opened inside
+a checkpoint's body also notes how many of that checkpoint's regions had run when it opened and
+when it closed; when the checkpoint's scope arrives (its forward has ended by then), the regions
+in between are filed under it. The block keeps what ran as a tree (checkpoint scopes from the
+runtime, trace scopes around and inside them), from which `entries` (torch_remat's shape: an
+OpTrace per region, a ScopeTrace per trace scope) and `format()` are read.
 """
 
 import dataclasses
@@ -50,11 +53,43 @@ class ScopeTrace:
 
 @dataclasses.dataclass
 class _ScopeRun:
-    """A trace_scope call as a block records it: the checkpoint scopes and trace scopes inside."""
+    """A trace_scope call as a block records it: the checkpoint scopes and trace scopes inside.
+    Opened inside a checkpoint's body, it also holds which checkpoint forward that was
+    (CheckpointScope.forward) and the span of that checkpoint's regions it covers."""
 
     name: str
     metadata: "str | None"
     ran: list = dataclasses.field(default_factory=list)
+    forward: "int | None" = None
+    start: int = 0
+    end: int = 0
+
+    def close(self, position):
+        self.end = position[1] if position is not None and position[0] == self.forward else self.start
+
+
+@dataclasses.dataclass
+class _CheckpointRun:
+    """A checkpoint's scope with the trace scopes opened directly in its body, in order."""
+
+    scope: object  # the runtime's CheckpointScope
+    inside: list
+
+
+def _op_traces(regions):
+    return [OpTrace(region.name, not region.saved) for region in regions]
+
+
+def _within(regions, runs, start, end):
+    """The entries of regions[start:end] with the trace scopes `runs` (opened in the checkpoint's
+    body, in order) in their places."""
+    entries = []
+    cursor = start
+    for run in runs:
+        entries += _op_traces(regions[cursor:run.start])
+        entries.append(ScopeTrace(run.name, run.metadata, _within(regions, run.ran, run.start, run.end)))
+        cursor = max(cursor, run.end)
+    return entries + _op_traces(regions[cursor:end])
 
 
 def _entries(ran):
@@ -62,9 +97,24 @@ def _entries(ran):
     for item in ran:
         if isinstance(item, _ScopeRun):
             entries.append(ScopeTrace(item.name, item.metadata, _entries(item.ran)))
+        elif isinstance(item, _CheckpointRun):
+            regions = item.scope.regions
+            entries += _within(regions, item.inside, 0, len(regions))
         else:
-            entries.extend(OpTrace(region.name, not region.saved) for region in item.regions)
+            entries += _op_traces(item.regions)
     return entries
+
+
+def _format_entries(entries, indent):
+    pad = " " * indent
+    lines = []
+    for entry in entries:
+        if isinstance(entry, ScopeTrace):
+            lines.append(pad + entry.name + ("" if entry.metadata is None else f" [{entry.metadata}]"))
+            lines += _format_entries(entry.entries, indent + 2)
+        else:
+            lines.append(f"{pad}{entry.name}: {'recompute' if entry.recompute else 'save'}")
+    return lines
 
 
 def _format_lines(ran, indent):
@@ -75,8 +125,9 @@ def _format_lines(ran, indent):
             lines.append(pad + item.name + ("" if item.metadata is None else f" [{item.metadata}]"))
             lines += _format_lines(item.ran, indent + 2)
         else:
-            lines.append(f"{pad}scope [{item.name}]")
-            lines += [f"{pad}  {region.name}: {'save' if region.saved else 'recompute'}" for region in item.regions]
+            scope = item.scope if isinstance(item, _CheckpointRun) else item
+            lines.append(f"{pad}scope [{scope.name}]")
+            lines += _format_entries(_entries([item]), indent + 2)
     return lines
 
 
@@ -85,7 +136,7 @@ def _drain():
     logged = _C.collect_trace()
     stack = _stack()
     if stack:
-        stack[-1]._add(logged.scopes, logged)
+        stack[-1]._add_logged(logged)
 
 
 class collect_trace:
@@ -104,13 +155,30 @@ class collect_trace:
         self._current().extend(ran)
         self._trace.extend(trace)
 
+    def _add_logged(self, logged):
+        """Files checkpoint scopes from the runtime: the trace scopes their bodies opened are the
+        last ones filed, carrying the same forward number; they move inside the checkpoint."""
+        current = self._current()
+        for scope in logged.scopes:
+            inside = len(current)
+            while inside and isinstance(current[inside - 1], _ScopeRun) and current[inside - 1].forward == scope.forward:
+                inside -= 1
+            if inside == len(current):
+                current.append(scope)
+            else:
+                current[inside:] = [_CheckpointRun(scope, current[inside:])]
+        self._trace.extend(logged)
+
     def _current(self):
         return self._open[-1].ran if self._open else self._ran
 
-    def _enter_scope(self, name, metadata):
+    def _enter_scope(self, name, metadata, position):
         scope = _ScopeRun(name, metadata)
+        if position is not None:
+            scope.forward, scope.start = position
         self._current().append(scope)
         self._open.append(scope)
+        return scope
 
     def __enter__(self):
         if self._thread is not None:
@@ -151,7 +219,7 @@ class collect_trace:
         '  attention: save' line per region; a trace scope is a line 'NAME' or 'NAME [METADATA]'
         with what ran inside it indented two more spaces."""
         self._collected()
-        if not any(isinstance(item, _ScopeRun) for item in self._ran):
+        if all(isinstance(item, _C.CheckpointScope) for item in self._ran):
             return self._trace.format()
         header = self._trace.format().split("\n", 1)[0]
         return "\n".join([header] + _format_lines(self._ran, 0)) + "\n"
@@ -182,11 +250,12 @@ def trace_scope(function, name, *, metadata=None):
             return function(*args, **kwargs)
         _drain()
         block = _stack()[-1]
-        block._enter_scope(name, metadata)
+        run = block._enter_scope(name, metadata, _C.forward_position())
         try:
             return function(*args, **kwargs)
         finally:
             _drain()
+            run.close(_C.forward_position())
             block._open.pop()
 
     return scoped

@@ -200,7 +200,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("saved", &RegionDecision::saved);
   py::class_<CheckpointScope>(m, "CheckpointScope")
       .def_readonly("name", &CheckpointScope::name)
-      .def_readonly("regions", &CheckpointScope::regions);
+      .def_readonly("regions", &CheckpointScope::regions)
+      .def_readonly("forward", &CheckpointScope::forward);
   def_report_text(py::class_<RematTrace>(m, "RematTrace")
                       .def(py::init<>())
                       .def_readonly("scopes", &RematTrace::scopes)
@@ -208,6 +209,14 @@ PYBIND11_MODULE(_C, m) {
                         trace.scopes.insert(trace.scopes.end(), more.scopes.begin(), more.scopes.end());
                       }));
   m.def("collect_trace", &collect_trace, "The checkpoints this thread ran forward since the last call; clears them.");
+  m.def(
+      "forward_position",
+      []() -> py::object {
+        const std::optional<ForwardPosition> position = forward_position();
+        if (!position) return py::none();
+        return py::make_tuple(position->forward, position->regions);
+      },
+      "(forward, regions entered so far) of the checkpoint forward running on this thread, or None.");
 
   py::class_<ResidentTensor>(m, "ResidentTensor")
       .def_readonly("name", &ResidentTensor::name)

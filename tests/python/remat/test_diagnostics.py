@@ -369,16 +369,57 @@ def test_a_collect_trace_block_inside_a_trace_scope_hands_its_entries_to_that_sc
     assert outer.entries == [ScopeTrace("inspected", None, seen["inner"])]
 
 
-def test_a_trace_scope_inside_a_checkpoint_body_is_listed_before_the_checkpoints_regions():
+def test_trace_scopes_inside_a_checkpoint_body_hold_the_regions_that_ran_inside_them():
     x = torch.rand(8, requires_grad=True)
 
+    def attention(u):
+        q = remat.region(torch.exp, "q", recompute=False)(u)
+        return remat.trace_scope(lambda v: remat.region(torch.cos, "softmax")(v), "inner", metadata="heads=2")(q)
+
     def body(t):
-        y = remat.trace_scope(lambda u: remat.region(torch.exp, "attention", recompute=False)(u), "attn")(t)
+        y = remat.trace_scope(attention, "attn")(t)
+        remat.trace_scope(lambda v: v * 1.0, "no regions")(y)
         return remat.region(lambda u: u.sin().sum(), "mlp")(y)
 
     with remat.collect_trace() as trace:
-        remat.checkpoint(region_name="layers.0")(body)(x)
-    # the runtime logs a checkpoint's regions when its forward ends, after the scope has closed
+        embed = two_region_block("embed", x)
+        loss = remat.checkpoint(region_name="layers.0")(body)(x) + embed
+    assert trace.entries == [
+        OpTrace("attention", recompute=False), OpTrace("mlp", recompute=True),
+        ScopeTrace("attn", None, [OpTrace("q", recompute=False),
+                                  ScopeTrace("inner", "heads=2", [OpTrace("softmax", recompute=True)])]),
+        ScopeTrace("no regions", None, []),
+        OpTrace("mlp", recompute=True),
+    ]
+    assert trace.format() == ("remat trace: 2 checkpoint(s), 5 region(s)\n"
+                              "scope [embed]\n"
+                              "  attention: save\n"
+                              "  mlp: recompute\n"
+                              "scope [layers.0]\n"
+                              "  attn\n"
+                              "    q: save\n"
+                              "    inner [heads=2]\n"
+                              "      softmax: recompute\n"
+                              "  no regions\n"
+                              "  mlp: recompute\n")
+    assert [s.name for s in trace.scopes] == ["embed", "layers.0"]  # the dump's data is unchanged
+    loss.backward()
+    expected = x.detach().exp().cos().cos() * -x.detach().exp().sin() * x.detach().exp()
+    embed_grad = 3.0 * x.detach().exp() * (x.detach().exp() * 3.0).cos()
+    assert torch.allclose(x.grad, expected + embed_grad)
+
+
+def test_a_trace_scope_in_a_checkpoint_whose_forward_raised_is_left_empty_not_given_to_the_next():
+    x = torch.rand(8, requires_grad=True)
+
+    def failing(t):
+        remat.trace_scope(lambda u: remat.region(torch.exp, "attention")(u), "attn")(t)
+        raise ValueError("body failed")
+
+    with remat.collect_trace() as trace:
+        with pytest.raises(ValueError, match="body failed"):
+            remat.checkpoint(region_name="layers.0")(failing)(x)
+        two_region_block("layers.1", x)
     assert trace.entries == [ScopeTrace("attn", None, []), OpTrace("attention", recompute=False),
                              OpTrace("mlp", recompute=True)]
 
