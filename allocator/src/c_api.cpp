@@ -141,6 +141,28 @@ int remat_push_policy(const char* policy) {
 }
 int remat_pop_policy(void) { return guarded([] { pop_tag(ScopeKind::policy); }); }
 
+int remat_set_label(const char* label) { return guarded([&] { set_label(require_text(label, "label")); }); }
+
+int remat_get_label(char* buffer, size_t size, size_t* needed) {
+  return guarded([&] {
+    if (buffer == nullptr && size != 0) {
+      throw InvalidArgumentError("label buffer is NULL with size " + std::to_string(size) +
+                                 "; pass a buffer of that size, or size 0 to ask for the size needed");
+    }
+    const std::string label = current_label();
+    if (needed != nullptr) *needed = label.size() + 1;
+    if (buffer == nullptr) return;
+    if (size < label.size() + 1) {
+      buffer[0] = '\0';
+      throw InvalidArgumentError("label buffer of " + std::to_string(size) + " bytes is too small for the label (" +
+                                 std::to_string(label.size() + 1) +
+                                 " bytes with its NUL); pass a buffer of *needed bytes");
+    }
+    label.copy(buffer, label.size());
+    buffer[label.size()] = '\0';
+  });
+}
+
 int remat_dump_snapshot_device(const char* path, int device) {
   return guarded([&] { write_snapshot(device_allocator(device).snapshot(), require_text(path, "snapshot path")); });
 }

@@ -130,6 +130,7 @@ std::string oom_report_to_json(const OomReport& r) {
   write_holders(json, "by_recv_slot", r.by_recv_slot);
   write_holders(json, "by_site", r.by_site);
   write_holders(json, "by_phase", r.by_phase);
+  if (!r.by_label.empty()) write_holders(json, "by_label", r.by_label);  // absent: nothing held carries a label
   json.end_object();
   json.key("tag_stack").begin_array();
   for (const std::string& frame : r.tag_stack) json.value(frame);
@@ -216,7 +217,8 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
   const std::vector<Tag> tags = interned_tags();
   // Regions and sites are keyed by name id, so that a region a user named "<untagged>" is not
   // merged with untagged memory.
-  std::map<NameId, OomHolder> regions, sites;
+  std::map<NameId, OomHolder> regions, sites, labels;
+  bool any_label = false;
   std::map<std::string, OomHolder> slots, phases;
   auto add = [](auto& into, const auto& key, std::string name, const TagStats& per_tag, bool saved) {
     OomHolder& holder = into[key];
@@ -237,6 +239,8 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
       add(slots, slot, slot, per_tag, saved);
     }
     add(sites, tag.site, tag.site != 0 ? names[tag.site] : "<no site>", per_tag, saved);
+    add(labels, tag.label, tag.label != 0 ? names[tag.label] : "<no label>", per_tag, saved);
+    any_label = any_label || tag.label != 0;
     const std::string phase(to_string(tag.phase));
     add(phases, phase, phase, per_tag, saved);
   }
@@ -253,6 +257,7 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
   r.by_recv_slot = top(slots);
   r.by_site = top(sites);
   r.by_phase = top(phases);
+  if (any_label) r.by_label = top(labels);
   r.tag_stack = describe_tag_stack();
   for (const TraceEvent& event : pool.trace.events(kOomTraceEvents)) {
     const std::string region = event.tag < tags.size() && tags[event.tag].region != 0 ? names[tags[event.tag].region]

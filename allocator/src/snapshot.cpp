@@ -17,6 +17,7 @@ void write_tag_table(JsonWriter& json) {
         .field("policy", to_string(tag.policy))
         .field("phase", to_string(tag.phase))
         .field("site", tag.site);
+    if (tag.label != 0) json.field("label", tag.label);  // absent: no label, as in dumps from before labels
     json.key("recv");
     if (tag.has_recv) {
       const char direction[2] = {to_char(tag.recv.direction), '\0'};

@@ -4,6 +4,7 @@
 #include "fork_safety.hpp"
 #include "message_text.hpp"
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <unordered_map>
@@ -15,6 +16,7 @@ struct TagHash {
   std::size_t operator()(const Tag& t) const noexcept {
     std::uint64_t h = t.region;
     h = h * 0x9E3779B97F4A7C15ULL + t.site;
+    h = h * 0x9E3779B97F4A7C15ULL + t.label;
     h = h * 0x9E3779B97F4A7C15ULL + (static_cast<std::uint64_t>(t.policy) << 8 | static_cast<std::uint64_t>(t.phase));
     if (t.has_recv) {
       h = h * 0x9E3779B97F4A7C15ULL + static_cast<std::uint32_t>(t.recv.stage);
@@ -46,8 +48,22 @@ struct Frame {
 };
 
 thread_local std::vector<Frame> t_stack;
-// The hot path reads only this; kept in step with t_stack.
+// The id of t_stack's top, without the label; kept in step with t_stack.
 thread_local TagId t_current_id = 0;
+
+// The label in force for every thread (0: none). Set rarely, read at every allocation.
+std::atomic<NameId> g_label{0};
+
+// This thread's latest stack top combined with the label in force: the hot path's answer
+// while neither changes. Other combinations the thread has made are in t_labelled, so that
+// moving between regions under a label takes no lock either.
+struct LabelledTag {
+  TagId base = 0;
+  NameId label = 0;
+  TagId id = 0;
+};
+thread_local LabelledTag t_labelled_latest;
+thread_local std::unordered_map<std::uint64_t, TagId> t_labelled;
 
 Tag top_tag() { return t_stack.empty() ? Tag{} : t_stack.back().tag; }
 
@@ -112,14 +128,32 @@ void push_child(ScopeKind kind, std::uint64_t value, std::string_view name, Deri
   t_current_id = it->second.id;
 }
 
+// `what` names the text in messages ("site name", "label"); `noun` is what to shorten.
+void require_short(std::string_view text, std::string_view what, std::string_view noun) {
+  if (text.size() > kMaxTagNameBytes) {
+    throw InvalidArgumentError(std::string(what) + " " + detail::quote(text) + " is longer than " +
+                               std::to_string(kMaxTagNameBytes) + " bytes; pass a shorter " + std::string(noun));
+  }
+}
+
 void require_name(std::string_view name, std::string_view what) {
   if (name.empty()) {
     throw InvalidArgumentError(std::string(what) + " name is empty; pass a non-empty name such as \"layers.0\"");
   }
-  if (name.size() > kMaxTagNameBytes) {
-    throw InvalidArgumentError(std::string(what) + " name " + detail::quote(name) + " is longer than " +
-                               std::to_string(kMaxTagNameBytes) + " bytes; pass a shorter name");
+  require_short(name, std::string(what) + " name", "name");
+}
+
+// The stack top `base` (its tag `base_tag`) combined with `label`, interned on first use.
+TagId labelled_tag_id(TagId base, const Tag& base_tag, NameId label) {
+  const std::uint64_t key = static_cast<std::uint64_t>(base) << 32 | label;
+  auto it = t_labelled.find(key);
+  if (it == t_labelled.end()) {
+    Tag tag = base_tag;
+    tag.label = label;
+    it = t_labelled.emplace(key, intern_tag(tag)).first;
   }
+  t_labelled_latest = {base, label, it->second};
+  return it->second;
 }
 
 }  // namespace
@@ -204,8 +238,30 @@ void release_tag_tables_after_fork() { tables().mutex.unlock(); }
 
 }  // namespace detail
 
-TagId current_tag_id() noexcept { return t_current_id; }
-Tag current_tag() { return top_tag(); }
+TagId current_tag_id() noexcept {
+  const NameId label = g_label.load(std::memory_order_relaxed);
+  if (label == 0) return t_current_id;
+  const LabelledTag& latest = t_labelled_latest;
+  if (latest.label == label && latest.base == t_current_id) return latest.id;
+  try {
+    return labelled_tag_id(t_current_id, top_tag(), label);
+  } catch (...) {
+    return t_current_id;  // host memory exhausted while interning: this allocation goes unlabelled
+  }
+}
+
+Tag current_tag() {
+  Tag tag = top_tag();
+  tag.label = g_label.load(std::memory_order_relaxed);
+  return tag;
+}
+
+void set_label(std::string_view label) {
+  require_short(label, "label", "label");
+  g_label.store(label.empty() ? 0 : intern_name(label), std::memory_order_relaxed);
+}
+
+std::string current_label() { return name_of(g_label.load(std::memory_order_relaxed)); }
 
 // The interned path of region `name` inside region `parent` (0: none).
 static NameId nested_region(NameId parent, std::string_view name) {

@@ -172,6 +172,52 @@ TEST_F(CApi, TagPushesAndPopsAreCheckedAndVisibleInSnapshots) {
   remat_free(p, 2048, 7, nullptr);
 }
 
+TEST_F(CApi, TheLabelIsSetReadBackAndWrittenInSnapshots) {
+  size_t needed = 99;
+  ASSERT_EQ(remat_get_label(nullptr, 0, &needed), REMAT_OK) << remat_last_error();
+  EXPECT_EQ(needed, 1u);  // "" and its NUL
+  ASSERT_EQ(remat_set_label("step 12"), REMAT_OK) << remat_last_error();
+  ASSERT_EQ(remat_push_region("layers.4"), REMAT_OK);
+  void* p = remat_alloc(4096, 9, nullptr);
+  ASSERT_EQ(remat_pop_region(), REMAT_OK);
+
+  ASSERT_EQ(remat_get_label(nullptr, 0, &needed), REMAT_OK);
+  EXPECT_EQ(needed, 8u);
+  char small[4] = "abc";
+  EXPECT_EQ(remat_get_label(small, sizeof small, &needed), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(small, "");
+  EXPECT_STREQ(remat_last_error(),
+               "label buffer of 4 bytes is too small for the label (8 bytes with its NUL); pass a buffer of *needed "
+               "bytes");
+  char buffer[8];
+  ASSERT_EQ(remat_get_label(buffer, sizeof buffer, nullptr), REMAT_OK);
+  EXPECT_STREQ(buffer, "step 12");
+  EXPECT_EQ(remat_get_label(nullptr, 5, &needed), REMAT_ERR_INVALID_ARGUMENT);
+
+  EXPECT_EQ(remat_set_label(nullptr), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(remat_last_error(), "label is NULL; pass a NUL-terminated string");
+  EXPECT_EQ(remat_set_label(std::string(5000, 'L').c_str()), REMAT_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(remat_get_label(buffer, sizeof buffer, nullptr), REMAT_OK);
+  EXPECT_STREQ(buffer, "step 12");  // a refused label leaves the one in force
+
+  ASSERT_EQ(remat_set_label(""), REMAT_OK);
+  ASSERT_EQ(remat_get_label(buffer, sizeof buffer, &needed), REMAT_OK);
+  EXPECT_STREQ(buffer, "");
+  void* q = remat_alloc(4096, 9, nullptr);
+
+  const auto path = std::filesystem::temp_directory_path() / ("remat-capi-label-" + std::to_string(getpid()) + ".json");
+  ASSERT_EQ(remat_dump_snapshot_device(path.c_str(), 9), REMAT_OK) << remat_last_error();
+  const auto doc = nlohmann::json::parse(std::ifstream(path));
+  std::filesystem::remove(path);
+  const auto& blocks = doc["segments"][0]["blocks"];
+  const auto& labelled = doc["tags"][blocks[0]["tag"].get<size_t>()];
+  EXPECT_EQ(doc["names"][labelled["label"].get<size_t>()], "step 12");
+  EXPECT_EQ(doc["names"][labelled["region"].get<size_t>()], "layers.4");
+  EXPECT_FALSE(doc["tags"][blocks[1]["tag"].get<size_t>()].contains("label"));
+  remat_free(p, 4096, 9, nullptr);
+  remat_free(q, 4096, 9, nullptr);
+}
+
 TEST_F(CApi, BadArgumentsAreErrorsNotCrashes) {
   EXPECT_EQ(remat_push_region(nullptr), REMAT_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(remat_push_region(""), REMAT_ERR_INVALID_ARGUMENT);

@@ -59,6 +59,56 @@ class RematAllocCtypes(unittest.TestCase):
         self.assertEqual(block["requested_size"], 4096)
         self.free(p, 4096, device=2)
 
+    def test_a_label_tags_allocations_on_every_thread_and_labelled_restores_the_previous_one(self):
+        self.assertEqual(remat_alloc.label(), "")
+        remat_alloc.set_label("epoch 1")
+        try:
+            seen = []
+            worker = threading.Thread(target=lambda: seen.append(remat_alloc.label()))
+            worker.start()
+            worker.join()
+            self.assertEqual(seen, ["epoch 1"])
+            with remat_alloc.labelled("eval step"):
+                self.assertEqual(remat_alloc.label(), "eval step")
+                with remat_alloc.region("head"):
+                    p = self.alloc(2048, device=12)
+            self.assertEqual(remat_alloc.label(), "epoch 1")
+            q = self.alloc(1024, device=12)
+        finally:
+            remat_alloc.set_label("")
+        self.assertEqual(remat_alloc.label(), "")
+        r = self.alloc(512, device=12)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "snap.json")
+            remat_alloc.dump_snapshot(path, device=12)
+            with open(path) as f:
+                doc = json.load(f)
+        tags = {block["requested_size"]: doc["tags"][block["tag"]]
+                for segment in doc["segments"] for block in segment["blocks"] if block["state"] == "active_allocated"}
+        self.assertEqual(doc["names"][tags[2048]["label"]], "eval step")
+        self.assertEqual(doc["names"][tags[2048]["region"]], "head")
+        self.assertEqual(doc["names"][tags[1024]["label"]], "epoch 1")
+        self.assertEqual(tags[1024]["region"], 0)
+        self.assertNotIn("label", tags[512])
+        for ptr, size in ((p, 2048), (q, 1024), (r, 512)):
+            self.free(ptr, size, device=12)
+
+    def test_labels_are_checked_like_site_names(self):
+        remat_alloc.set_label("kept")
+        try:
+            with self.assertRaisesRegex(remat_alloc.RematError, r"^label 'xxxx.*' \(4097 bytes\) is longer than 4096 bytes; "
+                                                    r"pass a shorter label$"):
+                remat_alloc.set_label("x" * 4097)
+            with self.assertRaisesRegex(ValueError, r"^set_label: text 'a\\x00b' contains a NUL character"):
+                remat_alloc.set_label("a\0b")
+            with self.assertRaisesRegex(TypeError, r"^set_label: text must be a str, got NoneType None$"):
+                remat_alloc.set_label(None)
+            self.assertEqual(remat_alloc.label(), "kept")
+            remat_alloc.set_label("ü" * 300)  # longer than a first guess of the buffer would be
+            self.assertEqual(remat_alloc.label(), "ü" * 300)
+        finally:
+            remat_alloc.set_label("")
+
     def test_memory_stats_report_real_figures(self):
         p = self.alloc(5 * MiB, device=3)
         stats = remat_alloc.memory_stats(3)

@@ -12,13 +12,14 @@ loader's search path.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import numbers
 import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 from .arguments import C_POINTER as _C_POINTER
 from .arguments import int_arg as _int_arg
@@ -28,7 +29,7 @@ from ._oom_observers import OomEvent, add_oom_observer, is_installed, pluggable_
 
 __all__ = [
     "RematError", "load", "configure", "install", "region", "recv_slot", "site", "phase",
-    "policy", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "live_bytes",
+    "policy", "set_label", "label", "labelled", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "live_bytes",
     "empty_cache", "record_stream", "set_memory_fraction", "library_path", "pluggable_library_path",
     "check_one_copy",
     "OomEvent", "add_oom_observer", "remove_oom_observer", "is_installed", "pluggable_allocator_in_use",
@@ -96,6 +97,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "remat_pop_phase": (c_int, []),
         "remat_push_policy": (c_int, [c_char_p]),
         "remat_pop_policy": (c_int, []),
+        "remat_set_label": (c_int, [c_char_p]),
+        "remat_get_label": (c_int, [c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
         "remat_dump_snapshot": (c_int, [c_char_p]),
         "remat_dump_snapshot_device": (c_int, [c_char_p, c_int]),
         "remat_dump_trace": (c_int, [c_char_p]),
@@ -317,6 +320,37 @@ def policy(name: str) -> _Scope:
     encoded = _text_arg("policy", "name", name)
     lib = load()
     return _Scope(f"policy({name!r:.80})", lambda: lib.remat_push_policy(encoded), lib.remat_pop_policy)
+
+
+def set_label(text: str) -> None:
+    """Labels every allocation that follows, on every thread, on top of the tags of each thread's
+    scopes, as torch.cuda.memory._set_memory_metadata does for PyTorch's allocator; "" clears the
+    label. Unlike the scopes, the label belongs to the process, not to a thread."""
+    _check(load().remat_set_label(_text_arg("set_label", "text", text)))
+
+
+def label() -> str:
+    """The label in force ("" when none)."""
+    lib = load()
+    while True:
+        needed = ctypes.c_size_t()
+        _check(lib.remat_get_label(None, 0, ctypes.byref(needed)))
+        buffer = ctypes.create_string_buffer(needed.value)
+        if lib.remat_get_label(buffer, needed.value, ctypes.byref(needed)) == 0:
+            return buffer.value.decode(errors="replace")
+        # another thread set a longer label between the two calls: ask again
+
+
+@contextlib.contextmanager
+def labelled(text: str) -> Iterator[None]:
+    """Sets the label for the block and restores the one in force before it on exit. The label is
+    process-wide: blocks on several threads that overlap restore each other's labels."""
+    previous = label()
+    set_label(text)
+    try:
+        yield
+    finally:
+        set_label(previous)
 
 
 def dump_snapshot(path: Union[str, bytes, os.PathLike], device: Optional[int] = None) -> None:

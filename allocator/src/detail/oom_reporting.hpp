@@ -42,8 +42,8 @@ struct PoolFigures {
   FreeSpace free;
 };
 
-// The report: the pool's figures, holders by region, receive slot, site and phase from the
-// per-tag statistics, the calling thread's tag stack and the last trace events.
+// The report: the pool's figures, holders by region, receive slot, site, phase and label
+// from the per-tag statistics, the calling thread's tag stack and the last trace events.
 OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::size_t rounded,
                            std::size_t segment);
 

@@ -64,6 +64,15 @@ REMAT_API int remat_pop_phase(void);
 /* policy: "save", "recompute" or "none". */
 REMAT_API int remat_push_policy(const char* policy);
 REMAT_API int remat_pop_policy(void);
+/* The label of every allocation that follows, on every thread, on top of each thread's tags
+ * (PyTorch's torch.cuda.memory._set_memory_metadata); "" clears it. A label longer than a
+ * site name may be is refused and the label in force kept. */
+REMAT_API int remat_set_label(const char* label);
+/* Copies the label in force ("" when none) with its terminating NUL into buffer and sets
+ * *needed (when needed is not NULL) to its size with the NUL. buffer may be NULL when size is
+ * 0, to ask for *needed; a non-NULL buffer smaller than that gives REMAT_ERR_INVALID_ARGUMENT
+ * and holds "" (size > 0). */
+REMAT_API int remat_get_label(char* buffer, size_t size, size_t* needed);
 
 /* Snapshot of the default device (current CUDA device, or 0 on host). */
 REMAT_API int remat_dump_snapshot(const char* path);

@@ -21,7 +21,7 @@ inline constexpr std::size_t kOomTopHolders = 10;
 inline constexpr std::size_t kOomTraceEvents = 64;
 
 struct OomHolder {
-  std::string name;           // region path, receive slot "1F0", site, or "<untagged>"
+  std::string name;           // region path, receive slot "1F0", site, label, or "<untagged>"
   std::uint64_t bytes = 0;   // live, rounded
   std::uint64_t blocks = 0;
   std::uint64_t saved_bytes = 0;  // of those, allocated under policy save
@@ -62,8 +62,9 @@ struct OomFigures {
 };
 
 // Who held the memory, by each grouping of the tags: largest first, the top kOomTopHolders.
+// by_label is empty unless some of the memory held carries a label (set_label).
 struct OomHolders {
-  std::vector<OomHolder> by_region, by_recv_slot, by_site, by_phase;
+  std::vector<OomHolder> by_region, by_recv_slot, by_site, by_phase, by_label;
 };
 
 struct OomReport : OomFigures, OomHolders {

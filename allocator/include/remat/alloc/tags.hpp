@@ -1,7 +1,8 @@
 #pragma once
 // What an allocation belongs to. The tag in force is the top of a thread-local stack that
-// RAII scopes (C++) or push/pop calls (C ABI) change; every block copies it at allocation.
-// Names and whole tags are interned process-wide, so a block stores one small id.
+// RAII scopes (C++) or push/pop calls (C ABI) change, combined with the process-wide label
+// (set_label); every block copies it at allocation. Names and whole tags are interned
+// process-wide, so a block stores one small id.
 
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +39,7 @@ struct Tag {
   bool has_recv = false;
   RecvSlot recv{};
   NameId site = 0;
+  NameId label = 0;  // the process-wide label in force (set_label), never held by a stack frame
   bool operator==(const Tag&) const = default;
 };
 
@@ -51,9 +53,17 @@ Tag tag_of(TagId id);
 // Every interned tag, indexed by TagId.
 std::vector<Tag> interned_tags();
 
-// The tag in force on this thread (0 when nothing is pushed).
+// The tag in force on this thread: its stack's top combined with the label (0 when nothing
+// is pushed and no label is set).
 TagId current_tag_id() noexcept;
 Tag current_tag();
+
+// A label for every allocation that follows, on every thread, on top of each thread's tag
+// stack: what PyTorch's torch.cuda.memory._set_memory_metadata sets. An empty label clears
+// it. Labels follow the rules of site names (at most kMaxTagNameBytes, else
+// InvalidArgumentError, and the label in force is kept).
+void set_label(std::string_view label);
+std::string current_label();
 
 enum class ScopeKind : std::uint8_t { region, policy, phase, recv_slot, site };
 
