@@ -12,7 +12,8 @@ GroupBy group_by_from(const std::string& text) {
   if (text == "site") return GroupBy::site;
   if (text == "phase") return GroupBy::phase;
   if (text == "stream") return GroupBy::stream;
-  throw UsageError("--by " + text + " is not a grouping; use region, slot, site, phase or stream");
+  if (text == "label") return GroupBy::label;
+  throw UsageError("--by " + text + " is not a grouping; use region, slot, site, phase, label or stream");
 }
 
 std::string_view to_string(GroupBy by) {
@@ -22,6 +23,7 @@ std::string_view to_string(GroupBy by) {
     case GroupBy::site: return "site";
     case GroupBy::phase: return "phase";
     case GroupBy::stream: return "stream";
+    case GroupBy::label: return "label";
   }
   return "region";
 }
@@ -35,6 +37,7 @@ GroupLabel tag_label(const TagTable& tags, std::uint32_t tag, GroupBy by) {
   switch (by) {
     case GroupBy::region: return named_or(t.region, kUntaggedLabel);
     case GroupBy::site: return named_or(t.site, kNoSiteLabel);
+    case GroupBy::label: return named_or(t.label, kNoLabelLabel);
     case GroupBy::phase: return GroupLabel::name(std::string(to_string(t.phase)));
     case GroupBy::slot:
       if (!t.recv) return GroupLabel::own(std::string(kNoRecvSlotLabel));

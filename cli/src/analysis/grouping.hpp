@@ -1,5 +1,5 @@
 #pragma once
-// How live memory is grouped: by a field of the tag (region, recv slot, site, phase) or by
+// How live memory is grouped: by a field of the tag (region, recv slot, site, phase, label) or by
 // the stream of the allocation. Maps a (tag, stream) pair to a dense group id.
 
 #include "model/dump.hpp"
@@ -13,13 +13,14 @@
 
 namespace remat::report {
 
-enum class GroupBy : std::uint8_t { region, slot, site, phase, stream };
+enum class GroupBy : std::uint8_t { region, slot, site, phase, stream, label };
 
 GroupBy group_by_from(const std::string& text);  // throws UsageError
 std::string_view to_string(GroupBy by);
 
 // What names a group: a name from the dump, or one of remat-report's own placeholders for
-// memory without a region, site or receive slot ("(untagged)", "(no site)", "(no recv slot)")
+// memory without a region, site, receive slot or label ("(untagged)", "(no site)", "(no recv
+// slot)", "(no label)")
 // or for several groups folded into one. Groups compare by both parts, so a region literally
 // named "(untagged)" stays apart from untagged memory in every view.
 struct GroupLabel {
@@ -34,9 +35,10 @@ struct GroupLabel {
 inline constexpr std::string_view kUntaggedLabel = "(untagged)";
 inline constexpr std::string_view kNoSiteLabel = "(no site)";
 inline constexpr std::string_view kNoRecvSlotLabel = "(no recv slot)";
+inline constexpr std::string_view kNoLabelLabel = "(no label)";
 
-// The label of one tag under a grouping (not for GroupBy::stream). A tag's region or site has
-// no name when its index is 0 or its name is empty.
+// The label of one tag under a grouping (not for GroupBy::stream). A tag's region, site or
+// label has no name when its index is 0 or its name is empty.
 GroupLabel tag_label(const TagTable& tags, std::uint32_t tag, GroupBy by);
 
 class Grouper {

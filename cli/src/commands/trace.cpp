@@ -97,10 +97,10 @@ class EventPrinter final : public EventSink {
     switch (format_) {
       case OutputFormat::text:
         out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", "since first", "action", "address",
-                            "size", "stream", "phase", "region / site");
+                            "size", "stream", "phase", "region / site [label]");
         break;
       case OutputFormat::csv:
-        out_ << "time_us,since_first_us,action,address,size,stream,tag,region,phase,policy,site\n";
+        out_ << "time_us,since_first_us,action,address,size,stream,tag,region,phase,policy,site,label\n";
         break;
       case OutputFormat::json: out_ << "{\"events\": [\n"; break;
     }
@@ -120,20 +120,21 @@ class EventPrinter final : public EventSink {
     const Tag& tag = tags_->tags[e.tag];
     const std::string& region = tags_->names[tag.region];
     const std::string& site = tags_->names[tag.site];
+    const std::string& label = tags_->names[tag.label];
     switch (format_) {
       case OutputFormat::text: {
-        const GroupLabel label = tag_label(*tags_, e.tag, GroupBy::region);
-        std::string where = shown_label(label);
+        std::string where = shown_label(tag_label(*tags_, e.tag, GroupBy::region));
         if (!site.empty()) where += " @ " + shown_name(site);
+        if (!label.empty()) where += " [" + shown_name(label) + "]";
         out_ << fmt::format("{:>12}  {:<14}  {:>14}  {:>10}  {:>6}  {:<9}  {}\n", human_time_us(since),
                             to_string(e.action), hex_address(e.address), human_bytes(e.size), e.stream,
                             to_string(tag.phase), escape_controls(where));
         break;
       }
       case OutputFormat::csv: {
-        out_ << fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", e.time_us, since, to_string(e.action), e.address,
-                            e.size, e.stream, e.tag, csv_field(region), to_string(tag.phase), to_string(tag.policy),
-                            csv_field(site));
+        out_ << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}\n", e.time_us, since, to_string(e.action),
+                            e.address, e.size, e.stream, e.tag, csv_field(region), to_string(tag.phase),
+                            to_string(tag.policy), csv_field(site), csv_field(label));
         break;
       }
       case OutputFormat::json: {
@@ -147,7 +148,8 @@ class EventPrinter final : public EventSink {
                                          {"region", region},
                                          {"phase", to_string(tag.phase)},
                                          {"policy", to_string(tag.policy)},
-                                         {"site", site}};
+                                         {"site", site},
+                                         {"label", label}};
         out_ << (printed_ ? ",\n" : "") << "  " << json_text(object, -1);
         break;
       }

@@ -1,5 +1,5 @@
 // A remat dump as PyTorch's memory-snapshot pickle (torch_snapshot.hpp): segments, blocks and the
-// device trace, with the tags as frames.
+// device trace, with the tags as frames and each trace entry's label as its user_metadata.
 
 #include "interop/pickle_writer.hpp"
 #include "interop/torch_snapshot.hpp"
@@ -40,6 +40,7 @@ class TagFrames {
       frame(p, "remat:tag", fmt::format("phase={} policy={}", to_string(t.phase), to_string(t.policy)));
       if (t.site != 0) frame(p, "remat:site", tags_.names[t.site]);
       if (t.recv) frame(p, "remat:recv", fmt::format("stage={} direction={} slot={}", t.recv->stage, t.recv->direction, t.recv->slot));
+      if (t.label != 0) frame(p, "remat:label", tags_.names[t.label]);
     }
     p.end_list();
     memo_[tag] = p.remember();
@@ -129,6 +130,8 @@ std::string torch_snapshot_pickle(const AllocatorState& state) {
     p.integer(event.time_us);
     p.string("frames");
     frames.write(p, event.tag);
+    p.string("user_metadata");
+    p.string(state.tags.names[state.tags.tags[event.tag].label]);
     p.end_dict();
   }
   p.end_list();

@@ -1,5 +1,6 @@
 // A PyTorch memory-snapshot pickle as a remat snapshot dump (torch_snapshot.hpp): its segments,
-// blocks and device trace, tags read back from the frames an export wrote.
+// blocks and device trace, tags read back from the frames an export wrote, labels from the
+// trace entries' user_metadata (torch.cuda.memory._set_memory_metadata).
 
 #include "core/errors.hpp"
 #include "interop/pickle_reader.hpp"
@@ -75,21 +76,46 @@ struct TagKey {
   Policy policy = Policy::none;
   Phase phase = Phase::other;
   std::optional<RecvSlot> recv;
+  std::uint32_t label = 0;
   auto tie() const {
     return std::make_tuple(region, site, static_cast<int>(policy), static_cast<int>(phase), recv.has_value(),
-                           recv ? recv->stage : 0, recv ? recv->direction : 'F', recv ? recv->slot : 0);
+                           recv ? recv->stage : 0, recv ? recv->direction : 'F', recv ? recv->slot : 0, label);
   }
   bool operator<(const TagKey& other) const { return tie() < other.tie(); }
 };
 
+// Whether `frames` holds remat's own frames (those an export writes for a tag).
+bool has_remat_frames(const PyValue* frames) {
+  if (frames == nullptr || (frames->kind != Kind::list && frames->kind != Kind::tuple)) return false;
+  return std::any_of(frames->items.begin(), frames->items.end(), [](const PyValue* frame) {
+    return frame->kind == Kind::dict && string_at(*frame, "filename", "").starts_with("remat:");
+  });
+}
+
+// A trace entry's user_metadata: the label PyTorch's allocator held when it was recorded.
+std::string user_metadata_of(const PyValue& entry) { return string_at(entry, "user_metadata", ""); }
+
 // Rebuilds tags from frames: remat's own frames when the pickle came from `export`,
-// otherwise the first frame outside PyTorch as the allocation site.
+// otherwise the first frame outside PyTorch as the allocation site; a label from a
+// remat:label frame, else the one given (a trace entry's user_metadata).
 class TagBuilder {
  public:
   TagBuilder() {
     names_.push_back("");
     tags_.emplace_back();
     ids_[TagKey{}] = 0;
+  }
+
+  // `metadata` is a trace entry's user_metadata: PyTorch's own allocator writes the label there
+  // verbatim; remat's allocator under PyTorch writes a tag with more than a label as a JSON
+  // object of its dimensions ({"region":"layers.0","phase":"forward","label":"step 3"}).
+  std::uint32_t tag_of(const PyValue* frames, const std::string& metadata) {
+    const std::uint32_t base = tag_of(frames);
+    if (metadata.empty() || tags_[base].label != 0) return base;
+    const Tag& t = tags_[base];
+    TagKey key{t.region, t.site, t.policy, t.phase, t.recv, 0};
+    if (!read_metadata_tag(metadata, key)) key.label = intern(metadata);
+    return intern_tag(key);
   }
 
   std::uint32_t tag_of(const PyValue* frames) {
@@ -105,6 +131,7 @@ class TagBuilder {
       const std::string name = string_at(*frame, "name", "");
       if (file == "remat:region") remat = true, key.region = intern(name);
       else if (file == "remat:site") remat = true, key.site = intern(name);
+      else if (file == "remat:label") remat = true, key.label = intern(name);
       else if (file == "remat:tag") {
         remat = true;
         char phase[32] = {}, policy[32] = {};
@@ -130,16 +157,51 @@ class TagBuilder {
       }
     }
     if (!remat && !fallback_site.empty()) key.site = intern(fallback_site);
-    const auto [it, inserted] = ids_.try_emplace(key, static_cast<std::uint32_t>(tags_.size()));
-    if (inserted) tags_.push_back(Tag{key.region, key.policy, key.phase, key.site, key.recv});
-    cache_[frames] = it->second;
-    return it->second;
+    const std::uint32_t id = intern_tag(key);
+    cache_[frames] = id;
+    return id;
   }
 
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<Tag>& tags() const { return tags_; }
 
  private:
+  // The dimensions a JSON object in user_metadata names, over `key`; false (and `key` as it
+  // was) when the text is no such object, and so a label.
+  bool read_metadata_tag(const std::string& metadata, TagKey& key) {
+    if (!metadata.starts_with('{')) return false;
+    const auto doc = nlohmann::json::parse(metadata, nullptr, false);
+    if (!doc.is_object() || doc.empty()) return false;
+    TagKey read = key;
+    for (const auto& [name, value] : doc.items()) {
+      if (name == "recv" && value.is_object()) {
+        const auto stage = value.find("stage"), slot = value.find("slot"), direction = value.find("direction");
+        if (stage == value.end() || !stage->is_number_unsigned() || slot == value.end() ||
+            !slot->is_number_unsigned() || direction == value.end() || !direction->is_string() ||
+            (*direction != "F" && *direction != "B")) {
+          return false;
+        }
+        read.recv = RecvSlot{stage->get<std::uint64_t>(), direction->get<std::string>()[0], slot->get<std::uint64_t>()};
+        continue;
+      }
+      if (!value.is_string()) return false;
+      const std::string text = value.get<std::string>();
+      if (name == "region") read.region = intern(text);
+      else if (name == "site") read.site = intern(text);
+      else if (name == "label") read.label = intern(text);
+      else if (name == "phase" && phase_from(text)) read.phase = *phase_from(text);
+      else if (name == "policy" && policy_from(text)) read.policy = *policy_from(text);
+      else return false;
+    }
+    key = read;
+    return true;
+  }
+
+  std::uint32_t intern_tag(const TagKey& key) {
+    const auto [it, inserted] = ids_.try_emplace(key, static_cast<std::uint32_t>(tags_.size()));
+    if (inserted) tags_.push_back(Tag{key.region, key.policy, key.phase, key.site, key.recv, key.label});
+    return it->second;
+  }
   std::uint32_t intern(const std::string& name) {
     const auto [it, inserted] = name_ids_.try_emplace(name, static_cast<std::uint32_t>(names_.size()));
     if (inserted) names_.push_back(name);
@@ -254,6 +316,23 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
   }
   if (device < 0) bad("$", "device must not be negative");
 
+  // The latest alloc entry at each address that carries a label: PyTorch's blocks have no
+  // metadata of their own, so a live block without remat's frames takes that entry's tag.
+  const PyValue* device_trace = nullptr;
+  if (traces_value != nullptr && static_cast<std::size_t>(device) < traces_value->items.size()) {
+    device_trace = &list_at(*traces_value->items[static_cast<std::size_t>(device)], "$['device_traces'][device]");
+  }
+  std::map<std::uint64_t, const PyValue*> labelled_allocs;
+  if (device_trace != nullptr) {
+    for (const PyValue* entry : device_trace->items) {
+      if (entry->kind != Kind::dict || string_at(*entry, "action", "") != "alloc") continue;
+      const PyValue* address = entry->get(entry->get("addr") ? "addr" : "address");
+      if (address == nullptr || address->kind != Kind::integer) continue;
+      if (user_metadata_of(*entry).empty()) labelled_allocs.erase(address->unsigned_integer());
+      else labelled_allocs[address->unsigned_integer()] = entry;
+    }
+  }
+
   ImportResult result;
   result.device = static_cast<std::uint64_t>(device);
   result.allocator_settings = allocator_settings_text(root);
@@ -317,7 +396,14 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
                           "requested of it; the snapshot is corrupt",
                           block_requested, size));
         }
-        const std::uint32_t tag = state == "inactive" ? 0 : tags.tag_of(block->get("frames"));
+        std::uint32_t tag = 0;
+        if (state != "inactive") {
+          const PyValue* frames = block->get("frames");
+          const auto alloc = labelled_allocs.find(block_address);
+          tag = alloc != labelled_allocs.end() && !has_remat_frames(frames)
+                    ? tags.tag_of(alloc->second->get("frames"), user_metadata_of(*alloc->second))
+                    : tags.tag_of(frames);
+        }
         if (state == "active_allocated") {
           seg_allocated += size;
           tag_live[tag].first += size;
@@ -371,8 +457,8 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
   std::uint64_t ooms = 0, alloc_events = 0, live = 0, peak = 0, reserved_live = 0, reserved_peak = 0;
   std::map<std::uint64_t, std::pair<std::uint64_t, std::uint32_t>> live_blocks;
   std::map<std::uint32_t, std::uint64_t> tag_now, tag_peak, tag_allocs;
-  if (traces_value != nullptr && static_cast<std::size_t>(device) < traces_value->items.size()) {
-    const PyValue& trace = list_at(*traces_value->items[static_cast<std::size_t>(device)], "$['device_traces'][device]");
+  if (device_trace != nullptr) {
+    const PyValue& trace = *device_trace;
     std::int64_t last_time = INT64_MIN;
     EventChecker checker;
     std::vector<std::size_t> checked;  // pickle index of each event the checker saw
@@ -398,7 +484,7 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
       const std::int64_t time = integer_at(*entry, "time_us", where, last_time == INT64_MIN ? 0 : last_time);
       last_time = time;
       const std::uint64_t stream = size_at(*entry, "stream", where, 0);
-      const std::uint32_t tag = tags.tag_of(entry->get("frames"));
+      const std::uint32_t tag = tags.tag_of(entry->get("frames"), user_metadata_of(*entry));
       checked.push_back(e - 1);
       try {
         checker.check(Event{*parsed, time, address, size, stream, tag});
@@ -454,6 +540,7 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
     if (tag.recv) recv = {{"stage", tag.recv->stage}, {"direction", std::string(1, tag.recv->direction)}, {"slot", tag.recv->slot}};
     tag_table.push_back({{"region", tag.region}, {"policy", to_string(tag.policy)}, {"phase", to_string(tag.phase)},
                          {"site", tag.site}, {"recv", recv}});
+    if (tag.label != 0) tag_table.back()["label"] = tag.label;
   }
 
   nlohmann::ordered_json& s = result.snapshot;

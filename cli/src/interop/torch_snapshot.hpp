@@ -5,10 +5,13 @@
 //   {"segments": [{device, address, total_size, allocated_size, active_size, requested_size,
 //                  stream, segment_type, segment_pool_id, is_expandable, frames,
 //                  blocks: [{address, size, requested_size, state, frames}]}],
-//    "device_traces": [[{action, addr, size, stream, time_us, frames}], ...]}
+//    "device_traces": [[{action, addr, size, stream, time_us, frames, user_metadata}], ...]}
 // Tags travel as frames: {"filename": "remat:region", "line": 0, "name": "layers.0::attention"}
-// and likewise remat:tag (phase and policy), remat:site and remat:recv, so an exported
-// snapshot imports back with its tags.
+// and likewise remat:tag (phase and policy), remat:site, remat:recv and remat:label, so an
+// exported snapshot imports back with its tags. The label is also each trace entry's
+// user_metadata, where PyTorch's own allocator writes _set_memory_metadata's text: import
+// reads it back as the label, and gives a live block without remat's frames the tag of the
+// latest alloc entry at its address that carries one (PyTorch's blocks have no metadata).
 
 #include "renderers/renderer.hpp"
 

@@ -37,6 +37,7 @@ struct Tag {
   Phase phase = Phase::other;
   std::uint32_t site = 0;  // index into names
   std::optional<RecvSlot> recv;
+  std::uint32_t label = 0;  // index into names: the process-wide label (PyTorch's user_metadata)
 };
 
 // Interned names and tags as written once per dump. Index 0 of each is "untagged".
@@ -46,6 +47,7 @@ struct TagTable {
 
   std::string_view region(std::uint32_t tag) const { return names[tags[tag].region]; }
   std::string_view site(std::uint32_t tag) const { return names[tags[tag].site]; }
+  std::string_view label(std::uint32_t tag) const { return names[tags[tag].label]; }
 };
 
 enum class Action : std::uint8_t { alloc, free_requested, free_completed, segment_alloc, segment_free, oom };

@@ -43,14 +43,17 @@ GroupLabel slot_label(const std::string& name) {
   return GroupLabel::name(name);
 }
 
-// The allocator's OOM dump writes memory without a region or site as "<untagged>" and
-// "<no site>"; remat-report's groupings call them "(untagged)" and "(no site)".
+// The allocator's OOM dump writes memory without a region, site or label as "<untagged>",
+// "<no site>" and "<no label>"; remat-report's groupings call them "(untagged)", "(no site)"
+// and "(no label)".
 GroupLabel holder_label(const OomHolder& holder, GroupBy by) {
   switch (by) {
     case GroupBy::region:
       return holder.name == "<untagged>" ? GroupLabel::own(std::string(kUntaggedLabel)) : GroupLabel::name(holder.name);
     case GroupBy::site:
       return holder.name == "<no site>" ? GroupLabel::own(std::string(kNoSiteLabel)) : GroupLabel::name(holder.name);
+    case GroupBy::label:
+      return holder.name == "<no label>" ? GroupLabel::own(std::string(kNoLabelLabel)) : GroupLabel::name(holder.name);
     case GroupBy::slot: return slot_label(holder.name);
     case GroupBy::phase:
     case GroupBy::stream: break;
@@ -63,6 +66,7 @@ const std::vector<OomHolder>& holders_by(const OomHolders& holders, GroupBy by) 
     case GroupBy::slot: return holders.by_recv_slot;
     case GroupBy::site: return holders.by_site;
     case GroupBy::phase: return holders.by_phase;
+    case GroupBy::label: return holders.by_label;
     case GroupBy::region:
     case GroupBy::stream: break;
   }

@@ -32,6 +32,9 @@ Tag read_tag(json::element value, const JsonPath& path, std::size_t name_count) 
   Tag tag;
   tag.region = json::as_index(member(object, "region", path), path.key("region"), name_count, "names");
   tag.site = json::as_index(member(object, "site", path), path.key("site"), name_count, "names");
+  if (const auto label = json::optional_member(object, "label")) {  // absent in dumps without labels
+    tag.label = json::as_index(*label, path.key("label"), name_count, "names");
+  }
   const JsonPath policy_path = path.key("policy");
   const std::string_view policy = json::string_field(object, "policy", path);
   if (auto p = policy_from(policy))

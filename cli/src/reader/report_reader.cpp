@@ -219,6 +219,7 @@ OomDump read_oom(json::object root) {
   read_holders("by_recv_slot", dump.holders.by_recv_slot);
   read_holders("by_site", dump.holders.by_site);
   read_holders("by_phase", dump.holders.by_phase);
+  if (json::optional_member(holders, "by_label")) read_holders("by_label", dump.holders.by_label);
 
   for_each_item(root, "tag_stack", path, [&](json::element value, const JsonPath& entry_path) {
     dump.tag_stack.emplace_back(json::as_string(value, entry_path));

@@ -80,6 +80,9 @@ Report oom_report(const OomDump& dump, const std::string& path) {
       holder_table("by_recv_slot", "Held by receive slot", "slot", h.by_recv_slot, n.allocated_bytes));
   report.tables.push_back(holder_table("by_site", "Held by site", "site", h.by_site, n.allocated_bytes));
   report.tables.push_back(holder_table("by_phase", "Held by phase", "phase", h.by_phase, n.allocated_bytes));
+  if (!h.by_label.empty()) {
+    report.tables.push_back(holder_table("by_label", "Held by label", "label", h.by_label, n.allocated_bytes));
+  }
 
   Table fragmentation = key_value_table("fragmentation", "Fragmentation");
   add_field(fragmentation, "largest_free_block", Cell::bytes(n.largest_free_block));

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 namespace remat::report {
@@ -79,6 +80,11 @@ Report SnapshotRenderer::summary(const DumpFile& file) const {
   report.tables.push_back(std::move(contents));
 
   report.tables.push_back(memory_table(memory(file, GroupBy::region), 5, "top_regions", "Largest regions by peak"));
+  const auto& tags = snapshot.tags.tags;
+  if (std::any_of(tags.begin(), tags.end(), [](const Tag& tag) { return tag.label != 0; })) {
+    report.tables.push_back(memory_table(snapshot_memory(snapshot, GroupBy::label, file.path), 5, "top_labels",
+                                         "Largest labels by peak"));
+  }
   return report;
 }
 
