@@ -253,6 +253,14 @@ void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn)
   if (CachingAllocator* pinned = registry().pinned_host_allocator.load(std::memory_order_acquire)) fn(*pinned);
 }
 
+std::vector<CachingAllocator*> device_allocators_made() {
+  std::vector<CachingAllocator*> out;
+  for (auto& slot : registry().allocators) {
+    if (CachingAllocator* allocator = slot.load(std::memory_order_acquire)) out.push_back(allocator);
+  }
+  return out;
+}
+
 CachingAllocator* find_owner(const void* ptr) {
   CachingAllocator* owner = nullptr;
   for_each_device_allocator([&](CachingAllocator& allocator) {

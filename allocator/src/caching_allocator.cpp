@@ -59,8 +59,8 @@ namespace {
   event.device = s.backend->device();
   event.requested_bytes = size;
   event.rounded_bytes = rounded;
-  event.reserved_bytes = s.books.stats().reserved_bytes.current;
-  event.allocated_bytes = s.books.stats().allocated_bytes.current;
+  event.reserved_bytes = s.books.device_stats().reserved_bytes.current;
+  event.allocated_bytes = s.books.device_stats().allocated_bytes.current;
   event.tag = tag;
   bool may_dump = false;
   try {
@@ -124,6 +124,7 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
   }
   s.split(block, rounded);
   block->allocated = true;
+  block->oversize = block->size >= s.config.max_split_size_bytes;
   block->requested = size;
   block->tag = tag;
   s.live.put(block->address, block);
@@ -248,6 +249,16 @@ void CachingAllocator::reset_peak_stats() {
   state_->books.reset_peaks();
 }
 
+std::uint64_t CachingAllocator::trace_events_recorded() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->books.trace().events_recorded();
+}
+
+void CachingAllocator::reset_accumulated_stats() {
+  std::lock_guard lock(state_->mutex);
+  state_->books.reset_accumulated();
+}
+
 AllocatorSnapshot CachingAllocator::snapshot() const {
   const PoolState& s = *state_;
   std::lock_guard lock(s.mutex);
@@ -281,6 +292,7 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   out.trace = s.books.trace().events();
   out.trace_capacity = s.books.trace().capacity();
   out.trace_dropped = s.books.trace().dropped();
+  out.trace_events_recorded = s.books.trace().events_recorded();
   return out;
 }
 

@@ -79,16 +79,21 @@ TEST(Ledger, AnImmediateFreeIsDoneAtOnce) {
 
 TEST(Ledger, ReservedMemoryAndSegmentsAreCountedApart) {
   Ledger books(16);
-  books.reserved(0x10000, 2 << 20, 0, 5);
-  books.segment_opened();
-  books.reserved(0x210000, 2 << 20, 0, 5);  // pages mapped into the same expandable segment
+  books.reserved(0x10000, 2 << 20, 0, /*small=*/false, 5);
+  books.segment_opened(/*small=*/false, /*oversize=*/true);
+  books.reserved(0x210000, 2 << 20, 0, false, 5);  // pages mapped into the same expandable segment
   EXPECT_EQ(books.reserved_bytes(), std::size_t{4} << 20);
   EXPECT_EQ(books.stats().segments.current, 1);
-  books.released(0x10000, 4 << 20, 0);
-  books.segment_closed();
+  EXPECT_EQ(books.stats().pool(PoolKind::large).segments.current, 1);
+  EXPECT_EQ(books.stats().pool(PoolKind::small).reserved_bytes.current, 0);
+  EXPECT_EQ(books.stats().oversize_segments.current, 1);
+  books.released(0x10000, 4 << 20, 0, false);
+  books.segment_closed(false, true);
   EXPECT_EQ(books.reserved_bytes(), 0u);
   EXPECT_EQ(books.stats().reserved_bytes.peak, 4 << 20);
+  EXPECT_EQ(books.stats().pool(PoolKind::large).reserved_bytes.total_subtracted(), 4u << 20);
   EXPECT_EQ(books.stats().segments.current, 0);
+  EXPECT_EQ(books.stats().oversize_segments.total_subtracted(), 1u);
   EXPECT_EQ(actions(books), (std::vector<TraceAction>{TraceAction::segment_alloc, TraceAction::segment_alloc,
                                                       TraceAction::segment_free}));
   EXPECT_EQ(books.trace().events()[0].tag, 5u);

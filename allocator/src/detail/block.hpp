@@ -44,6 +44,7 @@ struct Block {
   TagId tag = 0;
   bool allocated = false;
   bool small = false;
+  bool oversize = false;  // allocated at max_split_size or more (counted as PyTorch counts it)
   bool mapped = true;  // false: a hole of an expandable segment, in no free pool
 
   bool is_free() const { return mapped && !allocated && pending_events == 0; }

@@ -70,15 +70,27 @@ struct PoolState {
   void insert_free(Block* block) {
     if (block->small) small_pool.insert(block);
     else large_pool.insert(block);
+    books.pooled(*block);
   }
   void erase_free(Block* block) {
     if (block->small) small_pool.erase(block);
     else large_pool.erase(block);
+    books.unpooled(*block);
   }
   Block* take_free_block(bool small, Stream stream, std::size_t size) {
-    return small ? small_pool.take_best_fit(stream, size)
-                 : large_pool.take_best_fit(stream, size, config.max_split_size_bytes,
-                                            config.max_non_split_rounding_bytes);
+    Block* block = small ? small_pool.take_best_fit(stream, size)
+                         : large_pool.take_best_fit(stream, size, config.max_split_size_bytes,
+                                                    config.max_non_split_rounding_bytes);
+    if (block != nullptr) books.unpooled(*block);
+    return block;
+  }
+  // Sets `block`'s next neighbour; a pooled block is counted again, as it may now share its
+  // segment or no longer do.
+  void link_next(Block* block, Block* next) {
+    const bool pooled = block->is_free();
+    if (pooled) books.unpooled(*block);
+    block->next = next;
+    if (pooled) books.pooled(*block);
   }
 
   Block* new_block() {
@@ -105,16 +117,16 @@ struct PoolState {
     block->stream = stream;
     block->small = small;
     segments.emplace(block->address, block);
-    books.reserved(block->address, size, stream, current_tag_id());
-    books.segment_opened();
+    books.reserved(block->address, size, stream, small, current_tag_id());
+    books.segment_opened(small, size >= config.max_split_size_bytes);
     return block;
   }
 
   void release_segment(Block* block) {
     backend->deallocate(reinterpret_cast<void*>(block->address), block->size);
     segments.erase(block->address);
-    books.released(block->address, block->size, block->stream);
-    books.segment_closed();
+    books.released(block->address, block->size, block->stream, block->small);
+    books.segment_closed(block->small, block->size >= config.max_split_size_bytes);
     recycle(block);
   }
 
@@ -168,7 +180,7 @@ struct PoolState {
     if (grow > segment->reserved - segment->extent || !map_pages(*segment, segment->base + segment->extent, grow)) {
       return nullptr;
     }
-    if (segment->extent == 0) books.segment_opened();
+    if (segment->extent == 0) books.segment_opened(small, false);
     const std::uintptr_t end = segment->base + segment->extent;
     segment->extent += grow;
     if (extend_tail) {
@@ -183,7 +195,7 @@ struct PoolState {
     block->small = small;
     block->expandable = segment;
     block->prev = tail;
-    if (tail != nullptr) tail->next = block;
+    if (tail != nullptr) link_next(tail, block);
     else segments.emplace(block->address, block);
     segment->tail = block;
     return block;
@@ -197,7 +209,7 @@ struct PoolState {
       return false;
     }
     segment.mapped += bytes;
-    books.reserved(address, bytes, segment.stream, current_tag_id());
+    books.reserved(address, bytes, segment.stream, segment.small, current_tag_id());
     return true;
   }
 
@@ -241,7 +253,7 @@ struct PoolState {
     const std::size_t unmapped = high - low;
     erase_free(block);
     backend->unmap(reinterpret_cast<void*>(low), unmapped);
-    books.released(low, unmapped, segment.stream);
+    books.released(low, unmapped, segment.stream, segment.small);
     segment.mapped -= unmapped;
     // The pieces of granules that stay mapped on either side stay free blocks.
     if (low > begin) insert_free(split_off_front(block, low - begin));
@@ -256,11 +268,11 @@ struct PoolState {
     }
     segment.tail = hole->prev;
     segment.extent = hole->address - segment.base;
-    if (hole->prev != nullptr) hole->prev->next = nullptr;
+    if (hole->prev != nullptr) link_next(hole->prev, nullptr);
     else segments.erase(hole->address);
     recycle(hole);
     if (segment.extent == 0) {
-      books.segment_closed();
+      books.segment_closed(segment.small, false);
       backend->release(reinterpret_cast<void*>(segment.base), segment.reserved);
       std::erase_if(expandable, [&](const auto& owned) { return owned.get() == &segment; });
     }
@@ -473,7 +485,7 @@ struct PoolState {
     small_pool.for_each(count);
     large_pool.for_each(count);
     return {backend->device(), backend->name(), backend->memory_info(), config, reserved_limit,
-            books.stats(), books.tag_stats(), books.trace(), free};
+            books.device_stats(), books.tag_stats(), books.trace(), free};
   }
 
   std::string describe_bad_pointer(std::uintptr_t address) const {

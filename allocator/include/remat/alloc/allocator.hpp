@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace remat::alloc {
 
@@ -43,6 +44,9 @@ int default_device() noexcept;
 // the pinned host pool).
 void for_each_device_allocator(const std::function<void(CachingAllocator&)>& fn);
 
+// The devices' allocators made so far, by device (the CPU and pinned host pools only where
+// the host backend makes the CPU allocator device 0's).
+std::vector<CachingAllocator*> device_allocators_made();
 // The allocator (CPU or device) whose live block starts at `ptr`, or nullptr.
 CachingAllocator* find_owner(const void* ptr);
 // record_stream on the allocator that owns `ptr`, whatever the current device; throws

@@ -53,6 +53,7 @@ struct AllocatorSnapshot {
   std::vector<TraceEvent> trace;         // oldest first
   std::size_t trace_capacity = 0;
   std::uint64_t trace_dropped = 0;
+  std::uint64_t trace_events_recorded = 0;  // TraceRing::events_recorded()
 };
 
 }  // namespace remat::alloc

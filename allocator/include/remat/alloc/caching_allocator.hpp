@@ -66,7 +66,12 @@ class CachingAllocator {
 
   AllocatorStats stats() const;
   void reset_peak_stats();
+  // Zeroes the cumulative totals and the OOM and retry counts (PyTorch's
+  // reset_accumulated_memory_stats); current figures and peaks stay.
+  void reset_accumulated_stats();
   AllocatorSnapshot snapshot() const;
+  // Trace events ever recorded (TraceRing::events_recorded()).
+  std::uint64_t trace_events_recorded() const;
   // Statistics of every tag that ever allocated, without the snapshot's segments and trace.
   std::vector<TagStatsEntry> tag_stats() const;
   // The tag of the live block that starts at `ptr`, if this allocator returned it.

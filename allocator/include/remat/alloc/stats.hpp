@@ -1,6 +1,8 @@
 #pragma once
 // Counters kept globally and per tag. Updated under the allocator's lock.
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace remat::alloc {
@@ -8,7 +10,8 @@ namespace remat::alloc {
 struct Stat {
   std::int64_t current = 0;
   std::int64_t peak = 0;
-  std::uint64_t total_added = 0;  // cumulative amount ever added
+  std::uint64_t total_added = 0;  // cumulative amount added (PyTorch's "allocated")
+  std::int64_t current_at_reset = 0;  // current when the totals were last reset
 
   void add(std::int64_t amount) {
     current += amount;
@@ -17,6 +20,31 @@ struct Stat {
   }
   void subtract(std::int64_t amount) { current -= amount; }
   void reset_peak() { peak = current; }
+  void reset_accumulated() {
+    total_added = 0;
+    current_at_reset = current;
+  }
+  // Cumulative amount subtracted (PyTorch's "freed"), since the totals were last reset: what was
+  // added less what it grew by.
+  std::uint64_t total_subtracted() const {
+    return total_added - static_cast<std::uint64_t>(current - current_at_reset);
+  }
+};
+
+// PyTorch splits its figures between two pools: blocks of at most 1 MiB, in 2 MiB segments,
+// and the rest.
+enum class PoolKind : std::uint8_t { small, large };
+
+struct PoolStats {
+  Stat allocated_bytes;
+  Stat requested_bytes;
+  Stat active_bytes;
+  Stat reserved_bytes;
+  Stat inactive_split_bytes;
+  Stat allocations;
+  Stat active_blocks;
+  Stat segments;
+  Stat inactive_split;
 };
 
 struct AllocatorStats {
@@ -26,9 +54,21 @@ struct AllocatorStats {
   Stat reserved_bytes;   // segments obtained from the backend
   Stat allocations;      // live block count
   Stat segments;         // live segment count
+  Stat active_blocks;    // allocated blocks and freed ones still waiting on stream events
+  // Free blocks that share their segment with other blocks (PyTorch's inactive split):
+  // memory that is cached but can only serve requests that fit between its neighbours.
+  Stat inactive_split;
+  Stat inactive_split_bytes;
+  // Blocks and fixed segments of at least max_split_size (when it is set), as PyTorch counts them.
+  Stat oversize_allocations;
+  Stat oversize_segments;
+  std::array<PoolStats, 2> pools;  // indexed by PoolKind; each whole-device figure is their sum
   std::uint64_t num_ooms = 0;
   std::uint64_t num_alloc_retries = 0;  // cache released and allocation retried
   std::uint64_t num_invalid_frees = 0;  // unknown pointer, double free, wrong size
+
+  PoolStats& pool(bool small) { return pools[static_cast<std::size_t>(small ? PoolKind::small : PoolKind::large)]; }
+  const PoolStats& pool(PoolKind kind) const { return pools[static_cast<std::size_t>(kind)]; }
 };
 
 struct TagStats {

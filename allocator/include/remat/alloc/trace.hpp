@@ -45,6 +45,9 @@ class TraceRing {
   // Records made but since overwritten (an immediate free is one record, two events).
   std::uint64_t dropped() const noexcept { return recorded_ > events_.size() ? recorded_ - events_.size() : 0; }
   std::uint64_t recorded() const noexcept { return recorded_; }
+  // Events ever taken (an immediate free is two), across resizes: the events since a moment are
+  // the newest (events_recorded() - what it was then) of events().
+  std::uint64_t events_recorded() const noexcept { return events_recorded_; }
 
   void record(TraceAction action, std::uint64_t address, std::uint64_t size, Stream stream, TagId tag) {
     if (enabled()) put(RawEvent{ticks(), address, size, 0, stream, tag, action, false});
@@ -84,11 +87,13 @@ class TraceRing {
     events_[next_] = event;
     if (++next_ == events_.size()) next_ = 0;
     ++recorded_;
+    events_recorded_ += event.completed_at_once ? 2 : 1;
   }
 
   std::vector<RawEvent> events_;
   std::size_t next_ = 0;
   std::uint64_t recorded_ = 0;
+  std::uint64_t events_recorded_ = 0;
   std::uint64_t origin_ticks_ = 0;
   std::int64_t origin_us_ = 0;
 };
