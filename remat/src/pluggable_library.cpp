@@ -3,9 +3,12 @@
 //   - out-of-memory raises PyTorch's torch.OutOfMemoryError (a plain pluggable allocator
 //     hands PyTorch a NULL pointer, which it wraps into a tensor as if it were memory);
 //   - torch.cuda.empty_cache(), set_per_process_memory_fraction() and Tensor.record_stream()
-//     reach the tagging allocator (a plain pluggable allocator ignores them).
-// It calls libremat_alloc.so through its C ABI, so Python's remat_alloc (ctypes, same
-// library) sees the same allocator, tags and statistics. C entry points, for ctypes:
+//     reach the tagging allocator (a plain pluggable allocator ignores them);
+//   - PyTorch's statistics, snapshot, history, label and OOM observer calls are answered
+//     (TaggingCudaAllocator; a plain pluggable allocator refuses them).
+// It allocates through libremat_alloc.so's C ABI and reads figures through its C++ API, so
+// Python's remat_alloc (ctypes, same library) sees the same allocator, tags and statistics.
+// C entry points, for ctypes:
 //   int remat_pluggable_install(void)          0, or nonzero with the reason in
 //   const char* remat_pluggable_last_error(void)   remat_pluggable_last_error()
 

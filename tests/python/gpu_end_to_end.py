@@ -131,6 +131,42 @@ def main() -> int:
     ok, _ = run_report(args.report, "validate", str(out / "snapshot.json"))
     checks.expect(ok, "remat-report validate accepts the snapshot")
 
+    # PyTorch's own memory functions answer from the tagging allocator (docs/pytorch_memory_apis.md).
+    torch.cuda.reset_peak_memory_stats()
+    logged = []
+    for _ in range(2):  # a training loop logging its peak, as Hugging Face's Trainer does
+        step()
+        logged.append((torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()))
+        torch.cuda.reset_peak_memory_stats()
+    ours = remat_alloc.memory_stats()
+    print("max_memory_allocated per step:", [f"{peak / MiB:.1f} MiB" for peak, _ in logged])
+    checks.expect(all(peak > now > 0 for peak, now in logged), f"max_memory_allocated() above memory_allocated(): {logged}")
+    checks.expect(torch.cuda.memory_allocated() == ours["allocated_bytes"]
+                  and torch.cuda.memory_reserved() == ours["reserved_bytes"]
+                  and torch.cuda.max_memory_allocated() == ours["allocated_bytes_peak"],
+                  "torch.cuda's figures are remat_alloc.memory_stats()'s")
+    checks.expect("Allocated memory" in torch.cuda.memory_summary(), "torch.cuda.memory_summary() renders")
+
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    torch.cuda.memory._set_memory_metadata("history step")
+    step()
+    torch.cuda.memory._set_memory_metadata("")
+    torch.cuda.memory._dump_snapshot(str(out / "torch-snapshot.pickle"))
+    torch.cuda.memory._record_memory_history(enabled=None)
+    import pickle
+    with open(out / "torch-snapshot.pickle", "rb") as f:
+        history = pickle.load(f)
+    entries = history["device_traces"][0]
+    allocs = [e for e in entries if e["action"] == "alloc"]
+    checks.expect(len(allocs) > 100 and all(e.get("frames") for e in allocs),
+                  f"_record_memory_history: {len(allocs)} alloc entries, each with its Python stack")
+    checks.expect(any('"region":"layers.0"' in e.get("user_metadata", "") for e in allocs)
+                  and any("history step" in e.get("user_metadata", "") for e in allocs),
+                  "trace entries carry the region tags and the _set_memory_metadata label")
+    ok, imported = run_report(args.report, "import", str(out / "torch-snapshot.pickle"), "-o",
+                              str(out / "torch-snapshot-imported.json"))
+    checks.expect(ok, f"remat-report import reads PyTorch's pickle: {imported[:200]}")
+
     # torch.cuda.empty_cache() reaches the allocator.
     scratch = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
     del scratch
@@ -193,8 +229,12 @@ def main() -> int:
             checks.expect(ok and "hold.activations" in rendered, f"{label}: remat-report oom names it")
             reports[0].rename(out / f"oom-{label}.json")
 
+    observed = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: observed.append(args))
     torch.cuda.set_per_process_memory_fraction(0.05)  # about 7 GB of an H200
     forced_oom("fraction-cap", 8 * GiB)
+    checks.expect(len(observed) == 1 and observed[0][0] == 0 and observed[0][1] >= 8 * GiB,
+                  f"PyTorch's OOM observer called with (device, bytes, total, free): {observed}")
     torch.cuda.set_per_process_memory_fraction(1.0)
     forced_oom("device-capacity", torch.cuda.get_device_properties(0).total_memory + GiB)
     stats = remat_alloc.memory_stats()

@@ -140,6 +140,99 @@ class WithRealTorch(unittest.TestCase):
             self.assertEqual(viewed.returncode, 0, viewed.stderr)
             self.assertIn("total_allocated: 5.0MiB", viewed.stdout)
 
+    def test_pytorchs_memory_calls_answer_from_the_allocator_under_install(self):
+        if torch.cuda.is_available():
+            self.skipTest("a GPU is visible: gpu_end_to_end.py covers these calls there")
+        done = run_python("""
+            import torch
+            import remat_alloc
+            remat_alloc.configure("backend:host,host_capacity_mb:64")
+            remat_alloc.install()
+            lib = remat_alloc.load()
+            small = lib.remat_alloc(1000, 0, None)
+            large = lib.remat_alloc(3 << 20, 0, None)
+            lib.remat_free(small, 1000, 0, None)
+            theirs = torch._C._cuda_memoryStats(0)
+            ours = remat_alloc.memory_stats()
+            assert theirs["allocated_bytes"]["all"]["current"] == ours["allocated_bytes"] == 3 << 20, (theirs, ours)
+            assert theirs["allocated_bytes"]["all"]["peak"] == ours["allocated_bytes_peak"] == (3 << 20) + 1024
+            assert theirs["allocated_bytes"]["small_pool"]["freed"] == 1024, theirs["allocated_bytes"]
+            assert theirs["allocated_bytes"]["large_pool"]["current"] == 3 << 20
+            assert theirs["reserved_bytes"]["all"]["current"] == ours["reserved_bytes"], (theirs, ours)
+            assert theirs["requested_bytes"]["all"]["peak"] == ours["requested_bytes_peak"]
+            assert theirs["num_ooms"] == 0 and theirs["num_device_alloc"] == 2, theirs
+            torch._C._cuda_resetPeakMemoryStats(0)
+            assert torch._C._cuda_memoryStats(0)["allocated_bytes"]["all"]["peak"] == 3 << 20
+            assert remat_alloc.memory_stats()["allocated_bytes_peak"] == 3 << 20
+            torch._C._cuda_resetAccumulatedMemoryStats(0)
+            assert torch._C._cuda_memoryStats(0)["allocation"]["all"]["allocated"] == 0
+            assert torch._C._cuda_getMemoryFraction(0) == 1.0
+            torch.cuda.set_per_process_memory_fraction  # reached through the pluggable hook, not tested here
+            lib.remat_free(large, 3 << 20, 0, None)
+            print("ok")
+        """)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("ok", done.stdout)
+
+    def test_pytorchs_snapshot_holds_the_tags_and_its_memory_viewer_and_import_read_it(self):
+        if torch.cuda.is_available():
+            self.skipTest("a GPU is visible: gpu_end_to_end.py covers these calls there")
+        with tempfile.TemporaryDirectory() as out:
+            done = run_python(f"""
+                import json
+                import pickle
+                import torch
+                from torch.cuda import _memory_viz
+                import remat_alloc
+                remat_alloc.configure("backend:host,host_capacity_mb:64")
+                remat_alloc.install()
+                lib = remat_alloc.load()
+                with remat_alloc.region("layers.0"), remat_alloc.phase("forward"):
+                    kept = lib.remat_alloc(3 << 20, 0, None)
+                torch.cuda.memory._set_memory_metadata("step 3")
+                assert torch.cuda.memory._get_memory_metadata() == "step 3"
+                labelled = lib.remat_alloc(4096, 0, None)
+                torch.cuda.memory._set_memory_metadata("")
+                snapshot = torch.cuda.memory._snapshot()
+                allocs = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc"]
+                print("metadata", json.dumps([e["user_metadata"] for e in allocs]))
+                blocks = [b for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+                print("blocks", sorted(b["size"] for b in blocks))
+                with open({out!r} + "/torch.pickle", "wb") as f:
+                    pickle.dump(snapshot, f)
+                # The flame graphs' folded lines (rendering them fetches flamegraph.pl from the network).
+                folded = _memory_viz.segments(snapshot, format_flamegraph=lambda lines: lines)
+                assert f"active_allocated;<non-python> {{3 << 20}}" in folded, folded
+                assert "active_allocated;<non-python> 4096" in _memory_viz.memory(snapshot, lambda lines: lines)
+                assert "<html" in _memory_viz.trace_plot(snapshot).lower()
+                remat_alloc.dump_snapshot({out!r} + "/ours.json")
+            """)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn('metadata ["{\\"region\\":\\"layers.0\\",\\"phase\\":\\"forward\\"}", "step 3"]',
+                          done.stdout)
+            self.assertIn(f"blocks [4096, {3 << 20}]", done.stdout)
+            viewed = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats",
+                                     os.path.join(out, "torch.pickle")], capture_output=True, text=True, timeout=120)
+            self.assertEqual(viewed.returncode, 0, viewed.stderr)
+            self.assertIn("total_allocated: 3.0MiB", viewed.stdout)
+            report = remat_report()
+            if report is None:
+                self.skipTest("remat-report is neither on PATH nor named by REMAT_REPORT")
+            imported = os.path.join(out, "imported.json")
+            done = subprocess.run([report, "import", os.path.join(out, "torch.pickle"), "-o", imported],
+                                  capture_output=True, text=True, timeout=60)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            for by, expected in (("region", "layers.0"), ("label", "step 3")):
+                table = subprocess.run([report, "memory", imported, "--by", by], capture_output=True, text=True,
+                                       timeout=60)
+                self.assertEqual(table.returncode, 0, table.stderr)
+                self.assertIn(expected, table.stdout)
+            ours = json.loads(pathlib.Path(out, "ours.json").read_text())
+            theirs = json.loads(pathlib.Path(imported).read_text())
+            blocks = lambda dump: sorted((b["address"], b["size"], b["state"])  # noqa: E731
+                                         for s in dump["segments"] for b in s["blocks"])
+            self.assertEqual(blocks(theirs), blocks(ours))
+
 
 if __name__ == "__main__":
     unittest.main()
