@@ -88,7 +88,7 @@ torch_alloc::SnapshotInfo TaggingCudaAllocator::snapshot(c10::MempoolId_t mempoo
     if (state.device == 0) out.config_metadata = to_config_info(state.config);
   }
   std::lock_guard lock(mutex_);
-  out.external_annotations = annotations_;
+  out.external_annotations.assign(annotations_.begin(), annotations_.end());
   return out;
 }
 
@@ -109,7 +109,7 @@ void TaggingCudaAllocator::recordAnnotation(const std::vector<std::pair<std::str
   for (const auto& [name, value] : metadata) entry.recordUserMetadata(name, value);
   std::lock_guard lock(mutex_);
   annotations_.push_back(std::move(entry));
-  if (annotations_.size() > history_.max_entries()) annotations_.erase(annotations_.begin());
+  if (annotations_.size() > history_.max_entries()) annotations_.pop_front();
 }
 
 void TaggingCudaAllocator::setUserMetadata(const std::string& metadata) { alloc::set_label(metadata); }

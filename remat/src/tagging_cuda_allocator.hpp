@@ -11,6 +11,7 @@
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <deque>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -48,7 +49,7 @@ class TaggingCudaAllocator final : public torch::cuda::CUDAPluggableAllocator::C
  private:
   TorchMemoryHistory history_;
   std::mutex mutex_;  // guards what follows
-  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;  // while history is on, newest last
+  std::deque<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;  // while history is on, newest last
   std::vector<int> observer_ids_;
 };
 
