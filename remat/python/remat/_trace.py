@@ -105,12 +105,16 @@ def _entries(ran):
     return entries
 
 
+def _scope_line(pad, scope):
+    return pad + scope.name + ("" if scope.metadata is None else f" [{scope.metadata}]")
+
+
 def _format_entries(entries, indent):
     pad = " " * indent
     lines = []
     for entry in entries:
         if isinstance(entry, ScopeTrace):
-            lines.append(pad + entry.name + ("" if entry.metadata is None else f" [{entry.metadata}]"))
+            lines.append(_scope_line(pad, entry))
             lines += _format_entries(entry.entries, indent + 2)
         else:
             lines.append(f"{pad}{entry.name}: {'recompute' if entry.recompute else 'save'}")
@@ -118,11 +122,13 @@ def _format_entries(entries, indent):
 
 
 def _format_lines(ran, indent):
+    """A block's tree as format() prints it: trace scopes outside checkpoints, each checkpoint as
+    'scope [NAME]' with its entries under it."""
     pad = " " * indent
     lines = []
     for item in ran:
         if isinstance(item, _ScopeRun):
-            lines.append(pad + item.name + ("" if item.metadata is None else f" [{item.metadata}]"))
+            lines.append(_scope_line(pad, item))
             lines += _format_lines(item.ran, indent + 2)
         else:
             scope = item.scope if isinstance(item, _CheckpointRun) else item
