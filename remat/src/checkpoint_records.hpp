@@ -1,20 +1,122 @@
 #pragma once
-// What the diagnostics keep of the runtime's checkpoints (diagnostics.cpp): the scopes
-// collect_trace() returns, the frames of finished forwards backward may still recompute, and
-// the memory report of one.
+// What a checkpoint's frame records as forward runs, plain data that recompute and the reports
+// read: per input and per save region what is kept, per saved tensor what was kept or dropped,
+// and for each dropped tensor what recompute must recreate in its place.
 
-#include <remat/diagnostics.hpp>
+#include "placeholder.hpp"
+
+#include <remat/saved_tensor_hooks.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+#include <any>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace remat::detail {
 
-struct Frame;
+struct InputRecord {
+  TensorMeta meta;
+  at::Tensor value;     // held during forward; afterwards only when recompute needs it
+  bool needed = false;  // read by code that runs again in recompute
+  PackedTensor packed;  // in place of value after forward, when the checkpoint has a hook pair
+  // The caller's tensor's version counter (value's own is a new one once forward ends): an
+  // in-place change would make recompute read a different value, which autograd refuses too.
+  c10::VariableVersion version{c10::VariableVersion::DISABLED};
+  std::uint32_t version_at_entry = 0;
+  // Whether the caller's tensor changed in place since forward began (false when its
+  // version counter is disabled, as for inference tensors).
+  bool changed_in_place() const { return version.enabled() && version.current_version() != version_at_entry; }
+  bool held() const { return value.defined() || static_cast<bool>(packed); }
+};
 
-// Records of finished checkpoint forwards for collect_trace().
-void record_scope(CheckpointScope scope);
+struct SaveRegionRecord {
+  std::string name;
+  std::vector<TensorMeta> metas;
+  std::vector<at::Tensor> outputs;  // held during forward; afterwards only the persisted ones
+  std::vector<bool> persisted;
+  // The hook pair in force where the region ran and its captured context: persisted outputs
+  // are packed through it when forward ends (packed[o] then stands in for outputs[o]).
+  std::shared_ptr<SavedTensorHooks> hooks;
+  std::any hooks_context;
+  std::vector<PackedTensor> packed;
+  // Per output persisted only because code that recompute runs again read it: the number of
+  // tensors dropped when it was first read (kNotOnlyRead when something else needs it).
+  static constexpr std::size_t kNotOnlyRead = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> read_at;
+  std::vector<std::optional<std::uint32_t>> versions;  // of the outputs when the region returned
+  // The outputs' own version counters (what is held after forward has new ones): a persisted
+  // output changed in place between forward and backward would hand recompute another value.
+  std::vector<c10::VariableVersion> version_counters;
+  std::vector<std::any> state_after;  // state hook snapshots after the region ran
+  // Autograd's sequence numbers of the graph nodes the region made: [first_node, end_node).
+  std::uint64_t first_node = 0, end_node = 0;
+  std::shared_ptr<void> annotation;  // the caller's, see run_region
+};
 
-// Frames of finished forwards still alive (backward may recompute them), for reports of
-// what every live checkpoint keeps.
-void register_live_frame(Frame& frame);
-MemoryReport memory_report_of(const Frame& frame);
+struct KeptTensor {
+  int save_region = -1;
+  std::string name;  // given with name_saved_tensors(); "" for "saved.<i>"
+  // A parameter (a leaf that requires grad) or a view of one, such as the weight.t() a matmul
+  // saves: resident whatever the checkpoint does, so reports leave it out.
+  bool parameter = false;
+  c10::weak_intrusive_ptr<c10::TensorImpl> tensor{c10::intrusive_ptr<c10::TensorImpl>()};
+};
+
+// A tensor a save region saved that is (a view of) one of its inputs recompute recreates:
+// forward does not keep it; recompute takes it from that input as it reaches the skipped
+// region (torch_remat re-derives such inputs the same way).
+struct FerriedTensor {
+  int save_region = -1;
+  std::size_t input = 0;  // the region's input it shares a storage with
+  TensorMeta input_meta;  // that input's layout in forward: recompute's must be the same
+  TensorMeta saved_meta;  // the saved tensor's sizes, strides and offset in that storage
+  // Whether the saved tensor's conjugate and negative bits differ from the input's (it was
+  // x.conj() or a negative view of x): what recompute takes is flipped the same way.
+  bool conjugate_flipped = false;
+  bool negative_flipped = false;
+};
+
+// What recompute must recreate in place of a dropped tensor: checked on every recompute (as
+// torch.utils.checkpoint's default determinism check), so a body that takes another path
+// fails naming the tensor instead of handing backward the wrong one.
+struct DroppedMeta {
+  c10::SmallVector<std::int64_t, 6> sizes;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  at::Device device = at::kCPU;
+  int region = -1;  // index into Frame::regions; -1 for the checkpoint body outside regions
+
+  static DroppedMeta of(const at::Tensor& t, int region);
+  bool operator==(const DroppedMeta& other) const {
+    return sizes == other.sizes && dtype == other.dtype && device == other.device;
+  }
+  std::string describe() const;  // "float32 [32, 64] on cpu"
+};
+
+// A tensor from outside the checkpoint (a parameter, a captured weight) that forward saved and
+// dropped: recompute reads the same tensor again, so a change in place since forward would
+// recreate other values. Recompute refuses to start, as autograd refuses to unpack a saved tensor
+// changed since it was saved.
+struct DroppedVersion {
+  std::size_t index = 0;  // its dropped slot
+  c10::VariableVersion version{c10::VariableVersion::DISABLED};
+  std::uint32_t version_at_save = 0;
+};
+
+// What verify_recompute compares: an exact hash of the bytes, plus sums that say how large
+// a difference is.
+struct Fingerprint {
+  std::string where;  // "region 'layers.0::mlp'" or "the checkpoint body"
+  std::vector<std::int64_t> shape;
+  std::uint64_t hash = 0;
+  double sum = 0;
+  double norm = 0;
+};
+Fingerprint fingerprint_of(const at::Tensor& t, std::string where);
 
 }  // namespace remat::detail

@@ -3,9 +3,11 @@
 // backward on the first unpack of a dropped tensor. The calls that build a frame in forward are
 // in runtime.cpp.
 
-#include "carried_state.hpp"
-#include "engine.hpp"
 #include "frame.hpp"
+
+#include "carried_state.hpp"
+#include "live_frames.hpp"
+#include "thread_state.hpp"
 
 #include <remat/alloc/tags.hpp>
 
@@ -40,6 +42,15 @@ std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
 }
 
 }  // namespace
+
+Frame::~Frame() {
+  if (live) remove_live_frame(this);
+}
+
+void Frame::make_live() {
+  add_live_frame(this);
+  live = true;
+}
 
 std::string Frame::region_path(const std::string& name) const { return options.region_name + "::" + name; }
 
@@ -158,12 +169,6 @@ void Frame::check_read_again_unchanged() const {
                      options.region_name + "' read",
                  parameter.version_at_forward, parameter.version.current_version());
   }
-}
-
-bool Frame::made_outside(const at::Tensor& t) const {
-  if (!t.requires_grad()) return false;
-  const std::shared_ptr<torch::autograd::Node>& node = t.grad_fn();
-  return node == nullptr || node->sequence_nr() < sequence_at_entry;
 }
 
 std::string Frame::where(int region) const {

@@ -1,15 +1,16 @@
 #pragma once
-// Private state of the checkpoint runtime: one Frame per checkpoint call, and the
-// thread-local view of which frame is running forward or recompute.
+// One checkpoint call (a Frame): its options and body, the records forward leaves
+// (checkpoint_records.hpp), what it learns of the reads recompute repeats, the dropped tensors'
+// slots, and recompute itself. Below the saved-tensor hooks that fill it (checkpoint_hooks.hpp)
+// and the entry points that build it (runtime.cpp).
 
+#include "checkpoint_records.hpp"
 #include "forward_modes.hpp"
-#include "placeholder.hpp"
 
 #include <remat/diagnostics.hpp>
 #include <remat/remat.hpp>
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/SmallVector.h>
 
 #include <any>
 #include <cstdint>
@@ -23,54 +24,6 @@
 
 namespace remat::detail {
 
-struct InputRecord {
-  TensorMeta meta;
-  at::Tensor value;     // held during forward; afterwards only when recompute needs it
-  bool needed = false;  // read by code that runs again in recompute
-  PackedTensor packed;  // in place of value after forward, when the checkpoint has a hook pair
-  // The caller's tensor's version counter (value's own is a new one once forward ends): an
-  // in-place change would make recompute read a different value, which autograd refuses too.
-  c10::VariableVersion version{c10::VariableVersion::DISABLED};
-  std::uint32_t version_at_entry = 0;
-  // Whether the caller's tensor changed in place since forward began (false when its
-  // version counter is disabled, as for inference tensors).
-  bool changed_in_place() const { return version.enabled() && version.current_version() != version_at_entry; }
-  bool held() const { return value.defined() || static_cast<bool>(packed); }
-};
-
-struct SaveRegionRecord {
-  std::string name;
-  std::vector<TensorMeta> metas;
-  std::vector<at::Tensor> outputs;  // held during forward; afterwards only the persisted ones
-  std::vector<bool> persisted;
-  // The hook pair in force where the region ran and its captured context: persisted outputs
-  // are packed through it when forward ends (packed[o] then stands in for outputs[o]).
-  std::shared_ptr<SavedTensorHooks> hooks;
-  std::any hooks_context;
-  std::vector<PackedTensor> packed;
-  // Per output persisted only because code that recompute runs again read it: the number of
-  // tensors dropped when it was first read (kNotOnlyRead when something else needs it).
-  static constexpr std::size_t kNotOnlyRead = static_cast<std::size_t>(-1);
-  std::vector<std::size_t> read_at;
-  std::vector<std::optional<std::uint32_t>> versions;  // of the outputs when the region returned
-  // The outputs' own version counters (what is held after forward has new ones): a persisted
-  // output changed in place between forward and backward would hand recompute another value.
-  std::vector<c10::VariableVersion> version_counters;
-  std::vector<std::any> state_after;  // state hook snapshots after the region ran
-  // Autograd's sequence numbers of the graph nodes the region made: [first_node, end_node).
-  std::uint64_t first_node = 0, end_node = 0;
-  std::shared_ptr<void> annotation;   // the caller's, see run_region
-};
-
-struct KeptTensor {
-  int save_region = -1;
-  std::string name;  // given with name_saved_tensors(); "" for "saved.<i>"
-  // A parameter (a leaf that requires grad) or a view of one, such as the weight.t() a matmul
-  // saves: resident whatever the checkpoint does, so reports leave it out.
-  bool parameter = false;
-  c10::weak_intrusive_ptr<c10::TensorImpl> tensor{c10::intrusive_ptr<c10::TensorImpl>()};
-};
-
 // Thrown once recompute has recreated every tensor backward needs (from the pack hook, or from
 // a skipped save region that gave back the last ferried tensor). A
 // std::exception, so that a layer between the hook and recompute (PyTorch's Python bindings,
@@ -80,35 +33,9 @@ struct StopRecompute : std::exception {
   const char* what() const noexcept override { return "remat: recompute stopped early"; }
 };
 
-// A tensor a save region saved that is (a view of) one of its inputs recompute recreates:
-// forward does not keep it; recompute takes it from that input as it reaches the skipped
-// region (torch_remat re-derives such inputs the same way).
-struct FerriedTensor {
-  int save_region = -1;
-  std::size_t input = 0;  // the region's input it shares a storage with
-  TensorMeta input_meta;  // that input's layout in forward: recompute's must be the same
-  TensorMeta saved_meta;  // the saved tensor's sizes, strides and offset in that storage
-  // Whether the saved tensor's conjugate and negative bits differ from the input's (it was
-  // x.conj() or a negative view of x): what recompute takes is flipped the same way.
-  bool conjugate_flipped = false;
-  bool negative_flipped = false;
-};
-
-// A tensor from outside the checkpoint (a parameter, a captured weight) that forward saved and
-// dropped: recompute reads the same tensor again, so a change in place since forward would
-// recreate other values. Recompute refuses to start, as autograd refuses to unpack a saved tensor
-// changed since it was saved.
-struct DroppedVersion {
-  std::size_t index = 0;  // its dropped slot
-  c10::VariableVersion version{c10::VariableVersion::DISABLED};
-  std::uint32_t version_at_save = 0;
-};
-
-enum class Mode : std::uint8_t { none, forward, recompute };
-
 struct Frame : std::enable_shared_from_this<Frame> {
   Frame() = default;
-  ~Frame();  // leaves the live frames, if forward registered it
+  ~Frame();  // leaves the live frames, if it joined them
   Frame(const Frame&) = delete;
   Frame& operator=(const Frame&) = delete;
 
@@ -128,7 +55,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // Report names for tensors a save region is about to save (name_saved_tensors()), by the
   // exact tensor; cleared when the region returns.
   std::vector<std::pair<const c10::TensorImpl*, std::string>> pending_names;
-  bool live = false;  // in the live frames (a finished forward whose frame backward may need)
+  // Joins the live frames (live_frames.hpp) once forward finished: backward may still need it.
+  void make_live();
+  bool live = false;  // in the live frames
   std::vector<std::unique_ptr<CheckpointContext>> contexts;
   std::vector<Fingerprint> fingerprints;   // per dropped tensor, with verify_recompute
   std::vector<DroppedMeta> dropped_metas;  // per dropped tensor
@@ -149,9 +78,6 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // Autograd's sequence number when forward began: graph nodes numbered below it were made
   // before the checkpoint.
   std::uint64_t sequence_at_entry = 0;
-  // Whether `t` requires grad and was made outside the checkpoint's forward: a leaf (a
-  // parameter), or the output of a graph node made before it.
-  bool made_outside(const at::Tensor& t) const;
 
   // Tensors autograd saved outside save regions: dropped in forward, recreated by recompute
   // in the same order. Slots past `dropped` hold the ferried tensors, in their order.
@@ -219,31 +145,6 @@ struct Frame : std::enable_shared_from_this<Frame> {
   void recompute_before_unpacks();
   // After the body raised: drops everything the frame holds (its hooks may still hold it).
   void release_after_failed_forward();
-};
-
-struct ThreadState {
-  Frame* frame = nullptr;
-  Mode mode = Mode::none;
-  int save_region = -1;  // the save region whose body runs now (forward only)
-  bool in_region = false;
-  const std::string* region = nullptr;  // name of the region whose body runs now
-  // Saved-tensor hooks on PyTorch's stack (Python's saved_tensors_hooks) when this forward or
-  // recompute began: hooks pushed inside the body take the tensors saved under them.
-  std::size_t user_hooks_depth = 0;
-};
-
-ThreadState& thread_state();
-
-// Sets the thread state for a scope and puts the previous one back.
-class ThreadStateScope {
- public:
-  explicit ThreadStateScope(const ThreadState& next) : previous_(thread_state()) { thread_state() = next; }
-  ~ThreadStateScope() { thread_state() = previous_; }
-  ThreadStateScope(const ThreadStateScope&) = delete;
-  ThreadStateScope& operator=(const ThreadStateScope&) = delete;
-
- private:
-  ThreadState previous_;
 };
 
 }  // namespace remat::detail

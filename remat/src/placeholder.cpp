@@ -1,10 +1,12 @@
-// The placeholders forward leaves where it drops a tensor, and the layout a pair's unpacked copy
-// is given back (frame.hpp: TensorMeta, DroppedMeta, make_placeholder, restore_layout).
+// Tensor layouts, the placeholders recompute gets where forward kept no value, and the layout a
+// pair's unpacked copy is given back (placeholder.hpp).
 
 #include "placeholder.hpp"
 
 #include "compat.hpp"
-#include "frame.hpp"
+
+#include <remat/errors.hpp>
+#include <remat/remat.hpp>
 
 #include <ATen/core/TensorBody.h>
 #include <ATen/ops/empty.h>
@@ -49,21 +51,6 @@ at::Tensor restore_layout(const at::Tensor& unpacked, const TensorMeta& meta, co
   return laid_out.variable_data();
 }
 
-DroppedMeta DroppedMeta::of(const at::Tensor& t, int region) {
-  DroppedMeta meta;
-  meta.sizes.assign(t.sizes().begin(), t.sizes().end());
-  meta.dtype = t.scalar_type();
-  meta.device = t.device();
-  meta.region = region;
-  return meta;
-}
-
-std::string DroppedMeta::describe() const {
-  std::string out = dtype_name(dtype) + " [";
-  for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
-  return out + "] on " + device.str();
-}
-
 at::Tensor make_placeholder(const TensorMeta& meta, const std::string& source) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<std::size_t>(meta.storage_bytes),
                        c10::DataPtr(nullptr, meta.options.device()), /*allocator=*/nullptr, /*resizable=*/false);
@@ -90,23 +77,6 @@ std::optional<std::string> placeholder_error_of(const std::exception& e) {
   if (start == std::string::npos) return std::nullopt;
   const auto end = what.find('\n', start);
   return what.substr(start, end == std::string::npos ? std::string::npos : end - start);
-}
-
-Fingerprint fingerprint_of(const at::Tensor& t, std::string where) {
-  Fingerprint out;
-  out.where = std::move(where);
-  out.shape = t.sizes().vec();
-  const at::Tensor bytes = t.detach().to(at::kCPU).contiguous();
-  const auto* data = static_cast<const unsigned char*>(bytes.const_data_ptr());
-  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a
-  for (std::size_t i = 0; i < bytes.nbytes(); ++i) hash = (hash ^ data[i]) * 1099511628211ULL;
-  out.hash = hash;
-  if (at::isFloatingType(bytes.scalar_type()) || at::isIntegralType(bytes.scalar_type(), /*includeBool=*/false)) {
-    const at::Tensor values = bytes.to(at::kDouble);
-    out.sum = values.sum().item<double>();
-    out.norm = values.norm().item<double>();
-  }
-  return out;
 }
 
 const c10::StorageImpl* storage_of(const at::Tensor& t) {

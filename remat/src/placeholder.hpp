@@ -1,10 +1,10 @@
 #pragma once
-// What forward leaves where it drops or packs a tensor (placeholder.cpp): the tensor's layout,
-// a placeholder with that layout and no data, what recompute must recreate in its place, and
-// the fingerprint verify_recompute compares.
+// A tensor's layout without its data (TensorMeta): what forward records of each tensor it
+// drops or packs, the placeholder recompute gets in place of a value forward did not keep (that
+// layout, no data, and an error naming the fix on any read), and the layout a hook pair's
+// unpacked copy is given back.
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/SmallVector.h>
 
 #include <cstdint>
 #include <exception>
@@ -38,32 +38,5 @@ std::optional<std::string> placeholder_error_of(const std::exception& e);
 const c10::StorageImpl* storage_of(const at::Tensor& t);
 // The dtype as PyTorch's Python API names it: "float32".
 std::string dtype_name(at::ScalarType type);
-
-// What verify_recompute compares: an exact hash of the bytes, plus sums that say how large
-// a difference is.
-struct Fingerprint {
-  std::string where;  // "region 'layers.0::mlp'" or "the checkpoint body"
-  std::vector<std::int64_t> shape;
-  std::uint64_t hash = 0;
-  double sum = 0;
-  double norm = 0;
-};
-Fingerprint fingerprint_of(const at::Tensor& t, std::string where);
-
-// What recompute must recreate in place of a dropped tensor: checked on every recompute (as
-// torch.utils.checkpoint's default determinism check), so a body that takes another path
-// fails naming the tensor instead of handing backward the wrong one.
-struct DroppedMeta {
-  c10::SmallVector<std::int64_t, 6> sizes;
-  at::ScalarType dtype = at::ScalarType::Undefined;
-  at::Device device = at::kCPU;
-  int region = -1;  // index into Frame::regions; -1 for the checkpoint body outside regions
-
-  static DroppedMeta of(const at::Tensor& t, int region);
-  bool operator==(const DroppedMeta& other) const {
-    return sizes == other.sizes && dtype == other.dtype && device == other.device;
-  }
-  std::string describe() const;  // "float32 [32, 64] on cpu"
-};
 
 }  // namespace remat::detail

@@ -1,5 +1,6 @@
 #pragma once
-// The runtime's reports as JSON documents, starting from the header every dump has.
+// The runtime's reports as JSON documents, starting from the header every dump has (report_json.cpp
+// also writes them to files: remat::write_dump).
 
 #include <nlohmann/json.hpp>
 

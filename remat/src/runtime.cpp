@@ -1,12 +1,14 @@
 // The checkpoint runtime's entry points: a checkpoint call builds a frame and runs the body
 // forward, a region call records its decision in forward and is skipped or rerun in recompute.
-// The frame's own mechanics and recompute are in frame.cpp, the saved-tensor hooks and the
-// engine that supplies them in engine.cpp.
+// Each call is a sequence of named steps below. The frame's own mechanics and recompute are in
+// frame.cpp, the saved-tensor hooks in checkpoint_hooks.cpp and the engine that hands them out
+// in engine.cpp.
 
 #include "carried_state.hpp"
-#include "checkpoint_records.hpp"
+#include "checkpoint_trace.hpp"
 #include "engine.hpp"
 #include "frame.hpp"
+#include "thread_state.hpp"
 
 #include <remat/alloc/tags.hpp>
 
@@ -30,7 +32,6 @@ using alloc::Phase;
 using alloc::Policy;
 using alloc::TagScope;
 
-thread_local ThreadState t_state;
 thread_local std::uint64_t t_forwards_started = 0;
 
 // Observes reads for the checkpoint forward while something is still to learn (see
@@ -65,12 +66,6 @@ void remember_save_regions(const std::string& checkpoint, bool remembered, bool 
   t_without_save_regions.insert(checkpoint);
 }
 
-}  // namespace
-
-ThreadState& thread_state() { return t_state; }
-
-namespace {
-
 // Names are printed in traces and reports and end C strings: a NUL or another control
 // character in one is refused.
 void refuse_control_characters(std::string_view what, const std::string& name) {
@@ -92,17 +87,18 @@ std::optional<std::uint32_t> version_of(const at::Tensor& t) {
   return version.current_version();
 }
 
-}  // namespace
+// The steps of a checkpoint call, in order.
 
-TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, TensorList inputs) {
+// What makes a checkpoint call impossible here, before anything runs.
+void refuse_checkpoint_here(const CheckpointOptions& options) {
   if (options.preserve_rng_state.value_or(false)) {
     throw Error("checkpoint '" + options.region_name +
                 "': preserve_rng_state is not supported; pass " + api_name("cpu_rng_state_hook") + "() (or your own " +
                 api_name("RecomputeStateHook") + ") in " + option_name("recompute_state_hooks"));
   }
-  if (t_state.mode != Mode::none) {
+  if (const ThreadState& state = thread_state(); state.mode != Mode::none) {
     throw Error("checkpoint '" + options.region_name + "' is nested inside checkpoint '" +
-                t_state.frame->options.region_name + "'; checkpoints do not nest: use regions inside one checkpoint");
+                state.frame->options.region_name + "'; checkpoints do not nest: use regions inside one checkpoint");
   }
   if (options.region_name.empty()) {
     throw Error(std::string("checkpoint region_name is empty; name the checkpoint, e.g. ") +
@@ -115,11 +111,9 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
     throw Error("checkpoint '" + options.region_name + "' cannot run here: " +
                 at::SavedTensorDefaultHooks::get_disabled_error_message().value_or("saved-tensor hooks are disabled"));
   }
-  if (!at::GradMode::is_enabled()) {
-    // Nothing will run backward: run once and register nothing.
-    auto region_tag = TagScope::region(options.region_name);
-    return body(inputs);
-  }
+}
+
+void refuse_under_vmap(const CheckpointOptions& options) {
   if (const auto layer = at::functorch::maybeCurrentDynamicLayer();
       layer && layer->key() == at::functorch::TransformType::Vmap) {
     // Backward would recompute outside the vmap, on unbatched inputs.
@@ -127,8 +121,11 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
                 "body again from backward, outside the transform, and would see other inputs; checkpoint inside the "
                 "mapped function's caller instead (vmap inside the checkpointed function), or run this under no-grad");
   }
-  ensure_engine_installed();
+}
 
+// A frame holding what recompute starts from besides the inputs: state hook snapshots, the
+// hook pair for inputs, the forward modes, and the call's contexts.
+std::shared_ptr<Frame> open_frame(const CheckpointOptions& options, FlatFunction body) {
   auto frame = std::make_shared<Frame>();
   frame->forward_number = ++t_forwards_started;
   frame->options = options;
@@ -141,12 +138,17 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   frame->modes = ForwardModes::capture();
   frame->sequence_at_entry = at::sequence_number::peek();
   for (const CheckpointContextFactory& factory : options.contexts) frame->contexts.push_back(factory());
-  frame->inputs.reserve(inputs.size());
-  const bool keep_all_inputs = t_without_save_regions.contains(options.region_name);
+  return frame;
+}
+
+// Held during forward; whether recompute needs each one is learned as forward reads them,
+// unless `keep_all_inputs`.
+void record_inputs(Frame& frame, const TensorList& inputs, bool keep_all_inputs) {
+  frame.inputs.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& input = inputs[i];
     if (input.defined() && input.layout() != at::kStrided) {
-      throw Error("input " + std::to_string(i) + " of checkpoint '" + options.region_name + "' has layout " +
+      throw Error("input " + std::to_string(i) + " of checkpoint '" + frame.options.region_name + "' has layout " +
                   c10::str(input.layout()) + "; checkpoints take strided tensors: pass input.to_dense(), or keep "
                   "the ops on it outside the checkpoint");
     }
@@ -156,71 +158,82 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
       record.version = input.unsafeGetTensorImpl()->version_counter();
       if (record.version.enabled()) record.version_at_entry = record.version.current_version();
     }
-    frame->inputs.push_back(std::move(record));
-    if (has_data && !keep_all_inputs) ++frame->inputs_not_read;
+    frame.inputs.push_back(std::move(record));
+    if (has_data && !keep_all_inputs) ++frame.inputs_not_read;
   }
+}
 
-  // A forward that raises (an out-of-memory error a job catches, Ctrl-C) leaves a graph whose
-  // hooks own the frame, and the frame holds that graph's tensors: the cycle is cut here, so
-  // everything the checkpoint kept is freed with the graph.
-  struct ReleaseIfForwardFails {
-    Frame& frame;
-    ~ReleaseIfForwardFails() {
-      if (!frame.forward_finished) frame.release_after_failed_forward();
-    }
-  } release_if_failed{*frame};
-
-  TensorList outputs;
-  {
-    FrameOwnerScope owner(frame);
-    ThreadStateScope scope({frame.get(), Mode::forward, -1, false, nullptr, user_hooks_depth()});
-    SavedTensorHooksScope hooks_scope(frame->input_hooks);
-    ContextScope context_scope(frame->contexts, /*recompute=*/false);
-    ReadObserver observer(*frame);
-    auto region_tag = TagScope::region(options.region_name);
-    auto phase_tag = TagScope::phase(Phase::forward);
-    outputs = frame->body(inputs);
-    context_scope.close();
+// A forward that raises (an out-of-memory error a job catches, Ctrl-C) leaves a graph whose
+// hooks own the frame, and the frame holds that graph's tensors: the cycle is cut here, so
+// everything the checkpoint kept is freed with the graph.
+struct ReleaseIfForwardFails {
+  Frame& frame;
+  ~ReleaseIfForwardFails() {
+    if (!frame.forward_finished) frame.release_after_failed_forward();
   }
+};
 
-  for (std::size_t i = 0; i < frame->inputs.size(); ++i) {
-    const InputRecord& input = frame->inputs[i];
+// The body, with the frame as the thread's checkpoint in forward.
+TensorList run_forward(const std::shared_ptr<Frame>& frame, const TensorList& inputs) {
+  FrameOwnerScope owner(frame);
+  ThreadStateScope scope({frame.get(), Mode::forward, -1, false, nullptr, user_hooks_depth()});
+  SavedTensorHooksScope hooks_scope(frame->input_hooks);
+  ContextScope context_scope(frame->contexts, /*recompute=*/false);
+  ReadObserver observer(*frame);
+  auto region_tag = TagScope::region(frame->options.region_name);
+  auto phase_tag = TagScope::phase(Phase::forward);
+  TensorList outputs = frame->body(inputs);
+  context_scope.close();
+  return outputs;
+}
+
+void refuse_needed_inputs_changed_in_place(const Frame& frame) {
+  for (std::size_t i = 0; i < frame.inputs.size(); ++i) {
+    const InputRecord& input = frame.inputs[i];
     if (!input.needed || !input.changed_in_place()) continue;
-    throw Error("checkpoint '" + options.region_name + "' changed its input " + std::to_string(i) +
+    throw Error("checkpoint '" + frame.options.region_name + "' changed its input " + std::to_string(i) +
                 " in place (an operation such as x.mul_() or x += y on it); recompute would start from the changed "
                 "value and give wrong gradients: make that operation out-of-place, or clone the input inside the "
                 "body first");
   }
-  // Keep only what recompute needs, through the checkpoint's hook pair where it has one.
-  for (InputRecord& input : frame->inputs) {
-    if (input.needed && frame->input_hooks) {
+}
+
+// Keeps only the inputs recompute needs, through the checkpoint's hook pair where it has one.
+void keep_needed_inputs(Frame& frame) {
+  for (InputRecord& input : frame.inputs) {
+    if (input.needed && frame.input_hooks) {
       const at::TensorBase& base = input.value.is_view() ? input.value._base() : input.value;
-      input.packed = PackedTensor(frame->input_hooks, input.value.detach(),
-                                  {SavedTensorKind::checkpoint_input, &frame->input_hooks_context,
-                                   base.is_leaf() && base.requires_grad(), frame.get(), frame->options.region_name});
+      input.packed = PackedTensor(frame.input_hooks, input.value.detach(),
+                                  {SavedTensorKind::checkpoint_input, &frame.input_hooks_context,
+                                   base.is_leaf() && base.requires_grad(), &frame, frame.options.region_name});
       input.value = at::Tensor();
     } else {
       input.value = input.needed ? input.value.variable_data() : at::Tensor();
     }
   }
-  for (SaveRegionRecord& region : frame->save_regions) {
+}
+
+// Keeps only the save-region outputs recompute needs, through each region's hook pair where it
+// had one.
+void keep_persisted_outputs(Frame& frame) {
+  for (SaveRegionRecord& region : frame.save_regions) {
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {
       // Read only by code after the last dropped tensor: recompute stops before it (or, when it
       // runs on, discards what that code computes), so no value is needed there.
-      if (region.read_at[o] != SaveRegionRecord::kNotOnlyRead && region.read_at[o] >= frame->dropped) {
+      if (region.read_at[o] != SaveRegionRecord::kNotOnlyRead && region.read_at[o] >= frame.dropped) {
         region.persisted[o] = false;
       }
       if (region.persisted[o] && version_of(region.outputs[o]) != region.versions[o]) {
-        throw Error("output " + std::to_string(o) + " of save region '" + frame->region_path(region.name) +
+        throw Error("output " + std::to_string(o) + " of save region '" + frame.region_path(region.name) +
                     "' was changed in place after the region returned (an op such as h.mul_(2) or h += y); "
                     "recompute hands back the saved output and would apply the change twice: make that op "
                     "out-of-place");
       }
       if (region.persisted[o] && region.hooks) {
         if (!region.packed[o]) {  // persisted only because code recompute runs again reads it
-          const std::string path = frame->region_path(region.name);
+          const std::string path = frame.region_path(region.name);
           region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(),
-                                          {SavedTensorKind::save_output, &region.hooks_context, false, frame.get(), path});
+                                          {SavedTensorKind::save_output, &region.hooks_context, false, &frame, path});
         }
         region.outputs[o] = at::Tensor();
       } else {
@@ -228,97 +241,116 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
       }
     }
   }
-  remember_save_regions(options.region_name, keep_all_inputs, !frame->save_regions.empty());
-  frame->stop_early = at::sequence_number::peek() != frame->sequence_at_last_drop;
-  frame->note_read_parameters(outputs);
-  frame->recreated.assign(frame->dropped + frame->ferried.size(), at::Tensor());
-  frame->filled.assign(frame->dropped + frame->ferried.size(), false);
-  frame->forward_finished = true;
-  register_live_frame(*frame);
-  record_scope({options.region_name, frame->regions, frame->forward_number});
-  return outputs;
 }
 
-TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs,
-                      std::shared_ptr<void>* annotation) {
-  ThreadState& state = t_state;
-  if (state.mode == Mode::none) {
-    return body(inputs);  // outside a checkpoint a region is just its body
-  }
-  Frame& frame = *state.frame;
+// Readies the frame for backward (the dropped tensors' slots, the early stop, the parameters
+// recompute reads again) and records it for the reports.
+void finish_forward(Frame& frame, const TensorList& outputs) {
+  frame.stop_early = at::sequence_number::peek() != frame.sequence_at_last_drop;
+  frame.note_read_parameters(outputs);
+  frame.recreated.assign(frame.dropped + frame.ferried.size(), at::Tensor());
+  frame.filled.assign(frame.dropped + frame.ferried.size(), false);
+  frame.forward_finished = true;
+  frame.make_live();
+  record_scope({frame.options.region_name, frame.regions, frame.forward_number});
+}
+
+// The steps of a region call, in forward and in recompute.
+
+void refuse_region_name(const std::string& name) {
   if (name.empty()) throw Error("region name is empty; name each region, e.g. \"attention\"");
   refuse_control_characters("region", name);
+}
+
+// Whether the region recomputes: as the caller asked, unless the checkpoint's plan chose.
+bool planned_recompute(const Frame& frame, const std::string& name, bool recompute) {
   if (frame.options.plan) {
     if (const auto choice = frame.options.plan->choice_for(frame.region_path(name))) {
-      recompute = *choice == budget::Choice::recompute;
+      return *choice == budget::Choice::recompute;
     }
   }
-  if (state.in_region && state.save_region >= 0) {
-    // Inside a save region everything is kept and recompute skips the whole body: an inner
-    // save region has nothing to add (it runs inert, claiming no name), an inner recompute
-    // region could never be recomputed. Under a plan, which may save an outer region whose
-    // inner ones recompute, they run as part of it.
-    if (recompute && !frame.options.plan) {
-      throw Error("region '" + name + "' (recompute=True) is nested inside a recompute=False (save) region, '" +
-                  frame.region_path(*state.region) + "'; recompute skips the save region's whole body, so "
-                  "the inner region cannot be recomputed: make the inner region recompute=False, or the enclosing "
-                  "one recompute=True");
-    }
-    return body(inputs);
-  }
+  return recompute;
+}
 
-  if (state.mode == Mode::recompute) {
-    const std::size_t index = frame.recompute_regions++;
-    if (index >= frame.regions.size() || frame.regions[index].name != name) {
-      throw Error("recompute of checkpoint '" + frame.options.region_name + "' reached region '" + name +
-                  "' where forward ran " +
-                  (index < frame.regions.size() ? "'" + frame.regions[index].name + "'" : std::string("no region")) +
-                  "; the body must take the same path in recompute as in forward");
-    }
-    if (frame.regions[index].saved == recompute) {
-      throw Error("region '" + frame.region_path(name) + "' ran with recompute=" +
-                  (recompute ? "False" : "True") + " in forward but recompute=" + (recompute ? "True" : "False") +
-                  " in recompute; a region's recompute setting must not depend on " + api_name("is_recomputing") +
-                  "() or on state that changes between forward and backward");
-    }
-    if (frame.regions[index].saved) {
-      int save_index = 0;
-      for (std::size_t i = 0; i < index; ++i) save_index += frame.regions[i].saved ? 1 : 0;
-      const SaveRegionRecord& record = frame.save_regions[static_cast<std::size_t>(save_index)];
-      restore_states(frame.options.recompute_state_hooks, record.state_after);
-      frame.fill_ferried(save_index, inputs);
-      if (annotation != nullptr) *annotation = record.annotation;
-      TensorList out;
-      for (std::size_t o = 0; o < record.metas.size(); ++o) {
-        if (record.packed[o] || record.outputs[o].defined()) {
-          if (record.versions[o] && record.version_counters[o].current_version() != *record.versions[o]) {
-            throw Error("output " + std::to_string(o) + " of save region '" + frame.region_path(name) +
-                        "' was changed in place after forward (an op such as h.mul_(2) between forward and "
-                        "backward); recompute would read the changed value and give wrong gradients: make that op "
-                        "out-of-place, or clone the output before changing it");
-          }
-          // Unpacked here, in forward order, as recompute reaches the region.
-          at::Tensor value = record.packed[o] ? restore_layout(record.packed[o].unpack(), record.metas[o],
-                                                               "output " + std::to_string(o) + " of save region '" +
-                                                                   frame.region_path(name) + "'")
-                                              : record.outputs[o].variable_data();
-          if (record.metas[o].requires_grad) value.requires_grad_(true);
-          out.push_back(std::move(value));
-        } else {
-          out.push_back(make_placeholder(record.metas[o], "output " + std::to_string(o) + " of save region '" +
-                                                              frame.region_path(name) + "'"));
-        }
+// Inside a save region everything is kept and recompute skips the whole body: an inner save
+// region has nothing to add (it runs inert, claiming no name), an inner recompute region could
+// never be recomputed. Under a plan, which may save an outer region whose inner ones recompute,
+// they run as part of it.
+void refuse_recompute_inside_save_region(const Frame& frame, const ThreadState& state, const std::string& name,
+                                         bool recompute) {
+  if (!recompute || frame.options.plan) return;
+  throw Error("region '" + name + "' (recompute=True) is nested inside a recompute=False (save) region, '" +
+              frame.region_path(*state.region) + "'; recompute skips the save region's whole body, so "
+              "the inner region cannot be recomputed: make the inner region recompute=False, or the enclosing "
+              "one recompute=True");
+}
+
+// Recompute must reach the regions forward ran, in order, with the same settings.
+void refuse_another_path_in_recompute(const Frame& frame, std::size_t index, const std::string& name, bool recompute) {
+  if (index >= frame.regions.size() || frame.regions[index].name != name) {
+    throw Error("recompute of checkpoint '" + frame.options.region_name + "' reached region '" + name +
+                "' where forward ran " +
+                (index < frame.regions.size() ? "'" + frame.regions[index].name + "'" : std::string("no region")) +
+                "; the body must take the same path in recompute as in forward");
+  }
+  if (frame.regions[index].saved == recompute) {
+    throw Error("region '" + frame.region_path(name) + "' ran with recompute=" +
+                (recompute ? "False" : "True") + " in forward but recompute=" + (recompute ? "True" : "False") +
+                " in recompute; a region's recompute setting must not depend on " + api_name("is_recomputing") +
+                "() or on state that changes between forward and backward");
+  }
+}
+
+// In recompute, in place of save region `index`'s body: its state after forward, the tensors
+// recompute takes from its inputs, and its outputs as forward kept them (unpacked here, in
+// forward order) or placeholders for those it did not keep.
+TensorList outputs_of_skipped_save_region(Frame& frame, std::size_t index, const std::string& name,
+                                          const TensorList& inputs, std::shared_ptr<void>* annotation) {
+  int save_index = 0;
+  for (std::size_t i = 0; i < index; ++i) save_index += frame.regions[i].saved ? 1 : 0;
+  const SaveRegionRecord& record = frame.save_regions[static_cast<std::size_t>(save_index)];
+  restore_states(frame.options.recompute_state_hooks, record.state_after);
+  frame.fill_ferried(save_index, inputs);
+  if (annotation != nullptr) *annotation = record.annotation;
+  TensorList out;
+  for (std::size_t o = 0; o < record.metas.size(); ++o) {
+    if (record.packed[o] || record.outputs[o].defined()) {
+      if (record.versions[o] && record.version_counters[o].current_version() != *record.versions[o]) {
+        throw Error("output " + std::to_string(o) + " of save region '" + frame.region_path(name) +
+                    "' was changed in place after forward (an op such as h.mul_(2) between forward and "
+                    "backward); recompute would read the changed value and give wrong gradients: make that op "
+                    "out-of-place, or clone the output before changing it");
       }
-      return out;
+      at::Tensor value = record.packed[o] ? restore_layout(record.packed[o].unpack(), record.metas[o],
+                                                           "output " + std::to_string(o) + " of save region '" +
+                                                               frame.region_path(name) + "'")
+                                          : record.outputs[o].variable_data();
+      if (record.metas[o].requires_grad) value.requires_grad_(true);
+      out.push_back(std::move(value));
+    } else {
+      out.push_back(make_placeholder(record.metas[o], "output " + std::to_string(o) + " of save region '" +
+                                                          frame.region_path(name) + "'"));
     }
-    ThreadState inner = state;
-    inner.in_region = true;
-    inner.region = &name;
-    ThreadStateScope scope(inner);
-    auto region_tag = TagScope::region(name, Policy::recompute);
-    return body(inputs);
   }
+  return out;
+}
 
+// In recompute: a save region is skipped, a recompute region's body runs again.
+TensorList run_region_in_recompute(Frame& frame, const ThreadState& state, const FlatFunction& body,
+                                   const std::string& name, bool recompute, const TensorList& inputs,
+                                   std::shared_ptr<void>* annotation) {
+  const std::size_t index = frame.recompute_regions++;
+  refuse_another_path_in_recompute(frame, index, name, recompute);
+  if (frame.regions[index].saved) return outputs_of_skipped_save_region(frame, index, name, inputs, annotation);
+  ThreadState inner = state;
+  inner.in_region = true;
+  inner.region = &name;
+  ThreadStateScope scope(inner);
+  auto region_tag = TagScope::region(name, Policy::recompute);
+  return body(inputs);
+}
+
+void refuse_duplicate_region(const Frame& frame, const std::string& name) {
   for (const RegionDecision& seen : frame.regions) {
     if (seen.name == name) {
       // The second sentence is torch_remat's, which code written against it matches.
@@ -327,6 +359,64 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
                   frame.region_path(name) + " during forward)");
     }
   }
+}
+
+void refuse_leaf_outputs(const Frame& frame, const std::string& name, const TensorList& outputs) {
+  for (const at::Tensor& out : outputs) {
+    if (!out.defined() || !out.requires_grad() || !out.is_leaf()) continue;
+    throw Error("region '" + frame.region_path(name) + "' returned a leaf tensor that requires grad (no "
+                "grad_fn: a bare allocation such as torch.zeros(..., requires_grad=True), or an input returned as "
+                "it is); recompute cannot recreate it as the same tensor: move the allocation outside the checkpoint, "
+                "or do not wrap it in a region");
+  }
+}
+
+// Recompute skips a save region, so an in-place change it makes to its input would not happen
+// again: code after the region would read the unchanged value.
+void refuse_inputs_changed_by_save_region(const Frame& frame, const std::string& name, const TensorList& inputs,
+                                          const std::vector<std::optional<std::uint32_t>>& input_versions) {
+  for (std::size_t i = 0; i < input_versions.size(); ++i) {
+    if (input_versions[i] == version_of(inputs[i])) continue;
+    throw Error("save region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
+                " in place (an op such as LeakyReLU(inplace=True) or x.relu_()); recompute skips save regions, so "
+                "the change would not happen again and what follows would read the unchanged value: make the op "
+                "out-of-place, or make the region a recompute region");
+  }
+}
+
+// What forward keeps of a save region that returned `outputs`: what recompute hands back in
+// place of its body (see outputs_of_skipped_save_region).
+void record_save_region(Frame& frame, const std::string& name, const TensorList& outputs, std::uint64_t first_node,
+                        std::uint64_t end_node, std::shared_ptr<void>* annotation) {
+  SaveRegionRecord record;
+  record.name = name;
+  for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
+  record.outputs = outputs;
+  record.persisted.assign(outputs.size(), false);
+  record.packed.resize(outputs.size());
+  record.hooks = active_saved_tensor_hooks();
+  if (record.hooks && record.hooks->captures_context()) record.hooks_context = record.hooks->capture_context();
+  record.read_at.assign(outputs.size(), SaveRegionRecord::kNotOnlyRead);
+  frame.outputs_not_persisted += outputs.size();
+  for (const at::Tensor& out : outputs) {
+    record.versions.push_back(version_of(out));
+    record.version_counters.push_back(out.defined() ? out.unsafeGetTensorImpl()->version_counter()
+                                                    : c10::VariableVersion(c10::VariableVersion::DISABLED));
+  }
+  record.state_after = snapshot_states(frame.options.recompute_state_hooks);
+  record.first_node = first_node;
+  record.end_node = end_node;
+  if (annotation != nullptr) record.annotation = *annotation;
+  frame.save_regions.push_back(std::move(record));
+  frame.observe_reads_if_needed();
+}
+
+// In forward: the region's decision is recorded, its inputs noted, its body run, and a save
+// region's outputs recorded.
+TensorList run_region_in_forward(Frame& frame, const ThreadState& state, const FlatFunction& body,
+                                 const std::string& name, bool recompute, const TensorList& inputs,
+                                 std::shared_ptr<void>* annotation) {
+  refuse_duplicate_region(frame, name);
   frame.regions.push_back({name, !recompute});
   // Inputs a region consumes: a save region's output is persisted, and a checkpoint input
   // read by a recompute region is kept.
@@ -339,8 +429,6 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   inner.in_region = true;
   inner.region = &name;
   if (!recompute) inner.save_region = static_cast<int>(frame.save_regions.size());
-  // Recompute skips a save region, so an in-place change it makes to its input would not
-  // happen again: code after the region would read the unchanged value.
   std::vector<std::optional<std::uint32_t>> input_versions;
   if (!recompute) {
     for (const at::Tensor& input : inputs) input_versions.push_back(version_of(input));
@@ -356,44 +444,54 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   const std::uint64_t end_node = at::sequence_number::peek();
   frame.recreated_region_inputs.clear();
   frame.pending_names.clear();
-  for (const at::Tensor& out : outputs) {
-    if (!out.defined() || !out.requires_grad() || !out.is_leaf()) continue;
-    throw Error("region '" + frame.region_path(name) + "' returned a leaf tensor that requires grad (no "
-                "grad_fn: a bare allocation such as torch.zeros(..., requires_grad=True), or an input returned as "
-                "it is); recompute cannot recreate it as the same tensor: move the allocation outside the checkpoint, "
-                "or do not wrap it in a region");
-  }
-  for (std::size_t i = 0; i < input_versions.size(); ++i) {
-    if (input_versions[i] == version_of(inputs[i])) continue;
-    throw Error("save region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
-                " in place (an op such as LeakyReLU(inplace=True) or x.relu_()); recompute skips save regions, so "
-                "the change would not happen again and what follows would read the unchanged value: make the op "
-                "out-of-place, or make the region a recompute region");
-  }
-  if (!recompute) {
-    SaveRegionRecord record;
-    record.name = name;
-    for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
-    record.outputs = outputs;
-    record.persisted.assign(outputs.size(), false);
-    record.packed.resize(outputs.size());
-    record.hooks = active_saved_tensor_hooks();
-    if (record.hooks && record.hooks->captures_context()) record.hooks_context = record.hooks->capture_context();
-    record.read_at.assign(outputs.size(), SaveRegionRecord::kNotOnlyRead);
-    frame.outputs_not_persisted += outputs.size();
-    for (const at::Tensor& out : outputs) {
-      record.versions.push_back(version_of(out));
-      record.version_counters.push_back(out.defined() ? out.unsafeGetTensorImpl()->version_counter()
-                                                      : c10::VariableVersion(c10::VariableVersion::DISABLED));
-    }
-    record.state_after = snapshot_states(frame.options.recompute_state_hooks);
-    record.first_node = first_node;
-    record.end_node = end_node;
-    if (annotation != nullptr) record.annotation = *annotation;
-    frame.save_regions.push_back(std::move(record));
-    frame.observe_reads_if_needed();
-  }
+  refuse_leaf_outputs(frame, name, outputs);
+  refuse_inputs_changed_by_save_region(frame, name, inputs, input_versions);
+  if (!recompute) record_save_region(frame, name, outputs, first_node, end_node, annotation);
   return outputs;
+}
+
+}  // namespace
+
+TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, TensorList inputs) {
+  refuse_checkpoint_here(options);
+  if (!at::GradMode::is_enabled()) {
+    // Nothing will run backward: run once and register nothing.
+    auto region_tag = TagScope::region(options.region_name);
+    return body(inputs);
+  }
+  refuse_under_vmap(options);
+  ensure_engine_installed();
+
+  const std::shared_ptr<Frame> frame = open_frame(options, std::move(body));
+  const bool keep_all_inputs = t_without_save_regions.contains(options.region_name);
+  record_inputs(*frame, inputs, keep_all_inputs);
+  ReleaseIfForwardFails release_if_failed{*frame};
+  TensorList outputs = run_forward(frame, inputs);
+  refuse_needed_inputs_changed_in_place(*frame);
+  keep_needed_inputs(*frame);
+  keep_persisted_outputs(*frame);
+  remember_save_regions(options.region_name, keep_all_inputs, !frame->save_regions.empty());
+  finish_forward(*frame, outputs);
+  return outputs;
+}
+
+TensorList run_region(FlatFunction body, const std::string& name, bool recompute, TensorList inputs,
+                      std::shared_ptr<void>* annotation) {
+  const ThreadState& state = thread_state();
+  if (state.mode == Mode::none) {
+    return body(inputs);  // outside a checkpoint a region is just its body
+  }
+  Frame& frame = *state.frame;
+  refuse_region_name(name);
+  recompute = planned_recompute(frame, name, recompute);
+  if (state.in_region && state.save_region >= 0) {
+    refuse_recompute_inside_save_region(frame, state, name, recompute);
+    return body(inputs);
+  }
+  if (state.mode == Mode::recompute) {
+    return run_region_in_recompute(frame, state, body, name, recompute, inputs, annotation);
+  }
+  return run_region_in_forward(frame, state, body, name, recompute, inputs, annotation);
 }
 
 }  // namespace detail

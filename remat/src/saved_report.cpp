@@ -1,9 +1,9 @@
 // The saved-tensors report (remat/saved_report.hpp): what a loss keeps alive, billed to the
 // checkpoints' regions and to autograd nodes, each storage once.
 
-#include "checkpoint_records.hpp"
 #include "engine.hpp"
 #include "frame.hpp"
+#include "memory_report.hpp"
 #include "report_json.hpp"
 #include "saved_registry.hpp"
 
@@ -11,8 +11,6 @@
 
 #include <remat/saved_report.hpp>
 
-#include <ATen/SequenceNumber.h>
-#include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/function.h>
@@ -20,60 +18,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <set>
-#include <unordered_map>
 #include <unordered_set>
 
 namespace remat {
 namespace detail {
-namespace {
-
-thread_local bool t_tracking = false;
-
-struct Registry {
-  std::mutex mutex;
-  std::unordered_map<const void*, SavedEntry> entries;
-};
-
-Registry& registry() {
-  static auto* instance = new Registry();  // hooks may be destroyed during shutdown
-  return *instance;
-}
-
-}  // namespace
-
-bool saved_tracking_enabled() { return t_tracking; }
-void set_saved_tracking(bool enabled) { t_tracking = enabled; }
-
-SavedEntry entry_for_current_node() {
-  SavedEntry entry;
-  entry.thread = at::RecordFunction::currentThreadId();
-  entry.sequence = at::sequence_number::peek() - 1;
-  return entry;
-}
-
-void register_saved(const void* owner, SavedEntry entry) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  r.entries[owner] = std::move(entry);
-}
-
-void unregister_saved(const void* owner) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  r.entries.erase(owner);
-}
-
-std::vector<SavedEntry> saved_entries() {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  std::vector<SavedEntry> out;
-  out.reserve(r.entries.size());
-  for (const auto& [owner, entry] : r.entries) out.push_back(entry);
-  return out;
-}
-
 namespace {
 
 // Bills storages once each, in the order offered, by the address of their data.

@@ -10,6 +10,23 @@
 - One module writes the dump header: the field list appears in allocator/src/dump.cpp only.
 - One module of remat.pipelining touches PyTorch's private pipelining internals
   (_torch_internals.py): the others neither import torch.distributed.pipelining nor name them.
+- The runtime's sources (remat/src) include downward only: no two of its units include each
+  other, directly or through a longer cycle. A unit is a name: remat/src/<name>.hpp and .cpp
+  and the public remat/include/remat/<name>.hpp together, so a .cpp that includes a header
+  whose unit includes the .cpp's own header closes a circle as surely as two headers do.
+  The checkpoint runtime's layers, lowest first: a unit includes only units listed above it,
+  or beside it where neither includes the other:
+    public headers (remat, errors, diagnostics, saved_tensor_hooks, ...), compat, forward_modes,
+      carried_state, report_json                  no runtime state
+    placeholder, checkpoint_records               a tensor's layout; what a frame records, as data
+    thread_state, live_frames, saved_registry,    this thread's checkpoint, and the registries the
+      checkpoint_trace                            reports read (frames by pointer)
+    frame                                         one checkpoint call: what it keeps, and recompute
+    saved_tensors_walk, checkpoint_hooks          what a checkpoint's saved tensors become (pack) and
+                                                  how backward gets them back (unpack)
+    engine                                        hands those hooks to autograd
+    runtime | memory_report, saved_report         the entry points, beside the reports reading the
+                                                  records (saved_report also installs the engine)
 """
 
 import ast
@@ -29,6 +46,115 @@ def sources(folder: str) -> list[pathlib.Path]:
 
 def includes(path: pathlib.Path) -> list[str]:
     return INCLUDE.findall(path.read_text(errors="replace"))
+
+
+def unit_graph(src: pathlib.Path, public: pathlib.Path) -> dict[str, dict[str, str]]:
+    """Units of `src` (a file name without its suffix) and, per unit, the units it includes,
+    each with the file that includes it ("remat/src/frame.cpp includes engine.hpp")."""
+    files = {p: p.stem for p in sorted(src.glob("*")) if p.suffix in {".cpp", ".hpp", ".h"}}
+    files.update({p: p.stem for p in sorted(public.glob("*.hpp"))})
+    units = set(files.values())
+
+    def unit_of(included: str, by: pathlib.Path) -> str | None:
+        name = pathlib.PurePosixPath(included)
+        if by.parent == src and len(name.parts) == 1 and name.stem in units:
+            return name.stem  # "frame.hpp", beside the includer
+        if len(name.parts) == 2 and name.parts[0] == public.name and name.stem in units:
+            return name.stem  # <remat/diagnostics.hpp>
+        return None
+
+    graph: dict[str, dict[str, str]] = {unit: {} for unit in units}
+    for path, unit in files.items():
+        for included in includes(path):
+            target = unit_of(included, path)
+            if target is not None and target != unit:
+                graph[unit].setdefault(target, f"{path.relative_to(ROOT)} includes {included}")
+    return graph
+
+
+def include_cycles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """One cycle per strongly connected group of more than one unit, as the units in order,
+    starting and ending with the same one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def connect(unit: str) -> None:  # Tarjan's algorithm
+        index[unit] = low[unit] = len(index)
+        stack.append(unit)
+        for target in sorted(graph[unit]):
+            if target not in index:
+                connect(target)
+                low[unit] = min(low[unit], low[target])
+            elif target in stack:
+                low[unit] = min(low[unit], index[target])
+        if low[unit] == index[unit]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == unit:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for unit in sorted(graph):
+        if unit not in index:
+            connect(unit)
+
+    cycles = []
+    for group in groups:
+        start = min(group)
+        # The shortest way back to `start` within the group, by breadth-first search.
+        previous = {start: ""}
+        queue = [start]
+        while queue:
+            unit = queue.pop(0)
+            for target in sorted(graph[unit]):
+                if target == start:
+                    path = [unit]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    cycles.append([start, *reversed(path[:-1]), start])
+                    queue = []
+                    break
+                if target in group and target not in previous:
+                    previous[target] = unit
+                    queue.append(target)
+    return sorted(cycles)
+
+
+def describe_cycle(graph: dict[str, dict[str, str]], cycle: list[str]) -> str:
+    """The cycle, the includes that close it, and every other include among its group's units
+    (what has to move for the group to come apart)."""
+    steps = [f"  {graph[a][b]}" for a, b in zip(cycle, cycle[1:])]
+    group = set(cycle)
+    grown = True
+    while grown:  # the units on some cycle through the start: reached from it and reaching it
+        grown = False
+        for unit in graph:
+            if unit not in group and any(t in group for t in graph[unit]) and reaches(graph, cycle[0], unit):
+                group.add(unit)
+                grown = True
+    others = [f"  {why}" for a in sorted(group) for b, why in sorted(graph[a].items())
+              if b in group and f"  {why}" not in steps]
+    text = " -> ".join(cycle) + ":\n" + "\n".join(steps)
+    if others:
+        text += "\n  and within the same circle (" + ", ".join(sorted(group)) + "):\n" + "\n".join(others)
+    return text
+
+
+def reaches(graph: dict[str, dict[str, str]], start: str, goal: str) -> bool:
+    seen, todo = {start}, [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target == goal:
+                return True
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return False
 
 
 class Layering(unittest.TestCase):
@@ -80,6 +206,22 @@ class Layering(unittest.TestCase):
 
         package = ROOT / "pipeline/python/remat/pipelining"
         self.assertEqual(sorted(p.name for p in package.glob("*.py") if touches(p)), ["_torch_internals.py"])
+
+    def test_the_runtimes_units_include_each_other_in_no_cycle(self):
+        graph = unit_graph(ROOT / "remat/src", ROOT / "remat/include/remat")
+        cycles = [describe_cycle(graph, cycle) for cycle in include_cycles(graph)]
+        if cycles:
+            self.fail("remat/src includes in a circle; move the piece both sides need below both, or merge two "
+                      "halves of one idea:\n" + "\n".join(cycles))
+
+    def test_the_cycle_check_finds_direct_and_longer_cycles(self):
+        graph = {"a": {"b": "a.cpp includes b.hpp"}, "b": {"c": "b.cpp includes c.hpp"},
+                 "c": {"a": "c.hpp includes a.hpp"}, "d": {"e": "d.cpp includes e.hpp"},
+                 "e": {"d": "e.cpp includes d.hpp"}, "f": {"a": "f.cpp includes a.hpp"}}
+        self.assertEqual(include_cycles(graph), [["a", "b", "c", "a"], ["d", "e", "d"]])
+        self.assertEqual(include_cycles({"a": {"b": ""}, "b": {}}), [])
+        self.assertIn("b.cpp includes c.hpp", describe_cycle(graph, ["a", "b", "c", "a"]))
+
 
 if __name__ == "__main__":
     sys.exit(unittest.main())

@@ -1,36 +1,26 @@
-// The runtime's diagnostics (remat/diagnostics.hpp): the trace of checkpoints and regions, and
-// the memory report of the running checkpoint.
+// The memory a checkpoint keeps for backward, as a report (memory_report.hpp): of the running
+// checkpoint, of every live one, and the names reports give the tensors a save region saves.
 
-#include "checkpoint_records.hpp"
+#include "memory_report.hpp"
+
 #include "frame.hpp"
+#include "live_frames.hpp"
 #include "report_json.hpp"
-
-#include <remat/diagnostics.hpp>
-#include <remat/saved_report.hpp>
+#include "thread_state.hpp"
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/bytes.hpp>
-#include <remat/alloc/dump.hpp>
 #include <remat/alloc/tags.hpp>
 
 #include <c10/core/StorageImpl.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstdio>
-#include <deque>
-#include <iterator>
-#include <mutex>
-#include <optional>
 #include <unordered_set>
 
 namespace remat {
 namespace detail {
 namespace {
-
-// Bounded, so a job that never collects does not grow without limit: the oldest go first.
-constexpr std::size_t kMaxScopes = 4096;
-thread_local std::deque<CheckpointScope> t_scopes;
 
 // Views share their storage's block, so every view of one storage reports the same site.
 std::string site_of(const at::Tensor& t) {
@@ -40,7 +30,6 @@ std::string site_of(const at::Tensor& t) {
   const alloc::Tag resolved = alloc::tag_of(*tag);
   return resolved.site != 0 ? alloc::name_of(resolved.site) : std::string();
 }
-
 
 // A report's residency, region by region, billing each storage once in the whole report (a
 // storage two regions hold is billed to the first).
@@ -83,83 +72,7 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return out + (shape.size() == 1 ? ",)" : ")");
 }
 
-struct LiveFrames {
-  std::mutex mutex;
-  std::vector<Frame*> frames;  // in registration order
-};
-
-LiveFrames& live_frames() {
-  static auto* instance = new LiveFrames();  // frames may be destroyed during shutdown
-  return *instance;
-}
-
 }  // namespace
-
-nlohmann::json dump_header(std::string_view kind) {
-  alloc::JsonWriter json;
-  json.begin_object();
-  alloc::write_dump_header(json, kind, 1, 0);
-  json.end_object();
-  return nlohmann::json::parse(json.str());
-}
-
-void record_scope(CheckpointScope scope) {
-  if (t_scopes.size() == kMaxScopes) t_scopes.pop_front();
-  t_scopes.push_back(std::move(scope));
-}
-
-}  // namespace detail
-
-RematTrace collect_trace() {
-  RematTrace trace;
-  trace.scopes.assign(std::make_move_iterator(detail::t_scopes.begin()), std::make_move_iterator(detail::t_scopes.end()));
-  detail::t_scopes.clear();
-  return trace;
-}
-
-std::string RematTrace::format() const {
-  std::size_t regions = 0;
-  for (const CheckpointScope& scope : scopes) regions += scope.regions.size();
-  std::string out = "remat trace: " + std::to_string(scopes.size()) + " checkpoint(s), " + std::to_string(regions) +
-                    " region(s)\n";
-  for (const CheckpointScope& scope : scopes) {
-    out += "scope [" + scope.name + "]\n";
-    for (const RegionDecision& region : scope.regions) {
-      out += "  " + region.name + ": " + (region.saved ? "save" : "recompute") + "\n";
-    }
-  }
-  return out;
-}
-
-std::string RematTrace::to_json() const {
-  nlohmann::json doc = detail::dump_header("remat-trace");
-  nlohmann::json list = nlohmann::json::array();
-  for (const CheckpointScope& scope : scopes) {
-    nlohmann::json regions = nlohmann::json::array();
-    for (const RegionDecision& region : scope.regions) {
-      regions.push_back({{"name", region.name}, {"decision", region.saved ? "save" : "recompute"}});
-    }
-    list.push_back({{"name", scope.name}, {"regions", std::move(regions)}});
-  }
-  doc["scopes"] = std::move(list);
-  return doc.dump(2) + "\n";
-}
-
-namespace detail {
-
-Frame::~Frame() {
-  if (!live) return;
-  LiveFrames& registry = live_frames();
-  std::lock_guard lock(registry.mutex);
-  std::erase(registry.frames, this);
-}
-
-void register_live_frame(Frame& frame) {
-  LiveFrames& registry = live_frames();
-  std::lock_guard lock(registry.mutex);
-  registry.frames.push_back(&frame);
-  frame.live = true;
-}
 
 MemoryReport memory_report_of(const Frame& frame) {
   ReportBuilder builder(frame.options.region_name);
@@ -197,20 +110,9 @@ MemoryReport current_memory_report() {
   return detail::memory_report_of(*state.frame);
 }
 
-void SavedTensorsWalk::note_live_checkpoints() {
-  detail::LiveFrames& registry = detail::live_frames();
-  std::lock_guard lock(registry.mutex);
-  for (detail::Frame* frame : registry.frames) {
-    if (auto held = frame->weak_from_this().lock()) note_checkpoint(held);  // null: being destroyed
-  }
-}
-
 std::vector<MemoryReport> live_checkpoint_reports() {
-  detail::LiveFrames& registry = detail::live_frames();
-  std::lock_guard lock(registry.mutex);
   std::vector<MemoryReport> reports;
-  reports.reserve(registry.frames.size());
-  for (const detail::Frame* frame : registry.frames) reports.push_back(detail::memory_report_of(*frame));
+  detail::for_each_live_frame([&](detail::Frame& frame) { reports.push_back(detail::memory_report_of(frame)); });
   return reports;
 }
 
@@ -281,7 +183,5 @@ std::string MemoryReport::to_json() const {
 }
 
 std::string format_current_memory_report() { return current_memory_report().format(); }
-
-void write_dump(const std::string& path, const std::string& json) { alloc::write_file_atomically(path, json); }
 
 }  // namespace remat

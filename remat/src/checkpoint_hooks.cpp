@@ -1,0 +1,242 @@
+// The saved-variable hooks of a checkpoint (checkpoint_hooks.hpp). Pack, in forward: a save
+// region's tensor is kept (as it is, or packed through the hook pair in force, or, when it views
+// an input recompute recreates, taken from that input again); any other is dropped, with what
+// recompute's must match. Pack, in recompute: the recreated tensor fills the dropped one's slot,
+// and recompute stops once every slot is filled. Unpack: the kept or packed tensor, or the
+// recreated one, recomputing first when it is missing.
+
+#include "checkpoint_hooks.hpp"
+
+#include "frame.hpp"
+#include "saved_registry.hpp"
+#include "thread_state.hpp"
+
+#include <remat/saved_tensors_walk.hpp>
+
+#include <ATen/SequenceNumber.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <atomic>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace remat::detail {
+namespace {
+
+std::atomic<BackwardErrorTranslator> g_backward_error_translator{nullptr};
+
+// What is wrong with the tensor recompute recreated in place of dropped tensor `index`, if
+// anything: another shape, dtype or device always; other values under verify_recompute.
+std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t index, const at::Tensor& recreated,
+                                              int region) {
+  const DroppedMeta& forward_meta = frame.dropped_metas[index];
+  const DroppedMeta now_meta = DroppedMeta::of(recreated, region);
+  if (!(now_meta == forward_meta)) {
+    return "recompute of checkpoint '" + frame.options.region_name + "' recreated saved tensor #" +
+           std::to_string(index) + " as " + now_meta.describe() + " in " + frame.where(region) +
+           ", but forward saved " + forward_meta.describe() + " in " + frame.where(forward_meta.region) +
+           "; the body must take the same path in recompute as in forward (branch on " + api_name("is_recomputing") +
+           "() only for work autograd does not save, and run it under the same autocast and grad modes)";
+  }
+  if (!frame.options.verify_recompute) return std::nullopt;
+  const Fingerprint& forward = frame.fingerprints[index];
+  const Fingerprint now = fingerprint_of(recreated, forward.where);
+  if (now.hash == forward.hash) return std::nullopt;
+  std::string shape;
+  for (const std::int64_t d : forward.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+  char figures[256];
+  std::snprintf(figures, sizeof figures, "sum %.9g in forward vs %.9g in recompute (difference %.3g), L2 norm %.9g vs %.9g",
+                forward.sum, now.sum, now.sum - forward.sum, forward.norm, now.norm);
+  return "verify_recompute: checkpoint '" + frame.options.region_name + "': saved tensor #" + std::to_string(index) +
+         " of " + forward.where + " (shape [" + shape + "]) differs between forward and recompute: " + figures +
+         ". The region is not deterministic: add a " + api_name("RecomputeStateHook") +
+         " for the state it depends on (RNG: " + api_name("cpu_rng_state_hook") + "())";
+}
+
+// Whether `t` requires grad and was made outside the checkpoint's forward: a leaf (a
+// parameter), or the output of a graph node made before it.
+bool made_outside(const Frame& frame, const at::Tensor& t) {
+  if (!t.requires_grad()) return false;
+  const std::shared_ptr<torch::autograd::Node>& node = t.grad_fn();
+  return node == nullptr || node->sequence_nr() < frame.sequence_at_entry;
+}
+
+// Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
+class SavedHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  SavedHooks(std::shared_ptr<Frame> frame, ThreadState state)
+      : frame_(std::move(frame)), state_(state), tracked_(saved_tracking_enabled() && state.mode == Mode::forward) {}
+  ~SavedHooks() override {
+    if (tracked_) unregister_saved(this);
+  }
+  SavedHooks(const SavedHooks&) = delete;
+  SavedHooks& operator=(const SavedHooks&) = delete;
+
+  // The pack path: in recompute, the tensor fills the slot of the one forward dropped; in
+  // forward, a save region keeps it (or its pair packs it, or recompute will take it from the
+  // region's input), and code outside save regions drops it for recompute.
+  void call_pack_hook(const at::Tensor& tensor) override {
+    if (state_.mode == Mode::recompute) {
+      fill_recreated_slot(tensor);
+      return;
+    }
+    frame_->persist(tensor);  // a save region's output that autograd saves must survive
+    if (state_.save_region >= 0) {
+      keep_for_save_region(tensor);
+      return;
+    }
+    drop_for_recompute(tensor);
+  }
+
+  at::Tensor call_unpack_hook() override {
+    const bool kept = kept_.defined() || packed_;
+    if (SavedTensorsWalk* walk = entered_walk(); walk != nullptr && frame_) {
+      walk->note_checkpoint(frame_);
+      if (!kept) {
+        throw Error(std::string(SavedTensorsWalk::kDroppedForRecompute) + " by checkpoint '" +
+                    frame_->options.region_name + "'");
+      }
+    }
+    try {
+      // Disabled (never checked) for tensors dropped outside save regions: recompute makes them.
+      if (version_.enabled() && version_.current_version() != saved_version_) throw modified_in_place();
+      if (kept_.defined()) return kept_;
+      if (packed_) {
+        frame_->recompute_before_unpacks();
+        return packed_.unpack();
+      }
+      return frame_->take_recreated(ferried_ ? frame_->dropped + index_ : index_);
+    } catch (const Error& e) {
+      if (const auto translate = g_backward_error_translator.load()) translate(e);
+      throw;
+    }
+  }
+
+ private:
+  void fill_recreated_slot(const at::Tensor& tensor) {
+    Frame& f = *frame_;
+    const std::size_t index = f.recompute_packs++;
+    const int region = state_.in_region ? static_cast<int>(f.recompute_regions) - 1 : -1;
+    if (index >= f.dropped) {
+      stop_with_mismatch("recompute of checkpoint '" + f.options.region_name + "' saved more tensors than forward (" +
+                         std::to_string(f.dropped) + "): the next is " + DroppedMeta::of(tensor, region).describe() +
+                         " in " + f.where(region) + "; the body must take the same path in recompute as in forward");
+    }
+    if (!f.filled[index]) {
+      if (auto mismatch = recreated_mismatch(f, index, tensor, region)) stop_with_mismatch(std::move(*mismatch));
+      // Held with its recompute graph, which saves nothing (these hooks keep no data), until
+      // backward unpacks it; autograd rewraps what unpack returns, so no detach is needed.
+      f.recreated[index] = tensor;
+      f.filled[index] = true;
+      if (--f.missing == 0 && f.stop_early) throw StopRecompute{};
+    }
+    frame_.reset();  // the recompute graph is thrown away; nothing to keep
+  }
+
+  // Kept: as it is, or through the hook pair in force. The hook still holds the frame: what the
+  // checkpoint persisted stays resident as long as the graph that may need it.
+  void keep_for_save_region(const at::Tensor& tensor) {
+    Frame& f = *frame_;
+    for (const auto& [impl, given] : f.pending_names) {
+      if (impl == tensor.unsafeGetTensorImpl()) saved_name_ = given;
+    }
+    // Autograd does not check the version of a tensor saved through hooks: these do, as
+    // autograd would, so an in-place change after the save is an error, not a wrong gradient.
+    region_index_ = static_cast<int>(f.regions.size()) - 1;
+    version_ = tensor.unsafeGetTensorImpl()->version_counter();
+    if (version_.enabled()) saved_version_ = version_.current_version();
+    if (const std::optional<std::size_t> slot = f.ferry(tensor, state_.save_region)) {
+      // Recompute recreates the region's input it views: taken from there, not kept.
+      ferried_ = true;
+      index_ = *slot;
+      f.sequence_at_last_drop = at::sequence_number::peek();
+      track(at::Tensor());
+      return;
+    }
+    const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
+    const bool of_parameter = base.is_leaf() && base.requires_grad();
+    if (const std::shared_ptr<SavedTensorHooks>& hooks = active_saved_tensor_hooks()) {
+      const std::any context = hooks->captures_context() ? hooks->capture_context() : std::any();
+      packed_ = PackedTensor(hooks, tensor.detach(), {SavedTensorKind::backward, &context, of_parameter, &f});
+      track(at::Tensor());
+      return;
+    }
+    // variable_data(): the same storage without the graph, as detach() gives, but without a
+    // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
+    kept_ = tensor.variable_data();
+    f.kept.push_back({state_.save_region, saved_name_, of_parameter,
+                      c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
+    track(kept_);
+  }
+
+  // Outside save regions: recompute recreates it, so forward keeps only what recompute checks
+  // its own against.
+  void drop_for_recompute(const at::Tensor& tensor) {
+    Frame& f = *frame_;
+    f.note_read(tensor);
+    f.dropped_metas.push_back(DroppedMeta::of(tensor, state_.in_region ? static_cast<int>(f.regions.size()) - 1 : -1));
+    if (f.options.verify_recompute) {
+      f.fingerprints.push_back(fingerprint_of(
+          tensor, state_.region != nullptr ? "region '" + f.options.region_name + "::" + *state_.region + "'"
+                                           : std::string("the body of checkpoint '") + f.options.region_name + "'"));
+    }
+    if (made_outside(f, tensor) && tensor.unsafeGetTensorImpl()->version_counter().enabled()) {
+      const c10::VariableVersion& version = tensor.unsafeGetTensorImpl()->version_counter();
+      f.dropped_versions.push_back({f.dropped, version, version.current_version()});
+    }
+    index_ = f.dropped++;
+    f.sequence_at_last_drop = at::sequence_number::peek();
+    track(at::Tensor());
+  }
+
+  Error modified_in_place() const {
+    std::string message = "saved tensor ";
+    if (!saved_name_.empty()) message += "'" + saved_name_ + "' ";
+    message += "of " + frame_->where(region_index_) + " was modified in-place after it was saved (version " +
+               std::to_string(saved_version_) + ", now " + std::to_string(version_.current_version()) +
+               "); backward would use the changed value and give a wrong gradient: make the in-place operation "
+               "out-of-place, or clone the tensor before changing it";
+    return Error(message);
+  }
+
+  // Ends recompute: the body is stopped as by an early stop, and recompute raises `mismatch`.
+  [[noreturn]] void stop_with_mismatch(std::string mismatch) {
+    frame_->recompute_mismatch = std::move(mismatch);
+    frame_.reset();
+    throw StopRecompute{};
+  }
+
+  void track(const at::Tensor& resident) {
+    if (!tracked_) return;
+    SavedEntry entry = entry_for_current_node();
+    entry.tensor = resident;
+    entry.checkpoint = frame_->options.region_name;
+    entry.frame = frame_;
+    register_saved(this, std::move(entry));
+  }
+
+  std::shared_ptr<Frame> frame_;
+  ThreadState state_;
+  bool tracked_;
+  at::Tensor kept_;
+  PackedTensor packed_;  // in place of kept_ when a hook pair was in force
+  c10::VariableVersion version_{c10::VariableVersion::DISABLED};
+  std::uint32_t saved_version_ = 0;
+  std::string saved_name_;  // given with name_saved_tensors(), for reports and errors
+  int region_index_ = -1;
+  std::size_t index_ = 0;  // the dropped tensor's slot, or the ferried tensor's when ferried_
+  bool ferried_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<torch::autograd::SavedVariableHooks> make_checkpoint_hooks(std::shared_ptr<Frame> frame,
+                                                                           const ThreadState& state) {
+  return std::make_unique<SavedHooks>(std::move(frame), state);
+}
+
+void set_backward_error_translator(BackwardErrorTranslator translator) { g_backward_error_translator = translator; }
+
+}  // namespace remat::detail

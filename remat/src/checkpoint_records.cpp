@@ -1,0 +1,40 @@
+// What forward records of a dropped tensor, for recompute to check its own against
+// (checkpoint_records.hpp).
+
+#include "checkpoint_records.hpp"
+
+namespace remat::detail {
+
+DroppedMeta DroppedMeta::of(const at::Tensor& t, int region) {
+  DroppedMeta meta;
+  meta.sizes.assign(t.sizes().begin(), t.sizes().end());
+  meta.dtype = t.scalar_type();
+  meta.device = t.device();
+  meta.region = region;
+  return meta;
+}
+
+std::string DroppedMeta::describe() const {
+  std::string out = dtype_name(dtype) + " [";
+  for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "] on " + device.str();
+}
+
+Fingerprint fingerprint_of(const at::Tensor& t, std::string where) {
+  Fingerprint out;
+  out.where = std::move(where);
+  out.shape = t.sizes().vec();
+  const at::Tensor bytes = t.detach().to(at::kCPU).contiguous();
+  const auto* data = static_cast<const unsigned char*>(bytes.const_data_ptr());
+  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a
+  for (std::size_t i = 0; i < bytes.nbytes(); ++i) hash = (hash ^ data[i]) * 1099511628211ULL;
+  out.hash = hash;
+  if (at::isFloatingType(bytes.scalar_type()) || at::isIntegralType(bytes.scalar_type(), /*includeBool=*/false)) {
+    const at::Tensor values = bytes.to(at::kDouble);
+    out.sum = values.sum().item<double>();
+    out.norm = values.norm().item<double>();
+  }
+  return out;
+}
+
+}  // namespace remat::detail

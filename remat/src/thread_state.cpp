@@ -1,0 +1,27 @@
+// The thread's checkpoint state (thread_state.hpp).
+
+#include "thread_state.hpp"
+
+#include <ATen/SavedTensorHooks.h>
+
+#include <utility>
+
+namespace remat::detail {
+namespace {
+
+thread_local ThreadState t_state;
+thread_local std::shared_ptr<Frame> t_frame_owner;
+
+}  // namespace
+
+ThreadState& thread_state() { return t_state; }
+
+const std::shared_ptr<Frame>& frame_owner() { return t_frame_owner; }
+
+FrameOwnerScope::FrameOwnerScope(std::shared_ptr<Frame> frame)
+    : previous_(std::exchange(t_frame_owner, std::move(frame))) {}
+FrameOwnerScope::~FrameOwnerScope() { t_frame_owner = std::move(previous_); }
+
+std::size_t user_hooks_depth() { return at::SavedTensorDefaultHooks::get_tls_state().stack.size(); }
+
+}  // namespace remat::detail

@@ -1,0 +1,63 @@
+#pragma once
+// What the checkpoint runtime knows about this thread: which checkpoint's forward or recompute
+// runs here (a raw pointer, for the hot paths), which frame new saved-variable hooks belong to
+// (a shared pointer, so the hooks own it), and how deep PyTorch's own stack of saved-tensor
+// hooks was when it began.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace remat::detail {
+
+struct Frame;
+
+enum class Mode : std::uint8_t { none, forward, recompute };
+
+struct ThreadState {
+  Frame* frame = nullptr;
+  Mode mode = Mode::none;
+  int save_region = -1;  // the save region whose body runs now (forward only)
+  bool in_region = false;
+  const std::string* region = nullptr;  // name of the region whose body runs now
+  // Saved-tensor hooks on PyTorch's stack (Python's saved_tensors_hooks) when this forward or
+  // recompute began: hooks pushed inside the body take the tensors saved under them.
+  std::size_t user_hooks_depth = 0;
+};
+
+ThreadState& thread_state();
+
+// Sets the thread state for a scope and puts the previous one back.
+class ThreadStateScope {
+ public:
+  explicit ThreadStateScope(const ThreadState& next) : previous_(thread_state()) { thread_state() = next; }
+  ~ThreadStateScope() { thread_state() = previous_; }
+  ThreadStateScope(const ThreadStateScope&) = delete;
+  ThreadStateScope& operator=(const ThreadStateScope&) = delete;
+
+ private:
+  ThreadState previous_;
+};
+
+// Frames are owned by the hooks of the tensors they dropped; the running one is reachable from
+// the thread state as a raw pointer, and from here as a shared pointer for new hooks.
+const std::shared_ptr<Frame>& frame_owner();
+
+// Makes `frame` the one new saved-variable hooks belong to, for a scope.
+class FrameOwnerScope {
+ public:
+  explicit FrameOwnerScope(std::shared_ptr<Frame> frame);
+  ~FrameOwnerScope();
+  FrameOwnerScope(const FrameOwnerScope&) = delete;
+  FrameOwnerScope& operator=(const FrameOwnerScope&) = delete;
+
+ private:
+  std::shared_ptr<Frame> previous_;
+};
+
+// Saved-tensor hooks on PyTorch's stack (Python's saved_tensors_hooks; always 0 in a C++
+// program).
+std::size_t user_hooks_depth();
+
+}  // namespace remat::detail
