@@ -71,7 +71,8 @@ torch_alloc::SnapshotInfo TaggingCudaAllocator::snapshot(c10::MempoolId_t mempoo
   torch_alloc::SnapshotInfo out;
   if (mempool != c10::MempoolId_t{0, 0}) return out;  // no private pools: nothing belongs to one
   TagTexts texts;
-  for (alloc::CachingAllocator* allocator : alloc::device_allocators_made()) {
+  const std::vector<alloc::CachingAllocator*> allocators = alloc::device_allocators_made();
+  for (alloc::CachingAllocator* allocator : allocators) {
     const alloc::AllocatorSnapshot state = allocator->snapshot();
     for (const alloc::SegmentInfo& segment : state.segments) {
       out.segments.push_back(to_segment_info(segment, state.device));
@@ -85,7 +86,7 @@ torch_alloc::SnapshotInfo TaggingCudaAllocator::snapshot(c10::MempoolId_t mempoo
       if (out.device_traces.size() <= static_cast<std::size_t>(state.device)) out.device_traces.resize(state.device + 1);
       out.device_traces[state.device] = history_.entries(state, [&](alloc::TagId tag) { return texts(tag); });
     }
-    if (state.device == 0) out.config_metadata = to_config_info(state.config);
+    if (allocator == allocators.front()) out.config_metadata = to_config_info(state.config);
   }
   std::lock_guard lock(mutex_);
   out.external_annotations.assign(annotations_.begin(), annotations_.end());

@@ -6,7 +6,7 @@
 // tagging allocator of the device asked about, so torch.cuda.memory_stats() and
 // remat_alloc.memory_stats() give the same figures.
 
-#include "pluggable_allocator.hpp"
+#include "cuda_allocator_entry_points.hpp"
 #include "torch_memory_history.hpp"
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
