@@ -206,9 +206,9 @@ int remat_get_stats(int device, remat_stats* out) {
     out->live_blocks = s.allocations.current;
     out->segments = s.segments.current;
     out->num_allocs = s.allocations.total_added;
-    out->num_frees = s.allocations.total_added - static_cast<std::uint64_t>(s.allocations.current);
+    out->num_frees = s.allocations.total_subtracted();
     out->num_segment_allocs = s.segments.total_added;
-    out->num_segment_frees = s.segments.total_added - static_cast<std::uint64_t>(s.segments.current);
+    out->num_segment_frees = s.segments.total_subtracted();
     out->num_ooms = s.num_ooms;
     out->num_alloc_retries = s.num_alloc_retries;
     out->num_invalid_frees = s.num_invalid_frees;
@@ -216,6 +216,10 @@ int remat_get_stats(int device, remat_stats* out) {
 }
 
 int remat_reset_peak_stats(int device) { return guarded([&] { device_allocator(device).reset_peak_stats(); }); }
+
+int remat_reset_accumulated_stats(int device) {
+  return guarded([&] { device_allocator(device).reset_accumulated_stats(); });
+}
 
 int remat_live_bytes(int device, const char* region_prefix, int64_t* out) {
   return guarded([&] {

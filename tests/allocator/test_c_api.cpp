@@ -126,6 +126,29 @@ TEST_F(CApi, SizeNearSizeMaxReturnsNull) {
   remat_free(p, 64, 5, nullptr);
 }
 
+TEST_F(CApi, ResetAccumulatedStatsZeroesTheTotalsAndKeepsLiveFiguresAndPeaks) {
+  constexpr int kDevice = 12;
+  void* kept = remat_alloc(4 * MiB, kDevice, nullptr);
+  void* freed = remat_alloc(1000, kDevice, nullptr);
+  ASSERT_NE(kept, nullptr);
+  ASSERT_NE(freed, nullptr);
+  remat_free(freed, 1000, kDevice, nullptr);
+  remat_free(kept, 1, kDevice, nullptr);  // wrong size: refused, counted as an invalid free
+  ASSERT_EQ(remat_reset_accumulated_stats(kDevice), REMAT_OK) << remat_last_error();
+  remat_stats s = stats_of(kDevice);
+  EXPECT_EQ(s.num_allocs, 0u);
+  EXPECT_EQ(s.num_frees, 0u);  // not the live block counted as a negative free
+  EXPECT_EQ(s.num_segment_allocs, 0u);
+  EXPECT_EQ(s.num_segment_frees, 0u);
+  EXPECT_EQ(s.num_invalid_frees, 1u);  // PyTorch has no such count to reset
+  EXPECT_EQ(s.live_blocks, 1);
+  EXPECT_EQ(s.allocated_bytes, static_cast<int64_t>(4 * MiB));
+  EXPECT_EQ(s.allocated_bytes_peak, static_cast<int64_t>(4 * MiB + 1024));
+  remat_free(kept, 4 * MiB, kDevice, nullptr);
+  EXPECT_EQ(stats_of(kDevice).num_frees, 1u);
+  EXPECT_EQ(remat_reset_accumulated_stats(-1), REMAT_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(CApi, BadFreesAreRefusedCountedAndExplained) {
   void* p = remat_alloc(1000, 6, nullptr);
   int local = 0;

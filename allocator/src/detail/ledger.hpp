@@ -144,6 +144,8 @@ class Ledger {
 
   // The pool found no memory the first time and retries after giving its cache back.
   void retried() { ++stats_.num_alloc_retries; }
+  // The pool waited for every stream's pending frees.
+  void waited_for_all_streams() { ++stats_.num_sync_all_streams; }
 
   // A request for `requested` bytes (`rounded` in the pool) failed.
   void out_of_memory(std::size_t rounded, std::size_t requested, Stream stream, TagId tag) {
@@ -170,6 +172,7 @@ class Ledger {
     for_each_stat([](Stat& stat) { stat.reset_accumulated(); });
     stats_.num_ooms = 0;
     stats_.num_alloc_retries = 0;
+    stats_.num_sync_all_streams = 0;
   }
 
   // Capacity in records; 0 switches the trace off. Clears it.

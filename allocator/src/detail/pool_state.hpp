@@ -447,6 +447,7 @@ struct PoolState {
 
   // Retires completed stream events; with `wait`, blocks on each where the backend can.
   void process_pending_frees(bool wait) {
+    if (wait) books.waited_for_all_streams();
     for (std::size_t i = 0; i < pending_frees.size();) {
       auto [event, block] = pending_frees[i];
       const bool done = wait ? backend->wait_event(event) : backend->event_completed(event);

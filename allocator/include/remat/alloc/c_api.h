@@ -108,6 +108,9 @@ typedef struct remat_stats {
 
 REMAT_API int remat_get_stats(int device, remat_stats* out);
 REMAT_API int remat_reset_peak_stats(int device);
+/* Zeroes the totals (num_allocs, num_frees, num_segment_allocs, num_segment_frees) and the counts
+   of OOMs and retries, as torch.cuda.reset_accumulated_memory_stats; current figures and peaks stay. */
+REMAT_API int remat_reset_accumulated_stats(int device);
 /* Requested bytes live under regions equal to or nested in `region_prefix` (whole components:
    "layers" covers "layers.0" and "layers::mlp", "layers.1" does not cover "layers.10"). */
 REMAT_API int remat_live_bytes(int device, const char* region_prefix, int64_t* out);

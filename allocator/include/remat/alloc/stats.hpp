@@ -65,6 +65,9 @@ struct AllocatorStats {
   std::array<PoolStats, 2> pools;  // indexed by PoolKind; each whole-device figure is their sum
   std::uint64_t num_ooms = 0;
   std::uint64_t num_alloc_retries = 0;  // cache released and allocation retried
+  // Waits for every stream's pending frees (PyTorch's num_sync_all_streams); the pool waits so
+  // only before retrying a failed allocation, as its empty_cache takes only completed frees.
+  std::uint64_t num_sync_all_streams = 0;
   std::uint64_t num_invalid_frees = 0;  // unknown pointer, double free, wrong size
 
   PoolStats& pool(bool small) { return pools[static_cast<std::size_t>(small ? PoolKind::small : PoolKind::large)]; }
