@@ -42,6 +42,7 @@ torch_alloc::DeviceStats to_device_stats(const alloc::AllocatorStats& stats, std
   copy_stats(out.requested_bytes, stats.requested_bytes, small.requested_bytes, large.requested_bytes);
   out.num_alloc_retries = static_cast<std::int64_t>(stats.num_alloc_retries);
   out.num_ooms = static_cast<std::int64_t>(stats.num_ooms);
+  out.num_sync_all_streams = static_cast<std::int64_t>(stats.num_sync_all_streams);
   copy_stat(out.oversize_allocations, stats.oversize_allocations);
   copy_stat(out.oversize_segments, stats.oversize_segments);
   out.num_device_alloc = static_cast<std::int64_t>(stats.segments.total_added);
