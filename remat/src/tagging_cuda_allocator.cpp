@@ -44,9 +44,8 @@ TaggingCudaAllocator::TaggingCudaAllocator(const CudaAllocatorEntryPoints& entry
             history_.freed(ptr);
             deallocate(ptr, bytes, device);
           }) {
-  set_record_stream_fn([record_stream = entry.record_stream](void* ptr, cudaStream_t stream) {
-    record_stream(ptr, stream);
-  });
+  set_record_stream_fn(
+      [record_stream = entry.record_stream](void* ptr, cudaStream_t stream) { record_stream(ptr, stream); });
   set_reset_fn([empty_cache = entry.empty_cache] { empty_cache(); });
   set_memory_fraction_fn([set_memory_fraction = entry.set_memory_fraction](double fraction, int device) {
     set_memory_fraction(fraction, device);
@@ -83,7 +82,8 @@ torch_alloc::SnapshotInfo TaggingCudaAllocator::snapshot(c10::MempoolId_t mempoo
       }
     }
     if (include_traces) {
-      if (out.device_traces.size() <= static_cast<std::size_t>(state.device)) out.device_traces.resize(state.device + 1);
+      if (out.device_traces.size() <= static_cast<std::size_t>(state.device))
+        out.device_traces.resize(state.device + 1);
       out.device_traces[state.device] = history_.entries(state, [&](alloc::TagId tag) { return texts(tag); });
     }
     if (allocator == allocators.front()) out.config_metadata = to_config_info(state.config);

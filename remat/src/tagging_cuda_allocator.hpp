@@ -48,7 +48,7 @@ class TaggingCudaAllocator final : public torch::cuda::CUDAPluggableAllocator::C
 
  private:
   TorchMemoryHistory history_;
-  std::mutex mutex_;  // guards what follows
+  std::mutex mutex_;                                                      // guards what follows
   std::deque<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;  // while history is on, newest last
   std::vector<int> observer_ids_;
 };

@@ -126,7 +126,8 @@ std::vector<torch_alloc::TraceEntry> TorchMemoryHistory::entries(
 
   // Stacks by (address, at free), oldest first; the newest events take the newest stacks.
   std::map<std::pair<std::uint64_t, bool>, std::vector<const Context*>> stacks;
-  for (const Gathered& gathered : trace_stacks_) stacks[{gathered.address, gathered.at_free}].push_back(&gathered.context);
+  for (const Gathered& gathered : trace_stacks_)
+    stacks[{gathered.address, gathered.at_free}].push_back(&gathered.context);
   std::vector<Context> contexts(kept.size());
   for (std::size_t i = kept.size(); i-- > 0;) {
     const alloc::TraceEvent& event = *kept[i];

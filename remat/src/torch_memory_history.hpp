@@ -71,7 +71,7 @@ class TorchMemoryHistory {
   std::size_t max_entries_ = 0;
   // Events each device's ring had recorded when history was last cleared: those are not in it.
   std::map<int, std::uint64_t> events_before_;
-  std::uint32_t skipped_ = 0;      // bit per alloc::TraceAction
+  std::uint32_t skipped_ = 0;                        // bit per alloc::TraceAction
   std::unordered_map<std::uint64_t, Context> live_;  // block address -> stack at allocation
   std::deque<Gathered> trace_stacks_;                // newest last, at most max_entries_
 };

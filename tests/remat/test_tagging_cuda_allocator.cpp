@@ -318,10 +318,10 @@ TEST_F(TaggingCudaAllocatorTest, OutOfMemoryObserversGetPyTorchsArguments) {
     int calls = 0;
   };
   auto seen = std::make_shared<Seen>();
-  torch_allocator.attachOutOfMemoryObserver([seen](std::int64_t device, std::size_t allocated, std::size_t total,
-                                                   std::size_t free) {
-    *seen = {device, allocated, total, free, seen->calls + 1};
-  });
+  torch_allocator.attachOutOfMemoryObserver(
+      [seen](std::int64_t device, std::size_t allocated, std::size_t total, std::size_t free) {
+        *seen = {device, allocated, total, free, seen->calls + 1};
+      });
   take(40 * kMiB);
   EXPECT_THROW(take(40 * kMiB), alloc::OutOfMemoryError);
   EXPECT_EQ(seen->calls, 1);
