@@ -42,13 +42,17 @@ CachingAllocator::~CachingAllocator() {
   for (const auto& [address, head] : state_->segments) {
     for (Block* block = head; block != nullptr;) delete std::exchange(block, block->next);
   }
-  for (Block* block : state_->spare_blocks) delete block;
+  for (Block* block = state_->spare_blocks; block != nullptr;) delete std::exchange(block, block->next);
 }
 
 namespace {
 
+// The paths off the cached pair (new memory, the retry, out-of-memory, bad frees) stay out of
+// allocate() and deallocate(): inlined there, their size made GCC stop inlining the hot
+// helpers (take_free_block, merge, recycle), a measured 20% on the traced pair.
+
 // Builds the report under the lock, then releases it to dump, announce and throw.
-[[noreturn]] void report_out_of_memory(PoolState& s, std::unique_lock<detail::AdaptiveMutex>& lock, std::size_t size,
+[[noreturn, gnu::noinline, gnu::cold]] void report_out_of_memory(PoolState& s, std::unique_lock<detail::AdaptiveMutex>& lock, std::size_t size,
                                        std::size_t rounded, std::size_t segment_size, TagId tag) {
   if (!s.oom_reporting) {
     lock.unlock();
@@ -83,17 +87,52 @@ namespace {
   throw OutOfMemoryError(event.message);
 }
 
+[[noreturn, gnu::noinline, gnu::cold]] void reject_impossible_request(PoolState& s, std::size_t size) {
+  std::lock_guard lock(s.mutex);
+  s.books.impossible_request();
+  throw OutOfMemoryError("request of " + std::to_string(size) + " bytes (" + format_bytes(size) +
+                         ") exceeds what any device holds (limit " + format_bytes(kMaxRequestSize) +
+                         "); check the size computation that produced it");
+}
+
+// No cached block fits: new memory, else (like PyTorch) wait for freed blocks still in use by
+// streams, give every cached segment back, and try once more before declaring out-of-memory.
+[[gnu::noinline]] Block* block_from_new_memory(PoolState& s, std::unique_lock<detail::AdaptiveMutex>& lock,
+                                               std::size_t size, std::size_t rounded, bool small, Stream stream,
+                                               TagId tag) {
+  s.collect_garbage();
+  Block* block = s.new_memory(rounded, stream, small);
+  if (block == nullptr) {
+    s.books.retried();
+    s.process_pending_frees(true);
+    s.release_cached_blocks();
+    block = s.take_free_block(small, stream, rounded);
+    if (block == nullptr) block = s.new_memory(rounded, stream, small);
+  }
+  if (block == nullptr) {
+    s.books.out_of_memory(rounded, size, stream, tag);
+    const std::size_t segment_size = s.config.expandable_segments
+                                         ? detail::round_up(rounded, s.growth_step(small))
+                                         : segment_size_for(rounded, s.config.large_segment_size_bytes);
+    report_out_of_memory(s, lock, size, rounded, segment_size, tag);
+  }
+  return block;
+}
+
+[[noreturn, gnu::noinline, gnu::cold]] void reject_free(PoolState& s, std::uintptr_t address,
+                                                         std::size_t expected_size, const Block* block) {
+  s.books.invalid_free();
+  if (block == nullptr) throw InvalidPointerError(s.describe_bad_pointer(address));
+  throw InvalidPointerError("free of " + format_address(address) + " with size " + std::to_string(expected_size) +
+                            ", but it was allocated with size " + std::to_string(block->requested) +
+                            "; pass the size given at allocation (the block stays allocated)");
+}
+
 }  // namespace
 
 void* CachingAllocator::allocate(std::size_t size, Stream stream) {
   if (size == 0) return nullptr;
-  if (size > kMaxRequestSize) {
-    std::lock_guard lock(state_->mutex);
-    state_->books.impossible_request();
-    throw OutOfMemoryError("request of " + std::to_string(size) + " bytes (" + format_bytes(size) +
-                           ") exceeds what any device holds (limit " + format_bytes(kMaxRequestSize) +
-                           "); check the size computation that produced it");
-  }
+  if (size > kMaxRequestSize) reject_impossible_request(*state_, size);
   PoolState& s = *state_;
   std::unique_lock<detail::AdaptiveMutex> lock(s.mutex);
   const TagId tag = s.config.tagging ? current_tag_id() : 0;
@@ -102,26 +141,7 @@ void* CachingAllocator::allocate(std::size_t size, Stream stream) {
   const std::size_t rounded = round_request_size(size, s.config.roundup_power2_divisions.data());
   const bool small = rounded <= kSmallRequestLimit;
   Block* block = s.take_free_block(small, stream, rounded);
-  if (block == nullptr) {
-    s.collect_garbage();
-    block = s.new_memory(rounded, stream, small);
-    if (block == nullptr) {
-      // Like PyTorch: wait for freed blocks still in use by streams, give every cached
-      // segment back, and try once more before declaring out-of-memory.
-      s.books.retried();
-      s.process_pending_frees(true);
-      s.release_cached_blocks();
-      block = s.take_free_block(small, stream, rounded);
-      if (block == nullptr) block = s.new_memory(rounded, stream, small);
-    }
-    if (block == nullptr) {
-      s.books.out_of_memory(rounded, size, stream, tag);
-      const std::size_t segment_size = s.config.expandable_segments
-                                           ? detail::round_up(rounded, s.growth_step(small))
-                                           : segment_size_for(rounded, s.config.large_segment_size_bytes);
-      report_out_of_memory(s, lock, size, rounded, segment_size, tag);
-    }
-  }
+  if (block == nullptr) block = block_from_new_memory(s, lock, size, rounded, small, stream, tag);
   s.split(block, rounded);
   block->allocated = true;
   block->oversize = block->size >= s.config.max_split_size_bytes;
@@ -138,15 +158,8 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_size) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard lock(s.mutex);
   Block* block = s.live_block(address);
-  if (block == nullptr) {
-    s.books.invalid_free();
-    throw InvalidPointerError(s.describe_bad_pointer(address));
-  }
-  if (expected_size != 0 && expected_size != block->requested) {
-    s.books.invalid_free();
-    throw InvalidPointerError("free of " + format_address(address) + " with size " + std::to_string(expected_size) +
-                              ", but it was allocated with size " + std::to_string(block->requested) +
-                              "; pass the size given at allocation (the block stays allocated)");
+  if (block == nullptr || (expected_size != 0 && expected_size != block->requested)) {
+    reject_free(s, address, expected_size, block);
   }
   s.live.erase(address);
   block->allocated = false;

@@ -22,11 +22,11 @@ namespace remat::alloc::detail {
 
 class SmallPool {
  public:
-  void insert(Block* block) { bins_for(block->stream).insert(block); }
-  void erase(Block* block) { bins_for(block->stream).erase(block); }
+  [[gnu::always_inline]] void insert(Block* block) { bins_for(block->stream).insert(block); }
+  [[gnu::always_inline]] void erase(Block* block) { bins_for(block->stream).erase(block); }
 
   // Removes and returns the smallest free block of `stream` holding `size` bytes.
-  Block* take_best_fit(Stream stream, std::size_t size) {
+  [[gnu::always_inline]] Block* take_best_fit(Stream stream, std::size_t size) {
     Bins* bins = find(stream);
     if (bins == nullptr) return nullptr;
     Block* block = bins->best_fit(size);
@@ -44,7 +44,7 @@ class SmallPool {
    public:
     static constexpr std::size_t kCount = kSmallSegmentSize / kMinBlockSize;  // 4096 sizes
 
-    void insert(Block* block) {
+    [[gnu::always_inline]] void insert(Block* block) {
       const std::size_t bin = index(block->size);
       block->bin_prev = nullptr;
       block->bin_next = heads_[bin];
@@ -54,7 +54,7 @@ class SmallPool {
       summary_ |= std::uint64_t{1} << (bin / 64);
     }
 
-    void erase(Block* block) {
+    [[gnu::always_inline]] void erase(Block* block) {
       const std::size_t bin = index(block->size);
       if (block->bin_prev != nullptr) block->bin_prev->bin_next = block->bin_next;
       else heads_[bin] = block->bin_next;
@@ -94,14 +94,18 @@ class SmallPool {
     std::uint64_t summary_ = 0;
   };
 
-  Bins* find(Stream stream) {
+  [[gnu::always_inline]] Bins* find(Stream stream) {
     for (auto& [s, bins] : streams_) {
       if (s == stream) return bins.get();
     }
     return nullptr;
   }
-  Bins& bins_for(Stream stream) {
+  // Looked up three times per cached pair: the search inline, a stream's first bins out of line.
+  [[gnu::always_inline]] Bins& bins_for(Stream stream) {
     if (Bins* bins = find(stream)) return *bins;
+    return add_bins(stream);
+  }
+  [[gnu::noinline]] Bins& add_bins(Stream stream) {
     return *streams_.emplace_back(stream, std::make_unique<Bins>()).second;
   }
 

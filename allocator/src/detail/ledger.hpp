@@ -88,7 +88,7 @@ class Ledger {
 
   // A free block entered or left its pool. One that shares its segment with other blocks is
   // inactive split memory; the pool tells the books before and after relinking a pooled block.
-  void pooled(const Block& block) {
+  [[gnu::always_inline]] void pooled(const Block& block) {
     if (block.prev == nullptr && block.next == nullptr) return;
     const auto bytes = static_cast<std::int64_t>(block.size);
     stats_.inactive_split.add(1);
@@ -101,7 +101,7 @@ class Ledger {
       large_.inactive_split_bytes.add(bytes);
     }
   }
-  void unpooled(const Block& block) {
+  [[gnu::always_inline]] void unpooled(const Block& block) {
     if (block.prev == nullptr && block.next == nullptr) return;
     const auto bytes = static_cast<std::int64_t>(block.size);
     stats_.inactive_split.subtract(1);

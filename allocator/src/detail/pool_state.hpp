@@ -59,7 +59,7 @@ struct PoolState {
   AddressMap<Block*> live;  // allocated blocks by address
   std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
   std::vector<std::pair<Event, Block*>> pending_frees;
-  std::vector<Block*> spare_blocks;
+  Block* spare_blocks = nullptr;  // recycled block records, linked through `next`
   std::vector<std::unique_ptr<ExpandableSegment>> expandable;  // one per stream and pool in use
   std::uint64_t frees = 0;                                      // stamps Block::freed_at
   Ledger books;
@@ -67,17 +67,17 @@ struct PoolState {
   bool oom_reporting = true;
   OomDumpLimiter oom_dumps;
 
-  void insert_free(Block* block) {
+  [[gnu::always_inline]] void insert_free(Block* block) {
     if (block->small) small_pool.insert(block);
     else large_pool.insert(block);
     books.pooled(*block);
   }
-  void erase_free(Block* block) {
+  [[gnu::always_inline]] void erase_free(Block* block) {
     if (block->small) small_pool.erase(block);
     else large_pool.erase(block);
     books.unpooled(*block);
   }
-  Block* take_free_block(bool small, Stream stream, std::size_t size) {
+  [[gnu::always_inline]] Block* take_free_block(bool small, Stream stream, std::size_t size) {
     Block* block = small ? small_pool.take_best_fit(stream, size)
                          : large_pool.take_best_fit(stream, size, config.max_split_size_bytes,
                                                     config.max_non_split_rounding_bytes);
@@ -93,16 +93,17 @@ struct PoolState {
     if (pooled) books.pooled(*block);
   }
 
-  Block* new_block() {
-    if (spare_blocks.empty()) return new Block();
-    Block* block = spare_blocks.back();
-    spare_blocks.pop_back();
+  // Every cached pair splits a block and merges it back: the records are reused through a list
+  // that needs no vector growth path in the hot code.
+  [[gnu::always_inline]] Block* new_block() {
+    if (spare_blocks == nullptr) return new Block();
+    Block* block = std::exchange(spare_blocks, spare_blocks->next);
     *block = Block();
     return block;
   }
-  void recycle(Block* block) {
-    block->stream_uses = {};
-    spare_blocks.push_back(block);
+  [[gnu::always_inline]] void recycle(Block* block) {
+    block->stream_uses.clear();
+    block->next = std::exchange(spare_blocks, block);
   }
 
   Block* new_segment(std::size_t size, Stream stream, bool small) {
@@ -304,7 +305,7 @@ struct PoolState {
   }
 
   // A new, unlinked block of the same segment, stream and pool as `block`.
-  Block* new_block_beside(const Block& block) {
+  [[gnu::always_inline]] Block* new_block_beside(const Block& block) {
     Block* other = new_block();
     other->stream = block.stream;
     other->small = block.small;
@@ -329,7 +330,7 @@ struct PoolState {
   }
 
   // A new block for the last `bytes` of `block`, which keeps the rest; the new one is free.
-  Block* split_off_back(Block* block, std::size_t bytes) {
+  [[gnu::always_inline]] Block* split_off_back(Block* block, std::size_t bytes) {
     Block* back = new_block_beside(*block);
     back->size = bytes;
     block->size -= bytes;
@@ -405,7 +406,7 @@ struct PoolState {
     }
   }
 
-  void split(Block* block, std::size_t size) {
+  [[gnu::always_inline]] void split(Block* block, std::size_t size) {
     const std::size_t remaining = block->size - size;
     // As PyTorch: expandable segments split any remainder, like the small pool.
     const bool worth_splitting = block->small || block->expandable != nullptr
@@ -418,7 +419,7 @@ struct PoolState {
   }
 
   // Absorbs `neighbour` into `block` when it is free; keeps segment bookkeeping right.
-  void merge(Block* block, Block* neighbour) {
+  [[gnu::always_inline]] void merge(Block* block, Block* neighbour) {
     if (neighbour == nullptr || !neighbour->is_free()) return;
     erase_free(neighbour);
     if (neighbour == block->prev) {
@@ -436,7 +437,7 @@ struct PoolState {
   }
 
   // The block is no longer used by anyone (the books already know): return it to its pool.
-  void complete_free(Block* block) {
+  [[gnu::always_inline]] void complete_free(Block* block) {
     block->requested = 0;
     block->tag = 0;
     merge(block, block->prev);
