@@ -46,11 +46,12 @@ inline void check_backend_supports(const Backend& backend, const Config& config)
 
 struct PoolState {
   PoolState(std::unique_ptr<Backend> b, const Config& c)
-      : backend(std::move(b)), config(c), reserved_limit(reserved_cap(*backend, c)), books(c.trace_entries) {
+      : books(c.trace_entries), backend(std::move(b)), config(c), reserved_limit(reserved_cap(*backend, c)) {
     check_backend_supports(*backend, config);
   }
 
   mutable AdaptiveMutex mutex;
+  Ledger books;  // first: the hot path's counters sit at short offsets from the state
   std::unique_ptr<Backend> backend;
   Config config;
   std::size_t reserved_limit;
@@ -62,7 +63,6 @@ struct PoolState {
   Block* spare_blocks = nullptr;  // recycled block records, linked through `next`
   std::vector<std::unique_ptr<ExpandableSegment>> expandable;  // one per stream and pool in use
   std::uint64_t frees = 0;                                      // stamps Block::freed_at
-  Ledger books;
   OomHandler oom_handler;
   bool oom_reporting = true;
   OomDumpLimiter oom_dumps;
