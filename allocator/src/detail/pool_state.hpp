@@ -345,19 +345,25 @@ struct PoolState {
 
   // `hole` takes in the hole beside it.
   void absorb_hole(Block* hole, Block* neighbour) {
-    ExpandableSegment& segment = *hole->expandable;
-    segment.holes.erase(neighbour->address);
-    if (neighbour == hole->prev) {
-      hole->address = neighbour->address;
-      hole->prev = neighbour->prev;
-      if (hole->prev != nullptr) hole->prev->next = hole;
-      else segments[hole->address] = hole;
+    hole->expandable->holes.erase(neighbour->address);
+    absorb(hole, neighbour);
+  }
+
+  // The block list's one splice for a merge: `block` takes in `neighbour` (its prev or its
+  // next), whose record goes back to the spares; the segment's head, or an expandable
+  // segment's tail, follows.
+  [[gnu::always_inline]] void absorb(Block* block, Block* neighbour) {
+    if (neighbour == block->prev) {
+      block->address = neighbour->address;
+      block->prev = neighbour->prev;
+      if (block->prev != nullptr) block->prev->next = block;
+      else segments[block->address] = block;
     } else {
-      hole->next = neighbour->next;
-      if (hole->next != nullptr) hole->next->prev = hole;
-      else segment.tail = hole;
+      block->next = neighbour->next;
+      if (block->next != nullptr) block->next->prev = block;
+      else if (block->expandable != nullptr) block->expandable->tail = block;
     }
-    hole->size += neighbour->size;
+    block->size += neighbour->size;
     recycle(neighbour);
   }
 
@@ -418,22 +424,11 @@ struct PoolState {
     insert_free(rest);
   }
 
-  // Absorbs `neighbour` into `block` when it is free; keeps segment bookkeeping right.
+  // Absorbs `neighbour` into `block` when it is free.
   [[gnu::always_inline]] void merge(Block* block, Block* neighbour) {
     if (neighbour == nullptr || !neighbour->is_free()) return;
     erase_free(neighbour);
-    if (neighbour == block->prev) {
-      block->address = neighbour->address;
-      block->prev = neighbour->prev;
-      if (block->prev != nullptr) block->prev->next = block;
-      else segments[block->address] = block;
-    } else {
-      block->next = neighbour->next;
-      if (block->next != nullptr) block->next->prev = block;
-      else if (block->expandable != nullptr) block->expandable->tail = block;
-    }
-    block->size += neighbour->size;
-    recycle(neighbour);
+    absorb(block, neighbour);
   }
 
   // The block is no longer used by anyone (the books already know): return it to its pool.
