@@ -5,6 +5,7 @@
 #include <remat/alloc/caching_allocator.hpp>
 #include <remat/alloc/errors.hpp>
 
+#include "detail/pool_diagnostics.hpp"
 #include "detail/pool_state.hpp"
 
 #include <algorithm>
@@ -52,8 +53,10 @@ namespace {
 // helpers (take_free_block, merge, recycle), a measured 20% on the traced pair.
 
 // Builds the report under the lock, then releases it to dump, announce and throw.
-[[noreturn, gnu::noinline, gnu::cold]] void report_out_of_memory(PoolState& s, std::unique_lock<detail::AdaptiveMutex>& lock, std::size_t size,
-                                       std::size_t rounded, std::size_t segment_size, TagId tag) {
+[[noreturn, gnu::noinline, gnu::cold]] void report_out_of_memory(PoolState& s,
+                                                                 std::unique_lock<detail::AdaptiveMutex>& lock,
+                                                                 std::size_t size, std::size_t rounded,
+                                                                 std::size_t segment_size, TagId tag) {
   if (!s.oom_reporting) {
     lock.unlock();
     throw OutOfMemoryError("out of memory on device " + std::to_string(s.backend->device()) + ": tried to allocate " +
@@ -68,7 +71,8 @@ namespace {
   event.tag = tag;
   bool may_dump = false;
   try {
-    auto report = std::make_shared<OomReport>(build_oom_report(s.figures_for_oom_report(), size, rounded, segment_size));
+    auto report =
+        std::make_shared<OomReport>(build_oom_report(detail::figures_for_oom_report(s), size, rounded, segment_size));
     event.memory = report->memory;
     event.message = oom_message(*report);
     event.report = std::move(report);
@@ -119,10 +123,10 @@ namespace {
   return block;
 }
 
-[[noreturn, gnu::noinline, gnu::cold]] void reject_free(PoolState& s, std::uintptr_t address,
-                                                         std::size_t expected_size, const Block* block) {
+[[noreturn, gnu::noinline, gnu::cold]] void reject_free(PoolState& s, std::uintptr_t address, std::size_t expected_size,
+                                                        const Block* block) {
   s.books.invalid_free();
-  if (block == nullptr) throw InvalidPointerError(s.describe_bad_pointer(address));
+  if (block == nullptr) throw InvalidPointerError(detail::describe_bad_pointer(s, address));
   throw InvalidPointerError("free of " + format_address(address) + " with size " + std::to_string(expected_size) +
                             ", but it was allocated with size " + std::to_string(block->requested) +
                             "; pass the size given at allocation (the block stays allocated)");

@@ -12,7 +12,6 @@
 
 #include "adaptive_mutex.hpp"
 #include "block.hpp"
-#include "../message_text.hpp"
 #include "free_pools.hpp"
 #include "ledger.hpp"
 #include "oom_reporting.hpp"
@@ -459,48 +458,6 @@ struct PoolState {
         complete_free(block);
       }
     }
-  }
-
-  // What the OOM report needs from the pool's own books; the rest comes from the per-tag
-  // statistics and the trace (detail/oom_reporting.hpp).
-  PoolFigures figures_for_oom_report() const {
-    FreeSpace free;
-    auto count = [&](const Block* block) {
-      const auto bytes = static_cast<std::int64_t>(block->size);
-      free.largest_free_block = std::max(free.largest_free_block, bytes);
-      std::int64_t releasable = block->is_whole_segment() ? bytes : 0;
-      if (block->expandable != nullptr) {
-        const auto [low, high] = whole_granules(*block);  // these can be unmapped
-        releasable = high > low ? static_cast<std::int64_t>(high - low) : 0;
-      }
-      free.releasable_bytes += releasable;
-      if (releasable < bytes) {
-        free.fragmented_free_bytes += bytes - releasable;
-        ++free.free_blocks_in_split_segments;
-      }
-    };
-    small_pool.for_each(count);
-    large_pool.for_each(count);
-    return {backend->device(), backend->name(), backend->memory_info(), config, reserved_limit,
-            books.device_stats(), books.tag_stats(), books.trace(), free};
-  }
-
-  std::string describe_bad_pointer(std::uintptr_t address) const {
-    const std::string where = format_address(address);
-    if (const Block* block = block_holding(address)) {
-      if (!block->allocated && address == block->address) {
-        return "free of " + where + ", which is already free (double free); free each pointer exactly once";
-      }
-      if (!block->allocated) {
-        return "free of " + where + ", which lies inside free cached memory: a pointer past the start of its "
-               "block, or a double free of a block since merged with its free neighbours; free the pointer that "
-               "allocation returned, once";
-      }
-      return "free of " + where + ", which points inside the live block at " + format_address(block->address) +
-             "; free the pointer that allocation returned";
-    }
-    return "free of " + where + ", which this allocator (device " + std::to_string(backend->device()) +
-           ") never returned; free it with the allocator that allocated it";
   }
 };
 
