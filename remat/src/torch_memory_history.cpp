@@ -32,9 +32,15 @@ std::uint32_t skipped_actions(const std::vector<std::string>& names) {
   return skipped;
 }
 
-// The ring must hold what history keeps; growing it clears it, as switching history on does.
+// The most events switching history on grows the ring to (about 48 MiB of host memory per
+// device): PyTorch's default max_entries is unlimited. A larger trace_entries set by the user stays.
+constexpr std::size_t kHistoryRingEvents = std::size_t{1} << 20;
+
+// The ring must hold what history keeps, up to that; growing it clears it, as switching history
+// on does.
 void hold_at_least(std::size_t events) {
-  if (alloc::current_config().trace_entries < events) alloc::configure("trace_entries:" + std::to_string(events));
+  const std::size_t wanted = std::min(events, kHistoryRingEvents);
+  if (alloc::current_config().trace_entries < wanted) alloc::configure("trace_entries:" + std::to_string(wanted));
 }
 
 }  // namespace

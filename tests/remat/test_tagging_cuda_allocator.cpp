@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <stdexcept>
 
@@ -249,6 +250,16 @@ TEST_F(TaggingCudaAllocatorTest, HistoryKeepsTheLastMaxEntriesAndLeavesOutSkippe
   EXPECT_EQ(entries[3].size_, 2560u);
 
   EXPECT_THROW(record_all_history(torch_alloc::RecordContext::NEVER, 10, {"rewind"}), c10::Error);
+}
+
+TEST_F(TaggingCudaAllocatorTest, PyTorchsDefaultUnlimitedMaxEntriesGrowsTheRingToItsCap) {
+  // torch.cuda.memory._record_memory_history() passes sys.maxsize.
+  record_all_history(torch_alloc::RecordContext::NEVER, std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(alloc::current_config().trace_entries, std::size_t{1} << 20);
+  void* block = take(4096);
+  give_back(block);
+  EXPECT_EQ(block_history().size(), 3u);
+  alloc::configure("trace_entries:4096");
 }
 
 TEST_F(TaggingCudaAllocatorTest, GatheredStacksGoToLiveBlocksAndToTheTraceEntriesTheModeAsksFor) {
