@@ -75,25 +75,33 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--sequence", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
+    parser.add_argument("--kv-heads", type=int, default=4, help="key/value heads (default 4)")
     parser.add_argument("--compile-budgets", default="0.2,0.45,0.7,1.0",
                         help="activation_memory_budget values for torch.compile rows ('' for none)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--allocator", choices=("native", "remat"), default="native",
+                        help="on CUDA: PyTorch's caching allocator, or remat_alloc.install() (default native)")
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error("--rounds: at least 3")
     torch.set_num_threads(1)
-    meter = hf.CpuMeter()
-    config = hf.LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=8,
-                            num_key_value_heads=4, intermediate_size=688 * args.hidden // 256, vocab_size=args.vocab,
+    meter = hf.make_meter(parser, args.device, args.allocator)
+    dtype = getattr(torch, args.dtype)
+    config = hf.LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                            num_key_value_heads=args.kv_heads, intermediate_size=688 * args.hidden // 256, vocab_size=args.vocab,
                             max_position_embeddings=max(256, args.sequence), use_cache=False)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     weights = hf.LlamaForCausalLM(config).state_dict()
     ids = torch.randint(0, args.vocab, (args.batch, args.sequence), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(args.device)
 
     def fresh():
         model = hf.LlamaForCausalLM(config)
         model.load_state_dict(weights)
-        return model.train()
+        return model.to(device=args.device, dtype=dtype).train()
 
     profiled = remat.wrap_decoder_layers(fresh())
     measure(profiled, ids, meter)  # warm-up
@@ -148,12 +156,13 @@ def main():
         rows.append((label, None, None, None))
         samples.append(rounds)
 
-    print(f"Llama hidden {args.hidden}, {args.layers} layers, batch {args.batch}, sequence {args.sequence}, float32, "
-          f"CPU, 1 intra-op thread; torch {torch.__version__}; median of {args.rounds} rounds, rows rotated\n")
-    print(f"profile: {len(profile.regions)} regions; every region recomputed keeps {low / MiB:.2f} MiB, every "
-          f"region saved {high / MiB:.2f} MiB\n")
+    print(f"Llama hidden {args.hidden}, {args.layers} layers, batch {args.batch}, sequence {args.sequence}, {args.dtype}, "
+          f"{meter.name}, 1 intra-op thread; torch {torch.__version__}; median of {args.rounds} rounds, rows rotated\n")
+    print(f"profile: {len(profile.regions)} regions, timed by {profile.timer}; every region recomputed keeps "
+          f"{low / MiB:.2f} MiB, every region saved {high / MiB:.2f} MiB\n")
+    clock = "CPU" if args.device == "cpu" else "device"
     print("| row | budget (MiB) | predicted (MiB) | checkpoints keep (MiB) | step kept (MiB) | step peak (MiB) | "
-          "step CPU time (ms) | vs none |")
+          f"step {clock} time (ms) | vs none |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for (label, _, plan, budget), rounds in zip(rows, samples):
         seconds = statistics.median(r[0] for r in rounds)

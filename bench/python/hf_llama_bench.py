@@ -233,6 +233,19 @@ class CudaMeter:
         return self._begin.elapsed_time(self._end) / 1e3
 
 
+def make_meter(parser, device, allocator):
+    """The meter for --device and --allocator; installs remat's allocator first when asked."""
+    if device == "cpu":
+        if allocator == "remat":
+            parser.error("--allocator: CPU tensors always go through remat's tagging allocator here")
+        return CpuMeter()
+    if allocator == "remat":
+        remat_alloc.install()  # before the first CUDA allocation
+    if not torch.cuda.is_available():
+        sys.exit(f"{parser.prog}: --device cuda: no CUDA device is visible")
+    return CudaMeter(allocator)
+
+
 def train_step(model, ids, meter, after_forward=lambda: None):
     """(seconds, kept bytes, peak bytes, loss, gradients, after_forward()) of one forward and
     backward; after_forward runs between them (budget_bench measures what checkpoints keep)."""
@@ -283,16 +296,7 @@ def main():
     args = parser.parse_args()
     if args.rounds < 5:
         parser.error("--rounds: at least 5 for a median")
-    if args.device == "cuda":
-        if args.allocator == "remat":
-            remat_alloc.install()  # before the first CUDA allocation
-        if not torch.cuda.is_available():
-            sys.exit("hf_llama_bench: --device cuda: no CUDA device is visible")
-        meter = CudaMeter(args.allocator)
-    else:
-        if args.allocator == "remat":
-            parser.error("--allocator: CPU tensors always go through remat's tagging allocator here")
-        meter = CpuMeter()
+    meter = make_meter(parser, args.device, args.allocator)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
 
