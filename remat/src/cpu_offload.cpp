@@ -364,9 +364,12 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
            c10::str(at::IntArrayRef(payload.copy->sizes));
   }
 
+  // The step's last payload gone: copies to the host that finished after backward's last unpack
+  // let go of their device tensors now, not at the next step's first pack.
   void released_payload() {
     std::lock_guard lock(mutex);
     live_payloads -= 1;
+    if (live_payloads == 0 && on_cuda()) settle_inflight(UINT64_MAX);
   }
 
   void released_copy(const HostCopy& copy) {
@@ -411,6 +414,9 @@ at::Tensor CpuOffload::unpack(const std::any& payload) { return engine_->unpack(
 
 CpuOffloadStats CpuOffload::stats() const {
   std::lock_guard lock(engine_->mutex);
+  // inflight_bytes: copies still running. On a GPU the host runs ahead of the device, so copies
+  // that finished after the last pack or unpack are settled here.
+  if (engine_->on_cuda()) engine_->settle_inflight(UINT64_MAX);
   return engine_->stats;
 }
 

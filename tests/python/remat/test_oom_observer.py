@@ -555,6 +555,9 @@ def test_with_cuda_the_observer_is_registered_with_pytorchs_allocator(tmp_path, 
     monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", registered.append, raising=False)
     monkeypatch.setattr(remat_alloc, "pluggable_allocator_in_use", lambda: False)
     monkeypatch.setattr(_oom, "_native_snapshot", two_stream_snapshot)
+    # PyTorch counts the OOM before it calls its observers; with a GPU visible the count would
+    # otherwise be read from the real, OOM-free device.
+    monkeypatch.setattr(_oom, "_num_ooms", lambda device: 1)
     observer = _oom.attach_oom_observer(tmp_path, device=0)
     assert registered == [observer] and observer.allocator == "native" and "native allocator" in repr(observer)
     registered[0](0, 20 * MiB, 80 * GiB, MiB)  # as PyTorch calls it

@@ -95,7 +95,7 @@ CUDA_CHECKS = """
             z = remat.region(lambda u: u.exp() * THREE, "B", recompute=not b_saves)(y)
             return remat.region(lambda u: (u * 3.0).sum(), "C")(z)
 
-        loss = remat.checkpoint(body, x, region_name=name)
+        loss = remat.checkpoint(region_name=name)(body)(x)
         del x
         kept = sum(remat_alloc.live_bytes(r, device=0) for r in ("cuda.input", name + "::A", name + "::B"))
         assert kept == resident * N * 4, (name, kept)
@@ -118,7 +118,7 @@ CUDA_CHECKS = """
         y = remat.region(block.attention, "attention", recompute=False)(t)
         return remat.region(block.mlp, "mlp")(y)
 
-    out = remat.checkpoint(body, x, region_name="cuda.layers.0")
+    out = remat.checkpoint(region_name="cuda.layers.0")(body)(x)
     assert remat_alloc.live_bytes("cuda.layers.0::attention", device=0) > 0
     out.pow(2).sum().backward()
     assert_bitwise_equal(gradients(block, x), expected)
@@ -137,8 +137,8 @@ CUDA_CHECKS = """
     block.forward(x, dropout=0.3).pow(2).sum().backward()
     expected = gradients(block, x)
     torch.cuda.manual_seed(7)
-    out = remat.checkpoint(lambda t: remat.region(lambda u: block.forward(u, 0.3), "all")(t), x,
-                           region_name="cuda.dropout", recompute_state_hooks=[CudaRng()])
+    out = remat.checkpoint(region_name="cuda.dropout", recompute_state_hooks=[CudaRng()])(
+        lambda t: remat.region(lambda u: block.forward(u, 0.3), "all")(t))(x)
     torch.rand(3, device="cuda")  # the caller moves the generator on before backward
     out.pow(2).sum().backward()
     assert_bitwise_equal(gradients(block, x), expected)
