@@ -215,7 +215,7 @@ bool CachingAllocator::release_cached_range(std::uintptr_t address, std::size_t 
     s.release_segment(block);
     return true;
   }
-  const auto [low, high] = s.whole_granules(*block);
+  const auto [low, high] = block->expandable->whole_granules(*block, s.backend->granularity());
   if (low != address || high - low != bytes) return false;
   s.unmap_free_pages(block);
   return true;
@@ -342,7 +342,7 @@ std::int64_t CachingAllocator::live_requested_bytes(std::string_view region_pref
     const bool covered = region.size() >= region_prefix.size() &&
                          region.compare(0, region_prefix.size(), region_prefix) == 0 &&
                          (region.size() == region_prefix.size() || region_prefix.empty() ||
-                          region.compare(region_prefix.size(), 2, "::") == 0 || region[region_prefix.size()] == '.');
+                          region.compare(region_prefix.size(), kRegionSeparator.size(), kRegionSeparator) == 0 || region[region_prefix.size()] == '.');
     if (covered) total += bytes;
   }
   return total;

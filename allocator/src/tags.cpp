@@ -263,10 +263,28 @@ void set_label(std::string_view label) {
 
 std::string current_label() { return name_of(g_label.load(std::memory_order_relaxed)); }
 
+std::string region_path(std::string_view outer, std::string_view inner) {
+  std::string path;
+  path.reserve(outer.size() + kRegionSeparator.size() + inner.size());
+  return path.append(outer).append(kRegionSeparator).append(inner);
+}
+
+std::string_view region_to_push(std::string_view current, std::string_view path) {
+  for (std::size_t end = path.size(); end != std::string_view::npos && end > 0;
+       end = end == 0 ? std::string_view::npos : path.rfind(kRegionSeparator, end - 1)) {
+    const std::string_view head = path.substr(0, end);
+    const bool ends_current =
+        current == head || (current.size() > head.size() && current.ends_with(head) &&
+                            current.substr(0, current.size() - head.size()).ends_with(kRegionSeparator));
+    if (ends_current) return end == path.size() ? std::string_view() : path.substr(end + kRegionSeparator.size());
+  }
+  return path;
+}
+
 // The interned path of region `name` inside region `parent` (0: none).
 static NameId nested_region(NameId parent, std::string_view name) {
   if (parent == 0) return intern_name(name);
-  const std::string path = name_of(parent) + "::" + std::string(name);
+  const std::string path = region_path(name_of(parent), name);
   if (path.size() > kMaxTagNameBytes) {
     throw InvalidArgumentError("region path " + detail::quote(path) + " is longer than " +
                                std::to_string(kMaxTagNameBytes) + " bytes at the push of region " +

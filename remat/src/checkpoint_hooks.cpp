@@ -179,7 +179,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     f.dropped_metas.push_back(DroppedMeta::of(tensor, state_.in_region ? static_cast<int>(f.regions.size()) - 1 : -1));
     if (f.options.verify_recompute) {
       f.fingerprints.push_back(fingerprint_of(
-          tensor, state_.region != nullptr ? "region '" + f.options.region_name + "::" + *state_.region + "'"
+          tensor, state_.region != nullptr ? "region '" + f.region_path(*state_.region) + "'"
                                            : std::string("the body of checkpoint '") + f.options.region_name + "'"));
     }
     if (made_outside(f, tensor) && tensor.unsafeGetTensorImpl()->version_counter().enabled()) {

@@ -29,10 +29,45 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Copies to the host on a copy stream, oldest first, each holding its device tensor until it has
+// been read; stats.inflight_bytes is what they hold.
+class CopiesToHost {
+ public:
+  void push(c10::Event done, at::Tensor device, std::uint64_t bytes, CpuOffloadStats& stats) {
+    queue_.push_back({std::move(done), std::move(device), bytes});
+    stats.inflight_bytes += bytes;
+  }
+
+  // Lets go of the device tensors whose copy is done; waits for the oldest while more than
+  // `limit` bytes are held, counting the wait in stats.
+  void settle(std::uint64_t limit, CpuOffloadStats& stats) {
+    while (!queue_.empty()) {
+      Copy& oldest = queue_.front();
+      if (!oldest.done.query()) {
+        if (stats.inflight_bytes <= limit) return;
+        const auto start = Clock::now();
+        oldest.done.synchronize();
+        stats.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+        stats.wait_bytes += oldest.bytes;
+      }
+      stats.inflight_bytes -= oldest.bytes;
+      queue_.pop_front();
+    }
+  }
+
+ private:
+  struct Copy {
+    c10::Event done;
+    at::Tensor device;
+    std::uint64_t bytes;
+  };
+  std::deque<Copy> queue_;
+};
+
 // One tensor's copy in host memory, shared by every payload of that tensor (a tensor saved by
 // three ops, as the input of q, k and v projections is, is copied once).
 struct HostCopy {
-  std::weak_ptr<CpuOffload::Engine> engine;
+  std::weak_ptr<CpuOffload::HostCopies> owner;
   at::Tensor host;
   at::TensorOptions options;
   std::vector<std::int64_t> sizes, strides;
@@ -47,7 +82,7 @@ struct HostCopy {
 
 // A kept tensor as held: the tensor itself, or a share of its host copy.
 struct Payload {
-  std::weak_ptr<CpuOffload::Engine> engine;
+  std::weak_ptr<CpuOffload::HostCopies> owner;
   at::Tensor resident;
   std::shared_ptr<HostCopy> copy;
   bool unpacked = false;
@@ -74,26 +109,11 @@ struct TensorKey {
 
 bool is_parameter(const at::TensorBase& tensor) { return tensor.is_leaf() && tensor.requires_grad(); }
 
-// What to push on the tag stack so that the region in force becomes `path` (a checkpoint's
-// region path, "layers.0::attention"), given the one in force now: the part of `path` past the
-// longest run of its leading components that ends the current region ("outer::layers.0" and
-// "layers.0::attention" give "attention"; "" gives the whole path; the path itself, nothing).
-std::string_view region_to_push(std::string_view current, std::string_view path) {
-  constexpr std::string_view kSep = "::";
-  for (std::size_t end = path.size(); end != std::string_view::npos && end > 0;
-       end = end == 0 ? std::string_view::npos : path.rfind(kSep, end - 1)) {
-    const std::string_view head = path.substr(0, end);
-    const bool ends_current = current == head || (current.size() > head.size() && current.ends_with(head) &&
-                                                  current.substr(0, current.size() - head.size()).ends_with(kSep));
-    if (ends_current) return end == path.size() ? std::string_view() : path.substr(end + kSep.size());
-  }
-  return path;
-}
 
 }  // namespace
 
-struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
-  explicit Engine(CpuOffloadOptions options_in)
+struct CpuOffload::HostCopies : std::enable_shared_from_this<HostCopies> {
+  explicit HostCopies(CpuOffloadOptions options_in)
       // The CUDA runtime's own count: LibTorch's CUDA guard can be registered, and report a
       // device, on a machine with none (once Inductor loaded its CUDA libraries).
       : options(options_in),
@@ -103,8 +123,8 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
 
   CpuOffloadOptions options;
   c10::DeviceType device_type;  // what is offloaded from: CUDA where a GPU is visible, else CPU
-  // Recursive: a payload dropped while the engine holds the lock (its last owner a temporary of
-  // the prefetch) tells the engine from its destructor.
+  // Recursive: a payload dropped while the lock is held (its last owner a temporary of the
+  // prefetch) tells its owner from its destructor.
   mutable std::recursive_mutex mutex;
   CpuOffloadStats stats;
   std::uint64_t live_payloads = 0;
@@ -114,12 +134,7 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
   // This step's host copies by tensor; the storage's weak reference tells a live storage from a
   // new one at a freed one's address.
   std::map<TensorKey, std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, std::weak_ptr<HostCopy>>> copies;
-  struct InFlight {
-    c10::Event done;
-    at::Tensor device;  // held until the copy has read it
-    std::uint64_t bytes;
-  };
-  std::deque<InFlight> inflight;
+  CopiesToHost to_host;  // CUDA: copies still reading their device tensors
   std::map<c10::DeviceIndex, c10::Stream> copy_streams;
 
   bool on_cuda() const { return device_type == c10::DeviceType::CUDA; }
@@ -148,22 +163,8 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
     return c10::impl::VirtualGuardImpl(device_type).getStream(c10::Device(device_type, device));
   }
 
-  // Lets go of device tensors whose copy to the host is done; waits for the oldest while more
-  // than `limit` bytes are in flight. Callers hold the mutex.
-  void settle_inflight(std::uint64_t limit) {
-    while (!inflight.empty()) {
-      InFlight& oldest = inflight.front();
-      if (!oldest.done.query()) {
-        if (stats.inflight_bytes <= limit) return;
-        const auto start = Clock::now();
-        oldest.done.synchronize();
-        stats.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
-        stats.wait_bytes += oldest.bytes;
-      }
-      stats.inflight_bytes -= oldest.bytes;
-      inflight.pop_front();
-    }
-  }
+  // Callers hold the mutex.
+  void settle_inflight(std::uint64_t limit) { to_host.settle(limit, stats); }
 
   // A new step: every payload of the last one is gone.
   void start_step() {
@@ -193,7 +194,7 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
     std::optional<alloc::TagScope> in_region;
     if (!region.empty()) {
       const std::string current = alloc::name_of(alloc::current_tag().region);
-      const std::string_view rest = region_to_push(current, region);
+      const std::string_view rest = alloc::region_to_push(current, region);
       if (!rest.empty()) in_region.emplace(alloc::TagScope::region(rest));
     }
     auto offloaded = alloc::TagScope::phase(alloc::Phase::offloaded);
@@ -210,7 +211,7 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
     }
     at::NoGradGuard no_grad;
     auto payload = std::make_shared<Payload>();
-    payload->engine = weak_from_this();
+    payload->owner = weak_from_this();
     payload->version = tensor.unsafeGetTensorImpl()->version_counter();
     if (payload->version.enabled()) payload->version_at_pack = payload->version.current_version();
     std::lock_guard lock(mutex);
@@ -240,7 +241,7 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
       }
     }
     auto copy = std::make_shared<HostCopy>();
-    copy->engine = weak_from_this();
+    copy->owner = weak_from_this();
     copy->options = tensor.options();
     copy->sizes = tensor.sizes().vec();
     copy->strides = tensor.strides().vec();
@@ -262,8 +263,7 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
       }
       c10::Event done(device_type);
       done.record(side);
-      inflight.push_back({std::move(done), tensor, copy->bytes});
-      stats.inflight_bytes += copy->bytes;
+      to_host.push(std::move(done), tensor, copy->bytes, stats);
     } else {
       copy->host.copy_(tensor);
     }
@@ -381,22 +381,22 @@ struct CpuOffload::Engine : std::enable_shared_from_this<Engine> {
 namespace {
 
 Payload::~Payload() {
-  if (const std::shared_ptr<CpuOffload::Engine> owner = engine.lock()) owner->released_payload();
+  if (const std::shared_ptr<CpuOffload::HostCopies> copies = owner.lock()) copies->released_payload();
 }
 
 HostCopy::~HostCopy() {
-  if (const std::shared_ptr<CpuOffload::Engine> owner = engine.lock()) owner->released_copy(*this);
+  if (const std::shared_ptr<CpuOffload::HostCopies> copies = owner.lock()) copies->released_copy(*this);
 }
 
-// The payload in `any`, made by `engine`'s pack: another offloader's payload is refused (its
+// The payload in `any`, made by `copies`'s pack: another offloader's payload is refused (its
 // bytes are counted, and its copy brought back, by the offloader that made it).
-Payload& payload_of(const std::any& any, const CpuOffload::Engine& engine) {
+Payload& payload_of(const std::any& any, const CpuOffload::HostCopies& copies) {
   const auto* payload = std::any_cast<std::shared_ptr<Payload>>(&any);
   if (payload == nullptr || *payload == nullptr) {
     throw Error("CpuOffload.unpack: this payload was not made by a CpuOffload's pack; unpack the payloads of the "
                 "same offloader's pack");
   }
-  if ((*payload)->engine.lock().get() != &engine) {
+  if ((*payload)->owner.lock().get() != &copies) {
     throw Error(
         "CpuOffload.unpack: this payload was made by another CpuOffload's pack; unpack each payload with "
         "the offloader that packed it");
@@ -406,20 +406,20 @@ Payload& payload_of(const std::any& any, const CpuOffload::Engine& engine) {
 
 }  // namespace
 
-CpuOffload::CpuOffload(CpuOffloadOptions options) : engine_(std::make_shared<Engine>(options)) {}
+CpuOffload::CpuOffload(CpuOffloadOptions options) : copies_(std::make_shared<HostCopies>(options)) {}
 CpuOffload::~CpuOffload() = default;
 
-std::any CpuOffload::pack(const at::Tensor& tensor) { return engine_->pack(tensor); }
-at::Tensor CpuOffload::unpack(const std::any& payload) { return engine_->unpack(payload_of(payload, *engine_)); }
+std::any CpuOffload::pack(const at::Tensor& tensor) { return copies_->pack(tensor); }
+at::Tensor CpuOffload::unpack(const std::any& payload) { return copies_->unpack(payload_of(payload, *copies_)); }
 
 CpuOffloadStats CpuOffload::stats() const {
-  std::lock_guard lock(engine_->mutex);
+  std::lock_guard lock(copies_->mutex);
   // inflight_bytes: copies still running. On a GPU the host runs ahead of the device, so copies
   // that finished after the last pack or unpack are settled here.
-  if (engine_->on_cuda()) engine_->settle_inflight(UINT64_MAX);
-  return engine_->stats;
+  if (copies_->on_cuda()) copies_->settle_inflight(UINT64_MAX);
+  return copies_->stats;
 }
 
-const CpuOffloadOptions& CpuOffload::options() const { return engine_->options; }
+const CpuOffloadOptions& CpuOffload::options() const { return copies_->options; }
 
 }  // namespace remat

@@ -52,7 +52,9 @@ void Frame::make_live() {
   live = true;
 }
 
-std::string Frame::region_path(const std::string& name) const { return options.region_name + "::" + name; }
+std::string Frame::region_path(const std::string& name) const {
+  return alloc::region_path(options.region_name, name);
+}
 
 void Frame::persist(const at::Tensor& t, bool by_read) {
   const c10::StorageImpl* storage = storage_of(t);

@@ -83,7 +83,7 @@ MemoryReport memory_report_of(const Frame& frame) {
   }
   for (std::size_t r = 0; r < frame.save_regions.size(); ++r) {
     const SaveRegionRecord& region = frame.save_regions[r];
-    builder.begin_region(frame.options.region_name + "::" + region.name);
+    builder.begin_region(frame.region_path(region.name));
     std::size_t unnamed = 0;
     for (const KeptTensor& kept : frame.kept) {
       if (kept.save_region != static_cast<int>(r) || kept.parameter) continue;

@@ -29,6 +29,17 @@ TEST(Tags, NestedRegionsComposeTheirPaths) {
   EXPECT_EQ(name_of(current_tag().region), "layers.0::attention");
 }
 
+TEST(Tags, RegionToPushIsThePartOfThePathPastTheRegionInForce) {
+  EXPECT_EQ(region_path("layers.0", "attention"), "layers.0::attention");
+  EXPECT_EQ(region_to_push("", "layers.0::attention"), "layers.0::attention");
+  EXPECT_EQ(region_to_push("layers.0", "layers.0::attention"), "attention");
+  EXPECT_EQ(region_to_push("outer::layers.0", "layers.0::attention"), "attention");
+  EXPECT_EQ(region_to_push("layers.0::attention", "layers.0::attention"), "");
+  // Whole components only: "xlayers.0" does not end in the component "layers.0".
+  EXPECT_EQ(region_to_push("xlayers.0", "layers.0::attention"), "layers.0::attention");
+  EXPECT_EQ(region_to_push("other", "layers.0::attention"), "layers.0::attention");
+}
+
 TEST(Tags, ARegionWithItsPolicyIsOneFrame) {
   auto outer = TagScope::region("layers.2");
   auto policy = TagScope::policy(Policy::save);

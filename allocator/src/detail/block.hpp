@@ -14,19 +14,7 @@ namespace remat::alloc::detail {
 
 struct Block;
 
-// Address space reserved for one stream and pool. Its blocks cover [base, base + extent) and
-// `tail` is the last of them; all of that is mapped but the holes: unmapped blocks (whole
-// granules given back while the blocks around them stayed), by address.
-struct ExpandableSegment {
-  std::uintptr_t base = 0;
-  std::size_t reserved = 0;
-  std::size_t extent = 0;
-  std::size_t mapped = 0;  // extent less the holes
-  Stream stream = 0;
-  bool small = false;
-  Block* tail = nullptr;
-  std::map<std::uintptr_t, Block*> holes;
-};
+struct ExpandableSegment;  // expandable_segments.hpp
 
 struct Block {
   std::uintptr_t address = 0;

@@ -22,7 +22,8 @@ inline PoolFigures figures_for_oom_report(const PoolState& s) {
     free.largest_free_block = std::max(free.largest_free_block, bytes);
     std::int64_t releasable = block->is_whole_segment() ? bytes : 0;
     if (block->expandable != nullptr) {
-      const auto [low, high] = s.whole_granules(*block);  // these can be unmapped
+      // These can be unmapped.
+      const auto [low, high] = block->expandable->whole_granules(*block, s.backend->granularity());
       releasable = high > low ? static_cast<std::int64_t>(high - low) : 0;
     }
     free.releasable_bytes += releasable;

@@ -1,6 +1,7 @@
 #pragma once
-// The caching pool's state and its mechanics: free pools, segments fixed and expandable, block
-// splitting and merging, frees waiting on stream events, cache release and garbage collection.
+// The caching pool's state and its mechanics: free pools, segments fixed and expandable (whose
+// address space expandable_segments.hpp owns), block splitting and merging, frees waiting on
+// stream events, cache release and garbage collection.
 // CachingAllocator (caching_allocator.cpp) locks it and turns its operations into the public API;
 // the books (ledger.hpp) keep the statistics and the trace.
 
@@ -12,6 +13,7 @@
 
 #include "adaptive_mutex.hpp"
 #include "block.hpp"
+#include "expandable_segments.hpp"
 #include "free_pools.hpp"
 #include "ledger.hpp"
 #include "oom_reporting.hpp"
@@ -33,8 +35,6 @@ inline std::size_t reserved_cap(Backend& backend, const Config& config) {
   if (config.memory_fraction >= 1.0) return Config::kUnlimited;
   return static_cast<std::size_t>(config.memory_fraction * static_cast<double>(backend.memory_info().total_bytes));
 }
-
-inline std::size_t round_up(std::size_t value, std::size_t step) { return (value + step - 1) / step * step; }
 
 inline void check_backend_supports(const Backend& backend, const Config& config) {
   if (config.expandable_segments && backend.granularity() == 0) {
@@ -60,7 +60,7 @@ struct PoolState {
   std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
   std::vector<std::pair<Event, Block*>> pending_frees;
   Block* spare_blocks = nullptr;  // recycled block records, linked through `next`
-  std::vector<std::unique_ptr<ExpandableSegment>> expandable;  // one per stream and pool in use
+  ExpandableSegments expandable;
   std::uint64_t frees = 0;                                      // stamps Block::freed_at
   OomHandler oom_handler;
   bool oom_reporting = true;
@@ -137,26 +137,6 @@ struct PoolState {
     return new_segment(segment_size_for(rounded, config.large_segment_size_bytes), stream, small);
   }
 
-  ExpandableSegment* expandable_for(Stream stream, bool small) {
-    for (const auto& segment : expandable) {
-      if (segment->stream == stream && segment->small == small) return segment.get();
-    }
-    // As PyTorch: room to map the whole device and an eighth more, in whole growth steps.
-    const std::size_t step = growth_step(small);
-    const std::size_t total = backend->memory_info().total_bytes;
-    constexpr std::size_t kLargest = std::numeric_limits<std::size_t>::max();
-    const bool fits = total <= kLargest - step && total / 8 < kLargest - step - total;
-    const std::size_t reserved = fits ? round_up(total + total / 8, step) : kLargest / step * step;
-    void* base = backend->reserve(reserved);
-    if (base == nullptr) return nullptr;
-    auto segment = std::make_unique<ExpandableSegment>();
-    segment->base = reinterpret_cast<std::uintptr_t>(base);
-    segment->reserved = reserved;
-    segment->stream = stream;
-    segment->small = small;
-    return expandable.emplace_back(std::move(segment)).get();
-  }
-
   // One small or large segment, in whole granules of the backend.
   std::size_t growth_step(bool small) const {
     return std::lcm(small ? kSmallSegmentSize : config.large_segment_size_bytes, backend->granularity());
@@ -166,7 +146,7 @@ struct PoolState {
   // pool: in the lowest hole that has room (with the free blocks on either side of it), else
   // at the segment's end. nullptr when the cap, the reservation or the device has no room.
   Block* grow_expandable(std::size_t rounded, Stream stream, bool small) {
-    ExpandableSegment* segment = expandable_for(stream, small);
+    ExpandableSegment* segment = expandable.of(stream, small, *backend, growth_step(small));
     if (segment == nullptr) return nullptr;
     for (const auto& [address, hole] : segment->holes) {
       if (Block* block = map_into_hole(*segment, hole, rounded)) return block;
@@ -177,7 +157,7 @@ struct PoolState {
     const bool extend_tail = tail != nullptr && tail->is_free() && tail->size < rounded;
     const std::size_t have = extend_tail ? tail->size : 0;
     const std::size_t grow = round_up(rounded - have, growth_step(small));
-    if (grow > segment->reserved - segment->extent || !map_pages(*segment, segment->base + segment->extent, grow)) {
+    if (grow > segment->room() || !map_pages(*segment, segment->base + segment->extent, grow)) {
       return nullptr;
     }
     if (segment->extent == 0) books.segment_opened(small, false);
@@ -248,7 +228,7 @@ struct PoolState {
     ExpandableSegment& segment = *block->expandable;
     const std::uintptr_t begin = block->address;
     const std::uintptr_t end = begin + block->size;
-    const auto [low, high] = whole_granules(*block);
+    const auto [low, high] = segment.whole_granules(*block, backend->granularity());
     if (low >= high) return 0;
     const std::size_t unmapped = high - low;
     erase_free(block);
@@ -273,19 +253,11 @@ struct PoolState {
     recycle(hole);
     if (segment.extent == 0) {
       books.segment_closed(segment.small, false);
-      backend->release(reinterpret_cast<void*>(segment.base), segment.reserved);
-      std::erase_if(expandable, [&](const auto& owned) { return owned.get() == &segment; });
+      expandable.release(segment, *backend);
     }
     return unmapped;
   }
 
-  // The whole granules a block of an expandable segment covers, [low, high); empty when low >= high.
-  std::pair<std::uintptr_t, std::uintptr_t> whole_granules(const Block& block) const {
-    const std::uintptr_t base = block.expandable->base;
-    const std::size_t granularity = backend->granularity();
-    return {base + round_up(block.address - base, granularity),
-            base + (block.address + block.size - base) / granularity * granularity};
-  }
 
   // The allocated block at `address`, or nullptr.
   Block* live_block(std::uintptr_t address) const {

@@ -74,10 +74,10 @@ class CpuOffload final : public SavedTensorHooks {
   CpuOffloadStats stats() const;
   const CpuOffloadOptions& options() const;
 
-  struct Engine;
+  struct HostCopies;  // the host copies made by pack, brought back by unpack
 
  private:
-  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<HostCopies> copies_;
 };
 
 }  // namespace remat

@@ -76,6 +76,15 @@ inline constexpr std::size_t kMaxTagDepth = 1024;
 inline constexpr std::size_t kMaxTagNameBytes = 4096;
 std::string_view to_string(ScopeKind kind);
 
+// Region paths: a region pushed inside another is "outer::inner".
+inline constexpr std::string_view kRegionSeparator = "::";
+std::string region_path(std::string_view outer, std::string_view inner);
+// What to push so that the region in force becomes `path` (a checkpoint's region path,
+// "layers.0::attention"), given the one in force now, `current`: the part of `path` past the
+// longest run of its leading components that ends `current` ("outer::layers.0" and
+// "layers.0::attention" give "attention"; "" gives the whole path; the path itself, nothing).
+std::string_view region_to_push(std::string_view current, std::string_view path);
+
 // Pushing a region inside another composes the path: "layers.0" then "attention" gives
 // "layers.0::attention". Empty names are rejected (InvalidArgumentError). Every push throws
 // TagStackError on a stack already kMaxTagDepth deep.
