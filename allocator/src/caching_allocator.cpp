@@ -328,6 +328,21 @@ std::optional<TagId> CachingAllocator::tag_of_block(const void* ptr) const {
   return block->tag;
 }
 
+std::size_t CachingAllocator::largest_free_block() const {
+  const PoolState& s = *state_;
+  std::lock_guard lock(s.mutex);
+  std::size_t largest = 0;
+  auto consider = [&](const Block* block) { largest = std::max(largest, block->size); };
+  s.small_pool.for_each(consider);
+  s.large_pool.for_each(consider);
+  return largest;
+}
+
+Config CachingAllocator::config() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->config;
+}
+
 std::int64_t CachingAllocator::live_requested_bytes(std::string_view region_prefix) const {
   std::vector<std::pair<TagId, std::int64_t>> live_by_tag;
   {

@@ -129,15 +129,11 @@ void TaggingCudaAllocator::cacheInfo(c10::DeviceIndex device, size_t* largest_bl
   alloc::CachingAllocator& allocator = allocator_of(device);
   // PyTorch's reading: a zero guess starts from what the device has free.
   if (*largest_block == 0) *largest_block = allocator.backend().memory_info().free_bytes;
-  for (const alloc::SegmentInfo& segment : allocator.snapshot().segments) {
-    for (const alloc::BlockInfo& block : segment.blocks) {
-      if (block.state == alloc::BlockState::inactive) *largest_block = std::max(*largest_block, block.size);
-    }
-  }
+  *largest_block = std::max(*largest_block, allocator.largest_free_block());
 }
 
 double TaggingCudaAllocator::getMemoryFraction(c10::DeviceIndex device) {
-  return allocator_of(device).snapshot().config.memory_fraction;
+  return allocator_of(device).config().memory_fraction;
 }
 
 std::vector<torch_alloc::StreamSegmentSize> TaggingCudaAllocator::getExpandableSegmentSizes(c10::DeviceIndex device) {

@@ -41,6 +41,21 @@ TEST(CachingAllocator, SmallRequestsShareOne2MiBSegment) {
   a.free(q);
 }
 
+TEST(CachingAllocator, LargestFreeBlockIsTheLargestCachedOneInEitherPool) {
+  HostAllocator a;
+  EXPECT_EQ(a.allocator->largest_free_block(), 0u);
+  void* small = a.alloc(1000);
+  EXPECT_EQ(a.allocator->largest_free_block(), 2 * MiB - 1024);  // the small segment's rest
+  void* big = a.alloc(6 * MiB);
+  void* after = a.alloc(2 * MiB);
+  a.free(big);  // 6 MiB free at the start of a 20 MiB segment, 12 MiB free after the 2 MiB block
+  EXPECT_EQ(a.allocator->largest_free_block(), 12 * MiB);
+  a.free(after);  // the whole 20 MiB segment is free again
+  EXPECT_EQ(a.allocator->largest_free_block(), 20 * MiB);
+  a.free(small);
+  EXPECT_EQ(a.allocator->config().memory_fraction, 1.0);
+}
+
 TEST(CachingAllocator, MidSizedRequestsShareA20MiBSegment) {
   HostAllocator a;
   void* p = a.alloc(5 * MiB);

@@ -78,6 +78,10 @@ class CachingAllocator {
   std::optional<TagId> tag_of_block(const void* ptr) const;
   // Requested bytes currently live under regions whose path starts with `prefix`.
   std::int64_t live_requested_bytes(std::string_view region_prefix) const;
+  // The largest free cached block, in bytes (0 when none is cached), without a snapshot.
+  std::size_t largest_free_block() const;
+  // The settings in force.
+  Config config() const;
   int device() const;
   Backend& backend();
   // For fork handlers only: take the allocator's lock before fork() and release it after, in
