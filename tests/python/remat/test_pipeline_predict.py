@@ -96,6 +96,14 @@ def test_predicted_peak_is_within_5_percent_of_measured_on_every_rank(measured, 
             "--buffers", case["buffers"], "--json"]
     cli = report("predict", *[str(tmp_path / f"profile-{i}.json") for i in range(len(case["split"]))], *args)
     assert [r["peak_bytes"] for r in cli["per_rank"]] == [r["peak_bytes"] for r in prediction["per_rank"]]
+    # And `ranks --predicted` reads the job's snapshots to the same measured peaks.
+    predicted = tmp_path / "predicted.json"
+    predicted.write_text(json.dumps(cli))
+    svg = tmp_path / "predicted.svg"
+    check = report("ranks", os.path.join(out_dir, f"case{index}"), "--predicted", str(predicted), "--svg", str(svg),
+                   "--json")
+    print(json.dumps(check))
+    assert svg.read_text().count('class="measured"') == WORLD
 
 
 def report_fails(*args):

@@ -27,6 +27,7 @@ import torch
 
 from .. import _pipeline_plan
 from .._memory import tag_cpu_tensors
+from ._torch_internals import stage_backward_functions
 
 __all__ = ["profile_stage"]
 
@@ -116,8 +117,7 @@ def profile_stage(module: torch.nn.Module, example_inputs: Any, *, stage_index: 
 
 
 def _measure(module, inputs, stage_index, is_last, loss_fn, target, optimizer, split_backward, meter) -> dict:
-    from torch.distributed.pipelining import _backward
-
+    stage_backward, stage_backward_input, stage_backward_weight = stage_backward_functions()
     first = stage_index == 0
     figures = {"optimizer_state": 0, "optimizer_transient": 0, "target_bytes": 0, "loss_bytes": 0,
                "input_grad_bytes": 0}
@@ -148,8 +148,8 @@ def _measure(module, inputs, stage_index, is_last, loss_fn, target, optimizer, s
 
     def full_backward(outputs, loss, xs, grads):
         if is_last:
-            return _backward.stage_backward(loss, None, list(xs))
-        return _backward.stage_backward(outputs, grads, list(xs))
+            return stage_backward(loss, None, list(xs))
+        return stage_backward(outputs, grads, list(xs))
 
     # A first pass creates the parameter gradients, as a step's first backward does; the
     # measured pass then runs as every later microbatch does.
@@ -177,7 +177,8 @@ def _measure(module, inputs, stage_index, is_last, loss_fn, target, optimizer, s
     figures["input_backward_transient"] = figures["backward_transient"]
     figures["weight_backward_transient"] = 0
     if split_backward and not first:
-        _measure_split(stage, forward, fresh_inputs, is_last, figures, meter, _backward)
+        _measure_split(stage, forward, fresh_inputs, is_last, figures, meter, stage_backward_input,
+                       stage_backward_weight)
 
     if optimizer is not None:
         built = optimizer(params)
@@ -191,7 +192,7 @@ def _measure(module, inputs, stage_index, is_last, loss_fn, target, optimizer, s
     return figures
 
 
-def _measure_split(stage, forward, fresh_inputs, is_last, figures, meter, backward_module) -> None:
+def _measure_split(stage, forward, fresh_inputs, is_last, figures, meter, backward_input, backward_weight) -> None:
     """I (input gradients, the graph kept for W) then W (weight gradients), as PyTorch's stage runs them."""
     xs = fresh_inputs()
     base = meter.now()
@@ -200,12 +201,12 @@ def _measure_split(stage, forward, fresh_inputs, is_last, figures, meter, backwa
     grads = None if is_last else [torch.ones_like(o) for o in outputs]
     received = meter.now() - base - figures["forward_kept"]  # the stand-in received gradients
     start = meter.mark()
-    grads_input, param_groups = backward_module.stage_backward_input(
+    grads_input, param_groups = backward_input(
         roots, grads, list(xs), stage.parameters())
     figures["input_backward_transient"] = meter.peak_above(start)
     kept = meter.now() - base - received - figures["input_grad_bytes"]
     figures["input_backward_kept"] = max(0, kept)
     del grads_input
     start = meter.mark()
-    backward_module.stage_backward_weight(stage.parameters(), param_groups)
+    backward_weight(stage.parameters(), param_groups)
     figures["weight_backward_transient"] = meter.peak_above(start)
