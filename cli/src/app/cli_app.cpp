@@ -108,6 +108,7 @@ int run_cli(int argc, char** argv) {
   register_whatif(app, options);
   register_advise(app, options);
   register_ranks(app, options);
+  register_predict(app, options);
   app.footer(
       "Exit codes: 0 ok, 1 usage error, 2 bad input or output that cannot be written. A DUMP argument of `-` reads "
       "standard input.");

@@ -43,5 +43,6 @@ void register_plan(CLI::App& app, GlobalOptions& options);
 void register_whatif(CLI::App& app, GlobalOptions& options);
 void register_advise(CLI::App& app, GlobalOptions& options);
 void register_ranks(CLI::App& app, GlobalOptions& options);
+void register_predict(CLI::App& app, GlobalOptions& options);
 
 }  // namespace remat::report

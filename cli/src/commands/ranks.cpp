@@ -8,6 +8,8 @@
 #include "core/errors.hpp"
 #include "interop/torch_snapshot.hpp"
 #include "output/output_file.hpp"
+#include "predict/prediction_chart.hpp"
+#include "predict/prediction_check.hpp"
 #include "ranks/ranks_chart.hpp"
 #include "ranks/ranks_report.hpp"
 #include "reader/dump_file.hpp"
@@ -18,6 +20,9 @@
 #include "reader/snapshot_stream.hpp"
 #include "renderers/document.hpp"
 #include "renderers/renderer.hpp"
+
+#include <remat/pipeline/errors.hpp>
+#include <remat/pipeline/predict.hpp>
 
 #include <fmt/format.h>
 
@@ -40,7 +45,22 @@ struct RanksOptions {
   std::string svg;
   std::string html;
   bool strict = false;
+  std::string predicted;
 };
+
+pipeline::Prediction read_prediction(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw InputError(fmt::format("--predicted {}: cannot read it; pass the dump remat-report predict --json wrote",
+                                 printable(path)));
+  }
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  try {
+    return pipeline::prediction_from_json(text, path);
+  } catch (const pipeline::PlanError& e) {
+    throw InputError(e.what());
+  }
+}
 
 struct RankInput {
   std::string path;
@@ -245,12 +265,17 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
       ->check(whole_number(0, UINT32_MAX, "rows of the ranks table"));
   command->add_option("--svg", opts->svg, "Also draw each rank's peak, stacked by group, into OUT.svg");
   command->add_option("--html", opts->html, "Also write the picture and the hottest ranks into OUT.html");
+  command->add_option("--predicted", opts->predicted,
+                      "A pipeline_prediction dump (remat-report predict --json): each rank's measured peak beside "
+                      "the predicted one, with the error (--svg draws the prediction with the measured peaks)");
   command->add_flag("--strict", opts->strict, "Exit 2 when any dump is unreadable (the report is printed first)");
   add_output_options(*command, options);
   command->callback([opts, &options] {
     (void)options.format();  // --json with --csv is refused before any input is read
     const std::optional<OutputTarget> svg = picture_target(opts->svg, ".svg", "--svg", opts->paths);
     const std::optional<OutputTarget> html = picture_target(opts->html, ".html", "--html", opts->paths);
+    std::optional<pipeline::Prediction> prediction;
+    if (!opts->predicted.empty()) prediction = read_prediction(opts->predicted);
     RanksRun run;
     run.spreads = !opts->by.empty();
     run.by = run.spreads ? group_by_from(opts->by) : GroupBy::region;
@@ -261,6 +286,12 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
           fmt::format("no rank's snapshot or OOM dump in {}: pass the dumps each rank wrote "
                       "(remat_alloc.dump_snapshot, the OOM observer's oom-*.json) or their folder",
                       opts->paths.size() == 1 ? printable(opts->paths.front()) : "the paths given"));
+    }
+    if (prediction) {
+      if (svg) write_output_file(*svg, prediction_svg(*prediction, measured_peaks(run.job)));
+      print(prediction_check_report(*prediction, run.job), options);
+      std::cout.flush();
+      return;
     }
     if (svg) write_output_file(*svg, ranks_svg(run));
     if (html) write_output_file(*html, ranks_html(run));

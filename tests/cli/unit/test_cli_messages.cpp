@@ -5,7 +5,7 @@ namespace remat::report::testing {
 namespace {
 
 const std::string kSubcommands =
-    "summary, memory, segments, trace, timeline, diff, validate, export, import, oom, schedule, plan, whatif, advise, ranks";
+    "summary, memory, segments, trace, timeline, diff, validate, export, import, oom, schedule, plan, whatif, advise, ranks, predict";
 
 TEST(CliMessages, NumbersOutOfRangeNameTheOptionTheValueAndTheRange) {
   TempDir dir;

@@ -10,6 +10,9 @@ semantics, except that a closed-form ring smaller than the colored minimum is ne
     schedule = ScheduleInterleaved1F1B(stages, n_microbatches=16, loss_fn=loss_fn)
     plan = remat.pipelining.pool_recv_buffers(schedule)   # before the first step()
     schedule.step(x, target=y)
+
+Before a job runs, profile_stage measures what each stage costs on one microbatch and
+predict(profiles, schedule, ...) gives each rank's peak (as `remat-report predict`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from .. import _pipeline_plan
 from . import _torch_internals as internals
 from ._plan import UnsupportedSchedule, layout_of, plan_of
 from ._pool import RecvSlotInUse, SchedulePool
+from ._predict import predict
+from ._profile import profile_stage
 
 __all__ = [
     "pool_recv_buffers",
@@ -31,6 +36,8 @@ __all__ = [
     "install_recv_buffer_pool",
     "install_interleaved_recv_pool",
     "schedule_supports_recv_pool",
+    "profile_stage",
+    "predict",
 ]
 
 logger = logging.getLogger(__name__)

@@ -309,3 +309,11 @@ def on_first_1f1b_step(before: Callable[[Any], None]) -> None:
         return original(self, args, kwargs)
 
     one_f_one_b._initialize_stage = _initialize_stage
+
+
+def stage_backward_functions():
+    """PyTorch's own stage backward functions (full, input part, weight part), which
+    profile_stage measures a stage through, as the pipeline stage runs them."""
+    from torch.distributed.pipelining import _backward
+
+    return _backward.stage_backward, _backward.stage_backward_input, _backward.stage_backward_weight

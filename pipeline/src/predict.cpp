@@ -1,0 +1,307 @@
+// Walks each rank's lowered order with the stage profiles' figures: the level of memory after
+// every action and the action's own peak on top of it. What a pipeline runtime holds, and
+// until when, is PyTorch's torch.distributed.pipelining behaviour:
+// - a forward keeps its activations and output (the stage's forward cache) until the
+//   microbatch's backward (full B, or W after I under a zero-bubble split);
+// - a sent tensor is held by its send until the send is waited for: Schedule1F1B waits each at
+//   once, ScheduleGPipe waits its backward sends at the step's end and the action runtime every
+//   send at the step's end; a tensor handed to a stage on the same rank is let go by the
+//   backward that reads it;
+// - the last stage keeps every microbatch's output and loss for the step (its merged output);
+// - parameter gradients appear at a stage's first backward (zero_grad(set_to_none=True)) and
+//   the optimizer state is held throughout (a step after the first);
+// - receive buffers are allocated once and held: one set per microbatch (stock) or the plan's
+//   rings (pooled).
+
+#include <remat/pipeline/errors.hpp>
+#include <remat/pipeline/plan.hpp>
+#include <remat/pipeline/predict.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace remat::pipeline {
+namespace {
+
+std::string bytes_text(std::uint64_t bytes) { return std::to_string(bytes) + " bytes"; }
+
+void check_profiles(const Schedule& lowered, const std::vector<StageProfile>& profiles) {
+  const int stages = lowered.num_stages();
+  if (static_cast<int>(profiles.size()) != stages) {
+    throw PlanError("the schedule has " + std::to_string(stages) + " stages and " + std::to_string(profiles.size()) +
+                    " stage profiles were given; give one profile per stage (profile_stage for each of stages 0.." +
+                    std::to_string(stages - 1) + ")");
+  }
+  for (int s = 0; s < stages; ++s) {
+    const StageProfile& profile = profiles[static_cast<std::size_t>(s)];
+    if (profile.num_stages != stages) {
+      throw PlanError("the profile of stage " + std::to_string(profile.stage) + " is of a model split into " +
+                      std::to_string(profile.num_stages) + " stages, and the schedule runs " + std::to_string(stages) +
+                      "; profile the stages of this split, or give a schedule with " +
+                      std::to_string(profile.num_stages) + " stages");
+    }
+    if (profile.stage != s) {
+      throw PlanError("two profiles are of stage " + std::to_string(profile.stage) + " and none of stage " +
+                      std::to_string(s) + "; give each stage's profile once");
+    }
+    if (profile.model != profiles.front().model) {
+      throw PlanError("the profile of stage " + std::to_string(s) + " is of model '" + profile.model +
+                      "' and that of stage 0 of model '" + profiles.front().model +
+                      "'; profile every stage of one model (the same model= in profile_stage)");
+    }
+    if (s > 0) {
+      const StageProfile& previous = profiles[static_cast<std::size_t>(s - 1)];
+      if (previous.output_bytes != profile.input_bytes) {
+        throw PlanError("stage " + std::to_string(s - 1) + " sends " + bytes_text(previous.output_bytes) +
+                        " per microbatch and stage " + std::to_string(s) + " receives " +
+                        bytes_text(profile.input_bytes) +
+                        ": the profiles are not of one model split at one place with one microbatch size; profile "
+                        "every stage again from the same model and microbatch");
+      }
+    }
+  }
+}
+
+// Receive buffers each rank holds for the step: per stage and direction, stock sets or rings.
+std::vector<std::uint64_t> receive_bytes(const Schedule& lowered, const std::vector<StageProfile>& profiles,
+                                         const PredictOptions& options) {
+  PlanOptions plan_options;
+  plan_options.schedule_name = options.schedule_name;
+  plan_options.lowering = options.lowering;
+  plan_options.use_closed_form = false;
+  plan_options.spare_sets = options.spare_sets;
+  const PipelinePlan plan = plan_receive_buffers(lowered, plan_options);
+  std::vector<std::uint64_t> per_rank(static_cast<std::size_t>(lowered.num_ranks()), 0);
+  for (const StagePlan& entry : plan.entries) {
+    if (entry.received == 0) continue;
+    const StageProfile& profile = profiles[static_cast<std::size_t>(entry.stage)];
+    const std::uint64_t set_bytes =
+        entry.direction == Direction::forward ? profile.input_bytes : profile.output_bytes;
+    const int sets = options.buffers == ReceiveBuffers::stock ? entry.stock_sets() : entry.pooled_sets();
+    per_rank[static_cast<std::size_t>(entry.rank)] += set_bytes * static_cast<std::uint64_t>(sets);
+  }
+  return per_rank;
+}
+
+// One rank's walk.
+class RankWalk {
+ public:
+  RankWalk(const Schedule& lowered, const std::vector<StageProfile>& profiles, const PredictOptions& options,
+           int rank, std::uint64_t receive)
+      : order_(lowered.ranks[static_cast<std::size_t>(rank)]),
+        profiles_(profiles),
+        options_(options),
+        last_stage_(lowered.num_stages() - 1),
+        microbatches_(lowered.microbatches) {
+    result_.rank = rank;
+    for (int s = 0; s < lowered.num_stages(); ++s) {
+      if (lowered.stage_to_rank[static_cast<std::size_t>(s)] == rank) result_.stages.push_back(s);
+    }
+    level_.receive_buffers = receive;
+    const auto m = static_cast<std::uint64_t>(microbatches_);
+    for (const int s : result_.stages) {
+      const StageProfile& p = profile(s);
+      level_.params += p.params;
+      if (options.optimizer_step) level_.optimizer_state += p.optimizer_state;
+      if (s == 0) level_.batch += p.input_bytes * m;
+      if (s == last_stage_) level_.batch += p.target_bytes * m;
+    }
+    for (const std::optional<Action>& action : order_) {
+      if (!action || !action->microbatch) continue;
+      if (action->type == ActionType::send_f) sends_forward_.insert({action->stage, *action->microbatch});
+      if (action->type == ActionType::send_b) sends_backward_.insert({action->stage, *action->microbatch});
+    }
+  }
+
+  RankPrediction run() {
+    for (std::size_t position = 0; position < order_.size(); ++position) {
+      if (order_[position]) step(*order_[position], static_cast<int>(position));
+    }
+    finish();
+    return result_;
+  }
+
+ private:
+  using Key = std::pair<int, int>;  // stage, microbatch
+
+  const StageProfile& profile(int stage) const { return profiles_[static_cast<std::size_t>(stage)]; }
+
+  void candidate(std::uint64_t transient, int position, std::string action) {
+    PeakParts parts = level_;
+    parts.transient = transient;
+    if (!seen_ || parts.total() > result_.peak) {
+      seen_ = true;
+      result_.peak = parts.total();
+      result_.parts = parts;
+      result_.position = position;
+      result_.action = std::move(action);
+      result_.in_flight = static_cast<int>(in_flight_.size());
+    }
+  }
+
+  void grads_of(int stage) {
+    if (graded_.insert(stage).second) level_.grads += profile(stage).grads;
+  }
+
+  // The microbatch's activations let go; its output stays where something still holds it.
+  void release_forward(int stage, int microbatch, std::uint64_t kept) {
+    level_.activations -= kept;
+    in_flight_.erase({stage, microbatch});
+    const StageProfile& p = profile(stage);
+    const bool runtime_send = options_.lowering != "step" && sends_forward_.count({stage, microbatch}) > 0;
+    if (stage == last_stage_) {
+      level_.held_for_sends += p.output_bytes + p.loss_bytes;
+    } else if (runtime_send) {
+      level_.held_for_sends += std::min(p.output_bytes, kept);
+    }
+  }
+
+  // The input gradient a backward made: held until its send is waited for, or until the
+  // previous stage on this rank has read it.
+  void hold_input_grad(int stage, int microbatch) {
+    const std::uint64_t bytes = profile(stage).input_grad_bytes;
+    if (stage == 0 || bytes == 0) return;
+    level_.held_for_sends += bytes;
+    const bool sent = sends_backward_.count({stage, microbatch}) > 0;
+    if (!sent) {
+      local_grads_[{stage - 1, microbatch}] += bytes;
+    } else if (options_.lowering == "step" && options_.schedule_name == "1f1b") {
+      waited_at_send_[{stage, microbatch}] += bytes;
+    }
+  }
+
+  void read_local_grad(int stage, int microbatch) {
+    const auto it = local_grads_.find({stage, microbatch});
+    if (it == local_grads_.end()) return;
+    level_.held_for_sends -= it->second;
+    local_grads_.erase(it);
+  }
+
+  void step(const Action& action, int position) {
+    if (action.type == ActionType::overlap_f_b) {
+      for (const Action& sub : action.sub_actions) step(sub, position);
+      return;
+    }
+    if (!action.microbatch) return;
+    const int s = action.stage;
+    const int m = *action.microbatch;
+    const StageProfile& p = profile(s);
+    switch (action.type) {
+      case ActionType::forward:
+        candidate(p.forward_transient, position, to_string(action));
+        level_.activations += p.forward_kept;
+        kept_[{s, m}] = p.forward_kept;
+        in_flight_.insert({s, m});
+        break;
+      case ActionType::full_backward:
+        candidate(p.backward_transient, position, to_string(action));
+        grads_of(s);
+        release_forward(s, m, take_kept(s, m));
+        hold_input_grad(s, m);
+        read_local_grad(s, m);
+        break;
+      case ActionType::backward_input:
+        if (s == 0) break;  // stage 0 runs its whole backward at W
+        candidate(p.input_backward_transient, position, to_string(action));
+        level_.activations += p.input_backward_kept;
+        level_.activations -= take_kept(s, m);
+        kept_[{s, m}] = p.input_backward_kept;
+        hold_input_grad(s, m);
+        read_local_grad(s, m);
+        break;
+      case ActionType::backward_weight:
+        candidate(s == 0 ? p.backward_transient : p.weight_backward_transient, position, to_string(action));
+        grads_of(s);
+        release_forward(s, m, take_kept(s, m));
+        if (s == 0) read_local_grad(s, m);
+        break;
+      case ActionType::send_b: {
+        const auto it = waited_at_send_.find({s, m});
+        if (it != waited_at_send_.end()) {
+          level_.held_for_sends -= it->second;
+          waited_at_send_.erase(it);
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  std::uint64_t take_kept(int stage, int microbatch) {
+    const auto it = kept_.find({stage, microbatch});
+    if (it == kept_.end()) return 0;
+    const std::uint64_t kept = it->second;
+    kept_.erase(it);
+    return kept;
+  }
+
+  void finish() {
+    // The step's sends are waited for; the last stage keeps its outputs and losses.
+    std::uint64_t last_outputs = 0;
+    const bool has_last = std::find(result_.stages.begin(), result_.stages.end(), last_stage_) != result_.stages.end();
+    const auto m = static_cast<std::uint64_t>(microbatches_);
+    if (has_last) last_outputs = (profile(last_stage_).output_bytes + profile(last_stage_).loss_bytes) * m;
+    level_.held_for_sends = last_outputs;
+    if (has_last) candidate(profile(last_stage_).output_bytes * m, -1, "merge outputs");
+    if (!options_.optimizer_step) return;
+    std::uint64_t transient = 0;
+    for (const int s : result_.stages) {
+      grads_of(s);
+      transient += profile(s).optimizer_transient;
+    }
+    candidate(transient, -1, "optimizer step");
+  }
+
+  const RankOrder& order_;
+  const std::vector<StageProfile>& profiles_;
+  const PredictOptions& options_;
+  const int last_stage_;
+  const int microbatches_;
+  PeakParts level_;
+  RankPrediction result_;
+  bool seen_ = false;
+  std::set<Key> sends_forward_;
+  std::set<Key> sends_backward_;
+  std::set<Key> in_flight_;
+  std::set<int> graded_;
+  std::map<Key, std::uint64_t> kept_;
+  std::map<Key, std::uint64_t> local_grads_;
+  std::map<Key, std::uint64_t> waited_at_send_;
+};
+
+}  // namespace
+
+std::uint64_t PeakParts::total() const {
+  return params + grads + optimizer_state + activations + receive_buffers + held_for_sends + batch + transient;
+}
+
+std::string_view to_string(ReceiveBuffers buffers) { return buffers == ReceiveBuffers::stock ? "stock" : "pooled"; }
+
+Prediction predict_peaks(const Schedule& lowered, const std::vector<StageProfile>& profiles,
+                         const PredictOptions& options) {
+  if (lowered.microbatches < 1) {
+    throw PlanError("microbatches is " + std::to_string(lowered.microbatches) +
+                    "; a step runs 1 or more microbatches");
+  }
+  check_profiles(lowered, profiles);
+  const std::vector<std::uint64_t> receive = receive_bytes(lowered, profiles, options);
+  Prediction prediction;
+  prediction.model = profiles.front().model;
+  prediction.schedule_name = options.schedule_name;
+  prediction.lowering = options.lowering;
+  prediction.buffers = options.buffers;
+  prediction.ranks = lowered.num_ranks();
+  prediction.stages = lowered.num_stages();
+  prediction.microbatches = lowered.microbatches;
+  for (int rank = 0; rank < lowered.num_ranks(); ++rank) {
+    prediction.per_rank.push_back(
+        RankWalk(lowered, profiles, options, rank, receive[static_cast<std::size_t>(rank)]).run());
+  }
+  return prediction;
+}
+
+}  // namespace remat::pipeline
