@@ -9,6 +9,7 @@
 #include "output/output_file.hpp"
 #include "reader/input_file.hpp"
 
+#include <remat/budget/budget_text.hpp>
 #include <remat/budget/plan.hpp>
 
 #include <fmt/format.h>
@@ -64,15 +65,12 @@ std::string read_profile_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
 }
 
-std::uint64_t parse_budget(const std::string& text) {
-  const ByteSize size = parse_byte_size(text, /*decimal_units=*/true);
-  if (size.problem != ByteSize::Problem::none) {
-    throw UsageError(fmt::format("--budget {}: give the memory the checkpoints may keep, in bytes, as a whole "
-                                 "number with an optional unit, B, KiB, MiB, GiB, TiB (powers of 1024) or kB, MB, "
-                                 "GB, TB (powers of 1000): 12884901888, 12GiB or 12GB",
-                                 text.empty() ? std::string("'' (empty)") : printable(text)));
+std::uint64_t parse_budget(const std::string& option, const std::string& text) {
+  try {
+    return budget::parse_budget(text, option);
+  } catch (const budget::BudgetError& error) {
+    throw UsageError(error.what());
   }
-  return size.bytes;
 }
 
 Report plan_report(const budget::Plan& plan) {
@@ -138,7 +136,7 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
   command->add_option("file", opts->file, "A region_profile dump (remat.profile_regions(), profile.to_json(path))")
       ->required();
   auto* budget_option = command->add_option(
-      "--budget", opts->budget, "Memory the checkpoints may keep (12884901888, 12GiB, or 12GB = 12 x 10^9 bytes)");
+      "--budget", opts->budget, "Memory the checkpoints may keep, with a unit (12GiB, 512 MiB, or 12GB = 12 x 10^9 bytes)");
   command->add_flag("--group", opts->group,
                     "Plan regions whose names differ only in numbers as one (layers.*::attn), as plan(group=True)");
   command->add_option("--steps", opts->steps, "Budgets on the frontier without --budget (default 8)")
@@ -156,7 +154,7 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       picture = output_target(opts->svg, {opts->file});
     }
     const bool has_budget = budget_option->count() > 0;
-    const std::uint64_t budget_bytes = has_budget ? parse_budget(opts->budget) : 0;
+    const std::uint64_t budget_bytes = has_budget ? parse_budget("--budget", opts->budget) : 0;
     const std::string source = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
     budget::RegionProfile profile;
     try {

@@ -3,6 +3,7 @@
 // the C++ readers check field by field. Standard C++ over pybind11's headers; no LibTorch. Plans
 // are made without the GIL (the arguments are C++ strings by then), so other Python threads run.
 
+#include <remat/budget/budget_text.hpp>
 #include <remat/budget/plan.hpp>
 
 #include <pybind11/pybind11.h>
@@ -55,6 +56,11 @@ PYBIND11_MODULE(_budget, m) {
         return plan_to_json(plan_from_json(text, source));
       },
       py::arg("text"), py::arg("source"), "The remat_plan dump, checked and written again.");
+  m.def(
+      "parse_budget", [](const std::string& text, const std::string& what) { return parse_budget(text, what); },
+      py::arg("text"), py::arg("what"),
+      "The bytes a budget string stands for (\"70GiB\", \"512 MiB\", \"80GB\"); BudgetError names the forms accepted.");
+  m.attr("BUDGET_FORMS") = std::string(kBudgetForms);
   m.def("matches", &matches, py::arg("pattern"), py::arg("name"),
         "Whether a region name matches a plan's pattern (each '*' stands for a number: a run of digits).");
 }

@@ -137,16 +137,33 @@ class _CheckpointRun:
             self._open.pop()
 
 
-def _byte_count(value, what):
-    # Any integer (numpy.int64, a 0-d integer tensor: what a computed budget often is), not a bool or float.
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{what} must be an int number of bytes, got {type(value).__name__}")
-    try:
-        value = operator.index(value)
-    except TypeError:  # a tensor of floats, or of more than one element
-        raise TypeError(f"{what} must be an int number of bytes, got {type(value).__name__} {value!r:.80}") from None
-    if value < 0:
-        raise ValueError(f"{what} must be 0 or more bytes, got {value}")
+def budget_arg(value, what):
+    """A budget in bytes from an int ("any integer": numpy.int64, a 0-d integer tensor, what a
+    computed budget often is), a float that is a whole number of bytes, or a string with a unit
+    ("70GiB", "512 MiB", "80GB": remat._budget.parse_budget, the reader remat-report uses too).
+    Refused: bools, 0 or less, NaN and infinities, fractions of a byte, a string without a unit."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a number of bytes or a string with a unit, got a bool ({value}); write "
+                        f"{_budget.BUDGET_FORMS}, or pass an int number of bytes")
+    if isinstance(value, str):
+        return _budget.parse_budget(value, what)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")) or not value.is_integer():
+            raise ValueError(f"{what} must be a whole number of bytes, got the float {value!r}; pass an int, or a "
+                             f"string such as '70GiB'")
+        value = int(value)
+    elif not hasattr(type(value), "__index__"):
+        raise TypeError(f"{what} must be an int number of bytes or a string with a unit ('70GiB', '512 MiB', "
+                        f"'80GB'), got {type(value).__name__}")
+    else:
+        try:
+            value = operator.index(value)
+        except TypeError:  # a tensor of floats, or of more than one element
+            raise TypeError(f"{what} must be an int number of bytes, got {type(value).__name__} "
+                            f"{value!r:.80}") from None
+    if value <= 0:
+        raise ValueError(f"{what} must be more than 0 bytes, got {value}; pass the bytes the step may use, such as "
+                         f"70 * 2**30 or '70GiB'")
     if value >= 1 << 64:
         raise ValueError(f"{what} is {value}, more than 2**64 - 1 bytes")
     return value
@@ -198,7 +215,7 @@ class RegionProfile:
         at most budget_bytes. group=True plans regions whose names differ only in numbers as one
         ("layers.*::attn"): one choice for every layer. A budget below base_bytes is a ValueError
         naming the smallest one."""
-        budget_bytes = _byte_count(budget_bytes, "plan: budget_bytes")
+        budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
         group = flag_arg("plan", "group", group)
         return Plan(_budget.plan(self._text, budget_bytes, group), profile=self, group=group)
 

@@ -6,22 +6,17 @@
 // Python package, the checkpoint runtime and remat-report all plan with it, and read and write
 // the same dumps (schemas/region-profile and schemas/remat-plan).
 
+#include <remat/budget/error.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace remat::budget {
-
-// A budget below what the checkpoints keep anyway, a malformed profile or plan dump.
-class BudgetError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // What one region costs: the bytes its checkpoint keeps for backward while it is saved, and
 // its forward time, which recompute spends again when it is not.
