@@ -180,6 +180,10 @@ def test_bad_budgets_are_refused_with_the_smallest_budget_named(profile):
                          ("0.5B", "a fraction of a byte"), ("nan", "not a number"), ("", "empty")):
         with pytest.raises(ValueError, match=f"'{bad}': {problem}"):
             profile.plan(budget_bytes=bad)
+    with pytest.raises(TypeError, match="give one budget"):
+        profile.plan()
+    with pytest.raises(TypeError, match="give one budget"):
+        profile.plan(budget_bytes="1GiB", peak_bytes="1GiB")
     # A computed budget is often a numpy or 0-d tensor integer: taken as the int it holds.
     everything = profile.all_saved_bytes
     expected = profile.plan(budget_bytes=everything).decisions
