@@ -47,7 +47,8 @@ std::vector<std::vector<std::size_t>> region_indexes(const RegionProfile& profil
         }
       }
       if (found == profile.regions.size()) {
-        throw BudgetError("the profile's step lists region '" + region.name + "', which its regions do not: the "
+        throw BudgetError("the profile's step lists region '" + region.name +
+                          "', which its regions do not: the "
                           "profile contradicts itself; profile the step again (remat.profile_regions())");
       }
       of_call.push_back(found);
@@ -94,8 +95,8 @@ class StepModel {
       std::uint64_t alive = alive_bytes(segment, sets, recomputed);
       std::uint64_t top = segment.peak_bytes;
       if (segment.backward >= 0) {
-        top = std::max(top, segment.start_bytes + recompute_transient(static_cast<std::size_t>(segment.backward),
-                                                                      choices));
+        top = std::max(top,
+                       segment.start_bytes + recompute_transient(static_cast<std::size_t>(segment.backward), choices));
       }
       const std::uint64_t freed = saved_alive_[s] > alive ? saved_alive_[s] - alive : 0;
       const std::uint64_t added = alive > saved_alive_[s] ? alive - saved_alive_[s] : 0;
@@ -209,10 +210,11 @@ class StepModel {
 
 const StepMemory& step_of(const RegionProfile& profile) {
   if (!profile.step) {
-    throw BudgetError("the profile has no step memory, so no plan's step peak can be predicted: profile the step "
-                      "with its tensors counted, CPU tensors inside remat.tag_cpu_tensors() or CUDA tensors under "
-                      "remat_alloc.install(), then plan by peak_bytes (or plan by budget_bytes, what the checkpoints "
-                      "keep)");
+    throw BudgetError(
+        "the profile has no step memory, so no plan's step peak can be predicted: profile the step "
+        "with its tensors counted, CPU tensors inside remat.tag_cpu_tensors() or CUDA tensors under "
+        "remat_alloc.install(), then plan by peak_bytes (or plan by budget_bytes, what the checkpoints "
+        "keep)");
   }
   return *profile.step;
 }
@@ -326,9 +328,7 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
 
 }  // namespace
 
-std::uint64_t least_step_peak(const RegionProfile& profile) {
-  return search_peak(profile, 0).lowest_peak;
-}
+std::uint64_t least_step_peak(const RegionProfile& profile) { return search_peak(profile, 0).lowest_peak; }
 
 Plan solve_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   const StepMemory& step = step_of(profile);
@@ -344,9 +344,11 @@ Plan solve_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
     std::snprintf(percent, sizeof percent, "%.0f%%", share * 100);
     throw BudgetError(
         "a step peak of " + bytes_text(peak_bytes) + " is below every plan's: the least any plan reaches is " +
-        bytes_text(lowest_peak) + (every_plan ? "" : " among the plans tried") + ". What stays allocated through "
-        "the step (parameters, gradients and optimizer state, the batch: " + bytes_text(fixed) + ") is " + percent +
-        " of it: recompute cannot reduce that part. Give a peak of at least " + std::to_string(lowest_peak) +
+        bytes_text(lowest_peak) + (every_plan ? "" : " among the plans tried") +
+        ". What stays allocated through "
+        "the step (parameters, gradients and optimizer state, the batch: " +
+        bytes_text(fixed) + ") is " + percent + " of it: recompute cannot reduce that part. Give a peak of at least " +
+        std::to_string(lowest_peak) +
         " bytes, or make the step smaller (a smaller batch or sequence, fewer parameters on this device)");
   }
   Plan plan;

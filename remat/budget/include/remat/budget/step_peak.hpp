@@ -20,24 +20,25 @@ enum class Choice : std::uint8_t;
 
 // Storages are numbered in StepMemory::storages (their bytes); sets are lists of those numbers.
 struct StepRegion {
-  std::string name;                     // "checkpoint::region", as in RegionProfile::regions
-  std::vector<std::uint32_t> kept;      // what it keeps while saved (saved tensors, its output)
-  std::vector<std::uint32_t> inputs;    // its tensor inputs
-  std::vector<std::uint32_t> outputs;   // its tensor outputs
-  std::uint64_t transient_bytes = 0;    // forward's peak inside it over what it leaves allocated
+  std::string name;                    // "checkpoint::region", as in RegionProfile::regions
+  std::vector<std::uint32_t> kept;     // what it keeps while saved (saved tensors, its output)
+  std::vector<std::uint32_t> inputs;   // its tensor inputs
+  std::vector<std::uint32_t> outputs;  // its tensor outputs
+  std::uint64_t transient_bytes = 0;   // forward's peak inside it over what it leaves allocated
 };
 
 struct StepCheckpoint {  // one call of a checkpoint
   std::string name;
-  std::vector<std::uint32_t> inputs;       // the tensors it was called with that the step made
-  std::vector<std::uint32_t> kept_inputs;  // those the runtime keeps with every region saved (code outside regions reads them)
+  std::vector<std::uint32_t> inputs;  // the tensors it was called with that the step made
+  std::vector<std::uint32_t>
+      kept_inputs;  // those the runtime keeps with every region saved (code outside regions reads them)
   std::vector<std::uint32_t> outputs;
   std::vector<StepRegion> regions;
 };
 
 struct StepSegment {
-  std::uint64_t peak_bytes = 0;   // the highest allocated bytes in it
-  std::uint64_t start_bytes = 0;  // allocated bytes when it began
+  std::uint64_t peak_bytes = 0;     // the highest allocated bytes in it
+  std::uint64_t start_bytes = 0;    // allocated bytes when it began
   std::vector<std::uint32_t> live;  // checkpoint calls whose kept tensors are alive in it
   std::int64_t forward = -1;        // the checkpoint call whose forward runs in it, if any
   std::int64_t backward = -1;       // the checkpoint call whose backward runs in it, if any
