@@ -100,7 +100,7 @@ def main():
                 python_times.append(seconds)
                 proved += bool(plan["exact"])
                 seconds, run = timed(lambda: subprocess.run(
-                    [args.report, "advise", str(path), "--budget", str(budget_bytes), "--json"],
+                    [args.report, "advise", str(path), "--budget", f"{budget_bytes}B", "--json"],
                     capture_output=True, text=True, check=True))
                 cli_times.append(seconds)
                 if json.loads(run.stdout)["kept_bytes"] != plan["kept_bytes"]:

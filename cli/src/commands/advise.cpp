@@ -9,6 +9,7 @@
 #include "output/output_file.hpp"
 #include "reader/input_file.hpp"
 
+#include <remat/budget/budget_text.hpp>
 #include <remat/budget/plan.hpp>
 
 #include <fmt/format.h>
@@ -32,6 +33,7 @@ constexpr std::uintmax_t kLargestProfile = std::uintmax_t{256} << 20;
 struct AdviseOptions {
   std::string file;
   std::string budget;
+  std::string peak;
   bool group = false;
   std::size_t steps = 8;
   std::string svg;
@@ -64,15 +66,12 @@ std::string read_profile_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
 }
 
-std::uint64_t parse_budget(const std::string& text) {
-  const ByteSize size = parse_byte_size(text, /*decimal_units=*/true);
-  if (size.problem != ByteSize::Problem::none) {
-    throw UsageError(fmt::format("--budget {}: give the memory the checkpoints may keep, in bytes, as a whole "
-                                 "number with an optional unit, B, KiB, MiB, GiB, TiB (powers of 1024) or kB, MB, "
-                                 "GB, TB (powers of 1000): 12884901888, 12GiB or 12GB",
-                                 text.empty() ? std::string("'' (empty)") : printable(text)));
+std::uint64_t parse_budget(const std::string& option, const std::string& text) {
+  try {
+    return budget::parse_budget(text, option);
+  } catch (const budget::BudgetError& error) {
+    throw UsageError(error.what());
   }
-  return size.bytes;
 }
 
 Report plan_report(const budget::Plan& plan) {
@@ -81,6 +80,10 @@ Report plan_report(const budget::Plan& plan) {
   add_field(summary, "budget", Cell::bytes(plan.budget_bytes));
   add_field(summary, "base", Cell::bytes(plan.base_bytes));  // every region recomputed
   add_field(summary, "kept", Cell::bytes(plan.kept_bytes));
+  if (plan.peak_bytes != 0) {
+    add_field(summary, "peak_budget", Cell::bytes(plan.peak_budget_bytes));
+    add_field(summary, "predicted_peak", Cell::bytes(plan.peak_bytes));
+  }
   add_field(summary, "recompute_seconds", Cell::real(plan.recompute_seconds));
   add_field(summary, "exact", Cell::flag(plan.exact));
   report.tables.push_back(std::move(summary));
@@ -138,7 +141,12 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
   command->add_option("file", opts->file, "A region_profile dump (remat.profile_regions(), profile.to_json(path))")
       ->required();
   auto* budget_option = command->add_option(
-      "--budget", opts->budget, "Memory the checkpoints may keep (12884901888, 12GiB, or 12GB = 12 x 10^9 bytes)");
+      "--budget", opts->budget, "Memory the checkpoints may keep, with a unit (12GiB, 512 MiB, or 12GB = 12 x 10^9 bytes)");
+  auto* peak_option = command->add_option(
+      "--peak", opts->peak,
+      "The step's peak allocated bytes the plan must stay within, with a unit (70GiB, 512 MiB, 80GB); needs a profile "
+      "with step memory");
+  budget_option->excludes(peak_option);
   command->add_flag("--group", opts->group,
                     "Plan regions whose names differ only in numbers as one (layers.*::attn), as plan(group=True)");
   command->add_option("--steps", opts->steps, "Budgets on the frontier without --budget (default 8)")
@@ -146,7 +154,7 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
   auto* svg_option = command->add_option(
       "--svg", opts->svg, "Also draw the frontier (recompute time of the fastest plan at each budget) into OUT.svg");
   add_output_options(*command, options);
-  command->callback([opts, budget_option, svg_option, &options] {
+  command->callback([opts, budget_option, peak_option, svg_option, &options] {
     const bool draw = svg_option->count() > 0;
     std::optional<OutputTarget> picture;
     if (draw) {
@@ -155,8 +163,10 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       }
       picture = output_target(opts->svg, {opts->file});
     }
-    const bool has_budget = budget_option->count() > 0;
-    const std::uint64_t budget_bytes = has_budget ? parse_budget(opts->budget) : 0;
+    const bool by_peak = peak_option->count() > 0;
+    const bool has_budget = budget_option->count() > 0 || by_peak;
+    const std::uint64_t budget_bytes =
+        by_peak ? parse_budget("--peak", opts->peak) : has_budget ? parse_budget("--budget", opts->budget) : 0;
     const std::string source = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
     budget::RegionProfile profile;
     try {
@@ -172,9 +182,10 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     }
     budget::Plan plan;
     try {
-      plan = budget::solve(profile, budget_bytes);
+      plan = by_peak ? budget::solve_peak(profile, budget_bytes) : budget::solve(profile, budget_bytes);
     } catch (const budget::BudgetError& error) {
-      throw UsageError(fmt::format("--budget {}: {}", printable(opts->budget), error.what()));
+      throw UsageError(fmt::format("{} {}: {}", by_peak ? "--peak" : "--budget",
+                                   printable(by_peak ? opts->peak : opts->budget), error.what()));
     }
     if (options.format() == OutputFormat::json) {
       std::cout << budget::plan_to_json(plan);

@@ -3,6 +3,7 @@
 // the C++ readers check field by field. Standard C++ over pybind11's headers; no LibTorch. Plans
 // are made without the GIL (the arguments are C++ strings by then), so other Python threads run.
 
+#include <remat/budget/budget_text.hpp>
 #include <remat/budget/plan.hpp>
 
 #include <pybind11/pybind11.h>
@@ -37,6 +38,31 @@ PYBIND11_MODULE(_budget, m) {
       py::arg("profile"), py::arg("budget_bytes"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "The remat_plan dump of the fastest plan within the budget, from a region_profile dump.");
   m.def(
+      "plan_by_peak",
+      [](const std::string& profile, std::uint64_t peak_bytes, bool group) {
+        return plan_to_json(solve_peak(profile_of(profile, group), peak_bytes));
+      },
+      py::arg("profile"), py::arg("peak_bytes"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
+      "The remat_plan dump of the fastest plan whose predicted step peak is within peak_bytes.");
+  m.def(
+      "least_peak", [](const std::string& profile, bool group) { return least_step_peak(profile_of(profile, group)); },
+      py::arg("profile"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
+      "The least step peak any plan reaches, as predicted from the profile's step memory.");
+  m.def(
+      "predict_peak",
+      [](const std::string& profile, const std::vector<bool>& recompute, bool group) {
+        const RegionProfile parsed = profile_of(profile, group);
+        if (recompute.size() != parsed.regions.size()) {
+          throw BudgetError("predict_peak: " + std::to_string(recompute.size()) + " choices for " +
+                            std::to_string(parsed.regions.size()) + " regions");
+        }
+        std::vector<Choice> choices;
+        for (const bool r : recompute) choices.push_back(r ? Choice::recompute : Choice::save);
+        return predict_step_peak(parsed, choices);
+      },
+      py::arg("profile"), py::arg("recompute"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
+      "The predicted step peak with each region (in profile order) recomputed or saved.");
+  m.def(
       "frontier",
       [](const std::string& profile, std::size_t steps, bool group) {
         std::vector<std::string> plans;
@@ -55,6 +81,11 @@ PYBIND11_MODULE(_budget, m) {
         return plan_to_json(plan_from_json(text, source));
       },
       py::arg("text"), py::arg("source"), "The remat_plan dump, checked and written again.");
+  m.def(
+      "parse_budget", [](const std::string& text, const std::string& what) { return parse_budget(text, what); },
+      py::arg("text"), py::arg("what"),
+      "The bytes a budget string stands for (\"70GiB\", \"512 MiB\", \"80GB\"); BudgetError names the forms accepted.");
+  m.attr("BUDGET_FORMS") = std::string(kBudgetForms);
   m.def("matches", &matches, py::arg("pattern"), py::arg("name"),
         "Whether a region name matches a plan's pattern (each '*' stands for a number: a run of digits).");
 }

@@ -124,6 +124,7 @@ RegionProfile grouped(const RegionProfile& profile) {
   out.base_bytes = profile.base_bytes;
   out.device = profile.device;
   out.timer = profile.timer;
+  out.step = profile.step;  // step regions take their choice from the pattern that matches them
   std::unordered_map<std::string, std::size_t> index;
   for (const RegionCost& region : profile.regions) {
     std::string pattern;

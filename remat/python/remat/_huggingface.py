@@ -127,7 +127,8 @@ class _RegionForward:
         name, save = entry
         region = call.region_name(name)
         # Names were checked when the layer was wrapped; the region goes straight to the runtime.
-        return _plans.run_region(region, not save, lambda setting: _C.region(self.inner, args, kwargs, region, setting))
+        return _plans.run_region(region, not save, lambda setting: _C.region(self.inner, args, kwargs, region, setting),
+                                 (args, kwargs))
 
 
 # --- one layer ---------------------------------------------------------------------------------

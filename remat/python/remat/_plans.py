@@ -30,12 +30,14 @@ import threading
 import time
 from collections import namedtuple
 
+import remat_alloc
 import torch
 from remat_alloc.arguments import path_arg
 
 from . import _budget
 from ._arguments import flag_arg
 from ._extension import _C
+from ._step_profile import StepRecorder
 
 __all__ = ["RegionCost", "RegionProfile", "Plan", "profile_regions", "use_plan", "load_plan"]
 
@@ -72,13 +74,14 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     return out
 
 
-def run_region(name, own_recompute, call):
+def run_region(name, own_recompute, call, args=()):
     """Runs a region: call(recompute) is the runtime's region with that setting. Outside a
-    checkpoint under a plan or a profile, with the region's own setting."""
+    checkpoint under a plan or a profile, with the region's own setting. `args`: its arguments,
+    which a profile records (what a saved region keeps of its inputs)."""
     running = getattr(_state, "checkpoints", None)
     if not running:
         return call(own_recompute)
-    return running[-1].run_region(name, own_recompute, call)
+    return running[-1].run_region(name, own_recompute, call, args)
 
 
 class _CheckpointRun:
@@ -111,7 +114,7 @@ class _CheckpointRun:
         body.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
         return body
 
-    def run_region(self, name, own_recompute, call):
+    def run_region(self, name, own_recompute, call, args=()):
         path = f"{self.name}::{name}"
         inside_planned = any(self._open)
         if self.profile is not None:
@@ -132,21 +135,38 @@ class _CheckpointRun:
 
         self._open.append(planned or inside_planned)
         try:
-            return run() if self.profile is None else self.profile.time_region(path, run)
+            return run() if self.profile is None else self.profile.time_region(path, run, args)
         finally:
             self._open.pop()
 
 
-def _byte_count(value, what):
-    # Any integer (numpy.int64, a 0-d integer tensor: what a computed budget often is), not a bool or float.
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{what} must be an int number of bytes, got {type(value).__name__}")
-    try:
-        value = operator.index(value)
-    except TypeError:  # a tensor of floats, or of more than one element
-        raise TypeError(f"{what} must be an int number of bytes, got {type(value).__name__} {value!r:.80}") from None
-    if value < 0:
-        raise ValueError(f"{what} must be 0 or more bytes, got {value}")
+def budget_arg(value, what):
+    """A budget in bytes from an int ("any integer": numpy.int64, a 0-d integer tensor, what a
+    computed budget often is), a float that is a whole number of bytes, or a string with a unit
+    ("70GiB", "512 MiB", "80GB": remat._budget.parse_budget, the reader remat-report uses too).
+    Refused: bools, 0 or less, NaN and infinities, fractions of a byte, a string without a unit."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a number of bytes or a string with a unit, got a bool ({value}); write "
+                        f"{_budget.BUDGET_FORMS}, or pass an int number of bytes")
+    if isinstance(value, str):
+        return _budget.parse_budget(value, what)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")) or not value.is_integer():
+            raise ValueError(f"{what} must be a whole number of bytes, got the float {value!r}; pass an int, or a "
+                             f"string such as '70GiB'")
+        value = int(value)
+    elif not hasattr(type(value), "__index__"):
+        raise TypeError(f"{what} must be an int number of bytes or a string with a unit ('70GiB', '512 MiB', "
+                        f"'80GB'), got {type(value).__name__}")
+    else:
+        try:
+            value = operator.index(value)
+        except TypeError:  # a tensor of floats, or of more than one element
+            raise TypeError(f"{what} must be an int number of bytes, got {type(value).__name__} "
+                            f"{value!r:.80}") from None
+    if value <= 0:
+        raise ValueError(f"{what} must be more than 0 bytes, got {value}; pass the bytes the step may use, such as "
+                         f"70 * 2**30 or '70GiB'")
     if value >= 1 << 64:
         raise ValueError(f"{what} is {value}, more than 2**64 - 1 bytes")
     return value
@@ -176,6 +196,11 @@ class RegionProfile:
         doc = json.loads(self._text)
         self.base_bytes = doc["base_bytes"]
         self.all_saved_bytes = doc["all_saved_bytes"]
+        step = doc.get("step")
+        # The measured step peak with every region saved, and what was allocated before the step
+        # (parameters, optimizer state, the batch); None without step memory.
+        self.step_peak_bytes = step["peak_bytes"] if step else None
+        self.step_start_bytes = step["start_bytes"] if step else None
         self.device = doc.get("device_name", "")
         self.timer = doc.get("timer", "")
         self.regions = [RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]]
@@ -193,14 +218,44 @@ class RegionProfile:
             _C.write_dump(path_arg("RegionProfile.to_json", "path", path), self._text)
         return self._text
 
-    def plan(self, budget_bytes, *, group=False):
-        """The plan that recomputes the least time with base_bytes plus the saved regions' bytes
-        at most budget_bytes. group=True plans regions whose names differ only in numbers as one
-        ("layers.*::attn"): one choice for every layer. A budget below base_bytes is a ValueError
-        naming the smallest one."""
-        budget_bytes = _byte_count(budget_bytes, "plan: budget_bytes")
+    def plan(self, budget_bytes=None, *, peak_bytes=None, group=False):
+        """The plan that recomputes the least time within a budget, given as an int number of bytes
+        or a string with a unit ("70GiB", "512 MiB", "80GB"):
+
+        peak_bytes: the training step's peak allocated bytes (remat_alloc.memory_stats()), as
+            predicted from the profiled step (plan.peak_bytes). A budget below every plan's peak
+            is a ValueError naming the least peak and what it is made of.
+        budget_bytes: what the checkpoints keep from forward to backward, base_bytes plus the
+            saved regions' bytes. A budget below base_bytes is a ValueError naming the smallest.
+
+        group=True plans regions whose names differ only in numbers as one ("layers.*::attn"): one
+        choice for every layer."""
         group = flag_arg("plan", "group", group)
+        if (budget_bytes is None) == (peak_bytes is None):
+            raise TypeError("plan: give one budget: peak_bytes= (the step's peak, such as '70GiB') or budget_bytes= "
+                            "(what the checkpoints keep)")
+        if peak_bytes is not None:
+            peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
+            return Plan(_budget.plan_by_peak(self._text, peak_bytes, group), profile=self, group=group)
+        budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
         return Plan(_budget.plan(self._text, budget_bytes, group), profile=self, group=group)
+
+    def least_peak_bytes(self, *, group=False):
+        """The least step peak any plan reaches, predicted (what plan(peak_bytes=) can meet at best)."""
+        return _budget.least_peak(self._text, flag_arg("least_peak_bytes", "group", group))
+
+    def predict_peak(self, plan):
+        """The step peak (allocated bytes) predicted for `plan` (made from this profile)."""
+        names = [region.name for region in self.regions]
+        grouped = any("*" in name for name in plan.decisions)
+        if grouped:
+            order = [entry for entry in plan.decisions]
+            return _budget.predict_peak(self._text, [plan.decisions[entry] == "recompute" for entry in order], True)
+        missing = [name for name in names if name not in plan.decisions]
+        if missing:
+            raise ValueError(f"predict_peak: the plan does not name {len(missing)} region(s) of the profile: "
+                             f"{_listed(missing)}")
+        return _budget.predict_peak(self._text, [plan.decisions[name] == "recompute" for name in names], False)
 
     def frontier(self, steps=8, *, group=False):
         """The fastest plan at `steps` budgets spread from base_bytes to everything saved."""
@@ -227,6 +282,8 @@ class Plan:
         self.recompute_seconds = doc["recompute_seconds"]
         self.exact = doc["exact"]
         self.least_recompute_seconds = doc["least_recompute_seconds"]
+        self.peak_bytes = doc.get("peak_bytes")  # the predicted step peak of a plan by peak_bytes, else None
+        self.peak_budget_bytes = doc.get("peak_budget_bytes")
         self.decisions = dict(doc["decisions"])  # region (or pattern) -> "save" or "recompute"
         listed = doc.get("regions", [])  # absent from a plan given as decisions alone
         self._costs = {r["name"]: RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in listed}
@@ -288,8 +345,11 @@ class Plan:
     def format(self):
         """The plan as a table, then (for a plan made from a profile) the budget/time frontier."""
         width = max([len(name) for name in self.decisions] + [6])
-        lines = [f"plan: {self.kept_bytes} of {self.budget_bytes} bytes kept (base {self.base_bytes}), "
-                 f"{self.recompute_seconds:.6g} s recomputed{'' if self.exact else ' (not proved optimal)'}",
+        lines = []
+        if self.peak_bytes is not None:
+            lines.append(f"step peak: {self.peak_bytes} bytes predicted, within {self.peak_budget_bytes}")
+        lines += [f"plan: {self.kept_bytes} of {self.budget_bytes} bytes kept (base {self.base_bytes}), "
+                  f"{self.recompute_seconds:.6g} s recomputed{'' if self.exact else ' (not proved optimal)'}",
                  f"{'region':<{width}}  {'saved bytes':>14}  {'seconds':>10}  decision"]
         for name, choice in self.decisions.items():
             cost = self._costs.get(name)
@@ -448,19 +508,25 @@ class profile_regions:
         self._bytes = {}        # region -> saved bytes, added up over the calls of its checkpoint
         self._timings = {}      # region -> [seconds or (start event, end event)]
         self._inputs = {}       # storage key -> bytes of checkpoint inputs
+        self._kept_keys = set()  # storages earlier checkpoint calls keep (alive until backward)
+        self._calls = 0
         self._device = "cpu"
+        self._step = None
 
     def __enter__(self):
         if getattr(_state, "session", None) is not None:
             raise RuntimeError("profile_regions: a profile is being measured on this thread already; profile one "
                                "step at a time")
         _state.session = self
+        self._step = StepRecorder()
+        self._step.begin()
         return self
 
     def __exit__(self, exc_type, *rest):
         _state.session = None
         if exc_type is not None:
             return False
+        self._step.end()
         if not self._order:
             raise ValueError("profile_regions: no region of a checkpoint ran inside the block; run one training step "
                              "of a model whose checkpoints have regions (remat.region, wrap_decoder_layers)")
@@ -473,6 +539,8 @@ class profile_regions:
         doc = {"kind": "region_profile", "schema_version": 1, "device_name": self._device,
                "timer": "cuda_events" if self._device.startswith("cuda") else "thread_time",
                "base_bytes": sum(self._inputs.values()), "regions": regions}
+        if self._step.enabled:
+            doc["step"] = self._step.to_dump(remat_alloc.memory_stats(self._step.device)["requested_bytes"])
         self._profile = RegionProfile(json.dumps(doc))
         return False
 
@@ -490,13 +558,24 @@ class profile_regions:
     # --- called by the runtime's Python layer while the block runs -------------------------------
 
     def run_checkpoint(self, name, args, kwargs, call):
-        out = call()
+        if not torch.is_grad_enabled():
+            raise RuntimeError(f"profile_regions: checkpoint '{name}' ran with gradients off (torch.no_grad(), "
+                               "torch.inference_mode() or eval code): a checkpoint then keeps nothing for backward, "
+                               "so the profile would price every region at 0 bytes. Profile an ordinary training step, "
+                               "forward and backward with gradients on")
+        out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
+        # Each input storage once: a storage an earlier call keeps is alive until backward (its
+        # address is its own), any other is this call's alone (a freed address used again by the
+        # next call's input is another storage).
         for tensor in tensors_in((args, kwargs)):
             storage = tensor.untyped_storage()
-            self._inputs[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
+            key = (str(tensor.device), storage.data_ptr())
+            self._inputs[key if key in self._kept_keys else key + (self._calls,)] = storage.nbytes()
+        self._calls += 1
         reports = [report for report in _C.live_checkpoint_reports() if report.checkpoint == name]
         if reports:
             for region in reports[-1].regions:
+                self._kept_keys.update((t.device, t.address) for t in region.tensors)
                 if region.region not in self._timings:
                     continue
                 # Each storage once, and not the checkpoints' inputs (position embeddings every
@@ -504,11 +583,15 @@ class profile_regions:
                 kept = sum(t.bytes for t in region.tensors
                            if not t.shares_storage and (t.device, t.address) not in self._inputs)
                 self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
+        self._step.checkpoint_kept(call_index, reports[-1].regions if reports else [], args, kwargs, out)
         return out
 
-    def time_region(self, name, call):
+    def time_region(self, name, call, args=()):
         if self._depth > 0 or _C.is_recomputing():
             return call()
+        return self._step.region_forward(name, args, lambda: self._timed_region(name, call))
+
+    def _timed_region(self, name, call):
         if name not in self._timings:
             self._timings[name] = []
             self._order.append(name)

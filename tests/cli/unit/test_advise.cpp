@@ -21,12 +21,12 @@ std::string huge_profile(double last_seconds) {
 TEST(Advise, AProfileOfHugeSecondsGivesPlansInJson) {
   TempDir dir;
   const std::string file = dir.write("huge.json", huge_profile(2.0));
-  const CliResult plan = run({"advise", file, "--budget", "100", "--json"});
+  const CliResult plan = run({"advise", file, "--budget", "100B", "--json"});
   ASSERT_EQ(plan.code, 0) << plan.err;
   const nlohmann::json parsed = nlohmann::json::parse(plan.out);  // throws on inf or nan
   EXPECT_EQ(parsed["recompute_seconds"].get<double>(), 1e308);
   EXPECT_EQ(parsed["decisions"]["layers.0::attn"], "recompute");
-  const CliResult saved = run({"advise", file, "--budget", "110", "--json"});
+  const CliResult saved = run({"advise", file, "--budget", "110B", "--json"});
   ASSERT_EQ(saved.code, 0) << saved.err;
   EXPECT_EQ(nlohmann::json::parse(saved.out)["recompute_seconds"].get<double>(), 2.5);
   const CliResult frontier = run({"advise", file, "--json", "--steps", "3"});
@@ -41,7 +41,7 @@ TEST(Advise, AProfileOfHugeSecondsGivesPlansInJson) {
 TEST(Advise, SecondsAddingUpPastTheLargestNumberAreBadInputNamingTheRegionAndTheFix) {
   TempDir dir;
   const std::string file = dir.write("huge.json", huge_profile(1e308));
-  for (const auto& args : {std::vector<std::string>{"advise", file, "--budget", "100", "--json"},
+  for (const auto& args : {std::vector<std::string>{"advise", file, "--budget", "100B", "--json"},
                            std::vector<std::string>{"advise", file, "--json"}}) {
     const CliResult r = run(args);
     EXPECT_EQ(r.code, 2) << r.out;

@@ -155,16 +155,35 @@ def test_a_plan_for_another_layout_is_refused_naming_the_regions(profile):
 def test_bad_budgets_are_refused_with_the_smallest_budget_named(profile):
     with pytest.raises(ValueError, match=f"the smallest budget a plan can meet is {profile.base_bytes} bytes"):
         profile.plan(budget_bytes=profile.base_bytes - 1)
-    with pytest.raises(ValueError, match="budget_bytes must be 0 or more bytes, got -1"):
+    with pytest.raises(ValueError, match="budget_bytes must be more than 0 bytes, got -1"):
         profile.plan(budget_bytes=-1)
-    with pytest.raises(TypeError, match="budget_bytes must be an int number of bytes, got str"):
-        profile.plan(budget_bytes="12GiB")
-    with pytest.raises(TypeError, match="got bool"):
+    with pytest.raises(ValueError, match="budget_bytes must be more than 0 bytes, got 0"):
+        profile.plan(budget_bytes=0)
+    with pytest.raises(TypeError, match="got a bool"):
         profile.plan(budget_bytes=True)
-    with pytest.raises(TypeError, match="got float"):
-        profile.plan(budget_bytes=float(profile.base_bytes))
+    with pytest.raises(ValueError, match="must be a whole number of bytes, got the float nan"):
+        profile.plan(budget_bytes=float("nan"))
+    with pytest.raises(ValueError, match="must be a whole number of bytes, got the float 0.5"):
+        profile.plan(budget_bytes=0.5)
     with pytest.raises(TypeError, match="must be an int number of bytes, got Tensor"):
         profile.plan(budget_bytes=torch.tensor(float(profile.base_bytes)))
+    # Strings with a unit: binary and decimal units are their own; no unit is refused naming the forms.
+    assert profile.plan(budget_bytes=f"{profile.all_saved_bytes}B").kept_bytes == profile.all_saved_bytes
+    assert profile.plan(budget_bytes="1GiB").budget_bytes == 1 << 30
+    assert profile.plan(budget_bytes="1 GB").budget_bytes == 10**9
+    assert profile.plan(budget_bytes="0.5 MiB").budget_bytes == 1 << 19
+    assert profile.plan(budget_bytes=float(1 << 30)).budget_bytes == 1 << 30
+    with pytest.raises(ValueError, match=r"plan: budget_bytes '70': no unit \(bytes\? GiB\?\); write a whole number "
+                                         r"of bytes with a unit: .* 70GiB, 512 MiB"):
+        profile.plan(budget_bytes="70")
+    for bad, problem in (("0GiB", "zero bytes"), ("-5GiB", "a budget has no sign"), ("9KB", "unknown unit 'KB'"),
+                         ("0.5B", "a fraction of a byte"), ("nan", "not a number"), ("", "empty")):
+        with pytest.raises(ValueError, match=f"'{bad}': {problem}"):
+            profile.plan(budget_bytes=bad)
+    with pytest.raises(TypeError, match="give one budget"):
+        profile.plan()
+    with pytest.raises(TypeError, match="give one budget"):
+        profile.plan(budget_bytes="1GiB", peak_bytes="1GiB")
     # A computed budget is often a numpy or 0-d tensor integer: taken as the int it holds.
     everything = profile.all_saved_bytes
     expected = profile.plan(budget_bytes=everything).decisions
@@ -213,7 +232,7 @@ def test_remat_report_advise_makes_the_same_plan(profile, tmp_path):
     profile.to_json(path)
     for budget in budgets(profile):
         for group in (False, True):
-            args = [remat_report(), "advise", str(path), "--budget", str(budget), "--json"] + (["--group"] * group)
+            args = [remat_report(), "advise", str(path), "--budget", f"{budget}B", "--json"] + (["--group"] * group)
             run = subprocess.run(args, capture_output=True, text=True, timeout=60)
             assert run.returncode == 0, run.stderr
             assert json.loads(run.stdout)["decisions"] == profile.plan(budget_bytes=budget, group=group).decisions
@@ -532,7 +551,7 @@ def test_ten_thousand_regions_with_seconds_proportional_to_bytes_plan_in_under_a
         plan = profile.plan(budget_bytes=budget)
         python_seconds = time.perf_counter() - start
         start = time.perf_counter()
-        run = subprocess.run([remat_report(), "advise", str(path), "--budget", str(budget), "--json"],
+        run = subprocess.run([remat_report(), "advise", str(path), "--budget", f"{budget}B", "--json"],
                              capture_output=True, text=True, timeout=600)
         cli_seconds = time.perf_counter() - start
         assert run.returncode == 0, run.stderr
@@ -612,7 +631,7 @@ def test_regions_of_1e308_seconds_plan_and_seconds_adding_up_past_the_largest_nu
     one_saved = profile.plan(budget_bytes=110)
     assert one_saved.decisions["layers.0::attn"] == "save" and one_saved.recompute_seconds == 2.5
     assert [plan.recompute_seconds for plan in profile.frontier(steps=3)] == [1e308, 0.5, 0.0]
-    for args in (["--budget", "100", "--json"], ["--json"]):
+    for args in (["--budget", "100B", "--json"], ["--json"]):
         run = subprocess.run([remat_report(), "advise", str(path)] + args, capture_output=True, text=True,
                              timeout=60)
         assert run.returncode == 0, run.stderr
@@ -625,7 +644,7 @@ def test_regions_of_1e308_seconds_plan_and_seconds_adding_up_past_the_largest_nu
                r"every region's seconds by the same factor")
     with pytest.raises(ValueError, match=refusal):
         remat.RegionProfile.from_json(str(path))
-    for args in (["--budget", "100", "--json"], ["--json"]):
+    for args in (["--budget", "100B", "--json"], ["--json"]):
         run = subprocess.run([remat_report(), "advise", str(path)] + args, capture_output=True, text=True,
                              timeout=60)
         assert run.returncode == 2 and run.stdout == "", run.stdout

@@ -6,22 +6,18 @@
 // Python package, the checkpoint runtime and remat-report all plan with it, and read and write
 // the same dumps (schemas/region-profile and schemas/remat-plan).
 
+#include <remat/budget/error.hpp>
+#include <remat/budget/step_peak.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace remat::budget {
-
-// A budget below what the checkpoints keep anyway, a malformed profile or plan dump.
-class BudgetError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // What one region costs: the bytes its checkpoint keeps for backward while it is saved, and
 // its forward time, which recompute spends again when it is not.
@@ -38,6 +34,9 @@ struct RegionProfile {
   std::vector<RegionCost> regions;  // in the order the step ran them
   std::string device;               // where the step ran: "cpu", "cuda:0"
   std::string timer;                // how seconds were measured: "thread_time", "cuda_events"
+  // The whole step's memory (absent from a profile taken without a counting allocator, and from
+  // older dumps): what plans by step peak are predicted from.
+  std::optional<StepMemory> step;
 
   // base_bytes and every region saved.
   std::uint64_t all_saved_bytes() const;
@@ -58,6 +57,9 @@ struct Plan {
   double least_recompute_seconds = 0;  // no plan within the budget recomputes less
   // Each region with its cost and choice, in profile order (patterns in a grouped plan).
   std::vector<std::pair<RegionCost, Choice>> regions;
+  // A plan by step peak (solve_peak): the peak asked for and the one predicted; 0 otherwise.
+  std::uint64_t peak_budget_bytes = 0;
+  std::uint64_t peak_bytes = 0;
 };
 
 // Throws BudgetError naming the region where the profile's seconds, added up in order, pass the

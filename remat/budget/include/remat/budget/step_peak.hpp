@@ -1,0 +1,73 @@
+#pragma once
+// A training step's peak, predicted for any plan from one profiled step. The profile (run with
+// every region saved) cuts the step's allocated bytes into segments and records, as sets of
+// storages, what each checkpoint call keeps: a plan's peak is each segment's measured peak less
+// the bytes of what was alive in it that the plan's checkpoints no longer keep, plus, where a
+// checkpoint's backward recomputes regions, the largest forward transient among them. Sets, not
+// sums: a storage that is one checkpoint's output and the next one's input counts once.
+
+#include <remat/budget/error.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace remat::budget {
+
+struct RegionProfile;
+struct Plan;
+enum class Choice : std::uint8_t;
+
+// Storages are numbered in StepMemory::storages (their bytes); sets are lists of those numbers.
+struct StepRegion {
+  std::string name;                    // "checkpoint::region", as in RegionProfile::regions
+  std::vector<std::uint32_t> kept;     // what it keeps while saved (saved tensors, its output)
+  std::vector<std::uint32_t> inputs;   // its tensor inputs
+  std::vector<std::uint32_t> outputs;  // its tensor outputs
+  std::uint64_t transient_bytes = 0;   // forward's peak inside it over what it leaves allocated
+};
+
+struct StepCheckpoint {  // one call of a checkpoint
+  std::string name;
+  std::vector<std::uint32_t> inputs;  // the tensors it was called with that the step made
+  std::vector<std::uint32_t>
+      kept_inputs;  // those the runtime keeps with every region saved (code outside regions reads them)
+  std::vector<std::uint32_t> outputs;
+  std::vector<StepRegion> regions;
+};
+
+struct StepSegment {
+  std::uint64_t peak_bytes = 0;     // the highest allocated bytes in it
+  std::uint64_t start_bytes = 0;    // allocated bytes when it began
+  std::vector<std::uint32_t> live;  // checkpoint calls whose kept tensors are alive in it
+  std::int64_t forward = -1;        // the checkpoint call whose forward runs in it, if any
+  std::int64_t backward = -1;       // the checkpoint call whose backward runs in it, if any
+};
+
+struct StepMemory {
+  std::uint64_t start_bytes = 0;  // allocated when the step began: parameters, optimizer state, the batch
+  std::uint64_t end_bytes = 0;    // allocated when it ended (gradients added, where they were none)
+  std::uint64_t peak_bytes = 0;   // the measured peak, every region saved
+  std::vector<std::uint64_t> storages;
+  std::vector<StepCheckpoint> checkpoints;
+  std::vector<StepSegment> segments;
+};
+
+// Throws BudgetError naming what is inconsistent (a storage number out of range, a segment naming
+// a checkpoint call that does not exist).
+void check_step(const StepMemory& step, const RegionProfile& profile);
+
+// The predicted step peak with `choices` (one per region of `profile`, in its order; a grouped
+// profile's patterns apply to every region they match).
+std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices);
+
+// The least step peak any plan reaches (among those solve_peak tries).
+std::uint64_t least_step_peak(const RegionProfile& profile);
+
+// The plan with the least recompute time whose predicted step peak is at most `peak_bytes`
+// (Plan::peak_bytes). Every plan is tried where the profile has at most 16 regions (exact);
+// beyond, the fastest plan at each of 256 kept-bytes budgets (not proved optimal). Throws
+// BudgetError naming the least peak any plan reaches and what it is made of, where none fits.
+Plan solve_peak(const RegionProfile& profile, std::uint64_t peak_bytes);
+
+}  // namespace remat::budget

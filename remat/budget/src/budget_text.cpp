@@ -1,0 +1,117 @@
+// Budgets from text: the number is read as an exact decimal (integer digits and fraction digits),
+// so "1.5GiB" is exactly 1610612736 bytes and "0.3B" is refused rather than rounded.
+
+#include <remat/budget/budget_text.hpp>
+
+#include <cctype>
+#include <cstdint>
+#include <string>
+
+namespace remat::budget {
+
+namespace {
+
+struct Unit {
+  std::string_view name;
+  std::uint64_t scale;
+};
+
+constexpr std::uint64_t kKi = std::uint64_t{1} << 10;
+constexpr Unit kUnits[] = {
+    {"B", 1},
+    {"KiB", kKi},
+    {"MiB", kKi* kKi},
+    {"GiB", kKi* kKi* kKi},
+    {"TiB", kKi* kKi* kKi* kKi},
+    {"PiB", kKi* kKi* kKi* kKi* kKi},
+    {"kB", 1000},
+    {"MB", 1000ULL * 1000},
+    {"GB", 1000ULL * 1000 * 1000},
+    {"TB", 1000ULL * 1000 * 1000 * 1000},
+    {"PB", 1000ULL * 1000 * 1000 * 1000 * 1000},
+};
+
+std::string quoted(std::string_view text) {
+  std::string out = "'";
+  for (const char c : text) {
+    if (std::isprint(static_cast<unsigned char>(c)) != 0) {
+      out += c;
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[(static_cast<unsigned char>(c) >> 4) & 0xf];
+      out += kHex[static_cast<unsigned char>(c) & 0xf];
+    }
+  }
+  return out + "'";
+}
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+std::string_view trimmed(std::string_view text) {
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+  return text;
+}
+
+}  // namespace
+
+std::uint64_t parse_budget(std::string_view text, std::string_view what) {
+  const std::string head = std::string(what) + " " + quoted(text) + ": ";
+  const auto refuse = [&](const std::string& problem) -> BudgetError {
+    return BudgetError(head + problem + "; write " + std::string(kBudgetForms));
+  };
+  std::string_view rest = trimmed(text);
+  if (rest.empty()) throw refuse("empty");
+  if (rest.front() == '-' || rest.front() == '+') throw refuse("a budget has no sign");
+  std::size_t n = 0;
+  while (n < rest.size() && is_digit(rest[n])) ++n;
+  const std::string_view whole = rest.substr(0, n);
+  std::string_view fraction;
+  if (n < rest.size() && rest[n] == '.') {
+    const std::size_t start = ++n;
+    while (n < rest.size() && is_digit(rest[n])) ++n;
+    fraction = rest.substr(start, n - start);
+  }
+  if (whole.empty() && fraction.empty()) throw refuse("not a number");
+  const std::string_view unit_text = trimmed(rest.substr(n));
+  if (unit_text.empty()) {
+    throw refuse("no unit (bytes? GiB?)");
+  }
+  const Unit* unit = nullptr;
+  for (const Unit& u : kUnits) {
+    if (unit_text == u.name) unit = &u;
+  }
+  if (unit == nullptr) throw refuse("unknown unit " + quoted(unit_text));
+
+  // value = whole * scale + fraction * scale / 10^digits, exactly, in 128 bits.
+  __extension__ typedef unsigned __int128 Wide;  // GCC and Clang: exact products of up to 30 digits and a scale
+  constexpr Wide kLargest = ~std::uint64_t{0};
+  const auto too_large = [&] { return refuse("more than 2^64 - 1 bytes"); };
+  Wide bytes = 0;
+  for (const char c : whole) {
+    bytes = bytes * 10 + static_cast<unsigned>(c - '0');
+    if (bytes > kLargest) throw too_large();
+  }
+  bytes *= unit->scale;
+  if (bytes > kLargest) throw too_large();
+  while (!fraction.empty() && fraction.back() == '0') fraction.remove_suffix(1);
+  if (fraction.size() > 30) throw refuse("a fraction of a byte");
+  Wide numerator = 0;
+  Wide denominator = 1;
+  for (const char c : fraction) {
+    numerator = numerator * 10 + static_cast<unsigned>(c - '0');
+    denominator *= 10;
+  }
+  if (!fraction.empty()) {
+    // numerator < 10^30 and scale <= 2^50: the product fits 128 bits.
+    const Wide part = numerator * unit->scale;
+    if (part % denominator != 0) throw refuse("a fraction of a byte");
+    bytes += part / denominator;
+    if (bytes > kLargest) throw too_large();
+  }
+  if (bytes == 0) throw refuse("zero bytes: no step fits in nothing");
+  return static_cast<std::uint64_t>(bytes);
+}
+
+}  // namespace remat::budget

@@ -1,0 +1,222 @@
+"""The whole step's memory, as profile_regions() measures it for plans by step peak.
+
+The profiled step runs with every region saved. Its allocated bytes, as remat_alloc.memory_stats()
+counts them (CPU tensors inside remat.tag_cpu_tensors(), CUDA tensors under
+remat_alloc.install()), are cut into segments at every checkpoint's forward entry and exit, at
+every region's forward entry and exit, and in backward where each checkpoint's backward begins (a
+gradient hook on its outputs) and ends (one on its inputs). Each segment keeps its peak, the bytes
+allocated when it began, and which checkpoints' kept tensors are alive through it (those whose
+forward is done and whose backward is not). What stays allocated through the step (parameters,
+optimizer state, the batch, gradients once backward made them) is in every segment's figures as
+measured, so the optimizer step's transient counts where the block includes it.
+
+What each checkpoint keeps is recorded as sets of storages, not added up per region: the
+storages each region keeps (its saved tensors and its output), the storages that are its inputs
+(a saved region does not keep an input that recompute recreates: the runtime takes it from
+recompute), and the checkpoint's own inputs, each storage with one identity for the step even
+when a freed address is used again. A plan's step peak is then each segment's measured peak less
+what the plan's checkpoints do not keep of what was alive in it, plus, in a checkpoint's backward,
+the largest forward transient of a region it recomputes; remat::budget computes it (step_peak.hpp)
+from the "step" object of the region_profile dump, so remat-report advise --peak predicts the same.
+"""
+
+from __future__ import annotations
+
+import torch
+import remat_alloc
+
+from ._memory import tag_cpu_tensors
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def _held_by_step(*values):
+    """The tensors in `values` that the step made: leaves (parameters, the batch) are allocated
+    whatever the plan, so no plan keeps or frees them."""
+    return [t for t in _tensors(values) if not t.is_leaf]
+
+
+class StepRecorder:
+    """The segments and storage sets of one profiled step (module docstring)."""
+
+    def __init__(self):
+        self.device = self._counted_device()
+        self.enabled = self.device is not None
+        self._storages = []          # id -> bytes
+        self._alive = {}             # (device, data_ptr) -> id, for storages kept until backward
+        self._transient = {}         # (device, data_ptr) -> id, seen in this checkpoint call only
+        self.checkpoints = []        # per checkpoint call: dict(name, inputs, regions)
+        self.segments = []           # dict(peak, start, live, recomputing, always)
+        self._live = []              # checkpoint calls whose kept tensors are alive now
+        self._recomputing = -1
+        self._current = None         # the checkpoint call whose forward runs now
+        self._forward = -1           # its number
+        self._region_stack = []
+        self.start_bytes = 0
+        self.peak_bytes = 0
+
+    @staticmethod
+    def _counted_device():
+        if torch.cuda.is_available() and torch.cuda.is_initialized() and remat_alloc.is_installed():
+            return torch.cuda.current_device()
+        if tag_cpu_tensors._entered > 0 and not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return 0
+        return None
+
+    def _stats(self):
+        return remat_alloc.memory_stats(self.device)
+
+    # --- segments -------------------------------------------------------------------------------
+
+    def begin(self):
+        if not self.enabled:
+            return
+        stats = self._stats()
+        self.start_bytes = stats["requested_bytes"]
+        remat_alloc.reset_peak_stats(self.device)
+        self._segment_start = self.start_bytes
+
+    def mark(self):
+        """Ends the segment running now (its peak since the last mark) and starts the next."""
+        if not self.enabled:
+            return
+        stats = self._stats()
+        peak = stats["requested_bytes_peak"]
+        self.segments.append({"peak_bytes": peak, "start_bytes": self._segment_start, "live": list(self._live),
+                              "forward": self._forward, "backward": self._recomputing})
+        self.peak_bytes = max(self.peak_bytes, peak)
+        remat_alloc.reset_peak_stats(self.device)
+        self._segment_start = stats["requested_bytes"]
+
+    def end(self):
+        self.mark()
+
+    # --- storages -------------------------------------------------------------------------------
+
+    def _storage_id(self, tensor, *, keep):
+        storage = tensor.untyped_storage()
+        key = (str(tensor.device), storage.data_ptr())
+        if key in self._alive:
+            return self._alive[key]
+        if key in self._transient:
+            found = self._transient[key]
+            if keep:
+                self._alive[key] = found
+            return found
+        self._storages.append(storage.nbytes())
+        found = len(self._storages) - 1
+        (self._alive if keep else self._transient)[key] = found
+        return found
+
+    def storage_bytes(self):
+        return list(self._storages)
+
+    # --- checkpoints and regions (called by profile_regions while the block runs) ---------------
+
+    def checkpoint_forward(self, name, args, kwargs, call):
+        if not self.enabled:
+            return call(), None
+        self._transient = {}
+        index = len(self.checkpoints)
+        record = {"name": name, "inputs": sorted({self._storage_id(t, keep=False) for t in _held_by_step(args, kwargs)}),
+                  "kept_inputs": [], "regions": []}
+        self.checkpoints.append(record)
+        self.mark()
+        outer = self._current, self._forward
+        self._current, self._forward = record, index
+        try:
+            out = call()
+        finally:
+            self._current, self._forward = outer
+        self.mark()
+        return out, index
+
+    def checkpoint_kept(self, index, reports, args, kwargs, out):
+        """After checkpoint call `index`'s forward: what each region keeps (from the runtime's
+        report), and the backward hooks that cut its backward into its own segment."""
+        if index is None:
+            return
+        record = self.checkpoints[index]
+        kept_by_region = {}
+        for region in reports:
+            ids = set()
+            for t in region.tensors:
+                key = (t.device, t.address)
+                if key not in self._alive:
+                    found = self._transient.get(key)
+                    if found is None:
+                        self._storages.append(t.bytes if not t.shares_storage else 0)
+                        found = len(self._storages) - 1
+                    self._alive[key] = found
+                ids.add(self._alive[key])
+                if not t.shares_storage:
+                    self._storages[self._alive[key]] = max(self._storages[self._alive[key]], t.bytes)
+            kept_by_region[region.region] = ids
+        record["kept_inputs"] = sorted(kept_by_region.get("<inputs>", set()) & set(record["inputs"]))
+        for region in record["regions"]:
+            outputs = region.pop("_outputs")
+            region["kept"] = sorted(kept_by_region.get(region["name"], set()) | outputs)
+            region["inputs"] = sorted(region.pop("_inputs"))
+            region["outputs"] = sorted(outputs)
+        record["outputs"] = sorted({self._storage_id(t, keep=True) for t in _tensors(out)})
+        self._live.append(index)
+        outputs = [t for t in _tensors(out) if t.requires_grad]
+        inputs = [t for t in _tensors((args, kwargs)) if t.requires_grad]
+        if outputs:
+            began = [False]
+
+            def backward_begins(grad):
+                if not began[0]:
+                    began[0] = True
+                    self.mark()
+                    self._recomputing = index
+                return grad
+
+            for t in outputs:
+                t.register_hook(backward_begins)
+
+            def backward_ends(grad):
+                if index in self._live:
+                    self.mark()
+                    self._live.remove(index)
+                    if self._recomputing == index:  # the call before may have begun on the same tensor
+                        self._recomputing = -1
+                return grad
+
+            for t in inputs:
+                t.register_hook(backward_ends)
+
+    def region_forward(self, name, args, call):
+        """Runs one region's forward (every region is saved while profiling) and records its
+        inputs, its outputs and its forward transient: the peak inside it over what is allocated
+        when it returns."""
+        if not self.enabled or self._current is None or self._region_stack:
+            return call()
+        record = {"name": name, "_inputs": {self._storage_id(t, keep=False) for t in _held_by_step(args)},
+                  "_outputs": set(), "transient_bytes": 0}
+        # the key order the dump writes: name, kept, inputs, outputs, transient_bytes
+        self._current["regions"].append(record)
+        self.mark()
+        self._region_stack.append(record)
+        try:
+            out = call()
+        finally:
+            self._region_stack.pop()
+        stats = self._stats()
+        record["transient_bytes"] = max(0, stats["requested_bytes_peak"] - stats["requested_bytes"])
+        record["_outputs"] = {self._storage_id(t, keep=True) for t in _tensors(out)}
+        self.mark()
+        return out
+
+    def to_dump(self, end_bytes):
+        return {"start_bytes": self.start_bytes, "end_bytes": end_bytes, "peak_bytes": self.peak_bytes,
+                "storages": self.storage_bytes(), "checkpoints": self.checkpoints, "segments": self.segments}

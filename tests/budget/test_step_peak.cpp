@@ -1,0 +1,102 @@
+// Step peaks of plans from a step's memory: sets of storages, not sums (a checkpoint's output that
+// is the next one's input counts once), what recompute brings back in a checkpoint's backward, and
+// the least peak named where a budget is below it.
+
+#include <remat/budget/plan.hpp>
+#include <remat/budget/step_peak.hpp>
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace remat::budget {
+namespace {
+
+// Two checkpoints of one region each: c0 makes out0 (100 bytes) and saves s0 (10); c1 takes out0,
+// makes out1 (100) and saves s1 (10). With everything saved, forward ends at 220 bytes allocated
+// and c1's backward peaks at 300.
+RegionProfile two_checkpoints() {
+  RegionProfile profile;
+  profile.regions = {{"c0::r", 110, 1.0, 1}, {"c1::r", 110, 2.0, 1}};
+  StepMemory step;
+  step.start_bytes = 0;
+  step.end_bytes = 0;
+  step.peak_bytes = 300;
+  step.storages = {100, 10, 100, 10};  // out0, s0, out1, s1
+  step.checkpoints = {{"c0", {}, {}, {0}, {{"c0::r", {0, 1}, {}, {0}, 0}}},
+                      {"c1", {0}, {}, {2}, {{"c1::r", {2, 3}, {0}, {2}, 0}}}};
+  step.segments = {{220, 0, {0, 1}, -1, -1}, {300, 220, {0, 1}, -1, 1}, {200, 110, {0}, -1, 0}};
+  profile.step = step;
+  return profile;
+}
+
+TEST(StepPeak, EverythingSavedPredictsWhatTheProfiledStepMeasured) {
+  const RegionProfile profile = two_checkpoints();
+  EXPECT_EQ(predict_step_peak(profile, {Choice::save, Choice::save}), 300u);
+}
+
+TEST(StepPeak, AnOutputThatIsTheNextCheckpointsInputCountsOnce) {
+  const RegionProfile profile = two_checkpoints();
+  // c1 recomputed keeps its input out0, which c0 keeps as its output already: nothing is freed at
+  // c1's backward, where recompute brings back out1 and s1.
+  EXPECT_EQ(predict_step_peak(profile, {Choice::save, Choice::recompute}), 300u);
+  // c0 recomputed keeps nothing (its input is a leaf); c0's backward peaks where it recomputes.
+  EXPECT_EQ(predict_step_peak(profile, {Choice::recompute, Choice::save}), 200u);
+  EXPECT_EQ(predict_step_peak(profile, {Choice::recompute, Choice::recompute}), 290u);
+}
+
+TEST(StepPeak, ThePlanIsTheLeastRecomputeWithinThePeakAndNamesItsPrediction) {
+  const RegionProfile profile = two_checkpoints();
+  const Plan plan = solve_peak(profile, 250);
+  EXPECT_EQ(plan.peak_bytes, 200u);
+  EXPECT_EQ(plan.peak_budget_bytes, 250u);
+  EXPECT_EQ(plan.recompute_seconds, 1.0);
+  EXPECT_EQ(plan.regions[0].second, Choice::recompute);
+  EXPECT_EQ(plan.regions[1].second, Choice::save);
+  EXPECT_TRUE(plan.exact);
+  EXPECT_EQ(solve_peak(profile, 300).recompute_seconds, 0.0);
+  EXPECT_EQ(least_step_peak(profile), 200u);
+  const RegionProfile read = profile_from_json(profile_to_json(profile), "profile");
+  EXPECT_EQ(plan_from_json(plan_to_json(solve_peak(read, 250)), "plan").peak_bytes, 200u);
+}
+
+TEST(StepPeak, ABudgetBelowEveryPlansPeakNamesTheLeastAndWhatItIsMadeOf) {
+  RegionProfile profile = two_checkpoints();
+  profile.step->start_bytes = 50;
+  profile.step->end_bytes = 150;
+  try {
+    solve_peak(profile, 199);
+    FAIL() << "a peak below every plan's was accepted";
+  } catch (const BudgetError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("the least any plan reaches is 200 B (200 bytes)"), std::string::npos) << message;
+    EXPECT_NE(message.find("the batch: 150 B (150 bytes)) is 75% of it: recompute cannot reduce that part"),
+              std::string::npos)
+        << message;
+  }
+}
+
+TEST(StepPeak, AProfileWithoutStepMemoryCannotPlanByPeak) {
+  RegionProfile profile = two_checkpoints();
+  profile.step.reset();
+  EXPECT_THROW(solve_peak(profile, 1000), BudgetError);
+}
+
+TEST(StepPeak, ADumpNamingAStorageThatIsNotThereIsRefused) {
+  RegionProfile profile = two_checkpoints();
+  profile.step->checkpoints[1].regions[0].kept.push_back(9);
+  try {
+    profile_from_json(profile_to_json(profile), "p.json");
+    FAIL() << "accepted";
+  } catch (const BudgetError& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("p.json: $.step: $.step.checkpoints[1].regions[0].kept: storage 9 is "
+                        "not among the step's 4 storages"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace remat::budget
