@@ -5,6 +5,8 @@
 #include <remat/pipeline/errors.hpp>
 #include <remat/pipeline/predict.hpp>
 
+#include <remat/alloc/strict_json.hpp>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -26,25 +28,11 @@ constexpr int kPredictionSchemaVersion = 1;
 }
 
 Json parse(std::string_view text, std::string_view source, std::string_view kind) {
-  std::vector<std::set<std::string>> keys;
-  std::string repeated;
-  const Json::parser_callback_t check = [&](int, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) keys.emplace_back();
-    if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-        repeated.empty()) {
-      repeated = parsed.get<std::string>();
-    }
-    return true;
-  };
-  Json root;
-  try {
-    root = Json::parse(text, check);
-  } catch (const Json::parse_error& error) {
-    refuse(source, "$", std::string("not JSON (") + error.what() + "); pass a " + std::string(kind) +
-                            " dump as written, not a truncated or edited file");
-  }
-  if (!repeated.empty()) refuse(source, "$", "the key '" + repeated + "' is given twice in one object; keep one");
+  Json root = alloc::parse_strict_json<Json>(text, [&](const std::string& problem) {
+    const bool truncated = problem.rfind("not JSON", 0) == 0;
+    refuse(source, "$", truncated ? problem + "; pass a " + std::string(kind) + " dump as written, not a truncated or edited file"
+                                  : problem);
+  });
   if (!root.is_object()) refuse(source, "$", "must be a JSON object (a " + std::string(kind) + " dump)");
   return root;
 }

@@ -5,6 +5,8 @@
 #include <remat/alloc/dump.hpp>
 #include <remat/budget/plan.hpp>
 
+#include <remat/alloc/strict_json.hpp>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -26,24 +28,7 @@ using Json = nlohmann::ordered_json;
 
 // The document, refusing a key given twice in one object (JSON readers disagree on which wins).
 Json parse(std::string_view text, std::string_view source) {
-  std::vector<std::set<std::string>> keys;
-  std::string repeated;
-  const Json::parser_callback_t check = [&](int, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) keys.emplace_back();
-    if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-        repeated.empty()) {
-      repeated = parsed.get<std::string>();
-    }
-    return true;
-  };
-  Json root;
-  try {
-    root = Json::parse(text, check);
-  } catch (const Json::parse_error& error) {
-    refuse(source, "$", std::string("not JSON (") + error.what() + ")");
-  }
-  if (!repeated.empty()) refuse(source, "$", "the key '" + repeated + "' is given twice in one object; keep one");
+  Json root = alloc::parse_strict_json<Json>(text, [&](const std::string& problem) { refuse(source, "$", problem); });
   return root;
 }
 

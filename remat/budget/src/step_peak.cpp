@@ -4,6 +4,8 @@
 #include <remat/budget/plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
+#include "bytes_text.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -16,19 +18,6 @@
 namespace remat::budget {
 
 namespace {
-
-std::string bytes_text(std::uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[64];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.2f %s", value, kUnits[unit]);
-  return std::string(text) + " (" + std::to_string(bytes) + " bytes)";
-}
 
 // The profile region each step region takes its choice from.
 std::vector<std::vector<std::size_t>> region_indexes(const RegionProfile& profile, const StepMemory& step) {
