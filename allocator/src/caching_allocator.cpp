@@ -328,6 +328,15 @@ std::optional<TagId> CachingAllocator::tag_of_block(const void* ptr) const {
   return block->tag;
 }
 
+std::optional<TagId> CachingAllocator::retag_block(const void* ptr, TagId tag) {
+  std::lock_guard lock(state_->mutex);
+  Block* block = state_->live_block(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr) return std::nullopt;
+  const TagId previous = block->tag;
+  if (previous != tag) state_->books.retagged(*block, tag);
+  return previous;
+}
+
 std::int64_t CachingAllocator::live_requested_bytes(std::string_view region_prefix) const {
   std::vector<std::pair<TagId, std::int64_t>> live_by_tag;
   {
