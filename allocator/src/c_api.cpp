@@ -225,6 +225,12 @@ int remat_retag_block(const void* ptr, int category, const char* module, uint32_
   });
 }
 
+int remat_categorize_as_activation(const void* ptr, int* changed) {
+  const bool done = categorize_as_activation(ptr);
+  if (changed != nullptr) *changed = done ? 1 : 0;
+  return REMAT_OK;
+}
+
 int remat_block_tag(const void* ptr, uint32_t* tag) {
   return guarded([&] {
     const TagId found = require_live_tag(ptr);

@@ -105,6 +105,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "remat_set_category": (c_int, [c_int, c_char_p]),
         "remat_get_category": (c_int, [ctypes.POINTER(c_int), c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
         "remat_retag_block": (c_int, [c_void_p, c_int, c_char_p, ctypes.POINTER(ctypes.c_uint32)]),
+        "remat_categorize_as_activation": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
         "remat_block_tag": (c_int, [c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
         "remat_set_block_tag": (c_int, [c_void_p, ctypes.c_uint32]),
         "remat_block_category": (c_int, [c_void_p, ctypes.POINTER(c_int), c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),

@@ -50,14 +50,16 @@ def register_checkpoint_probe(probe) -> None:
 
 
 _loaded = None
+_categorize_as_activation = None
 
 
 def _lib():
-    global _loaded
+    global _loaded, _categorize_as_activation
     if _loaded is None:
         from . import load
 
         _loaded = load()
+        _categorize_as_activation = _loaded.remat_categorize_as_activation
     return _loaded
 
 
@@ -190,7 +192,8 @@ class Tracker:
         self._params_hooked: set[int] = set()
         self._param_names: dict[int, str] = {}
         self._optimizers: list = []  # (weakref to optimizer, its original state object)
-        # storage address -> (weakref to the tensor that owns it, tag before tracking, tag set)
+        # storage address -> (weakref to the tensor that owns it, tag before tracking,
+        # (category, module) tracking gave it)
         self._restore: dict[int, tuple] = {}
         self._lock = threading.Lock()
         self._active = True
@@ -202,20 +205,22 @@ class Tracker:
         ptr = _storage_ptr(tensor)
         if ptr == 0:
             return True  # nothing allocated (an empty or meta tensor)
-        lib = _lib()
-        previous, now = ctypes.c_uint32(), ctypes.c_uint32()
-        if lib.remat_retag_block(ptr, category, name.encode(), ctypes.byref(previous)) != 0:
+        known = self._restore.get(ptr)
+        if known is not None and known[0]() is tensor and known[2] == (category, name):
+            return True  # re-tagged for this tensor already (a gradient accumulated into again)
+        previous = ctypes.c_uint32()
+        if _lib().remat_retag_block(ptr, category, name.encode(), ctypes.byref(previous)) != 0:
             return False
-        _check(lib.remat_block_tag(ptr, ctypes.byref(now)))
         with self._lock:
             known = self._restore.get(ptr)
+            first = previous.value
             if known is not None and known[0]() is not None:
-                previous = ctypes.c_uint32(known[1])  # keep the tag from before tracking
+                first = known[1]  # keep the tag from before tracking
             try:
                 ref = weakref.ref(tensor, lambda r, ptr=ptr: self._forget(ptr, r))
             except TypeError:
                 ref = lambda: None  # noqa: E731  (cannot be followed: never restored)
-            self._restore[ptr] = (ref, previous.value, now.value)
+            self._restore[ptr] = (ref, first, (category, name))
         return True
 
     def _forget(self, ptr: int, ref) -> None:
@@ -331,16 +336,22 @@ class Tracker:
                 hooks.__exit__(None, None, None)
 
     def _pack(self, tensor):
-        ptr = _storage_ptr(tensor)
+        # Kept for backward: an activation of the module that produced it (its module stays),
+        # unless it is something else already (a parameter, an input). One call into the library:
+        # the storage's address is the tensor's less its offset.
+        try:
+            ptr = tensor.data_ptr()
+        except RuntimeError:  # sparse and other tensors without one storage
+            return tensor
         if ptr:
-            lib = _lib()
-            index = ctypes.c_int()
-            if lib.remat_block_category(ptr, ctypes.byref(index), None, 0, None) == 0 and index.value in (_NONE, _TEMPORARY):
-                # Kept for backward: an activation of the module that produced it (its module stays).
-                lib.remat_retag_block(ptr, _ACTIVATION, None, None)
-        return tensor
+            _categorize_as_activation(ptr - tensor.storage_offset() * tensor.element_size(), None)
+        # Held without its graph: a tensor autograd saves as its own node's output would otherwise
+        # hold that node, and the node the tensor, a cycle Python's collector cannot see.
+        return tensor.detach()
 
     def _hook_backward(self, path: bytes, output, root: bool) -> None:
+        import torch
+
         """Backward reaches a module's output nodes before the module's own nodes: each sets
         "temporary of that module". Inner modules finish first, so a node an inner module already
         hooked keeps the inner one. The root also clears the category when backward ends."""
@@ -351,7 +362,11 @@ class Tracker:
             lib.remat_set_category(_TEMPORARY, path)
 
         hooked = _thread.nodes
-        for node in {t.grad_fn for t in _tensors_in(output, []) if t.grad_fn is not None}:
+        outputs = [output] if isinstance(output, torch.Tensor) else _tensors_in(output, [])
+        for tensor in outputs:
+            node = tensor.grad_fn
+            if node is None:
+                continue
             if root:
                 node.register_prehook(_queue_backward_done)
             if id(node) not in hooked:
@@ -408,13 +423,17 @@ class Tracker:
         lib = _lib()
         with self._lock:
             entries, self._restore = self._restore, {}
-        for ptr, (ref, previous, ours) in entries.items():
+        for ptr, (ref, previous, (category, name)) in entries.items():
             tensor = ref()
             if tensor is None or _storage_ptr(tensor) != ptr:
                 continue  # freed or moved since: nothing of ours to undo
-            now = ctypes.c_uint32()
-            if lib.remat_block_tag(ptr, ctypes.byref(now)) == 0 and now.value == ours:
-                lib.remat_set_block_tag(ptr, previous)
+            index, needed = ctypes.c_int(), ctypes.c_size_t()
+            if lib.remat_block_category(ptr, ctypes.byref(index), None, 0, ctypes.byref(needed)) != 0:
+                continue
+            module = ctypes.create_string_buffer(needed.value)
+            lib.remat_block_category(ptr, ctypes.byref(index), module, needed.value, None)
+            if index.value == category and module.value.decode(errors="replace") == name:
+                lib.remat_set_block_tag(ptr, previous)  # still what tracking made it
         model = self._model()
         with _trackers_lock:
             if model is not None and _trackers.get(model) is self:

@@ -220,3 +220,13 @@ def test_under_a_remat_checkpoint_what_it_keeps_is_an_activation_and_gradients_a
         out.square().sum().backward()
     for p, grad in zip(model.parameters(), expected):
         assert torch.equal(p.grad, grad)
+
+
+def test_a_forward_without_backward_leaves_nothing_behind(tagged):
+    model = Net()
+    batch = ids()
+    before = remat_alloc.memory_stats()["allocated_bytes"]
+    with remat.track(model):
+        model(batch)  # the graph and what it saved die with the output
+    gc.collect()
+    assert remat_alloc.memory_stats()["allocated_bytes"] == before

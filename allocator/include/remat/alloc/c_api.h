@@ -99,6 +99,11 @@ REMAT_API int remat_get_category(int* category, char* module, size_t size, size_
  * receives the tag id it had, for remat_set_block_tag. REMAT_ERR_INVALID_POINTER when no
  * allocator has a live block at ptr. */
 REMAT_API int remat_retag_block(const void* ptr, int category, const char* module, uint32_t* previous_tag);
+/* What autograd keeps for backward (a saved-tensor pack hook's one call): while the calling
+ * thread has a category set, the live block at ptr becomes an activation of its module when it
+ * has no category or is a temporary. *changed (when not NULL) says whether it did; a pointer no
+ * allocator returned is not an error here (*changed 0). */
+REMAT_API int remat_categorize_as_activation(const void* ptr, int* changed);
 /* The tag id of the live block at ptr, and sets it back (tag ids from remat_retag_block or
  * remat_block_tag; an id never interned is refused). */
 REMAT_API int remat_block_tag(const void* ptr, uint32_t* tag);
