@@ -138,15 +138,16 @@ class _ParamState(dict):
 
     def __init__(self, owner: _OptimizerState, param) -> None:
         super().__init__()
-        self._owner = owner
+        self._owner = weakref.ref(owner)  # the state holds this dict: no cycle to wait for the collector
         self._param = weakref.ref(param) if _weakrefable(param) else (lambda: param)
 
     def __setitem__(self, key, value) -> None:
         dict.__setitem__(self, key, value)
-        tracker = self._owner._tracker()
+        owner = self._owner()
+        tracker = owner._tracker() if owner is not None else None
         param = self._param()
         if tracker is not None and param is not None and _is_tensor(value):
-            tracker._retag_owned(value, _OPTIMIZER_STATE, self._owner.name_of(param))
+            tracker._retag_owned(value, _OPTIMIZER_STATE, owner.name_of(param))
 
     def __reduce__(self):
         return (dict, (), None, None, iter(dict(self).items()))
@@ -418,7 +419,9 @@ class Tracker:
         for ref, _ in self._optimizers:
             optimizer = ref()
             if optimizer is not None and isinstance(optimizer.state, _OptimizerState):
-                optimizer.state = optimizer.state.plain()
+                tracked_state = optimizer.state
+                optimizer.state = tracked_state.plain()
+                tracked_state.clear()
         self._optimizers.clear()
         lib = _lib()
         with self._lock:

@@ -230,3 +230,13 @@ def test_a_forward_without_backward_leaves_nothing_behind(tagged):
         model(batch)  # the graph and what it saved die with the output
     gc.collect()
     assert remat_alloc.memory_stats()["allocated_bytes"] == before
+
+
+def test_a_tracked_model_and_optimizer_are_freed_when_dropped_without_waiting_for_the_collector(tagged):
+    before = remat_alloc.memory_stats()["allocated_bytes"]
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with remat.track(model, optimizer):
+        step(model, optimizer, ids())
+    del model, optimizer
+    assert remat_alloc.memory_stats()["allocated_bytes"] == before  # no gc.collect(): no cycle held it

@@ -4,6 +4,8 @@ almost every byte has a category, and the bytes per category agree with PyTorch'
 memory timeline (profile_memory=True, record_shapes=True, with_stack=True) for the same step of
 a twin model, taken at its own peak. docs/categories.md says where the two differ and why."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -158,3 +160,36 @@ def test_temporaries_agree_with_the_profilers_temporaries_and_autograd_detail_wi
     assert profiler > 0
     assert abs(requested["temporary"] - profiler) <= 0.05 * profiler, (requested, theirs)
     assert theirs["unknown"] <= 0.01 * sum(theirs.values())
+
+
+def test_under_wrap_decoder_layers_gradients_are_unchanged_and_every_byte_has_a_category():
+    config = llama_config()
+    torch.manual_seed(0)
+    weights = LlamaForCausalLM(config).state_dict()
+    ids = batch()
+    with remat.tag_cpu_tensors():
+        results = []
+        for tracked in (True, False):  # tracked first: what the other leaves behind is not in its figures
+            model = remat.wrap_decoder_layers(LlamaForCausalLM(config).train())
+            model.load_state_dict(weights)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            step_ids = ids.clone()
+            with remat.track(model, optimizer) if tracked else contextlib.nullcontext():
+                train_step(model, optimizer, step_ids)
+                remat_alloc.reset_peak_stats(0)
+                optimizer.zero_grad(set_to_none=True)
+                loss = model(input_ids=step_ids, labels=step_ids).loss
+                if tracked:
+                    after_forward = remat_alloc.category_bytes()
+                loss.backward()
+                if tracked:
+                    at_peak = remat_alloc.category_bytes(at_peak=True)
+                results.append([p.grad.clone() for p in model.parameters()])
+            del model, optimizer
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    # What the checkpoints keep between forward and backward (attention saved) is named activations;
+    # at the peak (late in backward, the gradients made) nothing is left without a category.
+    assert after_forward["activation"] > 0
+    assert after_forward["none"] <= 0.01 * sum(after_forward.values()), after_forward
+    assert at_peak["gradient"] > 0
+    assert at_peak["none"] <= 0.01 * sum(at_peak.values()), at_peak
