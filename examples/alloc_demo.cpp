@@ -1,7 +1,9 @@
 // Drives the tagging allocator on the host backend through a training-like pattern:
 // parameters, a checkpointed forward (attention saved, MLP recomputed), pipeline receive
 // buffers in a ring of slots, a backward with recompute, optimizer state. Writes a
-// snapshot at the forward peak and at the end, plus the trace, and prints a per-tag table.
+// snapshot at the forward peak and at the end, plus the trace, and prints a per-tag table. Every
+// allocation also carries a category (parameter, input, activation, temporary, gradient,
+// optimizer_state) and the module it belongs to, as remat_alloc.track assigns them in Python.
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/bytes.hpp>
@@ -14,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,7 +92,11 @@ class Model {
     auto site = TagScope::site("parameters");
     for (int layer = 0; layer < options_.layers; ++layer) {
       auto region = TagScope::region(layer_name(layer));
-      persistent_.push_back(alloc_.allocate(4 * MiB, 0));  // attention projections
+      {
+        const CategoryScope category(Category::parameter, layer_name(layer) + ".attention.weight");
+        persistent_.push_back(alloc_.allocate(4 * MiB, 0));  // attention projections
+      }
+      const CategoryScope category(Category::parameter, layer_name(layer) + ".mlp.weight");
       persistent_.push_back(alloc_.allocate(8 * MiB, 0));  // MLP weights
     }
   }
@@ -101,6 +108,7 @@ class Model {
       void* recv = nullptr;
       {
         auto slot = TagScope::recv_slot({1, Direction::forward, mb % ring_slots});
+        const CategoryScope category(Category::input, "recv");
         recv = alloc_.allocate(3 * MiB, 0);
       }
       forward();
@@ -125,15 +133,24 @@ class Model {
     auto phase = TagScope::phase(Phase::forward);
     for (int layer = 0; layer < options_.layers; ++layer) {
       auto region = TagScope::region(layer_name(layer));
-      saved_inputs_.push_back(alloc_.allocate(1 * MiB, 0));  // checkpoint input
+      {
+        const CategoryScope category(Category::activation, layer_name(layer));
+        saved_inputs_.push_back(alloc_.allocate(1 * MiB, 0));  // checkpoint input
+      }
       {
         auto attention = TagScope::region("attention");
         auto policy = TagScope::policy(Policy::save);
+        const std::string module = layer_name(layer) + ".attention";
+        std::optional<CategoryScope> category;
+        category.emplace(Category::activation, module);
         saved_.push_back(alloc_.allocate(2 * MiB, 0));             // scores kept for backward
+        category.emplace(Category::temporary, module);
         alloc_.deallocate(alloc_.allocate(6 * MiB, 0));            // softmax workspace
+        category.emplace(Category::activation, module);
         saved_.push_back(alloc_.allocate(512 * KiB + 100, 0));     // context
       }
       {
+        const CategoryScope category(Category::temporary, layer_name(layer) + ".mlp");
         auto mlp = TagScope::region("mlp");
         auto policy = TagScope::policy(Policy::recompute);
         void* hidden = alloc_.allocate(4 * MiB, 0);
@@ -151,12 +168,17 @@ class Model {
       std::vector<void*> recomputed;
       {
         auto recompute = TagScope::phase(Phase::recompute);
+        const CategoryScope category(Category::temporary, layer_name(layer) + ".mlp");
         auto mlp = TagScope::region("mlp");
         auto policy = TagScope::policy(Policy::recompute);
         recomputed.push_back(alloc_.allocate(4 * MiB, 0));
         recomputed.push_back(alloc_.allocate(4 * MiB, 0));
       }
-      void* grad = alloc_.allocate(1 * MiB, 0);
+      void* grad = nullptr;
+      {
+        const CategoryScope category(Category::gradient, layer_name(layer) + ".mlp.weight");
+        grad = alloc_.allocate(1 * MiB, 0);
+      }
       for (void* p : recomputed) alloc_.deallocate(p);
       alloc_.deallocate(saved_.back());
       saved_.pop_back();
@@ -171,8 +193,12 @@ class Model {
   void optimizer_step(int step) {
     auto site = TagScope::site("optimizer.state");
     if (step == 0) {
-      for (int layer = 0; layer < options_.layers; ++layer) persistent_.push_back(alloc_.allocate(12 * MiB, 0));
+      for (int layer = 0; layer < options_.layers; ++layer) {
+        const CategoryScope category(Category::optimizer_state, layer_name(layer) + ".mlp.weight");
+        persistent_.push_back(alloc_.allocate(12 * MiB, 0));
+      }
     }
+    const CategoryScope category(Category::temporary, "optimizer");
     alloc_.deallocate(alloc_.allocate(2 * MiB, 0));  // update scratch
   }
 

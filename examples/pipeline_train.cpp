@@ -10,6 +10,7 @@
 // shows the rings), with --checkpoint also remat-trace-rank<r>.json (regions per rank).
 
 #include "pipeline_model.hpp"
+#include "track_tensors.hpp"
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/bytes.hpp>
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -113,9 +115,22 @@ int run(const Options& options) {
   std::vector<at::Tensor> parameters;
   for (int s = 0; s < lowered.num_stages(); ++s) {
     if (lowered.stage_to_rank[static_cast<std::size_t>(s)] != rank) continue;
-    stages.push_back(pipeline_example::ToyStage::make(s, options.width));
-    modules.push_back(stages.back().module(options.checkpoint));
-    for (const auto& p : stages.back().parameters()) parameters.push_back(p);
+    const std::string name = "stages." + std::to_string(s);
+    {
+      // Made under their category, so the trace's allocations carry it too.
+      const remat::alloc::CategoryScope category(remat::alloc::Category::parameter, name);
+      stages.push_back(pipeline_example::ToyStage::make(s, options.width));
+    }
+    const pipeline_example::ToyStage& stage = stages.back();
+    examples::track_parameters({{name + ".w1", stage.w1}, {name + ".b1", stage.b1}, {name + ".w2", stage.w2},
+                                {name + ".b2", stage.b2}});
+    StageModule module = stage.module(options.checkpoint);
+    module.forward = [forward = std::move(module.forward), name](const at::Tensor& x) {
+      const remat::alloc::CategoryScope category(remat::alloc::Category::temporary, name);
+      return forward(x);
+    };
+    modules.push_back(std::move(module));
+    for (const auto& p : stage.parameters()) parameters.push_back(p);
   }
   RuntimeOptions runtime_options;
   runtime_options.schedule_name = options.schedule;
@@ -126,12 +141,25 @@ int run(const Options& options) {
 
   const bool last_here = lowered.stage_to_rank.back() == rank;
   for (int step = 0; step < options.steps; ++step) {
-    const auto batch = pipeline_example::make_batch(shape, step);
+    std::optional<pipeline_example::Batch> made;
+    {
+      const remat::alloc::CategoryScope category(remat::alloc::Category::input, "batch");
+      made = pipeline_example::make_batch(shape, step);
+    }
+    const pipeline_example::Batch& batch = *made;
     pipeline_example::zero_grads(parameters);
     const auto started = std::chrono::steady_clock::now();
-    const auto losses = pipeline.step(batch.inputs, batch.targets);
+    std::vector<at::Tensor> losses;
+    {
+      // The schedule's own work between stages (losses, backward outside a stage's forward).
+      const remat::alloc::CategoryScope category(remat::alloc::Category::temporary, "pipeline");
+      losses = pipeline.step(batch.inputs, batch.targets);
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-    pipeline_example::sgd_step(parameters, options.learning_rate);
+    {
+      const remat::alloc::CategoryScope category(remat::alloc::Category::temporary, "sgd");
+      pipeline_example::sgd_step(parameters, options.learning_rate);
+    }
     if (last_here) {
       double total = 0;
       for (const auto& loss : losses) total += loss.item<double>();

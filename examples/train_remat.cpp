@@ -1,7 +1,9 @@
 // Trains a small transformer-like model on CPU with activation checkpointing: attention
 // saved, MLP recomputed. Every CPU tensor goes through the tagging allocator, so the dumps
-// show memory per layer and region. Writes into --out: snapshot.json, trace.jsonl,
+// show memory per layer and region, and by category and module (track_tensors.hpp). Writes into --out: snapshot.json, trace.jsonl,
 // remat-trace.json, memory-report.json and saved-report.json.
+
+#include "track_tensors.hpp"
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/snapshot.hpp>
@@ -91,9 +93,24 @@ int main(int argc, char** argv) {
     at::set_num_threads(1);  // small tensors: worker threads would only spin
     at::manual_seed(0);
     std::vector<Layer> layers;
-    for (int i = 0; i < options.layers; ++i) layers.push_back(Layer::make());
+    using remat::alloc::Category;
+    using remat::alloc::CategoryScope;
+    for (int i = 0; i < options.layers; ++i) {
+      // Made under their category, so the trace's allocations carry it too (re-tagging a live
+      // block changes snapshots and statistics, not trace events already recorded).
+      const CategoryScope category(Category::parameter, "layers." + std::to_string(i));
+      layers.push_back(Layer::make());
+    }
+    for (int i = 0; i < options.layers; ++i) {
+      const Layer& l = layers[static_cast<std::size_t>(i)];
+      const std::string name = "layers." + std::to_string(i);
+      examples::track_parameters({{name + ".norm_w", l.norm_w}, {name + ".wq", l.wq}, {name + ".wk", l.wk},
+                                  {name + ".wv", l.wv}, {name + ".wo", l.wo}, {name + ".w1", l.w1}, {name + ".w2", l.w2}});
+    }
+    std::optional<CategoryScope> batch_category(std::in_place, Category::input, "batch");
     const auto inputs = at::randn({8, 16, kWidth});
     const auto targets = at::randn({8, 16, kWidth}) * 0.1;
+    batch_category.reset();
 
     std::string memory_report;
     std::string saved_report;
@@ -103,6 +120,7 @@ int main(int argc, char** argv) {
       at::Tensor h = inputs;
       for (int i = 0; i < options.layers; ++i) {
         const Layer& layer = layers[static_cast<std::size_t>(i)];
+        const CategoryScope category(Category::temporary, "layers." + std::to_string(i));
         // Recompute calls the body again in backward: it captures the loop's counters by value.
         h = remat::checkpoint({.region_name = "layers." + std::to_string(i)})([&layer, &memory_report, step,
                                                                               i](const at::Tensor& x) {
@@ -112,6 +130,7 @@ int main(int argc, char** argv) {
           return out;
         })(h);
       }
+      std::optional<CategoryScope> category(std::in_place, Category::temporary, "loss");
       auto loss = (h - targets).pow(2).mean();
       tracking.reset();
       const std::int64_t kept = remat::live_bytes("layers.0");
@@ -120,7 +139,9 @@ int main(int argc, char** argv) {
         std::fputs(report.format().c_str(), stdout);
         saved_report = report.to_json();
       }
+      category.emplace(Category::temporary, "backward");
       loss.backward();
+      category.emplace(Category::temporary, "sgd");
       {
         at::NoGradGuard no_grad;
         for (const Layer& layer : layers) {

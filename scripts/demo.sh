@@ -2,7 +2,8 @@
 # Sets up a fresh machine, builds, and runs the demos on the CPU host backend (no GPU
 # needed): the allocator through a training-like pattern, a small model trained on CPU
 # with activation checkpointing, and a model split over 4 pipeline ranks with pooled receive
-# buffers; renders what they wrote with remat-report.
+# buffers; renders what they wrote with remat-report. Every demo names its memory by category and
+# module (parameter, activation, ... of layers.0), not only by region.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -16,10 +17,11 @@ echo "== allocator: training-like allocation pattern, tagged =="
 "$build_dir/examples/remat-alloc-demo" --out "$out" --force-oom
 echo
 "$report" memory "$out/snapshot-peak.json" --by region --top 10
+"$report" memory "$out/snapshot-peak.json" --by category
 "$report" timeline "$out/trace.jsonl" -o "$out/timeline.html" --by region
 echo "timeline: $out/timeline.html"
 echo
-"$report" oom "$(ls -t "$out"/oom-*.json | head -n 1)" | sed -n '/Held by region/,/^$/p;/Suggestions/,/^$/p'
+"$report" oom "$(ls -t "$out"/oom-*.json | head -n 1)" | sed -n '/Held by region/,/^$/p;/Held by category/,/^$/p;/Suggestions/,/^$/p'
 
 if [ -x "$build_dir/examples/remat-train-demo" ]; then
   echo
@@ -28,6 +30,7 @@ if [ -x "$build_dir/examples/remat-train-demo" ]; then
   "$report" summary "$out/train/remat-trace.json" | sed -n '1,8p'
   "$report" summary "$out/train/saved-report.json" | sed -n '1,4p'
   "$report" memory "$out/train/snapshot.json" --by region --top 8
+  "$report" memory "$out/train/snapshot.json" --by module --top 8
   "$report" timeline "$out/train/trace.jsonl" -o "$out/train/timeline.svg" --by region
   echo "timeline: $out/train/timeline.svg"
 fi
@@ -41,6 +44,6 @@ if [ -x "$build_dir/examples/remat-pipeline-train" ]; then
   "$report" plan --schedule 1f1b --ranks 4 --microbatches 16 --buffer-bytes 1KiB
   echo
   echo "== every rank in one report: which rank is hot, and what it holds =="
-  "$report" ranks "$out/pipeline" --svg "$out/ranks.svg"
+  "$report" ranks "$out/pipeline" --by category --svg "$out/ranks.svg"
   echo "ranks picture: $out/ranks.svg"
 fi

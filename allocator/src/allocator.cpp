@@ -286,6 +286,42 @@ std::optional<TagId> find_block_tag(const void* ptr) {
   return owner != nullptr ? owner->tag_of_block(ptr) : std::nullopt;
 }
 
+TagId retag_block_anywhere(const void* ptr, TagId tag) {
+  std::optional<TagId> previous;
+  for_each_device_allocator([&](CachingAllocator& allocator) {
+    if (!previous) previous = allocator.retag_block(ptr, tag);
+  });
+  if (!previous) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%p", ptr);
+    throw InvalidPointerError(std::string("retag: ") + text +
+                              " is not the start of a live block of any remat allocator; pass a storage's data "
+                              "pointer that the allocator returned (CPU tensors only under tag_cpu_tensors())");
+  }
+  return *previous;
+}
+
+bool retag_category(const void* ptr, Category category, std::string_view module) {
+  CachingAllocator* owner = find_owner(ptr);
+  if (owner == nullptr) return false;
+  const std::optional<TagId> tag = owner->tag_of_block(ptr);
+  return tag && owner->retag_block(ptr, with_category(*tag, category, module)).has_value();
+}
+
+bool categorize_as_activation(const void* ptr) noexcept {
+  if (ptr == nullptr || !category_in_force()) return false;
+  try {
+    CachingAllocator* owner = find_owner(ptr);
+    const std::optional<TagId> tag = owner != nullptr ? owner->tag_of_block(ptr) : std::nullopt;
+    if (!tag) return false;
+    const Category category = tag_of(*tag).category;
+    if (category != Category::none && category != Category::temporary) return false;
+    return owner->retag_block(ptr, with_category(*tag, Category::activation, std::nullopt)).has_value();
+  } catch (...) {
+    return false;  // host memory exhausted interning the tag: the block keeps the one it has
+  }
+}
+
 int add_oom_observer(OomObserver observer) {
   Registry& r = registry();
   std::lock_guard lock(r.observer_mutex);

@@ -10,6 +10,8 @@
 
 #include "message_text.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <string>
 #include <type_traits>
@@ -70,6 +72,44 @@ HostBackend& host_backend(int device) {
                      " does not use the host backend; stream holding is a host-backend testing aid");
   }
   return *host;
+}
+
+// Copies `text` with its NUL into buffer as remat_get_label describes; `what` names it in messages.
+void copy_out(const std::string& text, char* buffer, size_t size, size_t* needed, const char* what) {
+  if (buffer == nullptr && size != 0) {
+    throw InvalidArgumentError(std::string(what) + " buffer is NULL with size " + std::to_string(size) +
+                               "; pass a buffer of that size, or size 0 to ask for the size needed");
+  }
+  if (needed != nullptr) *needed = text.size() + 1;
+  if (buffer == nullptr) return;
+  if (size < text.size() + 1) {
+    if (size > 0) buffer[0] = '\0';
+    throw InvalidArgumentError(std::string(what) + " buffer of " + std::to_string(size) + " bytes is too small for the " +
+                               what + " (" + std::to_string(text.size() + 1) +
+                               " bytes with its NUL); pass a buffer of *needed bytes");
+  }
+  text.copy(buffer, text.size());
+  buffer[text.size()] = '\0';
+}
+
+Category require_category(int category) {
+  if (category < 0 || category >= kCategoryCount) {
+    throw InvalidArgumentError("category " + std::to_string(category) +
+                               " is not valid; pass one of REMAT_CATEGORY_NONE (0) to REMAT_CATEGORY_OTHER (7)");
+  }
+  return static_cast<Category>(category);
+}
+
+TagId require_live_tag(const void* ptr) {
+  const std::optional<TagId> tag = find_block_tag(ptr);
+  if (!tag) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%p", ptr);
+    throw InvalidPointerError(std::string(text) +
+                              " is not the start of a live block of any remat allocator; pass a storage's data pointer "
+                              "that the allocator returned (CPU tensors only under tag_cpu_tensors())");
+  }
+  return *tag;
 }
 
 }  // namespace
@@ -160,6 +200,73 @@ int remat_get_label(char* buffer, size_t size, size_t* needed) {
     }
     label.copy(buffer, label.size());
     buffer[label.size()] = '\0';
+  });
+}
+
+int remat_set_category(int category, const char* module) {
+  return guarded([&] { set_category(require_category(category), module != nullptr ? module : ""); });
+}
+
+int remat_get_category(int* category, char* module, size_t size, size_t* needed) {
+  return guarded([&] {
+    const auto [current, path] = current_category();
+    if (category != nullptr) *category = static_cast<int>(current);
+    copy_out(path, module, size, needed, "module");
+  });
+}
+
+int remat_retag_block(const void* ptr, int category, const char* module, uint32_t* previous_tag) {
+  return guarded([&] {
+    const Category wanted = require_category(category);
+    const TagId tag = with_category(require_live_tag(ptr), wanted,
+                                    module != nullptr ? std::optional<std::string_view>(module) : std::nullopt);
+    const TagId previous = retag_block_anywhere(ptr, tag);
+    if (previous_tag != nullptr) *previous_tag = previous;
+  });
+}
+
+int remat_categorize_as_activation(const void* ptr, int* changed) {
+  const bool done = categorize_as_activation(ptr);
+  if (changed != nullptr) *changed = done ? 1 : 0;
+  return REMAT_OK;
+}
+
+int remat_block_tag(const void* ptr, uint32_t* tag) {
+  return guarded([&] {
+    const TagId found = require_live_tag(ptr);
+    if (tag != nullptr) *tag = found;
+  });
+}
+
+int remat_set_block_tag(const void* ptr, uint32_t tag) {
+  return guarded([&] {
+    if (tag >= interned_tags().size()) {
+      throw InvalidArgumentError("tag id " + std::to_string(tag) +
+                                 " was never interned; pass an id from remat_block_tag or remat_retag_block");
+    }
+    retag_block_anywhere(ptr, tag);
+  });
+}
+
+int remat_block_category(const void* ptr, int* category, char* module, size_t size, size_t* needed) {
+  return guarded([&] {
+    const Tag tag = tag_of(require_live_tag(ptr));
+    if (category != nullptr) *category = static_cast<int>(tag.category);
+    copy_out(name_of(tag.module), module, size, needed, "module");
+  });
+}
+
+int remat_category_bytes(int device, int64_t* bytes, int64_t* requested_bytes, int64_t* bytes_at_peak,
+                         int64_t* requested_bytes_at_peak) {
+  return guarded([&] {
+    const AllocatorStats s = device_allocator(device).stats();
+    auto copy = [](const std::array<std::int64_t, 8>& from, int64_t* to) {
+      if (to != nullptr) std::copy(from.begin(), from.end(), to);
+    };
+    copy(s.category_bytes, bytes);
+    copy(s.category_requested_bytes, requested_bytes);
+    copy(s.category_bytes_at_peak, bytes_at_peak);
+    copy(s.category_requested_bytes_at_peak, requested_bytes_at_peak);
   });
 }
 

@@ -131,6 +131,9 @@ std::string oom_report_to_json(const OomReport& r) {
   write_holders(json, "by_site", r.by_site);
   write_holders(json, "by_phase", r.by_phase);
   if (!r.by_label.empty()) write_holders(json, "by_label", r.by_label);  // absent: nothing held carries a label
+  // absent: nothing held carries a category
+  if (!r.by_category.empty()) write_holders(json, "by_category", r.by_category);
+  if (!r.by_module.empty()) write_holders(json, "by_module", r.by_module);
   json.end_object();
   json.key("tag_stack").begin_array();
   for (const std::string& frame : r.tag_stack) json.value(frame);
@@ -217,9 +220,9 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
   const std::vector<Tag> tags = interned_tags();
   // Regions and sites are keyed by name id, so that a region a user named "<untagged>" is not
   // merged with untagged memory.
-  std::map<NameId, OomHolder> regions, sites, labels;
-  bool any_label = false;
-  std::map<std::string, OomHolder> slots, phases;
+  std::map<NameId, OomHolder> regions, sites, labels, modules;
+  bool any_label = false, any_category = false;
+  std::map<std::string, OomHolder> slots, phases, categories;
   auto add = [](auto& into, const auto& key, std::string name, const TagStats& per_tag, bool saved) {
     OomHolder& holder = into[key];
     holder.name = std::move(name);
@@ -241,6 +244,10 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
     add(sites, tag.site, tag.site != 0 ? names[tag.site] : "<no site>", per_tag, saved);
     add(labels, tag.label, tag.label != 0 ? names[tag.label] : "<no label>", per_tag, saved);
     any_label = any_label || tag.label != 0;
+    const std::string category(to_string(tag.category));
+    add(categories, category, tag.category != Category::none ? category : "<no category>", per_tag, saved);
+    add(modules, tag.module, tag.module != 0 ? names[tag.module] : "<no module>", per_tag, saved);
+    any_category = any_category || tag.category != Category::none;
     const std::string phase(to_string(tag.phase));
     add(phases, phase, phase, per_tag, saved);
   }
@@ -258,6 +265,10 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
   r.by_site = top(sites);
   r.by_phase = top(phases);
   if (any_label) r.by_label = top(labels);
+  if (any_category) {
+    r.by_category = top(categories);
+    r.by_module = top(modules);
+  }
   r.tag_stack = describe_tag_stack();
   for (const TraceEvent& event : pool.trace.events(kOomTraceEvents)) {
     const std::string region = event.tag < tags.size() && tags[event.tag].region != 0 ? names[tags[event.tag].region]

@@ -18,6 +18,9 @@ void write_tag_table(JsonWriter& json) {
         .field("phase", to_string(tag.phase))
         .field("site", tag.site);
     if (tag.label != 0) json.field("label", tag.label);  // absent: no label, as in dumps from before labels
+    // absent: no category or module, as in dumps from before categories
+    if (tag.category != Category::none) json.field("category", to_string(tag.category));
+    if (tag.module != 0) json.field("module", tag.module);
     json.key("recv");
     if (tag.has_recv) {
       const char direction[2] = {to_char(tag.recv.direction), '\0'};

@@ -17,6 +17,7 @@ struct TagHash {
     std::uint64_t h = t.region;
     h = h * 0x9E3779B97F4A7C15ULL + t.site;
     h = h * 0x9E3779B97F4A7C15ULL + t.label;
+    h = h * 0x9E3779B97F4A7C15ULL + (static_cast<std::uint64_t>(t.module) << 8 | static_cast<std::uint64_t>(t.category));
     h = h * 0x9E3779B97F4A7C15ULL + (static_cast<std::uint64_t>(t.policy) << 8 | static_cast<std::uint64_t>(t.phase));
     if (t.has_recv) {
       h = h * 0x9E3779B97F4A7C15ULL + static_cast<std::uint32_t>(t.recv.stage);
@@ -54,16 +55,34 @@ thread_local TagId t_current_id = 0;
 // The label in force for every thread (0: none). Set rarely, read at every allocation.
 std::atomic<NameId> g_label{0};
 
-// This thread's latest stack top combined with the label in force: the hot path's answer
-// while neither changes. Other combinations the thread has made are in t_labelled, so that
-// moving between regions under a label takes no lock either.
-struct LabelledTag {
+// This thread's category and module (set_category): 0 and none when not set.
+thread_local Category t_category = Category::none;
+thread_local NameId t_module = 0;
+
+// This thread's latest stack top combined with the label, category and module in force: the
+// hot path's answer while none of them changes. Other combinations the thread has made are in
+// t_overlaid, so that moving between regions or modules takes no lock either.
+struct OverlayKey {
   TagId base = 0;
   NameId label = 0;
+  NameId module = 0;
+  Category category = Category::none;
+  bool operator==(const OverlayKey&) const = default;
+};
+struct OverlayHash {
+  std::size_t operator()(const OverlayKey& k) const noexcept {
+    std::uint64_t h = k.base;
+    h = h * 0x9E3779B97F4A7C15ULL + k.label;
+    h = h * 0x9E3779B97F4A7C15ULL + (static_cast<std::uint64_t>(k.module) << 8 | static_cast<std::uint64_t>(k.category));
+    return static_cast<std::size_t>(h ^ (h >> 29));
+  }
+};
+struct OverlaidTag {
+  OverlayKey key;
   TagId id = 0;
 };
-thread_local LabelledTag t_labelled_latest;
-thread_local std::unordered_map<std::uint64_t, TagId> t_labelled;
+thread_local OverlaidTag t_overlaid_latest;
+thread_local std::unordered_map<OverlayKey, TagId, OverlayHash> t_overlaid;
 
 Tag top_tag() { return t_stack.empty() ? Tag{} : t_stack.back().tag; }
 
@@ -143,18 +162,23 @@ void require_name(std::string_view name, std::string_view what) {
   require_short(name, std::string(what) + " name", "name");
 }
 
-// The stack top `base` (its tag `base_tag`) combined with `label`, interned on first use.
-TagId labelled_tag_id(TagId base, const Tag& base_tag, NameId label) {
-  const std::uint64_t key = static_cast<std::uint64_t>(base) << 32 | label;
-  auto it = t_labelled.find(key);
-  if (it == t_labelled.end()) {
+// The stack top (its tag `base_tag`) combined with the overlay in `key`, interned on first use.
+TagId overlaid_tag_id(const OverlayKey& key, const Tag& base_tag) {
+  auto it = t_overlaid.find(key);
+  if (it == t_overlaid.end()) {
     Tag tag = base_tag;
-    tag.label = label;
-    it = t_labelled.emplace(key, intern_tag(tag)).first;
+    tag.label = key.label;
+    tag.category = key.category;
+    tag.module = key.module;
+    it = t_overlaid.emplace(key, intern_tag(tag)).first;
   }
-  t_labelled_latest = {base, label, it->second};
+  t_overlaid_latest = {key, it->second};
   return it->second;
 }
+
+constexpr Category kCategories[] = {Category::none,       Category::parameter, Category::gradient,
+                                    Category::optimizer_state, Category::activation, Category::temporary,
+                                    Category::input,      Category::other};
 
 }  // namespace
 
@@ -176,6 +200,29 @@ std::string_view to_string(Phase phase) {
     case Phase::other: break;
   }
   return "other";
+}
+
+std::string_view to_string(Category category) {
+  switch (category) {
+    case Category::parameter: return "parameter";
+    case Category::gradient: return "gradient";
+    case Category::optimizer_state: return "optimizer_state";
+    case Category::activation: return "activation";
+    case Category::temporary: return "temporary";
+    case Category::input: return "input";
+    case Category::other: return "other";
+    case Category::none: break;
+  }
+  return "none";
+}
+
+Category category_from_string(std::string_view text) {
+  for (const Category candidate : kCategories) {
+    if (text == to_string(candidate)) return candidate;
+  }
+  throw InvalidArgumentError("category " + detail::quote(text) +
+                             " is not valid; pass parameter, gradient, optimizer_state, activation, temporary, "
+                             "input, other or none");
 }
 
 char to_char(Direction direction) { return direction == Direction::forward ? 'F' : 'B'; }
@@ -239,20 +286,21 @@ void release_tag_tables_after_fork() { tables().mutex.unlock(); }
 }  // namespace detail
 
 TagId current_tag_id() noexcept {
-  const NameId label = g_label.load(std::memory_order_relaxed);
-  if (label == 0) return t_current_id;
-  const LabelledTag& latest = t_labelled_latest;
-  if (latest.label == label && latest.base == t_current_id) return latest.id;
+  const OverlayKey key{t_current_id, g_label.load(std::memory_order_relaxed), t_module, t_category};
+  if (key.label == 0 && key.module == 0 && key.category == Category::none) return t_current_id;
+  if (t_overlaid_latest.key == key) return t_overlaid_latest.id;
   try {
-    return labelled_tag_id(t_current_id, top_tag(), label);
+    return overlaid_tag_id(key, top_tag());
   } catch (...) {
-    return t_current_id;  // host memory exhausted while interning: this allocation goes unlabelled
+    return t_current_id;  // host memory exhausted while interning: this allocation goes without the overlay
   }
 }
 
 Tag current_tag() {
   Tag tag = top_tag();
   tag.label = g_label.load(std::memory_order_relaxed);
+  tag.category = t_category;
+  tag.module = t_module;
   return tag;
 }
 
@@ -279,6 +327,26 @@ std::string_view region_to_push(std::string_view current, std::string_view path)
     if (ends_current) return end == path.size() ? std::string_view() : path.substr(end + kRegionSeparator.size());
   }
   return path;
+}
+
+void set_category(Category category, std::string_view module) {
+  require_short(module, "module path", "module path");
+  t_module = module.empty() ? 0 : intern_name(module);
+  t_category = category;
+}
+
+std::pair<Category, std::string> current_category() { return {t_category, name_of(t_module)}; }
+
+bool category_in_force() noexcept { return t_category != Category::none; }
+
+TagId with_category(TagId tag, Category category, std::optional<std::string_view> module) {
+  Tag changed = tag_of(tag);
+  changed.category = category;
+  if (module) {
+    require_short(*module, "module path", "module path");
+    changed.module = module->empty() ? 0 : intern_name(*module);
+  }
+  return intern_tag(changed);
 }
 
 // The interned path of region `name` inside region `parent` (0: none).

@@ -11,6 +11,7 @@
 #include "saved_registry.hpp"
 #include "thread_state.hpp"
 
+#include <remat/alloc/allocator.hpp>
 #include <remat/saved_tensors_walk.hpp>
 
 #include <ATen/SequenceNumber.h>
@@ -166,6 +167,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     // variable_data(): the same storage without the graph, as detach() gives, but without a
     // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
     kept_ = tensor.variable_data();
+    if (!of_parameter) alloc::categorize_as_activation(kept_.storage().data());
     f.kept.push_back({state_.save_region, saved_name_, of_parameter,
                       c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
     track(kept_);

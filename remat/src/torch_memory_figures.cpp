@@ -100,7 +100,7 @@ torch_alloc::AllocatorConfigInfo to_config_info(const alloc::Config& config) {
 
 std::string tag_user_metadata(const alloc::Tag& tag) {
   const bool only_label = tag.region == 0 && tag.policy == alloc::Policy::none && tag.phase == alloc::Phase::other &&
-                          !tag.has_recv && tag.site == 0;
+                          !tag.has_recv && tag.site == 0 && tag.category == alloc::Category::none && tag.module == 0;
   if (only_label) return alloc::name_of(tag.label);
   alloc::JsonWriter json(128);
   json.begin_object();
@@ -115,6 +115,8 @@ std::string tag_user_metadata(const alloc::Tag& tag) {
     json.end_object();
   }
   if (tag.label != 0) json.field("label", alloc::name_of(tag.label));
+  if (tag.category != alloc::Category::none) json.field("category", alloc::to_string(tag.category));
+  if (tag.module != 0) json.field("module", alloc::name_of(tag.module));
   json.end_object();
   return std::move(json.str());
 }

@@ -241,6 +241,43 @@ TEST_F(CApi, TheLabelIsSetReadBackAndWrittenInSnapshots) {
   remat_free(q, 4096, 9, nullptr);
 }
 
+TEST_F(CApi, CategoriesAreSetRetaggedByAddressAndRestored) {
+  constexpr int device = 9;
+  ASSERT_EQ(remat_set_category(REMAT_CATEGORY_TEMPORARY, "layers.0.mlp"), REMAT_OK) << remat_last_error();
+  int category = -1;
+  char module[64];
+  ASSERT_EQ(remat_get_category(&category, module, sizeof module, nullptr), REMAT_OK);
+  EXPECT_EQ(category, REMAT_CATEGORY_TEMPORARY);
+  EXPECT_STREQ(module, "layers.0.mlp");
+  void* p = remat_alloc(4096, device, nullptr);
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(remat_set_category(REMAT_CATEGORY_NONE, nullptr), REMAT_OK);
+  ASSERT_EQ(remat_block_category(p, &category, module, sizeof module, nullptr), REMAT_OK) << remat_last_error();
+  EXPECT_EQ(category, REMAT_CATEGORY_TEMPORARY);
+  EXPECT_STREQ(module, "layers.0.mlp");
+
+  // Kept for backward: the category changes, the module stays when none is given.
+  std::uint32_t previous = 0;
+  ASSERT_EQ(remat_retag_block(p, REMAT_CATEGORY_ACTIVATION, nullptr, &previous), REMAT_OK) << remat_last_error();
+  ASSERT_EQ(remat_block_category(p, &category, module, sizeof module, nullptr), REMAT_OK);
+  EXPECT_EQ(category, REMAT_CATEGORY_ACTIVATION);
+  EXPECT_STREQ(module, "layers.0.mlp");
+  ASSERT_EQ(remat_set_block_tag(p, previous), REMAT_OK) << remat_last_error();
+  ASSERT_EQ(remat_block_category(p, &category, nullptr, 0, nullptr), REMAT_OK);
+  EXPECT_EQ(category, REMAT_CATEGORY_TEMPORARY);
+
+  // Bad input: an unknown category, a tag id never made, a pointer the allocator did not return.
+  EXPECT_EQ(remat_set_category(42, "x"), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(remat_last_error()).find("category 42 is not valid"), std::string::npos) << remat_last_error();
+  EXPECT_EQ(remat_retag_block(p, -1, nullptr, nullptr), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(remat_set_block_tag(p, 0xFFFFFFF0u), REMAT_ERR_INVALID_ARGUMENT);
+  int not_ours = 0;
+  EXPECT_EQ(remat_retag_block(&not_ours, REMAT_CATEGORY_PARAMETER, "w", nullptr), REMAT_ERR_INVALID_POINTER);
+  EXPECT_NE(std::string(remat_last_error()).find("tag_cpu_tensors()"), std::string::npos) << remat_last_error();
+  remat_free(p, 4096, device, nullptr);
+  EXPECT_EQ(remat_block_tag(p, &previous), REMAT_ERR_INVALID_POINTER);
+}
+
 TEST_F(CApi, BadArgumentsAreErrorsNotCrashes) {
   EXPECT_EQ(remat_push_region(nullptr), REMAT_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(remat_push_region(""), REMAT_ERR_INVALID_ARGUMENT);

@@ -93,6 +93,30 @@ class RematAllocCtypes(unittest.TestCase):
         for ptr, size in ((p, 2048), (q, 1024), (r, 512)):
             self.free(ptr, size, device=12)
 
+    def test_categories_are_set_per_thread_counted_and_read_back_by_address(self):
+        device = 13
+        with remat_alloc.categorized("gradient", "head.weight"):
+            self.assertEqual(remat_alloc.category(), ("gradient", "head.weight"))
+            seen = []
+            worker = threading.Thread(target=lambda: seen.append(remat_alloc.category()))
+            worker.start()
+            worker.join()
+            self.assertEqual(seen, [("none", "")])  # per thread, unlike the label
+            p = self.alloc(4096, device=device)
+        self.assertEqual(remat_alloc.category(), ("none", ""))
+        self.assertEqual(remat_alloc.block_category(p), ("gradient", "head.weight"))
+        self.assertEqual(remat_alloc.category_bytes(device)["gradient"], 4096)
+        self.assertEqual(remat_alloc.category_bytes(device, requested=True)["gradient"], 4096)
+        self.assertIsNone(remat_alloc.block_category(ctypes.addressof(ctypes.c_int())))
+        self.free(p, 4096, device=device)
+        self.assertEqual(remat_alloc.category_bytes(device)["gradient"], 0)
+        self.assertEqual(remat_alloc.category_bytes(device, at_peak=True)["gradient"], 4096)
+        with self.assertRaisesRegex(ValueError, r"^set_category: category 'grads' is not one of none, parameter"):
+            remat_alloc.set_category("grads")
+        with self.assertRaisesRegex(remat_alloc.RematError, r"module path 'mmm.*' \(4097 bytes\) is longer than"):
+            remat_alloc.set_category("temporary", "m" * 4097)
+        self.assertEqual(remat_alloc.category(), ("none", ""))
+
     def test_labels_are_checked_like_site_names(self):
         remat_alloc.set_label("kept")
         try:

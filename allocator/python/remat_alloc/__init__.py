@@ -25,11 +25,14 @@ from .arguments import C_POINTER as _C_POINTER
 from .arguments import int_arg as _int_arg
 from .arguments import path_arg as _path_arg
 from .arguments import text_arg as _text_arg
+from . import _tracking
+from ._tracking import Tracker, track, untrack
 from ._oom_observers import OomEvent, add_oom_observer, is_installed, pluggable_allocator_in_use, remove_oom_observer
 
 __all__ = [
     "RematError", "load", "configure", "install", "region", "recv_slot", "site", "phase",
-    "policy", "set_label", "label", "labelled", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "live_bytes",
+    "policy", "set_label", "label", "labelled", "CATEGORIES", "set_category", "category", "categorized", "block_category",
+    "category_bytes", "track", "untrack", "Tracker", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "live_bytes",
     "empty_cache", "record_stream", "set_memory_fraction", "library_path", "pluggable_library_path",
     "check_one_copy",
     "OomEvent", "add_oom_observer", "remove_oom_observer", "is_installed", "pluggable_allocator_in_use",
@@ -99,6 +102,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         "remat_pop_policy": (c_int, []),
         "remat_set_label": (c_int, [c_char_p]),
         "remat_get_label": (c_int, [c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
+        "remat_set_category": (c_int, [c_int, c_char_p]),
+        "remat_get_category": (c_int, [ctypes.POINTER(c_int), c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
+        "remat_retag_block": (c_int, [c_void_p, c_int, c_char_p, ctypes.POINTER(ctypes.c_uint32)]),
+        "remat_categorize_as_activation": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
+        "remat_block_tag": (c_int, [c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
+        "remat_set_block_tag": (c_int, [c_void_p, ctypes.c_uint32]),
+        "remat_block_category": (c_int, [c_void_p, ctypes.POINTER(c_int), c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
+        "remat_category_bytes": (c_int, [c_int] + [ctypes.POINTER(ctypes.c_int64)] * 4),
         "remat_dump_snapshot": (c_int, [c_char_p]),
         "remat_dump_snapshot_device": (c_int, [c_char_p, c_int]),
         "remat_dump_trace": (c_int, [c_char_p]),
@@ -351,6 +362,71 @@ def labelled(text: str) -> Iterator[None]:
         yield
     finally:
         set_label(previous)
+
+
+# The categories in the order of the C ABI's REMAT_CATEGORY_* values ("none": not assigned).
+CATEGORIES = ("none", "parameter", "gradient", "optimizer_state", "activation", "temporary", "input", "other")
+
+
+def _category_index(function: str, name: str) -> int:
+    if name not in CATEGORIES:
+        raise ValueError(f"{function}: category {name!r:.80} is not one of {', '.join(CATEGORIES)}")
+    return CATEGORIES.index(name)
+
+
+def set_category(name: str, module: str = "") -> None:
+    """Gives every allocation that follows on this thread the category `name` (one of
+    CATEGORIES) and the module path `module`; set_category("none") clears both. Per thread, set
+    rather than pushed: to nest, read category() first and set it back."""
+    index = _category_index("set_category", name)
+    encoded = _text_arg("set_category", "module", module)
+    _check(load().remat_set_category(index, encoded))
+    _tracking._thread.current = (index, encoded)
+
+
+def category() -> tuple[str, str]:
+    """This thread's category and module path, as set_category set them."""
+    lib = load()
+    index, needed = ctypes.c_int(), ctypes.c_size_t()
+    _check(lib.remat_get_category(ctypes.byref(index), None, 0, ctypes.byref(needed)))
+    buffer = ctypes.create_string_buffer(needed.value)
+    _check(lib.remat_get_category(ctypes.byref(index), buffer, needed.value, None))
+    return CATEGORIES[index.value], buffer.value.decode(errors="replace")
+
+
+@contextlib.contextmanager
+def categorized(name: str, module: str = "") -> Iterator[None]:
+    """set_category for the block, on this thread; the category in force before comes back on exit."""
+    previous = category()
+    set_category(name, module)
+    try:
+        yield
+    finally:
+        set_category(*previous)
+
+
+def block_category(ptr: int) -> Optional[tuple[str, str]]:
+    """The category and module of the live block at `ptr` (a storage's data_ptr()), or None when
+    no remat allocator returned it (a CPU tensor made outside tag_cpu_tensors(), say)."""
+    lib = load()
+    ptr = _int_arg("block_category", "ptr", ptr, _C_POINTER)
+    index, needed = ctypes.c_int(), ctypes.c_size_t()
+    if lib.remat_block_category(ptr, ctypes.byref(index), None, 0, ctypes.byref(needed)) != 0:
+        return None
+    buffer = ctypes.create_string_buffer(needed.value)
+    _check(lib.remat_block_category(ptr, ctypes.byref(index), buffer, needed.value, None))
+    return CATEGORIES[index.value], buffer.value.decode(errors="replace")
+
+
+def category_bytes(device: int = 0, at_peak: bool = False, requested: bool = False) -> dict[str, int]:
+    """Bytes held per category on `device` (0: the host backend's, which tag_cpu_tensors() uses):
+    now, or when its allocated bytes last peaked (at_peak; reset_peak_stats starts a new peak);
+    rounded block sizes, or the sizes asked for (requested). "none" holds memory without one."""
+    device = _int_arg("category_bytes", "device", device)
+    arrays = [(ctypes.c_int64 * len(CATEGORIES))() for _ in range(4)]
+    _check(load().remat_category_bytes(device, *arrays))
+    chosen = arrays[(2 if at_peak else 0) + (1 if requested else 0)]
+    return {name: int(chosen[i]) for i, name in enumerate(CATEGORIES)}
 
 
 def dump_snapshot(path: Union[str, bytes, os.PathLike], device: Optional[int] = None) -> None:

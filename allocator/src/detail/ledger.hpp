@@ -51,6 +51,10 @@ class Ledger {
     per_tag.bytes.add(bytes);
     per_tag.requested_bytes.add(requested);
     per_tag.count.add(1);
+    const auto category = static_cast<std::size_t>(tag_category_[block.tag]);
+    stats_.category_bytes[category] += bytes;
+    stats_.category_requested_bytes[category] += requested;
+    if (stats_.allocated_bytes.current == stats_.allocated_bytes.peak) note_category_peak();
     trace_.record_request(TraceAction::alloc, block.address, block.size, block.requested, block.stream, block.tag);
   }
 
@@ -72,12 +76,37 @@ class Ledger {
     per_tag.bytes.subtract(bytes);
     per_tag.requested_bytes.subtract(requested);
     per_tag.count.subtract(1);
+    const auto category = static_cast<std::size_t>(tag_category_[block.tag]);
+    stats_.category_bytes[category] -= bytes;
+    stats_.category_requested_bytes[category] -= requested;
     if (now) {
       trace_.record_immediate_free(block.address, block.size, block.stream, block.tag);
       no_longer_active(block);
     } else {
       trace_.record(TraceAction::free_requested, block.address, block.size, block.stream, block.tag);
     }
+  }
+
+  // The live `block` now belongs to `tag`: its bytes leave its old tag's statistics for the new
+  // one's. The trace keeps the tag each event was recorded with.
+  void retagged(Block& block, TagId tag) {
+    const auto bytes = static_cast<std::int64_t>(block.size);
+    const auto requested = static_cast<std::int64_t>(block.requested);
+    TagStats& from = stats_for(block.tag);
+    from.bytes.subtract(bytes);
+    from.requested_bytes.subtract(requested);
+    from.count.subtract(1);
+    auto category = static_cast<std::size_t>(tag_category_[block.tag]);
+    stats_.category_bytes[category] -= bytes;
+    stats_.category_requested_bytes[category] -= requested;
+    block.tag = tag;
+    TagStats& to = stats_for(tag);
+    to.bytes.add(bytes);
+    to.requested_bytes.add(requested);
+    to.count.add(1);
+    category = static_cast<std::size_t>(tag_category_[tag]);
+    stats_.category_bytes[category] += bytes;
+    stats_.category_requested_bytes[category] += requested;
   }
 
   // The streams that used a freed block are done with it.
@@ -158,6 +187,7 @@ class Ledger {
 
   void reset_peaks() {
     for_each_stat([](Stat& stat) { stat.reset_peak(); });
+    note_category_peak();
     small_peaks_ = PoolPeaks::of(small_pool());
     for (TagStats& per_tag : tag_stats_) {
       per_tag.bytes.reset_peak();
@@ -273,14 +303,26 @@ class Ledger {
   }
 
   TagStats& stats_for(TagId tag) {
-    if (tag >= tag_stats_.size()) tag_stats_.resize(static_cast<std::size_t>(tag) + 1);
+    if (tag >= tag_stats_.size()) grow_tag_tables(tag);
     return tag_stats_[tag];
+  }
+  // Tags never change once interned, so each tag's category is looked up once, off the hot path.
+  [[gnu::noinline]] void grow_tag_tables(TagId tag) {
+    const std::size_t known = tag_category_.size();
+    tag_stats_.resize(static_cast<std::size_t>(tag) + 1);
+    tag_category_.resize(static_cast<std::size_t>(tag) + 1);
+    for (std::size_t id = known; id < tag_category_.size(); ++id) tag_category_[id] = tag_of(static_cast<TagId>(id)).category;
+  }
+  void note_category_peak() {
+    stats_.category_bytes_at_peak = stats_.category_bytes;
+    stats_.category_requested_bytes_at_peak = stats_.category_requested_bytes;
   }
 
   AllocatorStats stats_;  // the whole device's figures (its pools are filled in by stats())
   PoolStats large_;
   PoolPeaks small_peaks_;
   std::vector<TagStats> tag_stats_;
+  std::vector<Category> tag_category_;  // indexed by TagId, as tag_stats_
   TraceRing trace_;
 };
 

@@ -13,7 +13,9 @@ GroupBy group_by_from(const std::string& text) {
   if (text == "phase") return GroupBy::phase;
   if (text == "stream") return GroupBy::stream;
   if (text == "label") return GroupBy::label;
-  throw UsageError("--by " + text + " is not a grouping; use region, slot, site, phase, label or stream");
+  if (text == "category") return GroupBy::category;
+  if (text == "module") return GroupBy::module;
+  throw UsageError("--by " + text + " is not a grouping; use region, slot, site, phase, label, category, module or stream");
 }
 
 std::string_view to_string(GroupBy by) {
@@ -24,6 +26,8 @@ std::string_view to_string(GroupBy by) {
     case GroupBy::phase: return "phase";
     case GroupBy::stream: return "stream";
     case GroupBy::label: return "label";
+    case GroupBy::category: return "category";
+    case GroupBy::module: return "module";
   }
   return "region";
 }
@@ -38,6 +42,18 @@ GroupLabel tag_label(const TagTable& tags, std::uint32_t tag, GroupBy by) {
     case GroupBy::region: return named_or(t.region, kUntaggedLabel);
     case GroupBy::site: return named_or(t.site, kNoSiteLabel);
     case GroupBy::label: return named_or(t.label, kNoLabelLabel);
+    case GroupBy::category:
+      if (t.category == 0) return GroupLabel::own(std::string(kNoCategoryLabel));
+      return GroupLabel::name(std::string(kCategoryNames[t.category]));
+    case GroupBy::module: {
+      // A module's memory by what it is for: "layers.0.mlp (activation)".
+      if (t.module == 0 || tags.names[t.module].empty()) {
+        if (t.category == 0) return GroupLabel::own(std::string(kNoModuleLabel));
+        return GroupLabel::name(fmt::format("{} ({})", kNoModuleLabel, kCategoryNames[t.category]));
+      }
+      if (t.category == 0) return GroupLabel::name(tags.names[t.module]);
+      return GroupLabel::name(fmt::format("{} ({})", tags.names[t.module], kCategoryNames[t.category]));
+    }
     case GroupBy::phase: return GroupLabel::name(std::string(to_string(t.phase)));
     case GroupBy::slot:
       if (!t.recv) return GroupLabel::own(std::string(kNoRecvSlotLabel));

@@ -13,7 +13,7 @@
 
 namespace remat::report {
 
-enum class GroupBy : std::uint8_t { region, slot, site, phase, stream, label };
+enum class GroupBy : std::uint8_t { region, slot, site, phase, stream, label, category, module };
 
 GroupBy group_by_from(const std::string& text);  // throws UsageError
 std::string_view to_string(GroupBy by);
@@ -36,6 +36,8 @@ inline constexpr std::string_view kUntaggedLabel = "(untagged)";
 inline constexpr std::string_view kNoSiteLabel = "(no site)";
 inline constexpr std::string_view kNoRecvSlotLabel = "(no recv slot)";
 inline constexpr std::string_view kNoLabelLabel = "(no label)";
+inline constexpr std::string_view kNoCategoryLabel = "(no category)";
+inline constexpr std::string_view kNoModuleLabel = "(no module)";
 
 // The label of one tag under a grouping (not for GroupBy::stream). A tag's region, site or
 // label has no name when its index is 0 or its name is empty.

@@ -20,7 +20,7 @@ void register_memory(CLI::App& app, GlobalOptions& options) {
   auto opts = std::make_shared<MemoryOptions>();
   command->add_option("file", opts->file, "A remat dump")->required();
   command->add_option("--by", opts->by, "Group by region, slot, site, phase or stream")
-      ->check(CLI::IsMember({"region", "slot", "site", "phase", "label", "stream"}));
+      ->check(CLI::IsMember({"region", "slot", "site", "phase", "label", "category", "module", "stream"}));
   command->add_option("--top", opts->top, "Show the N largest groups (by peak) and fold the rest")
       ->check(whole_number(1, UINT64_MAX, "groups to show"));
   add_output_options(*command, options);

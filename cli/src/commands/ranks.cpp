@@ -259,8 +259,8 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
       ->add_option("paths", opts->paths,
                    "Rank dumps (snapshots, OOM dumps, PyTorch snapshot pickles) or folders of them")
       ->required();
-  command->add_option("--by", opts->by, "Each group's spread across ranks: region, slot, site, phase or label")
-      ->check(CLI::IsMember({"region", "slot", "site", "phase", "label"}));
+  command->add_option("--by", opts->by, "Each group's spread across ranks: region, slot, site, phase, label, category or module")
+      ->check(CLI::IsMember({"region", "slot", "site", "phase", "label", "category", "module"}));
   command->add_option("--top", opts->top, "Rows of the ranks table to print (default 20; 0: all)")
       ->check(whole_number(0, UINT32_MAX, "rows of the ranks table"));
   command->add_option("--svg", opts->svg, "Also draw each rank's peak, stacked by group, into OUT.svg");

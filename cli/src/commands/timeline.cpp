@@ -34,7 +34,7 @@ void register_timeline(CLI::App& app, GlobalOptions& options) {
   command->add_option("file", opts->file, "A remat dump with events (trace, snapshot)")->required();
   command->add_option("-o,--output", opts->out, "OUT.svg (static picture) or OUT.html (hover and zoom)")->required();
   command->add_option("--by", opts->by, "Stack by region, slot, site, phase or stream")
-      ->check(CLI::IsMember({"region", "slot", "site", "phase", "label", "stream"}));
+      ->check(CLI::IsMember({"region", "slot", "site", "phase", "label", "category", "module", "stream"}));
   command->add_option("--buckets", opts->buckets, "Time buckets (default 1000 for SVG, 4000 for HTML)")
       ->check(whole_number(2, 1000000, "time buckets"));
   command->add_option("--series", opts->series, "Largest groups drawn on their own; the rest become 'other'")

@@ -77,12 +77,21 @@ struct TagKey {
   Phase phase = Phase::other;
   std::optional<RecvSlot> recv;
   std::uint32_t label = 0;
+  std::uint8_t category = 0;
+  std::uint32_t module = 0;
   auto tie() const {
     return std::make_tuple(region, site, static_cast<int>(policy), static_cast<int>(phase), recv.has_value(),
-                           recv ? recv->stage : 0, recv ? recv->direction : 'F', recv ? recv->slot : 0, label);
+                           recv ? recv->stage : 0, recv ? recv->direction : 'F', recv ? recv->slot : 0, label, category,
+                           module);
   }
   bool operator<(const TagKey& other) const { return tie() < other.tie(); }
 };
+
+// The index of a category's name in kCategoryNames; 0 (no category) for a name that is none.
+std::uint8_t category_index(std::string_view name) {
+  const auto known = std::find(std::begin(kCategoryNames) + 1, std::end(kCategoryNames), name);
+  return known == std::end(kCategoryNames) ? 0 : static_cast<std::uint8_t>(known - std::begin(kCategoryNames));
+}
 
 // Whether `frames` holds remat's own frames (those an export writes for a tag).
 bool has_remat_frames(const PyValue* frames) {
@@ -132,6 +141,8 @@ class TagBuilder {
       if (file == "remat:region") remat = true, key.region = intern(name);
       else if (file == "remat:site") remat = true, key.site = intern(name);
       else if (file == "remat:label") remat = true, key.label = intern(name);
+      else if (file == "remat:module") remat = true, key.module = intern(name);
+      else if (file == "remat:category") remat = true, key.category = category_index(name);
       else if (file == "remat:tag") {
         remat = true;
         char phase[32] = {}, policy[32] = {};
@@ -189,6 +200,8 @@ class TagBuilder {
       if (name == "region") read.region = intern(text);
       else if (name == "site") read.site = intern(text);
       else if (name == "label") read.label = intern(text);
+      else if (name == "module") read.module = intern(text);
+      else if (name == "category" && category_index(text) != 0) read.category = category_index(text);
       else if (name == "phase" && phase_from(text)) read.phase = *phase_from(text);
       else if (name == "policy" && policy_from(text)) read.policy = *policy_from(text);
       else return false;
@@ -199,7 +212,9 @@ class TagBuilder {
 
   std::uint32_t intern_tag(const TagKey& key) {
     const auto [it, inserted] = ids_.try_emplace(key, static_cast<std::uint32_t>(tags_.size()));
-    if (inserted) tags_.push_back(Tag{key.region, key.policy, key.phase, key.site, key.recv, key.label});
+    if (inserted) {
+      tags_.push_back(Tag{key.region, key.policy, key.phase, key.site, key.recv, key.label, key.category, key.module});
+    }
     return it->second;
   }
   std::uint32_t intern(const std::string& name) {
@@ -541,6 +556,8 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
     tag_table.push_back({{"region", tag.region}, {"policy", to_string(tag.policy)}, {"phase", to_string(tag.phase)},
                          {"site", tag.site}, {"recv", recv}});
     if (tag.label != 0) tag_table.back()["label"] = tag.label;
+    if (tag.category != 0) tag_table.back()["category"] = std::string(kCategoryNames[tag.category]);
+    if (tag.module != 0) tag_table.back()["module"] = tag.module;
   }
 
   nlohmann::ordered_json& s = result.snapshot;

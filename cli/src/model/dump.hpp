@@ -38,7 +38,13 @@ struct Tag {
   std::uint32_t site = 0;  // index into names
   std::optional<RecvSlot> recv;
   std::uint32_t label = 0;  // index into names: the process-wide label (PyTorch's user_metadata)
+  std::uint8_t category = 0;  // index into kCategoryNames (0: none), as remat_alloc.track sets it
+  std::uint32_t module = 0;   // index into names: the module path the category belongs to
 };
+
+// The allocator's categories by their index in a tag ("" at 0: no category).
+inline constexpr std::string_view kCategoryNames[] = {"",           "parameter", "gradient", "optimizer_state",
+                                                      "activation", "temporary", "input",    "other"};
 
 // Interned names and tags as written once per dump. Index 0 of each is "untagged".
 struct TagTable {
@@ -48,6 +54,8 @@ struct TagTable {
   std::string_view region(std::uint32_t tag) const { return names[tags[tag].region]; }
   std::string_view site(std::uint32_t tag) const { return names[tags[tag].site]; }
   std::string_view label(std::uint32_t tag) const { return names[tags[tag].label]; }
+  std::string_view category(std::uint32_t tag) const { return kCategoryNames[tags[tag].category]; }
+  std::string_view module(std::uint32_t tag) const { return names[tags[tag].module]; }
 };
 
 enum class Action : std::uint8_t { alloc, free_requested, free_completed, segment_alloc, segment_free, oom };

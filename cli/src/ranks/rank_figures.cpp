@@ -54,6 +54,11 @@ GroupLabel holder_label(const OomHolder& holder, GroupBy by) {
       return holder.name == "<no site>" ? GroupLabel::own(std::string(kNoSiteLabel)) : GroupLabel::name(holder.name);
     case GroupBy::label:
       return holder.name == "<no label>" ? GroupLabel::own(std::string(kNoLabelLabel)) : GroupLabel::name(holder.name);
+    case GroupBy::category:
+      return holder.name == "<no category>" ? GroupLabel::own(std::string(kNoCategoryLabel))
+                                            : GroupLabel::name(holder.name);
+    case GroupBy::module:
+      return holder.name == "<no module>" ? GroupLabel::own(std::string(kNoModuleLabel)) : GroupLabel::name(holder.name);
     case GroupBy::slot: return slot_label(holder.name);
     case GroupBy::phase:
     case GroupBy::stream: break;
@@ -67,6 +72,8 @@ const std::vector<OomHolder>& holders_by(const OomHolders& holders, GroupBy by) 
     case GroupBy::site: return holders.by_site;
     case GroupBy::phase: return holders.by_phase;
     case GroupBy::label: return holders.by_label;
+    case GroupBy::category: return holders.by_category;
+    case GroupBy::module: return holders.by_module;
     case GroupBy::region:
     case GroupBy::stream: break;
   }

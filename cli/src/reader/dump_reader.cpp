@@ -35,6 +35,20 @@ Tag read_tag(json::element value, const JsonPath& path, std::size_t name_count) 
   if (const auto label = json::optional_member(object, "label")) {  // absent in dumps without labels
     tag.label = json::as_index(*label, path.key("label"), name_count, "names");
   }
+  if (json::optional_member(object, "category")) {  // absent in dumps without categories
+    const std::string_view category = json::string_field(object, "category", path);
+    const auto known = std::find(std::begin(kCategoryNames) + 1, std::end(kCategoryNames), category);
+    if (known == std::end(kCategoryNames)) {
+      throw InputError(path.key("category").str(),
+                       fmt::format("unknown category '{}'; expected parameter, gradient, optimizer_state, activation, "
+                                   "temporary, input or other",
+                                   printable(category)));
+    }
+    tag.category = static_cast<std::uint8_t>(known - std::begin(kCategoryNames));
+  }
+  if (const auto module = json::optional_member(object, "module")) {
+    tag.module = json::as_index(*module, path.key("module"), name_count, "names");
+  }
   const JsonPath policy_path = path.key("policy");
   const std::string_view policy = json::string_field(object, "policy", path);
   if (auto p = policy_from(policy))

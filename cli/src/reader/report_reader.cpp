@@ -220,6 +220,8 @@ OomDump read_oom(json::object root) {
   read_holders("by_site", dump.holders.by_site);
   read_holders("by_phase", dump.holders.by_phase);
   if (json::optional_member(holders, "by_label")) read_holders("by_label", dump.holders.by_label);
+  if (json::optional_member(holders, "by_category")) read_holders("by_category", dump.holders.by_category);
+  if (json::optional_member(holders, "by_module")) read_holders("by_module", dump.holders.by_module);
 
   for_each_item(root, "tag_stack", path, [&](json::element value, const JsonPath& entry_path) {
     dump.tag_stack.emplace_back(json::as_string(value, entry_path));

@@ -83,6 +83,11 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   if (!h.by_label.empty()) {
     report.tables.push_back(holder_table("by_label", "Held by label", "label", h.by_label, n.allocated_bytes));
   }
+  if (!h.by_category.empty()) {
+    report.tables.push_back(
+        holder_table("by_category", "Held by category", "category", h.by_category, n.allocated_bytes));
+    report.tables.push_back(holder_table("by_module", "Held by module", "module", h.by_module, n.allocated_bytes));
+  }
 
   Table fragmentation = key_value_table("fragmentation", "Fragmentation");
   add_field(fragmentation, "largest_free_block", Cell::bytes(n.largest_free_block));

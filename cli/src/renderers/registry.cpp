@@ -103,7 +103,8 @@ const Renderer& renderer_for(const DumpFile& file, const Need& need) {
   }
   if (need.by && !renderer.groups_by(*need.by)) {
     std::vector<std::string> groupings;
-    for (const GroupBy by : {GroupBy::region, GroupBy::slot, GroupBy::site, GroupBy::phase, GroupBy::label, GroupBy::stream}) {
+    for (const GroupBy by : {GroupBy::region, GroupBy::slot, GroupBy::site, GroupBy::phase, GroupBy::label,
+                               GroupBy::category, GroupBy::module, GroupBy::stream}) {
       if (renderer.groups_by(by)) groupings.emplace_back(to_string(by));
     }
     throw InputError(file.path, fmt::format("`remat-report {} --by {}`: a {} groups by {}, not by {}; use {}",

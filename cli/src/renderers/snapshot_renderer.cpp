@@ -85,6 +85,12 @@ Report SnapshotRenderer::summary(const DumpFile& file) const {
     report.tables.push_back(memory_table(snapshot_memory(snapshot, GroupBy::label, file.path), 5, "top_labels",
                                          "Largest labels by peak"));
   }
+  if (std::any_of(tags.begin(), tags.end(), [](const Tag& tag) { return tag.category != 0; })) {
+    report.tables.push_back(memory_table(snapshot_memory(snapshot, GroupBy::category, file.path), 8,
+                                         "top_categories", "Categories by peak"));
+    report.tables.push_back(memory_table(snapshot_memory(snapshot, GroupBy::module, file.path), 5, "top_modules",
+                                         "Largest modules by peak"));
+  }
   return report;
 }
 

@@ -44,6 +44,10 @@ ReceiveRing::ReceiveRing(int stage, Direction direction, std::vector<std::option
   buffers_.reserve(static_cast<std::size_t>(size));
   for (int slot = 0; slot < size; ++slot) {
     const auto tag = alloc::TagScope::recv_slot({stage, tag_direction(direction), slot});
+    // What a stage receives forward is its input; a gradient received backward is backward's scratch.
+    const alloc::CategoryScope category(
+        tag_direction(direction) == alloc::Direction::forward ? alloc::Category::input : alloc::Category::temporary,
+        "recv");
     buffers_.push_back(allocate_tagged(shape, dtype, device));
   }
 }

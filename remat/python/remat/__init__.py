@@ -23,7 +23,7 @@ sites from PyTorch's snapshot), _replay (NeMo's record/replay channel), _memory 
 sites, dumps), _oom_dump (an `oom` dump from PyTorch's snapshot), _oom (the observer that
 writes it on PyTorch's own allocator, or the tagging allocator's own report), _compile
 (checkpoints under torch.compile), _huggingface (Hugging Face models), _plans (budget plans:
-profile_regions, use_plan).
+profile_regions, use_plan), _tracking (track: categories and modules without annotations).
 """
 
 from __future__ import annotations  # torch_remat's package exports the name too
@@ -45,6 +45,7 @@ from ._oom import OomObserver, attach_oom_observer, oom_dump_from_snapshot
 from ._oom_saved_report import discover_autograd_roots, format_oom_saved_tensors_report, oom_observer
 from ._annotate import clear_memory_snapshot_cache, memory_snapshot_annotate
 from ._huggingface import unwrap_decoder_layers, wrap_decoder_layers
+from ._tracking import Tracker, track, untrack
 
 __all__ = [
     "checkpoint",
@@ -96,4 +97,7 @@ __all__ = [
     "RegionCost",
     "Plan",
     "RematError",
+    "track",
+    "untrack",
+    "Tracker",
 ]

@@ -54,6 +54,17 @@ CachingAllocator* find_owner(const void* ptr);
 void record_stream_anywhere(void* ptr, Stream stream);
 // The tag of the live block starting at `ptr` in any allocator (CPU and devices).
 std::optional<TagId> find_block_tag(const void* ptr);
+// CachingAllocator::retag_block on the allocator (CPU or device) whose live block starts at `ptr`;
+// throws InvalidPointerError when none does.
+TagId retag_block_anywhere(const void* ptr, TagId tag);
+// Gives the live block at `ptr` the category `category` and the module path `module` (what
+// remat_alloc.track does for a parameter's storage); false, changing nothing, when no remat
+// allocator returned `ptr` (a CPU tensor made outside tag_cpu_tensors(), say).
+bool retag_category(const void* ptr, Category category, std::string_view module);
+// What a checkpoint keeps for backward: while this thread has a category set (it is tracked), the
+// live block at `ptr`, when it has no category or is a temporary, becomes an activation of its
+// module. False when nothing changed. Never throws: it runs in autograd's pack path.
+bool categorize_as_activation(const void* ptr) noexcept;
 
 using OomObserver = std::function<void(const OomEvent&)>;
 // Observers run after the allocator's lock is released; one that throws is reported on

@@ -74,6 +74,50 @@ REMAT_API int remat_set_label(const char* label);
  * and holds "" (size > 0). */
 REMAT_API int remat_get_label(char* buffer, size_t size, size_t* needed);
 
+/* Categories: what memory is for in a training step (remat_alloc.track assigns them). NONE: no
+ * category assigned. */
+enum {
+  REMAT_CATEGORY_NONE = 0,
+  REMAT_CATEGORY_PARAMETER = 1,
+  REMAT_CATEGORY_GRADIENT = 2,
+  REMAT_CATEGORY_OPTIMIZER_STATE = 3,
+  REMAT_CATEGORY_ACTIVATION = 4, /* kept by autograd for backward */
+  REMAT_CATEGORY_TEMPORARY = 5,
+  REMAT_CATEGORY_INPUT = 6,
+  REMAT_CATEGORY_OTHER = 7
+};
+/* The category and module path ("" or NULL: none) of every allocation that follows on the
+ * calling thread, on top of its tags. Set, not pushed: save the previous value
+ * (remat_get_category) to nest. An unknown category is refused and the one in force kept. */
+REMAT_API int remat_set_category(int category, const char* module);
+/* The calling thread's category, and its module copied as remat_get_label copies the label
+ * (module may be NULL with size 0). */
+REMAT_API int remat_get_category(int* category, char* module, size_t size, size_t* needed);
+/* Gives the live block that starts at ptr (in any remat allocator, CPU or device) the category
+ * `category` and, unless module is NULL, the module path `module` ("" clears it), keeping the
+ * rest of its tag; its bytes move to the new tag's statistics. *previous_tag (when not NULL)
+ * receives the tag id it had, for remat_set_block_tag. REMAT_ERR_INVALID_POINTER when no
+ * allocator has a live block at ptr. */
+REMAT_API int remat_retag_block(const void* ptr, int category, const char* module, uint32_t* previous_tag);
+/* What autograd keeps for backward (a saved-tensor pack hook's one call): while the calling
+ * thread has a category set, the live block at ptr becomes an activation of its module when it
+ * has no category or is a temporary. *changed (when not NULL) says whether it did; a pointer no
+ * allocator returned is not an error here (*changed 0). */
+REMAT_API int remat_categorize_as_activation(const void* ptr, int* changed);
+/* The tag id of the live block at ptr, and sets it back (tag ids from remat_retag_block or
+ * remat_block_tag; an id never interned is refused). */
+REMAT_API int remat_block_tag(const void* ptr, uint32_t* tag);
+REMAT_API int remat_set_block_tag(const void* ptr, uint32_t tag);
+/* The category of the live block at ptr, and its module copied as remat_get_label copies the
+ * label (module may be NULL with size 0). */
+REMAT_API int remat_block_category(const void* ptr, int* category, char* module, size_t size, size_t* needed);
+
+/* device's bytes per category (arrays of 8, indexed by REMAT_CATEGORY_*; any may be NULL): held
+ * now (rounded block sizes, and the sizes requested) and when its allocated bytes last reached
+ * their peak (remat_reset_peak_stats starts a new peak). */
+REMAT_API int remat_category_bytes(int device, int64_t* bytes, int64_t* requested_bytes, int64_t* bytes_at_peak,
+                                   int64_t* requested_bytes_at_peak);
+
 /* Snapshot of the default device (current CUDA device, or 0 on host). */
 REMAT_API int remat_dump_snapshot(const char* path);
 REMAT_API int remat_dump_snapshot_device(const char* path, int device);

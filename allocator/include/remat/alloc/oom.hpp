@@ -21,7 +21,7 @@ inline constexpr std::size_t kOomTopHolders = 10;
 inline constexpr std::size_t kOomTraceEvents = 64;
 
 struct OomHolder {
-  std::string name;           // region path, receive slot "1F0", site, label, or "<untagged>"
+  std::string name;           // region path, receive slot "1F0", site, label, category, module, or "<untagged>"
   std::uint64_t bytes = 0;   // live, rounded
   std::uint64_t blocks = 0;
   std::uint64_t saved_bytes = 0;  // of those, allocated under policy save
@@ -62,9 +62,10 @@ struct OomFigures {
 };
 
 // Who held the memory, by each grouping of the tags: largest first, the top kOomTopHolders.
-// by_label is empty unless some of the memory held carries a label (set_label).
+// by_label is empty unless some of the memory held carries a label (set_label); by_category and
+// by_module are empty unless some of it carries a category (remat_alloc.track).
 struct OomHolders {
-  std::vector<OomHolder> by_region, by_recv_slot, by_site, by_phase, by_label;
+  std::vector<OomHolder> by_region, by_recv_slot, by_site, by_phase, by_label, by_category, by_module;
 };
 
 struct OomReport : OomFigures, OomHolders {

@@ -69,6 +69,11 @@ struct AllocatorStats {
   // only before retrying a failed allocation, as its empty_cache takes only completed frees.
   std::uint64_t num_sync_all_streams = 0;
   std::uint64_t num_invalid_frees = 0;  // unknown pointer, double free, wrong size
+  // Per category (indexed by Category, from tags.hpp): bytes held now (rounded and requested),
+  // and the same when allocated_bytes last reached its peak, so a step's peak can be split by
+  // category without a trace.
+  std::array<std::int64_t, 8> category_bytes{}, category_requested_bytes{};
+  std::array<std::int64_t, 8> category_bytes_at_peak{}, category_requested_bytes_at_peak{};
 
   PoolStats& pool(bool small) { return pools[static_cast<std::size_t>(small ? PoolKind::small : PoolKind::large)]; }
   const PoolStats& pool(PoolKind kind) const { return pools[static_cast<std::size_t>(kind)]; }

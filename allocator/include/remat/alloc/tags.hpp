@@ -1,14 +1,17 @@
 #pragma once
 // What an allocation belongs to. The tag in force is the top of a thread-local stack that
 // RAII scopes (C++) or push/pop calls (C ABI) change, combined with the process-wide label
-// (set_label); every block copies it at allocation. Names and whole tags are interned
+// (set_label) and the thread's category and module (set_category); every block copies it at
+// allocation, and retag_block changes a live block's category afterwards. Names and whole tags are interned
 // process-wide, so a block stores one small id.
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace remat::alloc {
@@ -17,9 +20,18 @@ enum class Policy : std::uint8_t { none, save, recompute };
 // offloaded: host copies of what a checkpoint keeps (remat.CpuOffload), not device memory in use.
 enum class Phase : std::uint8_t { other, forward, recompute, backward, offloaded };
 enum class Direction : std::uint8_t { forward, backward };  // 'F' / 'B' in schedules
+// What the memory is for in a training step, as remat_alloc.track assigns it without annotations
+// (activation: kept by autograd for backward; temporary: the rest of a module's work). none: no
+// category assigned. The values are the C ABI's REMAT_CATEGORY_* constants.
+enum class Category : std::uint8_t { none, parameter, gradient, optimizer_state, activation, temporary, input, other };
+inline constexpr int kCategoryCount = 8;
 
 std::string_view to_string(Policy policy);
 std::string_view to_string(Phase phase);
+std::string_view to_string(Category category);
+// The category called `text` ("parameter", ..., "none"); throws InvalidArgumentError naming the
+// valid ones otherwise.
+Category category_from_string(std::string_view text);
 char to_char(Direction direction);
 
 using NameId = std::uint32_t;  // 0 is the empty name
@@ -40,6 +52,8 @@ struct Tag {
   RecvSlot recv{};
   NameId site = 0;
   NameId label = 0;  // the process-wide label in force (set_label), never held by a stack frame
+  Category category = Category::none;  // the thread's category (set_category) or a retag's
+  NameId module = 0;                   // the module path the category belongs to ("layers.0.mlp")
   bool operator==(const Tag&) const = default;
 };
 
@@ -64,6 +78,17 @@ Tag current_tag();
 // InvalidArgumentError, and the label in force is kept).
 void set_label(std::string_view label);
 std::string current_label();
+
+// The category and module of every allocation that follows on this thread (the module path
+// follows the rules of site names; "" for none). Set, not pushed: a caller that nests saves the
+// previous value (current_category) and sets it back, so an exception cannot unbalance a stack.
+void set_category(Category category, std::string_view module);
+std::pair<Category, std::string> current_category();
+// Whether this thread has a category set (cheap: for hot paths that only act while tracking).
+bool category_in_force() noexcept;
+// The tag `tag` with its category set to `category` and, unless `module` is nullopt, its module
+// set to `module` ("" clears it); interned.
+TagId with_category(TagId tag, Category category, std::optional<std::string_view> module);
 
 enum class ScopeKind : std::uint8_t { region, policy, phase, recv_slot, site };
 
@@ -104,6 +129,25 @@ std::vector<std::string> describe_tag_stack();
 
 // "file.cpp:123" for a source location (the file's base name).
 std::string source_site(const std::source_location& where);
+
+// This thread's category and module for a scope; the ones in force before come back at its end.
+class [[nodiscard]] CategoryScope {
+ public:
+  CategoryScope(Category category, std::string_view module) : previous_(current_category()) {
+    set_category(category, module);
+  }
+  CategoryScope(const CategoryScope&) = delete;
+  CategoryScope& operator=(const CategoryScope&) = delete;
+  ~CategoryScope() {
+    try {
+      set_category(previous_.first, previous_.second);
+    } catch (...) {  // host memory exhausted interning the name: nothing to restore it with
+    }
+  }
+
+ private:
+  std::pair<Category, std::string> previous_;
+};
 
 // RAII scopes over the push/pop calls.
 class [[nodiscard]] TagScope {

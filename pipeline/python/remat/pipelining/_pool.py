@@ -32,6 +32,11 @@ __all__ = ["RecvSlotInUse", "SchedulePool", "FORWARD", "BACKWARD"]
 
 FORWARD, BACKWARD = "F", "B"
 _NAMES = {FORWARD: "activation (F)", BACKWARD: "gradient (B)"}
+
+
+def _received(direction: str):
+    """What a stage receives forward is its input; a gradient received backward is backward's scratch."""
+    return remat_alloc.categorized("input" if direction == FORWARD else "temporary", "recv")
 _MODES = ("ring", "shared_ring", "just_in_time")
 
 
@@ -56,7 +61,7 @@ class _Ring:
         if self.template is None:
             self.template = template
             for slot in range(self.size):
-                with remat_alloc.recv_slot(self.tag_stage, self.direction, slot):
+                with remat_alloc.recv_slot(self.tag_stage, self.direction, slot), _received(self.direction):
                     tensors = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in template]
                 self.sets.append(tensors)
                 self.storages.update(t.untyped_storage().data_ptr() for t in tensors)
@@ -130,7 +135,7 @@ class _Receiver:
                 "second time in one step; the order differs from the one the pool was planned for: pool the "
                 "schedule after its order is final (after _load_csv)")
         if self.mode == "just_in_time":
-            with remat_alloc.recv_slot(self.stage_index, self.direction, mb):
+            with remat_alloc.recv_slot(self.stage_index, self.direction, mb), _received(self.direction):
                 buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in self.template]
             if self.direction == FORWARD:
                 buffers = [b.requires_grad_(rg) for b, rg in zip(buffers, self.requires_grad)]

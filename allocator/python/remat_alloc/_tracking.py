@@ -1,0 +1,538 @@
+"""Categories without annotations: track(model, optimizer) names every byte of a training step.
+
+A category (parameter, gradient, optimizer_state, activation, temporary, input, other) and a
+module path are a tag dimension of the allocator. Tracking sets them from PyTorch's own hooks,
+never by copying memory. Parameters and buffers exist before the call: their storages are
+re-tagged in place, by the address the allocator handed out, under their module path (the
+first name of a tied or shared one). A module's forward pre-hook sets this thread's category to
+"temporary of that module" and its forward hook (always called, even on an exception) sets back
+what was in force, so everything a forward allocates belongs to the innermost module running.
+What autograd keeps for backward passes a saved-tensor pack hook (pushed around the model's
+forward, unless a remat checkpoint already decides what is kept there): its storage becomes an
+activation of the module that produced it. Each module output's autograd node gets a pre-hook
+that sets "temporary of that module" when backward reaches it, and backward's end clears it.
+A parameter's post-accumulate-grad hook re-tags its .grad as a gradient of that parameter.
+An optimizer's state dict is replaced by one that re-tags each tensor as it is stored (so the
+state is optimizer_state from the moment the optimizer creates it); the step's own scratch is
+a temporary of the optimizer. The model's tensor arguments are re-tagged as inputs.
+
+untrack() removes every hook, puts the optimizer's plain state dict back and restores the tag
+each re-tagged storage had before, where the tensor is still alive and still owns that storage.
+Tracking the same model again is idempotent and picks up modules, parameters and optimizers
+added since; modules added after the last track() are not tracked until then (their forward
+counts as a temporary of the tracked module that calls them, their parameters stay untagged).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import threading
+import weakref
+from typing import Any, Iterable, Optional
+
+_NONE, _PARAMETER, _GRADIENT, _OPTIMIZER_STATE, _ACTIVATION, _TEMPORARY, _INPUT, _OTHER = range(8)
+
+# Predicates that say a remat checkpoint decides what autograd keeps on this thread now; remat
+# registers its own on import. remat_alloc never imports remat (the dependency runs upward).
+_checkpoint_probes: list = []
+
+_trackers: "weakref.WeakKeyDictionary[Any, Tracker]" = weakref.WeakKeyDictionary()
+_trackers_lock = threading.Lock()
+
+
+def register_checkpoint_probe(probe) -> None:
+    """`probe()` is true while a checkpoint on this thread decides what autograd keeps; tracking
+    then leaves saved-tensor hooks to it (what the checkpoint keeps reaches track's hook through
+    the checkpoint's own inheritance of the pair around it)."""
+    if probe not in _checkpoint_probes:
+        _checkpoint_probes.append(probe)
+
+
+_loaded = None
+_categorize_as_activation = None
+
+
+def _lib():
+    global _loaded, _categorize_as_activation
+    if _loaded is None:
+        from . import load
+
+        _loaded = load()
+        _categorize_as_activation = _loaded.remat_categorize_as_activation
+    return _loaded
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        from . import RematError
+
+        raise RematError(_lib().remat_last_error().decode(errors="replace"))
+
+
+def _storage_ptr(tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # meta, sparse and other storage-less tensors
+        return 0
+
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.saved: list = []  # (category, module bytes) in force before each module entered
+        self.hooks: list = []  # saved-tensor hook contexts entered by tracked roots
+        self.nodes: set = set()  # ids of autograd nodes given a backward pre-hook in this forward
+        # The category and module in force on this thread, as set through _set_category (and
+        # remat_alloc.set_category): read without a call into the library.
+        self.current: tuple = (0, b"")
+
+
+_thread = _ThreadState()
+
+
+def _set_category(category: int, path: bytes) -> None:
+    _thread.current = (category, path)
+    _lib().remat_set_category(category, path)
+
+
+class _OptimizerState(collections.defaultdict):
+    """An optimizer's `state` that re-tags each tensor as the optimizer stores it."""
+
+    def __init__(self, tracker: "Tracker", optimizer, existing) -> None:
+        super().__init__()
+        self._tracker = weakref.ref(tracker)
+        self._optimizer_name = type(optimizer).__name__
+        for param, value in existing.items():
+            self[param] = value
+
+    def __missing__(self, param):
+        value = _ParamState(self, param)
+        dict.__setitem__(self, param, value)
+        return value
+
+    def __setitem__(self, param, value) -> None:
+        if isinstance(value, dict) and not isinstance(value, _ParamState):
+            state = _ParamState(self, param)
+            for key, item in value.items():
+                state[key] = item
+            value = state
+        dict.__setitem__(self, param, value)
+
+    def name_of(self, param) -> str:
+        tracker = self._tracker()
+        name = tracker._param_names.get(id(param)) if tracker is not None else None
+        return name if name is not None else f"{self._optimizer_name}.param{id(param):x}"
+
+    def plain(self) -> collections.defaultdict:
+        out = collections.defaultdict(dict)
+        for param, value in self.items():
+            out[param] = dict(value) if isinstance(value, _ParamState) else value
+        return out
+
+    def __reduce__(self):  # deepcopy and pickle see PyTorch's own kind of state
+        return (collections.defaultdict, (dict,), None, None, iter(self.plain().items()))
+
+
+class _ParamState(dict):
+    """One parameter's optimizer state; tensors stored in it become its optimizer_state."""
+
+    def __init__(self, owner: _OptimizerState, param) -> None:
+        super().__init__()
+        self._owner = weakref.ref(owner)  # the state holds this dict: no cycle to wait for the collector
+        self._param = weakref.ref(param) if _weakrefable(param) else (lambda: param)
+
+    def __setitem__(self, key, value) -> None:
+        dict.__setitem__(self, key, value)
+        owner = self._owner()
+        tracker = owner._tracker() if owner is not None else None
+        param = self._param()
+        if tracker is not None and param is not None and _is_tensor(value):
+            tracker._retag_owned(value, _OPTIMIZER_STATE, owner.name_of(param))
+
+    def __reduce__(self):
+        return (dict, (), None, None, iter(dict(self).items()))
+
+
+def _weakrefable(obj) -> bool:
+    try:
+        weakref.ref(obj)
+        return True
+    except TypeError:
+        return False
+
+
+def _is_tensor(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def _tensors_in(value, out: list, depth: int = 0) -> list:
+    """The tensors in a module's arguments or outputs: a tensor, or tuples, lists and dicts of
+    them (Hugging Face's ModelOutput is a dict), a few levels deep."""
+    if _is_tensor(value):
+        out.append(value)
+    elif depth < 3 and isinstance(value, (tuple, list)):
+        for item in value:
+            _tensors_in(item, out, depth + 1)
+    elif depth < 3 and isinstance(value, dict):
+        for item in value.values():
+            _tensors_in(item, out, depth + 1)
+    return out
+
+
+class Tracker:
+    """The tracking of one model: its hooks, the optimizers it follows and the tags it replaced.
+    Made by track(); untrack() (or leaving it as a context manager) ends it."""
+
+    def __init__(self, model) -> None:
+        self._model = weakref.ref(model)
+        self._root_name = type(model).__name__
+        self._handles: list = []
+        self._modules: set[int] = set()  # ids of modules with hooks
+        self._params_hooked: set[int] = set()
+        self._param_names: dict[int, str] = {}
+        self._optimizers: list = []  # (weakref to optimizer, its original state object)
+        # storage address -> (weakref to the tensor that owns it, tag before tracking,
+        # (category, module) tracking gave it)
+        self._restore: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+        self._active = True
+
+    # -- re-tagging ------------------------------------------------------------------------
+    def _retag_owned(self, tensor, category: int, name: str) -> bool:
+        """Re-tags `tensor`'s storage, remembering the tag it had so untrack() can restore it.
+        False when no remat allocator owns the storage."""
+        ptr = _storage_ptr(tensor)
+        if ptr == 0:
+            return True  # nothing allocated (an empty or meta tensor)
+        known = self._restore.get(ptr)
+        if known is not None and known[0]() is tensor and known[2] == (category, name):
+            return True  # re-tagged for this tensor already (a gradient accumulated into again)
+        previous = ctypes.c_uint32()
+        if _lib().remat_retag_block(ptr, category, name.encode(), ctypes.byref(previous)) != 0:
+            return False
+        with self._lock:
+            known = self._restore.get(ptr)
+            first = previous.value
+            if known is not None and known[0]() is not None:
+                first = known[1]  # keep the tag from before tracking
+            try:
+                ref = weakref.ref(tensor, lambda r, ptr=ptr: self._forget(ptr, r))
+            except TypeError:
+                ref = lambda: None  # noqa: E731  (cannot be followed: never restored)
+            self._restore[ptr] = (ref, first, (category, name))
+        return True
+
+    def _forget(self, ptr: int, ref) -> None:
+        with self._lock:
+            entry = self._restore.get(ptr)
+            if entry is not None and entry[0] is ref:
+                del self._restore[ptr]
+
+    # -- parameters, buffers, gradients ------------------------------------------------------
+    def _tag_parameters(self, model) -> None:
+        foreign: list[tuple[str, int]] = []
+        seen: set[int] = set()
+        named = [(name, p, _PARAMETER) for name, p in model.named_parameters()]
+        named += [(name, b, _PARAMETER) for name, b in model.named_buffers()]
+        for name, tensor, category in named:
+            self._param_names.setdefault(id(tensor), name)
+            ptr = _storage_ptr(tensor)
+            if ptr == 0 or ptr in seen:
+                continue  # a storage shared with an earlier name keeps that name
+            seen.add(ptr)
+            if not self._retag_owned(tensor, category, name):
+                foreign.append((name, tensor.untyped_storage().nbytes()))
+                continue
+            if tensor.grad is not None:
+                self._retag_owned(tensor.grad, _GRADIENT, name)
+        if foreign:
+            from . import RematError
+
+            total = sum(size for _, size in foreign)
+            shown = ", ".join(name for name, _ in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise RematError(
+                f"track: {len(foreign)} parameters and buffers ({total} bytes: {shown}) were not allocated by remat's "
+                "allocator, so they cannot be tagged. On the CPU, create the model inside remat.tag_cpu_tensors() "
+                "(enter it before building the model, then call track); on CUDA, call remat_alloc.install() before "
+                "the first CUDA tensor")
+
+    def _hook_gradients(self, model) -> None:
+        for name, param in model.named_parameters():
+            if id(param) in self._params_hooked or not param.requires_grad:
+                continue
+            self._params_hooked.add(id(param))
+            self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
+
+    def _grad_hook(self, name: str):
+        def tag_gradient(param) -> None:
+            if param.grad is not None:
+                self._retag_owned(param.grad, _GRADIENT, name)
+
+        return tag_gradient
+
+    # -- modules ---------------------------------------------------------------------------
+    def _hook_modules(self, model) -> None:
+        for name, module in model.named_modules():
+            if id(module) in self._modules:
+                continue
+            self._modules.add(id(module))
+            path = (name or self._root_name).encode()
+            root = module is model
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook(path, root), with_kwargs=root))
+            self._handles.append(module.register_forward_hook(self._post_hook(path, root), always_call=True))
+
+    def _pre_hook(self, path: bytes, root: bool):
+        lib = _lib()
+
+        def enter(module, args, kwargs=None):
+            if root:
+                self._enter_root(args, kwargs)
+            _thread.saved.append(_thread.current)
+            _thread.current = (_TEMPORARY, path)
+            lib.remat_set_category(_TEMPORARY, path)
+
+        return enter
+
+    def _post_hook(self, path: bytes, root: bool):
+        lib = _lib()
+
+        def leave(module, args, output):
+            if _thread.saved:
+                _thread.current = _thread.saved.pop()
+                lib.remat_set_category(*_thread.current)
+            if output is not None and self._active:
+                import torch
+
+                if torch.is_grad_enabled():
+                    self._hook_backward(path, output, root)
+            if root:
+                self._leave_root()
+
+        return leave
+
+    def _enter_root(self, args, kwargs) -> None:
+        import torch
+
+        lib = _lib()
+        for tensor in _tensors_in((args, kwargs or {}), []):
+            ptr = _storage_ptr(tensor)
+            index = ctypes.c_int()
+            if ptr and lib.remat_block_category(ptr, ctypes.byref(index), None, 0, None) == 0:
+                if index.value in (_NONE, _TEMPORARY, _OTHER):
+                    lib.remat_retag_block(ptr, _INPUT, b"input", None)
+        if torch.is_grad_enabled() and not any(probe() for probe in _checkpoint_probes):
+            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+            hooks.__enter__()
+            _thread.hooks.append(hooks)
+        else:
+            _thread.hooks.append(None)
+
+    def _leave_root(self) -> None:
+        _thread.nodes.clear()
+        if _thread.hooks:
+            hooks = _thread.hooks.pop()
+            if hooks is not None:
+                hooks.__exit__(None, None, None)
+
+    def _pack(self, tensor):
+        # Kept for backward: an activation of the module that produced it (its module stays),
+        # unless it is something else already (a parameter, an input). One call into the library:
+        # the storage's address is the tensor's less its offset.
+        try:
+            ptr = tensor.data_ptr()
+        except RuntimeError:  # sparse and other tensors without one storage
+            return tensor
+        if ptr:
+            _categorize_as_activation(ptr - tensor.storage_offset() * tensor.element_size(), None)
+        # Held without its graph: a tensor autograd saves as its own node's output would otherwise
+        # hold that node, and the node the tensor, a cycle Python's collector cannot see.
+        return tensor.detach()
+
+    def _hook_backward(self, path: bytes, output, root: bool) -> None:
+        import torch
+
+        """Backward reaches a module's output nodes before the module's own nodes: each sets
+        "temporary of that module". Inner modules finish first, so a node an inner module already
+        hooked keeps the inner one. The root also clears the category when backward ends."""
+        lib = _lib()
+
+        def entering(grad_outputs):
+            _thread.current = (_TEMPORARY, path)
+            lib.remat_set_category(_TEMPORARY, path)
+
+        hooked = _thread.nodes
+        outputs = [output] if isinstance(output, torch.Tensor) else _tensors_in(output, [])
+        for tensor in outputs:
+            node = tensor.grad_fn
+            if node is None:
+                continue
+            if root:
+                node.register_prehook(_queue_backward_done)
+            if id(node) not in hooked:
+                hooked.add(id(node))
+                node.register_prehook(entering)
+
+    # -- optimizers ------------------------------------------------------------------------
+    def _follow_optimizer(self, optimizer) -> None:
+        if any(ref() is optimizer for ref, _ in self._optimizers):
+            return
+        import torch
+
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"track: optimizer must be a torch.optim.Optimizer (or a list of them), got "
+                            f"{type(optimizer).__name__} {optimizer!r:.80}")
+        original = optimizer.state
+        if isinstance(original, _OptimizerState):
+            from . import RematError
+
+            raise RematError(f"track: the optimizer {type(optimizer).__name__} is already followed by the tracking of "
+                             "another model; untrack that model first")
+        for group in optimizer.param_groups:
+            for i, param in enumerate(group["params"]):
+                self._param_names.setdefault(id(param), f"{type(optimizer).__name__}.param{i}")
+        optimizer.state = _OptimizerState(self, optimizer, original)
+        name = type(optimizer).__name__.encode()
+        def before_step(opt, args, kwargs):
+            _thread.saved.append(_thread.current)
+            _set_category(_TEMPORARY, name)
+
+        def after_step(opt, args, kwargs):
+            if _thread.saved:
+                _set_category(*_thread.saved.pop())
+
+        self._handles.append(optimizer.register_step_pre_hook(before_step))
+        self._handles.append(optimizer.register_step_post_hook(after_step))
+        self._optimizers.append((weakref.ref(optimizer), original))
+
+    # -- ending ----------------------------------------------------------------------------
+    def untrack(self) -> None:
+        """Removes every hook, gives the optimizers their plain state back and restores the tag
+        each re-tagged storage had before tracking (where its tensor still owns it)."""
+        if not self._active:
+            return
+        self._active = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for ref, _ in self._optimizers:
+            optimizer = ref()
+            if optimizer is not None and isinstance(optimizer.state, _OptimizerState):
+                tracked_state = optimizer.state
+                optimizer.state = tracked_state.plain()
+                tracked_state.clear()
+        self._optimizers.clear()
+        lib = _lib()
+        with self._lock:
+            entries, self._restore = self._restore, {}
+        for ptr, (ref, previous, (category, name)) in entries.items():
+            tensor = ref()
+            if tensor is None or _storage_ptr(tensor) != ptr:
+                continue  # freed or moved since: nothing of ours to undo
+            index, needed = ctypes.c_int(), ctypes.c_size_t()
+            if lib.remat_block_category(ptr, ctypes.byref(index), None, 0, ctypes.byref(needed)) != 0:
+                continue
+            module = ctypes.create_string_buffer(needed.value)
+            lib.remat_block_category(ptr, ctypes.byref(index), module, needed.value, None)
+            if index.value == category and module.value.decode(errors="replace") == name:
+                lib.remat_set_block_tag(ptr, previous)  # still what tracking made it
+        model = self._model()
+        with _trackers_lock:
+            if model is not None and _trackers.get(model) is self:
+                del _trackers[model]
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.untrack()
+
+    @property
+    def tracked_storages(self) -> int:
+        """Storages re-tagged and still alive (parameters, buffers, gradients, optimizer state)."""
+        with self._lock:
+            return sum(1 for ref, _, _ in self._restore.values() if ref() is not None)
+
+
+def _unpack(tensor):
+    return tensor
+
+
+def _backward_done() -> None:
+    _set_category(_NONE, b"")
+
+
+def _queue_backward_done(grad_outputs) -> None:
+    import torch
+
+    torch.autograd.Variable._execution_engine.queue_callback(_backward_done)
+
+
+def _optimizers(optimizer) -> Iterable:
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, (list, tuple)):
+        return list(optimizer)
+    return [optimizer]
+
+
+def _check_allocator_owns(model) -> None:
+    import torch
+
+    from . import RematError, is_installed
+
+    devices = {t.device.type for t in list(model.parameters()) + list(model.buffers())}
+    if "cpu" in devices:
+        probe = torch.empty(1)
+        index = ctypes.c_int()
+        if _lib().remat_block_category(probe.untyped_storage().data_ptr(), ctypes.byref(index), None, 0, None) != 0:
+            raise RematError(
+                "track: CPU tensors do not come from remat's allocator now, so their memory cannot be tagged; enter "
+                "remat.tag_cpu_tensors() first, create the model inside it, then call track(model, optimizer)")
+    if "cuda" in devices and not is_installed():
+        raise RematError("track: the model is on CUDA but remat's allocator is not PyTorch's CUDA allocator; call "
+                         "remat_alloc.install() right after importing torch, before the first CUDA tensor")
+
+
+def track(model, optimizer=None) -> Tracker:
+    """Tags the memory of `model`'s training step by category and module without annotations
+    (see this module's docstring): parameters and buffers now, then activations, temporaries,
+    gradients and inputs as they are made, and the state of `optimizer` (one, or a list) as it
+    is created. Tracking a model again returns its Tracker, adding new modules, parameters and
+    optimizers. Returns the Tracker; its untrack() restores the previous tags."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"track: model must be a torch.nn.Module, got {type(model).__name__} {model!r:.80}")
+    optimizers = _optimizers(optimizer)
+    for opt in optimizers:
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"track: optimizer must be a torch.optim.Optimizer (or a list of them), got "
+                            f"{type(opt).__name__} {opt!r:.80}")
+    _check_allocator_owns(model)
+    with _trackers_lock:
+        tracker = _trackers.get(model)
+        fresh = tracker is None
+        if fresh:
+            tracker = Tracker(model)
+            _trackers[model] = tracker
+    try:
+        tracker._tag_parameters(model)
+    except Exception:
+        if fresh:
+            tracker.untrack()
+        raise
+    tracker._hook_gradients(model)
+    tracker._hook_modules(model)
+    for opt in optimizers:
+        tracker._follow_optimizer(opt)
+    return tracker
+
+
+def untrack(model) -> None:
+    """Ends the tracking of `model` (nothing when it is not tracked)."""
+    with _trackers_lock:
+        tracker = _trackers.get(model)
+    if tracker is not None:
+        tracker.untrack()
