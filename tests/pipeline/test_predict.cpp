@@ -1,7 +1,8 @@
 // predict_peaks on a case small enough to walk by hand: 2 stages on 2 ranks, 3 microbatches,
-// stock receive buffers, PyTorch's own loops (ScheduleGPipe, Schedule1F1B). Every expected
-// figure below is a sum of profile figures worked out from the rules in predict.cpp's opening
-// comment, not read back from the code. Then the inputs a user gets wrong.
+// stock receive buffers, PyTorch's own loops (ScheduleGPipe, Schedule1F1B), then the same
+// profiles under remat::pipeline's runtime. Every expected figure below is a sum of profile
+// figures worked out from the rules in predict.cpp's opening comment, not read back from the
+// code. Then the inputs a user gets wrong.
 
 #include <remat/pipeline/errors.hpp>
 #include <remat/pipeline/generators.hpp>
@@ -174,6 +175,79 @@ TEST(PredictPeaks, TheOptimizerStepIsThePeakWhenItsTransientOutweighsABackward) 
   EXPECT_EQ(rank.action, "optimizer step");
   EXPECT_EQ(rank.position, -1);
   EXPECT_EQ(rank.parts.activations, 0u);
+}
+
+// remat::pipeline's PipelineRuntime runs lower_schedule's order:
+//   rank 0: 0F0 0SEND_F0 0RECV_B0 0F1 0SEND_F1 0B0 0RECV_B1 0F2 0SEND_F2 0B1 0RECV_B2 0B2
+//   rank 1: 1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 1RECV_F2 1F2 1B2 1SEND_B2
+// and waits every send at the step's end, keeps input gradients until then, and keeps only
+// the last stage's losses.
+Prediction predict_remat_runtime(ReceiveBuffers buffers, int slack) {
+  StageProfile first = first_stage();
+  StageProfile last = last_stage();
+  first.runtime = last.runtime = std::string(kRematRuntime);
+  const Schedule lowered = lower_schedule(generate_schedule(ScheduleKind::one_f_one_b, {2, {}, kMicrobatches}));
+  PredictOptions options;
+  options.schedule_name = "1f1b";
+  options.lowering = "add-send-recv";
+  options.buffers = buffers;
+  options.slack = slack;
+  return predict_peaks(lowered, {first, last}, options);
+}
+
+TEST(PredictPeaks, RematRuntimeHoldsSentOutputsUntilTheStepEnds) {
+  const RankPrediction rank = predict_remat_runtime(ReceiveBuffers::stock, 2).per_rank.at(0);
+  // At B1 as under PyTorch's Schedule1F1B, and microbatch 0's output (200) still held by its send.
+  PeakParts want;
+  want.params = 1000;
+  want.grads = 100;
+  want.optimizer_state = 2000;
+  want.activations = 2 * 300;
+  want.receive_buffers = 3 * 200;
+  want.held_for_sends = 200;
+  want.batch = 3 * 100;
+  want.transient = 70;
+  EXPECT_EQ(rank.peak, 4870u);
+  EXPECT_EQ(rank.action, "0B1");
+  expect_parts(rank.parts, want);
+}
+
+TEST(PredictPeaks, RematRuntimeKeepsInputGradientsAndLossesButNoOutputs) {
+  const RankPrediction rank = predict_remat_runtime(ReceiveBuffers::stock, 2).per_rank.at(1);
+  // At B2: microbatches 0 and 1 each leave their loss (4) and input gradient (200); no outputs.
+  PeakParts want;
+  want.params = 4000;
+  want.grads = 400;
+  want.optimizer_state = 8000;
+  want.activations = 600;
+  want.receive_buffers = 3 * 200;
+  want.held_for_sends = 2 * (4 + 200);
+  want.batch = 3 * 10;
+  want.transient = 150;
+  EXPECT_EQ(rank.peak, 14188u);
+  EXPECT_EQ(rank.action, "1B2");
+  expect_parts(rank.parts, want);
+}
+
+TEST(PredictPeaks, RematRuntimeRingsAreTheRuntimesWithItsSlack) {
+  // Slack 0: NeMo's ring max(2, min(M, S - s + 0)) is 2 sets on both stages, safe (1 is live at
+  // a time), where remat.pipelining's colored ring would be 1.
+  const Prediction pooled = predict_remat_runtime(ReceiveBuffers::pooled, 0);
+  EXPECT_EQ(pooled.per_rank.at(0).parts.receive_buffers, 2u * 200);
+  EXPECT_EQ(pooled.per_rank.at(1).parts.receive_buffers, 2u * 200);
+  EXPECT_EQ(pooled.per_rank.at(0).peak, 4870u - 200);
+  EXPECT_EQ(pooled.per_rank.at(1).peak, 14188u - 200);
+}
+
+TEST(PredictPeaks, RefusesProfilesOfTwoRuntimes) {
+  StageProfile last = last_stage();
+  last.runtime = std::string(kRematRuntime);
+  const std::string message =
+      refusal(lower_single_stage_step(ScheduleKind::gpipe, {2, {}, kMicrobatches}), {first_stage(), last});
+  EXPECT_NE(message.find("the profile of stage 1 was made for remat::pipeline and that of stage 0 for "
+                         "torch.distributed.pipelining"),
+            std::string::npos)
+      << message;
 }
 
 TEST(PredictPeaks, RefusesAStageCountOtherThanTheSchedules) {
