@@ -65,18 +65,20 @@ inline at::Tensor mean_squared_error(const at::Tensor& output, const at::Tensor&
   return (output - target).pow(2).mean();
 }
 
-// Step `step`'s microbatches: inputs and targets of [microbatch_rows, width].
+// Step `step`'s microbatches: inputs and targets of [microbatch_rows, width]. A rank makes only
+// what its stages read (inputs for the first stage, targets for the last), as a job's data
+// loader hands them out.
 struct Batch {
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> targets;
 };
 
-inline Batch make_batch(const ModelShape& shape, int step) {
+inline Batch make_batch(const ModelShape& shape, int step, bool inputs = true, bool targets = true) {
   Batch batch;
   for (int m = 0; m < shape.microbatches; ++m) {
     const auto seed = static_cast<std::uint64_t>(7'000'000 + 1000 * step + 2 * m);
-    batch.inputs.push_back(seeded_randn({shape.microbatch_rows, shape.width}, seed));
-    batch.targets.push_back(seeded_randn({shape.microbatch_rows, shape.width}, seed + 1) * 0.5);
+    if (inputs) batch.inputs.push_back(seeded_randn({shape.microbatch_rows, shape.width}, seed));
+    if (targets) batch.targets.push_back(seeded_randn({shape.microbatch_rows, shape.width}, seed + 1) * 0.5);
   }
   return batch;
 }

@@ -8,6 +8,13 @@
 // tagging allocator counts it (by receive slot) beside the plan, and writes its snapshot and
 // trace to --out/snapshot-rank<r>.json and trace-rank<r>.jsonl (`remat-report memory --by slot`
 // shows the rings), with --checkpoint also remat-trace-rank<r>.json (regions per rank).
+//
+// Before a job, in one process and with no launcher, --profile-stages N measures each of the N
+// stages on one microbatch (remat::pipeline::profile_stage) and writes
+// --out/stage-profile-stage<s>.json, which `remat-report predict` turns into each rank's peak:
+//
+//   remat-pipeline-train --profile-stages 4 --checkpoint --out prof
+//   remat-report predict prof/stage-profile-stage*.json --schedule 1f1b --ranks 4 --microbatches 16 --buffers pooled
 
 #include "pipeline_model.hpp"
 #include "track_tensors.hpp"
@@ -19,6 +26,7 @@
 #include <remat/pipeline/generators.hpp>
 #include <remat/pipeline/lowering.hpp>
 #include <remat/pipeline/receive_memory.hpp>
+#include <remat/pipeline/stage_profile.hpp>
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -48,6 +56,7 @@ struct Options {
   double learning_rate = 0.1;
   int timeout_s = 60;
   std::string out_dir = "pipeline-out";
+  int profile_stages = 0;  // > 0: profile that many stages in this process and exit
 };
 
 int parse_int(const std::string& flag, const std::string& text) {
@@ -79,6 +88,7 @@ Options parse_options(int argc, char** argv) {
     else if (arg == "--rows") options.rows = parse_int(arg, next());
     else if (arg == "--timeout") options.timeout_s = parse_int(arg, next());
     else if (arg == "--out") options.out_dir = next();
+    else if (arg == "--profile-stages") options.profile_stages = parse_int(arg, next());
     else if (arg == "--checkpoint") options.checkpoint = true;
     else if (arg == "--buffers") {
       const std::string mode = next();
@@ -88,17 +98,45 @@ Options parse_options(int argc, char** argv) {
       throw std::invalid_argument(
           "unknown option " + arg +
           "; options: --schedule NAME --virtual-stages V --microbatches M --buffers pooled|stock --checkpoint "
-          "--steps N --slack K --width W --rows R --timeout S --out DIR");
+          "--steps N --slack K --width W --rows R --timeout S --out DIR --profile-stages N");
     }
   }
   if (options.steps < 1 || options.width < 1 || options.rows < 1 || options.timeout_s < 1) {
     throw std::invalid_argument("--steps, --width, --rows and --timeout must be at least 1");
   }
+  if (options.profile_stages < 0) throw std::invalid_argument("--profile-stages must be at least 1");
   return options;
+}
+
+// Each stage measured on one microbatch, in this process: the profiles remat-report predict reads.
+int profile_stages(const Options& options) {
+  const pipeline_example::ModelShape shape{options.width, options.rows, 1};
+  const auto batch = pipeline_example::make_batch(shape, 0);
+  std::filesystem::create_directories(options.out_dir);
+  for (int s = 0; s < options.profile_stages; ++s) {
+    const auto stage = pipeline_example::ToyStage::make(s, options.width);
+    StageProfileOptions profile_options;
+    profile_options.model = "remat-pipeline-train width " + std::to_string(options.width) + " rows " +
+                            std::to_string(options.rows) + (options.checkpoint ? " checkpointed" : "");
+    profile_options.num_stages = options.profile_stages;
+    profile_options.example_input = batch.inputs.front();
+    profile_options.loss = pipeline_example::mean_squared_error;
+    profile_options.target = batch.targets.front();
+    const double learning_rate = options.learning_rate;
+    profile_options.optimizer_step = [learning_rate](const std::vector<at::Tensor>& parameters) {
+      pipeline_example::sgd_step(parameters, learning_rate);
+    };
+    const StageProfile profile = profile_stage(stage.module(options.checkpoint), profile_options);
+    const std::string path = options.out_dir + "/stage-profile-stage" + std::to_string(s) + ".json";
+    remat::write_dump(path, stage_profile_to_json(profile));
+    std::printf("wrote %s\n", path.c_str());
+  }
+  return 0;
 }
 
 int run(const Options& options) {
   const remat::CpuAllocatorGuard tagged_cpu_tensors;
+  if (options.profile_stages > 0) return profile_stages(options);
   const LaunchEnvironment environment = read_launch_environment();
   // The schedule before the rendezvous: a shape it refuses fails every rank alike, before any
   // waits on a rank that already exited.
@@ -139,12 +177,13 @@ int run(const Options& options) {
   runtime_options.activation_shape = {options.rows, options.width};
   PipelineRuntime pipeline(communicator, lowered, runtime_options, std::move(modules), pipeline_example::mean_squared_error);
 
+  const bool first_here = lowered.stage_to_rank.front() == rank;
   const bool last_here = lowered.stage_to_rank.back() == rank;
   for (int step = 0; step < options.steps; ++step) {
     std::optional<pipeline_example::Batch> made;
     {
       const remat::alloc::CategoryScope category(remat::alloc::Category::input, "batch");
-      made = pipeline_example::make_batch(shape, step);
+      made = pipeline_example::make_batch(shape, step, first_here, last_here);
     }
     const pipeline_example::Batch& batch = *made;
     pipeline_example::zero_grads(parameters);

@@ -37,6 +37,13 @@ fi
 
 if [ -x "$build_dir/examples/remat-pipeline-train" ]; then
   echo
+  echo "== pipeline: each rank's peak predicted before the job, from each stage profiled in one process =="
+  "$build_dir/examples/remat-pipeline-train" --profile-stages 4 --checkpoint --out "$out/profiles"
+  "$report" predict "$out"/profiles/stage-profile-stage*.json --schedule 1f1b --ranks 4 --microbatches 16 \
+    --buffers pooled --json >"$out/prediction.json"
+  "$report" predict "$out"/profiles/stage-profile-stage*.json --schedule 1f1b --ranks 4 --microbatches 16 \
+    --buffers pooled
+  echo
   echo "== pipeline: 4 ranks over Gloo on 127.0.0.1, 1F1B, 16 microbatches, pooled receive buffers =="
   "$build_dir/remat-launch" --nproc 4 --timeout 300 -- "$build_dir/examples/remat-pipeline-train" \
     --schedule 1f1b --microbatches 16 --checkpoint --out "$out/pipeline"
@@ -46,4 +53,7 @@ if [ -x "$build_dir/examples/remat-pipeline-train" ]; then
   echo "== every rank in one report: which rank is hot, and what it holds =="
   "$report" ranks "$out/pipeline" --by category --svg "$out/ranks.svg"
   echo "ranks picture: $out/ranks.svg"
+  echo
+  echo "== the job's measured peaks beside the prediction =="
+  "$report" ranks "$out/pipeline" --predicted "$out/prediction.json"
 fi

@@ -12,6 +12,18 @@
 //   the optimizer state is held throughout (a step after the first);
 // - receive buffers are allocated once and held: one set per microbatch (stock) or the plan's
 //   rings (pooled).
+// remat::pipeline's PipelineRuntime (profiles whose runtime is kRematRuntime) holds memory
+// differently, and the walk follows it:
+// - every send is waited for at the step's end, whatever the schedule, so a sent output
+//   outlives its microbatch's backward until then;
+// - each microbatch's input gradient (stages past the first) is kept in the runtime's state
+//   until the step's end, sent or handed to the stage before on the same rank;
+// - the last stage keeps each microbatch's loss for step()'s result and drops its output at
+//   the backward (no merged output);
+// - I computes the input and the weight gradients in one pass and keeps the weight gradients
+//   until W adds them in (stage 0 included, which PyTorch runs whole at W);
+// - pooled rings are the plan's ring_size with the runtime's slack (NeMo's closed form where
+//   it is 1F1B's and safe, the colored minimum elsewhere).
 
 #include <remat/pipeline/errors.hpp>
 #include <remat/pipeline/plan.hpp>
@@ -47,6 +59,12 @@ void check_profiles(const Schedule& lowered, const std::vector<StageProfile>& pr
       throw PlanError("two profiles are of stage " + std::to_string(profile.stage) + " and none of stage " +
                       std::to_string(s) + "; give each stage's profile once");
     }
+    if (profile.runtime != profiles.front().runtime) {
+      throw PlanError("the profile of stage " + std::to_string(s) + " was made for " + profile.runtime +
+                      " and that of stage 0 for " + profiles.front().runtime +
+                      "; profile every stage for the runtime the job runs (remat.pipelining.profile_stage for "
+                      "PyTorch's, remat::pipeline::profile_stage for remat::pipeline's)");
+    }
     if (profile.model != profiles.front().model) {
       throw PlanError("the profile of stage " + std::to_string(s) + " is of model '" + profile.model +
                       "' and that of stage 0 of model '" + profiles.front().model +
@@ -71,8 +89,12 @@ std::vector<std::uint64_t> receive_bytes(const Schedule& lowered, const std::vec
   PlanOptions plan_options;
   plan_options.schedule_name = options.schedule_name;
   plan_options.lowering = options.lowering;
-  plan_options.use_closed_form = false;
-  plan_options.spare_sets = options.spare_sets;
+  if (profiles.front().runtime == kRematRuntime) {
+    plan_options.slack = options.slack;  // PipelineRuntime plans with its slack and NeMo's ring where safe
+  } else {
+    plan_options.use_closed_form = false;
+    plan_options.spare_sets = options.spare_sets;
+  }
   const PipelinePlan plan = plan_receive_buffers(lowered, plan_options);
   std::vector<std::uint64_t> per_rank(static_cast<std::size_t>(lowered.num_ranks()), 0);
   for (const StagePlan& entry : plan.entries) {
@@ -95,7 +117,8 @@ class RankWalk {
         profiles_(profiles),
         options_(options),
         last_stage_(lowered.num_stages() - 1),
-        microbatches_(lowered.microbatches) {
+        microbatches_(lowered.microbatches),
+        remat_runtime_(profiles.front().runtime == kRematRuntime) {
     result_.rank = rank;
     for (int s = 0; s < lowered.num_stages(); ++s) {
       if (lowered.stage_to_rank[static_cast<std::size_t>(s)] == rank) result_.stages.push_back(s);
@@ -150,10 +173,18 @@ class RankWalk {
   void release_forward(int stage, int microbatch, std::uint64_t kept) {
     level_.activations -= kept;
     in_flight_.erase({stage, microbatch});
+    hold_outputs(stage, microbatch, kept);
+  }
+
+  // What outlives the microbatch's forward state, once: a sent output its send still holds, the
+  // last stage's output and loss. remat::pipeline drops the forward state at I, PyTorch at W.
+  void hold_outputs(int stage, int microbatch, std::uint64_t kept) {
+    if (!outputs_held_.insert({stage, microbatch}).second) return;
     const StageProfile& p = profile(stage);
-    const bool runtime_send = options_.lowering != "step" && sends_forward_.count({stage, microbatch}) > 0;
+    const bool waited_at_end = remat_runtime_ || options_.lowering != "step";
+    const bool runtime_send = waited_at_end && sends_forward_.count({stage, microbatch}) > 0;
     if (stage == last_stage_) {
-      level_.held_for_sends += p.output_bytes + p.loss_bytes;
+      level_.held_for_sends += remat_runtime_ ? p.loss_bytes : p.output_bytes + p.loss_bytes;
     } else if (runtime_send) {
       level_.held_for_sends += std::min(p.output_bytes, kept);
     }
@@ -165,6 +196,7 @@ class RankWalk {
     const std::uint64_t bytes = profile(stage).input_grad_bytes;
     if (stage == 0 || bytes == 0) return;
     level_.held_for_sends += bytes;
+    if (remat_runtime_) return;  // kept in the runtime's state until the step's end
     const bool sent = sends_backward_.count({stage, microbatch}) > 0;
     if (!sent) {
       local_grads_[{stage - 1, microbatch}] += bytes;
@@ -204,16 +236,21 @@ class RankWalk {
         read_local_grad(s, m);
         break;
       case ActionType::backward_input:
-        if (s == 0) break;  // stage 0 runs its whole backward at W
+        if (s == 0 && !remat_runtime_) break;  // PyTorch runs stage 0's whole backward at W
         candidate(p.input_backward_transient, position, to_string(action));
-        level_.activations += p.input_backward_kept;
-        level_.activations -= take_kept(s, m);
+        {
+          const std::uint64_t forward_kept = take_kept(s, m);
+          level_.activations += p.input_backward_kept;
+          level_.activations -= forward_kept;
+          if (remat_runtime_) hold_outputs(s, m, forward_kept);
+        }
         kept_[{s, m}] = p.input_backward_kept;
         hold_input_grad(s, m);
         read_local_grad(s, m);
         break;
       case ActionType::backward_weight:
-        candidate(s == 0 ? p.backward_transient : p.weight_backward_transient, position, to_string(action));
+        candidate(s == 0 && !remat_runtime_ ? p.backward_transient : p.weight_backward_transient, position,
+                  to_string(action));
         grads_of(s);
         release_forward(s, m, take_kept(s, m));
         if (s == 0) read_local_grad(s, m);
@@ -240,13 +277,17 @@ class RankWalk {
   }
 
   void finish() {
-    // The step's sends are waited for; the last stage keeps its outputs and losses.
+    // The step's sends are waited for; the last stage keeps its outputs and losses (PyTorch) or
+    // its losses (remat::pipeline, step()'s result).
     std::uint64_t last_outputs = 0;
     const bool has_last = std::find(result_.stages.begin(), result_.stages.end(), last_stage_) != result_.stages.end();
     const auto m = static_cast<std::uint64_t>(microbatches_);
-    if (has_last) last_outputs = (profile(last_stage_).output_bytes + profile(last_stage_).loss_bytes) * m;
+    if (has_last) {
+      const StageProfile& p = profile(last_stage_);
+      last_outputs = (remat_runtime_ ? p.loss_bytes : p.output_bytes + p.loss_bytes) * m;
+    }
     level_.held_for_sends = last_outputs;
-    if (has_last) candidate(profile(last_stage_).output_bytes * m, -1, "merge outputs");
+    if (has_last && !remat_runtime_) candidate(profile(last_stage_).output_bytes * m, -1, "merge outputs");
     if (!options_.optimizer_step) return;
     std::uint64_t transient = 0;
     for (const int s : result_.stages) {
@@ -261,12 +302,14 @@ class RankWalk {
   const PredictOptions& options_;
   const int last_stage_;
   const int microbatches_;
+  const bool remat_runtime_;
   PeakParts level_;
   RankPrediction result_;
   bool seen_ = false;
   std::set<Key> sends_forward_;
   std::set<Key> sends_backward_;
   std::set<Key> in_flight_;
+  std::set<Key> outputs_held_;
   std::set<int> graded_;
   std::map<Key, std::uint64_t> kept_;
   std::map<Key, std::uint64_t> local_grads_;
@@ -291,6 +334,7 @@ Prediction predict_peaks(const Schedule& lowered, const std::vector<StageProfile
   const std::vector<std::uint64_t> receive = receive_bytes(lowered, profiles, options);
   Prediction prediction;
   prediction.model = profiles.front().model;
+  prediction.runtime = profiles.front().runtime;
   prediction.schedule_name = options.schedule_name;
   prediction.lowering = options.lowering;
   prediction.buffers = options.buffers;

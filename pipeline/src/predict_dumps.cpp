@@ -113,6 +113,17 @@ const std::pair<const char*, std::uint64_t PeakParts::*> kParts[] = {
     {"transient", &PeakParts::transient},
 };
 
+// The runtime a profile or prediction is of: absent means PyTorch's (the first dumps had no field).
+std::string runtime_of(const Json& root, std::string_view source) {
+  const std::string runtime = optional_text(root, "runtime", source, "$");
+  if (runtime.empty()) return std::string(kTorchRuntime);
+  if (runtime != kTorchRuntime && runtime != kRematRuntime) {
+    refuse(source, "$.runtime", "is '" + runtime + "'; must be " + std::string(kTorchRuntime) + " or " +
+                                    std::string(kRematRuntime));
+  }
+  return runtime;
+}
+
 }  // namespace
 
 StageProfile stage_profile_from_json(std::string_view text, std::string_view source) {
@@ -132,6 +143,7 @@ StageProfile stage_profile_from_json(std::string_view text, std::string_view sou
                " stages; a stage index is below num_stages");
   }
   profile.device_name = optional_text(root, "device_name", source, "$");
+  profile.runtime = runtime_of(root, source);
   const Json& bytes = member(root, "bytes", source, "$");
   if (!bytes.is_object()) refuse(source, "$.bytes", "must be an object of byte counts");
   for (const auto& [key, field] : kProfileBytes) profile.*field = count_of(bytes, key, source, "$.bytes");
@@ -175,6 +187,7 @@ std::string stage_profile_to_json(const StageProfile& profile) {
   json.begin_object();
   alloc::write_dump_header(json, "stage_profile", kStageProfileSchemaVersion, 0);
   json.field("model", std::string_view(profile.model));
+  json.field("runtime", std::string_view(profile.runtime));
   json.field("stage", profile.stage).field("num_stages", profile.num_stages);
   json.field("device_name", std::string_view(profile.device_name.empty() ? "cpu" : profile.device_name));
   json.key("bytes").begin_object();
@@ -190,6 +203,7 @@ std::string prediction_to_json(const Prediction& prediction) {
   json.begin_object();
   alloc::write_dump_header(json, "pipeline_prediction", kPredictionSchemaVersion, 0);
   json.field("model", std::string_view(prediction.model));
+  json.field("runtime", std::string_view(prediction.runtime));
   json.key("schedule");
   if (prediction.schedule_name.empty()) {
     json.null();
@@ -237,6 +251,7 @@ Prediction prediction_from_json(std::string_view text, std::string_view source) 
             "; pass the dump remat-report predict --json wrote");
   Prediction prediction;
   prediction.model = text_of(root, "model", source, "$");
+  prediction.runtime = runtime_of(root, source);
   prediction.schedule_name = optional_text(root, "schedule", source, "$");
   prediction.lowering = optional_text(root, "lowering", source, "$");
   const std::string buffers = text_of(root, "receive_buffers", source, "$");

@@ -1,4 +1,5 @@
-"""Runs the allocator demo and validates every dump it writes against schemas/.
+"""Runs the allocator demo (and, when given, the checkpoint and pipeline examples) and validates
+every dump they write against schemas/, with the dumps remat-report makes from them.
 
 Also checks that the validator really rejects broken dumps, so a schema that accepts
 anything cannot pass.
@@ -56,12 +57,71 @@ def check_whatif(remat_report: str, validator, dumps: pathlib.Path) -> list:
     return failures
 
 
+def remat_report_verdict(remat_report: str, path: pathlib.Path) -> int:
+    return subprocess.run([remat_report, "validate", str(path)], capture_output=True, text=True, check=False).returncode
+
+
+def check_prediction_dumps(pipeline_train: str, remat_report, schemas: dict, dumps: pathlib.Path) -> tuple:
+    """remat-pipeline-train --profile-stages writes stage_profile dumps (remat::pipeline::profile_stage);
+    remat-report predict --json turns them into a pipeline_prediction, and ranks --predicted --json
+    sets the allocator demo's snapshot beside it (a prediction_check). Each against its schema, by
+    python-jsonschema and by remat-report validate, and a broken copy of each refused by both."""
+    failures = []
+    checked = 0
+    profiles_dir = dumps / "profiles"
+    subprocess.run([pipeline_train, "--profile-stages", "2", "--checkpoint", "--out", str(profiles_dir)], check=True,
+                   stdout=subprocess.DEVNULL)
+    profiles = sorted(profiles_dir.glob("stage-profile-stage*.json"))
+    if len(profiles) != 2:
+        return [f"--profile-stages 2 wrote {[p.name for p in profiles]}, not two stage profiles"], 0
+    documents = [(p, "stage_profile") for p in profiles]
+    if remat_report:
+        predicted = subprocess.run([remat_report, "predict", *map(str, profiles), "--schedule", "1f1b", "--ranks", "2",
+                                    "--microbatches", "4", "--buffers", "pooled", "--json"],
+                                   capture_output=True, text=True, check=False)
+        if predicted.returncode != 0:
+            return [f"predict exited {predicted.returncode}: {predicted.stderr.strip()}"], 0
+        prediction = dumps / "prediction.json"
+        prediction.write_text(predicted.stdout)
+        documents.append((prediction, "pipeline_prediction"))
+        check = subprocess.run([remat_report, "ranks", str(dumps / "snapshot-peak.json"), "--predicted",
+                                str(prediction), "--json"], capture_output=True, text=True, check=False)
+        if check.returncode != 0:
+            return [f"ranks --predicted exited {check.returncode}: {check.stderr.strip()}"], 0
+        (dumps / "prediction-check.json").write_text(check.stdout)
+        documents.append((dumps / "prediction-check.json", "prediction_check"))
+    breakages = {"stage_profile": lambda d: d["bytes"].update(activation_bytes=1),  # a figure no schema names
+                 "pipeline_prediction": lambda d: d["per_rank"][0].update(peak_bytes=-1),
+                 "prediction_check": lambda d: d["ranks"][0].update(error="5%")}
+    for path, kind in documents:
+        validator = validator_for(schemas, f"{kind}.schema.json")
+        doc = json.loads(path.read_text())
+        failures += [f"{path.name}: {e}" for e in errors_of(validator, doc)]
+        checked += 1
+        if doc.get("kind") != kind:
+            failures.append(f"{path.name}: kind {doc.get('kind')!r}, expected {kind!r}")
+        if remat_report and remat_report_verdict(remat_report, path) != 0:
+            failures.append(f"{path.name}: remat-report validate refused a {kind} dump the producer wrote")
+        broken = copy.deepcopy(doc)
+        breakages[kind](broken)
+        if not errors_of(validator, broken):
+            failures.append(f"{kind} schema accepted a broken {path.name}")
+        if remat_report:
+            broken_path = path.with_name(f"broken-{path.name}")
+            broken_path.write_text(json.dumps(broken))
+            if remat_report_verdict(remat_report, broken_path) != 2:
+                failures.append(f"remat-report validate did not refuse (exit 2) a broken {path.name}")
+    return failures, checked
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--schema-dir", required=True, type=pathlib.Path)
     parser.add_argument("--demo", required=True)
     parser.add_argument("--train-demo", help="remat-train-demo, whose remat-trace and memory-report dumps are checked")
     parser.add_argument("--remat-report", help="remat-report, whose whatif dump of the demo's trace is checked")
+    parser.add_argument("--pipeline-train", help="remat-pipeline-train, whose stage profiles (and, with "
+                        "--remat-report, the prediction from them and its check) are checked")
     args = parser.parse_args()
     schemas = load_schemas(args.schema_dir)
     snapshot = validator_for(schemas, "snapshot.schema.json")
@@ -101,6 +161,10 @@ def main() -> int:
         if args.remat_report:
             failures += check_whatif(args.remat_report, validator_for(schemas, "whatif.schema.json"), pathlib.Path(tmp))
             checked += 1
+        if args.pipeline_train:
+            found, count = check_prediction_dumps(args.pipeline_train, args.remat_report, schemas, pathlib.Path(tmp))
+            failures += found
+            checked += count
         if args.train_demo:
             train_dir = pathlib.Path(tmp, "train")
             subprocess.run([args.train_demo, "--out", str(train_dir), "--steps", "2", "--layers", "2"], check=True,

@@ -32,6 +32,7 @@ struct PredictOptions {
   std::vector<std::string> profiles;
   std::string buffers = "stock";
   std::string spare_sets = "0";
+  std::string slack = "2";
   bool no_optimizer = false;
   std::string svg;
   bool json = false;
@@ -60,9 +61,10 @@ Report prediction_report(const pipeline::Prediction& prediction) {
   Report report;
   Table table;
   table.id = "ranks";
-  table.title = fmt::format("Predicted peak per rank: {}, {} microbatches, {} receive buffers",
+  table.title = fmt::format("Predicted peak per rank: {}, {} microbatches, {} receive buffers{}",
                             prediction.schedule_name.empty() ? "custom schedule" : prediction.schedule_name,
-                            prediction.microbatches, pipeline::to_string(prediction.buffers));
+                            prediction.microbatches, pipeline::to_string(prediction.buffers),
+                            prediction.runtime == pipeline::kRematRuntime ? ", remat::pipeline's runtime" : "");
   table.columns = {{"rank", "rank", true},
                    {"stages", "stages", false},
                    {"peak", "peak_bytes", true},
@@ -111,7 +113,10 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
                       "Receive buffers: stock (one set per microbatch, the default) or pooled (the plan's rings, "
                       "remat.pipelining.pool_recv_buffers)")
       ->check(CLI::IsMember({"stock", "pooled"}));
-  command->add_option("--spare-sets", opts->spare_sets, "Pooled: spare sets per ring (pool_recv_buffers's slack)");
+  command->add_option("--spare-sets", opts->spare_sets,
+                      "Pooled, PyTorch's stages: spare sets per ring (pool_recv_buffers's slack)");
+  command->add_option("--slack", opts->slack,
+                      "Pooled, remat::pipeline's stages: the runtime's slack (RuntimeOptions::slack, default 2)");
   command->add_flag("--no-optimizer", opts->no_optimizer, "The step ends without an optimizer step (no state held)");
   command->add_option("--svg", opts->svg, "Also draw each rank's predicted peak, stacked by part, into OUT.svg");
   // --csv names a schedule here, as in `plan`: the output options are --json alone.
@@ -124,15 +129,6 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
       }
       picture = output_target(opts->svg, opts->profiles);
     }
-    // PyTorch runs GPipe and 1F1B in their own loops and the rest through its action runtime.
-    if (command->count("--lowering") == 0 && command->count("--schedule") > 0) {
-      const std::string name = opts->schedule.schedule;
-      opts->schedule.lowering = name == "gpipe" || name == "1f1b" ? "step" : "runtime";
-    }
-    if (command->count("--microbatches") > 0 && opts->schedule.microbatches == "0") {
-      throw InputError("--microbatches: got 0; a step runs 1 or more microbatches");
-    }
-    const LoadedSchedule loaded = load_schedule(opts->schedule);
     std::vector<pipeline::StageProfile> profiles;
     try {
       for (const std::string& path : opts->profiles) {
@@ -141,6 +137,28 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
     } catch (const pipeline::PlanError& e) {
       throw InputError(e.what());
     }
+    const bool remat_runtime = !profiles.empty() && profiles.front().runtime == pipeline::kRematRuntime;
+    if (command->count("--lowering") == 0 && command->count("--schedule") > 0) {
+      const std::string name = opts->schedule.schedule;
+      if (remat_runtime) {
+        opts->schedule.lowering = "add-send-recv";  // PipelineRuntime runs lower_schedule's order
+      } else {
+        // PyTorch runs GPipe and 1F1B in their own loops and the rest through its action runtime.
+        opts->schedule.lowering = name == "gpipe" || name == "1f1b" ? "step" : "runtime";
+      }
+    }
+    if (command->count("--microbatches") > 0 && opts->schedule.microbatches == "0") {
+      throw InputError("--microbatches: got 0; a step runs 1 or more microbatches");
+    }
+    if (command->count("--slack") > 0 && !remat_runtime) {
+      throw UsageError("--slack sizes remat::pipeline's rings; these profiles are of torch.distributed.pipelining "
+                       "stages, whose pooled rings take --spare-sets");
+    }
+    if (command->count("--spare-sets") > 0 && remat_runtime) {
+      throw UsageError("--spare-sets sizes remat.pipelining's rings; these profiles are of remat::pipeline stages, "
+                       "whose rings take --slack (RuntimeOptions::slack)");
+    }
+    const LoadedSchedule loaded = load_schedule(opts->schedule);
     std::sort(profiles.begin(), profiles.end(),
               [](const pipeline::StageProfile& a, const pipeline::StageProfile& b) { return a.stage < b.stage; });
     pipeline::PredictOptions predict_options;
@@ -150,6 +168,7 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
                                                         : pipeline::ReceiveBuffers::stock;
     predict_options.spare_sets =
         static_cast<int>(parse_whole_number("--spare-sets", opts->spare_sets, 0, 1 << 16, "spare sets per ring"));
+    predict_options.slack = static_cast<int>(parse_whole_number("--slack", opts->slack, 0, 1 << 16, "spare sets"));
     predict_options.optimizer_step = !opts->no_optimizer;
     pipeline::Prediction prediction;
     try {

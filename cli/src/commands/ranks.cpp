@@ -267,7 +267,8 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
   command->add_option("--html", opts->html, "Also write the picture and the hottest ranks into OUT.html");
   command->add_option("--predicted", opts->predicted,
                       "A pipeline_prediction dump (remat-report predict --json): each rank's measured peak beside "
-                      "the predicted one, with the error (--svg draws the prediction with the measured peaks)");
+                      "the predicted one, with the error (--svg draws the prediction with the measured peaks; --json "
+                      "prints a prediction_check dump, schemas/prediction_check.schema.json)");
   command->add_flag("--strict", opts->strict, "Exit 2 when any dump is unreadable (the report is printed first)");
   add_output_options(*command, options);
   command->callback([opts, &options] {
@@ -289,7 +290,11 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
     }
     if (prediction) {
       if (svg) write_output_file(*svg, prediction_svg(*prediction, measured_peaks(run.job)));
-      print(prediction_check_report(*prediction, run.job), options);
+      if (options.format() == OutputFormat::json) {
+        write_prediction_check_json(std::cout, *prediction, run.job);
+      } else {
+        print(prediction_check_report(*prediction, run.job), options);
+      }
       std::cout.flush();
       return;
     }

@@ -1,9 +1,15 @@
 #include "predict/prediction_check.hpp"
 
+#include "output/json_text.hpp"
+
+#include <remat/alloc/dump.hpp>
+
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 namespace remat::report {
@@ -13,6 +19,20 @@ std::map<std::uint64_t, std::uint64_t> measured_peaks(const JobRanks& job) {
   for (const auto& [rank, row] : job.ranks()) peaks[rank] = row.peak_allocated_bytes;
   return peaks;
 }
+
+namespace {
+
+constexpr int kPredictionCheckSchemaVersion = 1;
+
+// The signed error of the prediction as a fraction of the measured peak; none without a measure.
+std::optional<double> error_of(std::uint64_t predicted, const std::map<std::uint64_t, std::uint64_t>& measured,
+                               int rank) {
+  const auto it = measured.find(static_cast<std::uint64_t>(rank));
+  if (it == measured.end() || it->second == 0) return std::nullopt;
+  return (static_cast<double>(predicted) - static_cast<double>(it->second)) / static_cast<double>(it->second);
+}
+
+}  // namespace
 
 Report prediction_check_report(const pipeline::Prediction& prediction, const JobRanks& job) {
   const std::map<std::uint64_t, std::uint64_t> measured = measured_peaks(job);
@@ -32,8 +52,7 @@ Report prediction_check_report(const pipeline::Prediction& prediction, const Job
                             Cell::none(), Cell::text(rank.action)});
       continue;
     }
-    const double error =
-        (static_cast<double>(rank.peak) - static_cast<double>(it->second)) / static_cast<double>(it->second);
+    const double error = *error_of(rank.peak, measured, rank.rank);
     if (std::fabs(error) > worst) {
       worst = std::fabs(error);
       worst_rank = it->first;
@@ -55,6 +74,44 @@ Report prediction_check_report(const pipeline::Prediction& prediction, const Job
                                        unpredicted, prediction.ranks));
   }
   return report;
+}
+
+void write_prediction_check_json(std::ostream& out, const pipeline::Prediction& prediction, const JobRanks& job) {
+  const std::map<std::uint64_t, std::uint64_t> measured = measured_peaks(job);
+  alloc::JsonWriter header;
+  header.begin_object();
+  alloc::write_dump_header(header, "prediction_check", kPredictionCheckSchemaVersion, 0);
+  header.end_object();
+  using Json = nlohmann::ordered_json;
+  Json root = Json::parse(header.str());
+  root["model"] = prediction.model;
+  root["schedule"] = prediction.schedule_name.empty() ? Json(nullptr) : Json(prediction.schedule_name);
+  root["microbatches"] = prediction.microbatches;
+  root["receive_buffers"] = std::string(pipeline::to_string(prediction.buffers));
+  Json rows = Json::array();
+  Json worst = nullptr;
+  double worst_error = -1;
+  for (const pipeline::RankPrediction& rank : prediction.per_rank) {
+    const auto it = measured.find(static_cast<std::uint64_t>(rank.rank));
+    const std::optional<double> error = error_of(rank.peak, measured, rank.rank);
+    rows.push_back({{"rank", rank.rank},
+                    {"measured_bytes", it != measured.end() ? Json(it->second) : Json(nullptr)},
+                    {"predicted_bytes", rank.peak},
+                    {"error", error ? Json(*error) : Json(nullptr)},
+                    {"action", rank.action}});
+    if (error && std::fabs(*error) > worst_error) {
+      worst_error = std::fabs(*error);
+      worst = {{"rank", rank.rank}, {"error", *error}};
+    }
+  }
+  root["ranks"] = std::move(rows);
+  root["largest_error"] = std::move(worst);
+  Json unpredicted = Json::array();
+  for (const auto& [rank, bytes] : measured) {
+    if (rank >= static_cast<std::uint64_t>(prediction.ranks)) unpredicted.push_back(rank);
+  }
+  root["unpredicted_ranks"] = std::move(unpredicted);
+  out << json_text(root, 2) << '\n';
 }
 
 }  // namespace remat::report

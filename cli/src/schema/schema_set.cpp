@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -51,10 +52,11 @@ void SchemaSet::add(const std::string& file, std::string_view text) {
 }
 
 void SchemaSet::check_keywords(const nlohmann::json& schema, const std::string& file) const {
-  static const std::set<std::string> kKnown = {
-      "$schema",  "$id",        "title", "description", "$defs",     "type",    "const",   "enum",
-      "required", "properties", "items", "minItems",    "minLength", "minimum", "maximum", "exclusiveMinimum",
-      "pattern",  "oneOf",      "$ref"};
+  static const std::set<std::string> kKnown = {"$schema",   "$id",        "title",   "description",
+                                               "$defs",     "type",       "const",   "enum",
+                                               "required",  "properties", "items",   "minItems",
+                                               "minLength", "minimum",    "maximum", "exclusiveMinimum",
+                                               "pattern",   "oneOf",      "$ref",    "additionalProperties"};
   if (!schema.is_object()) fail(file, "a schema inside it is not a JSON object");
   for (const auto& item : schema.items()) {
     if (!kKnown.count(item.key())) {
@@ -155,6 +157,14 @@ SchemaSet::Node SchemaSet::make_node(const nlohmann::json& schema, const std::st
   }
   if (const auto p = schema.find("properties"); p != schema.end()) {
     for (const auto& [key, sub] : p->items()) n.properties.emplace_back(key, &sub);
+  }
+  if (const auto a = schema.find("additionalProperties"); a != schema.end()) {
+    if (!a->is_boolean()) {
+      fail(file,
+           "'additionalProperties' is supported as true or false only, not as a schema; give false to refuse "
+           "fields the 'properties' do not name, or leave it out");
+    }
+    n.closed = !a->get<bool>();
   }
   if (const auto i = schema.find("items"); i != schema.end()) n.items = &*i;
   if (const auto o = schema.find("oneOf"); o != schema.end()) n.one_of = &*o;
@@ -298,6 +308,17 @@ void SchemaSet::check(const nlohmann::json& schema, const std::string& file, ele
     for (const auto& [key, sub] : n.properties) {
       if (object.at_key(key).get(member) == simdjson::SUCCESS)
         check(*sub, file, member, path.key(key), errors, max_errors);
+    }
+    if (n.closed) {
+      for (const auto field : object) {
+        const bool named = std::any_of(n.properties.begin(), n.properties.end(),
+                                       [&](const auto& property) { return property.first == field.key; });
+        if (!named && errors.size() < max_errors) {
+          errors.push_back(path.key(std::string(field.key)).str() +
+                           ": not a field of this object (a field of another "
+                           "kind or version, or a misspelling)");
+        }
+      }
     }
   }
   if (value.type() == element_type::ARRAY) {

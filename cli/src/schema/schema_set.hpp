@@ -1,8 +1,9 @@
 #pragma once
 // JSON Schema checking for dumps against the files in schemas/. Supports the keywords those
 // files use (type, const, enum, required, properties, items, minItems, minLength, minimum,
-// maximum, exclusiveMinimum, pattern, oneOf, $ref within and across files); a schema using
-// any other keyword is refused when it is used, so a new keyword is never silently ignored.
+// maximum, exclusiveMinimum, pattern, oneOf, additionalProperties as true or false, $ref within
+// and across files); a schema using any other keyword is refused when it is used, so a new
+// keyword is never silently ignored.
 // A schema that cannot be used (a reference cycle, an invalid pattern, a keyword of the wrong
 // type, a reference to a file the set lacks) is a SchemaError naming the schema file, never a
 // crash: `--schema-dir` reads files anyone can write.
@@ -68,6 +69,7 @@ class SchemaSet {
     std::vector<std::pair<std::string, const nlohmann::json*>> properties;
     const nlohmann::json* items = nullptr;
     const nlohmann::json* one_of = nullptr;
+    bool closed = false;  // additionalProperties: false
     std::optional<long double> minimum, maximum, exclusive_minimum;
     std::optional<std::size_t> min_items, min_length;
     const std::regex* pattern = nullptr;

@@ -325,17 +325,38 @@ TEST(Schema, ErrorsNameTheJsonPathAndTheRule) {
 }
 
 TEST(Schema, UnsupportedKeywordsAreRefusedWhenUsedNotIgnored) {
-  SchemaSet schemas;
-  schemas.add("x.schema.json", R"({"type":"object","additionalProperties":false})");
-  simdjson::dom::parser parser;
-  const simdjson::padded_string text(std::string("{}"));
-  std::vector<std::string> errors;
-  try {
-    schemas.validate("x.schema.json", parser.parse(text), JsonPath(), errors, 10);
-    FAIL() << "an unsupported keyword was ignored";
-  } catch (const SchemaError& e) {
-    EXPECT_NE(std::string(e.what()).find("'additionalProperties' is not supported"), std::string::npos) << e.what();
+  for (const auto& [schema, refusal] :
+       {std::pair<std::string, std::string>{R"({"type":"object","patternProperties":{"^x":{}}})",
+                                            "'patternProperties' is not supported"},
+        {R"({"type":"object","additionalProperties":{"type":"integer"}})",
+         "'additionalProperties' is supported as true or false only"}}) {
+    SchemaSet schemas;
+    schemas.add("x.schema.json", schema);
+    simdjson::dom::parser parser;
+    const simdjson::padded_string text(std::string("{}"));
+    std::vector<std::string> errors;
+    try {
+      schemas.validate("x.schema.json", parser.parse(text), JsonPath(), errors, 10);
+      ADD_FAILURE() << "an unsupported keyword was ignored: " << schema;
+    } catch (const SchemaError& e) {
+      EXPECT_NE(std::string(e.what()).find(refusal), std::string::npos) << e.what();
+    }
   }
+}
+
+TEST(Schema, AdditionalPropertiesFalseRefusesFieldsThePropertiesDoNotName) {
+  SchemaSet schemas;
+  schemas.add("x.schema.json",
+              R"({"type":"object","additionalProperties":false,"properties":{"params":{"type":"integer"}}})");
+  simdjson::dom::parser parser;
+  std::vector<std::string> errors;
+  const simdjson::padded_string known(std::string(R"({"params":1})"));
+  schemas.validate("x.schema.json", parser.parse(known), JsonPath(), errors, 10);
+  EXPECT_TRUE(errors.empty());
+  const simdjson::padded_string unknown(std::string(R"({"params":1,"parms":2})"));
+  schemas.validate("x.schema.json", parser.parse(unknown), JsonPath(), errors, 10);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0], "$.parms: not a field of this object (a field of another kind or version, or a misspelling)");
 }
 
 TEST(Schema, MinLengthCountsCharacters) {

@@ -3,7 +3,8 @@
 stages, then remat-report on what each rank wrote. The receive slots in each rank's snapshot
 must be the rings `remat-report plan` gives for the same schedule, and every dump must carry
 its rank in its name and header. `remat-report ranks` over the output folder must agree with
-each rank's own summary.
+each rank's own summary. Each rank's peak predicted beforehand (the example's --profile-stages,
+then `remat-report predict`) must be within 5% of the peak its snapshot measured.
 
     check_example.py --launcher remat-launch --example remat-pipeline-train --report remat-report
 """
@@ -69,6 +70,38 @@ def check_ranks_report(report, out):
     expect(abs(document["imbalance"] - max(peaks) / median) < 1e-9, "imbalance is max / median")
 
 
+PREDICTION_BOUND = 0.05
+
+
+def check_prediction(example, report, out):
+    """Stage profiles made in one process before the job, each rank's peak predicted from them for
+    the job's schedule and rings, set beside the peaks the job's snapshots measured."""
+    profiles = Path(out, "profiles")
+    made = run([example, "--profile-stages", str(RANKS), "--checkpoint", "--out", profiles])
+    expect(made.returncode == 0, "the example profiles its stages in one process")
+    paths = sorted(profiles.glob("stage-profile-stage*.json"))
+    expect(len(paths) == RANKS, f"one stage profile a stage: {[p.name for p in paths]}")
+    predicted = run([report, "predict", *paths, *SCHEDULE, "--ranks", str(RANKS), "--buffers", "pooled", "--json"])
+    expect(predicted.returncode == 0, "remat-report predict reads the example's stage profiles")
+    prediction = Path(out, "prediction.json")
+    prediction.write_text(predicted.stdout)
+    check = run([report, "ranks", out, "--predicted", prediction, "--json"])
+    expect(check.returncode == 0, "remat-report ranks --predicted reads the job's dumps beside the prediction")
+    document = json.loads(check.stdout)
+    expect(document["kind"] == "prediction_check" and document["unpredicted_ranks"] == [],
+           f"a prediction_check of every rank: {document['kind']}, unpredicted {document['unpredicted_ranks']}")
+    rows = {row["rank"]: row for row in document["ranks"]}
+    expect(sorted(rows) == list(range(RANKS)), f"one row a rank: {sorted(rows)}")
+    for rank, row in rows.items():
+        snapshot = json.loads(Path(out, f"snapshot-rank{rank}.json").read_text())
+        measured = snapshot["stats"]["allocated_bytes"]["peak"]
+        expect(row["measured_bytes"] == measured, f"rank {rank}: the measured peak is its snapshot's ({measured})")
+        error = (row["predicted_bytes"] - measured) / measured
+        expect(abs(error - row["error"]) < 1e-9, f"rank {rank}: the error is (predicted - measured) / measured")
+        expect(abs(error) <= PREDICTION_BOUND,
+               f"rank {rank}: predicted {row['predicted_bytes']} bytes against {measured} measured ({error:+.1%})")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--launcher", required=True)
@@ -106,6 +139,7 @@ def main():
                    f"rank {rank}: receive slots in the snapshot {dict(slots)} are the planned rings {mine}")
 
         check_ranks_report(args.report, out)
+        check_prediction(args.example, args.report, out)
     print("OK")
 
 

@@ -16,10 +16,17 @@
 
 namespace remat::pipeline {
 
+// The pipeline runtime a stage was profiled for, which decides what a rank holds and until
+// when (see predict.cpp): PyTorch 2.11's torch.distributed.pipelining (profile_stage in Python)
+// or this project's remat::pipeline::PipelineRuntime (remat::pipeline::profile_stage in C++).
+inline constexpr std::string_view kTorchRuntime = "torch.distributed.pipelining";
+inline constexpr std::string_view kRematRuntime = "remat::pipeline";
+
 // What one stage costs, in bytes as the allocator hands them out (sizes rounded as it rounds
 // them), for one microbatch of a fixed size.
 struct StageProfile {
   std::string model;       // names the whole model; every profile of one prediction has the same
+  std::string runtime = std::string(kTorchRuntime);  // kTorchRuntime or kRematRuntime
   int stage = 0;           // its index, 0..num_stages-1
   int num_stages = 0;      // stages the model is split into
   std::string device_name; // where it was measured: cpu, cuda:0
@@ -29,14 +36,15 @@ struct StageProfile {
   std::uint64_t optimizer_transient = 0;  // above params, grads and state during the optimizer step
   std::uint64_t input_bytes = 0;          // one microbatch's input (stage 0: its share of the batch)
   std::uint64_t target_bytes = 0;         // last stage: one microbatch's target (its share of the batch)
-  std::uint64_t output_bytes = 0;         // what forward sends on (last stage: the output kept for the step)
+  std::uint64_t output_bytes = 0;         // what forward sends on (last stage, torch: the output kept for the step)
   std::uint64_t input_grad_bytes = 0;     // what backward sends back (0 on stage 0)
   std::uint64_t loss_bytes = 0;           // last stage: each microbatch's loss, kept for the step
   std::uint64_t forward_kept = 0;         // what forward keeps until the backward (its output included)
   std::uint64_t forward_transient = 0;    // above the level before forward, at forward's peak
   std::uint64_t backward_transient = 0;   // above the level before a full backward (B), at its peak
   // Zero-bubble split (I then W): what the microbatch keeps from I until its W (instead of
-  // forward_kept; the input gradient not included), and each one's peak above its start.
+  // forward_kept; the input gradient not included: torch keeps the graph for W, remat::pipeline
+  // the weight gradients I computed), and each one's peak above its start.
   std::uint64_t input_backward_kept = 0;
   std::uint64_t input_backward_transient = 0;
   std::uint64_t weight_backward_transient = 0;
@@ -59,7 +67,10 @@ struct PredictOptions {
   // backward sends at the end), anything else (PyTorch's action runtime): at the step's end.
   std::string lowering;
   ReceiveBuffers buffers = ReceiveBuffers::stock;
-  int spare_sets = 0;           // pooled: spare sets per ring beyond the colored minimum
+  int spare_sets = 0;           // pooled, torch: spare sets per ring beyond the colored minimum
+  // Pooled, remat::pipeline: RuntimeOptions::slack, which sizes NeMo's closed-form rings where
+  // they apply and are safe (1F1B); the runtime's ring is the plan's ring_size.
+  int slack = 2;
   bool optimizer_step = true;   // the step ends with the optimizer's step (its state held throughout)
 };
 
@@ -88,6 +99,7 @@ struct RankPrediction {
 
 struct Prediction {
   std::string model;
+  std::string runtime = std::string(kTorchRuntime);  // the profiles' runtime
   std::string schedule_name;
   std::string lowering;
   ReceiveBuffers buffers = ReceiveBuffers::stock;
@@ -97,8 +109,8 @@ struct Prediction {
   std::vector<RankPrediction> per_rank;  // by rank
 };
 
-// Checks the profiles against the schedule (one per stage, one model, matching boundaries)
-// and walks every rank's lowered order. Throws PlanError for profiles that do not fit.
+// Checks the profiles against the schedule (one per stage, one model, one runtime, matching
+// boundaries) and walks every rank's lowered order. Throws PlanError for profiles that do not fit.
 Prediction predict_peaks(const Schedule& lowered, const std::vector<StageProfile>& profiles,
                          const PredictOptions& options);
 
