@@ -201,6 +201,7 @@ class RegionProfile:
         # (parameters, optimizer state, the batch); None without step memory.
         self.step_peak_bytes = step["peak_bytes"] if step else None
         self.step_start_bytes = step["start_bytes"] if step else None
+        self.step_end_bytes = step["end_bytes"] if step else None  # when it ended: gradients made, say
         self.device = doc.get("device_name", "")
         self.timer = doc.get("timer", "")
         self.regions = [RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]]
