@@ -255,3 +255,60 @@ def test_eval_forwards_run_as_they_are_and_end_the_profiled_step(unlimited):
             assert recomputed(model.remat_fit.plan.decisions) == 0
         finally:
             remat.unfit(model)
+
+
+# --- a Hugging Face Llama under wrap_decoder_layers(budget=) ---------------------------------------
+
+def train_llama(budget, checkpointed=True, steps=4, longer_from=3):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=176, vocab_size=256,
+                                      max_position_embeddings=128, use_cache=False)
+    config._attn_implementation = "sdpa"
+    rows = []
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config)
+        model.train()
+        if checkpointed:
+            model = remat.wrap_decoder_layers(model, save=("self_attn",), recompute=("mlp",), budget=budget)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(1, steps + 1):
+            ids = torch.randint(0, 256, (4, 64 if step >= longer_from else 32),
+                                generator=torch.Generator().manual_seed(step))
+            remat_alloc.reset_peak_stats()
+            optimizer.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            state = getattr(model, "remat_fit", None)
+            profiled = state is not None and state.plan is None
+            rows.append({"peak": None if profiled else remat_alloc.memory_stats()["requested_bytes_peak"],
+                         "grads": [p.grad.numpy().tobytes() for p in model.parameters()],
+                         "plan": None if profiled or state is None else dict(state.plan.decisions)})
+        if checkpointed:
+            with torch.no_grad():
+                model(input_ids=ids)  # ends the last step
+            profiles = [entry.profile for entry in model.remat_fit.profiles.values()]
+            remat.unfit(model)
+    for row, profile in zip([row for row in rows if checkpointed and row["peak"] is None], profiles if checkpointed
+                            else []):
+        row["peak"] = profile.step_peak_bytes
+    return rows, [str(w.message) for w in told if "remat.fit" in str(w.message)]
+
+
+def test_a_hugging_face_llama_under_wrap_decoder_layers_budget_is_planned_again_when_the_sequence_doubles():
+    plain, _ = train_llama(None, checkpointed=False)
+    everything_saved, told = train_llama("1GiB")
+    assert len(told) == 1 and "profiling this step again" in told[0], told
+    short, long = everything_saved[1]["peak"], everything_saved[3]["peak"]
+    # Scaling takes everything above the step's start bytes to double, the parameters' gradients
+    # too: on this tiny Llama they are a large share of the step, so the scaled plan is cautious
+    # and the budget sits just below the longer steps' peak saving everything.
+    budget = long - (long - short) // 8
+    rows, told = train_llama(budget)
+    assert len(told) == 1 and "scaled by 2" in told[0], told
+    for step, row in enumerate(rows, 1):
+        assert row["peak"] <= budget, (step, row["peak"], budget)
+        assert row["grads"] == plain[step - 1]["grads"], step
+    assert recomputed(rows[2]["plan"]) > recomputed(rows[1]["plan"])
