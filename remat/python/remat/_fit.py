@@ -17,7 +17,10 @@ step's (the token count), everything above what the profiled step began with is 
 r: where saving every region is then predicted within the budget, the step is profiled again (and
 later steps with those shapes plan from that profile); otherwise the plan comes from the profile
 scaled so, and fit says it assumed every region scales with the token count. Either way it warns
-once per new input shape. Where no plan fits it raises before the forward, naming the least peak
+once per new input shape. Scaling everything above the start bytes (the parameters' gradients too)
+is cautious where those are a large share of the step; where a region grows faster than the token
+count, the measured peak of the scaled step shows it, and later steps with those inputs scale by
+the measured factor more. Where no plan fits it raises before the forward, naming the least peak
 any plan reaches and what it is made of; the same error comes at the first plan for a budget below
 what the profile allows. After a step planned from a scaled profile, its measured peak is compared
 with the budget: a step that went over (a region that grows faster than the token count, such as
@@ -84,6 +87,7 @@ class FitState:
         self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
         self.corrections = {}       # signature -> factor on the scaling ratio, after a scaled step went over
         self.warned = set()         # signatures fit has told the user about
+        self.backward_peak = None   # the peak when the scaled step's backward ended
         self.profiled_steps = 0
         self.planned_steps = 0
 
@@ -110,16 +114,39 @@ class FitState:
                               "sequence to keep the first step within it too", stacklevel=3)
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
             signature, base, predicted, ratio = self.scaled_step
-            measured = remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes_peak"]
-            if measured > self.budget:
-                factor = (measured - base) / max(1, predicted - base)
+            # The peak when backward ended (read then: the loop may reset the peak after it), or now
+            measured = max(self.backward_peak or 0,
+                           remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes_peak"])
+            factor = (measured - base) / max(1, predicted - base)
+            if factor > 1.0:  # grew faster than the token count: later steps with these inputs scale by more
                 self.corrections[signature] = self.corrections.get(signature, 1.0) * factor
+            if measured > self.budget:
                 warnings.warn(f"remat.fit: the last step, planned from a profile scaled by {ratio:.3g} (every region "
                               f"assumed to scale with the token count), peaked at {_bytes_text(measured)}, over the "
                               f"budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): some "
                               f"region grows faster than the token count. Steps with these inputs now scale by "
                               f"{factor:.3g} more", stacklevel=3)
         self.scaled_step = None
+        self.backward_peak = None
+
+    def watch_backward(self, out):
+        """For a step planned from a scaled profile: reads the peak when its backward ends (a hook
+        on the forward's output queues a callback the autograd engine runs at the end)."""
+        if self.scaled_step is None:
+            return
+        tensor = next((t for t in _plans.tensors_in(out) if t.requires_grad), None)
+        if tensor is None:
+            return
+        device = StepRecorder._counted_device()
+
+        def backward_ended():
+            self.backward_peak = max(self.backward_peak or 0, remat_alloc.memory_stats(device)["requested_bytes_peak"])
+
+        def backward_began(grad):
+            torch.autograd.Variable._execution_engine.queue_callback(backward_ended)
+            return grad
+
+        tensor.register_hook(backward_began)
 
     # --- one training forward ----------------------------------------------------------------------
 
@@ -227,7 +254,9 @@ class _FitForward:
         if context is None:
             return self.inner(*args, **kwargs)
         with context:
-            return self.inner(*args, **kwargs)
+            out = self.inner(*args, **kwargs)
+        state.watch_backward(out)
+        return out
 
 
 def fit(model, budget):
