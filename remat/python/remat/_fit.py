@@ -33,6 +33,8 @@ remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
 from __future__ import annotations
 
 import math
+import os
+import sys
 import warnings
 
 import remat_alloc
@@ -62,6 +64,15 @@ def _bytes_text(count):
         if count >= size:
             return f"{count / size:.2f} {unit} ({count} bytes)"
     return f"{count} bytes"
+
+
+def _tell(message):
+    """Warns at the user's line: the first frame outside remat and torch.nn's module calls."""
+    level, frame = 2, sys._getframe(1)
+    inside = (os.path.dirname(__file__), os.path.dirname(torch.nn.modules.module.__file__))
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, stacklevel=level)
 
 
 class _Profiled:
@@ -108,10 +119,10 @@ class FitState:
             self.profiles[signature] = done
             self.latest = done
             if profile.step_peak_bytes > self.budget:
-                warnings.warn(f"remat.fit: the profiled step (every region saved) peaked at "
-                              f"{_bytes_text(profile.step_peak_bytes)}, over the budget of {_bytes_text(self.budget)}; "
-                              "later steps run under a plan within the budget. Profile with a smaller batch or "
-                              "sequence to keep the first step within it too", stacklevel=3)
+                _tell(f"remat.fit: the profiled step (every region saved) peaked at "
+                      f"{_bytes_text(profile.step_peak_bytes)}, over the budget of {_bytes_text(self.budget)}; "
+                      "later steps run under a plan within the budget. Profile with a smaller batch or "
+                      "sequence to keep the first step within it too")
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
             signature, base, predicted, ratio = self.scaled_step
             # The peak when backward ended (read then: the loop may reset the peak after it), or now
@@ -121,11 +132,11 @@ class FitState:
             if factor > 1.0:  # grew faster than the token count: later steps with these inputs scale by more
                 self.corrections[signature] = self.corrections.get(signature, 1.0) * factor
             if measured > self.budget:
-                warnings.warn(f"remat.fit: the last step, planned from a profile scaled by {ratio:.3g} (every region "
-                              f"assumed to scale with the token count), peaked at {_bytes_text(measured)}, over the "
-                              f"budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): some "
-                              f"region grows faster than the token count. Steps with these inputs now scale by "
-                              f"{factor:.3g} more", stacklevel=3)
+                _tell(f"remat.fit: the last step, planned from a profile scaled by {ratio:.3g} (every region "
+                      f"assumed to scale with the token count), peaked at {_bytes_text(measured)}, over the "
+                      f"budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): some "
+                      f"region grows faster than the token count. Steps with these inputs now scale by "
+                      f"{factor:.3g} more")
         self.scaled_step = None
         self.backward_peak = None
 
@@ -179,9 +190,9 @@ class FitState:
                       f"{_shapes_text(signature)}, {ratio:.3g}x the elements)")
         if all_saved <= self.budget:
             if change is not None:
-                warnings.warn(f"{change}: profiling this step again (every region saved, predicted to peak at "
-                              f"{_bytes_text(all_saved)} within the budget of {_bytes_text(self.budget)}); later "
-                              "steps with these inputs plan from that profile", stacklevel=4)
+                _tell(f"{change}: profiling this step again (every region saved, predicted to peak at "
+                      f"{_bytes_text(all_saved)} within the budget of {_bytes_text(self.budget)}); later "
+                      "steps with these inputs plan from that profile")
             return self._profile_step(signature)
         return self._plan_step(source, signature, start, ratio, change=change)
 
@@ -204,11 +215,11 @@ class FitState:
         plan = profile.plan(peak_bytes=profile.step_start_bytes + int((self.budget - base) / ratio))
         predicted = base + math.ceil((plan.peak_bytes - profile.step_start_bytes) * ratio)
         if change is not None:
-            warnings.warn(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
-                          f"profile scaled by {ratio:.3g}, assuming every region scales with the token count: "
-                          f"predicted peak {_bytes_text(predicted)} within {_bytes_text(self.budget)}, "
-                          f"{sum(c == 'recompute' for c in plan.decisions.values())} of {len(plan.decisions)} "
-                          "regions recomputed", stacklevel=4)
+            _tell(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
+                  f"profile scaled by {ratio:.3g}, assuming every region scales with the token count: "
+                  f"predicted peak {_bytes_text(predicted)} within {_bytes_text(self.budget)}, "
+                  f"{sum(c == 'recompute' for c in plan.decisions.values())} of {len(plan.decisions)} "
+                  "regions recomputed")
         if ratio != 1.0:
             self.scaled_step = (signature, base, predicted, ratio)
             remat_alloc.reset_peak_stats(StepRecorder._counted_device())
