@@ -13,18 +13,17 @@ optimizer.step(), say) stay through the step, so the plan must fit in what is le
 
 A step whose tensor inputs have other shapes than the profiled one (a longer sequence, a larger
 batch) never runs on the old plan. With r the ratio of its inputs' elements to the profiled
-step's (the token count), everything above what the profiled step began with is taken to scale by
-r: where saving every region is then predicted within the budget, the step is profiled again (and
-later steps with those shapes plan from that profile); otherwise the plan comes from the profile
-scaled so, and fit says it assumed every region scales with the token count. Either way it warns
-once per new input shape. Scaling everything above the start bytes (the parameters' gradients too)
-is cautious where those are a large share of the step; where a region grows faster than the token
-count, the measured peak of the scaled step shows it, and later steps with those inputs scale by
-the measured factor more. Where no plan fits it raises before the forward, naming the least peak
-any plan reaches and what it is made of; the same error comes at the first plan for a budget below
-what the profile allows. After a step planned from a scaled profile, its measured peak is compared
-with the budget: a step that went over (a region that grows faster than the token count, such as
-attention weights materialised as sequence x sequence) is a warning naming both, never silent.
+step's (the token count; 1 for fewer), everything above what the profiled step began with is taken
+to scale by r: where saving every region is then predicted within the budget, the step is profiled
+again (later steps with those shapes plan from that profile); otherwise the plan comes from the
+profile scaled so, and fit says it assumed every region scales with the token count. Either way it
+warns once per new input shape. Where no plan fits it raises before the forward, naming the least
+peak any plan reaches and what it is made of; the same error comes at the first plan for a budget
+below what the profile allows. Scaling the parameters' gradients too is cautious where they are a
+large share of the step. A region that grows faster than the token count (a causal mask of
+sequence x sequence) shows in the scaled step's peak, read when its backward ends: later steps
+with those inputs scale by the growth measured, and a step that went over the budget is a warning
+naming the measured and predicted peaks, never silent.
 
 The step's tensors must be counted for the profile to measure the step: CPU tensors inside
 remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
