@@ -177,8 +177,10 @@ class FitState:
         if known is not None:
             return self._plan_step(known, signature, start, 1.0)
         source = self.latest
-        # Fewer elements than profiled: planned as the profiled inputs (what grows with them is not known to shrink)
-        ratio = max(1.0, _elements(signature) / max(1, _elements(source.signature))) * self.corrections.get(signature, 1.0)
+        # Fewer elements than profiled: planned as the profiled inputs (what grows with them is not
+        # known to shrink with them)
+        ratio = max(1.0, _elements(signature) / max(1, _elements(source.signature)))
+        ratio *= self.corrections.get(signature, 1.0)
         profile = source.profile
         base = max(start, profile.step_start_bytes)
         all_saved = base + math.ceil((profile.step_peak_bytes - profile.step_start_bytes) * ratio)
