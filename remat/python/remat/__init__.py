@@ -23,7 +23,8 @@ sites from PyTorch's snapshot), _replay (NeMo's record/replay channel), _memory 
 sites, dumps), _oom_dump (an `oom` dump from PyTorch's snapshot), _oom (the observer that
 writes it on PyTorch's own allocator, or the tagging allocator's own report), _compile
 (checkpoints under torch.compile), _huggingface (Hugging Face models), _plans (budget plans:
-profile_regions, use_plan), _tracking (track: categories and modules without annotations).
+profile_regions, use_plan), _fit (remat.fit: a step-peak budget kept by plans made as the
+steps run), _tracking (track: categories and modules without annotations).
 """
 
 from __future__ import annotations  # torch_remat's package exports the name too
@@ -44,6 +45,7 @@ from ._memory import live_bytes, site, tag_cpu_tensors, write_dump
 from ._oom import OomObserver, attach_oom_observer, oom_dump_from_snapshot
 from ._oom_saved_report import discover_autograd_roots, format_oom_saved_tensors_report, oom_observer
 from ._annotate import clear_memory_snapshot_cache, memory_snapshot_annotate
+from ._fit import fit, unfit
 from ._huggingface import unwrap_decoder_layers, wrap_decoder_layers
 from ._tracking import Tracker, track, untrack
 
@@ -91,6 +93,8 @@ __all__ = [
     "wrap_decoder_layers",
     "unwrap_decoder_layers",
     "profile_regions",
+    "fit",
+    "unfit",
     "use_plan",
     "load_plan",
     "RegionProfile",

@@ -42,6 +42,7 @@ from . import _plans
 from ._extension import _C
 from ._api import checkpoint
 from ._compile import compiled_region
+from ._fit import fit, unfit
 from ._offload import CpuOffload
 from ._state import checked_state_hooks, cpu_rng_state_hook, cuda_rng_state_hook
 
@@ -368,7 +369,7 @@ def _has_submodule(layer, name):
 
 def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *, recompute=None, layers=None,
                         every_n_layers=1, context_fn=None, contexts=(), verify_recompute=None, plan=None,
-                        offload=None):
+                        offload=None, budget=None):
     """Runs every decoder layer of a Hugging Face model as one remat checkpoint named after its
     module path ("model.layers.0"), and returns the model:
 
@@ -395,6 +396,10 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
     offload: True, or a remat.CpuOffload: what the layers' checkpoints keep (the save regions'
         tensors and each layer's input) is held in host memory and brought back ahead of
         backward. Pass your own CpuOffload to read its stats().
+    budget: the training step's peak allocated bytes (an int, or a string such as "70GiB"): the
+        model is then remat.fit(model, budget): its first training step runs profiled, later ones
+        under the plan of least recompute predicted within the budget, planned again when the
+        inputs change shape. Not with plan=.
 
     Checkpoints run only in training mode with grad mode on; in eval mode or under no_grad the
     layers run unchanged. Calling it again replaces the previous call's wrapping; see the module
@@ -407,6 +412,11 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
     if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
         raise ValueError(f"wrap_decoder_layers: every_n_layers must be a positive int, got {every_n_layers!r}")
     _check_region_names(save, recompute)
+    if budget is not None:
+        if plan is not None:
+            raise TypeError("wrap_decoder_layers: give plan= (a plan made already) or budget= (a plan made from the "
+                            "first step's profile), not both")
+        budget = _plans.budget_arg(budget, "wrap_decoder_layers: budget")
     if offload is True:
         offload = CpuOffload()
     if not (offload is None or offload is False or isinstance(offload, CpuOffload)):
@@ -440,6 +450,7 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
         plans.append((path, layer, _LayerPlan(layer, path, ckpt, _layer_regions(layer, save, recompute))))
 
     unwrap_decoder_layers(model)  # only now: a call with bad arguments leaves the previous wrapping in force
+    unfit(model)  # a profile of the previous wrapping's regions is of no use to this one
     for path, layer, plan in plans:
         if plan is None:
             if layer_class is not None and isinstance(layer, layer_class):
@@ -458,7 +469,7 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
         else:
             plan.set_attribute(layer, "forward", _PlainLayerForward(plan, layer.forward))
         layer._remat_layer_plan = plan
-    return model
+    return model if budget is None else fit(model, budget)
 
 
 def unwrap_decoder_layers(model):

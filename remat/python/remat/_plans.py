@@ -201,6 +201,7 @@ class RegionProfile:
         # (parameters, optimizer state, the batch); None without step memory.
         self.step_peak_bytes = step["peak_bytes"] if step else None
         self.step_start_bytes = step["start_bytes"] if step else None
+        self.step_end_bytes = step["end_bytes"] if step else None  # when it ended: gradients made, say
         self.device = doc.get("device_name", "")
         self.timer = doc.get("timer", "")
         self.regions = [RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]]
@@ -257,12 +258,27 @@ class RegionProfile:
                              f"{_listed(missing)}")
         return _budget.predict_peak(self._text, [plan.decisions[name] == "recompute" for name in names], False)
 
-    def frontier(self, steps=8, *, group=False):
-        """The fastest plan at `steps` budgets spread from base_bytes to everything saved."""
+    def frontier(self, steps=8, *, group=False, by="kept"):
+        """The fastest plan at `steps` budgets spread from the least to everything saved: by="kept"
+        budgets of what the checkpoints keep (base_bytes to all_saved_bytes), by="peak" budgets of
+        the step's peak (least_peak_bytes() to step_peak_bytes; each plan's peak_bytes is its
+        prediction), to draw recompute time against the step peak."""
         if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= 1000:
             raise ValueError(f"frontier: steps must be an int from 2 to 1000, got {steps!r}")
         group = flag_arg("frontier", "group", group)
-        return [Plan(text, profile=self, group=group) for text in _budget.frontier(self._text, steps, group)]
+        if by == "kept":
+            return [Plan(text, profile=self, group=group) for text in _budget.frontier(self._text, steps, group)]
+        if by != "peak":
+            raise ValueError(f"frontier: by must be 'kept' (what the checkpoints keep) or 'peak' (the step's peak), "
+                             f"got {by!r}")
+        if self.step_peak_bytes is None:
+            raise ValueError("frontier: by='peak' needs the step's memory, which this profile does not have: profile "
+                             "with the step's tensors counted (remat.tag_cpu_tensors() for CPU tensors, "
+                             "remat_alloc.install() for CUDA)")
+        least = self.least_peak_bytes(group=group)
+        most = max(least, self.step_peak_bytes)
+        budgets = sorted({least + (most - least) * i // (steps - 1) for i in range(steps)})
+        return [Plan(_budget.plan_by_peak(self._text, budget, group), profile=self, group=group) for budget in budgets]
 
     def __repr__(self):
         return (f"RegionProfile({len(self.regions)} regions, base_bytes={self.base_bytes}, "
@@ -356,7 +372,12 @@ class Plan:
             saved = f"{cost.saved_bytes:>14}" if cost else f"{'':>14}"
             seconds = f"{cost.seconds:>10.6g}" if cost else f"{'':>10}"
             lines.append(f"{name:<{width}}  {saved}  {seconds}  {choice}")
-        if self._profile is not None:
+        if self._profile is not None and self.peak_bytes is not None:
+            lines += ["", "frontier by step peak (the fastest plan at each peak budget):",
+                      f"{'peak budget':>16}  {'peak predicted':>16}  {'recompute s':>12}"]
+            for point in self._profile.frontier(group=self._group, by="peak"):
+                lines.append(f"{point.peak_budget_bytes:>16}  {point.peak_bytes:>16}  {point.recompute_seconds:>12.6g}")
+        elif self._profile is not None:
             lines += ["", "frontier (the fastest plan at each budget):",
                       f"{'budget bytes':>16}  {'kept bytes':>16}  {'recompute s':>12}"]
             for point in self._profile.frontier(group=self._group):

@@ -90,7 +90,9 @@ class StepRecorder:
         if not self.enabled:
             return
         stats = self._stats()
-        peak = stats["requested_bytes_peak"]
+        # At least where it began and where it ends: code inside the block that resets the peak
+        # (a loop measuring its own steps, between remat.fit's steps) leaves a lower figure.
+        peak = max(stats["requested_bytes_peak"], self._segment_start, stats["requested_bytes"])
         self.segments.append({"peak_bytes": peak, "start_bytes": self._segment_start, "live": list(self._live),
                               "forward": self._forward, "backward": self._recomputing})
         self.peak_bytes = max(self.peak_bytes, peak)

@@ -249,3 +249,33 @@ def test_hugging_face_llama_steps_peak_within_the_budget_and_the_prediction(tagg
             model(input_ids=ids, labels=ids).loss.backward()
 
     check_plans_by_peak(profile, run_step, reference, lambda: [p.grad for p in model.parameters()])
+
+
+def test_the_frontier_by_step_peak_runs_from_the_least_peak_to_everything_saved_within_each_budget(tagged):
+    x, profile = readme_setup()
+    points = profile.frontier(6, by="peak")
+    assert [p.peak_budget_bytes for p in points][0] == profile.least_peak_bytes()
+    assert points[-1].peak_budget_bytes == profile.step_peak_bytes and points[-1].recompute_seconds == 0
+    assert all(p.peak_bytes <= p.peak_budget_bytes for p in points)
+    seconds = [p.recompute_seconds for p in points]
+    assert seconds == sorted(seconds, reverse=True) and seconds[0] > 0  # more peak never recomputes more
+    for point in points:  # each plan's step peaks within its budget
+        x.grad = None
+        measured = peak_of(lambda: _run(point, x))
+        assert measured <= point.peak_budget_bytes, (point.peak_budget_bytes, point.peak_bytes, measured)
+    assert "frontier by step peak" in points[1].format()
+    with pytest.raises(ValueError, match="frontier: by must be 'kept' .* or 'peak' .*, got 'bytes'"):
+        profile.frontier(by="bytes")
+
+
+def _run(plan, x):
+    with remat.use_plan(plan):
+        readme_model(x).backward()
+
+
+def test_the_frontier_by_step_peak_needs_counted_tensors():
+    x = torch.randn(64, 256, requires_grad=True)
+    with remat.profile_regions() as profile:
+        readme_model(x).backward()
+    with pytest.raises(ValueError, match=r"frontier: by='peak' needs the step's memory.*remat.tag_cpu_tensors\(\)"):
+        profile.frontier(by="peak")

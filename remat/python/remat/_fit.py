@@ -1,0 +1,306 @@
+"""remat.fit: a model's training steps kept within a step-peak budget, in one line.
+
+    model = remat.fit(model, budget="70GiB")        # or wrap_decoder_layers(model, budget="70GiB")
+
+fit() replaces the model's forward on the instance. A training step is what runs from one
+training forward (training mode, grad mode on) to the next: forward, backward, the optimizer step
+and whatever else the loop does. The first step runs inside remat.profile_regions() (every region
+saved; the profile ends when the next training forward begins); every later step runs under
+remat.use_plan() with the plan of least recompute time whose predicted step peak is within the
+budget (profile.plan(peak_bytes=)). The plan is chosen before each forward, from what is allocated
+then: bytes allocated beyond what the profiled step began with (optimizer state made by the first
+optimizer.step(), say) stay through the step, so the plan must fit in what is left.
+
+A step whose tensor inputs have other shapes than the profiled one (a longer sequence, a larger
+batch) never runs on the old plan. With r the ratio of its inputs' elements to the profiled
+step's (the token count; 1 for fewer), everything above what the profiled step began with is taken
+to scale by r: where saving every region is then predicted within the budget, the step is profiled
+again (later steps with those shapes plan from that profile); otherwise the plan comes from the
+profile scaled so, and fit says it assumed every region scales with the token count. Either way it
+warns once per new input shape. Where no plan fits it raises before the forward, naming the least
+peak any plan reaches and what it is made of; the same error comes at the first plan for a budget
+below what the profile allows. Scaling the parameters' gradients too is cautious where they are a
+large share of the step. A region that grows faster than the token count (a causal mask of
+sequence x sequence) shows in the scaled step's peak, read when its backward ends: later steps
+with those inputs scale by the growth measured, and a step that went over the budget is a warning
+naming the measured and predicted peaks, never silent.
+
+The step's tensors must be counted for the profile to measure the step: CPU tensors inside
+remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+
+import remat_alloc
+import torch
+
+from . import _plans
+from ._step_profile import StepRecorder
+
+__all__ = ["fit", "unfit"]
+
+
+def _signature(args, kwargs):
+    """(shape, dtype, device) of each tensor input, in order: what makes two steps the same shape."""
+    return tuple((tuple(t.shape), t.dtype, str(t.device)) for t in _plans.tensors_in((args, kwargs)))
+
+
+def _elements(signature):
+    return sum(math.prod(shape) for shape, _, _ in signature)
+
+
+def _shapes_text(signature):
+    return ", ".join("x".join(str(d) for d in shape) or "scalar" for shape, _, _ in signature) or "no tensors"
+
+
+def _bytes_text(count):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size:
+            return f"{count / size:.2f} {unit} ({count} bytes)"
+    return f"{count} bytes"
+
+
+def _tell(message):
+    """Warns at the user's line: the first frame outside remat and torch.nn's module calls."""
+    level, frame = 2, sys._getframe(1)
+    inside = (os.path.dirname(__file__), os.path.dirname(torch.nn.modules.module.__file__))
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, stacklevel=level)
+
+
+class _Profiled:
+    """A profile and the input signature of the step it measured."""
+
+    def __init__(self, profile, signature):
+        self.profile = profile
+        self.signature = signature
+
+
+class FitState:
+    """What fit() keeps for one model: the budget, the profiles by input signature, the profile
+    being measured (open until the next training forward) and the plan of the step running now."""
+
+    def __init__(self, model, budget):
+        self.model = model
+        self.budget = budget
+        self.profiles = {}          # signature -> _Profiled
+        self.latest = None          # the _Profiled made last
+        self.measuring = None       # (profile_regions, signature) open since a training forward
+        self.plan = None            # the plan the step running now (or the last planned one) runs under
+        self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
+        self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
+        self.corrections = {}       # signature -> factor on the scaling ratio, after a scaled step went over
+        self.warned = set()         # signatures fit has told the user about
+        self.backward_peak = None   # the peak when the scaled step's backward ended
+        self.profiled_steps = 0
+        self.planned_steps = 0
+
+    # --- between steps ---------------------------------------------------------------------------
+
+    def finish_step(self):
+        """Ends the training step before this point: closes its profile, or checks the measured
+        peak of a step planned from a scaled profile."""
+        if self.measuring is not None:
+            session, signature = self.measuring
+            self.measuring = None
+            try:
+                session.__exit__(None, None, None)
+            except ValueError as error:
+                raise ValueError(f"remat.fit: {error}") from None
+            profile = session._result()
+            done = _Profiled(profile, signature)
+            self.profiles[signature] = done
+            self.latest = done
+            if profile.step_peak_bytes > self.budget:
+                _tell(f"remat.fit: the profiled step (every region saved) peaked at "
+                      f"{_bytes_text(profile.step_peak_bytes)}, over the budget of {_bytes_text(self.budget)}; "
+                      "later steps run under a plan within the budget. Profile with a smaller batch or "
+                      "sequence to keep the first step within it too")
+        elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
+            signature, base, predicted, ratio = self.scaled_step
+            # The peak when backward ended (read then: the loop may reset the peak after it), or now
+            measured = max(self.backward_peak or 0,
+                           remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes_peak"])
+            factor = (measured - base) / max(1, predicted - base)
+            if factor > 1.0:  # grew faster than the token count: later steps with these inputs scale by more
+                self.corrections[signature] = self.corrections.get(signature, 1.0) * factor
+            if measured > self.budget:
+                _tell(f"remat.fit: the last step, planned from a profile scaled by {ratio:.3g} (every region "
+                      f"assumed to scale with the token count), peaked at {_bytes_text(measured)}, over the "
+                      f"budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): some "
+                      f"region grows faster than the token count. Steps with these inputs now scale by "
+                      f"{factor:.3g} more")
+        self.scaled_step = None
+        self.backward_peak = None
+
+    def watch_backward(self, out):
+        """For a step planned from a scaled profile: reads the peak when its backward ends (a hook
+        on the forward's output queues a callback the autograd engine runs at the end)."""
+        if self.scaled_step is None:
+            return
+        tensor = next((t for t in _plans.tensors_in(out) if t.requires_grad), None)
+        if tensor is None:
+            return
+        device = StepRecorder._counted_device()
+
+        def backward_ended():
+            self.backward_peak = max(self.backward_peak or 0, remat_alloc.memory_stats(device)["requested_bytes_peak"])
+
+        def backward_began(grad):
+            torch.autograd.Variable._execution_engine.queue_callback(backward_ended)
+            return grad
+
+        tensor.register_hook(backward_began)
+
+    # --- one training forward ----------------------------------------------------------------------
+
+    def begin_step(self, args, kwargs):
+        """Before a training forward: ends the previous step, then returns the context this
+        forward runs in (a use_plan), or None where it runs profiled (the profile is open)."""
+        self.finish_step()
+        device = StepRecorder._counted_device()
+        if device is None:
+            raise ValueError("remat.fit: the step's tensors are not counted, so no step peak can be measured: run the "
+                             "training steps inside remat.tag_cpu_tensors() (CPU tensors) or install remat's "
+                             "allocator with remat_alloc.install() (CUDA tensors)")
+        signature = _signature(args, kwargs)
+        start = remat_alloc.memory_stats(device)["requested_bytes"]
+        if self.latest is None:
+            return self._profile_step(signature)
+        known = self.profiles.get(signature)
+        if known is not None:
+            return self._plan_step(known, signature, start, 1.0)
+        source = self.latest
+        # Fewer elements than profiled: planned as the profiled inputs (what grows with them is not
+        # known to shrink with them)
+        ratio = max(1.0, _elements(signature) / max(1, _elements(source.signature)))
+        ratio *= self.corrections.get(signature, 1.0)
+        profile = source.profile
+        base = max(start, profile.step_start_bytes)
+        all_saved = base + math.ceil((profile.step_peak_bytes - profile.step_start_bytes) * ratio)
+        change = None
+        if signature not in self.warned:
+            self.warned.add(signature)
+            change = (f"remat.fit: the step's inputs changed shape ({_shapes_text(source.signature)} -> "
+                      f"{_shapes_text(signature)}, {ratio:.3g}x the elements)")
+        if all_saved <= self.budget:
+            if change is not None:
+                _tell(f"{change}: profiling this step again (every region saved, predicted to peak at "
+                      f"{_bytes_text(all_saved)} within the budget of {_bytes_text(self.budget)}); later "
+                      "steps with these inputs plan from that profile")
+            return self._profile_step(signature)
+        return self._plan_step(source, signature, start, ratio, change=change)
+
+    def _profile_step(self, signature):
+        session = _plans.profile_regions()
+        session.__enter__()
+        self.measuring = (session, signature)
+        self.plan = self.predicted_peak_bytes = None
+        self.profiled_steps += 1
+        return None
+
+    def _plan_step(self, source, signature, start, ratio, *, change=None):
+        """The use_plan for a step with `signature`, from `source`'s profile with everything above
+        what its step began with scaled by `ratio` (1: the profile of these very inputs)."""
+        profile = source.profile
+        base = max(start, profile.step_start_bytes)  # more allocated now than then: it stays through the step
+        least_now = base + math.ceil((profile.least_peak_bytes() - profile.step_start_bytes) * ratio)
+        if least_now > self.budget:
+            self._refuse(profile, source, base, ratio, least_now, signature)
+        plan = profile.plan(peak_bytes=profile.step_start_bytes + int((self.budget - base) / ratio))
+        predicted = base + math.ceil((plan.peak_bytes - profile.step_start_bytes) * ratio)
+        if change is not None:
+            _tell(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
+                  f"profile scaled by {ratio:.3g}, assuming every region scales with the token count: "
+                  f"predicted peak {_bytes_text(predicted)} within {_bytes_text(self.budget)}, "
+                  f"{sum(c == 'recompute' for c in plan.decisions.values())} of {len(plan.decisions)} "
+                  "regions recomputed")
+        if ratio != 1.0:
+            self.scaled_step = (signature, base, predicted, ratio)
+            remat_alloc.reset_peak_stats(StepRecorder._counted_device())
+        self.plan = plan
+        self.predicted_peak_bytes = predicted
+        self.planned_steps += 1
+        return _plans.use_plan(plan)
+
+    def _refuse(self, profile, source, base, ratio, least_now, signature):
+        gradients = max(0, profile.step_end_bytes - profile.step_start_bytes)  # made in backward, kept after it
+        fixed = base + gradients
+        scaled = "" if ratio == 1.0 else (f" (the profile at inputs {_shapes_text(source.signature)} scaled by "
+                                          f"{ratio:.3g}, every region assumed to scale with the token count)")
+        raise ValueError(f"remat.fit: no plan keeps this step within the budget of {_bytes_text(self.budget)}: the "
+                         f"least step peak any plan reaches at inputs {_shapes_text(signature)} is "
+                         f"{_bytes_text(least_now)}{scaled}. What stays allocated through the step (parameters, "
+                         f"gradients and optimizer state, the batch: {_bytes_text(fixed)}) is "
+                         f"{fixed / least_now:.0%} of it: recompute cannot reduce that part. Give a budget of at least "
+                         f"{least_now} bytes, or make the step smaller (a smaller batch or sequence)")
+
+
+class _FitForward:
+    """The instance forward fit() sets: a training forward (training mode, grad mode on) begins a
+    step, run profiled or under the plan; any other forward ends the step before it and runs as
+    it is. An object holding the forward it wraps, so unfit() puts that back."""
+
+    def __init__(self, state, inner, own):
+        self.__wrapped__ = inner  # inspect.signature follows it
+        self.__doc__ = getattr(inner, "__doc__", None)
+        self.state = state
+        self.inner = inner
+        self.own = own  # the instance forward replaced, or None where the class's was in use
+
+    def __call__(self, *args, **kwargs):
+        state = self.state
+        if not (state.model.training and torch.is_grad_enabled()):
+            state.finish_step()
+            return self.inner(*args, **kwargs)
+        open_profile = _plans.profiling()
+        if open_profile is not None and (state.measuring is None or open_profile is not state.measuring[0]):
+            return self.inner(*args, **kwargs)  # the caller's own profile_regions measures this step
+        context = state.begin_step(args, kwargs)
+        if context is None:
+            return self.inner(*args, **kwargs)
+        with context:
+            out = self.inner(*args, **kwargs)
+        state.watch_backward(out)
+        return out
+
+
+def fit(model, budget):
+    """Keeps every training step of `model` within `budget`, the step's peak allocated bytes
+    (an int, or a string with a unit: "70GiB", "512 MiB", "80GB"), and returns the model: the
+    first training step runs profiled (remat.profile_regions(), every region saved), later ones
+    under the plan of least recompute time predicted within the budget, planned again when the
+    inputs change shape (module docstring). The model's checkpoints and regions are its own
+    (remat.checkpoint, remat.region, wrap_decoder_layers). model.remat_fit holds the state: its
+    .plan is the plan of the last planned step. Calling fit again replaces the budget and starts
+    from a new profile; remat.unfit(model) undoes it."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"remat.fit: model must be a torch.nn.Module, got {type(model).__name__}")
+    budget = _plans.budget_arg(budget, "remat.fit: budget")
+    unfit(model)
+    state = FitState(model, budget)
+    model.forward = _FitForward(state, model.forward, model.__dict__.get("forward"))
+    model.remat_fit = state
+    return model
+
+
+def unfit(model):
+    """Undoes fit() on `model` (a no-op where it did nothing) and returns the model; a profile
+    still being measured is dropped."""
+    forward = model.__dict__.get("forward")
+    if isinstance(forward, _FitForward):
+        if forward.state.measuring is not None:
+            forward.state.measuring[0].__exit__(RuntimeError, None, None)
+            forward.state.measuring = None
+        if forward.own is not None:
+            model.forward = forward.own
+        else:
+            del model.forward
+        del model.remat_fit
+    return model

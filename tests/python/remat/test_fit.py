@@ -1,0 +1,328 @@
+"""remat.fit(model, budget=): the first training step runs profiled, later ones under the plan of
+least recompute whose predicted step peak fits; a step whose inputs change shape (the sequence
+doubles at step 5) is planned again, the user is told once, and the measured step peak
+(remat_alloc.memory_stats()["requested_bytes_peak"], CPU tensors counted inside
+remat.tag_cpu_tensors()) stays within the budget, with gradients bitwise those without
+checkpointing. A budget no plan meets raises before the forward, naming the least peak; bad
+budgets are refused as everywhere a budget is taken."""
+
+import gc
+import warnings
+
+import pytest
+import torch
+
+import remat
+import remat_alloc
+
+HIDDEN, BATCH, SEQUENCE, STEPS, LONGER_FROM = 32, 16, 32, 8, 5
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.up = torch.nn.Linear(HIDDEN, 4 * HIDDEN)
+        self.down = torch.nn.Linear(4 * HIDDEN, HIDDEN)
+
+    def forward(self, x, plain=False):
+        attn = lambda t: self.attn(t).sin() + t
+        mlp = lambda t: self.down(self.up(t).cos()) + t
+        if plain:
+            return mlp(attn(x))
+        h = remat.region(attn, "attn")(x)
+        return remat.region(mlp, "mlp")(h)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, checkpointed=True):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Layer() for _ in range(4))
+        self.checkpointed = checkpointed
+        self.forwards = 0  # forwards that ran: a refused step runs none
+
+    def forward(self, x):
+        self.forwards += 1
+        for index, layer in enumerate(self.layers):
+            if self.checkpointed:
+                x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+            else:
+                x = layer(x, plain=True)
+        return x.square().mean()
+
+
+def batch(step):
+    sequence = SEQUENCE * (2 if step >= LONGER_FROM else 1)
+    return torch.randn(BATCH, sequence, HIDDEN, generator=torch.Generator().manual_seed(step), requires_grad=True)
+
+
+def train(budget, checkpointed=True, steps=STEPS):
+    """A training loop (SGD with momentum: its state appears at the first optimizer step) inside
+    tag_cpu_tensors(): per step, the measured peak, the gradients and the plan; and the warnings."""
+    gc.collect()  # models of earlier runs (reference cycles) freed: budgets are absolute bytes
+    torch.manual_seed(0)
+    rows = []
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        model = Model(checkpointed)
+        if budget is not None:
+            model = remat.fit(model, budget=budget)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        for step in range(1, steps + 1):
+            x = batch(step)
+            remat_alloc.reset_peak_stats()
+            optimizer.zero_grad(set_to_none=True)
+            model(x).backward()
+            optimizer.step()
+            peak = remat_alloc.memory_stats()["requested_bytes_peak"]
+            state = getattr(model, "remat_fit", None)
+            profiled = state is not None and state.plan is None
+            # Gradients as bytes (not tensors, which would be counted in the steps after); a
+            # profiled step's peak is the profile's (profile_regions resets the peak at each segment).
+            rows.append({"peak": peak, "grads": [p.grad.numpy().tobytes() for p in model.parameters()],
+                         "plan": None if profiled or state is None else dict(state.plan.decisions),
+                         "predicted": None if state is None else state.predicted_peak_bytes,
+                         "signature": (tuple(x.shape), x.dtype, str(x.device))})
+        with torch.no_grad():
+            model(batch(steps))  # a forward outside training ends the last step (and its profile)
+        profiles = dict(model.remat_fit.profiles) if budget is not None else {}
+        remat.unfit(model)
+    for row in rows:
+        if budget is not None and row["plan"] is None:
+            row["peak"] = profiles[(row["signature"],)].profile.step_peak_bytes
+    return rows, [str(w.message) for w in told if "remat.fit" in str(w.message)], profiles
+
+
+def recomputed(decisions):
+    return sum(choice == "recompute" for choice in decisions.values())
+
+
+@pytest.fixture(scope="module")
+def unlimited():
+    """The loop with a budget every plan meets: every step saves every region, and the step
+    whose inputs change shape is profiled again (saving everything is predicted within it)."""
+    return train("1GiB")
+
+
+def test_a_budget_every_plan_meets_saves_everything_and_profiles_the_longer_step_again(unlimited):
+    rows, told, profiles = unlimited
+    assert len(told) == 1 and "inputs changed shape (16x32x32 -> 16x64x32, 2x the elements): profiling this step " \
+                               "again" in told[0], told
+    assert len(profiles) == 2  # one per input shape
+    for step, row in enumerate(rows, 1):
+        if step in (1, LONGER_FROM):
+            assert row["plan"] is None  # profiled
+        else:
+            assert recomputed(row["plan"]) == 0, (step, row["plan"])
+
+
+def test_the_sequence_doubling_at_step_5_is_planned_again_within_the_budget():
+    plain, _, _ = train(None, checkpointed=False)
+    everything_saved, _, _ = train("1GiB")  # the peaks saving everything, with what is allocated now
+    short = max(row["peak"] for row in everything_saved[:LONGER_FROM - 1])
+    long = min(row["peak"] for row in everything_saved[LONGER_FROM - 1:])
+    assert long > short
+    budget = (short + long) // 2  # the short steps fit saving everything; the long ones do not
+    rows, told, _ = train(budget)
+
+    assert len(told) == 1, told  # told once, at the step whose inputs changed
+    assert "inputs changed shape (16x32x32 -> 16x64x32" in told[0] and "scaled by 2" in told[0], told
+    for step, row in enumerate(rows, 1):
+        assert row["peak"] <= budget, (step, row["peak"], budget, row["predicted"])
+        if row["predicted"] is not None:
+            assert row["peak"] <= row["predicted"], (step, row)
+        assert row["grads"] == plain[step - 1]["grads"], step  # bitwise
+    before, after = rows[LONGER_FROM - 2]["plan"], rows[LONGER_FROM - 1]["plan"]
+    assert recomputed(after) > recomputed(before), (before, after)  # re-planned: the longer steps recompute more
+    assert all(row["plan"] == after for row in rows[LONGER_FROM - 1:])
+
+
+def first_step_profile():
+    """The profile fit takes of the first step, here and now (budgets are absolute bytes: what else
+    is allocated counts)."""
+    gc.collect()
+    torch.manual_seed(0)
+    with remat.tag_cpu_tensors():
+        model = remat.fit(Model(), "1GiB")
+        model(batch(1)).backward()
+        with torch.no_grad():
+            model(batch(1))  # ends the profiled step
+        profile = model.remat_fit.latest.profile
+        remat.unfit(model)
+    return profile
+
+
+def test_a_budget_below_the_least_peak_raises_before_the_forward():
+    first = first_step_profile()
+    budget = first.least_peak_bytes() - 1
+    torch.manual_seed(0)
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        model = remat.fit(Model(), budget)
+        try:
+            model(batch(1)).backward()  # profiled: every region saved, over this budget
+            model.zero_grad(set_to_none=True)
+            with pytest.raises(ValueError, match=r"remat.fit: no plan keeps this step within the budget of .* the "
+                                                 r"least step peak any plan reaches at inputs 16x32x32 is .*\(\d+ "
+                                                 r"bytes\)\. What stays allocated through the step \(parameters, "
+                                                 r"gradients and optimizer state, the batch: .*\) is \d+% of it: "
+                                                 r"recompute cannot reduce that part\. Give a budget of at least "
+                                                 r"\d+ bytes") as refused:
+                model(batch(2))
+            assert model.forwards == 1  # refused before the forward
+        finally:
+            remat.unfit(model)
+    # the profiled step's going over was said, once
+    assert [str(w.message).split(",")[0] for w in told] == [
+        f"remat.fit: the profiled step (every region saved) peaked at {first.step_peak_bytes / 2**20:.2f} MiB "
+        f"({first.step_peak_bytes} bytes)"]
+    least = int(str(refused.value).split("at least ")[1].split(" bytes")[0])
+    assert least == first.least_peak_bytes()  # nothing allocated since the profile: its least peak
+
+
+def test_a_budget_too_small_for_the_longer_inputs_raises_before_their_forward():
+    first = first_step_profile()
+    budget = first.step_peak_bytes  # the short steps fit (momentum buffers allocated since), the doubled do not
+    torch.manual_seed(0)
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        model = remat.fit(Model(), budget)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        try:
+            for step in range(1, LONGER_FROM):
+                optimizer.zero_grad(set_to_none=True)
+                model(batch(step)).backward()
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            with pytest.raises(ValueError, match=r"least step peak any plan reaches at inputs 16x64x32 is .* \(the "
+                                                 r"profile at inputs 16x32x32 scaled by 2, every region assumed to "
+                                                 r"scale with the token count\)"):
+                model(batch(LONGER_FROM))
+            assert model.forwards == LONGER_FROM - 1
+        finally:
+            remat.unfit(model)
+
+
+@pytest.mark.parametrize("budget, message", [
+    (0, "budget must be more than 0 bytes, got 0"),
+    (-5, "budget must be more than 0 bytes, got -5"),
+    (float("nan"), "budget must be a whole number of bytes, got the float nan"),
+    (True, "budget must be a number of bytes or a string with a unit, got a bool"),
+    ("70", "budget '70': no unit"),
+    ([70], "budget must be an int number of bytes or a string with a unit"),
+])
+def test_bad_budgets_are_refused_naming_the_forms_accepted(budget, message):
+    with pytest.raises((TypeError, ValueError), match=f"remat.fit: {message}"):
+        remat.fit(Model(), budget)
+    with pytest.raises((TypeError, ValueError), match=f"wrap_decoder_layers: {message}"):
+        remat.wrap_decoder_layers(Model(), save=(), layers="layers", budget=budget)
+
+
+def test_budgets_with_units_are_read_as_their_own_units():
+    assert remat.fit(Model(), "70GiB").remat_fit.budget == 70 << 30
+    assert remat.fit(Model(), "70GB").remat_fit.budget == 70 * 10**9
+    assert remat.fit(Model(), 4096).remat_fit.budget == 4096
+
+
+def test_fit_refuses_what_it_cannot_measure_and_undoes_itself():
+    with pytest.raises(TypeError, match="remat.fit: model must be a torch.nn.Module, got function"):
+        remat.fit(lambda x: x, "1GiB")
+    model = remat.fit(Model(), "1GiB")
+    with pytest.raises(ValueError, match=r"remat.fit: the step's tensors are not counted.*remat.tag_cpu_tensors\(\)"):
+        model(batch(1))
+    assert model.forwards == 0
+    remat.unfit(model)
+    assert "forward" not in model.__dict__ and not hasattr(model, "remat_fit")
+    with pytest.raises(TypeError, match="give plan= .* or budget= .*, not both"):
+        with remat.tag_cpu_tensors():
+            x = torch.randn(2, 4, HIDDEN, requires_grad=True)
+            with remat.profile_regions() as profile:
+                Model()(x).backward()
+        remat.wrap_decoder_layers(Model(), layers="layers", plan=profile.plan(budget_bytes=profile.all_saved_bytes),
+                                  budget="1GiB")
+
+
+def test_eval_forwards_run_as_they_are_and_end_the_profiled_step(unlimited):
+    torch.manual_seed(0)
+    with remat.tag_cpu_tensors():
+        model = remat.fit(Model(), "1GiB")
+        try:
+            model(batch(1)).backward()
+            assert model.remat_fit.measuring is not None
+            with torch.no_grad():
+                model(batch(2))
+            assert model.remat_fit.measuring is None and len(model.remat_fit.profiles) == 1
+            model.zero_grad(set_to_none=True)
+            model(batch(2)).backward()
+            assert recomputed(model.remat_fit.plan.decisions) == 0
+        finally:
+            remat.unfit(model)
+
+
+# --- a Hugging Face Llama under wrap_decoder_layers(budget=) ---------------------------------------
+
+def train_llama(budget, checkpointed=True, steps=4, longer_from=3):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=176, vocab_size=256,
+                                      max_position_embeddings=128, use_cache=False)
+    config._attn_implementation = "sdpa"
+    rows = []
+    gc.collect()
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config)
+        model.train()
+        if checkpointed:
+            model = remat.wrap_decoder_layers(model, save=("self_attn",), recompute=("mlp",), budget=budget)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(1, steps + 1):
+            ids = torch.randint(0, 256, (4, 64 if step >= longer_from else 32),
+                                generator=torch.Generator().manual_seed(step))
+            remat_alloc.reset_peak_stats()
+            optimizer.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            state = getattr(model, "remat_fit", None)
+            profiled = state is not None and state.plan is None
+            rows.append({"peak": None if profiled else remat_alloc.memory_stats()["requested_bytes_peak"],
+                         "grads": [p.grad.numpy().tobytes() for p in model.parameters()],
+                         "plan": None if profiled or state is None else dict(state.plan.decisions),
+                         "predicted": None if state is None else state.predicted_peak_bytes})
+        if checkpointed:
+            with torch.no_grad():
+                model(input_ids=ids)  # ends the last step
+            profiles = [entry.profile for entry in model.remat_fit.profiles.values()]
+            remat.unfit(model)
+    for row, profile in zip([row for row in rows if checkpointed and row["peak"] is None], profiles if checkpointed
+                            else []):
+        row["peak"] = profile.step_peak_bytes
+    return rows, [str(w.message) for w in told if "remat.fit" in str(w.message)]
+
+
+def test_a_hugging_face_llama_under_wrap_decoder_layers_budget_is_planned_again_when_the_sequence_doubles():
+    plain, _ = train_llama(None, checkpointed=False)
+    everything_saved, told = train_llama("1GiB")
+    assert len(told) == 1 and "profiling this step again" in told[0], told
+    short, long = everything_saved[1]["peak"], everything_saved[3]["peak"]
+    # Scaling takes everything above the step's start bytes to double, the parameters' gradients
+    # too: on this tiny Llama they are a large share of the step, so the scaled plan is cautious
+    # and the budget sits just below the longer steps' peak saving everything.
+    budget = long - (long - short) // 8
+    rows, told = train_llama(budget)
+    changed = [message for message in told if "inputs changed shape" in message]
+    assert len(changed) == 1 and "scaled by 2" in changed[0], told  # told once
+    # The causal mask (sequence x sequence, kept by every layer's checkpoint) grows faster than the
+    # token count: the first step at the new length may go over its scaled prediction, and then
+    # over the budget; fit says so, with the measured peak, and the next step plans by the growth
+    # it measured.
+    over = [message for message in told if "the last step, planned from a profile scaled" in message]
+    assert len(told) == 1 + len(over), told
+    assert rows[2]["peak"] <= budget or (len(over) == 1 and f"peaked at {rows[2]['peak'] / 2**20:.2f} MiB "
+                                         f"({rows[2]['peak']} bytes), over the budget" in over[0]), (rows[2], told)
+    for step, row in enumerate(rows, 1):
+        assert step == 3 or row["peak"] <= budget, (step, row["peak"], budget)
+        assert row["grads"] == plain[step - 1]["grads"], step  # bitwise
+    assert recomputed(rows[2]["plan"]) > recomputed(rows[1]["plan"])
+    assert rows[3]["peak"] <= rows[3]["predicted"], rows[3]
