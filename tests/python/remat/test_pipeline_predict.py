@@ -8,7 +8,6 @@ of the prediction made from stage profiles measured in this one process beforeha
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -16,9 +15,8 @@ pytest.importorskip("transformers", reason="transformers is not installed (scrip
 
 import pipeline_llama as llama  # noqa: E402
 import remat.pipelining  # noqa: E402
-from test_pipelining import WORLD, free_port, report, worker_env  # noqa: E402
+from test_pipelining import WORLD, report, run_ranks  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 BOUND = 0.05
 CASES = [
     {"schedule": "1f1b", "split": [2, 2, 2, 2], "checkpoint": False, "buffers": "stock", "microbatches": 4},
@@ -49,33 +47,12 @@ def profiles_of(case, out_dir=None):
     return profiles
 
 
-def run_job(out_dir, timeout=300):
-    port = str(free_port())
-    children = []
-    try:
-        for rank in range(WORLD):
-            log = open(os.path.join(out_dir, f"rank{rank}.log"), "w")
-            env = worker_env(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-            children.append((subprocess.Popen([sys.executable, os.path.join(HERE, "pipeline_predict_worker.py"),
-                                               out_dir, json.dumps(CASES)], env=env, stdout=log,
-                                              stderr=subprocess.STDOUT), log))
-        codes = [child.wait(timeout=timeout) for child, _ in children]
-    finally:
-        for child, log in children:
-            if child.poll() is None:
-                child.kill()
-            child.wait()
-            log.close()
-    if any(codes):
-        logs = "\n".join(open(os.path.join(out_dir, f"rank{r}.log")).read()[-3000:] for r in range(WORLD))
-        pytest.fail(f"prediction job failed with exit codes {codes}:\n{logs}")
-    return [json.load(open(os.path.join(out_dir, f"rank{rank}.json"))) for rank in range(WORLD)]
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("predict")
-    return str(out), run_job(str(out))
+    return str(out), run_ranks("pipeline_predict_worker.py", [json.dumps(CASES)], str(out), "prediction job", timeout=300)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[case_name(c) for c in CASES])

@@ -48,17 +48,19 @@ def worker_env(**extra):
     return env
 
 
-def run_ranks(out_dir, timeout=420):
-    """The 4-rank parity job; returns each rank's results. Every child ends: killed at the timeout."""
+def run_ranks(worker, args, out_dir, what, timeout):
+    """Runs `worker` (a script beside this file) on WORLD Gloo ranks over 127.0.0.1 with
+    (out_dir, *args); returns the results each rank wrote to out_dir/rank<r>.json. Every child
+    ends: killed at the timeout, and reaped."""
     port = str(free_port())
     children = []
+    codes = None
     try:
         for rank in range(WORLD):
             log = open(os.path.join(out_dir, f"rank{rank}.log"), "w")
             env = worker_env(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-            children.append((subprocess.Popen([sys.executable, os.path.join(HERE, "pipelining_worker.py"), out_dir,
-                                               ",".join(SCHEDULES)], env=env, stdout=log, stderr=subprocess.STDOUT),
-                             log))
+            children.append((subprocess.Popen([sys.executable, os.path.join(HERE, worker), out_dir, *args], env=env,
+                                              stdout=log, stderr=subprocess.STDOUT), log))
         codes = [child.wait(timeout=timeout) for child, _ in children]
     finally:
         for child, log in children:
@@ -68,7 +70,7 @@ def run_ranks(out_dir, timeout=420):
             log.close()
     if any(codes):
         logs = "\n".join(open(os.path.join(out_dir, f"rank{r}.log")).read()[-3000:] for r in range(WORLD))
-        pytest.fail(f"parity job failed with exit codes {codes}:\n{logs}")
+        pytest.fail(f"{what} failed with exit codes {codes}:\n{logs}")
     return [json.load(open(os.path.join(out_dir, f"rank{rank}.json"))) for rank in range(WORLD)]
 
 
@@ -84,7 +86,8 @@ def run_fake(tmp_path, check, arg=None, timeout=180):
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_ranks(str(tmp_path_factory.mktemp("pipelining")))
+    return run_ranks("pipelining_worker.py", [",".join(SCHEDULES)], str(tmp_path_factory.mktemp("pipelining")),
+                     "parity job", timeout=420)
 
 
 @pytest.mark.parametrize("mode", MODES)
