@@ -54,7 +54,8 @@ class Ledger {
     const auto category = static_cast<std::size_t>(tag_category_[block.tag]);
     stats_.category_bytes[category] += bytes;
     stats_.category_requested_bytes[category] += requested;
-    if (stats_.allocated_bytes.current == stats_.allocated_bytes.peak) note_category_peak();
+    // A new peak only: a pair that returns to the same peak keeps the breakdown taken there.
+    if (stats_.allocated_bytes.current > category_peak_at_) note_category_peak();
     trace_.record_request(TraceAction::alloc, block.address, block.size, block.requested, block.stream, block.tag);
   }
 
@@ -314,6 +315,7 @@ class Ledger {
     for (std::size_t id = known; id < tag_category_.size(); ++id) tag_category_[id] = tag_of(static_cast<TagId>(id)).category;
   }
   void note_category_peak() {
+    category_peak_at_ = stats_.allocated_bytes.current;
     stats_.category_bytes_at_peak = stats_.category_bytes;
     stats_.category_requested_bytes_at_peak = stats_.category_requested_bytes;
   }
@@ -323,6 +325,7 @@ class Ledger {
   PoolPeaks small_peaks_;
   std::vector<TagStats> tag_stats_;
   std::vector<Category> tag_category_;  // indexed by TagId, as tag_stats_
+  std::int64_t category_peak_at_ = -1;   // allocated bytes when category_bytes_at_peak was taken
   TraceRing trace_;
 };
 
