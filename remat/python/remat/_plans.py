@@ -37,7 +37,7 @@ from remat_alloc.arguments import path_arg
 from . import _budget
 from ._arguments import flag_arg
 from ._extension import _C
-from ._step_profile import StepRecorder
+from ._step_profile import StepRecorder, tensors_in
 
 __all__ = ["RegionCost", "RegionProfile", "Plan", "profile_regions", "use_plan", "load_plan"]
 
@@ -644,15 +644,3 @@ def live_checkpoint_bytes():
             for tensor in region.tensors:
                 storages[(tensor.device, tensor.address)] = tensor.bytes
     return sum(storages.values())
-
-
-def tensors_in(value):
-    """The tensors in a value, through lists, tuples (model outputs too) and dicts."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from tensors_in(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_in(item)

@@ -28,21 +28,22 @@ import remat_alloc
 from ._memory import tag_cpu_tensors
 
 
-def _tensors(value):
+def tensors_in(value):
+    """The tensors in a value, through lists, tuples (model outputs too) and dicts."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _tensors(item)
+            yield from tensors_in(item)
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _tensors(item)
+            yield from tensors_in(item)
 
 
 def _held_by_step(*values):
     """The tensors in `values` that the step made: leaves (parameters, the batch) are allocated
     whatever the plan, so no plan keeps or frees them."""
-    return [t for t in _tensors(values) if not t.is_leaf]
+    return [t for t in tensors_in(values) if not t.is_leaf]
 
 
 class StepRecorder:
@@ -169,10 +170,10 @@ class StepRecorder:
             region["kept"] = sorted(kept_by_region.get(region["name"], set()) | outputs)
             region["inputs"] = sorted(region.pop("_inputs"))
             region["outputs"] = sorted(outputs)
-        record["outputs"] = sorted({self._storage_id(t, keep=True) for t in _tensors(out)})
+        record["outputs"] = sorted({self._storage_id(t, keep=True) for t in tensors_in(out)})
         self._live.append(index)
-        outputs = [t for t in _tensors(out) if t.requires_grad]
-        inputs = [t for t in _tensors((args, kwargs)) if t.requires_grad]
+        outputs = [t for t in tensors_in(out) if t.requires_grad]
+        inputs = [t for t in tensors_in((args, kwargs)) if t.requires_grad]
         if outputs:
             began = [False]
 
@@ -215,7 +216,7 @@ class StepRecorder:
             self._region_stack.pop()
         stats = self._stats()
         record["transient_bytes"] = max(0, stats["requested_bytes_peak"] - stats["requested_bytes"])
-        record["_outputs"] = {self._storage_id(t, keep=True) for t in _tensors(out)}
+        record["_outputs"] = {self._storage_id(t, keep=True) for t in tensors_in(out)}
         self.mark()
         return out
 
