@@ -45,8 +45,9 @@ class WithRealTorch(unittest.TestCase):
             import torch
             import remat_alloc
             warnings.simplefilter("error", RuntimeWarning)  # the hooks library must be found: no fallback
+            print("installed before", remat_alloc.is_installed())
             remat_alloc.install()
-            print("backend", torch.cuda.get_allocator_backend())
+            print("backend", torch.cuda.get_allocator_backend(), "installed", remat_alloc.is_installed())
             try:
                 torch.empty(16, device="cuda")
             except RuntimeError as e:
@@ -55,7 +56,8 @@ class WithRealTorch(unittest.TestCase):
                 raise SystemExit("a CUDA tensor was created on a machine without a GPU")
         """)
         self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertIn("backend pluggable", done.stdout)
+        self.assertIn("installed before False", done.stdout)
+        self.assertIn("backend pluggable installed True", done.stdout)
         self.assertIn("cuda error: Found no NVIDIA driver on your system", done.stdout)
 
     def test_without_the_hooks_library_install_falls_back_and_warns(self):
@@ -68,10 +70,10 @@ class WithRealTorch(unittest.TestCase):
                 import torch
                 import remat_alloc
                 remat_alloc.install()
-                print("backend", torch.cuda.get_allocator_backend())
+                print("backend", torch.cuda.get_allocator_backend(), "installed", remat_alloc.is_installed())
             """, env={"REMAT_ALLOC_LIBRARY": str(library)})
         self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertIn("backend pluggable", done.stdout)
+        self.assertIn("backend pluggable installed True", done.stdout)
         self.assertIn("libremat_pluggable.so was not found", done.stderr)
         self.assertIn("RuntimeWarning", done.stderr)
 

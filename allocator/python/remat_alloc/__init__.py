@@ -197,6 +197,11 @@ def pluggable_library_path() -> Optional[str]:
     return str(sibling) if sibling.exists() else None
 
 
+# Set once install() has made the hooks library's allocator PyTorch's (it cannot be undone): that
+# allocator is not a torch._C._CUDAPluggableAllocator to Python, so is_installed() asks this.
+_installed_with_hooks = False
+
+
 def install() -> None:
     """Makes this allocator PyTorch's CUDA allocator. Call right after `import torch`,
     before the first CUDA tensor: PyTorch cannot swap an allocator it has used.
@@ -232,6 +237,8 @@ def install() -> None:
     hooks.remat_pluggable_last_error.restype = ctypes.c_char_p
     if hooks.remat_pluggable_install() != 0:
         raise RematError(hooks.remat_pluggable_last_error().decode(errors="replace"))
+    global _installed_with_hooks
+    _installed_with_hooks = True
 
 
 class _Scope:

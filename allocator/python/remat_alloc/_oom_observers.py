@@ -134,4 +134,4 @@ def is_installed() -> bool:
     package = sys.modules.get(__package__)
     if package is None or getattr(package, "_lib", None) is None:
         return False  # installing loads the library
-    return pluggable_allocator_in_use()
+    return package._installed_with_hooks or pluggable_allocator_in_use()
