@@ -32,7 +32,7 @@ SCALE = 1 if DEVICE == "cuda" else 8  # the host run's tensors are this many tim
 
 def synchronize():
     if DEVICE == "cuda":
-        synchronize()
+        torch.cuda.synchronize()
 
 
 def check(ok, what):
