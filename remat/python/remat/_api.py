@@ -25,7 +25,7 @@ from . import _plans
 from ._arguments import flag_arg, name_arg
 from ._compile import compiled_checkpoint, compiled_region
 from ._saved_tensors_hooks import enclosing_hooks, hooks_pair_arg
-from ._state import checked_state_hooks
+from ._state import checked_state_hooks, with_rng_state_hooks
 
 RematError = _C.RematError
 
@@ -193,13 +193,14 @@ class _NotAFunction(TypeError, RuntimeError):
 class Checkpoint:
     """A checkpoint made by remat.checkpoint(**options): call it on a function."""
 
-    __slots__ = ("region_name", "_hooks", "_channels", "_context_fn", "_contexts", "_verify", "_saved_tensors_hooks",
-                 "_plan")
+    __slots__ = ("region_name", "_hooks", "_hooks_under_plan", "_channels", "_context_fn", "_contexts", "_verify",
+                 "_saved_tensors_hooks", "_plan")
 
     def __init__(self, region_name, hooks, channels, context_fn, verify, saved_tensors_hooks=None, plan=None):
         self.region_name = region_name
         self._plan = plan  # the budget plan in force for this checkpoint (_plans.plan_arg), or None
         self._hooks = hooks
+        self._hooks_under_plan = None  # made at the first call under a plan (_state_hooks)
         self._saved_tensors_hooks = saved_tensors_hooks  # the runtime's pair, or None
         self._channels = channels  # the `contexts` option
         self._context_fn = context_fn
@@ -232,8 +233,20 @@ class Checkpoint:
             contexts = [*contexts, functools.partial(_NameScopesOfTheCall, tuple(prefixes))]
         return _plans.run_checkpoint(
             self.region_name, self._plan, fn, args, kwargs,
-            lambda body, choices: _C.checkpoint(body, args, kwargs, self.region_name, self._hooks, contexts,
+            lambda body, choices: _C.checkpoint(body, args, kwargs, self.region_name,
+                                                self._state_hooks(choices), contexts,
                                                 verify, saved_tensors_hooks, choices))
+
+
+    def _state_hooks(self, choices):
+        """The state hooks of a call: its own, or under a plan (`choices`) with the RNG state
+        hooks too, since a plan may recompute a region the code saves, random draws and all;
+        also while a profile is measured, so that it counts the states they keep."""
+        if choices is None and _plans.profiling() is None:
+            return self._hooks
+        if self._hooks_under_plan is None:
+            self._hooks_under_plan = with_rng_state_hooks(self._hooks)
+        return self._hooks_under_plan
 
 
 class _DocOfWrapped:
