@@ -12,8 +12,10 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace remat::alloc {
@@ -193,26 +195,47 @@ void configure(std::string_view text) {
   std::lock_guard lock(r.mutex);
   const Config current = base_for_configure(r, text);
   Config next = Config::parse(text, current, "remat_configure");
-  const bool backend_changes = resolve(next.backend) != resolve(current.backend) ||
-                               next.host_capacity_bytes != current.host_capacity_bytes;
+  const bool host_capacity_changes = next.host_capacity_bytes != current.host_capacity_bytes;
+  const bool backend_changes = resolve(next.backend) != resolve(current.backend) || host_capacity_changes;
   std::vector<CachingAllocator*> existing;
   for (auto& slot : r.allocators) {
     if (CachingAllocator* allocator = slot.load(std::memory_order_relaxed)) existing.push_back(allocator);
   }
+  // Beside CUDA devices: the CPU tensors' allocator and the pinned host one, which take the
+  // settings too (host_capacity_mb sizes both).
+  CachingAllocator* const separate_cpu = r.separate_cpu_allocator.load(std::memory_order_relaxed);
+  CachingAllocator* const pinned = r.pinned_host_allocator.load(std::memory_order_relaxed);
+  std::vector<std::pair<CachingAllocator*, std::string>> replaced;  // with what it is called in errors
   if (backend_changes) {
-    // Check every device before switching any, so a refusal leaves all of them as they were.
     for (CachingAllocator* allocator : existing) {
-      const std::int64_t live = allocator->stats().allocations.current;
-      if (live != 0) {
-        throw StateError("cannot change backend or host_capacity_mb while device " +
-                         std::to_string(allocator->device()) + " has " + std::to_string(live) +
-                         " live blocks; configure before the first allocation, or free everything first");
-      }
+      replaced.emplace_back(allocator, "device " + std::to_string(allocator->device()));
+    }
+  }
+  if (host_capacity_changes) {
+    if (separate_cpu != nullptr) replaced.emplace_back(separate_cpu, "the CPU tensors' allocator");
+    if (pinned != nullptr) replaced.emplace_back(pinned, "the pinned host allocator");
+  }
+  // Check every allocator before switching any, so a refusal leaves all of them as they were.
+  for (const auto& [allocator, what] : replaced) {
+    const std::int64_t live = allocator->stats().allocations.current;
+    if (live != 0) {
+      throw StateError("cannot change backend or host_capacity_mb while " + what + " has " + std::to_string(live) +
+                       " live blocks; configure before the first allocation, or free everything first");
     }
   }
   for (CachingAllocator* allocator : existing) {
     if (backend_changes) allocator->replace_backend(make_backend(next, allocator->device()), next);
     else allocator->apply_config(next);
+  }
+  if (separate_cpu != nullptr && host_capacity_changes) {
+    separate_cpu->replace_backend(std::make_unique<HostBackend>(next.host_capacity_bytes, 0), next);
+  } else if (separate_cpu != nullptr) {
+    separate_cpu->apply_config(next);
+  }
+  if (pinned != nullptr && host_capacity_changes) {
+    pinned->replace_backend(make_pinned_host_backend(next.host_capacity_bytes), next);
+  } else if (pinned != nullptr) {
+    pinned->apply_config(next);
   }
   r.config = std::move(next);
   r.configured = true;
