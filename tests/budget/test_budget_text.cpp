@@ -30,13 +30,16 @@ TEST(BudgetText, BinaryAndDecimalUnitsAreTheirOwnUnits) {
   EXPECT_EQ(parse_budget("2PB", "budget"), 2'000'000'000'000'000ULL);
 }
 
-TEST(BudgetText, AFractionIsExactWhenItIsWholeBytes) {
+TEST(BudgetText, AFractionIsExactWhenItIsWholeBytesAndRoundedDownWhenNot) {
   EXPECT_EQ(parse_budget("1.5GiB", "budget"), 3ULL << 29);
   EXPECT_EQ(parse_budget("0.25KiB", "budget"), 256u);
   EXPECT_EQ(parse_budget("2.000B", "budget"), 2u);
   EXPECT_EQ(parse_budget(".5kB", "budget"), 500u);
   EXPECT_NE(refusal("0.5B").find("a fraction of a byte"), std::string::npos) << refusal("0.5B");
-  EXPECT_NE(refusal("1.1KiB").find("a fraction of a byte"), std::string::npos);
+  EXPECT_EQ(parse_budget("1.1KiB", "budget"), 1126u);        // 1126.4
+  EXPECT_EQ(parse_budget("0.1 GiB", "budget"), 107374182u);  // 107374182.4
+  EXPECT_EQ(parse_budget("2.6 MiB", "budget"), 2726297u);    // 2726297.6
+  EXPECT_NE(refusal("0.0001KiB").find("zero bytes"), std::string::npos) << refusal("0.0001KiB");  // 0.1024 B
 }
 
 TEST(BudgetText, ANumberWithoutAUnitIsRefusedNamingTheFormsAccepted) {

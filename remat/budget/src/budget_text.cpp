@@ -1,5 +1,7 @@
 // Budgets from text: the number is read as an exact decimal (integer digits and fraction digits),
-// so "1.5GiB" is exactly 1610612736 bytes and "0.3B" is refused rather than rounded.
+// so "1.5GiB" is exactly 1610612736 bytes. A fraction of a larger unit that is no whole number of
+// bytes is rounded down ("0.1 GiB" is 107374182 bytes: a budget is a ceiling); a fraction of the
+// byte itself ("0.3B") is refused.
 
 #include <remat/budget/budget_text.hpp>
 
@@ -96,7 +98,7 @@ std::uint64_t parse_budget(std::string_view text, std::string_view what) {
   bytes *= unit->scale;
   if (bytes > kLargest) throw too_large();
   while (!fraction.empty() && fraction.back() == '0') fraction.remove_suffix(1);
-  if (fraction.size() > 30) throw refuse("a fraction of a byte");
+  if (fraction.size() > 30) throw refuse("more than 30 digits after the decimal point");
   Wide numerator = 0;
   Wide denominator = 1;
   for (const char c : fraction) {
@@ -106,8 +108,8 @@ std::uint64_t parse_budget(std::string_view text, std::string_view what) {
   if (!fraction.empty()) {
     // numerator < 10^30 and scale <= 2^50: the product fits 128 bits.
     const Wide part = numerator * unit->scale;
-    if (part % denominator != 0) throw refuse("a fraction of a byte");
-    bytes += part / denominator;
+    if (unit->scale == 1 && part % denominator != 0) throw refuse("a fraction of a byte");
+    bytes += part / denominator;  // rounded down
     if (bytes > kLargest) throw too_large();
   }
   if (bytes == 0) throw refuse("zero bytes: no step fits in nothing");

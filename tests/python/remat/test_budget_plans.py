@@ -172,9 +172,10 @@ def test_bad_budgets_are_refused_with_the_smallest_budget_named(profile):
     assert profile.plan(budget_bytes="1GiB").budget_bytes == 1 << 30
     assert profile.plan(budget_bytes="1 GB").budget_bytes == 10**9
     assert profile.plan(budget_bytes="0.5 MiB").budget_bytes == 1 << 19
+    assert profile.plan(budget_bytes="0.1 GiB").budget_bytes == (1 << 30) // 10  # rounded down: a ceiling
     assert profile.plan(budget_bytes=float(1 << 30)).budget_bytes == 1 << 30
-    with pytest.raises(ValueError, match=r"plan: budget_bytes '70': no unit \(bytes\? GiB\?\); write a whole number "
-                                         r"of bytes with a unit: .* 70GiB, 512 MiB"):
+    with pytest.raises(ValueError, match=r"plan: budget_bytes '70': no unit \(bytes\? GiB\?\); write a number with "
+                                         r"a unit: .* 70GiB, 512 MiB"):
         profile.plan(budget_bytes="70")
     for bad, problem in (("0GiB", "zero bytes"), ("-5GiB", "a budget has no sign"), ("9KB", "unknown unit 'KB'"),
                          ("0.5B", "a fraction of a byte"), ("nan", "not a number"), ("", "empty")):

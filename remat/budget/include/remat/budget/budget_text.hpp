@@ -12,15 +12,16 @@ namespace remat::budget {
 
 // The forms a budget is accepted in, for error messages.
 inline constexpr std::string_view kBudgetForms =
-    "a whole number of bytes with a unit: B, KiB, MiB, GiB, TiB, PiB (powers of 1024) or kB, MB, GB, TB, PB "
-    "(powers of 1000, as devices are sold: 80GB is 80 x 10^9 bytes), optionally with a decimal fraction and a "
-    "space before the unit: 70GiB, 512 MiB, 1.5GiB, 80GB, 1703936B";
+    "a number with a unit: B, KiB, MiB, GiB, TiB, PiB (powers of 1024) or kB, MB, GB, TB, PB "
+    "(powers of 1000, as devices are sold: 80GB is 80 x 10^9 bytes), optionally with a decimal fraction (rounded "
+    "down to whole bytes) and a space before the unit: 70GiB, 512 MiB, 1.5GiB, 80GB, 1703936B";
 
 // The bytes `text` stands for: a number (digits, optionally a '.' and more digits) and a unit
 // from kBudgetForms, with spaces allowed around it and between the number and the unit. The
 // unit is required: "70" alone could mean bytes or GiB. Throws BudgetError naming `what`, the
 // text and the forms accepted for anything else: no unit, an unknown unit ("KB": kB or KiB?), a
-// sign, zero, a fraction of a byte ("0.5B"), more than 2^64 - 1 bytes.
+// sign, zero, a fraction of a byte ("0.5B"), more than 2^64 - 1 bytes. A fraction of a larger unit
+// that is no whole number of bytes is rounded down ("0.1 GiB": 107374182 bytes).
 std::uint64_t parse_budget(std::string_view text, std::string_view what);
 
 }  // namespace remat::budget
