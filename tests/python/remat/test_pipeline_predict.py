@@ -149,10 +149,11 @@ REMAT_PROFILES = [os.path.join(DATA, f"pipeline-train-stage-profile-{i}.json") f
 
 
 def test_profile_stage_measures_the_first_backward_with_the_gradients_it_creates(even_profiles):
-    for path in even_profiles:
-        figures = json.load(open(path))["bytes"]
-        # The step's first backward holds every gradient it made at its end; a later one adds into them.
-        assert figures["first_backward_transient"] >= figures["grads"] > 0, figures
+    figures = [json.load(open(path))["bytes"] for path in even_profiles]
+    # The step's first backward keeps each gradient it makes (the activations it frees make room);
+    # a later one adds each into the gradient held and lets it go, so it peaks no higher.
+    assert all(f["first_backward_transient"] >= f["backward_transient"] > 0 for f in figures), figures
+    assert any(f["first_backward_transient"] > f["backward_transient"] for f in figures), figures
 
 
 @pytest.mark.parametrize("arguments, error, words", [
