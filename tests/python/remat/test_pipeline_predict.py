@@ -207,3 +207,13 @@ def test_python_and_the_cli_agree_on_remat_pipeline_stages_slack_and_lowering_in
         default = remat.pipelining.predict(REMAT_PROFILES, "1f1b", ranks=4, microbatches=16, buffers="pooled")
         assert [r["parts"]["receive_buffers"] for r in python["per_rank"]] > \
             [r["parts"]["receive_buffers"] for r in default["per_rank"]]
+
+
+def test_ranks_measured_but_not_predicted_are_listed(measured, tmp_path):
+    out_dir, _ = measured
+    # A 2-rank prediction beside the 4-rank job's dumps: ranks 2 and 3 are measured only.
+    prediction = tmp_path / "two-ranks.json"
+    prediction.write_text(json.dumps(remat.pipelining.predict(TORCH_PROFILES, "1f1b", ranks=2, microbatches=4)))
+    check = report("ranks", os.path.join(out_dir, "case0"), "--predicted", str(prediction), "--json")
+    assert [row["rank"] for row in check["ranks"]] == [0, 1]
+    assert check["unpredicted_ranks"] == [2, 3]
