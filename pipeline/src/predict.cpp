@@ -40,6 +40,27 @@ namespace {
 
 std::string bytes_text(std::uint64_t bytes) { return std::to_string(bytes) + " bytes"; }
 
+// Sums and products of byte figures, refused past 2^64 - 1 instead of wrapping into a peak
+// smaller than its parts. `what` names the figure that was being added.
+[[noreturn]] void refuse_overflow(int rank, const std::string& what) {
+  throw PlanError("rank " + std::to_string(rank) + "'s predicted memory passes 2^64 - 1 bytes (18446744073709551615) " +
+                  "with " + what + "; no real stage holds that much: profile the stage again");
+}
+
+std::uint64_t checked_add(std::uint64_t a, std::uint64_t b, int rank, const std::string& what) {
+  std::uint64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) refuse_overflow(rank, what);
+  return sum;
+}
+
+std::uint64_t checked_times(std::uint64_t bytes, std::uint64_t count, int rank, const std::string& what) {
+  std::uint64_t product = 0;
+  if (__builtin_mul_overflow(bytes, count, &product)) refuse_overflow(rank, what);
+  return product;
+}
+
+std::string figure_text(int stage, const char* figure) { return "stage " + std::to_string(stage) + "'s " + figure; }
+
 void check_profiles(const Schedule& lowered, const std::vector<StageProfile>& profiles) {
   const int stages = lowered.num_stages();
   if (static_cast<int>(profiles.size()) != stages) {
@@ -103,7 +124,12 @@ std::vector<std::uint64_t> receive_bytes(const Schedule& lowered, const std::vec
     const std::uint64_t set_bytes =
         entry.direction == Direction::forward ? profile.input_bytes : profile.output_bytes;
     const int sets = options.buffers == ReceiveBuffers::stock ? entry.stock_sets() : entry.pooled_sets();
-    per_rank[static_cast<std::size_t>(entry.rank)] += set_bytes * static_cast<std::uint64_t>(sets);
+    const std::string what =
+        figure_text(entry.stage, entry.direction == Direction::forward ? "input_bytes" : "output_bytes") + " x " +
+        std::to_string(sets) + " receive buffer sets";
+    std::uint64_t& bytes = per_rank[static_cast<std::size_t>(entry.rank)];
+    bytes = checked_add(bytes, checked_times(set_bytes, static_cast<std::uint64_t>(sets), entry.rank, what), entry.rank,
+                        what);
   }
   return per_rank;
 }
@@ -127,10 +153,16 @@ class RankWalk {
     const auto m = static_cast<std::uint64_t>(microbatches_);
     for (const int s : result_.stages) {
       const StageProfile& p = profile(s);
-      level_.params += p.params;
-      if (options.optimizer_step) level_.optimizer_state += p.optimizer_state;
-      if (s == 0) level_.batch += p.input_bytes * m;
-      if (s == last_stage_) level_.batch += p.target_bytes * m;
+      add(&PeakParts::params, p.params, figure_text(s, "params"));
+      if (options.optimizer_step)
+        add(&PeakParts::optimizer_state, p.optimizer_state, figure_text(s, "optimizer_state"));
+      if (s == 0)
+        add(&PeakParts::batch, times(p.input_bytes, m, s, "input_bytes"),
+            figure_text(s, "input_bytes") + " x microbatches");
+      if (s == last_stage_) {
+        add(&PeakParts::batch, times(p.target_bytes, m, s, "target_bytes"),
+            figure_text(s, "target_bytes") + " x microbatches");
+      }
     }
     for (const std::optional<Action>& action : order_) {
       if (!action || !action->microbatch) continue;
@@ -152,12 +184,23 @@ class RankWalk {
 
   const StageProfile& profile(int stage) const { return profiles_[static_cast<std::size_t>(stage)]; }
 
-  void candidate(std::uint64_t transient, int position, std::string action) {
+  // Adds bytes to one part of the level, refusing a sum past 2^64 - 1 (of the part or the level).
+  void add(std::uint64_t PeakParts::*part, std::uint64_t bytes, const std::string& what) {
+    checked_add(level_.total(), bytes, result_.rank, what);
+    level_.*part += bytes;
+  }
+
+  std::uint64_t times(std::uint64_t bytes, std::uint64_t count, int stage, const char* figure) const {
+    return checked_times(bytes, count, result_.rank, figure_text(stage, figure) + " x " + std::to_string(count));
+  }
+
+  void candidate(std::uint64_t transient, int position, std::string action, const std::string& what) {
     PeakParts parts = level_;
     parts.transient = transient;
-    if (!seen_ || parts.total() > result_.peak) {
+    const std::uint64_t total = checked_add(level_.total(), transient, result_.rank, what + " at " + action);
+    if (!seen_ || total > result_.peak) {
       seen_ = true;
-      result_.peak = parts.total();
+      result_.peak = total;
       result_.parts = parts;
       result_.position = position;
       result_.action = std::move(action);
@@ -166,7 +209,16 @@ class RankWalk {
   }
 
   void grads_of(int stage) {
-    if (graded_.insert(stage).second) level_.grads += profile(stage).grads;
+    if (graded_.insert(stage).second) add(&PeakParts::grads, profile(stage).grads, figure_text(stage, "grads"));
+  }
+
+  // A full backward's peak above the level: the step's first on a stage creates the gradients.
+  std::pair<std::uint64_t, const char*> backward_transient_of(int stage) const {
+    const StageProfile& p = profile(stage);
+    if (graded_.count(stage) == 0 && p.first_backward_transient) {
+      return {*p.first_backward_transient, "first_backward_transient"};
+    }
+    return {p.backward_transient, "backward_transient"};
   }
 
   // The microbatch's activations let go; its output stays where something still holds it.
@@ -184,9 +236,10 @@ class RankWalk {
     const bool waited_at_end = remat_runtime_ || options_.lowering != "step";
     const bool runtime_send = waited_at_end && sends_forward_.count({stage, microbatch}) > 0;
     if (stage == last_stage_) {
-      level_.held_for_sends += remat_runtime_ ? p.loss_bytes : p.output_bytes + p.loss_bytes;
+      add(&PeakParts::held_for_sends, p.loss_bytes, figure_text(stage, "loss_bytes"));
+      if (!remat_runtime_) add(&PeakParts::held_for_sends, p.output_bytes, figure_text(stage, "output_bytes"));
     } else if (runtime_send) {
-      level_.held_for_sends += std::min(p.output_bytes, kept);
+      add(&PeakParts::held_for_sends, std::min(p.output_bytes, kept), figure_text(stage, "output_bytes"));
     }
   }
 
@@ -195,7 +248,7 @@ class RankWalk {
   void hold_input_grad(int stage, int microbatch) {
     const std::uint64_t bytes = profile(stage).input_grad_bytes;
     if (stage == 0 || bytes == 0) return;
-    level_.held_for_sends += bytes;
+    add(&PeakParts::held_for_sends, bytes, figure_text(stage, "input_grad_bytes"));
     if (remat_runtime_) return;  // kept in the runtime's state until the step's end
     const bool sent = sends_backward_.count({stage, microbatch}) > 0;
     if (!sent) {
@@ -223,24 +276,26 @@ class RankWalk {
     const StageProfile& p = profile(s);
     switch (action.type) {
       case ActionType::forward:
-        candidate(p.forward_transient, position, to_string(action));
-        level_.activations += p.forward_kept;
+        candidate(p.forward_transient, position, to_string(action), figure_text(s, "forward_transient"));
+        add(&PeakParts::activations, p.forward_kept, figure_text(s, "forward_kept"));
         kept_[{s, m}] = p.forward_kept;
         in_flight_.insert({s, m});
         break;
-      case ActionType::full_backward:
-        candidate(p.backward_transient, position, to_string(action));
+      case ActionType::full_backward: {
+        const auto [transient, figure] = backward_transient_of(s);
+        candidate(transient, position, to_string(action), figure_text(s, figure));
         grads_of(s);
         release_forward(s, m, take_kept(s, m));
         hold_input_grad(s, m);
         read_local_grad(s, m);
         break;
+      }
       case ActionType::backward_input:
         if (s == 0 && !remat_runtime_) break;  // PyTorch runs stage 0's whole backward at W
-        candidate(p.input_backward_transient, position, to_string(action));
+        candidate(p.input_backward_transient, position, to_string(action), figure_text(s, "input_backward_transient"));
         {
           const std::uint64_t forward_kept = take_kept(s, m);
-          level_.activations += p.input_backward_kept;
+          add(&PeakParts::activations, p.input_backward_kept, figure_text(s, "input_backward_kept"));
           level_.activations -= forward_kept;
           if (remat_runtime_) hold_outputs(s, m, forward_kept);
         }
@@ -248,13 +303,17 @@ class RankWalk {
         hold_input_grad(s, m);
         read_local_grad(s, m);
         break;
-      case ActionType::backward_weight:
-        candidate(s == 0 && !remat_runtime_ ? p.backward_transient : p.weight_backward_transient, position,
-                  to_string(action));
+      case ActionType::backward_weight: {
+        const auto [transient, figure] =
+            s == 0 && !remat_runtime_
+                ? backward_transient_of(s)
+                : std::pair<std::uint64_t, const char*>{p.weight_backward_transient, "weight_backward_transient"};
+        candidate(transient, position, to_string(action), figure_text(s, figure));
         grads_of(s);
         release_forward(s, m, take_kept(s, m));
         if (s == 0) read_local_grad(s, m);
         break;
+      }
       case ActionType::send_b: {
         const auto it = waited_at_send_.find({s, m});
         if (it != waited_at_send_.end()) {
@@ -284,17 +343,26 @@ class RankWalk {
     const auto m = static_cast<std::uint64_t>(microbatches_);
     if (has_last) {
       const StageProfile& p = profile(last_stage_);
-      last_outputs = (remat_runtime_ ? p.loss_bytes : p.output_bytes + p.loss_bytes) * m;
+      last_outputs = times(p.loss_bytes, m, last_stage_, "loss_bytes");
+      if (!remat_runtime_) {
+        last_outputs = checked_add(last_outputs, times(p.output_bytes, m, last_stage_, "output_bytes"), result_.rank,
+                                   figure_text(last_stage_, "output_bytes") + " x microbatches");
+      }
     }
-    level_.held_for_sends = last_outputs;
-    if (has_last && !remat_runtime_) candidate(profile(last_stage_).output_bytes * m, -1, "merge outputs");
+    level_.held_for_sends = 0;
+    add(&PeakParts::held_for_sends, last_outputs, figure_text(last_stage_, "outputs and losses"));
+    if (has_last && !remat_runtime_) {
+      candidate(times(profile(last_stage_).output_bytes, m, last_stage_, "output_bytes"), -1, "merge outputs",
+                figure_text(last_stage_, "output_bytes"));
+    }
     if (!options_.optimizer_step) return;
     std::uint64_t transient = 0;
     for (const int s : result_.stages) {
       grads_of(s);
-      transient += profile(s).optimizer_transient;
+      transient =
+          checked_add(transient, profile(s).optimizer_transient, result_.rank, figure_text(s, "optimizer_transient"));
     }
-    candidate(transient, -1, "optimizer step");
+    candidate(transient, -1, "optimizer step", "the optimizer_transient");
   }
 
   const RankOrder& order_;

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -22,6 +23,11 @@ using Json = nlohmann::ordered_json;
 
 constexpr int kStageProfileSchemaVersion = 1;
 constexpr int kPredictionSchemaVersion = 1;
+
+// A stage's byte figure above this is no real measurement (no device holds a pebibyte), and
+// bounding the figures keeps the walk's sums far from 2^64 (it still checks each sum).
+constexpr std::uint64_t kLargestFigure = std::uint64_t{1} << 50;
+constexpr const char* kLargestFigureText = "1125899906842624 bytes (1 PiB)";
 
 [[noreturn]] void refuse(std::string_view source, const std::string& path, const std::string& problem) {
   throw PlanError(std::string(source) + ": " + path + ": " + problem);
@@ -83,7 +89,19 @@ void open_kind(const Json& root, std::string_view source, std::string_view kind,
   }
 }
 
-// The byte fields of a stage profile, in the dump's order.
+// A byte figure of a stage profile, bounded by kLargestFigure.
+std::uint64_t figure_of(const Json& bytes, const char* key, std::string_view source) {
+  const std::uint64_t value = count_of(bytes, key, source, "$.bytes");
+  if (value > kLargestFigure) {
+    refuse(source, std::string("$.bytes.") + key,
+           "is " + std::to_string(value) + "; a stage's figure is at most " + kLargestFigureText +
+               ", so the profile is corrupt: profile the stage again");
+  }
+  return value;
+}
+
+// The byte fields of a stage profile, in the dump's order. first_backward_transient follows
+// them and may be absent (profiles written before it was measured).
 const std::pair<const char*, std::uint64_t StageProfile::*> kProfileBytes[] = {
     {"params", &StageProfile::params},
     {"grads", &StageProfile::grads},
@@ -101,6 +119,8 @@ const std::pair<const char*, std::uint64_t StageProfile::*> kProfileBytes[] = {
     {"input_backward_transient", &StageProfile::input_backward_transient},
     {"weight_backward_transient", &StageProfile::weight_backward_transient},
 };
+
+constexpr const char* kFirstBackwardTransient = "first_backward_transient";
 
 const std::pair<const char*, std::uint64_t PeakParts::*> kParts[] = {
     {"params", &PeakParts::params},
@@ -146,7 +166,10 @@ StageProfile stage_profile_from_json(std::string_view text, std::string_view sou
   profile.runtime = runtime_of(root, source);
   const Json& bytes = member(root, "bytes", source, "$");
   if (!bytes.is_object()) refuse(source, "$.bytes", "must be an object of byte counts");
-  for (const auto& [key, field] : kProfileBytes) profile.*field = count_of(bytes, key, source, "$.bytes");
+  for (const auto& [key, field] : kProfileBytes) profile.*field = figure_of(bytes, key, source);
+  if (bytes.contains(kFirstBackwardTransient)) {
+    profile.first_backward_transient = figure_of(bytes, kFirstBackwardTransient, source);
+  }
   if (profile.stage == 0 && profile.input_grad_bytes != 0) {
     refuse(source, "$.bytes.input_grad_bytes", "is " + std::to_string(profile.input_grad_bytes) +
                                                    " on stage 0, which sends no gradient back; the profile is corrupt");
@@ -172,11 +195,21 @@ StageProfile stage_profile_of(std::string model, int stage, int num_stages, std:
     profile.*field = it->second;
     ++used;
   }
+  if (const auto it = bytes.find(kFirstBackwardTransient); it != bytes.end()) {
+    profile.first_backward_transient = it->second;
+    ++used;
+  }
   if (used != bytes.size()) {
     for (const auto& [key, value] : bytes) {
-      bool known = false;
+      bool known = key == kFirstBackwardTransient;
       for (const auto& [name, field] : kProfileBytes) known = known || key == name;
       if (!known) throw PlanError("the stage profile has an unknown figure '" + key + "'");
+    }
+  }
+  for (const auto& [key, value] : bytes) {
+    if (value > kLargestFigure) {
+      throw PlanError("the stage profile's '" + key + "' is " + std::to_string(value) +
+                      " bytes; a stage's figure is at most " + kLargestFigureText + ": measure the stage again");
     }
   }
   return profile;
@@ -192,6 +225,7 @@ std::string stage_profile_to_json(const StageProfile& profile) {
   json.field("device_name", std::string_view(profile.device_name.empty() ? "cpu" : profile.device_name));
   json.key("bytes").begin_object();
   for (const auto& [key, field] : kProfileBytes) json.field(key, profile.*field);
+  if (profile.first_backward_transient) json.field(kFirstBackwardTransient, *profile.first_backward_transient);
   json.end_object();
   json.end_object();
   json.str() += '\n';
@@ -275,13 +309,38 @@ Prediction prediction_from_json(std::string_view text, std::string_view source) 
     rank.action = text_of(ranks[i], "action", source, path);
     const Json& parts = member(ranks[i], "parts", source, path);
     if (!parts.is_object()) refuse(source, path + ".parts", "must be an object of byte counts");
-    for (const auto& [key, field] : kParts) rank.parts.*field = count_of(parts, key, source, path + ".parts");
-    if (rank.parts.total() != rank.peak) {
-      refuse(source, path + ".peak_bytes", "is " + std::to_string(rank.peak) + " and its parts add up to " +
-                                               std::to_string(rank.parts.total()) + "; the prediction is corrupt");
+    std::uint64_t sum = 0;
+    bool wrapped = false;
+    for (const auto& [key, field] : kParts) {
+      rank.parts.*field = count_of(parts, key, source, path + ".parts");
+      wrapped = __builtin_add_overflow(sum, rank.parts.*field, &sum) || wrapped;
+    }
+    if (wrapped) {
+      refuse(source, path + ".parts", "add up past 2^64 - 1 bytes; the prediction is corrupt");
+    }
+    if (sum != rank.peak) {
+      refuse(source, path + ".peak_bytes",
+             "is " + std::to_string(rank.peak) + " and its parts add up to " + std::to_string(sum) +
+                 "; the prediction is corrupt");
+    }
+    if (rank.rank >= prediction.ranks) {
+      refuse(source, path + ".rank",
+             "is " + std::to_string(rank.rank) + " and the prediction is of " + std::to_string(prediction.ranks) +
+                 " ranks (0.." + std::to_string(prediction.ranks - 1) +
+                 "); the prediction is corrupt: write it again with remat-report predict --json");
     }
     prediction.per_rank.push_back(std::move(rank));
   }
+  for (int rank = 0; rank < prediction.ranks; ++rank) {
+    if (seen.count(rank) == 0) {
+      refuse(source, "$.per_rank",
+             "has no entry for rank " + std::to_string(rank) + " of the prediction's " +
+                 std::to_string(prediction.ranks) + " ranks (0.." + std::to_string(prediction.ranks - 1) +
+                 "); the prediction is incomplete: write it again with remat-report predict --json");
+    }
+  }
+  std::sort(prediction.per_rank.begin(), prediction.per_rank.end(),
+            [](const RankPrediction& a, const RankPrediction& b) { return a.rank < b.rank; });
   return prediction;
 }
 

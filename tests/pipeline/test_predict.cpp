@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -293,6 +295,154 @@ TEST(PredictPeaks, AProfileWithAFigureMissingOrUnknownIsRefusedByName) {
   } catch (const PlanError& e) {
     EXPECT_NE(std::string(e.what()).find("stage 2 of 2 stages"), std::string::npos) << e.what();
   }
+}
+
+// A step's first backward on a stage creates its parameter gradients, so its peak is not a later
+// backward's: GPipe with 1 microbatch runs only that one, and its peak is the rank's.
+TEST(PredictPeaks, AStagesFirstBackwardPeaksWithTheGradientsItCreates) {
+  StageProfile first = first_stage();
+  StageProfile last = last_stage();
+  first.first_backward_transient = 400;  // stage 0's 100 bytes of gradients and 300 of temporaries
+  last.first_backward_transient = 1000;
+  const Schedule one = lower_single_stage_step(ScheduleKind::gpipe, {2, {}, 1});
+  PredictOptions options;
+  options.schedule_name = "gpipe";
+  options.lowering = "step";
+  const RankPrediction rank = predict_peaks(one, {first, last}, options).per_rank.at(0);
+  // F0 then B0: params, state, one set of gradient buffers (200), one input (100), microbatch
+  // 0's activations (300) and B0's first-backward peak (400), above the optimizer step's 3500.
+  PeakParts want;
+  want.params = 1000;
+  want.optimizer_state = 2000;
+  want.activations = 300;
+  want.receive_buffers = 200;
+  want.batch = 100;
+  want.transient = 400;
+  EXPECT_EQ(rank.peak, 4000u);
+  EXPECT_EQ(rank.action, "0B0");
+  expect_parts(rank.parts, want);
+
+  // Two microbatches: B0 creates the gradients (600 of activations in flight, 400 above), B1
+  // is a later backward (backward_transient 70 with the gradients held): B0 stays the peak.
+  const RankPrediction two =
+      predict_peaks(lower_single_stage_step(ScheduleKind::gpipe, {2, {}, 2}), {first, last}, options).per_rank.at(0);
+  EXPECT_EQ(two.peak, 1000u + 2000 + 600 + 2 * 200 + 2 * 100 + 400);
+  EXPECT_EQ(two.action, "0B0");
+
+  // A profile written before the figure was measured walks as before: B0's backward_transient.
+  const RankPrediction old = predict_peaks(one, {first_stage(), last_stage()}, options).per_rank.at(0);
+  EXPECT_EQ(old.peak, 1000u + 2000 + 300 + 200 + 100 + 70);
+}
+
+TEST(PredictPeaks, TheFirstBackwardFigureSurvivesTheDump) {
+  StageProfile first = first_stage();
+  first.first_backward_transient = 400;
+  const StageProfile read = stage_profile_from_json(stage_profile_to_json(first), "profile.json");
+  ASSERT_TRUE(read.first_backward_transient.has_value());
+  EXPECT_EQ(*read.first_backward_transient, 400u);
+  EXPECT_FALSE(stage_profile_from_json(stage_profile_to_json(first_stage()), "old.json").first_backward_transient);
+}
+
+std::string profile_refusal(const std::string& text) {
+  try {
+    stage_profile_from_json(text, "profile.json");
+  } catch (const PlanError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(PredictPeaks, AFigureAbove1PiBIsRefusedNamingItAndTheLimit) {
+  const std::string text = stage_profile_to_json(first_stage());
+  const std::string huge = "\"params\":18446744073709551615";
+  std::string edited = text;
+  edited.replace(edited.find("\"params\":1000"), std::string("\"params\":1000").size(), huge);
+  const std::string message = profile_refusal(edited);
+  EXPECT_NE(message.find("profile.json: $.bytes.params: is 18446744073709551615; a stage's figure is at most "
+                         "1125899906842624 bytes (1 PiB)"),
+            std::string::npos)
+      << message;
+  std::map<std::string, std::uint64_t> bytes = {{"params", 1},
+                                                {"grads", 1},
+                                                {"optimizer_state", 1},
+                                                {"optimizer_transient", 1},
+                                                {"input_bytes", 1},
+                                                {"target_bytes", 0},
+                                                {"output_bytes", 1},
+                                                {"input_grad_bytes", 0},
+                                                {"loss_bytes", 0},
+                                                {"forward_kept", std::uint64_t{1} << 63},
+                                                {"forward_transient", 1},
+                                                {"backward_transient", 1},
+                                                {"input_backward_kept", 1},
+                                                {"input_backward_transient", 1},
+                                                {"weight_backward_transient", 0}};
+  try {
+    stage_profile_of("toy", 0, 2, "cpu", bytes);
+    FAIL() << "forward_kept of 2^63 was accepted";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("'forward_kept' is 9223372036854775808 bytes; a stage's figure is at most "
+                                         "1125899906842624 bytes (1 PiB)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PredictPeaks, APeakPast64BitsIsRefusedNamingTheFigureInsteadOfWrapping) {
+  // Stage 0's input of 1 PiB for each of 16384 microbatches: a batch of 2^64 bytes.
+  StageProfile first = first_stage();
+  first.input_bytes = std::uint64_t{1} << 50;
+  const Schedule lowered = lower_single_stage_step(ScheduleKind::gpipe, {2, {}, 1 << 14});
+  const std::string message = refusal(lowered, {first, last_stage()});
+  EXPECT_NE(message.find("rank 0's predicted memory passes 2^64 - 1 bytes (18446744073709551615) with stage 0's "
+                         "input_bytes x 16384"),
+            std::string::npos)
+      << message;
+}
+
+std::string prediction_refusal(const Prediction& prediction) {
+  try {
+    prediction_from_json(prediction_to_json(prediction), "pred.json");
+  } catch (const PlanError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(PredictionDump, RefusesAPredictionThatLeavesOutOrAddsARank) {
+  const Prediction whole = predict_step_loop(ScheduleKind::one_f_one_b, "1f1b");
+  const Prediction read = prediction_from_json(prediction_to_json(whole), "pred.json");
+  ASSERT_EQ(read.per_rank.size(), 2u);
+  EXPECT_EQ(read.per_rank.at(1).peak, whole.per_rank.at(1).peak);
+
+  Prediction missing = whole;
+  missing.per_rank.erase(missing.per_rank.begin());
+  const std::string left_out = prediction_refusal(missing);
+  EXPECT_NE(left_out.find("pred.json: $.per_rank: has no entry for rank 0 of the prediction's 2 ranks (0..1)"),
+            std::string::npos)
+      << left_out;
+
+  Prediction extra = whole;
+  extra.per_rank.push_back(whole.per_rank.at(0));
+  extra.per_rank.back().rank = 7;
+  const std::string added = prediction_refusal(extra);
+  EXPECT_NE(added.find("$.per_rank[2].rank: is 7 and the prediction is of 2 ranks (0..1)"), std::string::npos) << added;
+
+  Prediction lies = whole;
+  lies.ranks = 8;
+  const std::string short_of = prediction_refusal(lies);
+  EXPECT_NE(short_of.find("has no entry for rank 2 of the prediction's 8 ranks (0..7)"), std::string::npos) << short_of;
+}
+
+TEST(PredictionDump, RefusesPartsThatWrapPast64Bits) {
+  Prediction wrapped = predict_step_loop(ScheduleKind::one_f_one_b, "1f1b");
+  RankPrediction& rank = wrapped.per_rank.at(0);
+  rank.parts = PeakParts{};
+  rank.parts.params = ~std::uint64_t{0};
+  rank.parts.grads = 2;
+  rank.peak = 1;  // what the sum wraps to
+  const std::string message = prediction_refusal(wrapped);
+  EXPECT_NE(message.find("$.per_rank[0].parts: add up past 2^64 - 1 bytes"), std::string::npos) << message;
 }
 
 }  // namespace

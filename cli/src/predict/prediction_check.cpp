@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace remat::report {
 
@@ -30,6 +32,19 @@ std::optional<double> error_of(std::uint64_t predicted, const std::map<std::uint
   const auto it = measured.find(static_cast<std::uint64_t>(rank));
   if (it == measured.end() || it->second == 0) return std::nullopt;
   return (static_cast<double>(predicted) - static_cast<double>(it->second)) / static_cast<double>(it->second);
+}
+
+// The ranks with a measured dump and no row in the prediction, by rank.
+std::vector<std::uint64_t> unpredicted_ranks(const pipeline::Prediction& prediction,
+                                             const std::map<std::uint64_t, std::uint64_t>& measured) {
+  std::set<std::uint64_t> predicted;
+  for (const pipeline::RankPrediction& rank : prediction.per_rank)
+    predicted.insert(static_cast<std::uint64_t>(rank.rank));
+  std::vector<std::uint64_t> ranks;
+  for (const auto& [rank, bytes] : measured) {
+    if (predicted.count(rank) == 0) ranks.push_back(rank);
+  }
+  return ranks;
 }
 
 }  // namespace
@@ -66,8 +81,8 @@ Report prediction_check_report(const pipeline::Prediction& prediction, const Job
                                        worst * 100.0));
   }
   std::string unpredicted;
-  for (const auto& [rank, bytes] : measured) {
-    if (rank >= static_cast<std::uint64_t>(prediction.ranks)) unpredicted += (unpredicted.empty() ? "" : ", ") + std::to_string(rank);
+  for (const std::uint64_t rank : unpredicted_ranks(prediction, measured)) {
+    unpredicted += (unpredicted.empty() ? "" : ", ") + std::to_string(rank);
   }
   if (!unpredicted.empty()) {
     report.notes.push_back(fmt::format("ranks {} have dumps and no prediction: the prediction is of {} ranks",
@@ -107,9 +122,7 @@ void write_prediction_check_json(std::ostream& out, const pipeline::Prediction& 
   root["ranks"] = std::move(rows);
   root["largest_error"] = std::move(worst);
   Json unpredicted = Json::array();
-  for (const auto& [rank, bytes] : measured) {
-    if (rank >= static_cast<std::uint64_t>(prediction.ranks)) unpredicted.push_back(rank);
-  }
+  for (const std::uint64_t rank : unpredicted_ranks(prediction, measured)) unpredicted.push_back(rank);
   root["unpredicted_ranks"] = std::move(unpredicted);
   out << json_text(root, 2) << '\n';
 }

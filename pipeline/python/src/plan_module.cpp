@@ -120,7 +120,7 @@ std::string stage_profile_json(const std::string& model, int stage, int num_stag
 // The pipeline_prediction dump for stage profiles (their JSON text) over a lowered schedule.
 std::string predict_json(const std::vector<TextOrder>& orders, const std::vector<int>& stage_to_rank, int microbatches,
                          const std::vector<std::string>& profiles, const std::string& schedule,
-                         const std::string& lowering, const std::string& buffers, int spare_sets,
+                         const std::string& lowering, const std::string& buffers, int spare_sets, int slack,
                          bool optimizer_step) {
   if (buffers != "stock" && buffers != "pooled") {
     throw PlanError("buffers is '" + buffers + "'; give \"stock\" (one set per microbatch) or \"pooled\" (the plan's rings)");
@@ -135,6 +135,7 @@ std::string predict_json(const std::vector<TextOrder>& orders, const std::vector
   options.lowering = lowering;
   options.buffers = buffers == "stock" ? ReceiveBuffers::stock : ReceiveBuffers::pooled;
   options.spare_sets = spare_sets;
+  options.slack = slack;
   options.optimizer_step = optimizer_step;
   return prediction_to_json(predict_peaks(schedule_of(orders, stage_to_rank, microbatches), read, options));
 }
@@ -163,7 +164,7 @@ PYBIND11_MODULE(_pipeline_plan, module) {
              "The stage_profile dump (JSON text) of a stage's measured byte figures.");
   module.def("predict_json", &remat::pipeline::predict_json, py::arg("orders"), py::arg("stage_to_rank"),
              py::arg("microbatches"), py::arg("profiles"), py::kw_only(), py::arg("schedule") = "",
-             py::arg("lowering") = "", py::arg("buffers") = "stock", py::arg("spare_sets") = 0,
+             py::arg("lowering") = "", py::arg("buffers") = "stock", py::arg("spare_sets") = 0, py::arg("slack") = 2,
              py::arg("optimizer_step") = true,
              "The pipeline_prediction dump (JSON text): each rank's predicted peak for stage profiles (stage_profile "
              "dumps' text) over a lowered schedule given as each rank's actions in PyTorch's text.");

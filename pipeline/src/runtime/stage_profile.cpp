@@ -2,8 +2,8 @@
 // reading the tagging CPU allocator's figures around each piece: bytes allocated before,
 // after, and at the peak in between. Sizes are what the allocator hands out, rounded as it
 // rounds them, so they add up to what a rank's snapshot shows. A first pass creates the
-// parameter gradients, as a step's first backward does; the measured passes then run as every
-// later microbatch does.
+// parameter gradients, as a step's first backward does (its peak is first_backward_transient);
+// the measured passes then run as every later microbatch does.
 
 #include <remat/pipeline/stage_profile.hpp>
 
@@ -141,6 +141,8 @@ StageProfile profile_stage(const StageModule& stage, const StageProfileOptions& 
     if (measured) {
       profile.backward_transient = meter.peak_above(before);
       profile.input_grad_bytes = meter.allocated_for({input_grad});
+    } else {
+      profile.first_backward_transient = meter.peak_above(before);
     }
   }
 

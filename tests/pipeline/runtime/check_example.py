@@ -4,7 +4,8 @@ stages, then remat-report on what each rank wrote. The receive slots in each ran
 must be the rings `remat-report plan` gives for the same schedule, and every dump must carry
 its rank in its name and header. `remat-report ranks` over the output folder must agree with
 each rank's own summary. Each rank's peak predicted beforehand (the example's --profile-stages,
-then `remat-report predict`) must be within 5% of the peak its snapshot measured.
+then `remat-report predict`) must be within 5% of the peak its snapshot measured, and GPipe with
+1 microbatch (each stage's only backward creates its gradients) must be predicted to the byte.
 
     check_example.py --launcher remat-launch --example remat-pipeline-train --report remat-report
 """
@@ -102,6 +103,32 @@ def check_prediction(example, report, out):
                f"rank {rank}: predicted {row['predicted_bytes']} bytes against {measured} measured ({error:+.1%})")
 
 
+def check_one_microbatch(launcher, example, report, out):
+    """GPipe with 1 microbatch: each stage's only backward is the step's first, which creates the
+    parameter gradients, so that backward (not the optimizer step) is every rank's peak, and the
+    prediction from the profiles' first_backward_transient is the measured peak to the byte."""
+    job = Path(out, "gpipe-m1")
+    profiles = Path(job, "profiles")
+    made = run([example, "--profile-stages", str(RANKS), "--out", profiles])
+    expect(made.returncode == 0, "the example profiles its stages without checkpointing")
+    paths = sorted(profiles.glob("stage-profile-stage*.json"))
+    schedule = ["--schedule", "gpipe", "--microbatches", "1"]
+    predicted = run([report, "predict", *paths, *schedule, "--ranks", str(RANKS), "--json"])
+    expect(predicted.returncode == 0, "remat-report predict reads the profiles for GPipe at M=1")
+    prediction = Path(job, "prediction.json")
+    prediction.write_text(predicted.stdout)
+    trained = run([launcher, "--nproc", str(RANKS), "--timeout", "200", "--", example, *schedule, "--buffers",
+                   "stock", "--out", job])
+    expect(trained.returncode == 0, "the example trains GPipe with 1 microbatch")
+    document = json.loads(run([report, "ranks", job, "--predicted", prediction, "--json"]).stdout)
+    for row in document["ranks"]:
+        expect(row["measured_bytes"] == row["predicted_bytes"],
+               f"GPipe M=1, rank {row['rank']}: predicted {row['predicted_bytes']} bytes at {row['action']}, "
+               f"measured {row['measured_bytes']}")
+        expect(row["action"] == f"{row['rank']}B0", f"GPipe M=1, rank {row['rank']}: the peak is the backward, "
+               f"not {row['action']}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--launcher", required=True)
@@ -140,6 +167,7 @@ def main():
 
         check_ranks_report(args.report, out)
         check_prediction(args.example, args.report, out)
+        check_one_microbatch(args.launcher, args.example, args.report, out)
     print("OK")
 
 

@@ -141,3 +141,79 @@ def test_64_ranks_by_256_microbatches_are_predicted_in_under_a_second(even_profi
     seconds = time.perf_counter() - start
     print(f"64 ranks x 256 microbatches: {seconds:.3f} s")
     assert len(prediction["per_rank"]) == 64 and seconds < 1.0
+
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "cli", "data")
+TORCH_PROFILES = [os.path.join(DATA, f"stage-profile-{i}.json") for i in range(2)]
+REMAT_PROFILES = [os.path.join(DATA, f"pipeline-train-stage-profile-{i}.json") for i in range(4)]
+
+
+def test_profile_stage_measures_the_first_backward_with_the_gradients_it_creates(even_profiles):
+    figures = [json.load(open(path))["bytes"] for path in even_profiles]
+    # The step's first backward keeps each gradient it makes (the activations it frees make room);
+    # a later one adds each into the gradient held and lets it go, so it peaks no higher.
+    assert all(f["first_backward_transient"] >= f["backward_transient"] > 0 for f in figures), figures
+    assert any(f["first_backward_transient"] > f["backward_transient"] for f in figures), figures
+
+
+@pytest.mark.parametrize("arguments, error, words", [
+    ({"ranks": 4.0}, TypeError, "ranks must be an int (pipeline ranks), got float"),
+    ({"ranks": True}, TypeError, "ranks must be an int (pipeline ranks), got bool"),
+    ({"ranks": 2**40}, ValueError, "ranks=1099511627776 is out of range; give pipeline ranks, from 1 to 65536"),
+    ({"ranks": -2}, ValueError, "ranks=-2 is out of range"),
+    ({"microbatches": 2**31}, ValueError, "microbatches=2147483648 is out of range; give microbatches per step, "
+                                          "from 1 to 1048576"),
+    ({"spare_sets": 2.5, "buffers": "pooled"}, TypeError, "spare_sets must be an int"),
+    ({"spare_sets": -1, "buffers": "pooled"}, ValueError, "spare_sets=-1 is out of range"),
+    ({"optimizer_step": "no"}, TypeError, "optimizer_step must be True or False, got str"),
+    ({"buffers": "POOLED"}, ValueError, "buffers is 'POOLED'; give \"stock\""),
+    ({"slack": 1, "buffers": "pooled"}, ValueError, "slack sizes remat::pipeline's rings; these profiles are of "
+                                                    "torch.distributed.pipelining stages, whose pooled rings take "
+                                                    "spare_sets="),
+])
+def test_predict_refuses_bad_arguments_naming_the_argument_and_the_fix(arguments, error, words):
+    given = {"ranks": 2, "microbatches": 4, **arguments}
+    with pytest.raises(error) as raised:
+        remat.pipelining.predict(TORCH_PROFILES, "1f1b", **given)
+    assert words in str(raised.value)
+
+
+def test_predict_names_a_missing_profile_file(tmp_path):
+    missing = str(tmp_path / "stage-1.json")
+    with pytest.raises(FileNotFoundError, match=r"profiles\[1\]: no file .*stage-1.json'; give the path "
+                                                r"profile_stage\(\.\.\., path=\.\.\.\) wrote"):
+        remat.pipelining.predict([TORCH_PROFILES[0], missing], "1f1b", ranks=2, microbatches=4)
+
+
+def test_spare_sets_are_refused_for_remat_pipeline_stages_whose_rings_take_slack():
+    for spare in (0, 1, -1):
+        with pytest.raises(ValueError, match="spare_sets|out of range"):
+            remat.pipelining.predict(REMAT_PROFILES, "1f1b", ranks=4, microbatches=16, buffers="pooled",
+                                     spare_sets=spare)
+    with pytest.raises(ValueError, match="whose rings take slack="):
+        remat.pipelining.predict(REMAT_PROFILES, "1f1b", ranks=4, microbatches=16, buffers="pooled", spare_sets=0)
+
+
+@pytest.mark.parametrize("slack", [None, 0, 5])
+def test_python_and_the_cli_agree_on_remat_pipeline_stages_slack_and_lowering_included(slack):
+    python = remat.pipelining.predict(REMAT_PROFILES, "1f1b", ranks=4, microbatches=16, buffers="pooled",
+                                      slack=slack)
+    cli = report("predict", *REMAT_PROFILES, "--schedule", "1f1b", "--ranks", "4", "--microbatches", "16",
+                 "--buffers", "pooled", *([] if slack is None else ["--slack", str(slack)]), "--json")
+    assert python["lowering"] == cli["lowering"] == "add-send-recv"
+    assert python["per_rank"] == cli["per_rank"]
+    # NeMo's closed form, max(2, min(M, S - s + slack)) sets of 1 KiB per stage and direction it
+    # receives: stage 0 receives gradients, stage 3 activations, stages 1 and 2 both.
+    given = 2 if slack is None else slack
+    ring = [max(2, min(16, 4 - stage + given)) * 1024 for stage in range(4)]
+    assert [r["parts"]["receive_buffers"] for r in python["per_rank"]] == [ring[0], 2 * ring[1], 2 * ring[2], ring[3]]
+
+
+def test_ranks_measured_but_not_predicted_are_listed(measured, tmp_path):
+    out_dir, _ = measured
+    # A 2-rank prediction beside the 4-rank job's dumps: ranks 2 and 3 are measured only.
+    prediction = tmp_path / "two-ranks.json"
+    prediction.write_text(json.dumps(remat.pipelining.predict(TORCH_PROFILES, "1f1b", ranks=2, microbatches=4)))
+    check = report("ranks", os.path.join(out_dir, "case0"), "--predicted", str(prediction), "--json")
+    assert [row["rank"] for row in check["ranks"]] == [0, 1]
+    assert check["unpredicted_ranks"] == [2, 3]

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +43,11 @@ struct StageProfile {
   std::uint64_t forward_kept = 0;         // what forward keeps until the backward (its output included)
   std::uint64_t forward_transient = 0;    // above the level before forward, at forward's peak
   std::uint64_t backward_transient = 0;   // above the level before a full backward (B), at its peak
+  // A step's first B on the stage, which creates the parameter gradients: its peak above the
+  // level before it, those gradients included. Absent in profiles written before it was
+  // measured; the walk then takes backward_transient for it (and may under-predict a step
+  // whose peak is that backward, as with one microbatch).
+  std::optional<std::uint64_t> first_backward_transient;
   // Zero-bubble split (I then W): what the microbatch keeps from I until its W (instead of
   // forward_kept; the input gradient not included: torch keeps the graph for W, remat::pipeline
   // the weight gradients I computed), and each one's peak above its start.

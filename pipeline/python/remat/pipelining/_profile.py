@@ -151,8 +151,9 @@ def _measure(module, inputs, stage_index, is_last, loss_fn, target, optimizer, s
             return stage_backward(loss, None, list(xs))
         return stage_backward(outputs, grads, list(xs))
 
-    # A first pass creates the parameter gradients, as a step's first backward does; the
-    # measured pass then runs as every later microbatch does.
+    # A first pass creates the parameter gradients, as a step's first backward does (its peak,
+    # those gradients included, is first_backward_transient); the second runs as every later
+    # microbatch does.
     for measured in (False, True):
         xs = fresh_inputs()
         base = meter.mark()
@@ -166,7 +167,9 @@ def _measure(module, inputs, stage_index, is_last, loss_fn, target, optimizer, s
         grads = received_grads(outputs)
         before = meter.mark()
         grads_input = full_backward(outputs, loss, xs, grads)
-        if measured:
+        if not measured:
+            figures["first_backward_transient"] = meter.peak_above(before)  # it creates the gradients
+        else:
             figures["backward_transient"] = meter.peak_above(before)
             if not first:
                 figures["input_grad_bytes"] = meter.allocated_for(
