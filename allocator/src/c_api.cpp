@@ -324,6 +324,13 @@ int remat_get_stats(int device, remat_stats* out) {
 
 int remat_reset_peak_stats(int device) { return guarded([&] { device_allocator(device).reset_peak_stats(); }); }
 
+int remat_take_window_peak(int device, int64_t* out) {
+  return guarded([&] {
+    if (out == nullptr) throw InvalidArgumentError("window peak output is NULL; pass a pointer to an int64_t");
+    *out = device_allocator(device).take_requested_window_peak();
+  });
+}
+
 int remat_reset_accumulated_stats(int device) {
   return guarded([&] { device_allocator(device).reset_accumulated_stats(); });
 }

@@ -266,6 +266,11 @@ void CachingAllocator::reset_peak_stats() {
   state_->books.reset_peaks();
 }
 
+std::int64_t CachingAllocator::take_requested_window_peak() {
+  std::lock_guard lock(state_->mutex);
+  return state_->books.take_requested_window_peak();
+}
+
 std::uint64_t CachingAllocator::trace_events_recorded() const {
   std::lock_guard lock(state_->mutex);
   return state_->books.trace().events_recorded();

@@ -361,6 +361,21 @@ TEST(CachingAllocator, ResetPeakStatsBringsPeaksDownToCurrent) {
   EXPECT_EQ(a.stats().allocated_bytes.peak, 0);
 }
 
+TEST(CachingAllocator, AWindowPeakIsThePeakSinceTheLastOneAndLeavesThePeakStatisticsAlone) {
+  HostAllocator a;
+  a.free(a.alloc(5 * MiB));
+  EXPECT_EQ(a.allocator->take_requested_window_peak(), static_cast<std::int64_t>(5 * MiB));
+  void* kept = a.alloc(MiB);
+  a.free(a.alloc(2 * MiB));
+  EXPECT_EQ(a.allocator->take_requested_window_peak(), static_cast<std::int64_t>(3 * MiB));
+  EXPECT_EQ(a.allocator->take_requested_window_peak(), static_cast<std::int64_t>(MiB));  // nothing since: what is held
+  EXPECT_EQ(a.stats().requested_bytes.peak, static_cast<std::int64_t>(5 * MiB));
+  a.allocator->reset_peak_stats();
+  a.free(a.alloc(MiB));
+  EXPECT_EQ(a.allocator->take_requested_window_peak(), static_cast<std::int64_t>(2 * MiB));
+  a.free(kept);
+}
+
 TEST(CachingAllocator, RoundupPower2DivisionsSizeTheBlocksAsPyTorchDoes) {
   HostAllocator rounded("roundup_power2_divisions:4");
   void* p = rounded.alloc(MiB + MiB / 5);  // 1.2 MiB: the next of 4 steps between 1 and 2 MiB is 1.25 MiB

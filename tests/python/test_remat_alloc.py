@@ -40,6 +40,22 @@ class RematAllocCtypes(unittest.TestCase):
         self.free(q, 1000, device=1)
         self.assertEqual(remat_alloc.live_bytes("layers.0", device=1), 0)
 
+    def test_peak_windows_nest_and_leave_the_peak_statistics_alone(self):
+        remat_alloc.reset_peak_stats(3)
+        outer = remat_alloc.PeakWindow(3)
+        p = self.alloc(4 * MiB, device=3)
+        self.free(p, 4 * MiB, device=3)
+        with remat_alloc.PeakWindow(3) as inner:
+            q = self.alloc(MiB, device=3)
+            self.free(q, MiB, device=3)
+            self.assertEqual(inner.take(), MiB)
+            self.assertEqual(inner.take(), 0)
+        self.assertEqual(outer.take(), 4 * MiB)  # the inner window's takes did not end the outer one
+        self.assertEqual(remat_alloc.memory_stats(3)["requested_bytes_peak"], 4 * MiB)
+        outer.close()
+        with self.assertRaisesRegex(RuntimeError, "the window is closed"):
+            outer.take()
+
     def test_snapshot_carries_every_tag_kind(self):
         with remat_alloc.region("stage1"), remat_alloc.phase("forward"), remat_alloc.policy("save"), \
                 remat_alloc.recv_slot(1, "F", 0), remat_alloc.site("recv_buffer"):

@@ -32,7 +32,7 @@ from ._oom_observers import OomEvent, add_oom_observer, is_installed, pluggable_
 __all__ = [
     "RematError", "load", "configure", "install", "region", "recv_slot", "site", "phase",
     "policy", "set_label", "label", "labelled", "CATEGORIES", "set_category", "category", "categorized", "block_category",
-    "category_bytes", "track", "untrack", "Tracker", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "live_bytes",
+    "category_bytes", "track", "untrack", "Tracker", "dump_snapshot", "dump_trace", "memory_stats", "reset_peak_stats", "PeakWindow", "live_bytes",
     "empty_cache", "record_stream", "set_memory_fraction", "library_path", "pluggable_library_path",
     "check_one_copy",
     "OomEvent", "add_oom_observer", "remove_oom_observer", "is_installed", "pluggable_allocator_in_use",
@@ -117,6 +117,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "remat_record_stream": (c_int, [c_void_p, c_void_p]),
         "remat_get_stats": (c_int, [c_int, ctypes.POINTER(_Stats)]),
         "remat_reset_peak_stats": (c_int, [c_int]),
+        "remat_take_window_peak": (c_int, [c_int, ctypes.POINTER(ctypes.c_int64)]),
         "remat_live_bytes": (c_int, [c_int, c_char_p, ctypes.POINTER(ctypes.c_int64)]),
         "remat_last_error": (c_char_p, []),
         "remat_version": (c_char_p, []),
@@ -460,6 +461,50 @@ def memory_stats(device: int = 0) -> dict:
 
 def reset_peak_stats(device: int = 0) -> None:
     _check(load().remat_reset_peak_stats(_int_arg("reset_peak_stats", "device", device)))
+
+
+class PeakWindow:
+    """The most requested bytes held on `device` over a stretch of time, read with take(), which
+    starts the next stretch: the peak of a part of a step, measured without reset_peak_stats(),
+    so memory_stats()' peaks and PyTorch's max_memory_allocated() stay the user's. Any number of
+    windows may be open at once, on any thread; the library keeps one, which every take() folds
+    into all of them."""
+
+    _lock = threading.Lock()
+    _open: dict = {}  # device -> {id(window): window}
+
+    def __init__(self, device: int = 0) -> None:
+        self.device = _int_arg("PeakWindow", "device", device)
+        with PeakWindow._lock:
+            self._fold()
+            self._peak = memory_stats(self.device)["requested_bytes"]
+            PeakWindow._open.setdefault(self.device, {})[id(self)] = self
+
+    def _fold(self) -> None:
+        """Lends the library's window since the last take to every open window (lock held)."""
+        out = ctypes.c_int64()
+        _check(load().remat_take_window_peak(self.device, ctypes.byref(out)))
+        for window in PeakWindow._open.get(self.device, {}).values():
+            window._peak = max(window._peak, out.value)
+
+    def take(self) -> int:
+        """The most requested bytes held since this window opened or was last taken."""
+        with PeakWindow._lock:
+            if id(self) not in PeakWindow._open.get(self.device, {}):
+                raise RuntimeError("PeakWindow.take(): the window is closed; open a new PeakWindow")
+            self._fold()
+            peak, self._peak = self._peak, memory_stats(self.device)["requested_bytes"]
+            return max(peak, self._peak)
+
+    def close(self) -> None:
+        with PeakWindow._lock:
+            PeakWindow._open.get(self.device, {}).pop(id(self), None)
+
+    def __enter__(self) -> "PeakWindow":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 def live_bytes(region_prefix: str = "", device: int = 0) -> int:

@@ -14,6 +14,7 @@
 #include "block.hpp"
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -31,6 +32,7 @@ class Ledger {
     stats_.allocated_bytes.add(bytes);
     stats_.active_bytes.add(bytes);
     stats_.requested_bytes.add(requested);
+    if (stats_.requested_bytes.current > requested_window_peak_) requested_window_peak_ = stats_.requested_bytes.current;
     stats_.allocations.add(1);
     stats_.active_blocks.add(1);
     if (block.small) {
@@ -197,6 +199,15 @@ class Ledger {
     }
   }
 
+  // The most requested bytes held since the last call (or since the pool began), and a new window
+  // from now: a peak over a stretch of a step that leaves the peak statistics, which belong to
+  // the user (reset_peaks, PyTorch's reset_peak_memory_stats), alone.
+  std::int64_t take_requested_window_peak() {
+    const std::int64_t peak = std::max(requested_window_peak_, stats_.requested_bytes.current);
+    requested_window_peak_ = stats_.requested_bytes.current;
+    return peak;
+  }
+
   // PyTorch's resetAccumulatedStats: the cumulative totals and the event counts start again;
   // what is current (and its peak) stays.
   void reset_accumulated() {
@@ -326,6 +337,7 @@ class Ledger {
   std::vector<TagStats> tag_stats_;
   std::vector<Category> tag_category_;  // indexed by TagId, as tag_stats_
   std::int64_t category_peak_at_ = -1;   // allocated bytes when category_bytes_at_peak was taken
+  std::int64_t requested_window_peak_ = 0;  // since take_requested_window_peak() last ran
   TraceRing trace_;
 };
 

@@ -546,6 +546,7 @@ class profile_regions:
     def __exit__(self, exc_type, *rest):
         _state.session = None
         if exc_type is not None:
+            self._step.close()
             return False
         self._step.end()
         if not self._order:

@@ -81,27 +81,35 @@ class StepRecorder:
     def begin(self):
         if not self.enabled:
             return
-        stats = self._stats()
-        self.start_bytes = stats["requested_bytes"]
-        remat_alloc.reset_peak_stats(self.device)
+        # A window of its own, not reset_peak_stats(): the peak statistics stay the user's.
+        self._window = remat_alloc.PeakWindow(self.device)
+        self.start_bytes = self._stats()["requested_bytes"]
         self._segment_start = self.start_bytes
 
-    def mark(self):
-        """Ends the segment running now (its peak since the last mark) and starts the next."""
+    def mark(self, peak=None):
+        """Ends the segment running now (its peak since the last mark, or `peak` where the caller
+        took it) and starts the next."""
         if not self.enabled:
             return
-        stats = self._stats()
-        # At least where it began and where it ends: code inside the block that resets the peak
-        # (a loop measuring its own steps, between remat.fit's steps) leaves a lower figure.
-        peak = max(stats["requested_bytes_peak"], self._segment_start, stats["requested_bytes"])
+        if peak is None:
+            peak = self._window.take()
+        now = self._stats()["requested_bytes"]
+        peak = max(peak, self._segment_start, now)  # at least where it began and where it ends
         self.segments.append({"peak_bytes": peak, "start_bytes": self._segment_start, "live": list(self._live),
                               "forward": self._forward, "backward": self._recomputing})
         self.peak_bytes = max(self.peak_bytes, peak)
-        remat_alloc.reset_peak_stats(self.device)
-        self._segment_start = stats["requested_bytes"]
+        self._segment_start = now
 
     def end(self):
+        if not self.enabled:
+            return
         self.mark()
+        self.close()
+
+    def close(self):
+        """Closes the peak window (after end(), or for a step abandoned by an exception)."""
+        if self.enabled:
+            self._window.close()
 
     # --- storages -------------------------------------------------------------------------------
 
@@ -214,10 +222,10 @@ class StepRecorder:
             out = call()
         finally:
             self._region_stack.pop()
-        stats = self._stats()
-        record["transient_bytes"] = max(0, stats["requested_bytes_peak"] - stats["requested_bytes"])
+        peak = self._window.take()
+        record["transient_bytes"] = max(0, peak - self._stats()["requested_bytes"])
         record["_outputs"] = {self._storage_id(t, keep=True) for t in tensors_in(out)}
-        self.mark()
+        self.mark(peak)
         return out
 
     def to_dump(self, end_bytes):

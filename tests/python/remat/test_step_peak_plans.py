@@ -279,3 +279,18 @@ def test_the_frontier_by_step_peak_needs_counted_tensors():
         readme_model(x).backward()
     with pytest.raises(ValueError, match=r"frontier: by='peak' needs the step's memory.*remat.tag_cpu_tensors\(\)"):
         profile.frontier(by="peak")
+
+
+def test_a_profile_leaves_the_users_peak_statistics_alone(tagged):
+    # The profile measures its segments in peak windows of its own, not by resetting the peaks
+    # that memory_stats() (and PyTorch's max_memory_allocated() under install()) report.
+    torch.manual_seed(0)
+    x = torch.randn(64, 256, requires_grad=True)
+    remat_alloc.reset_peak_stats()
+    with remat.profile_regions() as profile:
+        readme_model(x).backward()
+    assert remat_alloc.memory_stats()["requested_bytes_peak"] == profile.step_peak_bytes
+    with pytest.raises(RuntimeError, match="boom"):
+        with remat.profile_regions():
+            raise RuntimeError("boom")
+    assert not remat_alloc.PeakWindow._open.get(0)  # the abandoned profile's window is closed too

@@ -152,6 +152,10 @@ typedef struct remat_stats {
 
 REMAT_API int remat_get_stats(int device, remat_stats* out);
 REMAT_API int remat_reset_peak_stats(int device);
+/* The most requested bytes held on `device` since the previous call (or since its allocator
+   began), into *out; the next window starts now. The peak statistics (remat_get_stats, PyTorch's
+   max_memory_allocated) are not touched: one reader takes windows (remat_alloc.PeakWindow). */
+REMAT_API int remat_take_window_peak(int device, int64_t* out);
 /* Zeroes the totals (num_allocs, num_frees, num_segment_allocs, num_segment_frees) and the counts
    of OOMs and retries, as torch.cuda.reset_accumulated_memory_stats; current figures and peaks stay. */
 REMAT_API int remat_reset_accumulated_stats(int device);

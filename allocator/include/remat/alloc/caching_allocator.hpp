@@ -66,6 +66,9 @@ class CachingAllocator {
 
   AllocatorStats stats() const;
   void reset_peak_stats();
+  // The most requested bytes held since the previous call (or since the allocator began); the
+  // next window starts now. The peak statistics are not touched: they are the user's.
+  std::int64_t take_requested_window_peak();
   // Zeroes the cumulative totals and the OOM and retry counts (PyTorch's
   // reset_accumulated_memory_stats); current figures and peaks stay.
   void reset_accumulated_stats();
