@@ -32,15 +32,13 @@ remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
 from __future__ import annotations
 
 import math
-import os
-import sys
-import warnings
 
 import remat_alloc
 import torch
 
 from . import _plans
 from ._step_profile import StepRecorder
+from ._step_shape import StepWatch, warn_at_user_line
 
 __all__ = ["fit", "unfit"]
 
@@ -66,12 +64,7 @@ def _bytes_text(count):
 
 
 def _tell(message):
-    """Warns at the user's line: the first frame outside remat and torch.nn's module calls."""
-    level, frame = 2, sys._getframe(1)
-    inside = (os.path.dirname(__file__), os.path.dirname(torch.nn.modules.module.__file__))
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
-        level, frame = level + 1, frame.f_back
-    warnings.warn(message, stacklevel=level)
+    warn_at_user_line(message)
 
 
 class _Profiled:
@@ -97,7 +90,15 @@ class FitState:
         self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
         self.corrections = {}       # signature -> factor on the scaling ratio, after a scaled step went over
         self.warned = set()         # signatures fit has told the user about
-        self.backward_peak = None   # the peak when the scaled step's backward ended
+        self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
+        self.watch = None           # (profile, StepWatch) following planned steps along that profile's step
+        self.diverged = None        # (what differed, plan's predicted peak, bytes when it differed) this step
+        self.told_differences = set()  # what differed that fit has told the user about
+        self.reprofile = {}         # signature -> (what differed, bytes saving it would add): profile again
+        self.reprofiled = set()     # what differed that made fit profile again (once each)
+        self.watch_signature = None  # the inputs of the step the watch follows, where planned unscaled
+        self.reserve = {}           # signature -> bytes steps that differed took above their plan's prediction
+        self.diverged_peaks = []    # per step that differed: its measured peak from where it differed on
         self.profiled_steps = 0
         self.planned_steps = 0
 
@@ -136,13 +137,63 @@ class FitState:
                       f"budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): some "
                       f"region grows faster than the token count. Steps with these inputs now scale by "
                       f"{factor:.3g} more")
+        elif self.diverged is not None and StepRecorder._counted_device() is not None:
+            self._check_diverged_step()
         self.scaled_step = None
         self.backward_peak = None
+        self.diverged = None
+
+    # --- a step that differs from the profiled one (_step_shape) ------------------------------------
+
+    def _step_diverged(self, what):
+        """Called by the StepWatch at the first difference: from there the step recomputes every
+        region. The peak from there on is measured (read when backward ends)."""
+        device = StepRecorder._counted_device()
+        before = 0
+        if device is not None:  # the peak so far is kept; the peak from here is the rest's
+            before = remat_alloc.memory_stats(device)["requested_bytes_peak"]
+            remat_alloc.reset_peak_stats(device)
+        self.diverged = (what, self.predicted_peak_bytes, before)
+        if what not in self.told_differences:
+            self.told_differences.add(what)
+            _tell(f"remat.fit: this step differs from the profiled one: {what}. From there every region recomputes "
+                  "(the least memory); its peak is measured when its backward ends, later steps with these inputs "
+                  "leave room for what it took above its plan's prediction, and one is profiled again where saving "
+                  "every region is estimated within the budget")
+
+    def _check_diverged_step(self):
+        """After a step that differed: later steps with its inputs plan for less than the budget,
+        by what this one peaked above its plan's prediction (the room such a step takes), and are
+        profiled again where saving every region is estimated within the budget."""
+        what, predicted, before = self.diverged
+        device = StepRecorder._counted_device()
+        measured = max(self.backward_peak or 0, remat_alloc.memory_stats(device)["requested_bytes_peak"])
+        self.diverged_peaks.append(measured)  # the rest's peak: what the step took beyond its plan
+        signature = self.watch_signature
+        if signature is None:
+            return
+        held = self.reserve.get(signature, 0)
+        self.reserve[signature] = max(held, measured - predicted, held + measured - self.budget)
+        if measured > self.budget and ("over", what) not in self.told_differences:
+            self.told_differences.add(("over", what))
+            _tell(f"remat.fit: the last step, which differed from the profiled one ({what}), peaked at "
+                  f"{_bytes_text(measured)} with every region recomputed from there, over the budget of "
+                  f"{_bytes_text(self.budget)} (its plan predicted {_bytes_text(predicted)} for the profiled step): "
+                  f"later steps with these inputs plan for {_bytes_text(self.budget - self.reserve[signature])} to "
+                  "leave room for such steps")
+        if what not in self.reprofiled and measured > predicted:
+            # What the step took above its prediction ran at the least memory; saved, it would take
+            # about as much more as saving everything takes over the least peak in the profile.
+            profile = self.watch[0]
+            least = profile.least_peak_bytes() - profile.step_start_bytes
+            saving = (profile.step_peak_bytes - profile.step_start_bytes) / max(1, least)
+            self.reprofile[signature] = (what, math.ceil((measured - predicted) * max(1.0, saving)))
 
     def watch_backward(self, out):
-        """For a step planned from a scaled profile: reads the peak when its backward ends (a hook
-        on the forward's output queues a callback the autograd engine runs at the end)."""
-        if self.scaled_step is None:
+        """For a step planned from a scaled profile or one that differed from the profiled step:
+        reads the peak when its backward ends (a hook on the forward's output queues a callback
+        the autograd engine runs at the end)."""
+        if self.scaled_step is None and self.diverged is None:
             return
         tensor = next((t for t in _plans.tensors_in(out) if t.requires_grad), None)
         if tensor is None:
@@ -175,6 +226,17 @@ class FitState:
             return self._profile_step(signature)
         known = self.profiles.get(signature)
         if known is not None:
+            again = self.reprofile.pop(signature, None)
+            if again is not None:
+                # A step with these inputs differed from the profile: profiled again where saving
+                # every region is estimated within the budget (an estimate: what that step ran
+                # instead was measured at the least memory, not saved).
+                what, more = again
+                profile = known.profile
+                estimate = max(start, profile.step_start_bytes) + profile.step_peak_bytes - profile.step_start_bytes + more
+                if estimate <= self.budget:
+                    self.reprofiled.add(what)
+                    return self._profile_step(signature)
             return self._plan_step(known, signature, start, 1.0)
         source = self.latest
         # Fewer elements than profiled: planned as the profiled inputs (what grows with them is not
@@ -211,9 +273,10 @@ class FitState:
         profile = source.profile
         base = max(start, profile.step_start_bytes)  # more allocated now than then: it stays through the step
         least_now = base + math.ceil((profile.least_peak_bytes() - profile.step_start_bytes) * ratio)
-        if least_now > self.budget:
-            self._refuse(profile, source, base, ratio, least_now, signature)
-        plan = profile.plan(peak_bytes=profile.step_start_bytes + int((self.budget - base) / ratio))
+        reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
+        if least_now + reserve > self.budget:
+            self._refuse(profile, source, base, ratio, least_now, signature, reserve)
+        plan = profile.plan(peak_bytes=profile.step_start_bytes + int((self.budget - reserve - base) / ratio))
         predicted = base + math.ceil((plan.peak_bytes - profile.step_start_bytes) * ratio)
         if change is not None:
             _tell(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
@@ -227,13 +290,25 @@ class FitState:
         self.plan = plan
         self.predicted_peak_bytes = predicted
         self.planned_steps += 1
-        return _plans.use_plan(plan)
+        # Not strict: a region the profile does not name is a step that differs, which the watch
+        # meets by recomputing (a strict plan would refuse it)
+        context = _plans.use_plan(plan, strict=False)
+        if self.watch is None or self.watch[0] is not profile or self.watch[1].sizes != (ratio == 1.0):
+            self.watch = (profile, StepWatch(profile._shape, self._step_diverged, sizes=ratio == 1.0))
+        self.watch[1].new_step()
+        self.watch_signature = signature if ratio == 1.0 else None
+        context._watch = self.watch[1]
+        return context
 
-    def _refuse(self, profile, source, base, ratio, least_now, signature):
+    def _refuse(self, profile, source, base, ratio, least_now, signature, reserve=0):
         gradients = max(0, profile.step_end_bytes - profile.step_start_bytes)  # made in backward, kept after it
         fixed = base + gradients
         scaled = "" if ratio == 1.0 else (f" (the profile at inputs {_shapes_text(source.signature)} scaled by "
                                           f"{ratio:.3g}, every region assumed to scale with the token count)")
+        if reserve:
+            scaled += (f", and a step with these inputs that differed from the profiled one took "
+                       f"{_bytes_text(reserve)} more")
+            least_now += reserve
         raise ValueError(f"remat.fit: no plan keeps this step within the budget of {_bytes_text(self.budget)}: the "
                          f"least step peak any plan reaches at inputs {_shapes_text(signature)} is "
                          f"{_bytes_text(least_now)}{scaled}. What stays allocated through the step (parameters, "
