@@ -88,6 +88,7 @@ class FitState:
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
         self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
+        self.planned_step = None    # (signature, predicted peak) of a step planned from its inputs' own profile
         self.corrections = {}       # signature -> factor on the scaling ratio, after a scaled step went over
         self.warned = set()         # signatures fit has told the user about
         self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
@@ -139,6 +140,9 @@ class FitState:
                       f"{factor:.3g} more")
         elif self.diverged is not None and StepRecorder._counted_device() is not None:
             self._check_diverged_step()
+        elif self.planned_step is not None and StepRecorder._counted_device() is not None:
+            self._check_planned_step()
+        self.planned_step = None
         self.scaled_step = None
         self.backward_peak = None
         self.diverged = None
@@ -189,11 +193,25 @@ class FitState:
             saving = (profile.step_peak_bytes - profile.step_start_bytes) / max(1, least)
             self.reprofile[signature] = (what, math.ceil((measured - predicted) * max(1.0, saving)))
 
+    def _check_planned_step(self):
+        """After a step that ran as profiled: over the budget (a prediction that did not hold), it is
+        said once, and later steps with its inputs plan for less by what it went over."""
+        signature, predicted = self.planned_step
+        measured = max(self.backward_peak or 0,
+                       remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes_peak"])
+        if measured <= self.budget:
+            return
+        self.reserve[signature] = self.reserve.get(signature, 0) + measured - self.budget
+        if ("over", signature) not in self.told_differences:
+            self.told_differences.add(("over", signature))
+            _tell(f"remat.fit: the last step peaked at {_bytes_text(measured)}, over the budget of "
+                  f"{_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): later steps with these inputs "
+                  f"plan for {_bytes_text(self.budget - self.reserve[signature])}")
+
     def watch_backward(self, out):
-        """For a step planned from a scaled profile or one that differed from the profiled step:
-        reads the peak when its backward ends (a hook on the forward's output queues a callback
-        the autograd engine runs at the end)."""
-        if self.scaled_step is None and self.diverged is None:
+        """For a planned step: reads the peak when its backward ends (a hook on the forward's
+        output queues a callback the autograd engine runs at the end)."""
+        if self.scaled_step is None and self.diverged is None and self.planned_step is None:
             return
         tensor = next((t for t in _plans.tensors_in(out) if t.requires_grad), None)
         if tensor is None:
@@ -286,7 +304,9 @@ class FitState:
                   "regions recomputed")
         if ratio != 1.0:
             self.scaled_step = (signature, base, predicted, ratio)
-            remat_alloc.reset_peak_stats(StepRecorder._counted_device())
+        else:
+            self.planned_step = (signature, predicted)
+        remat_alloc.reset_peak_stats(StepRecorder._counted_device())  # the step's peak, read when backward ends
         self.plan = plan
         self.predicted_peak_bytes = predicted
         self.planned_steps += 1

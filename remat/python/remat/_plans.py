@@ -689,6 +689,7 @@ class profile_regions:
                            if not t.shares_storage and (t.device, t.address) not in self._inputs)
                 self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
         self._step.checkpoint_kept(call_index, reports[-1].regions if reports else [], args, kwargs, out)
+        self._shape.record_backward(out)
         return out
 
     def time_region(self, name, call, args=()):

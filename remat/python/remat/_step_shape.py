@@ -12,6 +12,8 @@ inputs of another shape or dtype, autocast on where it was off, a region the pro
 run there, a region's outputs of another shape) the step has diverged: every region from there to
 the step's end recomputes (the least a checkpoint keeps: its inputs), and the watch reports what
 differed once. A region runs in recompute as forward ran it, whatever the watch learned since.
+Backward beginning under another autocast state than profiled is reported too, though no choice
+can change then (autocast's cache keeps the casts of the weights until its block ends).
 
 A step runs from a checkpoint call to the end of its backward: the watch starts a new step at a
 checkpoint call when backward has begun on the outputs of every call since the last start (or they
@@ -88,6 +90,18 @@ class StepShape:
 
     def __init__(self):
         self.calls = []
+        self.backward_autocast = None  # autocast_state() where the step's backward began, once it has
+
+    def record_backward(self, out):
+        """Records the autocast state where backward begins on `out` (the first call's to begin)."""
+        def began(grad):
+            if self.backward_autocast is None:
+                self.backward_autocast = autocast_state()
+            return grad
+
+        for tensor in tensors_in(out):
+            if tensor.requires_grad:
+                tensor.register_hook(began)
 
     def record_call(self, name, args, kwargs):
         self.calls.append(_Call(name, _signature((args, kwargs)), autocast_state()))
@@ -115,6 +129,7 @@ class StepWatch:
         self._calls = 0          # checkpoint calls this step has made
         self._by_name = {}       # checkpoint name -> calls this step made
         self._pending = 0        # calls whose backward has not begun
+        self._backward_seen = False  # whether backward has begun in this step
 
     def _diverge(self, what):
         if self.diverged is None:
@@ -150,8 +165,17 @@ class StepWatch:
                                   f"with {_signature_text(expected.inputs)}")
         return _CallWatch(self, name, None if expected is None else expected.regions)
 
-    def backward_began(self):
+    def backward_began(self, name):
+        """Backward has begun on the outputs of a call (None: one whose outputs need no gradient).
+        Autocast there is compared once per step: autocast's cache keeps its casts alive until
+        the autocast block ends, so a backward inside one peaks otherwise."""
         self._pending = max(0, self._pending - 1)
+        if name is not None and not self._backward_seen:
+            self._backward_seen = True
+            profiled = self.shape.backward_autocast
+            if profiled is not None and profiled != autocast_state():
+                self._diverge(f"backward began with autocast {_autocast_text(autocast_state())} at checkpoint "
+                              f"'{name}', {_autocast_text(profiled)} in the profiled step")
 
 
 class _CallWatch:
@@ -198,14 +222,14 @@ class _CallWatch:
                            f"{len(self.regions)}")
         outputs = [t for t in tensors_in(out) if t.requires_grad]
         if not outputs:
-            watch.backward_began()
+            watch.backward_began(None)
             return
         began = [False]
 
         def backward_begins(grad):
             if not began[0]:
                 began[0] = True
-                watch.backward_began()
+                watch.backward_began(self.name)
             return grad
 
         for tensor in outputs:
