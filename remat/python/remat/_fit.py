@@ -79,9 +79,10 @@ class FitState:
     """What fit() keeps for one model: the budget, the profiles by input signature, the profile
     being measured (open until the next training forward) and the plan of the step running now."""
 
-    def __init__(self, model, budget):
+    def __init__(self, model, budget, timer="auto"):
         self.model = model
         self.budget = budget
+        self.timer = timer          # how profiles time regions (profile_regions(timer=))
         self.profiles = {}          # signature -> _Profiled
         self.latest = None          # the _Profiled made last
         self.measuring = None       # (profile_regions, signature) open since a training forward
@@ -278,7 +279,7 @@ class FitState:
         return self._plan_step(source, signature, start, ratio, change=change)
 
     def _profile_step(self, signature):
-        session = _plans.profile_regions()
+        session = _plans.profile_regions(timer=self.timer)
         session.__enter__()
         self.measuring = (session, signature)
         self.plan = self.predicted_peak_bytes = None
@@ -366,7 +367,7 @@ class _FitForward:
         return out
 
 
-def fit(model, budget):
+def fit(model, budget, *, timer="auto"):
     """Keeps every training step of `model` within `budget`, the step's peak allocated bytes
     (an int, or a string with a unit: "70GiB", "512 MiB", "80GB"), and returns the model: the
     first training step runs profiled (remat.profile_regions(), every region saved), later ones
@@ -374,12 +375,14 @@ def fit(model, budget):
     inputs change shape (module docstring). The model's checkpoints and regions are its own
     (remat.checkpoint, remat.region, wrap_decoder_layers). model.remat_fit holds the state: its
     .plan is the plan of the last planned step. Calling fit again replaces the budget and starts
-    from a new profile; remat.unfit(model) undoes it."""
+    from a new profile; remat.unfit(model) undoes it. timer: how the profiles time regions,
+    "auto" or "wall" (wall-clock, for regions that wait: remat.profile_regions(timer=))."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"remat.fit: model must be a torch.nn.Module, got {type(model).__name__}")
     budget = _plans.budget_arg(budget, "remat.fit: budget")
+    timer = _plans.timer_arg("remat.fit", timer)
     unfit(model)
-    state = FitState(model, budget)
+    state = FitState(model, budget, timer)
     model.forward = _FitForward(state, model.forward, model.__dict__.get("forward"))
     model.remat_fit = state
     return model

@@ -598,12 +598,31 @@ class use_plan:
         return False
 
 
+TIMERS = ("auto", "wall")
+
+
+def timer_arg(where, timer):
+    if timer not in TIMERS:
+        raise ValueError(f"{where}: timer must be 'auto' (CUDA events on a GPU, the thread's CPU time on the CPU) or "
+                         f"'wall' (wall-clock time, counting what a region waits for: I/O, a collective, a "
+                         f"synchronization), got {timer!r}")
+    return timer
+
+
 class profile_regions:
     """`with remat.profile_regions() as profile:` around one ordinary training step (forward and
     backward) measures every region of every checkpoint called inside on this thread; after the
-    block, `profile` is a RegionProfile (profile.regions, profile.base_bytes, profile.plan())."""
+    block, `profile` is a RegionProfile (profile.regions, profile.base_bytes, profile.plan()).
 
-    def __init__(self):
+    timer: how a region's forward seconds are measured. "auto": CUDA events on a GPU (the time the
+    GPU spent between the region's entry and exit), the thread's CPU time on the CPU (a region that
+    sleeps or waits counts only the CPU it used). "wall": wall-clock time (time.perf_counter), on a
+    GPU after synchronizing at the region's entry and exit, so a region that waits (I/O, a
+    collective, a synchronization) counts what it waited. The dump's "timer" says which:
+    cuda_events, thread_time or wall_time."""
+
+    def __init__(self, *, timer="auto"):
+        self._timer = timer_arg("profile_regions", timer)
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
         self._order = []        # region names in the order they first ran
@@ -640,7 +659,8 @@ class profile_regions:
             seconds = sum(t[0].elapsed_time(t[1]) / 1000.0 if isinstance(t, tuple) else t for t in self._timings[name])
             regions.append({"name": name, "saved_bytes": self._bytes.get(name, 0), "seconds": max(seconds, 0.0)})
         doc = {"kind": "region_profile", "schema_version": 1, "device_name": self._device,
-               "timer": "cuda_events" if self._device.startswith("cuda") else "thread_time",
+               "timer": ("wall_time" if self._timer == "wall" else
+                         "cuda_events" if self._device.startswith("cuda") else "thread_time"),
                "base_bytes": sum(self._inputs.values()), "regions": regions}
         if self._step.enabled:
             doc["step"] = self._step.to_dump(remat_alloc.memory_stats(self._step.device)["requested_bytes"])
@@ -708,6 +728,15 @@ class profile_regions:
         try:
             if cuda:
                 self._device = f"cuda:{torch.cuda.current_device()}"
+            if self._timer == "wall":
+                if cuda:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                out = call()
+                if cuda:
+                    torch.cuda.synchronize()
+                self._timings[name].append(time.perf_counter() - start)
+            elif cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 out = call()

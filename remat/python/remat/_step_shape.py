@@ -148,9 +148,11 @@ class StepWatch:
         if self.diverged is None:
             if expected is None or expected.name != name:
                 profiled = sum(call.name == name for call in self.shape.calls)
-                if self._by_name[name] > profiled:
+                if profiled == 0:
+                    self._diverge(f"checkpoint '{name}' ran, which the profiled step did not run")
+                elif self._by_name[name] > profiled:
                     self._diverge(f"checkpoint '{name}' ran {_ordinal(self._by_name[name])} where the profiled step "
-                                  f"ran it {_ordinal(profiled) if profiled else 'never'}")
+                                  f"ran it {_ordinal(profiled)}")
                 else:
                     self._diverge(f"checkpoint '{name}' ran as call {index + 1} of the step, where the profiled step "
                                   f"ran " + (f"'{expected.name}'" if expected else f"only {len(self.shape.calls)} "

@@ -363,3 +363,29 @@ def test_a_plan_peaks_the_same_after_an_all_recompute_step_as_after_an_all_saved
                     readme(x).backward()
                 peaks[(budget, before is all_saved)] = remat_alloc.memory_stats()["requested_bytes_peak"]
             assert peaks[(budget, True)] == peaks[(budget, False)] == plan.peak_bytes, peaks
+
+
+# --- a plan from another model ----------------------------------------------------------------------
+
+def test_a_peak_plan_from_another_model_is_refused_strict_and_recomputed_with_a_warning_otherwise():
+    def other(x):
+        for index in range(2):
+            x = remat.checkpoint(region_name=f"blocks.{index}")(layer)(x)
+        return x.sum()
+
+    with remat.tag_cpu_tensors():
+        x = torch.randn(64, WIDTH, requires_grad=True)
+        with remat.profile_regions() as profile:
+            looped(x, 2).backward()
+        plan = profile.plan(peak_bytes=profile.step_peak_bytes)
+        x.grad = None
+        with pytest.warns(UserWarning, match="use_plan: this step differs from the profiled one: checkpoint 'blocks.0' "
+                                             "ran, which the profiled step did not run"):
+            with remat.use_plan(plan, strict=False):
+                other(x).backward()
+        x.grad = None
+        with pytest.raises(ValueError, match=r"use_plan: checkpoint 'blocks.0': 2 region\(s\) ran that the plan does "
+                                             r"not name: blocks.0::attn, blocks.0::mlp\. The plan was made for another "
+                                             r"model layout"):
+            with remat.use_plan(plan):
+                other(x)  # told once per plan: the refusal alone now
