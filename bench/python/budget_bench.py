@@ -196,9 +196,8 @@ def main():
               f"{peak / MiB:.2f} | {seconds * 1e3:.1f} | {seconds / baseline:.2f}x |")
     # By step peak: each plan's prediction beside the peak measured, and torch.compile's rows
     # against its own uncheckpointed compiled step (activation_memory_budget 1.0, where measured).
-    print(f"\nBy step peak (the step's own bytes, above the {start / MiB:.2f} MiB allocated when the profiled "
-          f"step began): the least any plan reaches {(least - start) / MiB:.2f} MiB, everything saved "
-          f"{(most - start) / MiB:.2f} MiB\n")
+    print(f"\nBy step peak (the step's own bytes, above what was allocated when it began): the least any plan "
+          f"reaches {(least - start) / MiB:.2f} MiB, everything saved {(most - start) / MiB:.2f} MiB\n")
     print(f"| row | peak budget (MiB) | predicted peak (MiB) | measured peak (MiB) | step {clock} time (ms) | "
           "vs its own uncheckpointed step |")
     print("|---|---:|---:|---:|---:|---:|")
