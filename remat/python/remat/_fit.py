@@ -25,6 +25,13 @@ sequence x sequence) shows in the scaled step's peak, read when its backward end
 with those inputs scale by the growth measured, and a step that went over the budget is a warning
 naming the measured and predicted peaks, never silent.
 
+A step that differs from the profiled one otherwise (a checkpoint called more times, a region the
+profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape)
+recomputes every region from the first difference and is said once per difference. Every planned
+step's peak is read when its backward ends: later steps with those inputs plan lower by what a
+step that differed took above its prediction, or by what one went over the budget (said once),
+and one is profiled again where saving everything is estimated within the budget.
+
 The step's tensors must be counted for the profile to measure the step: CPU tensors inside
 remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
 """
@@ -94,13 +101,13 @@ class FitState:
         self.warned = set()         # signatures fit has told the user about
         self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
         self.watch = None           # (profile, StepWatch) following planned steps along that profile's step
-        self.diverged = None        # (what differed, plan's predicted peak, bytes when it differed) this step
+        self.diverged = None        # (what differed, plan's predicted peak, the peak before it) this step
         self.told_differences = set()  # what differed that fit has told the user about
         self.reprofile = {}         # signature -> (what differed, bytes saving it would add): profile again
         self.reprofiled = set()     # what differed that made fit profile again (once each)
         self.watch_signature = None  # the inputs of the step the watch follows, where planned unscaled
         self.reserve = {}           # signature -> bytes steps that differed took above their plan's prediction
-        self.diverged_peaks = []    # per step that differed: its measured peak from where it differed on
+        self.diverged_peaks = []    # per step that differed: its measured peak
         self.profiled_steps = 0
         self.planned_steps = 0
 
@@ -172,8 +179,9 @@ class FitState:
         profiled again where saving every region is estimated within the budget."""
         what, predicted, before = self.diverged
         device = StepRecorder._counted_device()
-        measured = max(self.backward_peak or 0, remat_alloc.memory_stats(device)["requested_bytes_peak"])
-        self.diverged_peaks.append(measured)  # the rest's peak: what the step took beyond its plan
+        # The step's peak: before the difference, or from there on
+        measured = max(before, self.backward_peak or 0, remat_alloc.memory_stats(device)["requested_bytes_peak"])
+        self.diverged_peaks.append(measured)
         signature = self.watch_signature
         if signature is None:
             return
