@@ -4,6 +4,12 @@ plan at 5 budgets from the least the checkpoints can keep to everything saved, e
 wrap_decoder_layers(model, plan=plan), against the hand choices (attention saved, everything
 recomputed) and torch.compile's own planner (torch._functorch.config.activation_memory_budget).
 
+A second table plans by the step's peak (profile.plan(peak_bytes=)) at 5 peak budgets from the
+least any plan reaches to everything saved: each plan's predicted peak beside the peak measured
+(the step's own bytes above what it began with), its step time against no checkpointing, and the
+torch.compile rows' measured peaks with their time against compile's own uncheckpointed step
+(activation_memory_budget 1.0).
+
 For each row: the bytes the plan predicts its checkpoints keep, the bytes they keep measured
 after forward (the live checkpoints' saved-tensors reports, each storage once: must be at most
 the budget), the step's kept and peak bytes as hf_llama_bench counts them (remat's tagging
@@ -112,6 +118,16 @@ def main():
     budgets = [low + (high - low) * k // 4 for k in range(5)]
 
     rows = [("no checkpointing", fresh(), None, None)]
+    # Plans by the step's peak at 5 peak budgets from the least any plan reaches to everything
+    # saved. Bytes are the step's own, above what it began with (the meter's peak: the weights of
+    # every row's model are allocated throughout), as the profile's start bytes make them.
+    start = profile.step_start_bytes
+    least, most = profile.least_peak_bytes(), profile.step_peak_bytes
+    rows_by_peak = []
+    for budget in sorted({least + (most - least) * k // 4 for k in range(5)}):
+        plan = profile.plan(peak_bytes=budget)
+        rows_by_peak.append((f"plan by peak at {(budget - start) / MiB:.2f} MiB", plan, budget - start,
+                             plan.peak_bytes - start))
     hand = [("hand: attention saved", ("self_attn",)), ("hand: everything recomputed", ())]
     for label, save in hand:
         rows.append((label, remat.wrap_decoder_layers(fresh(), save=save), None, None))
@@ -144,6 +160,10 @@ def main():
         rows.append((f"plan at {label[6:]}'s {kept / MiB:.2f} MiB", remat.wrap_decoder_layers(fresh(), plan=plan),
                      plan, kept))
 
+    first_by_peak = len(rows)
+    for label, plan, budget, _ in rows_by_peak:
+        rows.append((label, remat.wrap_decoder_layers(fresh(), plan=plan), None, None))
+
     samples = [[] for _ in rows]
     for round_index in range(args.rounds + 1):
         shift = round_index % len(rows)
@@ -164,7 +184,8 @@ def main():
     print("| row | budget (MiB) | predicted (MiB) | checkpoints keep (MiB) | step kept (MiB) | step peak (MiB) | "
           f"step {clock} time (ms) | vs none |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for (label, _, plan, budget), rounds in zip(rows, samples):
+    for (label, _, plan, budget), rounds in list(zip(rows, samples))[:first_by_peak] + list(
+            zip(rows, samples))[len(rows) - len(compiled):]:
         seconds = statistics.median(r[0] for r in rounds)
         kept = statistics.median(r[1] for r in rounds)
         step_kept = statistics.median(r[2] for r in rounds)
@@ -173,6 +194,30 @@ def main():
         print(f"| {label}{within} | {'-' if budget is None else f'{budget / MiB:.2f}'} | "
               f"{'-' if plan is None else f'{plan.kept_bytes / MiB:.2f}'} | {kept / MiB:.2f} | {step_kept / MiB:.2f} | "
               f"{peak / MiB:.2f} | {seconds * 1e3:.1f} | {seconds / baseline:.2f}x |")
+    # By step peak: each plan's prediction beside the peak measured, and torch.compile's rows
+    # against its own uncheckpointed compiled step (activation_memory_budget 1.0, where measured).
+    print(f"\nBy step peak (the step's own bytes, above what was allocated when it began): the least any plan "
+          f"reaches {(least - start) / MiB:.2f} MiB, everything saved {(most - start) / MiB:.2f} MiB\n")
+    print(f"| row | peak budget (MiB) | predicted peak (MiB) | measured peak (MiB) | step {clock} time (ms) | "
+          "vs its own uncheckpointed step |")
+    print("|---|---:|---:|---:|---:|---:|")
+    eager = [(label, rounds) for (label, *_), rounds in zip(rows, samples)][:1]
+    peak_samples = samples[first_by_peak:first_by_peak + len(rows_by_peak)]
+    uncompiled = next((statistics.median(r[0] for r in rounds) for label, rounds in compiled if "=1.0 " in label), None)
+    for label, rounds in eager:
+        peak = statistics.median(r[3] for r in rounds)
+        print(f"| {label} | - | - | {peak / MiB:.2f} | {baseline * 1e3:.1f} | 1.00x |")
+    for (label, _, budget, predicted), rounds in zip(rows_by_peak, peak_samples):
+        seconds = statistics.median(r[0] for r in rounds)
+        peak = statistics.median(r[3] for r in rounds)
+        over = "" if peak <= budget else " OVER BUDGET"
+        print(f"| {label}{over} | {budget / MiB:.2f} | {predicted / MiB:.2f} | {peak / MiB:.2f} | "
+              f"{seconds * 1e3:.1f} | {seconds / baseline:.2f}x |")
+    for label, rounds in compiled:
+        seconds = statistics.median(r[0] for r in rounds)
+        peak = statistics.median(r[3] for r in rounds)
+        ratio = "-" if uncompiled is None else f"{seconds / uncompiled:.2f}x"
+        print(f"| {label} | - | - | {peak / MiB:.2f} | {seconds * 1e3:.1f} | {ratio} |")
     times = solver_timing()
     print(f"\nsolver, 10,000 regions (four kinds, times with 3% noise), 4 budgets: "
           f"{', '.join(f'{t * 1e3:.0f} ms' for t in times)}, every plan exact")

@@ -463,14 +463,17 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   ensure_engine_installed();
 
   const std::shared_ptr<Frame> frame = open_frame(options, std::move(body));
-  const bool keep_all_inputs = t_without_save_regions.contains(options.region_name);
+  // Under a plan (or a profile, which passes an empty one) whether a call runs save regions is the
+  // plan's choice, which may differ from the last call's: the remembered answer would keep inputs
+  // that the plan's saved regions let the runtime drop, so planned calls neither read nor write it.
+  const bool keep_all_inputs = !options.plan && t_without_save_regions.contains(options.region_name);
   record_inputs(*frame, inputs, keep_all_inputs);
   ReleaseIfForwardFails release_if_failed{*frame};
   TensorList outputs = run_forward(frame, inputs);
   refuse_needed_inputs_changed_in_place(*frame);
   keep_needed_inputs(*frame);
   keep_persisted_outputs(*frame);
-  remember_save_regions(options.region_name, keep_all_inputs, !frame->save_regions.empty());
+  if (!options.plan) remember_save_regions(options.region_name, keep_all_inputs, !frame->save_regions.empty());
   finish_forward(*frame, outputs);
   return outputs;
 }

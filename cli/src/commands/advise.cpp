@@ -11,9 +11,11 @@
 
 #include <remat/budget/budget_text.hpp>
 #include <remat/budget/plan.hpp>
+#include <remat/budget/step_peak.hpp>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -129,6 +131,27 @@ Report frontier_report(const budget::RegionProfile& profile, const std::vector<b
   return report;
 }
 
+// The frontier against the step peak: the fastest plan at budgets from the least peak to every
+// region saved (as profile.frontier(by="peak") spreads them).
+std::string peak_svg(const budget::RegionProfile& profile, const std::string& source) {
+  std::uint64_t least = 0;
+  std::vector<budget::Plan> plans;
+  try {
+    least = budget::least_step_peak(profile);
+    const std::uint64_t most = std::max(least, profile.step->peak_bytes);
+    std::uint64_t last = 0;
+    for (std::size_t i = 0; i < kPictureSteps; ++i) {
+      const std::uint64_t budget = least + (most - least) * i / (kPictureSteps - 1);
+      if (i > 0 && budget == last) continue;
+      last = budget;
+      plans.push_back(budget::solve_peak(profile, budget));
+    }
+  } catch (const budget::BudgetError& error) {
+    throw InputError(error.what());
+  }
+  return peak_frontier_svg(profile, plans, least, source);
+}
+
 }  // namespace
 
 void register_advise(CLI::App& app, GlobalOptions& options) {
@@ -152,7 +175,9 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
   command->add_option("--steps", opts->steps, "Budgets on the frontier without --budget (default 8)")
       ->check(whole_number(2, 1000, "budgets on the frontier"));
   auto* svg_option = command->add_option(
-      "--svg", opts->svg, "Also draw the frontier (recompute time of the fastest plan at each budget) into OUT.svg");
+      "--svg", opts->svg,
+      "Also draw the frontier (recompute time of the fastest plan at each budget) into OUT.svg; with --peak, against "
+      "the step's peak");
   add_output_options(*command, options);
   command->callback([opts, budget_option, peak_option, svg_option, &options] {
     const bool draw = svg_option->count() > 0;
@@ -175,7 +200,11 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       throw InputError(error.what());
     }
     if (opts->group) profile = budget::grouped(profile);
-    if (picture) write_output_file(*picture, frontier_svg(profile, budget::frontier(profile, kPictureSteps), source));
+    if (picture && by_peak) {
+      write_output_file(*picture, peak_svg(profile, source));
+    } else if (picture) {
+      write_output_file(*picture, frontier_svg(profile, budget::frontier(profile, kPictureSteps), source));
+    }
     if (!has_budget) {
       print(frontier_report(profile, budget::frontier(profile, opts->steps)), options);
       return;

@@ -35,12 +35,24 @@ std::vector<Tick> second_ticks(double max, int count) {
   return ticks;
 }
 
-}  // namespace
+// What the picture puts on its x axis: the budget of each plan (from which it holds until the next
+// one's), where the plan itself lies, and the words for both.
+struct XAxis {
+  std::uint64_t low = 0;   // below it no plan exists
+  std::uint64_t high = 0;  // everything saved
+  std::uint64_t (*budget_of)(const budget::Plan&) = nullptr;
+  std::uint64_t (*point_of)(const budget::Plan&) = nullptr;
+  const char* title = "";
+  const char* subtitle = "";  // {} {}: the least and the most, as bytes
+  const char* label = "";
+  const char* data = "";      // the root's data attributes for low and high: {} {}
+  const char* point = "";     // a circle's title: budget {}, {} (the point), recomputes {:.6g} s
+};
 
-std::string frontier_svg(const budget::RegionProfile& profile, const std::vector<budget::Plan>& plans,
-                         const std::string& source) {
-  const std::uint64_t low = profile.base_bytes;
-  const std::uint64_t high = profile.all_saved_bytes();
+std::string draw(const budget::RegionProfile& profile, const std::vector<budget::Plan>& plans,
+                 const std::string& source, const XAxis& axis) {
+  const std::uint64_t low = axis.low;
+  const std::uint64_t high = axis.high;
   double most_seconds = 0;
   for (const budget::Plan& plan : plans) most_seconds = std::max(most_seconds, plan.recompute_seconds);
   const std::vector<Tick> x_ticks = byte_ticks(high, 8);
@@ -52,31 +64,29 @@ std::string frontier_svg(const budget::RegionProfile& profile, const std::vector
 
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-      "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\" data-regions=\"{2}\" "
-      "data-base-bytes=\"{3}\" data-all-saved-bytes=\"{4}\" data-plans=\"{5}\">\n",
-      kWidth, kHeight, profile.regions.size(), low, high, plans.size());
+      "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\" data-regions=\"{2}\" {3} "
+      "data-plans=\"{4}\">\n",
+      kWidth, kHeight, profile.regions.size(), fmt::format(fmt::runtime(axis.data), low, high), plans.size());
   svg += fmt::format("<rect width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", kWidth, kHeight);
-  svg += fmt::format("<text x=\"{}\" y=\"26\" font-size=\"17\" font-weight=\"bold\">Recompute time of the fastest "
-                     "plan at each budget</text>\n",
-                     kLeft);
-  svg += fmt::format("<text x=\"{}\" y=\"46\" fill=\"#555\">{} - {} regions; {} kept with every region recomputed, "
-                     "{} with every region saved</text>\n",
-                     kLeft, xml_escape(source), profile.regions.size(), human_bytes(low), human_bytes(high));
+  svg += fmt::format("<text x=\"{}\" y=\"26\" font-size=\"17\" font-weight=\"bold\">{}</text>\n", kLeft,
+                     axis.title);
+  svg += fmt::format("<text x=\"{}\" y=\"46\" fill=\"#555\">{} - {} regions; {}</text>\n", kLeft,
+                     xml_escape(source), profile.regions.size(),
+                     fmt::format(fmt::runtime(axis.subtitle), human_bytes(low), human_bytes(high)));
   svg += axis_grid({kLeft, kTop, kPlotW, kPlotH}, x_ticks, y_ticks, x_of, y_of);
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#333\">budget (bytes the "
-                     "checkpoints may keep)</text>\n",
-                     kLeft + kPlotW / 2, kHeight - 18);
-  // Below base_bytes no plan exists.
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#333\">{}</text>\n",
+                     kLeft + kPlotW / 2, kHeight - 18, axis.label);
+  // Below the least no plan exists.
   svg += fmt::format("<rect id=\"infeasible\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
                      "fill=\"#f3f3f3\"/>\n",
                      kLeft, kTop, x_of(static_cast<double>(low)) - kLeft, kPlotH);
   // The frontier: each plan holds from its budget to the next one's.
   std::string path;
   for (std::size_t i = 0; i < plans.size(); ++i) {
-    const double x = x_of(static_cast<double>(plans[i].budget_bytes));
+    const double x = x_of(static_cast<double>(axis.budget_of(plans[i])));
     const double y = y_of(plans[i].recompute_seconds);
     path += fmt::format("{}{:.1f},{:.1f}", i == 0 ? "M" : " L", x, y);
-    const double next = i + 1 < plans.size() ? x_of(static_cast<double>(plans[i + 1].budget_bytes)) : x;
+    const double next = i + 1 < plans.size() ? x_of(static_cast<double>(axis.budget_of(plans[i + 1]))) : x;
     path += fmt::format(" L{:.1f},{:.1f}", next, y);
   }
   svg += fmt::format("<path id=\"frontier\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n", path,
@@ -84,14 +94,48 @@ std::string frontier_svg(const budget::RegionProfile& profile, const std::vector
   svg += "<g id=\"plans\">\n";
   for (const budget::Plan& plan : plans) {
     svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\" data-budget-bytes=\"{}\" "
-                       "data-kept-bytes=\"{}\" data-recompute-seconds=\"{:.9g}\"><title>budget {}: keeps {}, "
-                       "recomputes {:.6g} s</title></circle>\n",
-                       x_of(static_cast<double>(plan.kept_bytes)), y_of(plan.recompute_seconds),
-                       series_color(1, false), plan.budget_bytes, plan.kept_bytes, plan.recompute_seconds,
-                       human_bytes(plan.budget_bytes), human_bytes(plan.kept_bytes), plan.recompute_seconds);
+                       "data-kept-bytes=\"{}\"{} data-recompute-seconds=\"{:.9g}\"><title>{}</title></circle>\n",
+                       x_of(static_cast<double>(axis.point_of(plan))), y_of(plan.recompute_seconds),
+                       series_color(1, false), axis.budget_of(plan), plan.kept_bytes,
+                       plan.peak_bytes != 0 ? fmt::format(" data-peak-bytes=\"{}\"", plan.peak_bytes) : "",
+                       plan.recompute_seconds,
+                       fmt::format(fmt::runtime(axis.point), human_bytes(axis.budget_of(plan)),
+                                   human_bytes(axis.point_of(plan)), plan.recompute_seconds));
   }
   svg += "</g>\n</svg>\n";
   return svg;
+}
+
+}  // namespace
+
+std::string frontier_svg(const budget::RegionProfile& profile, const std::vector<budget::Plan>& plans,
+                         const std::string& source) {
+  XAxis axis;
+  axis.low = profile.base_bytes;
+  axis.high = profile.all_saved_bytes();
+  axis.budget_of = [](const budget::Plan& plan) { return plan.budget_bytes; };
+  axis.point_of = [](const budget::Plan& plan) { return plan.kept_bytes; };
+  axis.title = "Recompute time of the fastest plan at each budget";
+  axis.subtitle = "{} kept with every region recomputed, {} with every region saved";
+  axis.label = "budget (bytes the checkpoints may keep)";
+  axis.data = "data-base-bytes=\"{}\" data-all-saved-bytes=\"{}\"";
+  axis.point = "budget {}: keeps {}, recomputes {:.6g} s";
+  return draw(profile, plans, source, axis);
+}
+
+std::string peak_frontier_svg(const budget::RegionProfile& profile, const std::vector<budget::Plan>& plans,
+                              std::uint64_t least_peak_bytes, const std::string& source) {
+  XAxis axis;
+  axis.low = least_peak_bytes;
+  axis.high = profile.step ? std::max(profile.step->peak_bytes, least_peak_bytes) : least_peak_bytes;
+  axis.budget_of = [](const budget::Plan& plan) { return plan.peak_budget_bytes; };
+  axis.point_of = [](const budget::Plan& plan) { return plan.peak_bytes; };
+  axis.title = "Recompute time of the fastest plan at each step peak";
+  axis.subtitle = "the least step peak any plan reaches {}, every region saved {}";
+  axis.label = "step peak budget (allocated bytes at the step's peak, predicted)";
+  axis.data = "data-least-peak-bytes=\"{}\" data-step-peak-bytes=\"{}\"";
+  axis.point = "peak budget {}: peaks at {} predicted, recomputes {:.6g} s";
+  return draw(profile, plans, source, axis);
 }
 
 }  // namespace remat::report

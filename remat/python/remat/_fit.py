@@ -25,6 +25,13 @@ sequence x sequence) shows in the scaled step's peak, read when its backward end
 with those inputs scale by the growth measured, and a step that went over the budget is a warning
 naming the measured and predicted peaks, never silent.
 
+A step that differs from the profiled one otherwise (a checkpoint called more times, a region the
+profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape)
+recomputes every region from the first difference and is said once per difference. Every planned
+step's peak is read when its backward ends: later steps with those inputs plan lower by what a
+step that differed took above its prediction, or by what one went over the budget (said once),
+and one is profiled again where saving everything is estimated within the budget.
+
 The step's tensors must be counted for the profile to measure the step: CPU tensors inside
 remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
 """
@@ -32,15 +39,13 @@ remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
 from __future__ import annotations
 
 import math
-import os
-import sys
-import warnings
 
 import remat_alloc
 import torch
 
 from . import _plans
 from ._step_profile import StepRecorder
+from ._step_shape import StepWatch, warn_at_user_line
 
 __all__ = ["fit", "unfit"]
 
@@ -66,12 +71,7 @@ def _bytes_text(count):
 
 
 def _tell(message):
-    """Warns at the user's line: the first frame outside remat and torch.nn's module calls."""
-    level, frame = 2, sys._getframe(1)
-    inside = (os.path.dirname(__file__), os.path.dirname(torch.nn.modules.module.__file__))
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
-        level, frame = level + 1, frame.f_back
-    warnings.warn(message, stacklevel=level)
+    warn_at_user_line(message)
 
 
 class _Profiled:
@@ -86,18 +86,28 @@ class FitState:
     """What fit() keeps for one model: the budget, the profiles by input signature, the profile
     being measured (open until the next training forward) and the plan of the step running now."""
 
-    def __init__(self, model, budget):
+    def __init__(self, model, budget, timer="auto"):
         self.model = model
         self.budget = budget
+        self.timer = timer          # how profiles time regions (profile_regions(timer=))
         self.profiles = {}          # signature -> _Profiled
         self.latest = None          # the _Profiled made last
         self.measuring = None       # (profile_regions, signature) open since a training forward
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
         self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
+        self.planned_step = None    # (signature, predicted peak) of a step planned from its inputs' own profile
         self.corrections = {}       # signature -> factor on the scaling ratio, after a scaled step went over
         self.warned = set()         # signatures fit has told the user about
-        self.backward_peak = None   # the peak when the scaled step's backward ended
+        self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
+        self.watch = None           # (profile, StepWatch) following planned steps along that profile's step
+        self.diverged = None        # (what differed, plan's predicted peak, the peak before it) this step
+        self.told_differences = set()  # what differed that fit has told the user about
+        self.reprofile = {}         # signature -> (what differed, bytes saving it would add): profile again
+        self.reprofiled = set()     # what differed that made fit profile again (once each)
+        self.watch_signature = None  # the inputs of the step the watch follows, where planned unscaled
+        self.reserve = {}           # signature -> bytes steps that differed took above their plan's prediction
+        self.diverged_peaks = []    # per step that differed: its measured peak
         self.profiled_steps = 0
         self.planned_steps = 0
 
@@ -136,13 +146,81 @@ class FitState:
                       f"budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): some "
                       f"region grows faster than the token count. Steps with these inputs now scale by "
                       f"{factor:.3g} more")
+        elif self.diverged is not None and StepRecorder._counted_device() is not None:
+            self._check_diverged_step()
+        elif self.planned_step is not None and StepRecorder._counted_device() is not None:
+            self._check_planned_step()
+        self.planned_step = None
         self.scaled_step = None
         self.backward_peak = None
+        self.diverged = None
+
+    # --- a step that differs from the profiled one (_step_shape) ------------------------------------
+
+    def _step_diverged(self, what):
+        """Called by the StepWatch at the first difference: from there the step recomputes every
+        region. The peak from there on is measured (read when backward ends)."""
+        device = StepRecorder._counted_device()
+        before = 0
+        if device is not None:  # the peak so far is kept; the peak from here is the rest's
+            before = remat_alloc.memory_stats(device)["requested_bytes_peak"]
+            remat_alloc.reset_peak_stats(device)
+        self.diverged = (what, self.predicted_peak_bytes, before)
+        if what not in self.told_differences:
+            self.told_differences.add(what)
+            _tell(f"remat.fit: this step differs from the profiled one: {what}. From there every region recomputes "
+                  "(the least memory); its peak is measured when its backward ends, later steps with these inputs "
+                  "leave room for what it took above its plan's prediction, and one is profiled again where saving "
+                  "every region is estimated within the budget")
+
+    def _check_diverged_step(self):
+        """After a step that differed: later steps with its inputs plan for less than the budget,
+        by what this one peaked above its plan's prediction (the room such a step takes), and are
+        profiled again where saving every region is estimated within the budget."""
+        what, predicted, before = self.diverged
+        device = StepRecorder._counted_device()
+        # The step's peak: before the difference, or from there on
+        measured = max(before, self.backward_peak or 0, remat_alloc.memory_stats(device)["requested_bytes_peak"])
+        self.diverged_peaks.append(measured)
+        signature = self.watch_signature
+        if signature is None:
+            return
+        held = self.reserve.get(signature, 0)
+        self.reserve[signature] = max(held, measured - predicted, held + measured - self.budget)
+        if measured > self.budget and ("over", what) not in self.told_differences:
+            self.told_differences.add(("over", what))
+            _tell(f"remat.fit: the last step, which differed from the profiled one ({what}), peaked at "
+                  f"{_bytes_text(measured)} with every region recomputed from there, over the budget of "
+                  f"{_bytes_text(self.budget)} (its plan predicted {_bytes_text(predicted)} for the profiled step): "
+                  f"later steps with these inputs plan for {_bytes_text(self.budget - self.reserve[signature])} to "
+                  "leave room for such steps")
+        if what not in self.reprofiled and measured > predicted:
+            # What the step took above its prediction ran at the least memory; saved, it would take
+            # about as much more as saving everything takes over the least peak in the profile.
+            profile = self.watch[0]
+            least = profile.least_peak_bytes() - profile.step_start_bytes
+            saving = (profile.step_peak_bytes - profile.step_start_bytes) / max(1, least)
+            self.reprofile[signature] = (what, math.ceil((measured - predicted) * max(1.0, saving)))
+
+    def _check_planned_step(self):
+        """After a step that ran as profiled: over the budget (a prediction that did not hold), it is
+        said once, and later steps with its inputs plan for less by what it went over."""
+        signature, predicted = self.planned_step
+        measured = max(self.backward_peak or 0,
+                       remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes_peak"])
+        if measured <= self.budget:
+            return
+        self.reserve[signature] = self.reserve.get(signature, 0) + measured - self.budget
+        if ("over", signature) not in self.told_differences:
+            self.told_differences.add(("over", signature))
+            _tell(f"remat.fit: the last step peaked at {_bytes_text(measured)}, over the budget of "
+                  f"{_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): later steps with these inputs "
+                  f"plan for {_bytes_text(self.budget - self.reserve[signature])}")
 
     def watch_backward(self, out):
-        """For a step planned from a scaled profile: reads the peak when its backward ends (a hook
-        on the forward's output queues a callback the autograd engine runs at the end)."""
-        if self.scaled_step is None:
+        """For a planned step: reads the peak when its backward ends (a hook on the forward's
+        output queues a callback the autograd engine runs at the end)."""
+        if self.scaled_step is None and self.diverged is None and self.planned_step is None:
             return
         tensor = next((t for t in _plans.tensors_in(out) if t.requires_grad), None)
         if tensor is None:
@@ -175,6 +253,17 @@ class FitState:
             return self._profile_step(signature)
         known = self.profiles.get(signature)
         if known is not None:
+            again = self.reprofile.pop(signature, None)
+            if again is not None:
+                # A step with these inputs differed from the profile: profiled again where saving
+                # every region is estimated within the budget (an estimate: what that step ran
+                # instead was measured at the least memory, not saved).
+                what, more = again
+                profile = known.profile
+                estimate = max(start, profile.step_start_bytes) + profile.step_peak_bytes - profile.step_start_bytes + more
+                if estimate <= self.budget:
+                    self.reprofiled.add(what)
+                    return self._profile_step(signature)
             return self._plan_step(known, signature, start, 1.0)
         source = self.latest
         # Fewer elements than profiled: planned as the profiled inputs (what grows with them is not
@@ -198,7 +287,7 @@ class FitState:
         return self._plan_step(source, signature, start, ratio, change=change)
 
     def _profile_step(self, signature):
-        session = _plans.profile_regions()
+        session = _plans.profile_regions(timer=self.timer)
         session.__enter__()
         self.measuring = (session, signature)
         self.plan = self.predicted_peak_bytes = None
@@ -211,9 +300,10 @@ class FitState:
         profile = source.profile
         base = max(start, profile.step_start_bytes)  # more allocated now than then: it stays through the step
         least_now = base + math.ceil((profile.least_peak_bytes() - profile.step_start_bytes) * ratio)
-        if least_now > self.budget:
-            self._refuse(profile, source, base, ratio, least_now, signature)
-        plan = profile.plan(peak_bytes=profile.step_start_bytes + int((self.budget - base) / ratio))
+        reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
+        if least_now + reserve > self.budget:
+            self._refuse(profile, source, base, ratio, least_now, signature, reserve)
+        plan = profile.plan(peak_bytes=profile.step_start_bytes + int((self.budget - reserve - base) / ratio))
         predicted = base + math.ceil((plan.peak_bytes - profile.step_start_bytes) * ratio)
         if change is not None:
             _tell(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
@@ -223,17 +313,31 @@ class FitState:
                   "regions recomputed")
         if ratio != 1.0:
             self.scaled_step = (signature, base, predicted, ratio)
-            remat_alloc.reset_peak_stats(StepRecorder._counted_device())
+        else:
+            self.planned_step = (signature, predicted)
+        remat_alloc.reset_peak_stats(StepRecorder._counted_device())  # the step's peak, read when backward ends
         self.plan = plan
         self.predicted_peak_bytes = predicted
         self.planned_steps += 1
-        return _plans.use_plan(plan)
+        # Not strict: a region the profile does not name is a step that differs, which the watch
+        # meets by recomputing (a strict plan would refuse it)
+        context = _plans.use_plan(plan, strict=False)
+        if self.watch is None or self.watch[0] is not profile or self.watch[1].sizes != (ratio == 1.0):
+            self.watch = (profile, StepWatch(profile._shape, self._step_diverged, sizes=ratio == 1.0))
+        self.watch[1].new_step()
+        self.watch_signature = signature if ratio == 1.0 else None
+        context._watch = self.watch[1]
+        return context
 
-    def _refuse(self, profile, source, base, ratio, least_now, signature):
+    def _refuse(self, profile, source, base, ratio, least_now, signature, reserve=0):
         gradients = max(0, profile.step_end_bytes - profile.step_start_bytes)  # made in backward, kept after it
         fixed = base + gradients
         scaled = "" if ratio == 1.0 else (f" (the profile at inputs {_shapes_text(source.signature)} scaled by "
                                           f"{ratio:.3g}, every region assumed to scale with the token count)")
+        if reserve:
+            scaled += (f", and a step with these inputs that differed from the profiled one took "
+                       f"{_bytes_text(reserve)} more")
+            least_now += reserve
         raise ValueError(f"remat.fit: no plan keeps this step within the budget of {_bytes_text(self.budget)}: the "
                          f"least step peak any plan reaches at inputs {_shapes_text(signature)} is "
                          f"{_bytes_text(least_now)}{scaled}. What stays allocated through the step (parameters, "
@@ -271,7 +375,7 @@ class _FitForward:
         return out
 
 
-def fit(model, budget):
+def fit(model, budget, *, timer="auto"):
     """Keeps every training step of `model` within `budget`, the step's peak allocated bytes
     (an int, or a string with a unit: "70GiB", "512 MiB", "80GB"), and returns the model: the
     first training step runs profiled (remat.profile_regions(), every region saved), later ones
@@ -279,12 +383,14 @@ def fit(model, budget):
     inputs change shape (module docstring). The model's checkpoints and regions are its own
     (remat.checkpoint, remat.region, wrap_decoder_layers). model.remat_fit holds the state: its
     .plan is the plan of the last planned step. Calling fit again replaces the budget and starts
-    from a new profile; remat.unfit(model) undoes it."""
+    from a new profile; remat.unfit(model) undoes it. timer: how the profiles time regions,
+    "auto" or "wall" (wall-clock, for regions that wait: remat.profile_regions(timer=))."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"remat.fit: model must be a torch.nn.Module, got {type(model).__name__}")
     budget = _plans.budget_arg(budget, "remat.fit: budget")
+    timer = _plans.timer_arg("remat.fit", timer)
     unfit(model)
-    state = FitState(model, budget)
+    state = FitState(model, budget, timer)
     model.forward = _FitForward(state, model.forward, model.__dict__.get("forward"))
     model.remat_fit = state
     return model

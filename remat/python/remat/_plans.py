@@ -38,6 +38,7 @@ from . import _budget
 from ._arguments import flag_arg
 from ._extension import _C
 from ._step_profile import StepRecorder, tensors_in
+from ._step_shape import StepShape, StepWatch, warn_at_user_line
 
 __all__ = ["RegionCost", "RegionProfile", "Plan", "profile_regions", "use_plan", "load_plan"]
 
@@ -67,11 +68,26 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     if profile is None and in_force is None:
         return call(fn, None)
     run = _CheckpointRun(name, None if in_force is None else in_force.plan._choices(), profile)
+    # Profiled or watched, the settings are chosen here, region by region; the runtime is given a
+    # plan naming no region, so that it takes them as they come and runs as it does under a plan.
     if profile is not None:
-        return profile.run_checkpoint(name, args, kwargs, lambda: call(run.body(fn), None))
-    out = call(run.body(fn), run.choices)
+        return profile.run_checkpoint(name, args, kwargs, lambda: call(run.body(fn), _no_choices()))
+    if in_force.watch is not None and torch.is_grad_enabled():
+        # Watched: a step which differs from the profiled one recomputes every region from there
+        # on (_step_shape).
+        run.watch = in_force.watch.call(name, args, kwargs)
+        out = call(run.body(fn), _no_choices())
+        run.watch.forward_done(out)
+    else:
+        out = call(run.body(fn), run.choices)
     in_force.checkpoint_ran(run)
     return out
+
+
+def _no_choices():
+    if not hasattr(_no_choices, "choices"):
+        _no_choices.choices = _C.RegionChoices([])
+    return _no_choices.choices
 
 
 def run_region(name, own_recompute, call, args=()):
@@ -96,14 +112,18 @@ class _CheckpointRun:
         self.name = name
         self.choices = choices  # None while profiling
         self.profile = profile
+        self.watch = None  # the _CallWatch of a watched plan, which then applies the choices here
         self.ran = []  # (path, planned) of the regions forward ran that are not part of a planned region
         self._open = []  # for each region open now: whether it, or one around it, took the plan's choice
+        self._settings = {}  # watched: (path, occurrence) -> the recompute setting forward ran it with
+        self._seen = {}  # watched: path -> regions of that path run in this pass (forward, or a recompute)
 
     def body(self, fn):
         def body(*args, **kwargs):
             if not hasattr(_state, "checkpoints"):
                 _state.checkpoints = []
             _state.checkpoints.append(self)
+            self._seen = {}  # each pass (forward, recompute) counts its regions from the first
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -116,6 +136,8 @@ class _CheckpointRun:
 
     def run_region(self, name, own_recompute, call, args=()):
         path = f"{self.name}::{name}"
+        if self.watch is not None:
+            return self._run_watched_region(path, own_recompute, call, args)
         inside_planned = any(self._open)
         if self.profile is not None:
             recompute, planned = False, True
@@ -138,6 +160,42 @@ class _CheckpointRun:
             return run() if self.profile is None else self.profile.time_region(path, run, args)
         finally:
             self._open.pop()
+
+    def _run_watched_region(self, path, own_recompute, call, args):
+        """A region under a watched plan, which the runtime runs with no plan of its own: the
+        setting passed is the one the runtime would take from the plan (run_region), and inside a
+        saved region it runs inert (False). A top-level region recomputes once the step has
+        diverged. Recompute runs each region as forward ran it."""
+        recomputing = _C.is_recomputing()
+        occurrence = self._seen.get(path, 0)
+        self._seen[path] = occurrence + 1
+        top_level = not self._open
+        if recomputing:
+            recompute = self._settings.get((path, occurrence), own_recompute)
+            planned = False
+        elif not top_level and not all(setting for setting, _ in self._open):
+            recompute, planned = False, False
+        else:
+            choice = self.choices.recompute_of(path)
+            planned = choice is not None
+            inside_planned = any(taken for _, taken in self._open)
+            if planned or not inside_planned:
+                self.ran.append((path, planned))
+            if top_level and self.watch.region(path, args):
+                choice, planned = True, True  # the step has diverged: the least memory
+            recompute = choice if planned else True if inside_planned else own_recompute
+            self._settings[(path, occurrence)] = recompute
+        self._open.append((recompute, planned or any(taken for _, taken in self._open)))
+        try:
+            out = call(recompute)
+        finally:
+            self._open.pop()
+        if not recomputing:
+            if not recompute:
+                _C.recompute_needs_tensor(*tensors_in(out))
+            if top_level:
+                self.watch.region_done(path, out)
+        return out
 
 
 def budget_arg(value, what):
@@ -205,6 +263,7 @@ class RegionProfile:
         self.device = doc.get("device_name", "")
         self.timer = doc.get("timer", "")
         self.regions = [RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]]
+        self._shape = None  # the StepShape profile_regions recorded; a dump does not hold it
 
     @classmethod
     def from_json(cls, source):
@@ -309,6 +368,25 @@ class Plan:
         self._profile = profile
         self._group = group
         self._region_choices = None
+        self._told = set()  # differences from the profiled step a watched use_plan warned about
+
+    def _step_watch(self):
+        """A StepWatch along the step this plan's profile measured (None for a plan read from a
+        dump, whose profile's step is not known), warning once per plan for each difference."""
+        shape = getattr(self._profile, "_shape", None)
+        if shape is None:
+            return None
+
+        def diverged(what):
+            if what in self._told:
+                return
+            self._told.add(what)
+            prediction = "" if self.peak_bytes is None else f" ({self.peak_bytes} bytes at the step's peak)"
+            warn_at_user_line(f"use_plan: this step differs from the profiled one: {what}. From there every region "
+                              f"recomputes (the least memory), and the plan's prediction{prediction} does not hold "
+                              "for it; profile a step like this one (remat.profile_regions()) to plan for it")
+
+        return StepWatch(shape, diverged)
 
     def _choices(self):
         if self._region_choices is None:
@@ -438,6 +516,7 @@ class _PlanInForce:
         self.plan = plan
         self.strict = strict
         self.where = where
+        self.watch = None  # a _step_shape.StepWatch where the plan's profile recorded its step
         self._under = {}  # plan entry -> the regions that took their choice from it
         self._seen = set()
 
@@ -502,11 +581,13 @@ class use_plan:
         self._plan = plan
         self._strict = bool(strict)
         self._in_force = None
+        self._watch = None  # remat.fit's own StepWatch, else one made at __enter__
 
     def __enter__(self):
         if not hasattr(_state, "plans"):
             _state.plans = []
         self._in_force = _PlanInForce(self._plan, strict=self._strict, where="use_plan")
+        self._in_force.watch = self._watch if self._watch is not None else self._plan._step_watch()
         _state.plans.append(self._in_force)
         return self._plan
 
@@ -517,12 +598,31 @@ class use_plan:
         return False
 
 
+TIMERS = ("auto", "wall")
+
+
+def timer_arg(where, timer):
+    if timer not in TIMERS:
+        raise ValueError(f"{where}: timer must be 'auto' (CUDA events on a GPU, the thread's CPU time on the CPU) or "
+                         f"'wall' (wall-clock time, counting what a region waits for: I/O, a collective, a "
+                         f"synchronization), got {timer!r}")
+    return timer
+
+
 class profile_regions:
     """`with remat.profile_regions() as profile:` around one ordinary training step (forward and
     backward) measures every region of every checkpoint called inside on this thread; after the
-    block, `profile` is a RegionProfile (profile.regions, profile.base_bytes, profile.plan())."""
+    block, `profile` is a RegionProfile (profile.regions, profile.base_bytes, profile.plan()).
 
-    def __init__(self):
+    timer: how a region's forward seconds are measured. "auto": CUDA events on a GPU (the time the
+    GPU spent between the region's entry and exit), the thread's CPU time on the CPU (a region that
+    sleeps or waits counts only the CPU it used). "wall": wall-clock time (time.perf_counter), on a
+    GPU after synchronizing at the region's entry and exit, so a region that waits (I/O, a
+    collective, a synchronization) counts what it waited. The dump's "timer" says which:
+    cuda_events, thread_time or wall_time."""
+
+    def __init__(self, *, timer="auto"):
+        self._timer = timer_arg("profile_regions", timer)
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
         self._order = []        # region names in the order they first ran
@@ -541,6 +641,7 @@ class profile_regions:
         _state.session = self
         self._step = StepRecorder()
         self._step.begin()
+        self._shape = StepShape()
         return self
 
     def __exit__(self, exc_type, *rest):
@@ -559,11 +660,13 @@ class profile_regions:
             seconds = sum(t[0].elapsed_time(t[1]) / 1000.0 if isinstance(t, tuple) else t for t in self._timings[name])
             regions.append({"name": name, "saved_bytes": self._bytes.get(name, 0), "seconds": max(seconds, 0.0)})
         doc = {"kind": "region_profile", "schema_version": 1, "device_name": self._device,
-               "timer": "cuda_events" if self._device.startswith("cuda") else "thread_time",
+               "timer": ("wall_time" if self._timer == "wall" else
+                         "cuda_events" if self._device.startswith("cuda") else "thread_time"),
                "base_bytes": sum(self._inputs.values()), "regions": regions}
         if self._step.enabled:
             doc["step"] = self._step.to_dump(remat_alloc.memory_stats(self._step.device)["requested_bytes"])
         self._profile = RegionProfile(json.dumps(doc))
+        self._profile._shape = self._shape
         return False
 
     def _result(self):
@@ -585,6 +688,7 @@ class profile_regions:
                                "torch.inference_mode() or eval code): a checkpoint then keeps nothing for backward, "
                                "so the profile would price every region at 0 bytes. Profile an ordinary training step, "
                                "forward and backward with gradients on")
+        self._shape.record_call(name, args, kwargs)
         out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
         # address is its own), any other is this call's alone (a freed address used again by the
@@ -606,12 +710,15 @@ class profile_regions:
                            if not t.shares_storage and (t.device, t.address) not in self._inputs)
                 self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
         self._step.checkpoint_kept(call_index, reports[-1].regions if reports else [], args, kwargs, out)
+        self._shape.record_backward(out)
         return out
 
     def time_region(self, name, call, args=()):
         if self._depth > 0 or _C.is_recomputing():
             return call()
-        return self._step.region_forward(name, args, lambda: self._timed_region(name, call))
+        out = self._step.region_forward(name, args, lambda: self._timed_region(name, call))
+        self._shape.record_region(name, args, out)
+        return out
 
     def _timed_region(self, name, call):
         if name not in self._timings:
@@ -622,6 +729,15 @@ class profile_regions:
         try:
             if cuda:
                 self._device = f"cuda:{torch.cuda.current_device()}"
+            if self._timer == "wall":
+                if cuda:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                out = call()
+                if cuda:
+                    torch.cuda.synchronize()
+                self._timings[name].append(time.perf_counter() - start)
+            elif cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 out = call()

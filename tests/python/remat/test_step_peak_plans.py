@@ -213,6 +213,37 @@ def test_remat_report_advise_peak_makes_the_same_plan_and_prediction(tagged, tmp
     assert f"the least any plan reaches is" in run.stderr and f"({least} bytes)" in run.stderr
 
 
+def test_remat_report_advise_peak_svg_draws_the_frontier_against_the_step_peak(tagged, tmp_path):
+    from xml.etree import ElementTree
+
+    _, profile = readme_setup()
+    path = tmp_path / "profile.json"
+    profile.to_json(path)
+    picture = tmp_path / "peak.svg"
+    run = subprocess.run([remat_report(), "advise", str(path), "--peak", f"{profile.step_peak_bytes}B", "--svg",
+                          str(picture)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    root = ElementTree.parse(picture).getroot()
+    svg = "{http://www.w3.org/2000/svg}"
+    least, most = profile.least_peak_bytes(), profile.step_peak_bytes
+    assert int(root.get("data-least-peak-bytes")) == least and int(root.get("data-step-peak-bytes")) == most
+    assert "at each step peak" in ElementTree.tostring(root, encoding="unicode")
+    plans = root.findall(f".//{svg}circle")
+    assert len(plans) == int(root.get("data-plans")) > 2
+    budgets = [int(plan.get("data-budget-bytes")) for plan in plans]
+    assert budgets[0] == least and budgets[-1] == most and budgets == sorted(budgets)
+    for plan, budget in zip(plans, budgets):  # the plan Python makes at that peak budget, and its prediction
+        made = profile.plan(peak_bytes=budget)
+        assert int(plan.get("data-peak-bytes")) == made.peak_bytes <= budget
+        assert float(plan.get("data-recompute-seconds")) == pytest.approx(made.recompute_seconds, rel=1e-6)
+    seconds = [float(plan.get("data-recompute-seconds")) for plan in plans]
+    assert seconds == sorted(seconds, reverse=True) and seconds[-1] == 0.0 < seconds[0]
+    # without --peak the picture is by what the checkpoints keep, as before
+    run = subprocess.run([remat_report(), "advise", str(path), "--svg", str(picture)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0 and ElementTree.parse(picture).getroot().get("data-base-bytes") is not None
+
+
 # --- the Hugging Face Llama of bench/python/hf_llama_bench.py -------------------------------------
 
 def test_hugging_face_llama_steps_peak_within_the_budget_and_the_prediction(tagged):
