@@ -240,9 +240,9 @@ class Checkpoint:
 
     def _state_hooks(self, choices):
         """The state hooks of a call: its own, or under a plan (`choices`) with the RNG state
-        hooks too, since a plan may recompute a region the code saves, random draws and all;
-        also while a profile is measured, so that it counts the states they keep."""
-        if choices is None and _plans.profiling() is None:
+        hooks too, since a plan may recompute a region the code saves, random draws and all.
+        (The CPU state is kept as plain values, no tensor: what the step counts is the same.)"""
+        if choices is None:
             return self._hooks
         if self._hooks_under_plan is None:
             self._hooks_under_plan = with_rng_state_hooks(self._hooks)

@@ -110,6 +110,29 @@ class FitState:
         self.diverged_peaks = []    # per step that differed: its measured peak
         self.profiled_steps = 0
         self.planned_steps = 0
+        # The step's peak, in a window of fit's own (remat_alloc.PeakWindow): the peak statistics
+        # (memory_stats(), PyTorch's max_memory_allocated()) stay the user's to read and reset.
+        self._window = None
+        self._window_peak = 0
+
+    def _read_peak(self):
+        """The most requested bytes held since _restart_peak()."""
+        device = StepRecorder._counted_device()
+        if device is None:
+            return 0
+        if self._window is None or self._window.device != device:
+            self._window = remat_alloc.PeakWindow(device)
+            self._window_peak = 0
+        self._window_peak = max(self._window_peak, self._window.take())
+        return self._window_peak
+
+    def _restart_peak(self):
+        self._read_peak()
+        self._window_peak = 0
+
+    def close(self):
+        if self._window is not None:
+            self._window.close()
 
     # --- between steps ---------------------------------------------------------------------------
 
@@ -135,8 +158,7 @@ class FitState:
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
             signature, base, predicted, ratio = self.scaled_step
             # The peak when backward ended (read then: the loop may reset the peak after it), or now
-            measured = max(self.backward_peak or 0,
-                           remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes_peak"])
+            measured = max(self.backward_peak or 0, self._read_peak())
             factor = (measured - base) / max(1, predicted - base)
             if factor > 1.0:  # grew faster than the token count: later steps with these inputs scale by more
                 self.corrections[signature] = self.corrections.get(signature, 1.0) * factor
@@ -163,8 +185,8 @@ class FitState:
         device = StepRecorder._counted_device()
         before = 0
         if device is not None:  # the peak so far is kept; the peak from here is the rest's
-            before = remat_alloc.memory_stats(device)["requested_bytes_peak"]
-            remat_alloc.reset_peak_stats(device)
+            before = self._read_peak()
+            self._restart_peak()
         self.diverged = (what, self.predicted_peak_bytes, before)
         if what not in self.told_differences:
             self.told_differences.add(what)
@@ -178,9 +200,8 @@ class FitState:
         by what this one peaked above its plan's prediction (the room such a step takes), and are
         profiled again where saving every region is estimated within the budget."""
         what, predicted, before = self.diverged
-        device = StepRecorder._counted_device()
         # The step's peak: before the difference, or from there on
-        measured = max(before, self.backward_peak or 0, remat_alloc.memory_stats(device)["requested_bytes_peak"])
+        measured = max(before, self.backward_peak or 0, self._read_peak())
         self.diverged_peaks.append(measured)
         signature = self.watch_signature
         if signature is None:
@@ -206,8 +227,7 @@ class FitState:
         """After a step that ran as profiled: over the budget (a prediction that did not hold), it is
         said once, and later steps with its inputs plan for less by what it went over."""
         signature, predicted = self.planned_step
-        measured = max(self.backward_peak or 0,
-                       remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes_peak"])
+        measured = max(self.backward_peak or 0, self._read_peak())
         if measured <= self.budget:
             return
         self.reserve[signature] = self.reserve.get(signature, 0) + measured - self.budget
@@ -225,10 +245,8 @@ class FitState:
         tensor = next((t for t in _plans.tensors_in(out) if t.requires_grad), None)
         if tensor is None:
             return
-        device = StepRecorder._counted_device()
-
         def backward_ended():
-            self.backward_peak = max(self.backward_peak or 0, remat_alloc.memory_stats(device)["requested_bytes_peak"])
+            self.backward_peak = max(self.backward_peak or 0, self._read_peak())
 
         def backward_began(grad):
             torch.autograd.Variable._execution_engine.queue_callback(backward_ended)
@@ -315,7 +333,7 @@ class FitState:
             self.scaled_step = (signature, base, predicted, ratio)
         else:
             self.planned_step = (signature, predicted)
-        remat_alloc.reset_peak_stats(StepRecorder._counted_device())  # the step's peak, read when backward ends
+        self._restart_peak()  # the step's peak, read when backward ends
         self.plan = plan
         self.predicted_peak_bytes = predicted
         self.planned_steps += 1
@@ -404,6 +422,7 @@ def unfit(model):
         if forward.state.measuring is not None:
             forward.state.measuring[0].__exit__(RuntimeError, None, None)
             forward.state.measuring = None
+        forward.state.close()
         if forward.own is not None:
             model.forward = forward.own
         else:
