@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=3, help="steps per measurement")
     parser.add_argument("--python-hooks", action="store_true",
-                        help="track with remat_alloc's Python hooks, not remat._C's (what tracking costs without remat)")
+                        help="track with remat_alloc's Python hooks, not remat._C's (tracking without remat)")
     for name in ("hidden", "layers", "sequence", "batch", "vocab", "heads", "kv-heads"):
         parser.add_argument(f"--{name}", type=int, help="a model of your own (the others from small)")
     args = parser.parse_args()

@@ -8,8 +8,8 @@
 #include "saved_registry.hpp"
 #include "thread_state.hpp"
 
-#include <remat/tracking.hpp>
 #include <remat/alloc/allocator.hpp>
+#include <remat/tracking.hpp>
 
 #include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/autograd/engine.h>

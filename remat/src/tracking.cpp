@@ -88,9 +88,8 @@ void tag_input(const at::Tensor& tensor) {
   const void* ptr = tensor.storage().data();
   if (ptr == nullptr) return;
   bool done = false;
-  alloc::for_each_device_allocator([&](alloc::CachingAllocator& allocator) {
-    done = done || allocator.retag_block(ptr, &as_input).has_value();
-  });
+  alloc::for_each_device_allocator(
+      [&](alloc::CachingAllocator& allocator) { done = done || allocator.retag_block(ptr, &as_input).has_value(); });
 }
 
 void hook_backward(const std::shared_ptr<torch::autograd::Node>& node, alloc::NameId module, bool root) {

@@ -113,11 +113,14 @@ def check_retag(tmp):
               ("free_requested", 0x3000, 1024, 1), ("free_completed", 0x3000, 1024, 1)]
     header["event_count"] = len(events)
     header.pop("dropped_records", None)
-    lines = [json.dumps(header)] + [json.dumps({"action": a, "time_us": 1000 + i, "address": addr, "size": size,
-                                                 "stream": 0, "tag": tag}) for i, (a, addr, size, tag) in enumerate(events)]
+    lines = [json.dumps(header)]
+    for i, (action, address, size, tag) in enumerate(events):
+        lines.append(json.dumps({"action": action, "time_us": 1000 + i, "address": address, "size": size, "stream": 0,
+                                 "tag": tag}))
     trace.write_text("\n".join(lines) + "\n")
     run("validate", str(trace))
-    rows = {row["category"]: row for row in json.loads(run("memory", str(trace), "--by", "category", "--json"))["memory"]}
+    memory = json.loads(run("memory", str(trace), "--by", "category", "--json"))["memory"]
+    rows = {row["category"]: row for row in memory}
     assert rows["parameter"]["live_bytes"] == 4096 and rows["parameter"]["peak_bytes"] == 4096, rows
     assert rows["temporary"]["live_bytes"] == 0 and rows["temporary"]["peak_bytes"] == 4096, rows
     summary = run("summary", str(trace))

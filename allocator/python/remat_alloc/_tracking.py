@@ -307,7 +307,6 @@ class Tracker:
             self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=root))
             self._handles.append(module.register_forward_hook(post, always_call=True))
 
-
     def _pre_hook(self, path: bytes, root: bool):
         lib = _lib()
 

@@ -86,7 +86,9 @@ void bind_tracking(py::module_& m) {
       .def("alive", &tracking::RetagLog::alive);
 
   py::class_<TrackEnter>(m, "TrackEnter", "Tracking's forward pre-hook: a temporary of the module from here.")
-      .def(py::init([](const std::string& module, bool root) { return TrackEnter{interned(module), root}; }),
+      .def(py::init([](const std::string& module, bool root) {
+             return TrackEnter{interned(module), root};
+           }),
            py::arg("module"), py::arg("root") = false)
       .def("__call__", [](const TrackEnter& self, const py::args& args, const py::kwargs&) {
         if (self.root) {
