@@ -9,7 +9,6 @@
 #include "thread_state.hpp"
 
 #include <remat/alloc/allocator.hpp>
-#include <remat/tracking.hpp>
 
 #include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/autograd/engine.h>
@@ -104,7 +103,7 @@ class RematEngine final : public torch::autograd::Engine {
       return make_checkpoint_hooks(frame_owner(), state);
     }
     if (saved_tracking_enabled() && user_hooks_depth() == 0) return std::make_unique<TrackingHooks>();
-    if (tracking::in_tracked_forward() && user_hooks_depth() == 0 && !tracing_or_disabled()) {
+    if (tracked_forwards() > 0 && user_hooks_depth() == 0 && !tracing_or_disabled()) {
       return std::make_unique<ActivationHooks>();
     }
     return delegate_.get_default_saved_variable_hooks();

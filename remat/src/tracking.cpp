@@ -6,6 +6,7 @@
 #include <remat/tracking.hpp>
 
 #include "engine.hpp"
+#include "thread_state.hpp"
 
 #include <remat/alloc/allocator.hpp>
 
@@ -21,7 +22,6 @@ namespace remat::tracking {
 namespace {
 
 thread_local std::vector<std::pair<alloc::Category, alloc::NameId>> t_entered;
-thread_local int t_tracked_forwards = 0;
 
 // Sets "temporary of the module" when backward reaches the node; a root's also clears the
 // category when the graph task ends.
@@ -50,7 +50,7 @@ class EnteringModule final : public torch::autograd::FunctionPreHook {
 void enter_module(alloc::NameId module, bool root) {
   if (root) {
     detail::ensure_engine_installed();
-    ++t_tracked_forwards;
+    ++detail::tracked_forwards();
   }
   t_entered.push_back(alloc::current_category_id());
   alloc::set_category_by_id(alloc::Category::temporary, module);
@@ -62,10 +62,10 @@ void leave_module(bool root) {
     t_entered.pop_back();
     alloc::set_category_by_id(category, module);
   }
-  if (root && t_tracked_forwards > 0) --t_tracked_forwards;
+  if (root && detail::tracked_forwards() > 0) --detail::tracked_forwards();
 }
 
-bool in_tracked_forward() noexcept { return t_tracked_forwards > 0; }
+bool in_tracked_forward() noexcept { return detail::tracked_forwards() > 0; }
 
 namespace {
 
