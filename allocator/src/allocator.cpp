@@ -331,15 +331,35 @@ bool retag_category(const void* ptr, Category category, std::string_view module)
   return tag && owner->retag_block(ptr, with_category(*tag, category, module)).has_value();
 }
 
+namespace {
+
+// `tag` as an activation where it has no category or is a temporary, else itself. Remembered per
+// thread: a step saves many tensors under few tags.
+TagId as_activation(TagId tag) {
+  thread_local std::vector<TagId> known;  // by TagId: the answer plus one (0: not asked yet)
+  if (tag < known.size() && known[tag] != 0) return known[tag] - 1;
+  Tag changed = tag_of(tag);
+  TagId answer = tag;
+  if (changed.category == Category::none || changed.category == Category::temporary) {
+    changed.category = Category::activation;
+    answer = intern_tag(changed);
+  }
+  if (tag >= known.size()) known.resize(static_cast<std::size_t>(tag) + 1);
+  known[tag] = answer + 1;
+  return answer;
+}
+
+}  // namespace
+
 bool categorize_as_activation(const void* ptr) noexcept {
   if (ptr == nullptr || !category_in_force()) return false;
   try {
-    CachingAllocator* owner = find_owner(ptr);
-    const std::optional<TagId> tag = owner != nullptr ? owner->tag_of_block(ptr) : std::nullopt;
-    if (!tag) return false;
-    const Category category = tag_of(*tag).category;
-    if (category != Category::none && category != Category::temporary) return false;
-    return owner->retag_block(ptr, with_category(*tag, Category::activation, std::nullopt)).has_value();
+    std::optional<TagId> previous;
+    TagId now = 0;
+    for_each_device_allocator([&](CachingAllocator& allocator) {
+      if (!previous && (previous = allocator.retag_block(ptr, &as_activation))) now = as_activation(*previous);
+    });
+    return previous && now != *previous;
   } catch (...) {
     return false;  // host memory exhausted interning the tag: the block keeps the one it has
   }

@@ -357,6 +357,16 @@ std::optional<TagId> CachingAllocator::retag_block(const void* ptr, TagId tag) {
   return previous;
 }
 
+std::optional<TagId> CachingAllocator::retag_block(const void* ptr, TagId (*next)(TagId)) {
+  std::lock_guard lock(state_->mutex);
+  Block* block = state_->live_block(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr) return std::nullopt;
+  const TagId previous = block->tag;
+  const TagId tag = next(previous);
+  if (previous != tag) state_->books.retagged(*block, tag);
+  return previous;
+}
+
 std::int64_t CachingAllocator::live_requested_bytes(std::string_view region_prefix) const {
   std::vector<std::pair<TagId, std::int64_t>> live_by_tag;
   {

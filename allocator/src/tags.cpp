@@ -337,6 +337,13 @@ void set_category(Category category, std::string_view module) {
 
 std::pair<Category, std::string> current_category() { return {t_category, name_of(t_module)}; }
 
+void set_category_by_id(Category category, NameId module) noexcept {
+  t_module = module;
+  t_category = category;
+}
+
+std::pair<Category, NameId> current_category_id() noexcept { return {t_category, t_module}; }
+
 bool category_in_force() noexcept { return t_category != Category::none; }
 
 TagId with_category(TagId tag, Category category, std::optional<std::string_view> module) {

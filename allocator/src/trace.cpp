@@ -21,6 +21,7 @@ std::string_view to_string(TraceAction action) {
     case TraceAction::segment_alloc: return "segment_alloc";
     case TraceAction::segment_free: return "segment_free";
     case TraceAction::oom: return "oom";
+    case TraceAction::retag: return "retag";
   }
   return "unknown";
 }

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""What remat.track(model, optimizer) costs a training step: a Hugging Face Llama (a small random
-config, hf_llama_bench.py's by default; no download) trained with AdamW on the CPU under
-remat.tag_cpu_tensors(), the same model and optimizer stepped untracked and tracked in
-alternation, so machine load hits both alike. Time is the CPU time of the thread that runs the
-step (forward, backward, optimizer step; one intra-op thread), the median per-round ratio
-tracked / untracked over --rounds rounds of --steps steps each.
+"""What remat.track(model, optimizer) costs a training step: Hugging Face Llamas (small random
+configs; no download) trained with AdamW on the CPU under remat.tag_cpu_tensors(), each model
+and optimizer stepped untracked and tracked in alternation, so machine load hits both alike. Time
+is the CPU time of the thread that runs the step (forward, backward, optimizer step; one intra-op
+thread), the median per-round ratio tracked / untracked over --rounds rounds of --steps steps.
 
     PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
-        OMP_NUM_THREADS=1 python3 bench/python/track_bench.py [--rounds 9] [--steps 3] [--hidden 256]
+        OMP_NUM_THREADS=1 python3 bench/python/track_bench.py [--models tiny,small] [--rounds 9] [--steps 3]
 
---hidden 64 --layers 2 --sequence 32 --batch 2 --vocab 256 --heads 4 --kv-heads 2 is the proof
-test's tiny model (tests/python/remat/test_tracking_llama.py), where Python's own overhead is
-most of a step and tracking's hooks weigh the most.
+tiny is the proof test's model (tests/python/remat/test_tracking_llama.py: hidden 64, 2 layers,
+batch 2 x 32, vocab 256), a step of a few milliseconds where Python's own work is most of it and
+tracking's per-call hooks weigh the most; small is hf_llama_bench.py's (hidden 256, 4 layers,
+batch 4 x 128, vocab 2048). --hidden, --layers, ... give one model of your own instead.
 """
 
 import argparse
@@ -37,34 +37,61 @@ def step(model, optimizer, ids):
     optimizer.step()
 
 
-def cpu_seconds(model, optimizer, ids, steps):
-    start = time.thread_time()
+def cpu_seconds(model, optimizer, ids, steps, each):
+    """CPU seconds of `steps` steps; each step's also appended to `each`."""
+    total = 0.0
     for _ in range(steps):
+        start = time.thread_time()
         step(model, optimizer, ids)
-    return time.thread_time() - start
+        seconds = time.thread_time() - start
+        each.append(seconds)
+        total += seconds
+    return total
+
+
+def quantile(values, q):
+    return sorted(values)[int(q * (len(values) - 1))]
+
+
+MODELS = {
+    "tiny": dict(hidden=64, layers=2, sequence=32, batch=2, vocab=256, heads=4, kv_heads=2),
+    "small": dict(hidden=256, layers=4, sequence=128, batch=4, vocab=2048, heads=8, kv_heads=4),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,small", help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=3, help="steps per measurement")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--sequence", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--python-hooks", action="store_true",
+                        help="track with remat_alloc's Python hooks, not remat._C's (tracking without remat)")
+    for name in ("hidden", "layers", "sequence", "batch", "vocab", "heads", "kv-heads"):
+        parser.add_argument(f"--{name}", type=int, help="a model of your own (the others from small)")
     args = parser.parse_args()
     if args.rounds < 1 or args.steps < 1:
         parser.error("--rounds and --steps must be at least 1")
     torch.set_num_threads(1)
-    config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
-                         intermediate_size=688 * args.hidden // 256,
-                         max_position_embeddings=max(64, args.sequence), use_cache=False)
+    if args.python_hooks:
+        remat_alloc._tracking.register_native(None)
+    own = {name: getattr(args, name) for name in MODELS["small"] if getattr(args, name) is not None}
+    if own:
+        measure(dict(MODELS["small"], **own), "own", args)
+        return
+    for name in args.models.split(","):
+        if name not in MODELS:
+            parser.error(f"--models: {name!r} is not one of {', '.join(MODELS)}")
+        measure(MODELS[name], name, args)
+
+
+def measure(shape, name, args) -> None:
+    shape = argparse.Namespace(**shape)
+    config = LlamaConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                         num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+                         intermediate_size=688 * shape.hidden // 256,
+                         max_position_embeddings=max(64, shape.sequence), use_cache=False)
     config._attn_implementation = "sdpa"
-    ids = torch.randint(0, args.vocab, (args.batch, args.sequence), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, shape.vocab, (shape.batch, shape.sequence), generator=torch.Generator().manual_seed(1))
     with remat.tag_cpu_tensors():
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).train()
@@ -75,15 +102,18 @@ def main() -> None:
         with remat.track(model, optimizer):
             step(model, optimizer, ids)
         ratios, plain_times, tracked_times = [], [], []
+        steps = {False: [], True: []}
         for round_index in range(args.rounds):
             order = (False, True) if round_index % 2 == 0 else (True, False)
             seconds = {}
             for tracked in order:
                 if tracked:
                     with remat.track(model, optimizer):
-                        seconds[True] = cpu_seconds(model, optimizer, ids, args.steps)
+                        step(model, optimizer, ids)  # not timed: collects what track() allocated
+                        seconds[True] = cpu_seconds(model, optimizer, ids, args.steps, steps[True])
                 else:
-                    seconds[False] = cpu_seconds(model, optimizer, ids, args.steps)
+                    step(model, optimizer, ids)
+                    seconds[False] = cpu_seconds(model, optimizer, ids, args.steps, steps[False])
             plain_times.append(seconds[False] / args.steps)
             tracked_times.append(seconds[True] / args.steps)
             ratios.append(seconds[True] / seconds[False])
@@ -92,15 +122,21 @@ def main() -> None:
             step(model, optimizer, ids)
             at_peak = remat_alloc.category_bytes(at_peak=True)
     parameters = sum(p.numel() for p in model.parameters())
-    print(f"Llama {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, {parameters / 1e6:.2f} M parameters, batch "
-          f"{args.batch} x {args.sequence}, AdamW, CPU, 1 thread, {args.rounds} rounds x {args.steps} steps")
+    print(f"{name}: Llama {shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab}, {parameters / 1e6:.2f} M "
+          f"parameters, batch {shape.batch} x {shape.sequence}, AdamW, CPU, 1 thread, {args.rounds} rounds x "
+          f"{args.steps} steps, {'Python' if args.python_hooks else 'C++'} hooks")
     print(f"step CPU time untracked {statistics.median(plain_times) * 1e3:.2f} ms, tracked "
           f"{statistics.median(tracked_times) * 1e3:.2f} ms")
     median = statistics.median(ratios)
     print(f"tracked / untracked: median {median:.3f} ({(median - 1) * 100:+.1f}%), "
-          f"min {min(ratios):.3f}, max {max(ratios):.3f}")
+          f"min {min(ratios):.3f}, max {max(ratios):.3f}; fastest tracked / fastest untracked "
+          f"{min(tracked_times) / min(plain_times):.3f} ({(min(tracked_times) / min(plain_times) - 1) * 100:+.1f}%)")
+    # Single steps are many, so their lower quantiles are those least slowed by other work on the host.
+    low = {q: quantile(steps[True], q) / quantile(steps[False], q) for q in (0.1, 0.25)}
+    print("single steps, tracked / untracked at the 10th and 25th percentiles: "
+          + ", ".join(f"{ratio:.3f} ({(ratio - 1) * 100:+.1f}%)" for ratio in low.values()))
     total = sum(at_peak.values())
-    shares = ", ".join(f"{name} {bytes_ / total * 100:.1f}%" for name, bytes_ in at_peak.items() if bytes_)
+    shares = ", ".join(f"{category} {bytes_ / total * 100:.1f}%" for category, bytes_ in at_peak.items() if bytes_)
     print(f"at the tracked step's peak ({total / 2**20:.2f} MiB allocated): {shares}")
 
 

@@ -7,6 +7,7 @@
 #include <remat/cpu_offload.hpp>
 #include <remat/errors.hpp>
 
+#include <remat/alloc/allocator.hpp>
 #include <remat/alloc/cuda_backend.hpp>
 #include <remat/alloc/tags.hpp>
 
@@ -188,8 +189,9 @@ struct CpuOffload::HostCopies : std::enable_shared_from_this<HostCopies> {
     return group;
   }
 
-  // A buffer of the pinned host pool, tagged with the region the tensor is kept for and phase
-  // `offloaded`.
+  // A buffer of the pinned host pool, tagged with the region the tensor is kept for, phase
+  // `offloaded`, and the tensor's own category and module (remat_alloc.track): what is kept for
+  // backward stays the activation it is on the device, whatever category is in force at the pack.
   at::Tensor host_buffer(const at::Tensor& tensor, std::string_view region) {
     std::optional<alloc::TagScope> in_region;
     if (!region.empty()) {
@@ -197,10 +199,30 @@ struct CpuOffload::HostCopies : std::enable_shared_from_this<HostCopies> {
       const std::string_view rest = alloc::region_to_push(current, region);
       if (!rest.empty()) in_region.emplace(alloc::TagScope::region(rest));
     }
+    std::optional<alloc::CategoryScope> as_the_tensor;
+    if (const std::optional<alloc::Tag> source = category_of_kept(tensor)) {
+      as_the_tensor.emplace(source->category, alloc::name_of(source->module));
+    }
     auto offloaded = alloc::TagScope::phase(alloc::Phase::offloaded);
     c10::Storage storage(c10::Storage::use_byte_size_t(), tensor.nbytes(), offload_host_allocator(), false);
     return at::empty({0}, tensor.options().device(at::kCPU).requires_grad(false))
         .set_(storage, 0, tensor.sizes(), tensor.strides());
+  }
+
+  // The category and module a host copy of `tensor` takes: its storage's, where a remat allocator
+  // made it and gave it one, an activation where tracking left it a temporary (or none) but a
+  // category is in force (the copy is kept for backward, as track's pack hook would name it);
+  // nullopt where it has none and none is in force (the copy keeps the category in force: none).
+  static std::optional<alloc::Tag> category_of_kept(const at::Tensor& tensor) {
+    const void* storage = tensor.storage().data();
+    const std::optional<alloc::TagId> id = storage != nullptr ? alloc::find_block_tag(storage) : std::nullopt;
+    alloc::Tag tag = id ? alloc::tag_of(*id) : alloc::Tag{};
+    if (tag.category == alloc::Category::none || tag.category == alloc::Category::temporary) {
+      if (!alloc::category_in_force()) return tag.category == alloc::Category::none ? std::nullopt : std::optional(tag);
+      tag.category = alloc::Category::activation;
+      if (tag.module == 0) tag.module = alloc::intern_name(alloc::current_category().second);
+    }
+    return tag;
   }
 
   std::any pack(const at::Tensor& tensor) {

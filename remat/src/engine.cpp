@@ -8,6 +8,8 @@
 #include "saved_registry.hpp"
 #include "thread_state.hpp"
 
+#include <remat/alloc/allocator.hpp>
+
 #include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
@@ -25,6 +27,11 @@ namespace {
 bool user_hooks_win(const ThreadState& state) {
   const auto& hooks = at::SavedTensorDefaultHooks::get_tls_state();
   return hooks.is_tracing || hooks.stack.size() > state.user_hooks_depth;
+}
+
+// Saved-tensor hooks deferred to runtime (tracing) or switched off (where PyTorch refuses them).
+bool tracing_or_disabled() {
+  return at::SavedTensorDefaultHooks::get_tls_state().is_tracing || !at::SavedTensorDefaultHooks::is_enabled();
 }
 
 // Outside checkpoints, under SavedTensorsTracking: keeps the tensor as autograd would and
@@ -48,6 +55,39 @@ class TrackingHooks final : public torch::autograd::SavedVariableHooks {
   at::Tensor tensor_;
 };
 
+// Inside a tracked model's forward, outside checkpoints (remat_alloc.track): keeps the tensor as
+// autograd would and names its storage an activation of the module that made it, where it is
+// still unnamed or a temporary.
+class ActivationHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  void call_pack_hook(const at::Tensor& tensor) override {
+    try {
+      if (tensor.has_storage()) alloc::categorize_as_activation(tensor.storage().data());
+    } catch (const c10::Error&) {  // a tensor subclass without accessible storage: left as it is
+    }
+    // Held without its graph: a tensor saved as its own node's output would hold that node, and
+    // the node these hooks, a cycle nothing frees.
+    tensor_ = tensor.variable_data();  // detach() without a dispatcher round trip
+    version_ = tensor.unsafeGetTensorImpl()->version_counter();
+    if (version_.enabled()) saved_version_ = version_.current_version();
+  }
+  // Autograd checks no version of a tensor saved through hooks: these do, as autograd would
+  // without them, so an in-place change after the save is an error, not a wrong gradient.
+  at::Tensor call_unpack_hook() override {
+    TORCH_CHECK(!version_.enabled() || version_.current_version() == saved_version_,
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                "a tensor saved for backward in a tracked forward (remat_alloc.track) is at version ",
+                version_.current_version(), "; expected version ", saved_version_,
+                " instead. Clone it before changing it in place, or change a copy.");
+    return tensor_;
+  }
+
+ private:
+  at::Tensor tensor_;
+  c10::VariableVersion version_{c10::VariableVersion::DISABLED};
+  std::uint32_t saved_version_ = 0;
+};
+
 // The process's autograd engine while checkpoints are in use: it supplies the saved-tensor
 // hooks of checkpoints and of saved-tensor tracking, and hands everything else to the engine
 // it replaced (LibTorch's own in a C++ program). Backward runs on that engine: LibTorch
@@ -63,6 +103,9 @@ class RematEngine final : public torch::autograd::Engine {
       return make_checkpoint_hooks(frame_owner(), state);
     }
     if (saved_tracking_enabled() && user_hooks_depth() == 0) return std::make_unique<TrackingHooks>();
+    if (tracked_forwards() > 0 && user_hooks_depth() == 0 && !tracing_or_disabled()) {
+      return std::make_unique<ActivationHooks>();
+    }
     return delegate_.get_default_saved_variable_hooks();
   }
 

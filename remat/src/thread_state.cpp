@@ -11,6 +11,7 @@ namespace {
 
 thread_local ThreadState t_state;
 thread_local std::shared_ptr<Frame> t_frame_owner;
+thread_local int t_tracked_forwards = 0;
 
 }  // namespace
 
@@ -23,5 +24,7 @@ FrameOwnerScope::FrameOwnerScope(std::shared_ptr<Frame> frame)
 FrameOwnerScope::~FrameOwnerScope() { t_frame_owner = std::move(previous_); }
 
 std::size_t user_hooks_depth() { return at::SavedTensorDefaultHooks::get_tls_state().stack.size(); }
+
+int& tracked_forwards() { return t_tracked_forwards; }
 
 }  // namespace remat::detail

@@ -60,4 +60,8 @@ class FrameOwnerScope {
 // program).
 std::size_t user_hooks_depth();
 
+// Forwards of tracked models (remat_alloc.track, remat/tracking.hpp) running on this thread: what
+// autograd saves outside checkpoints meanwhile gets the engine's activation hooks.
+int& tracked_forwards();
+
 }  // namespace remat::detail

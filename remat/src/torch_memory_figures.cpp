@@ -83,6 +83,7 @@ torch_alloc::TraceEntry::Action to_trace_action(alloc::TraceAction action) {
     case alloc::TraceAction::segment_alloc: return Action::SEGMENT_ALLOC;
     case alloc::TraceAction::segment_free: return Action::SEGMENT_FREE;
     case alloc::TraceAction::oom: return Action::OOM;
+    case alloc::TraceAction::retag: break;  // PyTorch has no such action: its history leaves them out
   }
   return Action::ALLOC;
 }

@@ -124,6 +124,8 @@ std::vector<torch_alloc::TraceEntry> TorchMemoryHistory::entries(
   const std::size_t first = device.trace.size() - std::min<std::uint64_t>(since_clear, device.trace.size());
   std::vector<const alloc::TraceEvent*> kept;
   for (std::size_t i = first; i < device.trace.size(); ++i) {
+    // A retag has no PyTorch action: an entry's user_metadata keeps the tag it was allocated with.
+    if (device.trace[i].action == alloc::TraceAction::retag) continue;
     if ((skipped_ & bit(device.trace[i].action)) == 0) kept.push_back(&device.trace[i]);
   }
   if (max_entries_ != 0 && kept.size() > max_entries_) {

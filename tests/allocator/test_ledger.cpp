@@ -48,6 +48,24 @@ TEST(Ledger, AnAllocationCountsOnTheDeviceAndUnderItsTag) {
   EXPECT_EQ(events[0].tag, 3u);
 }
 
+TEST(Ledger, ARetagIsATraceEventCarryingTheBlocksNewTag) {
+  Ledger books(16);
+  Block block = live_block(0x1000, 1024, 1000, 3);
+  books.allocated(block);
+  books.retagged(block, 5);
+  EXPECT_EQ(block.tag, 5u);
+  EXPECT_EQ(books.tag_stats()[3].bytes.current, 0);
+  EXPECT_EQ(books.tag_stats()[5].bytes.current, 1024);
+  const auto events = books.trace().events();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1].action, TraceAction::retag);
+  EXPECT_EQ(events[1].address, 0x1000u);
+  EXPECT_EQ(events[1].size, 1024u);
+  EXPECT_EQ(events[1].requested, 1000u);
+  EXPECT_EQ(events[1].tag, 5u);
+  EXPECT_EQ(to_string(TraceAction::retag), "retag");
+}
+
 TEST(Ledger, AFreeOnAnotherStreamStaysActiveUntilItCompletes) {
   Ledger books(16);
   const Block block = live_block(0x2000, 4096, 4096, 1, 7);

@@ -98,6 +98,38 @@ def check_snapshot(tmp):
     return path
 
 
+def check_retag(tmp):
+    """A retag event moves a live block to its new tag's group: memory's live and peak columns and
+    timeline's series name it by the category it was given, from that event on; validate accepts it."""
+    trace = tmp / "retagged.jsonl"
+    header = json.loads((HERE / "data/trace.jsonl").read_text().splitlines()[0])
+    header["names"] = ["", "layers.0", "w"]
+    header["tags"] = [{"region": 0, "policy": "none", "phase": "other", "site": 0, "recv": None},
+                      {"region": 0, "policy": "none", "phase": "forward", "site": 0, "recv": None,
+                       "category": "temporary", "module": 1},
+                      {"region": 0, "policy": "none", "phase": "forward", "site": 0, "recv": None,
+                       "category": "parameter", "module": 2}]
+    events = [("alloc", 0x1000, 4096, 1), ("retag", 0x1000, 4096, 2), ("alloc", 0x3000, 1024, 1),
+              ("free_requested", 0x3000, 1024, 1), ("free_completed", 0x3000, 1024, 1)]
+    header["event_count"] = len(events)
+    header.pop("dropped_records", None)
+    lines = [json.dumps(header)]
+    for i, (action, address, size, tag) in enumerate(events):
+        lines.append(json.dumps({"action": action, "time_us": 1000 + i, "address": address, "size": size, "stream": 0,
+                                 "tag": tag}))
+    trace.write_text("\n".join(lines) + "\n")
+    run("validate", str(trace))
+    memory = json.loads(run("memory", str(trace), "--by", "category", "--json"))["memory"]
+    rows = {row["category"]: row for row in memory}
+    assert rows["parameter"]["live_bytes"] == 4096 and rows["parameter"]["peak_bytes"] == 4096, rows
+    assert rows["temporary"]["live_bytes"] == 0 and rows["temporary"]["peak_bytes"] == 4096, rows
+    summary = run("summary", str(trace))
+    assert "retag" in summary, summary
+    run("timeline", str(trace), "--by", "category", "-o", str(tmp / "retagged.svg"))
+    assert "parameter" in (tmp / "retagged.svg").read_text()
+    print("ok a retag event moves a block to its new category in memory and timeline")
+
+
 def check_roundtrip(tmp, path):
     pickled = tmp / "categorized.pickle"
     run("export", str(path), "--to", "torch-snapshot", "-o", str(pickled))
@@ -140,6 +172,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         path = check_snapshot(tmp)
+        check_retag(tmp)
         check_roundtrip(tmp, path)
         check_oom_and_ranks(tmp, path)
         print("ok categories")

@@ -312,6 +312,22 @@ TEST_F(TaggingCudaAllocatorTest, UserMetadataLabelsAllocationsInBothSnapshots) {
   EXPECT_EQ(torch_allocator.getUserMetadata(), "");
 }
 
+TEST_F(TaggingCudaAllocatorTest, ARetagIsNoHistoryEntryAndLaterEntriesOfTheBlockCarryItsNewCategory) {
+  // remat_alloc.track re-tags what exists (a parameter at track, an activation at its pack): PyTorch
+  // has no action for that, so the history keeps the alloc with the tag it was made with.
+  record_all_history();
+  void* weight = take(4096);
+  ASSERT_TRUE(alloc::retag_category(weight, alloc::Category::parameter, "layers.0.weight"));
+  give_back(weight);
+  const std::vector<torch_alloc::TraceEntry> entries = block_history();
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[0].action_, Action::ALLOC);
+  EXPECT_EQ(entries[0].user_metadata_, "");
+  EXPECT_EQ(entries[1].action_, Action::FREE_REQUESTED);
+  EXPECT_EQ(entries[1].user_metadata_, R"({"category":"parameter","module":"layers.0.weight"})");
+  EXPECT_EQ(entries[2].action_, Action::FREE_COMPLETED);
+}
+
 TEST_F(TaggingCudaAllocatorTest, AnnotationsAreKeptWhileHistoryIsOn) {
   torch_allocator.recordAnnotation({{"name", "ignored"}});
   record_all_history();

@@ -16,6 +16,12 @@ An optimizer's state dict is replaced by one that re-tags each tensor as it is s
 state is optimizer_state from the moment the optimizer creates it); the step's own scratch is
 a temporary of the optimizer. The model's tensor arguments are re-tagged as inputs.
 
+Where remat is imported, the hooks that run at every module call, saved tensor and gradient are
+remat._C's C++ callables (registered here through register_native), not Python functions: the
+same steps, with what autograd saves named by the autograd engine remat installs, so that
+tracking costs a training step little more than the hooks' own dispatch. Without remat, the
+Python hooks above do it.
+
 untrack() removes every hook, puts the optimizer's plain state dict back and restores the tag
 each re-tagged storage had before, where the tensor is still alive and still owns that storage.
 Tracking the same model again is idempotent and picks up modules, parameters and optimizers
@@ -37,6 +43,9 @@ _NONE, _PARAMETER, _GRADIENT, _OPTIMIZER_STATE, _ACTIVATION, _TEMPORARY, _INPUT,
 # registers its own on import. remat_alloc never imports remat (the dependency runs upward).
 _checkpoint_probes: list = []
 
+# remat._C where remat is imported: TrackEnter, TrackLeave, GradientTag and RetagLog.
+_native = None
+
 _trackers: "weakref.WeakKeyDictionary[Any, Tracker]" = weakref.WeakKeyDictionary()
 _trackers_lock = threading.Lock()
 
@@ -47,6 +56,12 @@ def register_checkpoint_probe(probe) -> None:
     the checkpoint's own inheritance of the pair around it)."""
     if probe not in _checkpoint_probes:
         _checkpoint_probes.append(probe)
+
+
+def register_native(native) -> None:
+    """Trackers made from now on use `native`'s C++ hooks (remat._C; remat registers it on import)."""
+    global _native
+    _native = native
 
 
 _loaded = None
@@ -198,6 +213,8 @@ class Tracker:
         self._restore: dict[int, tuple] = {}
         self._lock = threading.Lock()
         self._active = True
+        self._native = _native
+        self._log = _native.RetagLog() if _native is not None else None  # what the C++ hooks re-tag
 
     # -- re-tagging ------------------------------------------------------------------------
     def _retag_owned(self, tensor, category: int, name: str) -> bool:
@@ -266,6 +283,9 @@ class Tracker:
             self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
 
     def _grad_hook(self, name: str):
+        if self._native is not None:
+            return self._native.GradientTag(self._log, name)
+
         def tag_gradient(param) -> None:
             if param.grad is not None:
                 self._retag_owned(param.grad, _GRADIENT, name)
@@ -280,8 +300,12 @@ class Tracker:
             self._modules.add(id(module))
             path = (name or self._root_name).encode()
             root = module is model
-            self._handles.append(module.register_forward_pre_hook(self._pre_hook(path, root), with_kwargs=root))
-            self._handles.append(module.register_forward_hook(self._post_hook(path, root), always_call=True))
+            if self._native is not None:  # a root's also names the model's tensor arguments inputs
+                pre, post = self._native.TrackEnter(path, root), self._native.TrackLeave(path, root)
+            else:
+                pre, post = self._pre_hook(path, root), self._post_hook(path, root)
+            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=root))
+            self._handles.append(module.register_forward_hook(post, always_call=True))
 
     def _pre_hook(self, path: bytes, root: bool):
         lib = _lib()
@@ -315,6 +339,15 @@ class Tracker:
     def _enter_root(self, args, kwargs) -> None:
         import torch
 
+        self._tag_inputs(args, kwargs)
+        if torch.is_grad_enabled() and not any(probe() for probe in _checkpoint_probes):
+            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+            hooks.__enter__()
+            _thread.hooks.append(hooks)
+        else:
+            _thread.hooks.append(None)
+
+    def _tag_inputs(self, args, kwargs) -> None:
         lib = _lib()
         for tensor in _tensors_in((args, kwargs or {}), []):
             ptr = _storage_ptr(tensor)
@@ -322,12 +355,6 @@ class Tracker:
             if ptr and lib.remat_block_category(ptr, ctypes.byref(index), None, 0, None) == 0:
                 if index.value in (_NONE, _TEMPORARY, _OTHER):
                     lib.remat_retag_block(ptr, _INPUT, b"input", None)
-        if torch.is_grad_enabled() and not any(probe() for probe in _checkpoint_probes):
-            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-            hooks.__enter__()
-            _thread.hooks.append(hooks)
-        else:
-            _thread.hooks.append(None)
 
     def _leave_root(self) -> None:
         _thread.nodes.clear()
@@ -343,12 +370,13 @@ class Tracker:
         try:
             ptr = tensor.data_ptr()
         except RuntimeError:  # sparse and other tensors without one storage
-            return tensor
+            return tensor, None
         if ptr:
             _categorize_as_activation(ptr - tensor.storage_offset() * tensor.element_size(), None)
         # Held without its graph: a tensor autograd saves as its own node's output would otherwise
-        # hold that node, and the node the tensor, a cycle Python's collector cannot see.
-        return tensor.detach()
+        # hold that node, and the node the tensor, a cycle Python's collector cannot see. Its
+        # version too: autograd checks none through hooks, and unpack does as autograd would.
+        return tensor.detach(), tensor._version
 
     def _hook_backward(self, path: bytes, output, root: bool) -> None:
         import torch
@@ -394,13 +422,17 @@ class Tracker:
                 self._param_names.setdefault(id(param), f"{type(optimizer).__name__}.param{i}")
         optimizer.state = _OptimizerState(self, optimizer, original)
         name = type(optimizer).__name__.encode()
-        def before_step(opt, args, kwargs):
-            _thread.saved.append(_thread.current)
-            _set_category(_TEMPORARY, name)
+        if self._native is not None:
+            before_step = self._native.TrackEnter(name)
+            after_step = self._native.TrackLeave(name, with_outputs=False)
+        else:
+            def before_step(opt, args, kwargs):
+                _thread.saved.append(_thread.current)
+                _set_category(_TEMPORARY, name)
 
-        def after_step(opt, args, kwargs):
-            if _thread.saved:
-                _set_category(*_thread.saved.pop())
+            def after_step(opt, args, kwargs):
+                if _thread.saved:
+                    _set_category(*_thread.saved.pop())
 
         self._handles.append(optimizer.register_step_pre_hook(before_step))
         self._handles.append(optimizer.register_step_post_hook(after_step))
@@ -423,6 +455,8 @@ class Tracker:
                 optimizer.state = tracked_state.plain()
                 tracked_state.clear()
         self._optimizers.clear()
+        if self._log is not None:
+            self._log.restore()
         lib = _lib()
         with self._lock:
             entries, self._restore = self._restore, {}
@@ -452,10 +486,17 @@ class Tracker:
     def tracked_storages(self) -> int:
         """Storages re-tagged and still alive (parameters, buffers, gradients, optimizer state)."""
         with self._lock:
-            return sum(1 for ref, _, _ in self._restore.values() if ref() is not None)
+            alive = sum(1 for ref, _, _ in self._restore.values() if ref() is not None)
+        return alive + (self._log.alive() if self._log is not None else 0)
 
 
-def _unpack(tensor):
+def _unpack(packed):
+    tensor, version = packed
+    if version is not None and tensor._version != version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace operation: a "
+            f"tensor saved for backward in a tracked forward (remat_alloc.track) is at version {tensor._version}; "
+            f"expected version {version} instead. Clone it before changing it in place, or change a copy.")
     return tensor
 
 

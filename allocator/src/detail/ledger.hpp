@@ -91,7 +91,7 @@ class Ledger {
   }
 
   // The live `block` now belongs to `tag`: its bytes leave its old tag's statistics for the new
-  // one's. The trace keeps the tag each event was recorded with.
+  // one's, and a retag event tells trace readers so (earlier events keep the tag they had).
   void retagged(Block& block, TagId tag) {
     const auto bytes = static_cast<std::int64_t>(block.size);
     const auto requested = static_cast<std::int64_t>(block.requested);
@@ -110,6 +110,7 @@ class Ledger {
     category = static_cast<std::size_t>(tag_category_[tag]);
     stats_.category_bytes[category] += bytes;
     stats_.category_requested_bytes[category] += requested;
+    trace_.record_request(TraceAction::retag, block.address, block.size, block.requested, block.stream, tag);
   }
 
   // The streams that used a freed block are done with it.

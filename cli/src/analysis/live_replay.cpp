@@ -80,7 +80,24 @@ void LiveReplay::apply(const Event& event) {
       break;
     case Action::segment_free: reserved_ = event.size > reserved_ ? 0 : reserved_ - event.size; break;
     case Action::oom: break;
+    case Action::retag: move(event); break;
   }
+}
+
+void LiveReplay::move(const Event& event) {
+  LiveBlock* block = blocks_.find(event.address);
+  if (block == nullptr) return;  // allocated before the trace began: not counted anywhere
+  const std::uint32_t group = grouper_.group_of(event.tag, event.stream);
+  if (group == block->group) return;
+  ensure(group);
+  live_[block->group] -= block->size;
+  --live_count_[block->group];
+  changed(block->group);
+  live_[group] += block->size;
+  ++live_count_[group];
+  changed(group);
+  if (live_[group] > peak_[group]) peak_[group] = live_[group];
+  block->group = group;
 }
 
 }  // namespace remat::report

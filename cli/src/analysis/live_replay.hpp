@@ -6,6 +6,8 @@
 // until `free_completed`, but the program has released it). A `free_completed` without a
 // preceding `free_requested` also ends it. Frees of addresses allocated before the trace
 // began (a ring buffer that dropped events) are counted as unmatched and change nothing.
+// A `retag` moves a live allocation's bytes to the group of its new tag from then on (the
+// total, and so the peak's time, does not change; the groups' split of later peaks does).
 //
 // Events come from a checked stream (reader/event_checks.hpp): in time order, no alloc at a
 // live address, live and reserved bytes within 64 bits.
@@ -54,6 +56,7 @@ class LiveReplay : public EventSink {
   };
   void ensure(std::uint32_t group);
   void release(std::uint64_t address);
+  void move(const Event& retag);
   // live_ changed for `group` since the last peak; at the next peak, its value is copied.
   void changed(std::uint32_t group);
 

@@ -94,6 +94,9 @@ void SegmentRebuilder::on_event(const Event& event) {
       if (LiveBlock* block = blocks_.find(event.address)) block->free_requested = true;
       break;
     case Action::free_completed: blocks_.erase(event.address); break;
+    case Action::retag:
+      if (LiveBlock* block = blocks_.find(event.address)) block->tag = event.tag;
+      break;
     case Action::oom: break;
   }
 }

@@ -104,7 +104,8 @@ void WhatIfReplay::on_event(const Event& event) {
       }
       ++counts_.ignored;
       break;
-    case Action::oom: ++counts_.ignored; break;
+    case Action::oom:
+    case Action::retag: ++counts_.ignored; break;
   }
   in_segment_free_run_ = segment_free;
   for (auto& pool : pools_) {

@@ -119,6 +119,7 @@ std::string torch_snapshot_pickle(const AllocatorState& state) {
   }
   p.begin_list();
   for (const Event& event : state.events) {
+    if (event.action == Action::retag) continue;  // PyTorch's viewer has no such action
     p.begin_dict();
     p.string("action");
     p.string(to_string(event.action));

@@ -530,6 +530,14 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
           break;
         case Action::segment_free: reserved_live -= std::min(reserved_live, size); break;
         case Action::oom: ++ooms; break;
+        case Action::retag:
+          if (const auto it = live_blocks.find(address); it != live_blocks.end()) {
+            tag_now[it->second.second] -= it->second.first;
+            it->second.second = tag;
+            tag_now[tag] += it->second.first;
+            tag_peak[tag] = std::max(tag_peak[tag], tag_now[tag]);
+          }
+          break;
       }
       events.push_back({{"action", action}, {"time_us", time}, {"address", address}, {"size", size},
                         {"stream", stream}, {"tag", tag}});

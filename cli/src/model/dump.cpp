@@ -8,7 +8,7 @@ namespace {
 constexpr std::array<std::string_view, 3> kPolicies = {"none", "save", "recompute"};
 constexpr std::array<std::string_view, 5> kPhases = {"other", "forward", "recompute", "backward", "offloaded"};
 constexpr std::array<std::string_view, kActionCount> kActions = {
-    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"};
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom", "retag"};
 constexpr std::array<std::string_view, 3> kBlockStates = {"active_allocated", "active_pending_free", "inactive"};
 
 template <typename Enum, std::size_t N>

@@ -58,8 +58,10 @@ struct TagTable {
   std::string_view module(std::uint32_t tag) const { return names[tags[tag].module]; }
 };
 
-enum class Action : std::uint8_t { alloc, free_requested, free_completed, segment_alloc, segment_free, oom };
-inline constexpr int kActionCount = 6;
+// retag: the live block at `address` now has tag `tag` (re-tagged in place, as remat_alloc.track
+// does); readers move its bytes from the tag it had to this one.
+enum class Action : std::uint8_t { alloc, free_requested, free_completed, segment_alloc, segment_free, oom, retag };
+inline constexpr int kActionCount = 7;
 
 struct Event {
   Action action = Action::alloc;
@@ -68,7 +70,7 @@ struct Event {
   std::uint64_t size = 0;
   std::uint64_t stream = 0;
   std::uint32_t tag = 0;
-  // alloc and oom: the bytes the caller asked for, where the input records it (else 0); `size`
+  // alloc, oom and retag: the bytes the caller asked for, where the input records it (else 0); `size`
   // is the block handed out.
   std::uint64_t requested = 0;
 };

@@ -21,6 +21,10 @@ inline bool action_of(std::string_view text, Action& action) {
         action = Action::alloc;
         return true;
       }
+      if (text == "retag") {
+        action = Action::retag;
+        return true;
+      }
       return false;
     case 3:
       if (text == "oom") {

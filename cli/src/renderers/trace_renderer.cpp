@@ -62,6 +62,7 @@ Report TraceRenderer::summary(const DumpFile& file) const {
   add_field(events, "events", Cell::count(replay.events()));
   for (int a = 0; a < kActionCount; ++a) {
     const auto action = static_cast<Action>(a);
+    if (action == Action::retag && replay.action_count(action) == 0) continue;  // only traces of tracked runs have them
     add_field(events, std::string(to_string(action)), Cell::count(replay.action_count(action)));
   }
   if (replay.events() > 0) {

@@ -33,7 +33,8 @@ _PENDING_FREE = ("active_pending_free", "active_awaiting_free")
 _INACTIVE = "inactive"
 _BLOCK_STATES = (_ALLOCATED, *_PENDING_FREE, _INACTIVE)
 # Trace actions the oom schema knows; PyTorch's others (snapshot, segment_map, ...) are left out.
-_EVENT_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"})
+_EVENT_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
+                            "retag"})
 
 
 def _is_int(value) -> bool:

@@ -194,6 +194,7 @@ PYBIND11_MODULE(_C, m) {
 
   bind_replay(m);
   bind_saved_tensor_hooks(m);
+  bind_tracking(m);
 
   py::class_<RegionDecision>(m, "RegionDecision")
       .def_readonly("name", &RegionDecision::name)

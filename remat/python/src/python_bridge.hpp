@@ -101,4 +101,8 @@ void bind_replay(py::module_& m);
 void bind_saved_tensor_hooks(py::module_& m);
 std::shared_ptr<SavedTensorHooks> saved_tensor_hooks_of(const py::handle& hooks);
 
+// remat._C.TrackEnter, TrackLeave, GradientTag and RetagLog: remat_alloc.track's hooks as C++
+// callables (tracking_bindings.cpp).
+void bind_tracking(py::module_& m);
+
 }  // namespace remat::python

@@ -62,6 +62,38 @@ TEST(LiveReplay, FreesOfBlocksAllocatedBeforeTheTraceAreCountedNotSubtracted) {
   EXPECT_EQ(replay.unmatched_frees(), 1u);
 }
 
+TEST(LiveReplay, ARetagMovesALiveBlockToItsNewCategoryForLaterPeaks) {
+  TagTable tags;
+  tags.names = {"", "layers.0", "w"};
+  tags.tags = {Tag{}, Tag{}, Tag{}};
+  tags.tags[1].category = 5;  // temporary of layers.0
+  tags.tags[1].module = 1;
+  tags.tags[2].category = 1;  // parameter w
+  tags.tags[2].module = 2;
+  LiveReplay replay(tags, GroupBy::category);
+  replay.apply(ev(Action::alloc, 0, 0x1000, 100, 1));
+  replay.apply(ev(Action::retag, 1, 0x1000, 100, 2));
+  replay.apply(ev(Action::retag, 2, 0x7000, 64, 2));  // allocated before the trace: nothing to move
+  replay.apply(ev(Action::alloc, 3, 0x2000, 50, 1));  // the peak: 150 bytes, 100 of them the parameter
+  const auto& labels = replay.labels();
+  const auto index = [&](const std::string& name) {
+    return static_cast<std::size_t>(std::find(labels.begin(), labels.end(), GroupLabel::name(name)) - labels.begin());
+  };
+  ASSERT_LT(index("parameter"), labels.size());
+  ASSERT_LT(index("temporary"), labels.size());
+  EXPECT_EQ(replay.live()[index("parameter")], 100u);
+  EXPECT_EQ(replay.live_count()[index("parameter")], 1u);
+  EXPECT_EQ(replay.live()[index("temporary")], 50u);
+  EXPECT_EQ(replay.live_at_peak()[index("parameter")], 100u);
+  EXPECT_EQ(replay.live_at_peak()[index("temporary")], 50u);
+  EXPECT_EQ(replay.peak()[index("temporary")], 100u);  // before the retag, the block was a temporary
+  EXPECT_EQ(replay.peak_total(), 150u);
+  EXPECT_EQ(replay.action_count(Action::retag), 2u);
+  replay.apply(ev(Action::free_requested, 4, 0x1000, 100, 2));
+  EXPECT_EQ(replay.live()[index("parameter")], 0u);
+  EXPECT_EQ(replay.total(), 50u);
+}
+
 TEST(LiveReplay, GroupsBySlotNameTheRecvSlot) {
   const TagTable tags = two_regions();
   LiveReplay replay(tags, GroupBy::slot);

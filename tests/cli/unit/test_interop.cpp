@@ -320,7 +320,7 @@ TEST(Schema, ErrorsNameTheJsonPathAndTheRule) {
   ASSERT_EQ(errors.size(), 3u);
   EXPECT_EQ(errors[0], "$.tag: missing required field");
   EXPECT_EQ(errors[1], "$.action: 'grow' is not one of alloc, free_requested, free_completed, segment_alloc, "
-                       "segment_free, oom");
+                       "segment_free, oom, retag");
   EXPECT_EQ(errors[2], "$.address: -4 is below the minimum 0");
 }
 

@@ -5,6 +5,10 @@ inputs a user sends first (track before tag_cpu_tensors, twice, two optimizers, 
 parameter freed while tracked, modules added after track)."""
 
 import gc
+import json
+import os
+import pathlib
+import subprocess
 
 import pytest
 import torch
@@ -240,3 +244,131 @@ def test_a_tracked_model_and_optimizer_are_freed_when_dropped_without_waiting_fo
         step(model, optimizer, ids())
     del model, optimizer
     assert remat_alloc.memory_stats()["allocated_bytes"] == before  # no gc.collect(): no cycle held it
+
+
+def remat_report():
+    """The build's remat-report (beside build/python, where remat._C comes from), or REMAT_REPORT."""
+    candidates = [os.environ.get("REMAT_REPORT", ""),
+                  str(pathlib.Path(remat._C.__file__).resolve().parents[2] / "cli" / "remat-report")]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.skip("remat-report is not built (build/cli/remat-report); build the cli target or set REMAT_REPORT")
+
+
+def test_a_retag_is_a_trace_event_so_the_traces_peak_names_tracked_bytes_by_their_category(tagged, tmp_path):
+    report = remat_report()
+    model = Net()  # allocated without a category: tracking re-tags it in place
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    param_bytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    param_bytes += sum(b.untyped_storage().nbytes() for b in model.buffers())
+    with remat.track(model, optimizer):
+        step(model, optimizer, ids())
+        remat_alloc.dump_trace(str(tmp_path / "trace.jsonl"))
+    events = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()[1:]]
+    retags = [e for e in events if e["action"] == "retag"]
+    assert len(retags) >= len(list(model.parameters())) + len(list(model.buffers()))
+    out = subprocess.run([report, "memory", str(tmp_path / "trace.jsonl"), "--by", "category", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = {row["category"]: row for row in json.loads(out.stdout)["memory"]}
+    # Every parameter byte is a parameter from its retag on, so at the trace's later peaks too;
+    # without the retag events they stayed under the category they were allocated with (none).
+    # (Block sizes: each rounded up to 512 bytes.)
+    tensors = len(list(model.parameters())) + len(list(model.buffers()))
+    assert param_bytes <= rows["parameter"]["live_bytes"] < param_bytes + 512 * tensors
+    assert rows["parameter"]["peak_bytes"] >= rows["parameter"]["live_bytes"]
+    grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters())
+    assert grads <= rows["gradient"]["live_bytes"] < grads + 512 * tensors  # allocated as backward's temporaries
+    assert rows["optimizer_state"]["live_bytes"] >= 2 * grads
+
+
+def test_offloaded_bytes_keep_their_category_and_module_on_the_host(tagged, tmp_path):
+    torch.manual_seed(0)
+    model = Checkpointed()
+    x = torch.rand(8, 64, requires_grad=True)
+    off = remat.CpuOffload(min_bytes=0)
+
+    def offloaded_categories():
+        remat_alloc.dump_snapshot(str(tmp_path / "snapshot.json"))
+        snapshot = json.loads((tmp_path / "snapshot.json").read_text())
+        held = {}
+        for stat in snapshot["tag_stats"]:
+            tag = snapshot["tags"][stat["tag"]]
+            if tag["phase"] == "offloaded" and stat["requested_bytes"]["current"]:
+                key = (tag.get("category", "none"), snapshot["names"][tag.get("module", 0)])
+                held[key] = held.get(key, 0) + stat["requested_bytes"]["current"]
+        return held
+
+    with off:
+        out = model(x)  # untracked: the host copies have no category, as the tensors they copy
+    assert set(offloaded_categories()) == {("none", "")}
+    out.square().sum().backward()
+    with remat.track(model):
+        with off:
+            out = model(x)
+        held = offloaded_categories()
+        resident = off.stats()["resident_host_bytes"]
+        assert sum(held.values()) == resident > 0
+        # Kept for backward: the save region's relu output, an activation of the model that made it,
+        # and the checkpoint's input, the model's input; never the temporary in force at the copy.
+        assert held.get(("activation", "Checkpointed"), 0) >= 8 * 256 * 4, held
+        assert {category for category, _ in held} <= {"activation", "input"}, held
+        out.square().sum().backward()
+        assert off.stats()["resident_host_bytes"] == 0
+
+
+def test_the_c_hooks_name_every_byte_as_the_python_hooks_do(tagged, monkeypatch):
+    from remat_alloc import _tracking
+
+    assert _tracking._native is not None  # importing remat gives tracking its C++ hooks
+    figures = []
+    for native in (_tracking._native, None):
+        monkeypatch.setattr(_tracking, "_native", native)
+        gc.collect()  # what earlier tests left for the collector: the same in both figures
+        torch.manual_seed(0)
+        model = Net()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with remat.track(model, optimizer) as tracker:
+            assert (tracker._native is None) == (native is None)
+            step(model, optimizer, ids())
+            remat_alloc.reset_peak_stats(0)
+            optimizer.zero_grad(set_to_none=True)
+            out = model(ids())
+            after_forward = remat_alloc.category_bytes(requested=True)
+            out.float().logsumexp(-1).mean().backward()
+            grad = category_of(model.block.up.weight.grad)
+            optimizer.step()
+            at_peak = remat_alloc.category_bytes(at_peak=True, requested=True)
+            alive = tracker.tracked_storages
+        assert remat_alloc.category()[0] == "none"
+        assert category_of(model.block.up.weight.grad)[0] != "gradient"  # untrack put the tag back
+        figures.append((after_forward, grad, at_peak, alive))
+        del model, optimizer, out
+        gc.collect()
+    assert figures[0] == figures[1]
+    assert figures[0][0]["activation"] > 0 and figures[0][1] == ("gradient", "block.up.weight")
+
+
+@pytest.mark.parametrize("hooks", ["c++", "python"])
+def test_a_saved_tensor_changed_in_place_is_refused_as_autograd_refuses_it(tagged, monkeypatch, hooks):
+    from remat_alloc import _tracking
+
+    if hooks == "python":
+        monkeypatch.setattr(_tracking, "_native", None)
+
+    class Sigmoid(torch.nn.Module):
+        def forward(self, x):
+            return torch.sigmoid(x)  # saves its output for backward
+
+    model = Sigmoid()
+    x = torch.rand(4, requires_grad=True)
+    with remat.track(model):
+        y = model(x)
+        y.mul_(2)  # changes what backward needs: autograd refuses this without hooks
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+        y = model(x)
+        y.sum().backward()  # unchanged: the same gradient as without tracking
+    s = torch.sigmoid(x.detach())
+    assert torch.allclose(x.grad, s * (1 - s))

@@ -80,9 +80,12 @@ class CachingAllocator {
   // The tag of the live block that starts at `ptr`, if this allocator returned it.
   std::optional<TagId> tag_of_block(const void* ptr) const;
   // Gives the live block that starts at `ptr` the tag `tag` (its bytes move between the two
-  // tags' statistics; the trace keeps the tag of the allocation) and returns its previous tag,
-  // or nullopt, changing nothing, when this allocator did not return `ptr`.
+  // tags' statistics; a retag event tells the trace) and returns its previous tag, or nullopt,
+  // changing nothing, when this allocator did not return `ptr`.
   std::optional<TagId> retag_block(const void* ptr, TagId tag);
+  // The same with the tag `next(previous tag)`, in one look-up: for callers that re-tag by what a
+  // block is (tracking's activations, once per saved tensor). `next` runs under the pool's lock.
+  std::optional<TagId> retag_block(const void* ptr, TagId (*next)(TagId));
   // Requested bytes currently live under regions whose path starts with `prefix`.
   std::int64_t live_requested_bytes(std::string_view region_prefix) const;
   // The largest free cached block, in bytes (0 when none is cached), without a snapshot.

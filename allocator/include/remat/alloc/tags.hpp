@@ -84,6 +84,10 @@ std::string current_label();
 // previous value (current_category) and sets it back, so an exception cannot unbalance a stack.
 void set_category(Category category, std::string_view module);
 std::pair<Category, std::string> current_category();
+// The same by the module's interned name (intern_name), without interning or a lock: for callers
+// that change it at every module call (tracking's hooks).
+void set_category_by_id(Category category, NameId module) noexcept;
+std::pair<Category, NameId> current_category_id() noexcept;
 // Whether this thread has a category set (cheap: for hot paths that only act while tracking).
 bool category_in_force() noexcept;
 // The tag `tag` with its category set to `category` and, unless `module` is nullopt, its module

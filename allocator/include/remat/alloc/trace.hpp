@@ -11,7 +11,9 @@
 
 namespace remat::alloc {
 
-// Names match PyTorch's memory snapshot trace actions.
+// Names match PyTorch's memory snapshot trace actions, but for retag, which PyTorch has no word
+// for: a live block given another tag in place (remat_alloc.track re-tags storages that exist);
+// its `tag` is the block's new one, and readers move the block's bytes there from that event on.
 enum class TraceAction : std::uint8_t {
   alloc,
   free_requested,
@@ -19,6 +21,7 @@ enum class TraceAction : std::uint8_t {
   segment_alloc,
   segment_free,
   oom,
+  retag,
 };
 std::string_view to_string(TraceAction action);
 
@@ -29,7 +32,7 @@ struct TraceEvent {
   Stream stream = 0;
   TagId tag = 0;
   TraceAction action = TraceAction::alloc;
-  // alloc and oom: the bytes the caller asked for (`size` is the block's, or the rounded
+  // alloc, oom and retag: the bytes the caller asked for (`size` is the block's, or the rounded
   // request's); 0 on the other actions. A replay requests this, so it rounds as the pool did.
   std::uint64_t requested = 0;
 };
@@ -52,7 +55,7 @@ class TraceRing {
   void record(TraceAction action, std::uint64_t address, std::uint64_t size, Stream stream, TagId tag) {
     if (enabled()) put(RawEvent{ticks(), address, size, 0, stream, tag, action, false});
   }
-  // An alloc or oom event, with the size the caller asked for.
+  // An alloc, oom or retag event, with the size the caller asked for.
   void record_request(TraceAction action, std::uint64_t address, std::uint64_t size, std::uint64_t requested,
                       Stream stream, TagId tag) {
     if (enabled()) put(RawEvent{ticks(), address, size, requested, stream, tag, action, false});

@@ -1,0 +1,160 @@
+// Tracking's per-call work (tracking.hpp). A thread's modules nest, so the category and module in
+// force when each forward began are a stack; backward sets "temporary of the module" from a
+// pre-hook on each output node and clears it when the graph task ends. The engine asks
+// in_tracked_forward() for every tensor autograd saves (engine.cpp).
+
+#include <remat/tracking.hpp>
+
+#include "engine.hpp"
+#include "thread_state.hpp"
+
+#include <remat/alloc/allocator.hpp>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+namespace remat::tracking {
+namespace {
+
+thread_local std::vector<std::pair<alloc::Category, alloc::NameId>> t_entered;
+
+// Sets "temporary of the module" when backward reaches the node; a root's also clears the
+// category when the graph task ends.
+class EnteringModule final : public torch::autograd::FunctionPreHook {
+ public:
+  EnteringModule(alloc::NameId module, bool root) : module_(module), root_(root) {}
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    alloc::set_category_by_id(alloc::Category::temporary, module_);
+    if (root_) {
+      torch::autograd::Engine::get_default_engine().queue_callback(
+          [] { alloc::set_category_by_id(alloc::Category::none, 0); });
+    }
+    return grads;
+  }
+
+  void make_root() { root_ = true; }
+
+ private:
+  alloc::NameId module_;
+  bool root_;
+};
+
+}  // namespace
+
+void enter_module(alloc::NameId module, bool root) {
+  if (root) {
+    detail::ensure_engine_installed();
+    ++detail::tracked_forwards();
+  }
+  t_entered.push_back(alloc::current_category_id());
+  alloc::set_category_by_id(alloc::Category::temporary, module);
+}
+
+void leave_module(bool root) {
+  if (!t_entered.empty()) {
+    const auto [category, module] = t_entered.back();
+    t_entered.pop_back();
+    alloc::set_category_by_id(category, module);
+  }
+  if (root && detail::tracked_forwards() > 0) --detail::tracked_forwards();
+}
+
+bool in_tracked_forward() noexcept { return detail::tracked_forwards() > 0; }
+
+namespace {
+
+alloc::TagId as_input(alloc::TagId tag) {
+  static const alloc::NameId input = alloc::intern_name("input");
+  alloc::Tag changed = alloc::tag_of(tag);
+  if (changed.category != alloc::Category::none && changed.category != alloc::Category::temporary &&
+      changed.category != alloc::Category::other) {
+    return tag;
+  }
+  changed.category = alloc::Category::input;
+  changed.module = input;
+  return alloc::intern_tag(changed);
+}
+
+}  // namespace
+
+void tag_input(const at::Tensor& tensor) {
+  if (!tensor.defined() || !tensor.has_storage()) return;
+  const void* ptr = tensor.storage().data();
+  if (ptr == nullptr) return;
+  bool done = false;
+  alloc::for_each_device_allocator(
+      [&](alloc::CachingAllocator& allocator) { done = done || allocator.retag_block(ptr, &as_input).has_value(); });
+}
+
+void hook_backward(const std::shared_ptr<torch::autograd::Node>& node, alloc::NameId module, bool root) {
+  for (const auto& hook : node->pre_hooks()) {
+    if (auto* ours = dynamic_cast<EnteringModule*>(hook.get())) {
+      if (root) ours->make_root();  // an inner module's output the model returns as it is
+      return;
+    }
+  }
+  node->add_pre_hook(std::make_unique<EnteringModule>(module, root));
+}
+
+bool RetagLog::retag(const at::Tensor& tensor, alloc::Category category, alloc::NameId module) {
+  if (!tensor.defined() || !tensor.has_storage()) return true;
+  const c10::Storage& storage = tensor.storage();
+  const void* ptr = storage.data();
+  if (ptr == nullptr) return true;  // nothing allocated (an empty tensor)
+  std::lock_guard lock(mutex_);
+  const auto known = entries_.find(ptr);
+  const bool same_storage = known != entries_.end() && !known->second.storage.expired() &&
+                            known->second.storage._unsafe_get_target() == storage.unsafeGetStorageImpl();
+  if (same_storage && known->second.category == category && known->second.module == module) {
+    return true;  // this storage already (a gradient accumulated into again)
+  }
+  alloc::CachingAllocator* owner = alloc::find_owner(ptr);
+  const std::optional<alloc::TagId> tag = owner != nullptr ? owner->tag_of_block(ptr) : std::nullopt;
+  if (!tag) return false;
+  alloc::Tag changed = alloc::tag_of(*tag);
+  changed.category = category;
+  changed.module = module;
+  if (!owner->retag_block(ptr, alloc::intern_tag(changed))) return false;
+  Entry entry{storage.getWeakStorageImpl(), same_storage ? known->second.before : *tag, category, module};
+  if (entries_.size() >= prune_at_) {  // gradients made anew each step leave dead entries behind
+    forget_dead();
+    prune_at_ = std::max<std::size_t>(64, 2 * entries_.size());
+  }
+  entries_.insert_or_assign(ptr, std::move(entry));
+  return true;
+}
+
+void RetagLog::forget_dead() {
+  std::erase_if(entries_, [](const auto& item) { return item.second.storage.expired(); });
+}
+
+void RetagLog::restore() {
+  std::unordered_map<const void*, Entry> entries;
+  {
+    std::lock_guard lock(mutex_);
+    entries.swap(entries_);
+  }
+  for (auto& [ptr, entry] : entries) {
+    const c10::intrusive_ptr<c10::StorageImpl> storage = entry.storage.lock();
+    if (!storage || storage->data() != ptr) continue;  // freed or moved since: nothing of ours to undo
+    alloc::CachingAllocator* owner = alloc::find_owner(ptr);
+    const std::optional<alloc::TagId> tag = owner != nullptr ? owner->tag_of_block(ptr) : std::nullopt;
+    if (!tag) continue;
+    const alloc::Tag now = alloc::tag_of(*tag);
+    if (now.category == entry.category && now.module == entry.module) owner->retag_block(ptr, entry.before);
+  }
+}
+
+std::size_t RetagLog::alive() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<std::size_t>(
+      std::count_if(entries_.begin(), entries_.end(), [](const auto& item) { return !item.second.storage.expired(); }));
+}
+
+}  // namespace remat::tracking
