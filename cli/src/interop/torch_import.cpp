@@ -5,11 +5,12 @@
 #include "core/errors.hpp"
 #include "interop/pickle_reader.hpp"
 #include "interop/torch_snapshot.hpp"
+#include "output/dump_header.hpp"
 #include "reader/dump_reader.hpp"
 #include "reader/event_checks.hpp"
 #include "reader/json_document.hpp"
 
-#include <remat/alloc/dump.hpp>
+#include <remat/alloc/snapshot.hpp>
 
 #include <fmt/format.h>
 
@@ -86,12 +87,6 @@ struct TagKey {
   }
   bool operator<(const TagKey& other) const { return tie() < other.tie(); }
 };
-
-// The index of a category's name in kCategoryNames; 0 (no category) for a name that is none.
-std::uint8_t category_index(std::string_view name) {
-  const auto known = std::find(std::begin(kCategoryNames) + 1, std::end(kCategoryNames), name);
-  return known == std::end(kCategoryNames) ? 0 : static_cast<std::uint8_t>(known - std::begin(kCategoryNames));
-}
 
 // Whether `frames` holds remat's own frames (those an export writes for a tag).
 bool has_remat_frames(const PyValue* frames) {
@@ -399,12 +394,13 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
                                                     "(0x{:x}, total_size {})",
                                                     size, block_address, segment_end, total));
         }
-        std::string state = string_at(*block, "state", "inactive");
-        if (state == "active_awaiting_free") state = "active_pending_free";
-        if (!block_state_from(state)) bad(bwhere + "['state']", fmt::format("unknown block state '{}'", printable(state)));
+        const std::string torch_state = string_at(*block, "state", "inactive");
+        const auto parsed_state = alloc::block_state_from_torch(torch_state);
+        if (!parsed_state) bad(bwhere + "['state']", fmt::format("unknown block state '{}'", printable(torch_state)));
+        const BlockState state = *parsed_state;
         // PyTorch keeps a stale requested_size on inactive blocks (the remainder of a split
         // keeps its old value), so it is only read, and only checked, for active ones.
-        const std::uint64_t block_requested = state == "inactive" ? 0 : size_at(*block, "requested_size", bwhere, size);
+        const std::uint64_t block_requested = state == BlockState::inactive ? 0 : size_at(*block, "requested_size", bwhere, size);
         if (block_requested > size) {
           bad(key_path(bwhere, "requested_size"),
               fmt::format("requested_size {} exceeds the block size {}: an active block holds at least the bytes "
@@ -412,26 +408,26 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
                           block_requested, size));
         }
         std::uint32_t tag = 0;
-        if (state != "inactive") {
+        if (state != BlockState::inactive) {
           const PyValue* frames = block->get("frames");
           const auto alloc = labelled_allocs.find(block_address);
           tag = alloc != labelled_allocs.end() && !has_remat_frames(frames)
                     ? tags.tag_of(alloc->second->get("frames"), user_metadata_of(*alloc->second))
                     : tags.tag_of(frames);
         }
-        if (state == "active_allocated") {
+        if (state == BlockState::active_allocated) {
           seg_allocated += size;
           tag_live[tag].first += size;
           ++tag_live[tag].second;
           tag_requested[tag] += block_requested;
           ++allocated_blocks;
         }
-        if (state != "inactive") seg_active += size;
+        if (state != BlockState::inactive) seg_active += size;
         seg_requested += block_requested;
         blocks.push_back({{"address", block_address},
                           {"size", size},
                           {"requested_size", block_requested},
-                          {"state", state},
+                          {"state", std::string(to_string(state))},
                           {"tag", tag}});
         cursor = block_address + size;
         ++result.blocks;
@@ -484,11 +480,7 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
     for (const PyValue* entry : trace.items) {
       const std::string where = fmt::format("$['device_traces'][{}][{}]", device, e++);
       if (entry->kind != Kind::dict) bad(where, "expected a dict");
-      std::string action = string_at(*entry, "action", "");
-      if (action == "segment_map") action = "segment_alloc";
-      else if (action == "segment_unmap") action = "segment_free";
-      else if (action == "free") action = "free_requested";
-      const auto parsed = action_from(action);
+      const auto parsed = alloc::trace_action_from_torch(string_at(*entry, "action", ""));
       if (!parsed) {
         ++result.skipped_events;
         continue;
@@ -531,7 +523,7 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
         case Action::segment_free: reserved_live -= std::min(reserved_live, size); break;
         case Action::oom: ++ooms; break;
       }
-      events.push_back({{"action", action}, {"time_us", time}, {"address", address}, {"size", size},
+      events.push_back({{"action", std::string(to_string(*parsed))}, {"time_us", time}, {"address", address}, {"size", size},
                         {"stream", stream}, {"tag", tag}});
       ++result.events;
     }
@@ -556,19 +548,17 @@ ImportResult import_torch_snapshot(std::string_view pickle_bytes, std::int64_t d
     tag_table.push_back({{"region", tag.region}, {"policy", to_string(tag.policy)}, {"phase", to_string(tag.phase)},
                          {"site", tag.site}, {"recv", recv}});
     if (tag.label != 0) tag_table.back()["label"] = tag.label;
-    if (tag.category != 0) tag_table.back()["category"] = std::string(kCategoryNames[tag.category]);
+    if (tag.category != 0) tag_table.back()["category"] = std::string(category_name(tag.category));
     if (tag.module != 0) tag_table.back()["module"] = tag.module;
   }
 
   nlohmann::ordered_json& s = result.snapshot;
-  s["kind"] = "snapshot";
-  s["schema_version"] = 1;
+  s = dump_header_json("snapshot", alloc::kSnapshotSchemaVersion, static_cast<std::uint64_t>(device));
+  // The pickle does not say which process wrote it: the import is the producer.
   s["producer"] = kImportProducer;
-  s["created_at"] = alloc::current_dump_header().created_at;
   s["host"] = "";
   s["pid"] = 0;
   s["rank"] = 0;
-  s["device"] = device;
   s["config"] = {{"backend", "cuda"},
                  {"host_capacity_mb", 1},
                  {"max_split_size_mb", nullptr},

@@ -20,6 +20,7 @@ enum class TraceAction : std::uint8_t {
   segment_free,
   oom,
 };
+inline constexpr int kTraceActionCount = 6;
 std::string_view to_string(TraceAction action);
 
 struct TraceEvent {
