@@ -8,6 +8,7 @@
 #include "core/format.hpp"
 #include "core/terminal_text.hpp"
 #include "interop/torch_snapshot.hpp"
+#include "output/dump_header.hpp"
 #include "output/json_text.hpp"
 #include "reader/dump_file.hpp"
 #include "reader/dump_reader.hpp"
@@ -357,12 +358,7 @@ Report text_report(const WhatIfOptions& options, const Recorded& recorded, const
 
 std::string whatif_dump(const WhatIfOptions& options, const Recorded& recorded, const WhatIfCounts& counts,
                         std::uint64_t capacity, const std::string& capacity_source, const std::vector<WhatIfRun>& runs) {
-  alloc::JsonWriter header;
-  header.begin_object();
-  alloc::write_dump_header(header, "whatif", kWhatIfSchemaVersion, static_cast<int>(recorded.device));
-  header.end_object();
-  nlohmann::ordered_json root = nlohmann::ordered_json::parse(header.str());
-  root["device"] = recorded.device;  // the header's writer takes an int; a trace's device is any whole number
+  nlohmann::ordered_json root = dump_header_json("whatif", kWhatIfSchemaVersion, recorded.device);
   root["input"] = {{"name", options.file == kStdinArgument ? std::string(kStdinName) : options.file},
                    {"kind", recorded.kind},
                    {"events", counts.events},

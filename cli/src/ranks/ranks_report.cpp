@@ -1,5 +1,6 @@
 #include "ranks/ranks_report.hpp"
 
+#include "output/dump_header.hpp"
 #include "output/json_text.hpp"
 #include "renderers/memory_summary.hpp"
 
@@ -326,11 +327,7 @@ Report ranks_csv(const RanksRun& run) {
 
 void write_ranks_json(std::ostream& out, const RanksRun& run) {
   const JobRanks& job = run.job;
-  alloc::JsonWriter header;
-  header.begin_object();
-  alloc::write_dump_header(header, "ranks", kRanksSchemaVersion, 0);
-  header.end_object();
-  nlohmann::ordered_json root = nlohmann::ordered_json::parse(header.str());
+  nlohmann::ordered_json root = dump_header_json("ranks", kRanksSchemaVersion);
   root["group_by"] = to_string(run.by);
   root["dumps_read"] = job.dumps_read();
   root["ranks"] = nlohmann::ordered_json::array();  // written one rank at a time, below
