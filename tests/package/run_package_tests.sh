@@ -9,6 +9,9 @@ source_dir=$(cd "${1:?usage: run_package_tests.sh SOURCE_DIR WORK_DIR [PYTHON]}"
 work=${2:?usage: run_package_tests.sh SOURCE_DIR WORK_DIR [PYTHON]}
 python=${3:-python3}
 
+# The project's ccache settings (scripts/ccache-env.sh): the LibTorch units the build shares with
+# earlier package builds come from the cache instead of being compiled again.
+source "$source_dir/scripts/ccache-env.sh"
 rm -rf "$work"
 mkdir -p "$work"
 # The environment's torch stays visible (--system-site-packages); nothing is downloaded: the
