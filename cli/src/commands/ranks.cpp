@@ -48,13 +48,12 @@ struct RanksOptions {
   std::string predicted;
 };
 
+// A prediction holds a few figures per rank: a megabyte is far more than any job's.
+constexpr std::uint64_t kLargestPrediction = std::uint64_t{1} << 20;
+
 pipeline::Prediction read_prediction(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw InputError(fmt::format("--predicted {}: cannot read it; pass the dump remat-report predict --json wrote",
-                                 printable(path)));
-  }
-  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::string text = read_text_input(path, kLargestPrediction, "a pipeline prediction",
+                                           "to --predicted the dump remat-report predict --json wrote");
   try {
     return pipeline::prediction_from_json(text, path);
   } catch (const pipeline::PlanError& e) {

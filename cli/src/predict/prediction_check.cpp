@@ -37,12 +37,13 @@ std::optional<double> error_of(std::uint64_t predicted, const std::map<std::uint
 Report prediction_check_report(const pipeline::Prediction& prediction, const JobRanks& job) {
   const std::map<std::uint64_t, std::uint64_t> measured = measured_peaks(job);
   Report report;
-  Table table;
-  table.id = "predicted";
-  table.title = "Measured against predicted peak per rank";
-  table.columns = {{"rank", "rank", true},          {"measured", "measured_bytes", true},
-                   {"predicted", "predicted_bytes", true}, {"error", "error", true},
-                   {"predicted at", "action", false}};
+  Table table{.id = "predicted",
+              .title = "Measured against predicted peak per rank",
+              .columns = {{"rank", "rank", true},
+                          {"measured", "measured_bytes", true},
+                          {"predicted", "predicted_bytes", true},
+                          {"error", "error", true},
+                          {"predicted at", "action", false}}};
   double worst = -1;
   std::uint64_t worst_rank = 0;
   for (const pipeline::RankPrediction& rank : prediction.per_rank) {
