@@ -93,7 +93,7 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
       "Each rank's predicted memory peak for a pipeline schedule, from one stage profile per stage "
       "(remat.pipelining.profile_stage): the peak, the action at which it happens and its parts");
   auto opts = std::make_shared<PredictOptions>();
-  command->add_option("profiles", opts->profiles, "One stage_profile dump per stage")->required();
+  command->add_option("profiles", opts->profiles, "One stage-profile dump per stage")->required();
   add_schedule_options(*command, opts->schedule);
   command->add_option("--buffers", opts->buffers,
                       "Receive buffers: stock (one set per microbatch, the default) or pooled (the plan's rings, "
@@ -106,7 +106,7 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
   command->add_flag("--no-optimizer", opts->no_optimizer, "The step ends without an optimizer step (no state held)");
   command->add_option("--svg", opts->svg, "Also draw each rank's predicted peak, stacked by part, into OUT.svg");
   // --csv names a schedule here, as in `plan`: the output options are --json alone.
-  command->add_flag("--json", opts->json, "Print a pipeline_prediction dump (schemas/pipeline_prediction.schema.json)");
+  command->add_flag("--json", opts->json, "Print a pipeline-prediction dump (schemas/pipeline-prediction.schema.json)");
   command->callback([opts, command, &options] {
     std::optional<OutputTarget> picture;
     if (!opts->svg.empty()) {

@@ -265,9 +265,9 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
   command->add_option("--svg", opts->svg, "Also draw each rank's peak, stacked by group, into OUT.svg");
   command->add_option("--html", opts->html, "Also write the picture and the hottest ranks into OUT.html");
   command->add_option("--predicted", opts->predicted,
-                      "A pipeline_prediction dump (remat-report predict --json): each rank's measured peak beside "
+                      "A pipeline-prediction dump (remat-report predict --json): each rank's measured peak beside "
                       "the predicted one, with the error (--svg draws the prediction with the measured peaks; --json "
-                      "prints a prediction_check dump, schemas/prediction_check.schema.json)");
+                      "prints a prediction-check dump, schemas/prediction-check.schema.json)");
   command->add_flag("--strict", opts->strict, "Exit 2 when any dump is unreadable (the report is printed first)");
   add_output_options(*command, options);
   command->callback([opts, &options] {

@@ -80,7 +80,7 @@ Report prediction_check_report(const pipeline::Prediction& prediction, const Job
 void write_prediction_check_json(std::ostream& out, const pipeline::Prediction& prediction, const JobRanks& job) {
   const std::map<std::uint64_t, std::uint64_t> measured = measured_peaks(job);
   using Json = nlohmann::ordered_json;
-  Json root = dump_header_json("prediction_check", kPredictionCheckSchemaVersion);
+  Json root = dump_header_json("prediction-check", kPredictionCheckSchemaVersion);
   root["model"] = prediction.model;
   root["schedule"] = prediction.schedule_name.empty() ? Json(nullptr) : Json(prediction.schedule_name);
   root["microbatches"] = prediction.microbatches;
