@@ -4,6 +4,7 @@
 # warnings as errors (REMAT_WERROR, off in a plain configure); -DREMAT_WERROR=OFF overrides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/ccache-env.sh
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} -DREMAT_WERROR=ON "$@"

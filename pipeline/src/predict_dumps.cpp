@@ -1,4 +1,4 @@
-// The `stage_profile` and `pipeline_prediction` dumps: written with the common header, read
+// The `stage-profile` and `pipeline-prediction` dumps: written with the common header, read
 // back with every field checked (a corrupt or foreign file is refused naming the field).
 
 #include <remat/alloc/dump.hpp>
@@ -23,6 +23,11 @@ using Json = nlohmann::ordered_json;
 
 constexpr int kStageProfileSchemaVersion = 1;
 constexpr int kPredictionSchemaVersion = 1;
+// The kinds as written, and as dumps written before kinds were kebab-case spell them (still read).
+constexpr std::string_view kStageProfileKind = "stage-profile";
+constexpr std::string_view kStageProfileOldKind = "stage_profile";
+constexpr std::string_view kPredictionKind = "pipeline-prediction";
+constexpr std::string_view kPredictionOldKind = "pipeline_prediction";
 
 // A stage's byte figure above this is no real measurement (no device holds a pebibyte), and
 // bounding the figures keeps the walk's sums far from 2^64 (it still checks each sum).
@@ -78,10 +83,11 @@ std::string optional_text(const Json& object, const char* key, std::string_view 
   return text_of(object, key, source, path);
 }
 
-void open_kind(const Json& root, std::string_view source, std::string_view kind, int version,
+void open_kind(const Json& root, std::string_view source, std::string_view kind, std::string_view old_kind, int version,
                std::string_view hint) {
   const std::string found = text_of(root, "kind", source, "$");
-  if (found != kind) refuse(source, "$.kind", "is '" + found + "', not '" + std::string(kind) + "'" + std::string(hint));
+  if (found != kind && found != old_kind)
+    refuse(source, "$.kind", "is '" + found + "', not '" + std::string(kind) + "'" + std::string(hint));
   const Json& schema = member(root, "schema_version", source, "$");
   if (!schema.is_number_integer() || schema.get<std::int64_t>() != version) {
     refuse(source, "$.schema_version",
@@ -147,8 +153,8 @@ std::string runtime_of(const Json& root, std::string_view source) {
 }  // namespace
 
 StageProfile stage_profile_from_json(std::string_view text, std::string_view source) {
-  const Json root = parse(text, source, "stage_profile");
-  open_kind(root, source, "stage_profile", kStageProfileSchemaVersion,
+  const Json root = parse(text, source, kStageProfileKind);
+  open_kind(root, source, kStageProfileKind, kStageProfileOldKind, kStageProfileSchemaVersion,
             root.value("kind", "") == "region_profile"
                 ? ": this is a region profile (remat.profile_regions); make a stage profile with "
                   "remat.pipelining.profile_stage"
@@ -218,7 +224,7 @@ StageProfile stage_profile_of(std::string model, int stage, int num_stages, std:
 std::string stage_profile_to_json(const StageProfile& profile) {
   alloc::JsonWriter json;
   json.begin_object();
-  alloc::write_dump_header(json, "stage_profile", kStageProfileSchemaVersion, 0);
+  alloc::write_dump_header(json, kStageProfileKind, kStageProfileSchemaVersion, 0);
   json.field("model", std::string_view(profile.model));
   json.field("runtime", std::string_view(profile.runtime));
   json.field("stage", profile.stage).field("num_stages", profile.num_stages);
@@ -235,7 +241,7 @@ std::string stage_profile_to_json(const StageProfile& profile) {
 std::string prediction_to_json(const Prediction& prediction) {
   alloc::JsonWriter json(1024 + prediction.per_rank.size() * 400);
   json.begin_object();
-  alloc::write_dump_header(json, "pipeline_prediction", kPredictionSchemaVersion, 0);
+  alloc::write_dump_header(json, kPredictionKind, kPredictionSchemaVersion, 0);
   json.field("model", std::string_view(prediction.model));
   json.field("runtime", std::string_view(prediction.runtime));
   json.key("schedule");
@@ -280,8 +286,8 @@ std::string prediction_to_json(const Prediction& prediction) {
 }
 
 Prediction prediction_from_json(std::string_view text, std::string_view source) {
-  const Json root = parse(text, source, "pipeline_prediction");
-  open_kind(root, source, "pipeline_prediction", kPredictionSchemaVersion,
+  const Json root = parse(text, source, kPredictionKind);
+  open_kind(root, source, kPredictionKind, kPredictionOldKind, kPredictionSchemaVersion,
             "; pass the dump remat-report predict --json wrote");
   Prediction prediction;
   prediction.model = text_of(root, "model", source, "$");

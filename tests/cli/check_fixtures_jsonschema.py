@@ -37,10 +37,10 @@ def main():
         event.validate(json.loads(line))
     reports = {"oom.json": "oom", "remat-trace.json": "remat-trace", "memory-report.json": "memory-report",
                "saved-report.json": "saved-report", "pipeline-plan.json": "pipeline-plan",
-               "stage-profile-0.json": "stage_profile", "stage-profile-1.json": "stage_profile",
-               "stage-profile-1-remat-runtime.json": "stage_profile",
-               "pipeline-prediction.json": "pipeline_prediction"}
-    reports.update({f"pipeline-train-stage-profile-{s}.json": "stage_profile" for s in range(4)})
+               "stage-profile-0.json": "stage-profile", "stage-profile-1.json": "stage-profile",
+               "stage-profile-1-remat-runtime.json": "stage-profile",
+               "pipeline-prediction.json": "pipeline-prediction"}  # written before kinds were kebab-case
+    reports.update({f"pipeline-train-stage-profile-{s}.json": "stage-profile" for s in range(4)})
     for name, kind in reports.items():
         validator(f"{kind}.schema.json").validate(json.loads((HERE / "data" / name).read_text()))
     print(f"ok: 3 snapshots, a trace of {len(lines) - 1} events and {len(reports)} reports")

@@ -27,6 +27,9 @@
     engine                                        hands those hooks to autograd
     runtime | memory_report, saved_report         the entry points, beside the reports reading the
                                                   records (saved_report also installs the engine)
+- remat-report's folders (cli/src/<folder>) include downward only, lowest first (CLI_LAYERS): a
+  folder includes only folders in layers below its own, and its files include each other in no
+  circle. One of its modules turns the dump header into JSON (output/dump_header.cpp).
 """
 
 import ast
@@ -37,6 +40,21 @@ import unittest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
+
+
+# remat-report's folders, lowest first; a folder includes only folders of layers before its own.
+CLI_LAYERS = [
+    {"core", "model"},         # errors and formatting; the dumps in memory (the allocator's vocabulary)
+    {"reader"},                # the dumps read into the model
+    {"schema", "analysis"},    # the schemas checked; figures computed from the model
+    {"output"},                # tables, charts, JSON text and files
+    {"renderers"},             # each dump kind as a report
+    {"interop", "ranks"},      # PyTorch's snapshot pickle; a job's ranks side by side
+    {"predict"},               # a pipeline prediction checked against the ranks
+    {"commands"},              # the subcommands
+    {"app"},                   # the command line
+    {"main.cpp"},              # the program
+]
 
 
 def sources(folder: str) -> list[pathlib.Path]:
@@ -68,6 +86,35 @@ def unit_graph(src: pathlib.Path, public: pathlib.Path) -> dict[str, dict[str, s
         for included in includes(path):
             target = unit_of(included, path)
             if target is not None and target != unit:
+                graph[unit].setdefault(target, f"{path.relative_to(ROOT)} includes {included}")
+    return graph
+
+
+def cli_folder_includes() -> dict[str, dict[str, str]]:
+    """Per folder of cli/src (main.cpp its own), the folders it includes, each with one include
+    that does it."""
+    src = ROOT / "cli/src"
+    found: dict[str, dict[str, str]] = {}
+    for path in sources("cli/src"):
+        folder = path.relative_to(src).parts[0]
+        found.setdefault(folder, {})
+        for included in includes(path):
+            target = pathlib.PurePosixPath(included).parts[0]
+            if target != folder and (src / target).is_dir():
+                found[folder].setdefault(target, f"{path.relative_to(ROOT)} includes {included}")
+    return found
+
+
+def cli_file_graph() -> dict[str, dict[str, str]]:
+    """The units of cli/src ("reader/dump_file": its .hpp and .cpp) and the units each includes."""
+    src = ROOT / "cli/src"
+    files = {p: str(p.relative_to(src).with_suffix("")) for p in sources("cli/src")}
+    units = set(files.values())
+    graph: dict[str, dict[str, str]] = {unit: {} for unit in units}
+    for path, unit in files.items():
+        for included in includes(path):
+            target = str(pathlib.PurePosixPath(included).with_suffix(""))
+            if target in units and target != unit:
                 graph[unit].setdefault(target, f"{path.relative_to(ROOT)} includes {included}")
     return graph
 
@@ -213,6 +260,28 @@ class Layering(unittest.TestCase):
         if cycles:
             self.fail("remat/src includes in a circle; move the piece both sides need below both, or merge two "
                       "halves of one idea:\n" + "\n".join(cycles))
+
+    def test_remat_reports_folders_include_downward_only(self):
+        layer_of = {folder: i for i, layer in enumerate(CLI_LAYERS) for folder in layer}
+        found = cli_folder_includes()
+        self.assertEqual(sorted(found), sorted(layer_of),
+                         "every folder of cli/src has its place in CLI_LAYERS (tests/layering/check_includes.py)")
+        upward = [f"{why} (layer {layer_of[folder]} includes layer {layer_of[target]})"
+                  for folder, targets in sorted(found.items()) for target, why in sorted(targets.items())
+                  if layer_of[target] >= layer_of[folder]]
+        self.assertEqual(upward, [], "cli/src includes upward or sideways; move the piece both need below both")
+
+    def test_remat_reports_files_include_each_other_in_no_cycle(self):
+        graph = cli_file_graph()
+        self.assertIn("reader/dump_file", graph["reader/trace_file"])  # the graph sees the includes
+        cycles = [describe_cycle(graph, cycle) for cycle in include_cycles(graph)]
+        if cycles:
+            self.fail("cli/src includes in a circle:\n" + "\n".join(cycles))
+
+    def test_one_module_of_remat_report_writes_the_dump_header(self):
+        writers = [str(p.relative_to(ROOT)) for p in sources("cli/src")
+                   if "write_dump_header(" in p.read_text(errors="replace")]
+        self.assertEqual(writers, ["cli/src/output/dump_header.cpp"])
 
     def test_the_cycle_check_finds_direct_and_longer_cycles(self):
         graph = {"a": {"b": "a.cpp includes b.hpp"}, "b": {"c": "b.cpp includes c.hpp"},

@@ -9,14 +9,30 @@ source_dir=$(cd "${1:?usage: run_package_tests.sh SOURCE_DIR WORK_DIR [PYTHON]}"
 work=${2:?usage: run_package_tests.sh SOURCE_DIR WORK_DIR [PYTHON]}
 python=${3:-python3}
 
+# The project's ccache settings (scripts/ccache-env.sh): the units with a precompiled header
+# (LibTorch's) are cached too, and paths inside the checkout are hashed relative to it.
+source "$source_dir/scripts/ccache-env.sh"
 rm -rf "$work"
 mkdir -p "$work"
 # The environment's torch stays visible (--system-site-packages); nothing is downloaded: the
 # build uses the scikit-build-core, CMake and Ninja already installed.
 "$python" -m venv --system-site-packages "$work/venv"
 venv_python=$work/venv/bin/python
+# Run by ctest beside a build of the same checkout, the wheel is built with that build's
+# compilers and warnings-as-errors setting (stricter than a user's default, never looser), from
+# scratch in a folder beside it: each unit's compile command is then the build's, so ccache
+# hands back the objects the build made instead of compiling every unit again. What it proves
+# is the same: `pip install .` builds and installs the package from a clean build folder.
+pip_options=()
+if [ -n "${REMAT_PACKAGE_BUILD_DIR:-}" ]; then
+  rm -rf "$REMAT_PACKAGE_BUILD_DIR"
+  pip_options+=(-C "build-dir=$REMAT_PACKAGE_BUILD_DIR")
+  [ -z "${REMAT_PACKAGE_CXX:-}" ] || pip_options+=(-C "cmake.define.CMAKE_CXX_COMPILER=$REMAT_PACKAGE_CXX")
+  [ -z "${REMAT_PACKAGE_CC:-}" ] || pip_options+=(-C "cmake.define.CMAKE_C_COMPILER=$REMAT_PACKAGE_CC")
+  [ -z "${REMAT_PACKAGE_WERROR:-}" ] || pip_options+=(-C "cmake.define.REMAT_WERROR=$REMAT_PACKAGE_WERROR")
+fi
 if ! "$venv_python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index \
-    "$source_dir" > "$work/pip.log" 2>&1; then
+    "${pip_options[@]}" "$source_dir" > "$work/pip.log" 2>&1; then
   tail -n 40 "$work/pip.log"
   echo "pip install of $source_dir failed; the log is $work/pip.log"
   exit 1

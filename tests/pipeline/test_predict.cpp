@@ -445,5 +445,23 @@ TEST(PredictionDump, RefusesPartsThatWrapPast64Bits) {
   EXPECT_NE(message.find("$.per_rank[0].parts: add up past 2^64 - 1 bytes"), std::string::npos) << message;
 }
 
+
+TEST(PredictDumps, KindsAreWrittenKebabCaseAndTheOldUnderscoredSpellingStillReads) {
+  const std::string written = stage_profile_to_json(first_stage());
+  ASSERT_NE(written.find("\"stage-profile\""), std::string::npos) << written;
+  std::string old = written;
+  old.replace(old.find("stage-profile"), 13, "stage_profile");
+  EXPECT_EQ(stage_profile_from_json(old, "old.json").params, 1000u);
+  EXPECT_EQ(stage_profile_from_json(written, "new.json").params, 1000u);
+  std::string other = written;
+  other.replace(other.find("stage-profile"), 13, "stage.profile");
+  try {
+    stage_profile_from_json(other, "other.json");
+    FAIL() << "a kind of neither spelling was read";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("not 'stage-profile'"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace remat::pipeline

@@ -62,9 +62,9 @@ def remat_report_verdict(remat_report: str, path: pathlib.Path) -> int:
 
 
 def check_prediction_dumps(pipeline_train: str, remat_report, schemas: dict, dumps: pathlib.Path) -> tuple:
-    """remat-pipeline-train --profile-stages writes stage_profile dumps (remat::pipeline::profile_stage);
-    remat-report predict --json turns them into a pipeline_prediction, and ranks --predicted --json
-    sets the allocator demo's snapshot beside it (a prediction_check). Each against its schema, by
+    """remat-pipeline-train --profile-stages writes stage-profile dumps (remat::pipeline::profile_stage);
+    remat-report predict --json turns them into a pipeline-prediction, and ranks --predicted --json
+    sets the allocator demo's snapshot beside it (a prediction-check). Each against its schema, by
     python-jsonschema and by remat-report validate, and a broken copy of each refused by both."""
     failures = []
     checked = 0
@@ -74,7 +74,7 @@ def check_prediction_dumps(pipeline_train: str, remat_report, schemas: dict, dum
     profiles = sorted(profiles_dir.glob("stage-profile-stage*.json"))
     if len(profiles) != 2:
         return [f"--profile-stages 2 wrote {[p.name for p in profiles]}, not two stage profiles"], 0
-    documents = [(p, "stage_profile") for p in profiles]
+    documents = [(p, "stage-profile") for p in profiles]
     if remat_report:
         predicted = subprocess.run([remat_report, "predict", *map(str, profiles), "--schedule", "1f1b", "--ranks", "2",
                                     "--microbatches", "4", "--buffers", "pooled", "--json"],
@@ -83,16 +83,16 @@ def check_prediction_dumps(pipeline_train: str, remat_report, schemas: dict, dum
             return [f"predict exited {predicted.returncode}: {predicted.stderr.strip()}"], 0
         prediction = dumps / "prediction.json"
         prediction.write_text(predicted.stdout)
-        documents.append((prediction, "pipeline_prediction"))
+        documents.append((prediction, "pipeline-prediction"))
         check = subprocess.run([remat_report, "ranks", str(dumps / "snapshot-peak.json"), "--predicted",
                                 str(prediction), "--json"], capture_output=True, text=True, check=False)
         if check.returncode != 0:
             return [f"ranks --predicted exited {check.returncode}: {check.stderr.strip()}"], 0
         (dumps / "prediction-check.json").write_text(check.stdout)
-        documents.append((dumps / "prediction-check.json", "prediction_check"))
-    breakages = {"stage_profile": lambda d: d["bytes"].update(activation_bytes=1),  # a figure no schema names
-                 "pipeline_prediction": lambda d: d["per_rank"][0].update(peak_bytes=-1),
-                 "prediction_check": lambda d: d["ranks"][0].update(error="5%")}
+        documents.append((dumps / "prediction-check.json", "prediction-check"))
+    breakages = {"stage-profile": lambda d: d["bytes"].update(activation_bytes=1),  # a figure no schema names
+                 "pipeline-prediction": lambda d: d["per_rank"][0].update(peak_bytes=-1),
+                 "prediction-check": lambda d: d["ranks"][0].update(error="5%")}
     for path, kind in documents:
         validator = validator_for(schemas, f"{kind}.schema.json")
         doc = json.loads(path.read_text())

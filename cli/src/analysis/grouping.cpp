@@ -44,15 +44,15 @@ GroupLabel tag_label(const TagTable& tags, std::uint32_t tag, GroupBy by) {
     case GroupBy::label: return named_or(t.label, kNoLabelLabel);
     case GroupBy::category:
       if (t.category == 0) return GroupLabel::own(std::string(kNoCategoryLabel));
-      return GroupLabel::name(std::string(kCategoryNames[t.category]));
+      return GroupLabel::name(std::string(category_name(t.category)));
     case GroupBy::module: {
       // A module's memory by what it is for: "layers.0.mlp (activation)".
       if (t.module == 0 || tags.names[t.module].empty()) {
         if (t.category == 0) return GroupLabel::own(std::string(kNoModuleLabel));
-        return GroupLabel::name(fmt::format("{} ({})", kNoModuleLabel, kCategoryNames[t.category]));
+        return GroupLabel::name(fmt::format("{} ({})", kNoModuleLabel, category_name(t.category)));
       }
       if (t.category == 0) return GroupLabel::name(tags.names[t.module]);
-      return GroupLabel::name(fmt::format("{} ({})", tags.names[t.module], kCategoryNames[t.category]));
+      return GroupLabel::name(fmt::format("{} ({})", tags.names[t.module], category_name(t.category)));
     }
     case GroupBy::phase: return GroupLabel::name(std::string(to_string(t.phase)));
     case GroupBy::slot:

@@ -45,27 +45,7 @@ struct AdviseOptions {
 constexpr std::size_t kPictureSteps = 96;
 
 std::string read_profile_text(const std::string& path) {
-  if (path == kStdinArgument) {
-    std::ostringstream text;
-    text << std::cin.rdbuf();
-    return text.str();
-  }
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error)) {
-    throw InputError(fmt::format("{} is a directory; pass a region_profile dump (profile.to_json(path))",
-                                 printable(path)));
-  }
-  const std::uintmax_t size = std::filesystem::file_size(path, error);
-  if (!error && size > kLargestProfile) {
-    throw InputError(fmt::format("{} is {} bytes, more than a region profile holds; pass a region_profile dump",
-                                 printable(path), size));
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw InputError(fmt::format("cannot read {}: {}; pass a region_profile dump (profile.to_json(path))",
-                                 printable(path), std::strerror(errno)));
-  }
-  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  return read_text_input(path, kLargestProfile, "a region profile", "a region_profile dump (profile.to_json(path))");
 }
 
 std::uint64_t parse_budget(const std::string& option, const std::string& text) {
@@ -89,13 +69,12 @@ Report plan_report(const budget::Plan& plan) {
   add_field(summary, "recompute_seconds", Cell::real(plan.recompute_seconds));
   add_field(summary, "exact", Cell::flag(plan.exact));
   report.tables.push_back(std::move(summary));
-  Table regions;
-  regions.id = "regions";
-  regions.title = "Regions";
-  regions.columns = {{"region", "region", false},
-                     {"saved bytes", "saved_bytes", true},
-                     {"seconds", "seconds", true},
-                     {"decision", "decision", false}};
+  Table regions{.id = "regions",
+                .title = "Regions",
+                .columns = {{"region", "region", false},
+                            {"saved bytes", "saved_bytes", true},
+                            {"seconds", "seconds", true},
+                            {"decision", "decision", false}}};
   for (const auto& [region, choice] : plan.regions) {
     regions.rows.push_back({Cell::name(region.name), Cell::bytes(region.saved_bytes), Cell::real(region.seconds),
                             Cell::text(std::string(budget::to_string(choice)))});
@@ -111,13 +90,12 @@ Report plan_report(const budget::Plan& plan) {
 
 Report frontier_report(const budget::RegionProfile& profile, const std::vector<budget::Plan>& plans) {
   Report report;
-  Table table;
-  table.id = "frontier";
-  table.title = "Fastest plan at each budget";
-  table.columns = {{"budget", "budget_bytes", true},
-                   {"kept", "kept_bytes", true},
-                   {"recompute seconds", "recompute_seconds", true},
-                   {"saved regions", "saved_regions", true}};
+  Table table{.id = "frontier",
+              .title = "Fastest plan at each budget",
+              .columns = {{"budget", "budget_bytes", true},
+                          {"kept", "kept_bytes", true},
+                          {"recompute seconds", "recompute_seconds", true},
+                          {"saved regions", "saved_regions", true}}};
   for (const budget::Plan& plan : plans) {
     std::uint64_t saved = 0;
     for (const auto& [region, choice] : plan.regions) saved += choice == budget::Choice::save ? region.count : 0;

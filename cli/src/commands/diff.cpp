@@ -118,13 +118,16 @@ void register_diff(CLI::App& app, GlobalOptions& options) {
       lines.push_back(std::move(line));
     }
     std::stable_sort(lines.begin(), lines.end(), [](const Line& a, const Line& b) { return a.weight > b.weight; });
-    Table table;
-    table.id = "diff";
-    table.title = fmt::format("Change by {}: {} -> {}", opts->by, names[0], names[1]);
-    table.columns = {{opts->by, opts->by, false},          placeholder_column(),
-                     {"live before", "live_before", true}, {"live after", "live_after", true},
-                     {"live change", "live_change", true}, {"peak before", "peak_before", true},
-                     {"peak after", "peak_after", true},   {"peak change", "peak_change", true}};
+    Table table{.id = "diff",
+                .title = fmt::format("Change by {}: {} -> {}", opts->by, names[0], names[1]),
+                .columns = {{opts->by, opts->by, false},
+                            placeholder_column(),
+                            {"live before", "live_before", true},
+                            {"live after", "live_after", true},
+                            {"live change", "live_change", true},
+                            {"peak before", "peak_before", true},
+                            {"peak after", "peak_after", true},
+                            {"peak change", "peak_change", true}}};
     const std::size_t shown = opts->top == 0 ? lines.size() : std::min(opts->top, lines.size());
     bool clamped = false;
     for (std::size_t i = 0; i < shown; ++i) {

@@ -8,6 +8,7 @@
 #include "core/errors.hpp"
 #include "output/output_file.hpp"
 #include "predict/prediction_chart.hpp"
+#include "reader/input_file.hpp"
 
 #include <remat/pipeline/errors.hpp>
 #include <remat/pipeline/predict.hpp>
@@ -39,45 +40,30 @@ struct PredictOptions {
 };
 
 std::string read_profile(const std::string& path) {
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error)) {
-    throw InputError(fmt::format("{} is a directory; pass each stage's profile (profile_stage(..., path=...))",
-                                 printable(path)));
-  }
-  const std::uintmax_t size = std::filesystem::file_size(path, error);
-  if (!error && size > kLargestProfile) {
-    throw InputError(fmt::format("{} is {} bytes, more than a stage profile holds; pass a stage_profile dump",
-                                 printable(path), size));
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw InputError(fmt::format("cannot read {}: {}; pass a stage_profile dump (remat.pipelining.profile_stage)",
-                                 printable(path), std::strerror(errno)));
-  }
-  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  return read_text_input(path, kLargestProfile, "a stage profile",
+                         "each stage's stage-profile dump (remat.pipelining.profile_stage(..., path=...))");
 }
 
 Report prediction_report(const pipeline::Prediction& prediction) {
   Report report;
-  Table table;
-  table.id = "ranks";
-  table.title = fmt::format("Predicted peak per rank: {}, {} microbatches, {} receive buffers{}",
-                            prediction.schedule_name.empty() ? "custom schedule" : prediction.schedule_name,
-                            prediction.microbatches, pipeline::to_string(prediction.buffers),
-                            prediction.runtime == pipeline::kRematRuntime ? ", remat::pipeline's runtime" : "");
-  table.columns = {{"rank", "rank", true},
-                   {"stages", "stages", false},
-                   {"peak", "peak_bytes", true},
-                   {"at", "action", false},
-                   {"in flight", "in_flight", true},
-                   {"params", "params", true},
-                   {"grads", "grads", true},
-                   {"optimizer", "optimizer_state", true},
-                   {"activations", "activations", true},
-                   {"recv buffers", "receive_buffers", true},
-                   {"held by sends", "held_for_sends", true},
-                   {"batch", "batch", true},
-                   {"transient", "transient", true}};
+  Table table{.id = "ranks",
+              .title = fmt::format("Predicted peak per rank: {}, {} microbatches, {} receive buffers{}",
+                                   prediction.schedule_name.empty() ? "custom schedule" : prediction.schedule_name,
+                                   prediction.microbatches, pipeline::to_string(prediction.buffers),
+                                   prediction.runtime == pipeline::kRematRuntime ? ", remat::pipeline's runtime" : ""),
+              .columns = {{"rank", "rank", true},
+                          {"stages", "stages", false},
+                          {"peak", "peak_bytes", true},
+                          {"at", "action", false},
+                          {"in flight", "in_flight", true},
+                          {"params", "params", true},
+                          {"grads", "grads", true},
+                          {"optimizer", "optimizer_state", true},
+                          {"activations", "activations", true},
+                          {"recv buffers", "receive_buffers", true},
+                          {"held by sends", "held_for_sends", true},
+                          {"batch", "batch", true},
+                          {"transient", "transient", true}}};
   for (const pipeline::RankPrediction& rank : prediction.per_rank) {
     std::string stages;
     for (const int stage : rank.stages) stages += (stages.empty() ? "" : ",") + std::to_string(stage);
@@ -107,7 +93,7 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
       "Each rank's predicted memory peak for a pipeline schedule, from one stage profile per stage "
       "(remat.pipelining.profile_stage): the peak, the action at which it happens and its parts");
   auto opts = std::make_shared<PredictOptions>();
-  command->add_option("profiles", opts->profiles, "One stage_profile dump per stage")->required();
+  command->add_option("profiles", opts->profiles, "One stage-profile dump per stage")->required();
   add_schedule_options(*command, opts->schedule);
   command->add_option("--buffers", opts->buffers,
                       "Receive buffers: stock (one set per microbatch, the default) or pooled (the plan's rings, "
@@ -120,7 +106,7 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
   command->add_flag("--no-optimizer", opts->no_optimizer, "The step ends without an optimizer step (no state held)");
   command->add_option("--svg", opts->svg, "Also draw each rank's predicted peak, stacked by part, into OUT.svg");
   // --csv names a schedule here, as in `plan`: the output options are --json alone.
-  command->add_flag("--json", opts->json, "Print a pipeline_prediction dump (schemas/pipeline_prediction.schema.json)");
+  command->add_flag("--json", opts->json, "Print a pipeline-prediction dump (schemas/pipeline-prediction.schema.json)");
   command->callback([opts, command, &options] {
     std::optional<OutputTarget> picture;
     if (!opts->svg.empty()) {

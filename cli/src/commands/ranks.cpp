@@ -48,13 +48,12 @@ struct RanksOptions {
   std::string predicted;
 };
 
+// A prediction holds a few figures per rank: a megabyte is far more than any job's.
+constexpr std::uint64_t kLargestPrediction = std::uint64_t{1} << 20;
+
 pipeline::Prediction read_prediction(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw InputError(fmt::format("--predicted {}: cannot read it; pass the dump remat-report predict --json wrote",
-                                 printable(path)));
-  }
-  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::string text = read_text_input(path, kLargestPrediction, "a pipeline prediction",
+                                           "to --predicted the dump remat-report predict --json wrote");
   try {
     return pipeline::prediction_from_json(text, path);
   } catch (const pipeline::PlanError& e) {
@@ -266,9 +265,9 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
   command->add_option("--svg", opts->svg, "Also draw each rank's peak, stacked by group, into OUT.svg");
   command->add_option("--html", opts->html, "Also write the picture and the hottest ranks into OUT.html");
   command->add_option("--predicted", opts->predicted,
-                      "A pipeline_prediction dump (remat-report predict --json): each rank's measured peak beside "
+                      "A pipeline-prediction dump (remat-report predict --json): each rank's measured peak beside "
                       "the predicted one, with the error (--svg draws the prediction with the measured peaks; --json "
-                      "prints a prediction_check dump, schemas/prediction_check.schema.json)");
+                      "prints a prediction-check dump, schemas/prediction-check.schema.json)");
   command->add_flag("--strict", opts->strict, "Exit 2 when any dump is unreadable (the report is printed first)");
   add_output_options(*command, options);
   command->callback([opts, &options] {

@@ -14,11 +14,13 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
+#include <sstream>
 
 namespace remat::report {
 namespace {
+
+// A schedule CSV holds one line per action: 64 MiB is far more than any schedule's.
+constexpr std::uint64_t kLargestScheduleCsv = std::uint64_t{64} << 20;
 
 std::string schedule_names() {
   std::string names;
@@ -99,24 +101,12 @@ LoadedSchedule custom(const ScheduleOptions& options) {
   if (format == pipeline::CsvFormat::compute_comms && given(options, "--lowering")) {
     throw UsageError("--lowering applies to compute-only schedules; a compute_comms file is lowered already");
   }
-  const bool from_stdin = options.csv == kStdinArgument;
-  const std::string source = from_stdin ? std::string(kStdinName) : options.csv;
-  std::ifstream file;
-  if (!from_stdin) {
-    std::error_code error;
-    if (std::filesystem::is_directory(options.csv, error)) {
-      throw InputError(fmt::format("{} is a directory; pass a schedule CSV inside it (PyTorch's _dump_csv format)",
-                                   printable(options.csv)));
-    }
-    file.open(options.csv, std::ios::binary);
-    if (!file) {
-      throw InputError(fmt::format("cannot read {}: {}; pass the path of a schedule CSV (PyTorch's _dump_csv format)",
-                                   printable(options.csv), std::strerror(errno)));
-    }
-  }
+  const std::string source = options.csv == kStdinArgument ? std::string(kStdinName) : options.csv;
+  std::istringstream file(read_text_input(options.csv, kLargestScheduleCsv, "a schedule CSV",
+                                          "a schedule CSV (PyTorch's _dump_csv format)"));
   LoadedSchedule loaded;
   try {
-    const pipeline::Schedule schedule = pipeline::load_csv(from_stdin ? std::cin : file, format, source);
+    const pipeline::Schedule schedule = pipeline::load_csv(file, format, source);
     if (format == pipeline::CsvFormat::compute_only) {
       loaded.compute_only = schedule;
       loaded.lowering = options.lowering;

@@ -34,19 +34,18 @@ void register_segments(CLI::App& app, GlobalOptions& options) {
     const DumpFile dump = open_dump(opts->file);
     const SegmentSummary summary = renderer_for(dump, {"segments", View::segments, {}}).segments(dump, opts->width);
     Report report;
-    Table table;
-    table.id = "segments";
-    table.title = fmt::format("Segments ({}; map: # allocated, ~ freed but pending, . free)", summary.source);
-    table.columns = {{"address", "address", false},
-                     {"size", "total_size", true},
-                     {"stream", "stream", true},
-                     {"pool", "segment_type", false},
-                     {"allocated", "allocated", true},
-                     {"internal free", "internal_free", true},
-                     {"external free", "external_free", true},
-                     {"largest free", "largest_free", true},
-                     {"blocks", "blocks", true},
-                     {"map", "map", false}};
+    Table table{.id = "segments",
+                .title = fmt::format("Segments ({}; map: # allocated, ~ freed but pending, . free)", summary.source),
+                .columns = {{"address", "address", false},
+                            {"size", "total_size", true},
+                            {"stream", "stream", true},
+                            {"pool", "segment_type", false},
+                            {"allocated", "allocated", true},
+                            {"internal free", "internal_free", true},
+                            {"external free", "external_free", true},
+                            {"largest free", "largest_free", true},
+                            {"blocks", "blocks", true},
+                            {"map", "map", false}}};
     // Expandable segments (PyTorch's expandable_segments) get a column of their own where there are any.
     const bool any_expandable =
         std::any_of(summary.rows.begin(), summary.rows.end(), [](const SegmentRow& row) { return row.expandable; });

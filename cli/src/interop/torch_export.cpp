@@ -41,7 +41,7 @@ class TagFrames {
       if (t.site != 0) frame(p, "remat:site", tags_.names[t.site]);
       if (t.recv) frame(p, "remat:recv", fmt::format("stage={} direction={} slot={}", t.recv->stage, t.recv->direction, t.recv->slot));
       if (t.label != 0) frame(p, "remat:label", tags_.names[t.label]);
-      if (t.category != 0) frame(p, "remat:category", std::string(kCategoryNames[t.category]));
+      if (t.category != 0) frame(p, "remat:category", std::string(category_name(t.category)));
       if (t.module != 0) frame(p, "remat:module", tags_.names[t.module]);
     }
     p.end_list();

@@ -2,6 +2,8 @@
 // In-memory form of the dumps remat-report reads. Field meanings follow
 // schemas/snapshot.schema.json and schemas/trace.schema.json.
 
+#include <remat/alloc/names.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,8 +24,12 @@ struct DumpHeader {
   std::uint64_t device = 0;
 };
 
-enum class Policy : std::uint8_t { none, save, recompute };
-enum class Phase : std::uint8_t { other, forward, recompute, backward, offloaded };
+// The dumps' vocabulary is the allocator's: its enums, and their names from its to_string.
+using alloc::Policy;
+using alloc::Phase;
+using Action = alloc::TraceAction;
+using alloc::BlockState;
+inline constexpr int kActionCount = alloc::kTraceActionCount;
 
 struct RecvSlot {
   std::uint64_t stage = 0;
@@ -38,13 +44,19 @@ struct Tag {
   std::uint32_t site = 0;  // index into names
   std::optional<RecvSlot> recv;
   std::uint32_t label = 0;  // index into names: the process-wide label (PyTorch's user_metadata)
-  std::uint8_t category = 0;  // index into kCategoryNames (0: none), as remat_alloc.track sets it
+  std::uint8_t category = 0;  // an alloc::Category (0: none), as remat_alloc.track sets it
   std::uint32_t module = 0;   // index into names: the module path the category belongs to
 };
 
-// The allocator's categories by their index in a tag ("" at 0: no category).
-inline constexpr std::string_view kCategoryNames[] = {"",           "parameter", "gradient", "optimizer_state",
-                                                      "activation", "temporary", "input",    "other"};
+// A tag's category by name ("" for none, which dumps leave out), and back (0 for a name that is
+// none or no category).
+inline std::string_view category_name(std::uint8_t category) {
+  return category == 0 || category >= alloc::kCategoryCount ? std::string_view()
+                                                             : alloc::to_string(static_cast<alloc::Category>(category));
+}
+inline std::uint8_t category_index(std::string_view name) {
+  return static_cast<std::uint8_t>(alloc::from_name<alloc::Category>(name).value_or(alloc::Category::none));
+}
 
 // Interned names and tags as written once per dump. Index 0 of each is "untagged".
 struct TagTable {
@@ -54,14 +66,9 @@ struct TagTable {
   std::string_view region(std::uint32_t tag) const { return names[tags[tag].region]; }
   std::string_view site(std::uint32_t tag) const { return names[tags[tag].site]; }
   std::string_view label(std::uint32_t tag) const { return names[tags[tag].label]; }
-  std::string_view category(std::uint32_t tag) const { return kCategoryNames[tags[tag].category]; }
+  std::string_view category(std::uint32_t tag) const { return category_name(tags[tag].category); }
   std::string_view module(std::uint32_t tag) const { return names[tags[tag].module]; }
 };
-
-// retag: the live block at `address` now has tag `tag` (re-tagged in place, as remat_alloc.track
-// does); readers move its bytes from the tag it had to this one.
-enum class Action : std::uint8_t { alloc, free_requested, free_completed, segment_alloc, segment_free, oom, retag };
-inline constexpr int kActionCount = 7;
 
 struct Event {
   Action action = Action::alloc;
@@ -70,7 +77,7 @@ struct Event {
   std::uint64_t size = 0;
   std::uint64_t stream = 0;
   std::uint32_t tag = 0;
-  // alloc, oom and retag: the bytes the caller asked for, where the input records it (else 0); `size`
+  // alloc and oom: the bytes the caller asked for, where the input records it (else 0); `size`
   // is the block handed out.
   std::uint64_t requested = 0;
 };
@@ -87,8 +94,6 @@ struct TagStat {
   Stat requested_bytes;
   Stat count;
 };
-
-enum class BlockState : std::uint8_t { active_allocated, active_pending_free, inactive };
 
 struct Block {
   std::uint64_t address = 0;
@@ -159,13 +164,10 @@ struct TraceHeader {
   std::optional<std::uint64_t> dropped_records;
 };
 
-std::string_view to_string(Policy policy);
-std::string_view to_string(Phase phase);
-std::string_view to_string(Action action);
-std::string_view to_string(BlockState state);
-std::optional<Policy> policy_from(std::string_view text);
-std::optional<Phase> phase_from(std::string_view text);
-std::optional<Action> action_from(std::string_view text);
-std::optional<BlockState> block_state_from(std::string_view text);
+using alloc::to_string;
+inline std::optional<Policy> policy_from(std::string_view text) { return alloc::from_name<Policy>(text); }
+inline std::optional<Phase> phase_from(std::string_view text) { return alloc::from_name<Phase>(text); }
+inline std::optional<Action> action_from(std::string_view text) { return alloc::from_name<Action>(text); }
+inline std::optional<BlockState> block_state_from(std::string_view text) { return alloc::from_name<BlockState>(text); }
 
 }  // namespace remat::report

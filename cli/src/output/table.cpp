@@ -186,10 +186,9 @@ std::string display_text(const Cell& cell) {
 }
 
 Table key_value_table(std::string id, std::string title) {
-  Table table;
-  table.id = std::move(id);
-  table.title = std::move(title);
-  table.columns = {{"field", "field", false}, {"value", "value", false}};
+  Table table{.id = std::move(id),
+              .title = std::move(title),
+              .columns = {{"field", "field", false}, {"value", "value", false}}};
   table.key_value = true;
   return table;
 }

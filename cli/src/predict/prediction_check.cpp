@@ -1,8 +1,8 @@
 #include "predict/prediction_check.hpp"
 
+#include "output/dump_header.hpp"
 #include "output/json_text.hpp"
 
-#include <remat/alloc/dump.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -52,12 +52,13 @@ std::vector<std::uint64_t> unpredicted_ranks(const pipeline::Prediction& predict
 Report prediction_check_report(const pipeline::Prediction& prediction, const JobRanks& job) {
   const std::map<std::uint64_t, std::uint64_t> measured = measured_peaks(job);
   Report report;
-  Table table;
-  table.id = "predicted";
-  table.title = "Measured against predicted peak per rank";
-  table.columns = {{"rank", "rank", true},          {"measured", "measured_bytes", true},
-                   {"predicted", "predicted_bytes", true}, {"error", "error", true},
-                   {"predicted at", "action", false}};
+  Table table{.id = "predicted",
+              .title = "Measured against predicted peak per rank",
+              .columns = {{"rank", "rank", true},
+                          {"measured", "measured_bytes", true},
+                          {"predicted", "predicted_bytes", true},
+                          {"error", "error", true},
+                          {"predicted at", "action", false}}};
   double worst = -1;
   std::uint64_t worst_rank = 0;
   for (const pipeline::RankPrediction& rank : prediction.per_rank) {
@@ -93,12 +94,8 @@ Report prediction_check_report(const pipeline::Prediction& prediction, const Job
 
 void write_prediction_check_json(std::ostream& out, const pipeline::Prediction& prediction, const JobRanks& job) {
   const std::map<std::uint64_t, std::uint64_t> measured = measured_peaks(job);
-  alloc::JsonWriter header;
-  header.begin_object();
-  alloc::write_dump_header(header, "prediction_check", kPredictionCheckSchemaVersion, 0);
-  header.end_object();
   using Json = nlohmann::ordered_json;
-  Json root = Json::parse(header.str());
+  Json root = dump_header_json("prediction-check", kPredictionCheckSchemaVersion);
   root["model"] = prediction.model;
   root["schedule"] = prediction.schedule_name.empty() ? Json(nullptr) : Json(prediction.schedule_name);
   root["microbatches"] = prediction.microbatches;

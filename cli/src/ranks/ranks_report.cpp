@@ -1,5 +1,6 @@
 #include "ranks/ranks_report.hpp"
 
+#include "output/dump_header.hpp"
 #include "output/json_text.hpp"
 #include "renderers/memory_summary.hpp"
 
@@ -79,18 +80,17 @@ Table job_table(const RanksRun& run) {
 Table ranks_table(const RanksRun& run, std::size_t top) {
   const JobRanks& job = run.job;
   const std::string by(to_string(run.by));
-  Table table;
-  table.id = "ranks";
-  table.title = "Ranks by peak allocated";
-  table.columns = {{"ranks", "ranks", false},
-                   {"peak allocated", "peak_allocated_bytes", true},
-                   {"peak reserved", "peak_reserved_bytes", true},
-                   {"largest " + by, "largest_" + by, false},
-                   {"its peak", "largest_bytes", true},
-                   {"ooms", "ooms", true},
-                   {"from", "from", false},
-                   {"host", "host", false},
-                   {"device", "device", false}};
+  Table table{.id = "ranks",
+              .title = "Ranks by peak allocated",
+              .columns = {{"ranks", "ranks", false},
+                          {"peak allocated", "peak_allocated_bytes", true},
+                          {"peak reserved", "peak_reserved_bytes", true},
+                          {"largest " + by, "largest_" + by, false},
+                          {"its peak", "largest_bytes", true},
+                          {"ooms", "ooms", true},
+                          {"from", "from", false},
+                          {"host", "host", false},
+                          {"device", "device", false}}};
   struct Grouped {
     std::vector<std::uint64_t> ranks;
     const RankRow* first = nullptr;
@@ -141,16 +141,15 @@ Table ranks_table(const RanksRun& run, std::size_t top) {
 
 Table spreads_table(const RanksRun& run) {
   const std::string by(to_string(run.by));
-  Table table;
-  table.id = "groups";
-  table.title = fmt::format("Each {} across ranks (its peak on each rank; 0 where a rank has none)", by);
-  table.columns = {{by, by, false},
-                   placeholder_column(),
-                   {"min", "min_bytes", true},
-                   {"median", "median_bytes", true},
-                   {"max", "max_bytes", true},
-                   {"max on rank", "max_rank", true},
-                   {"ranks with it", "ranks_with_group", true}};
+  Table table{.id = "groups",
+              .title = fmt::format("Each {} across ranks (its peak on each rank; 0 where a rank has none)", by),
+              .columns = {{by, by, false},
+                          placeholder_column(),
+                          {"min", "min_bytes", true},
+                          {"median", "median_bytes", true},
+                          {"max", "max_bytes", true},
+                          {"max on rank", "max_rank", true},
+                          {"ranks with it", "ranks_with_group", true}}};
   for (const GroupSpread& spread : run.job.spreads()) {
     const GroupLabel& label = run.job.labels()[spread.id];
     table.rows.push_back({group_cell(label), Cell::flag(label.placeholder), Cell::bytes(spread.min_bytes),
@@ -171,13 +170,12 @@ void add_first_failure(Report& report, const FirstFailure& first) {
   add_field(table, "ranks_failing_after", Cell::count(failed));
   report.tables.push_back(std::move(table));
   if (first.others.empty()) return;
-  Table others;
-  others.id = "others";
-  others.title = "The other ranks: when they failed, or how much device memory their peak left";
-  others.columns = {{"rank", "rank", true},
-                    {"failed after", "failed_after_us", true},
-                    {"headroom", "headroom_bytes", true},
-                    {"request would fit", "request_fits", false}};
+  Table others{.id = "others",
+               .title = "The other ranks: when they failed, or how much device memory their peak left",
+               .columns = {{"rank", "rank", true},
+                           {"failed after", "failed_after_us", true},
+                           {"headroom", "headroom_bytes", true},
+                           {"request would fit", "request_fits", false}}};
   const std::size_t shown = std::min(kOthersShown, first.others.size());
   for (std::size_t i = 0; i < shown; ++i) {
     const FirstFailure::Other& other = first.others[i];
@@ -195,10 +193,9 @@ void add_first_failure(Report& report, const FirstFailure& first) {
 }
 
 Table unreadable_table(const RanksRun& run) {
-  Table table;
-  table.id = "unreadable";
-  table.title = "Unreadable (left out of the report)";
-  table.columns = {{"path", "path", false}, {"reason", "reason", false}};
+  Table table{.id = "unreadable",
+              .title = "Unreadable (left out of the report)",
+              .columns = {{"path", "path", false}, {"reason", "reason", false}}};
   for (const UnreadableDump& dump : run.unreadable)
     table.rows.push_back({Cell::text(dump.path), Cell::text(dump.reason)});
   return table;
@@ -291,21 +288,20 @@ Report ranks_report(const RanksRun& run, std::size_t top) {
 
 Report ranks_csv(const RanksRun& run) {
   const std::string by(to_string(run.by));
-  Table table;
-  table.id = "ranks";
-  table.columns = {{"rank", "rank", true},
-                   {"path", "path", false},
-                   {"kind", "kind", false},
-                   {"host", "host", false},
-                   {"device", "device", true},
-                   {"peak_allocated_bytes", "peak_allocated_bytes", true},
-                   {"peak_reserved_bytes", "peak_reserved_bytes", true},
-                   {"device_total_bytes", "device_total_bytes", true},
-                   {"ooms", "ooms", true},
-                   {"largest_" + by, "largest_" + by, false},
-                   {"largest_bytes", "largest_bytes", true},
-                   {"first_oom_time_us", "first_oom_time_us", true},
-                   {"first_oom_requested_bytes", "first_oom_requested_bytes", true}};
+  Table table{.id = "ranks",
+              .columns = {{"rank", "rank", true},
+                          {"path", "path", false},
+                          {"kind", "kind", false},
+                          {"host", "host", false},
+                          {"device", "device", true},
+                          {"peak_allocated_bytes", "peak_allocated_bytes", true},
+                          {"peak_reserved_bytes", "peak_reserved_bytes", true},
+                          {"device_total_bytes", "device_total_bytes", true},
+                          {"ooms", "ooms", true},
+                          {"largest_" + by, "largest_" + by, false},
+                          {"largest_bytes", "largest_bytes", true},
+                          {"first_oom_time_us", "first_oom_time_us", true},
+                          {"first_oom_requested_bytes", "first_oom_requested_bytes", true}}};
   for (const RankRow* row : run.job.by_peak()) {
     const RankRow::Group* largest = row->largest();
     table.rows.push_back(
@@ -326,11 +322,7 @@ Report ranks_csv(const RanksRun& run) {
 
 void write_ranks_json(std::ostream& out, const RanksRun& run) {
   const JobRanks& job = run.job;
-  alloc::JsonWriter header;
-  header.begin_object();
-  alloc::write_dump_header(header, "ranks", kRanksSchemaVersion, 0);
-  header.end_object();
-  nlohmann::ordered_json root = nlohmann::ordered_json::parse(header.str());
+  nlohmann::ordered_json root = dump_header_json("ranks", kRanksSchemaVersion);
   root["group_by"] = to_string(run.by);
   root["dumps_read"] = job.dumps_read();
   root["ranks"] = nlohmann::ordered_json::array();  // written one rank at a time, below

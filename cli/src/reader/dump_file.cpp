@@ -8,7 +8,18 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace remat::report {
+
+std::string canonical_kind(std::string_view kind) {
+  static constexpr std::string_view kUnderscored[] = {"stage_profile", "pipeline_prediction", "prediction_check"};
+  std::string canonical(kind);
+  if (std::find(std::begin(kUnderscored), std::end(kUnderscored), kind) != std::end(kUnderscored)) {
+    std::replace(canonical.begin(), canonical.end(), '_', '-');
+  }
+  return canonical;
+}
 
 namespace {
 
@@ -21,7 +32,7 @@ void read_kind(DumpFile& dump, simdjson::dom::element root) {
   const JsonPath path;
   const json::object object = json::as_object(root, path);
   const json::element kind = json::member(object, "kind", path);
-  dump.kind = std::string(json::as_string(kind, path.key("kind")));
+  dump.kind = canonical_kind(json::as_string(kind, path.key("kind")));
   dump.schema_version = json::i64_field(object, "schema_version", path);
 }
 

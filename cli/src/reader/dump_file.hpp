@@ -34,6 +34,11 @@ struct DumpFile {
 // Kinds written as JSON Lines.
 bool is_json_lines_kind(std::string_view kind);
 
+// The kind a dump names, as remat-report reads it: kinds are kebab-case ("stage-profile");
+// dumps written before that spell stage_profile, pipeline_prediction and prediction_check with
+// underscores, and are read as the same kinds.
+std::string canonical_kind(std::string_view kind);
+
 // Opens `argument` (a path, or `-` for standard input). Throws InputError for an unreadable,
 // empty, non-JSON or kind-less input, naming the input and the byte, line or JSON path.
 DumpFile open_dump(const std::string& argument);

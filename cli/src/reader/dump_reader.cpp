@@ -37,14 +37,14 @@ Tag read_tag(json::element value, const JsonPath& path, std::size_t name_count) 
   }
   if (json::optional_member(object, "category")) {  // absent in dumps without categories
     const std::string_view category = json::string_field(object, "category", path);
-    const auto known = std::find(std::begin(kCategoryNames) + 1, std::end(kCategoryNames), category);
-    if (known == std::end(kCategoryNames)) {
+    const auto known = alloc::from_name<alloc::Category>(category);
+    if (!known || *known == alloc::Category::none) {
       throw InputError(path.key("category").str(),
                        fmt::format("unknown category '{}'; expected parameter, gradient, optimizer_state, activation, "
                                    "temporary, input or other",
                                    printable(category)));
     }
-    tag.category = static_cast<std::uint8_t>(known - std::begin(kCategoryNames));
+    tag.category = static_cast<std::uint8_t>(*known);
   }
   if (const auto module = json::optional_member(object, "module")) {
     tag.module = json::as_index(*module, path.key("module"), name_count, "names");

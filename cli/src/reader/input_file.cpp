@@ -106,4 +106,39 @@ std::string read_whole_input(const std::string& argument,
   return bytes;
 }
 
+std::string read_text_input(const std::string& argument, std::uint64_t largest, std::string_view kind,
+                            std::string_view pass) {
+  const bool standard_input = argument == kStdinArgument;
+  const std::string name = standard_input ? std::string(kStdinName) : printable(argument);
+  const int fd = standard_input ? STDIN_FILENO : ::open(argument.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(fmt::format("cannot read {}: {}; pass {}", name, std::strerror(errno), pass));
+  struct Closer {
+    int fd;
+    bool owned;
+    ~Closer() {
+      if (owned) ::close(fd);
+    }
+  } closer{fd, !standard_input};
+  struct stat info {};
+  if (::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
+    throw InputError(fmt::format("{} is a directory; pass {}", name, pass));
+  }
+  if (S_ISREG(info.st_mode) && static_cast<std::uint64_t>(info.st_size) > largest) {
+    throw InputError(fmt::format("{} is {} bytes, more than {} holds; pass {}", name, info.st_size, kind, pass));
+  }
+  std::string text;
+  char chunk[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw InputError(fmt::format("cannot read {}: {}; pass {}", name, std::strerror(errno), pass));
+    if (n == 0) return text;
+    if (text.size() + static_cast<std::size_t>(n) > largest) {
+      throw InputError(
+          fmt::format("{} holds more than {} bytes, more than {} holds; pass {}", name, largest, kind, pass));
+    }
+    text.append(chunk, static_cast<std::size_t>(n));
+  }
+}
+
 }  // namespace remat::report

@@ -54,4 +54,11 @@ bool same_stream(const std::string& a, const std::string& b);
 std::string read_whole_input(const std::string& argument,
                              const std::function<void(std::string_view head, const std::string& name)>& check_head);
 
+// Reads a whole small input (`-` for standard input) as text: a profile, a prediction, a schedule.
+// A missing, unreadable or directory input, or one past `largest` bytes (counted as it is read,
+// so that a stream is bounded too), is an InputError that names `kind` ("a region profile") and
+// ends with what to pass instead (`pass`: "a region_profile dump (profile.to_json(path))").
+std::string read_text_input(const std::string& argument, std::uint64_t largest, std::string_view kind,
+                            std::string_view pass);
+
 }  // namespace remat::report

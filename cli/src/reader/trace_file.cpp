@@ -13,49 +13,11 @@ namespace {
 
 bool is_blank(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
 
-// Maps the action text of the fast path without a table walk for the common actions.
+// The action called `text`, by the allocator's names.
 inline bool action_of(std::string_view text, Action& action) {
-  switch (text.size()) {
-    case 5:
-      if (text == "alloc") {
-        action = Action::alloc;
-        return true;
-      }
-      if (text == "retag") {
-        action = Action::retag;
-        return true;
-      }
-      return false;
-    case 3:
-      if (text == "oom") {
-        action = Action::oom;
-        return true;
-      }
-      return false;
-    case 14:
-      if (text == "free_requested") {
-        action = Action::free_requested;
-        return true;
-      }
-      if (text == "free_completed") {
-        action = Action::free_completed;
-        return true;
-      }
-      return false;
-    case 13:
-      if (text == "segment_alloc") {
-        action = Action::segment_alloc;
-        return true;
-      }
-      return false;
-    case 12:
-      if (text == "segment_free") {
-        action = Action::segment_free;
-        return true;
-      }
-      return false;
-    default: return false;
-  }
+  const auto parsed = action_from(text);
+  if (parsed) action = *parsed;
+  return parsed.has_value();
 }
 
 }  // namespace

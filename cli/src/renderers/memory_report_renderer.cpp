@@ -43,14 +43,13 @@ Report MemoryReportRenderer::summary(const DumpFile& file) const {
   add_field(checkpoint, "storages", Cell::count(storages));
   add_field(checkpoint, "tensors", Cell::count(tensors));
 
-  Table regions;
-  regions.id = "regions";
-  regions.title = "Regions";
-  regions.columns = {{"region", "region", false},
-                     {"resident", "resident_bytes", true},
-                     {"share", "share", true},
-                     {"storages", "storages", true},
-                     {"tensors", "tensors", true}};
+  Table regions{.id = "regions",
+                .title = "Regions",
+                .columns = {{"region", "region", false},
+                            {"resident", "resident_bytes", true},
+                            {"share", "share", true},
+                            {"storages", "storages", true},
+                            {"tensors", "tensors", true}}};
   const std::uint64_t total = dump.total_bytes();
   for (const ResidentRegion& region : dump.regions) {
     regions.rows.push_back(
@@ -59,11 +58,14 @@ Report MemoryReportRenderer::summary(const DumpFile& file) const {
          Cell::count(region.storages), Cell::count(region.tensors.size())});
   }
 
-  Table tensor_table;
-  tensor_table.id = "tensors";
-  tensor_table.title = "Tensors";
-  tensor_table.columns = {{"region", "region", false}, {"tensor", "name", false},          {"shape", "shape", false},
-                          {"dtype", "dtype", false},   {"storage", "storage_bytes", true}, {"site", "site", false}};
+  Table tensor_table{.id = "tensors",
+                     .title = "Tensors",
+                     .columns = {{"region", "region", false},
+                                 {"tensor", "name", false},
+                                 {"shape", "shape", false},
+                                 {"dtype", "dtype", false},
+                                 {"storage", "storage_bytes", true},
+                                 {"site", "site", false}}};
   for (const ResidentRegion& region : dump.regions) {
     for (const ResidentTensor& t : region.tensors) {
       tensor_table.rows.push_back({Cell::text(region.region), Cell::text(t.name), Cell::text(shape_text(t.shape)),

@@ -63,17 +63,16 @@ Table memory_table(const MemoryView& view, std::size_t top, std::string id, std:
   std::vector<MemoryRow> rows = view.rows;
   sort_memory_rows(rows);
   if (!view.resident_count.empty()) return resident_table(view, std::move(rows), top, std::move(id), std::move(title));
-  Table table;
-  table.id = std::move(id);
-  table.title = title.empty() ? fmt::format("Live and peak bytes by {}", to_string(view.by)) : std::move(title);
-  table.columns = {{std::string(to_string(view.by)), std::string(to_string(view.by)), false},
-                   placeholder_column(),
-                   {"live", "live_bytes", true},
-                   {"live %", "live_share", true},
-                   {"peak", "peak_bytes", true},
-                   {"peak %", "peak_share", true},
-                   {"live allocs", "live_count", true},
-                   {"allocs", "allocations", true}};
+  Table table{.id = std::move(id),
+              .title = title.empty() ? fmt::format("Live and peak bytes by {}", to_string(view.by)) : std::move(title),
+              .columns = {{std::string(to_string(view.by)), std::string(to_string(view.by)), false},
+                          placeholder_column(),
+                          {"live", "live_bytes", true},
+                          {"live %", "live_share", true},
+                          {"peak", "peak_bytes", true},
+                          {"peak %", "peak_share", true},
+                          {"live allocs", "live_count", true},
+                          {"allocs", "allocations", true}}};
   std::uint64_t live_sum = 0, peak_sum = 0, count_sum = 0, alloc_sum = 0;
   bool peaks_known = true;
   for (const MemoryRow& row : rows) {

@@ -21,14 +21,13 @@ Cell share(std::uint64_t part, std::uint64_t whole) {
 
 Table holder_table(std::string id, std::string title, const std::string& key, const std::vector<OomHolder>& holders,
                    std::uint64_t allocated) {
-  Table table;
-  table.id = std::move(id);
-  table.title = std::move(title);
-  table.columns = {{key, key, false},
-                   {"bytes", "bytes", true},
-                   {"blocks", "blocks", true},
-                   {"saved", "saved_bytes", true},
-                   {"of allocated", "share_of_allocated", true}};
+  Table table{.id = std::move(id),
+              .title = std::move(title),
+              .columns = {{key, key, false},
+                          {"bytes", "bytes", true},
+                          {"blocks", "blocks", true},
+                          {"saved", "saved_bytes", true},
+                          {"of allocated", "share_of_allocated", true}}};
   for (const OomHolder& h : holders) {
     table.rows.push_back({Cell::text(h.name), Cell::bytes(h.bytes), Cell::count(h.blocks), Cell::bytes(h.saved_bytes),
                           share(h.bytes, allocated)});
@@ -98,10 +97,9 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   add_field(fragmentation, "internal", Cell::bytes(n.internal_bytes));
   report.tables.push_back(std::move(fragmentation));
 
-  Table stack;
-  stack.id = "tag_stack";
-  stack.title = "Tag stack of the failing thread";
-  stack.columns = {{"depth", "depth", true}, {"tag", "tag", false}};
+  Table stack{.id = "tag_stack",
+              .title = "Tag stack of the failing thread",
+              .columns = {{"depth", "depth", true}, {"tag", "tag", false}}};
   std::vector<std::string> stack_lines;
   for (std::size_t i = 0; i < dump.tag_stack.size(); ++i) {
     stack.rows.push_back({Cell::count(i), Cell::text(dump.tag_stack[i])});
@@ -128,14 +126,13 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   report.tables.push_back(std::move(events));
 
   const std::vector<Suggestion> suggestions = suggest(n, h.by_region, dump.config);
-  Table advice;
-  advice.id = "suggestions";
-  advice.title = "Suggestions";
-  advice.columns = {{"kind", "kind", false},
-                    {"suggestion", "message", false},
-                    {"frees", "frees_bytes", true},
-                    {"setting", "setting", false},
-                    {"region", "region", false}};
+  Table advice{.id = "suggestions",
+               .title = "Suggestions",
+               .columns = {{"kind", "kind", false},
+                           {"suggestion", "message", false},
+                           {"frees", "frees_bytes", true},
+                           {"setting", "setting", false},
+                           {"region", "region", false}}};
   std::vector<std::string> advice_lines;
   for (const Suggestion& s : suggestions) {
     advice.rows.push_back({Cell::text(std::string(to_string(s.kind))), Cell::text(s.message),

@@ -126,10 +126,9 @@ Report generic_summary(const DumpFile& file) {
   try {
     const json::object root = json::as_object(file.root, JsonPath());
     report.tables.push_back(header_table(read_dump_header(root, JsonPath()), file.path));
-    Table fields;
-    fields.id = "fields";
-    fields.title = "Fields";
-    fields.columns = {{"field", "field", false}, {"type", "type", false}, {"items", "items", true}};
+    Table fields{.id = "fields",
+                 .title = "Fields",
+                 .columns = {{"field", "field", false}, {"type", "type", false}, {"items", "items", true}}};
     for (const auto [key, value] : root) {
       static const std::set<std::string_view> kHeader = {"kind", "schema_version", "producer", "created_at", "host",
                                                          "pid",  "rank",           "device"};

@@ -32,13 +32,12 @@ Report RematTraceRenderer::summary(const DumpFile& file) const {
   for (const CheckpointScope& scope : dump.scopes) region_count += scope.regions.size();
 
   // Text as the runtime's RematTrace::format() writes it, with runs of identical scopes folded.
-  Table decisions;
-  decisions.id = "decisions";
-  decisions.title = fmt::format("remat trace: {} checkpoint(s), {} region(s)", dump.scopes.size(), region_count);
-  decisions.columns = {{"checkpoint", "checkpoint", true},
-                       {"scope", "scope", false},
-                       {"region", "region", false},
-                       {"decision", "decision", false}};
+  Table decisions{.id = "decisions",
+                  .title = fmt::format("remat trace: {} checkpoint(s), {} region(s)", dump.scopes.size(), region_count),
+                  .columns = {{"checkpoint", "checkpoint", true},
+                              {"scope", "scope", false},
+                              {"region", "region", false},
+                              {"decision", "decision", false}}};
   std::vector<std::string> lines;
   std::size_t folded = 0;
   for (std::size_t s = 0; s < dump.scopes.size();) {

@@ -24,11 +24,13 @@ SavedReportDump load(const DumpFile& file) {
 }
 
 Table group_table(std::string id, const std::vector<SavedGroup>& groups) {
-  Table table;
-  table.id = std::move(id);
-  table.columns = {{"label", "label", false},          {"bytes", "bytes", true},
-                   {"count", "count", true},           {"storages", "storages", true},
-                   {"bytes each", "bytes_each", true}, {"storages each", "storages_each", true}};
+  Table table{.id = std::move(id),
+              .columns = {{"label", "label", false},
+                          {"bytes", "bytes", true},
+                          {"count", "count", true},
+                          {"storages", "storages", true},
+                          {"bytes each", "bytes_each", true},
+                          {"storages each", "storages_each", true}}};
   for (const SavedGroup& g : groups) {
     table.rows.push_back({Cell::text(g.label), Cell::bytes(g.bytes), Cell::count(g.count), Cell::count(g.storages),
                           Cell::bytes(g.bytes / g.count), Cell::count(g.storages / g.count)});

@@ -18,6 +18,8 @@ import os
 from collections.abc import Mapping
 from typing import Optional
 
+from ._extension import _C
+
 __all__ = ["oom_dump_from_snapshot"]
 
 OOM_SCHEMA_VERSION = 1
@@ -26,15 +28,21 @@ LAST_EVENTS = 64  # as the tagging allocator: the newest trace events
 UNTAGGED = "<untagged>"
 INPUTS = "<inputs>"  # MemoryReport's region for a checkpoint's inputs
 
-# Block states of PyTorch's snapshot (its docstring says active_awaiting_free; the C++ writes
-# active_pending_free).
-_ALLOCATED = "active_allocated"
-_PENDING_FREE = ("active_pending_free", "active_awaiting_free")
-_INACTIVE = "inactive"
-_BLOCK_STATES = (_ALLOCATED, *_PENDING_FREE, _INACTIVE)
-# Trace actions the oom schema knows; PyTorch's others (snapshot, segment_map, ...) are left out.
-_EVENT_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
-                            "retag"})
+# The dumps' names are the allocator's (_C.dump_names()), as remat-report reads them; PyTorch's
+# snapshot spells a few its own way (segment_map for segment_alloc, active_awaiting_free for
+# active_pending_free, ...), mapped onto ours as `remat-report import` maps them. Its other
+# actions (snapshot markers) have no counterpart and are left out.
+_NAMES = _C.dump_names()
+_ALLOCATED, _PENDING_FREE = _NAMES["block_state"][:2]  # and inactive, the rest
+_EVENT_ACTIONS = frozenset(_NAMES["trace_action"])
+
+
+def _our_state(state):
+    return _NAMES["torch_block_state"].get(state, state) if isinstance(state, str) else state
+
+
+def _our_action(action):
+    return _NAMES["torch_trace_action"].get(action, action) if isinstance(action, str) else action
 
 
 def _is_int(value) -> bool:
@@ -142,9 +150,10 @@ def _segments_of(snapshot, device: int) -> list:
             block_address = _count(_field(block, "address", here, at, required=False), f"{here}['address']")
             requested = _count(_field(block, "requested_size", here, size, required=False),
                                f"{here}['requested_size']")
-            state = _field(block, "state", here)
-            if state not in _BLOCK_STATES:
-                raise ValueError(f"{here}['state'] is {state!r:.80}; expected one of {', '.join(_BLOCK_STATES)}")
+            state = _our_state(_field(block, "state", here))
+            if state not in _NAMES["block_state"]:
+                expected = ", ".join([*_NAMES["block_state"], *_NAMES["torch_block_state"]])
+                raise ValueError(f"{here}['state'] is {state!r:.80}; expected one of {expected}")
             parsed.append((block_address, size, requested, state))
             at = block_address + size
         used = sum(size for _, size, _, _ in parsed)
@@ -172,7 +181,7 @@ def _device_trace(snapshot: Mapping, device: int) -> list:
 def _last_events(trace: list, device: int) -> list:
     events = []
     for i, entry in enumerate(trace):
-        action = entry.get("action")
+        action = _our_action(entry.get("action"))
         if not isinstance(action, str) or action not in _EVENT_ACTIONS:
             continue
         where = f"snapshot['device_traces'][{device}][{i}]"
@@ -281,7 +290,7 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
                 requested_live += requested
                 active += size
                 live.append((address, size))
-            elif state in _PENDING_FREE:
+            elif state == _PENDING_FREE:
                 active += size
             else:
                 largest_free = max(largest_free, size)
@@ -373,8 +382,6 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
 def _dump_header(device: int) -> dict:
     """The header every dump has, from the allocator's one writer of it, with the producer saying
     where the figures came from (a reader tells this report from the tagging allocator's)."""
-    from ._extension import _C
-
     header = json.loads(_C.dump_header("oom", OOM_SCHEMA_VERSION, device))
     header["producer"] += " (PyTorch's native allocator)"
     return header
@@ -382,6 +389,4 @@ def _dump_header(device: int) -> dict:
 
 def _write_dump(path: str, text: str) -> None:
     """Through the project's atomic write (temporary file, fsync, rename)."""
-    from ._extension import _C
-
     _C.write_dump(os.fsencode(path), text)

@@ -11,6 +11,7 @@
 
 #include <remat/alloc/bytes.hpp>
 #include <remat/alloc/dump.hpp>
+#include <remat/alloc/names.hpp>
 #include <remat/alloc/oom.hpp>
 
 #include <torch/csrc/autograd/python_variable.h>
@@ -294,6 +295,33 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("kind"), py::arg("schema_version"), py::arg("device"),
       "The header every dump has (kind, schema_version, producer, created_at, host, pid, rank, device), as JSON.");
+  m.def(
+      "dump_names",
+      [] {
+        const auto listed = [](const auto& names) {
+          py::list out;
+          for (const std::string_view name : names) out.append(py::str(name.data(), name.size()));
+          return out;
+        };
+        const auto mapped = [](const auto& aliases) {
+          py::dict out;
+          for (const auto& [theirs, ours] : aliases) {
+            out[py::str(theirs.data(), theirs.size())] = py::str(ours.data(), ours.size());
+          }
+          return out;
+        };
+        py::dict names;
+        names["policy"] = listed(alloc::names_of<alloc::Policy>());
+        names["phase"] = listed(alloc::names_of<alloc::Phase>());
+        names["category"] = listed(alloc::names_of<alloc::Category>());
+        names["trace_action"] = listed(alloc::names_of<alloc::TraceAction>());
+        names["block_state"] = listed(alloc::names_of<alloc::BlockState>());
+        names["torch_trace_action"] = mapped(alloc::kTorchTraceActions);
+        names["torch_block_state"] = mapped(alloc::kTorchBlockStates);
+        return names;
+      },
+      "The dumps' vocabulary, the allocator's names of each enum by value, and PyTorch's snapshot "
+      "spellings that differ from them (theirs -> ours).");
   m.def("write_dump", &write_dump, py::arg("path"), py::arg("json"), "Writes a dump atomically.");
   m.def("format_bytes", &alloc::format_bytes, py::arg("bytes"), "Bytes as the allocator's messages write them.");
   m.def("oom_dump_path", &alloc::oom_dump_path, py::arg("directory"), py::arg("device"),

@@ -3,8 +3,15 @@
 // message that says what the input holds; a NUL byte later on is refused where it is met.
 #include "cli_runner.hpp"
 
+#include "core/errors.hpp"
+#include "reader/input_file.hpp"
+
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <fstream>
+#include <thread>
 
 namespace remat::report::testing {
 namespace {
@@ -140,6 +147,30 @@ TEST(InputStart, ImportRefusesWhatIsNotAPickleBeforeReadingIt) {
 TEST(InputStart, ADirectoryIsNamedAsOne) {
   TempDir dir;
   expect_message(run({"summary", dir.path("")}), dir.path("") + " is a directory; pass a dump file inside it");
+}
+
+TEST(InputStart, SmallInputsAreReadWholeWithinTheirBoundOrRefusedSayingWhatToPass) {
+  TempDir dir;
+  const std::string fits = dir.write("fits.json", std::string(64, 'x'));
+  EXPECT_EQ(read_text_input(fits, 64, "a thing", "a thing's dump"), std::string(64, 'x'));
+  const auto refusal = [](const std::string& argument, std::uint64_t largest) {
+    try {
+      (void)read_text_input(argument, largest, "a thing", "a thing's dump");
+    } catch (const InputError& error) {
+      return std::string(error.what());
+    }
+    return std::string("(read)");
+  };
+  EXPECT_EQ(refusal(fits, 63), fits + " is 64 bytes, more than a thing holds; pass a thing's dump");
+  EXPECT_EQ(refusal(dir.path(""), 64), dir.path("") + " is a directory; pass a thing's dump");
+  EXPECT_EQ(refusal(dir.path("absent.json"), 64),
+            "cannot read " + dir.path("absent.json") + ": No such file or directory; pass a thing's dump");
+  // A stream's size is unknown: it is bounded as it is read.
+  const std::string fifo = dir.path("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] { std::ofstream(fifo, std::ios::binary) << std::string(100, 'y'); });
+  EXPECT_EQ(refusal(fifo, 64), fifo + " holds more than 64 bytes, more than a thing holds; pass a thing's dump");
+  writer.join();
 }
 
 }  // namespace

@@ -89,8 +89,8 @@ def check_prediction(example, report, out):
     check = run([report, "ranks", out, "--predicted", prediction, "--json"])
     expect(check.returncode == 0, "remat-report ranks --predicted reads the job's dumps beside the prediction")
     document = json.loads(check.stdout)
-    expect(document["kind"] == "prediction_check" and document["unpredicted_ranks"] == [],
-           f"a prediction_check of every rank: {document['kind']}, unpredicted {document['unpredicted_ranks']}")
+    expect(document["kind"] == "prediction-check" and document["unpredicted_ranks"] == [],
+           f"a prediction-check of every rank: {document['kind']}, unpredicted {document['unpredicted_ranks']}")
     rows = {row["rank"]: row for row in document["ranks"]}
     expect(sorted(rows) == list(range(RANKS)), f"one row a rank: {sorted(rows)}")
     for rank, row in rows.items():

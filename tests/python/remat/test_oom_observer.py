@@ -243,6 +243,64 @@ def test_recorded_history_gives_the_rounded_request_the_oom_count_and_the_last_e
     validate_oom(dump)
 
 
+def test_the_dump_names_are_the_allocators_and_the_ones_the_schemas_list():
+    names = remat._C.dump_names()
+    snapshot_schema = json.loads((REPO / "schemas" / "snapshot.schema.json").read_text())
+    oom_schema = json.loads((REPO / "schemas" / "oom.schema.json").read_text())
+
+    def enums(node):  # every "enum" list in a schema, whatever its depth
+        if isinstance(node, dict):
+            if "enum" in node:
+                yield node["enum"]
+            for value in node.values():
+                yield from enums(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from enums(value)
+
+    snapshot_enums, oom_enums = list(enums(snapshot_schema)), list(enums(oom_schema))
+    assert names["policy"] == ["none", "save", "recompute"] and names["policy"] in snapshot_enums
+    assert names["phase"] in snapshot_enums and "offloaded" in names["phase"]
+    assert names["category"][0] == "none" and names["category"][1:] in snapshot_enums  # none: left out
+    assert names["block_state"] == ["active_allocated", "active_pending_free", "inactive"]
+    assert names["block_state"] in snapshot_enums
+    assert names["trace_action"] in snapshot_enums and names["trace_action"] in oom_enums
+    assert names["torch_trace_action"] == {"segment_map": "segment_alloc", "segment_unmap": "segment_free",
+                                           "free": "free_requested"}
+    assert names["torch_block_state"] == {"active_awaiting_free": "active_pending_free"}
+
+
+def test_pytorchs_own_spellings_read_as_remat_report_import_reads_them(tmp_path):
+    """segment_map/segment_unmap (expandable segments), free and active_awaiting_free: the oom dump
+    and `remat-report import` of the same snapshot keep the same events under the same names."""
+    trace = [{"action": "segment_map", "addr": SEG_A, "size": 20 * MiB, "stream": 0, "time_us": 10, "frames": []},
+             {"action": "alloc", "addr": SEG_A, "size": 8 * MiB, "stream": 0, "time_us": 11, "frames": []},
+             {"action": "free", "addr": SEG_A, "size": 8 * MiB, "stream": 0, "time_us": 12, "frames": []},
+             {"action": "free_completed", "addr": SEG_A, "size": 8 * MiB, "stream": 0, "time_us": 13, "frames": []},
+             {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": 14, "frames": []},
+             {"action": "segment_map", "addr": SEG_B, "size": 2 * MiB, "stream": 7, "time_us": 15, "frames": []},
+             {"action": "segment_unmap", "addr": SEG_B, "size": 2 * MiB, "stream": 7, "time_us": 16, "frames": []}]
+    snapshot = two_stream_snapshot([trace, []])
+    snapshot["segments"][0]["blocks"][2]["state"] = "active_awaiting_free"  # PyTorch's documented spelling
+    dump = build(snapshot)
+    events = [(e["action"], e["address"], e["size"], e["stream"]) for e in dump["last_events"]]
+    assert events == [("segment_alloc", SEG_A, 20 * MiB, 0), ("alloc", SEG_A, 8 * MiB, 0),
+                      ("free_requested", SEG_A, 8 * MiB, 0), ("free_completed", SEG_A, 8 * MiB, 0),
+                      ("segment_alloc", SEG_B, 2 * MiB, 7), ("segment_free", SEG_B, 2 * MiB, 7)]
+    assert dump["memory"]["active_bytes"] == 14 * MiB + 4 * MiB  # the awaiting block is active, not free
+
+    import pickle
+    pickled, imported = tmp_path / "snapshot.pickle", tmp_path / "imported.json"
+    pickled.write_bytes(pickle.dumps(snapshot))
+    run = subprocess.run([remat_report(), "import", str(pickled), "-o", str(imported)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(imported.read_text())
+    assert [(e["action"], e["address"], e["size"], e["stream"]) for e in doc["trace"]["events"]] == events
+    states = [b["state"] for b in doc["segments"][0]["blocks"]]
+    assert states == ["active_allocated", "active_allocated", "active_pending_free", "inactive"]
+
+
 def test_only_the_newest_64_events_are_kept():
     trace = [{"action": "alloc", "addr": SEG_A, "size": i, "stream": 0, "time_us": i} for i in range(100)]
     events = build(two_stream_snapshot([trace]))["last_events"]

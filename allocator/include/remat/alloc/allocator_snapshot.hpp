@@ -18,6 +18,7 @@
 namespace remat::alloc {
 
 enum class BlockState : std::uint8_t { active_allocated, active_pending_free, inactive };
+inline constexpr int kBlockStateCount = 3;
 std::string_view to_string(BlockState state);
 
 struct BlockInfo {

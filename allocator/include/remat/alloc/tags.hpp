@@ -17,8 +17,10 @@
 namespace remat::alloc {
 
 enum class Policy : std::uint8_t { none, save, recompute };
+inline constexpr int kPolicyCount = 3;
 // offloaded: host copies of what a checkpoint keeps (remat.CpuOffload), not device memory in use.
 enum class Phase : std::uint8_t { other, forward, recompute, backward, offloaded };
+inline constexpr int kPhaseCount = 5;
 enum class Direction : std::uint8_t { forward, backward };  // 'F' / 'B' in schedules
 // What the memory is for in a training step, as remat_alloc.track assigns it without annotations
 // (activation: kept by autograd for backward; temporary: the rest of a module's work). none: no

@@ -23,6 +23,7 @@ enum class TraceAction : std::uint8_t {
   oom,
   retag,
 };
+inline constexpr int kTraceActionCount = 7;
 std::string_view to_string(TraceAction action);
 
 struct TraceEvent {

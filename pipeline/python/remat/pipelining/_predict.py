@@ -74,7 +74,7 @@ def predict(profiles: Sequence[Any], schedule: Any, *, ranks: Optional[int] = No
             microbatches: Optional[int] = None, virtual_stages: Optional[int] = None,
             lowering: Optional[str] = None, buffers: str = "stock", spare_sets: Optional[int] = None,
             slack: Optional[int] = None, optimizer_step: bool = True) -> dict:
-    """The `pipeline_prediction` dump (schemas/pipeline_prediction.schema.json) as a dict.
+    """The `pipeline-prediction` dump (schemas/pipeline-prediction.schema.json) as a dict.
 
     profiles: one stage_profile per stage (dicts from profile_stage, or paths of their dumps).
     schedule: a name remat-report knows ("1f1b", "interleaved-1f1b", "zbv-zero-bubble", ...) with

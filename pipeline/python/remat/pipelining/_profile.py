@@ -87,7 +87,7 @@ def profile_stage(module: torch.nn.Module, example_inputs: Any, *, stage_index: 
       state and its step's transient are measured. None: no optimizer state.
     split_backward: also measure the zero-bubble split (I then W) as PyTorch's stage runs it.
     path: also write the dump there (atomically).
-    Returns the `stage_profile` dump (schemas/stage_profile.schema.json) as a dict.
+    Returns the `stage-profile` dump (schemas/stage-profile.schema.json) as a dict.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"profile_stage: module must be a torch.nn.Module, got {type(module).__name__}")
