@@ -219,7 +219,9 @@ void check_totals_against_costs(const Plan& plan, std::string_view source) {
   }
   if (plan.kept_bytes != kept) {
     refuse(source, "$.kept_bytes", "is " + std::to_string(plan.kept_bytes) + ", but base_bytes and the saved_bytes "
-                                   "of the regions it saves and the bytes of the ops it keeps add up to " + std::to_string(kept) +
+                                   "of the regions it saves" +
+                                   (plan.kept_ops.empty() ? "" : " and the bytes of the ops it keeps") +
+                                   " add up to " + std::to_string(kept) +
                                    ": the plan contradicts itself; " + kMakeThePlanAgain);
   }
   if (!std::isfinite(seconds) || std::fabs(plan.recompute_seconds - seconds) > 1e-9 * std::max(seconds, 1e-3)) {
