@@ -47,6 +47,16 @@ PYBIND11_MODULE(_budget, m) {
       "The remat_plan dump of the fastest per-op plan within the budget (regions saved, recomputed, or "
       "recomputed keeping some ops' outputs), from a region_profile dump with per-op figures.");
   m.def(
+      "plan_ops_at",
+      [](const std::string& profile, const std::vector<std::uint64_t>& budgets) {
+        const RegionProfile parsed = profile_of(profile, false);
+        std::vector<std::string> plans;
+        for (const std::uint64_t budget : budgets) plans.push_back(plan_to_json(solve_ops(parsed, budget)));
+        return plans;
+      },
+      py::arg("profile"), py::arg("budgets"), py::call_guard<py::gil_scoped_release>(),
+      "plan_ops at each budget, the profile read once.");
+  m.def(
       "plan_by_peak",
       [](const std::string& profile, std::uint64_t peak_bytes, bool group) {
         return plan_to_json(solve_peak(profile_of(profile, group), peak_bytes));

@@ -6,8 +6,9 @@ runs and times it with the thread's CPU time (CUDA events on a GPU). An op whose
 could keep while the region recomputes is listed with its index, its name ("aten::mm",
 "aten::add.Tensor"), its outputs' bytes (each storage once) and its time: functional ops whose
 outputs are new storages. Not listed: ops that write into a tensor (in-place, out=), ops whose
-outputs are views of their inputs (nothing to keep, nothing to spare), and random ops (keeping one
-would skip its draw in recompute and move every later draw of the region).
+outputs are views of their inputs (nothing to keep, nothing to spare; not numbered either: the
+runtime's saved-tensor hooks run some, differently in a saved region and a recomputed one), and
+random ops (keeping one would skip its draw in recompute and move every later draw of the region).
 
 Watching ops costs time of its own: the mode's time around each op is taken out of the region's
 seconds, and what watching costs per op when nothing is measured (calibrated once per process on a
@@ -22,7 +23,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["OpMeter", "op_name", "keepable", "interception_seconds"]
+__all__ = ["OpMeter", "op_name", "keepable", "is_view", "interception_seconds"]
 
 _interception = None  # seconds one op costs under a mode that only passes it on
 
@@ -34,6 +35,22 @@ def op_name(func):
 
 
 _keepable = {}
+_views = {}
+
+
+def is_view(func):
+    """Whether the op returns views of its inputs and writes nothing (detach, view, transpose):
+    such ops are not numbered. They cost nothing to run again, and the runtime's own saved-tensor
+    hooks run some (detach) while autograd saves a tensor, so their count differs between a saved
+    region and a recomputed one."""
+    known = _views.get(func)
+    if known is None:
+        schema = func._schema
+        known = (not schema.is_mutable and bool(schema.returns)
+                 and all(r.alias_info is not None for r in schema.returns))
+        _views[func] = known
+    return known
+
 
 
 def keepable(func):
@@ -121,6 +138,8 @@ class OpMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entered = time.thread_time_ns()
         kwargs = kwargs or {}
+        if is_view(func):
+            return func(*args, **kwargs)
         index = self.count
         self.count += 1
         if not keepable(func):

@@ -411,13 +411,16 @@ class Plan:
             cost = self._costs.get(name)
             saved = f"{cost.saved_bytes:>14}" if cost else f"{'':>14}"
             seconds = f"{cost.seconds:>10.6g}" if cost else f"{'':>10}"
+            kept = self.kept_ops.get(name)
+            if kept:
+                choice += f", keeping {len(kept)} op(s): " + ", ".join(f"{index} {op}" for index, op in kept)
             lines.append(f"{name:<{width}}  {saved}  {seconds}  {choice}")
         if self._profile is not None and self.peak_bytes is not None:
             lines += ["", "frontier by step peak (the fastest plan at each peak budget):",
                       f"{'peak budget':>16}  {'peak predicted':>16}  {'recompute s':>12}"]
             for point in self._profile.frontier(group=self._group, by="peak"):
                 lines.append(f"{point.peak_budget_bytes:>16}  {point.peak_bytes:>16}  {point.recompute_seconds:>12.6g}")
-        elif self._profile is not None:
+        elif self._profile is not None and not self.kept_ops:
             lines += ["", "frontier (the fastest plan at each budget):",
                       f"{'budget bytes':>16}  {'kept bytes':>16}  {'recompute s':>12}"]
             for point in self._profile.frontier(group=self._group):

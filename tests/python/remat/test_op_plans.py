@@ -6,6 +6,9 @@ plan's kept_bytes at every budget, and a region whose ops differ from the plan's
 naming the first difference."""
 
 import json
+import os
+import pathlib
+import subprocess
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ import remat
 from remat._kept_ops import held_storages
 from remat._plans import live_checkpoint_bytes
 
+REPO = pathlib.Path(__file__).resolve().parents[3]
 WIDTH = 64
 LAYERS = 3
 ACTIVATION = 8 * WIDTH * 4  # one [8, 64] float32 activation
@@ -265,3 +269,54 @@ def test_per_op_plans_refuse_peak_and_grouped_budgets(measured):
     plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
     with pytest.raises(ValueError, match="keeps ops inside recomputed regions"):
         measured.predict_peak(plan)
+
+
+def test_per_op_profile_and_plan_dumps_validate_against_their_schemas(measured, tmp_path):
+    report = os.environ.get("REMAT_REPORT") or str(REPO / "build" / "cli" / "remat-report")
+    if not os.access(report, os.X_OK):
+        pytest.skip("remat-report is not built (build/cli/remat-report); build the cli target or set REMAT_REPORT")
+    measured.to_json(tmp_path / "profile.json")
+    plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    assert plan.kept_ops
+    plan.to_json(tmp_path / "plan.json")
+    for name, kind in (("profile.json", "region_profile"), ("plan.json", "remat_plan")):
+        run = subprocess.run([report, "validate", str(tmp_path / name)], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr
+
+
+def test_hugging_face_llama_under_per_op_plans_keeps_at_most_the_prediction_with_bitwise_gradients():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=128, vocab_size=128, max_position_embeddings=64,
+                                      use_cache=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    weights = transformers.LlamaForCausalLM(config).state_dict()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def fresh(**options):
+        model = transformers.LlamaForCausalLM(config)
+        model.load_state_dict(weights)
+        return remat.wrap_decoder_layers(model.train(), **options)
+
+    plain = transformers.LlamaForCausalLM(config)
+    plain.load_state_dict(weights)
+    plain.train()(input_ids=ids, labels=ids).loss.backward()
+    reference = [p.grad for p in plain.parameters()]
+    profiled = fresh()
+    with remat.profile_regions(ops=True) as profile:
+        profiled(input_ids=ids, labels=ids).loss.backward()
+    assert any(op["op"] == "aten::mm" for ops in profile.ops.values() for op in ops)
+    low, high = profile.base_bytes, profile.all_saved_bytes
+    kept_some = False
+    for share in (0, 1, 2, 3):
+        plan = profile.plan(budget_bytes=low + (high - low) * share // 4, ops=True)
+        kept_some |= bool(plan.kept_ops)
+        model = fresh(plan=plan)
+        loss = model(input_ids=ids, labels=ids).loss
+        kept = live_checkpoint_bytes()
+        loss.backward()
+        assert kept <= plan.kept_bytes, (share, plan.format())
+        assert all(torch.equal(got.grad, want) for got, want in zip(model.parameters(), reference))
+        assert not held_storages()
+    assert kept_some
