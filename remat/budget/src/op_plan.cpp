@@ -31,8 +31,8 @@ namespace remat::budget {
 namespace {
 
 // States the exact search may make over all its steps, and the taken-item records behind them:
-// about a second of work and 64 MiB at most.
-constexpr std::size_t kMostStates = std::size_t{1} << 25;
+// a fraction of a second of work and 64 MiB at most.
+constexpr std::size_t kMostStates = std::size_t{1} << 24;
 constexpr std::size_t kMostNodes = std::size_t{1} << 23;
 constexpr int kPriceSteps = 100;
 // Plans whose spared seconds are closer than this share of all that could be spared count as equal.
@@ -195,9 +195,12 @@ class OpSolver {
     return c;
   }
 
-  // Fills what the budget has left: ops not kept yet, best seconds per byte first (a region that
-  // keeps none pays its overhead with its first), then regions saved where that spares more.
+  // Fills what the budget has left: regions saved where that spares more than their kept ops
+  // (best seconds per byte first), then ops not kept yet (likewise; a region that keeps none pays
+  // its overhead with its first), then regions saved again. At a price where many options have the
+  // same seconds per byte, the price alone leaves them all out.
   void top_up(Choice& c) const {
+    save_where_better(c);
     struct Candidate {
       std::size_t group, op;
       double ratio;
@@ -223,7 +226,20 @@ class OpSolver {
       c.bytes += cost.bytes;
       c.value += gain;
     }
+    save_where_better(c);
+    for (auto& kept : c.kept) std::sort(kept.begin(), kept.end());
+  }
+
+  void save_where_better(Choice& c) const {
+    std::vector<std::size_t> order;
     for (std::size_t k = 0; k < groups_.size(); ++k) {
+      if (groups_[k].can_save && c.mode[k] != Mode::save) order.push_back(k);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return groups_[a].save_value * static_cast<double>(groups_[b].save_bytes) >
+             groups_[b].save_value * static_cast<double>(groups_[a].save_bytes);
+    });
+    for (const std::size_t k : order) {
       const Group& g = groups_[k];
       if (!g.can_save || c.mode[k] == Mode::save) continue;
       std::uint64_t bytes = 0;
@@ -238,7 +254,6 @@ class OpSolver {
       c.mode[k] = Mode::save;
       c.kept[k].clear();
     }
-    for (auto& kept : c.kept) std::sort(kept.begin(), kept.end());
   }
 
   struct State {
