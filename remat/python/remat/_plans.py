@@ -584,6 +584,8 @@ class profile_regions:
             raise RuntimeError("profile_regions: a profile is being measured on this thread already; profile one "
                                "step at a time")
         _state.session = self
+        if self._ops:
+            interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
         self._step = StepRecorder()
         self._step.begin()
         return self
