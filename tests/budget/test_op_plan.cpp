@@ -238,8 +238,9 @@ TEST(OpPlan, PlansTenThousandRegionsOfTwentyOpsInUnderASecond) {
   }
   for (const double share : {0.1, 0.3, 0.6}) {
     const auto start = std::chrono::steady_clock::now();
-    const Plan plan = solve_ops(profile, profile.base_bytes + static_cast<std::uint64_t>(
-                                                                  share * static_cast<double>(most - profile.base_bytes)));
+    const Plan plan =
+        solve_ops(profile, profile.base_bytes +
+                               static_cast<std::uint64_t>(share * static_cast<double>(most - profile.base_bytes)));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
     EXPECT_LE(plan.least_recompute_seconds, plan.recompute_seconds);

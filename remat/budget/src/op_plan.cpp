@@ -293,8 +293,10 @@ class OpSolver {
         from_taken = tb < front[a].bytes || (tb == front[a].bytes && front[b].value + value > front[a].value);
       }
       State s = from_taken ? State{front[b].bytes + bytes, front[b].value + value, front[b].node} : front[a];
-      if (from_taken) ++b;
-      else ++a;
+      if (from_taken)
+        ++b;
+      else
+        ++a;
       if (s.value <= best || !keep(s)) continue;
       best = s.value;
       if (from_taken) {
@@ -316,8 +318,8 @@ class OpSolver {
     while (a < into.size() || b < other.size()) {
       const bool from_other =
           a == into.size() ||
-          (b < other.size() && (other[b].bytes < into[a].bytes ||
-                                (other[b].bytes == into[a].bytes && other[b].value > into[a].value)));
+          (b < other.size() &&
+           (other[b].bytes < into[a].bytes || (other[b].bytes == into[a].bytes && other[b].value > into[a].value)));
       const State s = from_other ? other[b++] : into[a++];
       if (s.value <= best) continue;
       best = s.value;
@@ -419,9 +421,11 @@ double keeping_seconds(const RegionCost& region, const std::vector<OpCost>& kept
 
 Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
   if (budget_bytes < profile.base_bytes) {
-    throw BudgetError("a budget of " + bytes_text(budget_bytes) + " is below what the checkpoints keep with every "
-                      "region recomputed, their inputs: " + bytes_text(profile.base_bytes) +
-                      "; the smallest budget a plan can meet is " + std::to_string(profile.base_bytes) + " bytes");
+    throw BudgetError("a budget of " + bytes_text(budget_bytes) +
+                      " is below what the checkpoints keep with every "
+                      "region recomputed, their inputs: " +
+                      bytes_text(profile.base_bytes) + "; the smallest budget a plan can meet is " +
+                      std::to_string(profile.base_bytes) + " bytes");
   }
   for (const RegionCost& region : profile.regions) {
     if (region.count != 1 && !region.ops.empty()) {
