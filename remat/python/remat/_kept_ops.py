@@ -8,8 +8,9 @@ its ops (views aside, as the profile numbered them) and, at each kept index, che
 forward ran at its index and, at a kept index, hands back the held outputs instead of running
 the op; autograd above sees the same values, so gradients are those of no checkpointing. The held
 outputs belong to the checkpoint call (they go with it) and are let go once recompute has taken
-them. Forward writing into a held output later (an in-place op) makes recompute run the op
-again rather than hand back a changed value; random ops are never kept (their draws would move).
+them. Forward writing into a held output later (an in-place op, in the region or after it: the
+held alias shares the output's version counter) makes recompute run the op again rather than
+hand back a changed value; random ops are never kept (their draws would move).
 
 A region whose ops differ from the plan's (another op at a kept index, fewer ops than the plan
 keeps) is refused in forward with a ValueError naming the first difference; recompute running
@@ -62,8 +63,12 @@ class RegionKeep:
         mode = _Recomputing(self) if recomputing else _Forward(self)
 
         def kept_ops_body(*args, **kwargs):
-            with mode:
-                out = body(*args, **kwargs)
+            try:
+                with mode:
+                    out = body(*args, **kwargs)
+            except BaseException:
+                self.held.clear()
+                raise
             mode.done()
             return out
 
@@ -100,13 +105,17 @@ class _Forward(TorchDispatchMode):
                              + _profile_again(keep.path))
         returned = None if isinstance(out, torch.Tensor) else type(out)
         outputs = (out,) if returned is None else tuple(out)
-        keep.held[index] = (tuple(None if t is None else t.detach() for t in outputs),
-                            tuple(None if t is None else t._version for t in outputs), returned)
+        # The outputs themselves until the body returns (done() detaches them then): a detach here,
+        # below autograd, would not share their version counter, and writes into them would go
+        # unseen.
+        keep.held[index] = (outputs, tuple(None if t is None else t._version for t in outputs), returned)
         _holding.add(keep)
         return out
 
     def done(self):
         keep = self.keep
+        for index, (outputs, versions, returned) in keep.held.items():
+            keep.held[index] = (tuple(None if t is None else t.detach() for t in outputs), versions, returned)
         if len(keep.ran) <= keep.last:
             missing = min(i for i in keep.kept if i >= len(keep.ran))
             keep.held.clear()

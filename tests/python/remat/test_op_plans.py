@@ -320,3 +320,50 @@ def test_hugging_face_llama_under_per_op_plans_keeps_at_most_the_prediction_with
         assert all(torch.equal(got.grad, want) for got, want in zip(model.parameters(), reference))
         assert not held_storages()
     assert kept_some
+
+
+def test_a_kept_output_written_in_place_in_forward_is_recomputed_not_handed_back():
+    weights = make_weights()
+
+    def written_block(x, w1, w2, dropout=0.0):
+        h = remat.region(lambda t: torch.tanh(counted_mm(t, w1)), "attn")(x)
+        # writes into the matmul's output after it ran: a handed-back output would be doubled twice
+        return remat.region(lambda t: counted_mm(t, w2).mul_(2).sin(), "mlp")(h)
+
+    def written_model(x):
+        for layer in range(LAYERS):
+            x = remat.checkpoint(region_name=f"layers.{layer}")(written_block)(x, weights[2 * layer],
+                                                                              weights[2 * layer + 1])
+        return x.square().sum()
+
+    def written_plain(x):
+        for layer in range(LAYERS):
+            x = counted_mm(torch.tanh(counted_mm(x, weights[2 * layer])), weights[2 * layer + 1]).mul_(2).sin()
+        return x.square().sum()
+
+    with remat.profile_regions(ops=True) as measured:
+        written_model(batch()).backward()
+    doc = json.loads(matmuls_dear(measured).to_json())
+    for region in doc["regions"]:  # saving a region priced out: the plan keeps each mlp's matmul
+        region["saved_bytes"] = 100 * ACTIVATION
+    doc.pop("all_saved_bytes")
+    profile = remat.RegionProfile(json.dumps(doc))
+    plan = profile.plan(budget_bytes=profile.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    assert all(choice == "recompute" for choice in plan.decisions.values())
+    assert [name for name, ops in plan.kept_ops.items() if ops == [(0, "remat_op_plans::counted_mm")]] == \
+        [f"layers.{i}::{r}" for i in range(LAYERS) for r in ("attn", "mlp")]
+    x = batch()
+    for w in weights:
+        w.grad = None
+    written_plain(x).backward()
+    expected = [x.grad.clone()] + [w.grad.clone() for w in weights]
+    x.grad = None
+    for w in weights:
+        w.grad = None
+    runs["mm"] = 0
+    with remat.use_plan(plan):
+        written_model(x).backward()
+    # attn's matmul handed back; mlp's, written into after it ran, run again
+    assert runs["mm"] == 2 * LAYERS + LAYERS
+    for got, want in zip([x.grad] + [w.grad for w in weights], expected):
+        assert torch.equal(got, want)
