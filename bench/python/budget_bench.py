@@ -25,6 +25,14 @@ is reset between budgets), not rotated with the others.
     PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
         python3 bench/python/budget_bench.py [--rounds 7] [--compile-budgets 0.2,0.45,0.7,1.0]
 
+Per-op plans (--ops, the default): a second profile, profile_regions(ops=True), measures each
+region's ATen ops, and at the step bytes of each compiled row below activation_memory_budget 1.0
+(what the step keeps less what it keeps beyond the checkpoints with every region recomputed) the
+per-op plan (profile.plan(budget_bytes=..., ops=True): a region saved, recomputed, or recomputed
+keeping chosen ops' outputs) and the region plan run as rows of their own. The last table sets
+each against its baseline in this run: remat's plans against the eager step without
+checkpointing, compile's against its own compiled step at activation_memory_budget 1.0.
+
 Also times the solver on 10,000 regions (layers of four kinds, as a real profile has them).
 """
 
@@ -85,6 +93,8 @@ def main():
     parser.add_argument("--kv-heads", type=int, default=4, help="key/value heads (default 4)")
     parser.add_argument("--compile-budgets", default="0.2,0.45,0.7,1.0",
                         help="activation_memory_budget values for torch.compile rows ('' for none)")
+    parser.add_argument("--ops", action=argparse.BooleanOptionalAction, default=True,
+                        help="per-op plans at the compiled rows' step bytes (default on)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--allocator", choices=("native", "remat"), default="native",
@@ -152,6 +162,38 @@ def main():
     torch._dynamo.reset()
     torch._functorch.config.activation_memory_budget = 1.0
 
+    # Per-op plans at the compiled rows' step bytes: the step keeps the checkpoints' bytes and, beyond
+    # them, what it keeps with every region recomputed less base_bytes (logits, loss, the batch).
+    matched = []  # (compiled row's label, its step kept bytes, region plan row, per-op plan row)
+    if args.ops and compiled:
+        recomputed = remat.wrap_decoder_layers(fresh(), save=())
+        measure(recomputed, ids, meter)
+        beyond = measure(recomputed, ids, meter)[2] - low
+        by_ops = remat.wrap_decoder_layers(fresh())
+        measure(by_ops, ids, meter)
+        by_ops.zero_grad(set_to_none=True)
+        with meter.step(), remat.profile_regions(ops=True) as op_profile:
+            by_ops(input_ids=ids, labels=ids).loss.backward()
+        print(f"per-op profile: {sum(len(ops) for ops in op_profile.ops.values())} keepable ops in "
+              f"{len(op_profile.ops)} regions; the step keeps {beyond / MiB:.2f} MiB beyond the checkpoints")
+        for label, rounds in compiled:
+            if label.startswith("torch.compile, activation_memory_budget=1.0"):
+                continue
+            step_kept = statistics.median(r[2] for r in rounds)
+            budget = max(low, int(step_kept - beyond))
+            plans = [("plan", profile.plan(budget_bytes=budget)),
+                     ("per-op plan", op_profile.plan(budget_bytes=budget, ops=True))]
+            indices = []
+            for kind, plan in plans:
+                indices.append(len(rows))
+                rows.append((f"{kind} at {label.split(' (')[0].split(', ')[1]}'s step bytes, {budget / MiB:.2f} MiB",
+                             remat.wrap_decoder_layers(fresh(), plan=plan), plan, budget))
+            matched.append((label, step_kept, *indices))
+        reference = hf.train_step(fresh(), ids, meter)
+        _, _, _, loss, grads, _ = hf.train_step(rows[matched[0][3]][1], ids, meter)
+        print(f"per-op plan at the first compiled row's bytes, gradients against no checkpointing: "
+              f"{hf.compare((reference[3], reference[4]), loss, grads)}\n")
+
     # The plan at each hand choice's bytes (as the profile counts them: base_bytes and the saved
     # regions'), which must be no slower.
     for label, save in hand:
@@ -218,6 +260,23 @@ def main():
         peak = statistics.median(r[3] for r in rounds)
         ratio = "-" if uncompiled is None else f"{seconds / uncompiled:.2f}x"
         print(f"| {label} | - | - | {peak / MiB:.2f} | {seconds * 1e3:.1f} | {ratio} |")
+    if matched:
+        compiled_base = next((statistics.median(r[0] for r in rounds) for label, rounds in compiled
+                              if label.startswith("torch.compile, activation_memory_budget=1.0")), None)
+        print("\nAt the compiled rows' step bytes, each against its own baseline in this run (remat: the eager step "
+              "without checkpointing; compile: its compiled step at activation_memory_budget 1.0):\n")
+        print("| compiled row | step kept (MiB) | compile vs own | remat region plan: step kept, vs none | "
+              "remat per-op plan: step kept, vs none |")
+        print("|---|---:|---:|---:|---:|")
+        for label, step_kept, region_index, ops_index in matched:
+            rounds = dict(compiled)[label]
+            own = statistics.median(r[0] for r in rounds) / compiled_base if compiled_base else float("nan")
+            cells = []
+            for index in (region_index, ops_index):
+                seconds = statistics.median(r[0] for r in samples[index])
+                kept = statistics.median(r[2] for r in samples[index])
+                cells.append(f"{kept / MiB:.2f} MiB, {seconds / baseline:.2f}x")
+            print(f"| {label.split(' (')[0]} | {step_kept / MiB:.2f} | {own:.2f}x | {cells[0]} | {cells[1]} |")
     times = solver_timing()
     print(f"\nsolver, 10,000 regions (four kinds, times with 3% noise), 4 budgets: "
           f"{', '.join(f'{t * 1e3:.0f} ms' for t in times)}, every plan exact")

@@ -14,6 +14,11 @@ the worst budget's time as a share of the one-second goal, and the CLI's against
         [--report build/cli/remat-report] [--regions 10000] [--only proportional-any-bytes,...]
 
 Pass an older build's module and remat-report to compare the two side by side.
+
+Then per-op plans (remat._budget.plan_ops: a region saved, recomputed, or recomputed keeping some
+ops' outputs) on --regions regions of --ops ops each, at the same budgets: the worst seconds one
+budget takes through Python (reading the dump included), how many plans were proved optimal, and
+the largest gap a plan not proved leaves to the bound (recompute_seconds over least_recompute_seconds).
 """
 
 import argparse
@@ -57,6 +62,29 @@ def profiles(count):
     yield "proportional plus a constant", [(b, b * 1e-9 + 1e-3) for b in any_bytes]
 
 
+def op_profiles(count, ops):
+    """(name, regions as dumps list them with per-op figures), seeded."""
+    rng = random.Random(50)
+
+    def region(i, op_of):
+        listed = [op_of(j) for j in range(ops)]
+        seconds = sum(s for _, _, s in listed) * 1.05
+        saved = sum(b for _, b, _ in listed) // 2
+        return {"name": f"layers.{i}::r", "saved_bytes": saved, "seconds": seconds, "op_overhead_seconds": 2e-5,
+                "ops": [{"index": 2 * j, "op": name, "bytes": b, "seconds": s}
+                        for j, (name, b, s) in enumerate(listed)]}
+
+    def layer_op(j):
+        matmul = j % 4 == 0
+        return ("aten::mm" if matmul else "aten::mul.Tensor", 4 * MiB, (2e-3 if matmul else 1e-4) * rng.gauss(1, 0.03))
+
+    yield "matmuls and elementwise ops, 3% noise", [region(i, layer_op) for i in range(count)]
+    yield "any bytes, unrelated times", [region(i, lambda j: ("aten::mm", rng.randint(1, 64 * MiB),
+                                                             rng.uniform(1e-5, 1e-3))) for i in range(count)]
+    yield "proportional, any bytes", [region(i, lambda j: ("aten::mm", b := rng.randint(1, 64 * MiB), b * 1e-11))
+                                      for i in range(count)]
+
+
 def profile_text(regions):
     return json.dumps({"kind": "region_profile", "schema_version": 1, "base_bytes": 1 << 30,
                        "regions": [{"name": f"layers.{i}::r", "saved_bytes": b, "seconds": s}
@@ -75,6 +103,7 @@ def main():
     parser.add_argument("--report", default=str(REPO / "build/cli/remat-report"))
     parser.add_argument("--regions", type=int, default=10000)
     parser.add_argument("--only", default="", help="comma-separated profile names (default: all)")
+    parser.add_argument("--ops", type=int, default=20, help="ops per region in the per-op profiles (default 20)")
     args = parser.parse_args()
     module_path = args.module or glob.glob(str(REPO / "build/python/remat/_budget*.so"))[0]
     budget = load_budget_module(module_path)
@@ -112,6 +141,28 @@ def main():
             print(f"| {name} | {max(python_times):.3f} | {max(cli_times):.3f} | "
                   f"{max(cli_times) / max(python_times):.2f}x | {worst:.2f}x | {python_frontier:.3f} | "
                   f"{cli_frontier:.3f} | {proved} of {len(SHARES)} |", flush=True)
+
+    print(f"\nper-op plans: {args.regions} regions x {args.ops} ops\n")
+    print("| profile | dump MiB | reading it, s | worst s/budget, dump read each time | solving alone, s/budget | "
+          "worst vs 1 s goal | proved optimal | largest gap to the bound |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, regions in op_profiles(args.regions, args.ops):
+        text = json.dumps({"kind": "region_profile", "schema_version": 1, "base_bytes": 1 << 30, "regions": regions})
+        low = 1 << 30
+        high = low + sum(op["bytes"] for r in regions for op in r["ops"])
+        times, proved, gap = [], 0, 1.0
+        for share in SHARES:
+            budget_bytes = int(low + share * (high - low))
+            seconds, plan = timed(lambda: json.loads(budget.plan_ops(text, budget_bytes)))
+            times.append(seconds)
+            proved += bool(plan["exact"])
+            if plan["least_recompute_seconds"] > 0:
+                gap = max(gap, plan["recompute_seconds"] / plan["least_recompute_seconds"])
+        reading, _ = timed(lambda: budget.plan_ops_at(text, []))  # the dump read, no plan made
+        both, _ = timed(lambda: budget.plan_ops_at(text, [int(low + share * (high - low)) for share in SHARES]))
+        alone = max(0.0, both - reading) / len(SHARES)
+        print(f"| {name} | {len(text) / MiB:.1f} | {reading:.2f} | {max(times):.3f} | {alone:.3f} | {alone:.2f}x | "
+              f"{proved} of {len(SHARES)} | {gap:.6f} |", flush=True)
 
 
 if __name__ == "__main__":

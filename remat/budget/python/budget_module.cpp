@@ -4,6 +4,7 @@
 // are made without the GIL (the arguments are C++ strings by then), so other Python threads run.
 
 #include <remat/budget/budget_text.hpp>
+#include <remat/budget/op_plan.hpp>
 #include <remat/budget/plan.hpp>
 
 #include <pybind11/pybind11.h>
@@ -37,6 +38,24 @@ PYBIND11_MODULE(_budget, m) {
       },
       py::arg("profile"), py::arg("budget_bytes"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "The remat_plan dump of the fastest plan within the budget, from a region_profile dump.");
+  m.def(
+      "plan_ops",
+      [](const std::string& profile, std::uint64_t budget_bytes) {
+        return plan_to_json(solve_ops(profile_of(profile, false), budget_bytes));
+      },
+      py::arg("profile"), py::arg("budget_bytes"), py::call_guard<py::gil_scoped_release>(),
+      "The remat_plan dump of the fastest per-op plan within the budget (regions saved, recomputed, or "
+      "recomputed keeping some ops' outputs), from a region_profile dump with per-op figures.");
+  m.def(
+      "plan_ops_at",
+      [](const std::string& profile, const std::vector<std::uint64_t>& budgets) {
+        const RegionProfile parsed = profile_of(profile, false);
+        std::vector<std::string> plans;
+        for (const std::uint64_t budget : budgets) plans.push_back(plan_to_json(solve_ops(parsed, budget)));
+        return plans;
+      },
+      py::arg("profile"), py::arg("budgets"), py::call_guard<py::gil_scoped_release>(),
+      "plan_ops at each budget, the profile read once.");
   m.def(
       "plan_by_peak",
       [](const std::string& profile, std::uint64_t peak_bytes, bool group) {

@@ -3,6 +3,7 @@
 // plan made from half of it.
 
 #include <remat/alloc/dump.hpp>
+#include <remat/budget/op_plan.hpp>
 #include <remat/budget/plan.hpp>
 
 #include <remat/alloc/strict_json.hpp>
@@ -104,15 +105,65 @@ double finite_seconds(double seconds, std::string_view what, std::string_view re
   return seconds;
 }
 
-// One entry of a dump's "regions" list: its cost and, in a plan, its decision.
-void write_region(alloc::JsonWriter& json, const RegionCost& region, std::optional<Choice> choice = std::nullopt) {
+void write_ops(alloc::JsonWriter& json, const char* key, const std::vector<OpCost>& ops, const RegionCost& region) {
+  json.key(key).begin_array();
+  for (const OpCost& op : ops) {
+    json.begin_object()
+        .field("index", static_cast<std::uint64_t>(op.index))
+        .field("op", std::string_view(op.op))
+        .field("bytes", op.bytes)
+        .field("seconds", finite_seconds(op.seconds, "the seconds of an op of region '", region.name))
+        .end_object();
+  }
+  json.end_array();
+  json.field("op_overhead_seconds",
+             finite_seconds(region.op_overhead_seconds, "the op overhead of region '", region.name));
+}
+
+// One entry of a dump's "regions" list: its cost (with its per-op figures in a profile) and, in a
+// plan, its decision and the ops it keeps.
+void write_region(alloc::JsonWriter& json, const RegionCost& region, std::optional<Choice> choice = std::nullopt,
+                  const std::vector<OpCost>* kept = nullptr) {
   json.begin_object()
       .field("name", std::string_view(region.name))
       .field("saved_bytes", region.saved_bytes)
       .field("seconds", finite_seconds(region.seconds, "the seconds of region '", region.name))
       .field("count", region.count);
+  if (!region.ops.empty()) write_ops(json, "ops", region.ops, region);
   if (choice) json.field("decision", to_string(*choice));
+  if (kept != nullptr && !kept->empty()) write_ops(json, "kept_ops", *kept, region);
   json.end_object();
+}
+
+// A region's "ops" or a plan region's "kept_ops": each op once, in the order the region ran them.
+std::vector<OpCost> read_ops(const Json& value, const char* key, std::string_view source, const std::string& path,
+                             double& overhead) {
+  std::vector<OpCost> ops;
+  const auto it = value.find(key);
+  if (it == value.end()) return ops;
+  const std::string at = path + "." + key;
+  if (!it->is_array()) refuse(source, at, "must be a list of ops (index, op, bytes, seconds)");
+  for (std::size_t i = 0; i < it->size(); ++i) {
+    const std::string in = at + "[" + std::to_string(i) + "]";
+    const Json& entry = (*it)[i];
+    if (!entry.is_object()) refuse(source, in, "must be an object with index, op, bytes and seconds");
+    OpCost op;
+    const std::uint64_t index = count_of(member(entry, "index", source, in), source, in + ".index");
+    if (index > UINT32_MAX) refuse(source, in + ".index", "is past the largest op index");
+    op.index = static_cast<std::uint32_t>(index);
+    op.op = text_of(member(entry, "op", source, in), source, in + ".op");
+    if (op.op.empty()) refuse(source, in + ".op", "is empty; ops are named as ATen names them (aten::mm)");
+    op.bytes = count_of(member(entry, "bytes", source, in), source, in + ".bytes");
+    op.seconds = seconds_of(member(entry, "seconds", source, in), source, in + ".seconds");
+    if (!ops.empty() && op.index <= ops.back().index) {
+      refuse(source, in + ".index", "is " + std::to_string(op.index) + ", not after the op before it (" +
+                                        std::to_string(ops.back().index) + "); list each op once, in the order the "
+                                        "region ran them");
+    }
+    ops.push_back(std::move(op));
+  }
+  overhead = seconds_of(member(value, "op_overhead_seconds", source, path), source, path + ".op_overhead_seconds");
+  return ops;
 }
 
 RegionCost read_cost(const Json& value, std::string_view source, const std::string& path) {
@@ -126,6 +177,13 @@ RegionCost read_cost(const Json& value, std::string_view source, const std::stri
     region.count = count_of(*it, source, path + ".count");
     if (region.count == 0) refuse(source, path + ".count", "is 0; a region stands for at least itself");
   }
+  region.ops = read_ops(value, "ops", source, path, region.op_overhead_seconds);
+  double ops_seconds = 0;
+  for (const OpCost& op : region.ops) ops_seconds += op.seconds;
+  if (ops_seconds > region.seconds * (1 + 1e-9) + 1e-12) {
+    refuse(source, path + ".ops", "the ops' seconds add up to " + Json(ops_seconds).dump() + ", more than the "
+                                  "region's own (" + Json(region.seconds).dump() + "); profile again");
+  }
   return region;
 }
 
@@ -138,18 +196,32 @@ constexpr const char* kMakeThePlanAgain =
 void check_totals_against_costs(const Plan& plan, std::string_view source) {
   std::uint64_t kept = plan.base_bytes;
   double seconds = 0;
-  for (const auto& [region, choice] : plan.regions) {
+  const auto add = [&](std::uint64_t bytes) {
+    if (bytes > UINT64_MAX - kept) {
+      refuse(source, "$.regions", "the bytes the plan keeps add up past 64 bits; the plan is not a real step's");
+    }
+    kept += bytes;
+  };
+  const std::vector<OpCost> none;
+  for (std::size_t r = 0; r < plan.regions.size(); ++r) {
+    const auto& [region, choice] = plan.regions[r];
+    const std::vector<OpCost>& kept_ops = plan.kept_ops.empty() ? none : plan.kept_ops[r];
     if (choice == Choice::recompute) {
-      seconds += region.seconds;
-    } else if (region.saved_bytes > UINT64_MAX - kept) {
-      refuse(source, "$.regions", "the saved regions' saved_bytes add up past 64 bits; the plan is not a real step's");
+      seconds += keeping_seconds(region, kept_ops);
+      for (const OpCost& op : kept_ops) add(op.bytes);
+    } else if (!kept_ops.empty()) {
+      refuse(source, "$.regions[" + std::to_string(r) + "].kept_ops", "lists ops of '" + region.name +
+                                                                           "', which the plan saves; only a "
+                                                                           "recomputed region keeps ops");
     } else {
-      kept += region.saved_bytes;
+      add(region.saved_bytes);
     }
   }
   if (plan.kept_bytes != kept) {
     refuse(source, "$.kept_bytes", "is " + std::to_string(plan.kept_bytes) + ", but base_bytes and the saved_bytes "
-                                   "of the regions it saves add up to " + std::to_string(kept) +
+                                   "of the regions it saves" +
+                                   (plan.kept_ops.empty() ? "" : " and the bytes of the ops it keeps") +
+                                   " add up to " + std::to_string(kept) +
                                    ": the plan contradicts itself; " + kMakeThePlanAgain);
   }
   if (!std::isfinite(seconds) || std::fabs(plan.recompute_seconds - seconds) > 1e-9 * std::max(seconds, 1e-3)) {
@@ -376,7 +448,10 @@ std::string plan_to_json(const Plan& plan) {
   });
   if (costs_known) {
     json.key("regions").begin_array();
-    for (const auto& [region, choice] : plan.regions) write_region(json, region, choice);
+    for (std::size_t r = 0; r < plan.regions.size(); ++r) {
+      write_region(json, plan.regions[r].first, plan.regions[r].second,
+                   plan.kept_ops.empty() ? nullptr : &plan.kept_ops[r]);
+    }
     json.end_array();
   }
   json.end_object();
@@ -415,12 +490,14 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
   // Costs where the dump lists them (a plan this project wrote); a hand-written plan may give
   // the decisions alone.
   std::vector<RegionCost> costs;
-  std::vector<Choice> listed_choices;  // each listed region's own "decision"
+  std::vector<Choice> listed_choices;        // each listed region's own "decision"
+  std::vector<std::vector<OpCost>> listed_kept;  // and the ops it keeps
   if (const auto it = root.find("regions"); it != root.end()) {
     if (!it->is_array()) refuse(source, "$.regions", "must be a list of regions");
     for (std::size_t i = 0; i < it->size(); ++i) {
       const std::string path = "$.regions[" + std::to_string(i) + "]";
       costs.push_back(read_cost((*it)[i], source, path));
+      listed_kept.push_back(read_ops((*it)[i], "kept_ops", source, path, costs.back().op_overhead_seconds));
       listed_choices.push_back(choice_of(member((*it)[i], "decision", source, path), source, path + ".decision"));
     }
   }
@@ -428,10 +505,15 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
     const std::string path = "$.decisions['" + name + "']";
     if (name.empty()) refuse(source, "$.decisions", "has an empty region name; regions are named checkpoint::region");
     RegionCost cost{name, 0, 0, 1};
-    for (const RegionCost& listed : costs) {
-      if (listed.name == name) cost = listed;
+    std::vector<OpCost> kept;
+    for (std::size_t i = 0; i < costs.size(); ++i) {
+      if (costs[i].name == name) {
+        cost = costs[i];
+        kept = listed_kept[i];
+      }
     }
     plan.regions.emplace_back(std::move(cost), choice_of(value, source, path));
+    plan.kept_ops.push_back(std::move(kept));
   }
   if (!costs.empty() && costs.size() != plan.regions.size()) {
     refuse(source, "$.regions", "lists " + std::to_string(costs.size()) + " regions but decisions has " +
@@ -449,6 +531,9 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
                  "'] is \"" + std::string(to_string(decided->second)) + "\"; the plan contradicts itself: " +
                  kMakeThePlanAgain);
     }
+  }
+  if (std::all_of(plan.kept_ops.begin(), plan.kept_ops.end(), [](const auto& kept) { return kept.empty(); })) {
+    plan.kept_ops.clear();
   }
   check_totals(plan, !costs.empty(), source);
   return plan;

@@ -421,7 +421,8 @@ class _Region(_FunctionWrapper):
             return compiled_region(body, recompute, args, kwargs)
         qualified = name if _name_scopes_entered == 0 else _qualified_name(name)
         return _plans.run_region(qualified, recompute,
-                                 lambda setting: _C.region(body, args, kwargs, qualified, setting), (args, kwargs))
+                                 lambda setting, wrap=None: _C.region(body if wrap is None else wrap(body), args, kwargs,
+                                                                      qualified, setting), (args, kwargs))
 
 
 def recompute_needs_tensor(*tensors):

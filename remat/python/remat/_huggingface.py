@@ -128,8 +128,10 @@ class _RegionForward:
         name, save = entry
         region = call.region_name(name)
         # Names were checked when the layer was wrapped; the region goes straight to the runtime.
-        return _plans.run_region(region, not save, lambda setting: _C.region(self.inner, args, kwargs, region, setting),
-                                 (args, kwargs))
+        return _plans.run_region(
+            region, not save,
+            lambda setting, wrap=None: _C.region(self.inner if wrap is None else wrap(self.inner), args, kwargs, region,
+                                                 setting), (args, kwargs))
 
 
 # --- one layer ---------------------------------------------------------------------------------

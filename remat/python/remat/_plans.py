@@ -37,6 +37,8 @@ from remat_alloc.arguments import path_arg
 from . import _budget
 from ._arguments import flag_arg
 from ._extension import _C
+from ._kept_ops import RegionKeep, held_storages
+from ._op_figures import OpMeter, interception_seconds
 from ._step_profile import StepRecorder, tensors_in
 from ._step_shape import StepShape, StepWatch, warn_at_user_line
 
@@ -67,9 +69,11 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     in_force = None if profile is not None else own_plan if own_plan is not None else plans[-1] if plans else None
     if profile is None and in_force is None:
         return call(fn, None)
-    run = _CheckpointRun(name, None if in_force is None else in_force.plan._choices(), profile)
+    run = _CheckpointRun(name, None if in_force is None else in_force.plan._choices(), profile,
+                         None if in_force is None else in_force.plan._kept_ops)
     # Profiled or watched, the settings are chosen here, region by region; the runtime is given a
     # plan naming no region, so that it takes them as they come and runs as it does under a plan.
+    # (A watched step keeps no op outputs: its regions recompute whole, with less memory.)
     if profile is not None:
         return profile.run_checkpoint(name, args, kwargs, lambda: call(run.body(fn), _no_choices()))
     if in_force.watch is not None and torch.is_grad_enabled():
@@ -91,7 +95,8 @@ def _no_choices():
 
 
 def run_region(name, own_recompute, call, args=()):
-    """Runs a region: call(recompute) is the runtime's region with that setting. Outside a
+    """Runs a region: call(recompute, wrap) is the runtime's region with that setting, its body
+    wrapped by wrap(body) where wrap is not None (ops measured or kept). Outside a
     checkpoint under a plan or a profile, with the region's own setting. `args`: its arguments,
     which a profile records (what a saved region keeps of its inputs)."""
     running = getattr(_state, "checkpoints", None)
@@ -108,11 +113,13 @@ class _CheckpointRun:
     be saved that its code recomputes: its outputs are kept for recompute, since code between
     regions may read them again there."""
 
-    def __init__(self, name, choices, profile):
+    def __init__(self, name, choices, profile, kept_ops=None):
         self.name = name
         self.choices = choices  # None while profiling
         self.profile = profile
         self.watch = None  # the _CallWatch of a watched plan, which then applies the choices here
+        self.kept_ops = kept_ops or {}  # region -> {op index: op name} a per-op plan keeps
+        self._keeps = {}  # region -> its RegionKeep in this call, from forward to recompute
         self.ran = []  # (path, planned) of the regions forward ran that are not part of a planned region
         self._open = []  # for each region open now: whether it, or one around it, took the plan's choice
         self._settings = {}  # watched: (path, occurrence) -> the recompute setting forward ran it with
@@ -149,8 +156,17 @@ class _CheckpointRun:
         if not recomputing and (planned or not inside_planned):
             self.ran.append((path, planned))
 
+        wrap = None
+        if self.profile is not None:
+            wrap = self.profile.op_meter(path)
+        elif recompute and path in self.kept_ops:
+            keep = self._keeps.get(path)
+            if keep is None:
+                keep = self._keeps[path] = RegionKeep(path, self.kept_ops[path])
+            wrap = lambda body: keep.wrap(body, recomputing)  # noqa: E731
+
         def run():
-            out = call(recompute)
+            out = call(recompute, wrap)
             if not recompute and not recomputing:
                 _C.recompute_needs_tensor(*tensors_in(out))
             return out
@@ -264,6 +280,9 @@ class RegionProfile:
         self.timer = doc.get("timer", "")
         self.regions = [RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]]
         self._shape = None  # the StepShape profile_regions recorded; a dump does not hold it
+        # region -> the ops a per-op plan may keep: [{"index", "op", "bytes", "seconds"}] (ops=True)
+        self.ops = {r["name"]: r["ops"] for r in doc["regions"] if r.get("ops")}
+        self.has_ops = bool(self.ops)
 
     @classmethod
     def from_json(cls, source):
@@ -278,7 +297,7 @@ class RegionProfile:
             _C.write_dump(path_arg("RegionProfile.to_json", "path", path), self._text)
         return self._text
 
-    def plan(self, budget_bytes=None, *, peak_bytes=None, group=False):
+    def plan(self, budget_bytes=None, *, peak_bytes=None, group=False, ops=False):
         """The plan that recomputes the least time within a budget, given as an int number of bytes
         or a string with a unit ("70GiB", "512 MiB", "80GB"):
 
@@ -289,8 +308,23 @@ class RegionProfile:
             saved regions' bytes. A budget below base_bytes is a ValueError naming the smallest.
 
         group=True plans regions whose names differ only in numbers as one ("layers.*::attn"): one
-        choice for every layer."""
+        choice for every layer.
+
+        ops=True (with budget_bytes, from a profile_regions(ops=True) profile) also lets a
+        recomputed region keep the outputs of chosen ops, which recompute then does not run again
+        (plan.kept_ops; remat/budget/op_plan.hpp)."""
         group = flag_arg("plan", "group", group)
+        if flag_arg("plan", "ops", ops):
+            if peak_bytes is not None or group:
+                raise ValueError("plan: ops=True plans by budget_bytes= (what the checkpoints keep), per region as "
+                                 "measured: drop peak_bytes= and group=True, or plan without ops")
+            if budget_bytes is None:
+                raise TypeError("plan: ops=True needs budget_bytes= (what the checkpoints keep)")
+            if not self.has_ops:
+                raise ValueError("plan: ops=True needs per-op figures, which this profile does not have: profile with "
+                                 "remat.profile_regions(ops=True)")
+            budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
+            return Plan(_budget.plan_ops(self._text, budget_bytes), profile=self)
         if (budget_bytes is None) == (peak_bytes is None):
             raise TypeError("plan: give one budget: peak_bytes= (the step's peak, such as '70GiB') or budget_bytes= "
                             "(what the checkpoints keep)")
@@ -306,6 +340,9 @@ class RegionProfile:
 
     def predict_peak(self, plan):
         """The step peak (allocated bytes) predicted for `plan` (made from this profile)."""
+        if plan.kept_ops:
+            raise ValueError("predict_peak: the plan keeps ops inside recomputed regions (ops=True), which the step "
+                             "peak model does not count yet; predict plans made without ops")
         names = [region.name for region in self.regions]
         grouped = any("*" in name for name in plan.decisions)
         if grouped:
@@ -362,6 +399,10 @@ class Plan:
         self.decisions = dict(doc["decisions"])  # region (or pattern) -> "save" or "recompute"
         listed = doc.get("regions", [])  # absent from a plan given as decisions alone
         self._costs = {r["name"]: RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in listed}
+        # region -> {op index: op name}: the ops a per-op plan keeps while the region recomputes
+        self._kept_ops = {r["name"]: {op["index"]: op["op"] for op in r["kept_ops"]} for r in listed
+                          if r.get("kept_ops")}
+        self.kept_ops = {name: sorted(ops.items()) for name, ops in self._kept_ops.items()}
         self._patterns = [entry for entry in self.decisions if "*" in entry]
         # pattern -> the regions of the profile it stands for (a grouped plan's)
         self._pattern_counts = {r["name"]: r["count"] for r in listed if "*" in r["name"]}
@@ -449,13 +490,16 @@ class Plan:
             cost = self._costs.get(name)
             saved = f"{cost.saved_bytes:>14}" if cost else f"{'':>14}"
             seconds = f"{cost.seconds:>10.6g}" if cost else f"{'':>10}"
+            kept = self.kept_ops.get(name)
+            if kept:
+                choice += f", keeping {len(kept)} op(s): " + ", ".join(f"{index} {op}" for index, op in kept)
             lines.append(f"{name:<{width}}  {saved}  {seconds}  {choice}")
         if self._profile is not None and self.peak_bytes is not None:
             lines += ["", "frontier by step peak (the fastest plan at each peak budget):",
                       f"{'peak budget':>16}  {'peak predicted':>16}  {'recompute s':>12}"]
             for point in self._profile.frontier(group=self._group, by="peak"):
                 lines.append(f"{point.peak_budget_bytes:>16}  {point.peak_bytes:>16}  {point.recompute_seconds:>12.6g}")
-        elif self._profile is not None:
+        elif self._profile is not None and not self.kept_ops:
             lines += ["", "frontier (the fastest plan at each budget):",
                       f"{'budget bytes':>16}  {'kept bytes':>16}  {'recompute s':>12}"]
             for point in self._profile.frontier(group=self._group):
@@ -619,10 +663,15 @@ class profile_regions:
     sleeps or waits counts only the CPU it used). "wall": wall-clock time (time.perf_counter), on a
     GPU after synchronizing at the region's entry and exit, so a region that waits (I/O, a
     collective, a synchronization) counts what it waited. The dump's "timer" says which:
-    cuda_events, thread_time or wall_time."""
+    cuda_events, thread_time or wall_time.
 
-    def __init__(self, *, timer="auto"):
+    ops: also measure each region's ATen ops (output bytes and time), which per-op plans choose
+    from (profile.plan(..., ops=True) keeps chosen op outputs of recomputed regions)."""
+
+    def __init__(self, *, timer="auto", ops=False):
         self._timer = timer_arg("profile_regions", timer)
+        self._ops = flag_arg("profile_regions", "ops", ops)
+        self._meters = {}       # region -> [OpMeter of each call] (ops=True)
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
         self._order = []        # region names in the order they first ran
@@ -639,6 +688,8 @@ class profile_regions:
             raise RuntimeError("profile_regions: a profile is being measured on this thread already; profile one "
                                "step at a time")
         _state.session = self
+        if self._ops:
+            interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
         self._step = StepRecorder()
         self._step.begin()
         self._shape = StepShape()
@@ -658,7 +709,10 @@ class profile_regions:
         regions = []
         for name in self._order:
             seconds = sum(t[0].elapsed_time(t[1]) / 1000.0 if isinstance(t, tuple) else t for t in self._timings[name])
-            regions.append({"name": name, "saved_bytes": self._bytes.get(name, 0), "seconds": max(seconds, 0.0)})
+            region = {"name": name, "saved_bytes": self._bytes.get(name, 0), "seconds": max(seconds, 0.0)}
+            if name in self._meters:
+                self._add_ops(region, self._meters[name], cuda=self._device.startswith("cuda"))
+            regions.append(region)
         doc = {"kind": "region_profile", "schema_version": 1, "device_name": self._device,
                "timer": ("wall_time" if self._timer == "wall" else
                          "cuda_events" if self._device.startswith("cuda") else "thread_time"),
@@ -713,6 +767,48 @@ class profile_regions:
         self._shape.record_backward(out)
         return out
 
+    def op_meter(self, name):
+        """The wrapper of a region's body that measures its ops (ops=True; the outermost region in
+        forward only, as time_region times it), else None."""
+        if not self._ops or self._depth > 0 or _C.is_recomputing():
+            return None
+        meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized())
+        self._meters.setdefault(name, []).append(meter)
+
+        def measured_body(body):
+            def body_with_meter(*args, **kwargs):
+                with meter:
+                    return body(*args, **kwargs)
+
+            body_with_meter.__qualname__ = getattr(body, "__qualname__", type(body).__name__)
+            return body_with_meter
+
+        return measured_body
+
+    @staticmethod
+    def _add_ops(region, meters, cuda):
+        """The region's per-op figures from the meters of its calls: each op added up over the
+        calls, which must have run the same ops (else the region gets none); the meters' own time
+        taken out of the region's seconds, on the CPU clock."""
+        for meter in meters:
+            meter.finish()
+        first = meters[0]
+        if any([(op["index"], op["op"]) for op in m.ops] != [(op["index"], op["op"]) for op in first.ops]
+               for m in meters[1:]) or not first.ops:
+            return
+        ops = [dict(op) for op in first.ops]
+        for meter in meters[1:]:
+            for total, op in zip(ops, meter.ops):
+                total["bytes"] += op["bytes"]
+                total["seconds"] += op["seconds"]
+        per_op = interception_seconds()
+        count = sum(m.count for m in meters)
+        if not cuda:
+            region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
+        region["seconds"] = max(region["seconds"], sum(op["seconds"] for op in ops))
+        region["ops"] = ops
+        region["op_overhead_seconds"] = count * per_op / len(meters)
+
     def time_region(self, name, call, args=()):
         if self._depth > 0 or _C.is_recomputing():
             return call()
@@ -760,4 +856,5 @@ def live_checkpoint_bytes():
         for region in report.regions:
             for tensor in region.tensors:
                 storages[(tensor.device, tensor.address)] = tensor.bytes
+    storages.update(held_storages())  # outputs of ops kept inside recomputed regions
     return sum(storages.values())

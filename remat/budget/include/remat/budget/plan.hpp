@@ -19,6 +19,15 @@
 
 namespace remat::budget {
 
+// One ATen op of a region whose output a plan may keep while the region recomputes: recompute
+// then takes the kept output instead of running the op again (op_plan.hpp).
+struct OpCost {
+  std::uint32_t index = 0;  // its place among every op the region runs, from 0
+  std::string op;           // the ATen op's name, "aten::mm"
+  std::uint64_t bytes = 0;  // its outputs' storages
+  double seconds = 0;       // its time in the profiled forward
+};
+
 // What one region costs: the bytes its checkpoint keeps for backward while it is saved, and
 // its forward time, which recompute spends again when it is not.
 struct RegionCost {
@@ -26,6 +35,11 @@ struct RegionCost {
   std::uint64_t saved_bytes = 0;
   double seconds = 0;
   std::uint64_t count = 1;  // the regions it stands for
+  // Per-op figures (profiles taken with them; absent from grouped ones): the ops whose outputs a
+  // plan may keep, in the order the region ran them, and the time watching the region's ops
+  // adds to one run of it (a plan that keeps ops pays it in forward and again in recompute).
+  std::vector<OpCost> ops;
+  double op_overhead_seconds = 0;
 };
 
 struct RegionProfile {
@@ -57,6 +71,10 @@ struct Plan {
   double least_recompute_seconds = 0;  // no plan within the budget recomputes less
   // Each region with its cost and choice, in profile order (patterns in a grouped plan).
   std::vector<std::pair<RegionCost, Choice>> regions;
+  // A per-op plan (solve_ops): for each entry of regions, the ops whose outputs a recomputed
+  // region keeps (empty for the others); empty for a plan by regions alone. kept_bytes counts
+  // their bytes, recompute_seconds spares their seconds and pays the regions' op overhead.
+  std::vector<std::vector<OpCost>> kept_ops;
   // A plan by step peak (solve_peak): the peak asked for and the one predicted; 0 otherwise.
   std::uint64_t peak_budget_bytes = 0;
   std::uint64_t peak_bytes = 0;

@@ -1,0 +1,152 @@
+"""Ops kept inside recomputed regions: a per-op plan's third choice, carried out.
+
+A per-op plan (profile.plan(budget_bytes=..., ops=True)) may recompute a region yet keep the
+outputs of some of its ops, named by their index among the ops the region runs and their ATen
+name. Forward runs such a region's body under a TorchDispatchMode (below autograd) that numbers
+its ops (views aside, as the profile numbered them) and, at each kept index, checks the op is the one the plan names and holds its outputs
+(aliases, no copy). Recompute runs the body under a mode that checks each op against the one
+forward ran at its index and, at a kept index, hands back the held outputs instead of running
+the op; autograd above sees the same values, so gradients are those of no checkpointing. The held
+outputs belong to the checkpoint call (they go with it) and are let go once recompute has taken
+them. Forward writing into a held output later (an in-place op, in the region or after it: the
+held alias shares the output's version counter) makes recompute run the op again rather than
+hand back a changed value; random ops are never kept (their draws would move).
+
+A region whose ops differ from the plan's (another op at a kept index, fewer ops than the plan
+keeps) is refused in forward with a ValueError naming the first difference; recompute running
+other ops than forward did is refused the same way.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ._op_figures import is_view, keepable, op_name, output_storages
+
+__all__ = ["RegionKeep", "held_storages"]
+
+_holding = weakref.WeakSet()  # the RegionKeep objects holding outputs now
+
+
+def held_storages():
+    """{(device, address): bytes} of every op output held for recompute now."""
+    storages = {}
+    for keep in list(_holding):
+        for outputs, _, _ in keep.held.values():
+            for tensor in outputs:
+                if tensor is not None:
+                    storage = tensor.untyped_storage()
+                    storages[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
+    return storages
+
+
+def _profile_again(path):
+    return (f"; the plan was made for other code in region '{path}': profile the model again "
+            f"(remat.profile_regions(ops=True)) and plan from that profile")
+
+
+class RegionKeep:
+    """The kept ops of one region in one checkpoint call: {index: op name} from the plan, the
+    outputs forward held, and the ops forward ran (for recompute to check against)."""
+
+    def __init__(self, path, kept):
+        self.path = path
+        self.kept = kept
+        self.last = max(kept)
+        self.held = {}  # index -> (detached outputs, their versions, the type the op returned them as)
+        self.ran = []   # the ops forward ran, in order
+
+    def wrap(self, body, recomputing):
+        mode = _Recomputing(self) if recomputing else _Forward(self)
+
+        def kept_ops_body(*args, **kwargs):
+            try:
+                with mode:
+                    out = body(*args, **kwargs)
+            except BaseException:
+                self.held.clear()
+                raise
+            mode.done()
+            return out
+
+        kept_ops_body.__qualname__ = getattr(body, "__qualname__", type(body).__name__)
+        return kept_ops_body
+
+
+class _Forward(TorchDispatchMode):
+    def __init__(self, keep):
+        super().__init__()
+        self.keep = keep
+        keep.ran = []
+        keep.held.clear()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        keep = self.keep
+        kwargs = kwargs or {}
+        if is_view(func):
+            return func(*args, **kwargs)
+        index = len(keep.ran)
+        keep.ran.append(func)
+        want = keep.kept.get(index)
+        if want is None:
+            return func(*args, **kwargs)
+        found = op_name(func)
+        if found != want:
+            raise ValueError(f"region '{keep.path}': op {index} is {found}, but the plan keeps {want} there"
+                             + _profile_again(keep.path))
+        inputs = {(str(t.device), t.untyped_storage().data_ptr())
+                  for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)}
+        out = func(*args, **kwargs)
+        if not keepable(func) or not output_storages(out, inputs):
+            raise ValueError(f"region '{keep.path}': op {index} ({found}) returned no new storage to keep"
+                             + _profile_again(keep.path))
+        returned = None if isinstance(out, torch.Tensor) else type(out)
+        outputs = (out,) if returned is None else tuple(out)
+        # The outputs themselves until the body returns (done() detaches them then): a detach here,
+        # below autograd, would not share their version counter, and writes into them would go
+        # unseen.
+        keep.held[index] = (outputs, tuple(None if t is None else t._version for t in outputs), returned)
+        _holding.add(keep)
+        return out
+
+    def done(self):
+        keep = self.keep
+        for index, (outputs, versions, returned) in keep.held.items():
+            keep.held[index] = (tuple(None if t is None else t.detach() for t in outputs), versions, returned)
+        if len(keep.ran) <= keep.last:
+            missing = min(i for i in keep.kept if i >= len(keep.ran))
+            keep.held.clear()
+            raise ValueError(f"region '{keep.path}' ran {len(keep.ran)} ops, but the plan keeps op {missing} "
+                             f"({keep.kept[missing]})" + _profile_again(keep.path))
+
+
+class _Recomputing(TorchDispatchMode):
+    def __init__(self, keep):
+        super().__init__()
+        self.keep = keep
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        keep = self.keep
+        if is_view(func):
+            return func(*args, **(kwargs or {}))
+        index = self.count
+        self.count += 1
+        if index >= len(keep.ran) or keep.ran[index] is not func:
+            forward = op_name(keep.ran[index]) if index < len(keep.ran) else "no op"
+            raise ValueError(f"region '{keep.path}': recompute ran {op_name(func)} as op {index}, where forward ran "
+                             f"{forward}: the region's code takes another path in recompute (is_recomputing(), "
+                             f"state a recompute hook does not restore); per-op plans need the same ops in both")
+        held = keep.held.pop(index, None)
+        if held is not None:
+            outputs, versions, returned = held
+            if all(t is None or t._version == v for t, v in zip(outputs, versions)):
+                fresh = [None if t is None else t.detach() for t in outputs]
+                return fresh[0] if returned is None else returned(fresh)
+        return func(*args, **(kwargs or {}))
+
+    def done(self):
+        self.keep.held.clear()

@@ -1,0 +1,369 @@
+"""Per-op plans: profile_regions(ops=True) measures each region's ATen ops (index, name, output
+bytes, time); profile.plan(budget_bytes, ops=True) may recompute a region yet keep chosen ops'
+outputs, which recompute then takes instead of running the ops again. Gradients are bitwise those
+without checkpointing (dropout too, with the RNG hook), what the checkpoints keep is at most the
+plan's kept_bytes at every budget, and a region whose ops differ from the plan's is refused
+naming the first difference."""
+
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+import torch
+
+import remat
+from remat._kept_ops import held_storages
+from remat._plans import live_checkpoint_bytes
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+WIDTH = 64
+LAYERS = 3
+ACTIVATION = 8 * WIDTH * 4  # one [8, 64] float32 activation
+
+runs = {"mm": 0}
+
+
+@torch.library.custom_op("remat_op_plans::counted_mm", mutates_args=())
+def counted_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b, counting the times it runs: what a kept op's recompute must not do."""
+    runs["mm"] += 1
+    return a @ b
+
+
+@counted_mm.register_fake
+def _(a, b):
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+def _counted_mm_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    return grad @ b.T, a.T @ grad
+
+
+def _counted_mm_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+counted_mm.register_autograd(_counted_mm_backward, setup_context=_counted_mm_context)
+
+
+def make_weights():
+    generator = torch.Generator().manual_seed(5)
+    return [(torch.randn(WIDTH, WIDTH, generator=generator) / 8).requires_grad_() for _ in range(2 * LAYERS)]
+
+
+def block(x, w1, w2, dropout=0.0):
+    h = remat.region(lambda t: torch.tanh(counted_mm(t, w1)), "attn")(x)
+    return remat.region(lambda t: torch.nn.functional.dropout(torch.sigmoid(counted_mm(t, w2)) * t, dropout).sin(),
+                        "mlp")(h)
+
+
+def plain_block(x, w1, w2, dropout=0.0):
+    h = torch.tanh(counted_mm(x, w1))
+    return torch.nn.functional.dropout(torch.sigmoid(counted_mm(h, w2)) * h, dropout).sin()
+
+
+def model(x, weights, dropout=0.0, hooks=()):
+    for layer in range(LAYERS):
+        x = remat.checkpoint(region_name=f"layers.{layer}", recompute_state_hooks=list(hooks))(block)(
+            x, weights[2 * layer], weights[2 * layer + 1], dropout)
+    return x.square().sum()
+
+
+def plain(x, weights, dropout=0.0):
+    for layer in range(LAYERS):
+        x = plain_block(x, weights[2 * layer], weights[2 * layer + 1], dropout)
+    return x.square().sum()
+
+
+def batch():
+    return torch.randn(8, WIDTH, generator=torch.Generator().manual_seed(1), requires_grad=True)
+
+
+@pytest.fixture(scope="module")
+def measured():
+    weights = make_weights()
+    with remat.profile_regions(ops=True) as profile:
+        model(batch(), weights).backward()
+    return profile
+
+
+def matmuls_dear(profile):
+    """The profile with every matmul priced far above the other ops (measured times are noise at
+    this size): the plans below then keep the matmuls' outputs and recompute the rest."""
+    doc = json.loads(profile.to_json())
+    for region in doc["regions"]:
+        for op in region["ops"]:
+            op["seconds"] = 1.0 if op["op"] == "remat_op_plans::counted_mm" else 1e-6
+        region["seconds"] = sum(op["seconds"] for op in region["ops"]) + 1e-6
+        region["op_overhead_seconds"] = 1e-5
+    return remat.RegionProfile(json.dumps(doc))
+
+
+def test_profile_lists_each_regions_ops_with_index_name_bytes_and_time(measured):
+    assert measured.has_ops
+    assert sorted(measured.ops) == sorted(f"layers.{i}::{r}" for i in range(LAYERS) for r in ("attn", "mlp"))
+    mlp = measured.ops["layers.0::mlp"]
+    # counted_mm, sigmoid, mul, then sin (dropout of 0 in training returns its input's clone or
+    # runs as native_dropout, a random op that is never listed).
+    names = [op["op"] for op in mlp]
+    assert names[0] == "remat_op_plans::counted_mm"
+    assert names[1:3] == ["aten::sigmoid", "aten::mul.Tensor"]
+    assert names[-1] == "aten::sin"
+    assert [op["index"] for op in mlp] == sorted(op["index"] for op in mlp)
+    assert all(op["bytes"] == ACTIVATION for op in mlp)
+    assert all(op["seconds"] >= 0 for op in mlp)
+    assert "aten::native_dropout" not in names and "aten::bernoulli_.float" not in names
+    for name, ops in measured.ops.items():
+        region = next(r for r in measured.regions if r.name == name)
+        assert sum(op["seconds"] for op in ops) <= region.seconds * (1 + 1e-9)
+    # The dump keeps them.
+    again = remat.RegionProfile.from_json(measured.to_json())
+    assert again.ops == measured.ops
+
+
+def test_profile_without_ops_has_none_and_refuses_per_op_plans():
+    weights = make_weights()
+    with remat.profile_regions() as profile:
+        model(batch(), weights).backward()
+    assert not profile.has_ops and "ops" not in profile.to_json()
+    with pytest.raises(ValueError, match=r"profile_regions\(ops=True\)"):
+        profile.plan(budget_bytes=profile.all_saved_bytes, ops=True)
+
+
+def test_per_op_plan_keeps_the_matmuls_and_recompute_does_not_run_them(measured):
+    profile = matmuls_dear(measured)
+    # Room for two activations a layer: attn saved (tanh keeps its output), mlp recomputed keeping
+    # its matmul's output (saving it keeps three activations).
+    budget = profile.base_bytes + 2 * LAYERS * ACTIVATION
+    plan = profile.plan(budget_bytes=budget, ops=True)
+    assert plan.exact
+    assert plan.decisions == {f"layers.{i}::{r}": "save" if r == "attn" else "recompute"
+                              for i in range(LAYERS) for r in ("attn", "mlp")}
+    assert plan.kept_ops == {f"layers.{i}::mlp": [(0, "remat_op_plans::counted_mm")] for i in range(LAYERS)}
+    assert plan.kept_bytes == budget
+    assert remat.load_plan(plan.to_json()).kept_ops == plan.kept_ops
+
+    weights = make_weights()
+    x = batch()
+    runs["mm"] = 0
+    plain(x, weights).backward()
+    assert runs["mm"] == 2 * LAYERS
+    expected = [x.grad.clone()] + [w.grad.clone() for w in weights]
+    x.grad = None
+    for w in weights:
+        w.grad = None
+    runs["mm"] = 0
+    with remat.use_plan(plan):
+        loss = model(x, weights)
+        kept = live_checkpoint_bytes()
+        assert sum(held_storages().values()) == LAYERS * ACTIVATION  # each mlp's matmul output
+        assert runs["mm"] == 2 * LAYERS
+        loss.backward()
+    assert runs["mm"] == 2 * LAYERS  # recompute took every matmul's output from forward
+    assert kept <= plan.kept_bytes
+    assert live_checkpoint_bytes() == 0 and not held_storages()
+    for got, want in zip([x.grad] + [w.grad for w in weights], expected):
+        assert torch.equal(got, want)
+
+
+def test_without_kept_ops_recompute_runs_the_matmuls_again(measured):
+    plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes, ops=True)
+    assert not plan.kept_ops
+    weights = make_weights()
+    runs["mm"] = 0
+    with remat.use_plan(plan):
+        model(batch(), weights).backward()
+    assert runs["mm"] == 4 * LAYERS
+
+
+def test_measured_kept_bytes_are_at_most_the_prediction_at_every_budget(measured):
+    profile = matmuls_dear(measured)
+    weights = make_weights()
+    x = batch()
+    plain(x, weights).backward()
+    expected = [x.grad.clone()] + [w.grad.clone() for w in weights]
+    low, high = profile.base_bytes, profile.all_saved_bytes
+    kinds = set()
+    for step in range(7):
+        budget = low + (high - low) * step // 6
+        plan = profile.plan(budget_bytes=budget, ops=True)
+        kinds.add((bool(plan.kept_ops), "save" in plan.decisions.values()))
+        x.grad = None
+        for w in weights:
+            w.grad = None
+        with remat.use_plan(plan):
+            loss = model(x, weights)
+            kept = live_checkpoint_bytes()
+            loss.backward()
+        assert kept <= plan.kept_bytes <= budget, (step, plan.format())
+        for got, want in zip([x.grad] + [w.grad for w in weights], expected):
+            assert torch.equal(got, want)
+    assert (True, True) in kinds  # some plans save regions and keep ops of others
+
+
+def test_dropout_gradients_are_bitwise_with_kept_ops(measured):
+    plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    assert plan.kept_ops
+    weights = make_weights()
+    x = batch()
+    torch.manual_seed(11)
+    plain(x, weights, dropout=0.3).backward()
+    expected = [x.grad.clone()] + [w.grad.clone() for w in weights]
+    x.grad = None
+    for w in weights:
+        w.grad = None
+    torch.manual_seed(11)
+    with remat.use_plan(plan):
+        model(x, weights, dropout=0.3, hooks=[remat.cpu_rng_state_hook()]).backward()
+    for got, want in zip([x.grad] + [w.grad for w in weights], expected):
+        assert torch.equal(got, want)
+
+
+def test_a_region_whose_ops_differ_is_refused_naming_the_first_difference(measured):
+    plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    weights = make_weights()
+
+    def other_block(x, w1, w2, dropout=0.0):
+        h = remat.region(lambda t: torch.tanh(counted_mm(t, w1)), "attn")(x)
+        return remat.region(lambda t: (torch.relu(t) + counted_mm(t, w2)).sin(), "mlp")(h)
+
+    with remat.use_plan(plan, strict=False):
+        with pytest.raises(ValueError, match=r"region 'layers\.0::mlp': op 0 is aten::relu, but the plan keeps "
+                                             r"remat_op_plans::counted_mm there"):
+            remat.checkpoint(region_name="layers.0")(other_block)(batch(), weights[0], weights[1])
+
+    def short_block(x, w1, w2, dropout=0.0):
+        return remat.region(lambda t: t, "mlp")(x)
+
+    with remat.use_plan(plan, strict=False):
+        with pytest.raises(ValueError, match=r"region 'layers\.0::mlp' ran 0 ops, but the plan keeps op 0 "
+                                             r"\(remat_op_plans::counted_mm\)"):
+            remat.checkpoint(region_name="layers.0")(short_block)(batch(), weights[0], weights[1])
+
+
+def test_recompute_taking_another_path_is_refused(measured):
+    plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    weights = make_weights()
+
+    def branching_block(x, w1, w2, dropout=0.0):
+        h = remat.region(lambda t: torch.tanh(counted_mm(t, w1)), "attn")(x)
+        body = (lambda t: torch.sigmoid(counted_mm(t, w2)).cos()) if remat.is_recomputing() else \
+            (lambda t: (torch.sigmoid(counted_mm(t, w2)) * t).sin())
+        return remat.region(body, "mlp")(h)
+
+    with remat.use_plan(plan, strict=False):
+        y = remat.checkpoint(region_name="layers.0")(branching_block)(batch(), weights[0], weights[1])
+        with pytest.raises(ValueError, match=r"region 'layers\.0::mlp': recompute ran aten::cos as op 2, where "
+                                             r"forward ran aten::mul\.Tensor"):
+            y.sum().backward()
+
+
+def test_per_op_plans_refuse_peak_and_grouped_budgets(measured):
+    with pytest.raises(ValueError, match="ops=True plans by budget_bytes"):
+        measured.plan(peak_bytes="1 GiB", ops=True)
+    with pytest.raises(ValueError, match="ops=True plans by budget_bytes"):
+        measured.plan(budget_bytes=measured.all_saved_bytes, ops=True, group=True)
+    plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    with pytest.raises(ValueError, match="keeps ops inside recomputed regions"):
+        measured.predict_peak(plan)
+
+
+def test_per_op_profile_and_plan_dumps_validate_against_their_schemas(measured, tmp_path):
+    report = os.environ.get("REMAT_REPORT") or str(REPO / "build" / "cli" / "remat-report")
+    if not os.access(report, os.X_OK):
+        pytest.skip("remat-report is not built (build/cli/remat-report); build the cli target or set REMAT_REPORT")
+    measured.to_json(tmp_path / "profile.json")
+    plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    assert plan.kept_ops
+    plan.to_json(tmp_path / "plan.json")
+    for name, kind in (("profile.json", "region_profile"), ("plan.json", "remat_plan")):
+        run = subprocess.run([report, "validate", str(tmp_path / name)], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr
+
+
+def test_hugging_face_llama_under_per_op_plans_keeps_at_most_the_prediction_with_bitwise_gradients():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=128, vocab_size=128, max_position_embeddings=64,
+                                      use_cache=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    weights = transformers.LlamaForCausalLM(config).state_dict()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def fresh(**options):
+        model = transformers.LlamaForCausalLM(config)
+        model.load_state_dict(weights)
+        return remat.wrap_decoder_layers(model.train(), **options)
+
+    plain = transformers.LlamaForCausalLM(config)
+    plain.load_state_dict(weights)
+    plain.train()(input_ids=ids, labels=ids).loss.backward()
+    reference = [p.grad for p in plain.parameters()]
+    profiled = fresh()
+    with remat.profile_regions(ops=True) as profile:
+        profiled(input_ids=ids, labels=ids).loss.backward()
+    assert any(op["op"] == "aten::mm" for ops in profile.ops.values() for op in ops)
+    low, high = profile.base_bytes, profile.all_saved_bytes
+    kept_some = False
+    for share in (0, 1, 2, 3):
+        plan = profile.plan(budget_bytes=low + (high - low) * share // 4, ops=True)
+        kept_some |= bool(plan.kept_ops)
+        model = fresh(plan=plan)
+        loss = model(input_ids=ids, labels=ids).loss
+        kept = live_checkpoint_bytes()
+        loss.backward()
+        assert kept <= plan.kept_bytes, (share, plan.format())
+        assert all(torch.equal(got.grad, want) for got, want in zip(model.parameters(), reference))
+        assert not held_storages()
+    assert kept_some
+
+
+def test_a_kept_output_written_in_place_in_forward_is_recomputed_not_handed_back():
+    weights = make_weights()
+
+    def written_block(x, w1, w2, dropout=0.0):
+        h = remat.region(lambda t: torch.tanh(counted_mm(t, w1)), "attn")(x)
+        # writes into the matmul's output after it ran: a handed-back output would be doubled twice
+        return remat.region(lambda t: counted_mm(t, w2).mul_(2).sin(), "mlp")(h)
+
+    def written_model(x):
+        for layer in range(LAYERS):
+            x = remat.checkpoint(region_name=f"layers.{layer}")(written_block)(x, weights[2 * layer],
+                                                                              weights[2 * layer + 1])
+        return x.square().sum()
+
+    def written_plain(x):
+        for layer in range(LAYERS):
+            x = counted_mm(torch.tanh(counted_mm(x, weights[2 * layer])), weights[2 * layer + 1]).mul_(2).sin()
+        return x.square().sum()
+
+    with remat.profile_regions(ops=True) as measured:
+        written_model(batch()).backward()
+    doc = json.loads(matmuls_dear(measured).to_json())
+    for region in doc["regions"]:  # saving a region priced out: the plan keeps each mlp's matmul
+        region["saved_bytes"] = 100 * ACTIVATION
+    doc.pop("all_saved_bytes")
+    profile = remat.RegionProfile(json.dumps(doc))
+    plan = profile.plan(budget_bytes=profile.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    assert all(choice == "recompute" for choice in plan.decisions.values())
+    assert [name for name, ops in plan.kept_ops.items() if ops == [(0, "remat_op_plans::counted_mm")]] == \
+        [f"layers.{i}::{r}" for i in range(LAYERS) for r in ("attn", "mlp")]
+    x = batch()
+    for w in weights:
+        w.grad = None
+    written_plain(x).backward()
+    expected = [x.grad.clone()] + [w.grad.clone() for w in weights]
+    x.grad = None
+    for w in weights:
+        w.grad = None
+    runs["mm"] = 0
+    with remat.use_plan(plan):
+        written_model(x).backward()
+    # attn's matmul handed back; mlp's, written into after it ran, run again
+    assert runs["mm"] == 2 * LAYERS + LAYERS
+    for got, want in zip([x.grad] + [w.grad for w in weights], expected):
+        assert torch.equal(got, want)
