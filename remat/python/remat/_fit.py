@@ -59,8 +59,15 @@ def _elements(signature):
     return sum(math.prod(shape) for shape, _, _ in signature)
 
 
-def _shapes_text(signature):
-    return ", ".join("x".join(str(d) for d in shape) or "scalar" for shape, _, _ in signature) or "no tensors"
+def _input_bytes(signature):
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in signature)
+
+
+def _shapes_text(signature, dtypes=False):
+    """"16x32x32, 16": each input's shape, with its dtype where `dtypes` (when they changed)."""
+    return ", ".join(("x".join(str(d) for d in shape) or "scalar") + (f" {str(dtype).replace('torch.', '')}"
+                                                                       if dtypes else "")
+                     for shape, dtype, _ in signature) or "no tensors"
 
 
 def _bytes_text(count):
@@ -286,7 +293,9 @@ class FitState:
         source = self.latest
         # Fewer elements than profiled: planned as the profiled inputs (what grows with them is not
         # known to shrink with them)
-        ratio = max(1.0, _elements(signature) / max(1, _elements(source.signature)))
+        # By elements, or by bytes where the dtypes grew (float32 -> float64 inputs: each activation twice)
+        ratio = max(1.0, _elements(signature) / max(1, _elements(source.signature)),
+                    _input_bytes(signature) / max(1, _input_bytes(source.signature)))
         ratio *= self.corrections.get(signature, 1.0)
         profile = source.profile
         base = max(start, profile.step_start_bytes)
@@ -294,8 +303,10 @@ class FitState:
         change = None
         if signature not in self.warned:
             self.warned.add(signature)
-            change = (f"remat.fit: the step's inputs changed shape ({_shapes_text(source.signature)} -> "
-                      f"{_shapes_text(signature)}, {ratio:.3g}x the elements)")
+            dtypes = [d for _, d, _ in signature] != [d for _, d, _ in source.signature]
+            what = "shape or dtype" if dtypes else "shape"
+            change = (f"remat.fit: the step's inputs changed {what} ({_shapes_text(source.signature, dtypes)} -> "
+                      f"{_shapes_text(signature, dtypes)}, {ratio:.3g}x the {'bytes' if dtypes else 'elements'})")
         if all_saved <= self.budget:
             if change is not None:
                 _tell(f"{change}: profiling this step again (every region saved, predicted to peak at "

@@ -326,3 +326,32 @@ def test_a_hugging_face_llama_under_wrap_decoder_layers_budget_is_planned_again_
         assert row["grads"] == plain[step - 1]["grads"], step  # bitwise
     assert recomputed(rows[2]["plan"]) > recomputed(rows[1]["plan"])
     assert rows[3]["peak"] <= rows[3]["predicted"], rows[3]
+
+
+def test_inputs_whose_dtype_grows_are_planned_by_their_bytes_and_said_so():
+    # float32 -> float64 at the same shape: as many elements, twice the bytes in every region.
+    class Doubling(torch.nn.Module):
+        def forward(self, x):
+            for index in range(4):
+                x = remat.checkpoint(region_name=f"layers.{index}")(
+                    lambda t: remat.region(lambda u: (u.repeat(1, 1, 3) * 3).cos()[..., :64], "mlp")(
+                        remat.region(lambda u: (u * 2).sin(), "attn")(t)))(x)
+            return x.square().mean()
+
+    budget = 9_000_000
+    with remat.tag_cpu_tensors():
+        model = remat.fit(Doubling(), budget=budget)
+        peaks = []
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            for step in range(6):
+                x = torch.randn(8, 64, 64, dtype=torch.float32 if step < 3 else torch.float64, requires_grad=True)
+                remat_alloc.reset_peak_stats()
+                model(x).backward()
+                peaks.append((remat_alloc.memory_stats()["requested_bytes_peak"], model.remat_fit.predicted_peak_bytes))
+                del x
+    assert all(peak <= budget for peak, _ in peaks), peaks
+    assert all(peak <= predicted for peak, predicted in peaks[1:]), peaks  # never above the prediction
+    changed = [str(w.message) for w in told if "inputs changed" in str(w.message)]
+    assert len(changed) == 1 and "changed shape or dtype (8x64x64 float32 -> 8x64x64 float64, 2x the bytes)" in \
+        changed[0], changed
