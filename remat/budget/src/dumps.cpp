@@ -535,6 +535,13 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
   if (std::all_of(plan.kept_ops.begin(), plan.kept_ops.end(), [](const auto& kept) { return kept.empty(); })) {
     plan.kept_ops.clear();
   }
+  if (costs.empty() && plan.peak_bytes != 0) {
+    // Decisions alone cannot back a predicted step peak: an edited decision would keep the old one.
+    refuse(source, "$.peak_bytes",
+           "is given without $.regions, whose figures predict it; a plan of decisions alone has no predicted step "
+           "peak: remove peak_bytes and peak_budget_bytes, or make the plan again with "
+           "profile.plan(peak_bytes=...) and keep its regions");
+  }
   check_totals(plan, !costs.empty(), source);
   return plan;
 }

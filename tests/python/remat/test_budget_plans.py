@@ -447,7 +447,10 @@ def test_a_profile_of_nested_regions_round_trips_through_a_strict_plan():
 def test_load_plan_refuses_a_plan_that_contradicts_itself(profile):
     plan = profile.plan(budget_bytes=profile.base_bytes + 3 * ACTIVATION)
     doc = json.loads(plan.to_json())
-    assert doc["decisions"]["layers.0::attn"] == "save" and doc["decisions"]["layers.0::mlp"] == "recompute"
+    # One attention region fits: the one whose measured time is the most, whichever layer's that is.
+    saved = [name for name, choice in doc["decisions"].items() if choice == "save"]
+    assert len(saved) == 1 and saved[0].endswith("::attn"), doc["decisions"]
+    index = [region["name"] for region in doc["regions"]].index(saved[0])
     again = "make the plan again"
 
     def edited(**fields):
@@ -460,10 +463,11 @@ def test_load_plan_refuses_a_plan_that_contradicts_itself(profile):
         remat.load_plan(edited(kept_bytes=10 * plan.budget_bytes))
     with pytest.raises(ValueError, match=rf"\$\.base_bytes: is {plan.kept_bytes + 1}, more than kept_bytes"):
         remat.load_plan(edited(base_bytes=plan.kept_bytes + 1))
-    flipped = [dict(region, decision="recompute") if region["name"] == "layers.0::attn" else region
+    flipped = [dict(region, decision="recompute") if region["name"] == saved[0] else region
                for region in doc["regions"]]
-    with pytest.raises(ValueError, match=r"\$\.regions\[0\]\.decision: is \"recompute\" but "
-                                         r"\$\.decisions\['layers\.0::attn'\] is \"save\"; the plan contradicts"):
+    with pytest.raises(ValueError, match=rf"\$\.regions\[{index}\]\.decision: is \"recompute\" but "
+                                         rf"\$\.decisions\['{re.escape(saved[0])}'\] is \"save\"; the plan "
+                                         r"contradicts"):
         remat.load_plan(edited(regions=flipped))
     # Edited to save everything, decisions and regions alike, the figures left as they were: it
     # would keep all_saved_bytes while it says it keeps kept_bytes.

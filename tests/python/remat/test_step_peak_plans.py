@@ -136,6 +136,14 @@ def test_a_plan_by_peak_says_its_peak_and_reads_back(tagged, tmp_path):
     edited["peak_bytes"] = edited["peak_budget_bytes"] + 1
     with pytest.raises(ValueError, match=r"\$\.peak_bytes: is \d+, more than peak_budget_bytes"):
         remat.load_plan(json.dumps(edited))
+    # Decisions alone, edited by hand, cannot keep a predicted peak they no longer back.
+    bare = json.loads(plan.to_json())
+    del bare["regions"]
+    with pytest.raises(ValueError, match=r"\$\.peak_bytes: is given without \$\.regions"):
+        remat.load_plan(json.dumps(bare))
+    for key in ("peak_bytes", "peak_budget_bytes"):
+        del bare[key]
+    assert remat.load_plan(json.dumps(bare)).decisions == plan.decisions
 
 
 def test_a_grouped_plan_by_peak_makes_one_choice_per_kind_and_the_dumps_validate(tagged, tmp_path):
