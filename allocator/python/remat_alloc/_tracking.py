@@ -475,6 +475,12 @@ class Tracker:
         with _trackers_lock:
             if model is not None and _trackers.get(model) is self:
                 del _trackers[model]
+        # A backward that raised never ran the callback that ends its module's category on this
+        # thread: what is allocated after untracking has none.
+        from . import category, set_category
+
+        if category()[1]:
+            set_category("none")
 
     def __enter__(self) -> "Tracker":
         return self

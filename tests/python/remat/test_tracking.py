@@ -372,3 +372,31 @@ def test_a_saved_tensor_changed_in_place_is_refused_as_autograd_refuses_it(tagge
         y.sum().backward()  # unchanged: the same gradient as without tracking
     s = torch.sigmoid(x.detach())
     assert torch.allclose(x.grad, s * (1 - s))
+
+
+def test_untrack_clears_the_category_a_backward_that_raised_left_in_force(tagged):
+    class Fails(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("backward failed")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 64)
+            self.b = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.b(Fails.apply(self.a(x)))
+
+    model = Model()
+    with remat.track(model):
+        with pytest.raises(RuntimeError, match="backward failed"):
+            model(torch.rand(8, 64)).sum().backward()
+    before = remat_alloc.category_bytes()["none"]
+    after_untrack = torch.empty(1 << 16)
+    assert remat_alloc.category_bytes()["none"] - before == after_untrack.untyped_storage().nbytes()
