@@ -25,6 +25,7 @@ The solver (exact 0/1 knapsack) and the region_profile and remat_plan dumps are 
 from __future__ import annotations
 
 import json
+import numbers
 import operator
 import threading
 import time
@@ -224,6 +225,8 @@ def budget_arg(value, what):
                         f"{_budget.BUDGET_FORMS}, or pass an int number of bytes")
     if isinstance(value, str):
         return _budget.parse_budget(value, what)
+    if not isinstance(value, float) and isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        value = float(value)  # numpy.float32 and the like: as a float
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")) or not value.is_integer():
             raise ValueError(f"{what} must be a whole number of bytes, got the float {value!r}; pass an int, or a "

@@ -190,6 +190,11 @@ def test_bad_budgets_are_refused_with_the_smallest_budget_named(profile):
     expected = profile.plan(budget_bytes=everything).decisions
     assert profile.plan(budget_bytes=numpy.int64(everything)).decisions == expected
     assert profile.plan(budget_bytes=torch.tensor(everything)).decisions == expected
+    # numpy's floats as Python's: whole bytes taken, a fraction refused
+    assert profile.plan(budget_bytes=numpy.float32(1 << 20)).budget_bytes == 1 << 20
+    assert profile.plan(budget_bytes=numpy.float64(everything)).decisions == expected
+    with pytest.raises(ValueError, match="must be a whole number of bytes, got the float 0.5"):
+        profile.plan(budget_bytes=numpy.float32(0.5))
     for bad in ("no", 1, None):
         with pytest.raises(TypeError, match=f"plan: group must be True or False, got {type(bad).__name__}"):
             profile.plan(budget_bytes=everything, group=bad)
