@@ -16,6 +16,7 @@
 #include <remat/budget/op_plan.hpp>
 
 #include "bytes_text.hpp"
+#include "plannable.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -420,13 +421,7 @@ double keeping_seconds(const RegionCost& region, const std::vector<OpCost>& kept
 }
 
 Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
-  if (budget_bytes < profile.base_bytes) {
-    throw BudgetError("a budget of " + bytes_text(budget_bytes) +
-                      " is below what the checkpoints keep with every "
-                      "region recomputed, their inputs: " +
-                      bytes_text(profile.base_bytes) + "; the smallest budget a plan can meet is " +
-                      std::to_string(profile.base_bytes) + " bytes");
-  }
+  check_plannable(profile, budget_bytes);
   for (const RegionCost& region : profile.regions) {
     if (region.count != 1 && !region.ops.empty()) {
       throw BudgetError("region '" + region.name + "' stands for " + std::to_string(region.count) +
@@ -434,15 +429,13 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
                         "from the profile as measured (group=False)");
     }
   }
-  check_seconds_add_up(profile);
   const std::uint64_t capacity = budget_bytes - profile.base_bytes;
   std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
   std::vector<Group> groups;
   for (std::size_t r = 0; r < profile.regions.size(); ++r) {
     const RegionCost& region = profile.regions[r];
-    if (region.seconds <= 0) continue;  // recomputing it costs nothing
-    if (region.saved_bytes == 0) {
-      choices[r] = Choice::save;  // saving it costs nothing
+    if (const auto free = free_choice(region)) {
+      choices[r] = *free;
       continue;
     }
     Group g;

@@ -7,6 +7,7 @@
 #include "bytes_text.hpp"
 
 #include "knapsack.hpp"
+#include "plannable.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -48,12 +49,7 @@ void check_seconds_add_up(const RegionProfile& profile) {
 }
 
 Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes) {
-  if (budget_bytes < profile.base_bytes) {
-    throw BudgetError("a budget of " + bytes_text(budget_bytes) + " is below what the checkpoints keep with every "
-                      "region recomputed, their inputs: " + bytes_text(profile.base_bytes) +
-                      "; the smallest budget a plan can meet is " + std::to_string(profile.base_bytes) + " bytes");
-  }
-  check_seconds_add_up(profile);
+  check_plannable(profile, budget_bytes);
   Plan plan;
   plan.budget_bytes = budget_bytes;
   plan.base_bytes = profile.base_bytes;
@@ -63,9 +59,8 @@ Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes) {
   std::vector<std::size_t> item_region;  // the region of each item
   for (std::size_t r = 0; r < profile.regions.size(); ++r) {
     const RegionCost& region = profile.regions[r];
-    if (region.seconds <= 0) continue;  // recomputing it costs nothing
-    if (region.saved_bytes == 0) {
-      choices[r] = Choice::save;  // saving it costs nothing
+    if (const auto free = free_choice(region)) {
+      choices[r] = *free;
       continue;
     }
     if (region.saved_bytes > capacity) continue;
