@@ -138,8 +138,8 @@ def check_fit():
         return torch.randn(16, sequence, HIDDEN, device=DEVICE, generator=generator)
 
     def loop(budget, reference=None):
-        """Step peaks, the gradients of each step (as a checksum list when comparing against
-        `reference`, which holds the host copies of a run without a budget) and what fit said."""
+        """Step peaks, each step's gradients (host copies; or, given `reference`, the copies of a run
+        without a budget, whether each step's are bitwise those) and what fit said."""
         torch.manual_seed(0)
         net = Model().to(DEVICE)
         if budget is not None:
@@ -157,7 +157,7 @@ def check_fit():
                     optimizer.step()
 
                 peaks.append(measured_peak(train))
-                # Compared outside the measured step, kept off the counted memory.
+                # Outside the measured step; on the host (counted there only by the --cpu run).
                 if reference is None:
                     grads.append([p.grad.to("cpu", copy=True) for p in net.parameters()])
                 else:
