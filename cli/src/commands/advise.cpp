@@ -80,6 +80,11 @@ Report plan_report(const budget::Plan& plan) {
                             Cell::text(std::string(budget::to_string(choice)))});
   }
   report.tables.push_back(std::move(regions));
+  for (const auto& [region, choice] : plan.regions) {
+    if (!region.must_save.empty()) {
+      report.notes.push_back(fmt::format("'{}' must be saved: {}", region.name, region.must_save));
+    }
+  }
   if (!plan.exact) {
     report.notes.push_back(fmt::format("the search was cut short to keep within a fraction of a second: this plan "
                                        "fits the budget and no plan recomputes less than {:.6g} s",

@@ -129,6 +129,7 @@ void write_region(alloc::JsonWriter& json, const RegionCost& region, std::option
       .field("saved_bytes", region.saved_bytes)
       .field("seconds", finite_seconds(region.seconds, "the seconds of region '", region.name))
       .field("count", region.count);
+  if (!region.must_save.empty()) json.field("must_save", std::string_view(region.must_save));
   if (!region.ops.empty()) write_ops(json, "ops", region.ops, region);
   if (choice) json.field("decision", to_string(*choice));
   if (kept != nullptr && !kept->empty()) write_ops(json, "kept_ops", *kept, region);
@@ -176,6 +177,10 @@ RegionCost read_cost(const Json& value, std::string_view source, const std::stri
   if (const auto it = value.find("count"); it != value.end()) {
     region.count = count_of(*it, source, path + ".count");
     if (region.count == 0) refuse(source, path + ".count", "is 0; a region stands for at least itself");
+  }
+  if (const auto it = value.find("must_save"); it != value.end()) {
+    region.must_save = text_of(*it, source, path + ".must_save");
+    if (region.must_save.empty()) refuse(source, path + ".must_save", "is empty; leave it out where the region may recompute");
   }
   region.ops = read_ops(value, "ops", source, path, region.op_overhead_seconds);
   double ops_seconds = 0;
@@ -530,6 +535,11 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
              "is \"" + std::string(to_string(listed_choices[i])) + "\" but $.decisions['" + costs[i].name +
                  "'] is \"" + std::string(to_string(decided->second)) + "\"; the plan contradicts itself: " +
                  kMakeThePlanAgain);
+    }
+    if (listed_choices[i] == Choice::recompute && !costs[i].must_save.empty()) {
+      refuse(source, "$.regions[" + std::to_string(i) + "].decision",
+             "recomputes '" + costs[i].name + "', which must be saved (" + costs[i].must_save + "): its recompute "
+             "would not give back what its forward gave; " + kMakeThePlanAgain);
     }
   }
   if (std::all_of(plan.kept_ops.begin(), plan.kept_ops.end(), [](const auto& kept) { return kept.empty(); })) {

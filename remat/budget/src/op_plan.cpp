@@ -421,7 +421,7 @@ double keeping_seconds(const RegionCost& region, const std::vector<OpCost>& kept
 }
 
 Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
-  check_plannable(profile, budget_bytes);
+  const std::uint64_t capacity = check_plannable(profile, budget_bytes);
   for (const RegionCost& region : profile.regions) {
     if (region.count != 1 && !region.ops.empty()) {
       throw BudgetError("region '" + region.name + "' stands for " + std::to_string(region.count) +
@@ -429,7 +429,6 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
                         "from the profile as measured (group=False)");
     }
   }
-  const std::uint64_t capacity = budget_bytes - profile.base_bytes;
   std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
   std::vector<Group> groups;
   for (std::size_t r = 0; r < profile.regions.size(); ++r) {

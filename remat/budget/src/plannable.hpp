@@ -11,20 +11,34 @@
 
 namespace remat::budget {
 
-// Throws BudgetError for a budget below base_bytes (naming that minimum) or a profile whose
-// seconds do not add up (check_seconds_add_up).
-inline void check_plannable(const RegionProfile& profile, std::uint64_t budget_bytes) {
-  if (budget_bytes < profile.base_bytes) {
-    throw BudgetError("a budget of " + bytes_text(budget_bytes) + " is below what the checkpoints keep with every "
-                      "region recomputed, their inputs: " + bytes_text(profile.base_bytes) +
-                      "; the smallest budget a plan can meet is " + std::to_string(profile.base_bytes) + " bytes");
+// Throws BudgetError for a budget below least_kept_bytes (naming that minimum and what it is made
+// of) or a profile whose seconds do not add up (check_seconds_add_up). Returns what the budget
+// leaves for the regions a solver weighs: budget_bytes less least_kept_bytes.
+inline std::uint64_t check_plannable(const RegionProfile& profile, std::uint64_t budget_bytes) {
+  const std::uint64_t least = least_kept_bytes(profile);
+  if (budget_bytes < least) {
+    std::string kept = "what the checkpoints keep with every region recomputed, their inputs: " +
+                       bytes_text(profile.base_bytes);
+    if (least != profile.base_bytes) {
+      std::string pinned;
+      for (const RegionCost& region : profile.regions) {
+        if (!region.must_save.empty()) pinned += (pinned.empty() ? "'" : ", '") + region.name + "'";
+      }
+      kept = "what every plan keeps: the checkpoints' inputs, " + bytes_text(profile.base_bytes) +
+             ", and the regions that must be saved (" + pinned + "), " + bytes_text(least - profile.base_bytes);
+    }
+    throw BudgetError("a budget of " + bytes_text(budget_bytes) + " is below " + kept +
+                      "; the smallest budget a plan can meet is " + std::to_string(least) + " bytes");
   }
   check_seconds_add_up(profile);
+  return budget_bytes - least;
 }
 
-// The choice that costs nothing either way: recompute a region that takes no time, save one that
-// keeps no bytes. None where the solver must weigh it.
+// The choice made before any weighing: save a region that must be saved (its bytes are in
+// least_kept_bytes); the one that costs nothing either way, recompute a region that takes no
+// time, save one that keeps no bytes. None where the solver must weigh it.
 inline std::optional<Choice> free_choice(const RegionCost& region) {
+  if (!region.must_save.empty()) return Choice::save;
   if (region.seconds <= 0) return Choice::recompute;
   if (region.saved_bytes == 0) return Choice::save;
   return std::nullopt;

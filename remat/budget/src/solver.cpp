@@ -49,11 +49,10 @@ void check_seconds_add_up(const RegionProfile& profile) {
 }
 
 Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes) {
-  check_plannable(profile, budget_bytes);
+  const std::uint64_t capacity = check_plannable(profile, budget_bytes);
   Plan plan;
   plan.budget_bytes = budget_bytes;
   plan.base_bytes = profile.base_bytes;
-  const std::uint64_t capacity = budget_bytes - profile.base_bytes;
   std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
   std::vector<detail::KnapsackItem> items;
   std::vector<std::size_t> item_region;  // the region of each item
@@ -88,9 +87,17 @@ Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes) {
   return plan;
 }
 
+std::uint64_t least_kept_bytes(const RegionProfile& profile) {
+  std::uint64_t least = profile.base_bytes;
+  for (const RegionCost& region : profile.regions) {
+    if (!region.must_save.empty()) least += region.saved_bytes;  // within all_saved_bytes, which readers check
+  }
+  return least;
+}
+
 std::vector<Plan> frontier(const RegionProfile& profile, std::size_t steps) {
   steps = std::max<std::size_t>(steps, 2);
-  const std::uint64_t low = profile.base_bytes;
+  const std::uint64_t low = least_kept_bytes(profile);
   const std::uint64_t high = profile.all_saved_bytes();
   std::vector<Plan> plans;
   for (std::size_t step = 0; step < steps; ++step) {
@@ -122,13 +129,16 @@ RegionProfile grouped(const RegionProfile& profile) {
     }
     const auto [it, inserted] = index.emplace(pattern, out.regions.size());
     if (inserted) {
-      out.regions.push_back({pattern, region.saved_bytes, region.seconds, region.count});
+      RegionCost group{pattern, region.saved_bytes, region.seconds, region.count};
+      group.must_save = region.must_save;
+      out.regions.push_back(std::move(group));
       continue;
     }
     RegionCost& group = out.regions[it->second];
     group.saved_bytes += region.saved_bytes;
     group.seconds += region.seconds;
     group.count += region.count;
+    if (group.must_save.empty() && !region.must_save.empty()) group.must_save = region.name + ": " + region.must_save;
   }
   return out;
 }

@@ -282,7 +282,10 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   StepModel model(profile, step);
   const std::size_t n = profile.regions.size();
   PeakSearch found;
-  const auto consider = [&](const std::vector<Choice>& choices) {
+  const auto consider = [&](std::vector<Choice> choices) {
+    for (std::size_t r = 0; r < n; ++r) {
+      if (!profile.regions[r].must_save.empty()) choices[r] = Choice::save;
+    }
     const std::uint64_t peak = model.peak(choices);
     const double seconds = recompute_seconds(profile, choices);
     if (peak < found.lowest_peak) {

@@ -3,7 +3,7 @@
 A per-op plan (profile.plan(budget_bytes=..., ops=True)) may recompute a region yet keep the
 outputs of some of its ops, named by their index among the ops the region runs and their ATen
 name. Forward runs such a region's body under a TorchDispatchMode (below autograd) that numbers
-its ops (views aside, as the profile numbered them) and, at each kept index, checks the op is the one the plan names and holds its outputs
+its ops (views and casts aside, as the profile numbered them) and, at each kept index, checks the op is the one the plan names and holds its outputs
 (aliases, no copy). Recompute runs the body under a mode that checks each op against the one
 forward ran at its index and, at a kept index, hands back the held outputs instead of running
 the op; autograd above sees the same values, so gradients are those of no checkpointing. The held
@@ -24,7 +24,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._op_figures import is_view, keepable, op_name, output_storages
+from ._op_figures import keepable, numbered, op_name, output_storages
 
 __all__ = ["RegionKeep", "held_storages"]
 
@@ -86,7 +86,7 @@ class _Forward(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         keep = self.keep
         kwargs = kwargs or {}
-        if is_view(func):
+        if not numbered(func):
             return func(*args, **kwargs)
         index = len(keep.ran)
         keep.ran.append(func)
@@ -131,7 +131,7 @@ class _Recomputing(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         keep = self.keep
-        if is_view(func):
+        if not numbered(func):
             return func(*args, **(kwargs or {}))
         index = self.count
         self.count += 1

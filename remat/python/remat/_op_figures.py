@@ -10,6 +10,12 @@ outputs are views of their inputs (nothing to keep, nothing to spare; not number
 runtime's saved-tensor hooks run some, differently in a saved region and a recomputed one), and
 random ops (keeping one would skip its draw in recompute and move every later draw of the region).
 
+The same watch finds what makes a region unsafe to recompute, in every profile (per-op figures
+or not): an op that draws from a torch.Generator of the region's own (recompute would draw other
+numbers; the RNG state hooks restore the default generators only), or one that writes in place
+into a tensor the region did not make (a BatchNorm's running statistics, a cache: recompute would
+write it again). A plan saves such a region (the profile's "must_save").
+
 Watching ops costs time of its own: the mode's time around each op is taken out of the region's
 seconds, and what watching costs per op when nothing is measured (calibrated once per process on a
 tiny op) is the region's op_overhead_seconds, which a plan that keeps ops of it pays in forward
@@ -23,7 +29,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["OpMeter", "op_name", "keepable", "is_view", "interception_seconds"]
+__all__ = ["OpMeter", "op_name", "keepable", "numbered", "interception_seconds"]
 
 _interception = None  # seconds one op costs under a mode that only passes it on
 
@@ -53,14 +59,25 @@ def is_view(func):
 
 
 
+def numbered(func):
+    """Whether the op takes an index among the region's ops: not a view (is_view), and not a
+    dtype or device copy (aten::_to_copy), which autocast runs for a weight in the first region
+    that casts it and takes from its cache after, so forward and recompute run different numbers
+    of them."""
+    return func is not torch.ops.aten._to_copy.default and not is_view(func)
+
+
 def keepable(func):
-    """Whether a plan may keep the op's outputs: functional, not random, outputs not views."""
+    """Whether a plan may keep the op's outputs: functional, not random, outputs not views, of a
+    size that does not depend on the values (aten::nonzero, a boolean mask's index: keeping one
+    would keep another size on another batch than the profile measured)."""
     known = _keepable.get(func)
     if known is None:
         schema = func._schema
         known = (not schema.is_mutable and bool(schema.returns)
                  and all(r.alias_info is None for r in schema.returns)
-                 and torch.Tag.nondeterministic_seeded not in func.tags)
+                 and torch.Tag.nondeterministic_seeded not in func.tags
+                 and torch.Tag.dynamic_output_shape not in func.tags)
         _keepable[func] = known
     return known
 
@@ -83,6 +100,10 @@ def output_storages(out, inputs):
             return None
         storages[key] = storage.nbytes()
     return storages
+
+
+def _key(tensor):
+    return (str(tensor.device), tensor.untyped_storage().data_ptr())
 
 
 def _input_keys(args, kwargs):
@@ -122,30 +143,76 @@ def interception_seconds():
     return _interception
 
 
+def _default_generators():
+    generators = {id(torch.default_generator)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        generators.update(id(g) for g in torch.cuda.default_generators)
+    return generators
+
+
+def _describe(tensor):
+    return f"a {tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')} tensor"
+
+
 class OpMeter(TorchDispatchMode):
     """Numbers, times and sizes the ops of one region's forward (module docstring). After the
-    block: ops (the keepable ones, as the region_profile dump lists them), count (every op),
-    own_seconds (the meter's time around the ops, to take out of the region's)."""
+    block: ops (the keepable ones, as the region_profile dump lists them; figures=True), count
+    (every op), own_seconds (the meter's time around the ops, to take out of the region's),
+    must_save (why the region's recompute would not give back what its forward gave, or None)."""
 
-    def __init__(self, cuda=False):
+    def __init__(self, cuda=False, figures=True):
         super().__init__()
         self.ops = []
         self.count = 0
         self.own_seconds = 0.0
+        self.must_save = None
         self._cuda = cuda
+        self._figures = figures
+        self._made = set()  # storage keys of what the region's ops made
+        self._defaults = _default_generators()
         self._events = []  # (entry in ops, start event, end event) on CUDA
+
+    def _check(self, func, args, kwargs):
+        """Sets must_save where the op draws from a generator of its own or writes into a tensor
+        the region did not make."""
+        generator = kwargs.get("generator")
+        if generator is not None and id(generator) not in self._defaults:
+            self.must_save = (f"it draws from a torch.Generator of its own ({op_name(func)}), which recompute "
+                              f"would draw from again")
+            return
+        schema = func._schema
+        if not schema.is_mutable:
+            return
+        for position, argument in enumerate(schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = args[position] if position < len(args) and not argument.kwarg_only else kwargs.get(argument.name)
+            for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(tensor, torch.Tensor) and _key(tensor) not in self._made:
+                    self.must_save = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
+                                      f"{_describe(tensor)}: a BatchNorm's running statistics, a cache), which "
+                                      f"recompute would write again")
+                    return
+
+    def _made_by(self, out):
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self._made.add(_key(tensor))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entered = time.thread_time_ns()
         kwargs = kwargs or {}
-        if is_view(func):
+        if self.must_save is None:
+            self._check(func, args, kwargs)
+        if not numbered(func):
             return func(*args, **kwargs)
         index = self.count
         self.count += 1
-        if not keepable(func):
+        if not self._figures or not keepable(func):
             started = time.thread_time_ns()
             out = func(*args, **kwargs)
             finished = time.thread_time_ns()
+            self._made_by(out)
             self.own_seconds += (started - entered + time.thread_time_ns() - finished) / 1e9
             return out
         inputs = _input_keys(args, kwargs)
@@ -157,6 +224,7 @@ class OpMeter(TorchDispatchMode):
         finished = time.thread_time_ns()
         if self._cuda:
             end.record()
+        self._made_by(out)
         storages = output_storages(out, inputs)
         if storages:
             entry = {"index": index, "op": op_name(func), "bytes": sum(storages.values()),

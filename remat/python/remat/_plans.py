@@ -71,10 +71,10 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     if profile is None and in_force is None:
         return call(fn, None)
     run = _CheckpointRun(name, None if in_force is None else in_force.plan._choices(), profile,
-                         None if in_force is None else in_force.plan._kept_ops)
+                         None if in_force is None else in_force.plan._kept_ops,
+                         None if in_force is None else in_force.plan._must_save)
     # Profiled or watched, the settings are chosen here, region by region; the runtime is given a
     # plan naming no region, so that it takes them as they come and runs as it does under a plan.
-    # (A watched step keeps no op outputs: its regions recompute whole, with less memory.)
     if profile is not None:
         return profile.run_checkpoint(name, args, kwargs, lambda: call(run.body(fn), _no_choices()))
     if in_force.watch is not None and torch.is_grad_enabled():
@@ -114,12 +114,13 @@ class _CheckpointRun:
     be saved that its code recomputes: its outputs are kept for recompute, since code between
     regions may read them again there."""
 
-    def __init__(self, name, choices, profile, kept_ops=None):
+    def __init__(self, name, choices, profile, kept_ops=None, must_save=()):
         self.name = name
         self.choices = choices  # None while profiling
         self.profile = profile
         self.watch = None  # the _CallWatch of a watched plan, which then applies the choices here
         self.kept_ops = kept_ops or {}  # region -> {op index: op name} a per-op plan keeps
+        self.must_save = must_save or ()  # the plan's entries whose regions no step may recompute
         self._keeps = {}  # region -> its RegionKeep in this call, from forward to recompute
         self.ran = []  # (path, planned) of the regions forward ran that are not part of a planned region
         self._open = []  # for each region open now: whether it, or one around it, took the plan's choice
@@ -178,17 +179,22 @@ class _CheckpointRun:
         finally:
             self._open.pop()
 
+    def _may_recompute(self, path):
+        return not any(entry == path or ("*" in entry and _budget.matches(entry, path)) for entry in self.must_save)
+
     def _run_watched_region(self, path, own_recompute, call, args):
         """A region under a watched plan, which the runtime runs with no plan of its own: the
         setting passed is the one the runtime would take from the plan (run_region), and inside a
         saved region it runs inert (False). A top-level region recomputes once the step has
-        diverged. Recompute runs each region as forward ran it."""
+        diverged, but for one the plan must save; until then a region the plan recomputes keeps
+        the ops the plan keeps. Recompute runs each region as forward ran it."""
         recomputing = _C.is_recomputing()
         occurrence = self._seen.get(path, 0)
         self._seen[path] = occurrence + 1
         top_level = not self._open
+        keeps_ops = False  # recomputed keeping the plan's ops: the plan's choice, the step not diverged
         if recomputing:
-            recompute = self._settings.get((path, occurrence), own_recompute)
+            recompute, keeps_ops = self._settings.get((path, occurrence), (own_recompute, False))
             planned = False
         elif not top_level and not all(setting for setting, _ in self._open):
             recompute, planned = False, False
@@ -198,13 +204,21 @@ class _CheckpointRun:
             inside_planned = any(taken for _, taken in self._open)
             if planned or not inside_planned:
                 self.ran.append((path, planned))
-            if top_level and self.watch.region(path, args):
-                choice, planned = True, True  # the step has diverged: the least memory
+            diverged = top_level and self.watch.region(path, args) and self._may_recompute(path)
+            if diverged:
+                choice, planned = True, True  # the least memory
             recompute = choice if planned else True if inside_planned else own_recompute
-            self._settings[(path, occurrence)] = recompute
+            keeps_ops = recompute and not diverged and path in self.kept_ops
+            self._settings[(path, occurrence)] = (recompute, keeps_ops)
+        wrap = None
+        if keeps_ops:
+            keep = self._keeps.get((path, occurrence))
+            if keep is None:
+                keep = self._keeps[(path, occurrence)] = RegionKeep(path, self.kept_ops[path])
+            wrap = lambda body: keep.wrap(body, recomputing)  # noqa: E731
         self._open.append((recompute, planned or any(taken for _, taken in self._open)))
         try:
-            out = call(recompute)
+            out = call(recompute, wrap)
         finally:
             self._open.pop()
         if not recomputing:
@@ -406,6 +420,8 @@ class Plan:
         self._kept_ops = {r["name"]: {op["index"]: op["op"] for op in r["kept_ops"]} for r in listed
                           if r.get("kept_ops")}
         self.kept_ops = {name: sorted(ops.items()) for name, ops in self._kept_ops.items()}
+        # region (or pattern) -> why it must be saved: no step recomputes it, diverged or not
+        self._must_save = {r["name"]: r["must_save"] for r in listed if r.get("must_save")}
         self._patterns = [entry for entry in self.decisions if "*" in entry]
         # pattern -> the regions of the profile it stands for (a grouped plan's)
         self._pattern_counts = {r["name"]: r["count"] for r in listed if "*" in r["name"]}
@@ -493,6 +509,8 @@ class Plan:
             cost = self._costs.get(name)
             saved = f"{cost.saved_bytes:>14}" if cost else f"{'':>14}"
             seconds = f"{cost.seconds:>10.6g}" if cost else f"{'':>10}"
+            if name in self._must_save:
+                choice += f" (must be saved: {self._must_save[name]})"
             kept = self.kept_ops.get(name)
             if kept:
                 choice += f", keeping {len(kept)} op(s): " + ", ".join(f"{index} {op}" for index, op in kept)
@@ -674,7 +692,7 @@ class profile_regions:
     def __init__(self, *, timer="auto", ops=False):
         self._timer = timer_arg("profile_regions", timer)
         self._ops = flag_arg("profile_regions", "ops", ops)
-        self._meters = {}       # region -> [OpMeter of each call] (ops=True)
+        self._meters = {}       # region -> [OpMeter of each call]
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
         self._order = []        # region names in the order they first ran
@@ -691,8 +709,7 @@ class profile_regions:
             raise RuntimeError("profile_regions: a profile is being measured on this thread already; profile one "
                                "step at a time")
         _state.session = self
-        if self._ops:
-            interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
+        interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
         self._step = StepRecorder()
         self._step.begin()
         self._shape = StepShape()
@@ -714,7 +731,7 @@ class profile_regions:
             seconds = sum(t[0].elapsed_time(t[1]) / 1000.0 if isinstance(t, tuple) else t for t in self._timings[name])
             region = {"name": name, "saved_bytes": self._bytes.get(name, 0), "seconds": max(seconds, 0.0)}
             if name in self._meters:
-                self._add_ops(region, self._meters[name], cuda=self._device.startswith("cuda"))
+                self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"), ops=self._ops)
             regions.append(region)
         doc = {"kind": "region_profile", "schema_version": 1, "device_name": self._device,
                "timer": ("wall_time" if self._timer == "wall" else
@@ -771,11 +788,12 @@ class profile_regions:
         return out
 
     def op_meter(self, name):
-        """The wrapper of a region's body that measures its ops (ops=True; the outermost region in
-        forward only, as time_region times it), else None."""
-        if not self._ops or self._depth > 0 or _C.is_recomputing():
+        """The wrapper of a region's body that watches its ops (the outermost region in forward
+        only, as time_region times it; else None): what makes it unsafe to recompute, and with
+        ops=True each op's figures."""
+        if self._depth > 0 or _C.is_recomputing():
             return None
-        meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized())
+        meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops)
         self._meters.setdefault(name, []).append(meter)
 
         def measured_body(body):
@@ -789,10 +807,23 @@ class profile_regions:
         return measured_body
 
     @staticmethod
-    def _add_ops(region, meters, cuda):
-        """The region's per-op figures from the meters of its calls: each op added up over the
-        calls, which must have run the same ops (else the region gets none); the meters' own time
-        taken out of the region's seconds, on the CPU clock."""
+    def _add_meters(region, meters, cuda, ops):
+        """What the meters of the region's calls found: why it must be saved (any call's reason),
+        the meters' own time taken out of the region's seconds on the CPU clock, and with `ops`
+        its per-op figures, each op added up over the calls, which must have run the same ops
+        (else the region gets none)."""
+        reason = next((meter.must_save for meter in meters if meter.must_save), None)
+        if reason is not None:
+            region["must_save"] = reason
+        count = sum(m.count for m in meters)
+        per_op = interception_seconds()
+        if not cuda:
+            region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
+        if ops:
+            profile_regions._add_ops(region, meters, count * per_op / len(meters))
+
+    @staticmethod
+    def _add_ops(region, meters, overhead):
         for meter in meters:
             meter.finish()
         first = meters[0]
@@ -804,13 +835,9 @@ class profile_regions:
             for total, op in zip(ops, meter.ops):
                 total["bytes"] += op["bytes"]
                 total["seconds"] += op["seconds"]
-        per_op = interception_seconds()
-        count = sum(m.count for m in meters)
-        if not cuda:
-            region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
         region["seconds"] = max(region["seconds"], sum(op["seconds"] for op in ops))
         region["ops"] = ops
-        region["op_overhead_seconds"] = count * per_op / len(meters)
+        region["op_overhead_seconds"] = overhead
 
     def time_region(self, name, call, args=()):
         if self._depth > 0 or _C.is_recomputing():

@@ -40,6 +40,10 @@ struct RegionCost {
   // adds to one run of it (a plan that keeps ops pays it in forward and again in recompute).
   std::vector<OpCost> ops;
   double op_overhead_seconds = 0;
+  // Why the region must be saved, where its recompute would not give back what its forward gave
+  // (it draws from a generator of its own, it writes into state it did not make: a BatchNorm's
+  // running statistics, a cache); empty where it may recompute. Every plan saves such a region.
+  std::string must_save;
 };
 
 struct RegionProfile {
@@ -85,10 +89,13 @@ struct Plan {
 void check_seconds_add_up(const RegionProfile& profile);
 
 // The plan that recomputes the fewest seconds with base_bytes plus the saved regions' bytes at
-// most `budget_bytes`. Throws BudgetError for a budget below base_bytes, naming that minimum.
+// most `budget_bytes`. Throws BudgetError for a budget below least_kept_bytes, naming that minimum.
 Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes);
 
-// The fastest plan at `steps` budgets spread evenly from base_bytes to everything saved
+// What every plan keeps: base_bytes and the bytes of the regions that must be saved.
+std::uint64_t least_kept_bytes(const RegionProfile& profile);
+
+// The fastest plan at `steps` budgets spread evenly from least_kept_bytes to everything saved
 // (at least 2: both ends; fewer where the range holds fewer distinct budgets).
 std::vector<Plan> frontier(const RegionProfile& profile, std::size_t steps);
 

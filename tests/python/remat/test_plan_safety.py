@@ -1,0 +1,252 @@
+"""What a plan must not change: regions whose recompute would not give back what forward gave are
+saved by every plan (they draw from a generator of their own, they write into state such as a
+BatchNorm's running statistics), and per-op plans keep only ops they can hand back unchanged."""
+
+import copy
+import json
+import subprocess
+
+import pytest
+import torch
+
+import remat
+from remat._kept_ops import held_storages
+from remat._plans import RegionProfile
+from torch.utils._python_dispatch import TorchDispatchMode
+from test_budget_plans import remat_report
+
+
+def _noisy_model():
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+    generator = torch.Generator().manual_seed(123)
+
+    def noisy(t):
+        return torch.tanh(t @ w) + 0.1 * torch.randn(t.shape, generator=generator)
+
+    def body(x):
+        h = remat.region(noisy, "noise", recompute=False)(x)
+        return remat.region(lambda t: torch.sin(t @ w), "mlp")(h)
+
+    x0 = torch.randn(4, 16)
+
+    def step(checkpointed=True):
+        generator.manual_seed(7)
+        w.grad = None
+        x = x0.clone().requires_grad_(True)
+        y = remat.checkpoint(region_name="k")(body)(x) if checkpointed else body(x)
+        y.sum().backward()
+        return w.grad.clone()
+
+    return step
+
+
+def test_a_region_drawing_from_its_own_generator_is_saved_by_every_plan(tmp_path):
+    step = _noisy_model()
+    reference = step(checkpointed=False)
+    with remat.tag_cpu_tensors(), remat.profile_regions() as profile:
+        step()
+    doc = json.loads(profile.to_json())
+    reasons = {r["name"]: r.get("must_save") for r in doc["regions"]}
+    assert reasons["k::mlp"] is None
+    assert "torch.Generator of its own" in reasons["k::noise"] and "aten::randn" in reasons["k::noise"]
+    noise_bytes = next(r.saved_bytes for r in profile.regions if r.name == "k::noise")
+    assert noise_bytes > 0
+
+    least = profile.plan(budget_bytes=profile.base_bytes + noise_bytes)
+    assert least.decisions == {"k::noise": "save", "k::mlp": "recompute"}
+    assert "must be saved" in least.format()
+    with remat.use_plan(least):
+        assert torch.equal(step(), reference)
+    peak_least = profile.plan(peak_bytes=profile.least_peak_bytes())
+    assert peak_least.decisions["k::noise"] == "save"
+    assert all(point.decisions["k::noise"] == "save" for point in profile.frontier(steps=5))
+    assert profile.plan(budget_bytes=profile.base_bytes + noise_bytes, group=True).decisions["k::noise"] == "save"
+
+    # remat-report advise makes the same plan from the dump and says why the region is saved.
+    dump = tmp_path / "profile.json"
+    profile.to_json(str(dump))
+    budget = profile.base_bytes + noise_bytes
+    run = subprocess.run([remat_report(), "advise", str(dump), "--budget", f"{budget}B"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "'k::noise' must be saved: it draws from a torch.Generator of its own" in run.stdout
+    run = subprocess.run([remat_report(), "advise", str(dump), "--budget", f"{budget}B", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert json.loads(run.stdout)["decisions"] == least.decisions
+
+    # Below what every plan keeps: the error names the region that must be saved and the least budget.
+    with pytest.raises(ValueError, match=r"must be saved \('k::noise'\).*smallest budget a plan can meet is "
+                                         + str(profile.base_bytes + noise_bytes)):
+        profile.plan(budget_bytes=profile.base_bytes + noise_bytes - 1)
+    # The figure survives the dump, and an edited plan recomputing the region is refused.
+    assert RegionProfile.from_json(profile.to_json()).plan(budget_bytes=profile.base_bytes + noise_bytes).decisions \
+        == least.decisions
+    edited = json.loads(least.to_json())
+    edited["decisions"]["k::noise"] = "recompute"
+    for region in edited["regions"]:
+        if region["name"] == "k::noise":
+            region["decision"] = "recompute"
+    with pytest.raises(ValueError, match="recomputes 'k::noise', which must be saved"):
+        remat.load_plan(json.dumps(edited))
+
+
+class _BatchNormLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.bn = torch.nn.BatchNorm1d(16)
+
+    def forward(self, x):
+        h = remat.region(lambda t: torch.tanh(self.bn(self.lin(t))), "bn", recompute=False)(x)
+        return remat.region(lambda t: torch.sin(self.lin(t)), "mlp")(h)
+
+
+def test_a_region_updating_batchnorm_statistics_is_saved_by_every_plan():
+    torch.manual_seed(0)
+    model = _BatchNormLayer()
+    reference = copy.deepcopy(model)
+    x = torch.randn(32, 16)
+
+    def step(m, checkpointed):
+        out = remat.checkpoint(region_name="c")(m)(x) if checkpointed else m(x)
+        out.square().sum().backward()
+
+    with remat.profile_regions() as profile:
+        step(model, True)
+    step(reference, False)
+    reasons = {r["name"]: r.get("must_save") for r in json.loads(profile.to_json())["regions"]}
+    assert "writes in place into a tensor it did not make" in reasons["c::bn"]
+    assert reasons["c::mlp"] is None
+    saved = {r.name: r.saved_bytes for r in profile.regions}
+    least = profile.plan(budget_bytes=profile.base_bytes + saved["c::bn"])
+    assert least.decisions == {"c::bn": "save", "c::mlp": "recompute"}
+    plan = profile.plan(peak_bytes=profile.least_peak_bytes()) if profile.step_peak_bytes else least
+    for chosen in (least, plan):
+        assert chosen.decisions["c::bn"] == "save"
+        with remat.use_plan(chosen):
+            step(model, True)
+        step(reference, False)
+        assert torch.equal(model.bn.running_mean, reference.bn.running_mean)
+        assert torch.equal(model.bn.running_var, reference.bn.running_var)
+        assert model.bn.num_batches_tracked.item() == reference.bn.num_batches_tracked.item()
+        for ours, theirs in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(ours.grad, theirs.grad)
+
+
+class _CountMatmuls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mm.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _profile_with_heavy_ops(profile):
+    """The profile with every op's time raised well above the rest of its region's, so that a
+    per-op plan surely keeps ops (the measured times on a shared machine need not)."""
+    doc = json.loads(profile.to_json())
+    for region in doc["regions"]:
+        region["seconds"] = region["seconds"] * 1000 + 1
+        for op in region.get("ops", []):
+            op["seconds"] = op["seconds"] * 1000 + 0.1
+    return RegionProfile(json.dumps(doc))
+
+
+def test_a_per_op_plan_made_in_process_keeps_its_ops_under_use_plan():
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, requires_grad=True)
+
+    def layer(x):
+        h = remat.region(lambda t: torch.tanh(t @ w), "attn")(x)
+        return remat.region(lambda t: (torch.sigmoid(t @ w) * t).sin(), "mlp")(h)
+
+    def model(x):
+        for index in range(2):
+            x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+        return x.sum()
+
+    x = torch.randn(8, 64, requires_grad=True)
+    w.grad = None
+    model(x).backward()
+    reference = w.grad.clone()
+    with remat.profile_regions(ops=True) as profile:
+        model(x).backward()
+    heavy = _profile_with_heavy_ops(profile)
+    heavy._shape = profile._shape  # as made in process: the plan watches the step
+    plan = None
+    for share in range(1, 8):
+        plan = heavy.plan(budget_bytes=heavy.base_bytes + (heavy.all_saved_bytes - heavy.base_bytes) * share // 8,
+                          ops=True)
+        if plan.kept_ops:
+            break
+    assert plan.kept_ops and plan._step_watch() is not None
+
+    def run(chosen):
+        w.grad = None
+        with remat.use_plan(chosen):
+            loss = model(x)
+            held = sum(held_storages().values())
+            counter = _CountMatmuls()
+            with counter:
+                loss.backward()
+        assert torch.equal(w.grad, reference)
+        return held, counter.count
+
+    # The plan as made (watched) and as read from its dump (not watched) keep the same ops.
+    held, matmuls = run(plan)
+    assert held > 0
+    assert (held, matmuls) == run(remat.load_plan(plan.to_json()))
+
+
+def test_per_op_plans_hold_under_autocast():
+    torch.manual_seed(0)
+    w = torch.randn(32, 32, requires_grad=True)
+    x0 = torch.randn(8, 32)
+
+    def body(t):
+        h = remat.region(lambda u: torch.tanh(u @ w), "a")(t)
+        return remat.region(lambda u: torch.sigmoid(u @ w) * u, "b")(h)
+
+    def step(checkpointed, plan=None):
+        w.grad = None
+        x = x0.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = x
+            for index in range(2):
+                out = remat.checkpoint(region_name=f"l{index}", plan=plan)(body)(out) if checkpointed else body(out)
+            loss = out.float().sum()
+        loss.backward()
+        return x.grad.clone(), w.grad.clone()
+
+    reference = step(False)
+    with remat.profile_regions(ops=True) as profile:
+        step(True)
+    assert all(op["op"] != "aten::_to_copy" for ops in profile.ops.values() for op in ops)
+    heavy = _profile_with_heavy_ops(profile)
+    keeping = 0
+    for share in range(1, 8):
+        plan = heavy.plan(budget_bytes=heavy.base_bytes + (heavy.all_saved_bytes - heavy.base_bytes) * share // 8,
+                          ops=True)
+        keeping += bool(plan.kept_ops)
+        got = step(True, plan)
+        assert all(torch.equal(a, b) for a, b in zip(got, reference)), plan.kept_ops
+    assert keeping > 0
+
+
+def test_ops_whose_output_size_depends_on_the_values_are_never_kept():
+    torch.manual_seed(0)
+    w = torch.randn(32, 32, requires_grad=True)
+
+    def body(t):
+        return remat.region(lambda u: torch.tanh(u @ w)[torch.tanh(u @ w) > 0].sum() * u, "a")(t)
+
+    x = torch.randn(8, 32, requires_grad=True)
+    with remat.profile_regions(ops=True) as profile:
+        remat.checkpoint(region_name="l")(body)(x).sum().backward()
+    names = [op["op"] for op in profile.ops["l::a"]]
+    assert "aten::mm" in names
+    assert "aten::index.Tensor" not in names and "aten::nonzero" not in names
