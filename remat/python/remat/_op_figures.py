@@ -10,8 +10,8 @@ outputs are views of their inputs (nothing to keep, nothing to spare; not number
 runtime's saved-tensor hooks run some, differently in a saved region and a recomputed one), and
 random ops (keeping one would skip its draw in recompute and move every later draw of the region).
 
-The same watch finds what makes a region unsafe to recompute, in every profile (per-op figures
-or not): an op that draws from a torch.Generator of the region's own (recompute would draw other
+The same watch finds what makes a region unsafe to recompute (in every region whose code saves
+it, and with per-op figures in every region): an op that draws from a torch.Generator of the region's own (recompute would draw other
 numbers; the RNG state hooks restore the default generators only), or one that writes in place
 into a tensor the region did not make (a BatchNorm's running statistics, a cache: recompute would
 write it again). A plan saves such a region (the profile's "must_save").
@@ -157,13 +157,14 @@ def _describe(tensor):
 class OpMeter(TorchDispatchMode):
     """Numbers, times and sizes the ops of one region's forward (module docstring). After the
     block: ops (the keepable ones, as the region_profile dump lists them; figures=True), count
-    (every op), own_seconds (the meter's time around the ops, to take out of the region's),
+    (the numbered ops), intercepted (every op the mode saw, views and copies included), own_seconds (the meter's time around the ops, to take out of the region's),
     must_save (why the region's recompute would not give back what its forward gave, or None)."""
 
     def __init__(self, cuda=False, figures=True):
         super().__init__()
         self.ops = []
         self.count = 0
+        self.intercepted = 0
         self.own_seconds = 0.0
         self.must_save = None
         self._cuda = cuda
@@ -204,17 +205,18 @@ class OpMeter(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.must_save is None:
             self._check(func, args, kwargs)
-        if not numbered(func):
-            return func(*args, **kwargs)
-        index = self.count
-        self.count += 1
-        if not self._figures or not keepable(func):
+        self.intercepted += 1
+        if not numbered(func) or not self._figures or not keepable(func):
+            if numbered(func):
+                self.count += 1
             started = time.thread_time_ns()
             out = func(*args, **kwargs)
             finished = time.thread_time_ns()
             self._made_by(out)
             self.own_seconds += (started - entered + time.thread_time_ns() - finished) / 1e9
             return out
+        index = self.count
+        self.count += 1
         inputs = _input_keys(args, kwargs)
         if self._cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

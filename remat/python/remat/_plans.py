@@ -160,7 +160,7 @@ class _CheckpointRun:
 
         wrap = None
         if self.profile is not None:
-            wrap = self.profile.op_meter(path)
+            wrap = self.profile.op_meter(path, own_recompute)
         elif recompute and path in self.kept_ops:
             keep = self._keeps.get(path)
             if keep is None:
@@ -787,11 +787,13 @@ class profile_regions:
         self._shape.record_backward(out)
         return out
 
-    def op_meter(self, name):
+    def op_meter(self, name, own_recompute):
         """The wrapper of a region's body that watches its ops (the outermost region in forward
-        only, as time_region times it; else None): what makes it unsafe to recompute, and with
-        ops=True each op's figures."""
-        if self._depth > 0 or _C.is_recomputing():
+        only, as time_region times it; else None): with ops=True each op's figures, and in a
+        region its code saves what would make a plan's recompute of it wrong (a region its code
+        recomputes recomputes so anyway; watching costs each op a few microseconds, which the
+        region's seconds keep in part)."""
+        if self._depth > 0 or _C.is_recomputing() or (own_recompute and not self._ops):
             return None
         meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops)
         self._meters.setdefault(name, []).append(meter)
@@ -815,7 +817,7 @@ class profile_regions:
         reason = next((meter.must_save for meter in meters if meter.must_save), None)
         if reason is not None:
             region["must_save"] = reason
-        count = sum(m.count for m in meters)
+        count = sum(m.intercepted for m in meters)
         per_op = interception_seconds()
         if not cuda:
             region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)

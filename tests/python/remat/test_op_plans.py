@@ -309,11 +309,19 @@ def test_hugging_face_llama_under_per_op_plans_keeps_at_most_the_prediction_with
         profiled(input_ids=ids, labels=ids).loss.backward()
     assert any(op["op"] == "aten::mm" for ops in profile.ops.values() for op in ops)
     low, high = profile.base_bytes, profile.all_saved_bytes
-    # Which ops a plan keeps follows the measured times; beside the profile as measured, one whose
-    # matmuls take half their region's time, so that some plan surely keeps ops.
+    # Which ops a plan keeps follows the measured times; beside the profile as measured, one where
+    # regions with matmuls take 100 times as long, half of it in their matmuls, and the others
+    # next to no time, so that keeping a matmul outweighs what watching the region's ops costs and
+    # some plan surely keeps ops.
     doc = json.loads(profile.to_json())
     for region in doc["regions"]:
         matmuls = [op for op in region.get("ops", []) if op["op"] == "aten::mm"]
+        if not matmuls:
+            region["seconds"] = 1e-6
+            for op in region.get("ops", []):
+                op["seconds"] = 1e-6 / (1 + len(region["ops"]))
+            continue
+        region["seconds"] *= 100
         for op in matmuls:
             op["seconds"] = region["seconds"] / (2 * len(matmuls))
     heavy = remat.RegionProfile.from_json(json.dumps(doc))
