@@ -62,6 +62,7 @@ class StepRecorder:
         self._current = None         # the checkpoint call whose forward runs now
         self._forward = -1           # its number
         self._region_stack = []
+        self._leaves = {}            # checkpoint call -> storages of the leaf tensors it was given
         self.start_bytes = 0
         self.peak_bytes = 0
 
@@ -137,7 +138,11 @@ class StepRecorder:
         if not self.enabled:
             return call(), None
         self._transient = {}
+        # Leaves it is given (the batch, parameters) are allocated whatever the plan: where a saved
+        # region keeps one, recomputing it frees nothing.
         index = len(self.checkpoints)
+        self._leaves[index] = {(str(t.device), t.untyped_storage().data_ptr())
+                               for t in tensors_in((args, kwargs)) if t.is_leaf}
         record = {"name": name, "inputs": sorted({self._storage_id(t, keep=False) for t in _held_by_step(args, kwargs)}),
                   "kept_inputs": [], "regions": []}
         self.checkpoints.append(record)
@@ -157,11 +162,14 @@ class StepRecorder:
         if index is None:
             return
         record = self.checkpoints[index]
+        leaves = self._leaves.pop(index)
         kept_by_region = {}
         for region in reports:
             ids = set()
             for t in region.tensors:
                 key = (t.device, t.address)
+                if key in leaves:
+                    continue
                 if key not in self._alive:
                     found = self._transient.get(key)
                     if found is None:
