@@ -22,6 +22,8 @@ from the "step" object of the region_profile dump, so remat-report advise --peak
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import remat_alloc
 
@@ -63,6 +65,8 @@ class StepRecorder:
         self._forward = -1           # its number
         self._region_stack = []
         self._leaves = {}            # checkpoint call -> storages of the leaf tensors it was given
+        self._awaiting = {}          # checkpoint call -> its backward hook (weakly: alive with its graph), until it runs
+        self._closed = False
         self.start_bytes = 0
         self.peak_bytes = 0
 
@@ -90,7 +94,7 @@ class StepRecorder:
     def mark(self, peak=None):
         """Ends the segment running now (its peak since the last mark, or `peak` where the caller
         took it) and starts the next."""
-        if not self.enabled:
+        if not self.enabled or self._closed:  # a backward after the profile ended is not measured
             return
         if peak is None:
             peak = self._window.take()
@@ -109,8 +113,14 @@ class StepRecorder:
 
     def close(self):
         """Closes the peak window (after end(), or for a step abandoned by an exception)."""
-        if self.enabled:
+        if self.enabled and not self._closed:
+            self._closed = True
             self._window.close()
+
+    def backward_pending(self):
+        """The checkpoint calls whose backward is still to come: forward done, backward not begun,
+        their graph alive (a forward whose loss was dropped has no backward to come)."""
+        return [self.checkpoints[index]["name"] for index, hook in self._awaiting.items() if hook() is not None]
 
     # --- storages -------------------------------------------------------------------------------
 
@@ -196,12 +206,14 @@ class StepRecorder:
             def backward_begins(grad):
                 if not began[0]:
                     began[0] = True
+                    self._awaiting.pop(index, None)
                     self.mark()
                     self._recomputing = index
                 return grad
 
             for t in outputs:
                 t.register_hook(backward_begins)
+            self._awaiting[index] = weakref.ref(backward_begins)
 
             def backward_ends(grad):
                 if index in self._live:
