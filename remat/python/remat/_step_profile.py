@@ -66,6 +66,7 @@ class StepRecorder:
         self._region_stack = []
         self._leaves = {}            # checkpoint call -> storages of the leaf tensors it was given
         self._awaiting = {}          # checkpoint call -> its backward hook (weakly: alive with its graph), until it runs
+        self._backward_began = False
         self._closed = False
         self.start_bytes = 0
         self.peak_bytes = 0
@@ -118,8 +119,11 @@ class StepRecorder:
             self._window.close()
 
     def backward_pending(self):
-        """The checkpoint calls whose backward is still to come: forward done, backward not begun,
-        their graph alive (a forward whose loss was dropped has no backward to come)."""
+        """The checkpoint calls whose backward is still to come where the step's backward has not
+        begun: forward done, their graph alive (a forward whose loss was dropped has no backward to
+        come; once backward began, a call it does not reach, an output the loss does not use, has none)."""
+        if self._backward_began:
+            return []
         return [self.checkpoints[index]["name"] for index, hook in self._awaiting.items() if hook() is not None]
 
     # --- storages -------------------------------------------------------------------------------
@@ -207,6 +211,7 @@ class StepRecorder:
                 if not began[0]:
                     began[0] = True
                     self._awaiting.pop(index, None)
+                    self._backward_began = True
                     self.mark()
                     self._recomputing = index
                 return grad

@@ -311,6 +311,11 @@ def test_backward_after_the_profile_ended_is_an_error_at_its_end_and_the_backwar
         assert x.grad is not None
         with remat.profile_regions():
             model(x)  # a forward whose loss is dropped has no backward to come: nothing to wait for
+        x.grad = None
+        with remat.profile_regions() as profile:  # an output the loss does not use has no backward to come
+            unused = remat.checkpoint(region_name="unused")(model.layers[0])(x)
+            model(x).backward()
+        assert unused.requires_grad and len(profile.regions) == 10 and profile.step_peak_bytes > 0
     with remat.profile_regions() as uncounted:  # nothing of the step measured: forward alone is a profile
         loss = model(x)
     loss.backward()
