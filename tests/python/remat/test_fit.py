@@ -262,6 +262,7 @@ def test_eval_forwards_run_as_they_are_and_end_the_profiled_step(unlimited):
 def _steps_with_a_no_grad_forward_before_backward(budget, steps=3):
     """Steps whose loop runs the model under no_grad between the forward and its backward (a
     metric, a target): the measured peaks and the fit state."""
+    gc.collect()  # models of earlier runs freed now, not inside the measured steps
     torch.manual_seed(0)
     peaks = []
     with remat.tag_cpu_tensors(), warnings.catch_warnings():

@@ -6,6 +6,7 @@ checkpointing; remat-report advise --peak makes the same plan. Budgets below eve
 profiles taken without gradients or without a counting allocator are errors naming the fix."""
 
 import contextlib
+import gc
 import json
 import os
 import pathlib
@@ -360,6 +361,7 @@ def test_a_batch_the_first_region_keeps_is_not_freed_by_recomputing_it(tagged, b
     # where it is recomputed the batch is still allocated. Every plan of the frontier by step
     # peak (some recompute layers.0::attn) peaks at most at its prediction, the optimizer step
     # included.
+    gc.collect()  # tensors of earlier tests freed now, not by a collection inside the measured steps
     torch.manual_seed(0)
     model = _LinearLayers()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
