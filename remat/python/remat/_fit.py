@@ -39,6 +39,7 @@ remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
 from __future__ import annotations
 
 import math
+import weakref
 
 import remat_alloc
 import torch
@@ -121,6 +122,7 @@ class FitState:
         # (memory_stats(), PyTorch's max_memory_allocated()) stay the user's to read and reset.
         self._window = None
         self._window_peak = 0
+        self._awaiting = None       # a planned step's backward hook (weakly: alive with its graph), until it runs
 
     def _read_peak(self):
         """The most requested bytes held since _restart_peak()."""
@@ -142,6 +144,21 @@ class FitState:
             self._window.close()
 
     # --- between steps ---------------------------------------------------------------------------
+
+    def backward_pending(self):
+        """Whether the step's backward is still to come: its training forward is done, its backward
+        has not begun, and its graph is alive."""
+        if self.measuring is not None:
+            return bool(self.measuring[0]._step.backward_pending())
+        return self._awaiting is not None and self._awaiting() is not None
+
+    def discard_profile(self):
+        """Drops the profile of a step whose forward raised: the next training step is profiled afresh."""
+        if self.measuring is not None:
+            session, _ = self.measuring
+            self.measuring = None
+            self.profiled_steps -= 1
+            session.__exit__(RuntimeError, None, None)
 
     def finish_step(self):
         """Ends the training step before this point: closes its profile, or checks the measured
@@ -256,10 +273,12 @@ class FitState:
             self.backward_peak = max(self.backward_peak or 0, self._read_peak())
 
         def backward_began(grad):
+            self._awaiting = None
             torch.autograd.Variable._execution_engine.queue_callback(backward_ended)
             return grad
 
         tensor.register_hook(backward_began)
+        self._awaiting = weakref.ref(backward_began)
 
     # --- one training forward ----------------------------------------------------------------------
 
@@ -377,8 +396,9 @@ class FitState:
 
 class _FitForward:
     """The instance forward fit() sets: a training forward (training mode, grad mode on) begins a
-    step, run profiled or under the plan; any other forward ends the step before it and runs as
-    it is. An object holding the forward it wraps, so unfit() puts that back."""
+    step, run profiled or under the plan (refused while the last one's backward is still to come);
+    any other forward runs as it is, part of the step before its backward (outside its profile),
+    else ending the step before it. An object holding the forward it wraps, so unfit() puts that back."""
 
     def __init__(self, state, inner, own):
         self.__wrapped__ = inner  # inspect.signature follows it
@@ -390,14 +410,34 @@ class _FitForward:
     def __call__(self, *args, **kwargs):
         state = self.state
         if not (state.model.training and torch.is_grad_enabled()):
-            state.finish_step()
-            return self.inner(*args, **kwargs)
+            if not state.backward_pending():
+                state.finish_step()
+                return self.inner(*args, **kwargs)
+            # Before the step's backward (a metric, a target under no_grad): part of the step, run
+            # as it is, outside the step's profile (its memory counted where it runs)
+            session = _plans.profiling()
+            if state.measuring is not None and session is state.measuring[0]:
+                _plans._state.session = None
+            try:
+                return self.inner(*args, **kwargs)
+            finally:
+                _plans._state.session = session
         open_profile = _plans.profiling()
         if open_profile is not None and (state.measuring is None or open_profile is not state.measuring[0]):
             return self.inner(*args, **kwargs)  # the caller's own profile_regions measures this step
+        if state.backward_pending():
+            raise ValueError("remat.fit: this training forward began before the backward of the last one, which fit "
+                             "measures as one step (a forward and its backward): for gradient accumulation call "
+                             "backward on each micro-batch's loss as it is made ((loss / n).backward() adds up the same "
+                             "gradients); to run the model several times for one loss, fit a module whose forward "
+                             "makes all of those calls; a forward whose loss is not used: drop it (del loss) first")
         context = state.begin_step(args, kwargs)
         if context is None:
-            return self.inner(*args, **kwargs)
+            try:
+                return self.inner(*args, **kwargs)
+            except BaseException:
+                state.discard_profile()  # a failed step measures nothing: the next one is profiled afresh
+                raise
         with context:
             out = self.inner(*args, **kwargs)
         state.watch_backward(out)

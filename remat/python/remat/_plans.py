@@ -678,6 +678,8 @@ class profile_regions:
     """`with remat.profile_regions() as profile:` around one ordinary training step (forward and
     backward) measures every region of every checkpoint called inside on this thread; after the
     block, `profile` is a RegionProfile (profile.regions, profile.base_bytes, profile.plan()).
+    Where the step's tensors are counted, a block that ends before the step's backward is a
+    ValueError (the step's memory was not measured).
 
     timer: how a region's forward seconds are measured. "auto": CUDA events on a GPU (the time the
     GPU spent between the region's entry and exit), the thread's CPU time on the CPU (a region that
@@ -720,6 +722,14 @@ class profile_regions:
         if exc_type is not None:
             self._step.close()
             return False
+        pending = self._step.backward_pending()
+        if pending:
+            self._step.close()
+            more = f" and {len(pending) - 1} more checkpoint call(s)" if len(pending) > 1 else ""
+            raise ValueError(f"profile_regions: the block ended before the step's backward (checkpoint '{pending[0]}'"
+                             f"{more} still to run it), so the step's memory was not measured there and no plan's step "
+                             "peak could be predicted: a profile measures one whole training step, so call backward "
+                             "(and the optimizer step) inside the with block")
         self._step.end()
         if not self._order:
             raise ValueError("profile_regions: no region of a checkpoint ran inside the block; run one training step "

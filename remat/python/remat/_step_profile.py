@@ -22,6 +22,8 @@ from the "step" object of the region_profile dump, so remat-report advise --peak
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import remat_alloc
 
@@ -62,6 +64,10 @@ class StepRecorder:
         self._current = None         # the checkpoint call whose forward runs now
         self._forward = -1           # its number
         self._region_stack = []
+        self._leaves = {}            # checkpoint call -> storages of the leaf tensors it was given
+        self._awaiting = {}          # checkpoint call -> its backward hook (weakly: alive with its graph), until it runs
+        self._backward_began = False
+        self._closed = False
         self.start_bytes = 0
         self.peak_bytes = 0
 
@@ -89,7 +95,7 @@ class StepRecorder:
     def mark(self, peak=None):
         """Ends the segment running now (its peak since the last mark, or `peak` where the caller
         took it) and starts the next."""
-        if not self.enabled:
+        if not self.enabled or self._closed:  # a backward after the profile ended is not measured
             return
         if peak is None:
             peak = self._window.take()
@@ -108,8 +114,17 @@ class StepRecorder:
 
     def close(self):
         """Closes the peak window (after end(), or for a step abandoned by an exception)."""
-        if self.enabled:
+        if self.enabled and not self._closed:
+            self._closed = True
             self._window.close()
+
+    def backward_pending(self):
+        """The checkpoint calls whose backward is still to come where the step's backward has not
+        begun: forward done, their graph alive (a forward whose loss was dropped has no backward to
+        come; once backward began, a call it does not reach, an output the loss does not use, has none)."""
+        if self._backward_began:
+            return []
+        return [self.checkpoints[index]["name"] for index, hook in self._awaiting.items() if hook() is not None]
 
     # --- storages -------------------------------------------------------------------------------
 
@@ -137,7 +152,11 @@ class StepRecorder:
         if not self.enabled:
             return call(), None
         self._transient = {}
+        # Leaves it is given (the batch, parameters) are allocated whatever the plan: where a saved
+        # region keeps one, recomputing it frees nothing.
         index = len(self.checkpoints)
+        self._leaves[index] = {(str(t.device), t.untyped_storage().data_ptr())
+                               for t in tensors_in((args, kwargs)) if t.is_leaf}
         record = {"name": name, "inputs": sorted({self._storage_id(t, keep=False) for t in _held_by_step(args, kwargs)}),
                   "kept_inputs": [], "regions": []}
         self.checkpoints.append(record)
@@ -157,11 +176,14 @@ class StepRecorder:
         if index is None:
             return
         record = self.checkpoints[index]
+        leaves = self._leaves.pop(index)
         kept_by_region = {}
         for region in reports:
             ids = set()
             for t in region.tensors:
                 key = (t.device, t.address)
+                if key in leaves:
+                    continue
                 if key not in self._alive:
                     found = self._transient.get(key)
                     if found is None:
@@ -188,12 +210,15 @@ class StepRecorder:
             def backward_begins(grad):
                 if not began[0]:
                     began[0] = True
+                    self._awaiting.pop(index, None)
+                    self._backward_began = True
                     self.mark()
                     self._recomputing = index
                 return grad
 
             for t in outputs:
                 t.register_hook(backward_begins)
+            self._awaiting[index] = weakref.ref(backward_begins)
 
             def backward_ends(grad):
                 if index in self._live:

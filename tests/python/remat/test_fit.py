@@ -259,6 +259,116 @@ def test_eval_forwards_run_as_they_are_and_end_the_profiled_step(unlimited):
             remat.unfit(model)
 
 
+def _steps_with_a_no_grad_forward_before_backward(budget, steps=3):
+    """Steps whose loop runs the model under no_grad between the forward and its backward (a
+    metric, a target): the measured peaks and the fit state."""
+    gc.collect()  # models of earlier runs freed now, not inside the measured steps
+    torch.manual_seed(0)
+    peaks = []
+    with remat.tag_cpu_tensors(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the profiled step over a budget below saving everything is said
+        model = remat.fit(Model(), budget)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        try:
+            for step in range(1, steps + 1):
+                optimizer.zero_grad(set_to_none=True)
+                remat_alloc.reset_peak_stats()
+                loss = model(batch(step))
+                with torch.no_grad():
+                    model(batch(100 + step))
+                loss.backward()
+                optimizer.step()
+                peaks.append(remat_alloc.memory_stats()["requested_bytes_peak"])
+            return peaks, model.remat_fit
+        finally:
+            remat.unfit(model)
+
+
+def test_a_no_grad_forward_before_the_backward_is_part_of_the_step():
+    # It neither ends the profiled step (whose backward is still to come) nor enters its profile.
+    peaks, state = _steps_with_a_no_grad_forward_before_backward("1GiB")
+    assert state.profiled_steps == 1 and state.planned_steps == 2
+    profile = state.latest.profile
+    assert profile.step_peak_bytes == peaks[0] and [r.name for r in profile.regions][:2] == ["layers.0::attn",
+                                                                                             "layers.0::mlp"]
+    assert len(profile.regions) == 8  # the no-grad forward's checkpoints are not in it
+    budget = (profile.least_peak_bytes() + profile.step_peak_bytes) // 2
+    peaks, state = _steps_with_a_no_grad_forward_before_backward(budget)
+    assert 0 < recomputed(state.plan.decisions) < 8
+    assert max(peaks[1:]) <= state.predicted_peak_bytes <= budget, (peaks, state.predicted_peak_bytes, budget)
+
+
+def test_backward_after_the_profile_ended_is_an_error_at_its_end_and_the_backward_still_runs():
+    torch.manual_seed(0)
+    x = batch(1)
+    with remat.tag_cpu_tensors():
+        model = Model()
+        with pytest.raises(ValueError, match=r"profile_regions: the block ended before the step's backward "
+                                             r"\(checkpoint 'layers.0' and 3 more checkpoint call\(s\) still to run "
+                                             r"it\).*call backward \(and the optimizer step\) inside the with block"):
+            with remat.profile_regions():
+                loss = model(x)
+        loss.backward()  # not measured, and no error from the ended profile
+        assert x.grad is not None
+        with remat.profile_regions():
+            model(x)  # a forward whose loss is dropped has no backward to come: nothing to wait for
+        x.grad = None
+        with remat.profile_regions() as profile:  # an output the loss does not use has no backward to come
+            unused = remat.checkpoint(region_name="unused")(model.layers[0])(x)
+            model(x).backward()
+        assert unused.requires_grad and len(profile.regions) == 10 and profile.step_peak_bytes > 0
+    with remat.profile_regions() as uncounted:  # nothing of the step measured: forward alone is a profile
+        loss = model(x)
+    loss.backward()
+    assert len(uncounted.regions) == 8
+
+
+def test_forwards_before_one_backward_are_refused_naming_the_fix_and_per_micro_batch_backward_works():
+    torch.manual_seed(0)
+    with remat.tag_cpu_tensors():
+        model = remat.fit(Model(), "1GiB")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        try:
+            for planned in (False, True):  # refused while profiling and under a plan alike
+                losses = [model(batch(1))]
+                forwards = model.forwards
+                with pytest.raises(ValueError, match=r"remat.fit: this training forward began before the backward of "
+                                                     r"the last one.*for gradient accumulation call backward on each "
+                                                     r"micro-batch's loss"):
+                    model(batch(2))
+                assert model.forwards == forwards  # refused before it ran
+                assert (model.remat_fit.plan is not None) == planned
+                sum(losses).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                del losses
+            model(batch(3))  # a loss dropped without backward: the next forward is a new step
+            for micro in range(4):  # accumulation with a backward per micro-batch
+                (model(batch(micro % 4)) / 4).backward()
+            optimizer.step()
+            assert model.remat_fit.profiled_steps == 1 and model.remat_fit.planned_steps == 6
+        finally:
+            remat.unfit(model)
+
+
+def test_a_profiled_forward_that_raises_is_dropped_and_the_next_step_profiled_afresh():
+    torch.manual_seed(0)
+    with remat.tag_cpu_tensors():
+        model = remat.fit(Model(), "1GiB")
+        try:
+            with pytest.raises(RuntimeError, match="cannot be multiplied"):
+                model(torch.randn(BATCH, SEQUENCE, HIDDEN + 1))  # a bad batch: fails in layers.0
+            assert model.remat_fit.measuring is None and model.remat_fit.profiled_steps == 0
+            model(batch(1)).backward()
+            assert model.remat_fit.measuring is not None
+            model(batch(2)).backward()
+            state = model.remat_fit
+            assert state.profiled_steps == 1 and state.planned_steps == 1 and len(state.profiles) == 1
+            assert recomputed(state.plan.decisions) == 0 and len(state.latest.profile.regions) == 8
+        finally:
+            remat.unfit(model)
+
+
 # --- a Hugging Face Llama under wrap_decoder_layers(budget=) ---------------------------------------
 
 def train_llama(budget, checkpointed=True, steps=4, longer_from=3):
