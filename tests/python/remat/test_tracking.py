@@ -464,3 +464,47 @@ def test_optimizer_state_loaded_with_load_state_dict_stays_tracked(tagged):
     assert type(optimizer.state) is collections.defaultdict
     assert type(optimizer.state[model.head.weight]) is dict
     assert category_of(optimizer.state[model.head.weight]["exp_avg"])[0] != "optimizer_state"
+
+
+class Stack(torch.nn.Module):
+    """Blocks each in a remat checkpoint that keeps only its input: recompute makes the rest."""
+
+    def __init__(self, width=64, depth=3):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block(width) for _ in range(depth))
+
+    def forward(self, x):
+        for index, layer in enumerate(self.layers):
+            x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("hooks", ["c++", "python"])
+def test_what_a_checkpoint_keeps_of_its_inputs_is_an_activation_of_the_module_that_made_it(tagged, monkeypatch, hooks):
+    from remat_alloc import _tracking
+
+    if hooks == "python":
+        monkeypatch.setattr(_tracking, "_native", None)
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.rand(8, 64)
+    model(x).backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    outputs = {}
+    for index, layer in enumerate(model.layers):
+        layer.register_forward_hook(lambda module, args, output, index=index: outputs.__setitem__(index, output))
+    with remat.track(model):
+        loss = model(x)
+        # layers.0 and layers.1 made what checkpoints 1 and 2 keep for recompute; the last block's
+        # output is what square() saves
+        for index in range(3):
+            assert category_of(outputs[index]) == ("activation", f"layers.{index}")
+        assert category_of(x) == ("input", "input")
+        assert category_of(model.layers[1].up.weight) == ("parameter", "layers.1.up.weight")
+        loss.backward()
+    for p, grad in zip(model.parameters(), expected):
+        assert torch.equal(p.grad, grad)
+    outputs.clear()
+    model(x)  # untracked: nothing is named
+    assert category_of(outputs[0]) == ("none", "")
