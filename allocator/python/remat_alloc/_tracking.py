@@ -375,13 +375,15 @@ class Tracker:
 
     def _pack(self, tensor):
         # Kept for backward: an activation of the module that produced it (its module stays),
-        # unless it is something else already (a parameter, an input). One call into the library:
-        # the storage's address is the tensor's less its offset.
+        # unless it is something else already (a parameter, an input) or a parameter tracking does
+        # not know (a leaf that requires grad, or a view of one: it keeps its tag). One call into
+        # the library: the storage's address is the tensor's less its offset.
         try:
             ptr = tensor.data_ptr()
         except RuntimeError:  # sparse and other tensors without one storage
             return tensor, None
-        if ptr:
+        base = tensor._base if tensor._base is not None else tensor
+        if ptr and not (base.is_leaf and base.requires_grad):
             _categorize_as_activation(ptr - tensor.storage_offset() * tensor.element_size(), None)
         # Held without its graph: a tensor autograd saves as its own node's output would otherwise
         # hold that node, and the node the tensor, a cycle Python's collector cannot see. Its

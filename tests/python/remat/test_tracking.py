@@ -508,3 +508,26 @@ def test_what_a_checkpoint_keeps_of_its_inputs_is_an_activation_of_the_module_th
     outputs.clear()
     model(x)  # untracked: nothing is named
     assert category_of(outputs[0]) == ("none", "")
+
+
+@pytest.mark.parametrize("hooks", ["c++", "python"])
+def test_an_untracked_parameter_a_tracked_forward_saves_keeps_its_tag(tagged, monkeypatch, hooks):
+    from remat_alloc import _tracking
+
+    if hooks == "python":
+        monkeypatch.setattr(_tracking, "_native", None)
+    model = Net()
+    with remat.track(model):
+        model.block.extra = torch.nn.Linear(64, 64)  # added after track: not tracked
+        model.head.weight = torch.nn.Parameter(torch.rand(100, 64))  # replaced after track
+        forward = model.block.forward
+        model.block.forward = lambda x: model.block.extra(forward(x))
+        out = model(ids())
+        # Linear saves its weight (a view of it) for backward: a parameter, not an activation
+        assert category_of(model.block.extra.weight) == ("none", "")
+        assert category_of(model.head.weight) == ("none", "")
+        assert category_of(model.block.up.weight) == ("parameter", "block.up.weight")
+        out.float().sum().backward()
+        assert model.block.extra.weight.grad is not None
+    assert category_of(model.block.extra.weight) == ("none", "")
+    assert category_of(model.head.weight) == ("none", "")
