@@ -207,7 +207,10 @@ void name_kept_an_activation(const at::Tensor& kept) {
   if (!alloc::category_in_force() || !kept.defined() || !kept.has_storage()) return;
   const at::TensorBase& base = kept.is_view() ? kept._base() : kept;
   if (base.is_leaf() && base.requires_grad()) return;
-  alloc::categorize_as_activation(kept.storage().data());
+  try {
+    alloc::categorize_as_activation(kept.storage().data());
+  } catch (const c10::Error&) {  // a tensor subclass without accessible storage: left as it is
+  }
 }
 
 // Keeps only the inputs recompute needs, through the checkpoint's hook pair where it has one.
