@@ -320,8 +320,10 @@ TEST(OomReport, TheStderrLineNamesCategoriesAndModulesWhenMemoryHasThem) {
   report.backend = "host";
   report.by_region = {{"<untagged>", 7 * MiB, 9, 0}};
   EXPECT_EQ(oom_summary_line(report, "", "").find("by category"), std::string::npos);
-  report.by_category = {{"optimizer_state", 4 * MiB, 4, 0}, {"parameter", 2 * MiB, 2, 0},
-                        {"gradient", MiB, 2, 0}, {"temporary", 512, 1, 0}};
+  report.by_category = {{"optimizer_state", 4 * MiB, 4, 0},
+                        {"parameter", 2 * MiB, 2, 0},
+                        {"gradient", MiB, 2, 0},
+                        {"temporary", 512, 1, 0}};
   report.by_module = {{"layers.0.mlp", 3 * MiB, 4, 0}, {"layers.1.mlp", 3 * MiB, 4, 0}};
   const std::string line = oom_summary_line(report, "", "");
   EXPECT_NE(line.find("; top holders: <untagged> 7.00 MiB; by category: optimizer_state 4.00 MiB, parameter "
