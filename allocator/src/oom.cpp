@@ -158,12 +158,20 @@ std::string oom_report_to_json(const OomReport& r) {
 std::string oom_summary_line(const OomReport& r, const std::string& dump_path, const std::string& write_error) {
   std::string line = "remat: out of memory on device " + std::to_string(r.device) + " (" + r.backend + "): " +
                      what_happened(r) + "; top holders: ";
-  const std::size_t shown = std::min<std::size_t>(3, r.by_region.size());
-  for (std::size_t i = 0; i < shown; ++i) {
-    const OomHolder& holder = r.by_region[i];
-    line += (i ? ", " : "") + detail::printable(holder.name) + " " + format_bytes(holder.bytes);
+  auto list = [&line](const std::vector<OomHolder>& holders) {
+    const std::size_t shown = std::min<std::size_t>(3, holders.size());
+    for (std::size_t i = 0; i < shown; ++i) {
+      line += (i ? ", " : "") + detail::printable(holders[i].name) + " " + format_bytes(holders[i].bytes);
+    }
+    if (shown == 0) line += "none";
+  };
+  list(r.by_region);
+  if (!r.by_category.empty()) {  // tracked memory (remat_alloc.track): what it is for, and whose
+    line += "; by category: ";
+    list(r.by_category);
+    line += "; by module: ";
+    list(r.by_module);
   }
-  if (shown == 0) line += "none";
   if (!dump_path.empty()) line += "; report: " + dump_path;
   else if (!write_error.empty()) line += "; no report written: " + write_error;
   else line += "; no report written (set REMAT_OOM_DUMP_DIR or oom_dump_dir to keep one)";

@@ -57,12 +57,15 @@ class TrackingHooks final : public torch::autograd::SavedVariableHooks {
 
 // Inside a tracked model's forward, outside checkpoints (remat_alloc.track): keeps the tensor as
 // autograd would and names its storage an activation of the module that made it, where it is
-// still unnamed or a temporary.
+// still unnamed or a temporary. A parameter (a leaf that requires grad, or a view of one) is no
+// activation: one tracking does not know (added or replaced after track) keeps its tag.
 class ActivationHooks final : public torch::autograd::SavedVariableHooks {
  public:
   void call_pack_hook(const at::Tensor& tensor) override {
     try {
-      if (tensor.has_storage()) alloc::categorize_as_activation(tensor.storage().data());
+      const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
+      const bool of_parameter = base.is_leaf() && base.requires_grad();
+      if (!of_parameter && tensor.has_storage()) alloc::categorize_as_activation(tensor.storage().data());
     } catch (const c10::Error&) {  // a tensor subclass without accessible storage: left as it is
     }
     // Held without its graph: a tensor saved as its own node's output would hold that node, and

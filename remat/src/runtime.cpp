@@ -10,6 +10,7 @@
 #include "frame.hpp"
 #include "thread_state.hpp"
 
+#include <remat/alloc/allocator.hpp>
 #include <remat/alloc/tags.hpp>
 
 #include <ATen/SequenceNumber.h>
@@ -198,6 +199,20 @@ void refuse_needed_inputs_changed_in_place(const Frame& frame) {
   }
 }
 
+// What a checkpoint keeps for recompute is, for tracking (remat_alloc.track), an activation of
+// the module that made it, as what autograd saves is: where a category is in force on the thread
+// and the storage is still unnamed or a temporary. A parameter stays what it is. (A hook pair in
+// force names what passes it itself.)
+void name_kept_an_activation(const at::Tensor& kept) {
+  if (!alloc::category_in_force() || !kept.defined() || !kept.has_storage()) return;
+  const at::TensorBase& base = kept.is_view() ? kept._base() : kept;
+  if (base.is_leaf() && base.requires_grad()) return;
+  try {
+    alloc::categorize_as_activation(kept.storage().data());
+  } catch (const c10::Error&) {  // a tensor subclass without accessible storage: left as it is
+  }
+}
+
 // Keeps only the inputs recompute needs, through the checkpoint's hook pair where it has one.
 void keep_needed_inputs(Frame& frame) {
   for (InputRecord& input : frame.inputs) {
@@ -207,8 +222,11 @@ void keep_needed_inputs(Frame& frame) {
                                   {SavedTensorKind::checkpoint_input, &frame.input_hooks_context,
                                    base.is_leaf() && base.requires_grad(), &frame, frame.options.region_name});
       input.value = at::Tensor();
+    } else if (input.needed) {
+      name_kept_an_activation(input.value);
+      input.value = input.value.variable_data();
     } else {
-      input.value = input.needed ? input.value.variable_data() : at::Tensor();
+      input.value = at::Tensor();
     }
   }
 }
@@ -237,6 +255,7 @@ void keep_persisted_outputs(Frame& frame) {
         }
         region.outputs[o] = at::Tensor();
       } else {
+        if (region.persisted[o]) name_kept_an_activation(region.outputs[o]);
         region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();
       }
     }

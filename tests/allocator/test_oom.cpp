@@ -313,6 +313,27 @@ TEST(OomReport, TheStderrLineShowsHostileNamesEscapedAndCut) {
   EXPECT_LT(line.size(), 600u) << line;
 }
 
+// Where memory has categories (remat_alloc.track), the line names the largest categories and
+// modules too; without, it lists regions only.
+TEST(OomReport, TheStderrLineNamesCategoriesAndModulesWhenMemoryHasThem) {
+  OomReport report;
+  report.backend = "host";
+  report.by_region = {{"<untagged>", 7 * MiB, 9, 0}};
+  EXPECT_EQ(oom_summary_line(report, "", "").find("by category"), std::string::npos);
+  report.by_category = {{"optimizer_state", 4 * MiB, 4, 0},
+                        {"parameter", 2 * MiB, 2, 0},
+                        {"gradient", MiB, 2, 0},
+                        {"temporary", 512, 1, 0}};
+  report.by_module = {{"layers.0.mlp", 3 * MiB, 4, 0}, {"layers.1.mlp", 3 * MiB, 4, 0}};
+  const std::string line = oom_summary_line(report, "", "");
+  EXPECT_NE(line.find("; top holders: <untagged> 7.00 MiB; by category: optimizer_state 4.00 MiB, parameter "
+                      "2.00 MiB, gradient 1.00 MiB; by module: layers.0.mlp 3.00 MiB, layers.1.mlp 3.00 MiB; no "
+                      "report written"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.find("temporary"), std::string::npos) << line;  // three of each
+}
+
 // On the host backend the "device" is the configured capacity: the error says how to raise it.
 TEST(OomReport, TheHostBackendNamesItsCapacitySetting) {
   HostAllocator a("", 64);

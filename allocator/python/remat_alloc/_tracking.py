@@ -14,7 +14,8 @@ that sets "temporary of that module" when backward reaches it, and backward's en
 A parameter's post-accumulate-grad hook re-tags its .grad as a gradient of that parameter.
 An optimizer's state dict is replaced by one that re-tags each tensor as it is stored (so the
 state is optimizer_state from the moment the optimizer creates it); the step's own scratch is
-a temporary of the optimizer. The model's tensor arguments are re-tagged as inputs.
+a temporary of the optimizer. The state load_state_dict() loads is followed the same way, and
+state_dict() hands out plain dicts. The model's tensor arguments are re-tagged as inputs.
 
 Where remat is imported, the hooks that run at every module call, saved tensor and gradient are
 remat._C's C++ callables (registered here through register_native), not Python functions: the
@@ -166,6 +167,15 @@ class _ParamState(dict):
 
     def __reduce__(self):
         return (dict, (), None, None, iter(dict(self).items()))
+
+
+def _plain_state_dict(optimizer, state_dict) -> None:
+    """An optimizer's state_dict post-hook: each parameter's state as a plain dict."""
+    state = state_dict.get("state")
+    if isinstance(state, dict):
+        for key, value in state.items():
+            if isinstance(value, _ParamState):
+                state[key] = dict(value)
 
 
 def _weakrefable(obj) -> bool:
@@ -365,13 +375,15 @@ class Tracker:
 
     def _pack(self, tensor):
         # Kept for backward: an activation of the module that produced it (its module stays),
-        # unless it is something else already (a parameter, an input). One call into the library:
-        # the storage's address is the tensor's less its offset.
+        # unless it is something else already (a parameter, an input) or a parameter tracking does
+        # not know (a leaf that requires grad, or a view of one: it keeps its tag). One call into
+        # the library: the storage's address is the tensor's less its offset.
         try:
             ptr = tensor.data_ptr()
         except RuntimeError:  # sparse and other tensors without one storage
             return tensor, None
-        if ptr:
+        base = tensor._base if tensor._base is not None else tensor
+        if ptr and not (base.is_leaf and base.requires_grad):
             _categorize_as_activation(ptr - tensor.storage_offset() * tensor.element_size(), None)
         # Held without its graph: a tensor autograd saves as its own node's output would otherwise
         # hold that node, and the node the tensor, a cycle Python's collector cannot see. Its
@@ -405,6 +417,7 @@ class Tracker:
     # -- optimizers ------------------------------------------------------------------------
     def _follow_optimizer(self, optimizer) -> None:
         if any(ref() is optimizer for ref, _ in self._optimizers):
+            self._follow_state(optimizer)  # its state replaced since (by an assignment): followed again
             return
         import torch
 
@@ -420,7 +433,7 @@ class Tracker:
         for group in optimizer.param_groups:
             for i, param in enumerate(group["params"]):
                 self._param_names.setdefault(id(param), f"{type(optimizer).__name__}.param{i}")
-        optimizer.state = _OptimizerState(self, optimizer, original)
+        self._follow_state(optimizer)
         name = type(optimizer).__name__.encode()
         if self._native is not None:
             before_step = self._native.TrackEnter(name)
@@ -436,7 +449,16 @@ class Tracker:
 
         self._handles.append(optimizer.register_step_pre_hook(before_step))
         self._handles.append(optimizer.register_step_post_hook(after_step))
+        # state_dict() hands out plain dicts, as untracked (torch.load's weights_only takes them);
+        # load_state_dict() replaces the state with the loaded one, which is followed in turn.
+        self._handles.append(optimizer.register_state_dict_post_hook(_plain_state_dict, prepend=True))
+        self._handles.append(optimizer.register_load_state_dict_post_hook(self._follow_state, prepend=True))
         self._optimizers.append((weakref.ref(optimizer), original))
+
+    def _follow_state(self, optimizer) -> None:
+        """Makes optimizer.state one that re-tags each tensor stored in it, those in it now too."""
+        if not isinstance(optimizer.state, _OptimizerState):
+            optimizer.state = _OptimizerState(self, optimizer, optimizer.state)
 
     # -- ending ----------------------------------------------------------------------------
     def untrack(self) -> None:

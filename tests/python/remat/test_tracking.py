@@ -4,6 +4,7 @@ by the module that produced them, temporaries, inputs; untrack restores the tags
 inputs a user sends first (track before tag_cpu_tensors, twice, two optimizers, tied weights, a
 parameter freed while tracked, modules added after track)."""
 
+import collections
 import gc
 import json
 import os
@@ -142,7 +143,7 @@ def test_tracking_twice_is_idempotent_and_picks_up_a_second_optimizer(tagged):
     hooks_before = len(tracker._handles)
     assert remat.track(model, second) is tracker
     assert remat.track(model, second) is tracker
-    assert len(tracker._handles) == hooks_before + 2  # the second optimizer's step hooks, once
+    assert len(tracker._handles) == hooks_before + 4  # the second optimizer's step and state dict hooks, once
     step(model, first, ids())
     second.step()
     assert category_of(first.state[model.block.up.weight]["momentum_buffer"]) == ("optimizer_state", "block.up.weight")
@@ -400,3 +401,135 @@ def test_untrack_clears_the_category_a_backward_that_raised_left_in_force(tagged
     before = remat_alloc.category_bytes()["none"]
     after_untrack = torch.empty(1 << 16)
     assert remat_alloc.category_bytes()["none"] - before == after_untrack.untyped_storage().nbytes()
+
+
+def test_an_optimizer_checkpoint_saved_while_tracked_loads_with_torch_load_defaults(tagged):
+    import io
+
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with remat.track(model, optimizer):
+        step(model, optimizer, ids())
+        saved = optimizer.state_dict()
+        # plain dicts and tensors, as untracked: torch.load's weights_only unpickler takes them
+        assert {type(value) for value in saved["state"].values()} == {dict}
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optim": saved}, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer)["optim"]
+        assert loaded["param_groups"] == saved["param_groups"]
+        assert loaded["state"].keys() == saved["state"].keys()
+        for index, state in saved["state"].items():
+            assert loaded["state"][index].keys() == state.keys()
+            for key, value in state.items():
+                assert torch.equal(loaded["state"][index][key], value)
+        # the state dict hands out the optimizer's own tensors, which stay its tracked state
+        exp_avg = optimizer.state[model.block.up.weight]["exp_avg"]
+        assert any(state["exp_avg"] is exp_avg for state in saved["state"].values())
+        assert category_of(exp_avg) == ("optimizer_state", "block.up.weight")
+
+
+def test_optimizer_state_loaded_with_load_state_dict_stays_tracked(tagged):
+    import io
+
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with remat.track(model, optimizer) as tracker:
+        step(model, optimizer, ids())
+        buffer = io.BytesIO()
+        torch.save(optimizer.state_dict(), buffer)
+        buffer.seek(0)
+        checkpoint = torch.load(buffer, weights_only=False)  # outside any module: allocated without a category
+        assert category_of(checkpoint["state"][0]["exp_avg"])[0] == "none"
+        none_before = remat_alloc.category_bytes(requested=True)["none"]
+        optimizer.load_state_dict(checkpoint)  # PyTorch replaces optimizer.state
+        state = optimizer.state[model.block.up.weight]
+        assert category_of(state["exp_avg"]) == ("optimizer_state", "block.up.weight")
+        assert category_of(state["exp_avg_sq"]) == ("optimizer_state", "block.up.weight")
+        loaded = sum(v.untyped_storage().nbytes() for s in checkpoint["state"].values() for v in s.values())
+        assert remat_alloc.category_bytes(requested=True)["none"] == none_before - loaded
+        step(model, optimizer, ids())
+        assert category_of(optimizer.state[model.block.up.weight]["exp_avg"]) == ("optimizer_state", "block.up.weight")
+        # state replaced some other way: track() again follows the new one
+        optimizer.state = collections.defaultdict(dict, {p: dict(s) for p, s in optimizer.state.items()})
+        fresh = torch.optim.AdamW(model.parameters(), lr=1e-3).state_dict()  # empty state
+        optimizer.state[model.head.weight]["exp_avg"] = torch.zeros(100, 64)
+        assert category_of(optimizer.state[model.head.weight]["exp_avg"])[0] != "optimizer_state"
+        assert remat.track(model, optimizer) is tracker
+        assert category_of(optimizer.state[model.head.weight]["exp_avg"]) == ("optimizer_state", "head.weight")
+        optimizer.load_state_dict(fresh)  # an empty state: what the optimizer creates next is tracked
+        step(model, optimizer, ids())
+        assert category_of(optimizer.state[model.head.weight]["exp_avg"]) == ("optimizer_state", "head.weight")
+        tracker.untrack()
+    assert type(optimizer.state) is collections.defaultdict
+    assert type(optimizer.state[model.head.weight]) is dict
+    assert category_of(optimizer.state[model.head.weight]["exp_avg"])[0] != "optimizer_state"
+
+
+class Stack(torch.nn.Module):
+    """Blocks each in a remat checkpoint that keeps only its input: recompute makes the rest."""
+
+    def __init__(self, width=64, depth=3):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block(width) for _ in range(depth))
+
+    def forward(self, x):
+        for index, layer in enumerate(self.layers):
+            x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("hooks", ["c++", "python"])
+def test_what_a_checkpoint_keeps_of_its_inputs_is_an_activation_of_the_module_that_made_it(tagged, monkeypatch, hooks):
+    from remat_alloc import _tracking
+
+    if hooks == "python":
+        monkeypatch.setattr(_tracking, "_native", None)
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.rand(8, 64)
+    model(x).backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    outputs = {}
+    handles = [layer.register_forward_hook(lambda module, args, output, index=index: outputs.__setitem__(index, output))
+               for index, layer in enumerate(model.layers)]
+    with remat.track(model):
+        loss = model(x)
+        # layers.0 and layers.1 made what checkpoints 1 and 2 keep for recompute; the last block's
+        # output is what square() saves
+        for index in range(3):
+            assert category_of(outputs[index]) == ("activation", f"layers.{index}")
+        assert category_of(x) == ("input", "input")
+        assert category_of(model.layers[1].up.weight) == ("parameter", "layers.1.up.weight")
+        loss.backward()
+    for p, grad in zip(model.parameters(), expected):
+        assert torch.equal(p.grad, grad)
+    outputs.clear()
+    model(x)  # untracked: nothing is named
+    assert category_of(outputs[0]) == ("none", "")
+    for handle in handles:  # the outputs hold graphs that hold the model: nothing left for later tests
+        handle.remove()
+    outputs.clear()
+
+
+@pytest.mark.parametrize("hooks", ["c++", "python"])
+def test_an_untracked_parameter_a_tracked_forward_saves_keeps_its_tag(tagged, monkeypatch, hooks):
+    from remat_alloc import _tracking
+
+    if hooks == "python":
+        monkeypatch.setattr(_tracking, "_native", None)
+    model = Net()
+    with remat.track(model):
+        model.block.extra = torch.nn.Linear(64, 64)  # added after track: not tracked
+        model.head.weight = torch.nn.Parameter(torch.rand(100, 64))  # replaced after track
+        model.block.register_forward_hook(lambda block, args, output: block.extra(output))
+        out = model(ids())
+        # Linear saves its weight (a view of it) for backward: a parameter, not an activation
+        assert category_of(model.block.extra.weight) == ("none", "")
+        assert category_of(model.head.weight) == ("none", "")
+        assert category_of(model.block.up.weight) == ("parameter", "block.up.weight")
+        out.float().sum().backward()
+        assert model.block.extra.weight.grad is not None
+    assert category_of(model.block.extra.weight) == ("none", "")
+    assert category_of(model.head.weight) == ("none", "")
