@@ -70,7 +70,7 @@ def solver_timing():
         for kind, (nbytes, seconds) in enumerate(kinds):
             regions.append({"name": f"layers.{layer}::r{kind}", "saved_bytes": nbytes,
                             "seconds": seconds * noise[4 * layer + kind]})
-    text = json.dumps({"kind": "region_profile", "schema_version": 1, "base_bytes": 1 << 30, "regions": regions})
+    text = json.dumps({"kind": "region-profile", "schema_version": 1, "base_bytes": 1 << 30, "regions": regions})
     all_saved = (1 << 30) + sum(r["saved_bytes"] for r in regions)
     times = []
     for share in (0.2, 0.4, 0.6, 0.8):

@@ -27,12 +27,16 @@
     engine                                        hands those hooks to autograd
     runtime | memory_report, saved_report         the entry points, beside the reports reading the
                                                   records (saved_report also installs the engine)
+- Dump kinds are kebab-case, each named by its schema's file (schemas/<kind>.schema.json); a
+  kind written with underscores before lists that spelling second, and remat-report reads it as
+  the same kind (canonical_kind in cli/src/reader/dump_file.cpp).
 - remat-report's folders (cli/src/<folder>) include downward only, lowest first (CLI_LAYERS): a
   folder includes only folders in layers below its own, and its files include each other in no
   circle. One of its modules turns the dump header into JSON (output/dump_header.cpp).
 """
 
 import ast
+import json
 import pathlib
 import re
 import sys
@@ -282,6 +286,23 @@ class Layering(unittest.TestCase):
         writers = [str(p.relative_to(ROOT)) for p in sources("cli/src")
                    if "write_dump_header(" in p.read_text(errors="replace")]
         self.assertEqual(writers, ["cli/src/output/dump_header.cpp"])
+
+    def test_dump_kinds_are_kebab_case_and_read_in_their_old_spelling(self):
+        underscored = set()
+        for path in sorted((ROOT / "schemas").glob("*.schema.json")):
+            kind = path.name.removesuffix(".schema.json")
+            self.assertRegex(kind, r"^[a-z]+(-[a-z]+)*$", f"{path.name}: name schemas by their kind, kebab-case")
+            spec = json.loads(path.read_text())["properties"]["kind"]
+            spellings = [spec["const"]] if "const" in spec else spec["enum"]
+            self.assertEqual(spellings[0], kind, f"{path.name}: the kind written is the schema's name")
+            self.assertIn(spellings[1:], ([], [kind.replace("-", "_")]),
+                          f"{path.name}: the only other spelling read is the underscored one of dumps written before")
+            underscored.update(spellings[1:])
+        reader = (ROOT / "cli/src/reader/dump_file.cpp").read_text()
+        listed = re.search(r"kUnderscored\[\] = \{([^}]*)\}", reader)
+        self.assertIsNotNone(listed, "canonical_kind's list of underscored kinds (cli/src/reader/dump_file.cpp)")
+        self.assertEqual(set(re.findall(r'"([^"]+)"', listed.group(1))), underscored,
+                         "remat-report reads every underscored kind a schema accepts, and no other")
 
     def test_the_cycle_check_finds_direct_and_longer_cycles(self):
         graph = {"a": {"b": "a.cpp includes b.hpp"}, "b": {"c": "b.cpp includes c.hpp"},

@@ -48,7 +48,7 @@ struct CheckpointOptions {
   // unless a pair is entered inside the body, what its save regions keep. Null: the pair in
   // force where the checkpoint is called (SavedTensorHooksScope), if any.
   std::shared_ptr<SavedTensorHooks> saved_tensor_hooks;
-  // Save or recompute by region from a budget plan (remat::budget::solve, or a remat_plan dump
+  // Save or recompute by region from a budget plan (remat::budget::solve, or a remat-plan dump
   // read with plan_from_json): a region the plan names, as "checkpoint::region" or a pattern,
   // takes the plan's choice over its own recompute setting; the others keep theirs. Inside a
   // region the plan saves, inner regions run as part of it. Null: every region its own setting.

@@ -124,7 +124,7 @@ def interception_seconds():
 
 class OpMeter(TorchDispatchMode):
     """Numbers, times and sizes the ops of one region's forward (module docstring). After the
-    block: ops (the keepable ones, as the region_profile dump lists them), count (every op),
+    block: ops (the keepable ones, as the region-profile dump lists them), count (every op),
     own_seconds (the meter's time around the ops, to take out of the region's)."""
 
     def __init__(self, cuda=False):

@@ -18,7 +18,7 @@ A plan names regions exactly or by a grouped plan's patterns, where each '*' sta
 ("layers.*::attn"). The regions a plan meets are checked against those it was made for (strict
 use_plan, wrap_decoder_layers(plan=)), as soon as a checkpoint's forward shows a difference.
 
-The solver (exact 0/1 knapsack) and the region_profile and remat_plan dumps are C++
+The solver (exact 0/1 knapsack) and the region-profile and remat-plan dumps are C++
 (remat/budget, also behind `remat-report advise`), reached through remat._budget.
 """
 
@@ -289,12 +289,12 @@ class RegionProfile:
 
     @classmethod
     def from_json(cls, source):
-        """A profile from a region_profile dump: its text, or the path of a file holding it."""
+        """A profile from a region-profile dump: its text, or the path of a file holding it."""
         text, name = _text_of(source, "RegionProfile.from_json")
         return cls(_budget.check_profile(text, name))
 
     def to_json(self, path=None):
-        """The region_profile dump (schemas/region_profile.schema.json); written atomically to
+        """The region-profile dump (schemas/region-profile.schema.json); written atomically to
         `path` when given."""
         if path is not None:
             _C.write_dump(path_arg("RegionProfile.to_json", "path", path), self._text)
@@ -474,7 +474,7 @@ class Plan:
         return problems
 
     def to_json(self, path=None):
-        """The remat_plan dump (schemas/remat_plan.schema.json); written atomically to `path`
+        """The remat-plan dump (schemas/remat-plan.schema.json); written atomically to `path`
         when given."""
         if path is not None:
             _C.write_dump(path_arg("Plan.to_json", "path", path), self._text)
@@ -516,7 +516,7 @@ class Plan:
 
 
 def load_plan(source):
-    """A plan from a remat_plan dump (plan.to_json(), remat-report advise --json): its text, or
+    """A plan from a remat-plan dump (plan.to_json(), remat-report advise --json): its text, or
     the path of a file holding it. Every field is checked; an edited dump that is wrong is a
     ValueError naming the field."""
     text, name = _text_of(source, "load_plan")
@@ -716,7 +716,7 @@ class profile_regions:
             if name in self._meters:
                 self._add_ops(region, self._meters[name], cuda=self._device.startswith("cuda"))
             regions.append(region)
-        doc = {"kind": "region_profile", "schema_version": 1, "device_name": self._device,
+        doc = {"kind": "region-profile", "schema_version": 1, "device_name": self._device,
                "timer": ("wall_time" if self._timer == "wall" else
                          "cuda_events" if self._device.startswith("cuda") else "thread_time"),
                "base_bytes": sum(self._inputs.values()), "regions": regions}

@@ -280,7 +280,7 @@ def test_per_op_profile_and_plan_dumps_validate_against_their_schemas(measured, 
     plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
     assert plan.kept_ops
     plan.to_json(tmp_path / "plan.json")
-    for name, kind in (("profile.json", "region_profile"), ("plan.json", "remat_plan")):
+    for name, kind in (("profile.json", "region-profile"), ("plan.json", "remat-plan")):
         run = subprocess.run([report, "validate", str(tmp_path / name)], capture_output=True, text=True, timeout=60)
         assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr
 
