@@ -27,6 +27,9 @@
     engine                                        hands those hooks to autograd
     runtime | memory_report, saved_report         the entry points, beside the reports reading the
                                                   records (saved_report also installs the engine)
+- Region paths ("layers.0::attn") are joined in one place, the allocator's tags
+  (region_path, kRegionSeparator; reached from Python as _C.region_path and
+  _C.REGION_SEPARATOR): no other source spells the separator.
 - Dump kinds are kebab-case, each named by its schema's file (schemas/<kind>.schema.json); a
   kind written with underscores before lists that spelling second, and remat-report reads it as
   the same kind (canonical_kind in cli/src/reader/dump_file.cpp).
@@ -286,6 +289,26 @@ class Layering(unittest.TestCase):
         writers = [str(p.relative_to(ROOT)) for p in sources("cli/src")
                    if "write_dump_header(" in p.read_text(errors="replace")]
         self.assertEqual(writers, ["cli/src/output/dump_header.cpp"])
+
+    def test_region_paths_are_joined_in_one_place(self):
+        literal = re.compile(r'"::"')
+        found = []
+        for folder in ("allocator", "remat", "pipeline", "cli/src", "examples"):
+            for path in sources(folder):
+                if path == ROOT / "allocator/include/remat/alloc/tags.hpp":
+                    continue
+                code = re.sub(r"//[^\n]*", "", path.read_text(errors="replace"))
+                found += [f"{path.relative_to(ROOT)}: {line.strip()}" for line in code.splitlines()
+                          if literal.search(line)]
+        for package in ("remat/python/remat", "pipeline/python/remat/pipelining"):
+            for path in sorted((ROOT / package).glob("*.py")):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    parts = node.values if isinstance(node, ast.JoinedStr) else [node]
+                    if any(isinstance(part, ast.Constant) and isinstance(part.value, str)
+                           and (part.value == "::" or (part is not node and "::" in part.value)) for part in parts):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        self.assertEqual(sorted(set(found)), [], "join region paths with alloc::region_path (Python: _C.region_path), split them "
+                                    "at alloc::kRegionSeparator (_C.REGION_SEPARATOR)")
 
     def test_dump_kinds_are_kebab_case_and_read_in_their_old_spelling(self):
         underscored = set()

@@ -338,6 +338,43 @@ def test_kinds_are_written_kebab_case_and_dumps_spelled_with_underscores_still_r
     assert advised["kind"] == "remat-plan" and advised["decisions"] == plan.decisions
 
 
+def test_regions_find_their_checkpoints_plan_through_the_runtime_in_forward_recompute_and_no_grad(profile):
+    from remat._plans import _CheckpointRun
+
+    plan = profile.plan(budget_bytes=profile.base_bytes)  # every region recomputed
+    seen = []
+
+    def probe(x, index):
+        seen.append((f"layers.{index}", remat.is_recomputing(), remat._C.checkpoint_caller()))
+        return block(x, index)
+
+    def layers(x):
+        for index in range(LAYERS):
+            x = remat.checkpoint(region_name=f"layers.{index}")(probe)(x, index)
+        return x
+
+    assert remat._C.checkpoint_caller() is None
+    with remat.use_plan(plan):
+        layers(batch()).sum().backward()
+        with torch.no_grad():
+            layers(batch())
+    assert remat._C.checkpoint_caller() is None
+    forward = [f"layers.{i}" for i in range(LAYERS)]
+    assert [(name, recomputing) for name, recomputing, _ in seen] == \
+        [(name, False) for name in forward] + [(name, True) for name in reversed(forward)] + \
+        [(name, False) for name in forward]
+    runs = [run for _, _, run in seen]
+    assert all(isinstance(run, _CheckpointRun) for run in runs)
+    assert [run.name for run in runs] == [name for name, _, _ in seen]
+    assert all(runs[i] is runs[2 * LAYERS - 1 - i] for i in range(LAYERS))  # recompute finds forward's run
+    assert len({id(run) for run in runs}) == 2 * LAYERS  # one run per call; the no-grad calls' own
+    assert all(run.ran == [(f"{run.name}::attn", True), (f"{run.name}::mlp", True)] for run in runs)
+
+    seen.clear()  # no plan, no profile: no run, and regions take their own settings
+    layers(batch()).sum().backward()
+    assert [run for _, _, run in seen] == [None] * (2 * LAYERS)
+
+
 # --- plans that must stand for exactly the regions they were made for ---------------------------
 
 
