@@ -5,6 +5,7 @@
 #include <remat/alloc/caching_allocator.hpp>
 #include <remat/alloc/errors.hpp>
 
+#include "detail/cache_release.hpp"
 #include "detail/pool_diagnostics.hpp"
 #include "detail/pool_state.hpp"
 
@@ -37,7 +38,7 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Confi
 CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(state_->mutex);
   state_->process_pending_frees(true);
-  state_->release_cached_blocks();
+  detail::release_cached_blocks(*state_);
   // Segments that still hold live blocks (a pool dropped mid-run, as `whatif` drops a run that
   // failed): their memory goes with the backend, their block records with the pool.
   for (const auto& [address, head] : state_->segments) {
@@ -104,12 +105,12 @@ namespace {
 [[gnu::noinline]] Block* block_from_new_memory(PoolState& s, std::unique_lock<detail::AdaptiveMutex>& lock,
                                                std::size_t size, std::size_t rounded, bool small, Stream stream,
                                                TagId tag) {
-  s.collect_garbage();
+  detail::collect_garbage(s);
   Block* block = s.new_memory(rounded, stream, small);
   if (block == nullptr) {
     s.books.retried();
     s.process_pending_frees(true);
-    s.release_cached_blocks();
+    detail::release_cached_blocks(s);
     block = s.take_free_block(small, stream, rounded);
     if (block == nullptr) block = s.new_memory(rounded, stream, small);
   }
@@ -174,8 +175,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_size) {
     return;
   }
   for (const Stream used_on : block->stream_uses) {
-    s.pending_frees.emplace_back(s.backend->record_event(used_on), block);
-    ++block->pending_events;
+    s.pending_frees.add(s.backend->record_event(used_on), block);
   }
   block->stream_uses.clear();
 }
@@ -200,7 +200,7 @@ void CachingAllocator::record_stream(void* ptr, Stream stream) {
 void CachingAllocator::empty_cache() {
   std::lock_guard lock(state_->mutex);
   state_->process_pending_frees(false);
-  state_->release_cached_blocks();
+  detail::release_cached_blocks(*state_);
 }
 
 bool CachingAllocator::release_cached_range(std::uintptr_t address, std::size_t bytes) {
@@ -239,7 +239,7 @@ void CachingAllocator::replace_backend(std::unique_ptr<Backend> backend, const C
                      "allocation or free everything first");
   }
   detail::check_backend_supports(*backend, config);
-  s.release_cached_blocks();
+  detail::release_cached_blocks(s);
   s.backend = std::move(backend);
   if (config.trace_entries != s.config.trace_entries) s.books.resize_trace(config.trace_entries);
   s.reserved_limit = detail::reserved_cap(*s.backend, config);

@@ -7,6 +7,9 @@
   or CUDA backend.
 - The allocator's pool (caching_allocator.cpp and detail/pool_state.hpp) reaches dumps, the trace and OOM reporting
   only through their interfaces: no dump or snapshot headers, no other unit's sources.
+- The pool's state (detail/pool_state.hpp) holds its mechanics only: what gives cached memory
+  back (detail/cache_release.hpp) and what it tells when something went wrong
+  (detail/pool_diagnostics.hpp) are functions over it that caching_allocator.cpp alone includes.
 - One module writes the dump header: the field list appears in allocator/src/dump.cpp only.
 - One module of remat.pipelining touches PyTorch's private pipelining internals
   (_torch_internals.py): the others neither import torch.distributed.pipelining nor name them.
@@ -232,6 +235,19 @@ class Layering(unittest.TestCase):
         self.assertTrue(any(inc.endswith("oom_reporting.hpp") for inc in found), found)
         forbidden = [inc for inc in found if re.search(r"(snapshot|dump|json_writer)\.hpp$|\.cpp$", inc)]
         self.assertEqual(forbidden, [], "the pool writes no dumps itself")
+
+    def test_the_pools_policies_over_its_state_are_included_by_the_allocator_alone(self):
+        detail = ROOT / "allocator/src/detail"
+        over_state = {"cache_release.hpp", "pool_diagnostics.hpp"}
+        for name in sorted(over_state):
+            self.assertIn("pool_state.hpp", includes(detail / name), f"{name} reads the pool's state")
+        includers = sorted(f"{p.relative_to(ROOT)} includes {inc}" for p in sources("allocator")
+                           for inc in includes(p) if pathlib.PurePosixPath(inc).name in over_state)
+        self.assertEqual(includers, [f"allocator/src/caching_allocator.cpp includes detail/{name}"
+                                     for name in sorted(over_state)],
+                         "the pool's state includes no policy over itself; caching_allocator.cpp applies them")
+        self.assertFalse(re.search(r"void (release_cached_blocks|collect_garbage)\(\)",
+                                   (detail / "pool_state.hpp").read_text()), "cache release is cache_release.hpp's")
 
     def test_one_module_lists_the_dump_header(self):
         writers = [

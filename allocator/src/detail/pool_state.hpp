@@ -1,7 +1,9 @@
 #pragma once
 // The caching pool's state and its mechanics: free pools, segments fixed and expandable (whose
-// address space expandable_segments.hpp owns), block splitting and merging, frees waiting on
-// stream events, cache release and garbage collection.
+// address space expandable_segments.hpp owns) and the pages mapped in them, block splitting and
+// merging. Frees waiting on stream events are pending_frees.hpp's; what gives cached memory back
+// (empty_cache, garbage collection) is cache_release.hpp's, what the pool tells when something
+// went wrong pool_diagnostics.hpp's.
 // CachingAllocator (caching_allocator.cpp) locks it and turns its operations into the public API;
 // the books (ledger.hpp) keep the statistics and the trace.
 
@@ -17,6 +19,7 @@
 #include "free_pools.hpp"
 #include "ledger.hpp"
 #include "oom_reporting.hpp"
+#include "pending_frees.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -58,7 +61,7 @@ struct PoolState {
   LargePool large_pool;
   AddressMap<Block*> live;  // allocated blocks by address
   std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
-  std::vector<std::pair<Event, Block*>> pending_frees;
+  PendingFrees pending_frees;
   Block* spare_blocks = nullptr;  // recycled block records, linked through `next`
   ExpandableSegments expandable;
   std::uint64_t frees = 0;                                      // stamps Block::freed_at
@@ -338,51 +341,6 @@ struct PoolState {
     recycle(neighbour);
   }
 
-  // What empty_cache and the retry before out-of-memory give back: every whole free fixed
-  // segment, and every whole free granule of the expandable segments, wherever it lies.
-  void release_cached_blocks() {
-    std::vector<Block*> whole;
-    std::vector<Block*> in_expandable;
-    auto consider = [&](Block* block) {
-      if (block->is_whole_segment()) whole.push_back(block);
-      else if (block->expandable != nullptr) in_expandable.push_back(block);
-    };
-    small_pool.for_each(consider);
-    large_pool.for_each(consider);
-    for (Block* block : whole) {
-      erase_free(block);
-      release_segment(block);
-    }
-    // Unmapping one block changes only it and the holes beside it, so the others stay valid.
-    for (Block* block : in_expandable) unmap_free_pages(block);
-  }
-
-  // PyTorch's garbage_collection_threshold: with a memory_fraction cap, once reserved bytes
-  // pass the threshold's share of it, give back the cached memory idle longest (whole free
-  // segments, expandable segments' free granules) until reserved is under the threshold again.
-  void collect_garbage() {
-    if (config.garbage_collection_threshold <= 0.0 || reserved_limit == Config::kUnlimited) return;
-    const auto threshold = static_cast<std::size_t>(config.garbage_collection_threshold *
-                                                    static_cast<double>(reserved_limit));
-    if (books.reserved_bytes() <= threshold) return;
-    std::vector<Block*> idle;
-    auto consider = [&](Block* block) {
-      if (block->is_whole_segment() || block->expandable != nullptr) idle.push_back(block);
-    };
-    small_pool.for_each(consider);
-    large_pool.for_each(consider);
-    std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
-    for (Block* block : idle) {
-      if (books.reserved_bytes() <= threshold) break;
-      if (block->expandable != nullptr) {
-        unmap_free_pages(block);
-      } else {
-        erase_free(block);
-        release_segment(block);
-      }
-    }
-  }
-
   [[gnu::always_inline]] void split(Block* block, std::size_t size) {
     const std::size_t remaining = block->size - size;
     // As PyTorch: expandable segments split any remainder, like the small pool.
@@ -412,24 +370,14 @@ struct PoolState {
     insert_free(block);
   }
 
-  // Retires completed stream events; with `wait`, blocks on each where the backend can.
+  // Retires the frees whose stream events completed (with `wait`, waits for each where the backend
+  // can): a block none of whose events is left goes back to its pool.
   void process_pending_frees(bool wait) {
     if (wait) books.waited_for_all_streams();
-    for (std::size_t i = 0; i < pending_frees.size();) {
-      auto [event, block] = pending_frees[i];
-      const bool done = wait ? backend->wait_event(event) : backend->event_completed(event);
-      if (!done) {
-        ++i;
-        continue;
-      }
-      backend->destroy_event(event);
-      pending_frees[i] = pending_frees.back();
-      pending_frees.pop_back();
-      if (--block->pending_events == 0) {
-        books.free_completed(*block);
-        complete_free(block);
-      }
-    }
+    pending_frees.retire(*backend, wait, [this](Block* block) {
+      books.free_completed(*block);
+      complete_free(block);
+    });
   }
 };
 
