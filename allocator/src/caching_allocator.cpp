@@ -8,6 +8,7 @@
 #include "detail/cache_release.hpp"
 #include "detail/pool_diagnostics.hpp"
 #include "detail/pool_state.hpp"
+#include "detail/segment_memory.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -106,18 +107,18 @@ namespace {
                                                std::size_t size, std::size_t rounded, bool small, Stream stream,
                                                TagId tag) {
   detail::collect_garbage(s);
-  Block* block = s.new_memory(rounded, stream, small);
+  Block* block = detail::new_memory(s, rounded, stream, small);
   if (block == nullptr) {
     s.books.retried();
     s.process_pending_frees(true);
     detail::release_cached_blocks(s);
     block = s.take_free_block(small, stream, rounded);
-    if (block == nullptr) block = s.new_memory(rounded, stream, small);
+    if (block == nullptr) block = detail::new_memory(s, rounded, stream, small);
   }
   if (block == nullptr) {
     s.books.out_of_memory(rounded, size, stream, tag);
     const std::size_t segment_size = s.config.expandable_segments
-                                         ? detail::round_up(rounded, s.growth_step(small))
+                                         ? detail::round_up(rounded, detail::growth_step(s, small))
                                          : segment_size_for(rounded, s.config.large_segment_size_bytes);
     report_out_of_memory(s, lock, size, rounded, segment_size, tag);
   }
@@ -212,12 +213,12 @@ bool CachingAllocator::release_cached_range(std::uintptr_t address, std::size_t 
   if (block->expandable == nullptr) {
     if (!block->is_whole_segment() || block->address != address || block->size != bytes) return false;
     s.erase_free(block);
-    s.release_segment(block);
+    detail::release_segment(s, block);
     return true;
   }
   const auto [low, high] = block->expandable->whole_granules(*block, s.backend->granularity());
   if (low != address || high - low != bytes) return false;
-  s.unmap_free_pages(block);
+  detail::unmap_free_pages(s, block);
   return true;
 }
 

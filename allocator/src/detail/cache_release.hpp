@@ -5,6 +5,7 @@
 // lock; nothing on the cached pair's path calls it.
 
 #include "pool_state.hpp"
+#include "segment_memory.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -25,10 +26,10 @@ inline void release_cached_blocks(PoolState& s) {
   s.large_pool.for_each(consider);
   for (Block* block : whole) {
     s.erase_free(block);
-    s.release_segment(block);
+    release_segment(s, block);
   }
   // Unmapping one block changes only it and the holes beside it, so the others stay valid.
-  for (Block* block : in_expandable) s.unmap_free_pages(block);
+  for (Block* block : in_expandable) unmap_free_pages(s, block);
 }
 
 // PyTorch's garbage_collection_threshold: with a memory_fraction cap, once reserved bytes pass
@@ -49,10 +50,10 @@ inline void collect_garbage(PoolState& s) {
   for (Block* block : idle) {
     if (s.books.reserved_bytes() <= threshold) break;
     if (block->expandable != nullptr) {
-      s.unmap_free_pages(block);
+      unmap_free_pages(s, block);
     } else {
       s.erase_free(block);
-      s.release_segment(block);
+      release_segment(s, block);
     }
   }
 }
