@@ -5,8 +5,10 @@
 #include <remat/alloc/caching_allocator.hpp>
 #include <remat/alloc/errors.hpp>
 
+#include "detail/cache_release.hpp"
 #include "detail/pool_diagnostics.hpp"
 #include "detail/pool_state.hpp"
+#include "detail/segment_memory.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -37,7 +39,7 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Confi
 CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(state_->mutex);
   state_->process_pending_frees(true);
-  state_->release_cached_blocks();
+  detail::release_cached_blocks(*state_);
   // Segments that still hold live blocks (a pool dropped mid-run, as `whatif` drops a run that
   // failed): their memory goes with the backend, their block records with the pool.
   for (const auto& [address, head] : state_->segments) {
@@ -104,19 +106,19 @@ namespace {
 [[gnu::noinline]] Block* block_from_new_memory(PoolState& s, std::unique_lock<detail::AdaptiveMutex>& lock,
                                                std::size_t size, std::size_t rounded, bool small, Stream stream,
                                                TagId tag) {
-  s.collect_garbage();
-  Block* block = s.new_memory(rounded, stream, small);
+  detail::collect_garbage(s);
+  Block* block = detail::new_memory(s, rounded, stream, small);
   if (block == nullptr) {
     s.books.retried();
     s.process_pending_frees(true);
-    s.release_cached_blocks();
+    detail::release_cached_blocks(s);
     block = s.take_free_block(small, stream, rounded);
-    if (block == nullptr) block = s.new_memory(rounded, stream, small);
+    if (block == nullptr) block = detail::new_memory(s, rounded, stream, small);
   }
   if (block == nullptr) {
     s.books.out_of_memory(rounded, size, stream, tag);
     const std::size_t segment_size = s.config.expandable_segments
-                                         ? detail::round_up(rounded, s.growth_step(small))
+                                         ? detail::round_up(rounded, detail::growth_step(s, small))
                                          : segment_size_for(rounded, s.config.large_segment_size_bytes);
     report_out_of_memory(s, lock, size, rounded, segment_size, tag);
   }
@@ -174,8 +176,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_size) {
     return;
   }
   for (const Stream used_on : block->stream_uses) {
-    s.pending_frees.emplace_back(s.backend->record_event(used_on), block);
-    ++block->pending_events;
+    s.pending_frees.add(s.backend->record_event(used_on), block);
   }
   block->stream_uses.clear();
 }
@@ -200,7 +201,7 @@ void CachingAllocator::record_stream(void* ptr, Stream stream) {
 void CachingAllocator::empty_cache() {
   std::lock_guard lock(state_->mutex);
   state_->process_pending_frees(false);
-  state_->release_cached_blocks();
+  detail::release_cached_blocks(*state_);
 }
 
 bool CachingAllocator::release_cached_range(std::uintptr_t address, std::size_t bytes) {
@@ -212,12 +213,12 @@ bool CachingAllocator::release_cached_range(std::uintptr_t address, std::size_t 
   if (block->expandable == nullptr) {
     if (!block->is_whole_segment() || block->address != address || block->size != bytes) return false;
     s.erase_free(block);
-    s.release_segment(block);
+    detail::release_segment(s, block);
     return true;
   }
   const auto [low, high] = block->expandable->whole_granules(*block, s.backend->granularity());
   if (low != address || high - low != bytes) return false;
-  s.unmap_free_pages(block);
+  detail::unmap_free_pages(s, block);
   return true;
 }
 
@@ -239,7 +240,7 @@ void CachingAllocator::replace_backend(std::unique_ptr<Backend> backend, const C
                      "allocation or free everything first");
   }
   detail::check_backend_supports(*backend, config);
-  s.release_cached_blocks();
+  detail::release_cached_blocks(s);
   s.backend = std::move(backend);
   if (config.trace_entries != s.config.trace_entries) s.books.resize_trace(config.trace_entries);
   s.reserved_limit = detail::reserved_cap(*s.backend, config);

@@ -70,7 +70,7 @@ def solver_timing():
         for kind, (nbytes, seconds) in enumerate(kinds):
             regions.append({"name": f"layers.{layer}::r{kind}", "saved_bytes": nbytes,
                             "seconds": seconds * noise[4 * layer + kind]})
-    text = json.dumps({"kind": "region_profile", "schema_version": 1, "base_bytes": 1 << 30, "regions": regions})
+    text = json.dumps({"kind": "region-profile", "schema_version": 1, "base_bytes": 1 << 30, "regions": regions})
     all_saved = (1 << 30) + sum(r["saved_bytes"] for r in regions)
     times = []
     for share in (0.2, 0.4, 0.6, 0.8):
@@ -84,13 +84,7 @@ def solver_timing():
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--sequence", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
-    parser.add_argument("--kv-heads", type=int, default=4, help="key/value heads (default 4)")
+    hf.add_model_arguments(parser)
     parser.add_argument("--compile-budgets", default="0.2,0.45,0.7,1.0",
                         help="activation_memory_budget values for torch.compile rows ('' for none)")
     parser.add_argument("--ops", action=argparse.BooleanOptionalAction, default=True,
@@ -105,14 +99,7 @@ def main():
     torch.set_num_threads(1)
     meter = hf.make_meter(parser, args.device, args.allocator)
     dtype = getattr(torch, args.dtype)
-    config = hf.LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                            num_key_value_heads=args.kv_heads, intermediate_size=688 * args.hidden // 256, vocab_size=args.vocab,
-                            max_position_embeddings=max(256, args.sequence), use_cache=False)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    weights = hf.LlamaForCausalLM(config).state_dict()
-    ids = torch.randint(0, args.vocab, (args.batch, args.sequence), generator=torch.Generator().manual_seed(1))
-    ids = ids.to(args.device)
+    config, weights, ids = hf.model_of(args)
 
     def fresh():
         model = hf.LlamaForCausalLM(config)

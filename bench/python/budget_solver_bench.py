@@ -86,7 +86,7 @@ def op_profiles(count, ops):
 
 
 def profile_text(regions):
-    return json.dumps({"kind": "region_profile", "schema_version": 1, "base_bytes": 1 << 30,
+    return json.dumps({"kind": "region-profile", "schema_version": 1, "base_bytes": 1 << 30,
                        "regions": [{"name": f"layers.{i}::r", "saved_bytes": b, "seconds": s}
                                    for i, (b, s) in enumerate(regions)]})
 
@@ -147,7 +147,7 @@ def main():
           "worst vs 1 s goal | proved optimal | largest gap to the bound |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, regions in op_profiles(args.regions, args.ops):
-        text = json.dumps({"kind": "region_profile", "schema_version": 1, "base_bytes": 1 << 30, "regions": regions})
+        text = json.dumps({"kind": "region-profile", "schema_version": 1, "base_bytes": 1 << 30, "regions": regions})
         low = 1 << 30
         high = low + sum(op["bytes"] for r in regions for op in r["ops"])
         times, proved, gap = [], 0, 1.0

@@ -274,10 +274,8 @@ def compare(reference, loss, grads):
     return f"max abs diff {diff:.2e}"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7, help="measured rounds (median; default 7, at least 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
+def add_model_arguments(parser):
+    """The Llama's shape and its batch, as the benchmarks over this model take them."""
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
@@ -285,6 +283,26 @@ def main():
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
     parser.add_argument("--kv-heads", type=int, default=4, help="key/value heads (default 4)")
+
+
+def model_of(args):
+    """The Llama of the arguments' shape (sdpa attention): its config, its first weights (seed 0)
+    and a batch of token ids on args.device."""
+    config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.kv_heads, intermediate_size=688 * args.hidden // 256, vocab_size=args.vocab,
+                         max_position_embeddings=max(256, args.sequence), use_cache=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    weights = LlamaForCausalLM(config).state_dict()
+    ids = torch.randint(0, args.vocab, (args.batch, args.sequence), generator=torch.Generator().manual_seed(1))
+    return config, weights, ids.to(args.device)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7, help="measured rounds (median; default 7, at least 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
+    add_model_arguments(parser)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1: CPU time is the step's)")
     parser.add_argument("--torch-remat", action="store_true", help="include torch_remat 0.2.2 (must be importable)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -309,14 +327,7 @@ def main():
                      "throwaway venv: python3 -m venv --system-site-packages /tmp/tr-venv && /tmp/tr-venv/bin/pip "
                      "install --no-deps torch-remat==0.2.2, and run this script with /tmp/tr-venv/bin/python3")
 
-    config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.kv_heads, intermediate_size=688 * args.hidden // 256, vocab_size=args.vocab,
-                         max_position_embeddings=max(256, args.sequence), use_cache=False)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    weights = LlamaForCausalLM(config).state_dict()
-    ids = torch.randint(0, args.vocab, (args.batch, args.sequence), generator=torch.Generator().manual_seed(1))
-    ids = ids.to(args.device)
+    config, weights, ids = model_of(args)
 
     rows = variants(torch_remat, args.device)
     models = []

@@ -150,12 +150,18 @@ std::string runtime_of(const Json& root, std::string_view source) {
   return runtime;
 }
 
+// A budget plan's region profile (remat.profile_regions), in either spelling of its kind.
+bool is_region_profile(const Json& root) {
+  const auto kind = root.find("kind");
+  return kind != root.end() && (*kind == "region-profile" || *kind == "region_profile");
+}
+
 }  // namespace
 
 StageProfile stage_profile_from_json(std::string_view text, std::string_view source) {
   const Json root = parse(text, source, kStageProfileKind);
   open_kind(root, source, kStageProfileKind, kStageProfileOldKind, kStageProfileSchemaVersion,
-            root.value("kind", "") == "region_profile"
+            is_region_profile(root)
                 ? ": this is a region profile (remat.profile_regions); make a stage profile with "
                   "remat.pipelining.profile_stage"
                 : "; pass the dump remat.pipelining.profile_stage wrote");

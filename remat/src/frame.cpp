@@ -341,6 +341,7 @@ void Frame::recompute() {
     auto region_tag = alloc::TagScope::region(options.region_name);
     auto phase_tag = alloc::TagScope::phase(alloc::Phase::recompute);
     at::AutoGradMode grad(true);
+    CallerScope caller(options.caller.get());
     try {
       body(args);
     } catch (const std::exception& e) {

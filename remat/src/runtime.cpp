@@ -183,6 +183,7 @@ TensorList run_forward(const std::shared_ptr<Frame>& frame, const TensorList& in
   ReadObserver observer(*frame);
   auto region_tag = TagScope::region(frame->options.region_name);
   auto phase_tag = TagScope::phase(Phase::forward);
+  CallerScope caller(frame->options.caller.get());
   TensorList outputs = frame->body(inputs);
   context_scope.close();
   return outputs;
@@ -476,6 +477,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   if (!at::GradMode::is_enabled()) {
     // Nothing will run backward: run once and register nothing.
     auto region_tag = TagScope::region(options.region_name);
+    CallerScope caller(options.caller.get());
     return body(inputs);
   }
   refuse_under_vmap(options);

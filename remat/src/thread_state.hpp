@@ -1,13 +1,17 @@
 #pragma once
 // What the checkpoint runtime knows about this thread: which checkpoint's forward or recompute
 // runs here (a raw pointer, for the hot paths), which frame new saved-variable hooks belong to
-// (a shared pointer, so the hooks own it), and how deep PyTorch's own stack of saved-tensor
-// hooks was when it began.
+// (a shared pointer, so the hooks own it), whose body runs (its caller's state), and how deep
+// PyTorch's own stack of saved-tensor hooks was when it began.
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+
+namespace remat {
+struct CheckpointCaller;
+}  // namespace remat
 
 namespace remat::detail {
 
@@ -54,6 +58,18 @@ class FrameOwnerScope {
 
  private:
   std::shared_ptr<Frame> previous_;
+};
+
+// Makes `caller` the one checkpoint_caller() returns, for a scope: the body of its call.
+class CallerScope {
+ public:
+  explicit CallerScope(CheckpointCaller* caller);
+  ~CallerScope();
+  CallerScope(const CallerScope&) = delete;
+  CallerScope& operator=(const CallerScope&) = delete;
+
+ private:
+  CheckpointCaller* previous_;
 };
 
 // Saved-tensor hooks on PyTorch's stack (Python's saved_tensors_hooks; always 0 in a C++

@@ -232,7 +232,7 @@ TEST(BudgetDumps, AProfileAndAPlanReadBackAsWritten) {
   profile.regions = {{"layers.0::attn", 100, 0.125, 1}, {"layers.0::mlp", 300, 0.5, 1}};
   const std::string text = profile_to_json(profile);
   const nlohmann::json doc = nlohmann::json::parse(text);
-  EXPECT_EQ(doc["kind"], "region_profile");
+  EXPECT_EQ(doc["kind"], "region-profile");
   EXPECT_EQ(doc["device"], 1);
   EXPECT_EQ(doc["all_saved_bytes"], 1634);
   const RegionProfile back = profile_from_json(text, "p.json");
@@ -243,7 +243,7 @@ TEST(BudgetDumps, AProfileAndAPlanReadBackAsWritten) {
 
   const Plan plan = solve(back, 1234 + 300);
   const nlohmann::ordered_json written = nlohmann::ordered_json::parse(plan_to_json(plan));
-  EXPECT_EQ(written["kind"], "remat_plan");
+  EXPECT_EQ(written["kind"], "remat-plan");
   EXPECT_EQ(written["decisions"]["layers.0::attn"], "recompute");
   EXPECT_EQ(written["decisions"]["layers.0::mlp"], "save");
   const Plan again = plan_from_json(plan_to_json(plan), "plan.json");
@@ -287,6 +287,41 @@ TEST(BudgetDumps, AHandEditedDumpIsRefusedNamingTheField) {
             "edited.json: $.decisions['a::b']: must be \"save\" or \"recompute\", got \"keep\"");
   EXPECT_EQ(refusal(plan_head + R"({"a::b":"save"}})", true), "accepted");
   EXPECT_EQ(refusal("{not json", false).rfind("edited.json: $: not JSON", 0), 0u);
+}
+
+TEST(BudgetDumps, KindsAreWrittenKebabCaseAndTheOldUnderscoredSpellingStillReads) {
+  RegionProfile profile;
+  profile.base_bytes = 10;
+  profile.regions = {{"layers.0::attn", 100, 0.25, 1}};
+  const std::string written = profile_to_json(profile);
+  ASSERT_NE(written.find(R"("kind":"region-profile")"), std::string::npos);
+  const std::string plan_written = plan_to_json(solve(profile, 110));
+  ASSERT_NE(plan_written.find(R"("kind":"remat-plan")"), std::string::npos);
+  auto respelled = [](std::string text, const std::string& from, const std::string& to) {
+    return text.replace(text.find(from), from.size(), to);
+  };
+  // Dumps written before kinds were kebab-case read as the same profile and plan.
+  const RegionProfile old_profile =
+      profile_from_json(respelled(written, R"("region-profile")", R"("region_profile")"), "old.json");
+  ASSERT_EQ(old_profile.regions.size(), 1u);
+  EXPECT_EQ(old_profile.regions[0].saved_bytes, 100u);
+  const Plan old_plan = plan_from_json(respelled(plan_written, R"("remat-plan")", R"("remat_plan")"), "old.json");
+  ASSERT_EQ(old_plan.regions.size(), 1u);
+  EXPECT_EQ(old_plan.regions[0].second, Choice::save);
+  EXPECT_EQ(old_plan.kept_bytes, 110u);
+  // A profile given as a plan, in either spelling, is told what to do with it; other kinds are
+  // refused naming the kind as written now.
+  for (const std::string profile_kind : {"region-profile", "region_profile"}) {
+    const std::string text = respelled(written, R"("region-profile")", "\"" + profile_kind + "\"");
+    EXPECT_EQ(refusal(text, true).rfind("edited.json: $.kind: is '" + profile_kind +
+                                            "', not 'remat-plan': this is a profile; make a plan from it",
+                                        0),
+              0u);
+  }
+  EXPECT_EQ(refusal(respelled(written, R"("region-profile")", R"("remat-plan")"), false),
+            "edited.json: $.kind: is 'remat-plan', not 'region-profile'");
+  EXPECT_EQ(refusal(respelled(written, R"("region-profile")", R"("region profile")"), false),
+            "edited.json: $.kind: is 'region profile', not 'region-profile'");
 }
 
 TEST(BudgetDumps, APlanThatContradictsItselfIsRefusedNamingTheField) {

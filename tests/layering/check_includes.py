@@ -7,6 +7,10 @@
   or CUDA backend.
 - The allocator's pool (caching_allocator.cpp and detail/pool_state.hpp) reaches dumps, the trace and OOM reporting
   only through their interfaces: no dump or snapshot headers, no other unit's sources.
+- The pool's state (detail/pool_state.hpp) holds its block mechanics only: memory from the
+  backend (detail/segment_memory.hpp), what gives cached memory back (detail/cache_release.hpp)
+  and what it tells when something went wrong (detail/pool_diagnostics.hpp) are functions over
+  it, included by caching_allocator.cpp and by each other, never by the state.
 - One module writes the dump header: the field list appears in allocator/src/dump.cpp only.
 - One module of remat.pipelining touches PyTorch's private pipelining internals
   (_torch_internals.py): the others neither import torch.distributed.pipelining nor name them.
@@ -27,12 +31,19 @@
     engine                                        hands those hooks to autograd
     runtime | memory_report, saved_report         the entry points, beside the reports reading the
                                                   records (saved_report also installs the engine)
+- Region paths ("layers.0::attn") are joined in one place, the allocator's tags
+  (region_path, kRegionSeparator; reached from Python as _C.region_path and
+  _C.REGION_SEPARATOR): no other source spells the separator.
+- Dump kinds are kebab-case, each named by its schema's file (schemas/<kind>.schema.json); a
+  kind written with underscores before lists that spelling second, and remat-report reads it as
+  the same kind (canonical_kind in cli/src/reader/dump_file.cpp).
 - remat-report's folders (cli/src/<folder>) include downward only, lowest first (CLI_LAYERS): a
   folder includes only folders in layers below its own, and its files include each other in no
   circle. One of its modules turns the dump header into JSON (output/dump_header.cpp).
 """
 
 import ast
+import json
 import pathlib
 import re
 import sys
@@ -226,6 +237,19 @@ class Layering(unittest.TestCase):
         forbidden = [inc for inc in found if re.search(r"(snapshot|dump|json_writer)\.hpp$|\.cpp$", inc)]
         self.assertEqual(forbidden, [], "the pool writes no dumps itself")
 
+    def test_the_pools_policies_over_its_state_are_included_by_the_allocator_alone(self):
+        detail = ROOT / "allocator/src/detail"
+        over_state = {"segment_memory.hpp", "cache_release.hpp", "pool_diagnostics.hpp"}
+        for name in sorted(over_state):
+            self.assertIn("pool_state.hpp", includes(detail / name), f"{name} reads the pool's state")
+        includers = sorted({str(p.relative_to(ROOT)) for p in sources("allocator") for inc in includes(p)
+                            if pathlib.PurePosixPath(inc).name in over_state and p.name not in over_state})
+        self.assertEqual(includers, ["allocator/src/caching_allocator.cpp"],
+                         "the pool's state includes no function over itself; caching_allocator.cpp applies them")
+        state = (detail / "pool_state.hpp").read_text()
+        for moved in ("release_cached_blocks", "collect_garbage", "new_memory", "unmap_free_pages", "map_pages"):
+            self.assertNotRegex(state, rf"\b{moved}\(", f"{moved} is not the pool state's own")
+
     def test_one_module_lists_the_dump_header(self):
         writers = [
             str(p.relative_to(ROOT))
@@ -282,6 +306,43 @@ class Layering(unittest.TestCase):
         writers = [str(p.relative_to(ROOT)) for p in sources("cli/src")
                    if "write_dump_header(" in p.read_text(errors="replace")]
         self.assertEqual(writers, ["cli/src/output/dump_header.cpp"])
+
+    def test_region_paths_are_joined_in_one_place(self):
+        literal = re.compile(r'"::"')
+        found = []
+        for folder in ("allocator", "remat", "pipeline", "cli/src", "examples"):
+            for path in sources(folder):
+                if path == ROOT / "allocator/include/remat/alloc/tags.hpp":
+                    continue
+                code = re.sub(r"//[^\n]*", "", path.read_text(errors="replace"))
+                found += [f"{path.relative_to(ROOT)}: {line.strip()}" for line in code.splitlines()
+                          if literal.search(line)]
+        for package in ("remat/python/remat", "pipeline/python/remat/pipelining"):
+            for path in sorted((ROOT / package).glob("*.py")):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    parts = node.values if isinstance(node, ast.JoinedStr) else [node]
+                    if any(isinstance(part, ast.Constant) and isinstance(part.value, str)
+                           and (part.value == "::" or (part is not node and "::" in part.value)) for part in parts):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        self.assertEqual(sorted(set(found)), [], "join region paths with alloc::region_path (Python: _C.region_path), split them "
+                                    "at alloc::kRegionSeparator (_C.REGION_SEPARATOR)")
+
+    def test_dump_kinds_are_kebab_case_and_read_in_their_old_spelling(self):
+        underscored = set()
+        for path in sorted((ROOT / "schemas").glob("*.schema.json")):
+            kind = path.name.removesuffix(".schema.json")
+            self.assertRegex(kind, r"^[a-z]+(-[a-z]+)*$", f"{path.name}: name schemas by their kind, kebab-case")
+            spec = json.loads(path.read_text())["properties"]["kind"]
+            spellings = [spec["const"]] if "const" in spec else spec["enum"]
+            self.assertEqual(spellings[0], kind, f"{path.name}: the kind written is the schema's name")
+            self.assertIn(spellings[1:], ([], [kind.replace("-", "_")]),
+                          f"{path.name}: the only other spelling read is the underscored one of dumps written before")
+            underscored.update(spellings[1:])
+        reader = (ROOT / "cli/src/reader/dump_file.cpp").read_text()
+        listed = re.search(r"kUnderscored\[\] = \{([^}]*)\}", reader)
+        self.assertIsNotNone(listed, "canonical_kind's list of underscored kinds (cli/src/reader/dump_file.cpp)")
+        self.assertEqual(set(re.findall(r'"([^"]+)"', listed.group(1))), underscored,
+                         "remat-report reads every underscored kind a schema accepts, and no other")
 
     def test_the_cycle_check_finds_direct_and_longer_cycles(self):
         graph = {"a": {"b": "a.cpp includes b.hpp"}, "b": {"c": "b.cpp includes c.hpp"},

@@ -80,6 +80,13 @@ void expect_parts(const PeakParts& got, const PeakParts& want) {
   EXPECT_EQ(got.transient, want.transient);
 }
 
+// The rank's predicted peak, the action at which it happens, and its parts there.
+void expect_peak(const RankPrediction& rank, std::uint64_t peak, const std::string& action, const PeakParts& parts) {
+  EXPECT_EQ(rank.peak, peak);
+  EXPECT_EQ(rank.action, action);
+  expect_parts(rank.parts, parts);
+}
+
 std::string refusal(const Schedule& lowered, const std::vector<StageProfile>& profiles) {
   try {
     predict_peaks(lowered, profiles, PredictOptions{});
@@ -93,13 +100,8 @@ TEST(PredictPeaks, GPipeFirstRankPeaksAtItsFirstBackwardWithEveryMicrobatchInFli
   const RankPrediction rank = predict_step_loop(ScheduleKind::gpipe, "gpipe").per_rank.at(0);
   // F0 F1 F2 then B0: three microbatches' activations, no gradients yet (they appear at B0's
   // end), stock gradient buffers for 3 microbatches of stage 0's output, the batch's 3 inputs.
-  PeakParts want;
-  want.params = 1000;
-  want.optimizer_state = 2000;
-  want.activations = 3 * 300;
-  want.receive_buffers = 3 * 200;
-  want.batch = 3 * 100;
-  want.transient = 70;
+  const PeakParts want{.params = 1000, .optimizer_state = 2000, .activations = 3 * 300, .receive_buffers = 3 * 200,
+                       .batch = 3 * 100, .transient = 70};
   EXPECT_EQ(rank.peak, 1000u + 2000 + 900 + 600 + 300 + 70);
   EXPECT_EQ(rank.peak, 4870u);
   EXPECT_EQ(rank.action, "0B0");
@@ -112,56 +114,30 @@ TEST(PredictPeaks, OneFOneBFirstRankHoldsTwoMicrobatchesAtMostAndPeaksAtItsSecon
   const RankPrediction rank = predict_step_loop(ScheduleKind::one_f_one_b, "1f1b").per_rank.at(0);
   // F0 F1 B0 F2 B1 B2: at B0 two in flight and no gradients (4570); at B1 two in flight
   // (microbatches 1 and 2) and stage 0's gradients: 100 more.
-  PeakParts want;
-  want.params = 1000;
-  want.grads = 100;
-  want.optimizer_state = 2000;
-  want.activations = 2 * 300;
-  want.receive_buffers = 3 * 200;
-  want.batch = 3 * 100;
-  want.transient = 70;
-  EXPECT_EQ(rank.peak, 4670u);
-  EXPECT_EQ(rank.action, "0B1");
+  const PeakParts want{.params = 1000, .grads = 100, .optimizer_state = 2000, .activations = 2 * 300,
+                       .receive_buffers = 3 * 200, .batch = 3 * 100, .transient = 70};
+  expect_peak(rank, 4670, "0B1", want);
   EXPECT_EQ(rank.in_flight, 2);
-  expect_parts(rank.parts, want);
 }
 
 TEST(PredictPeaks, GPipeLastRankHoldsItsInputGradientsUntilTheStepEnds) {
   const RankPrediction rank = predict_step_loop(ScheduleKind::gpipe, "gpipe").per_rank.at(1);
   // At B1: microbatches 1 and 2 in flight; microbatch 0's output and loss kept for the merged
   // output (20 + 4), its input gradient held by its send, which GPipe waits for at the end (200).
-  PeakParts want;
-  want.params = 4000;
-  want.grads = 400;
-  want.optimizer_state = 8000;
-  want.activations = 2 * 600;
-  want.receive_buffers = 3 * 200;
-  want.held_for_sends = 20 + 4 + 200;
-  want.batch = 3 * 10;
-  want.transient = 150;
-  EXPECT_EQ(rank.peak, 14604u);
-  EXPECT_EQ(rank.action, "1B1");
+  const PeakParts want{.params = 4000, .grads = 400, .optimizer_state = 8000, .activations = 2 * 600,
+                       .receive_buffers = 3 * 200, .held_for_sends = 20 + 4 + 200, .batch = 3 * 10, .transient = 150};
+  expect_peak(rank, 14604, "1B1", want);
   EXPECT_EQ(rank.in_flight, 2);
-  expect_parts(rank.parts, want);
 }
 
 TEST(PredictPeaks, OneFOneBLastRankLetsEachInputGradientGoAtItsSend) {
   const RankPrediction rank = predict_step_loop(ScheduleKind::one_f_one_b, "1f1b").per_rank.at(1);
   // F0 B0 F1 B1 F2 B2: one microbatch in flight at a time; at B2 the outputs and losses of
   // microbatches 0 and 1 are kept, their input gradients already sent and waited for.
-  PeakParts want;
-  want.params = 4000;
-  want.grads = 400;
-  want.optimizer_state = 8000;
-  want.activations = 600;
-  want.receive_buffers = 3 * 200;
-  want.held_for_sends = 2 * (20 + 4);
-  want.batch = 3 * 10;
-  want.transient = 150;
-  EXPECT_EQ(rank.peak, 13828u);
-  EXPECT_EQ(rank.action, "1B2");
+  const PeakParts want{.params = 4000, .grads = 400, .optimizer_state = 8000, .activations = 600,
+                       .receive_buffers = 3 * 200, .held_for_sends = 2 * (20 + 4), .batch = 3 * 10, .transient = 150};
+  expect_peak(rank, 13828, "1B2", want);
   EXPECT_EQ(rank.in_flight, 1);
-  expect_parts(rank.parts, want);
 }
 
 TEST(PredictPeaks, TheOptimizerStepIsThePeakWhenItsTransientOutweighsABackward) {
@@ -200,35 +176,17 @@ Prediction predict_remat_runtime(ReceiveBuffers buffers, int slack) {
 TEST(PredictPeaks, RematRuntimeHoldsSentOutputsUntilTheStepEnds) {
   const RankPrediction rank = predict_remat_runtime(ReceiveBuffers::stock, 2).per_rank.at(0);
   // At B1 as under PyTorch's Schedule1F1B, and microbatch 0's output (200) still held by its send.
-  PeakParts want;
-  want.params = 1000;
-  want.grads = 100;
-  want.optimizer_state = 2000;
-  want.activations = 2 * 300;
-  want.receive_buffers = 3 * 200;
-  want.held_for_sends = 200;
-  want.batch = 3 * 100;
-  want.transient = 70;
-  EXPECT_EQ(rank.peak, 4870u);
-  EXPECT_EQ(rank.action, "0B1");
-  expect_parts(rank.parts, want);
+  const PeakParts want{.params = 1000, .grads = 100, .optimizer_state = 2000, .activations = 2 * 300,
+                       .receive_buffers = 3 * 200, .held_for_sends = 200, .batch = 3 * 100, .transient = 70};
+  expect_peak(rank, 4870, "0B1", want);
 }
 
 TEST(PredictPeaks, RematRuntimeKeepsInputGradientsAndLossesButNoOutputs) {
   const RankPrediction rank = predict_remat_runtime(ReceiveBuffers::stock, 2).per_rank.at(1);
   // At B2: microbatches 0 and 1 each leave their loss (4) and input gradient (200); no outputs.
-  PeakParts want;
-  want.params = 4000;
-  want.grads = 400;
-  want.optimizer_state = 8000;
-  want.activations = 600;
-  want.receive_buffers = 3 * 200;
-  want.held_for_sends = 2 * (4 + 200);
-  want.batch = 3 * 10;
-  want.transient = 150;
-  EXPECT_EQ(rank.peak, 14188u);
-  EXPECT_EQ(rank.action, "1B2");
-  expect_parts(rank.parts, want);
+  const PeakParts want{.params = 4000, .grads = 400, .optimizer_state = 8000, .activations = 600,
+                       .receive_buffers = 3 * 200, .held_for_sends = 2 * (4 + 200), .batch = 3 * 10, .transient = 150};
+  expect_peak(rank, 14188, "1B2", want);
 }
 
 TEST(PredictPeaks, RematRuntimeRingsAreTheRuntimesWithItsSlack) {
@@ -311,16 +269,9 @@ TEST(PredictPeaks, AStagesFirstBackwardPeaksWithTheGradientsItCreates) {
   const RankPrediction rank = predict_peaks(one, {first, last}, options).per_rank.at(0);
   // F0 then B0: params, state, one set of gradient buffers (200), one input (100), microbatch
   // 0's activations (300) and B0's first-backward peak (400), above the optimizer step's 3500.
-  PeakParts want;
-  want.params = 1000;
-  want.optimizer_state = 2000;
-  want.activations = 300;
-  want.receive_buffers = 200;
-  want.batch = 100;
-  want.transient = 400;
-  EXPECT_EQ(rank.peak, 4000u);
-  EXPECT_EQ(rank.action, "0B0");
-  expect_parts(rank.parts, want);
+  const PeakParts want{.params = 1000, .optimizer_state = 2000, .activations = 300, .receive_buffers = 200,
+                       .batch = 100, .transient = 400};
+  expect_peak(rank, 4000, "0B0", want);
 
   // Two microbatches: B0 creates the gradients (600 of activations in flight, 400 above), B1
   // is a later backward (backward_transient 70 with the gradients held): B0 stays the peak.

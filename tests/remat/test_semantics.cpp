@@ -128,6 +128,37 @@ TEST(Residency, InputsOfACheckpointThatStartsSavingAreDroppedFromItsNextCall) {
   }
 }
 
+// What a caller keeps with a checkpoint call comes back while that call's body runs: in forward,
+// in recompute (on autograd's thread) and without grad; never outside a body, nor after one
+// that threw.
+struct NamedCaller : remat::CheckpointCaller {};
+
+TEST(Caller, IsHandedBackWhileItsCallsBodyRunsInForwardRecomputeAndWithoutGrad) {
+  const auto caller = std::make_shared<NamedCaller>();
+  std::vector<std::pair<std::string, remat::CheckpointCaller*>> seen;
+  auto body = [&](const at::Tensor& in) {
+    seen.emplace_back(remat::is_recomputing() ? "recompute" : "forward", remat::checkpoint_caller());
+    return in.exp().sum();  // exp's saved result makes recompute run the body
+  };
+  EXPECT_EQ(remat::checkpoint_caller(), nullptr);
+  const auto x = at::rand({4}).requires_grad_(true);
+  remat::checkpoint({.region_name = "layers.0", .caller = caller})(body)(x).backward();
+  {
+    at::NoGradGuard no_grad;
+    remat::checkpoint({.region_name = "layers.0", .caller = caller})(body)(x);
+  }
+  remat::checkpoint({.region_name = "plain"})(body)(x).backward();
+  const std::vector<std::pair<std::string, remat::CheckpointCaller*>> expected = {
+      {"forward", caller.get()}, {"recompute", caller.get()}, {"forward", caller.get()},
+      {"forward", nullptr},      {"recompute", nullptr}};
+  EXPECT_EQ(seen, expected);
+  EXPECT_EQ(remat::checkpoint_caller(), nullptr);
+
+  auto throws = [](const at::Tensor& in) -> at::Tensor { throw std::runtime_error("body failed on " + in.toString()); };
+  EXPECT_ANY_THROW(remat::checkpoint({.region_name = "layers.1", .caller = caller})(throws)(x));
+  EXPECT_EQ(remat::checkpoint_caller(), nullptr);
+}
+
 // y = a save region's output that forward's code never reads; recompute reads it on a path
 // forward did not take, so it is a placeholder unless marked.
 struct PlaceholderProbe {

@@ -3,7 +3,9 @@
 // drive simulated streams and check what reached "the device".
 
 #include <remat/alloc/caching_allocator.hpp>
+#include <remat/alloc/errors.hpp>
 #include <remat/alloc/host_backend.hpp>
+#include <remat/alloc/oom.hpp>
 
 #include <memory>
 #include <string>
@@ -25,6 +27,20 @@ struct HostAllocator {
   void* alloc(std::size_t size, Stream stream = 0) { return allocator->allocate(size, stream); }
   void free(void* ptr) { allocator->deallocate(ptr); }
   AllocatorStats stats() const { return allocator->stats(); }
+  // The report the OOM handler is given for a request of `size` bytes that fails; null when the
+  // request does not fail with OutOfMemoryError.
+  std::shared_ptr<const OomReport> oom_report_of(std::size_t size) {
+    std::shared_ptr<const OomReport> report;
+    allocator->set_oom_handler([&](const OomEvent& event) { report = event.report; });
+    try {
+      alloc(size);
+    } catch (const OutOfMemoryError&) {
+      allocator->set_oom_handler(nullptr);
+      return report;
+    }
+    allocator->set_oom_handler(nullptr);
+    return nullptr;
+  }
 
   HostBackend* host = nullptr;
   std::unique_ptr<CachingAllocator> allocator;

@@ -1,7 +1,11 @@
 #pragma once
-// The caching pool's state and its mechanics: free pools, segments fixed and expandable (whose
-// address space expandable_segments.hpp owns), block splitting and merging, frees waiting on
-// stream events, cache release and garbage collection.
+// The caching pool's state and its block mechanics: free pools, the segments' address-ordered
+// block lists, splitting and merging. Beside it, each its own idea: frees waiting on stream events
+// (pending_frees.hpp, a type the state holds), and functions over the state that
+// caching_allocator.cpp applies: memory from the backend, fixed segments and expandable ones'
+// pages (segment_memory.hpp; their address space is expandable_segments.hpp's), giving cached
+// memory back (cache_release.hpp), what the pool tells when something went wrong
+// (pool_diagnostics.hpp).
 // CachingAllocator (caching_allocator.cpp) locks it and turns its operations into the public API;
 // the books (ledger.hpp) keep the statistics and the trace.
 
@@ -17,6 +21,7 @@
 #include "free_pools.hpp"
 #include "ledger.hpp"
 #include "oom_reporting.hpp"
+#include "pending_frees.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -24,7 +29,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,7 +62,7 @@ struct PoolState {
   LargePool large_pool;
   AddressMap<Block*> live;  // allocated blocks by address
   std::map<std::uintptr_t, Block*> segments;  // head block of each segment by address
-  std::vector<std::pair<Event, Block*>> pending_frees;
+  PendingFrees pending_frees;
   Block* spare_blocks = nullptr;  // recycled block records, linked through `next`
   ExpandableSegments expandable;
   std::uint64_t frees = 0;                                      // stamps Block::freed_at
@@ -104,160 +108,6 @@ struct PoolState {
     block->stream_uses.clear();
     block->next = std::exchange(spare_blocks, block);
   }
-
-  Block* new_segment(std::size_t size, Stream stream, bool small) {
-    if (exceeds_reserved_cap(books.reserved_bytes(), reserved_limit, size)) {
-      return nullptr;
-    }
-    void* ptr = backend->allocate(size);
-    if (ptr == nullptr) return nullptr;
-    Block* block = new_block();
-    block->address = reinterpret_cast<std::uintptr_t>(ptr);
-    block->size = size;
-    block->stream = stream;
-    block->small = small;
-    segments.emplace(block->address, block);
-    books.reserved(block->address, size, stream, small, current_tag_id());
-    books.segment_opened(small, size >= config.max_split_size_bytes);
-    return block;
-  }
-
-  void release_segment(Block* block) {
-    backend->deallocate(reinterpret_cast<void*>(block->address), block->size);
-    segments.erase(block->address);
-    books.released(block->address, block->size, block->stream, block->small);
-    books.segment_closed(block->small, block->size >= config.max_split_size_bytes);
-    recycle(block);
-  }
-
-  // A block for `rounded` bytes from new device memory: a new fixed segment, or pages mapped in
-  // the stream's expandable segment (into a hole, else at its end).
-  Block* new_memory(std::size_t rounded, Stream stream, bool small) {
-    if (config.expandable_segments) return grow_expandable(rounded, stream, small);
-    return new_segment(segment_size_for(rounded, config.large_segment_size_bytes), stream, small);
-  }
-
-  // One small or large segment, in whole granules of the backend.
-  std::size_t growth_step(bool small) const {
-    return std::lcm(small ? kSmallSegmentSize : config.large_segment_size_bytes, backend->granularity());
-  }
-
-  // Maps pages for `rounded` bytes and returns the free block holding them, out of the free
-  // pool: in the lowest hole that has room (with the free blocks on either side of it), else
-  // at the segment's end. nullptr when the cap, the reservation or the device has no room.
-  Block* grow_expandable(std::size_t rounded, Stream stream, bool small) {
-    ExpandableSegment* segment = expandable.of(stream, small, *backend, growth_step(small));
-    if (segment == nullptr) return nullptr;
-    for (const auto& [address, hole] : segment->holes) {
-      if (Block* block = map_into_hole(*segment, hole, rounded)) return block;
-    }
-    Block* tail = segment->tail;
-    // A free tail too small for the request grows; one the pool would not hand out
-    // (max_split_size) stays as it is, with the new block after it.
-    const bool extend_tail = tail != nullptr && tail->is_free() && tail->size < rounded;
-    const std::size_t have = extend_tail ? tail->size : 0;
-    const std::size_t grow = round_up(rounded - have, growth_step(small));
-    if (grow > segment->room() || !map_pages(*segment, segment->base + segment->extent, grow)) {
-      return nullptr;
-    }
-    if (segment->extent == 0) books.segment_opened(small, false);
-    const std::uintptr_t end = segment->base + segment->extent;
-    segment->extent += grow;
-    if (extend_tail) {
-      erase_free(tail);
-      tail->size += grow;
-      return tail;
-    }
-    Block* block = new_block();
-    block->address = end;
-    block->size = grow;
-    block->stream = stream;
-    block->small = small;
-    block->expandable = segment;
-    block->prev = tail;
-    if (tail != nullptr) link_next(tail, block);
-    else segments.emplace(block->address, block);
-    segment->tail = block;
-    return block;
-  }
-
-  // Maps `bytes` at `address` of the segment and counts them; false when the cap or the device
-  // has no room.
-  bool map_pages(ExpandableSegment& segment, std::uintptr_t address, std::size_t bytes) {
-    if (exceeds_reserved_cap(books.reserved_bytes(), reserved_limit, bytes) ||
-        !backend->map(reinterpret_cast<void*>(address), bytes)) {
-      return false;
-    }
-    segment.mapped += bytes;
-    books.reserved(address, bytes, segment.stream, segment.small, current_tag_id());
-    return true;
-  }
-
-  // Maps the start of `hole` so that, with the free blocks before and after it, a free block of
-  // `rounded` bytes forms; returns it out of the pool, or nullptr when the hole has no room or
-  // the memory is not there.
-  Block* map_into_hole(ExpandableSegment& segment, Block* hole, std::size_t rounded) {
-    Block* before = hole->prev != nullptr && hole->prev->is_free() ? hole->prev : nullptr;
-    Block* after = hole->next != nullptr && hole->next->is_free() ? hole->next : nullptr;
-    const std::size_t have = before != nullptr ? before->size : 0;
-    // The block before alone would do but the pool did not hand it out (max_split_size):
-    // mapping nothing changes that.
-    if (have >= rounded) return nullptr;
-    const std::size_t grow = std::min(hole->size, round_up(rounded - have, growth_step(segment.small)));
-    const bool whole = grow == hole->size;
-    if (have + grow + (whole && after != nullptr ? after->size : 0) < rounded) return nullptr;
-    if (!map_pages(segment, hole->address, grow)) return nullptr;
-    segment.holes.erase(hole->address);
-    Block* block = hole;
-    if (whole) {
-      hole->mapped = true;
-    } else {
-      block = split_off_front(hole, grow);
-      block->mapped = true;
-      segment.holes.emplace(hole->address, hole);
-    }
-    merge(block, before);
-    if (whole) merge(block, after);
-    return block;
-  }
-
-  // Unmaps the whole granules inside a free block of an expandable segment: they become a hole
-  // (merged with holes beside it), or, at the segment's end, leave the segment, whose
-  // reservation goes back once nothing of it is left. Returns the bytes unmapped.
-  std::size_t unmap_free_pages(Block* block) {
-    ExpandableSegment& segment = *block->expandable;
-    const std::uintptr_t begin = block->address;
-    const std::uintptr_t end = begin + block->size;
-    const auto [low, high] = segment.whole_granules(*block, backend->granularity());
-    if (low >= high) return 0;
-    const std::size_t unmapped = high - low;
-    erase_free(block);
-    backend->unmap(reinterpret_cast<void*>(low), unmapped);
-    books.released(low, unmapped, segment.stream, segment.small);
-    segment.mapped -= unmapped;
-    // The pieces of granules that stay mapped on either side stay free blocks.
-    if (low > begin) insert_free(split_off_front(block, low - begin));
-    if (high < end) insert_free(split_off_back(block, end - high));
-    Block* hole = block;
-    hole->mapped = false;
-    if (hole->prev != nullptr && !hole->prev->mapped) absorb_hole(hole, hole->prev);
-    if (hole->next != nullptr && !hole->next->mapped) absorb_hole(hole, hole->next);
-    if (hole != segment.tail) {
-      segment.holes.emplace(hole->address, hole);
-      return unmapped;
-    }
-    segment.tail = hole->prev;
-    segment.extent = hole->address - segment.base;
-    if (hole->prev != nullptr) link_next(hole->prev, nullptr);
-    else segments.erase(hole->address);
-    recycle(hole);
-    if (segment.extent == 0) {
-      books.segment_closed(segment.small, false);
-      expandable.release(segment, *backend);
-    }
-    return unmapped;
-  }
-
 
   // The allocated block at `address`, or nullptr.
   Block* live_block(std::uintptr_t address) const {
@@ -338,51 +188,6 @@ struct PoolState {
     recycle(neighbour);
   }
 
-  // What empty_cache and the retry before out-of-memory give back: every whole free fixed
-  // segment, and every whole free granule of the expandable segments, wherever it lies.
-  void release_cached_blocks() {
-    std::vector<Block*> whole;
-    std::vector<Block*> in_expandable;
-    auto consider = [&](Block* block) {
-      if (block->is_whole_segment()) whole.push_back(block);
-      else if (block->expandable != nullptr) in_expandable.push_back(block);
-    };
-    small_pool.for_each(consider);
-    large_pool.for_each(consider);
-    for (Block* block : whole) {
-      erase_free(block);
-      release_segment(block);
-    }
-    // Unmapping one block changes only it and the holes beside it, so the others stay valid.
-    for (Block* block : in_expandable) unmap_free_pages(block);
-  }
-
-  // PyTorch's garbage_collection_threshold: with a memory_fraction cap, once reserved bytes
-  // pass the threshold's share of it, give back the cached memory idle longest (whole free
-  // segments, expandable segments' free granules) until reserved is under the threshold again.
-  void collect_garbage() {
-    if (config.garbage_collection_threshold <= 0.0 || reserved_limit == Config::kUnlimited) return;
-    const auto threshold = static_cast<std::size_t>(config.garbage_collection_threshold *
-                                                    static_cast<double>(reserved_limit));
-    if (books.reserved_bytes() <= threshold) return;
-    std::vector<Block*> idle;
-    auto consider = [&](Block* block) {
-      if (block->is_whole_segment() || block->expandable != nullptr) idle.push_back(block);
-    };
-    small_pool.for_each(consider);
-    large_pool.for_each(consider);
-    std::sort(idle.begin(), idle.end(), [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
-    for (Block* block : idle) {
-      if (books.reserved_bytes() <= threshold) break;
-      if (block->expandable != nullptr) {
-        unmap_free_pages(block);
-      } else {
-        erase_free(block);
-        release_segment(block);
-      }
-    }
-  }
-
   [[gnu::always_inline]] void split(Block* block, std::size_t size) {
     const std::size_t remaining = block->size - size;
     // As PyTorch: expandable segments split any remainder, like the small pool.
@@ -412,24 +217,14 @@ struct PoolState {
     insert_free(block);
   }
 
-  // Retires completed stream events; with `wait`, blocks on each where the backend can.
+  // Retires the frees whose stream events completed (with `wait`, waits for each where the backend
+  // can): a block none of whose events is left goes back to its pool.
   void process_pending_frees(bool wait) {
     if (wait) books.waited_for_all_streams();
-    for (std::size_t i = 0; i < pending_frees.size();) {
-      auto [event, block] = pending_frees[i];
-      const bool done = wait ? backend->wait_event(event) : backend->event_completed(event);
-      if (!done) {
-        ++i;
-        continue;
-      }
-      backend->destroy_event(event);
-      pending_frees[i] = pending_frees.back();
-      pending_frees.pop_back();
-      if (--block->pending_events == 0) {
-        books.free_completed(*block);
-        complete_free(block);
-      }
-    }
+    pending_frees.retire(*backend, wait, [this](Block* block) {
+      books.free_completed(*block);
+      complete_free(block);
+    });
   }
 };
 

@@ -1,5 +1,5 @@
 // `remat-report advise`: the budget plan remat.RegionProfile.plan() makes from a region profile
-// (the same solver, the same remat_plan dump), or the budget/time frontier between the least
+// (the same solver, the same remat-plan dump), or the budget/time frontier between the least
 // the checkpoints keep and everything saved.
 
 #include "commands/command.hpp"
@@ -45,7 +45,7 @@ struct AdviseOptions {
 constexpr std::size_t kPictureSteps = 96;
 
 std::string read_profile_text(const std::string& path) {
-  return read_text_input(path, kLargestProfile, "a region profile", "a region_profile dump (profile.to_json(path))");
+  return read_text_input(path, kLargestProfile, "a region profile", "a region-profile dump (profile.to_json(path))");
 }
 
 std::uint64_t parse_budget(const std::string& option, const std::string& text) {
@@ -144,7 +144,7 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       "and recompute takes the least time (the plan remat's profile.plan() makes); without --budget, the fastest "
       "plan at budgets from the least to everything saved");
   auto opts = std::make_shared<AdviseOptions>();
-  command->add_option("file", opts->file, "A region_profile dump (remat.profile_regions(), profile.to_json(path))")
+  command->add_option("file", opts->file, "A region-profile dump (remat.profile_regions(), profile.to_json(path))")
       ->required();
   auto* budget_option = command->add_option(
       "--budget", opts->budget, "Memory the checkpoints may keep, with a unit (12GiB, 512 MiB, or 12GB = 12 x 10^9 bytes)");

@@ -35,24 +35,34 @@ std::vector<Tick> second_ticks(double max, int count) {
   return ticks;
 }
 
-// What the picture puts on its x axis: the budget of each plan (from which it holds until the next
-// one's), where the plan itself lies, and the words for both.
+// What the picture puts on its x axis: the plan's figure that is its budget (from which it holds
+// until the next plan's), the one where the plan itself lies, and the words for both.
 struct XAxis {
-  std::uint64_t low = 0;   // below it no plan exists
-  std::uint64_t high = 0;  // everything saved
-  std::uint64_t (*budget_of)(const budget::Plan&) = nullptr;
-  std::uint64_t (*point_of)(const budget::Plan&) = nullptr;
-  const char* title = "";
-  const char* subtitle = "";  // {} {}: the least and the most, as bytes
-  const char* label = "";
-  const char* data = "";      // the root's data attributes for low and high: {} {}
-  const char* point = "";     // a circle's title: budget {}, {} (the point), recomputes {:.6g} s
+  std::uint64_t budget::Plan::*budget;
+  std::uint64_t budget::Plan::*point;
+  const char* title;
+  const char* subtitle;     // {} {}: the least and the most, as bytes
+  const char* label;
+  const char* data;         // the root's data attributes for the least and the most: {} {}
+  const char* point_title;  // a circle's title: budget {}, {} (the point), recomputes {:.6g} s
 };
 
+// Budgets for what the checkpoints keep; budgets for the step's predicted peak.
+constexpr XAxis kKeptAxis{&budget::Plan::budget_bytes, &budget::Plan::kept_bytes,
+                          "Recompute time of the fastest plan at each budget",
+                          "{} kept with every region recomputed, {} with every region saved",
+                          "budget (bytes the checkpoints may keep)",
+                          "data-base-bytes=\"{}\" data-all-saved-bytes=\"{}\"",
+                          "budget {}: keeps {}, recomputes {:.6g} s"};
+constexpr XAxis kPeakAxis{&budget::Plan::peak_budget_bytes, &budget::Plan::peak_bytes,
+                          "Recompute time of the fastest plan at each step peak",
+                          "the least step peak any plan reaches {}, every region saved {}",
+                          "step peak budget (allocated bytes at the step's peak, predicted)",
+                          "data-least-peak-bytes=\"{}\" data-step-peak-bytes=\"{}\"",
+                          "peak budget {}: peaks at {} predicted, recomputes {:.6g} s"};
+
 std::string draw(const budget::RegionProfile& profile, const std::vector<budget::Plan>& plans,
-                 const std::string& source, const XAxis& axis) {
-  const std::uint64_t low = axis.low;
-  const std::uint64_t high = axis.high;
+                 const std::string& source, const XAxis& axis, std::uint64_t low, std::uint64_t high) {
   double most_seconds = 0;
   for (const budget::Plan& plan : plans) most_seconds = std::max(most_seconds, plan.recompute_seconds);
   const std::vector<Tick> x_ticks = byte_ticks(high, 8);
@@ -83,10 +93,10 @@ std::string draw(const budget::RegionProfile& profile, const std::vector<budget:
   // The frontier: each plan holds from its budget to the next one's.
   std::string path;
   for (std::size_t i = 0; i < plans.size(); ++i) {
-    const double x = x_of(static_cast<double>(axis.budget_of(plans[i])));
+    const double x = x_of(static_cast<double>(plans[i].*axis.budget));
     const double y = y_of(plans[i].recompute_seconds);
     path += fmt::format("{}{:.1f},{:.1f}", i == 0 ? "M" : " L", x, y);
-    const double next = i + 1 < plans.size() ? x_of(static_cast<double>(axis.budget_of(plans[i + 1]))) : x;
+    const double next = i + 1 < plans.size() ? x_of(static_cast<double>(plans[i + 1].*axis.budget)) : x;
     path += fmt::format(" L{:.1f},{:.1f}", next, y);
   }
   svg += fmt::format("<path id=\"frontier\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n", path,
@@ -95,12 +105,12 @@ std::string draw(const budget::RegionProfile& profile, const std::vector<budget:
   for (const budget::Plan& plan : plans) {
     svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\" data-budget-bytes=\"{}\" "
                        "data-kept-bytes=\"{}\"{} data-recompute-seconds=\"{:.9g}\"><title>{}</title></circle>\n",
-                       x_of(static_cast<double>(axis.point_of(plan))), y_of(plan.recompute_seconds),
-                       series_color(1, false), axis.budget_of(plan), plan.kept_bytes,
+                       x_of(static_cast<double>(plan.*axis.point)), y_of(plan.recompute_seconds),
+                       series_color(1, false), plan.*axis.budget, plan.kept_bytes,
                        plan.peak_bytes != 0 ? fmt::format(" data-peak-bytes=\"{}\"", plan.peak_bytes) : "",
                        plan.recompute_seconds,
-                       fmt::format(fmt::runtime(axis.point), human_bytes(axis.budget_of(plan)),
-                                   human_bytes(axis.point_of(plan)), plan.recompute_seconds));
+                       fmt::format(fmt::runtime(axis.point_title), human_bytes(plan.*axis.budget),
+                                   human_bytes(plan.*axis.point), plan.recompute_seconds));
   }
   svg += "</g>\n</svg>\n";
   return svg;
@@ -110,32 +120,13 @@ std::string draw(const budget::RegionProfile& profile, const std::vector<budget:
 
 std::string frontier_svg(const budget::RegionProfile& profile, const std::vector<budget::Plan>& plans,
                          const std::string& source) {
-  XAxis axis;
-  axis.low = profile.base_bytes;
-  axis.high = profile.all_saved_bytes();
-  axis.budget_of = [](const budget::Plan& plan) { return plan.budget_bytes; };
-  axis.point_of = [](const budget::Plan& plan) { return plan.kept_bytes; };
-  axis.title = "Recompute time of the fastest plan at each budget";
-  axis.subtitle = "{} kept with every region recomputed, {} with every region saved";
-  axis.label = "budget (bytes the checkpoints may keep)";
-  axis.data = "data-base-bytes=\"{}\" data-all-saved-bytes=\"{}\"";
-  axis.point = "budget {}: keeps {}, recomputes {:.6g} s";
-  return draw(profile, plans, source, axis);
+  return draw(profile, plans, source, kKeptAxis, profile.base_bytes, profile.all_saved_bytes());
 }
 
 std::string peak_frontier_svg(const budget::RegionProfile& profile, const std::vector<budget::Plan>& plans,
                               std::uint64_t least_peak_bytes, const std::string& source) {
-  XAxis axis;
-  axis.low = least_peak_bytes;
-  axis.high = profile.step ? std::max(profile.step->peak_bytes, least_peak_bytes) : least_peak_bytes;
-  axis.budget_of = [](const budget::Plan& plan) { return plan.peak_budget_bytes; };
-  axis.point_of = [](const budget::Plan& plan) { return plan.peak_bytes; };
-  axis.title = "Recompute time of the fastest plan at each step peak";
-  axis.subtitle = "the least step peak any plan reaches {}, every region saved {}";
-  axis.label = "step peak budget (allocated bytes at the step's peak, predicted)";
-  axis.data = "data-least-peak-bytes=\"{}\" data-step-peak-bytes=\"{}\"";
-  axis.point = "peak budget {}: peaks at {} predicted, recomputes {:.6g} s";
-  return draw(profile, plans, source, axis);
+  const std::uint64_t every_region_saved = profile.step ? profile.step->peak_bytes : 0;
+  return draw(profile, plans, source, kPeakAxis, least_peak_bytes, std::max(every_region_saved, least_peak_bytes));
 }
 
 }  // namespace remat::report

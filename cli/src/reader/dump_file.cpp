@@ -13,7 +13,8 @@
 namespace remat::report {
 
 std::string canonical_kind(std::string_view kind) {
-  static constexpr std::string_view kUnderscored[] = {"stage_profile", "pipeline_prediction", "prediction_check"};
+  static constexpr std::string_view kUnderscored[] = {"stage_profile", "pipeline_prediction", "prediction_check",
+                                                      "region_profile", "remat_plan"};
   std::string canonical(kind);
   if (std::find(std::begin(kUnderscored), std::end(kUnderscored), kind) != std::end(kUnderscored)) {
     std::replace(canonical.begin(), canonical.end(), '_', '-');

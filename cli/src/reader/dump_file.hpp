@@ -35,8 +35,8 @@ struct DumpFile {
 bool is_json_lines_kind(std::string_view kind);
 
 // The kind a dump names, as remat-report reads it: kinds are kebab-case ("stage-profile");
-// dumps written before that spell stage_profile, pipeline_prediction and prediction_check with
-// underscores, and are read as the same kinds.
+// dumps written before that spell stage_profile, pipeline_prediction, prediction_check,
+// region_profile and remat_plan with underscores, and are read as the same kinds.
 std::string canonical_kind(std::string_view kind);
 
 // Opens `argument` (a path, or `-` for standard input). Throws InputError for an unreadable,

@@ -57,7 +57,7 @@ std::string read_whole_input(const std::string& argument,
 // Reads a whole small input (`-` for standard input) as text: a profile, a prediction, a schedule.
 // A missing, unreadable or directory input, or one past `largest` bytes (counted as it is read,
 // so that a stream is bounded too), is an InputError that names `kind` ("a region profile") and
-// ends with what to pass instead (`pass`: "a region_profile dump (profile.to_json(path))").
+// ends with what to pass instead (`pass`: "a region-profile dump (profile.to_json(path))").
 std::string read_text_input(const std::string& argument, std::uint64_t largest, std::string_view kind,
                             std::string_view pass);
 

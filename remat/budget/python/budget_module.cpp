@@ -37,15 +37,15 @@ PYBIND11_MODULE(_budget, m) {
         return plan_to_json(solve(profile_of(profile, group), budget_bytes));
       },
       py::arg("profile"), py::arg("budget_bytes"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
-      "The remat_plan dump of the fastest plan within the budget, from a region_profile dump.");
+      "The remat-plan dump of the fastest plan within the budget, from a region-profile dump.");
   m.def(
       "plan_ops",
       [](const std::string& profile, std::uint64_t budget_bytes) {
         return plan_to_json(solve_ops(profile_of(profile, false), budget_bytes));
       },
       py::arg("profile"), py::arg("budget_bytes"), py::call_guard<py::gil_scoped_release>(),
-      "The remat_plan dump of the fastest per-op plan within the budget (regions saved, recomputed, or "
-      "recomputed keeping some ops' outputs), from a region_profile dump with per-op figures.");
+      "The remat-plan dump of the fastest per-op plan within the budget (regions saved, recomputed, or "
+      "recomputed keeping some ops' outputs), from a region-profile dump with per-op figures.");
   m.def(
       "plan_ops_at",
       [](const std::string& profile, const std::vector<std::uint64_t>& budgets) {
@@ -62,7 +62,7 @@ PYBIND11_MODULE(_budget, m) {
         return plan_to_json(solve_peak(profile_of(profile, group), peak_bytes));
       },
       py::arg("profile"), py::arg("peak_bytes"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
-      "The remat_plan dump of the fastest plan whose predicted step peak is within peak_bytes.");
+      "The remat-plan dump of the fastest plan whose predicted step peak is within peak_bytes.");
   m.def(
       "least_peak", [](const std::string& profile, bool group) { return least_step_peak(profile_of(profile, group)); },
       py::arg("profile"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
@@ -89,17 +89,17 @@ PYBIND11_MODULE(_budget, m) {
         return plans;
       },
       py::arg("profile"), py::arg("steps"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
-      "The remat_plan dumps of the fastest plans at budgets spread from the least to everything saved.");
+      "The remat-plan dumps of the fastest plans at budgets spread from the least to everything saved.");
   m.def(
       "check_profile", [](const std::string& text, const std::string& source) {
         return profile_to_json(profile_from_json(text, source));
       },
-      py::arg("text"), py::arg("source"), "The region_profile dump, checked and written again.");
+      py::arg("text"), py::arg("source"), "The region-profile dump, checked and written again.");
   m.def(
       "check_plan", [](const std::string& text, const std::string& source) {
         return plan_to_json(plan_from_json(text, source));
       },
-      py::arg("text"), py::arg("source"), "The remat_plan dump, checked and written again.");
+      py::arg("text"), py::arg("source"), "The remat-plan dump, checked and written again.");
   m.def(
       "parse_budget", [](const std::string& text, const std::string& what) { return parse_budget(text, what); },
       py::arg("text"), py::arg("what"),

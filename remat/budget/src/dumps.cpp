@@ -1,4 +1,4 @@
-// The region_profile and remat_plan dumps: written with the common header, read back with every
+// The region-profile and remat-plan dumps: written with the common header, read back with every
 // field checked, so a profile or plan edited by hand is an error naming what is wrong, never a
 // plan made from half of it.
 
@@ -22,6 +22,15 @@ namespace remat::budget {
 namespace {
 
 using Json = nlohmann::ordered_json;
+
+// A dump's kind as written, and as dumps written before kinds were kebab-case spell it (still read).
+struct DumpKind {
+  std::string_view name;
+  std::string_view old_name;
+  bool names(std::string_view found) const { return found == name || found == old_name; }
+};
+constexpr DumpKind kProfileKind{"region-profile", "region_profile"};
+constexpr DumpKind kPlanKind{"remat-plan", "remat_plan"};
 
 [[noreturn]] void refuse(std::string_view source, const std::string& path, const std::string& problem) {
   throw BudgetError(std::string(source) + ": " + path + ": " + problem);
@@ -75,13 +84,13 @@ Choice choice_of(const Json& value, std::string_view source, const std::string& 
 }
 
 // The root object of a dump of `kind` at a schema version this reader knows.
-Json open_dump(std::string_view text, std::string_view source, std::string_view kind, int version) {
+Json open_dump(std::string_view text, std::string_view source, const DumpKind& kind, int version) {
   Json root = parse(text, source);
-  if (!root.is_object()) refuse(source, "$", "must be a JSON object (a " + std::string(kind) + " dump)");
+  if (!root.is_object()) refuse(source, "$", "must be a JSON object (a " + std::string(kind.name) + " dump)");
   const std::string found = text_of(member(root, "kind", source, "$"), source, "$.kind");
-  if (found != kind) {
-    refuse(source, "$.kind", "is '" + found + "', not '" + std::string(kind) + "'" +
-                                 (kind == "remat_plan" && found == "region_profile"
+  if (!kind.names(found)) {
+    refuse(source, "$.kind", "is '" + found + "', not '" + std::string(kind.name) + "'" +
+                                 (kind.name == kPlanKind.name && kProfileKind.names(found)
                                       ? ": this is a profile; make a plan from it with profile.plan(budget_bytes=...) "
                                         "or remat-report advise PROFILE --budget B"
                                       : ""));
@@ -378,7 +387,7 @@ StepMemory read_step(const Json& value, std::string_view source) {
 std::string profile_to_json(const RegionProfile& profile) {
   alloc::JsonWriter json;
   json.begin_object();
-  alloc::write_dump_header(json, "region_profile", kProfileSchemaVersion, device_index(profile.device));
+  alloc::write_dump_header(json, kProfileKind.name, kProfileSchemaVersion, device_index(profile.device));
   json.field("device_name", std::string_view(profile.device))
       .field("timer", std::string_view(profile.timer))
       .field("base_bytes", profile.base_bytes)
@@ -392,7 +401,7 @@ std::string profile_to_json(const RegionProfile& profile) {
 }
 
 RegionProfile profile_from_json(std::string_view text, std::string_view source) {
-  const Json root = open_dump(text, source, "region_profile", kProfileSchemaVersion);
+  const Json root = open_dump(text, source, kProfileKind, kProfileSchemaVersion);
   RegionProfile profile;
   profile.base_bytes = count_of(member(root, "base_bytes", source, "$"), source, "$.base_bytes");
   if (const auto it = root.find("device_name"); it != root.end()) profile.device = text_of(*it, source, "$.device_name");
@@ -434,7 +443,7 @@ RegionProfile profile_from_json(std::string_view text, std::string_view source) 
 std::string plan_to_json(const Plan& plan) {
   alloc::JsonWriter json;
   json.begin_object();
-  alloc::write_dump_header(json, "remat_plan", kPlanSchemaVersion, 0);
+  alloc::write_dump_header(json, kPlanKind.name, kPlanSchemaVersion, 0);
   json.field("budget_bytes", plan.budget_bytes)
       .field("base_bytes", plan.base_bytes)
       .field("kept_bytes", plan.kept_bytes)
@@ -464,7 +473,7 @@ std::string plan_to_json(const Plan& plan) {
 }
 
 Plan plan_from_json(std::string_view text, std::string_view source) {
-  const Json root = open_dump(text, source, "remat_plan", kPlanSchemaVersion);
+  const Json root = open_dump(text, source, kPlanKind, kPlanSchemaVersion);
   Plan plan;
   plan.budget_bytes = count_of(member(root, "budget_bytes", source, "$"), source, "$.budget_bytes");
   plan.base_bytes = count_of(member(root, "base_bytes", source, "$"), source, "$.base_bytes");

@@ -32,6 +32,13 @@
 
 namespace remat {
 
+// What a caller keeps with one checkpoint call and reads back while that call's body runs
+// (checkpoint_caller()); the runtime only holds it, as long as the call's recompute may run.
+// The Python package keeps there what its budget plan or profile knows of the call.
+struct CheckpointCaller {
+  virtual ~CheckpointCaller() = default;
+};
+
 struct CheckpointOptions {
   std::string region_name = "checkpoint";
   std::vector<std::shared_ptr<RecomputeStateHook>> recompute_state_hooks;
@@ -48,11 +55,13 @@ struct CheckpointOptions {
   // unless a pair is entered inside the body, what its save regions keep. Null: the pair in
   // force where the checkpoint is called (SavedTensorHooksScope), if any.
   std::shared_ptr<SavedTensorHooks> saved_tensor_hooks;
-  // Save or recompute by region from a budget plan (remat::budget::solve, or a remat_plan dump
+  // Save or recompute by region from a budget plan (remat::budget::solve, or a remat-plan dump
   // read with plan_from_json): a region the plan names, as "checkpoint::region" or a pattern,
   // takes the plan's choice over its own recompute setting; the others keep theirs. Inside a
   // region the plan saves, inner regions run as part of it. Null: every region its own setting.
   std::shared_ptr<const budget::RegionChoices> plan;
+  // Handed back by checkpoint_caller() while the body runs. Null: none.
+  std::shared_ptr<CheckpointCaller> caller;
 };
 
 using TensorList = std::vector<at::Tensor>;
@@ -234,5 +243,10 @@ bool is_placeholder(const at::Tensor& t);
 
 // True while a checkpoint's forward or recompute runs on this thread.
 bool in_checkpoint();
+
+// The CheckpointOptions::caller of the checkpoint whose body runs on this thread: in forward
+// (with grad or without, where no recompute will follow) or in a recompute. Null outside a
+// body, or when the call gave none.
+CheckpointCaller* checkpoint_caller();
 
 }  // namespace remat

@@ -233,9 +233,9 @@ class Checkpoint:
             contexts = [*contexts, functools.partial(_NameScopesOfTheCall, tuple(prefixes))]
         return _plans.run_checkpoint(
             self.region_name, self._plan, fn, args, kwargs,
-            lambda body, choices: _C.checkpoint(body, args, kwargs, self.region_name,
-                                                self._state_hooks(choices), contexts,
-                                                verify, saved_tensors_hooks, choices))
+            lambda body, choices, caller=None: _C.checkpoint(body, args, kwargs, self.region_name,
+                                                             self._state_hooks(choices), contexts,
+                                                             verify, saved_tensors_hooks, choices, caller))
 
 
     def _state_hooks(self, choices):

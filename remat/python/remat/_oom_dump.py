@@ -220,7 +220,7 @@ def _resident_storages(resident, device: int) -> list:
             # Save regions are named checkpoint::region already; inputs are per checkpoint, and only
             # a save region's bytes go away by switching it to recompute.
             saved = name != INPUTS
-            holder = name if saved else (f"{checkpoint}::{INPUTS}" if checkpoint else INPUTS)
+            holder = name if saved else (_C.region_path(checkpoint, INPUTS) if checkpoint else INPUTS)
             for k, tensor in enumerate(_items(_member(region, "tensors", here), f"{here}.tensors")):
                 at = f"{here}.tensors[{k}]"
                 tensor_device = _member(tensor, "device", at)

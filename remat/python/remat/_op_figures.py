@@ -156,9 +156,10 @@ def _describe(tensor):
 
 class OpMeter(TorchDispatchMode):
     """Numbers, times and sizes the ops of one region's forward (module docstring). After the
-    block: ops (the keepable ones, as the region_profile dump lists them; figures=True), count
-    (the numbered ops), intercepted (every op the mode saw, views and copies included), own_seconds (the meter's time around the ops, to take out of the region's),
-    must_save (why the region's recompute would not give back what its forward gave, or None)."""
+    block: ops (the keepable ones, as the region-profile dump lists them; figures=True), count
+    (the numbered ops), intercepted (every op the mode saw, views and copies included),
+    own_seconds (the meter's time around the ops, to take out of the region's), must_save (why
+    the region's recompute would not give back what its forward gave, or None)."""
 
     def __init__(self, cuda=False, figures=True):
         super().__init__()

@@ -18,7 +18,7 @@ A plan names regions exactly or by a grouped plan's patterns, where each '*' sta
 ("layers.*::attn"). The regions a plan meets are checked against those it was made for (strict
 use_plan, wrap_decoder_layers(plan=)), as soon as a checkpoint's forward shows a difference.
 
-The solver (exact 0/1 knapsack) and the region_profile and remat_plan dumps are C++
+The solver (exact 0/1 knapsack) and the region-profile and remat-plan dumps are C++
 (remat/budget, also behind `remat-report advise`), reached through remat._budget.
 """
 
@@ -48,9 +48,9 @@ __all__ = ["RegionCost", "RegionProfile", "Plan", "profile_regions", "use_plan",
 RegionCost = namedtuple("RegionCost", ["name", "saved_bytes", "seconds"])
 RegionCost.__doc__ = "What one region costs: bytes its checkpoint keeps while it is saved, and its forward seconds."
 
-# .session: the profile_regions being measured; .plans: use_plan blocks, innermost last;
-# .checkpoints: the _CheckpointRun of each checkpoint body running under a plan or a profile (in
-# forward or recompute), innermost last
+# .session: the profile_regions being measured; .plans: use_plan blocks, innermost last. The
+# checkpoint whose body runs (in forward or recompute) is the runtime's to know: its
+# _CheckpointRun, under a plan or a profile, is the call's caller (_C.checkpoint_caller()).
 _state = threading.local()
 
 
@@ -60,11 +60,12 @@ def profiling():
 
 
 def run_checkpoint(name, own_plan, fn, args, kwargs, call):
-    """Runs one checkpoint call: call(body, choices) runs `body` (fn, or fn wrapped so that its
-    regions find this call in forward and in recompute) with `choices`, the plan the runtime
-    applies (None: none). The plan in force is the checkpoint's own (a _PlanInForce), else the
-    innermost use_plan's; while a profile is measured there is none, and every region is saved
-    here. A strict plan checks the regions this call ran as soon as its forward is done."""
+    """Runs one checkpoint call: call(body, choices, caller) runs `body` with `choices`, the plan
+    the runtime applies (None: none), and `caller`, this call's _CheckpointRun, which the runtime
+    hands back to the call's regions in forward and in recompute (run_region). The plan in force
+    is the checkpoint's own (a _PlanInForce), else the innermost use_plan's; while a profile is
+    measured there is none, and every region is saved here. A strict plan checks the regions
+    this call ran as soon as its forward is done."""
     profile = profiling()
     plans = getattr(_state, "plans", None)
     in_force = None if profile is not None else own_plan if own_plan is not None else plans[-1] if plans else None
@@ -76,15 +77,15 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     # Profiled or watched, the settings are chosen here, region by region; the runtime is given a
     # plan naming no region, so that it takes them as they come and runs as it does under a plan.
     if profile is not None:
-        return profile.run_checkpoint(name, args, kwargs, lambda: call(run.body(fn), _no_choices()))
+        return profile.run_checkpoint(name, args, kwargs, lambda: call(run.body(fn), _no_choices(), run))
     if in_force.watch is not None and torch.is_grad_enabled():
         # Watched: a step which differs from the profiled one recomputes every region from there
         # on (_step_shape).
         run.watch = in_force.watch.call(name, args, kwargs)
-        out = call(run.body(fn), _no_choices())
+        out = call(run.body(fn), _no_choices(), run)
         run.watch.forward_done(out)
     else:
-        out = call(run.body(fn), run.choices)
+        out = call(run.body(fn), run.choices, run)
     in_force.checkpoint_ran(run)
     return out
 
@@ -100,10 +101,10 @@ def run_region(name, own_recompute, call, args=()):
     wrapped by wrap(body) where wrap is not None (ops measured or kept). Outside a
     checkpoint under a plan or a profile, with the region's own setting. `args`: its arguments,
     which a profile records (what a saved region keeps of its inputs)."""
-    running = getattr(_state, "checkpoints", None)
-    if not running:
+    running = _C.checkpoint_caller()
+    if running is None:
         return call(own_recompute)
-    return running[-1].run_region(name, own_recompute, call, args)
+    return running.run_region(name, own_recompute, call, args)
 
 
 class _CheckpointRun:
@@ -129,14 +130,8 @@ class _CheckpointRun:
 
     def body(self, fn):
         def body(*args, **kwargs):
-            if not hasattr(_state, "checkpoints"):
-                _state.checkpoints = []
-            _state.checkpoints.append(self)
             self._seen = {}  # each pass (forward, recompute) counts its regions from the first
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _state.checkpoints.pop()
+            return fn(*args, **kwargs)
 
         # Errors name the body by its __qualname__ ("checkpoint 'layers.0' (Block.forward)"): that
         # alone is copied, not all update_wrapper copies, at every call.
@@ -144,7 +139,7 @@ class _CheckpointRun:
         return body
 
     def run_region(self, name, own_recompute, call, args=()):
-        path = f"{self.name}::{name}"
+        path = _C.region_path(self.name, name)
         if self.watch is not None:
             return self._run_watched_region(path, own_recompute, call, args)
         inside_planned = any(self._open)
@@ -303,12 +298,12 @@ class RegionProfile:
 
     @classmethod
     def from_json(cls, source):
-        """A profile from a region_profile dump: its text, or the path of a file holding it."""
+        """A profile from a region-profile dump: its text, or the path of a file holding it."""
         text, name = _text_of(source, "RegionProfile.from_json")
         return cls(_budget.check_profile(text, name))
 
     def to_json(self, path=None):
-        """The region_profile dump (schemas/region_profile.schema.json); written atomically to
+        """The region-profile dump (schemas/region-profile.schema.json); written atomically to
         `path` when given."""
         if path is not None:
             _C.write_dump(path_arg("RegionProfile.to_json", "path", path), self._text)
@@ -490,7 +485,7 @@ class Plan:
         return problems
 
     def to_json(self, path=None):
-        """The remat_plan dump (schemas/remat_plan.schema.json); written atomically to `path`
+        """The remat-plan dump (schemas/remat-plan.schema.json); written atomically to `path`
         when given."""
         if path is not None:
             _C.write_dump(path_arg("Plan.to_json", "path", path), self._text)
@@ -534,7 +529,7 @@ class Plan:
 
 
 def load_plan(source):
-    """A plan from a remat_plan dump (plan.to_json(), remat-report advise --json): its text, or
+    """A plan from a remat-plan dump (plan.to_json(), remat-report advise --json): its text, or
     the path of a file holding it. Every field is checked; an edited dump that is wrong is a
     ValueError naming the field."""
     text, name = _text_of(source, "load_plan")
@@ -605,7 +600,7 @@ class _PlanInForce:
         checkpoint the model will run) or none for some of them: those would keep their own
         settings, which the plan's kept_bytes does not count."""
         def checkpoint_part(entry):
-            return entry.partition("::")[0]
+            return entry.partition(_C.REGION_SEPARATOR)[0]
 
         def names_checkpoint(entry, name):
             return checkpoint_part(entry) == name or ("*" in entry and _budget.matches(checkpoint_part(entry), name))
@@ -743,7 +738,7 @@ class profile_regions:
             if name in self._meters:
                 self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"), ops=self._ops)
             regions.append(region)
-        doc = {"kind": "region_profile", "schema_version": 1, "device_name": self._device,
+        doc = {"kind": "region-profile", "schema_version": 1, "device_name": self._device,
                "timer": ("wall_time" if self._timer == "wall" else
                          "cuda_events" if self._device.startswith("cuda") else "thread_time"),
                "base_bytes": sum(self._inputs.values()), "regions": regions}

@@ -17,7 +17,7 @@ recompute), and the checkpoint's own inputs, each storage with one identity for 
 when a freed address is used again. A plan's step peak is then each segment's measured peak less
 what the plan's checkpoints do not keep of what was alive in it, plus, in a checkpoint's backward,
 the largest forward transient of a region it recomputes; remat::budget computes it (step_peak.hpp)
-from the "step" object of the region_profile dump, so remat-report advise --peak predicts the same.
+from the "step" object of the region-profile dump, so remat-report advise --peak predicts the same.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@
 #include <remat/alloc/dump.hpp>
 #include <remat/alloc/names.hpp>
 #include <remat/alloc/oom.hpp>
+#include <remat/alloc/tags.hpp>
 
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -57,6 +58,13 @@ CheckpointOptions options_of(const std::string& region_name, const py::list& sta
   }
   return options;
 }
+
+// A Python object kept with one checkpoint call (CheckpointOptions::caller): what the package's
+// plan or profile knows of the call, read back by _C.checkpoint_caller() while its body runs.
+struct PythonCaller : CheckpointCaller {
+  explicit PythonCaller(py::object held) : object(std::move(held)) {}
+  PyRef object;
+};
 
 using ResultSlot = std::shared_ptr<std::optional<Structure>>;
 
@@ -132,9 +140,11 @@ PYBIND11_MODULE(_C, m) {
       "checkpoint",
       [](const py::object& fn, const py::tuple& args, const py::dict& kwargs, const std::string& region_name,
          const py::list& state_hooks, const py::list& contexts, bool verify_recompute,
-         const py::object& saved_tensor_hooks, std::shared_ptr<const budget::RegionChoices> plan) {
-        const CheckpointOptions options =
+         const py::object& saved_tensor_hooks, std::shared_ptr<const budget::RegionChoices> plan,
+         const py::object& caller) {
+        CheckpointOptions options =
             options_of(region_name, state_hooks, contexts, verify_recompute, saved_tensor_hooks, std::move(plan));
+        if (!caller.is_none()) options.caller = std::make_shared<PythonCaller>(caller);
         return run(fn, args, kwargs, "checkpoint '" + region_name + "'",
                    [&](FlatFunction body, TensorList inputs, ResultSlot&) {
                      return detail::run_checkpoint(options, std::move(body), std::move(inputs));
@@ -142,7 +152,14 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("fn"), py::arg("args"), py::arg("kwargs"), py::arg("region_name"), py::arg("recompute_state_hooks"),
       py::arg("contexts"), py::arg("verify_recompute"), py::arg("saved_tensor_hooks") = py::none(),
-      py::arg("plan") = nullptr);
+      py::arg("plan") = nullptr, py::arg("caller") = py::none());
+  m.def(
+      "checkpoint_caller",
+      []() -> py::object {
+        const auto* caller = dynamic_cast<const PythonCaller*>(checkpoint_caller());
+        return caller != nullptr ? caller->object.get() : py::none();
+      },
+      "The caller object given to the checkpoint whose body runs on this thread (forward or recompute), or None.");
   // A budget plan's choices, made once per plan and handed to every checkpoint it applies to.
   py::class_<budget::RegionChoices, std::shared_ptr<budget::RegionChoices>>(m, "RegionChoices")
       .def(py::init([](const std::vector<std::pair<std::string, bool>>& recompute_by_region) {
@@ -324,6 +341,10 @@ PYBIND11_MODULE(_C, m) {
       "spellings that differ from them (theirs -> ours).");
   m.def("write_dump", &write_dump, py::arg("path"), py::arg("json"), "Writes a dump atomically.");
   m.def("format_bytes", &alloc::format_bytes, py::arg("bytes"), "Bytes as the allocator's messages write them.");
+  m.attr("REGION_SEPARATOR") = std::string(alloc::kRegionSeparator);
+  m.def("region_path", &alloc::region_path, py::arg("outer"), py::arg("inner"),
+        "A region's path inside another (\"layers.0\" and \"attn\" give \"layers.0::attn\"), as the runtime and the "
+        "allocator's tags write it.");
   m.def("oom_dump_path", &alloc::oom_dump_path, py::arg("directory"), py::arg("device"),
         "A new OOM dump's path in `directory`, named as the allocator names its own.");
 }

@@ -5,6 +5,8 @@
 // expandable segments through the driver's virtual memory API.
 // Exits 77 (skipped) where no GPU is visible.
 
+#include "../../support/cuda_stream_gate.hpp"
+
 #include <remat/alloc/c_api.h>
 #include <remat/alloc/caching_allocator.hpp>
 #include <remat/alloc/cuda_backend.hpp>
@@ -64,27 +66,7 @@ class OwnedStream {
   cudaStream_t stream_ = nullptr;
 };
 
-// Holds a stream's queue at a host function until release() (or 20 s, so a failing test
-// cannot hang): work queued behind it stays incomplete meanwhile.
-class StreamGate {
- public:
-  explicit StreamGate(cudaStream_t stream) {
-    EXPECT_EQ(cudaLaunchHostFunc(stream, &StreamGate::wait, &open_), cudaSuccess);
-  }
-  ~StreamGate() { release(); }
-  StreamGate(const StreamGate&) = delete;
-  StreamGate& operator=(const StreamGate&) = delete;
-  void release() { open_.store(true); }
-
- private:
-  static void CUDART_CB wait(void* flag) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (!static_cast<std::atomic<bool>*>(flag)->load() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-  std::atomic<bool> open_{false};
-};
+using remat::testing::StreamGate;
 
 TEST(CudaBackend, BlocksAreDeviceMemoryThatHoldsWhatIsWritten) {
   auto allocator = cuda_allocator();

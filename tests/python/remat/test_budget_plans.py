@@ -216,7 +216,7 @@ def test_dumps_read_back_and_an_edited_one_is_refused_naming_the_field(profile, 
     edited["decisions"]["layers.0::attn"] = "keep"
     with pytest.raises(ValueError, match=r"\$\.decisions\['layers\.0::attn'\]: must be \"save\" or \"recompute\""):
         remat.load_plan(json.dumps(edited))
-    with pytest.raises(ValueError, match=r"\$\.kind: is 'region_profile', not 'remat_plan': this is a profile"):
+    with pytest.raises(ValueError, match=r"\$\.kind: is 'region-profile', not 'remat-plan': this is a profile"):
         remat.load_plan(profile.to_json())
     with pytest.raises(ValueError, match="cannot read"):
         remat.load_plan(str(tmp_path / "missing.json"))
@@ -306,10 +306,73 @@ def test_remat_report_advise_draws_the_frontier(profile, tmp_path):
 def test_the_dumps_validate_against_their_schemas(profile, tmp_path):
     profile.to_json(tmp_path / "profile.json")
     profile.plan(budget_bytes=profile.all_saved_bytes, group=True).to_json(tmp_path / "plan.json")
-    for name, kind in (("profile.json", "region_profile"), ("plan.json", "remat_plan")):
+    for name, kind in (("profile.json", "region-profile"), ("plan.json", "remat-plan")):
         run = subprocess.run([remat_report(), "validate", str(tmp_path / name)], capture_output=True, text=True,
                              timeout=60)
         assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr
+
+
+def test_kinds_are_written_kebab_case_and_dumps_spelled_with_underscores_still_read(profile, tmp_path):
+    written = json.loads(profile.to_json())
+    plan = profile.plan(budget_bytes=profile.base_bytes + 3 * ACTIVATION)
+    assert written["kind"] == "region-profile" and json.loads(plan.to_json())["kind"] == "remat-plan"
+    old_profile = tmp_path / "old-profile.json"
+    old_profile.write_text(json.dumps({**written, "kind": "region_profile"}))
+    again = remat.RegionProfile.from_json(old_profile)
+    assert again.regions == profile.regions and again.base_bytes == profile.base_bytes
+    assert json.loads(again.to_json())["kind"] == "region-profile"  # written again in today's spelling
+    old_plan = tmp_path / "old-plan.json"
+    old_plan.write_text(json.dumps({**json.loads(plan.to_json()), "kind": "remat_plan"}))
+    loaded = remat.load_plan(old_plan)
+    assert loaded.decisions == plan.decisions and loaded.kept_bytes == plan.kept_bytes
+    with pytest.raises(ValueError, match=r"\$\.kind: is 'region_profile', not 'remat-plan': this is a profile"):
+        remat.load_plan(old_profile)
+    for path, kind in ((old_profile, "region-profile"), (old_plan, "remat-plan")):
+        run = subprocess.run([remat_report(), "validate", str(path)], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and f"valid {kind} dump (schema_version 1, {kind}.schema.json)" in run.stdout, \
+            run.stdout + run.stderr
+    run = subprocess.run([remat_report(), "advise", str(old_profile), "--budget", f"{plan.budget_bytes}B", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    advised = json.loads(run.stdout)
+    assert advised["kind"] == "remat-plan" and advised["decisions"] == plan.decisions
+
+
+def test_regions_find_their_checkpoints_plan_through_the_runtime_in_forward_recompute_and_no_grad(profile):
+    from remat._plans import _CheckpointRun
+
+    plan = profile.plan(budget_bytes=profile.base_bytes)  # every region recomputed
+    seen = []
+
+    def probe(x, index):
+        seen.append((f"layers.{index}", remat.is_recomputing(), remat._C.checkpoint_caller()))
+        return block(x, index)
+
+    def layers(x):
+        for index in range(LAYERS):
+            x = remat.checkpoint(region_name=f"layers.{index}")(probe)(x, index)
+        return x
+
+    assert remat._C.checkpoint_caller() is None
+    with remat.use_plan(plan):
+        layers(batch()).sum().backward()
+        with torch.no_grad():
+            layers(batch())
+    assert remat._C.checkpoint_caller() is None
+    forward = [f"layers.{i}" for i in range(LAYERS)]
+    assert [(name, recomputing) for name, recomputing, _ in seen] == \
+        [(name, False) for name in forward] + [(name, True) for name in reversed(forward)] + \
+        [(name, False) for name in forward]
+    runs = [run for _, _, run in seen]
+    assert all(isinstance(run, _CheckpointRun) for run in runs)
+    assert [run.name for run in runs] == [name for name, _, _ in seen]
+    assert all(runs[i] is runs[2 * LAYERS - 1 - i] for i in range(LAYERS))  # recompute finds forward's run
+    assert len({id(run) for run in runs}) == 2 * LAYERS  # one run per call; the no-grad calls' own
+    assert all(run.ran == [(f"{run.name}::attn", True), (f"{run.name}::mlp", True)] for run in runs)
+
+    seen.clear()  # no plan, no profile: no run, and regions take their own settings
+    layers(batch()).sum().backward()
+    assert [run for _, _, run in seen] == [None] * (2 * LAYERS)
 
 
 # --- plans that must stand for exactly the regions they were made for ---------------------------

@@ -15,6 +15,8 @@ import torch
 import remat
 import remat_alloc
 
+import fit_loop
+
 HIDDEN, BATCH, SEQUENCE, STEPS, LONGER_FROM = 32, 16, 32, 8, 5
 
 
@@ -59,22 +61,18 @@ def batch(step):
 def train(budget, checkpointed=True, steps=STEPS):
     """A training loop (SGD with momentum: its state appears at the first optimizer step) inside
     tag_cpu_tensors(): per step, the measured peak, the gradients and the plan; and the warnings."""
-    gc.collect()  # models of earlier runs (reference cycles) freed: budgets are absolute bytes
-    torch.manual_seed(0)
     rows = []
-    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
-        warnings.simplefilter("always")
-        model = Model(checkpointed)
-        if budget is not None:
-            model = remat.fit(model, budget=budget)
+    with fit_loop.fitted(lambda: Model(checkpointed), budget) as (model, told):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         for step in range(1, steps + 1):
             x = batch(step)
-            remat_alloc.reset_peak_stats()
-            optimizer.zero_grad(set_to_none=True)
-            model(x).backward()
-            optimizer.step()
-            peak = remat_alloc.memory_stats()["requested_bytes_peak"]
+
+            def one_step():
+                optimizer.zero_grad(set_to_none=True)
+                model(x).backward()
+                optimizer.step()
+
+            peak = fit_loop.peak_of(one_step)
             state = getattr(model, "remat_fit", None)
             profiled = state is not None and state.plan is None
             # Gradients as bytes (not tensors, which would be counted in the steps after); a
@@ -90,7 +88,7 @@ def train(budget, checkpointed=True, steps=STEPS):
     for row in rows:
         if budget is not None and row["plan"] is None:
             row["peak"] = profiles[(row["signature"],)].profile.step_peak_bytes
-    return rows, [str(w.message) for w in told if "remat.fit" in str(w.message)], profiles
+    return rows, fit_loop.messages(told, "remat.fit"), profiles
 
 
 def recomputed(decisions):

@@ -17,6 +17,8 @@ import torch
 import remat
 import remat_alloc
 
+import fit_loop
+
 WIDTH = 256
 
 
@@ -71,34 +73,27 @@ def run(budget, schedule, *, checkpointed=True):
     """Steps of Net as `schedule` says ((calls, larger path, autocast) per step), under
     remat.fit(budget) (None: none). Per step the measured peak, the gradients as bytes and whether it
     ran profiled; the warnings fit gave; the fit state."""
-    gc.collect()
-    torch.manual_seed(0)
     rows = []
-    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
-        warnings.simplefilter("always")
-        model = Net(checkpointed)
-        if budget is not None:
-            model = remat.fit(model, budget)
+    with fit_loop.fitted(lambda: Net(checkpointed), budget) as (model, told):
         for step, (calls, larger, autocast) in enumerate(schedule, 1):
             x = batch(step, larger)
             model.calls = calls
-            remat_alloc.reset_peak_stats()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                loss = model(x)
-            loss.backward()
-            del loss
+            peak = fit_loop.peak_of(lambda: autocast_step(model, x, autocast))
             state = getattr(model, "remat_fit", None)
-            rows.append({"peak": remat_alloc.memory_stats()["requested_bytes_peak"],
+            rows.append({"peak": peak,
                          "grads": [x.grad.numpy().tobytes(), model.scale.grad.float().numpy().tobytes()],
                          "profiled": state is not None and state.plan is None})
             model.scale.grad = None
             del x
-        state = getattr(model, "remat_fit", None)
-        if state is not None:
-            with torch.no_grad():
-                model(batch(0))  # ends the last step
-            remat.unfit(model)
-    return rows, [str(w.message) for w in told if "remat" in str(w.message)], state
+        state = fit_loop.unfit(model, batch(0))  # ends the last step
+    return rows, fit_loop.messages(told, "remat"), state
+
+
+def autocast_step(model, x, autocast):
+    """Forward (under CPU autocast to bfloat16, where `autocast`) and backward."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(x)
+    loss.backward()
 
 
 def all_saved_peak(calls=1, larger=False, autocast=False):
@@ -171,31 +166,17 @@ LINEAR_BATCH = 128
 
 
 def run_linear(budget, autocast_from, steps=4, *, checkpointed=True):
-    gc.collect()
-    torch.manual_seed(0)
     rows = []
-    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
-        warnings.simplefilter("always")
-        model = LinearNet(checkpointed)
-        if budget is not None:
-            model = remat.fit(model, budget)
+    with fit_loop.fitted(lambda: LinearNet(checkpointed), budget) as (model, told):
         for step in range(1, steps + 1):
             x = torch.randn(LINEAR_BATCH, WIDTH, generator=torch.Generator().manual_seed(step), requires_grad=True)
-            remat_alloc.reset_peak_stats()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=step >= autocast_from):
-                loss = model(x)
-            loss.backward()
-            del loss
-            rows.append({"peak": remat_alloc.memory_stats()["requested_bytes_peak"],
+            peak = fit_loop.peak_of(lambda: autocast_step(model, x, step >= autocast_from))
+            rows.append({"peak": peak,
                          "grads": [p.grad.numpy().tobytes() for p in model.parameters()] + [x.grad.numpy().tobytes()]})
             model.zero_grad(set_to_none=True)
             del x
-        state = getattr(model, "remat_fit", None)
-        if state is not None:
-            with torch.no_grad():
-                model(torch.zeros(LINEAR_BATCH, WIDTH))
-            remat.unfit(model)
-    return rows, [str(w.message) for w in told if "remat" in str(w.message)], state
+        state = fit_loop.unfit(model, torch.zeros(LINEAR_BATCH, WIDTH))  # ends the last step
+    return rows, fit_loop.messages(told, "remat"), state
 
 
 def test_autocast_only_where_the_plan_is_used_recomputes_every_region():

@@ -79,6 +79,23 @@ def plain(x, weights, dropout=0.0):
     return x.square().sum()
 
 
+def take_gradients(x, weights):
+    """The gradients of x and the weights, which are cleared for the next backward."""
+    gradients = [x.grad] + [w.grad for w in weights]
+    x.grad = None
+    for w in weights:
+        w.grad = None
+    return gradients
+
+
+def assert_gradients_equal(x, weights, expected):
+    """The gradients of x and the weights are bitwise `expected` (and are cleared)."""
+    gradients = take_gradients(x, weights)
+    assert len(gradients) == len(expected)
+    for got, want in zip(gradients, expected):
+        assert torch.equal(got, want)
+
+
 def batch():
     return torch.randn(8, WIDTH, generator=torch.Generator().manual_seed(1), requires_grad=True)
 
@@ -152,10 +169,7 @@ def test_per_op_plan_keeps_the_matmuls_and_recompute_does_not_run_them(measured)
     runs["mm"] = 0
     plain(x, weights).backward()
     assert runs["mm"] == 2 * LAYERS
-    expected = [x.grad.clone()] + [w.grad.clone() for w in weights]
-    x.grad = None
-    for w in weights:
-        w.grad = None
+    expected = take_gradients(x, weights)
     runs["mm"] = 0
     with remat.use_plan(plan):
         loss = model(x, weights)
@@ -166,8 +180,7 @@ def test_per_op_plan_keeps_the_matmuls_and_recompute_does_not_run_them(measured)
     assert runs["mm"] == 2 * LAYERS  # recompute took every matmul's output from forward
     assert kept <= plan.kept_bytes
     assert live_checkpoint_bytes() == 0 and not held_storages()
-    for got, want in zip([x.grad] + [w.grad for w in weights], expected):
-        assert torch.equal(got, want)
+    assert_gradients_equal(x, weights, expected)
 
 
 def test_without_kept_ops_recompute_runs_the_matmuls_again(measured):
@@ -185,23 +198,19 @@ def test_measured_kept_bytes_are_at_most_the_prediction_at_every_budget(measured
     weights = make_weights()
     x = batch()
     plain(x, weights).backward()
-    expected = [x.grad.clone()] + [w.grad.clone() for w in weights]
+    expected = take_gradients(x, weights)
     low, high = profile.base_bytes, profile.all_saved_bytes
     kinds = set()
     for step in range(7):
         budget = low + (high - low) * step // 6
         plan = profile.plan(budget_bytes=budget, ops=True)
         kinds.add((bool(plan.kept_ops), "save" in plan.decisions.values()))
-        x.grad = None
-        for w in weights:
-            w.grad = None
         with remat.use_plan(plan):
             loss = model(x, weights)
             kept = live_checkpoint_bytes()
             loss.backward()
         assert kept <= plan.kept_bytes <= budget, (step, plan.format())
-        for got, want in zip([x.grad] + [w.grad for w in weights], expected):
-            assert torch.equal(got, want)
+        assert_gradients_equal(x, weights, expected)
     assert (True, True) in kinds  # some plans save regions and keep ops of others
 
 
@@ -212,15 +221,11 @@ def test_dropout_gradients_are_bitwise_with_kept_ops(measured):
     x = batch()
     torch.manual_seed(11)
     plain(x, weights, dropout=0.3).backward()
-    expected = [x.grad.clone()] + [w.grad.clone() for w in weights]
-    x.grad = None
-    for w in weights:
-        w.grad = None
+    expected = take_gradients(x, weights)
     torch.manual_seed(11)
     with remat.use_plan(plan):
         model(x, weights, dropout=0.3, hooks=[remat.cpu_rng_state_hook()]).backward()
-    for got, want in zip([x.grad] + [w.grad for w in weights], expected):
-        assert torch.equal(got, want)
+    assert_gradients_equal(x, weights, expected)
 
 
 def test_a_region_whose_ops_differ_is_refused_naming_the_first_difference(measured):
@@ -280,7 +285,7 @@ def test_per_op_profile_and_plan_dumps_validate_against_their_schemas(measured, 
     plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
     assert plan.kept_ops
     plan.to_json(tmp_path / "plan.json")
-    for name, kind in (("profile.json", "region_profile"), ("plan.json", "remat_plan")):
+    for name, kind in (("profile.json", "region-profile"), ("plan.json", "remat-plan")):
         run = subprocess.run([report, "validate", str(tmp_path / name)], capture_output=True, text=True, timeout=60)
         assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr
 
@@ -373,14 +378,10 @@ def test_a_kept_output_written_in_place_in_forward_is_recomputed_not_handed_back
     for w in weights:
         w.grad = None
     written_plain(x).backward()
-    expected = [x.grad.clone()] + [w.grad.clone() for w in weights]
-    x.grad = None
-    for w in weights:
-        w.grad = None
+    expected = take_gradients(x, weights)
     runs["mm"] = 0
     with remat.use_plan(plan):
         written_model(x).backward()
     # attn's matmul handed back; mlp's, written into after it ran, run again
     assert runs["mm"] == 2 * LAYERS + LAYERS
-    for got, want in zip([x.grad] + [w.grad for w in weights], expected):
-        assert torch.equal(got, want)
+    assert_gradients_equal(x, weights, expected)

@@ -158,7 +158,7 @@ def test_a_grouped_plan_by_peak_makes_one_choice_per_kind_and_the_dumps_validate
     assert profile.least_peak_bytes(group=True) >= profile.least_peak_bytes()
     profile.to_json(tmp_path / "profile.json")
     grouped.to_json(tmp_path / "plan.json")
-    for name, kind in (("profile.json", "region_profile"), ("plan.json", "remat_plan")):
+    for name, kind in (("profile.json", "region-profile"), ("plan.json", "remat-plan")):
         run = subprocess.run([remat_report(), "validate", str(tmp_path / name)], capture_output=True, text=True,
                              timeout=60)
         assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr

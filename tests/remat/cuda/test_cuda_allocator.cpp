@@ -5,6 +5,7 @@
 //   remat_cuda_tests --late-install  exits 0 when installing after LibTorch used its own
 //                                    CUDA allocator is refused with a clear error
 
+#include "../../support/cuda_stream_gate.hpp"
 #include "../transformer_block.hpp"
 
 #include <remat/alloc/allocator.hpp>
@@ -237,26 +238,7 @@ TEST(CudaAllocator, OutOfMemoryIsLibTorchsErrorAndTheReportNamesTheLargestHolder
   EXPECT_EQ(after.sum().item<float>(), static_cast<float>(kFloats));
 }
 
-// Holds a stream at a host function until release() (or 20 s, so a failure cannot hang).
-class StreamGate {
- public:
-  explicit StreamGate(cudaStream_t stream) {
-    EXPECT_EQ(cudaLaunchHostFunc(stream, &StreamGate::wait, &open_), cudaSuccess);
-  }
-  ~StreamGate() { release(); }
-  StreamGate(const StreamGate&) = delete;
-  StreamGate& operator=(const StreamGate&) = delete;
-  void release() { open_.store(true); }
-
- private:
-  static void CUDART_CB wait(void* flag) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (!static_cast<std::atomic<bool>*>(flag)->load() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-  std::atomic<bool> open_{false};
-};
+using remat::testing::StreamGate;
 
 TEST(CudaAllocator, RecordStreamKeepsTheBlockUntilTheSideStreamsWorkIsDone) {
   // 64 MiB: larger than any free block once the cache is emptied (free blocks left in split

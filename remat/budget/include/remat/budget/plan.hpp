@@ -121,7 +121,8 @@ class RegionChoices {
   std::vector<std::pair<std::string, Choice>> choices_;
 };
 
-// Dumps (kind "region_profile" and "remat_plan", with the common header). The readers check
+// Dumps (kind "region-profile" and "remat-plan", with the common header; dumps written before kinds
+// were kebab-case spell them region_profile and remat_plan, and still read). The readers check
 // every field and throw BudgetError naming `source`, the field's path and the fix.
 std::string profile_to_json(const RegionProfile& profile);
 RegionProfile profile_from_json(std::string_view text, std::string_view source);

@@ -1,0 +1,47 @@
+"""Training loops under remat.fit as the fit tests run them: a model made fresh once earlier
+runs' models are freed (budgets are absolute bytes), every CPU tensor counted
+(remat.tag_cpu_tensors(), so remat_alloc's peak is the step's), every warning recorded."""
+
+import contextlib
+import gc
+import warnings
+
+import torch
+
+import remat
+import remat_alloc
+
+
+@contextlib.contextmanager
+def fitted(make_model, budget):
+    """Yields (model, warnings): make_model() (torch's seed 0) under remat.fit(budget), or as it
+    is where budget is None, inside tag_cpu_tensors() with every warning recorded."""
+    gc.collect()  # models of earlier runs (reference cycles) freed
+    torch.manual_seed(0)
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        model = make_model()
+        yield (model if budget is None else remat.fit(model, budget=budget)), told
+
+
+def peak_of(step):
+    """The allocated peak while step() runs (requested bytes, as remat.fit budgets them)."""
+    remat_alloc.reset_peak_stats()
+    step()
+    return remat_alloc.memory_stats()["requested_bytes_peak"]
+
+
+def unfit(model, inputs):
+    """Ends the last step with a forward on `inputs` outside training, and takes remat.fit off
+    the model; returns its fit state (None: the model was not fitted)."""
+    state = getattr(model, "remat_fit", None)
+    if state is not None:
+        with torch.no_grad():
+            model(inputs)
+        remat.unfit(model)
+    return state
+
+
+def messages(told, about):
+    """The recorded warnings' messages that mention `about`."""
+    return [str(w.message) for w in told if about in str(w.message)]
