@@ -280,7 +280,15 @@ class Tracker:
             if id(param) in self._params_hooked or not param.requires_grad:
                 continue
             self._params_hooked.add(id(param))
-            self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
+            if self._native is not None and hasattr(self._native, "hook_gradient"):
+                # In C++: backward calls no Python for it. Python's hooks dictionary is made first,
+                # so that hooks registered later join it (and run before the tagging) instead of
+                # replacing the C++ hook.
+                if param._post_accumulate_grad_hooks is None:
+                    param._post_accumulate_grad_hooks = collections.OrderedDict()
+                self._handles.append(self._native.hook_gradient(param, self._log, name))
+            else:
+                self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
 
     def _grad_hook(self, name: str):
         if self._native is not None:

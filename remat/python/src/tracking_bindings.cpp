@@ -10,10 +10,16 @@
 #include <remat/alloc/tags.hpp>
 
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/python_hook.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <typeinfo>
+#include <utility>
 
 namespace remat::python {
 namespace {
@@ -69,6 +75,75 @@ struct GradientTag {
   alloc::NameId module;
 };
 
+// Whether `hook` is PyTorch's dictionary of Python post-accumulate-grad hooks. libtorch_python
+// exports no type_info for that class, so it is known by its (Itanium ABI) type name.
+bool is_python_hooks(const torch::autograd::PostAccumulateGradHook& hook) {
+  std::string_view name = typeid(hook).name();
+  if (!name.empty() && name.front() == '*') name.remove_prefix(1);
+  return name == "N5torch8autograd32PyFunctionTensorPostAccGradHooksE";
+}
+
+// The same, installed in C++ (hook_gradient), so that backward makes no Python call for it.
+// PyTorch keeps one such hook per tensor: the one the parameter had (the dictionary behind its
+// Python post-accumulate-grad hooks) is kept inside and runs first, and only while that
+// dictionary holds a hook, so a step takes the GIL for none of them unless the user has some.
+class GradientHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  GradientHook(std::shared_ptr<tracking::RetagLog> log, alloc::NameId module,
+               std::unique_ptr<torch::autograd::PostAccumulateGradHook> inner)
+      : log_(std::move(log)), module_(module), inner_(std::move(inner)) {
+    if (inner_ && is_python_hooks(*inner_)) {
+      // A dict (Python makes it an OrderedDict), held by `inner_`.
+      python_dict_ = static_cast<torch::autograd::PyFunctionTensorPostAccGradHooks*>(inner_.get())->dict;
+      if (python_dict_ != nullptr && !PyDict_Check(python_dict_)) python_dict_ = nullptr;  // always called then
+    }
+  }
+
+  void operator()(const torch::autograd::Variable& param) override {
+    if (inner_ && (python_dict_ == nullptr || python_hooks_present())) (*inner_)(param);
+    log_->retag(param.grad(), alloc::Category::gradient, module_);
+  }
+
+  const tracking::RetagLog* log() const { return log_.get(); }
+  std::unique_ptr<torch::autograd::PostAccumulateGradHook>& inner() { return inner_; }
+
+ private:
+  // Read without the GIL, as the engine holds none here: Python changes the dictionary only under
+  // it, so at worst a hook added on another thread while this backward runs is seen next time.
+  bool python_hooks_present() const {
+    return __atomic_load_n(&reinterpret_cast<PyDictObject*>(python_dict_)->ma_used, __ATOMIC_RELAXED) > 0;
+  }
+
+  std::shared_ptr<tracking::RetagLog> log_;
+  alloc::NameId module_;
+  std::unique_ptr<torch::autograd::PostAccumulateGradHook> inner_;
+  PyObject* python_dict_ = nullptr;
+};
+
+// What hook_gradient returns: remove() takes that parameter's GradientHook out of the chain (the
+// hook it wrapped takes its place); nothing when the parameter is gone.
+struct GradientHookHandle {
+  c10::weak_intrusive_ptr<c10::TensorImpl> param;
+  const tracking::RetagLog* log;
+
+  void remove() {
+    c10::intrusive_ptr<c10::TensorImpl> impl = param.lock();
+    if (!impl) return;
+    const at::Tensor tensor = at::Tensor(std::move(impl));
+    if (torch::autograd::impl::get_autograd_meta(tensor) == nullptr) return;
+    std::unique_ptr<torch::autograd::PostAccumulateGradHook>* slot = &torch::autograd::impl::post_acc_grad_hooks(tensor);
+    while (auto* hook = dynamic_cast<GradientHook*>(slot->get())) {
+      if (hook->log() == log) {
+        std::unique_ptr<torch::autograd::PostAccumulateGradHook> inner = std::move(hook->inner());
+        *slot = std::move(inner);
+        break;
+      }
+      slot = &hook->inner();
+    }
+    param.reset();
+  }
+};
+
 }  // namespace
 
 void bind_tracking(py::module_& m) {
@@ -108,6 +183,28 @@ void bind_tracking(py::module_& m) {
           hook_outputs(output.ptr(), self.module, self.root);
         }
       });
+
+  py::class_<GradientHookHandle>(m, "GradientHookHandle", "What hook_gradient returns: remove() takes the hook out.")
+      .def("remove", &GradientHookHandle::remove);
+
+  m.def(
+      "hook_gradient",
+      [](const at::Tensor& param, std::shared_ptr<tracking::RetagLog> log, const std::string& module) {
+        if (!param.requires_grad() || !param.is_leaf()) {
+          throw py::value_error("hook_gradient: the tensor must be a leaf that requires grad (a parameter)");
+        }
+        if (torch::autograd::impl::get_autograd_meta(param) == nullptr) {
+          throw py::value_error("hook_gradient: the tensor has no autograd metadata");
+        }
+        std::unique_ptr<torch::autograd::PostAccumulateGradHook>& slot = torch::autograd::impl::post_acc_grad_hooks(param);
+        const tracking::RetagLog* owner = log.get();
+        slot = std::make_unique<GradientHook>(std::move(log), interned(module), std::move(slot));
+        return GradientHookHandle{c10::weak_intrusive_ptr<c10::TensorImpl>(param.getIntrusivePtr()), owner};
+      },
+      py::arg("param"), py::arg("log"), py::arg("module"),
+      "Tracking's post-accumulate-grad hook in C++: `param`'s .grad becomes a gradient of `module` as it is "
+      "accumulated. Call it after the parameter's Python hooks dictionary exists (Python's own registration "
+      "would replace a hook it does not know), so hooks registered later in Python still run.");
 
   py::class_<GradientTag>(m, "GradientTag", "Tracking's post-accumulate-grad hook: .grad is a gradient.")
       .def(py::init([](std::shared_ptr<tracking::RetagLog> log, const std::string& module) {

@@ -400,3 +400,35 @@ def test_untrack_clears_the_category_a_backward_that_raised_left_in_force(tagged
     before = remat_alloc.category_bytes()["none"]
     after_untrack = torch.empty(1 << 16)
     assert remat_alloc.category_bytes()["none"] - before == after_untrack.untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize("hooks", ["c++", "python"])
+def test_the_users_post_accumulate_grad_hooks_run_beside_tracking_and_after_it(tagged, monkeypatch, hooks):
+    # PyTorch keeps one post-accumulate-grad hook per parameter: tracking's own (in C++ where remat
+    # is imported) must neither drop the user's hooks from before track nor be replaced by those after.
+    from remat_alloc import _tracking
+
+    if hooks == "python":
+        monkeypatch.setattr(_tracking, "_native", None)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+    weight = model.block.up.weight
+    weight.register_post_accumulate_grad_hook(lambda p: calls.append(("before", p.grad is not None)))
+    with remat.track(model, optimizer) as tracker:
+        if hooks == "c++":
+            assert weight._post_accumulate_grad_hooks is not None  # the dict later hooks join
+        after = weight.register_post_accumulate_grad_hook(lambda p: calls.append(("after", p.grad is not None)))
+        step(model, optimizer, ids())
+        assert category_of(weight.grad) == ("gradient", "block.up.weight")
+        assert category_of(model.head.weight.grad) == ("gradient", "head.weight")
+        assert calls == [("before", True), ("after", True)]
+        assert tracker.tracked_storages > 0
+    calls.clear()
+    step(model, optimizer, ids())  # untracked: the user's hooks still run, the gradient is not re-tagged
+    assert [name for name, _ in calls] == ["before", "after"]
+    assert category_of(weight.grad)[0] != "gradient"
+    after.remove()
+    calls.clear()
+    step(model, optimizer, ids())
+    assert [name for name, _ in calls] == ["before"]
