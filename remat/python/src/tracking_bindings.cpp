@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <cstddef>
+#include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -54,20 +56,128 @@ void hook_outputs(PyObject* value, alloc::NameId module, bool root) {
   });
 }
 
-// A forward pre-hook (module, args[, kwargs]), or an optimizer's step pre-hook. A root's
-// (registered with kwargs) also names the model's tensor arguments inputs.
-struct TrackEnter {
-  alloc::NameId module;
-  bool root;
-};
-
-// A forward hook (module, args, output) registered with always_call, or an optimizer's step
-// post-hook (with_outputs false: its third argument is not an output).
-struct TrackLeave {
+// TrackEnter and TrackLeave are plain CPython types called through vectorcall: a module's hooks run
+// at every call of every tracked module, and pybind11's dispatch (argument tuples, overload
+// matching) cost several times what the hooks themselves do.
+struct TrackHookObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
   alloc::NameId module;
   bool root;
   bool with_outputs;
 };
+
+// Runs `fn`, turning a C++ exception into a Python one; nullptr then, Py_None otherwise.
+template <typename Fn>
+PyObject* python_call(const Fn& fn) {
+  try {
+    fn();
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+// A forward pre-hook (module, args[, kwargs]), or an optimizer's step pre-hook. A root's
+// (registered with kwargs) also names the model's tensor arguments inputs.
+PyObject* track_enter(PyObject* callable, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+  const auto* self = reinterpret_cast<const TrackHookObject*>(callable);
+  const Py_ssize_t count = PyVectorcall_NARGS(nargsf) + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
+  return python_call([&] {
+    if (self->root) {
+      for (Py_ssize_t i = 1; i < count; ++i) for_each_tensor(args[i], &tracking::tag_input);
+    }
+    tracking::enter_module(self->module, self->root);
+  });
+}
+
+// A forward hook (module, args, output) registered with always_call, or an optimizer's step
+// post-hook (with_outputs false: its third argument is not an output).
+PyObject* track_leave(PyObject* callable, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+  const auto* self = reinterpret_cast<const TrackHookObject*>(callable);
+  const Py_ssize_t count = PyVectorcall_NARGS(nargsf) + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
+  if (count != 3) {
+    PyErr_Format(PyExc_TypeError, "TrackLeave takes 3 arguments (module, args, output), got %zd", count);
+    return nullptr;
+  }
+  return python_call([&] {
+    tracking::leave_module(self->root);
+    PyObject* output = args[2];
+    if (self->with_outputs && output != Py_None && at::GradMode::is_enabled()) {
+      hook_outputs(output, self->module, self->root);
+    }
+  });
+}
+
+// TrackEnter(module, root=False) and TrackLeave(module, root=False, with_outputs=True); module is
+// the path (str or bytes).
+template <bool kLeave>
+PyObject* new_track_hook(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  static const char* leave_keywords[] = {"module", "root", "with_outputs", nullptr};
+  static const char* enter_keywords[] = {"module", "root", nullptr};
+  PyObject* path = nullptr;
+  int root = 0;
+  int with_outputs = 1;
+  const bool parsed =
+      kLeave ? PyArg_ParseTupleAndKeywords(args, kwargs, "O|pp", const_cast<char**>(leave_keywords), &path, &root,
+                                           &with_outputs)
+             : PyArg_ParseTupleAndKeywords(args, kwargs, "O|p", const_cast<char**>(enter_keywords), &path, &root);
+  if (!parsed) return nullptr;
+  const char* text = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_Check(path)) {
+    text = PyBytes_AS_STRING(path);
+    size = PyBytes_GET_SIZE(path);
+  } else if (PyUnicode_Check(path)) {
+    text = PyUnicode_AsUTF8AndSize(path, &size);
+    if (text == nullptr) return nullptr;
+  } else {
+    PyErr_Format(PyExc_TypeError, "%s: module must be a str or bytes path, got %s", type->tp_name,
+                 Py_TYPE(path)->tp_name);
+    return nullptr;
+  }
+  alloc::NameId module = 0;
+  try {
+    module = interned(std::string(text, static_cast<std::size_t>(size)));
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_ValueError, error.what());
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<TrackHookObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->vectorcall = kLeave ? &track_leave : &track_enter;
+  self->module = module;
+  self->root = root != 0;
+  self->with_outputs = with_outputs != 0;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+PyTypeObject track_hook_type(const char* name, const char* doc, newfunc make) {
+  PyTypeObject type{PyVarObject_HEAD_INIT(nullptr, 0)};
+  type.tp_name = name;
+  type.tp_basicsize = sizeof(TrackHookObject);
+  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  type.tp_doc = doc;
+  type.tp_new = make;
+  type.tp_call = PyVectorcall_Call;
+  type.tp_vectorcall_offset = offsetof(TrackHookObject, vectorcall);
+  return type;
+}
+
+PyTypeObject track_enter_type = track_hook_type(
+    "remat._C.TrackEnter", "Tracking's forward pre-hook: a temporary of the module from here.", &new_track_hook<false>);
+PyTypeObject track_leave_type = track_hook_type(
+    "remat._C.TrackLeave", "Tracking's forward hook: the category from before comes back.", &new_track_hook<true>);
+
+void add_type(py::module_& m, const char* name, PyTypeObject& type) {
+  if (PyType_Ready(&type) < 0) throw py::error_already_set();
+  Py_INCREF(&type);
+  if (PyModule_AddObject(m.ptr(), name, reinterpret_cast<PyObject*>(&type)) < 0) {
+    Py_DECREF(&type);
+    throw py::error_already_set();
+  }
+}
 
 // A parameter's post-accumulate-grad hook: its .grad becomes a gradient of that parameter.
 struct GradientTag {
@@ -160,29 +270,8 @@ void bind_tracking(py::module_& m) {
       .def("restore", &tracking::RetagLog::restore, py::call_guard<py::gil_scoped_release>())
       .def("alive", &tracking::RetagLog::alive);
 
-  py::class_<TrackEnter>(m, "TrackEnter", "Tracking's forward pre-hook: a temporary of the module from here.")
-      .def(py::init([](const std::string& module, bool root) {
-             return TrackEnter{interned(module), root};
-           }),
-           py::arg("module"), py::arg("root") = false)
-      .def("__call__", [](const TrackEnter& self, const py::args& args, const py::kwargs&) {
-        if (self.root) {
-          for (std::size_t i = 1; i < args.size(); ++i) for_each_tensor(args[i].ptr(), &tracking::tag_input);
-        }
-        tracking::enter_module(self.module, self.root);
-      });
-
-  py::class_<TrackLeave>(m, "TrackLeave", "Tracking's forward hook: the category from before comes back.")
-      .def(py::init([](const std::string& module, bool root, bool with_outputs) {
-             return TrackLeave{interned(module), root, with_outputs};
-           }),
-           py::arg("module"), py::arg("root") = false, py::arg("with_outputs") = true)
-      .def("__call__", [](const TrackLeave& self, const py::handle&, const py::handle&, const py::handle& output) {
-        tracking::leave_module(self.root);
-        if (self.with_outputs && !output.is_none() && at::GradMode::is_enabled()) {
-          hook_outputs(output.ptr(), self.module, self.root);
-        }
-      });
+  add_type(m, "TrackEnter", track_enter_type);
+  add_type(m, "TrackLeave", track_leave_type);
 
   py::class_<GradientHookHandle>(m, "GradientHookHandle", "What hook_gradient returns: remove() takes the hook out.")
       .def("remove", &GradientHookHandle::remove);
