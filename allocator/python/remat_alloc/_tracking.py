@@ -196,6 +196,20 @@ def _tensors_in(value, out: list, depth: int = 0) -> list:
     return out
 
 
+class _CallHandle:
+    """Takes a TrackCall off its module again (where it is still the module's)."""
+
+    def __init__(self, module, call) -> None:
+        self._module = weakref.ref(module)
+        self._call = call
+
+    def remove(self) -> None:
+        module = self._module()
+        if module is not None and module.__dict__.get("_compiled_call_impl") is self._call:
+            del module.__dict__["_compiled_call_impl"]
+        self._call = None
+
+
 class Tracker:
     """The tracking of one model: its hooks, the optimizers it follows and the tags it replaced.
     Made by track(); untrack() (or leaving it as a context manager) ends it."""
@@ -308,6 +322,14 @@ class Tracker:
             self._modules.add(id(module))
             path = (name or self._root_name).encode()
             root = module is model
+            if self._native is not None and module.__dict__.get("_compiled_call_impl") is None:
+                # No hooks: Module.__call__ calls the C++ TrackCall (which calls the module's
+                # _call_impl between enter and leave) where it would call _call_impl, so PyTorch
+                # takes its path for modules without hooks; module.compile() later replaces it.
+                call = self._native.TrackCall(module, path, root)
+                module._compiled_call_impl = call
+                self._handles.append(_CallHandle(module, call))
+                continue
             if self._native is not None:  # a root's also names the model's tensor arguments inputs
                 pre, post = self._native.TrackEnter(path, root), self._native.TrackLeave(path, root)
             else:

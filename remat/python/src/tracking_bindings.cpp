@@ -16,6 +16,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <cstddef>
+#include <iterator>
+#include <vector>
 #include <exception>
 #include <memory>
 #include <string>
@@ -110,6 +112,29 @@ PyObject* track_leave(PyObject* callable, PyObject* const* args, std::size_t nar
   });
 }
 
+// `path` (a str or bytes module path) interned into `*module`; false with a Python error set.
+bool path_id(PyObject* path, const char* type_name, alloc::NameId* module) {
+  const char* text = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_Check(path)) {
+    text = PyBytes_AS_STRING(path);
+    size = PyBytes_GET_SIZE(path);
+  } else if (PyUnicode_Check(path)) {
+    text = PyUnicode_AsUTF8AndSize(path, &size);
+    if (text == nullptr) return false;
+  } else {
+    PyErr_Format(PyExc_TypeError, "%s: module must be a str or bytes path, got %s", type_name, Py_TYPE(path)->tp_name);
+    return false;
+  }
+  try {
+    *module = interned(std::string(text, static_cast<std::size_t>(size)));
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_ValueError, error.what());
+    return false;
+  }
+  return true;
+}
+
 // TrackEnter(module, root=False) and TrackLeave(module, root=False, with_outputs=True); module is
 // the path (str or bytes).
 template <bool kLeave>
@@ -124,26 +149,8 @@ PyObject* new_track_hook(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
                                            &with_outputs)
              : PyArg_ParseTupleAndKeywords(args, kwargs, "O|p", const_cast<char**>(enter_keywords), &path, &root);
   if (!parsed) return nullptr;
-  const char* text = nullptr;
-  Py_ssize_t size = 0;
-  if (PyBytes_Check(path)) {
-    text = PyBytes_AS_STRING(path);
-    size = PyBytes_GET_SIZE(path);
-  } else if (PyUnicode_Check(path)) {
-    text = PyUnicode_AsUTF8AndSize(path, &size);
-    if (text == nullptr) return nullptr;
-  } else {
-    PyErr_Format(PyExc_TypeError, "%s: module must be a str or bytes path, got %s", type->tp_name,
-                 Py_TYPE(path)->tp_name);
-    return nullptr;
-  }
   alloc::NameId module = 0;
-  try {
-    module = interned(std::string(text, static_cast<std::size_t>(size)));
-  } catch (const std::exception& error) {
-    PyErr_SetString(PyExc_ValueError, error.what());
-    return nullptr;
-  }
+  if (!path_id(path, type->tp_name, &module)) return nullptr;
   auto* self = reinterpret_cast<TrackHookObject*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
   self->vectorcall = kLeave ? &track_leave : &track_enter;
@@ -152,6 +159,118 @@ PyObject* new_track_hook(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->with_outputs = with_outputs != 0;
   return reinterpret_cast<PyObject*>(self);
 }
+
+// TrackCall(module, path, root=False): set as a module's `_compiled_call_impl`, which
+// Module.__call__ calls instead of `_call_impl` when set. It does what TrackEnter and TrackLeave do
+// around the module's own `_call_impl`, so a module tracked this way has no hooks and PyTorch
+// calls it by its path without hooks: the slow path that runs a module's hooks costs more than
+// the hooks. Holds the module weakly (the module's __dict__ holds it), so no cycle is made.
+struct TrackCallObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* module_ref;  // a weak reference to the module
+  alloc::NameId module;
+  bool root;
+};
+
+PyObject* call_impl_name() {
+  static PyObject* name = PyUnicode_InternFromString("_call_impl");
+  return name;
+}
+
+PyObject* track_call(PyObject* callable, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+  const auto* self = reinterpret_cast<const TrackCallObject*>(callable);
+  PyObject* module = PyWeakref_GetObject(self->module_ref);  // borrowed
+  if (module == nullptr) return nullptr;
+  if (module == Py_None) {
+    PyErr_SetString(PyExc_RuntimeError, "TrackCall: the module it tracks is gone");
+    return nullptr;
+  }
+  Py_INCREF(module);
+  const Py_ssize_t positional = PyVectorcall_NARGS(nargsf);
+  const Py_ssize_t count = positional + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
+  PyObject* entered = python_call([&] {
+    if (self->root) {
+      for (Py_ssize_t i = 0; i < count; ++i) for_each_tensor(args[i], &tracking::tag_input);
+    }
+    tracking::enter_module(self->module, self->root);
+  });
+  if (entered == nullptr) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  Py_DECREF(entered);
+  // The module first, then the arguments as they came.
+  PyObject* small[8];
+  std::vector<PyObject*> large;
+  PyObject** with_self = small;
+  if (count + 1 > static_cast<Py_ssize_t>(std::size(small))) {
+    large.resize(static_cast<std::size_t>(count) + 1);
+    with_self = large.data();
+  }
+  with_self[0] = module;
+  for (Py_ssize_t i = 0; i < count; ++i) with_self[i + 1] = args[i];
+  PyObject* output = PyObject_VectorcallMethod(call_impl_name(), with_self, static_cast<std::size_t>(positional) + 1,
+                                               kwnames);
+  Py_DECREF(module);
+  // Always, as a forward hook with always_call: the category from before comes back.
+  PyObject* left = python_call([&] {
+    tracking::leave_module(self->root);
+    if (output != nullptr && output != Py_None && at::GradMode::is_enabled()) {
+      hook_outputs(output, self->module, self->root);
+    }
+  });
+  if (left == nullptr) {
+    Py_XDECREF(output);
+    return nullptr;
+  }
+  Py_DECREF(left);
+  return output;
+}
+
+PyObject* new_track_call(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  static const char* keywords[] = {"module", "path", "root", nullptr};
+  PyObject* target = nullptr;
+  PyObject* path = nullptr;
+  int root = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|p", const_cast<char**>(keywords), &target, &path, &root)) {
+    return nullptr;
+  }
+  alloc::NameId module = 0;
+  if (!path_id(path, type->tp_name, &module)) return nullptr;
+  PyObject* ref = PyWeakref_NewRef(target, nullptr);
+  if (ref == nullptr) return nullptr;
+  auto* self = reinterpret_cast<TrackCallObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    Py_DECREF(ref);
+    return nullptr;
+  }
+  self->vectorcall = &track_call;
+  self->module_ref = ref;
+  self->module = module;
+  self->root = root != 0;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void dealloc_track_call(PyObject* object) {
+  Py_CLEAR(reinterpret_cast<TrackCallObject*>(object)->module_ref);
+  Py_TYPE(object)->tp_free(object);
+}
+
+PyTypeObject make_track_call_type() {
+  PyTypeObject type{PyVarObject_HEAD_INIT(nullptr, 0)};
+  type.tp_name = "remat._C.TrackCall";
+  type.tp_basicsize = sizeof(TrackCallObject);
+  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  type.tp_doc = "Tracking's call of a module (its _compiled_call_impl): enter, the module's _call_impl, leave.";
+  type.tp_new = &new_track_call;
+  type.tp_dealloc = &dealloc_track_call;
+  type.tp_call = PyVectorcall_Call;
+  type.tp_vectorcall_offset = offsetof(TrackCallObject, vectorcall);
+  return type;
+}
+
+PyTypeObject track_call_type = make_track_call_type();
 
 PyTypeObject track_hook_type(const char* name, const char* doc, newfunc make) {
   PyTypeObject type{PyVarObject_HEAD_INIT(nullptr, 0)};
@@ -272,6 +391,7 @@ void bind_tracking(py::module_& m) {
 
   add_type(m, "TrackEnter", track_enter_type);
   add_type(m, "TrackLeave", track_leave_type);
+  add_type(m, "TrackCall", track_call_type);
 
   py::class_<GradientHookHandle>(m, "GradientHookHandle", "What hook_gradient returns: remove() takes the hook out.")
       .def("remove", &GradientHookHandle::remove);

@@ -432,3 +432,64 @@ def test_the_users_post_accumulate_grad_hooks_run_beside_tracking_and_after_it(t
     calls.clear()
     step(model, optimizer, ids())
     assert [name for name, _ in calls] == ["before"]
+
+
+def test_modules_are_tracked_without_hooks_and_a_copy_or_pickle_of_the_model_is_untracked(tagged):
+    # Where remat is imported, each module's call goes through TrackCall (its _compiled_call_impl),
+    # so PyTorch calls it by its path for modules without hooks; nothing of it survives untrack.
+    import copy
+    import pickle
+
+    model = Net()
+    with remat.track(model):
+        for module in model.modules():
+            assert not module._forward_pre_hooks and not module._forward_hooks
+            assert type(module.__dict__["_compiled_call_impl"]).__name__ == "TrackCall"
+        seen = {}
+        handle = model.block.up.register_forward_hook(lambda m, a, out: seen.update(up=category_of(out)))
+        model(ids())
+        handle.remove()
+        assert seen["up"][1] == "block.up"  # the user's hook runs inside the module's call
+        clone = copy.deepcopy(model)
+        restored = pickle.loads(pickle.dumps(model))
+        for other in (clone, restored):
+            assert all("_compiled_call_impl" not in m.__dict__ for m in other.modules())
+            assert torch.equal(other(ids()), model(ids()))
+    assert all("_compiled_call_impl" not in m.__dict__ for m in model.modules())
+
+
+def test_a_forward_that_raises_gives_back_the_category_from_before(tagged):
+    class Fails(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("forward failed")
+
+    model = Net()
+    model.block.up = torch.nn.Sequential(model.block.up, Fails())
+    with remat.track(model):
+        remat_alloc.set_category("other", "outside")
+        with pytest.raises(ValueError, match="forward failed"):
+            model(ids())
+        assert remat_alloc.category() == ("other", "outside")
+        remat_alloc.set_category("none")
+
+
+def test_a_module_with_its_own_compiled_call_is_tracked_by_hooks_and_keeps_it(tagged):
+    # module.compile() sets _compiled_call_impl: such a module is tracked by hooks, its call left as it is.
+    model = Net()
+    calls = []
+
+    def compiled(*args, **kwargs):
+        calls.append(1)
+        return type(model.block)._call_impl(model.block, *args, **kwargs)
+
+    model.block._compiled_call_impl = compiled
+    seen = {}
+    with remat.track(model):
+        assert model.block._compiled_call_impl is compiled and model.block._forward_hooks
+        handle = model.block.down.register_forward_hook(lambda m, a, out: seen.update(down=category_of(out)))
+        out = model(ids())
+        handle.remove()
+        assert seen["down"][1] == "block.down" and calls == [1]
+        out.float().sum().backward()
+        assert category_of(model.block.up.weight.grad) == ("gradient", "block.up.weight")
+    assert model.block._compiled_call_impl is compiled and not model.block._forward_hooks
