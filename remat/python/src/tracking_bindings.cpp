@@ -333,6 +333,10 @@ class GradientHook final : public torch::autograd::PostAccumulateGradHook {
     log_->retag(param.grad(), alloc::Category::gradient, module_);
   }
 
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
+    tracking::refuse_compiled_autograd();
+  }
+
   const tracking::RetagLog* log() const { return log_.get(); }
   std::unique_ptr<torch::autograd::PostAccumulateGradHook>& inner() { return inner_; }
 

@@ -493,3 +493,24 @@ def test_a_module_with_its_own_compiled_call_is_tracked_by_hooks_and_keeps_it(ta
         out.float().sum().backward()
         assert category_of(model.block.up.weight.grad) == ("gradient", "block.up.weight")
     assert model.block._compiled_call_impl is compiled and not model.block._forward_hooks
+
+
+def test_compiled_autograd_is_refused_with_a_message_and_the_step_runs_without_it(tagged):
+    compiled_autograd = pytest.importorskip("torch._dynamo.compiled_autograd")
+    if not hasattr(compiled_autograd, "_enable"):
+        pytest.skip("this torch has no torch._dynamo.compiled_autograd._enable")
+    torch.manual_seed(0)
+    model = Net()
+    reference = Net()
+    reference.load_state_dict(model.state_dict())
+    reference(ids()).float().logsumexp(-1).mean().backward()
+    with remat.track(model):
+        with pytest.raises(NotImplementedError, match="track does not work under compiled autograd"):
+            with compiled_autograd._enable(lambda graph: graph):
+                model(ids()).float().logsumexp(-1).mean().backward()
+        model.zero_grad(set_to_none=True)
+        model(ids()).float().logsumexp(-1).mean().backward()  # without it: tracked as ever
+        assert category_of(model.block.up.weight.grad) == ("gradient", "block.up.weight")
+    assert remat_alloc.category()[0] == "none"
+    for param, expected in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(param.grad, expected.grad)
