@@ -16,11 +16,17 @@ An optimizer's state dict is replaced by one that re-tags each tensor as it is s
 state is optimizer_state from the moment the optimizer creates it); the step's own scratch is
 a temporary of the optimizer. The model's tensor arguments are re-tagged as inputs.
 
-Where remat is imported, the hooks that run at every module call, saved tensor and gradient are
-remat._C's C++ callables (registered here through register_native), not Python functions: the
-same steps, with what autograd saves named by the autograd engine remat installs, so that
-tracking costs a training step little more than the hooks' own dispatch. Without remat, the
-Python hooks above do it.
+Where remat is imported, what runs at every module call, saved tensor and gradient is remat._C's
+C++ (registered here through register_native), not Python: the same steps, with what autograd
+saves named by the autograd engine remat installs. A module then has no hooks at all: its
+`_compiled_call_impl` (which Module.__call__ calls in place of `_call_impl` when set) is a
+TrackCall that enters, calls the module's `_call_impl` and leaves, so PyTorch calls the module by
+its path for modules without hooks, which costs less than its hook dispatch. A module whose
+`_compiled_call_impl` is set already (module.compile()) gets the C++ hooks instead, and a later
+module.compile() replaces the TrackCall (that module is then not tracked until track is called
+again). Each gradient is tagged by a C++ post-accumulate-grad hook that wraps the parameter's
+Python hook dictionary (made first, so hooks registered later still join it). Without remat, the
+Python hooks above do it all.
 
 untrack() removes every hook, puts the optimizer's plain state dict back and restores the tag
 each re-tagged storage had before, where the tensor is still alive and still owns that storage.
@@ -218,7 +224,8 @@ class Tracker:
         self._model = weakref.ref(model)
         self._root_name = type(model).__name__
         self._handles: list = []
-        self._modules: set[int] = set()  # ids of modules with hooks
+        self._modules: set[int] = set()  # ids of modules tracked (by hooks or a TrackCall)
+        self._calls: dict[int, Any] = {}  # module id -> the TrackCall set as its _compiled_call_impl
         self._params_hooked: set[int] = set()
         self._param_names: dict[int, str] = {}
         self._optimizers: list = []  # (weakref to optimizer, its original state object)
@@ -318,7 +325,10 @@ class Tracker:
     def _hook_modules(self, model) -> None:
         for name, module in model.named_modules():
             if id(module) in self._modules:
-                continue
+                call = self._calls.get(id(module))
+                if call is None or module.__dict__.get("_compiled_call_impl") is call:
+                    continue
+                del self._calls[id(module)]  # replaced since (module.compile()): hooks from now on
             self._modules.add(id(module))
             path = (name or self._root_name).encode()
             root = module is model
@@ -328,6 +338,7 @@ class Tracker:
                 # takes its path for modules without hooks; module.compile() later replaces it.
                 call = self._native.TrackCall(module, path, root)
                 module._compiled_call_impl = call
+                self._calls[id(module)] = call
                 self._handles.append(_CallHandle(module, call))
                 continue
             if self._native is not None:  # a root's also names the model's tensor arguments inputs

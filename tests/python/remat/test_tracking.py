@@ -493,6 +493,13 @@ def test_a_module_with_its_own_compiled_call_is_tracked_by_hooks_and_keeps_it(ta
         out.float().sum().backward()
         assert category_of(model.block.up.weight.grad) == ("gradient", "block.up.weight")
     assert model.block._compiled_call_impl is compiled and not model.block._forward_hooks
+    # Compiled after track: not tracked until track is called again, then by hooks.
+    with remat.track(model):
+        model.block.down._compiled_call_impl = compiled
+        assert not model.block.down._forward_hooks
+        remat.track(model)
+        assert model.block.down._forward_hooks and model.block.down._compiled_call_impl is compiled
+    assert not model.block.down._forward_hooks
 
 
 def test_compiled_autograd_is_refused_with_a_message_and_the_step_runs_without_it(tagged):
