@@ -301,7 +301,7 @@ class Tracker:
             if id(param) in self._params_hooked or not param.requires_grad:
                 continue
             self._params_hooked.add(id(param))
-            if self._native is not None and hasattr(self._native, "hook_gradient"):
+            if self._native is not None:
                 # In C++: backward calls no Python for it. Python's hooks dictionary is made first,
                 # so that hooks registered later join it (and run before the tagging) instead of
                 # replacing the C++ hook.
