@@ -180,13 +180,19 @@ PyObject* call_impl_name() {
 
 PyObject* track_call(PyObject* callable, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
   const auto* self = reinterpret_cast<const TrackCallObject*>(callable);
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* module = nullptr;  // a new reference, or none when the module is gone
+  if (PyWeakref_GetRef(self->module_ref, &module) < 0) return nullptr;
+#else
   PyObject* module = PyWeakref_GetObject(self->module_ref);  // borrowed
   if (module == nullptr) return nullptr;
-  if (module == Py_None) {
+  if (module == Py_None) module = nullptr;
+  Py_XINCREF(module);
+#endif
+  if (module == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "TrackCall: the module it tracks is gone");
     return nullptr;
   }
-  Py_INCREF(module);
   const Py_ssize_t positional = PyVectorcall_NARGS(nargsf);
   const Py_ssize_t count = positional + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
   PyObject* entered = python_call([&] {
