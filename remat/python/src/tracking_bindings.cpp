@@ -197,7 +197,8 @@ PyObject* track_call(PyObject* callable, PyObject* const* args, std::size_t narg
   const Py_ssize_t count = positional + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
   PyObject* entered = python_call([&] {
     if (self->root) {
-      for (Py_ssize_t i = 0; i < count; ++i) for_each_tensor(args[i], &tracking::tag_input);
+      // Depth 1, as each argument is inside the args tuple or kwargs dict a forward pre-hook gets.
+      for (Py_ssize_t i = 0; i < count; ++i) for_each_tensor(args[i], &tracking::tag_input, 1);
     }
     tracking::enter_module(self->module, self->root);
   });
