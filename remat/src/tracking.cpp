@@ -41,9 +41,7 @@ class EnteringModule final : public torch::autograd::FunctionPreHook {
   void make_root() { root_ = true; }
 
   // Compiled autograd would need this hook traced into its graph; it is not, so say so plainly.
-  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
-    refuse_compiled_autograd();
-  }
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override { refuse_compiled_autograd(); }
 
  private:
   alloc::NameId module_;

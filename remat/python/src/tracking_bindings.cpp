@@ -16,14 +16,14 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <cstddef>
-#include <iterator>
-#include <vector>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 namespace remat::python {
 namespace {
@@ -62,7 +62,7 @@ void hook_outputs(PyObject* value, alloc::NameId module, bool root) {
 // at every call of every tracked module, and pybind11's dispatch (argument tuples, overload
 // matching) cost several times what the hooks themselves do.
 struct TrackHookObject {
-  PyObject_HEAD
+  PyObject ob_base;  // PyObject_HEAD
   vectorcallfunc vectorcall;
   alloc::NameId module;
   bool root;
@@ -166,7 +166,7 @@ PyObject* new_track_hook(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
 // calls it by its path without hooks: the slow path that runs a module's hooks costs more than
 // the hooks. Holds the module weakly (the module's __dict__ holds it), so no cycle is made.
 struct TrackCallObject {
-  PyObject_HEAD
+  PyObject ob_base;  // PyObject_HEAD
   vectorcallfunc vectorcall;
   PyObject* module_ref;  // a weak reference to the module
   alloc::NameId module;
@@ -217,8 +217,8 @@ PyObject* track_call(PyObject* callable, PyObject* const* args, std::size_t narg
   }
   with_self[0] = module;
   for (Py_ssize_t i = 0; i < count; ++i) with_self[i + 1] = args[i];
-  PyObject* output = PyObject_VectorcallMethod(call_impl_name(), with_self, static_cast<std::size_t>(positional) + 1,
-                                               kwnames);
+  PyObject* output =
+      PyObject_VectorcallMethod(call_impl_name(), with_self, static_cast<std::size_t>(positional) + 1, kwnames);
   Py_DECREF(module);
   // Always, as a forward hook with always_call: the category from before comes back.
   PyObject* left = python_call([&] {
@@ -371,7 +371,8 @@ struct GradientHookHandle {
     if (!impl) return;
     const at::Tensor tensor = at::Tensor(std::move(impl));
     if (torch::autograd::impl::get_autograd_meta(tensor) == nullptr) return;
-    std::unique_ptr<torch::autograd::PostAccumulateGradHook>* slot = &torch::autograd::impl::post_acc_grad_hooks(tensor);
+    std::unique_ptr<torch::autograd::PostAccumulateGradHook>* slot =
+        &torch::autograd::impl::post_acc_grad_hooks(tensor);
     while (auto* hook = dynamic_cast<GradientHook*>(slot->get())) {
       if (hook->log() == log) {
         std::unique_ptr<torch::autograd::PostAccumulateGradHook> inner = std::move(hook->inner());
@@ -416,7 +417,8 @@ void bind_tracking(py::module_& m) {
         if (torch::autograd::impl::get_autograd_meta(param) == nullptr) {
           throw py::value_error("hook_gradient: the tensor has no autograd metadata");
         }
-        std::unique_ptr<torch::autograd::PostAccumulateGradHook>& slot = torch::autograd::impl::post_acc_grad_hooks(param);
+        std::unique_ptr<torch::autograd::PostAccumulateGradHook>& slot =
+            torch::autograd::impl::post_acc_grad_hooks(param);
         const tracking::RetagLog* owner = log.get();
         slot = std::make_unique<GradientHook>(std::move(log), interned(module), std::move(slot));
         return GradientHookHandle{c10::weak_intrusive_ptr<c10::TensorImpl>(param.getIntrusivePtr()), owner};
