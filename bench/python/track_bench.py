@@ -8,6 +8,10 @@ thread), the median per-round ratio tracked / untracked over --rounds rounds of 
     PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
         OMP_NUM_THREADS=1 python3 bench/python/track_bench.py [--models tiny,small] [--rounds 9] [--steps 3]
 
+--noop-hooks measures, in place of tracking, a no-op Python forward pre-hook and forward hook
+on every module: what PyTorch's module hook dispatch alone costs the step (where remat is
+imported tracking puts no hooks on modules; its C++ TrackCall is each module's call instead).
+
 tiny is the proof test's model (tests/python/remat/test_tracking_llama.py: hidden 64, 2 layers,
 batch 2 x 32, vocab 256), a step of a few milliseconds where Python's own work is most of it and
 tracking's per-call hooks weigh the most; small is hf_llama_bench.py's (hidden 256, 4 layers,
@@ -15,6 +19,7 @@ batch 4 x 128, vocab 2048). --hidden, --layers, ... give one model of your own i
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -66,6 +71,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per measurement")
     parser.add_argument("--python-hooks", action="store_true",
                         help="track with remat_alloc's Python hooks, not remat._C's (tracking without remat)")
+    parser.add_argument("--noop-hooks", action="store_true",
+                        help="instead of tracking: no-op Python forward hooks on every module (the hook dispatch alone)")
     for name in ("hidden", "layers", "sequence", "batch", "vocab", "heads", "kv-heads"):
         parser.add_argument(f"--{name}", type=int, help="a model of your own (the others from small)")
     args = parser.parse_args()
@@ -84,7 +91,25 @@ def main() -> None:
         measure(MODELS[name], name, args)
 
 
+@contextlib.contextmanager
+def noop_hooks(model):
+    """A no-op forward pre-hook and forward hook (always called, as tracking's were) on every module."""
+    def nothing(*args):
+        return None
+
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(nothing))
+        handles.append(module.register_forward_hook(nothing, always_call=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def measure(shape, name, args) -> None:
+    tracking = (lambda: noop_hooks(model)) if args.noop_hooks else (lambda: remat.track(model, optimizer))
     shape = argparse.Namespace(**shape)
     config = LlamaConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
                          num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
@@ -108,7 +133,7 @@ def measure(shape, name, args) -> None:
             seconds = {}
             for tracked in order:
                 if tracked:
-                    with remat.track(model, optimizer):
+                    with tracking():
                         step(model, optimizer, ids)  # not timed: collects what track() allocated
                         seconds[True] = cpu_seconds(model, optimizer, ids, args.steps, steps[True])
                 else:
@@ -124,7 +149,9 @@ def measure(shape, name, args) -> None:
     parameters = sum(p.numel() for p in model.parameters())
     print(f"{name}: Llama {shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab}, {parameters / 1e6:.2f} M "
           f"parameters, batch {shape.batch} x {shape.sequence}, AdamW, CPU, 1 thread, {args.rounds} rounds x "
-          f"{args.steps} steps, {'Python' if args.python_hooks else 'C++'} hooks")
+          f"{args.steps} steps, "
+          + ("no-op Python module hooks in place of tracking" if args.noop_hooks else
+             "remat_alloc's Python hooks" if args.python_hooks else "remat._C's C++ tracking"))
     print(f"step CPU time untracked {statistics.median(plain_times) * 1e3:.2f} ms, tracked "
           f"{statistics.median(tracked_times) * 1e3:.2f} ms")
     median = statistics.median(ratios)

@@ -40,12 +40,23 @@ class EnteringModule final : public torch::autograd::FunctionPreHook {
 
   void make_root() { root_ = true; }
 
+  // Compiled autograd would need this hook traced into its graph; it is not, so say so plainly.
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override { refuse_compiled_autograd(); }
+
  private:
   alloc::NameId module_;
   bool root_;
 };
 
 }  // namespace
+
+void refuse_compiled_autograd() {
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "remat_alloc.track does not work under compiled autograd "
+                              "(torch._dynamo.compiled_autograd, or torch._dynamo.config.compiled_autograd = True): "
+                              "its backward hooks run in C++, which compiled autograd cannot trace. Run the tracked "
+                              "step with compiled autograd off, or untrack the model for compiled-autograd steps");
+}
 
 void enter_module(alloc::NameId module, bool root) {
   if (root) {

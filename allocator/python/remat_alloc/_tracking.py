@@ -17,11 +17,17 @@ state is optimizer_state from the moment the optimizer creates it); the step's o
 a temporary of the optimizer. The state load_state_dict() loads is followed the same way, and
 state_dict() hands out plain dicts. The model's tensor arguments are re-tagged as inputs.
 
-Where remat is imported, the hooks that run at every module call, saved tensor and gradient are
-remat._C's C++ callables (registered here through register_native), not Python functions: the
-same steps, with what autograd saves named by the autograd engine remat installs, so that
-tracking costs a training step little more than the hooks' own dispatch. Without remat, the
-Python hooks above do it.
+Where remat is imported, what runs at every module call, saved tensor and gradient is remat._C's
+C++ (registered here through register_native), not Python: the same steps, with what autograd
+saves named by the autograd engine remat installs. A module then has no hooks at all: its
+`_compiled_call_impl` (which Module.__call__ calls in place of `_call_impl` when set) is a
+TrackCall that enters, calls the module's `_call_impl` and leaves, so PyTorch calls the module by
+its path for modules without hooks, which costs less than its hook dispatch. A module whose
+`_compiled_call_impl` is set already (module.compile()) gets the C++ hooks instead, and a later
+module.compile() replaces the TrackCall (that module is then not tracked until track is called
+again). Each gradient is tagged by a C++ post-accumulate-grad hook that wraps the parameter's
+Python hook dictionary (made first, so hooks registered later still join it). Without remat, the
+Python hooks above do it all.
 
 untrack() removes every hook, puts the optimizer's plain state dict back and restores the tag
 each re-tagged storage had before, where the tensor is still alive and still owns that storage.
@@ -206,6 +212,20 @@ def _tensors_in(value, out: list, depth: int = 0) -> list:
     return out
 
 
+class _CallHandle:
+    """Takes a TrackCall off its module again (where it is still the module's)."""
+
+    def __init__(self, module, call) -> None:
+        self._module = weakref.ref(module)
+        self._call = call
+
+    def remove(self) -> None:
+        module = self._module()
+        if module is not None and module.__dict__.get("_compiled_call_impl") is self._call:
+            del module.__dict__["_compiled_call_impl"]
+        self._call = None
+
+
 class Tracker:
     """The tracking of one model: its hooks, the optimizers it follows and the tags it replaced.
     Made by track(); untrack() (or leaving it as a context manager) ends it."""
@@ -214,7 +234,8 @@ class Tracker:
         self._model = weakref.ref(model)
         self._root_name = type(model).__name__
         self._handles: list = []
-        self._modules: set[int] = set()  # ids of modules with hooks
+        self._modules: set[int] = set()  # ids of modules tracked (by hooks or a TrackCall)
+        self._calls: dict[int, Any] = {}  # module id -> the TrackCall set as its _compiled_call_impl
         self._params_hooked: set[int] = set()
         self._param_names: dict[int, str] = {}
         self._optimizers: list = []  # (weakref to optimizer, its original state object)
@@ -290,7 +311,15 @@ class Tracker:
             if id(param) in self._params_hooked or not param.requires_grad:
                 continue
             self._params_hooked.add(id(param))
-            self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
+            if self._native is not None:
+                # In C++: backward calls no Python for it. Python's hooks dictionary is made first,
+                # so that hooks registered later join it (and run before the tagging) instead of
+                # replacing the C++ hook.
+                if param._post_accumulate_grad_hooks is None:
+                    param._post_accumulate_grad_hooks = collections.OrderedDict()
+                self._handles.append(self._native.hook_gradient(param, self._log, name))
+            else:
+                self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
 
     def _grad_hook(self, name: str):
         if self._native is not None:
@@ -306,10 +335,22 @@ class Tracker:
     def _hook_modules(self, model) -> None:
         for name, module in model.named_modules():
             if id(module) in self._modules:
-                continue
+                call = self._calls.get(id(module))
+                if call is None or module.__dict__.get("_compiled_call_impl") is call:
+                    continue
+                del self._calls[id(module)]  # replaced since (module.compile()): hooks from now on
             self._modules.add(id(module))
             path = (name or self._root_name).encode()
             root = module is model
+            if self._native is not None and module.__dict__.get("_compiled_call_impl") is None:
+                # No hooks: Module.__call__ calls the C++ TrackCall (which calls the module's
+                # _call_impl between enter and leave) where it would call _call_impl, so PyTorch
+                # takes its path for modules without hooks; module.compile() later replaces it.
+                call = self._native.TrackCall(module, path, root)
+                module._compiled_call_impl = call
+                self._calls[id(module)] = call
+                self._handles.append(_CallHandle(module, call))
+                continue
             if self._native is not None:  # a root's also names the model's tensor arguments inputs
                 pre, post = self._native.TrackEnter(path, root), self._native.TrackLeave(path, root)
             else:

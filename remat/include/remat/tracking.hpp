@@ -39,6 +39,10 @@ void tag_input(const at::Tensor& tensor);
 // the category when backward ends.
 void hook_backward(const std::shared_ptr<torch::autograd::Node>& node, alloc::NameId module, bool root);
 
+// Throws c10::NotImplementedError (Python's NotImplementedError) saying that tracking does not
+// work under compiled autograd, which cannot trace its C++ backward hooks (their compiled_args).
+void refuse_compiled_autograd();
+
 // The storages a tracking re-tagged, with the tag each had before, so they can be put back.
 class RetagLog {
  public:

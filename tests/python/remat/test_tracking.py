@@ -533,3 +533,124 @@ def test_an_untracked_parameter_a_tracked_forward_saves_keeps_its_tag(tagged, mo
         assert model.block.extra.weight.grad is not None
     assert category_of(model.block.extra.weight) == ("none", "")
     assert category_of(model.head.weight) == ("none", "")
+
+
+@pytest.mark.parametrize("hooks", ["c++", "python"])
+def test_the_users_post_accumulate_grad_hooks_run_beside_tracking_and_after_it(tagged, monkeypatch, hooks):
+    # PyTorch keeps one post-accumulate-grad hook per parameter: tracking's own (in C++ where remat
+    # is imported) must neither drop the user's hooks from before track nor be replaced by those after.
+    from remat_alloc import _tracking
+
+    if hooks == "python":
+        monkeypatch.setattr(_tracking, "_native", None)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+    weight = model.block.up.weight
+    weight.register_post_accumulate_grad_hook(lambda p: calls.append(("before", p.grad is not None)))
+    with remat.track(model, optimizer) as tracker:
+        if hooks == "c++":
+            assert weight._post_accumulate_grad_hooks is not None  # the dict later hooks join
+        after = weight.register_post_accumulate_grad_hook(lambda p: calls.append(("after", p.grad is not None)))
+        step(model, optimizer, ids())
+        assert category_of(weight.grad) == ("gradient", "block.up.weight")
+        assert category_of(model.head.weight.grad) == ("gradient", "head.weight")
+        assert calls == [("before", True), ("after", True)]
+        assert tracker.tracked_storages > 0
+    calls.clear()
+    step(model, optimizer, ids())  # untracked: the user's hooks still run, the gradient is not re-tagged
+    assert [name for name, _ in calls] == ["before", "after"]
+    assert category_of(weight.grad)[0] != "gradient"
+    after.remove()
+    calls.clear()
+    step(model, optimizer, ids())
+    assert [name for name, _ in calls] == ["before"]
+
+
+def test_modules_are_tracked_without_hooks_and_a_copy_or_pickle_of_the_model_is_untracked(tagged):
+    # Where remat is imported, each module's call goes through TrackCall (its _compiled_call_impl),
+    # so PyTorch calls it by its path for modules without hooks; nothing of it survives untrack.
+    import copy
+    import pickle
+
+    model = Net()
+    with remat.track(model):
+        for module in model.modules():
+            assert not module._forward_pre_hooks and not module._forward_hooks
+            assert type(module.__dict__["_compiled_call_impl"]).__name__ == "TrackCall"
+        seen = {}
+        handle = model.block.up.register_forward_hook(lambda m, a, out: seen.update(up=category_of(out)))
+        model(ids())
+        handle.remove()
+        assert seen["up"][1] == "block.up"  # the user's hook runs inside the module's call
+        clone = copy.deepcopy(model)
+        restored = pickle.loads(pickle.dumps(model))
+        for other in (clone, restored):
+            assert all("_compiled_call_impl" not in m.__dict__ for m in other.modules())
+            assert torch.equal(other(ids()), model(ids()))
+    assert all("_compiled_call_impl" not in m.__dict__ for m in model.modules())
+
+
+def test_a_forward_that_raises_gives_back_the_category_from_before(tagged):
+    class Fails(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("forward failed")
+
+    model = Net()
+    model.block.up = torch.nn.Sequential(model.block.up, Fails())
+    with remat.track(model):
+        remat_alloc.set_category("other", "outside")
+        with pytest.raises(ValueError, match="forward failed"):
+            model(ids())
+        assert remat_alloc.category() == ("other", "outside")
+        remat_alloc.set_category("none")
+
+
+def test_a_module_with_its_own_compiled_call_is_tracked_by_hooks_and_keeps_it(tagged):
+    # module.compile() sets _compiled_call_impl: such a module is tracked by hooks, its call left as it is.
+    model = Net()
+    calls = []
+
+    def compiled(*args, **kwargs):
+        calls.append(1)
+        return type(model.block)._call_impl(model.block, *args, **kwargs)
+
+    model.block._compiled_call_impl = compiled
+    seen = {}
+    with remat.track(model):
+        assert model.block._compiled_call_impl is compiled and model.block._forward_hooks
+        handle = model.block.down.register_forward_hook(lambda m, a, out: seen.update(down=category_of(out)))
+        out = model(ids())
+        handle.remove()
+        assert seen["down"][1] == "block.down" and calls == [1]
+        out.float().sum().backward()
+        assert category_of(model.block.up.weight.grad) == ("gradient", "block.up.weight")
+    assert model.block._compiled_call_impl is compiled and not model.block._forward_hooks
+    # Compiled after track: not tracked until track is called again, then by hooks.
+    with remat.track(model):
+        model.block.down._compiled_call_impl = compiled
+        assert not model.block.down._forward_hooks
+        remat.track(model)
+        assert model.block.down._forward_hooks and model.block.down._compiled_call_impl is compiled
+    assert not model.block.down._forward_hooks
+
+
+def test_compiled_autograd_is_refused_with_a_message_and_the_step_runs_without_it(tagged):
+    compiled_autograd = pytest.importorskip("torch._dynamo.compiled_autograd")
+    if not hasattr(compiled_autograd, "_enable"):
+        pytest.skip("this torch has no torch._dynamo.compiled_autograd._enable")
+    torch.manual_seed(0)
+    model = Net()
+    reference = Net()
+    reference.load_state_dict(model.state_dict())
+    reference(ids()).float().logsumexp(-1).mean().backward()
+    with remat.track(model):
+        with pytest.raises(NotImplementedError, match="track does not work under compiled autograd"):
+            with compiled_autograd._enable(lambda graph: graph):
+                model(ids()).float().logsumexp(-1).mean().backward()
+        model.zero_grad(set_to_none=True)
+        model(ids()).float().logsumexp(-1).mean().backward()  # without it: tracked as ever
+        assert category_of(model.block.up.weight.grad) == ("gradient", "block.up.weight")
+    assert remat_alloc.category()[0] == "none"
+    for param, expected in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(param.grad, expected.grad)
