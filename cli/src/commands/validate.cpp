@@ -9,6 +9,8 @@
 #include "renderers/renderer.hpp"
 #include "schema/schema_set.hpp"
 
+#include <remat/budget/plan.hpp>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -62,6 +64,21 @@ class SchemaLines final : public LineInspector {
   std::vector<std::string>& errors_;
 };
 
+// A profile or a plan as `advise`, Python and the runtime read it: what the schema cannot say
+// (each region once, totals that add up, a plan that agrees with itself) by the readers
+// themselves, so that validate accepts exactly what they do.
+void check_budget_dump(const DumpFile& dump, std::vector<std::string>& errors) {
+  const bool profile = dump.kind == "region-profile";
+  if (!profile && dump.kind != "remat-plan") return;
+  const std::string text = simdjson::minify(dump.root);
+  try {
+    if (profile) budget::profile_from_json(text, dump.path);
+    else budget::plan_from_json(text, dump.path);
+  } catch (const budget::BudgetError& error) {
+    errors.push_back(error.what());
+  }
+}
+
 // Schema problems first, then (when there are none) what the schema cannot say: tag and name
 // indices, block layout, the consistency of the events, event counts. One pass over the
 // input, so standard input works too.
@@ -82,6 +99,7 @@ std::vector<std::string> problems(const DumpFile& dump, const SchemaSet& schemas
   schemas.validate(schema, dump.root, JsonPath(), errors, max_errors);
   for (std::string& error : errors) error = dump.path + ": " + error;
   if (errors.empty() && find_renderer(dump.kind) != nullptr) renderer_for(dump).check(dump);
+  if (errors.empty()) check_budget_dump(dump, errors);
   return errors;
 }
 

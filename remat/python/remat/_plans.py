@@ -234,6 +234,8 @@ def budget_arg(value, what):
                         f"{_budget.BUDGET_FORMS}, or pass an int number of bytes")
     if isinstance(value, str):
         return _budget.parse_budget(value, what)
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item") and not isinstance(value, numbers.Number):
+        value = value.item()  # a 0-d tensor or array: its number (torch.tensor(1e9) as numpy.float32(1e9) is)
     if not isinstance(value, float) and isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         value = float(value)  # numpy.float32 and the like: as a float
     if isinstance(value, float):

@@ -166,7 +166,11 @@ def test_bad_budgets_are_refused_with_the_smallest_budget_named(profile):
     with pytest.raises(ValueError, match="must be a whole number of bytes, got the float 0.5"):
         profile.plan(budget_bytes=0.5)
     with pytest.raises(TypeError, match="must be an int number of bytes, got Tensor"):
-        profile.plan(budget_bytes=torch.tensor(float(profile.base_bytes)))
+        profile.plan(budget_bytes=torch.tensor([1.0, 2.0]))
+    # A 0-d float tensor as the float it holds (as numpy.float32 is): whole bytes taken, a fraction refused.
+    assert profile.plan(budget_bytes=torch.tensor(float(1 << 20))).budget_bytes == 1 << 20
+    with pytest.raises(ValueError, match="must be a whole number of bytes, got the float 0.5"):
+        profile.plan(budget_bytes=torch.tensor(0.5))
     # Strings with a unit: binary and decimal units are their own; no unit is refused naming the forms.
     assert profile.plan(budget_bytes=f"{profile.all_saved_bytes}B").kept_bytes == profile.all_saved_bytes
     assert profile.plan(budget_bytes="1GiB").budget_bytes == 1 << 30

@@ -89,6 +89,18 @@ def test_a_region_drawing_from_its_own_generator_is_saved_by_every_plan(tmp_path
             region["decision"] = "recompute"
     with pytest.raises(ValueError, match="recomputes 'k::noise', which must be saved"):
         remat.load_plan(json.dumps(edited))
+    # validate takes what the readers take: the schema allows the edit, the plan reader does not.
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    run = subprocess.run([remat_report(), "validate", str(tmp_path / "edited.json")], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "recomputes 'k::noise', which must be saved" in run.stderr, run.stderr
+    doubled = json.loads(profile.to_json())
+    doubled["regions"].append(dict(doubled["regions"][0]))
+    doubled["all_saved_bytes"] += doubled["regions"][0]["saved_bytes"]
+    (tmp_path / "doubled.json").write_text(json.dumps(doubled))
+    run = subprocess.run([remat_report(), "validate", str(tmp_path / "doubled.json")], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "k::noise" in run.stderr, run.stderr
 
 
 class _BatchNormLayer(torch.nn.Module):
