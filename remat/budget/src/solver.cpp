@@ -109,6 +109,7 @@ RegionProfile grouped(const RegionProfile& profile) {
   out.device = profile.device;
   out.timer = profile.timer;
   out.step = profile.step;  // step regions take their choice from the pattern that matches them
+  out.host_copy = profile.host_copy;
   std::unordered_map<std::string, std::size_t> index;
   for (const RegionCost& region : profile.regions) {
     std::string pattern;
@@ -123,12 +124,14 @@ RegionProfile grouped(const RegionProfile& profile) {
     const auto [it, inserted] = index.emplace(pattern, out.regions.size());
     if (inserted) {
       out.regions.push_back({pattern, region.saved_bytes, region.seconds, region.count});
+      out.regions.back().offload_bytes = region.offload_bytes;
       continue;
     }
     RegionCost& group = out.regions[it->second];
     group.saved_bytes += region.saved_bytes;
     group.seconds += region.seconds;
     group.count += region.count;
+    group.offload_bytes += region.offload_bytes;
   }
   return out;
 }
