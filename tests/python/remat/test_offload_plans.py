@@ -158,6 +158,11 @@ def test_bad_host_budgets_are_refused_naming_the_fix(measured):
         measured.plan(budget_bytes=measured.base_bytes, host_budget_bytes="1 GiB", group=True)
     with pytest.raises(TypeError, match="needs budget_bytes="):
         measured.plan(host_budget_bytes="1 GiB")
+    with pytest.raises(ValueError, match="got -2.0"):
+        measured.plan(budget_bytes=measured.base_bytes, host_budget_bytes=-2.0)
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        measured.plan(budget_bytes=measured.base_bytes, host_budget_bytes=10.5)
+    assert measured.plan(budget_bytes=measured.base_bytes, host_budget_bytes=torch.tensor(0)).host_budget_bytes == 0
     # Units as every budget takes them.
     plan = measured.plan(budget_bytes=measured.base_bytes, host_budget_bytes="1 MiB")
     assert plan.host_budget_bytes == 1 << 20
