@@ -570,7 +570,8 @@ class Plan:
 
     def __repr__(self):
         saved = sum(1 for choice in self.decisions.values() if choice == "save")
-        return (f"Plan({saved} of {len(self.decisions)} saved, kept_bytes={self.kept_bytes}, "
+        offloaded = f", {len(self.offloaded)} offloaded (host_bytes={self.host_bytes})" if self.offloaded else ""
+        return (f"Plan({saved} of {len(self.decisions)} saved{offloaded}, kept_bytes={self.kept_bytes}, "
                 f"budget_bytes={self.budget_bytes}, recompute_seconds={self.recompute_seconds:.6g})")
 
 

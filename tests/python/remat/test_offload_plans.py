@@ -145,6 +145,34 @@ def test_use_plan_offloads_with_gradients_bitwise_those_without_checkpointing(me
         assert plan.offloader.stats()["resident_host_bytes"] == 0
 
 
+def test_checkpoint_plan_offloads_and_a_step_that_differs_recomputes_instead(measured):
+    weights = make_weights()
+    fast = with_bandwidth(measured, 1e15)
+    everything = sum(measured.offload_bytes.values())
+    plan = fast.plan(budget_bytes=measured.base_bytes, host_budget_bytes=everything)
+    assert len(plan.offloaded) == len(plan.decisions)
+    # checkpoint(plan=): that checkpoint's regions take the plan's choices, offload included.
+    x = batch().requires_grad_()
+    expected = torch.autograd.grad(plain(x, weights), [x, *weights])
+    h = x
+    for layer in range(LAYERS):
+        h = remat.checkpoint(region_name=f"layers.{layer}", plan=plan)(block)(h, weights[2 * layer],
+                                                                               weights[2 * layer + 1])
+    assert 0 < plan.offloader.stats()["resident_host_bytes"] <= plan.host_bytes
+    for got, want in zip(torch.autograd.grad(h.square().sum(), [x, *weights]), expected):
+        assert torch.equal(got, want)
+    # A watched step with twice the rows differs from the profiled one: every region recomputes
+    # (the least memory) and nothing goes to the host.
+    wide = torch.cat([batch(), batch()]).requires_grad_()
+    expected = torch.autograd.grad(plain(wide, weights), [wide, *weights])
+    with pytest.warns(UserWarning, match="differs from the profiled one"):
+        with remat.use_plan(plan):
+            loss = model(wide, weights)
+    assert plan.offloader.stats()["resident_host_bytes"] == 0
+    for got, want in zip(torch.autograd.grad(loss, [wide, *weights]), expected):
+        assert torch.equal(got, want)
+
+
 def test_bad_host_budgets_are_refused_naming_the_fix(measured):
     with pytest.raises(ValueError, match="host_budget_bytes must be 0 or more bytes, got -1"):
         measured.plan(budget_bytes=measured.base_bytes, host_budget_bytes=-1)
