@@ -2,9 +2,9 @@
 
 profile_regions() measures what offload costs on the profiled device: the copy bandwidth to the host
 and back (a timed copy of the largest region's bytes into host memory: pinned memory on a GPU,
-ordinary host memory on the CPU), and per region the bytes an offload would move (every storage its
-checkpoint keeps for it, each once, the checkpoints' inputs included: the offloader copies those
-too). profile.plan(budget_bytes=..., host_budget_bytes=...) then picks save, recompute or offload
+ordinary host memory on the CPU), and per region at most the bytes an offload would move (every
+tensor its checkpoint keeps for it at its own size: the offloader copies views, the checkpoints'
+inputs too). profile.plan(budget_bytes=..., host_budget_bytes=...) then picks save, recompute or offload
 for each region (remat/budget/offload_plan.hpp prices the copies), and a plan in force carries out
 its offload decisions through one remat.CpuOffload per plan: an offloaded region runs saved, inside
 the offloader's pair, so what it keeps goes to the host and comes back ahead of backward.
@@ -41,12 +41,20 @@ def host_budget_arg(value, budget_arg):
 
 
 def offload_bytes(tensors):
-    """The bytes offloading a region would move: each storage its checkpoint keeps for it once
-    (the report leaves parameters out, as the offloader does)."""
-    storages = {}
+    """At most the bytes offloading a region would move: the offloader copies each tensor kept for
+    it as the tensor (a view) is, not its storage, so two views of one storage are two copies. Every
+    tensor its checkpoint keeps for it, each at its own size (its storage's where that is less),
+    added up: saves of one view, which the offloader copies once, count again. The report leaves
+    parameters out, as the offloader does."""
+    total = 0
     for tensor in tensors:
-        storages[(tensor.device, tensor.address)] = tensor.bytes
-    return sum(storages.values())
+        dtype = getattr(torch, tensor.dtype, None)
+        numel = 1
+        for size in tensor.shape:
+            numel *= size
+        view = numel * dtype.itemsize if isinstance(dtype, torch.dtype) else tensor.bytes
+        total += min(view, tensor.bytes)
+    return total
 
 
 def measure_host_copy(largest_bytes, device):

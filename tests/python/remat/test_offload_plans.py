@@ -70,11 +70,9 @@ def test_profile_measures_the_copy_bandwidth_and_each_regions_offload_bytes(meas
     assert copy["to_host_bytes_per_second"] > 1e6 and copy["to_device_bytes_per_second"] > 1e6
     assert copy["measured_bytes"] >= 1 << 20
     assert set(measured.offload_bytes) == {region.name for region in measured.regions}
-    activation = 32 * WIDTH * 4
     for region in measured.regions:
         # What an offload moves: at least what the region alone keeps, each storage once.
         assert measured.offload_bytes[region.name] >= region.saved_bytes
-        assert measured.offload_bytes[region.name] % activation == 0
 
 
 def test_plan_offloads_where_the_host_budget_and_the_bandwidth_make_it_cheapest(measured):
@@ -244,3 +242,31 @@ def test_advise_makes_the_same_offload_plan_and_validate_accepts_the_dumps(measu
     assert run.returncode == 0 and "offload" not in run.stdout.split("Regions")[-1]
     run = subprocess.run(args[:-2] + ["--host-budget", "-5"], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "--host-budget" in run.stderr
+
+
+def test_wrap_decoder_layers_carries_out_an_offload_plan_on_a_hugging_face_llama():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128, intermediate_size=128,
+                                      max_position_embeddings=64, use_cache=False)
+    torch.manual_seed(0)
+    reference = transformers.LlamaForCausalLM(config).train()
+    llama = transformers.LlamaForCausalLM(config).train()
+    llama.load_state_dict(reference.state_dict())
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    remat.wrap_decoder_layers(llama)
+    with remat.profile_regions() as measured:
+        llama(input_ids=ids, labels=ids).loss.backward()
+    llama.zero_grad(set_to_none=True)
+    everything = sum(measured.offload_bytes.values())
+    plan = with_bandwidth(measured, 1e15).plan(budget_bytes=measured.base_bytes, host_budget_bytes=everything // 2)
+    assert plan.offloaded and plan.host_bytes <= everything // 2
+    remat.wrap_decoder_layers(llama, plan=plan)
+    loss = llama(input_ids=ids, labels=ids).loss
+    assert 0 < plan.offloader.stats()["resident_host_bytes"] <= plan.host_bytes
+    assert live_checkpoint_bytes() <= plan.kept_bytes
+    loss.backward()
+    assert plan.offloader.stats()["resident_host_bytes"] == 0
+    reference(input_ids=ids, labels=ids).loss.backward()
+    for (name, p), q in zip(llama.named_parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad), name
