@@ -249,8 +249,8 @@ TEST(OffloadPlan, PlansTenThousandRegionsWithinBothBudgets) {
   const std::uint64_t sizes[4] = {8 << 20, 32 << 20, 4 << 20, 16 << 20};
   const double seconds[4] = {0.004, 0.02, 0.001, 0.006};
   for (std::size_t r = 0; r < 10000; ++r) {
-    RegionCost region{"layers." + std::to_string(r / 4) + "::" + std::to_string(r % 4),
-                      sizes[r % 4] + rng() % 4096, seconds[r % 4] * noise(rng), 1};
+    RegionCost region{"layers." + std::to_string(r / 4) + "::" + std::to_string(r % 4), sizes[r % 4] + rng() % 4096,
+                      seconds[r % 4] * noise(rng), 1};
     region.offload_bytes = region.saved_bytes;
     profile.regions.push_back(region);
   }

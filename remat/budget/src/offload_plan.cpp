@@ -297,8 +297,9 @@ class OffloadSolver {
 
 double offload_seconds(const RegionProfile& profile, const RegionCost& region) {
   if (!profile.host_copy) {
-    throw BudgetError("the profile has no copy bandwidth (host_copy), which offload plans are priced by: profile "
-                      "again with remat.profile_regions(), which measures it, or plan without a host budget");
+    throw BudgetError(
+        "the profile has no copy bandwidth (host_copy), which offload plans are priced by: profile "
+        "again with remat.profile_regions(), which measures it, or plan without a host budget");
   }
   const double bytes = static_cast<double>(region.offload_bytes);
   const double to_host = bytes / profile.host_copy->to_host_bytes_per_second;
@@ -334,7 +335,7 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
       item.offload_value = region.seconds - copy_seconds[r];
       item.can_offload = item.offload_value > 0;
       item.host_bytes = region.offload_bytes;
-      if (item.can_offload) all_offloads = std::min(UINT64_MAX - region.offload_bytes, all_offloads) + region.offload_bytes;
+      if (item.can_offload) all_offloads += std::min(region.offload_bytes, UINT64_MAX - all_offloads);
     }
     if (item.can_save || item.can_offload) items.push_back(item);
   }
