@@ -12,7 +12,7 @@
 #
 # `run` writes into $OUT (default build-gpu/out): summary.txt (every stage's verdict, time and
 # figures), the PyTorch-made snapshot pickle, and gpu-check.tar.gz with every log and dump.
-# STEPS picks the stages (default "build gpu-tests pytest-gpu offload peak headline plans torch-bench
+# STEPS picks the stages (default "build gpu-tests pytest-gpu offload peak offload-plans headline plans torch-bench
 # torch-snapshot runtime-bench", run in that order: the most wanted first); "tests" adds the whole CPU suite, "compiled" the headline under
 # torch.compile). Each stage has a time limit, cut to what is left of GPU_CHECK_SECONDS (default
 # 560) for the whole run, so one call stays inside the device's 10-minute limit; a stage with no
@@ -74,7 +74,7 @@ run() {
   deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-560}))
   mkdir -p "$out" "$logs" "$artifacts"
   : > "$summary"
-  local steps=" ${STEPS:-build gpu-tests pytest-gpu offload peak headline plans torch-bench torch-snapshot runtime-bench} "
+  local steps=" ${STEPS:-build gpu-tests pytest-gpu offload peak offload-plans headline plans torch-bench torch-snapshot runtime-bench} "
   local python
   python=$(command -v python3)
 
@@ -166,6 +166,14 @@ run() {
     # sequence that doubles, remat.track naming a Llama step's bytes (bench/gpu/peak_check.py).
     stage peak 150 "${with_remat[@]}" "$python" "$root/bench/gpu/peak_check.py"
     grep -E '^\[(ok|FAILED|skipped)\]|^ *budget|^ *[0-9]+ +[0-9]+ +[0-9]+|checks passed|failed' "$logs/peak.log" |
+      sed 's/^/    /' | tee -a "$summary"
+  fi
+
+  if [[ $steps == *" offload-plans "* ]]; then
+    # Offload as a planned choice: peak and step time for every region saved, every region
+    # recomputed, the best plan without offload and the best with it (bench/gpu/offload_plan_check.py).
+    stage offload_plans 120 "${with_remat[@]}" "$python" "$root/bench/gpu/offload_plan_check.py"
+    grep -E '^\[(ok|FAILED)\]|^profile on|^row |^(all|best) |checks passed|failed' "$logs/offload_plans.log" |
       sed 's/^/    /' | tee -a "$summary"
   fi
 

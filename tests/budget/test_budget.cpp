@@ -284,7 +284,7 @@ TEST(BudgetDumps, AHandEditedDumpIsRefusedNamingTheField) {
       R"({"kind":"remat_plan","schema_version":1,"budget_bytes":10,"base_bytes":0,"kept_bytes":0,)"
       R"("recompute_seconds":0,"decisions":)";
   EXPECT_EQ(refusal(plan_head + R"({"a::b":"keep"}})", true),
-            "edited.json: $.decisions['a::b']: must be \"save\" or \"recompute\", got \"keep\"");
+            "edited.json: $.decisions['a::b']: must be \"save\", \"recompute\" or \"offload\", got \"keep\"");
   EXPECT_EQ(refusal(plan_head + R"({"a::b":"save"}})", true), "accepted");
   EXPECT_EQ(refusal("{not json", false).rfind("edited.json: $: not JSON", 0), 0u);
 }

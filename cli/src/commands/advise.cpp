@@ -10,6 +10,7 @@
 #include "reader/input_file.hpp"
 
 #include <remat/budget/budget_text.hpp>
+#include <remat/budget/offload_plan.hpp>
 #include <remat/budget/plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
@@ -36,6 +37,7 @@ struct AdviseOptions {
   std::string file;
   std::string budget;
   std::string peak;
+  std::string host_budget;
   bool group = false;
   std::size_t steps = 8;
   std::string svg;
@@ -66,6 +68,11 @@ Report plan_report(const budget::Plan& plan) {
     add_field(summary, "peak_budget", Cell::bytes(plan.peak_budget_bytes));
     add_field(summary, "predicted_peak", Cell::bytes(plan.peak_bytes));
   }
+  if (plan.host_budget_bytes) {
+    add_field(summary, "host_budget", Cell::bytes(*plan.host_budget_bytes));
+    add_field(summary, "host", Cell::bytes(plan.host_bytes));  // what the offloaded regions hold on the host
+    add_field(summary, "offload_seconds", Cell::real(plan.offload_seconds));
+  }
   add_field(summary, "recompute_seconds", Cell::real(plan.recompute_seconds));
   add_field(summary, "exact", Cell::flag(plan.exact));
   report.tables.push_back(std::move(summary));
@@ -75,9 +82,11 @@ Report plan_report(const budget::Plan& plan) {
                             {"saved bytes", "saved_bytes", true},
                             {"seconds", "seconds", true},
                             {"decision", "decision", false}}};
-  for (const auto& [region, choice] : plan.regions) {
+  for (std::size_t r = 0; r < plan.regions.size(); ++r) {
+    const auto& [region, choice] = plan.regions[r];
+    const bool offloaded = !plan.offloaded.empty() && plan.offloaded[r];
     regions.rows.push_back({Cell::name(region.name), Cell::bytes(region.saved_bytes), Cell::real(region.seconds),
-                            Cell::text(std::string(budget::to_string(choice)))});
+                            Cell::text(offloaded ? "offload" : std::string(budget::to_string(choice)))});
   }
   report.tables.push_back(std::move(regions));
   for (const auto& [region, choice] : plan.regions) {
@@ -153,6 +162,12 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       "The step's peak allocated bytes the plan must stay within, with a unit (70GiB, 512 MiB, 80GB); needs a profile "
       "with step memory");
   budget_option->excludes(peak_option);
+  auto* host_option = command->add_option(
+      "--host-budget", opts->host_budget,
+      "Host memory offloaded regions may hold, with a unit (64GiB), or 0 for none: each region is then saved, "
+      "recomputed or offloaded (the plan profile.plan(budget_bytes=, host_budget_bytes=) makes); needs --budget");
+  host_option->needs(budget_option);
+  host_option->excludes(peak_option);
   command->add_flag("--group", opts->group,
                     "Plan regions whose names differ only in numbers as one (layers.*::attn), as plan(group=True)");
   command->add_option("--steps", opts->steps, "Budgets on the frontier without --budget (default 8)")
@@ -175,6 +190,11 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     const bool has_budget = budget_option->count() > 0 || by_peak;
     const std::uint64_t budget_bytes =
         by_peak ? parse_budget("--peak", opts->peak) : has_budget ? parse_budget("--budget", opts->budget) : 0;
+    std::optional<std::uint64_t> host_budget;
+    if (!opts->host_budget.empty()) {
+      if (opts->group) throw UsageError("--host-budget plans regions as measured: drop --group");
+      host_budget = opts->host_budget == "0" ? 0 : parse_budget("--host-budget", opts->host_budget);
+    }
     const std::string source = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
     budget::RegionProfile profile;
     try {
@@ -194,7 +214,9 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     }
     budget::Plan plan;
     try {
-      plan = by_peak ? budget::solve_peak(profile, budget_bytes) : budget::solve(profile, budget_bytes);
+      plan = by_peak       ? budget::solve_peak(profile, budget_bytes)
+             : host_budget ? budget::solve_offload(profile, budget_bytes, *host_budget)
+                           : budget::solve(profile, budget_bytes);
     } catch (const budget::BudgetError& error) {
       throw UsageError(fmt::format("{} {}: {}", by_peak ? "--peak" : "--budget",
                                    printable(by_peak ? opts->peak : opts->budget), error.what()));

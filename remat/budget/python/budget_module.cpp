@@ -4,6 +4,7 @@
 // are made without the GIL (the arguments are C++ strings by then), so other Python threads run.
 
 #include <remat/budget/budget_text.hpp>
+#include <remat/budget/offload_plan.hpp>
 #include <remat/budget/op_plan.hpp>
 #include <remat/budget/plan.hpp>
 
@@ -56,6 +57,15 @@ PYBIND11_MODULE(_budget, m) {
       },
       py::arg("profile"), py::arg("budgets"), py::call_guard<py::gil_scoped_release>(),
       "plan_ops at each budget, the profile read once.");
+  m.def(
+      "plan_offload",
+      [](const std::string& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes) {
+        return plan_to_json(solve_offload(profile_of(profile, false), budget_bytes, host_budget_bytes));
+      },
+      py::arg("profile"), py::arg("budget_bytes"), py::arg("host_budget_bytes"),
+      py::call_guard<py::gil_scoped_release>(),
+      "The remat_plan dump of the fastest plan (each region saved, recomputed or offloaded) within the device "
+      "budget and the host budget, from a region_profile dump with copy figures.");
   m.def(
       "plan_by_peak",
       [](const std::string& profile, std::uint64_t peak_bytes, bool group) {

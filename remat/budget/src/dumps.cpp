@@ -3,6 +3,7 @@
 // plan made from half of it.
 
 #include <remat/alloc/dump.hpp>
+#include <remat/budget/offload_plan.hpp>
 #include <remat/budget/op_plan.hpp>
 #include <remat/budget/plan.hpp>
 
@@ -80,8 +81,12 @@ std::string text_of(const Json& value, std::string_view source, const std::strin
 Choice choice_of(const Json& value, std::string_view source, const std::string& path) {
   if (value == "save") return Choice::save;
   if (value == "recompute") return Choice::recompute;
-  refuse(source, path, "must be \"save\" or \"recompute\", got " + value.dump());
+  if (value == "offload") return Choice::save;  // saved, and moved to the host (decision_text)
+  refuse(source, path, "must be \"save\", \"recompute\" or \"offload\", got " + value.dump());
 }
+
+// A plan's decision as its dump writes it: an offloaded region is saved and offloaded.
+std::string_view decision_text(Choice choice, bool offloaded) { return offloaded ? "offload" : to_string(choice); }
 
 // The root object of a dump of `kind` at a schema version this reader knows.
 Json open_dump(std::string_view text, std::string_view source, const DumpKind& kind, int version) {
@@ -132,15 +137,20 @@ void write_ops(alloc::JsonWriter& json, const char* key, const std::vector<OpCos
 // One entry of a dump's "regions" list: its cost (with its per-op figures in a profile) and, in a
 // plan, its decision and the ops it keeps.
 void write_region(alloc::JsonWriter& json, const RegionCost& region, std::optional<Choice> choice = std::nullopt,
-                  const std::vector<OpCost>* kept = nullptr) {
+                  const std::vector<OpCost>* kept = nullptr, bool offloaded = false) {
   json.begin_object()
       .field("name", std::string_view(region.name))
       .field("saved_bytes", region.saved_bytes)
       .field("seconds", finite_seconds(region.seconds, "the seconds of region '", region.name))
       .field("count", region.count);
   if (!region.must_save.empty()) json.field("must_save", std::string_view(region.must_save));
+  if (region.offload_bytes != 0) json.field("offload_bytes", region.offload_bytes);
+  if (offloaded) {
+    json.field("offload_seconds", finite_seconds(region.offload_seconds, "the offload seconds of region '",
+                                                 region.name));
+  }
   if (!region.ops.empty()) write_ops(json, "ops", region.ops, region);
-  if (choice) json.field("decision", to_string(*choice));
+  if (choice) json.field("decision", decision_text(*choice, offloaded));
   if (kept != nullptr && !kept->empty()) write_ops(json, "kept_ops", *kept, region);
   json.end_object();
 }
@@ -191,6 +201,12 @@ RegionCost read_cost(const Json& value, std::string_view source, const std::stri
     region.must_save = text_of(*it, source, path + ".must_save");
     if (region.must_save.empty()) refuse(source, path + ".must_save", "is empty; leave it out where the region may recompute");
   }
+  if (const auto it = value.find("offload_bytes"); it != value.end()) {
+    region.offload_bytes = count_of(*it, source, path + ".offload_bytes");
+  }
+  if (const auto it = value.find("offload_seconds"); it != value.end()) {
+    region.offload_seconds = seconds_of(*it, source, path + ".offload_seconds");
+  }
   region.ops = read_ops(value, "ops", source, path, region.op_overhead_seconds);
   double ops_seconds = 0;
   for (const OpCost& op : region.ops) ops_seconds += op.seconds;
@@ -217,10 +233,19 @@ void check_totals_against_costs(const Plan& plan, std::string_view source) {
     kept += bytes;
   };
   const std::vector<OpCost> none;
+  std::uint64_t host = 0;
+  double offload = 0;
   for (std::size_t r = 0; r < plan.regions.size(); ++r) {
     const auto& [region, choice] = plan.regions[r];
     const std::vector<OpCost>& kept_ops = plan.kept_ops.empty() ? none : plan.kept_ops[r];
-    if (choice == Choice::recompute) {
+    if (!plan.offloaded.empty() && plan.offloaded[r]) {
+      if (region.offload_bytes > UINT64_MAX - host) {
+        refuse(source, "$.regions", "the offloaded regions' bytes add up past 64 bits; the plan is not a real step's");
+      }
+      host += region.offload_bytes;
+      offload += region.offload_seconds;
+      seconds += region.offload_seconds;
+    } else if (choice == Choice::recompute) {
       seconds += keeping_seconds(region, kept_ops);
       for (const OpCost& op : kept_ops) add(op.bytes);
     } else if (!kept_ops.empty()) {
@@ -240,8 +265,20 @@ void check_totals_against_costs(const Plan& plan, std::string_view source) {
   }
   if (!std::isfinite(seconds) || std::fabs(plan.recompute_seconds - seconds) > 1e-9 * std::max(seconds, 1e-3)) {
     refuse(source, "$.recompute_seconds", "is " + Json(plan.recompute_seconds).dump() + ", but the seconds of the "
-                                          "regions it recomputes add up to " + Json(seconds).dump() +
+                                          "regions it recomputes" +
+                                          (plan.offloaded.empty() ? "" : " and the offload_seconds of those it offloads") +
+                                          " add up to " + Json(seconds).dump() +
                                           ": the plan contradicts itself; " + kMakeThePlanAgain);
+  }
+  if (plan.host_budget_bytes && plan.host_bytes != host) {
+    refuse(source, "$.host_bytes", "is " + std::to_string(plan.host_bytes) + ", but the offload_bytes of the regions "
+                                   "it offloads add up to " + std::to_string(host) +
+                                   ": the plan contradicts itself; " + kMakeThePlanAgain);
+  }
+  if (plan.host_budget_bytes && std::fabs(plan.offload_seconds - offload) > 1e-9 * std::max(offload, 1e-3)) {
+    refuse(source, "$.offload_seconds", "is " + Json(plan.offload_seconds).dump() + ", but the offload_seconds of "
+                                        "the regions it offloads add up to " + Json(offload).dump() +
+                                        ": the plan contradicts itself; " + kMakeThePlanAgain);
   }
 }
 
@@ -257,6 +294,11 @@ void check_totals(const Plan& plan, bool costs_listed, std::string_view source) 
     refuse(source, "$.kept_bytes", "is " + std::to_string(plan.kept_bytes) + ", more than budget_bytes (" +
                                        std::to_string(plan.budget_bytes) + "): the plan does not fit its own budget; " +
                                        kMakeThePlanAgain);
+  }
+  if (plan.host_budget_bytes && plan.host_bytes > *plan.host_budget_bytes) {
+    refuse(source, "$.host_bytes", "is " + std::to_string(plan.host_bytes) + ", more than host_budget_bytes (" +
+                                       std::to_string(*plan.host_budget_bytes) + "): the plan does not fit its own "
+                                       "host budget; " + kMakeThePlanAgain);
   }
   if (costs_listed) check_totals_against_costs(plan, source);
   if (plan.least_recompute_seconds > plan.recompute_seconds * (1 + 1e-9)) {
@@ -382,6 +424,23 @@ StepMemory read_step(const Json& value, std::string_view source) {
   return step;
 }
 
+HostCopy read_host_copy(const Json& value, std::string_view source) {
+  const std::string path = "$.host_copy";
+  if (!value.is_object()) refuse(source, path, "must be an object (the copy bandwidth the step measured)");
+  HostCopy copy;
+  const auto rate = [&](const char* key) {
+    const double bytes_per_second = seconds_of(member(value, key, source, path), source, path + "." + key);
+    if (bytes_per_second <= 0) {
+      refuse(source, path + "." + key, "is 0; a copy bandwidth is more than 0 bytes a second: profile again");
+    }
+    return bytes_per_second;
+  };
+  copy.to_host_bytes_per_second = rate("to_host_bytes_per_second");
+  copy.to_device_bytes_per_second = rate("to_device_bytes_per_second");
+  copy.measured_bytes = count_of(member(value, "measured_bytes", source, path), source, path + ".measured_bytes");
+  return copy;
+}
+
 }  // namespace
 
 std::string profile_to_json(const RegionProfile& profile) {
@@ -392,6 +451,14 @@ std::string profile_to_json(const RegionProfile& profile) {
       .field("timer", std::string_view(profile.timer))
       .field("base_bytes", profile.base_bytes)
       .field("all_saved_bytes", profile.all_saved_bytes());
+  if (profile.host_copy) {
+    json.key("host_copy")
+        .begin_object()
+        .field("to_host_bytes_per_second", profile.host_copy->to_host_bytes_per_second)
+        .field("to_device_bytes_per_second", profile.host_copy->to_device_bytes_per_second)
+        .field("measured_bytes", profile.host_copy->measured_bytes)
+        .end_object();
+  }
   json.key("regions").begin_array();
   for (const RegionCost& region : profile.regions) write_region(json, region);
   json.end_array();
@@ -406,6 +473,7 @@ RegionProfile profile_from_json(std::string_view text, std::string_view source) 
   profile.base_bytes = count_of(member(root, "base_bytes", source, "$"), source, "$.base_bytes");
   if (const auto it = root.find("device_name"); it != root.end()) profile.device = text_of(*it, source, "$.device_name");
   if (const auto it = root.find("timer"); it != root.end()) profile.timer = text_of(*it, source, "$.timer");
+  if (const auto it = root.find("host_copy"); it != root.end()) profile.host_copy = read_host_copy(*it, source);
   const Json& regions = member(root, "regions", source, "$");
   if (!regions.is_array()) refuse(source, "$.regions", "must be a list of regions");
   std::set<std::string> seen;
@@ -452,8 +520,16 @@ std::string plan_to_json(const Plan& plan) {
       .field("least_recompute_seconds",
              finite_seconds(plan.least_recompute_seconds, "the plan's least_recompute_seconds"));
   if (plan.peak_bytes != 0) json.field("peak_budget_bytes", plan.peak_budget_bytes).field("peak_bytes", plan.peak_bytes);
+  if (plan.host_budget_bytes) {
+    json.field("host_budget_bytes", *plan.host_budget_bytes)
+        .field("host_bytes", plan.host_bytes)
+        .field("offload_seconds", finite_seconds(plan.offload_seconds, "the plan's offload_seconds"));
+  }
+  const auto offloaded = [&](std::size_t r) { return !plan.offloaded.empty() && plan.offloaded[r]; };
   json.key("decisions").begin_object();
-  for (const auto& [region, choice] : plan.regions) json.field(region.name, to_string(choice));
+  for (std::size_t r = 0; r < plan.regions.size(); ++r) {
+    json.field(plan.regions[r].first.name, decision_text(plan.regions[r].second, offloaded(r)));
+  }
   json.end_object();
   // A plan given as decisions alone (written by hand) has no costs to list: zeros would contradict
   // its totals when the plan is read back.
@@ -464,7 +540,7 @@ std::string plan_to_json(const Plan& plan) {
     json.key("regions").begin_array();
     for (std::size_t r = 0; r < plan.regions.size(); ++r) {
       write_region(json, plan.regions[r].first, plan.regions[r].second,
-                   plan.kept_ops.empty() ? nullptr : &plan.kept_ops[r]);
+                   plan.kept_ops.empty() ? nullptr : &plan.kept_ops[r], offloaded(r));
     }
     json.end_array();
   }
@@ -497,22 +573,30 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
                                          "budget; " + kMakeThePlanAgain);
     }
   }
+  if (const auto it = root.find("host_budget_bytes"); it != root.end()) {
+    plan.host_budget_bytes = count_of(*it, source, "$.host_budget_bytes");
+    plan.host_bytes = count_of(member(root, "host_bytes", source, "$"), source, "$.host_bytes");
+    plan.offload_seconds = seconds_of(member(root, "offload_seconds", source, "$"), source, "$.offload_seconds");
+  }
   const Json& decisions = member(root, "decisions", source, "$");
   if (!decisions.is_object()) {
-    refuse(source, "$.decisions", "must be an object mapping each region to \"save\" or \"recompute\"");
+    refuse(source, "$.decisions", "must be an object mapping each region to \"save\", \"recompute\" or \"offload\"");
   }
   // Costs where the dump lists them (a plan this project wrote); a hand-written plan may give
   // the decisions alone.
   std::vector<RegionCost> costs;
   std::vector<Choice> listed_choices;        // each listed region's own "decision"
   std::vector<std::vector<OpCost>> listed_kept;  // and the ops it keeps
+  std::vector<bool> listed_offloaded;             // and whether it is offloaded
   if (const auto it = root.find("regions"); it != root.end()) {
     if (!it->is_array()) refuse(source, "$.regions", "must be a list of regions");
     for (std::size_t i = 0; i < it->size(); ++i) {
       const std::string path = "$.regions[" + std::to_string(i) + "]";
       costs.push_back(read_cost((*it)[i], source, path));
       listed_kept.push_back(read_ops((*it)[i], "kept_ops", source, path, costs.back().op_overhead_seconds));
-      listed_choices.push_back(choice_of(member((*it)[i], "decision", source, path), source, path + ".decision"));
+      const Json& decision = member((*it)[i], "decision", source, path);
+      listed_choices.push_back(choice_of(decision, source, path + ".decision"));
+      listed_offloaded.push_back(decision == "offload");
     }
   }
   for (const auto& [name, value] : decisions.items()) {
@@ -528,6 +612,7 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
     }
     plan.regions.emplace_back(std::move(cost), choice_of(value, source, path));
     plan.kept_ops.push_back(std::move(kept));
+    plan.offloaded.push_back(value == "offload");
   }
   if (!costs.empty() && costs.size() != plan.regions.size()) {
     refuse(source, "$.regions", "lists " + std::to_string(costs.size()) + " regions but decisions has " +
@@ -539,11 +624,12 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
     if (decided == plan.regions.end()) {
       refuse(source, "$.regions", "'" + costs[i].name + "' has no decision in $.decisions");
     }
-    if (decided->second != listed_choices[i]) {
+    const bool offloaded = plan.offloaded[static_cast<std::size_t>(decided - plan.regions.begin())];
+    if (decided->second != listed_choices[i] || offloaded != listed_offloaded[i]) {
       refuse(source, "$.regions[" + std::to_string(i) + "].decision",
-             "is \"" + std::string(to_string(listed_choices[i])) + "\" but $.decisions['" + costs[i].name +
-                 "'] is \"" + std::string(to_string(decided->second)) + "\"; the plan contradicts itself: " +
-                 kMakeThePlanAgain);
+             "is \"" + std::string(decision_text(listed_choices[i], listed_offloaded[i])) + "\" but $.decisions['" +
+                 costs[i].name + "'] is \"" + std::string(decision_text(decided->second, offloaded)) +
+                 "\"; the plan contradicts itself: " + kMakeThePlanAgain);
     }
     if (listed_choices[i] == Choice::recompute && !costs[i].must_save.empty()) {
       refuse(source, "$.regions[" + std::to_string(i) + "].decision",
@@ -553,6 +639,13 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
   }
   if (std::all_of(plan.kept_ops.begin(), plan.kept_ops.end(), [](const auto& kept) { return kept.empty(); })) {
     plan.kept_ops.clear();
+  }
+  const bool offloads = std::find(plan.offloaded.begin(), plan.offloaded.end(), true) != plan.offloaded.end();
+  if (!offloads && !plan.host_budget_bytes) plan.offloaded.clear();
+  if (offloads && !costs.empty() && !plan.host_budget_bytes) {
+    refuse(source, "$.decisions", "offloads regions but the plan has no host_budget_bytes, which bounds what it holds "
+                                  "on the host: make the plan with profile.plan(budget_bytes=..., "
+                                  "host_budget_bytes=...)");
   }
   if (costs.empty() && plan.peak_bytes != 0) {
     // Decisions alone cannot back a predicted step peak: an edited decision would keep the old one.

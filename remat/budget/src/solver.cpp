@@ -116,6 +116,7 @@ RegionProfile grouped(const RegionProfile& profile) {
   out.device = profile.device;
   out.timer = profile.timer;
   out.step = profile.step;  // step regions take their choice from the pattern that matches them
+  out.host_copy = profile.host_copy;
   std::unordered_map<std::string, std::size_t> index;
   for (const RegionCost& region : profile.regions) {
     std::string pattern;
@@ -131,6 +132,7 @@ RegionProfile grouped(const RegionProfile& profile) {
     if (inserted) {
       RegionCost group{pattern, region.saved_bytes, region.seconds, region.count};
       group.must_save = region.must_save;
+      group.offload_bytes = region.offload_bytes;
       out.regions.push_back(std::move(group));
       continue;
     }
@@ -138,6 +140,7 @@ RegionProfile grouped(const RegionProfile& profile) {
     group.saved_bytes += region.saved_bytes;
     group.seconds += region.seconds;
     group.count += region.count;
+    group.offload_bytes += region.offload_bytes;
     if (group.must_save.empty() && !region.must_save.empty()) group.must_save = region.name + ": " + region.must_save;
   }
   return out;

@@ -24,6 +24,7 @@ The solver (exact 0/1 knapsack) and the region-profile and remat-plan dumps are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 import operator
@@ -39,6 +40,7 @@ from . import _budget
 from ._arguments import flag_arg
 from ._extension import _C
 from ._kept_ops import RegionKeep, held_storages
+from ._offload_plans import PlanOffload, host_budget_arg, measure_host_copy, offload_bytes
 from ._op_figures import OpMeter, interception_seconds
 from ._step_profile import StepRecorder, tensors_in
 from ._step_shape import StepShape, StepWatch, warn_at_user_line
@@ -74,6 +76,8 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     run = _CheckpointRun(name, None if in_force is None else in_force.plan._choices(), profile,
                          None if in_force is None else in_force.plan._kept_ops,
                          None if in_force is None else in_force.plan._must_save)
+    if in_force is not None and in_force.plan._offload is not None:
+        run.offload, run.plan = in_force.plan._offload, in_force.plan
     # Profiled or watched, the settings are chosen here, region by region; the runtime is given a
     # plan naming no region, so that it takes them as they come and runs as it does under a plan.
     if profile is not None:
@@ -122,6 +126,7 @@ class _CheckpointRun:
         self.watch = None  # the _CallWatch of a watched plan, which then applies the choices here
         self.kept_ops = kept_ops or {}  # region -> {op index: op name} a per-op plan keeps
         self.must_save = must_save or ()  # the plan's entries whose regions no step may recompute
+        self.offload, self.plan = None, None  # the plan's PlanOffload where it offloads regions
         self._keeps = {}  # region -> its RegionKeep in this call, from forward to recompute
         self.ran = []  # (path, planned) of the regions forward ran that are not part of a planned region
         self._open = []  # for each region open now: whether it, or one around it, took the plan's choice
@@ -170,12 +175,21 @@ class _CheckpointRun:
 
         self._open.append(planned or inside_planned)
         try:
-            return run() if self.profile is None else self.profile.time_region(path, run, args)
+            if self.profile is not None:
+                return self.profile.time_region(path, run, args)
+            with self._offloading(path, planned, recompute, recomputing):
+                return run()
         finally:
             self._open.pop()
 
     def _may_recompute(self, path):
         return not any(entry == path or ("*" in entry and _budget.matches(entry, path)) for entry in self.must_save)
+
+    def _offloading(self, path, planned, recompute, recomputing):
+        """The offloader's block for a region the plan offloads (saved, in forward), else none."""
+        if self.offload is None or not planned:
+            return contextlib.nullcontext()
+        return self.offload.around(self.plan._entry_for(path), recompute, recomputing)
 
     def _run_watched_region(self, path, own_recompute, call, args):
         """A region under a watched plan, which the runtime runs with no plan of its own: the
@@ -213,7 +227,8 @@ class _CheckpointRun:
             wrap = lambda body: keep.wrap(body, recomputing)  # noqa: E731
         self._open.append((recompute, planned or any(taken for _, taken in self._open)))
         try:
-            out = call(recompute, wrap)
+            with self._offloading(path, planned, recompute, recomputing):
+                out = call(recompute, wrap)
         finally:
             self._open.pop()
         if not recomputing:
@@ -297,6 +312,10 @@ class RegionProfile:
         # region -> the ops a per-op plan may keep: [{"index", "op", "bytes", "seconds"}] (ops=True)
         self.ops = {r["name"]: r["ops"] for r in doc["regions"] if r.get("ops")}
         self.has_ops = bool(self.ops)
+        # The copy bandwidth each way (bytes a second) and, per region, the bytes an offload would
+        # move: what plans with a host budget are priced by (None / {} in profiles without them).
+        self.host_copy = doc.get("host_copy")
+        self.offload_bytes = {r["name"]: r["offload_bytes"] for r in doc["regions"] if r.get("offload_bytes")}
 
     @classmethod
     def from_json(cls, source):
@@ -311,7 +330,7 @@ class RegionProfile:
             _C.write_dump(path_arg("RegionProfile.to_json", "path", path), self._text)
         return self._text
 
-    def plan(self, budget_bytes=None, *, peak_bytes=None, group=False, ops=False):
+    def plan(self, budget_bytes=None, *, peak_bytes=None, group=False, ops=False, host_budget_bytes=None):
         """The plan that recomputes the least time within a budget, given as an int number of bytes
         or a string with a unit ("70GiB", "512 MiB", "80GB"):
 
@@ -326,8 +345,15 @@ class RegionProfile:
 
         ops=True (with budget_bytes, from a profile_regions(ops=True) profile) also lets a
         recomputed region keep the outputs of chosen ops, which recompute then does not run again
-        (plan.kept_ops; remat/budget/op_plan.hpp)."""
+        (plan.kept_ops; remat/budget/op_plan.hpp).
+
+        host_budget_bytes (with budget_bytes): host memory offloaded regions may hold (0: none).
+        Each region is then saved, recomputed or offloaded (plan.offloaded, plan.host_bytes): an
+        offloaded region keeps nothing on the device between forward and backward and costs its
+        copies' time as the profile measured the bandwidth (remat/budget/offload_plan.hpp)."""
         group = flag_arg("plan", "group", group)
+        if host_budget_bytes is not None:
+            return self._plan_offload(budget_bytes, peak_bytes, group, ops, host_budget_bytes)
         if flag_arg("plan", "ops", ops):
             if peak_bytes is not None or group:
                 raise ValueError("plan: ops=True plans by budget_bytes= (what the checkpoints keep), per region as "
@@ -348,6 +374,20 @@ class RegionProfile:
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
         return Plan(_budget.plan(self._text, budget_bytes, group), profile=self, group=group)
 
+    def _plan_offload(self, budget_bytes, peak_bytes, group, ops, host_budget_bytes):
+        if peak_bytes is not None or group or flag_arg("plan", "ops", ops):
+            raise ValueError("plan: host_budget_bytes= plans by budget_bytes= (what the checkpoints keep on the "
+                             "device), per region as measured: drop peak_bytes=, group=True and ops=True, or plan "
+                             "without a host budget")
+        if budget_bytes is None:
+            raise TypeError("plan: host_budget_bytes= needs budget_bytes= (what the checkpoints may keep on the device)")
+        host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
+        budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
+        if host_budget_bytes > 0 and self.host_copy is None:
+            raise ValueError("plan: host_budget_bytes needs the copy bandwidth, which this profile does not have (a "
+                             "dump written before it was measured): profile again with remat.profile_regions()")
+        return Plan(_budget.plan_offload(self._text, budget_bytes, host_budget_bytes), profile=self)
+
     def least_peak_bytes(self, *, group=False):
         """The least step peak any plan reaches, predicted (what plan(peak_bytes=) can meet at best)."""
         return _budget.least_peak(self._text, flag_arg("least_peak_bytes", "group", group))
@@ -357,6 +397,9 @@ class RegionProfile:
         if plan.kept_ops:
             raise ValueError("predict_peak: the plan keeps ops inside recomputed regions (ops=True), which the step "
                              "peak model does not count yet; predict plans made without ops")
+        if plan.offloaded:
+            raise ValueError("predict_peak: the plan offloads regions (host_budget_bytes=), which the step peak model "
+                             "does not count yet; predict plans made without a host budget")
         names = [region.name for region in self.regions]
         grouped = any("*" in name for name in plan.decisions)
         if grouped:
@@ -419,6 +462,13 @@ class Plan:
         self.kept_ops = {name: sorted(ops.items()) for name, ops in self._kept_ops.items()}
         # region (or pattern) -> why it must be saved: no step recomputes it, diverged or not
         self._must_save = {r["name"]: r["must_save"] for r in listed if r.get("must_save")}
+        # A plan with a host budget: the regions it offloads, what they hold on the host and what
+        # their copies cost (part of recompute_seconds); None / [] / 0 otherwise.
+        self.host_budget_bytes = doc.get("host_budget_bytes")
+        self.host_bytes = doc.get("host_bytes", 0)
+        self.offload_seconds = doc.get("offload_seconds", 0.0)
+        self.offloaded = [name for name, choice in self.decisions.items() if choice == "offload"]
+        self._offload = PlanOffload(self.offloaded) if self.offloaded else None
         self._patterns = [entry for entry in self.decisions if "*" in entry]
         # pattern -> the regions of the profile it stands for (a grouped plan's)
         self._pattern_counts = {r["name"]: r["count"] for r in listed if "*" in r["name"]}
@@ -426,6 +476,12 @@ class Plan:
         self._group = group
         self._region_choices = None
         self._told = set()  # differences from the profiled step a watched use_plan warned about
+
+    @property
+    def offloader(self):
+        """The remat.CpuOffload that carries out the plan's offload decisions (its stats(): what
+        the last step offloaded); None for a plan that offloads nothing."""
+        return None if self._offload is None else self._offload.offloader
 
     def _step_watch(self):
         """A StepWatch along the step this plan's profile measured (None for a plan read from a
@@ -499,6 +555,9 @@ class Plan:
         lines = []
         if self.peak_bytes is not None:
             lines.append(f"step peak: {self.peak_bytes} bytes predicted, within {self.peak_budget_bytes}")
+        if self.host_budget_bytes is not None:
+            lines.append(f"host: {self.host_bytes} of {self.host_budget_bytes} bytes offloaded "
+                         f"({len(self.offloaded)} region(s)), copies {self.offload_seconds:.6g} s of the time below")
         lines += [f"plan: {self.kept_bytes} of {self.budget_bytes} bytes kept (base {self.base_bytes}), "
                   f"{self.recompute_seconds:.6g} s recomputed{'' if self.exact else ' (not proved optimal)'}",
                  f"{'region':<{width}}  {'saved bytes':>14}  {'seconds':>10}  decision"]
@@ -517,7 +576,7 @@ class Plan:
                       f"{'peak budget':>16}  {'peak predicted':>16}  {'recompute s':>12}"]
             for point in self._profile.frontier(group=self._group, by="peak"):
                 lines.append(f"{point.peak_budget_bytes:>16}  {point.peak_bytes:>16}  {point.recompute_seconds:>12.6g}")
-        elif self._profile is not None and not self.kept_ops:
+        elif self._profile is not None and not self.kept_ops and self.host_budget_bytes is None:
             lines += ["", "frontier (the fastest plan at each budget):",
                       f"{'budget bytes':>16}  {'kept bytes':>16}  {'recompute s':>12}"]
             for point in self._profile.frontier(group=self._group):
@@ -526,7 +585,8 @@ class Plan:
 
     def __repr__(self):
         saved = sum(1 for choice in self.decisions.values() if choice == "save")
-        return (f"Plan({saved} of {len(self.decisions)} saved, kept_bytes={self.kept_bytes}, "
+        offloaded = f", {len(self.offloaded)} offloaded (host_bytes={self.host_bytes})" if self.offloaded else ""
+        return (f"Plan({saved} of {len(self.decisions)} saved{offloaded}, kept_bytes={self.kept_bytes}, "
                 f"budget_bytes={self.budget_bytes}, recompute_seconds={self.recompute_seconds:.6g})")
 
 
@@ -696,6 +756,7 @@ class profile_regions:
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
         self._order = []        # region names in the order they first ran
         self._bytes = {}        # region -> saved bytes, added up over the calls of its checkpoint
+        self._offload = {}      # region -> the bytes offloading it would move, likewise
         self._timings = {}      # region -> [seconds or (start event, end event)]
         self._inputs = {}       # storage key -> bytes of checkpoint inputs
         self._kept_keys = set()  # storages earlier checkpoint calls keep (alive until backward)
@@ -737,13 +798,16 @@ class profile_regions:
         for name in self._order:
             seconds = sum(t[0].elapsed_time(t[1]) / 1000.0 if isinstance(t, tuple) else t for t in self._timings[name])
             region = {"name": name, "saved_bytes": self._bytes.get(name, 0), "seconds": max(seconds, 0.0)}
+            if self._offload.get(name):
+                region["offload_bytes"] = self._offload[name]
             if name in self._meters:
                 self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"), ops=self._ops)
             regions.append(region)
         doc = {"kind": "region-profile", "schema_version": 1, "device_name": self._device,
                "timer": ("wall_time" if self._timer == "wall" else
                          "cuda_events" if self._device.startswith("cuda") else "thread_time"),
-               "base_bytes": sum(self._inputs.values()), "regions": regions}
+               "base_bytes": sum(self._inputs.values()), "regions": regions,
+               "host_copy": measure_host_copy(max(self._offload.values(), default=0), self._device)}
         if self._step.enabled:
             doc["step"] = self._step.to_dump(remat_alloc.memory_stats(self._step.device)["requested_bytes"])
         self._profile = RegionProfile(json.dumps(doc))
@@ -790,6 +854,7 @@ class profile_regions:
                 kept = sum(t.bytes for t in region.tensors
                            if not t.shares_storage and (t.device, t.address) not in self._inputs)
                 self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
+                self._offload[region.region] = self._offload.get(region.region, 0) + offload_bytes(region.tensors)
         self._step.checkpoint_kept(call_index, reports[-1].regions if reports else [], args, kwargs, out)
         self._shape.record_backward(out)
         return out

@@ -218,7 +218,7 @@ def test_dumps_read_back_and_an_edited_one_is_refused_naming_the_field(profile, 
     assert loaded.decisions == plan.decisions and loaded.kept_bytes == plan.kept_bytes
     edited = json.loads(plan.to_json())
     edited["decisions"]["layers.0::attn"] = "keep"
-    with pytest.raises(ValueError, match=r"\$\.decisions\['layers\.0::attn'\]: must be \"save\" or \"recompute\""):
+    with pytest.raises(ValueError, match=r"\$\.decisions\['layers\.0::attn'\]: must be \"save\", \"recompute\" or \"offload\""):
         remat.load_plan(json.dumps(edited))
     with pytest.raises(ValueError, match=r"\$\.kind: is 'region-profile', not 'remat-plan': this is a profile"):
         remat.load_plan(profile.to_json())

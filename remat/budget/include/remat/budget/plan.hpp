@@ -44,6 +44,19 @@ struct RegionCost {
   // (it draws from a generator of its own, it writes into state it did not make: a BatchNorm's
   // running statistics, a cache); empty where it may recompute. Every plan saves such a region.
   std::string must_save;
+  // The bytes offloading the region would move to the host and back (profiles with copy figures;
+  // 0: not offloadable), and in a plan that offloads it, what the copies cost the step
+  // (offload_seconds(), offload_plan.hpp).
+  std::uint64_t offload_bytes = 0;
+  double offload_seconds = 0;
+};
+
+// The copy bandwidth a profile measured (host memory on the CPU, pinned host memory on a GPU), in
+// bytes a second each way: what offload plans price a region's copies by.
+struct HostCopy {
+  double to_host_bytes_per_second = 0;    // more than 0
+  double to_device_bytes_per_second = 0;  // more than 0
+  std::uint64_t measured_bytes = 0;       // the size of the copy timed
 };
 
 struct RegionProfile {
@@ -55,6 +68,8 @@ struct RegionProfile {
   // The whole step's memory (absent from a profile taken without a counting allocator, and from
   // older dumps): what plans by step peak are predicted from.
   std::optional<StepMemory> step;
+  // The copy bandwidth (profiles that measured it): offload plans need it (offload_plan.hpp).
+  std::optional<HostCopy> host_copy;
 
   // base_bytes and every region saved.
   std::uint64_t all_saved_bytes() const;
@@ -82,6 +97,14 @@ struct Plan {
   // A plan by step peak (solve_peak): the peak asked for and the one predicted; 0 otherwise.
   std::uint64_t peak_budget_bytes = 0;
   std::uint64_t peak_bytes = 0;
+  // A plan with a host budget (solve_offload): for each entry of regions, whether it is offloaded
+  // (its choice is then save: the runtime keeps it and the offloader moves it to the host); empty
+  // for a plan without offload. host_bytes adds up the offloaded regions' offload_bytes,
+  // offload_seconds their copies' cost (part of recompute_seconds).
+  std::vector<bool> offloaded;
+  std::optional<std::uint64_t> host_budget_bytes;
+  std::uint64_t host_bytes = 0;
+  double offload_seconds = 0;
 };
 
 // Throws BudgetError naming the region where the profile's seconds, added up in order, pass the

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Offload as a planned choice on a GPU under remat_alloc.install(): one profiled step, then the
+step's measured peak (requested bytes) and time for every region saved, every region recomputed,
+the best plan without offload and the best plan with offload at the same device budget (and a
+host budget holding every region), each with gradients bitwise those without checkpointing and
+the offloaded plan within its host budget. One line a check, a table of the four rows, exit 1
+when any check fails. Times are the median of --rounds steps, each row against all-saved measured
+in the same run.
+
+    PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
+        python3 bench/gpu/offload_plan_check.py [--cpu] [--rounds 5]
+
+--cpu: the same checks on narrow tensors on the host, counted inside tag_cpu_tensors(): a dry run
+where there is no GPU (on the CPU nothing leaves "the device" and copies do not overlap compute, so
+its figures say nothing of a GPU's).
+"""
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+
+import torch
+
+import remat_alloc
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--cpu", action="store_true", help="a dry run on the host")
+parser.add_argument("--rounds", type=int, default=5)
+parser.add_argument("--layers", type=int, default=8)
+parser.add_argument("--share", type=float, default=0.3,
+                    help="the device budget: base_bytes plus this share of what saving every region adds")
+args = parser.parse_args()
+DEVICE = "cpu" if args.cpu else "cuda"
+if DEVICE == "cuda":
+    remat_alloc.install()
+import remat  # noqa: E402
+
+SCALE = 1 if DEVICE == "cuda" else 16  # the host run's tensors are this many times narrower
+WIDTH, ROWS = 2048 // SCALE, 8192 // SCALE
+failures = []
+
+
+def check(ok, what):
+    print(f"[{'ok' if ok else 'FAILED'}] {what}")
+    if not ok:
+        failures.append(what)
+
+
+def synchronize():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_weights():
+    generator = torch.Generator().manual_seed(0)
+    return [(torch.randn(WIDTH, WIDTH, generator=generator) / WIDTH ** 0.5).to(DEVICE).requires_grad_()
+            for _ in range(2 * args.layers)]
+
+
+def block(x, w1, w2):
+    h = remat.region(lambda t: torch.tanh(t @ w1), "attn")(x)
+    return remat.region(lambda t: (torch.sigmoid(t @ w2) * t).sin(), "mlp")(h)
+
+
+def model(x, weights):
+    for index in range(args.layers):
+        x = remat.checkpoint(region_name=f"layers.{index}")(block)(x, weights[2 * index], weights[2 * index + 1])
+    return x.square().mean()
+
+
+def plain(x, weights):
+    for index in range(args.layers):
+        h = torch.tanh(x @ weights[2 * index])
+        x = (torch.sigmoid(h @ weights[2 * index + 1]) * h).sin()
+    return x.square().mean()
+
+
+def main():
+    weights = make_weights()
+    x = torch.randn(ROWS, WIDTH, device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(1))
+    x.requires_grad_()
+    expected = torch.autograd.grad(plain(x, weights), [x, *weights])
+    with remat.profile_regions() as profile:
+        model(x, weights).backward()
+    copy = profile.host_copy
+    print(f"profile on {DEVICE}: {len(profile.regions)} regions, base {profile.base_bytes} B, all saved "
+          f"{profile.all_saved_bytes} B; copies {copy['to_host_bytes_per_second'] / 1e9:.2f} GB/s to the host, "
+          f"{copy['to_device_bytes_per_second'] / 1e9:.2f} GB/s back")
+    budget = profile.base_bytes + int(args.share * (profile.all_saved_bytes - profile.base_bytes))
+    host_budget = sum(profile.offload_bytes.values())
+    rows = [("all saved", profile.plan(budget_bytes=profile.all_saved_bytes)),
+            ("all recomputed", profile.plan(budget_bytes=profile.base_bytes)),
+            ("best plan, no offload", profile.plan(budget_bytes=budget)),
+            ("best plan with offload", profile.plan(budget_bytes=budget, host_budget_bytes=host_budget))]
+
+    def run(plan):
+        with remat.use_plan(plan):
+            loss = model(x, weights)
+        return torch.autograd.grad(loss, [x, *weights])
+
+    results = {}
+    for label, plan in rows:
+        run(plan)  # once untimed: the host pool and caches warm
+        times, peaks = [], []
+        for _ in range(args.rounds):
+            synchronize()
+            remat_alloc.reset_peak_stats(0)
+            start = time.perf_counter()
+            grads = run(plan)
+            synchronize()
+            times.append(time.perf_counter() - start)
+            peaks.append(remat_alloc.memory_stats(0)["requested_bytes_peak"])
+            bitwise = all(torch.equal(got, want) for got, want in zip(grads, expected))
+            del grads
+        results[label] = (statistics.median(times), max(peaks))
+        check(bitwise, f"{label}: gradients bitwise those without checkpointing")
+        if plan.offloaded:
+            stats = plan.offloader.stats()
+            check(stats["peak_host_bytes"] <= plan.host_budget_bytes,
+                  f"{label}: host bytes at most {stats['peak_host_bytes']} within the host budget "
+                  f"{plan.host_budget_bytes} ({len(plan.offloaded)} regions offloaded)")
+    base_time = results["all saved"][0]
+    print(f"{'row':<24} {'kept B':>12} {'host B':>12} {'peak B':>12} {'step ms':>9} {'vs saved':>8} "
+          f"{'model s':>9}")
+    for label, plan in rows:
+        seconds, peak = results[label]
+        print(f"{label:<24} {plan.kept_bytes:>12} {plan.host_bytes:>12} {peak:>12} {seconds * 1e3:>9.2f} "
+              f"{seconds / base_time:>7.2f}x {plan.recompute_seconds:>9.4g}")
+    offloaded, without = rows[3][1], rows[2][1]
+    check(offloaded.recompute_seconds <= without.recompute_seconds + 1e-12,
+          f"the plan with offload models {offloaded.recompute_seconds:.4g} s against {without.recompute_seconds:.4g} s "
+          "without")
+    if DEVICE == "cuda":
+        # What offload leaves on the device: at most what the plan without offload keeps there.
+        check(results["best plan with offload"][1] <= results["best plan, no offload"][1] * 1.02,
+              "the plan with offload peaks at most 2% over the plan without offload")
+
+
+with contextlib.nullcontext() if DEVICE == "cuda" else remat.tag_cpu_tensors():
+    main()
+print("all checks passed" if not failures else f"{len(failures)} check(s) failed")
+sys.exit(1 if failures else 0)

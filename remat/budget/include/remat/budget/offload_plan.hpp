@@ -1,0 +1,30 @@
+#pragma once
+// Offload plans: for each region, save it (its bytes stay on the device), recompute it, or offload
+// it (saved, but what it keeps goes to the host and comes back ahead of backward, through
+// remat.CpuOffload), so that what the checkpoints keep on the device fits a budget, what they hold
+// on the host fits a host budget, and the step spends the least time. Priced from the copy
+// bandwidth the profile measured (RegionProfile::host_copy) and each region's offload_bytes.
+
+#include <remat/budget/plan.hpp>
+
+#include <cstdint>
+
+namespace remat::budget {
+
+// What offloading `region` costs the step, as the model prices it: the copy to the host and the
+// copy back (bytes / bandwidth each way). On a GPU ("cuda" profiles) each copy runs on a stream of
+// its own beside compute and costs only what it takes beyond the region's own forward seconds
+// (max(0, copy - seconds), each way); on the CPU a copy is work on the same cores and costs its
+// whole time. Throws BudgetError for a profile without copy figures.
+double offload_seconds(const RegionProfile& profile, const RegionCost& region);
+
+// The plan with the least step time added (recomputed regions' seconds plus offloaded regions'
+// offload_seconds) whose kept bytes (base_bytes and the saved regions' bytes; offloaded regions
+// keep none on the device) are at most `budget_bytes` and whose host_bytes (the offloaded regions'
+// offload_bytes) are at most `host_budget_bytes`. Exact where its search ends (Plan::exact), else
+// the best plan found with a bound on the best (least_recompute_seconds). A host budget of 0 makes
+// the plan solve() makes. Throws BudgetError for a budget below base_bytes, or a host budget above
+// 0 on a profile without copy figures.
+Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes);
+
+}  // namespace remat::budget
