@@ -60,6 +60,12 @@ class ContextScope {
   std::size_t entered_ = 0;
 };
 
+// `hooks` with the CPU RNG state hook added where none of them is one (state_hooks.cpp): what a
+// checkpoint runs with under a budget plan, which may recompute a region its code saves (whose
+// random draws, dropout's masks, nothing kept since the code never draws them again).
+std::vector<std::shared_ptr<RecomputeStateHook>> with_cpu_rng_state_hook(
+    std::vector<std::shared_ptr<RecomputeStateHook>> hooks);
+
 inline std::vector<std::any> snapshot_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hooks) {
   std::vector<std::any> out;
   out.reserve(hooks.size());
