@@ -17,13 +17,14 @@ step), and is never scaled (_Profiled).
 A step whose tensor inputs have other shapes than the profiled one (a longer sequence, a larger
 batch) never runs on the old plan. With r the ratio of its inputs' elements to the profiled
 step's (the token count; 1 for fewer), everything forward and backward held above what the
-profiled step began with is taken to scale by r: where saving every region is then predicted within the budget, the step is profiled
-again (later steps with those shapes plan from that profile); otherwise the plan comes from the
-profile scaled so, and fit says it assumed every region scales with the token count. Either way it
-warns once per new input shape. Where no plan fits it raises before the forward, naming the least
-peak any plan reaches and what it is made of; the same error comes at the first plan for a budget
-below what the profile allows. Scaling the parameters' gradients too is cautious where they are a
-large share of the step. A region that grows faster than the token count (a causal mask of
+profiled step began with is taken to scale by r: where saving every region is then predicted
+within the budget, the step is profiled again (later steps with those shapes plan from that
+profile); otherwise the plan comes from the profile scaled so, and fit says it assumed every
+region scales with the token count. Either way it warns once per new input shape. Where no plan
+fits it raises before the forward, naming the least peak any plan reaches and what it is made
+of; the same error comes at the first plan for a budget below what the profile allows. Scaling
+the parameters' gradients during backward too is cautious where they are a large share of the
+step (after backward they are not scaled). A region that grows faster than the token count (a causal mask of
 sequence x sequence) shows in the scaled step's peak, read when its backward ends: later steps
 with those inputs scale by the growth measured, and a step that went over the budget is a warning
 naming the measured and predicted peaks, never silent.
@@ -92,9 +93,9 @@ class _Profiled:
     a plan changes and what scales with the token count. What ran after backward (the optimizer
     step, zero_grad) no plan changes and nothing in it is taken to scale: it began at
     `after_start` bytes (the gradients backward made, which are not scaled, among them) and
-    peaked at `after_peak`. What the step left allocated beyond what it
-    began with (`persisted`: the optimizer state its optimizer.step() made, say) is allocated
-    before every later step, in what that step begins with: counted there, not again in the
+    peaked at `after_peak`. What the step left allocated beyond what it began with
+    (`persisted`: the optimizer state its optimizer.step() made, say) is allocated before
+    every later step, in what that step begins with: counted there, not again in the
     part after backward, whose measured peak already holds it. Where backward did not end inside
     the profile (or a checkpoint ran after it), the whole step is `planned`, as measured."""
 
