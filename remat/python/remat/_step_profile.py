@@ -188,11 +188,16 @@ class StepRecorder:
         if index is None:
             return
         record = self.checkpoints[index]
+        # The call's leaf inputs (the batch) are allocated whatever the plan: a region that keeps
+        # one (a matmul saving a batch that takes no gradient) keeps nothing a plan could free
+        leaves = {(str(t.device), t.untyped_storage().data_ptr()) for t in tensors_in((args, kwargs)) if t.is_leaf}
         kept_by_region = {}
         for region in reports:
             ids = set()
             for t in region.tensors:
                 key = (t.device, t.address)
+                if key in leaves:
+                    continue
                 if key not in self._alive:
                     found = self._transient.get(key)
                     if found is None:
