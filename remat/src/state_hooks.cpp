@@ -1,14 +1,10 @@
 #include <remat/state_hooks.hpp>
 
-#include "carried_state.hpp"
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 
-#include <algorithm>
 #include <mutex>
 #include <optional>
-#include <vector>
 
 namespace remat {
 namespace {
@@ -45,21 +41,5 @@ class CpuRngStateHook final : public RecomputeStateHook {
 }  // namespace
 
 std::shared_ptr<RecomputeStateHook> cpu_rng_state_hook() { return std::make_shared<CpuRngStateHook>(); }
-
-namespace detail {
-
-std::vector<std::shared_ptr<RecomputeStateHook>> with_cpu_rng_state_hook(
-    std::vector<std::shared_ptr<RecomputeStateHook>> hooks) {
-  const bool kept = std::any_of(hooks.begin(), hooks.end(), [](const std::shared_ptr<RecomputeStateHook>& hook) {
-    return dynamic_cast<const CpuRngStateHook*>(hook.get()) != nullptr;
-  });
-  if (!kept) {
-    static const std::shared_ptr<RecomputeStateHook> shared = cpu_rng_state_hook();  // it holds no state
-    hooks.push_back(shared);
-  }
-  return hooks;
-}
-
-}  // namespace detail
 
 }  // namespace remat
