@@ -5,10 +5,12 @@
 #include <remat/context.hpp>
 #include <remat/state_hooks.hpp>
 
+#include <algorithm>
 #include <any>
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <typeinfo>
 #include <vector>
 
 namespace remat::detail {
@@ -59,6 +61,23 @@ class ContextScope {
   bool recompute_;
   std::size_t entered_ = 0;
 };
+
+// `hooks` with the CPU RNG state hook added where none of them is one: what a checkpoint runs
+// with under a budget plan, which may recompute a region its code saves, whose random draws
+// (dropout's masks) no hook of the code's keeps, since the code never draws them again.
+inline std::vector<std::shared_ptr<RecomputeStateHook>> with_cpu_rng_state_hook(
+    std::vector<std::shared_ptr<RecomputeStateHook>> hooks) {
+  static const std::shared_ptr<RecomputeStateHook> cpu = cpu_rng_state_hook();  // it holds no state
+  const RecomputeStateHook& cpu_hook = *cpu;
+  const std::type_info& cpu_type = typeid(cpu_hook);
+  const bool kept = std::any_of(hooks.begin(), hooks.end(), [&](const std::shared_ptr<RecomputeStateHook>& hook) {
+    if (!hook) return false;
+    const RecomputeStateHook& each = *hook;
+    return typeid(each) == cpu_type;
+  });
+  if (!kept) hooks.push_back(cpu);
+  return hooks;
+}
 
 inline std::vector<std::any> snapshot_states(const std::vector<std::shared_ptr<RecomputeStateHook>>& hooks) {
   std::vector<std::any> out;

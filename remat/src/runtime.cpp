@@ -130,8 +130,11 @@ std::shared_ptr<Frame> open_frame(const CheckpointOptions& options, FlatFunction
   auto frame = std::make_shared<Frame>();
   frame->forward_number = ++t_forwards_started;
   frame->options = options;
+  // A plan may recompute a region the code saves: its random draws come from the CPU generator's
+  // state at forward, kept for every caller (the Python layer adds the CUDA generators' hook)
+  if (options.plan) frame->options.recompute_state_hooks = with_cpu_rng_state_hook(options.recompute_state_hooks);
   frame->body = std::move(body);
-  frame->state_at_entry = snapshot_states(options.recompute_state_hooks);
+  frame->state_at_entry = snapshot_states(frame->options.recompute_state_hooks);
   frame->input_hooks = options.saved_tensor_hooks ? options.saved_tensor_hooks : active_saved_tensor_hooks();
   if (frame->input_hooks && frame->input_hooks->captures_context()) {
     frame->input_hooks_context = frame->input_hooks->capture_context();

@@ -74,6 +74,34 @@ TEST(StateHooks, DropoutWithTheRngHookGivesBitwiseEqualGradients) {
   for (std::size_t i = 0; i < actual.size(); ++i) EXPECT_TRUE(at::equal(actual[i], expected[i])) << "gradient " << i;
 }
 
+// A region the code saves draws dropout once, so it needs no RNG hook as written; a budget plan
+// may recompute it, and under a plan the runtime keeps the CPU generator's state itself.
+TEST(StateHooks, APlanThatRecomputesASavedRegionWithDropoutDrawsForwardsMask) {
+  using remat::budget::Choice;
+  const Block block = Block::make();
+  auto x = at::randn({2, 6, Block::D}).requires_grad_(true);
+  const auto expected = dropout_reference(block, x);
+  const auto plan = std::make_shared<remat::budget::RegionChoices>(
+      std::vector<std::pair<std::string, Choice>>{{"planned-dropout::mlp", Choice::recompute}});
+
+  at::manual_seed(7);
+  remat::collect_trace();
+  auto out = remat::checkpoint({.region_name = "planned-dropout", .plan = plan})([&](const at::Tensor& in) {
+    auto y = remat::region([&](const at::Tensor& t) { return block.attention(t); }, "attention")(in);
+    return remat::region([&](const at::Tensor& t) { return block.mlp(t, 0.3); }, "mlp", false)(y);
+  })(x);
+  EXPECT_EQ(remat::collect_trace().format(),
+            "remat trace: 1 checkpoint(s), 2 region(s)\n"
+            "scope [planned-dropout]\n"
+            "  attention: recompute\n"
+            "  mlp: recompute\n");  // the plan's choice over the code's
+  at::rand({3});  // the caller moves the generator on before backward
+  out.pow(2).sum().backward();
+  const auto actual = gradients(block, x);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (std::size_t i = 0; i < actual.size(); ++i) EXPECT_TRUE(at::equal(actual[i], expected[i])) << "gradient " << i;
+}
+
 TEST(StateHooks, WithoutTheHookDropoutDiverges) {
   const Block block = Block::make();
   auto x = at::randn({2, 6, Block::D}).requires_grad_(true);

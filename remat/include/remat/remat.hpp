@@ -59,6 +59,9 @@ struct CheckpointOptions {
   // read with plan_from_json): a region the plan names, as "checkpoint::region" or a pattern,
   // takes the plan's choice over its own recompute setting; the others keep theirs. Inside a
   // region the plan saves, inner regions run as part of it. Null: every region its own setting.
+  // A plan may recompute a region the code saves, so under one the runtime keeps the CPU
+  // generator's state as cpu_rng_state_hook() does (dropout draws forward's mask again); CUDA
+  // tensors need remat::cuda_rng_state_hook() in recompute_state_hooks.
   std::shared_ptr<const budget::RegionChoices> plan;
   // Handed back by checkpoint_caller() while the body runs. Null: none.
   std::shared_ptr<CheckpointCaller> caller;

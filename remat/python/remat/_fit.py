@@ -9,18 +9,22 @@ saved; the profile ends when the next training forward begins); every later step
 remat.use_plan() with the plan of least recompute time whose predicted step peak is within the
 budget (profile.plan(peak_bytes=)). The plan is chosen before each forward, from what is allocated
 then: bytes allocated beyond what the profiled step began with (optimizer state made by the first
-optimizer.step(), say) stay through the step, so the plan must fit in what is left.
+optimizer.step(), say) stay through the step, so forward and backward must fit in what is left.
+The profiled step is cut where its backward ended: what ran after it (the optimizer step) is
+predicted apart, as measured, with the state it made counted once (allocated before every later
+step), and is never scaled (_Profiled).
 
 A step whose tensor inputs have other shapes than the profiled one (a longer sequence, a larger
 batch) never runs on the old plan. With r the ratio of its inputs' elements to the profiled
-step's (the token count; 1 for fewer), everything above what the profiled step began with is taken
-to scale by r: where saving every region is then predicted within the budget, the step is profiled
-again (later steps with those shapes plan from that profile); otherwise the plan comes from the
-profile scaled so, and fit says it assumed every region scales with the token count. Either way it
-warns once per new input shape. Where no plan fits it raises before the forward, naming the least
-peak any plan reaches and what it is made of; the same error comes at the first plan for a budget
-below what the profile allows. Scaling the parameters' gradients too is cautious where they are a
-large share of the step. A region that grows faster than the token count (a causal mask of
+step's (the token count; 1 for fewer), everything forward and backward held above what the
+profiled step began with is taken to scale by r: where saving every region is then predicted
+within the budget, the step is profiled again (later steps with those shapes plan from that
+profile); otherwise the plan comes from the profile scaled so, and fit says it assumed every
+region scales with the token count. Either way it warns once per new input shape. Where no plan
+fits it raises before the forward, naming the least peak any plan reaches and what it is made
+of; the same error comes at the first plan for a budget below what the profile allows. Scaling
+the parameters' gradients during backward too is cautious where they are a large share of the
+step (after backward they are not scaled). A region that grows faster than the token count (a causal mask of
 sequence x sequence) shows in the scaled step's peak, read when its backward ends: later steps
 with those inputs scale by the growth measured, and a step that went over the budget is a warning
 naming the measured and predicted peaks, never silent.
@@ -38,6 +42,7 @@ remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
 
 from __future__ import annotations
 
+import json
 import math
 import weakref
 
@@ -83,11 +88,62 @@ def _tell(message):
 
 
 class _Profiled:
-    """A profile and the input signature of the step it measured."""
+    """A profile and the input signature of the step it measured, cut where its backward ended.
 
-    def __init__(self, profile, signature):
+    Forward and backward (`planned`: the profile with the step's segments up to there) are what
+    a plan changes and what scales with the token count. What ran after backward (the optimizer
+    step, zero_grad) no plan changes and nothing in it is taken to scale: it began at
+    `after_start` bytes (the gradients backward made, which are not scaled, among them) and
+    peaked at `after_peak`. What the step left allocated beyond what it began with
+    (`persisted`: the optimizer state its optimizer.step() made, say) is allocated before
+    every later step, in what that step begins with: counted there, not again in the
+    part after backward, whose measured peak already holds it. Where backward did not end inside
+    the profile (or a checkpoint ran after it), the whole step is `planned`, as measured."""
+
+    def __init__(self, profile, signature, gradients=0):
         self.profile = profile
         self.signature = signature
+        self.gradients = gradients  # bytes of the gradients the step's backward was to make (none at its start)
+        self.start = profile.step_start_bytes
+        self.persisted = max(0, profile.step_end_bytes - self.start)
+        self.planned = profile
+        self.after_start = self.after_peak = None
+        after = profile._after_backward
+        doc = json.loads(profile.to_json())
+        segments = doc["step"]["segments"]
+        if after is None or not 0 < after < len(segments):
+            return
+        tail = segments[after:]
+        self.after_start = tail[0]["start_bytes"]
+        self.after_peak = max(s["peak_bytes"] for s in tail)
+        doc["step"]["segments"] = segments[:after]
+        doc["step"]["peak_bytes"] = max([s["peak_bytes"] for s in segments[:after]] + [self.start])
+        doc["step"]["end_bytes"] = self.after_start
+        self.planned = _plans.RegionProfile(json.dumps(doc))
+        self.planned._shape = profile._shape
+
+    def peak(self, planned_peak, base, ratio):
+        """The step peak predicted for a step that begins with `base` bytes allocated, its
+        inputs `ratio` times the profiled step's, under a plan whose forward and backward peak at
+        `planned_peak` in the profiled step (a peak of `planned`)."""
+        peak = base + _scaled(planned_peak - self.start, ratio)
+        if self.after_start is not None:
+            already = min(self.persisted, max(0, base - self.start))  # made by the profiled step, there before this
+            # What backward left allocated: the gradients it made, as they are, and the rest scaled
+            left = self.after_start - self.start
+            made = min(max(0, left), self.gradients)
+            after = base - already + made + _scaled(left - made, ratio) + self.after_peak - self.after_start
+            peak = max(peak, after)
+        return peak
+
+    def after_backward_peak(self, base, ratio):
+        """The part of peak() no plan changes (0 where the step was not cut)."""
+        return 0 if self.after_start is None else self.peak(self.start, base, ratio)
+
+
+def _scaled(count, ratio):
+    """`count` bytes scaled by `ratio`, rounded up; bytes the step freed (below 0) stay as measured."""
+    return count if count <= 0 else math.ceil(count * ratio)
 
 
 class FitState:
@@ -101,6 +157,7 @@ class FitState:
         self.profiles = {}          # signature -> _Profiled
         self.latest = None          # the _Profiled made last
         self.measuring = None       # (profile_regions, signature) open since a training forward
+        self.measuring_gradients = 0  # the gradients that step's backward was to make (bytes)
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
         self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
@@ -108,7 +165,7 @@ class FitState:
         self.corrections = {}       # signature -> factor on the scaling ratio, after a scaled step went over
         self.warned = set()         # signatures fit has told the user about
         self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
-        self.watch = None           # (profile, StepWatch) following planned steps along that profile's step
+        self.watch = None           # (_Profiled, StepWatch) following planned steps along that profile's step
         self.diverged = None        # (what differed, plan's predicted peak, the peak before it) this step
         self.told_differences = set()  # what differed that fit has told the user about
         self.reprofile = {}         # signature -> (what differed, bytes saving it would add): profile again
@@ -171,7 +228,7 @@ class FitState:
             except ValueError as error:
                 raise ValueError(f"remat.fit: {error}") from None
             profile = session._result()
-            done = _Profiled(profile, signature)
+            done = _Profiled(profile, signature, self.measuring_gradients)
             self.profiles[signature] = done
             self.latest = done
             if profile.step_peak_bytes > self.budget:
@@ -242,9 +299,9 @@ class FitState:
         if what not in self.reprofiled and measured > predicted:
             # What the step took above its prediction ran at the least memory; saved, it would take
             # about as much more as saving everything takes over the least peak in the profile.
-            profile = self.watch[0]
-            least = profile.least_peak_bytes() - profile.step_start_bytes
-            saving = (profile.step_peak_bytes - profile.step_start_bytes) / max(1, least)
+            planned = self.watch[0].planned
+            least = planned.least_peak_bytes() - planned.step_start_bytes
+            saving = (planned.step_peak_bytes - planned.step_start_bytes) / max(1, least)
             self.reprofile[signature] = (what, math.ceil((measured - predicted) * max(1.0, saving)))
 
     def _check_planned_step(self):
@@ -303,8 +360,7 @@ class FitState:
                 # every region is estimated within the budget (an estimate: what that step ran
                 # instead was measured at the least memory, not saved).
                 what, more = again
-                profile = known.profile
-                estimate = max(start, profile.step_start_bytes) + profile.step_peak_bytes - profile.step_start_bytes + more
+                estimate = known.peak(known.planned.step_peak_bytes, max(start, known.start), 1.0) + more
                 if estimate <= self.budget:
                     self.reprofiled.add(what)
                     return self._profile_step(signature)
@@ -316,9 +372,7 @@ class FitState:
         ratio = max(1.0, _elements(signature) / max(1, _elements(source.signature)),
                     _input_bytes(signature) / max(1, _input_bytes(source.signature)))
         ratio *= self.corrections.get(signature, 1.0)
-        profile = source.profile
-        base = max(start, profile.step_start_bytes)
-        all_saved = base + math.ceil((profile.step_peak_bytes - profile.step_start_bytes) * ratio)
+        all_saved = source.peak(source.planned.step_peak_bytes, max(start, source.start), ratio)
         change = None
         if signature not in self.warned:
             self.warned.add(signature)
@@ -335,6 +389,9 @@ class FitState:
         return self._plan_step(source, signature, start, ratio, change=change)
 
     def _profile_step(self, signature):
+        # The gradients this step's backward is to make: those of parameters that have none now
+        self.measuring_gradients = sum(p.numel() * p.element_size() for p in self.model.parameters()
+                                       if p.requires_grad and p.grad is None)
         session = _plans.profile_regions(timer=self.timer)
         session.__enter__()
         self.measuring = (session, signature)
@@ -346,13 +403,14 @@ class FitState:
         """The use_plan for a step with `signature`, from `source`'s profile with everything above
         what its step began with scaled by `ratio` (1: the profile of these very inputs)."""
         profile = source.profile
-        base = max(start, profile.step_start_bytes)  # more allocated now than then: it stays through the step
-        least_now = base + math.ceil((profile.least_peak_bytes() - profile.step_start_bytes) * ratio)
+        planned = source.planned  # forward and backward, which the plan changes
+        base = max(start, source.start)  # more allocated now than then: it stays through the step
+        least_now = source.peak(planned.least_peak_bytes(), base, ratio)
         reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
         if least_now + reserve > self.budget:
-            self._refuse(profile, source, base, ratio, least_now, signature, reserve)
-        plan = profile.plan(peak_bytes=profile.step_start_bytes + int((self.budget - reserve - base) / ratio))
-        predicted = base + math.ceil((plan.peak_bytes - profile.step_start_bytes) * ratio)
+            self._refuse(source, base, ratio, least_now, signature, reserve)
+        plan = planned.plan(peak_bytes=source.start + int((self.budget - reserve - base) / ratio))
+        predicted = source.peak(plan.peak_bytes, base, ratio)
         if change is not None:
             _tell(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
                   f"profile scaled by {ratio:.3g}, assuming every region scales with the token count: "
@@ -370,16 +428,21 @@ class FitState:
         # Not strict: a region the profile does not name is a step that differs, which the watch
         # meets by recomputing (a strict plan would refuse it)
         context = _plans.use_plan(plan, strict=False)
-        if self.watch is None or self.watch[0] is not profile or self.watch[1].sizes != (ratio == 1.0):
-            self.watch = (profile, StepWatch(profile._shape, self._step_diverged, sizes=ratio == 1.0))
+        if self.watch is None or self.watch[0] is not source or self.watch[1].sizes != (ratio == 1.0):
+            self.watch = (source, StepWatch(profile._shape, self._step_diverged, sizes=ratio == 1.0))
         self.watch[1].new_step()
         self.watch_signature = signature if ratio == 1.0 else None
         context._watch = self.watch[1]
         return context
 
-    def _refuse(self, profile, source, base, ratio, least_now, signature, reserve=0):
-        gradients = max(0, profile.step_end_bytes - profile.step_start_bytes)  # made in backward, kept after it
-        fixed = base + gradients
+    def _refuse(self, source, base, ratio, least_now, signature, reserve=0):
+        if source.after_start is not None:
+            # Gradients (what backward left allocated) stay through backward; the optimizer step's
+            # state and transient, after it, too: no plan changes either
+            fixed = max(base + max(0, source.after_start - source.start), source.after_backward_peak(base, ratio))
+        else:
+            fixed = base + source.persisted  # made in the step, kept after it
+        fixed = min(fixed, least_now)
         scaled = "" if ratio == 1.0 else (f" (the profile at inputs {_shapes_text(source.signature)} scaled by "
                                           f"{ratio:.3g}, every region assumed to scale with the token count)")
         if reserve:

@@ -309,6 +309,7 @@ class RegionProfile:
         self.timer = doc.get("timer", "")
         self.regions = [RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]]
         self._shape = None  # the StepShape profile_regions recorded; a dump does not hold it
+        self._after_backward = None  # the first step segment after backward ended (profile_regions); nor this
         # region -> the ops a per-op plan may keep: [{"index", "op", "bytes", "seconds"}] (ops=True)
         self.ops = {r["name"]: r["ops"] for r in doc["regions"] if r.get("ops")}
         self.has_ops = bool(self.ops)
@@ -812,6 +813,8 @@ class profile_regions:
             doc["step"] = self._step.to_dump(remat_alloc.memory_stats(self._step.device)["requested_bytes"])
         self._profile = RegionProfile(json.dumps(doc))
         self._profile._shape = self._shape
+        # Where backward ended in step.segments (remat.fit predicts the rest apart); not in the dump
+        self._profile._after_backward = self._step.after_backward if self._step.enabled else None
         return False
 
     def _result(self):

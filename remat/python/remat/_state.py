@@ -67,18 +67,14 @@ def cuda_rng_state_hook():
 
 
 def with_rng_state_hooks(hooks):
-    """`hooks` with the CPU and CUDA RNG state hooks added where they are not among them: what a
-    checkpoint runs with under a budget plan, which may recompute a region its code saves (and so
-    never needed its random numbers drawn again), so that recompute draws forward's masks."""
+    """`hooks` with the CUDA RNG state hook added where it is not among them: what a checkpoint
+    runs with under a budget plan, which may recompute a region its code saves (and so never
+    needed its random numbers drawn again), so that recompute draws forward's masks. The CPU
+    generator's state the runtime keeps under a plan itself, for every caller (C++ ones too)."""
     hooks = list(hooks)
-    if not any(type(hook) is _CPU_RNG_STATE_HOOK for hook in hooks):
-        hooks.append(_C.cpu_rng_state_hook())
     if not any(isinstance(hook, _CudaRngStateHook) for hook in hooks):
         hooks.append(_CudaRngStateHook())
     return hooks
-
-
-_CPU_RNG_STATE_HOOK = type(_C.cpu_rng_state_hook())
 
 
 def checked_state_hooks(hooks):

@@ -8,7 +8,11 @@ gradient hook on its outputs) and ends (one on its inputs). Each segment keeps i
 allocated when it began, and which checkpoints' kept tensors are alive through it (those whose
 forward is done and whose backward is not). What stays allocated through the step (parameters,
 optimizer state, the batch, gradients once backward made them) is in every segment's figures as
-measured, so the optimizer step's transient counts where the block includes it.
+measured, so the optimizer step's transient counts where the block includes it. The step is also
+cut where its backward ends (an autograd engine callback): the segments from there on
+(after_backward) ran the optimizer step and what else the loop does before the block ends, which
+no plan changes; remat.fit predicts later steps from that part apart (state the optimizer made
+there is allocated before every later step, and nothing there scales with the token count).
 
 What each checkpoint keeps is recorded as sets of storages, not added up per region: the
 storages each region keeps (its saved tensors and its output), the storages that are its inputs
@@ -70,6 +74,9 @@ class StepRecorder:
         self._closed = False
         self.start_bytes = 0
         self.peak_bytes = 0
+        self.after_backward = None   # the first segment after the last backward ended, or None
+        self._end_queued = False
+        self._begun = set()          # checkpoint calls whose backward began in the backward running now
 
     @staticmethod
     def _counted_device():
@@ -111,6 +118,30 @@ class StepRecorder:
             return
         self.mark()
         self.close()
+        after = self.after_backward
+        # Only where no checkpoint ran after it (another forward, a second backward still to come)
+        if after is not None and any(s["live"] or s["forward"] >= 0 or s["backward"] >= 0
+                                     for s in self.segments[after:]):
+            self.after_backward = None
+
+    def _backward_begun(self, index):
+        """Checkpoint call `index`'s backward began: queues the mark where this backward ends
+        (once per backward)."""
+        self._begun.add(index)
+        if not self._end_queued:
+            self._end_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+
+    def _backward_ended(self):
+        """The whole backward ended: the calls whose backward began in it keep nothing now, those
+        whose inputs take no gradient (the first layer's, say) included."""
+        self._end_queued = False
+        self.mark()
+        self._live = [k for k in self._live if k not in self._begun]
+        if self._recomputing in self._begun:
+            self._recomputing = -1
+        self._begun = set()
+        self.after_backward = len(self.segments)
 
     def close(self):
         """Closes the peak window (after end(), or for a step abandoned by an exception)."""
@@ -214,6 +245,7 @@ class StepRecorder:
                     self._backward_began = True
                     self.mark()
                     self._recomputing = index
+                self._backward_begun(index)
                 return grad
 
             for t in outputs:

@@ -62,3 +62,51 @@ def test_fit_profiles_with_the_timer_given_and_bad_timers_are_refused():
         remat.fit(model, "1GiB", timer="cpu")
     with pytest.raises(ValueError, match=r"profile_regions: timer must be 'auto' .* got 'perf'"):
         remat.profile_regions(timer="perf")
+
+
+class Sleeps(torch.nn.Module):
+    def forward(self, t):
+        time.sleep(0.02)
+        return t.sin()
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.waits = Sleeps()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.proj(self.waits(x))
+
+
+class Decoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(DecoderLayer() for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+@pytest.mark.parametrize("timer, kind", [(None, "thread_time"), ("wall", "wall_time")])
+def test_wrap_decoder_layers_budget_profiles_with_the_timer_given(timer, kind):
+    model = remat.wrap_decoder_layers(Decoder(), save=(), layers="layers", budget="1GiB",
+                                      **({} if timer is None else {"timer": timer}))
+    with remat.tag_cpu_tensors():
+        for _ in range(2):  # the first step profiled, the profile closed by the next
+            model(torch.randn(8, 16, requires_grad=True)).backward()
+    profile = model.remat_fit.latest.profile
+    waited = {region.name: region.seconds for region in profile.regions}["layers.0::waits"]
+    assert profile.timer == kind and model.remat_fit.timer == (timer or "auto")
+    assert (waited >= 0.02) if timer == "wall" else (waited < 0.005), waited
+    remat.unfit(model)
+
+
+def test_wrap_decoder_layers_refuses_a_timer_without_a_budget_and_bad_timers():
+    with pytest.raises(TypeError, match=r"wrap_decoder_layers: timer= is how the profiles of budget= time regions"):
+        remat.wrap_decoder_layers(Decoder(), layers="layers", timer="wall")
+    with pytest.raises(ValueError, match=r"wrap_decoder_layers: timer must be 'auto' .* got 'cpu'"):
+        remat.wrap_decoder_layers(Decoder(), layers="layers", budget="1GiB", timer="cpu")

@@ -1,0 +1,103 @@
+"""remat.fit with an optimizer whose state its first step makes (AdamW): the profiled step's
+optimizer.step() is predicted apart from forward and backward. The state it made is allocated
+before every later step and counted there once, not again in the optimizer's part of the profile,
+and that part is not scaled with the token count. On a model whose step is mostly parameters,
+gradients and optimizer state, a budget a little above the measured peak of steps without
+checkpointing is accepted at the profiled sequence and at a doubled one, every step's measured
+peak stays within it and the predictions hold it within 3%, gradients bitwise those without
+checkpointing. (Counting the state twice put the least peak at 3367564 B where steps peak at
+2310732 B, and refused a budget of 3100000 B.)"""
+
+import gc
+import warnings
+
+import torch
+
+import remat
+import remat_alloc
+
+WIDTH, BATCH, SEQUENCE, STEPS, LONGER_FROM = 128, 4, 16, 6, 3
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.Linear(WIDTH, WIDTH)
+        self.mlp = torch.nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        h = remat.region(lambda t: self.attn(t).sin() + t, "attn")(x)
+        return remat.region(lambda t: self.mlp(t).cos() + t, "mlp")(h)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, checkpointed):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Layer() for _ in range(4))
+        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        for index, layer in enumerate(self.layers):
+            x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x) if self.checkpointed else layer(x)
+        return x.square().mean()
+
+
+def train(budget):
+    """AdamW steps (the sequence doubles at LONGER_FROM) inside tag_cpu_tensors(): per step the
+    measured peak, fit's prediction (None where profiled or without fit) and the gradients as
+    bytes; and the warnings."""
+    gc.collect()
+    torch.manual_seed(0)
+    rows = []
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        model = Model(checkpointed=budget is not None)
+        if budget is not None:
+            model = remat.fit(model, budget=budget)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for step in range(STEPS):
+            sequence = SEQUENCE * (2 if step >= LONGER_FROM else 1)
+            x = torch.randn(BATCH, sequence, WIDTH, generator=torch.Generator().manual_seed(step), requires_grad=True)
+            remat_alloc.reset_peak_stats()
+            optimizer.zero_grad(set_to_none=True)
+            model(x).backward()
+            optimizer.step()
+            peak = remat_alloc.memory_stats()["requested_bytes_peak"]
+            state = getattr(model, "remat_fit", None)
+            rows.append({"peak": peak, "predicted": None if state is None else state.predicted_peak_bytes,
+                         "grads": [p.grad.numpy().tobytes() for p in model.parameters()]})
+        if budget is not None:
+            remat.unfit(model)
+    return rows, [str(w.message) for w in told]
+
+
+def test_the_optimizer_state_made_in_the_profiled_step_is_counted_once():
+    free, _ = train(None)
+    longest = max(row["peak"] for row in free)
+    assert longest == max(row["peak"] for row in free[LONGER_FROM:]) > free[0]["peak"]
+    budget = longest * 105 // 100
+    rows, told = train(budget)  # refused before the fix: the least peak then counted the state twice
+    for step, (row, want) in enumerate(zip(rows, free)):
+        assert row["peak"] <= budget, (step, row["peak"], budget)
+        assert row["grads"] == want["grads"], step  # bitwise those without checkpointing
+        if row["predicted"] is not None:  # planned steps: the prediction holds, within 3%
+            assert row["peak"] <= row["predicted"] <= budget, (step, row)
+            assert row["predicted"] <= row["peak"] * 1.03, (step, row)
+    planned = [step for step, row in enumerate(rows) if row["predicted"] is not None]
+    assert 1 in planned and LONGER_FROM + 1 in planned, planned
+    assert len([message for message in told if "inputs changed shape" in message]) == 1, told
+
+
+def test_a_budget_below_what_the_optimizer_step_needs_names_the_least_peak():
+    free, _ = train(None)
+    short = free[1]["peak"]  # a step after the first: the state is there
+    rows = []
+    try:
+        train(short * 90 // 100)
+    except ValueError as error:
+        rows.append(str(error))
+    assert rows and "no plan keeps this step within the budget" in rows[0], rows
+    least = int(rows[0].split("Give a budget of at least ")[1].split(" bytes")[0])
+    # The least peak counts the state once: about a step's peak without checkpointing, not above it
+    # by the state again
+    assert short * 0.9 < least <= short * 1.03, (least, short)
