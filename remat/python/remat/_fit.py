@@ -392,7 +392,7 @@ class FitState:
         # The gradients this step's backward is to make: those of parameters that have none now
         self.measuring_gradients = sum(p.numel() * p.element_size() for p in self.model.parameters()
                                        if p.requires_grad and p.grad is None)
-        session = _plans.profile_regions(timer=self.timer)
+        session = _plans.profile_regions(timer=self.timer, host_copy=False)  # fit plans no offload
         session.__enter__()
         self.measuring = (session, signature)
         self.plan = self.predicted_peak_bytes = None

@@ -57,30 +57,42 @@ def offload_bytes(tensors):
     return total
 
 
+def _timed(copy, synchronize):
+    """The median seconds of a few runs of `copy`, after one untimed (first-touch page faults are
+    not the bandwidth)."""
+    copy()
+    seconds = []
+    for _ in range(_COPY_ROUNDS):
+        if synchronize is not None:
+            synchronize()
+        start = time.perf_counter()
+        copy()
+        if synchronize is not None:
+            synchronize()
+        seconds.append(time.perf_counter() - start)
+    return max(statistics.median(seconds), 1e-9)
+
+
 def measure_host_copy(largest_bytes, device):
     """The copy bandwidth between `device` ("cpu", "cuda:N") and host memory, in bytes a second
-    each way: the median of a few timed copies of about the largest region's bytes."""
+    each way: the median of a few timed copies of about the largest region's bytes. On the CPU
+    the buffers are numpy arrays, which no count of tensors sees (a step's peak, remat.fit's
+    budget); on a GPU the copies need a device buffer of that size while they run."""
     size = max(_LEAST_COPY_BYTES, min(_MOST_COPY_BYTES, int(largest_bytes)))
     cuda = device.startswith("cuda")
+    if not cuda:
+        import numpy
+
+        source, host = numpy.ones(size, dtype=numpy.uint8), numpy.empty(size, dtype=numpy.uint8)
+        seconds = _timed(lambda: numpy.copyto(host, source), None)
+        return {"to_host_bytes_per_second": size / seconds, "to_device_bytes_per_second": size / seconds,
+                "measured_bytes": size}
     with torch.no_grad():
         source = torch.ones(size, dtype=torch.uint8, device=device if cuda else "cpu")
         host = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
 
-        def timed(copy):
-            copy()  # once untimed: first-touch page faults are not the bandwidth
-            seconds = []
-            for _ in range(_COPY_ROUNDS):
-                if cuda:
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                copy()
-                if cuda:
-                    torch.cuda.synchronize()
-                seconds.append(time.perf_counter() - start)
-            return size / max(statistics.median(seconds), 1e-9)
-
-        to_host = timed(lambda: host.copy_(source, non_blocking=cuda))
-        to_device = timed(lambda: source.copy_(host, non_blocking=cuda))
+        to_host = size / _timed(lambda: host.copy_(source, non_blocking=True), torch.cuda.synchronize)
+        to_device = size / _timed(lambda: source.copy_(host, non_blocking=True), torch.cuda.synchronize)
     return {"to_host_bytes_per_second": to_host, "to_device_bytes_per_second": to_device, "measured_bytes": size}
 
 

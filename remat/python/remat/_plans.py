@@ -747,11 +747,16 @@ class profile_regions:
     cuda_events, thread_time or wall_time.
 
     ops: also measure each region's ATen ops (output bytes and time), which per-op plans choose
-    from (profile.plan(..., ops=True) keeps chosen op outputs of recomputed regions)."""
+    from (profile.plan(..., ops=True) keeps chosen op outputs of recomputed regions).
 
-    def __init__(self, *, timer="auto", ops=False):
+    host_copy: also measure the copy bandwidth to host memory and back when the block ends
+    (profile.host_copy), which plans with a host budget price offload by; on a GPU the copies need
+    a device buffer of up to 64 MiB while they run. remat.fit profiles without it."""
+
+    def __init__(self, *, timer="auto", ops=False, host_copy=True):
         self._timer = timer_arg("profile_regions", timer)
         self._ops = flag_arg("profile_regions", "ops", ops)
+        self._host_copy = flag_arg("profile_regions", "host_copy", host_copy)
         self._meters = {}       # region -> [OpMeter of each call]
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
@@ -807,8 +812,9 @@ class profile_regions:
         doc = {"kind": "region-profile", "schema_version": 1, "device_name": self._device,
                "timer": ("wall_time" if self._timer == "wall" else
                          "cuda_events" if self._device.startswith("cuda") else "thread_time"),
-               "base_bytes": sum(self._inputs.values()), "regions": regions,
-               "host_copy": measure_host_copy(max(self._offload.values(), default=0), self._device)}
+               "base_bytes": sum(self._inputs.values()), "regions": regions}
+        if self._host_copy:
+            doc["host_copy"] = measure_host_copy(max(self._offload.values(), default=0), self._device)
         if self._step.enabled:
             doc["step"] = self._step.to_dump(remat_alloc.memory_stats(self._step.device)["requested_bytes"])
         self._profile = RegionProfile(json.dumps(doc))
