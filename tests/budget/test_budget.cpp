@@ -3,6 +3,8 @@
 
 #include <remat/budget/plan.hpp>
 
+#include "exhaustive_regions.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <gtest/gtest.h>
@@ -17,6 +19,8 @@
 namespace remat::budget {
 namespace {
 
+using brute_force::exhaustive_best;
+
 RegionProfile random_profile(std::mt19937_64& rng, std::size_t regions, std::uint64_t base) {
   RegionProfile profile;
   profile.base_bytes = base;
@@ -29,22 +33,6 @@ RegionProfile random_profile(std::mt19937_64& rng, std::size_t regions, std::uin
     profile.regions.push_back({"layers." + std::to_string(r) + "::attn", b, s, 1});
   }
   return profile;
-}
-
-// The least recompute time over every subset of regions that fits.
-double exhaustive_best(const RegionProfile& profile, std::uint64_t budget) {
-  const std::size_t n = profile.regions.size();
-  double best = 1e300;
-  for (std::uint64_t mask = 0; mask < (std::uint64_t{1} << n); ++mask) {
-    std::uint64_t kept = profile.base_bytes;
-    double recompute = 0;
-    for (std::size_t r = 0; r < n; ++r) {
-      if ((mask >> r) & 1) kept += profile.regions[r].saved_bytes;
-      else recompute += profile.regions[r].seconds;
-    }
-    if (kept <= budget && recompute < best) best = recompute;
-  }
-  return best;
 }
 
 TEST(BudgetSolver, MatchesExhaustiveSearchOnSmallProfiles) {

@@ -6,6 +6,8 @@
 #include <remat/budget/plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
+#include "exhaustive_regions.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -26,25 +28,6 @@ RegionProfile profile_with_pinned(std::mt19937_64& rng, std::size_t regions) {
     profile.regions.push_back(region);
   }
   return profile;
-}
-
-// The least recompute seconds over the region choices that save every pinned region and fit.
-double best_saving_pinned(const RegionProfile& profile, std::uint64_t budget) {
-  const std::size_t n = profile.regions.size();
-  double best = 1e300;
-  for (std::uint64_t mask = 0; mask < (std::uint64_t{1} << n); ++mask) {
-    std::uint64_t kept = profile.base_bytes;
-    double seconds = 0;
-    bool allowed = true;
-    for (std::size_t r = 0; r < n; ++r) {
-      const bool saved = ((mask >> r) & 1) != 0;
-      if (!saved && !profile.regions[r].must_save.empty()) allowed = false;
-      if (saved) kept += profile.regions[r].saved_bytes;
-      else seconds += profile.regions[r].seconds;
-    }
-    if (allowed && kept <= budget && seconds < best) best = seconds;
-  }
-  return best;
 }
 
 void expect_pinned_saved(const RegionProfile& profile, const Plan& plan, const std::string& what) {
@@ -68,7 +51,7 @@ TEST(MustSave, EverySolverSavesThePinnedRegionsAndTheRegionSolverStaysExact) {
     const Plan plan = solve(profile, budget);
     expect_pinned_saved(profile, plan, "solve");
     EXPECT_LE(plan.kept_bytes, budget);
-    EXPECT_NEAR(plan.recompute_seconds, best_saving_pinned(profile, budget), 1e-9) << "trial " << trial;
+    EXPECT_NEAR(plan.recompute_seconds, brute_force::exhaustive_best(profile, budget), 1e-9) << "trial " << trial;
     const Plan ops = solve_ops(profile, budget);
     expect_pinned_saved(profile, ops, "solve_ops");
     EXPECT_LE(ops.kept_bytes, budget);

@@ -257,7 +257,8 @@ def test_a_profile_is_ready_after_its_block_and_needs_regions():
             (batch() * 2).sum().backward()
 
 
-def test_wrap_decoder_layers_takes_a_plan_for_a_hugging_face_model():
+def tiny_llamas():
+    """Two tiny Hugging Face Llamas with the same weights, training: (reference, the one to wrap)."""
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, vocab_size=128, intermediate_size=128,
@@ -266,6 +267,11 @@ def test_wrap_decoder_layers_takes_a_plan_for_a_hugging_face_model():
     reference = transformers.LlamaForCausalLM(config).train()
     llama = transformers.LlamaForCausalLM(config).train()
     llama.load_state_dict(reference.state_dict())
+    return reference, llama
+
+
+def test_wrap_decoder_layers_takes_a_plan_for_a_hugging_face_model():
+    reference, llama = tiny_llamas()
     ids = torch.randint(0, 128, (2, 16))
     remat.wrap_decoder_layers(llama)
     with remat.profile_regions() as measured:

@@ -5,8 +5,6 @@ not overlap compute, so it costs its whole time. Gradients are bitwise those wit
 checkpointing, and no plan holds more on the host than its host budget."""
 
 import json
-import os
-import pathlib
 import subprocess
 
 import pytest
@@ -14,8 +12,8 @@ import torch
 
 import remat
 from remat._plans import live_checkpoint_bytes
+from test_budget_plans import remat_report, tiny_llamas
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
 WIDTH = 128
 LAYERS = 3
 
@@ -212,13 +210,6 @@ def test_offload_plans_format_round_trip_and_refuse_the_peak_model(measured, tmp
         measured.predict_peak(plan)
 
 
-def remat_report():
-    for candidate in (os.environ.get("REMAT_REPORT", ""), str(REPO / "build" / "cli" / "remat-report")):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    pytest.skip("remat-report is not built (build/cli/remat-report); build the cli target or set REMAT_REPORT")
-
-
 def test_advise_makes_the_same_offload_plan_and_validate_accepts_the_dumps(measured, tmp_path):
     report = remat_report()
     fast = with_bandwidth(measured, 1e15)
@@ -245,14 +236,7 @@ def test_advise_makes_the_same_offload_plan_and_validate_accepts_the_dumps(measu
 
 
 def test_wrap_decoder_layers_carries_out_an_offload_plan_on_a_hugging_face_llama():
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=128, intermediate_size=128,
-                                      max_position_embeddings=64, use_cache=False)
-    torch.manual_seed(0)
-    reference = transformers.LlamaForCausalLM(config).train()
-    llama = transformers.LlamaForCausalLM(config).train()
-    llama.load_state_dict(reference.state_dict())
+    reference, llama = tiny_llamas()
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     remat.wrap_decoder_layers(llama)
     with remat.profile_regions() as measured:
