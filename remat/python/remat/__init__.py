@@ -36,7 +36,8 @@ from ._saved_tensors_hooks import SavedTensorInfo, SavedTensorKind, current_save
 from ._offload import CpuOffload
 from ._state import RecomputeStateHook, cpu_rng_state_hook, cuda_rng_state_hook
 from ._trace import collect_trace, trace_scope
-from ._plans import Plan, RegionCost, RegionProfile, load_plan, profile_regions, use_plan
+from ._plans import Plan, RegionCost, RegionProfile, load_plan, use_plan
+from ._profiling import profile_regions
 from ._reporting import current_memory_report, format_current_memory_report, print_current_memory_report, save_for_backward
 from ._saved_report import (format_saved_tensors_report, print_saved_tensors_report, saved_report, saved_tensors_report,
                             track_saved_tensors)

@@ -49,7 +49,7 @@ import weakref
 import remat_alloc
 import torch
 
-from . import _plans
+from . import _plans, _profiling
 from ._step_profile import StepRecorder
 from ._step_shape import StepWatch, warn_at_user_line
 
@@ -392,7 +392,7 @@ class FitState:
         # The gradients this step's backward is to make: those of parameters that have none now
         self.measuring_gradients = sum(p.numel() * p.element_size() for p in self.model.parameters()
                                        if p.requires_grad and p.grad is None)
-        session = _plans.profile_regions(timer=self.timer, host_copy=False)  # fit plans no offload
+        session = _profiling.profile_regions(timer=self.timer, host_copy=False)  # fit plans no offload
         session.__enter__()
         self.measuring = (session, signature)
         self.plan = self.predicted_peak_bytes = None
@@ -520,7 +520,7 @@ def fit(model, budget, *, timer="auto"):
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"remat.fit: model must be a torch.nn.Module, got {type(model).__name__}")
     budget = _plans.budget_arg(budget, "remat.fit: budget")
-    timer = _plans.timer_arg("remat.fit", timer)
+    timer = _profiling.timer_arg("remat.fit", timer)
     unfit(model)
     state = FitState(model, budget, timer)
     model.forward = _FitForward(state, model.forward, model.__dict__.get("forward"))

@@ -37,7 +37,7 @@ import threading
 
 import torch
 
-from . import _plans
+from . import _plans, _profiling
 
 from ._extension import _C
 from ._api import checkpoint
@@ -421,7 +421,7 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
             raise TypeError("wrap_decoder_layers: give plan= (a plan made already) or budget= (a plan made from the "
                             "first step's profile), not both")
         budget = _plans.budget_arg(budget, "wrap_decoder_layers: budget")
-        timer = _plans.timer_arg("wrap_decoder_layers", "auto" if timer is None else timer)
+        timer = _profiling.timer_arg("wrap_decoder_layers", "auto" if timer is None else timer)
     elif timer is not None:
         raise TypeError("wrap_decoder_layers: timer= is how the profiles of budget= time regions; give it with "
                         "budget= (or time a profile of your own: remat.profile_regions(timer=))")

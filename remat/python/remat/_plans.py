@@ -6,11 +6,11 @@
     with remat.use_plan(plan):                        # every region takes its choice from the plan
         model(**batch).loss.backward()
 
-profile_regions() runs the step with every region saved, so it measures both choices at once: each
-region's saved bytes from what its checkpoint keeps (the saved-tensors report, each storage once)
-and its forward time (CUDA events on a GPU, the thread's CPU time otherwise), and the bytes the
-checkpoints keep with every region recomputed (their tensor inputs, each storage once:
-`base_bytes`). That step keeps what saving everything keeps: profile with a batch that fits so.
+profile_regions() (_profiling) runs the step with every region saved, so it measures both choices
+at once: each region's saved bytes from what its checkpoint keeps (the saved-tensors report, each
+storage once) and its forward time (CUDA events on a GPU, the thread's CPU time otherwise), and
+the bytes the checkpoints keep with every region recomputed (their tensor inputs, each storage
+once: `base_bytes`). That step keeps what saving everything keeps: profile with a batch that fits so.
 Regions nested in another region are planned as part of the outermost: under a plan they recompute
 with it (inside a saved region the runtime runs them inert), unless the plan names them.
 
@@ -29,10 +29,8 @@ import json
 import numbers
 import operator
 import threading
-import time
 from collections import namedtuple
 
-import remat_alloc
 import torch
 from remat_alloc.arguments import path_arg
 
@@ -40,12 +38,11 @@ from . import _budget
 from ._arguments import flag_arg
 from ._extension import _C
 from ._kept_ops import RegionKeep, held_storages
-from ._offload_plans import PlanOffload, host_budget_arg, measure_host_copy, offload_bytes
-from ._op_figures import OpMeter, interception_seconds
-from ._step_profile import StepRecorder, tensors_in
-from ._step_shape import StepShape, StepWatch, warn_at_user_line
+from ._offload_plans import PlanOffload, host_budget_arg
+from ._step_profile import tensors_in
+from ._step_shape import StepWatch, warn_at_user_line
 
-__all__ = ["RegionCost", "RegionProfile", "Plan", "profile_regions", "use_plan", "load_plan"]
+__all__ = ["RegionCost", "RegionProfile", "Plan", "use_plan", "load_plan"]
 
 RegionCost = namedtuple("RegionCost", ["name", "saved_bytes", "seconds"])
 RegionCost.__doc__ = "What one region costs: bytes its checkpoint keeps while it is saved, and its forward seconds."
@@ -719,246 +716,6 @@ class use_plan:
         if exc_type is None:
             self._in_force.finished()
         return False
-
-
-TIMERS = ("auto", "wall")
-
-
-def timer_arg(where, timer):
-    if timer not in TIMERS:
-        raise ValueError(f"{where}: timer must be 'auto' (CUDA events on a GPU, the thread's CPU time on the CPU) or "
-                         f"'wall' (wall-clock time, counting what a region waits for: I/O, a collective, a "
-                         f"synchronization), got {timer!r}")
-    return timer
-
-
-class profile_regions:
-    """`with remat.profile_regions() as profile:` around one ordinary training step (forward and
-    backward) measures every region of every checkpoint called inside on this thread; after the
-    block, `profile` is a RegionProfile (profile.regions, profile.base_bytes, profile.plan()).
-    Where the step's tensors are counted, a block that ends before the step's backward is a
-    ValueError (the step's memory was not measured).
-
-    timer: how a region's forward seconds are measured. "auto": CUDA events on a GPU (the time the
-    GPU spent between the region's entry and exit), the thread's CPU time on the CPU (a region that
-    sleeps or waits counts only the CPU it used). "wall": wall-clock time (time.perf_counter), on a
-    GPU after synchronizing at the region's entry and exit, so a region that waits (I/O, a
-    collective, a synchronization) counts what it waited. The dump's "timer" says which:
-    cuda_events, thread_time or wall_time.
-
-    ops: also measure each region's ATen ops (output bytes and time), which per-op plans choose
-    from (profile.plan(..., ops=True) keeps chosen op outputs of recomputed regions).
-
-    host_copy: also measure the copy bandwidth to host memory and back when the block ends
-    (profile.host_copy), which plans with a host budget price offload by; on a GPU the copies need
-    a device buffer of up to 64 MiB while they run. remat.fit profiles without it."""
-
-    def __init__(self, *, timer="auto", ops=False, host_copy=True):
-        self._timer = timer_arg("profile_regions", timer)
-        self._ops = flag_arg("profile_regions", "ops", ops)
-        self._host_copy = flag_arg("profile_regions", "host_copy", host_copy)
-        self._meters = {}       # region -> [OpMeter of each call]
-        self._profile = None
-        self._depth = 0         # regions being timed, to leave nested ones to the outermost
-        self._order = []        # region names in the order they first ran
-        self._bytes = {}        # region -> saved bytes, added up over the calls of its checkpoint
-        self._offload = {}      # region -> the bytes offloading it would move, likewise
-        self._timings = {}      # region -> [seconds or (start event, end event)]
-        self._inputs = {}       # storage key -> bytes of checkpoint inputs
-        self._kept_keys = set()  # storages earlier checkpoint calls keep (alive until backward)
-        self._calls = 0
-        self._device = "cpu"
-        self._step = None
-
-    def __enter__(self):
-        if getattr(_state, "session", None) is not None:
-            raise RuntimeError("profile_regions: a profile is being measured on this thread already; profile one "
-                               "step at a time")
-        _state.session = self
-        interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
-        self._step = StepRecorder()
-        self._step.begin()
-        self._shape = StepShape()
-        return self
-
-    def __exit__(self, exc_type, *rest):
-        _state.session = None
-        if exc_type is not None:
-            self._step.close()
-            return False
-        pending = self._step.backward_pending()
-        if pending:
-            self._step.close()
-            more = f" and {len(pending) - 1} more checkpoint call(s)" if len(pending) > 1 else ""
-            raise ValueError(f"profile_regions: the block ended before the step's backward (checkpoint '{pending[0]}'"
-                             f"{more} still to run it), so the step's memory was not measured there and no plan's step "
-                             "peak could be predicted: a profile measures one whole training step, so call backward "
-                             "(and the optimizer step) inside the with block")
-        self._step.end()
-        if not self._order:
-            raise ValueError("profile_regions: no region of a checkpoint ran inside the block; run one training step "
-                             "of a model whose checkpoints have regions (remat.region, wrap_decoder_layers)")
-        if any(isinstance(t, tuple) for times in self._timings.values() for t in times):
-            torch.cuda.synchronize()
-        regions = []
-        for name in self._order:
-            seconds = sum(t[0].elapsed_time(t[1]) / 1000.0 if isinstance(t, tuple) else t for t in self._timings[name])
-            region = {"name": name, "saved_bytes": self._bytes.get(name, 0), "seconds": max(seconds, 0.0)}
-            if self._offload.get(name):
-                region["offload_bytes"] = self._offload[name]
-            if name in self._meters:
-                self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"), ops=self._ops)
-            regions.append(region)
-        doc = {"kind": "region-profile", "schema_version": 1, "device_name": self._device,
-               "timer": ("wall_time" if self._timer == "wall" else
-                         "cuda_events" if self._device.startswith("cuda") else "thread_time"),
-               "base_bytes": sum(self._inputs.values()), "regions": regions}
-        if self._host_copy:
-            doc["host_copy"] = measure_host_copy(max(self._offload.values(), default=0), self._device)
-        if self._step.enabled:
-            doc["step"] = self._step.to_dump(remat_alloc.memory_stats(self._step.device)["requested_bytes"])
-        self._profile = RegionProfile(json.dumps(doc))
-        self._profile._shape = self._shape
-        # Where backward ended in step.segments (remat.fit predicts the rest apart); not in the dump
-        self._profile._after_backward = self._step.after_backward if self._step.enabled else None
-        return False
-
-    def _result(self):
-        if self._profile is None:
-            raise RuntimeError("profile_regions: the profile is ready after the with block has ended")
-        return self._profile
-
-    def __getattr__(self, name):
-        # profile.regions, profile.plan(...) and the rest, once the block has ended.
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._result(), name)
-
-    # --- called by the runtime's Python layer while the block runs -------------------------------
-
-    def run_checkpoint(self, name, args, kwargs, call):
-        if not torch.is_grad_enabled():
-            raise RuntimeError(f"profile_regions: checkpoint '{name}' ran with gradients off (torch.no_grad(), "
-                               "torch.inference_mode() or eval code): a checkpoint then keeps nothing for backward, "
-                               "so the profile would price every region at 0 bytes. Profile an ordinary training step, "
-                               "forward and backward with gradients on")
-        self._shape.record_call(name, args, kwargs)
-        out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
-        # Each input storage once: a storage an earlier call keeps is alive until backward (its
-        # address is its own), any other is this call's alone (a freed address used again by the
-        # next call's input is another storage).
-        for tensor in tensors_in((args, kwargs)):
-            storage = tensor.untyped_storage()
-            key = (str(tensor.device), storage.data_ptr())
-            self._inputs[key if key in self._kept_keys else key + (self._calls,)] = storage.nbytes()
-        self._calls += 1
-        reports = [report for report in _C.live_checkpoint_reports() if report.checkpoint == name]
-        if reports:
-            for region in reports[-1].regions:
-                self._kept_keys.update((t.device, t.address) for t in region.tensors)
-                if region.region not in self._timings:
-                    continue
-                # Each storage once, and not the checkpoints' inputs (position embeddings every
-                # layer takes, say): base_bytes has those whatever the plan.
-                kept = sum(t.bytes for t in region.tensors
-                           if not t.shares_storage and (t.device, t.address) not in self._inputs)
-                self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
-                self._offload[region.region] = self._offload.get(region.region, 0) + offload_bytes(region.tensors)
-        self._step.checkpoint_kept(call_index, reports[-1].regions if reports else [], args, kwargs, out)
-        self._shape.record_backward(out)
-        return out
-
-    def op_meter(self, name, own_recompute):
-        """The wrapper of a region's body that watches its ops (the outermost region in forward
-        only, as time_region times it; else None): with ops=True each op's figures, and in a
-        region its code saves what would make a plan's recompute of it wrong (a region its code
-        recomputes recomputes so anyway; watching costs each op a few microseconds, which the
-        region's seconds keep in part)."""
-        if self._depth > 0 or _C.is_recomputing() or (own_recompute and not self._ops):
-            return None
-        meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops)
-        self._meters.setdefault(name, []).append(meter)
-
-        def measured_body(body):
-            def body_with_meter(*args, **kwargs):
-                with meter:
-                    return body(*args, **kwargs)
-
-            body_with_meter.__qualname__ = getattr(body, "__qualname__", type(body).__name__)
-            return body_with_meter
-
-        return measured_body
-
-    @staticmethod
-    def _add_meters(region, meters, cuda, ops):
-        """What the meters of the region's calls found: why it must be saved (any call's reason),
-        the meters' own time taken out of the region's seconds on the CPU clock, and with `ops`
-        its per-op figures, each op added up over the calls, which must have run the same ops
-        (else the region gets none)."""
-        reason = next((meter.must_save for meter in meters if meter.must_save), None)
-        if reason is not None:
-            region["must_save"] = reason
-        count = sum(m.intercepted for m in meters)
-        per_op = interception_seconds()
-        if not cuda:
-            region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
-        if ops:
-            profile_regions._add_ops(region, meters, count * per_op / len(meters))
-
-    @staticmethod
-    def _add_ops(region, meters, overhead):
-        for meter in meters:
-            meter.finish()
-        first = meters[0]
-        if any([(op["index"], op["op"]) for op in m.ops] != [(op["index"], op["op"]) for op in first.ops]
-               for m in meters[1:]) or not first.ops:
-            return
-        ops = [dict(op) for op in first.ops]
-        for meter in meters[1:]:
-            for total, op in zip(ops, meter.ops):
-                total["bytes"] += op["bytes"]
-                total["seconds"] += op["seconds"]
-        region["seconds"] = max(region["seconds"], sum(op["seconds"] for op in ops))
-        region["ops"] = ops
-        region["op_overhead_seconds"] = overhead
-
-    def time_region(self, name, call, args=()):
-        if self._depth > 0 or _C.is_recomputing():
-            return call()
-        out = self._step.region_forward(name, args, lambda: self._timed_region(name, call))
-        self._shape.record_region(name, args, out)
-        return out
-
-    def _timed_region(self, name, call):
-        if name not in self._timings:
-            self._timings[name] = []
-            self._order.append(name)
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self._depth += 1
-        try:
-            if cuda:
-                self._device = f"cuda:{torch.cuda.current_device()}"
-            if self._timer == "wall":
-                if cuda:
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                out = call()
-                if cuda:
-                    torch.cuda.synchronize()
-                self._timings[name].append(time.perf_counter() - start)
-            elif cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = call()
-                end.record()
-                self._timings[name].append((start, end))
-            else:
-                start = time.thread_time()
-                out = call()
-                self._timings[name].append(time.thread_time() - start)
-        finally:
-            self._depth -= 1
-        return out
 
 
 def live_checkpoint_bytes():
