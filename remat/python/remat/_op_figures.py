@@ -11,10 +11,11 @@ runtime's saved-tensor hooks run some, differently in a saved region and a recom
 random ops (keeping one would skip its draw in recompute and move every later draw of the region).
 
 The same watch finds what makes a region unsafe to recompute (in every region whose code saves
-it, and with per-op figures in every region): an op that draws from a torch.Generator of the region's own (recompute would draw other
-numbers; the RNG state hooks restore the default generators only), or one that writes in place
-into a tensor the region did not make (a BatchNorm's running statistics, a cache: recompute would
-write it again). A plan saves such a region (the profile's "must_save").
+it, and with per-op figures in every region): an op that draws from a torch.Generator of the
+region's own (recompute would draw other numbers; the RNG state hooks restore the default
+generators only), or one that writes in place into a tensor the region did not make (a
+BatchNorm's running statistics, a cache: recompute would write it again). A plan saves such a
+region (the profile's "must_save").
 
 Watching ops costs time of its own: the mode's time around each op is taken out of the region's
 seconds, and what watching costs per op when nothing is measured (calibrated once per process on a
