@@ -378,8 +378,12 @@ class FitState:
             self.warned.add(signature)
             dtypes = [d for _, d, _ in signature] != [d for _, d, _ in source.signature]
             what = "shape or dtype" if dtypes else "shape"
+            measured = (_input_bytes(signature) / max(1, _input_bytes(source.signature)) if dtypes else
+                        _elements(signature) / max(1, _elements(source.signature)))
+            planned_as = "" if measured >= 1.0 else ", planned as the profiled ones"
             change = (f"remat.fit: the step's inputs changed {what} ({_shapes_text(source.signature, dtypes)} -> "
-                      f"{_shapes_text(signature, dtypes)}, {ratio:.3g}x the {'bytes' if dtypes else 'elements'})")
+                      f"{_shapes_text(signature, dtypes)}, {measured:.3g}x the {'bytes' if dtypes else 'elements'}"
+                      f"{planned_as})")
         if all_saved <= self.budget:
             if change is not None:
                 _tell(f"{change}: profiling this step again (every region saved, predicted to peak at "

@@ -214,7 +214,8 @@ class OpMeter(TorchDispatchMode):
             started = time.thread_time_ns()
             out = func(*args, **kwargs)
             finished = time.thread_time_ns()
-            self._made_by(out)
+            if not is_view(func):  # a view of outside state is no tensor the region made
+                self._made_by(out)
             self.own_seconds += (started - entered + time.thread_time_ns() - finished) / 1e9
             return out
         index = self.count

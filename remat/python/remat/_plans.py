@@ -382,8 +382,9 @@ class RegionProfile:
         host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
         if host_budget_bytes > 0 and self.host_copy is None:
-            raise ValueError("plan: host_budget_bytes needs the copy bandwidth, which this profile does not have (a "
-                             "dump written before it was measured): profile again with remat.profile_regions()")
+            raise ValueError("plan: host_budget_bytes needs the copy bandwidth, which this profile does not have "
+                             "(profile_regions(host_copy=False), remat.fit's profiles, or a dump written before it "
+                             "was measured): profile again with remat.profile_regions()")
         return Plan(_budget.plan_offload(self._text, budget_bytes, host_budget_bytes), profile=self)
 
     def least_peak_bytes(self, *, group=False):
@@ -473,6 +474,7 @@ class Plan:
         self._profile = profile
         self._group = group
         self._region_choices = None
+        self._shared_watch = None  # the StepWatch of checkpoints given this plan as an option (offloading)
         self._told = set()  # differences from the profiled step a watched use_plan warned about
 
     @property
@@ -480,6 +482,23 @@ class Plan:
         """The remat.CpuOffload that carries out the plan's offload decisions (its stats(): what
         the last step offloaded); None for a plan that offloads nothing."""
         return None if self._offload is None else self._offload.offloader
+
+    def _option_watch(self):
+        """The StepWatch every checkpoint given this plan as an option shares (None for a plan
+        read from a dump)."""
+        if self._shared_watch is None:
+            self._shared_watch = self._step_watch()
+        return self._shared_watch
+
+    def __getstate__(self):
+        # What copy.deepcopy, pickle and torch.save take: the plan without what it made for use
+        # (the runtime's region choices, the offloader and its host memory), made again when used.
+        state = self.__dict__.copy()
+        state["_region_choices"] = None
+        state["_shared_watch"] = None
+        if state.get("_offload") is not None:
+            state["_offload"] = PlanOffload(self.offloaded)
+        return state
 
     def _step_watch(self):
         """A StepWatch along the step this plan's profile measured (None for a plan read from a
@@ -608,7 +627,7 @@ def plan_arg(where, plan):
     setting. wrap_decoder_layers' strict _PlanInForce passes through."""
     if plan is None or isinstance(plan, _PlanInForce):
         return plan
-    return _PlanInForce(_plan_option(where, plan), strict=False, where=where)
+    return _watched_if_offloading(_PlanInForce(_plan_option(where, plan), strict=False, where=where))
 
 
 def layout_checked_plan(where, plan, checkpoint_names):
@@ -618,6 +637,15 @@ def layout_checked_plan(where, plan, checkpoint_names):
         return None
     in_force = _PlanInForce(_plan_option(where, plan), strict=True, where=where)
     in_force.check_checkpoint_names(checkpoint_names)
+    return _watched_if_offloading(in_force)
+
+
+def _watched_if_offloading(in_force):
+    """A plan that offloads, given as an option, follows each step as use_plan does: a step that
+    differs from the profiled one (a longer sequence) would move more to the host than the plan's
+    host budget, and recomputes instead. One watch for the plan, whatever checkpoint it is given to."""
+    if in_force.plan._offload is not None:
+        in_force.watch = in_force.plan._option_watch()
     return in_force
 
 

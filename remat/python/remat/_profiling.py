@@ -65,6 +65,8 @@ class profile_regions:
         self._meters = {}       # region -> [OpMeter of each call]
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
+        self._outer = None      # the outermost region running now, and whether its own meter watches it
+        self._outer_watched = False
         self._order = []        # region names in the order they first ran
         self._bytes = {}        # region -> saved bytes, added up over the calls of its checkpoint
         self._offload = {}      # region -> the bytes offloading it would move, likewise
@@ -174,15 +176,26 @@ class profile_regions:
         return out
 
     def op_meter(self, name, own_recompute):
-        """The wrapper of a region's body that watches its ops (the outermost region in forward
-        only, as time_region times it; else None): with ops=True each op's figures, and in a
-        region its code saves what would make a plan's recompute of it wrong (a region its code
-        recomputes recomputes so anyway; watching costs each op a few microseconds, which the
-        region's seconds keep in part)."""
-        if self._depth > 0 or _C.is_recomputing() or (own_recompute and not self._ops):
+        """The wrapper of a region's body that watches its ops, else None. The outermost region in
+        forward (as time_region times it) is watched with ops=True, for each op's figures, or
+        where its code saves it, for what would make a plan's recompute of it wrong (a region its
+        code recomputes recomputes so anyway). A region its code saves nested in an outermost one
+        that is not watched is watched for the outermost's sake: a plan recomputing that one runs
+        the nested one again. Watching costs each op a few microseconds, which the outermost
+        region's seconds keep in part."""
+        if _C.is_recomputing():
             return None
-        meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops)
-        self._meters.setdefault(name, []).append(meter)
+        if self._depth == 0:
+            self._outer = name
+            self._outer_watched = self._ops or not own_recompute
+            if not self._outer_watched:
+                return None
+            meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops)
+        elif own_recompute or self._outer_watched:
+            return None
+        else:
+            meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=False)
+        self._meters.setdefault(self._outer, []).append(meter)
 
         def measured_body(body):
             def body_with_meter(*args, **kwargs):

@@ -254,3 +254,30 @@ def test_wrap_decoder_layers_carries_out_an_offload_plan_on_a_hugging_face_llama
     reference(input_ids=ids, labels=ids).loss.backward()
     for (name, p), q in zip(llama.named_parameters(), reference.parameters()):
         assert torch.equal(p.grad, q.grad), name
+
+
+def test_a_plan_given_to_checkpoints_recomputes_a_larger_step_rather_than_pass_the_host_budget(measured):
+    plan = with_bandwidth(measured, 1e15).plan(budget_bytes=measured.base_bytes,
+                                               host_budget_bytes=sum(measured.offload_bytes.values()) // 2)
+    assert plan.offloaded
+    weights = make_weights()
+
+    def planned(x):
+        for layer in range(LAYERS):
+            x = remat.checkpoint(region_name=f"layers.{layer}", plan=plan)(block)(
+                x, weights[2 * layer], weights[2 * layer + 1])
+        return x.square().sum()
+
+    loss = planned(batch().requires_grad_())  # the profiled step: offloaded, within the host budget
+    assert 0 < plan.offloader.stats()["resident_host_bytes"] <= plan.host_budget_bytes
+    loss.backward()
+    for w in weights:
+        w.grad = None
+    wider = torch.randn(2 * batch().shape[0], WIDTH, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    with pytest.warns(UserWarning, match="differs from the profiled one"):
+        loss = planned(wider)
+    assert plan.offloader.stats()["resident_host_bytes"] == 0  # recomputed instead
+    loss.backward()
+    reference = [w.detach().clone().requires_grad_() for w in weights]
+    plain(wider.detach().requires_grad_(), reference).backward()
+    assert all(torch.equal(w.grad, r.grad) for w, r in zip(weights, reference))

@@ -262,3 +262,72 @@ def test_ops_whose_output_size_depends_on_the_values_are_never_kept():
     names = [op["op"] for op in profile.ops["l::a"]]
     assert "aten::mm" in names
     assert "aten::index.Tensor" not in names and "aten::nonzero" not in names
+
+
+def test_a_saved_region_nested_in_a_recomputed_one_makes_the_outer_one_saved():
+    # The profile plans the outermost region; a plan recomputing it runs the nested one again.
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+    generator = torch.Generator()
+
+    def outer(t):
+        return remat.region(lambda u: u * (1 + torch.randn(u.shape, generator=generator)), "noise",
+                            recompute=False)(torch.tanh(t @ w))
+
+    def body(x):
+        return remat.region(lambda t: torch.sin(t @ w), "mlp")(remat.region(outer, "outer")(x))
+
+    x0 = torch.randn(4, 16)
+
+    def step(checkpointed=True):
+        generator.manual_seed(7)
+        w.grad = None
+        x = x0.clone().requires_grad_(True)
+        (remat.checkpoint(region_name="k")(body)(x) if checkpointed else body(x)).sum().backward()
+        return w.grad.clone()
+
+    reference = step(checkpointed=False)
+    with remat.profile_regions() as profile:
+        step()
+    reasons = {r["name"]: r.get("must_save") for r in json.loads(profile.to_json())["regions"]}
+    assert "torch.Generator of its own" in reasons["k::outer"] and reasons["k::mlp"] is None
+    outer_bytes = next(r.saved_bytes for r in profile.regions if r.name == "k::outer")
+    plan = profile.plan(budget_bytes=profile.base_bytes + outer_bytes)
+    assert plan.decisions == {"k::outer": "save", "k::mlp": "recompute"}
+    with remat.use_plan(plan):
+        assert torch.equal(step(), reference)
+
+
+@pytest.mark.parametrize("write", ["index", "view", "detach", "unsqueeze"])
+def test_a_write_into_outside_state_through_a_view_is_seen(write):
+    state = torch.zeros(4, 16)
+    writes = {"index": lambda h: state[0].add_(h.sum()), "view": lambda h: state.view(-1).add_(1),
+              "detach": lambda h: state.detach().mul_(0.9), "unsqueeze": lambda h: state.unsqueeze(0).add_(1)}
+
+    def body(x):
+        def counts(t):
+            h = torch.tanh(t)
+            writes[write](h.detach())
+            return h
+
+        return remat.region(counts, "counts", recompute=False)(x)
+
+    with remat.profile_regions() as profile:
+        remat.checkpoint(region_name="k")(body)(torch.randn(4, 16, requires_grad=True)).sum().backward()
+    reason = json.loads(profile.to_json())["regions"][0].get("must_save")
+    assert reason and "writes in place into a tensor it did not make" in reason
+
+
+def test_a_plan_copies_and_pickles_after_it_was_used():
+    import pickle
+
+    step = _noisy_model()
+    with remat.profile_regions() as profile:
+        step()
+    plan = profile.plan(budget_bytes=profile.all_saved_bytes)
+    with remat.use_plan(plan):
+        step()
+    for copied in (copy.deepcopy(plan), pickle.loads(pickle.dumps(plan))):
+        assert copied.decisions == plan.decisions
+        with remat.use_plan(copied):
+            step()
