@@ -88,6 +88,8 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     else:
         out = call(run.body(fn), run.choices, run)
     in_force.checkpoint_ran(run)
+    if own_plan is not None and plans:
+        plans[-1].ran_under_another_plan(run)
     return out
 
 
@@ -678,6 +680,18 @@ class _PlanInForce:
         unnamed = [path for path, planned in run.ran if not planned]
         self._refuse(self.plan._layout_problems(self._under, unnamed, complete=False),
                      f"{self.where}: checkpoint '{run.name}'")
+
+    def ran_under_another_plan(self, run):
+        """The regions of a checkpoint whose own plan= won over this one ran all the same: the
+        entries here that name them are not ones "that did not run" (nor are they checked against
+        this plan's layout, which did not choose for them)."""
+        if not self.strict:
+            return
+        for path, _ in run.ran:
+            entry = self.plan._entry_for(path)
+            if entry is not None and path not in self._seen:
+                self._seen.add(path)
+                self._under.setdefault(entry, set()).add(path)
 
     def finished(self):
         if self.strict:

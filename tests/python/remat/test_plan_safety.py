@@ -331,3 +331,27 @@ def test_a_plan_copies_and_pickles_after_it_was_used():
         assert copied.decisions == plan.decisions
         with remat.use_plan(copied):
             step()
+
+
+def test_a_checkpoints_own_plan_inside_use_plan_is_no_layout_error_of_the_outer_plan():
+    torch.manual_seed(0)
+    w = torch.randn(32, 32, requires_grad=True)
+
+    def layer(x):
+        h = remat.region(lambda t: torch.tanh(t @ w), "attn")(x)
+        return remat.region(lambda t: (torch.sigmoid(t @ w) * t).sin(), "mlp")(h)
+
+    def model(x, plan=None):
+        for index in range(2):
+            x = remat.checkpoint(region_name=f"layers.{index}", plan=plan)(layer)(x)
+        return x.sum()
+
+    x0 = torch.randn(8, 32)
+    with remat.profile_regions() as profile:
+        model(x0.clone().requires_grad_(True)).backward()
+    recompute_all = profile.plan(budget_bytes=profile.base_bytes)
+    save_all = profile.plan(budget_bytes=profile.all_saved_bytes)
+    with remat.use_plan(save_all), remat.collect_trace() as trace:  # the checkpoint's own plan wins
+        model(x0.clone().requires_grad_(True), plan=recompute_all).backward()
+    saved = {f"{scope.name}::{region.name}": region.saved for scope in trace.scopes for region in scope.regions}
+    assert saved == {name: False for name in recompute_all.decisions}
