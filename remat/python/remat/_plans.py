@@ -126,10 +126,10 @@ class _CheckpointRun:
         self.kept_ops = kept_ops or {}  # region -> {op index: op name} a per-op plan keeps
         self.must_save = must_save or ()  # the plan's entries whose regions no step may recompute
         self.offload, self.plan = None, None  # the plan's PlanOffload where it offloads regions
-        self._keeps = {}  # region -> its RegionKeep in this call, from forward to recompute
+        self._keeps = {}  # region (watched: (region, occurrence)) -> its RegionKeep, from forward to recompute
         self.ran = []  # (path, planned) of the regions forward ran that are not part of a planned region
         self._open = []  # for each region open now: whether it, or one around it, took the plan's choice
-        self._settings = {}  # watched: (path, occurrence) -> the recompute setting forward ran it with
+        self._settings = {}  # watched: (path, occurrence) -> (recompute setting, keeps ops) forward ran it with
         self._seen = {}  # watched: path -> regions of that path run in this pass (forward, or a recompute)
 
     def body(self, fn):
