@@ -168,18 +168,26 @@ def _profile_with_heavy_ops(profile):
     return RegionProfile(json.dumps(doc))
 
 
-def test_a_per_op_plan_made_in_process_keeps_its_ops_under_use_plan():
+def _two_layers(width):
+    """A weight and a model of two checkpointed layers (regions attn and mlp) using it, which
+    takes a checkpoint plan= of its own."""
     torch.manual_seed(0)
-    w = torch.randn(64, 64, requires_grad=True)
+    w = torch.randn(width, width, requires_grad=True)
 
     def layer(x):
         h = remat.region(lambda t: torch.tanh(t @ w), "attn")(x)
         return remat.region(lambda t: (torch.sigmoid(t @ w) * t).sin(), "mlp")(h)
 
-    def model(x):
+    def model(x, plan=None):
         for index in range(2):
-            x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+            x = remat.checkpoint(region_name=f"layers.{index}", plan=plan)(layer)(x)
         return x.sum()
+
+    return w, model
+
+
+def test_a_per_op_plan_made_in_process_keeps_its_ops_under_use_plan():
+    w, model = _two_layers(64)
 
     x = torch.randn(8, 64, requires_grad=True)
     w.grad = None
@@ -334,17 +342,7 @@ def test_a_plan_copies_and_pickles_after_it_was_used():
 
 
 def test_a_checkpoints_own_plan_inside_use_plan_is_no_layout_error_of_the_outer_plan():
-    torch.manual_seed(0)
-    w = torch.randn(32, 32, requires_grad=True)
-
-    def layer(x):
-        h = remat.region(lambda t: torch.tanh(t @ w), "attn")(x)
-        return remat.region(lambda t: (torch.sigmoid(t @ w) * t).sin(), "mlp")(h)
-
-    def model(x, plan=None):
-        for index in range(2):
-            x = remat.checkpoint(region_name=f"layers.{index}", plan=plan)(layer)(x)
-        return x.sum()
+    _, model = _two_layers(32)
 
     x0 = torch.randn(8, 32)
     with remat.profile_regions() as profile:

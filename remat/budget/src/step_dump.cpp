@@ -1,0 +1,132 @@
+// The step's memory in a region-profile dump ("step"): the storages, checkpoint calls and
+// segments a plan's step peak is predicted from, written and read back with every storage and
+// call number checked against the lists they index.
+
+#include "step_dump.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace remat::budget::detail {
+
+namespace {
+
+void write_ids(alloc::JsonWriter& json, const char* key, const std::vector<std::uint32_t>& ids) {
+  json.key(key).begin_array();
+  for (const std::uint32_t id : ids) json.value(static_cast<std::uint64_t>(id));
+  json.end_array();
+}
+
+std::vector<std::uint32_t> ids_of(const Json& object, const char* key, std::string_view source,
+                                  const std::string& path) {
+  const Json& list = member(object, key, source, path);
+  const std::string at = path + "." + key;
+  if (!list.is_array()) refuse(source, at, "must be a list of storage numbers");
+  std::vector<std::uint32_t> ids;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::uint64_t id = count_of(list[i], source, at + "[" + std::to_string(i) + "]");
+    if (id > UINT32_MAX) refuse(source, at + "[" + std::to_string(i) + "]", "is past the largest storage number");
+    ids.push_back(static_cast<std::uint32_t>(id));
+  }
+  return ids;
+}
+
+std::int64_t call_of(const Json& value, std::string_view source, const std::string& path) {
+  if (!value.is_number_integer() || value.get<std::int64_t>() < -1) {
+    refuse(source, path, "must be a checkpoint call's number, or -1 for none, got " + value.dump());
+  }
+  return value.get<std::int64_t>();
+}
+
+const Json& list_of(const Json& object, const char* key, std::string_view source, const std::string& path) {
+  const Json& list = member(object, key, source, path);
+  if (!list.is_array()) refuse(source, path + "." + key, "must be a list");
+  return list;
+}
+
+}  // namespace
+
+void write_step(alloc::JsonWriter& json, const StepMemory& step) {
+  json.key("step").begin_object();
+  json.field("start_bytes", step.start_bytes).field("end_bytes", step.end_bytes).field("peak_bytes", step.peak_bytes);
+  json.key("storages").begin_array();
+  for (const std::uint64_t bytes : step.storages) json.value(bytes);
+  json.end_array();
+  json.key("checkpoints").begin_array();
+  for (const StepCheckpoint& call : step.checkpoints) {
+    json.begin_object().field("name", std::string_view(call.name));
+    write_ids(json, "inputs", call.inputs);
+    write_ids(json, "kept_inputs", call.kept_inputs);
+    write_ids(json, "outputs", call.outputs);
+    json.key("regions").begin_array();
+    for (const StepRegion& region : call.regions) {
+      json.begin_object().field("name", std::string_view(region.name));
+      write_ids(json, "kept", region.kept);
+      write_ids(json, "inputs", region.inputs);
+      write_ids(json, "outputs", region.outputs);
+      json.field("transient_bytes", region.transient_bytes).end_object();
+    }
+    json.end_array().end_object();
+  }
+  json.end_array();
+  json.key("segments").begin_array();
+  for (const StepSegment& segment : step.segments) {
+    json.begin_object().field("peak_bytes", segment.peak_bytes).field("start_bytes", segment.start_bytes);
+    write_ids(json, "live", segment.live);
+    json.field("forward", segment.forward).field("backward", segment.backward).end_object();
+  }
+  json.end_array().end_object();
+}
+
+StepMemory read_step(const Json& value, std::string_view source) {
+  const std::string path = "$.step";
+  if (!value.is_object()) refuse(source, path, "must be an object (the step's memory)");
+  StepMemory step;
+  step.start_bytes = count_of(member(value, "start_bytes", source, path), source, path + ".start_bytes");
+  step.end_bytes = count_of(member(value, "end_bytes", source, path), source, path + ".end_bytes");
+  step.peak_bytes = count_of(member(value, "peak_bytes", source, path), source, path + ".peak_bytes");
+  const Json& storages = list_of(value, "storages", source, path);
+  for (std::size_t i = 0; i < storages.size(); ++i) {
+    step.storages.push_back(count_of(storages[i], source, path + ".storages[" + std::to_string(i) + "]"));
+  }
+  const Json& calls = list_of(value, "checkpoints", source, path);
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    const std::string at = path + ".checkpoints[" + std::to_string(k) + "]";
+    if (!calls[k].is_object()) refuse(source, at, "must be an object");
+    StepCheckpoint call;
+    call.name = text_of(member(calls[k], "name", source, at), source, at + ".name");
+    call.inputs = ids_of(calls[k], "inputs", source, at);
+    call.kept_inputs = ids_of(calls[k], "kept_inputs", source, at);
+    call.outputs = ids_of(calls[k], "outputs", source, at);
+    const Json& regions = list_of(calls[k], "regions", source, at);
+    for (std::size_t r = 0; r < regions.size(); ++r) {
+      const std::string in = at + ".regions[" + std::to_string(r) + "]";
+      if (!regions[r].is_object()) refuse(source, in, "must be an object");
+      StepRegion region;
+      region.name = text_of(member(regions[r], "name", source, in), source, in + ".name");
+      region.kept = ids_of(regions[r], "kept", source, in);
+      region.inputs = ids_of(regions[r], "inputs", source, in);
+      region.outputs = ids_of(regions[r], "outputs", source, in);
+      region.transient_bytes =
+          count_of(member(regions[r], "transient_bytes", source, in), source, in + ".transient_bytes");
+      call.regions.push_back(std::move(region));
+    }
+    step.checkpoints.push_back(std::move(call));
+  }
+  const Json& segments = list_of(value, "segments", source, path);
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    const std::string at = path + ".segments[" + std::to_string(s) + "]";
+    if (!segments[s].is_object()) refuse(source, at, "must be an object");
+    StepSegment segment;
+    segment.peak_bytes = count_of(member(segments[s], "peak_bytes", source, at), source, at + ".peak_bytes");
+    segment.start_bytes = count_of(member(segments[s], "start_bytes", source, at), source, at + ".start_bytes");
+    segment.live = ids_of(segments[s], "live", source, at);
+    segment.forward = call_of(member(segments[s], "forward", source, at), source, at + ".forward");
+    segment.backward = call_of(member(segments[s], "backward", source, at), source, at + ".backward");
+    step.segments.push_back(std::move(segment));
+  }
+  return step;
+}
+
+}  // namespace remat::budget::detail
