@@ -141,6 +141,14 @@ class _Profiled:
         return 0 if self.after_start is None else self.peak(self.start, base, ratio)
 
 
+def _release_failed_backward():
+    """After a backward that raised, the engine keeps the nodes it had still to run (and the
+    tensors they saved) in this thread's ready queue until the next backward on this thread: a
+    backward of nothing frees them, so that the step profiled next does not count them."""
+    with torch.inference_mode(False), torch.enable_grad():
+        torch.zeros((), requires_grad=True).mul(1).backward()
+
+
 def _scaled(count, ratio):
     """`count` bytes scaled by `ratio`, rounded up; bytes the step freed (below 0) stay as measured."""
     return count if count <= 0 else math.ceil(count * ratio)
@@ -210,7 +218,8 @@ class FitState:
         return self._awaiting is not None and self._awaiting() is not None
 
     def discard_profile(self):
-        """Drops the profile of a step whose forward raised: the next training step is profiled afresh."""
+        """Drops the profile of a step whose forward raised (or whose backward did not run in full):
+        the next training step is profiled afresh."""
         if self.measuring is not None:
             session, _ = self.measuring
             self.measuring = None
@@ -220,7 +229,14 @@ class FitState:
     def finish_step(self):
         """Ends the training step before this point: closes its profile, or checks the measured
         peak of a step planned from a scaled profile."""
-        if self.measuring is not None:
+        missing = None if self.measuring is None else self.measuring[0]._step.backward_missing()
+        if missing is not None:
+            # Half a step measured: later steps would plan from forward alone, or refuse every budget
+            self.discard_profile()
+            _release_failed_backward()
+            _tell(f"remat.fit: the profiled step was not measured in full: {missing}. Its profile is dropped; the "
+                  "next training step is profiled afresh")
+        elif self.measuring is not None:
             session, signature = self.measuring
             self.measuring = None
             try:

@@ -163,6 +163,18 @@ class StepRecorder:
             return []
         return [self.checkpoints[index]["name"] for index, hook in self._awaiting.items() if hook() is not None]
 
+    def backward_missing(self):
+        """Why the step's backward was not measured, or None: checkpoint calls awaited one and none
+        ran (the loss dropped: a skipped batch), or the backward raised before it ended (the engine
+        runs the callback that marks its end only on success)."""
+        if not self.enabled:
+            return None
+        if not self._backward_began:
+            return "it ran no backward (its loss was dropped: a skipped batch?)" if self._awaiting else None
+        if self._end_queued:
+            return "its backward raised before it ended"
+        return None
+
     # --- storages -------------------------------------------------------------------------------
 
     def _storage_id(self, tensor, *, keep):
