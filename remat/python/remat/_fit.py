@@ -3,7 +3,7 @@
     model = remat.fit(model, budget="70GiB")        # or wrap_decoder_layers(model, budget="70GiB")
 
 fit() replaces the model's forward on the instance. A training step is what runs from one
-training forward (training mode, grad mode on) to the next: forward, backward, the optimizer step
+training forward (grad on; eval mode too) to the next: forward, backward, the optimizer step
 and whatever else the loop does. The first step runs inside remat.profile_regions() (every region
 saved; the profile ends when the next training forward begins); every later step runs under
 remat.use_plan() with the plan of least recompute time whose predicted step peak is within the
@@ -166,6 +166,7 @@ class FitState:
         self.latest = None          # the _Profiled made last
         self.measuring = None       # (profile_regions, signature) open since a training forward
         self.measuring_gradients = 0  # the gradients that step's backward was to make (bytes)
+        self.measuring_training = True  # whether that step ran in training mode
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
         self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
@@ -242,7 +243,13 @@ class FitState:
             try:
                 session.__exit__(None, None, None)
             except ValueError as error:
-                raise ValueError(f"remat.fit: {error}") from None
+                if self.measuring_training:
+                    raise ValueError(f"remat.fit: {error}") from None
+                # In eval mode a model may run no checkpoint (transformers checkpoints only in training)
+                _tell(f"remat.fit: the profiled step ran in eval mode and is no profile ({error}); the next "
+                      "training step is profiled afresh")
+                self.profiled_steps -= 1
+                return  # (nothing planned was running: no step's figures to reset)
             profile = session._result()
             done = _Profiled(profile, signature, self.measuring_gradients)
             self.profiles[signature] = done
@@ -412,6 +419,7 @@ class FitState:
         # The gradients this step's backward is to make: those of parameters that have none now
         self.measuring_gradients = sum(p.numel() * p.element_size() for p in self.model.parameters()
                                        if p.requires_grad and p.grad is None)
+        self.measuring_training = self.model.training
         session = _profiling.profile_regions(timer=self.timer, host_copy=False)  # fit plans no offload
         session.__enter__()
         self.measuring = (session, signature)
@@ -478,10 +486,11 @@ class FitState:
 
 
 class _FitForward:
-    """The instance forward fit() sets: a training forward (training mode, grad mode on) begins a
-    step, run profiled or under the plan (refused while the last one's backward is still to come);
-    any other forward runs as it is, part of the step before its backward (outside its profile),
-    else ending the step before it. An object holding the forward it wraps, so unfit() puts that back."""
+    """The instance forward fit() sets: a training forward (grad mode on; in eval mode too where
+    no step's backward is pending) begins a step, run profiled or under the plan (in training mode,
+    refused while the last one's backward is still to come); any other forward runs as it is, part
+    of the step before its backward (outside its profile), else ending the step before it. An
+    object holding the forward it wraps, so unfit() puts that back."""
 
     def __init__(self, state, inner, own):
         self.__wrapped__ = inner  # inspect.signature follows it
@@ -492,7 +501,9 @@ class _FitForward:
 
     def __call__(self, *args, **kwargs):
         state = self.state
-        if not (state.model.training and torch.is_grad_enabled()):
+        # With grad on, a forward in eval mode begins a step too where none is pending (training
+        # with dropout off: planned and measured as any step, never run unplanned)
+        if not torch.is_grad_enabled() or (not state.model.training and state.backward_pending()):
             if not state.backward_pending():
                 state.finish_step()
                 return self.inner(*args, **kwargs)

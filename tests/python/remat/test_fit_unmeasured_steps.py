@@ -97,3 +97,85 @@ def test_a_profiled_step_without_its_whole_backward_is_dropped_and_the_next_prof
     assert [m for m in told if "not measured in full" in m] == [
         f"remat.fit: the profiled step was not measured in full: {why}. Its profile is dropped; the next training "
         "step is profiled afresh"]
+
+
+class SavedModel(Model):
+    """Model whose code saves every region (recompute=False): run as it is, a step keeps everything."""
+
+    def __init__(self, checkpointed=True):
+        super().__init__()
+        self.checkpointed = checkpointed
+        for layer in self.layers:
+            layer.forward = self._saved_forward(layer)
+
+    def _saved_forward(self, layer):
+        def forward(x):
+            h = remat.region(lambda t: layer.attn(t).sin(), "attn", recompute=False)(x)
+            return remat.region(lambda t: layer.mlp(t).cos(), "mlp", recompute=False)(h)
+        return forward
+
+    def forward(self, x):
+        if self.checkpointed:
+            return super().forward(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+def test_a_training_step_in_eval_mode_is_planned_and_measured_as_any_step():
+    # Steps 2-3 train with the model in eval mode (dropout off, say): they ran as the code has
+    # them, every region saved, at 2885640 bytes over the budget with no word; now they run under
+    # the plan, within its prediction, with gradients bitwise those without checkpointing.
+    _, state, _ = train("1GiB")
+    profile = state.latest.profile
+    budget = (profile.least_peak_bytes() + profile.step_peak_bytes) // 2
+    with fit_loop.fitted(lambda: SavedModel(checkpointed=False), None) as (plain, _):
+        reference = []  # as bytes: tensors held would be counted in the fitted steps
+        for step in range(4):
+            plain.zero_grad(set_to_none=True)
+            plain(batch(step)).backward()
+            reference.append([p.grad.numpy().tobytes() for p in plain.parameters()])
+    del plain
+    with fit_loop.fitted(SavedModel, budget) as (model, told):  # the same weights (seed 0)
+        rows = []
+        for step in range(4):
+            if step == 2:
+                model.eval()
+            model.zero_grad(set_to_none=True)
+            peak = fit_loop.peak_of(lambda: model(batch(step)).backward())
+            rows.append((peak, model.remat_fit.predicted_peak_bytes))
+            assert [p.grad.numpy().tobytes() for p in model.parameters()] == reference[step]
+        state = fit_loop.unfit(model, batch(0))
+    for measured, predicted in rows[1:]:
+        assert measured <= predicted <= budget, (measured, predicted, budget)
+    assert state.profiled_steps == 1 and state.planned_steps == 3
+    assert fit_loop.messages(told, "over the budget of") == fit_loop.messages(told, "the profiled step (every region")
+
+
+class TrainingOnlyCheckpoints(Model):
+    """Checkpoints only in training mode, as transformers' layers do."""
+
+    def forward(self, x):
+        if self.training:
+            return super().forward(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+def test_an_eval_mode_step_that_runs_no_checkpoint_is_no_profile_and_the_next_step_is_profiled():
+    with fit_loop.fitted(TrainingOnlyCheckpoints, "1GiB") as (model, told):
+        model.eval()
+        model(batch(0)).backward()
+        model.train()
+        model.zero_grad(set_to_none=True)
+        model(batch(1)).backward()  # the eval step ends here: said, and this one is profiled
+        assert model.remat_fit.measuring is not None and model.remat_fit.profiled_steps == 1
+        model.zero_grad(set_to_none=True)
+        model(batch(2)).backward()
+        state = fit_loop.unfit(model, batch(0))
+    assert state.planned_steps == 1 and len(state.latest.profile.regions) == 8
+    assert fit_loop.messages(told, "eval mode") == [
+        "remat.fit: the profiled step ran in eval mode and is no profile (profile_regions: no region of a checkpoint "
+        "ran inside the block; run one training step of a model whose checkpoints have regions (remat.region, "
+        "wrap_decoder_layers)); the next training step is profiled afresh"]
