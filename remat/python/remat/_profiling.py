@@ -81,6 +81,10 @@ class profile_regions:
         if getattr(_state, "session", None) is not None:
             raise RuntimeError("profile_regions: a profile is being measured on this thread already; profile one "
                                "step at a time")
+        if getattr(_state, "plans", None):
+            raise RuntimeError("profile_regions: a plan is in force on this thread (use_plan); a profile saves every "
+                               "region to measure it, which the plan would not apply to: profile outside the use_plan "
+                               "block")
         _state.session = self
         interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
         self._step = StepRecorder()
