@@ -11,6 +11,7 @@ the host (host_copy=True). After the block it is a RegionProfile.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import remat_alloc
@@ -76,6 +77,7 @@ class profile_regions:
         self._calls = 0
         self._device = "cpu"
         self._step = None
+        self._own_recompute = {}  # region -> whether its code recomputes it
 
     def __enter__(self):
         if getattr(_state, "session", None) is not None:
@@ -154,7 +156,10 @@ class profile_regions:
                                "so the profile would price every region at 0 bytes. Profile an ordinary training step, "
                                "forward and backward with gradients on")
         self._shape.record_call(name, args, kwargs)
-        out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
+        try:
+            out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
+        except _C.RematError as error:
+            raise self._unprofilable(error) from None
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
         # address is its own), any other is this call's alone (a freed address used again by the
         # next call's input is another storage).
@@ -189,6 +194,7 @@ class profile_regions:
         region's seconds keep in part."""
         if _C.is_recomputing():
             return None
+        self._own_recompute[name] = own_recompute
         if self._depth == 0:
             self._outer = name
             self._outer_watched = self._ops or not own_recompute
@@ -210,6 +216,20 @@ class profile_regions:
             return body_with_meter
 
         return measured_body
+
+    def _unprofilable(self, error):
+        """The runtime's refusal of a saved region that changes its input in place, or whose output
+        is changed in place after it returns: said as the profile's where the code recomputes that
+        region (it runs so as written; saved, its recompute would miss or repeat the change)."""
+        text = str(error)
+        found = re.search(r"save region '([^']+)'", text)
+        if found is None or "in place" not in text or not self._own_recompute.get(found.group(1)):
+            return error
+        return _C.RematError(
+            f"profile_regions: region '{found.group(1)}' is a recompute region in your code, which runs it as "
+            "written, but a profile saves every region to measure it, and saved it cannot run: " + text +
+            ". No profile (nor remat.fit, whose first step is one) can measure this model until that op is made "
+            "out-of-place (ReLU(inplace=False), h = h + x)")
 
     @staticmethod
     def _add_meters(region, meters, cuda, ops):
