@@ -1,7 +1,8 @@
 """use_plan and profile_regions nested: a use_plan block inside another wins for the checkpoints
 called in it, and the outer one counts their regions as run (it named them "regions that did not
-run" at its end), gradients bitwise those without checkpointing; use_plan inside profile_regions and profile_regions inside use_plan are refused
-up front, naming the other block, as a profile inside a profile is."""
+run" at its end), gradients bitwise those without checkpointing; use_plan inside profile_regions
+and profile_regions inside use_plan are refused up front, naming the other block, as a profile
+inside a profile is."""
 
 import contextlib
 
