@@ -419,10 +419,10 @@ class FitState:
         # The gradients this step's backward is to make: those of parameters that have none now
         self.measuring_gradients = sum(p.numel() * p.element_size() for p in self.model.parameters()
                                        if p.requires_grad and p.grad is None)
-        self.measuring_training = self.model.training
         session = _profiling.profile_regions(timer=self.timer, host_copy=False)  # fit plans no offload
         session.__enter__()
         self.measuring = (session, signature)
+        self.measuring_training = self.model.training
         self.plan = self.predicted_peak_bytes = None
         self.profiled_steps += 1
         return None

@@ -72,6 +72,9 @@ class StepRecorder:
         self._forward = -1           # its number
         self._region_stack = []
         self._leaves = {}            # checkpoint call -> storages of the leaf tensors it was given
+        self._begun_calls = set()    # checkpoint calls whose backward began, in any backward
+        self._input_keys = {}        # checkpoint call -> the storages of its tensor inputs, by (device, address)
+        self._kept_keys = {}         # checkpoint call -> the storages it keeps, not leaves, by (device, address)
         self._awaiting = {}          # checkpoint call -> its backward hook (weakly: alive with its graph), until it runs
         self._backward_began = False
         self._closed = False
@@ -80,9 +83,6 @@ class StepRecorder:
         self.after_backward = None   # the first segment after the last backward ended, or None
         self._end_queued = False
         self._begun = set()          # checkpoint calls whose backward began in the backward running now
-        self._begun_calls = set()    # checkpoint calls whose backward began, in any backward
-        self._input_keys = {}        # checkpoint call -> the storages of its tensor inputs, by (device, address)
-        self._kept_keys = {}         # checkpoint call -> the storages it keeps, not leaves, by (device, address)
 
     @staticmethod
     def _counted_device():
