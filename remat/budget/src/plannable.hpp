@@ -1,5 +1,6 @@
 #pragma once
-// What every solver checks and decides first, before it weighs any region against another.
+// What every solver checks and decides first, before it weighs any region against another, and
+// the terms it weighs the rest in: each region's save, and the gain of an option at a price.
 
 #include <remat/budget/plan.hpp>
 
