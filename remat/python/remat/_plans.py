@@ -401,16 +401,9 @@ class RegionProfile:
         if plan.offloaded:
             raise ValueError("predict_peak: the plan offloads regions (host_budget_bytes=), which the step peak model "
                              "does not count yet; predict plans made without a host budget")
-        names = [region.name for region in self.regions]
+        recompute_by_region = {name: choice == "recompute" for name, choice in plan.decisions.items()}
         grouped = any("*" in name for name in plan.decisions)
-        if grouped:
-            order = [entry for entry in plan.decisions]
-            return _budget.predict_peak(self._text, [plan.decisions[entry] == "recompute" for entry in order], True)
-        missing = [name for name in names if name not in plan.decisions]
-        if missing:
-            raise ValueError(f"predict_peak: the plan does not name {len(missing)} region(s) of the profile: "
-                             f"{_listed(missing)}")
-        return _budget.predict_peak(self._text, [plan.decisions[name] == "recompute" for name in names], False)
+        return _budget.predict_peak(self._text, recompute_by_region, grouped)
 
     def frontier(self, steps=8, *, group=False, by="kept"):
         """The fastest plan at `steps` budgets spread from the least to everything saved: by="kept"
