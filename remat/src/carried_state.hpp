@@ -62,10 +62,6 @@ class ContextScope {
   std::size_t entered_ = 0;
 };
 
-// The default generators of the CUDA devices with a context (none where LibTorch has no CUDA),
-// through LibTorch's device-generic hooks: the core links no CUDA library.
-std::shared_ptr<RecomputeStateHook> cuda_generators_state_hook();
-
 // `hooks` with the runtime's RNG state hooks added, the CPU generator's where none of `hooks` is
 // that one, and the CUDA generators': what a checkpoint runs with under a budget plan, which may
 // recompute a region its code saves, whose random draws (dropout's masks) no hook of the code's

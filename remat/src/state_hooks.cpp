@@ -1,7 +1,5 @@
 #include <remat/state_hooks.hpp>
 
-#include "carried_state.hpp"
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 #include <ATen/detail/CUDAHooksInterface.h>
