@@ -593,8 +593,8 @@ class FitState:
                        f"{_bytes_text(reserve)} more")
             least_now += reserve
         if optimizer:
-            scaled += (" (with the optimizer step after a micro-batch of gradient accumulation, as measured after an "
-                       "earlier one)")
+            scaled += (" (with the optimizer step after it, as measured after an earlier micro-batch of gradient "
+                       "accumulation: no plan changes that part)")
         raise ValueError(f"remat.fit: no plan keeps this step within the budget of {_bytes_text(self.budget)}: the "
                          f"least step peak any plan reaches at inputs {_shapes_text(signature)} is "
                          f"{_bytes_text(least_now)}{scaled}. What stays allocated through the step (parameters, "

@@ -120,8 +120,6 @@ def test_accumulated_micro_batches_stay_within_the_budget_and_their_peaks_are_pr
     assert_within_budget_and_predicted(rows, budget, free)
     assert state.cycle == count and state.profiled_steps == 1 and state.planned_steps == count * CYCLES - 1
     assert any(d == "recompute" for d in state.plan.decisions.values())
-    later = [r for r in rows if r[0] > 0]
-    assert max(r[3] for r in later if r[1] > 0) > max(r[3] for r in later if r[1] == 0)  # the gradients, there
     assert [m for m in told if "remat.fit" in m] == [m for m in told if "the profiled step" in m]  # only that
 
 
@@ -174,7 +172,7 @@ def test_a_budget_the_optimizer_step_cannot_fit_is_said_at_its_first_run_and_ref
         optimizer.zero_grad(set_to_none=True)
         x = micro_batch(2, 256, 1, 8)
         with pytest.raises(ValueError, match=r"remat.fit: no plan keeps this step within the budget.*with the "
-                                             r"optimizer step after a micro-batch of gradient accumulation"):
+                                             r"optimizer step after it, as measured after an earlier micro-batch"):
             model(x)
         said = [str(w.message) for w in told if "the first optimizer step after accumulated micro-batches" in
                 str(w.message)]
