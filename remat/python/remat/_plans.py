@@ -309,6 +309,7 @@ class RegionProfile:
         self.regions = [RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]]
         self._shape = None  # the StepShape profile_regions recorded; a dump does not hold it
         self._after_backward = None  # the first step segment after backward ended (profile_regions); nor this
+        self._segment_gradients = None  # per step segment, the model's gradient bytes when it began (remat.fit)
         # region -> the ops a per-op plan may keep: [{"index", "op", "bytes", "seconds"}] (ops=True)
         self.ops = {r["name"]: r["ops"] for r in doc["regions"] if r.get("ops")}
         self.has_ops = bool(self.ops)
