@@ -25,10 +25,11 @@ every op after it do not run. profile_regions applies it to a checkpoint's last 
 where no later region can need more, and only where recompute stops inside it (a node follows
 the region, and none after it saves a tensor).
 
-Watching ops costs time of its own: the mode's time around each op is taken out of the region's
-seconds, and what watching costs per op when nothing is measured (calibrated once per process on a
-tiny op) is the region's op_overhead_seconds, which a plan that keeps ops of it pays in forward
-and again in recompute (remat/budget/op_plan.hpp).
+Watching ops costs time of its own: the mode's time around each op, and what a mode that only
+passes ops on costs per op (calibrated once per process on a tiny op), are taken out of the
+region's seconds. What carrying out kept ops costs per op (_kept_ops.keeping_seconds_per_op,
+calibrated likewise) times the ops the region runs is its op_overhead_seconds, which a plan that
+keeps ops of it pays in forward and again in recompute (remat/budget/op_plan.hpp).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import torch
 from ._arguments import flag_arg
 from ._extension import _C
 from ._offload_plans import measure_host_copy, offload_bytes
+from ._kept_ops import keeping_seconds_per_op
 from ._op_figures import OpMeter, interception_seconds
 from ._plans import RegionProfile, _state
 from ._step_profile import StepRecorder, tensors_in
@@ -117,6 +118,8 @@ class profile_regions:
                                "step at a time")
         _state.session = self
         interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
+        if self._ops:
+            keeping_seconds_per_op()
         self._step = StepRecorder()
         self._step.begin()
         self._shape = StepShape()
@@ -274,7 +277,7 @@ class profile_regions:
         if not cuda:
             region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
         if ops:
-            profile_regions._add_ops(region, meters, count * per_op / len(meters))
+            profile_regions._add_ops(region, meters, count * keeping_seconds_per_op() / len(meters))
 
     @staticmethod
     def _add_ops(region, meters, overhead):
