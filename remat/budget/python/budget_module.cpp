@@ -74,12 +74,28 @@ PYBIND11_MODULE(_budget, m) {
       py::arg("profile"), py::arg("peak_bytes"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "The remat-plan dump of the fastest plan whose predicted step peak is within peak_bytes.");
   m.def(
+      "plan_by_peak_offload",
+      [](const std::string& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes) {
+        return plan_to_json(solve_peak_offload(profile_of(profile, false), peak_bytes, host_budget_bytes));
+      },
+      py::arg("profile"), py::arg("peak_bytes"), py::arg("host_budget_bytes"),
+      py::call_guard<py::gil_scoped_release>(),
+      "The remat-plan dump of the fastest plan (each region saved, recomputed or offloaded) whose predicted step "
+      "peak is within peak_bytes and whose offloaded bytes are within host_budget_bytes.");
+  m.def(
+      "least_peak_offload",
+      [](const std::string& profile, std::uint64_t host_budget_bytes) {
+        return least_step_peak_offload(profile_of(profile, false), host_budget_bytes);
+      },
+      py::arg("profile"), py::arg("host_budget_bytes"), py::call_guard<py::gil_scoped_release>(),
+      "The least step peak any plan reaches with host_budget_bytes for offloaded regions.");
+  m.def(
       "least_peak", [](const std::string& profile, bool group) { return least_step_peak(profile_of(profile, group)); },
       py::arg("profile"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "The least step peak any plan reaches, as predicted from the profile's step memory.");
   m.def(
       "predict_peak",
-      [](const std::string& profile, const std::vector<bool>& recompute, bool group) {
+      [](const std::string& profile, const std::vector<bool>& recompute, bool group, const std::vector<bool>& offloaded) {
         const RegionProfile parsed = profile_of(profile, group);
         if (recompute.size() != parsed.regions.size()) {
           throw BudgetError("predict_peak: " + std::to_string(recompute.size()) + " choices for " +
@@ -87,10 +103,12 @@ PYBIND11_MODULE(_budget, m) {
         }
         std::vector<Choice> choices;
         for (const bool r : recompute) choices.push_back(r ? Choice::recompute : Choice::save);
-        return predict_step_peak(parsed, choices);
+        return offloaded.empty() ? predict_step_peak(parsed, choices) : predict_step_peak(parsed, choices, offloaded);
       },
-      py::arg("profile"), py::arg("recompute"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
-      "The predicted step peak with each region (in profile order) recomputed or saved.");
+      py::arg("profile"), py::arg("recompute"), py::arg("group"), py::arg("offloaded") = std::vector<bool>{},
+      py::call_guard<py::gil_scoped_release>(),
+      "The predicted step peak with each region (in profile order) recomputed or saved, and offloaded where "
+      "offloaded (one per region, or empty) says so.");
   m.def(
       "frontier",
       [](const std::string& profile, std::size_t steps, bool group) {

@@ -44,10 +44,13 @@ def offload_bytes(tensors):
     """At most the bytes offloading a region would move: the offloader copies each tensor kept for
     it as the tensor (a view) is, not its storage, so two views of one storage are two copies. Every
     tensor its checkpoint keeps for it, each at its own size (its storage's where that is less),
-    added up: saves of one view, which the offloader copies once, count again. The report leaves
-    parameters out, as the offloader does."""
+    added up: saves of one view, which the offloader copies once, count again. Tensors the
+    offloader leaves on the device (parameters and views of them, tensors that are not dense: a
+    slice of a wider one) move nothing."""
     total = 0
     for tensor in tensors:
+        if not getattr(tensor, "offloadable", True):
+            continue
         dtype = getattr(torch, tensor.dtype, None)
         numel = 1
         for size in tensor.shape:

@@ -209,6 +209,7 @@ class StepRecorder:
         record = self.checkpoints[index]
         leaves = self._leaves.pop(index)
         kept_by_region = {}
+        staying = {}  # region -> storages the offloader would leave on the device
         for region in reports:
             ids = set()
             for t in region.tensors:
@@ -222,6 +223,8 @@ class StepRecorder:
                         found = len(self._storages) - 1
                     self._alive[key] = found
                 ids.add(self._alive[key])
+                if not getattr(t, "offloadable", True):
+                    staying.setdefault(region.region, set()).add(self._alive[key])
                 if not t.shares_storage:
                     self._storages[self._alive[key]] = max(self._storages[self._alive[key]], t.bytes)
             kept_by_region[region.region] = ids
@@ -231,6 +234,8 @@ class StepRecorder:
             region["kept"] = sorted(kept_by_region.get(region["name"], set()) | outputs)
             region["inputs"] = sorted(region.pop("_inputs"))
             region["outputs"] = sorted(outputs)
+            if staying.get(region["name"]):
+                region["offload_kept"] = sorted(staying[region["name"]])
         record["outputs"] = sorted({self._storage_id(t, keep=True) for t in tensors_in(out)})
         self._live.append(index)
         outputs = [t for t in tensors_in(out) if t.requires_grad]
