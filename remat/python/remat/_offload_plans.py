@@ -26,18 +26,18 @@ _MOST_COPY_BYTES = 64 << 20
 _COPY_ROUNDS = 5
 
 
-def host_budget_arg(value, budget_arg):
+def host_budget_arg(value, budget_arg, where="plan: host_budget_bytes"):
     """A host budget in bytes: 0 (no offload) or what budget_arg (the reader every budget goes
-    through: ints, whole floats, strings with a unit) accepts."""
+    through: ints, whole floats, strings with a unit) accepts; `where` names it in errors."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy's numbers too
         if value == 0:
             return 0
         if value < 0:
-            raise ValueError(f"plan: host_budget_bytes must be 0 or more bytes, got {value}; pass the host memory "
+            raise ValueError(f"{where} must be 0 or more bytes, got {value}; pass the host memory "
                              "offloaded regions may hold, such as 64 * 2**30 or '64GiB', or 0 for no offload")
     elif torch.is_tensor(value) and value.numel() == 1 and not value.is_floating_point() and int(value) <= 0:
-        return host_budget_arg(int(value), budget_arg)
-    return budget_arg(value, "plan: host_budget_bytes")
+        return host_budget_arg(int(value), budget_arg, where)
+    return budget_arg(value, where)
 
 
 def offload_bytes(tensors):
