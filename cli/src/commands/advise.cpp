@@ -203,6 +203,10 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       throw InputError(error.what());
     }
     if (opts->group) profile = budget::grouped(profile);
+    if (picture && host_budget) {
+      throw UsageError("--svg draws plans without offload: drop --host-budget to draw the frontier, or --svg to plan "
+                       "with the host budget");
+    }
     if (picture && by_peak) {
       write_output_file(*picture, peak_svg(profile, source));
     } else if (picture) {

@@ -611,7 +611,8 @@ class Plan:
             if kept:
                 choice += f", keeping {len(kept)} op(s): " + ", ".join(f"{index} {op}" for index, op in kept)
             lines.append(f"{name:<{width}}  {saved}  {seconds}  {choice}")
-        if self._profile is not None and self.peak_bytes is not None:
+        # The frontier drawn is of plans without offload: not beside a plan that may offload
+        if self._profile is not None and self.peak_bytes is not None and self.host_budget_bytes is None:
             lines += ["", "frontier by step peak (the fastest plan at each peak budget):",
                       f"{'peak budget':>16}  {'peak predicted':>16}  {'recompute s':>12}"]
             for point in self._profile.frontier(group=self._group, by="peak"):

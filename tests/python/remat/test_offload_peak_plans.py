@@ -179,6 +179,12 @@ def test_advise_peak_with_a_host_budget_makes_the_same_plan_and_prediction(readm
     run = subprocess.run([remat_report(), "advise", str(path), "--host-budget", "1MiB"], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode != 0 and "--host-budget needs --budget" in run.stderr
+    run = subprocess.run([remat_report(), "advise", str(path), "--peak", f"{least}B", "--host-budget", "1MiB", "--svg",
+                          str(tmp_path / "peak.svg")], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "--svg draws plans without offload" in run.stderr
+    assert not (tmp_path / "peak.svg").exists()
+    text = profile.plan(peak_bytes=least, host_budget_bytes=host_budget).format()
+    assert text.startswith(f"step peak: {least} bytes predicted, within {least}") and "host: " in text
     plan = profile.plan(peak_bytes=profile.step_peak_bytes, host_budget_bytes=host_budget)
     plan.to_json(tmp_path / "plan.json")
     # The profile names what the offloader leaves on the device (the mlp's output, a slice)
