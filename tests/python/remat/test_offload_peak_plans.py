@@ -114,6 +114,63 @@ def test_offload_plans_peak_within_the_budget_and_the_prediction_on_the_device(r
         assert with_offload.recompute_seconds <= profile.plan(peak_bytes=budget).recompute_seconds + 1e-12
 
 
+def test_layers_whose_matmuls_save_their_inputs_peak_within_the_prediction_when_offloaded():
+    # Each region's matmul saves its input (the first one the checkpoint's input), and the mlp saves
+    # its input twice: offloaded, those go to the host; the weights (leaves) stay.
+    width, layers = 64, 4
+
+    def block(x, w1, w2):
+        h = remat.region(lambda t: torch.tanh(t @ w1), "attn")(x)
+        return remat.region(lambda t: (torch.sigmoid(t @ w2) * t).sin(), "mlp")(h)
+
+    def model(x, weights):
+        for index in range(layers):
+            x = remat.checkpoint(region_name=f"layers.{index}")(block)(x, weights[2 * index], weights[2 * index + 1])
+        return x.square().sum()
+
+    def plain(x, weights):
+        for index in range(layers):
+            h = torch.tanh(x @ weights[2 * index])
+            x = (torch.sigmoid(h @ weights[2 * index + 1]) * h).sin()
+        return x.square().sum()
+
+    with remat.tag_cpu_tensors():
+        generator = torch.Generator().manual_seed(7)
+        weights = [(torch.randn(width, width, generator=generator) / 8).requires_grad_() for _ in range(2 * layers)]
+        x = torch.randn(512, width, generator=torch.Generator().manual_seed(3), requires_grad=True)
+        leaves = [x, *weights]
+        plain(x, weights).backward()
+        reference = [t.grad.clone() for t in leaves]
+        for t in leaves:
+            t.grad = None
+        with remat.profile_regions() as measured:
+            model(x, weights).backward()
+        profile = with_bandwidth(measured, 1e15)
+        host_budget = sum(profile.offload_bytes.values()) // 3
+        least = profile.least_peak_bytes(host_budget_bytes=host_budget)
+        assert least < profile.step_peak_bytes
+        offloading = 0
+        for i in range(5):
+            budget = least + (profile.step_peak_bytes - least) * i // 4
+            plan = profile.plan(peak_bytes=budget, host_budget_bytes=host_budget)
+
+            def step():
+                for t in leaves:
+                    t.grad = None
+                with remat.use_plan(plan):
+                    model(x, weights).backward()
+
+            measured_peak = max(device_peak(step)[0] for _ in range(2))
+            assert all(torch.equal(t.grad, want) for t, want in zip(leaves, reference))
+            assert measured_peak <= budget and measured_peak <= plan.peak_bytes * 1.03, (budget, plan.peak_bytes,
+                                                                                          measured_peak, plan.decisions)
+            assert plan.host_bytes <= host_budget
+            if plan.offloaded:
+                offloading += 1
+                assert 0 < plan.offloader.stats()["peak_host_bytes"] <= plan.host_bytes
+        assert offloading >= 3
+
+
 def test_a_host_budget_of_0_makes_the_plan_without_offload(readme):
     _, _, profile = readme
     budget = (profile.least_peak_bytes() + profile.step_peak_bytes) // 2
