@@ -140,10 +140,10 @@ def main():
         # What offload leaves on the device: at most what the plan without offload keeps there.
         check(results["best plan with offload"][1] <= results["best plan, no offload"][1] * 1.02,
               "the plan with offload peaks at most 2% over the plan without offload")
-    by_peak(profile, x, weights, host_budget)
+    by_peak(profile, x, weights, host_budget, expected)
 
 
-def by_peak(profile, x, weights, host_budget):
+def by_peak(profile, x, weights, host_budget, expected):
     """Plans by step peak, run as the profile's step ran (backward into .grad)."""
     least = profile.least_peak_bytes(host_budget_bytes=host_budget)
     peak_budget = least + int(args.peak_share * (profile.step_peak_bytes - least))
@@ -171,6 +171,8 @@ def by_peak(profile, x, weights, host_budget):
             synchronize()
             times.append(time.perf_counter() - start)
             peaks.append(remat_alloc.memory_stats(0)["requested_bytes_peak"])
+        check(all(torch.equal(t.grad, want) for t, want in zip(leaves, expected)),
+              f"{label}: gradients bitwise those without checkpointing")
         print(f"{label:<24} {plan.peak_bytes:>12} {max(peaks):>12} {plan.host_bytes:>12} "
               f"{statistics.median(times) * 1e3:>9.2f} {str(plan.exact):>6}")
         check(plan.peak_bytes <= peak_budget and plan.host_bytes <= host_budget,
