@@ -74,9 +74,9 @@ TEST(OffloadPeak, OnAGpuTheLastRegionPackedStaysUntilTheNextPack) {
 
 TEST(OffloadPeak, TensorsTheOffloaderLeavesOnTheDeviceStayCounted) {
   RegionProfile profile = two_checkpoints();
-  profile.step->checkpoints[0].regions[0].offload_kept = {1};  // s0 is a slice: CpuOffload keeps it
+  profile.step->checkpoints[0].regions[0].offload_kept = {1};          // s0 is a slice: CpuOffload keeps it
   EXPECT_EQ(predict_step_peak(profile, kSaved, {true, false}), 210u);  // c0's backward is the peak
-  profile.step->segments[2].peak_bytes = 110;                           // lower it: c1's backward shows
+  profile.step->segments[2].peak_bytes = 110;                          // lower it: c1's backward shows
   EXPECT_EQ(predict_step_peak(profile, kSaved, {true, false}), 300u - 100u);
 }
 

@@ -75,7 +75,9 @@ class PeakOffloadSearch {
     c.seconds = 0;
     for (std::size_t r = 0; r < choices.size(); ++r) {
       if (!profile_.regions[r].must_save.empty() && (choices[r] != Choice::save || offloaded[r])) return;
-      const Option option = offloaded[r] ? Option::offload : choices[r] == Choice::save ? Option::save : Option::recompute;
+      const Option option = offloaded[r]                 ? Option::offload
+                            : choices[r] == Choice::save ? Option::save
+                                                         : Option::recompute;
       if (option == Option::offload && std::find(options_[r].begin(), options_[r].end(), option) == options_[r].end()) {
         return;
       }

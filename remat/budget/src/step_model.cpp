@@ -94,7 +94,9 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
   }
   const std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
   saved_sets_ = kept_sets(all_saved, {});
-  for (std::size_t s = 0; s < step.segments.size(); ++s) saved_alive_.push_back(alive_bytes(s, saved_sets_, {}, nullptr));
+  for (std::size_t s = 0; s < step.segments.size(); ++s) {
+    saved_alive_.push_back(alive_bytes(s, saved_sets_, {}, nullptr));
+  }
 }
 
 std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded) {
@@ -110,7 +112,8 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
     const std::uint64_t alive = alive_bytes(s, sets, recomputed, offloads ? &offload : nullptr);
     std::uint64_t top = segment.peak_bytes;
     if (segment.backward >= 0) {
-      top = std::max(top, segment.start_bytes + recompute_transient(static_cast<std::size_t>(segment.backward), choices));
+      top =
+          std::max(top, segment.start_bytes + recompute_transient(static_cast<std::size_t>(segment.backward), choices));
     }
     const std::uint64_t freed = saved_alive_[s] > alive ? saved_alive_[s] - alive : 0;
     const std::uint64_t added = alive > saved_alive_[s] ? alive - saved_alive_[s] : 0;

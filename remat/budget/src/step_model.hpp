@@ -35,12 +35,12 @@ class StepModel {
   std::uint64_t peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded = {});
 
  private:
-  // Where offloaded regions' bytes are on the device, per checkpoint call (offload.cpp's order).
+  // Where offloaded regions' bytes are on the device, per checkpoint call (step_model.cpp says when).
   struct Offload {
-    std::vector<std::uint64_t> back_bytes;     // brought back: the offloaded regions' offload_bytes
-    std::vector<std::size_t> back_from;        // the first segment they are back in
+    std::vector<std::uint64_t> back_bytes;              // brought back: the offloaded regions' offload_bytes
+    std::vector<std::size_t> back_from;                 // the first segment they are back in
     std::vector<std::vector<std::uint32_t>> lingering;  // CUDA: still on the device after forward
-    std::vector<std::size_t> linger_until;     // until this segment (the next pack settles them)
+    std::vector<std::size_t> linger_until;              // until this segment (the next pack settles them)
   };
 
   std::vector<std::vector<std::uint32_t>> kept_sets(const std::vector<Choice>& choices,
