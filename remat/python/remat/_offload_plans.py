@@ -5,7 +5,9 @@ and back (a timed copy of the largest region's bytes into host memory: pinned me
 ordinary host memory on the CPU), and per region at most the bytes an offload would move (every
 tensor its checkpoint keeps for it at its own size: the offloader copies views, the checkpoints'
 inputs too). profile.plan(budget_bytes=..., host_budget_bytes=...) then picks save, recompute or offload
-for each region (remat/budget/offload_plan.hpp prices the copies), and a plan in force carries out
+for each region (remat/budget/offload_plan.hpp prices the copies; with peak_bytes= instead, the
+step's predicted peak on the device bounds the plan, remat/budget/src/step_model.cpp saying when
+offloaded bytes are there), and a plan in force carries out
 its offload decisions through one remat.CpuOffload per plan: an offloaded region runs saved, inside
 the offloader's pair, so what it keeps goes to the host and comes back ahead of backward.
 """

@@ -18,7 +18,9 @@ What each checkpoint keeps is recorded as sets of storages, not added up per reg
 storages each region keeps (its saved tensors and its output), the storages that are its inputs
 (a saved region does not keep an input that recompute recreates: the runtime takes it from
 recompute), and the checkpoint's own inputs, each storage with one identity for the step even
-when a freed address is used again. A plan's step peak is then each segment's measured peak less
+when a freed address is used again. Of what a region keeps, the storages remat.CpuOffload would
+leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
+listed apart (offload_kept): a plan that offloads the region still holds them there. A plan's step peak is then each segment's measured peak less
 what the plan's checkpoints do not keep of what was alive in it, plus, in a checkpoint's backward,
 the largest forward transient of a region it recomputes; remat::budget computes it (step_peak.hpp)
 from the "step" object of the region-profile dump, so remat-report advise --peak predicts the same.
