@@ -262,15 +262,26 @@ std::string mixed_syntax_note(std::string_view text, bool (*other_syntax_key)(st
   return "";
 }
 
-}  // namespace
-
-Config Config::parse(std::string_view text, Config base, std::string_view source) {
+// `base` with each "key:value" item of `text` applied in order: a key given twice is refused, the
+// settings both syntaxes share are applied here, and apply_own(config, item, key, value) applies
+// every other key (`example` shows the syntax in the message for an item without a colon).
+template <typename ApplyOwn>
+Config apply_items(std::string_view text, Config base, std::string_view source, std::string_view example,
+                   ApplyOwn apply_own) {
   Config config = std::move(base);
   KeysGiven given;
   for (const std::string_view item : config_items(text)) {
-    const auto [key, value] = key_and_value(item, source, "backend:host,host_capacity_mb:1024");
+    const auto [key, value] = key_and_value(item, source, example);
     given.add(source, key, value);
-    if (apply_pytorch_setting(config, source, key, value)) continue;
+    if (!apply_pytorch_setting(config, source, key, value)) apply_own(config, item, key, value);
+  }
+  return config;
+}
+
+}  // namespace
+
+Config Config::parse(std::string_view text, Config base, std::string_view source) {
+  const auto apply_own = [&](Config& config, std::string_view, std::string_view key, std::string_view value) {
     if (key == "backend") {
       if (value == "cuda") config.backend = BackendKind::cuda;
       else if (value == "host") config.backend = BackendKind::host;
@@ -304,18 +315,13 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
       throw ConfigError(std::string(source) + ": unknown key " + detail::quote(key) + "; valid keys are " +
                         std::string(kKeys));
     }
-  }
-  return config;
+  };
+  return apply_items(text, std::move(base), source, "backend:host,host_capacity_mb:1024", apply_own);
 }
 
 Config Config::parse_pytorch(std::string_view text, Config base, std::vector<std::string>& not_applied,
                              std::string_view source) {
-  Config config = std::move(base);
-  KeysGiven given;
-  for (const std::string_view item : config_items(text)) {
-    const auto [key, value] = key_and_value(item, source, "max_split_size_mb:128,expandable_segments:True");
-    given.add(source, key, value);
-    if (apply_pytorch_setting(config, source, key, value)) continue;
+  const auto apply_own = [&](Config& config, std::string_view item, std::string_view key, std::string_view value) {
     if (key == "per_process_memory_fraction") {
       config.memory_fraction = parse_fraction(source, key, value);
     } else if (key == "backend") {
@@ -337,8 +343,8 @@ Config Config::parse_pytorch(std::string_view text, Config base, std::vector<std
                         "garbage_collection_threshold, large_segment_size_mb, release_lock_on_cudamalloc, "
                         "graph_capture_record_stream_reuse and the pinned_* host keys");
     }
-  }
-  return config;
+  };
+  return apply_items(text, std::move(base), source, "max_split_size_mb:128,expandable_segments:True", apply_own);
 }
 
 Config Config::from_environment(std::string& notice) {

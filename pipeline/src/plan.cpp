@@ -2,6 +2,8 @@
 #include <remat/pipeline/plan.hpp>
 #include <remat/pipeline/ring.hpp>
 
+#include "detail/schedule_record.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -127,12 +129,8 @@ PipelinePlan plan_receive_buffers(const Schedule& lowered, const PlanOptions& op
                     " is negative; give 0 or more buffer sets beyond the colored minimum");
   }
   PipelinePlan plan;
-  plan.schedule_name = options.schedule_name;
+  detail::record_schedule(plan, options, lowered);
   plan.spare_sets = options.spare_sets;
-  plan.lowering = options.lowering;
-  plan.ranks = lowered.num_ranks();
-  plan.stages = lowered.num_stages();
-  plan.microbatches = lowered.microbatches;
   plan.slack = options.slack;
   plan.buffer_bytes = options.buffer_bytes;
   plan.closed_form_applies = schedule_supports_recv_pool(options.schedule_name);

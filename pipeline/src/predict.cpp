@@ -29,6 +29,8 @@
 #include <remat/pipeline/plan.hpp>
 #include <remat/pipeline/predict.hpp>
 
+#include "detail/schedule_record.hpp"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -403,12 +405,8 @@ Prediction predict_peaks(const Schedule& lowered, const std::vector<StageProfile
   Prediction prediction;
   prediction.model = profiles.front().model;
   prediction.runtime = profiles.front().runtime;
-  prediction.schedule_name = options.schedule_name;
-  prediction.lowering = options.lowering;
+  detail::record_schedule(prediction, options, lowered);
   prediction.buffers = options.buffers;
-  prediction.ranks = lowered.num_ranks();
-  prediction.stages = lowered.num_stages();
-  prediction.microbatches = lowered.microbatches;
   for (int rank = 0; rank < lowered.num_ranks(); ++rank) {
     prediction.per_rank.push_back(
         RankWalk(lowered, profiles, options, rank, receive[static_cast<std::size_t>(rank)]).run());

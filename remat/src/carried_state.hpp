@@ -62,12 +62,15 @@ class ContextScope {
   std::size_t entered_ = 0;
 };
 
-// `hooks` with the CPU RNG state hook added where none of them is one: what a checkpoint runs
-// with under a budget plan, which may recompute a region its code saves, whose random draws
-// (dropout's masks) no hook of the code's keeps, since the code never draws them again.
-inline std::vector<std::shared_ptr<RecomputeStateHook>> with_cpu_rng_state_hook(
+// `hooks` with the runtime's RNG state hooks added, the CPU generator's where none of `hooks` is
+// that one, and the CUDA generators': what a checkpoint runs with under a budget plan, which may
+// recompute a region its code saves, whose random draws (dropout's masks) no hook of the code's
+// keeps, since the code never draws them again. A caller's own cuda_rng_state_hook() (remat::cuda,
+// a type the core cannot see) keeps the same state again, which restores to the same values.
+inline std::vector<std::shared_ptr<RecomputeStateHook>> with_rng_state_hooks(
     std::vector<std::shared_ptr<RecomputeStateHook>> hooks) {
-  static const std::shared_ptr<RecomputeStateHook> cpu = cpu_rng_state_hook();  // it holds no state
+  static const std::shared_ptr<RecomputeStateHook> cpu = cpu_rng_state_hook();  // they hold no state
+  static const std::shared_ptr<RecomputeStateHook> cuda = cuda_generators_state_hook();
   const RecomputeStateHook& cpu_hook = *cpu;
   const std::type_info& cpu_type = typeid(cpu_hook);
   const bool kept = std::any_of(hooks.begin(), hooks.end(), [&](const std::shared_ptr<RecomputeStateHook>& hook) {
@@ -76,6 +79,7 @@ inline std::vector<std::shared_ptr<RecomputeStateHook>> with_cpu_rng_state_hook(
     return typeid(each) == cpu_type;
   });
   if (!kept) hooks.push_back(cpu);
+  hooks.push_back(cuda);
   return hooks;
 }
 

@@ -130,9 +130,9 @@ std::shared_ptr<Frame> open_frame(const CheckpointOptions& options, FlatFunction
   auto frame = std::make_shared<Frame>();
   frame->forward_number = ++t_forwards_started;
   frame->options = options;
-  // A plan may recompute a region the code saves: its random draws come from the CPU generator's
-  // state at forward, kept for every caller (the Python layer adds the CUDA generators' hook)
-  if (options.plan) frame->options.recompute_state_hooks = with_cpu_rng_state_hook(options.recompute_state_hooks);
+  // A plan may recompute a region the code saves: its random draws come from the CPU and CUDA
+  // generators' states at forward, kept for every caller
+  if (options.plan) frame->options.recompute_state_hooks = with_rng_state_hooks(options.recompute_state_hooks);
   frame->body = std::move(body);
   frame->state_at_entry = snapshot_states(frame->options.recompute_state_hooks);
   frame->input_hooks = options.saved_tensor_hooks ? options.saved_tensor_hooks : active_saved_tensor_hooks();

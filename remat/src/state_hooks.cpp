@@ -2,9 +2,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 
+#include <cstdint>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 namespace remat {
 namespace {
@@ -38,8 +41,53 @@ class CpuRngStateHook final : public RecomputeStateHook {
   }
 };
 
+// A CUDA generator's whole state is its seed and its Philox offset (what get_state() packs into a
+// tensor); kept as values for the same reason as the CPU one's.
+struct CudaGeneratorState {
+  c10::DeviceIndex device;
+  std::uint64_t seed;
+  std::uint64_t offset;
+};
+
+// The default generators of the CUDA devices that have a context, reached through LibTorch's
+// device-generic hooks in libtorch_cpu: the core links no CUDA library, and where LibTorch has
+// no CUDA (or sees no device) hasCUDA() is false and this keeps nothing. A device without a
+// context has run no kernel, so no draw on it can be recomputed yet; asking for its generator
+// could create the context (hundreds of MiB) in a program that never used the device.
+class CudaRngStatesHook final : public RecomputeStateHook {
+ public:
+  std::any snapshot() override {
+    std::vector<CudaGeneratorState> states;
+    if (!at::detail::getCUDAHooks().hasCUDA()) return states;
+    const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
+    for (c10::DeviceIndex device = 0; device < hooks.deviceCount(); ++device) {
+      if (!hooks.hasPrimaryContext(device)) continue;
+      at::Generator generator = hooks.getDefaultGenerator(device);
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      states.push_back({device, generator.current_seed(), generator.get_offset()});
+    }
+    return states;
+  }
+
+  void restore(const std::any& state) override {
+    const auto& saved = std::any_cast<const std::vector<CudaGeneratorState>&>(state);
+    if (saved.empty()) return;
+    const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
+    for (const CudaGeneratorState& each : saved) {
+      at::Generator generator = hooks.getDefaultGenerator(each.device);
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_current_seed(each.seed);  // also zeroes the offset: set it after
+      generator.set_offset(each.offset);
+    }
+  }
+};
+
 }  // namespace
 
 std::shared_ptr<RecomputeStateHook> cpu_rng_state_hook() { return std::make_shared<CpuRngStateHook>(); }
+
+namespace detail {
+std::shared_ptr<RecomputeStateHook> cuda_generators_state_hook() { return std::make_shared<CudaRngStatesHook>(); }
+}  // namespace detail
 
 }  // namespace remat

@@ -135,12 +135,23 @@ TEST(CachingAllocator, ReusesCachedBlocksOnlyOnTheirOwnStream) {
   a.free(other_stream);
 }
 
+namespace {
+
+// A 512-byte block allocated on stream 1, recorded on `user` (whose work is held back) and freed;
+// its address.
+void* freed_after_use_on(HostAllocator& a, Stream user) {
+  a.host->hold_stream(user);
+  void* p = a.alloc(512, 1);
+  a.allocator->record_stream(p, user);
+  a.free(p);
+  return p;
+}
+
+}  // namespace
+
 TEST(CachingAllocator, RecordStreamDelaysReuseUntilThatStreamCompletes) {
   HostAllocator a;
-  a.host->hold_stream(2);
-  void* p = a.alloc(512, 1);
-  a.allocator->record_stream(p, 2);
-  a.free(p);
+  void* p = freed_after_use_on(a, 2);
   EXPECT_EQ(a.stats().allocated_bytes.current, 0);
   EXPECT_EQ(a.stats().active_bytes.current, 512);  // still in use by stream 2
   void* q = a.alloc(512, 1);
@@ -156,10 +167,7 @@ TEST(CachingAllocator, RecordStreamDelaysReuseUntilThatStreamCompletes) {
 
 TEST(CachingAllocator, RecordStreamOnTheAllocatingStreamChangesNothing) {
   HostAllocator a;
-  a.host->hold_stream(1);
-  void* p = a.alloc(512, 1);
-  a.allocator->record_stream(p, 1);
-  a.free(p);
+  freed_after_use_on(a, 1);
   EXPECT_EQ(a.stats().active_bytes.current, 0);
 }
 

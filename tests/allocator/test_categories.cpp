@@ -136,15 +136,19 @@ TEST_F(Categories, OomReportsHoldersByCategoryAndModule) {
   a.free(kept);
 }
 
-TEST_F(Categories, OomReportsWithoutCategoriesHaveNoByCategory) {
+// Labels (test_labels.cpp) are grouped the same way: no memory with one, no group.
+TEST_F(Categories, OomReportsWithoutCategoriesOrLabelsHaveNoGroupsForThem) {
+  set_label("");  // the label is process-wide: none in force here
   HostAllocator a("oom_dump_interval_ms:0", 64);
   void* p = a.alloc(8 * MiB);
   const std::shared_ptr<const OomReport> report = a.oom_report_of(60 * MiB);
   ASSERT_NE(report, nullptr);
   EXPECT_TRUE(report->by_category.empty());
+  EXPECT_TRUE(report->by_label.empty());
   const auto holders = nlohmann::json::parse(oom_report_to_json(*report))["holders"];
   EXPECT_FALSE(holders.contains("by_category"));
   EXPECT_FALSE(holders.contains("by_module"));
+  EXPECT_FALSE(holders.contains("by_label"));
   a.free(p);
 }
 

@@ -194,13 +194,3 @@ TEST_F(Labels, OomReportsHoldersByLabelWhenAnyMemoryHasOne) {
   a.free(unlabelled);
   a.free(labelled);
 }
-
-TEST_F(Labels, OomReportsWithoutLabelsHaveNoByLabel) {
-  HostAllocator a("oom_dump_interval_ms:0", 64);
-  void* p = a.alloc(8 * MiB);
-  const std::shared_ptr<const OomReport> report = a.oom_report_of(60 * MiB);
-  ASSERT_NE(report, nullptr);
-  EXPECT_TRUE(report->by_label.empty());
-  EXPECT_FALSE(nlohmann::json::parse(oom_report_to_json(*report))["holders"].contains("by_label"));
-  a.free(p);
-}

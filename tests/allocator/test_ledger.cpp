@@ -27,9 +27,19 @@ std::vector<TraceAction> actions(const Ledger& books) {
   return out;
 }
 
+// The trace event for `block` (as live_block makes it) with `action` and `tag`.
+void expect_block_event(const TraceEvent& event, TraceAction action, const Block& block, TagId tag) {
+  EXPECT_EQ(event.action, action);
+  EXPECT_EQ(event.address, block.address);
+  EXPECT_EQ(event.size, block.size);
+  EXPECT_EQ(event.requested, block.requested);
+  EXPECT_EQ(event.tag, tag);
+}
+
 TEST(Ledger, AnAllocationCountsOnTheDeviceAndUnderItsTag) {
   Ledger books(16);
-  books.allocated(live_block(0x1000, 1024, 1000, 3));
+  const Block block = live_block(0x1000, 1024, 1000, 3);
+  books.allocated(block);
   const AllocatorStats& stats = books.stats();
   EXPECT_EQ(stats.allocated_bytes.current, 1024);
   EXPECT_EQ(stats.active_bytes.current, 1024);
@@ -41,11 +51,7 @@ TEST(Ledger, AnAllocationCountsOnTheDeviceAndUnderItsTag) {
   EXPECT_EQ(books.tag_stats()[0].count.total_added, 0);
   const auto events = books.trace().events();
   ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0].action, TraceAction::alloc);
-  EXPECT_EQ(events[0].address, 0x1000u);
-  EXPECT_EQ(events[0].size, 1024u);
-  EXPECT_EQ(events[0].requested, 1000u);
-  EXPECT_EQ(events[0].tag, 3u);
+  expect_block_event(events[0], TraceAction::alloc, block, 3);
 }
 
 TEST(Ledger, ARetagIsATraceEventCarryingTheBlocksNewTag) {
@@ -58,11 +64,7 @@ TEST(Ledger, ARetagIsATraceEventCarryingTheBlocksNewTag) {
   EXPECT_EQ(books.tag_stats()[5].bytes.current, 1024);
   const auto events = books.trace().events();
   ASSERT_EQ(events.size(), 2u);
-  EXPECT_EQ(events[1].action, TraceAction::retag);
-  EXPECT_EQ(events[1].address, 0x1000u);
-  EXPECT_EQ(events[1].size, 1024u);
-  EXPECT_EQ(events[1].requested, 1000u);
-  EXPECT_EQ(events[1].tag, 5u);
+  expect_block_event(events[1], TraceAction::retag, block, 5);
   EXPECT_EQ(to_string(TraceAction::retag), "retag");
 }
 

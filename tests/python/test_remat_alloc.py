@@ -29,6 +29,15 @@ class RematAllocCtypes(unittest.TestCase):
     def free(self, ptr, size, device=0, stream=0):
         self.lib.remat_free(ptr, size, device, stream)
 
+    @staticmethod
+    def snapshot(device):
+        """The device's snapshot as dump_snapshot writes it, read back."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "snap.json")
+            remat_alloc.dump_snapshot(path, device=device)
+            with open(path) as f:
+                return json.load(f)
+
     def test_regions_tag_allocations_and_live_bytes_follow_them(self):
         with remat_alloc.region("layers.0"):
             with remat_alloc.region("attention"):
@@ -60,11 +69,7 @@ class RematAllocCtypes(unittest.TestCase):
         with remat_alloc.region("stage1"), remat_alloc.phase("forward"), remat_alloc.policy("save"), \
                 remat_alloc.recv_slot(1, "F", 0), remat_alloc.site("recv_buffer"):
             p = self.alloc(4096, device=2)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "snap.json")
-            remat_alloc.dump_snapshot(path, device=2)
-            with open(path) as f:
-                doc = json.load(f)
+        doc = self.snapshot(device=2)
         block = doc["segments"][0]["blocks"][0]
         tag = doc["tags"][block["tag"]]
         self.assertEqual(doc["names"][tag["region"]], "stage1")
@@ -94,11 +99,7 @@ class RematAllocCtypes(unittest.TestCase):
             remat_alloc.set_label("")
         self.assertEqual(remat_alloc.label(), "")
         r = self.alloc(512, device=12)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "snap.json")
-            remat_alloc.dump_snapshot(path, device=12)
-            with open(path) as f:
-                doc = json.load(f)
+        doc = self.snapshot(device=12)
         tags = {block["requested_size"]: doc["tags"][block["tag"]]
                 for segment in doc["segments"] for block in segment["blocks"] if block["state"] == "active_allocated"}
         self.assertEqual(doc["names"][tags[2048]["label"]], "eval step")

@@ -102,6 +102,22 @@ TEST(StateHooks, APlanThatRecomputesASavedRegionWithDropoutDrawsForwardsMask) {
   for (std::size_t i = 0; i < actual.size(); ++i) EXPECT_TRUE(at::equal(actual[i], expected[i])) << "gradient " << i;
 }
 
+// Under a plan the runtime adds, beside the CPU generator's hook, one for the CUDA generators; where
+// LibTorch has no CUDA (this program links no CUDA library) it keeps nothing and asks CUDA nothing:
+// the CUDA hooks LibTorch stands in with then refuse any generator or context query.
+TEST(StateHooks, TheRuntimesCudaGeneratorsHookWithoutCudaKeepsNothingAndLeavesTheCpuGeneratorAlone) {
+  ASSERT_FALSE(at::globalContext().hasCUDA());
+  const auto hook = remat::detail::cuda_generators_state_hook();
+  at::manual_seed(11);
+  const at::Tensor before = at::detail::getDefaultCPUGenerator().get_state();
+  const std::any state = hook->snapshot();
+  at::rand({5});
+  const at::Tensor moved = at::detail::getDefaultCPUGenerator().get_state();
+  EXPECT_NO_THROW(hook->restore(state));
+  EXPECT_TRUE(at::equal(at::detail::getDefaultCPUGenerator().get_state(), moved));  // the CPU one is not its
+  EXPECT_FALSE(at::equal(before, moved));
+}
+
 TEST(StateHooks, WithoutTheHookDropoutDiverges) {
   const Block block = Block::make();
   auto x = at::randn({2, 6, Block::D}).requires_grad_(true);

@@ -160,6 +160,85 @@ struct SegmentsRead {
   std::uint64_t allocated = 0, requested = 0, active = 0, reserved = 0, allocated_blocks = 0;
 };
 
+// What a segment's blocks hold, as the dump writes them.
+struct BlocksRead {
+  nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
+  std::uint64_t allocated = 0, active = 0, requested = 0;
+};
+
+// The blocks of the segment at `address` (`total` bytes, ending at segment_end), which must tile
+// it in address order: each tagged from its frames, or from the alloc event PyTorch labelled it
+// by; the live ones counted under their tags in `read`.
+BlocksRead read_blocks(const PyValue& segment, const std::string& where, std::uint64_t address, std::uint64_t total,
+                       std::uint64_t segment_end, const std::map<std::uint64_t, const PyValue*>& labelled_allocs,
+                       TagBuilder& tags, SegmentsRead& read, ImportResult& result) {
+  BlocksRead out;
+  auto& [blocks, seg_allocated, seg_active, seg_requested] = out;
+  std::uint64_t cursor = address;
+  const PyValue* blocks_value = segment.get("blocks");
+  if (blocks_value != nullptr) {
+    std::size_t b = 0;
+    for (const PyValue* block : list_at(*blocks_value, where + "['blocks']").items) {
+      const std::string bwhere = fmt::format("{}['blocks'][{}]", where, b++);
+      if (block->kind != Kind::dict) bad(bwhere, "expected a dict");
+      const std::uint64_t size = size_at(*block, "size", bwhere);
+      const std::uint64_t block_address = block->get("address") ? size_at(*block, "address", bwhere) : cursor;
+      // Blocks tile their segment in address order, as remat-report's readers require.
+      if (block_address != cursor) {
+        bad(key_path(bwhere, "address"),
+            fmt::format("block at 0x{:x} does not follow the previous block (expected 0x{:x}): the blocks of the "
+                        "segment at 0x{:x} must start at its address and follow each other without gaps",
+                        block_address, cursor, address));
+      }
+      if (size > segment_end - cursor) {
+        bad(key_path(bwhere, "size"), fmt::format("block of {} bytes at 0x{:x} extends past the end of its segment "
+                                                  "(0x{:x}, total_size {})",
+                                                  size, block_address, segment_end, total));
+      }
+      const std::string torch_state = string_at(*block, "state", "inactive");
+      const auto parsed_state = alloc::block_state_from_torch(torch_state);
+      if (!parsed_state) bad(bwhere + "['state']", fmt::format("unknown block state '{}'", printable(torch_state)));
+      const BlockState state = *parsed_state;
+      // PyTorch keeps a stale requested_size on inactive blocks (the remainder of a split
+      // keeps its old value), so it is only read, and only checked, for active ones.
+      const std::uint64_t block_requested =
+          state == BlockState::inactive ? 0 : size_at(*block, "requested_size", bwhere, size);
+      if (block_requested > size) {
+        bad(key_path(bwhere, "requested_size"),
+            fmt::format("requested_size {} exceeds the block size {}: an active block holds at least the bytes "
+                        "requested of it; the snapshot is corrupt",
+                        block_requested, size));
+      }
+      std::uint32_t tag = 0;
+      if (state != BlockState::inactive) {
+        const PyValue* frames = block->get("frames");
+        const auto alloc = labelled_allocs.find(block_address);
+        tag = alloc != labelled_allocs.end() && !has_remat_frames(frames)
+                  ? tags.tag_of(alloc->second->get("frames"), user_metadata_of(*alloc->second))
+                  : tags.tag_of(frames);
+      }
+      if (state == BlockState::active_allocated) {
+        seg_allocated += size;
+        read.tag_live[tag].first += size;
+        ++read.tag_live[tag].second;
+        read.tag_requested[tag] += block_requested;
+        ++read.allocated_blocks;
+      }
+      if (state != BlockState::inactive) seg_active += size;
+      seg_requested += block_requested;
+      blocks.push_back({{"address", block_address},
+                        {"size", size},
+                        {"requested_size", block_requested},
+                        {"state", std::string(to_string(state))},
+                        {"tag", tag}});
+      cursor = block_address + size;
+      ++result.blocks;
+    }
+  }
+  return out;
+}
+
+// The segments on `device`, each read with its blocks; segments that overlap are refused.
 SegmentsRead read_segments(const PyValue& segments_value, std::int64_t device,
                            const std::map<std::uint64_t, const PyValue*>& labelled_allocs, TagBuilder& tags,
                            ImportResult& result) {
@@ -185,87 +264,25 @@ SegmentsRead read_segments(const PyValue& segments_value, std::int64_t device,
     }
     extents.push_back({address, total});
     extent_indices.push_back(index - 1);
-    nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
-    std::uint64_t seg_allocated = 0, seg_active = 0, seg_requested = 0;
-    std::uint64_t cursor = address;
-    const PyValue* blocks_value = segment->get("blocks");
-    if (blocks_value != nullptr) {
-      std::size_t b = 0;
-      for (const PyValue* block : list_at(*blocks_value, where + "['blocks']").items) {
-        const std::string bwhere = fmt::format("{}['blocks'][{}]", where, b++);
-        if (block->kind != Kind::dict) bad(bwhere, "expected a dict");
-        const std::uint64_t size = size_at(*block, "size", bwhere);
-        const std::uint64_t block_address = block->get("address") ? size_at(*block, "address", bwhere) : cursor;
-        // Blocks tile their segment in address order, as remat-report's readers require.
-        if (block_address != cursor) {
-          bad(key_path(bwhere, "address"),
-              fmt::format("block at 0x{:x} does not follow the previous block (expected 0x{:x}): the blocks of the "
-                          "segment at 0x{:x} must start at its address and follow each other without gaps",
-                          block_address, cursor, address));
-        }
-        if (size > segment_end - cursor) {
-          bad(key_path(bwhere, "size"), fmt::format("block of {} bytes at 0x{:x} extends past the end of its segment "
-                                                    "(0x{:x}, total_size {})",
-                                                    size, block_address, segment_end, total));
-        }
-        const std::string torch_state = string_at(*block, "state", "inactive");
-        const auto parsed_state = alloc::block_state_from_torch(torch_state);
-        if (!parsed_state) bad(bwhere + "['state']", fmt::format("unknown block state '{}'", printable(torch_state)));
-        const BlockState state = *parsed_state;
-        // PyTorch keeps a stale requested_size on inactive blocks (the remainder of a split
-        // keeps its old value), so it is only read, and only checked, for active ones.
-        const std::uint64_t block_requested =
-            state == BlockState::inactive ? 0 : size_at(*block, "requested_size", bwhere, size);
-        if (block_requested > size) {
-          bad(key_path(bwhere, "requested_size"),
-              fmt::format("requested_size {} exceeds the block size {}: an active block holds at least the bytes "
-                          "requested of it; the snapshot is corrupt",
-                          block_requested, size));
-        }
-        std::uint32_t tag = 0;
-        if (state != BlockState::inactive) {
-          const PyValue* frames = block->get("frames");
-          const auto alloc = labelled_allocs.find(block_address);
-          tag = alloc != labelled_allocs.end() && !has_remat_frames(frames)
-                    ? tags.tag_of(alloc->second->get("frames"), user_metadata_of(*alloc->second))
-                    : tags.tag_of(frames);
-        }
-        if (state == BlockState::active_allocated) {
-          seg_allocated += size;
-          tag_live[tag].first += size;
-          ++tag_live[tag].second;
-          tag_requested[tag] += block_requested;
-          ++allocated_blocks;
-        }
-        if (state != BlockState::inactive) seg_active += size;
-        seg_requested += block_requested;
-        blocks.push_back({{"address", block_address},
-                          {"size", size},
-                          {"requested_size", block_requested},
-                          {"state", std::string(to_string(state))},
-                          {"tag", tag}});
-        cursor = block_address + size;
-        ++result.blocks;
-      }
-    }
+    BlocksRead blocks = read_blocks(*segment, where, address, total, segment_end, labelled_allocs, tags, read, result);
     std::string type = string_at(*segment, "segment_type", total <= (std::uint64_t{2} << 20) ? "small" : "large");
     if (type != "small" && type != "large") type = "large";
     nlohmann::ordered_json imported = {{"address", address},
                                        {"total_size", total},
                                        {"stream", size_at(*segment, "stream", where, 0)},
                                        {"segment_type", type},
-                                       {"allocated_size", seg_allocated},
-                                       {"active_size", seg_active},
-                                       {"requested_size", seg_requested},
-                                       {"blocks", std::move(blocks)}};
+                                       {"allocated_size", blocks.allocated},
+                                       {"active_size", blocks.active},
+                                       {"requested_size", blocks.requested},
+                                       {"blocks", std::move(blocks.blocks)}};
     const PyValue* expandable = segment->get("is_expandable");
     if (expandable != nullptr && expandable->kind == Kind::boolean && expandable->boolean) {
       imported["is_expandable"] = true;
     }
     segments.push_back(std::move(imported));
-    allocated += seg_allocated;
-    active += seg_active;
-    requested += seg_requested;
+    allocated += blocks.allocated;
+    active += blocks.active;
+    requested += blocks.requested;
     ++result.segments;
   }
   if (const auto overlap = first_overlap(extents)) {

@@ -11,7 +11,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,13 @@ namespace {
 RegionProfile profile_of(const std::string& text, bool group) {
   RegionProfile profile = profile_from_json(text, "profile");
   return group ? grouped(profile) : profile;
+}
+
+// The first eight names, comma separated, " ..." after them when there are more.
+std::string listed(const std::vector<std::string>& names) {
+  std::string text;
+  for (std::size_t i = 0; i < names.size() && i < 8; ++i) text += (i == 0 ? "" : ", ") + names[i];
+  return names.size() > 8 ? text + " ..." : text;
 }
 
 }  // namespace
@@ -95,20 +104,47 @@ PYBIND11_MODULE(_budget, m) {
       "The least step peak any plan reaches, as predicted from the profile's step memory.");
   m.def(
       "predict_peak",
-      [](const std::string& profile, const std::vector<bool>& recompute, bool group, const std::vector<bool>& offloaded) {
+      [](const std::string& profile, const std::map<std::string, bool>& recompute_by_region, bool group,
+         const std::map<std::string, bool>& offloaded_by_region) {
         const RegionProfile parsed = profile_of(profile, group);
-        if (recompute.size() != parsed.regions.size()) {
-          throw BudgetError("predict_peak: " + std::to_string(recompute.size()) + " choices for " +
-                            std::to_string(parsed.regions.size()) + " regions");
-        }
         std::vector<Choice> choices;
-        for (const bool r : recompute) choices.push_back(r ? Choice::recompute : Choice::save);
-        return offloaded.empty() ? predict_step_peak(parsed, choices) : predict_step_peak(parsed, choices, offloaded);
+        std::vector<std::string> missing;
+        for (const RegionCost& region : parsed.regions) {
+          const auto found = recompute_by_region.find(region.name);
+          if (found == recompute_by_region.end()) {
+            missing.push_back(region.name);
+          } else {
+            choices.push_back(found->second ? Choice::recompute : Choice::save);
+          }
+        }
+        if (!missing.empty()) {
+          throw BudgetError("predict_peak: the plan does not name " + std::to_string(missing.size()) +
+                            " region(s) of the profile" + (group ? " (grouped by pattern)" : "") + ": " +
+                            listed(missing));
+        }
+        if (recompute_by_region.size() != parsed.regions.size()) {
+          std::vector<std::string> unknown;
+          for (const auto& [name, recompute] : recompute_by_region) {
+            const bool known = std::any_of(parsed.regions.begin(), parsed.regions.end(),
+                                           [&](const RegionCost& region) { return region.name == name; });
+            if (!known) unknown.push_back(name);
+          }
+          throw BudgetError("predict_peak: the plan names " + std::to_string(unknown.size()) +
+                            " region(s) the profile" + (group ? " (grouped by pattern)" : "") + " does not have: " +
+                            listed(unknown));
+        }
+        if (offloaded_by_region.empty()) return predict_step_peak(parsed, choices);
+        std::vector<bool> offloaded;
+        for (const RegionCost& region : parsed.regions) {
+          const auto found = offloaded_by_region.find(region.name);
+          offloaded.push_back(found != offloaded_by_region.end() && found->second);
+        }
+        return predict_step_peak(parsed, choices, offloaded);
       },
-      py::arg("profile"), py::arg("recompute"), py::arg("group"), py::arg("offloaded") = std::vector<bool>{},
-      py::call_guard<py::gil_scoped_release>(),
-      "The predicted step peak with each region (in profile order) recomputed or saved, and offloaded where "
-      "offloaded (one per region, or empty) says so.");
+      py::arg("profile"), py::arg("recompute_by_region"), py::arg("group"),
+      py::arg("offloaded_by_region") = std::map<std::string, bool>{}, py::call_guard<py::gil_scoped_release>(),
+      "The predicted step peak with each region of the profile (grouped by pattern when group) recomputed or "
+      "saved as recompute_by_region says, and offloaded where offloaded_by_region says so.");
   m.def(
       "frontier",
       [](const std::string& profile, std::size_t steps, bool group) {

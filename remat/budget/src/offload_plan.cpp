@@ -38,11 +38,12 @@ constexpr double kTolerance = 1e-12;
 
 enum class Mode : std::uint8_t { none, save, offload };
 
-struct Item {  // a region with a choice to make
-  std::size_t region = 0;
-  bool can_save = false;
-  std::uint64_t save_bytes = 0;
-  double save_value = 0;  // its seconds
+struct Item : Weighed {  // a region with a choice to make
+  explicit Item(const Weighed& weighed) : Weighed(weighed) {}
+  // What offloading it gains at a price per byte of host memory: 0 where it cannot be offloaded.
+  double offload_gain(double host_price) const {
+    return can_offload ? offload_value - host_price * static_cast<double>(host_bytes) : 0;
+  }
   bool can_offload = false;
   std::uint64_t host_bytes = 0;
   double offload_value = 0;  // its seconds less its copies' cost, more than 0
@@ -111,20 +112,8 @@ class OffloadSolver {
     for (std::size_t k = 0; k < items_.size(); ++k) {
       const Item& item = items_[k];
       double best = 0;
-      if (item.can_save) {
-        const double v = item.save_value - device_price * static_cast<double>(item.save_bytes);
-        if (v > best) {
-          best = v;
-          c.mode[k] = Mode::save;
-        }
-      }
-      if (item.can_offload) {
-        const double v = item.offload_value - host_price * static_cast<double>(item.host_bytes);
-        if (v > best) {
-          best = v;
-          c.mode[k] = Mode::offload;
-        }
-      }
+      take_if_better(item.save_gain(device_price), Mode::save, best, c.mode[k]);
+      take_if_better(item.offload_gain(host_price), Mode::offload, best, c.mode[k]);
       bound += best;
       add(c, k, c.mode[k]);
     }
@@ -238,12 +227,7 @@ class OffloadSolver {
   }
 
   double best_priced(const Item& item) const {
-    double best = 0;
-    if (item.can_save) best = std::max(best, item.save_value - device_price_ * static_cast<double>(item.save_bytes));
-    if (item.can_offload) {
-      best = std::max(best, item.offload_value - host_price_ * static_cast<double>(item.host_bytes));
-    }
-    return best;
+    return std::max({0.0, item.save_gain(device_price_), item.offload_gain(host_price_)});
   }
 
   bool visit(std::size_t i) {
@@ -264,10 +248,10 @@ class OffloadSolver {
     Option options[3];
     int count = 0;
     if (item.can_save && item.save_bytes <= device_ - current_.device) {
-      options[count++] = {Mode::save, item.save_value - device_price_ * static_cast<double>(item.save_bytes)};
+      options[count++] = {Mode::save, item.save_gain(device_price_)};
     }
     if (item.can_offload && item.host_bytes <= host_ - current_.host) {
-      options[count++] = {Mode::offload, item.offload_value - host_price_ * static_cast<double>(item.host_bytes)};
+      options[count++] = {Mode::offload, item.offload_gain(host_price_)};
     }
     options[count++] = {Mode::none, 0};
     std::stable_sort(options, options + count, [](const Option& a, const Option& b) { return a.priced > b.priced; });
@@ -318,17 +302,10 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
   std::vector<double> copy_seconds(profile.regions.size(), 0);
   std::vector<Item> items;
   std::uint64_t all_offloads = 0;  // every offload worth making, added up
-  for (std::size_t r = 0; r < profile.regions.size(); ++r) {
+  weigh_regions(profile, capacity, choices, [&](const Weighed& weighed) {
+    const std::size_t r = weighed.region;
     const RegionCost& region = profile.regions[r];
-    if (const auto free = free_choice(region)) {
-      choices[r] = *free;
-      continue;
-    }
-    Item item;
-    item.region = r;
-    item.can_save = region.saved_bytes <= capacity;
-    item.save_bytes = region.saved_bytes;
-    item.save_value = region.seconds;
+    Item item(weighed);
     if (host_budget_bytes > 0 && region.offload_bytes > 0 && region.offload_bytes <= host_budget_bytes) {
       copy_seconds[r] = offload_seconds(profile, region);
       item.offload_value = region.seconds - copy_seconds[r];
@@ -337,7 +314,7 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
       if (item.can_offload) all_offloads += std::min(region.offload_bytes, UINT64_MAX - all_offloads);
     }
     if (item.can_save || item.can_offload) items.push_back(item);
-  }
+  });
 
   std::vector<Mode> modes(items.size(), Mode::none);
   bool exact = true;

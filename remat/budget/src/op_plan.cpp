@@ -39,11 +39,8 @@ constexpr int kPriceSteps = 100;
 // Plans whose spared seconds are closer than this share of all that could be spared count as equal.
 constexpr double kTolerance = 1e-12;
 
-struct Group {  // a region with a choice to make
-  std::size_t region = 0;
-  bool can_save = false;
-  std::uint64_t save_bytes = 0;
-  double save_value = 0;
+struct Group : Weighed {  // a region with a choice to make
+  explicit Group(const Weighed& weighed) : Weighed(weighed) {}
   std::vector<std::size_t> ops;  // usable ops, by index in the region's ops
   double overhead = 0;           // paid once where any op is kept
 };
@@ -150,18 +147,8 @@ class OpSolver {
     for (std::size_t k = 0; k < groups_.size(); ++k) {
       const Group& g = groups_[k];
       double best = 0;
-      if (g.can_save) {
-        const double v = g.save_value - per_byte * static_cast<double>(g.save_bytes);
-        if (v > best) {
-          best = v;
-          at.mode[k] = Mode::save;
-        }
-      }
-      const double v = ops_value(g, per_byte);
-      if (v > best) {
-        best = v;
-        at.mode[k] = Mode::ops;
-      }
+      take_if_better(g.save_gain(per_byte), Mode::save, best, at.mode[k]);
+      take_if_better(ops_value(g, per_byte), Mode::ops, best, at.mode[k]);
       at.bound += best;
       if (at.mode[k] == Mode::save) {
         at.bytes += g.save_bytes;
@@ -336,8 +323,7 @@ class OpSolver {
     std::vector<double> rest(n + 1, 0);  // each later group's best priced option, added up
     for (std::size_t k = n; k-- > 0;) {
       const Group& g = groups_[k];
-      double best = std::max(0.0, ops_value(g, per_byte));
-      if (g.can_save) best = std::max(best, g.save_value - per_byte * static_cast<double>(g.save_bytes));
+      const double best = std::max({0.0, ops_value(g, per_byte), g.save_gain(per_byte)});
       rest[k] = rest[k + 1] + best;
     }
     const double cap = static_cast<double>(capacity_);
@@ -431,24 +417,16 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
   }
   std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
   std::vector<Group> groups;
-  for (std::size_t r = 0; r < profile.regions.size(); ++r) {
-    const RegionCost& region = profile.regions[r];
-    if (const auto free = free_choice(region)) {
-      choices[r] = *free;
-      continue;
-    }
-    Group g;
-    g.region = r;
-    g.can_save = region.saved_bytes <= capacity;
-    g.save_bytes = region.saved_bytes;
-    g.save_value = region.seconds;
+  weigh_regions(profile, capacity, choices, [&](const Weighed& weighed) {
+    const RegionCost& region = profile.regions[weighed.region];
+    Group g(weighed);
     g.overhead = 2 * region.op_overhead_seconds;
     for (std::size_t o = 0; o < region.ops.size(); ++o) {
       const OpCost& op = region.ops[o];
       if (op.bytes > 0 && op.seconds > 0 && op.bytes <= capacity) g.ops.push_back(o);
     }
     if (g.can_save || !g.ops.empty()) groups.push_back(std::move(g));
-  }
+  });
   OpSolver solver(profile, groups, capacity);
   bool exact = true;
   double bound = 0;

@@ -1,5 +1,6 @@
 #pragma once
-// What every solver checks and decides first, before it weighs any region against another.
+// What every solver checks and decides first, before it weighs any region against another, and
+// the terms it weighs the rest in: each region's save, and the gain of an option at a price.
 
 #include <remat/budget/plan.hpp>
 
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace remat::budget {
 
@@ -42,6 +44,44 @@ inline std::optional<Choice> free_choice(const RegionCost& region) {
   if (region.seconds <= 0) return Choice::recompute;
   if (region.saved_bytes == 0) return Choice::save;
   return std::nullopt;
+}
+
+// A region a solver must weigh, and what saving it takes: its bytes, which the capacity may not
+// hold, for its seconds.
+struct Weighed {
+  std::size_t region = 0;  // its index in the profile
+  bool can_save = false;
+  std::uint64_t save_bytes = 0;
+  double save_value = 0;  // its seconds
+
+  // What saving it gains at a price per byte of what it keeps: 0 where it cannot be saved.
+  double save_gain(double per_byte) const {
+    return can_save ? save_value - per_byte * static_cast<double>(save_bytes) : 0;
+  }
+};
+
+// A solver's choice among a region's options, tried in order: `mode` is chosen where its gain
+// beats the best so far (0 before any, so an option that gains nothing is never chosen).
+template <typename Mode>
+void take_if_better(double gain, Mode mode, double& best, Mode& chosen) {
+  if (gain > best) {
+    best = gain;
+    chosen = mode;
+  }
+}
+
+// Sets choices[r] for each region with a free choice and calls weigh(Weighed) for every other
+// region, in order.
+template <typename Weigh>
+void weigh_regions(const RegionProfile& profile, std::uint64_t capacity, std::vector<Choice>& choices, Weigh weigh) {
+  for (std::size_t r = 0; r < profile.regions.size(); ++r) {
+    const RegionCost& region = profile.regions[r];
+    if (const auto free = free_choice(region)) {
+      choices[r] = *free;
+      continue;
+    }
+    weigh(Weighed{r, region.saved_bytes <= capacity, region.saved_bytes, region.seconds});
+  }
 }
 
 }  // namespace remat::budget

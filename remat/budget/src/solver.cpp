@@ -56,16 +56,11 @@ Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes) {
   std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
   std::vector<detail::KnapsackItem> items;
   std::vector<std::size_t> item_region;  // the region of each item
-  for (std::size_t r = 0; r < profile.regions.size(); ++r) {
-    const RegionCost& region = profile.regions[r];
-    if (const auto free = free_choice(region)) {
-      choices[r] = *free;
-      continue;
-    }
-    if (region.saved_bytes > capacity) continue;
-    items.push_back({region.saved_bytes, region.seconds});
-    item_region.push_back(r);
-  }
+  weigh_regions(profile, capacity, choices, [&](const Weighed& weighed) {
+    if (!weighed.can_save) return;
+    items.push_back({weighed.save_bytes, weighed.save_value});
+    item_region.push_back(weighed.region);
+  });
   const detail::KnapsackChoice chosen = detail::solve_knapsack(items, capacity);
   double saved_seconds = 0;
   for (std::size_t i = 0; i < items.size(); ++i) {

@@ -45,6 +45,22 @@ const Json& list_of(const Json& object, const char* key, std::string_view source
   return list;
 }
 
+std::uint64_t count_at(const Json& object, const char* key, std::string_view source, const std::string& path) {
+  return count_of(member(object, key, source, path), source, path + "." + key);
+}
+
+// Calls read(entry, its path) for each entry of the list object[key], refusing one that is not an
+// object.
+template <typename Read>
+void for_each_entry(const Json& object, const char* key, std::string_view source, const std::string& path, Read read) {
+  const Json& list = list_of(object, key, source, path);
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string at = path + "." + key + "[" + std::to_string(i) + "]";
+    if (!list[i].is_object()) refuse(source, at, "must be an object");
+    read(list[i], at);
+  }
+}
+
 }  // namespace
 
 void write_step(alloc::JsonWriter& json, const StepMemory& step) {
@@ -85,50 +101,40 @@ StepMemory read_step(const Json& value, std::string_view source) {
   const std::string path = "$.step";
   if (!value.is_object()) refuse(source, path, "must be an object (the step's memory)");
   StepMemory step;
-  step.start_bytes = count_of(member(value, "start_bytes", source, path), source, path + ".start_bytes");
-  step.end_bytes = count_of(member(value, "end_bytes", source, path), source, path + ".end_bytes");
-  step.peak_bytes = count_of(member(value, "peak_bytes", source, path), source, path + ".peak_bytes");
+  step.start_bytes = count_at(value, "start_bytes", source, path);
+  step.end_bytes = count_at(value, "end_bytes", source, path);
+  step.peak_bytes = count_at(value, "peak_bytes", source, path);
   const Json& storages = list_of(value, "storages", source, path);
   for (std::size_t i = 0; i < storages.size(); ++i) {
     step.storages.push_back(count_of(storages[i], source, path + ".storages[" + std::to_string(i) + "]"));
   }
-  const Json& calls = list_of(value, "checkpoints", source, path);
-  for (std::size_t k = 0; k < calls.size(); ++k) {
-    const std::string at = path + ".checkpoints[" + std::to_string(k) + "]";
-    if (!calls[k].is_object()) refuse(source, at, "must be an object");
+  for_each_entry(value, "checkpoints", source, path, [&](const Json& entry, const std::string& at) {
     StepCheckpoint call;
-    call.name = text_of(member(calls[k], "name", source, at), source, at + ".name");
-    call.inputs = ids_of(calls[k], "inputs", source, at);
-    call.kept_inputs = ids_of(calls[k], "kept_inputs", source, at);
-    call.outputs = ids_of(calls[k], "outputs", source, at);
-    const Json& regions = list_of(calls[k], "regions", source, at);
-    for (std::size_t r = 0; r < regions.size(); ++r) {
-      const std::string in = at + ".regions[" + std::to_string(r) + "]";
-      if (!regions[r].is_object()) refuse(source, in, "must be an object");
+    call.name = text_of(member(entry, "name", source, at), source, at + ".name");
+    call.inputs = ids_of(entry, "inputs", source, at);
+    call.kept_inputs = ids_of(entry, "kept_inputs", source, at);
+    call.outputs = ids_of(entry, "outputs", source, at);
+    for_each_entry(entry, "regions", source, at, [&](const Json& listed, const std::string& in) {
       StepRegion region;
-      region.name = text_of(member(regions[r], "name", source, in), source, in + ".name");
-      region.kept = ids_of(regions[r], "kept", source, in);
-      region.inputs = ids_of(regions[r], "inputs", source, in);
-      region.outputs = ids_of(regions[r], "outputs", source, in);
-      region.transient_bytes =
-          count_of(member(regions[r], "transient_bytes", source, in), source, in + ".transient_bytes");
-      if (regions[r].contains("offload_kept")) region.offload_kept = ids_of(regions[r], "offload_kept", source, in);
+      region.name = text_of(member(listed, "name", source, in), source, in + ".name");
+      region.kept = ids_of(listed, "kept", source, in);
+      region.inputs = ids_of(listed, "inputs", source, in);
+      region.outputs = ids_of(listed, "outputs", source, in);
+      region.transient_bytes = count_at(listed, "transient_bytes", source, in);
+      if (listed.contains("offload_kept")) region.offload_kept = ids_of(listed, "offload_kept", source, in);
       call.regions.push_back(std::move(region));
-    }
+    });
     step.checkpoints.push_back(std::move(call));
-  }
-  const Json& segments = list_of(value, "segments", source, path);
-  for (std::size_t s = 0; s < segments.size(); ++s) {
-    const std::string at = path + ".segments[" + std::to_string(s) + "]";
-    if (!segments[s].is_object()) refuse(source, at, "must be an object");
+  });
+  for_each_entry(value, "segments", source, path, [&](const Json& entry, const std::string& at) {
     StepSegment segment;
-    segment.peak_bytes = count_of(member(segments[s], "peak_bytes", source, at), source, at + ".peak_bytes");
-    segment.start_bytes = count_of(member(segments[s], "start_bytes", source, at), source, at + ".start_bytes");
-    segment.live = ids_of(segments[s], "live", source, at);
-    segment.forward = call_of(member(segments[s], "forward", source, at), source, at + ".forward");
-    segment.backward = call_of(member(segments[s], "backward", source, at), source, at + ".backward");
+    segment.peak_bytes = count_at(entry, "peak_bytes", source, at);
+    segment.start_bytes = count_at(entry, "start_bytes", source, at);
+    segment.live = ids_of(entry, "live", source, at);
+    segment.forward = call_of(member(entry, "forward", source, at), source, at + ".forward");
+    segment.backward = call_of(member(entry, "backward", source, at), source, at + ".backward");
     step.segments.push_back(std::move(segment));
-  }
+  });
   return step;
 }
 

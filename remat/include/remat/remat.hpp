@@ -60,8 +60,9 @@ struct CheckpointOptions {
   // takes the plan's choice over its own recompute setting; the others keep theirs. Inside a
   // region the plan saves, inner regions run as part of it. Null: every region its own setting.
   // A plan may recompute a region the code saves, so under one the runtime keeps the CPU
-  // generator's state as cpu_rng_state_hook() does (dropout draws forward's mask again); CUDA
-  // tensors need remat::cuda_rng_state_hook() in recompute_state_hooks.
+  // generator's state as cpu_rng_state_hook() does (dropout draws forward's mask again), and the
+  // default generator of every CUDA device that has a context when the checkpoint starts,
+  // through LibTorch's device-generic hooks (no remat::cuda needed; nothing where CUDA is absent).
   std::shared_ptr<const budget::RegionChoices> plan;
   // Handed back by checkpoint_caller() while the body runs. Null: none.
   std::shared_ptr<CheckpointCaller> caller;

@@ -19,4 +19,12 @@ class RecomputeStateHook {
 // The default CPU generator (dropout, randn, ...).
 std::shared_ptr<RecomputeStateHook> cpu_rng_state_hook();
 
+namespace detail {
+// The default generators of the CUDA devices that have a context when it snapshots (none where
+// LibTorch has no CUDA), through libtorch_cpu's device-generic hooks: what the runtime keeps
+// under a budget plan beside the CPU generator (CheckpointOptions::plan), with no CUDA library
+// linked. remat::cuda_rng_state_hook() is the one to pass yourself.
+std::shared_ptr<RecomputeStateHook> cuda_generators_state_hook();
+}  // namespace detail
+
 }  // namespace remat

@@ -29,6 +29,16 @@ sequence x sequence) shows in the scaled step's peak, read when its backward end
 with those inputs scale by the growth measured, and a step that went over the budget is a warning
 naming the measured and predicted peaks, never silent.
 
+Gradient accumulation (micro-batches, each with its own backward, then optimizer.step()) is a
+step per micro-batch. A micro-batch that begins with the gradients there (the second on) is planned
+from the profile less, in each segment, the gradients its backward had made by then (recorded as
+the profile ran): backward adds into them in place. The optimizer step is seen as the parameters
+changing after a step; `cycle` micro-batches run from one to the next. Its memory after the
+backward it follows is measured where it runs after a planned step and predicted, less the state
+it made then, after every later cycle's last micro-batch; every micro-batch is refused before its
+forward where one after it would not fit (no plan changes it). Its first run after the profiled
+micro-batch is not known before it runs: a step it takes over the budget is said with the figures.
+
 A step that differs from the profiled one otherwise (a checkpoint called more times, a region the
 profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape)
 recomputes every region from the first difference and is said once per difference. Every planned
@@ -101,13 +111,15 @@ class _Profiled:
     part after backward, whose measured peak already holds it. Where backward did not end inside
     the profile (or a checkpoint ran after it), the whole step is `planned`, as measured."""
 
-    def __init__(self, profile, signature, gradients=0):
+    def __init__(self, profile, signature, gradients=0, optimizer_after=False):
         self.profile = profile
         self.signature = signature
         self.gradients = gradients  # bytes of the gradients the step's backward was to make (none at its start)
+        self.optimizer_after = optimizer_after  # the parameters changed after its backward (an optimizer step)
         self.start = profile.step_start_bytes
         self.persisted = max(0, profile.step_end_bytes - self.start)
         self.planned = profile
+        self._with_gradients = None  # planned_for() a step whose gradients exist from its start, once made
         self.after_start = self.after_peak = None
         after = profile._after_backward
         doc = json.loads(profile.to_json())
@@ -122,20 +134,62 @@ class _Profiled:
         doc["step"]["end_bytes"] = self.after_start
         self.planned = _plans.RegionProfile(json.dumps(doc))
         self.planned._shape = profile._shape
+        self.planned._segment_gradients = profile._segment_gradients
 
-    def peak(self, planned_peak, base, ratio):
+    def planned_for(self, absent):
+        """The forward-and-backward profile to plan a step by that is to make `absent` bytes of
+        gradients. A micro-batch of gradient accumulation after the first begins with every gradient
+        there: backward adds into each in place, so it does not hold again what the profiled step's
+        backward had made by each point. Each segment's figures less the gradients made before it
+        began (recorded as the profile ran) bound such a step from above: within a segment, what it
+        makes of them is taken as still made (its new gradient is alive while it is added in). With
+        only some gradients there, or no record, the profile as it is bounds it."""
+        grads = self.profile._segment_gradients
+        if absent or not self.gradients or not grads:
+            return self.planned
+        if self._with_gradients is None:
+            doc = json.loads(self.planned.to_json())
+            step = doc["step"]
+            for segment, at_start in zip(step["segments"], grads):
+                made = max(0, at_start - grads[0])
+                segment["peak_bytes"] -= made
+                segment["start_bytes"] -= made
+            step["peak_bytes"] = max([s["peak_bytes"] for s in step["segments"]] + [step["start_bytes"]])
+            step["end_bytes"] -= min(self.gradients, max(0, step["end_bytes"] - step["start_bytes"]))
+            self._with_gradients = _plans.RegionProfile(json.dumps(doc))
+            self._with_gradients._shape = self.profile._shape
+        return self._with_gradients
+
+    def _backward_left(self):
+        """(bytes backward left allocated over the step's start, the gradients among them)."""
+        end = self.after_start if self.after_start is not None else self.profile.step_end_bytes
+        left = end - self.start
+        return left, min(max(0, left), self.gradients)
+
+    def peak(self, planned_peak, base, ratio, absent=None, after=True):
         """The step peak predicted for a step that begins with `base` bytes allocated, its
         inputs `ratio` times the profiled step's, under a plan whose forward and backward peak at
-        `planned_peak` in the profiled step (a peak of `planned`)."""
-        peak = base + _scaled(planned_peak - self.start, ratio)
-        if self.after_start is not None:
+        `planned_peak` in the profiled step (a peak of planned_for(absent)). `absent`: the bytes of
+        the gradients the step is to make (default: as many as the profiled step made); those it
+        makes beyond the profiled step's are added whole. `after`: with the part after backward
+        (False: that part was an optimizer step this step is not followed by)."""
+        absent = self.gradients if absent is None else absent
+        extra = max(0, absent - self.gradients)
+        peak = base + _scaled(planned_peak - self.start, ratio) + extra
+        if after and self.after_start is not None:
             already = min(self.persisted, max(0, base - self.start))  # made by the profiled step, there before this
-            # What backward left allocated: the gradients it made, as they are, and the rest scaled
-            left = self.after_start - self.start
-            made = min(max(0, left), self.gradients)
-            after = base - already + made + _scaled(left - made, ratio) + self.after_peak - self.after_start
-            peak = max(peak, after)
+            # What backward left allocated: the gradients it made (those this step makes), as they
+            # are, and the rest scaled
+            left, made = self._backward_left()
+            after_peak = (base - already + min(made, absent) + extra + _scaled(left - made, ratio) + self.after_peak
+                          - self.after_start)
+            peak = max(peak, after_peak)
         return peak
+
+    def backward_end(self, base, ratio, absent):
+        """The bytes allocated when a step's backward ends (peak()'s arguments)."""
+        left, made = self._backward_left()
+        return base + min(made, absent) + max(0, absent - self.gradients) + _scaled(left - made, ratio)
 
     def after_backward_peak(self, base, ratio):
         """The part of peak() no plan changes (0 where the step was not cut)."""
@@ -177,6 +231,14 @@ class FitState:
         self.diverged_peaks = []    # per step that differed: its measured peak
         self.profiled_steps = 0
         self.planned_steps = 0
+        # Gradient accumulation: the optimizer step is seen as the parameters changing (their version
+        # counters) after a step's backward; `cycle` steps (micro-batches) from one to the next
+        self.position = 0           # the step running now, counted from the last optimizer step (1: the first)
+        self.cycle = None           # micro-batches per optimizer step, once one was seen
+        self.optimizer_part = None  # (its peak over the bytes when backward ended, the state it made) as measured
+        self.expect_optimizer = False  # the step running now is predicted with the optimizer step after it
+        self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
+        self._versions = None       # the parameters' version counters when the step began; None: no step open
         # The step's peak, in a window of fit's own (remat_alloc.PeakWindow): the peak statistics
         # (memory_stats(), PyTorch's max_memory_allocated()) stay the user's to read and reset.
         self._window = None
@@ -202,6 +264,26 @@ class FitState:
         if self._window is not None:
             self._window.close()
 
+    def _parameters(self):
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _gradient_bytes(self):
+        return sum(p.grad.numel() * p.grad.element_size() for p in self._parameters() if p.grad is not None)
+
+    def _absent_gradients(self):
+        """The bytes of the gradients the step's backward is to make: those of parameters that have none now."""
+        return sum(p.numel() * p.element_size() for p in self._parameters() if p.grad is None)
+
+    def _optimizer_peak(self, source, base, ratio, absent):
+        """The peak of the optimizer step after this step's backward, from the last one measured
+        after a planned step: its rise over the bytes when backward ended, less the state it made
+        then, which is allocated now (0 where none was measured)."""
+        if self.optimizer_part is None:
+            return 0
+        rise, made = self.optimizer_part
+        end = source.backward_end(base, ratio, absent)
+        return end + max(0, rise - made)
+
     # --- between steps ---------------------------------------------------------------------------
 
     def backward_pending(self):
@@ -217,11 +299,27 @@ class FitState:
             session, _ = self.measuring
             self.measuring = None
             self.profiled_steps -= 1
+            self.position -= 1
+            self._versions = None
             session.__exit__(RuntimeError, None, None)
 
     def finish_step(self):
         """Ends the training step before this point: closes its profile, or checks the measured
         peak of a step planned from a scaled profile."""
+        updated = self._versions is not None and self._versions != [p._version for p in self._parameters()]
+        self._versions = None
+        first_optimizer = False
+        if updated and self.measuring is None and self.backward_end is not None and \
+                StepRecorder._counted_device() is not None:
+            # An optimizer step after a planned step's backward: its rise over the bytes then
+            # (the window restarted there) and the state it made, kept after it
+            end, gradients_then = self.backward_end
+            now = remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes"]
+            made = max(0, now - end + gradients_then - self._gradient_bytes())
+            first_optimizer = self.optimizer_part is None and not self.expect_optimizer
+            self.optimizer_part = (max(end, self._read_peak()) - end, made)
+        if updated:
+            self._count_cycle()
         if self.measuring is not None:
             session, signature = self.measuring
             self.measuring = None
@@ -230,7 +328,7 @@ class FitState:
             except ValueError as error:
                 raise ValueError(f"remat.fit: {error}") from None
             profile = session._result()
-            done = _Profiled(profile, signature, self.measuring_gradients)
+            done = _Profiled(profile, signature, self.measuring_gradients, optimizer_after=updated)
             self.profiles[signature] = done
             self.latest = done
             if profile.step_peak_bytes > self.budget:
@@ -254,11 +352,24 @@ class FitState:
         elif self.diverged is not None and StepRecorder._counted_device() is not None:
             self._check_diverged_step()
         elif self.planned_step is not None and StepRecorder._counted_device() is not None:
-            self._check_planned_step()
+            self._check_planned_step(first_optimizer)
         self.planned_step = None
         self.scaled_step = None
         self.backward_peak = None
+        self.backward_end = None
         self.diverged = None
+
+    def _count_cycle(self):
+        """The optimizer stepped after the step that just ended: it ends a cycle of micro-batches."""
+        said = ("cycle", self.position) in self.told_differences
+        if self.cycle is not None and self.position != self.cycle and not said:
+            self.told_differences.add(("cycle", self.position))
+            _tell(f"remat.fit: the optimizer stepped after {self.position} micro-batch(es) where it stepped after "
+                  f"{self.cycle} before (the gradient accumulation count changed): later steps are predicted with "
+                  f"it after every {self.position} micro-batch(es); every micro-batch is planned so that an optimizer "
+                  "step after it would fit too")
+        self.cycle = self.position
+        self.position = 0
 
     # --- a step that differs from the profiled one (_step_shape) ------------------------------------
 
@@ -306,12 +417,21 @@ class FitState:
             saving = (planned.step_peak_bytes - planned.step_start_bytes) / max(1, least)
             self.reprofile[signature] = (what, math.ceil((measured - predicted) * max(1.0, saving)))
 
-    def _check_planned_step(self):
+    def _check_planned_step(self, first_optimizer=False):
         """After a step that ran as profiled: over the budget (a prediction that did not hold), it is
-        said once, and later steps with its inputs plan for less by what it went over."""
+        said once, and later steps with its inputs plan for less by what it went over. Where the
+        optimizer stepped after it for the first time outside the profiled step (gradient
+        accumulation: the profiled micro-batch had none after it), that part was not known before it
+        ran: it is said, and later steps predict it."""
         signature, predicted = self.planned_step
         measured = max(self.backward_peak or 0, self._read_peak())
         if measured <= self.budget:
+            return
+        if first_optimizer:
+            _tell(f"remat.fit: the first optimizer step after accumulated micro-batches ran after a planned step "
+                  f"(the profiled micro-batch had none after it) and that step peaked at {_bytes_text(measured)}, "
+                  f"over the budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)} without it): "
+                  "its memory is measured now, and later micro-batches are planned with it")
             return
         self.reserve[signature] = self.reserve.get(signature, 0) + measured - self.budget
         if ("over", signature) not in self.told_differences:
@@ -330,6 +450,10 @@ class FitState:
             return
         def backward_ended():
             self.backward_peak = max(self.backward_peak or 0, self._read_peak())
+            # From here the window measures what runs after backward (an optimizer step)
+            self.backward_end = (remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes"],
+                                 self._gradient_bytes())
+            self._restart_peak()
 
         def backward_began(grad):
             self._awaiting = None
@@ -352,6 +476,9 @@ class FitState:
                              "allocator with remat_alloc.install() (CUDA tensors)")
         signature = _signature(args, kwargs)
         start = remat_alloc.memory_stats(device)["requested_bytes"]
+        self._versions = [p._version for p in self._parameters()]
+        self.position += 1
+        self.expect_optimizer = self.cycle is not None and self.position >= self.cycle
         if self.latest is None:
             return self._profile_step(signature)
         known = self.profiles.get(signature)
@@ -396,11 +523,11 @@ class FitState:
 
     def _profile_step(self, signature):
         # The gradients this step's backward is to make: those of parameters that have none now
-        self.measuring_gradients = sum(p.numel() * p.element_size() for p in self.model.parameters()
-                                       if p.requires_grad and p.grad is None)
+        self.measuring_gradients = self._absent_gradients()
         # The copy bandwidth only where plans may offload
         session = _profiling.profile_regions(timer=self.timer, host_copy=self.host_budget > 0)
         session.__enter__()
+        session._step.watch_gradients(self._gradient_bytes)
         self.measuring = (session, signature)
         self.plan = self.predicted_peak_bytes = None
         self.profiled_steps += 1
@@ -410,18 +537,30 @@ class FitState:
         """The use_plan for a step with `signature`, from `source`'s profile with everything above
         what its step began with scaled by `ratio` (1: the profile of these very inputs)."""
         profile = source.profile
-        planned = source.planned  # forward and backward, which the plan changes
+        absent = self._absent_gradients()
+        # Forward and backward, which the plan changes (with the gradients there from the start in
+        # micro-batches of gradient accumulation after the first)
+        planned = source.planned_for(absent)
         base = max(start, source.start)  # more allocated now than then: it stays through the step
+        # The profile's part after backward where it is the optimizer step, only before one
+        after = self.expect_optimizer or not source.optimizer_after
         # What is offloaded scales with the step as the rest does: the profile's regions plan
         # within the host budget shrunk as the step grew
         host = int(self.host_budget / ratio) if self.host_budget else None
-        least_now = source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio)
+        least_now = source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio, absent, after=after)
+        # An optimizer step after this one (expected, or where the accumulation count changes)
+        # must fit too: no plan changes it, so the worst micro-batch is checked before every one
+        optimizer = self._optimizer_peak(source, base, ratio, absent)
         reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
-        if least_now + reserve > self.budget:
-            self._refuse(source, base, ratio, least_now, signature, reserve)
-        plan = planned.plan(peak_bytes=source.start + int((self.budget - reserve - base) / ratio),
+        if max(least_now, optimizer) + reserve > self.budget:
+            self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
+                         optimizer=optimizer > least_now)
+        extra = max(0, absent - source.gradients)
+        plan = planned.plan(peak_bytes=source.start + int((self.budget - reserve - base - extra) / ratio),
                             host_budget_bytes=host)
-        predicted = source.peak(plan.peak_bytes, base, ratio)
+        predicted = source.peak(plan.peak_bytes, base, ratio, absent, after=after)
+        if self.expect_optimizer:
+            predicted = max(predicted, optimizer)
         if change is not None:
             _tell(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
                   f"profile scaled by {ratio:.3g}, assuming every region scales with the token count: "
@@ -446,7 +585,7 @@ class FitState:
         context._watch = self.watch[1]
         return context
 
-    def _refuse(self, source, base, ratio, least_now, signature, reserve=0):
+    def _refuse(self, source, base, ratio, least_now, signature, reserve=0, optimizer=False):
         if source.after_start is not None:
             # Gradients (what backward left allocated) stay through backward; the optimizer step's
             # state and transient, after it, too: no plan changes either
@@ -460,6 +599,9 @@ class FitState:
             scaled += (f", and a step with these inputs that differed from the profiled one took "
                        f"{_bytes_text(reserve)} more")
             least_now += reserve
+        if optimizer:
+            scaled += (" (with the optimizer step after it, as measured after an earlier micro-batch of gradient "
+                       "accumulation: no plan changes that part)")
         raise ValueError(f"remat.fit: no plan keeps this step within the budget of {_bytes_text(self.budget)}: the "
                          f"least step peak any plan reaches at inputs {_shapes_text(signature)} is "
                          f"{_bytes_text(least_now)}{scaled}. What stays allocated through the step (parameters, "

@@ -309,6 +309,7 @@ class RegionProfile:
         self.regions = [RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]]
         self._shape = None  # the StepShape profile_regions recorded; a dump does not hold it
         self._after_backward = None  # the first step segment after backward ended (profile_regions); nor this
+        self._segment_gradients = None  # per step segment, the model's gradient bytes when it began (remat.fit)
         # region -> the ops a per-op plan may keep: [{"index", "op", "bytes", "seconds"}] (ops=True)
         self.ops = {r["name"]: r["ops"] for r in doc["regions"] if r.get("ops")}
         self.has_ops = bool(self.ops)
@@ -415,23 +416,14 @@ class RegionProfile:
         if plan.kept_ops:
             raise ValueError("predict_peak: the plan keeps ops inside recomputed regions (ops=True), which the step "
                              "peak model does not count yet; predict plans made without ops")
-        names = [region.name for region in self.regions]
+        recompute_by_region = {name: choice == "recompute" for name, choice in plan.decisions.items()}
         grouped = any("*" in name for name in plan.decisions)
         if plan.offloaded:
-            missing = [name for name in names if name not in plan.decisions]
-            if grouped or missing:
-                raise ValueError("predict_peak: a plan that offloads names each region of the profile; this one "
-                                 f"does not name {_listed(missing or names)}")
-            return _budget.predict_peak(self._text, [plan.decisions[name] == "recompute" for name in names], False,
-                                        [plan.decisions[name] == "offload" for name in names])
-        if grouped:
-            order = [entry for entry in plan.decisions]
-            return _budget.predict_peak(self._text, [plan.decisions[entry] == "recompute" for entry in order], True)
-        missing = [name for name in names if name not in plan.decisions]
-        if missing:
-            raise ValueError(f"predict_peak: the plan does not name {len(missing)} region(s) of the profile: "
-                             f"{_listed(missing)}")
-        return _budget.predict_peak(self._text, [plan.decisions[name] == "recompute" for name in names], False)
+            if grouped:
+                raise ValueError("predict_peak: a plan that offloads names each region of the profile, not patterns")
+            offloaded_by_region = {name: choice == "offload" for name, choice in plan.decisions.items()}
+            return _budget.predict_peak(self._text, recompute_by_region, False, offloaded_by_region)
+        return _budget.predict_peak(self._text, recompute_by_region, grouped)
 
     def frontier(self, steps=8, *, group=False, by="kept"):
         """The fastest plan at `steps` budgets spread from the least to everything saved: by="kept"

@@ -128,6 +128,8 @@ class profile_regions:
         self._profile._shape = self._shape
         # Where backward ended in step.segments (remat.fit predicts the rest apart); not in the dump
         self._profile._after_backward = self._step.after_backward if self._step.enabled else None
+        # The model's gradients when each segment began, where remat.fit watched them; not in the dump
+        self._profile._segment_gradients = self._step.segment_gradients if self._step.enabled else None
         return False
 
     def _result(self):

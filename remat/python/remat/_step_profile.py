@@ -79,6 +79,8 @@ class StepRecorder:
         self.after_backward = None   # the first segment after the last backward ended, or None
         self._end_queued = False
         self._begun = set()          # checkpoint calls whose backward began in the backward running now
+        self.gradient_bytes = None   # a callable: bytes of the model's gradients now (watch_gradients)
+        self.segment_gradients = None  # per segment, those bytes when it began (remat.fit's steps with gradients)
 
     @staticmethod
     def _counted_device():
@@ -101,6 +103,15 @@ class StepRecorder:
         self.start_bytes = self._stats()["requested_bytes"]
         self._segment_start = self.start_bytes
 
+    def watch_gradients(self, gradient_bytes):
+        """Records, per segment, the bytes `gradient_bytes()` gives when it begins: the gradients
+        backward has made by then, which a step beginning with them already there does not make
+        again (remat.fit predicts such steps, micro-batches of gradient accumulation, from it)."""
+        if self.enabled:
+            self.gradient_bytes = gradient_bytes
+            self.segment_gradients = []
+            self._segment_gradients_start = gradient_bytes()
+
     def mark(self, peak=None):
         """Ends the segment running now (its peak since the last mark, or `peak` where the caller
         took it) and starts the next."""
@@ -114,6 +125,9 @@ class StepRecorder:
                               "forward": self._forward, "backward": self._recomputing})
         self.peak_bytes = max(self.peak_bytes, peak)
         self._segment_start = now
+        if self.gradient_bytes is not None:
+            self.segment_gradients.append(self._segment_gradients_start)
+            self._segment_gradients_start = self.gradient_bytes()
 
     def end(self):
         if not self.enabled:

@@ -109,32 +109,40 @@ def _scope_line(pad, scope):
     return pad + scope.name + ("" if scope.metadata is None else f" [{scope.metadata}]")
 
 
-def _format_entries(entries, indent):
-    pad = " " * indent
+def _tree_lines(items, indent, children_of, leaf_lines):
+    """A tree's lines as format() prints them: each scope (an item children_of gives the children
+    of, not None) as its line with its children two spaces further in; leaf_lines(item, indent)
+    gives the lines of any other item."""
     lines = []
-    for entry in entries:
-        if isinstance(entry, ScopeTrace):
-            lines.append(_scope_line(pad, entry))
-            lines += _format_entries(entry.entries, indent + 2)
+    for item in items:
+        children = children_of(item)
+        if children is None:
+            lines += leaf_lines(item, indent)
         else:
-            lines.append(f"{pad}{entry.name}: {'recompute' if entry.recompute else 'save'}")
+            lines.append(_scope_line(" " * indent, item))
+            lines += _tree_lines(children, indent + 2, children_of, leaf_lines)
     return lines
+
+
+def _op_lines(op, indent):
+    return [f"{' ' * indent}{op.name}: {'recompute' if op.recompute else 'save'}"]
+
+
+def _format_entries(entries, indent):
+    return _tree_lines(entries, indent, lambda entry: entry.entries if isinstance(entry, ScopeTrace) else None,
+                       _op_lines)
+
+
+def _checkpoint_lines(item, indent):
+    scope = item.scope if isinstance(item, _CheckpointRun) else item
+    return [f"{' ' * indent}scope [{scope.name}]"] + _format_entries(_entries([item]), indent + 2)
 
 
 def _format_lines(ran, indent):
     """A block's tree as format() prints it: trace scopes outside checkpoints, each checkpoint as
     'scope [NAME]' with its entries under it."""
-    pad = " " * indent
-    lines = []
-    for item in ran:
-        if isinstance(item, _ScopeRun):
-            lines.append(_scope_line(pad, item))
-            lines += _format_lines(item.ran, indent + 2)
-        else:
-            scope = item.scope if isinstance(item, _CheckpointRun) else item
-            lines.append(f"{pad}scope [{scope.name}]")
-            lines += _format_entries(_entries([item]), indent + 2)
-    return lines
+    return _tree_lines(ran, indent, lambda item: item.ran if isinstance(item, _ScopeRun) else None,
+                       _checkpoint_lines)
 
 
 def _drain():

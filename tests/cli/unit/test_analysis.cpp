@@ -24,14 +24,20 @@ Event ev(Action action, std::int64_t time, std::uint64_t address, std::uint64_t 
   return Event{action, time, address, size, 0, tag};
 }
 
+// The replay of `events`, in order, over the tags of two_regions(), grouped `by`.
+LiveReplay replay_of(GroupBy by, std::initializer_list<Event> events) {
+  static const TagTable tags = two_regions();
+  LiveReplay replay(tags, by);
+  for (const Event& event : events) replay.apply(event);
+  return replay;
+}
+
 TEST(LiveReplay, FreeRequestedEndsAnAllocationAndPeaksAreKeptPerGroup) {
-  const TagTable tags = two_regions();
-  LiveReplay replay(tags, GroupBy::region);
-  replay.apply(ev(Action::alloc, 0, 0x1000, 100, 1));
-  replay.apply(ev(Action::alloc, 1, 0x2000, 50, 2));
-  replay.apply(ev(Action::free_requested, 2, 0x1000, 100, 1));
-  replay.apply(ev(Action::free_completed, 3, 0x1000, 100, 1));  // already released: no double count
-  replay.apply(ev(Action::alloc, 4, 0x3000, 30, 1));
+  const LiveReplay replay =
+      replay_of(GroupBy::region, {ev(Action::alloc, 0, 0x1000, 100, 1), ev(Action::alloc, 1, 0x2000, 50, 2),
+                                  ev(Action::free_requested, 2, 0x1000, 100, 1),
+                                  ev(Action::free_completed, 3, 0x1000, 100, 1),  // already released: no double count
+                                  ev(Action::alloc, 4, 0x3000, 30, 1)});
   const auto& labels = replay.labels();
   const auto index = [&](const std::string& name) {
     return static_cast<std::size_t>(std::find(labels.begin(), labels.end(), GroupLabel::name(name)) - labels.begin());
@@ -46,18 +52,14 @@ TEST(LiveReplay, FreeRequestedEndsAnAllocationAndPeaksAreKeptPerGroup) {
 }
 
 TEST(LiveReplay, FreeCompletedAloneAlsoEndsAnAllocation) {
-  const TagTable tags = two_regions();
-  LiveReplay replay(tags, GroupBy::phase);
-  replay.apply(ev(Action::alloc, 0, 0x1000, 100, 1));
-  replay.apply(ev(Action::free_completed, 1, 0x1000, 100, 1));
+  const LiveReplay replay =
+      replay_of(GroupBy::phase, {ev(Action::alloc, 0, 0x1000, 100, 1), ev(Action::free_completed, 1, 0x1000, 100, 1)});
   EXPECT_EQ(replay.total(), 0u);
 }
 
 TEST(LiveReplay, FreesOfBlocksAllocatedBeforeTheTraceAreCountedNotSubtracted) {
-  const TagTable tags = two_regions();
-  LiveReplay replay(tags, GroupBy::region);
-  replay.apply(ev(Action::alloc, 0, 0x1000, 100, 1));
-  replay.apply(ev(Action::free_requested, 1, 0x9000, 4096, 1));
+  const LiveReplay replay = replay_of(
+      GroupBy::region, {ev(Action::alloc, 0, 0x1000, 100, 1), ev(Action::free_requested, 1, 0x9000, 4096, 1)});
   EXPECT_EQ(replay.total(), 100u);
   EXPECT_EQ(replay.unmatched_frees(), 1u);
 }

@@ -12,6 +12,13 @@ void expect_bad_input(const CliResult& r, const std::string& needle) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line expected: " << r.err;
 }
 
+// `command` run on a trace of `events` (trace_text's header over them) is refused naming `needle`.
+void expect_trace_refused(const std::string& command, const std::vector<std::string>& events,
+                          const std::string& needle) {
+  TempDir dir;
+  expect_bad_input(run({command, dir.write("t.jsonl", trace_text(events))}), needle);
+}
+
 TEST(BadInput, EmptyFileIsReportedAsEmpty) {
   TempDir dir;
   expect_bad_input(run({"summary", dir.write("empty.json", "")}), "file is empty (0 bytes)");
@@ -111,16 +118,14 @@ TEST(BadInput, LiveBytesOverflowingIsReportedNotWrapped) {
 }
 
 TEST(BadInput, EventsOutOfTimeOrderNameTheLine) {
-  TempDir dir;
-  const std::string text = trace_text({event("alloc", 10, 4096, 512, 1), event("alloc", 5, 8192, 512, 1)});
-  expect_bad_input(run({"summary", dir.write("t.jsonl", text)}), "line 3 (byte");
-  expect_bad_input(run({"summary", dir.write("t2.jsonl", text)}), "out of time order (5 after 10)");
+  const std::vector<std::string> events = {event("alloc", 10, 4096, 512, 1), event("alloc", 5, 8192, 512, 1)};
+  expect_trace_refused("summary", events, "line 3 (byte");
+  expect_trace_refused("summary", events, "out of time order (5 after 10)");
 }
 
 TEST(BadInput, TagIndexOutOfRangeIsRefused) {
-  TempDir dir;
-  const std::string text = trace_text({event("alloc", 10, 4096, 512, 9)});
-  expect_bad_input(run({"memory", dir.write("t.jsonl", text)}), "$.tag: index 9 is out of range; `tags` has 3 entries");
+  expect_trace_refused("memory", {event("alloc", 10, 4096, 512, 9)},
+                       "$.tag: index 9 is out of range; `tags` has 3 entries");
 }
 
 TEST(BadInput, TraceShorterThanItsHeaderDeclaresIsTruncated) {
@@ -138,9 +143,7 @@ TEST(BadInput, TraceCutInsideTheLastLineIsASyntaxError) {
 }
 
 TEST(BadInput, UnknownActionIsNamed) {
-  TempDir dir;
-  const std::string text = trace_text({event("teleport", 10, 4096, 512, 1)});
-  expect_bad_input(run({"trace", dir.write("t.jsonl", text)}), "$.action: unknown action 'teleport'");
+  expect_trace_refused("trace", {event("teleport", 10, 4096, 512, 1)}, "$.action: unknown action 'teleport'");
 }
 
 TEST(BadInput, WrongKindForTheSubcommandIsRefused) {

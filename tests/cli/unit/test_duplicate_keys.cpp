@@ -21,6 +21,16 @@ std::string inserted_after(const std::string& text, const std::string& anchor, c
   return out;
 }
 
+// A trace whose one event is `line`, written into `dir`: its file, and how errors name the line.
+struct OneEventTrace {
+  std::string file, line_at;
+};
+OneEventTrace one_event_trace(TempDir& dir, const std::string& line) {
+  const std::string header = trace_text({});
+  const std::string file = dir.write("dup.jsonl", header + line + "\n");
+  return {file, file + ": line 2 (byte " + std::to_string(header.size()) + "): "};
+}
+
 TEST(DuplicateKeys, ASnapshotBlockKeyTwiceIsRefusedByEverySubcommandNamingItsPath) {
   TempDir dir;
   const std::string file =
@@ -37,35 +47,27 @@ TEST(DuplicateKeys, ATraceHeaderKeyTwiceIsRefusedByEverySubcommand) {
 
 TEST(DuplicateKeys, AnEventKeyTwiceIsRefusedByEverySubcommandNamingItsLine) {
   TempDir dir;
-  const std::string header = trace_text({});
-  const std::string line = R"({"action":"alloc","time_us":1,"address":4096,"size":512,"stream":0,"tag":1,"tag":2})";
-  const std::string file = dir.write("dup.jsonl", header + line + "\n");
-  expect_refused_by_every_command(
-      file, dir, file + ": line 2 (byte " + std::to_string(header.size()) + "): $.tag: " + duplicate("tag"));
+  const OneEventTrace trace =
+      one_event_trace(dir, R"({"action":"alloc","time_us":1,"address":4096,"size":512,"stream":0,"tag":1,"tag":2})");
+  expect_refused_by_every_command(trace.file, dir, trace.line_at + "$.tag: " + duplicate("tag"));
 }
 
 TEST(DuplicateKeys, AnUnknownEventKeyTwiceIsRefusedToo) {
   TempDir dir;
-  const std::string header = trace_text({});
-  const std::string line =
-      R"({"action":"alloc","time_us":1,"address":4096,"size":512,"stream":0,"tag":1,"note":1,"note":2})";
-  const std::string file = dir.write("dup.jsonl", header + line + "\n");
-  const CliResult r = run({"memory", file});
+  const OneEventTrace trace = one_event_trace(
+      dir, R"({"action":"alloc","time_us":1,"address":4096,"size":512,"stream":0,"tag":1,"note":1,"note":2})");
+  const CliResult r = run({"memory", trace.file});
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.err, "remat-report: " + file + ": line 2 (byte " + std::to_string(header.size()) +
-                       "): $.note: " + duplicate("note") + "\n");
+  EXPECT_EQ(r.err, "remat-report: " + trace.line_at + "$.note: " + duplicate("note") + "\n");
 }
 
 TEST(DuplicateKeys, KeysThatDifferOnlyInTheirEscapesAreDuplicates) {
   TempDir dir;
-  const std::string header = trace_text({});
-  const std::string line =
-      R"({"action":"alloc","time_us":1,"address":4096,"size":512,"siz\u0065":1,"stream":0,"tag":1})";
-  const std::string file = dir.write("dup.jsonl", header + line + "\n");
-  const CliResult r = run({"validate", file});
+  const OneEventTrace trace = one_event_trace(
+      dir, R"({"action":"alloc","time_us":1,"address":4096,"size":512,"siz\u0065":1,"stream":0,"tag":1})");
+  const CliResult r = run({"validate", trace.file});
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.err, "invalid: " + file + ": line 2 (byte " + std::to_string(header.size()) +
-                       "): $.size: " + duplicate("size") + "\n");
+  EXPECT_EQ(r.err, "invalid: " + trace.line_at + "$.size: " + duplicate("size") + "\n");
 }
 
 TEST(DuplicateKeys, ReportKindsRefuseThemAtTheirPath) {

@@ -22,15 +22,18 @@ std::string at_line(const std::string& file, const std::vector<std::string>& eve
   return file + ": line " + std::to_string(index + 2) + " (byte " + std::to_string(offset_of(events, index)) + ")";
 }
 
-TEST(EventConsistency, AnAllocAtALiveAddressIsInvalidInEverySubcommand) {
+// A trace of `events` is refused by every subcommand naming event `index`'s line, then `problem`.
+void expect_trace_refused_at(const std::vector<std::string>& events, std::size_t index, const std::string& problem) {
   TempDir dir;
-  const std::vector<std::string> events = {event("alloc", 1, 4096, 512, 1), event("alloc", 2, 4096, 256, 2)};
   const std::string file = dir.write("t.jsonl", trace_text(events));
-  expect_refused_by_every_command(
-      file, dir,
-      at_line(file, events, 1) +
-          ": event 2: $.address: alloc at 0x1000 while the block allocated there by event 1 is still live (no "
-          "free_requested or free_completed between them): events were lost or the dump is corrupt");
+  expect_refused_by_every_command(file, dir, at_line(file, events, index) + problem);
+}
+
+TEST(EventConsistency, AnAllocAtALiveAddressIsInvalidInEverySubcommand) {
+  expect_trace_refused_at(
+      {event("alloc", 1, 4096, 512, 1), event("alloc", 2, 4096, 256, 2)}, 1,
+      ": event 2: $.address: alloc at 0x1000 while the block allocated there by event 1 is still live (no "
+      "free_requested or free_completed between them): events were lost or the dump is corrupt");
 }
 
 TEST(EventConsistency, AnAllocAtALiveAddressIsInvalidInASnapshotToo) {
@@ -51,14 +54,10 @@ TEST(EventConsistency, AnAllocAtALiveAddressIsInvalidInASnapshotToo) {
 }
 
 TEST(EventConsistency, ReservedBytesBeyond64BitsAreInvalidInEverySubcommand) {
-  TempDir dir;
-  const std::vector<std::string> events = {event("segment_alloc", 1, 0, 9223372036854775808ull, 0),
-                                           event("segment_alloc", 2, 9223372036854775808ull, 9223372036854775807ull, 0),
-                                           event("segment_alloc", 3, 1, 5, 0)};
-  const std::string file = dir.write("t.jsonl", trace_text(events));
-  expect_refused_by_every_command(
-      file, dir,
-      at_line(file, events, 2) + ": event 3: $.size: reserved bytes overflow 64 bits with this segment of 5 bytes");
+  expect_trace_refused_at({event("segment_alloc", 1, 0, 9223372036854775808ull, 0),
+                           event("segment_alloc", 2, 9223372036854775808ull, 9223372036854775807ull, 0),
+                           event("segment_alloc", 3, 1, 5, 0)},
+                          2, ": event 3: $.size: reserved bytes overflow 64 bits with this segment of 5 bytes");
 }
 
 TEST(EventConsistency, SnapshotSegmentsAddingUpBeyond64BitsAreInvalid) {
@@ -204,13 +203,8 @@ TEST(EventConsistency, AStatPeakBelowItsCurrentValueIsInvalid) {
 }
 
 TEST(EventConsistency, ABlockEndingPastTheAddressSpaceIsInvalid) {
-  TempDir dir;
-  const std::vector<std::string> events = {event("alloc", 1, 18446744073709551600ull, 32, 1)};
-  const std::string file = dir.write("t.jsonl", trace_text(events));
-  expect_refused_by_every_command(file, dir,
-                                  at_line(file, events, 0) +
-                                      ": event 1: $.size: 32 bytes at 0xfffffffffffffff0 end past the 64-bit "
-                                      "address space");
+  expect_trace_refused_at({event("alloc", 1, 18446744073709551600ull, 32, 1)}, 0,
+                          ": event 1: $.size: 32 bytes at 0xfffffffffffffff0 end past the 64-bit address space");
 }
 
 TEST(EventConsistency, ASegmentAllocAtAReservedAddressIsInvalid) {
@@ -226,14 +220,10 @@ TEST(EventConsistency, ASegmentAllocAtAReservedAddressIsInvalid) {
 }
 
 TEST(EventConsistency, ATimeSpanBeyond64BitsIsInvalid) {
-  TempDir dir;
-  const std::vector<std::string> events = {event("alloc", -9223372036854775807LL, 4096, 1, 1),
-                                           event("alloc", 9223372036854775807LL, 8192, 1, 1)};
-  const std::string file = dir.write("t.jsonl", trace_text(events));
-  expect_refused_by_every_command(file, dir,
-                                  at_line(file, events, 1) +
-                                      ": event 2: $.time_us: 9223372036854775807 is too far from the first event's "
-                                      "time -9223372036854775807: the span does not fit in 64 bits");
+  expect_trace_refused_at(
+      {event("alloc", -9223372036854775807LL, 4096, 1, 1), event("alloc", 9223372036854775807LL, 8192, 1, 1)}, 1,
+      ": event 2: $.time_us: 9223372036854775807 is too far from the first event's time -9223372036854775807: the span "
+      "does not fit in 64 bits");
 }
 
 TEST(EventConsistency, ATraceOfFreesOnlyHasNoPeakTime) {

@@ -33,6 +33,15 @@ void expect_bad_input(const CliResult& r, const std::string& needle) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line expected: " << r.err;
 }
 
+// `summary` of a dump holding `text` succeeds and prints `start` first; its whole output.
+std::string expect_summary_starts_with(const std::string& text, const std::string& start) {
+  TempDir dir;
+  const CliResult r = run({"summary", dir.write("dump.json", text)});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(start, 0), 0u) << r.out;
+  return r.out;
+}
+
 TEST(OomCommand, SuggestsEmptyCacheWhenReleasableCoversTheRequest) {
   TempDir dir;
   const CliResult r = run({"oom", dir.write("oom.json", oom_text())});
@@ -104,19 +113,14 @@ TEST(RematTrace, UnknownDecisionNamesItsPath) {
 }
 
 TEST(RematTrace, IdenticalConsecutiveScopesAreFoldedAndCounted) {
-  TempDir dir;
   const std::string scope = R"({"name":"layers.0","regions":[{"name":"mlp","decision":"recompute"}]})";
   const std::string text =
       R"({"kind":"remat-trace",)" + kHeader + R"(,"scopes":[)" + scope + "," + scope + "," + scope + "]}";
-  const CliResult r = run({"summary", dir.write("r.json", text)});
-  EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out.rfind("remat trace: 3 checkpoint(s), 3 region(s)\n"
-                        "scope [layers.0]  x3 (identical consecutive scopes folded)\n"
-                        "  mlp: recompute\n",
-                        0),
-            0u)
-      << r.out;
-  EXPECT_NE(r.out.find("note: 2 scope(s) folded"), std::string::npos) << r.out;
+  const std::string out = expect_summary_starts_with(text,
+                                                     "remat trace: 3 checkpoint(s), 3 region(s)\n"
+                                                     "scope [layers.0]  x3 (identical consecutive scopes folded)\n"
+                                                     "  mlp: recompute\n");
+  EXPECT_NE(out.find("note: 2 scope(s) folded"), std::string::npos) << out;
 }
 
 TEST(SavedReport, GroupCountOfZeroIsRefused) {
@@ -129,19 +133,14 @@ TEST(SavedReport, GroupCountOfZeroIsRefused) {
 }
 
 TEST(SavedReport, TextMatchesTheRuntimeFormatterIncludingMiB) {
-  TempDir dir;
   const std::string text = R"({"kind":"saved-report",)" + kHeader +
                            R"(,"total_bytes":6292480,"region_bytes":6291456,"outside_bytes":1024,"regions":3,)"
                            R"("region_groups":[{"label":"block.0-2","bytes":6291456,"count":3,"storages":12}],)"
                            R"("node_groups":[{"label":"MulBackward0","bytes":1024,"count":2,"storages":2}]})";
-  const CliResult r = run({"summary", dir.write("s.json", text)});
-  EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out.rfind("saved for backward: 6.00 MiB resident -- 3 region(s) 6.00 MiB, outside regions 1.00 KiB\n"
-                        "  2.00 MiB  x3  block.0-2  (4 storages each)\n"
-                        "  1.00 KiB  MulBackward0 (x2)\n",
-                        0),
-            0u)
-      << r.out;
+  expect_summary_starts_with(text,
+                             "saved for backward: 6.00 MiB resident -- 3 region(s) 6.00 MiB, outside regions 1.00 KiB\n"
+                             "  2.00 MiB  x3  block.0-2  (4 storages each)\n"
+                             "  1.00 KiB  MulBackward0 (x2)\n");
 }
 
 TEST(MemoryReport, SlotGroupingIsRefusedNamingTheGroupingsItHas) {

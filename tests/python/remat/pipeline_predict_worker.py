@@ -5,7 +5,6 @@ buffers and optimizer state exist), optimizer step included, and a snapshot.
 Usage: pipeline_predict_worker.py OUT_DIR CASES_JSON   (RANK, WORLD_SIZE, MASTER_* set)
 """
 
-import datetime
 import gc
 import json
 import os
@@ -17,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, schedules
 
 import pipeline_llama as llama
+from gloo_rank import run_rank
 import remat
 import remat.pipelining
 
@@ -74,21 +74,20 @@ def run_case(case, rank, world):
 
 def main():
     out_dir, cases = sys.argv[1], json.loads(sys.argv[2])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = []
-    with remat.tag_cpu_tensors():
-        for i, case in enumerate(cases):
-            peak = run_case(case, rank, world)
-            case_dir = os.path.join(out_dir, f"case{i}")
-            os.makedirs(case_dir, exist_ok=True)
-            remat_alloc.dump_snapshot(os.path.join(case_dir, f"snapshot-rank{rank}.json"))
-            results.append(peak)
-            dist.barrier()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+
+    def peaks(rank, world):
+        results = []
+        with remat.tag_cpu_tensors():
+            for i, case in enumerate(cases):
+                peak = run_case(case, rank, world)
+                case_dir = os.path.join(out_dir, f"case{i}")
+                os.makedirs(case_dir, exist_ok=True)
+                remat_alloc.dump_snapshot(os.path.join(case_dir, f"snapshot-rank{rank}.json"))
+                results.append(peak)
+                dist.barrier()
+        return results
+
+    run_rank(out_dir, peaks)
 
 
 if __name__ == "__main__":

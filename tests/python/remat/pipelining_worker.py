@@ -6,19 +6,17 @@ every parameter gradient are bitwise equal, the plan's slots, and the buffers' m
 Usage: pipelining_worker.py OUT_DIR SCHEDULE[,SCHEDULE...]   (RANK, WORLD_SIZE, MASTER_* set)
 """
 
-import datetime
-import json
 import os
 import sys
 import tempfile
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
 import remat
 import remat.pipelining
+from gloo_rank import run_rank
 
 DIM = 8
 MICROBATCHES = 8
@@ -159,10 +157,7 @@ def bitwise_equal(a, b):
     return True
 
 
-def main():
-    out_dir, names = sys.argv[1], sys.argv[2].split(",")
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
+def compare_modes(names, rank, world):
     results = {}
     with tempfile.TemporaryDirectory() as workdir:
         for name in names:
@@ -176,10 +171,12 @@ def main():
                     entry["plan"] = pooled[2]
                 entry["stock_losses"] = [[float(v) for v in step] for step in stock[0]]
                 results[f"{name}/{layout}"] = entry
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    return results
+
+
+def main():
+    out_dir, names = sys.argv[1], sys.argv[2].split(",")
+    run_rank(out_dir, lambda rank, world: compare_modes(names, rank, world))
 
 
 if __name__ == "__main__":

@@ -656,6 +656,22 @@ def test_the_tagging_allocator_is_found_when_it_is_pytorchs_cuda_allocator(tmp_p
     assert done.stdout.splitlines() == ["False", "True", "remat"]
 
 
+def oom_in_a_fresh_process(script, allocator, validate_oom, timeout):
+    """Runs `script`, which prints "raised" when its allocation failed, then a JSON object with the
+    observer's allocator and dumps; checks it wrote one valid report under `allocator` and returns
+    that report and the object."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "raised"
+    result = json.loads(lines[1])
+    assert result["allocator"] == allocator and len(result["dumps"]) == 1
+    doc = json.loads(pathlib.Path(result["dumps"][0]).read_text())
+    validate_oom(doc)
+    return doc, result
+
+
 def test_under_the_tagging_allocator_the_same_call_lists_its_own_report(tmp_path, validate_oom):
     # A fresh process: the host capacity is set before the first tagged tensor.
     script = textwrap.dedent(f"""
@@ -673,15 +689,7 @@ def test_under_the_tagging_allocator_the_same_call_lists_its_own_report(tmp_path
         observer.detach()
         print(json.dumps({{"allocator": observer.allocator, "dumps": observer.dumps}}))
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "raised"
-    result = json.loads(lines[1])
-    assert result["allocator"] == "remat" and len(result["dumps"]) == 1
-    doc = json.loads(pathlib.Path(result["dumps"][0]).read_text())
-    validate_oom(doc)
+    doc, _ = oom_in_a_fresh_process(script, "remat", validate_oom, timeout=120)
     assert doc["backend"] == "host" and doc["request"]["requested_bytes"] == 8 << 20
     assert "held" in [h["name"] for h in doc["holders"]["by_region"]]
 
@@ -706,15 +714,7 @@ def test_on_a_gpu_a_real_oom_writes_a_report_billing_what_a_checkpoint_keeps(tmp
             print("raised")
         print(json.dumps({{"allocator": observer.allocator, "dumps": observer.dumps, "asked": too_big}}))
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ))
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "raised"
-    result = json.loads(lines[1])
-    assert result["allocator"] == "native" and len(result["dumps"]) == 1
-    doc = json.loads(pathlib.Path(result["dumps"][0]).read_text())
-    validate_oom(doc)
+    doc, result = oom_in_a_fresh_process(script, "native", validate_oom, timeout=300)
     assert doc["cause"] == "request_exceeds_device" and doc["request"]["rounded_bytes"] >= result["asked"]
     kept = {h["name"]: h for h in doc["holders"]["by_region"]}.get("gpu.ck::kept")
     assert kept is not None and kept["bytes"] >= 4 << 20 and kept["saved_bytes"] == kept["bytes"]

@@ -171,15 +171,21 @@ def sets_by_stage(rows):
     return {(row["stages"][0], row["direction"]): row["sets"] for row in rows}
 
 
+def assert_nemo_rings_beside_stock(result, stock_key, why_stock):
+    """Every rank's pooled rings are NeMo's closed form with slack 2, and result[stock_key]'s
+    buffers stay stock (one set per microbatch) for the same stages."""
+    for rank in range(WORLD):
+        expected = nemo_rings(rank, slack=2)
+        assert sets_by_stage(result["rings"][str(rank)]) == expected, f"rank {rank}"
+        stock = sets_by_stage(result[stock_key][str(rank)])
+        assert stock == {key: MICROBATCHES for key in expected}, why_stock
+
+
 def test_install_recv_buffer_pool_is_nemos_closed_form_on_1f1b(tmp_path):
     result = run_fake(tmp_path, "nemo", "2")
     assert result["installed"] is True and result["again"] is True
     assert result["negative"] == "install_recv_buffer_pool: slack must be >= 0, got -1"
-    for rank in range(WORLD):
-        expected = nemo_rings(rank, slack=2)
-        assert sets_by_stage(result["rings"][str(rank)]) == expected, f"rank {rank}"
-        gpipe = sets_by_stage(result["gpipe"][str(rank)])
-        assert gpipe == {key: MICROBATCHES for key in expected}, "only Schedule1F1B is pooled"
+    assert_nemo_rings_beside_stock(result, "gpipe", "only Schedule1F1B is pooled")
 
 
 def test_install_recv_buffer_pool_per_stage_pools_the_1f1b_schedule_running_that_stage(tmp_path):
@@ -187,11 +193,7 @@ def test_install_recv_buffer_pool_per_stage_pools_the_1f1b_schedule_running_that
     assert result["installed"] is True
     assert result["not_a_stage"].startswith("install_recv_buffer_pool: stage must be a torch.distributed.pipelining "
                                             "stage, got str")
-    for rank in range(WORLD):
-        expected = nemo_rings(rank, slack=2)
-        assert sets_by_stage(result["rings"][str(rank)]) == expected, f"rank {rank}"
-        stock = sets_by_stage(result["stock"][str(rank)])
-        assert stock == {key: MICROBATCHES for key in expected}, "a stage not given stays stock"
+    assert_nemo_rings_beside_stock(result, "stock", "a stage not given stays stock")
 
 
 def test_install_recv_buffer_pool_keeps_stock_buffers_where_torch_differs(tmp_path):

@@ -2,6 +2,10 @@
 the matching points in recompute, and the state backward had put back afterwards; with the
 RNG in a hook, dropout gives bitwise the gradients it gives without checkpointing."""
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -90,6 +94,48 @@ def test_dropout_on_cuda_with_the_cuda_rng_state_hook_gives_bitwise_equal_gradie
     torch.rand(3, device="cuda")  # the caller moves the generator on before backward
     out.sum().backward()
     assert torch.equal(x.grad, expected)
+
+
+def test_a_plan_recomputing_a_saved_dropout_region_on_the_cpu_is_bitwise_and_makes_no_cuda_context():
+    """Under a plan the runtime keeps the CPU generator and the CUDA generators of devices that have
+    a context: a step on CPU tensors draws forward's mask again and never starts CUDA (on a GPU
+    machine: no context on any device). In a process of its own, where nothing used CUDA before."""
+    script = textwrap.dedent("""
+        import torch
+        import remat
+        from transformer_block import Block, gradients
+
+        block = Block()
+        x = torch.randn(2, 6, 16, requires_grad=True)
+
+        def step(plan=None):
+            def body(t):
+                y = remat.region(block.attention, "attention")(t)
+                return remat.region(lambda u: block.mlp(u, 0.3), "mlp", recompute=False)(y)
+            torch.manual_seed(7)
+            out = remat.checkpoint(region_name="planned.dropout", plan=plan)(body)(x)
+            torch.rand(3)  # the caller moves the generator on before backward
+            out.pow(2).sum().backward()
+            return gradients(block, x)
+
+        torch.manual_seed(7)
+        block.forward(x, dropout=0.3).pow(2).sum().backward()
+        expected = gradients(block, x)
+        with remat.profile_regions() as profile:
+            step()
+        plan = profile.plan(budget_bytes=profile.base_bytes)
+        assert plan.recompute_of("planned.dropout::mlp"), plan.format()
+        actual = step(plan)
+        assert all(torch.equal(a, e) for a, e in zip(actual, expected)), "gradients differ"
+        assert not torch.cuda.is_initialized(), "CUDA was initialized"
+        if torch.cuda.is_available():
+            contexts = [torch._C._cuda_hasPrimaryContext(d) for d in range(torch.cuda.device_count())]
+            assert not any(contexts), f"a CUDA context was created: {contexts}"
+        print("ok")
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=__file__.rsplit("/", 1)[0])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
 
 
 def test_rng_hook_leaves_the_generator_where_backward_found_it():

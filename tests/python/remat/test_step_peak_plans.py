@@ -164,6 +164,27 @@ def test_a_grouped_plan_by_peak_makes_one_choice_per_kind_and_the_dumps_validate
         assert run.returncode == 0 and f"valid {kind} dump" in run.stdout, run.stdout + run.stderr
 
 
+def _plan_deciding(decisions):
+    return remat.load_plan(json.dumps({"kind": "remat-plan", "schema_version": 1, "budget_bytes": 0,
+                                       "base_bytes": 0, "kept_bytes": 0, "recompute_seconds": 0,
+                                       "decisions": decisions}))
+
+
+def test_a_plan_written_by_pattern_is_predicted_by_name_in_any_order_and_a_missing_one_is_named(tagged):
+    _, profile = readme_setup()
+    by_region = {region.name: "recompute" if region.name.endswith("attn") else "save" for region in profile.regions}
+    expected = profile.predict_peak(_plan_deciding(by_region))
+    assert profile.predict_peak(_plan_deciding({"layers.*::attn": "recompute", "layers.*::mlp": "save"})) == expected
+    assert profile.predict_peak(_plan_deciding({"layers.*::mlp": "save", "layers.*::attn": "recompute"})) == expected
+    assert expected != profile.predict_peak(_plan_deciding({"layers.*::mlp": "recompute", "layers.*::attn": "save"}))
+    with pytest.raises(ValueError, match=r"does not name 1 region\(s\) of the profile \(grouped by pattern\): "
+                                         r"layers\.\*::mlp"):
+        profile.predict_peak(_plan_deciding({"layers.*::attn": "recompute"}))
+    with pytest.raises(ValueError, match=r"does not name 1 region\(s\) of the profile: layers\.3::mlp"):
+        profile.predict_peak(_plan_deciding({name: choice for name, choice in by_region.items()
+                                             if name != "layers.3::mlp"}))
+
+
 def test_inputs_made_for_each_call_count_once_each_even_at_a_reused_address(tagged):
     torch.manual_seed(0)
     x = torch.randn(64, 256, requires_grad=True)

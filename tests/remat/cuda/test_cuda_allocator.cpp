@@ -188,6 +188,45 @@ TEST(CudaParity, DropoutReplaysTheSameMaskWithTheCudaRngHook) {
   EXPECT_LE(d.max_abs, 1e-5);
 }
 
+// Under a budget plan the runtime keeps the CUDA generators itself (libtorch_cpu's device-generic
+// hooks): a plan that recomputes a region the code saves draws forward's dropout mask again, with
+// no remat::cuda_rng_state_hook() passed. Without a plan the same recompute draws another mask.
+TEST(CudaParity, APlanThatRecomputesASavedDropoutRegionDrawsForwardsMaskWithoutTheCudaHook) {
+  using remat::budget::Choice;
+  const Block block = Block::make(at::kCUDA);
+  auto x = at::randn({4, 32, Block::D}).to(at::kCUDA).requires_grad_(true);
+  at::manual_seed(7);
+  block.mlp(block.attention(x), 0.3).pow(2).sum().backward();
+  const auto expected = remat::testing::gradients(block, x);
+  remat::testing::zero_grads(block, x);
+
+  const auto body = [&block](const at::Tensor& in) {
+    auto y = remat::region([&block](const at::Tensor& t) { return block.attention(t); }, "attention")(in);
+    return remat::region([&block](const at::Tensor& t) { return block.mlp(t, 0.3); }, "mlp", false)(y);
+  };
+  const auto plan = std::make_shared<remat::budget::RegionChoices>(
+      std::vector<std::pair<std::string, Choice>>{{"cuda.planned-dropout::mlp", Choice::recompute}});
+  at::manual_seed(7);
+  auto out = remat::checkpoint({.region_name = "cuda.planned-dropout", .plan = plan})(body)(x);
+  at::rand({3}, at::kCUDA);  // the generator moves on before backward
+  out.pow(2).sum().backward();
+  const Difference planned = compare(remat::testing::gradients(block, x), expected);
+  remat::testing::zero_grads(block, x);
+  std::printf("[ dropout ] under a plan, no CUDA hook passed: max |difference| %.3g, bitwise %s\n", planned.max_abs,
+              planned.bitwise ? "equal" : "different");
+  EXPECT_TRUE(planned.bitwise);
+
+  // The control: the code's own recompute of the same region, no plan and no hook, diverges.
+  at::manual_seed(7);
+  auto unplanned = remat::checkpoint({.region_name = "cuda.unplanned-dropout"})([&block](const at::Tensor& in) {
+    return remat::region([&block](const at::Tensor& t) { return block.mlp(block.attention(t), 0.3); }, "all")(in);
+  })(x);
+  at::rand({3}, at::kCUDA);
+  unplanned.pow(2).sum().backward();
+  EXPECT_FALSE(compare(remat::testing::gradients(block, x), expected).bitwise);
+  remat::testing::zero_grads(block, x);
+}
+
 TEST(CudaAllocator, LibTorchsEmptyCacheReachesTheTaggingAllocator) {
   auto t = at::empty({64 << 20}, at::kCUDA);  // 256 MiB
   const std::int64_t reserved = gpu0().stats().reserved_bytes.current;
