@@ -3,9 +3,11 @@
 step's measured peak (requested bytes) and time for every region saved, every region recomputed,
 the best plan without offload and the best plan with offload at the same device budget (and a
 host budget holding every region), each with gradients bitwise those without checkpointing and
-the offloaded plan within its host budget. One line a check, a table of the four rows, exit 1
-when any check fails. Times are the median of --rounds steps, each row against all-saved measured
-in the same run.
+the offloaded plan within its host budget. Then plans by step peak at one peak budget (--peak-share
+of the way from the least peak a plan with offload reaches to everything saved), without offload
+where one fits and with it: on a GPU the step's measured peak on the device within the budget and
+at most 3% over the prediction. One line a check, a table of the rows, exit 1 when any check
+fails. Times are the median of --rounds steps, each row against all-saved measured in the same run.
 
     PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
         python3 bench/gpu/offload_plan_check.py [--cpu] [--rounds 5]
@@ -31,6 +33,8 @@ parser.add_argument("--rounds", type=int, default=5)
 parser.add_argument("--layers", type=int, default=8)
 parser.add_argument("--share", type=float, default=0.3,
                     help="the device budget: base_bytes plus this share of what saving every region adds")
+parser.add_argument("--peak-share", type=float, default=0.3,
+                    help="the peak budget: the least peak with offload plus this share of the way to all saved")
 args = parser.parse_args()
 DEVICE = "cpu" if args.cpu else "cuda"
 if DEVICE == "cuda":
@@ -136,6 +140,52 @@ def main():
         # What offload leaves on the device: at most what the plan without offload keeps there.
         check(results["best plan with offload"][1] <= results["best plan, no offload"][1] * 1.02,
               "the plan with offload peaks at most 2% over the plan without offload")
+    by_peak(profile, x, weights, host_budget, expected)
+
+
+def by_peak(profile, x, weights, host_budget, expected):
+    """Plans by step peak, run as the profile's step ran (backward into .grad)."""
+    least = profile.least_peak_bytes(host_budget_bytes=host_budget)
+    peak_budget = least + int(args.peak_share * (profile.step_peak_bytes - least))
+    rows = [("by peak, with offload", profile.plan(peak_bytes=peak_budget, host_budget_bytes=host_budget))]
+    if peak_budget >= profile.least_peak_bytes():
+        rows.insert(0, ("by peak, no offload", profile.plan(peak_bytes=peak_budget)))
+    print(f"peak budget {peak_budget} B (least with offload {least} B, without {profile.least_peak_bytes()} B, "
+          f"all saved {profile.step_peak_bytes} B)")
+    print(f"{'row':<24} {'predicted B':>12} {'peak B':>12} {'host B':>12} {'step ms':>9} {'exact':>6}")
+    leaves = [x, *weights]
+    for label, plan in rows:
+        def step():
+            for t in leaves:
+                t.grad = None
+            with remat.use_plan(plan):
+                model(x, weights).backward()
+
+        step()  # once untimed
+        times, peaks = [], []
+        for _ in range(args.rounds):
+            synchronize()
+            remat_alloc.reset_peak_stats(0)
+            start = time.perf_counter()
+            step()
+            synchronize()
+            times.append(time.perf_counter() - start)
+            peaks.append(remat_alloc.memory_stats(0)["requested_bytes_peak"])
+        check(all(torch.equal(t.grad, want) for t, want in zip(leaves, expected)),
+              f"{label}: gradients bitwise those without checkpointing")
+        print(f"{label:<24} {plan.peak_bytes:>12} {max(peaks):>12} {plan.host_bytes:>12} "
+              f"{statistics.median(times) * 1e3:>9.2f} {str(plan.exact):>6}")
+        check(plan.peak_bytes <= peak_budget and plan.host_bytes <= host_budget,
+              f"{label}: predicted {plan.peak_bytes} B within {peak_budget} B, host {plan.host_bytes} B within "
+              f"{host_budget} B")
+        if plan.offloaded:
+            check(plan.offloader.stats()["peak_host_bytes"] <= plan.host_bytes,
+                  f"{label}: host bytes at most {plan.offloader.stats()['peak_host_bytes']} within the plan's")
+        if DEVICE == "cuda":  # on the CPU the host copies are counted with the tensors: no device peak to read
+            check(max(peaks) <= peak_budget and max(peaks) <= plan.peak_bytes * 1.03,
+                  f"{label}: measured peak {max(peaks)} B within the budget and at most 3% over the prediction")
+    for t in leaves:
+        t.grad = None
 
 
 with contextlib.nullcontext() if DEVICE == "cuda" else remat.tag_cpu_tensors():

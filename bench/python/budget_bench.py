@@ -14,8 +14,9 @@ For each row: the bytes the plan predicts its checkpoints keep, the bytes they k
 after forward (the live checkpoints' saved-tensors reports, each storage once: must be at most
 the budget), the step's kept and peak bytes as hf_llama_bench counts them (remat's tagging
 allocator as the CPU allocator), and the step's CPU time (median over rounds that rotate the
-order of the rows, as a ratio to no checkpointing). Each hand choice is followed by the plan at
-its bytes as the profile counts them, which must be no slower. The compiled rows run the model without remat under
+order of the rows, as a ratio to no checkpointing). Every remat row also checkpoints the final
+RMSNorm (model.norm, recomputed in backward: it then keeps its input alone). Each hand choice
+is followed by the plan at its bytes as the profile counts them, which must be no slower. The compiled rows run the model without remat under
 torch.compile with activation_memory_budget set (its partitioner decides per ATen op from
 estimates), at budgets picked so that the step keeps about what remat's plans make it keep; compare
 their step kept bytes with the plans' (the checkpoints' bytes do not apply to them). Each compiled
@@ -53,6 +54,17 @@ from remat import _budget  # noqa: E402
 from remat._plans import live_checkpoint_bytes  # noqa: E402
 
 MiB = 1024 * 1024
+
+
+def wrapped(model, **options):
+    """The model as every remat row runs it: each decoder layer a checkpoint
+    (remat.wrap_decoder_layers with `options`), and the final RMSNorm one too, recomputed in
+    backward: it keeps its input alone (uncheckpointed it keeps its normalized input and its
+    output too, 1 MiB here)."""
+    model = remat.wrap_decoder_layers(model, **options)
+    norm = model.model.norm
+    norm.forward = remat.checkpoint(region_name="model.norm")(norm.forward)
+    return model
 
 
 def measure(model, ids, meter):
@@ -106,7 +118,7 @@ def main():
         model.load_state_dict(weights)
         return model.to(device=args.device, dtype=dtype).train()
 
-    profiled = remat.wrap_decoder_layers(fresh())
+    profiled = wrapped(fresh())
     measure(profiled, ids, meter)  # warm-up
     profiled.zero_grad(set_to_none=True)
     with meter.step(), remat.profile_regions() as profile:
@@ -127,10 +139,10 @@ def main():
                              plan.peak_bytes - start))
     hand = [("hand: attention saved", ("self_attn",)), ("hand: everything recomputed", ())]
     for label, save in hand:
-        rows.append((label, remat.wrap_decoder_layers(fresh(), save=save), None, None))
+        rows.append((label, wrapped(fresh(), save=save), None, None))
     for budget in budgets:
         plan = profile.plan(budget_bytes=budget)
-        rows.append((f"plan at {budget / MiB:.2f} MiB", remat.wrap_decoder_layers(fresh(), plan=plan), plan, budget))
+        rows.append((f"plan at {budget / MiB:.2f} MiB", wrapped(fresh(), plan=plan), plan, budget))
     # Compiled rows are measured here, each in its own block of rounds: the budget is read when
     # a graph compiles, and resetting Dynamo for the next budget drops the graphs compiled before.
     compiled = []
@@ -153,10 +165,10 @@ def main():
     # them, what it keeps with every region recomputed less base_bytes (logits, loss, the batch).
     matched = []  # (compiled row's label, its step kept bytes, region plan row, per-op plan row)
     if args.ops and compiled:
-        recomputed = remat.wrap_decoder_layers(fresh(), save=())
+        recomputed = wrapped(fresh(), save=())
         measure(recomputed, ids, meter)
         beyond = measure(recomputed, ids, meter)[2] - low
-        by_ops = remat.wrap_decoder_layers(fresh())
+        by_ops = wrapped(fresh())
         measure(by_ops, ids, meter)
         by_ops.zero_grad(set_to_none=True)
         with meter.step(), remat.profile_regions(ops=True) as op_profile:
@@ -174,24 +186,27 @@ def main():
             for kind, plan in plans:
                 indices.append(len(rows))
                 rows.append((f"{kind} at {label.split(' (')[0].split(', ')[1]}'s step bytes, {budget / MiB:.2f} MiB",
-                             remat.wrap_decoder_layers(fresh(), plan=plan), plan, budget))
+                             wrapped(fresh(), plan=plan), plan, budget))
             matched.append((label, step_kept, *indices))
         reference = hf.train_step(fresh(), ids, meter)
-        _, _, _, loss, grads, _ = hf.train_step(rows[matched[0][3]][1], ids, meter)
-        print(f"per-op plan at the first compiled row's bytes, gradients against no checkpointing: "
-              f"{hf.compare((reference[3], reference[4]), loss, grads)}\n")
+        checks = []
+        for _, _, *indices in matched:
+            for index in indices:
+                _, _, _, loss, grads, _ = hf.train_step(rows[index][1], ids, meter)
+                checks.append(hf.compare((reference[3], reference[4]), loss, grads))
+        print(f"plans at the compiled rows' bytes, gradients against no checkpointing: {', '.join(sorted(set(checks)))}\n")
 
     # The plan at each hand choice's bytes (as the profile counts them: base_bytes and the saved
     # regions'), which must be no slower.
     for label, save in hand:
         kept = low + sum(r.saved_bytes for r in profile.regions if r.name.rsplit("::", 1)[1] in save)
         plan = profile.plan(budget_bytes=kept)
-        rows.append((f"plan at {label[6:]}'s {kept / MiB:.2f} MiB", remat.wrap_decoder_layers(fresh(), plan=plan),
+        rows.append((f"plan at {label[6:]}'s {kept / MiB:.2f} MiB", wrapped(fresh(), plan=plan),
                      plan, kept))
 
     first_by_peak = len(rows)
     for label, plan, budget, _ in rows_by_peak:
-        rows.append((label, remat.wrap_decoder_layers(fresh(), plan=plan), None, None))
+        rows.append((label, wrapped(fresh(), plan=plan), None, None))
 
     samples = [[] for _ in rows]
     for round_index in range(args.rounds + 1):

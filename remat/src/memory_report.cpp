@@ -31,6 +31,14 @@ std::string site_of(const at::Tensor& t) {
   return resolved.site != 0 ? alloc::name_of(resolved.site) : std::string();
 }
 
+// What remat.CpuOffload copies to the host rather than keep (cpu_offload.cpp's keep_reason, less
+// the size and device checks, which depend on how the offloader is made).
+bool offloadable(const at::Tensor& t) {
+  const auto parameter = [](const at::TensorBase& x) { return x.is_leaf() && x.requires_grad(); };
+  return t.layout() == at::kStrided && t.is_non_overlapping_and_dense() && t.numel() != 0 && !parameter(t) &&
+         !(t.is_view() && parameter(t._base()));
+}
+
 // A report's residency, region by region, billing each storage once in the whole report (a
 // storage two regions hold is billed to the first).
 class ReportBuilder {
@@ -47,7 +55,7 @@ class ReportBuilder {
     const bool first = storage == nullptr || billed_.insert(storage).second;
     region.tensors.push_back({std::move(name), t.sizes().vec(), dtype_name(t.scalar_type()), bytes, site_of(t),
                               storage != nullptr ? reinterpret_cast<std::uintptr_t>(storage->data()) : 0,
-                              t.device().str(), !first});
+                              t.device().str(), !first, offloadable(t)});
     if (storage == nullptr || !first) return;
     region.bytes += bytes;
     ++region.storages;

@@ -162,12 +162,11 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       "The step's peak allocated bytes the plan must stay within, with a unit (70GiB, 512 MiB, 80GB); needs a profile "
       "with step memory");
   budget_option->excludes(peak_option);
-  auto* host_option = command->add_option(
+  command->add_option(
       "--host-budget", opts->host_budget,
       "Host memory offloaded regions may hold, with a unit (64GiB), or 0 for none: each region is then saved, "
-      "recomputed or offloaded (the plan profile.plan(budget_bytes=, host_budget_bytes=) makes); needs --budget");
-  host_option->needs(budget_option);
-  host_option->excludes(peak_option);
+      "recomputed or offloaded (the plan profile.plan(budget_bytes= or peak_bytes=, host_budget_bytes=) makes); "
+      "needs --budget or --peak");
   command->add_flag("--group", opts->group,
                     "Plan regions whose names differ only in numbers as one (layers.*::attn), as plan(group=True)");
   command->add_option("--steps", opts->steps, "Budgets on the frontier without --budget (default 8)")
@@ -192,6 +191,7 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
         by_peak ? parse_budget("--peak", opts->peak) : has_budget ? parse_budget("--budget", opts->budget) : 0;
     std::optional<std::uint64_t> host_budget;
     if (!opts->host_budget.empty()) {
+      if (!has_budget) throw UsageError("--host-budget needs --budget (what the checkpoints keep) or --peak (the step's peak)");
       if (opts->group) throw UsageError("--host-budget plans regions as measured: drop --group");
       host_budget = opts->host_budget == "0" ? 0 : parse_budget("--host-budget", opts->host_budget);
     }
@@ -203,6 +203,10 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       throw InputError(error.what());
     }
     if (opts->group) profile = budget::grouped(profile);
+    if (picture && host_budget) {
+      throw UsageError("--svg draws plans without offload: drop --host-budget to draw the frontier, or --svg to plan "
+                       "with the host budget");
+    }
     if (picture && by_peak) {
       write_output_file(*picture, peak_svg(profile, source));
     } else if (picture) {
@@ -214,7 +218,8 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     }
     budget::Plan plan;
     try {
-      plan = by_peak       ? budget::solve_peak(profile, budget_bytes)
+      plan = by_peak && host_budget ? budget::solve_peak_offload(profile, budget_bytes, *host_budget)
+             : by_peak              ? budget::solve_peak(profile, budget_bytes)
              : host_budget ? budget::solve_offload(profile, budget_bytes, *host_budget)
                            : budget::solve(profile, budget_bytes);
     } catch (const budget::BudgetError& error) {

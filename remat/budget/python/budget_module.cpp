@@ -83,12 +83,29 @@ PYBIND11_MODULE(_budget, m) {
       py::arg("profile"), py::arg("peak_bytes"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "The remat-plan dump of the fastest plan whose predicted step peak is within peak_bytes.");
   m.def(
+      "plan_by_peak_offload",
+      [](const std::string& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes) {
+        return plan_to_json(solve_peak_offload(profile_of(profile, false), peak_bytes, host_budget_bytes));
+      },
+      py::arg("profile"), py::arg("peak_bytes"), py::arg("host_budget_bytes"),
+      py::call_guard<py::gil_scoped_release>(),
+      "The remat-plan dump of the fastest plan (each region saved, recomputed or offloaded) whose predicted step "
+      "peak is within peak_bytes and whose offloaded bytes are within host_budget_bytes.");
+  m.def(
+      "least_peak_offload",
+      [](const std::string& profile, std::uint64_t host_budget_bytes) {
+        return least_step_peak_offload(profile_of(profile, false), host_budget_bytes);
+      },
+      py::arg("profile"), py::arg("host_budget_bytes"), py::call_guard<py::gil_scoped_release>(),
+      "The least step peak any plan reaches with host_budget_bytes for offloaded regions.");
+  m.def(
       "least_peak", [](const std::string& profile, bool group) { return least_step_peak(profile_of(profile, group)); },
       py::arg("profile"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "The least step peak any plan reaches, as predicted from the profile's step memory.");
   m.def(
       "predict_peak",
-      [](const std::string& profile, const std::map<std::string, bool>& recompute_by_region, bool group) {
+      [](const std::string& profile, const std::map<std::string, bool>& recompute_by_region, bool group,
+         const std::map<std::string, bool>& offloaded_by_region) {
         const RegionProfile parsed = profile_of(profile, group);
         std::vector<Choice> choices;
         std::vector<std::string> missing;
@@ -116,11 +133,18 @@ PYBIND11_MODULE(_budget, m) {
                             " region(s) the profile" + (group ? " (grouped by pattern)" : "") + " does not have: " +
                             listed(unknown));
         }
-        return predict_step_peak(parsed, choices);
+        if (offloaded_by_region.empty()) return predict_step_peak(parsed, choices);
+        std::vector<bool> offloaded;
+        for (const RegionCost& region : parsed.regions) {
+          const auto found = offloaded_by_region.find(region.name);
+          offloaded.push_back(found != offloaded_by_region.end() && found->second);
+        }
+        return predict_step_peak(parsed, choices, offloaded);
       },
-      py::arg("profile"), py::arg("recompute_by_region"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
+      py::arg("profile"), py::arg("recompute_by_region"), py::arg("group"),
+      py::arg("offloaded_by_region") = std::map<std::string, bool>{}, py::call_guard<py::gil_scoped_release>(),
       "The predicted step peak with each region of the profile (grouped by pattern when group) recomputed or "
-      "saved as recompute_by_region says.");
+      "saved as recompute_by_region says, and offloaded where offloaded_by_region says so.");
   m.def(
       "frontier",
       [](const std::string& profile, std::size_t steps, bool group) {

@@ -81,7 +81,9 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
       write_ids(json, "kept", region.kept);
       write_ids(json, "inputs", region.inputs);
       write_ids(json, "outputs", region.outputs);
-      json.field("transient_bytes", region.transient_bytes).end_object();
+      json.field("transient_bytes", region.transient_bytes);
+      if (!region.offload_kept.empty()) write_ids(json, "offload_kept", region.offload_kept);
+      json.end_object();
     }
     json.end_array().end_object();
   }
@@ -119,6 +121,7 @@ StepMemory read_step(const Json& value, std::string_view source) {
       region.inputs = ids_of(listed, "inputs", source, in);
       region.outputs = ids_of(listed, "outputs", source, in);
       region.transient_bytes = count_at(listed, "transient_bytes", source, in);
+      if (listed.contains("offload_kept")) region.offload_kept = ids_of(listed, "offload_kept", source, in);
       call.regions.push_back(std::move(region));
     });
     step.checkpoints.push_back(std::move(call));

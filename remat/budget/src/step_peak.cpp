@@ -1,212 +1,23 @@
-// Step peaks of plans (step_peak.hpp): what each checkpoint call keeps under a plan, as a set of
-// storages, then each segment's peak less what the plan no longer keeps of what was alive there.
+// Plans by step peak (step_peak.hpp): every plan tried where the profile is small, the frontier
+// by kept bytes beyond; each plan's peak from the step model (step_model.hpp).
 
 #include <remat/budget/plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
 #include "bytes_text.hpp"
+#include "step_model.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <limits>
-#include <map>
 #include <string>
-#include <tuple>
-#include <unordered_map>
 #include <vector>
 
 namespace remat::budget {
 
 namespace {
 
-// The profile region each step region takes its choice from.
-std::vector<std::vector<std::size_t>> region_indexes(const RegionProfile& profile, const StepMemory& step) {
-  std::unordered_map<std::string, std::size_t> exact;
-  for (std::size_t r = 0; r < profile.regions.size(); ++r) exact.emplace(profile.regions[r].name, r);
-  std::vector<std::vector<std::size_t>> indexes;
-  for (const StepCheckpoint& call : step.checkpoints) {
-    std::vector<std::size_t>& of_call = indexes.emplace_back();
-    for (const StepRegion& region : call.regions) {
-      std::size_t found = profile.regions.size();
-      if (const auto it = exact.find(region.name); it != exact.end()) {
-        found = it->second;
-      } else {
-        for (std::size_t r = 0; r < profile.regions.size() && found == profile.regions.size(); ++r) {
-          if (matches(profile.regions[r].name, region.name)) found = r;
-        }
-      }
-      if (found == profile.regions.size()) {
-        throw BudgetError("the profile's step lists region '" + region.name +
-                          "', which its regions do not: the "
-                          "profile contradicts itself; profile the step again (remat.profile_regions())");
-      }
-      of_call.push_back(found);
-    }
-  }
-  return indexes;
-}
-
-bool contains(const std::vector<std::uint32_t>& set, std::uint32_t id) {
-  return std::find(set.begin(), set.end(), id) != set.end();
-}
-
-// What plans need of a step, computed once per profile.
-class StepModel {
- public:
-  StepModel(const RegionProfile& profile, const StepMemory& step)
-      : step_(step), indexes_(region_indexes(profile, step)), stamp_(step.storages.size(), 0) {
-    // Outputs of a call that no later call takes as input are held by code outside the
-    // checkpoints (a head, a loss): alive while the call is live whatever it keeps.
-    held_until_.resize(step.checkpoints.size());
-    for (std::size_t k = 0; k < step.checkpoints.size(); ++k) {
-      for (const std::uint32_t id : step.checkpoints[k].outputs) {
-        std::int64_t consumer = -1;
-        for (std::size_t later = k + 1; later < step.checkpoints.size() && consumer < 0; ++later) {
-          if (contains(step.checkpoints[later].inputs, id)) consumer = static_cast<std::int64_t>(later);
-        }
-        held_until_[k].emplace_back(id, consumer);
-      }
-    }
-    std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
-    saved_sets_ = kept_sets(all_saved);
-    for (const StepSegment& segment : step.segments) saved_alive_.push_back(alive_bytes(segment, saved_sets_, {}));
-  }
-
-  std::uint64_t peak(const std::vector<Choice>& choices) {
-    const std::vector<std::vector<std::uint32_t>> sets = kept_sets(choices);
-    std::map<std::tuple<const std::vector<std::uint32_t>*, std::int64_t, std::int64_t>, std::uint64_t> cache;
-    std::uint64_t peak = 0;
-    for (std::size_t s = 0; s < step_.segments.size(); ++s) {
-      const StepSegment& segment = step_.segments[s];
-      const std::vector<std::uint32_t> recomputed =
-          segment.backward >= 0 ? recomputed_saved(static_cast<std::size_t>(segment.backward), choices)
-                                : std::vector<std::uint32_t>{};
-      std::uint64_t alive = alive_bytes(segment, sets, recomputed);
-      std::uint64_t top = segment.peak_bytes;
-      if (segment.backward >= 0) {
-        top = std::max(top,
-                       segment.start_bytes + recompute_transient(static_cast<std::size_t>(segment.backward), choices));
-      }
-      const std::uint64_t freed = saved_alive_[s] > alive ? saved_alive_[s] - alive : 0;
-      const std::uint64_t added = alive > saved_alive_[s] ? alive - saved_alive_[s] : 0;
-      peak = std::max(peak, top - std::min(top, freed) + added);
-    }
-    return peak;
-  }
-
- private:
-  // What each checkpoint call keeps: the inputs code outside its regions reads; its saved
-  // regions' kept storages, less the inputs of a saved region that recompute recreates (the
-  // runtime takes them from recompute); and the inputs recompute reads: those a recomputed region
-  // takes, or all of them where a recomputed region takes something no region made and the call
-  // was not given (code outside the regions made it from the inputs).
-  std::vector<std::vector<std::uint32_t>> kept_sets(const std::vector<Choice>& choices) const {
-    std::vector<std::vector<std::uint32_t>> sets;
-    for (std::size_t k = 0; k < step_.checkpoints.size(); ++k) {
-      const StepCheckpoint& call = step_.checkpoints[k];
-      std::vector<std::uint32_t> set = call.kept_inputs;
-      std::vector<std::uint32_t> not_recreated = call.inputs;
-      std::vector<std::uint32_t> made;  // every region's outputs
-      bool recomputes = false;
-      for (std::size_t r = 0; r < call.regions.size(); ++r) {
-        made.insert(made.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
-        if (choices[indexes_[k][r]] == Choice::save) {
-          not_recreated.insert(not_recreated.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
-        } else {
-          recomputes = true;
-        }
-      }
-      for (std::size_t r = 0; r < call.regions.size(); ++r) {
-        const StepRegion& region = call.regions[r];
-        if (choices[indexes_[k][r]] == Choice::save) {
-          for (const std::uint32_t id : region.kept) {
-            const bool recreated = recomputes && contains(region.inputs, id) && !contains(not_recreated, id);
-            if (!recreated) set.push_back(id);
-          }
-          continue;
-        }
-        for (const std::uint32_t id : region.inputs) {
-          if (contains(call.inputs, id)) {
-            set.push_back(id);
-          } else if (!contains(made, id)) {
-            set.insert(set.end(), call.inputs.begin(), call.inputs.end());
-          }
-        }
-      }
-      sets.push_back(std::move(set));
-    }
-    return sets;
-  }
-
-  // What recompute brings back in call k's backward: what the regions it recomputes keep while
-  // saved, their outputs included (recompute makes them, and code between regions may hold them).
-  std::vector<std::uint32_t> recomputed_saved(std::size_t k, const std::vector<Choice>& choices) const {
-    std::vector<std::uint32_t> set;
-    const StepCheckpoint& call = step_.checkpoints[k];
-    for (std::size_t r = 0; r < call.regions.size(); ++r) {
-      if (choices[indexes_[k][r]] == Choice::save) continue;
-      set.insert(set.end(), call.regions[r].kept.begin(), call.regions[r].kept.end());
-    }
-    return set;
-  }
-
-  std::uint64_t recompute_transient(std::size_t k, const std::vector<Choice>& choices) const {
-    std::uint64_t most = 0;
-    const StepCheckpoint& call = step_.checkpoints[k];
-    for (std::size_t r = 0; r < call.regions.size(); ++r) {
-      if (choices[indexes_[k][r]] != Choice::save) most = std::max(most, call.regions[r].transient_bytes);
-    }
-    return most;
-  }
-
-  // Bytes of the storages alive in `segment` because of checkpoints: what the live calls keep,
-  // what the call whose forward runs took as input, the outputs code outside holds, and in a call's
-  // backward what recompute brings back (`recomputed`).
-  std::uint64_t alive_bytes(const StepSegment& segment, const std::vector<std::vector<std::uint32_t>>& sets,
-                            const std::vector<std::uint32_t>& recomputed) {
-    ++generation_;
-    std::uint64_t total = 0;
-    const auto add = [&](std::uint32_t id) {
-      if (stamp_[id] != generation_) {
-        stamp_[id] = generation_;
-        total += step_.storages[id];
-      }
-    };
-    const auto is_live = [&](std::int64_t k) {
-      return k >= 0 && contains(segment.live, static_cast<std::uint32_t>(k));
-    };
-    for (const std::uint32_t k : segment.live) {
-      for (const std::uint32_t id : sets[k]) add(id);
-      for (const auto& [id, consumer] : held_until_[k]) {
-        if (!is_live(consumer)) add(id);
-      }
-    }
-    if (segment.forward >= 0) {
-      for (const std::uint32_t id : step_.checkpoints[static_cast<std::size_t>(segment.forward)].inputs) add(id);
-    }
-    for (const std::uint32_t id : recomputed) add(id);
-    return total;
-  }
-
-  const StepMemory& step_;
-  std::vector<std::vector<std::size_t>> indexes_;
-  std::vector<std::vector<std::pair<std::uint32_t, std::int64_t>>> held_until_;
-  std::vector<std::vector<std::uint32_t>> saved_sets_;
-  std::vector<std::uint64_t> saved_alive_;
-  std::vector<std::uint32_t> stamp_;
-  std::uint32_t generation_ = 0;
-};
-
-const StepMemory& step_of(const RegionProfile& profile) {
-  if (!profile.step) {
-    throw BudgetError(
-        "the profile has no step memory, so no plan's step peak can be predicted: profile the step "
-        "with its tensors counted, CPU tensors inside remat.tag_cpu_tensors() or CUDA tensors under "
-        "remat_alloc.install(), then plan by peak_bytes (or plan by budget_bytes, what the checkpoints "
-        "keep)");
-  }
-  return *profile.step;
-}
+using detail::step_of;
 
 double recompute_seconds(const RegionProfile& profile, const std::vector<Choice>& choices) {
   double seconds = 0;
@@ -238,6 +49,7 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
       check_ids(call.regions[r].kept, at + ".kept");
       check_ids(call.regions[r].inputs, at + ".inputs");
       check_ids(call.regions[r].outputs, at + ".outputs");
+      check_ids(call.regions[r].offload_kept, at + ".offload_kept");
     }
   }
   for (std::size_t s = 0; s < step.segments.size(); ++s) {
@@ -255,13 +67,48 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
       throw BudgetError(where + ": peak_bytes is below start_bytes; a segment's peak is at least where it began");
     }
   }
-  region_indexes(profile, step);
+  detail::region_indexes(profile, step);
 }
 
 std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices) {
-  StepModel model(profile, step_of(profile));
+  detail::StepModel model(profile, step_of(profile));
   return model.peak(choices);
 }
+
+std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
+                                const std::vector<bool>& offloaded) {
+  if (offloaded.size() != choices.size()) {
+    throw BudgetError("predict_step_peak: " + std::to_string(offloaded.size()) + " offload flags for " +
+                      std::to_string(choices.size()) + " choices");
+  }
+  for (std::size_t r = 0; r < choices.size(); ++r) {
+    if (offloaded[r] && choices[r] != Choice::save) {
+      throw BudgetError("predict_step_peak: region '" + profile.regions[r].name +
+                        "' is offloaded and recomputed; an offloaded region runs saved");
+    }
+  }
+  detail::StepModel model(profile, step_of(profile));
+  return model.peak(choices, offloaded);
+}
+
+namespace detail {
+
+void refuse_peak(const StepMemory& step, std::uint64_t peak_bytes, std::uint64_t lowest_peak,
+                 const std::string& among) {
+  const std::uint64_t fixed = std::max(step.start_bytes, step.end_bytes);
+  const double share = lowest_peak == 0 ? 0 : static_cast<double>(fixed) / static_cast<double>(lowest_peak);
+  char percent[32];
+  std::snprintf(percent, sizeof percent, "%.0f%%", share * 100);
+  throw BudgetError("a step peak of " + bytes_text(peak_bytes) + " is below every plan's: the least any plan reaches is " +
+                    bytes_text(lowest_peak) + among +
+                    ". What stays allocated through "
+                    "the step (parameters, gradients and optimizer state, the batch: " +
+                    bytes_text(fixed) + ") is " + percent +
+                    " of it: recompute cannot reduce that part. Give a peak of at least " + std::to_string(lowest_peak) +
+                    " bytes, or make the step smaller (a smaller batch or sequence, fewer parameters on this device)");
+}
+
+}  // namespace detail
 
 namespace {
 
@@ -279,7 +126,7 @@ constexpr std::size_t kEveryPlanUpTo = 16;
 PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   const StepMemory& step = step_of(profile);
   check_seconds_add_up(profile);
-  StepModel model(profile, step);
+  detail::StepModel model(profile, step);
   const std::size_t n = profile.regions.size();
   PeakSearch found;
   const auto consider = [&](std::vector<Choice> choices) {
@@ -329,20 +176,7 @@ Plan solve_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   const bool every_plan = found.every_plan;
   const std::vector<Choice>& best = found.best;
   const std::uint64_t lowest_peak = found.lowest_peak;
-  if (best.empty()) {
-    const std::uint64_t fixed = std::max(step.start_bytes, step.end_bytes);
-    const double share = lowest_peak == 0 ? 0 : static_cast<double>(fixed) / static_cast<double>(lowest_peak);
-    char percent[32];
-    std::snprintf(percent, sizeof percent, "%.0f%%", share * 100);
-    throw BudgetError(
-        "a step peak of " + bytes_text(peak_bytes) + " is below every plan's: the least any plan reaches is " +
-        bytes_text(lowest_peak) + (every_plan ? "" : " among the plans tried") +
-        ". What stays allocated through "
-        "the step (parameters, gradients and optimizer state, the batch: " +
-        bytes_text(fixed) + ") is " + percent + " of it: recompute cannot reduce that part. Give a peak of at least " +
-        std::to_string(lowest_peak) +
-        " bytes, or make the step smaller (a smaller batch or sequence, fewer parameters on this device)");
-  }
+  if (best.empty()) detail::refuse_peak(step, peak_bytes, lowest_peak, every_plan ? "" : " among the plans tried");
   Plan plan;
   plan.base_bytes = profile.base_bytes;
   plan.kept_bytes = profile.base_bytes;

@@ -54,6 +54,9 @@ struct ResidentTensor {
   std::uintptr_t address = 0;  // of its storage's data
   std::string device;          // "cpu", "cuda:0"
   bool shares_storage = false;  // with a tensor listed before it in the report (billed there)
+  // remat.CpuOffload would copy it to the host: strided, non-overlapping and dense, not empty, no
+  // parameter nor a view of one (any other stays on the device as it is, offloaded or not).
+  bool offloadable = true;
 };
 
 struct RegionResidency {

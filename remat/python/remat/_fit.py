@@ -60,6 +60,7 @@ import remat_alloc
 import torch
 
 from . import _plans, _profiling
+from ._offload_plans import host_budget_arg
 from ._step_profile import StepRecorder
 from ._step_shape import StepWatch, warn_at_user_line
 
@@ -212,9 +213,10 @@ class FitState:
     """What fit() keeps for one model: the budget, the profiles by input signature, the profile
     being measured (open until the next training forward) and the plan of the step running now."""
 
-    def __init__(self, model, budget, timer="auto"):
+    def __init__(self, model, budget, timer="auto", host_budget=0):
         self.model = model
         self.budget = budget
+        self.host_budget = host_budget  # host memory plans may offload to (0: no offload)
         self.timer = timer          # how profiles time regions (profile_regions(timer=))
         self.profiles = {}          # signature -> _Profiled
         self.latest = None          # the _Profiled made last
@@ -546,7 +548,8 @@ class FitState:
     def _profile_step(self, signature):
         # The gradients this step's backward is to make: those of parameters that have none now
         self.measuring_gradients = self._absent_gradients()
-        session = _profiling.profile_regions(timer=self.timer, host_copy=False)  # fit plans no offload
+        # The copy bandwidth only where plans may offload
+        session = _profiling.profile_regions(timer=self.timer, host_copy=self.host_budget > 0)
         session.__enter__()
         session._step.watch_gradients(self._gradient_bytes)
         self.measuring = (session, signature)
@@ -566,7 +569,10 @@ class FitState:
         base = max(start, source.start)  # more allocated now than then: it stays through the step
         # The profile's part after backward where it is the optimizer step, only before one
         after = self.expect_optimizer or not source.optimizer_after
-        least_now = source.peak(planned.least_peak_bytes(), base, ratio, absent, after=after)
+        # What is offloaded scales with the step as the rest does: the profile's regions plan
+        # within the host budget shrunk as the step grew
+        host = int(self.host_budget / ratio) if self.host_budget else None
+        least_now = source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio, absent, after=after)
         # An optimizer step after this one (expected, or where the accumulation count changes)
         # must fit too: no plan changes it, so the worst micro-batch is checked before every one
         optimizer = self._optimizer_peak(source, base, ratio, absent)
@@ -575,7 +581,8 @@ class FitState:
             self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
                          optimizer=optimizer > least_now)
         extra = max(0, absent - source.gradients)
-        plan = planned.plan(peak_bytes=source.start + int((self.budget - reserve - base - extra) / ratio))
+        plan = planned.plan(peak_bytes=source.start + int((self.budget - reserve - base - extra) / ratio),
+                            host_budget_bytes=host)
         predicted = source.peak(plan.peak_bytes, base, ratio, absent, after=after)
         if self.expect_optimizer:
             predicted = max(predicted, optimizer)
@@ -681,7 +688,7 @@ class _FitForward:
         return out
 
 
-def fit(model, budget, *, timer="auto"):
+def fit(model, budget, *, host_budget=None, timer="auto"):
     """Keeps every training step of `model` within `budget`, the step's peak allocated bytes
     (an int, or a string with a unit: "70GiB", "512 MiB", "80GB"), and returns the model: the
     first training step runs profiled (remat.profile_regions(), every region saved), later ones
@@ -690,13 +697,23 @@ def fit(model, budget, *, timer="auto"):
     (remat.checkpoint, remat.region, wrap_decoder_layers). model.remat_fit holds the state: its
     .plan is the plan of the last planned step. Calling fit again replaces the budget and starts
     from a new profile; remat.unfit(model) undoes it. timer: how the profiles time regions,
-    "auto" or "wall" (wall-clock, for regions that wait: remat.profile_regions(timer=))."""
+    "auto" or "wall" (wall-clock, for regions that wait: remat.profile_regions(timer=)).
+    host_budget: host memory the plans may offload regions to (an int or a string with a unit;
+    None or 0: no offload): each region is then saved, recomputed or offloaded, the step's peak
+    on the device predicted with what the offloader holds there (profile.plan(peak_bytes=,
+    host_budget_bytes=)). For a model on a GPU: on the CPU the host is the memory the budget
+    counts, and offload frees none of it."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"remat.fit: model must be a torch.nn.Module, got {type(model).__name__}")
     budget = _plans.budget_arg(budget, "remat.fit: budget")
+    host_budget = 0 if host_budget is None else host_budget_arg(host_budget, _plans.budget_arg, "remat.fit: host_budget")
+    if host_budget and not any(p.is_cuda for p in model.parameters()):
+        raise ValueError("remat.fit: host_budget offloads what the checkpoints keep to host memory, which for a model "
+                         "on the CPU is the memory the budget counts: offload frees none of it there. Give host_budget "
+                         "for a model on a GPU, or leave it out")
     timer = _profiling.timer_arg("remat.fit", timer)
     unfit(model)
-    state = FitState(model, budget, timer)
+    state = FitState(model, budget, timer, host_budget)
     model.forward = _FitForward(state, model.forward, model.__dict__.get("forward"))
     model.remat_fit = state
     return model

@@ -371,7 +371,7 @@ def _has_submodule(layer, name):
 
 def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *, recompute=None, layers=None,
                         every_n_layers=1, context_fn=None, contexts=(), verify_recompute=None, plan=None,
-                        offload=None, budget=None, timer=None):
+                        offload=None, budget=None, host_budget=None, timer=None):
     """Runs every decoder layer of a Hugging Face model as one remat checkpoint named after its
     module path ("model.layers.0"), and returns the model:
 
@@ -402,6 +402,8 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
         model is then remat.fit(model, budget): its first training step runs profiled, later ones
         under the plan of least recompute predicted within the budget, planned again when the
         inputs change shape. Not with plan=.
+    host_budget: with budget=, host memory the plans may offload regions to
+        (remat.fit(host_budget=)); for a model on a GPU.
     timer: with budget=, how the profiles time regions (remat.fit(timer=)): "auto" (CUDA events
         on a GPU, the thread's CPU time on the CPU) or "wall" (wall-clock, for regions that wait).
 
@@ -425,6 +427,10 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
     elif timer is not None:
         raise TypeError("wrap_decoder_layers: timer= is how the profiles of budget= time regions; give it with "
                         "budget= (or time a profile of your own: remat.profile_regions(timer=))")
+    if host_budget is not None and budget is None:
+        raise TypeError("wrap_decoder_layers: host_budget= is the host memory budget='s plans may offload to; give "
+                        "it with budget= (or plan with a host budget yourself: profile.plan(peak_bytes=, "
+                        "host_budget_bytes=), then plan=)")
     if offload is True:
         offload = CpuOffload()
     if not (offload is None or offload is False or isinstance(offload, CpuOffload)):
@@ -477,7 +483,7 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
         else:
             plan.set_attribute(layer, "forward", _PlainLayerForward(plan, layer.forward))
         layer._remat_layer_plan = plan
-    return model if budget is None else fit(model, budget, timer=timer)
+    return model if budget is None else fit(model, budget, host_budget=host_budget, timer=timer)
 
 
 def unwrap_decoder_layers(model):

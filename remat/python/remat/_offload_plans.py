@@ -5,7 +5,9 @@ and back (a timed copy of the largest region's bytes into host memory: pinned me
 ordinary host memory on the CPU), and per region at most the bytes an offload would move (every
 tensor its checkpoint keeps for it at its own size: the offloader copies views, the checkpoints'
 inputs too). profile.plan(budget_bytes=..., host_budget_bytes=...) then picks save, recompute or offload
-for each region (remat/budget/offload_plan.hpp prices the copies), and a plan in force carries out
+for each region (remat/budget/offload_plan.hpp prices the copies; with peak_bytes= instead, the
+step's predicted peak on the device bounds the plan, remat/budget/src/step_model.cpp saying when
+offloaded bytes are there), and a plan in force carries out
 its offload decisions through one remat.CpuOffload per plan: an offloaded region runs saved, inside
 the offloader's pair, so what it keeps goes to the host and comes back ahead of backward.
 """
@@ -26,28 +28,31 @@ _MOST_COPY_BYTES = 64 << 20
 _COPY_ROUNDS = 5
 
 
-def host_budget_arg(value, budget_arg):
+def host_budget_arg(value, budget_arg, where="plan: host_budget_bytes"):
     """A host budget in bytes: 0 (no offload) or what budget_arg (the reader every budget goes
-    through: ints, whole floats, strings with a unit) accepts."""
+    through: ints, whole floats, strings with a unit) accepts; `where` names it in errors."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy's numbers too
         if value == 0:
             return 0
         if value < 0:
-            raise ValueError(f"plan: host_budget_bytes must be 0 or more bytes, got {value}; pass the host memory "
+            raise ValueError(f"{where} must be 0 or more bytes, got {value}; pass the host memory "
                              "offloaded regions may hold, such as 64 * 2**30 or '64GiB', or 0 for no offload")
     elif torch.is_tensor(value) and value.numel() == 1 and not value.is_floating_point() and int(value) <= 0:
-        return host_budget_arg(int(value), budget_arg)
-    return budget_arg(value, "plan: host_budget_bytes")
+        return host_budget_arg(int(value), budget_arg, where)
+    return budget_arg(value, where)
 
 
 def offload_bytes(tensors):
     """At most the bytes offloading a region would move: the offloader copies each tensor kept for
     it as the tensor (a view) is, not its storage, so two views of one storage are two copies. Every
     tensor its checkpoint keeps for it, each at its own size (its storage's where that is less),
-    added up: saves of one view, which the offloader copies once, count again. The report leaves
-    parameters out, as the offloader does."""
+    added up: saves of one view, which the offloader copies once, count again. Tensors the
+    offloader leaves on the device (parameters and views of them, tensors that are not dense: a
+    slice of a wider one) move nothing."""
     total = 0
     for tensor in tensors:
+        if not getattr(tensor, "offloadable", True):
+            continue
         dtype = getattr(torch, tensor.dtype, None)
         numel = 1
         for size in tensor.shape:

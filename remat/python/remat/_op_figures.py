@@ -17,10 +17,19 @@ generators only), or one that writes in place into a tensor the region did not m
 BatchNorm's running statistics, a cache: recompute would write it again). A plan saves such a
 region (the profile's "must_save").
 
-Watching ops costs time of its own: the mode's time around each op is taken out of the region's
-seconds, and what watching costs per op when nothing is measured (calibrated once per process on a
-tiny op) is the region's op_overhead_seconds, which a plan that keeps ops of it pays in forward
-and again in recompute (remat/budget/op_plan.hpp).
+The ops at a region's end that its recompute never runs are found from the same watch
+(recompute_tail): recompute stops once the last tensor backward needs is saved again, and an op
+saves its inputs before it runs, so after the last op whose output the checkpoint keeps for
+backward, the last op that reads a tensor made before those ops (the one that may save it) and
+every op after it do not run. profile_regions applies it to a checkpoint's last region alone,
+where no later region can need more, and only where recompute stops inside it (a node follows
+the region, and none after it saves a tensor).
+
+Watching ops costs time of its own: the mode's time around each op, and what a mode that only
+passes ops on costs per op (calibrated once per process on a tiny op), are taken out of the
+region's seconds. What carrying out kept ops costs per op (_kept_ops.keeping_seconds_per_op,
+calibrated likewise) times the ops the region runs is its op_overhead_seconds, which a plan that
+keeps ops of it pays in forward and again in recompute (remat/budget/op_plan.hpp).
 """
 
 from __future__ import annotations
@@ -107,6 +116,10 @@ def _key(tensor):
     return (str(tensor.device), tensor.untyped_storage().data_ptr())
 
 
+def _output_keys(out):
+    return {_key(t) for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)}
+
+
 def _input_keys(args, kwargs):
     keys = set()
     for value in (*args, *kwargs.values()):
@@ -174,6 +187,7 @@ class OpMeter(TorchDispatchMode):
         self._made = set()  # storage keys of what the region's ops made
         self._defaults = _default_generators()
         self._events = []  # (entry in ops, start event, end event) on CUDA
+        self._flow = []  # figures=True: (index or None, input keys, output keys) of each op not a view, in order
 
     def _check(self, func, args, kwargs):
         """Sets must_save where the op draws from a generator of its own or writes into a tensor
@@ -209,13 +223,18 @@ class OpMeter(TorchDispatchMode):
             self._check(func, args, kwargs)
         self.intercepted += 1
         if not numbered(func) or not self._figures or not keepable(func):
+            index = None
             if numbered(func):
+                index = self.count
                 self.count += 1
+            inputs = _input_keys(args, kwargs) if self._figures and not is_view(func) else None
             started = time.thread_time_ns()
             out = func(*args, **kwargs)
             finished = time.thread_time_ns()
             if not is_view(func):  # a view of outside state is no tensor the region made
                 self._made_by(out)
+                if inputs is not None:
+                    self._flow.append((index, inputs, _output_keys(out)))
             self.own_seconds += (started - entered + time.thread_time_ns() - finished) / 1e9
             return out
         index = self.count
@@ -230,6 +249,7 @@ class OpMeter(TorchDispatchMode):
         if self._cuda:
             end.record()
         self._made_by(out)
+        self._flow.append((index, inputs, _output_keys(out)))
         storages = output_storages(out, inputs)
         if storages:
             entry = {"index": index, "op": op_name(func), "bytes": sum(storages.values()),
@@ -239,6 +259,26 @@ class OpMeter(TorchDispatchMode):
                 self._events.append((entry, start, end))
         self.own_seconds += (started - entered + time.thread_time_ns() - finished) / 1e9
         return out
+
+    def recompute_tail(self, kept):
+        """The indices of the numbered ops at the region's end that its recompute does not run,
+        where recompute stops inside the region (the caller's to know): `kept` holds the
+        storage keys the checkpoint keeps for backward. An op saves its inputs before it runs
+        and its outputs after, and recompute stops once the last needed tensor is saved again.
+        After the last op whose output is kept, an op reading only what those ops made saves
+        nothing (what it would save would be kept), so the last op reading an older tensor is
+        the last that may save, before it runs: it and the ops after it do not run. Ops in the
+        region that the watch did not see (views) change no storage."""
+        last_made = max((position for position, (_, _, outputs) in enumerate(self._flow) if outputs & kept),
+                        default=-1)
+        made_after, last_reader = set(), None
+        for position in range(last_made + 1, len(self._flow)):
+            _, inputs, outputs = self._flow[position]
+            if inputs - made_after:
+                last_reader = position
+            made_after |= outputs
+        first = last_made + 1 if last_reader is None else last_reader
+        return {index for index, _, _ in self._flow[first:] if index is not None}
 
     def finish(self):
         """The ops' seconds from their CUDA events (after a synchronize), where timed so."""

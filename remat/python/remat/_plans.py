@@ -349,10 +349,13 @@ class RegionProfile:
         recomputed region keep the outputs of chosen ops, which recompute then does not run again
         (plan.kept_ops; remat/budget/op_plan.hpp).
 
-        host_budget_bytes (with budget_bytes): host memory offloaded regions may hold (0: none).
-        Each region is then saved, recomputed or offloaded (plan.offloaded, plan.host_bytes): an
-        offloaded region keeps nothing on the device between forward and backward and costs its
-        copies' time as the profile measured the bandwidth (remat/budget/offload_plan.hpp)."""
+        host_budget_bytes (with budget_bytes or peak_bytes): host memory offloaded regions may hold
+        (0: none). Each region is then saved, recomputed or offloaded (plan.offloaded,
+        plan.host_bytes): an offloaded region keeps nothing on the device between forward and
+        backward and costs its copies' time as the profile measured the bandwidth
+        (remat/budget/offload_plan.hpp). With peak_bytes the predicted peak counts what stays on
+        the device: an offloaded region's bytes are back from the backward of the next checkpoint
+        call that offloads (the offloader prefetches one call ahead) to the end of its own."""
         group = flag_arg("plan", "group", group)
         if host_budget_bytes is not None:
             return self._plan_offload(budget_bytes, peak_bytes, group, ops, host_budget_bytes)
@@ -377,34 +380,50 @@ class RegionProfile:
         return Plan(_budget.plan(self._text, budget_bytes, group), profile=self, group=group)
 
     def _plan_offload(self, budget_bytes, peak_bytes, group, ops, host_budget_bytes):
-        if peak_bytes is not None or group or flag_arg("plan", "ops", ops):
-            raise ValueError("plan: host_budget_bytes= plans by budget_bytes= (what the checkpoints keep on the "
-                             "device), per region as measured: drop peak_bytes=, group=True and ops=True, or plan "
-                             "without a host budget")
-        if budget_bytes is None:
-            raise TypeError("plan: host_budget_bytes= needs budget_bytes= (what the checkpoints may keep on the device)")
+        if group or flag_arg("plan", "ops", ops):
+            raise ValueError("plan: host_budget_bytes= plans regions as measured: drop group=True and ops=True, or "
+                             "plan without a host budget")
+        if (budget_bytes is None) == (peak_bytes is None):
+            raise TypeError("plan: host_budget_bytes= needs one device budget: budget_bytes= (what the checkpoints "
+                            "may keep on the device) or peak_bytes= (the step's peak on the device)")
         host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
+        self._check_host_copy(host_budget_bytes, "plan")
+        if peak_bytes is not None:
+            peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
+            return Plan(_budget.plan_by_peak_offload(self._text, peak_bytes, host_budget_bytes), profile=self)
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
-        if host_budget_bytes > 0 and self.host_copy is None:
-            raise ValueError("plan: host_budget_bytes needs the copy bandwidth, which this profile does not have "
-                             "(profile_regions(host_copy=False), remat.fit's profiles, or a dump written before it "
-                             "was measured): profile again with remat.profile_regions()")
         return Plan(_budget.plan_offload(self._text, budget_bytes, host_budget_bytes), profile=self)
 
-    def least_peak_bytes(self, *, group=False):
-        """The least step peak any plan reaches, predicted (what plan(peak_bytes=) can meet at best)."""
-        return _budget.least_peak(self._text, flag_arg("least_peak_bytes", "group", group))
+    def _check_host_copy(self, host_budget_bytes, where):
+        if host_budget_bytes > 0 and self.host_copy is None:
+            raise ValueError(f"{where}: host_budget_bytes needs the copy bandwidth, which this profile does not have "
+                             "(profile_regions(host_copy=False), or a dump written before it was measured): profile "
+                             "again with remat.profile_regions()")
+
+    def least_peak_bytes(self, *, group=False, host_budget_bytes=None):
+        """The least step peak any plan reaches, predicted (what plan(peak_bytes=) can meet at
+        best); with host_budget_bytes, among plans that may offload that much."""
+        group = flag_arg("least_peak_bytes", "group", group)
+        if host_budget_bytes is None:
+            return _budget.least_peak(self._text, group)
+        if group:
+            raise ValueError("least_peak_bytes: host_budget_bytes= plans regions as measured: drop group=True")
+        host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
+        self._check_host_copy(host_budget_bytes, "least_peak_bytes")
+        return _budget.least_peak_offload(self._text, host_budget_bytes)
 
     def predict_peak(self, plan):
         """The step peak (allocated bytes) predicted for `plan` (made from this profile)."""
         if plan.kept_ops:
             raise ValueError("predict_peak: the plan keeps ops inside recomputed regions (ops=True), which the step "
                              "peak model does not count yet; predict plans made without ops")
-        if plan.offloaded:
-            raise ValueError("predict_peak: the plan offloads regions (host_budget_bytes=), which the step peak model "
-                             "does not count yet; predict plans made without a host budget")
         recompute_by_region = {name: choice == "recompute" for name, choice in plan.decisions.items()}
         grouped = any("*" in name for name in plan.decisions)
+        if plan.offloaded:
+            if grouped:
+                raise ValueError("predict_peak: a plan that offloads names each region of the profile, not patterns")
+            offloaded_by_region = {name: choice == "offload" for name, choice in plan.decisions.items()}
+            return _budget.predict_peak(self._text, recompute_by_region, False, offloaded_by_region)
         return _budget.predict_peak(self._text, recompute_by_region, grouped)
 
     def frontier(self, steps=8, *, group=False, by="kept"):
@@ -585,7 +604,8 @@ class Plan:
             if kept:
                 choice += f", keeping {len(kept)} op(s): " + ", ".join(f"{index} {op}" for index, op in kept)
             lines.append(f"{name:<{width}}  {saved}  {seconds}  {choice}")
-        if self._profile is not None and self.peak_bytes is not None:
+        # The frontier drawn is of plans without offload: not beside a plan that may offload
+        if self._profile is not None and self.peak_bytes is not None and self.host_budget_bytes is None:
             lines += ["", "frontier by step peak (the fastest plan at each peak budget):",
                       f"{'peak budget':>16}  {'peak predicted':>16}  {'recompute s':>12}"]
             for point in self._profile.frontier(group=self._group, by="peak"):

@@ -6,6 +6,13 @@ what the checkpoints keep with every region recomputed (their inputs: base_bytes
 memory where its tensors are counted (_step_profile), its shape (_step_shape), per-op figures
 (ops=True) and what makes a region unsafe to recompute (_op_figures), and the copy bandwidth to
 the host (host_copy=True). After the block it is a RegionProfile.
+
+With per-op figures, a checkpoint's last region is priced at what its recompute runs: recompute
+stops once the last tensor backward needs is saved again, so the ops at its end after that
+(a decoder layer's last projection, whose input its backward keeps and whose output nothing
+keeps) never run again; they are left out of its seconds and its ops (OpMeter.recompute_tail),
+where a node follows the region in the checkpoint (the runtime stops early only then) and none
+of those after it saves a tensor.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import torch
 from ._arguments import flag_arg
 from ._extension import _C
 from ._offload_plans import measure_host_copy, offload_bytes
+from ._kept_ops import keeping_seconds_per_op
 from ._op_figures import OpMeter, interception_seconds
 from ._plans import RegionProfile, _state
 from ._step_profile import StepRecorder, tensors_in
@@ -36,6 +44,32 @@ def timer_arg(where, timer):
                          f"'wall' (wall-clock time, counting what a region waits for: I/O, a collective, a "
                          f"synchronization), got {timer!r}")
     return timer
+
+
+def _stops_in(out, region_out):
+    """Whether recompute of the checkpoint stops inside the region when the region is the last
+    it recomputes: an autograd node follows the region's outputs (the runtime stops early only
+    where forward made a node after the last tensor it dropped), and none of those between them
+    and the checkpoint's outputs saves a tensor (nodes made later have higher sequence numbers on
+    this thread). False where it cannot tell (no node to start from)."""
+    made = [t.grad_fn for t in tensors_in(region_out) if t.grad_fn is not None]
+    if not made:
+        return False
+    after = max(node._sequence_nr() for node in made)
+    stack = [t.grad_fn for t in tensors_in(out) if t.grad_fn is not None]
+    seen, followed = set(), False
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node._sequence_nr() <= after:
+            continue
+        if any(attribute.startswith("_raw_saved_") for attribute in dir(node)):
+            return False
+        followed = True
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return followed
 
 
 class profile_regions:
@@ -75,6 +109,7 @@ class profile_regions:
         self._inputs = {}       # storage key -> bytes of checkpoint inputs
         self._kept_keys = set()  # storages earlier checkpoint calls keep (alive until backward)
         self._calls = 0
+        self._last_region = None  # (name, output) of the last outermost region the running checkpoint call ran
         self._device = "cpu"
         self._step = None
         self._own_recompute = {}  # region -> whether its code recomputes it
@@ -89,6 +124,8 @@ class profile_regions:
                                "block")
         _state.session = self
         interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
+        if self._ops:
+            keeping_seconds_per_op()
         self._step = StepRecorder()
         self._step.begin()
         self._shape = StepShape()
@@ -158,10 +195,14 @@ class profile_regions:
                                "so the profile would price every region at 0 bytes. Profile an ordinary training step, "
                                "forward and backward with gradients on")
         self._shape.record_call(name, args, kwargs)
+        outer_last, self._last_region = self._last_region, None
         try:
             out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
+            last = self._last_region
         except _C.RematError as error:
             raise self._unprofilable(error) from None
+        finally:
+            self._last_region = outer_last
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
         # address is its own), any other is this call's alone (a freed address used again by the
         # next call's input is another storage).
@@ -182,9 +223,23 @@ class profile_regions:
                            if not t.shares_storage and (t.device, t.address) not in self._inputs)
                 self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
                 self._offload[region.region] = self._offload.get(region.region, 0) + offload_bytes(region.tensors)
+        if reports and last is not None and self._ops:
+            self._find_tail(last, reports[-1].regions, out)
         self._step.checkpoint_kept(call_index, reports[-1].regions if reports else [], args, kwargs, out)
         self._shape.record_backward(out)
         return out
+
+    def _find_tail(self, last, regions, out):
+        """Marks on the meter of the call's last region the ops its recompute would not run
+        (OpMeter.recompute_tail), where recompute stops inside it (_stops_in); else none."""
+        name, region_out = last
+        meters = self._meters.get(name)
+        if not meters or not _stops_in(out, region_out):
+            if meters:
+                meters[-1].tail = set()
+            return
+        kept = {(t.device, t.address) for region in regions for t in region.tensors if t.name.startswith("saved.")}
+        meters[-1].tail = meters[-1].recompute_tail(kept)
 
     def op_meter(self, name, own_recompute):
         """The wrapper of a region's body that watches its ops, else None. The outermost region in
@@ -247,7 +302,7 @@ class profile_regions:
         if not cuda:
             region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
         if ops:
-            profile_regions._add_ops(region, meters, count * per_op / len(meters))
+            profile_regions._add_ops(region, meters, count * keeping_seconds_per_op() / len(meters))
 
     @staticmethod
     def _add_ops(region, meters, overhead):
@@ -263,6 +318,13 @@ class profile_regions:
                 total["bytes"] += op["bytes"]
                 total["seconds"] += op["seconds"]
         region["seconds"] = max(region["seconds"], sum(op["seconds"] for op in ops))
+        # The ops no call's recompute runs: not priced, and not for a plan to keep.
+        tails = [getattr(meter, "tail", None) for meter in meters]
+        tail = set.intersection(*tails) if all(t is not None for t in tails) else set()
+        region["seconds"] = max(0.0, region["seconds"] - sum(op["seconds"] for op in ops if op["index"] in tail))
+        ops = [op for op in ops if op["index"] not in tail]
+        if not ops:
+            return
         region["ops"] = ops
         region["op_overhead_seconds"] = overhead
 
@@ -271,6 +333,7 @@ class profile_regions:
             return call()
         out = self._step.region_forward(name, args, lambda: self._timed_region(name, call))
         self._shape.record_region(name, args, out)
+        self._last_region = (name, out)
         return out
 
     def _timed_region(self, name, call):

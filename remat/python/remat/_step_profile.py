@@ -20,7 +20,9 @@ What each checkpoint keeps is recorded as sets of storages, not added up per reg
 storages each region keeps (its saved tensors and its output), the storages that are its inputs
 (a saved region does not keep an input that recompute recreates: the runtime takes it from
 recompute), and the checkpoint's own inputs, each storage with one identity for the step even
-when a freed address is used again. A plan's step peak is then each segment's measured peak less
+when a freed address is used again. Of what a region keeps, the storages remat.CpuOffload would
+leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
+listed apart (offload_kept): a plan that offloads the region still holds them there. A plan's step peak is then each segment's measured peak less
 what the plan's checkpoints do not keep of what was alive in it, plus, in a checkpoint's backward,
 the largest forward transient of a region it recomputes; remat::budget computes it (step_peak.hpp)
 from the "step" object of the region-profile dump, so remat-report advise --peak predicts the same.
@@ -243,6 +245,7 @@ class StepRecorder:
         record = self.checkpoints[index]
         leaves = self._leaves.pop(index)
         kept_by_region = {}
+        staying = {}  # region -> storages the offloader would leave on the device
         for region in reports:
             ids = set()
             for t in region.tensors:
@@ -256,6 +259,8 @@ class StepRecorder:
                         found = len(self._storages) - 1
                     self._alive[key] = found
                 ids.add(self._alive[key])
+                if not getattr(t, "offloadable", True):
+                    staying.setdefault(region.region, set()).add(self._alive[key])
                 if not t.shares_storage:
                     self._storages[self._alive[key]] = max(self._storages[self._alive[key]], t.bytes)
             kept_by_region[region.region] = ids
@@ -267,6 +272,8 @@ class StepRecorder:
             region["kept"] = sorted(kept_by_region.get(region["name"], set()) | outputs)
             region["inputs"] = sorted(region.pop("_inputs"))
             region["outputs"] = sorted(outputs)
+            if staying.get(region["name"]):
+                region["offload_kept"] = sorted(staying[region["name"]])
         record["outputs"] = sorted({self._storage_id(t, keep=True) for t in tensors_in(out)})
         self._live.append(index)
         outputs = [t for t in tensors_in(out) if t.requires_grad]

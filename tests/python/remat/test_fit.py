@@ -216,6 +216,31 @@ def test_bad_budgets_are_refused_naming_the_forms_accepted(budget, message):
         remat.wrap_decoder_layers(Model(), save=(), layers="layers", budget=budget)
 
 
+@pytest.mark.parametrize("host_budget, message", [
+    (-1, "host_budget must be 0 or more bytes, got -1"),
+    (float("nan"), "host_budget must be a whole number of bytes, got the float nan"),
+    (True, "host_budget must be a number of bytes or a string with a unit, got a bool"),
+    ("64", "host_budget '64': no unit"),
+])
+def test_bad_host_budgets_are_refused_naming_the_forms_accepted(host_budget, message):
+    with pytest.raises((TypeError, ValueError), match=f"remat.fit: {message}"):
+        remat.fit(Model(), "1GiB", host_budget=host_budget)
+
+
+def test_a_host_budget_is_for_models_on_a_gpu_and_comes_with_a_budget():
+    # On the CPU the host copies are the memory the budget counts: refused before any step.
+    with pytest.raises(ValueError, match="remat.fit: host_budget offloads .* for a model on the CPU is the memory the "
+                                         "budget counts: offload frees none of it there"):
+        remat.fit(Model(), "1GiB", host_budget="1GiB")
+    with pytest.raises(ValueError, match="offload frees none of it there"):
+        remat.wrap_decoder_layers(Model(), save=(), layers="layers", budget="1GiB", host_budget="1GiB")
+    with pytest.raises(TypeError, match="wrap_decoder_layers: host_budget= .* give it with budget="):
+        remat.wrap_decoder_layers(Model(), save=(), layers="layers", host_budget="1GiB")
+    # None and 0 are no offload: fit as without.
+    assert remat.fit(Model(), "1GiB", host_budget=0).remat_fit.host_budget == 0
+    assert remat.fit(Model(), "1GiB", host_budget=None).remat_fit.host_budget == 0
+
+
 def test_budgets_with_units_are_read_as_their_own_units():
     assert remat.fit(Model(), "70GiB").remat_fit.budget == 70 << 30
     assert remat.fit(Model(), "70GB").remat_fit.budget == 70 * 10**9

@@ -142,6 +142,64 @@ def test_profile_lists_each_regions_ops_with_index_name_bytes_and_time(measured)
     assert again.ops == measured.ops
 
 
+class CountRecomputed(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ATen ops that run to their end while the runtime recomputes, by op."""
+
+    def __init__(self):
+        super().__init__()
+        self.ran = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if remat.is_recomputing():
+            self.ran[func] = self.ran.get(func, 0) + 1
+        return out
+
+
+def last_region_layers():
+    """Layers whose last region ends in a projection (mm, sigmoid, mm), and what follows it in the
+    checkpoint: a residual add (saves nothing), a tanh (keeps its output), nothing."""
+    w = (torch.randn(WIDTH, WIDTH, generator=torch.Generator().manual_seed(2)) / 8).requires_grad_()
+
+    def mlp(x):
+        return remat.region(lambda t: torch.sigmoid(t @ w) @ w, "mlp")(x)
+
+    return w, {"residual": lambda x: x + mlp(x), "tanh": lambda x: torch.tanh(mlp(x)), "bare": mlp}
+
+
+def test_a_last_regions_ops_recompute_does_not_run_are_left_out_of_its_price():
+    """Recompute stops once the last tensor backward needs is saved again, and an op saves its
+    inputs before it runs: the last projection of a layer's last region (its input kept, its
+    output kept by nothing) never runs again when a node follows it (the residual add). The
+    profile leaves it out of the region's ops and seconds there, and there only."""
+    w, layers = last_region_layers()
+    for kind, layer in layers.items():
+        with remat.profile_regions(ops=True) as profile:
+            remat.checkpoint(region_name="layer")(layer)(batch()).sum().backward()
+        w.grad = None
+        names = [op["op"] for op in profile.ops["layer::mlp"]]
+        assert names == (["aten::mm", "aten::sigmoid"] if kind == "residual" else
+                         ["aten::mm", "aten::sigmoid", "aten::mm"]), kind
+        region = profile.regions[0]
+        assert sum(op["seconds"] for op in profile.ops["layer::mlp"]) <= region.seconds * (1 + 1e-9)
+
+        # What recompute runs, every region recomputed: the left-out mm is the one it does not run.
+        plan = profile.plan(budget_bytes=profile.base_bytes)
+        assert plan.decisions == {"layer::mlp": "recompute"}
+        x = batch()
+        layer(x).sum().backward()
+        expected = [x.grad, w.grad]
+        x.grad, w.grad = None, None
+        count = CountRecomputed()
+        with remat.use_plan(plan):
+            loss = remat.checkpoint(region_name="layer")(layer)(x).sum()
+            with count:
+                loss.backward()
+        assert count.ran[torch.ops.aten.mm.default] == (1 if kind == "residual" else 2), kind
+        assert torch.equal(x.grad, expected[0]) and torch.equal(w.grad, expected[1])
+        w.grad = None
+
+
 def test_profile_without_ops_has_none_and_refuses_per_op_plans():
     weights = make_weights()
     with remat.profile_regions() as profile:

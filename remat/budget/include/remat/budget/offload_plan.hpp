@@ -27,4 +27,17 @@ double offload_seconds(const RegionProfile& profile, const RegionCost& region);
 // 0 on a profile without copy figures.
 Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes);
 
+// The plan with the least step time added (as solve_offload counts it) whose predicted step peak
+// (predict_step_peak with its offloaded regions: what stays on the device) is at most `peak_bytes`
+// and whose host_bytes are at most `host_budget_bytes` (Plan::peak_bytes, Plan::host_bytes). Every
+// plan is weighed where the search ends within its limit (Plan::exact), else the best one found is
+// kept, marked not exact. A host budget of 0 offloads nothing. Throws BudgetError naming the least
+// peak any plan reaches with that host budget where none fits, for a profile without step memory,
+// or a host budget above 0 on a profile without copy figures.
+Plan solve_peak_offload(const RegionProfile& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes);
+
+// The least step peak any plan reaches with `host_budget_bytes` on the host (among those
+// solve_peak_offload weighs).
+std::uint64_t least_step_peak_offload(const RegionProfile& profile, std::uint64_t host_budget_bytes);
+
 }  // namespace remat::budget

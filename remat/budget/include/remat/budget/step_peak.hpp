@@ -25,6 +25,9 @@ struct StepRegion {
   std::vector<std::uint32_t> inputs;   // its tensor inputs
   std::vector<std::uint32_t> outputs;  // its tensor outputs
   std::uint64_t transient_bytes = 0;   // forward's peak inside it over what it leaves allocated
+  // Of `kept`, what stays on the device when the region is offloaded: tensors remat.CpuOffload
+  // leaves as they are (not dense: a slice of a wider tensor; a parameter or a view of one).
+  std::vector<std::uint32_t> offload_kept;
 };
 
 struct StepCheckpoint {  // one call of a checkpoint
@@ -60,6 +63,14 @@ void check_step(const StepMemory& step, const RegionProfile& profile);
 // The predicted step peak with `choices` (one per region of `profile`, in its order; a grouped
 // profile's patterns apply to every region they match).
 std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices);
+
+// The same with regions offloaded (`offloaded`, one per region; an offloaded region's choice is
+// save): what it keeps leaves the device after its forward and is back, as new tensors of its
+// offload_bytes, from the backward of the next checkpoint call that offloads (remat.CpuOffload's
+// prefetch of 1) to the end of its own call's backward; on a GPU the last region packed stays
+// until the next offloading call's forward (offload_plan.hpp plans with it).
+std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
+                                const std::vector<bool>& offloaded);
 
 // The least step peak any plan reaches (among those solve_peak tries).
 std::uint64_t least_step_peak(const RegionProfile& profile);

@@ -1,0 +1,266 @@
+// The step's device bytes under a plan (step_model.hpp): what each checkpoint call keeps, as a set
+// of storages, then each segment's peak less what the plan no longer keeps of what was alive in it.
+//
+// Offloaded regions follow remat::CpuOffload (remat/src/cpu_offload.cpp) as plans run it, one
+// offloader with prefetch 1: what an offloaded region keeps is copied to the host as its forward
+// saves it and leaves the device when the region's forward is done (on a GPU, where the copy runs
+// on a stream of its own, the device tensors of the last region packed stay until the next pack
+// settles them: counted through the forward of the next checkpoint call that offloads). Backward
+// brings a call's copies back at the first unpack of its own tensors or of the next offloading
+// call's (prefetch 1: that call's and the one before it), into new device tensors as large as the
+// copies (offload_bytes), which stay until the call's backward is done: counted from the first
+// segment of that earlier of the two backwards to the end of the call's own.
+
+#include "step_model.hpp"
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+
+namespace remat::budget::detail {
+
+namespace {
+
+bool contains(const std::vector<std::uint32_t>& set, std::uint32_t id) {
+  return std::find(set.begin(), set.end(), id) != set.end();
+}
+
+}  // namespace
+
+std::vector<std::vector<std::size_t>> region_indexes(const RegionProfile& profile, const StepMemory& step) {
+  std::unordered_map<std::string, std::size_t> exact;
+  for (std::size_t r = 0; r < profile.regions.size(); ++r) exact.emplace(profile.regions[r].name, r);
+  std::vector<std::vector<std::size_t>> indexes;
+  for (const StepCheckpoint& call : step.checkpoints) {
+    std::vector<std::size_t>& of_call = indexes.emplace_back();
+    for (const StepRegion& region : call.regions) {
+      std::size_t found = profile.regions.size();
+      if (const auto it = exact.find(region.name); it != exact.end()) {
+        found = it->second;
+      } else {
+        for (std::size_t r = 0; r < profile.regions.size() && found == profile.regions.size(); ++r) {
+          if (matches(profile.regions[r].name, region.name)) found = r;
+        }
+      }
+      if (found == profile.regions.size()) {
+        throw BudgetError("the profile's step lists region '" + region.name +
+                          "', which its regions do not: the "
+                          "profile contradicts itself; profile the step again (remat.profile_regions())");
+      }
+      of_call.push_back(found);
+    }
+  }
+  return indexes;
+}
+
+const StepMemory& step_of(const RegionProfile& profile) {
+  if (!profile.step) {
+    throw BudgetError(
+        "the profile has no step memory, so no plan's step peak can be predicted: profile the step "
+        "with its tensors counted, CPU tensors inside remat.tag_cpu_tensors() or CUDA tensors under "
+        "remat_alloc.install(), then plan by peak_bytes (or plan by budget_bytes, what the checkpoints "
+        "keep)");
+  }
+  return *profile.step;
+}
+
+StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
+    : profile_(profile),
+      step_(step),
+      cuda_(profile.device.rfind("cuda", 0) == 0),
+      indexes_(region_indexes(profile, step)),
+      stamp_(step.storages.size(), 0) {
+  // Outputs of a call that no later call takes as input are held by code outside the
+  // checkpoints (a head, a loss): alive while the call is live whatever it keeps.
+  held_until_.resize(step.checkpoints.size());
+  for (std::size_t k = 0; k < step.checkpoints.size(); ++k) {
+    for (const std::uint32_t id : step.checkpoints[k].outputs) {
+      std::int64_t consumer = -1;
+      for (std::size_t later = k + 1; later < step.checkpoints.size() && consumer < 0; ++later) {
+        if (contains(step.checkpoints[later].inputs, id)) consumer = static_cast<std::int64_t>(later);
+      }
+      held_until_[k].emplace_back(id, consumer);
+    }
+  }
+  first_backward_.assign(step.checkpoints.size(), step.segments.size());
+  forward_end_.assign(step.checkpoints.size(), 0);
+  for (std::size_t s = 0; s < step.segments.size(); ++s) {
+    const StepSegment& segment = step.segments[s];
+    if (segment.backward >= 0) {
+      std::size_t& first = first_backward_[static_cast<std::size_t>(segment.backward)];
+      first = std::min(first, s);
+    }
+    if (segment.forward >= 0) forward_end_[static_cast<std::size_t>(segment.forward)] = s + 1;
+  }
+  const std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
+  saved_sets_ = kept_sets(all_saved, {});
+  for (std::size_t s = 0; s < step.segments.size(); ++s) {
+    saved_alive_.push_back(alive_bytes(s, saved_sets_, {}, nullptr));
+  }
+}
+
+std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded) {
+  const std::vector<std::vector<std::uint32_t>> sets = kept_sets(choices, offloaded);
+  const bool offloads = std::find(offloaded.begin(), offloaded.end(), true) != offloaded.end();
+  const Offload offload = offloads ? offload_of(offloaded) : Offload{};
+  std::uint64_t peak = 0;
+  for (std::size_t s = 0; s < step_.segments.size(); ++s) {
+    const StepSegment& segment = step_.segments[s];
+    const std::vector<std::uint32_t> recomputed =
+        segment.backward >= 0 ? recomputed_saved(static_cast<std::size_t>(segment.backward), choices)
+                              : std::vector<std::uint32_t>{};
+    const std::uint64_t alive = alive_bytes(s, sets, recomputed, offloads ? &offload : nullptr);
+    std::uint64_t top = segment.peak_bytes;
+    if (segment.backward >= 0) {
+      top =
+          std::max(top, segment.start_bytes + recompute_transient(static_cast<std::size_t>(segment.backward), choices));
+    }
+    const std::uint64_t freed = saved_alive_[s] > alive ? saved_alive_[s] - alive : 0;
+    const std::uint64_t added = alive > saved_alive_[s] ? alive - saved_alive_[s] : 0;
+    peak = std::max(peak, top - std::min(top, freed) + added);
+  }
+  return peak;
+}
+
+// What each checkpoint call keeps on the device: the inputs code outside its regions reads; its
+// saved regions' kept storages, less the inputs of a saved region that recompute recreates (the
+// runtime takes them from recompute); and the inputs recompute reads: those a recomputed region
+// takes, or all of them where a recomputed region takes something no region made and the call was
+// not given (code outside the regions made it from the inputs). An offloaded region runs saved
+// (recompute recreates neither it nor its outputs) and keeps here only what the offloader leaves
+// as it is (offload_kept); the rest is on the host.
+std::vector<std::vector<std::uint32_t>> StepModel::kept_sets(const std::vector<Choice>& choices,
+                                                             const std::vector<bool>& offloaded) const {
+  std::vector<std::vector<std::uint32_t>> sets;
+  for (std::size_t k = 0; k < step_.checkpoints.size(); ++k) {
+    const StepCheckpoint& call = step_.checkpoints[k];
+    std::vector<std::uint32_t> set = call.kept_inputs;
+    std::vector<std::uint32_t> not_recreated = call.inputs;
+    std::vector<std::uint32_t> made;  // every region's outputs
+    bool recomputes = false;
+    for (std::size_t r = 0; r < call.regions.size(); ++r) {
+      made.insert(made.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
+      if (choices[indexes_[k][r]] == Choice::save) {
+        not_recreated.insert(not_recreated.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
+      } else {
+        recomputes = true;
+      }
+    }
+    for (std::size_t r = 0; r < call.regions.size(); ++r) {
+      const StepRegion& region = call.regions[r];
+      const std::size_t index = indexes_[k][r];
+      if (choices[index] == Choice::save) {
+        if (!offloaded.empty() && offloaded[index]) {
+          set.insert(set.end(), region.offload_kept.begin(), region.offload_kept.end());
+          continue;
+        }
+        for (const std::uint32_t id : region.kept) {
+          const bool recreated = recomputes && contains(region.inputs, id) && !contains(not_recreated, id);
+          if (!recreated) set.push_back(id);
+        }
+        continue;
+      }
+      for (const std::uint32_t id : region.inputs) {
+        if (contains(call.inputs, id)) {
+          set.push_back(id);
+        } else if (!contains(made, id)) {
+          set.insert(set.end(), call.inputs.begin(), call.inputs.end());
+        }
+      }
+    }
+    sets.push_back(std::move(set));
+  }
+  return sets;
+}
+
+// What recompute brings back in call k's backward: what the regions it recomputes keep while
+// saved, their outputs included (recompute makes them, and code between regions may hold them).
+std::vector<std::uint32_t> StepModel::recomputed_saved(std::size_t k, const std::vector<Choice>& choices) const {
+  std::vector<std::uint32_t> set;
+  const StepCheckpoint& call = step_.checkpoints[k];
+  for (std::size_t r = 0; r < call.regions.size(); ++r) {
+    if (choices[indexes_[k][r]] == Choice::save) continue;
+    set.insert(set.end(), call.regions[r].kept.begin(), call.regions[r].kept.end());
+  }
+  return set;
+}
+
+std::uint64_t StepModel::recompute_transient(std::size_t k, const std::vector<Choice>& choices) const {
+  std::uint64_t most = 0;
+  const StepCheckpoint& call = step_.checkpoints[k];
+  for (std::size_t r = 0; r < call.regions.size(); ++r) {
+    if (choices[indexes_[k][r]] != Choice::save) most = std::max(most, call.regions[r].transient_bytes);
+  }
+  return most;
+}
+
+StepModel::Offload StepModel::offload_of(const std::vector<bool>& offloaded) const {
+  const std::size_t calls = step_.checkpoints.size(), none = step_.segments.size();
+  Offload offload;
+  offload.back_bytes.assign(calls, 0);
+  offload.back_from.assign(calls, none);
+  offload.lingering.resize(calls);
+  offload.linger_until.assign(calls, none);
+  std::vector<std::size_t> offloading;  // the calls that offload, in forward order (the offloader's groups)
+  for (std::size_t k = 0; k < calls; ++k) {
+    const StepCheckpoint& call = step_.checkpoints[k];
+    for (std::size_t r = 0; r < call.regions.size(); ++r) {
+      if (!offloaded[indexes_[k][r]]) continue;
+      const std::uint64_t bytes = profile_.regions[indexes_[k][r]].offload_bytes;
+      offload.back_bytes[k] += std::min(bytes, UINT64_MAX - offload.back_bytes[k]);
+      offload.lingering[k] = call.regions[r].kept;  // the last region packed
+    }
+    if (offload.back_bytes[k] > 0 || !offload.lingering[k].empty()) offloading.push_back(k);
+  }
+  for (std::size_t i = 0; i < offloading.size(); ++i) {
+    const std::size_t k = offloading[i];
+    const bool later = i + 1 < offloading.size();
+    const std::size_t trigger = later ? offloading[i + 1] : k;
+    offload.back_from[k] = std::min(first_backward_[trigger], first_backward_[k]);
+    if (!cuda_) {
+      offload.lingering[k].clear();
+    } else if (later) {
+      offload.linger_until[k] = forward_end_[offloading[i + 1]];
+    }
+  }
+  return offload;
+}
+
+// Bytes of the storages alive in segment `s` because of checkpoints: what the live calls keep,
+// what the call whose forward runs took as input, the outputs code outside holds, in a call's
+// backward what recompute brings back (`recomputed`), and what the offloader holds on the device.
+std::uint64_t StepModel::alive_bytes(std::size_t s, const std::vector<std::vector<std::uint32_t>>& sets,
+                                     const std::vector<std::uint32_t>& recomputed, const Offload* offload) {
+  const StepSegment& segment = step_.segments[s];
+  ++generation_;
+  std::uint64_t total = 0;
+  const auto add = [&](std::uint32_t id) {
+    if (stamp_[id] != generation_) {
+      stamp_[id] = generation_;
+      total += step_.storages[id];
+    }
+  };
+  const auto is_live = [&](std::int64_t k) { return k >= 0 && contains(segment.live, static_cast<std::uint32_t>(k)); };
+  for (const std::uint32_t k : segment.live) {
+    for (const std::uint32_t id : sets[k]) add(id);
+    for (const auto& [id, consumer] : held_until_[k]) {
+      if (!is_live(consumer)) add(id);
+    }
+  }
+  if (segment.forward >= 0) {
+    for (const std::uint32_t id : step_.checkpoints[static_cast<std::size_t>(segment.forward)].inputs) add(id);
+  }
+  for (const std::uint32_t id : recomputed) add(id);
+  if (offload != nullptr) {
+    for (const std::uint32_t k : segment.live) {
+      if (s >= offload->back_from[k]) {
+        total += offload->back_bytes[k];  // new tensors: beside any storage still alive
+      } else if (s < offload->linger_until[k]) {
+        for (const std::uint32_t id : offload->lingering[k]) add(id);
+      }
+    }
+  }
+  return total;
+}
+
+}  // namespace remat::budget::detail

@@ -1,0 +1,67 @@
+#pragma once
+// A plan's device bytes through the step, from the one profiled step (step_peak.hpp): each
+// segment's measured peak less what the plan's checkpoints no longer keep of what was alive in it,
+// plus what recompute and the offloader bring back there. Built once per profile; peak() is asked
+// once per plan a solver weighs.
+
+#include <remat/budget/plan.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace remat::budget::detail {
+
+// The profile region each step region takes its choice from (by exact name, else the first
+// pattern that matches); throws BudgetError for a step region the profile does not list.
+std::vector<std::vector<std::size_t>> region_indexes(const RegionProfile& profile, const StepMemory& step);
+
+// The profile's step memory; throws BudgetError naming how to profile it where there is none.
+const StepMemory& step_of(const RegionProfile& profile);
+
+// Throws the BudgetError of a peak budget below every plan's: it names the least peak (`among`:
+// where that least is only among the plans tried, says so) and what stays allocated through it.
+[[noreturn]] void refuse_peak(const StepMemory& step, std::uint64_t peak_bytes, std::uint64_t lowest_peak,
+                              const std::string& among);
+
+class StepModel {
+ public:
+  StepModel(const RegionProfile& profile, const StepMemory& step);
+
+  // The predicted step peak with `choices` (one per region of the profile, in its order) and
+  // `offloaded` (empty: none; else one per region, true for a region saved and offloaded).
+  std::uint64_t peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded = {});
+
+ private:
+  // Where offloaded regions' bytes are on the device, per checkpoint call (step_model.cpp says when).
+  struct Offload {
+    std::vector<std::uint64_t> back_bytes;              // brought back: the offloaded regions' offload_bytes
+    std::vector<std::size_t> back_from;                 // the first segment they are back in
+    std::vector<std::vector<std::uint32_t>> lingering;  // CUDA: still on the device after forward
+    std::vector<std::size_t> linger_until;              // until this segment (the next pack settles them)
+  };
+
+  std::vector<std::vector<std::uint32_t>> kept_sets(const std::vector<Choice>& choices,
+                                                    const std::vector<bool>& offloaded) const;
+  std::vector<std::uint32_t> recomputed_saved(std::size_t k, const std::vector<Choice>& choices) const;
+  std::uint64_t recompute_transient(std::size_t k, const std::vector<Choice>& choices) const;
+  Offload offload_of(const std::vector<bool>& offloaded) const;
+  std::uint64_t alive_bytes(std::size_t s, const std::vector<std::vector<std::uint32_t>>& sets,
+                            const std::vector<std::uint32_t>& recomputed, const Offload* offload);
+
+  const RegionProfile& profile_;
+  const StepMemory& step_;
+  bool cuda_ = false;
+  std::vector<std::vector<std::size_t>> indexes_;
+  std::vector<std::vector<std::pair<std::uint32_t, std::int64_t>>> held_until_;
+  std::vector<std::size_t> first_backward_;  // per call: its first backward segment (none: segments' count)
+  std::vector<std::size_t> forward_end_;     // per call: the segment after its last forward one
+  std::vector<std::vector<std::uint32_t>> saved_sets_;
+  std::vector<std::uint64_t> saved_alive_;
+  std::vector<std::uint32_t> stamp_;
+  std::uint32_t generation_ = 0;
+};
+
+}  // namespace remat::budget::detail

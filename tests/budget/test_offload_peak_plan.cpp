@@ -1,0 +1,271 @@
+// Plans by step peak that offload: when the step model counts an offloaded region's bytes on the
+// device (gone after its forward, back from the backward of the next call that offloads, as
+// CpuOffload's prefetch of 1 brings them; on a GPU the last region packed lingers until the next
+// pack), and the search against every plan of small random profiles.
+
+#include <remat/budget/offload_plan.hpp>
+#include <remat/budget/plan.hpp>
+#include <remat/budget/step_peak.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace remat::budget {
+namespace {
+
+// Two checkpoints of one region each (test_step_peak.cpp's): c0 makes out0 (100 bytes) and saves
+// s0 (10); c1 takes out0, makes out1 (100) and saves s1 (10). Segments: the end of forward (220),
+// c1's backward (peak 300), c0's backward (peak 200).
+RegionProfile two_checkpoints(const std::string& device = "cpu") {
+  RegionProfile profile;
+  profile.device = device;
+  profile.regions = {{"c0::r", 110, 1.0, 1}, {"c1::r", 110, 2.0, 1}};
+  profile.regions[0].offload_bytes = 10;
+  profile.regions[1].offload_bytes = 110;
+  profile.host_copy = HostCopy{1e12, 1e12, 1 << 20};
+  StepMemory step;
+  step.peak_bytes = 300;
+  step.storages = {100, 10, 100, 10};  // out0, s0, out1, s1
+  step.checkpoints = {{"c0", {}, {}, {0}, {{"c0::r", {0, 1}, {}, {0}, 0}}},
+                      {"c1", {0}, {}, {2}, {{"c1::r", {2, 3}, {0}, {2}, 0}}}};
+  step.segments = {{220, 0, {0, 1}, -1, -1}, {300, 220, {0, 1}, -1, 1}, {200, 110, {0}, -1, 0}};
+  profile.step = step;
+  return profile;
+}
+
+const std::vector<Choice> kSaved{Choice::save, Choice::save};
+
+TEST(OffloadPeak, AnOffloadedRegionLeavesTheDeviceAfterItsForwardAndIsBackForItsBackward) {
+  RegionProfile profile = two_checkpoints();
+  // c0 offloaded: gone through forward and c1's backward (220 - 110 at the end of forward, 300 -
+  // 110 in c1's backward), back in c0's own: out0 held there beside the 10 bytes copied back, as
+  // much as c0 kept saved (200).
+  EXPECT_EQ(predict_step_peak(profile, kSaved, {true, false}), 200u);
+  profile.step->segments[2].peak_bytes = 110;  // c0's backward lower: c1's shows, 300 - 110
+  EXPECT_EQ(predict_step_peak(profile, kSaved, {true, false}), 190u);
+  EXPECT_EQ(predict_step_peak(profile, kSaved, {false, false}), 300u);
+  // Saved and offloaded at once is no choice.
+  EXPECT_THROW(predict_step_peak(profile, {Choice::recompute, Choice::save}, {true, false}), BudgetError);
+}
+
+TEST(OffloadPeak, APrefetchBringsTheCallBeforeBackInTheNextOffloadingCallsBackward) {
+  RegionProfile profile = two_checkpoints();
+  profile.regions[1].offload_bytes = 10;
+  profile.step->checkpoints[1].regions[0].kept = {3};  // c1 keeps s1 alone
+  profile.step->storages[2] = 0;
+  profile.step->segments[2].peak_bytes = 150;  // c0's backward below c1's
+  // c1 offloaded alone: s1 leaves and its copy comes back in c1's backward, 300 - 10 + 10.
+  EXPECT_EQ(predict_step_peak(profile, kSaved, {false, true}), 300u);
+  // Both offloaded: c1's first unpack brings back c0's copy too (prefetch 1): c1's backward less
+  // what both keep (120) plus both copies (20). Without the prefetch it would be 190.
+  EXPECT_EQ(predict_step_peak(profile, kSaved, {true, true}), 200u);
+}
+
+TEST(OffloadPeak, OnAGpuTheLastRegionPackedStaysUntilTheNextPack) {
+  // On a GPU the copy to the host runs beside compute and the offloader lets the device tensor go
+  // at its next pack: c0, the only region offloaded, stays through forward and c1's backward.
+  EXPECT_EQ(predict_step_peak(two_checkpoints("cpu"), kSaved, {true, false}), 200u);
+  EXPECT_EQ(predict_step_peak(two_checkpoints("cuda:0"), kSaved, {true, false}), 300u);
+}
+
+TEST(OffloadPeak, TensorsTheOffloaderLeavesOnTheDeviceStayCounted) {
+  RegionProfile profile = two_checkpoints();
+  profile.step->checkpoints[0].regions[0].offload_kept = {1};          // s0 is a slice: CpuOffload keeps it
+  EXPECT_EQ(predict_step_peak(profile, kSaved, {true, false}), 210u);  // c0's backward is the peak
+  profile.step->segments[2].peak_bytes = 110;                          // lower it: c1's backward shows
+  EXPECT_EQ(predict_step_peak(profile, kSaved, {true, false}), 300u - 100u);
+}
+
+TEST(OffloadPeak, ThePlanOffloadsWhereThatIsTheCheapestWayUnderThePeakAndWithinTheHostBudget) {
+  const RegionProfile profile = two_checkpoints();
+  // 250 bytes: without offload, c0 recomputed (1 s); with a host budget of 10, c0 offloaded
+  // (copies next to nothing), its peak in c0's backward as with c0 saved.
+  EXPECT_EQ(solve_peak(profile, 250).recompute_seconds, 1.0);
+  const Plan plan = solve_peak_offload(profile, 250, 10);
+  EXPECT_TRUE(plan.exact);
+  EXPECT_TRUE(plan.offloaded[0]);
+  EXPECT_FALSE(plan.offloaded[1]);
+  EXPECT_EQ(plan.peak_bytes, 200u);
+  EXPECT_EQ(plan.host_bytes, 10u);
+  EXPECT_LT(plan.recompute_seconds, 1e-9);
+  // A host budget of 9 holds no offload: the plan without offload.
+  const Plan none = solve_peak_offload(profile, 250, 9);
+  EXPECT_FALSE(none.offloaded[0] || none.offloaded[1]);
+  EXPECT_EQ(none.recompute_seconds, 1.0);
+  EXPECT_EQ(none.peak_bytes, solve_peak(profile, 250).peak_bytes);
+  // The dump reads back with its prediction and host figures.
+  const Plan read = plan_from_json(plan_to_json(plan), "plan");
+  EXPECT_EQ(read.peak_bytes, 200u);
+  EXPECT_EQ(read.host_bytes, 10u);
+  EXPECT_TRUE(read.offloaded[0]);
+}
+
+TEST(OffloadPeak, APeakBelowEveryPlanNamesTheLeastWithThatHostBudget) {
+  const RegionProfile profile = two_checkpoints();
+  const std::uint64_t least = least_step_peak_offload(profile, 10);
+  EXPECT_LE(least, least_step_peak(profile));
+  try {
+    solve_peak_offload(profile, least - 1, 10);
+    FAIL() << "a peak below every plan's was accepted";
+  } catch (const BudgetError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("the least any plan reaches is " + std::to_string(least) + " B"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("with a host budget of 10 bytes"), std::string::npos) << message;
+  }
+  RegionProfile no_copy = two_checkpoints();
+  no_copy.host_copy.reset();
+  EXPECT_THROW(solve_peak_offload(no_copy, 300, 10), BudgetError);
+  RegionProfile no_step = two_checkpoints();
+  no_step.step.reset();
+  EXPECT_THROW(solve_peak_offload(no_step, 300, 10), BudgetError);
+}
+
+// A random step: `calls` checkpoint calls of 1 to 3 regions in a chain (each call takes the last
+// one's output), storages of 1 to 400 bytes, segments for the end of forward and each call's
+// backward, last first, with peaks at or above where they begin.
+RegionProfile random_step_profile(std::mt19937_64& rng, std::size_t calls, const std::string& device) {
+  RegionProfile profile;
+  profile.device = device;
+  profile.host_copy = HostCopy{std::uniform_real_distribution<double>(50.0, 5000.0)(rng), 1000.0, 1 << 20};
+  std::uniform_int_distribution<std::uint64_t> bytes(1, 400);
+  std::uniform_real_distribution<double> seconds(0.0, 1.0);
+  StepMemory step;
+  std::int64_t previous_output = -1;
+  for (std::size_t k = 0; k < calls; ++k) {
+    StepCheckpoint call;
+    call.name = "c" + std::to_string(k);
+    if (previous_output >= 0) call.inputs = {static_cast<std::uint32_t>(previous_output)};
+    std::int64_t carried = previous_output;
+    const std::size_t regions = 1 + rng() % 3;
+    for (std::size_t r = 0; r < regions; ++r) {
+      StepRegion region;
+      region.name = call.name + "::r" + std::to_string(r);
+      const auto output = static_cast<std::uint32_t>(step.storages.size());
+      step.storages.push_back(bytes(rng));
+      const auto saved = static_cast<std::uint32_t>(step.storages.size());
+      step.storages.push_back(bytes(rng));
+      region.kept = {output, saved};
+      if (carried >= 0) region.inputs = {static_cast<std::uint32_t>(carried)};
+      region.outputs = {output};
+      region.transient_bytes = rng() % 200;
+      if (rng() % 4 == 0) region.offload_kept = {saved};
+      carried = output;
+      call.regions.push_back(region);
+      RegionCost cost{region.name, step.storages[output] + step.storages[saved], seconds(rng), 1};
+      cost.offload_bytes = rng() % 5 == 0 ? 0 : bytes(rng);
+      if (rng() % 7 == 0) cost.must_save = "draws random numbers";
+      profile.regions.push_back(cost);
+    }
+    call.outputs = {static_cast<std::uint32_t>(carried)};
+    previous_output = carried;
+    step.checkpoints.push_back(call);
+  }
+  std::uint64_t alive = 0;
+  for (const std::uint64_t b : step.storages) alive += b;
+  std::vector<std::uint32_t> live;
+  for (std::uint32_t k = 0; k < calls; ++k) live.push_back(k);
+  step.segments.push_back({alive + rng() % 300, alive, live, -1, -1});
+  for (std::size_t k = calls; k-- > 0;) {
+    const std::uint64_t start = alive;
+    step.segments.push_back({start + rng() % 500, start, live, -1, static_cast<std::int64_t>(k)});
+    live.pop_back();
+    for (const StepRegion& region : step.checkpoints[k].regions) {
+      for (const std::uint32_t id : region.kept) alive -= step.storages[id];
+    }
+  }
+  step.peak_bytes = 0;
+  for (const StepSegment& segment : step.segments) step.peak_bytes = std::max(step.peak_bytes, segment.peak_bytes);
+  profile.step = step;
+  return profile;
+}
+
+// Every plan: the least time whose predicted peak is within `peak` and whose offloaded bytes are
+// within `host`, or -1 where none is.
+double every_plan_best(const RegionProfile& profile, std::uint64_t peak, std::uint64_t host) {
+  const std::size_t n = profile.regions.size();
+  std::size_t combinations = 1;
+  for (std::size_t r = 0; r < n; ++r) combinations *= 3;
+  double best = -1;
+  for (std::size_t code = 0; code < combinations; ++code) {
+    std::vector<Choice> choices(n, Choice::save);
+    std::vector<bool> offloaded(n, false);
+    double seconds = 0;
+    std::uint64_t host_bytes = 0;
+    bool possible = true;
+    std::size_t rest = code;
+    for (std::size_t r = 0; r < n; ++r, rest /= 3) {
+      const RegionCost& region = profile.regions[r];
+      if (rest % 3 == 1) {
+        possible = possible && region.must_save.empty();
+        choices[r] = Choice::recompute;
+        seconds += region.seconds;
+      } else if (rest % 3 == 2) {
+        possible = possible && region.must_save.empty() && region.offload_bytes > 0;
+        offloaded[r] = true;
+        host_bytes += region.offload_bytes;
+        seconds += offload_seconds(profile, region);
+      }
+    }
+    if (!possible || host_bytes > host) continue;
+    if (predict_step_peak(profile, choices, offloaded) > peak) continue;
+    if (best < 0 || seconds < best) best = seconds;
+  }
+  return best;
+}
+
+TEST(OffloadPeak, TheSearchFindsTheBestOfEveryPlanOnSmallRandomSteps) {
+  std::mt19937_64 rng(46);
+  int planned = 0, offloading = 0, refused = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const RegionProfile profile = random_step_profile(rng, 1 + rng() % 3, trial % 4 == 0 ? "cuda:0" : "cpu");
+    const std::uint64_t host = rng() % 3 == 0 ? 0 : rng() % 900;
+    const std::uint64_t least = least_step_peak_offload(profile, host);
+    const std::uint64_t most = profile.step->peak_bytes + 400;
+    const std::uint64_t peak = rng() % 6 == 0 ? least - 1 : least + (most > least ? rng() % (most - least + 1) : 0);
+    const double best = every_plan_best(profile, peak, host);
+    if (best < 0) {
+      EXPECT_THROW(solve_peak_offload(profile, peak, host), BudgetError) << trial;
+      ++refused;
+      continue;
+    }
+    const Plan plan = solve_peak_offload(profile, peak, host);
+    ASSERT_TRUE(plan.exact) << trial;
+    EXPECT_NEAR(plan.recompute_seconds, best, 1e-9 * (1 + best)) << trial;
+    EXPECT_LE(plan.peak_bytes, peak) << trial;
+    EXPECT_LE(plan.host_bytes, host) << trial;
+    std::vector<Choice> choices;
+    for (const auto& entry : plan.regions) choices.push_back(entry.second);
+    EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices, plan.offloaded)) << trial;
+    ++planned;
+    for (const bool off : plan.offloaded) offloading += off ? 1 : 0;
+  }
+  EXPECT_GT(planned, 60);
+  EXPECT_GT(refused, 3);
+  EXPECT_GT(offloading, 20);  // the random profiles do make offload the best choice
+}
+
+TEST(OffloadPeak, AProfileTooLargeToSearchToTheEndIsMarkedNotExact) {
+  std::mt19937_64 rng(7);
+  RegionProfile profile = random_step_profile(rng, 12, "cpu");
+  while (profile.regions.size() < 24) profile = random_step_profile(rng, 12, "cpu");
+  for (RegionCost& region : profile.regions) region.must_save.clear();
+  const std::uint64_t host = 1 << 20;
+  const Plan plan = solve_peak_offload(profile, profile.step->peak_bytes, host);
+  EXPECT_LE(plan.peak_bytes, profile.step->peak_bytes);
+  EXPECT_EQ(plan.recompute_seconds, 0.0);  // everything saved fits: proved at once
+  const std::uint64_t least = least_step_peak_offload(profile, host);
+  const Plan tight = solve_peak_offload(profile, least + (profile.step->peak_bytes - least) / 3, host);
+  EXPECT_LE(tight.peak_bytes, tight.peak_budget_bytes);
+  EXPECT_LE(tight.host_bytes, host);
+  // 3^24 plans: the walk stops at its limit, and says so.
+  EXPECT_FALSE(tight.exact);
+  EXPECT_EQ(tight.least_recompute_seconds, 0.0);
+}
+
+}  // namespace
+}  // namespace remat::budget
