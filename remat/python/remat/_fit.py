@@ -3,7 +3,7 @@
     model = remat.fit(model, budget="70GiB")        # or wrap_decoder_layers(model, budget="70GiB")
 
 fit() replaces the model's forward on the instance. A training step is what runs from one
-training forward (training mode, grad mode on) to the next: forward, backward, the optimizer step
+training forward (grad on; eval mode too) to the next: forward, backward, the optimizer step
 and whatever else the loop does. The first step runs inside remat.profile_regions() (every region
 saved; the profile ends when the next training forward begins); every later step runs under
 remat.use_plan() with the plan of least recompute time whose predicted step peak is within the
@@ -196,6 +196,14 @@ class _Profiled:
         return 0 if self.after_start is None else self.peak(self.start, base, ratio)
 
 
+def _release_failed_backward():
+    """After a backward that raised, the engine keeps the nodes it had still to run (and the
+    tensors they saved) in this thread's ready queue until the next backward on this thread: a
+    backward of nothing frees them, so that the step profiled next does not count them."""
+    with torch.inference_mode(False), torch.enable_grad():
+        torch.zeros((), requires_grad=True).mul(1).backward()
+
+
 def _scaled(count, ratio):
     """`count` bytes scaled by `ratio`, rounded up; bytes the step freed (below 0) stay as measured."""
     return count if count <= 0 else math.ceil(count * ratio)
@@ -214,6 +222,7 @@ class FitState:
         self.latest = None          # the _Profiled made last
         self.measuring = None       # (profile_regions, signature) open since a training forward
         self.measuring_gradients = 0  # the gradients that step's backward was to make (bytes)
+        self.measuring_training = True  # whether that step ran in training mode
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
         self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
@@ -294,7 +303,8 @@ class FitState:
         return self._awaiting is not None and self._awaiting() is not None
 
     def discard_profile(self):
-        """Drops the profile of a step whose forward raised: the next training step is profiled afresh."""
+        """Drops the profile of a step whose forward raised (or whose backward did not run in full):
+        the next training step is profiled afresh."""
         if self.measuring is not None:
             session, _ = self.measuring
             self.measuring = None
@@ -320,13 +330,27 @@ class FitState:
             self.optimizer_part = (max(end, self._read_peak()) - end, made)
         if updated:
             self._count_cycle()
-        if self.measuring is not None:
+        missing = None if self.measuring is None else self.measuring[0]._step.backward_missing()
+        if missing is not None:
+            # Half a step measured: later steps would plan from forward alone, or refuse every budget
+            self.discard_profile()
+            _release_failed_backward()
+            _tell(f"remat.fit: the profiled step was not measured in full: {missing}. Its profile is dropped; the "
+                  "next training step is profiled afresh")
+        elif self.measuring is not None:
             session, signature = self.measuring
             self.measuring = None
             try:
                 session.__exit__(None, None, None)
             except ValueError as error:
-                raise ValueError(f"remat.fit: {error}") from None
+                if self.measuring_training:
+                    raise ValueError(f"remat.fit: {error}") from None
+                # In eval mode a model may run no checkpoint (transformers checkpoints only in training)
+                _tell(f"remat.fit: the profiled step ran in eval mode and is no profile ({error}); the next "
+                      "training step is profiled afresh")
+                self.profiled_steps -= 1
+                self.backward_end = None  # (nothing planned was running: no other step's figures to reset)
+                return
             profile = session._result()
             done = _Profiled(profile, signature, self.measuring_gradients, optimizer_after=updated)
             self.profiles[signature] = done
@@ -529,6 +553,7 @@ class FitState:
         session.__enter__()
         session._step.watch_gradients(self._gradient_bytes)
         self.measuring = (session, signature)
+        self.measuring_training = self.model.training
         self.plan = self.predicted_peak_bytes = None
         self.profiled_steps += 1
         return None
@@ -611,10 +636,11 @@ class FitState:
 
 
 class _FitForward:
-    """The instance forward fit() sets: a training forward (training mode, grad mode on) begins a
-    step, run profiled or under the plan (refused while the last one's backward is still to come);
-    any other forward runs as it is, part of the step before its backward (outside its profile),
-    else ending the step before it. An object holding the forward it wraps, so unfit() puts that back."""
+    """The instance forward fit() sets: a training forward (grad mode on; in eval mode too where
+    no step's backward is pending) begins a step, run profiled or under the plan (in training mode,
+    refused while the last one's backward is still to come); any other forward runs as it is, part
+    of the step before its backward (outside its profile), else ending the step before it. An
+    object holding the forward it wraps, so unfit() puts that back."""
 
     def __init__(self, state, inner, own):
         self.__wrapped__ = inner  # inspect.signature follows it
@@ -625,7 +651,9 @@ class _FitForward:
 
     def __call__(self, *args, **kwargs):
         state = self.state
-        if not (state.model.training and torch.is_grad_enabled()):
+        # With grad on, a forward in eval mode begins a step too where none is pending (training
+        # with dropout off: planned and measured as any step, never run unplanned)
+        if not torch.is_grad_enabled() or (not state.model.training and state.backward_pending()):
             if not state.backward_pending():
                 state.finish_step()
                 return self.inner(*args, **kwargs)

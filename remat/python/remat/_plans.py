@@ -88,8 +88,9 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     else:
         out = call(run.body(fn), run.choices, run)
     in_force.checkpoint_ran(run)
-    if own_plan is not None and plans:
-        plans[-1].ran_under_another_plan(run)
+    for outer in plans or ():  # use_plan blocks the checkpoint's own plan, or an inner block, won over
+        if outer is not in_force:
+            outer.ran_under_another_plan(run)
     return out
 
 
@@ -742,7 +743,8 @@ class _PlanInForce:
 
 class use_plan:
     """`with remat.use_plan(plan):` every checkpoint called inside on this thread takes each
-    region's choice from the plan (by name; a checkpoint's own plan= wins). strict=True (the
+    region's choice from the plan (by name; a checkpoint's own plan= wins, and so does a use_plan
+    block inside this one; inside profile_regions it is refused). strict=True (the
     default) refuses a plan from another model layout with a ValueError naming the regions: a
     region that ran and the plan does not name, or more regions under a grouped plan's pattern
     than it stands for, as soon as the checkpoint that ran them has done its forward; a plan
@@ -760,6 +762,10 @@ class use_plan:
         self._watch = None  # remat.fit's own StepWatch, else one made at __enter__
 
     def __enter__(self):
+        if profiling() is not None:
+            raise RuntimeError("use_plan: a profile is being measured on this thread (profile_regions), which saves "
+                               "every region, so no plan can apply inside it: run the planned step after the "
+                               "profile_regions block")
         if not hasattr(_state, "plans"):
             _state.plans = []
         self._in_force = _PlanInForce(self._plan, strict=self._strict, where="use_plan")

@@ -18,6 +18,7 @@ of those after it saves a tensor.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import remat_alloc
@@ -111,11 +112,16 @@ class profile_regions:
         self._last_region = None  # (name, output) of the last outermost region the running checkpoint call ran
         self._device = "cpu"
         self._step = None
+        self._own_recompute = {}  # region -> whether its code recomputes it
 
     def __enter__(self):
         if getattr(_state, "session", None) is not None:
             raise RuntimeError("profile_regions: a profile is being measured on this thread already; profile one "
                                "step at a time")
+        if getattr(_state, "plans", None):
+            raise RuntimeError("profile_regions: a plan is in force on this thread (use_plan); a profile saves every "
+                               "region to measure it, which the plan would not apply to: profile outside the use_plan "
+                               "block")
         _state.session = self
         interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
         if self._ops:
@@ -193,6 +199,8 @@ class profile_regions:
         try:
             out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
             last = self._last_region
+        except _C.RematError as error:
+            raise self._unprofilable(error) from None
         finally:
             self._last_region = outer_last
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
@@ -243,6 +251,7 @@ class profile_regions:
         region's seconds keep in part."""
         if _C.is_recomputing():
             return None
+        self._own_recompute[name] = own_recompute
         if self._depth == 0:
             self._outer = name
             self._outer_watched = self._ops or not own_recompute
@@ -264,6 +273,20 @@ class profile_regions:
             return body_with_meter
 
         return measured_body
+
+    def _unprofilable(self, error):
+        """The runtime's refusal of a saved region that changes its input in place, or whose output
+        is changed in place after it returns: said as the profile's where the code recomputes that
+        region (it runs so as written; saved, its recompute would miss or repeat the change)."""
+        text = str(error)
+        found = re.search(r"save region '([^']+)'", text)
+        if found is None or "in place" not in text or not self._own_recompute.get(found.group(1)):
+            return error
+        return _C.RematError(
+            f"profile_regions: region '{found.group(1)}' is a recompute region in your code, which runs it as "
+            "written, but a profile saves every region to measure it, and saved it cannot run: " + text +
+            ". No profile (nor remat.fit, whose first step is one) can measure this model until that op is made "
+            "out-of-place (ReLU(inplace=False), h = h + x)")
 
     @staticmethod
     def _add_meters(region, meters, cuda, ops):

@@ -4,7 +4,9 @@ The profiled step runs with every region saved. Its allocated bytes, as remat_al
 counts them (CPU tensors inside remat.tag_cpu_tensors(), CUDA tensors under
 remat_alloc.install()), are cut into segments at every checkpoint's forward entry and exit, at
 every region's forward entry and exit, and in backward where each checkpoint's backward begins (a
-gradient hook on its outputs) and ends (one on its inputs). Each segment keeps its peak, the bytes
+gradient hook on its outputs) and ends (one on its inputs; where the input is shared, as by
+parallel branches, that hook fires only after every branch, so a call's backward also ends where
+another one's begins and the runtime no longer holds all it kept). Each segment keeps its peak, the bytes
 allocated when it began, and which checkpoints' kept tensors are alive through it (those whose
 forward is done and whose backward is not). What stays allocated through the step (parameters,
 optimizer state, the batch, gradients once backward made them) is in every segment's figures as
@@ -33,6 +35,7 @@ import weakref
 import torch
 import remat_alloc
 
+from ._extension import _C
 from ._memory import tag_cpu_tensors
 
 
@@ -71,6 +74,9 @@ class StepRecorder:
         self._forward = -1           # its number
         self._region_stack = []
         self._leaves = {}            # checkpoint call -> storages of the leaf tensors it was given
+        self._begun_calls = set()    # checkpoint calls whose backward began, in any backward
+        self._input_keys = {}        # checkpoint call -> the storages of its tensor inputs, by (device, address)
+        self._kept_keys = {}         # checkpoint call -> the storages it keeps, not leaves, by (device, address)
         self._awaiting = {}          # checkpoint call -> its backward hook (weakly: alive with its graph), until it runs
         self._backward_began = False
         self._closed = False
@@ -173,6 +179,18 @@ class StepRecorder:
             return []
         return [self.checkpoints[index]["name"] for index, hook in self._awaiting.items() if hook() is not None]
 
+    def backward_missing(self):
+        """Why the step's backward was not measured, or None: checkpoint calls awaited one and none
+        ran (the loss dropped: a skipped batch), or the backward raised before it ended (the engine
+        runs the callback that marks its end only on success)."""
+        if not self.enabled:
+            return None
+        if not self._backward_began:
+            return "it ran no backward (its loss was dropped: a skipped batch?)" if self._awaiting else None
+        if self._end_queued:
+            return "its backward raised before it ended"
+        return None
+
     # --- storages -------------------------------------------------------------------------------
 
     def _storage_id(self, tensor, *, keep):
@@ -204,6 +222,8 @@ class StepRecorder:
         index = len(self.checkpoints)
         self._leaves[index] = {(str(t.device), t.untyped_storage().data_ptr())
                                for t in tensors_in((args, kwargs)) if t.is_leaf}
+        self._input_keys[index] = {(str(t.device), t.untyped_storage().data_ptr())
+                                   for t in tensors_in((args, kwargs))}
         record = {"name": name, "inputs": sorted({self._storage_id(t, keep=False) for t in _held_by_step(args, kwargs)}),
                   "kept_inputs": [], "regions": []}
         self.checkpoints.append(record)
@@ -244,6 +264,8 @@ class StepRecorder:
                 if not t.shares_storage:
                     self._storages[self._alive[key]] = max(self._storages[self._alive[key]], t.bytes)
             kept_by_region[region.region] = ids
+        self._kept_keys[index] = {(t.device, t.address) for region in reports for t in region.tensors
+                                  if (t.device, t.address) not in leaves}
         record["kept_inputs"] = sorted(kept_by_region.get("<inputs>", set()) & set(record["inputs"]))
         for region in record["regions"]:
             outputs = region.pop("_outputs")
@@ -258,6 +280,7 @@ class StepRecorder:
         inputs = [t for t in tensors_in((args, kwargs)) if t.requires_grad]
         if outputs:
             began = [False]
+            output_keys = {(str(t.device), t.untyped_storage().data_ptr()) for t in tensors_in(out)}
 
             def backward_begins(grad):
                 if not began[0]:
@@ -265,6 +288,8 @@ class StepRecorder:
                     self._awaiting.pop(index, None)
                     self._backward_began = True
                     self.mark()
+                    self._end_finished_backwards(index, output_keys)
+                    self._begun_calls.add(index)
                     self._recomputing = index
                 self._backward_begun(index)
                 return grad
@@ -283,6 +308,27 @@ class StepRecorder:
 
             for t in inputs:
                 t.register_hook(backward_ends)
+
+    def _end_finished_backwards(self, index, outputs):
+        """Call `index`'s backward begins: a call whose backward began before and whose inputs are
+        not this call's outputs (parallel branches on one input: its input hooks fire only once every
+        branch has given its gradient) keeps nothing now where the runtime no longer holds all that it
+        kept (its backward ran, in full or in part): it leaves the live calls, so that no plan
+        counts its storages as alive here. A call that holds all of it is still to run its backward."""
+        others = [k for k in self._live if k != index and k in self._begun_calls
+                  and not (self._input_keys.get(k, set()) & outputs)]
+        if not others:
+            return
+        held = {}
+        for report in _C.live_checkpoint_reports():
+            held.setdefault(report.checkpoint, []).append(
+                {(t.device, t.address) for region in report.regions for t in region.tensors})
+        for k in others:
+            keys = self._kept_keys.get(k, set())
+            if not any(keys <= frame for frame in held.get(self.checkpoints[k]["name"], [])):
+                self._live.remove(k)
+                if self._recomputing == k:
+                    self._recomputing = -1
 
     def region_forward(self, name, args, call):
         """Runs one region's forward (every region is saved while profiling) and records its

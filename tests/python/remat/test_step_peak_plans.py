@@ -441,3 +441,52 @@ def test_a_batch_that_takes_no_gradient_kept_by_the_first_layer_is_no_byte_a_pla
     measured = peak_of(lambda: step(plan))
     assert plan.peak_bytes <= measured * 1.03 and measured <= plan.peak_bytes, (measured, plan.peak_bytes)
     assert all(torch.equal(p.grad, want) for p, want in zip((p for lin in linears for p in lin.parameters()), reference))
+
+
+def test_checkpoints_run_as_parallel_branches_on_one_input_peak_at_most_the_prediction(tagged):
+    # Four checkpoints on one input, outputs summed (multi-branch blocks, ensembles): the input's
+    # gradient hooks fire only once every branch has run its backward, so a branch whose backward
+    # was done was counted alive through the later branches' backward, and a plan recomputing it
+    # was predicted to free what was freed already (predicted 2424872, measured 3014672). Every
+    # plan now peaks within its budget, at most at its prediction and less than 3% below it.
+    torch.manual_seed(0)
+    weights = [torch.randn(256, 256, requires_grad=True) for _ in range(4)]
+    x = torch.randn(64, 256, requires_grad=True)
+
+    def branch(t, index):
+        h = remat.region(lambda u: (u @ weights[index]).tanh(), "attn")(t)
+        return remat.region(lambda u: (u.repeat(1, 3) * 3).cos()[:, :256] + u, "mlp")(h)
+
+    def model(t, checkpointed=True):
+        outs = [remat.checkpoint(region_name=f"b.{i}")(lambda u, i=i: branch(u, i))(t)
+                if checkpointed else branch(t, i) for i in range(4)]
+        return sum(o.sum() for o in outs)
+
+    def grads():
+        return [x.grad] + [w.grad for w in weights]
+
+    def clear():
+        for t in [x] + weights:
+            t.grad = None
+
+    model(x, checkpointed=False).backward()
+    reference = [g.clone() for g in grads()]
+    clear()
+    with remat.profile_regions() as profile:
+        model(x).backward()
+    clear()
+    decided = set()
+    for budget in budgets_from_least_to_everything_saved(profile):
+        plan = profile.plan(peak_bytes=budget)
+
+        def run():
+            with remat.use_plan(plan):
+                model(x).backward()
+
+        measured = peak_of(run)
+        assert measured <= plan.peak_bytes <= budget, (budget, plan.peak_bytes, measured)
+        assert plan.peak_bytes <= measured * 1.03, (budget, plan.peak_bytes, measured)
+        assert all(torch.equal(got, want) for got, want in zip(grads(), reference))
+        clear()
+        decided.add(tuple(plan.decisions.values()))
+    assert len(decided) > 1

@@ -1,0 +1,181 @@
+"""remat.fit when the profiled step is not one whole training step: a step whose loss is dropped
+without backward (a skipped batch), or whose backward raises midway, measured forward alone or
+half the backward; its profile is dropped, the user told, and the next step profiled afresh,
+so later steps plan from a whole step and peak within the budget. And a training step with the
+model in eval mode (grad on, backward called) is planned and measured as any other."""
+
+import gc
+
+import pytest
+import torch
+
+import remat
+
+import fit_loop
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn, self.mlp = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = remat.region(lambda t: self.attn(t).sin(), "attn")(x)
+        return remat.region(lambda t: self.mlp(t).cos(), "mlp")(h)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Layer() for _ in range(4))
+
+    def forward(self, x):
+        for index, layer in enumerate(self.layers):
+            x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+        return x.square().mean()
+
+
+def batch(step):
+    return torch.randn(8, 64, 64, generator=torch.Generator().manual_seed(step))
+
+
+def train(budget, first_step="whole", steps=4):
+    """Steps under fit; the first one whole, its loss dropped ("skipped") or its backward raising
+    in layers.1 ("raises"). Returns per step (measured peak, predicted peak), the fit state and
+    what fit said."""
+    rows = []
+    with fit_loop.fitted(Model, budget) as (model, told):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(steps):
+            def one_step():
+                optimizer.zero_grad(set_to_none=True)
+                loss = model(batch(step))
+                if step == 0 and first_step == "skipped":
+                    return
+                if step == 0 and first_step == "raises":
+                    def nan_check(grad):
+                        raise RuntimeError("grad is nan")
+                    handle = model.layers[1].mlp.weight.register_hook(nan_check)
+                    try:
+                        with pytest.raises(RuntimeError, match="grad is nan"):
+                            loss.backward()
+                    finally:
+                        handle.remove()
+                    del loss  # what of its graph backward did not free (the traceback's frames hold it too)
+                    gc.collect()
+                    return
+                loss.backward()
+                optimizer.step()
+
+            peak = fit_loop.peak_of(one_step)
+            rows.append((peak, model.remat_fit.predicted_peak_bytes))
+        state = fit_loop.unfit(model, batch(0))
+    return rows, state, fit_loop.messages(told, "remat.fit")
+
+
+@pytest.fixture(scope="module")
+def whole():
+    """A budget halfway from the loop's least peak to everything saved, and the loop at that
+    budget with every step whole."""
+    _, state, _ = train("1GiB")
+    profile = state.latest.profile
+    budget = (profile.least_peak_bytes() + profile.step_peak_bytes) // 2
+    return budget, train(budget)[0]
+
+
+@pytest.mark.parametrize("first_step", ["skipped", "raises"])
+def test_a_profiled_step_without_its_whole_backward_is_dropped_and_the_next_profiled_afresh(whole, first_step):
+    budget, all_whole = whole
+    rows, state, told = train(budget, first_step)
+    # Planned from the whole step profiled next, as the loop whose steps are all whole is (within 1%)
+    for (measured, predicted), (_, planned_whole) in zip(rows[2:], all_whole[1:]):
+        assert measured <= predicted <= budget, (measured, predicted, budget)
+        assert abs(predicted - planned_whole) <= planned_whole // 100, (predicted, planned_whole)
+    assert state.profiled_steps == 1 and state.planned_steps == 2
+    why = ("it ran no backward (its loss was dropped: a skipped batch?)" if first_step == "skipped"
+           else "its backward raised before it ended")
+    assert [m for m in told if "not measured in full" in m] == [
+        f"remat.fit: the profiled step was not measured in full: {why}. Its profile is dropped; the next training "
+        "step is profiled afresh"]
+
+
+class SavedModel(Model):
+    """Model whose code saves every region (recompute=False): run as it is, a step keeps everything."""
+
+    def __init__(self, checkpointed=True):
+        super().__init__()
+        self.checkpointed = checkpointed
+        for layer in self.layers:
+            layer.forward = self._saved_forward(layer)
+
+    def _saved_forward(self, layer):
+        def forward(x):
+            h = remat.region(lambda t: layer.attn(t).sin(), "attn", recompute=False)(x)
+            return remat.region(lambda t: layer.mlp(t).cos(), "mlp", recompute=False)(h)
+        return forward
+
+    def forward(self, x):
+        if self.checkpointed:
+            return super().forward(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+def test_a_training_step_in_eval_mode_is_planned_and_measured_as_any_step():
+    # Steps 2-3 train with the model in eval mode (dropout off, say): they ran as the code has
+    # them, every region saved, at 2885640 bytes over the budget with no word; now they run under
+    # the plan, within its prediction, with gradients bitwise those without checkpointing.
+    _, state, _ = train("1GiB")
+    profile = state.latest.profile
+    budget = (profile.least_peak_bytes() + profile.step_peak_bytes) // 2
+    with fit_loop.fitted(lambda: SavedModel(checkpointed=False), None) as (plain, _):
+        reference = []  # as bytes: tensors held would be counted in the fitted steps
+        for step in range(4):
+            plain.zero_grad(set_to_none=True)
+            plain(batch(step)).backward()
+            reference.append([p.grad.numpy().tobytes() for p in plain.parameters()])
+    del plain
+    with fit_loop.fitted(SavedModel, budget) as (model, told):  # the same weights (seed 0)
+        rows = []
+        for step in range(4):
+            if step == 2:
+                model.eval()
+            model.zero_grad(set_to_none=True)
+            peak = fit_loop.peak_of(lambda: model(batch(step)).backward())
+            rows.append((peak, model.remat_fit.predicted_peak_bytes))
+            assert [p.grad.numpy().tobytes() for p in model.parameters()] == reference[step]
+        state = fit_loop.unfit(model, batch(0))
+    for measured, predicted in rows[1:]:
+        assert measured <= predicted <= budget, (measured, predicted, budget)
+    assert state.profiled_steps == 1 and state.planned_steps == 3
+    assert fit_loop.messages(told, "over the budget of") == fit_loop.messages(told, "the profiled step (every region")
+
+
+class TrainingOnlyCheckpoints(Model):
+    """Checkpoints only in training mode, as transformers' layers do."""
+
+    def forward(self, x):
+        if self.training:
+            return super().forward(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+def test_an_eval_mode_step_that_runs_no_checkpoint_is_no_profile_and_the_next_step_is_profiled():
+    with fit_loop.fitted(TrainingOnlyCheckpoints, "1GiB") as (model, told):
+        model.eval()
+        model(batch(0)).backward()
+        model.train()
+        model.zero_grad(set_to_none=True)
+        model(batch(1)).backward()  # the eval step ends here: said, and this one is profiled
+        assert model.remat_fit.measuring is not None and model.remat_fit.profiled_steps == 1
+        model.zero_grad(set_to_none=True)
+        model(batch(2)).backward()
+        state = fit_loop.unfit(model, batch(0))
+    assert state.planned_steps == 1 and len(state.latest.profile.regions) == 8
+    assert fit_loop.messages(told, "eval mode") == [
+        "remat.fit: the profiled step ran in eval mode and is no profile (profile_regions: no region of a checkpoint "
+        "ran inside the block; run one training step of a model whose checkpoints have regions (remat.region, "
+        "wrap_decoder_layers)); the next training step is profiled afresh"]
