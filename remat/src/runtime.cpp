@@ -49,6 +49,20 @@ class ReadObserver {
   Frame& frame_;
 };
 
+// A save region's body runs without the observer, which ignores ops inside save regions (what
+// they read is kept by the save region itself), yet would make every op there box its inputs
+// for it: the observer is put back when the body ends, however it ends, where still needed.
+class NoReadObserverInSaveRegion {
+ public:
+  explicit NoReadObserverInSaveRegion(Frame& frame) : frame_(frame) { frame_.stop_observing_reads(); }
+  ~NoReadObserverInSaveRegion() { frame_.observe_reads_if_needed(); }
+  NoReadObserverInSaveRegion(const NoReadObserverInSaveRegion&) = delete;
+  NoReadObserverInSaveRegion& operator=(const NoReadObserverInSaveRegion&) = delete;
+
+ private:
+  Frame& frame_;
+};
+
 // Checkpoints, by name, whose last forward on this thread ran no save region. There every
 // read is outside save regions, so every input that is read is needed: such a checkpoint
 // keeps all its inputs instead of observing reads, which costs more per call than the
@@ -460,6 +474,8 @@ TensorList run_region_in_forward(Frame& frame, const ThreadState& state, const F
   TensorList outputs;
   const std::uint64_t first_node = at::sequence_number::peek();
   {
+    std::optional<NoReadObserverInSaveRegion> unobserved;
+    if (!recompute) unobserved.emplace(frame);
     ThreadStateScope scope(inner);
     auto region_tag = TagScope::region(name, recompute ? Policy::recompute : Policy::save);
     outputs = body(inputs);

@@ -97,6 +97,27 @@ def test_a_save_regions_output_read_by_code_that_recompute_runs_again_is_persist
     assert torch.equal(x.grad, reference.grad)
 
 
+def test_reads_between_save_regions_are_seen_though_their_bodies_run_unobserved():
+    """Save regions' bodies run without the read observer; code between and after them is
+    observed again: an input read only there is kept, and so is a save region's output read
+    only after the next save region, so recompute gives the gradients of no checkpointing."""
+    def body(t, w):
+        h = remat.region(lambda u: (u * 2.0).exp(), "first", recompute=False)(t)
+        g = remat.region(lambda u: u.sin() * 3.0, "second", recompute=False)(h)
+        return ((g * w).tanh() + (h * t).cos()).pow(2).sum()
+
+    def plain(t, w):
+        h = (t * 2.0).exp()
+        g = h.sin() * 3.0
+        return ((g * w).tanh() + (h * t).cos()).pow(2).sum()
+
+    x, w = torch.rand(3, 4, requires_grad=True), torch.rand(4, requires_grad=True)
+    remat.checkpoint(region_name="observed.between")(body)(x, w).backward()
+    rx, rw = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    plain(rx, rw).backward()
+    assert torch.equal(x.grad, rx.grad) and torch.equal(w.grad, rw.grad)
+
+
 def test_marking_outside_a_checkpoint_or_a_recompute_regions_output_is_a_no_op():
     remat.recompute_needs_tensor(torch.rand(2))  # outside any checkpoint
     x = torch.rand(4, requires_grad=True)
