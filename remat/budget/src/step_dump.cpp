@@ -12,6 +12,25 @@ namespace remat::budget::detail {
 
 namespace {
 
+// A step's byte figure above this is no real measurement (no device or host holds a pebibyte);
+// bounding each keeps the sums a step peak is predicted from far from 2^64 (which it still checks).
+constexpr std::uint64_t kLargestStepBytes = std::uint64_t{1} << 50;
+
+std::uint64_t bytes_of(const Json& value, std::string_view source, const std::string& path) {
+  const std::uint64_t bytes = count_of(value, source, path);
+  if (bytes > kLargestStepBytes) {
+    refuse(source, path,
+           "is " + std::to_string(bytes) +
+               " bytes, past 1125899906842624 (1 PiB), which no step "
+               "allocates: the dump was edited or damaged; profile the step again");
+  }
+  return bytes;
+}
+
+std::uint64_t bytes_in(const Json& object, const char* key, std::string_view source, const std::string& path) {
+  return bytes_of(member(object, key, source, path), source, path + "." + key);
+}
+
 void write_ids(alloc::JsonWriter& json, const char* key, const std::vector<std::uint32_t>& ids) {
   json.key(key).begin_array();
   for (const std::uint32_t id : ids) json.value(static_cast<std::uint64_t>(id));
@@ -83,12 +102,12 @@ StepMemory read_step(const Json& value, std::string_view source) {
   const std::string path = "$.step";
   if (!value.is_object()) refuse(source, path, "must be an object (the step's memory)");
   StepMemory step;
-  step.start_bytes = count_of(member(value, "start_bytes", source, path), source, path + ".start_bytes");
-  step.end_bytes = count_of(member(value, "end_bytes", source, path), source, path + ".end_bytes");
-  step.peak_bytes = count_of(member(value, "peak_bytes", source, path), source, path + ".peak_bytes");
+  step.start_bytes = bytes_in(value, "start_bytes", source, path);
+  step.end_bytes = bytes_in(value, "end_bytes", source, path);
+  step.peak_bytes = bytes_in(value, "peak_bytes", source, path);
   const Json& storages = list_of(value, "storages", source, path);
   for (std::size_t i = 0; i < storages.size(); ++i) {
-    step.storages.push_back(count_of(storages[i], source, path + ".storages[" + std::to_string(i) + "]"));
+    step.storages.push_back(bytes_of(storages[i], source, path + ".storages[" + std::to_string(i) + "]"));
   }
   const Json& calls = list_of(value, "checkpoints", source, path);
   for (std::size_t k = 0; k < calls.size(); ++k) {
@@ -108,19 +127,23 @@ StepMemory read_step(const Json& value, std::string_view source) {
       region.kept = ids_of(regions[r], "kept", source, in);
       region.inputs = ids_of(regions[r], "inputs", source, in);
       region.outputs = ids_of(regions[r], "outputs", source, in);
-      region.transient_bytes =
-          count_of(member(regions[r], "transient_bytes", source, in), source, in + ".transient_bytes");
+      region.transient_bytes = bytes_in(regions[r], "transient_bytes", source, in);
       call.regions.push_back(std::move(region));
     }
     step.checkpoints.push_back(std::move(call));
   }
   const Json& segments = list_of(value, "segments", source, path);
+  if (segments.empty()) {
+    refuse(source, path + ".segments",
+           "is empty, but a profiled step has at least one segment (from its start to its "
+           "end) and no step peak is predicted without: profile the step again");
+  }
   for (std::size_t s = 0; s < segments.size(); ++s) {
     const std::string at = path + ".segments[" + std::to_string(s) + "]";
     if (!segments[s].is_object()) refuse(source, at, "must be an object");
     StepSegment segment;
-    segment.peak_bytes = count_of(member(segments[s], "peak_bytes", source, at), source, at + ".peak_bytes");
-    segment.start_bytes = count_of(member(segments[s], "start_bytes", source, at), source, at + ".start_bytes");
+    segment.peak_bytes = bytes_in(segments[s], "peak_bytes", source, at);
+    segment.start_bytes = bytes_in(segments[s], "start_bytes", source, at);
     segment.live = ids_of(segments[s], "live", source, at);
     segment.forward = call_of(member(segments[s], "forward", source, at), source, at + ".forward");
     segment.backward = call_of(member(segments[s], "backward", source, at), source, at + ".backward");

@@ -46,6 +46,18 @@ std::vector<std::vector<std::size_t>> region_indexes(const RegionProfile& profil
   return indexes;
 }
 
+// A sum of the step's byte figures. The dump reader bounds each figure, so only a step made some
+// other way can pass 2^64; it is refused rather than wrapped into a small peak.
+std::uint64_t add_bytes(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) {
+    throw BudgetError(
+        "the step's byte figures add up past 64 bits, so no step peak can be predicted from them: the "
+        "step is not a real one; profile it again");
+  }
+  return sum;
+}
+
 bool contains(const std::vector<std::uint32_t>& set, std::uint32_t id) {
   return std::find(set.begin(), set.end(), id) != set.end();
 }
@@ -84,12 +96,12 @@ class StepModel {
       std::uint64_t alive = alive_bytes(segment, sets, recomputed);
       std::uint64_t top = segment.peak_bytes;
       if (segment.backward >= 0) {
-        top = std::max(top,
-                       segment.start_bytes + recompute_transient(static_cast<std::size_t>(segment.backward), choices));
+        top = std::max(top, add_bytes(segment.start_bytes,
+                                      recompute_transient(static_cast<std::size_t>(segment.backward), choices)));
       }
       const std::uint64_t freed = saved_alive_[s] > alive ? saved_alive_[s] - alive : 0;
       const std::uint64_t added = alive > saved_alive_[s] ? alive - saved_alive_[s] : 0;
-      peak = std::max(peak, top - std::min(top, freed) + added);
+      peak = std::max(peak, add_bytes(top - std::min(top, freed), added));
     }
     return peak;
   }
@@ -169,7 +181,7 @@ class StepModel {
     const auto add = [&](std::uint32_t id) {
       if (stamp_[id] != generation_) {
         stamp_[id] = generation_;
-        total += step_.storages[id];
+        total = add_bytes(total, step_.storages[id]);
       }
     };
     const auto is_live = [&](std::int64_t k) {
