@@ -1,6 +1,7 @@
 """Record and replay of forward decisions across recompute (remat.RecomputeReplay), checkpoint
 contexts, and verify_recompute catching a region that is not deterministic."""
 
+import gc
 import json
 
 import pytest
@@ -294,6 +295,9 @@ def test_under_fit_a_recomputed_region_replays_its_own_decision_after_a_saved_on
                 state = getattr(model, "remat_fit", None)
                 plan = None if state is None or state.plan is None else dict(state.plan.decisions)
                 rows.append((peak, [p.grad.numpy().tobytes() for p in model.parameters()], plan))
+            fit_loop.unfit(model, inputs[0])  # the last step ended and fit taken off, for the tests after
+        del model
+        gc.collect()  # the model's reference cycles freed now, not in a later test's measured step
         return rows
 
     expected = train(None)
