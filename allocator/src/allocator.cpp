@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -21,6 +22,22 @@
 namespace remat::alloc {
 namespace {
 
+// A registered out-of-memory observer. Dispatch calls a snapshot of the list, so an observer
+// removed meanwhile is marked and skipped; `calls` counts the threads inside it now, which
+// removal waits for (a removed observer's code may be freed once removal returns).
+struct ObserverEntry {
+  explicit ObserverEntry(OomObserver observer) : call(std::move(observer)) {}
+  OomObserver call;
+  bool removed = false;  // guarded by Registry::observer_mutex
+  int calls = 0;         // guarded by Registry::observer_mutex
+};
+
+// The observer this thread is calling now, if any, and whether it is calling observers at all:
+// an observer's own allocation that fails does not call the observers again, a recursion that
+// would have no end (each call fails the same way); its error reaches the observer alone.
+thread_local const ObserverEntry* t_observer_running = nullptr;
+thread_local bool t_notifying = false;
+
 struct Registry {
   std::mutex mutex;
   bool configured = false;
@@ -30,7 +47,8 @@ struct Registry {
   std::atomic<CachingAllocator*> cpu_allocator{nullptr};           // what cpu_allocator() returns
   std::atomic<CachingAllocator*> pinned_host_allocator{nullptr};   // when devices are CUDA
   std::mutex observer_mutex;
-  std::map<int, OomObserver> observers;
+  std::condition_variable observer_returned;  // a call of an observer returned
+  std::map<int, std::shared_ptr<ObserverEntry>> observers;
   int next_observer_id = 1;
 };
 
@@ -81,22 +99,40 @@ void release_everything_after_fork() {
   r.mutex.unlock();
 }
 
-void notify_observers(const OomEvent& event) {
-  Registry& r = registry();
-  std::vector<OomObserver> observers;
+// Calls `entry` unless it was removed: outside the lock, counted in entry.calls meanwhile.
+void call_observer(Registry& r, ObserverEntry& entry, const OomEvent& event) {
   {
     std::lock_guard lock(r.observer_mutex);
-    for (const auto& [id, observer] : r.observers) observers.push_back(observer);
+    if (entry.removed) return;
+    ++entry.calls;
   }
-  for (const OomObserver& observer : observers) {
-    try {
-      observer(event);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "remat: an out-of-memory observer threw: %s (ignored)\n", e.what());
-    } catch (...) {
-      std::fprintf(stderr, "remat: an out-of-memory observer threw a non-standard exception (ignored)\n");
-    }
+  t_observer_running = &entry;
+  try {
+    entry.call(event);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "remat: an out-of-memory observer threw: %s (ignored)\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "remat: an out-of-memory observer threw a non-standard exception (ignored)\n");
   }
+  t_observer_running = nullptr;
+  {
+    std::lock_guard lock(r.observer_mutex);
+    --entry.calls;
+  }
+  r.observer_returned.notify_all();
+}
+
+void notify_observers(const OomEvent& event) {
+  if (t_notifying) return;
+  Registry& r = registry();
+  std::vector<std::shared_ptr<ObserverEntry>> observers;
+  {
+    std::lock_guard lock(r.observer_mutex);
+    for (const auto& [id, entry] : r.observers) observers.push_back(entry);
+  }
+  t_notifying = true;
+  for (const std::shared_ptr<ObserverEntry>& entry : observers) call_observer(r, *entry, event);
+  t_notifying = false;
 }
 
 BackendKind resolve(BackendKind kind) {
@@ -367,16 +403,26 @@ bool categorize_as_activation(const void* ptr) noexcept {
 
 int add_oom_observer(OomObserver observer) {
   Registry& r = registry();
+  auto entry = std::make_shared<ObserverEntry>(std::move(observer));
   std::lock_guard lock(r.observer_mutex);
   const int id = r.next_observer_id++;
-  r.observers.emplace(id, std::move(observer));
+  r.observers.emplace(id, std::move(entry));
   return id;
 }
 
+// Once this returns the observer is not called again, and no other thread is inside it (this
+// one may be: an observer that removes itself returns after removal did).
 bool remove_oom_observer(int id) {
   Registry& r = registry();
-  std::lock_guard lock(r.observer_mutex);
-  return r.observers.erase(id) != 0;
+  std::unique_lock lock(r.observer_mutex);
+  const auto found = r.observers.find(id);
+  if (found == r.observers.end()) return false;
+  const std::shared_ptr<ObserverEntry> entry = found->second;
+  r.observers.erase(found);
+  entry->removed = true;
+  const int own = t_observer_running == entry.get() ? 1 : 0;
+  r.observer_returned.wait(lock, [&] { return entry->calls == own; });
+  return true;
 }
 
 }  // namespace remat::alloc

@@ -39,10 +39,11 @@ constexpr const char* kLargestFigureText = "1125899906842624 bytes (1 PiB)";
 }
 
 Json parse(std::string_view text, std::string_view source, std::string_view kind) {
-  Json root = alloc::parse_strict_json<Json>(text, [&](const std::string& problem) {
+  Json root = alloc::parse_strict_json<Json>(text, [&](const std::string& path, const std::string& problem) {
     const bool truncated = problem.rfind("not JSON", 0) == 0;
-    refuse(source, "$", truncated ? problem + "; pass a " + std::string(kind) + " dump as written, not a truncated or edited file"
-                                  : problem);
+    refuse(source, path,
+           truncated ? problem + "; pass a " + std::string(kind) + " dump as written, not a truncated or edited file"
+                     : problem);
   });
   if (!root.is_object()) refuse(source, "$", "must be a JSON object (a " + std::string(kind) + " dump)");
   return root;

@@ -44,6 +44,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<InputRecord> inputs;
   std::vector<SaveRegionRecord> save_regions;
   std::vector<RegionDecision> regions;  // every region in forward order
+  // The index in `regions` of the region whose body runs now in forward or recompute (-1:
+  // none); replay recorders key their decisions by it (remat/replay.hpp).
+  std::int64_t running_region = -1;
   std::uint64_t forward_number = 0;     // CheckpointScope::forward
   std::vector<std::any> state_at_entry;
   // The pair the checkpoint was called under (its own, or the one in force): needed inputs are

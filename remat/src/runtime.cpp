@@ -12,6 +12,7 @@
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/tags.hpp>
+#include <remat/replay.hpp>
 
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
@@ -372,6 +373,20 @@ TensorList outputs_of_skipped_save_region(Frame& frame, std::size_t index, const
   return out;
 }
 
+// Makes region `index` the frame's running one for a scope (nested regions put the outer one back).
+class RunningRegionScope {
+ public:
+  RunningRegionScope(Frame& frame, std::size_t index)
+      : frame_(frame), previous_(std::exchange(frame.running_region, static_cast<std::int64_t>(index))) {}
+  ~RunningRegionScope() { frame_.running_region = previous_; }
+  RunningRegionScope(const RunningRegionScope&) = delete;
+  RunningRegionScope& operator=(const RunningRegionScope&) = delete;
+
+ private:
+  Frame& frame_;
+  std::int64_t previous_;
+};
+
 // In recompute: a save region is skipped, a recompute region's body runs again.
 TensorList run_region_in_recompute(Frame& frame, const ThreadState& state, const FlatFunction& body,
                                    const std::string& name, bool recompute, const TensorList& inputs,
@@ -383,6 +398,7 @@ TensorList run_region_in_recompute(Frame& frame, const ThreadState& state, const
   inner.in_region = true;
   inner.region = &name;
   ThreadStateScope scope(inner);
+  RunningRegionScope running(frame, index);
   auto region_tag = TagScope::region(name, Policy::recompute);
   return body(inputs);
 }
@@ -454,6 +470,7 @@ TensorList run_region_in_forward(Frame& frame, const ThreadState& state, const F
                                  const std::string& name, bool recompute, const TensorList& inputs,
                                  std::shared_ptr<void>* annotation) {
   refuse_duplicate_region(frame, name);
+  const std::size_t index = frame.regions.size();
   frame.regions.push_back({name, !recompute});
   // Inputs a region consumes: a save region's output is persisted, and a checkpoint input
   // read by a recompute region is kept.
@@ -477,6 +494,7 @@ TensorList run_region_in_forward(Frame& frame, const ThreadState& state, const F
     std::optional<NoReadObserverInSaveRegion> unobserved;
     if (!recompute) unobserved.emplace(frame);
     ThreadStateScope scope(inner);
+    RunningRegionScope running(frame, index);
     auto region_tag = TagScope::region(name, recompute ? Policy::recompute : Policy::save);
     outputs = body(inputs);
   }
@@ -544,6 +562,14 @@ void recompute_needs_tensor(const at::Tensor& t) {
   if (state.mode != detail::Mode::forward || state.frame == nullptr) return;
   state.frame->persist(t);
 }
+
+namespace detail {
+
+std::shared_ptr<const void> running_checkpoint() { return frame_owner(); }
+
+std::int64_t running_region(const void* checkpoint) { return static_cast<const Frame*>(checkpoint)->running_region; }
+
+}  // namespace detail
 
 bool is_recomputing() { return detail::thread_state().mode == detail::Mode::recompute; }
 

@@ -110,6 +110,87 @@ TEST_F(CApi, OomObserversSeeTheFailureAndCanBeRemoved) {
   EXPECT_EQ(remat_register_oom_observer(nullptr, nullptr), -REMAT_ERR_INVALID_ARGUMENT);
 }
 
+// An observer whose own allocation fails is not called again for it: that recursion has no end.
+// Its failure reaches it, and the original request still fails once, for the caller.
+TEST_F(CApi, AnObserversOwnOomDoesNotCallTheObserversAgain) {
+  constexpr int kDevice = 13;
+  struct Seen {
+    std::atomic<int> calls{0};
+    bool own_failed = false;
+  } seen;
+  const int id = remat_register_oom_observer(
+      [](const remat_oom_info*, void* user) {
+        auto* s = static_cast<Seen*>(user);
+        ++s->calls;
+        s->own_failed = remat_alloc(200 * MiB, kDevice, nullptr) == nullptr;
+      },
+      &seen);
+  ASSERT_GT(id, 0) << remat_last_error();
+  EXPECT_EQ(remat_alloc(100 * MiB, kDevice, nullptr), nullptr);
+  EXPECT_EQ(seen.calls.load(), 1);
+  EXPECT_TRUE(seen.own_failed);
+  EXPECT_EQ(remat_alloc(100 * MiB, kDevice, nullptr), nullptr);  // the next failure is observed again
+  EXPECT_EQ(seen.calls.load(), 2);
+  EXPECT_EQ(remat_unregister_oom_observer(id), REMAT_OK);
+}
+
+// An observer removing itself (or another) during a dispatch: the removed one is not called
+// after, the others still are, and nothing is freed under the dispatch.
+TEST_F(CApi, ObserversMayRemoveThemselvesAndEachOtherDuringADispatch) {
+  constexpr int kDevice = 14;
+  struct Ids {
+    int self = 0;
+    int other = 0;
+    int self_calls = 0;
+    int other_calls = 0;
+  } ids;
+  ids.self = remat_register_oom_observer(
+      [](const remat_oom_info*, void* user) {
+        auto* s = static_cast<Ids*>(user);
+        ++s->self_calls;
+        EXPECT_EQ(remat_unregister_oom_observer(s->self), REMAT_OK);
+        EXPECT_EQ(remat_unregister_oom_observer(s->other), REMAT_OK);  // registered after: not called now
+        EXPECT_EQ(remat_alloc(200 * MiB, kDevice, nullptr), nullptr);  // and no re-entry
+      },
+      &ids);
+  ids.other = remat_register_oom_observer(
+      [](const remat_oom_info*, void* user) { ++static_cast<Ids*>(user)->other_calls; }, &ids);
+  ASSERT_GT(ids.self, 0) << remat_last_error();
+  ASSERT_GT(ids.other, 0) << remat_last_error();
+  EXPECT_EQ(remat_alloc(100 * MiB, kDevice, nullptr), nullptr);
+  EXPECT_EQ(remat_alloc(100 * MiB, kDevice, nullptr), nullptr);
+  EXPECT_EQ(ids.self_calls, 1);
+  EXPECT_EQ(ids.other_calls, 0);
+  EXPECT_EQ(remat_unregister_oom_observer(ids.self), REMAT_ERR_INVALID_ARGUMENT);
+}
+
+// Removal from another thread returns only once no thread is inside the observer any more, so
+// its caller may free what the observer uses.
+TEST_F(CApi, RemovalWaitsForAnObserverRunningOnAnotherThread) {
+  constexpr int kDevice = 15;
+  struct Shared {
+    std::atomic<bool> inside{false};
+    std::atomic<bool> release{false};
+    std::atomic<bool> returned{false};
+  } shared;
+  const int id = remat_register_oom_observer(
+      [](const remat_oom_info*, void* user) {
+        auto* s = static_cast<Shared*>(user);
+        s->inside = true;
+        while (!s->release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        s->returned = true;
+      },
+      &shared);
+  ASSERT_GT(id, 0) << remat_last_error();
+  std::thread failing([] { EXPECT_EQ(remat_alloc(100 * MiB, kDevice, nullptr), nullptr); });
+  while (!shared.inside) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  shared.release = true;
+  EXPECT_EQ(remat_unregister_oom_observer(id), REMAT_OK);
+  EXPECT_TRUE(shared.returned.load());  // removal returned after the observer did
+  failing.join();
+}
+
 TEST_F(CApi, ZeroBytesGiveNullWithoutAnOom) {
   EXPECT_EQ(remat_alloc(0, 4, nullptr), nullptr);
   EXPECT_NE(std::string(remat_last_error()).find("zero-byte"), std::string::npos);

@@ -263,6 +263,17 @@ TEST(BudgetDumps, AHandEditedDumpIsRefusedNamingTheField) {
             "edited.json: $.regions[1].name: 'a::b' is listed twice; each region appears once");
   EXPECT_EQ(refusal(head + R"(0,"base_bytes":1,"regions":[]})", false),
             "edited.json: $: the key 'base_bytes' is given twice in one object; keep one");
+  // A number past a double's range fails in the JSON reader itself: refused there, at its path.
+  EXPECT_EQ(refusal(head + R"(0,"regions":[{"name":"a::b","saved_bytes":1,"seconds":1},)"
+                           R"({"name":"a::c","saved_bytes":1,"seconds":1e400}]})",
+                    false)
+                .rfind("edited.json: $.regions[1].seconds: is a number too large for a double (", 0),
+            0u)
+      << refusal(head + R"(0,"regions":[{"name":"a::b","saved_bytes":1,"seconds":1e400}]})", false);
+  EXPECT_NE(refusal(head + R"(-1e400,"regions":[]})", false).find("edited.json: $.base_bytes: is a number too large"),
+            std::string::npos);
+  EXPECT_EQ(refusal(head + R"(0,"regions":[{"name":"a::b","name":"a::c","saved_bytes":1,"seconds":1}]})", false),
+            "edited.json: $.regions[0]: the key 'name' is given twice in one object; keep one");
   EXPECT_EQ(refusal(R"({"kind":"region_profile","schema_version":2,"base_bytes":0,"regions":[]})", false),
             "edited.json: $.schema_version: is 2; this version reads schema_version 1");
   EXPECT_NE(refusal(R"({"kind":"region_profile","schema_version":1,"base_bytes":0,"regions":[]})", true)

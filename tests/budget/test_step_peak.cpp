@@ -98,5 +98,65 @@ TEST(StepPeak, ADumpNamingAStorageThatIsNotThereIsRefused) {
   }
 }
 
+std::string refusal_of(const RegionProfile& profile) {
+  try {
+    profile_from_json(profile_to_json(profile), "p.json");
+  } catch (const BudgetError& error) {
+    return error.what();
+  }
+  return "accepted";
+}
+
+// A byte figure no step has (2^64-1 wrapped the peak's sums into a small, wrong peak) is refused
+// by the reader, naming the field.
+TEST(StepPeak, ADumpOfAByteFigurePastAPebibyteIsRefusedNamingTheField) {
+  constexpr std::uint64_t kHuge = ~std::uint64_t{0};
+  const std::string past = " bytes, past 1125899906842624 (1 PiB), which no step allocates";
+  RegionProfile profile = two_checkpoints();
+  profile.step->checkpoints[1].regions[0].transient_bytes = kHuge;
+  EXPECT_EQ(refusal_of(profile).rfind(
+                "p.json: $.step.checkpoints[1].regions[0].transient_bytes: is " + std::to_string(kHuge) + past, 0),
+            0u)
+      << refusal_of(profile);
+  profile = two_checkpoints();
+  profile.step->storages[2] = (std::uint64_t{1} << 50) + 1;
+  EXPECT_NE(refusal_of(profile).find("p.json: $.step.storages[2]: is 1125899906842625" + past), std::string::npos)
+      << refusal_of(profile);
+  profile = two_checkpoints();
+  profile.step->segments[1].peak_bytes = kHuge;
+  EXPECT_NE(refusal_of(profile).find("$.step.segments[1].peak_bytes: is"), std::string::npos) << refusal_of(profile);
+  profile = two_checkpoints();
+  profile.step->storages[2] = std::uint64_t{1} << 50;  // the bound itself is read
+  EXPECT_EQ(refusal_of(profile), "accepted");
+}
+
+TEST(StepPeak, ADumpOfAStepWithoutSegmentsIsRefused) {
+  RegionProfile profile = two_checkpoints();
+  profile.step->segments.clear();
+  EXPECT_EQ(refusal_of(profile),
+            "p.json: $.step.segments: is empty, but a profiled step has at least one segment (from its start to its "
+            "end) and no step peak is predicted without: profile the step again");
+}
+
+// A step made in memory (not read from a dump) whose figures add up past 2^64 is refused, not
+// wrapped into a small peak.
+TEST(StepPeak, FiguresAddingUpPastSixtyFourBitsAreRefusedRatherThanWrapped) {
+  RegionProfile profile = two_checkpoints();
+  profile.step->storages[0] = std::uint64_t{1} << 63;
+  profile.step->storages[2] = std::uint64_t{1} << 63;
+  try {
+    predict_step_peak(profile, {Choice::save, Choice::save});
+    FAIL() << "a wrapped peak was predicted";
+  } catch (const BudgetError& error) {
+    EXPECT_NE(std::string(error.what()).find("the step's byte figures add up past 64 bits"), std::string::npos)
+        << error.what();
+  }
+  profile = two_checkpoints();
+  profile.step->segments[2].start_bytes = ~std::uint64_t{0} - 5;
+  profile.step->segments[2].peak_bytes = ~std::uint64_t{0} - 5;
+  profile.step->checkpoints[0].regions[0].transient_bytes = 10;  // start + transient of c0's recompute
+  EXPECT_THROW(predict_step_peak(profile, {Choice::recompute, Choice::save}), BudgetError);
+}
+
 }  // namespace
 }  // namespace remat::budget

@@ -2,7 +2,10 @@
 
 #include "support.hpp"
 
+#include <remat/budget/plan.hpp>
 #include <remat/replay.hpp>
+
+#include <functional>
 
 #include <thread>
 
@@ -227,6 +230,139 @@ TEST(FrozenRouter, EachCallGetsItsOwnRecorderEvenWithTwoMicrobatchesInFlight) {
   ASSERT_EQ(recompute_choice.size(), 2u);
   EXPECT_TRUE(at::equal(recompute_choice[0], forward_choice[1]));
   EXPECT_TRUE(at::equal(recompute_choice[1], forward_choice[0]));
+}
+
+// Routed layers that record their top-k into one channel, in several regions of one checkpoint.
+// Recompute skips a save region, so the decision it recorded is never asked for: the recomputed
+// region after it must take back its own decision, not the skipped one's.
+struct RoutedLayers {
+  std::vector<at::Tensor> weights;  // trained
+  remat::RecomputeReplay<at::Tensor>* channel = nullptr;
+  std::vector<at::Tensor> decided;  // every decision computed (none taken back)
+
+  static RoutedLayers make(std::size_t layers) {
+    at::manual_seed(11);
+    RoutedLayers out;
+    for (std::size_t i = 0; i < layers; ++i) out.weights.push_back(at::rand({8, 8}).requires_grad_(true));
+    return out;
+  }
+  at::Tensor layer(const at::Tensor& t, std::size_t i) {
+    at::Tensor scores = at::matmul(t, weights[i]);
+    auto compute = [&] {
+      decided.push_back(std::get<1>(scores.topk(2, -1)));
+      return decided.back();
+    };
+    at::Tensor indices;
+    if (channel != nullptr) {
+      indices = channel->record_or_replay(compute);
+    } else {
+      at::NoGradGuard no_grad;
+      indices = compute();
+    }
+    return scores.gather(-1, indices).repeat({1, 4});
+  }
+  std::function<at::Tensor(const at::Tensor&)> layer_fn(std::size_t i) {
+    return [this, i](const at::Tensor& t) { return layer(t, i); };
+  }
+  std::vector<at::Tensor> grads(const at::Tensor& x) const {
+    std::vector<at::Tensor> out{x.grad().clone()};
+    for (const at::Tensor& w : weights) out.push_back(w.grad().clone());
+    return out;
+  }
+  void zero_grads() {
+    for (at::Tensor& w : weights) w.mutable_grad() = at::Tensor();
+  }
+};
+
+// Runs `body` under a checkpoint with the channel (or plainly, for the reference) and returns
+// the gradients of x and the weights after `backwards` backward passes.
+std::vector<at::Tensor> routed_grads(RoutedLayers& layers, remat::RecomputeReplay<at::Tensor>* channel,
+                                     const std::function<at::Tensor(const at::Tensor&)>& body,
+                                     std::shared_ptr<const remat::budget::RegionChoices> plan = nullptr,
+                                     int backwards = 1) {
+  layers.zero_grads();
+  layers.channel = channel;
+  layers.decided.clear();
+  at::manual_seed(12);
+  auto x = at::rand({4, 8}).requires_grad_(true);
+  at::Tensor y =
+      channel == nullptr
+          ? body(x)
+          : remat::checkpoint({.region_name = "c", .contexts = {channel->context_factory()}, .plan = std::move(plan)})(
+                body)(x);
+  const at::Tensor loss = (y * at::arange(8, y.options())).sum();
+  for (int i = 0; i < backwards; ++i) loss.backward({}, /*retain_graph=*/i + 1 < backwards);
+  return layers.grads(x);
+}
+
+void expect_equal_grads(const std::vector<at::Tensor>& actual, const std::vector<at::Tensor>& expected,
+                        const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (std::size_t i = 0; i < actual.size(); ++i)
+    EXPECT_TRUE(at::equal(actual[i], expected[i])) << what << ", gradient " << i;
+}
+
+TEST(ReplayWithSaveRegions, ARecomputedRegionTakesItsOwnDecisionAfterASavedOne) {
+  RoutedLayers layers = RoutedLayers::make(2);
+  remat::RecomputeReplay<at::Tensor> channel("router.topk");
+  auto body = [&](bool first_recomputes) {
+    return [&layers, first_recomputes](const at::Tensor& in) {
+      auto h = remat::region(layers.layer_fn(0), "moe1", first_recomputes)(in);
+      return remat::region(layers.layer_fn(1), "moe2")(h);
+    };
+  };
+  const auto expected = routed_grads(layers, nullptr, body(true));
+  ASSERT_EQ(layers.decided.size(), 2u);
+  ASSERT_FALSE(at::equal(layers.decided[0], layers.decided[1]));  // a misplaced decision would show
+
+  expect_equal_grads(routed_grads(layers, &channel, body(false)), expected, "moe1 saved by the code");
+  EXPECT_EQ(layers.decided.size(), 2u);  // forward's two; recompute took moe2's back
+  using remat::budget::Choice;
+  const auto plan = std::make_shared<remat::budget::RegionChoices>(
+      std::vector<std::pair<std::string, Choice>>{{"c::moe1", Choice::save}, {"c::moe2", Choice::recompute}});
+  expect_equal_grads(routed_grads(layers, &channel, body(true), plan), expected, "moe1 saved by a plan");
+  EXPECT_EQ(layers.decided.size(), 2u);
+  expect_equal_grads(
+      routed_grads(layers, &channel, body(false), nullptr, /*backwards=*/2),
+      [&] {
+        auto twice = expected;
+        for (auto& g : twice) g = g * 2;
+        return twice;
+      }(),
+      "a second backward recomputes again");
+  EXPECT_EQ(layers.decided.size(), 2u);
+}
+
+TEST(ReplayWithSaveRegions, ASaveRegionNestedInARecomputedOneKeepsTheOuterDecisionsInOrder) {
+  RoutedLayers layers = RoutedLayers::make(3);
+  remat::RecomputeReplay<at::Tensor> channel("router.topk");
+  auto body = [&](const at::Tensor& in) {
+    return remat::region(
+        [&](const at::Tensor& t) {
+          auto a = layers.layer(t, 0);
+          auto b = remat::region(layers.layer_fn(1), "inner", /*recompute=*/false)(a);
+          return layers.layer(b, 2);  // the outer region's second decision, after the skipped one
+        },
+        "outer")(in);
+  };
+  const auto expected = routed_grads(layers, nullptr, body);
+  ASSERT_EQ(layers.decided.size(), 3u);
+  ASSERT_FALSE(at::equal(layers.decided[1], layers.decided[2]));
+  expect_equal_grads(routed_grads(layers, &channel, body), expected, "inner saved");
+  EXPECT_EQ(layers.decided.size(), 3u);
+}
+
+TEST(ReplayWithSaveRegions, DecisionsOutsideRegionsStayInOrderAroundASkippedRegion) {
+  RoutedLayers layers = RoutedLayers::make(3);
+  remat::RecomputeReplay<at::Tensor> channel("router.topk");
+  auto body = [&](const at::Tensor& in) {
+    auto a = layers.layer(in, 0);  // in the checkpoint's body, outside regions
+    auto b = remat::region(layers.layer_fn(1), "saved", /*recompute=*/false)(a);
+    return layers.layer(b, 2);
+  };
+  const auto expected = routed_grads(layers, nullptr, body);
+  expect_equal_grads(routed_grads(layers, &channel, body), expected, "between regions");
+  EXPECT_EQ(layers.decided.size(), 3u);
 }
 
 at::Tensor noisy_block(const at::Tensor& in) {

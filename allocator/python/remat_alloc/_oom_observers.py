@@ -6,7 +6,8 @@ request, the device's free and total bytes, what it had reserved and allocated, 
 message and the path of the report it wrote. The C struct lives on the allocator's stack for the
 call only, so the observer gets a copy (strings decoded), which it may keep. add_oom_observer()
 keeps the ctypes callback alive until remove_oom_observer(): freeing one the allocator still
-holds would crash the next OOM.
+holds would crash the next OOM. An observer that removes itself is still running in its callback,
+so that callback is kept until a later add or remove finds it returned.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def _event_copied_from(info: _OomInfo) -> OomEvent:
 _OBSERVER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_OomInfo), ctypes.c_void_p)
 _callbacks_lock = threading.Lock()
 _callbacks: dict = {}  # observer id -> the ctypes callback the allocator holds
+_running: dict = {}  # observer id -> how many threads are inside its callback now
+_retired: list = []  # (observer id, callback) removed while running: freed once it returned
 
 
 def _library():
@@ -83,22 +86,36 @@ def add_oom_observer(observer: Callable[[OomEvent], None]) -> int:
         raise TypeError(f"add_oom_observer: observer must be callable, got {type(observer).__name__}")
 
     def on_oom(info, _user_data) -> None:
+        with _callbacks_lock:
+            _running[observer_id] = _running.get(observer_id, 0) + 1
         try:
             if info:
                 observer(_event_copied_from(info.contents))
         except Exception as error:  # noqa: BLE001  (a ctypes callback must not raise)
             print(f"remat: OOM observer failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        finally:
+            with _callbacks_lock:
+                _running[observer_id] -= 1
 
     from . import RematError
 
     lib = _library()
     callback = _OBSERVER(on_oom)
-    observer_id = lib.remat_register_oom_observer(callback, None)
-    if observer_id <= 0:
-        raise RematError(lib.remat_last_error().decode(errors="replace"))
-    with _callbacks_lock:
+    with _callbacks_lock:  # held until the id is known: on_oom reads it
+        observer_id = lib.remat_register_oom_observer(callback, None)
+        if observer_id <= 0:
+            raise RematError(lib.remat_last_error().decode(errors="replace"))
         _callbacks[observer_id] = callback
+        _free_returned_retired()
     return observer_id
+
+
+def _free_returned_retired() -> None:
+    """Drops the retired callbacks no thread is inside any more. Callers hold _callbacks_lock."""
+    _retired[:] = [(i, callback) for i, callback in _retired if _running.get(i, 0) > 0]
+    for i in list(_running):
+        if _running[i] == 0 and i not in _callbacks:
+            del _running[i]
 
 
 def remove_oom_observer(observer_id: int) -> None:
@@ -108,10 +125,15 @@ def remove_oom_observer(observer_id: int) -> None:
     from .arguments import int_arg
 
     lib = _library()
+    # The allocator returns once no other thread is inside the observer; this one may be (an
+    # observer removing itself), so then its callback is retired rather than freed under it.
     if lib.remat_unregister_oom_observer(int_arg("remove_oom_observer", "observer_id", observer_id)) != 0:
         raise RematError(lib.remat_last_error().decode(errors="replace"))
     with _callbacks_lock:
-        _callbacks.pop(observer_id, None)
+        callback = _callbacks.pop(observer_id, None)
+        if callback is not None and _running.get(observer_id, 0) > 0:
+            _retired.append((observer_id, callback))
+        _free_returned_retired()
 
 
 def pluggable_allocator_in_use() -> bool:

@@ -46,7 +46,8 @@ constexpr DumpKind kPlanKind{"remat-plan", "remat_plan"};
 
 // The document, refusing a key given twice in one object (JSON readers disagree on which wins).
 Json parse(std::string_view text, std::string_view source) {
-  Json root = alloc::parse_strict_json<Json>(text, [&](const std::string& problem) { refuse(source, "$", problem); });
+  Json root = alloc::parse_strict_json<Json>(
+      text, [&](const std::string& path, const std::string& problem) { refuse(source, path, problem); });
   return root;
 }
 

@@ -12,6 +12,25 @@ namespace remat::budget::detail {
 
 namespace {
 
+// A step's byte figure above this is no real measurement (no device or host holds a pebibyte);
+// bounding each keeps the sums a step peak is predicted from far from 2^64 (which it still checks).
+constexpr std::uint64_t kLargestStepBytes = std::uint64_t{1} << 50;
+
+std::uint64_t bytes_of(const Json& value, std::string_view source, const std::string& path) {
+  const std::uint64_t bytes = count_of(value, source, path);
+  if (bytes > kLargestStepBytes) {
+    refuse(source, path,
+           "is " + std::to_string(bytes) +
+               " bytes, past 1125899906842624 (1 PiB), which no step "
+               "allocates: the dump was edited or damaged; profile the step again");
+  }
+  return bytes;
+}
+
+std::uint64_t bytes_in(const Json& object, const char* key, std::string_view source, const std::string& path) {
+  return bytes_of(member(object, key, source, path), source, path + "." + key);
+}
+
 void write_ids(alloc::JsonWriter& json, const char* key, const std::vector<std::uint32_t>& ids) {
   json.key(key).begin_array();
   for (const std::uint32_t id : ids) json.value(static_cast<std::uint64_t>(id));
@@ -43,10 +62,6 @@ const Json& list_of(const Json& object, const char* key, std::string_view source
   const Json& list = member(object, key, source, path);
   if (!list.is_array()) refuse(source, path + "." + key, "must be a list");
   return list;
-}
-
-std::uint64_t count_at(const Json& object, const char* key, std::string_view source, const std::string& path) {
-  return count_of(member(object, key, source, path), source, path + "." + key);
 }
 
 // Calls read(entry, its path) for each entry of the list object[key], refusing one that is not an
@@ -101,12 +116,12 @@ StepMemory read_step(const Json& value, std::string_view source) {
   const std::string path = "$.step";
   if (!value.is_object()) refuse(source, path, "must be an object (the step's memory)");
   StepMemory step;
-  step.start_bytes = count_at(value, "start_bytes", source, path);
-  step.end_bytes = count_at(value, "end_bytes", source, path);
-  step.peak_bytes = count_at(value, "peak_bytes", source, path);
+  step.start_bytes = bytes_in(value, "start_bytes", source, path);
+  step.end_bytes = bytes_in(value, "end_bytes", source, path);
+  step.peak_bytes = bytes_in(value, "peak_bytes", source, path);
   const Json& storages = list_of(value, "storages", source, path);
   for (std::size_t i = 0; i < storages.size(); ++i) {
-    step.storages.push_back(count_of(storages[i], source, path + ".storages[" + std::to_string(i) + "]"));
+    step.storages.push_back(bytes_of(storages[i], source, path + ".storages[" + std::to_string(i) + "]"));
   }
   for_each_entry(value, "checkpoints", source, path, [&](const Json& entry, const std::string& at) {
     StepCheckpoint call;
@@ -120,16 +135,21 @@ StepMemory read_step(const Json& value, std::string_view source) {
       region.kept = ids_of(listed, "kept", source, in);
       region.inputs = ids_of(listed, "inputs", source, in);
       region.outputs = ids_of(listed, "outputs", source, in);
-      region.transient_bytes = count_at(listed, "transient_bytes", source, in);
+      region.transient_bytes = bytes_in(listed, "transient_bytes", source, in);
       if (listed.contains("offload_kept")) region.offload_kept = ids_of(listed, "offload_kept", source, in);
       call.regions.push_back(std::move(region));
     });
     step.checkpoints.push_back(std::move(call));
   });
+  if (list_of(value, "segments", source, path).empty()) {
+    refuse(source, path + ".segments",
+           "is empty, but a profiled step has at least one segment (from its start to its "
+           "end) and no step peak is predicted without: profile the step again");
+  }
   for_each_entry(value, "segments", source, path, [&](const Json& entry, const std::string& at) {
     StepSegment segment;
-    segment.peak_bytes = count_at(entry, "peak_bytes", source, at);
-    segment.start_bytes = count_at(entry, "start_bytes", source, at);
+    segment.peak_bytes = bytes_in(entry, "peak_bytes", source, at);
+    segment.start_bytes = bytes_in(entry, "start_bytes", source, at);
     segment.live = ids_of(entry, "live", source, at);
     segment.forward = call_of(member(entry, "forward", source, at), source, at + ".forward");
     segment.backward = call_of(member(entry, "backward", source, at), source, at + ".backward");

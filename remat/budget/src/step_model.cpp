@@ -25,6 +25,18 @@ bool contains(const std::vector<std::uint32_t>& set, std::uint32_t id) {
   return std::find(set.begin(), set.end(), id) != set.end();
 }
 
+// A sum of the step's byte figures. The dump reader bounds each figure, so only a step made some
+// other way can pass 2^64; it is refused rather than wrapped into a small peak.
+std::uint64_t add_bytes(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) {
+    throw BudgetError(
+        "the step's byte figures add up past 64 bits, so no step peak can be predicted from them: the "
+        "step is not a real one; profile it again");
+  }
+  return sum;
+}
+
 }  // namespace
 
 std::vector<std::vector<std::size_t>> region_indexes(const RegionProfile& profile, const StepMemory& step) {
@@ -112,12 +124,12 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
     const std::uint64_t alive = alive_bytes(s, sets, recomputed, offloads ? &offload : nullptr);
     std::uint64_t top = segment.peak_bytes;
     if (segment.backward >= 0) {
-      top =
-          std::max(top, segment.start_bytes + recompute_transient(static_cast<std::size_t>(segment.backward), choices));
+      top = std::max(top, add_bytes(segment.start_bytes,
+                                    recompute_transient(static_cast<std::size_t>(segment.backward), choices)));
     }
     const std::uint64_t freed = saved_alive_[s] > alive ? saved_alive_[s] - alive : 0;
     const std::uint64_t added = alive > saved_alive_[s] ? alive - saved_alive_[s] : 0;
-    peak = std::max(peak, top - std::min(top, freed) + added);
+    peak = std::max(peak, add_bytes(top - std::min(top, freed), added));
   }
   return peak;
 }
@@ -237,7 +249,7 @@ std::uint64_t StepModel::alive_bytes(std::size_t s, const std::vector<std::vecto
   const auto add = [&](std::uint32_t id) {
     if (stamp_[id] != generation_) {
       stamp_[id] = generation_;
-      total += step_.storages[id];
+      total = add_bytes(total, step_.storages[id]);
     }
   };
   const auto is_live = [&](std::int64_t k) { return k >= 0 && contains(segment.live, static_cast<std::uint32_t>(k)); };
@@ -254,7 +266,7 @@ std::uint64_t StepModel::alive_bytes(std::size_t s, const std::vector<std::vecto
   if (offload != nullptr) {
     for (const std::uint32_t k : segment.live) {
       if (s >= offload->back_from[k]) {
-        total += offload->back_bytes[k];  // new tensors: beside any storage still alive
+        total = add_bytes(total, offload->back_bytes[k]);  // new tensors: beside any storage still alive
       } else if (s < offload->linger_until[k]) {
         for (const std::uint32_t id : offload->lingering[k]) add(id);
       }

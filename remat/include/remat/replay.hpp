@@ -14,7 +14,9 @@
 #include <c10/core/GradMode.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,10 +29,6 @@ namespace remat {
 
 enum class ReplayMode { record, replay };
 
-// An ordered log of decisions: forward records, recompute takes them back in order. One
-// recorder belongs to one checkpoint call: a record scope opened on a recorder whose forward
-// already ended (another call sharing it) is refused, so replay never hands one call the
-// decisions of another.
 // A mode other than "record" or "replay", refused in the words of this runtime and of NeMo's
 // channel ("Unsupported <channel> replay mode: '<mode>'"), which tests written for it match.
 inline std::string invalid_replay_mode(std::string_view channel, std::string_view mode) {
@@ -39,14 +37,43 @@ inline std::string invalid_replay_mode(std::string_view channel, std::string_vie
          std::string(mode) + "')";
 }
 
+namespace detail {
+// The checkpoint call whose forward or recompute runs on this thread (empty outside one), and
+// the region of `checkpoint` whose body runs now, by its index in forward order (-1: none).
+std::shared_ptr<const void> running_checkpoint();
+std::int64_t running_region(const void* checkpoint);
+}  // namespace detail
+
+// An ordered log of decisions: forward records, recompute takes them back in order (per
+// region, inside a checkpoint). One recorder belongs to one checkpoint call: a record scope
+// opened on a recorder whose forward already ended (another call sharing it) is refused, so
+// replay never hands one call the decisions of another.
 template <typename T>
 class RecomputeReplayRecorder {
  public:
-  void record(T value) { records_.push_back(std::move(value)); }
+  // Inside a checkpoint's scopes each decision is kept with the region that made it, and replay
+  // hands a region back its own: recompute skips save regions (in the code, or chosen by a plan),
+  // so a decision recorded in one is never asked for, and the region after it must not get it.
+  void record(T value) {
+    const std::int64_t region = region_now();
+    if (region != kUnplaced) by_region_[region].push_back(records_.size());
+    records_.push_back(std::move(value));
+  }
 
   // The next recorded decision, or nothing when the log ran out (counted as a miss: the
-  // caller recomputes). As NeMo's recorder, it may be driven directly, outside any scope.
+  // caller recomputes). As NeMo's recorder, it may be driven directly, outside any scope,
+  // and then takes the records in the order they were made.
   std::optional<T> take() {
+    const std::int64_t region = replaying_in_forward_checkpoint() ? region_now() : kUnplaced;
+    if (region != kUnplaced) {
+      const auto found = by_region_.find(region);
+      std::size_t& next = taken_by_region_[region];
+      if (found == by_region_.end() || next >= found->second.size()) {
+        ++misses_;
+        return std::nullopt;
+      }
+      return records_[found->second[next++]];
+    }
     if (cursor_ >= records_.size()) {
       ++misses_;
       return std::nullopt;
@@ -54,31 +81,59 @@ class RecomputeReplayRecorder {
     return records_[cursor_++];
   }
 
-  void rewind() { cursor_ = 0; }
+  void rewind() {
+    cursor_ = 0;
+    taken_by_region_.clear();
+  }
   const std::vector<T>& records() const { return records_; }
   std::size_t size() const { return records_.size(); }
   std::size_t replay_misses() const { return misses_; }
 
   // Called by the channel's scopes.
   void begin_scope(ReplayMode mode, const std::string& channel) {
-    if (mode == ReplayMode::replay) return;
-    if (forward_ended_) {
-      throw Error("replay channel '" + channel + "': this recorder already holds the forward decisions of another "
-                  "checkpoint call, so a second call recording into it would replay the first call's decisions; give "
-                  "each checkpoint call its own recorder (checkpoint_context_fn() and context_factory() do)");
+    if (mode == ReplayMode::record) {
+      if (forward_ended_) {
+        throw Error("replay channel '" + channel +
+                    "': this recorder already holds the forward decisions of another "
+                    "checkpoint call, so a second call recording into it would replay the first call's decisions; "
+                    "give each checkpoint call its own recorder (checkpoint_context_fn() and context_factory() do)");
+      }
+      if (record_scopes_++ == 0) recorded_in_ = detail::running_checkpoint();
     }
-    ++record_scopes_;
+    scopes_.push_back(detail::running_checkpoint());
   }
   void end_scope(ReplayMode mode) {
+    scopes_.pop_back();
     if (mode == ReplayMode::record && --record_scopes_ == 0) forward_ended_ = true;
   }
 
  private:
+  // The place of a record made outside any checkpoint's scope.
+  static constexpr std::int64_t kUnplaced = std::numeric_limits<std::int64_t>::min();
+
+  // The region of the checkpoint the innermost open scope belongs to, or kUnplaced.
+  std::int64_t region_now() const {
+    if (scopes_.empty()) return kUnplaced;
+    const std::shared_ptr<const void> checkpoint = scopes_.back().lock();
+    return checkpoint ? detail::running_region(checkpoint.get()) : kUnplaced;
+  }
+  // Replay keyed by region only where the scope replays the checkpoint call that recorded: a
+  // recorder driven some other way (another checkpoint implementation's contexts) takes in order.
+  bool replaying_in_forward_checkpoint() const {
+    if (scopes_.empty()) return false;
+    const std::shared_ptr<const void> now = scopes_.back().lock();
+    return now && now == recorded_in_.lock();
+  }
+
   std::vector<T> records_;
+  std::unordered_map<std::int64_t, std::vector<std::size_t>> by_region_;  // indices into records_
+  std::unordered_map<std::int64_t, std::size_t> taken_by_region_;
   std::size_t cursor_ = 0;
   std::size_t misses_ = 0;
   std::size_t record_scopes_ = 0;
   bool forward_ended_ = false;
+  std::weak_ptr<const void> recorded_in_;          // the checkpoint call forward recorded in
+  std::vector<std::weak_ptr<const void>> scopes_;  // per open scope, the checkpoint it opened in
 };
 
 // A named channel whose recorder binding is thread-local, so pipeline worker threads stay

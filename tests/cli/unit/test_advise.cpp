@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 namespace remat::report::testing {
 namespace {
@@ -51,6 +52,42 @@ TEST(Advise, SecondsAddingUpPastTheLargestNumberAreBadInputNamingTheRegionAndThe
               std::string::npos)
         << r.err;
     EXPECT_NE(r.err.find("divide every region's seconds by the same factor"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+// A number past a double's range (1e400) is refused by the JSON reader the producers' dumps share:
+// bad input naming the field, for every command that reads those dumps, never an abort.
+TEST(ProducerDumps, ANumberPastADoubleIsBadInputNamingTheField) {
+  TempDir dir;
+  auto with_1e400 = [&](const std::string& fixture, const std::string& field, const std::string& name) {
+    std::string text = data_text(fixture);
+    const std::size_t at = text.find("\"" + field + "\": ");
+    EXPECT_NE(at, std::string::npos) << fixture << " has no " << field;
+    const std::size_t value = at + field.size() + 4;
+    const std::size_t end = text.find_first_of(",\n}", value);
+    text.replace(value, end - value, "1e400");
+    return dir.write(name, text);
+  };
+  const std::string profile = with_1e400("region-profile.json", "seconds", "profile.json");
+  const std::string stage = with_1e400("stage-profile-0.json", "params", "stage.json");
+  const std::string prediction = with_1e400("pipeline-prediction.json", "microbatches", "prediction.json");
+  struct Case {
+    std::vector<std::string> args;
+    std::string field;
+  };
+  const Case cases[] = {
+      {{"advise", profile}, "$.regions[0].seconds"},
+      {{"advise", profile, "--budget", "2MiB"}, "$.regions[0].seconds"},
+      {{"advise", profile, "--peak", "2MiB", "--json"}, "$.regions[0].seconds"},
+      {{"predict", stage, data_path("stage-profile-1.json"), "--schedule", "1f1b", "--microbatches", "4"},
+       "$.bytes.params"},
+      {{"ranks", data_path("snapshot-peak.json"), "--predicted", prediction}, "$.microbatches"},
+  };
+  for (const Case& c : cases) {
+    const CliResult r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args[0] << ": " << r.err;
+    EXPECT_NE(r.err.find(c.field + ": is a number too large for a double"), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
 }

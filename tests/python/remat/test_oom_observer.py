@@ -694,6 +694,41 @@ def test_under_the_tagging_allocator_the_same_call_lists_its_own_report(tmp_path
     assert "held" in [h["name"] for h in doc["holders"]["by_region"]]
 
 
+def test_observers_that_allocate_and_fail_or_remove_themselves_leave_the_oom_to_the_caller(tmp_path):
+    # An observer whose own allocation fails is not called again for it (that recursion had no
+    # end), an observer that removes itself is freed only once it returned, and the caller gets
+    # torch.OutOfMemoryError. A fresh process: the host capacity is set before the first tensor.
+    script = textwrap.dedent("""
+        import torch, remat, remat_alloc
+        calls = {"allocating": 0, "one_shot": 0, "own_oom": 0}
+        ids = []
+        def allocating(event):
+            calls["allocating"] += 1
+            scratch = torch.empty(1 << 20, dtype=torch.uint8)
+            try:
+                torch.empty(1 << 30, dtype=torch.uint8)
+            except torch.OutOfMemoryError:
+                calls["own_oom"] += 1
+        def one_shot(event):
+            calls["one_shot"] += 1
+            remat_alloc.remove_oom_observer(ids[1])
+        with remat.tag_cpu_tensors():
+            ids.append(remat_alloc.add_oom_observer(allocating))
+            ids.append(remat_alloc.add_oom_observer(one_shot))
+            for _ in range(2):
+                try:
+                    torch.empty(100 << 20, dtype=torch.uint8)
+                except torch.OutOfMemoryError:
+                    print("raised")
+            remat_alloc.remove_oom_observer(ids[0])
+        print(calls)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, REMAT_ALLOC_CONF=f"host_capacity_mb:64,oom_dump_interval_ms:0,oom_dump_dir:{tmp_path}"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["raised", "raised", "{'allocating': 2, 'one_shot': 1, 'own_oom': 2}"]
+
+
 def test_on_a_gpu_a_real_oom_writes_a_report_billing_what_a_checkpoint_keeps(tmp_path, validate_oom):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

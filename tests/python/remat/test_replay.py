@@ -1,6 +1,9 @@
 """Record and replay of forward decisions across recompute (remat.RecomputeReplay), checkpoint
 contexts, and verify_recompute catching a region that is not deterministic."""
 
+import gc
+import json
+
 import pytest
 import torch
 
@@ -151,6 +154,161 @@ def test_each_call_gets_its_own_recorder_even_with_two_microbatches_in_flight():
     assert not torch.equal(forward_choice[0], forward_choice[1])
     assert recompute_choice[0] is forward_choice[1]  # the recorded object itself, taken back
     assert recompute_choice[1] is forward_choice[0]
+
+
+class RoutedLayers:
+    """Layers that record their top-k into one channel, each in its own region of one checkpoint
+    (the MoE layers of docs/python.md). Recompute skips a save region, so the decision it
+    recorded is never asked for: the recomputed region after it must take back its own."""
+
+    def __init__(self, channel, layers=2):
+        torch.manual_seed(0)
+        self.channel = channel
+        self.weights = [torch.rand(8, 8, requires_grad=True) for _ in range(layers)]
+        self.decided = []  # every decision computed, none taken back
+
+    def layer(self, t, i):
+        scores = t @ self.weights[i]
+        bound = self.channel.current()
+        if bound is not None and bound[1] == "replay":
+            indices = bound[0].take()
+        else:
+            with torch.no_grad():
+                indices = scores.topk(2, dim=-1).indices
+            self.decided.append(indices)
+            if bound is not None:
+                bound[0].record(indices)
+        return torch.gather(scores, -1, indices).repeat(1, 4)
+
+    def grads(self, body, checkpointed=True, plan=None, use_plan=None, backwards=1):
+        for w in self.weights:
+            w.grad = None
+        self.decided = []
+        torch.manual_seed(1)
+        x = torch.rand(4, 8, requires_grad=True)
+        if not checkpointed:
+            y = body(x, lambda f, name, recompute=True: f)
+        else:
+            run = remat.checkpoint(region_name="c", context_fn=self.channel.checkpoint_context_fn(),
+                                   plan=plan)(lambda t: body(t, remat.region))
+            if use_plan is None:
+                y = run(x)
+            else:
+                with remat.use_plan(use_plan):
+                    y = run(x)
+        loss = (y * torch.arange(8.0)).sum()
+        for i in range(backwards):
+            loss.backward(retain_graph=i + 1 < backwards)
+        return [x.grad.clone()] + [w.grad.clone() for w in self.weights]
+
+
+def plan_of(decisions):
+    return remat.load_plan(json.dumps({"kind": "remat-plan", "schema_version": 1, "budget_bytes": 0, "base_bytes": 0,
+                                       "kept_bytes": 0, "recompute_seconds": 0, "decisions": decisions}))
+
+
+def assert_equal_grads(actual, expected):
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert torch.equal(a, e), f"gradient {i} differs by {(a - e).abs().max().item()}"
+
+
+@pytest.mark.parametrize("saved_by", ["code", "use_plan", "checkpoint(plan=)"])
+def test_a_recomputed_region_replays_its_own_decision_after_a_saved_one(saved_by):
+    layers = RoutedLayers(remat.RecomputeReplay("router.topk"))
+
+    def body(x, region, first_recomputes=saved_by != "code"):
+        h = region(lambda t: layers.layer(t, 0), "moe1", recompute=first_recomputes)(x)
+        return region(lambda t: layers.layer(t, 1), "moe2", recompute=True)(h)
+
+    expected = layers.grads(body, checkpointed=False)
+    assert not torch.equal(layers.decided[0], layers.decided[1])  # a misplaced decision would show
+    plan = plan_of({"c::moe1": "save", "c::moe2": "recompute"})
+    actual = layers.grads(body, plan=plan if saved_by == "checkpoint(plan=)" else None,
+                          use_plan=plan if saved_by == "use_plan" else None)
+    assert_equal_grads(actual, expected)
+    assert len(layers.decided) == 2  # forward's; recompute took moe2's back
+    twice = layers.grads(body, plan=plan if saved_by == "checkpoint(plan=)" else None,
+                         use_plan=plan if saved_by == "use_plan" else None, backwards=2)
+    assert_equal_grads(twice, [g * 2 for g in expected])  # the second recompute replays again
+    assert len(layers.decided) == 2
+
+
+def test_a_save_region_nested_in_a_recomputed_one_leaves_the_outer_decisions_in_order():
+    layers = RoutedLayers(remat.RecomputeReplay("router.topk"), layers=4)
+
+    def body(x, region):
+        def outer(t):
+            a = layers.layer(t, 0)
+            b = region(lambda u: layers.layer(u, 1), "inner", recompute=False)(a)
+            return layers.layer(b, 2)  # the outer region's second decision, after the skipped one
+
+        return layers.layer(region(outer, "outer")(x), 3)  # in the body, outside regions
+
+    expected = layers.grads(body, checkpointed=False)
+    assert not torch.equal(layers.decided[1], layers.decided[2])
+    assert_equal_grads(layers.grads(body), expected)
+    assert len(layers.decided) == 4
+
+
+class RoutedModel(torch.nn.Module):
+    """Checkpointed layers of two routed regions each: moe1 keeps little, moe2 much (a wide
+    body), so remat.fit under a budget between saves moe1 and recomputes moe2."""
+
+    LAYERS = 4
+
+    def __init__(self, channel):
+        super().__init__()
+        self.channel = channel
+        self.w1 = torch.nn.ParameterList(torch.nn.Parameter(torch.rand(64, 64)) for _ in range(self.LAYERS))
+        self.w2 = torch.nn.ParameterList(torch.nn.Parameter(torch.rand(64, 64)) for _ in range(self.LAYERS))
+
+    def layer(self, t, w, wide):
+        scores = (t @ w) * 0.05
+        indices = self.channel.record_or_replay(lambda: scores.topk(8, dim=-1).indices)
+        return torch.gather(scores, -1, indices).repeat(1, 8 * wide).sin().cos().sin()[:, :64]
+
+    def forward(self, x, plain=False):
+        region = (lambda f, name: f) if plain else remat.region
+        for k in range(self.LAYERS):
+            def body(t, k=k):
+                h = region(lambda u: self.layer(u, self.w1[k], 1), "moe1")(t)
+                return region(lambda u: self.layer(u, self.w2[k], 8), "moe2")(h)
+            x = body(x) if plain else remat.checkpoint(region_name=f"layers.{k}",
+                                                       context_fn=self.channel.checkpoint_context_fn())(body)(x)
+        return x.sum()
+
+
+def test_under_fit_a_recomputed_region_replays_its_own_decision_after_a_saved_one():
+    import fit_loop
+
+    channel = remat.RecomputeReplay("router.topk")
+    inputs = [torch.rand(64, 64, generator=torch.Generator().manual_seed(step)) for step in range(3)]
+
+    def train(budget):
+        rows = []
+        with fit_loop.fitted(lambda: RoutedModel(channel), budget) as (model, _):
+            for x in inputs:
+                for p in model.parameters():
+                    p.grad = None
+                peak = fit_loop.peak_of(lambda: model(x, plain=budget is None).backward())
+                state = getattr(model, "remat_fit", None)
+                plan = None if state is None or state.plan is None else dict(state.plan.decisions)
+                rows.append((peak, [p.grad.numpy().tobytes() for p in model.parameters()], plan))
+            fit_loop.unfit(model, inputs[0])  # the last step ended and fit taken off, for the tests after
+        del model
+        gc.collect()  # the model's reference cycles freed now, not in a later test's measured step
+        return rows
+
+    expected = train(None)
+    profiled_peak = train(10 << 30)[0][0]  # the first step, every region saved
+    fitted = train(int(profiled_peak * 0.7))
+    plans = [plan for _, _, plan in fitted[1:]]
+    mixed = [f"layers.{k}" for k in range(RoutedModel.LAYERS)
+             if plans[0][f"layers.{k}::moe1"] == "save" and plans[0][f"layers.{k}::moe2"] == "recompute"]
+    assert mixed, plans[0]  # the case at stake: moe1 saved, moe2 recomputed in one checkpoint
+    for step, ((_, grads, _), (_, want, _)) in enumerate(zip(fitted, expected)):
+        assert grads == want, f"step {step}: gradients differ from no checkpointing under {plans}"
 
 
 def test_contexts_enter_in_order_and_exit_in_reverse_around_forward_and_recompute():

@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import pathlib
+import re
 import subprocess
 import warnings
 
@@ -125,6 +126,29 @@ def test_the_least_peak_budget_is_refused_one_byte_below_naming_what_it_is_made_
         profile.plan(peak_bytes=0)
     assert profile.plan(peak_bytes="1GiB").peak_budget_bytes == 1 << 30
     assert profile.plan(peak_bytes="1GB").peak_budget_bytes == 10**9
+
+
+def test_a_dump_whose_step_could_not_be_measured_is_refused_naming_the_field(tagged, tmp_path):
+    # Hand-edited: a byte figure past 1 PiB would wrap the peak's sums into a small, wrong peak,
+    # and a step without segments would plan by peak with no peak predicted.
+    _, profile = readme_setup()
+    dump = json.loads(profile.to_json())
+    cases = [("transient_bytes", lambda d: d["step"]["checkpoints"][0]["regions"][0].update(transient_bytes=2**64 - 1),
+              r"\$\.step\.checkpoints\[0\]\.regions\[0\]\.transient_bytes: is 18446744073709551615 bytes, past "
+              r"1125899906842624 \(1 PiB\)"),
+             ("storage", lambda d: d["step"]["storages"].__setitem__(0, 2**64 - 1), r"\$\.step\.storages\[0\]: is"),
+             ("segments", lambda d: d["step"].update(segments=[]), r"\$\.step\.segments: is empty")]
+    for name, edit, message in cases:
+        edited = json.loads(json.dumps(dump))
+        edit(edited)
+        with pytest.raises(ValueError, match=message):
+            remat.RegionProfile.from_json(json.dumps(edited))
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(edited))
+        checked = subprocess.run([remat_report(), "validate", str(path)], capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 2, checked.stdout + checked.stderr
+        field = message.split(":")[0]  # the schema or the reader names it
+        assert re.search(field, checked.stdout + checked.stderr), checked.stdout + checked.stderr
 
 
 def test_a_plan_by_peak_says_its_peak_and_reads_back(tagged, tmp_path):

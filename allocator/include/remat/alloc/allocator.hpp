@@ -68,8 +68,12 @@ bool categorize_as_activation(const void* ptr) noexcept;
 
 using OomObserver = std::function<void(const OomEvent&)>;
 // Observers run after the allocator's lock is released; one that throws is reported on
-// stderr and the others still run. Returns an id for remove_oom_observer.
+// stderr and the others still run. An out-of-memory error of an observer's own allocation does
+// not call the observers again (it reaches that observer only). Returns an id for
+// remove_oom_observer.
 int add_oom_observer(OomObserver observer);
+// Once it returns, the observer is not called again and no other thread is inside it; an
+// observer may remove itself or another one. False for an unknown id.
 bool remove_oom_observer(int id);
 
 }  // namespace remat::alloc

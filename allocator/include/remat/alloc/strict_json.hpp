@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <set>
 #include <string>
 #include <string_view>
@@ -12,20 +13,58 @@
 
 namespace remat::alloc {
 
-// The document in `text` (as nlohmann::json or nlohmann::ordered_json); `refuse(problem)` is
-// called, and must throw, when the text is not JSON or an object gives a key twice, with the
-// problem said in words.
+// The document in `text` (as nlohmann::json or nlohmann::ordered_json); `refuse(path, problem)`
+// is called, and must throw, when the text is not JSON, a number in it is too large for a double
+// (1e400), or an object gives a key twice, with the problem said in words and `path` the value's
+// JSON path ("$.regions[2].seconds"; "$" when the text is no JSON at all).
 template <class Json = nlohmann::json, class Refuse>
 Json parse_strict_json(std::string_view text, Refuse&& refuse) {
   using Event = typename Json::parse_event_t;
-  std::vector<std::set<std::string>> keys;  // of the objects open around the parser
+  // The containers open around the parser, each with the keys it gave and where it is now.
+  struct Open {
+    bool array = false;
+    std::set<std::string> keys;
+    std::string key;
+    std::size_t index = 0;
+  };
+  std::vector<Open> open;
+  // The path through the first `depth` open containers: of the value being read at open.size().
+  auto path = [&](std::size_t depth) {
+    std::string out = "$";
+    for (std::size_t i = 0; i < depth; ++i) {
+      if (open[i].array) {
+        out.append("[").append(std::to_string(open[i].index)).append("]");
+      } else {
+        out.append(".").append(open[i].key);
+      }
+    }
+    return out;
+  };
+  auto element_done = [&] {
+    if (!open.empty() && open.back().array) ++open.back().index;
+  };
   std::string repeated;
+  std::string repeated_at;
   const typename Json::parser_callback_t check = [&](int, Event event, Json& parsed) {
-    if (event == Event::object_start) keys.emplace_back();
-    if (event == Event::object_end && !keys.empty()) keys.pop_back();
-    if (event == Event::key && !keys.empty() &&
-        !keys.back().insert(parsed.template get<std::string>()).second && repeated.empty()) {
-      repeated = parsed.template get<std::string>();
+    switch (event) {
+      case Event::object_start: open.push_back({}); break;
+      case Event::array_start: open.push_back({true}); break;
+      case Event::object_end:
+      case Event::array_end:
+        if (!open.empty()) open.pop_back();
+        element_done();
+        break;
+      case Event::key:
+        if (!open.empty()) {
+          const std::string key = parsed.template get<std::string>();
+          open.back().key = key;
+          if (!open.back().keys.insert(key).second && repeated.empty()) {
+            repeated = key;
+            repeated_at = path(open.size() - 1);  // the object's path
+          }
+        }
+        break;
+      case Event::value: element_done(); break;
     }
     return true;
   };
@@ -33,9 +72,13 @@ Json parse_strict_json(std::string_view text, Refuse&& refuse) {
   try {
     root = Json::parse(text, check);
   } catch (const typename Json::parse_error& error) {
-    refuse(std::string("not JSON (") + error.what() + ")");
+    refuse(std::string("$"), std::string("not JSON (") + error.what() + ")");
+  } catch (const typename Json::out_of_range& error) {
+    // The lexer read a number past a double's range; the path is the value being read.
+    refuse(path(open.size()),
+           std::string("is a number too large for a double (") + error.what() + "); write a finite number");
   }
-  if (!repeated.empty()) refuse("the key '" + repeated + "' is given twice in one object; keep one");
+  if (!repeated.empty()) refuse(repeated_at, "the key '" + repeated + "' is given twice in one object; keep one");
   return root;
 }
 
