@@ -80,17 +80,21 @@ def whole():
     _, state, _ = train("1GiB")
     profile = state.latest.profile
     budget = (profile.least_peak_bytes() + profile.step_peak_bytes) // 2
-    return budget, train(budget)[0]
+    return budget, (profile.least_peak_bytes(), profile.step_peak_bytes)
 
 
 @pytest.mark.parametrize("first_step", ["skipped", "raises"])
 def test_a_profiled_step_without_its_whole_backward_is_dropped_and_the_next_profiled_afresh(whole, first_step):
-    budget, all_whole = whole
+    budget, whole_figures = whole
     rows, state, told = train(budget, first_step)
-    # Planned from the whole step profiled next, as the loop whose steps are all whole is (within 1%)
-    for (measured, predicted), (_, planned_whole) in zip(rows[2:], all_whole[1:]):
+    # Planned from the whole step profiled next, whose memory is the whole loop's (within 1%: what
+    # the failed step left is not counted); which plan its times pick may differ from run to run
+    profile = state.latest.profile
+    for figure, whole_figure in zip((profile.least_peak_bytes(), profile.step_peak_bytes), whole_figures):
+        assert abs(figure - whole_figure) <= whole_figure // 100, (figure, whole_figure)
+    for measured, predicted in rows[2:]:
         assert measured <= predicted <= budget, (measured, predicted, budget)
-        assert abs(predicted - planned_whole) <= planned_whole // 100, (predicted, planned_whole)
+        assert predicted - measured <= predicted * 3 // 100, (measured, predicted)
     assert state.profiled_steps == 1 and state.planned_steps == 2
     why = ("it ran no backward (its loss was dropped: a skipped batch?)" if first_step == "skipped"
            else "its backward raised before it ended")

@@ -302,11 +302,16 @@ def test_under_fit_a_recomputed_region_replays_its_own_decision_after_a_saved_on
 
     expected = train(None)
     profiled_peak = train(10 << 30)[0][0]  # the first step, every region saved
-    fitted = train(int(profiled_peak * 0.7))
-    plans = [plan for _, _, plan in fitted[1:]]
-    mixed = [f"layers.{k}" for k in range(RoutedModel.LAYERS)
-             if plans[0][f"layers.{k}::moe1"] == "save" and plans[0][f"layers.{k}::moe2"] == "recompute"]
-    assert mixed, plans[0]  # the case at stake: moe1 saved, moe2 recomputed in one checkpoint
+    # The case at stake: moe1 saved, moe2 recomputed in one checkpoint. Which budget plans it
+    # depends on the regions' measured times, so budgets are tried until one does.
+    for fraction in (0.7, 0.8, 0.6, 0.9, 0.5):
+        fitted = train(int(profiled_peak * fraction))
+        plans = [plan for _, _, plan in fitted[1:]]
+        mixed = [f"layers.{k}" for k in range(RoutedModel.LAYERS)
+                 if plans[0][f"layers.{k}::moe1"] == "save" and plans[0][f"layers.{k}::moe2"] == "recompute"]
+        if mixed:
+            break
+    assert mixed, plans[0]
     for step, ((_, grads, _), (_, want, _)) in enumerate(zip(fitted, expected)):
         assert grads == want, f"step {step}: gradients differ from no checkpointing under {plans}"
 
