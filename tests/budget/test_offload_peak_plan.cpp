@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "two_checkpoints.hpp"
+
 #include <cstdint>
 #include <random>
 #include <string>
@@ -17,23 +19,13 @@
 namespace remat::budget {
 namespace {
 
-// Two checkpoints of one region each (test_step_peak.cpp's): c0 makes out0 (100 bytes) and saves
-// s0 (10); c1 takes out0, makes out1 (100) and saves s1 (10). Segments: the end of forward (220),
-// c1's backward (peak 300), c0's backward (peak 200).
+// two_checkpoints.hpp's step on `device`, c0 offloading 10 bytes and c1 110.
 RegionProfile two_checkpoints(const std::string& device = "cpu") {
-  RegionProfile profile;
+  RegionProfile profile = fixtures::two_checkpoints();
   profile.device = device;
-  profile.regions = {{"c0::r", 110, 1.0, 1}, {"c1::r", 110, 2.0, 1}};
   profile.regions[0].offload_bytes = 10;
   profile.regions[1].offload_bytes = 110;
   profile.host_copy = HostCopy{1e12, 1e12, 1 << 20};
-  StepMemory step;
-  step.peak_bytes = 300;
-  step.storages = {100, 10, 100, 10};  // out0, s0, out1, s1
-  step.checkpoints = {{"c0", {}, {}, {0}, {{"c0::r", {0, 1}, {}, {0}, 0}}},
-                      {"c1", {0}, {}, {2}, {{"c1::r", {2, 3}, {0}, {2}, 0}}}};
-  step.segments = {{220, 0, {0, 1}, -1, -1}, {300, 220, {0, 1}, -1, 1}, {200, 110, {0}, -1, 0}};
-  profile.step = step;
   return profile;
 }
 

@@ -14,6 +14,7 @@
 #include <remat/budget/offload_plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
+#include "offload_plan_of.hpp"
 #include "step_model.hpp"
 
 #include <algorithm>
@@ -193,33 +194,10 @@ Plan solve_peak_offload(const RegionProfile& profile, std::uint64_t peak_bytes, 
                             std::to_string(host_budget_bytes) + " bytes");
   }
   const Candidate& best = search.best();
-  Plan plan;
-  plan.base_bytes = profile.base_bytes;
-  plan.kept_bytes = profile.base_bytes;
-  plan.host_budget_bytes = host_budget_bytes;
-  for (std::size_t r = 0; r < profile.regions.size(); ++r) {
-    RegionCost region = profile.regions[r];
-    region.ops.clear();
-    region.op_overhead_seconds = 0;
-    if (best.offloaded[r]) {
-      region.offload_seconds = search.copy_seconds(r);
-      plan.host_bytes += region.offload_bytes;
-      plan.offload_seconds += region.offload_seconds;
-      plan.recompute_seconds += region.offload_seconds;
-    } else if (best.choices[r] == Choice::save) {
-      plan.kept_bytes += region.saved_bytes;
-    } else {
-      plan.recompute_seconds += region.seconds;
-    }
-    plan.regions.emplace_back(std::move(region), best.choices[r]);
-  }
-  plan.offloaded = best.offloaded;
-  plan.budget_bytes = plan.kept_bytes;
-  plan.exact = exact;
-  // Not proved: no bound on the best is known beyond "none spends less than nothing".
-  plan.least_recompute_seconds = exact ? plan.recompute_seconds : 0;
-  plan.peak_budget_bytes = peak_bytes;
-  plan.peak_bytes = best.peak;
+  std::vector<double> copy_seconds(profile.regions.size());
+  for (std::size_t r = 0; r < copy_seconds.size(); ++r) copy_seconds[r] = search.copy_seconds(r);
+  Plan plan = detail::offload_plan_of(profile, best.choices, best.offloaded, copy_seconds, host_budget_bytes);
+  detail::finish_peak_plan(plan, exact, peak_bytes, best.peak);
   return plan;
 }
 

@@ -15,6 +15,7 @@
 #include <remat/budget/offload_plan.hpp>
 
 #include "knapsack.hpp"
+#include "offload_plan_of.hpp"
 #include "plannable.hpp"
 
 #include <algorithm>
@@ -358,8 +359,19 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
       offloaded[items[k].region] = true;
     }
   }
-  Plan plan;
+  Plan plan = detail::offload_plan_of(profile, choices, std::move(offloaded), copy_seconds, host_budget_bytes);
   plan.budget_bytes = budget_bytes;
+  plan.exact = exact;
+  plan.least_recompute_seconds =
+      exact ? plan.recompute_seconds : std::max(0.0, plan.recompute_seconds - std::max(0.0, bound - value));
+  return plan;
+}
+
+namespace detail {
+
+Plan offload_plan_of(const RegionProfile& profile, const std::vector<Choice>& choices, std::vector<bool> offloaded,
+                     const std::vector<double>& copy_seconds, std::uint64_t host_budget_bytes) {
+  Plan plan;
   plan.base_bytes = profile.base_bytes;
   plan.kept_bytes = profile.base_bytes;
   plan.host_budget_bytes = host_budget_bytes;
@@ -380,10 +392,9 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
     plan.regions.emplace_back(std::move(region), choices[r]);
   }
   plan.offloaded = std::move(offloaded);
-  plan.exact = exact;
-  plan.least_recompute_seconds =
-      exact ? plan.recompute_seconds : std::max(0.0, plan.recompute_seconds - std::max(0.0, bound - value));
   return plan;
 }
+
+}  // namespace detail
 
 }  // namespace remat::budget

@@ -26,6 +26,11 @@ const StepMemory& step_of(const RegionProfile& profile);
 [[noreturn]] void refuse_peak(const StepMemory& step, std::uint64_t peak_bytes, std::uint64_t lowest_peak,
                               const std::string& among);
 
+// A plan by step peak's own figures: what it keeps is its budget of kept bytes; `exact`: proved
+// the fastest within peak_bytes (least_recompute_seconds its own, else no bound: 0); peak_bytes
+// the budget, `peak` its predicted peak.
+void finish_peak_plan(Plan& plan, bool exact, std::uint64_t peak_bytes, std::uint64_t peak);
+
 class StepModel {
  public:
   StepModel(const RegionProfile& profile, const StepMemory& step);

@@ -93,6 +93,14 @@ std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<
 
 namespace detail {
 
+void finish_peak_plan(Plan& plan, bool exact, std::uint64_t peak_bytes, std::uint64_t peak) {
+  plan.budget_bytes = plan.kept_bytes;
+  plan.exact = exact;
+  plan.least_recompute_seconds = exact ? plan.recompute_seconds : 0;
+  plan.peak_budget_bytes = peak_bytes;
+  plan.peak_bytes = peak;
+}
+
 void refuse_peak(const StepMemory& step, std::uint64_t peak_bytes, std::uint64_t lowest_peak,
                  const std::string& among) {
   const std::uint64_t fixed = std::max(step.start_bytes, step.end_bytes);
@@ -184,12 +192,8 @@ Plan solve_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
     if (best[r] == Choice::save) plan.kept_bytes += profile.regions[r].saved_bytes;
     plan.regions.emplace_back(profile.regions[r], best[r]);
   }
-  plan.budget_bytes = plan.kept_bytes;
   plan.recompute_seconds = found.best_seconds;
-  plan.exact = every_plan;
-  plan.least_recompute_seconds = every_plan ? found.best_seconds : 0;
-  plan.peak_budget_bytes = peak_bytes;
-  plan.peak_bytes = found.best_peak;
+  detail::finish_peak_plan(plan, every_plan, peak_bytes, found.best_peak);
   return plan;
 }
 

@@ -45,3 +45,21 @@ def unfit(model, inputs):
 def messages(told, about):
     """The recorded warnings' messages that mention `about`."""
     return [str(w.message) for w in told if about in str(w.message)]
+
+
+class Layer(torch.nn.Module):
+    """A decoder-like layer of two regions, "attn" and "mlp", each with a residual; plain=True
+    runs it without regions."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.attn = torch.nn.Linear(width, width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x, plain=False):
+        attn = lambda t: self.attn(t).sin() + t
+        mlp = lambda t: self.down(self.up(t).cos()) + t
+        if plain:
+            return mlp(attn(x))
+        return remat.region(mlp, "mlp")(remat.region(attn, "attn")(x))

@@ -20,26 +20,10 @@ import fit_loop
 HIDDEN, BATCH, SEQUENCE, STEPS, LONGER_FROM = 32, 16, 32, 8, 5
 
 
-class Layer(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.attn = torch.nn.Linear(HIDDEN, HIDDEN)
-        self.up = torch.nn.Linear(HIDDEN, 4 * HIDDEN)
-        self.down = torch.nn.Linear(4 * HIDDEN, HIDDEN)
-
-    def forward(self, x, plain=False):
-        attn = lambda t: self.attn(t).sin() + t
-        mlp = lambda t: self.down(self.up(t).cos()) + t
-        if plain:
-            return mlp(attn(x))
-        h = remat.region(attn, "attn")(x)
-        return remat.region(mlp, "mlp")(h)
-
-
 class Model(torch.nn.Module):
     def __init__(self, checkpointed=True):
         super().__init__()
-        self.layers = torch.nn.ModuleList(Layer() for _ in range(4))
+        self.layers = torch.nn.ModuleList(fit_loop.Layer(HIDDEN) for _ in range(4))
         self.checkpointed = checkpointed
         self.forwards = 0  # forwards that ran: a refused step runs none
 

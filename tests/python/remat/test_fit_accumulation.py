@@ -20,25 +20,10 @@ import fit_loop
 HIDDEN, BATCH, SEQUENCE, CYCLES = 32, 16, 32, 3
 
 
-class Layer(torch.nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.attn = torch.nn.Linear(width, width)
-        self.up = torch.nn.Linear(width, 4 * width)
-        self.down = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x, plain=False):
-        attn = lambda t: self.attn(t).sin() + t
-        mlp = lambda t: self.down(self.up(t).cos()) + t
-        if plain:
-            return mlp(attn(x))
-        return remat.region(mlp, "mlp")(remat.region(attn, "attn")(x))
-
-
 class Model(torch.nn.Module):
     def __init__(self, checkpointed, width=HIDDEN):
         super().__init__()
-        self.layers = torch.nn.ModuleList(Layer(width) for _ in range(4))
+        self.layers = torch.nn.ModuleList(fit_loop.Layer(width) for _ in range(4))
         self.checkpointed = checkpointed
 
     def forward(self, x):

@@ -17,7 +17,7 @@ import torch
 
 import remat
 import remat_alloc
-from test_offload_plans import with_bandwidth
+from test_offload_plans import model, plain, with_bandwidth
 from test_step_peak_plans import readme_model, readme_plain, remat_report
 
 _trace_entries = [1 << 18]
@@ -118,21 +118,6 @@ def test_layers_whose_matmuls_save_their_inputs_peak_within_the_prediction_when_
     # Each region's matmul saves its input (the first one the checkpoint's input), and the mlp saves
     # its input twice: offloaded, those go to the host; the weights (leaves) stay.
     width, layers = 64, 4
-
-    def block(x, w1, w2):
-        h = remat.region(lambda t: torch.tanh(t @ w1), "attn")(x)
-        return remat.region(lambda t: (torch.sigmoid(t @ w2) * t).sin(), "mlp")(h)
-
-    def model(x, weights):
-        for index in range(layers):
-            x = remat.checkpoint(region_name=f"layers.{index}")(block)(x, weights[2 * index], weights[2 * index + 1])
-        return x.square().sum()
-
-    def plain(x, weights):
-        for index in range(layers):
-            h = torch.tanh(x @ weights[2 * index])
-            x = (torch.sigmoid(h @ weights[2 * index + 1]) * h).sin()
-        return x.square().sum()
 
     with remat.tag_cpu_tensors():
         generator = torch.Generator().manual_seed(7)

@@ -1,0 +1,17 @@
+#pragma once
+// A plan from each region's choice, save, recompute or offload (at its copy seconds), with the
+// figures both offload solvers report (kept and host bytes, recompute and copy seconds) summed
+// one way.
+
+#include <remat/budget/plan.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace remat::budget::detail {
+
+// offloaded[r]: region r goes to the host (its choice is save); copy_seconds[r]: what that costs.
+Plan offload_plan_of(const RegionProfile& profile, const std::vector<Choice>& choices, std::vector<bool> offloaded,
+                     const std::vector<double>& copy_seconds, std::uint64_t host_budget_bytes);
+
+}  // namespace remat::budget::detail
