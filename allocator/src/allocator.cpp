@@ -10,7 +10,6 @@
 
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -22,20 +21,19 @@
 namespace remat::alloc {
 namespace {
 
-// A registered out-of-memory observer. Dispatch calls a snapshot of the list, so an observer
-// removed meanwhile is marked and skipped; `calls` counts the threads inside it now, which
-// removal waits for (a removed observer's code may be freed once removal returns).
+// A registered out-of-memory observer. Dispatch calls a snapshot of the list, holding each entry
+// by shared_ptr, so an observer removed meanwhile is marked and skipped, and one a thread is
+// inside stays alive until that call returned. Removal never waits for another thread: it may
+// run inside an observer that thread needs to finish (two observers removing each other).
 struct ObserverEntry {
   explicit ObserverEntry(OomObserver observer) : call(std::move(observer)) {}
   OomObserver call;
   bool removed = false;  // guarded by Registry::observer_mutex
-  int calls = 0;         // guarded by Registry::observer_mutex
 };
 
-// The observer this thread is calling now, if any, and whether it is calling observers at all:
-// an observer's own allocation that fails does not call the observers again, a recursion that
-// would have no end (each call fails the same way); its error reaches the observer alone.
-thread_local const ObserverEntry* t_observer_running = nullptr;
+// Whether this thread is calling observers: an observer's own allocation that fails does not
+// call the observers again, a recursion that would have no end (each call fails the same way);
+// its error reaches the observer alone.
 thread_local bool t_notifying = false;
 
 struct Registry {
@@ -47,7 +45,6 @@ struct Registry {
   std::atomic<CachingAllocator*> cpu_allocator{nullptr};           // what cpu_allocator() returns
   std::atomic<CachingAllocator*> pinned_host_allocator{nullptr};   // when devices are CUDA
   std::mutex observer_mutex;
-  std::condition_variable observer_returned;  // a call of an observer returned
   std::map<int, std::shared_ptr<ObserverEntry>> observers;
   int next_observer_id = 1;
 };
@@ -99,14 +96,12 @@ void release_everything_after_fork() {
   r.mutex.unlock();
 }
 
-// Calls `entry` unless it was removed: outside the lock, counted in entry.calls meanwhile.
+// Calls `entry` unless it was removed, outside the lock.
 void call_observer(Registry& r, ObserverEntry& entry, const OomEvent& event) {
   {
     std::lock_guard lock(r.observer_mutex);
     if (entry.removed) return;
-    ++entry.calls;
   }
-  t_observer_running = &entry;
   try {
     entry.call(event);
   } catch (const std::exception& e) {
@@ -114,12 +109,6 @@ void call_observer(Registry& r, ObserverEntry& entry, const OomEvent& event) {
   } catch (...) {
     std::fprintf(stderr, "remat: an out-of-memory observer threw a non-standard exception (ignored)\n");
   }
-  t_observer_running = nullptr;
-  {
-    std::lock_guard lock(r.observer_mutex);
-    --entry.calls;
-  }
-  r.observer_returned.notify_all();
 }
 
 void notify_observers(const OomEvent& event) {
@@ -410,18 +399,16 @@ int add_oom_observer(OomObserver observer) {
   return id;
 }
 
-// Once this returns the observer is not called again, and no other thread is inside it (this
-// one may be: an observer that removes itself returns after removal did).
+// Returns at once; calls already in flight finish on their threads, holding the entry.
 bool remove_oom_observer(int id) {
   Registry& r = registry();
-  std::unique_lock lock(r.observer_mutex);
+  std::shared_ptr<ObserverEntry> entry;  // destroyed after the lock is released
+  std::lock_guard lock(r.observer_mutex);
   const auto found = r.observers.find(id);
   if (found == r.observers.end()) return false;
-  const std::shared_ptr<ObserverEntry> entry = found->second;
+  entry = found->second;
   r.observers.erase(found);
   entry->removed = true;
-  const int own = t_observer_running == entry.get() ? 1 : 0;
-  r.observer_returned.wait(lock, [&] { return entry->calls == own; });
   return true;
 }
 

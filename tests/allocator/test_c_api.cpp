@@ -18,6 +18,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -164,31 +165,79 @@ TEST_F(CApi, ObserversMayRemoveThemselvesAndEachOtherDuringADispatch) {
   EXPECT_EQ(remat_unregister_oom_observer(ids.self), REMAT_ERR_INVALID_ARGUMENT);
 }
 
-// Removal from another thread returns only once no thread is inside the observer any more, so
-// its caller may free what the observer uses.
-TEST_F(CApi, RemovalWaitsForAnObserverRunningOnAnotherThread) {
+// Removal from another thread returns at once, while the observer still runs there: that call
+// finishes (its function stays alive), and no later failure calls the observer.
+TEST_F(CApi, RemovalDoesNotWaitForAnObserverRunningOnAnotherThread) {
   constexpr int kDevice = 15;
   struct Shared {
     std::atomic<bool> inside{false};
     std::atomic<bool> release{false};
     std::atomic<bool> returned{false};
+    std::atomic<int> calls{0};
   } shared;
   const int id = remat_register_oom_observer(
       [](const remat_oom_info*, void* user) {
         auto* s = static_cast<Shared*>(user);
+        ++s->calls;
         s->inside = true;
-        while (!s->release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        for (int i = 0; i < 10000 && !s->release; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         s->returned = true;
       },
       &shared);
   ASSERT_GT(id, 0) << remat_last_error();
   std::thread failing([] { EXPECT_EQ(remat_alloc(100 * MiB, kDevice, nullptr), nullptr); });
   while (!shared.inside) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  shared.release = true;
   EXPECT_EQ(remat_unregister_oom_observer(id), REMAT_OK);
-  EXPECT_TRUE(shared.returned.load());  // removal returned after the observer did
+  EXPECT_FALSE(shared.returned.load());  // removal returned while the observer still ran
+  shared.release = true;
   failing.join();
+  EXPECT_TRUE(shared.returned.load());
+  EXPECT_EQ(remat_alloc(100 * MiB, kDevice, nullptr), nullptr);
+  EXPECT_EQ(shared.calls.load(), 1);
+}
+
+// Two threads inside two observers, each removing the other: both removals return (removal that
+// waited for the other thread deadlocked here), and neither observer is called after.
+namespace mutual {
+thread_local int t_which = -1;  // the observer this thread's failure acts in
+struct Shared {
+  int ids[2] = {0, 0};
+  std::atomic<int> inside{0};
+  std::atomic<int> removed{0};
+};
+struct Observer {
+  Shared* shared;
+  int me;
+};
+void observe(const remat_oom_info*, void* user) {
+  auto* o = static_cast<Observer*>(user);
+  if (t_which != o->me) return;
+  ++o->shared->inside;
+  for (int i = 0; i < 10000 && o->shared->inside < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (remat_unregister_oom_observer(o->shared->ids[1 - o->me]) == REMAT_OK) ++o->shared->removed;
+}
+}  // namespace mutual
+
+TEST_F(CApi, ObserversOnTwoThreadsMayRemoveEachOther) {
+  constexpr int kDevice = 16;
+  mutual::Shared shared;
+  mutual::Observer observers[2] = {{&shared, 0}, {&shared, 1}};
+  for (int i = 0; i < 2; ++i) {
+    shared.ids[i] = remat_register_oom_observer(mutual::observe, &observers[i]);
+    ASSERT_GT(shared.ids[i], 0) << remat_last_error();
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([i] {
+      mutual::t_which = i;
+      EXPECT_EQ(remat_alloc(100 * MiB, kDevice, nullptr), nullptr);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(shared.inside.load(), 2);
+  EXPECT_EQ(shared.removed.load(), 2);
+  EXPECT_EQ(remat_unregister_oom_observer(shared.ids[0]), REMAT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(remat_unregister_oom_observer(shared.ids[1]), REMAT_ERR_INVALID_ARGUMENT);
 }
 
 TEST_F(CApi, ZeroBytesGiveNullWithoutAnOom) {

@@ -63,6 +63,17 @@ TEST(BudgetText, ZeroSignsUnknownUnitsAndNonsenseAreRefused) {
   EXPECT_NE(refusal("7\x01GiB").find("'7\\x01GiB'"), std::string::npos) << refusal("7\x01GiB");
 }
 
+// A host budget of zero, with a unit too, means no offload; the rest is read as a budget is.
+TEST(BudgetText, AHostBudgetOfZeroIsAcceptedWithAUnit) {
+  EXPECT_EQ(parse_host_budget("0B", "--host-budget"), 0u);
+  EXPECT_EQ(parse_host_budget("0 GiB", "--host-budget"), 0u);
+  EXPECT_EQ(parse_host_budget("0.0001KiB", "--host-budget"), 0u);  // 0.1024 B, rounded down
+  EXPECT_EQ(parse_host_budget("1.5GiB", "--host-budget"), 1610612736u);
+  EXPECT_THROW(parse_host_budget("0", "--host-budget"), BudgetError);  // no unit
+  EXPECT_THROW(parse_host_budget("-1GiB", "--host-budget"), BudgetError);
+  EXPECT_THROW(parse_budget("0 GiB", "--budget"), BudgetError);  // a device budget of zero still is not
+}
+
 TEST(BudgetText, MoreThanTheLargestByteCountIsRefused) {
   EXPECT_EQ(parse_budget("18446744073709551615B", "budget"), ~std::uint64_t{0});
   EXPECT_NE(refusal("18446744073709551616B").find("more than 2^64 - 1 bytes"), std::string::npos);

@@ -4,10 +4,11 @@ The allocator calls each registered observer, from its C ABI, when a request fai
 (after its cache was released and the request retried), with one OomEvent: the device, the
 request, the device's free and total bytes, what it had reserved and allocated, its one-line
 message and the path of the report it wrote. The C struct lives on the allocator's stack for the
-call only, so the observer gets a copy (strings decoded), which it may keep. add_oom_observer()
-keeps the ctypes callback alive until remove_oom_observer(): freeing one the allocator still
-holds would crash the next OOM. An observer that removes itself is still running in its callback,
-so that callback is kept until a later add or remove finds it returned.
+call only, so the observer gets a copy (strings decoded), which it may keep. Every observer is
+registered with one ctypes callback that lives as long as the process, and a key (its
+user_data) naming the Python observer: removal may return while another thread's call is still
+in flight (it never waits for one, which could deadlock), and that call must not find its
+callback freed. A call whose key was removed does nothing.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ def _event_copied_from(info: _OomInfo) -> OomEvent:
 
 
 _OBSERVER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_OomInfo), ctypes.c_void_p)
-_callbacks_lock = threading.Lock()
-_callbacks: dict = {}  # observer id -> the ctypes callback the allocator holds
-_running: dict = {}  # observer id -> how many threads are inside its callback now
-_retired: list = []  # (observer id, callback) removed while running: freed once it returned
+_observers_lock = threading.Lock()
+_observers: dict = {}  # key (the user_data) -> the Python observer
+_keys: dict = {}  # observer id -> its key
+_next_key = 1
 
 
 def _library():
@@ -78,62 +79,57 @@ def _library():
     return lib
 
 
+def _on_oom(info, key) -> None:
+    with _observers_lock:
+        observer = _observers.get(key)
+    if observer is None or not info:
+        return  # removed: a call that was in flight when it was
+    try:
+        observer(_event_copied_from(info.contents))
+    except Exception as error:  # noqa: BLE001  (a ctypes callback must not raise)
+        print(f"remat: OOM observer failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+
+
+_CALLBACK = _OBSERVER(_on_oom)  # never freed: a call may be in flight after any removal
+
+
 def add_oom_observer(observer: Callable[[OomEvent], None]) -> int:
     """Calls observer(event) on every out-of-memory error of the tagging allocator; returns the
     id remove_oom_observer() takes. An exception the observer raises is printed, never passed
     into the allocator."""
+    global _next_key
     if not callable(observer):
         raise TypeError(f"add_oom_observer: observer must be callable, got {type(observer).__name__}")
-
-    def on_oom(info, _user_data) -> None:
-        with _callbacks_lock:
-            _running[observer_id] = _running.get(observer_id, 0) + 1
-        try:
-            if info:
-                observer(_event_copied_from(info.contents))
-        except Exception as error:  # noqa: BLE001  (a ctypes callback must not raise)
-            print(f"remat: OOM observer failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-        finally:
-            with _callbacks_lock:
-                _running[observer_id] -= 1
-
     from . import RematError
 
     lib = _library()
-    callback = _OBSERVER(on_oom)
-    with _callbacks_lock:  # held until the id is known: on_oom reads it
-        observer_id = lib.remat_register_oom_observer(callback, None)
-        if observer_id <= 0:
-            raise RematError(lib.remat_last_error().decode(errors="replace"))
-        _callbacks[observer_id] = callback
-        _free_returned_retired()
+    with _observers_lock:
+        key = _next_key
+        _next_key += 1
+        _observers[key] = observer
+    observer_id = lib.remat_register_oom_observer(_CALLBACK, key)
+    if observer_id <= 0:
+        with _observers_lock:
+            del _observers[key]
+        raise RematError(lib.remat_last_error().decode(errors="replace"))
+    with _observers_lock:
+        _keys[observer_id] = key
     return observer_id
 
 
-def _free_returned_retired() -> None:
-    """Drops the retired callbacks no thread is inside any more. Callers hold _callbacks_lock."""
-    _retired[:] = [(i, callback) for i, callback in _retired if _running.get(i, 0) > 0]
-    for i in list(_running):
-        if _running[i] == 0 and i not in _callbacks:
-            del _running[i]
-
-
 def remove_oom_observer(observer_id: int) -> None:
-    """The observer add_oom_observer() returned `observer_id` for is called no more. An id that
+    """The observer add_oom_observer() returned `observer_id` for is called no more (a call
+    already running on another thread finishes; removal does not wait for it). An id that
     add_oom_observer() did not return, or that was removed already, raises RematError."""
     from . import RematError
     from .arguments import int_arg
 
     lib = _library()
-    # The allocator returns once no other thread is inside the observer; this one may be (an
-    # observer removing itself), so then its callback is retired rather than freed under it.
     if lib.remat_unregister_oom_observer(int_arg("remove_oom_observer", "observer_id", observer_id)) != 0:
         raise RematError(lib.remat_last_error().decode(errors="replace"))
-    with _callbacks_lock:
-        callback = _callbacks.pop(observer_id, None)
-        if callback is not None and _running.get(observer_id, 0) > 0:
-            _retired.append((observer_id, callback))
-        _free_returned_retired()
+    with _observers_lock:
+        key = _keys.pop(observer_id, None)
+        _observers.pop(key, None)
 
 
 def pluggable_allocator_in_use() -> bool:

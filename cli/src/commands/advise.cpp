@@ -58,6 +58,14 @@ std::uint64_t parse_budget(const std::string& option, const std::string& text) {
   }
 }
 
+std::uint64_t parse_host_budget(const std::string& text) {
+  try {
+    return budget::parse_host_budget(text, "--host-budget");
+  } catch (const budget::BudgetError& error) {
+    throw UsageError(error.what());
+  }
+}
+
 Report plan_report(const budget::Plan& plan) {
   Report report;
   Table summary = key_value_table("plan", "Plan");
@@ -193,7 +201,7 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     if (!opts->host_budget.empty()) {
       if (!has_budget) throw UsageError("--host-budget needs --budget (what the checkpoints keep) or --peak (the step's peak)");
       if (opts->group) throw UsageError("--host-budget plans regions as measured: drop --group");
-      host_budget = opts->host_budget == "0" ? 0 : parse_budget("--host-budget", opts->host_budget);
+      host_budget = opts->host_budget == "0" ? 0 : parse_host_budget(opts->host_budget);
     }
     const std::string source = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
     budget::RegionProfile profile;

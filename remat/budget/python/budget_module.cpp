@@ -168,6 +168,10 @@ PYBIND11_MODULE(_budget, m) {
       "parse_budget", [](const std::string& text, const std::string& what) { return parse_budget(text, what); },
       py::arg("text"), py::arg("what"),
       "The bytes a budget string stands for (\"70GiB\", \"512 MiB\", \"80GB\"); BudgetError names the forms accepted.");
+  m.def(
+      "parse_host_budget",
+      [](const std::string& text, const std::string& what) { return parse_host_budget(text, what); },
+      py::arg("text"), py::arg("what"), "As parse_budget, but zero (\"0B\", \"0 GiB\") is accepted: no offload.");
   m.attr("BUDGET_FORMS") = std::string(kBudgetForms);
   m.def("matches", &matches, py::arg("pattern"), py::arg("name"),
         "Whether a region name matches a plan's pattern (each '*' stands for a number: a run of digits).");

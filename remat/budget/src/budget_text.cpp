@@ -56,9 +56,8 @@ std::string_view trimmed(std::string_view text) {
   return text;
 }
 
-}  // namespace
-
-std::uint64_t parse_budget(std::string_view text, std::string_view what) {
+// The bytes `text` stands for; zero refused unless `zero_allowed`.
+std::uint64_t parse_bytes(std::string_view text, std::string_view what, bool zero_allowed) {
   const std::string head = std::string(what) + " " + quoted(text) + ": ";
   const auto refuse = [&](const std::string& problem) -> BudgetError {
     return BudgetError(head + problem + "; write " + std::string(kBudgetForms));
@@ -112,8 +111,14 @@ std::uint64_t parse_budget(std::string_view text, std::string_view what) {
     bytes += part / denominator;  // rounded down
     if (bytes > kLargest) throw too_large();
   }
-  if (bytes == 0) throw refuse("zero bytes: no step fits in nothing");
+  if (bytes == 0 && !zero_allowed) throw refuse("zero bytes: no step fits in nothing");
   return static_cast<std::uint64_t>(bytes);
 }
+
+}  // namespace
+
+std::uint64_t parse_budget(std::string_view text, std::string_view what) { return parse_bytes(text, what, false); }
+
+std::uint64_t parse_host_budget(std::string_view text, std::string_view what) { return parse_bytes(text, what, true); }
 
 }  // namespace remat::budget

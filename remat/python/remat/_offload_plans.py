@@ -39,6 +39,10 @@ def host_budget_arg(value, budget_arg, where="plan: host_budget_bytes"):
                              "offloaded regions may hold, such as 64 * 2**30 or '64GiB', or 0 for no offload")
     elif torch.is_tensor(value) and value.numel() == 1 and not value.is_floating_point() and int(value) <= 0:
         return host_budget_arg(int(value), budget_arg, where)
+    elif isinstance(value, str):
+        from . import _budget
+
+        return _budget.parse_host_budget(value, where)  # "0 B" too: no offload
     return budget_arg(value, where)
 
 

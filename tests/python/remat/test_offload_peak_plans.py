@@ -165,6 +165,27 @@ def test_a_host_budget_of_0_makes_the_plan_without_offload(readme):
     assert plan.decisions == plain.decisions and plan.peak_bytes == plain.peak_bytes
 
 
+def test_a_host_budget_of_0_with_a_unit_is_0_in_python_and_in_advise(readme, tmp_path):
+    # "0 B" and "0GiB" mean no offload, as 0 does; a device budget of zero is still refused.
+    _, _, profile = readme
+    budget = (profile.least_peak_bytes() + profile.step_peak_bytes) // 2
+    plain = profile.plan(peak_bytes=budget, host_budget_bytes=0)
+    for zero in ("0 B", "0GiB"):
+        plan = profile.plan(peak_bytes=budget, host_budget_bytes=zero)
+        assert plan.offloaded == [] and plan.host_budget_bytes == 0 and plan.decisions == plain.decisions
+    with pytest.raises(ValueError, match="zero bytes"):
+        profile.plan(peak_bytes="0 B")
+    path = tmp_path / "profile.json"
+    profile.to_json(path)
+    advised = []
+    for zero in ("0", "0B", "0 GiB"):
+        run = subprocess.run([remat_report(), "advise", str(path), "--peak", f"{budget}B", "--host-budget", zero,
+                              "--json"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        advised.append(json.loads(run.stdout)["decisions"])
+    assert advised == [plain.decisions] * 3
+
+
 def test_a_peak_below_every_plan_with_that_host_budget_names_the_least(readme):
     _, _, profile = readme
     host_budget = sum(profile.offload_bytes.values())

@@ -775,3 +775,55 @@ def test_a_second_copy_of_the_allocators_library_is_refused_naming_both(tmp_path
     run = subprocess.run([sys.executable, "-c", "import remat_alloc; remat_alloc.load(); import remat"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr
+
+
+_REMOVAL_UNDER_CONTENTION = """
+import os, sys, tempfile, threading, time
+os.environ["REMAT_ALLOC_CONF"] = "host_capacity_mb:64,oom_dump_interval_ms:0,oom_dump_dir:" + tempfile.mkdtemp()
+import torch, remat, remat_alloc
+both_in = threading.Barrier(2, timeout=20)
+ids, calls = {}, []
+if sys.argv[1] == "mutual":  # t1 inside A removes B while t2 inside B removes A
+    def make(other, runs_in):
+        def observer(event):
+            if threading.current_thread().name == runs_in:
+                calls.append(runs_in)
+                both_in.wait()
+                remat_alloc.remove_oom_observer(ids[other])
+        return observer
+    ids["A"] = remat_alloc.add_oom_observer(make("B", "t1"))
+    ids["B"] = remat_alloc.add_oom_observer(make("A", "t2"))
+else:  # a one-shot observer removing itself under a lock the other thread waits for inside it
+    lock = threading.Lock()
+    def once(event):
+        calls.append(threading.current_thread().name)
+        both_in.wait()
+        with lock:
+            if "A" in ids:
+                time.sleep(0.1)
+                remat_alloc.remove_oom_observer(ids.pop("A"))
+    ids["A"] = remat_alloc.add_oom_observer(once)
+caught = []
+def work():
+    with remat.tag_cpu_tensors():
+        try:
+            torch.empty(100 << 20, dtype=torch.uint8)
+        except torch.OutOfMemoryError:
+            caught.append(threading.current_thread().name)
+threads = [threading.Thread(target=work, name=n) for n in ("t1", "t2")]
+[t.start() for t in threads]
+[t.join() for t in threads]
+work()  # after the removals: no observer is called
+print(sorted(caught), sorted(calls))
+"""
+
+
+@pytest.mark.parametrize("scenario", ["mutual", "one_shot_under_lock"])
+def test_removing_observers_while_other_threads_are_inside_them_never_waits_for_those_threads(scenario):
+    # Removal used to wait for every other thread inside the observer removed: two observers removing
+    # each other from two threads, or a one-shot observer removing itself under a lock the other
+    # thread waits for inside it, then hung both threads. A fresh process, with a bounded timeout.
+    done = subprocess.run([sys.executable, "-c", _REMOVAL_UNDER_CONTENTION, scenario], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "['MainThread', 't1', 't2'] ['t1', 't2']"

@@ -72,8 +72,9 @@ using OomObserver = std::function<void(const OomEvent&)>;
 // not call the observers again (it reaches that observer only). Returns an id for
 // remove_oom_observer.
 int add_oom_observer(OomObserver observer);
-// Once it returns, the observer is not called again and no other thread is inside it; an
-// observer may remove itself or another one. False for an unknown id.
+// Once it returns, the observer is not called again, except by calls already in flight on other
+// threads, which finish (removal never waits for them, so it cannot deadlock); an observer may
+// remove itself or another one. False for an unknown id.
 bool remove_oom_observer(int id);
 
 }  // namespace remat::alloc

@@ -179,6 +179,9 @@ typedef void (*remat_oom_observer_fn)(const remat_oom_info* info, void* user_dat
 /* Observers are called without the allocator's lock, on the failing thread. Returns an id
  * (> 0) or a negative REMAT_ERR_* code. */
 REMAT_API int remat_register_oom_observer(remat_oom_observer_fn fn, void* user_data);
+/* Returns at once, never waiting for other threads (an observer may remove itself or another):
+ * after it the observer is not called again, except by calls already in flight on other threads,
+ * so fn and user_data must stay valid until those returned. */
 REMAT_API int remat_unregister_oom_observer(int id);
 
 /* Host backend only: hold a simulated stream (its events stay pending) or complete it. */

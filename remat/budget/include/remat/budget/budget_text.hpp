@@ -24,4 +24,7 @@ inline constexpr std::string_view kBudgetForms =
 // that is no whole number of bytes is rounded down ("0.1 GiB": 107374182 bytes).
 std::uint64_t parse_budget(std::string_view text, std::string_view what);
 
+// A host budget: as parse_budget, but zero ("0B", "0 GiB") is accepted and means no offload.
+std::uint64_t parse_host_budget(std::string_view text, std::string_view what);
+
 }  // namespace remat::budget
