@@ -40,8 +40,10 @@ forward where one after it would not fit (no plan changes it). Its first run aft
 micro-batch is not known before it runs: a step it takes over the budget is said with the figures.
 
 A step that differs from the profiled one otherwise (a checkpoint called more times, a region the
-profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape)
-recomputes every region from the first difference and is said once per difference. Every planned
+profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape; the
+model in another training mode than in the profiled step) recomputes every region from the first
+difference and is said once per difference. A step that makes fewer checkpoint calls than the
+profiled one ran partly outside the plan: said at its end (once per count), nothing reserved for it. Every planned
 step's peak is read when its backward ends: later steps with those inputs plan lower by what a
 step that differed took above its prediction, or by what one went over the budget (said once),
 and one is profiled again where saving everything is estimated within the budget.
@@ -112,6 +114,7 @@ class _Profiled:
     the profile (or a checkpoint ran after it), the whole step is `planned`, as measured."""
 
     def __init__(self, profile, signature, gradients=0, optimizer_after=False):
+        self.training = True  # the model's mode in the profiled step (set by fit when it ends)
         self.profile = profile
         self.signature = signature
         self.gradients = gradients  # bytes of the gradients the step's backward was to make (none at its start)
@@ -354,6 +357,7 @@ class FitState:
                 return
             profile = session._result()
             done = _Profiled(profile, signature, self.measuring_gradients, optimizer_after=updated)
+            done.training = self.measuring_training  # dropout and the like differ by mode: a difference
             self.profiles[signature] = done
             self.latest = done
             if profile.step_peak_bytes > self.budget:
@@ -361,7 +365,7 @@ class FitState:
                       f"{_bytes_text(profile.step_peak_bytes)}, over the budget of {_bytes_text(self.budget)}; "
                       "later steps run under a plan within the budget. Profile with a smaller batch or "
                       "sequence to keep the first step within it too")
-        elif self.diverged is None and self._fewer_calls():
+        elif self._fewer_calls():
             pass  # ran outside the plan: said, and nothing learned from it for steps that run as profiled
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
             signature, base, predicted, ratio = self.scaled_step
@@ -636,6 +640,11 @@ class FitState:
             self.watch = (source, StepWatch(profile._shape, self._step_diverged, sizes=ratio == 1.0))
         self.watch[1].begin()
         self.watch_signature = signature if ratio == 1.0 else None
+        if source.training != self.model.training:
+            # Dropout and the like save other tensors by mode: not the profiled step, from its start
+            mode = {True: "training", False: "eval"}
+            self.watch[1]._diverge(f"the model is in {mode[self.model.training]} mode, the profiled step ran in "
+                                   f"{mode[source.training]} mode")
         context._watch = self.watch[1]
         return context
 

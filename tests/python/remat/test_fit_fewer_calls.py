@@ -85,3 +85,30 @@ def test_a_dropped_profiled_micro_batch_counts_in_its_cycle(budget):
     assert state.cycle == 3
     assert fit_loop.messages(told, "accumulation count changed") == []
     assert len(fit_loop.messages(told, "not measured in full")) == 1
+
+
+class DropoutModel(Model):
+    """Model with dropout in every layer: in training mode its masks are saved too."""
+
+    def forward(self, x):
+        for index, layer in enumerate(self.layers):
+            x = remat.checkpoint(region_name=f"layers.{index}")(
+                lambda t, layer=layer: torch.nn.functional.dropout(layer(t), 0.5, self.training))(x)
+        return x.square().mean()
+
+
+def test_a_step_in_another_mode_than_the_profiled_one_differs_from_its_start(budget):
+    rows = []
+    with fit_loop.fitted(DropoutModel, budget) as (model, told):
+        for step in range(5):
+            model.train(step > 0)  # profiled in eval mode (dropout off), trained with dropout on
+            model.zero_grad(set_to_none=True)
+            rows.append((fit_loop.peak_of(lambda: model(batch(step)).backward()),
+                         model.remat_fit.predicted_peak_bytes))
+        state = fit_loop.unfit(model, batch(0))
+    for peak, predicted in rows[1:]:
+        assert peak <= budget, (rows, budget)
+    assert state.profiled_steps == 1 and state.planned_steps == 4
+    assert [m.split(". From")[0] for m in fit_loop.messages(told, "mode")] == [
+        "remat.fit: this step differs from the profiled one: the model is in training mode, the profiled step ran "
+        "in eval mode"]
