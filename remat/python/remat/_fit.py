@@ -40,8 +40,10 @@ forward where one after it would not fit (no plan changes it). Its first run aft
 micro-batch is not known before it runs: a step it takes over the budget is said with the figures.
 
 A step that differs from the profiled one otherwise (a checkpoint called more times, a region the
-profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape)
-recomputes every region from the first difference and is said once per difference. Every planned
+profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape; the
+model in another training mode than in the profiled step) recomputes every region from the first
+difference and is said once per difference. A step that makes fewer checkpoint calls than the
+profiled one ran partly outside the plan: said at its end (once per count), nothing reserved for it. Every planned
 step's peak is read when its backward ends: later steps with those inputs plan lower by what a
 step that differed took above its prediction, or by what one went over the budget (said once),
 and one is profiled again where saving everything is estimated within the budget.
@@ -112,6 +114,7 @@ class _Profiled:
     the profile (or a checkpoint ran after it), the whole step is `planned`, as measured."""
 
     def __init__(self, profile, signature, gradients=0, optimizer_after=False):
+        self.training = True  # the model's mode in the profiled step (set by fit when it ends)
         self.profile = profile
         self.signature = signature
         self.gradients = gradients  # bytes of the gradients the step's backward was to make (none at its start)
@@ -309,7 +312,8 @@ class FitState:
             session, _ = self.measuring
             self.measuring = None
             self.profiled_steps -= 1
-            self.position -= 1
+            # Its forward ran: a micro-batch of the cycle all the same, as a planned one that fails is
+            # (self.position keeps it: the optimizer steps after the same count of forwards)
             self._versions = None
             session.__exit__(RuntimeError, None, None)
 
@@ -353,6 +357,7 @@ class FitState:
                 return
             profile = session._result()
             done = _Profiled(profile, signature, self.measuring_gradients, optimizer_after=updated)
+            done.training = self.measuring_training  # dropout and the like differ by mode: a difference
             self.profiles[signature] = done
             self.latest = done
             if profile.step_peak_bytes > self.budget:
@@ -360,6 +365,8 @@ class FitState:
                       f"{_bytes_text(profile.step_peak_bytes)}, over the budget of {_bytes_text(self.budget)}; "
                       "later steps run under a plan within the budget. Profile with a smaller batch or "
                       "sequence to keep the first step within it too")
+        elif self._fewer_calls():
+            pass  # ran outside the plan: said, and nothing learned from it for steps that run as profiled
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
             signature, base, predicted, ratio = self.scaled_step
             # The peak when backward ended (read then: the loop may reset the peak after it), or now
@@ -382,6 +389,32 @@ class FitState:
         self.backward_peak = None
         self.backward_end = None
         self.diverged = None
+
+    def _fewer_calls(self):
+        """After a planned step: where it made fewer checkpoint calls than the profiled step (layers
+        skipped or run without checkpoint, as in eval mode), it ran outside the plan, which is said
+        once per count (with its peak). Its peak says nothing of steps that run as profiled: no room is
+        reserved for it and no scale corrected, so those are not refused for it."""
+        if self.watch is None or (self.planned_step is None and self.scaled_step is None):
+            return False
+        ran, profiled = self.watch[1].step_calls, len(self.watch[1].shape.calls)
+        if ran >= profiled:
+            return False
+        measured = None
+        if StepRecorder._counted_device() is not None:
+            measured = max(self.backward_peak or 0, self._read_peak())
+        key = ("fewer calls", ran, profiled)
+        if key not in self.told_differences:
+            self.told_differences.add(key)
+            peak = "" if measured is None else (
+                f"; it peaked at {_bytes_text(measured)}" + (f", over the budget of {_bytes_text(self.budget)}"
+                                                             if measured > self.budget else
+                                                             f" within the budget of {_bytes_text(self.budget)}"))
+            _tell(f"remat.fit: the last step differs from the profiled one: it made {ran} of the {profiled} checkpoint "
+                  f"calls the profiled step made (layers skipped, or run without checkpoint as in eval mode), so "
+                  f"the plan did not cover what ran without checkpoint{peak}. Steps that run as profiled are planned "
+                  "as before; run such steps with checkpoints, or under torch.no_grad() where no backward follows")
+        return True
 
     def _count_cycle(self):
         """The optimizer stepped after the step that just ended: it ends a cycle of micro-batches."""
@@ -605,8 +638,13 @@ class FitState:
         context = _plans.use_plan(plan, strict=False)
         if self.watch is None or self.watch[0] is not source or self.watch[1].sizes != (ratio == 1.0):
             self.watch = (source, StepWatch(profile._shape, self._step_diverged, sizes=ratio == 1.0))
-        self.watch[1].new_step()
+        self.watch[1].begin()
         self.watch_signature = signature if ratio == 1.0 else None
+        if source.training != self.model.training:
+            # Dropout and the like save other tensors by mode: not the profiled step, from its start
+            mode = {True: "training", False: "eval"}
+            self.watch[1]._diverge(f"the model is in {mode[self.model.training]} mode, the profiled step ran in "
+                                   f"{mode[source.training]} mode")
         context._watch = self.watch[1]
         return context
 

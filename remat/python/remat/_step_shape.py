@@ -119,7 +119,13 @@ class StepWatch:
         self.shape = shape
         self.on_diverge = on_diverge
         self.sizes = sizes  # False: shapes are compared by rank (remat.fit's steps of scaled inputs)
+        self.step_calls = 0  # checkpoint calls since begin(): remat.fit's whole step, however it splits
         self.new_step()
+
+    def begin(self):
+        """remat.fit's step begins: its checkpoint calls are counted from here (step_calls)."""
+        self.new_step()
+        self.step_calls = 0
 
     def same(self, signature, profiled):
         return signature == profiled if self.sizes else _rank_only(signature) == _rank_only(profiled)
@@ -142,6 +148,7 @@ class StepWatch:
             self.new_step()
         index = self._calls
         self._calls += 1
+        self.step_calls += 1
         self._by_name[name] = self._by_name.get(name, 0) + 1
         self._pending += 1
         expected = self.shape.calls[index] if index < len(self.shape.calls) else None
