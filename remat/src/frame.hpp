@@ -53,6 +53,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // packed through it when forward ends.
   std::shared_ptr<SavedTensorHooks> input_hooks;
   std::any input_hooks_context;
+  // The plan's offloader (plan_offloader()) where the plan offloads a region: such a region runs
+  // with it in force in forward.
+  std::shared_ptr<SavedTensorHooks> plan_offloader;
   ForwardModes modes;            // autocast, default dtype and backend flags at entry: recompute's too
   std::vector<KeptTensor> kept;  // for reports only
   // Report names for tensors a save region is about to save (name_saved_tensors()), by the

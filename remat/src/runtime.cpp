@@ -12,6 +12,7 @@
 
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/tags.hpp>
+#include <remat/cpu_offload.hpp>
 #include <remat/replay.hpp>
 
 #include <ATen/SequenceNumber.h>
@@ -148,6 +149,7 @@ std::shared_ptr<Frame> open_frame(const CheckpointOptions& options, FlatFunction
   // A plan may recompute a region the code saves: its random draws come from the CPU and CUDA
   // generators' states at forward, kept for every caller
   if (options.plan) frame->options.recompute_state_hooks = with_rng_state_hooks(options.recompute_state_hooks);
+  frame->plan_offloader = plan_offloader(options.plan);
   frame->body = std::move(body);
   frame->state_at_entry = snapshot_states(frame->options.recompute_state_hooks);
   frame->input_hooks = options.saved_tensor_hooks ? options.saved_tensor_hooks : active_saved_tensor_hooks();
@@ -545,6 +547,14 @@ TensorList run_region(FlatFunction body, const std::string& name, bool recompute
   Frame& frame = *state.frame;
   refuse_region_name(name);
   recompute = planned_recompute(frame, name, recompute);
+  // A region the plan offloads runs saved with the plan's offloader in force: what it saves, and
+  // its outputs recompute reads (packed as forward ends, through the pair recorded here), go to
+  // the host.
+  std::optional<SavedTensorHooksScope> offloading;
+  if (state.mode == Mode::forward && !recompute && frame.plan_offloader &&
+      frame.options.plan->offloads(frame.region_path(name))) {
+    offloading.emplace(frame.plan_offloader);
+  }
   if (state.in_region && state.save_region >= 0) {
     refuse_recompute_inside_save_region(frame, state, name, recompute);
     return body(inputs);

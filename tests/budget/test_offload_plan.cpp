@@ -109,6 +109,127 @@ TEST(OffloadPlan, MatchesExhaustiveSearchOnSmallProfiles) {
   EXPECT_GT(offloading, 60);  // the trials weigh offload, not only save and recompute
 }
 
+// A profile of `layers` layers of `kinds` regions each ("layers.L::rK"), figures drawn as
+// random_profile draws them: grouped, each "layers.*::rK" stands for `layers` regions.
+RegionProfile random_layered_profile(std::mt19937_64& rng, std::size_t layers, std::size_t kinds,
+                                     const std::string& device) {
+  RegionProfile drawn = random_profile(rng, layers * kinds, device);
+  for (std::size_t r = 0; r < drawn.regions.size(); ++r) {
+    drawn.regions[r].name =
+        "layers." + std::to_string(r / kinds) + "::r" + std::string(1, static_cast<char>('a' + r % kinds));
+  }
+  return drawn;
+}
+
+// The least step time over every choice of every group (each region of a group takes the group's
+// choice: save, recompute, or offload where each of its regions has bytes to move), weighed on the
+// regions as measured: bytes added up, each region's copies priced on their own.
+double exhaustive_grouped_best(const RegionProfile& profile, const RegionProfile& groups, std::uint64_t budget,
+                               std::uint64_t host_budget) {
+  double best = 1e300;
+  std::vector<std::size_t> power_of_group;  // 3 to the group's index, for each region
+  for (const RegionCost& region : profile.regions) {
+    std::size_t power = 1;
+    for (std::size_t g = 0; !matches(groups.regions[g].name, region.name); ++g) power *= 3;
+    power_of_group.push_back(power);
+  }
+  std::size_t combinations = 1;
+  for (std::size_t g = 0; g < groups.regions.size(); ++g) combinations *= 3;
+  for (std::size_t code = 0; code < combinations; ++code) {
+    std::uint64_t kept = profile.base_bytes, host = 0;
+    double seconds = 0;
+    bool possible = true;
+    for (std::size_t r = 0; r < profile.regions.size(); ++r) {
+      const RegionCost& region = profile.regions[r];
+      switch (code / power_of_group[r] % 3) {
+        case 0: kept += region.saved_bytes; break;
+        case 1: seconds += region.seconds; break;
+        default:
+          if (region.offload_bytes == 0) possible = false;
+          host += region.offload_bytes;
+          seconds += offload_seconds(profile, region);
+      }
+    }
+    if (possible && kept <= budget && host <= host_budget && seconds < best) best = seconds;
+  }
+  return best;
+}
+
+// Grouped plans with offload: a pattern's choice, offload included, holds for every region it
+// stands for; the plan's figures are those of the regions as measured, and no plan of choices by
+// group is faster within both budgets. On a GPU each region's copies overlap its own forward
+// alone, so a group's copies cost its regions' costs added up, not a cost priced from its sums.
+TEST(OffloadPlan, GroupedPlansMatchExhaustiveSearchOverTheGroupsChoices) {
+  std::mt19937_64 rng(53);
+  int offloading = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const RegionProfile profile =
+        random_layered_profile(rng, 1 + rng() % 4, 1 + rng() % 4, trial % 2 == 0 ? "cpu" : "cuda:0");
+    const RegionProfile groups = grouped(profile);
+    const std::uint64_t budget = profile.base_bytes + rng() % (profile.all_saved_bytes() - profile.base_bytes + 1);
+    std::uint64_t all_offload = 0;
+    for (const RegionCost& region : profile.regions) all_offload += region.offload_bytes;
+    const std::uint64_t host_budget = trial % 7 == 0 ? 0 : rng() % (all_offload + 2);
+    const Plan plan = solve_offload(groups, budget, host_budget);
+    ASSERT_TRUE(plan.exact) << "trial " << trial;
+    EXPECT_LE(plan.kept_bytes, budget);
+    EXPECT_LE(plan.host_bytes, host_budget);
+    EXPECT_NEAR(plan.recompute_seconds, exhaustive_grouped_best(profile, groups, budget, host_budget), 1e-9)
+        << "trial " << trial;
+    // The plan's figures, region by region.
+    std::uint64_t kept = profile.base_bytes, host = 0;
+    double seconds = 0;
+    const RegionChoices choices(plan);
+    for (const RegionCost& region : profile.regions) {
+      if (choices.offloads(region.name)) {
+        ASSERT_GT(region.offload_bytes, 0U) << "trial " << trial << ": offloads " << region.name;
+        host += region.offload_bytes;
+        seconds += offload_seconds(profile, region);
+      } else if (choices.choice_for(region.name) == Choice::save) {
+        kept += region.saved_bytes;
+      } else {
+        seconds += region.seconds;
+      }
+    }
+    EXPECT_EQ(plan.kept_bytes, kept);
+    EXPECT_EQ(plan.host_bytes, host);
+    EXPECT_NEAR(plan.recompute_seconds, seconds, 1e-9);
+    if (plan.host_bytes > 0) ++offloading;
+  }
+  EXPECT_GT(offloading, 40);
+}
+
+TEST(OffloadPlan, AGroupCostsItsRegionsCopiesAddedUpOnAGpu) {
+  // Two regions of 1 s: one moves 2000 bytes (2 s each way at 1000 bytes/s, 1 s beyond its
+  // forward each way), one 0 bytes' worth beyond (100 bytes: 0.1 s within its forward).
+  RegionProfile profile;
+  profile.device = "cuda:0";
+  profile.host_copy = HostCopy{1000.0, 1000.0, 1 << 20};
+  for (const std::uint64_t bytes : {2000U, 100U}) {
+    RegionCost region{"layers." + std::to_string(profile.regions.size()) + "::mlp", bytes, 1.0, 1};
+    region.offload_bytes = bytes;
+    profile.regions.push_back(region);
+  }
+  const RegionProfile groups = grouped(profile);
+  ASSERT_EQ(groups.regions.size(), 1U);
+  EXPECT_EQ(groups.regions[0].offload_bytes, 2100U);
+  // Priced from the sums (2.1 s each way against 2 s of forward) it would cost 0.2 s; it costs 2 s.
+  EXPECT_DOUBLE_EQ(offload_seconds(groups, groups.regions[0]), 2.0);
+  // A region with nothing to move makes its group one that cannot be offloaded.
+  profile.regions[1].offload_bytes = 0;
+  EXPECT_EQ(grouped(profile).regions[0].offload_bytes, 0U);
+  EXPECT_EQ(solve_offload(grouped(profile), 0, 1 << 20).host_bytes, 0U);
+  // By step peak, a host budget plans regions as measured.
+  try {
+    (void)solve_peak_offload(grouped(profile), 1 << 20, 1 << 20);
+    ADD_FAILURE() << "accepted";
+  } catch (const BudgetError& error) {
+    EXPECT_NE(std::string(error.what()).find("region 'layers.*::mlp' stands for 2 regions (a grouped profile)"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 TEST(OffloadPlan, HostBudgetZeroMakesTheRegionPlan) {
   std::mt19937_64 rng(52);
   for (int trial = 0; trial < 50; ++trial) {
@@ -172,6 +293,47 @@ TEST(OffloadPlan, OffloadsWhereTheHostBudgetAndTheBandwidthMakeItCheapest) {
   plan = solve_offload(profile, 0, 2000);
   EXPECT_EQ(plan.host_bytes, 2000U);
   EXPECT_EQ(plan.kept_bytes, 0U);
+}
+
+// What the checkpoint runtime applies (CheckpointOptions::plan): a plan's choices with its offloaded
+// regions, looked up as choices are (exact names first, then patterns), through a dump too.
+TEST(OffloadPlan, RegionChoicesOfAPlanSayWhichRegionsItOffloads) {
+  RegionProfile profile;
+  profile.device = "cpu";
+  for (int r = 0; r < 3; ++r) {
+    RegionCost region{"layers." + std::to_string(r) + "::mlp", 1000, 1.0, 1};
+    region.offload_bytes = 1000;
+    profile.regions.push_back(region);
+  }
+  profile.host_copy = HostCopy{10000.0, 10000.0, 1 << 20};  // 0.2 s a region, against 1 s of recompute
+  const Plan plan = plan_from_json(plan_to_json(solve_offload(profile, 1000, 1000)), "plan.json");
+  ASSERT_EQ(plan.offloaded, (std::vector<bool>{false, true, false}));  // the dearest bytes last: 1 saved
+  const RegionChoices choices(plan);
+  EXPECT_TRUE(choices.offloads_any());
+  EXPECT_EQ(choices.choice_for("layers.1::mlp"), Choice::save);  // an offloaded region runs saved
+  EXPECT_TRUE(choices.offloads("layers.1::mlp"));
+  EXPECT_FALSE(choices.offloads("layers.0::mlp"));
+  EXPECT_FALSE(choices.offloads("layers.2::mlp"));
+  EXPECT_FALSE(choices.offloads("layers.1::attn"));  // not in the plan
+  EXPECT_FALSE(RegionChoices(solve(profile, 3000)).offloads_any());
+  // Patterns: the entry a region takes its choice from decides; an exact name wins over a pattern.
+  const RegionChoices patterns({{"layers.0::mlp", Choice::save}, {"layers.*::mlp", Choice::save}}, {"layers.*::mlp"});
+  EXPECT_FALSE(patterns.offloads("layers.0::mlp"));
+  EXPECT_TRUE(patterns.offloads("layers.7::mlp"));
+}
+
+TEST(OffloadPlan, RegionChoicesRefuseOffloadingARegionTheyRecomputeOrDoNotName) {
+  const auto refused = [](const std::vector<std::string>& offloaded, const std::string& message) {
+    try {
+      RegionChoices({{"layers.0::mlp", Choice::recompute}, {"layers.1::mlp", Choice::save}}, offloaded);
+      ADD_FAILURE() << "accepted";
+    } catch (const BudgetError& error) {
+      EXPECT_NE(std::string(error.what()).find(message), std::string::npos) << error.what();
+    }
+  };
+  refused({"layers.0::mlp"}, "the plan offloads 'layers.0::mlp', which it recomputes; an offloaded region runs saved");
+  refused({"layers.2::mlp"}, "the plan offloads 'layers.2::mlp', which it makes no choice for");
+  EXPECT_TRUE(RegionChoices({{"layers.1::mlp", Choice::save}}, {"layers.1::mlp"}).offloads("layers.1::mlp"));
 }
 
 TEST(OffloadPlan, RefusesAHostBudgetWithoutCopyFigures) {

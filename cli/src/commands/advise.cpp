@@ -200,7 +200,10 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     std::optional<std::uint64_t> host_budget;
     if (!opts->host_budget.empty()) {
       if (!has_budget) throw UsageError("--host-budget needs --budget (what the checkpoints keep) or --peak (the step's peak)");
-      if (opts->group) throw UsageError("--host-budget plans regions as measured: drop --group");
+      if (opts->group && by_peak) {
+        throw UsageError("--host-budget with --peak plans regions as measured: drop --group, or plan by --budget "
+                         "(what the checkpoints keep), which groups with a host budget");
+      }
       host_budget = opts->host_budget == "0" ? 0 : parse_host_budget(opts->host_budget);
     }
     const std::string source = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;

@@ -68,13 +68,13 @@ PYBIND11_MODULE(_budget, m) {
       "plan_ops at each budget, the profile read once.");
   m.def(
       "plan_offload",
-      [](const std::string& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes) {
-        return plan_to_json(solve_offload(profile_of(profile, false), budget_bytes, host_budget_bytes));
+      [](const std::string& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes, bool group) {
+        return plan_to_json(solve_offload(profile_of(profile, group), budget_bytes, host_budget_bytes));
       },
-      py::arg("profile"), py::arg("budget_bytes"), py::arg("host_budget_bytes"),
+      py::arg("profile"), py::arg("budget_bytes"), py::arg("host_budget_bytes"), py::arg("group") = false,
       py::call_guard<py::gil_scoped_release>(),
-      "The remat_plan dump of the fastest plan (each region saved, recomputed or offloaded) within the device "
-      "budget and the host budget, from a region_profile dump with copy figures.");
+      "The remat_plan dump of the fastest plan (each region saved, recomputed or offloaded; by pattern when group) "
+      "within the device budget and the host budget, from a region_profile dump with copy figures.");
   m.def(
       "plan_by_peak",
       [](const std::string& profile, std::uint64_t peak_bytes, bool group) {

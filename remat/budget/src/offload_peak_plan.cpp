@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace remat::budget {
@@ -179,9 +180,22 @@ void seed_from_other_solvers(PeakOffloadSearch& search, const RegionProfile& pro
   }
 }
 
+// The step model brings an offloaded region's bytes back by checkpoint call, from the profile's
+// figure for the region: a group's figure is its regions' added up.
+void refuse_groups(const RegionProfile& profile, std::uint64_t host_budget_bytes) {
+  if (host_budget_bytes == 0) return;
+  for (const RegionCost& region : profile.regions) {
+    if (region.count <= 1) continue;
+    throw BudgetError("region '" + region.name + "' stands for " + std::to_string(region.count) +
+                      " regions (a grouped profile); plans by step peak with a host budget plan regions as measured: "
+                      "plan the profile before grouping, or by kept bytes (solve_offload), which groups");
+  }
+}
+
 }  // namespace
 
 Plan solve_peak_offload(const RegionProfile& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes) {
+  refuse_groups(profile, host_budget_bytes);
   const StepMemory& step = detail::step_of(profile);
   check_seconds_add_up(profile);
   if (host_budget_bytes > 0 && !profile.host_copy) (void)offload_seconds(profile, RegionCost{});
@@ -202,6 +216,7 @@ Plan solve_peak_offload(const RegionProfile& profile, std::uint64_t peak_bytes, 
 }
 
 std::uint64_t least_step_peak_offload(const RegionProfile& profile, std::uint64_t host_budget_bytes) {
+  refuse_groups(profile, host_budget_bytes);
   (void)detail::step_of(profile);
   check_seconds_add_up(profile);
   if (host_budget_bytes > 0 && !profile.host_copy) (void)offload_seconds(profile, RegionCost{});

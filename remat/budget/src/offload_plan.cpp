@@ -286,6 +286,7 @@ double offload_seconds(const RegionProfile& profile, const RegionCost& region) {
         "the profile has no copy bandwidth (host_copy), which offload plans are priced by: profile "
         "again with remat.profile_regions(), which measures it, or plan without a host budget");
   }
+  if (region.members_offload_seconds) return *region.members_offload_seconds;
   const double bytes = static_cast<double>(region.offload_bytes);
   const double to_host = bytes / profile.host_copy->to_host_bytes_per_second;
   const double to_device = bytes / profile.host_copy->to_device_bytes_per_second;

@@ -3,6 +3,7 @@
 // knapsack.cpp; the frontier, grouping by name and pattern matching.
 
 #include <remat/budget/plan.hpp>
+#include <remat/budget/offload_plan.hpp>
 
 #include "bytes_text.hpp"
 
@@ -123,11 +124,13 @@ RegionProfile grouped(const RegionProfile& profile) {
         pattern += '*';
       }
     }
+    const double copies = profile.host_copy ? offload_seconds(profile, region) : 0;
     const auto [it, inserted] = index.emplace(pattern, out.regions.size());
     if (inserted) {
       RegionCost group{pattern, region.saved_bytes, region.seconds, region.count};
       group.must_save = region.must_save;
       group.offload_bytes = region.offload_bytes;
+      if (profile.host_copy) group.members_offload_seconds = copies;
       out.regions.push_back(std::move(group));
       continue;
     }
@@ -135,7 +138,11 @@ RegionProfile grouped(const RegionProfile& profile) {
     group.saved_bytes += region.saved_bytes;
     group.seconds += region.seconds;
     group.count += region.count;
-    group.offload_bytes += region.offload_bytes;
+    // A region that cannot be offloaded (it would keep its bytes on the device) makes its group one.
+    const bool offloadable = group.offload_bytes > 0 && region.offload_bytes > 0 &&
+                             region.offload_bytes <= UINT64_MAX - group.offload_bytes;
+    group.offload_bytes = offloadable ? group.offload_bytes + region.offload_bytes : 0;
+    if (group.members_offload_seconds) *group.members_offload_seconds += copies;
     if (group.must_save.empty() && !region.must_save.empty()) group.must_save = region.name + ": " + region.must_save;
   }
   return out;
@@ -159,16 +166,69 @@ bool matches(std::string_view pattern, std::string_view name) {
   return n == name.size();
 }
 
-RegionChoices::RegionChoices(std::vector<std::pair<std::string, Choice>> choices) : choices_(std::move(choices)) {}
-
-std::optional<Choice> RegionChoices::choice_for(std::string_view region) const {
-  for (const auto& [name, choice] : choices_) {
-    if (name == region) return choice;
+RegionChoices::RegionChoices(std::vector<std::pair<std::string, Choice>> choices,
+                             const std::vector<std::string>& offloaded)
+    : choices_(std::move(choices)), offloaded_(choices_.size(), false) {
+  for (const std::string& name : offloaded) {
+    const auto entry = std::find_if(choices_.begin(), choices_.end(), [&](const auto& c) { return c.first == name; });
+    if (entry == choices_.end()) {
+      throw BudgetError("the plan offloads '" + name + "', which it makes no choice for; offload only regions the "
+                        "plan names, with the choice save");
+    }
+    if (entry->second != Choice::save) {
+      throw BudgetError("the plan offloads '" + name + "', which it recomputes; an offloaded region runs saved: "
+                        "make its choice save, or do not offload it");
+    }
+    offloaded_[static_cast<std::size_t>(entry - choices_.begin())] = true;
   }
-  for (const auto& [name, choice] : choices_) {
-    if (name.find('*') != std::string::npos && matches(name, region)) return choice;
+}
+
+namespace {
+
+std::vector<std::pair<std::string, Choice>> choices_of(const Plan& plan) {
+  std::vector<std::pair<std::string, Choice>> choices;
+  choices.reserve(plan.regions.size());
+  for (const auto& [region, choice] : plan.regions) choices.emplace_back(region.name, choice);
+  return choices;
+}
+
+std::vector<std::string> offloaded_of(const Plan& plan) {
+  std::vector<std::string> offloaded;
+  for (std::size_t r = 0; r < plan.offloaded.size() && r < plan.regions.size(); ++r) {
+    if (plan.offloaded[r]) offloaded.push_back(plan.regions[r].first.name);
+  }
+  return offloaded;
+}
+
+}  // namespace
+
+RegionChoices::RegionChoices(const Plan& plan) : RegionChoices(choices_of(plan), offloaded_of(plan)) {}
+
+std::optional<std::size_t> RegionChoices::entry_for(std::string_view region) const {
+  for (std::size_t i = 0; i < choices_.size(); ++i) {
+    if (choices_[i].first == region) return i;
+  }
+  for (std::size_t i = 0; i < choices_.size(); ++i) {
+    const std::string& name = choices_[i].first;
+    if (name.find('*') != std::string::npos && matches(name, region)) return i;
   }
   return std::nullopt;
+}
+
+std::optional<Choice> RegionChoices::choice_for(std::string_view region) const {
+  const auto entry = entry_for(region);
+  if (!entry) return std::nullopt;
+  return choices_[*entry].second;
+}
+
+bool RegionChoices::offloads(std::string_view region) const {
+  if (!offloads_any()) return false;
+  const auto entry = entry_for(region);
+  return entry && offloaded_[*entry];
+}
+
+bool RegionChoices::offloads_any() const {
+  return std::find(offloaded_.begin(), offloaded_.end(), true) != offloaded_.end();
 }
 
 }  // namespace remat::budget

@@ -29,6 +29,10 @@
 #include <optional>
 #include <string>
 
+namespace remat::budget {
+class RegionChoices;
+}
+
 namespace remat {
 
 struct CpuOffloadOptions {
@@ -79,5 +83,13 @@ class CpuOffload final : public SavedTensorHooks {
  private:
   std::shared_ptr<HostCopies> copies_;
 };
+
+// The offloader that carries out a plan's offload decisions (RegionChoices::offloads) in every
+// checkpoint given the plan as CheckpointOptions::plan: an offloaded region runs saved with this
+// pair in force, so what it saves, and its outputs recompute reads, go to the host and come back
+// ahead of backward. Made at the first call (prefetch 1, min_bytes 0: the plan's host bytes
+// count every tensor) and kept while the plan lives, so its host pool serves step after step;
+// its stats() say what the last step moved. Null for a plan that offloads no region.
+std::shared_ptr<CpuOffload> plan_offloader(const std::shared_ptr<const budget::RegionChoices>& plan);
 
 }  // namespace remat

@@ -343,7 +343,8 @@ class RegionProfile:
             saved regions' bytes. A budget below base_bytes is a ValueError naming the smallest.
 
         group=True plans regions whose names differ only in numbers as one ("layers.*::attn"): one
-        choice for every layer.
+        choice for every layer (with host_budget_bytes, by budget_bytes only; offloading a pattern
+        offloads every region it stands for, each region's copies priced on their own).
 
         ops=True (with budget_bytes, from a profile_regions(ops=True) profile) also lets a
         recomputed region keep the outputs of chosen ops, which recompute then does not run again
@@ -380,9 +381,12 @@ class RegionProfile:
         return Plan(_budget.plan(self._text, budget_bytes, group), profile=self, group=group)
 
     def _plan_offload(self, budget_bytes, peak_bytes, group, ops, host_budget_bytes):
-        if group or flag_arg("plan", "ops", ops):
-            raise ValueError("plan: host_budget_bytes= plans regions as measured: drop group=True and ops=True, or "
+        if flag_arg("plan", "ops", ops):
+            raise ValueError("plan: host_budget_bytes= plans regions as measured, without kept ops: drop ops=True, or "
                              "plan without a host budget")
+        if group and peak_bytes is not None:
+            raise ValueError("plan: host_budget_bytes= with peak_bytes= plans regions as measured: drop group=True, "
+                             "or plan by budget_bytes= (what the checkpoints keep), which groups with a host budget")
         if (budget_bytes is None) == (peak_bytes is None):
             raise TypeError("plan: host_budget_bytes= needs one device budget: budget_bytes= (what the checkpoints "
                             "may keep on the device) or peak_bytes= (the step's peak on the device)")
@@ -392,7 +396,8 @@ class RegionProfile:
             peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
             return Plan(_budget.plan_by_peak_offload(self._text, peak_bytes, host_budget_bytes), profile=self)
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
-        return Plan(_budget.plan_offload(self._text, budget_bytes, host_budget_bytes), profile=self)
+        return Plan(_budget.plan_offload(self._text, budget_bytes, host_budget_bytes, group), profile=self,
+                    group=group)
 
     def _check_host_copy(self, host_budget_bytes, where):
         if host_budget_bytes > 0 and self.host_copy is None:
@@ -407,7 +412,8 @@ class RegionProfile:
         if host_budget_bytes is None:
             return _budget.least_peak(self._text, group)
         if group:
-            raise ValueError("least_peak_bytes: host_budget_bytes= plans regions as measured: drop group=True")
+            raise ValueError("least_peak_bytes: host_budget_bytes= plans by step peak regions as measured: drop "
+                             "group=True")
         host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
         self._check_host_copy(host_budget_bytes, "least_peak_bytes")
         return _budget.least_peak_offload(self._text, host_budget_bytes)

@@ -4,6 +4,7 @@
 #include "python_bridge.hpp"
 
 #include <remat/cpu_allocator.hpp>
+#include <remat/cpu_offload.hpp>
 #include <remat/diagnostics.hpp>
 #include <remat/errors.hpp>
 #include <remat/remat.hpp>
@@ -162,19 +163,34 @@ PYBIND11_MODULE(_C, m) {
       "The caller object given to the checkpoint whose body runs on this thread (forward or recompute), or None.");
   // A budget plan's choices, made once per plan and handed to every checkpoint it applies to.
   py::class_<budget::RegionChoices, std::shared_ptr<budget::RegionChoices>>(m, "RegionChoices")
-      .def(py::init([](const std::vector<std::pair<std::string, bool>>& recompute_by_region) {
+      .def(py::init([](const std::vector<std::pair<std::string, bool>>& recompute_by_region,
+                       const std::vector<std::string>& offloaded) {
              std::vector<std::pair<std::string, budget::Choice>> choices;
              for (const auto& [name, recompute] : recompute_by_region) {
                choices.emplace_back(name, recompute ? budget::Choice::recompute : budget::Choice::save);
              }
-             return std::make_shared<budget::RegionChoices>(std::move(choices));
+             return std::make_shared<budget::RegionChoices>(std::move(choices), offloaded);
            }),
-           py::arg("recompute_by_region"))
+           py::arg("recompute_by_region"), py::arg("offloaded") = std::vector<std::string>{},
+           "offloaded: entries the runtime offloads itself (plan_offloader); the Python layer's plans pass none "
+           "and offload through their own remat.CpuOffload.")
+      .def_static(
+          "from_plan_json",
+          [](const std::string& text, const std::string& source) {
+            return std::make_shared<budget::RegionChoices>(budget::plan_from_json(text, source));
+          },
+          py::arg("text"), py::arg("source") = "plan",
+          "A remat-plan dump's choices as the C++ runtime applies them (remat::budget::RegionChoices(plan)).")
       .def("recompute_of", [](const budget::RegionChoices& choices, const std::string& region) -> std::optional<bool> {
         const auto choice = choices.choice_for(region);
         if (!choice) return std::nullopt;
         return *choice == budget::Choice::recompute;
-      });
+      })
+      .def("offloads", &budget::RegionChoices::offloads, py::arg("region"));
+  m.def(
+      "plan_offloader",
+      [](const std::shared_ptr<budget::RegionChoices>& plan) { return plan_offloader(plan); }, py::arg("plan"),
+      "The runtime's offloader for a plan that offloads regions (remat::plan_offloader), or None.");
   m.def(
       "region",
       [](const py::object& fn, const py::tuple& args, const py::dict& kwargs, const std::string& name,

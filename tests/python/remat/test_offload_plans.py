@@ -179,8 +179,10 @@ def test_bad_host_budgets_are_refused_naming_the_fix(measured):
     # By step peak: this profile counted no tensors, so it has no step memory to predict a peak from.
     with pytest.raises(ValueError, match="the profile has no step memory"):
         measured.plan(peak_bytes="1 GiB", host_budget_bytes="1 GiB")
-    with pytest.raises(ValueError, match="drop group=True and ops=True"):
-        measured.plan(budget_bytes=measured.base_bytes, host_budget_bytes="1 GiB", group=True)
+    with pytest.raises(ValueError, match="without kept ops: drop ops=True"):
+        measured.plan(budget_bytes=measured.base_bytes, host_budget_bytes="1 GiB", ops=True)
+    with pytest.raises(ValueError, match="with peak_bytes= plans regions as measured: drop group=True"):
+        measured.plan(peak_bytes="1 GiB", host_budget_bytes="1 GiB", group=True)
     with pytest.raises(TypeError, match="needs one device budget: budget_bytes= .* or peak_bytes="):
         measured.plan(host_budget_bytes="1 GiB")
     with pytest.raises(TypeError, match="needs one device budget"):
@@ -284,3 +286,36 @@ def test_a_plan_given_to_checkpoints_recomputes_a_larger_step_rather_than_pass_t
     reference = [w.detach().clone().requires_grad_() for w in weights]
     plain(wider.detach().requires_grad_(), reference).backward()
     assert all(torch.equal(w.grad, r.grad) for w, r in zip(weights, reference))
+
+
+def test_grouped_offload_plans_offload_every_region_of_a_pattern_and_advise_makes_the_same(measured, tmp_path):
+    fast = with_bandwidth(measured, 1e15)
+    everything = sum(measured.offload_bytes.values())
+    host_budget = everything // 2
+    plan = fast.plan(budget_bytes=measured.base_bytes, host_budget_bytes=host_budget, group=True)
+    assert set(plan.decisions) == {"layers.*::attn", "layers.*::mlp"}
+    assert len(plan.offloaded) == 1 and plan.exact  # half the host holds one pattern's regions
+    pattern = plan.offloaded[0]
+    members = [name for name in measured.offload_bytes if remat._budget.matches(pattern, name)]
+    assert len(members) == LAYERS
+    assert plan.host_bytes == sum(measured.offload_bytes[name] for name in members) <= host_budget
+    weights = make_weights()
+    x = batch().requires_grad_()
+    expected = torch.autograd.grad(plain(x, weights), [x, *weights])
+    for _ in range(2):
+        with remat.use_plan(plan):
+            loss = model(x, weights)
+        assert 0 < plan.offloader.stats()["resident_host_bytes"] <= plan.host_bytes
+        for got, want in zip(torch.autograd.grad(loss, [x, *weights]), expected):
+            assert torch.equal(got, want)
+        assert plan.offloader.stats()["resident_host_bytes"] == 0
+    # remat-report advise --group --host-budget: the same plan; with --peak, grouping is refused.
+    fast.to_json(tmp_path / "profile.json")
+    args = [remat_report(), "advise", str(tmp_path / "profile.json"), "--group", "--host-budget", f"{host_budget}B"]
+    run = subprocess.run(args + ["--budget", f"{plan.budget_bytes}B", "--json"], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    advised = json.loads(run.stdout)
+    assert advised["decisions"] == plan.decisions and advised["host_bytes"] == plan.host_bytes
+    run = subprocess.run(args + ["--peak", "1GiB"], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "drop --group" in run.stderr

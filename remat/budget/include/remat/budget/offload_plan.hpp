@@ -15,7 +15,8 @@ namespace remat::budget {
 // copy back (bytes / bandwidth each way). On a GPU ("cuda" profiles) each copy runs on a stream of
 // its own beside compute and costs only what it takes beyond the region's own forward seconds
 // (max(0, copy - seconds), each way); on the CPU a copy is work on the same cores and costs its
-// whole time. Throws BudgetError for a profile without copy figures.
+// whole time. A group of grouped() costs its regions' copies added up (members_offload_seconds).
+// Throws BudgetError for a profile without copy figures.
 double offload_seconds(const RegionProfile& profile, const RegionCost& region);
 
 // The plan with the least step time added (recomputed regions' seconds plus offloaded regions'
@@ -33,7 +34,8 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
 // plan is weighed where the search ends within its limit (Plan::exact), else the best one found is
 // kept, marked not exact. A host budget of 0 offloads nothing. Throws BudgetError naming the least
 // peak any plan reaches with that host budget where none fits, for a profile without step memory,
-// or a host budget above 0 on a profile without copy figures.
+// or a host budget above 0 on a profile without copy figures or on a grouped one (a region that
+// stands for several: the step model brings offloaded bytes back region by region).
 Plan solve_peak_offload(const RegionProfile& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes);
 
 // The least step peak any plan reaches with `host_budget_bytes` on the host (among those

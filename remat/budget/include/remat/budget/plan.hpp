@@ -49,6 +49,10 @@ struct RegionCost {
   // (offload_seconds(), offload_plan.hpp).
   std::uint64_t offload_bytes = 0;
   double offload_seconds = 0;
+  // A group of grouped() over a profile with copy figures: what offloading every region it stands
+  // for costs, priced region by region and added up (a GPU overlaps each region's copies with that
+  // region's own forward, so a price from the group's sums would be too low). Unset elsewhere.
+  std::optional<double> members_offload_seconds;
 };
 
 // The copy bandwidth a profile measured (host memory on the CPU, pinned host memory on a GPU), in
@@ -124,7 +128,8 @@ std::vector<Plan> frontier(const RegionProfile& profile, std::size_t steps);
 
 // The profile with regions whose names differ only in their numbers made one: every run of
 // digits becomes '*' ("layers.0::attn" and "layers.1::attn" are "layers.*::attn"), bytes and
-// seconds added up, in order of first appearance.
+// seconds added up, in order of first appearance. A group is offloadable where each of its regions
+// is (offload_bytes added up, else 0), its copies priced region by region (members_offload_seconds).
 RegionProfile grouped(const RegionProfile& profile);
 
 // Whether `name` matches `pattern`, where each '*' stands for a number: the whole run of digits
@@ -133,15 +138,29 @@ RegionProfile grouped(const RegionProfile& profile);
 bool matches(std::string_view pattern, std::string_view name);
 
 // A plan's choices, looked up by region name: an exact name first, then the first pattern that
-// matches.
+// matches. An entry may also offload its regions: they run saved, and the checkpoint runtime keeps
+// what they save through the plan's offloader (remat::plan_offloader), on the host.
 class RegionChoices {
  public:
-  explicit RegionChoices(std::vector<std::pair<std::string, Choice>> choices);
+  // `offloaded`: entries of `choices` whose regions are offloaded; each must be saved there
+  // (BudgetError naming it otherwise).
+  explicit RegionChoices(std::vector<std::pair<std::string, Choice>> choices,
+                         const std::vector<std::string>& offloaded = {});
+  // A plan's choices (solve, solve_offload, plan_from_json...), its offloaded regions included.
+  // Ops a per-op plan keeps are not among them: the regions alone.
+  explicit RegionChoices(const Plan& plan);
   std::optional<Choice> choice_for(std::string_view region) const;
+  // Whether the entry `region` takes its choice from offloads it.
+  bool offloads(std::string_view region) const;
+  bool offloads_any() const;
   const std::vector<std::pair<std::string, Choice>>& entries() const { return choices_; }
 
  private:
+  // The entry `region` takes its choice from, or none.
+  std::optional<std::size_t> entry_for(std::string_view region) const;
+
   std::vector<std::pair<std::string, Choice>> choices_;
+  std::vector<bool> offloaded_;  // by entry
 };
 
 // Dumps (kind "region-profile" and "remat-plan", with the common header; dumps written before kinds
