@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import remat
+from remat._fit import _bytes_text
 
 import fit_loop
 
@@ -56,8 +57,9 @@ def train(budget, counts, *, optimizer="sgd", width=HIDDEN, batch=BATCH, sequenc
     rows = []
     with fit_loop.fitted(lambda: Model(budget is not None, width, late), budget) as (model, told):
         # AdamW's foreach form: its transient over all parameters at once is more than backward's
-        optimizer = (torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if optimizer == "sgd" else
-                     torch.optim.AdamW(model.parameters(), foreach=True))
+        optimizer = {"sgd": lambda: torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                     "adamw": lambda: torch.optim.AdamW(model.parameters(), foreach=True),
+                     "host-reading": lambda: _HostReadingSGD(model.parameters())}[optimizer]()
         number = 0
         for cycle, count in enumerate(counts):
             model.late_on = late_from is not None and cycle >= late_from
@@ -207,10 +209,12 @@ class _HostReadingSGD(torch.optim.Optimizer):
 
 
 def test_an_optimizer_that_cannot_step_on_stand_ins_keeps_the_warning_naming_why():
-    """Its first step is not predicted: where it goes over the budget after the first cycle's last
-    micro-batch, fit says so with the figures and why it was not predicted, then predicts it."""
-    shape = {"width": 256, "batch": 1, "sequence": 8}
-    free, _, _ = train(None, [2], optimizer="adamw", **shape)
+    """Its first step is not predicted: at a budget between the micro-batches' peak and the one it
+    follows, it goes over after the first cycle's last micro-batch, and fit says so with the
+    figures and why it was not predicted; measured then, the next micro-batch is refused before
+    its forward (its buffers stay)."""
+    shape = {"optimizer": "host-reading", "width": 256, "batch": 1, "sequence": 8}
+    free, _, _ = train(None, [2], **shape)
     budget = (free[0][2] + free[1][2]) // 2
     with fit_loop.fitted(lambda: Model(True, 256), budget) as (model, told):
         optimizer = _HostReadingSGD(model.parameters())
@@ -218,14 +222,14 @@ def test_an_optimizer_that_cannot_step_on_stand_ins_keeps_the_warning_naming_why
             (model(micro_batch(number, 256, 1, 8)) / 2).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        with pytest.raises(ValueError, match="remat.fit: no plan keeps this step within the budget"):
+            model(micro_batch(2, 256, 1, 8))
         rise, _, why = model.remat_fit.first_optimizer
-        assert rise is None and "_HostReadingSGD.step() could not run on stand-in tensors" in why, why
-        model(micro_batch(2, 256, 1, 8)).backward()  # the next micro-batch fits: the buffers exist now
-        said = [str(w.message) for w in told if "the first optimizer step after accumulated micro-batches" in
-                str(w.message)]
-        if said:  # over the budget only where the buffers and the gradients outgrow it
-            assert len(said) == 1 and "it was not predicted, as _HostReadingSGD.step() could not run" in said[0]
-        assert model.remat_fit.optimizer_part is not None  # measured, predicted from now on
+        assert rise is None and why.startswith("_HostReadingSGD.step() could not run on stand-in tensors"), why
+        said = [str(w.message) for w in told if "the first optimizer step after accumulated" in str(w.message)]
+        assert len(said) == 1 and f"over the budget of {_bytes_text(budget)}" in said[0], said
+        assert f"it was not predicted, as {why}" in said[0]
+        assert model.remat_fit.optimizer_part is not None  # measured
         remat.unfit(model)
 
 
