@@ -596,6 +596,17 @@ class FitState:
 
     # --- one training forward ----------------------------------------------------------------------
 
+    def continue_step(self):
+        """Before a training forward that begins before the step's backward (gradient accumulation
+        by summed losses: forwards, then one backward): part of the step running now, measured in
+        its profile, or run under its plan, followed along the profiled step by the same watch (a
+        step with more forwards than the profiled one differs from it there)."""
+        if self.measuring is not None:
+            return None
+        context = _plans.use_plan(self.plan, strict=False)
+        context._watch = self.watch[1]
+        return context
+
     def begin_step(self, args, kwargs):
         """Before a training forward: ends the previous step, then returns the context this
         forward runs in (a use_plan), or None where it runs profiled (the profile is open)."""
@@ -754,7 +765,7 @@ class FitState:
 class _FitForward:
     """The instance forward fit() sets: a training forward (grad mode on; in eval mode too where
     no step's backward is pending) begins a step, run profiled or under the plan (in training mode,
-    refused while the last one's backward is still to come); any other forward runs as it is, part
+    before the last one's backward, part of that step); any other forward runs as it is, part
     of the step before its backward (outside its profile), else ending the step before it. An
     object holding the forward it wraps, so unfit() puts that back."""
 
@@ -796,13 +807,8 @@ class _FitForward:
         open_profile = _plans.profiling()
         if open_profile is not None and (state.measuring is None or open_profile is not state.measuring[0]):
             return self.inner(*args, **kwargs)  # the caller's own profile_regions measures this step
-        if state.backward_pending():
-            raise ValueError("remat.fit: this training forward began before the backward of the last one, which fit "
-                             "measures as one step (a forward and its backward): for gradient accumulation call "
-                             "backward on each micro-batch's loss as it is made ((loss / n).backward() adds up the same "
-                             "gradients); to run the model several times for one loss, fit a module whose forward "
-                             "makes all of those calls; a forward whose loss is not used: drop it (del loss) first")
-        context = state.begin_step(args, kwargs)
+        # Before the last one's backward (losses summed for one backward): the same step goes on
+        context = state.continue_step() if state.backward_pending() else state.begin_step(args, kwargs)
         if context is None:
             try:
                 return self.inner(*args, **kwargs)
