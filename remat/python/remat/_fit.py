@@ -32,12 +32,18 @@ naming the measured and predicted peaks, never silent.
 Gradient accumulation (micro-batches, each with its own backward, then optimizer.step()) is a
 step per micro-batch. A micro-batch that begins with the gradients there (the second on) is planned
 from the profile less, in each segment, the gradients its backward had made by then (recorded as
-the profile ran): backward adds into them in place. The optimizer step is seen as the parameters
+the profile ran): backward adds into them in place. The gradients of parameters that have none and
+that the profiled step's backward did not make (a part of the model used from a later step on) are
+counted whole through every step that may make them. The optimizer step is seen as the parameters
 changing after a step; `cycle` micro-batches run from one to the next. Its memory after the
 backward it follows is measured where it runs after a planned step and predicted, less the state
 it made then, after every later cycle's last micro-batch; every micro-batch is refused before its
-forward where one after it would not fit (no plan changes it). Its first run after the profiled
-micro-batch is not known before it runs: a step it takes over the budget is said with the figures.
+forward where one after it would not fit (no plan changes it). Before it first runs (the first
+cycle, after the profiled micro-batch), it is predicted on stand-ins of the parameters, the state
+it makes included (remat._optimizer_step), and every micro-batch of that cycle is refused where it
+would not fit after it (optimizer_peak_bytes: that prediction). Where it cannot be predicted so (no
+torch.optim.Optimizer holds the parameters, or its step cannot run on stand-ins), a first run over
+the budget is said with the figures and why.
 
 A step that differs from the profiled one otherwise (a checkpoint called more times, a region the
 profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape; the
@@ -61,7 +67,7 @@ import weakref
 import remat_alloc
 import torch
 
-from . import _plans, _profiling
+from . import _optimizer_step, _plans, _profiling
 from ._offload_plans import host_budget_arg
 from ._step_profile import StepRecorder
 from ._step_shape import StepWatch, warn_at_user_line
@@ -113,11 +119,12 @@ class _Profiled:
     part after backward, whose measured peak already holds it. Where backward did not end inside
     the profile (or a checkpoint ran after it), the whole step is `planned`, as measured."""
 
-    def __init__(self, profile, signature, gradients=0, optimizer_after=False):
+    def __init__(self, profile, signature, made=frozenset(), gradients=0, optimizer_after=False):
         self.training = True  # the model's mode in the profiled step (set by fit when it ends)
         self.profile = profile
         self.signature = signature
-        self.gradients = gradients  # bytes of the gradients the step's backward was to make (none at its start)
+        self.made = frozenset(made)  # the parameters whose gradients the step's backward made (names)
+        self.gradients = gradients  # their bytes (none of them there at the step's start)
         self.optimizer_after = optimizer_after  # the parameters changed after its backward (an optimizer step)
         self.start = profile.step_start_bytes
         self.persisted = max(0, profile.step_end_bytes - self.start)
@@ -169,15 +176,14 @@ class _Profiled:
         left = end - self.start
         return left, min(max(0, left), self.gradients)
 
-    def peak(self, planned_peak, base, ratio, absent=None, after=True):
+    def peak(self, planned_peak, base, ratio, absent=None, after=True, extra=0):
         """The step peak predicted for a step that begins with `base` bytes allocated, its
         inputs `ratio` times the profiled step's, under a plan whose forward and backward peak at
         `planned_peak` in the profiled step (a peak of planned_for(absent)). `absent`: the bytes of
-        the gradients the step is to make (default: as many as the profiled step made); those it
-        makes beyond the profiled step's are added whole. `after`: with the part after backward
-        (False: that part was an optimizer step this step is not followed by)."""
+        the gradients the step is to make of those the profiled step made (default: all of them);
+        `extra`: those of the gradients it may make beyond them, added whole. `after`: with the part
+        after backward (False: that part was an optimizer step this step is not followed by)."""
         absent = self.gradients if absent is None else absent
-        extra = max(0, absent - self.gradients)
         peak = base + _scaled(planned_peak - self.start, ratio) + extra
         if after and self.after_start is not None:
             already = min(self.persisted, max(0, base - self.start))  # made by the profiled step, there before this
@@ -189,10 +195,10 @@ class _Profiled:
             peak = max(peak, after_peak)
         return peak
 
-    def backward_end(self, base, ratio, absent):
+    def backward_end(self, base, ratio, absent, extra=0):
         """The bytes allocated when a step's backward ends (peak()'s arguments)."""
         left, made = self._backward_left()
-        return base + min(made, absent) + max(0, absent - self.gradients) + _scaled(left - made, ratio)
+        return base + min(made, absent) + extra + _scaled(left - made, ratio)
 
     def after_backward_peak(self, base, ratio):
         """The part of peak() no plan changes (0 where the step was not cut)."""
@@ -207,6 +213,25 @@ def _release_failed_backward():
         torch.zeros((), requires_grad=True).mul(1).backward()
 
 
+def _held_weakly(method):
+    """A bound method of the fit state, for what the state itself holds (its profile, its watch):
+    holding the method weakly leaves no cycle through the state, so that dropping the model frees
+    it, its parameters and the state by reference counting, not only when the garbage collector runs."""
+    method = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = method()
+        return None if bound is None else bound(*args)
+    return call
+
+
+def _close_abandoned(session):
+    """Ends a profile its fit state no longer measures, where it is still open (the model was
+    dropped during its step): no later profile or forward on this thread meets it."""
+    if _plans.profiling() is session:
+        session.__exit__(RuntimeError, None, None)
+
+
 def _scaled(count, ratio):
     """`count` bytes scaled by `ratio`, rounded up; bytes the step freed (below 0) stay as measured."""
     return count if count <= 0 else math.ceil(count * ratio)
@@ -217,14 +242,13 @@ class FitState:
     being measured (open until the next training forward) and the plan of the step running now."""
 
     def __init__(self, model, budget, timer="auto", host_budget=0):
-        self.model = model
+        self._model = weakref.ref(model)  # the model holds this state (model.remat_fit): no cycle back
         self.budget = budget
         self.host_budget = host_budget  # host memory plans may offload to (0: no offload)
         self.timer = timer          # how profiles time regions (profile_regions(timer=))
         self.profiles = {}          # signature -> _Profiled
         self.latest = None          # the _Profiled made last
         self.measuring = None       # (profile_regions, signature) open since a training forward
-        self.measuring_gradients = 0  # the gradients that step's backward was to make (bytes)
         self.measuring_training = True  # whether that step ran in training mode
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
@@ -243,11 +267,17 @@ class FitState:
         self.diverged_peaks = []    # per step that differed: its measured peak
         self.profiled_steps = 0
         self.planned_steps = 0
+        self.measuring_had = set()  # the parameters with a gradient when the profiled step began (names)
+        self.measuring_graded = set()  # the parameters with a gradient at any point of it (names)
         # Gradient accumulation: the optimizer step is seen as the parameters changing (their version
         # counters) after a step's backward; `cycle` steps (micro-batches) from one to the next
         self.position = 0           # the step running now, counted from the last optimizer step (1: the first)
         self.cycle = None           # micro-batches per optimizer step, once one was seen
         self.optimizer_part = None  # (its peak over the bytes when backward ended, the state it made) as measured
+        # Before one was measured: (rise, state made, None) of the first optimizer step as predicted
+        # on stand-ins (remat._optimizer_step), or (None, None, why not); None until asked
+        self.first_optimizer = None
+        self.optimizer_peak_bytes = None  # the predicted peak of an optimizer step after the step running now
         self.expect_optimizer = False  # the step running now is predicted with the optimizer step after it
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
         self._versions = None       # the parameters' version counters when the step began; None: no step open
@@ -256,6 +286,10 @@ class FitState:
         self._window = None
         self._window_peak = 0
         self._awaiting = None       # a planned step's backward hook (weakly: alive with its graph), until it runs
+
+    @property
+    def model(self):
+        return self._model()
 
     def _read_peak(self):
         """The most requested bytes held since _restart_peak()."""
@@ -279,22 +313,57 @@ class FitState:
     def _parameters(self):
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def _parameter_bytes(self, names):
+        return sum(p.numel() * p.element_size() for name, p in self.model.named_parameters() if name in names)
+
     def _gradient_bytes(self):
         return sum(p.grad.numel() * p.grad.element_size() for p in self._parameters() if p.grad is not None)
 
-    def _absent_gradients(self):
-        """The bytes of the gradients the step's backward is to make: those of parameters that have none now."""
-        return sum(p.numel() * p.element_size() for p in self._parameters() if p.grad is None)
+    def _graded(self):
+        """The names of the parameters that have a gradient now."""
+        return {name for name, p in self.model.named_parameters() if p.requires_grad and p.grad is not None}
 
-    def _optimizer_peak(self, source, base, ratio, absent):
+    def _profiled_gradient_bytes(self):
+        """_gradient_bytes() for the profile being measured, noting which parameters its backward
+        has given a gradient by then (the profile reads it at every segment's start)."""
+        self.measuring_graded |= self._graded()
+        return self._gradient_bytes()
+
+    def _absent_gradients(self, source):
+        """(bytes, bytes) of the gradients the step's backward is to make, with `source`'s profile:
+        those of parameters that have none now whose gradient that profiled step's backward made,
+        and those of the other parameters that have none now. The second are counted whole through
+        the step: the profile does not hold them (a layer used from a later step on, a parameter
+        first reached then), and where such a parameter stays without a gradient the prediction is
+        above the step by its bytes, never below."""
+        made = other = 0
+        for name, p in self.model.named_parameters():
+            if p.requires_grad and p.grad is None:
+                if name in source.made:
+                    made += p.numel() * p.element_size()
+                else:
+                    other += p.numel() * p.element_size()
+        return made, other
+
+    def _optimizer_peak(self, source, base, ratio, absent, extra):
         """The peak of the optimizer step after this step's backward, from the last one measured
         after a planned step: its rise over the bytes when backward ended, less the state it made
-        then, which is allocated now (0 where none was measured)."""
-        if self.optimizer_part is None:
-            return 0
-        rise, made = self.optimizer_part
-        end = source.backward_end(base, ratio, absent)
-        return end + max(0, rise - made)
+        then, which is allocated now. Before any optimizer step was seen (the first cycle of
+        gradient accumulation, after the profiled micro-batch), the first one is predicted on
+        stand-ins, state and transient whole: none of it is allocated yet. 0 where neither."""
+        end = source.backward_end(base, ratio, absent, extra)
+        if self.optimizer_part is not None:
+            rise, made = self.optimizer_part
+            return end + max(0, rise - made)
+        if self.cycle is not None:
+            return 0  # the profiled step holds it (its part after backward)
+        if self.first_optimizer is None:
+            # Every parameter a backward may give a gradient to has one then (as _absent_gradients counts them)
+            parameters = self._parameters()
+            host = bool(parameters) and all(p.device.type == "cpu" for p in parameters)
+            self.first_optimizer = _optimizer_step.prediction(parameters, {id(p) for p in parameters}, host)
+        rise = self.first_optimizer[0]
+        return 0 if rise is None else end + rise
 
     # --- between steps ---------------------------------------------------------------------------
 
@@ -356,7 +425,8 @@ class FitState:
                 self.backward_end = None  # (nothing planned was running: no other step's figures to reset)
                 return
             profile = session._result()
-            done = _Profiled(profile, signature, self.measuring_gradients, optimizer_after=updated)
+            made = (self.measuring_graded | self._graded()) - self.measuring_had
+            done = _Profiled(profile, signature, made, self._parameter_bytes(made), optimizer_after=updated)
             done.training = self.measuring_training  # dropout and the like differ by mode: a difference
             self.profiles[signature] = done
             self.latest = done
@@ -478,17 +548,21 @@ class FitState:
         """After a step that ran as profiled: over the budget (a prediction that did not hold), it is
         said once, and later steps with its inputs plan for less by what it went over. Where the
         optimizer stepped after it for the first time outside the profiled step (gradient
-        accumulation: the profiled micro-batch had none after it), that part was not known before it
-        ran: it is said, and later steps predict it."""
+        accumulation: the profiled micro-batch had none after it), that part was predicted on
+        stand-ins, or where it could not be, not known before it ran: over the budget, it is said
+        (with why it was not predicted), and later steps predict it as measured."""
         signature, predicted = self.planned_step
         measured = max(self.backward_peak or 0, self._read_peak())
         if measured <= self.budget:
             return
         if first_optimizer:
+            rise, _, why = self.first_optimizer or (None, None, "no micro-batch before it was planned")
+            known = (f"predicted {_bytes_text(self.optimizer_peak_bytes)} with it, on stand-ins" if rise is not None
+                     else f"predicted {_bytes_text(predicted)} without it: it was not predicted, as {why}")
             _tell(f"remat.fit: the first optimizer step after accumulated micro-batches ran after a planned step "
                   f"(the profiled micro-batch had none after it) and that step peaked at {_bytes_text(measured)}, "
-                  f"over the budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)} without it): "
-                  "its memory is measured now, and later micro-batches are planned with it")
+                  f"over the budget of {_bytes_text(self.budget)} ({known}): its memory is measured now, and later "
+                  "micro-batches are planned with it")
             return
         self.reserve[signature] = self.reserve.get(signature, 0) + measured - self.budget
         if ("over", signature) not in self.told_differences:
@@ -521,6 +595,17 @@ class FitState:
         self._awaiting = weakref.ref(backward_began)
 
     # --- one training forward ----------------------------------------------------------------------
+
+    def continue_step(self):
+        """Before a training forward that begins before the step's backward (gradient accumulation
+        by summed losses: forwards, then one backward): part of the step running now, measured in
+        its profile, or run under its plan, followed along the profiled step by the same watch (a
+        step with more forwards than the profiled one differs from it there)."""
+        if self.measuring is not None:
+            return None
+        context = _plans.use_plan(self.plan, strict=False)
+        context._watch = self.watch[1]
+        return context
 
     def begin_step(self, args, kwargs):
         """Before a training forward: ends the previous step, then returns the context this
@@ -579,15 +664,16 @@ class FitState:
         return self._plan_step(source, signature, start, ratio, change=change)
 
     def _profile_step(self, signature):
-        # The gradients this step's backward is to make: those of parameters that have none now
-        self.measuring_gradients = self._absent_gradients()
         # The copy bandwidth only where plans may offload
         session = _profiling.profile_regions(timer=self.timer, host_copy=self.host_budget > 0)
         session.__enter__()
-        session._step.watch_gradients(self._gradient_bytes)
+        # A model dropped while its step is profiled leaves no profile open on this thread
+        weakref.finalize(self, _close_abandoned, session)
+        self.measuring_had, self.measuring_graded = self._graded(), set()
+        session._step.watch_gradients(_held_weakly(self._profiled_gradient_bytes))
         self.measuring = (session, signature)
         self.measuring_training = self.model.training
-        self.plan = self.predicted_peak_bytes = None
+        self.plan = self.predicted_peak_bytes = self.optimizer_peak_bytes = None
         self.profiled_steps += 1
         return None
 
@@ -595,7 +681,7 @@ class FitState:
         """The use_plan for a step with `signature`, from `source`'s profile with everything above
         what its step began with scaled by `ratio` (1: the profile of these very inputs)."""
         profile = source.profile
-        absent = self._absent_gradients()
+        absent, extra = self._absent_gradients(source)
         # Forward and backward, which the plan changes (with the gradients there from the start in
         # micro-batches of gradient accumulation after the first)
         planned = source.planned_for(absent)
@@ -605,20 +691,20 @@ class FitState:
         # What is offloaded scales with the step as the rest does: the profile's regions plan
         # within the host budget shrunk as the step grew
         host = int(self.host_budget / ratio) if self.host_budget else None
-        least_now = source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio, absent, after=after)
+        least_now = source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio, absent, after, extra)
         # An optimizer step after this one (expected, or where the accumulation count changes)
         # must fit too: no plan changes it, so the worst micro-batch is checked before every one
-        optimizer = self._optimizer_peak(source, base, ratio, absent)
+        optimizer = self._optimizer_peak(source, base, ratio, absent, extra)
         reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
         if max(least_now, optimizer) + reserve > self.budget:
             self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
                          optimizer=optimizer > least_now)
-        extra = max(0, absent - source.gradients)
         plan = planned.plan(peak_bytes=source.start + int((self.budget - reserve - base - extra) / ratio),
                             host_budget_bytes=host)
-        predicted = source.peak(plan.peak_bytes, base, ratio, absent, after=after)
+        predicted = source.peak(plan.peak_bytes, base, ratio, absent, after, extra)
         if self.expect_optimizer:
             predicted = max(predicted, optimizer)
+        self.optimizer_peak_bytes = optimizer or None
         if change is not None:
             _tell(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
                   f"profile scaled by {ratio:.3g}, assuming every region scales with the token count: "
@@ -637,7 +723,7 @@ class FitState:
         # meets by recomputing (a strict plan would refuse it)
         context = _plans.use_plan(plan, strict=False)
         if self.watch is None or self.watch[0] is not source or self.watch[1].sizes != (ratio == 1.0):
-            self.watch = (source, StepWatch(profile._shape, self._step_diverged, sizes=ratio == 1.0))
+            self.watch = (source, StepWatch(profile._shape, _held_weakly(self._step_diverged), sizes=ratio == 1.0))
         self.watch[1].begin()
         self.watch_signature = signature if ratio == 1.0 else None
         if source.training != self.model.training:
@@ -662,7 +748,10 @@ class FitState:
             scaled += (f", and a step with these inputs that differed from the profiled one took "
                        f"{_bytes_text(reserve)} more")
             least_now += reserve
-        if optimizer:
+        if optimizer and self.optimizer_part is None:
+            scaled += (" (with the first optimizer step, which may run after it and makes the optimizer's state, "
+                       "predicted by running its step on stand-ins of the parameters: no plan changes that part)")
+        elif optimizer:
             scaled += (" (with the optimizer step after it, as measured after an earlier micro-batch of gradient "
                        "accumulation: no plan changes that part)")
         raise ValueError(f"remat.fit: no plan keeps this step within the budget of {_bytes_text(self.budget)}: the "
@@ -676,16 +765,27 @@ class FitState:
 class _FitForward:
     """The instance forward fit() sets: a training forward (grad mode on; in eval mode too where
     no step's backward is pending) begins a step, run profiled or under the plan (in training mode,
-    refused while the last one's backward is still to come); any other forward runs as it is, part
+    before the last one's backward, part of that step); any other forward runs as it is, part
     of the step before its backward (outside its profile), else ending the step before it. An
     object holding the forward it wraps, so unfit() puts that back."""
 
-    def __init__(self, state, inner, own):
-        self.__wrapped__ = inner  # inspect.signature follows it
-        self.__doc__ = getattr(inner, "__doc__", None)
+    def __init__(self, state, own):
         self.state = state
-        self.inner = inner
         self.own = own  # the instance forward replaced, or None where the class's was in use
+        self.__doc__ = getattr(self.__wrapped__, "__doc__", None)
+
+    @property
+    def __wrapped__(self):
+        """The forward this one wraps (inspect.signature follows it). The class's is bound to the
+        model on each use, never held: the model holds this object, so holding a bound method of
+        the model would be a cycle that keeps the model until the garbage collector runs."""
+        if self.own is not None:
+            return self.own
+        model = self.state.model
+        return type(model).forward.__get__(model, type(model))
+
+    def inner(self, *args, **kwargs):
+        return self.__wrapped__(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
         state = self.state
@@ -707,13 +807,8 @@ class _FitForward:
         open_profile = _plans.profiling()
         if open_profile is not None and (state.measuring is None or open_profile is not state.measuring[0]):
             return self.inner(*args, **kwargs)  # the caller's own profile_regions measures this step
-        if state.backward_pending():
-            raise ValueError("remat.fit: this training forward began before the backward of the last one, which fit "
-                             "measures as one step (a forward and its backward): for gradient accumulation call "
-                             "backward on each micro-batch's loss as it is made ((loss / n).backward() adds up the same "
-                             "gradients); to run the model several times for one loss, fit a module whose forward "
-                             "makes all of those calls; a forward whose loss is not used: drop it (del loss) first")
-        context = state.begin_step(args, kwargs)
+        # Before the last one's backward (losses summed for one backward): the same step goes on
+        context = state.continue_step() if state.backward_pending() else state.begin_step(args, kwargs)
         if context is None:
             try:
                 return self.inner(*args, **kwargs)
@@ -752,7 +847,7 @@ def fit(model, budget, *, host_budget=None, timer="auto"):
     timer = _profiling.timer_arg("remat.fit", timer)
     unfit(model)
     state = FitState(model, budget, timer, host_budget)
-    model.forward = _FitForward(state, model.forward, model.__dict__.get("forward"))
+    model.forward = _FitForward(state, model.__dict__.get("forward"))
     model.remat_fit = state
     return model
 

@@ -1,0 +1,171 @@
+"""An optimizer step's memory, predicted before it first runs.
+
+remat.fit measures the optimizer step where it runs after a planned step, and predicts it from
+then on. With gradient accumulation the first one runs after a planned micro-batch, so it must be
+predicted before that micro-batch's forward: the state it makes (AdamW's two moments, SGD's
+momentum) and its transient (a foreach step holds a temporary per parameter at once) are not
+allocated yet. The step is run once, on stand-ins: the optimizer found over the model's parameters
+(the torch.optim.Optimizer objects whose param_groups hold them, found through the garbage
+collector's referrers, once) is copied with every parameter, gradient and state tensor replaced by
+a tensor of the same shape and dtype on the meta device, which allocates nothing and computes
+nothing. The copy's step runs under a dispatch mode that counts the bytes of every storage an
+operation makes and drops them when the storage is freed: its peak over where it began is the
+step's rise, what is left at its end the state it made.
+
+The real step makes the same tensors on the parameters' device: requested bytes equal each
+tensor's size. What a kernel allocates and frees inside one operation is not seen; on the CPU that
+is the scalars it wraps in tensors, allowed for by a few words (_HOST_KERNEL_SCALARS). Where the copy differs from the real step it is made to allocate no less: a fused
+step (one kernel, no temporaries) is run as the for-loop form, which holds temporaries; a foreach
+choice left to torch (None) is taken as torch would take it for the real parameters. Scalars kept
+on the host (the step counters) stay real tensors: a non-capturable step reads them. An optimizer
+whose step cannot run on stand-ins (one that needs a closure, as LBFGS; one that reads a
+parameter's values on the host) is not predicted: prediction() says why.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import gc
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+def optimizers_over(parameters):
+    """The torch.optim.Optimizer objects whose param_groups hold any of `parameters`: a param
+    group's "params" list holds the parameter, the group dict that list, the optimizer's
+    param_groups list the dict (four scans of the collector's objects in all)."""
+    if not parameters:
+        return []
+    lists = [o for o in gc.get_referrers(*parameters) if isinstance(o, list)]
+    groups = [o for o in gc.get_referrers(*lists) if isinstance(o, dict) and any(o.get("params") is l for l in lists)]
+    group_lists = [o for o in gc.get_referrers(*groups) if isinstance(o, list)] if groups else []
+    found = {}
+    for holder in (gc.get_referrers(*group_lists) if group_lists else []):
+        if isinstance(holder, dict):  # an instance __dict__, where the interpreter made one
+            holder = next((o for o in gc.get_referrers(holder) if getattr(o, "__dict__", None) is holder), None)
+        if isinstance(holder, torch.optim.Optimizer) and any(holder.param_groups is g for g in group_lists):
+            found[id(holder)] = holder
+    return list(found.values())
+
+
+class _StorageCount(TorchDispatchMode):
+    """Counts the bytes of the storages made while it is on (other than `existing`, those of the
+    stand-ins it began with), until each is freed: those operations make, and those made outside
+    any (torch.tensor(1.0)) where an operation first takes them."""
+
+    def __init__(self, host, existing):
+        super().__init__()
+        self.host = host  # host storages count too (the parameters are on the CPU)
+        self.existing = existing  # keys of the storages there before
+        self._live = {}  # storage key -> (weak reference, bytes)
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves((args, kwargs, out)):
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                key = storage._cdata
+                counted = storage.device.type == "meta" or (self.host and storage.device.type == "cpu")
+                if counted and key not in self.existing and key not in self._live:
+                    self._live[key] = (StorageWeakRef(storage), storage.nbytes())
+        self.peak = max(self.peak, self.live_bytes())
+        return out
+
+    def live_bytes(self):
+        self._live = {k: v for k, v in self._live.items() if not v[0].expired()}
+        return sum(size for _, size in self._live.values())
+
+
+# A CPU kernel wraps the scalars it is given in 0-dim tensors inside the operation, where no
+# dispatch mode sees them (AdamW's step on CPU parameters: 12 bytes at once); the scalars of one
+# operation at a time, a few words at most. On a GPU they are host memory, not counted.
+_HOST_KERNEL_SCALARS = 32
+
+
+def _stand_in(tensor):
+    """A meta tensor for one on the device; 0-dim tensors (host step counters) stay real copies."""
+    if tensor.dim() == 0 and tensor.device.type == "cpu":
+        return tensor.detach().clone()
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+
+
+def _resolved_foreach(optimizer, group):
+    """The foreach choice torch makes for the real parameters where the group leaves it to torch."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+    _, foreach = _default_to_fused_or_foreach(group["params"], group.get("differentiable", False), use_fused=False)
+    return foreach
+
+
+def step_memory(optimizer, with_gradients, host):
+    """(peak bytes over where it begins, bytes left at its end) of `optimizer`.step() where the
+    parameters in `with_gradients` (a set of ids) have gradients of their own shape and dtype;
+    `host`: the parameters are on the CPU, whose bytes the budget counts (the step counters too).
+    Raises where the step cannot run on stand-ins."""
+    stand_ins = {}
+    groups = []
+    for group in optimizer.param_groups:
+        params = []
+        for p in group["params"]:
+            proxy = torch.nn.Parameter(_stand_in(p), requires_grad=p.requires_grad)
+            if id(p) in with_gradients:
+                proxy.grad = _stand_in(p)
+            stand_ins[p] = proxy
+            params.append(proxy)
+        copied = dict(group, params=params)
+        if copied.get("fused"):
+            copied["fused"], copied["foreach"] = False, False  # the for-loop form holds its temporaries
+        elif "foreach" in copied and copied["foreach"] is None:
+            copied["foreach"] = _resolved_foreach(optimizer, group)
+        groups.append(copied)
+    state = collections.defaultdict(dict)
+    for p, entries in optimizer.state.items():
+        if p in stand_ins:
+            state[stand_ins[p]] = {k: _stand_in(v) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                                   for k, v in entries.items()}
+    proxy = copy.copy(optimizer)
+    proxy.param_groups, proxy.state = groups, state
+    # Neither the user's hooks (per optimizer or global) nor torch's profiler record run for it
+    proxy._optimizer_step_pre_hooks = collections.OrderedDict()
+    proxy._optimizer_step_post_hooks = collections.OrderedDict()
+    step = type(optimizer).step
+    step = getattr(step, "__wrapped__", step) if getattr(step, "hooked", False) else step
+    before = {id(v) for entries in state.values() for v in entries.values()}
+    existing = {t.untyped_storage()._cdata for t in tree_leaves((groups, dict(state)))
+                if isinstance(t, torch.Tensor)} | {p.grad.untyped_storage()._cdata for p in stand_ins.values()
+                                                    if p.grad is not None}
+    count = _StorageCount(host, existing)
+    with count:
+        step(proxy)
+    made = count.live_bytes()  # the state it made is alive with the copy
+    if host:
+        # Host scalars the step made as state without an operation (torch.tensor(0.0) step
+        # counters): there from the start of the step to its end
+        scalars = sum(v.untyped_storage().nbytes() for entries in proxy.state.values() for v in entries.values()
+                      if isinstance(v, torch.Tensor) and v.device.type == "cpu" and id(v) not in before
+                      and v.untyped_storage()._cdata not in count._live)
+        return count.peak + scalars + _HOST_KERNEL_SCALARS, made + scalars
+    return count.peak, made
+
+
+def prediction(parameters, with_gradients, host):
+    """(rise, made, None) of the steps of every optimizer over `parameters` run one after another
+    (each step's peak over the bytes before the first, the state all of them made), or (None,
+    None, why) where it cannot be predicted."""
+    optimizers = optimizers_over(parameters)
+    if not optimizers:
+        return None, None, "no torch.optim.Optimizer holds the model's parameters"
+    rise = made = 0
+    for optimizer in optimizers:
+        try:
+            peak, kept = step_memory(optimizer, with_gradients, host)
+        except Exception as error:  # noqa: BLE001 - any failure means: not predicted, said why
+            return None, None, (f"{type(optimizer).__name__}.step() could not run on stand-in tensors "
+                                f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+        rise = max(rise, made + peak)
+        made += kept
+    return rise, made, None
