@@ -112,22 +112,30 @@ class RegionKeep:
 
 
 class _Forward(TorchDispatchMode):
+    # The common path (an op the plan does not keep) does as little as it can: each op a region
+    # runs passes through here, so every attribute and call on it is paid per op.
     def __init__(self, keep):
         super().__init__()
         self.keep = keep
-        keep.ran = []
+        self.kept = keep.kept
+        self.ran = keep.ran = []
         keep.held.clear()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        keep = self.keep
-        kwargs = kwargs or {}
+        if kwargs is None:
+            kwargs = {}
         if not numbered(func):
             return func(*args, **kwargs)
-        index = len(keep.ran)
-        keep.ran.append(func)
-        want = keep.kept.get(index)
+        ran = self.ran
+        index = len(ran)
+        ran.append(func)
+        want = self.kept.get(index)
         if want is None:
             return func(*args, **kwargs)
+        return self._hold(func, index, want, args, kwargs)
+
+    def _hold(self, func, index, want, args, kwargs):
+        keep = self.keep
         found = op_name(func)
         if found != want:
             raise ValueError(f"region '{keep.path}': op {index} is {found}, but the plan keeps {want} there"
@@ -162,26 +170,35 @@ class _Recomputing(TorchDispatchMode):
     def __init__(self, keep):
         super().__init__()
         self.keep = keep
+        self.ran = keep.ran
+        self.held = keep.held
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        keep = self.keep
+        if kwargs is None:
+            kwargs = {}
         if not numbered(func):
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
         index = self.count
-        self.count += 1
-        if index >= len(keep.ran) or keep.ran[index] is not func:
-            forward = op_name(keep.ran[index]) if index < len(keep.ran) else "no op"
-            raise ValueError(f"region '{keep.path}': recompute ran {op_name(func)} as op {index}, where forward ran "
-                             f"{forward}: the region's code takes another path in recompute (is_recomputing(), "
-                             f"state a recompute hook does not restore); per-op plans need the same ops in both")
-        held = keep.held.pop(index, None)
-        if held is not None:
-            outputs, versions, returned = held
-            if all(t is None or t._version == v for t, v in zip(outputs, versions)):
-                fresh = [None if t is None else t.detach() for t in outputs]
-                return fresh[0] if returned is None else returned(fresh)
-        return func(*args, **(kwargs or {}))
+        self.count = index + 1
+        ran = self.ran
+        if index >= len(ran) or ran[index] is not func:
+            self._refuse(func, index)
+        if self.held:
+            held = self.held.pop(index, None)
+            if held is not None:
+                outputs, versions, returned = held
+                if all(t is None or t._version == v for t, v in zip(outputs, versions)):
+                    fresh = [None if t is None else t.detach() for t in outputs]
+                    return fresh[0] if returned is None else returned(fresh)
+        return func(*args, **kwargs)
+
+    def _refuse(self, func, index):
+        keep = self.keep
+        forward = op_name(keep.ran[index]) if index < len(keep.ran) else "no op"
+        raise ValueError(f"region '{keep.path}': recompute ran {op_name(func)} as op {index}, where forward ran "
+                         f"{forward}: the region's code takes another path in recompute (is_recomputing(), "
+                         f"state a recompute hook does not restore); per-op plans need the same ops in both")
 
     def done(self):
         self.keep.held.clear()

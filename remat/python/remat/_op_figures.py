@@ -69,12 +69,18 @@ def is_view(func):
 
 
 
+_numbered = {}
+
+
 def numbered(func):
     """Whether the op takes an index among the region's ops: not a view (is_view), and not a
     dtype or device copy (aten::_to_copy), which autocast runs for a weight in the first region
     that casts it and takes from its cache after, so forward and recompute run different numbers
-    of them."""
-    return func is not torch.ops.aten._to_copy.default and not is_view(func)
+    of them. Known once per op: the kept-ops modes ask it of every op a region runs."""
+    known = _numbered.get(func)
+    if known is None:
+        known = _numbered[func] = func is not torch.ops.aten._to_copy.default and not is_view(func)
+    return known
 
 
 def keepable(func):
