@@ -56,14 +56,6 @@ std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t in
          " for the state it depends on (RNG: " + api_name("cpu_rng_state_hook") + "())";
 }
 
-// Whether `t` requires grad and was made outside the checkpoint's forward: a leaf (a
-// parameter), or the output of a graph node made before it.
-bool made_outside(const Frame& frame, const at::Tensor& t) {
-  if (!t.requires_grad()) return false;
-  const std::shared_ptr<torch::autograd::Node>& node = t.grad_fn();
-  return node == nullptr || node->sequence_nr() < frame.sequence_at_entry;
-}
-
 // Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
 class SavedHooks final : public torch::autograd::SavedVariableHooks {
  public:
@@ -184,7 +176,12 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
           tensor, state_.region != nullptr ? "region '" + f.region_path(*state_.region) + "'"
                                            : std::string("the body of checkpoint '") + f.options.region_name + "'"));
     }
-    if (made_outside(f, tensor) && tensor.unsafeGetTensorImpl()->version_counter().enabled()) {
+    // Recompute reads again what the body read from outside (a weight or a mask in its closure),
+    // and autograd, which would refuse a saved tensor changed after the save, no longer sees it:
+    // its version is kept to check before recompute. Every dropped tensor's is, since whether one
+    // without a graph node was made inside the body is not known; one made inside and changed
+    // after the save is refused by autograd too, on unpack.
+    if (tensor.unsafeGetTensorImpl()->version_counter().enabled()) {
       const c10::VariableVersion& version = tensor.unsafeGetTensorImpl()->version_counter();
       f.dropped_versions.push_back({f.dropped, version, version.current_version()});
     }

@@ -3,6 +3,8 @@
 
 #include "checkpoint_records.hpp"
 
+#include <remat/errors.hpp>
+
 namespace remat::detail {
 
 DroppedMeta DroppedMeta::of(const at::Tensor& t, int region) {
@@ -35,6 +37,17 @@ Fingerprint fingerprint_of(const at::Tensor& t, std::string where) {
     out.norm = values.norm().item<double>();
   }
   return out;
+}
+
+void refuse_outputs_changed_after_forward(const SaveRegionRecord& record, const std::string& path) {
+  for (std::size_t o = 0; o < record.metas.size(); ++o) {
+    const bool kept = record.packed[o] || record.outputs[o].defined();
+    if (!kept || !record.versions[o] || record.version_counters[o].current_version() == *record.versions[o]) continue;
+    throw Error("output " + std::to_string(o) + " of save region '" + path +
+                "' was changed in place after forward (an op such as h.mul_(2) between forward and "
+                "backward); recompute would read the changed value and give wrong gradients: make that op "
+                "out-of-place, or clone the output before changing it");
+  }
 }
 
 }  // namespace remat::detail

@@ -59,6 +59,10 @@ struct SaveRegionRecord {
   std::shared_ptr<void> annotation;  // the caller's, see run_region
 };
 
+// Refuses recompute when an output forward kept of the save region at `path` was changed in
+// place since the region returned: recompute would hand back the changed value.
+void refuse_outputs_changed_after_forward(const SaveRegionRecord& record, const std::string& path);
+
 struct KeptTensor {
   int save_region = -1;
   std::string name;  // given with name_saved_tensors(); "" for "saved.<i>"

@@ -158,6 +158,8 @@ void Frame::check_read_again_unchanged() const {
                  "tensors the checkpoint reads only after backward (optimizer.step() after loss.backward()), or make "
                  "that operation out-of-place");
   };
+  // A kept save-region output is named as such first: a tensor read from it was saved and dropped too.
+  for (const SaveRegionRecord& record : save_regions) refuse_outputs_changed_after_forward(record, region_path(record.name));
   for (const DroppedVersion& saved : dropped_versions) {
     if (saved.version.current_version() == saved.version_at_save) continue;
     const DroppedMeta& meta = dropped_metas[saved.index];

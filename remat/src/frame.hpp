@@ -67,7 +67,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<std::unique_ptr<CheckpointContext>> contexts;
   std::vector<Fingerprint> fingerprints;   // per dropped tensor, with verify_recompute
   std::vector<DroppedMeta> dropped_metas;  // per dropped tensor
-  std::vector<DroppedVersion> dropped_versions;  // of the dropped tensors made outside the checkpoint
+  std::vector<DroppedVersion> dropped_versions;  // of the dropped tensors, at their save
   // Parameters (leaves that require grad) read by the graph nodes forward made outside save
   // regions, saved or not (a bias an add reads is not saved): recompute reads them again too.
   struct ReadParameter {

@@ -352,15 +352,10 @@ TensorList outputs_of_skipped_save_region(Frame& frame, std::size_t index, const
   restore_states(frame.options.recompute_state_hooks, record.state_after);
   frame.fill_ferried(save_index, inputs);
   if (annotation != nullptr) *annotation = record.annotation;
+  refuse_outputs_changed_after_forward(record, frame.region_path(name));
   TensorList out;
   for (std::size_t o = 0; o < record.metas.size(); ++o) {
     if (record.packed[o] || record.outputs[o].defined()) {
-      if (record.versions[o] && record.version_counters[o].current_version() != *record.versions[o]) {
-        throw Error("output " + std::to_string(o) + " of save region '" + frame.region_path(name) +
-                    "' was changed in place after forward (an op such as h.mul_(2) between forward and "
-                    "backward); recompute would read the changed value and give wrong gradients: make that op "
-                    "out-of-place, or clone the output before changing it");
-      }
       at::Tensor value = record.packed[o] ? restore_layout(record.packed[o].unpack(), record.metas[o],
                                                            "output " + std::to_string(o) + " of save region '" +
                                                                frame.region_path(name) + "'")

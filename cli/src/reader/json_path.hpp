@@ -1,6 +1,8 @@
 #pragma once
 // A JSON path built on the stack while walking a document, turned into text such as
-// `$.segments[3].blocks[0].size` only when an error needs it.
+// `$.segments[3].blocks[0].size` only when an error needs it. A path holds its parent by
+// address: keep a path only while every path it was built from lives (name each one; a path
+// built from a temporary may be used only within the expression that built it).
 
 #include <cstddef>
 #include <string>

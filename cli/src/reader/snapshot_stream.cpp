@@ -80,7 +80,8 @@ class SnapshotStream {
   void member(const std::string& key, std::string& into) {
     if (key == "\"segments\"" && scanner_.peek() == '[' && can_stream()) {
       into += "[]";
-      const JsonPath path = JsonPath().key("segments");
+      const JsonPath root;  // named: a path holds its parent by address
+      const JsonPath path = root.key("segments");
       SegmentChecks segments(path);
       elements([&] { (void)segments.read(parse_value(), tag_table_->tags.size()); });
       segments.finish();
@@ -90,7 +91,8 @@ class SnapshotStream {
         trace += "[]";
         EventSink& sink = sink_for_(*tag_table_);
         EventChecker checker;
-        const JsonPath path = JsonPath().key("trace").key("events");
+        const JsonPath root, trace_path = root.key("trace");  // named: a path holds its parent by address
+        const JsonPath path = trace_path.key("events");
         std::size_t i = 0;
         elements([&] { sink.on_event(read_checked_event(parse_value(), path.index(i++), tag_table_->tags.size(), checker)); });
       });

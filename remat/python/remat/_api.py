@@ -22,7 +22,7 @@ import torch
 
 from ._extension import _C
 from . import _plans
-from ._arguments import flag_arg, name_arg
+from ._arguments import ArgumentTypeError, flag_arg, name_arg
 from ._compile import compiled_checkpoint, compiled_region
 from ._saved_tensors_hooks import enclosing_hooks, hooks_pair_arg
 from ._state import checked_state_hooks, with_rng_state_hooks
@@ -184,12 +184,6 @@ _REFUSED_OPTIONS = {
 }
 
 
-class _NotAFunction(TypeError, RuntimeError):
-    """A region or checkpoint given something other than a function: the TypeError Python raises
-    for it, and the RuntimeError torch_remat raises ("region expects a function as its first
-    argument")."""
-
-
 class Checkpoint:
     """A checkpoint made by remat.checkpoint(**options): call it on a function."""
 
@@ -304,7 +298,8 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
     """A checkpoint: remat.checkpoint(**options)(fn)(*args, **kwargs) runs fn keeping only what
     backward needs from save regions and recomputing the rest in backward.
 
-    region_name: the checkpoint's name in traces, reports and tags ("layers.0").
+    region_name: the checkpoint's name in traces, reports and tags ("layers.0"); None, as
+        torch_remat's default, is "checkpoint".
     recompute_state_hooks: objects with snapshot() and restore(state) (for dropout:
         cpu_rng_state_hook(), and cuda_rng_state_hook() where it runs on CUDA), restored for
         recompute.
@@ -323,8 +318,11 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
         remat.cpu_rng_state_hook(), remat.cuda_rng_state_hook()).
     use_reentrant=False, determinism_check="default" and early_stop=True are torch.utils.checkpoint's
     keywords with the meaning they have here (remat is non-reentrant, checks what recompute
-    recreates, and stops recompute early); their other values are refused.
+    recreates, and stops recompute early); their other values are refused, but for
+    determinism_check="none", torch_remat's default, which checks the same.
     """
+    if region_name is None:  # torch_remat's default
+        region_name = "checkpoint"
     if torch.compiler.is_compiling() and not positional and not unknown:
         # Traced by Dynamo: the options were checked where this code ran eagerly, or are checked
         # by compiled_checkpoint; the checks themselves use what Dynamo cannot trace.
@@ -357,10 +355,11 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
         raise RematError(f"checkpoint '{region_name}': use_reentrant={use_reentrant!r} is not supported; remat's "
                          "checkpoint is non-reentrant (it recomputes through saved-tensor hooks, which is what lets "
                          "save regions keep their tensors): pass use_reentrant=False or leave it out")
-    if determinism_check != "default":
+    if determinism_check not in ("default", "none"):
         raise RematError(f"checkpoint '{region_name}': determinism_check={determinism_check!r} is not supported; remat "
                          "always checks the shape, dtype and device of what recompute recreates (determinism_check="
-                         "\"default\"), and compares values too with verify_recompute=True")
+                         "\"default\"; \"none\", torch_remat's default, is accepted and checks the same), and compares "
+                         "values too with verify_recompute=True")
     if early_stop is not True:
         raise RematError(f"checkpoint '{region_name}': early_stop={early_stop!r} is not supported; recompute always "
                          "stops once every tensor backward needs exists")
@@ -398,7 +397,7 @@ def region(fn=None, name=None, recompute=True):
 
     def wrap(body):
         if not callable(body):
-            raise _NotAFunction(f"region '{name}': fn must be callable, got {type(body).__name__} (region expects a "
+            raise ArgumentTypeError(f"region '{name}': fn must be callable, got {type(body).__name__} (region expects a "
                                 "function as its first argument)")
         return _Region(body, name, recompute)
 

@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from ._saved_report import format_saved_tensors_report
+from ._saved_report import format_saved_tensors_report, refuse_annotate
 
 __all__ = ["discover_autograd_roots", "format_oom_saved_tensors_report", "oom_observer"]
 
@@ -41,7 +41,8 @@ def discover_autograd_roots():
 def format_oom_saved_tensors_report(annotate=None):
     """The saved-tensors report over discover_autograd_roots(), as text. `annotate` is refused as
     format_saved_tensors_report refuses it (its rows carry allocation sites already)."""
-    return format_saved_tensors_report(roots=discover_autograd_roots(), annotate=annotate)
+    refuse_annotate("format_oom_saved_tensors_report", annotate)
+    return format_saved_tensors_report(roots=discover_autograd_roots())
 
 
 def oom_observer(device, alloc, device_alloc, device_free):

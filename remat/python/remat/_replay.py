@@ -12,6 +12,7 @@ checkpointing's.
 """
 
 import contextlib
+import types
 
 from ._extension import _C
 from ._arguments import name_arg
@@ -19,6 +20,9 @@ from ._arguments import name_arg
 __all__ = ["RecomputeReplay", "RecomputeReplayRecorder"]
 
 RecomputeReplayRecorder = _C.RecomputeReplayRecorder
+# NeMo's classes are generic in what they record: `RecomputeReplay[torch.Tensor]` in an
+# annotation evaluated at import time must work here too.
+RecomputeReplayRecorder.__class_getitem__ = classmethod(types.GenericAlias)
 
 
 class _Bound:
@@ -65,6 +69,8 @@ class RecomputeReplay(_C.RecomputeReplay):
     record_or_replay(compute) do both. Bind it to checkpoints with
     context_fn=channel.checkpoint_context_fn() (torch.utils.checkpoint or remat.checkpoint) or
     remat.checkpoint(contexts=[channel])."""
+
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     def __init__(self, name):
         super().__init__(name_arg("RecomputeReplay", "name", name))

@@ -8,12 +8,12 @@ in 2 storage(s)"), with a row per tensor: its name, shape and dtype. Names are `
 remat.save_for_backward(ctx, {"lse": lse, ...}).
 """
 
-import sys
 
 import torch
 
 from ._extension import _C
 from ._arguments import name_arg
+from ._saved_report import refuse_annotate
 
 __all__ = ["current_memory_report", "format_current_memory_report", "print_current_memory_report",
            "save_for_backward"]
@@ -25,15 +25,18 @@ def current_memory_report():
     return _C.current_memory_report()
 
 
-def format_current_memory_report():
-    """The current checkpoint's memory report as text."""
-    return _C.current_memory_report().format()
+def format_current_memory_report(annotate=None):
+    """The current checkpoint's memory report as text (no newline at its end, as torch_remat's).
+    `annotate` is refused as format_saved_tensors_report refuses it."""
+    refuse_annotate("format_current_memory_report", annotate)
+    return _C.current_memory_report().format().rstrip("\n")
 
 
-def print_current_memory_report(file=None):
+def print_current_memory_report(file=None, annotate=None):
     """Prints the current checkpoint's memory report (to sys.stdout unless `file` is given). Call it
     inside the checkpointed function, guarded by `if not remat.is_recomputing():`."""
-    (sys.stdout if file is None else file).write(format_current_memory_report())
+    refuse_annotate("print_current_memory_report", annotate)
+    print(format_current_memory_report(), file=file)
 
 
 def save_for_backward(ctx, saved):

@@ -8,7 +8,6 @@ storage is billed once, to a checkpoint first. No guard is needed around the for
 track_saved_tensors() remains for C++-style tracking of saves the graph walk cannot read.
 """
 
-import sys
 import threading
 
 import torch
@@ -82,21 +81,28 @@ def saved_tensors_report(roots=None):
 saved_report = saved_tensors_report  # the name this package used first
 
 
-def format_saved_tensors_report(roots=None, annotate=None):
-    """saved_tensors_report(roots) as text. Its rows carry each tensor's allocation site from the
-    tagging allocator's tags already, so `annotate` (torch_remat's per-tensor labeller) is not
-    taken: passing one is refused rather than ignored."""
+def refuse_annotate(function, annotate):
+    """torch_remat's reports take `annotate`, a per-tensor labeller; remat's rows name each
+    tensor's allocation site from the tagging allocator's tags already, so passing one is refused
+    rather than ignored."""
     if annotate is not None:
-        raise TypeError("format_saved_tensors_report: annotate is not supported; remat's rows name each tensor "
-                        "and its allocation site (remat.site) from the tagging allocator's tags")
-    return saved_tensors_report(roots).format()
+        raise TypeError(f"{function}: annotate is not supported; remat's rows name each tensor and its allocation "
+                        "site (remat.site) from the tagging allocator's tags")
 
 
-def print_saved_tensors_report(roots=None, file=None):
+def format_saved_tensors_report(roots=None, annotate=None):
+    """saved_tensors_report(roots) as text, with no newline at its end (as torch_remat's);
+    `annotate` is refused (see refuse_annotate)."""
+    refuse_annotate("format_saved_tensors_report", annotate)
+    return saved_tensors_report(roots).format().rstrip("\n")
+
+
+def print_saved_tensors_report(roots=None, file=None, annotate=None):
     """Prints what is kept for backward behind `roots` (the loss): the total, live checkpoints
     grouped when identical ("96 B  x2  layer.0-1  (2 storages each)"), saves outside checkpoints
     by autograd node ("48 B  TanhBackward0 (x1)"), and one checkpoint's detail per group."""
-    (sys.stdout if file is None else file).write(format_saved_tensors_report(roots))
+    refuse_annotate("print_saved_tensors_report", annotate)
+    print(format_saved_tensors_report(roots), file=file)
 
 
 class track_saved_tensors:

@@ -205,5 +205,29 @@ TEST(BadInput, SchemaCountsAHugeWholeNumberAsAnIntegerWithoutConvertingIt) {
       << fraction.err;
 }
 
+// A snapshot's segments and trace events are read as they stream in; a bad value among them is
+// refused with its path, the same through `ranks` (which lists the unreadable dump and goes on,
+// or with --strict exits 2) as through `summary`.
+TEST(BadInput, AStreamedSnapshotValueNamesItsPathInEveryCommand) {
+  struct Case {
+    std::string from, to, path;
+  };
+  for (const Case& c : {Case{"\"allocated_size\":12582912", "\"allocated_size\":0.5", "$.segments[0].allocated_size"},
+                        Case{"\"size\":20971520,\"stream\"", "\"size\":-1,\"stream\"", "$.trace.events[0].size"}}) {
+    std::string text = data_text("snapshot-end.json");
+    const std::size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    text.replace(at, c.from.size(), c.to);
+    TempDir dir;
+    const std::string file = dir.write("rank0.json", text);
+    expect_bad_input(run({"summary", file}), c.path);
+    for (const bool strict : {false, true}) {
+      const CliResult listed = strict ? run({"ranks", file, "--strict"}) : run({"ranks", file});
+      EXPECT_EQ(listed.code, strict ? 2 : 0) << listed.err;
+      EXPECT_NE(listed.out.find(c.path), std::string::npos) << listed.out << listed.err;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace remat::report::testing

@@ -298,3 +298,23 @@ def test_write_dump_takes_path_objects_and_bytes_paths(tmp_path):
     remat.write_dump(bytes(tmp_path / "bytes.json"), '{"b": 2}')
     assert (tmp_path / "path.json").read_text() == '{"a": 1}'
     assert (tmp_path / "bytes.json").read_text() == '{"b": 2}'
+
+
+def test_torch_remats_defaults_spelled_out_are_accepted():
+    # torch_remat's checkpoint() defaults: region_name=None, determinism_check="none".
+    x = torch.rand(3, requires_grad=True)
+    remat.checkpoint(region_name=None, determinism_check="none")(lambda t: t * 2.0)(x).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+    with remat.collect_trace() as trace:
+        remat.checkpoint(region_name=None)(lambda t: remat.region(torch.sin, "r")(t))(x).sum().backward()
+    assert [scope.name for scope in trace.scopes] == ["checkpoint"]
+    with pytest.raises(remat.RematError, match=r"determinism_check='all' is not supported"):
+        remat.checkpoint(region_name="c", determinism_check="all")(never_called)(x)
+
+
+def test_argument_type_errors_are_also_the_runtime_error_torch_remat_raises():
+    for make in (lambda: remat.region(never_called, "mlp", recompute=1), lambda: remat.name_scope(5),
+                 lambda: remat.region(never_called, 5)):
+        with pytest.raises(TypeError) as info:
+            make()
+        assert isinstance(info.value, RuntimeError), info.value

@@ -304,10 +304,11 @@ def test_autocast_during_the_profile_predicts_the_step_peak_within_3_percent(bac
             measured = remat_alloc.memory_stats()["requested_bytes_peak"]
             assert plan.peak_bytes <= budget
             if backward_under_autocast and plan is plans[-1]:
-                # Known gap: every region recomputed inside autocast peaks 48512 B (0.8%) above the
-                # prediction on this model; remat.fit measures every planned step and plans the
-                # next ones lower when one goes over, saying so.
-                assert plan.peak_bytes < measured <= plan.peak_bytes * 1.01, (plan.peak_bytes, measured)
+                # Known gap: every region recomputed inside autocast peaks above the prediction on
+                # this model, by what the CPU's bfloat16 kernels allocate (48512 B, 0.8%, on one
+                # machine; 65536 B, 1.15%, on an AVX2-only one); remat.fit measures every planned
+                # step and plans the next ones lower when one goes over, saying so.
+                assert plan.peak_bytes < measured <= plan.peak_bytes * 1.02, (plan.peak_bytes, measured)
                 continue
             assert plan.peak_bytes * 0.97 <= measured <= plan.peak_bytes, (budget, plan.peak_bytes, measured)
 

@@ -215,3 +215,22 @@ def test_a_parameter_that_no_op_saves_changed_between_forward_and_backward_is_re
         bias.add_(1)
     y.backward()
     assert bias.grad is not None and x.grad is not None
+
+
+def test_a_closure_tensor_without_grad_that_forward_saved_changed_before_backward_is_refused():
+    layer = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    mask = torch.rand(4, 8)  # no grad; mul saves it for backward
+
+    y = remat.checkpoint(region_name="masked")(lambda t: layer(t) * mask)(x * 1).sum()
+    mask.mul_(2)  # plain autograd refuses this on backward; recompute would read the doubled mask
+    with pytest.raises(RuntimeError, match=r"a tensor that the body of checkpoint 'masked' read \(saved tensor #\d, "
+                                           r"float32 \[4, 8\] on cpu\) was changed by an in-place operation after "
+                                           r"forward \(version 0, now 1\)"):
+        y.backward()
+
+    # Unchanged, the gradient is autograd's.
+    x.grad = None
+    expected = torch.autograd.grad((layer(x) * mask).sum(), x)[0]
+    remat.checkpoint(region_name="masked")(lambda t: layer(t) * mask)(x * 1).sum().backward()
+    assert torch.equal(x.grad, expected)

@@ -202,3 +202,12 @@ def test_checkpoint_context_fn_arguments_are_checked():
         channel.checkpoint_context_fn(3)
     with pytest.raises(TypeError, match="^checkpoint_context_fn: on_record_exit must be callable or None, got str$"):
         channel.checkpoint_context_fn(on_record_exit="log")
+
+
+def test_the_channel_and_recorder_are_generic_as_nemos_are():
+    # NeMo's modules annotate at import time: `x: RecomputeReplay[torch.Tensor] = ...`.
+    channel_type = remat.RecomputeReplay[torch.Tensor]
+    recorder_type = remat.RecomputeReplayRecorder[int]
+    assert channel_type.__origin__ is remat.RecomputeReplay and channel_type.__args__ == (torch.Tensor,)
+    assert recorder_type.__origin__ is remat.RecomputeReplayRecorder and recorder_type.__args__ == (int,)
+    assert isinstance(remat.RecomputeReplay("generic"), remat.RecomputeReplay)

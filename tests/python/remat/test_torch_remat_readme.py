@@ -190,3 +190,30 @@ def test_print_saved_tensors_report_after_the_full_forward(capsys):
     assert "outside regions: 48 B in 1 storage\n       48 B  TanhBackward0 (x1)\n" in printed
     assert "[x2: layer.0-1]\nlayer.0: 96 B resident in 2 storage(s)\nlayer.0::sq: 96 B\n" in printed
     loss.backward()
+
+
+def test_the_format_functions_end_without_a_newline_and_take_torch_remats_annotate(capsys):
+    # As torch_remat's: format_* return the text, print_* add the one newline.
+    x = torch.rand(3, 4, requires_grad=True)
+    formatted = {}
+
+    def body(t):
+        if not remat.is_recomputing():
+            formatted["current"] = remat.format_current_memory_report(annotate=None)
+            remat.print_current_memory_report(annotate=None)
+        return remat.region(lambda u: u.sin().cos(), "sq", recompute=False)(t)
+
+    loss = remat.checkpoint(region_name="layer.0")(body)(x * 1).tanh().sum()
+    printed_current = capsys.readouterr().out
+    texts = [formatted["current"], remat.format_saved_tensors_report(loss),
+             remat.format_saved_tensors_report(loss, annotate=None)]
+    remat.print_saved_tensors_report(loss, annotate=None)
+    printed_saved = capsys.readouterr().out
+    assert all(text and not text.endswith("\n") for text in texts), texts
+    assert printed_current == texts[0] + "\n" and printed_saved == texts[1] + "\n"
+    for report in (remat.format_current_memory_report, remat.print_current_memory_report,
+                   remat.format_saved_tensors_report, remat.print_saved_tensors_report,
+                   remat.format_oom_saved_tensors_report):
+        with pytest.raises(TypeError, match=f"{report.__name__}: annotate is not supported"):
+            report(annotate=lambda t: "site")
+    loss.backward()
