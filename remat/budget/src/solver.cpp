@@ -127,6 +127,7 @@ RegionProfile grouped(const RegionProfile& profile) {
     if (inserted) {
       RegionCost group{pattern, region.saved_bytes, region.seconds, region.count};
       group.must_save = region.must_save;
+      group.must_recompute = region.must_recompute;
       group.offload_bytes = region.offload_bytes;
       out.regions.push_back(std::move(group));
       continue;
@@ -137,6 +138,9 @@ RegionProfile grouped(const RegionProfile& profile) {
     group.count += region.count;
     group.offload_bytes += region.offload_bytes;
     if (group.must_save.empty() && !region.must_save.empty()) group.must_save = region.name + ": " + region.must_save;
+    if (group.must_recompute.empty() && !region.must_recompute.empty()) {
+      group.must_recompute = region.name + ": " + region.must_recompute;
+    }
   }
   return out;
 }
