@@ -5,7 +5,9 @@ what each region keeps (its saved bytes, each storage once), its forward time (t
 what the checkpoints keep with every region recomputed (their inputs: base_bytes), the step's
 memory where its tensors are counted (_step_profile), its shape (_step_shape), per-op figures
 (ops=True) and what makes a region unsafe to recompute (_op_figures), and the copy bandwidth to
-the host (host_copy=True). After the block it is a RegionProfile.
+the host (host_copy=True). A region the runtime ran again in recompute though saved (it changed its
+input in place, or its output was changed in place after it returned) is marked must_recompute:
+saving it gains nothing. After the block it is a RegionProfile.
 
 With per-op figures, a checkpoint's last region is priced at what its recompute runs: recompute
 stops once the last tensor backward needs is saved again, so the ops at its end after that

@@ -117,6 +117,23 @@ def test_the_profile_marks_the_regions_recompute_runs_again_and_its_step_is_bitw
     assert "recompute (must be recomputed: it" in plan.format()
 
 
+def test_per_op_figures_mark_no_region_must_save_and_a_per_op_plan_keeps_no_op_of_the_marked_ones(fixture):
+    f, in_place_input = fixture
+    with remat.profile_regions(ops=True) as profile:
+        f.model(f.x).backward()
+    assert f.bitwise()
+    doc = json.loads(profile.to_json())
+    marked = [r for r in doc["regions"] if "must_recompute" in r]
+    assert len(marked) == LAYERS * len(rerun_regions(in_place_input))
+    assert all("ops" not in r for r in marked) and all("must_save" not in r for r in doc["regions"])
+    assert any("ops" in r for r in doc["regions"])
+    plan = profile.plan((profile.base_bytes + profile.all_saved_bytes) // 2, ops=True)
+    assert not any(name in plan.kept_ops for name in (r["name"] for r in marked))
+    with remat.use_plan(plan):
+        f.model(f.x).backward()
+    assert f.bitwise()
+
+
 def test_plans_by_kept_bytes_recompute_the_marked_regions_keep_within_and_are_bitwise(fixture):
     f, in_place_input = fixture
     low, high = f.profile.plan(f.profile.base_bytes).kept_bytes, f.profile.all_saved_bytes
