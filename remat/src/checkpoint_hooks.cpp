@@ -72,6 +72,11 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   // region's input), and code outside save regions drops it for recompute.
   void call_pack_hook(const at::Tensor& tensor) override {
     if (state_.mode == Mode::recompute) {
+      // A save region run again saves again what forward kept: nothing to fill.
+      if (state_.save_region >= 0) {
+        frame_.reset();
+        return;
+      }
       fill_recreated_slot(tensor);
       return;
     }

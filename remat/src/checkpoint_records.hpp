@@ -57,6 +57,13 @@ struct SaveRegionRecord {
   // Autograd's sequence numbers of the graph nodes the region made: [first_node, end_node).
   std::uint64_t first_node = 0, end_node = 0;
   std::shared_ptr<void> annotation;  // the caller's, see run_region
+  // Why recompute runs the region's body again instead of skipping it; empty where it skips it.
+  // Under a plan, a save region that changed its input in place, or whose output was changed in
+  // place after it returned: skipped, recompute would miss the change or make it twice. Run
+  // again, it makes the change again; what it saves for backward stays what forward kept.
+  std::string rerun_reason;
+  // The checkpoint inputs it read (by storage): recompute needs them where it runs again.
+  std::vector<std::size_t> checkpoint_inputs;
 };
 
 // Refuses recompute when an output forward kept of the save region at `path` was changed in

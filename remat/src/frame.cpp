@@ -110,12 +110,12 @@ void Frame::stop_observing_reads() {
 void Frame::note_read_parameters(const TensorList& outputs) {
   if (dropped + ferried.size() == 0) return;  // nothing to recompute
   const std::uint64_t end = at::sequence_number::peek();
-  // Recompute runs again the nodes made outside save regions up to the last one that saved a
-  // dropped tensor (it stops there).
+  // Recompute runs again the nodes made outside save regions (and in those it runs again) up to
+  // the last one that saved a dropped tensor (it stops there).
   auto runs_again = [&](std::uint64_t node) {
     if (node >= sequence_at_last_drop) return false;
     for (const SaveRegionRecord& region : save_regions) {
-      if (node >= region.first_node && node < region.end_node) return false;
+      if (region.rerun_reason.empty() && node >= region.first_node && node < region.end_node) return false;
     }
     return true;
   };

@@ -103,7 +103,13 @@ MemoryReport memory_report_of(const Frame& frame) {
       if (region.persisted[o] && region.outputs[o].defined()) builder.add("output." + std::to_string(o), region.outputs[o]);
     }
   }
-  return builder.take();
+  MemoryReport report = builder.take();
+  for (const SaveRegionRecord& region : frame.save_regions) {
+    if (!region.rerun_reason.empty()) {
+      report.rerun_regions.push_back({frame.region_path(region.name), region.rerun_reason});
+    }
+  }
+  return report;
 }
 
 }  // namespace detail

@@ -252,9 +252,25 @@ void keep_needed_inputs(Frame& frame) {
   }
 }
 
-// Keeps only the save-region outputs recompute needs, through each region's hook pair where it
-// had one.
-void keep_persisted_outputs(Frame& frame) {
+// A save region recompute runs again needs the checkpoint inputs it read, and none of its
+// outputs: recompute makes them again.
+void prepare_rerun(Frame& frame, SaveRegionRecord& region) {
+  for (const std::size_t i : region.checkpoint_inputs) {
+    InputRecord& input = frame.inputs[i];
+    if (input.needed) continue;
+    input.needed = true;
+    --frame.inputs_not_read;
+  }
+  for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+    region.persisted[o] = false;
+    region.packed[o] = PackedTensor();
+  }
+}
+
+// Settles which save-region outputs recompute needs. An output changed in place after its region
+// returned (h += y) is refused, since recompute would hand back the changed output and make the
+// change twice; under a plan the region runs again in recompute instead.
+void settle_persisted_outputs(Frame& frame) {
   for (SaveRegionRecord& region : frame.save_regions) {
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {
       // Read only by code after the last dropped tensor: recompute stops before it (or, when it
@@ -262,12 +278,27 @@ void keep_persisted_outputs(Frame& frame) {
       if (region.read_at[o] != SaveRegionRecord::kNotOnlyRead && region.read_at[o] >= frame.dropped) {
         region.persisted[o] = false;
       }
-      if (region.persisted[o] && version_of(region.outputs[o]) != region.versions[o]) {
+      if (!region.persisted[o] || version_of(region.outputs[o]) == region.versions[o]) continue;
+      if (!frame.options.plan) {
         throw Error("output " + std::to_string(o) + " of save region '" + frame.region_path(region.name) +
                     "' was changed in place after the region returned (an op such as h.mul_(2) or h += y); "
                     "recompute hands back the saved output and would apply the change twice: make that op "
-                    "out-of-place");
+                    "out-of-place, or make the region a recompute region");
       }
+      if (region.rerun_reason.empty()) {
+        region.rerun_reason = "its output " + std::to_string(o) +
+                              " is changed in place after it returns (an op such as h += x): recompute runs it again";
+      }
+    }
+    if (!region.rerun_reason.empty()) prepare_rerun(frame, region);
+  }
+}
+
+// Keeps only the save-region outputs recompute needs, through each region's hook pair where it
+// had one.
+void keep_persisted_outputs(Frame& frame) {
+  for (SaveRegionRecord& region : frame.save_regions) {
+    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
       if (region.persisted[o] && region.hooks) {
         if (!region.packed[o]) {  // persisted only because code recompute runs again reads it
           const std::string path = frame.region_path(region.name);
@@ -344,10 +375,8 @@ void refuse_another_path_in_recompute(const Frame& frame, std::size_t index, con
 // In recompute, in place of save region `index`'s body: its state after forward, the tensors
 // recompute takes from its inputs, and its outputs as forward kept them (unpacked here, in
 // forward order) or placeholders for those it did not keep.
-TensorList outputs_of_skipped_save_region(Frame& frame, std::size_t index, const std::string& name,
+TensorList outputs_of_skipped_save_region(Frame& frame, int save_index, const std::string& name,
                                           const TensorList& inputs, std::shared_ptr<void>* annotation) {
-  int save_index = 0;
-  for (std::size_t i = 0; i < index; ++i) save_index += frame.regions[i].saved ? 1 : 0;
   const SaveRegionRecord& record = frame.save_regions[static_cast<std::size_t>(save_index)];
   restore_states(frame.options.recompute_state_hooks, record.state_after);
   frame.fill_ferried(save_index, inputs);
@@ -384,20 +413,37 @@ class RunningRegionScope {
   std::int64_t previous_;
 };
 
-// In recompute: a save region is skipped, a recompute region's body runs again.
+// In recompute: a save region is skipped (or, where it must, run again: rerun_reason), a
+// recompute region's body runs again. A save region run again draws the random numbers forward
+// drew (the states before it are forward's); what it saves is dropped (forward kept its own),
+// and the tensors it saved from inputs recompute recreates are taken from them after it ran, as
+// forward's were changed by then.
 TensorList run_region_in_recompute(Frame& frame, const ThreadState& state, const FlatFunction& body,
                                    const std::string& name, bool recompute, const TensorList& inputs,
                                    std::shared_ptr<void>* annotation) {
   const std::size_t index = frame.recompute_regions++;
   refuse_another_path_in_recompute(frame, index, name, recompute);
-  if (frame.regions[index].saved) return outputs_of_skipped_save_region(frame, index, name, inputs, annotation);
+  int save_index = -1;
+  if (frame.regions[index].saved) {
+    save_index = 0;
+    for (std::size_t i = 0; i < index; ++i) save_index += frame.regions[i].saved ? 1 : 0;
+    if (frame.save_regions[static_cast<std::size_t>(save_index)].rerun_reason.empty()) {
+      return outputs_of_skipped_save_region(frame, save_index, name, inputs, annotation);
+    }
+  }
   ThreadState inner = state;
   inner.in_region = true;
   inner.region = &name;
-  ThreadStateScope scope(inner);
-  RunningRegionScope running(frame, index);
-  auto region_tag = TagScope::region(name, Policy::recompute);
-  return body(inputs);
+  inner.save_region = save_index;
+  TensorList outputs;
+  {
+    ThreadStateScope scope(inner);
+    RunningRegionScope running(frame, index);
+    auto region_tag = TagScope::region(name, save_index >= 0 ? Policy::save : Policy::recompute);
+    outputs = body(inputs);
+  }
+  if (save_index >= 0) frame.fill_ferried(save_index, inputs);
+  return outputs;
 }
 
 void refuse_duplicate_region(const Frame& frame, const std::string& name) {
@@ -421,25 +467,58 @@ void refuse_leaf_outputs(const Frame& frame, const std::string& name, const Tens
   }
 }
 
+// Whether recompute makes `t` again: made by differentiable code of this checkpoint (outside a
+// save region, or by one, whose output is then kept or made again).
+bool made_in_checkpoint(const Frame& frame, const at::Tensor& t) {
+  return t.defined() && t.grad_fn() != nullptr && t.grad_fn()->sequence_nr() >= frame.sequence_at_entry;
+}
+
 // Recompute skips a save region, so an in-place change it makes to its input would not happen
-// again: code after the region would read the unchanged value.
-void refuse_inputs_changed_by_save_region(const Frame& frame, const std::string& name, const TensorList& inputs,
-                                          const std::vector<std::optional<std::uint32_t>>& input_versions) {
+// again: code after the region would read the unchanged value. Under a plan, where the region is
+// saved by the plan's choice, not the code's, it runs again in recompute instead (the reason
+// returned), when recompute makes that input again; a tensor made before the checkpoint would be
+// changed twice. "" where no input changed.
+std::string rerun_for_changed_inputs(const Frame& frame, const std::string& name, const TensorList& inputs,
+                                     const std::vector<std::optional<std::uint32_t>>& input_versions,
+                                     const std::vector<bool>& made_here) {
+  std::string reason;
   for (std::size_t i = 0; i < input_versions.size(); ++i) {
     if (input_versions[i] == version_of(inputs[i])) continue;
-    throw Error("save region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
-                " in place (an op such as LeakyReLU(inplace=True) or x.relu_()); recompute skips save regions, so "
-                "the change would not happen again and what follows would read the unchanged value: make the op "
-                "out-of-place, or make the region a recompute region");
+    if (!frame.options.plan) {
+      throw Error("save region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
+                  " in place (an op such as LeakyReLU(inplace=True) or x.relu_()); recompute skips save regions, so "
+                  "the change would not happen again and what follows would read the unchanged value: make the op "
+                  "out-of-place, or make the region a recompute region");
+    }
+    if (!made_here[i]) {
+      throw Error("region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
+                  " in place (an op such as x.relu_()), a tensor made before the checkpoint ran or without "
+                  "gradients (a buffer, a captured tensor): saved, recompute would skip the change; recomputed, it "
+                  "would make it twice. Make the op out-of-place, or pass the region a tensor the checkpoint makes");
+    }
+    if (reason.empty()) {
+      reason = "it changes its input " + std::to_string(i) +
+               " in place (an op such as ReLU(inplace=True)): recompute runs it again";
+    }
   }
+  return reason;
 }
 
 // What forward keeps of a save region that returned `outputs`: what recompute hands back in
 // place of its body (see outputs_of_skipped_save_region).
-void record_save_region(Frame& frame, const std::string& name, const TensorList& outputs, std::uint64_t first_node,
-                        std::uint64_t end_node, std::shared_ptr<void>* annotation) {
+void record_save_region(Frame& frame, const std::string& name, const TensorList& inputs, const TensorList& outputs,
+                        std::uint64_t first_node, std::uint64_t end_node, std::shared_ptr<void>* annotation,
+                        std::string rerun_reason) {
   SaveRegionRecord record;
   record.name = name;
+  for (const at::Tensor& input : inputs) {
+    const c10::StorageImpl* storage = storage_of(input);
+    if (storage == nullptr) continue;
+    for (std::size_t i = 0; i < frame.inputs.size(); ++i) {
+      if (storage_of(frame.inputs[i].value) == storage) record.checkpoint_inputs.push_back(i);
+    }
+  }
+  record.rerun_reason = std::move(rerun_reason);
   for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
   record.outputs = outputs;
   record.persisted.assign(outputs.size(), false);
@@ -481,8 +560,12 @@ TensorList run_region_in_forward(Frame& frame, const ThreadState& state, const F
   inner.region = &name;
   if (!recompute) inner.save_region = static_cast<int>(frame.save_regions.size());
   std::vector<std::optional<std::uint32_t>> input_versions;
+  std::vector<bool> made_here;
   if (!recompute) {
-    for (const at::Tensor& input : inputs) input_versions.push_back(version_of(input));
+    for (const at::Tensor& input : inputs) {
+      input_versions.push_back(version_of(input));
+      made_here.push_back(made_in_checkpoint(frame, input));
+    }
     frame.note_recreated_region_inputs(inputs);
   }
   TensorList outputs;
@@ -499,8 +582,10 @@ TensorList run_region_in_forward(Frame& frame, const ThreadState& state, const F
   frame.recreated_region_inputs.clear();
   frame.pending_names.clear();
   refuse_leaf_outputs(frame, name, outputs);
-  refuse_inputs_changed_by_save_region(frame, name, inputs, input_versions);
-  if (!recompute) record_save_region(frame, name, outputs, first_node, end_node, annotation);
+  if (!recompute) {
+    std::string rerun_reason = rerun_for_changed_inputs(frame, name, inputs, input_versions, made_here);
+    record_save_region(frame, name, inputs, outputs, first_node, end_node, annotation, std::move(rerun_reason));
+  }
   return outputs;
 }
 
@@ -525,6 +610,7 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   record_inputs(*frame, inputs, keep_all_inputs);
   ReleaseIfForwardFails release_if_failed{*frame};
   TensorList outputs = run_forward(frame, inputs);
+  settle_persisted_outputs(*frame);
   refuse_needed_inputs_changed_in_place(*frame);
   keep_needed_inputs(*frame);
   keep_persisted_outputs(*frame);

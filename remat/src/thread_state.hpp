@@ -22,7 +22,9 @@ enum class Mode : std::uint8_t { none, forward, recompute };
 struct ThreadState {
   Frame* frame = nullptr;
   Mode mode = Mode::none;
-  int save_region = -1;  // the save region whose body runs now (forward only)
+  // The save region whose body runs now: in forward, or in recompute where it runs again
+  // (SaveRegionRecord::rerun_reason), whose saved tensors are those forward kept.
+  int save_region = -1;
   bool in_region = false;
   const std::string* region = nullptr;  // name of the region whose body runs now
   // Saved-tensor hooks on PyTorch's stack (Python's saved_tensors_hooks) when this forward or

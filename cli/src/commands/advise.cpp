@@ -101,6 +101,9 @@ Report plan_report(const budget::Plan& plan) {
     if (!region.must_save.empty()) {
       report.notes.push_back(fmt::format("'{}' must be saved: {}", region.name, region.must_save));
     }
+    if (!region.must_recompute.empty()) {
+      report.notes.push_back(fmt::format("'{}' must be recomputed: {}", region.name, region.must_recompute));
+    }
   }
   if (!plan.exact) {
     report.notes.push_back(fmt::format("the search was cut short to keep within a fraction of a second: this plan "

@@ -127,6 +127,7 @@ void write_region(alloc::JsonWriter& json, const RegionCost& region, std::option
       .field("seconds", finite_seconds(region.seconds, "the seconds of region '", region.name))
       .field("count", region.count);
   if (!region.must_save.empty()) json.field("must_save", std::string_view(region.must_save));
+  if (!region.must_recompute.empty()) json.field("must_recompute", std::string_view(region.must_recompute));
   if (region.offload_bytes != 0) json.field("offload_bytes", region.offload_bytes);
   if (offloaded) {
     json.field("offload_seconds", finite_seconds(region.offload_seconds, "the offload seconds of region '",
@@ -183,6 +184,18 @@ RegionCost read_cost(const Json& value, std::string_view source, const std::stri
   if (const auto it = value.find("must_save"); it != value.end()) {
     region.must_save = text_of(*it, source, path + ".must_save");
     if (region.must_save.empty()) refuse(source, path + ".must_save", "is empty; leave it out where the region may recompute");
+  }
+  if (const auto it = value.find("must_recompute"); it != value.end()) {
+    region.must_recompute = text_of(*it, source, path + ".must_recompute");
+    if (region.must_recompute.empty()) {
+      refuse(source, path + ".must_recompute", "is empty; leave it out where the region may be saved");
+    }
+    if (!region.must_save.empty()) {
+      refuse(source, path + ".must_recompute",
+             "is given with must_save: no plan can both save and recompute '" + region.name + "' (must_save: " +
+                 region.must_save + "; must_recompute: " + region.must_recompute +
+                 "); make the region's in-place op out-of-place and profile again");
+    }
   }
   if (const auto it = value.find("offload_bytes"); it != value.end()) {
     region.offload_bytes = count_of(*it, source, path + ".offload_bytes");
@@ -503,6 +516,11 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
       refuse(source, "$.regions[" + std::to_string(i) + "].decision",
              "recomputes '" + costs[i].name + "', which must be saved (" + costs[i].must_save + "): its recompute "
              "would not give back what its forward gave; " + kMakeThePlanAgain);
+    }
+    if ((listed_choices[i] != Choice::recompute || listed_offloaded[i]) && !costs[i].must_recompute.empty()) {
+      refuse(source, "$.regions[" + std::to_string(i) + "].decision",
+             "keeps '" + costs[i].name + "', which must be recomputed (" + costs[i].must_recompute + "): its "
+             "checkpoint runs it again in recompute all the same; " + kMakeThePlanAgain);
     }
   }
   if (std::all_of(plan.kept_ops.begin(), plan.kept_ops.end(), [](const auto& kept) { return kept.empty(); })) {

@@ -55,6 +55,10 @@ class PeakOffloadSearch {
     copy_seconds_.assign(n, 0);
     for (std::size_t r = 0; r < n; ++r) {
       const RegionCost& region = profile.regions[r];
+      if (!region.must_recompute.empty()) {
+        options_[r].push_back(Option::recompute);
+        continue;
+      }
       options_[r].push_back(Option::save);
       if (!region.must_save.empty()) continue;
       options_[r].push_back(Option::recompute);
@@ -77,6 +81,7 @@ class PeakOffloadSearch {
     c.seconds = 0;
     for (std::size_t r = 0; r < choices.size(); ++r) {
       if (!profile_.regions[r].must_save.empty() && (choices[r] != Choice::save || offloaded[r])) return;
+      if (!profile_.regions[r].must_recompute.empty() && choices[r] != Choice::recompute) return;
       const Option option = offloaded[r]                 ? Option::offload
                             : choices[r] == Choice::save ? Option::save
                                                          : Option::recompute;

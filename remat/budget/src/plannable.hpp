@@ -37,10 +37,12 @@ inline std::uint64_t check_plannable(const RegionProfile& profile, std::uint64_t
 }
 
 // The choice made before any weighing: save a region that must be saved (its bytes are in
-// least_kept_bytes); the one that costs nothing either way, recompute a region that takes no
-// time, save one that keeps no bytes. None where the solver must weigh it.
+// least_kept_bytes), recompute one that must be recomputed; the one that costs nothing either
+// way, recompute a region that takes no time, save one that keeps no bytes. None where the solver
+// must weigh it.
 inline std::optional<Choice> free_choice(const RegionCost& region) {
   if (!region.must_save.empty()) return Choice::save;
+  if (!region.must_recompute.empty()) return Choice::recompute;
   if (region.seconds <= 0) return Choice::recompute;
   if (region.saved_bytes == 0) return Choice::save;
   return std::nullopt;

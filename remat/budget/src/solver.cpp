@@ -129,6 +129,7 @@ RegionProfile grouped(const RegionProfile& profile) {
     if (inserted) {
       RegionCost group{pattern, region.saved_bytes, region.seconds, region.count};
       group.must_save = region.must_save;
+      group.must_recompute = region.must_recompute;
       group.offload_bytes = region.offload_bytes;
       if (profile.host_copy) group.members_offload_seconds = copies;
       out.regions.push_back(std::move(group));
@@ -144,6 +145,9 @@ RegionProfile grouped(const RegionProfile& profile) {
     group.offload_bytes = offloadable ? group.offload_bytes + region.offload_bytes : 0;
     if (group.members_offload_seconds) *group.members_offload_seconds += copies;
     if (group.must_save.empty() && !region.must_save.empty()) group.must_save = region.name + ": " + region.must_save;
+    if (group.must_recompute.empty() && !region.must_recompute.empty()) {
+      group.must_recompute = region.name + ": " + region.must_recompute;
+    }
   }
   return out;
 }

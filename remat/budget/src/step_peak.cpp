@@ -140,6 +140,7 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   const auto consider = [&](std::vector<Choice> choices) {
     for (std::size_t r = 0; r < n; ++r) {
       if (!profile.regions[r].must_save.empty()) choices[r] = Choice::save;
+      if (!profile.regions[r].must_recompute.empty()) choices[r] = Choice::recompute;
     }
     const std::uint64_t peak = model.peak(choices);
     const double seconds = recompute_seconds(profile, choices);

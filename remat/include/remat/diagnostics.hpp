@@ -66,11 +66,19 @@ struct RegionResidency {
   std::vector<ResidentTensor> tensors;
 };
 
+// A save region that recompute runs again instead of skipping it, and why: under a plan, a save
+// region that changes its input in place, or whose output is changed in place after it returns.
+struct RerunRegion {
+  std::string region;  // "layers.0::act"
+  std::string reason;
+};
+
 struct MemoryReport {
   std::string checkpoint;
   std::vector<RegionResidency> regions;
   std::int64_t bytes = 0;     // every storage once
   std::int64_t storages = 0;
+  std::vector<RerunRegion> rerun_regions;  // in forward order
   // "layers.0: 28 B resident in 2 storage(s)", then per region "layers.0::attn: 28 B" and a
   // row per tensor: "  12 B  lse  (3,)  float32".
   std::string format() const;

@@ -63,6 +63,9 @@ struct CheckpointOptions {
   // generator's state as cpu_rng_state_hook() does (dropout draws forward's mask again), and the
   // default generator of every CUDA device that has a context when the checkpoint starts,
   // through LibTorch's device-generic hooks (no remat::cuda needed; nothing where CUDA is absent).
+  // Under one, a save region that changed its input in place, or whose output was changed in
+  // place after it returned, runs again in recompute rather than being skipped (without a plan
+  // it is an error): MemoryReport::rerun_regions lists those.
   std::shared_ptr<const budget::RegionChoices> plan;
   // Handed back by checkpoint_caller() while the body runs. Null: none.
   std::shared_ptr<CheckpointCaller> caller;

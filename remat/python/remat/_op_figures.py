@@ -13,9 +13,10 @@ random ops (keeping one would skip its draw in recompute and move every later dr
 The same watch finds what makes a region unsafe to recompute (in every region whose code saves
 it, and with per-op figures in every region): an op that draws from a torch.Generator of the
 region's own (recompute would draw other numbers; the RNG state hooks restore the default
-generators only), or one that writes in place into a tensor the region did not make (a
-BatchNorm's running statistics, a cache: recompute would write it again). A plan saves such a
-region (the profile's "must_save").
+generators only), or one that writes in place into a tensor the region did not make, its inputs
+aside (a BatchNorm's running statistics, a cache: recompute would write it again). A plan saves
+such a region (the profile's "must_save"). A write into an input is the runtime's to judge: it
+runs a saved region that changed its input again in recompute (the profile's "must_recompute").
 
 The ops at a region's end that its recompute never runs are found from the same watch
 (recompute_tail): recompute stops once the last tensor backward needs is saved again, and an op
@@ -191,6 +192,7 @@ class OpMeter(TorchDispatchMode):
         self._cuda = cuda
         self._figures = figures
         self._made = set()  # storage keys of what the region's ops made
+        self._inputs = set()  # storage keys of the region's inputs (takes_inputs)
         self._defaults = _default_generators()
         self._events = []  # (entry in ops, start event, end event) on CUDA
         self._flow = []  # figures=True: (index or None, input keys, output keys) of each op not a view, in order
@@ -211,11 +213,17 @@ class OpMeter(TorchDispatchMode):
                 continue
             value = args[position] if position < len(args) and not argument.kwarg_only else kwargs.get(argument.name)
             for tensor in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(tensor, torch.Tensor) and _key(tensor) not in self._made:
+                if isinstance(tensor, torch.Tensor) and _key(tensor) not in self._made | self._inputs:
                     self.must_save = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
                                       f"{_describe(tensor)}: a BatchNorm's running statistics, a cache), which "
                                       f"recompute would write again")
                     return
+
+    def takes_inputs(self, tensors):
+        """The region's inputs: a write into one is no write into outside state. The runtime makes
+        it again where recompute makes the input again (a saved region then runs again in recompute,
+        the profile's "must_recompute"), and refuses it where recompute cannot."""
+        self._inputs.update(_key(tensor) for tensor in tensors)
 
     def _made_by(self, out):
         for tensor in out if isinstance(out, (tuple, list)) else (out,):

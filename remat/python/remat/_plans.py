@@ -483,6 +483,8 @@ class Plan:
         self.kept_ops = {name: sorted(ops.items()) for name, ops in self._kept_ops.items()}
         # region (or pattern) -> why it must be saved: no step recomputes it, diverged or not
         self._must_save = {r["name"]: r["must_save"] for r in listed if r.get("must_save")}
+        # region (or pattern) -> why it must be recomputed: saved, its checkpoint would run it again
+        self._must_recompute = {r["name"]: r["must_recompute"] for r in listed if r.get("must_recompute")}
         # A plan with a host budget: the regions it offloads, what they hold on the host and what
         # their copies cost (part of recompute_seconds); None / [] / 0 otherwise.
         self.host_budget_bytes = doc.get("host_budget_bytes")
@@ -606,6 +608,8 @@ class Plan:
             seconds = f"{cost.seconds:>10.6g}" if cost else f"{'':>10}"
             if name in self._must_save:
                 choice += f" (must be saved: {self._must_save[name]})"
+            if name in self._must_recompute:
+                choice += f" (must be recomputed: {self._must_recompute[name]})"
             kept = self.kept_ops.get(name)
             if kept:
                 choice += f", keeping {len(kept)} op(s): " + ", ".join(f"{index} {op}" for index, op in kept)

@@ -5,7 +5,9 @@ what each region keeps (its saved bytes, each storage once), its forward time (t
 what the checkpoints keep with every region recomputed (their inputs: base_bytes), the step's
 memory where its tensors are counted (_step_profile), its shape (_step_shape), per-op figures
 (ops=True) and what makes a region unsafe to recompute (_op_figures), and the copy bandwidth to
-the host (host_copy=True). After the block it is a RegionProfile.
+the host (host_copy=True). A region the runtime ran again in recompute though saved (it changed its
+input in place, or its output was changed in place after it returned) is marked must_recompute:
+saving it gains nothing. After the block it is a RegionProfile.
 
 With per-op figures, a checkpoint's last region is priced at what its recompute runs: recompute
 stops once the last tensor backward needs is saved again, so the ops at its end after that
@@ -18,7 +20,6 @@ of those after it saves a tensor.
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import remat_alloc
@@ -112,7 +113,7 @@ class profile_regions:
         self._last_region = None  # (name, output) of the last outermost region the running checkpoint call ran
         self._device = "cpu"
         self._step = None
-        self._own_recompute = {}  # region -> whether its code recomputes it
+        self._must_recompute = {}  # region -> why the runtime ran it again in recompute, saved
 
     def __enter__(self):
         if getattr(_state, "session", None) is not None:
@@ -158,6 +159,10 @@ class profile_regions:
                 region["offload_bytes"] = self._offload[name]
             if name in self._meters:
                 self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"), ops=self._ops)
+            if name in self._must_recompute:
+                region["must_recompute"] = self._must_recompute[name]
+                region.pop("ops", None)  # nothing for a plan to keep: the region runs again whole
+                region.pop("op_overhead_seconds", None)
             regions.append(region)
         doc = {"kind": "region-profile", "schema_version": 1, "device_name": self._device,
                "timer": ("wall_time" if self._timer == "wall" else
@@ -199,8 +204,6 @@ class profile_regions:
         try:
             out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
             last = self._last_region
-        except _C.RematError as error:
-            raise self._unprofilable(error) from None
         finally:
             self._last_region = outer_last
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
@@ -213,6 +216,8 @@ class profile_regions:
         self._calls += 1
         reports = [report for report in _C.live_checkpoint_reports() if report.checkpoint == name]
         if reports:
+            for rerun in reports[-1].rerun_regions:
+                self._must_recompute.setdefault(rerun.region, rerun.reason)
             for region in reports[-1].regions:
                 self._kept_keys.update((t.device, t.address) for t in region.tensors)
                 if region.region not in self._timings:
@@ -251,7 +256,6 @@ class profile_regions:
         region's seconds keep in part."""
         if _C.is_recomputing():
             return None
-        self._own_recompute[name] = own_recompute
         if self._depth == 0:
             self._outer = name
             self._outer_watched = self._ops or not own_recompute
@@ -266,6 +270,7 @@ class profile_regions:
 
         def measured_body(body):
             def body_with_meter(*args, **kwargs):
+                meter.takes_inputs(tensors_in((args, kwargs)))
                 with meter:
                     return body(*args, **kwargs)
 
@@ -273,20 +278,6 @@ class profile_regions:
             return body_with_meter
 
         return measured_body
-
-    def _unprofilable(self, error):
-        """The runtime's refusal of a saved region that changes its input in place, or whose output
-        is changed in place after it returns: said as the profile's where the code recomputes that
-        region (it runs so as written; saved, its recompute would miss or repeat the change)."""
-        text = str(error)
-        found = re.search(r"save region '([^']+)'", text)
-        if found is None or "in place" not in text or not self._own_recompute.get(found.group(1)):
-            return error
-        return _C.RematError(
-            f"profile_regions: region '{found.group(1)}' is a recompute region in your code, which runs it as "
-            "written, but a profile saves every region to measure it, and saved it cannot run: " + text +
-            ". No profile (nor remat.fit, whose first step is one) can measure this model until that op is made "
-            "out-of-place (ReLU(inplace=False), h = h + x)")
 
     @staticmethod
     def _add_meters(region, meters, cuda, ops):

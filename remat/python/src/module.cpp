@@ -268,11 +268,15 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("bytes", &RegionResidency::bytes)
       .def_readonly("storages", &RegionResidency::storages)
       .def_readonly("tensors", &RegionResidency::tensors);
+  py::class_<RerunRegion>(m, "RerunRegion")
+      .def_readonly("region", &RerunRegion::region)
+      .def_readonly("reason", &RerunRegion::reason);
   def_report_text(py::class_<MemoryReport>(m, "MemoryReport")
                       .def_readonly("checkpoint", &MemoryReport::checkpoint)
                       .def_readonly("regions", &MemoryReport::regions)
                       .def_readonly("bytes", &MemoryReport::bytes)
-                      .def_readonly("storages", &MemoryReport::storages));
+                      .def_readonly("storages", &MemoryReport::storages)
+                      .def_readonly("rerun_regions", &MemoryReport::rerun_regions));
   m.def("current_memory_report", &current_memory_report);
   m.def("live_checkpoint_reports", &live_checkpoint_reports,
         "What every live checkpoint (forward finished, backward may still need it) keeps.");

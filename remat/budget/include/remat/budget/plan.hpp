@@ -44,6 +44,11 @@ struct RegionCost {
   // (it draws from a generator of its own, it writes into state it did not make: a BatchNorm's
   // running statistics, a cache); empty where it may recompute. Every plan saves such a region.
   std::string must_save;
+  // Why the region must be recomputed, where saving it gains nothing: its checkpoint would run it
+  // again in recompute all the same (it changes its input in place, or its output is changed in
+  // place after it returns, so skipping it would miss or repeat the change); empty where it may be
+  // saved. Every plan recomputes such a region. Never set with must_save.
+  std::string must_recompute;
   // The bytes offloading the region would move to the host and back (profiles with copy figures;
   // 0: not offloadable), and in a plan that offloads it, what the copies cost the step
   // (offload_seconds(), offload_plan.hpp).
