@@ -8,6 +8,8 @@
 #include <remat/budget/plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
+#include "two_checkpoints.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -78,24 +80,16 @@ TEST(MustRecompute, GroupingKeepsTheReasonOfAnyMember) {
   EXPECT_EQ(solve(grouped_profile, 200).regions[0].second, Choice::recompute);
 }
 
-// Two checkpoints of one region each (test_step_peak.cpp's): every plan fits a peak of 300 bytes
-// and saving both recomputes nothing, but c1's region must be recomputed.
-RegionProfile two_checkpoints() {
-  RegionProfile profile;
-  profile.regions = {{"c0::r", 110, 1.0, 1}, {"c1::r", 110, 2.0, 1}};
-  StepMemory step;
-  step.peak_bytes = 300;
-  step.storages = {100, 10, 100, 10};
-  step.checkpoints = {{"c0", {}, {}, {0}, {{"c0::r", {0, 1}, {}, {0}, 0}}},
-                      {"c1", {0}, {}, {2}, {{"c1::r", {2, 3}, {0}, {2}, 0}}}};
-  step.segments = {{220, 0, {0, 1}, -1, -1}, {300, 220, {0, 1}, -1, 1}, {200, 110, {0}, -1, 0}};
-  profile.step = step;
+// The step-peak tests' two checkpoints, with the host copy priced: every plan fits a peak of 300
+// bytes and saving both recomputes nothing, but c1's region must be recomputed.
+RegionProfile two_checkpoints_copied_at_1000() {
+  RegionProfile profile = fixtures::two_checkpoints();
   profile.host_copy = HostCopy{1000.0, 1000.0, 1 << 20};
   return profile;
 }
 
 TEST(MustRecompute, PlansByPeakRecomputeThePinnedRegionAndPredictThatPeak) {
-  RegionProfile profile = two_checkpoints();
+  RegionProfile profile = two_checkpoints_copied_at_1000();
   EXPECT_EQ(solve_peak(profile, 300).regions[1].second, Choice::save);
   profile.regions[1].must_recompute = kChangesItsInput;
   const Plan plan = solve_peak(profile, 300);

@@ -7,6 +7,7 @@
 #include <remat/budget/step_peak.hpp>
 
 #include "exhaustive_regions.hpp"
+#include "two_checkpoints.hpp"
 
 #include <gtest/gtest.h>
 
@@ -92,17 +93,8 @@ TEST(MustSave, GroupingKeepsTheReasonOfAnyMember) {
 }
 
 TEST(MustSave, APlanByPeakSavesThePinnedRegion) {
-  // Two checkpoints of one region each (test_step_peak.cpp's): recomputing c0 alone peaks least,
-  // but c0 must be saved.
-  RegionProfile profile;
-  profile.regions = {{"c0::r", 110, 1.0, 1}, {"c1::r", 110, 2.0, 1}};
-  StepMemory step;
-  step.peak_bytes = 300;
-  step.storages = {100, 10, 100, 10};
-  step.checkpoints = {{"c0", {}, {}, {0}, {{"c0::r", {0, 1}, {}, {0}, 0}}},
-                      {"c1", {0}, {}, {2}, {{"c1::r", {2, 3}, {0}, {2}, 0}}}};
-  step.segments = {{220, 0, {0, 1}, -1, -1}, {300, 220, {0, 1}, -1, 1}, {200, 110, {0}, -1, 0}};
-  profile.step = step;
+  // The step-peak tests' two checkpoints: recomputing c0 alone peaks least, but c0 must be saved.
+  RegionProfile profile = fixtures::two_checkpoints();
   EXPECT_EQ(least_step_peak(profile), 200u);
   profile.regions[0].must_save = "it writes in place into a tensor it did not make";
   EXPECT_EQ(least_step_peak(profile), 300u);

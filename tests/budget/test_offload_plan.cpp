@@ -36,21 +36,21 @@ RegionProfile random_profile(std::mt19937_64& rng, std::size_t regions, const st
   return profile;
 }
 
-// The least step time over every choice of every region (save, recompute, offload where it has
-// bytes to move) within both budgets.
-double exhaustive_best(const RegionProfile& profile, std::uint64_t budget, std::uint64_t host_budget) {
+// The least step time over every choice of `choosers` choosers (regions, or groups of them),
+// region r taking the choice of the chooser whose power of 3 is power_of[r]: save, recompute, or
+// offload where each region of it has bytes to move; bytes added up, copies priced per region.
+double exhaustive_best_by_power(const RegionProfile& profile, const std::vector<std::size_t>& power_of,
+                                std::size_t choosers, std::uint64_t budget, std::uint64_t host_budget) {
   double best = 1e300;
-  const std::size_t n = profile.regions.size();
   std::size_t combinations = 1;
-  for (std::size_t r = 0; r < n; ++r) combinations *= 3;
+  for (std::size_t c = 0; c < choosers; ++c) combinations *= 3;
   for (std::size_t code = 0; code < combinations; ++code) {
     std::uint64_t kept = profile.base_bytes, host = 0;
     double seconds = 0;
     bool possible = true;
-    std::size_t rest = code;
-    for (std::size_t r = 0; r < n; ++r, rest /= 3) {
+    for (std::size_t r = 0; r < profile.regions.size(); ++r) {
       const RegionCost& region = profile.regions[r];
-      switch (rest % 3) {
+      switch (code / power_of[r] % 3) {
         case 0: kept += region.saved_bytes; break;
         case 1: seconds += region.seconds; break;
         default:
@@ -62,6 +62,14 @@ double exhaustive_best(const RegionProfile& profile, std::uint64_t budget, std::
     if (possible && kept <= budget && host <= host_budget && seconds < best) best = seconds;
   }
   return best;
+}
+
+// The least step time over every choice of every region (save, recompute, offload where it has
+// bytes to move) within both budgets.
+double exhaustive_best(const RegionProfile& profile, std::uint64_t budget, std::uint64_t host_budget) {
+  std::vector<std::size_t> power_of_region;  // each region its own choice: 3 to its index
+  for (std::size_t r = 0, power = 1; r < profile.regions.size(); ++r, power *= 3) power_of_region.push_back(power);
+  return exhaustive_best_by_power(profile, power_of_region, profile.regions.size(), budget, host_budget);
 }
 
 void expect_consistent(const RegionProfile& profile, const Plan& plan) {
@@ -126,33 +134,13 @@ RegionProfile random_layered_profile(std::mt19937_64& rng, std::size_t layers, s
 // regions as measured: bytes added up, each region's copies priced on their own.
 double exhaustive_grouped_best(const RegionProfile& profile, const RegionProfile& groups, std::uint64_t budget,
                                std::uint64_t host_budget) {
-  double best = 1e300;
   std::vector<std::size_t> power_of_group;  // 3 to the group's index, for each region
   for (const RegionCost& region : profile.regions) {
     std::size_t power = 1;
     for (std::size_t g = 0; !matches(groups.regions[g].name, region.name); ++g) power *= 3;
     power_of_group.push_back(power);
   }
-  std::size_t combinations = 1;
-  for (std::size_t g = 0; g < groups.regions.size(); ++g) combinations *= 3;
-  for (std::size_t code = 0; code < combinations; ++code) {
-    std::uint64_t kept = profile.base_bytes, host = 0;
-    double seconds = 0;
-    bool possible = true;
-    for (std::size_t r = 0; r < profile.regions.size(); ++r) {
-      const RegionCost& region = profile.regions[r];
-      switch (code / power_of_group[r] % 3) {
-        case 0: kept += region.saved_bytes; break;
-        case 1: seconds += region.seconds; break;
-        default:
-          if (region.offload_bytes == 0) possible = false;
-          host += region.offload_bytes;
-          seconds += offload_seconds(profile, region);
-      }
-    }
-    if (possible && kept <= budget && host <= host_budget && seconds < best) best = seconds;
-  }
-  return best;
+  return exhaustive_best_by_power(profile, power_of_group, groups.regions.size(), budget, host_budget);
 }
 
 // Grouped plans with offload: a pattern's choice, offload included, holds for every region it
