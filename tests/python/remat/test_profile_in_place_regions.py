@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import remat
-import remat_alloc
 from remat._plans import live_checkpoint_bytes
 
 import fit_loop
@@ -154,12 +153,6 @@ def test_plans_by_kept_bytes_recompute_the_marked_regions_keep_within_and_are_bi
     assert len(seen) > 1  # the budgets made different plans
 
 
-def peak_of(step):
-    remat_alloc.reset_peak_stats()
-    step()
-    return remat_alloc.memory_stats()["requested_bytes_peak"]
-
-
 def test_plans_by_step_peak_peak_within_the_budget_and_the_prediction_and_are_bitwise(fixture):
     f, _ = fixture
     least = f.profile.least_peak_bytes()
@@ -175,7 +168,7 @@ def test_plans_by_step_peak_peak_within_the_budget_and_the_prediction_and_are_bi
             with remat.use_plan(plan):
                 f.model(f.x).backward()
 
-        measured = max(peak_of(run_step), peak_of(run_step))
+        measured = max(fit_loop.peak_of(run_step), fit_loop.peak_of(run_step))
         assert f.bitwise(), budget
         assert measured <= budget, (budget, plan.peak_bytes, measured)
         assert measured <= plan.peak_bytes * 1.03, (budget, plan.peak_bytes, measured)
@@ -209,16 +202,9 @@ def test_fit_trains_such_a_model_within_the_budget_bitwise(in_place_input):
         with fit_loop.fitted(lambda: Model(in_place_input, checkpointed), budget) as (model, told):
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             for step in range(1, 5):
-                x = batch(step)
-
-                def one_step():
-                    optimizer.zero_grad(set_to_none=True)
-                    model(x).backward()
-                    optimizer.step()
-
-                peak = fit_loop.peak_of(one_step)
+                peak, grads = fit_loop.sgd_step(model, optimizer, batch(step))
                 state = getattr(model, "remat_fit", None)
-                rows.append({"peak": peak, "grads": [p.grad.numpy().tobytes() for p in model.parameters()],
+                rows.append({"peak": peak, "grads": grads,
                              "predicted": None if state is None or state.plan is None
                              else state.predicted_peak_bytes})
             least = fit_loop.unfit(model, batch(5))
@@ -255,3 +241,51 @@ def test_a_region_changing_a_tensor_made_before_the_checkpoint_is_still_refused(
     with remat.profile_regions() as profile:  # the refused profile left nothing behind: another one runs
         remat.checkpoint(region_name="sin")(lambda t: remat.region(lambda u: u.sin(), "sin")(t))(x).sum().backward()
     assert [r.name for r in profile.regions] == ["sin::sin"]
+
+
+class ChangedAfterCheckpoint(torch.nn.Module):
+    """Layers of lin (recompute) -> out (save: a Linear, then dropout), each checkpoint's output,
+    which is out's, changed in place after the checkpoint returns (h = checkpoint(layer)(h);
+    h.mul_(1.5)). A plan keeps a saved region's outputs for recompute: the change is seen in
+    backward, and recompute runs the region again, remaking its output as forward made it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lins = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(3))
+        self.outs = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(3))
+
+    def forward(self, x, plain=False):
+        region = (lambda fn, name, recompute=True: fn) if plain else remat.region
+        for index, (lin, out) in enumerate(zip(self.lins, self.outs)):
+            def layer(t, lin=lin, out=out):
+                h = region(lin, "lin")(t)
+                return region(lambda u: torch.nn.functional.dropout(out(u), 0.2), "out", recompute=False)(h)
+
+            x = layer(x) if plain else remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+            x.mul_(1.5)
+        return x.square().mean()
+
+
+def test_a_checkpoint_output_changed_after_it_returns_runs_under_every_plan_bitwise():
+    torch.manual_seed(0)
+    model, x = ChangedAfterCheckpoint(), batch()
+
+    def grads(plain=False):
+        torch.manual_seed(1)
+        model(x, plain).backward()
+        out = [t.grad.clone() for t in [*model.parameters(), x]]
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        return out
+
+    expected = grads(plain=True)
+    with remat.profile_regions() as profile:
+        assert all(map(torch.equal, grads(), expected))
+    least, most = profile.base_bytes, profile.all_saved_bytes
+    saved_outs = set()
+    for budget in [least + (most - least) * i // 4 for i in range(5)]:
+        plan = profile.plan(budget)
+        saved_outs |= {name for name, choice in plan.decisions.items() if name.endswith("::out") and choice == "save"}
+        with remat.use_plan(plan):
+            assert all(map(torch.equal, grads(), expected)), plan.decisions
+    assert saved_outs  # some plan saved a region whose kept output the caller changed
