@@ -193,15 +193,16 @@ TensorList outputs_of_skipped_save_region(Frame& frame, int save_index, const st
   TensorList out;
   for (std::size_t o = 0; o < record.metas.size(); ++o) {
     if (record.packed[o] || record.outputs[o].defined()) {
-      at::Tensor value = record.packed[o] ? restore_layout(record.packed[o].unpack(), record.metas[o],
-                                                           "output " + std::to_string(o) + " of save region '" +
-                                                               frame.region_path(name) + "'")
-                                          : record.outputs[o].variable_data();
+      at::Tensor value =
+          record.packed[o]
+              ? restore_layout(record.packed[o].unpack(), record.metas[o],
+                               "output " + std::to_string(o) + " of save region '" + frame.region_path(name) + "'")
+              : record.outputs[o].variable_data();
       if (record.metas[o].requires_grad) value.requires_grad_(true);
       out.push_back(std::move(value));
     } else {
-      out.push_back(make_placeholder(record.metas[o], "output " + std::to_string(o) + " of save region '" +
-                                                          frame.region_path(name) + "'"));
+      out.push_back(make_placeholder(
+          record.metas[o], "output " + std::to_string(o) + " of save region '" + frame.region_path(name) + "'"));
     }
   }
   return out;
