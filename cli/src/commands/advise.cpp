@@ -216,7 +216,13 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     } catch (const budget::BudgetError& error) {
       throw InputError(error.what());
     }
-    if (opts->group) profile = budget::grouped(profile);
+    if (opts->group) {
+      try {
+        profile = budget::grouped(profile);
+      } catch (const budget::BudgetError& error) {
+        throw UsageError(std::string("--group: ") + error.what());
+      }
+    }
     if (picture && host_budget) {
       throw UsageError("--svg draws plans without offload: drop --host-budget to draw the frontier, or --svg to plan "
                        "with the host budget");

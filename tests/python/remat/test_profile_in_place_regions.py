@@ -6,9 +6,12 @@ skipping it (skipped, recompute would miss the change or make it twice), and the
 Gradients are bitwise those without checkpointing, in the profiled step and under each plan; what
 the checkpoints keep is at most the plan's kept_bytes, the step peak at most the budget and 3% over
 the prediction; remat-report advise makes the same plans; remat.fit trains such a model under a
-budget. A region that changes a tensor made before the checkpoint is still refused, naming it."""
+budget. A region that changes a tensor made before the checkpoint is still refused, naming it. A
+grouped plan (group=True, advise --group) whose pattern stands for a region that must be saved and
+one that must be recomputed is refused naming both; planned by region, the step runs."""
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -289,3 +292,108 @@ def test_a_checkpoint_output_changed_after_it_returns_runs_under_every_plan_bitw
         with remat.use_plan(plan):
             assert all(map(torch.equal, grads(), expected)), plan.decisions
     assert saved_outs  # some plan saved a region whose kept output the caller changed
+
+
+class MixedLayer(torch.nn.Module):
+    """A 'norm' region that counts its calls in a buffer (must be saved) in the first layer, and
+    one whose output is changed in place after it returns (must be recomputed) in the others."""
+
+    def __init__(self, counts_calls):
+        super().__init__()
+        self.lin, self.mlp = torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("calls", torch.zeros(()))
+        self.counts_calls = counts_calls
+
+    def counted(self, t):
+        self.calls.add_(1)  # into state the region did not make: recompute would count again
+        return self.lin(t)
+
+    def forward(self, x, plain=False):
+        region = (lambda fn, name, recompute=True: fn) if plain else remat.region
+        if self.counts_calls:
+            h = region(self.counted, "norm", recompute=False)(x)
+        else:
+            h = region(self.lin, "norm")(x)
+            h += x
+        return region(lambda t: self.mlp(t).cos(), "mlp")(h)
+
+
+class MixedModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(MixedLayer(index == 0) for index in range(LAYERS))
+
+    def forward(self, x, plain=False):
+        for index, layer in enumerate(self.layers):
+            x = layer(x, plain=True) if plain else remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+        return x.square().mean()
+
+
+MIXED_PINS = (r"cannot plan by pattern: 'layers\.\*::norm' stands for 'layers\.0::norm', which must be saved \(it "
+              r"writes in place into a tensor it did not make .*\), and for 'layers\.1::norm', which must be "
+              r"recomputed \(its output 0 is changed in place after it returns.*\), and a pattern makes one choice "
+              r"for all its regions; plan each region on its own \(without group=True; remat-report advise without "
+              r"--group\)")
+
+
+def test_a_pattern_whose_regions_must_be_saved_and_recomputed_is_refused_and_plans_by_region_run(tmp_path):
+    torch.manual_seed(0)
+    model, x = MixedModel(), batch()
+    leaves = list(model.parameters()) + [x]
+
+    def step(**kwargs):  # begins as the profiled step did, without gradients
+        for t in leaves:
+            t.grad = None
+        model(x, **kwargs).backward()
+
+    step(plain=True)
+    reference = [t.grad.clone() for t in leaves]
+
+    def bitwise():  # the step's gradients against those without checkpointing, none held past this
+        return all(torch.equal(t.grad, want) for t, want in zip(leaves, reference))
+
+    with remat.tag_cpu_tensors():
+        with remat.profile_regions() as profile:
+            step()
+        assert bitwise()
+        doc = json.loads(profile.to_json())
+        pins = {r["name"]: ("save" if "must_save" in r else "recompute") for r in doc["regions"]
+                if "must_save" in r or "must_recompute" in r}
+        assert pins == {"layers.0::norm": "save", **{f"layers.{i}::norm": "recompute" for i in range(1, LAYERS)}}
+
+        # By pattern no choice serves both: every grouped entry point refuses, naming both regions.
+        for refused in (lambda: profile.plan(profile.all_saved_bytes, group=True),
+                        lambda: profile.plan(peak_bytes=profile.step_peak_bytes, group=True),
+                        lambda: profile.least_peak_bytes(group=True),
+                        lambda: profile.frontier(group=True),
+                        lambda: profile.frontier(group=True, by="peak")):
+            with pytest.raises(ValueError, match=MIXED_PINS):
+                refused()
+
+        # By region, each keeps its pin, the plan reads back, and its step is bitwise within the prediction.
+        plan = profile.plan(peak_bytes=profile.step_peak_bytes)
+        assert plan.decisions["layers.0::norm"] == "save"
+        assert all(plan.decisions[f"layers.{i}::norm"] == "recompute" for i in range(1, LAYERS))
+        plan.to_json(tmp_path / "plan.json")
+        assert remat.load_plan(tmp_path / "plan.json").decisions == plan.decisions
+
+        def planned_step():
+            with remat.use_plan(plan):
+                step()
+
+        measured = max(peak_of(planned_step), peak_of(planned_step))
+        assert bitwise()
+        assert plan.peak_bytes <= profile.step_peak_bytes
+        assert measured <= profile.step_peak_bytes and measured <= plan.peak_bytes * 1.03, (measured, plan.peak_bytes)
+
+    path = tmp_path / "profile.json"
+    profile.to_json(path)
+    for args in (["--budget", f"{profile.all_saved_bytes}B"], ["--peak", f"{profile.step_peak_bytes}B"], []):
+        run = subprocess.run([remat_report(), "advise", str(path), "--group", *args], capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 1, (args, run.returncode, run.stdout, run.stderr)
+        assert re.search("--group: " + MIXED_PINS, run.stderr), run.stderr
+    run = subprocess.run([remat_report(), "advise", str(path), "--peak", f"{profile.step_peak_bytes}B", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["decisions"] == plan.decisions
