@@ -381,7 +381,7 @@ def test_a_pattern_whose_regions_must_be_saved_and_recomputed_is_refused_and_pla
             with remat.use_plan(plan):
                 step()
 
-        measured = max(peak_of(planned_step), peak_of(planned_step))
+        measured = max(fit_loop.peak_of(planned_step), fit_loop.peak_of(planned_step))
         assert bitwise()
         assert plan.peak_bytes <= profile.step_peak_bytes
         assert measured <= profile.step_peak_bytes and measured <= plan.peak_bytes * 1.03, (measured, plan.peak_bytes)

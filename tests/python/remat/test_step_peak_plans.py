@@ -260,7 +260,7 @@ def test_remat_report_advise_peak_makes_the_same_plan_and_prediction(tagged, tmp
     run = subprocess.run([remat_report(), "advise", str(path), "--peak", f"{least - 1}B"], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 1
-    assert f"the least any plan reaches is" in run.stderr and f"({least} bytes)" in run.stderr
+    assert "the least any plan reaches is" in run.stderr and f"({least} bytes)" in run.stderr
 
 
 def test_remat_report_advise_peak_svg_draws_the_frontier_against_the_step_peak(tagged, tmp_path):
