@@ -19,6 +19,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace remat::budget {
@@ -480,17 +482,21 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
       listed_offloaded.push_back(decision == "offload");
     }
   }
+  // Each listed region by name (the last of a name listed twice, which the checks below refuse).
+  std::unordered_map<std::string_view, std::size_t> listed_at;
+  for (std::size_t i = 0; i < costs.size(); ++i) listed_at[costs[i].name] = i;
+  // Each decision's entry of plan.regions, by name (decisions names each region once).
+  std::unordered_map<std::string_view, std::size_t> decided_at;
   for (const auto& [name, value] : decisions.items()) {
     const std::string path = "$.decisions['" + name + "']";
     if (name.empty()) refuse(source, "$.decisions", "has an empty region name; regions are named checkpoint::region");
     RegionCost cost{name, 0, 0, 1};
     std::vector<OpCost> kept;
-    for (std::size_t i = 0; i < costs.size(); ++i) {
-      if (costs[i].name == name) {
-        cost = costs[i];
-        kept = listed_kept[i];
-      }
+    if (const auto listed = listed_at.find(name); listed != listed_at.end()) {
+      cost = costs[listed->second];
+      kept = listed_kept[listed->second];
     }
+    decided_at.emplace(name, plan.regions.size());
     plan.regions.emplace_back(std::move(cost), choice_of(value, source, path));
     plan.kept_ops.push_back(std::move(kept));
     plan.offloaded.push_back(value == "offload");
@@ -500,12 +506,12 @@ Plan plan_from_json(std::string_view text, std::string_view source) {
                                     std::to_string(plan.regions.size()) + "; they must name the same regions");
   }
   for (std::size_t i = 0; i < costs.size(); ++i) {
-    const auto decided = std::find_if(plan.regions.begin(), plan.regions.end(),
-                                      [&](const auto& entry) { return entry.first.name == costs[i].name; });
-    if (decided == plan.regions.end()) {
+    const auto found = decided_at.find(costs[i].name);
+    if (found == decided_at.end()) {
       refuse(source, "$.regions", "'" + costs[i].name + "' has no decision in $.decisions");
     }
-    const bool offloaded = plan.offloaded[static_cast<std::size_t>(decided - plan.regions.begin())];
+    const auto decided = plan.regions.begin() + static_cast<std::ptrdiff_t>(found->second);
+    const bool offloaded = plan.offloaded[found->second];
     if (decided->second != listed_choices[i] || offloaded != listed_offloaded[i]) {
       refuse(source, "$.regions[" + std::to_string(i) + "].decision",
              "is \"" + std::string(decision_text(listed_choices[i], listed_offloaded[i])) + "\" but $.decisions['" +

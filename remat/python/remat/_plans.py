@@ -295,8 +295,18 @@ class RegionProfile:
     """What each region of each checkpoint cost on one step (remat.profile_regions())."""
 
     def __init__(self, text):
-        self._text = _budget.check_profile(text, "profile")
-        doc = json.loads(self._text)
+        self._read(_budget.check_profile(text, "profile"))
+
+    @classmethod
+    def _checked(cls, text):
+        """The profile of a dump remat._budget has checked and written already: read, not checked again."""
+        profile = cls.__new__(cls)
+        profile._read(text)
+        return profile
+
+    def _read(self, text):
+        self._text = text
+        doc = json.loads(text)
         self.base_bytes = doc["base_bytes"]
         self.all_saved_bytes = doc["all_saved_bytes"]
         step = doc.get("step")
@@ -323,7 +333,7 @@ class RegionProfile:
     def from_json(cls, source):
         """A profile from a region-profile dump: its text, or the path of a file holding it."""
         text, name = _text_of(source, "RegionProfile.from_json")
-        return cls(_budget.check_profile(text, name))
+        return cls._checked(_budget.check_profile(text, name))
 
     def to_json(self, path=None):
         """The region-profile dump (schemas/region-profile.schema.json); written atomically to
@@ -370,15 +380,15 @@ class RegionProfile:
                 raise ValueError("plan: ops=True needs per-op figures, which this profile does not have: profile with "
                                  "remat.profile_regions(ops=True)")
             budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
-            return Plan(_budget.plan_ops(self._text, budget_bytes), profile=self)
+            return Plan._checked(_budget.plan_ops(self._text, budget_bytes), profile=self)
         if (budget_bytes is None) == (peak_bytes is None):
             raise TypeError("plan: give one budget: peak_bytes= (the step's peak, such as '70GiB') or budget_bytes= "
                             "(what the checkpoints keep)")
         if peak_bytes is not None:
             peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
-            return Plan(_budget.plan_by_peak(self._text, peak_bytes, group), profile=self, group=group)
+            return Plan._checked(_budget.plan_by_peak(self._text, peak_bytes, group), profile=self, group=group)
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
-        return Plan(_budget.plan(self._text, budget_bytes, group), profile=self, group=group)
+        return Plan._checked(_budget.plan(self._text, budget_bytes, group), profile=self, group=group)
 
     def _plan_offload(self, budget_bytes, peak_bytes, group, ops, host_budget_bytes):
         if flag_arg("plan", "ops", ops):
@@ -394,9 +404,9 @@ class RegionProfile:
         self._check_host_copy(host_budget_bytes, "plan")
         if peak_bytes is not None:
             peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
-            return Plan(_budget.plan_by_peak_offload(self._text, peak_bytes, host_budget_bytes), profile=self)
+            return Plan._checked(_budget.plan_by_peak_offload(self._text, peak_bytes, host_budget_bytes), profile=self)
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
-        return Plan(_budget.plan_offload(self._text, budget_bytes, host_budget_bytes, group), profile=self,
+        return Plan._checked(_budget.plan_offload(self._text, budget_bytes, host_budget_bytes, group), profile=self,
                     group=group)
 
     def _check_host_copy(self, host_budget_bytes, where):
@@ -441,7 +451,7 @@ class RegionProfile:
             raise ValueError(f"frontier: steps must be an int from 2 to 1000, got {steps!r}")
         group = flag_arg("frontier", "group", group)
         if by == "kept":
-            return [Plan(text, profile=self, group=group) for text in _budget.frontier(self._text, steps, group)]
+            return [Plan._checked(text, profile=self, group=group) for text in _budget.frontier(self._text, steps, group)]
         if by != "peak":
             raise ValueError(f"frontier: by must be 'kept' (what the checkpoints keep) or 'peak' (the step's peak), "
                              f"got {by!r}")
@@ -452,7 +462,7 @@ class RegionProfile:
         least = self.least_peak_bytes(group=group)
         most = max(least, self.step_peak_bytes)
         budgets = sorted({least + (most - least) * i // (steps - 1) for i in range(steps)})
-        return [Plan(_budget.plan_by_peak(self._text, budget, group), profile=self, group=group) for budget in budgets]
+        return [Plan._checked(_budget.plan_by_peak(self._text, budget, group), profile=self, group=group) for budget in budgets]
 
     def __repr__(self):
         return (f"RegionProfile({len(self.regions)} regions, base_bytes={self.base_bytes}, "
@@ -464,8 +474,20 @@ class Plan:
     remat.use_plan(plan), checkpoint(..., plan=plan) or wrap_decoder_layers(model, plan=plan)."""
 
     def __init__(self, text, *, profile=None, group=False):
-        self._text = _budget.check_plan(text, "plan")
-        doc = json.loads(self._text)
+        self._read(_budget.check_plan(text, "plan"), profile, group)
+
+    @classmethod
+    def _checked(cls, text, *, profile=None, group=False):
+        """The plan of a dump remat._budget has written or checked already (the solvers' plans,
+        load_plan's): read, not checked again, which for 10,000 regions would cost as much as
+        making the plan."""
+        plan = cls.__new__(cls)
+        plan._read(text, profile, group)
+        return plan
+
+    def _read(self, text, profile, group):
+        self._text = text
+        doc = json.loads(text)
         self.budget_bytes = doc["budget_bytes"]
         self.base_bytes = doc["base_bytes"]
         self.kept_bytes = doc["kept_bytes"]
@@ -639,7 +661,7 @@ def load_plan(source):
     the path of a file holding it. Every field is checked; an edited dump that is wrong is a
     ValueError naming the field."""
     text, name = _text_of(source, "load_plan")
-    return Plan(_budget.check_plan(text, name))
+    return Plan._checked(_budget.check_plan(text, name))
 
 
 def _plan_option(where, plan):
