@@ -47,7 +47,8 @@ struct AdviseOptions {
 constexpr std::size_t kPictureSteps = 96;
 
 std::string read_profile_text(const std::string& path) {
-  return read_text_input(path, kLargestProfile, "a region profile", "a region-profile dump (profile.to_json(path))");
+  return read_json_text_input(path, kLargestProfile, "a region profile",
+                              "a region-profile dump (profile.to_json(path))");
 }
 
 std::uint64_t parse_budget(const std::string& option, const std::string& text) {
