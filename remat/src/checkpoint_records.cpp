@@ -39,15 +39,21 @@ Fingerprint fingerprint_of(const at::Tensor& t, std::string where) {
   return out;
 }
 
-void refuse_outputs_changed_after_forward(const SaveRegionRecord& record, const std::string& path) {
+std::optional<std::size_t> output_changed_after_forward(const SaveRegionRecord& record) {
   for (std::size_t o = 0; o < record.metas.size(); ++o) {
     const bool kept = record.packed[o] || record.outputs[o].defined();
-    if (!kept || !record.versions[o] || record.version_counters[o].current_version() == *record.versions[o]) continue;
-    throw Error("output " + std::to_string(o) + " of save region '" + path +
-                "' was changed in place after forward (an op such as h.mul_(2) between forward and "
-                "backward); recompute would read the changed value and give wrong gradients: make that op "
-                "out-of-place, or clone the output before changing it");
+    if (kept && record.versions[o] && record.version_counters[o].current_version() != *record.versions[o]) return o;
   }
+  return std::nullopt;
+}
+
+void refuse_outputs_changed_after_forward(const SaveRegionRecord& record, const std::string& path) {
+  const std::optional<std::size_t> changed = output_changed_after_forward(record);
+  if (!changed) return;
+  throw Error("output " + std::to_string(*changed) + " of save region '" + path +
+              "' was changed in place after forward (an op such as h.mul_(2) between forward and "
+              "backward); recompute would read the changed value and give wrong gradients: make that op "
+              "out-of-place, or clone the output before changing it");
 }
 
 }  // namespace remat::detail

@@ -66,8 +66,10 @@ struct SaveRegionRecord {
   std::vector<std::size_t> checkpoint_inputs;
 };
 
-// Refuses recompute when an output forward kept of the save region at `path` was changed in
-// place since the region returned: recompute would hand back the changed value.
+// The first output forward kept of a save region that was changed in place since the region
+// returned, if one was: recompute would hand back the changed value.
+std::optional<std::size_t> output_changed_after_forward(const SaveRegionRecord& record);
+// Refuses recompute where output_changed_after_forward names one, naming the region at `path`.
 void refuse_outputs_changed_after_forward(const SaveRegionRecord& record, const std::string& path);
 
 struct KeptTensor {

@@ -6,6 +6,7 @@
 #include "frame.hpp"
 
 #include "carried_state.hpp"
+#include "kept_for_recompute.hpp"
 #include "live_frames.hpp"
 #include "thread_state.hpp"
 
@@ -115,7 +116,10 @@ void Frame::note_read_parameters(const TensorList& outputs) {
   auto runs_again = [&](std::uint64_t node) {
     if (node >= sequence_at_last_drop) return false;
     for (const SaveRegionRecord& region : save_regions) {
-      if (region.rerun_reason.empty() && node >= region.first_node && node < region.end_node) return false;
+      // Under a plan any save region may run again (rerun_save_regions_changed_after_forward).
+      if (region.rerun_reason.empty() && !options.plan && node >= region.first_node && node < region.end_node) {
+        return false;
+      }
     }
     return true;
   };
@@ -158,8 +162,11 @@ void Frame::check_read_again_unchanged() const {
                  "tensors the checkpoint reads only after backward (optimizer.step() after loss.backward()), or make "
                  "that operation out-of-place");
   };
-  // A kept save-region output is named as such first: a tensor read from it was saved and dropped too.
-  for (const SaveRegionRecord& record : save_regions) refuse_outputs_changed_after_forward(record, region_path(record.name));
+  // A kept save-region output is named as such first: a tensor read from it was saved and dropped
+  // too. (One recompute runs again remakes it.)
+  for (const SaveRegionRecord& record : save_regions) {
+    if (record.rerun_reason.empty()) refuse_outputs_changed_after_forward(record, region_path(record.name));
+  }
   for (const DroppedVersion& saved : dropped_versions) {
     if (saved.version.current_version() == saved.version_at_save) continue;
     const DroppedMeta& meta = dropped_metas[saved.index];
@@ -299,6 +306,7 @@ void Frame::recompute() {
   recompute_regions = 0;
   recompute_mismatch.reset();
 
+  rerun_save_regions_changed_after_forward(*this);
   const auto& hooks = options.recompute_state_hooks;
   const std::vector<std::any> outer = snapshot_states(hooks);
   restore_states(hooks, state_at_entry);

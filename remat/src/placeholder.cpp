@@ -84,6 +84,13 @@ const c10::StorageImpl* storage_of(const at::Tensor& t) {
   return t.storage().unsafeGetStorageImpl();
 }
 
+std::optional<std::uint32_t> version_of(const at::Tensor& t) {
+  if (!t.defined()) return std::nullopt;
+  const c10::VariableVersion& version = t.unsafeGetTensorImpl()->version_counter();
+  if (!version.enabled()) return std::nullopt;
+  return version.current_version();
+}
+
 std::string dtype_name(at::ScalarType type) {
   switch (type) {
     case at::kFloat: return "float32";

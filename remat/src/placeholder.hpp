@@ -36,6 +36,8 @@ at::Tensor make_placeholder(const TensorMeta& meta, const std::string& source);
 // The placeholder's message when `e` is a read of one.
 std::optional<std::string> placeholder_error_of(const std::exception& e);
 const c10::StorageImpl* storage_of(const at::Tensor& t);
+// A tensor's version counter, where it has one (not for undefined or inference tensors).
+std::optional<std::uint32_t> version_of(const at::Tensor& t);
 // The dtype as PyTorch's Python API names it: "float32".
 std::string dtype_name(at::ScalarType type);
 

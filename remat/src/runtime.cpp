@@ -1,13 +1,14 @@
 // The checkpoint runtime's entry points: a checkpoint call builds a frame and runs the body
 // forward, a region call records its decision in forward and is skipped or rerun in recompute.
-// Each call is a sequence of named steps below. The frame's own mechanics and recompute are in
-// frame.cpp, the saved-tensor hooks in checkpoint_hooks.cpp and the engine that hands them out
-// in engine.cpp.
+// Each call is a sequence of named steps below. What forward keeps for recompute is in
+// kept_for_recompute.cpp, the frame's own mechanics and recompute in frame.cpp, the saved-tensor
+// hooks in checkpoint_hooks.cpp and the engine that hands them out in engine.cpp.
 
 #include "carried_state.hpp"
 #include "checkpoint_trace.hpp"
 #include "engine.hpp"
 #include "frame.hpp"
+#include "kept_for_recompute.hpp"
 #include "thread_state.hpp"
 
 #include <remat/alloc/allocator.hpp>
@@ -94,14 +95,6 @@ void refuse_control_characters(std::string_view what, const std::string& name) {
     throw Error(std::string(what) + " name '" + name.substr(0, std::min<std::size_t>(i, 64)) + "...' holds the control "
                 "character " + code + " at byte " + std::to_string(i) + "; name it with printable characters");
   }
-}
-
-// A tensor's version counter, where it has one (not for undefined or inference tensors).
-std::optional<std::uint32_t> version_of(const at::Tensor& t) {
-  if (!t.defined()) return std::nullopt;
-  const c10::VariableVersion& version = t.unsafeGetTensorImpl()->version_counter();
-  if (!version.enabled()) return std::nullopt;
-  return version.current_version();
 }
 
 // The steps of a checkpoint call, in order.
@@ -220,100 +213,6 @@ void refuse_needed_inputs_changed_in_place(const Frame& frame) {
   }
 }
 
-// What a checkpoint keeps for recompute is, for tracking (remat_alloc.track), an activation of
-// the module that made it, as what autograd saves is: where a category is in force on the thread
-// and the storage is still unnamed or a temporary. A parameter stays what it is. (A hook pair in
-// force names what passes it itself.)
-void name_kept_an_activation(const at::Tensor& kept) {
-  if (!alloc::category_in_force() || !kept.defined() || !kept.has_storage()) return;
-  const at::TensorBase& base = kept.is_view() ? kept._base() : kept;
-  if (base.is_leaf() && base.requires_grad()) return;
-  try {
-    alloc::categorize_as_activation(kept.storage().data());
-  } catch (const c10::Error&) {  // a tensor subclass without accessible storage: left as it is
-  }
-}
-
-// Keeps only the inputs recompute needs, through the checkpoint's hook pair where it has one.
-void keep_needed_inputs(Frame& frame) {
-  for (InputRecord& input : frame.inputs) {
-    if (input.needed && frame.input_hooks) {
-      const at::TensorBase& base = input.value.is_view() ? input.value._base() : input.value;
-      input.packed = PackedTensor(frame.input_hooks, input.value.detach(),
-                                  {SavedTensorKind::checkpoint_input, &frame.input_hooks_context,
-                                   base.is_leaf() && base.requires_grad(), &frame, frame.options.region_name});
-      input.value = at::Tensor();
-    } else if (input.needed) {
-      name_kept_an_activation(input.value);
-      input.value = input.value.variable_data();
-    } else {
-      input.value = at::Tensor();
-    }
-  }
-}
-
-// A save region recompute runs again needs the checkpoint inputs it read, and none of its
-// outputs: recompute makes them again.
-void prepare_rerun(Frame& frame, SaveRegionRecord& region) {
-  for (const std::size_t i : region.checkpoint_inputs) {
-    InputRecord& input = frame.inputs[i];
-    if (input.needed) continue;
-    input.needed = true;
-    --frame.inputs_not_read;
-  }
-  for (std::size_t o = 0; o < region.outputs.size(); ++o) {
-    region.persisted[o] = false;
-    region.packed[o] = PackedTensor();
-  }
-}
-
-// Settles which save-region outputs recompute needs. An output changed in place after its region
-// returned (h += y) is refused, since recompute would hand back the changed output and make the
-// change twice; under a plan the region runs again in recompute instead.
-void settle_persisted_outputs(Frame& frame) {
-  for (SaveRegionRecord& region : frame.save_regions) {
-    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
-      // Read only by code after the last dropped tensor: recompute stops before it (or, when it
-      // runs on, discards what that code computes), so no value is needed there.
-      if (region.read_at[o] != SaveRegionRecord::kNotOnlyRead && region.read_at[o] >= frame.dropped) {
-        region.persisted[o] = false;
-      }
-      if (!region.persisted[o] || version_of(region.outputs[o]) == region.versions[o]) continue;
-      if (!frame.options.plan) {
-        throw Error("output " + std::to_string(o) + " of save region '" + frame.region_path(region.name) +
-                    "' was changed in place after the region returned (an op such as h.mul_(2) or h += y); "
-                    "recompute hands back the saved output and would apply the change twice: make that op "
-                    "out-of-place, or make the region a recompute region");
-      }
-      if (region.rerun_reason.empty()) {
-        region.rerun_reason = "its output " + std::to_string(o) +
-                              " is changed in place after it returns (an op such as h += x): recompute runs it again";
-      }
-    }
-    if (!region.rerun_reason.empty()) prepare_rerun(frame, region);
-  }
-}
-
-// Keeps only the save-region outputs recompute needs, through each region's hook pair where it
-// had one.
-void keep_persisted_outputs(Frame& frame) {
-  for (SaveRegionRecord& region : frame.save_regions) {
-    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
-      if (region.persisted[o] && region.hooks) {
-        if (!region.packed[o]) {  // persisted only because code recompute runs again reads it
-          const std::string path = frame.region_path(region.name);
-          region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(),
-                                          {SavedTensorKind::save_output, &region.hooks_context, false, &frame, path});
-        }
-        region.outputs[o] = at::Tensor();
-      } else {
-        if (region.persisted[o]) name_kept_an_activation(region.outputs[o]);
-        region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();
-      }
-    }
-  }
-}
-
 // Readies the frame for backward (the dropped tensors' slots, the early stop, the parameters
 // recompute reads again) and records it for the reports.
 void finish_forward(Frame& frame, const TensorList& outputs) {
@@ -370,33 +269,6 @@ void refuse_another_path_in_recompute(const Frame& frame, std::size_t index, con
                 " in recompute; a region's recompute setting must not depend on " + api_name("is_recomputing") +
                 "() or on state that changes between forward and backward");
   }
-}
-
-// In recompute, in place of save region `index`'s body: its state after forward, the tensors
-// recompute takes from its inputs, and its outputs as forward kept them (unpacked here, in
-// forward order) or placeholders for those it did not keep.
-TensorList outputs_of_skipped_save_region(Frame& frame, int save_index, const std::string& name,
-                                          const TensorList& inputs, std::shared_ptr<void>* annotation) {
-  const SaveRegionRecord& record = frame.save_regions[static_cast<std::size_t>(save_index)];
-  restore_states(frame.options.recompute_state_hooks, record.state_after);
-  frame.fill_ferried(save_index, inputs);
-  if (annotation != nullptr) *annotation = record.annotation;
-  refuse_outputs_changed_after_forward(record, frame.region_path(name));
-  TensorList out;
-  for (std::size_t o = 0; o < record.metas.size(); ++o) {
-    if (record.packed[o] || record.outputs[o].defined()) {
-      at::Tensor value = record.packed[o] ? restore_layout(record.packed[o].unpack(), record.metas[o],
-                                                           "output " + std::to_string(o) + " of save region '" +
-                                                               frame.region_path(name) + "'")
-                                          : record.outputs[o].variable_data();
-      if (record.metas[o].requires_grad) value.requires_grad_(true);
-      out.push_back(std::move(value));
-    } else {
-      out.push_back(make_placeholder(record.metas[o], "output " + std::to_string(o) + " of save region '" +
-                                                          frame.region_path(name) + "'"));
-    }
-  }
-  return out;
 }
 
 // Makes region `index` the frame's running one for a scope (nested regions put the outer one back).
@@ -465,79 +337,6 @@ void refuse_leaf_outputs(const Frame& frame, const std::string& name, const Tens
                 "it is); recompute cannot recreate it as the same tensor: move the allocation outside the checkpoint, "
                 "or do not wrap it in a region");
   }
-}
-
-// Whether recompute makes `t` again: made by differentiable code of this checkpoint (outside a
-// save region, or by one, whose output is then kept or made again).
-bool made_in_checkpoint(const Frame& frame, const at::Tensor& t) {
-  return t.defined() && t.grad_fn() != nullptr && t.grad_fn()->sequence_nr() >= frame.sequence_at_entry;
-}
-
-// Recompute skips a save region, so an in-place change it makes to its input would not happen
-// again: code after the region would read the unchanged value. Under a plan, where the region is
-// saved by the plan's choice, not the code's, it runs again in recompute instead (the reason
-// returned), when recompute makes that input again; a tensor made before the checkpoint would be
-// changed twice. "" where no input changed.
-std::string rerun_for_changed_inputs(const Frame& frame, const std::string& name, const TensorList& inputs,
-                                     const std::vector<std::optional<std::uint32_t>>& input_versions,
-                                     const std::vector<bool>& made_here) {
-  std::string reason;
-  for (std::size_t i = 0; i < input_versions.size(); ++i) {
-    if (input_versions[i] == version_of(inputs[i])) continue;
-    if (!frame.options.plan) {
-      throw Error("save region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
-                  " in place (an op such as LeakyReLU(inplace=True) or x.relu_()); recompute skips save regions, so "
-                  "the change would not happen again and what follows would read the unchanged value: make the op "
-                  "out-of-place, or make the region a recompute region");
-    }
-    if (!made_here[i]) {
-      throw Error("region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
-                  " in place (an op such as x.relu_()), a tensor made before the checkpoint ran or without "
-                  "gradients (a buffer, a captured tensor): saved, recompute would skip the change; recomputed, it "
-                  "would make it twice. Make the op out-of-place, or pass the region a tensor the checkpoint makes");
-    }
-    if (reason.empty()) {
-      reason = "it changes its input " + std::to_string(i) +
-               " in place (an op such as ReLU(inplace=True)): recompute runs it again";
-    }
-  }
-  return reason;
-}
-
-// What forward keeps of a save region that returned `outputs`: what recompute hands back in
-// place of its body (see outputs_of_skipped_save_region).
-void record_save_region(Frame& frame, const std::string& name, const TensorList& inputs, const TensorList& outputs,
-                        std::uint64_t first_node, std::uint64_t end_node, std::shared_ptr<void>* annotation,
-                        std::string rerun_reason) {
-  SaveRegionRecord record;
-  record.name = name;
-  for (const at::Tensor& input : inputs) {
-    const c10::StorageImpl* storage = storage_of(input);
-    if (storage == nullptr) continue;
-    for (std::size_t i = 0; i < frame.inputs.size(); ++i) {
-      if (storage_of(frame.inputs[i].value) == storage) record.checkpoint_inputs.push_back(i);
-    }
-  }
-  record.rerun_reason = std::move(rerun_reason);
-  for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
-  record.outputs = outputs;
-  record.persisted.assign(outputs.size(), false);
-  record.packed.resize(outputs.size());
-  record.hooks = active_saved_tensor_hooks();
-  if (record.hooks && record.hooks->captures_context()) record.hooks_context = record.hooks->capture_context();
-  record.read_at.assign(outputs.size(), SaveRegionRecord::kNotOnlyRead);
-  frame.outputs_not_persisted += outputs.size();
-  for (const at::Tensor& out : outputs) {
-    record.versions.push_back(version_of(out));
-    record.version_counters.push_back(out.defined() ? out.unsafeGetTensorImpl()->version_counter()
-                                                    : c10::VariableVersion(c10::VariableVersion::DISABLED));
-  }
-  record.state_after = snapshot_states(frame.options.recompute_state_hooks);
-  record.first_node = first_node;
-  record.end_node = end_node;
-  if (annotation != nullptr) record.annotation = *annotation;
-  frame.save_regions.push_back(std::move(record));
-  frame.observe_reads_if_needed();
 }
 
 // In forward: the region's decision is recorded, its inputs noted, its body run, and a save

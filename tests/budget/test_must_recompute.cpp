@@ -80,6 +80,41 @@ TEST(MustRecompute, GroupingKeepsTheReasonOfAnyMember) {
   EXPECT_EQ(solve(grouped_profile, 200).regions[0].second, Choice::recompute);
 }
 
+TEST(MustRecompute, GroupingRefusesAPatternWhoseRegionsMustBeSavedAndRecomputedNamingBoth) {
+  constexpr const char* kWritesOutside = "it writes in place into a tensor it did not make";
+  RegionProfile profile;
+  profile.regions = {{"layers.0::norm", 100, 1.0, 1},
+                     {"layers.0::mlp", 100, 1.0, 1},
+                     {"layers.1::norm", 100, 1.0, 1},
+                     {"layers.2::norm", 100, 1.0, 1}};
+  profile.regions[2].must_recompute = kChangesItsInput;
+  EXPECT_EQ(grouped(profile).regions[0].must_recompute, std::string("layers.1::norm: ") + kChangesItsInput);
+  profile.regions[3].must_save = kWritesOutside;
+  try {
+    (void)grouped(profile);
+    FAIL() << "a pattern standing for regions that must be saved and must be recomputed was planned";
+  } catch (const BudgetError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(std::string("'layers.*::norm' stands for 'layers.2::norm', which must be saved (") +
+                           kWritesOutside + "), and for 'layers.1::norm', which must be recomputed (" +
+                           kChangesItsInput + ")"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("plan each region on its own (without group=True; remat-report advise without --group)"),
+              std::string::npos)
+        << message;
+  }
+  // Planned region by region, each keeps its own pin, and the plan reads back.
+  const Plan plan = solve(profile, profile.all_saved_bytes());
+  EXPECT_EQ(plan.regions[2].second, Choice::recompute);
+  EXPECT_EQ(plan.regions[3].second, Choice::save);
+  EXPECT_EQ(plan_from_json(plan_to_json(plan), "plan").regions.size(), 4u);
+  // Pinned alike in every layer, the pattern plans as before.
+  profile.regions[3].must_save.clear();
+  profile.regions[3].must_recompute = kChangesItsInput;
+  EXPECT_EQ(solve(grouped(profile), profile.all_saved_bytes()).regions[0].second, Choice::recompute);
+}
+
 // The step-peak tests' two checkpoints, with the host copy priced: every plan fits a peak of 300
 // bytes and saving both recomputes nothing, but c1's region must be recomputed.
 RegionProfile two_checkpoints_copied_at_1000() {

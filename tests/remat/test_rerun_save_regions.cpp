@@ -1,8 +1,9 @@
 // Under a plan, a save region whose skip in recompute would lose or repeat an in-place change (it
 // changed its input in place, or its output was changed in place after it returned) runs again
 // in recompute: gradients stay bitwise those without checkpointing, dropout inside it included,
-// and the memory report says which regions run again and why. Without a plan (the code's own
-// choice) such a region stays refused, as does a change to a tensor recompute does not make.
+// and the memory report says which regions run again and why; a region whose kept output is
+// changed after the checkpoint returned runs again too. Without a plan (the code's own choice)
+// such a region stays refused, as does a change to a tensor recompute does not make.
 
 #include "support.hpp"
 
@@ -110,6 +111,70 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& param_info) {
       return std::string(param_info.param.add_in_place ? "OutputChangedAfter" : "InputChangedInside");
     });
+
+// lin (recompute) -> out (save: a matmul, then dropout), whose output, kept for recompute, is the
+// checkpoint's output, which the caller changes in place (h = checkpoint(layer)(h); h.mul_(1.5)).
+struct KeptOutputChangedAfter {
+  const Weights& weights;
+  int out_runs = 0;
+
+  at::Tensor operator()(const at::Tensor& x) {
+    auto h = remat::region([this](const at::Tensor& t) { return at::matmul(t, weights.w1); }, "lin")(x);
+    auto y = remat::region(
+        [this](const at::Tensor& t) {
+          ++out_runs;
+          return at::dropout(at::matmul(t, weights.w2), 0.3, /*train=*/true);
+        },
+        "out", /*recompute=*/false)(h);
+    remat::recompute_needs_tensor(y);  // as the Python layer keeps a planned save region's outputs
+    return y;
+  }
+};
+
+at::Tensor run_changed_after(KeptOutputChangedAfter& layer, const at::Tensor& x,
+                             std::shared_ptr<remat::budget::RegionChoices> plan) {
+  at::manual_seed(7);
+  auto out = remat::checkpoint({.region_name = "changed_after", .plan = std::move(plan)})(
+      [&](const at::Tensor& in) { return layer(in); })(x * 1.0);
+  out.mul_(1.5);
+  at::rand({3});  // the caller moves the generator on before backward
+  return out.pow(2).sum();
+}
+
+TEST(RerunSaveRegion, UnderAPlanASaveRegionWhoseKeptOutputIsChangedAfterTheCheckpointRunsAgain) {
+  at::manual_seed(0);
+  const Weights weights;
+  auto x = at::randn({4, D}).requires_grad_(true);
+  at::manual_seed(7);
+  auto plain = at::dropout(at::matmul(at::matmul(x * 1.0, weights.w1), weights.w2), 0.3, /*train=*/true);
+  plain.mul_(1.5);
+  plain.pow(2).sum().backward();
+  const auto expected = weights.grads(x);
+  weights.zero(x);
+
+  KeptOutputChangedAfter layer{weights};
+  run_changed_after(layer, x, plan_saving("changed_after", {"out"})).backward();  // the code's own choices
+  EXPECT_EQ(layer.out_runs, 2);  // forward, then recompute, which remade the output as forward made it
+  const auto actual = weights.grads(x);
+  for (std::size_t i = 0; i < actual.size(); ++i) EXPECT_TRUE(at::equal(actual[i], expected[i])) << "gradient " << i;
+}
+
+TEST(RerunSaveRegion, WithoutAPlanAKeptOutputChangedAfterTheCheckpointIsStillRefused) {
+  const Weights weights;
+  auto x = at::randn({4, D}).requires_grad_(true);
+  KeptOutputChangedAfter layer{weights};
+  auto loss = run_changed_after(layer, x, nullptr);
+  try {
+    loss.backward();
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("output 0 of save region 'changed_after::out' was changed in place after "
+                                         "forward"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(layer.out_runs, 1);
+}
 
 TEST(RerunSaveRegion, WithoutAPlanTheCodesOwnSaveRegionChangingItsInputIsStillRefused) {
   auto x = at::randn({4, D}).requires_grad_(true);

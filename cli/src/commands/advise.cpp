@@ -47,7 +47,8 @@ struct AdviseOptions {
 constexpr std::size_t kPictureSteps = 96;
 
 std::string read_profile_text(const std::string& path) {
-  return read_text_input(path, kLargestProfile, "a region profile", "a region-profile dump (profile.to_json(path))");
+  return read_json_text_input(path, kLargestProfile, "a region profile",
+                              "a region-profile dump (profile.to_json(path))");
 }
 
 std::uint64_t parse_budget(const std::string& option, const std::string& text) {
@@ -216,7 +217,13 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     } catch (const budget::BudgetError& error) {
       throw InputError(error.what());
     }
-    if (opts->group) profile = budget::grouped(profile);
+    if (opts->group) {
+      try {
+        profile = budget::grouped(profile);
+      } catch (const budget::BudgetError& error) {
+        throw UsageError(std::string("--group: ") + error.what());
+      }
+    }
     if (picture && host_budget) {
       throw UsageError("--svg draws plans without offload: drop --host-budget to draw the frontier, or --svg to plan "
                        "with the host budget");

@@ -40,8 +40,8 @@ struct PredictOptions {
 };
 
 std::string read_profile(const std::string& path) {
-  return read_text_input(path, kLargestProfile, "a stage profile",
-                         "each stage's stage-profile dump (remat.pipelining.profile_stage(..., path=...))");
+  return read_json_text_input(path, kLargestProfile, "a stage profile",
+                              "each stage's stage-profile dump (remat.pipelining.profile_stage(..., path=...))");
 }
 
 Report prediction_report(const pipeline::Prediction& prediction) {

@@ -52,8 +52,8 @@ struct RanksOptions {
 constexpr std::uint64_t kLargestPrediction = std::uint64_t{1} << 20;
 
 pipeline::Prediction read_prediction(const std::string& path) {
-  const std::string text = read_text_input(path, kLargestPrediction, "a pipeline prediction",
-                                           "to --predicted the dump remat-report predict --json wrote");
+  const std::string text = read_json_text_input(path, kLargestPrediction, "a pipeline prediction",
+                                                "to --predicted the dump remat-report predict --json wrote");
   try {
     return pipeline::prediction_from_json(text, path);
   } catch (const pipeline::PlanError& e) {

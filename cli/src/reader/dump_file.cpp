@@ -72,7 +72,7 @@ DumpFile open_dump(std::unique_ptr<LineReader> lines, std::unique_ptr<simdjson::
   dump.path = lines->name();
   dump.parser = parser ? std::move(parser) : std::make_unique<simdjson::dom::parser>();
   refuse_non_json_start(lines->peek(kSniffBytes), dump.path);
-  if (!lines->skip_whitespace()) throw InputError(dump.path, "holds only whitespace; expected a remat JSON dump");
+  if (!lines->skip_whitespace()) throw InputError(dump.path, std::string(kOnlyWhitespace));
   refuse_non_object_start(lines->peek(1)[0], lines->position(), dump.path);
 
   // A complete object on the first line is a header line or a one-line document; anything

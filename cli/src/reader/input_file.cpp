@@ -80,8 +80,7 @@ bool same_stream(const std::string& a, const std::string& b) {
   return first.st_dev == second.st_dev && first.st_ino == second.st_ino && !S_ISREG(first.st_mode);
 }
 
-std::string read_whole_input(const std::string& argument,
-                             const std::function<void(std::string_view head, const std::string& name)>& check_head) {
+std::string read_whole_input(const std::string& argument, const HeadCheck& check_head) {
   InputFile input = InputFile::open(argument);
   std::string bytes(kSniffBytes, '\0');
   std::size_t used = 0;
@@ -106,10 +105,17 @@ std::string read_whole_input(const std::string& argument,
   return bytes;
 }
 
+namespace {
+// What messages call a small text input.
+std::string text_input_name(const std::string& argument) {
+  return argument == kStdinArgument ? std::string(kStdinName) : printable(argument);
+}
+}  // namespace
+
 std::string read_text_input(const std::string& argument, std::uint64_t largest, std::string_view kind,
-                            std::string_view pass) {
+                            std::string_view pass, const HeadCheck& check_head) {
   const bool standard_input = argument == kStdinArgument;
-  const std::string name = standard_input ? std::string(kStdinName) : printable(argument);
+  const std::string name = text_input_name(argument);
   const int fd = standard_input ? STDIN_FILENO : ::open(argument.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw InputError(fmt::format("cannot read {}: {}; pass {}", name, std::strerror(errno), pass));
   struct Closer {
@@ -127,18 +133,35 @@ std::string read_text_input(const std::string& argument, std::uint64_t largest, 
     throw InputError(fmt::format("{} is {} bytes, more than {} holds; pass {}", name, info.st_size, kind, pass));
   }
   std::string text;
+  bool head_checked = !check_head;
+  auto check_head_once = [&] {
+    if (head_checked) return;
+    head_checked = true;
+    check_head(std::string_view(text).substr(0, kSniffBytes), name);
+  };
   char chunk[1 << 16];
   for (;;) {
     const ssize_t n = ::read(fd, chunk, sizeof chunk);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw InputError(fmt::format("cannot read {}: {}; pass {}", name, std::strerror(errno), pass));
-    if (n == 0) return text;
+    if (n == 0) {
+      check_head_once();
+      return text;
+    }
     if (text.size() + static_cast<std::size_t>(n) > largest) {
       throw InputError(
           fmt::format("{} holds more than {} bytes, more than {} holds; pass {}", name, largest, kind, pass));
     }
     text.append(chunk, static_cast<std::size_t>(n));
+    if (text.size() >= kSniffBytes) check_head_once();
   }
+}
+
+std::string read_json_text_input(const std::string& argument, std::uint64_t largest, std::string_view kind,
+                                 std::string_view pass) {
+  std::string text = read_text_input(argument, largest, kind, pass, refuse_non_json_start);
+  refuse_non_object_text(text, text_input_name(argument));
+  return text;
 }
 
 }  // namespace remat::report

@@ -47,18 +47,27 @@ class InputFile {
 // named twice is read twice and is not one stream.
 bool same_stream(const std::string& a, const std::string& b);
 
-// Reads a whole input (`-` for standard input) into memory: for binary inputs such as pickles.
-// `check_head` sees the first bytes (up to kSniffBytes) and the input's name before the rest is read,
-// so that a wrong input is refused in bounded memory. A missing, unreadable or empty input is
-// an InputError.
-std::string read_whole_input(const std::string& argument,
-                             const std::function<void(std::string_view head, const std::string& name)>& check_head);
+// Sees the first bytes of an input (up to kSniffBytes, fewer only when the input is shorter) and
+// its name before the rest is read, so that a wrong input is refused in bounded memory.
+using HeadCheck = std::function<void(std::string_view head, const std::string& name)>;
 
-// Reads a whole small input (`-` for standard input) as text: a profile, a prediction, a schedule.
+// Reads a whole input (`-` for standard input) into memory: for binary inputs such as pickles.
+// `check_head` sees its first bytes. A missing, unreadable or empty input is an InputError.
+std::string read_whole_input(const std::string& argument, const HeadCheck& check_head);
+
+// Reads a whole small input (`-` for standard input) as text: a schedule CSV.
 // A missing, unreadable or directory input, or one past `largest` bytes (counted as it is read,
 // so that a stream is bounded too), is an InputError that names `kind` ("a region profile") and
 // ends with what to pass instead (`pass`: "a region-profile dump (profile.to_json(path))").
+// `check_head`, when given, sees the first bytes before the rest is read.
 std::string read_text_input(const std::string& argument, std::uint64_t largest, std::string_view kind,
-                            std::string_view pass);
+                            std::string_view pass, const HeadCheck& check_head = nullptr);
+
+// read_text_input for a small JSON dump (a region or stage profile, a prediction), whose start is
+// checked as every dump reader checks it: an empty input, NUL bytes, a byte-order mark, an
+// archive or a pickle is refused before the rest is read (refuse_non_json_start), and text that
+// is only whitespace or does not start with '{' once it is read.
+std::string read_json_text_input(const std::string& argument, std::uint64_t largest, std::string_view kind,
+                                 std::string_view pass);
 
 }  // namespace remat::report

@@ -92,4 +92,10 @@ void refuse_non_object_start(char c, std::uint64_t offset, const std::string& na
                                printable(std::string_view(&c, 1)), c == '[' ? " (a JSON array)" : ""));
 }
 
+void refuse_non_object_text(std::string_view text, const std::string& name) {
+  const std::size_t start = text.find_first_not_of(" \t\r\n");
+  if (start == std::string_view::npos) throw InputError(name, std::string(kOnlyWhitespace));
+  refuse_non_object_start(text[start], start, name);
+}
+
 }  // namespace remat::report

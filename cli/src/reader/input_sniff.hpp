@@ -22,6 +22,13 @@ void refuse_non_json_start(std::string_view head, const std::string& name);
 // start a dump: every remat dump begins with '{'.
 void refuse_non_object_start(char c, std::uint64_t offset, const std::string& name);
 
+// What an input that holds only whitespace is told.
+inline constexpr std::string_view kOnlyWhitespace = "holds only whitespace; expected a remat JSON dump";
+
+// Throws InputError "NAME: ..." when a whole input's `text`, read into memory, holds only
+// whitespace or does not start with '{' after it (refuse_non_object_start).
+void refuse_non_object_text(std::string_view text, const std::string& name);
+
 // Throws InputError "NAME: byte 0: ..." when `head` cannot start a PyTorch snapshot pickle
 // (protocol 2 or later: byte 0x80), naming what the input is instead.
 void refuse_non_pickle_start(std::string_view head, const std::string& name);

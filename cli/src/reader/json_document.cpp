@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <deque>
+#include <vector>
+
 namespace remat::report {
 
 std::size_t find_invalid_utf8(std::string_view text) {
@@ -43,31 +46,74 @@ std::size_t find_invalid_utf8(std::string_view text) {
 
 namespace {
 
-// Accepts everything and records the first syntax error; builds no document.
+// nlohmann's exception id for a number that overflows a double: out_of_range.406, "number
+// overflow parsing '1e400'".
+constexpr int kNumberOverflow = 406;
+
+// Accepts everything and records the first syntax error and where in the document it is;
+// builds no document.
 struct SyntaxProbe {
+  // An object or array the parser is inside: its last key, or how many elements it has had.
+  struct Frame {
+    bool array = false;
+    std::size_t elements = 0;
+    std::string key;
+  };
+
   std::size_t position = 0;
   std::string message;
+  std::string token;  // the text the parser stopped at
+  bool number_overflow = false;
   bool failed = false;
+  std::vector<Frame> frames;
 
-  bool null() { return true; }
-  bool boolean(bool) { return true; }
-  bool number_integer(std::int64_t) { return true; }
-  bool number_unsigned(std::uint64_t) { return true; }
-  bool number_float(double, const std::string&) { return true; }
-  bool string(std::string&) { return true; }
-  bool binary(nlohmann::json::binary_t&) { return true; }
-  bool start_object(std::size_t) { return true; }
-  bool key(std::string&) { return true; }
-  bool end_object() { return true; }
-  bool start_array(std::size_t) { return true; }
-  bool end_array() { return true; }
-  bool parse_error(std::size_t pos, const std::string&, const nlohmann::json::exception& error) {
+  bool null() { return value_done(); }
+  bool boolean(bool) { return value_done(); }
+  bool number_integer(std::int64_t) { return value_done(); }
+  bool number_unsigned(std::uint64_t) { return value_done(); }
+  bool number_float(double, const std::string&) { return value_done(); }
+  bool string(std::string&) { return value_done(); }
+  bool binary(nlohmann::json::binary_t&) { return value_done(); }
+  bool start_object(std::size_t) { return opened(false); }
+  bool key(std::string& name) {
+    frames.back().key = name;
+    return true;
+  }
+  bool end_object() { return closed(); }
+  bool start_array(std::size_t) { return opened(true); }
+  bool end_array() { return closed(); }
+  bool parse_error(std::size_t pos, const std::string& last_token, const nlohmann::json::exception& error) {
     failed = true;
     position = pos;
+    token = last_token;
+    number_overflow = error.id == kNumberOverflow;
     message = error.what();
     // "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ..."
     if (const auto colon = message.find(": "); colon != std::string::npos) message = message.substr(colon + 2);
     return false;
+  }
+
+  // The JSON path of the value the parser is at, below `base`.
+  std::string path(const JsonPath& base) const {
+    std::deque<JsonPath> chain{base};  // a deque keeps each parent's address
+    for (const Frame& frame : frames) {
+      chain.push_back(frame.array ? chain.back().index(frame.elements) : chain.back().key(frame.key));
+    }
+    return chain.back().str();
+  }
+
+ private:
+  bool value_done() {
+    if (!frames.empty() && frames.back().array) ++frames.back().elements;
+    return true;
+  }
+  bool opened(bool array) {
+    frames.push_back(Frame{.array = array});
+    return true;
+  }
+  bool closed() {
+    frames.pop_back();
+    return value_done();
   }
 };
 
@@ -114,13 +160,21 @@ std::size_t find_structural_limit(std::string_view text, std::string& what) {
 
 }  // namespace
 
-std::string describe_json_error(std::string_view text, std::uint64_t base_offset, simdjson::error_code code) {
+std::string describe_json_error(std::string_view text, std::uint64_t base_offset, simdjson::error_code code,
+                                const JsonPath& path) {
   if (const std::size_t bad = find_invalid_utf8(text); bad != std::string_view::npos) {
     return fmt::format("byte {}: invalid UTF-8 (byte 0x{:02x})", base_offset + bad,
                        static_cast<unsigned char>(text[bad]));
   }
   SyntaxProbe probe;
   nlohmann::json::sax_parse(text.begin(), text.end(), &probe, nlohmann::json::input_format_t::json, true);
+  if (probe.failed && probe.number_overflow) {
+    const std::size_t at = probe.position > probe.token.size() ? probe.position - probe.token.size() : 0;
+    return fmt::format(
+        "byte {}: {}: the number {} is too large for a 64-bit floating-point value (at most about "
+        "1.8e308); sizes, counts and times are integers of at most 18446744073709551615",
+        base_offset + at, probe.path(path), printable(probe.token, 30));
+  }
   if (probe.failed) {
     const std::size_t at = probe.position > 0 ? probe.position - 1 : 0;
     return fmt::format("byte {}: {}", base_offset + at, printable(probe.message, 160));
@@ -132,11 +186,12 @@ std::string describe_json_error(std::string_view text, std::uint64_t base_offset
   return fmt::format("byte {}: {}", base_offset, simdjson::error_message(code));
 }
 
-simdjson::dom::element parse_json(simdjson::dom::parser& parser, std::string_view text, std::uint64_t base_offset) {
+simdjson::dom::element parse_json(simdjson::dom::parser& parser, std::string_view text, std::uint64_t base_offset,
+                                  const JsonPath& path) {
   simdjson::dom::element root;
   const simdjson::error_code code = parser.parse(text.data(), text.size(), false).get(root);
-  if (code != simdjson::SUCCESS) throw InputError(describe_json_error(text, base_offset, code));
-  refuse_duplicate_keys(root);
+  if (code != simdjson::SUCCESS) throw InputError(describe_json_error(text, base_offset, code, path));
+  refuse_duplicate_keys(root, path);
   return root;
 }
 

@@ -2,6 +2,8 @@
 // Whole-document JSON parsing with errors that name the byte offset of the problem, refusing
 // objects with a duplicated key (reader/duplicate_keys.hpp).
 
+#include "reader/json_path.hpp"
+
 #include <simdjson.h>
 
 #include <cstdint>
@@ -13,11 +15,15 @@ namespace remat::report {
 // Parses `text` (which must be followed by simdjson::SIMDJSON_PADDING readable bytes) as one
 // JSON document. On failure throws InputError "byte N: <problem>", with N counted from
 // `base_offset` so errors inside a line of a larger file point into that file; a duplicated
-// key is an InputError naming its JSON path.
-simdjson::dom::element parse_json(simdjson::dom::parser& parser, std::string_view text, std::uint64_t base_offset = 0);
+// key, or a number too large for a double, is an InputError naming its JSON path, `path` being
+// where `text` sits in the dump (the root unless `text` is one value of a larger document).
+simdjson::dom::element parse_json(simdjson::dom::parser& parser, std::string_view text, std::uint64_t base_offset = 0,
+                                  const JsonPath& path = JsonPath());
 
-// Where and why `text` is not valid JSON: "byte N: <problem>". Slow; for the error path only.
-std::string describe_json_error(std::string_view text, std::uint64_t base_offset, simdjson::error_code code);
+// Where and why `text` is not valid JSON: "byte N: <problem>", or "byte N: $.path: <problem>" for
+// a number too large for a double. Slow; for the error path only.
+std::string describe_json_error(std::string_view text, std::uint64_t base_offset, simdjson::error_code code,
+                                const JsonPath& path = JsonPath());
 
 // Offset of the first byte that is not valid UTF-8, or npos.
 std::size_t find_invalid_utf8(std::string_view text);

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 namespace remat::report::json {
 
 using simdjson::dom::element_type;
@@ -22,10 +24,31 @@ std::string_view type_name(element value) {
   return "an unknown value";
 }
 
+std::string show_double(double value) {
+  std::string text = fmt::format("{}", value);
+  if (text.find_first_not_of("-0123456789") == std::string::npos) text += ".0";
+  return text;
+}
+
 namespace {
 [[noreturn]] void wrong_type(element value, const JsonPath& path, std::string_view expected) {
   throw InputError(path.str(), fmt::format("expected {}, found {}", expected, type_name(value)));
 }
+
+// A number written with a fraction or an exponent where an integer in [lowest, past_highest) is
+// expected; a whole number in range says how to write it.
+[[noreturn]] void not_an_integer(double value, const JsonPath& path, std::string_view expected, double lowest,
+                                 double past_highest) {
+  const std::string found = show_double(value);
+  if (value == std::trunc(value) && value >= lowest && value < past_highest) {
+    throw InputError(path.str(), fmt::format("expected {}, found {}, a whole number written with a fraction or an "
+                                             "exponent; write it as the integer {:.0f}",
+                                             expected, found, value));
+  }
+  throw InputError(path.str(), fmt::format("expected {}, found {}", expected, found));
+}
+
+constexpr double kTwoTo63 = 9223372036854775808.0;
 }  // namespace
 
 object as_object(element value, const JsonPath& path) {
@@ -51,8 +74,7 @@ std::uint64_t as_u64(element value, const JsonPath& path) {
       if (v < 0) throw InputError(path.str(), fmt::format("must not be negative (got {})", v));
       return static_cast<std::uint64_t>(v);
     }
-    case element_type::DOUBLE:
-      throw InputError(path.str(), fmt::format("expected a non-negative integer, found {}", double(value)));
+    case element_type::DOUBLE: not_an_integer(double(value), path, "a non-negative integer", 0.0, 2 * kTwoTo63);
     default: wrong_type(value, path, "a non-negative integer");
   }
 }
@@ -62,8 +84,7 @@ std::int64_t as_i64(element value, const JsonPath& path) {
     case element_type::INT64: return std::int64_t(value);
     case element_type::UINT64:
       throw InputError(path.str(), fmt::format("integer {} overflows a signed 64-bit value", std::uint64_t(value)));
-    case element_type::DOUBLE:
-      throw InputError(path.str(), fmt::format("expected an integer, found {}", double(value)));
+    case element_type::DOUBLE: not_an_integer(double(value), path, "an integer", -kTwoTo63, kTwoTo63);
     default: wrong_type(value, path, "an integer");
   }
 }

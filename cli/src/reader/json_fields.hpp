@@ -39,4 +39,8 @@ std::string_view string_field(object parent, std::string_view key, const JsonPat
 
 std::string_view type_name(element value);
 
+// A number read as a double, as messages quote it: as short as reads back the same, with ".0"
+// on a whole number ("1.0", not the "1" fmt writes, which reads as the integer it is not).
+std::string show_double(double value);
+
 }  // namespace remat::report::json

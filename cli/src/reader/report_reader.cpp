@@ -210,9 +210,23 @@ OomDump read_oom(json::object root) {
 
   const JsonPath holders_path = path.key("holders");
   const json::object holders = json::as_object(member(root, "holders", path), holders_path);
+  // The allocator bills each live block's bytes to one holder of every grouping (receive slots
+  // only to the blocks that back one) and lists the largest holders: a grouping's rows add up to
+  // at most the allocated bytes.
   auto read_holders = [&](std::string_view key, std::vector<OomHolder>& into) {
+    std::uint64_t listed = 0;  // the rows before, at most allocated_bytes
     for_each_item(holders, key, holders_path, [&](json::element value, const JsonPath& holder_path) {
-      into.push_back(read_holder(value, holder_path));
+      OomHolder holder = read_holder(value, holder_path);
+      if (holder.bytes > n.allocated_bytes - listed) {
+        throw InputError(holder_path.key("bytes").str(),
+                         fmt::format("{} bytes, with the {} rows before, add up to more than "
+                                     "$.memory.allocated_bytes ({}): each grouping of holders divides the allocated "
+                                     "bytes among them, so its rows add up to at most that; write the dump again "
+                                     "from the allocator or fix the figures",
+                                     holder.bytes, into.size(), n.allocated_bytes));
+      }
+      listed += holder.bytes;
+      into.push_back(std::move(holder));
     });
   };
   read_holders("by_region", dump.holders.by_region);

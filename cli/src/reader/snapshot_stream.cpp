@@ -21,7 +21,7 @@ class SnapshotStream {
 
   StreamedDump read() {
     refuse_non_json_start(scanner_.head(kSniffBytes), scanner_.name());
-    if (scanner_.peek() == '\0') throw InputError("holds only whitespace; expected a remat JSON dump");
+    if (scanner_.peek() == '\0') throw InputError(std::string(kOnlyWhitespace));
     refuse_non_object_start(scanner_.peek(), scanner_.position(), scanner_.name());
     std::string skeleton = object([this](const std::string& key, std::string& into) { member(key, into); });
     StreamedDump dump{dump_from_text(skeleton, scanner_.name()), streamed_};
@@ -59,45 +59,54 @@ class SnapshotStream {
     return text += '}';
   }
 
-  // The next value, parsed alone (its syntax errors name the file's byte).
-  simdjson::dom::element parse_value() {
+  // The next value, at `path`, parsed alone (its syntax errors name the file's byte).
+  simdjson::dom::element parse_value(const JsonPath& path) {
     const std::uint64_t at = scanner_.position();
-    return parse_json(parser_, scanner_.value(), at);
+    return parse_json(parser_, scanner_.value(), at, path);
   }
 
-  // Keeps the next value's text, and remembers what decides whether the rest can stream.
-  void keep(const std::string& key, std::string& into) {
+  // Keeps the next value's text, the member `key` (quoted) of the object at `parent`, and
+  // remembers what decides whether the rest can stream.
+  void keep(const JsonPath& parent, const std::string& key, std::string& into) {
     const std::uint64_t at = scanner_.position();
     const std::string_view text = scanner_.value();
-    (void)parse_json(parser_, text, at);
+    (void)parse_json(parser_, text, at, parent.key(std::string_view(key).substr(1, key.size() - 2)));
     into += text;
-    if (key == "\"kind\"") kind_ = text;
-    else if (key == "\"schema_version\"") version_ = text;
-    else if (key == "\"names\"") names_ = text;
-    else if (key == "\"tags\"") tags_ = text;
+    if (key == "\"kind\"")
+      kind_ = text;
+    else if (key == "\"schema_version\"")
+      version_ = text;
+    else if (key == "\"names\"")
+      names_ = text;
+    else if (key == "\"tags\"")
+      tags_ = text;
   }
 
   void member(const std::string& key, std::string& into) {
+    const JsonPath root;  // named: a path holds its parent by address
     if (key == "\"segments\"" && scanner_.peek() == '[' && can_stream()) {
       into += "[]";
-      const JsonPath root;  // named: a path holds its parent by address
       const JsonPath path = root.key("segments");
       SegmentChecks segments(path);
-      elements([&] { (void)segments.read(parse_value(), tag_table_->tags.size()); });
+      std::size_t i = 0;
+      elements([&] { (void)segments.read(parse_value(path.index(i++)), tag_table_->tags.size()); });
       segments.finish();
     } else if (key == "\"trace\"" && scanner_.peek() == '{' && can_stream()) {
-      into += object([this](const std::string& trace_key, std::string& trace) {
-        if (trace_key != "\"events\"" || scanner_.peek() != '[') return keep(trace_key, trace);
+      const JsonPath trace_path = root.key("trace");
+      into += object([&](const std::string& trace_key, std::string& trace) {
+        if (trace_key != "\"events\"" || scanner_.peek() != '[') return keep(trace_path, trace_key, trace);
         trace += "[]";
         EventSink& sink = sink_for_(*tag_table_);
         EventChecker checker;
-        const JsonPath root, trace_path = root.key("trace");  // named: a path holds its parent by address
         const JsonPath path = trace_path.key("events");
         std::size_t i = 0;
-        elements([&] { sink.on_event(read_checked_event(parse_value(), path.index(i++), tag_table_->tags.size(), checker)); });
+        elements([&] {
+          const JsonPath event_path = path.index(i++);
+          sink.on_event(read_checked_event(parse_value(event_path), event_path, tag_table_->tags.size(), checker));
+        });
       });
     } else {
-      keep(key, into);
+      keep(root, key, into);
     }
   }
 

@@ -217,7 +217,7 @@ std::string show(element v) {
     case element_type::STRING: return fmt::format("'{}'", printable(std::string_view(v), 40));
     case element_type::INT64: return std::to_string(std::int64_t(v));
     case element_type::UINT64: return std::to_string(std::uint64_t(v));
-    case element_type::DOUBLE: return fmt::format("{}", double(v));
+    case element_type::DOUBLE: return json::show_double(double(v));
     case element_type::BOOL: return bool(v) ? "true" : "false";
     case element_type::NULL_VALUE: return "null";
     default: return std::string(json::type_name(v));

@@ -18,10 +18,23 @@
 #include <limits>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace remat::budget {
 
 namespace {
+
+// A pattern makes one choice for every region it stands for: a group with a region that must be
+// saved and another that must be recomputed has no choice that serves both, and any plan of it
+// would be refused where it is read or applied.
+void refuse_mixed_pins(const RegionCost& group, const RegionCost* saved, const RegionCost* recomputed) {
+  if (saved == nullptr || recomputed == nullptr) return;
+  throw BudgetError("cannot plan by pattern: '" + group.name + "' stands for '" + saved->name +
+                    "', which must be saved (" + saved->must_save + "), and for '" + recomputed->name +
+                    "', which must be recomputed (" + recomputed->must_recompute +
+                    "), and a pattern makes one choice for all its regions; plan each region on its own (without "
+                    "group=True; remat-report advise without --group)");
+}
 
 }  // namespace
 
@@ -114,6 +127,9 @@ RegionProfile grouped(const RegionProfile& profile) {
   out.step = profile.step;  // step regions take their choice from the pattern that matches them
   out.host_copy = profile.host_copy;
   std::unordered_map<std::string, std::size_t> index;
+  // By group: its first region that must be saved and its first that must be recomputed, if any.
+  std::vector<const RegionCost*> first_saved;
+  std::vector<const RegionCost*> first_recomputed;
   for (const RegionCost& region : profile.regions) {
     std::string pattern;
     for (std::size_t i = 0; i < region.name.size(); ++i) {
@@ -133,6 +149,8 @@ RegionProfile grouped(const RegionProfile& profile) {
       group.offload_bytes = region.offload_bytes;
       if (profile.host_copy) group.members_offload_seconds = copies;
       out.regions.push_back(std::move(group));
+      first_saved.push_back(region.must_save.empty() ? nullptr : &region);
+      first_recomputed.push_back(region.must_recompute.empty() ? nullptr : &region);
       continue;
     }
     RegionCost& group = out.regions[it->second];
@@ -148,6 +166,11 @@ RegionProfile grouped(const RegionProfile& profile) {
     if (group.must_recompute.empty() && !region.must_recompute.empty()) {
       group.must_recompute = region.name + ": " + region.must_recompute;
     }
+    if (first_saved[it->second] == nullptr && !region.must_save.empty()) first_saved[it->second] = &region;
+    if (first_recomputed[it->second] == nullptr && !region.must_recompute.empty()) {
+      first_recomputed[it->second] = &region;
+    }
+    refuse_mixed_pins(group, first_saved[it->second], first_recomputed[it->second]);
   }
   return out;
 }

@@ -43,7 +43,10 @@ cycle, after the profiled micro-batch), it is predicted on stand-ins of the para
 it makes included (remat._optimizer_step), and every micro-batch of that cycle is refused where it
 would not fit after it (optimizer_peak_bytes: that prediction). Where it cannot be predicted so (no
 torch.optim.Optimizer holds the parameters, or its step cannot run on stand-ins), a first run over
-the budget is said with the figures and why.
+the budget is said with the figures and why. An optimizer step that makes state for parameters that
+have none while the optimizer holds state for others (a part of the model first given a gradient in
+a later step) holds what no measured one did: while there are such parameters, it is predicted on
+stand-ins after every step (state there made new, the rest as it is) and checked as above.
 
 A step that differs from the profiled one otherwise (a checkpoint called more times, a region the
 profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape; the
@@ -277,6 +280,14 @@ class FitState:
         # Before one was measured: (rise, state made, None) of the first optimizer step as predicted
         # on stand-ins (remat._optimizer_step), or (None, None, why not); None until asked
         self.first_optimizer = None
+        # Once an optimizer stepped: the optimizers over the model's parameters (weakly; found once),
+        # and (the parameters without state, the next step's prediction on stand-ins) where an
+        # optimizer is to make state for some (_new_state_rise)
+        self._optimizers = None
+        self._new_state = None
+        # What the optimizer step's predicted peak came from: "first" (the first, on stand-ins),
+        # "measured" (an earlier one), "new state" (on stand-ins: it makes state that was not there)
+        self.optimizer_basis = None
         self.optimizer_peak_bytes = None  # the predicted peak of an optimizer step after the step running now
         self.expect_optimizer = False  # the step running now is predicted with the optimizer step after it
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
@@ -350,20 +361,60 @@ class FitState:
         after a planned step: its rise over the bytes when backward ended, less the state it made
         then, which is allocated now. Before any optimizer step was seen (the first cycle of
         gradient accumulation, after the profiled micro-batch), the first one is predicted on
-        stand-ins, state and transient whole: none of it is allocated yet. 0 where neither."""
+        stand-ins, state and transient whole: none of it is allocated yet. 0 where neither. Where
+        the step is to make state for parameters that have none (_new_state_rise), at least its
+        prediction on stand-ins."""
         end = source.backward_end(base, ratio, absent, extra)
+        self.optimizer_basis = None
         if self.optimizer_part is not None:
             rise, made = self.optimizer_part
-            return end + max(0, rise - made)
-        if self.cycle is not None:
-            return 0  # the profiled step holds it (its part after backward)
-        if self.first_optimizer is None:
-            # Every parameter a backward may give a gradient to has one then (as _absent_gradients counts them)
-            parameters = self._parameters()
-            host = bool(parameters) and all(p.device.type == "cpu" for p in parameters)
-            self.first_optimizer = _optimizer_step.prediction(parameters, {id(p) for p in parameters}, host)
-        rise = self.first_optimizer[0]
-        return 0 if rise is None else end + rise
+            peak = end + max(0, rise - made)
+            self.optimizer_basis = "measured"
+        elif self.cycle is not None:
+            peak = 0  # the profiled step holds it (its part after backward)
+        else:
+            if self.first_optimizer is None:
+                # Every parameter a backward may give a gradient to has one then (as _absent_gradients counts them)
+                parameters = self._parameters()
+                self.first_optimizer = _optimizer_step.prediction(parameters, {id(p) for p in parameters},
+                                                                  self._on_host(parameters))
+            rise = self.first_optimizer[0]
+            if rise is None:
+                return 0
+            self.optimizer_basis = "first"
+            return end + rise
+        rise = self._new_state_rise()
+        if rise is not None and end + rise > peak:
+            peak = end + rise
+            self.optimizer_basis = "new state"
+        return peak
+
+    @staticmethod
+    def _on_host(parameters):
+        """Whether the parameters are on the CPU, whose bytes the budget counts."""
+        return bool(parameters) and all(p.device.type == "cpu" for p in parameters)
+
+    def _new_state_rise(self):
+        """The rise of the next optimizer step over the bytes when it begins, predicted on stand-ins,
+        where an optimizer that holds state is to make state for parameters that have none (a part
+        of the model first given a gradient in a later step): what was measured of the optimizer
+        step does not hold that state. Counted in every step while they have none, as their
+        gradients are (_absent_gradients): a parameter that stays without a gradient puts the
+        prediction above the step by its state. None where there are no such parameters, or where
+        the step cannot run on stand-ins (its first run is then measured)."""
+        parameters = self._parameters()
+        optimizers = [o for o in (ref() for ref in self._optimizers or ()) if o is not None]
+        if self._optimizers is None or (self._optimizers and not optimizers):
+            # Searched once (the collector's objects scanned), again only where those found are gone
+            self._optimizers = [weakref.ref(o) for o in _optimizer_step.optimizers_over(parameters)]
+            optimizers = [ref() for ref in self._optimizers]
+        new = frozenset(id(p) for p in _optimizer_step.without_state(optimizers, parameters))
+        if not new:
+            return None
+        if self._new_state is None or self._new_state[0] != new:
+            self._new_state = (new, _optimizer_step.prediction(parameters, {id(p) for p in parameters},
+                                                               self._on_host(parameters), optimizers))
+        return self._new_state[1][0]
 
     # --- between steps ---------------------------------------------------------------------------
 
@@ -748,7 +799,11 @@ class FitState:
             scaled += (f", and a step with these inputs that differed from the profiled one took "
                        f"{_bytes_text(reserve)} more")
             least_now += reserve
-        if optimizer and self.optimizer_part is None:
+        if optimizer and self.optimizer_basis == "new state":
+            scaled += (" (with the optimizer step after it, which makes the optimizer's state for parameters that "
+                       "have none yet, a part of the model given no gradient before, predicted by running its step "
+                       "on stand-ins of the parameters: no plan changes that part)")
+        elif optimizer and self.optimizer_part is None:
             scaled += (" (with the first optimizer step, which may run after it and makes the optimizer's state, "
                        "predicted by running its step on stand-ins of the parameters: no plan changes that part)")
         elif optimizer:

@@ -20,6 +20,11 @@ choice left to torch (None) is taken as torch would take it for the real paramet
 on the host (the step counters) stay real tensors: a non-capturable step reads them. An optimizer
 whose step cannot run on stand-ins (one that needs a closure, as LBFGS; one that reads a
 parameter's values on the host) is not predicted: prediction() says why.
+
+The same run predicts a later step that makes state for parameters that had none (a branch of the
+model first given a gradient after the optimizer first stepped, without_state()): the stand-ins
+then carry the state there is, which is not made again, and the step's peak over where it begins
+holds the new state and the transient of every parameter.
 """
 
 from __future__ import annotations
@@ -152,11 +157,27 @@ def step_memory(optimizer, with_gradients, host):
     return count.peak, made
 
 
-def prediction(parameters, with_gradients, host):
-    """(rise, made, None) of the steps of every optimizer over `parameters` run one after another
-    (each step's peak over the bytes before the first, the state all of them made), or (None,
-    None, why) where it cannot be predicted."""
-    optimizers = optimizers_over(parameters)
+def without_state(optimizers, parameters):
+    """The parameters among `parameters` that one of `optimizers` holds without state while it
+    holds state for others: its next step with their gradients makes their state (a part of the
+    model first given a gradient after the optimizer first stepped). An optimizer that keeps no
+    state (SGD without momentum) or has not stepped yet holds none of them."""
+    wanted = {id(p) for p in parameters}
+    found = []
+    for optimizer in optimizers:
+        if not any(optimizer.state.values()):
+            continue
+        found += [p for group in optimizer.param_groups for p in group["params"]
+                  if id(p) in wanted and not optimizer.state.get(p)]
+    return found
+
+
+def prediction(parameters, with_gradients, host, optimizers=None):
+    """(rise, made, None) of the steps of every optimizer over `parameters` (or of `optimizers`,
+    found before) run one after another (each step's peak over the bytes before the first, the state
+    all of them made), or (None, None, why) where it cannot be predicted."""
+    if optimizers is None:
+        optimizers = optimizers_over(parameters)
     if not optimizers:
         return None, None, "no torch.optim.Optimizer holds the model's parameters"
     rise = made = 0

@@ -12,7 +12,7 @@ remat.save_for_backward(ctx, {"lse": lse, ...}).
 import torch
 
 from ._extension import _C
-from ._arguments import name_arg
+from ._arguments import ArgumentTypeError, name_arg
 from ._saved_report import refuse_annotate
 
 __all__ = ["current_memory_report", "format_current_memory_report", "print_current_memory_report",
@@ -51,7 +51,11 @@ def save_for_backward(ctx, saved):
     named = []
     for name, tensor in saved.items():
         name_arg("save_for_backward", "name", name)
-        if tensor is not None:
-            named.append((name, tensor))
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise ArgumentTypeError(f"save_for_backward: saved[{name!r}] must be a torch.Tensor or None (what "
+                                    f"ctx.save_for_backward accepts), got {type(tensor).__name__} {tensor!r:.80}")
+        named.append((name, tensor))
     _C.name_saved_tensors(named)
     ctx.save_for_backward(*saved.values())

@@ -87,9 +87,24 @@ TEST(ProducerDumps, ANumberPastADoubleIsBadInputNamingTheField) {
   for (const Case& c : cases) {
     const CliResult r = run(c.args);
     EXPECT_EQ(r.code, 2) << c.args[0] << ": " << r.err;
-    EXPECT_NE(r.err.find(c.field + ": is a number too large for a double"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.field + ": is a number too large for a double (number overflow parsing '1e400'); write "
+                                   "a finite number"),
+              std::string::npos)
+        << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+}
+
+// A profile that is not JSON is refused in the reader's words, without the JSON library's
+// exception tag.
+TEST(Advise, AProfileThatIsNotJsonIsRefusedInWords) {
+  TempDir dir;
+  const CliResult r = run({"advise", dir.write("cut.json", "{\"kind\": ")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("cut.json: $: not JSON (parse error at line 1, column 10: syntax error while parsing value"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -106,6 +106,53 @@ TEST(BadInput, IntegerBeyond64BitsNamesItsByteOffset) {
                    "byte " + std::to_string(offset) + ": integer 99999999999999999999999 does not fit in 64 bits");
 }
 
+// A number no double holds is refused with its JSON path, whether the document is parsed whole
+// (an oom dump), value by value as a snapshot streams in, or line by line (a trace).
+TEST(BadInput, ANumberTooLargeForADoubleNamesItsPath) {
+  struct Case {
+    std::string fixture, from, number, path;
+  };
+  for (const Case& c : {Case{"oom.json", "\"segment_bytes\":4294967296", "1e400", "$.request.segment_bytes"},
+                        Case{"snapshot-end.json", "\"total_size\":12582912", "1e400", "$.segments[0].total_size"},
+                        Case{"snapshot-end.json", "\"size\":20971520,\"stream\"", "1e400", "$.trace.events[0].size"},
+                        Case{"trace.jsonl", "\"size\":20971520", "-1e400", "$.size"}}) {
+    std::string text = data_text(c.fixture);
+    const std::size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.fixture << ": " << c.from;
+    const std::string key = c.from.substr(0, c.from.find(':') + 1);
+    const std::size_t digits = std::min(c.from.find_first_not_of("0123456789", key.size()), c.from.size());
+    text.replace(at + key.size(), digits - key.size(), c.number);  // the value after the key
+    TempDir dir;
+    expect_bad_input(run({"summary", dir.write(c.fixture, text)}),
+                     "byte " + std::to_string(at + key.size()) + ": " + c.path + ": the number " + c.number +
+                         " is too large for a 64-bit floating-point value (at most about 1.8e308); sizes, counts and "
+                         "times are integers of at most 18446744073709551615\n");
+  }
+}
+
+// A whole number written 1.0 where an integer is expected is quoted as written, not as the
+// integer "1" the message asks for.
+TEST(BadInput, AWholeNumberWrittenWithAFractionIsQuotedAsWritten) {
+  TempDir dir;
+  std::string text = data_text("snapshot-end.json");
+  const std::string version = "\"schema_version\":1,";
+  ASSERT_NE(text.find(version), std::string::npos);
+  text.replace(text.find(version), version.size(), "\"schema_version\":1.0,");
+  expect_bad_input(run({"summary", dir.write("s.json", text)}),
+                   "$.schema_version: expected an integer, found 1.0, a whole number written with a fraction or an "
+                   "exponent; write it as the integer 1\n");
+  const std::string sized =
+      trace_text({R"({"action":"alloc","time_us":2,"address":8192,"size":2.5e3,"stream":0,"tag":1})",
+                  R"({"action":"alloc","time_us":3,"address":16384,"size":2.5,"stream":0,"tag":1})"});
+  expect_bad_input(run({"memory", dir.write("t.jsonl", sized)}),
+                   "$.size: expected a non-negative integer, found 2500.0, a whole number written with a fraction or "
+                   "an exponent; write it as the integer 2500\n");
+  std::string fraction = sized;
+  fraction.replace(fraction.find("2.5e3"), 5, "2500");
+  expect_bad_input(run({"memory", dir.write("f.jsonl", fraction)}),
+                   "$.size: expected a non-negative integer, found 2.5\n");
+}
+
 TEST(BadInput, LiveBytesOverflowingIsReportedNotWrapped) {
   TempDir dir;
   const std::string first = event("alloc", 1, 4096, 9223372036854775808ull, 1);

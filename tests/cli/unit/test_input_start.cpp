@@ -149,6 +149,53 @@ TEST(InputStart, ADirectoryIsNamedAsOne) {
   expect_message(run({"summary", dir.path("")}), dir.path("") + " is a directory; pass a dump file inside it");
 }
 
+// `advise` and `predict` read their profiles whole, and `ranks --predicted` its prediction: their
+// first bytes are checked as every dump's are, with the same messages.
+TEST(InputStart, ProfilesAndPredictionsGetTheFirstBytesCheckOfEveryDump) {
+  TempDir dir;
+  const std::string stage = data_path("stage-profile-1.json");
+  const auto commands = [&](const std::string& file) {
+    return std::vector<std::vector<std::string>>{
+        {"advise", file},
+        {"predict", file, stage, "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4"},
+        {"ranks", data_path("snapshot-end.json"), "--predicted", file}};
+  };
+  const std::string nul =
+      " starts with NUL bytes (100 of them): not a JSON dump (a preallocated or zero-filled "
+      "file, or one whose writer stopped before writing?)";
+  struct Case {
+    std::string name, text, message;
+  };
+  for (const Case& c :
+       {Case{"empty.json", "", ": file is empty (0 bytes); expected a remat JSON dump"},
+        Case{"zeros.json", std::string(100, '\0'), ": byte 0:" + nul},
+        Case{"bom.json", "\xef\xbb\xbf" + data_text("region-profile.json"),
+             ": byte 0: starts with a UTF-8 byte-order mark: remove it (JSON text must not start with one), e.g. "
+             "`tail -c +4 {} > FIXED.json`"},
+        Case{"blank.json", " \n\t\n", ": holds only whitespace; expected a remat JSON dump"},
+        Case{"array.json", "\n [1]",
+             ": byte 2: a remat dump is a JSON object and starts with '{', but this input starts with '[' (a JSON "
+             "array)"}}) {
+    const std::string file = dir.write(c.name, c.text);
+    std::string message = file + c.message;
+    if (const auto at = message.find("{}"); at != std::string::npos) message.replace(at, 2, file);
+    for (const std::vector<std::string>& command : commands(file)) expect_message(run(command), message);
+  }
+  // A BOM'ed stage profile is refused too, the first bytes read from a stream as from a file.
+  const std::string bom_stage = dir.write("bom-stage.json", "\xef\xbb\xbf" + data_text("stage-profile-0.json"));
+  const CliResult r = run(commands(bom_stage)[1]);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(bom_stage + ": byte 0: starts with a UTF-8 byte-order mark"), std::string::npos) << r.err;
+  const std::string fifo = dir.path("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] { std::ofstream(fifo, std::ios::binary) << std::string(5000, '\0'); });
+  expect_message(run({"advise", fifo}),
+                 fifo +
+                     ": byte 0: starts with NUL bytes (4096 or more of them): not a JSON dump (a preallocated or "
+                     "zero-filled file, or one whose writer stopped before writing?)");
+  writer.join();
+}
+
 TEST(InputStart, SmallInputsAreReadWholeWithinTheirBoundOrRefusedSayingWhatToPass) {
   TempDir dir;
   const std::string fits = dir.write("fits.json", std::string(64, 'x'));

@@ -104,6 +104,42 @@ TEST(OomCommand, ANegativeByteCountIsRefused) {
                    "$.fragmentation.largest_free_block: must not be negative (got -1)");
 }
 
+// Each grouping of holders divides the allocated bytes among them (the allocator bills every
+// live block to one holder of each), so a grouping's rows add up to at most allocated_bytes.
+TEST(OomCommand, HoldersAddingUpPastTheAllocatedBytesAreRefusedNamingTheRow) {
+  TempDir dir;
+  const std::string rows = R"("by_region":[{"name":"layers.0","bytes":8485076992,"blocks":4,"saved_bytes":0}])";
+  std::string text = oom_text();
+  ASSERT_NE(text.find(rows), std::string::npos);
+  const std::string past =
+      dir.write("past.json", std::string(text).replace(text.find(rows), rows.size(),
+                                                       R"("by_region":[{"name":"a","bytes":18446744073709551615,)"
+                                                       R"("blocks":4,"saved_bytes":0}])"));
+  for (const char* command : {"oom", "summary", "validate"}) {
+    const CliResult r = run({command, past});
+    EXPECT_EQ(r.code, 2) << command << ": " << r.out;
+    EXPECT_NE(
+        r.err.find(past + ": $.holders.by_region[0].bytes: 18446744073709551615 bytes, with the 0 rows before, add up "
+                          "to more than $.memory.allocated_bytes (8485076992): each grouping of holders divides the "
+                          "allocated bytes among them, so its rows add up to at most that; write the dump again from "
+                          "the allocator or fix the figures"),
+        std::string::npos)
+        << command << ": " << r.err;
+  }
+  // Two rows, each within the total, whose sum is not; rows adding up to exactly the total are read.
+  const auto by_site = [&](std::uint64_t second) {
+    return std::string(text).replace(text.find(R"("by_site":[])"), 12,
+                                     R"("by_site":[{"name":"a","bytes":4242538496,"blocks":2,"saved_bytes":0},)"
+                                     R"({"name":"b","bytes":)" +
+                                         std::to_string(second) + R"(,"blocks":2,"saved_bytes":0}])");
+  };
+  expect_bad_input(run({"oom", dir.write("sum.json", by_site(4242538497))}),
+                   "$.holders.by_site[1].bytes: 4242538497 bytes, with the 1 rows before, add up to more than "
+                   "$.memory.allocated_bytes (8485076992)");
+  const CliResult exact = run({"oom", dir.write("exact.json", by_site(4242538496))});
+  EXPECT_EQ(exact.code, 0) << exact.err;
+}
+
 TEST(RematTrace, UnknownDecisionNamesItsPath) {
   TempDir dir;
   const std::string text = R"({"kind":"remat-trace",)" + kHeader +

@@ -31,6 +31,17 @@ def peak_of(step):
     return remat_alloc.memory_stats()["requested_bytes_peak"]
 
 
+def sgd_step(model, optimizer, x):
+    """One training step on x (zero_grad, forward, backward, optimizer step): its measured peak,
+    and the gradients as bytes (not tensors, which would be counted in the steps after)."""
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(x).backward()
+        optimizer.step()
+
+    return peak_of(step), [p.grad.numpy().tobytes() for p in model.parameters()]
+
+
 def unfit(model, inputs):
     """Ends the last step with a forward on `inputs` outside training, and takes remat.fit off
     the model; returns its fit state (None: the model was not fitted)."""

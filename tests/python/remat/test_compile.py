@@ -2,7 +2,6 @@
 fullgraph=True), save regions saved and recompute regions recomputed by AOTAutograd's
 partitioner, gradients equal to eager; eager-only options refused with a clear error."""
 
-import functools
 
 import pytest
 import torch

@@ -19,7 +19,7 @@ LAYERS = 4
 
 def layer(block, i):
     def body(x):
-        y = remat.region(block.attention, f"attention", recompute=False)(x)
+        y = remat.region(block.attention, "attention", recompute=False)(x)
         return block.mlp(y)
 
     return remat.checkpoint(region_name=f"layers.{i}")(body)

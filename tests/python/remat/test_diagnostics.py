@@ -127,6 +127,29 @@ def test_print_current_memory_report_writes_the_report_as_torch_remat_shows_it(c
                                        "  16 B  probs  (4,)  float32\n")
 
 
+def test_save_for_backward_refuses_a_value_that_is_not_a_tensor_naming_its_key():
+    class Saves(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            remat.save_for_backward(ctx, {"t": t, "a": 3})
+            return t.sin()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    message = ("save_for_backward: saved['a'] must be a torch.Tensor or None (what ctx.save_for_backward accepts), "
+               "got int 3")
+    with pytest.raises(TypeError) as outside:
+        remat.save_for_backward(None, {"a": 3})
+    assert str(outside.value) == message
+    body = lambda t: remat.region(Saves.apply, "r", recompute=False)(t).sum()
+    with pytest.raises(RuntimeError) as inside:  # torch_remat raises a RuntimeError: both catch it
+        remat.checkpoint(region_name="c")(body)(torch.rand(3, requires_grad=True))
+    assert str(inside.value) == message
+    assert isinstance(inside.value, TypeError)
+
+
 def test_memory_report_outside_a_checkpoints_forward_is_a_remat_error():
     message = ("remat.current_memory_report() works only inside a checkpoint's forward; call it from the checkpointed "
                "function (outside recompute: guard it with `if not remat.is_recomputing()`)")

@@ -50,18 +50,11 @@ def train(budget, checkpointed=True, steps=STEPS):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         for step in range(1, steps + 1):
             x = batch(step)
-
-            def one_step():
-                optimizer.zero_grad(set_to_none=True)
-                model(x).backward()
-                optimizer.step()
-
-            peak = fit_loop.peak_of(one_step)
+            peak, grads = fit_loop.sgd_step(model, optimizer, x)
             state = getattr(model, "remat_fit", None)
             profiled = state is not None and state.plan is None
-            # Gradients as bytes (not tensors, which would be counted in the steps after); a
-            # profiled step's peak is the profile's (profile_regions resets the peak at each segment).
-            rows.append({"peak": peak, "grads": [p.grad.numpy().tobytes() for p in model.parameters()],
+            # A profiled step's peak is the profile's (profile_regions resets the peak at each segment).
+            rows.append({"peak": peak, "grads": grads,
                          "plan": None if profiled or state is None else dict(state.plan.decisions),
                          "predicted": None if state is None else state.predicted_peak_bytes,
                          "signature": (tuple(x.shape), x.dtype, str(x.device))})

@@ -6,16 +6,18 @@ skipping it (skipped, recompute would miss the change or make it twice), and the
 Gradients are bitwise those without checkpointing, in the profiled step and under each plan; what
 the checkpoints keep is at most the plan's kept_bytes, the step peak at most the budget and 3% over
 the prediction; remat-report advise makes the same plans; remat.fit trains such a model under a
-budget. A region that changes a tensor made before the checkpoint is still refused, naming it."""
+budget. A region that changes a tensor made before the checkpoint is still refused, naming it. A
+grouped plan (group=True, advise --group) whose pattern stands for a region that must be saved and
+one that must be recomputed is refused naming both; planned by region, the step runs."""
 
 import json
+import re
 import subprocess
 
 import pytest
 import torch
 
 import remat
-import remat_alloc
 from remat._plans import live_checkpoint_bytes
 
 import fit_loop
@@ -154,12 +156,6 @@ def test_plans_by_kept_bytes_recompute_the_marked_regions_keep_within_and_are_bi
     assert len(seen) > 1  # the budgets made different plans
 
 
-def peak_of(step):
-    remat_alloc.reset_peak_stats()
-    step()
-    return remat_alloc.memory_stats()["requested_bytes_peak"]
-
-
 def test_plans_by_step_peak_peak_within_the_budget_and_the_prediction_and_are_bitwise(fixture):
     f, _ = fixture
     least = f.profile.least_peak_bytes()
@@ -175,7 +171,7 @@ def test_plans_by_step_peak_peak_within_the_budget_and_the_prediction_and_are_bi
             with remat.use_plan(plan):
                 f.model(f.x).backward()
 
-        measured = max(peak_of(run_step), peak_of(run_step))
+        measured = max(fit_loop.peak_of(run_step), fit_loop.peak_of(run_step))
         assert f.bitwise(), budget
         assert measured <= budget, (budget, plan.peak_bytes, measured)
         assert measured <= plan.peak_bytes * 1.03, (budget, plan.peak_bytes, measured)
@@ -209,16 +205,9 @@ def test_fit_trains_such_a_model_within_the_budget_bitwise(in_place_input):
         with fit_loop.fitted(lambda: Model(in_place_input, checkpointed), budget) as (model, told):
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             for step in range(1, 5):
-                x = batch(step)
-
-                def one_step():
-                    optimizer.zero_grad(set_to_none=True)
-                    model(x).backward()
-                    optimizer.step()
-
-                peak = fit_loop.peak_of(one_step)
+                peak, grads = fit_loop.sgd_step(model, optimizer, batch(step))
                 state = getattr(model, "remat_fit", None)
-                rows.append({"peak": peak, "grads": [p.grad.numpy().tobytes() for p in model.parameters()],
+                rows.append({"peak": peak, "grads": grads,
                              "predicted": None if state is None or state.plan is None
                              else state.predicted_peak_bytes})
             least = fit_loop.unfit(model, batch(5))
@@ -255,3 +244,156 @@ def test_a_region_changing_a_tensor_made_before_the_checkpoint_is_still_refused(
     with remat.profile_regions() as profile:  # the refused profile left nothing behind: another one runs
         remat.checkpoint(region_name="sin")(lambda t: remat.region(lambda u: u.sin(), "sin")(t))(x).sum().backward()
     assert [r.name for r in profile.regions] == ["sin::sin"]
+
+
+class ChangedAfterCheckpoint(torch.nn.Module):
+    """Layers of lin (recompute) -> out (save: a Linear, then dropout), each checkpoint's output,
+    which is out's, changed in place after the checkpoint returns (h = checkpoint(layer)(h);
+    h.mul_(1.5)). A plan keeps a saved region's outputs for recompute: the change is seen in
+    backward, and recompute runs the region again, remaking its output as forward made it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lins = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(3))
+        self.outs = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(3))
+
+    def forward(self, x, plain=False):
+        region = (lambda fn, name, recompute=True: fn) if plain else remat.region
+        for index, (lin, out) in enumerate(zip(self.lins, self.outs)):
+            def layer(t, lin=lin, out=out):
+                h = region(lin, "lin")(t)
+                return region(lambda u: torch.nn.functional.dropout(out(u), 0.2), "out", recompute=False)(h)
+
+            x = layer(x) if plain else remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+            x.mul_(1.5)
+        return x.square().mean()
+
+
+def test_a_checkpoint_output_changed_after_it_returns_runs_under_every_plan_bitwise():
+    torch.manual_seed(0)
+    model, x = ChangedAfterCheckpoint(), batch()
+
+    def grads(plain=False):
+        torch.manual_seed(1)
+        model(x, plain).backward()
+        out = [t.grad.clone() for t in [*model.parameters(), x]]
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        return out
+
+    expected = grads(plain=True)
+    with remat.profile_regions() as profile:
+        assert all(map(torch.equal, grads(), expected))
+    least, most = profile.base_bytes, profile.all_saved_bytes
+    saved_outs = set()
+    for budget in [least + (most - least) * i // 4 for i in range(5)]:
+        plan = profile.plan(budget)
+        saved_outs |= {name for name, choice in plan.decisions.items() if name.endswith("::out") and choice == "save"}
+        with remat.use_plan(plan):
+            assert all(map(torch.equal, grads(), expected)), plan.decisions
+    assert saved_outs  # some plan saved a region whose kept output the caller changed
+
+
+class MixedLayer(torch.nn.Module):
+    """A 'norm' region that counts its calls in a buffer (must be saved) in the first layer, and
+    one whose output is changed in place after it returns (must be recomputed) in the others."""
+
+    def __init__(self, counts_calls):
+        super().__init__()
+        self.lin, self.mlp = torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("calls", torch.zeros(()))
+        self.counts_calls = counts_calls
+
+    def counted(self, t):
+        self.calls.add_(1)  # into state the region did not make: recompute would count again
+        return self.lin(t)
+
+    def forward(self, x, plain=False):
+        region = (lambda fn, name, recompute=True: fn) if plain else remat.region
+        if self.counts_calls:
+            h = region(self.counted, "norm", recompute=False)(x)
+        else:
+            h = region(self.lin, "norm")(x)
+            h += x
+        return region(lambda t: self.mlp(t).cos(), "mlp")(h)
+
+
+class MixedModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(MixedLayer(index == 0) for index in range(LAYERS))
+
+    def forward(self, x, plain=False):
+        for index, layer in enumerate(self.layers):
+            x = layer(x, plain=True) if plain else remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+        return x.square().mean()
+
+
+MIXED_PINS = (r"cannot plan by pattern: 'layers\.\*::norm' stands for 'layers\.0::norm', which must be saved \(it "
+              r"writes in place into a tensor it did not make .*\), and for 'layers\.1::norm', which must be "
+              r"recomputed \(its output 0 is changed in place after it returns.*\), and a pattern makes one choice "
+              r"for all its regions; plan each region on its own \(without group=True; remat-report advise without "
+              r"--group\)")
+
+
+def test_a_pattern_whose_regions_must_be_saved_and_recomputed_is_refused_and_plans_by_region_run(tmp_path):
+    torch.manual_seed(0)
+    model, x = MixedModel(), batch()
+    leaves = list(model.parameters()) + [x]
+
+    def step(**kwargs):  # begins as the profiled step did, without gradients
+        for t in leaves:
+            t.grad = None
+        model(x, **kwargs).backward()
+
+    step(plain=True)
+    reference = [t.grad.clone() for t in leaves]
+
+    def bitwise():  # the step's gradients against those without checkpointing, none held past this
+        return all(torch.equal(t.grad, want) for t, want in zip(leaves, reference))
+
+    with remat.tag_cpu_tensors():
+        with remat.profile_regions() as profile:
+            step()
+        assert bitwise()
+        doc = json.loads(profile.to_json())
+        pins = {r["name"]: ("save" if "must_save" in r else "recompute") for r in doc["regions"]
+                if "must_save" in r or "must_recompute" in r}
+        assert pins == {"layers.0::norm": "save", **{f"layers.{i}::norm": "recompute" for i in range(1, LAYERS)}}
+
+        # By pattern no choice serves both: every grouped entry point refuses, naming both regions.
+        for refused in (lambda: profile.plan(profile.all_saved_bytes, group=True),
+                        lambda: profile.plan(peak_bytes=profile.step_peak_bytes, group=True),
+                        lambda: profile.least_peak_bytes(group=True),
+                        lambda: profile.frontier(group=True),
+                        lambda: profile.frontier(group=True, by="peak")):
+            with pytest.raises(ValueError, match=MIXED_PINS):
+                refused()
+
+        # By region, each keeps its pin, the plan reads back, and its step is bitwise within the prediction.
+        plan = profile.plan(peak_bytes=profile.step_peak_bytes)
+        assert plan.decisions["layers.0::norm"] == "save"
+        assert all(plan.decisions[f"layers.{i}::norm"] == "recompute" for i in range(1, LAYERS))
+        plan.to_json(tmp_path / "plan.json")
+        assert remat.load_plan(tmp_path / "plan.json").decisions == plan.decisions
+
+        def planned_step():
+            with remat.use_plan(plan):
+                step()
+
+        measured = max(fit_loop.peak_of(planned_step), fit_loop.peak_of(planned_step))
+        assert bitwise()
+        assert plan.peak_bytes <= profile.step_peak_bytes
+        assert measured <= profile.step_peak_bytes and measured <= plan.peak_bytes * 1.03, (measured, plan.peak_bytes)
+
+    path = tmp_path / "profile.json"
+    profile.to_json(path)
+    for args in (["--budget", f"{profile.all_saved_bytes}B"], ["--peak", f"{profile.step_peak_bytes}B"], []):
+        run = subprocess.run([remat_report(), "advise", str(path), "--group", *args], capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 1, (args, run.returncode, run.stdout, run.stderr)
+        assert re.search("--group: " + MIXED_PINS, run.stderr), run.stderr
+    run = subprocess.run([remat_report(), "advise", str(path), "--peak", f"{profile.step_peak_bytes}B", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["decisions"] == plan.decisions

@@ -20,6 +20,8 @@ import torch
 import remat
 import remat_alloc
 
+import fit_loop
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
@@ -43,13 +45,6 @@ def readme_plain(x):
     return x.sum()
 
 
-def peak_of(step):
-    """The step's peak requested bytes, as remat_alloc.memory_stats() counts them."""
-    remat_alloc.reset_peak_stats()
-    step()
-    return remat_alloc.memory_stats()["requested_bytes_peak"]
-
-
 def budgets_from_least_to_everything_saved(profile, count=5):
     least, most = profile.least_peak_bytes(), profile.step_peak_bytes
     assert least < most
@@ -66,8 +61,8 @@ def check_plans_by_peak(profile, run_step, reference_grads, grads_of):
     for budget in budgets_from_least_to_everything_saved(profile):
         plan = profile.plan(peak_bytes=budget)
         assert plan.peak_bytes <= budget
-        assert peak_of(lambda: run_step(every_region_saved)) == profile.step_peak_bytes
-        measured = max(peak_of(lambda: run_step(plan)), peak_of(lambda: run_step(plan)))
+        assert fit_loop.peak_of(lambda: run_step(every_region_saved)) == profile.step_peak_bytes
+        measured = max(fit_loop.peak_of(lambda: run_step(plan)), fit_loop.peak_of(lambda: run_step(plan)))
         assert measured <= budget, (budget, plan.peak_bytes, measured, "".join(c[0] for c in plan.decisions.values()))
         assert measured <= plan.peak_bytes * 1.03, (budget, plan.peak_bytes, measured, "".join(c[0] for c in plan.decisions.values()))
         assert all(torch.equal(got, want) for got, want in zip(grads_of(), reference_grads))  # holds no gradient
@@ -265,7 +260,7 @@ def test_remat_report_advise_peak_makes_the_same_plan_and_prediction(tagged, tmp
     run = subprocess.run([remat_report(), "advise", str(path), "--peak", f"{least - 1}B"], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 1
-    assert f"the least any plan reaches is" in run.stderr and f"({least} bytes)" in run.stderr
+    assert "the least any plan reaches is" in run.stderr and f"({least} bytes)" in run.stderr
 
 
 def test_remat_report_advise_peak_svg_draws_the_frontier_against_the_step_peak(tagged, tmp_path):
@@ -347,7 +342,7 @@ def test_the_frontier_by_step_peak_runs_from_the_least_peak_to_everything_saved_
     assert seconds == sorted(seconds, reverse=True) and seconds[0] > 0  # more peak never recomputes more
     for point in points:  # each plan's step peaks within its budget
         x.grad = None
-        measured = peak_of(lambda: _run(point, x))
+        measured = fit_loop.peak_of(lambda: _run(point, x))
         assert measured <= point.peak_budget_bytes, (point.peak_budget_bytes, point.peak_bytes, measured)
     assert "frontier by step peak" in points[1].format()
     with pytest.raises(ValueError, match="frontier: by must be 'kept' .* or 'peak' .*, got 'bytes'"):
@@ -430,7 +425,7 @@ def test_a_batch_the_first_region_keeps_is_not_freed_by_recomputing_it(tagged, b
     points = profile.frontier(12, by="peak")
     assert any(point.decisions["layers.0::attn"] == "recompute" for point in points)
     for point in points:
-        measured = max(peak_of(lambda: step(point)), peak_of(lambda: step(point)))
+        measured = max(fit_loop.peak_of(lambda: step(point)), fit_loop.peak_of(lambda: step(point)))
         assert measured <= point.peak_bytes <= point.peak_budget_bytes, (
             point.peak_budget_bytes, point.peak_bytes, measured, "".join(c[0] for c in point.decisions.values()))
 
@@ -462,7 +457,7 @@ def test_a_batch_that_takes_no_gradient_kept_by_the_first_layer_is_no_byte_a_pla
         lin.zero_grad(set_to_none=True)
     plan = profile.plan(peak_bytes=profile.least_peak_bytes())
     assert plan.decisions["layers.0::attn"] == "recompute"
-    measured = peak_of(lambda: step(plan))
+    measured = fit_loop.peak_of(lambda: step(plan))
     assert plan.peak_bytes <= measured * 1.03 and measured <= plan.peak_bytes, (measured, plan.peak_bytes)
     assert all(torch.equal(p.grad, want) for p, want in zip((p for lin in linears for p in lin.parameters()), reference))
 
@@ -507,7 +502,7 @@ def test_checkpoints_run_as_parallel_branches_on_one_input_peak_at_most_the_pred
             with remat.use_plan(plan):
                 model(x).backward()
 
-        measured = peak_of(run)
+        measured = fit_loop.peak_of(run)
         assert measured <= plan.peak_bytes <= budget, (budget, plan.peak_bytes, measured)
         assert plan.peak_bytes <= measured * 1.03, (budget, plan.peak_bytes, measured)
         assert all(torch.equal(got, want) for got, want in zip(grads(), reference))

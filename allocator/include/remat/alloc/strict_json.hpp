@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <exception>
 #include <set>
 #include <string>
 #include <string_view>
@@ -16,6 +17,16 @@
 namespace remat::alloc {
 
 namespace detail {
+
+// nlohmann's message without its "[json.exception.parse_error.101] " tag, which names the
+// library's exception rather than the problem.
+inline std::string json_error_words(const std::exception& error) {
+  std::string_view what = error.what();
+  if (what.rfind("[json.exception.", 0) == 0) {
+    if (const std::size_t end = what.find("] "); end != std::string_view::npos) what.remove_prefix(end + 2);
+  }
+  return std::string(what);
+}
 
 // Whether an object type keeps its keys in the order given (nlohmann::ordered_json's: a vector).
 template <class Object, class = void>
@@ -161,11 +172,11 @@ Json parse_strict_json(std::string_view text, Refuse&& refuse) {
   try {
     Json::sax_parse(text, &builder);
   } catch (const typename Json::parse_error& error) {
-    refuse(std::string("$"), std::string("not JSON (") + error.what() + ")");
+    refuse(std::string("$"), "not JSON (" + detail::json_error_words(error) + ")");
   } catch (const typename Json::out_of_range& error) {
     // The lexer read a number past a double's range; the path is the value being read.
     refuse(builder.path(builder.depth()),
-           std::string("is a number too large for a double (") + error.what() + "); write a finite number");
+           "is a number too large for a double (" + detail::json_error_words(error) + "); write a finite number");
   }
   if (!builder.repeated().empty()) {
     refuse(builder.repeated_at(), "the key '" + builder.repeated() + "' is given twice in one object; keep one");

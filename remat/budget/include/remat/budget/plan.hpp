@@ -135,6 +135,9 @@ std::vector<Plan> frontier(const RegionProfile& profile, std::size_t steps);
 // digits becomes '*' ("layers.0::attn" and "layers.1::attn" are "layers.*::attn"), bytes and
 // seconds added up, in order of first appearance. A group is offloadable where each of its regions
 // is (offload_bytes added up, else 0), its copies priced region by region (members_offload_seconds).
+// A group takes any member's must_save or must_recompute; one with a region that must be saved and
+// another that must be recomputed has no choice for both: BudgetError naming the pattern, both
+// regions and their reasons.
 RegionProfile grouped(const RegionProfile& profile);
 
 // Whether `name` matches `pattern`, where each '*' stands for a number: the whole run of digits

@@ -1,0 +1,211 @@
+// What a checkpoint keeps for recompute when its forward ends (kept_for_recompute.hpp).
+
+#include "kept_for_recompute.hpp"
+
+#include "carried_state.hpp"
+
+#include <remat/alloc/allocator.hpp>
+#include <remat/alloc/tags.hpp>
+#include <remat/errors.hpp>
+#include <remat/saved_tensor_hooks.hpp>
+
+#include <algorithm>
+#include <utility>
+
+namespace remat::detail {
+namespace {
+
+// What a checkpoint keeps for recompute is, for tracking (remat_alloc.track), an activation of
+// the module that made it, as what autograd saves is: where a category is in force on the thread
+// and the storage is still unnamed or a temporary. A parameter stays what it is. (A hook pair in
+// force names what passes it itself.)
+void name_kept_an_activation(const at::Tensor& kept) {
+  if (!alloc::category_in_force() || !kept.defined() || !kept.has_storage()) return;
+  const at::TensorBase& base = kept.is_view() ? kept._base() : kept;
+  if (base.is_leaf() && base.requires_grad()) return;
+  try {
+    alloc::categorize_as_activation(kept.storage().data());
+  } catch (const c10::Error&) {  // a tensor subclass without accessible storage: left as it is
+  }
+}
+
+// A save region recompute runs again needs the checkpoint inputs it read, and none of its
+// outputs: recompute makes them again.
+void prepare_rerun(Frame& frame, SaveRegionRecord& region) {
+  for (const std::size_t i : region.checkpoint_inputs) {
+    InputRecord& input = frame.inputs[i];
+    if (input.needed) continue;
+    input.needed = true;
+    --frame.inputs_not_read;
+  }
+  for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+    region.persisted[o] = false;
+    region.packed[o] = PackedTensor();
+  }
+}
+
+}  // namespace
+
+void keep_needed_inputs(Frame& frame) {
+  for (InputRecord& input : frame.inputs) {
+    if (input.needed && frame.input_hooks) {
+      const at::TensorBase& base = input.value.is_view() ? input.value._base() : input.value;
+      input.packed = PackedTensor(frame.input_hooks, input.value.detach(),
+                                  {SavedTensorKind::checkpoint_input, &frame.input_hooks_context,
+                                   base.is_leaf() && base.requires_grad(), &frame, frame.options.region_name});
+      input.value = at::Tensor();
+    } else if (input.needed) {
+      name_kept_an_activation(input.value);
+      input.value = input.value.variable_data();
+    } else {
+      input.value = at::Tensor();
+    }
+  }
+}
+
+void settle_persisted_outputs(Frame& frame) {
+  for (SaveRegionRecord& region : frame.save_regions) {
+    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      // Read only by code after the last dropped tensor: recompute stops before it (or, when it
+      // runs on, discards what that code computes), so no value is needed there.
+      if (region.read_at[o] != SaveRegionRecord::kNotOnlyRead && region.read_at[o] >= frame.dropped) {
+        region.persisted[o] = false;
+      }
+      if (!region.persisted[o] || version_of(region.outputs[o]) == region.versions[o]) continue;
+      if (!frame.options.plan) {
+        throw Error("output " + std::to_string(o) + " of save region '" + frame.region_path(region.name) +
+                    "' was changed in place after the region returned (an op such as h.mul_(2) or h += y); "
+                    "recompute hands back the saved output and would apply the change twice: make that op "
+                    "out-of-place, or make the region a recompute region");
+      }
+      if (region.rerun_reason.empty()) {
+        region.rerun_reason = "its output " + std::to_string(o) +
+                              " is changed in place after it returns (an op such as h += x): recompute runs it again";
+      }
+    }
+    if (!region.rerun_reason.empty()) prepare_rerun(frame, region);
+  }
+}
+
+void keep_persisted_outputs(Frame& frame) {
+  for (SaveRegionRecord& region : frame.save_regions) {
+    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      if (region.persisted[o] && region.hooks) {
+        if (!region.packed[o]) {  // persisted only because code recompute runs again reads it
+          const std::string path = frame.region_path(region.name);
+          region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(),
+                                          {SavedTensorKind::save_output, &region.hooks_context, false, &frame, path});
+        }
+        region.outputs[o] = at::Tensor();
+      } else {
+        if (region.persisted[o]) name_kept_an_activation(region.outputs[o]);
+        region.outputs[o] = region.persisted[o] ? region.outputs[o].variable_data() : at::Tensor();
+      }
+    }
+  }
+}
+
+bool made_in_checkpoint(const Frame& frame, const at::Tensor& t) {
+  return t.defined() && t.grad_fn() != nullptr && t.grad_fn()->sequence_nr() >= frame.sequence_at_entry;
+}
+
+std::string rerun_for_changed_inputs(const Frame& frame, const std::string& name, const TensorList& inputs,
+                                     const std::vector<std::optional<std::uint32_t>>& input_versions,
+                                     const std::vector<bool>& made_here) {
+  std::string reason;
+  for (std::size_t i = 0; i < input_versions.size(); ++i) {
+    if (input_versions[i] == version_of(inputs[i])) continue;
+    if (!frame.options.plan) {
+      throw Error("save region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
+                  " in place (an op such as LeakyReLU(inplace=True) or x.relu_()); recompute skips save regions, so "
+                  "the change would not happen again and what follows would read the unchanged value: make the op "
+                  "out-of-place, or make the region a recompute region");
+    }
+    if (!made_here[i]) {
+      throw Error("region '" + frame.region_path(name) + "' changed its input " + std::to_string(i) +
+                  " in place (an op such as x.relu_()), a tensor made before the checkpoint ran or without "
+                  "gradients (a buffer, a captured tensor): saved, recompute would skip the change; recomputed, it "
+                  "would make it twice. Make the op out-of-place, or pass the region a tensor the checkpoint makes");
+    }
+    if (reason.empty()) {
+      reason = "it changes its input " + std::to_string(i) +
+               " in place (an op such as ReLU(inplace=True)): recompute runs it again";
+    }
+  }
+  return reason;
+}
+
+void record_save_region(Frame& frame, const std::string& name, const TensorList& inputs, const TensorList& outputs,
+                        std::uint64_t first_node, std::uint64_t end_node, std::shared_ptr<void>* annotation,
+                        std::string rerun_reason) {
+  SaveRegionRecord record;
+  record.name = name;
+  for (const at::Tensor& input : inputs) {
+    const c10::StorageImpl* storage = storage_of(input);
+    if (storage == nullptr) continue;
+    for (std::size_t i = 0; i < frame.inputs.size(); ++i) {
+      if (storage_of(frame.inputs[i].value) == storage) record.checkpoint_inputs.push_back(i);
+    }
+  }
+  record.rerun_reason = std::move(rerun_reason);
+  for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
+  record.outputs = outputs;
+  record.persisted.assign(outputs.size(), false);
+  record.packed.resize(outputs.size());
+  record.hooks = active_saved_tensor_hooks();
+  if (record.hooks && record.hooks->captures_context()) record.hooks_context = record.hooks->capture_context();
+  record.read_at.assign(outputs.size(), SaveRegionRecord::kNotOnlyRead);
+  frame.outputs_not_persisted += outputs.size();
+  for (const at::Tensor& out : outputs) {
+    record.versions.push_back(version_of(out));
+    record.version_counters.push_back(out.defined() ? out.unsafeGetTensorImpl()->version_counter()
+                                                    : c10::VariableVersion(c10::VariableVersion::DISABLED));
+  }
+  record.state_after = snapshot_states(frame.options.recompute_state_hooks);
+  record.first_node = first_node;
+  record.end_node = end_node;
+  if (annotation != nullptr) record.annotation = *annotation;
+  frame.save_regions.push_back(std::move(record));
+  frame.observe_reads_if_needed();
+}
+
+void rerun_save_regions_changed_after_forward(Frame& frame) {
+  if (!frame.options.plan) return;
+  for (SaveRegionRecord& region : frame.save_regions) {
+    if (!region.rerun_reason.empty()) continue;
+    const std::optional<std::size_t> changed = output_changed_after_forward(region);
+    if (!changed) continue;
+    const bool inputs_held = std::all_of(region.checkpoint_inputs.begin(), region.checkpoint_inputs.end(),
+                                         [&](std::size_t i) { return frame.inputs[i].held(); });
+    if (!inputs_held) continue;
+    region.rerun_reason = "its output " + std::to_string(*changed) +
+                          " was changed in place after the checkpoint returned: recompute runs it again";
+  }
+}
+
+TensorList outputs_of_skipped_save_region(Frame& frame, int save_index, const std::string& name,
+                                          const TensorList& inputs, std::shared_ptr<void>* annotation) {
+  const SaveRegionRecord& record = frame.save_regions[static_cast<std::size_t>(save_index)];
+  restore_states(frame.options.recompute_state_hooks, record.state_after);
+  frame.fill_ferried(save_index, inputs);
+  if (annotation != nullptr) *annotation = record.annotation;
+  refuse_outputs_changed_after_forward(record, frame.region_path(name));
+  TensorList out;
+  for (std::size_t o = 0; o < record.metas.size(); ++o) {
+    if (record.packed[o] || record.outputs[o].defined()) {
+      at::Tensor value =
+          record.packed[o]
+              ? restore_layout(record.packed[o].unpack(), record.metas[o],
+                               "output " + std::to_string(o) + " of save region '" + frame.region_path(name) + "'")
+              : record.outputs[o].variable_data();
+      if (record.metas[o].requires_grad) value.requires_grad_(true);
+      out.push_back(std::move(value));
+    } else {
+      out.push_back(make_placeholder(
+          record.metas[o], "output " + std::to_string(o) + " of save region '" + frame.region_path(name) + "'"));
+    }
+  }
+  return out;
+}
+
+}  // namespace remat::detail
