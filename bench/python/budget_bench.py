@@ -87,7 +87,7 @@ def solver_timing():
     times = []
     for share in (0.2, 0.4, 0.6, 0.8):
         start = time.perf_counter()
-        plan = json.loads(_budget.plan(text, int((1 << 30) + share * (all_saved - (1 << 30))), False))
+        plan = json.loads(_budget.plan(_budget.Profile(text), int((1 << 30) + share * (all_saved - (1 << 30))), False))
         times.append(time.perf_counter() - start)
         assert plan["exact"]
     return times

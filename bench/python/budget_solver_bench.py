@@ -107,6 +107,8 @@ def main():
     args = parser.parse_args()
     module_path = args.module or glob.glob(str(REPO / "build/python/remat/_budget*.so"))[0]
     budget = load_budget_module(module_path)
+    # The dump as the module takes it: read into a Profile (an older module takes the text as it is)
+    read = budget.Profile if hasattr(budget, "Profile") else (lambda text: text)
     only = {name.strip() for name in args.only.split(",") if name.strip()}
     print(f"{args.regions} regions; budgets at {', '.join(f'{s:.0%}' for s in SHARES)} of the range; "
           f"module {module_path}, CLI {args.report}\n")
@@ -125,7 +127,7 @@ def main():
             python_times, cli_times, proved = [], [], 0
             for share in SHARES:
                 budget_bytes = int(low + share * (high - low))
-                seconds, plan = timed(lambda: json.loads(budget.plan(text, budget_bytes, False)))
+                seconds, plan = timed(lambda: json.loads(budget.plan(read(text), budget_bytes, False)))
                 python_times.append(seconds)
                 proved += bool(plan["exact"])
                 seconds, run = timed(lambda: subprocess.run(
@@ -134,7 +136,7 @@ def main():
                 cli_times.append(seconds)
                 if json.loads(run.stdout)["kept_bytes"] != plan["kept_bytes"]:
                     sys.exit(f"{name}: the CLI and Python disagree at {budget_bytes} bytes")
-            python_frontier, _ = timed(lambda: budget.frontier(text, 8, False))
+            python_frontier, _ = timed(lambda: budget.frontier(read(text), 8, False))
             cli_frontier, _ = timed(lambda: subprocess.run([args.report, "advise", str(path)], capture_output=True,
                                                            check=True))
             worst = max(python_times + cli_times)
@@ -153,13 +155,13 @@ def main():
         times, proved, gap = [], 0, 1.0
         for share in SHARES:
             budget_bytes = int(low + share * (high - low))
-            seconds, plan = timed(lambda: json.loads(budget.plan_ops(text, budget_bytes)))
+            seconds, plan = timed(lambda: json.loads(budget.plan_ops(read(text), budget_bytes)))
             times.append(seconds)
             proved += bool(plan["exact"])
             if plan["least_recompute_seconds"] > 0:
                 gap = max(gap, plan["recompute_seconds"] / plan["least_recompute_seconds"])
-        reading, _ = timed(lambda: budget.plan_ops_at(text, []))  # the dump read, no plan made
-        both, _ = timed(lambda: budget.plan_ops_at(text, [int(low + share * (high - low)) for share in SHARES]))
+        reading, _ = timed(lambda: budget.plan_ops_at(read(text), []))  # the dump read, no plan made
+        both, _ = timed(lambda: budget.plan_ops_at(read(text), [int(low + share * (high - low)) for share in SHARES]))
         alone = max(0.0, both - reading) / len(SHARES)
         print(f"| {name} | {len(text) / MiB:.1f} | {reading:.2f} | {max(times):.3f} | {alone:.3f} | {alone:.2f}x | "
               f"{proved} of {len(SHARES)} | {gap:.6f} |", flush=True)

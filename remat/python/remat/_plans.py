@@ -304,8 +304,9 @@ class RegionProfile:
         profile._read(text)
         return profile
 
-    def _read(self, text):
+    def _read(self, text, solver_profile=None):
         self._text = text
+        self._solver_profile = solver_profile  # the dump as remat._budget read it, once (_solver)
         doc = json.loads(text)
         self.base_bytes = doc["base_bytes"]
         self.all_saved_bytes = doc["all_saved_bytes"]
@@ -333,7 +334,24 @@ class RegionProfile:
     def from_json(cls, source):
         """A profile from a region-profile dump: its text, or the path of a file holding it."""
         text, name = _text_of(source, "RegionProfile.from_json")
-        return cls._checked(_budget.check_profile(text, name))
+        read = _budget.Profile(text, name)
+        profile = cls.__new__(cls)
+        profile._read(read.to_json(), read)
+        return profile
+
+    def __getstate__(self):
+        # What copy.deepcopy and pickle take: the profile without remat._budget's reading of it,
+        # read again when a plan is made.
+        state = self.__dict__.copy()
+        state["_solver_profile"] = None
+        return state
+
+    def _solver(self):
+        """The dump as remat._budget reads it, read once for every plan made from this profile (a
+        10,000-region profile with per-op figures takes most of a second to read)."""
+        if self._solver_profile is None:
+            self._solver_profile = _budget.Profile(self._text)
+        return self._solver_profile
 
     def to_json(self, path=None):
         """The region-profile dump (schemas/region-profile.schema.json); written atomically to
@@ -380,15 +398,15 @@ class RegionProfile:
                 raise ValueError("plan: ops=True needs per-op figures, which this profile does not have: profile with "
                                  "remat.profile_regions(ops=True)")
             budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
-            return Plan._checked(_budget.plan_ops(self._text, budget_bytes), profile=self)
+            return Plan._checked(_budget.plan_ops(self._solver(), budget_bytes), profile=self)
         if (budget_bytes is None) == (peak_bytes is None):
             raise TypeError("plan: give one budget: peak_bytes= (the step's peak, such as '70GiB') or budget_bytes= "
                             "(what the checkpoints keep)")
         if peak_bytes is not None:
             peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
-            return Plan._checked(_budget.plan_by_peak(self._text, peak_bytes, group), profile=self, group=group)
+            return Plan._checked(_budget.plan_by_peak(self._solver(), peak_bytes, group), profile=self, group=group)
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
-        return Plan._checked(_budget.plan(self._text, budget_bytes, group), profile=self, group=group)
+        return Plan._checked(_budget.plan(self._solver(), budget_bytes, group), profile=self, group=group)
 
     def _plan_offload(self, budget_bytes, peak_bytes, group, ops, host_budget_bytes):
         if flag_arg("plan", "ops", ops):
@@ -404,9 +422,9 @@ class RegionProfile:
         self._check_host_copy(host_budget_bytes, "plan")
         if peak_bytes is not None:
             peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
-            return Plan._checked(_budget.plan_by_peak_offload(self._text, peak_bytes, host_budget_bytes), profile=self)
+            return Plan._checked(_budget.plan_by_peak_offload(self._solver(), peak_bytes, host_budget_bytes), profile=self)
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
-        return Plan._checked(_budget.plan_offload(self._text, budget_bytes, host_budget_bytes, group), profile=self,
+        return Plan._checked(_budget.plan_offload(self._solver(), budget_bytes, host_budget_bytes, group), profile=self,
                     group=group)
 
     def _check_host_copy(self, host_budget_bytes, where):
@@ -420,13 +438,13 @@ class RegionProfile:
         best); with host_budget_bytes, among plans that may offload that much."""
         group = flag_arg("least_peak_bytes", "group", group)
         if host_budget_bytes is None:
-            return _budget.least_peak(self._text, group)
+            return _budget.least_peak(self._solver(), group)
         if group:
             raise ValueError("least_peak_bytes: host_budget_bytes= plans by step peak regions as measured: drop "
                              "group=True")
         host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
         self._check_host_copy(host_budget_bytes, "least_peak_bytes")
-        return _budget.least_peak_offload(self._text, host_budget_bytes)
+        return _budget.least_peak_offload(self._solver(), host_budget_bytes)
 
     def predict_peak(self, plan):
         """The step peak (allocated bytes) predicted for `plan` (made from this profile)."""
@@ -439,8 +457,8 @@ class RegionProfile:
             if grouped:
                 raise ValueError("predict_peak: a plan that offloads names each region of the profile, not patterns")
             offloaded_by_region = {name: choice == "offload" for name, choice in plan.decisions.items()}
-            return _budget.predict_peak(self._text, recompute_by_region, False, offloaded_by_region)
-        return _budget.predict_peak(self._text, recompute_by_region, grouped)
+            return _budget.predict_peak(self._solver(), recompute_by_region, False, offloaded_by_region)
+        return _budget.predict_peak(self._solver(), recompute_by_region, grouped)
 
     def frontier(self, steps=8, *, group=False, by="kept"):
         """The fastest plan at `steps` budgets spread from the least to everything saved: by="kept"
@@ -451,7 +469,7 @@ class RegionProfile:
             raise ValueError(f"frontier: steps must be an int from 2 to 1000, got {steps!r}")
         group = flag_arg("frontier", "group", group)
         if by == "kept":
-            return [Plan._checked(text, profile=self, group=group) for text in _budget.frontier(self._text, steps, group)]
+            return [Plan._checked(text, profile=self, group=group) for text in _budget.frontier(self._solver(), steps, group)]
         if by != "peak":
             raise ValueError(f"frontier: by must be 'kept' (what the checkpoints keep) or 'peak' (the step's peak), "
                              f"got {by!r}")
@@ -462,7 +480,7 @@ class RegionProfile:
         least = self.least_peak_bytes(group=group)
         most = max(least, self.step_peak_bytes)
         budgets = sorted({least + (most - least) * i // (steps - 1) for i in range(steps)})
-        return [Plan._checked(_budget.plan_by_peak(self._text, budget, group), profile=self, group=group) for budget in budgets]
+        return [Plan._checked(_budget.plan_by_peak(self._solver(), budget, group), profile=self, group=group) for budget in budgets]
 
     def __repr__(self):
         return (f"RegionProfile({len(self.regions)} regions, base_bytes={self.base_bytes}, "
