@@ -88,6 +88,14 @@ def _input_bytes(signature):
     return sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in signature)
 
 
+def _ratio(signature, profiled):
+    """How many times `profiled`'s inputs a step with `signature` takes: by elements, or by bytes
+    where the dtypes grew (float32 -> float64 inputs: each activation twice); 1 for fewer (planned
+    as the profiled inputs)."""
+    return max(1.0, _elements(signature) / max(1, _elements(profiled)),
+               _input_bytes(signature) / max(1, _input_bytes(profiled)))
+
+
 def _shapes_text(signature, dtypes=False):
     """"16x32x32, 16": each input's shape, with its dtype where `dtypes` (when they changed)."""
     return ", ".join(("x".join(str(d) for d in shape) or "scalar") + (f" {str(dtype).replace('torch.', '')}"
@@ -134,6 +142,12 @@ class _Profiled:
         after = profile._after_backward
         doc = json.loads(profile.to_json())
         segments = doc["step"]["segments"]
+        # What was freed between the forward's end and the backward's start: the last step's
+        # tensors a loop held until this forward returned (`loss = model(x)` drops the last loss, its
+        # batch and that batch's gradient), allocated at this step's start and no part of it
+        backward = next((i for i, s in enumerate(segments) if s.get("backward", -1) != -1), 0)
+        self.freed = max(0, segments[backward - 1]["start_bytes"] - segments[backward]["start_bytes"]) \
+            if backward > 0 else 0
         if after is None or not 0 < after < len(segments):
             return
         tail = segments[after:]
@@ -184,7 +198,7 @@ class _Profiled:
         `extra`: those of the gradients it may make beyond them, added whole. `after`: with the part
         after backward (False: that part was an optimizer step this step is not followed by)."""
         absent = self.gradients if absent is None else absent
-        peak = base + _scaled(planned_peak - self.start, ratio) + extra
+        peak = base + _scaled(planned_peak - self.origin(ratio), ratio) + extra
         if after and self.after_start is not None:
             already = min(self.persisted, max(0, base - self.start))  # made by the profiled step, there before this
             # What backward left allocated: the gradients it made (those this step makes), as they
@@ -194,6 +208,12 @@ class _Profiled:
                           - self.after_start)
             peak = max(peak, after_peak)
         return peak
+
+    def origin(self, ratio):
+        """What the step's growth is counted from, scaled by `ratio`: the bytes it began with, less,
+        where scaled, what it freed of the last step's (`freed`): that part of the start was not the
+        step's own, and the growth above the start alone under-counts a longer step."""
+        return self.start if ratio == 1.0 else self.start - self.freed
 
     def backward_end(self, base, ratio, absent, extra=0):
         """The bytes allocated when a step's backward ends (peak()'s arguments)."""
@@ -252,9 +272,9 @@ class FitState:
         self.measuring_training = True  # whether that step ran in training mode
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
-        self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
+        self.scaled_step = None     # (signature, start, predicted peak, ratio, profile's signature) of a scaled step
         self.planned_step = None    # (signature, predicted peak) of a step planned from its inputs' own profile
-        self.corrections = {}       # signature -> factor on the scaling ratio, after a scaled step went over
+        self.corrections = {}       # (signature, profiled signature) -> factor on the ratio scaling that profile
         self.warned = set()         # signatures fit has told the user about
         self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
         self.watch = None           # (_Profiled, StepWatch) following planned steps along that profile's step
@@ -438,12 +458,13 @@ class FitState:
         elif self._fewer_calls():
             pass  # ran outside the plan: said, and nothing learned from it for steps that run as profiled
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
-            signature, base, predicted, ratio = self.scaled_step
+            signature, base, predicted, ratio, source = self.scaled_step
             # The peak when backward ended (read then: the loop may reset the peak after it), or now
             measured = max(self.backward_peak or 0, self._read_peak())
             factor = (measured - base) / max(1, predicted - base)
             if factor > 1.0:  # grew faster than the token count: later steps with these inputs scale by more
-                self.corrections[signature] = self.corrections.get(signature, 1.0) * factor
+                key = (signature, source)  # against the profile it was scaled from
+                self.corrections[key] = self.corrections.get(key, 1.0) * factor
             if measured > self.budget:
                 _tell(f"remat.fit: the last step, planned from a profile scaled by {ratio:.3g} (every region "
                       f"assumed to scale with the token count), peaked at {_bytes_text(measured)}, over the "
@@ -636,14 +657,17 @@ class FitState:
                     self.reprofiled.add(what)
                     return self._profile_step(signature)
             return self._plan_step(known, signature, start, 1.0)
-        source = self.latest
-        # Fewer elements than profiled: planned as the profiled inputs (what grows with them is not
-        # known to shrink with them)
-        # By elements, or by bytes where the dtypes grew (float32 -> float64 inputs: each activation twice)
-        ratio = max(1.0, _elements(signature) / max(1, _elements(source.signature)),
-                    _input_bytes(signature) / max(1, _input_bytes(source.signature)))
-        ratio *= self.corrections.get(signature, 1.0)
+        source, ratio = self._nearest_profile(signature)
+        ratio *= self.corrections.get((signature, source.signature), 1.0)
         all_saved = source.peak(source.planned.step_peak_bytes, max(start, source.start), ratio)
+        # Profiled again only where every smaller profile, scaled, predicts it within the budget too:
+        # a profile whose step began with the last step's tensors still held (freed during it) grows
+        # less above its start than the step does, and scaled up it under-counts the longer step
+        for other in self.profiles.values():
+            scale = _ratio(signature, other.signature)
+            if scale > 1.0 and other is not source:
+                scale *= self.corrections.get((signature, other.signature), 1.0)
+                all_saved = max(all_saved, other.peak(other.planned.step_peak_bytes, max(start, other.start), scale))
         change = None
         if signature not in self.warned:
             self.warned.add(signature)
@@ -662,6 +686,16 @@ class FitState:
                       "steps with these inputs plan from that profile")
             return self._profile_step(signature)
         return self._plan_step(source, signature, start, ratio, change=change)
+
+    def _nearest_profile(self, signature):
+        """(the profile a step with `signature` and no profile of its own plans from, the ratio its
+        inputs are of that profile's). The one scaled least: of the profiles of smaller inputs the
+        largest, scaled up by the token count; where some profile's inputs are as large or larger,
+        the smallest of those, as it is (what grows with the inputs is not known to shrink with them).
+        Not the latest: after a shorter step was profiled, a longer one plans from the profile
+        nearest to it, as it did before."""
+        return min(((profile, _ratio(signature, profile.signature)) for profile in self.profiles.values()),
+                   key=lambda pair: (pair[1], _elements(pair[0].signature), _input_bytes(pair[0].signature)))
 
     def _profile_step(self, signature):
         # The copy bandwidth only where plans may offload
@@ -699,7 +733,7 @@ class FitState:
         if max(least_now, optimizer) + reserve > self.budget:
             self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
                          optimizer=optimizer > least_now)
-        plan = planned.plan(peak_bytes=source.start + int((self.budget - reserve - base - extra) / ratio),
+        plan = planned.plan(peak_bytes=source.origin(ratio) + int((self.budget - reserve - base - extra) / ratio),
                             host_budget_bytes=host)
         predicted = source.peak(plan.peak_bytes, base, ratio, absent, after, extra)
         if self.expect_optimizer:
@@ -712,7 +746,7 @@ class FitState:
                   f"{sum(c == 'recompute' for c in plan.decisions.values())} of {len(plan.decisions)} "
                   "regions recomputed")
         if ratio != 1.0:
-            self.scaled_step = (signature, base, predicted, ratio)
+            self.scaled_step = (signature, base, predicted, ratio, source.signature)
         else:
             self.planned_step = (signature, predicted)
         self._restart_peak()  # the step's peak, read when backward ends
