@@ -15,9 +15,11 @@ predicted apart, as measured, with the state it made counted once (allocated bef
 step), and is never scaled (_Profiled).
 
 A step whose tensor inputs have other shapes than the profiled one (a longer sequence, a larger
-batch) never runs on the old plan. With r the ratio of its inputs' elements to the profiled
-step's (the token count; 1 for fewer), everything forward and backward held above what the
-profiled step began with is taken to scale by r: where saving every region is then predicted
+batch) never runs on the old plan. It plans from the nearest profile (_nearest_profile: the
+largest of smaller inputs, else the smallest of larger ones), not the latest. With r the ratio of
+its inputs' elements to that profiled step's (the token count; 1 for fewer), everything forward and
+backward held above what the profiled step began with (less what it freed of the last step's:
+_Profiled.origin) is taken to scale by r: where saving every region is then predicted
 within the budget, the step is profiled again (later steps with those shapes plan from that
 profile); otherwise the plan comes from the profile scaled so, and fit says it assumed every
 region scales with the token count. Either way it warns once per new input shape. Where no plan
@@ -274,6 +276,8 @@ class FitState:
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
         self.scaled_step = None     # (signature, start, predicted peak, ratio, profile's signature) of a scaled step
         self.planned_step = None    # (signature, predicted peak) of a step planned from its inputs' own profile
+        self.measured_plans = {}    # (signature, profiled signature) -> (plan, peak over its start) of a scaled
+        #                             step within the budget
         self.corrections = {}       # (signature, profiled signature) -> factor on the ratio scaling that profile
         self.warned = set()         # signatures fit has told the user about
         self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
@@ -283,7 +287,8 @@ class FitState:
         self.reprofile = {}         # signature -> (what differed, bytes saving it would add): profile again
         self.reprofiled = set()     # what differed that made fit profile again (once each)
         self.watch_signature = None  # the inputs of the step the watch follows, where planned unscaled
-        self.reserve = {}           # signature -> bytes steps that differed took above their plan's prediction
+        self.reserve = {}           # signature -> bytes steps took above their plan's prediction (differing, or over)
+        self.under_predicted = set()  # signatures whose reserve has a step that ran as profiled and went over
         self.diverged_peaks = []    # per step that differed: its measured peak
         self.profiled_steps = 0
         self.planned_steps = 0
@@ -462,9 +467,16 @@ class FitState:
             # The peak when backward ended (read then: the loop may reset the peak after it), or now
             measured = max(self.backward_peak or 0, self._read_peak())
             factor = (measured - base) / max(1, predicted - base)
+            key = (signature, source)  # against the profile it was scaled from
             if factor > 1.0:  # grew faster than the token count: later steps with these inputs scale by more
-                key = (signature, source)  # against the profile it was scaled from
                 self.corrections[key] = self.corrections.get(key, 1.0) * factor
+            # Within the budget, its plan and what it took above its start are kept: a later step with
+            # these inputs whose scaled least plan is refused (a start higher by the last step's tensors
+            # it frees) runs under it where that measure says it fits
+            if measured <= self.budget:
+                self.measured_plans[key] = (self.plan, measured - base)
+            else:
+                self.measured_plans.pop(key, None)
             if measured > self.budget:
                 _tell(f"remat.fit: the last step, planned from a profile scaled by {ratio:.3g} (every region "
                       f"assumed to scale with the token count), peaked at {_bytes_text(measured)}, over the "
@@ -567,7 +579,7 @@ class FitState:
 
     def _check_planned_step(self, first_optimizer=False):
         """After a step that ran as profiled: over the budget (a prediction that did not hold), it is
-        said once, and later steps with its inputs plan for less by what it went over. Where the
+        said once, and later steps with its inputs plan for less by what it took above its prediction. Where the
         optimizer stepped after it for the first time outside the profiled step (gradient
         accumulation: the profiled micro-batch had none after it), that part was predicted on
         stand-ins, or where it could not be, not known before it ran: over the budget, it is said
@@ -585,7 +597,10 @@ class FitState:
                   f"over the budget of {_bytes_text(self.budget)} ({known}): its memory is measured now, and later "
                   "micro-batches are planned with it")
             return
-        self.reserve[signature] = self.reserve.get(signature, 0) + measured - self.budget
+        # By what it took above its prediction, not only above the budget: planned for the budget
+        # less the overrun alone, the same plan would be chosen again and go over again
+        self.reserve[signature] = self.reserve.get(signature, 0) + measured - min(predicted, self.budget)
+        self.under_predicted.add(signature)
         if ("over", signature) not in self.told_differences:
             self.told_differences.add(("over", signature))
             _tell(f"remat.fit: the last step peaked at {_bytes_text(measured)}, over the budget of "
@@ -730,12 +745,18 @@ class FitState:
         # must fit too: no plan changes it, so the worst micro-batch is checked before every one
         optimizer = self._optimizer_peak(source, base, ratio, absent, extra)
         reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
-        if max(least_now, optimizer) + reserve > self.budget:
-            self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
-                         optimizer=optimizer > least_now)
-        plan = planned.plan(peak_bytes=source.origin(ratio) + int((self.budget - reserve - base - extra) / ratio),
-                            host_budget_bytes=host)
-        predicted = source.peak(plan.peak_bytes, base, ratio, absent, after, extra)
+        # A plan a step with these inputs ran under, scaled from this profile, within the budget: what
+        # it measured above its start beats the scaled prediction where the least plan is refused
+        ran = self.measured_plans.get((signature, source.signature)) if ratio != 1.0 else None
+        if ran is not None and max(least_now, optimizer) + reserve > self.budget >= max(base + ran[1] + extra, optimizer):
+            plan, predicted = ran[0], base + ran[1] + extra
+        else:
+            if max(least_now, optimizer) + reserve > self.budget:
+                self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
+                             optimizer=optimizer > least_now)
+            plan = planned.plan(peak_bytes=source.origin(ratio) + int((self.budget - reserve - base - extra) / ratio),
+                                host_budget_bytes=host)
+            predicted = source.peak(plan.peak_bytes, base, ratio, absent, after, extra)
         if self.expect_optimizer:
             predicted = max(predicted, optimizer)
         self.optimizer_peak_bytes = optimizer or None
@@ -779,8 +800,11 @@ class FitState:
         scaled = "" if ratio == 1.0 else (f" (the profile at inputs {_shapes_text(source.signature)} scaled by "
                                           f"{ratio:.3g}, every region assumed to scale with the token count)")
         if reserve:
-            scaled += (f", and a step with these inputs that differed from the profiled one took "
+            scaled += (f", and a step with these inputs that ran as profiled peaked {_bytes_text(reserve)} above its "
+                       "plan's prediction" if signature in self.under_predicted else
+                       f", and a step with these inputs that differed from the profiled one took "
                        f"{_bytes_text(reserve)} more")
+
             least_now += reserve
         if optimizer and self.optimizer_part is None:
             scaled += (" (with the first optimizer step, which may run after it and makes the optimizer's state, "
