@@ -15,9 +15,11 @@ predicted apart, as measured, with the state it made counted once (allocated bef
 step), and is never scaled (_Profiled).
 
 A step whose tensor inputs have other shapes than the profiled one (a longer sequence, a larger
-batch) never runs on the old plan. With r the ratio of its inputs' elements to the profiled
-step's (the token count; 1 for fewer), everything forward and backward held above what the
-profiled step began with is taken to scale by r: where saving every region is then predicted
+batch) never runs on the old plan. It plans from the nearest profile (_nearest_profile: the
+largest of smaller inputs, else the smallest of larger ones), not the latest. With r the ratio of
+its inputs' elements to that profiled step's (the token count; 1 for fewer), everything forward and
+backward held above what the profiled step began with (less what it freed of the last step's:
+_Profiled.origin) is taken to scale by r: where saving every region is then predicted
 within the budget, the step is profiled again (later steps with those shapes plan from that
 profile); otherwise the plan comes from the profile scaled so, and fit says it assumed every
 region scales with the token count. Either way it warns once per new input shape. Where no plan
@@ -91,6 +93,14 @@ def _input_bytes(signature):
     return sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in signature)
 
 
+def _ratio(signature, profiled):
+    """How many times `profiled`'s inputs a step with `signature` takes: by elements, or by bytes
+    where the dtypes grew (float32 -> float64 inputs: each activation twice); 1 for fewer (planned
+    as the profiled inputs)."""
+    return max(1.0, _elements(signature) / max(1, _elements(profiled)),
+               _input_bytes(signature) / max(1, _input_bytes(profiled)))
+
+
 def _shapes_text(signature, dtypes=False):
     """"16x32x32, 16": each input's shape, with its dtype where `dtypes` (when they changed)."""
     return ", ".join(("x".join(str(d) for d in shape) or "scalar") + (f" {str(dtype).replace('torch.', '')}"
@@ -137,6 +147,12 @@ class _Profiled:
         after = profile._after_backward
         doc = json.loads(profile.to_json())
         segments = doc["step"]["segments"]
+        # What was freed between the forward's end and the backward's start: the last step's
+        # tensors a loop held until this forward returned (`loss = model(x)` drops the last loss, its
+        # batch and that batch's gradient), allocated at this step's start and no part of it
+        backward = next((i for i, s in enumerate(segments) if s.get("backward", -1) != -1), 0)
+        self.freed = max(0, segments[backward - 1]["start_bytes"] - segments[backward]["start_bytes"]) \
+            if backward > 0 else 0
         if after is None or not 0 < after < len(segments):
             return
         tail = segments[after:]
@@ -187,7 +203,7 @@ class _Profiled:
         `extra`: those of the gradients it may make beyond them, added whole. `after`: with the part
         after backward (False: that part was an optimizer step this step is not followed by)."""
         absent = self.gradients if absent is None else absent
-        peak = base + _scaled(planned_peak - self.start, ratio) + extra
+        peak = base + _scaled(planned_peak - self.origin(ratio), ratio) + extra
         if after and self.after_start is not None:
             already = min(self.persisted, max(0, base - self.start))  # made by the profiled step, there before this
             # What backward left allocated: the gradients it made (those this step makes), as they
@@ -197,6 +213,12 @@ class _Profiled:
                           - self.after_start)
             peak = max(peak, after_peak)
         return peak
+
+    def origin(self, ratio):
+        """What the step's growth is counted from, scaled by `ratio`: the bytes it began with, less,
+        where scaled, what it freed of the last step's (`freed`): that part of the start was not the
+        step's own, and the growth above the start alone under-counts a longer step."""
+        return self.start if ratio == 1.0 else self.start - self.freed
 
     def backward_end(self, base, ratio, absent, extra=0):
         """The bytes allocated when a step's backward ends (peak()'s arguments)."""
@@ -255,9 +277,11 @@ class FitState:
         self.measuring_training = True  # whether that step ran in training mode
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
-        self.scaled_step = None     # (signature, start, predicted peak, ratio) of a step planned from a scaled profile
+        self.scaled_step = None     # (signature, start, predicted peak, ratio, profile's signature) of a scaled step
         self.planned_step = None    # (signature, predicted peak) of a step planned from its inputs' own profile
-        self.corrections = {}       # signature -> factor on the scaling ratio, after a scaled step went over
+        self.measured_plans = {}    # (signature, profiled signature) -> (plan, peak over its start) of a scaled
+        #                             step within the budget
+        self.corrections = {}       # (signature, profiled signature) -> factor on the ratio scaling that profile
         self.warned = set()         # signatures fit has told the user about
         self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
         self.watch = None           # (_Profiled, StepWatch) following planned steps along that profile's step
@@ -266,7 +290,8 @@ class FitState:
         self.reprofile = {}         # signature -> (what differed, bytes saving it would add): profile again
         self.reprofiled = set()     # what differed that made fit profile again (once each)
         self.watch_signature = None  # the inputs of the step the watch follows, where planned unscaled
-        self.reserve = {}           # signature -> bytes steps that differed took above their plan's prediction
+        self.reserve = {}           # signature -> bytes steps took above their plan's prediction (differing, or over)
+        self.under_predicted = set()  # signatures whose reserve has a step that ran as profiled and went over
         self.diverged_peaks = []    # per step that differed: its measured peak
         self.profiled_steps = 0
         self.planned_steps = 0
@@ -489,12 +514,20 @@ class FitState:
         elif self._fewer_calls():
             pass  # ran outside the plan: said, and nothing learned from it for steps that run as profiled
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
-            signature, base, predicted, ratio = self.scaled_step
+            signature, base, predicted, ratio, source = self.scaled_step
             # The peak when backward ended (read then: the loop may reset the peak after it), or now
             measured = max(self.backward_peak or 0, self._read_peak())
             factor = (measured - base) / max(1, predicted - base)
+            key = (signature, source)  # against the profile it was scaled from
             if factor > 1.0:  # grew faster than the token count: later steps with these inputs scale by more
-                self.corrections[signature] = self.corrections.get(signature, 1.0) * factor
+                self.corrections[key] = self.corrections.get(key, 1.0) * factor
+            # Within the budget, its plan and what it took above its start are kept: a later step with
+            # these inputs whose scaled least plan is refused (a start higher by the last step's tensors
+            # it frees) runs under it where that measure says it fits
+            if measured <= self.budget:
+                self.measured_plans[key] = (self.plan, measured - base)
+            else:
+                self.measured_plans.pop(key, None)
             if measured > self.budget:
                 _tell(f"remat.fit: the last step, planned from a profile scaled by {ratio:.3g} (every region "
                       f"assumed to scale with the token count), peaked at {_bytes_text(measured)}, over the "
@@ -597,7 +630,7 @@ class FitState:
 
     def _check_planned_step(self, first_optimizer=False):
         """After a step that ran as profiled: over the budget (a prediction that did not hold), it is
-        said once, and later steps with its inputs plan for less by what it went over. Where the
+        said once, and later steps with its inputs plan for less by what it took above its prediction. Where the
         optimizer stepped after it for the first time outside the profiled step (gradient
         accumulation: the profiled micro-batch had none after it), that part was predicted on
         stand-ins, or where it could not be, not known before it ran: over the budget, it is said
@@ -615,7 +648,10 @@ class FitState:
                   f"over the budget of {_bytes_text(self.budget)} ({known}): its memory is measured now, and later "
                   "micro-batches are planned with it")
             return
-        self.reserve[signature] = self.reserve.get(signature, 0) + measured - self.budget
+        # By what it took above its prediction, not only above the budget: planned for the budget
+        # less the overrun alone, the same plan would be chosen again and go over again
+        self.reserve[signature] = self.reserve.get(signature, 0) + measured - min(predicted, self.budget)
+        self.under_predicted.add(signature)
         if ("over", signature) not in self.told_differences:
             self.told_differences.add(("over", signature))
             _tell(f"remat.fit: the last step peaked at {_bytes_text(measured)}, over the budget of "
@@ -687,14 +723,17 @@ class FitState:
                     self.reprofiled.add(what)
                     return self._profile_step(signature)
             return self._plan_step(known, signature, start, 1.0)
-        source = self.latest
-        # Fewer elements than profiled: planned as the profiled inputs (what grows with them is not
-        # known to shrink with them)
-        # By elements, or by bytes where the dtypes grew (float32 -> float64 inputs: each activation twice)
-        ratio = max(1.0, _elements(signature) / max(1, _elements(source.signature)),
-                    _input_bytes(signature) / max(1, _input_bytes(source.signature)))
-        ratio *= self.corrections.get(signature, 1.0)
+        source, ratio = self._nearest_profile(signature)
+        ratio *= self.corrections.get((signature, source.signature), 1.0)
         all_saved = source.peak(source.planned.step_peak_bytes, max(start, source.start), ratio)
+        # Profiled again only where every smaller profile, scaled, predicts it within the budget too:
+        # a profile whose step began with the last step's tensors still held (freed during it) grows
+        # less above its start than the step does, and scaled up it under-counts the longer step
+        for other in self.profiles.values():
+            scale = _ratio(signature, other.signature)
+            if scale > 1.0 and other is not source:
+                scale *= self.corrections.get((signature, other.signature), 1.0)
+                all_saved = max(all_saved, other.peak(other.planned.step_peak_bytes, max(start, other.start), scale))
         change = None
         if signature not in self.warned:
             self.warned.add(signature)
@@ -713,6 +752,16 @@ class FitState:
                       "steps with these inputs plan from that profile")
             return self._profile_step(signature)
         return self._plan_step(source, signature, start, ratio, change=change)
+
+    def _nearest_profile(self, signature):
+        """(the profile a step with `signature` and no profile of its own plans from, the ratio its
+        inputs are of that profile's). The one scaled least: of the profiles of smaller inputs the
+        largest, scaled up by the token count; where some profile's inputs are as large or larger,
+        the smallest of those, as it is (what grows with the inputs is not known to shrink with them).
+        Not the latest: after a shorter step was profiled, a longer one plans from the profile
+        nearest to it, as it did before."""
+        return min(((profile, _ratio(signature, profile.signature)) for profile in self.profiles.values()),
+                   key=lambda pair: (pair[1], _elements(pair[0].signature), _input_bytes(pair[0].signature)))
 
     def _profile_step(self, signature):
         # The copy bandwidth only where plans may offload
@@ -747,12 +796,18 @@ class FitState:
         # must fit too: no plan changes it, so the worst micro-batch is checked before every one
         optimizer = self._optimizer_peak(source, base, ratio, absent, extra)
         reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
-        if max(least_now, optimizer) + reserve > self.budget:
-            self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
-                         optimizer=optimizer > least_now)
-        plan = planned.plan(peak_bytes=source.start + int((self.budget - reserve - base - extra) / ratio),
-                            host_budget_bytes=host)
-        predicted = source.peak(plan.peak_bytes, base, ratio, absent, after, extra)
+        # A plan a step with these inputs ran under, scaled from this profile, within the budget: what
+        # it measured above its start beats the scaled prediction where the least plan is refused
+        ran = self.measured_plans.get((signature, source.signature)) if ratio != 1.0 else None
+        if ran is not None and max(least_now, optimizer) + reserve > self.budget >= max(base + ran[1] + extra, optimizer):
+            plan, predicted = ran[0], base + ran[1] + extra
+        else:
+            if max(least_now, optimizer) + reserve > self.budget:
+                self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
+                             optimizer=optimizer > least_now)
+            plan = planned.plan(peak_bytes=source.origin(ratio) + int((self.budget - reserve - base - extra) / ratio),
+                                host_budget_bytes=host)
+            predicted = source.peak(plan.peak_bytes, base, ratio, absent, after, extra)
         if self.expect_optimizer:
             predicted = max(predicted, optimizer)
         self.optimizer_peak_bytes = optimizer or None
@@ -763,7 +818,7 @@ class FitState:
                   f"{sum(c == 'recompute' for c in plan.decisions.values())} of {len(plan.decisions)} "
                   "regions recomputed")
         if ratio != 1.0:
-            self.scaled_step = (signature, base, predicted, ratio)
+            self.scaled_step = (signature, base, predicted, ratio, source.signature)
         else:
             self.planned_step = (signature, predicted)
         self._restart_peak()  # the step's peak, read when backward ends
@@ -796,8 +851,11 @@ class FitState:
         scaled = "" if ratio == 1.0 else (f" (the profile at inputs {_shapes_text(source.signature)} scaled by "
                                           f"{ratio:.3g}, every region assumed to scale with the token count)")
         if reserve:
-            scaled += (f", and a step with these inputs that differed from the profiled one took "
+            scaled += (f", and a step with these inputs that ran as profiled peaked {_bytes_text(reserve)} above its "
+                       "plan's prediction" if signature in self.under_predicted else
+                       f", and a step with these inputs that differed from the profiled one took "
                        f"{_bytes_text(reserve)} more")
+
             least_now += reserve
         if optimizer and self.optimizer_basis == "new state":
             scaled += (" (with the optimizer step after it, which makes the optimizer's state for parameters that "

@@ -52,6 +52,14 @@ RegionCost.__doc__ = "What one region costs: bytes its checkpoint keeps while it
 # _CheckpointRun, under a plan or a profile, is the call's caller (_C.checkpoint_caller()).
 _state = threading.local()
 
+# Why no region of a checkpoint ran in a step that ran checkpoints: said where a plan or a profile
+# saw none
+NO_REGION_RAN = ("a step run through torch.compile (torch.compile(model), model.compile()) runs no region as such "
+                 "(compiled regions carry no names, and the compiled step follows AOTAutograd's partitioner, not a "
+                 "plan or a profile): profile and plan the eager model (remat.fit on a model that is not compiled), "
+                 "or compile inside the checkpoints (docs/python.md, \"Under torch.compile\"); else the model's "
+                 "checkpoints have no regions (remat.region, wrap_decoder_layers)")
+
 
 def profiling():
     """The profile_regions block being measured on this thread, or None."""
@@ -619,7 +627,10 @@ class Plan:
                             f"the plan was made from: {_listed(fewer)}")
         if complete:
             unused = [entry for entry in self.decisions if entry not in under]
-            if unused:
+            if unused and not under and not unnamed:
+                problems.append(f"none of the {len(unused)} region(s) the plan names ran ({_listed(unused)}): "
+                                f"{NO_REGION_RAN}")
+            elif unused:
                 problems.append(f"the plan names {len(unused)} region(s) that did not run: {_listed(unused)}")
         return problems
 
@@ -784,6 +795,8 @@ class _PlanInForce:
 
     @staticmethod
     def _refuse(problems, where):
+        if problems and NO_REGION_RAN in problems[-1]:
+            raise ValueError(f"{where}: " + "; ".join(problems))
         if problems:
             raise ValueError(f"{where}: " + "; ".join(problems) + ". The plan was made for another model layout: "
                              "profile this model again (remat.profile_regions()), or apply the plan with "

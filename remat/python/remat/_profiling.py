@@ -30,7 +30,7 @@ from ._extension import _C
 from ._offload_plans import measure_host_copy, offload_bytes
 from ._kept_ops import keeping_seconds_per_op
 from ._op_figures import OpMeter, interception_seconds
-from ._plans import RegionProfile, _state
+from ._plans import NO_REGION_RAN, RegionProfile, _state
 from ._step_profile import StepRecorder, tensors_in
 from ._step_shape import StepShape
 
@@ -148,7 +148,7 @@ class profile_regions:
         self._step.end()
         if not self._order:
             raise ValueError("profile_regions: no region of a checkpoint ran inside the block; run one training step "
-                             "of a model whose checkpoints have regions (remat.region, wrap_decoder_layers)")
+                             f"of a model whose checkpoints have regions. Where the step had them: {NO_REGION_RAN}")
         if any(isinstance(t, tuple) for times in self._timings.values() for t in times):
             torch.cuda.synchronize()
         regions = []

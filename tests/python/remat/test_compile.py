@@ -265,3 +265,32 @@ def test_a_trace_scope_inside_a_collect_trace_block_compiles_fullgraph_and_gives
         got = grads_of(torch.compile(scoped, backend="aot_eager", fullgraph=True), (x, w1, w2), x, w1, w2)
     assert all(torch.allclose(g, e, **TOLERANCE) for g, e in zip(got, expected))
     assert trace.entries == []  # collect_trace sees nothing of compiled checkpoints
+
+
+def test_a_plan_or_a_profile_around_a_compiled_step_names_torch_compile(fresh_dynamo):
+    """A compiled step runs no region as such: use_plan and profile_regions around one name
+    torch.compile and the fix, not another model layout."""
+    w1, w2 = parameters((32, 32), (32, 32))
+
+    def step(x):
+        def block(t):
+            h = remat.region(lambda u: torch.relu(u @ w1), "attn", recompute=False)(t)
+            return remat.region(lambda u: (u @ w2).tanh(), "mlp")(h) + h
+        for index in range(2):
+            x = remat.checkpoint(region_name=f"layers.{index}")(block)(x)
+        return x.sum()
+
+    x = torch.randn(16, 32, requires_grad=True)
+    with remat.profile_regions() as profile:
+        step(x).backward()
+    plan = profile.plan(profile.base_bytes)
+    compiled = torch.compile(step, backend="aot_eager")
+    with pytest.raises(ValueError, match=r"none of the 4 region\(s\) the plan names ran .* a step run through "
+                                         r"torch.compile .* profile and plan the eager model") as raised:
+        with remat.use_plan(plan):
+            compiled(x).backward()
+    assert "another model layout" not in str(raised.value)
+    with pytest.raises(ValueError, match=r"no region of a checkpoint ran inside the block.* a step run through "
+                                         r"torch.compile"):
+        with remat.profile_regions():
+            compiled(x).backward()

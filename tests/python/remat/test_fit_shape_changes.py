@@ -1,0 +1,102 @@
+"""remat.fit with inputs whose shape changes back and forth: a step with no profile of its own plans
+from the profile nearest to it (the largest of smaller inputs, scaled up; else the smallest of
+larger ones), not from the one made last. After a shorter step was profiled again, a longer step
+plans as it did before the shorter one, within the budget, and is profiled again only where every
+smaller profile, scaled, predicts saving everything within the budget. The loop keeps the last
+loss (and with it the last batch and its gradient) until the next forward returns, as a loop that
+assigns `loss = model(x)` does: a profile of a step that follows a longer one begins with those
+tensors and frees them during its step."""
+
+import pytest
+import torch
+
+import remat
+
+import fit_loop
+
+WIDTH = 32
+
+
+class Model(torch.nn.Module):
+    def __init__(self, checkpointed=True):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(fit_loop.Layer(WIDTH) for _ in range(3))
+        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        for index, layer in enumerate(self.layers):
+            if self.checkpointed:
+                x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+            else:
+                x = layer(x, plain=True)
+        return x.square().mean()
+
+
+def batch(step, rows):
+    return torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(step), requires_grad=True)
+
+
+def train(budget, rows_per_step, checkpointed=True):
+    """Per step: the measured peak (a profiled step's: its profile's), the gradients, whether it was
+    planned, the error it raised; and the warnings and the profiles."""
+    rows = []
+    with fit_loop.fitted(lambda: Model(checkpointed), budget) as (model, told):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        loss = None
+        for step, count in enumerate(rows_per_step):
+            x = batch(step, count)
+            row = {"error": None, "planned": False, "grads": None}
+
+            def one_step():
+                nonlocal loss
+                optimizer.zero_grad(set_to_none=True)
+                try:
+                    loss = model(x)
+                except ValueError as error:
+                    row["error"] = str(error)
+                    return
+                loss.backward()
+                optimizer.step()
+
+            row["peak"] = fit_loop.peak_of(one_step)
+            state = getattr(model, "remat_fit", None)
+            if row["error"] is None:
+                row["grads"] = [p.grad.numpy().tobytes() for p in model.parameters()]
+                row["planned"] = state is not None and state.plan is not None
+            rows.append(row)
+            del x
+        state = fit_loop.unfit(model, batch(0, 8))
+    profiles = {} if state is None else state.profiles
+    for row, count in zip(rows, rows_per_step):
+        if budget is not None and row["error"] is None and not row["planned"]:
+            row["peak"] = profiles[(((count, WIDTH), torch.float32, "cpu"),)].profile.step_peak_bytes
+    return rows, fit_loop.messages(told, "remat.fit"), profiles
+
+
+@pytest.fixture(scope="module")
+def figures():
+    """The all-saved peak of a 128-row step after a 64-row one, and the least peak a plan reaches
+    at 128 rows (the 128-row step profiled, under a budget every plan meets)."""
+    rows, _, profiles = train("1GiB", [64, 128])
+    long = profiles[(((128, WIDTH), torch.float32, "cpu"),)]
+    return rows[1]["peak"], long.profile.least_peak_bytes()
+
+
+@pytest.mark.parametrize("rows_per_step", [[64, 128, 32, 128], [64, 32, 128, 128]])
+def test_a_longer_step_after_a_shorter_profile_plans_from_the_nearest_profile_within_the_budget(
+        figures, rows_per_step):
+    all_saved, least = figures
+    budget = least + (all_saved - least) // 2  # the 128-row step must recompute some region
+    plain, _, _ = train(None, rows_per_step, checkpointed=False)
+    rows, told, profiles = train(budget, rows_per_step)
+    assert [row["error"] for row in rows] == [None] * len(rows), told
+    for step, (row, reference) in enumerate(zip(rows, plain)):
+        if step > 0:
+            assert row["peak"] <= budget, (step, row["peak"], budget, told)
+        assert row["grads"] == reference["grads"], step
+    # The 128-row steps are planned (from the 64-row profile scaled by 2), never profiled saving everything
+    assert [row["planned"] for row, count in zip(rows, rows_per_step) if count == 128] == [True, True]
+    assert sorted(signature[0][0][0] for signature in profiles) == [32, 64]
+    scaled = [message for message in told if "-> 128x32" in message]
+    assert len(scaled) == 1 and "(64x32 -> 128x32, 2x the elements): saving every region is predicted over" \
+        in scaled[0], told
