@@ -6,7 +6,6 @@
 #include "frame.hpp"
 
 #include "carried_state.hpp"
-#include "kept_for_recompute.hpp"
 #include "live_frames.hpp"
 #include "thread_state.hpp"
 
@@ -20,6 +19,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_set>
 #include <utility>
@@ -182,6 +182,20 @@ void Frame::check_read_again_unchanged() const {
   }
 }
 
+void Frame::rerun_save_regions_changed_after_forward() {
+  if (!options.plan) return;
+  for (SaveRegionRecord& region : save_regions) {
+    if (!region.rerun_reason.empty()) continue;
+    const std::optional<std::size_t> changed = output_changed_after_forward(region);
+    if (!changed) continue;
+    const bool inputs_held = std::all_of(region.checkpoint_inputs.begin(), region.checkpoint_inputs.end(),
+                                         [&](std::size_t i) { return inputs[i].held(); });
+    if (!inputs_held) continue;
+    region.rerun_reason = "its output " + std::to_string(*changed) +
+                          " was changed in place after the checkpoint returned: recompute runs it again";
+  }
+}
+
 std::string Frame::where(int region) const {
   if (region < 0 || static_cast<std::size_t>(region) >= regions.size()) {
     return "the body of checkpoint '" + options.region_name + "'";
@@ -306,7 +320,7 @@ void Frame::recompute() {
   recompute_regions = 0;
   recompute_mismatch.reset();
 
-  rerun_save_regions_changed_after_forward(*this);
+  rerun_save_regions_changed_after_forward();
   const auto& hooks = options.recompute_state_hooks;
   const std::vector<std::any> outer = snapshot_states(hooks);
   restore_states(hooks, state_at_entry);

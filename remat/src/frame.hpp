@@ -81,6 +81,12 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // In recompute, before the body runs: refuses a tensor of dropped_versions or read_parameters
   // changed in place since forward.
   void check_read_again_unchanged() const;
+  // Before recompute: under a plan, which saves a region by its own choice, a save region whose
+  // kept output was changed in place after the checkpoint returned (h = checkpoint(layer)(h);
+  // h.mul_(2)) runs again in recompute (its rerun_reason set), remaking the output as forward made
+  // it, where recompute holds every checkpoint input it reads. Elsewhere check_read_again_unchanged
+  // refuses the change.
+  void rerun_save_regions_changed_after_forward();
   // Autograd's sequence number when forward began: graph nodes numbered below it were made
   // before the checkpoint.
   std::uint64_t sequence_at_entry = 0;

@@ -9,7 +9,6 @@
 #include <remat/errors.hpp>
 #include <remat/saved_tensor_hooks.hpp>
 
-#include <algorithm>
 #include <utility>
 
 namespace remat::detail {
@@ -167,20 +166,6 @@ void record_save_region(Frame& frame, const std::string& name, const TensorList&
   if (annotation != nullptr) record.annotation = *annotation;
   frame.save_regions.push_back(std::move(record));
   frame.observe_reads_if_needed();
-}
-
-void rerun_save_regions_changed_after_forward(Frame& frame) {
-  if (!frame.options.plan) return;
-  for (SaveRegionRecord& region : frame.save_regions) {
-    if (!region.rerun_reason.empty()) continue;
-    const std::optional<std::size_t> changed = output_changed_after_forward(region);
-    if (!changed) continue;
-    const bool inputs_held = std::all_of(region.checkpoint_inputs.begin(), region.checkpoint_inputs.end(),
-                                         [&](std::size_t i) { return frame.inputs[i].held(); });
-    if (!inputs_held) continue;
-    region.rerun_reason = "its output " + std::to_string(*changed) +
-                          " was changed in place after the checkpoint returned: recompute runs it again";
-  }
 }
 
 TensorList outputs_of_skipped_save_region(Frame& frame, int save_index, const std::string& name,

@@ -49,12 +49,6 @@ void record_save_region(Frame& frame, const std::string& name, const TensorList&
                         std::uint64_t first_node, std::uint64_t end_node, std::shared_ptr<void>* annotation,
                         std::string rerun_reason);
 
-// Before recompute: under a plan, which saves a region by its own choice, a save region whose
-// kept output was changed in place after the checkpoint returned (h = checkpoint(layer)(h);
-// h.mul_(2)) runs again in recompute, remaking the output as forward made it, where recompute has
-// every checkpoint input it reads. Elsewhere the change is refused (check_read_again_unchanged).
-void rerun_save_regions_changed_after_forward(Frame& frame);
-
 // In recompute, in place of save region `save_index`'s body: its state after forward, the tensors
 // recompute takes from its inputs, and its outputs as forward kept them (unpacked here, in
 // forward order) or placeholders for those it did not keep.
