@@ -74,3 +74,21 @@ class Layer(torch.nn.Module):
         if plain:
             return mlp(attn(x))
         return remat.region(mlp, "mlp")(remat.region(attn, "attn")(x))
+
+
+class CheckpointedLayers(torch.nn.Module):
+    """Layers each run under remat.checkpoint (named "layers.<index>"), or plain (their
+    forward(x, plain=True)) where checkpointed is False; the loss is the output's mean square."""
+
+    def __init__(self, layers, checkpointed=True):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        for index, layer in enumerate(self.layers):
+            if self.checkpointed:
+                x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
+            else:
+                x = layer(x, plain=True)
+        return x.square().mean()
