@@ -303,7 +303,11 @@ class RegionProfile:
     """What each region of each checkpoint cost on one step (remat.profile_regions())."""
 
     def __init__(self, text):
-        self._read(_budget.check_profile(text, "profile"))
+        self._read_checked(_budget.Profile(text, "profile"))
+
+    def _read_checked(self, read):
+        """Reads the dump as remat._budget read and checked it, keeping that reading for plans."""
+        self._read(read.to_json(), read)
 
     @classmethod
     def _checked(cls, text):
@@ -342,9 +346,8 @@ class RegionProfile:
     def from_json(cls, source):
         """A profile from a region-profile dump: its text, or the path of a file holding it."""
         text, name = _text_of(source, "RegionProfile.from_json")
-        read = _budget.Profile(text, name)
         profile = cls.__new__(cls)
-        profile._read(read.to_json(), read)
+        profile._read_checked(_budget.Profile(text, name))
         return profile
 
     def __getstate__(self):
