@@ -22,7 +22,9 @@ storages each region keeps (its saved tensors and its output), the storages that
 recompute), and the checkpoint's own inputs, each storage with one identity for the step even
 when a freed address is used again. Of what a region keeps, the storages remat.CpuOffload would
 leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
-listed apart (offload_kept): a plan that offloads the region still holds them there. A plan's step peak is then each segment's measured peak less
+listed apart (offload_kept): a plan that offloads the region still holds them there. With
+per-op figures (ops=True), each op a plan may keep lists the storages it made (ops), which a plan
+keeping it holds from forward to backward. A plan's step peak is then each segment's measured peak less
 what the plan's checkpoints do not keep of what was alive in it, plus, in a checkpoint's backward,
 the largest forward transient of a region it recomputes; remat::budget computes it (step_peak.hpp)
 from the "step" object of the region-profile dump, so remat-report advise --peak predicts the same.
@@ -274,6 +276,8 @@ class StepRecorder:
             region["outputs"] = sorted(outputs)
             if staying.get(region["name"]):
                 region["offload_kept"] = sorted(staying[region["name"]])
+            if region.get("_ops"):
+                region["ops"] = region.pop("_ops")
         record["outputs"] = sorted({self._storage_id(t, keep=True) for t in tensors_in(out)})
         self._live.append(index)
         outputs = [t for t in tensors_in(out) if t.requires_grad]
@@ -351,6 +355,25 @@ class StepRecorder:
         record["_outputs"] = {self._storage_id(t, keep=True) for t in tensors_in(out)}
         self.mark(peak)
         return out
+
+    def op_made(self, index, out):
+        """Op `index` of the region running now made `out` (ops=True; the op meter lists it): each
+        of its storages takes an identity of its own, which a later region's input or a kept tensor
+        at that address then takes. A storage at the address of one taken before is a new one (the
+        one before was freed), so a per-op plan keeping two ops counts both."""
+        if not self.enabled or not self._region_stack:
+            return
+        ids = []
+        for tensor in tensors_in(out):
+            storage = tensor.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            key = (str(tensor.device), storage.data_ptr())
+            self._alive.pop(key, None)
+            self._storages.append(storage.nbytes())
+            self._transient[key] = len(self._storages) - 1
+            ids.append(self._transient[key])
+        self._region_stack[-1].setdefault("_ops", []).append({"index": index, "outputs": sorted(set(ids))})
 
     def to_dump(self, end_bytes):
         return {"start_bytes": self.start_bytes, "end_bytes": end_bytes, "peak_bytes": self.peak_bytes,
