@@ -31,6 +31,7 @@ from ._offload_plans import measure_host_copy, offload_bytes
 from ._kept_ops import keeping_seconds_per_op
 from ._op_figures import OpMeter, interception_seconds
 from ._plans import NO_REGION_RAN, RegionProfile, _state
+from ._replay import recording_consults
 from ._step_profile import StepRecorder, tensors_in
 from ._step_shape import StepShape
 
@@ -271,8 +272,11 @@ class profile_regions:
         def measured_body(body):
             def body_with_meter(*args, **kwargs):
                 meter.takes_inputs(tensors_in((args, kwargs)))
+                consults = recording_consults()
                 with meter:
-                    return body(*args, **kwargs)
+                    out = body(*args, **kwargs)
+                meter.records_decisions = recording_consults() != consults
+                return out
 
             body_with_meter.__qualname__ = getattr(body, "__qualname__", type(body).__name__)
             return body_with_meter
@@ -301,8 +305,8 @@ class profile_regions:
             meter.finish()
         first = meters[0]
         if any([(op["index"], op["op"]) for op in m.ops] != [(op["index"], op["op"]) for op in first.ops]
-               for m in meters[1:]) or not first.ops:
-            return
+               for m in meters[1:]) or not first.ops or any(m.records_decisions for m in meters):
+            return  # a region that records a decision skips the ops making it in recompute
         ops = [dict(op) for op in first.ops]
         for meter in meters[1:]:
             for total, op in zip(ops, meter.ops):
