@@ -337,17 +337,14 @@ void Frame::recompute() {
                   "); recompute would read the changed value and give wrong gradients: make that operation "
                   "out-of-place (h = h + y instead of h += y), or pass the checkpoint a copy");
     }
-    if (input.held()) {
-      at::Tensor arg = input.packed ? restore_layout(input.packed.unpack(), input.meta,
-                                                     "input " + std::to_string(i) + " of checkpoint '" +
-                                                         options.region_name + "'")
+    const std::string source = "input " + std::to_string(i) + " of checkpoint '" + options.region_name + "'";
+    at::Tensor arg = !input.held()   ? make_placeholder(input.meta, source)
+                     : input.packed ? restore_layout(input.packed.unpack(), input.meta, source)
                                     : input.value.variable_data();
-      if (input.meta.requires_grad) arg.requires_grad_(true);
-      args.push_back(std::move(arg));
-    } else {
-      args.push_back(make_placeholder(input.meta, "input " + std::to_string(i) + " of checkpoint '" +
-                                                      options.region_name + "'"));
-    }
+    // Forward's flag, held or not: code may branch on it (a fused kernel's inference path), and
+    // autograd saves other tensors for an op whose inputs need no gradient.
+    if (input.meta.requires_grad) arg.requires_grad_(true);
+    args.push_back(std::move(arg));
   }
 
   try {

@@ -235,6 +235,24 @@ TEST(Placeholders, AnOutputReadByCodeRecomputeRunsAgainIsPersistedWithoutMarking
   EXPECT_TRUE(at::equal(x.grad(), x_ref.grad()));
 }
 
+TEST(Placeholders, AnInputOnlyASaveRegionReadHasForwardsRequiresGradInRecompute) {
+  // The body branches on the input's flag, as a fused kernel's inference path does; recompute,
+  // which does not keep the input (only the save region read its data), must take forward's branch.
+  auto act = [](const at::Tensor& h, const at::Tensor& in) { return in.requires_grad() ? h.tanh() : h.sigmoid(); };
+  std::vector<bool> seen;
+  auto x = at::rand({3, 4}).requires_grad_(true);
+  auto loss = remat::checkpoint({.region_name = "flag"})([&](const at::Tensor& in) {
+    seen.push_back(in.requires_grad());
+    auto h = remat::region([](const at::Tensor& t) { return t * 2.0; }, "proj", /*recompute=*/false)(in);
+    return act(h, in).exp().sum();
+  })(x);
+  loss.backward();
+  EXPECT_EQ(seen, (std::vector<bool>{true, true}));
+  auto x_ref = x.detach().clone().requires_grad_(true);
+  act(x_ref * 2.0, x_ref).exp().sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), x_ref.grad()));
+}
+
 TEST(Placeholders, MarkingAViewPersistsItsBase) {
   auto x = at::rand({3, 4}).requires_grad_(true);
   PlaceholderProbe probe;
