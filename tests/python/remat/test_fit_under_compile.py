@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import remat
-import remat_alloc
 
 import fit_loop
 
