@@ -30,7 +30,7 @@ from ._extension import _C
 from ._offload_plans import measure_host_copy, offload_bytes
 from ._kept_ops import keeping_seconds_per_op
 from ._op_figures import OpMeter, interception_seconds
-from ._plans import NO_REGION_RAN, RegionProfile, _state
+from ._plans import NO_REGION_RAN, RegionProfile, _state, block_opened
 from ._replay import recording_consults
 from ._step_profile import StepRecorder, tensors_in
 from ._step_shape import StepShape
@@ -114,6 +114,7 @@ class profile_regions:
         self._last_region = None  # (name, output) of the last outermost region the running checkpoint call ran
         self._device = "cpu"
         self._step = None
+        self._open = False      # entered and not yet exited (counted in _plans.block_open)
         self._must_recompute = {}  # region -> why the runtime ran it again in recompute, saved
 
     def __enter__(self):
@@ -131,10 +132,15 @@ class profile_regions:
         self._step = StepRecorder()
         self._step.begin()
         self._shape = StepShape()
+        self._open = True
+        block_opened()
         return self
 
     def __exit__(self, exc_type, *rest):
         _state.session = None
+        if self._open:
+            self._open = False
+            block_opened(False)
         if exc_type is not None:
             self._step.close()
             return False
