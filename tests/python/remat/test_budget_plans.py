@@ -769,3 +769,67 @@ def test_regions_of_1e308_seconds_plan_and_seconds_adding_up_past_the_largest_nu
                              timeout=60)
         assert run.returncode == 2 and run.stdout == "", run.stdout
         assert re.search(refusal, run.stderr), run.stderr
+
+
+
+def residual_block(x, weights, recomputes):
+    # A decoder layer's shape: norm, attention (a matmul and dropout), the residual sum made by code
+    # between regions, a second norm that saves that sum, the MLP, the second residual.
+    def rms(t):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    if remat.is_recomputing():
+        recomputes.append(x.shape)
+    n = remat.region(rms, "input_layernorm")(x)
+    a = remat.region(lambda t: torch.nn.functional.dropout(t @ weights[0], 0.25), "self_attn")(n)
+    r = x + a
+    m = remat.region(rms, "post_attention_layernorm")(r)
+    return r + remat.region(lambda t: (t @ weights[1]).sin(), "mlp")(m)
+
+
+def residual_step(weights, recomputes, checkpointed=True, plan=None):
+    """(x, the output) of two residual layers, each a checkpoint where `checkpointed`."""
+    x = batch()
+    torch.manual_seed(1)  # the dropout masks
+    h = x * 1.0
+    for index in range(2):
+        if checkpointed:
+            h = remat.checkpoint(region_name=f"layers.{index}", plan=plan)(residual_block)(h, weights, recomputes)
+        else:
+            h = residual_block(h, weights, recomputes)
+    return x, h
+
+
+def test_the_all_saved_plan_of_residual_layers_keeps_what_autograd_keeps_and_recomputes_nothing():
+    # Each layer's second norm saves the residual sum, made between regions: the plan that saves
+    # every region keeps that sum (not attention's output, to make it again, nor outputs nothing
+    # reads again), so the checkpoints keep what autograd keeps without them, and backward runs no
+    # recompute; the gradients, dropout's included, are bitwise those without checkpointing.
+    torch.manual_seed(0)
+    weights = [torch.randn(WIDTH, WIDTH, requires_grad=True) for _ in range(2)]
+    recomputes = []
+    saved = {}  # what autograd saves without checkpoints, parameters left out, each storage once
+
+    def pack(t):
+        if not (t.is_leaf and t.requires_grad):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        x_plain, out_plain = residual_step(weights, recomputes, checkpointed=False)
+    expected = torch.autograd.grad(out_plain.sum(), [x_plain, *weights])
+    autograd_bytes = sum(saved.values())
+    del out_plain
+
+    with remat.profile_regions() as profile:
+        residual_step(weights, recomputes)[1].sum().backward()
+    plan = profile.plan(budget_bytes=profile.all_saved_bytes)
+    assert set(plan.decisions.values()) == {"save"}
+    recomputes.clear()
+    x, out = residual_step(weights, recomputes, plan=plan)
+    kept = live_checkpoint_bytes()
+    got = torch.autograd.grad(out.sum(), [x, *weights])
+    assert recomputes == []
+    assert kept == autograd_bytes, (kept, autograd_bytes)
+    assert kept <= plan.kept_bytes
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
