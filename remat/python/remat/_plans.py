@@ -123,10 +123,9 @@ class _CheckpointRun:
     """One call of a checkpoint under a plan or a profile. A region takes the plan's choice where
     the plan names it; a region nested in one that took the plan's choice is part of it (the
     profile measured the outermost) and recomputes with it: inside a saved region the runtime
-    runs it inert. While a profile is measured every region is saved, and its outputs are kept:
-    the profile prices each region with them, since a plan that recomputes code reading them keeps
-    them. Under a plan the runtime keeps a saved region's outputs only where recompute reads them
-    (a region consumes them, or code between regions that recompute runs again reads them)."""
+    runs it inert. While a profile is measured every region is saved. Under a plan a region may
+    be saved that its code recomputes: its outputs are kept for recompute, since code between
+    regions may read them again there."""
 
     def __init__(self, name, choices, profile, kept_ops=None, must_save=()):
         self.name = name
@@ -178,7 +177,7 @@ class _CheckpointRun:
 
         def run():
             out = call(recompute, wrap)
-            if self.profile is not None and not recomputing:
+            if not recompute and not recomputing:
                 _C.recompute_needs_tensor(*tensors_in(out))
             return out
 
@@ -240,8 +239,11 @@ class _CheckpointRun:
                 out = call(recompute, wrap)
         finally:
             self._open.pop()
-        if not recomputing and top_level:
-            self.watch.region_done(path, out)
+        if not recomputing:
+            if not recompute:
+                _C.recompute_needs_tensor(*tensors_in(out))
+            if top_level:
+                self.watch.region_done(path, out)
         return out
 
 

@@ -12,6 +12,7 @@ import torch
 
 import remat
 import remat_alloc
+from remat._plans import live_checkpoint_bytes
 
 N = 1000  # elements per tensor
 FLOAT = 4  # bytes per float32 element
@@ -214,3 +215,57 @@ def test_tag_cpu_tensors_tags_only_while_in_force_and_frees_through_it_afterward
     del tagged  # freed through the tagging allocator even after the guard
     assert remat.live_bytes("guarded") == 0
     assert untagged.numel() == 100
+
+
+def residual_step(weights, recomputes, checkpointed):
+    """(x, the output) of two layers of a decoder layer's shape, each a checkpoint where
+    `checkpointed`: a norm, attention (a matmul and dropout), the residual sum made by code between
+    regions, a second norm that saves that sum, the MLP, the second residual. Every region saved."""
+    def rms(t):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    def layer(h):
+        if remat.is_recomputing():
+            recomputes.append(h.shape)
+        n = remat.region(rms, "input_layernorm", recompute=False)(h)
+        a = remat.region(lambda t: torch.nn.functional.dropout(t @ weights[0], 0.25), "self_attn", recompute=False)(n)
+        r = h + a
+        m = remat.region(rms, "post_attention_layernorm", recompute=False)(r)
+        return r + remat.region(lambda t: (t @ weights[1]).sin(), "mlp", recompute=False)(m)
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 64, requires_grad=True)
+    torch.manual_seed(1)  # the dropout masks
+    h = x * 1.0
+    for index in range(2):
+        h = remat.checkpoint(region_name=f"residual.{index}")(layer)(h) if checkpointed else layer(h)
+    return x, h
+
+
+def test_an_all_saved_residual_layer_keeps_what_autograd_keeps_and_recomputes_nothing():
+    # Each layer's second norm saves the residual sum, made between regions. With every region
+    # saved the checkpoint keeps that sum (not attention's output, to make it again), and no input
+    # or output nothing reads again: it keeps what autograd keeps without it, and backward runs no
+    # recompute; the gradients, dropout's included, are bitwise those without checkpointing.
+    torch.manual_seed(2)
+    weights = [torch.randn(64, 64, requires_grad=True) for _ in range(2)]
+    recomputes = []
+    saved = {}  # what autograd saves without checkpoints, parameters left out, each storage once
+
+    def pack(t):
+        if not (t.is_leaf and t.requires_grad):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        x_plain, out_plain = residual_step(weights, recomputes, checkpointed=False)
+    expected = torch.autograd.grad(out_plain.sum(), [x_plain, *weights])
+    autograd_bytes = sum(saved.values())
+    del out_plain
+
+    x, out = residual_step(weights, recomputes, checkpointed=True)
+    kept = live_checkpoint_bytes()
+    got = torch.autograd.grad(out.sum(), [x, *weights])
+    assert recomputes == []
+    assert kept == autograd_bytes, (kept, autograd_bytes)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
