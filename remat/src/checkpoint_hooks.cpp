@@ -1,6 +1,7 @@
 // The saved-variable hooks of a checkpoint (checkpoint_hooks.hpp). Pack, in forward: a save
 // region's tensor is kept (as it is, or packed through the hook pair in force, or, when it views
-// an input recompute recreates, taken from that input again); any other is dropped, with what
+// an input recompute recreates, taken from that input again unless the checkpoint's forward ends
+// with nothing else to recompute); any other is dropped, with what
 // recompute's must match. Pack, in recompute: the recreated tensor fills the dropped one's slot,
 // and recompute stops once every slot is filled. Unpack: the kept or packed tensor, or the
 // recreated one, recomputing first when it is missing.
@@ -89,7 +90,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
   at::Tensor call_unpack_hook() override {
-    const bool kept = kept_.defined() || packed_;
+    const bool kept = kept_.defined() || packed_ || kept_in_place_of_recompute();
     if (SavedTensorsWalk* walk = entered_walk(); walk != nullptr && frame_) {
       walk->note_checkpoint(frame_);
       if (!kept) {
@@ -101,6 +102,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       // Disabled (never checked) for tensors dropped outside save regions: recompute makes them.
       if (version_.enabled() && version_.current_version() != saved_version_) throw modified_in_place();
       if (kept_.defined()) return kept_;
+      if (kept_in_place_of_recompute()) return *kept_instead_;
       if (packed_) {
         frame_->recompute_before_unpacks();
         return packed_.unpack();
@@ -113,6 +115,8 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
  private:
+  bool kept_in_place_of_recompute() const { return kept_instead_ && kept_instead_->defined(); }
+
   void fill_recreated_slot(const at::Tensor& tensor) {
     Frame& f = *frame_;
     const std::size_t index = f.recompute_packs++;
@@ -145,17 +149,20 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     region_index_ = static_cast<int>(f.regions.size()) - 1;
     version_ = tensor.unsafeGetTensorImpl()->version_counter();
     if (version_.enabled()) saved_version_ = version_.current_version();
-    if (const std::optional<std::size_t> slot = f.ferry(tensor, state_.save_region)) {
-      // Recompute recreates the region's input it views: taken from there, not kept.
+    const std::shared_ptr<SavedTensorHooks>& hooks = active_saved_tensor_hooks();
+    if (const std::optional<std::size_t> slot = f.ferry(tensor, state_.save_region, !hooks, saved_name_)) {
+      // Recompute recreates the region's input it views: taken from there, unless forward's end
+      // keeps it (FerriedTensor::held).
       ferried_ = true;
       index_ = *slot;
+      kept_instead_ = f.ferried[*slot].held;
       f.sequence_at_last_drop = at::sequence_number::peek();
       track(at::Tensor());
       return;
     }
     const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
     const bool of_parameter = base.is_leaf() && base.requires_grad();
-    if (const std::shared_ptr<SavedTensorHooks>& hooks = active_saved_tensor_hooks()) {
+    if (hooks) {
       const std::any context = hooks->captures_context() ? hooks->capture_context() : std::any();
       packed_ = PackedTensor(hooks, tensor.detach(), {SavedTensorKind::backward, &context, of_parameter, &f});
       track(at::Tensor());
@@ -232,6 +239,9 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   int region_index_ = -1;
   std::size_t index_ = 0;  // the dropped tensor's slot, or the ferried tensor's when ferried_
   bool ferried_ = false;
+  // A ferried tensor as saved, shared with the frame's slot: still defined once forward ends where
+  // the frame kept it instead of recomputing it.
+  std::shared_ptr<at::Tensor> kept_instead_;
 };
 
 }  // namespace

@@ -46,7 +46,9 @@ struct SaveRegionRecord {
   std::any hooks_context;
   std::vector<PackedTensor> packed;
   // Per output persisted only because code that recompute runs again read it: the number of
-  // tensors dropped when it was first read (kNotOnlyRead when something else needs it).
+  // recompute's slots (tensors dropped or ferried) when it was first read, kNotOnlyRead when
+  // something else needs it. Recompute stops once its last slot is filled, before code that read
+  // the output after every slot was made.
   static constexpr std::size_t kNotOnlyRead = static_cast<std::size_t>(-1);
   std::vector<std::size_t> read_at;
   std::vector<std::optional<std::uint32_t>> versions;  // of the outputs when the region returned
@@ -93,6 +95,11 @@ struct FerriedTensor {
   // x.conj() or a negative view of x): what recompute takes is flipped the same way.
   bool conjugate_flipped = false;
   bool negative_flipped = false;
+  // The tensor as saved, shared with its saved-variable hook until forward ends: kept instead where
+  // recompute would run for such tensors alone (keep_ferried_where_nothing_else_is_recomputed),
+  // else emptied. Null when a hook pair was in force: then it is always taken from the input.
+  std::shared_ptr<at::Tensor> held;
+  std::string name;  // given with name_saved_tensors(), for reports
 };
 
 // What recompute must recreate in place of a dropped tensor: checked on every recompute (as

@@ -66,7 +66,7 @@ void Frame::persist(const at::Tensor& t, bool by_read) {
       if (!region.persisted[o]) {
         region.persisted[o] = true;
         --outputs_not_persisted;
-        region.read_at[o] = by_read ? dropped : SaveRegionRecord::kNotOnlyRead;
+        region.read_at[o] = by_read ? slots() : SaveRegionRecord::kNotOnlyRead;
       } else if (!by_read) {
         region.read_at[o] = SaveRegionRecord::kNotOnlyRead;
       }
@@ -109,7 +109,7 @@ void Frame::stop_observing_reads() {
 }
 
 void Frame::note_read_parameters(const TensorList& outputs) {
-  if (dropped + ferried.size() == 0) return;  // nothing to recompute
+  if (slots() == 0) return;  // nothing to recompute
   const std::uint64_t end = at::sequence_number::peek();
   // Recompute runs again the nodes made outside save regions (and in those it runs again) up to
   // the last one that saved a dropped tensor (it stops there).
@@ -249,13 +249,14 @@ void Frame::note_recreated_region_inputs(const TensorList& region_inputs) {
   }
 }
 
-std::optional<std::size_t> Frame::ferry(const at::Tensor& t, int save_region) {
+std::optional<std::size_t> Frame::ferry(const at::Tensor& t, int save_region, bool may_keep, const std::string& name) {
   if (recreated_region_inputs.empty()) return std::nullopt;
   const c10::StorageImpl* storage = storage_of(t);
   for (const auto& [index, input] : recreated_region_inputs) {
     if (storage_of(input) != storage) continue;
-    ferried.push_back(
-        {save_region, index, meta_of(input), meta_of(t), t.is_conj() != input.is_conj(), t.is_neg() != input.is_neg()});
+    ferried.push_back({save_region, index, meta_of(input), meta_of(t), t.is_conj() != input.is_conj(),
+                       t.is_neg() != input.is_neg(),
+                       may_keep ? std::make_shared<at::Tensor>(t.variable_data()) : nullptr, name});
     return ferried.size() - 1;
   }
   return std::nullopt;

@@ -95,6 +95,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // in the same order. Slots past `dropped` hold the ferried tensors, in their order.
   std::size_t dropped = 0;
   std::vector<FerriedTensor> ferried;
+  std::size_t slots() const { return dropped + ferried.size(); }  // 0: recompute never runs
   std::vector<at::Tensor> recreated;
   std::vector<bool> filled;
   std::size_t missing = 0;                // slots recompute still has to fill
@@ -131,7 +132,8 @@ struct Frame : std::enable_shared_from_this<Frame> {
 
   // Tensors are matched to inputs and save-region outputs by storage, so views count.
   // Keeps the save-region output(s) behind t; `by_read`: only because code that recompute runs
-  // again read it.
+  // again read it (undone at forward's end where recompute stops before that code: see
+  // SaveRegionRecord::read_at).
   void persist(const at::Tensor& t, bool by_read = false);
   void note_read(const at::Tensor& t);  // read by code that recompute runs again
   void observe_reads_if_needed();
@@ -143,8 +145,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<std::pair<std::size_t, at::Tensor>> recreated_region_inputs;
   void note_recreated_region_inputs(const TensorList& region_inputs);
   // When `t`, saved in save region `save_region`, shares a storage with one of those inputs:
-  // its ferried slot (past `dropped` once forward ends).
-  std::optional<std::size_t> ferry(const at::Tensor& t, int save_region);
+  // its ferried slot (past `dropped` once forward ends), holding `t` until forward ends where
+  // `may_keep` (see FerriedTensor::held).
+  std::optional<std::size_t> ferry(const at::Tensor& t, int save_region, bool may_keep, const std::string& name);
   // In recompute, at skipped save region `save_region` with the inputs recompute gave it.
   void fill_ferried(int save_region, const TensorList& region_inputs);
 
