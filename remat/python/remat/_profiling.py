@@ -32,7 +32,7 @@ from ._kept_ops import keeping_seconds_per_op
 from ._op_figures import OpMeter, interception_seconds
 from ._plans import NO_REGION_RAN, RegionProfile, _state, block_opened
 from ._replay import recording_consults
-from ._step_profile import StepRecorder, tensors_in
+from ._step_profile import StepRecorder, allocated_before, tensors_in
 from ._step_shape import StepShape
 
 __all__ = ["profile_regions", "timer_arg", "TIMERS"]
@@ -230,9 +230,11 @@ class profile_regions:
                 if region.region not in self._timings:
                     continue
                 # Each storage once, and not the checkpoints' inputs (position embeddings every
-                # layer takes, say): base_bytes has those whatever the plan.
+                # layer takes, say): base_bytes has those whatever the plan; nor what was allocated
+                # before the checkpoint ran (a frozen weight), which recompute does not free.
                 kept = sum(t.bytes for t in region.tensors
-                           if not t.shares_storage and (t.device, t.address) not in self._inputs)
+                           if not t.shares_storage and (t.device, t.address) not in self._inputs
+                           and not allocated_before(t))
                 self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
                 self._offload[region.region] = self._offload.get(region.region, 0) + offload_bytes(region.tensors)
         if reports and last is not None and self._ops:

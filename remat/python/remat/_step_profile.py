@@ -20,7 +20,9 @@ What each checkpoint keeps is recorded as sets of storages, not added up per reg
 storages each region keeps (its saved tensors and its output), the storages that are its inputs
 (a saved region does not keep an input that recompute recreates: the runtime takes it from
 recompute), and the checkpoint's own inputs, each storage with one identity for the step even
-when a freed address is used again. Of what a region keeps, the storages remat.CpuOffload would
+when a freed address is used again. Storages allocated before the checkpoint ran (leaves it was
+given, and what its regions save of a frozen parameter or a buffer: allocated_before) are in no
+set: they stay allocated whatever the plan. Of what a region keeps, the storages remat.CpuOffload would
 leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
 listed apart (offload_kept): a plan that offloads the region still holds them there. A plan's step peak is then each segment's measured peak less
 what the plan's checkpoints do not keep of what was alive in it, plus, in a checkpoint's backward,
@@ -49,6 +51,17 @@ def tensors_in(value):
     elif isinstance(value, dict):
         for item in value.values():
             yield from tensors_in(item)
+
+
+def allocated_before(resident):
+    """Whether a tensor a checkpoint's report lists (a _C.ResidentTensor) was allocated outside
+    every checkpoint's forward, by its storage's allocation tag: a frozen parameter's weight that a
+    linear layer saves, a buffer, a constant the model holds. The checkpoint keeps a reference, but
+    recomputing its regions frees none of it: it stays allocated whatever the plan, as parameters
+    that take a gradient do (which the report leaves out). False where the tag is not known (no
+    remat allocator returned the storage): counted as kept, as before."""
+    phase = _C.allocation_phase(resident.address)
+    return phase is not None and phase != "forward"
 
 
 def _held_by_step(*values):
@@ -243,7 +256,11 @@ class StepRecorder:
         if index is None:
             return
         record = self.checkpoints[index]
-        leaves = self._leaves.pop(index)
+        # What its regions keep of the storages allocated before it ran (frozen parameters, buffers)
+        # is allocated whatever the plan too, as the leaves it was given are
+        inputs = self._input_keys.get(index, set())
+        leaves = self._leaves.pop(index) | {(t.device, t.address) for region in reports for t in region.tensors
+                                           if (t.device, t.address) not in inputs and allocated_before(t)}
         kept_by_region = {}
         staying = {}  # region -> storages the offloader would leave on the device
         for region in reports:

@@ -10,6 +10,7 @@
 #include <remat/remat.hpp>
 #include <remat/saved_report.hpp>
 
+#include <remat/alloc/allocator.hpp>
 #include <remat/alloc/bytes.hpp>
 #include <remat/alloc/dump.hpp>
 #include <remat/alloc/names.hpp>
@@ -280,6 +281,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("current_memory_report", &current_memory_report);
   m.def("live_checkpoint_reports", &live_checkpoint_reports,
         "What every live checkpoint (forward finished, backward may still need it) keeps.");
+  m.def(
+      "allocation_phase",
+      [](std::uintptr_t address) -> py::object {
+        const std::optional<alloc::TagId> tag = alloc::find_block_tag(reinterpret_cast<const void*>(address));
+        if (!tag) return py::none();
+        return py::str(std::string(alloc::to_string(alloc::tag_of(*tag).phase)));
+      },
+      py::arg("address"),
+      "The phase the live block at `address` (a storage's data pointer) was allocated in, from its "
+      "allocation tag: 'forward' inside a checkpoint's forward, else 'recompute', 'backward', "
+      "'offloaded' or 'other'; None where no remat allocator returned it.");
   m.def("name_saved_tensors", &name_saved_tensors, py::arg("named"),
         "Inside a save region: report names for the tensors it is about to save.");
 
