@@ -51,6 +51,12 @@ def tensors_in(value):
             yield from tensors_in(item)
 
 
+def _casts_cached():
+    """Whether autocast is on, with its cast cache, in this thread: a cast of a leaf made now (a
+    weight cast to bfloat16) stays in the cache until the autocast block ends."""
+    return torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
+
+
 def _held_by_step(*values):
     """The tensors in `values` that the step made: leaves (parameters, the batch) are allocated
     whatever the plan, so no plan keeps or frees them."""
@@ -246,6 +252,7 @@ class StepRecorder:
         leaves = self._leaves.pop(index)
         kept_by_region = {}
         staying = {}  # region -> storages the offloader would leave on the device
+        casts = {}  # region -> storages that are casts of leaves (ResidentTensor.leaf_cast)
         for region in reports:
             ids = set()
             for t in region.tensors:
@@ -261,6 +268,8 @@ class StepRecorder:
                 ids.add(self._alive[key])
                 if not getattr(t, "offloadable", True):
                     staying.setdefault(region.region, set()).add(self._alive[key])
+                if t.leaf_cast:
+                    casts.setdefault(region.region, set()).add(self._alive[key])
                 if not t.shares_storage:
                     self._storages[self._alive[key]] = max(self._storages[self._alive[key]], t.bytes)
             kept_by_region[region.region] = ids
@@ -274,6 +283,9 @@ class StepRecorder:
             region["outputs"] = sorted(outputs)
             if staying.get(region["name"]):
                 region["offload_kept"] = sorted(staying[region["name"]])
+            # Run under autocast, a cast of a leaf stays in its cache until the autocast block ends
+            if region.pop("_casts_cached") and casts.get(region["name"]):
+                region["autocast_cached"] = sorted(casts[region["name"]])
         record["outputs"] = sorted({self._storage_id(t, keep=True) for t in tensors_in(out)})
         self._live.append(index)
         outputs = [t for t in tensors_in(out) if t.requires_grad]
@@ -337,7 +349,7 @@ class StepRecorder:
         if not self.enabled or self._current is None or self._region_stack:
             return call()
         record = {"name": name, "_inputs": {self._storage_id(t, keep=False) for t in _held_by_step(args)},
-                  "_outputs": set(), "transient_bytes": 0}
+                  "_outputs": set(), "transient_bytes": 0, "_casts_cached": _casts_cached()}
         # the key order the dump writes: name, kept, inputs, outputs, transient_bytes
         self._current["regions"].append(record)
         self.mark()
