@@ -22,9 +22,18 @@ storages each region keeps (its saved tensors and its output), the storages that
 recompute), and the checkpoint's own inputs, each storage with one identity for the step even
 when a freed address is used again. Of what a region keeps, the storages remat.CpuOffload would
 leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
-listed apart (offload_kept): a plan that offloads the region still holds them there. A plan's step peak is then each segment's measured peak less
-what the plan's checkpoints do not keep of what was alive in it, plus, in a checkpoint's backward,
-the largest forward transient of a region it recomputes; remat::budget computes it (step_peak.hpp)
+listed apart (offload_kept): a plan that offloads the region still holds them there. Of what a
+region run under autocast keeps, the casts of leaves (a weight cast to bfloat16: the runtime's
+report marks them leaf_cast) are listed apart too (autocast_cached): autocast's cache holds them
+until its block ends, so a plan that recomputes the region still holds them until backward begins.
+Listed only in remat.fit's profiles: the segment after the last checkpoint runs the loss, where
+autocast is usually still on, and the start of its backward, which may run after the autocast
+block ended, freeing them; counted there, a loop whose loss backward allocates most after the
+block predicts a plan's peak high (4% on one model), where fit plans cautiously and measures every
+step, but a plan by peak from profile_regions() would be refused for it.
+A plan's step peak is then each segment's measured peak less what the plan's checkpoints do not
+keep of what was alive in it, plus, in a checkpoint's backward, the largest forward transient of a
+region it recomputes; remat::budget computes it (step_peak.hpp)
 from the "step" object of the region-profile dump, so remat-report advise --peak predicts the same.
 """
 
@@ -93,6 +102,8 @@ class StepRecorder:
         self._begun = set()          # checkpoint calls whose backward began in the backward running now
         self.gradient_bytes = None   # a callable: bytes of the model's gradients now (watch_gradients)
         self.segment_gradients = None  # per segment, those bytes when it began (remat.fit's steps with gradients)
+        # Whether what autocast's cache holds is listed (autocast_cached; remat.fit's profiles, below)
+        self.autocast_casts = False
 
     @staticmethod
     def _counted_device():
@@ -284,7 +295,7 @@ class StepRecorder:
             if staying.get(region["name"]):
                 region["offload_kept"] = sorted(staying[region["name"]])
             # Run under autocast, a cast of a leaf stays in its cache until the autocast block ends
-            if region.pop("_casts_cached") and casts.get(region["name"]):
+            if region.pop("_casts_cached") and self.autocast_casts and casts.get(region["name"]):
                 region["autocast_cached"] = sorted(casts[region["name"]])
         record["outputs"] = sorted({self._storage_id(t, keep=True) for t in tensors_in(out)})
         self._live.append(index)
