@@ -106,6 +106,12 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
   }
   backward_begins_ = first_backward_.empty() ? step.segments.size()
                                               : *std::min_element(first_backward_.begin(), first_backward_.end());
+  for (const StepCheckpoint& call : step.checkpoints) {
+    std::vector<std::uint32_t>& cached = cached_.emplace_back();
+    for (const StepRegion& region : call.regions) {
+      cached.insert(cached.end(), region.autocast_cached.begin(), region.autocast_cached.end());
+    }
+  }
   const std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
   saved_sets_ = kept_sets(all_saved, {});
   for (std::size_t s = 0; s < step.segments.size(); ++s) {
@@ -264,9 +270,7 @@ std::uint64_t StepModel::alive_bytes(std::size_t s, const std::vector<std::vecto
       if (!is_live(consumer)) add(id);
     }
     if (s < backward_begins_) {
-      for (const StepRegion& region : step_.checkpoints[k].regions) {
-        for (const std::uint32_t id : region.autocast_cached) add(id);
-      }
+      for (const std::uint32_t id : cached_[k]) add(id);
     }
   }
   if (segment.forward >= 0) {
