@@ -17,6 +17,7 @@
 
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <atomic>
 #include <cstdio>
@@ -55,6 +56,17 @@ std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t in
          " of " + forward.where + " (shape [" + shape + "]) differs between forward and recompute: " + figures +
          ". The region is not deterministic: add a " + api_name("RecomputeStateHook") +
          " for the state it depends on (RNG: " + api_name("cpu_rng_state_hook") + "())";
+}
+
+// A cast of a leaf that requires grad, or a view of one (KeptTensor::leaf_cast): its grad_fn is
+// the copy's, whose one input is the leaf's gradient accumulator.
+bool leaf_cast(const at::Tensor& tensor) {
+  const auto cast_of_leaf = [](const at::TensorBase& t) {
+    const std::shared_ptr<torch::autograd::Node>& node = t.grad_fn();
+    if (node == nullptr || node->name() != "ToCopyBackward0" || node->num_outputs() != 1) return false;
+    return dynamic_cast<const torch::autograd::AccumulateGrad*>(node->next_edge(0).function.get()) != nullptr;
+  };
+  return cast_of_leaf(tensor) || (tensor.is_view() && cast_of_leaf(tensor._base()));
 }
 
 // Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
@@ -172,7 +184,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
     kept_ = tensor.variable_data();
     if (!of_parameter) alloc::categorize_as_activation(kept_.storage().data());
-    f.kept.push_back({state_.save_region, saved_name_, of_parameter,
+    f.kept.push_back({state_.save_region, saved_name_, of_parameter, leaf_cast(tensor),
                       c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
     track(kept_);
   }

@@ -80,6 +80,10 @@ struct KeptTensor {
   // A parameter (a leaf that requires grad) or a view of one, such as the weight.t() a matmul
   // saves: resident whatever the checkpoint does, so reports leave it out.
   bool parameter = false;
+  // A cast of a leaf that requires grad, or a view of one (ResidentTensor::leaf_cast): autocast's
+  // cache holds it until its block ends. Known only where it was saved: the runtime holds it
+  // without its graph.
+  bool leaf_cast = false;
   c10::weak_intrusive_ptr<c10::TensorImpl> tensor{c10::intrusive_ptr<c10::TensorImpl>()};
 };
 

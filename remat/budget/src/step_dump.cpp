@@ -98,6 +98,7 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
       write_ids(json, "outputs", region.outputs);
       json.field("transient_bytes", region.transient_bytes);
       if (!region.offload_kept.empty()) write_ids(json, "offload_kept", region.offload_kept);
+      if (!region.autocast_cached.empty()) write_ids(json, "autocast_cached", region.autocast_cached);
       json.end_object();
     }
     json.end_array().end_object();
@@ -137,6 +138,9 @@ StepMemory read_step(const Json& value, std::string_view source) {
       region.outputs = ids_of(listed, "outputs", source, in);
       region.transient_bytes = bytes_in(listed, "transient_bytes", source, in);
       if (listed.contains("offload_kept")) region.offload_kept = ids_of(listed, "offload_kept", source, in);
+      if (listed.contains("autocast_cached")) {
+        region.autocast_cached = ids_of(listed, "autocast_cached", source, in);
+      }
       call.regions.push_back(std::move(region));
     });
     step.checkpoints.push_back(std::move(call));

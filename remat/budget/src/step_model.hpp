@@ -63,6 +63,8 @@ class StepModel {
   std::vector<std::vector<std::pair<std::uint32_t, std::int64_t>>> held_until_;
   std::vector<std::size_t> first_backward_;  // per call: its first backward segment (none: segments' count)
   std::vector<std::size_t> forward_end_;     // per call: the segment after its last forward one
+  std::size_t backward_begins_ = 0;          // the step's first backward segment (none: segments' count)
+  std::vector<std::vector<std::uint32_t>> cached_;  // per call: its regions' autocast_cached
   std::vector<std::vector<std::uint32_t>> saved_sets_;
   std::vector<std::uint64_t> saved_alive_;
   std::vector<std::uint32_t> stamp_;

@@ -50,6 +50,7 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
       check_ids(call.regions[r].inputs, at + ".inputs");
       check_ids(call.regions[r].outputs, at + ".outputs");
       check_ids(call.regions[r].offload_kept, at + ".offload_kept");
+      check_ids(call.regions[r].autocast_cached, at + ".autocast_cached");
     }
   }
   for (std::size_t s = 0; s < step.segments.size(); ++s) {

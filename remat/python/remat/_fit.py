@@ -776,6 +776,7 @@ class FitState:
         weakref.finalize(self, _close_abandoned, session)
         self.measuring_had, self.measuring_graded = self._graded(), set()
         session._step.watch_gradients(_held_weakly(self._profiled_gradient_bytes))
+        session._step.autocast_casts = True  # the casts autocast's cache holds through the forward, counted
         self.measuring = (session, signature)
         self.measuring_training = self.model.training
         self.plan = self.predicted_peak_bytes = self.optimizer_peak_bytes = None

@@ -263,7 +263,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("address", &ResidentTensor::address)
       .def_readonly("device", &ResidentTensor::device)
       .def_readonly("shares_storage", &ResidentTensor::shares_storage)
-      .def_readonly("offloadable", &ResidentTensor::offloadable);
+      .def_readonly("offloadable", &ResidentTensor::offloadable)
+      .def_readonly("leaf_cast", &ResidentTensor::leaf_cast);
   py::class_<RegionResidency>(m, "RegionResidency")
       .def_readonly("region", &RegionResidency::region)
       .def_readonly("bytes", &RegionResidency::bytes)

@@ -28,6 +28,9 @@ struct StepRegion {
   // Of `kept`, what stays on the device when the region is offloaded: tensors remat.CpuOffload
   // leaves as they are (not dense: a slice of a wider tensor; a parameter or a view of one).
   std::vector<std::uint32_t> offload_kept;
+  // Of `kept`, the casts of leaves (parameters' weights cast to bfloat16, say) autocast's cast cache
+  // holds until its block ends: alive until the step's backward begins whatever the plan.
+  std::vector<std::uint32_t> autocast_cached;
 };
 
 struct StepCheckpoint {  // one call of a checkpoint
