@@ -29,6 +29,13 @@ namespace remat::detail {
 namespace {
 
 std::atomic<BackwardErrorTranslator> g_backward_error_translator{nullptr};
+std::atomic<RecomputeStopRaiser> g_recompute_stop_raiser{nullptr};
+
+// What recompute's early stop is, as the body sees it.
+std::string stop_name() {
+  return api_spelling() == ApiSpelling::python ? "remat.RecomputeStopped, a BaseException"
+                                               : "remat::detail::StopRecompute";
+}
 
 // What is wrong with the tensor recompute recreated in place of dropped tensor `index`, if
 // anything: another shape, dtype or device always; other values under verify_recompute.
@@ -133,6 +140,12 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     Frame& f = *frame_;
     const std::size_t index = f.recompute_packs++;
     const int region = state_.in_region ? static_cast<int>(f.recompute_regions) - 1 : -1;
+    if (index >= f.dropped && f.stop_raised) {
+      stop_with_mismatch("the body of checkpoint '" + f.options.region_name + "' caught recompute's early stop (" +
+                         stop_name() + ", raised once every tensor backward needs exists) and went on to save " +
+                         DroppedMeta::of(tensor, region).describe() + " in " + f.where(region) +
+                         "; let it propagate: where the body catches every exception, re-raise " + stop_name());
+    }
     if (index >= f.dropped) {
       stop_with_mismatch("recompute of checkpoint '" + f.options.region_name + "' saved more tensors than forward (" +
                          std::to_string(f.dropped) + "): the next is " + DroppedMeta::of(tensor, region).describe() +
@@ -144,7 +157,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       // backward unpacks it; autograd rewraps what unpack returns, so no detach is needed.
       f.recreated[index] = tensor;
       f.filled[index] = true;
-      if (--f.missing == 0 && f.stop_early) throw StopRecompute{};
+      if (--f.missing == 0 && f.stop_early) stop_recompute(f);
     }
     frame_.reset();  // the recompute graph is thrown away; nothing to keep
   }
@@ -228,7 +241,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   [[noreturn]] void stop_with_mismatch(std::string mismatch) {
     frame_->recompute_mismatch = std::move(mismatch);
     frame_.reset();
-    throw StopRecompute{};
+    throw_recompute_stop();
   }
 
   void track(const at::Tensor& resident) {
@@ -264,5 +277,17 @@ std::unique_ptr<torch::autograd::SavedVariableHooks> make_checkpoint_hooks(std::
 }
 
 void set_backward_error_translator(BackwardErrorTranslator translator) { g_backward_error_translator = translator; }
+
+void set_recompute_stop_raiser(RecomputeStopRaiser raiser) { g_recompute_stop_raiser = raiser; }
+
+void throw_recompute_stop() {
+  if (const auto raise = g_recompute_stop_raiser.load()) raise();
+  throw StopRecompute{};
+}
+
+void stop_recompute(Frame& frame) {
+  frame.stop_raised = true;
+  throw_recompute_stop();
+}
 
 }  // namespace remat::detail

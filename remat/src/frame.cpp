@@ -204,6 +204,7 @@ std::string Frame::where(int region) const {
 }
 
 void Frame::release_after_failed_forward() {
+  forward_failed = true;
   stop_observing_reads();
   inputs.clear();
   save_regions.clear();
@@ -285,7 +286,7 @@ void Frame::fill_ferried(int save_region, const TensorList& region_inputs) {
     filled[dropped + k] = true;
     --missing;
   }
-  if (missing == 0 && stop_early) throw StopRecompute{};
+  if (missing == 0 && stop_early) stop_recompute(*this);
 }
 
 void Frame::recompute_before_unpacks() {
@@ -295,6 +296,15 @@ void Frame::recompute_before_unpacks() {
 
 at::Tensor Frame::take_recreated(std::size_t index) {
   std::lock_guard lock(backward_mutex);
+  if (!forward_finished && !forward_failed) {
+    throw Error("checkpoint '" + options.region_name +
+                "': autograd ran backward through a tensor the checkpoint dropped while its forward was still "
+                "running (torch.autograd.grad or .backward() inside the body, as for a gradient penalty or an "
+                "auxiliary loss); the checkpoint drops what autograd saves outside save regions as it is saved, and "
+                "can recompute it only once the body has returned: run the ops that inner backward goes through, "
+                "with the autograd call, in one save region (" + api_name("region") +
+                "(fn, name, recompute=False)), or take that gradient outside the checkpoint");
+  }
   if (!forward_finished) {
     throw Error("checkpoint '" + options.region_name +
                 "' raised an error in forward, so the tensors it dropped cannot be recomputed; backward cannot run "
@@ -367,9 +377,9 @@ void Frame::recompute() {
     try {
       body(args);
     } catch (const std::exception& e) {
-      // The stop (StopRecompute, or what a layer between the hook and here rethrew it as:
-      // PyTorch's Python bindings, for a Python body): every tensor backward needs exists, so
-      // the rest of the body need not run.
+      // The stop (StopRecompute, or what the raiser set with set_recompute_stop_raiser()
+      // throws in its place: a Python exception, for a Python body): every tensor backward
+      // needs exists, so the rest of the body need not run.
       if (recompute_mismatch) {
         restore_states(hooks, outer);
         throw Error(*recompute_mismatch);

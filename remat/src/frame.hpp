@@ -33,6 +33,13 @@ struct StopRecompute : std::exception {
   const char* what() const noexcept override { return "remat: recompute stopped early"; }
 };
 
+struct Frame;
+// Throws what unwinds a recompute's body: through the raiser set with
+// set_recompute_stop_raiser(), or StopRecompute.
+[[noreturn]] void throw_recompute_stop();
+// Stops `frame`'s recompute early: every tensor backward needs exists.
+[[noreturn]] void stop_recompute(Frame& frame);
+
 struct Frame : std::enable_shared_from_this<Frame> {
   Frame() = default;
   ~Frame();  // leaves the live frames, if it joined them
@@ -48,6 +55,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // none); replay recorders key their decisions by it (remat/replay.hpp).
   std::int64_t running_region = -1;
   std::uint64_t forward_number = 0;     // CheckpointScope::forward
+  // Recompute's early stop was raised (stop_recompute()): a save after it means the body
+  // caught the stop and went on.
+  bool stop_raised = false;
   std::vector<std::any> state_at_entry;
   // The pair the checkpoint was called under (its own, or the one in force): needed inputs are
   // packed through it when forward ends.
@@ -106,6 +116,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::uint64_t sequence_at_last_drop = 0;
   bool stop_early = false;
   bool forward_finished = false;  // the body returned: recompute has a complete record
+  bool forward_failed = false;    // the body raised (release_after_failed_forward())
   // Backward may run through one checkpoint on several threads at once (retain_graph=True):
   // one thread recomputes and takes its tensors at a time.
   std::recursive_mutex backward_mutex;

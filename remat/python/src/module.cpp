@@ -96,6 +96,19 @@ PyObject* g_remat_error = nullptr;  // remat.RematError, for the lifetime of the
   throw raised;
 }
 
+PyObject* g_recompute_stopped = nullptr;  // remat.RecomputeStopped, for the lifetime of the process
+
+// Recompute's early stop, raised through the body from a saved-tensor hook (PyTorch's bindings
+// restore a python_error as the Python exception it holds) or a skipped save region (through
+// the translator below).
+[[noreturn]] void raise_recompute_stopped() {
+  py::gil_scoped_acquire gil;
+  PyErr_SetString(g_recompute_stopped, "remat: recompute stopped early (every tensor backward needs exists)");
+  python_error raised;
+  raised.persist();
+  throw raised;
+}
+
 // A report's text (str() and format()) and its dump (to_json()).
 template <typename Report>
 void def_report_text(py::class_<Report> report) {
@@ -137,6 +150,16 @@ PYBIND11_MODULE(_C, m) {
   // verify_recompute mismatch) as a Python error PyTorch's engine raises again as it is.
   g_remat_error = py::register_local_exception<Error>(m, "RematError", PyExc_RuntimeError).ptr();
   detail::set_backward_error_translator(&raise_remat_error);
+  // A BaseException, as GeneratorExit is: a body's `except Exception:` or `except RuntimeError:`
+  // (a kernel fallback) does not catch it.
+  g_recompute_stopped = PyErr_NewExceptionWithDoc(
+      "remat.RecomputeStopped",
+      "Raised through a checkpoint's body in recompute once every tensor backward needs exists; "
+      "the checkpoint catches it. A body that catches every exception must raise it again.",
+      PyExc_BaseException, nullptr);
+  if (g_recompute_stopped == nullptr) throw py::error_already_set();
+  m.attr("RecomputeStopped") = py::handle(g_recompute_stopped);
+  detail::set_recompute_stop_raiser(&raise_recompute_stopped);
 
   m.def(
       "checkpoint",
