@@ -96,7 +96,8 @@ void keep_ferried_where_nothing_else_is_recomputed(Frame& frame) {
     if (keep) {
       name_kept_an_activation(*slot.held);
       frame.kept.push_back(
-          {slot.save_region, slot.name, false, c10::weak_intrusive_ptr<c10::TensorImpl>(slot.held->getIntrusivePtr())});
+          {slot.save_region, slot.name, /*parameter=*/false, /*leaf_cast=*/false,
+           c10::weak_intrusive_ptr<c10::TensorImpl>(slot.held->getIntrusivePtr())});
     } else {
       *slot.held = at::Tensor();  // the hook's copy too: recompute makes it again
     }
