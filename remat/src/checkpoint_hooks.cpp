@@ -1,6 +1,7 @@
 // The saved-variable hooks of a checkpoint (checkpoint_hooks.hpp). Pack, in forward: a save
 // region's tensor is kept (as it is, or packed through the hook pair in force, or, when it views
-// an input recompute recreates, taken from that input again); any other is dropped, with what
+// an input recompute recreates, taken from that input again unless the checkpoint's forward ends
+// with nothing else to recompute); any other is dropped, with what
 // recompute's must match. Pack, in recompute: the recreated tensor fills the dropped one's slot,
 // and recompute stops once every slot is filled. Unpack: the kept or packed tensor, or the
 // recreated one, recomputing first when it is missing.
@@ -16,6 +17,7 @@
 
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <atomic>
 #include <cstdio>
@@ -27,6 +29,13 @@ namespace remat::detail {
 namespace {
 
 std::atomic<BackwardErrorTranslator> g_backward_error_translator{nullptr};
+std::atomic<RecomputeStopRaiser> g_recompute_stop_raiser{nullptr};
+
+// What recompute's early stop is, as the body sees it.
+std::string stop_name() {
+  return api_spelling() == ApiSpelling::python ? "remat.RecomputeStopped, a BaseException"
+                                               : "remat::detail::StopRecompute";
+}
 
 // What is wrong with the tensor recompute recreated in place of dropped tensor `index`, if
 // anything: another shape, dtype or device always; other values under verify_recompute.
@@ -54,6 +63,17 @@ std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t in
          " of " + forward.where + " (shape [" + shape + "]) differs between forward and recompute: " + figures +
          ". The region is not deterministic: add a " + api_name("RecomputeStateHook") +
          " for the state it depends on (RNG: " + api_name("cpu_rng_state_hook") + "())";
+}
+
+// A cast of a leaf that requires grad, or a view of one (KeptTensor::leaf_cast): its grad_fn is
+// the copy's, whose one input is the leaf's gradient accumulator.
+bool leaf_cast(const at::Tensor& tensor) {
+  const auto cast_of_leaf = [](const at::TensorBase& t) {
+    const std::shared_ptr<torch::autograd::Node>& node = t.grad_fn();
+    if (node == nullptr || node->name() != "ToCopyBackward0" || node->num_outputs() != 1) return false;
+    return dynamic_cast<const torch::autograd::AccumulateGrad*>(node->next_edge(0).function.get()) != nullptr;
+  };
+  return cast_of_leaf(tensor) || (tensor.is_view() && cast_of_leaf(tensor._base()));
 }
 
 // Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
@@ -89,7 +109,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
   at::Tensor call_unpack_hook() override {
-    const bool kept = kept_.defined() || packed_;
+    const bool kept = kept_.defined() || packed_ || kept_in_place_of_recompute();
     if (SavedTensorsWalk* walk = entered_walk(); walk != nullptr && frame_) {
       walk->note_checkpoint(frame_);
       if (!kept) {
@@ -101,6 +121,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       // Disabled (never checked) for tensors dropped outside save regions: recompute makes them.
       if (version_.enabled() && version_.current_version() != saved_version_) throw modified_in_place();
       if (kept_.defined()) return kept_;
+      if (kept_in_place_of_recompute()) return *kept_instead_;
       if (packed_) {
         frame_->recompute_before_unpacks();
         return packed_.unpack();
@@ -113,10 +134,18 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
  private:
+  bool kept_in_place_of_recompute() const { return kept_instead_ && kept_instead_->defined(); }
+
   void fill_recreated_slot(const at::Tensor& tensor) {
     Frame& f = *frame_;
     const std::size_t index = f.recompute_packs++;
     const int region = state_.in_region ? static_cast<int>(f.recompute_regions) - 1 : -1;
+    if (index >= f.dropped && f.stop_raised) {
+      stop_with_mismatch("the body of checkpoint '" + f.options.region_name + "' caught recompute's early stop (" +
+                         stop_name() + ", raised once every tensor backward needs exists) and went on to save " +
+                         DroppedMeta::of(tensor, region).describe() + " in " + f.where(region) +
+                         "; let it propagate: where the body catches every exception, re-raise " + stop_name());
+    }
     if (index >= f.dropped) {
       stop_with_mismatch("recompute of checkpoint '" + f.options.region_name + "' saved more tensors than forward (" +
                          std::to_string(f.dropped) + "): the next is " + DroppedMeta::of(tensor, region).describe() +
@@ -128,7 +157,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       // backward unpacks it; autograd rewraps what unpack returns, so no detach is needed.
       f.recreated[index] = tensor;
       f.filled[index] = true;
-      if (--f.missing == 0 && f.stop_early) throw StopRecompute{};
+      if (--f.missing == 0 && f.stop_early) stop_recompute(f);
     }
     frame_.reset();  // the recompute graph is thrown away; nothing to keep
   }
@@ -145,17 +174,20 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     region_index_ = static_cast<int>(f.regions.size()) - 1;
     version_ = tensor.unsafeGetTensorImpl()->version_counter();
     if (version_.enabled()) saved_version_ = version_.current_version();
-    if (const std::optional<std::size_t> slot = f.ferry(tensor, state_.save_region)) {
-      // Recompute recreates the region's input it views: taken from there, not kept.
+    const std::shared_ptr<SavedTensorHooks>& hooks = active_saved_tensor_hooks();
+    if (const std::optional<std::size_t> slot = f.ferry(tensor, state_.save_region, !hooks, saved_name_)) {
+      // Recompute recreates the region's input it views: taken from there, unless forward's end
+      // keeps it (FerriedTensor::held).
       ferried_ = true;
       index_ = *slot;
+      kept_instead_ = f.ferried[*slot].held;
       f.sequence_at_last_drop = at::sequence_number::peek();
       track(at::Tensor());
       return;
     }
     const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
     const bool of_parameter = base.is_leaf() && base.requires_grad();
-    if (const std::shared_ptr<SavedTensorHooks>& hooks = active_saved_tensor_hooks()) {
+    if (hooks) {
       const std::any context = hooks->captures_context() ? hooks->capture_context() : std::any();
       packed_ = PackedTensor(hooks, tensor.detach(), {SavedTensorKind::backward, &context, of_parameter, &f});
       track(at::Tensor());
@@ -165,7 +197,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
     kept_ = tensor.variable_data();
     if (!of_parameter) alloc::categorize_as_activation(kept_.storage().data());
-    f.kept.push_back({state_.save_region, saved_name_, of_parameter,
+    f.kept.push_back({state_.save_region, saved_name_, of_parameter, leaf_cast(tensor),
                       c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
     track(kept_);
   }
@@ -209,7 +241,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   [[noreturn]] void stop_with_mismatch(std::string mismatch) {
     frame_->recompute_mismatch = std::move(mismatch);
     frame_.reset();
-    throw StopRecompute{};
+    throw_recompute_stop();
   }
 
   void track(const at::Tensor& resident) {
@@ -232,6 +264,9 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   int region_index_ = -1;
   std::size_t index_ = 0;  // the dropped tensor's slot, or the ferried tensor's when ferried_
   bool ferried_ = false;
+  // A ferried tensor as saved, shared with the frame's slot: still defined once forward ends where
+  // the frame kept it instead of recomputing it.
+  std::shared_ptr<at::Tensor> kept_instead_;
 };
 
 }  // namespace
@@ -242,5 +277,17 @@ std::unique_ptr<torch::autograd::SavedVariableHooks> make_checkpoint_hooks(std::
 }
 
 void set_backward_error_translator(BackwardErrorTranslator translator) { g_backward_error_translator = translator; }
+
+void set_recompute_stop_raiser(RecomputeStopRaiser raiser) { g_recompute_stop_raiser = raiser; }
+
+void throw_recompute_stop() {
+  if (const auto raise = g_recompute_stop_raiser.load()) raise();
+  throw StopRecompute{};
+}
+
+void stop_recompute(Frame& frame) {
+  frame.stop_raised = true;
+  throw_recompute_stop();
+}
 
 }  // namespace remat::detail

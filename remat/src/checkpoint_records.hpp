@@ -46,7 +46,9 @@ struct SaveRegionRecord {
   std::any hooks_context;
   std::vector<PackedTensor> packed;
   // Per output persisted only because code that recompute runs again read it: the number of
-  // tensors dropped when it was first read (kNotOnlyRead when something else needs it).
+  // recompute's slots (tensors dropped or ferried) when it was first read, kNotOnlyRead when
+  // something else needs it. Recompute stops once its last slot is filled, before code that read
+  // the output after every slot was made.
   static constexpr std::size_t kNotOnlyRead = static_cast<std::size_t>(-1);
   std::vector<std::size_t> read_at;
   std::vector<std::optional<std::uint32_t>> versions;  // of the outputs when the region returned
@@ -78,6 +80,10 @@ struct KeptTensor {
   // A parameter (a leaf that requires grad) or a view of one, such as the weight.t() a matmul
   // saves: resident whatever the checkpoint does, so reports leave it out.
   bool parameter = false;
+  // A cast of a leaf that requires grad, or a view of one (ResidentTensor::leaf_cast): autocast's
+  // cache holds it until its block ends. Known only where it was saved: the runtime holds it
+  // without its graph.
+  bool leaf_cast = false;
   c10::weak_intrusive_ptr<c10::TensorImpl> tensor{c10::intrusive_ptr<c10::TensorImpl>()};
 };
 
@@ -93,6 +99,11 @@ struct FerriedTensor {
   // x.conj() or a negative view of x): what recompute takes is flipped the same way.
   bool conjugate_flipped = false;
   bool negative_flipped = false;
+  // The tensor as saved, shared with its saved-variable hook until forward ends: kept instead where
+  // recompute would run for such tensors alone (keep_ferried_where_nothing_else_is_recomputed),
+  // else emptied. Null when a hook pair was in force: then it is always taken from the input.
+  std::shared_ptr<at::Tensor> held;
+  std::string name;  // given with name_saved_tensors(), for reports
 };
 
 // What recompute must recreate in place of a dropped tensor: checked on every recompute (as

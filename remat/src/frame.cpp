@@ -66,7 +66,7 @@ void Frame::persist(const at::Tensor& t, bool by_read) {
       if (!region.persisted[o]) {
         region.persisted[o] = true;
         --outputs_not_persisted;
-        region.read_at[o] = by_read ? dropped : SaveRegionRecord::kNotOnlyRead;
+        region.read_at[o] = by_read ? slots() : SaveRegionRecord::kNotOnlyRead;
       } else if (!by_read) {
         region.read_at[o] = SaveRegionRecord::kNotOnlyRead;
       }
@@ -109,7 +109,7 @@ void Frame::stop_observing_reads() {
 }
 
 void Frame::note_read_parameters(const TensorList& outputs) {
-  if (dropped + ferried.size() == 0) return;  // nothing to recompute
+  if (slots() == 0) return;  // nothing to recompute
   const std::uint64_t end = at::sequence_number::peek();
   // Recompute runs again the nodes made outside save regions (and in those it runs again) up to
   // the last one that saved a dropped tensor (it stops there).
@@ -204,6 +204,7 @@ std::string Frame::where(int region) const {
 }
 
 void Frame::release_after_failed_forward() {
+  forward_failed = true;
   stop_observing_reads();
   inputs.clear();
   save_regions.clear();
@@ -249,13 +250,14 @@ void Frame::note_recreated_region_inputs(const TensorList& region_inputs) {
   }
 }
 
-std::optional<std::size_t> Frame::ferry(const at::Tensor& t, int save_region) {
+std::optional<std::size_t> Frame::ferry(const at::Tensor& t, int save_region, bool may_keep, const std::string& name) {
   if (recreated_region_inputs.empty()) return std::nullopt;
   const c10::StorageImpl* storage = storage_of(t);
   for (const auto& [index, input] : recreated_region_inputs) {
     if (storage_of(input) != storage) continue;
-    ferried.push_back(
-        {save_region, index, meta_of(input), meta_of(t), t.is_conj() != input.is_conj(), t.is_neg() != input.is_neg()});
+    ferried.push_back({save_region, index, meta_of(input), meta_of(t), t.is_conj() != input.is_conj(),
+                       t.is_neg() != input.is_neg(),
+                       may_keep ? std::make_shared<at::Tensor>(t.variable_data()) : nullptr, name});
     return ferried.size() - 1;
   }
   return std::nullopt;
@@ -284,7 +286,7 @@ void Frame::fill_ferried(int save_region, const TensorList& region_inputs) {
     filled[dropped + k] = true;
     --missing;
   }
-  if (missing == 0 && stop_early) throw StopRecompute{};
+  if (missing == 0 && stop_early) stop_recompute(*this);
 }
 
 void Frame::recompute_before_unpacks() {
@@ -294,6 +296,15 @@ void Frame::recompute_before_unpacks() {
 
 at::Tensor Frame::take_recreated(std::size_t index) {
   std::lock_guard lock(backward_mutex);
+  if (!forward_finished && !forward_failed) {
+    throw Error("checkpoint '" + options.region_name +
+                "': autograd ran backward through a tensor the checkpoint dropped while its forward was still "
+                "running (torch.autograd.grad or .backward() inside the body, as for a gradient penalty or an "
+                "auxiliary loss); the checkpoint drops what autograd saves outside save regions as it is saved, and "
+                "can recompute it only once the body has returned: run the ops that inner backward goes through, "
+                "with the autograd call, in one save region (" + api_name("region") +
+                "(fn, name, recompute=False)), or take that gradient outside the checkpoint");
+  }
   if (!forward_finished) {
     throw Error("checkpoint '" + options.region_name +
                 "' raised an error in forward, so the tensors it dropped cannot be recomputed; backward cannot run "
@@ -337,17 +348,14 @@ void Frame::recompute() {
                   "); recompute would read the changed value and give wrong gradients: make that operation "
                   "out-of-place (h = h + y instead of h += y), or pass the checkpoint a copy");
     }
-    if (input.held()) {
-      at::Tensor arg = input.packed ? restore_layout(input.packed.unpack(), input.meta,
-                                                     "input " + std::to_string(i) + " of checkpoint '" +
-                                                         options.region_name + "'")
+    const std::string source = "input " + std::to_string(i) + " of checkpoint '" + options.region_name + "'";
+    at::Tensor arg = !input.held()   ? make_placeholder(input.meta, source)
+                     : input.packed ? restore_layout(input.packed.unpack(), input.meta, source)
                                     : input.value.variable_data();
-      if (input.meta.requires_grad) arg.requires_grad_(true);
-      args.push_back(std::move(arg));
-    } else {
-      args.push_back(make_placeholder(input.meta, "input " + std::to_string(i) + " of checkpoint '" +
-                                                      options.region_name + "'"));
-    }
+    // Forward's flag, held or not: code may branch on it (a fused kernel's inference path), and
+    // autograd saves other tensors for an op whose inputs need no gradient.
+    if (input.meta.requires_grad) arg.requires_grad_(true);
+    args.push_back(std::move(arg));
   }
 
   try {
@@ -369,9 +377,9 @@ void Frame::recompute() {
     try {
       body(args);
     } catch (const std::exception& e) {
-      // The stop (StopRecompute, or what a layer between the hook and here rethrew it as:
-      // PyTorch's Python bindings, for a Python body): every tensor backward needs exists, so
-      // the rest of the body need not run.
+      // The stop (StopRecompute, or what the raiser set with set_recompute_stop_raiser()
+      // throws in its place: a Python exception, for a Python body): every tensor backward
+      // needs exists, so the rest of the body need not run.
       if (recompute_mismatch) {
         restore_states(hooks, outer);
         throw Error(*recompute_mismatch);

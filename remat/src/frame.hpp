@@ -33,6 +33,13 @@ struct StopRecompute : std::exception {
   const char* what() const noexcept override { return "remat: recompute stopped early"; }
 };
 
+struct Frame;
+// Throws what unwinds a recompute's body: through the raiser set with
+// set_recompute_stop_raiser(), or StopRecompute.
+[[noreturn]] void throw_recompute_stop();
+// Stops `frame`'s recompute early: every tensor backward needs exists.
+[[noreturn]] void stop_recompute(Frame& frame);
+
 struct Frame : std::enable_shared_from_this<Frame> {
   Frame() = default;
   ~Frame();  // leaves the live frames, if it joined them
@@ -48,6 +55,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // none); replay recorders key their decisions by it (remat/replay.hpp).
   std::int64_t running_region = -1;
   std::uint64_t forward_number = 0;     // CheckpointScope::forward
+  // Recompute's early stop was raised (stop_recompute()): a save after it means the body
+  // caught the stop and went on.
+  bool stop_raised = false;
   std::vector<std::any> state_at_entry;
   // The pair the checkpoint was called under (its own, or the one in force): needed inputs are
   // packed through it when forward ends.
@@ -95,6 +105,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // in the same order. Slots past `dropped` hold the ferried tensors, in their order.
   std::size_t dropped = 0;
   std::vector<FerriedTensor> ferried;
+  std::size_t slots() const { return dropped + ferried.size(); }  // 0: recompute never runs
   std::vector<at::Tensor> recreated;
   std::vector<bool> filled;
   std::size_t missing = 0;                // slots recompute still has to fill
@@ -105,6 +116,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::uint64_t sequence_at_last_drop = 0;
   bool stop_early = false;
   bool forward_finished = false;  // the body returned: recompute has a complete record
+  bool forward_failed = false;    // the body raised (release_after_failed_forward())
   // Backward may run through one checkpoint on several threads at once (retain_graph=True):
   // one thread recomputes and takes its tensors at a time.
   std::recursive_mutex backward_mutex;
@@ -131,7 +143,8 @@ struct Frame : std::enable_shared_from_this<Frame> {
 
   // Tensors are matched to inputs and save-region outputs by storage, so views count.
   // Keeps the save-region output(s) behind t; `by_read`: only because code that recompute runs
-  // again read it.
+  // again read it (undone at forward's end where recompute stops before that code: see
+  // SaveRegionRecord::read_at).
   void persist(const at::Tensor& t, bool by_read = false);
   void note_read(const at::Tensor& t);  // read by code that recompute runs again
   void observe_reads_if_needed();
@@ -143,8 +156,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<std::pair<std::size_t, at::Tensor>> recreated_region_inputs;
   void note_recreated_region_inputs(const TensorList& region_inputs);
   // When `t`, saved in save region `save_region`, shares a storage with one of those inputs:
-  // its ferried slot (past `dropped` once forward ends).
-  std::optional<std::size_t> ferry(const at::Tensor& t, int save_region);
+  // its ferried slot (past `dropped` once forward ends), holding `t` until forward ends where
+  // `may_keep` (see FerriedTensor::held).
+  std::optional<std::size_t> ferry(const at::Tensor& t, int save_region, bool may_keep, const std::string& name);
   // In recompute, at skipped save region `save_region` with the inputs recompute gave it.
   void fill_ferried(int save_region, const TensorList& region_inputs);
 

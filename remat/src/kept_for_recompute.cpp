@@ -9,6 +9,9 @@
 #include <remat/errors.hpp>
 #include <remat/saved_tensor_hooks.hpp>
 
+#include <algorithm>
+#include <cstdint>
+#include <unordered_set>
 #include <utility>
 
 namespace remat::detail {
@@ -43,7 +46,70 @@ void prepare_rerun(Frame& frame, SaveRegionRecord& region) {
   }
 }
 
+using Storages = std::unordered_set<const c10::StorageImpl*>;
+
+// The bytes of `storages` not in `kept_anyway`.
+std::int64_t bytes_beyond(const Storages& storages, const Storages& kept_anyway) {
+  std::int64_t bytes = 0;
+  for (const c10::StorageImpl* storage : storages) {
+    if (!kept_anyway.contains(storage)) bytes += static_cast<std::int64_t>(storage->nbytes());
+  }
+  return bytes;
+}
+
+// Where recompute would run for the ferried tensors alone: whether keeping them keeps no more than
+// recompute needs to make them again (the inputs code outside save regions reads, the save-region
+// outputs it reads before the last of them), counting storages the checkpoint keeps anyway (what
+// save regions keep, outputs another region consumes) at nothing.
+bool keeping_ferried_costs_no_more(const Frame& frame) {
+  Storages kept_anyway, for_recompute, ferried;
+  auto add = [](Storages& set, const at::Tensor& t) {
+    if (const c10::StorageImpl* storage = storage_of(t)) set.insert(storage);
+  };
+  for (const KeptTensor& kept : frame.kept) {
+    if (auto impl = kept.tensor.lock()) add(kept_anyway, at::Tensor(std::move(impl)));
+  }
+  for (const SaveRegionRecord& region : frame.save_regions) {
+    for (std::size_t o = 0; o < region.outputs.size(); ++o) {
+      if (!region.persisted[o]) continue;
+      const bool only_read = region.read_at[o] != SaveRegionRecord::kNotOnlyRead;
+      if (!only_read) add(kept_anyway, region.outputs[o]);
+      if (only_read && region.read_at[o] < frame.slots()) add(for_recompute, region.outputs[o]);
+    }
+  }
+  for (const InputRecord& input : frame.inputs) {
+    if (input.needed) add(for_recompute, input.value);
+  }
+  for (const FerriedTensor& slot : frame.ferried) add(ferried, *slot.held);
+  return bytes_beyond(ferried, kept_anyway) <= bytes_beyond(for_recompute, kept_anyway);
+}
+
 }  // namespace
+
+void keep_ferried_where_nothing_else_is_recomputed(Frame& frame) {
+  const bool keep = frame.dropped == 0 && !frame.ferried.empty() &&
+                    std::all_of(frame.ferried.begin(), frame.ferried.end(),
+                                [](const FerriedTensor& slot) { return slot.held != nullptr; }) &&
+                    keeping_ferried_costs_no_more(frame);
+  for (FerriedTensor& slot : frame.ferried) {
+    if (!slot.held) continue;
+    if (keep) {
+      name_kept_an_activation(*slot.held);
+      frame.kept.push_back(
+          {slot.save_region, slot.name, /*parameter=*/false, /*leaf_cast=*/false,
+           c10::weak_intrusive_ptr<c10::TensorImpl>(slot.held->getIntrusivePtr())});
+    } else {
+      *slot.held = at::Tensor();  // the hook's copy too: recompute makes it again
+    }
+    slot.held.reset();  // the hook alone holds what is kept
+  }
+  if (keep) frame.ferried.clear();
+}
+
+void settle_needed_inputs(Frame& frame) {
+  if (frame.slots() != 0) return;
+  for (InputRecord& input : frame.inputs) input.needed = false;
+}
 
 void keep_needed_inputs(Frame& frame) {
   for (InputRecord& input : frame.inputs) {
@@ -65,9 +131,10 @@ void keep_needed_inputs(Frame& frame) {
 void settle_persisted_outputs(Frame& frame) {
   for (SaveRegionRecord& region : frame.save_regions) {
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {
-      // Read only by code after the last dropped tensor: recompute stops before it (or, when it
-      // runs on, discards what that code computes), so no value is needed there.
-      if (region.read_at[o] != SaveRegionRecord::kNotOnlyRead && region.read_at[o] >= frame.dropped) {
+      // Read only by code after recompute's last slot (a tensor dropped or ferried): recompute
+      // stops before it (or, when it runs on, discards what that code computes), so no value is
+      // needed there.
+      if (region.read_at[o] != SaveRegionRecord::kNotOnlyRead && region.read_at[o] >= frame.slots()) {
         region.persisted[o] = false;
       }
       if (!region.persisted[o] || version_of(region.outputs[o]) == region.versions[o]) continue;

@@ -18,6 +18,20 @@
 
 namespace remat::detail {
 
+// A save region's tensor that views an input recompute makes again (the residual sum a norm
+// saves, made by code between regions) is taken from that input in recompute (Frame::ferry),
+// which spares its bytes where recompute runs anyway. Where nothing else is dropped, recompute
+// would run the body up to that region for those tensors alone, keeping what the code before it
+// reads (the output of attention that the residual add reads): forward keeps them instead, as
+// autograd would without the checkpoint, and recompute never runs, where that keeps no more
+// bytes than what recompute would need (else they are made again, as before). One saved under a
+// hook pair is always taken from the input (keeping it would pass the pair by).
+void keep_ferried_where_nothing_else_is_recomputed(Frame& frame);
+
+// Where recompute has nothing to make (no tensor dropped or ferried), no input is read again:
+// none is needed.
+void settle_needed_inputs(Frame& frame);
+
 // Keeps only the inputs recompute needs, through the checkpoint's hook pair where it has one.
 void keep_needed_inputs(Frame& frame);
 

@@ -48,14 +48,14 @@ class ReportBuilder {
     report_.regions.emplace_back();
     report_.regions.back().region = std::move(region);
   }
-  void add(std::string name, const at::Tensor& t) {
+  void add(std::string name, const at::Tensor& t, bool leaf_cast = false) {
     RegionResidency& region = report_.regions.back();
     const c10::StorageImpl* storage = storage_of(t);
     const std::int64_t bytes = storage != nullptr ? static_cast<std::int64_t>(storage->nbytes()) : 0;
     const bool first = storage == nullptr || billed_.insert(storage).second;
     region.tensors.push_back({std::move(name), t.sizes().vec(), dtype_name(t.scalar_type()), bytes, site_of(t),
                               storage != nullptr ? reinterpret_cast<std::uintptr_t>(storage->data()) : 0,
-                              t.device().str(), !first, offloadable(t)});
+                              t.device().str(), !first, offloadable(t), leaf_cast});
     if (storage == nullptr || !first) return;
     region.bytes += bytes;
     ++region.storages;
@@ -96,7 +96,8 @@ MemoryReport memory_report_of(const Frame& frame) {
     for (const KeptTensor& kept : frame.kept) {
       if (kept.save_region != static_cast<int>(r) || kept.parameter) continue;
       if (auto impl = kept.tensor.lock()) {
-        builder.add(kept.name.empty() ? "saved." + std::to_string(unnamed++) : kept.name, at::Tensor(std::move(impl)));
+        builder.add(kept.name.empty() ? "saved." + std::to_string(unnamed++) : kept.name, at::Tensor(std::move(impl)),
+                    kept.leaf_cast);
       }
     }
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {

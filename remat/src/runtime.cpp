@@ -409,7 +409,9 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
   record_inputs(*frame, inputs, keep_all_inputs);
   ReleaseIfForwardFails release_if_failed{*frame};
   TensorList outputs = run_forward(frame, inputs);
+  keep_ferried_where_nothing_else_is_recomputed(*frame);
   settle_persisted_outputs(*frame);
+  settle_needed_inputs(*frame);
   refuse_needed_inputs_changed_in_place(*frame);
   keep_needed_inputs(*frame);
   keep_persisted_outputs(*frame);

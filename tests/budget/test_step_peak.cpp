@@ -144,5 +144,24 @@ TEST(StepPeak, FiguresAddingUpPastSixtyFourBitsAreRefusedRatherThanWrapped) {
   EXPECT_THROW(predict_step_peak(profile, {Choice::recompute, Choice::save}), BudgetError);
 }
 
+// Autocast's cache holds the casts of leaves (a weight cast to bfloat16) until its block ends: a
+// region a plan recomputes frees its casts only once backward begins, not in the forward.
+TEST(StepPeak, CastsAutocastHoldsStayThroughTheForwardWhateverThePlan) {
+  RegionProfile profile = two_checkpoints();
+  profile.step->peak_bytes = profile.step->segments[0].peak_bytes = 400;  // the forward's end: the loss
+  EXPECT_EQ(predict_step_peak(profile, {Choice::recompute, Choice::save}), 290u);
+  profile.step->checkpoints[0].regions[0].autocast_cached = {1};  // s0 is such a cast
+  // c0 recomputed: s0 held at the forward's end (400 less out0's 100), freed in c0's backward
+  EXPECT_EQ(predict_step_peak(profile, {Choice::recompute, Choice::save}), 300u);
+  EXPECT_EQ(predict_step_peak(profile, {Choice::save, Choice::recompute}), 390u);  // c0 keeps it anyway
+  const RegionProfile read = profile_from_json(profile_to_json(profile), "profile");
+  EXPECT_EQ(read.step->checkpoints[0].regions[0].autocast_cached, std::vector<std::uint32_t>{1});
+  EXPECT_EQ(predict_step_peak(read, {Choice::recompute, Choice::save}), 300u);
+  profile.step->checkpoints[0].regions[0].autocast_cached = {7};
+  EXPECT_NE(refusal_of(profile).find("$.step.checkpoints[0].regions[0].autocast_cached: storage 7 is not among"),
+            std::string::npos)
+      << refusal_of(profile);
+}
+
 }  // namespace
 }  // namespace remat::budget

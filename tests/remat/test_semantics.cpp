@@ -102,8 +102,8 @@ INSTANTIATE_TEST_SUITE_P(Table, Residency,
                          });
 
 // A checkpoint whose last call ran no save region keeps every input without watching which
-// are read. When it runs save regions again, that call still keeps them; the next one drops
-// an input that only save regions read, as the table says.
+// are read. When it runs a save region again (A saved, B recomputed), that call still keeps them;
+// the next one drops an input that only save regions read, as the table says.
 TEST(Residency, InputsOfACheckpointThatStartsSavingAreDroppedFromItsNextCall) {
   at::manual_seed(0);
   auto w = (at::rand({N}) * 0.1).requires_grad_(true);
@@ -111,13 +111,13 @@ TEST(Residency, InputsOfACheckpointThatStartsSavingAreDroppedFromItsNextCall) {
   const std::int64_t x_bytes = float_bytes(N);
   const std::vector<std::pair<bool, std::int64_t>> calls = {
       {false, x_bytes},                      // recompute/recompute: x
-      {true, float_bytes(4 * N) + x_bytes},  // save/save: y, z, p, q, and x kept as before
-      {true, float_bytes(4 * N)},            // save/save: y, z, p, q
+      {true, float_bytes(2 * N) + x_bytes},  // save/recompute: y, p, and x kept as before
+      {true, float_bytes(2 * N)},            // save/recompute: y, p
   };
   for (const auto& [saves, expected] : calls) {
-    chain.a_saves = chain.b_saves = saves;
+    chain.a_saves = saves;
     at::Tensor loss = run_with_fresh_input(chain, w);
-    EXPECT_EQ(resident_bytes(chain), expected) << (saves ? "save/save" : "recompute/recompute");
+    EXPECT_EQ(resident_bytes(chain), expected) << (saves ? "save/recompute" : "recompute/recompute");
     w.mutable_grad() = at::Tensor();
     loss.backward();
     auto w_ref = w.detach().clone().requires_grad_(true);
@@ -232,6 +232,24 @@ TEST(Placeholders, AnOutputReadByCodeRecomputeRunsAgainIsPersistedWithoutMarking
   auto x_ref = x.detach().clone().requires_grad_(true);
   auto h = (x_ref * 2.0).exp();
   ((h + x_ref).tanh() + h).pow(2).sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), x_ref.grad()));
+}
+
+TEST(Placeholders, AnInputOnlyASaveRegionReadHasForwardsRequiresGradInRecompute) {
+  // The body branches on the input's flag, as a fused kernel's inference path does; recompute,
+  // which does not keep the input (only the save region read its data), must take forward's branch.
+  auto act = [](const at::Tensor& h, const at::Tensor& in) { return in.requires_grad() ? h.tanh() : h.sigmoid(); };
+  std::vector<bool> seen;
+  auto x = at::rand({3, 4}).requires_grad_(true);
+  auto loss = remat::checkpoint({.region_name = "flag"})([&](const at::Tensor& in) {
+    seen.push_back(in.requires_grad());
+    auto h = remat::region([](const at::Tensor& t) { return t * 2.0; }, "proj", /*recompute=*/false)(in);
+    return act(h, in).exp().sum();
+  })(x);
+  loss.backward();
+  EXPECT_EQ(seen, (std::vector<bool>{true, true}));
+  auto x_ref = x.detach().clone().requires_grad_(true);
+  act(x_ref * 2.0, x_ref).exp().sum().backward();
   EXPECT_TRUE(at::equal(x.grad(), x_ref.grad()));
 }
 
@@ -403,4 +421,123 @@ TEST(Residency, ASaveRegionsSavedInputThatRecomputeRecreatesIsNotKept) {
   const at::Tensor xd = x.detach();
   const at::Tensor expected = at::cat({xd.slice(1, 2, 4) * 9.0, xd.slice(1, 0, 2) * 9.0}, 1);
   EXPECT_TRUE(at::allclose(x.grad(), expected));
+}
+
+namespace {
+
+// A decoder layer's shape: a norm, attention (a matmul: its output saved by nothing), the residual
+// sum made by code between regions, a second norm that saves that sum, and the second residual.
+struct ResidualLayer {
+  at::Tensor w = at::rand({8, 8}).requires_grad_(true);
+  bool attention_saves = true;
+  int recomputes = 0;  // runs of the body in recompute
+  std::map<std::string, int> runs;  // region bodies run, in forward and recompute
+
+  static at::Tensor rms(const at::Tensor& t) { return t * t.pow(2).mean(-1, true).add(1e-6).rsqrt(); }
+
+  at::Tensor body(const at::Tensor& x) {
+    if (remat::is_recomputing()) ++recomputes;
+    auto counted = [this](const std::string& name, auto fn) {
+      return [this, name, fn](const at::Tensor& t) {
+        ++runs[name];
+        return fn(t);
+      };
+    };
+    at::Tensor n = remat::region(counted("norm", rms), "norm", /*recompute=*/false)(x);
+    at::Tensor a = remat::region(counted("attention", [this](const at::Tensor& t) { return t.matmul(w); }),
+                                 "attention", !attention_saves)(n);
+    at::Tensor r = x + a;  // saves nothing
+    at::Tensor m = remat::region(counted("post_norm", rms), "post_norm", /*recompute=*/false)(r);
+    return r + m;
+  }
+};
+
+}  // namespace
+
+// Where nothing else is recomputed, the residual sum a save region saves is kept, as autograd keeps
+// it without the checkpoint, instead of being made again by recompute (which would need
+// attention's output kept for the add): recompute never runs, and the checkpoint keeps what
+// autograd would (x and the first norm's output, each norm's rsqrt, the sum).
+TEST(Residency, AnAllSavedLayerKeepsTheResidualSumItsNormSavesAndRecomputesNothing) {
+  ResidualLayer layer;
+  const at::Tensor x0 = at::rand({4, 8});
+  auto x = x0.clone().requires_grad_(true);
+  at::Tensor y =
+      remat::checkpoint({.region_name = "layer"})([&](const at::Tensor& in) { return layer.body(in); })(x * 1.0);
+  const std::vector<remat::MemoryReport> reports = remat::live_checkpoint_reports();
+  ASSERT_EQ(reports.size(), 1U);
+  EXPECT_EQ(reports[0].bytes, remat::testing::float_bytes(3 * 32 + 2 * 4));
+  y.sum().backward({}, /*retain_graph=*/true);
+  y.sum().backward();  // the kept sum serves a second backward too
+  EXPECT_EQ(layer.recomputes, 0);
+  EXPECT_EQ(layer.runs, (std::map<std::string, int>{{"attention", 1}, {"norm", 1}, {"post_norm", 1}}));
+
+  ResidualLayer plain;
+  plain.w = layer.w.detach().clone().requires_grad_(true);
+  auto x_plain = x0.clone().requires_grad_(true);
+  at::Tensor y_plain = plain.body(x_plain * 1.0);
+  (y_plain.sum() + y_plain.sum()).backward();
+  EXPECT_TRUE(at::equal(x.grad(), x_plain.grad()));
+  EXPECT_TRUE(at::equal(layer.w.grad(), plain.w.grad()));
+}
+
+// The kept sum is what autograd saved: changed in place after the norm saved it, backward refuses
+// it, as autograd would.
+TEST(Residency, TheKeptResidualSumChangedInPlaceAfterItsSaveIsRefused) {
+  auto x = at::rand({4, 8}).requires_grad_(true);
+  at::Tensor y = remat::checkpoint({.region_name = "changed"})([](const at::Tensor& in) {
+    at::Tensor r = in * 2.0;
+    at::Tensor m = remat::region(ResidualLayer::rms, "post_norm", /*recompute=*/false)(r);
+    r.mul_(3.0);
+    return m;
+  })(x);
+  const std::string message = error_of([&] { y.sum().backward(); });
+  EXPECT_NE(message.find("of region 'changed::post_norm' was modified in-place after it was saved"), std::string::npos)
+      << message;
+}
+
+// Where recompute runs anyway (attention recomputed), the sum is made again, not kept; attention's
+// output, which the add reads before the sum is made, is made again too.
+TEST(Residency, WhereRecomputeRunsAnywayTheResidualSumIsMadeAgainNotKept) {
+  ResidualLayer layer;
+  layer.attention_saves = false;
+  const at::Tensor x0 = at::rand({4, 8});
+  auto x = x0.clone().requires_grad_(true);
+  at::Tensor y = remat::checkpoint({.region_name = "layer"})([&](const at::Tensor& in) { return layer.body(in); })(x);
+  const std::vector<remat::MemoryReport> reports = remat::live_checkpoint_reports();
+  ASSERT_EQ(reports.size(), 1U);
+  // x, the first norm's output (attention's input) and each norm's rsqrt; not the sum.
+  EXPECT_EQ(reports[0].bytes, remat::testing::float_bytes(2 * 32 + 2 * 4));
+  y.sum().backward();
+  EXPECT_EQ(layer.recomputes, 1);
+  EXPECT_EQ(layer.runs, (std::map<std::string, int>{{"attention", 2}, {"norm", 1}, {"post_norm", 1}}));
+
+  ResidualLayer plain;
+  plain.w = layer.w.detach().clone().requires_grad_(true);
+  auto x_plain = x0.clone().requires_grad_(true);
+  plain.body(x_plain).sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), x_plain.grad()));
+  EXPECT_TRUE(at::equal(layer.w.grad(), plain.w.grad()));
+}
+
+// Recompute runs up to the last tensor it makes, a ferried one included: a save region's output
+// that code before that point reads (the add of attention's output, after the only dropped tensor)
+// is kept, not handed to recompute as a placeholder.
+TEST(Residency, AnOutputReadBeforeTheLastFerriedTensorIsKeptForRecompute) {
+  at::Tensor w = at::rand({8, 8}).requires_grad_(true);
+  auto body = [&w](const at::Tensor& in) {
+    at::Tensor u = in.sin();  // saves in: dropped, recompute makes u again
+    at::Tensor a = remat::region([&w](const at::Tensor& t) { return t.matmul(w); }, "attention", false)(u);
+    at::Tensor r = u + a;
+    return remat::region(ResidualLayer::rms, "post_norm", /*recompute=*/false)(r);
+  };
+  const at::Tensor x0 = at::rand({4, 8});
+  auto x = x0.clone().requires_grad_(true);
+  remat::checkpoint({.region_name = "read"})(body)(x).sum().backward();
+  at::Tensor w_grad = w.grad().clone();
+  w.mutable_grad() = at::Tensor();
+  auto x_plain = x0.clone().requires_grad_(true);
+  body(x_plain).sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), x_plain.grad()));
+  EXPECT_TRUE(at::equal(w_grad, w.grad()));
 }

@@ -123,6 +123,7 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
         }
         json.end_array();
       }
+      if (!region.autocast_cached.empty()) write_ids(json, "autocast_cached", region.autocast_cached);
       json.end_object();
     }
     json.end_array().end_object();
@@ -163,6 +164,9 @@ StepMemory read_step(const Json& value, std::string_view source) {
       region.transient_bytes = bytes_in(listed, "transient_bytes", source, in);
       if (listed.contains("offload_kept")) region.offload_kept = ids_of(listed, "offload_kept", source, in);
       if (listed.contains("ops")) region.ops = ops_of(listed, source, in);
+      if (listed.contains("autocast_cached")) {
+        region.autocast_cached = ids_of(listed, "autocast_cached", source, in);
+      }
       call.regions.push_back(std::move(region));
     });
     step.checkpoints.push_back(std::move(call));

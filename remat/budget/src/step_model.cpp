@@ -111,6 +111,14 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
     if (step.segments[s].forward >= 0)
       forward_place_[s] = forward_seen[static_cast<std::size_t>(step.segments[s].forward)]++;
   }
+  backward_begins_ = first_backward_.empty() ? step.segments.size()
+                                              : *std::min_element(first_backward_.begin(), first_backward_.end());
+  for (const StepCheckpoint& call : step.checkpoints) {
+    std::vector<std::uint32_t>& cached = cached_.emplace_back();
+    for (const StepRegion& region : call.regions) {
+      cached.insert(cached.end(), region.autocast_cached.begin(), region.autocast_cached.end());
+    }
+  }
   const std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
   saved_sets_ = kept_sets(all_saved, {}, nullptr);
   for (std::size_t s = 0; s < step.segments.size(); ++s) {
@@ -305,7 +313,9 @@ StepModel::Offload StepModel::offload_of(const std::vector<bool>& offloaded) con
 // Bytes of the storages alive in segment `s` because of checkpoints: what the live calls keep,
 // what the call whose forward runs took as input, the outputs code outside holds, in a call's
 // backward what recompute brings back and in a forward what kept ops hold (`also_alive`), and what
-// the offloader holds on the device.
+// the offloader holds on the device. Before the step's backward begins, the casts of leaves
+// autocast's cache holds (autocast_cached) stay whatever the plan: a recomputed region frees its
+// weights' casts only when the autocast block ends, which a loop's forward runs in.
 std::uint64_t StepModel::alive_bytes(std::size_t s, const std::vector<std::vector<std::uint32_t>>& sets,
                                      const std::vector<std::uint32_t>& also_alive, const Offload* offload) {
   const StepSegment& segment = step_.segments[s];
@@ -322,6 +332,9 @@ std::uint64_t StepModel::alive_bytes(std::size_t s, const std::vector<std::vecto
     for (const std::uint32_t id : sets[k]) add(id);
     for (const auto& [id, consumer] : held_until_[k]) {
       if (!is_live(consumer)) add(id);
+    }
+    if (s < backward_begins_) {
+      for (const std::uint32_t id : cached_[k]) add(id);
     }
   }
   if (segment.forward >= 0) {

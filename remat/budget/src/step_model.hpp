@@ -77,6 +77,8 @@ class StepModel {
   // profile cuts a call's forward at each region's entry and exit, so region r has returned from
   // the segment numbered 2r + 2 on.
   std::vector<std::size_t> forward_place_;
+  std::size_t backward_begins_ = 0;          // the step's first backward segment (none: segments' count)
+  std::vector<std::vector<std::uint32_t>> cached_;  // per call: its regions' autocast_cached
   std::vector<std::vector<std::uint32_t>> saved_sets_;
   std::vector<std::uint64_t> saved_alive_;
   std::vector<std::uint32_t> stamp_;

@@ -53,6 +53,7 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
       for (std::size_t o = 0; o < call.regions[r].ops.size(); ++o) {
         check_ids(call.regions[r].ops[o].outputs, at + ".ops[" + std::to_string(o) + "].outputs");
       }
+      check_ids(call.regions[r].autocast_cached, at + ".autocast_cached");
     }
   }
   for (std::size_t s = 0; s < step.segments.size(); ++s) {

@@ -57,6 +57,10 @@ struct ResidentTensor {
   // remat.CpuOffload would copy it to the host: strided, non-overlapping and dense, not empty, no
   // parameter nor a view of one (any other stays on the device as it is, offloaded or not).
   bool offloadable = true;
+  // A cast of a leaf that requires grad (a parameter, an input given requires_grad), or a view of
+  // one, such as the bfloat16 weight a matmul saves under autocast: autocast's cast cache holds
+  // it until the autocast block ends, whatever the checkpoint keeps.
+  bool leaf_cast = false;
 };
 
 struct RegionResidency {

@@ -83,6 +83,12 @@ TensorList run_checkpoint(const CheckpointOptions& options, FlatFunction body, T
 // re-raises as remat.RematError). Null: the Error propagates as it is.
 using BackwardErrorTranslator = void (*)(const Error& error);
 void set_backward_error_translator(BackwardErrorTranslator translator);
+// Called where recompute stops early (every tensor backward needs exists); it throws what
+// unwinds the rest of the body. The Python extension throws one that reaches Python as
+// remat.RecomputeStopped, a BaseException, so that the body's `except Exception:` (a kernel
+// fallback) lets it pass. Null: detail::StopRecompute, a std::exception.
+using RecomputeStopRaiser = void (*)();
+void set_recompute_stop_raiser(RecomputeStopRaiser raiser);
 
 // `annotation`, when given, is kept with a save region's record in forward and handed back in
 // recompute, where the body is skipped (the Python binding keeps its result's structure there).

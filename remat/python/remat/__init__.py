@@ -30,7 +30,7 @@ steps run), _tracking (track: categories and modules without annotations).
 from __future__ import annotations  # torch_remat's package exports the name too
 
 from ._extension import _C  # noqa: F401  (raises an ImportError that says how to fix a missing extension)
-from ._C import RematError, is_recomputing
+from ._C import RecomputeStopped, RematError, is_recomputing
 from ._api import checkpoint, is_placeholder, name_scope, recompute_needs_tensor, region, verify_recompute
 from ._saved_tensors_hooks import SavedTensorInfo, SavedTensorKind, current_saved_tensor_info, saved_tensors_hooks
 from ._offload import CpuOffload
@@ -101,6 +101,7 @@ __all__ = [
     "RegionProfile",
     "RegionCost",
     "Plan",
+    "RecomputeStopped",
     "RematError",
     "track",
     "untrack",

@@ -213,15 +213,35 @@ class Checkpoint:
         return _Checkpointed(self, fn)
 
     def call(self, fn, *args, **kwargs):
-        """Runs fn(*args, **kwargs) checkpointed (the function-first form integrations call)."""
-        return self._run(fn, args, kwargs)
+        """Runs fn(*args, **kwargs) checkpointed: the function-first form integrations call in
+        place of torch.utils.checkpoint.checkpoint(fn, *args, **kwargs). As there, its options
+        among the keywords (use_reentrant, preserve_rng_state, determinism_check, debug,
+        early_stop, context_fn) are the checkpoint's, checked as remat.checkpoint() checks them,
+        not fn's."""
+        options = {option: kwargs.pop(option) for option in _TORCH_CALL_OPTIONS if option in kwargs}
+        context_fn = options.pop("context_fn", None)
+        if context_fn is torch.utils.checkpoint.noop_context_fn:
+            context_fn = None
+        if options.pop("debug", False) is not False:
+            raise RematError(f"checkpoint '{self.region_name}': {_REFUSED_OPTIONS['debug']}")
+        _check_torch_options(self.region_name, **options)
+        if context_fn is None:
+            return self._run(fn, args, kwargs)
+        _check_context_fn(self.region_name, context_fn)
+        if self._context_fn is not None:
+            raise RematError(f"checkpoint '{self.region_name}': context_fn given to both remat.checkpoint() and .call(); "
+                             "pass it once")
+        return self._run(fn, args, kwargs, [functools.partial(_TorchCheckpointContexts, context_fn)])
 
-    def _run(self, fn, args, kwargs):
+    def _run(self, fn, args, kwargs, call_contexts=()):
         if torch.compiler.is_compiling():
+            if call_contexts:
+                raise RematError(f"checkpoint '{self.region_name}': context_fn given to .call() is not supported under "
+                                 "torch.compile; pass it to remat.checkpoint(context_fn=...)")
             return compiled_checkpoint(self, fn, args, kwargs, _verify_recompute_default())
         verify = _verify_recompute_default() if self._verify is None else self._verify
         saved_tensors_hooks = self._saved_tensors_hooks or enclosing_hooks()
-        contexts = self._contexts
+        contexts = [*self._contexts, *call_contexts] if call_contexts else self._contexts
         prefixes = getattr(_name_scopes, "prefixes", None) if _name_scopes_entered else None
         if prefixes:  # called inside name_scope: recompute names regions as forward did
             contexts = [*contexts, functools.partial(_NameScopesOfTheCall, tuple(prefixes))]
@@ -345,6 +365,31 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
                         "use_reentrant=False, determinism_check, early_stop); arguments for the function go to the "
                         "call: remat.checkpoint(region_name=...)(fn)(*args, **kwargs)")
     name_arg("checkpoint", "region_name", region_name)
+    _check_torch_options(region_name, preserve_rng_state, use_reentrant, determinism_check, early_stop)
+    if verify_recompute is not None:
+        flag_arg(f"checkpoint '{region_name}'", "verify_recompute", verify_recompute)
+    if isinstance(contexts, (str, bytes)) or not hasattr(contexts, "__iter__"):
+        raise TypeError(f"checkpoint '{region_name}': contexts must be a sequence, got {type(contexts).__name__}")
+    if context_fn is not None:
+        _check_context_fn(region_name, context_fn)
+    return Checkpoint(region_name, checked_state_hooks(recompute_state_hooks), list(contexts), context_fn,
+                      verify_recompute, hooks_pair_arg(f"checkpoint '{region_name}'", saved_tensors_hooks),
+                      _plans.plan_arg(f"checkpoint '{region_name}'", plan))
+
+
+# torch.utils.checkpoint.checkpoint's own keywords: Checkpoint.call takes them as it does.
+_TORCH_CALL_OPTIONS = ("use_reentrant", "preserve_rng_state", "determinism_check", "debug", "early_stop", "context_fn")
+
+
+def _check_context_fn(region_name, context_fn):
+    if not callable(context_fn):
+        raise TypeError(f"checkpoint '{region_name}': context_fn must be callable (returning a (forward context, "
+                        f"recompute context) pair), got {type(context_fn).__name__}")
+
+
+def _check_torch_options(region_name, preserve_rng_state=False, use_reentrant=None, determinism_check="default",
+                         early_stop=True):
+    """Refuses torch.utils.checkpoint's options where they ask for what remat does not do."""
     if preserve_rng_state is not False:
         raise _UnsupportedOption(f"checkpoint '{region_name}': preserve_rng_state={preserve_rng_state!r} is not "
                                  "supported: remat does not preserve torch's RNG state; pass recompute_state_hooks="
@@ -363,20 +408,11 @@ def checkpoint(*positional, region_name="checkpoint", recompute_state_hooks=(), 
     if early_stop is not True:
         raise RematError(f"checkpoint '{region_name}': early_stop={early_stop!r} is not supported; recompute always "
                          "stops once every tensor backward needs exists")
-    if verify_recompute is not None:
-        flag_arg(f"checkpoint '{region_name}'", "verify_recompute", verify_recompute)
-    if isinstance(contexts, (str, bytes)) or not hasattr(contexts, "__iter__"):
-        raise TypeError(f"checkpoint '{region_name}': contexts must be a sequence, got {type(contexts).__name__}")
-    if context_fn is not None and not callable(context_fn):
-        raise TypeError(f"checkpoint '{region_name}': context_fn must be callable (returning a (forward context, "
-                        f"recompute context) pair), got {type(context_fn).__name__}")
-    return Checkpoint(region_name, checked_state_hooks(recompute_state_hooks), list(contexts), context_fn,
-                      verify_recompute, hooks_pair_arg(f"checkpoint '{region_name}'", saved_tensors_hooks),
-                      _plans.plan_arg(f"checkpoint '{region_name}'", plan))
 
 
-def region(fn=None, name=None, recompute=True):
-    """A region inside a checkpoint: region(fn, "mlp")(x), or as a decorator,
+def region(function=None, name=None, recompute=True):
+    """A region inside a checkpoint: region(fn, "mlp")(x) (or torch_remat's keyword form,
+    region(function=fn, name="mlp", recompute=True)), or as a decorator,
     @region(name="attention", recompute=False). recompute=False makes a save region: what
     autograd saves in it is kept, and recompute skips its body. Outside a checkpoint the body
     simply runs. Tensors in its arguments (positional or keyword) are its inputs; its result may
@@ -387,9 +423,9 @@ def region(fn=None, name=None, recompute=True):
         def compiled(body):
             return lambda *args, **kwargs: compiled_region(body, recompute, args, kwargs)
 
-        return compiled if fn is None else compiled(fn)
-    if isinstance(fn, str) and name is None:  # @region("attention")
-        fn, name = None, fn
+        return compiled if function is None else compiled(function)
+    if isinstance(function, str) and name is None:  # @region("attention")
+        function, name = None, function
     if name is None or name == "":
         raise ValueError("region: name each region, e.g. region(fn, \"attention\")")
     name_arg("region", "name", name)
@@ -401,7 +437,7 @@ def region(fn=None, name=None, recompute=True):
                                 "function as its first argument)")
         return _Region(body, name, recompute)
 
-    return wrap if fn is None else wrap(fn)
+    return wrap if function is None else wrap(function)
 
 
 class _Region(_FunctionWrapper):

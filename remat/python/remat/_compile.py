@@ -26,6 +26,12 @@ is_recomputing() is False at trace time. The tagging allocator's tags are not vi
 compiled graph: snapshots show a compiled checkpoint's memory under the tags in force where the
 compiled function was called.
 
+A profile or a plan cannot hold a compiled step either: no region of it runs as such, so none
+is measured or chosen for. A checkpoint traced while a profile_regions or use_plan block is open
+(Dynamo guards on whether one is) checks when it runs whether one is open on its thread, and is
+refused there, before it runs; remat.fit refuses a compiled forward of its model at every step,
+before the forward. A compiled forward under no_grad (no checkpoint keeps anything) runs as it is.
+
 A refusal is raised when the compiled function runs, by an operator in its graph, not while
 Dynamo traces: an exception raised in traced code reaches the user as Dynamo's own error
 with ours in its debug context (fullgraph=True), or makes Dynamo run the frame eagerly, where
@@ -38,6 +44,7 @@ import torch.utils.checkpoint
 from torch._higher_order_ops.wrap import dynamo_bypassing_wrapper
 from torch._library.effects import EffectType
 
+from . import _plans
 from ._extension import _C
 
 RematError = _C.RematError
@@ -56,6 +63,33 @@ def _(message: str) -> None:
 
 
 torch.library._register_effectful_op(_refuse_under_compile._opoverload, EffectType.ORDERED)
+
+
+@torch.library.custom_op("remat::refuse_planning_under_compile", mutates_args=())
+def _refuse_planning_under_compile(message: str, always: bool) -> None:
+    """A ValueError, as the plan's and the profile's own: `always` (remat.fit's own message),
+    else where a profile_regions or use_plan block is open on the thread running the compiled
+    graph (named before the message)."""
+    if always:
+        raise ValueError(message)
+    if _plans.profiling() is not None:
+        raise ValueError(f"profile_regions: {message}")
+    if getattr(_plans._state, "plans", None):
+        raise ValueError(f"use_plan: {message}")
+
+
+@_refuse_planning_under_compile.register_fake
+def _(message: str, always: bool) -> None:
+    return None
+
+
+torch.library._register_effectful_op(_refuse_planning_under_compile._opoverload, EffectType.ORDERED)
+
+
+def refuse_planning(message):
+    """Traced where a compiled step begins that remat.fit was to profile or plan: the compiled
+    function raises `message` when it runs, every time, before the step's forward."""
+    _refuse_planning_under_compile(message, True)
 
 
 def _eager_only_refusal(checkpoint, verify_switched_on):
@@ -127,6 +161,14 @@ def compiled_checkpoint(checkpoint, fn, args, kwargs, verify_switched_on):
     refusal = _eager_only_refusal(checkpoint, verify_switched_on)
     if refusal is not None:
         _refuse_under_compile(refusal)
+    if _plans.block_open and torch.is_grad_enabled():
+        # Traced while a profile_regions or use_plan block is open on some thread (Dynamo guards
+        # on it and on grad mode, so a graph traced with none open, or under no_grad where
+        # a checkpoint keeps nothing, has no check, and one is traced again once a block opens):
+        # on the thread in the block the compiled checkpoint is refused before it runs, as no
+        # region of it would run as such
+        _refuse_planning_under_compile(_plans.refused_under_compile(
+            f"checkpoint '{checkpoint.region_name}'", "no profile can measure it and no plan can apply to it"), False)
     if _tracing_checkpoint:
         raise RematError(f"checkpoint '{checkpoint.region_name}' is nested inside another checkpoint; checkpoints do "
                          "not nest: use regions inside one checkpoint")

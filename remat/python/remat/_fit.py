@@ -61,6 +61,10 @@ and one is profiled again where saving everything is estimated within the budget
 
 The step's tensors must be counted for the profile to measure the step: CPU tensors inside
 remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
+
+fit profiles and plans the eager model: a training forward traced by torch.compile (the model
+compiled, or a function calling it) would run no region as such, and is refused when the compiled
+function runs, at every step, before its forward (UNDER_COMPILE).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ import remat_alloc
 import torch
 
 from . import _optimizer_step, _plans, _profiling
+from ._compile import refuse_planning
 from ._offload_plans import host_budget_arg
 from ._step_profile import StepRecorder
 from ._step_shape import StepWatch, warn_at_user_line
@@ -771,6 +776,7 @@ class FitState:
         weakref.finalize(self, _close_abandoned, session)
         self.measuring_had, self.measuring_graded = self._graded(), set()
         session._step.watch_gradients(_held_weakly(self._profiled_gradient_bytes))
+        session._step.autocast_casts = True  # the casts autocast's cache holds through the forward, counted
         self.measuring = (session, signature)
         self.measuring_training = self.model.training
         self.plan = self.predicted_peak_bytes = self.optimizer_peak_bytes = None
@@ -901,6 +907,18 @@ class _FitForward:
         return self.__wrapped__(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            # Dynamo traces this forward (the model, or a function calling it, compiled): its step
+            # would run no region as such, so neither a profile nor a plan could hold it. Refused
+            # when the compiled function runs, every time, before its forward: an exception raised
+            # here, at trace time, would make Dynamo run the frame eagerly instead. Dynamo guards on
+            # grad mode: a compiled forward under no_grad, no step, is traced apart and runs as it is.
+            if torch.is_grad_enabled():
+                refuse_planning(UNDER_COMPILE)
+            if self.own is not None:
+                return self.own(*args, **kwargs)
+            model = self.state.model
+            return type(model).forward(model, *args, **kwargs)  # (a bound method's __get__ is not traced)
         state = self.state
         # With grad on, a forward in eval mode begins a step too where none is pending (training
         # with dropout off: planned and measured as any step, never run unplanned)
@@ -932,6 +950,10 @@ class _FitForward:
             out = self.inner(*args, **kwargs)
         state.watch_backward(out)
         return out
+
+
+UNDER_COMPILE = "remat.fit: " + _plans.refused_under_compile(
+    "the model", "fit can neither profile the step nor carry out a plan in it")
 
 
 def fit(model, budget, *, host_budget=None, timer="auto"):

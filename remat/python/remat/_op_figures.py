@@ -198,6 +198,7 @@ class OpMeter(TorchDispatchMode):
         self._defaults = _default_generators()
         self._events = []  # (entry in ops, start event, end event) on CUDA
         self._flow = []  # figures=True: (index or None, input keys, output keys) of each op not a view, in order
+        self.records_decisions = False  # whether the region consulted a RecomputeReplay channel recording
 
     def _check(self, func, args, kwargs):
         """Sets must_save where the op draws from a generator of its own or writes into a tensor

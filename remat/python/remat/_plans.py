@@ -54,11 +54,39 @@ _state = threading.local()
 
 # Why no region of a checkpoint ran in a step that ran checkpoints: said where a plan or a profile
 # saw none
-NO_REGION_RAN = ("a step run through torch.compile (torch.compile(model), model.compile()) runs no region as such "
-                 "(compiled regions carry no names, and the compiled step follows AOTAutograd's partitioner, not a "
-                 "plan or a profile): profile and plan the eager model (remat.fit on a model that is not compiled), "
-                 "or compile inside the checkpoints (docs/python.md, \"Under torch.compile\"); else the model's "
-                 "checkpoints have no regions (remat.region, wrap_decoder_layers)")
+NO_REGION_RAN = ("a step run through torch.compile (torch.compile(model), model.compile(), a compiled block around "
+                 "the regions) runs no region as such (compiled regions carry no names, and the compiled step follows "
+                 "AOTAutograd's partitioner, not a plan or a profile): profile and plan the eager model (remat.fit on "
+                 "a model that is not compiled), with compiled code inside its regions if wanted "
+                 "(remat.region(torch.compile(fn), name); docs/python.md, \"Under torch.compile\"); else the "
+                 "model's checkpoints have no regions (remat.region, wrap_decoder_layers)")
+
+
+# Whether a profile_regions or use_plan block is open on any thread (_open_blocks of them).
+# Dynamo reads it where it traces a checkpoint, and guards on it (remat._compile.compiled_checkpoint):
+# a bool, so that nested blocks or blocks on several threads compile nothing more.
+block_open = False
+_open_blocks = 0
+_blocks_lock = threading.Lock()
+
+
+def block_opened(opened=True):
+    global block_open, _open_blocks
+    with _blocks_lock:
+        _open_blocks += 1 if opened else -1
+        block_open = _open_blocks > 0
+
+
+def refused_under_compile(subject, consequence):
+    """Why `subject`, run through torch.compile, is refused where a profile or a plan was to
+    hold it (`consequence`), and the fix: raised before it runs (remat._compile)."""
+    return (f"{subject} runs under torch.compile (torch.compile(model), model.compile(), or a compiled function "
+            "calling it), where no region runs as such (AOTAutograd's partitioner decides what the compiled graph "
+            f"saves and recomputes), so {consequence}; nothing of the step ran. Profile and plan the eager model "
+            "(remat.fit on the model not compiled), with compiled code inside its regions if wanted "
+            "(remat.region(torch.compile(fn), name), or .compile() on the modules a region runs), or leave the "
+            "profile and the plan out (remat.unfit(model)) and bound the compiled step with "
+            "torch._functorch.config.activation_memory_budget (docs/python.md, \"Under torch.compile\")")
 
 
 def profiling():
@@ -840,10 +868,12 @@ class use_plan:
         self._in_force = _PlanInForce(self._plan, strict=self._strict, where="use_plan")
         self._in_force.watch = self._watch if self._watch is not None else self._plan._step_watch()
         _state.plans.append(self._in_force)
+        block_opened()
         return self._plan
 
     def __exit__(self, exc_type, *rest):
         _state.plans.pop()
+        block_opened(False)
         if exc_type is None:
             self._in_force.finished()
         return False

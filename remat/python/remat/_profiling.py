@@ -30,8 +30,9 @@ from ._extension import _C
 from ._offload_plans import measure_host_copy, offload_bytes
 from ._kept_ops import keeping_seconds_per_op
 from ._op_figures import OpMeter, interception_seconds
-from ._plans import NO_REGION_RAN, RegionProfile, _state
-from ._step_profile import StepRecorder, tensors_in
+from ._plans import NO_REGION_RAN, RegionProfile, _state, block_opened
+from ._replay import recording_consults
+from ._step_profile import StepRecorder, allocated_before, tensors_in
 from ._step_shape import StepShape
 
 __all__ = ["profile_regions", "timer_arg", "TIMERS"]
@@ -113,6 +114,7 @@ class profile_regions:
         self._last_region = None  # (name, output) of the last outermost region the running checkpoint call ran
         self._device = "cpu"
         self._step = None
+        self._open = False      # entered and not yet exited (counted in _plans.block_open)
         self._must_recompute = {}  # region -> why the runtime ran it again in recompute, saved
 
     def __enter__(self):
@@ -130,10 +132,15 @@ class profile_regions:
         self._step = StepRecorder()
         self._step.begin()
         self._shape = StepShape()
+        self._open = True
+        block_opened()
         return self
 
     def __exit__(self, exc_type, *rest):
         _state.session = None
+        if self._open:
+            self._open = False
+            block_opened(False)
         if exc_type is not None:
             self._step.close()
             return False
@@ -223,9 +230,11 @@ class profile_regions:
                 if region.region not in self._timings:
                     continue
                 # Each storage once, and not the checkpoints' inputs (position embeddings every
-                # layer takes, say): base_bytes has those whatever the plan.
+                # layer takes, say): base_bytes has those whatever the plan; nor what was allocated
+                # before the checkpoint ran (a frozen weight), which recompute does not free.
                 kept = sum(t.bytes for t in region.tensors
-                           if not t.shares_storage and (t.device, t.address) not in self._inputs)
+                           if not t.shares_storage and (t.device, t.address) not in self._inputs
+                           and not allocated_before(t))
                 self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
                 self._offload[region.region] = self._offload.get(region.region, 0) + offload_bytes(region.tensors)
         if reports and last is not None and self._ops:
@@ -272,8 +281,11 @@ class profile_regions:
         def measured_body(body):
             def body_with_meter(*args, **kwargs):
                 meter.takes_inputs(tensors_in((args, kwargs)))
+                consults = recording_consults()
                 with meter:
-                    return body(*args, **kwargs)
+                    out = body(*args, **kwargs)
+                meter.records_decisions = recording_consults() != consults
+                return out
 
             body_with_meter.__qualname__ = getattr(body, "__qualname__", type(body).__name__)
             return body_with_meter
@@ -302,8 +314,8 @@ class profile_regions:
             meter.finish()
         first = meters[0]
         if any([(op["index"], op["op"]) for op in m.ops] != [(op["index"], op["op"]) for op in first.ops]
-               for m in meters[1:]) or not first.ops:
-            return
+               for m in meters[1:]) or not first.ops or any(m.records_decisions for m in meters):
+            return  # a region that records a decision skips the ops making it in recompute
         ops = [dict(op) for op in first.ops]
         for meter in meters[1:]:
             for total, op in zip(ops, meter.ops):

@@ -12,12 +12,29 @@ checkpointing's.
 """
 
 import contextlib
+import threading
 import types
 
 from ._extension import _C
 from ._arguments import name_arg
 
-__all__ = ["RecomputeReplay", "RecomputeReplayRecorder"]
+__all__ = ["RecomputeReplay", "RecomputeReplayRecorder", "recording_consults"]
+
+_consults = threading.local()
+
+
+def recording_consults():
+    """How many times code on this thread has consulted a channel bound for recording (current()
+    returning a "record" binding, record_or_replay under one). A region whose forward consulted
+    one may record a decision that recompute takes back instead of running its ops again, so
+    recompute runs fewer ops than forward: per-op plans keep no op of such a region."""
+    return getattr(_consults, "count", 0)
+
+
+def _note(bound):
+    if bound is not None and bound[1] == "record":
+        _consults.count = recording_consults() + 1
+    return bound
 
 RecomputeReplayRecorder = _C.RecomputeReplayRecorder
 # NeMo's classes are generic in what they record: `RecomputeReplay[torch.Tensor]` in an
@@ -74,6 +91,13 @@ class RecomputeReplay(_C.RecomputeReplay):
 
     def __init__(self, name):
         super().__init__(name_arg("RecomputeReplay", "name", name))
+
+    def current(self):
+        return _note(super().current())
+
+    def record_or_replay(self, compute):
+        self.current()
+        return super().record_or_replay(compute)
 
     def checkpoint_context_fn(self, context_fn=None, *, on_record_exit=None):
         """A context factory for checkpoint(..., context_fn=...) giving every checkpoint call a

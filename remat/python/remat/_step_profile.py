@@ -20,13 +20,24 @@ What each checkpoint keeps is recorded as sets of storages, not added up per reg
 storages each region keeps (its saved tensors and its output), the storages that are its inputs
 (a saved region does not keep an input that recompute recreates: the runtime takes it from
 recompute), and the checkpoint's own inputs, each storage with one identity for the step even
-when a freed address is used again. Of what a region keeps, the storages remat.CpuOffload would
+when a freed address is used again. Storages allocated before the checkpoint ran (leaves it was
+given, and what its regions save of a frozen parameter or a buffer: allocated_before) are in no
+set: they stay allocated whatever the plan. Of what a region keeps, the storages remat.CpuOffload would
 leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
 listed apart (offload_kept): a plan that offloads the region still holds them there. With
 per-op figures (ops=True), each op a plan may keep lists the storages it made (ops), which a plan
-keeping it holds from forward to backward. A plan's step peak is then each segment's measured peak less
-what the plan's checkpoints do not keep of what was alive in it, plus, in a checkpoint's backward,
-the largest forward transient of a region it recomputes; remat::budget computes it (step_peak.hpp)
+keeping it holds from forward to backward. Of what a
+region run under autocast keeps, the casts of leaves (a weight cast to bfloat16: the runtime's
+report marks them leaf_cast) are listed apart too (autocast_cached): autocast's cache holds them
+until its block ends, so a plan that recomputes the region still holds them until backward begins.
+Listed only in remat.fit's profiles: the segment after the last checkpoint runs the loss, where
+autocast is usually still on, and the start of its backward, which may run after the autocast
+block ended, freeing them; counted there, a loop whose loss backward allocates most after the
+block predicts a plan's peak high (4% on one model), where fit plans cautiously and measures every
+step, but a plan by peak from profile_regions() would be refused for it.
+A plan's step peak is then each segment's measured peak less what the plan's checkpoints do not
+keep of what was alive in it, plus, in a checkpoint's backward, the largest forward transient of a
+region it recomputes; remat::budget computes it (step_peak.hpp)
 from the "step" object of the region-profile dump, so remat-report advise --peak predicts the same.
 """
 
@@ -51,6 +62,23 @@ def tensors_in(value):
     elif isinstance(value, dict):
         for item in value.values():
             yield from tensors_in(item)
+
+
+def allocated_before(resident):
+    """Whether a tensor a checkpoint's report lists (a _C.ResidentTensor) was allocated outside
+    every checkpoint's forward, by its storage's allocation tag: a frozen parameter's weight that a
+    linear layer saves, a buffer, a constant the model holds. The checkpoint keeps a reference, but
+    recomputing its regions frees none of it: it stays allocated whatever the plan, as parameters
+    that take a gradient do (which the report leaves out). False where the tag is not known (no
+    remat allocator returned the storage): counted as kept, as before."""
+    phase = _C.allocation_phase(resident.address)
+    return phase is not None and phase != "forward"
+
+
+def _casts_cached():
+    """Whether autocast is on, with its cast cache, in this thread: a cast of a leaf made now (a
+    weight cast to bfloat16) stays in the cache until the autocast block ends."""
+    return torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
 
 
 def _held_by_step(*values):
@@ -89,6 +117,8 @@ class StepRecorder:
         self._begun = set()          # checkpoint calls whose backward began in the backward running now
         self.gradient_bytes = None   # a callable: bytes of the model's gradients now (watch_gradients)
         self.segment_gradients = None  # per segment, those bytes when it began (remat.fit's steps with gradients)
+        # Whether what autocast's cache holds is listed (autocast_cached; remat.fit's profiles, below)
+        self.autocast_casts = False
 
     @staticmethod
     def _counted_device():
@@ -245,9 +275,14 @@ class StepRecorder:
         if index is None:
             return
         record = self.checkpoints[index]
-        leaves = self._leaves.pop(index)
+        # What its regions keep of the storages allocated before it ran (frozen parameters, buffers)
+        # is allocated whatever the plan too, as the leaves it was given are
+        inputs = self._input_keys.get(index, set())
+        leaves = self._leaves.pop(index) | {(t.device, t.address) for region in reports for t in region.tensors
+                                           if (t.device, t.address) not in inputs and allocated_before(t)}
         kept_by_region = {}
         staying = {}  # region -> storages the offloader would leave on the device
+        casts = {}  # region -> storages that are casts of leaves (ResidentTensor.leaf_cast)
         for region in reports:
             ids = set()
             for t in region.tensors:
@@ -263,6 +298,8 @@ class StepRecorder:
                 ids.add(self._alive[key])
                 if not getattr(t, "offloadable", True):
                     staying.setdefault(region.region, set()).add(self._alive[key])
+                if t.leaf_cast:
+                    casts.setdefault(region.region, set()).add(self._alive[key])
                 if not t.shares_storage:
                     self._storages[self._alive[key]] = max(self._storages[self._alive[key]], t.bytes)
             kept_by_region[region.region] = ids
@@ -278,6 +315,9 @@ class StepRecorder:
                 region["offload_kept"] = sorted(staying[region["name"]])
             if region.get("_ops"):
                 region["ops"] = region.pop("_ops")
+            # Run under autocast, a cast of a leaf stays in its cache until the autocast block ends
+            if region.pop("_casts_cached") and self.autocast_casts and casts.get(region["name"]):
+                region["autocast_cached"] = sorted(casts[region["name"]])
         record["outputs"] = sorted({self._storage_id(t, keep=True) for t in tensors_in(out)})
         self._live.append(index)
         outputs = [t for t in tensors_in(out) if t.requires_grad]
@@ -341,7 +381,7 @@ class StepRecorder:
         if not self.enabled or self._current is None or self._region_stack:
             return call()
         record = {"name": name, "_inputs": {self._storage_id(t, keep=False) for t in _held_by_step(args)},
-                  "_outputs": set(), "transient_bytes": 0}
+                  "_outputs": set(), "transient_bytes": 0, "_casts_cached": _casts_cached()}
         # the key order the dump writes: name, kept, inputs, outputs, transient_bytes
         self._current["regions"].append(record)
         self.mark()

@@ -16,8 +16,10 @@ Backward beginning under another autocast state than profiled is reported too, t
 can change then (autocast's cache keeps the casts of the weights until its block ends).
 
 A step runs from a checkpoint call to the end of its backward: the watch starts a new step at a
-checkpoint call when backward has begun on the outputs of every call since the last start (or they
-need no gradient), or when the caller says so (remat.fit, at every training forward).
+checkpoint call when backward has begun on the outputs of every call since the last start, or when
+the caller says so (remat.fit, at every training forward). Outputs that need no gradient (a frozen
+first layer given a batch without one) have no backward to wait for: a step of such calls alone
+ends once it made as many calls as the profiled step.
 """
 
 from __future__ import annotations
@@ -144,7 +146,10 @@ class StepWatch:
 
     def call(self, name, args, kwargs):
         """A checkpoint call is beginning its forward: the _CallWatch its regions report to."""
-        if self._calls > 0 and self._pending == 0:
+        # A new step once backward began on every call's outputs; a call whose outputs need no
+        # gradient (a frozen first layer given a batch without one) has none to wait for, and ends
+        # the step only where no call of it had a backward and it made the profiled step's calls
+        if self._calls > 0 and self._pending == 0 and (self._backward_seen or self._calls >= len(self.shape.calls)):
             self.new_step()
         index = self._calls
         self._calls += 1

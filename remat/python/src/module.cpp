@@ -10,6 +10,7 @@
 #include <remat/remat.hpp>
 #include <remat/saved_report.hpp>
 
+#include <remat/alloc/allocator.hpp>
 #include <remat/alloc/bytes.hpp>
 #include <remat/alloc/dump.hpp>
 #include <remat/alloc/names.hpp>
@@ -95,6 +96,19 @@ PyObject* g_remat_error = nullptr;  // remat.RematError, for the lifetime of the
   throw raised;
 }
 
+PyObject* g_recompute_stopped = nullptr;  // remat.RecomputeStopped, for the lifetime of the process
+
+// Recompute's early stop, raised through the body from a saved-tensor hook (PyTorch's bindings
+// restore a python_error as the Python exception it holds) or a skipped save region (through
+// the translator below).
+[[noreturn]] void raise_recompute_stopped() {
+  py::gil_scoped_acquire gil;
+  PyErr_SetString(g_recompute_stopped, "remat: recompute stopped early (every tensor backward needs exists)");
+  python_error raised;
+  raised.persist();
+  throw raised;
+}
+
 // A report's text (str() and format()) and its dump (to_json()).
 template <typename Report>
 void def_report_text(py::class_<Report> report) {
@@ -136,6 +150,16 @@ PYBIND11_MODULE(_C, m) {
   // verify_recompute mismatch) as a Python error PyTorch's engine raises again as it is.
   g_remat_error = py::register_local_exception<Error>(m, "RematError", PyExc_RuntimeError).ptr();
   detail::set_backward_error_translator(&raise_remat_error);
+  // A BaseException, as GeneratorExit is: a body's `except Exception:` or `except RuntimeError:`
+  // (a kernel fallback) does not catch it.
+  g_recompute_stopped = PyErr_NewExceptionWithDoc(
+      "remat.RecomputeStopped",
+      "Raised through a checkpoint's body in recompute once every tensor backward needs exists; "
+      "the checkpoint catches it. A body that catches every exception must raise it again.",
+      PyExc_BaseException, nullptr);
+  if (g_recompute_stopped == nullptr) throw py::error_already_set();
+  m.attr("RecomputeStopped") = py::handle(g_recompute_stopped);
+  detail::set_recompute_stop_raiser(&raise_recompute_stopped);
 
   m.def(
       "checkpoint",
@@ -262,7 +286,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("address", &ResidentTensor::address)
       .def_readonly("device", &ResidentTensor::device)
       .def_readonly("shares_storage", &ResidentTensor::shares_storage)
-      .def_readonly("offloadable", &ResidentTensor::offloadable);
+      .def_readonly("offloadable", &ResidentTensor::offloadable)
+      .def_readonly("leaf_cast", &ResidentTensor::leaf_cast);
   py::class_<RegionResidency>(m, "RegionResidency")
       .def_readonly("region", &RegionResidency::region)
       .def_readonly("bytes", &RegionResidency::bytes)
@@ -280,6 +305,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("current_memory_report", &current_memory_report);
   m.def("live_checkpoint_reports", &live_checkpoint_reports,
         "What every live checkpoint (forward finished, backward may still need it) keeps.");
+  m.def(
+      "allocation_phase",
+      [](std::uintptr_t address) -> py::object {
+        const std::optional<alloc::TagId> tag = alloc::find_block_tag(reinterpret_cast<const void*>(address));
+        if (!tag) return py::none();
+        return py::str(std::string(alloc::to_string(alloc::tag_of(*tag).phase)));
+      },
+      py::arg("address"),
+      "The phase the live block at `address` (a storage's data pointer) was allocated in, from its "
+      "allocation tag: 'forward' inside a checkpoint's forward, else 'recompute', 'backward', "
+      "'offloaded' or 'other'; None where no remat allocator returned it.");
   m.def("name_saved_tensors", &name_saved_tensors, py::arg("named"),
         "Inside a save region: report names for the tensors it is about to save.");
 

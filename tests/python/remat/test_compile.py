@@ -3,6 +3,8 @@ fullgraph=True), save regions saved and recompute regions recomputed by AOTAutog
 partitioner, gradients equal to eager; eager-only options refused with a clear error."""
 
 
+import threading
+
 import pytest
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
@@ -267,10 +269,13 @@ def test_a_trace_scope_inside_a_collect_trace_block_compiles_fullgraph_and_gives
     assert trace.entries == []  # collect_trace sees nothing of compiled checkpoints
 
 
-def test_a_plan_or_a_profile_around_a_compiled_step_names_torch_compile(fresh_dynamo):
-    """A compiled step runs no region as such: use_plan and profile_regions around one name
-    torch.compile and the fix, not another model layout."""
+def test_a_plan_or_a_profile_around_a_compiled_step_is_refused_before_its_forward_naming_torch_compile(fresh_dynamo):
+    """A compiled step runs no region as such: use_plan and profile_regions around one refuse it
+    at its first compiled checkpoint, before its forward runs, naming torch.compile and the fix
+    (as remat.fit does), not another model layout. Dynamo guards on whether such a block is open:
+    the graph compiled outside the block is compiled again inside it, and runs again after."""
     w1, w2 = parameters((32, 32), (32, 32))
+    forwards = []
 
     def step(x):
         def block(t):
@@ -285,12 +290,53 @@ def test_a_plan_or_a_profile_around_a_compiled_step_names_torch_compile(fresh_dy
         step(x).backward()
     plan = profile.plan(profile.base_bytes)
     compiled = torch.compile(step, backend="aot_eager")
-    with pytest.raises(ValueError, match=r"none of the 4 region\(s\) the plan names ran .* a step run through "
-                                         r"torch.compile .* profile and plan the eager model") as raised:
-        with remat.use_plan(plan):
-            compiled(x).backward()
-    assert "another model layout" not in str(raised.value)
-    with pytest.raises(ValueError, match=r"no region of a checkpoint ran inside the block.* a step run through "
-                                         r"torch.compile"):
-        with remat.profile_regions():
-            compiled(x).backward()
+    expected = grads_of(compiled, (x, w1, w2), x)  # compiled outside any block: runs
+    refusal = (r"checkpoint 'layers.0' runs under torch.compile .* no region runs as such .* so no profile can "
+               r"measure it and no plan can apply to it; nothing of the step ran. Profile and plan the eager model")
+    for _ in range(2):
+        for t in (x, w1, w2):
+            t.grad = None
+        with pytest.raises(ValueError, match="use_plan: " + refusal) as raised:
+            with remat.use_plan(plan):
+                forwards.append(compiled(x))
+        assert "another model layout" not in str(raised.value)
+        with pytest.raises(ValueError, match="profile_regions: " + refusal):
+            with remat.profile_regions():
+                forwards.append(compiled(x))
+        assert forwards == [] and all(t.grad is None for t in (x, w1, w2))
+        assert all(torch.equal(g, e) for g, e in zip(grads_of(compiled, (x, w1, w2), x), expected))
+    assert not remat._plans.block_open
+
+
+def test_a_compiled_step_runs_beside_a_plan_on_another_thread_and_under_no_grad_inside_one(fresh_dynamo):
+    """The refusal is for the thread in the block, and for steps with gradients: a compiled step
+    on another thread runs (gradients as without the block), and so does a compiled forward under
+    no_grad inside the block."""
+    x, w1, w2 = parameters((16, 32), (32, 32), (32, 32))
+    with remat.profile_regions() as profile:
+        save_and_recompute(x, w1, w2).sum().backward()
+    plan = profile.plan(profile.base_bytes)
+    compiled = torch.compile(save_and_recompute, backend="aot_eager")
+    expected = grads_of(compiled, (x, w1, w2), x, w1, w2)
+    opened, done, got = threading.Event(), threading.Event(), []
+
+    def hold_a_plan():
+        with remat.use_plan(plan, strict=False):
+            opened.set()
+            done.wait(60)
+
+    holder = threading.Thread(target=hold_a_plan)
+    holder.start()
+    try:
+        assert opened.wait(60) and remat._plans.block_open
+        got = grads_of(compiled, (x, w1, w2), x, w1, w2)
+    finally:
+        done.set()
+        holder.join(60)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    with remat.use_plan(plan, strict=False):  # (strict: the plan's regions ran nowhere)
+        with torch.no_grad():
+            out = compiled(x, w1, w2)
+        with pytest.raises(ValueError, match="use_plan: checkpoint 'l0' runs under torch.compile"):
+            compiled(x, w1, w2)
+    assert torch.equal(out, save_and_recompute(x, w1, w2).detach())

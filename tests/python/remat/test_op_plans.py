@@ -113,6 +113,8 @@ def matmuls_dear(profile):
     this size): the plans below then keep the matmuls' outputs and recompute the rest."""
     doc = json.loads(profile.to_json())
     for region in doc["regions"]:
+        if "ops" not in region:
+            continue
         for op in region["ops"]:
             op["seconds"] = 1.0 if op["op"] == "remat_op_plans::counted_mm" else 1e-6
         region["seconds"] = sum(op["seconds"] for op in region["ops"]) + 1e-6
@@ -323,6 +325,95 @@ def test_recompute_taking_another_path_is_refused(measured):
         with pytest.raises(ValueError, match=r"region 'layers\.0::mlp': recompute ran aten::cos as op 2, where "
                                              r"forward ran aten::mul\.Tensor"):
             y.sum().backward()
+
+
+def replayed_decision_block(channel, wd):
+    """A region that makes a decision under torch.no_grad, as NeMo's frozen indexers do: forward
+    records it on the channel and recompute takes it back instead of running its matmul again.
+    The decision's matmul is the region's matmul's twin (same op, same shapes)."""
+
+    def mlp(t, w):
+        bound = channel.current()
+        taken = bound[0].take() if bound is not None and bound[1] == "replay" else None
+        if taken is None:
+            with torch.no_grad():
+                taken = counted_mm(t, wd) * 0.5
+            if bound is not None and bound[1] == "record":
+                bound[0].record(taken)
+        return torch.sigmoid(counted_mm(t, w)) * taken
+
+    def replayed(x, w1, w2):
+        h = remat.region(lambda t: torch.tanh(counted_mm(t, w1)), "attn")(x)
+        return remat.region(lambda t: mlp(t, w2), "mlp")(h)
+
+    def plain_replayed(x, w1, w2):
+        return mlp(torch.tanh(counted_mm(x, w1)), w2)
+
+    return replayed, plain_replayed
+
+
+def test_a_region_recording_a_replayed_decision_keeps_no_op(measured):
+    """Recompute takes the decision back and skips its matmul, so the region's matmul runs as op 0
+    there, where forward ran the decision's: the profile lists no op of the region, plans keep
+    none (gradients bitwise), and a plan keeping one is refused in forward."""
+    weights = make_weights()
+    wd = torch.randn(WIDTH, WIDTH, generator=torch.Generator().manual_seed(9)) / 8
+    channel = remat.RecomputeReplay("decision")
+    replayed, plain_replayed = replayed_decision_block(channel, wd)
+    checkpointed = remat.checkpoint(region_name="layers.0", contexts=[channel])(replayed)
+
+    x = batch()
+    plain_replayed(x, weights[0], weights[1]).square().sum().backward()
+    expected = take_gradients(x, weights[:2])
+    with remat.profile_regions(ops=True) as profile:
+        checkpointed(batch(), weights[0], weights[1]).square().sum().backward()
+    take_gradients(batch(), weights)
+    assert "layers.0::mlp" not in profile.ops
+    assert [op["op"] for op in profile.ops["layers.0::attn"]] == ["remat_op_plans::counted_mm", "aten::tanh"]
+    for budget in (profile.base_bytes, profile.base_bytes + ACTIVATION, profile.all_saved_bytes):
+        plan = matmuls_dear(profile).plan(budget_bytes=budget, ops=True)
+        assert "layers.0::mlp" not in plan.kept_ops
+        with remat.use_plan(plan):
+            x = batch()
+            checkpointed(x, weights[0], weights[1]).square().sum().backward()
+        assert_gradients_equal(x, weights[:2], expected)
+
+    keeping = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    assert (0, "remat_op_plans::counted_mm") in keeping.kept_ops["layers.0::mlp"]
+    with remat.use_plan(keeping, strict=False):
+        with pytest.raises(ValueError, match=r"region 'layers\.0::mlp' records a decision on a RecomputeReplay "
+                                             r"channel.*a per-op plan keeps no op of such a region"):
+            checkpointed(batch(), weights[0], weights[1])
+    assert held_storages() == {}
+
+
+def test_a_kept_op_recomputed_on_inputs_of_other_shapes_is_refused(measured):
+    plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    weights = make_weights()
+
+    def narrowing_block(x, w1, w2, dropout=0.0):
+        h = remat.region(lambda t: torch.tanh(counted_mm(t, w1)), "attn")(x)
+        rows = 4 if remat.is_recomputing() else 8
+        return remat.region(lambda t: (torch.sigmoid(counted_mm(t[:rows], w2)) * t[:rows]).sin(), "mlp")(h)
+
+    with remat.use_plan(plan, strict=False):
+        y = remat.checkpoint(region_name="layers.0")(narrowing_block)(batch(), weights[0], weights[1])
+        with pytest.raises(ValueError, match=r"region 'layers\.0::mlp': recompute ran op 0 "
+                                             r"\(remat_op_plans::counted_mm\) on inputs \[4, 64\] float32, "
+                                             r"\[64, 64\] float32, where forward ran it on \[8, 64\] float32"):
+            y.sum().backward()
+
+
+def test_a_checkpoint_run_without_gradients_under_a_per_op_plan_keeps_nothing(measured):
+    plan = matmuls_dear(measured).plan(budget_bytes=measured.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
+    weights = make_weights()
+    x = batch()
+    with torch.no_grad():
+        expected = plain(x, weights)
+        with remat.use_plan(plan):
+            got = model(x, weights)
+            assert held_storages() == {}
+    assert torch.equal(got, expected)
 
 
 def test_per_op_plans_refuse_grouped_budgets_and_peaks_without_the_steps_memory(measured):

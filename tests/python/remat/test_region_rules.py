@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import remat
+from remat._plans import live_checkpoint_bytes
 
 
 def grad_of(body, x):
@@ -250,8 +251,9 @@ class CountingProducer(torch.autograd.Function):
 
 def test_a_save_region_saving_a_view_of_an_input_recompute_recreates_does_not_keep_it():
     # The save region's linear-like op saves a slice of its input; the input is a recompute
-    # region's output, so recompute makes it again: forward keeps nothing for it (as torch_remat),
-    # backward takes the slice from the recomputed input.
+    # region's output, so recompute, which runs anyway (sin's input is dropped), makes it again:
+    # forward keeps nothing for it (as torch_remat), backward takes the slice from the recomputed
+    # input. (Where nothing else is recomputed it is kept instead: test_budget_plans.)
     reports = []
 
     def consumer(y):
@@ -261,7 +263,7 @@ def test_a_save_region_saving_a_view_of_an_input_recompute_recreates_does_not_ke
         return out + w
 
     def body(t):
-        y = remat.region(CountingProducer.apply, "producer")(t)
+        y = remat.region(CountingProducer.apply, "producer")(t.sin())
         result = remat.region(consumer, "consumer", recompute=False)(y)
         if not remat.is_recomputing():
             reports.append(remat.format_current_memory_report())
@@ -271,10 +273,36 @@ def test_a_save_region_saving_a_view_of_an_input_recompute_recreates_does_not_ke
     x = torch.rand(3, 4)
     got = grad_of(checkpointed("ferry", body), x)
     assert CountingProducer.runs == 2  # forward, and recompute recreating y
-    expected = grad_of(lambda t: (lambda y: y[:, :2].exp() + y[:, :2] * y[:, 2:])(t * 3.0), x)
+    expected = grad_of(lambda t: (lambda y: y[:, :2].exp() + y[:, :2] * y[:, 2:])(t.sin() * 3.0), x)
     assert torch.allclose(got, expected)
     # Kept by the save region: exp's result only (3x2 floats), not y or its views.
     assert "ferry::consumer: 24 B" in reports[0]
+
+
+@pytest.mark.parametrize("widen, producer_runs", [(1, 1), (3, 2)])
+def test_where_nothing_else_is_recomputed_a_ferried_input_is_kept_unless_that_keeps_more(widen, producer_runs):
+    # Recompute would run only to make y again for the consumer (the producer saves nothing): y is
+    # kept instead, as autograd keeps it without the checkpoint, where that keeps no more than
+    # recompute needs to make it (the input, 3x4 floats); a y three times as wide is made again.
+    runs = []
+
+    def producer(u):
+        runs.append(remat.is_recomputing())
+        return u.repeat(1, widen) * 3.0  # saves nothing
+
+    def body(t):
+        y = remat.region(producer, "producer")(t)
+        return remat.region(lambda v: v * v, "consumer", recompute=False)(y)  # mul saves y
+
+    leaf = torch.rand(3, 4, requires_grad=True)
+    out = remat.checkpoint(region_name="ferry")(body)(leaf * 1.0)
+    kept = live_checkpoint_bytes()
+    out.sum().backward()
+    assert len(runs) == producer_runs
+    assert kept == 3 * 4 * 4 * (widen if producer_runs == 1 else 1)  # y, or the input
+    plain = leaf.detach().clone().requires_grad_(True)
+    body(plain * 1.0).sum().backward()  # outside a checkpoint regions are their bodies
+    assert torch.equal(leaf.grad, plain.grad)
 
 
 def test_an_input_recompute_recreates_with_another_layout_is_a_clear_error():
@@ -290,7 +318,7 @@ def test_an_input_recompute_recreates_with_another_layout_is_a_clear_error():
             return grad * 3.0
 
     def body(t):
-        y = remat.region(Drifting.apply, "producer")(t)
+        y = remat.region(Drifting.apply, "producer")(t.sin())  # sin's input dropped: recompute runs
         return remat.region(lambda u: u[:1] * u[1:], "consumer", recompute=False)(y)  # mul saves both views
 
     y = remat.checkpoint(region_name="drift")(body)(torch.rand(2, requires_grad=True) * 1.0)

@@ -12,6 +12,7 @@ import torch
 
 import remat
 import remat_alloc
+from remat._plans import live_checkpoint_bytes
 
 N = 1000  # elements per tensor
 FLOAT = 4  # bytes per float32 element
@@ -98,20 +99,20 @@ def test_resident_bytes_and_recomputed_regions_match_the_table(tagged, a_saves, 
 
 def test_inputs_of_a_checkpoint_that_starts_saving_are_dropped_from_its_next_call(tagged):
     # A checkpoint whose last call ran no save region keeps every input without watching which
-    # are read. When it runs save regions again, that call still keeps them; the next one drops
-    # an input that only save regions read, as the table says.
+    # are read. When it runs a save region again (A saved, B recomputed), that call still keeps
+    # them; the next one drops an input that only save regions read, as the table says.
     w = (torch.rand(N) * 0.1).requires_grad_(True)
     chain = Chain("residency.starts-saving", False, False)
     x_bytes = N * FLOAT
     calls = [
         (False, x_bytes),  # recompute/recompute: x
-        (True, 4 * N * FLOAT + x_bytes),  # save/save: y, z, p, q, and x kept as before
-        (True, 4 * N * FLOAT),  # save/save: y, z, p, q
+        (True, 2 * N * FLOAT + x_bytes),  # save/recompute: y, p, and x kept as before
+        (True, 2 * N * FLOAT),  # save/recompute: y, p
     ]
     for saves, expected in calls:
-        chain.a_saves = chain.b_saves = saves
+        chain.a_saves = saves
         loss = run_with_fresh_input(chain, w)
-        assert chain.resident_bytes() == expected, "save/save" if saves else "recompute/recompute"
+        assert chain.resident_bytes() == expected, "save/recompute" if saves else "recompute/recompute"
         w.grad = None
         loss.backward()
         assert torch.equal(w.grad, reference_grad(w))
@@ -214,3 +215,57 @@ def test_tag_cpu_tensors_tags_only_while_in_force_and_frees_through_it_afterward
     del tagged  # freed through the tagging allocator even after the guard
     assert remat.live_bytes("guarded") == 0
     assert untagged.numel() == 100
+
+
+def residual_step(weights, recomputes, checkpointed):
+    """(x, the output) of two layers of a decoder layer's shape, each a checkpoint where
+    `checkpointed`: a norm, attention (a matmul and dropout), the residual sum made by code between
+    regions, a second norm that saves that sum, the MLP, the second residual. Every region saved."""
+    def rms(t):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    def layer(h):
+        if remat.is_recomputing():
+            recomputes.append(h.shape)
+        n = remat.region(rms, "input_layernorm", recompute=False)(h)
+        a = remat.region(lambda t: torch.nn.functional.dropout(t @ weights[0], 0.25), "self_attn", recompute=False)(n)
+        r = h + a
+        m = remat.region(rms, "post_attention_layernorm", recompute=False)(r)
+        return r + remat.region(lambda t: (t @ weights[1]).sin(), "mlp", recompute=False)(m)
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 64, requires_grad=True)
+    torch.manual_seed(1)  # the dropout masks
+    h = x * 1.0
+    for index in range(2):
+        h = remat.checkpoint(region_name=f"residual.{index}")(layer)(h) if checkpointed else layer(h)
+    return x, h
+
+
+def test_an_all_saved_residual_layer_keeps_what_autograd_keeps_and_recomputes_nothing():
+    # Each layer's second norm saves the residual sum, made between regions. With every region
+    # saved the checkpoint keeps that sum (not attention's output, to make it again), and no input
+    # or output nothing reads again: it keeps what autograd keeps without it, and backward runs no
+    # recompute; the gradients, dropout's included, are bitwise those without checkpointing.
+    torch.manual_seed(2)
+    weights = [torch.randn(64, 64, requires_grad=True) for _ in range(2)]
+    recomputes = []
+    saved = {}  # what autograd saves without checkpoints, parameters left out, each storage once
+
+    def pack(t):
+        if not (t.is_leaf and t.requires_grad):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        x_plain, out_plain = residual_step(weights, recomputes, checkpointed=False)
+    expected = torch.autograd.grad(out_plain.sum(), [x_plain, *weights])
+    autograd_bytes = sum(saved.values())
+    del out_plain
+
+    x, out = residual_step(weights, recomputes, checkpointed=True)
+    kept = live_checkpoint_bytes()
+    got = torch.autograd.grad(out.sum(), [x, *weights])
+    assert recomputes == []
+    assert kept == autograd_bytes, (kept, autograd_bytes)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))

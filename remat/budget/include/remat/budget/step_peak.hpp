@@ -38,6 +38,9 @@ struct StepRegion {
   // Profiles with per-op figures: the ops of the region a plan may keep, each with the storages it
   // made. A recomputed region keeping some of them keeps those storages from forward to backward.
   std::vector<StepOp> ops;
+  // Of `kept`, the casts of leaves (parameters' weights cast to bfloat16, say) autocast's cast cache
+  // holds until its block ends: alive until the step's backward begins whatever the plan.
+  std::vector<std::uint32_t> autocast_cached;
 };
 
 struct StepCheckpoint {  // one call of a checkpoint
