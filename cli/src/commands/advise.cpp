@@ -11,6 +11,7 @@
 
 #include <remat/budget/budget_text.hpp>
 #include <remat/budget/offload_plan.hpp>
+#include <remat/budget/op_plan.hpp>
 #include <remat/budget/plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
@@ -39,6 +40,7 @@ struct AdviseOptions {
   std::string peak;
   std::string host_budget;
   bool group = false;
+  bool ops = false;
   std::size_t steps = 8;
   std::string svg;
 };
@@ -94,8 +96,15 @@ Report plan_report(const budget::Plan& plan) {
   for (std::size_t r = 0; r < plan.regions.size(); ++r) {
     const auto& [region, choice] = plan.regions[r];
     const bool offloaded = !plan.offloaded.empty() && plan.offloaded[r];
-    regions.rows.push_back({Cell::name(region.name), Cell::bytes(region.saved_bytes), Cell::real(region.seconds),
-                            Cell::text(offloaded ? "offload" : std::string(budget::to_string(choice)))});
+    std::string decision = offloaded ? "offload" : std::string(budget::to_string(choice));
+    if (!plan.kept_ops.empty() && !plan.kept_ops[r].empty()) {  // as plan.format() writes it
+      decision += fmt::format(", keeping {} op(s): ", plan.kept_ops[r].size());
+      for (std::size_t o = 0; o < plan.kept_ops[r].size(); ++o) {
+        decision += fmt::format("{}{} {}", o == 0 ? "" : ", ", plan.kept_ops[r][o].index, plan.kept_ops[r][o].op);
+      }
+    }
+    regions.rows.push_back(
+        {Cell::name(region.name), Cell::bytes(region.saved_bytes), Cell::real(region.seconds), Cell::text(decision)});
   }
   report.tables.push_back(std::move(regions));
   for (const auto& [region, choice] : plan.regions) {
@@ -181,6 +190,9 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       "needs --budget or --peak");
   command->add_flag("--group", opts->group,
                     "Plan regions whose names differ only in numbers as one (layers.*::attn), as plan(group=True)");
+  command->add_flag("--ops", opts->ops,
+                    "Plan per op: a recomputed region may keep the outputs of chosen ops, as plan(..., ops=True); "
+                    "needs a profile with per-op figures (remat.profile_regions(ops=True)) and --budget or --peak");
   command->add_option("--steps", opts->steps, "Budgets on the frontier without --budget (default 8)")
       ->check(whole_number(2, 1000, "budgets on the frontier"));
   auto* svg_option = command->add_option(
@@ -210,12 +222,23 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       }
       host_budget = opts->host_budget == "0" ? 0 : parse_host_budget(opts->host_budget);
     }
+    if (opts->ops) {
+      if (!has_budget) throw UsageError("--ops needs --budget (what the checkpoints keep) or --peak (the step's peak)");
+      if (opts->group) throw UsageError("--ops keeps ops of regions as measured: drop --group, or --ops");
+      if (host_budget) throw UsageError("--ops plans without offload: drop --host-budget, or --ops");
+      if (draw) throw UsageError("--svg draws plans without kept ops: drop --svg, or --ops");
+    }
     const std::string source = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
     budget::RegionProfile profile;
     try {
       profile = budget::profile_from_json(read_profile_text(opts->file), source);
     } catch (const budget::BudgetError& error) {
       throw InputError(error.what());
+    }
+    if (opts->ops && std::none_of(profile.regions.begin(), profile.regions.end(),
+                                  [](const budget::RegionCost& region) { return !region.ops.empty(); })) {
+      throw UsageError("--ops needs per-op figures, which " + printable(source) +
+                       " does not have: profile with remat.profile_regions(ops=True)");
     }
     if (opts->group) {
       try {
@@ -240,7 +263,9 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     budget::Plan plan;
     try {
       plan = by_peak && host_budget ? budget::solve_peak_offload(profile, budget_bytes, *host_budget)
+             : by_peak && opts->ops ? budget::solve_peak_ops(profile, budget_bytes)
              : by_peak              ? budget::solve_peak(profile, budget_bytes)
+             : opts->ops            ? budget::solve_ops(profile, budget_bytes)
              : host_budget ? budget::solve_offload(profile, budget_bytes, *host_budget)
                            : budget::solve(profile, budget_bytes);
     } catch (const budget::BudgetError& error) {

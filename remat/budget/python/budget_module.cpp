@@ -95,6 +95,14 @@ PYBIND11_MODULE(_budget, m) {
       py::arg("profile"), py::arg("peak_bytes"), py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "The remat-plan dump of the fastest plan whose predicted step peak is within peak_bytes.");
   m.def(
+      "plan_by_peak_ops",
+      [](const RegionProfile& profile, std::uint64_t peak_bytes) {
+        return plan_to_json(solve_peak_ops(profile, peak_bytes));
+      },
+      py::arg("profile"), py::arg("peak_bytes"), py::call_guard<py::gil_scoped_release>(),
+      "The remat-plan dump of the fastest per-op plan whose predicted step peak, kept ops counted, is within "
+      "peak_bytes.");
+  m.def(
       "plan_by_peak_offload",
       [](const RegionProfile& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes) {
         return plan_to_json(solve_peak_offload(profile, peak_bytes, host_budget_bytes));
@@ -119,7 +127,8 @@ PYBIND11_MODULE(_budget, m) {
   m.def(
       "predict_peak",
       [](const RegionProfile& profile, const std::map<std::string, bool>& recompute_by_region, bool group,
-         const std::map<std::string, bool>& offloaded_by_region) {
+         const std::map<std::string, bool>& offloaded_by_region,
+         const std::map<std::string, std::vector<std::uint32_t>>& kept_ops_by_region) {
         return solved(profile, group, [&](const RegionProfile& parsed) {
           std::vector<Choice> choices;
           std::vector<std::string> missing;
@@ -147,6 +156,14 @@ PYBIND11_MODULE(_budget, m) {
                               " region(s) the profile" + (group ? " (grouped by pattern)" : "") +
                               " does not have: " + listed(unknown));
           }
+          if (!kept_ops_by_region.empty()) {
+            KeptOps kept;
+            for (const RegionCost& region : parsed.regions) {
+              const auto found = kept_ops_by_region.find(region.name);
+              kept.push_back(found == kept_ops_by_region.end() ? std::vector<std::uint32_t>{} : found->second);
+            }
+            return predict_step_peak(parsed, choices, kept);
+          }
           if (offloaded_by_region.empty()) return predict_step_peak(parsed, choices);
           std::vector<bool> offloaded;
           for (const RegionCost& region : parsed.regions) {
@@ -157,9 +174,12 @@ PYBIND11_MODULE(_budget, m) {
         });
       },
       py::arg("profile"), py::arg("recompute_by_region"), py::arg("group"),
-      py::arg("offloaded_by_region") = std::map<std::string, bool>{}, py::call_guard<py::gil_scoped_release>(),
+      py::arg("offloaded_by_region") = std::map<std::string, bool>{},
+      py::arg("kept_ops_by_region") = std::map<std::string, std::vector<std::uint32_t>>{},
+      py::call_guard<py::gil_scoped_release>(),
       "The predicted step peak with each region of the profile (grouped by pattern when group) recomputed or "
-      "saved as recompute_by_region says, and offloaded where offloaded_by_region says so.");
+      "saved as recompute_by_region says, offloaded where offloaded_by_region says so, and keeping the ops (by "
+      "index) kept_ops_by_region names.");
   m.def(
       "frontier",
       [](const RegionProfile& profile, std::size_t steps, bool group) {

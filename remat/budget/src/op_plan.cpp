@@ -16,6 +16,7 @@
 #include <remat/budget/op_plan.hpp>
 
 #include "bytes_text.hpp"
+#include "op_plan_of.hpp"
 #include "plannable.hpp"
 
 #include <algorithm>
@@ -432,16 +433,28 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
   double bound = 0;
   const OpSolver::Choice chosen = solver.solve(exact, bound);
 
-  Plan plan;
-  plan.budget_bytes = budget_bytes;
-  plan.base_bytes = profile.base_bytes;
-  plan.kept_ops.resize(profile.regions.size());
+  std::vector<std::vector<OpCost>> kept(profile.regions.size());
   for (std::size_t k = 0; k < groups.size(); ++k) {
     const RegionCost& region = profile.regions[groups[k].region];
     if (chosen.mode[k] == Mode::save) choices[groups[k].region] = Choice::save;
     if (chosen.mode[k] != Mode::ops) continue;
-    for (const std::size_t o : chosen.kept[k]) plan.kept_ops[groups[k].region].push_back(region.ops[o]);
+    for (const std::size_t o : chosen.kept[k]) kept[groups[k].region].push_back(region.ops[o]);
   }
+  Plan plan = detail::op_plan_of(profile, choices, std::move(kept));
+  plan.budget_bytes = budget_bytes;
+  plan.exact = exact;
+  plan.least_recompute_seconds =
+      exact ? plan.recompute_seconds : std::max(0.0, plan.recompute_seconds - (bound - chosen.value));
+  return plan;
+}
+
+namespace detail {
+
+Plan op_plan_of(const RegionProfile& profile, const std::vector<Choice>& choices,
+                std::vector<std::vector<OpCost>> kept) {
+  Plan plan;
+  plan.base_bytes = profile.base_bytes;
+  plan.kept_ops = std::move(kept);
   plan.kept_bytes = profile.base_bytes;
   for (std::size_t r = 0; r < profile.regions.size(); ++r) {
     RegionCost region = profile.regions[r];
@@ -455,13 +468,12 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
     if (plan.kept_ops[r].empty()) region.op_overhead_seconds = 0;
     plan.regions.emplace_back(std::move(region), choices[r]);
   }
-  if (std::all_of(plan.kept_ops.begin(), plan.kept_ops.end(), [](const auto& kept) { return kept.empty(); })) {
+  if (std::all_of(plan.kept_ops.begin(), plan.kept_ops.end(), [](const auto& ops) { return ops.empty(); })) {
     plan.kept_ops.clear();
   }
-  plan.exact = exact;
-  plan.least_recompute_seconds =
-      exact ? plan.recompute_seconds : std::max(0.0, plan.recompute_seconds - (bound - chosen.value));
   return plan;
 }
+
+}  // namespace detail
 
 }  // namespace remat::budget

@@ -76,6 +76,22 @@ void for_each_entry(const Json& object, const char* key, std::string_view source
   }
 }
 
+// A region's "ops": each op's index (ascending, each once) and the storages it made.
+std::vector<StepOp> ops_of(const Json& region, std::string_view source, const std::string& path) {
+  std::vector<StepOp> ops;
+  for_each_entry(region, "ops", source, path, [&](const Json& entry, const std::string& at) {
+    const std::uint64_t index = count_of(member(entry, "index", source, at), source, at + ".index");
+    if (index > UINT32_MAX) refuse(source, at + ".index", "is past the largest op index");
+    if (!ops.empty() && index <= ops.back().index) {
+      refuse(source, at + ".index",
+             "is " + std::to_string(index) + ", not after the op before it (" + std::to_string(ops.back().index) +
+                 "): a region's ops are listed once each, in the order it ran them; profile the step again");
+    }
+    ops.push_back({static_cast<std::uint32_t>(index), ids_of(entry, "outputs", source, at)});
+  });
+  return ops;
+}
+
 }  // namespace
 
 void write_step(alloc::JsonWriter& json, const StepMemory& step) {
@@ -98,6 +114,15 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
       write_ids(json, "outputs", region.outputs);
       json.field("transient_bytes", region.transient_bytes);
       if (!region.offload_kept.empty()) write_ids(json, "offload_kept", region.offload_kept);
+      if (!region.ops.empty()) {
+        json.key("ops").begin_array();
+        for (const StepOp& op : region.ops) {
+          json.begin_object().field("index", static_cast<std::uint64_t>(op.index));
+          write_ids(json, "outputs", op.outputs);
+          json.end_object();
+        }
+        json.end_array();
+      }
       if (!region.autocast_cached.empty()) write_ids(json, "autocast_cached", region.autocast_cached);
       json.end_object();
     }
@@ -138,6 +163,7 @@ StepMemory read_step(const Json& value, std::string_view source) {
       region.outputs = ids_of(listed, "outputs", source, in);
       region.transient_bytes = bytes_in(listed, "transient_bytes", source, in);
       if (listed.contains("offload_kept")) region.offload_kept = ids_of(listed, "offload_kept", source, in);
+      if (listed.contains("ops")) region.ops = ops_of(listed, source, in);
       if (listed.contains("autocast_cached")) {
         region.autocast_cached = ids_of(listed, "autocast_cached", source, in);
       }

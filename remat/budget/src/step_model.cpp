@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 namespace remat::budget::detail {
 
@@ -104,6 +105,12 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
     }
     if (segment.forward >= 0) forward_end_[static_cast<std::size_t>(segment.forward)] = s + 1;
   }
+  std::vector<std::size_t> forward_seen(step.checkpoints.size(), 0);
+  forward_place_.assign(step.segments.size(), 0);
+  for (std::size_t s = 0; s < step.segments.size(); ++s) {
+    if (step.segments[s].forward >= 0)
+      forward_place_[s] = forward_seen[static_cast<std::size_t>(step.segments[s].forward)]++;
+  }
   backward_begins_ = first_backward_.empty() ? step.segments.size()
                                               : *std::min_element(first_backward_.begin(), first_backward_.end());
   for (const StepCheckpoint& call : step.checkpoints) {
@@ -113,23 +120,37 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
     }
   }
   const std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
-  saved_sets_ = kept_sets(all_saved, {});
+  saved_sets_ = kept_sets(all_saved, {}, nullptr);
   for (std::size_t s = 0; s < step.segments.size(); ++s) {
     saved_alive_.push_back(alive_bytes(s, saved_sets_, {}, nullptr));
   }
 }
 
-std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded) {
-  const std::vector<std::vector<std::uint32_t>> sets = kept_sets(choices, offloaded);
+std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded,
+                              const KeptOps* kept_ops) {
+  std::vector<std::vector<std::uint32_t>> sets = kept_sets(choices, offloaded, kept_ops);
   const bool offloads = std::find(offloaded.begin(), offloaded.end(), true) != offloaded.end();
   const Offload offload = offloads ? offload_of(offloaded) : Offload{};
   std::uint64_t peak = 0;
   for (std::size_t s = 0; s < step_.segments.size(); ++s) {
     const StepSegment& segment = step_.segments[s];
-    const std::vector<std::uint32_t> recomputed =
-        segment.backward >= 0 ? recomputed_saved(static_cast<std::size_t>(segment.backward), choices)
-                              : std::vector<std::uint32_t>{};
-    const std::uint64_t alive = alive_bytes(s, sets, recomputed, offloads ? &offload : nullptr);
+    std::vector<std::uint32_t> also_alive;
+    // In its own backward a call hands its kept ops' outputs to recompute, which lets go of those
+    // backward does not need once they are used (as a recompute without kept ops would): there it
+    // keeps what it would keep without them, beside what recompute brings back.
+    const bool own_backward = segment.backward >= 0 && kept_ops != nullptr;
+    std::vector<std::uint32_t> with_kept_ops;
+    if (segment.backward >= 0) {
+      const auto k = static_cast<std::size_t>(segment.backward);
+      also_alive = recomputed_saved(k, choices);
+      if (own_backward) {
+        with_kept_ops = std::exchange(sets[k], kept_set(k, choices, offloaded, nullptr));
+      }
+    } else if (segment.forward >= 0 && kept_ops != nullptr) {
+      also_alive = kept_in_forward(s, choices, *kept_ops);
+    }
+    const std::uint64_t alive = alive_bytes(s, sets, also_alive, offloads ? &offload : nullptr);
+    if (own_backward) sets[static_cast<std::size_t>(segment.backward)] = std::move(with_kept_ops);
     std::uint64_t top = segment.peak_bytes;
     if (segment.backward >= 0) {
       top = std::max(top, add_bytes(segment.start_bytes,
@@ -148,49 +169,92 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
 // takes, or all of them where a recomputed region takes something no region made and the call was
 // not given (code outside the regions made it from the inputs). An offloaded region runs saved
 // (recompute recreates neither it nor its outputs) and keeps here only what the offloader leaves
-// as it is (offload_kept); the rest is on the host.
+// as it is (offload_kept); the rest is on the host. A recomputed region keeping ops keeps what they
+// made as well.
 std::vector<std::vector<std::uint32_t>> StepModel::kept_sets(const std::vector<Choice>& choices,
-                                                             const std::vector<bool>& offloaded) const {
+                                                             const std::vector<bool>& offloaded,
+                                                             const KeptOps* kept_ops) const {
   std::vector<std::vector<std::uint32_t>> sets;
-  for (std::size_t k = 0; k < step_.checkpoints.size(); ++k) {
-    const StepCheckpoint& call = step_.checkpoints[k];
-    std::vector<std::uint32_t> set = call.kept_inputs;
-    std::vector<std::uint32_t> not_recreated = call.inputs;
-    std::vector<std::uint32_t> made;  // every region's outputs
-    bool recomputes = false;
-    for (std::size_t r = 0; r < call.regions.size(); ++r) {
-      made.insert(made.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
-      if (choices[indexes_[k][r]] == Choice::save) {
-        not_recreated.insert(not_recreated.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
-      } else {
-        recomputes = true;
-      }
+  for (std::size_t k = 0; k < step_.checkpoints.size(); ++k) sets.push_back(kept_set(k, choices, offloaded, kept_ops));
+  return sets;
+}
+
+std::vector<std::uint32_t> StepModel::kept_set(std::size_t k, const std::vector<Choice>& choices,
+                                               const std::vector<bool>& offloaded, const KeptOps* kept_ops) const {
+  const StepCheckpoint& call = step_.checkpoints[k];
+  std::vector<std::uint32_t> set = call.kept_inputs;
+  std::vector<std::uint32_t> not_recreated = call.inputs;
+  std::vector<std::uint32_t> made;  // every region's outputs
+  bool recomputes = false;
+  for (std::size_t r = 0; r < call.regions.size(); ++r) {
+    made.insert(made.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
+    if (choices[indexes_[k][r]] == Choice::save) {
+      not_recreated.insert(not_recreated.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
+    } else {
+      recomputes = true;
     }
-    for (std::size_t r = 0; r < call.regions.size(); ++r) {
-      const StepRegion& region = call.regions[r];
-      const std::size_t index = indexes_[k][r];
-      if (choices[index] == Choice::save) {
-        if (!offloaded.empty() && offloaded[index]) {
-          set.insert(set.end(), region.offload_kept.begin(), region.offload_kept.end());
-          continue;
-        }
-        for (const std::uint32_t id : region.kept) {
-          const bool recreated = recomputes && contains(region.inputs, id) && !contains(not_recreated, id);
-          if (!recreated) set.push_back(id);
-        }
+  }
+  for (std::size_t r = 0; r < call.regions.size(); ++r) {
+    const StepRegion& region = call.regions[r];
+    const std::size_t index = indexes_[k][r];
+    if (choices[index] == Choice::save) {
+      if (!offloaded.empty() && offloaded[index]) {
+        set.insert(set.end(), region.offload_kept.begin(), region.offload_kept.end());
         continue;
       }
-      for (const std::uint32_t id : region.inputs) {
-        if (contains(call.inputs, id)) {
-          set.push_back(id);
-        } else if (!contains(made, id)) {
-          set.insert(set.end(), call.inputs.begin(), call.inputs.end());
-        }
+      for (const std::uint32_t id : region.kept) {
+        const bool recreated = recomputes && contains(region.inputs, id) && !contains(not_recreated, id);
+        if (!recreated) set.push_back(id);
+      }
+      continue;
+    }
+    for (const std::uint32_t id : region.inputs) {
+      if (contains(call.inputs, id)) {
+        set.push_back(id);
+      } else if (!contains(made, id)) {
+        set.insert(set.end(), call.inputs.begin(), call.inputs.end());
       }
     }
-    sets.push_back(std::move(set));
+    if (kept_ops != nullptr && !(*kept_ops)[index].empty()) {
+      const std::vector<std::uint32_t> outputs = kept_op_outputs(k, r, (*kept_ops)[index]);
+      set.insert(set.end(), outputs.begin(), outputs.end());
+    }
   }
-  return sets;
+  return set;
+}
+
+std::vector<std::uint32_t> StepModel::kept_op_outputs(std::size_t k, std::size_t r,
+                                                      const std::vector<std::uint32_t>& kept) const {
+  const StepRegion& region = step_.checkpoints[k].regions[r];
+  std::vector<std::uint32_t> outputs;
+  for (const std::uint32_t index : kept) {
+    const auto op =
+        std::find_if(region.ops.begin(), region.ops.end(), [&](const StepOp& o) { return o.index == index; });
+    if (op == region.ops.end()) {
+      throw BudgetError("the profile's step does not list op " + std::to_string(index) + " of region '" + region.name +
+                        "' (checkpoint call " + std::to_string(k) +
+                        "), so what keeping it holds through the step is unknown: profile the step with "
+                        "remat.profile_regions(ops=True) and its tensors counted, then plan by peak with ops=True");
+    }
+    outputs.insert(outputs.end(), op->outputs.begin(), op->outputs.end());
+  }
+  return outputs;
+}
+
+// The profiled step ran every region saved, so what a region's ops made and its backward does not
+// need was freed there; a plan keeping such an op holds it from the region's return on.
+std::vector<std::uint32_t> StepModel::kept_in_forward(std::size_t s, const std::vector<Choice>& choices,
+                                                      const KeptOps& kept_ops) const {
+  const auto k = static_cast<std::size_t>(step_.segments[s].forward);
+  std::vector<std::uint32_t> outputs;
+  const StepCheckpoint& call = step_.checkpoints[k];
+  for (std::size_t r = 0; r < call.regions.size() && forward_place_[s] >= 2 * r + 2; ++r) {
+    const std::size_t index = indexes_[k][r];
+    if (choices[index] == Choice::save || kept_ops[index].empty()) continue;
+    const std::vector<std::uint32_t> made = kept_op_outputs(k, r, kept_ops[index]);
+    outputs.insert(outputs.end(), made.begin(), made.end());
+  }
+  return outputs;
 }
 
 // What recompute brings back in call k's backward: what the regions it recomputes keep while
@@ -248,12 +312,12 @@ StepModel::Offload StepModel::offload_of(const std::vector<bool>& offloaded) con
 
 // Bytes of the storages alive in segment `s` because of checkpoints: what the live calls keep,
 // what the call whose forward runs took as input, the outputs code outside holds, in a call's
-// backward what recompute brings back (`recomputed`), and what the offloader holds on the device.
-// Before the step's backward begins, the casts of leaves autocast's cache holds (autocast_cached)
-// stay whatever the plan: a recomputed region frees its weights' casts only when the autocast
-// block ends, which a loop's forward runs in.
+// backward what recompute brings back and in a forward what kept ops hold (`also_alive`), and what
+// the offloader holds on the device. Before the step's backward begins, the casts of leaves
+// autocast's cache holds (autocast_cached) stay whatever the plan: a recomputed region frees its
+// weights' casts only when the autocast block ends, which a loop's forward runs in.
 std::uint64_t StepModel::alive_bytes(std::size_t s, const std::vector<std::vector<std::uint32_t>>& sets,
-                                     const std::vector<std::uint32_t>& recomputed, const Offload* offload) {
+                                     const std::vector<std::uint32_t>& also_alive, const Offload* offload) {
   const StepSegment& segment = step_.segments[s];
   ++generation_;
   std::uint64_t total = 0;
@@ -276,7 +340,7 @@ std::uint64_t StepModel::alive_bytes(std::size_t s, const std::vector<std::vecto
   if (segment.forward >= 0) {
     for (const std::uint32_t id : step_.checkpoints[static_cast<std::size_t>(segment.forward)].inputs) add(id);
   }
-  for (const std::uint32_t id : recomputed) add(id);
+  for (const std::uint32_t id : also_alive) add(id);
   if (offload != nullptr) {
     for (const std::uint32_t k : segment.live) {
       if (s >= offload->back_from[k]) {

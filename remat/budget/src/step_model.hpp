@@ -35,9 +35,11 @@ class StepModel {
  public:
   StepModel(const RegionProfile& profile, const StepMemory& step);
 
-  // The predicted step peak with `choices` (one per region of the profile, in its order) and
-  // `offloaded` (empty: none; else one per region, true for a region saved and offloaded).
-  std::uint64_t peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded = {});
+  // The predicted step peak with `choices` (one per region of the profile, in its order),
+  // `offloaded` (empty: none; else one per region, true for a region saved and offloaded) and
+  // `kept_ops` (none, or the ops each recomputed region keeps).
+  std::uint64_t peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded = {},
+                     const KeptOps* kept_ops = nullptr);
 
  private:
   // Where offloaded regions' bytes are on the device, per checkpoint call (step_model.cpp says when).
@@ -49,12 +51,20 @@ class StepModel {
   };
 
   std::vector<std::vector<std::uint32_t>> kept_sets(const std::vector<Choice>& choices,
-                                                    const std::vector<bool>& offloaded) const;
+                                                    const std::vector<bool>& offloaded, const KeptOps* kept_ops) const;
+  std::vector<std::uint32_t> kept_set(std::size_t k, const std::vector<Choice>& choices,
+                                      const std::vector<bool>& offloaded, const KeptOps* kept_ops) const;
+  // The storages the ops `kept` of region r of call k made.
+  std::vector<std::uint32_t> kept_op_outputs(std::size_t k, std::size_t r,
+                                             const std::vector<std::uint32_t>& kept) const;
+  // In a segment of call k's forward, the kept ops' storages of its regions that have returned.
+  std::vector<std::uint32_t> kept_in_forward(std::size_t s, const std::vector<Choice>& choices,
+                                             const KeptOps& kept_ops) const;
   std::vector<std::uint32_t> recomputed_saved(std::size_t k, const std::vector<Choice>& choices) const;
   std::uint64_t recompute_transient(std::size_t k, const std::vector<Choice>& choices) const;
   Offload offload_of(const std::vector<bool>& offloaded) const;
   std::uint64_t alive_bytes(std::size_t s, const std::vector<std::vector<std::uint32_t>>& sets,
-                            const std::vector<std::uint32_t>& recomputed, const Offload* offload);
+                            const std::vector<std::uint32_t>& also_alive, const Offload* offload);
 
   const RegionProfile& profile_;
   const StepMemory& step_;
@@ -63,6 +73,10 @@ class StepModel {
   std::vector<std::vector<std::pair<std::uint32_t, std::int64_t>>> held_until_;
   std::vector<std::size_t> first_backward_;  // per call: its first backward segment (none: segments' count)
   std::vector<std::size_t> forward_end_;     // per call: the segment after its last forward one
+  // Per segment of a call's forward: how many of that call's forward segments came before it. The
+  // profile cuts a call's forward at each region's entry and exit, so region r has returned from
+  // the segment numbered 2r + 2 on.
+  std::vector<std::size_t> forward_place_;
   std::size_t backward_begins_ = 0;          // the step's first backward segment (none: segments' count)
   std::vector<std::vector<std::uint32_t>> cached_;  // per call: its regions' autocast_cached
   std::vector<std::vector<std::uint32_t>> saved_sets_;

@@ -50,6 +50,9 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
       check_ids(call.regions[r].inputs, at + ".inputs");
       check_ids(call.regions[r].outputs, at + ".outputs");
       check_ids(call.regions[r].offload_kept, at + ".offload_kept");
+      for (std::size_t o = 0; o < call.regions[r].ops.size(); ++o) {
+        check_ids(call.regions[r].ops[o].outputs, at + ".ops[" + std::to_string(o) + "].outputs");
+      }
       check_ids(call.regions[r].autocast_cached, at + ".autocast_cached");
     }
   }
@@ -90,6 +93,22 @@ std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<
   }
   detail::StepModel model(profile, step_of(profile));
   return model.peak(choices, offloaded);
+}
+
+std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
+                                const KeptOps& kept_ops) {
+  if (kept_ops.size() != choices.size()) {
+    throw BudgetError("predict_step_peak: kept ops of " + std::to_string(kept_ops.size()) + " regions for " +
+                      std::to_string(choices.size()) + " choices");
+  }
+  for (std::size_t r = 0; r < choices.size(); ++r) {
+    if (!kept_ops[r].empty() && choices[r] != Choice::recompute) {
+      throw BudgetError("predict_step_peak: region '" + profile.regions[r].name +
+                        "' is saved and keeps ops; a region keeps ops only while it recomputes");
+    }
+  }
+  detail::StepModel model(profile, step_of(profile));
+  return model.peak(choices, {}, &kept_ops);
 }
 
 namespace detail {

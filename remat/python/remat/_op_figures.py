@@ -176,14 +176,16 @@ def _describe(tensor):
 
 
 class OpMeter(TorchDispatchMode):
-    """Numbers, times and sizes the ops of one region's forward (module docstring). After the
+    """Numbers, times and sizes the ops of one region's forward (module docstring), telling
+    on_op(index, outputs) of each op it lists (the step's record of what the op made). After the
     block: ops (the keepable ones, as the region-profile dump lists them; figures=True), count
     (the numbered ops), intercepted (every op the mode saw, views and copies included),
     own_seconds (the meter's time around the ops, to take out of the region's), must_save (why
     the region's recompute would not give back what its forward gave, or None)."""
 
-    def __init__(self, cuda=False, figures=True):
+    def __init__(self, cuda=False, figures=True, on_op=None):
         super().__init__()
+        self._on_op = on_op  # called with (index, outputs) for each op listed in ops
         self.ops = []
         self.count = 0
         self.intercepted = 0
@@ -270,6 +272,8 @@ class OpMeter(TorchDispatchMode):
             entry = {"index": index, "op": op_name(func), "bytes": sum(storages.values()),
                      "seconds": (finished - started) / 1e9}
             self.ops.append(entry)
+            if self._on_op is not None:
+                self._on_op(index, out)
             if self._cuda:
                 self._events.append((entry, start, end))
         self.own_seconds += (started - entered + time.thread_time_ns() - finished) / 1e9

@@ -413,9 +413,11 @@ class RegionProfile:
         choice for every layer (with host_budget_bytes, by budget_bytes only; offloading a pattern
         offloads every region it stands for, each region's copies priced on their own).
 
-        ops=True (with budget_bytes, from a profile_regions(ops=True) profile) also lets a
+        ops=True (from a profile_regions(ops=True) profile; not with group=True) also lets a
         recomputed region keep the outputs of chosen ops, which recompute then does not run again
-        (plan.kept_ops; remat/budget/op_plan.hpp).
+        (plan.kept_ops; remat/budget/op_plan.hpp). With peak_bytes, the predicted peak counts what
+        the kept ops made, held from forward to backward (the profile's step lists each op's
+        storages: profile with ops=True and the step's tensors counted).
 
         host_budget_bytes (with budget_bytes or peak_bytes): host memory offloaded regions may hold
         (0: none). Each region is then saved, recomputed or offloaded (plan.offloaded,
@@ -427,20 +429,21 @@ class RegionProfile:
         group = flag_arg("plan", "group", group)
         if host_budget_bytes is not None:
             return self._plan_offload(budget_bytes, peak_bytes, group, ops, host_budget_bytes)
-        if flag_arg("plan", "ops", ops):
-            if peak_bytes is not None or group:
-                raise ValueError("plan: ops=True plans by budget_bytes= (what the checkpoints keep), per region as "
-                                 "measured: drop peak_bytes= and group=True, or plan without ops")
-            if budget_bytes is None:
-                raise TypeError("plan: ops=True needs budget_bytes= (what the checkpoints keep)")
-            if not self.has_ops:
-                raise ValueError("plan: ops=True needs per-op figures, which this profile does not have: profile with "
-                                 "remat.profile_regions(ops=True)")
-            budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
-            return Plan._checked(_budget.plan_ops(self._solver(), budget_bytes), profile=self)
         if (budget_bytes is None) == (peak_bytes is None):
             raise TypeError("plan: give one budget: peak_bytes= (the step's peak, such as '70GiB') or budget_bytes= "
                             "(what the checkpoints keep)")
+        if flag_arg("plan", "ops", ops):
+            if group:
+                raise ValueError("plan: ops=True keeps ops of regions as measured: drop group=True, or plan without "
+                                 "ops")
+            if not self.has_ops:
+                raise ValueError("plan: ops=True needs per-op figures, which this profile does not have: profile with "
+                                 "remat.profile_regions(ops=True)")
+            if peak_bytes is not None:
+                peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
+                return Plan._checked(_budget.plan_by_peak_ops(self._solver(), peak_bytes), profile=self)
+            budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
+            return Plan._checked(_budget.plan_ops(self._solver(), budget_bytes), profile=self)
         if peak_bytes is not None:
             peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
             return Plan._checked(_budget.plan_by_peak(self._solver(), peak_bytes, group), profile=self, group=group)
@@ -487,11 +490,11 @@ class RegionProfile:
 
     def predict_peak(self, plan):
         """The step peak (allocated bytes) predicted for `plan` (made from this profile)."""
-        if plan.kept_ops:
-            raise ValueError("predict_peak: the plan keeps ops inside recomputed regions (ops=True), which the step "
-                             "peak model does not count yet; predict plans made without ops")
         recompute_by_region = {name: choice == "recompute" for name, choice in plan.decisions.items()}
         grouped = any("*" in name for name in plan.decisions)
+        if plan.kept_ops:
+            kept_by_region = {name: [index for index, _ in ops] for name, ops in plan.kept_ops.items()}
+            return _budget.predict_peak(self._solver(), recompute_by_region, False, kept_ops_by_region=kept_by_region)
         if plan.offloaded:
             if grouped:
                 raise ValueError("predict_peak: a plan that offloads names each region of the profile, not patterns")

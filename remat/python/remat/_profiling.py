@@ -270,7 +270,8 @@ class profile_regions:
             self._outer_watched = self._ops or not own_recompute
             if not self._outer_watched:
                 return None
-            meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops)
+            meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops,
+                            on_op=self._step.op_made if self._ops else None)
         elif own_recompute or self._outer_watched:
             return None
         else:

@@ -24,7 +24,9 @@ when a freed address is used again. Storages allocated before the checkpoint ran
 given, and what its regions save of a frozen parameter or a buffer: allocated_before) are in no
 set: they stay allocated whatever the plan. Of what a region keeps, the storages remat.CpuOffload would
 leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
-listed apart (offload_kept): a plan that offloads the region still holds them there. Of what a
+listed apart (offload_kept): a plan that offloads the region still holds them there. With
+per-op figures (ops=True), each op a plan may keep lists the storages it made (ops), which a plan
+keeping it holds from forward to backward. Of what a
 region run under autocast keeps, the casts of leaves (a weight cast to bfloat16: the runtime's
 report marks them leaf_cast) are listed apart too (autocast_cached): autocast's cache holds them
 until its block ends, so a plan that recomputes the region still holds them until backward begins.
@@ -311,6 +313,8 @@ class StepRecorder:
             region["outputs"] = sorted(outputs)
             if staying.get(region["name"]):
                 region["offload_kept"] = sorted(staying[region["name"]])
+            if region.get("_ops"):
+                region["ops"] = region.pop("_ops")
             # Run under autocast, a cast of a leaf stays in its cache until the autocast block ends
             if region.pop("_casts_cached") and self.autocast_casts and casts.get(region["name"]):
                 region["autocast_cached"] = sorted(casts[region["name"]])
@@ -391,6 +395,25 @@ class StepRecorder:
         record["_outputs"] = {self._storage_id(t, keep=True) for t in tensors_in(out)}
         self.mark(peak)
         return out
+
+    def op_made(self, index, out):
+        """Op `index` of the region running now made `out` (ops=True; the op meter lists it): each
+        of its storages takes an identity of its own, which a later region's input or a kept tensor
+        at that address then takes. A storage at the address of one taken before is a new one (the
+        one before was freed), so a per-op plan keeping two ops counts both."""
+        if not self.enabled or not self._region_stack:
+            return
+        ids = []
+        for tensor in tensors_in(out):
+            storage = tensor.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            key = (str(tensor.device), storage.data_ptr())
+            self._alive.pop(key, None)
+            self._storages.append(storage.nbytes())
+            self._transient[key] = len(self._storages) - 1
+            ids.append(self._transient[key])
+        self._region_stack[-1].setdefault("_ops", []).append({"index": index, "outputs": sorted(set(ids))})
 
     def to_dump(self, end_bytes):
         return {"start_bytes": self.start_bytes, "end_bytes": end_bytes, "peak_bytes": self.peak_bytes,

@@ -6,6 +6,7 @@
 // ends within its bounds, else the best plan found, marked not exact, with a bound on the best.
 
 #include <remat/budget/plan.hpp>
+#include <remat/budget/step_peak.hpp>
 
 #include <cstdint>
 #include <vector>
@@ -22,5 +23,15 @@ double keeping_seconds(const RegionCost& region, const std::vector<OpCost>& kept
 // Regions without per-op figures choose between save and recompute. Throws BudgetError for a
 // budget below base_bytes, or a grouped profile (whose ops no runtime region matches).
 Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes);
+
+// The per-op plan with the least recompute seconds (as keeping_seconds counts them) whose
+// predicted step peak, kept ops counted (predict_step_peak), is at most `peak_bytes`
+// (Plan::peak_bytes). Every plan is weighed where a profile has few (each region saved, recomputed,
+// or recomputed keeping any subset of its ops: at most 2^16 plans in all), which proves the plan;
+// beyond, the per-op plans by kept bytes (solve_ops) at budgets bisected against the peak and the
+// plan by regions alone (solve_peak), the fastest within the peak marked not exact. Throws
+// BudgetError naming the least peak any plan reaches where none fits, and for a profile without
+// step memory, a grouped one, or a step that does not list the ops of its regions.
+Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes);
 
 }  // namespace remat::budget

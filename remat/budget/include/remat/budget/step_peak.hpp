@@ -19,6 +19,13 @@ struct Plan;
 enum class Choice : std::uint8_t;
 
 // Storages are numbered in StepMemory::storages (their bytes); sets are lists of those numbers.
+
+// One op a per-op plan may keep (RegionCost::ops, by its index), as this call of its region ran it.
+struct StepOp {
+  std::uint32_t index = 0;             // its index among the region's ops, as in OpCost::index
+  std::vector<std::uint32_t> outputs;  // the storages its outputs are
+};
+
 struct StepRegion {
   std::string name;                    // "checkpoint::region", as in RegionProfile::regions
   std::vector<std::uint32_t> kept;     // what it keeps while saved (saved tensors, its output)
@@ -28,6 +35,9 @@ struct StepRegion {
   // Of `kept`, what stays on the device when the region is offloaded: tensors remat.CpuOffload
   // leaves as they are (not dense: a slice of a wider tensor; a parameter or a view of one).
   std::vector<std::uint32_t> offload_kept;
+  // Profiles with per-op figures: the ops of the region a plan may keep, each with the storages it
+  // made. A recomputed region keeping some of them keeps those storages from forward to backward.
+  std::vector<StepOp> ops;
   // Of `kept`, the casts of leaves (parameters' weights cast to bfloat16, say) autocast's cast cache
   // holds until its block ends: alive until the step's backward begins whatever the plan.
   std::vector<std::uint32_t> autocast_cached;
@@ -74,6 +84,16 @@ std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<
 // until the next offloading call's forward (offload_plan.hpp plans with it).
 std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
                                 const std::vector<bool>& offloaded);
+
+// A per-op plan's kept ops, one list per region of a profile: the OpCost::index of each op whose
+// outputs the region keeps while it recomputes (empty where it keeps none).
+using KeptOps = std::vector<std::vector<std::uint32_t>>;
+
+// The same for a per-op plan (op_plan.hpp): a recomputed region keeping ops keeps the storages
+// they made (StepRegion::ops) from their forward to its call's backward. Throws BudgetError for a
+// kept op the profile's step does not list (a step profiled without per-op figures).
+std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
+                                const KeptOps& kept_ops);
 
 // The least step peak any plan reaches (among those solve_peak tries).
 std::uint64_t least_step_peak(const RegionProfile& profile);

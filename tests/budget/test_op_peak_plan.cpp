@@ -1,0 +1,294 @@
+// Per-op plans by step peak: what kept ops hold through the step (the storages they made, from
+// their region's return to their call's backward), the plan against every plan of small random
+// steps, and what a profile must list for it.
+
+#include <remat/budget/op_plan.hpp>
+#include <remat/budget/plan.hpp>
+#include <remat/budget/step_peak.hpp>
+
+#include <gtest/gtest.h>
+
+#include "two_checkpoints.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace remat::budget {
+namespace {
+
+// two_checkpoints() with two ops c0's region may keep: op 0 made a 40-byte storage its backward does
+// not need (freed in the profiled forward), op 1 made s0, which its backward needs.
+RegionProfile two_checkpoints_with_ops() {
+  RegionProfile profile = fixtures::two_checkpoints();
+  profile.step->storages.push_back(40);
+  profile.step->checkpoints[0].regions[0].ops = {{0, {4}}, {1, {1}}};
+  profile.regions[0].ops = {{0, "aten::mm", 40, 0.5}, {1, "aten::tanh", 10, 0.2}};
+  profile.regions[0].op_overhead_seconds = 0.05;
+  return profile;
+}
+
+TEST(OpPeak, AKeptOpHoldsWhatItMadeThroughTheStepAndAStorageKeptAnywayCountsOnce) {
+  const RegionProfile profile = two_checkpoints_with_ops();
+  const std::vector<Choice> c0_recomputed{Choice::recompute, Choice::save};
+  EXPECT_EQ(predict_step_peak(profile, c0_recomputed), 200u);
+  EXPECT_EQ(predict_step_peak(profile, c0_recomputed, KeptOps{{}, {}}), 200u);
+  // op 0's 40 bytes stay from forward until c0's backward, whose recompute takes them back (and lets
+  // them go: c0's backward does not need them): c1's backward peaks at 300 - 110 + 40.
+  EXPECT_EQ(predict_step_peak(profile, c0_recomputed, KeptOps{{0}, {}}), 230u);
+  // s0 is what c0's backward needs: recompute would make it again, so keeping it adds nothing there.
+  EXPECT_EQ(predict_step_peak(profile, c0_recomputed, KeptOps{{1}, {}}), 200u);
+  EXPECT_EQ(predict_step_peak(profile, c0_recomputed, KeptOps{{0, 1}, {}}), 240u);
+  EXPECT_THROW(predict_step_peak(profile, {Choice::save, Choice::save}, KeptOps{{0}, {}}), BudgetError);
+}
+
+TEST(OpPeak, ThePlanKeepsTheOpsThatFitThePeakAndNamesItsPrediction) {
+  const RegionProfile profile = two_checkpoints_with_ops();
+  EXPECT_EQ(solve_peak_ops(profile, 300).recompute_seconds, 0.0);  // everything saved
+  // Below it, c0 recomputes keeping both ops (1.0 - 0.7 + 2 x 0.05 s, 240 bytes), then op 0 alone
+  // (1.0 - 0.5 + 0.1 s, 230 bytes), then op 1 alone (1.0 - 0.2 + 0.1 s, 200 bytes).
+  const Plan both = solve_peak_ops(profile, 299);
+  EXPECT_TRUE(both.exact);
+  EXPECT_EQ(both.regions[0].second, Choice::recompute);
+  EXPECT_EQ(both.regions[1].second, Choice::save);
+  ASSERT_EQ(both.kept_ops.size(), 2u);
+  EXPECT_EQ(both.kept_ops[0].size(), 2u);
+  EXPECT_DOUBLE_EQ(both.recompute_seconds, 1.0 - 0.7 + 0.1);
+  EXPECT_EQ(both.peak_bytes, 240u);
+  EXPECT_EQ(both.peak_budget_bytes, 299u);
+  const Plan first = solve_peak_ops(profile, 239);
+  ASSERT_EQ(first.kept_ops.size(), 2u);
+  ASSERT_EQ(first.kept_ops[0].size(), 1u);
+  EXPECT_EQ(first.kept_ops[0][0].index, 0u);
+  EXPECT_DOUBLE_EQ(first.recompute_seconds, 1.0 - 0.5 + 0.1);
+  EXPECT_EQ(first.peak_bytes, 230u);
+  const Plan second = solve_peak_ops(profile, 229);
+  ASSERT_EQ(second.kept_ops.size(), 2u);
+  ASSERT_EQ(second.kept_ops[0].size(), 1u);
+  EXPECT_EQ(second.kept_ops[0][0].index, 1u);
+  EXPECT_DOUBLE_EQ(second.recompute_seconds, 1.0 - 0.2 + 0.1);
+  EXPECT_EQ(second.peak_bytes, 200u);
+  EXPECT_EQ(second.kept_bytes, profile.base_bytes + 110 + 10);  // c1 saved, op 1's bytes
+  try {
+    solve_peak_ops(profile, 199);
+    FAIL() << "a peak below every plan's was planned";
+  } catch (const BudgetError& error) {
+    EXPECT_NE(std::string(error.what()).find("the least any plan reaches is 200 B"), std::string::npos) << error.what();
+  }
+  // The plan dump keeps what it predicts and which ops it keeps.
+  const Plan read = plan_from_json(plan_to_json(both), "plan");
+  EXPECT_EQ(read.peak_bytes, 240u);
+  EXPECT_EQ(read.kept_ops[0].size(), 2u);
+}
+
+TEST(OpPeak, AStepWithoutItsOpsIsRefusedNamingTheOpAndHowToProfileIt) {
+  RegionProfile profile = two_checkpoints_with_ops();
+  profile.step->checkpoints[0].regions[0].ops.pop_back();
+  try {
+    solve_peak_ops(profile, 400);
+    FAIL() << "a step that does not list op 1 was planned";
+  } catch (const BudgetError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("does not list op 1 (aten::tanh) of region 'c0::r'"), std::string::npos) << message;
+    EXPECT_NE(message.find("remat.profile_regions(ops=True)"), std::string::npos) << message;
+  }
+  RegionProfile no_step = two_checkpoints_with_ops();
+  no_step.step.reset();
+  EXPECT_THROW(solve_peak_ops(no_step, 400), BudgetError);
+}
+
+TEST(OpPeak, StepOpsReadBackAsWrittenAndOpsOutOfOrderAreRefused) {
+  const RegionProfile profile = two_checkpoints_with_ops();
+  const RegionProfile read = profile_from_json(profile_to_json(profile), "profile");
+  ASSERT_EQ(read.step->checkpoints[0].regions[0].ops.size(), 2u);
+  EXPECT_EQ(read.step->checkpoints[0].regions[0].ops[0].outputs, std::vector<std::uint32_t>{4});
+  EXPECT_EQ(solve_peak_ops(read, 299).recompute_seconds, solve_peak_ops(profile, 299).recompute_seconds);
+  RegionProfile unordered = profile;
+  std::swap(unordered.step->checkpoints[0].regions[0].ops[0], unordered.step->checkpoints[0].regions[0].ops[1]);
+  try {
+    profile_from_json(profile_to_json(unordered), "edited.json");
+    FAIL() << "ops out of order were read";
+  } catch (const BudgetError& error) {
+    EXPECT_NE(std::string(error.what()).find("$.step.checkpoints[0].regions[0].ops[1].index"), std::string::npos)
+        << error.what();
+  }
+  RegionProfile dangling = profile;
+  dangling.step->checkpoints[0].regions[0].ops[0].outputs = {9};
+  EXPECT_THROW(profile_from_json(profile_to_json(dangling), "edited.json"), BudgetError);
+}
+
+// A random step: `calls` checkpoint calls of 1 or 2 regions in a chain, each region with an output
+// and a saved storage and up to 2 ops, whose outputs are its output, its saved storage or a storage
+// of their own (freed in the profiled forward); forward segments cut at each region's entry and exit,
+// then the end of forward and each call's backward, last first.
+RegionProfile random_op_step(std::mt19937_64& rng, std::size_t calls) {
+  RegionProfile profile;
+  std::uniform_int_distribution<std::uint64_t> bytes(1, 400);
+  std::uniform_real_distribution<double> seconds(0.0, 1.0);
+  StepMemory step;
+  std::int64_t previous_output = -1;
+  std::uint64_t alive = 0;
+  std::vector<std::uint32_t> live;
+  for (std::size_t k = 0; k < calls; ++k) {
+    StepCheckpoint call;
+    call.name = "c" + std::to_string(k);
+    if (previous_output >= 0) call.inputs = {static_cast<std::uint32_t>(previous_output)};
+    std::int64_t carried = previous_output;
+    const std::size_t regions = 1 + rng() % 2;
+    step.segments.push_back({alive + rng() % 100, alive, live, static_cast<std::int64_t>(k), -1});
+    for (std::size_t r = 0; r < regions; ++r) {
+      StepRegion region;
+      region.name = call.name + "::r" + std::to_string(r);
+      const auto output = static_cast<std::uint32_t>(step.storages.size());
+      step.storages.push_back(bytes(rng));
+      const auto saved = static_cast<std::uint32_t>(step.storages.size());
+      step.storages.push_back(bytes(rng));
+      region.kept = {output, saved};
+      if (carried >= 0) region.inputs = {static_cast<std::uint32_t>(carried)};
+      region.outputs = {output};
+      region.transient_bytes = rng() % 200;
+      RegionCost cost{region.name, step.storages[output] + step.storages[saved], 0, 1};
+      double ops_seconds = 0;
+      const std::size_t ops = rng() % 3;
+      for (std::uint32_t o = 0; o < ops; ++o) {
+        const std::uint32_t index = 2 * o + static_cast<std::uint32_t>(rng() % 2);
+        std::uint32_t made = rng() % 3 == 0 ? output : rng() % 2 == 0 ? saved : 0;
+        if (made == 0) {
+          made = static_cast<std::uint32_t>(step.storages.size());
+          step.storages.push_back(bytes(rng));
+        }
+        region.ops.push_back({index, {made}});
+        const OpCost op{index, o % 2 == 0 ? "aten::mm" : "aten::silu", step.storages[made], 0.3 * seconds(rng)};
+        ops_seconds += op.seconds;
+        cost.ops.push_back(op);
+      }
+      cost.seconds = ops_seconds + seconds(rng);
+      cost.op_overhead_seconds = rng() % 3 == 0 ? 0 : 0.02 * seconds(rng);
+      if (rng() % 9 == 0) {
+        cost.must_save = "draws random numbers";
+        cost.ops.clear();
+      }
+      // The region's entry ends the segment before it; its own segment holds its transient.
+      const std::uint64_t before = alive + step.storages[output] + step.storages[saved];
+      step.segments.push_back({before + region.transient_bytes, alive, live, static_cast<std::int64_t>(k), -1});
+      alive = before;
+      step.segments.push_back({alive + rng() % 100, alive, live, static_cast<std::int64_t>(k), -1});
+      carried = output;
+      call.regions.push_back(region);
+      profile.regions.push_back(cost);
+    }
+    call.outputs = {static_cast<std::uint32_t>(carried)};
+    previous_output = carried;
+    step.checkpoints.push_back(call);
+    live.push_back(static_cast<std::uint32_t>(k));
+  }
+  step.segments.push_back({alive + rng() % 300, alive, live, -1, -1});
+  for (std::size_t k = calls; k-- > 0;) {
+    step.segments.push_back({alive + rng() % 500, alive, live, -1, static_cast<std::int64_t>(k)});
+    live.pop_back();
+    for (const StepRegion& region : step.checkpoints[k].regions) {
+      for (const std::uint32_t id : region.kept) alive -= step.storages[id];
+    }
+  }
+  step.peak_bytes = 0;
+  for (const StepSegment& segment : step.segments) step.peak_bytes = std::max(step.peak_bytes, segment.peak_bytes);
+  profile.step = step;
+  return profile;
+}
+
+// Every plan: each region saved, recomputed, or recomputed keeping any subset of its ops (with some
+// bytes and seconds); the least seconds within `peak`, or -1 where none fits. `lowest`: the least peak.
+double every_plan_best(const RegionProfile& profile, std::uint64_t peak, std::uint64_t& lowest) {
+  const std::size_t n = profile.regions.size();
+  std::vector<std::size_t> option(n, 0);  // 0: save, 1 + mask: recompute keeping the ops in mask
+  double best = -1;
+  lowest = UINT64_MAX;
+  while (true) {
+    std::vector<Choice> choices(n, Choice::save);
+    KeptOps kept(n);
+    double seconds = 0;
+    bool possible = true;
+    for (std::size_t r = 0; r < n; ++r) {
+      const RegionCost& region = profile.regions[r];
+      if (option[r] == 0) continue;
+      possible = possible && region.must_save.empty();
+      choices[r] = Choice::recompute;
+      std::vector<OpCost> ops;
+      for (std::size_t o = 0; o < region.ops.size(); ++o) {
+        if (((option[r] - 1) >> o) & 1) {
+          ops.push_back(region.ops[o]);
+          kept[r].push_back(region.ops[o].index);
+        }
+      }
+      seconds += keeping_seconds(region, ops);
+    }
+    if (possible) {
+      const std::uint64_t predicted = predict_step_peak(profile, choices, kept);
+      lowest = std::min(lowest, predicted);
+      if (predicted <= peak && (best < 0 || seconds < best)) best = seconds;
+    }
+    std::size_t r = 0;
+    for (; r < n; ++r) {
+      if (++option[r] <= (std::size_t{1} << profile.regions[r].ops.size())) break;
+      option[r] = 0;
+    }
+    if (r == n) return best;
+  }
+}
+
+TEST(OpPeak, ThePlanIsTheBestOfEveryPlanOnSmallRandomSteps) {
+  std::mt19937_64 rng(50);
+  int planned = 0, keeping = 0, refused = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const RegionProfile profile = random_op_step(rng, 1 + rng() % 3);
+    std::uint64_t lowest = 0;
+    every_plan_best(profile, 0, lowest);
+    EXPECT_EQ(least_step_peak(profile), lowest) << trial;  // kept ops never lower the least peak
+    const std::uint64_t most = profile.step->peak_bytes + 800;
+    const std::uint64_t peak = rng() % 8 == 0 ? lowest - 1 : lowest + rng() % (most - lowest + 1);
+    const double best = every_plan_best(profile, peak, lowest);
+    if (best < 0) {
+      EXPECT_THROW(solve_peak_ops(profile, peak), BudgetError) << trial;
+      ++refused;
+      continue;
+    }
+    const Plan plan = solve_peak_ops(profile, peak);
+    ASSERT_TRUE(plan.exact) << trial;
+    EXPECT_NEAR(plan.recompute_seconds, best, 1e-12) << trial;
+    EXPECT_LE(plan.peak_bytes, peak) << trial;
+    std::vector<Choice> choices;
+    KeptOps kept(plan.regions.size());
+    for (std::size_t r = 0; r < plan.regions.size(); ++r) {
+      choices.push_back(plan.regions[r].second);
+      if (plan.kept_ops.empty()) continue;
+      for (const OpCost& op : plan.kept_ops[r]) kept[r].push_back(op.index);
+      keeping += plan.kept_ops[r].empty() ? 0 : 1;
+    }
+    EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices, kept)) << trial;
+    ++planned;
+  }
+  EXPECT_GT(planned, 120);
+  EXPECT_GT(refused, 5);
+  EXPECT_GT(keeping, 5);  // the random steps do make keeping ops the best choice
+}
+
+TEST(OpPeak, AProfileWithTooManyPlansToWeighGetsAPlanWithinThePeakMarkedNotExact) {
+  std::mt19937_64 rng(46);
+  RegionProfile profile = random_op_step(rng, 12);
+  for (RegionCost& region : profile.regions) region.must_save.clear();
+  EXPECT_EQ(solve_peak_ops(profile, profile.step->peak_bytes + 100000).recompute_seconds, 0.0);
+  const std::uint64_t least = least_step_peak(profile);
+  for (const std::uint64_t peak : {least, least + (profile.step->peak_bytes - least) / 2}) {
+    const Plan plan = solve_peak_ops(profile, peak);
+    EXPECT_LE(plan.peak_bytes, peak);
+    EXPECT_FALSE(plan.exact);
+    EXPECT_EQ(plan.least_recompute_seconds, 0.0);
+    // No worse than the plan by regions alone.
+    EXPECT_LE(plan.recompute_seconds, solve_peak(profile, peak).recompute_seconds + 1e-12);
+  }
+}
+
+}  // namespace
+}  // namespace remat::budget
