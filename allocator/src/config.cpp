@@ -44,16 +44,21 @@ std::uint64_t parse_unsigned(std::string_view source, std::string_view key, std:
   return out;
 }
 
+// A size in MiB from `minimum` to 2^40 MiB (1 EiB, far past any device); `more` follows the range
+// in the message (", or unlimited", a reason for the minimum).
 std::size_t parse_mebibytes(std::string_view source, std::string_view key, std::string_view value,
-                            std::uint64_t minimum, std::string_view expected) {
+                            std::uint64_t minimum, std::string_view more = {}) {
+  constexpr std::uint64_t kMaximum = std::uint64_t{1} << 40;
+  const std::string expected = "a whole number of MiB from " + std::to_string(minimum) + " to " +
+                               std::to_string(kMaximum) + " (1 EiB)" + std::string(more);
   const std::uint64_t mb = parse_unsigned(source, key, value, expected);
-  if (mb < minimum || mb > (std::uint64_t{1} << 40)) fail(source, key, value, expected);
+  if (mb < minimum || mb > kMaximum) fail(source, key, value, expected);
   return static_cast<std::size_t>(mb) * Config::kMiB;
 }
 
 std::size_t parse_max_split_size(std::string_view source, std::string_view key, std::string_view value) {
   if (value == "unlimited") return Config::kUnlimited;
-  return parse_mebibytes(source, key, value, 20, "a whole number of MiB >= 20, or unlimited");
+  return parse_mebibytes(source, key, value, 20, ", or unlimited");
 }
 
 double parse_fraction(std::string_view source, std::string_view key, std::string_view value) {
@@ -184,12 +189,12 @@ bool apply_pytorch_setting(Config& config, std::string_view source, std::string_
   } else if (key == "expandable_segments") {
     config.expandable_segments = parse_bool(source, key, value);
   } else if (key == "max_non_split_rounding_mb") {
-    config.max_non_split_rounding_bytes = parse_mebibytes(source, key, value, 20, "a whole number of MiB >= 20");
+    config.max_non_split_rounding_bytes = parse_mebibytes(source, key, value, 20);
   } else if (key == "garbage_collection_threshold") {
     config.garbage_collection_threshold = parse_threshold(source, key, value);
   } else if (key == "large_segment_size_mb") {
     config.large_segment_size_bytes = parse_mebibytes(
-        source, key, value, 10, "a whole number of MiB >= 10 (the segment holds requests of up to 10 MiB)");
+        source, key, value, 10, "; the segment holds requests of up to 10 MiB");
   } else {
     return false;
   }
@@ -288,7 +293,7 @@ Config Config::parse(std::string_view text, Config base, std::string_view source
       else if (value == "auto") config.backend = BackendKind::automatic;
       else fail(source, key, value, "cuda, host or auto");
     } else if (key == "host_capacity_mb") {
-      config.host_capacity_bytes = parse_mebibytes(source, key, value, 1, "a whole number of MiB >= 1");
+      config.host_capacity_bytes = parse_mebibytes(source, key, value, 1);
     } else if (key == "memory_fraction") {
       config.memory_fraction = parse_fraction(source, key, value);
     } else if (key == "trace_entries") {

@@ -124,8 +124,9 @@ TEST(Config, BadValuesAreClearErrors) {
   EXPECT_NE(config_error("backend:tpu").find("expected cuda, host or auto"), std::string::npos);
   EXPECT_NE(config_error("host_capacity_mb:-5").find("host_capacity_mb:'-5'"), std::string::npos);
   EXPECT_NE(config_error("host_capacity_mb:12abc").find("not valid"), std::string::npos);
-  EXPECT_NE(config_error("host_capacity_mb:0").find(">= 1"), std::string::npos);
-  EXPECT_NE(config_error("max_split_size_mb:10").find(">= 20"), std::string::npos);
+  EXPECT_NE(config_error("host_capacity_mb:0").find("from 1 to 1099511627776 (1 EiB)"), std::string::npos);
+  EXPECT_NE(config_error("max_split_size_mb:10").find("from 20 to 1099511627776 (1 EiB), or unlimited"),
+            std::string::npos);
   EXPECT_NE(config_error("memory_fraction:1.5").find("(0, 1]"), std::string::npos);
   EXPECT_NE(config_error("memory_fraction:0").find("(0, 1]"), std::string::npos);
   EXPECT_NE(config_error("memory_fraction:nan").find("(0, 1]"), std::string::npos);
@@ -251,8 +252,11 @@ TEST(PyTorchConf, PyTorchSettingsRefuseValuesOutsidePyTorchsLimits) {
   EXPECT_NE(pytorch_error("garbage_collection_threshold:0").find("strictly between 0 and 1"), std::string::npos);
   EXPECT_NE(pytorch_error("garbage_collection_threshold:nan").find("strictly between 0 and 1"), std::string::npos);
   EXPECT_EQ(pytorch_error("max_non_split_rounding_mb:8"),
-            "PYTORCH_CUDA_ALLOC_CONF: max_non_split_rounding_mb:'8' is not valid; expected a whole number of MiB >= 20");
-  EXPECT_NE(pytorch_error("large_segment_size_mb:4").find("a whole number of MiB >= 10"), std::string::npos);
+            "PYTORCH_CUDA_ALLOC_CONF: max_non_split_rounding_mb:'8' is not valid; expected a whole number of MiB from 20 "
+            "to 1099511627776 (1 EiB)");
+  EXPECT_NE(pytorch_error("large_segment_size_mb:4")
+                .find("a whole number of MiB from 10 to 1099511627776 (1 EiB); the segment holds requests of up to 10 MiB"),
+            std::string::npos);
   EXPECT_NE(pytorch_error("large_segment_size_mb:-20").find("large_segment_size_mb:'-20' is not valid"),
             std::string::npos);
 }
@@ -267,8 +271,17 @@ TEST(PyTorchConf, CudaMallocAsyncIsReportedAsNotApplied) {
 
 TEST(PyTorchConf, BadValuesAndUnknownKeysAreTheSameClearErrors) {
   EXPECT_EQ(pytorch_error("max_split_size_mb:10"),
-            "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb:'10' is not valid; expected a whole number of MiB >= 20, or "
-            "unlimited");
+            "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb:'10' is not valid; expected a whole number of MiB from 20 to "
+            "1099511627776 (1 EiB), or unlimited");
+  // Above the bound, the message states it (a whole number >= 20 alone would read as accepted).
+  EXPECT_EQ(pytorch_error("max_split_size_mb:1099511627777"),
+            "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb:'1099511627777' is not valid; expected a whole number of MiB "
+            "from 20 to 1099511627776 (1 EiB), or unlimited");
+  EXPECT_NE(pytorch_error("max_non_split_rounding_mb:18446744073709551616").find("from 20 to 1099511627776"),
+            std::string::npos);
+  std::vector<std::string> not_applied;
+  EXPECT_EQ(Config::parse_pytorch("max_split_size_mb:1099511627776", Config{}, not_applied).max_split_size_bytes,
+            std::size_t{1} << 60);
   EXPECT_NE(pytorch_error("per_process_memory_fraction:2").find("per_process_memory_fraction:'2' is not valid"),
             std::string::npos);
   EXPECT_NE(pytorch_error("expandable_segmentz:True").find("unknown key 'expandable_segmentz'"), std::string::npos);

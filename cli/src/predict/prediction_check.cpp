@@ -64,7 +64,9 @@ Report prediction_check_report(const pipeline::Prediction& prediction, const Job
   for (const pipeline::RankPrediction& rank : prediction.per_rank) {
     const auto it = measured.find(static_cast<std::uint64_t>(rank.rank));
     if (it == measured.end() || it->second == 0) {
-      table.rows.push_back({Cell::count(static_cast<std::uint64_t>(rank.rank)), Cell::none(), Cell::bytes(rank.peak),
+      // A rank measured at 0 B shows it (as --json does); its error, a fraction of 0, has none.
+      const Cell measured_cell = it == measured.end() ? Cell::none() : Cell::bytes(0);
+      table.rows.push_back({Cell::count(static_cast<std::uint64_t>(rank.rank)), measured_cell, Cell::bytes(rank.peak),
                             Cell::none(), Cell::text(rank.action)});
       continue;
     }

@@ -152,6 +152,8 @@ struct Communicator::Impl {
   CommunicatorOptions options;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
+  bool serves_store = false;  // the store lives in this process and ends with it
+  int gathers = 0;            // gather_from_all calls so far: each call's keys are its own
 };
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -169,6 +171,7 @@ std::shared_ptr<Communicator> Communicator::connect(const LaunchEnvironment& env
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(environment.master_port);
   store_options.isServer = environment.rank == 0 && !environment.agent_store;
+  impl->serves_store = store_options.isServer;
   store_options.numWorkers = environment.world_size;
   store_options.timeout = options.timeout;
   if (store_options.isServer && environment.master_listen_fd) {
@@ -252,6 +255,45 @@ void Communicator::barrier() {
     throw RuntimeError("rank " + std::to_string(rank()) + ": barrier failed: " + message_of(e) +
                        " (another rank exited or failed; see its output)");
   }
+}
+
+std::vector<std::string> Communicator::gather_from_all(const std::string& what, const std::string& value) {
+  const std::string prefix = "remat/gather/" + std::to_string(impl_->gathers++) + "/";
+  const auto key = [&](int r) { return prefix + std::to_string(r); };
+  try {
+    impl_->store->set(key(rank()), std::vector<std::uint8_t>(value.begin(), value.end()));
+  } catch (const std::exception& e) {
+    throw RuntimeError("rank " + std::to_string(rank()) + " could not publish its " + what +
+                       " in the rendezvous store: " + message_of(e) + " (rank 0, which serves it, exited or failed; "
+                       "see its output)");
+  }
+  std::vector<std::string> values(static_cast<std::size_t>(world_size()));
+  for (int r = 0; r < world_size(); ++r) {
+    try {
+      impl_->store->wait({key(r)}, impl_->options.timeout);
+      const std::vector<std::uint8_t> bytes = impl_->store->get(key(r));
+      values[static_cast<std::size_t>(r)].assign(bytes.begin(), bytes.end());
+    } catch (const std::exception& e) {
+      throw RuntimeError("rank " + std::to_string(rank()) + ": rank " + std::to_string(r) + " did not share its " +
+                         what + " within " + std::to_string(impl_->options.timeout.count()) + " ms: " + message_of(e) +
+                         " (it exited, failed or did not reach this point; see its output)");
+    }
+  }
+  // The store ends with the process that serves it: that rank returns (and may fail on what it
+  // read, and exit) only once every rank has read every value.
+  try {
+    impl_->store->set(prefix + "read/" + std::to_string(rank()), std::vector<std::uint8_t>{1});
+    if (impl_->serves_store) {
+      for (int r = 0; r < world_size(); ++r) {
+        impl_->store->wait({prefix + "read/" + std::to_string(r)}, impl_->options.timeout);
+      }
+    }
+  } catch (const std::exception& e) {
+    throw RuntimeError("rank " + std::to_string(rank()) + ": a rank did not read every rank's " + what + " within " +
+                       std::to_string(impl_->options.timeout.count()) + " ms: " + message_of(e) +
+                       " (it exited or failed; see its output)");
+  }
+  return values;
 }
 
 }  // namespace remat::pipeline

@@ -2,6 +2,7 @@
 
 #include <remat/pipeline/errors.hpp>
 
+#include "runtime/rank_agreement.hpp"
 #include "runtime/receive_ring.hpp"
 
 #include <ATen/ops/zeros_like.h>
@@ -180,6 +181,7 @@ PipelineRuntime::PipelineRuntime(std::shared_ptr<Communicator> communicator, Sch
   impl_->options = std::move(options);
   impl_->loss = std::move(loss);
   impl_->check_fits_schedule(stages);
+  detail::agree_across_ranks(*impl_->communicator, impl_->schedule, impl_->options);
   PlanOptions plan_options;
   plan_options.schedule_name = impl_->options.schedule_name;
   plan_options.slack = impl_->options.slack;

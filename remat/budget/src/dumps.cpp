@@ -375,6 +375,17 @@ RegionProfile profile_from_json(std::string_view text, std::string_view source) 
     }
     total += region.saved_bytes;
   }
+  // Views add the counts of the regions a plan saves (advise's "saved regions", grouped regions).
+  std::uint64_t regions_counted = 0;
+  for (std::size_t i = 0; i < profile.regions.size(); ++i) {
+    const std::uint64_t count = profile.regions[i].count;
+    if (count > UINT64_MAX - regions_counted) {
+      refuse(source, "$.regions[" + std::to_string(i) + "].count",
+             "is " + std::to_string(count) + ", which takes the regions' counts past 64 bits (" +
+                 std::to_string(regions_counted) + " before it); the profile is not a real step's");
+    }
+    regions_counted += count;
+  }
   try {
     check_seconds_add_up(profile);
   } catch (const BudgetError& error) {

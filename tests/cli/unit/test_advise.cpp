@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,40 @@ TEST(Advise, SecondsAddingUpPastTheLargestNumberAreBadInputNamingTheRegionAndThe
     EXPECT_NE(r.err.find("divide every region's seconds by the same factor"), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+}
+
+// Region counts that add up past 2^64 - 1 (each 2^63 is within 64 bits alone) are bad input naming
+// the count that takes the sum past, as saved_bytes are: never a "saved regions" figure wrapped to 0.
+TEST(Advise, RegionCountsAddingUpPast64BitsAreBadInputNamingTheCount) {
+  TempDir dir;
+  const std::string file = dir.write(
+      "counts.json",
+      R"({"kind":"region_profile","schema_version":1,"base_bytes":100,"regions":[)"
+      R"({"name":"a","saved_bytes":10,"seconds":1,"count":9223372036854775808},)"
+      R"({"name":"b","saved_bytes":10,"seconds":1,"count":9223372036854775807},)"
+      R"({"name":"c","saved_bytes":10,"seconds":1,"count":9223372036854775808}]})");
+  for (const auto& args : {std::vector<std::string>{"advise", file}, std::vector<std::string>{"advise", file, "--json"},
+                           std::vector<std::string>{"advise", file, "--budget", "100B"}}) {
+    const CliResult r = run(args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find("$.regions[2].count: is 9223372036854775808, which takes the regions' counts past 64 bits "
+                         "(18446744073709551615 before it)"),
+              std::string::npos)
+        << r.err;
+  }
+  // Up to the largest 64-bit sum, the figure is exact.
+  const std::string fits = dir.write(
+      "fits.json",
+      R"({"kind":"region_profile","schema_version":1,"base_bytes":100,"regions":[)"
+      R"({"name":"a","saved_bytes":10,"seconds":1,"count":9223372036854775808},)"
+      R"({"name":"b","saved_bytes":10,"seconds":1,"count":9223372036854775807}]})");
+  const CliResult r = run({"advise", fits, "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json points = nlohmann::json::parse(r.out)["frontier"];
+  std::uint64_t most_saved = 0;
+  for (const auto& point : points) most_saved = std::max(most_saved, point["saved_regions"].get<std::uint64_t>());
+  EXPECT_EQ(most_saved, 18446744073709551615ULL) << r.out;
 }
 
 // A number past a double's range (1e400) is refused by the JSON reader the producers' dumps share:

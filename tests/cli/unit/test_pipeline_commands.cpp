@@ -250,5 +250,50 @@ TEST(PipelineCommands, OptionsThatDoNotGoTogetherAreUsageErrors) {
   EXPECT_TRUE(contains(no_ranks.err, "--schedule needs --ranks R and --microbatches M")) << no_ranks.err;
 }
 
+
+// A rank whose snapshot peaks at 0 B was measured: the table shows 0 B, as --json's measured_bytes 0
+// says, and "-" only for a rank the job wrote no dump for; the error of a 0 B peak has none.
+TEST(RanksPredicted, ARankMeasuredAtZeroBytesShowsZeroNotMissing) {
+  TempDir dir;
+  nlohmann::json snapshot = nlohmann::json::parse(data_text("snapshot-end.json"));
+  dir.write("snapshot-rank0.json", snapshot.dump());
+  const auto zero_numbers = [](auto& self, nlohmann::json& value) -> void {
+    if (value.is_number()) value = 0;
+    if (!value.is_structured()) return;
+    for (auto& member : value) self(self, member);
+  };
+  snapshot["rank"] = 1;
+  snapshot["segments"] = nlohmann::json::array();
+  snapshot["trace"]["events"] = nlohmann::json::array();
+  zero_numbers(zero_numbers, snapshot["stats"]);
+  for (auto& tag : snapshot["tag_stats"]) {
+    for (auto& [key, figures] : tag.items()) {
+      if (key != "tag") zero_numbers(zero_numbers, figures);
+    }
+  }
+  dir.write("snapshot-rank1.json", snapshot.dump());
+  const std::string dir_path = std::filesystem::path(dir.path("snapshot-rank0.json")).parent_path().string();
+  const std::string prediction = data_path("pipeline-prediction.json");
+
+  const CliResult json = run({"ranks", dir_path, "--predicted", prediction, "--json"});
+  ASSERT_EQ(json.code, 0) << json.err;
+  const nlohmann::json rows = nlohmann::json::parse(json.out)["ranks"];
+  ASSERT_EQ(rows.size(), 2u) << json.out;
+  EXPECT_EQ(rows[1]["measured_bytes"], 0) << json.out;
+  EXPECT_TRUE(rows[1]["error"].is_null()) << json.out;
+
+  const CliResult table = run({"ranks", dir_path, "--predicted", prediction});
+  ASSERT_EQ(table.code, 0) << table.err;
+  const std::vector<std::string> lines = lines_of(table.out);
+  ASSERT_GE(lines.size(), 4u) << table.out;
+  EXPECT_EQ(lines[3], "   1        0 B   3.33 MiB       -  1B3") << table.out;
+
+  // Without rank 1's dump the same row shows it missing.
+  std::filesystem::remove(dir.path("snapshot-rank1.json"));
+  const CliResult missing = run({"ranks", dir_path, "--predicted", prediction});
+  ASSERT_EQ(missing.code, 0) << missing.err;
+  EXPECT_EQ(lines_of(missing.out)[3], "   1          -   3.33 MiB       -  1B3") << missing.out;
+}
+
 }  // namespace
 }  // namespace remat::report::testing

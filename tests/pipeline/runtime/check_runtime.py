@@ -5,7 +5,7 @@ remat-launch with a free port, every run bounded by a timeout and every child re
     check_runtime.py --launcher remat-launch --worker pipeline_check CASE [worker options]
 
 CASE: parity, pass-through, undersized, unguarded, kill, stall, world-size, wrong-stages,
-wrong-output-shape, port-in-use, bad-environment, store-on-loopback, refused-shape.
+wrong-output-shape, mismatched-settings, port-in-use, bad-environment, store-on-loopback, refused-shape.
 """
 
 import argparse
@@ -131,6 +131,31 @@ def check_wrong_stages(args, worker_args):
                      r"stages \{\d+\}", output), "the error names the stages expected and given")
 
 
+def check_mismatched_settings(args, worker_args):
+    # One rank started with another width, microbatch count or schedule than the rest: every rank
+    # fails at once naming that rank and the setting, long before the 60 s transfer timeout; no rank
+    # is killed by a signal (Gloo aborts a process that receives a larger message than it expects).
+    mismatched_rank = 1
+    expected = {
+        "width": "activation shape (RuntimeOptions::activation_shape): rank 1 has [4, 16], ranks 0, 2, 3 have [4, 32]",
+        "microbatches": "microbatches: rank 1 has 5, ranks 0, 2, 3 have 4",
+        "schedule": "schedule (RuntimeOptions::schedule_name): rank 1 has gpipe, ranks 0, 2, 3 have 1f1b",
+    }
+    for setting, sentence in expected.items():
+        code, output, elapsed = launch(args, args.nproc,
+                                       ["--check", "fit", "--timeout", "60", "--mismatch-rank", str(mismatched_rank),
+                                        "--mismatch", setting, *worker_args], extra=["--grace", "30"], timeout=150)
+        expect(code == 1, f"{setting}: the job fails")
+        expect("signal" not in output and "terminate called" not in output, f"{setting}: no rank is killed by a signal")
+        for rank in range(args.nproc):
+            lines = rank_lines(output, rank, "failed: ")
+            expect(lines and f"rank {rank}: the ranks do not run the same pipeline: {sentence}" in lines[0],
+                   f"{setting}: rank {rank} names the rank and the setting that differ")
+            expect(f"remat-launch: rank {rank} exited with status 1" in output, f"{setting}: rank {rank} exits with 1")
+        expect("did not exit within --grace" not in output, f"{setting}: no rank had to be stopped by the launcher")
+        expect(elapsed < 30, f"{setting}: the ranks fail at start, not after the transfer timeout (took {elapsed:.1f} s)")
+
+
 def check_port_in_use(args, worker_args):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -251,6 +276,7 @@ CASES = {
     "world-size": check_world_size,
     "wrong-stages": check_wrong_stages,
     "wrong-output-shape": check_wrong_output_shape,
+    "mismatched-settings": check_mismatched_settings,
     "port-in-use": check_port_in_use,
     "bad-environment": check_bad_environment,
     "store-on-loopback": check_store_on_loopback,

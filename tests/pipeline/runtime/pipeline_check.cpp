@@ -7,7 +7,9 @@
 //   --check unguarded   the same rings without the guard: results differ from stock
 //   --check kill        --die-rank kills itself mid-step (--die-signal STOP: stops instead);
 //                       the others must fail on their own
-//   --check fit         --schedule-ranks / --wrong-stages / --wrong-output-shape: the runtime's errors
+//   --check fit         --schedule-ranks / --wrong-stages / --wrong-output-shape: the runtime's errors;
+//                       --mismatch-rank R --mismatch width|microbatches|schedule: rank R alone is started
+//                       with another width, microbatch count or schedule than the others
 
 #include "pipeline_model.hpp"
 
@@ -45,6 +47,9 @@ struct Options {
   int die_step = 1;
   int die_signal = SIGKILL;
   int timeout_s = 60;
+  std::int64_t width = 32;
+  int mismatch_rank = -1;
+  std::string mismatch;
 };
 
 Options parse(int argc, char** argv) {
@@ -66,12 +71,20 @@ Options parse(int argc, char** argv) {
     else if (arg == "--die-step") o.die_step = std::stoi(value());
     else if (arg == "--die-signal") o.die_signal = value() == "STOP" ? SIGSTOP : SIGKILL;
     else if (arg == "--timeout") o.timeout_s = std::stoi(value());
+    else if (arg == "--mismatch-rank") o.mismatch_rank = std::stoi(value());
+    else if (arg == "--mismatch") o.mismatch = value();
     else throw std::invalid_argument("unknown option " + arg);
+  }
+  const char* rank = std::getenv("RANK");
+  if (rank != nullptr && std::to_string(o.mismatch_rank) == rank) {
+    if (o.mismatch == "width") o.width /= 2;
+    else if (o.mismatch == "microbatches") o.microbatches += 1;
+    else if (o.mismatch == "schedule") o.schedule = o.schedule == "gpipe" ? "1f1b" : "gpipe";
+    else throw std::invalid_argument("--mismatch is width, microbatches or schedule, not " + o.mismatch);
   }
   return o;
 }
 
-constexpr std::int64_t kWidth = 32;
 constexpr std::int64_t kRows = 4;
 constexpr double kLearningRate = 0.05;
 
@@ -80,7 +93,7 @@ struct Job {
   Schedule lowered;
   Options options;
   int rank() const { return communicator->rank(); }
-  pipeline_example::ModelShape shape() const { return {kWidth, kRows, lowered.microbatches}; }
+  pipeline_example::ModelShape shape() const { return {options.width, kRows, lowered.microbatches}; }
 };
 
 struct RunResult {
@@ -100,7 +113,7 @@ RunResult train(const Job& job, BufferMode buffers, int rings_below_minimum = 0,
     const bool mine = job.lowered.stage_to_rank[static_cast<std::size_t>(s)] == job.rank();
     const int index = job.options.wrong_stages ? (s + 1) % job.lowered.num_stages() : s;
     if (!mine) continue;
-    stages.push_back(ToyStage::make(index, kWidth));
+    stages.push_back(ToyStage::make(index, job.options.width));
     StageModule module = stages.back().module(job.options.checkpoint);
     if (job.options.pass_through_stages && s % 2 == 1) {
       // Its output and its input gradient are views of its receive buffers.
@@ -108,7 +121,9 @@ RunResult train(const Job& job, BufferMode buffers, int rings_below_minimum = 0,
     }
     if (job.options.wrong_output_shape && s == 0) {
       auto forward = module.forward;
-      module.forward = [forward](const at::Tensor& x) { return forward(x).narrow(1, 0, kWidth - 1); };
+      module.forward = [forward, width = job.options.width](const at::Tensor& x) {
+        return forward(x).narrow(1, 0, width - 1);
+      };
     }
     if (job.rank() == job.options.die_rank) {
       auto forward = module.forward;
@@ -125,7 +140,7 @@ RunResult train(const Job& job, BufferMode buffers, int rings_below_minimum = 0,
   RuntimeOptions options;
   options.schedule_name = job.options.schedule;
   options.buffers = buffers;
-  options.activation_shape = {kRows, kWidth};
+  options.activation_shape = {kRows, job.options.width};
   options.rings_below_minimum = rings_below_minimum;
   options.ownership_guard = guard;
   PipelineRuntime pipeline(job.communicator, job.lowered, options, std::move(modules),
@@ -183,7 +198,7 @@ int check_parity(const Job& job) {
 
   // The same model and microbatches on one process, no pipeline.
   std::vector<ToyStage> whole;
-  for (int s = 0; s < job.lowered.num_stages(); ++s) whole.push_back(ToyStage::make(s, kWidth));
+  for (int s = 0; s < job.lowered.num_stages(); ++s) whole.push_back(ToyStage::make(s, job.options.width));
   const auto reference_losses = pipeline_example::train_reference(whole, job.shape(), job.options.steps, kLearningRate);
   std::vector<at::Tensor> reference_parameters;
   for (int s = 0; s < job.lowered.num_stages(); ++s) {

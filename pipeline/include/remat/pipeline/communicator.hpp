@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace at {
 class Tensor;
@@ -71,11 +72,20 @@ class Communicator {
   CommBackend backend() const;
 
   // `tensor` must stay alive and unchanged (send) or untouched (receive) until wait() returns.
-  // Transfers between one pair of ranks are matched by `tag`.
+  // Transfers between one pair of ranks are matched by `tag`, and a receive must have the byte
+  // size of its send: Gloo ends the process when a message is larger than the receiving tensor
+  // (on its own thread, where no caller can catch it) and leaves the rest of a larger receive
+  // unwritten. PipelineRuntime has every rank agree on shapes and schedule before its first
+  // transfer (agree_across_ranks).
   Transfer send(const at::Tensor& tensor, int peer, int tag);
   Transfer receive(const at::Tensor& tensor, int peer, int tag);
   // Every rank reaches this point.
   void barrier();
+  // Every rank's `value`, indexed by rank, through the rendezvous store (no transfer on the
+  // process group, so values of any size and content are safe). Every rank calls it in the same
+  // order; `what` names the exchange in the error thrown when a rank does not take part within
+  // the timeout.
+  std::vector<std::string> gather_from_all(const std::string& what, const std::string& value);
 
  private:
   struct Impl;

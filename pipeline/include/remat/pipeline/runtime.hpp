@@ -61,8 +61,11 @@ class PipelineRuntime {
  public:
   // `lowered` is the schedule every rank runs (lower_schedule of a generated or loaded one);
   // `stages` are the stages it maps to this rank. Throws RuntimeError when the world size,
-  // the stages or the options do not fit the schedule; allocates the receive buffers, each
-  // tagged with its receive slot (stage, direction, slot; the microbatch for stock buffers).
+  // the stages or the options do not fit the schedule, and on every rank when the ranks differ
+  // in schedule, microbatches, stage map, activation shape or dtype (each rank shares them
+  // through the store and waits up to the communicator's timeout for the others: every rank
+  // constructs its PipelineRuntime objects in the same order); allocates the receive buffers,
+  // each tagged with its receive slot (stage, direction, slot; the microbatch for stock buffers).
   PipelineRuntime(std::shared_ptr<Communicator> communicator, Schedule lowered, RuntimeOptions options,
                   std::vector<StageModule> stages, LossFunction loss);
   ~PipelineRuntime();
