@@ -618,13 +618,17 @@ class FitState:
             return
         held = self.reserve.get(signature, 0)
         self.reserve[signature] = max(held, measured - predicted, held + measured - self.budget)
-        if measured > self.budget and ("over", what) not in self.told_differences:
-            self.told_differences.add(("over", what))
+        # Said the first time, and again each time such a step goes over despite the room left for
+        # it: the room was learned under another plan, and what a differing step takes above its
+        # plan's prediction grows as the plan saves less (the differing part recomputes anyway)
+        if measured > self.budget and ("over", what, held) not in self.told_differences:
+            self.told_differences.add(("over", what, held))
+            despite = f", although its plan left {_bytes_text(held)} of room for such steps" if held else ""
             _tell(f"remat.fit: the last step, which differed from the profiled one ({what}), peaked at "
                   f"{_bytes_text(measured)} with every region recomputed from there, over the budget of "
-                  f"{_bytes_text(self.budget)} (its plan predicted {_bytes_text(predicted)} for the profiled step): "
-                  f"later steps with these inputs plan for {_bytes_text(self.budget - self.reserve[signature])} to "
-                  "leave room for such steps")
+                  f"{_bytes_text(self.budget)} (its plan predicted {_bytes_text(predicted)} for the profiled step"
+                  f"{despite}): later steps with these inputs plan for "
+                  f"{_bytes_text(self.budget - self.reserve[signature])} to leave room for such steps")
         if what not in self.reprofiled and measured > predicted:
             # What the step took above its prediction ran at the least memory; saved, it would take
             # about as much more as saving everything takes over the least peak in the profile.

@@ -202,12 +202,19 @@ def test_a_step_that_differs_over_the_budget_is_told_and_later_steps_leave_room_
     schedule = [(1, False, False), (1, False, False), (3, False, False), (1, False, False), (3, False, False)]
     plain, _, _ = run(None, schedule, checkpointed=False)
     rows, told, state = run(budget, schedule)
-    over = [message for message in told if "the last step, which differed from the profiled one" in message]
+    over = [message for message in told
+            if "the last step, which differed from the profiled one" in message and "although" not in message]
     assert rows[2]["peak"] > budget and len(over) == 1, (rows[2]["peak"], budget, told)
     assert f"peaked at {rows[2]['peak'] / 2**20:.2f} MiB ({rows[2]['peak']} bytes)" in over[0]
-    assert len(told) == 2, told  # the difference, then the peak over the budget: once each
-    for step in (4, 5):  # planned leaving room: the next step of 3 calls fits
-        assert rows[step - 1]["peak"] <= budget, (step, rows[step - 1]["peak"], budget)
+    assert rows[3]["peak"] <= budget, (rows[3]["peak"], budget)  # planned leaving room
+    # The next step of 3 calls runs under that plan, which saves less than the one step 3 ran
+    # under: the room was learned there, and its differing part recomputes whatever the plan, so
+    # it may take more above the prediction (at most one activation, 64 KiB, here). Over the
+    # budget it is said again, with the room it had; else nothing more is said.
+    again = [message for message in told if "although its plan left 448.04 KiB (458792 bytes) of room" in message]
+    if rows[4]["peak"] > budget:
+        assert rows[4]["peak"] <= budget + 64 * 256 * 4 and len(again) == 1, (rows[4]["peak"], budget, told)
+    assert len(told) == 2 + len(again), told  # the difference, then the peak over the budget: once each
     assert all(row["grads"] == want["grads"] for row, want in zip(rows, plain))
 
 
