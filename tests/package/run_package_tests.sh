@@ -63,15 +63,15 @@ PATH=$work/venv/bin:$PATH remat-report --help > /dev/null
 PATH=$work/venv/bin:$PATH "$venv_python" -m unittest discover -v -s "$source_dir/tests/python" -p 'test_*.py'
 # The checkpoint runtime's extension from the installed remat package.
 "$venv_python" -c 'import remat, pathlib; print(f"remat {remat.__file__} loads {pathlib.Path(remat._C.__file__).name}")'
-# The checkpoint runtime's tests from the installed package: every native module (the runtime,
-# budget plans, offload, compile, the OOM observer with remat-report on PATH, the pipeline
-# planner) loads and works from there. The README and docs examples (test_docs_snippets.py), the
-# 4-rank pipelining runs and the 4-rank predictions, most of the suite's time, reach no module the
-# rest leaves out: they run from the build tree only (python_remat_extension,
-# python_remat_pipelining).
+# The checkpoint runtime's tests from the installed package, one file or more for each native
+# module: the runtime and replay, budget, step-peak and per-op plans, offload, compile, the OOM
+# observer with remat-report on PATH, remat.fit, and the pipeline planner's checks. The rest of
+# the suite reaches no module these leave out; it runs from the build tree
+# (python_remat_extension.*, python_remat_pipelining), so it does not run twice.
 remat_tests=$source_dir/tests/python/remat
-PATH=$work/venv/bin:$PATH "$venv_python" -m pytest -q -p no:cacheprovider "$remat_tests" \
-  --ignore="$remat_tests/test_docs_snippets.py" --ignore="$remat_tests/test_pipelining.py" \
-  --ignore="$remat_tests/test_pipeline_predict.py"
 PATH=$work/venv/bin:$PATH "$venv_python" -m pytest -q -p no:cacheprovider \
+  "$remat_tests/test_regions.py" "$remat_tests/test_replay.py" "$remat_tests/test_budget_plans.py" \
+  "$remat_tests/test_step_peak_plans.py" "$remat_tests/test_op_plans.py" \
+  "$remat_tests/test_offload_plans.py" "$remat_tests/test_cpu_offload.py" "$remat_tests/test_compile.py" \
+  "$remat_tests/test_oom_observer.py" "$remat_tests/test_fit.py" \
   "$remat_tests/test_pipelining.py::test_bad_input_is_refused_before_anything_changes"
