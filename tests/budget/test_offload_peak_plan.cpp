@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "random_step.hpp"
 #include "two_checkpoints.hpp"
 
 #include <cstdint>
@@ -117,62 +118,18 @@ TEST(OffloadPeak, APeakBelowEveryPlanNamesTheLeastWithThatHostBudget) {
   EXPECT_THROW(solve_peak_offload(no_step, 300, 10), BudgetError);
 }
 
-// A random step: `calls` checkpoint calls of 1 to 3 regions in a chain (each call takes the last
-// one's output), storages of 1 to 400 bytes, segments for the end of forward and each call's
-// backward, last first, with peaks at or above where they begin.
+// A random step (random_step.hpp) on `device` with a random copy bandwidth, whose regions offload
+// some bytes (or none) and may keep their saved storage on the device when they do.
 RegionProfile random_step_profile(std::mt19937_64& rng, std::size_t calls, const std::string& device) {
-  RegionProfile profile;
-  profile.device = device;
-  profile.host_copy = HostCopy{std::uniform_real_distribution<double>(50.0, 5000.0)(rng), 1000.0, 1 << 20};
+  const HostCopy copy{std::uniform_real_distribution<double>(50.0, 5000.0)(rng), 1000.0, 1 << 20};
   std::uniform_int_distribution<std::uint64_t> bytes(1, 400);
-  std::uniform_real_distribution<double> seconds(0.0, 1.0);
-  StepMemory step;
-  std::int64_t previous_output = -1;
-  for (std::size_t k = 0; k < calls; ++k) {
-    StepCheckpoint call;
-    call.name = "c" + std::to_string(k);
-    if (previous_output >= 0) call.inputs = {static_cast<std::uint32_t>(previous_output)};
-    std::int64_t carried = previous_output;
-    const std::size_t regions = 1 + rng() % 3;
-    for (std::size_t r = 0; r < regions; ++r) {
-      StepRegion region;
-      region.name = call.name + "::r" + std::to_string(r);
-      const auto output = static_cast<std::uint32_t>(step.storages.size());
-      step.storages.push_back(bytes(rng));
-      const auto saved = static_cast<std::uint32_t>(step.storages.size());
-      step.storages.push_back(bytes(rng));
-      region.kept = {output, saved};
-      if (carried >= 0) region.inputs = {static_cast<std::uint32_t>(carried)};
-      region.outputs = {output};
-      region.transient_bytes = rng() % 200;
-      if (rng() % 4 == 0) region.offload_kept = {saved};
-      carried = output;
-      call.regions.push_back(region);
-      RegionCost cost{region.name, step.storages[output] + step.storages[saved], seconds(rng), 1};
-      cost.offload_bytes = rng() % 5 == 0 ? 0 : bytes(rng);
-      if (rng() % 7 == 0) cost.must_save = "draws random numbers";
-      profile.regions.push_back(cost);
-    }
-    call.outputs = {static_cast<std::uint32_t>(carried)};
-    previous_output = carried;
-    step.checkpoints.push_back(call);
-  }
-  std::uint64_t alive = 0;
-  for (const std::uint64_t b : step.storages) alive += b;
-  std::vector<std::uint32_t> live;
-  for (std::uint32_t k = 0; k < calls; ++k) live.push_back(k);
-  step.segments.push_back({alive + rng() % 300, alive, live, -1, -1});
-  for (std::size_t k = calls; k-- > 0;) {
-    const std::uint64_t start = alive;
-    step.segments.push_back({start + rng() % 500, start, live, -1, static_cast<std::int64_t>(k)});
-    live.pop_back();
-    for (const StepRegion& region : step.checkpoints[k].regions) {
-      for (const std::uint32_t id : region.kept) alive -= step.storages[id];
-    }
-  }
-  step.peak_bytes = 0;
-  for (const StepSegment& segment : step.segments) step.peak_bytes = std::max(step.peak_bytes, segment.peak_bytes);
-  profile.step = step;
+  const auto add_offload = [&](StepRegion& region, RegionCost& cost, StepMemory&) {
+    if (rng() % 4 == 0) region.offload_kept = {region.kept[1]};
+    cost.offload_bytes = rng() % 5 == 0 ? 0 : bytes(rng);
+  };
+  RegionProfile profile = fixtures::random_step(rng, {calls, 3, false}, add_offload);
+  profile.device = device;
+  profile.host_copy = copy;
   return profile;
 }
 
@@ -230,9 +187,7 @@ TEST(OffloadPeak, TheSearchFindsTheBestOfEveryPlanOnSmallRandomSteps) {
     EXPECT_NEAR(plan.recompute_seconds, best, 1e-9 * (1 + best)) << trial;
     EXPECT_LE(plan.peak_bytes, peak) << trial;
     EXPECT_LE(plan.host_bytes, host) << trial;
-    std::vector<Choice> choices;
-    for (const auto& entry : plan.regions) choices.push_back(entry.second);
-    EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices, plan.offloaded)) << trial;
+    EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices_of(plan), plan.offloaded)) << trial;
     ++planned;
     for (const bool off : plan.offloaded) offloading += off ? 1 : 0;
   }

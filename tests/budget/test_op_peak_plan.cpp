@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "random_step.hpp"
 #include "two_checkpoints.hpp"
 
 #include <algorithm>
@@ -119,83 +120,31 @@ TEST(OpPeak, StepOpsReadBackAsWrittenAndOpsOutOfOrderAreRefused) {
   EXPECT_THROW(profile_from_json(profile_to_json(dangling), "edited.json"), BudgetError);
 }
 
-// A random step: `calls` checkpoint calls of 1 or 2 regions in a chain, each region with an output
-// and a saved storage and up to 2 ops, whose outputs are its output, its saved storage or a storage
-// of their own (freed in the profiled forward); forward segments cut at each region's entry and exit,
-// then the end of forward and each call's backward, last first.
+// A random step (random_step.hpp) with forward segments, whose regions have up to 2 ops each unless
+// they must be saved. An op's output is its region's output, its saved storage or a storage of its
+// own (freed in the profiled forward).
 RegionProfile random_op_step(std::mt19937_64& rng, std::size_t calls) {
-  RegionProfile profile;
   std::uniform_int_distribution<std::uint64_t> bytes(1, 400);
   std::uniform_real_distribution<double> seconds(0.0, 1.0);
-  StepMemory step;
-  std::int64_t previous_output = -1;
-  std::uint64_t alive = 0;
-  std::vector<std::uint32_t> live;
-  for (std::size_t k = 0; k < calls; ++k) {
-    StepCheckpoint call;
-    call.name = "c" + std::to_string(k);
-    if (previous_output >= 0) call.inputs = {static_cast<std::uint32_t>(previous_output)};
-    std::int64_t carried = previous_output;
-    const std::size_t regions = 1 + rng() % 2;
-    step.segments.push_back({alive + rng() % 100, alive, live, static_cast<std::int64_t>(k), -1});
-    for (std::size_t r = 0; r < regions; ++r) {
-      StepRegion region;
-      region.name = call.name + "::r" + std::to_string(r);
-      const auto output = static_cast<std::uint32_t>(step.storages.size());
-      step.storages.push_back(bytes(rng));
-      const auto saved = static_cast<std::uint32_t>(step.storages.size());
-      step.storages.push_back(bytes(rng));
-      region.kept = {output, saved};
-      if (carried >= 0) region.inputs = {static_cast<std::uint32_t>(carried)};
-      region.outputs = {output};
-      region.transient_bytes = rng() % 200;
-      RegionCost cost{region.name, step.storages[output] + step.storages[saved], 0, 1};
-      double ops_seconds = 0;
-      const std::size_t ops = rng() % 3;
-      for (std::uint32_t o = 0; o < ops; ++o) {
-        const std::uint32_t index = 2 * o + static_cast<std::uint32_t>(rng() % 2);
-        std::uint32_t made = rng() % 3 == 0 ? output : rng() % 2 == 0 ? saved : 0;
-        if (made == 0) {
-          made = static_cast<std::uint32_t>(step.storages.size());
-          step.storages.push_back(bytes(rng));
-        }
-        region.ops.push_back({index, {made}});
-        const OpCost op{index, o % 2 == 0 ? "aten::mm" : "aten::silu", step.storages[made], 0.3 * seconds(rng)};
-        ops_seconds += op.seconds;
-        cost.ops.push_back(op);
+  const auto add_ops = [&](StepRegion& region, RegionCost& cost, StepMemory& step) {
+    if (!cost.must_save.empty()) return;
+    const std::uint32_t output = region.kept[0], saved = region.kept[1];
+    const std::size_t ops = rng() % 3;
+    for (std::uint32_t o = 0; o < ops; ++o) {
+      const std::uint32_t index = 2 * o + static_cast<std::uint32_t>(rng() % 2);
+      std::uint32_t made = rng() % 3 == 0 ? output : rng() % 2 == 0 ? saved : 0;
+      if (made == 0) {
+        made = static_cast<std::uint32_t>(step.storages.size());
+        step.storages.push_back(bytes(rng));
       }
-      cost.seconds = ops_seconds + seconds(rng);
-      cost.op_overhead_seconds = rng() % 3 == 0 ? 0 : 0.02 * seconds(rng);
-      if (rng() % 9 == 0) {
-        cost.must_save = "draws random numbers";
-        cost.ops.clear();
-      }
-      // The region's entry ends the segment before it; its own segment holds its transient.
-      const std::uint64_t before = alive + step.storages[output] + step.storages[saved];
-      step.segments.push_back({before + region.transient_bytes, alive, live, static_cast<std::int64_t>(k), -1});
-      alive = before;
-      step.segments.push_back({alive + rng() % 100, alive, live, static_cast<std::int64_t>(k), -1});
-      carried = output;
-      call.regions.push_back(region);
-      profile.regions.push_back(cost);
+      region.ops.push_back({index, {made}});
+      const OpCost op{index, o % 2 == 0 ? "aten::mm" : "aten::silu", step.storages[made], 0.3 * seconds(rng)};
+      cost.seconds += op.seconds;  // the region's time includes its ops'
+      cost.ops.push_back(op);
     }
-    call.outputs = {static_cast<std::uint32_t>(carried)};
-    previous_output = carried;
-    step.checkpoints.push_back(call);
-    live.push_back(static_cast<std::uint32_t>(k));
-  }
-  step.segments.push_back({alive + rng() % 300, alive, live, -1, -1});
-  for (std::size_t k = calls; k-- > 0;) {
-    step.segments.push_back({alive + rng() % 500, alive, live, -1, static_cast<std::int64_t>(k)});
-    live.pop_back();
-    for (const StepRegion& region : step.checkpoints[k].regions) {
-      for (const std::uint32_t id : region.kept) alive -= step.storages[id];
-    }
-  }
-  step.peak_bytes = 0;
-  for (const StepSegment& segment : step.segments) step.peak_bytes = std::max(step.peak_bytes, segment.peak_bytes);
-  profile.step = step;
-  return profile;
+    cost.op_overhead_seconds = rng() % 3 == 0 ? 0 : 0.02 * seconds(rng);
+  };
+  return fixtures::random_step(rng, {calls, 2, true}, add_ops);
 }
 
 // Every plan: each region saved, recomputed, or recomputed keeping any subset of its ops (with some
@@ -258,15 +207,8 @@ TEST(OpPeak, ThePlanIsTheBestOfEveryPlanOnSmallRandomSteps) {
     ASSERT_TRUE(plan.exact) << trial;
     EXPECT_NEAR(plan.recompute_seconds, best, 1e-12) << trial;
     EXPECT_LE(plan.peak_bytes, peak) << trial;
-    std::vector<Choice> choices;
-    KeptOps kept(plan.regions.size());
-    for (std::size_t r = 0; r < plan.regions.size(); ++r) {
-      choices.push_back(plan.regions[r].second);
-      if (plan.kept_ops.empty()) continue;
-      for (const OpCost& op : plan.kept_ops[r]) kept[r].push_back(op.index);
-      keeping += plan.kept_ops[r].empty() ? 0 : 1;
-    }
-    EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices, kept)) << trial;
+    for (const std::vector<OpCost>& kept : plan.kept_ops) keeping += kept.empty() ? 0 : 1;
+    EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices_of(plan), kept_ops_of(plan))) << trial;
     ++planned;
   }
   EXPECT_GT(planned, 120);

@@ -178,9 +178,7 @@ void seed_from_other_solvers(PeakOffloadSearch& search, const RegionProfile& pro
     for (const bool offload : {false, true}) {
       if (offload && host_budget == 0) continue;
       const Plan plan = offload ? solve_offload(profile, budget, host_budget) : solve(profile, budget);
-      std::vector<Choice> choices;
-      for (const auto& entry : plan.regions) choices.push_back(entry.second);
-      search.seed(choices, plan.offloaded.empty() ? none : plan.offloaded);
+      search.seed(choices_of(plan), plan.offloaded.empty() ? none : plan.offloaded);
     }
   }
 }

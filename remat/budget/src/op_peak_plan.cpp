@@ -95,16 +95,7 @@ class OpPeakSearch {
   }
 
   // Weighs a plan another solver made; returns its predicted peak.
-  std::uint64_t weigh(const Plan& plan) {
-    std::vector<Choice> choices;
-    KeptOps kept(plan.regions.size());
-    for (std::size_t r = 0; r < plan.regions.size(); ++r) {
-      choices.push_back(plan.regions[r].second);
-      if (plan.kept_ops.empty()) continue;
-      for (const OpCost& op : plan.kept_ops[r]) kept[r].push_back(op.index);
-    }
-    return weigh(choices, kept);
-  }
+  std::uint64_t weigh(const Plan& plan) { return weigh(choices_of(plan), kept_ops_of(plan)); }
 
   // Weighs every plan where there are at most kEveryPlanUpTo; false (nothing weighed) where more.
   bool weigh_every_plan() {

@@ -212,7 +212,7 @@ RegionChoices::RegionChoices(std::vector<std::pair<std::string, Choice>> choices
 
 namespace {
 
-std::vector<std::pair<std::string, Choice>> choices_of(const Plan& plan) {
+std::vector<std::pair<std::string, Choice>> named_choices_of(const Plan& plan) {
   std::vector<std::pair<std::string, Choice>> choices;
   choices.reserve(plan.regions.size());
   for (const auto& [region, choice] : plan.regions) choices.emplace_back(region.name, choice);
@@ -229,7 +229,7 @@ std::vector<std::string> offloaded_of(const Plan& plan) {
 
 }  // namespace
 
-RegionChoices::RegionChoices(const Plan& plan) : RegionChoices(choices_of(plan), offloaded_of(plan)) {}
+RegionChoices::RegionChoices(const Plan& plan) : RegionChoices(named_choices_of(plan), offloaded_of(plan)) {}
 
 std::optional<std::size_t> RegionChoices::entry_for(std::string_view region) const {
   for (std::size_t i = 0; i < choices_.size(); ++i) {

@@ -185,16 +185,27 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   } else {
     consider(std::vector<Choice>(n, Choice::recompute));
     consider(std::vector<Choice>(n, Choice::save));
-    for (const Plan& plan : frontier(profile, 256)) {
-      std::vector<Choice> choices;
-      for (const auto& entry : plan.regions) choices.push_back(entry.second);
-      consider(choices);
-    }
+    for (const Plan& plan : frontier(profile, 256)) consider(choices_of(plan));
   }
   return found;
 }
 
 }  // namespace
+
+std::vector<Choice> choices_of(const Plan& plan) {
+  std::vector<Choice> choices;
+  for (const auto& entry : plan.regions) choices.push_back(entry.second);
+  return choices;
+}
+
+KeptOps kept_ops_of(const Plan& plan) {
+  KeptOps kept(plan.regions.size());
+  if (plan.kept_ops.empty()) return kept;
+  for (std::size_t r = 0; r < plan.regions.size(); ++r) {
+    for (const OpCost& op : plan.kept_ops[r]) kept[r].push_back(op.index);
+  }
+  return kept;
+}
 
 std::uint64_t least_step_peak(const RegionProfile& profile) { return search_peak(profile, 0).lowest_peak; }
 

@@ -95,6 +95,11 @@ using KeptOps = std::vector<std::vector<std::uint32_t>>;
 std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
                                 const KeptOps& kept_ops);
 
+// A plan's choice for each region, and the indices of the ops each keeps (none for a plan that
+// keeps no ops), as predict_step_peak takes them.
+std::vector<Choice> choices_of(const Plan& plan);
+KeptOps kept_ops_of(const Plan& plan);
+
 // The least step peak any plan reaches (among those solve_peak tries).
 std::uint64_t least_step_peak(const RegionProfile& profile);
 
