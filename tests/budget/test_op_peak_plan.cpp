@@ -12,6 +12,8 @@
 #include "two_checkpoints.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -229,6 +231,53 @@ TEST(OpPeak, AProfileWithTooManyPlansToWeighGetsAPlanWithinThePeakMarkedNotExact
     EXPECT_EQ(plan.least_recompute_seconds, 0.0);
     // No worse than the plan by regions alone.
     EXPECT_LE(plan.recompute_seconds, solve_peak(profile, peak).recompute_seconds + 1e-12);
+  }
+}
+
+// 40 calls of 1 to 45 regions (1055 in all), 20 ops each: the step model costs what changes from one segment
+// to the next (it cost the product of segments, live calls and what they keep: 115 s a budget at
+// 10,000 regions), and the plans by regions weighed number 33, not 256.
+TEST(OpPeak, PlansAThousandRegionsOfTwentyOpsByPeakInSeconds) {
+  std::mt19937_64 rng(10000);
+  std::uniform_real_distribution<double> seconds(0.0, 1e-3);
+  const auto add_twenty_ops = [&](StepRegion& region, RegionCost& cost, StepMemory& step) {
+    cost.must_save.clear();
+    for (std::uint32_t o = 0; o < 20; ++o) {
+      std::uint32_t made = o == 0 ? region.kept[1] : o == 19 ? region.kept[0] : 0;
+      if (made == 0) {
+        made = static_cast<std::uint32_t>(step.storages.size());
+        step.storages.push_back(64 + rng() % 256);
+      }
+      region.ops.push_back({o, {made}});
+      const OpCost op{o, o % 4 == 0 ? "aten::mm" : "aten::mul", step.storages[made], seconds(rng)};
+      cost.seconds += op.seconds;
+      cost.ops.push_back(op);
+    }
+    cost.op_overhead_seconds = 1e-5;
+  };
+  const RegionProfile profile = fixtures::random_step(rng, {40, 45, true}, add_twenty_ops);
+  ASSERT_GT(profile.regions.size(), 800u);
+  auto start = std::chrono::steady_clock::now();
+  const std::uint64_t least = least_step_peak(profile);
+  const double least_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%zu regions x 20 ops: the least peak in %.3f s\n", profile.regions.size(), least_seconds);
+#ifdef NDEBUG
+  EXPECT_LT(least_seconds, 2.5);
+#endif
+  for (const double share : {0.1, 0.5, 0.9}) {
+    const std::uint64_t peak =
+        least + static_cast<std::uint64_t>(share * static_cast<double>(profile.step->peak_bytes - least));
+    start = std::chrono::steady_clock::now();
+    const Plan plan = solve_peak_ops(profile, peak);
+    const double solved = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%zu regions x 20 ops, %.0f%% of the peak range: planned in %.3f s\n", profile.regions.size(),
+                100 * share, solved);
+    EXPECT_LE(plan.peak_bytes, peak) << "share " << share;
+    EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices_of(plan), kept_ops_of(plan))) << "share " << share;
+    EXPECT_LE(plan.recompute_seconds, solve_peak(profile, peak).recompute_seconds) << "share " << share;
+#ifdef NDEBUG
+    EXPECT_LT(solved, 8.0) << "share " << share;
+#endif
   }
 }
 

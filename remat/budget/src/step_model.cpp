@@ -81,19 +81,58 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
     : profile_(profile),
       step_(step),
       cuda_(profile.device.rfind("cuda", 0) == 0),
-      indexes_(region_indexes(profile, step)),
-      stamp_(step.storages.size(), 0) {
+      indexes_(region_indexes(profile, step)) {
   // Outputs of a call that no later call takes as input are held by code outside the
   // checkpoints (a head, a loss): alive while the call is live whatever it keeps.
-  held_until_.resize(step.checkpoints.size());
-  for (std::size_t k = 0; k < step.checkpoints.size(); ++k) {
+  const std::size_t calls = step.checkpoints.size();
+  held_until_.resize(calls);
+  consumed_.resize(calls);
+  std::unordered_map<std::uint32_t, std::uint32_t> first_taken_by;  // storage: the first call taking it as input
+  for (std::size_t k = calls; k-- > 0;) {
+    for (const std::uint32_t id : step.checkpoints[k].inputs) first_taken_by[id] = static_cast<std::uint32_t>(k);
+  }
+  for (std::size_t k = 0; k < calls; ++k) {
     for (const std::uint32_t id : step.checkpoints[k].outputs) {
       std::int64_t consumer = -1;
-      for (std::size_t later = k + 1; later < step.checkpoints.size() && consumer < 0; ++later) {
-        if (contains(step.checkpoints[later].inputs, id)) consumer = static_cast<std::int64_t>(later);
+      // The first later call taking it: where the first call taking it comes earlier, search on.
+      if (const auto it = first_taken_by.find(id); it != first_taken_by.end() && it->second > k) {
+        consumer = it->second;
+      } else if (it != first_taken_by.end()) {
+        for (std::size_t later = k + 1; later < calls && consumer < 0; ++later) {
+          if (contains(step.checkpoints[later].inputs, id)) consumer = static_cast<std::int64_t>(later);
+        }
+      }
+      if (consumer >= 0) {
+        consumed_[static_cast<std::size_t>(consumer)].emplace_back(static_cast<std::uint32_t>(k),
+                                                                    static_cast<std::uint32_t>(held_until_[k].size()));
       }
       held_until_[k].emplace_back(id, consumer);
     }
+  }
+  // What changes between segments: which calls are live.
+  joining_.resize(step.segments.size());
+  leaving_.resize(step.segments.size());
+  std::vector<char> live(calls, 0), in_segment(calls, 0);
+  const std::vector<std::uint32_t>* before = nullptr;
+  for (std::size_t s = 0; s < step.segments.size(); ++s) {
+    const std::vector<std::uint32_t>& now = step.segments[s].live;
+    for (const std::uint32_t k : now) in_segment[k] = 1;
+    if (before != nullptr) {
+      for (const std::uint32_t k : *before) {
+        if (live[k] != 0 && in_segment[k] == 0) {
+          live[k] = 0;
+          leaving_[s].push_back(k);
+        }
+      }
+    }
+    for (const std::uint32_t k : now) {
+      if (live[k] == 0) {
+        live[k] = 1;
+        joining_[s].push_back(k);
+      }
+    }
+    for (const std::uint32_t k : now) in_segment[k] = 0;
+    before = &now;
   }
   first_backward_.assign(step.checkpoints.size(), step.segments.size());
   forward_end_.assign(step.checkpoints.size(), 0);
@@ -121,36 +160,33 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
   }
   const std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
   saved_sets_ = kept_sets(all_saved, {}, nullptr);
-  for (std::size_t s = 0; s < step.segments.size(); ++s) {
-    saved_alive_.push_back(alive_bytes(s, saved_sets_, {}, nullptr));
-  }
+  saved_alive_ = alive_by_segment(saved_sets_, nullptr, [](std::size_t, std::vector<std::uint32_t>&) {}, nullptr);
 }
 
 std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded,
                               const KeptOps* kept_ops) {
-  std::vector<std::vector<std::uint32_t>> sets = kept_sets(choices, offloaded, kept_ops);
+  const std::vector<std::vector<std::uint32_t>> sets = kept_sets(choices, offloaded, kept_ops);
+  // In its own backward a call hands its kept ops' outputs to recompute, which lets go of those
+  // backward does not need once they are used (as a recompute without kept ops would): there it
+  // keeps what it would keep without them, beside what recompute brings back.
+  std::vector<std::vector<std::uint32_t>> without_kept_ops;
+  if (kept_ops != nullptr) without_kept_ops = kept_sets(choices, offloaded, nullptr);
   const bool offloads = std::find(offloaded.begin(), offloaded.end(), true) != offloaded.end();
   const Offload offload = offloads ? offload_of(offloaded) : Offload{};
+  const auto also_alive = [&](std::size_t s, std::vector<std::uint32_t>& ids) {
+    const StepSegment& segment = step_.segments[s];
+    if (segment.backward >= 0) {
+      ids = recomputed_saved(static_cast<std::size_t>(segment.backward), choices);
+    } else if (segment.forward >= 0 && kept_ops != nullptr) {
+      ids = kept_in_forward(s, choices, *kept_ops);
+    }
+  };
+  const std::vector<std::uint64_t> alive_in = alive_by_segment(
+      sets, kept_ops != nullptr ? &without_kept_ops : nullptr, also_alive, offloads ? &offload : nullptr);
   std::uint64_t peak = 0;
   for (std::size_t s = 0; s < step_.segments.size(); ++s) {
     const StepSegment& segment = step_.segments[s];
-    std::vector<std::uint32_t> also_alive;
-    // In its own backward a call hands its kept ops' outputs to recompute, which lets go of those
-    // backward does not need once they are used (as a recompute without kept ops would): there it
-    // keeps what it would keep without them, beside what recompute brings back.
-    const bool own_backward = segment.backward >= 0 && kept_ops != nullptr;
-    std::vector<std::uint32_t> with_kept_ops;
-    if (segment.backward >= 0) {
-      const auto k = static_cast<std::size_t>(segment.backward);
-      also_alive = recomputed_saved(k, choices);
-      if (own_backward) {
-        with_kept_ops = std::exchange(sets[k], kept_set(k, choices, offloaded, nullptr));
-      }
-    } else if (segment.forward >= 0 && kept_ops != nullptr) {
-      also_alive = kept_in_forward(s, choices, *kept_ops);
-    }
-    const std::uint64_t alive = alive_bytes(s, sets, also_alive, offloads ? &offload : nullptr);
-    if (own_backward) sets[static_cast<std::size_t>(segment.backward)] = std::move(with_kept_ops);
+    const std::uint64_t alive = alive_in[s];
     std::uint64_t top = segment.peak_bytes;
     if (segment.backward >= 0) {
       top = std::max(top, add_bytes(segment.start_bytes,
@@ -310,47 +346,126 @@ StepModel::Offload StepModel::offload_of(const std::vector<bool>& offloaded) con
   return offload;
 }
 
-// Bytes of the storages alive in segment `s` because of checkpoints: what the live calls keep,
-// what the call whose forward runs took as input, the outputs code outside holds, in a call's
-// backward what recompute brings back and in a forward what kept ops hold (`also_alive`), and what
-// the offloader holds on the device. Before the step's backward begins, the casts of leaves
-// autocast's cache holds (autocast_cached) stay whatever the plan: a recomputed region frees its
-// weights' casts only when the autocast block ends, which a loop's forward runs in.
-std::uint64_t StepModel::alive_bytes(std::size_t s, const std::vector<std::vector<std::uint32_t>>& sets,
-                                     const std::vector<std::uint32_t>& also_alive, const Offload* offload) {
-  const StepSegment& segment = step_.segments[s];
-  ++generation_;
-  std::uint64_t total = 0;
-  const auto add = [&](std::uint32_t id) {
-    if (stamp_[id] != generation_) {
-      stamp_[id] = generation_;
-      total = add_bytes(total, step_.storages[id]);
-    }
+namespace {
+
+// Bytes of a set of storages, each counted once however many times it is added: a storage is in
+// the set while it has been added more often than removed.
+class Tally {
+ public:
+  explicit Tally(const std::vector<std::uint64_t>& bytes) : bytes_(bytes), count_(bytes.size(), 0) {}
+
+  void add(std::uint32_t id) {
+    if (count_[id]++ == 0) total_ = add_bytes(total_, bytes_[id]);
+  }
+  void remove(std::uint32_t id) {
+    if (--count_[id] == 0) total_ -= bytes_[id];
+  }
+  void add(const std::vector<std::uint32_t>& ids) {
+    for (const std::uint32_t id : ids) add(id);
+  }
+  void remove(const std::vector<std::uint32_t>& ids) {
+    for (const std::uint32_t id : ids) remove(id);
+  }
+  bool has(std::uint32_t id) const { return count_[id] > 0; }
+  std::uint64_t total() const { return total_; }
+
+ private:
+  const std::vector<std::uint64_t>& bytes_;
+  std::vector<std::uint32_t> count_;
+  std::uint64_t total_ = 0;
+};
+
+}  // namespace
+
+// Bytes of the storages alive in each segment because of checkpoints: what the live calls keep,
+// the outputs of a live call that code outside holds (until the call taking them is live), what
+// the call whose forward runs took as input, in a call's backward what recompute brings back and
+// in a forward what kept ops hold (`also_alive`), and what the offloader holds on the device.
+// Before the step's backward begins, the casts of leaves autocast's cache holds (autocast_cached)
+// stay whatever the plan: a recomputed region frees its weights' casts only when the autocast
+// block ends, which a loop's forward runs in. What the live calls hold is tallied as calls join
+// and leave, so each segment costs what changes in it.
+std::vector<std::uint64_t> StepModel::alive_by_segment(
+    const std::vector<std::vector<std::uint32_t>>& sets, const std::vector<std::vector<std::uint32_t>>* in_own_backward,
+    const std::function<void(std::size_t, std::vector<std::uint32_t>&)>& also_alive, const Offload* offload) {
+  const std::size_t calls = step_.checkpoints.size();
+  Tally held(step_.storages);
+  std::vector<char> live(calls, 0), cached(calls, 0);
+  std::vector<std::vector<char>> holding(calls);
+  for (std::size_t k = 0; k < calls; ++k) holding[k].assign(held_until_[k].size(), 0);
+  const auto settle_hold = [&](std::uint32_t k, std::uint32_t entry) {
+    const auto& [id, consumer] = held_until_[k][entry];
+    const char wanted = live[k] != 0 && (consumer < 0 || live[static_cast<std::size_t>(consumer)] == 0) ? 1 : 0;
+    if (wanted == holding[k][entry]) return;
+    holding[k][entry] = wanted;
+    wanted != 0 ? held.add(id) : held.remove(id);
   };
-  const auto is_live = [&](std::int64_t k) { return k >= 0 && contains(segment.live, static_cast<std::uint32_t>(k)); };
-  for (const std::uint32_t k : segment.live) {
-    for (const std::uint32_t id : sets[k]) add(id);
-    for (const auto& [id, consumer] : held_until_[k]) {
-      if (!is_live(consumer)) add(id);
-    }
-    if (s < backward_begins_) {
-      for (const std::uint32_t id : cached_[k]) add(id);
-    }
-  }
-  if (segment.forward >= 0) {
-    for (const std::uint32_t id : step_.checkpoints[static_cast<std::size_t>(segment.forward)].inputs) add(id);
-  }
-  for (const std::uint32_t id : also_alive) add(id);
+  const auto settle_cached = [&](std::uint32_t k, std::size_t s) {
+    const char wanted = live[k] != 0 && s < backward_begins_ ? 1 : 0;
+    if (wanted == cached[k]) return;
+    cached[k] = wanted;
+    wanted != 0 ? held.add(cached_[k]) : held.remove(cached_[k]);
+  };
+  const auto settle_call = [&](std::uint32_t k, std::size_t s) {
+    live[k] != 0 ? held.add(sets[k]) : held.remove(sets[k]);
+    for (std::uint32_t entry = 0; entry < held_until_[k].size(); ++entry) settle_hold(k, entry);
+    for (const auto& [holder, entry] : consumed_[k]) settle_hold(holder, entry);
+    settle_cached(k, s);
+  };
+  std::vector<std::uint32_t> offloading;  // the calls whose bytes the offloader holds at some point
   if (offload != nullptr) {
-    for (const std::uint32_t k : segment.live) {
+    for (std::uint32_t k = 0; k < calls; ++k) {
+      if (offload->back_bytes[k] > 0 || !offload->lingering[k].empty()) offloading.push_back(k);
+    }
+  }
+  std::vector<std::uint32_t> stamp(step_.storages.size(), 0), extra_ids;
+  std::uint32_t generation = 0;
+  std::vector<std::uint64_t> alive(step_.segments.size(), 0);
+  for (std::size_t s = 0; s < step_.segments.size(); ++s) {
+    const StepSegment& segment = step_.segments[s];
+    for (const std::uint32_t k : leaving_[s]) live[k] = 0;
+    for (const std::uint32_t k : joining_[s]) live[k] = 1;
+    for (const std::uint32_t k : leaving_[s]) settle_call(k, s);
+    for (const std::uint32_t k : joining_[s]) settle_call(k, s);
+    if (s == backward_begins_) {
+      for (const std::uint32_t k : segment.live) settle_cached(k, s);
+    }
+    const bool swapped = in_own_backward != nullptr && segment.backward >= 0 &&
+                         live[static_cast<std::size_t>(segment.backward)] != 0;
+    if (swapped) {
+      held.remove(sets[static_cast<std::size_t>(segment.backward)]);
+      held.add((*in_own_backward)[static_cast<std::size_t>(segment.backward)]);
+    }
+    // What else the segment holds, each storage once and only where the live calls do not hold it.
+    ++generation;
+    std::uint64_t extra = 0;
+    const auto add = [&](std::uint32_t id) {
+      if (!held.has(id) && stamp[id] != generation) {
+        stamp[id] = generation;
+        extra = add_bytes(extra, step_.storages[id]);
+      }
+    };
+    if (segment.forward >= 0) {
+      for (const std::uint32_t id : step_.checkpoints[static_cast<std::size_t>(segment.forward)].inputs) add(id);
+    }
+    extra_ids.clear();
+    also_alive(s, extra_ids);
+    for (const std::uint32_t id : extra_ids) add(id);
+    for (const std::uint32_t k : offloading) {
+      if (live[k] == 0) continue;
       if (s >= offload->back_from[k]) {
-        total = add_bytes(total, offload->back_bytes[k]);  // new tensors: beside any storage still alive
+        extra = add_bytes(extra, offload->back_bytes[k]);  // new tensors: beside any storage still alive
       } else if (s < offload->linger_until[k]) {
         for (const std::uint32_t id : offload->lingering[k]) add(id);
       }
     }
+    alive[s] = add_bytes(held.total(), extra);
+    if (swapped) {
+      held.remove((*in_own_backward)[static_cast<std::size_t>(segment.backward)]);
+      held.add(sets[static_cast<std::size_t>(segment.backward)]);
+    }
   }
-  return total;
+  return alive;
 }
 
 }  // namespace remat::budget::detail

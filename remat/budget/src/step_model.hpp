@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,8 +64,13 @@ class StepModel {
   std::vector<std::uint32_t> recomputed_saved(std::size_t k, const std::vector<Choice>& choices) const;
   std::uint64_t recompute_transient(std::size_t k, const std::vector<Choice>& choices) const;
   Offload offload_of(const std::vector<bool>& offloaded) const;
-  std::uint64_t alive_bytes(std::size_t s, const std::vector<std::vector<std::uint32_t>>& sets,
-                            const std::vector<std::uint32_t>& also_alive, const Offload* offload);
+  // Per segment, the bytes alive because of checkpoints (step_model.cpp says which), walked once
+  // through the step: `sets` is what each call keeps, `in_own_backward` (where given) what it keeps
+  // while its own backward runs, and `also_alive(s, ids)` lists what else segment s holds.
+  std::vector<std::uint64_t> alive_by_segment(
+      const std::vector<std::vector<std::uint32_t>>& sets,
+      const std::vector<std::vector<std::uint32_t>>* in_own_backward,
+      const std::function<void(std::size_t, std::vector<std::uint32_t>&)>& also_alive, const Offload* offload);
 
   const RegionProfile& profile_;
   const StepMemory& step_;
@@ -80,9 +86,12 @@ class StepModel {
   std::size_t backward_begins_ = 0;          // the step's first backward segment (none: segments' count)
   std::vector<std::vector<std::uint32_t>> cached_;  // per call: its regions' autocast_cached
   std::vector<std::vector<std::uint32_t>> saved_sets_;
+  // Per segment: the calls live there that were not in the segment before, and those no longer live.
+  std::vector<std::vector<std::uint32_t>> joining_;
+  std::vector<std::vector<std::uint32_t>> leaving_;
+  // Per call: the outputs it consumes that held_until_ lists, as (holder call, entry in its list).
+  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> consumed_;
   std::vector<std::uint64_t> saved_alive_;
-  std::vector<std::uint32_t> stamp_;
-  std::uint32_t generation_ = 0;
 };
 
 }  // namespace remat::budget::detail

@@ -150,6 +150,22 @@ struct PeakSearch {
 };
 
 constexpr std::size_t kEveryPlanUpTo = 16;
+constexpr std::size_t kGridBudgets = 17;
+constexpr std::size_t kRefinements = 8;
+
+// The i-th of `parts` equal steps from `from` to `to`.
+std::uint64_t between(std::uint64_t from, std::uint64_t to, std::size_t i, std::size_t parts) {
+  if (i >= parts) return to;
+  const long double share = static_cast<long double>(i) / static_cast<long double>(parts);
+  return from + static_cast<std::uint64_t>(share * static_cast<long double>(to - from));
+}
+
+// Beyond kEveryPlanUpTo regions the plans weighed are plans by kept bytes (solve): at kGridBudgets
+// budgets evenly spaced from the least the checkpoints keep to all they could keep, kRefinements
+// more between the grid's neighbours of its lowest peak, and kRefinements bisecting between the
+// largest grid budget whose plan fits `peak_bytes` and the next (the peak grows with the budget,
+// though not strictly). The first two do not depend on `peak_bytes`, so every search weighs the
+// plan least_step_peak names.
 
 PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   const StepMemory& step = step_of(profile);
@@ -157,7 +173,7 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   detail::StepModel model(profile, step);
   const std::size_t n = profile.regions.size();
   PeakSearch found;
-  const auto consider = [&](std::vector<Choice> choices) {
+  const auto consider = [&](std::vector<Choice> choices) -> std::uint64_t {
     for (std::size_t r = 0; r < n; ++r) {
       if (!profile.regions[r].must_save.empty()) choices[r] = Choice::save;
       if (!profile.regions[r].must_recompute.empty()) choices[r] = Choice::recompute;
@@ -174,6 +190,7 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
       found.best_peak = peak;
       found.best_seconds = seconds;
     }
+    return peak;
   };
   found.every_plan = n <= kEveryPlanUpTo;
   if (found.every_plan) {
@@ -185,7 +202,34 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   } else {
     consider(std::vector<Choice>(n, Choice::recompute));
     consider(std::vector<Choice>(n, Choice::save));
-    for (const Plan& plan : frontier(profile, 256)) consider(choices_of(plan));
+    const auto by_kept_bytes = [&](std::uint64_t budget) { return consider(choices_of(solve(profile, budget))); };
+    // The grid, and between its neighbours of its lowest peak.
+    const std::uint64_t low = least_kept_bytes(profile), high = profile.all_saved_bytes();
+    std::vector<std::uint64_t> budgets, peaks;
+    for (std::size_t i = 0; i < kGridBudgets; ++i) {
+      const std::uint64_t budget = between(low, high, i, kGridBudgets - 1);
+      if (!budgets.empty() && budgets.back() == budget) continue;  // a narrow range: each budget once
+      budgets.push_back(budget);
+      peaks.push_back(by_kept_bytes(budget));
+    }
+    const auto lowest = static_cast<std::size_t>(std::min_element(peaks.begin(), peaks.end()) - peaks.begin());
+    const std::uint64_t from = budgets[lowest == 0 ? 0 : lowest - 1];
+    const std::uint64_t to = budgets[std::min(lowest + 1, budgets.size() - 1)];
+    for (std::size_t i = 1; i <= kRefinements && to - from > kRefinements; ++i) {
+      by_kept_bytes(between(from, to, i, kRefinements + 1));
+    }
+    // Bisected between the largest grid budget whose plan fits and the next above it.
+    std::size_t fits = budgets.size();
+    for (std::size_t i = 0; i < budgets.size(); ++i) {
+      if (peaks[i] <= peak_bytes) fits = i;
+    }
+    if (fits + 1 < budgets.size()) {
+      std::uint64_t under = budgets[fits], over = budgets[fits + 1];
+      for (std::size_t i = 0; i < kRefinements && over - under > 1; ++i) {
+        const std::uint64_t middle = under + (over - under) / 2;
+        (by_kept_bytes(middle) <= peak_bytes ? under : over) = middle;
+      }
+    }
   }
   return found;
 }
