@@ -19,6 +19,11 @@ Then per-op plans (remat._budget.plan_ops: a region saved, recomputed, or recomp
 ops' outputs) on --regions regions of --ops ops each, at the same budgets: the worst seconds one
 budget takes through Python (reading the dump included), how many plans were proved optimal, and
 the largest gap a plan not proved leaves to the bound (recompute_seconds over least_recompute_seconds).
+
+Then plans by step peak on a profile of --regions regions of --ops ops with the step's memory (100
+regions a checkpoint call): the seconds the dump takes to read, the least peak, and the worst
+seconds one peak budget takes by regions alone (plan_by_peak) and per op (plan_by_peak_ops), the
+dump read once, at peak budgets 10% to 90% of the way from the least peak to everything saved.
 """
 
 import argparse
@@ -83,6 +88,63 @@ def op_profiles(count, ops):
                                                              rng.uniform(1e-5, 1e-3))) for i in range(count)]
     yield "proportional, any bytes", [region(i, lambda j: ("aten::mm", b := rng.randint(1, 64 * MiB), b * 1e-11))
                                       for i in range(count)]
+
+
+def step_op_profile(calls, per_call, ops):
+    """A region_profile dump with per-op figures and the step's memory, as remat.profile_regions(ops=True)
+    writes one with the step's tensors counted: `calls` checkpoint calls in a chain, each of `per_call`
+    regions in a chain; each region keeps its output and one saved storage and runs `ops` ops (the first
+    makes the saved storage, the last the output, the rest a storage each that forward frees). Segments
+    as the profile cuts them: each region's entry and exit, the end of forward, each call's backward."""
+    rng = random.Random(46)
+    storages, checkpoints, segments, regions, live = [], [], [], [], []
+    alive, carried = 0, None
+
+    def storage(size):
+        storages.append(size)
+        return len(storages) - 1
+
+    def segment(peak, forward=-1, backward=-1):
+        segments.append({"peak_bytes": peak, "start_bytes": alive, "live": list(live), "forward": forward,
+                         "backward": backward})
+
+    for k in range(calls):
+        call = {"name": f"c{k}", "inputs": [] if carried is None else [carried], "kept_inputs": [], "outputs": [],
+                "regions": []}
+        segment(alive + rng.randrange(100), forward=k)
+        for r in range(per_call):
+            name = f"c{k}::r{r}"
+            output, saved = storage(rng.randint(1, 400)), storage(rng.randint(1, 400))
+            step_ops, cost_ops, seconds = [], [], rng.uniform(0, 1)
+            for o in range(ops):
+                made = saved if o == 0 else output if o == ops - 1 else storage(64 + rng.randrange(256))
+                op_seconds = rng.uniform(0, 1e-3)
+                seconds += op_seconds
+                step_ops.append({"index": o, "outputs": [made]})
+                cost_ops.append({"index": o, "op": "aten::mm" if o % 4 == 0 else "aten::mul.Tensor",
+                                 "bytes": storages[made], "seconds": op_seconds})
+            transient = rng.randrange(200)
+            call["regions"].append({"name": name, "kept": [output, saved], "inputs": [] if carried is None else
+                                    [carried], "outputs": [output], "transient_bytes": transient, "ops": step_ops})
+            regions.append({"name": name, "saved_bytes": storages[output] + storages[saved], "seconds": seconds,
+                            "op_overhead_seconds": 1e-5, "ops": cost_ops})
+            after = alive + storages[output] + storages[saved]
+            segment(after + transient, forward=k)
+            alive = after
+            segment(alive + rng.randrange(100), forward=k)
+            carried = output
+        call["outputs"] = [carried]
+        checkpoints.append(call)
+        live.append(k)
+    segment(alive + rng.randrange(300))
+    for k in reversed(range(calls)):
+        segment(alive + rng.randrange(500), backward=k)
+        live.pop()
+        alive -= sum(storages[i] for region in checkpoints[k]["regions"] for i in region["kept"])
+    step = {"start_bytes": 0, "end_bytes": 0, "peak_bytes": max(s["peak_bytes"] for s in segments),
+            "storages": storages, "checkpoints": checkpoints, "segments": segments}
+    return json.dumps({"kind": "region-profile", "schema_version": 1, "base_bytes": 0, "regions": regions,
+                       "step": step})
 
 
 def profile_text(regions):
@@ -165,6 +227,31 @@ def main():
         alone = max(0.0, both - reading) / len(SHARES)
         print(f"| {name} | {len(text) / MiB:.1f} | {reading:.2f} | {max(times):.3f} | {alone:.3f} | {alone:.2f}x | "
               f"{proved} of {len(SHARES)} | {gap:.6f} |", flush=True)
+
+    calls = max(1, args.regions // 100)
+    text = step_op_profile(calls, args.regions // calls, args.ops)
+    print(f"\nplans by step peak: {calls} checkpoint calls of {args.regions // calls} regions x {args.ops} ops, "
+          f"peak budgets at {', '.join(f'{s:.0%}' for s in SHARES)} of the way from the least peak to everything "
+          "saved\n")
+    print("| dump MiB | reading it, s | least peak, s | by regions, worst s/budget | per op, worst s/budget | "
+          "per op vs 1 s goal | per op's recompute vs by regions' |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    reading, profile = timed(lambda: read(text))
+    least_seconds, least = timed(lambda: budget.least_peak(profile, False))
+    everything = json.loads(text)["step"]["peak_bytes"]
+    region_times, op_times, ratios = [], [], []
+    for share in SHARES:
+        peak = int(least + share * (everything - least))
+        seconds, by_regions = timed(lambda: json.loads(budget.plan_by_peak(profile, peak, False)))
+        region_times.append(seconds)
+        seconds, per_op = timed(lambda: json.loads(budget.plan_by_peak_ops(profile, peak)))
+        op_times.append(seconds)
+        if max(by_regions["peak_bytes"], per_op["peak_bytes"]) > peak:
+            sys.exit(f"a plan by peak is over its peak budget of {peak} bytes")
+        if by_regions["recompute_seconds"] > 0:
+            ratios.append(per_op["recompute_seconds"] / by_regions["recompute_seconds"])
+    print(f"| {len(text) / MiB:.1f} | {reading:.2f} | {least_seconds:.3f} | {max(region_times):.3f} | "
+          f"{max(op_times):.3f} | {max(op_times):.2f}x | {min(ratios):.4f}-{max(ratios):.4f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -234,10 +234,11 @@ TEST(OpPeak, AProfileWithTooManyPlansToWeighGetsAPlanWithinThePeakMarkedNotExact
   }
 }
 
-// 40 calls of 1 to 45 regions (1055 in all), 20 ops each: the step model costs what changes from one segment
-// to the next (it cost the product of segments, live calls and what they keep: 115 s a budget at
-// 10,000 regions), and the plans by regions weighed number 33, not 256.
-TEST(OpPeak, PlansAThousandRegionsOfTwentyOpsByPeakInSeconds) {
+// 440 calls of 1 to 45 regions (10,328 in all), 20 ops each: the step model costs what changes from
+// one segment to the next, the plans by regions are the knapsack's without its proof, and the
+// per-op plans are priced ones (one pass over the ops each). Here: 0.3 s for the least peak and
+// 0.8-0.9 s a budget (Release); the bound below only catches a blow-up on a loaded machine.
+TEST(OpPeak, PlansTenThousandRegionsOfTwentyOpsByPeakInAboutASecond) {
   std::mt19937_64 rng(10000);
   std::uniform_real_distribution<double> seconds(0.0, 1e-3);
   const auto add_twenty_ops = [&](StepRegion& region, RegionCost& cost, StepMemory& step) {
@@ -255,14 +256,14 @@ TEST(OpPeak, PlansAThousandRegionsOfTwentyOpsByPeakInSeconds) {
     }
     cost.op_overhead_seconds = 1e-5;
   };
-  const RegionProfile profile = fixtures::random_step(rng, {40, 45, true}, add_twenty_ops);
-  ASSERT_GT(profile.regions.size(), 800u);
+  const RegionProfile profile = fixtures::random_step(rng, {440, 45, true}, add_twenty_ops);
+  ASSERT_GT(profile.regions.size(), 10000u);
   auto start = std::chrono::steady_clock::now();
   const std::uint64_t least = least_step_peak(profile);
   const double least_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%zu regions x 20 ops: the least peak in %.3f s\n", profile.regions.size(), least_seconds);
 #ifdef NDEBUG
-  EXPECT_LT(least_seconds, 2.5);
+  EXPECT_LT(least_seconds, 3.0);
 #endif
   for (const double share : {0.1, 0.5, 0.9}) {
     const std::uint64_t peak =
@@ -276,7 +277,7 @@ TEST(OpPeak, PlansAThousandRegionsOfTwentyOpsByPeakInSeconds) {
     EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices_of(plan), kept_ops_of(plan))) << "share " << share;
     EXPECT_LE(plan.recompute_seconds, solve_peak(profile, peak).recompute_seconds) << "share " << share;
 #ifdef NDEBUG
-    EXPECT_LT(solved, 8.0) << "share " << share;
+    EXPECT_LT(solved, 5.0) << "share " << share;
 #endif
   }
 }

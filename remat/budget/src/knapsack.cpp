@@ -45,6 +45,10 @@ constexpr std::uint64_t kMostTableUnits = std::uint64_t{1} << 22;
 // States the front search carries from one item to the next, over all its items: its width is
 // this over the core's items, and never below kLeastSearchWidth.
 constexpr std::size_t kSearchWork = std::size_t{1} << 21;
+// The search around the break item carries a quarter of that before a proof, and a 32nd where no
+// proof follows (plans weighed by the dozen).
+constexpr std::size_t kBreakSearchWork = kSearchWork / 4;
+constexpr std::size_t kUnprovedSearchWork = kSearchWork / 32;
 constexpr std::size_t kLeastSearchWidth = 64;
 // Items on each side of the incumbent that exact-fill exchanges choose from: this many nearest the
 // break item and up to kFillSpread more spread over the rest (pairs of them number about 80,000 a
@@ -536,7 +540,7 @@ CoreChoice front_search(const Sorted& s, const std::vector<std::size_t>& open, s
 
 }  // namespace
 
-KnapsackChoice solve_knapsack(const std::vector<KnapsackItem>& items, std::uint64_t capacity) {
+KnapsackChoice solve_knapsack(const std::vector<KnapsackItem>& items, std::uint64_t capacity, bool prove) {
   KnapsackChoice choice;
   choice.taken.assign(items.size(), false);
   std::vector<std::size_t> fitting;
@@ -563,17 +567,17 @@ KnapsackChoice solve_knapsack(const std::vector<KnapsackItem>& items, std::uint6
   Incumbent inc = greedy(s);
   const auto unproved = [&] { return lp.bound - inc.value > tolerance; };
   // A better incumbent first: the closer it is to the bound, the fewer items stay open.
-  if (unproved()) fill_exactly(s, inc);
+  if (unproved() && prove) fill_exactly(s, inc);
   if (unproved()) {
     const Core near = around_break(s, lp);
     adopt(s, near,
           front_search(s, near.open, s.capacity - near.kept_units, inc.value - near.kept_value, tolerance,
-                       kSearchWork / 4),
+                       prove ? kBreakSearchWork : kUnprovedSearchWork),
           inc);
   }
-  const Relaxation bound = unproved() ? counted(s, lp) : lp;
+  const Relaxation bound = unproved() && prove ? counted(s, lp) : lp;
   long double most = bound.bound;
-  if (bound.bound - inc.value > tolerance) {
+  if (bound.bound - inc.value > tolerance && prove) {
     const Core core = settle(s, bound, inc, tolerance);
     std::optional<CoreChoice> found = table_choice(s, core.open, s.capacity - core.kept_units);
     if (!found) {

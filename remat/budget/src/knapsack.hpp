@@ -22,6 +22,9 @@ struct KnapsackChoice {
   double most_seconds = 0;
 };
 
-KnapsackChoice solve_knapsack(const std::vector<KnapsackItem>& items, std::uint64_t capacity);
+// `prove` false: the incumbent the proof would start from (the greedy choice, bettered by a search
+// of the items around the break item), proved_optimal only where it meets the relaxation; a
+// fraction of the time where the proof would search.
+KnapsackChoice solve_knapsack(const std::vector<KnapsackItem>& items, std::uint64_t capacity, bool prove = true);
 
 }  // namespace remat::budget::detail

@@ -5,10 +5,13 @@
 //
 // The peak is no sum over regions, so no knapsack bound holds for it. Where a profile allows few
 // plans, every one is weighed, which proves the plan. Beyond, the plans weighed come from the other
-// solvers: the plan by regions alone (solve_peak), and per-op plans by kept bytes (solve_ops), whose
-// peak grows with their budget though not strictly, at budgets bisected between the least the
-// checkpoints keep and all they could keep. The fastest of them within the peak stands, marked not
-// exact, unless it is the fastest plan with no limit at all (then nothing can beat it).
+// solvers: the plan by regions alone (solve_peak), the fastest per-op plan with no limit
+// (solve_ops), per-op plans at a price per byte kept (PricedOpPlans), whose peak falls as the
+// price rises though not strictly, at prices bisected (geometrically: they span orders of
+// magnitude) between one that keeps every option worth keeping and one that keeps none, and on a
+// profile with few ops, solve_ops's plans at bisected budgets of kept bytes. The fastest of them
+// within the peak stands, marked not exact, unless it is the fastest plan with no limit at all
+// (then nothing can beat it).
 
 #include <remat/budget/op_plan.hpp>
 #include <remat/budget/step_peak.hpp>
@@ -17,6 +20,7 @@
 #include "step_model.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -28,17 +32,19 @@ namespace remat::budget {
 namespace {
 
 constexpr std::uint64_t kEveryPlanUpTo = std::uint64_t{1} << 16;
-constexpr int kBisections = 10;
+constexpr int kPriceBisections = 20;
+// Where a profile has at most this many ops a plan may keep, solve_ops's plans at budgets bisected
+// between the least the checkpoints keep and all they could keep are weighed too: better than the
+// priced plans where few regions make the price plans far apart, and affordable there (10 exact
+// searches of 4096 ops take tenths of a second).
+constexpr std::size_t kBudgetBisectionsUpTo = 4096;
+constexpr int kBudgetBisections = 10;
 
 // One way to run a region: save it, or recompute it keeping `kept` (op indexes; none: recompute).
 struct Option {
   Choice choice = Choice::recompute;
   std::vector<std::uint32_t> kept;
 };
-
-const OpCost& op_at(const RegionCost& region, std::uint32_t index) {
-  return *std::find_if(region.ops.begin(), region.ops.end(), [&](const OpCost& op) { return op.index == index; });
-}
 
 // The ops of a region a plan may keep, as solve_ops weighs them (some bytes, some seconds); none
 // where a must_save or must_recompute reason leaves the region one option.
@@ -49,6 +55,12 @@ std::vector<std::uint32_t> usable_ops(const RegionCost& region) {
     if (op.bytes > 0 && op.seconds > 0) usable.push_back(op.index);
   }
   return usable;
+}
+
+std::size_t usable_op_count(const RegionProfile& profile) {
+  std::size_t count = 0;
+  for (const RegionCost& region : profile.regions) count += usable_ops(region).size();
+  return count;
 }
 
 // Every option of a region: the one a must_save or must_recompute reason leaves, else save,
@@ -76,10 +88,7 @@ class OpPeakSearch {
   std::uint64_t weigh(const std::vector<Choice>& choices, const KeptOps& kept) {
     double seconds = 0;
     for (std::size_t r = 0; r < choices.size(); ++r) {
-      if (choices[r] == Choice::save) continue;
-      std::vector<OpCost> ops;
-      for (const std::uint32_t index : kept[r]) ops.push_back(op_at(profile_.regions[r], index));
-      seconds += keeping_seconds(profile_.regions[r], ops);
+      if (choices[r] != Choice::save) seconds += detail::keeping_seconds(profile_.regions[r], kept[r]);
     }
     const std::uint64_t peak = model_.peak(choices, {}, &kept);
     lowest_peak_ = std::min(lowest_peak_, peak);
@@ -96,6 +105,7 @@ class OpPeakSearch {
 
   // Weighs a plan another solver made; returns its predicted peak.
   std::uint64_t weigh(const Plan& plan) { return weigh(choices_of(plan), kept_ops_of(plan)); }
+  std::uint64_t weigh(const detail::OpChoices& plan) { return weigh(plan.choices, plan.kept); }
 
   // Weighs every plan where there are at most kEveryPlanUpTo; false (nothing weighed) where more.
   bool weigh_every_plan() {
@@ -131,7 +141,7 @@ class OpPeakSearch {
   Plan best_plan() const {
     std::vector<std::vector<OpCost>> kept(profile_.regions.size());
     for (std::size_t r = 0; r < kept.size(); ++r) {
-      for (const std::uint32_t index : best_kept_[r]) kept[r].push_back(op_at(profile_.regions[r], index));
+      for (const std::uint32_t index : best_kept_[r]) kept[r].push_back(detail::op_at(profile_.regions[r], index));
     }
     return detail::op_plan_of(profile_, best_choices_, std::move(kept));
   }
@@ -195,10 +205,20 @@ Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes) {
     const Plan unlimited = solve_ops(profile, most);
     exact = search.weigh(unlimited) <= peak_bytes && search.best_seconds() == unlimited.recompute_seconds &&
             unlimited.exact;
-    std::uint64_t fits = least_kept_bytes(profile), over = most;
-    for (int i = 0; i < kBisections && !exact && over - fits > 1; ++i) {
-      const std::uint64_t mid = fits + (over - fits) / 2;
-      (search.weigh(solve_ops(profile, mid)) <= peak_bytes ? fits : over) = mid;
+    if (!exact) {
+      const detail::PricedOpPlans priced(profile);
+      auto [over, fits] = priced.price_range();
+      for (int i = 0; i < kPriceBisections && over > 0 && fits > over * (1 + 1e-12); ++i) {
+        const double mid = std::sqrt(over * fits);
+        (search.weigh(priced.at(mid)) <= peak_bytes ? fits : over) = mid;
+      }
+    }
+    if (!exact && usable_op_count(profile) <= kBudgetBisectionsUpTo) {
+      std::uint64_t fits = least_kept_bytes(profile), over = most;
+      for (int i = 0; i < kBudgetBisections && over - fits > 1; ++i) {
+        const std::uint64_t mid = fits + (over - fits) / 2;
+        (search.weigh(solve_ops(profile, mid)) <= peak_bytes ? fits : over) = mid;
+      }
     }
   }
   if (!search.found()) detail::refuse_peak(step, peak_bytes, search.lowest_peak(), "");

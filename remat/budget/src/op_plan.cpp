@@ -24,8 +24,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace remat::budget {
@@ -68,6 +70,23 @@ class OpSolver {
     std::uint64_t bytes = 0;
   };
 
+  // Each group's best option at `per_byte`, whatever the capacity.
+  Choice at_price(double per_byte) const { return from_priced(per_byte, price(per_byte)); }
+
+  // The least and the most seconds spared per byte kept of any option (PricedOpPlans::price_range).
+  std::pair<double, double> price_range() const {
+    double least = std::numeric_limits<double>::infinity(), most = 0;
+    const auto include = [&](double ratio) {
+      least = std::min(least, ratio);
+      most = std::max(most, ratio);
+    };
+    for (const Group& g : groups_) {
+      if (g.can_save) include(g.save_value / static_cast<double>(g.save_bytes));
+      for (const std::size_t o : g.ops) include(op(g, o).seconds / static_cast<double>(op(g, o).bytes));
+    }
+    return {std::min(least, most), most};
+  }
+
   Choice solve(bool& exact, double& bound) {
     double scale = 0;
     for (const Group& g : groups_) scale += std::max(g.save_value, ops_value(g, 0.0));
@@ -78,12 +97,7 @@ class OpSolver {
       bound = free.value;
       return from_priced(0.0, free);
     }
-    double lo = 0, hi = 0;
-    for (const Group& g : groups_) {
-      if (g.can_save) hi = std::max(hi, g.save_value / static_cast<double>(g.save_bytes));
-      for (const std::size_t o : g.ops) hi = std::max(hi, op(g, o).seconds / static_cast<double>(op(g, o).bytes));
-    }
-    hi = hi * 2 + 1e-300;
+    double lo = 0, hi = price_range().second * 2 + 1e-300;
     double best_bound = std::numeric_limits<double>::infinity();
     double best_price = hi;
     Priced feasible = price(hi);
@@ -407,8 +421,16 @@ double keeping_seconds(const RegionCost& region, const std::vector<OpCost>& kept
   return seconds;
 }
 
-Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
-  const std::uint64_t capacity = check_plannable(profile, budget_bytes);
+double detail::keeping_seconds(const RegionCost& region, const std::vector<std::uint32_t>& kept) {
+  if (kept.empty()) return region.seconds;
+  double seconds = region.seconds + 2 * region.op_overhead_seconds;
+  for (const std::uint32_t index : kept) seconds -= detail::op_at(region, index).seconds;
+  return seconds;
+}
+
+namespace {
+
+void refuse_grouped_ops(const RegionProfile& profile) {
   for (const RegionCost& region : profile.regions) {
     if (region.count != 1 && !region.ops.empty()) {
       throw BudgetError("region '" + region.name + "' stands for " + std::to_string(region.count) +
@@ -416,7 +438,10 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
                         "from the profile as measured (group=False)");
     }
   }
-  std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
+}
+
+// The regions with a choice to make within `capacity`, as groups; `choices` gets the others' choice.
+std::vector<Group> groups_of(const RegionProfile& profile, std::uint64_t capacity, std::vector<Choice>& choices) {
   std::vector<Group> groups;
   weigh_regions(profile, capacity, choices, [&](const Weighed& weighed) {
     const RegionCost& region = profile.regions[weighed.region];
@@ -428,11 +453,12 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
     }
     if (g.can_save || !g.ops.empty()) groups.push_back(std::move(g));
   });
-  OpSolver solver(profile, groups, capacity);
-  bool exact = true;
-  double bound = 0;
-  const OpSolver::Choice chosen = solver.solve(exact, bound);
+  return groups;
+}
 
+// The plan of the groups' choices, beside `choices` for the regions without a choice to make.
+Plan plan_of(const RegionProfile& profile, const std::vector<Group>& groups, const OpSolver::Choice& chosen,
+             std::vector<Choice> choices) {
   std::vector<std::vector<OpCost>> kept(profile.regions.size());
   for (std::size_t k = 0; k < groups.size(); ++k) {
     const RegionCost& region = profile.regions[groups[k].region];
@@ -440,7 +466,21 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
     if (chosen.mode[k] != Mode::ops) continue;
     for (const std::size_t o : chosen.kept[k]) kept[groups[k].region].push_back(region.ops[o]);
   }
-  Plan plan = detail::op_plan_of(profile, choices, std::move(kept));
+  return detail::op_plan_of(profile, choices, std::move(kept));
+}
+
+}  // namespace
+
+Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
+  const std::uint64_t capacity = check_plannable(profile, budget_bytes);
+  refuse_grouped_ops(profile);
+  std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
+  const std::vector<Group> groups = groups_of(profile, capacity, choices);
+  OpSolver solver(profile, groups, capacity);
+  bool exact = true;
+  double bound = 0;
+  const OpSolver::Choice chosen = solver.solve(exact, bound);
+  Plan plan = plan_of(profile, groups, chosen, std::move(choices));
   plan.budget_bytes = budget_bytes;
   plan.exact = exact;
   plan.least_recompute_seconds =
@@ -449,6 +489,44 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
 }
 
 namespace detail {
+
+struct PricedOpPlans::Solver {
+  explicit Solver(const RegionProfile& profile)
+      : choices(profile.regions.size(), Choice::recompute),
+        groups(groups_of(profile, std::numeric_limits<std::uint64_t>::max(), choices)),
+        solver(profile, groups, std::numeric_limits<std::uint64_t>::max()) {}
+
+  std::vector<Choice> choices;  // of the regions without a choice to make
+  std::vector<Group> groups;
+  OpSolver solver;
+};
+
+PricedOpPlans::PricedOpPlans(const RegionProfile& profile) : profile_(profile) {
+  refuse_grouped_ops(profile);
+  solver_ = std::make_unique<Solver>(profile);
+}
+
+PricedOpPlans::~PricedOpPlans() = default;
+
+std::pair<double, double> PricedOpPlans::price_range() const { return solver_->solver.price_range(); }
+
+OpChoices PricedOpPlans::at(double per_byte) const {
+  const OpSolver::Choice chosen = solver_->solver.at_price(per_byte);
+  OpChoices plan{solver_->choices, KeptOps(profile_.regions.size())};
+  for (std::size_t k = 0; k < solver_->groups.size(); ++k) {
+    const std::size_t r = solver_->groups[k].region;
+    if (chosen.mode[k] == Mode::save) plan.choices[r] = Choice::save;
+    if (chosen.mode[k] != Mode::ops) continue;
+    for (const std::size_t o : chosen.kept[k]) plan.kept[r].push_back(profile_.regions[r].ops[o].index);
+  }
+  return plan;
+}
+
+const OpCost& op_at(const RegionCost& region, std::uint32_t index) {
+  // Ops are listed by index, usually all of them: the op with index i is at position i.
+  if (index < region.ops.size() && region.ops[index].index == index) return region.ops[index];
+  return *std::find_if(region.ops.begin(), region.ops.end(), [&](const OpCost& op) { return op.index == index; });
+}
 
 Plan op_plan_of(const RegionProfile& profile, const std::vector<Choice>& choices,
                 std::vector<std::vector<OpCost>> kept) {

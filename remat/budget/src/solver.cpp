@@ -9,6 +9,7 @@
 
 #include "knapsack.hpp"
 #include "plannable.hpp"
+#include "unproved_choices.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -62,38 +63,62 @@ void check_seconds_add_up(const RegionProfile& profile) {
   }
 }
 
-Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes) {
+namespace {
+
+// Each region's choice by kept bytes, and what the knapsack says of it: its seconds saved, and
+// the most any plan within the budget could save.
+struct ByKeptBytes {
+  std::vector<Choice> choices;
+  bool exact = true;
+  double saved_seconds = 0;
+  double most_seconds = 0;
+};
+
+ByKeptBytes choose_by_kept_bytes(const RegionProfile& profile, std::uint64_t budget_bytes, bool prove) {
   const std::uint64_t capacity = check_plannable(profile, budget_bytes);
-  Plan plan;
-  plan.budget_bytes = budget_bytes;
-  plan.base_bytes = profile.base_bytes;
-  std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
+  ByKeptBytes chosen;
+  chosen.choices.assign(profile.regions.size(), Choice::recompute);
   std::vector<detail::KnapsackItem> items;
   std::vector<std::size_t> item_region;  // the region of each item
-  weigh_regions(profile, capacity, choices, [&](const Weighed& weighed) {
+  weigh_regions(profile, capacity, chosen.choices, [&](const Weighed& weighed) {
     if (!weighed.can_save) return;
     items.push_back({weighed.save_bytes, weighed.save_value});
     item_region.push_back(weighed.region);
   });
-  const detail::KnapsackChoice chosen = detail::solve_knapsack(items, capacity);
-  double saved_seconds = 0;
+  const detail::KnapsackChoice taken = detail::solve_knapsack(items, capacity, prove);
   for (std::size_t i = 0; i < items.size(); ++i) {
-    if (!chosen.taken[i]) continue;
-    choices[item_region[i]] = Choice::save;
-    saved_seconds += items[i].seconds;
+    if (!taken.taken[i]) continue;
+    chosen.choices[item_region[i]] = Choice::save;
+    chosen.saved_seconds += items[i].seconds;
   }
+  chosen.exact = taken.proved_optimal;
+  chosen.most_seconds = taken.most_seconds;
+  return chosen;
+}
+
+}  // namespace
+
+Plan solve(const RegionProfile& profile, std::uint64_t budget_bytes) {
+  const ByKeptBytes chosen = choose_by_kept_bytes(profile, budget_bytes, true);
+  Plan plan;
+  plan.budget_bytes = budget_bytes;
+  plan.base_bytes = profile.base_bytes;
   plan.kept_bytes = profile.base_bytes;
   for (std::size_t r = 0; r < profile.regions.size(); ++r) {
     const RegionCost& region = profile.regions[r];
-    if (choices[r] == Choice::save) plan.kept_bytes += region.saved_bytes;
+    if (chosen.choices[r] == Choice::save) plan.kept_bytes += region.saved_bytes;
     else plan.recompute_seconds += region.seconds;
-    plan.regions.emplace_back(region, choices[r]);
+    plan.regions.emplace_back(region, chosen.choices[r]);
   }
-  plan.exact = chosen.proved_optimal;
+  plan.exact = chosen.exact;
   plan.least_recompute_seconds =
       plan.exact ? plan.recompute_seconds
-                 : std::max(0.0, plan.recompute_seconds - (chosen.most_seconds - saved_seconds));
+                 : std::max(0.0, plan.recompute_seconds - (chosen.most_seconds - chosen.saved_seconds));
   return plan;
+}
+
+std::vector<Choice> detail::unproved_choices(const RegionProfile& profile, std::uint64_t budget_bytes) {
+  return choose_by_kept_bytes(profile, budget_bytes, false).choices;
 }
 
 std::uint64_t least_kept_bytes(const RegionProfile& profile) {

@@ -109,6 +109,21 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
       held_until_[k].emplace_back(id, consumer);
     }
   }
+  // Each storage's makers, grouped by storage: counted, then placed.
+  makers_begin_.assign(step.storages.size() + 1, 0);
+  for (const StepCheckpoint& call : step.checkpoints) {
+    for (const StepRegion& region : call.regions) {
+      for (const std::uint32_t id : region.outputs) ++makers_begin_[id + 1];
+    }
+  }
+  for (std::size_t id = 0; id < step.storages.size(); ++id) makers_begin_[id + 1] += makers_begin_[id];
+  makers_.resize(makers_begin_.back());
+  std::vector<std::size_t> placed(makers_begin_.begin(), makers_begin_.end() - 1);
+  for (std::size_t k = 0; k < calls; ++k) {
+    for (std::size_t r = 0; r < step.checkpoints[k].regions.size(); ++r) {
+      for (const std::uint32_t id : step.checkpoints[k].regions[r].outputs) makers_[placed[id]++] = {k, r};
+    }
+  }
   // What changes between segments: which calls are live.
   joining_.resize(step.segments.size());
   leaving_.resize(step.segments.size());
@@ -116,6 +131,7 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
   const std::vector<std::uint32_t>* before = nullptr;
   for (std::size_t s = 0; s < step.segments.size(); ++s) {
     const std::vector<std::uint32_t>& now = step.segments[s].live;
+    if (before != nullptr && now == *before) continue;  // most segments: the same calls as the one before
     for (const std::uint32_t k : now) in_segment[k] = 1;
     if (before != nullptr) {
       for (const std::uint32_t k : *before) {
@@ -154,8 +170,10 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
                                               : *std::min_element(first_backward_.begin(), first_backward_.end());
   for (const StepCheckpoint& call : step.checkpoints) {
     std::vector<std::uint32_t>& cached = cached_.emplace_back();
+    std::size_t& kept = kept_count_.emplace_back(0);
     for (const StepRegion& region : call.regions) {
       cached.insert(cached.end(), region.autocast_cached.begin(), region.autocast_cached.end());
+      kept += region.kept.size();
     }
   }
   const std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
@@ -218,28 +236,31 @@ std::vector<std::vector<std::uint32_t>> StepModel::kept_sets(const std::vector<C
 std::vector<std::uint32_t> StepModel::kept_set(std::size_t k, const std::vector<Choice>& choices,
                                                const std::vector<bool>& offloaded, const KeptOps* kept_ops) const {
   const StepCheckpoint& call = step_.checkpoints[k];
-  std::vector<std::uint32_t> set = call.kept_inputs;
-  std::vector<std::uint32_t> not_recreated = call.inputs;
-  std::vector<std::uint32_t> made;  // every region's outputs
+  std::vector<std::uint32_t> set;
+  set.reserve(call.kept_inputs.size() + kept_count_[k]);
+  set.insert(set.end(), call.kept_inputs.begin(), call.kept_inputs.end());
+  const auto saved = [&](std::size_t r) { return choices[indexes_[k][r]] == Choice::save; };
   bool recomputes = false;
-  for (std::size_t r = 0; r < call.regions.size(); ++r) {
-    made.insert(made.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
-    if (choices[indexes_[k][r]] == Choice::save) {
-      not_recreated.insert(not_recreated.end(), call.regions[r].outputs.begin(), call.regions[r].outputs.end());
-    } else {
-      recomputes = true;
+  for (std::size_t r = 0; r < call.regions.size(); ++r) recomputes = recomputes || !saved(r);
+  // Whether a region of this call (a saved one, where `only_saved`) has `id` among its outputs.
+  const auto made_here = [&](std::uint32_t id, bool only_saved) {
+    for (std::size_t m = makers_begin_[id]; m < makers_begin_[id + 1]; ++m) {
+      if (makers_[m].first == k && (!only_saved || saved(makers_[m].second))) return true;
     }
-  }
+    return false;
+  };
   for (std::size_t r = 0; r < call.regions.size(); ++r) {
     const StepRegion& region = call.regions[r];
     const std::size_t index = indexes_[k][r];
-    if (choices[index] == Choice::save) {
+    if (saved(r)) {
       if (!offloaded.empty() && offloaded[index]) {
         set.insert(set.end(), region.offload_kept.begin(), region.offload_kept.end());
         continue;
       }
       for (const std::uint32_t id : region.kept) {
-        const bool recreated = recomputes && contains(region.inputs, id) && !contains(not_recreated, id);
+        // Recompute recreates an input of it that neither the call was given nor a saved region made.
+        const bool recreated =
+            recomputes && contains(region.inputs, id) && !contains(call.inputs, id) && !made_here(id, true);
         if (!recreated) set.push_back(id);
       }
       continue;
@@ -247,25 +268,26 @@ std::vector<std::uint32_t> StepModel::kept_set(std::size_t k, const std::vector<
     for (const std::uint32_t id : region.inputs) {
       if (contains(call.inputs, id)) {
         set.push_back(id);
-      } else if (!contains(made, id)) {
+      } else if (!made_here(id, false)) {
         set.insert(set.end(), call.inputs.begin(), call.inputs.end());
       }
     }
     if (kept_ops != nullptr && !(*kept_ops)[index].empty()) {
-      const std::vector<std::uint32_t> outputs = kept_op_outputs(k, r, (*kept_ops)[index]);
-      set.insert(set.end(), outputs.begin(), outputs.end());
+      add_kept_op_outputs(k, r, (*kept_ops)[index], set);
     }
   }
   return set;
 }
 
-std::vector<std::uint32_t> StepModel::kept_op_outputs(std::size_t k, std::size_t r,
-                                                      const std::vector<std::uint32_t>& kept) const {
+void StepModel::add_kept_op_outputs(std::size_t k, std::size_t r, const std::vector<std::uint32_t>& kept,
+                                    std::vector<std::uint32_t>& outputs) const {
   const StepRegion& region = step_.checkpoints[k].regions[r];
-  std::vector<std::uint32_t> outputs;
   for (const std::uint32_t index : kept) {
-    const auto op =
-        std::find_if(region.ops.begin(), region.ops.end(), [&](const StepOp& o) { return o.index == index; });
+    // Ops are listed by index, usually all of them: the op with index i is at position i.
+    const auto op = index < region.ops.size() && region.ops[index].index == index
+                        ? region.ops.begin() + index
+                        : std::find_if(region.ops.begin(), region.ops.end(),
+                                       [&](const StepOp& o) { return o.index == index; });
     if (op == region.ops.end()) {
       throw BudgetError("the profile's step does not list op " + std::to_string(index) + " of region '" + region.name +
                         "' (checkpoint call " + std::to_string(k) +
@@ -274,7 +296,6 @@ std::vector<std::uint32_t> StepModel::kept_op_outputs(std::size_t k, std::size_t
     }
     outputs.insert(outputs.end(), op->outputs.begin(), op->outputs.end());
   }
-  return outputs;
 }
 
 // The profiled step ran every region saved, so what a region's ops made and its backward does not
@@ -287,8 +308,7 @@ std::vector<std::uint32_t> StepModel::kept_in_forward(std::size_t s, const std::
   for (std::size_t r = 0; r < call.regions.size() && forward_place_[s] >= 2 * r + 2; ++r) {
     const std::size_t index = indexes_[k][r];
     if (choices[index] == Choice::save || kept_ops[index].empty()) continue;
-    const std::vector<std::uint32_t> made = kept_op_outputs(k, r, kept_ops[index]);
-    outputs.insert(outputs.end(), made.begin(), made.end());
+    add_kept_op_outputs(k, r, kept_ops[index], outputs);
   }
   return outputs;
 }
@@ -298,6 +318,7 @@ std::vector<std::uint32_t> StepModel::kept_in_forward(std::size_t s, const std::
 std::vector<std::uint32_t> StepModel::recomputed_saved(std::size_t k, const std::vector<Choice>& choices) const {
   std::vector<std::uint32_t> set;
   const StepCheckpoint& call = step_.checkpoints[k];
+  set.reserve(kept_count_[k]);
   for (std::size_t r = 0; r < call.regions.size(); ++r) {
     if (choices[indexes_[k][r]] == Choice::save) continue;
     set.insert(set.end(), call.regions[r].kept.begin(), call.regions[r].kept.end());

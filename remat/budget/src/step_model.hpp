@@ -55,9 +55,9 @@ class StepModel {
                                                     const std::vector<bool>& offloaded, const KeptOps* kept_ops) const;
   std::vector<std::uint32_t> kept_set(std::size_t k, const std::vector<Choice>& choices,
                                       const std::vector<bool>& offloaded, const KeptOps* kept_ops) const;
-  // The storages the ops `kept` of region r of call k made.
-  std::vector<std::uint32_t> kept_op_outputs(std::size_t k, std::size_t r,
-                                             const std::vector<std::uint32_t>& kept) const;
+  // Adds to `outputs` the storages the ops `kept` of region r of call k made.
+  void add_kept_op_outputs(std::size_t k, std::size_t r, const std::vector<std::uint32_t>& kept,
+                           std::vector<std::uint32_t>& outputs) const;
   // In a segment of call k's forward, the kept ops' storages of its regions that have returned.
   std::vector<std::uint32_t> kept_in_forward(std::size_t s, const std::vector<Choice>& choices,
                                              const KeptOps& kept_ops) const;
@@ -85,6 +85,11 @@ class StepModel {
   std::vector<std::size_t> forward_place_;
   std::size_t backward_begins_ = 0;          // the step's first backward segment (none: segments' count)
   std::vector<std::vector<std::uint32_t>> cached_;  // per call: its regions' autocast_cached
+  std::vector<std::size_t> kept_count_;              // per call: its regions' kept storages, counted
+  // The regions whose outputs include each storage, as (call, region in it): those of storage id
+  // are makers_[makers_begin_[id] .. makers_begin_[id + 1]).
+  std::vector<std::size_t> makers_begin_;
+  std::vector<std::pair<std::size_t, std::size_t>> makers_;
   std::vector<std::vector<std::uint32_t>> saved_sets_;
   // Per segment: the calls live there that were not in the segment before, and those no longer live.
   std::vector<std::vector<std::uint32_t>> joining_;

@@ -6,6 +6,7 @@
 
 #include "bytes_text.hpp"
 #include "step_model.hpp"
+#include "unproved_choices.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -160,12 +161,13 @@ std::uint64_t between(std::uint64_t from, std::uint64_t to, std::size_t i, std::
   return from + static_cast<std::uint64_t>(share * static_cast<long double>(to - from));
 }
 
-// Beyond kEveryPlanUpTo regions the plans weighed are plans by kept bytes (solve): at kGridBudgets
-// budgets evenly spaced from the least the checkpoints keep to all they could keep, kRefinements
-// more between the grid's neighbours of its lowest peak, and kRefinements bisecting between the
-// largest grid budget whose plan fits `peak_bytes` and the next (the peak grows with the budget,
-// though not strictly). The first two do not depend on `peak_bytes`, so every search weighs the
-// plan least_step_peak names.
+// Beyond kEveryPlanUpTo regions the plans weighed are plans by kept bytes, without solve's proof
+// (unproved_choices): at kGridBudgets budgets evenly spaced from the least the checkpoints keep to
+// all they could keep, kRefinements more between the grid's neighbours of its lowest peak, and
+// kRefinements bisecting between the largest grid budget whose plan fits `peak_bytes` and the next
+// (the peak grows with the budget, though not strictly); then solve's own plan at the largest
+// budget found to fit, which spares at least as much as the unproved one there. The first two do
+// not depend on `peak_bytes`, so every search weighs the plan least_step_peak names.
 
 PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   const StepMemory& step = step_of(profile);
@@ -202,7 +204,7 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   } else {
     consider(std::vector<Choice>(n, Choice::recompute));
     consider(std::vector<Choice>(n, Choice::save));
-    const auto by_kept_bytes = [&](std::uint64_t budget) { return consider(choices_of(solve(profile, budget))); };
+    const auto by_kept_bytes = [&](std::uint64_t budget) { return consider(detail::unproved_choices(profile, budget)); };
     // The grid, and between its neighbours of its lowest peak.
     const std::uint64_t low = least_kept_bytes(profile), high = profile.all_saved_bytes();
     std::vector<std::uint64_t> budgets, peaks;
@@ -229,6 +231,7 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
         const std::uint64_t middle = under + (over - under) / 2;
         (by_kept_bytes(middle) <= peak_bytes ? under : over) = middle;
       }
+      consider(choices_of(solve(profile, under)));
     }
   }
   return found;

@@ -28,8 +28,10 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes);
 // predicted step peak, kept ops counted (predict_step_peak), is at most `peak_bytes`
 // (Plan::peak_bytes). Every plan is weighed where a profile has few (each region saved, recomputed,
 // or recomputed keeping any subset of its ops: at most 2^16 plans in all), which proves the plan;
-// beyond, the per-op plans by kept bytes (solve_ops) at budgets bisected against the peak and the
-// plan by regions alone (solve_peak), the fastest within the peak marked not exact. Throws
+// beyond, the plan by regions alone (solve_peak), the fastest per-op plan with no limit, per-op
+// plans at a price per byte kept bisected against the peak and, where the profile has at most 4096
+// ops a plan may keep, solve_ops's plans at budgets bisected against the peak; the fastest within
+// the peak, marked not exact. Throws
 // BudgetError naming the least peak any plan reaches where none fits, and for a profile without
 // step memory, a grouped one, or a step that does not list the ops of its regions.
 Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes);

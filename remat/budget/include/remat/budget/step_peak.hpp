@@ -105,9 +105,9 @@ std::uint64_t least_step_peak(const RegionProfile& profile);
 
 // The plan with the least recompute time whose predicted step peak is at most `peak_bytes`
 // (Plan::peak_bytes). Every plan is tried where the profile has at most 16 regions (exact);
-// beyond, the fastest of the plans by kept bytes at 17 budgets across the range, 8 around the
-// lowest peak among them and 8 bisecting toward the largest budget within the peak (not proved
-// optimal). Throws
+// beyond, the fastest of the plans by kept bytes (the knapsack's choice before its proof) at 17
+// budgets across the range, 8 around the lowest peak among them and 8 bisecting toward the largest
+// budget within the peak, and solve's plan at that budget (not proved optimal). Throws
 // BudgetError naming the least peak any plan reaches and what it is made of, where none fits.
 Plan solve_peak(const RegionProfile& profile, std::uint64_t peak_bytes);
 
