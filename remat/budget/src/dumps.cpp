@@ -135,7 +135,7 @@ void write_region(alloc::JsonWriter& json, const RegionCost& region, std::option
     json.field("offload_seconds", finite_seconds(region.offload_seconds, "the offload seconds of region '",
                                                  region.name));
   }
-  if (!region.ops.empty()) write_ops(json, "ops", region.ops, region);
+  if (!region.ops.empty() && !choice) write_ops(json, "ops", region.ops, region);
   if (choice) json.field("decision", decision_text(*choice, offloaded));
   if (kept != nullptr && !kept->empty()) write_ops(json, "kept_ops", *kept, region);
   json.end_object();
