@@ -43,12 +43,9 @@ constexpr long double kTolerance = 1e-12L;
 constexpr std::uint64_t kMostTableCells = std::uint64_t{1} << 27;
 constexpr std::uint64_t kMostTableUnits = std::uint64_t{1} << 22;
 // States the front search carries from one item to the next, over all its items: its width is
-// this over the core's items, and never below kLeastSearchWidth.
+// this over the core's items, and never below kLeastSearchWidth. The search around the break item
+// carries a quarter of it before a proof, a 32nd where no proof follows (plans weighed by the dozen).
 constexpr std::size_t kSearchWork = std::size_t{1} << 21;
-// The search around the break item carries a quarter of that before a proof, and a 32nd where no
-// proof follows (plans weighed by the dozen).
-constexpr std::size_t kBreakSearchWork = kSearchWork / 4;
-constexpr std::size_t kUnprovedSearchWork = kSearchWork / 32;
 constexpr std::size_t kLeastSearchWidth = 64;
 // Items on each side of the incumbent that exact-fill exchanges choose from: this many nearest the
 // break item and up to kFillSpread more spread over the rest (pairs of them number about 80,000 a
@@ -572,7 +569,7 @@ KnapsackChoice solve_knapsack(const std::vector<KnapsackItem>& items, std::uint6
     const Core near = around_break(s, lp);
     adopt(s, near,
           front_search(s, near.open, s.capacity - near.kept_units, inc.value - near.kept_value, tolerance,
-                       prove ? kBreakSearchWork : kUnprovedSearchWork),
+                       prove ? kSearchWork / 4 : kSearchWork / 32),
           inc);
   }
   const Relaxation bound = unproved() && prove ? counted(s, lp) : lp;

@@ -185,13 +185,7 @@ void check_step_lists_ops(const RegionProfile& profile) {
 Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes) {
   const StepMemory& step = detail::step_of(profile);
   check_seconds_add_up(profile);
-  for (const RegionCost& region : profile.regions) {
-    if (region.count != 1 && !region.ops.empty()) {
-      throw BudgetError("region '" + region.name + "' stands for " + std::to_string(region.count) +
-                        " regions (a grouped profile) and has per-op figures: ops are kept by region, so plan per op "
-                        "from the profile as measured (group=False)");
-    }
-  }
+  detail::refuse_grouped_ops(profile);
   check_step_lists_ops(profile);
   OpPeakSearch search(profile, peak_bytes);
   bool exact = search.weigh_every_plan();

@@ -428,9 +428,7 @@ double detail::keeping_seconds(const RegionCost& region, const std::vector<std::
   return seconds;
 }
 
-namespace {
-
-void refuse_grouped_ops(const RegionProfile& profile) {
+void detail::refuse_grouped_ops(const RegionProfile& profile) {
   for (const RegionCost& region : profile.regions) {
     if (region.count != 1 && !region.ops.empty()) {
       throw BudgetError("region '" + region.name + "' stands for " + std::to_string(region.count) +
@@ -439,6 +437,8 @@ void refuse_grouped_ops(const RegionProfile& profile) {
     }
   }
 }
+
+namespace {
 
 // The regions with a choice to make within `capacity`, as groups; `choices` gets the others' choice.
 std::vector<Group> groups_of(const RegionProfile& profile, std::uint64_t capacity, std::vector<Choice>& choices) {
@@ -473,7 +473,7 @@ Plan plan_of(const RegionProfile& profile, const std::vector<Group>& groups, con
 
 Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes) {
   const std::uint64_t capacity = check_plannable(profile, budget_bytes);
-  refuse_grouped_ops(profile);
+  detail::refuse_grouped_ops(profile);
   std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
   const std::vector<Group> groups = groups_of(profile, capacity, choices);
   OpSolver solver(profile, groups, capacity);

@@ -17,6 +17,9 @@ namespace remat::budget::detail {
 Plan op_plan_of(const RegionProfile& profile, const std::vector<Choice>& choices,
                 std::vector<std::vector<OpCost>> kept);
 
+// Throws BudgetError for a grouped profile with per-op figures (ops are kept by region).
+void refuse_grouped_ops(const RegionProfile& profile);
+
 // The op of `region` with OpCost::index `index`, which it has.
 const OpCost& op_at(const RegionCost& region, std::uint32_t index);
 
