@@ -145,7 +145,8 @@ TEST(StepPeak, FiguresAddingUpPastSixtyFourBitsAreRefusedRatherThanWrapped) {
 }
 
 // Autocast's cache holds the casts of leaves (a weight cast to bfloat16) until its block ends: a
-// region a plan recomputes frees its casts only once backward begins, not in the forward.
+// region a plan recomputes frees its casts only once backward begins, not in the forward (only
+// once the backward ends where it began inside the block), or where the profile saw the cache cleared.
 TEST(StepPeak, CastsAutocastHoldsStayThroughTheForwardWhateverThePlan) {
   RegionProfile profile = two_checkpoints();
   profile.step->peak_bytes = profile.step->segments[0].peak_bytes = 400;  // the forward's end: the loss
@@ -157,6 +158,42 @@ TEST(StepPeak, CastsAutocastHoldsStayThroughTheForwardWhateverThePlan) {
   const RegionProfile read = profile_from_json(profile_to_json(profile), "profile");
   EXPECT_EQ(read.step->checkpoints[0].regions[0].autocast_cached, std::vector<std::uint32_t>{1});
   EXPECT_EQ(predict_step_peak(read, {Choice::recompute, Choice::save}), 300u);
+  // The backward began inside the autocast block: s0 stays through c1's backward too (300 there
+  // with every region recomputed, where it was freed when backward began: 290), and reads back.
+  profile.step->peak_bytes = profile.step->segments[0].peak_bytes = 220;
+  EXPECT_EQ(predict_step_peak(profile, {Choice::recompute, Choice::recompute}), 290u);
+  profile.step->autocast_held_in_backward = true;
+  EXPECT_EQ(predict_step_peak(profile, {Choice::recompute, Choice::recompute}), 300u);
+  EXPECT_EQ(predict_step_peak(profile, {Choice::recompute, Choice::save}), 200u);  // c0's backward: s0 recomputed
+  EXPECT_EQ(predict_step_peak(profile_from_json(profile_to_json(profile), "profile"),
+                              {Choice::recompute, Choice::recompute}),
+            300u);
+  // A clear seen where c1's backward begins frees s0 there, wherever the backward began
+  profile.step->autocast_cleared = {1};
+  EXPECT_EQ(predict_step_peak(profile, {Choice::recompute, Choice::recompute}), 290u);
+  EXPECT_EQ(profile_from_json(profile_to_json(profile), "profile").step->autocast_cleared,
+            std::vector<std::uint32_t>{1});
+  profile.step->autocast_cleared = {2, 1};
+  EXPECT_NE(refusal_of(profile).find("$.step.autocast_cleared[1]: segment 1 is not after the one before it"),
+            std::string::npos)
+      << refusal_of(profile);
+  profile.step->autocast_cleared = {3};
+  EXPECT_NE(refusal_of(profile).find("$.step.autocast_cleared[0]: segment 3 is not after the one before it among "
+                                     "the step's 3 segments"),
+            std::string::npos)
+      << refusal_of(profile);
+  profile.step->autocast_cleared.clear();
+  std::string text = profile_to_json(profile);
+  const std::size_t flag = text.find("true", text.find("\"autocast_held_in_backward\""));
+  ASSERT_NE(flag, std::string::npos) << text;
+  try {
+    profile_from_json(text.replace(flag, 4, "1"), "p.json");
+    FAIL() << "a flag of 1 was accepted";
+  } catch (const BudgetError& error) {
+    EXPECT_NE(std::string(error.what()).find("$.step.autocast_held_in_backward: must be true or false, got 1"),
+              std::string::npos)
+        << error.what();
+  }
   profile.step->checkpoints[0].regions[0].autocast_cached = {7};
   EXPECT_NE(refusal_of(profile).find("$.step.checkpoints[0].regions[0].autocast_cached: storage 7 is not among"),
             std::string::npos)

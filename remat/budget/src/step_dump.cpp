@@ -135,7 +135,10 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
     write_ids(json, "live", segment.live);
     json.field("forward", segment.forward).field("backward", segment.backward).end_object();
   }
-  json.end_array().end_object();
+  json.end_array();
+  if (!step.autocast_cleared.empty()) write_ids(json, "autocast_cleared", step.autocast_cleared);
+  if (step.autocast_held_in_backward) json.field("autocast_held_in_backward", true);
+  json.end_object();
 }
 
 StepMemory read_step(const Json& value, std::string_view source) {
@@ -185,6 +188,13 @@ StepMemory read_step(const Json& value, std::string_view source) {
     segment.backward = call_of(member(entry, "backward", source, at), source, at + ".backward");
     step.segments.push_back(std::move(segment));
   });
+  if (value.contains("autocast_cleared")) step.autocast_cleared = ids_of(value, "autocast_cleared", source, path);
+  if (const auto held = value.find("autocast_held_in_backward"); held != value.end()) {
+    if (!held->is_boolean()) {
+      refuse(source, path + ".autocast_held_in_backward", "must be true or false, got " + held->dump());
+    }
+    step.autocast_held_in_backward = held->get<bool>();
+  }
   return step;
 }
 

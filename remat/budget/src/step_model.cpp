@@ -161,13 +161,27 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
     if (segment.forward >= 0) forward_end_[static_cast<std::size_t>(segment.forward)] = s + 1;
   }
   std::vector<std::size_t> forward_seen(step.checkpoints.size(), 0);
+  std::vector<std::size_t> forward_begins(step.checkpoints.size(), 0);  // none listed: the step's start
   forward_place_.assign(step.segments.size(), 0);
   for (std::size_t s = 0; s < step.segments.size(); ++s) {
-    if (step.segments[s].forward >= 0)
-      forward_place_[s] = forward_seen[static_cast<std::size_t>(step.segments[s].forward)]++;
+    if (step.segments[s].forward < 0) continue;
+    const auto k = static_cast<std::size_t>(step.segments[s].forward);
+    if (forward_seen[k] == 0) forward_begins[k] = s;
+    forward_place_[s] = forward_seen[k]++;
   }
-  backward_begins_ = first_backward_.empty() ? step.segments.size()
-                                              : *std::min_element(first_backward_.begin(), first_backward_.end());
+  // Autocast's cache frees a call's casts at the first clear after the call began; where the
+  // profile saw none, when the step's backward begins, or at its end if that began inside the block.
+  const std::size_t backward_begins = first_backward_.empty()
+                                          ? step.segments.size()
+                                          : *std::min_element(first_backward_.begin(), first_backward_.end());
+  const std::size_t unseen = step.autocast_held_in_backward ? step.segments.size() : backward_begins;
+  uncaching_.assign(step.segments.size(), {});
+  for (std::size_t k = 0; k < step.checkpoints.size(); ++k) {
+    const auto clear = std::upper_bound(step.autocast_cleared.begin(), step.autocast_cleared.end(), forward_begins[k]);
+    const std::size_t until = clear != step.autocast_cleared.end() ? *clear : unseen;
+    cached_until_.push_back(until);
+    if (until < step.segments.size()) uncaching_[until].push_back(static_cast<std::uint32_t>(k));
+  }
   for (const StepCheckpoint& call : step.checkpoints) {
     std::vector<std::uint32_t>& cached = cached_.emplace_back();
     std::size_t& kept = kept_count_.emplace_back(0);
@@ -402,7 +416,7 @@ class Tally {
 // the outputs of a live call that code outside holds (until the call taking them is live), what
 // the call whose forward runs took as input, in a call's backward what recompute brings back and
 // in a forward what kept ops hold (`also_alive`), and what the offloader holds on the device.
-// Before the step's backward begins, the casts of leaves autocast's cache holds (autocast_cached)
+// Until autocast's cache is cleared (cached_until_), the casts of leaves it holds (autocast_cached)
 // stay whatever the plan: a recomputed region frees its weights' casts only when the autocast
 // block ends, which a loop's forward runs in. What the live calls hold is tallied as calls join
 // and leave, so each segment costs what changes in it.
@@ -422,7 +436,7 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
     wanted != 0 ? held.add(id) : held.remove(id);
   };
   const auto settle_cached = [&](std::uint32_t k, std::size_t s) {
-    const char wanted = live[k] != 0 && s < backward_begins_ ? 1 : 0;
+    const char wanted = live[k] != 0 && s < cached_until_[k] ? 1 : 0;
     if (wanted == cached[k]) return;
     cached[k] = wanted;
     wanted != 0 ? held.add(cached_[k]) : held.remove(cached_[k]);
@@ -448,9 +462,7 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
     for (const std::uint32_t k : joining_[s]) live[k] = 1;
     for (const std::uint32_t k : leaving_[s]) settle_call(k, s);
     for (const std::uint32_t k : joining_[s]) settle_call(k, s);
-    if (s == backward_begins_) {
-      for (const std::uint32_t k : segment.live) settle_cached(k, s);
-    }
+    for (const std::uint32_t k : uncaching_[s]) settle_cached(k, s);
     const bool swapped = in_own_backward != nullptr && segment.backward >= 0 &&
                          live[static_cast<std::size_t>(segment.backward)] != 0;
     if (swapped) {

@@ -83,8 +83,9 @@ class StepModel {
   // profile cuts a call's forward at each region's entry and exit, so region r has returned from
   // the segment numbered 2r + 2 on.
   std::vector<std::size_t> forward_place_;
-  std::size_t backward_begins_ = 0;          // the step's first backward segment (none: segments' count)
   std::vector<std::vector<std::uint32_t>> cached_;  // per call: its regions' autocast_cached
+  std::vector<std::size_t> cached_until_;           // per call: the segment its casts are freed in
+  std::vector<std::vector<std::uint32_t>> uncaching_;  // per segment: the calls whose casts it frees
   std::vector<std::size_t> kept_count_;              // per call: its regions' kept storages, counted
   // The regions whose outputs include each storage, as (call, region in it): those of storage id
   // are makers_[makers_begin_[id] .. makers_begin_[id + 1]).

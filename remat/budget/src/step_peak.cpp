@@ -72,6 +72,14 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
       throw BudgetError(where + ": peak_bytes is below start_bytes; a segment's peak is at least where it began");
     }
   }
+  for (std::size_t i = 0; i < step.autocast_cleared.size(); ++i) {
+    const std::uint32_t s = step.autocast_cleared[i];
+    if (s >= step.segments.size() || (i > 0 && s <= step.autocast_cleared[i - 1])) {
+      throw BudgetError("$.step.autocast_cleared[" + std::to_string(i) + "]: segment " + std::to_string(s) +
+                        " is not after the one before it among the step's " + std::to_string(step.segments.size()) +
+                        " segments; profile the step again");
+    }
+  }
   detail::region_indexes(profile, step);
 }
 

@@ -156,7 +156,11 @@ class _Profiled:
         # tensors a loop held until this forward returned (`loss = model(x)` drops the last loss, its
         # batch and that batch's gradient), allocated at this step's start and no part of it
         backward = next((i for i, s in enumerate(segments) if s.get("backward", -1) != -1), 0)
-        self.freed = max(0, segments[backward - 1]["start_bytes"] - segments[backward]["start_bytes"]) \
+        before = backward - 1  # the segment from the forward's end on (an autocast block's end cuts it)
+        cleared = doc["step"].get("autocast_cleared", [])
+        while before > 0 and before in cleared:
+            before -= 1
+        self.freed = max(0, segments[before]["start_bytes"] - segments[backward]["start_bytes"]) \
             if backward > 0 else 0
         if after is None or not 0 < after < len(segments):
             return
@@ -164,6 +168,10 @@ class _Profiled:
         self.after_start = tail[0]["start_bytes"]
         self.after_peak = max(s["peak_bytes"] for s in tail)
         doc["step"]["segments"] = segments[:after]
+        if cleared:
+            doc["step"]["autocast_cleared"] = [s for s in cleared if s < after]
+            if not doc["step"]["autocast_cleared"]:
+                del doc["step"]["autocast_cleared"]
         doc["step"]["peak_bytes"] = max([s["peak_bytes"] for s in segments[:after]] + [self.start])
         doc["step"]["end_bytes"] = self.after_start
         self.planned = _plans.RegionProfile(json.dumps(doc))
@@ -780,7 +788,6 @@ class FitState:
         weakref.finalize(self, _close_abandoned, session)
         self.measuring_had, self.measuring_graded = self._graded(), set()
         session._step.watch_gradients(_held_weakly(self._profiled_gradient_bytes))
-        session._step.autocast_casts = True  # the casts autocast's cache holds through the forward, counted
         self.measuring = (session, signature)
         self.measuring_training = self.model.training
         self.plan = self.predicted_peak_bytes = self.optimizer_peak_bytes = None

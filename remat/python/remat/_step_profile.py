@@ -29,12 +29,12 @@ per-op figures (ops=True), each op a plan may keep lists the storages it made (o
 keeping it holds from forward to backward. Of what a
 region run under autocast keeps, the casts of leaves (a weight cast to bfloat16: the runtime's
 report marks them leaf_cast) are listed apart too (autocast_cached): autocast's cache holds them
-until its block ends, so a plan that recomputes the region still holds them until backward begins.
-Listed only in remat.fit's profiles: the segment after the last checkpoint runs the loss, where
-autocast is usually still on, and the start of its backward, which may run after the autocast
-block ended, freeing them; counted there, a loop whose loss backward allocates most after the
-block predicts a plan's peak high (4% on one model), where fit plans cautiously and measures every
-step, but a plan by peak from profile_regions() would be refused for it.
+until its block ends, so a plan that recomputes the region still holds them until then. A segment
+begins where the cache is cleared (autocast_cleared: torch.clear_autocast_cache, which autocast's
+exit calls, is wrapped to say so on a thread measuring a step); where the profile saw no clear,
+they are held until backward begins, or through it where it began inside the block
+(autocast_held_in_backward: autocast's state in the backward's hooks is that of the thread that
+called backward()).
 A plan's step peak is then each segment's measured peak less what the plan's checkpoints do not
 keep of what was alive in it, plus, in a checkpoint's backward, the largest forward transient of a
 region it recomputes; remat::budget computes it (step_peak.hpp)
@@ -43,6 +43,8 @@ from the "step" object of the region-profile dump, so remat-report advise --peak
 
 from __future__ import annotations
 
+import functools
+import threading
 import weakref
 
 import torch
@@ -81,6 +83,29 @@ def _casts_cached():
     return torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
 
 
+_measuring = {}  # thread -> the StepRecorder measuring a step on it
+_clear_autocast_cache = None  # torch.clear_autocast_cache as torch defines it, once wrapped
+
+
+def _watch_autocast_clears():
+    """Wraps torch.clear_autocast_cache (once) so that a step measured on the thread clearing its
+    cache marks where: autocast's __exit__ calls it as its outermost block ends, freeing the casts
+    the cache held. A clear on a thread measuring no step only clears, as before."""
+    global _clear_autocast_cache
+    if _clear_autocast_cache is not None:
+        return
+    _clear_autocast_cache = torch.clear_autocast_cache
+
+    @functools.wraps(_clear_autocast_cache)
+    def clear_autocast_cache():
+        recorder = _measuring.get(threading.get_ident())
+        if recorder is not None:
+            recorder.autocast_cleared()
+        _clear_autocast_cache()
+
+    torch.clear_autocast_cache = clear_autocast_cache
+
+
 def _held_by_step(*values):
     """The tensors in `values` that the step made: leaves (parameters, the batch) are allocated
     whatever the plan, so no plan keeps or frees them."""
@@ -117,8 +142,8 @@ class StepRecorder:
         self._begun = set()          # checkpoint calls whose backward began in the backward running now
         self.gradient_bytes = None   # a callable: bytes of the model's gradients now (watch_gradients)
         self.segment_gradients = None  # per segment, those bytes when it began (remat.fit's steps with gradients)
-        # Whether what autocast's cache holds is listed (autocast_cached; remat.fit's profiles, below)
-        self.autocast_casts = False
+        self.autocast_held_in_backward = False  # the backward began inside the autocast block
+        self.autocast_clears = []  # the segments that begin where autocast's cache was cleared
 
     @staticmethod
     def _counted_device():
@@ -140,6 +165,9 @@ class StepRecorder:
         self._window = remat_alloc.PeakWindow(self.device)
         self.start_bytes = self._stats()["requested_bytes"]
         self._segment_start = self.start_bytes
+        _watch_autocast_clears()
+        self._thread = threading.get_ident()
+        _measuring[self._thread] = self
 
     def watch_gradients(self, gradient_bytes):
         """Records, per segment, the bytes `gradient_bytes()` gives when it begins: the gradients
@@ -202,6 +230,15 @@ class StepRecorder:
         if self.enabled and not self._closed:
             self._closed = True
             self._window.close()
+            if _measuring.get(self._thread) is self:
+                del _measuring[self._thread]
+
+    def autocast_cleared(self):
+        """Autocast's cache is being cleared on this thread (its outermost block ends): the casts it
+        held are freed from here, whatever a plan recomputes, so a segment begins here."""
+        if self.enabled and not self._closed and self.checkpoints:
+            self.mark()
+            self.autocast_clears.append(len(self.segments))
 
     def backward_pending(self):
         """The checkpoint calls whose backward is still to come where the step's backward has not
@@ -316,7 +353,7 @@ class StepRecorder:
             if region.get("_ops"):
                 region["ops"] = region.pop("_ops")
             # Run under autocast, a cast of a leaf stays in its cache until the autocast block ends
-            if region.pop("_casts_cached") and self.autocast_casts and casts.get(region["name"]):
+            if region.pop("_casts_cached") and casts.get(region["name"]):
                 region["autocast_cached"] = sorted(casts[region["name"]])
         record["outputs"] = sorted({self._storage_id(t, keep=True) for t in tensors_in(out)})
         self._live.append(index)
@@ -330,6 +367,9 @@ class StepRecorder:
                 if not began[0]:
                     began[0] = True
                     self._awaiting.pop(index, None)
+                    if not self._backward_began:
+                        # Autocast's state is the thread's where backward() was called
+                        self.autocast_held_in_backward = _casts_cached()
                     self._backward_began = True
                     self.mark()
                     self._end_finished_backwards(index, output_keys)
@@ -417,4 +457,6 @@ class StepRecorder:
 
     def to_dump(self, end_bytes):
         return {"start_bytes": self.start_bytes, "end_bytes": end_bytes, "peak_bytes": self.peak_bytes,
-                "storages": self.storage_bytes(), "checkpoints": self.checkpoints, "segments": self.segments}
+                "storages": self.storage_bytes(), "checkpoints": self.checkpoints, "segments": self.segments,
+                **({"autocast_cleared": self.autocast_clears} if self.autocast_clears else {}),
+                **({"autocast_held_in_backward": True} if self.autocast_held_in_backward else {})}

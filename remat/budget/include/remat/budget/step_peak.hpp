@@ -39,7 +39,9 @@ struct StepRegion {
   // made. A recomputed region keeping some of them keeps those storages from forward to backward.
   std::vector<StepOp> ops;
   // Of `kept`, the casts of leaves (parameters' weights cast to bfloat16, say) autocast's cast cache
-  // holds until its block ends: alive until the step's backward begins whatever the plan.
+  // holds until its block ends: alive whatever the plan until the cache was cleared after its
+  // checkpoint call began (StepMemory::autocast_cleared), or where the profile saw no clear, until
+  // the step's backward begins (or through it: StepMemory::autocast_held_in_backward).
   std::vector<std::uint32_t> autocast_cached;
 };
 
@@ -67,6 +69,12 @@ struct StepMemory {
   std::vector<std::uint64_t> storages;
   std::vector<StepCheckpoint> checkpoints;
   std::vector<StepSegment> segments;
+  // The segments that begin where autocast's cast cache was cleared (its outermost block ended), in
+  // order: the regions' autocast_cached casts are freed there, recomputed regions' too.
+  std::vector<std::uint32_t> autocast_cleared;
+  // The backward began inside the autocast block (loss.backward() under torch.autocast): where no
+  // clear was seen, the cache holds the casts through the backward.
+  bool autocast_held_in_backward = false;
 };
 
 // Throws BudgetError naming what is inconsistent (a storage number out of range, a segment naming
