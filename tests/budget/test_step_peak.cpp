@@ -178,8 +178,7 @@ TEST(StepPeak, CastsAutocastHoldsStayThroughTheForwardWhateverThePlan) {
             std::string::npos)
       << refusal_of(profile);
   profile.step->autocast_cleared = {3};
-  EXPECT_NE(refusal_of(profile).find("$.step.autocast_cleared[0]: segment 3 is not after the one before it among "
-                                     "the step's 3 segments"),
+  EXPECT_NE(refusal_of(profile).find("$.step.autocast_cleared[0]: segment 3 is not one of the step's segments 1 to 2"),
             std::string::npos)
       << refusal_of(profile);
   profile.step->autocast_cleared.clear();

@@ -160,34 +160,57 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
     }
     if (segment.forward >= 0) forward_end_[static_cast<std::size_t>(segment.forward)] = s + 1;
   }
+  // Where each region's forward began: the segment numbered 2r + 1 of its call's forward (none
+  // listed: the step's start).
   std::vector<std::size_t> forward_seen(step.checkpoints.size(), 0);
-  std::vector<std::size_t> forward_begins(step.checkpoints.size(), 0);  // none listed: the step's start
+  std::vector<std::vector<std::size_t>> region_begins;
+  for (const StepCheckpoint& call : step.checkpoints) region_begins.emplace_back(call.regions.size(), 0);
   forward_place_.assign(step.segments.size(), 0);
   for (std::size_t s = 0; s < step.segments.size(); ++s) {
     if (step.segments[s].forward < 0) continue;
     const auto k = static_cast<std::size_t>(step.segments[s].forward);
-    if (forward_seen[k] == 0) forward_begins[k] = s;
-    forward_place_[s] = forward_seen[k]++;
+    const std::size_t place = forward_place_[s] = forward_seen[k]++;
+    if (place % 2 == 1 && place / 2 < region_begins[k].size()) region_begins[k][place / 2] = s;
   }
-  // Autocast's cache frees a call's casts at the first clear after the call began; where the
+  // Autocast's cache frees a region's casts at the first clear after the region began; where the
   // profile saw none, when the step's backward begins, or at its end if that began inside the block.
   const std::size_t backward_begins = first_backward_.empty()
                                           ? step.segments.size()
                                           : *std::min_element(first_backward_.begin(), first_backward_.end());
   const std::size_t unseen = step.autocast_held_in_backward ? step.segments.size() : backward_begins;
   uncaching_.assign(step.segments.size(), {});
-  for (std::size_t k = 0; k < step.checkpoints.size(); ++k) {
-    const auto clear = std::upper_bound(step.autocast_cleared.begin(), step.autocast_cleared.end(), forward_begins[k]);
-    const std::size_t until = clear != step.autocast_cleared.end() ? *clear : unseen;
-    cached_until_.push_back(until);
-    if (until < step.segments.size()) uncaching_[until].push_back(static_cast<std::uint32_t>(k));
-  }
-  for (const StepCheckpoint& call : step.checkpoints) {
-    std::vector<std::uint32_t>& cached = cached_.emplace_back();
+  casts_of_call_.assign(step.checkpoints.size(), {});
+  for (std::uint32_t k = 0; k < step.checkpoints.size(); ++k) {
+    const StepCheckpoint& call = step.checkpoints[k];
     std::size_t& kept = kept_count_.emplace_back(0);
-    for (const StepRegion& region : call.regions) {
-      cached.insert(cached.end(), region.autocast_cached.begin(), region.autocast_cached.end());
-      kept += region.kept.size();
+    for (std::size_t r = 0; r < call.regions.size(); ++r) {
+      kept += call.regions[r].kept.size();
+      if (call.regions[r].autocast_cached.empty()) continue;
+      const auto clear =
+          std::upper_bound(step.autocast_cleared.begin(), step.autocast_cleared.end(), region_begins[k][r]);
+      const std::size_t until = clear != step.autocast_cleared.end() ? *clear : unseen;
+      std::vector<std::uint32_t>& entries = casts_of_call_[k];
+      auto same = std::find_if(entries.begin(), entries.end(), [&](std::uint32_t e) { return casts_[e].until == until; });
+      if (same == entries.end()) {
+        entries.push_back(static_cast<std::uint32_t>(casts_.size()));
+        casts_.push_back({k, until, {}});
+        if (until < step.segments.size()) uncaching_[until].push_back(entries.back());
+        same = entries.end() - 1;
+      }
+      std::vector<std::uint32_t>& ids = casts_[*same].ids;
+      ids.insert(ids.end(), call.regions[r].autocast_cached.begin(), call.regions[r].autocast_cached.end());
+      // Cleared before a backward that runs inside an autocast block, the casts a recompute makes
+      // again stay in the cache until the next clear.
+      if (step.autocast_held_in_backward && until <= first_backward_[k] && first_backward_[k] < step.segments.size()) {
+        const auto next = std::upper_bound(step.autocast_cleared.begin(), step.autocast_cleared.end(), first_backward_[k]);
+        Recast& recast = recasts_.emplace_back();
+        recast.call = k;
+        recast.region = indexes_[k][r];
+        recast.from = first_backward_[k];
+        recast.until = next != step.autocast_cleared.end() ? std::size_t{*next} : step.segments.size();
+        recast.ids = call.regions[r].autocast_cached;
+        for (const std::uint32_t id : recast.ids) recast.bytes = add_bytes(recast.bytes, step.storages[id]);
+      }
     }
   }
   const std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
@@ -212,6 +235,11 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
     } else if (segment.forward >= 0 && kept_ops != nullptr) {
       ids = kept_in_forward(s, choices, *kept_ops);
     }
+    for (const Recast& recast : recasts_) {
+      if (s >= recast.from && s < recast.until && choices[recast.region] != Choice::save) {
+        ids.insert(ids.end(), recast.ids.begin(), recast.ids.end());
+      }
+    }
   };
   const std::vector<std::uint64_t> alive_in = alive_by_segment(
       sets, kept_ops != nullptr ? &without_kept_ops : nullptr, also_alive, offloads ? &offload : nullptr);
@@ -223,6 +251,13 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
     if (segment.backward >= 0) {
       top = std::max(top, add_bytes(segment.start_bytes,
                                     recompute_transient(static_cast<std::size_t>(segment.backward), choices)));
+      // The profile's backward freed these casts as it used them; made again into a live cache,
+      // they stay through it: counted above its peak (a bound, the moment they were freed unknown)
+      for (const Recast& recast : recasts_) {
+        if (static_cast<std::int64_t>(recast.call) == segment.backward && choices[recast.region] != Choice::save) {
+          top = add_bytes(top, recast.bytes);
+        }
+      }
     }
     const std::uint64_t freed = saved_alive_[s] > alive ? saved_alive_[s] - alive : 0;
     const std::uint64_t added = alive > saved_alive_[s] ? alive - saved_alive_[s] : 0;
@@ -416,7 +451,7 @@ class Tally {
 // the outputs of a live call that code outside holds (until the call taking them is live), what
 // the call whose forward runs took as input, in a call's backward what recompute brings back and
 // in a forward what kept ops hold (`also_alive`), and what the offloader holds on the device.
-// Until autocast's cache is cleared (cached_until_), the casts of leaves it holds (autocast_cached)
+// Until autocast's cache is cleared (casts_), the casts of leaves it holds (autocast_cached)
 // stay whatever the plan: a recomputed region frees its weights' casts only when the autocast
 // block ends, which a loop's forward runs in. What the live calls hold is tallied as calls join
 // and leave, so each segment costs what changes in it.
@@ -425,7 +460,7 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
     const std::function<void(std::size_t, std::vector<std::uint32_t>&)>& also_alive, const Offload* offload) {
   const std::size_t calls = step_.checkpoints.size();
   Tally held(step_.storages);
-  std::vector<char> live(calls, 0), cached(calls, 0);
+  std::vector<char> live(calls, 0), cached(casts_.size(), 0);
   std::vector<std::vector<char>> holding(calls);
   for (std::size_t k = 0; k < calls; ++k) holding[k].assign(held_until_[k].size(), 0);
   const auto settle_hold = [&](std::uint32_t k, std::uint32_t entry) {
@@ -435,17 +470,18 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
     holding[k][entry] = wanted;
     wanted != 0 ? held.add(id) : held.remove(id);
   };
-  const auto settle_cached = [&](std::uint32_t k, std::size_t s) {
-    const char wanted = live[k] != 0 && s < cached_until_[k] ? 1 : 0;
-    if (wanted == cached[k]) return;
-    cached[k] = wanted;
-    wanted != 0 ? held.add(cached_[k]) : held.remove(cached_[k]);
+  const auto settle_cached = [&](std::uint32_t entry, std::size_t s) {
+    const HeldCasts& casts = casts_[entry];
+    const char wanted = live[casts.call] != 0 && s < casts.until ? 1 : 0;
+    if (wanted == cached[entry]) return;
+    cached[entry] = wanted;
+    wanted != 0 ? held.add(casts.ids) : held.remove(casts.ids);
   };
   const auto settle_call = [&](std::uint32_t k, std::size_t s) {
     live[k] != 0 ? held.add(sets[k]) : held.remove(sets[k]);
     for (std::uint32_t entry = 0; entry < held_until_[k].size(); ++entry) settle_hold(k, entry);
     for (const auto& [holder, entry] : consumed_[k]) settle_hold(holder, entry);
-    settle_cached(k, s);
+    for (const std::uint32_t entry : casts_of_call_[k]) settle_cached(entry, s);
   };
   std::vector<std::uint32_t> offloading;  // the calls whose bytes the offloader holds at some point
   if (offload != nullptr) {
@@ -462,7 +498,7 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
     for (const std::uint32_t k : joining_[s]) live[k] = 1;
     for (const std::uint32_t k : leaving_[s]) settle_call(k, s);
     for (const std::uint32_t k : joining_[s]) settle_call(k, s);
-    for (const std::uint32_t k : uncaching_[s]) settle_cached(k, s);
+    for (const std::uint32_t entry : uncaching_[s]) settle_cached(entry, s);
     const bool swapped = in_own_backward != nullptr && segment.backward >= 0 &&
                          live[static_cast<std::size_t>(segment.backward)] != 0;
     if (swapped) {

@@ -83,9 +83,26 @@ class StepModel {
   // profile cuts a call's forward at each region's entry and exit, so region r has returned from
   // the segment numbered 2r + 2 on.
   std::vector<std::size_t> forward_place_;
-  std::vector<std::vector<std::uint32_t>> cached_;  // per call: its regions' autocast_cached
-  std::vector<std::size_t> cached_until_;           // per call: the segment its casts are freed in
-  std::vector<std::vector<std::uint32_t>> uncaching_;  // per segment: the calls whose casts it frees
+  // The casts autocast's cache holds (regions' autocast_cached), by call and the segment that
+  // frees them (the first clear after their region began)
+  struct HeldCasts {
+    std::uint32_t call = 0;
+    std::size_t until = 0;
+    std::vector<std::uint32_t> ids;
+  };
+  std::vector<HeldCasts> casts_;
+  std::vector<std::vector<std::uint32_t>> casts_of_call_;  // per call: its entries in casts_
+  std::vector<std::vector<std::uint32_t>> uncaching_;      // per segment: the entries it frees
+  // A recomputed region's casts made again in a backward inside an autocast block, after a clear
+  // freed the forward's: alive from its call's backward to the next clear
+  struct Recast {
+    std::uint32_t call = 0;
+    std::size_t region = 0;  // in the profile's regions
+    std::size_t from = 0, until = 0;
+    std::vector<std::uint32_t> ids;
+    std::uint64_t bytes = 0;  // of ids
+  };
+  std::vector<Recast> recasts_;
   std::vector<std::size_t> kept_count_;              // per call: its regions' kept storages, counted
   // The regions whose outputs include each storage, as (call, region in it): those of storage id
   // are makers_[makers_begin_[id] .. makers_begin_[id + 1]).

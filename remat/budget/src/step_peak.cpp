@@ -74,10 +74,13 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
   }
   for (std::size_t i = 0; i < step.autocast_cleared.size(); ++i) {
     const std::uint32_t s = step.autocast_cleared[i];
-    if (s >= step.segments.size() || (i > 0 && s <= step.autocast_cleared[i - 1])) {
-      throw BudgetError("$.step.autocast_cleared[" + std::to_string(i) + "]: segment " + std::to_string(s) +
-                        " is not after the one before it among the step's " + std::to_string(step.segments.size()) +
-                        " segments; profile the step again");
+    const std::string where = "$.step.autocast_cleared[" + std::to_string(i) + "]: segment " + std::to_string(s);
+    if (s == 0 || s >= step.segments.size()) {
+      throw BudgetError(where + " is not one of the step's segments 1 to " + std::to_string(step.segments.size() - 1) +
+                        " (a clear begins a segment after the first); profile the step again");
+    }
+    if (i > 0 && s <= step.autocast_cleared[i - 1]) {
+      throw BudgetError(where + " is not after the one before it; profile the step again");
     }
   }
   detail::region_indexes(profile, step);

@@ -31,10 +31,11 @@ region run under autocast keeps, the casts of leaves (a weight cast to bfloat16:
 report marks them leaf_cast) are listed apart too (autocast_cached): autocast's cache holds them
 until its block ends, so a plan that recomputes the region still holds them until then. A segment
 begins where the cache is cleared (autocast_cleared: torch.clear_autocast_cache, which autocast's
-exit calls, is wrapped to say so on a thread measuring a step); where the profile saw no clear,
-they are held until backward begins, or through it where it began inside the block
-(autocast_held_in_backward: autocast's state in the backward's hooks is that of the thread that
-called backward()).
+exit calls, is wrapped to say so on a thread measuring a step; inside a checkpoint's forward or
+backward, where the next segment begins); where the profile saw no clear, they are held until
+backward begins, or through it where it began inside the block (autocast_held_in_backward:
+autocast's state in the backward's hooks is that of the thread that called backward()), where a
+region recomputed after a clear makes its casts again into the cache.
 A plan's step peak is then each segment's measured peak less what the plan's checkpoints do not
 keep of what was alive in it, plus, in a checkpoint's backward, the largest forward transient of a
 region it recomputes; remat::budget computes it (step_peak.hpp)
@@ -144,6 +145,7 @@ class StepRecorder:
         self.segment_gradients = None  # per segment, those bytes when it began (remat.fit's steps with gradients)
         self.autocast_held_in_backward = False  # the backward began inside the autocast block
         self.autocast_clears = []  # the segments that begin where autocast's cache was cleared
+        self._clear_pending = False  # a clear inside a checkpoint's forward or backward, not yet marked
 
     @staticmethod
     def _counted_device():
@@ -191,6 +193,9 @@ class StepRecorder:
                               "forward": self._forward, "backward": self._recomputing})
         self.peak_bytes = max(self.peak_bytes, peak)
         self._segment_start = now
+        if self._clear_pending:
+            self._clear_pending = False
+            self.autocast_clears.append(len(self.segments))
         if self.gradient_bytes is not None:
             self.segment_gradients.append(self._segment_gradients_start)
             self._segment_gradients_start = self.gradient_bytes()
@@ -235,10 +240,14 @@ class StepRecorder:
 
     def autocast_cleared(self):
         """Autocast's cache is being cleared on this thread (its outermost block ends): the casts it
-        held are freed from here, whatever a plan recomputes, so a segment begins here."""
+        held are freed from here, whatever a plan recomputes, so a segment begins here. Inside a
+        checkpoint's forward or backward, whose segments the step model counts (a region's forward
+        is its call's segment 2r + 1), the clear is marked where the next segment begins: the casts
+        are counted until then."""
         if self.enabled and not self._closed and self.checkpoints:
-            self.mark()
-            self.autocast_clears.append(len(self.segments))
+            self._clear_pending = True
+            if self._forward == -1 and self._recomputing == -1:
+                self.mark()
 
     def backward_pending(self):
         """The checkpoint calls whose backward is still to come where the step's backward has not

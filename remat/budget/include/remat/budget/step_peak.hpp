@@ -39,9 +39,9 @@ struct StepRegion {
   // made. A recomputed region keeping some of them keeps those storages from forward to backward.
   std::vector<StepOp> ops;
   // Of `kept`, the casts of leaves (parameters' weights cast to bfloat16, say) autocast's cast cache
-  // holds until its block ends: alive whatever the plan until the cache was cleared after its
-  // checkpoint call began (StepMemory::autocast_cleared), or where the profile saw no clear, until
-  // the step's backward begins (or through it: StepMemory::autocast_held_in_backward).
+  // holds until its block ends: alive whatever the plan until the cache was cleared after the
+  // region began (StepMemory::autocast_cleared), or where the profile saw no clear, until the
+  // step's backward begins (or through it: StepMemory::autocast_held_in_backward).
   std::vector<std::uint32_t> autocast_cached;
 };
 
@@ -73,7 +73,10 @@ struct StepMemory {
   // order: the regions' autocast_cached casts are freed there, recomputed regions' too.
   std::vector<std::uint32_t> autocast_cleared;
   // The backward began inside the autocast block (loss.backward() under torch.autocast): where no
-  // clear was seen, the cache holds the casts through the backward.
+  // clear was seen, the cache holds the casts through the backward; where one freed a recomputed
+  // region's casts before it, recompute makes them again into the cache, which holds them until the
+  // next clear, through its call's backward too (counted there above the profile's peak, which
+  // freed them as it used them).
   bool autocast_held_in_backward = false;
 };
 
