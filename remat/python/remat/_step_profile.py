@@ -465,7 +465,9 @@ class StepRecorder:
         self._region_stack[-1].setdefault("_ops", []).append({"index": index, "outputs": sorted(set(ids))})
 
     def to_dump(self, end_bytes):
+        # A clear marked where the step's last segment ended begins none
+        cleared = [s for s in self.autocast_clears if s < len(self.segments)]
         return {"start_bytes": self.start_bytes, "end_bytes": end_bytes, "peak_bytes": self.peak_bytes,
                 "storages": self.storage_bytes(), "checkpoints": self.checkpoints, "segments": self.segments,
-                **({"autocast_cleared": self.autocast_clears} if self.autocast_clears else {}),
+                **({"autocast_cleared": cleared} if cleared else {}),
                 **({"autocast_held_in_backward": True} if self.autocast_held_in_backward else {})}
