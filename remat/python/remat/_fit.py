@@ -787,7 +787,7 @@ class FitState:
         # A model dropped while its step is profiled leaves no profile open on this thread
         weakref.finalize(self, _close_abandoned, session)
         self.measuring_had, self.measuring_graded = self._graded(), set()
-        session._step.watch_gradients(_held_weakly(self._profiled_gradient_bytes))
+        session._step.watch_gradients(_held_weakly(self._profiled_gradient_bytes), self.model.parameters())
         self.measuring = (session, signature)
         self.measuring_training = self.model.training
         self.plan = self.predicted_peak_bytes = self.optimizer_peak_bytes = None

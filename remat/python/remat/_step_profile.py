@@ -144,6 +144,7 @@ class StepRecorder:
         self.gradient_bytes = None   # a callable: bytes of the model's gradients now (watch_gradients)
         self.segment_gradients = None  # per segment, those bytes when it began (remat.fit's steps with gradients)
         self.autocast_held_in_backward = False  # the backward began inside the autocast block
+        self._gradient_hooks = []  # watch_gradients's, removed when the profile closes
         self.autocast_clears = []  # the segments that begin where autocast's cache was cleared
         self._clear_pending = False  # a clear inside a checkpoint's forward or backward, not yet marked
 
@@ -171,14 +172,22 @@ class StepRecorder:
         self._thread = threading.get_ident()
         _measuring[self._thread] = self
 
-    def watch_gradients(self, gradient_bytes):
+    def watch_gradients(self, gradient_bytes, parameters=()):
         """Records, per segment, the bytes `gradient_bytes()` gives when it begins: the gradients
         backward has made by then, which a step beginning with them already there does not make
-        again (remat.fit predicts such steps, micro-batches of gradient accumulation, from it)."""
+        again (remat.fit predicts such steps, micro-batches of gradient accumulation, from it). A
+        segment ends where backward makes each of `parameters`' gradients, so that a segment makes
+        at most one: such a step adds it into the one there, which it holds meanwhile."""
         if self.enabled:
             self.gradient_bytes = gradient_bytes
             self.segment_gradients = []
             self._segment_gradients_start = gradient_bytes()
+            self._gradient_hooks = [p.register_post_accumulate_grad_hook(self._gradient_made)
+                                    for p in parameters if p.requires_grad]
+
+    def _gradient_made(self, parameter):
+        if self._backward_began:
+            self.mark()
 
     def mark(self, peak=None):
         """Ends the segment running now (its peak since the last mark, or `peak` where the caller
@@ -235,6 +244,8 @@ class StepRecorder:
         if self.enabled and not self._closed:
             self._closed = True
             self._window.close()
+            for hook in self._gradient_hooks:
+                hook.remove()
             if _measuring.get(self._thread) is self:
                 del _measuring[self._thread]
 
