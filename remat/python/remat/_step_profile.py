@@ -107,6 +107,10 @@ def _watch_autocast_clears():
     torch.clear_autocast_cache = clear_autocast_cache
 
 
+def _bytes_of(gradient):
+    return 0 if gradient is None else gradient.numel() * gradient.element_size()
+
+
 def _held_by_step(*values):
     """The tensors in `values` that the step made: leaves (parameters, the batch) are allocated
     whatever the plan, so no plan keeps or frees them."""
@@ -145,6 +149,7 @@ class StepRecorder:
         self.segment_gradients = None  # per segment, those bytes when it began (remat.fit's steps with gradients)
         self.autocast_held_in_backward = False  # the backward began inside the autocast block
         self._gradient_hooks = []  # watch_gradients's, removed when the profile closes
+        self._gradients_held = {}  # parameter -> its gradient's bytes when last seen (watch_gradients)
         self.autocast_clears = []  # the segments that begin where autocast's cache was cleared
         self._clear_pending = False  # a clear inside a checkpoint's forward or backward, not yet marked
 
@@ -182,16 +187,24 @@ class StepRecorder:
             self.gradient_bytes = gradient_bytes
             self.segment_gradients = []
             self._segment_gradients_start = gradient_bytes()
-            self._gradient_hooks = [p.register_post_accumulate_grad_hook(self._gradient_made)
-                                    for p in parameters if p.requires_grad]
+            parameters = [p for p in parameters if p.requires_grad]
+            self._gradients_held = {p: _bytes_of(p.grad) for p in parameters}
+            self._gradient_hooks = [p.register_post_accumulate_grad_hook(self._gradient_made) for p in parameters]
 
     def _gradient_made(self, parameter):
+        """Backward made `parameter`'s gradient: the gradients' bytes now are those when the
+        segment began and what this one changed (one gradient, not every one counted again: a
+        model has thousands)."""
         if self._backward_began:
-            self.mark()
+            held = _bytes_of(parameter.grad)
+            now = self._segment_gradients_start + held - self._gradients_held.get(parameter, 0)
+            self._gradients_held[parameter] = held
+            self.mark(gradients=now)
 
-    def mark(self, peak=None):
+    def mark(self, peak=None, gradients=None):
         """Ends the segment running now (its peak since the last mark, or `peak` where the caller
-        took it) and starts the next."""
+        took it) and starts the next (with `gradients` bytes of gradients where the caller knows
+        them)."""
         if not self.enabled or self._closed:  # a backward after the profile ended is not measured
             return
         if peak is None:
@@ -207,7 +220,10 @@ class StepRecorder:
             self.autocast_clears.append(len(self.segments))
         if self.gradient_bytes is not None:
             self.segment_gradients.append(self._segment_gradients_start)
-            self._segment_gradients_start = self.gradient_bytes()
+            if gradients is not None:
+                self._segment_gradients_start = gradients
+            elif self._backward_began:  # before, no gradient changed (reading them all is O(parameters))
+                self._segment_gradients_start = self.gradient_bytes()
 
     def end(self):
         if not self.enabled:
@@ -246,6 +262,7 @@ class StepRecorder:
             self._window.close()
             for hook in self._gradient_hooks:
                 hook.remove()
+            self._gradient_hooks, self._gradients_held = [], {}
             if _measuring.get(self._thread) is self:
                 del _measuring[self._thread]
 
