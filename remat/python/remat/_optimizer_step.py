@@ -40,21 +40,15 @@ from torch.utils._pytree import tree_leaves
 
 
 def optimizers_over(parameters):
-    """The torch.optim.Optimizer objects whose param_groups hold any of `parameters`: a param
-    group's "params" list holds the parameter, the group dict that list, the optimizer's
-    param_groups list the dict (four scans of the collector's objects in all)."""
+    """The torch.optim.Optimizer objects whose param_groups hold any of `parameters`, found in one
+    scan of the collector's objects (by type, which runs no code of theirs). Asking the collector
+    for the parameters' referrers instead costs a scan per parameter, in effect: 3.4 s with 4000
+    parameters."""
     if not parameters:
         return []
-    lists = [o for o in gc.get_referrers(*parameters) if isinstance(o, list)]
-    groups = [o for o in gc.get_referrers(*lists) if isinstance(o, dict) and any(o.get("params") is l for l in lists)]
-    group_lists = [o for o in gc.get_referrers(*groups) if isinstance(o, list)] if groups else []
-    found = {}
-    for holder in (gc.get_referrers(*group_lists) if group_lists else []):
-        if isinstance(holder, dict):  # an instance __dict__, where the interpreter made one
-            holder = next((o for o in gc.get_referrers(holder) if getattr(o, "__dict__", None) is holder), None)
-        if isinstance(holder, torch.optim.Optimizer) and any(holder.param_groups is g for g in group_lists):
-            found[id(holder)] = holder
-    return list(found.values())
+    ids = {id(p) for p in parameters}
+    return [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)
+            and any(id(p) in ids for group in o.param_groups for p in group["params"])]
 
 
 class _StorageCount(TorchDispatchMode):
