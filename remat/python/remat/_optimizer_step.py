@@ -5,8 +5,8 @@ then on. With gradient accumulation the first one runs after a planned micro-bat
 predicted before that micro-batch's forward: the state it makes (AdamW's two moments, SGD's
 momentum) and its transient (a foreach step holds a temporary per parameter at once) are not
 allocated yet. The step is run once, on stand-ins: the optimizer found over the model's parameters
-(the torch.optim.Optimizer objects whose param_groups hold them, found through the garbage
-collector's referrers, once) is copied with every parameter, gradient and state tensor replaced by
+(the torch.optim.Optimizer objects whose param_groups hold them, found in one scan of the garbage
+collector's objects) is copied with every parameter, gradient and state tensor replaced by
 a tensor of the same shape and dtype on the meta device, which allocates nothing and computes
 nothing. The copy's step runs under a dispatch mode that counts the bytes of every storage an
 operation makes and drops them when the storage is freed: its peak over where it began is the
@@ -42,8 +42,8 @@ from torch.utils._pytree import tree_leaves
 def optimizers_over(parameters):
     """The torch.optim.Optimizer objects whose param_groups hold any of `parameters`, found in one
     scan of the collector's objects (by type, which runs no code of theirs). Asking the collector
-    for the parameters' referrers instead costs a scan per parameter, in effect: 3.4 s with 4000
-    parameters."""
+    for the parameters' referrers instead costs a scan per parameter, in effect: 2.8 s with 4000
+    parameters and two optimizers, where this takes 0.17 s."""
     if not parameters:
         return []
     ids = {id(p) for p in parameters}
