@@ -10,6 +10,7 @@
 #include "thread_state.hpp"
 
 #include <remat/alloc/tags.hpp>
+#include <remat/input_reads.hpp>
 
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
@@ -20,29 +21,54 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 namespace remat::detail {
 namespace {
 
+thread_local bool t_recording_input_reads = false;
+thread_local std::vector<std::uintptr_t> t_input_reads;  // storages of the inputs read, each once
+
 // Sees the ops the checkpoint body runs outside save regions (recompute runs them again), to
-// learn which inputs they read and which save-region outputs they need.
+// learn which inputs they read and which save-region outputs they need; and, while the thread
+// records input reads, those inside save regions, for the record alone.
 std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
   const ThreadState& state = thread_state();
-  if (state.mode != Mode::forward || state.save_region >= 0 || state.frame == nullptr) return nullptr;
+  if (state.mode != Mode::forward || state.frame == nullptr) return nullptr;
+  const bool in_save_region = state.save_region >= 0;
+  if (in_save_region && !t_recording_input_reads) return nullptr;
+  const auto note = [&](const at::Tensor& t) {
+    in_save_region ? state.frame->note_read_in_save_region(t) : state.frame->note_read(t);
+  };
   for (const c10::IValue& value : fn.inputs()) {
     if (value.isTensor()) {
-      state.frame->note_read(value.toTensor());
+      note(value.toTensor());
     } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorVector()) state.frame->note_read(t);
+      for (const at::Tensor& t : value.toTensorVector()) note(t);
     }
   }
   return nullptr;
 }
 
+// Notes `storage` where it is one of `frame`'s inputs' (recording input reads).
+void record_input_read(const Frame& frame, const c10::StorageImpl* storage) {
+  const auto address = reinterpret_cast<std::uintptr_t>(storage->data());
+  if (std::find(t_input_reads.begin(), t_input_reads.end(), address) != t_input_reads.end()) return;
+  for (const InputRecord& input : frame.inputs) {
+    if (storage_of(input.value) == storage) {
+      t_input_reads.push_back(address);
+      return;
+    }
+  }
+}
+
 }  // namespace
+
+bool recording_input_reads() { return t_recording_input_reads; }
 
 Frame::~Frame() {
   if (live) remove_live_frame(this);
@@ -81,10 +107,15 @@ void Frame::persist(const at::Tensor& t, bool by_read) {
   }
 }
 
+void Frame::note_read_in_save_region(const at::Tensor& t) {
+  if (const c10::StorageImpl* storage = storage_of(t)) record_input_read(*this, storage);
+}
+
 void Frame::note_read(const at::Tensor& t) {
   if (!observing_needed()) return;
   const c10::StorageImpl* storage = storage_of(t);
   if (storage == nullptr) return;
+  if (t_recording_input_reads) record_input_read(*this, storage);
   if (outputs_not_persisted != 0) persist(t, /*by_read=*/true);  // recompute runs the reading code again
   if (inputs_not_read != 0) {
     for (InputRecord& input : inputs) {
@@ -406,3 +437,14 @@ void Frame::recompute() {
 }
 
 }  // namespace remat::detail
+
+namespace remat {
+
+void record_input_reads(bool on) {
+  detail::t_recording_input_reads = on;
+  detail::t_input_reads.clear();
+}
+
+std::vector<std::uintptr_t> take_input_reads() { return std::exchange(detail::t_input_reads, {}); }
+
+}  // namespace remat

@@ -34,6 +34,8 @@ struct StopRecompute : std::exception {
 };
 
 struct Frame;
+// Whether this thread records the checkpoint inputs ops read (remat/input_reads.hpp).
+bool recording_input_reads();
 // Throws what unwinds a recompute's body: through the raiser set with
 // set_recompute_stop_raiser(), or StopRecompute.
 [[noreturn]] void throw_recompute_stop();
@@ -127,7 +129,10 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::size_t inputs_not_read = 0;
   std::size_t outputs_not_persisted = 0;
   std::uint64_t read_observer = 0;  // at::CallbackHandle; 0 when none is registered
-  bool observing_needed() const { return inputs_not_read != 0 || outputs_not_persisted != 0; }
+  // Also while the thread records input reads (remat/input_reads.hpp), inside save regions too.
+  bool observing_needed() const {
+    return inputs_not_read != 0 || outputs_not_persisted != 0 || recording_input_reads();
+  }
 
   // Recompute progress.
   std::size_t recompute_packs = 0;
@@ -147,6 +152,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // SaveRegionRecord::read_at).
   void persist(const at::Tensor& t, bool by_read = false);
   void note_read(const at::Tensor& t);  // read by code that recompute runs again
+  void note_read_in_save_region(const at::Tensor& t);  // recorded only (record_input_reads)
   void observe_reads_if_needed();
   void stop_observing_reads();
 

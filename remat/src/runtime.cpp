@@ -55,9 +55,12 @@ class ReadObserver {
 // A save region's body runs without the observer, which ignores ops inside save regions (what
 // they read is kept by the save region itself), yet would make every op there box its inputs
 // for it: the observer is put back when the body ends, however it ends, where still needed.
+// While the thread records input reads (a step profile), it stays: it records theirs.
 class NoReadObserverInSaveRegion {
  public:
-  explicit NoReadObserverInSaveRegion(Frame& frame) : frame_(frame) { frame_.stop_observing_reads(); }
+  explicit NoReadObserverInSaveRegion(Frame& frame) : frame_(frame) {
+    if (!recording_input_reads()) frame_.stop_observing_reads();
+  }
   ~NoReadObserverInSaveRegion() { frame_.observe_reads_if_needed(); }
   NoReadObserverInSaveRegion(const NoReadObserverInSaveRegion&) = delete;
   NoReadObserverInSaveRegion& operator=(const NoReadObserverInSaveRegion&) = delete;

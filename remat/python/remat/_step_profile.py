@@ -19,10 +19,14 @@ there is allocated before every later step, and nothing there scales with the to
 What each checkpoint keeps is recorded as sets of storages, not added up per region: the
 storages each region keeps (its saved tensors and its output), the storages that are its inputs
 (a saved region does not keep an input that recompute recreates: the runtime takes it from
-recompute), and the checkpoint's own inputs, each storage with one identity for the step even
-when a freed address is used again. Storages allocated before the checkpoint ran (leaves it was
-given, and what its regions save of a frozen parameter or a buffer: allocated_before) are in no
-set: they stay allocated whatever the plan. Of what a region keeps, the storages remat.CpuOffload would
+recompute; a region's inputs include those of its checkpoint it reads without taking them,
+through a closure, which the runtime notes: remat/input_reads.hpp), and the checkpoint's own inputs, each storage with
+one identity for the step however many calls take it (followed by a weak reference to PyTorch's
+one Python object per storage) and another for a storage found where a freed one was. Storages
+allocated before the step (the leaves Python held when it began: the batch, parameters) and what
+regions save that was allocated outside every checkpoint's forward (a frozen parameter, a
+buffer: allocated_before) are in no set: they stay allocated whatever the plan. A leaf the step
+made (position ids, a mask) is the step's, kept by a checkpoint whose recompute reads it. Of what a region keeps, the storages remat.CpuOffload would
 leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
 listed apart (offload_kept): a plan that offloads the region still holds them there. With
 per-op figures (ops=True), each op a plan may keep lists the storages it made (ops), which a plan
@@ -45,6 +49,7 @@ from the "step" object of the region-profile dump, so remat-report advise --peak
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 import weakref
 
@@ -111,10 +116,24 @@ def _bytes_of(gradient):
     return 0 if gradient is None else gradient.numel() * gradient.element_size()
 
 
-def _held_by_step(*values):
-    """The tensors in `values` that the step made: leaves (parameters, the batch) are allocated
-    whatever the plan, so no plan keeps or frees them."""
-    return [t for t in tensors_in(values) if not t.is_leaf]
+def _storages_held():
+    """Weak references to the storages of the tensors Python holds now, by the storage object's id
+    (PyTorch keeps one Python object per storage while the storage lives): what was allocated
+    before a step (parameters, optimizer state, the batch), told apart from the leaves the step
+    makes (position ids from torch.arange, a mask), which a checkpoint that recomputes keeps."""
+    held, tensor_types = {}, {}
+    for obj in gc.get_objects():
+        kind = type(obj)  # not isinstance: some objects warn when asked their __class__
+        is_tensor = tensor_types.get(kind)
+        if is_tensor is None:
+            is_tensor = tensor_types[kind] = issubclass(kind, torch.Tensor)
+        if is_tensor:
+            try:
+                storage = obj.untyped_storage()
+            except (RuntimeError, NotImplementedError, TypeError):  # no storage (a subclass, sparse)
+                continue
+            held[id(storage)] = weakref.ref(storage)
+    return held
 
 
 class StepRecorder:
@@ -152,6 +171,10 @@ class StepRecorder:
         self._gradients_held = {}  # parameter -> its gradient's bytes when last seen (watch_gradients)
         self.autocast_clears = []  # the segments that begin where autocast's cache was cleared
         self._clear_pending = False  # a clear inside a checkpoint's forward or backward, not yet marked
+        self._held_before = {}  # the storages Python held when the step began (_storages_held)
+        self._ids = {}  # id of a storage object -> (weak reference to it, its identity in the step)
+        self._id_storage = {}  # identity -> weak reference to its storage object, where one was seen
+        self._step_inputs = {}  # checkpoint call -> {storage key: identity} of the inputs the step made
 
     @staticmethod
     def _counted_device():
@@ -171,11 +194,13 @@ class StepRecorder:
             return
         # A window of its own, not reset_peak_stats(): the peak statistics stay the user's.
         self._window = remat_alloc.PeakWindow(self.device)
+        self._held_before = _storages_held()
         self.start_bytes = self._stats()["requested_bytes"]
         self._segment_start = self.start_bytes
         _watch_autocast_clears()
         self._thread = threading.get_ident()
         _measuring[self._thread] = self
+        _C.record_input_reads(True)
 
     def watch_gradients(self, gradient_bytes, parameters=()):
         """Records, per segment, the bytes `gradient_bytes()` gives when it begins: the gradients
@@ -265,6 +290,8 @@ class StepRecorder:
             self._gradient_hooks, self._gradients_held = [], {}
             if _measuring.get(self._thread) is self:
                 del _measuring[self._thread]
+            if threading.get_ident() == self._thread:
+                _C.record_input_reads(False)
 
     def autocast_cleared(self):
         """Autocast's cache is being cleared on this thread (its outermost block ends): the casts it
@@ -299,19 +326,42 @@ class StepRecorder:
 
     # --- storages -------------------------------------------------------------------------------
 
+    def _allocated_before(self, tensor):
+        """Whether the step began with Python holding `tensor`'s storage (a parameter, the batch, a
+        buffer): it stays allocated whatever the plan, so no plan keeps or frees it."""
+        known = self._held_before.get(id(tensor.untyped_storage()))
+        return known is not None and known() is tensor.untyped_storage()
+
+    def _made_by_step(self, *values):
+        """The tensors in `values` whose storage the step made: those computed in it, and leaves it
+        made (not _allocated_before)."""
+        return [t for t in tensors_in(values) if not t.is_leaf or not self._allocated_before(t)]
+
     def _storage_id(self, tensor, *, keep):
+        """The storage's identity in the step: one for its whole life, whichever calls take it (a
+        mask every layer is given), and another for a storage later found at a freed one's address."""
         storage = tensor.untyped_storage()
         key = (str(tensor.device), storage.data_ptr())
-        if key in self._alive:
-            return self._alive[key]
-        if key in self._transient:
-            found = self._transient[key]
-            if keep:
+        known = self._ids.get(id(storage))
+        if known is not None and known[0]() is storage:
+            found = known[1]
+            if keep or self._alive.get(key) == found:
                 self._alive[key] = found
+            else:
+                self._transient[key] = found
             return found
-        self._storages.append(storage.nbytes())
-        found = len(self._storages) - 1
-        (self._alive if keep else self._transient)[key] = found
+        found = self._alive.get(key, self._transient.get(key))
+        if found is not None and found in self._id_storage and self._id_storage[found]() is not storage:
+            found = None  # that storage was freed and its address is used again
+        if found is None:
+            self._storages.append(storage.nbytes())
+            found = len(self._storages) - 1
+        if keep or self._alive.get(key) == found:
+            self._alive[key] = found
+        else:
+            self._transient[key] = found
+        self._ids[id(storage)] = (weakref.ref(storage), found)
+        self._id_storage[found] = self._ids[id(storage)][0]
         return found
 
     def storage_bytes(self):
@@ -323,15 +373,17 @@ class StepRecorder:
         if not self.enabled:
             return call(), None
         self._transient = {}
-        # Leaves it is given (the batch, parameters) are allocated whatever the plan: where a saved
-        # region keeps one, recomputing it frees nothing.
+        # What it is given that was allocated before the step (the batch, parameters) stays
+        # allocated whatever the plan: where a saved region keeps one, recomputing it frees nothing.
         index = len(self.checkpoints)
         self._leaves[index] = {(str(t.device), t.untyped_storage().data_ptr())
-                               for t in tensors_in((args, kwargs)) if t.is_leaf}
+                               for t in tensors_in((args, kwargs)) if t.is_leaf and self._allocated_before(t)}
         self._input_keys[index] = {(str(t.device), t.untyped_storage().data_ptr())
                                    for t in tensors_in((args, kwargs))}
-        record = {"name": name, "inputs": sorted({self._storage_id(t, keep=False) for t in _held_by_step(args, kwargs)}),
-                  "kept_inputs": [], "regions": []}
+        self._step_inputs[index] = {(str(t.device), t.untyped_storage().data_ptr()): self._storage_id(t, keep=False)
+                                    for t in self._made_by_step(args, kwargs)}
+        record = {"name": name, "inputs": sorted(set(self._step_inputs[index].values())), "kept_inputs": [],
+                  "regions": []}
         self.checkpoints.append(record)
         self.mark()
         outer = self._current, self._forward
@@ -457,21 +509,41 @@ class StepRecorder:
         when it returns."""
         if not self.enabled or self._current is None or self._region_stack:
             return call()
-        record = {"name": name, "_inputs": {self._storage_id(t, keep=False) for t in _held_by_step(args)},
+        record = {"name": name, "_inputs": {self._storage_id(t, keep=False) for t in self._made_by_step(args)},
                   "_outputs": set(), "transient_bytes": 0, "_casts_cached": _casts_cached()}
         # the key order the dump writes: name, kept, inputs, outputs, transient_bytes
         self._current["regions"].append(record)
         self.mark()
         self._region_stack.append(record)
+        _C.take_input_reads()  # what the checkpoint's code read before the region
         try:
             out = call()
         finally:
             self._region_stack.pop()
+        # Inputs of its checkpoint call that it reads without taking them (a closure's): a recompute
+        # of it keeps them, as those it takes
+        made = {address: identity for (_, address), identity in self._step_inputs.get(self._forward, {}).items()}
+        record["_inputs"].update(made[address] for address in _C.take_input_reads() if address in made)
         peak = self._window.take()
         record["transient_bytes"] = max(0, peak - self._stats()["requested_bytes"])
         record["_outputs"] = {self._storage_id(t, keep=True) for t in tensors_in(out)}
         self.mark(peak)
         return out
+
+    def inputs_a_region_may_read(self):
+        """Where an outermost region of a checkpoint's forward is about to run: the storage keys of
+        what the step made that its checkpoint call was given. The region may read one it does not
+        take (through a closure); a recompute of it then keeps that input (region_read)."""
+        if not self.enabled or self._region_stack or self._forward < 0:
+            return set()
+        return set(self._step_inputs.get(self._forward, {}))
+
+    def region_read(self, keys):
+        """The region running now read these inputs of its checkpoint call (by storage key): they
+        are its inputs, as those it takes are."""
+        if keys and len(self._region_stack) == 1:
+            identities = self._step_inputs.get(self._forward, {})
+            self._region_stack[-1]["_inputs"].update(identities[key] for key in keys if key in identities)
 
     def op_made(self, index, out):
         """Op `index` of the region running now made `out` (ops=True; the op meter lists it): each

@@ -7,6 +7,7 @@
 #include <remat/cpu_offload.hpp>
 #include <remat/diagnostics.hpp>
 #include <remat/errors.hpp>
+#include <remat/input_reads.hpp>
 #include <remat/remat.hpp>
 #include <remat/saved_report.hpp>
 
@@ -305,6 +306,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("current_memory_report", &current_memory_report);
   m.def("live_checkpoint_reports", &live_checkpoint_reports,
         "What every live checkpoint (forward finished, backward may still need it) keeps.");
+  m.def("record_input_reads", &record_input_reads, py::arg("on"),
+        "Starts (or stops) noting, on this thread, which checkpoint inputs ops read, inside save regions "
+        "too (a step profile); either way drops what was noted.");
+  m.def("take_input_reads", &take_input_reads,
+        "The storage addresses of the checkpoint inputs ops read since the last call, each once; then "
+        "forgets them.");
   m.def(
       "allocation_phase",
       [](std::uintptr_t address) -> py::object {
