@@ -84,6 +84,44 @@ TEST(StepPeak, ADumpNamingAStorageThatIsNotThereIsRefused) {
   }
 }
 
+// c1's body makes h (storage 4) from its input out0 outside its region, which takes h: where the
+// plan recomputes the region, recompute runs that code again and the runtime keeps out0 for it.
+// A profile notes what that code reads (body_inputs); an older one without it counts every input.
+TEST(StepPeak, InputsTheCodeOutsideTheRegionsReadsAreKeptWhereTheCallRecomputes) {
+  RegionProfile profile = two_checkpoints();
+  profile.step->storages.push_back(100);  // h
+  profile.step->checkpoints[1].regions[0].inputs = {4};
+  const std::vector<Choice> recomputed{Choice::recompute, Choice::recompute};
+  const std::uint64_t unnoted = predict_step_peak(profile, recomputed);
+  profile.step->checkpoints[1].body_inputs = std::vector<std::uint32_t>{0};
+  EXPECT_EQ(predict_step_peak(profile, recomputed), unnoted);
+  const RegionProfile read = profile_from_json(profile_to_json(profile), "profile");
+  ASSERT_TRUE(read.step->checkpoints[1].body_inputs.has_value());
+  EXPECT_EQ(*read.step->checkpoints[1].body_inputs, std::vector<std::uint32_t>{0});
+  EXPECT_FALSE(read.step->checkpoints[0].body_inputs.has_value());
+  EXPECT_EQ(unnoted, 290u);  // c1's backward: 300 measured, less s0 (c0 recomputes), out0 kept by c1
+  // Read by nothing outside the region: c1 keeps none of it, and its backward holds 190 (out1 and
+  // what recompute brings back), below c0's backward (200)
+  profile.step->checkpoints[1].body_inputs = std::vector<std::uint32_t>{};
+  EXPECT_EQ(predict_step_peak(profile, recomputed), 200u);
+  // Saved, the call keeps no input for recompute either way
+  EXPECT_EQ(predict_step_peak(profile, {Choice::recompute, Choice::save}),
+            predict_step_peak(read, {Choice::recompute, Choice::save}));
+}
+
+TEST(StepPeak, ADumpWhoseBodyInputsAreNotAmongTheCallsInputsIsRefused) {
+  RegionProfile profile = two_checkpoints();
+  profile.step->checkpoints[1].body_inputs = std::vector<std::uint32_t>{2};
+  try {
+    profile_from_json(profile_to_json(profile), "p.json");
+    FAIL() << "accepted";
+  } catch (const BudgetError& error) {
+    EXPECT_NE(std::string(error.what()).find("$.step.checkpoints[1].body_inputs: storage 2 is not among the call's inputs"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 std::string refusal_of(const RegionProfile& profile) {
   try {
     profile_from_json(profile_to_json(profile), "p.json");

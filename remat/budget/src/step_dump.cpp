@@ -105,6 +105,7 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
     json.begin_object().field("name", std::string_view(call.name));
     write_ids(json, "inputs", call.inputs);
     write_ids(json, "kept_inputs", call.kept_inputs);
+    if (call.body_inputs) write_ids(json, "body_inputs", *call.body_inputs);
     write_ids(json, "outputs", call.outputs);
     json.key("regions").begin_array();
     for (const StepRegion& region : call.regions) {
@@ -157,6 +158,7 @@ StepMemory read_step(const Json& value, std::string_view source) {
     call.name = text_of(member(entry, "name", source, at), source, at + ".name");
     call.inputs = ids_of(entry, "inputs", source, at);
     call.kept_inputs = ids_of(entry, "kept_inputs", source, at);
+    if (entry.contains("body_inputs")) call.body_inputs = ids_of(entry, "body_inputs", source, at);
     call.outputs = ids_of(entry, "outputs", source, at);
     for_each_entry(entry, "regions", source, at, [&](const Json& listed, const std::string& in) {
       StepRegion region;

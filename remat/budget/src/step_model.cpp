@@ -269,8 +269,9 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
 // What each checkpoint call keeps on the device: the inputs code outside its regions reads; its
 // saved regions' kept storages, less the inputs of a saved region that recompute recreates (the
 // runtime takes them from recompute); and the inputs recompute reads: those a recomputed region
-// takes, or all of them where a recomputed region takes something no region made and the call was
-// not given (code outside the regions made it from the inputs). An offloaded region runs saved
+// reads, and where the call recomputes a region, those code outside the regions reads (recompute
+// runs it again; where the profile did not note them, all of them where a recomputed region takes
+// something no region made and the call was not given: that code made it from the inputs). An offloaded region runs saved
 // (recompute recreates neither it nor its outputs) and keeps here only what the offloader leaves
 // as it is (offload_kept); the rest is on the host. A recomputed region keeping ops keeps what they
 // made as well.
@@ -291,6 +292,7 @@ std::vector<std::uint32_t> StepModel::kept_set(std::size_t k, const std::vector<
   const auto saved = [&](std::size_t r) { return choices[indexes_[k][r]] == Choice::save; };
   bool recomputes = false;
   for (std::size_t r = 0; r < call.regions.size(); ++r) recomputes = recomputes || !saved(r);
+  if (recomputes && call.body_inputs) set.insert(set.end(), call.body_inputs->begin(), call.body_inputs->end());
   // Whether a region of this call (a saved one, where `only_saved`) has `id` among its outputs.
   const auto made_here = [&](std::uint32_t id, bool only_saved) {
     for (std::size_t m = makers_begin_[id]; m < makers_begin_[id + 1]; ++m) {
@@ -317,7 +319,7 @@ std::vector<std::uint32_t> StepModel::kept_set(std::size_t k, const std::vector<
     for (const std::uint32_t id : region.inputs) {
       if (contains(call.inputs, id)) {
         set.push_back(id);
-      } else if (!made_here(id, false)) {
+      } else if (!call.body_inputs && !made_here(id, false)) {
         set.insert(set.end(), call.inputs.begin(), call.inputs.end());
       }
     }

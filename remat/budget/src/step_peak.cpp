@@ -44,6 +44,15 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
     const std::string where = "$.step.checkpoints[" + std::to_string(k) + "]";
     check_ids(call.inputs, where + ".inputs");
     check_ids(call.kept_inputs, where + ".kept_inputs");
+    if (call.body_inputs) {
+      for (const std::uint32_t id : *call.body_inputs) {
+        if (std::find(call.inputs.begin(), call.inputs.end(), id) == call.inputs.end()) {
+          throw BudgetError(where + ".body_inputs: storage " + std::to_string(id) +
+                            " is not among the call's inputs (what code outside its regions reads of them); "
+                            "profile the step again");
+        }
+      }
+    }
     check_ids(call.outputs, where + ".outputs");
     for (std::size_t r = 0; r < call.regions.size(); ++r) {
       const std::string at = where + ".regions[" + std::to_string(r) + "]";

@@ -125,13 +125,13 @@ class profile_regions:
             raise RuntimeError("profile_regions: a plan is in force on this thread (use_plan); a profile saves every "
                                "region to measure it, which the plan would not apply to: profile outside the use_plan "
                                "block")
-        _state.session = self
         interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
         if self._ops:
             keeping_seconds_per_op()
         self._step = StepRecorder()
         self._step.begin()
         self._shape = StepShape()
+        _state.session = self
         self._open = True
         block_opened()
         return self

@@ -23,10 +23,14 @@ recompute; a region's inputs include those of its checkpoint it reads without ta
 through a closure, which the runtime notes: remat/input_reads.hpp), and the checkpoint's own inputs, each storage with
 one identity for the step however many calls take it (followed by a weak reference to PyTorch's
 one Python object per storage) and another for a storage found where a freed one was. Storages
-allocated before the step (the leaves Python held when it began: the batch, parameters) and what
-regions save that was allocated outside every checkpoint's forward (a frozen parameter, a
-buffer: allocated_before) are in no set: they stay allocated whatever the plan. A leaf the step
-made (position ids, a mask) is the step's, kept by a checkpoint whose recompute reads it. Of what a region keeps, the storages remat.CpuOffload would
+held through the whole step (Python held them when it began and they are alive when it ends:
+parameters, optimizer state, a batch the caller keeps, a cache the model keeps) leave every set
+when the step ends, as does what regions save that was allocated outside every checkpoint's
+forward and that Python did not hold then (storages only C++ holds: allocated_before): they
+stay allocated whatever the plan. A storage the step made (position ids, a mask) or dropped (a
+batch handed to the forward alone) is the step's, kept by a checkpoint whose recompute reads it.
+The inputs code outside a call's regions reads (body_inputs, noted by the runtime) are kept
+wherever the plan recomputes a region of the call: recompute runs that code again. Of what a region keeps, the storages remat.CpuOffload would
 leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
 listed apart (offload_kept): a plan that offloads the region still holds them there. With
 per-op figures (ops=True), each op a plan may keep lists the storages it made (ops), which a plan
@@ -117,10 +121,10 @@ def _bytes_of(gradient):
 
 
 def _storages_held():
-    """Weak references to the storages of the tensors Python holds now, by the storage object's id
-    (PyTorch keeps one Python object per storage while the storage lives): what was allocated
-    before a step (parameters, optimizer state, the batch), told apart from the leaves the step
-    makes (position ids from torch.arange, a mask), which a checkpoint that recomputes keeps."""
+    """Weak references to the storages of the tensors Python holds now, by (device, address): what
+    was allocated before a step (parameters, optimizer state, the batch). One still alive when the
+    step ends stayed allocated through it whatever the plan; one the step drops (a batch handed to
+    the forward alone) is the step's, as what the step made (position ids, a mask) is."""
     held, tensor_types = {}, {}
     for obj in gc.get_objects():
         kind = type(obj)  # not isinstance: some objects warn when asked their __class__
@@ -130,10 +134,15 @@ def _storages_held():
         if is_tensor:
             try:
                 storage = obj.untyped_storage()
-            except (RuntimeError, NotImplementedError, TypeError):  # no storage (a subclass, sparse)
+                if storage.nbytes() > 0:
+                    held[(str(obj.device), storage.data_ptr())] = weakref.ref(storage)
+            except Exception:  # no storage: sparse, a subclass, a lazy module's uninitialized parameter, a fake tensor
                 continue
-            held[id(storage)] = weakref.ref(storage)
     return held
+
+
+# The lists of storages in a checkpoint call's record and its regions'
+_STORAGE_SETS = frozenset({"inputs", "kept_inputs", "body_inputs", "outputs", "kept", "offload_kept", "autocast_cached"})
 
 
 class StepRecorder:
@@ -152,7 +161,7 @@ class StepRecorder:
         self._current = None         # the checkpoint call whose forward runs now
         self._forward = -1           # its number
         self._region_stack = []
-        self._leaves = {}            # checkpoint call -> storages of the leaf tensors it was given
+        self._outside = {}           # checkpoint call -> storages its regions keep that were allocated outside checkpoints
         self._begun_calls = set()    # checkpoint calls whose backward began, in any backward
         self._input_keys = {}        # checkpoint call -> the storages of its tensor inputs, by (device, address)
         self._kept_keys = {}         # checkpoint call -> the storages it keeps, not leaves, by (device, address)
@@ -172,9 +181,11 @@ class StepRecorder:
         self.autocast_clears = []  # the segments that begin where autocast's cache was cleared
         self._clear_pending = False  # a clear inside a checkpoint's forward or backward, not yet marked
         self._held_before = {}  # the storages Python held when the step began (_storages_held)
+        self._before_ids = {}  # identity -> weak reference to its storage, held when the step began
         self._ids = {}  # id of a storage object -> (weak reference to it, its identity in the step)
         self._id_storage = {}  # identity -> weak reference to its storage object, where one was seen
         self._step_inputs = {}  # checkpoint call -> {storage key: identity} of the inputs the step made
+        self._body_reads = {}  # checkpoint call -> those of them code outside its regions read
 
     @staticmethod
     def _counted_device():
@@ -192,9 +203,9 @@ class StepRecorder:
     def begin(self):
         if not self.enabled:
             return
+        self._held_before = _storages_held()
         # A window of its own, not reset_peak_stats(): the peak statistics stay the user's.
         self._window = remat_alloc.PeakWindow(self.device)
-        self._held_before = _storages_held()
         self.start_bytes = self._stats()["requested_bytes"]
         self._segment_start = self.start_bytes
         _watch_autocast_clears()
@@ -212,7 +223,8 @@ class StepRecorder:
             self.gradient_bytes = gradient_bytes
             self.segment_gradients = []
             self._segment_gradients_start = gradient_bytes()
-            parameters = [p for p in parameters if p.requires_grad]
+            # A lazy module's parameters are made in its first forward: none is a gradient's yet
+            parameters = [p for p in parameters if p.requires_grad and not torch.nn.parameter.is_lazy(p)]
             self._gradients_held = {p: _bytes_of(p.grad) for p in parameters}
             self._gradient_hooks = [p.register_post_accumulate_grad_hook(self._gradient_made) for p in parameters]
 
@@ -326,16 +338,17 @@ class StepRecorder:
 
     # --- storages -------------------------------------------------------------------------------
 
-    def _allocated_before(self, tensor):
-        """Whether the step began with Python holding `tensor`'s storage (a parameter, the batch, a
-        buffer): it stays allocated whatever the plan, so no plan keeps or frees it."""
-        known = self._held_before.get(id(tensor.untyped_storage()))
-        return known is not None and known() is tensor.untyped_storage()
+    def _held_at_begin(self, identity, key, storage=None):
+        """Notes that the storage at `key` (`storage` where known) has `identity`, where Python held
+        it when the step began: whether it stays allocated through the step is known at its end."""
+        held = self._held_before.get(key)
+        if held is not None and held() is not None and (storage is None or held() is storage):
+            self._before_ids[identity] = held
 
-    def _made_by_step(self, *values):
-        """The tensors in `values` whose storage the step made: those computed in it, and leaves it
-        made (not _allocated_before)."""
-        return [t for t in tensors_in(values) if not t.is_leaf or not self._allocated_before(t)]
+    def _stayed(self):
+        """The identities of storages allocated through the whole step, held when it began and
+        alive when it ended: no plan keeps or frees them."""
+        return {identity for identity, held in self._before_ids.items() if held() is not None}
 
     def _storage_id(self, tensor, *, keep):
         """The storage's identity in the step: one for its whole life, whichever calls take it (a
@@ -356,6 +369,7 @@ class StepRecorder:
         if found is None:
             self._storages.append(storage.nbytes())
             found = len(self._storages) - 1
+            self._held_at_begin(found, key, storage)
         if keep or self._alive.get(key) == found:
             self._alive[key] = found
         else:
@@ -373,27 +387,44 @@ class StepRecorder:
         if not self.enabled:
             return call(), None
         self._transient = {}
-        # What it is given that was allocated before the step (the batch, parameters) stays
-        # allocated whatever the plan: where a saved region keeps one, recomputing it frees nothing.
+        # Each storage it is given; those allocated through the whole step (parameters, a batch the
+        # caller holds) leave every set when the step ends (_stayed): a plan keeps or frees none.
         index = len(self.checkpoints)
-        self._leaves[index] = {(str(t.device), t.untyped_storage().data_ptr())
-                               for t in tensors_in((args, kwargs)) if t.is_leaf and self._allocated_before(t)}
         self._input_keys[index] = {(str(t.device), t.untyped_storage().data_ptr())
                                    for t in tensors_in((args, kwargs))}
         self._step_inputs[index] = {(str(t.device), t.untyped_storage().data_ptr()): self._storage_id(t, keep=False)
-                                    for t in self._made_by_step(args, kwargs)}
+                                    for t in tensors_in((args, kwargs))}
         record = {"name": name, "inputs": sorted(set(self._step_inputs[index].values())), "kept_inputs": [],
-                  "regions": []}
+                  "body_inputs": [], "regions": []}
         self.checkpoints.append(record)
         self.mark()
+        self._note_reads()  # the code running it: the checkpoint or region around it, if any
+        self._body_reads[index] = set()
         outer = self._current, self._forward
         self._current, self._forward = record, index
         try:
             out = call()
+            self._note_reads()
         finally:
             self._current, self._forward = outer
+        record["body_inputs"] = sorted(self._body_reads.pop(index))
         self.mark()
         return out, index
+
+    def _note_reads(self):
+        """Takes the inputs of the checkpoint call running now that ops read since the last take
+        (the runtime notes them by storage address): a read inside one of its regions is that
+        region's input (a closure's, where the region does not take it), and one outside its
+        regions is kept wherever the plan recomputes one of them (recompute runs that code again)."""
+        reads = _C.take_input_reads()
+        if not reads or self._forward < 0:
+            return
+        made = {address: identity for (_, address), identity in self._step_inputs.get(self._forward, {}).items()}
+        read = {made[address] for address in reads if address in made}
+        if len(self._region_stack) == 1:
+            self._region_stack[-1]["_inputs"].update(read)
+        elif not self._region_stack:
+            self._body_reads.setdefault(self._forward, set()).update(read)
 
     def checkpoint_kept(self, index, reports, args, kwargs, out):
         """After checkpoint call `index`'s forward: what each region keeps (from the runtime's
@@ -401,11 +432,13 @@ class StepRecorder:
         if index is None:
             return
         record = self.checkpoints[index]
-        # What its regions keep of the storages allocated before it ran (frozen parameters, buffers)
-        # is allocated whatever the plan too, as the leaves it was given are
+        # What its regions keep that was allocated outside every checkpoint's forward and that Python
+        # did not hold when the step began (storages only C++ holds) is allocated whatever the plan;
+        # what it held then is known when the step ends (_stayed)
         inputs = self._input_keys.get(index, set())
-        leaves = self._leaves.pop(index) | {(t.device, t.address) for region in reports for t in region.tensors
-                                           if (t.device, t.address) not in inputs and allocated_before(t)}
+        leaves = {(t.device, t.address) for region in reports for t in region.tensors
+                  if (t.device, t.address) not in inputs and (t.device, t.address) not in self._held_before
+                  and allocated_before(t)}
         kept_by_region = {}
         staying = {}  # region -> storages the offloader would leave on the device
         casts = {}  # region -> storages that are casts of leaves (ResidentTensor.leaf_cast)
@@ -415,11 +448,13 @@ class StepRecorder:
                 key = (t.device, t.address)
                 if key in leaves:
                     continue
-                if key not in self._alive:
+                stale = self._id_storage.get(self._alive.get(key))
+                if key not in self._alive or (stale is not None and stale() is None):  # none, or a freed one's
                     found = self._transient.get(key)
-                    if found is None:
+                    if found is None or (self._id_storage.get(found) is not None and self._id_storage[found]() is None):
                         self._storages.append(t.bytes if not t.shares_storage else 0)
                         found = len(self._storages) - 1
+                        self._held_at_begin(found, key)
                     self._alive[key] = found
                 ids.add(self._alive[key])
                 if not getattr(t, "offloadable", True):
@@ -509,41 +544,23 @@ class StepRecorder:
         when it returns."""
         if not self.enabled or self._current is None or self._region_stack:
             return call()
-        record = {"name": name, "_inputs": {self._storage_id(t, keep=False) for t in self._made_by_step(args)},
+        record = {"name": name, "_inputs": {self._storage_id(t, keep=False) for t in tensors_in(args)},
                   "_outputs": set(), "transient_bytes": 0, "_casts_cached": _casts_cached()}
         # the key order the dump writes: name, kept, inputs, outputs, transient_bytes
         self._current["regions"].append(record)
         self.mark()
+        self._note_reads()
         self._region_stack.append(record)
-        _C.take_input_reads()  # what the checkpoint's code read before the region
         try:
             out = call()
+            self._note_reads()
         finally:
             self._region_stack.pop()
-        # Inputs of its checkpoint call that it reads without taking them (a closure's): a recompute
-        # of it keeps them, as those it takes
-        made = {address: identity for (_, address), identity in self._step_inputs.get(self._forward, {}).items()}
-        record["_inputs"].update(made[address] for address in _C.take_input_reads() if address in made)
         peak = self._window.take()
         record["transient_bytes"] = max(0, peak - self._stats()["requested_bytes"])
         record["_outputs"] = {self._storage_id(t, keep=True) for t in tensors_in(out)}
         self.mark(peak)
         return out
-
-    def inputs_a_region_may_read(self):
-        """Where an outermost region of a checkpoint's forward is about to run: the storage keys of
-        what the step made that its checkpoint call was given. The region may read one it does not
-        take (through a closure); a recompute of it then keeps that input (region_read)."""
-        if not self.enabled or self._region_stack or self._forward < 0:
-            return set()
-        return set(self._step_inputs.get(self._forward, {}))
-
-    def region_read(self, keys):
-        """The region running now read these inputs of its checkpoint call (by storage key): they
-        are its inputs, as those it takes are."""
-        if keys and len(self._region_stack) == 1:
-            identities = self._step_inputs.get(self._forward, {})
-            self._region_stack[-1]["_inputs"].update(identities[key] for key in keys if key in identities)
 
     def op_made(self, index, out):
         """Op `index` of the region running now made `out` (ops=True; the op meter lists it): each
@@ -564,10 +581,26 @@ class StepRecorder:
             ids.append(self._transient[key])
         self._region_stack[-1].setdefault("_ops", []).append({"index": index, "outputs": sorted(set(ids))})
 
+    def _checkpoints_without(self, stayed):
+        """The checkpoint calls' sets without the storages in `stayed`."""
+        def without(ids):
+            return [i for i in ids if i not in stayed]
+
+        def region_without(region):
+            kept = {key: without(value) if key in _STORAGE_SETS else value for key, value in region.items()}
+            if "ops" in region:
+                kept["ops"] = [dict(op, outputs=without(op["outputs"])) for op in region["ops"]]
+            return kept
+
+        return [{key: (without(value) if key in _STORAGE_SETS else
+                       [region_without(r) for r in value] if key == "regions" else value)
+                 for key, value in call.items()} for call in self.checkpoints]
+
     def to_dump(self, end_bytes):
         # A clear marked where the step's last segment ended begins none
         cleared = [s for s in self.autocast_clears if s < len(self.segments)]
         return {"start_bytes": self.start_bytes, "end_bytes": end_bytes, "peak_bytes": self.peak_bytes,
-                "storages": self.storage_bytes(), "checkpoints": self.checkpoints, "segments": self.segments,
+                "storages": self.storage_bytes(), "checkpoints": self._checkpoints_without(self._stayed()),
+                "segments": self.segments,
                 **({"autocast_cleared": cleared} if cleared else {}),
                 **({"autocast_held_in_backward": True} if self.autocast_held_in_backward else {})}

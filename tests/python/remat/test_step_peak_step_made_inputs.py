@@ -9,6 +9,7 @@ the regions that read it. Before, it counted as allocated before the step: the l
 everything saved each step peaks within the budget and at most at its prediction (within 3%),
 gradients bitwise those without checkpointing."""
 
+import contextlib
 import functools
 import json
 
@@ -97,5 +98,76 @@ def test_positions_the_step_makes_are_kept_by_plans_recomputing_their_readers(pa
             assert all(set(calls[0]["inputs"]) <= set(call["regions"][0]["inputs"]) for call in calls)
             assert all(not set(calls[0]["inputs"]) & set(call["regions"][1]["inputs"]) for call in calls)
 
+        rows = check_plans_by_peak(profile, step, reference, lambda: [p.grad for p in model.parameters()] + [x.grad])
+        assert rows[-1][1] == rows[-1][2] == profile.step_peak_bytes
+
+
+# --- what a recompute keeps that code outside the regions reads, and what lives through the step ---
+
+class ChainedLayers(torch.nn.Module):
+    """Layers whose checkpoint body reads its input outside the regions (h = x * 2, which saves
+    nothing): wherever a plan recomputes a region of the call, recompute runs that code again, so
+    the runtime keeps the input. `cache`: each layer's attn region also reads a tensor the first
+    layer makes in the first step and the model keeps (self.cache), which a recomputing plan frees
+    nothing of; `drop`: the forward takes its batch from a list (the step drops it once the
+    forward has it)."""
+
+    def __init__(self, cache=False):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(fit_loop.Layer(WIDTH) for _ in range(LAYERS))
+        self.use_cache = cache
+        self.cache = None
+
+    def forward(self, x):
+        for index, layer in enumerate(self.layers):
+            x = remat.checkpoint(region_name=f"layers.{index}")(functools.partial(self._layer, layer))(x)
+        return x.square().mean()
+
+    def _layer(self, layer, x):
+        if self.use_cache and self.cache is None:
+            self.cache = torch.ones(BATCH, WIDTH) * 0.5  # made inside a checkpoint's forward, kept
+        h = x * 2
+        if self.use_cache:
+            a = remat.region(lambda t: layer.attn(t).sin() * self.cache, "attn")(h)  # saves the cache
+        else:
+            a = remat.region(lambda t: layer.attn(t).sin(), "attn")(h)
+        return remat.region(lambda t: layer.down(layer.up(t).cos()), "mlp")(a)
+
+
+@pytest.mark.parametrize("case", ["input_read_outside_the_regions", "a_cache_kept_from_an_earlier_step",
+                                  "a_batch_the_step_drops"])
+def test_what_lives_through_the_step_and_what_recompute_keeps_are_predicted(case):
+    """Before: a plan recomputing the mlp regions only (the code outside them reads the input)
+    peaked 131072 bytes (3%) above its prediction; a cache made in an earlier step's checkpoint
+    forward was taken for the step's (its allocation tag), predicted freed by plans recomputing the
+    regions saving it: 524288 bytes over; a batch Python held when the step began, taken for one
+    held through it, though the forward drops it and a recomputing first layer keeps it: 375304
+    bytes over the least plan's prediction and its budget."""
+    with remat.tag_cpu_tensors():
+        torch.manual_seed(0)
+        plain = ChainedLayers(cache=case == "a_cache_kept_from_an_earlier_step")
+        model = ChainedLayers(cache=case == "a_cache_kept_from_an_earlier_step")
+        model.load_state_dict(plain.state_dict())
+        x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        batches = []
+
+        def step_of(net):
+            def step(plan=None):
+                net.zero_grad(set_to_none=True)
+                x.grad = None
+                batches.append(x * 1.0 if case == "a_batch_the_step_drops" else x)
+                with remat.use_plan(plan) if plan is not None else contextlib.nullcontext():
+                    net(batches.pop()).backward()
+            return step
+
+        step_of(plain)()
+        step_of(plain)()  # the cache, made in the first step, is the same in the second
+        reference = [p.grad.clone() for p in plain.parameters()] + [x.grad.clone()]
+        step = step_of(model)
+        step()  # the cache is made here, before the profiled step
+        with remat.profile_regions() as profile:
+            step()
+        calls = json.loads(profile.to_json())["step"]["checkpoints"]
+        assert all(call["body_inputs"] == call["inputs"] for call in calls[1:])  # h = x * 2
         rows = check_plans_by_peak(profile, step, reference, lambda: [p.grad for p in model.parameters()] + [x.grad])
         assert rows[-1][1] == rows[-1][2] == profile.step_peak_bytes

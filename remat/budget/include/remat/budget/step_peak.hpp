@@ -9,6 +9,7 @@
 #include <remat/budget/error.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,11 @@ struct StepCheckpoint {  // one call of a checkpoint
       kept_inputs;  // those the runtime keeps with every region saved (code outside regions reads them)
   std::vector<std::uint32_t> outputs;
   std::vector<StepRegion> regions;
+  // Of `inputs`, those code outside its regions reads (the runtime notes reads in a profiled step):
+  // where a plan recomputes a region of the call, recompute runs that code again, so the runtime
+  // keeps them. Unknown in older dumps: there every input counts as read where a recomputed region
+  // takes what that code made.
+  std::optional<std::vector<std::uint32_t>> body_inputs;
 };
 
 struct StepSegment {
