@@ -100,6 +100,11 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
   json.key("storages").begin_array();
   for (const std::uint64_t bytes : step.storages) json.value(bytes);
   json.end_array();
+  if (!step.freed_in.empty()) {
+    json.key("freed_in").begin_array();
+    for (const std::int64_t segment : step.freed_in) json.value(segment);
+    json.end_array();
+  }
   json.key("checkpoints").begin_array();
   for (const StepCheckpoint& call : step.checkpoints) {
     json.begin_object().field("name", std::string_view(call.name));
@@ -152,6 +157,17 @@ StepMemory read_step(const Json& value, std::string_view source) {
   const Json& storages = list_of(value, "storages", source, path);
   for (std::size_t i = 0; i < storages.size(); ++i) {
     step.storages.push_back(bytes_of(storages[i], source, path + ".storages[" + std::to_string(i) + "]"));
+  }
+  if (value.contains("freed_in")) {
+    const Json& freed = list_of(value, "freed_in", source, path);
+    for (std::size_t i = 0; i < freed.size(); ++i) {
+      if (!freed[i].is_number_integer() || freed[i].get<std::int64_t>() < -1) {
+        refuse(source, path + ".freed_in[" + std::to_string(i) + "]",
+               "must be the number of the segment the step freed the storage in, or -1 for none, got " +
+                   freed[i].dump());
+      }
+      step.freed_in.push_back(freed[i].get<std::int64_t>());
+    }
   }
   for_each_entry(value, "checkpoints", source, path, [&](const Json& entry, const std::string& at) {
     StepCheckpoint call;

@@ -109,6 +109,25 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
       held_until_[k].emplace_back(id, consumer);
     }
   }
+  // An output made by code outside the call's regions (one it hands on: a mask, positions) that the
+  // profiled step freed is held no longer from there; one a region keeps is counted by its sets.
+  held_freed_.resize(calls);
+  unholding_.resize(step.segments.size());
+  for (std::size_t k = 0; k < calls; ++k) {
+    held_freed_[k].assign(held_until_[k].size(), step.segments.size());
+    for (std::uint32_t entry = 0; entry < held_until_[k].size(); ++entry) {
+      const std::uint32_t id = held_until_[k][entry].first;
+      if (id >= step.freed_in.size() || step.freed_in[id] < 0) continue;
+      const auto freed = static_cast<std::size_t>(step.freed_in[id]);
+      const auto& regions = step.checkpoints[k].regions;
+      if (freed >= step.segments.size() ||
+          std::any_of(regions.begin(), regions.end(), [&](const StepRegion& r) { return contains(r.kept, id); })) {
+        continue;
+      }
+      held_freed_[k][entry] = freed;
+      unholding_[freed].emplace_back(static_cast<std::uint32_t>(k), entry);
+    }
+  }
   // Each storage's makers, grouped by storage: counted, then placed.
   makers_begin_.assign(step.storages.size() + 1, 0);
   for (const StepCheckpoint& call : step.checkpoints) {
@@ -450,7 +469,8 @@ class Tally {
 }  // namespace
 
 // Bytes of the storages alive in each segment because of checkpoints: what the live calls keep,
-// the outputs of a live call that code outside holds (until the call taking them is live), what
+// the outputs of a live call that code outside holds (until the call taking them is live, or the
+// segment the profiled step freed them in), what
 // the call whose forward runs took as input, in a call's backward what recompute brings back and
 // in a forward what kept ops hold (`also_alive`), and what the offloader holds on the device.
 // Until autocast's cache is cleared (casts_), the casts of leaves it holds (autocast_cached)
@@ -465,9 +485,13 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
   std::vector<char> live(calls, 0), cached(casts_.size(), 0);
   std::vector<std::vector<char>> holding(calls);
   for (std::size_t k = 0; k < calls; ++k) holding[k].assign(held_until_[k].size(), 0);
+  std::size_t now = 0;  // the segment being settled
   const auto settle_hold = [&](std::uint32_t k, std::uint32_t entry) {
     const auto& [id, consumer] = held_until_[k][entry];
-    const char wanted = live[k] != 0 && (consumer < 0 || live[static_cast<std::size_t>(consumer)] == 0) ? 1 : 0;
+    const char wanted =
+        live[k] != 0 && (consumer < 0 || live[static_cast<std::size_t>(consumer)] == 0) && now < held_freed_[k][entry]
+            ? 1
+            : 0;
     if (wanted == holding[k][entry]) return;
     holding[k][entry] = wanted;
     wanted != 0 ? held.add(id) : held.remove(id);
@@ -496,10 +520,12 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
   std::vector<std::uint64_t> alive(step_.segments.size(), 0);
   for (std::size_t s = 0; s < step_.segments.size(); ++s) {
     const StepSegment& segment = step_.segments[s];
+    now = s;
     for (const std::uint32_t k : leaving_[s]) live[k] = 0;
     for (const std::uint32_t k : joining_[s]) live[k] = 1;
     for (const std::uint32_t k : leaving_[s]) settle_call(k, s);
     for (const std::uint32_t k : joining_[s]) settle_call(k, s);
+    for (const auto& [k, entry] : unholding_[s]) settle_hold(k, entry);
     for (const std::uint32_t entry : uncaching_[s]) settle_cached(entry, s);
     const bool swapped = in_own_backward != nullptr && segment.backward >= 0 &&
                          live[static_cast<std::size_t>(segment.backward)] != 0;

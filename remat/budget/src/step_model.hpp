@@ -114,6 +114,11 @@ class StepModel {
   std::vector<std::vector<std::uint32_t>> leaving_;
   // Per call: the outputs it consumes that held_until_ lists, as (holder call, entry in its list).
   std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> consumed_;
+  // Per held_until_ entry: the segment from which code outside holds it no longer, where the
+  // profiled step freed it (freed_in) and no region of its call keeps it (segments' count: never).
+  std::vector<std::vector<std::size_t>> held_freed_;
+  // Per segment: the held_until_ entries held_freed_ ends there, as (holder call, entry in its list).
+  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> unholding_;
   std::vector<std::uint64_t> saved_alive_;
 };
 

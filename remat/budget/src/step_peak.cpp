@@ -66,6 +66,17 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
       check_ids(call.regions[r].autocast_cached, at + ".autocast_cached");
     }
   }
+  if (!step.freed_in.empty() && step.freed_in.size() != step.storages.size()) {
+    throw BudgetError("$.step.freed_in: lists " + std::to_string(step.freed_in.size()) + " storages, the step has " +
+                      std::to_string(step.storages.size()) + "; profile the step again");
+  }
+  for (std::size_t i = 0; i < step.freed_in.size(); ++i) {
+    if (step.freed_in[i] >= static_cast<std::int64_t>(step.segments.size())) {
+      throw BudgetError("$.step.freed_in[" + std::to_string(i) + "]: segment " + std::to_string(step.freed_in[i]) +
+                        " is not among the step's " + std::to_string(step.segments.size()) +
+                        " segments; profile the step again");
+    }
+  }
   for (std::size_t s = 0; s < step.segments.size(); ++s) {
     const StepSegment& segment = step.segments[s];
     const std::string where = "$.step.segments[" + std::to_string(s) + "]";

@@ -168,6 +168,8 @@ class _Profiled:
         self.after_start = tail[0]["start_bytes"]
         self.after_peak = max(s["peak_bytes"] for s in tail)
         doc["step"]["segments"] = segments[:after]
+        if "freed_in" in doc["step"]:  # freed in the part cut off: held through the rest
+            doc["step"]["freed_in"] = [s if s < after else -1 for s in doc["step"]["freed_in"]]
         if cleared:
             doc["step"]["autocast_cleared"] = [s for s in cleared if s < after]
             if not doc["step"]["autocast_cleared"]:

@@ -30,7 +30,10 @@ forward and that Python did not hold then (storages only C++ holds: allocated_be
 stay allocated whatever the plan. A storage the step made (position ids, a mask) or dropped (a
 batch handed to the forward alone) is the step's, kept by a checkpoint whose recompute reads it.
 The inputs code outside a call's regions reads (body_inputs, noted by the runtime) are kept
-wherever the plan recomputes a region of the call: recompute runs that code again. Of what a region keeps, the storages remat.CpuOffload would
+wherever the plan recomputes a region of the call: recompute runs that code again. A call's
+output that no later call takes counts as held by code outside the checkpoints while the call is
+live; where code outside its regions made it (positions a layer hands on with its output), only
+until the segment the profiled step freed it in (freed_in: a weak reference's callback says). Of what a region keeps, the storages remat.CpuOffload would
 leave on the device (tensors that are not dense, parameters: the runtime's report says which) are
 listed apart (offload_kept): a plan that offloads the region still holds them there. With
 per-op figures (ops=True), each op a plan may keep lists the storages it made (ops), which a plan
@@ -184,6 +187,7 @@ class StepRecorder:
         self._before_ids = {}  # identity -> weak reference to its storage, held when the step began
         self._ids = {}  # id of a storage object -> (weak reference to it, its identity in the step)
         self._id_storage = {}  # identity -> weak reference to its storage object, where one was seen
+        self._freed_in = {}  # identity -> the segment in which its storage was freed (seen as a tensor)
         self._step_inputs = {}  # checkpoint call -> {storage key: identity} of the inputs the step made
         self._body_reads = {}  # checkpoint call -> those of them code outside its regions read
 
@@ -374,9 +378,16 @@ class StepRecorder:
             self._alive[key] = found
         else:
             self._transient[key] = found
-        self._ids[id(storage)] = (weakref.ref(storage), found)
-        self._id_storage[found] = self._ids[id(storage)][0]
+        if found not in self._id_storage:
+            self._id_storage[found] = weakref.ref(storage, functools.partial(self._storage_freed, found))
+        self._ids[id(storage)] = (self._id_storage[found], found)
         return found
+
+    def _storage_freed(self, identity, _reference):
+        """Storage `identity` was freed, in the segment running now (what code outside the
+        checkpoints hands on, positions a layer returns with its output, is held until then)."""
+        if not self._closed:
+            self._freed_in[identity] = len(self.segments)
 
     def storage_bytes(self):
         return list(self._storages)
@@ -599,8 +610,12 @@ class StepRecorder:
     def to_dump(self, end_bytes):
         # A clear marked where the step's last segment ended begins none
         cleared = [s for s in self.autocast_clears if s < len(self.segments)]
+        # Freed once the last segment had ended (as the step's last mark was taken): through every segment
+        freed_in = [segment if segment < len(self.segments) else -1
+                    for segment in (self._freed_in.get(i, -1) for i in range(len(self._storages)))]
+        freed = {"freed_in": freed_in} if any(segment >= 0 for segment in freed_in) else {}
         return {"start_bytes": self.start_bytes, "end_bytes": end_bytes, "peak_bytes": self.peak_bytes,
-                "storages": self.storage_bytes(), "checkpoints": self._checkpoints_without(self._stayed()),
+                "storages": self.storage_bytes(), **freed, "checkpoints": self._checkpoints_without(self._stayed()),
                 "segments": self.segments,
                 **({"autocast_cleared": cleared} if cleared else {}),
                 **({"autocast_held_in_backward": True} if self.autocast_held_in_backward else {})}

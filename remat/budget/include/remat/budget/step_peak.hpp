@@ -73,6 +73,10 @@ struct StepMemory {
   std::uint64_t end_bytes = 0;    // allocated when it ended (gradients added, where they were none)
   std::uint64_t peak_bytes = 0;   // the measured peak, every region saved
   std::vector<std::uint64_t> storages;
+  // Per storage, the segment in which the profiled step freed it; -1 where it outlived the step or
+  // where that is not known (empty: none known, as in older dumps). A call's output no later call
+  // takes is held by code outside the checkpoints while the call is live, until then.
+  std::vector<std::int64_t> freed_in;
   std::vector<StepCheckpoint> checkpoints;
   std::vector<StepSegment> segments;
   // The segments that begin where autocast's cast cache was cleared (its outermost block ended), in
