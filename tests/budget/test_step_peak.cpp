@@ -116,9 +116,10 @@ TEST(StepPeak, ADumpWhoseBodyInputsAreNotAmongTheCallsInputsIsRefused) {
     profile_from_json(profile_to_json(profile), "p.json");
     FAIL() << "accepted";
   } catch (const BudgetError& error) {
-    EXPECT_NE(std::string(error.what()).find("$.step.checkpoints[1].body_inputs: storage 2 is not among the call's inputs"),
+    const std::string message = error.what();
+    EXPECT_NE(message.find("$.step.checkpoints[1].body_inputs: storage 2 is not among the call's inputs"),
               std::string::npos)
-        << error.what();
+        << message;
   }
 }
 

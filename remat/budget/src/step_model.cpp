@@ -290,10 +290,10 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
 // runtime takes them from recompute); and the inputs recompute reads: those a recomputed region
 // reads, and where the call recomputes a region, those code outside the regions reads (recompute
 // runs it again; where the profile did not note them, all of them where a recomputed region takes
-// something no region made and the call was not given: that code made it from the inputs). An offloaded region runs saved
-// (recompute recreates neither it nor its outputs) and keeps here only what the offloader leaves
-// as it is (offload_kept); the rest is on the host. A recomputed region keeping ops keeps what they
-// made as well.
+// something no region made and the call was not given: that code made it from the inputs). An
+// offloaded region runs saved (recompute recreates neither it nor its outputs) and keeps here only
+// what the offloader leaves as it is (offload_kept); the rest is on the host. A recomputed region
+// keeping ops keeps what they made as well.
 std::vector<std::vector<std::uint32_t>> StepModel::kept_sets(const std::vector<Choice>& choices,
                                                              const std::vector<bool>& offloaded,
                                                              const KeptOps* kept_ops) const {

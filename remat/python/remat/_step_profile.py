@@ -164,10 +164,9 @@ class StepRecorder:
         self._current = None         # the checkpoint call whose forward runs now
         self._forward = -1           # its number
         self._region_stack = []
-        self._outside = {}           # checkpoint call -> storages its regions keep that were allocated outside checkpoints
         self._begun_calls = set()    # checkpoint calls whose backward began, in any backward
         self._input_keys = {}        # checkpoint call -> the storages of its tensor inputs, by (device, address)
-        self._kept_keys = {}         # checkpoint call -> the storages it keeps, not leaves, by (device, address)
+        self._kept_keys = {}         # checkpoint call -> the storages it keeps, by (device, address)
         self._awaiting = {}          # checkpoint call -> its backward hook (weakly: alive with its graph), until it runs
         self._backward_began = False
         self._closed = False
@@ -188,8 +187,8 @@ class StepRecorder:
         self._ids = {}  # id of a storage object -> (weak reference to it, its identity in the step)
         self._id_storage = {}  # identity -> weak reference to its storage object, where one was seen
         self._freed_in = {}  # identity -> the segment in which its storage was freed (seen as a tensor)
-        self._step_inputs = {}  # checkpoint call -> {storage key: identity} of the inputs the step made
-        self._body_reads = {}  # checkpoint call -> those of them code outside its regions read
+        self._step_inputs = {}  # checkpoint call -> {storage key: identity} of the tensors it was given
+        self._body_reads = {}  # checkpoint call -> those code outside its regions read
 
     @staticmethod
     def _counted_device():
@@ -447,9 +446,9 @@ class StepRecorder:
         # did not hold when the step began (storages only C++ holds) is allocated whatever the plan;
         # what it held then is known when the step ends (_stayed)
         inputs = self._input_keys.get(index, set())
-        leaves = {(t.device, t.address) for region in reports for t in region.tensors
-                  if (t.device, t.address) not in inputs and (t.device, t.address) not in self._held_before
-                  and allocated_before(t)}
+        held_anyway = {(t.device, t.address) for region in reports for t in region.tensors
+                       if (t.device, t.address) not in inputs and (t.device, t.address) not in self._held_before
+                       and allocated_before(t)}
         kept_by_region = {}
         staying = {}  # region -> storages the offloader would leave on the device
         casts = {}  # region -> storages that are casts of leaves (ResidentTensor.leaf_cast)
@@ -457,7 +456,7 @@ class StepRecorder:
             ids = set()
             for t in region.tensors:
                 key = (t.device, t.address)
-                if key in leaves:
+                if key in held_anyway:
                     continue
                 stale = self._id_storage.get(self._alive.get(key))
                 if key not in self._alive or (stale is not None and stale() is None):  # none, or a freed one's
@@ -476,7 +475,7 @@ class StepRecorder:
                     self._storages[self._alive[key]] = max(self._storages[self._alive[key]], t.bytes)
             kept_by_region[region.region] = ids
         self._kept_keys[index] = {(t.device, t.address) for region in reports for t in region.tensors
-                                  if (t.device, t.address) not in leaves}
+                                  if (t.device, t.address) not in held_anyway}
         record["kept_inputs"] = sorted(kept_by_region.get("<inputs>", set()) & set(record["inputs"]))
         for region in record["regions"]:
             outputs = region.pop("_outputs")
