@@ -165,7 +165,6 @@ class StepRecorder:
         self._forward = -1           # its number
         self._region_stack = []
         self._begun_calls = set()    # checkpoint calls whose backward began, in any backward
-        self._input_keys = {}        # checkpoint call -> the storages of its tensor inputs, by (device, address)
         self._kept_keys = {}         # checkpoint call -> the storages it keeps, by (device, address)
         self._awaiting = {}          # checkpoint call -> its backward hook (weakly: alive with its graph), until it runs
         self._backward_began = False
@@ -360,12 +359,8 @@ class StepRecorder:
         key = (str(tensor.device), storage.data_ptr())
         known = self._ids.get(id(storage))
         if known is not None and known[0]() is storage:
-            found = known[1]
-            if keep or self._alive.get(key) == found:
-                self._alive[key] = found
-            else:
-                self._transient[key] = found
-            return found
+            self._place(key, known[1], keep)
+            return known[1]
         found = self._alive.get(key, self._transient.get(key))
         if found is not None and found in self._id_storage and self._id_storage[found]() is not storage:
             found = None  # that storage was freed and its address is used again
@@ -373,14 +368,24 @@ class StepRecorder:
             self._storages.append(storage.nbytes())
             found = len(self._storages) - 1
             self._held_at_begin(found, key, storage)
-        if keep or self._alive.get(key) == found:
-            self._alive[key] = found
-        else:
-            self._transient[key] = found
+        self._place(key, found, keep)
         if found not in self._id_storage:
             self._id_storage[found] = weakref.ref(storage, functools.partial(self._storage_freed, found))
         self._ids[id(storage)] = (self._id_storage[found], found)
         return found
+
+    def _place(self, key, identity, keep):
+        """Maps the address `key` to `identity`: among the storages kept until backward where `keep`
+        or where it is one already, else among this checkpoint call's."""
+        if keep or self._alive.get(key) == identity:
+            self._alive[key] = identity
+        else:
+            self._transient[key] = identity
+
+    def _was_freed(self, identity):
+        """Whether the storage `identity` was seen as a tensor and has been freed since."""
+        seen = self._id_storage.get(identity)
+        return seen is not None and seen() is None
 
     def _storage_freed(self, identity, _reference):
         """Storage `identity` was freed, in the segment running now (what code outside the
@@ -400,8 +405,6 @@ class StepRecorder:
         # Each storage it is given; those allocated through the whole step (parameters, a batch the
         # caller holds) leave every set when the step ends (_stayed): a plan keeps or frees none.
         index = len(self.checkpoints)
-        self._input_keys[index] = {(str(t.device), t.untyped_storage().data_ptr())
-                                   for t in tensors_in((args, kwargs))}
         self._step_inputs[index] = {(str(t.device), t.untyped_storage().data_ptr()): self._storage_id(t, keep=False)
                                     for t in tensors_in((args, kwargs))}
         record = {"name": name, "inputs": sorted(set(self._step_inputs[index].values())), "kept_inputs": [],
@@ -445,7 +448,7 @@ class StepRecorder:
         # What its regions keep that was allocated outside every checkpoint's forward and that Python
         # did not hold when the step began (storages only C++ holds) is allocated whatever the plan;
         # what it held then is known when the step ends (_stayed)
-        inputs = self._input_keys.get(index, set())
+        inputs = self._step_inputs.get(index, {})
         held_anyway = {(t.device, t.address) for region in reports for t in region.tensors
                        if (t.device, t.address) not in inputs and (t.device, t.address) not in self._held_before
                        and allocated_before(t)}
@@ -458,10 +461,9 @@ class StepRecorder:
                 key = (t.device, t.address)
                 if key in held_anyway:
                     continue
-                stale = self._id_storage.get(self._alive.get(key))
-                if key not in self._alive or (stale is not None and stale() is None):  # none, or a freed one's
+                if key not in self._alive or self._was_freed(self._alive[key]):  # none, or a freed one's
                     found = self._transient.get(key)
-                    if found is None or (self._id_storage.get(found) is not None and self._id_storage[found]() is None):
+                    if found is None or self._was_freed(found):
                         self._storages.append(t.bytes if not t.shares_storage else 0)
                         found = len(self._storages) - 1
                         self._held_at_begin(found, key)
@@ -534,7 +536,7 @@ class StepRecorder:
         kept (its backward ran, in full or in part): it leaves the live calls, so that no plan
         counts its storages as alive here. A call that holds all of it is still to run its backward."""
         others = [k for k in self._live if k != index and k in self._begun_calls
-                  and not (self._input_keys.get(k, set()) & outputs)]
+                  and not (self._step_inputs.get(k, {}).keys() & outputs)]
         if not others:
             return
         held = {}
