@@ -32,6 +32,7 @@ namespace {
 
 thread_local bool t_recording_input_reads = false;
 thread_local std::vector<std::uintptr_t> t_input_reads;  // storages of the inputs read, each once
+thread_local std::size_t t_ops_watched_in_save_regions = 0;
 
 // Sees the ops the checkpoint body runs outside save regions (recompute runs them again), to
 // learn which inputs they read and which save-region outputs they need; and, while the thread
@@ -41,6 +42,7 @@ std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
   if (state.mode != Mode::forward || state.frame == nullptr) return nullptr;
   const bool in_save_region = state.save_region >= 0;
   if (in_save_region && !t_recording_input_reads) return nullptr;
+  if (in_save_region) ++t_ops_watched_in_save_regions;
   const auto note = [&](const at::Tensor& t) {
     in_save_region ? state.frame->note_read_in_save_region(t) : state.frame->note_read(t);
   };
@@ -443,8 +445,11 @@ namespace remat {
 void record_input_reads(bool on) {
   detail::t_recording_input_reads = on;
   detail::t_input_reads.clear();
+  detail::t_ops_watched_in_save_regions = 0;
 }
 
 std::vector<std::uintptr_t> take_input_reads() { return std::exchange(detail::t_input_reads, {}); }
+
+std::size_t take_ops_watched_in_save_regions() { return std::exchange(detail::t_ops_watched_in_save_regions, 0); }
 
 }  // namespace remat

@@ -43,7 +43,10 @@ bool offloadable(const at::Tensor& t) {
 // storage two regions hold is billed to the first).
 class ReportBuilder {
  public:
-  explicit ReportBuilder(std::string checkpoint) { report_.checkpoint = std::move(checkpoint); }
+  // `tensors`, where given, collects every tensor the report lists, in its order.
+  explicit ReportBuilder(std::string checkpoint, std::vector<at::Tensor>* tensors = nullptr) : tensors_(tensors) {
+    report_.checkpoint = std::move(checkpoint);
+  }
   void begin_region(std::string region) {
     report_.regions.emplace_back();
     report_.regions.back().region = std::move(region);
@@ -56,13 +59,14 @@ class ReportBuilder {
     region.tensors.push_back({std::move(name), t.sizes().vec(), dtype_name(t.scalar_type()), bytes, site_of(t),
                               storage != nullptr ? reinterpret_cast<std::uintptr_t>(storage->data()) : 0,
                               t.device().str(), !first, offloadable(t), leaf_cast});
+    if (tensors_ != nullptr) tensors_->push_back(t);
     if (storage == nullptr || !first) return;
     region.bytes += bytes;
     ++region.storages;
     report_.bytes += bytes;
     ++report_.storages;
   }
-  // Regions that keep nothing are left out.
+  // Regions that keep nothing are left out (they list no tensor).
   MemoryReport take() {
     std::erase_if(report_.regions, [](const RegionResidency& region) { return region.tensors.empty(); });
     return std::move(report_);
@@ -70,6 +74,7 @@ class ReportBuilder {
 
  private:
   MemoryReport report_;
+  std::vector<at::Tensor>* tensors_;
   std::unordered_set<const c10::StorageImpl*> billed_;
 };
 
@@ -82,8 +87,8 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 }  // namespace
 
-MemoryReport memory_report_of(const Frame& frame) {
-  ReportBuilder builder(frame.options.region_name);
+MemoryReport memory_report_of(const Frame& frame, std::vector<at::Tensor>* tensors) {
+  ReportBuilder builder(frame.options.region_name, tensors);
   builder.begin_region("<inputs>");
   for (std::size_t i = 0; i < frame.inputs.size(); ++i) {
     const InputRecord& input = frame.inputs[i];
@@ -129,6 +134,17 @@ std::vector<MemoryReport> live_checkpoint_reports() {
   std::vector<MemoryReport> reports;
   detail::for_each_live_frame([&](detail::Frame& frame) { reports.push_back(detail::memory_report_of(frame)); });
   return reports;
+}
+
+std::optional<KeptTensors> newest_live_checkpoint(const std::string& checkpoint) {
+  std::optional<KeptTensors> newest;
+  // Built while the registry's lock keeps the frame alive; each same-named frame's replaces the last
+  detail::for_each_live_frame([&](detail::Frame& frame) {
+    if (frame.options.region_name != checkpoint) return;
+    newest.emplace();
+    newest->report = detail::memory_report_of(frame, &newest->tensors);
+  });
+  return newest;
 }
 
 void name_saved_tensors(const std::vector<std::pair<std::string, at::Tensor>>& named) {

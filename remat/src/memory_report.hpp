@@ -9,6 +9,7 @@ namespace remat::detail {
 
 struct Frame;
 
-MemoryReport memory_report_of(const Frame& frame);
+// `tensors`, where given, collects the tensors the report lists, in its order.
+MemoryReport memory_report_of(const Frame& frame, std::vector<at::Tensor>* tensors = nullptr);
 
 }  // namespace remat::detail

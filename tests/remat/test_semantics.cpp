@@ -5,7 +5,9 @@
 
 #include <remat/alloc/tags.hpp>
 
+#include <algorithm>
 #include <map>
+#include <optional>
 
 using remat::testing::float_bytes;
 
@@ -479,6 +481,35 @@ TEST(Residency, AnAllSavedLayerKeepsTheResidualSumItsNormSavesAndRecomputesNothi
   (y_plain.sum() + y_plain.sum()).backward();
   EXPECT_TRUE(at::equal(x.grad(), x_plain.grad()));
   EXPECT_TRUE(at::equal(layer.w.grad(), plain.w.grad()));
+}
+
+// Of two live calls of one checkpoint, the newest is the one whose forward finished last; its
+// tensors are those its report lists, in its order, each at the address the report gives.
+TEST(Residency, TheNewestLiveCheckpointHandsOverTheTensorsItsReportLists) {
+  ResidualLayer layer;
+  auto x = at::rand({4, 8}).requires_grad_(true);
+  const auto body = [&](const at::Tensor& in) { return layer.body(in); };
+  at::Tensor first = remat::checkpoint({.region_name = "layer"})(body)(x);
+  const at::Tensor second_input = first * 2.0;
+  at::Tensor second = remat::checkpoint({.region_name = "layer"})(body)(second_input);
+  const std::optional<remat::KeptTensors> newest = remat::newest_live_checkpoint("layer");
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_FALSE(remat::newest_live_checkpoint("another").has_value());
+  std::vector<std::uintptr_t> listed;
+  for (const remat::RegionResidency& region : newest->report.regions) {
+    for (const remat::ResidentTensor& t : region.tensors) listed.push_back(t.address);
+  }
+  std::vector<std::uintptr_t> handed;
+  for (const at::Tensor& t : newest->tensors) handed.push_back(reinterpret_cast<std::uintptr_t>(t.storage().data()));
+  EXPECT_EQ(handed, listed);
+  // The second call's input (its first norm saves it) is there; the first call's is not
+  const auto count = [&](const at::Tensor& t) {
+    return std::count(handed.begin(), handed.end(), reinterpret_cast<std::uintptr_t>(t.storage().data()));
+  };
+  EXPECT_GE(count(second_input), 1);
+  EXPECT_EQ(count(x), 0);
+  EXPECT_EQ(remat::live_checkpoint_reports().size(), 2U);
+  second.sum().backward();
 }
 
 // The kept sum is what autograd saved: changed in place after the norm saved it, backward refuses

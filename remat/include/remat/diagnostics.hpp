@@ -98,6 +98,16 @@ std::string format_current_memory_report();
 // first (on every thread).
 std::vector<MemoryReport> live_checkpoint_reports();
 
+// A live checkpoint's report with the tensors it lists, in its order (region by region): for a
+// caller that follows their storages, as a step profile does to learn when each is freed.
+struct KeptTensors {
+  MemoryReport report;
+  std::vector<at::Tensor> tensors;
+};
+// Of the live checkpoints named `checkpoint` (on every thread), the one whose forward finished
+// last; empty where none is live.
+std::optional<KeptTensors> newest_live_checkpoint(const std::string& checkpoint);
+
 // Inside a save region's forward: names the tensors it is about to save for backward, for
 // memory reports ("lse" instead of "saved.0"). A no-op elsewhere.
 void name_saved_tensors(const std::vector<std::pair<std::string, at::Tensor>>& named);

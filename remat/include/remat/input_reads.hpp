@@ -4,6 +4,7 @@
 // input for recompute. While recording is on for a thread, every checkpoint forward on it watches
 // its ops, inside save regions too, and notes each input they read (by storage).
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -15,5 +16,10 @@ void record_input_reads(bool on);
 // The storages (data addresses, as UntypedStorage.data_ptr() gives them) of the checkpoint
 // inputs ops read since the last call, each once, in the order first read; then forgets them.
 std::vector<std::uintptr_t> take_input_reads();
+
+// How many ops ran inside save regions while recording since the last call; then forgets them.
+// Watching costs each of them its inputs boxed for the observer: a step profile takes that out of
+// the seconds it measures for a region.
+std::size_t take_ops_watched_in_save_regions();
 
 }  // namespace remat

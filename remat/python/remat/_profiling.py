@@ -5,9 +5,11 @@ what each region keeps (its saved bytes, each storage once), its forward time (t
 what the checkpoints keep with every region recomputed (their inputs: base_bytes), the step's
 memory where its tensors are counted (_step_profile), its shape (_step_shape), per-op figures
 (ops=True) and what makes a region unsafe to recompute (_op_figures), and the copy bandwidth to
-the host (host_copy=True). A region the runtime ran again in recompute though saved (it changed its
-input in place, or its output was changed in place after it returned) is marked must_recompute:
-saving it gains nothing. After the block it is a RegionProfile.
+the host (host_copy=True). On the CPU clock, a region's seconds leave out what watching its ops
+for the checkpoint inputs they read cost them (input_read_seconds_per_op). A region the runtime
+ran again in recompute though saved (it changed its input in place, or its output was changed in
+place after it returned) is marked must_recompute: saving it gains nothing. After the block it is
+a RegionProfile.
 
 With per-op figures, a checkpoint's last region is priced at what its recompute runs: recompute
 stops once the last tensor backward needs is saved again, so the ops at its end after that
@@ -25,6 +27,7 @@ import time
 import remat_alloc
 import torch
 
+from ._api import checkpoint, region
 from ._arguments import flag_arg
 from ._extension import _C
 from ._offload_plans import measure_host_copy, offload_bytes
@@ -34,10 +37,50 @@ from ._plans import NO_REGION_RAN, RegionProfile, _state, block_opened
 from ._replay import recording_consults
 from ._step_profile import StepRecorder, allocated_before, tensors_in
 from ._step_shape import StepShape
+from ._trace import untraced
 
 __all__ = ["profile_regions", "timer_arg", "TIMERS"]
 
 TIMERS = ("auto", "wall")
+
+_input_read_per_op = None  # input_read_seconds_per_op(), once calibrated
+
+
+def input_read_seconds_per_op():
+    """What the runtime's watch of a profiled step's ops inside save regions (the checkpoint inputs
+    they read: remat/input_reads.hpp) costs an op on the CPU clock; times the ops it watched, it is
+    taken out of a region's seconds. Calibrated once per process on a checkpoint whose save region
+    runs 50 small ops that need gradients (a sine and a scalar add on a 2x8 tensor, called from
+    Python as a model's code calls them: the watch costs an op called from C++ a third less): the
+    median over 9 rounds of the region watched less the region bare, over the ops watched. The
+    calibration's checkpoint is in no trace."""
+    global _input_read_per_op
+    if _input_read_per_op is None:
+        spent = []
+
+        def small_ops(t):
+            start = time.thread_time_ns()
+            for _ in range(25):
+                t = t.sin() + 1.0
+            spent.append(time.thread_time_ns() - start)
+            return t
+
+        run = checkpoint(region_name="remat.calibration")(lambda t: region(small_ops, "ops", recompute=False)(t))
+        rounds = []
+        with untraced(), torch.inference_mode(False), torch.enable_grad():  # watched only where it keeps tensors
+            x = torch.ones(2, 8, requires_grad=True)
+            for _ in range(9):
+                run(x)
+                _C.record_input_reads(True)
+                run(x)
+                watched = _C.take_ops_watched_in_save_regions()
+                _C.record_input_reads(False)
+                if watched:
+                    rounds.append(max(0, spent[-1] - spent[-2]) / watched / 1e9)
+        if not rounds:
+            return 0.0
+        _input_read_per_op = sorted(rounds)[len(rounds) // 2]
+    return _input_read_per_op
 
 
 def timer_arg(where, timer):
@@ -126,6 +169,7 @@ class profile_regions:
                                "region to measure it, which the plan would not apply to: profile outside the use_plan "
                                "block")
         interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
+        input_read_seconds_per_op()
         if self._ops:
             keeping_seconds_per_op()
         self._step = StepRecorder()
@@ -221,11 +265,12 @@ class profile_regions:
             key = (str(tensor.device), storage.data_ptr())
             self._inputs[key if key in self._kept_keys else key + (self._calls,)] = storage.nbytes()
         self._calls += 1
-        reports = [report for report in _C.live_checkpoint_reports() if report.checkpoint == name]
-        if reports:
-            for rerun in reports[-1].rerun_regions:
+        newest = _C.newest_live_checkpoint(name)  # this call's, where it keeps anything
+        report = newest.report if newest is not None else None
+        if report is not None:
+            for rerun in report.rerun_regions:
                 self._must_recompute.setdefault(rerun.region, rerun.reason)
-            for region in reports[-1].regions:
+            for region in report.regions:
                 self._kept_keys.update((t.device, t.address) for t in region.tensors)
                 if region.region not in self._timings:
                     continue
@@ -237,9 +282,10 @@ class profile_regions:
                            and not allocated_before(t))
                 self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
                 self._offload[region.region] = self._offload.get(region.region, 0) + offload_bytes(region.tensors)
-        if reports and last is not None and self._ops:
-            self._find_tail(last, reports[-1].regions, out)
-        self._step.checkpoint_kept(call_index, reports[-1].regions if reports else [], args, kwargs, out)
+        if report is not None and last is not None and self._ops:
+            self._find_tail(last, report.regions, out)
+        self._step.checkpoint_kept(call_index, report.regions if report is not None else [],
+                                   newest.tensors if newest is not None else [], args, kwargs, out)
         self._shape.record_backward(out)
         return out
 
@@ -349,6 +395,7 @@ class profile_regions:
         try:
             if cuda:
                 self._device = f"cuda:{torch.cuda.current_device()}"
+            _C.take_ops_watched_in_save_regions()
             if self._timer == "wall":
                 if cuda:
                     torch.cuda.synchronize()
@@ -356,17 +403,20 @@ class profile_regions:
                 out = call()
                 if cuda:
                     torch.cuda.synchronize()
-                self._timings[name].append(time.perf_counter() - start)
+                seconds = time.perf_counter() - start
             elif cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 out = call()
                 end.record()
-                self._timings[name].append((start, end))
+                seconds = (start, end)
             else:
                 start = time.thread_time()
                 out = call()
-                self._timings[name].append(time.thread_time() - start)
+                seconds = time.thread_time() - start
+            if not cuda:  # on the CPU clock, watching the region's ops for their reads cost them this
+                seconds = max(0.0, seconds - _C.take_ops_watched_in_save_regions() * input_read_seconds_per_op())
+            self._timings[name].append(seconds)
         finally:
             self._depth -= 1
         return out

@@ -22,10 +22,13 @@ storages each region keeps (its saved tensors and its output), the storages that
 recompute; a region's inputs include those of its checkpoint it reads without taking them,
 through a closure, which the runtime notes: remat/input_reads.hpp), and the checkpoint's own inputs, each storage with
 one identity for the step however many calls take it (followed by a weak reference to PyTorch's
-one Python object per storage) and another for a storage found where a freed one was. Storages
-held through the whole step (Python held them when it began and they are alive when it ends:
-parameters, optimizer state, a batch the caller keeps, a cache the model keeps) leave every set
-when the step ends, as does what regions save that was allocated outside every checkpoint's
+one Python object per storage, for what regions keep too: the runtime hands over the tensors its
+report lists) and another for a storage found where a freed one was. Storages held through the
+whole step (Python held them when it began and they are alive when it ends: parameters, optimizer
+state, a batch the caller keeps) leave every set when the step ends, as do those the step made that
+are alive when it ends and that no live checkpoint keeps then (a tensor the model keeps as an
+attribute, a cache it builds: held by more than the checkpoints from when they were made), and
+what regions save that was allocated outside every checkpoint's
 forward and that Python did not hold then (storages only C++ holds: allocated_before): they
 stay allocated whatever the plan. A storage the step made (position ids, a mask) or dropped (a
 batch handed to the forward alone) is the step's, kept by a checkpoint whose recompute reads it.
@@ -185,7 +188,8 @@ class StepRecorder:
         self._before_ids = {}  # identity -> weak reference to its storage, held when the step began
         self._ids = {}  # id of a storage object -> (weak reference to it, its identity in the step)
         self._id_storage = {}  # identity -> weak reference to its storage object, where one was seen
-        self._freed_in = {}  # identity -> the segment in which its storage was freed (seen as a tensor)
+        self._freed_in = {}  # identity -> the segment in which its storage was freed
+        self._kept_at_end = set()  # (device, address) of what live checkpoints keep as the step ends
         self._step_inputs = {}  # checkpoint call -> {storage key: identity} of the tensors it was given
         self._body_reads = {}  # checkpoint call -> those code outside its regions read
 
@@ -268,6 +272,9 @@ class StepRecorder:
         if not self.enabled:
             return
         self.mark()
+        # A graph kept past the step (retain_graph) holds what its checkpoints keep: not a holder of its own
+        self._kept_at_end = {(t.device, t.address) for report in _C.live_checkpoint_reports()
+                             for region in report.regions for t in region.tensors}
         self.close()
         after = self.after_backward
         # Only where no checkpoint ran after it (another forward, a second backward still to come)
@@ -348,9 +355,16 @@ class StepRecorder:
             self._before_ids[identity] = held
 
     def _stayed(self):
-        """The identities of storages allocated through the whole step, held when it began and
-        alive when it ended: no plan keeps or frees them."""
-        return {identity for identity, held in self._before_ids.items() if held() is not None}
+        """The identities of storages no plan keeps or frees: allocated through the whole step (held
+        when it began and alive when it ended), or from where the step made them on, held by more
+        than the checkpoints (alive when it ended, which no checkpoint keeps then: a tensor the
+        model keeps as an attribute, a cache it builds)."""
+        stayed = {identity for identity, held in self._before_ids.items() if held() is not None}
+        for identity, seen in self._id_storage.items():
+            storage = seen()
+            if storage is not None and (str(storage.device), storage.data_ptr()) not in self._kept_at_end:
+                stayed.add(identity)
+        return stayed
 
     def _storage_id(self, tensor, *, keep):
         """The storage's identity in the step: one for its whole life, whichever calls take it (a
@@ -369,10 +383,15 @@ class StepRecorder:
             found = len(self._storages) - 1
             self._held_at_begin(found, key, storage)
         self._place(key, found, keep)
-        if found not in self._id_storage:
-            self._id_storage[found] = weakref.ref(storage, functools.partial(self._storage_freed, found))
-        self._ids[id(storage)] = (self._id_storage[found], found)
+        self._follow(found, storage)
         return found
+
+    def _follow(self, identity, storage):
+        """Follows the storage object of `identity` (PyTorch's one Python object per storage, alive
+        while the storage is) by a weak reference: whether it was freed, and where."""
+        if identity not in self._id_storage:
+            self._id_storage[identity] = weakref.ref(storage, functools.partial(self._storage_freed, identity))
+        self._ids[id(storage)] = (self._id_storage[identity], identity)
 
     def _place(self, key, identity, keep):
         """Maps the address `key` to `identity`: among the storages kept until backward where `keep`
@@ -439,11 +458,13 @@ class StepRecorder:
         elif not self._region_stack:
             self._body_reads.setdefault(self._forward, set()).update(read)
 
-    def checkpoint_kept(self, index, reports, args, kwargs, out):
+    def checkpoint_kept(self, index, reports, tensors, args, kwargs, out):
         """After checkpoint call `index`'s forward: what each region keeps (from the runtime's
-        report), and the backward hooks that cut its backward into its own segment."""
+        report, whose tensors, in its order, are `tensors`), and the backward hooks that cut its
+        backward into its own segment."""
         if index is None:
             return
+        storages = [t.untyped_storage() for t in tensors]
         record = self.checkpoints[index]
         # What its regions keep that was allocated outside every checkpoint's forward and that Python
         # did not hold when the step began (storages only C++ holds) is allocated whatever the plan;
@@ -455,10 +476,11 @@ class StepRecorder:
         kept_by_region = {}
         staying = {}  # region -> storages the offloader would leave on the device
         casts = {}  # region -> storages that are casts of leaves (ResidentTensor.leaf_cast)
+        listed = iter(storages)
         for region in reports:
             ids = set()
             for t in region.tensors:
-                key = (t.device, t.address)
+                key, storage = (t.device, t.address), next(listed)
                 if key in held_anyway:
                     continue
                 if key not in self._alive or self._was_freed(self._alive[key]):  # none, or a freed one's
@@ -466,8 +488,9 @@ class StepRecorder:
                     if found is None or self._was_freed(found):
                         self._storages.append(t.bytes if not t.shares_storage else 0)
                         found = len(self._storages) - 1
-                        self._held_at_begin(found, key)
+                        self._held_at_begin(found, key, storage)
                     self._alive[key] = found
+                self._follow(self._alive[key], storage)
                 ids.add(self._alive[key])
                 if not getattr(t, "offloadable", True):
                     staying.setdefault(region.region, set()).add(self._alive[key])

@@ -14,6 +14,7 @@ runtime, trace scopes around and inside them), from which `entries` (torch_remat
 OpTrace per region, a ScopeTrace per trace scope) and `format()` are read.
 """
 
+import contextlib
 import dataclasses
 import functools
 import threading
@@ -151,6 +152,21 @@ def _drain():
     stack = _stack()
     if stack:
         stack[-1]._add_logged(logged)
+
+
+@contextlib.contextmanager
+def untraced():
+    """Runs the block's checkpoints into no trace (the runtime's own, run to calibrate a cost):
+    what ran before it goes to the enclosing collect_trace block, if any, as it would; what the
+    block runs is logged and dropped."""
+    _drain()
+    enclosing = _stack()
+    _collecting.stack = []
+    try:
+        yield
+    finally:
+        _C.collect_trace()
+        _collecting.stack = enclosing
 
 
 class collect_trace:

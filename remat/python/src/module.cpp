@@ -306,9 +306,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("current_memory_report", &current_memory_report);
   m.def("live_checkpoint_reports", &live_checkpoint_reports,
         "What every live checkpoint (forward finished, backward may still need it) keeps.");
+  py::class_<KeptTensors>(m, "KeptTensors")
+      .def_readonly("report", &KeptTensors::report)
+      .def_readonly("tensors", &KeptTensors::tensors);
+  m.def("newest_live_checkpoint", &newest_live_checkpoint, py::arg("checkpoint"),
+        "Of the live checkpoints of this name, the one whose forward finished last: its report and the "
+        "tensors it lists, in its order; None where none is live.");
   m.def("record_input_reads", &record_input_reads, py::arg("on"),
         "Starts (or stops) noting, on this thread, which checkpoint inputs ops read, inside save regions "
         "too (a step profile); either way drops what was noted.");
+  m.def("take_ops_watched_in_save_regions", &take_ops_watched_in_save_regions,
+        "How many ops ran inside save regions while recording input reads since the last call; then forgets "
+        "them.");
   m.def("take_input_reads", &take_input_reads,
         "The storage addresses of the checkpoint inputs ops read since the last call, each once; then "
         "forgets them.");

@@ -110,3 +110,37 @@ def test_wrap_decoder_layers_refuses_a_timer_without_a_budget_and_bad_timers():
         remat.wrap_decoder_layers(Decoder(), layers="layers", timer="wall")
     with pytest.raises(ValueError, match=r"wrap_decoder_layers: timer must be 'auto' .* got 'cpu'"):
         remat.wrap_decoder_layers(Decoder(), layers="layers", budget="1GiB", timer="cpu")
+
+
+def test_what_watching_a_profiled_regions_ops_costs_is_taken_out_of_its_seconds(monkeypatch):
+    """A profiled step's runtime watches the ops in save regions for the checkpoint inputs they read
+    (remat/input_reads.hpp) where it measures the step's memory, which costs each op its inputs
+    boxed: on a region of 800 small ops, 30% of its seconds. The ops watched are counted per region and their calibrated cost taken
+    out of its seconds; the calibration's own checkpoint is in no trace."""
+    import remat._profiling as profiling
+    from remat._extension import _C
+
+    monkeypatch.setattr(profiling, "_input_read_per_op", None)
+    with remat.collect_trace() as trace:
+        per_op = profiling.input_read_seconds_per_op()
+    assert 0 < per_op < 1e-4 and trace.entries == []
+
+    watched = []
+    take = _C.take_ops_watched_in_save_regions
+    monkeypatch.setattr(_C, "take_ops_watched_in_save_regions", lambda: watched.append(take()) or watched[-1])
+
+    def tiny_ops(t):
+        for _ in range(100):
+            t = t.sin()
+        return t
+
+    def seconds(cost):
+        monkeypatch.setattr(profiling, "_input_read_per_op", cost)
+        x = torch.randn(8, 8, requires_grad=True)
+        with remat.tag_cpu_tensors(), remat.profile_regions() as measured:  # the step's memory measured: watched
+            remat.checkpoint(region_name="block")(lambda t: remat.region(tiny_ops, "ops")(t))(x).sum().backward()
+        return measured.regions[0].seconds
+
+    assert seconds(0.0) > 0
+    assert 100 <= watched[-1] < 1000  # the region's 100 sins, and what saving their inputs runs
+    assert seconds(1.0) == 0.0  # all of it taken out (the cost stands in for one far above the region's time)

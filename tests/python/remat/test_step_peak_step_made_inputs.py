@@ -111,15 +111,15 @@ def test_positions_the_step_makes_are_kept_by_plans_recomputing_their_readers(pa
 class ChainedLayers(torch.nn.Module):
     """Layers whose checkpoint body reads its input outside the regions (h = x * 2, which saves
     nothing): wherever a plan recomputes a region of the call, recompute runs that code again, so
-    the runtime keeps the input. `cache`: each layer's attn region also reads a tensor the first
-    layer makes in the first step and the model keeps (self.cache), which a recomputing plan frees
-    nothing of; `drop`: the forward takes its batch from a list (the step drops it once the
-    forward has it)."""
+    the runtime keeps the input. `kept`: the attn regions of all layers but the last also read a
+    tensor the first layer makes outside its regions and the model keeps (self.cache), which a recomputing plan frees
+    nothing of: made in the first step only ("cache") or again in every step ("attribute"; also
+    where recompute runs the first layer's body again)."""
 
-    def __init__(self, cache=False):
+    def __init__(self, kept=None):
         super().__init__()
         self.layers = torch.nn.ModuleList(fit_loop.Layer(WIDTH) for _ in range(LAYERS))
-        self.use_cache = cache
+        self.kept = kept
         self.cache = None
 
     def forward(self, x):
@@ -128,29 +128,37 @@ class ChainedLayers(torch.nn.Module):
         return x.square().mean()
 
     def _layer(self, layer, x):
-        if self.use_cache and self.cache is None:
-            self.cache = torch.ones(BATCH, WIDTH) * 0.5  # made inside a checkpoint's forward, kept
+        if self.kept == "cache" and self.cache is None or self.kept == "attribute" and layer is self.layers[0]:
+            self.cache = torch.ones(4 * BATCH, WIDTH) * 0.5  # made inside a checkpoint's forward, kept: 512 KiB
         h = x * 2
-        if self.use_cache:
-            a = remat.region(lambda t: layer.attn(t).sin() * self.cache, "attn")(h)  # saves the cache
+        if self.kept and layer is not self.layers[-1]:
+            a = remat.region(lambda t: layer.attn(t).sin() * self.cache[:BATCH], "attn")(h)  # saves the cache
         else:
             a = remat.region(lambda t: layer.attn(t).sin(), "attn")(h)
         return remat.region(lambda t: layer.down(layer.up(t).cos()), "mlp")(a)
 
 
+KEPT = {"a_cache_kept_from_an_earlier_step": "cache", "a_cache_the_profiled_step_builds": "cache",
+        "an_attribute_every_step_makes": "attribute"}
+
+
 @pytest.mark.parametrize("case", ["input_read_outside_the_regions", "a_cache_kept_from_an_earlier_step",
+                                  "a_cache_the_profiled_step_builds", "an_attribute_every_step_makes",
                                   "a_batch_the_step_drops"])
 def test_what_lives_through_the_step_and_what_recompute_keeps_are_predicted(case):
     """Before: a plan recomputing the mlp regions only (the code outside them reads the input)
     peaked 131072 bytes (3%) above its prediction; a cache made in an earlier step's checkpoint
     forward was taken for the step's (its allocation tag), predicted freed by plans recomputing the
-    regions saving it: 524288 bytes over; a batch Python held when the step began, taken for one
-    held through it, though the forward drops it and a recomputing first layer keeps it: 375304
-    bytes over the least plan's prediction and its budget."""
+    regions saving it: 524288 bytes over; so was a cache the profiled step built, or an attribute
+    every step makes again (the profile saw only the address the regions keep): a plan recomputing
+    the first two layers' attn regions peaked 524288 bytes over its prediction, 300812 over its
+    budget; a batch Python held
+    when the step began, taken for one held through it, though the forward drops it and a
+    recomputing first layer keeps it: 375304 bytes over the least plan's prediction and its budget."""
     with remat.tag_cpu_tensors():
         torch.manual_seed(0)
-        plain = ChainedLayers(cache=case == "a_cache_kept_from_an_earlier_step")
-        model = ChainedLayers(cache=case == "a_cache_kept_from_an_earlier_step")
+        plain = ChainedLayers(kept=KEPT.get(case))
+        model = ChainedLayers(kept=KEPT.get(case))
         model.load_state_dict(plain.state_dict())
         x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1), requires_grad=True)
         batches = []
@@ -168,7 +176,8 @@ def test_what_lives_through_the_step_and_what_recompute_keeps_are_predicted(case
         step_of(plain)()  # the cache, made in the first step, is the same in the second
         reference = [p.grad.clone() for p in plain.parameters()] + [x.grad.clone()]
         step = step_of(model)
-        step()  # the cache is made here, before the profiled step
+        if case != "a_cache_the_profiled_step_builds":
+            step()  # the cache is made here, before the profiled step
         with remat.profile_regions() as profile:
             step()
         calls = json.loads(profile.to_json())["step"]["checkpoints"]
