@@ -196,7 +196,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     // variable_data(): the same storage without the graph, as detach() gives, but without a
     // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
     kept_ = tensor.variable_data();
-    if (!of_parameter) alloc::categorize_as_activation(kept_.storage().data());
+    if (!of_parameter && kept_.has_storage()) alloc::categorize_as_activation(kept_.storage().data());  // not sparse
     f.kept.push_back({state_.save_region, saved_name_, of_parameter, leaf_cast(tensor),
                       c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
     track(kept_);
@@ -206,6 +206,13 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   // its own against.
   void drop_for_recompute(const at::Tensor& tensor) {
     Frame& f = *frame_;
+    if (is_nested(tensor)) {
+      throw Error(std::string("a nested tensor is saved for backward in ") +
+                  (state_.region != nullptr ? "region '" + f.region_path(*state_.region) + "'"
+                                            : "the body of checkpoint '" + f.options.region_name + "'") +
+                  ", which recompute would make again: the runtime recomputes strided tensors only; make it a save "
+                  "region (recompute=False), or keep the nested ops outside the checkpoint");
+    }
     f.note_read(tensor);
     f.dropped_metas.push_back(DroppedMeta::of(tensor, state_.in_region ? static_cast<int>(f.regions.size()) - 1 : -1));
     if (f.options.verify_recompute) {

@@ -156,7 +156,7 @@ void settle_persisted_outputs(Frame& frame) {
 void keep_persisted_outputs(Frame& frame) {
   for (SaveRegionRecord& region : frame.save_regions) {
     for (std::size_t o = 0; o < region.outputs.size(); ++o) {
-      if (region.persisted[o] && region.hooks) {
+      if (region.persisted[o] && region.hooks && plain_strided(region.outputs[o])) {
         if (!region.packed[o]) {  // persisted only because code recompute runs again reads it
           const std::string path = frame.region_path(region.name);
           region.packed[o] = PackedTensor(region.hooks, region.outputs[o].detach(),
@@ -216,12 +216,15 @@ void record_save_region(Frame& frame, const std::string& name, const TensorList&
   record.rerun_reason = std::move(rerun_reason);
   for (const at::Tensor& out : outputs) record.metas.push_back(meta_of(out));
   record.outputs = outputs;
-  record.persisted.assign(outputs.size(), false);
+  // An output the runtime cannot follow by its storage nor make a placeholder of (sparse, nested)
+  // is kept as it is
+  for (const at::Tensor& out : outputs) record.persisted.push_back(out.defined() && !plain_strided(out));
   record.packed.resize(outputs.size());
   record.hooks = active_saved_tensor_hooks();
   if (record.hooks && record.hooks->captures_context()) record.hooks_context = record.hooks->capture_context();
   record.read_at.assign(outputs.size(), SaveRegionRecord::kNotOnlyRead);
-  frame.outputs_not_persisted += outputs.size();
+  frame.outputs_not_persisted +=
+      static_cast<std::size_t>(std::count(record.persisted.begin(), record.persisted.end(), false));
   for (const at::Tensor& out : outputs) {
     record.versions.push_back(version_of(out));
     record.version_counters.push_back(out.defined() ? out.unsafeGetTensorImpl()->version_counter()

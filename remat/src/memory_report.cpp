@@ -35,7 +35,7 @@ std::string site_of(const at::Tensor& t) {
 // the size and device checks, which depend on how the offloader is made).
 bool offloadable(const at::Tensor& t) {
   const auto parameter = [](const at::TensorBase& x) { return x.is_leaf() && x.requires_grad(); };
-  return t.layout() == at::kStrided && t.is_non_overlapping_and_dense() && t.numel() != 0 && !parameter(t) &&
+  return t.layout() == at::kStrided && !is_nested(t) && t.is_non_overlapping_and_dense() && t.numel() != 0 && !parameter(t) &&
          !(t.is_view() && parameter(t._base()));
 }
 
@@ -56,7 +56,9 @@ class ReportBuilder {
     const c10::StorageImpl* storage = storage_of(t);
     const std::int64_t bytes = storage != nullptr ? static_cast<std::int64_t>(storage->nbytes()) : 0;
     const bool first = storage == nullptr || billed_.insert(storage).second;
-    region.tensors.push_back({std::move(name), t.sizes().vec(), dtype_name(t.scalar_type()), bytes, site_of(t),
+    // A nested tensor has no sizes PyTorch gives here: listed without a shape
+    std::vector<std::int64_t> shape = is_nested(t) ? std::vector<std::int64_t>() : t.sizes().vec();
+    region.tensors.push_back({std::move(name), std::move(shape), dtype_name(t.scalar_type()), bytes, site_of(t),
                               storage != nullptr ? reinterpret_cast<std::uintptr_t>(storage->data()) : 0,
                               t.device().str(), !first, offloadable(t), leaf_cast});
     if (tensors_ != nullptr) tensors_->push_back(t);

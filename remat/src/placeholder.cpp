@@ -19,13 +19,21 @@ namespace remat::detail {
 
 TensorMeta meta_of(const at::Tensor& t) {
   TensorMeta meta;
+  meta.options = t.options();
+  meta.requires_grad = t.requires_grad();
+  if (is_nested(t)) return meta;
   meta.sizes = t.sizes().vec();
+  if (t.layout() != at::kStrided) return meta;
   meta.strides = t.strides().vec();
   meta.storage_offset = t.storage_offset();
   meta.storage_bytes = t.has_storage() ? static_cast<std::int64_t>(t.storage().nbytes()) : 0;
-  meta.options = t.options();
-  meta.requires_grad = t.requires_grad();
   return meta;
+}
+
+bool is_nested(const at::Tensor& t) { return t.defined() && (t.is_nested() || t.layout() == at::kJagged); }
+
+bool plain_strided(const at::Tensor& t) {
+  return t.defined() && t.layout() == at::kStrided && !is_nested(t) && t.has_storage();
 }
 
 at::Tensor restore_layout(const at::Tensor& unpacked, const TensorMeta& meta, const std::string& what) {

@@ -23,7 +23,13 @@ struct TensorMeta {
   bool requires_grad = false;
 };
 
+// A nested tensor has no sizes: only its options are recorded; a sparse one, no strides.
 TensorMeta meta_of(const at::Tensor& t);
+// Nested (strided or jagged): no sizes the runtime can read.
+bool is_nested(const at::Tensor& t);
+// A strided tensor with a storage, not nested: one the runtime can match to reads by its storage,
+// make a placeholder of and lay out again. Others (sparse, nested) a save region keeps as they are.
+bool plain_strided(const at::Tensor& t);
 // What a hook pair's unpack gave back for a tensor that was `meta` when packed (`what` names it
 // in errors): refused when its shape, dtype or device differ, laid out again as it was (strides,
 // offset, storage size) when only the layout differs, as a copying pair's contiguous copy does,

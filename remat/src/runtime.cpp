@@ -164,9 +164,10 @@ void record_inputs(Frame& frame, const TensorList& inputs, bool keep_all_inputs)
   frame.inputs.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& input = inputs[i];
-    if (input.defined() && input.layout() != at::kStrided) {
-      throw Error("input " + std::to_string(i) + " of checkpoint '" + frame.options.region_name + "' has layout " +
-                  c10::str(input.layout()) + "; checkpoints take strided tensors: pass input.to_dense(), or keep "
+    if (input.defined() && (input.layout() != at::kStrided || is_nested(input))) {
+      throw Error("input " + std::to_string(i) + " of checkpoint '" + frame.options.region_name + "' " +
+                  (is_nested(input) ? std::string("is a nested tensor") : "has layout " + c10::str(input.layout())) +
+                  "; checkpoints take strided tensors: pass input.to_dense() (or, nested, its unbind()), or keep "
                   "the ops on it outside the checkpoint");
     }
     const bool has_data = storage_of(input) != nullptr;

@@ -40,6 +40,8 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._storage_keys import storage_key, storage_of
+
 __all__ = ["OpMeter", "op_name", "keepable", "numbered", "interception_seconds"]
 
 _interception = None  # seconds one op costs under a mode that only passes it on
@@ -111,7 +113,9 @@ def output_storages(out, inputs):
             continue
         if not isinstance(tensor, torch.Tensor):
             return None
-        storage = tensor.untyped_storage()
+        storage = storage_of(tensor)
+        if storage is None:  # sparse: no storage to keep
+            return None
         key = (str(tensor.device), storage.data_ptr())
         if key in inputs:
             return None
@@ -119,22 +123,19 @@ def output_storages(out, inputs):
     return storages
 
 
-def _key(tensor):
-    return (str(tensor.device), tensor.untyped_storage().data_ptr())
-
-
 def _output_keys(out):
-    return {_key(t) for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)}
+    return {storage_key(t) for t in (out if isinstance(out, (tuple, list)) else (out,))
+            if isinstance(t, torch.Tensor)} - {None}
 
 
 def _input_keys(args, kwargs):
     keys = set()
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
-            keys.add((str(value.device), value.untyped_storage().data_ptr()))
+            keys.add(storage_key(value))
         elif isinstance(value, (list, tuple)):
-            keys.update((str(t.device), t.untyped_storage().data_ptr()) for t in value if isinstance(t, torch.Tensor))
-    return keys
+            keys.update(storage_key(t) for t in value if isinstance(t, torch.Tensor))
+    return keys - {None}
 
 
 class _PassOn(TorchDispatchMode):
@@ -216,7 +217,8 @@ class OpMeter(TorchDispatchMode):
                 continue
             value = args[position] if position < len(args) and not argument.kwarg_only else kwargs.get(argument.name)
             for tensor in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(tensor, torch.Tensor) and _key(tensor) not in self._made | self._inputs:
+                # a sparse tensor (no storage key) cannot be told made here: taken as not
+                if isinstance(tensor, torch.Tensor) and storage_key(tensor) not in self._made | self._inputs:
                     self.must_save = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
                                       f"{_describe(tensor)}: a BatchNorm's running statistics, a cache), which "
                                       f"recompute would write again")
@@ -226,12 +228,13 @@ class OpMeter(TorchDispatchMode):
         """The region's inputs: a write into one is no write into outside state. The runtime makes
         it again where recompute makes the input again (a saved region then runs again in recompute,
         the profile's "must_recompute"), and refuses it where recompute cannot."""
-        self._inputs.update(_key(tensor) for tensor in tensors)
+        self._inputs.update(storage_key(tensor) for tensor in tensors)
+        self._inputs.discard(None)
 
     def _made_by(self, out):
         for tensor in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(tensor, torch.Tensor):
-                self._made.add(_key(tensor))
+            if isinstance(tensor, torch.Tensor) and storage_key(tensor) is not None:
+                self._made.add(storage_key(tensor))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entered = time.thread_time_ns()

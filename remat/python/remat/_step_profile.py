@@ -68,6 +68,7 @@ import remat_alloc
 
 from ._extension import _C
 from ._memory import tag_cpu_tensors
+from ._storage_keys import storage_key, storage_of
 
 
 def tensors_in(value):
@@ -80,6 +81,12 @@ def tensors_in(value):
     elif isinstance(value, dict):
         for item in value.values():
             yield from tensors_in(item)
+
+
+def stored_tensors_in(value):
+    """The tensors in a value whose storage PyTorch gives (not a sparse one): those a profile
+    follows by storage."""
+    return (t for t in tensors_in(value) if storage_of(t) is not None)
 
 
 def allocated_before(resident):
@@ -424,8 +431,8 @@ class StepRecorder:
         # Each storage it is given; those allocated through the whole step (parameters, a batch the
         # caller holds) leave every set when the step ends (_stayed): a plan keeps or frees none.
         index = len(self.checkpoints)
-        self._step_inputs[index] = {(str(t.device), t.untyped_storage().data_ptr()): self._storage_id(t, keep=False)
-                                    for t in tensors_in((args, kwargs))}
+        self._step_inputs[index] = {storage_key(t): self._storage_id(t, keep=False)
+                                    for t in stored_tensors_in((args, kwargs))}
         record = {"name": name, "inputs": sorted(set(self._step_inputs[index].values())), "kept_inputs": [],
                   "body_inputs": [], "regions": []}
         self.checkpoints.append(record)
@@ -464,7 +471,7 @@ class StepRecorder:
         backward into its own segment."""
         if index is None:
             return
-        storages = [t.untyped_storage() for t in tensors]
+        storages = [storage_of(t) for t in tensors]  # None for a sparse one
         record = self.checkpoints[index]
         # What its regions keep that was allocated outside every checkpoint's forward and that Python
         # did not hold when the step began (storages only C++ holds) is allocated whatever the plan;
@@ -490,7 +497,8 @@ class StepRecorder:
                         found = len(self._storages) - 1
                         self._held_at_begin(found, key, storage)
                     self._alive[key] = found
-                self._follow(self._alive[key], storage)
+                if storage is not None:
+                    self._follow(self._alive[key], storage)
                 ids.add(self._alive[key])
                 if not getattr(t, "offloadable", True):
                     staying.setdefault(region.region, set()).add(self._alive[key])
@@ -514,13 +522,13 @@ class StepRecorder:
             # Run under autocast, a cast of a leaf stays in its cache until the autocast block ends
             if region.pop("_casts_cached") and casts.get(region["name"]):
                 region["autocast_cached"] = sorted(casts[region["name"]])
-        record["outputs"] = sorted({self._storage_id(t, keep=True) for t in tensors_in(out)})
+        record["outputs"] = sorted({self._storage_id(t, keep=True) for t in stored_tensors_in(out)})
         self._live.append(index)
         outputs = [t for t in tensors_in(out) if t.requires_grad]
         inputs = [t for t in tensors_in((args, kwargs)) if t.requires_grad]
         if outputs:
             began = [False]
-            output_keys = {(str(t.device), t.untyped_storage().data_ptr()) for t in tensors_in(out)}
+            output_keys = {storage_key(t) for t in stored_tensors_in(out)}
 
             def backward_begins(grad):
                 if not began[0]:
@@ -579,7 +587,7 @@ class StepRecorder:
         when it returns."""
         if not self.enabled or self._current is None or self._region_stack:
             return call()
-        record = {"name": name, "_inputs": {self._storage_id(t, keep=False) for t in tensors_in(args)},
+        record = {"name": name, "_inputs": {self._storage_id(t, keep=False) for t in stored_tensors_in(args)},
                   "_outputs": set(), "transient_bytes": 0, "_casts_cached": _casts_cached()}
         # the key order the dump writes: name, kept, inputs, outputs, transient_bytes
         self._current["regions"].append(record)
@@ -593,7 +601,7 @@ class StepRecorder:
             self._region_stack.pop()
         peak = self._window.take()
         record["transient_bytes"] = max(0, peak - self._stats()["requested_bytes"])
-        record["_outputs"] = {self._storage_id(t, keep=True) for t in tensors_in(out)}
+        record["_outputs"] = {self._storage_id(t, keep=True) for t in stored_tensors_in(out)}
         self.mark(peak)
         return out
 
@@ -605,7 +613,7 @@ class StepRecorder:
         if not self.enabled or not self._region_stack:
             return
         ids = []
-        for tensor in tensors_in(out):
+        for tensor in stored_tensors_in(out):
             storage = tensor.untyped_storage()
             if storage.nbytes() == 0:
                 continue

@@ -42,8 +42,15 @@ def warn_at_user_line(message):
     warnings.warn(message, stacklevel=level)
 
 
+def _sizes(tensor):
+    """The tensor's sizes; a nested tensor's, which PyTorch does not give all of, as its count of parts."""
+    if tensor.is_nested:
+        return ("nested", tensor.size(0))
+    return tuple(tensor.shape)
+
+
 def _signature(value):
-    return tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors_in(value))
+    return tuple((_sizes(t), t.dtype, t.device.type) for t in tensors_in(value))
 
 
 def _rank_only(signature):
