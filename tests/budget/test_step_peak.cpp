@@ -220,6 +220,13 @@ TEST(StepPeak, CastsAutocastHoldsStayThroughTheForwardWhateverThePlan) {
   EXPECT_NE(refusal_of(profile).find("$.step.autocast_cleared[0]: segment 3 is not one of the step's segments 1 to 2"),
             std::string::npos)
       << refusal_of(profile);
+  const std::vector<StepSegment> segments = profile.step->segments;
+  profile.step->segments.resize(1);  // no segment after the first: none a clear may begin
+  EXPECT_NE(
+      refusal_of(profile).find("segment 3 is not one of the step's segments after the first: it has 1 segment(s)"),
+      std::string::npos)
+      << refusal_of(profile);
+  profile.step->segments = segments;
   profile.step->autocast_cleared.clear();
   std::string text = profile_to_json(profile);
   const std::size_t flag = text.find("true", text.find("\"autocast_held_in_backward\""));

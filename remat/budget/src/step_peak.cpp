@@ -96,7 +96,10 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
     const std::uint32_t s = step.autocast_cleared[i];
     const std::string where = "$.step.autocast_cleared[" + std::to_string(i) + "]: segment " + std::to_string(s);
     if (s == 0 || s >= step.segments.size()) {
-      throw BudgetError(where + " is not one of the step's segments 1 to " + std::to_string(step.segments.size() - 1) +
+      const std::size_t count = step.segments.size();
+      const std::string segments = count < 2 ? "after the first: it has " + std::to_string(count) + " segment(s)"
+                                             : "1 to " + std::to_string(count - 1);
+      throw BudgetError(where + " is not one of the step's segments " + segments +
                         " (a clear begins a segment after the first); profile the step again");
     }
     if (i > 0 && s <= step.autocast_cleared[i - 1]) {
