@@ -143,6 +143,7 @@ struct CpuOffload::HostCopies : std::enable_shared_from_this<HostCopies> {
   // Why `tensor` stays as it is, or nullptr when it is offloaded.
   const char* keep_reason(const at::Tensor& tensor) const {
     if (tensor.layout() != at::kStrided) return "sparse or another layout";
+    if (tensor.is_nested()) return "nested";
     if (tensor.device().type() != device_type) return on_cuda() ? "not on a CUDA device" : "not on the CPU";
     if (!tensor.is_non_overlapping_and_dense()) return "overlapping or not dense";
     if (is_parameter(tensor) || (tensor.is_view() && is_parameter(tensor._base()))) return "a parameter or a view of one";
@@ -242,7 +243,7 @@ struct CpuOffload::HostCopies : std::enable_shared_from_this<HostCopies> {
     if (const char* reason = info.of_parameter ? "a parameter or a view of one" : keep_reason(tensor)) {
       payload->resident = tensor;
       stats.kept_resident_tensors += 1;
-      stats.kept_resident_bytes += tensor.layout() == at::kStrided ? tensor.nbytes() : 0;
+      stats.kept_resident_bytes += tensor.layout() == at::kStrided && !tensor.is_nested() ? tensor.nbytes() : 0;
       stats.kept_resident_reasons[reason] += 1;
       return payload;
     }
