@@ -35,8 +35,8 @@ std::string site_of(const at::Tensor& t) {
 // the size and device checks, which depend on how the offloader is made).
 bool offloadable(const at::Tensor& t) {
   const auto parameter = [](const at::TensorBase& x) { return x.is_leaf() && x.requires_grad(); };
-  return t.layout() == at::kStrided && !is_nested(t) && t.is_non_overlapping_and_dense() && t.numel() != 0 && !parameter(t) &&
-         !(t.is_view() && parameter(t._base()));
+  return t.layout() == at::kStrided && !is_nested(t) && t.is_non_overlapping_and_dense() && t.numel() != 0 &&
+         !parameter(t) && !(t.is_view() && parameter(t._base()));
 }
 
 // A report's residency, region by region, billing each storage once in the whole report (a

@@ -233,8 +233,9 @@ class OpMeter(TorchDispatchMode):
 
     def _made_by(self, out):
         for tensor in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(tensor, torch.Tensor) and storage_key(tensor) is not None:
-                self._made.add(storage_key(tensor))
+            key = storage_key(tensor) if isinstance(tensor, torch.Tensor) else None
+            if key is not None:
+                self._made.add(key)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entered = time.thread_time_ns()

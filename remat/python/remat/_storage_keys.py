@@ -1,7 +1,7 @@
 """How a profile names the storage behind a tensor: its Python storage object and the key (device,
 data address) that the runtime's reports give too. A tensor PyTorch gives no storage of (a sparse
-one, a wrapper subclass) has neither: the profile counts no bytes of it, as the
-runtime's reports do not."""
+one, a wrapper subclass) has neither: the profile counts no bytes of it, as the runtime's reports
+do not."""
 
 from __future__ import annotations
 
