@@ -35,7 +35,8 @@ from ._kept_ops import keeping_seconds_per_op
 from ._op_figures import OpMeter, interception_seconds
 from ._plans import NO_REGION_RAN, RegionProfile, _state, block_opened
 from ._replay import recording_consults
-from ._step_profile import StepRecorder, allocated_before, stored_tensors_in, tensors_in
+from ._step_profile import StepRecorder, allocated_before, tensors_in
+from ._storage_keys import storage_of
 from ._step_shape import StepShape
 from ._trace import untraced
 
@@ -260,8 +261,10 @@ class profile_regions:
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
         # address is its own), any other is this call's alone (a freed address used again by the
         # next call's input is another storage).
-        for tensor in stored_tensors_in((args, kwargs)):
-            storage = tensor.untyped_storage()
+        for tensor in tensors_in((args, kwargs)):
+            storage = storage_of(tensor)
+            if storage is None:  # sparse: no storage of its own
+                continue
             key = (str(tensor.device), storage.data_ptr())
             self._inputs[key if key in self._kept_keys else key + (self._calls,)] = storage.nbytes()
         self._calls += 1

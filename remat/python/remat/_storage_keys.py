@@ -13,7 +13,7 @@ def storage_of(tensor):
     try:
         storage = tensor.untyped_storage()
         storage.data_ptr()
-    except (RuntimeError, NotImplementedError):
+    except RuntimeError:  # NotImplementedError, which a sparse tensor raises, is one
         return None
     return storage
 
