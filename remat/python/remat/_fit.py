@@ -24,9 +24,10 @@ within the budget, the step is profiled again (later steps with those shapes pla
 profile); otherwise the plan comes from the profile scaled so, and fit says it assumed every
 region scales with the token count. Either way it warns once per new input shape. Where no plan
 fits it raises before the forward, naming the least peak any plan reaches and what it is made
-of; the same error comes at the first plan for a budget below what the profile allows. Scaling
-the parameters' gradients during backward too is cautious where they are a large share of the
-step (after backward they are not scaled). A region that grows faster than the token count (a causal mask of
+of; the same error comes at the first plan for a budget below what the profile allows. The
+parameters' gradients are not scaled (they keep their size whatever the inputs): each segment of
+the profile is lowered by the share of the gradients made before it that scaling would add
+(_Profiled.planned_for). A region that grows faster than the token count (a causal mask of
 sequence x sequence) shows in the scaled step's peak, read when its backward ends: later steps
 with those inputs scale by the growth measured, and a step that went over the budget is a warning
 naming the measured and predicted peaks, never silent.
@@ -147,9 +148,13 @@ class _Profiled:
         self.start = profile.step_start_bytes
         self.persisted = max(0, profile.step_end_bytes - self.start)
         self.planned = profile
-        self._with_gradients = None  # planned_for() a step whose gradients exist from its start, once made
+        self._lowered = {}  # planned_for()'s profiles by the share of each segment's gradients taken off
         self.after_start = self.after_peak = None
         after = profile._after_backward
+        grads = profile._segment_gradients
+        # The gradients the step's backward made that were still allocated when it ended (read
+        # then; an optimizer run inside backward frees each as it steps): its segments held at most those
+        self._gradients_kept = grads[after] - grads[0] if after is not None and grads and after < len(grads) else 0
         doc = json.loads(profile.to_json())
         segments = doc["step"]["segments"]
         # What was freed between the forward's end and the backward's start: the last step's
@@ -180,29 +185,60 @@ class _Profiled:
         self.planned._shape = profile._shape
         self.planned._segment_gradients = profile._segment_gradients
 
-    def planned_for(self, absent):
+    def planned_for(self, absent, ratio=1.0):
         """The forward-and-backward profile to plan a step by that is to make `absent` bytes of
-        gradients. A micro-batch of gradient accumulation after the first begins with every gradient
-        there: backward adds into each in place, so it does not hold again what the profiled step's
+        gradients, its inputs `ratio` times the profiled step's (peak() scales what it holds above
+        its start by `ratio`).
+
+        A micro-batch of gradient accumulation after the first begins with every gradient there:
+        backward adds into each in place, so it does not hold again what the profiled step's
         backward had made by each point. Each segment's figures less the gradients made before it
         began (recorded as the profile ran) bound such a step from above: within a segment, what it
-        makes of them is taken as still made (its new gradient is alive while it is added in). With
-        only some gradients there, or no record, the profile as it is bounds it."""
+        makes of them is taken as still made (its new gradient is alive while it is added in).
+
+        A step that makes its gradients makes them at their own size, whatever its inputs: scaled as
+        they are by `ratio`, those a segment held would count (ratio - 1) times more than it holds
+        (a model whose gradients outweigh its activations would be refused steps that fit). So each
+        segment is lowered by that share, (ratio - 1) / ratio in sixteenths rounded down, of the
+        gradients made before it began, at most those still allocated when backward ended (an
+        optimizer run inside backward frees them), and peak() scaling the rest counts them once (a
+        sixteenth at most over). With no record, the profile as it is bounds either step."""
         grads = self.profile._segment_gradients
-        if absent or not self.gradients or not grads:
+        if not self.gradients or not grads:
             return self.planned
-        if self._with_gradients is None:
+        if not absent:
+            return self._lowered_by(1.0, self.gradients)
+        # In sixteenths, rounded down (lowered less: on the safe side), so that steps of many lengths
+        # share a few profiles, each searched once for its plans
+        share = math.floor(16 * (ratio - 1.0) / ratio) / 16
+        if share > 0 and self._gradients_kept > 0:
+            return self._lowered_by(share, self._gradients_kept)
+        return self.planned
+
+    def _lowered_by(self, share, most):
+        """The planned profile with each segment's figures less `share` of the gradients made before
+        it began (at most `most` bytes of them), rounded down; the last few kept."""
+        lowered = self._lowered.get((share, most))
+        if lowered is None:
+            grads = self.profile._segment_gradients
             doc = json.loads(self.planned.to_json())
             step = doc["step"]
             for segment, at_start in zip(step["segments"], grads):
-                made = max(0, at_start - grads[0])
+                made = int(share * min(most, max(0, at_start - grads[0])))
                 segment["peak_bytes"] -= made
                 segment["start_bytes"] -= made
             step["peak_bytes"] = max([s["peak_bytes"] for s in step["segments"]] + [step["start_bytes"]])
-            step["end_bytes"] -= min(self.gradients, max(0, step["end_bytes"] - step["start_bytes"]))
-            self._with_gradients = _plans.RegionProfile(json.dumps(doc))
-            self._with_gradients._shape = self.profile._shape
-        return self._with_gradients
+            step["end_bytes"] -= min(int(share * most), max(0, step["end_bytes"] - step["start_bytes"]))
+            lowered = _plans.RegionProfile(json.dumps(doc))
+            lowered._shape = self.profile._shape
+            if len(self._lowered) > 16:  # a sixteenth each, and the profile with the gradients there
+                del self._lowered[next(iter(self._lowered))]
+            self._lowered[(share, most)] = lowered
+        return lowered
+
+    def all_saved_peak(self, base, ratio):
+        """peak() of the plan that saves every region, for a step that makes its gradients."""
+        return self.peak(self.planned_for(self.gradients, ratio).step_peak_bytes, base, ratio)
 
     def _backward_left(self):
         """(bytes backward left allocated over the step's start, the gradients among them)."""
@@ -737,14 +773,14 @@ class FitState:
                 # every region is estimated within the budget (an estimate: what that step ran
                 # instead was measured at the least memory, not saved).
                 what, more = again
-                estimate = known.peak(known.planned.step_peak_bytes, max(start, known.start), 1.0) + more
+                estimate = known.all_saved_peak(max(start, known.start), 1.0) + more
                 if estimate <= self.budget:
                     self.reprofiled.add(what)
                     return self._profile_step(signature)
             return self._plan_step(known, signature, start, 1.0)
         source, ratio = self._nearest_profile(signature)
         ratio *= self.corrections.get((signature, source.signature), 1.0)
-        all_saved = source.peak(source.planned.step_peak_bytes, max(start, source.start), ratio)
+        all_saved = source.all_saved_peak(max(start, source.start), ratio)
         # Profiled again only where every smaller profile, scaled, predicts it within the budget too:
         # a profile whose step began with the last step's tensors still held (freed during it) grows
         # less above its start than the step does, and scaled up it under-counts the longer step
@@ -752,7 +788,7 @@ class FitState:
             scale = _ratio(signature, other.signature)
             if scale > 1.0 and other is not source:
                 scale *= self.corrections.get((signature, other.signature), 1.0)
-                all_saved = max(all_saved, other.peak(other.planned.step_peak_bytes, max(start, other.start), scale))
+                all_saved = max(all_saved, other.all_saved_peak(max(start, other.start), scale))
         change = None
         if signature not in self.warned:
             self.warned.add(signature)
@@ -803,7 +839,7 @@ class FitState:
         absent, extra = self._absent_gradients(source)
         # Forward and backward, which the plan changes (with the gradients there from the start in
         # micro-batches of gradient accumulation after the first)
-        planned = source.planned_for(absent)
+        planned = source.planned_for(absent, ratio)
         base = max(start, source.start)  # more allocated now than then: it stays through the step
         # The profile's part after backward where it is the optimizer step, only before one
         after = self.expect_optimizer or not source.optimizer_after

@@ -347,6 +347,8 @@ class RegionProfile:
     def _read(self, text, solver_profile=None):
         self._text = text
         self._solver_profile = solver_profile  # the dump as remat._budget read it, once (_solver)
+        self._least_peaks = {}  # least_peak_bytes() by (group, host budget)
+        self._peak_plans = {}   # plans by step peak made: (group, host budget) -> [(asked, peak, proved, dump)]
         doc = json.loads(text)
         self.base_bytes = doc["base_bytes"]
         self.all_saved_bytes = doc["all_saved_bytes"]
@@ -446,7 +448,9 @@ class RegionProfile:
             return Plan._checked(_budget.plan_ops(self._solver(), budget_bytes), profile=self)
         if peak_bytes is not None:
             peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
-            return Plan._checked(_budget.plan_by_peak(self._solver(), peak_bytes, group), profile=self, group=group)
+            text = self._plan_by_peak(peak_bytes, (group, None),
+                                      lambda: _budget.plan_by_peak(self._solver(), peak_bytes, group))
+            return Plan._checked(text, profile=self, group=group)
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
         return Plan._checked(_budget.plan(self._solver(), budget_bytes, group), profile=self, group=group)
 
@@ -464,10 +468,34 @@ class RegionProfile:
         self._check_host_copy(host_budget_bytes, "plan")
         if peak_bytes is not None:
             peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
-            return Plan._checked(_budget.plan_by_peak_offload(self._solver(), peak_bytes, host_budget_bytes), profile=self)
+            text = self._plan_by_peak(peak_bytes, (False, host_budget_bytes), lambda: _budget.plan_by_peak_offload(
+                self._solver(), peak_bytes, host_budget_bytes))
+            return Plan._checked(text, profile=self)
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
         return Plan._checked(_budget.plan_offload(self._solver(), budget_bytes, host_budget_bytes, group), profile=self,
                     group=group)
+
+    def _plan_by_peak(self, peak_bytes, key, search):
+        """The dump of the plan by step peak `search()` makes, from the plans made before where one
+        answers. A plan proved the fastest within a larger peak is the fastest within every peak
+        from its own up to that one (the plans within the smaller are among those within the larger,
+        it among them), so a loop planning every step (remat.fit, whose peak moves with what each
+        step begins with) searches once a shape, not once a step (a search of 16 regions weighs
+        every one of 65536 plans). A plan not proved answers only the peak it was made for."""
+        made = self._peak_plans.setdefault(key, [])
+        for asked, peak, proved, text in made:
+            if asked == peak_bytes:
+                return text
+            if proved and peak <= peak_bytes <= asked:
+                field = f'"peak_budget_bytes":{asked},'
+                if field in text:
+                    return text.replace(field, f'"peak_budget_bytes":{peak_bytes},', 1)
+        text = search()
+        doc = Plan._checked(text)
+        if len(made) >= 64:  # a loop of many shapes and starts keeps the latest
+            del made[0]
+        made.append((peak_bytes, doc.peak_bytes, doc.exact, text))
+        return text
 
     def _check_host_copy(self, host_budget_bytes, where):
         if host_budget_bytes > 0 and self.host_copy is None:
@@ -479,14 +507,19 @@ class RegionProfile:
         """The least step peak any plan reaches, predicted (what plan(peak_bytes=) can meet at
         best); with host_budget_bytes, among plans that may offload that much."""
         group = flag_arg("least_peak_bytes", "group", group)
-        if host_budget_bytes is None:
-            return _budget.least_peak(self._solver(), group)
-        if group:
-            raise ValueError("least_peak_bytes: host_budget_bytes= plans by step peak regions as measured: drop "
-                             "group=True")
-        host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
-        self._check_host_copy(host_budget_bytes, "least_peak_bytes")
-        return _budget.least_peak_offload(self._solver(), host_budget_bytes)
+        if host_budget_bytes is not None:
+            if group:
+                raise ValueError("least_peak_bytes: host_budget_bytes= plans by step peak regions as measured: drop "
+                                 "group=True")
+            host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
+            self._check_host_copy(host_budget_bytes, "least_peak_bytes")
+        # Searched once (as many plans as plan(peak_bytes=) weighs): a loop asks before every step
+        least = self._least_peaks.get((group, host_budget_bytes))
+        if least is None:
+            least = (_budget.least_peak(self._solver(), group) if host_budget_bytes is None else
+                     _budget.least_peak_offload(self._solver(), host_budget_bytes))
+            self._least_peaks[(group, host_budget_bytes)] = least
+        return least
 
     def predict_peak(self, plan):
         """The step peak (allocated bytes) predicted for `plan` (made from this profile)."""

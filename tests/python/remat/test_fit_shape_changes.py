@@ -89,3 +89,24 @@ def test_a_longer_step_after_a_shorter_profile_plans_from_the_nearest_profile_wi
     scaled = [message for message in told if "-> 128x32" in message]
     assert len(scaled) == 1 and "(64x32 -> 128x32, 2x the elements): saving every region is predicted over" \
         in scaled[0], told
+
+
+def test_a_step_four_times_the_profiled_one_counts_the_gradients_once():
+    """The parameters' gradients keep their size whatever the inputs: a 64-row step planned from a
+    16-row profile (4x the elements) counts them once, not 4 times. Scaled whole, the least plan was
+    predicted at 801828 bytes where the 64-row step reaches 522376, and a budget halfway from there
+    to everything saved was refused before the forward."""
+    _, _, profiles = train("1GiB", [16, 64])  # profiled again at 64 rows, with the momentum there
+    long = profiles[(((64, WIDTH), torch.float32, "cpu"),)].profile
+    least, all_saved = long.least_peak_bytes(), long.step_peak_bytes
+    budget = least + (all_saved - least) // 2
+    plain, _, _ = train(None, [16, 64, 64], checkpointed=False)
+    rows, told, _ = train(budget, [16, 64, 64])
+    assert [row["error"] for row in rows] == [None] * 3, told
+    assert [row["planned"] for row in rows[1:]] == [True, True]
+    for step, (row, reference) in enumerate(zip(rows, plain)):
+        if step > 0:
+            assert row["peak"] <= budget, (step, row["peak"], budget, told)
+        assert row["grads"] == reference["grads"], step
+    scaled = [message for message in told if "-> 64x32" in message]
+    assert len(scaled) == 1 and "the plan comes from the profile scaled by 4" in scaled[0], told
