@@ -187,7 +187,7 @@ _REFUSED_OPTIONS = {
 class Checkpoint:
     """A checkpoint made by remat.checkpoint(**options): call it on a function."""
 
-    __slots__ = ("region_name", "_hooks", "_hooks_under_plan", "_channels", "_context_fn", "_contexts", "_verify",
+    __slots__ = ("region_name", "_hooks", "_hooks_under_plan", "_hooks_keeping_rng", "_channels", "_context_fn", "_contexts", "_verify",
                  "_saved_tensors_hooks", "_plan")
 
     def __init__(self, region_name, hooks, channels, context_fn, verify, saved_tensors_hooks=None, plan=None):
@@ -195,6 +195,7 @@ class Checkpoint:
         self._plan = plan  # the budget plan in force for this checkpoint (_plans.plan_arg), or None
         self._hooks = hooks
         self._hooks_under_plan = None  # made at the first call under a plan (_state_hooks)
+        self._hooks_keeping_rng = None  # made at the first .call() that preserves the RNG state
         self._saved_tensors_hooks = saved_tensors_hooks  # the runtime's pair, or None
         self._channels = channels  # the `contexts` option
         self._context_fn = context_fn
@@ -217,23 +218,28 @@ class Checkpoint:
         place of torch.utils.checkpoint.checkpoint(fn, *args, **kwargs). As there, its options
         among the keywords (use_reentrant, preserve_rng_state, determinism_check, debug,
         early_stop, context_fn) are the checkpoint's, checked as remat.checkpoint() checks them,
-        not fn's."""
+        not fn's. preserve_rng_state is True unless given, as there: recompute draws forward's
+        random numbers (the CPU generator's and the CUDA generators', as cpu_rng_state_hook() and
+        cuda_rng_state_hook() keep them), so dropout in fn gives the gradients it gives without
+        checkpointing; preserve_rng_state=False leaves the state to the checkpoint's own hooks."""
         options = {option: kwargs.pop(option) for option in _TORCH_CALL_OPTIONS if option in kwargs}
         context_fn = options.pop("context_fn", None)
         if context_fn is torch.utils.checkpoint.noop_context_fn:
             context_fn = None
         if options.pop("debug", False) is not False:
             raise RematError(f"checkpoint '{self.region_name}': {_REFUSED_OPTIONS['debug']}")
+        keep_rng = flag_arg(f"checkpoint '{self.region_name}'", "preserve_rng_state",
+                            options.pop("preserve_rng_state", True))
         _check_torch_options(self.region_name, **options)
         if context_fn is None:
-            return self._run(fn, args, kwargs)
+            return self._run(fn, args, kwargs, keep_rng=keep_rng)
         _check_context_fn(self.region_name, context_fn)
         if self._context_fn is not None:
             raise RematError(f"checkpoint '{self.region_name}': context_fn given to both remat.checkpoint() and .call(); "
                              "pass it once")
-        return self._run(fn, args, kwargs, [functools.partial(_TorchCheckpointContexts, context_fn)])
+        return self._run(fn, args, kwargs, [functools.partial(_TorchCheckpointContexts, context_fn)], keep_rng)
 
-    def _run(self, fn, args, kwargs, call_contexts=()):
+    def _run(self, fn, args, kwargs, call_contexts=(), keep_rng=False):
         if torch.compiler.is_compiling():
             if call_contexts:
                 raise RematError(f"checkpoint '{self.region_name}': context_fn given to .call() is not supported under "
@@ -248,19 +254,24 @@ class Checkpoint:
         return _plans.run_checkpoint(
             self.region_name, self._plan, fn, args, kwargs,
             lambda body, choices, caller=None: _C.checkpoint(body, args, kwargs, self.region_name,
-                                                             self._state_hooks(choices), contexts,
+                                                             self._state_hooks(choices, keep_rng), contexts,
                                                              verify, saved_tensors_hooks, choices, caller))
 
-
-    def _state_hooks(self, choices):
+    def _state_hooks(self, choices, keep_rng=False):
         """The state hooks of a call: its own, or under a plan (`choices`) with the RNG state
-        hooks too, since a plan may recompute a region the code saves, random draws and all.
-        (The CPU state is kept as plain values, no tensor: what the step counts is the same.)"""
-        if choices is None:
-            return self._hooks
-        if self._hooks_under_plan is None:
-            self._hooks_under_plan = with_rng_state_hooks(self._hooks)
-        return self._hooks_under_plan
+        hooks too, since a plan may recompute a region the code saves, random draws and all (the
+        runtime adds the CPU generator's there), or with both RNG state hooks where the call keeps
+        the RNG state (keep_rng: .call()'s preserve_rng_state). (The CPU state is kept as plain
+        values, no tensor: what the step counts is the same.)"""
+        if choices is not None:
+            if self._hooks_under_plan is None:
+                self._hooks_under_plan = with_rng_state_hooks(self._hooks)
+            return self._hooks_under_plan
+        if keep_rng:
+            if self._hooks_keeping_rng is None:
+                self._hooks_keeping_rng = with_rng_state_hooks(self._hooks, cpu=True)
+            return self._hooks_keeping_rng
+        return self._hooks
 
 
 class _DocOfWrapped:

@@ -66,14 +66,17 @@ def cuda_rng_state_hook():
     return _CudaRngStateHook()
 
 
-def with_rng_state_hooks(hooks):
-    """`hooks` with the CUDA RNG state hook added where it is not among them: what a checkpoint
-    runs with under a budget plan, which may recompute a region its code saves (and so never
-    needed its random numbers drawn again), so that recompute draws forward's masks. The runtime
-    keeps the CPU generator and the CUDA generators of devices with a context under a plan itself,
-    for every caller (C++ ones too); this one also covers a device whose first use is inside the
-    checkpoint's body, once CUDA is initialized."""
+def with_rng_state_hooks(hooks, cpu=False):
+    """`hooks` with the CUDA RNG state hook added where it is not among them (and with cpu=True
+    the CPU generator's): what a checkpoint runs with under a budget plan, which may recompute a
+    region its code saves (and so never needed its random numbers drawn again), so that recompute
+    draws forward's masks. The runtime keeps the CPU generator and the CUDA generators of devices
+    with a context under a plan itself, for every caller (C++ ones too); this one also covers a
+    device whose first use is inside the checkpoint's body, once CUDA is initialized. A
+    checkpoint that keeps the RNG state without a plan (.call()'s preserve_rng_state) adds both."""
     hooks = list(hooks)
+    if cpu:
+        hooks.append(_C.cpu_rng_state_hook())
     if not any(isinstance(hook, _CudaRngStateHook) for hook in hooks):
         hooks.append(_CudaRngStateHook())
     return hooks

@@ -141,6 +141,60 @@ def test_call_takes_torch_checkpoints_options_as_the_checkpoints():
     assert_bitwise(grads_of(plain, *plain.parameters()), grads_of(wrapped, *wrapped.parameters()))
 
 
+class DropoutBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.lin(x)).tanh()
+
+
+def dropout_grads(checkpoint_fn=None, **options):
+    """The gradients of two dropout blocks (seed 0 for the weights, 1 for the masks), each run
+    through checkpoint_fn(block, x, **options) where given."""
+    torch.manual_seed(0)
+    blocks = [DropoutBlock(), DropoutBlock()]
+    x = torch.rand(8, 16, requires_grad=True)
+    torch.manual_seed(1)
+    for block in blocks:
+        x = block(x) if checkpoint_fn is None else checkpoint_fn(block, x, **options)
+    x.sum().backward()
+    return [p.grad for block in blocks for p in block.parameters()]
+
+
+@pytest.mark.parametrize("options", [{}, {"preserve_rng_state": True}, {"use_reentrant": False}])
+def test_call_preserves_the_rng_state_as_torch_checkpoint_does_unless_told_not_to(options):
+    # torch.utils.checkpoint.checkpoint(fn, x) draws forward's dropout masks again in recompute,
+    # and so does .call() in its place: the gradients are those without checkpointing
+    plain = dropout_grads()
+    assert_bitwise(plain, dropout_grads(torch.utils.checkpoint.checkpoint, use_reentrant=False))
+    assert_bitwise(plain, dropout_grads(remat.checkpoint(region_name="block").call, **options))
+    # preserve_rng_state=False, as torch's: recompute draws new masks
+    unkept = dropout_grads(remat.checkpoint(region_name="block").call, preserve_rng_state=False)
+    assert not all(torch.equal(a, b) for a, b in zip(plain, unkept))
+
+
+def test_huggingface_gradient_checkpointing_through_call_keeps_dropouts_masks():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=16,
+                                     resid_pdrop=0.2, attn_pdrop=0.2, embd_pdrop=0.0)
+
+    def grads(checkpointed):
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config).train()
+        if checkpointed:
+            model._set_gradient_checkpointing(True, gradient_checkpointing_func=remat.checkpoint(
+                region_name="layer").call)
+        ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(3))
+        torch.manual_seed(1)
+        model(input_ids=ids, labels=ids).loss.backward()
+        return [p.grad for p in model.parameters()]
+
+    assert_bitwise(grads(False), grads(True))
+
+
 def test_call_leaves_the_functions_own_keywords_to_it():
     seen = {}
 
@@ -156,7 +210,7 @@ def test_call_leaves_the_functions_own_keywords_to_it():
 
 @pytest.mark.parametrize("options, error, message", [
     ({"use_reentrant": True}, remat.RematError, "use_reentrant=True is not supported"),
-    ({"preserve_rng_state": True}, NotImplementedError, "preserve_rng_state=True is not supported"),
+    ({"preserve_rng_state": 1}, TypeError, "preserve_rng_state must be True or False"),
     ({"determinism_check": "strict"}, remat.RematError, "determinism_check='strict' is not supported"),
     ({"early_stop": False}, remat.RematError, "early_stop=False is not supported"),
     ({"debug": True}, remat.RematError, "debug is torch.utils.checkpoint's recompute log"),
