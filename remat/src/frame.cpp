@@ -6,6 +6,7 @@
 #include "frame.hpp"
 
 #include "carried_state.hpp"
+#include "generator_states.hpp"
 #include "live_frames.hpp"
 #include "thread_state.hpp"
 
@@ -54,6 +55,22 @@ std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
     }
   }
   return nullptr;
+}
+
+// Once per checkpoint name: a recompute drew random numbers where the checkpoint keeps no RNG state.
+void warn_of_random_draws(const std::string& region_name) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(region_name).second) return;
+  }
+  TORCH_WARN("checkpoint '", region_name,
+             "' drew random numbers in recompute (dropout, or another random op outside its save regions) and keeps "
+             "no RNG state: recompute drew other numbers than forward did, so its gradients are not those without "
+             "checkpointing. Keep the generators' states with ",
+             option_name("recompute_state_hooks"), " holding ", api_name("cpu_rng_state_hook"), "() and ",
+             api_name("cuda_rng_state_hook"), "() (where it draws on CUDA), or run the random op in a save region");
 }
 
 // Notes `storage` where it is one of `frame`'s inputs' (recording input reads).
@@ -398,6 +415,9 @@ void Frame::recompute() {
     throw;
   }
 
+  // A checkpoint keeping no state (no RNG state hook) whose recompute draws random numbers draws
+  // others than forward did: said, not silent
+  const std::any generators_before = hooks.empty() ? generator_states() : std::any();
   {
     FrameOwnerScope owner(shared_from_this());
     ForwardModesScope modes_scope(modes);
@@ -430,6 +450,9 @@ void Frame::recompute() {
     context_scope.close();
   }
   restore_states(hooks, outer);
+  if (generators_before.has_value() && !same_generator_states(generators_before, generator_states())) {
+    warn_of_random_draws(options.region_name);
+  }
   if (missing != 0) {
     throw Error("recompute of checkpoint '" + options.region_name + "' recreated " +
                 std::to_string(recompute_packs) + " saved tensors but forward saved " + std::to_string(dropped) +

@@ -248,9 +248,10 @@ std::string SavedReport::format() const {
                     " region(s) " + format_bytes(region_bytes) + ", outside regions " + format_bytes(outside_bytes) + "\n";
   if (!region_groups.empty()) out += "\nregions:\n";
   for (const SavedGroup& group : region_groups) {
+    const std::int64_t each = group.storages / group.count;
     out += "  " + format_bytes(group.bytes / group.count) + "  x" + std::to_string(group.count) + "  " + group.label +
-           "  (" + std::to_string(group.storages / group.count) +
-           (group.count > 1 ? " storages each)\n" : " storages)\n");
+           "  (" + std::to_string(each) + (each == 1 ? " storage" : " storages") +
+           (group.count > 1 ? " each)\n" : ")\n");
   }
   std::int64_t outside_storages = 0;
   for (const SavedGroup& group : node_groups) outside_storages += group.storages;

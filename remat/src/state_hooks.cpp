@@ -1,5 +1,7 @@
 #include <remat/state_hooks.hpp>
 
+#include "generator_states.hpp"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -88,6 +90,40 @@ std::shared_ptr<RecomputeStateHook> cpu_rng_state_hook() { return std::make_shar
 
 namespace detail {
 std::shared_ptr<RecomputeStateHook> cuda_generators_state_hook() { return std::make_shared<CudaRngStatesHook>(); }
+
+namespace {
+struct GeneratorStates {
+  CpuRngState cpu;
+  std::vector<CudaGeneratorState> cuda;
+};
+
+bool same_engine(const at::mt19937& a, const at::mt19937& b) {
+  const at::mt19937_data_pod x = a.data(), y = b.data();
+  return x.seed_ == y.seed_ && x.left_ == y.left_ && x.seeded_ == y.seeded_ && x.next_ == y.next_ &&
+         x.state_ == y.state_;
+}
+}  // namespace
+
+std::any generator_states() {
+  return GeneratorStates{std::any_cast<CpuRngState>(CpuRngStateHook().snapshot()),
+                         std::any_cast<std::vector<CudaGeneratorState>>(CudaRngStatesHook().snapshot())};
+}
+
+bool same_generator_states(const std::any& before, const std::any& after) {
+  const auto& a = std::any_cast<const GeneratorStates&>(before);
+  const auto& b = std::any_cast<const GeneratorStates&>(after);
+  if (!same_engine(a.cpu.engine, b.cpu.engine) || a.cpu.next_float_normal_sample != b.cpu.next_float_normal_sample ||
+      a.cpu.next_double_normal_sample != b.cpu.next_double_normal_sample || a.cuda.size() != b.cuda.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < a.cuda.size(); ++i) {
+    if (a.cuda[i].device != b.cuda[i].device || a.cuda[i].seed != b.cuda[i].seed ||
+        a.cuda[i].offset != b.cuda[i].offset) {
+      return false;
+    }
+  }
+  return true;
+}
 }  // namespace detail
 
 }  // namespace remat

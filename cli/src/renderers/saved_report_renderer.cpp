@@ -47,8 +47,9 @@ Report SavedReportRenderer::summary(const DumpFile& file) const {
   // The text is exactly what SavedReport::format() prints in the training process.
   std::vector<std::string> lines;
   for (const SavedGroup& g : dump.region_groups) {
-    lines.push_back(fmt::format("  {}  x{}  {}  ({} {})", human_bytes(g.bytes / g.count), g.count, g.label,
-                                g.storages / g.count, g.count > 1 ? "storages each" : "storages"));
+    const auto each = g.storages / g.count;
+    lines.push_back(fmt::format("  {}  x{}  {}  ({} {}{})", human_bytes(g.bytes / g.count), g.count, g.label, each,
+                                each == 1 ? "storage" : "storages", g.count > 1 ? " each" : ""));
   }
   for (const SavedGroup& g : dump.node_groups) {
     lines.push_back(fmt::format("  {}  {} (x{})", human_bytes(g.bytes), g.label, g.count));

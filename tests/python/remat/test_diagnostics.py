@@ -465,3 +465,10 @@ def test_trace_scope_wrapper_keeps_the_functions_name_doc_and_method_binding():
         out = Block(3.0).forward(torch.ones(2))
     assert torch.equal(out, torch.full((2,), 3.0))
     assert trace.entries == [ScopeTrace("block.forward", None, [])]
+
+
+def test_a_region_group_of_one_storage_says_storage():
+    x = torch.rand(3, requires_grad=True)
+    loss = remat.checkpoint(region_name="one")(
+        lambda t: remat.region(lambda u: u.exp(), "keep", recompute=False)(t).sum())(x)
+    assert "  12 B  x1  one  (1 storage)\n" in remat.saved_tensors_report(loss).format()

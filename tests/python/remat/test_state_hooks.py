@@ -5,6 +5,7 @@ RNG in a hook, dropout gives bitwise the gradients it gives without checkpointin
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -235,3 +236,34 @@ def test_is_recomputing_is_true_only_while_recompute_runs_the_body():
     out.backward()
     assert seen == [False, True]
     assert remat.is_recomputing() is False
+
+
+def test_a_recompute_that_draws_random_numbers_without_a_state_hook_is_said_once_per_checkpoint():
+    """Without an RNG state hook, dropout in a recomputed region draws other masks in recompute:
+    the gradients are not those without checkpointing, and the runtime says so (once per
+    checkpoint) instead of leaving it silent. Draws in save regions are not made again, and a
+    checkpoint with the hook draws forward's."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    drop = torch.nn.Dropout(0.5)
+    x = torch.rand(4, 8, requires_grad=True)
+
+    def body(recompute):
+        return lambda t: remat.region(lambda u: drop(lin(u)).tanh(), "mlp", recompute=recompute)(t)
+
+    def said(name, recompute=True, hooks=()):
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            torch.manual_seed(1)
+            remat.checkpoint(region_name=name, recompute_state_hooks=hooks)(body(recompute))(x).sum().backward()
+            torch.manual_seed(1)
+            remat.checkpoint(region_name=name, recompute_state_hooks=hooks)(body(recompute))(x).sum().backward()
+        return [str(w.message) for w in told if "drew random numbers" in str(w.message)]
+
+    told = said("drops.unkept")
+    assert len(told) == 1 and told[0].startswith(
+        "checkpoint 'drops.unkept' drew random numbers in recompute (dropout, or another random op outside its save "
+        "regions) and keeps no RNG state"), told
+    assert "checkpoint(recompute_state_hooks=...) holding remat.cpu_rng_state_hook()" in told[0]
+    assert said("drops.kept", hooks=[remat.cpu_rng_state_hook()]) == []
+    assert said("drops.saved", recompute=False) == []
