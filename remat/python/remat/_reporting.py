@@ -51,6 +51,9 @@ def save_for_backward(ctx, saved):
     named = []
     for name, tensor in saved.items():
         name_arg("save_for_backward", "name", name)
+        if not name:  # the report's label: as torch_remat, a ValueError
+            raise ValueError("save_for_backward: a tensor's name is empty; name each tensor the report is to label, "
+                             "such as {\"lse\": lse}")
         if tensor is None:
             continue
         if not isinstance(tensor, torch.Tensor):

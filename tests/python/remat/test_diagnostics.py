@@ -127,6 +127,11 @@ def test_print_current_memory_report_writes_the_report_as_torch_remat_shows_it(c
                                        "  16 B  probs  (4,)  float32\n")
 
 
+def test_save_for_backward_refuses_an_empty_name_as_torch_remat_does():
+    with pytest.raises(ValueError, match="^save_for_backward: a tensor's name is empty"):
+        remat.save_for_backward(None, {"": torch.rand(3)})
+
+
 def test_save_for_backward_refuses_a_value_that_is_not_a_tensor_naming_its_key():
     class Saves(torch.autograd.Function):
         @staticmethod
