@@ -32,7 +32,14 @@ fi
 # against the real torch (which imports on a machine without a GPU). scikit-build-core
 # builds the pip package; pytest runs the checkpoint runtime's Python tests; transformers (about
 # 45 MB with its dependencies; tested with 5.24.0) is for remat.wrap_decoder_layers and its tests.
-python=${PYTHON:-python3}
+# Where the system Python is externally managed (PEP 668: Debian 12's), they go into the virtual
+# environment .venv in the checkout (scripts/python-env.sh), made here.
+source "$(dirname "$0")/python-env.sh"
+python=$PYTHON
+if [ "$python" = "$remat_checkout/.venv/bin/python3" ] && [ ! -x "$python" ]; then
+  echo "install-deps: the system Python is externally managed (PEP 668); making the virtual environment .venv"
+  python3 -m venv --system-site-packages "$remat_checkout/.venv"
+fi
 if "$python" - <<'PY' 2>/dev/null
 import importlib.metadata as metadata
 import re

@@ -4,26 +4,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# NAME COMMAND...: runs COMMAND, says how long it took (failed or not), returns its status.
 timed() {
-  local name=$1 start=$SECONDS
+  local name=$1 start=$SECONDS status=0
   shift
-  "$@"
+  "$@" || status=$?
   echo "test.sh: $name took $((SECONDS - start)) s"
+  return "$status"
 }
 
 timed "installing dependencies" bash scripts/install-deps.sh
-# Release, the configuration users build (pip builds it too): the tests run on what users run,
-# and its -O3, which makes GCC warn where -O2 does not, fails the build on such a warning
-# (warnings are errors here) instead of letting it reach users. Without debug information it
-# also compiles the LibTorch translation units about a third faster than RelWithDebInfo.
-BUILD_TYPE=${BUILD_TYPE:-Release} timed "the build" bash scripts/build.sh -DREMAT_BUILD_TESTS=ON
+# build.sh's Release, the configuration users build (pip builds it too): the tests run on what
+# users run, and its -O3, which makes GCC warn where -O2 does not, fails the build on such a
+# warning (warnings are errors here) instead of letting it reach users. Without debug information
+# it also compiles the LibTorch translation units about a third faster than RelWithDebInfo.
+timed "the build" bash scripts/build.sh -DREMAT_BUILD_TESTS=ON
 cd "${BUILD_DIR:-build}"
 jobs=${JOBS:-$(nproc)}  # before OMP_NUM_THREADS is set: nproc reads it
 # ctest runs tests side by side on every core, and the tests' tensors are tiny: PyTorch's intra-op
 # threads would only wait for each other (its OpenMP workers spin while a compiler holds the other
 # core, which made a thousand-step CPU test take 420 s instead of 4).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-timed "the tests" ctest --output-on-failure -j "$jobs" --timeout 900
+# A failing run still prints its time and the slowest tests, then fails.
+status=0
+timed "the tests" ctest --output-on-failure -j "$jobs" --timeout 900 || status=$?
 echo "test.sh: the slowest tests (seconds):"
 # awk stops printing, not reading, after twelve: with pipefail, an early exit would fail the run.
 sort -k3 -g -r Testing/Temporary/CTestCostData.txt | awk 'NF == 3 && shown++ < 12 { printf "  %7.1f  %s\n", $3, $1 }'
+exit "$status"

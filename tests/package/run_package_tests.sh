@@ -18,6 +18,12 @@ mkdir -p "$work"
 # build uses the scikit-build-core, CMake and Ninja already installed.
 "$python" -m venv --system-site-packages "$work/venv"
 venv_python=$work/venv/bin/python
+# Where PYTHON is itself a virtual environment (scripts/python-env.sh makes .venv where the system
+# Python is externally managed), its packages are not the "system" ones a venv made from it sees:
+# they are added after the new environment's own, so that torch is found and remat is the one
+# installed here.
+"$python" -c 'import site; print("\n".join(site.getsitepackages()))' \
+  > "$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer-environment.pth"
 # Run by ctest beside a build of the same checkout, the wheel is built with that build's
 # compilers and warnings-as-errors setting (stricter than a user's default, never looser), from
 # scratch in a folder beside it: each unit's compile command is then the build's, so ccache
@@ -26,10 +32,10 @@ venv_python=$work/venv/bin/python
 pip_options=()
 if [ -n "${REMAT_PACKAGE_BUILD_DIR:-}" ]; then
   rm -rf "$REMAT_PACKAGE_BUILD_DIR"
-  pip_options+=(-C "build-dir=$REMAT_PACKAGE_BUILD_DIR")
-  [ -z "${REMAT_PACKAGE_CXX:-}" ] || pip_options+=(-C "cmake.define.CMAKE_CXX_COMPILER=$REMAT_PACKAGE_CXX")
-  [ -z "${REMAT_PACKAGE_CC:-}" ] || pip_options+=(-C "cmake.define.CMAKE_C_COMPILER=$REMAT_PACKAGE_CC")
-  [ -z "${REMAT_PACKAGE_WERROR:-}" ] || pip_options+=(-C "cmake.define.REMAT_WERROR=$REMAT_PACKAGE_WERROR")
+  pip_options+=(--config-settings="build-dir=$REMAT_PACKAGE_BUILD_DIR")
+  [ -z "${REMAT_PACKAGE_CXX:-}" ] || pip_options+=(--config-settings="cmake.define.CMAKE_CXX_COMPILER=$REMAT_PACKAGE_CXX")
+  [ -z "${REMAT_PACKAGE_CC:-}" ] || pip_options+=(--config-settings="cmake.define.CMAKE_C_COMPILER=$REMAT_PACKAGE_CC")
+  [ -z "${REMAT_PACKAGE_WERROR:-}" ] || pip_options+=(--config-settings="cmake.define.REMAT_WERROR=$REMAT_PACKAGE_WERROR")
 fi
 if ! "$venv_python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index \
     "${pip_options[@]}" "$source_dir" > "$work/pip.log" 2>&1; then

@@ -1,0 +1,21 @@
+# Sourced by the scripts: sets PYTHON, the interpreter the project installs its Python packages
+# into (install-deps.sh), builds the extension against and tests with (build.sh):
+#   - PYTHON when it is set;
+#   - else python3, when it is a virtual environment's or its installation lets pip install;
+#   - else (an externally managed Python, PEP 668, as Debian 12's is: pip refuses to install into
+#     it) the virtual environment .venv in the checkout, which install-deps.sh makes, seeing the
+#     system's packages. Its bin/ then goes first on PATH, so CMake and the tests find it too.
+remat_checkout=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null || echo python3)  # not a shim's path
+  if "$PYTHON" - <<'PY' 2>/dev/null
+import os, sys, sysconfig
+in_venv = sys.prefix != sys.base_prefix
+sys.exit(0 if not in_venv and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)
+PY
+  then
+    PYTHON=$remat_checkout/.venv/bin/python3
+    export PATH=$remat_checkout/.venv/bin:$PATH
+  fi
+fi
+export PYTHON
