@@ -33,12 +33,12 @@ fi
 # builds the pip package; pytest runs the checkpoint runtime's Python tests; transformers (about
 # 45 MB with its dependencies; tested with 5.24.0) is for remat.wrap_decoder_layers and its tests.
 # Where the system Python is externally managed (PEP 668: Debian 12's), they go into the virtual
-# environment .venv in the checkout (scripts/python-env.sh), made here.
+# environment REMAT_VENV (scripts/python-env.sh), made here.
 source "$(dirname "$0")/python-env.sh"
 python=$PYTHON
-if [ "$python" = "$remat_checkout/.venv/bin/python3" ] && [ ! -x "$python" ]; then
-  echo "install-deps: the system Python is externally managed (PEP 668); making the virtual environment .venv"
-  python3 -m venv --system-site-packages "$remat_checkout/.venv"
+if [ "$python" = "$REMAT_VENV/bin/python3" ] && [ ! -x "$python" ]; then
+  echo "install-deps: the system Python is externally managed (PEP 668); making the virtual environment $REMAT_VENV"
+  python3 -m venv --system-site-packages "$REMAT_VENV"
 fi
 if "$python" - <<'PY' 2>/dev/null
 import importlib.metadata as metadata

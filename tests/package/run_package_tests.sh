@@ -18,7 +18,7 @@ mkdir -p "$work"
 # build uses the scikit-build-core, CMake and Ninja already installed.
 "$python" -m venv --system-site-packages "$work/venv"
 venv_python=$work/venv/bin/python
-# Where PYTHON is itself a virtual environment (scripts/python-env.sh makes .venv where the system
+# Where PYTHON is itself a virtual environment (scripts/python-env.sh makes one where the system
 # Python is externally managed), its packages are not the "system" ones a venv made from it sees:
 # they are added after the new environment's own, so that torch is found and remat is the one
 # installed here.

@@ -763,6 +763,17 @@ class FitState:
         self._versions = [p._version for p in self._parameters()]
         self.position += 1
         self.expect_optimizer = self.cycle is not None and self.position >= self.cycle
+        try:
+            return self._step_context(signature, start)
+        except ValueError:
+            # Refused before its forward: no micro-batch ran (a loop that catches the error and skips
+            # the batch keeps its accumulation count)
+            self.position -= 1
+            self._versions = None
+            raise
+
+    def _step_context(self, signature, start):
+        """begin_step's context for a step with `signature` that begins with `start` bytes."""
         if self.latest is None:
             return self._profile_step(signature)
         known = self.profiles.get(signature)

@@ -261,3 +261,25 @@ def test_a_parameter_first_given_a_gradient_in_a_later_cycle_is_in_every_predict
     assert_within_budget_and_predicted(rows, budget, free)
     assert [m for m in told if "remat.fit" in m] == [m for m in told if "the profiled step" in m]  # only that
     assert "late" not in state.latest.made and "layers.0.attn.weight" in state.latest.made
+
+
+def test_a_refused_micro_batch_the_loop_skips_is_not_counted_in_the_cycle():
+    """A micro-batch refused before its forward (16x the rows, no plan fits) and skipped by the loop
+    ran nothing: the optimizer stepping after the two micro-batches that ran is the same cycle, not
+    a changed accumulation count."""
+    budget = budget_between_least_and_all_saved()
+    with fit_loop.fitted(lambda: Model(True), budget) as (model, told):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        number = 0
+        for cycle in range(3):
+            for position in range(2):
+                if (cycle, position) == (1, 1):
+                    with pytest.raises(ValueError, match="no plan keeps this step within the budget"):
+                        model(micro_batch(99, batch=BATCH * 16))
+                (model(micro_batch(number)) / 2).backward()
+                number += 1
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        state = fit_loop.unfit(model, micro_batch(0))
+    assert state.cycle == 2
+    assert not [w for w in told if "accumulation count changed" in str(w.message)]
