@@ -7,9 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include "random_step.hpp"
 #include "two_checkpoints.hpp"
 
+#include <algorithm>
+#include <cstdint>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace remat::budget {
@@ -243,6 +248,58 @@ TEST(StepPeak, CastsAutocastHoldsStayThroughTheForwardWhateverThePlan) {
   EXPECT_NE(refusal_of(profile).find("$.step.checkpoints[0].regions[0].autocast_cached: storage 7 is not among"),
             std::string::npos)
       << refusal_of(profile);
+}
+
+// The search takes plans by their recompute time and stops after the fastest within the peak: on
+// small random steps with pinned regions, the same plan as weighing every plan, and the least peak
+// of them all.
+TEST(StepPeak, TheSearchFindsTheBestOfEveryPlanOnSmallRandomSteps) {
+  std::mt19937_64 rng(47);
+  int planned = 0, refused = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    RegionProfile profile = fixtures::random_step(rng, {1 + rng() % 4, 3, trial % 2 == 0}, [](auto&&...) {});
+    for (RegionCost& region : profile.regions) {
+      if (region.must_save.empty() && rng() % 8 == 0) region.must_recompute = "a test pin";
+    }
+    const std::size_t n = profile.regions.size();
+    std::uint64_t least = UINT64_MAX;
+    std::vector<std::pair<std::uint64_t, double>> plans;  // (peak, seconds) of each plan the pins allow
+    for (std::uint64_t mask = 0; mask < (std::uint64_t{1} << n); ++mask) {
+      std::vector<Choice> choices(n);
+      double seconds = 0;
+      bool pinned = true;
+      for (std::size_t r = 0; r < n; ++r) {
+        const bool recompute = (mask >> r) & 1;
+        choices[r] = recompute ? Choice::recompute : Choice::save;
+        pinned =
+            pinned && !(recompute ? !profile.regions[r].must_save.empty() : !profile.regions[r].must_recompute.empty());
+        if (recompute) seconds += profile.regions[r].seconds;
+      }
+      if (!pinned) continue;
+      plans.emplace_back(predict_step_peak(profile, choices), seconds);
+      least = std::min(least, plans.back().first);
+    }
+    EXPECT_EQ(least_step_peak(profile), least) << trial;
+    const std::uint64_t most = profile.step->peak_bytes + 500;
+    const std::uint64_t peak = rng() % 6 == 0 ? least - 1 : least + rng() % (most - least + 1);
+    double best = -1;
+    for (const auto& [plan_peak, seconds] : plans) {
+      if (plan_peak <= peak && (best < 0 || seconds < best)) best = seconds;
+    }
+    if (best < 0) {
+      EXPECT_THROW(solve_peak(profile, peak), BudgetError) << trial;
+      ++refused;
+      continue;
+    }
+    const Plan plan = solve_peak(profile, peak);
+    ASSERT_TRUE(plan.exact) << trial;
+    EXPECT_NEAR(plan.recompute_seconds, best, 1e-9 * (1 + best)) << trial;
+    EXPECT_LE(plan.peak_bytes, peak) << trial;
+    EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices_of(plan))) << trial;
+    ++planned;
+  }
+  EXPECT_GT(planned, 100);
+  EXPECT_GT(refused, 5);
 }
 
 }  // namespace

@@ -179,7 +179,7 @@ struct PeakSearch {
   std::vector<Choice> best;  // the least recompute time within the peak; empty where none fits
   std::uint64_t best_peak = 0;
   double best_seconds = std::numeric_limits<double>::infinity();
-  std::vector<Choice> lowest;  // the least peak of all
+  std::vector<Choice> lowest;  // the least peak of the plans weighed (all of them where none fits)
   std::uint64_t lowest_peak = std::numeric_limits<std::uint64_t>::max();
   bool every_plan = false;
 };
@@ -230,10 +230,32 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   };
   found.every_plan = n <= kEveryPlanUpTo;
   if (found.every_plan) {
-    std::vector<Choice> choices(n);
-    for (std::uint64_t mask = 0; mask < (std::uint64_t{1} << n); ++mask) {
-      for (std::size_t r = 0; r < n; ++r) choices[r] = (mask >> r) & 1 ? Choice::recompute : Choice::save;
-      consider(choices);
+    // Every plan, by its recompute time (ties in the order of their masks): the first within the
+    // peak is the fastest, and only those as fast are weighed after it, for the lower peak. A peak
+    // no plan meets weighs them all, so the least peak is the least of all (least_step_peak asks 0:
+    // in any order).
+    // A mask's bits are the regions no pin decides, in their order.
+    std::vector<std::size_t> open;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (profile.regions[r].must_save.empty() && profile.regions[r].must_recompute.empty()) open.push_back(r);
+    }
+    const auto plan_of_mask = [&](std::uint64_t mask) {
+      std::vector<Choice> choices(n);
+      for (std::size_t r = 0; r < n; ++r) {  // pinned as consider() pins them
+        choices[r] = profile.regions[r].must_recompute.empty() ? Choice::save : Choice::recompute;
+      }
+      for (std::size_t b = 0; b < open.size(); ++b)
+        choices[open[b]] = (mask >> b) & 1 ? Choice::recompute : Choice::save;
+      return choices;
+    };
+    std::vector<std::pair<double, std::uint64_t>> by_seconds(std::size_t{1} << open.size());
+    for (std::uint64_t mask = 0; mask < by_seconds.size(); ++mask) {
+      by_seconds[mask] = {recompute_seconds(profile, plan_of_mask(mask)), mask};
+    }
+    if (peak_bytes > 0) std::sort(by_seconds.begin(), by_seconds.end());
+    for (const auto& [seconds, mask] : by_seconds) {
+      if (seconds > found.best_seconds) break;
+      consider(plan_of_mask(mask));
     }
   } else {
     consider(std::vector<Choice>(n, Choice::recompute));

@@ -267,3 +267,34 @@ def test_a_recompute_that_draws_random_numbers_without_a_state_hook_is_said_once
     assert "checkpoint(recompute_state_hooks=...) holding remat.cpu_rng_state_hook()" in told[0]
     assert said("drops.kept", hooks=[remat.cpu_rng_state_hook()]) == []
     assert said("drops.saved", recompute=False) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("made, warned", [("torch.ones(1, device='cuda')", False),
+                                          ("torch.rand(1, device='cuda')", True)])
+def test_a_recompute_that_first_starts_cuda_warns_only_where_it_draws_there(made, warned):
+    """Forward on CPU tensors with no CUDA context; the recompute starts one (a CUDA tensor made
+    there). A generator that did not exist at the snapshot drew nothing unless its offset moved:
+    no warning for a tensor of ones, one for a random one. In a process of its own, where nothing
+    used CUDA before."""
+    script = textwrap.dedent(f"""
+        import warnings
+        import torch
+        import remat
+
+        calls = []
+        def body(t):
+            calls.append(1)
+            if len(calls) == 2:  # in recompute only
+                {made}
+            return t.exp()
+
+        x = torch.rand(8, requires_grad=True)
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            remat.checkpoint(region_name="starts.cuda")(body)(x).sum().backward()
+        assert len(calls) == 2 and torch.cuda.is_initialized(), calls
+        print(sum("drew random numbers" in str(w.message) for w in told))
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == str(int(warned)), done.stdout + done.stderr
