@@ -857,23 +857,31 @@ class FitState:
         # What is offloaded scales with the step as the rest does: the profile's regions plan
         # within the host budget shrunk as the step grew
         host = int(self.host_budget / ratio) if self.host_budget else None
-        least_now = source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio, absent, after, extra)
         # An optimizer step after this one (expected, or where the accumulation count changes)
         # must fit too: no plan changes it, so the worst micro-batch is checked before every one
         optimizer = self._optimizer_peak(source, base, ratio, absent, extra)
         reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
-        # A plan a step with these inputs ran under, scaled from this profile, within the budget: what
-        # it measured above its start beats the scaled prediction where the least plan is refused
-        ran = self.measured_plans.get((signature, source.signature)) if ratio != 1.0 else None
-        if ran is not None and max(least_now, optimizer) + reserve > self.budget >= max(base + ran[1] + extra, optimizer):
-            plan, predicted = ran[0], base + ran[1] + extra
-        else:
-            if max(least_now, optimizer) + reserve > self.budget:
-                self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
-                             optimizer=optimizer > least_now)
+        try:
             plan = planned.plan(peak_bytes=source.origin(ratio) + int((self.budget - reserve - base - extra) / ratio),
                                 host_budget_bytes=host)
             predicted = source.peak(plan.peak_bytes, base, ratio, absent, after, extra)
+        except ValueError:  # no plan's peak is that low: the least plan's is over the budget too
+            plan = predicted = None
+        # The least plan's peak (a search of every plan where the profile is small) only where the
+        # fastest plan within the budget is not predicted within it: a measured plan is taken
+        # instead, or the step is refused
+        if plan is None or max(predicted, optimizer) + reserve > self.budget:
+            least_now = source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio, absent, after,
+                                    extra)
+            # A plan a step with these inputs ran under, scaled from this profile, within the budget:
+            # what it measured above its start beats the scaled prediction where the least plan is refused
+            ran = self.measured_plans.get((signature, source.signature)) if ratio != 1.0 else None
+            if ran is not None and max(least_now, optimizer) + reserve > self.budget >= \
+                    max(base + ran[1] + extra, optimizer):
+                plan, predicted = ran[0], base + ran[1] + extra
+            elif plan is None or max(least_now, optimizer) + reserve > self.budget:
+                self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
+                             optimizer=optimizer > least_now)
         if self.expect_optimizer:
             predicted = max(predicted, optimizer)
         self.optimizer_peak_bytes = optimizer or None
