@@ -480,8 +480,8 @@ class RegionProfile:
         answers. A plan proved the fastest within a larger peak is the fastest within every peak
         from its own up to that one (the plans within the smaller are among those within the larger,
         it among them), so a loop planning every step (remat.fit, whose peak moves with what each
-        step begins with) searches once a shape, not once a step (a search of 16 regions weighs
-        every one of 65536 plans). A plan not proved answers only the peak it was made for."""
+        step begins with) searches once a shape, not once a step. A plan not proved answers only the
+        peak it was made for."""
         made = self._peak_plans.setdefault(key, [])
         for asked, peak, proved, text in made:
             if asked == peak_bytes:
