@@ -767,9 +767,8 @@ class FitState:
             return self._step_context(signature, start)
         except ValueError:
             # Refused before its forward: no micro-batch ran (a loop that catches the error and skips
-            # the batch keeps its accumulation count)
+            # the batch keeps its accumulation count; an optimizer step after it is still seen)
             self.position -= 1
-            self._versions = None
             raise
 
     def _step_context(self, signature, start):

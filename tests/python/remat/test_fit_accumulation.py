@@ -263,23 +263,36 @@ def test_a_parameter_first_given_a_gradient_in_a_later_cycle_is_in_every_predict
     assert "late" not in state.latest.made and "layers.0.attn.weight" in state.latest.made
 
 
-def test_a_refused_micro_batch_the_loop_skips_is_not_counted_in_the_cycle():
-    """A micro-batch refused before its forward (16x the rows, no plan fits) and skipped by the loop
-    ran nothing: the optimizer stepping after the two micro-batches that ran is the same cycle, not
-    a changed accumulation count."""
-    budget = budget_between_least_and_all_saved()
+def train_skipping_refused(budget, refused_at, counts=(2, 2, 2)):
+    """Cycles of counts[i] micro-batches, then optimizer.step(); at each (cycle, position) of
+    `refused_at` a micro-batch of 16x the rows comes first, refused before its forward (no plan
+    fits) and skipped by the loop, as a loop that catches the error does. Fit's warnings and state."""
     with fit_loop.fitted(lambda: Model(True), budget) as (model, told):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         number = 0
-        for cycle in range(3):
-            for position in range(2):
-                if (cycle, position) == (1, 1):
+        for cycle, count in enumerate(counts):
+            for position in range(count):
+                if (cycle, position) in refused_at:
                     with pytest.raises(ValueError, match="no plan keeps this step within the budget"):
                         model(micro_batch(99, batch=BATCH * 16))
-                (model(micro_batch(number)) / 2).backward()
+                    if position == count - 1:
+                        break  # the cycle's last batch was refused: the loop steps after the ones that ran
+                (model(micro_batch(number)) / count).backward()
                 number += 1
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         state = fit_loop.unfit(model, micro_batch(0))
-    assert state.cycle == 2
-    assert not [w for w in told if "accumulation count changed" in str(w.message)]
+    return [str(w.message) for w in told if "accumulation count changed" in str(w.message)], state
+
+
+def test_a_refused_micro_batch_the_loop_skips_is_not_counted_in_the_cycle():
+    """A refused micro-batch ran nothing. Skipped before a cycle's first, the optimizer stepping
+    after the two that ran is the same cycle; skipped as a cycle's last, the optimizer stepping
+    after the one that ran is seen there: a cycle of 1, then 2 again (not 3, with the next cycle's)."""
+    budget = budget_between_least_and_all_saved()
+    changed, state = train_skipping_refused(budget, {(1, 0)})
+    assert changed == [] and state.cycle == 2
+    changed, state = train_skipping_refused(budget, {(1, 1)})
+    assert len(changed) == 2 and state.cycle == 2, changed
+    assert "after 1 micro-batch(es) where it stepped after 2" in changed[0]
+    assert "after 2 micro-batch(es) where it stepped after 1" in changed[1]
