@@ -32,10 +32,12 @@ venv_python=$work/venv/bin/python
 pip_options=()
 if [ -n "${REMAT_PACKAGE_BUILD_DIR:-}" ]; then
   rm -rf "$REMAT_PACKAGE_BUILD_DIR"
-  pip_options+=(--config-settings="build-dir=$REMAT_PACKAGE_BUILD_DIR")
-  [ -z "${REMAT_PACKAGE_CXX:-}" ] || pip_options+=(--config-settings="cmake.define.CMAKE_CXX_COMPILER=$REMAT_PACKAGE_CXX")
-  [ -z "${REMAT_PACKAGE_CC:-}" ] || pip_options+=(--config-settings="cmake.define.CMAKE_C_COMPILER=$REMAT_PACKAGE_CC")
-  [ -z "${REMAT_PACKAGE_WERROR:-}" ] || pip_options+=(--config-settings="cmake.define.REMAT_WERROR=$REMAT_PACKAGE_WERROR")
+  # --config-settings, not its short form -C, which pip gained only in 23.1 (Debian 12 has 23.0.1)
+  setting() { pip_options+=(--config-settings="$1"); }
+  setting "build-dir=$REMAT_PACKAGE_BUILD_DIR"
+  [ -z "${REMAT_PACKAGE_CXX:-}" ] || setting "cmake.define.CMAKE_CXX_COMPILER=$REMAT_PACKAGE_CXX"
+  [ -z "${REMAT_PACKAGE_CC:-}" ] || setting "cmake.define.CMAKE_C_COMPILER=$REMAT_PACKAGE_CC"
+  [ -z "${REMAT_PACKAGE_WERROR:-}" ] || setting "cmake.define.REMAT_WERROR=$REMAT_PACKAGE_WERROR"
 fi
 if ! "$venv_python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index \
     "${pip_options[@]}" "$source_dir" > "$work/pip.log" 2>&1; then
