@@ -74,6 +74,7 @@ if(REMAT_TORCH_DIR AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cpu.so" AND EXIST
     message(STATUS "remat: LibTorch CUDA libraries found; building remat::cuda")
   endif()
 else()
-  message(STATUS "remat: LibTorch not found (pip install torch==2.11.0, or -DREMAT_TORCH_DIR=...); "
-                 "skipping the checkpoint runtime")
+  message(STATUS "remat: LibTorch not found: ${Python3_EXECUTABLE} cannot import torch (scripts/install-deps.sh "
+                 "installs torch==2.11.0; or configure with -DPython3_EXECUTABLE=<a Python that imports torch>, or "
+                 "-DREMAT_TORCH_DIR=<its site-packages/torch>); skipping the checkpoint runtime")
 endif()

@@ -2,6 +2,7 @@
 # Installs everything the project builds and tests with, from Debian packages. Idempotent:
 # installs only what is missing, and runs apt-get update only when it must install.
 set -euo pipefail
+cd "$(dirname "$0")/.."  # as build.sh: the same python3 (a pyenv .python-version here counts)
 
 packages=(
   build-essential cmake ninja-build ccache git
@@ -34,11 +35,12 @@ fi
 # 45 MB with its dependencies; tested with 5.24.0) is for remat.wrap_decoder_layers and its tests.
 # Where the system Python is externally managed (PEP 668: Debian 12's), they go into the virtual
 # environment REMAT_VENV (scripts/python-env.sh), made here.
-source "$(dirname "$0")/python-env.sh"
+source scripts/python-env.sh
 python=$PYTHON
-if [ "$python" = "$REMAT_VENV/bin/python3" ] && [ ! -x "$python" ]; then
+if [ "$REMAT_MADE_VENV" = 1 ] && ! "$python" -m pip --version >/dev/null 2>&1; then
+  # Made afresh where it is missing or broken (its making interrupted, its Python upgraded)
   echo "install-deps: the system Python is externally managed (PEP 668); making the virtual environment $REMAT_VENV"
-  python3 -m venv --system-site-packages "$REMAT_VENV"
+  python3 -m venv --clear --system-site-packages "$REMAT_VENV"
 fi
 if "$python" - <<'PY' 2>/dev/null
 import importlib.metadata as metadata
@@ -61,8 +63,22 @@ sys.exit(0 if ok else 1)
 PY
 then
   echo "install-deps: torch 2.11.0, scikit-build-core, pytest and transformers present"
+elif remat_externally_managed "$python"; then
+  echo "install-deps: PYTHON=$python is externally managed (PEP 668), so pip may not install torch and the rest" \
+    "into it: unset PYTHON to install into the virtual environment REMAT_VENV (default ~/.local/share/remat/venv)," \
+    "or set PYTHON to a virtual environment's python" >&2
+  exit 1
+elif ! "$python" -m pip --version >/dev/null 2>&1; then
+  echo "install-deps: $python has no pip to install torch and the rest with: set PYTHON to a Python that has it" \
+    "(or to a virtual environment's python)" >&2
+  exit 1
 else
-  echo "install-deps: installing torch==2.11.0 with its dependencies, scikit-build-core, pytest and transformers from PyPI"
+  echo "install-deps: installing torch==2.11.0 with its dependencies (about 4.6 GB), scikit-build-core, pytest and" \
+    "transformers from PyPI into $python"
   "$python" -m pip install --quiet --disable-pip-version-check torch==2.11.0 "scikit-build-core>=0.10" pytest \
     transformers==5.24.0
+fi
+if [ "$REMAT_MADE_VENV" = 1 ]; then
+  echo "install-deps: the build and the tests use $python (source $REMAT_VENV/bin/activate to use it yourself;" \
+    "a REMAT_VENV given here must be given to build.sh and test.sh too)"
 fi

@@ -51,7 +51,8 @@ fi
 echo "the wheel's configure with REMAT_WITH_TORCH=OFF succeeds"
 
 # pip itself, from an environment that has torch (as the user's does), with build isolation.
-"$python" -m venv --system-site-packages "$work/venv"
+source "$source_dir/tests/package/make_venv.sh"
+make_venv "$python" "$work/venv"
 status=0
 timeout 600 "$work/venv/bin/python" -m pip install --disable-pip-version-check --no-deps --timeout 15 --retries 1 \
   --config-settings=build-dir="$work/wheel-build" "$source_dir" > "$work/pip.log" 2>&1 || status=$?

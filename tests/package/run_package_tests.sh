@@ -14,16 +14,11 @@ python=${3:-python3}
 source "$source_dir/scripts/ccache-env.sh"
 rm -rf "$work"
 mkdir -p "$work"
-# The environment's torch stays visible (--system-site-packages); nothing is downloaded: the
-# build uses the scikit-build-core, CMake and Ninja already installed.
-"$python" -m venv --system-site-packages "$work/venv"
+# The environment's torch stays visible (make_venv); nothing is downloaded: the build uses the
+# scikit-build-core, CMake and Ninja already installed.
+source "$source_dir/tests/package/make_venv.sh"
+make_venv "$python" "$work/venv"
 venv_python=$work/venv/bin/python
-# Where PYTHON is itself a virtual environment (scripts/python-env.sh makes one where the system
-# Python is externally managed), its packages are not the "system" ones a venv made from it sees:
-# they are added after the new environment's own, so that torch is found and remat is the one
-# installed here.
-"$python" -c 'import site; print("\n".join(site.getsitepackages()))' \
-  > "$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer-environment.pth"
 # Run by ctest beside a build of the same checkout, the wheel is built with that build's
 # compilers and warnings-as-errors setting (stricter than a user's default, never looser), from
 # scratch in a folder beside it: each unit's compile command is then the build's, so ccache
