@@ -14,7 +14,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 using namespace remat::alloc;
 using namespace remat::alloc::testing;
@@ -22,10 +24,23 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The folders fresh_dir() made, removed when the test program ends.
+struct MadeDirs {
+  std::vector<fs::path> paths;
+  ~MadeDirs() {
+    for (const fs::path& path : paths) {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  }
+};
+
 fs::path fresh_dir(const std::string& name) {
+  static MadeDirs made;
   const fs::path dir = fs::temp_directory_path() / ("remat-oom-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
+  made.paths.push_back(dir);
   return dir;
 }
 

@@ -7,7 +7,11 @@ set -euo pipefail
 report=${1:?usage: render_png.sh REMAT_REPORT [DUMP] [OUT_DIR]}
 here=$(cd "$(dirname "$0")" && pwd)
 dump=${2:-$here/data/trace.jsonl}
-out=${3:-$(mktemp -d)}
+out=${3:-}
+if [[ -z $out ]]; then  # a folder of its own, removed at the end
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+fi
 browser=""
 for candidate in chromium chromium-browser google-chrome; do
   if command -v "$candidate" >/dev/null 2>&1; then browser=$candidate; break; fi

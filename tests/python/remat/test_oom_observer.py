@@ -778,8 +778,10 @@ def test_a_second_copy_of_the_allocators_library_is_refused_naming_both(tmp_path
 
 
 _REMOVAL_UNDER_CONTENTION = """
-import os, sys, tempfile, threading, time
-os.environ["REMAT_ALLOC_CONF"] = "host_capacity_mb:64,oom_dump_interval_ms:0,oom_dump_dir:" + tempfile.mkdtemp()
+import atexit, os, shutil, sys, tempfile, threading, time
+dumps = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, dumps, True)
+os.environ["REMAT_ALLOC_CONF"] = "host_capacity_mb:64,oom_dump_interval_ms:0,oom_dump_dir:" + dumps
 import torch, remat, remat_alloc
 both_in = threading.Barrier(2, timeout=20)
 ids, calls = {}, []
