@@ -233,8 +233,7 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
     // Every plan, by its recompute time (ties in the order of their masks): the first within the
     // peak is the fastest, and only those as fast are weighed after it, for the lower peak. A peak
     // no plan meets weighs them all, so the least peak is the least of all (least_step_peak asks 0:
-    // in any order).
-    // A mask's bits are the regions no pin decides, in their order.
+    // in any order). A mask's bits are the regions no pin decides, in their order.
     std::vector<std::size_t> open;
     for (std::size_t r = 0; r < n; ++r) {
       if (profile.regions[r].must_save.empty() && profile.regions[r].must_recompute.empty()) open.push_back(r);
@@ -244,8 +243,9 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
       for (std::size_t r = 0; r < n; ++r) {  // pinned as consider() pins them
         choices[r] = profile.regions[r].must_recompute.empty() ? Choice::save : Choice::recompute;
       }
-      for (std::size_t b = 0; b < open.size(); ++b)
+      for (std::size_t b = 0; b < open.size(); ++b) {
         choices[open[b]] = (mask >> b) & 1 ? Choice::recompute : Choice::save;
+      }
       return choices;
     };
     std::vector<std::pair<double, std::uint64_t>> by_seconds(std::size_t{1} << open.size());
