@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -417,7 +418,8 @@ void Frame::recompute() {
 
   // A checkpoint keeping no state (no RNG state hook) whose recompute draws random numbers draws
   // others than forward did: said, not silent
-  const std::any generators_before = hooks.empty() ? generator_states() : std::any();
+  const std::optional<GeneratorMarks> generators_before =
+      hooks.empty() ? std::optional(generator_marks()) : std::nullopt;
   {
     FrameOwnerScope owner(shared_from_this());
     ForwardModesScope modes_scope(modes);
@@ -450,7 +452,7 @@ void Frame::recompute() {
     context_scope.close();
   }
   restore_states(hooks, outer);
-  if (generators_before.has_value() && !same_generator_states(generators_before, generator_states())) {
+  if (generators_before && !same_generator_marks(*generators_before, generator_marks())) {
     warn_of_random_draws(options.region_name);
   }
   if (missing != 0) {

@@ -269,6 +269,27 @@ def test_a_recompute_that_draws_random_numbers_without_a_state_hook_is_said_once
     assert said("drops.saved", recompute=False) == []
 
 
+@pytest.mark.parametrize("draws", [1, 623, 624, 625, 1248])
+def test_a_recompute_drawing_any_count_of_numbers_is_said_a_whole_turn_of_the_engine_too(draws):
+    """The check reads where the CPU engine is, not its whole state: `draws` numbers drawn in
+    recompute only (randint below 2**32 takes one 32-bit number an element) are said, 624 and 1248
+    among them, which bring the engine back to where it was in a state made anew."""
+    calls = []
+
+    def body(t):
+        calls.append(1)
+        if len(calls) == 2:  # in recompute only
+            torch.randint(0, 10, (draws,))
+        return t.exp()
+
+    x = torch.rand(8, requires_grad=True)
+    with warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        remat.checkpoint(region_name=f"draws.{draws}")(body)(x).sum().backward()
+    assert len(calls) == 2
+    assert sum("drew random numbers" in str(w.message) for w in told) == 1
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("made, warned", [("torch.ones(1, device='cuda')", False),
                                           ("torch.rand(1, device='cuda')", True)])
