@@ -5,15 +5,18 @@
 # Override the location with -DREMAT_TORCH_DIR=/path/to/site-packages/torch.
 
 set(REMAT_TORCH_DIR "" CACHE PATH "The torch package directory (site-packages/torch)")
-if(NOT REMAT_TORCH_DIR)
-  find_package(Python3 COMPONENTS Interpreter QUIET)
-  if(Python3_Interpreter_FOUND)
-    execute_process(
-      COMMAND ${Python3_EXECUTABLE} -c
-        "import importlib.util, os; s = importlib.util.find_spec('torch'); print(os.path.dirname(s.origin) if s else '')"
-      OUTPUT_VARIABLE _torch_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-    set(REMAT_TORCH_DIR "${_torch_dir}" CACHE PATH "The torch package directory (site-packages/torch)" FORCE)
-  endif()
+# Found from the interpreter's torch: again where the interpreter changed since (a build folder
+# configured with another Python keeps no other environment's torch), unless the folder was given.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND AND (NOT REMAT_TORCH_DIR OR ("${REMAT_TORCH_DIR}" STREQUAL "${_REMAT_TORCH_DIR_FOUND}"
+                                  AND NOT "${Python3_EXECUTABLE}" STREQUAL "${_REMAT_TORCH_DIR_FROM}")))
+  execute_process(
+    COMMAND ${Python3_EXECUTABLE} -c
+      "import importlib.util, os; s = importlib.util.find_spec('torch'); print(os.path.dirname(s.origin) if s else '')"
+    OUTPUT_VARIABLE _torch_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  set(REMAT_TORCH_DIR "${_torch_dir}" CACHE PATH "The torch package directory (site-packages/torch)" FORCE)
+  set(_REMAT_TORCH_DIR_FOUND "${_torch_dir}" CACHE INTERNAL "REMAT_TORCH_DIR as found, not given")
+  set(_REMAT_TORCH_DIR_FROM "${Python3_EXECUTABLE}" CACHE INTERNAL "The interpreter it was found from")
 endif()
 
 # LibTorch's libraries load the shared libstdc++; a program that links them must use that one
@@ -74,7 +77,12 @@ if(REMAT_TORCH_DIR AND EXISTS "${REMAT_TORCH_DIR}/lib/libtorch_cpu.so" AND EXIST
     message(STATUS "remat: LibTorch CUDA libraries found; building remat::cuda")
   endif()
 else()
-  message(STATUS "remat: LibTorch not found: ${Python3_EXECUTABLE} cannot import torch (scripts/install-deps.sh "
+  if(REMAT_TORCH_DIR)
+    set(_torch_missing "no LibTorch in REMAT_TORCH_DIR=${REMAT_TORCH_DIR}")
+  else()
+    set(_torch_missing "${Python3_EXECUTABLE} cannot import torch")
+  endif()
+  message(STATUS "remat: LibTorch not found: ${_torch_missing} (scripts/install-deps.sh "
                  "installs torch==2.11.0; or configure with -DPython3_EXECUTABLE=<a Python that imports torch>, or "
                  "-DREMAT_TORCH_DIR=<its site-packages/torch>); skipping the checkpoint runtime")
 endif()

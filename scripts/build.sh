@@ -10,23 +10,19 @@ source scripts/ccache-env.sh
 source scripts/python-env.sh
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
-# LibTorch from the torch this Python imports, each time: a build folder configured with another
-# Python keeps no other environment's torch (with -DREMAT_WITH_TORCH=OFF none is needed)
-torch_dir=$("$PYTHON" -c 'import importlib.util, os; s = importlib.util.find_spec("torch")
-print(os.path.dirname(s.origin) if s else "")' 2>/dev/null) || {
+# CMake finds LibTorch from this Python's torch (cmake/RematTorch.cmake); with -DREMAT_WITH_TORCH=OFF
+# none is needed
+has_torch=$("$PYTHON" -c 'import importlib.util; print(importlib.util.find_spec("torch") is not None)' 2>/dev/null) || {
   echo "build.sh: $PYTHON does not run: run scripts/install-deps.sh first (it installs what the build needs)" >&2
   exit 1
 }
-torch_args=()
-if [ -n "$torch_dir" ]; then
-  torch_args=(-DREMAT_TORCH_DIR="$torch_dir")
-elif [[ " $* " != *" -DREMAT_WITH_TORCH=OFF "* ]]; then
+if [ "$has_torch" != True ] && [[ " $* " != *" -DREMAT_WITH_TORCH=OFF "* ]]; then
   echo "build.sh: $PYTHON cannot import torch: run scripts/install-deps.sh first, or build without the checkpoint" \
     "runtime (-DREMAT_WITH_TORCH=OFF)" >&2
   exit 1
 fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} -DREMAT_WERROR=ON \
-  -DPython3_EXECUTABLE="$PYTHON" -DREMAT_PYTHON="$PYTHON" "${torch_args[@]}" "$@"
+  -DPython3_EXECUTABLE="$PYTHON" -DREMAT_PYTHON="$PYTHON" "$@"
 targets=()
 for target in ${TARGETS:-}; do targets+=(--target "$target"); done
 cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
