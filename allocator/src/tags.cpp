@@ -49,15 +49,9 @@ struct Frame {
 };
 
 thread_local std::vector<Frame> t_stack;
-// The id of t_stack's top, without the label; kept in step with t_stack.
-thread_local TagId t_current_id = 0;
 
 // The label in force for every thread (0: none). Set rarely, read at every allocation.
 std::atomic<NameId> g_label{0};
-
-// This thread's category and module (set_category): 0 and none when not set.
-thread_local Category t_category = Category::none;
-thread_local NameId t_module = 0;
 
 // This thread's latest stack top combined with the label, category and module in force: the
 // hot path's answer while none of them changes. Other combinations the thread has made are in
@@ -81,7 +75,16 @@ struct OverlaidTag {
   OverlayKey key;
   TagId id = 0;
 };
-thread_local OverlaidTag t_overlaid_latest;
+// What every allocation reads, in one thread-local object (in a shared library each thread-local
+// variable costs a lookup call).
+struct ThreadTop {
+  TagId current_id = 0;  // of t_stack's top, without the overlay; kept in step with t_stack
+  // This thread's category and module (set_category): none and 0 when not set.
+  Category category = Category::none;
+  NameId module = 0;
+  OverlaidTag overlaid_latest;
+};
+thread_local ThreadTop t_top;
 thread_local std::unordered_map<OverlayKey, TagId, OverlayHash> t_overlaid;
 
 Tag top_tag() { return t_stack.empty() ? Tag{} : t_stack.back().tag; }
@@ -137,14 +140,14 @@ void push_child(ScopeKind kind, std::uint64_t value, std::string_view name, Deri
                         " scope: a scope is pushed without its pop, in a loop perhaps; pop every push (RAII "
                         "scopes in C++, with-blocks in Python)");
   }
-  const ChildView key{t_current_id, kind, value, name};
+  const ChildView key{t_top.current_id, kind, value, name};
   auto it = t_children.find(key);
   if (it == t_children.end()) {
     const Tag tag = derive(top_tag());
     it = t_children.emplace(ChildKey{key.parent, kind, value, std::string(name)}, Derived{tag, intern_tag(tag)}).first;
   }
   t_stack.push_back(Frame{kind, it->second.tag, it->second.id});
-  t_current_id = it->second.id;
+  t_top.current_id = it->second.id;
 }
 
 // `what` names the text in messages ("site name", "label"); `noun` is what to shorten.
@@ -159,21 +162,28 @@ void require_name(std::string_view name, std::string_view what) {
   if (name.empty()) {
     throw InvalidArgumentError(std::string(what) + " name is empty; pass a non-empty name such as \"layers.0\"");
   }
-  require_short(name, std::string(what) + " name", "name");
+  if (name.size() > kMaxTagNameBytes)
+    require_short(name, std::string(what) + " name", "name");  // text built only to refuse
 }
 
-// The stack top (its tag `base_tag`) combined with the overlay in `key`, interned on first use.
-TagId overlaid_tag_id(const OverlayKey& key, const Tag& base_tag) {
-  auto it = t_overlaid.find(key);
-  if (it == t_overlaid.end()) {
-    Tag tag = base_tag;
-    tag.label = key.label;
-    tag.category = key.category;
-    tag.module = key.module;
-    it = t_overlaid.emplace(key, intern_tag(tag)).first;
+// The stack top combined with the overlay in `key`, interned on first use; the stack top alone
+// when host memory runs out while interning (the allocation goes without the overlay). Out of
+// line: current_tag_id's common paths stay short.
+[[gnu::noinline]] TagId overlaid_tag_id(const OverlayKey& key) noexcept {
+  try {
+    auto it = t_overlaid.find(key);
+    if (it == t_overlaid.end()) {
+      Tag tag = top_tag();
+      tag.label = key.label;
+      tag.category = key.category;
+      tag.module = key.module;
+      it = t_overlaid.emplace(key, intern_tag(tag)).first;
+    }
+    t_top.overlaid_latest = {key, it->second};
+    return it->second;
+  } catch (...) {
+    return key.base;
   }
-  t_overlaid_latest = {key, it->second};
-  return it->second;
 }
 
 constexpr Category kCategories[] = {Category::none,       Category::parameter, Category::gradient,
@@ -286,21 +296,18 @@ void release_tag_tables_after_fork() { tables().mutex.unlock(); }
 }  // namespace detail
 
 TagId current_tag_id() noexcept {
-  const OverlayKey key{t_current_id, g_label.load(std::memory_order_relaxed), t_module, t_category};
-  if (key.label == 0 && key.module == 0 && key.category == Category::none) return t_current_id;
-  if (t_overlaid_latest.key == key) return t_overlaid_latest.id;
-  try {
-    return overlaid_tag_id(key, top_tag());
-  } catch (...) {
-    return t_current_id;  // host memory exhausted while interning: this allocation goes without the overlay
-  }
+  const ThreadTop& top = t_top;
+  const OverlayKey key{top.current_id, g_label.load(std::memory_order_relaxed), top.module, top.category};
+  if (key.label == 0 && key.module == 0 && key.category == Category::none) return key.base;
+  if (top.overlaid_latest.key == key) return top.overlaid_latest.id;
+  return overlaid_tag_id(key);
 }
 
 Tag current_tag() {
   Tag tag = top_tag();
   tag.label = g_label.load(std::memory_order_relaxed);
-  tag.category = t_category;
-  tag.module = t_module;
+  tag.category = t_top.category;
+  tag.module = t_top.module;
   return tag;
 }
 
@@ -331,20 +338,20 @@ std::string_view region_to_push(std::string_view current, std::string_view path)
 
 void set_category(Category category, std::string_view module) {
   require_short(module, "module path", "module path");
-  t_module = module.empty() ? 0 : intern_name(module);
-  t_category = category;
+  t_top.module = module.empty() ? 0 : intern_name(module);
+  t_top.category = category;
 }
 
-std::pair<Category, std::string> current_category() { return {t_category, name_of(t_module)}; }
+std::pair<Category, std::string> current_category() { return {t_top.category, name_of(t_top.module)}; }
 
 void set_category_by_id(Category category, NameId module) noexcept {
-  t_module = module;
-  t_category = category;
+  t_top.module = module;
+  t_top.category = category;
 }
 
-std::pair<Category, NameId> current_category_id() noexcept { return {t_category, t_module}; }
+std::pair<Category, NameId> current_category_id() noexcept { return {t_top.category, t_top.module}; }
 
-bool category_in_force() noexcept { return t_category != Category::none; }
+bool category_in_force() noexcept { return t_top.category != Category::none; }
 
 TagId with_category(TagId tag, Category category, std::optional<std::string_view> module) {
   Tag changed = tag_of(tag);
@@ -434,7 +441,7 @@ void pop_tag(ScopeKind kind) {
                         std::string(to_string(top.kind)) + "; pop scopes in the reverse order of their pushes");
   }
   t_stack.pop_back();
-  t_current_id = t_stack.empty() ? 0 : t_stack.back().id;
+  t_top.current_id = t_stack.empty() ? 0 : t_stack.back().id;
 }
 
 std::size_t tag_stack_depth() noexcept { return t_stack.size(); }

@@ -12,8 +12,8 @@ constexpr std::array<c10::DeviceType, 7> kAutocastDevices = {c10::DeviceType::CP
                                          c10::DeviceType::MPS, c10::DeviceType::HPU,  c10::DeviceType::XLA,
                                          c10::DeviceType::PrivateUse1};
 
-// Global flags are set only where they differ, so a recompute under the flags forward had (the
-// common case) writes nothing another thread could see.
+// Modes and flags are set only where they differ: a recompute under the modes forward had (the
+// common case) writes nothing, and no other thread sees a global flag written.
 template <typename Get, typename Set>
 void set_if_different(bool wanted, Get get, Set set) {
   if (get() != wanted) set(wanted);
@@ -52,10 +52,17 @@ bool ForwardModes::any_autocast() const {
 
 void ForwardModes::apply() const {
   for (std::size_t i = 0; i < autocast_devices_; ++i) {
-    at::autocast::set_autocast_enabled(autocast_[i].device, autocast_[i].enabled);
-    at::autocast::set_autocast_dtype(autocast_[i].device, autocast_[i].dtype);
+    const Autocast& mode = autocast_[i];
+    if (at::autocast::is_autocast_enabled(mode.device) != mode.enabled) {
+      at::autocast::set_autocast_enabled(mode.device, mode.enabled);
+    }
+    if (at::autocast::get_autocast_dtype(mode.device) != mode.dtype) {
+      at::autocast::set_autocast_dtype(mode.device, mode.dtype);
+    }
   }
-  at::autocast::set_autocast_cache_enabled(autocast_cache_);
+  if (at::autocast::is_autocast_cache_enabled() != autocast_cache_) {
+    at::autocast::set_autocast_cache_enabled(autocast_cache_);
+  }
   if (c10::get_default_dtype() != default_dtype_) c10::set_default_dtype(default_dtype_);
   at::Context& context = at::globalContext();
   if (context.deterministicAlgorithms() != deterministic_ ||

@@ -174,17 +174,33 @@ void Frame::note_read_parameters(const TensorList& outputs) {
     }
     return true;
   };
+  // Nodes forward made have this thread's sequence numbers in [sequence_at_entry, end): each is
+  // visited once, marked by its number. Others are the graph before the checkpoint, or (numbered
+  // UINT64_MAX, function.h) a leaf's gradient accumulator.
+  std::vector<bool> visited(end - sequence_at_entry);
   std::vector<const torch::autograd::Node*> to_visit;
-  std::unordered_set<const torch::autograd::Node*> visited;
-  auto visit = [&](const torch::autograd::Node* node) {  // nodes forward made, each once
-    if (node->sequence_nr() >= sequence_at_entry && node->sequence_nr() < end && visited.insert(node).second) {
-      to_visit.push_back(node);
-    }
+  auto visit = [&](const torch::autograd::Node* node) {
+    const std::uint64_t number = node->sequence_nr();
+    if (number < sequence_at_entry || number >= end || visited[number - sequence_at_entry]) return;
+    visited[number - sequence_at_entry] = true;
+    to_visit.push_back(node);
   };
   for (const at::Tensor& out : outputs) {
     if (out.defined() && out.grad_fn() != nullptr) visit(out.grad_fn().get());
   }
-  std::unordered_set<const c10::TensorImpl*> noted;
+  // Each parameter noted once: looked up in a list while short, then in a set.
+  std::vector<const c10::TensorImpl*> noted;
+  std::unordered_set<const c10::TensorImpl*> noted_set;
+  auto first_note = [&](const c10::TensorImpl* leaf) {
+    constexpr std::size_t kListed = 32;
+    if (noted.size() < kListed) {
+      if (std::find(noted.begin(), noted.end(), leaf) != noted.end()) return false;
+      noted.push_back(leaf);
+      return true;
+    }
+    if (noted_set.empty()) noted_set.insert(noted.begin(), noted.end());
+    return noted_set.insert(leaf).second;
+  };
   while (!to_visit.empty()) {
     const torch::autograd::Node* node = to_visit.back();
     to_visit.pop_back();
@@ -192,13 +208,15 @@ void Frame::note_read_parameters(const TensorList& outputs) {
     for (const torch::autograd::Edge& edge : node->next_edges()) {
       const torch::autograd::Node* next = edge.function.get();
       if (next == nullptr) continue;
-      const auto* leaf = dynamic_cast<const torch::autograd::AccumulateGrad*>(next);
-      if (leaf == nullptr) {
+      if (next->sequence_nr() != UINT64_MAX) {
         visit(next);
         continue;
       }
-      const c10::VariableVersion& version = leaf->variable.unsafeGetTensorImpl()->version_counter();
-      if (read_again && version.enabled() && noted.insert(leaf->variable.unsafeGetTensorImpl()).second) {
+      const auto* leaf = dynamic_cast<const torch::autograd::AccumulateGrad*>(next);
+      if (leaf == nullptr || !read_again) continue;
+      const c10::TensorImpl* impl = leaf->variable.unsafeGetTensorImpl();
+      const c10::VariableVersion& version = impl->version_counter();
+      if (version.enabled() && first_note(impl)) {
         read_parameters.push_back({DroppedMeta::of(leaf->variable, -1), version, version.current_version()});
       }
     }
@@ -399,9 +417,9 @@ void Frame::recompute() {
                   "); recompute would read the changed value and give wrong gradients: make that operation "
                   "out-of-place (h = h + y instead of h += y), or pass the checkpoint a copy");
     }
-    const std::string source = "input " + std::to_string(i) + " of checkpoint '" + options.region_name + "'";
-    at::Tensor arg = !input.held()   ? make_placeholder(input.meta, source)
-                     : input.packed ? restore_layout(input.packed.unpack(), input.meta, source)
+    auto source = [&] { return "input " + std::to_string(i) + " of checkpoint '" + options.region_name + "'"; };
+    at::Tensor arg = !input.held()  ? make_placeholder(input.meta, source())
+                     : input.packed ? restore_layout(input.packed.unpack(), input.meta, source())
                                     : input.value.variable_data();
     // Forward's flag, held or not: code may branch on it (a fused kernel's inference path), and
     // autograd saves other tensors for an op whose inputs need no gradient.
