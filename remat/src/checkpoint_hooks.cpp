@@ -42,8 +42,8 @@ std::string stop_name() {
 std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t index, const at::Tensor& recreated,
                                               int region) {
   const DroppedMeta& forward_meta = frame.dropped_metas[index];
-  const DroppedMeta now_meta = DroppedMeta::of(recreated, region);
-  if (!(now_meta == forward_meta)) {
+  if (!forward_meta.describes(recreated)) {
+    const DroppedMeta now_meta = DroppedMeta::of(recreated, region);
     return "recompute of checkpoint '" + frame.options.region_name + "' recreated saved tensor #" +
            std::to_string(index) + " as " + now_meta.describe() + " in " + frame.where(region) +
            ", but forward saved " + forward_meta.describe() + " in " + frame.where(forward_meta.region) +

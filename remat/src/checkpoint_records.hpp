@@ -119,6 +119,9 @@ struct DroppedMeta {
   bool operator==(const DroppedMeta& other) const {
     return sizes == other.sizes && dtype == other.dtype && device == other.device;
   }
+  bool describes(const at::Tensor& t) const {  // as `*this == of(t, region)`, copying nothing
+    return t.sizes().equals(sizes) && t.scalar_type() == dtype && t.device() == device;
+  }
   std::string describe() const;  // "float32 [32, 64] on cpu"
 };
 

@@ -368,6 +368,7 @@ class FitState:
         self.expect_optimizer = False  # the step running now is predicted with the optimizer step after it
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
         self._versions = None       # the parameters' version counters when the step began; None: no step open
+        self._named = None          # the model's named parameters while a step runs (_named_parameters)
         # The step's peak, in a window of fit's own (remat_alloc.PeakWindow): the peak statistics
         # (memory_stats(), PyTorch's max_memory_allocated()) stay the user's to read and reset.
         self._window = None
@@ -396,19 +397,27 @@ class FitState:
     def close(self):
         if self._window is not None:
             self._window.close()
+        self._named = None
+
+    def _named_parameters(self):
+        """The model's parameters by name, listed at the step's first ask: a step asks several times
+        (versions, gradients, the optimizer's state), and each list walks every module."""
+        if self._named is None:
+            self._named = list(self.model.named_parameters())
+        return self._named
 
     def _parameters(self):
-        return [p for p in self.model.parameters() if p.requires_grad]
+        return [p for _, p in self._named_parameters() if p.requires_grad]
 
     def _parameter_bytes(self, names):
-        return sum(p.numel() * p.element_size() for name, p in self.model.named_parameters() if name in names)
+        return sum(p.numel() * p.element_size() for name, p in self._named_parameters() if name in names)
 
     def _gradient_bytes(self):
         return sum(p.grad.numel() * p.grad.element_size() for p in self._parameters() if p.grad is not None)
 
     def _graded(self):
         """The names of the parameters that have a gradient now."""
-        return {name for name, p in self.model.named_parameters() if p.requires_grad and p.grad is not None}
+        return {name for name, p in self._named_parameters() if p.requires_grad and p.grad is not None}
 
     def _profiled_gradient_bytes(self):
         """_gradient_bytes() for the profile being measured, noting which parameters its backward
@@ -424,7 +433,7 @@ class FitState:
         first reached then), and where such a parameter stays without a gradient the prediction is
         above the step by its bytes, never below."""
         made = other = 0
-        for name, p in self.model.named_parameters():
+        for name, p in self._named_parameters():
             if p.requires_grad and p.grad is None:
                 if name in source.made:
                     made += p.numel() * p.element_size()
@@ -516,6 +525,13 @@ class FitState:
     def finish_step(self):
         """Ends the training step before this point: closes its profile, or checks the measured
         peak of a step planned from a scaled profile."""
+        try:
+            self._finish_step()
+        finally:
+            # Listed for one step only: the state outlives a model whose parameters it held
+            self._named = None
+
+    def _finish_step(self):
         updated = self._versions is not None and self._versions != [p._version for p in self._parameters()]
         self._versions = None
         first_optimizer = False

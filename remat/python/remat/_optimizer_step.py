@@ -38,17 +38,19 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ._extension import _C
+
 
 def optimizers_over(parameters):
     """The torch.optim.Optimizer objects whose param_groups hold any of `parameters`, found in one
-    scan of the collector's objects (by type, which runs no code of theirs). Asking the collector
-    for the parameters' referrers instead costs a scan per parameter, in effect: 2.8 s with 4000
-    parameters and two optimizers, where this takes 0.17 s."""
+    scan of the collector's objects, by type (which runs no code of theirs) and in C++. Asking the
+    collector for the parameters' referrers instead costs a scan per parameter, in effect: 2.8 s
+    with 4000 parameters and two optimizers, where one scan in Python took 0.17 s."""
     if not parameters:
         return []
     ids = {id(p) for p in parameters}
-    return [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)
-            and any(id(p) in ids for group in o.param_groups for p in group["params"])]
+    return [o for o in _C.instances_among(gc.get_objects(), torch.optim.Optimizer)
+            if any(id(p) in ids for group in o.param_groups for p in group["params"])]
 
 
 class _StorageCount(TorchDispatchMode):

@@ -138,19 +138,15 @@ def _storages_held():
     was allocated before a step (parameters, optimizer state, the batch). One still alive when the
     step ends stayed allocated through it whatever the plan; one the step drops (a batch handed to
     the forward alone) is the step's, as what the step made (position ids, a mask) is."""
-    held, tensor_types = {}, {}
-    for obj in gc.get_objects():
-        kind = type(obj)  # not isinstance: some objects warn when asked their __class__
-        is_tensor = tensor_types.get(kind)
-        if is_tensor is None:
-            is_tensor = tensor_types[kind] = issubclass(kind, torch.Tensor)
-        if is_tensor:
-            try:
-                storage = obj.untyped_storage()
-                if storage.nbytes() > 0:
-                    held[(str(obj.device), storage.data_ptr())] = weakref.ref(storage)
-            except Exception:  # no storage: sparse, a subclass, a lazy module's uninitialized parameter, a fake tensor
-                continue
+    held = {}
+    # By type, not isinstance: some objects warn when asked their __class__
+    for obj in _C.instances_among(gc.get_objects(), torch.Tensor):
+        try:
+            storage = obj.untyped_storage()
+            if storage.nbytes() > 0:
+                held[(str(obj.device), storage.data_ptr())] = weakref.ref(storage)
+        except Exception:  # no storage: sparse, a subclass, a lazy module's uninitialized parameter, a fake tensor
+            continue
     return held
 
 

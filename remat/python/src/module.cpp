@@ -412,6 +412,20 @@ PYBIND11_MODULE(_C, m) {
       },
       "The dumps' vocabulary, the allocator's names of each enum by value, and PyTorch's snapshot "
       "spellings that differ from them (theirs -> ours).");
+  m.def(
+      "instances_among",
+      [](const py::list& objects, const py::type& cls) {
+        // In C++: over the collector's objects (over 300,000 once transformers' Llama is imported)
+        // a Python loop took a sixth of a second per step profile.
+        py::list found;
+        auto* wanted = reinterpret_cast<PyTypeObject*>(cls.ptr());
+        for (const py::handle object : objects) {
+          if (PyType_IsSubtype(Py_TYPE(object.ptr()), wanted)) found.append(object);
+        }
+        return found;
+      },
+      py::arg("objects"), py::arg("cls"),
+      "The objects whose type is `cls` or a subclass of it, told by type alone: no code of theirs runs.");
   m.def("write_dump", &write_dump, py::arg("path"), py::arg("json"), "Writes a dump atomically.");
   m.def("format_bytes", &alloc::format_bytes, py::arg("bytes"), "Bytes as the allocator's messages write them.");
   m.attr("REGION_SEPARATOR") = std::string(alloc::kRegionSeparator);

@@ -66,3 +66,24 @@ def test_the_model_and_its_parameters_are_freed_without_the_garbage_collector(co
         # What they held on the device (CPU tensors counted) is given back: parameters, gradients,
         # the optimizer's momentum
         assert remat_alloc.memory_stats()["requested_bytes"] <= start < held
+
+
+def test_a_fit_state_kept_after_unfit_holds_none_of_the_models_parameters(collector_off):
+    """A loop that keeps model.remat_fit (to read its plan, say) after remat.unfit(model), then drops
+    the model: the parameters, their gradients and the optimizer's momentum are freed all the same
+    (the state lists the parameters while a step runs, and lets go of them when it ends)."""
+    with remat.tag_cpu_tensors():
+        start = remat_alloc.memory_stats()["requested_bytes"]
+        model = remat.fit(Model(), budget="1GiB")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        for step in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            model(batch(step)).backward()
+            optimizer.step()
+        state = model.remat_fit
+        remat.unfit(model)
+        alive = [weakref.ref(p) for p in model.parameters()]
+        del model, optimizer
+        assert [ref() is None for ref in alive] == [True] * len(alive)
+        assert remat_alloc.memory_stats()["requested_bytes"] <= start
+        assert state.profiled_steps == 1 and state.planned_steps == 2

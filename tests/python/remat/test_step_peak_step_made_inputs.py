@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import remat
+from remat._extension import _C
 
 import fit_loop
 from test_step_peak_plans import check_plans_by_peak
@@ -184,3 +185,23 @@ def test_what_lives_through_the_step_and_what_recompute_keeps_are_predicted(case
         assert all(call["body_inputs"] == call["inputs"] for call in calls[1:])  # h = x * 2
         rows = check_plans_by_peak(profile, step, reference, lambda: [p.grad for p in model.parameters()] + [x.grad])
         assert rows[-1][1] == rows[-1][2] == profile.step_peak_bytes
+
+
+def test_the_scan_for_what_a_step_begins_holding_finds_tensors_by_type_alone():
+    """What stays allocated through a step is read from the tensors Python holds when it begins, found
+    among all the collector's objects: tensors and their subclasses (a Parameter, a user's subclass)
+    are found, and no other object is asked anything (one whose __class__ raises is passed over)."""
+
+    class AsksRaise:
+        @property
+        def __class__(self):
+            raise AssertionError("asked for its __class__")
+
+    class Mine(torch.Tensor):
+        pass
+
+    plain, parameter, mine = torch.ones(3), torch.nn.Parameter(torch.ones(2)), torch.ones(4).as_subclass(Mine)
+    objects = [plain, AsksRaise(), parameter, 3, "text", torch.float32, mine, [plain]]
+    assert [id(o) for o in _C.instances_among(objects, torch.Tensor)] == [id(plain), id(parameter), id(mine)]
+    assert [id(o) for o in _C.instances_among(objects, torch.nn.Parameter)] == [id(parameter)]
+    assert _C.instances_among([], torch.Tensor) == []
