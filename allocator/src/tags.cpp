@@ -162,8 +162,9 @@ void require_name(std::string_view name, std::string_view what) {
   if (name.empty()) {
     throw InvalidArgumentError(std::string(what) + " name is empty; pass a non-empty name such as \"layers.0\"");
   }
-  if (name.size() > kMaxTagNameBytes)
-    require_short(name, std::string(what) + " name", "name");  // text built only to refuse
+  if (name.size() > kMaxTagNameBytes) {  // the message's text is built only to refuse
+    require_short(name, std::string(what) + " name", "name");
+  }
 }
 
 // The stack top combined with the overlay in `key`, interned on first use; the stack top alone

@@ -174,15 +174,23 @@ void Frame::note_read_parameters(const TensorList& outputs) {
     }
     return true;
   };
-  // Nodes forward made have this thread's sequence numbers in [sequence_at_entry, end): each is
-  // visited once, marked by its number. Others are the graph before the checkpoint, or (numbered
-  // UINT64_MAX, function.h) a leaf's gradient accumulator.
-  std::vector<bool> visited(end - sequence_at_entry);
+  // Nodes forward made have sequence numbers in [sequence_at_entry, end): each is visited once,
+  // found by its number (numbers count per thread: a node of another thread may share one). Others
+  // are the graph before the checkpoint, or (numbered UINT64_MAX, function.h) a leaf's gradient
+  // accumulator.
+  std::vector<const torch::autograd::Node*> by_number(end - sequence_at_entry, nullptr);
+  std::unordered_set<const torch::autograd::Node*> sharing_a_number;
   std::vector<const torch::autograd::Node*> to_visit;
   auto visit = [&](const torch::autograd::Node* node) {
     const std::uint64_t number = node->sequence_nr();
-    if (number < sequence_at_entry || number >= end || visited[number - sequence_at_entry]) return;
-    visited[number - sequence_at_entry] = true;
+    if (number < sequence_at_entry || number >= end) return;
+    const torch::autograd::Node*& seen = by_number[number - sequence_at_entry];
+    if (seen == node) return;
+    if (seen == nullptr) {
+      seen = node;
+    } else if (!sharing_a_number.insert(node).second) {
+      return;
+    }
     to_visit.push_back(node);
   };
   for (const at::Tensor& out : outputs) {
