@@ -14,8 +14,8 @@ constexpr std::array<c10::DeviceType, 7> kAutocastDevices = {c10::DeviceType::CP
 
 // Modes and flags are set only where they differ: a recompute under the modes forward had (the
 // common case) writes nothing, and no other thread sees a global flag written.
-template <typename Get, typename Set>
-void set_if_different(bool wanted, Get get, Set set) {
+template <typename Value, typename Get, typename Set>
+void set_if_different(Value wanted, Get get, Set set) {
   if (get() != wanted) set(wanted);
 }
 
@@ -52,17 +52,17 @@ bool ForwardModes::any_autocast() const {
 
 void ForwardModes::apply() const {
   for (std::size_t i = 0; i < autocast_devices_; ++i) {
-    const Autocast& mode = autocast_[i];
-    if (at::autocast::is_autocast_enabled(mode.device) != mode.enabled) {
-      at::autocast::set_autocast_enabled(mode.device, mode.enabled);
-    }
-    if (at::autocast::get_autocast_dtype(mode.device) != mode.dtype) {
-      at::autocast::set_autocast_dtype(mode.device, mode.dtype);
-    }
+    const c10::DeviceType device = autocast_[i].device;
+    set_if_different(
+        autocast_[i].enabled, [&] { return at::autocast::is_autocast_enabled(device); },
+        [&](bool b) { at::autocast::set_autocast_enabled(device, b); });
+    set_if_different(
+        autocast_[i].dtype, [&] { return at::autocast::get_autocast_dtype(device); },
+        [&](at::ScalarType t) { at::autocast::set_autocast_dtype(device, t); });
   }
-  if (at::autocast::is_autocast_cache_enabled() != autocast_cache_) {
-    at::autocast::set_autocast_cache_enabled(autocast_cache_);
-  }
+  set_if_different(
+      autocast_cache_, [] { return at::autocast::is_autocast_cache_enabled(); },
+      [](bool b) { at::autocast::set_autocast_cache_enabled(b); });
   if (c10::get_default_dtype() != default_dtype_) c10::set_default_dtype(default_dtype_);
   at::Context& context = at::globalContext();
   if (context.deterministicAlgorithms() != deterministic_ ||
