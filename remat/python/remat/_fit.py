@@ -70,6 +70,7 @@ function runs, at every step, before its forward (UNDER_COMPILE).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import weakref
@@ -368,7 +369,7 @@ class FitState:
         self.expect_optimizer = False  # the step running now is predicted with the optimizer step after it
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
         self._versions = None       # the parameters' version counters when the step began; None: no step open
-        self._named = None          # the model's named parameters while a step runs (_named_parameters)
+        self._named = None          # the model's named parameters while a step begins or ends (_parameters_listed)
         # The step's peak, in a window of fit's own (remat_alloc.PeakWindow): the peak statistics
         # (memory_stats(), PyTorch's max_memory_allocated()) stay the user's to read and reset.
         self._window = None
@@ -397,14 +398,21 @@ class FitState:
     def close(self):
         if self._window is not None:
             self._window.close()
-        self._named = None
+
+    @contextlib.contextmanager
+    def _parameters_listed(self):
+        """Lists the model's parameters once for what runs inside (a step's start and its end each ask
+        several times: versions, gradients, the optimizer's state; each list walks every module), and
+        holds them no longer: a parameter the forward makes is seen after it, one replaced after the
+        step is freed."""
+        self._named = list(self.model.named_parameters())
+        try:
+            yield
+        finally:
+            self._named = None
 
     def _named_parameters(self):
-        """The model's parameters by name, listed at the step's first ask: a step asks several times
-        (versions, gradients, the optimizer's state), and each list walks every module."""
-        if self._named is None:
-            self._named = list(self.model.named_parameters())
-        return self._named
+        return self._named if self._named is not None else list(self.model.named_parameters())
 
     def _parameters(self):
         return [p for _, p in self._named_parameters() if p.requires_grad]
@@ -525,11 +533,8 @@ class FitState:
     def finish_step(self):
         """Ends the training step before this point: closes its profile, or checks the measured
         peak of a step planned from a scaled profile."""
-        try:
+        with self._parameters_listed():
             self._finish_step()
-        finally:
-            # Listed for one step only: the state outlives a model whose parameters it held
-            self._named = None
 
     def _finish_step(self):
         updated = self._versions is not None and self._versions != [p._version for p in self._parameters()]
@@ -769,6 +774,10 @@ class FitState:
         """Before a training forward: ends the previous step, then returns the context this
         forward runs in (a use_plan), or None where it runs profiled (the profile is open)."""
         self.finish_step()
+        with self._parameters_listed():
+            return self._begin_step(args, kwargs)
+
+    def _begin_step(self, args, kwargs):
         device = StepRecorder._counted_device()
         if device is None:
             raise ValueError("remat.fit: the step's tensors are not counted, so no step peak can be measured: run the "
