@@ -8,6 +8,7 @@
 #include "forward_modes.hpp"
 
 #include <remat/diagnostics.hpp>
+#include <remat/kept_ops.hpp>
 #include <remat/remat.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -15,6 +16,7 @@
 #include <any>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -53,6 +55,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<InputRecord> inputs;
   std::vector<SaveRegionRecord> save_regions;
   std::vector<RegionDecision> regions;  // every region in forward order
+  // The ops a per-op plan keeps in recomputed regions, by index in `regions`: what forward held
+  // of them, which recompute takes instead of running them again.
+  std::map<std::size_t, std::unique_ptr<KeptOps>> kept_ops;
   // The index in `regions` of the region whose body runs now in forward or recompute (-1:
   // none); replay recorders key their decisions by it (remat/replay.hpp).
   std::int64_t running_region = -1;

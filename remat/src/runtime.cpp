@@ -14,6 +14,7 @@
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/tags.hpp>
 #include <remat/cpu_offload.hpp>
+#include <remat/kept_ops.hpp>
 #include <remat/replay.hpp>
 
 #include <ATen/SequenceNumber.h>
@@ -316,7 +317,14 @@ TensorList run_region_in_recompute(Frame& frame, const ThreadState& state, const
     ThreadStateScope scope(inner);
     RunningRegionScope running(frame, index);
     auto region_tag = TagScope::region(name, save_index >= 0 ? Policy::save : Policy::recompute);
-    outputs = body(inputs);
+    const auto kept = frame.kept_ops.find(index);
+    if (kept == frame.kept_ops.end()) {
+      outputs = body(inputs);
+    } else {
+      KeptOps::Scope taking(*kept->second, /*recomputing=*/true);
+      outputs = body(inputs);
+      taking.finish();
+    }
   }
   if (save_index >= 0) frame.fill_ferried(save_index, inputs);
   return outputs;
@@ -341,6 +349,18 @@ void refuse_leaf_outputs(const Frame& frame, const std::string& name, const Tens
                 "it is); recompute cannot recreate it as the same tensor: move the allocation outside the checkpoint, "
                 "or do not wrap it in a region");
   }
+}
+
+// Recompute takes a recorded decision back instead of running the ops that made it, so the ops
+// forward ran cannot be matched there.
+[[noreturn]] void refuse_kept_ops_with_replay(KeptOps& ops) {
+  ops.clear();
+  C10_THROW_ERROR(ValueError,
+                  "region '" + ops.region() +
+                      "' records a decision on a RecomputeReplay channel, which "
+                      "recompute takes back instead of running its ops again, so the ops forward ran cannot "
+                      "be matched in recompute: a per-op plan keeps no op of such a region; profile the "
+                      "model again and plan from that profile (a profile lists no ops of such a region)");
 }
 
 // In forward: the region's decision is recorded, its inputs noted, its body run, and a save
@@ -379,7 +399,20 @@ TensorList run_region_in_forward(Frame& frame, const ThreadState& state, const F
     ThreadStateScope scope(inner);
     RunningRegionScope running(frame, index);
     auto region_tag = TagScope::region(name, recompute ? Policy::recompute : Policy::save);
-    outputs = body(inputs);
+    // Ops are kept for a backward that may follow: not where the region runs without gradients.
+    const auto* kept = recompute && frame.options.plan && at::GradMode::is_enabled()
+                           ? frame.options.plan->kept_ops_for(frame.region_path(name))
+                           : nullptr;
+    if (kept == nullptr) {
+      outputs = body(inputs);
+    } else {
+      auto& ops = frame.kept_ops[index] = std::make_unique<KeptOps>(frame.region_path(name), *kept);
+      const std::uint64_t decisions = recorded_decisions();
+      KeptOps::Scope holding(*ops, /*recomputing=*/false);
+      outputs = body(inputs);
+      holding.finish();
+      if (recorded_decisions() != decisions) refuse_kept_ops_with_replay(*ops);
+    }
   }
   const std::uint64_t end_node = at::sequence_number::peek();
   frame.recreated_region_inputs.clear();
@@ -464,6 +497,14 @@ namespace detail {
 std::shared_ptr<const void> running_checkpoint() { return frame_owner(); }
 
 std::int64_t running_region(const void* checkpoint) { return static_cast<const Frame*>(checkpoint)->running_region; }
+
+namespace {
+thread_local std::uint64_t t_recorded_decisions = 0;
+}  // namespace
+
+void count_recorded_decision() { ++t_recorded_decisions; }
+
+std::uint64_t recorded_decisions() { return t_recorded_decisions; }
 
 }  // namespace detail
 

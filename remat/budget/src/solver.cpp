@@ -254,7 +254,25 @@ std::vector<std::string> offloaded_of(const Plan& plan) {
 
 }  // namespace
 
-RegionChoices::RegionChoices(const Plan& plan) : RegionChoices(named_choices_of(plan), offloaded_of(plan)) {}
+RegionChoices::RegionChoices(const Plan& plan) : RegionChoices(named_choices_of(plan), offloaded_of(plan)) {
+  if (plan.kept_ops.empty()) return;
+  kept_ops_.resize(choices_.size());
+  for (std::size_t r = 0; r < plan.kept_ops.size() && r < plan.regions.size(); ++r) {
+    if (!plan.kept_ops[r].empty() && plan.regions[r].second != Choice::recompute) {
+      throw BudgetError("the plan keeps ops of '" + plan.regions[r].first.name +
+                        "', which it saves; a region keeps "
+                        "ops only while it recomputes: make its choice recompute, or drop its kept_ops");
+    }
+    for (const OpCost& op : plan.kept_ops[r]) kept_ops_[r].emplace(op.index, op.op);
+  }
+}
+
+const std::map<std::uint32_t, std::string>* RegionChoices::kept_ops_for(std::string_view region) const {
+  if (kept_ops_.empty()) return nullptr;
+  const auto entry = entry_for(region);
+  if (!entry || kept_ops_[*entry].empty()) return nullptr;
+  return &kept_ops_[*entry];
+}
 
 std::optional<std::size_t> RegionChoices::entry_for(std::string_view region) const {
   for (std::size_t i = 0; i < choices_.size(); ++i) {

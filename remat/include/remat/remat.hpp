@@ -65,7 +65,11 @@ struct CheckpointOptions {
   // through LibTorch's device-generic hooks (no remat::cuda needed; nothing where CUDA is absent).
   // Under one, a save region that changed its input in place, or whose output was changed in
   // place after it returned, runs again in recompute rather than being skipped (without a plan
-  // it is an error): MemoryReport::rerun_regions lists those.
+  // it is an error): MemoryReport::rerun_regions lists those. A per-op plan's region that
+  // recomputes keeping ops (budget::solve_ops) holds those ops' outputs from forward, and its
+  // recompute takes them instead of running the ops again (remat/kept_ops.hpp): its ops must be
+  // the ones the plan names, in forward and in recompute, else c10::ValueError names the first
+  // difference; a region that records a replay decision keeps none (refused the same way).
   std::shared_ptr<const budget::RegionChoices> plan;
   // Handed back by checkpoint_caller() while the body runs. Null: none.
   std::shared_ptr<CheckpointCaller> caller;

@@ -42,6 +42,11 @@ namespace detail {
 // the region of `checkpoint` whose body runs now, by its index in forward order (-1: none).
 std::shared_ptr<const void> running_checkpoint();
 std::int64_t running_region(const void* checkpoint);
+// How many decisions code on this thread has recorded: a region that recorded one in forward has
+// it taken back in recompute instead of running the ops that made it, so a per-op plan cannot
+// match its ops there.
+void count_recorded_decision();
+std::uint64_t recorded_decisions();
 }  // namespace detail
 
 // An ordered log of decisions: forward records, recompute takes them back in order (per
@@ -55,6 +60,7 @@ class RecomputeReplayRecorder {
   // hands a region back its own: recompute skips save regions (in the code, or chosen by a plan),
   // so a decision recorded in one is never asked for, and the region after it must not get it.
   void record(T value) {
+    detail::count_recorded_decision();
     const std::int64_t region = region_now();
     if (region != kUnplaced) by_region_[region].push_back(records_.size());
     records_.push_back(std::move(value));

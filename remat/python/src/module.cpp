@@ -251,6 +251,7 @@ PYBIND11_MODULE(_C, m) {
                                                                      "A state hook implemented in C++.");
   m.def("cpu_rng_state_hook", &cpu_rng_state_hook, "Puts the CPU generator's state back for recompute.");
 
+  bind_kept_ops(m);
   bind_replay(m);
   bind_saved_tensor_hooks(m);
   bind_tracking(m);

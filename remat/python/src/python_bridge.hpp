@@ -101,6 +101,10 @@ void bind_replay(py::module_& m);
 void bind_saved_tensor_hooks(py::module_& m);
 std::shared_ptr<SavedTensorHooks> saved_tensor_hooks_of(const py::handle& hooks);
 
+// remat._C.KeptOps, its scope, and kept_op_outputs(): ops kept inside recomputed regions
+// (kept_ops_bindings.cpp).
+void bind_kept_ops(py::module_& m);
+
 // remat._C.TrackEnter, TrackLeave, GradientTag and RetagLog: remat_alloc.track's hooks as C++
 // callables (tracking_bindings.cpp).
 void bind_tracking(py::module_& m);

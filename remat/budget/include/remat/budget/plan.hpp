@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -154,10 +155,13 @@ class RegionChoices {
   // (BudgetError naming it otherwise).
   explicit RegionChoices(std::vector<std::pair<std::string, Choice>> choices,
                          const std::vector<std::string>& offloaded = {});
-  // A plan's choices (solve, solve_offload, plan_from_json...), its offloaded regions included.
-  // Ops a per-op plan keeps are not among them: the regions alone.
+  // A plan's choices (solve, solve_offload, solve_ops, plan_from_json...), its offloaded regions
+  // and the ops a per-op plan keeps in recomputed regions included.
   explicit RegionChoices(const Plan& plan);
   std::optional<Choice> choice_for(std::string_view region) const;
+  // The ops the entry `region` takes its choice from keeps while it recomputes ({index: ATen op
+  // name}; remat/kept_ops.hpp carries them out), or null where it keeps none.
+  const std::map<std::uint32_t, std::string>* kept_ops_for(std::string_view region) const;
   // Whether the entry `region` takes its choice from offloads it.
   bool offloads(std::string_view region) const;
   bool offloads_any() const;
@@ -168,7 +172,8 @@ class RegionChoices {
   std::optional<std::size_t> entry_for(std::string_view region) const;
 
   std::vector<std::pair<std::string, Choice>> choices_;
-  std::vector<bool> offloaded_;  // by entry
+  std::vector<bool> offloaded_;                                 // by entry
+  std::vector<std::map<std::uint32_t, std::string>> kept_ops_;  // by entry; empty for a plan by regions
 };
 
 // Dumps (kind "region-profile" and "remat-plan", with the common header; dumps written before kinds

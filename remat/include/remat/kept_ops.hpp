@@ -1,0 +1,111 @@
+#pragma once
+// Ops kept inside recomputed regions: a per-op plan's third choice, carried out below autograd.
+//
+// A per-op plan may recompute a region yet keep the outputs of some of its ops, named by their
+// index among the ops the region runs and their ATen name ("aten::mm"). While a KeptOps::Scope is
+// open on a thread, every ATen op that thread dispatches below autograd passes through a dispatcher
+// fallback of the runtime's (on DispatchKey::Fake, a key no kernel of PyTorch's uses), which:
+// - in forward, numbers the ops as the profile numbered them (views and dtype or device copies
+//   aside) and, at each kept index, checks the op is the one the plan names and holds its outputs
+//   (aliases, no copy);
+// - in recompute, checks each op against the one forward ran at its index and, at a kept index,
+//   that its tensor inputs have forward's shapes and dtypes, then hands back the held outputs instead
+//   of running the op. Autograd above sees the same values, so gradients are those of no
+//   checkpointing.
+// Forward writing into a held output later (an in-place op, in the region or after it) makes
+// recompute run the op again rather than hand back a changed value; random ops and ops whose
+// output size depends on values are never kept. Ops a kernel runs inside another op are not seen.
+// A region whose ops differ from the plan's, or whose recompute runs other ops than its forward
+// did, is refused with a c10::ValueError (Python's ValueError) naming the first difference.
+//
+// Nothing passes through the fallback while no scope is open: the key is in no tensor's key set.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace remat {
+
+// The storage of an op output held for recompute now.
+struct HeldOpOutput {
+  std::string device;  // "cpu", "cuda:0"
+  std::uintptr_t address = 0;
+  std::uint64_t bytes = 0;
+};
+
+// Every storage held by every KeptOps now, each once.
+std::vector<HeldOpOutput> held_op_outputs();
+
+// The kept ops of one region in one checkpoint call, and what forward held for recompute.
+class KeptOps {
+ public:
+  // The shapes and dtypes of an op's tensor arguments.
+  using Shapes = std::vector<std::pair<std::vector<std::int64_t>, c10::ScalarType>>;
+
+  // `kept`: op index -> the ATen op's name as plans write it ("aten::mm", "aten::add.Tensor").
+  // Throws remat::Error for an empty map, and where another library registered a fallback on the
+  // dispatch key first.
+  KeptOps(std::string region, std::map<std::uint32_t, std::string> kept);
+  ~KeptOps();
+  KeptOps(const KeptOps&) = delete;
+  KeptOps& operator=(const KeptOps&) = delete;
+
+  // The region's body runs while one is open on this thread: forward's (`recomputing` false)
+  // starts over, holding the kept ops' outputs; recompute's hands them back. Call finish() once the
+  // body returned (it checks forward ran every kept op, and may throw c10::ValueError); a scope
+  // closed without finish() (the body raised) lets every held output go.
+  class Scope {
+   public:
+    Scope(KeptOps& ops, bool recomputing);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    void finish();
+
+    // One op of the region, its arguments on `stack` (the dispatcher's fallback calls this).
+    void pass(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+   private:
+    void close();
+    // Runs the op through the scope opened before this one, or the kernels below.
+    void next(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+    void hold(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack, std::uint32_t index,
+              const std::string& want);
+    bool hand_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::uint32_t index);
+    [[noreturn]] void refuse(const c10::OperatorHandle& op, std::uint32_t index, const std::string& shapes = {});
+
+    KeptOps& ops_;
+    bool recomputing_;
+    std::uint32_t count_ = 0;  // recompute: the numbered ops run so far
+    Scope* outer_;             // the scope open on this thread before this one
+    std::optional<c10::impl::IncludeDispatchKeyGuard> included_;
+  };
+
+  // Lets every held output go.
+  void clear();
+  const std::string& region() const { return region_; }
+
+ private:
+  friend std::vector<HeldOpOutput> held_op_outputs();
+  struct Held {
+    std::vector<c10::IValue> returns;     // the op's returns, as the dispatcher returned them
+    std::vector<std::uint32_t> versions;  // of each returned tensor, in order
+    Shapes inputs;                        // the shapes and dtypes of the op's tensor arguments
+  };
+
+  std::string region_;
+  std::map<std::uint32_t, std::string> kept_;
+  std::uint32_t last_;                    // the highest kept index
+  std::vector<c10::OperatorHandle> ran_;  // the numbered ops forward ran, in order
+  std::map<std::uint32_t, Held> held_;    // by op index
+};
+
+}  // namespace remat

@@ -1,0 +1,332 @@
+// Ops kept inside recomputed regions (kept_ops.hpp): the dispatcher fallback that numbers a
+// region's ops, holds the kept ones' outputs in forward and hands them back in recompute.
+
+#include <remat/errors.hpp>
+#include <remat/kept_ops.hpp>
+
+#include <ATen/core/stack.h>
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <unordered_set>
+
+namespace remat {
+namespace {
+
+constexpr c10::DispatchKey kKey = c10::DispatchKey::Fake;
+
+thread_local KeptOps::Scope* innermost = nullptr;  // the scope open last on this thread
+
+// The KeptOps holding outputs now, for held_op_outputs(); their held_ maps change under the lock.
+std::mutex holding_mutex;
+std::unordered_set<const KeptOps*>& holding() {
+  static auto* set = new std::unordered_set<const KeptOps*>();
+  return *set;
+}
+
+// Runs `op` on the kernels below the fallback's key.
+void run_below(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  static const c10::DispatchKeySet below(c10::DispatchKeySet::FULL_AFTER, kKey);
+  op.redispatchBoxed(keys & below, stack);
+}
+
+// Every op dispatched below autograd while a scope is open on the thread. Ops the kernels run
+// inside it are not seen (the key is excluded while it runs), as a TorchDispatchMode does not see
+// them.
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  c10::impl::ExcludeDispatchKeyGuard not_again(kKey);
+  if (innermost == nullptr) {
+    run_below(op, keys, stack);  // the thread took the key from another's state, without a scope
+    return;
+  }
+  innermost->pass(op, keys, stack);
+}
+
+void register_fallback() {
+  static const bool registered = [] {
+    auto& dispatcher = c10::Dispatcher::singleton();
+    if (dispatcher.hasBackendFallbackForDispatchKey(kKey)) {
+      throw Error(
+          "per-op plans keep ops through a dispatcher fallback on DispatchKey::Fake, and another library "
+          "(torchdistx's fake tensors, or a second copy of remat's runtime) registered one there first: "
+          "load one of them per process, or plan without kept ops");
+    }
+    // Lives as long as the process: the dispatcher may outlive every static here.
+    new c10::RegistrationHandleRAII(dispatcher.registerFallback(
+        kKey, c10::KernelFunction::makeFromBoxedFunction<&fallback>(), "remat: ops kept inside recomputed regions"));
+    return true;
+  }();
+  (void)registered;
+}
+
+std::string op_name(const c10::OperatorHandle& op) {
+  const c10::OperatorName& name = op.operator_name();
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+// Whether the op takes an index among the region's ops: not a view (an op that writes nothing
+// and returns aliases of its inputs, which the runtime's saved-tensor hooks run differently in a
+// saved region and a recomputed one), and not a dtype or device copy (aten::_to_copy, which
+// autocast runs for a weight in the first region that casts it and takes from its cache after).
+// The profile numbers ops by the same rule (remat/_op_figures.py).
+bool numbered(const c10::OperatorHandle& op) {
+  static const c10::OperatorHandle to_copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_to_copy", "");
+  if (op == to_copy) return false;
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& returns = schema.returns();
+  const bool view =
+      !schema.is_mutable() && !returns.empty() &&
+      std::all_of(returns.begin(), returns.end(), [](const auto& r) { return r.alias_info() != nullptr; });
+  return !view;
+}
+
+// Whether a plan may keep the op's outputs: functional, not random, outputs not views, of a size
+// that does not depend on the values.
+bool keepable(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& returns = schema.returns();
+  return !schema.is_mutable() && !returns.empty() &&
+         std::none_of(returns.begin(), returns.end(), [](const auto& r) { return r.alias_info() != nullptr; }) &&
+         !op.hasTag(at::Tag::nondeterministic_seeded) && !op.hasTag(at::Tag::dynamic_output_shape);
+}
+
+std::string profile_again(const std::string& region) {
+  return "; the plan was made for other code in region '" + region +
+         "': profile the model again (remat.profile_regions(ops=True)) and plan from that profile";
+}
+
+template <typename Fn>
+void for_each_tensor(const c10::IValue& value, Fn&& fn) {
+  if (value.isTensor()) {
+    fn(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorVector()) fn(t);
+  }
+}
+
+// Whether every return is a tensor, a list of tensors or None.
+bool plain_returns(c10::ArrayRef<c10::IValue> returns) {
+  return std::all_of(returns.begin(), returns.end(),
+                     [](const c10::IValue& v) { return v.isTensor() || v.isTensorList() || v.isNone(); });
+}
+
+std::uint32_t version_of(const at::Tensor& t) {
+  if (!t.defined() || t.is_inference()) return 0;
+  return static_cast<std::uint32_t>(t._version());
+}
+
+KeptOps::Shapes input_shapes(c10::ArrayRef<c10::IValue> arguments) {
+  KeptOps::Shapes shapes;
+  for (const c10::IValue& value : arguments) {
+    if (value.isTensor()) shapes.emplace_back(value.toTensor().sizes().vec(), value.toTensor().scalar_type());
+  }
+  return shapes;
+}
+
+std::string describe(const KeptOps::Shapes& shapes) {
+  if (shapes.empty()) return "none";
+  std::ostringstream out;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    out << (i ? ", " : "") << '[';
+    for (std::size_t d = 0; d < shapes[i].first.size(); ++d) out << (d ? ", " : "") << shapes[i].first[d];
+    out << "] " << c10::getDtypeNames(shapes[i].second).first;
+  }
+  return out.str();
+}
+
+// A return handed back in recompute: a new tensor over each held one's storage, which autograd
+// above makes the recomputed op's output without touching forward's.
+c10::IValue fresh(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor().detach();
+  if (!value.isTensorList()) return value;
+  std::vector<at::Tensor> tensors = value.toTensorVector();
+  for (at::Tensor& t : tensors) t = t.detach();
+  return tensors;
+}
+
+}  // namespace
+
+KeptOps::KeptOps(std::string region, std::map<std::uint32_t, std::string> kept)
+    : region_(std::move(region)), kept_(std::move(kept)) {
+  if (kept_.empty()) throw Error("KeptOps for region '" + region_ + "' names no op to keep: run the region plainly");
+  last_ = kept_.rbegin()->first;
+  register_fallback();
+}
+
+KeptOps::~KeptOps() { clear(); }
+
+void KeptOps::clear() {
+  std::lock_guard<std::mutex> lock(holding_mutex);
+  held_.clear();
+  holding().erase(this);
+}
+
+std::vector<HeldOpOutput> held_op_outputs() {
+  std::vector<HeldOpOutput> outputs;
+  std::unordered_set<const c10::StorageImpl*> seen;
+  std::lock_guard<std::mutex> lock(holding_mutex);
+  for (const KeptOps* ops : holding()) {
+    for (const auto& [index, held] : ops->held_) {
+      for (const c10::IValue& value : held.returns) {
+        for_each_tensor(value, [&](const at::Tensor& t) {
+          if (!t.defined() || !t.has_storage() || !seen.insert(t.storage().unsafeGetStorageImpl()).second) return;
+          outputs.push_back({t.device().str(), reinterpret_cast<std::uintptr_t>(t.storage().data()),
+                             static_cast<std::uint64_t>(t.storage().nbytes())});
+        });
+      }
+    }
+  }
+  return outputs;
+}
+
+KeptOps::Scope::Scope(KeptOps& ops, bool recomputing) : ops_(ops), recomputing_(recomputing), outer_(innermost) {
+  if (!recomputing_) {
+    ops_.clear();
+    ops_.ran_.clear();
+  }
+  included_.emplace(kKey);
+  innermost = this;
+}
+
+KeptOps::Scope::~Scope() {
+  if (!included_) return;  // finished
+  close();
+  ops_.clear();
+}
+
+void KeptOps::Scope::close() {
+  // Scopes close in the order they opened on a thread; one that did not is taken out of the chain.
+  if (innermost == this) {
+    innermost = outer_;
+  } else {
+    for (Scope* scope = innermost; scope != nullptr; scope = scope->outer_) {
+      if (scope->outer_ == this) {
+        scope->outer_ = outer_;
+        break;
+      }
+    }
+  }
+  included_.reset();
+}
+
+void KeptOps::Scope::finish() {
+  if (!included_) return;
+  close();
+  if (recomputing_) {
+    ops_.clear();
+    return;
+  }
+  if (ops_.ran_.size() <= ops_.last_) {
+    const auto missing = ops_.kept_.lower_bound(static_cast<std::uint32_t>(ops_.ran_.size()));
+    ops_.clear();
+    C10_THROW_ERROR(ValueError, "region '" + ops_.region_ + "' ran " + std::to_string(ops_.ran_.size()) +
+                                    " ops, but the plan keeps op " + std::to_string(missing->first) + " (" +
+                                    missing->second + ")" + profile_again(ops_.region_));
+  }
+  // The outputs themselves until now, so that writes into them counted; from here a detached alias
+  // of each (sharing its version counter), which holds no part of forward's graph.
+  std::lock_guard<std::mutex> lock(holding_mutex);
+  for (auto& [index, held] : ops_.held_) {
+    for (c10::IValue& value : held.returns) value = fresh(value);
+  }
+}
+
+void KeptOps::Scope::pass(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (!numbered(op)) return next(op, keys, stack);
+  if (!recomputing_) {
+    const auto index = static_cast<std::uint32_t>(ops_.ran_.size());
+    ops_.ran_.push_back(op);
+    const auto want = ops_.kept_.find(index);
+    if (want == ops_.kept_.end()) return next(op, keys, stack);
+    return hold(op, keys, stack, index, want->second);
+  }
+  const std::uint32_t index = count_++;
+  if (index >= ops_.ran_.size() || !(ops_.ran_[index] == op)) refuse(op, index);
+  if (!ops_.held_.empty() && hand_back(op, stack, index)) return;
+  next(op, keys, stack);
+}
+
+void KeptOps::Scope::next(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (outer_ == nullptr) {
+    run_below(op, keys, stack);
+  } else {
+    outer_->pass(op, keys, stack);
+  }
+}
+
+void KeptOps::Scope::hold(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
+                          std::uint32_t index, const std::string& want) {
+  const std::string found = op_name(op);
+  if (found != want) {
+    C10_THROW_ERROR(ValueError, "region '" + ops_.region_ + "': op " + std::to_string(index) + " is " + found +
+                                    ", but the plan keeps " + want + " there" + profile_again(ops_.region_));
+  }
+  const c10::FunctionSchema& schema = op.schema();
+  const auto arguments = torch::jit::last(*stack, schema.arguments().size());
+  std::unordered_set<const c10::StorageImpl*> inputs;
+  for (const c10::IValue& value : arguments) {
+    if (value.isTensor() && value.toTensor().has_storage())
+      inputs.insert(value.toTensor().storage().unsafeGetStorageImpl());
+  }
+  Held held{{}, {}, input_shapes(arguments)};
+  next(op, keys, stack);
+  const auto returns = torch::jit::last(*stack, schema.returns().size());
+  bool fresh_storage = keepable(op) && plain_returns(returns);
+  for (const c10::IValue& value : returns) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (!t.has_storage() || inputs.count(t.storage().unsafeGetStorageImpl()) != 0) fresh_storage = false;
+      held.versions.push_back(version_of(t));
+    });
+  }
+  if (!fresh_storage || held.versions.empty()) {
+    C10_THROW_ERROR(ValueError, "region '" + ops_.region_ + "': op " + std::to_string(index) + " (" + found +
+                                    ") returned no new storage to keep" + profile_again(ops_.region_));
+  }
+  held.returns.assign(returns.begin(), returns.end());
+  std::lock_guard<std::mutex> lock(holding_mutex);
+  ops_.held_[index] = std::move(held);
+  holding().insert(&ops_);
+}
+
+bool KeptOps::Scope::hand_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::uint32_t index) {
+  std::unique_lock<std::mutex> lock(holding_mutex);
+  const auto found = ops_.held_.find(index);
+  if (found == ops_.held_.end()) return false;
+  Held held = std::move(found->second);
+  ops_.held_.erase(found);
+  lock.unlock();
+  const std::size_t argument_count = op.schema().arguments().size();
+  const Shapes shapes = input_shapes(torch::jit::last(*stack, argument_count));
+  if (shapes != held.inputs) {
+    refuse(op, index, "on inputs " + describe(shapes) + ", where forward ran it on " + describe(held.inputs));
+  }
+  std::size_t i = 0;
+  bool unchanged = true;
+  for (const c10::IValue& value : held.returns) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      if (t.defined() && version_of(t) != held.versions[i]) unchanged = false;
+      i += t.defined() ? 1 : 0;
+    });
+  }
+  if (!unchanged) return false;  // written into after forward held it: the op runs again
+  torch::jit::drop(*stack, argument_count);
+  for (const c10::IValue& value : held.returns) stack->push_back(fresh(value));
+  return true;
+}
+
+void KeptOps::Scope::refuse(const c10::OperatorHandle& op, std::uint32_t index, const std::string& shapes) {
+  const std::string forward = index < ops_.ran_.size() ? op_name(ops_.ran_[index]) : "no op";
+  const std::string ran =
+      shapes.empty() ? "ran " + op_name(op) + " as op " + std::to_string(index) + ", where forward ran " + forward
+                     : "ran op " + std::to_string(index) + " (" + forward + ") " + shapes;
+  C10_THROW_ERROR(ValueError, "region '" + ops_.region_ + "': recompute " + ran +
+                                  ": the region's code takes another path in recompute (is_recomputing(), state a "
+                                  "recompute hook does not restore, a decision replayed with gradients on); per-op "
+                                  "plans need the same ops in both");
+}
+
+}  // namespace remat
