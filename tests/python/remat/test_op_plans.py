@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import remat
-from remat._kept_ops import held_storages
+from remat._kept_ops import RegionKeep, held_storages
 from remat._plans import live_checkpoint_bytes
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -535,3 +535,36 @@ def test_a_kept_output_written_in_place_in_forward_is_recomputed_not_handed_back
     # attn's matmul handed back; mlp's, written into after it ran, run again
     assert runs["mm"] == 2 * LAYERS + LAYERS
     assert_gradients_equal(x, weights, expected)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_kept_ops_are_held_on_the_regions_device_and_handed_back(device):
+    """The runtime carries kept ops out below autograd on the region's device: forward holds the
+    kept matmul's output where it was made, recompute takes it instead of running the matmul again,
+    and the gradients are bitwise those without checkpointing."""
+    generator = torch.Generator().manual_seed(4)
+    w = (torch.randn(WIDTH, WIDTH, generator=generator) / 8).to(device).requires_grad_()
+    x = torch.randn(8, WIDTH, generator=generator).to(device).requires_grad_()
+
+    def mlp(t):
+        return (torch.sigmoid(counted_mm(t, w)) * t).sin()
+
+    mlp(x).square().sum().backward()
+    expected = [x.grad.clone(), w.grad.clone()]
+    x.grad = w.grad = None
+    keep = RegionKeep("c::mlp", {0: "remat_op_plans::counted_mm"})
+
+    def kept(t):
+        return keep.wrap(mlp, remat.is_recomputing())(t)
+
+    runs["mm"] = 0
+    y = remat.checkpoint(region_name="c")(lambda t: remat.region(kept, "mlp")(t))(x)
+    assert runs["mm"] == 1
+    held = held_storages()
+    assert list(held.values()) == [ACTIVATION]
+    assert [held_device for held_device, _ in held] == [str(y.device)]
+    y.square().sum().backward()
+    assert runs["mm"] == 1  # recompute took the matmul's output from forward
+    assert held_storages() == {}
+    assert torch.equal(x.grad, expected[0]) and torch.equal(w.grad, expected[1])
