@@ -28,9 +28,9 @@ import torch
 from . import _C
 from ._replay import recording_consults
 
-__all__ = ["RegionKeep", "held_storages", "keeping_seconds_per_op"]
+__all__ = ["RegionKeep", "held_storages", "keeping_seconds"]
 
-_per_op = None  # keeping_seconds_per_op(), once calibrated
+_calibrated = None  # keeping_seconds()'s (per run, per op), once calibrated
 
 
 def held_storages():
@@ -38,25 +38,30 @@ def held_storages():
     return _C.kept_op_outputs()
 
 
-def keeping_seconds_per_op():
-    """What carrying out kept ops costs a region per op it runs, over the ops alone: a small
-    normalization (pow, mean, add, rsqrt, mul, mul: ops with scalars and reductions, as a layer
-    has them) that needs gradients, run as forward runs a region keeping three of its ops, against
-    the body bare; the median of 9 rounds of 50 runs, calibrated once per process. A profile prices
-    a region that keeps ops at this much an op, in forward and again in recompute
-    (op_overhead_seconds): the runtime's fallback sees each op's arguments boxed, and holds and
-    checks the kept outputs."""
-    global _per_op
-    if _per_op is None:
+def keeping_seconds(op_count):
+    """What carrying out kept ops costs a region that runs `op_count` ops, in one run of it (a
+    profile prices a region that keeps ops at this, in forward and again in recompute:
+    op_overhead_seconds): a cost per run (the runtime's scope, the replay check) and one per op
+    (each op passes through the runtime's fallback boxed, and is numbered and checked).
+    Calibrated once per process on a small normalization (pow, mean, add, rsqrt, mul, mul: ops
+    with scalars and reductions, as a layer has them) that needs gradients, run once and four
+    times over in one region, as forward runs a region keeping three of its ops, each against the
+    body bare: the per-op cost from the difference of the two, the rest of the short one's cost
+    per run; medians of 9 rounds of 50 runs."""
+    global _calibrated
+    if _calibrated is None:
         x = torch.ones(2, 8, requires_grad=True)
 
-        def body(t):
+        def norm(t):
             scale = torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6)
             return x * (t * scale)
 
+        def four(t):
+            return norm(norm(norm(norm(t))))
+
         kept = {1: "aten::mean.dim", 2: "aten::add.Tensor", 3: "aten::rsqrt"}
-        rounds = []
-        for _ in range(9):
+
+        def extra(body):
             start = time.thread_time_ns()
             for _ in range(50):
                 body(x)
@@ -64,10 +69,17 @@ def keeping_seconds_per_op():
             start = time.thread_time_ns()
             for _ in range(50):
                 RegionKeep("calibration", kept).wrap(body, False)(x)
-            watched = time.thread_time_ns() - start
-            rounds.append(max(0, watched - bare) / 50 / 6 / 1e9)
-        _per_op = sorted(rounds)[len(rounds) // 2]
-    return _per_op
+            return max(0, time.thread_time_ns() - start - bare) / 50 / 1e9
+
+        short, long = [], []
+        for _ in range(9):
+            short.append(extra(norm))
+            long.append(extra(four))
+        short, long = sorted(short)[4], sorted(long)[4]
+        per_op = max(0.0, (long - short) / 18)
+        _calibrated = (max(0.0, short - 6 * per_op), per_op)
+    per_run, per_op = _calibrated
+    return per_run + op_count * per_op
 
 
 class RegionKeep:

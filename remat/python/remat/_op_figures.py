@@ -28,9 +28,9 @@ the region, and none after it saves a tensor).
 
 Watching ops costs time of its own: the mode's time around each op, and what a mode that only
 passes ops on costs per op (calibrated once per process on a tiny op), are taken out of the
-region's seconds. What carrying out kept ops costs per op (_kept_ops.keeping_seconds_per_op,
-calibrated likewise) times the ops the region runs is its op_overhead_seconds, which a plan that
-keeps ops of it pays in forward and again in recompute (remat/budget/op_plan.hpp).
+region's seconds. What carrying out kept ops costs a run of the region (_kept_ops.keeping_seconds:
+a cost per run and one per op it runs, calibrated likewise) is its op_overhead_seconds, which a
+plan that keeps ops of it pays in forward and again in recompute (remat/budget/op_plan.hpp).
 """
 
 from __future__ import annotations

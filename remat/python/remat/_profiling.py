@@ -31,7 +31,7 @@ from ._api import checkpoint, region
 from ._arguments import flag_arg
 from ._extension import _C
 from ._offload_plans import measure_host_copy, offload_bytes
-from ._kept_ops import keeping_seconds_per_op
+from ._kept_ops import keeping_seconds
 from ._op_figures import OpMeter, interception_seconds
 from ._plans import NO_REGION_RAN, RegionProfile, _state, block_opened
 from ._replay import recording_consults
@@ -172,7 +172,7 @@ class profile_regions:
         interception_seconds()  # calibrated now: the first mode entered costs the step's first region a second
         input_read_seconds_per_op()
         if self._ops:
-            keeping_seconds_per_op()
+            keeping_seconds(0)
         self._step = StepRecorder()
         self._step.begin()
         self._shape = StepShape()
@@ -355,7 +355,7 @@ class profile_regions:
         if not cuda:
             region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
         if ops:
-            profile_regions._add_ops(region, meters, count * keeping_seconds_per_op() / len(meters))
+            profile_regions._add_ops(region, meters, keeping_seconds(count / len(meters)))
 
     @staticmethod
     def _add_ops(region, meters, overhead):
