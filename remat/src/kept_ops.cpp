@@ -159,8 +159,9 @@ KeptOps::KeptOps(std::string region, std::map<std::uint32_t, std::string> kept)
 KeptOps::~KeptOps() { clear(); }
 
 void KeptOps::clear() {
+  std::map<std::uint32_t, Held> dropped;  // let go after the lock: freeing a tensor may take Python's GIL
   std::lock_guard<std::mutex> lock(holding_mutex);
-  held_.clear();
+  dropped.swap(held_);
   holding().erase(this);
 }
 
@@ -227,10 +228,15 @@ void KeptOps::Scope::finish() {
                                     missing->second + ")" + profile_again(ops_.region_));
   }
   // The outputs themselves until now, so that writes into them counted; from here a detached alias
-  // of each (sharing its version counter), which holds no part of forward's graph.
-  std::lock_guard<std::mutex> lock(holding_mutex);
+  // of each (sharing its version counter), which holds no part of forward's graph. Made and let go
+  // outside the lock (a tensor subclass or a dispatch mode runs Python there, which takes the GIL
+  // that a thread waiting for the lock may hold).
   for (auto& [index, held] : ops_.held_) {
-    for (c10::IValue& value : held.returns) value = fresh(value);
+    for (c10::IValue& value : held.returns) {
+      c10::IValue swapped = fresh(value);
+      std::lock_guard<std::mutex> lock(holding_mutex);
+      std::swap(value, swapped);
+    }
   }
 }
 
@@ -288,7 +294,7 @@ void KeptOps::Scope::hold(const c10::OperatorHandle& op, c10::DispatchKeySet key
   }
   held.returns.assign(returns.begin(), returns.end());
   std::lock_guard<std::mutex> lock(holding_mutex);
-  ops_.held_[index] = std::move(held);
+  ops_.held_.emplace(index, std::move(held));  // new: forward numbers each op once
   holding().insert(&ops_);
 }
 

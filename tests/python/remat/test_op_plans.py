@@ -10,6 +10,8 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -568,3 +570,59 @@ def test_kept_ops_are_held_on_the_regions_device_and_handed_back(device):
     assert runs["mm"] == 1  # recompute took the matmul's output from forward
     assert held_storages() == {}
     assert torch.equal(x.grad, expected[0]) and torch.equal(w.grad, expected[1])
+
+
+def test_threads_keeping_ops_at_once_neither_block_each_other_nor_mix_their_outputs():
+    """Four threads each run checkpoints keeping ops, 100 steps each, while a fifth reads the held
+    outputs: each gets its gradients bitwise, and none waits on another forever (a thread letting
+    its held outputs go must not hold the runtime's lock while a freed tensor takes the GIL that a
+    thread waiting for the lock holds). In a child process, so that a hang ends at its timeout."""
+    script = textwrap.dedent("""
+        import threading, torch, remat
+        from remat._kept_ops import RegionKeep, held_storages
+
+        def plain(a, b):
+            return (torch.sigmoid(torch.tanh(a @ b) @ b) * a).sin()
+
+        def gradients(step, x, w):
+            x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+            step(x, w).square().sum().backward()
+            return x.grad, w.grad
+
+        def kept_step(x, w):
+            keep = RegionKeep("c::r", {0: "aten::mm", 2: "aten::mm", 3: "aten::sigmoid"})
+            body = lambda a, b: keep.wrap(plain, remat.is_recomputing())(a, b)
+            return remat.checkpoint(region_name="c")(lambda a, b: remat.region(body, "r")(a, b))(x, w)
+
+        wrong, done = [], []
+
+        def worker(seed):
+            generator = torch.Generator().manual_seed(seed)
+            x, w = torch.randn(16, 32, generator=generator), torch.randn(32, 32, generator=generator) / 4
+            expected = gradients(plain, x, w)
+            for _ in range(100):
+                got = gradients(kept_step, x, w)
+                wrong.extend(i for i in range(2) if not torch.equal(got[i], expected[i]))
+            done.append(seed)
+
+        reading = True
+
+        def reader():
+            while reading:
+                held_storages()
+
+        poller = threading.Thread(target=reader)
+        poller.start()
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        reading = False
+        poller.join()
+        print(sorted(done), len(wrong), held_storages())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[0, 1, 2, 3] 0 {}"]
