@@ -6,6 +6,8 @@
 
 #include <ATen/core/stack.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 #include <memory>
@@ -19,6 +21,8 @@ namespace {
 constexpr c10::DispatchKey kKey = c10::DispatchKey::Fake;
 
 thread_local KeptOps::Scope* innermost = nullptr;  // the scope open last on this thread
+thread_local bool included_here = false;           // the key is in this thread's set by its scopes
+thread_local int set_aside = 0;                    // set_kept_ops_aside(true) calls not yet undone
 
 // The KeptOps holding outputs now, for held_op_outputs(); their held_ maps change under the lock.
 std::mutex holding_mutex;
@@ -33,13 +37,35 @@ void run_below(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::j
   op.redispatchBoxed(keys & below, stack);
 }
 
+// Whether the op is traced rather than run: under one of PyTorch's tracing modes (fake tensors,
+// make_fx's proxies, functionalization: torch.compile compiling a function the region calls), or
+// on a fake or meta tensor, or making one. A TorchDispatchMode is set aside while torch.compile traces, so the
+// profile never numbers these; the compiled code's own ops, when it runs, are numbered.
+bool traced(c10::ArrayRef<c10::IValue> arguments) {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  if (TorchDispatchModeTLS::any_modes_set(/*skip_infra_modes=*/false) &&
+      (TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE) ||
+       TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY) ||
+       TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL))) {
+    return true;
+  }
+  return std::any_of(arguments.begin(), arguments.end(), [](const c10::IValue& value) {
+    if (value.isDevice()) return value.toDevice().is_meta();
+    if (!value.isTensor()) return false;
+    const c10::Storage& storage = value.toTensor().unsafeGetTensorImpl()->unsafe_storage();
+    return storage && storage.device_type() == c10::DeviceType::Meta;
+  });
+}
+
 // Every op dispatched below autograd while a scope is open on the thread. Ops the kernels run
 // inside it are not seen (the key is excluded while it runs), as a TorchDispatchMode does not see
 // them.
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard not_again(kKey);
-  if (innermost == nullptr) {
-    run_below(op, keys, stack);  // the thread took the key from another's state, without a scope
+  // Without a scope the thread took the key from another's state.
+  if (innermost == nullptr || set_aside > 0 || traced(torch::jit::last(*stack, op.schema().arguments().size()))) {
+    run_below(op, keys, stack);
     return;
   }
   innermost->pass(op, keys, stack);
@@ -118,10 +144,25 @@ std::uint32_t version_of(const at::Tensor& t) {
   return static_cast<std::uint32_t>(t._version());
 }
 
+// The shapes and dtypes of the tensors among an op's arguments, those in lists included (cat's
+// inputs, index's Tensor?[], where a None keeps its place as an empty shape of dtype Undefined).
 KeptOps::Shapes input_shapes(c10::ArrayRef<c10::IValue> arguments) {
   KeptOps::Shapes shapes;
+  const auto add = [&](const at::Tensor& t) {
+    if (t.defined()) {
+      shapes.emplace_back(t.sizes().vec(), t.scalar_type());
+    } else {
+      shapes.emplace_back(std::vector<std::int64_t>{}, c10::ScalarType::Undefined);
+    }
+  };
   for (const c10::IValue& value : arguments) {
-    if (value.isTensor()) shapes.emplace_back(value.toTensor().sizes().vec(), value.toTensor().scalar_type());
+    if (value.isTensor() && value.toTensor().defined()) {
+      add(value.toTensor());
+    } else if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef()) {
+        if (element.isTensor() || element.isNone()) add(element.isTensor() ? element.toTensor() : at::Tensor());
+      }
+    }
   }
   return shapes;
 }
@@ -132,7 +173,8 @@ std::string describe(const KeptOps::Shapes& shapes) {
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     out << (i ? ", " : "") << '[';
     for (std::size_t d = 0; d < shapes[i].first.size(); ++d) out << (d ? ", " : "") << shapes[i].first[d];
-    out << "] " << c10::getDtypeNames(shapes[i].second).first;
+    out << "] "
+        << (shapes[i].second == c10::ScalarType::Undefined ? "None" : c10::getDtypeNames(shapes[i].second).first);
   }
   return out.str();
 }
@@ -140,10 +182,11 @@ std::string describe(const KeptOps::Shapes& shapes) {
 // A return handed back in recompute: a new tensor over each held one's storage, which autograd
 // above makes the recomputed op's output without touching forward's.
 c10::IValue fresh(const c10::IValue& value) {
-  if (value.isTensor()) return value.toTensor().detach();
+  const auto detached = [](const at::Tensor& t) { return t.defined() ? t.detach() : t; };
+  if (value.isTensor()) return detached(value.toTensor());
   if (!value.isTensorList()) return value;
   std::vector<at::Tensor> tensors = value.toTensorVector();
-  for (at::Tensor& t : tensors) t = t.detach();
+  for (at::Tensor& t : tensors) t = detached(t);
   return tensors;
 }
 
@@ -164,6 +207,8 @@ void KeptOps::clear() {
   dropped.swap(held_);
   holding().erase(this);
 }
+
+void set_kept_ops_aside(bool aside) { set_aside = std::max(0, set_aside + (aside ? 1 : -1)); }
 
 std::vector<HeldOpOutput> held_op_outputs() {
   std::vector<HeldOpOutput> outputs;
@@ -188,18 +233,22 @@ KeptOps::Scope::Scope(KeptOps& ops, bool recomputing) : ops_(ops), recomputing_(
     ops_.clear();
     ops_.ran_.clear();
   }
-  included_.emplace(kKey);
+  if (innermost == nullptr && !c10::impl::tls_is_dispatch_key_included(kKey)) {
+    c10::impl::tls_set_dispatch_key_included(kKey, true);
+    included_here = true;
+  }
   innermost = this;
 }
 
 KeptOps::Scope::~Scope() {
-  if (!included_) return;  // finished
+  if (!open_) return;  // finished
   close();
   ops_.clear();
 }
 
 void KeptOps::Scope::close() {
-  // Scopes close in the order they opened on a thread; one that did not is taken out of the chain.
+  // Scopes close in the order they opened on a thread; one that did not is taken out of the chain,
+  // and the key stays in the thread's set while any is open.
   if (innermost == this) {
     innermost = outer_;
   } else {
@@ -210,11 +259,15 @@ void KeptOps::Scope::close() {
       }
     }
   }
-  included_.reset();
+  open_ = false;
+  if (innermost == nullptr && included_here) {
+    c10::impl::tls_set_dispatch_key_included(kKey, false);
+    included_here = false;
+  }
 }
 
 void KeptOps::Scope::finish() {
-  if (!included_) return;
+  if (!open_) return;
   close();
   if (recomputing_) {
     ops_.clear();

@@ -12,6 +12,7 @@
 #include <remat/replay.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <functional>
@@ -201,6 +202,29 @@ TEST(KeptOps, APlanKeepingOpsOfASavedRegionIsRefused) {
     EXPECT_NE(std::string(error.what()).find("keeps ops of 'layer::mlp', which it saves"), std::string::npos)
         << error.what();
   }
+}
+
+}  // namespace
+
+namespace {
+
+bool key_included() { return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake); }
+
+TEST(KeptOps, ScopesClosedOutOfOrderLeaveTheOpenOnesWorking) {
+  remat::KeptOps first("a::r", {{0, "aten::mm"}});
+  remat::KeptOps second("b::r", {{0, "aten::mm"}});
+  const at::Tensor x = at::ones({2, 2});
+  auto outer = std::make_unique<remat::KeptOps::Scope>(first, /*recomputing=*/false);
+  auto inner = std::make_unique<remat::KeptOps::Scope>(second, /*recomputing=*/false);
+  outer.reset();  // closed before the scope opened after it
+  EXPECT_TRUE(key_included());
+  (void)at::mm(x, x);  // still seen by the open scope: its op 0 is held
+  inner->finish();
+  EXPECT_FALSE(key_included());
+  const auto held = remat::held_op_outputs();
+  EXPECT_EQ(held.size(), 1u);
+  second.clear();
+  EXPECT_TRUE(remat::held_op_outputs().empty());
 }
 
 }  // namespace

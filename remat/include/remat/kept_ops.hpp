@@ -14,7 +14,12 @@
 //   checkpointing.
 // Forward writing into a held output later (an in-place op, in the region or after it) makes
 // recompute run the op again rather than hand back a changed value; random ops and ops whose
-// output size depends on values are never kept. Ops a kernel runs inside another op are not seen.
+// output size depends on values are never kept. Ops a kernel runs inside another op are not seen,
+// nor are ops traced rather than run (torch.compile compiling a function the region calls: under
+// PyTorch's fake, proxy or functional modes, or on fake or meta tensors), as the profile's
+// TorchDispatchMode does not see them. Unlike that mode, the fallback sees ops run while PyTorch
+// sets dispatch modes aside (printing a tensor does): such code in a region shifts the numbering
+// from the profile's, and the region is refused.
 // A region whose ops differ from the plan's, or whose recompute runs other ops than its forward
 // did, is refused with a c10::ValueError (Python's ValueError) naming the first difference.
 //
@@ -22,12 +27,10 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +46,12 @@ struct HeldOpOutput {
 
 // Every storage held by every KeptOps now, each once.
 std::vector<HeldOpOutput> held_op_outputs();
+
+// Sets this thread's kept ops aside (true) or back (false), counted: while they are aside no op
+// is numbered, held or handed back. torch.compile sets PyTorch's dispatch modes aside while it
+// compiles a function (its tracing, its backend), so the profile never numbers those ops; the
+// Python package calls this from torch.compile's compile start and end hooks to match.
+void set_kept_ops_aside(bool aside);
 
 // The kept ops of one region in one checkpoint call, and what forward held for recompute.
 class KeptOps {
@@ -86,7 +95,7 @@ class KeptOps {
     bool recomputing_;
     std::uint32_t count_ = 0;  // recompute: the numbered ops run so far
     Scope* outer_;             // the scope open on this thread before this one
-    std::optional<c10::impl::IncludeDispatchKeyGuard> included_;
+    bool open_ = true;
   };
 
   // Lets every held output go.

@@ -82,20 +82,51 @@ def keeping_seconds(op_count):
     return per_run + op_count * per_op
 
 
+_compile_hooks = None  # torch.compile's compile hooks, once imported
+
+
+def _set_aside(_):
+    _C.set_kept_ops_aside(True)
+
+
+def _set_back(_):
+    _C.set_kept_ops_aside(False)
+
+
+def _set_aside_while_compiling():
+    """torch.compile sets dispatch modes aside while it compiles a function (tracing it, running
+    its backend), so the profile's mode never numbers those ops: kept ops are set aside on the
+    compiling thread from its compile start hook to its end hook, which run on the thread that
+    compiles. Registered when a region keeps ops, and again after torch._dynamo.reset() (which
+    drops every hook)."""
+    global _compile_hooks
+    if _compile_hooks is None:
+        from torch._dynamo.callback import callback_handler
+
+        _compile_hooks = callback_handler
+    if _set_aside not in _compile_hooks.start_callbacks:
+        _compile_hooks.register_start_callback(_set_aside)
+        _compile_hooks.register_end_callback(_set_back)
+
+
 class RegionKeep:
     """The kept ops of one region in one checkpoint call ({index: op name} from the plan), and
     what forward held of them for recompute."""
 
     def __init__(self, path, kept):
+        _set_aside_while_compiling()
         self.path = path
         self.ops = _C.KeptOps(path, kept)
+        self.kept_in_forward = False  # forward ran the region with gradients, keeping its ops
 
     def wrap(self, body, recomputing):
         ops = self.ops
 
         def kept_ops_body(*args, **kwargs):
-            if not recomputing and not torch.is_grad_enabled():
-                return body(*args, **kwargs)  # no backward follows: nothing to keep
+            if not recomputing:
+                self.kept_in_forward = torch.is_grad_enabled()
+            if not self.kept_in_forward:
+                return body(*args, **kwargs)  # no backward reads what it makes: nothing kept, none to take
             consults = recording_consults()
             with ops.running(recomputing):
                 out = body(*args, **kwargs)

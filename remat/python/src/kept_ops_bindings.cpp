@@ -52,6 +52,8 @@ void bind_kept_ops(py::module_& m) {
         }
         return false;
       });
+  m.def("set_kept_ops_aside", &set_kept_ops_aside, py::arg("aside"),
+        "Sets this thread's kept ops aside (True) or back (False), counted: torch.compile's compile hooks.");
   m.def(
       "kept_op_outputs",
       [] {

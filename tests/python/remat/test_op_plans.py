@@ -578,7 +578,7 @@ def test_threads_keeping_ops_at_once_neither_block_each_other_nor_mix_their_outp
     its held outputs go must not hold the runtime's lock while a freed tensor takes the GIL that a
     thread waiting for the lock holds). In a child process, so that a hang ends at its timeout."""
     script = textwrap.dedent("""
-        import threading, torch, remat
+        import threading, time, torch, remat
         from remat._kept_ops import RegionKeep, held_storages
 
         def plain(a, b):
@@ -607,9 +607,10 @@ def test_threads_keeping_ops_at_once_neither_block_each_other_nor_mix_their_outp
 
         reading = True
 
-        def reader():
+        def reader():  # a pause between reads: a loop that never lets go of the GIL starves the workers
             while reading:
                 held_storages()
+                time.sleep(0.001)
 
         poller = threading.Thread(target=reader)
         poller.start()
@@ -626,3 +627,81 @@ def test_threads_keeping_ops_at_once_neither_block_each_other_nor_mix_their_outp
                           env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[0, 1, 2, 3] 0 {}"]
+
+
+def kept_region_step(keep, body, x, w):
+    """The gradients of x and w through checkpoint 'c' whose region 'r' runs body keeping `keep`'s ops."""
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+
+    def kept(t):
+        return keep.wrap(lambda u: body(u, w), remat.is_recomputing())(t)
+
+    remat.checkpoint(region_name="c")(lambda t: remat.region(kept, "r")(t))(x).square().sum().backward()
+    return x.grad, w.grad
+
+
+def test_a_function_compiled_inside_a_region_keeping_ops_is_numbered_as_it_runs_not_as_it_is_traced():
+    """torch.compile tracing a function inside the region (its first call, and again after
+    torch._dynamo.reset(), which drops every compile hook) runs fake and traced ops that the
+    profile's mode never sees: the runtime sets kept ops aside while it compiles, and numbers the
+    compiled code's ops as it runs them (mm, sigmoid, mul, mm, sin)."""
+    generator = torch.Generator().manual_seed(6)
+    x, w = torch.randn(4, 8, generator=generator), torch.randn(8, 8, generator=generator)
+
+    def inner(a, b):
+        return torch.sigmoid(a @ b) * a
+
+    def plain_body(a, b):
+        return (inner(a, b) @ b).sin()
+
+    expected = kept_region_step(RegionKeep("c::r", {0: "aten::mm"}), plain_body, x, w)  # nothing compiled
+    compiled = torch.compile(inner, backend="aot_eager")
+
+    def body(a, b):
+        return (compiled(a, b) @ b).sin()
+
+    for kept in ({0: "aten::mm"}, {3: "aten::mm"}, {1: "aten::sigmoid", 2: "aten::mul.Tensor"}):
+        for _ in range(2):  # the first call compiles inside the region, the second runs compiled
+            got = kept_region_step(RegionKeep("c::r", kept), body, x, w)
+            assert all(torch.equal(g, e) for g, e in zip(got, expected)), kept
+            assert held_storages() == {}
+        torch._dynamo.reset()
+
+
+def test_a_region_run_without_gradients_inside_a_checkpoint_keeps_nothing_and_recomputes_plainly():
+    """A region the checkpoint's body runs under torch.no_grad: forward keeps nothing of it (no
+    backward reads it), and its recompute, which runs it again all the same, runs it plainly
+    instead of checking its ops against a forward that numbered none."""
+    generator = torch.Generator().manual_seed(7)
+    x, w = torch.randn(4, 8, generator=generator), torch.randn(8, 8, generator=generator)
+    gate_weight = torch.randn(8, 8, generator=generator)
+    gate_keep, mlp_keep = RegionKeep("c::gate", {0: "aten::mm"}), RegionKeep("c::mlp", {0: "aten::mm"})
+
+    def body(t, weight):
+        with torch.no_grad():
+            gate = remat.region(lambda u: gate_keep.wrap(lambda v: torch.sigmoid(v @ gate_weight),
+                                                         remat.is_recomputing())(u), "gate")(t)
+        mlp = remat.region(lambda u: mlp_keep.wrap(lambda v: (v @ weight).tanh(), remat.is_recomputing())(u), "mlp")
+        return mlp(t) * gate
+
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    (((xg @ wg).tanh()) * torch.sigmoid(x @ gate_weight)).square().sum().backward()
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    remat.checkpoint(region_name="c")(body)(xc, wc).square().sum().backward()
+    assert torch.equal(xc.grad, xg.grad) and torch.equal(wc.grad, wg.grad)
+    assert held_storages() == {}
+
+
+def test_a_kept_op_reading_a_list_of_tensors_of_other_shapes_in_recompute_is_refused():
+    generator = torch.Generator().manual_seed(8)
+    x, w = torch.randn(4, 8, generator=generator), torch.randn(8, 8, generator=generator)
+
+    def body(t, weight):
+        rows = 2 if remat.is_recomputing() else 4
+        return (torch.cat([t[:rows], t[:rows]]) @ weight).sin()
+
+    with pytest.raises(ValueError, match=r"region 'c::r': recompute ran op 0 \(aten::cat\) on inputs \[2, 8\] "
+                                         r"float32, \[2, 8\] float32, where forward ran it on \[4, 8\] float32, "
+                                         r"\[4, 8\] float32"):
+        kept_region_step(RegionKeep("c::r", {0: "aten::cat"}), body, x, w)
+    assert held_storages() == {}
