@@ -400,13 +400,13 @@ TensorList run_region_in_forward(Frame& frame, const ThreadState& state, const F
     RunningRegionScope running(frame, index);
     auto region_tag = TagScope::region(name, recompute ? Policy::recompute : Policy::save);
     // Ops are kept for a backward that may follow: not where the region runs without gradients.
-    const auto* kept = recompute && frame.options.plan && at::GradMode::is_enabled()
-                           ? frame.options.plan->kept_ops_for(frame.region_path(name))
-                           : nullptr;
+    const bool may_keep = recompute && frame.options.plan && at::GradMode::is_enabled();
+    const std::string path = may_keep ? frame.region_path(name) : std::string();
+    const auto* kept = may_keep ? frame.options.plan->kept_ops_for(path) : nullptr;
     if (kept == nullptr) {
       outputs = body(inputs);
     } else {
-      auto& ops = frame.kept_ops[index] = std::make_unique<KeptOps>(frame.region_path(name), *kept);
+      auto& ops = frame.kept_ops[index] = std::make_unique<KeptOps>(path, *kept);
       const std::uint64_t decisions = recorded_decisions();
       KeptOps::Scope holding(*ops, /*recomputing=*/false);
       outputs = body(inputs);
