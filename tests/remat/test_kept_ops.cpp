@@ -1,13 +1,14 @@
 // A per-op plan carried out by the C++ runtime (CheckpointOptions::plan made from a plan with
 // kept_ops): a recomputed region keeping an op's outputs holds them from forward, and recompute
 // hands them back instead of running the op again, with gradients bitwise those of no
-// checkpointing. A region whose ops differ from the plan's, or whose recompute differs from its
-// forward, is refused naming the first difference.
+// checkpointing, also beside a region the same plan offloads. A region whose ops differ from the
+// plan's, or whose recompute differs from its forward, is refused naming the first difference.
 
 #include "support.hpp"
 
 #include <remat/budget/error.hpp>
 #include <remat/budget/plan.hpp>
+#include <remat/cpu_offload.hpp>
 #include <remat/kept_ops.hpp>
 #include <remat/replay.hpp>
 
@@ -125,6 +126,39 @@ TEST(KeptOps, TheKeptOutputIsHeldFromForwardUntilRecomputeTakesIt) {
   EXPECT_EQ(remat::held_op_outputs().size(), 1u);
   seen.outputs.clear();
   loss = at::Tensor();
+  EXPECT_TRUE(remat::held_op_outputs().empty());
+}
+
+// A plan made by solve_ops_offload: one region offloaded, the next recomputed keeping its matmul.
+TEST(KeptOps, OnePlanOffloadsOneRegionAndKeepsAnOpOfAnother) {
+  budget::Plan dump;
+  budget::RegionCost attn, mlp_region;
+  attn.name = "layer::attn";
+  mlp_region.name = "layer::mlp";
+  dump.regions = {{attn, budget::Choice::save}, {mlp_region, budget::Choice::recompute}};
+  dump.kept_ops = {{}, the_matmul()};
+  dump.offloaded = {true, false};
+  dump.host_budget_bytes = std::uint64_t{1} << 20;
+  const auto plan = std::make_shared<const budget::RegionChoices>(dump);
+  const auto loss = [&](bool checkpointed, Seen& seen) {
+    const Inputs in = inputs();
+    auto body = [&](const at::Tensor& x, const at::Tensor& w) {
+      const at::Tensor h = remat::region([&](const at::Tensor& t) { return at::tanh(at::mm(t, w)); }, "attn")(x);
+      return remat::region([&](const at::Tensor& t) { return mlp(t, w, seen, {}); }, "mlp")(h);
+    };
+    at::Tensor y =
+        checkpointed ? remat::checkpoint({.region_name = "layer", .plan = plan})(body)(in.x, in.w) : body(in.x, in.w);
+    return torch::autograd::grad({y.square().sum()}, {in.x, in.w});
+  };
+  Seen plain, kept;
+  const auto expected = loss(false, plain);
+  expect_bitwise(loss(true, kept), expected);
+  EXPECT_EQ(kept.recompute(), kept.forward()) << "recompute handed back forward's matmul output";
+  const std::shared_ptr<remat::CpuOffload> offloader = remat::plan_offloader(plan);
+  ASSERT_NE(offloader, nullptr);
+  // attn's tanh output (its backward reads it) went to the host and came back.
+  EXPECT_GE(offloader->stats().offloaded_bytes, static_cast<std::uint64_t>(float_bytes(kRows * kWidth)));
+  EXPECT_EQ(offloader->stats().resident_host_bytes, 0u);
   EXPECT_TRUE(remat::held_op_outputs().empty());
 }
 

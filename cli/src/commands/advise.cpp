@@ -186,8 +186,8 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
   command->add_option(
       "--host-budget", opts->host_budget,
       "Host memory offloaded regions may hold, with a unit (64GiB), or 0 for none: each region is then saved, "
-      "recomputed or offloaded (the plan profile.plan(budget_bytes= or peak_bytes=, host_budget_bytes=) makes); "
-      "needs --budget or --peak");
+      "recomputed or offloaded (the plan profile.plan(budget_bytes= or peak_bytes=, host_budget_bytes=) makes; "
+      "with --ops, also recomputed keeping ops); needs --budget or --peak");
   command->add_flag("--group", opts->group,
                     "Plan regions whose names differ only in numbers as one (layers.*::attn), as plan(group=True)");
   command->add_flag("--ops", opts->ops,
@@ -225,7 +225,6 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     if (opts->ops) {
       if (!has_budget) throw UsageError("--ops needs --budget (what the checkpoints keep) or --peak (the step's peak)");
       if (opts->group) throw UsageError("--ops keeps ops of regions as measured: drop --group, or --ops");
-      if (host_budget) throw UsageError("--ops plans without offload: drop --host-budget, or --ops");
       if (draw) throw UsageError("--svg draws plans without kept ops: drop --svg, or --ops");
     }
     const std::string source = opts->file == kStdinArgument ? std::string(kStdinName) : opts->file;
@@ -262,12 +261,17 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
     }
     budget::Plan plan;
     try {
-      plan = by_peak && host_budget ? budget::solve_peak_offload(profile, budget_bytes, *host_budget)
-             : by_peak && opts->ops ? budget::solve_peak_ops(profile, budget_bytes)
-             : by_peak              ? budget::solve_peak(profile, budget_bytes)
-             : opts->ops            ? budget::solve_ops(profile, budget_bytes)
-             : host_budget ? budget::solve_offload(profile, budget_bytes, *host_budget)
-                           : budget::solve(profile, budget_bytes);
+      if (opts->ops && host_budget) {
+        plan = by_peak ? budget::solve_peak_ops_offload(profile, budget_bytes, *host_budget)
+                       : budget::solve_ops_offload(profile, budget_bytes, *host_budget);
+      } else {
+        plan = by_peak && host_budget ? budget::solve_peak_offload(profile, budget_bytes, *host_budget)
+               : by_peak && opts->ops ? budget::solve_peak_ops(profile, budget_bytes)
+               : by_peak              ? budget::solve_peak(profile, budget_bytes)
+               : opts->ops            ? budget::solve_ops(profile, budget_bytes)
+               : host_budget          ? budget::solve_offload(profile, budget_bytes, *host_budget)
+                                      : budget::solve(profile, budget_bytes);
+      }
     } catch (const budget::BudgetError& error) {
       throw UsageError(fmt::format("{} {}: {}", by_peak ? "--peak" : "--budget",
                                    printable(by_peak ? opts->peak : opts->budget), error.what()));

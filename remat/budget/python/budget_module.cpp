@@ -103,6 +103,23 @@ PYBIND11_MODULE(_budget, m) {
       "The remat-plan dump of the fastest per-op plan whose predicted step peak, kept ops counted, is within "
       "peak_bytes.");
   m.def(
+      "plan_ops_offload",
+      [](const RegionProfile& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes) {
+        return plan_to_json(solve_ops_offload(profile, budget_bytes, host_budget_bytes));
+      },
+      py::arg("profile"), py::arg("budget_bytes"), py::arg("host_budget_bytes"),
+      py::call_guard<py::gil_scoped_release>(),
+      "The remat-plan dump of the fastest per-op plan with offload (regions saved, recomputed, recomputed keeping "
+      "some ops' outputs, or offloaded) within the device budget and the host budget.");
+  m.def(
+      "plan_by_peak_ops_offload",
+      [](const RegionProfile& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes) {
+        return plan_to_json(solve_peak_ops_offload(profile, peak_bytes, host_budget_bytes));
+      },
+      py::arg("profile"), py::arg("peak_bytes"), py::arg("host_budget_bytes"), py::call_guard<py::gil_scoped_release>(),
+      "The remat-plan dump of the fastest per-op plan with offload whose predicted step peak is within peak_bytes "
+      "and whose offloaded bytes are within host_budget_bytes.");
+  m.def(
       "plan_by_peak_offload",
       [](const RegionProfile& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes) {
         return plan_to_json(solve_peak_offload(profile, peak_bytes, host_budget_bytes));
@@ -156,20 +173,21 @@ PYBIND11_MODULE(_budget, m) {
                               " region(s) the profile" + (group ? " (grouped by pattern)" : "") +
                               " does not have: " + listed(unknown));
           }
+          std::vector<bool> offloaded;
+          for (const RegionCost& region : parsed.regions) {
+            const auto found = offloaded_by_region.find(region.name);
+            offloaded.push_back(found != offloaded_by_region.end() && found->second);
+          }
           if (!kept_ops_by_region.empty()) {
             KeptOps kept;
             for (const RegionCost& region : parsed.regions) {
               const auto found = kept_ops_by_region.find(region.name);
               kept.push_back(found == kept_ops_by_region.end() ? std::vector<std::uint32_t>{} : found->second);
             }
-            return predict_step_peak(parsed, choices, kept);
+            return offloaded_by_region.empty() ? predict_step_peak(parsed, choices, kept)
+                                               : predict_step_peak(parsed, choices, offloaded, kept);
           }
           if (offloaded_by_region.empty()) return predict_step_peak(parsed, choices);
-          std::vector<bool> offloaded;
-          for (const RegionCost& region : parsed.regions) {
-            const auto found = offloaded_by_region.find(region.name);
-            offloaded.push_back(found != offloaded_by_region.end() && found->second);
-          }
           return predict_step_peak(parsed, choices, offloaded);
         });
       },

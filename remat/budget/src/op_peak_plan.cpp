@@ -12,7 +12,12 @@
 // profile with few ops, solve_ops's plans at bisected budgets of kept bytes. The fastest of them
 // within the peak stands, marked not exact, unless it is the fastest plan with no limit at all
 // (then nothing can beat it).
+//
+// With a host budget (solve_peak_ops_offload), offload is one more option of each region that can
+// be offloaded, both in every plan weighed and among the other solvers' plans (solve_peak_offload's
+// in place of solve_peak's, solve_ops_offload's in place of solve_ops's).
 
+#include <remat/budget/offload_plan.hpp>
 #include <remat/budget/op_plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
@@ -24,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,10 +46,12 @@ constexpr int kPriceBisections = 20;
 constexpr std::size_t kBudgetBisectionsUpTo = 4096;
 constexpr int kBudgetBisections = 10;
 
-// One way to run a region: save it, or recompute it keeping `kept` (op indexes; none: recompute).
+// One way to run a region: save it (and offload it), or recompute it keeping `kept` (op indexes;
+// none: recompute).
 struct Option {
   Choice choice = Choice::recompute;
   std::vector<std::uint32_t> kept;
+  bool offload = false;
 };
 
 // The ops of a region a plan may keep, as solve_ops weighs them (some bytes, some seconds); none
@@ -64,11 +72,13 @@ std::size_t usable_op_count(const RegionProfile& profile) {
 }
 
 // Every option of a region: the one a must_save or must_recompute reason leaves, else save,
-// recompute, and recompute keeping each non-empty subset of `usable` (fewer than 16 ops).
-std::vector<Option> options_of(const RegionCost& region, const std::vector<std::uint32_t>& usable) {
+// recompute, offload where `offloadable`, and recompute keeping each non-empty subset of `usable`
+// (fewer than 16 ops).
+std::vector<Option> options_of(const RegionCost& region, const std::vector<std::uint32_t>& usable, bool offloadable) {
   if (!region.must_save.empty()) return {{Choice::save, {}}};
   if (!region.must_recompute.empty()) return {{Choice::recompute, {}}};
   std::vector<Option> options{{Choice::save, {}}, {Choice::recompute, {}}};
+  if (offloadable) options.push_back({Choice::save, {}, true});
   for (std::uint32_t mask = 1; mask < (std::uint32_t{1} << usable.size()); ++mask) {
     Option keeping{Choice::recompute, {}};
     for (std::size_t o = 0; o < usable.size(); ++o) {
@@ -81,31 +91,55 @@ std::vector<Option> options_of(const RegionCost& region, const std::vector<std::
 
 class OpPeakSearch {
  public:
-  OpPeakSearch(const RegionProfile& profile, std::uint64_t peak_bytes)
-      : profile_(profile), model_(profile, detail::step_of(profile)), peak_bytes_(peak_bytes) {}
-
-  // Weighs a plan; returns its predicted peak.
-  std::uint64_t weigh(const std::vector<Choice>& choices, const KeptOps& kept) {
-    double seconds = 0;
-    for (std::size_t r = 0; r < choices.size(); ++r) {
-      if (choices[r] != Choice::save) seconds += detail::keeping_seconds(profile_.regions[r], kept[r]);
+  // host_budget: plans may offload that much (none: plans without offload).
+  OpPeakSearch(const RegionProfile& profile, std::uint64_t peak_bytes, std::optional<std::uint64_t> host_budget)
+      : profile_(profile),
+        model_(profile, detail::step_of(profile)),
+        peak_bytes_(peak_bytes),
+        host_budget_(host_budget),
+        copy_seconds_(profile.regions.size(), 0),
+        offloadable_(profile.regions.size(), false) {
+    for (std::size_t r = 0; r < profile.regions.size() && host_budget.value_or(0) > 0; ++r) {
+      const RegionCost& region = profile.regions[r];
+      if (region.offload_bytes == 0 || region.offload_bytes > *host_budget) continue;
+      offloadable_[r] = true;
+      copy_seconds_[r] = offload_seconds(profile, region);
     }
-    const std::uint64_t peak = model_.peak(choices, {}, &kept);
+  }
+
+  // Weighs a plan (`offloaded`: empty, or one per region); returns its predicted peak, or none where
+  // it offloads more than the host budget.
+  std::optional<std::uint64_t> weigh(const std::vector<Choice>& choices, const KeptOps& kept,
+                                     const std::vector<bool>& offloaded = {}) {
+    double seconds = 0;
+    std::uint64_t host = 0;
+    for (std::size_t r = 0; r < choices.size(); ++r) {
+      if (!offloaded.empty() && offloaded[r]) {
+        if (!offloadable_[r]) return std::nullopt;
+        seconds += copy_seconds_[r];
+        host += profile_.regions[r].offload_bytes;
+      } else if (choices[r] != Choice::save) {
+        seconds += detail::keeping_seconds(profile_.regions[r], kept[r]);
+      }
+    }
+    if (host > host_budget_.value_or(0)) return std::nullopt;
+    const std::uint64_t peak = model_.peak(choices, offloaded, &kept);
     lowest_peak_ = std::min(lowest_peak_, peak);
     if (peak <= peak_bytes_ &&
         (!found_ || seconds < best_seconds_ || (seconds == best_seconds_ && peak < best_peak_))) {
       found_ = true;
       best_choices_ = choices;
       best_kept_ = kept;
+      best_offloaded_ = offloaded.empty() ? std::vector<bool>(choices.size(), false) : offloaded;
       best_seconds_ = seconds;
       best_peak_ = peak;
     }
     return peak;
   }
 
-  // Weighs a plan another solver made; returns its predicted peak.
-  std::uint64_t weigh(const Plan& plan) { return weigh(choices_of(plan), kept_ops_of(plan)); }
-  std::uint64_t weigh(const detail::OpChoices& plan) { return weigh(plan.choices, plan.kept); }
+  // Weighs a plan another solver made: whether its predicted peak fits.
+  bool fits(const Plan& plan) { return fits(weigh(choices_of(plan), kept_ops_of(plan), plan.offloaded)); }
+  bool fits(const detail::OpChoices& plan) { return fits(weigh(plan.choices, plan.kept)); }
 
   // Weighs every plan where there are at most kEveryPlanUpTo; false (nothing weighed) where more.
   bool weigh_every_plan() {
@@ -114,7 +148,7 @@ class OpPeakSearch {
     for (const RegionCost& region : profile_.regions) {
       const std::vector<std::uint32_t> usable = usable_ops(region);
       if (usable.size() >= 16) return false;
-      options.push_back(options_of(region, usable));
+      options.push_back(options_of(region, usable, offloadable_[options.size()]));
       plans *= options.back().size();
       if (plans > kEveryPlanUpTo) return false;
     }
@@ -122,12 +156,14 @@ class OpPeakSearch {
     std::vector<std::size_t> at(n, 0);
     std::vector<Choice> choices(n);
     KeptOps kept(n);
+    std::vector<bool> offloaded(n, false);
     while (true) {
       for (std::size_t r = 0; r < n; ++r) {
         choices[r] = options[r][at[r]].choice;
         kept[r] = options[r][at[r]].kept;
+        offloaded[r] = options[r][at[r]].offload;
       }
-      weigh(choices, kept);
+      weigh(choices, kept, offloaded);
       std::size_t r = 0;
       for (; r < n && ++at[r] == options[r].size(); ++r) at[r] = 0;
       if (r == n) return true;
@@ -143,17 +179,25 @@ class OpPeakSearch {
     for (std::size_t r = 0; r < kept.size(); ++r) {
       for (const std::uint32_t index : best_kept_[r]) kept[r].push_back(detail::op_at(profile_.regions[r], index));
     }
-    return detail::op_plan_of(profile_, best_choices_, std::move(kept));
+    if (!host_budget_) return detail::op_plan_of(profile_, best_choices_, std::move(kept));
+    return detail::op_offload_plan_of(profile_, best_choices_, std::move(kept), best_offloaded_, copy_seconds_,
+                                      *host_budget_);
   }
   std::uint64_t best_peak() const { return best_peak_; }
 
  private:
+  bool fits(std::optional<std::uint64_t> peak) const { return peak && *peak <= peak_bytes_; }
+
   const RegionProfile& profile_;
   detail::StepModel model_;
   std::uint64_t peak_bytes_;
+  std::optional<std::uint64_t> host_budget_;
+  std::vector<double> copy_seconds_;  // per region, where it is offloadable
+  std::vector<bool> offloadable_;
   bool found_ = false;
   std::vector<Choice> best_choices_;
   KeptOps best_kept_;
+  std::vector<bool> best_offloaded_;
   double best_seconds_ = std::numeric_limits<double>::infinity();
   std::uint64_t best_peak_ = std::numeric_limits<std::uint64_t>::max();
   std::uint64_t lowest_peak_ = std::numeric_limits<std::uint64_t>::max();
@@ -182,43 +226,72 @@ void check_step_lists_ops(const RegionProfile& profile) {
 
 }  // namespace
 
-Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes) {
+namespace {
+
+Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes, std::optional<std::uint64_t> host_budget) {
   const StepMemory& step = detail::step_of(profile);
   check_seconds_add_up(profile);
   detail::refuse_grouped_ops(profile);
   check_step_lists_ops(profile);
-  OpPeakSearch search(profile, peak_bytes);
+  if (host_budget.value_or(0) > 0 && !profile.host_copy) (void)offload_seconds(profile, RegionCost{});
+  const std::uint64_t host = host_budget.value_or(0);
+  // The per-op plan by kept bytes, with offload where there is a host budget.
+  const auto by_kept = [&](std::uint64_t budget) {
+    return host_budget ? solve_ops_offload(profile, budget, host) : solve_ops(profile, budget);
+  };
+  OpPeakSearch search(profile, peak_bytes, host_budget);
+  std::optional<BudgetError> by_regions_refused;
   bool exact = search.weigh_every_plan();
   if (!exact) {
-    search.weigh(solve_peak(profile, peak_bytes));  // names the least peak where no plan by regions fits
+    // Each names the least peak where no plan by regions fits. The search with offload may stop at its
+    // limit short of a plan that fits where another solver's plan does: its refusal then waits.
+    try {
+      search.fits(host_budget ? solve_peak_offload(profile, peak_bytes, host) : solve_peak(profile, peak_bytes));
+    } catch (const BudgetError& error) {
+      if (!host_budget) throw;
+      by_regions_refused = error;
+    }
     std::uint64_t most = profile.all_saved_bytes();
     for (const RegionCost& region : profile.regions) {
       for (const OpCost& op : region.ops) most += std::min(op.bytes, UINT64_MAX - most);
     }
-    // The fastest plan with no limit: where it fits, no plan is faster.
-    const Plan unlimited = solve_ops(profile, most);
-    exact = search.weigh(unlimited) <= peak_bytes && search.best_seconds() == unlimited.recompute_seconds &&
-            unlimited.exact;
+    // The fastest plan with no limit on the device: where it fits, no plan is faster.
+    const Plan unlimited = by_kept(most);
+    exact = search.fits(unlimited) && search.best_seconds() == unlimited.recompute_seconds && unlimited.exact;
     if (!exact) {
       const detail::PricedOpPlans priced(profile);
       auto [over, fits] = priced.price_range();
       for (int i = 0; i < kPriceBisections && over > 0 && fits > over * (1 + 1e-12); ++i) {
         const double mid = std::sqrt(over * fits);
-        (search.weigh(priced.at(mid)) <= peak_bytes ? fits : over) = mid;
+        (search.fits(priced.at(mid)) ? fits : over) = mid;
       }
     }
     if (!exact && usable_op_count(profile) <= kBudgetBisectionsUpTo) {
       std::uint64_t fits = least_kept_bytes(profile), over = most;
       for (int i = 0; i < kBudgetBisections && over - fits > 1; ++i) {
         const std::uint64_t mid = fits + (over - fits) / 2;
-        (search.weigh(solve_ops(profile, mid)) <= peak_bytes ? fits : over) = mid;
+        (search.fits(by_kept(mid)) ? fits : over) = mid;
       }
     }
   }
-  if (!search.found()) detail::refuse_peak(step, peak_bytes, search.lowest_peak(), "");
+  if (!search.found()) {
+    if (by_regions_refused) throw *by_regions_refused;
+    detail::refuse_peak(step, peak_bytes, search.lowest_peak(),
+                        host_budget ? " with a host budget of " + std::to_string(host) + " bytes" : "");
+  }
   Plan plan = search.best_plan();
   detail::finish_peak_plan(plan, exact, peak_bytes, search.best_peak());
   return plan;
+}
+
+}  // namespace
+
+Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes) {
+  return solve_peak_ops(profile, peak_bytes, std::nullopt);
+}
+
+Plan solve_peak_ops_offload(const RegionProfile& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes) {
+  return solve_peak_ops(profile, peak_bytes, host_budget_bytes);
 }
 
 }  // namespace remat::budget

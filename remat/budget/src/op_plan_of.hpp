@@ -6,6 +6,7 @@
 #include <remat/budget/plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -16,6 +17,12 @@ namespace remat::budget::detail {
 // empty for a saved region. The plan's budget_bytes is left for the solver to set.
 Plan op_plan_of(const RegionProfile& profile, const std::vector<Choice>& choices,
                 std::vector<std::vector<OpCost>> kept);
+
+// The same with regions offloaded (offloaded[r]: region r, whose choice is save, goes to the host;
+// copy_seconds[r]: what that costs), as offload_plan_of counts them.
+Plan op_offload_plan_of(const RegionProfile& profile, const std::vector<Choice>& choices,
+                        std::vector<std::vector<OpCost>> kept, const std::vector<bool>& offloaded,
+                        const std::vector<double>& copy_seconds, std::uint64_t host_budget_bytes);
 
 // Throws BudgetError for a grouped profile with per-op figures (ops are kept by region).
 void refuse_grouped_ops(const RegionProfile& profile);

@@ -114,36 +114,53 @@ std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<
   return model.peak(choices);
 }
 
+namespace {
+
+// predict_step_peak's overloads: `offloaded` empty or one per region, `kept_ops` null or one list per
+// region; checked against `choices` (an offloaded region runs saved, one keeping ops recomputes).
+std::uint64_t predicted_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
+                             const std::vector<bool>& offloaded, const KeptOps* kept_ops) {
+  if (!offloaded.empty() && offloaded.size() != choices.size()) {
+    throw BudgetError("predict_step_peak: " + std::to_string(offloaded.size()) + " offload flags for " +
+                      std::to_string(choices.size()) + " choices");
+  }
+  if (kept_ops != nullptr && kept_ops->size() != choices.size()) {
+    throw BudgetError("predict_step_peak: kept ops of " + std::to_string(kept_ops->size()) + " regions for " +
+                      std::to_string(choices.size()) + " choices");
+  }
+  for (std::size_t r = 0; r < choices.size(); ++r) {
+    if (!offloaded.empty() && offloaded[r] && choices[r] != Choice::save) {
+      throw BudgetError("predict_step_peak: region '" + profile.regions[r].name +
+                        "' is offloaded and recomputed; an offloaded region runs saved");
+    }
+    if (kept_ops != nullptr && !(*kept_ops)[r].empty() && choices[r] != Choice::recompute) {
+      throw BudgetError("predict_step_peak: region '" + profile.regions[r].name +
+                        "' is saved and keeps ops; a region keeps ops only while it recomputes");
+    }
+  }
+  detail::StepModel model(profile, step_of(profile));
+  return model.peak(choices, offloaded, kept_ops);
+}
+
+}  // namespace
+
 std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
                                 const std::vector<bool>& offloaded) {
   if (offloaded.size() != choices.size()) {
     throw BudgetError("predict_step_peak: " + std::to_string(offloaded.size()) + " offload flags for " +
                       std::to_string(choices.size()) + " choices");
   }
-  for (std::size_t r = 0; r < choices.size(); ++r) {
-    if (offloaded[r] && choices[r] != Choice::save) {
-      throw BudgetError("predict_step_peak: region '" + profile.regions[r].name +
-                        "' is offloaded and recomputed; an offloaded region runs saved");
-    }
-  }
-  detail::StepModel model(profile, step_of(profile));
-  return model.peak(choices, offloaded);
+  return predicted_peak(profile, choices, offloaded, nullptr);
 }
 
 std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
                                 const KeptOps& kept_ops) {
-  if (kept_ops.size() != choices.size()) {
-    throw BudgetError("predict_step_peak: kept ops of " + std::to_string(kept_ops.size()) + " regions for " +
-                      std::to_string(choices.size()) + " choices");
-  }
-  for (std::size_t r = 0; r < choices.size(); ++r) {
-    if (!kept_ops[r].empty() && choices[r] != Choice::recompute) {
-      throw BudgetError("predict_step_peak: region '" + profile.regions[r].name +
-                        "' is saved and keeps ops; a region keeps ops only while it recomputes");
-    }
-  }
-  detail::StepModel model(profile, step_of(profile));
-  return model.peak(choices, {}, &kept_ops);
+  return predicted_peak(profile, choices, {}, &kept_ops);
+}
+
+std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
+                                const std::vector<bool>& offloaded, const KeptOps& kept_ops) {
+  return predicted_peak(profile, choices, offloaded, &kept_ops);
 }
 
 namespace detail {

@@ -419,7 +419,9 @@ class RegionProfile:
         recomputed region keep the outputs of chosen ops, which recompute then does not run again
         (plan.kept_ops; remat/budget/op_plan.hpp). With peak_bytes, the predicted peak counts what
         the kept ops made, held from forward to backward (the profile's step lists each op's
-        storages: profile with ops=True and the step's tensors counted).
+        storages: profile with ops=True and the step's tensors counted). With host_budget_bytes
+        too, offload is a fourth choice of each region beside save, recompute and recompute keeping
+        ops (solve_ops_offload, solve_peak_ops_offload).
 
         host_budget_bytes (with budget_bytes or peak_bytes): host memory offloaded regions may hold
         (0: none). Each region is then saved, recomputed or offloaded (plan.offloaded,
@@ -434,13 +436,7 @@ class RegionProfile:
         if (budget_bytes is None) == (peak_bytes is None):
             raise TypeError("plan: give one budget: peak_bytes= (the step's peak, such as '70GiB') or budget_bytes= "
                             "(what the checkpoints keep)")
-        if flag_arg("plan", "ops", ops):
-            if group:
-                raise ValueError("plan: ops=True keeps ops of regions as measured: drop group=True, or plan without "
-                                 "ops")
-            if not self.has_ops:
-                raise ValueError("plan: ops=True needs per-op figures, which this profile does not have: profile with "
-                                 "remat.profile_regions(ops=True)")
+        if self._ops_planned(ops, group):
             if peak_bytes is not None:
                 peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
                 return Plan._checked(_budget.plan_by_peak_ops(self._solver(), peak_bytes), profile=self)
@@ -454,10 +450,19 @@ class RegionProfile:
         budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
         return Plan._checked(_budget.plan(self._solver(), budget_bytes, group), profile=self, group=group)
 
+    def _ops_planned(self, ops, group):
+        """Whether plan(ops=) plans per op, refusing a grouped plan or a profile without per-op figures."""
+        if not flag_arg("plan", "ops", ops):
+            return False
+        if group:
+            raise ValueError("plan: ops=True keeps ops of regions as measured: drop group=True, or plan without ops")
+        if not self.has_ops:
+            raise ValueError("plan: ops=True needs per-op figures, which this profile does not have: profile with "
+                             "remat.profile_regions(ops=True)")
+        return True
+
     def _plan_offload(self, budget_bytes, peak_bytes, group, ops, host_budget_bytes):
-        if flag_arg("plan", "ops", ops):
-            raise ValueError("plan: host_budget_bytes= plans regions as measured, without kept ops: drop ops=True, or "
-                             "plan without a host budget")
+        ops = self._ops_planned(ops, group)
         if group and peak_bytes is not None:
             raise ValueError("plan: host_budget_bytes= with peak_bytes= plans regions as measured: drop group=True, "
                              "or plan by budget_bytes= (what the checkpoints keep), which groups with a host budget")
@@ -466,6 +471,14 @@ class RegionProfile:
                             "may keep on the device) or peak_bytes= (the step's peak on the device)")
         host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
         self._check_host_copy(host_budget_bytes, "plan")
+        if ops:
+            if peak_bytes is not None:
+                peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
+                text = _budget.plan_by_peak_ops_offload(self._solver(), peak_bytes, host_budget_bytes)
+            else:
+                budget_bytes = budget_arg(budget_bytes, "plan: budget_bytes")
+                text = _budget.plan_ops_offload(self._solver(), budget_bytes, host_budget_bytes)
+            return Plan._checked(text, profile=self)
         if peak_bytes is not None:
             peak_bytes = budget_arg(peak_bytes, "plan: peak_bytes")
             text = self._plan_by_peak(peak_bytes, (False, host_budget_bytes), lambda: _budget.plan_by_peak_offload(
@@ -525,15 +538,14 @@ class RegionProfile:
         """The step peak (allocated bytes) predicted for `plan` (made from this profile)."""
         recompute_by_region = {name: choice == "recompute" for name, choice in plan.decisions.items()}
         grouped = any("*" in name for name in plan.decisions)
-        if plan.kept_ops:
-            kept_by_region = {name: [index for index, _ in ops] for name, ops in plan.kept_ops.items()}
-            return _budget.predict_peak(self._solver(), recompute_by_region, False, kept_ops_by_region=kept_by_region)
-        if plan.offloaded:
-            if grouped:
-                raise ValueError("predict_peak: a plan that offloads names each region of the profile, not patterns")
-            offloaded_by_region = {name: choice == "offload" for name, choice in plan.decisions.items()}
-            return _budget.predict_peak(self._solver(), recompute_by_region, False, offloaded_by_region)
-        return _budget.predict_peak(self._solver(), recompute_by_region, grouped)
+        if not plan.kept_ops and not plan.offloaded:
+            return _budget.predict_peak(self._solver(), recompute_by_region, grouped)
+        if plan.offloaded and grouped:
+            raise ValueError("predict_peak: a plan that offloads names each region of the profile, not patterns")
+        offloaded_by_region = {name: choice == "offload" for name, choice in plan.decisions.items()} \
+            if plan.offloaded else {}
+        kept_by_region = {name: [index for index, _ in ops] for name, ops in plan.kept_ops.items()}
+        return _budget.predict_peak(self._solver(), recompute_by_region, False, offloaded_by_region, kept_by_region)
 
     def frontier(self, steps=8, *, group=False, by="kept"):
         """The fastest plan at `steps` budgets spread from the least to everything saved: by="kept"

@@ -36,4 +36,18 @@ Plan solve_ops(const RegionProfile& profile, std::uint64_t budget_bytes);
 // step memory, a grouped one, or a step that does not list the ops of its regions.
 Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes);
 
+// Per-op plans with offload as a fourth option (offload_plan.hpp): each region saved, recomputed,
+// recomputed keeping some of its ops, or offloaded (saved, what it keeps on the host, its copies
+// priced by offload_seconds). solve_ops_offload: the least time with what the checkpoints keep on
+// the device within `budget_bytes` (kept ops counted, offloaded regions not) and the offloaded
+// regions' offload_bytes within `host_budget_bytes`; proved where the host budget holds every
+// offload its plan makes and OpSolver proves that plan, or where the best plan meets the bound of a
+// price on host bytes, else marked not exact with that bound. solve_peak_ops_offload: the same by
+// predicted step peak, as solve_peak_ops weighs plans (every plan where a profile has few, with
+// offload among each region's options; beyond, the plans the other solvers make, offload ones
+// included). A host budget of 0 offloads nothing. Both throw as solve_ops and solve_peak_ops do,
+// and for a host budget above 0 on a profile without copy figures.
+Plan solve_ops_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes);
+Plan solve_peak_ops_offload(const RegionProfile& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes);
+
 }  // namespace remat::budget

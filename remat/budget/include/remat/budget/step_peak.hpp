@@ -116,6 +116,10 @@ using KeptOps = std::vector<std::vector<std::uint32_t>>;
 std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
                                 const KeptOps& kept_ops);
 
+// The same for a per-op plan that offloads regions too (op_plan.hpp, solve_ops_offload).
+std::uint64_t predict_step_peak(const RegionProfile& profile, const std::vector<Choice>& choices,
+                                const std::vector<bool>& offloaded, const KeptOps& kept_ops);
+
 // A plan's choice for each region, and the indices of the ops each keeps (none for a plan that
 // keeps no ops), as predict_step_peak takes them.
 std::vector<Choice> choices_of(const Plan& plan);
