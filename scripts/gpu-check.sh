@@ -171,9 +171,10 @@ run() {
 
   if [[ $steps == *" offload-plans "* ]]; then
     # Offload as a planned choice: peak and step time for every region saved, every region
-    # recomputed, the best plan without offload and the best with it (bench/gpu/offload_plan_check.py).
+    # recomputed, the best plan without offload and the best with it, the same two per op
+    # (bench/gpu/offload_plan_check.py).
     stage offload_plans 120 "${with_remat[@]}" "$python" "$root/bench/gpu/offload_plan_check.py"
-    grep -E '^\[(ok|FAILED)\]|^profile on|^row |^(all|best) |checks passed|failed' "$logs/offload_plans.log" |
+    grep -E '^\[(ok|FAILED)\]|^profile on|^row |^(all|best|per op|by peak) |checks passed|failed' "$logs/offload_plans.log" |
       sed 's/^/    /' | tee -a "$summary"
   fi
 
