@@ -86,4 +86,28 @@ RegionProfile random_step(std::mt19937_64& rng, const RandomStepShape& shape, Ad
   return profile;
 }
 
+// Up to 2 ops a plan may keep, drawn into a region random_step makes (none where it must be saved):
+// an op's output is the region's output, its saved storage or a storage of its own (freed in the
+// profiled forward); the ops' time is part of the region's.
+inline void add_random_step_ops(std::mt19937_64& rng, StepRegion& region, RegionCost& cost, StepMemory& step) {
+  if (!cost.must_save.empty()) return;
+  std::uniform_int_distribution<std::uint64_t> bytes(1, 400);
+  std::uniform_real_distribution<double> seconds(0.0, 1.0);
+  const std::uint32_t output = region.kept[0], saved = region.kept[1];
+  const std::size_t ops = rng() % 3;
+  for (std::uint32_t o = 0; o < ops; ++o) {
+    const std::uint32_t index = 2 * o + static_cast<std::uint32_t>(rng() % 2);
+    std::uint32_t made = rng() % 3 == 0 ? output : rng() % 2 == 0 ? saved : 0;
+    if (made == 0) {
+      made = static_cast<std::uint32_t>(step.storages.size());
+      step.storages.push_back(bytes(rng));
+    }
+    region.ops.push_back({index, {made}});
+    const OpCost op{index, o % 2 == 0 ? "aten::mm" : "aten::silu", step.storages[made], 0.3 * seconds(rng)};
+    cost.seconds += op.seconds;
+    cost.ops.push_back(op);
+  }
+  cost.op_overhead_seconds = rng() % 3 == 0 ? 0 : 0.02 * seconds(rng);
+}
+
 }  // namespace remat::budget::fixtures

@@ -126,25 +126,8 @@ TEST(OpPeak, StepOpsReadBackAsWrittenAndOpsOutOfOrderAreRefused) {
 // they must be saved. An op's output is its region's output, its saved storage or a storage of its
 // own (freed in the profiled forward).
 RegionProfile random_op_step(std::mt19937_64& rng, std::size_t calls) {
-  std::uniform_int_distribution<std::uint64_t> bytes(1, 400);
-  std::uniform_real_distribution<double> seconds(0.0, 1.0);
   const auto add_ops = [&](StepRegion& region, RegionCost& cost, StepMemory& step) {
-    if (!cost.must_save.empty()) return;
-    const std::uint32_t output = region.kept[0], saved = region.kept[1];
-    const std::size_t ops = rng() % 3;
-    for (std::uint32_t o = 0; o < ops; ++o) {
-      const std::uint32_t index = 2 * o + static_cast<std::uint32_t>(rng() % 2);
-      std::uint32_t made = rng() % 3 == 0 ? output : rng() % 2 == 0 ? saved : 0;
-      if (made == 0) {
-        made = static_cast<std::uint32_t>(step.storages.size());
-        step.storages.push_back(bytes(rng));
-      }
-      region.ops.push_back({index, {made}});
-      const OpCost op{index, o % 2 == 0 ? "aten::mm" : "aten::silu", step.storages[made], 0.3 * seconds(rng)};
-      cost.seconds += op.seconds;  // the region's time includes its ops'
-      cost.ops.push_back(op);
-    }
-    cost.op_overhead_seconds = rng() % 3 == 0 ? 0 : 0.02 * seconds(rng);
+    fixtures::add_random_step_ops(rng, region, cost, step);
   };
   return fixtures::random_step(rng, {calls, 2, true}, add_ops);
 }
