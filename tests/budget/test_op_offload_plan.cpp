@@ -302,6 +302,17 @@ TEST(OpOffloadPlan, EachRegionTakesTheCheapestOfItsFourChoicesWithinBothBudgets)
   EXPECT_NO_THROW(solve_ops_offload(no_copy, 30, 0));
 }
 
+TEST(OpOffloadPlan, AProfileWhoseOffloadBytesAddUpPast64BitsIsRefused) {
+  RegionProfile profile = four_choices();
+  for (RegionCost& region : profile.regions) region.offload_bytes = (std::uint64_t{1} << 63) + 1;
+  try {
+    profile_from_json(profile_to_json(profile), "edited.json");
+    FAIL() << "offload bytes past 64 bits were read";
+  } catch (const BudgetError& error) {
+    EXPECT_NE(std::string(error.what()).find("offload_bytes add up past 64 bits"), std::string::npos) << error.what();
+  }
+}
+
 // A random step (random_step.hpp) whose regions may keep up to 2 ops (their outputs: the region's
 // output, its saved storage, or a storage of their own) and be offloaded (their kept storages).
 RegionProfile random_op_offload_step(std::mt19937_64& rng, std::size_t calls) {

@@ -259,6 +259,11 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       print(frontier_report(profile, budget::frontier(profile, opts->steps)), options);
       return;
     }
+    if (host_budget.value_or(0) > 0 && !profile.host_copy) {
+      throw UsageError("--host-budget " + printable(opts->host_budget) + ": " + printable(source) +
+                       " has no copy bandwidth (host_copy), which offload plans are priced by: profile again with "
+                       "remat.profile_regions(), which measures it, or plan without --host-budget");
+    }
     budget::Plan plan;
     try {
       if (opts->ops && host_budget) {

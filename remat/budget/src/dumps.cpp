@@ -368,12 +368,17 @@ RegionProfile profile_from_json(std::string_view text, std::string_view source) 
     }
     profile.regions.push_back(std::move(region));
   }
-  std::uint64_t total = profile.base_bytes;
+  std::uint64_t total = profile.base_bytes, offloadable = 0;
   for (const RegionCost& region : profile.regions) {
     if (region.saved_bytes > UINT64_MAX - total) {
       refuse(source, "$.regions", "the regions' saved_bytes add up past 64 bits; the profile is not a real step's");
     }
     total += region.saved_bytes;
+    // What plans offload is added up on the host as on the device.
+    if (region.offload_bytes > UINT64_MAX - offloadable) {
+      refuse(source, "$.regions", "the regions' offload_bytes add up past 64 bits; the profile is not a real step's");
+    }
+    offloadable += region.offload_bytes;
   }
   // Views add the counts of the regions a plan saves (advise's "saved regions", grouped regions).
   std::uint64_t regions_counted = 0;

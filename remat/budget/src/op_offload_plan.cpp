@@ -85,7 +85,7 @@ class OpOffloadSolver {
       bound = free.bound;
       return free.chosen;
     }
-    double least_bound = free.bound;
+    double least_bound = std::numeric_limits<double>::infinity();
     Chosen best;
     best.value = -std::numeric_limits<double>::infinity();
     // Keeps the bound and, made to fit the host budget and topped up, the plan; whether it fit as made.
@@ -102,6 +102,7 @@ class OpOffloadSolver {
       if (offload.host_bytes > 0) hi = std::max(hi, offload.value / static_cast<double>(offload.host_bytes));
     }
     hi = hi * 2 + 1e-300;  // no offload is worth its host bytes there: the plan offloads nothing
+    consider(free);        // its offloads cut down to the host budget
     AtPrice top = at(hi, false);
     consider(top);
     for (int step = 0; step < kHostPriceSteps && hi - lo > hi * 1e-12; ++step) {

@@ -149,7 +149,7 @@ def test_advise_makes_the_same_per_op_plans_with_a_host_budget(measured, tmp_pat
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_bad_input_is_refused_naming_the_fix(measured):
+def test_bad_input_is_refused_naming_the_fix(measured, tmp_path):
     with pytest.raises(ValueError, match="ops=True keeps ops of regions as measured: drop group=True"):
         measured.plan(budget_bytes=measured.base_bytes, ops=True, group=True, host_budget_bytes="1 MiB")
     doc = json.loads(measured.to_json())
@@ -164,6 +164,11 @@ def test_bad_input_is_refused_naming_the_fix(measured):
     with pytest.raises(ValueError, match="copy bandwidth"):
         without_copies.plan(budget_bytes=measured.base_bytes, ops=True, host_budget_bytes="1 MiB")
     assert without_copies.plan(budget_bytes=measured.base_bytes, ops=True, host_budget_bytes=0).offloaded == []
+    without_copies.to_json(tmp_path / "no-copies.json")
+    run = subprocess.run([remat_report(), "advise", str(tmp_path / "no-copies.json"), "--budget",
+                          f"{measured.base_bytes}B", "--ops", "--host-budget", "1MiB"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "--host-budget 1MiB:" in run.stderr and "no copy bandwidth" in run.stderr
     with pytest.raises(ValueError, match="the profile has no step memory"):  # counted no tensors
         measured.plan(peak_bytes="1 GiB", ops=True, host_budget_bytes="1 MiB")
     with pytest.raises(ValueError, match="host_budget_bytes must be 0 or more bytes"):
