@@ -41,8 +41,9 @@ Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes);
 // priced by offload_seconds). solve_ops_offload: the least time with what the checkpoints keep on
 // the device within `budget_bytes` (kept ops counted, offloaded regions not) and the offloaded
 // regions' offload_bytes within `host_budget_bytes`; proved where the host budget holds every
-// offload its plan makes and OpSolver proves that plan, or where the best plan meets the bound of a
-// price on host bytes, else marked not exact with that bound. solve_peak_ops_offload: the same by
+// offload its plan makes and OpSolver proves that plan, where the best plan meets the bound of a
+// price on host bytes, or where every set of offloads was weighed (at most 12 regions offloadable),
+// else marked not exact with that bound (op_offload_plan.cpp says how). solve_peak_ops_offload: the same by
 // predicted step peak, as solve_peak_ops weighs plans (every plan where a profile has few, with
 // offload among each region's options; beyond, the plans the other solvers make, offload ones
 // included). A host budget of 0 offloads nothing. Both throw as solve_ops and solve_peak_ops do,
