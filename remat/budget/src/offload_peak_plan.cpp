@@ -62,7 +62,7 @@ class PeakOffloadSearch {
       options_[r].push_back(Option::save);
       if (!region.must_save.empty()) continue;
       options_[r].push_back(Option::recompute);
-      if (host_budget_bytes > 0 && region.offload_bytes > 0 && region.offload_bytes <= host_budget_bytes) {
+      if (detail::offloadable_within(region, host_budget_bytes)) {
         copy_seconds_[r] = offload_seconds(profile, region);
         options_[r].push_back(Option::offload);
       }

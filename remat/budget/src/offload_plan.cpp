@@ -308,7 +308,7 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
     const std::size_t r = weighed.region;
     const RegionCost& region = profile.regions[r];
     Item item(weighed);
-    if (host_budget_bytes > 0 && region.offload_bytes > 0 && region.offload_bytes <= host_budget_bytes) {
+    if (detail::offloadable_within(region, host_budget_bytes)) {
       copy_seconds[r] = offload_seconds(profile, region);
       item.offload_value = region.seconds - copy_seconds[r];
       item.can_offload = item.offload_value > 0;

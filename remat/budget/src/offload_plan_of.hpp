@@ -1,7 +1,7 @@
 #pragma once
 // A plan from each region's choice, save, recompute or offload (at its copy seconds), with the
 // figures both offload solvers report (kept and host bytes, recompute and copy seconds) summed
-// one way.
+// one way; and which regions may be offloaded within a host budget.
 
 #include <remat/budget/plan.hpp>
 
@@ -9,6 +9,11 @@
 #include <vector>
 
 namespace remat::budget::detail {
+
+// Whether `region` may be offloaded within `host_budget_bytes`: it has bytes to move and they fit.
+inline bool offloadable_within(const RegionCost& region, std::uint64_t host_budget_bytes) {
+  return region.offload_bytes > 0 && region.offload_bytes <= host_budget_bytes;
+}
 
 // offloaded[r]: region r goes to the host (its choice is save); copy_seconds[r]: what that costs.
 Plan offload_plan_of(const RegionProfile& profile, const std::vector<Choice>& choices, std::vector<bool> offloaded,

@@ -19,6 +19,7 @@
 #include <remat/budget/offload_plan.hpp>
 #include <remat/budget/op_plan.hpp>
 
+#include "offload_plan_of.hpp"
 #include "op_plan_of.hpp"
 #include "op_solver.hpp"
 #include "plannable.hpp"
@@ -308,7 +309,7 @@ Plan solve_ops_offload(const RegionProfile& profile, std::uint64_t budget_bytes,
   std::vector<double> copy_seconds(profile.regions.size(), 0);
   for (std::size_t k = 0; k < groups.size(); ++k) {
     const RegionCost& region = profile.regions[groups[k].region];
-    if (host_budget_bytes == 0 || region.offload_bytes == 0 || region.offload_bytes > host_budget_bytes) continue;
+    if (!detail::offloadable_within(region, host_budget_bytes)) continue;
     copy_seconds[groups[k].region] = offload_seconds(profile, region);
     const double value = region.seconds - copy_seconds[groups[k].region];
     if (value > 0) offloads[k] = {region.offload_bytes, value};

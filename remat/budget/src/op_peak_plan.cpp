@@ -21,6 +21,7 @@
 #include <remat/budget/op_plan.hpp>
 #include <remat/budget/step_peak.hpp>
 
+#include "offload_plan_of.hpp"
 #include "op_plan_of.hpp"
 #include "step_model.hpp"
 
@@ -101,7 +102,7 @@ class OpPeakSearch {
         offloadable_(profile.regions.size(), false) {
     for (std::size_t r = 0; r < profile.regions.size() && host_budget.value_or(0) > 0; ++r) {
       const RegionCost& region = profile.regions[r];
-      if (region.offload_bytes == 0 || region.offload_bytes > *host_budget) continue;
+      if (!detail::offloadable_within(region, *host_budget)) continue;
       offloadable_[r] = true;
       copy_seconds_[r] = offload_seconds(profile, region);
     }
