@@ -467,8 +467,9 @@ class RegionProfile:
             raise ValueError("plan: host_budget_bytes= with peak_bytes= plans regions as measured: drop group=True, "
                              "or plan by budget_bytes= (what the checkpoints keep), which groups with a host budget")
         if (budget_bytes is None) == (peak_bytes is None):
+            given = "both were given" if budget_bytes is not None else "neither was given"
             raise TypeError("plan: host_budget_bytes= needs one device budget: budget_bytes= (what the checkpoints "
-                            "may keep on the device) or peak_bytes= (the step's peak on the device)")
+                            f"may keep on the device) or peak_bytes= (the step's peak on the device); {given}")
         host_budget_bytes = host_budget_arg(host_budget_bytes, budget_arg)
         self._check_host_copy(host_budget_bytes, "plan")
         if ops:
