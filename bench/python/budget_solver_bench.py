@@ -90,12 +90,14 @@ def op_profiles(count, ops):
                                       for i in range(count)]
 
 
-def step_op_profile(calls, per_call, ops):
+def step_op_profile(calls, per_call, ops, offload=False):
     """A region_profile dump with per-op figures and the step's memory, as remat.profile_regions(ops=True)
     writes one with the step's tensors counted: `calls` checkpoint calls in a chain, each of `per_call`
     regions in a chain; each region keeps its output and one saved storage and runs `ops` ops (the first
     makes the saved storage, the last the output, the rest a storage each that forward frees). Segments
-    as the profile cuts them: each region's entry and exit, the end of forward, each call's backward."""
+    as the profile cuts them: each region's entry and exit, the end of forward, each call's backward.
+    With `offload`, each region may be offloaded (its kept bytes to the host, at a copy bandwidth of
+    1 GB/s each way on the CPU: 2 us a KB, against a region's 0-1 s)."""
     rng = random.Random(46)
     storages, checkpoints, segments, regions, live = [], [], [], [], []
     alive, carried = 0, None
@@ -128,6 +130,8 @@ def step_op_profile(calls, per_call, ops):
                                     [carried], "outputs": [output], "transient_bytes": transient, "ops": step_ops})
             regions.append({"name": name, "saved_bytes": storages[output] + storages[saved], "seconds": seconds,
                             "op_overhead_seconds": 1e-5, "ops": cost_ops})
+            if offload:
+                regions[-1]["offload_bytes"] = storages[output] + storages[saved]
             after = alive + storages[output] + storages[saved]
             segment(after + transient, forward=k)
             alive = after
@@ -143,8 +147,11 @@ def step_op_profile(calls, per_call, ops):
         alive -= sum(storages[i] for region in checkpoints[k]["regions"] for i in region["kept"])
     step = {"start_bytes": 0, "end_bytes": 0, "peak_bytes": max(s["peak_bytes"] for s in segments),
             "storages": storages, "checkpoints": checkpoints, "segments": segments}
-    return json.dumps({"kind": "region-profile", "schema_version": 1, "base_bytes": 0, "regions": regions,
-                       "step": step})
+    doc = {"kind": "region-profile", "schema_version": 1, "base_bytes": 0, "regions": regions, "step": step}
+    if offload:
+        doc["host_copy"] = {"to_host_bytes_per_second": 1e9, "to_device_bytes_per_second": 1e9,
+                            "measured_bytes": MiB}
+    return json.dumps(doc)
 
 
 def profile_text(regions):
@@ -166,6 +173,8 @@ def main():
     parser.add_argument("--regions", type=int, default=10000)
     parser.add_argument("--only", default="", help="comma-separated profile names (default: all)")
     parser.add_argument("--ops", type=int, default=20, help="ops per region in the per-op profiles (default 20)")
+    parser.add_argument("--offload-regions", default="24,240,2400",
+                        help="comma-separated region counts of the plans by step peak with offload (2 regions a call)")
     args = parser.parse_args()
     module_path = args.module or glob.glob(str(REPO / "build/python/remat/_budget*.so"))[0]
     budget = load_budget_module(module_path)
@@ -252,6 +261,38 @@ def main():
             ratios.append(per_op["recompute_seconds"] / by_regions["recompute_seconds"])
     print(f"| {len(text) / MiB:.1f} | {reading:.2f} | {least_seconds:.3f} | {max(region_times):.3f} | "
           f"{max(op_times):.3f} | {max(op_times):.2f}x | {min(ratios):.4f}-{max(ratios):.4f} |", flush=True)
+    peak_offload_plans(budget, read, [int(n) for n in args.offload_regions.split(",") if n])
+
+
+def peak_offload_plans(budget, read, region_counts):
+    """Plans by step peak with offload (plan_by_peak_offload, least_peak_offload) on steps of 2 regions
+    a checkpoint call (a layer's attention and MLP) of 4 ops each, the host holding a third of what the
+    regions could offload, at peak budgets 10% to 90% of the way from the least peak to everything saved."""
+    print("\nplans by step peak with offload: 2 regions a checkpoint call, host budget a third of the offloadable "
+          "bytes\n")
+    print("| regions | least peak, s | worst s/budget | proved | added s over the plan without offload, per budget |")
+    print("|---:|---:|---:|---:|---|")
+    for count in region_counts:
+        text = step_op_profile(max(1, count // 2), 2, 4, offload=True)
+        profile = read(text)
+        host = sum(region["offload_bytes"] for region in json.loads(text)["regions"]) // 3
+        least_seconds, least = timed(lambda: budget.least_peak_offload(profile, host))
+        everything = json.loads(text)["step"]["peak_bytes"]
+        times, proved, ratios = [], 0, []
+        for share in SHARES:
+            peak = int(least + share * (everything - least))
+            seconds, plan = timed(lambda: json.loads(budget.plan_by_peak_offload(profile, peak, host)))
+            times.append(seconds)
+            if plan["peak_bytes"] > peak or plan["host_bytes"] > host:
+                sys.exit(f"a plan by peak with offload is over its budgets ({peak} bytes, {host} on the host)")
+            proved += plan["exact"]
+            try:
+                alone = json.loads(budget.plan_by_peak(profile, peak, False))["recompute_seconds"]
+                ratios.append(f"{plan['recompute_seconds']:.3f}/{alone:.3f}")
+            except ValueError:  # below every plan's peak without offload
+                ratios.append(f"{plan['recompute_seconds']:.3f}/-")
+        print(f"| {count} | {least_seconds:.3f} | {max(times):.3f} | {proved} of {len(SHARES)} | {', '.join(ratios)} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #include "knapsack.hpp"
 #include "offload_plan_of.hpp"
 #include "plannable.hpp"
+#include "unproved_choices.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace remat::budget {
@@ -61,7 +63,9 @@ class OffloadSolver {
   OffloadSolver(std::vector<Item> items, std::uint64_t device_capacity, std::uint64_t host_capacity)
       : items_(std::move(items)), device_(device_capacity), host_(host_capacity) {}
 
-  Choices solve(bool& exact, double& bound) {
+  // The best plan found: proved where `exact`, else `bound` is the least upper bound found; where
+  // not `searching`, the incumbents of the relaxation alone (no depth-first search).
+  Choices solve(bool searching, bool& exact, double& bound) {
     double scale = 0;
     for (const Item& item : items_) scale += item.save_value;
     tolerance_ = kTolerance * std::max(scale, 1e-300);
@@ -98,7 +102,7 @@ class OffloadSolver {
       exact = true;
       return best_;
     }
-    exact = search();
+    exact = searching && search();
     if (exact) bound = best_.value;
     return best_;
   }
@@ -296,11 +300,24 @@ double offload_seconds(const RegionProfile& profile, const RegionCost& region) {
   return to_host + to_device;
 }
 
-Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes) {
+namespace {
+
+// solve_offload's choices before they become a plan: searched where `searching` (else the
+// relaxation's incumbent stands, exact or not), `bound` the most seconds any plan spares.
+struct OffloadChoices {
+  std::vector<Choice> choices;
+  std::vector<bool> offloaded;
+  std::vector<double> copy_seconds;
+  bool exact = true;
+  double bound = 0, value = 0;
+};
+
+OffloadChoices offload_choices(const RegionProfile& profile, std::uint64_t budget_bytes,
+                               std::uint64_t host_budget_bytes, bool searching) {
   const std::uint64_t capacity = check_plannable(profile, budget_bytes);
   if (host_budget_bytes > 0 && !profile.host_copy) (void)offload_seconds(profile, RegionCost{});
+  OffloadChoices solved;
   std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
-  std::vector<bool> offloaded(profile.regions.size(), false);
   std::vector<double> copy_seconds(profile.regions.size(), 0);
   std::vector<Item> items;
   std::uint64_t all_offloads = 0;  // every offload worth making, added up
@@ -319,8 +336,6 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
   });
 
   std::vector<Mode> modes(items.size(), Mode::none);
-  bool exact = true;
-  double bound = 0, value = 0;
   if (all_offloads <= host_budget_bytes) {
     // The host budget does not bind: save where the device has room for what saving spares beyond
     // the region's fallback (offloaded where that is worth it, else recomputed).
@@ -343,16 +358,17 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
       modes[knapsack_item[i]] = Mode::save;
       taken += knapsack[i].seconds;
     }
-    exact = chosen.proved_optimal;
-    value = fallback + taken;
-    bound = fallback + chosen.most_seconds;
+    solved.exact = chosen.proved_optimal;
+    solved.value = fallback + taken;
+    solved.bound = fallback + chosen.most_seconds;
   } else {
     OffloadSolver solver(items, capacity, host_budget_bytes);
-    const Choices chosen = solver.solve(exact, bound);
+    const Choices chosen = solver.solve(searching, solved.exact, solved.bound);
     modes = chosen.mode;
-    value = chosen.value;
+    solved.value = chosen.value;
   }
 
+  std::vector<bool> offloaded(profile.regions.size(), false);
   for (std::size_t k = 0; k < items.size(); ++k) {
     if (modes[k] == Mode::save) choices[items[k].region] = Choice::save;
     if (modes[k] == Mode::offload) {
@@ -360,15 +376,34 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
       offloaded[items[k].region] = true;
     }
   }
-  Plan plan = detail::offload_plan_of(profile, choices, std::move(offloaded), copy_seconds, host_budget_bytes);
+  solved.choices = std::move(choices);
+  solved.offloaded = std::move(offloaded);
+  solved.copy_seconds = std::move(copy_seconds);
+  return solved;
+}
+
+}  // namespace
+
+Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes) {
+  OffloadChoices solved = offload_choices(profile, budget_bytes, host_budget_bytes, true);
+  Plan plan = detail::offload_plan_of(profile, solved.choices, std::move(solved.offloaded), solved.copy_seconds,
+                                      host_budget_bytes);
   plan.budget_bytes = budget_bytes;
-  plan.exact = exact;
+  plan.exact = solved.exact;
   plan.least_recompute_seconds =
-      exact ? plan.recompute_seconds : std::max(0.0, plan.recompute_seconds - std::max(0.0, bound - value));
+      solved.exact ? plan.recompute_seconds
+                   : std::max(0.0, plan.recompute_seconds - std::max(0.0, solved.bound - solved.value));
   return plan;
 }
 
 namespace detail {
+
+std::pair<std::vector<Choice>, std::vector<bool>> unproved_offload_choices(const RegionProfile& profile,
+                                                                           std::uint64_t budget_bytes,
+                                                                           std::uint64_t host_budget_bytes) {
+  OffloadChoices solved = offload_choices(profile, budget_bytes, host_budget_bytes, false);
+  return {std::move(solved.choices), std::move(solved.offloaded)};
+}
 
 Plan offload_plan_of(const RegionProfile& profile, const std::vector<Choice>& choices, std::vector<bool> offloaded,
                      const std::vector<double>& copy_seconds, std::uint64_t host_budget_bytes) {
