@@ -24,6 +24,10 @@ Then plans by step peak on a profile of --regions regions of --ops ops with the 
 regions a checkpoint call): the seconds the dump takes to read, the least peak, and the worst
 seconds one peak budget takes by regions alone (plan_by_peak) and per op (plan_by_peak_ops), the
 dump read once, at peak budgets 10% to 90% of the way from the least peak to everything saved.
+
+Last, plans by step peak with offload (plan_by_peak_offload) on steps of --offload-regions regions,
+2 a checkpoint call: the least peak's seconds, the worst budget's, how many plans were proved, and
+each plan's added seconds beside the plan without offload at the same peak budget.
 """
 
 import argparse
