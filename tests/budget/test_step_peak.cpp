@@ -302,5 +302,53 @@ TEST(StepPeak, TheSearchFindsTheBestOfEveryPlanOnSmallRandomSteps) {
   EXPECT_GT(refused, 5);
 }
 
+// Whether some plan one move from `plan` (a region recomputed saved instead, or that and another
+// region's choice changed) is faster and fits `peak`; the plan's peak search stops only where none
+// is (or at its limit of plans weighed, which these small steps stay far within).
+bool a_faster_move_fits(const RegionProfile& profile, const Plan& plan, std::uint64_t peak) {
+  const std::vector<Choice> choices = choices_of(plan);
+  const auto pinned = [&](std::size_t r) {
+    return !profile.regions[r].must_save.empty() || !profile.regions[r].must_recompute.empty();
+  };
+  for (std::size_t r = 0; r < choices.size(); ++r) {
+    if (choices[r] != Choice::recompute || pinned(r)) continue;
+    std::vector<Choice> moved = choices;
+    moved[r] = Choice::save;
+    if (predict_step_peak(profile, moved) <= peak) return true;
+    for (std::size_t q = 0; q < choices.size(); ++q) {
+      if (q == r || pinned(q)) continue;
+      std::vector<Choice> both = moved;
+      both[q] = both[q] == Choice::save ? Choice::recompute : Choice::save;
+      const double seconds = plan.recompute_seconds - profile.regions[r].seconds +
+                             (both[q] == Choice::recompute ? profile.regions[q].seconds : -profile.regions[q].seconds);
+      if (seconds < plan.recompute_seconds - 1e-12 && predict_step_peak(profile, both) <= peak) return true;
+    }
+  }
+  return false;
+}
+
+TEST(StepPeak, BeyondSixteenRegionsNoPlanOneOrTwoChoicesAwayIsFasterAndFits) {
+  std::mt19937_64 rng(52);
+  int planned = 0, recomputing = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    RegionProfile profile;
+    do {
+      profile = fixtures::random_step(rng, {8 + rng() % 6, 3, trial % 2 == 0}, [](auto&&...) {});
+    } while (profile.regions.size() <= 16 || profile.regions.size() > 30);
+    const std::uint64_t least = least_step_peak(profile);
+    const Plan at_least = solve_peak(profile, least);  // a plan at the least peak the search names
+    EXPECT_EQ(at_least.peak_bytes, least) << trial;
+    const std::uint64_t peak = least + (profile.step->peak_bytes - least) * (1 + rng() % 3) / 4;
+    const Plan plan = solve_peak(profile, peak);
+    EXPECT_LE(plan.peak_bytes, peak) << trial;
+    EXPECT_EQ(plan.peak_bytes, predict_step_peak(profile, choices_of(plan))) << trial;
+    EXPECT_FALSE(a_faster_move_fits(profile, plan, peak)) << trial;
+    ++planned;
+    recomputing += plan.recompute_seconds > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(planned, 20);
+  EXPECT_GT(recomputing, 15);  // the plans have choices to make
+}
+
 }  // namespace
 }  // namespace remat::budget

@@ -5,6 +5,7 @@
 #include <remat/budget/step_peak.hpp>
 
 #include "bytes_text.hpp"
+#include "peak_plan_search.hpp"
 #include "step_model.hpp"
 #include "unproved_choices.hpp"
 
@@ -196,7 +197,6 @@ struct PeakSearch {
   std::vector<Choice> best;  // the least recompute time within the peak; empty where none fits
   std::uint64_t best_peak = 0;
   double best_seconds = std::numeric_limits<double>::infinity();
-  std::vector<Choice> lowest;  // the least peak of the plans weighed (all of them where none fits)
   std::uint64_t lowest_peak = std::numeric_limits<std::uint64_t>::max();
   bool every_plan = false;
 };
@@ -204,6 +204,15 @@ struct PeakSearch {
 constexpr std::size_t kEveryPlanUpTo = 16;
 constexpr std::size_t kGridBudgets = 17;
 constexpr std::size_t kRefinements = 8;
+
+// `choices` with every pinned region's choice (must_save, must_recompute).
+std::vector<Choice> pinned(const RegionProfile& profile, std::vector<Choice> choices) {
+  for (std::size_t r = 0; r < choices.size(); ++r) {
+    if (!profile.regions[r].must_save.empty()) choices[r] = Choice::save;
+    if (!profile.regions[r].must_recompute.empty()) choices[r] = Choice::recompute;
+  }
+  return choices;
+}
 
 // The i-th of `parts` equal steps from `from` to `to`.
 std::uint64_t between(std::uint64_t from, std::uint64_t to, std::size_t i, std::size_t parts) {
@@ -217,36 +226,32 @@ std::uint64_t between(std::uint64_t from, std::uint64_t to, std::size_t i, std::
 // all they could keep, kRefinements more between the grid's neighbours of its lowest peak, and
 // kRefinements bisecting between the largest grid budget whose plan fits `peak_bytes` and the next
 // (the peak grows with the budget, though not strictly); then solve's own plan at the largest
-// budget found to fit, which spares at least as much as the unproved one there. The first two do
-// not depend on `peak_bytes`, so every search weighs the plan least_step_peak names.
+// budget found to fit, which spares at least as much as the unproved one there. They seed the moves
+// of peak_plan_search.hpp, which find faster plans from them (one region's choice changed, or two
+// regions' at once). Where none fits the peak, the seeds are those of least_step_peak's search (the
+// first two steps do not depend on `peak_bytes`, the last two only where a plan fits) and the moves
+// follow that search's, so every search finds a plan at the peak least_step_peak names.
 
 PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
   const StepMemory& step = step_of(profile);
   check_seconds_add_up(profile);
-  detail::StepModel model(profile, step);
   const std::size_t n = profile.regions.size();
   PeakSearch found;
-  const auto consider = [&](std::vector<Choice> choices) -> std::uint64_t {
-    for (std::size_t r = 0; r < n; ++r) {
-      if (!profile.regions[r].must_save.empty()) choices[r] = Choice::save;
-      if (!profile.regions[r].must_recompute.empty()) choices[r] = Choice::recompute;
-    }
-    const std::uint64_t peak = model.peak(choices);
-    const double seconds = recompute_seconds(profile, choices);
-    if (peak < found.lowest_peak) {
-      found.lowest_peak = peak;
-      found.lowest = choices;
-    }
-    if (peak <= peak_bytes &&
-        (seconds < found.best_seconds || (seconds == found.best_seconds && peak < found.best_peak))) {
-      found.best = choices;
-      found.best_peak = peak;
-      found.best_seconds = seconds;
-    }
-    return peak;
-  };
   found.every_plan = n <= kEveryPlanUpTo;
   if (found.every_plan) {
+    detail::StepModel model(profile, step);
+    const auto consider = [&](std::vector<Choice> choices) {
+      choices = pinned(profile, std::move(choices));
+      const std::uint64_t peak = model.peak(choices);
+      const double seconds = recompute_seconds(profile, choices);
+      found.lowest_peak = std::min(found.lowest_peak, peak);
+      if (peak <= peak_bytes &&
+          (seconds < found.best_seconds || (seconds == found.best_seconds && peak < found.best_peak))) {
+        found.best = choices;
+        found.best_peak = peak;
+        found.best_seconds = seconds;
+      }
+    };
     // Every plan, by its recompute time (ties in the order of their masks): the first within the
     // peak is the fastest, and only those as fast are weighed after it, for the lower peak. A peak
     // no plan meets weighs them all, so the least peak is the least of all (least_step_peak asks 0:
@@ -275,9 +280,12 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
       consider(plan_of_mask(mask));
     }
   } else {
-    consider(std::vector<Choice>(n, Choice::recompute));
-    consider(std::vector<Choice>(n, Choice::save));
-    const auto by_kept_bytes = [&](std::uint64_t budget) { return consider(detail::unproved_choices(profile, budget)); };
+    // The plans by kept bytes seed peak_plan_search.hpp's search, whose moves go on from them.
+    detail::PeakPlanSearch search(profile, detail::PeakGoal::fastest, peak_bytes, 0);
+    const auto seed = [&](std::vector<Choice> choices) { return search.seed(pinned(profile, std::move(choices))); };
+    seed(std::vector<Choice>(n, Choice::recompute));
+    seed(std::vector<Choice>(n, Choice::save));
+    const auto by_kept_bytes = [&](std::uint64_t budget) { return seed(detail::unproved_choices(profile, budget)); };
     // The grid, and between its neighbours of its lowest peak.
     const std::uint64_t low = least_kept_bytes(profile), high = profile.all_saved_bytes();
     std::vector<std::uint64_t> budgets, peaks;
@@ -304,7 +312,14 @@ PeakSearch search_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
         const std::uint64_t middle = under + (over - under) / 2;
         (by_kept_bytes(middle) <= peak_bytes ? under : over) = middle;
       }
-      consider(choices_of(solve(profile, under)));
+      seed(choices_of(solve(profile, under)));
+    }
+    search.move();
+    found.lowest_peak = search.lowest_peak();
+    if (search.found()) {
+      found.best = search.best().choices;
+      found.best_peak = search.best().peak;
+      found.best_seconds = recompute_seconds(profile, found.best);
     }
   }
   return found;
@@ -345,7 +360,8 @@ Plan solve_peak(const RegionProfile& profile, std::uint64_t peak_bytes) {
     plan.regions.emplace_back(profile.regions[r], best[r]);
   }
   plan.recompute_seconds = found.best_seconds;
-  detail::finish_peak_plan(plan, every_plan, peak_bytes, found.best_peak);
+  // A plan that adds no time is the fastest there is, whether every plan was weighed or not.
+  detail::finish_peak_plan(plan, every_plan || found.best_seconds <= 0, peak_bytes, found.best_peak);
   return plan;
 }
 
