@@ -65,7 +65,7 @@ Plan solve_peak_offload(const RegionProfile& profile, std::uint64_t peak_bytes, 
   refuse_groups(profile, host_budget_bytes);
   const StepMemory& step = detail::step_of(profile);
   check_seconds_add_up(profile);
-  if (host_budget_bytes > 0 && !profile.host_copy) (void)offload_seconds(profile, RegionCost{});
+  detail::check_offloadable(profile, host_budget_bytes);
   detail::PeakPlanSearch search(profile, detail::PeakGoal::fastest, peak_bytes, host_budget_bytes);
   seed_from_other_solvers(search, profile, host_budget_bytes);
   // The plan without offload, where one fits: the plan with offload is never slower. (Where none
@@ -77,7 +77,8 @@ Plan solve_peak_offload(const RegionProfile& profile, std::uint64_t peak_bytes, 
   search.move();
   const bool exact = search.walk();
   if (!search.found()) {
-    detail::refuse_peak(step, peak_bytes, search.lowest_peak(),
+    const std::uint64_t least = std::min(search.lowest_peak(), least_step_peak(profile));
+    detail::refuse_peak(step, peak_bytes, least,
                         std::string(exact ? "" : " among the plans tried") + " with a host budget of " +
                             std::to_string(host_budget_bytes) + " bytes");
   }
@@ -91,12 +92,13 @@ std::uint64_t least_step_peak_offload(const RegionProfile& profile, std::uint64_
   refuse_groups(profile, host_budget_bytes);
   (void)detail::step_of(profile);
   check_seconds_add_up(profile);
-  if (host_budget_bytes > 0 && !profile.host_copy) (void)offload_seconds(profile, RegionCost{});
+  detail::check_offloadable(profile, host_budget_bytes);
   detail::PeakPlanSearch search(profile, detail::PeakGoal::least_peak, 0, host_budget_bytes);
   seed_from_other_solvers(search, profile, host_budget_bytes);
   search.move();
   search.walk();
-  return search.lowest_peak();
+  // solve_peak_offload weighs the plan by step peak without offload too: the least it can reach.
+  return std::min(search.lowest_peak(), least_step_peak(profile));
 }
 
 }  // namespace remat::budget

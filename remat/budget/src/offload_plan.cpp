@@ -315,7 +315,7 @@ struct OffloadChoices {
 OffloadChoices offload_choices(const RegionProfile& profile, std::uint64_t budget_bytes,
                                std::uint64_t host_budget_bytes, bool searching) {
   const std::uint64_t capacity = check_plannable(profile, budget_bytes);
-  if (host_budget_bytes > 0 && !profile.host_copy) (void)offload_seconds(profile, RegionCost{});
+  detail::check_offloadable(profile, host_budget_bytes);
   OffloadChoices solved;
   std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
   std::vector<double> copy_seconds(profile.regions.size(), 0);
@@ -397,6 +397,19 @@ Plan solve_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std
 }
 
 namespace detail {
+
+void check_offloadable(const RegionProfile& profile, std::uint64_t host_budget_bytes) {
+  if (host_budget_bytes == 0) return;
+  if (!profile.host_copy) (void)offload_seconds(profile, RegionCost{});  // refused, naming the fix
+  std::uint64_t offloadable = 0;
+  for (const RegionCost& region : profile.regions) {
+    if (region.offload_bytes > UINT64_MAX - offloadable) {
+      throw BudgetError("the regions' offload_bytes add up past 64 bits at region '" + region.name +
+                        "'; the profile is not a real step's");
+    }
+    offloadable += region.offload_bytes;
+  }
+}
 
 std::pair<std::vector<Choice>, std::vector<bool>> unproved_offload_choices(const RegionProfile& profile,
                                                                            std::uint64_t budget_bytes,

@@ -302,7 +302,7 @@ class OpOffloadSolver {
 Plan solve_ops_offload(const RegionProfile& profile, std::uint64_t budget_bytes, std::uint64_t host_budget_bytes) {
   const std::uint64_t capacity = check_plannable(profile, budget_bytes);
   detail::refuse_grouped_ops(profile);
-  if (host_budget_bytes > 0 && !profile.host_copy) (void)offload_seconds(profile, RegionCost{});
+  detail::check_offloadable(profile, host_budget_bytes);
   std::vector<Choice> choices(profile.regions.size(), Choice::recompute);
   std::vector<OpGroup> groups = detail::op_groups(profile, capacity, choices, /*every_region=*/true);
   std::vector<Offload> offloads(groups.size());

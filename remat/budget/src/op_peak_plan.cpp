@@ -234,7 +234,7 @@ Plan solve_peak_ops(const RegionProfile& profile, std::uint64_t peak_bytes, std:
   check_seconds_add_up(profile);
   detail::refuse_grouped_ops(profile);
   check_step_lists_ops(profile);
-  if (host_budget.value_or(0) > 0 && !profile.host_copy) (void)offload_seconds(profile, RegionCost{});
+  detail::check_offloadable(profile, host_budget.value_or(0));
   const std::uint64_t host = host_budget.value_or(0);
   // The per-op plan by kept bytes, with offload where there is a host budget.
   const auto by_kept = [&](std::uint64_t budget) {

@@ -17,16 +17,19 @@ namespace remat::budget::detail {
 
 namespace {
 
-// Limits on the plans weighed, times the step model's size (step_size below).
+// Limits on the plans weighed, times the step model's size (step_size below); the walk weighs
+// every plan where there are at most kWalkEveryPlanUpTo, whatever the size.
 constexpr std::size_t kMovesWork = std::size_t{1} << 22;
-constexpr std::size_t kWalkWork = std::size_t{1} << 22;
+constexpr std::size_t kWalkWork = std::size_t{1} << 21;
+constexpr std::size_t kWalkEveryPlanUpTo = std::size_t{1} << 12;
 constexpr std::size_t kMoveStarts = 4;
 constexpr std::uint64_t kPassedOver = std::numeric_limits<std::uint64_t>::max();
 
-// What asking the step model once costs, in its regions, segments and storages.
+// What asking the step model once costs, in its regions and segments (each walked with what it
+// holds) and its storages (a flag each to clear: a 512th of a segment's cost, as measured).
 std::size_t step_size(const RegionProfile& profile) {
   const StepMemory& step = step_of(profile);
-  return 1 + profile.regions.size() + step.segments.size() + step.storages.size();
+  return 1 + profile.regions.size() + step.segments.size() + step.storages.size() / 512;
 }
 
 }  // namespace
@@ -59,6 +62,9 @@ PeakPlanSearch::PeakPlanSearch(const RegionProfile& profile, PeakGoal goal, std:
     std::stable_sort(options_[r].begin(), options_[r].end(),
                      [&](Option a, Option b) { return cost(r, a) < cost(r, b); });
   }
+  std::size_t plans = 1;
+  for (const std::vector<Option>& options : options_) plans = std::min(plans * options.size(), kWalkEveryPlanUpTo + 1);
+  if (plans <= kWalkEveryPlanUpTo) most_walked_ = std::max(most_walked_, plans);
   current_.choices.assign(n, Choice::save);
   current_.offloaded.assign(n, false);
   order_.resize(n);
