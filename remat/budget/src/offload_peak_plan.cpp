@@ -17,8 +17,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -47,25 +45,27 @@ void seed_from_other_solvers(detail::PeakPlanSearch& search, const RegionProfile
   }
 }
 
-// The step model brings an offloaded region's bytes back by checkpoint call, from the profile's
-// figure for the region: a group's figure is its regions' added up.
-void refuse_groups(const RegionProfile& profile, std::uint64_t host_budget_bytes) {
-  if (host_budget_bytes == 0) return;
+// What both searches ask of the profile: no groups where there is a host budget (the step model
+// brings an offloaded region's bytes back by checkpoint call, from the profile's figure for the
+// region, and a group's figure is its regions' added up), its step (returned), seconds that add up,
+// copy figures and offload bytes that add up where there is a host budget.
+const StepMemory& check_peak_offload(const RegionProfile& profile, std::uint64_t host_budget_bytes) {
   for (const RegionCost& region : profile.regions) {
-    if (region.count <= 1) continue;
+    if (host_budget_bytes == 0 || region.count <= 1) continue;
     throw BudgetError("region '" + region.name + "' stands for " + std::to_string(region.count) +
                       " regions (a grouped profile); plans by step peak with a host budget plan regions as measured: "
                       "plan the profile before grouping, or by kept bytes (solve_offload), which groups");
   }
+  const StepMemory& step = detail::step_of(profile);
+  check_seconds_add_up(profile);
+  detail::check_offloadable(profile, host_budget_bytes);
+  return step;
 }
 
 }  // namespace
 
 Plan solve_peak_offload(const RegionProfile& profile, std::uint64_t peak_bytes, std::uint64_t host_budget_bytes) {
-  refuse_groups(profile, host_budget_bytes);
-  const StepMemory& step = detail::step_of(profile);
-  check_seconds_add_up(profile);
-  detail::check_offloadable(profile, host_budget_bytes);
+  const StepMemory& step = check_peak_offload(profile, host_budget_bytes);
   detail::PeakPlanSearch search(profile, detail::PeakGoal::fastest, peak_bytes, host_budget_bytes);
   seed_from_other_solvers(search, profile, host_budget_bytes);
   // The plan without offload, where one fits: the plan with offload is never slower. (Where none
@@ -89,10 +89,7 @@ Plan solve_peak_offload(const RegionProfile& profile, std::uint64_t peak_bytes, 
 }
 
 std::uint64_t least_step_peak_offload(const RegionProfile& profile, std::uint64_t host_budget_bytes) {
-  refuse_groups(profile, host_budget_bytes);
-  (void)detail::step_of(profile);
-  check_seconds_add_up(profile);
-  detail::check_offloadable(profile, host_budget_bytes);
+  (void)check_peak_offload(profile, host_budget_bytes);
   detail::PeakPlanSearch search(profile, detail::PeakGoal::least_peak, 0, host_budget_bytes);
   seed_from_other_solvers(search, profile, host_budget_bytes);
   search.move();
