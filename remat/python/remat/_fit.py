@@ -32,24 +32,28 @@ sequence x sequence) shows in the scaled step's peak, read when its backward end
 with those inputs scale by the growth measured, and a step that went over the budget is a warning
 naming the measured and predicted peaks, never silent.
 
-Gradient accumulation (micro-batches, each with its own backward, then optimizer.step()) is a
-step per micro-batch. A micro-batch that begins with the gradients there (the second on) is planned
-from the profile less, in each segment, the gradients its backward had made by then (recorded as
-the profile ran): backward adds into them in place. The gradients of parameters that have none and
-that the profiled step's backward did not make (a part of the model used from a later step on) are
-counted whole through every step that may make them. The optimizer step is seen as the parameters
-changing after a step; `cycle` micro-batches run from one to the next. Its memory after the
-backward it follows is measured where it runs after a planned step and predicted, less the state
-it made then, after every later cycle's last micro-batch; every micro-batch is refused before its
-forward where one after it would not fit (no plan changes it). Before it first runs (the first
-cycle, after the profiled micro-batch), it is predicted on stand-ins of the parameters, the state
-it makes included (remat._optimizer_step), and every micro-batch of that cycle is refused where it
-would not fit after it (optimizer_peak_bytes: that prediction). Where it cannot be predicted so (no
-torch.optim.Optimizer holds the parameters, or its step cannot run on stand-ins), a first run over
-the budget is said with the figures and why. An optimizer step that makes state for parameters that
-have none while the optimizer holds state for others (a part of the model first given a gradient in
-a later step) holds what no measured one did: while there are such parameters, it is predicted on
-stand-ins after every step (state there made new, the rest as it is) and checked as above.
+Gradient accumulation (micro-batches, each with its own backward, then optimizer.step()) is a step
+per micro-batch. A micro-batch that begins with the gradients there (the second on) is planned from
+the profile less, in each segment, the gradients its backward had made by then (recorded as the
+profile ran): backward adds into them in place. The gradients of parameters that have none and that
+the profiled step's backward did not make (a part of the model used from a later step on) are
+counted whole through every step that may make them. While the model has parameters the profiled
+step gave no gradient, so are the gradients of the step's inputs that require grad: a part of the
+model the profile did not run that reads them makes them as backward begins (where no plan leaves
+room for them the step is planned without: such a part may not read the inputs). The optimizer step
+is seen as the parameters changing after a step; `cycle` micro-batches run from one to the next. Its
+memory after the backward it follows is measured where it runs after a planned step and predicted,
+less the state it made then, after every later cycle's last micro-batch; every micro-batch is
+refused before its forward where one after it would not fit (no plan changes it). Before it first
+runs (the first cycle, after the profiled micro-batch), it is predicted on stand-ins of the
+parameters, the state it makes included (remat._optimizer_step), and every micro-batch of that cycle
+is refused where it would not fit after it (optimizer_peak_bytes: that prediction). Where it cannot
+be predicted so (no torch.optim.Optimizer holds the parameters, or its step cannot run on
+stand-ins), a first run over the budget is said with the figures and why. An optimizer step that
+makes state for parameters that have none while the optimizer holds state for others (a part of the
+model first given a gradient in a later step) holds what no measured one did: while there are such
+parameters, it is predicted on stand-ins after every step (state there made new, the rest as it is)
+and checked as above.
 
 A step that differs from the profiled one otherwise (a checkpoint called more times, a region the
 profile did not run, inputs of another dtype, autocast on where it was off: remat._step_shape; the
@@ -247,15 +251,17 @@ class _Profiled:
         left = end - self.start
         return left, min(max(0, left), self.gradients)
 
-    def peak(self, planned_peak, base, ratio, absent=None, after=True, extra=0):
+    def peak(self, planned_peak, base, ratio, absent=None, after=True, extra=0, early=0):
         """The step peak predicted for a step that begins with `base` bytes allocated, its
         inputs `ratio` times the profiled step's, under a plan whose forward and backward peak at
         `planned_peak` in the profiled step (a peak of planned_for(absent)). `absent`: the bytes of
         the gradients the step is to make of those the profiled step made (default: all of them);
-        `extra`: those of the gradients it may make beyond them, added whole. `after`: with the part
-        after backward (False: that part was an optimizer step this step is not followed by)."""
+        `extra`: those of the gradients it may make beyond them, added whole. `early`: gradients
+        the profiled step made too but last, which the step may hold through its backward (the
+        part after it holds them either way). `after`: with the part after backward (False: that
+        part was an optimizer step this step is not followed by)."""
         absent = self.gradients if absent is None else absent
-        peak = base + _scaled(planned_peak - self.origin(ratio), ratio) + extra
+        peak = base + _scaled(planned_peak - self.origin(ratio), ratio) + extra + early
         if after and self.after_start is not None:
             already = min(self.persisted, max(0, base - self.start))  # made by the profiled step, there before this
             # What backward left allocated: the gradients it made (those this step makes), as they
@@ -367,6 +373,7 @@ class FitState:
         self.optimizer_basis = None
         self.optimizer_peak_bytes = None  # the predicted peak of an optimizer step after the step running now
         self.expect_optimizer = False  # the step running now is predicted with the optimizer step after it
+        self.input_gradient_bytes = 0  # the bytes of the step's inputs that require grad (their gradients')
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
         self._versions = None       # the parameters' version counters when the step began; None: no step open
         self._named = None          # the model's named parameters while a step begins or ends (_parameters_listed)
@@ -434,20 +441,29 @@ class FitState:
         return self._gradient_bytes()
 
     def _absent_gradients(self, source):
-        """(bytes, bytes) of the gradients the step's backward is to make, with `source`'s profile:
-        those of parameters that have none now whose gradient that profiled step's backward made,
-        and those of the other parameters that have none now. The second are counted whole through
-        the step: the profile does not hold them (a layer used from a later step on, a parameter
-        first reached then), and where such a parameter stays without a gradient the prediction is
-        above the step by its bytes, never below."""
+        """(bytes, bytes, bytes) of the gradients the step's backward is to make, with `source`'s
+        profile: those of parameters that have none now whose gradient that profiled step's
+        backward made; those of the other parameters that have none now; and those of the step's
+        inputs that a part of the model the profiled step did not run may make early.
+
+        The second are counted whole through the step: the profile does not hold them (a layer used
+        from a later step on, a parameter first reached then), and where such a parameter stays
+        without a gradient the prediction is above the step by its bytes, never below. The third
+        (the inputs that require grad, where some parameter's gradient was not made by the profiled
+        step): its checkpoints made them last in backward, while a part it did not run that reads
+        them, run last in forward, makes them as backward begins, and backward holds them to its
+        end."""
         made = other = 0
+        unreached = False
         for name, p in self._named_parameters():
-            if p.requires_grad and p.grad is None:
-                if name in source.made:
-                    made += p.numel() * p.element_size()
-                else:
-                    other += p.numel() * p.element_size()
-        return made, other
+            if p.requires_grad:
+                unreached = unreached or name not in source.made
+                if p.grad is None:
+                    if name in source.made:
+                        made += p.numel() * p.element_size()
+                    else:
+                        other += p.numel() * p.element_size()
+        return made, other, self.input_gradient_bytes if unreached else 0
 
     def _optimizer_peak(self, source, base, ratio, absent, extra):
         """The peak of the optimizer step after this step's backward, from the last one measured
@@ -784,6 +800,8 @@ class FitState:
                              "training steps inside remat.tag_cpu_tensors() (CPU tensors) or install remat's "
                              "allocator with remat_alloc.install() (CUDA tensors)")
         signature = _signature(args, kwargs)
+        self.input_gradient_bytes = sum(t.numel() * t.element_size() for t in _plans.tensors_in((args, kwargs))
+                                        if t.requires_grad)
         start = remat_alloc.memory_stats(device)["requested_bytes"]
         self._versions = [p._version for p in self._parameters()]
         self.position += 1
@@ -871,7 +889,7 @@ class FitState:
         """The use_plan for a step with `signature`, from `source`'s profile with everything above
         what its step began with scaled by `ratio` (1: the profile of these very inputs)."""
         profile = source.profile
-        absent, extra = self._absent_gradients(source)
+        absent, extra, early = self._absent_gradients(source)
         # Forward and backward, which the plan changes (with the gradients there from the start in
         # micro-batches of gradient accumulation after the first)
         planned = source.planned_for(absent, ratio)
@@ -885,12 +903,22 @@ class FitState:
         # must fit too: no plan changes it, so the worst micro-batch is checked before every one
         optimizer = self._optimizer_peak(source, base, ratio, absent, extra)
         reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
-        try:
-            plan = planned.plan(peak_bytes=source.origin(ratio) + int((self.budget - reserve - base - extra) / ratio),
-                                host_budget_bytes=host)
-            predicted = source.peak(plan.peak_bytes, base, ratio, absent, after, extra)
-        except ValueError:  # no plan's peak is that low: the least plan's is over the budget too
-            plan = predicted = None
+
+        def fastest_within(early):
+            """The fastest plan predicted within the budget and its prediction, or (None, None)."""
+            try:
+                plan = planned.plan(peak_bytes=source.origin(ratio) + int((self.budget - reserve - base - extra - early)
+                                                                          / ratio), host_budget_bytes=host)
+                return plan, source.peak(plan.peak_bytes, base, ratio, absent, after, extra, early)
+            except ValueError:  # no plan's peak is that low: the least plan's is over the budget too
+                return None, None
+
+        plan, predicted = fastest_within(early)
+        if early and (plan is None or max(predicted, optimizer) + reserve > self.budget):
+            # No plan leaves room for the inputs' gradients made early, which happens only where a part of
+            # the model the profile did not reach reads the inputs: planned without it rather than refused
+            # (a step that then goes over is measured, said, and planned for after)
+            plan, predicted = fastest_within(0)
         # The least plan's peak (a search of every plan where the profile is small) only where the
         # fastest plan within the budget is not predicted within it: a measured plan is taken
         # instead, or the step is refused

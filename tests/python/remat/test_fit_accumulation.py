@@ -97,11 +97,11 @@ def budget_between_least_and_all_saved():
     return (least + everything) // 2
 
 
-def assert_within_budget_and_predicted(rows, budget, free):
-    """Every planned micro-batch within the budget; predictions an upper bound within 3% (the
-    first cycle's last micro-batch: with the optimizer step predicted after it, which the
-    prediction of the micro-batch alone leaves out, as it may not follow); gradients bitwise those
-    without checkpointing."""
+def assert_within_budget_and_predicted(rows, budget, free, early=0):
+    """Every planned micro-batch within the budget; predictions an upper bound within 3% and
+    `early` bytes (the first cycle's last micro-batch: with the optimizer step predicted after it,
+    which the prediction of the micro-batch alone leaves out, as it may not follow); gradients
+    bitwise those without checkpointing."""
     for (cycle, position, peak, predicted, grads, optimizer), plain in zip(rows, free):
         where = f"cycle {cycle}, micro-batch {position + 1}"
         assert grads == plain[4], where
@@ -113,7 +113,7 @@ def assert_within_budget_and_predicted(rows, budget, free):
             assert optimizer is not None and optimizer <= budget, where  # predicted before it first runs
         if cycle == 0 and position == max(p for c, p, *_ in rows if c == cycle):
             predicted = max(predicted, optimizer)
-        assert peak <= predicted <= peak * 1.03, f"{where}: measured {peak}, predicted {predicted}"
+        assert peak <= predicted <= peak * 1.03 + early, f"{where}: measured {peak}, predicted {predicted}"
 
 
 @pytest.mark.parametrize("count", [2, 4])
@@ -253,12 +253,14 @@ def test_an_optimizer_that_cannot_step_on_stand_ins_keeps_the_warning_naming_why
 def test_a_parameter_first_given_a_gradient_in_a_later_cycle_is_in_every_prediction():
     """A parameter the loss uses from the second cycle on: its gradient, which the profiled
     micro-batch did not make, is counted in the prediction of every micro-batch that may make it
-    (before, the first micro-batch of each later cycle peaked above its prediction by its bytes)."""
+    (before, the first micro-batch of each later cycle peaked above its prediction by its bytes).
+    So is the batch's gradient, which a part of the model the profile did not reach may make as
+    backward begins (here it does not read the batch: the prediction is above by those bytes)."""
     late = 8192  # 32 KiB of gradient, about 1% of the step
     budget = budget_between_least_and_all_saved()
     free, _, _ = train(None, [2] * 4, late=late, late_from=1)
     rows, told, state = train(budget, [2] * 4, late=late, late_from=1)
-    assert_within_budget_and_predicted(rows, budget, free)
+    assert_within_budget_and_predicted(rows, budget, free, early=BATCH * SEQUENCE * HIDDEN * 4)
     assert [m for m in told if "remat.fit" in m] == [m for m in told if "the profiled step" in m]  # only that
     assert "late" not in state.latest.made and "layers.0.attn.weight" in state.latest.made
 
