@@ -280,15 +280,20 @@ void KeptOps::Scope::finish() {
                                     " ops, but the plan keeps op " + std::to_string(missing->first) + " (" +
                                     missing->second + ")" + profile_again(ops_.region_));
   }
-  // The outputs themselves until now, so that writes into them counted; from here a detached alias
-  // of each (sharing its version counter), which holds no part of forward's graph. Made and let go
-  // outside the lock (a tensor subclass or a dispatch mode runs Python there, which takes the GIL
-  // that a thread waiting for the lock may hold).
+  // The outputs and their other tensors themselves until now, so that writes into them counted;
+  // from here a detached alias of each (sharing its version counter), which holds no part of
+  // forward's graph. Made and let go outside the lock (a tensor subclass or a dispatch mode runs
+  // Python there, which takes the GIL that a thread waiting for the lock may hold).
   for (auto& [index, held] : ops_.held_) {
     for (c10::IValue& value : held.returns) {
       c10::IValue swapped = fresh(value);
       std::lock_guard<std::mutex> lock(holding_mutex);
       std::swap(value, swapped);
+    }
+    for (at::Tensor& alias : held.aliases) {
+      at::Tensor swapped = alias.detach();
+      std::lock_guard<std::mutex> lock(holding_mutex);
+      std::swap(alias, swapped);
     }
   }
 }
@@ -299,8 +304,10 @@ void KeptOps::Scope::pass(const c10::OperatorHandle& op, c10::DispatchKeySet key
     const auto index = static_cast<std::uint32_t>(ops_.ran_.size());
     ops_.ran_.push_back(op);
     const auto want = ops_.kept_.find(index);
-    if (want == ops_.kept_.end()) return next(op, keys, stack);
-    return hold(op, keys, stack, index, want->second);
+    if (want != ops_.kept_.end()) return hold(op, keys, stack, index, want->second);
+    next(op, keys, stack);
+    if (!ops_.held_.empty() && !op.schema().is_mutable()) watch_aliases(op, stack);
+    return;
   }
   const std::uint32_t index = count_++;
   if (index >= ops_.ran_.size() || !(ops_.ran_[index] == op)) refuse(op, index);
@@ -351,6 +358,32 @@ void KeptOps::Scope::hold(const c10::OperatorHandle& op, c10::DispatchKeySet key
   holding().insert(&ops_);
 }
 
+void KeptOps::Scope::watch_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::vector<std::pair<Held*, at::Tensor>> found;
+  for (const c10::IValue& value : torch::jit::last(*stack, op.schema().returns().size())) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      if (!t.defined() || !t.has_storage()) return;
+      const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+      for (auto& [index, held] : ops_.held_) {
+        bool over = false;
+        for (const c10::IValue& kept : held.returns) {
+          for_each_tensor(kept, [&](const at::Tensor& k) {
+            over = over || (k.defined() && k.has_storage() && k.storage().unsafeGetStorageImpl() == storage &&
+                            k.unsafeGetTensorImpl() != t.unsafeGetTensorImpl());
+          });
+        }
+        if (over) found.emplace_back(&held, t);
+      }
+    });
+  }
+  if (found.empty()) return;
+  std::lock_guard<std::mutex> lock(holding_mutex);
+  for (auto& [held, alias] : found) {
+    held->alias_versions.push_back(version_of(alias));
+    held->aliases.push_back(std::move(alias));
+  }
+}
+
 bool KeptOps::Scope::hand_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::uint32_t index) {
   std::unique_lock<std::mutex> lock(holding_mutex);
   const auto found = ops_.held_.find(index);
@@ -370,6 +403,9 @@ bool KeptOps::Scope::hand_back(const c10::OperatorHandle& op, torch::jit::Stack*
       if (t.defined() && version_of(t) != held.versions[i]) unchanged = false;
       i += t.defined() ? 1 : 0;
     });
+  }
+  for (std::size_t a = 0; a < held.aliases.size(); ++a) {
+    if (version_of(held.aliases[a]) != held.alias_versions[a]) unchanged = false;
   }
   if (!unchanged) return false;  // written into after forward held it: the op runs again
   torch::jit::drop(*stack, argument_count);

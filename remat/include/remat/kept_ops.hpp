@@ -13,7 +13,10 @@
 //   of running the op. Autograd above sees the same values, so gradients are those of no
 //   checkpointing.
 // Forward writing into a held output later (an in-place op, in the region or after it) makes
-// recompute run the op again rather than hand back a changed value; random ops and ops whose
+// recompute run the op again rather than hand back a changed value: a write through the output, a
+// view of it, or another tensor over its storage that a later op of the region returned with a
+// version counter of its own (aten::_unsafe_view: a matmul of 3-d inputs returns its mm's output
+// so, and `q = x @ w; q.mul_(0.5)` writes into the mm's output through it); random ops and ops whose
 // output size depends on values are never kept. Ops a kernel runs inside another op are not seen,
 // nor are ops traced rather than run (torch.compile compiling a function the region calls: under
 // PyTorch's fake, proxy or functional modes, or on fake or meta tensors), as the profile's
@@ -88,6 +91,9 @@ class KeptOps {
     void next(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
     void hold(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack, std::uint32_t index,
               const std::string& want);
+    // Forward, after an op that wrote nothing: notes its returns over a held output's storage that
+    // are other tensors than the held ones (Held::aliases).
+    void watch_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack);
     bool hand_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::uint32_t index);
     [[noreturn]] void refuse(const c10::OperatorHandle& op, std::uint32_t index, const std::string& shapes = {});
 
@@ -108,6 +114,10 @@ class KeptOps {
     std::vector<c10::IValue> returns;     // the op's returns, as the dispatcher returned them
     std::vector<std::uint32_t> versions;  // of each returned tensor, in order
     Shapes inputs;                        // the shapes and dtypes of the op's tensor arguments
+    // Other tensors over a returned tensor's storage that later ops of the region returned (their
+    // version counters are their own), and their versions then: writes through them count too.
+    std::vector<at::Tensor> aliases;
+    std::vector<std::uint32_t> alias_versions;
   };
 
   std::string region_;

@@ -617,8 +617,9 @@ class FitState:
             else:
                 self.measured_plans.pop(key, None)
             if measured > self.budget:
-                _tell(f"remat.fit: the last step, planned from a profile scaled by {ratio:.3g} (every region "
-                      f"assumed to scale with the token count), peaked at {_bytes_text(measured)}, over the "
+                origin = (f"a profile scaled by {ratio:.3g} (every region assumed to scale with the token count)"
+                          if ratio != 1.0 else "the profile of larger inputs as it is")
+                _tell(f"remat.fit: the last step, planned from {origin}, peaked at {_bytes_text(measured)}, over the "
                       f"budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): some "
                       f"region grows faster than the token count. Steps with these inputs now scale by "
                       f"{factor:.3g} more")
@@ -887,8 +888,10 @@ class FitState:
 
     def _plan_step(self, source, signature, start, ratio, *, change=None):
         """The use_plan for a step with `signature`, from `source`'s profile with everything above
-        what its step began with scaled by `ratio` (1: the profile of these very inputs)."""
+        what its step began with scaled by `ratio` (1: the profile of these very inputs, or of larger
+        ones, as it is)."""
         profile = source.profile
+        own = signature == source.signature  # the profile of these very inputs
         absent, extra, early = self._absent_gradients(source)
         # Forward and backward, which the plan changes (with the gradients there from the start in
         # micro-batches of gradient accumulation after the first)
@@ -927,7 +930,7 @@ class FitState:
                                     extra)
             # A plan a step with these inputs ran under, scaled from this profile, within the budget:
             # what it measured above its start beats the scaled prediction where the least plan is refused
-            ran = self.measured_plans.get((signature, source.signature)) if ratio != 1.0 else None
+            ran = None if own else self.measured_plans.get((signature, source.signature))
             if ran is not None and max(least_now, optimizer) + reserve > self.budget >= \
                     max(base + ran[1] + extra, optimizer):
                 plan, predicted = ran[0], base + ran[1] + extra
@@ -938,12 +941,13 @@ class FitState:
             predicted = max(predicted, optimizer)
         self.optimizer_peak_bytes = optimizer or None
         if change is not None:
+            origin = (f"profile scaled by {ratio:.3g}, assuming every region scales with the token count"
+                      if ratio != 1.0 else "profile of the larger inputs as it is")
             _tell(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
-                  f"profile scaled by {ratio:.3g}, assuming every region scales with the token count: "
-                  f"predicted peak {_bytes_text(predicted)} within {_bytes_text(self.budget)}, "
+                  f"{origin}: predicted peak {_bytes_text(predicted)} within {_bytes_text(self.budget)}, "
                   f"{sum(c == 'recompute' for c in plan.decisions.values())} of {len(plan.decisions)} "
                   "regions recomputed")
-        if ratio != 1.0:
+        if not own:
             self.scaled_step = (signature, base, predicted, ratio, source.signature)
         else:
             self.planned_step = (signature, predicted)
@@ -954,10 +958,11 @@ class FitState:
         # Not strict: a region the profile does not name is a step that differs, which the watch
         # meets by recomputing (a strict plan would refuse it)
         context = _plans.use_plan(plan, strict=False)
-        if self.watch is None or self.watch[0] is not source or self.watch[1].sizes != (ratio == 1.0):
-            self.watch = (source, StepWatch(profile._shape, _held_weakly(self._step_diverged), sizes=ratio == 1.0))
+        # Sizes compared only against the profile of these very inputs (other inputs make other sizes)
+        if self.watch is None or self.watch[0] is not source or self.watch[1].sizes != own:
+            self.watch = (source, StepWatch(profile._shape, _held_weakly(self._step_diverged), sizes=own))
         self.watch[1].begin()
-        self.watch_signature = signature if ratio == 1.0 else None
+        self.watch_signature = signature if own else None
         if source.training != self.model.training:
             # Dropout and the like save other tensors by mode: not the profiled step, from its start
             mode = {True: "training", False: "eval"}
@@ -974,8 +979,10 @@ class FitState:
         else:
             fixed = base + source.persisted  # made in the step, kept after it
         fixed = min(fixed, least_now)
-        scaled = "" if ratio == 1.0 else (f" (the profile at inputs {_shapes_text(source.signature)} scaled by "
-                                          f"{ratio:.3g}, every region assumed to scale with the token count)")
+        scaled = ("" if signature == source.signature else
+                  f" (the profile at inputs {_shapes_text(source.signature)}, larger, as it is)" if ratio == 1.0 else
+                  f" (the profile at inputs {_shapes_text(source.signature)} scaled by {ratio:.3g}, every region "
+                  "assumed to scale with the token count)")
         if reserve:
             scaled += (f", and a step with these inputs that ran as profiled peaked {_bytes_text(reserve)} above its "
                        "plan's prediction" if signature in self.under_predicted else

@@ -7,8 +7,11 @@ could keep while the region recomputes is listed with its index, its name ("aten
 "aten::add.Tensor"), its outputs' bytes (each storage once) and its time: functional ops whose
 outputs are new storages. Not listed: ops that write into a tensor (in-place, out=), ops whose
 outputs are views of their inputs (nothing to keep, nothing to spare; not numbered either: the
-runtime's saved-tensor hooks run some, differently in a saved region and a recomputed one), and
-random ops (keeping one would skip its draw in recompute and move every later draw of the region).
+runtime's saved-tensor hooks run some, differently in a saved region and a recomputed one), random
+ops (keeping one would skip its draw in recompute and move every later draw of the region), and
+ops whose output a later op of the region writes into (`q = x @ w; q.mul_(0.5)`: kept, recompute
+would have to run it again, so a plan keeping it would keep its bytes and spare nothing; the
+runtime runs it again all the same, remat/kept_ops.hpp).
 
 The same watch finds what makes a region unsafe to recompute (in every region whose code saves
 it, and with per-op figures in every region): an op that draws from a torch.Generator of the
@@ -123,6 +126,21 @@ def output_storages(out, inputs):
     return storages
 
 
+def _written(func, args, kwargs):
+    """The tensors the op writes into (in place, out=)."""
+    schema = func._schema
+    if not schema.is_mutable:
+        return []
+    written = []
+    for position, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) and not argument.kwarg_only else kwargs.get(argument.name)
+        written.extend(t for t in (value if isinstance(value, (list, tuple)) else (value,))
+                       if isinstance(t, torch.Tensor))
+    return written
+
+
 def _output_keys(out):
     return {storage_key(t) for t in (out if isinstance(out, (tuple, list)) else (out,))
             if isinstance(t, torch.Tensor)} - {None}
@@ -195,6 +213,7 @@ class OpMeter(TorchDispatchMode):
         self._cuda = cuda
         self._figures = figures
         self._made = set()  # storage keys of what the region's ops made
+        self._listed = {}  # storage key -> the entry in ops whose output it is
         self._inputs = set()  # storage keys of the region's inputs (takes_inputs)
         self._defaults = _default_generators()
         self._events = []  # (entry in ops, start event, end event) on CUDA
@@ -209,20 +228,20 @@ class OpMeter(TorchDispatchMode):
             self.must_save = (f"it draws from a torch.Generator of its own ({op_name(func)}), which recompute "
                               f"would draw from again")
             return
-        schema = func._schema
-        if not schema.is_mutable:
-            return
-        for position, argument in enumerate(schema.arguments):
-            if argument.alias_info is None or not argument.alias_info.is_write:
-                continue
-            value = args[position] if position < len(args) and not argument.kwarg_only else kwargs.get(argument.name)
-            for tensor in value if isinstance(value, (list, tuple)) else (value,):
-                # a sparse tensor (no storage key) cannot be told made here: taken as not
-                if isinstance(tensor, torch.Tensor) and storage_key(tensor) not in self._made | self._inputs:
-                    self.must_save = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
-                                      f"{_describe(tensor)}: a BatchNorm's running statistics, a cache), which "
-                                      f"recompute would write again")
-                    return
+        for tensor in _written(func, args, kwargs):
+            # a sparse tensor (no storage key) cannot be told made here: taken as not
+            if storage_key(tensor) not in self._made | self._inputs:
+                self.must_save = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
+                                  f"{_describe(tensor)}: a BatchNorm's running statistics, a cache), which "
+                                  f"recompute would write again")
+                return
+
+    def _unlist_written(self, func, args, kwargs):
+        """Takes out of ops the listed ops whose outputs this op writes into (module docstring)."""
+        for tensor in _written(func, args, kwargs):
+            entry = self._listed.pop(storage_key(tensor), None)
+            if entry is not None and entry in self.ops:
+                self.ops.remove(entry)
 
     def takes_inputs(self, tensors):
         """The region's inputs: a write into one is no write into outside state. The runtime makes
@@ -242,6 +261,8 @@ class OpMeter(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.must_save is None:
             self._check(func, args, kwargs)
+        if self._listed and func._schema.is_mutable:
+            self._unlist_written(func, args, kwargs)
         self.intercepted += 1
         if not numbered(func) or not self._figures or not keepable(func):
             index = None
@@ -276,6 +297,7 @@ class OpMeter(TorchDispatchMode):
             entry = {"index": index, "op": op_name(func), "bytes": sum(storages.values()),
                      "seconds": (finished - started) / 1e9}
             self.ops.append(entry)
+            self._listed.update(dict.fromkeys(storages, entry))
             if self._on_op is not None:
                 self._on_op(index, out)
             if self._cuda:

@@ -110,3 +110,25 @@ def test_a_step_four_times_the_profiled_one_counts_the_gradients_once():
         assert row["grads"] == reference["grads"], step
     scaled = [message for message in told if "-> 64x32" in message]
     assert len(scaled) == 1 and "the plan comes from the profile scaled by 4" in scaled[0], told
+
+
+def test_a_shorter_step_planned_from_a_longer_profile_runs_under_its_plan_not_as_a_step_that_differs(figures):
+    """A 64-row step with only the 128-row profile plans from it as it is (what grows with the
+    inputs is not taken to shrink with them): its sizes are not the profile's, and that is no
+    difference from the profiled step. (Before, the plan's watch compared sizes, so every such
+    step was said to differ from the profiled one and recomputed every region from its first
+    checkpoint on.)"""
+    all_saved, least = figures
+    budget = least + (all_saved - least) // 2
+    plain, _, _ = train(None, [128, 64, 64, 128], checkpointed=False)
+    rows, told, profiles = train(budget, [128, 64, 64, 128])
+    assert [row["error"] for row in rows] == [None] * 4, told
+    assert [row["planned"] for row in rows[1:]] == [True, True, True]
+    for step, (row, reference) in enumerate(zip(rows, plain)):
+        if step > 0:
+            assert row["peak"] <= budget, (step, row["peak"], budget, told)
+        assert row["grads"] == reference["grads"], step
+    assert sorted(signature[0][0][0] for signature in profiles) == [128]
+    assert not [message for message in told if "differs from the profiled one" in message], told
+    shorter = [message for message in told if "-> 64x32" in message]
+    assert len(shorter) == 1 and "the plan comes from the profile of the larger inputs as it is" in shorter[0], told

@@ -517,9 +517,17 @@ def test_a_kept_output_written_in_place_in_forward_is_recomputed_not_handed_back
 
     with remat.profile_regions(ops=True) as measured:
         written_model(batch()).backward()
+    # The profile does not list an op whose output the region writes into later (keeping it would spare
+    # nothing): mlp's matmul is put back below, as a plan from other code would name it
+    assert all(op["op"] != "remat_op_plans::counted_mm" for name, ops in measured.ops.items()
+               if name.endswith("::mlp") for op in ops)
     doc = json.loads(matmuls_dear(measured).to_json())
     for region in doc["regions"]:  # saving a region priced out: the plan keeps each mlp's matmul
         region["saved_bytes"] = 100 * ACTIVATION
+        if region["name"].endswith("::mlp"):
+            region["ops"].insert(0, {"index": 0, "op": "remat_op_plans::counted_mm", "bytes": ACTIVATION,
+                                     "seconds": 1.0})
+            region["seconds"] += 1.0
     doc.pop("all_saved_bytes")
     profile = remat.RegionProfile(json.dumps(doc))
     plan = profile.plan(budget_bytes=profile.base_bytes + 2 * LAYERS * ACTIVATION, ops=True)
@@ -537,6 +545,51 @@ def test_a_kept_output_written_in_place_in_forward_is_recomputed_not_handed_back
     # attn's matmul handed back; mlp's, written into after it ran, run again
     assert runs["mm"] == 2 * LAYERS + LAYERS
     assert_gradients_equal(x, weights, expected)
+
+
+@pytest.mark.parametrize("where", ["in the region", "after the region"])
+def test_a_kept_matmul_written_through_the_3d_tensor_over_its_output_is_recomputed_not_handed_back(where):
+    """x @ w on a 3-d x runs aten::mm and returns its output as another tensor over the same
+    storage, with a version counter of its own (aten::_unsafe_view): a write through that tensor,
+    in the region or after it, leaves the mm's output's version as it was. The runtime watches such
+    tensors too, so recompute runs the mm again instead of handing back what the write changed (it
+    handed back the scaled output: gradients differed). The plan keeping the mm comes from a
+    profile of the code without the write; a profile of the code writing in the region does not
+    list the mm (keeping it would spare nothing)."""
+    w = (torch.randn(WIDTH, WIDTH, generator=torch.Generator().manual_seed(5)) / 8).requires_grad_()
+
+    def step(x, write, ck=True):
+        def region_body(t):
+            q = t @ w
+            return q.mul_(0.5) if write == "in the region" else q
+
+        def body(t):
+            q = remat.region(region_body, "r")(t) if ck else region_body(t)
+            return (q.mul_(0.5) if write == "after the region" else q).sin()
+
+        (remat.checkpoint(region_name="c")(body)(x) if ck else body(x)).square().sum().backward()
+
+    x = torch.randn(2, 8, WIDTH, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    step(x, where, ck=False)
+    expected = [x.grad, w.grad]
+    x.grad = w.grad = None
+    with remat.profile_regions(ops=True) as written:
+        step(x, "in the region")
+    assert written.ops.get("c::r", []) == []  # (before, it listed the mm)
+    with remat.profile_regions(ops=True) as profile:
+        step(x, None)
+    x.grad = w.grad = None
+    doc = json.loads(profile.to_json())
+    (region,) = doc["regions"]
+    assert [op["op"] for op in region["ops"]] == ["aten::mm"]
+    region["ops"][0]["seconds"] = region["seconds"] = 1.0  # the mm priced far above saving the region
+    region["saved_bytes"] = 100 * ACTIVATION
+    doc.pop("all_saved_bytes")
+    plan = remat.RegionProfile(json.dumps(doc)).plan(budget_bytes=profile.base_bytes + 2 * 8 * WIDTH * 4, ops=True)
+    assert plan.decisions == {"c::r": "recompute"} and plan.kept_ops["c::r"] == [(0, "aten::mm")]
+    with remat.use_plan(plan):
+        step(x, where)
+    assert torch.equal(x.grad, expected[0]) and torch.equal(w.grad, expected[1])
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
