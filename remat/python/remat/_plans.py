@@ -457,8 +457,10 @@ class RegionProfile:
         if group:
             raise ValueError("plan: ops=True keeps ops of regions as measured: drop group=True, or plan without ops")
         if not self.has_ops:
-            raise ValueError("plan: ops=True needs per-op figures, which this profile does not have: profile with "
-                             "remat.profile_regions(ops=True)")
+            raise ValueError("plan: ops=True needs per-op figures, and this profile lists no op a plan could keep: "
+                             "profiled without them (profile with remat.profile_regions(ops=True)), or no region has "
+                             "one (a region that must be recomputed runs again whole; in-place ops, views, random ops "
+                             "and ops whose output the region writes into later are never listed): plan without ops")
         return True
 
     def _plan_offload(self, budget_bytes, peak_bytes, group, ops, host_budget_bytes):

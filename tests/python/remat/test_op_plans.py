@@ -213,6 +213,18 @@ def test_profile_without_ops_has_none_and_refuses_per_op_plans():
         profile.plan(budget_bytes=profile.all_saved_bytes, ops=True)
 
 
+def test_a_profile_with_ops_none_of_which_a_plan_could_keep_is_refused_saying_why():
+    """Profiled with ops=True, the region's mm is written into later and its mul_ is in place: no op
+    is listed, and a per-op plan is refused saying so (before: "profile with ops=True", as it was)."""
+    w = torch.randn(WIDTH, WIDTH, requires_grad=True)
+    with remat.profile_regions(ops=True) as profile:
+        body = remat.region(lambda t: (t @ w).mul_(0.5), "r")
+        remat.checkpoint(region_name="c")(body)(torch.randn(2, 8, WIDTH)).sum().backward()
+    assert not profile.has_ops
+    with pytest.raises(ValueError, match=r"lists no op a plan could keep.*writes into later.*plan without ops"):
+        profile.plan(budget_bytes=profile.all_saved_bytes, ops=True)
+
+
 def test_per_op_plan_keeps_the_matmuls_and_recompute_does_not_run_them(measured):
     profile = matmuls_dear(measured)
     # Room for two activations a layer: attn saved (tanh keeps its output), mlp recomputed keeping
