@@ -288,7 +288,8 @@ class profile_regions:
         if report is not None and last is not None and self._ops:
             self._find_tail(last, report.regions, out)
         self._step.checkpoint_kept(call_index, report.regions if report is not None else [],
-                                   newest.tensors if newest is not None else [], args, kwargs, out)
+                                   newest.tensors if newest is not None else [], args, kwargs, out,
+                                   rerun={r.region for r in report.rerun_regions} if report is not None else ())
         self._shape.record_backward(out)
         return out
 

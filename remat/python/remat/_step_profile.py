@@ -461,10 +461,11 @@ class StepRecorder:
         elif not self._region_stack:
             self._body_reads.setdefault(self._forward, set()).update(read)
 
-    def checkpoint_kept(self, index, reports, tensors, args, kwargs, out):
+    def checkpoint_kept(self, index, reports, tensors, args, kwargs, out, rerun=()):
         """After checkpoint call `index`'s forward: what each region keeps (from the runtime's
         report, whose tensors, in its order, are `tensors`), and the backward hooks that cut its
-        backward into its own segment."""
+        backward into its own segment. `rerun`: the regions the runtime runs again in recompute
+        (the report's rerun_regions), which keep none of their outputs."""
         if index is None:
             return
         storages = [storage_of(t) for t in tensors]  # None for a sparse one
@@ -506,9 +507,15 @@ class StepRecorder:
         self._kept_keys[index] = {(t.device, t.address) for region in reports for t in region.tensors
                                   if (t.device, t.address) not in held_anyway}
         record["kept_inputs"] = sorted(kept_by_region.get("<inputs>", set()) & set(record["inputs"]))
+        kept_by_call = set().union(*kept_by_region.values())
         for region in record["regions"]:
             outputs = region.pop("_outputs")
-            region["kept"] = sorted(kept_by_region.get(region["name"], set()) | outputs)
+            # A region the runtime runs again in recompute (it changed its input in place, or its
+            # output was changed in place after it returned) keeps its saved tensors but none of its
+            # outputs, which are freed after forward unless the call keeps them for another region
+            # (one that saved it): only those count as kept, and as what its recompute makes again
+            kept = outputs & kept_by_call if region["name"] in rerun else outputs
+            region["kept"] = sorted(kept_by_region.get(region["name"], set()) | kept)
             region["inputs"] = sorted(region.pop("_inputs"))
             region["outputs"] = sorted(outputs)
             if staying.get(region["name"]):
