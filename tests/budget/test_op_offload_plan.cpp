@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -217,6 +218,28 @@ TEST(OpOffloadPlan, AProfileWithManyOffloadsGetsAPlanWithinBothBudgetsNoSlowerTh
     gap = std::max(gap, 1 - plan.least_recompute_seconds / plan.recompute_seconds);
   }
   std::printf("40 regions: %d of 40 plans proved; the others at most %.1f%% above their bound\n", proved, 100 * gap);
+}
+
+TEST(OpOffloadPlan, OnAnEightyRegionProfileAMoreHostBudgetNeverMeantASlowerPlan) {
+  // The third of the random 80-region steps the weighing of several sets of offloads was measured on:
+  // weighing only the best set met, host budgets of 9, 10 and 12 fortieths of the offloadable bytes
+  // got plans up to 27% slower than at 8 fortieths.
+  std::mt19937_64 rng(7);
+  RegionProfile profile;
+  std::uint64_t budget = 0;
+  for (int trial = 0; trial < 3; ++trial) {
+    profile = random_profile(rng, 80);
+    const std::uint64_t least = least_kept_bytes(profile);
+    budget = least + rng() % (profile.all_saved_bytes() - least + 1);
+  }
+  std::uint64_t all_offload = 0;
+  for (const RegionCost& region : profile.regions) all_offload += region.offload_bytes;
+  double fastest = std::numeric_limits<double>::infinity();
+  for (std::uint64_t share = 0; share <= 20; ++share) {
+    const Plan plan = solve_ops_offload(profile, budget, all_offload * share / 40);
+    EXPECT_LE(plan.recompute_seconds, fastest + 1e-9) << share << " fortieths";
+    fastest = std::min(fastest, plan.recompute_seconds);
+  }
 }
 
 TEST(OpOffloadPlan, AHostBudgetOfZeroPlansAsSolveOpsAndAProfileWithoutOpsAsSolveOffload) {
