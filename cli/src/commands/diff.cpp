@@ -11,6 +11,10 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace remat::report {
 
@@ -50,6 +54,40 @@ bool knows_peaks(const MemoryView& view) {
          std::any_of(view.rows.begin(), view.rows.end(), [](const MemoryRow& row) { return row.peak.has_value(); });
 }
 
+// The rank and device a dump's header names; nullopt where it names none or cannot be read.
+std::optional<std::pair<std::uint64_t, std::uint64_t>> rank_and_device(const DumpFile& dump) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element header = dump.root;
+  if (dump.json_lines && parser.parse(dump.header_line).get(header) != simdjson::SUCCESS) return std::nullopt;
+  std::uint64_t rank = 0, device = 0;
+  if (header["rank"].get(rank) != simdjson::SUCCESS || header["device"].get(device) != simdjson::SUCCESS) {
+    return std::nullopt;
+  }
+  return std::make_pair(rank, device);
+}
+
+// Notes where one dump is a memory-report (what one checkpoint keeps for backward) and the other is
+// not (what the allocator holds: a snapshot, or a trace replayed), or where the two are not of one
+// rank and device: the table compares them all the same, which is rarely what was meant.
+std::vector<std::string> unlike_notes(const DumpFile& before, const DumpFile& after) {
+  std::vector<std::string> notes;
+  if ((before.kind == "memory-report") != (after.kind == "memory-report")) {
+    notes.push_back(
+        fmt::format("BEFORE is a {} dump and AFTER a {} dump: a memory-report counts what one "
+                    "checkpoint keeps for backward, the other what the allocator holds; compare dumps of "
+                    "one kind to see what changed",
+                    before.kind, after.kind));
+  }
+  const auto a = rank_and_device(before), b = rank_and_device(after);
+  if (a && b && *a != *b) {
+    notes.push_back(
+        fmt::format("BEFORE is rank {} (device {}) and AFTER rank {} (device {}): compare dumps of one "
+                    "rank to see what changed, or set ranks side by side with `remat-report ranks`",
+                    a->first, a->second, b->first, b->second));
+  }
+  return notes;
+}
+
 Cell optional_bytes(const std::optional<std::uint64_t>& v) { return v ? Cell::bytes(*v) : Cell::none(); }
 Cell optional_change(const std::optional<std::uint64_t>& a, const std::optional<std::uint64_t>& b, bool& clamped) {
   return a && b ? change_cell(*a, *b, clamped) : Cell::none();
@@ -84,10 +122,11 @@ void register_diff(CLI::App& app, GlobalOptions& options) {
     MemoryView views[2];
     std::string names[2];
     const std::string* paths[2] = {&opts->before, &opts->after};
+    DumpFile dumps[2];
     for (int i = 0; i < 2; ++i) {
-      const DumpFile dump = open_dump(*paths[i]);
-      views[i] = renderer_for(dump, {"diff", View::memory, by}).memory(dump, by);
-      names[i] = dump.path;
+      dumps[i] = open_dump(*paths[i]);
+      views[i] = renderer_for(dumps[i], {"diff", View::memory, by}).memory(dumps[i], by);
+      names[i] = dumps[i].path;
     }
     struct Pair {
       std::optional<MemoryRow> side[2];
@@ -147,6 +186,7 @@ void register_diff(CLI::App& app, GlobalOptions& options) {
                                     optional_change(views[0].peak_total, views[1].peak_total, clamped)};
     Report report;
     report.tables.push_back(std::move(table));
+    report.notes = unlike_notes(dumps[0], dumps[1]);
     if (clamped) {
       report.notes.push_back(
           "a decrease of more than 2^63 bytes does not fit a signed 64-bit number and shows as -8.00 EiB "

@@ -10,6 +10,8 @@
 #include "schema/schema_set.hpp"
 
 #include <remat/budget/plan.hpp>
+#include <remat/pipeline/errors.hpp>
+#include <remat/pipeline/predict.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -64,17 +66,23 @@ class SchemaLines final : public LineInspector {
   std::vector<std::string>& errors_;
 };
 
-// A profile or a plan as `advise`, Python and the runtime read it: what the schema cannot say
-// (each region once, totals that add up, a plan that agrees with itself) by the readers
+// A region profile or a plan as `advise`, Python and the runtime read it, a stage profile or a
+// pipeline prediction as `predict` does: what the schema cannot say (each region once, totals
+// that add up, a plan that agrees with itself, whole numbers written as such) by the readers
 // themselves, so that validate accepts exactly what they do.
-void check_budget_dump(const DumpFile& dump, std::vector<std::string>& errors) {
-  const bool profile = dump.kind == "region-profile";
-  if (!profile && dump.kind != "remat-plan") return;
+void check_read_dump(const DumpFile& dump, std::vector<std::string>& errors) {
+  const bool region_profile = dump.kind == "region-profile", plan = dump.kind == "remat-plan";
+  const bool stage_profile = dump.kind == "stage-profile", prediction = dump.kind == "pipeline-prediction";
+  if (!region_profile && !plan && !stage_profile && !prediction) return;
   const std::string text = simdjson::minify(dump.root);
   try {
-    if (profile) budget::profile_from_json(text, dump.path);
-    else budget::plan_from_json(text, dump.path);
+    if (region_profile) budget::profile_from_json(text, dump.path);
+    if (plan) budget::plan_from_json(text, dump.path);
+    if (stage_profile) pipeline::stage_profile_from_json(text, dump.path);
+    if (prediction) pipeline::prediction_from_json(text, dump.path);
   } catch (const budget::BudgetError& error) {
+    errors.push_back(error.what());
+  } catch (const pipeline::PlanError& error) {
     errors.push_back(error.what());
   }
 }
@@ -99,7 +107,7 @@ std::vector<std::string> problems(const DumpFile& dump, const SchemaSet& schemas
   schemas.validate(schema, dump.root, JsonPath(), errors, max_errors);
   for (std::string& error : errors) error = dump.path + ": " + error;
   if (errors.empty() && find_renderer(dump.kind) != nullptr) renderer_for(dump).check(dump);
-  if (errors.empty()) check_budget_dump(dump, errors);
+  if (errors.empty()) check_read_dump(dump, errors);
   return errors;
 }
 

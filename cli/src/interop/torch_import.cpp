@@ -15,9 +15,11 @@
 #include <remat/alloc/snapshot.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace remat::report {
@@ -119,9 +121,35 @@ SnapshotLists snapshot_lists(const PyValue& root) {
   return lists;
 }
 
-// The device asked for, or (below 0) the first segment's, else the first with trace entries.
+// The devices with segments or trace entries in the snapshot.
+std::set<std::int64_t> devices_held(const SnapshotLists& lists) {
+  std::set<std::int64_t> held;
+  std::size_t s = 0;
+  for (const PyValue* segment : lists.segments->items) {
+    const std::string where = fmt::format("$['segments'][{}]", s++);
+    if (segment->kind == Kind::dict && segment->get("device") != nullptr)
+      held.insert(integer_at(*segment, "device", where));
+  }
+  if (lists.traces != nullptr) {
+    for (std::size_t d = 0; d < lists.traces->items.size(); ++d) {
+      if (!lists.traces->items[d]->items.empty()) held.insert(static_cast<std::int64_t>(d));
+    }
+  }
+  return held;
+}
+
+// The device asked for (one the snapshot holds something of, where it holds any), or (below 0) the
+// first segment's, else the first with trace entries.
 std::int64_t pick_device(const SnapshotLists& lists, std::int64_t device) {
-  if (device >= 0) return device;
+  if (device >= 0) {
+    const std::set<std::int64_t> held = devices_held(lists);
+    if (!held.empty() && held.count(device) == 0) {
+      bad("$", fmt::format("the snapshot holds no segment or trace entry of device {}: it holds device(s) {}; pass "
+                           "--device with one of them, or leave it out for the first",
+                           device, fmt::join(held, ", ")));
+    }
+    return device;
+  }
   for (const PyValue* segment : lists.segments->items) {
     if (segment->kind == Kind::dict && segment->get("device") != nullptr) {
       return integer_at(*segment, "device", "$['segments'][0]");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <vector>
 
 namespace remat::report {
 
@@ -306,11 +307,19 @@ Snapshot read_snapshot(json::object root) {
   std::size_t i = 0;
   // Views add these up across tags; so must they fit in 64 bits.
   std::uint64_t current_sum = 0, peak_sum = 0, count_sum = 0;
+  std::vector<std::size_t> listed_at(tag_count, 0);  // by tag: 1 + its entry's index, 0 where not listed
   for (json::element entry : json::as_array(member(root, "tag_stats", path), tag_stats_path)) {
     const JsonPath entry_path = tag_stats_path.index(i++);
     const json::object o = json::as_object(entry, entry_path);
     TagStat stat;
     stat.tag = json::as_index(member(o, "tag", entry_path), entry_path.key("tag"), tag_count, "tags");
+    if (listed_at[stat.tag] != 0) {
+      throw InputError(entry_path.key("tag").str(),
+                       fmt::format("tag {} is listed again (first at {}): each tag's figures come once, and the "
+                                   "views add them up: the snapshot is corrupt",
+                                   stat.tag, tag_stats_path.index(listed_at[stat.tag] - 1).str()));
+    }
+    listed_at[stat.tag] = i;
     stat.bytes = read_stat(member(o, "bytes", entry_path), entry_path.key("bytes"));
     stat.requested_bytes = read_stat(member(o, "requested_bytes", entry_path), entry_path.key("requested_bytes"));
     stat.count = read_stat(member(o, "count", entry_path), entry_path.key("count"));

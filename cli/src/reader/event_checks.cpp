@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <iterator>
 #include <utility>
 
 namespace remat::report {
@@ -69,6 +70,24 @@ void EventChecker::check(const Event& event) {
         fail("address", fmt::format("segment_alloc at 0x{:x} while the segment allocated there by {} is still "
                                     "reserved (no segment_free between them): events were lost or the dump is corrupt",
                                     event.address, event_name(reserved->event)));
+      }
+      // A reserved segment the new one overlaps: the one before it reaching into it, or the one after
+      // it starting inside it (the extent is checked against the address space above)
+      auto after = segments_.upper_bound(event.address);
+      const auto overlapped = [&]() -> const std::pair<const std::uint64_t, Allocation>* {
+        if (after != segments_.begin()) {
+          const auto before = std::prev(after);
+          if (before->first + before->second.size > event.address) return &*before;
+        }
+        if (after != segments_.end() && after->first < event.address + event.size) return &*after;
+        return nullptr;
+      }();
+      if (overlapped != nullptr) {
+        fail("address", fmt::format("segment_alloc of {} bytes at 0x{:x} overlaps the segment of {} bytes at 0x{:x} "
+                                    "that {} allocated and no segment_free released: events were lost or the dump is "
+                                    "corrupt",
+                                    event.size, event.address, overlapped->second.size, overlapped->first,
+                                    event_name(overlapped->second.event)));
       }
       if (__builtin_add_overflow(reserved_bytes_, event.size, &reserved_bytes_)) {
         fail("size", fmt::format("reserved bytes overflow 64 bits with this segment of {} bytes", event.size));

@@ -86,6 +86,30 @@ TEST(Diff, ADecreaseBeyond2To63IsClampedWithANote) {
       << r.out;
 }
 
+TEST(Diff, DumpsOfTwoKindsOrTwoRanksAreComparedWithANoteSayingSo) {
+  CliResult r = run({"diff", data_path("snapshot-end.json"), data_path("memory-report.json")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("note: BEFORE is a snapshot dump and AFTER a memory-report dump: a memory-report counts what "
+                       "one checkpoint keeps for backward, the other what the allocator holds; compare dumps of one "
+                       "kind to see what changed"),
+            std::string::npos)
+      << r.out;
+  TempDir dir;
+  nlohmann::json other = nlohmann::json::parse(data_text("snapshot-end.json"));
+  other["rank"] = 1;
+  other["device"] = 1;
+  r = run({"diff", data_path("snapshot-end.json"), dir.write("rank1.json", other.dump())});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("note: BEFORE is rank 0 (device 0) and AFTER rank 1 (device 1): compare dumps of one rank to "
+                       "see what changed, or set ranks side by side with `remat-report ranks`"),
+            std::string::npos)
+      << r.out;
+  // A snapshot and a trace replayed count the same memory
+  r = run({"diff", data_path("snapshot-end.json"), data_path("trace.jsonl")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("note: BEFORE"), std::string::npos) << r.out;
+}
+
 TEST(Diff, AFifoNamedAsBothSidesIsOneStream) {
   TempDir dir;
   const std::string fifo = dir.path("dump.fifo");

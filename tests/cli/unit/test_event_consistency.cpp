@@ -54,10 +54,15 @@ TEST(EventConsistency, AnAllocAtALiveAddressIsInvalidInASnapshotToo) {
 }
 
 TEST(EventConsistency, ReservedBytesBeyond64BitsAreInvalidInEverySubcommand) {
+  // Segments that do not overlap fit the 64-bit address space, so reserved bytes past 64 bits come
+  // from one that overlaps another, refused as such
   expect_trace_refused_at({event("segment_alloc", 1, 0, 9223372036854775808ull, 0),
                            event("segment_alloc", 2, 9223372036854775808ull, 9223372036854775807ull, 0),
                            event("segment_alloc", 3, 1, 5, 0)},
-                          2, ": event 3: $.size: reserved bytes overflow 64 bits with this segment of 5 bytes");
+                          2,
+                          ": event 3: $.address: segment_alloc of 5 bytes at 0x1 overlaps the segment of "
+                          "9223372036854775808 bytes at 0x0 that event 1 allocated and no segment_free released: "
+                          "events were lost or the dump is corrupt");
 }
 
 TEST(EventConsistency, SnapshotSegmentsAddingUpBeyond64BitsAreInvalid) {
@@ -202,6 +207,24 @@ TEST(EventConsistency, AStatPeakBelowItsCurrentValueIsInvalid) {
   EXPECT_NE(r.err.find(tag_stats + ": $.tag_stats[3].count.peak: peak "), std::string::npos) << r.err;
 }
 
+TEST(EventConsistency, ATagListedTwiceInTagStatsIsInvalid) {
+  // (Before, valid, and `memory` counted the tag's bytes twice: live above peak.)
+  TempDir dir;
+  nlohmann::json snapshot = nlohmann::json::parse(data_text("snapshot-end.json"));
+  snapshot["tag_stats"].push_back(snapshot["tag_stats"][0]);
+  const std::size_t again = snapshot["tag_stats"].size() - 1;
+  const std::string file = dir.write("twice.json", snapshot.dump());
+  for (const char* command : {"validate", "memory"}) {
+    const CliResult r = run({command, file});
+    EXPECT_EQ(r.code, 2) << command;
+    EXPECT_NE(r.err.find(fmt::format("{}: $.tag_stats[{}].tag: tag {} is listed again (first at $.tag_stats[0]): each "
+                                     "tag's figures come once, and the views add them up: the snapshot is corrupt",
+                                     file, again, snapshot["tag_stats"][0]["tag"].get<std::uint64_t>())),
+              std::string::npos)
+        << command << ": " << r.err;
+  }
+}
+
 TEST(EventConsistency, ABlockEndingPastTheAddressSpaceIsInvalid) {
   expect_trace_refused_at({event("alloc", 1, 18446744073709551600ull, 32, 1)}, 0,
                           ": event 1: $.size: 32 bytes at 0xfffffffffffffff0 end past the 64-bit address space");
@@ -217,6 +240,24 @@ TEST(EventConsistency, ASegmentAllocAtAReservedAddressIsInvalid) {
   EXPECT_EQ(r.err, "invalid: " + at_line(file, events, 1) +
                        ": event 2: $.address: segment_alloc at 0x100000 while the segment allocated there by event 1 "
                        "is still reserved (no segment_free between them): events were lost or the dump is corrupt\n");
+}
+
+TEST(EventConsistency, ASegmentAllocOverlappingAReservedSegmentIsInvalid) {
+  // Reaching into the next one, then starting inside the one before (before: both valid, and
+  // `segments` counted the bytes twice)
+  for (const std::uint64_t address : {std::uint64_t{0x100000} - 0x1000, std::uint64_t{0x100000} + 0x1000}) {
+    TempDir dir;
+    const std::vector<std::string> events = {event("segment_alloc", 1, 0x100000, 2 << 20, 0),
+                                             event("segment_alloc", 2, address, 2 << 20, 0)};
+    const std::string file = dir.write("t.jsonl", trace_text(events));
+    const CliResult r = run({"validate", file});
+    EXPECT_EQ(r.code, 2);
+    EXPECT_EQ(r.err, "invalid: " + at_line(file, events, 1) +
+                         fmt::format(": event 2: $.address: segment_alloc of 2097152 bytes at 0x{:x} overlaps the "
+                                     "segment of 2097152 bytes at 0x100000 that event 1 allocated and no segment_free "
+                                     "released: events were lost or the dump is corrupt\n",
+                                     address));
+  }
 }
 
 TEST(EventConsistency, ATimeSpanBeyond64BitsIsInvalid) {

@@ -223,6 +223,21 @@ nlohmann::json import_ok(const std::string& pickle) {
   return nlohmann::json::parse(text);
 }
 
+TEST(TorchImport, ADeviceTheSnapshotHoldsNothingOfIsRefusedNamingTheDevicesItHolds) {
+  // (Before, --device 3 wrote a dump of no segment and no event, exit 0.)
+  const testing::TempDir dir;
+  const std::string in = dir.write("s.pickle", torch_pickle({{kBase, 2 * kMiB, {}}}, {}));
+  const std::string out = dir.path("out.json");
+  testing::CliResult r = testing::run({"import", in, "-o", out, "--device", "3"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err, "remat-report: " + in +
+                       ": $: the snapshot holds no segment or trace entry of device 3: it holds device(s) 0; pass "
+                       "--device with one of them, or leave it out for the first\n");
+  EXPECT_FALSE(std::filesystem::exists(out));
+  r = testing::run({"import", in, "-o", out, "--device", "0"});
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 TEST(TorchImport, RefusesABlockOutsideItsSegmentNamingThePicklePath) {
   expect_import_refused(
       torch_pickle({{kBase, 20 * kMiB, {{1000000000, 8 * kMiB, 8 * kMiB, "active_allocated"}}}}, {}),

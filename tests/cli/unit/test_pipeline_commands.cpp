@@ -152,6 +152,22 @@ TEST(PlanCommand, TheSchemaRefusesABrokenPlan) {
   EXPECT_TRUE(contains(invalid.err, "$.entries[2]")) << invalid.err;
 }
 
+TEST(PipelineCommands, ValidateReadsStageProfilesAndPredictionsAsPredictDoes) {
+  // A whole number written with a fraction passes the schema; `predict` refuses it, and so does
+  // validate now (before: "valid stage-profile dump").
+  TempDir dir;
+  nlohmann::json profile = nlohmann::json::parse(data_text("stage-profile-0.json"));
+  profile["bytes"]["params"] = 655360.0;
+  const std::string file = dir.write("fraction.json", profile.dump());
+  CliResult r = run({"validate", file});
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.err.find("$.bytes.params: must be a whole number"), std::string::npos) << r.err;
+  for (const char* valid : {"stage-profile-0.json", "pipeline-prediction.json"}) {
+    r = run({"validate", data_path(valid)});
+    EXPECT_EQ(r.code, 0) << valid << ": " << r.err;
+  }
+}
+
 TEST(PipelineCommands, BadInputExitsTwoNamingTheProblem) {
   TempDir dir;
   const std::string malformed = dir.write("bad.csv", "0F0,0X1\r\n1F0\r\n");
