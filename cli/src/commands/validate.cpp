@@ -18,6 +18,7 @@
 
 #include <iostream>
 #include <memory>
+#include <optional>
 
 namespace remat::report {
 
@@ -87,6 +88,51 @@ void check_read_dump(const DumpFile& dump, std::vector<std::string>& errors) {
   }
 }
 
+// A pipeline plan's indices, which no command reads back but validate: each entry's rank and stage
+// among the plan's, its slots one per microbatch and within its ring; the counts written as whole
+// numbers (the schema takes 1e308 for an integer).
+void check_pipeline_plan(const DumpFile& dump, std::vector<std::string>& errors) {
+  if (dump.kind != "pipeline-plan") return;
+  const auto whole = [&](simdjson::dom::element value, const std::string& path) -> std::optional<std::uint64_t> {
+    std::uint64_t n = 0;
+    if (value.get(n) == simdjson::SUCCESS) return n;
+    errors.push_back(fmt::format("{}: {}: must be a whole number of 0 or more written without a fraction or exponent",
+                                 dump.path, path));
+    return std::nullopt;
+  };
+  const auto count = [&](const char* key) { return whole(dump.root[key], std::string("$.") + key); };
+  const auto ranks = count("ranks"), stages = count("stages"), microbatches = count("microbatches");
+  if (!ranks || !stages || !microbatches) return;
+  std::size_t i = 0;
+  for (simdjson::dom::element entry : dump.root["entries"].get_array()) {
+    const std::string at = fmt::format("$.entries[{}]", i++);
+    const auto rank = whole(entry["rank"], at + ".rank"), stage = whole(entry["stage"], at + ".stage");
+    if (rank && *rank >= *ranks) {
+      errors.push_back(fmt::format("{}: {}.rank: {} is not one of the plan's {} ranks", dump.path, at, *rank, *ranks));
+    }
+    if (stage && *stage >= *stages) {
+      errors.push_back(
+          fmt::format("{}: {}.stage: {} is not one of the plan's {} stages", dump.path, at, *stage, *stages));
+    }
+    const simdjson::dom::array slots = entry["slots"].get_array();
+    if (slots.size() != *microbatches) {
+      errors.push_back(fmt::format("{}: {}.slots: {} slots for the plan's {} microbatches (one each)", dump.path, at,
+                                   slots.size(), *microbatches));
+    }
+    std::uint64_t ring = 0;
+    if (entry["ring_size"].get(ring) != simdjson::SUCCESS) continue;
+    std::size_t m = 0;
+    for (simdjson::dom::element slot : slots) {
+      std::uint64_t index = 0;
+      if (!slot.is_null() && slot.get(index) == simdjson::SUCCESS && index >= ring) {
+        errors.push_back(
+            fmt::format("{}: {}.slots[{}]: slot {} is outside the entry's ring of {}", dump.path, at, m, index, ring));
+      }
+      ++m;
+    }
+  }
+}
+
 // Schema problems first, then (when there are none) what the schema cannot say: tag and name
 // indices, block layout, the consistency of the events, event counts. One pass over the
 // input, so standard input works too.
@@ -108,6 +154,7 @@ std::vector<std::string> problems(const DumpFile& dump, const SchemaSet& schemas
   for (std::string& error : errors) error = dump.path + ": " + error;
   if (errors.empty() && find_renderer(dump.kind) != nullptr) renderer_for(dump).check(dump);
   if (errors.empty()) check_read_dump(dump, errors);
+  if (errors.empty()) check_pipeline_plan(dump, errors);
   return errors;
 }
 

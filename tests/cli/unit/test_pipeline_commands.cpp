@@ -4,6 +4,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace remat::report::testing {
 namespace {
 
@@ -165,6 +170,32 @@ TEST(PipelineCommands, ValidateReadsStageProfilesAndPredictionsAsPredictDoes) {
   for (const char* valid : {"stage-profile-0.json", "pipeline-prediction.json"}) {
     r = run({"validate", data_path(valid)});
     EXPECT_EQ(r.code, 0) << valid << ": " << r.err;
+  }
+}
+
+TEST(PlanCommand, ValidateRefusesAPlanWhoseIndicesLeaveItsRanksStagesOrRings) {
+  // (Before, each of these was a "valid pipeline-plan dump".)
+  const nlohmann::json plan = nlohmann::json::parse(data_text("pipeline-plan.json"));
+  ASSERT_EQ(plan["entries"][1]["ring_size"], 3);
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
+      {[](nlohmann::json& p) { p["entries"][1]["rank"] = 99; },
+       "$.entries[1].rank: 99 is not one of the plan's 3 ranks"},
+      {[](nlohmann::json& p) { p["entries"][1]["stage"] = 3; },
+       "$.entries[1].stage: 3 is not one of the plan's 3 stages"},
+      {[](nlohmann::json& p) { p["entries"][1]["slots"][2] = 3; },
+       "$.entries[1].slots[2]: slot 3 is outside the entry's ring of 3"},
+      {[](nlohmann::json& p) { p["entries"][1]["slots"] = {0}; },
+       "$.entries[1].slots: 1 slots for the plan's 4 microbatches (one each)"},
+      {[](nlohmann::json& p) { p["ranks"] = 3.0; },
+       "$.ranks: must be a whole number of 0 or more written without a fraction or exponent"}};
+  TempDir dir;
+  for (const auto& [edit, message] : cases) {
+    nlohmann::json broken = plan;
+    edit(broken);
+    const std::string file = dir.write("broken.json", broken.dump());
+    const CliResult r = run({"validate", file});
+    EXPECT_EQ(r.code, 2) << message;
+    EXPECT_EQ(r.err, "invalid: " + file + ": " + message + "\n");
   }
 }
 
