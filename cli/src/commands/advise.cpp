@@ -183,11 +183,13 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       "The step's peak allocated bytes the plan must stay within, with a unit (70GiB, 512 MiB, 80GB); needs a profile "
       "with step memory");
   budget_option->excludes(peak_option);
-  command->add_option(
-      "--host-budget", opts->host_budget,
-      "Host memory offloaded regions may hold, with a unit (64GiB), or 0 for none: each region is then saved, "
-      "recomputed or offloaded (the plan profile.plan(budget_bytes= or peak_bytes=, host_budget_bytes=) makes; "
-      "with --ops, also recomputed keeping ops); needs --budget or --peak");
+  command
+      ->add_option(
+          "--host-budget", opts->host_budget,
+          "Host memory offloaded regions may hold, with a unit (64GiB), or 0 for none: each region is then saved, "
+          "recomputed or offloaded (the plan profile.plan(budget_bytes= or peak_bytes=, host_budget_bytes=) makes; "
+          "with --ops, also recomputed keeping ops); needs --budget or --peak")
+      ->check(not_empty("host memory with a unit (64GiB), or 0 for none"));
   command->add_flag("--group", opts->group,
                     "Plan regions whose names differ only in numbers as one (layers.*::attn), as plan(group=True)");
   command->add_flag("--ops", opts->ops,

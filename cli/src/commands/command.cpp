@@ -48,6 +48,12 @@ CLI::Validator whole_number(std::uint64_t min, std::uint64_t max, std::string_vi
       "");
 }
 
+CLI::Validator not_empty(std::string_view wanted) {
+  const std::string give(wanted);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string { return text.empty() ? "is empty; give " + give : std::string(); }, "");
+}
+
 void print(const Report& report, const GlobalOptions& options) {
   write_report(std::cout, report, options.format(), options.format() == OutputFormat::text && options.use_color());
   std::cout.flush();

@@ -26,6 +26,9 @@ void add_output_options(CLI::App& command, GlobalOptions& options);
 // Accepts a whole number from `min` to `max`; anything else (a negative number, zero below
 // `min`, a fraction, a word) is refused naming the value, the range and what it counts.
 CLI::Validator whole_number(std::uint64_t min, std::uint64_t max, std::string_view counts);
+// Refuses an empty value ("--svg ''"), which would otherwise read as the option left out: `wanted`
+// says what to give instead.
+CLI::Validator not_empty(std::string_view wanted);
 void print(const Report& report, const GlobalOptions& options);
 
 void register_summary(CLI::App& app, GlobalOptions& options);

@@ -104,7 +104,8 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
   command->add_option("--slack", opts->slack,
                       "Pooled, remat::pipeline's stages: the runtime's slack (RuntimeOptions::slack, default 2)");
   command->add_flag("--no-optimizer", opts->no_optimizer, "The step ends without an optimizer step (no state held)");
-  command->add_option("--svg", opts->svg, "Also draw each rank's predicted peak, stacked by part, into OUT.svg");
+  command->add_option("--svg", opts->svg, "Also draw each rank's predicted peak, stacked by part, into OUT.svg")
+      ->check(not_empty("the picture's file, OUT.svg"));
   // --csv names a schedule here, as in `plan`: the output options are --json alone.
   command->add_flag("--json", opts->json, "Print a pipeline-prediction dump (schemas/pipeline-prediction.schema.json)");
   command->callback([opts, command, &options] {

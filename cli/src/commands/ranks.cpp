@@ -262,8 +262,10 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
       ->check(CLI::IsMember({"region", "slot", "site", "phase", "label", "category", "module"}));
   command->add_option("--top", opts->top, "Rows of the ranks table to print (default 20; 0: all)")
       ->check(whole_number(0, UINT32_MAX, "rows of the ranks table"));
-  command->add_option("--svg", opts->svg, "Also draw each rank's peak, stacked by group, into OUT.svg");
-  command->add_option("--html", opts->html, "Also write the picture and the hottest ranks into OUT.html");
+  command->add_option("--svg", opts->svg, "Also draw each rank's peak, stacked by group, into OUT.svg")
+      ->check(not_empty("the picture's file, OUT.svg"));
+  command->add_option("--html", opts->html, "Also write the picture and the hottest ranks into OUT.html")
+      ->check(not_empty("the page's file, OUT.html"));
   command->add_option("--predicted", opts->predicted,
                       "A pipeline-prediction dump (remat-report predict --json): each rank's measured peak beside "
                       "the predicted one, with the error (--svg draws the prediction with the measured peaks; --json "

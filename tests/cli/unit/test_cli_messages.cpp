@@ -1,6 +1,10 @@
 // Usage and wrong-input messages name the command, the value or file, and what would work.
 #include "cli_runner.hpp"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace remat::report::testing {
 namespace {
 
@@ -171,6 +175,25 @@ TEST(CliMessages, TheSubcommandListGivesEachSubcommandOneLineAndItsHelpTheManual
   EXPECT_EQ(list.out.compare(next + 1, 9, "  advise "), 0) << list.out;  // the next line is the next subcommand
   const CliResult manual = run({"whatif", "--help"});
   EXPECT_NE(manual.out.find("Replay rules: alloc -> allocate"), std::string::npos) << manual.out;
+}
+
+TEST(CliMessages, AnEmptyPictureFileOrHostBudgetIsRefusedNotTakenAsLeftOut) {
+  // (Before, each ran as if the option were left out: no picture, no host budget, exit 0.)
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"advise", data_path("region-profile.json"), "--budget", "2MiB", "--host-budget", ""},
+       "remat-report advise: --host-budget: is empty; give host memory with a unit (64GiB), or 0 for none"},
+      {{"ranks", data_path("snapshot-end.json"), "--svg", ""},
+       "remat-report ranks: --svg: is empty; give the picture's file, OUT.svg"},
+      {{"ranks", data_path("snapshot-end.json"), "--html", ""},
+       "remat-report ranks: --html: is empty; give the page's file, OUT.html"},
+      {{"predict", data_path("stage-profile-0.json"), "--svg", ""},
+       "remat-report predict: --svg: is empty; give the picture's file, OUT.svg"}};
+  for (const auto& [arguments, message] : cases) {
+    const CliResult r = run(arguments);
+    EXPECT_EQ(r.code, 1) << message;
+    EXPECT_EQ(r.err.substr(0, r.err.find('\n')), message);
+    EXPECT_EQ(r.out, "");
+  }
 }
 
 }  // namespace
