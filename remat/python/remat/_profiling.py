@@ -289,7 +289,7 @@ class profile_regions:
             self._find_tail(last, report.regions, out)
         self._step.checkpoint_kept(call_index, report.regions if report is not None else [],
                                    newest.tensors if newest is not None else [], args, kwargs, out,
-                                   rerun={r.region for r in report.rerun_regions} if report is not None else ())
+                                   rerun={r.region: r.reason for r in report.rerun_regions} if report is not None else None)
         self._shape.record_backward(out)
         return out
 

@@ -50,6 +50,11 @@ backward, where the next segment begins); where the profile saw no clear, they a
 backward begins, or through it where it began inside the block (autocast_held_in_backward:
 autocast's state in the backward's hooks is that of the thread that called backward()), where a
 region recomputed after a clear makes its casts again into the cache.
+A region the runtime runs again in recompute because it changes its input in place keeps its
+saved tensors from forward in the profiled step, so there its backward's first ops ran before
+recompute; every plan recomputes it (must_recompute), and recompute then runs first, making the
+changed input again beside those ops' temporaries: each backward segment of its checkpoint call
+counts that input's bytes above what it measured.
 A plan's step peak is then each segment's measured peak less what the plan's checkpoints do not
 keep of what was alive in it, plus, in a checkpoint's backward, the largest forward transient of a
 region it recomputes; remat::budget computes it (step_peak.hpp)
@@ -172,6 +177,7 @@ class StepRecorder:
         self._region_stack = []
         self._begun_calls = set()    # checkpoint calls whose backward began, in any backward
         self._kept_keys = {}         # checkpoint call -> the storages it keeps, by (device, address)
+        self._remade_inputs = {}     # checkpoint call -> bytes of the inputs its regions change in place (remade)
         self._awaiting = {}          # checkpoint call -> its backward hook (weakly: alive with its graph), until it runs
         self._backward_began = False
         self._closed = False
@@ -461,11 +467,13 @@ class StepRecorder:
         elif not self._region_stack:
             self._body_reads.setdefault(self._forward, set()).update(read)
 
-    def checkpoint_kept(self, index, reports, tensors, args, kwargs, out, rerun=()):
+    def checkpoint_kept(self, index, reports, tensors, args, kwargs, out, rerun=None):
         """After checkpoint call `index`'s forward: what each region keeps (from the runtime's
         report, whose tensors, in its order, are `tensors`), and the backward hooks that cut its
-        backward into its own segment. `rerun`: the regions the runtime runs again in recompute
-        (the report's rerun_regions), which keep none of their outputs."""
+        backward into its own segment. `rerun`: region -> why the runtime runs it again in recompute
+        (the report's rerun_regions); such a region keeps none of its outputs, and one that changes
+        its input in place makes that input again in recompute (module docstring)."""
+        rerun = rerun or {}
         if index is None:
             return
         storages = [storage_of(t) for t in tensors]  # None for a sparse one
@@ -516,6 +524,9 @@ class StepRecorder:
             # (one that saved it): only those count as kept, and as what its recompute makes again
             kept = outputs & kept_by_call if region["name"] in rerun else outputs
             region["kept"] = sorted(kept_by_region.get(region["name"], set()) | kept)
+            if rerun.get(region["name"], "").startswith("it changes its input"):
+                self._remade_inputs[index] = self._remade_inputs.get(index, 0) + \
+                    sum(self._storages[i] for i in region["_inputs"])
             region["inputs"] = sorted(region.pop("_inputs"))
             region["outputs"] = sorted(outputs)
             if staying.get(region["name"]):
@@ -649,8 +660,10 @@ class StepRecorder:
         freed_in = [segment if segment < len(self.segments) else -1
                     for segment in (self._freed_in.get(i, -1) for i in range(len(self._storages)))]
         freed = {"freed_in": freed_in} if any(segment >= 0 for segment in freed_in) else {}
+        segments = [dict(segment, peak_bytes=segment["peak_bytes"] + self._remade_inputs[segment["backward"]])
+                    if segment["backward"] in self._remade_inputs else segment for segment in self.segments]
         return {"start_bytes": self.start_bytes, "end_bytes": end_bytes, "peak_bytes": self.peak_bytes,
                 "storages": self.storage_bytes(), **freed, "checkpoints": self._checkpoints_without(self._stayed()),
-                "segments": self.segments,
+                "segments": segments,
                 **({"autocast_cleared": cleared} if cleared else {}),
                 **({"autocast_held_in_backward": True} if self.autocast_held_in_backward else {})}

@@ -167,12 +167,16 @@ def test_plans_by_step_peak_peak_within_the_budget_and_the_prediction_and_are_bi
         assert measured <= plan.peak_bytes * 1.03, (budget, plan.peak_bytes, measured)
 
 
-def test_a_region_output_changed_after_it_returns_is_not_counted_as_kept_until_backward():
-    """The runtime runs such a region again in recompute and keeps none of its outputs from forward
-    (they are made again), so the profile does not count them among what the region keeps. (Before,
+@pytest.mark.parametrize("change", ["output after it returns", "its own input"])
+def test_a_region_recompute_runs_again_is_predicted_as_every_plan_runs_it(change):
+    """The runtime runs such a region again in recompute. It keeps none of its outputs from forward
+    (they are made again), so the profile does not count them among what the region keeps (before,
     every plan recomputing it was predicted to free bytes the step never held: with 4 layers each
-    plan peaked 3 activations above its prediction.) Every plan by step peak at most its
-    prediction, to the byte, and bitwise."""
+    plan peaked 3 activations above its prediction). One that changes its input in place keeps its
+    saved tensors from forward in the profiled step, so its backward began there before recompute;
+    under every plan recompute runs first and makes that input again beside its backward's
+    temporaries, which the profile now counts (before, each plan peaked one activation above its
+    prediction). Every plan by step peak at most its prediction, to the byte, and bitwise."""
     torch.manual_seed(0)
     layers = [(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH)) for _ in range(LAYERS)]
     parameters = [p for pair in layers for linear in pair for p in linear.parameters()]
@@ -180,6 +184,8 @@ def test_a_region_output_changed_after_it_returns_is_not_counted_as_kept_until_b
     def layer(x, a, c, plain=False):
         region = (lambda fn, name: fn) if plain else remat.region
         h = region(lambda t: a(t).sin(), "attn")(x)
+        if change == "its own input":
+            return region(lambda t: c(t.mul_(0.5)).cos(), "mlp")(h * 1.0) + h
         h2 = region(lambda t: c(t).cos(), "mlp")(h)
         h2.mul_(0.5)  # changes the output of region 'mlp' in place after it returns
         return h2 + h
