@@ -317,10 +317,13 @@ TEST(BudgetDumps, KindsAreWrittenKebabCaseAndTheOldUnderscoredSpellingStillReads
                                         0),
               0u);
   }
+  const std::string profile_wanted =
+      ": pass a region-profile dump, the profile remat.profile_regions() measures, written with "
+      "profile.to_json() (remat-report summary FILE says what a dump is)";
   EXPECT_EQ(refusal(respelled(written, R"("region-profile")", R"("remat-plan")"), false),
-            "edited.json: $.kind: is 'remat-plan', not 'region-profile'");
+            "edited.json: $.kind: is 'remat-plan', not 'region-profile'" + profile_wanted);
   EXPECT_EQ(refusal(respelled(written, R"("region-profile")", R"("region profile")"), false),
-            "edited.json: $.kind: is 'region profile', not 'region-profile'");
+            "edited.json: $.kind: is 'region profile', not 'region-profile'" + profile_wanted);
 }
 
 TEST(BudgetDumps, APlanThatContradictsItselfIsRefusedNamingTheField) {

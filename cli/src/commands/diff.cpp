@@ -101,7 +101,7 @@ void register_diff(CLI::App& app, GlobalOptions& options) {
   auto opts = std::make_shared<DiffOptions>();
   command->add_option("before", opts->before, "The baseline dump")->required();
   command->add_option("after", opts->after, "The dump to compare with it")->required();
-  command->add_option("--by", opts->by, "Group by region, slot, site, phase or stream")
+  command->add_option("--by", opts->by, "Group by region, slot, site, phase, label, category, module or stream")
       ->check(CLI::IsMember({"region", "slot", "site", "phase", "label", "category", "module", "stream"}));
   command->add_option("--top", opts->top, "Show the N largest changes")
       ->check(whole_number(1, UINT64_MAX, "changes to show"));

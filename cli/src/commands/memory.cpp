@@ -19,7 +19,7 @@ void register_memory(CLI::App& app, GlobalOptions& options) {
   auto* command = app.add_subcommand("memory", "Live and peak bytes grouped by tag, with counts and shares");
   auto opts = std::make_shared<MemoryOptions>();
   command->add_option("file", opts->file, "A remat dump")->required();
-  command->add_option("--by", opts->by, "Group by region, slot, site, phase or stream")
+  command->add_option("--by", opts->by, "Group by region, slot, site, phase, label, category, module or stream")
       ->check(CLI::IsMember({"region", "slot", "site", "phase", "label", "category", "module", "stream"}));
   command->add_option("--top", opts->top, "Show the N largest groups (by peak) and fold the rest")
       ->check(whole_number(1, UINT64_MAX, "groups to show"));

@@ -40,11 +40,12 @@ using detail::write_step;
 struct DumpKind {
   std::string_view name;
   std::string_view old_name;
+  std::string_view made_by;  // what writes such a dump
   bool names(std::string_view found) const { return found == name || found == old_name; }
 };
-constexpr DumpKind kProfileKind{"region-profile", "region_profile"};
-constexpr DumpKind kPlanKind{"remat-plan", "remat_plan"};
-
+constexpr DumpKind kProfileKind{"region-profile", "region_profile",
+                                "the profile remat.profile_regions() measures, written with profile.to_json()"};
+constexpr DumpKind kPlanKind{"remat-plan", "remat_plan", "plan.to_json(), or remat-report advise ... --json"};
 
 // The document, refusing a key given twice in one object (JSON readers disagree on which wins).
 Json parse(std::string_view text, std::string_view source) {
@@ -79,11 +80,13 @@ Json open_dump(std::string_view text, std::string_view source, const DumpKind& k
   if (!root.is_object()) refuse(source, "$", "must be a JSON object (a " + std::string(kind.name) + " dump)");
   const std::string found = text_of(member(root, "kind", source, "$"), source, "$.kind");
   if (!kind.names(found)) {
-    refuse(source, "$.kind", "is '" + found + "', not '" + std::string(kind.name) + "'" +
-                                 (kind.name == kPlanKind.name && kProfileKind.names(found)
-                                      ? ": this is a profile; make a plan from it with profile.plan(budget_bytes=...) "
-                                        "or remat-report advise PROFILE --budget B"
-                                      : ""));
+    refuse(source, "$.kind",
+           "is '" + found + "', not '" + std::string(kind.name) + "'" +
+               (kind.name == kPlanKind.name && kProfileKind.names(found)
+                    ? ": this is a profile; make a plan from it with profile.plan(budget_bytes=...) "
+                      "or remat-report advise PROFILE --budget B"
+                    : ": pass a " + std::string(kind.name) + " dump, " + std::string(kind.made_by) +
+                          " (remat-report summary FILE says what a dump is)"));
   }
   const Json& schema = member(root, "schema_version", source, "$");
   if (!schema.is_number_integer() || schema.get<std::int64_t>() != version) {
