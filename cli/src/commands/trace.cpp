@@ -10,12 +10,17 @@
 #include "renderers/renderer.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
+#include <vector>
 
 namespace remat::report {
 
@@ -90,8 +95,23 @@ class EventPrinter final : public EventSink {
     tags_ = &tags;
     if (!options_.region.empty()) {
       region_ok_.resize(tags.tags.size());
+      std::set<std::string> regions;  // the dump's, for the note where none matches
       for (std::size_t t = 0; t < tags.tags.size(); ++t) {
-        region_ok_[t] = region_matches(tags.names[tags.tags[t].region], options_.region);
+        const std::string& region = tags.names[tags.tags[t].region];
+        region_ok_[t] = region_matches(region, options_.region);
+        if (!region.empty()) regions.insert(region);
+      }
+      if (std::none_of(region_ok_.begin(), region_ok_.end(), [](bool ok) { return ok; })) {
+        std::vector<std::string> shown;
+        for (const std::string& region : regions) {
+          if (shown.size() == 10) break;
+          shown.push_back(escape_controls(region));
+        }
+        std::cerr << fmt::format(
+            "remat-report trace: note: no region of the dump is '{}' or under it, so no event "
+            "is shown; its regions: {}{}\n",
+            escape_controls(options_.region), shown.empty() ? "none" : fmt::format("{}", fmt::join(shown, ", ")),
+            regions.size() > shown.size() ? fmt::format(" and {} more", regions.size() - shown.size()) : "");
       }
     }
     switch (format_) {
