@@ -11,3 +11,8 @@ if [ -z "${CCACHE_BASEDIR:-}" ] && [ -z "$(ccache --get-config base_dir 2>/dev/n
   CCACHE_BASEDIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   export CCACHE_BASEDIR
 fi
+# ccache hashes the locale variables, and Python run without a locale sets LC_CTYPE=C.UTF-8 for
+# the processes it starts (PEP 538): the package test's `pip install .` then compiled every unit
+# again on a machine with no locale set, the build's objects cached under other keys. One value
+# for every build that sources this file.
+export LC_CTYPE=C.UTF-8
