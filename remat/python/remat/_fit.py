@@ -374,6 +374,7 @@ class FitState:
         self.optimizer_peak_bytes = None  # the predicted peak of an optimizer step after the step running now
         self.expect_optimizer = False  # the step running now is predicted with the optimizer step after it
         self.input_gradient_bytes = 0  # the bytes of the step's inputs that require grad (their gradients')
+        self.closed = False         # close() ran: unfit, or fit again
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
         self._versions = None       # the parameters' version counters when the step began; None: no step open
         self._named = None          # the model's named parameters while a step begins or ends (_parameters_listed)
@@ -403,6 +404,9 @@ class FitState:
         self._window_peak = 0
 
     def close(self):
+        """Ends the fit (unfit, or fit again): a planned step's backward still to run (its forward
+        ran under this fit) reads no peak here."""
+        self.closed = True
         if self._window is not None:
             self._window.close()
 
@@ -760,6 +764,8 @@ class FitState:
         if tensor is None:
             return
         def backward_ended():
+            if self.closed:  # unfit (or fit again) between this step's forward and its backward
+                return
             self.backward_peak = max(self.backward_peak or 0, self._read_peak())
             # From here the window measures what runs after backward (an optimizer step)
             self.backward_end = (remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes"],
@@ -1062,6 +1068,13 @@ class _FitForward:
                 return self.inner(*args, **kwargs)
             finally:
                 _plans._state.session = session
+        running = next((other for other in list(_fitted) if other is not state and other.backward_pending()), None)
+        if running is not None:
+            raise ValueError(
+                f"remat.fit: a training forward of this fitted model ({type(state.model).__name__}) runs inside the "
+                f"step of another fitted model ({type(running.model).__name__}), whose forward ran and whose backward "
+                "is to come: a budget is one step's peak, which two fits would plan for apart. Fit one module that "
+                "runs both (remat.unfit each, then remat.fit the outer one)")
         open_profile = _plans.profiling()
         if open_profile is not None and (state.measuring is None or open_profile is not state.measuring[0]):
             return self.inner(*args, **kwargs)  # the caller's own profile_regions measures this step
@@ -1078,6 +1091,8 @@ class _FitForward:
         state.watch_backward(out)
         return out
 
+
+_fitted = weakref.WeakSet()  # every FitState fit() made (a model dropped takes its own with it)
 
 UNDER_COMPILE = "remat.fit: " + _plans.refused_under_compile(
     "the model", "fit can neither profile the step nor carry out a plan in it")
@@ -1109,6 +1124,7 @@ def fit(model, budget, *, host_budget=None, timer="auto"):
     timer = _profiling.timer_arg("remat.fit", timer)
     unfit(model)
     state = FitState(model, budget, timer, host_budget)
+    _fitted.add(state)
     model.forward = _FitForward(state, model.__dict__.get("forward"))
     model.remat_fit = state
     return model
@@ -1123,6 +1139,7 @@ def unfit(model):
             forward.state.measuring[0].__exit__(RuntimeError, None, None)
             forward.state.measuring = None
         forward.state.close()
+        _fitted.discard(forward.state)
         if forward.own is not None:
             model.forward = forward.own
         else:

@@ -473,3 +473,45 @@ def test_inputs_whose_dtype_grows_are_planned_by_their_bytes_and_said_so():
     changed = [str(w.message) for w in told if "inputs changed" in str(w.message)]
     assert len(changed) == 1 and "changed shape or dtype (8x64x64 float32 -> 8x64x64 float64, 2x the bytes)" in \
         changed[0], changed
+
+
+@pytest.mark.parametrize("between", ["unfit", "fit again"])
+def test_unfit_or_fit_again_between_a_planned_steps_forward_and_backward_lets_the_backward_run(between):
+    """The backward of a step whose forward ran under the plan runs after the fit ends (before: it
+    raised from the fit's end-of-backward callback, "the window is closed"); gradients are those
+    without checkpointing."""
+    def second_step_gradients(model):
+        for step in range(2):
+            loss = model(batch(step))
+            if step == 1 and model.checkpointed:  # the planned step's forward ran
+                if between == "unfit":
+                    remat.unfit(model)
+                else:
+                    remat.fit(model, "2GiB")
+            model.zero_grad(set_to_none=True)
+            loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    with fit_loop.fitted(Model, "1GiB") as (model, _):
+        planned = second_step_gradients(model)
+    with fit_loop.fitted(lambda: Model(checkpointed=False), None) as (model, _):
+        plain = second_step_gradients(model)
+    assert all(torch.equal(a, b) for a, b in zip(planned, plain))
+
+
+def test_a_fitted_model_run_inside_another_fitted_models_step_is_refused_and_apart_they_train():
+    """b(a(x)) with a and b each fitted: b's forward runs inside a's step, whose plan never saw
+    b's checkpoints (before: the first step profiled both as a's, later ones went over the budget
+    and then refused it). Refused, saying to fit one module that runs both. Trained one after the
+    other in a loop (each its own backward), both run as their own steps."""
+    with fit_loop.fitted(Model, None) as (a, _):
+        b = Model()
+        remat.fit(a, "1GiB")
+        remat.fit(b, "1GiB")
+        with pytest.raises(ValueError, match=r"runs inside the step of another fitted model \(Model\).*Fit one module "
+                                             r"that runs both"):
+            b(a(batch(0)))
+        for step in range(3):
+            a(batch(step)).backward()
+            b(batch(step)).backward()
+        assert a.remat_fit.planned_steps >= 1 and b.remat_fit.planned_steps >= 1
