@@ -287,9 +287,9 @@ class profile_regions:
                 self._offload[region.region] = self._offload.get(region.region, 0) + offload_bytes(region.tensors)
         if report is not None and last is not None and self._ops:
             self._find_tail(last, report.regions, out)
+        reruns = {r.region: r.reason for r in report.rerun_regions} if report is not None else None
         self._step.checkpoint_kept(call_index, report.regions if report is not None else [],
-                                   newest.tensors if newest is not None else [], args, kwargs, out,
-                                   rerun={r.region: r.reason for r in report.rerun_regions} if report is not None else None)
+                                   newest.tensors if newest is not None else [], args, kwargs, out, rerun=reruns)
         self._shape.record_backward(out)
         return out
 
