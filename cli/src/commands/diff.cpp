@@ -2,7 +2,9 @@
 
 #include "commands/command.hpp"
 #include "core/errors.hpp"
+#include "reader/dump_reader.hpp"
 #include "reader/input_file.hpp"
+#include "reader/json_fields.hpp"
 #include "renderers/memory_summary.hpp"
 #include "renderers/renderer.hpp"
 
@@ -13,7 +15,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace remat::report {
@@ -54,16 +55,16 @@ bool knows_peaks(const MemoryView& view) {
          std::any_of(view.rows.begin(), view.rows.end(), [](const MemoryRow& row) { return row.peak.has_value(); });
 }
 
-// The rank and device a dump's header names; nullopt where it names none or cannot be read.
-std::optional<std::pair<std::uint64_t, std::uint64_t>> rank_and_device(const DumpFile& dump) {
+// A dump's header (read_dump_header), where it has a whole one: nullopt otherwise.
+std::optional<DumpHeader> header_of(const DumpFile& dump) {
   simdjson::dom::parser parser;
-  simdjson::dom::element header = dump.root;
-  if (dump.json_lines && parser.parse(dump.header_line).get(header) != simdjson::SUCCESS) return std::nullopt;
-  std::uint64_t rank = 0, device = 0;
-  if (header["rank"].get(rank) != simdjson::SUCCESS || header["device"].get(device) != simdjson::SUCCESS) {
+  simdjson::dom::element root = dump.root;
+  if (dump.json_lines && parser.parse(dump.header_line).get(root) != simdjson::SUCCESS) return std::nullopt;
+  try {
+    return read_dump_header(json::as_object(root, JsonPath()), JsonPath());
+  } catch (const InputError&) {
     return std::nullopt;
   }
-  return std::make_pair(rank, device);
 }
 
 // Notes where one dump is a memory-report (what one checkpoint keeps for backward) and the other is
@@ -78,12 +79,12 @@ std::vector<std::string> unlike_notes(const DumpFile& before, const DumpFile& af
                     "one kind to see what changed",
                     before.kind, after.kind));
   }
-  const auto a = rank_and_device(before), b = rank_and_device(after);
-  if (a && b && *a != *b) {
+  const auto a = header_of(before), b = header_of(after);
+  if (a && b && (a->rank != b->rank || a->device != b->device)) {
     notes.push_back(
         fmt::format("BEFORE is rank {} (device {}) and AFTER rank {} (device {}): compare dumps of one "
                     "rank to see what changed, or set ranks side by side with `remat-report ranks`",
-                    a->first, a->second, b->first, b->second));
+                    a->rank, a->device, b->rank, b->device));
   }
   return notes;
 }
