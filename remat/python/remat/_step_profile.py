@@ -186,6 +186,8 @@ class StepRecorder:
         self.after_backward = None   # the first segment after the last backward ended, or None
         self._end_queued = False
         self._begun = set()          # checkpoint calls whose backward began in the backward running now
+        self._ended = set()          # and those whose backward ended in it
+        self._retaining = None       # whether the backward running now retains the graph, once known
         self.gradient_bytes = None   # a callable: bytes of the model's gradients now (watch_gradients)
         self.segment_gradients = None  # per segment, those bytes when it began (remat.fit's steps with gradients)
         self.autocast_held_in_backward = False  # the backward began inside the autocast block
@@ -304,11 +306,31 @@ class StepRecorder:
         whose inputs take no gradient (the first layer's, say) included."""
         self._end_queued = False
         self.mark()
-        self._live = [k for k in self._live if k not in self._begun]
+        self._live = [k for k in self._live if k not in self._begun or self._retained(k)]
         if self._recomputing in self._begun:
             self._recomputing = -1
-        self._begun = set()
+        self._begun, self._ended, self._retaining = set(), set(), None
         self.after_backward = len(self.segments)
+
+    def _retained(self, index):
+        """Whether the runtime still holds all that call `index` kept after its backward in the
+        backward running now: its graph is retained (backward(retain_graph=True)), so it keeps them
+        until a later backward, which recomputes what a plan does not keep again. Asked of the
+        runtime once a backward, for the first call that keeps anything: retain_graph is the whole
+        backward's."""
+        keys = self._kept_keys.get(index, set())
+        if self._retaining is None and keys:
+            self._retaining = any(keys <= frame for frame in self._frames_held().get(self.checkpoints[index]["name"], []))
+        return bool(self._retaining)
+
+    @staticmethod
+    def _frames_held():
+        """Checkpoint name -> the sets of (device, address) each live checkpoint frame of it holds."""
+        held = {}
+        for report in _C.live_checkpoint_reports():
+            held.setdefault(report.checkpoint, []).append(
+                {(t.device, t.address) for region in report.regions for t in region.tensors})
+        return held
 
     def close(self):
         """Closes the peak window (after end(), or for a step abandoned by an exception)."""
@@ -541,12 +563,10 @@ class StepRecorder:
         outputs = [t for t in tensors_in(out) if t.requires_grad]
         inputs = [t for t in tensors_in((args, kwargs)) if t.requires_grad]
         if outputs:
-            began = [False]
             output_keys = {storage_key(t) for t in stored_tensors_in(out)}
 
             def backward_begins(grad):
-                if not began[0]:
-                    began[0] = True
+                if index not in self._begun:  # once a backward: a retained graph's next backward begins it again
                     self._awaiting.pop(index, None)
                     if not self._backward_began:
                         # Autocast's state is the thread's where backward() was called
@@ -564,9 +584,11 @@ class StepRecorder:
             self._awaiting[index] = weakref.ref(backward_begins)
 
             def backward_ends(grad):
-                if index in self._live:
+                if index in self._live and index not in self._ended:
                     self.mark()
-                    self._live.remove(index)
+                    self._ended.add(index)
+                    if not self._retained(index):
+                        self._live.remove(index)
                     if self._recomputing == index:  # the call before may have begun on the same tensor
                         self._recomputing = -1
                 return grad
@@ -584,10 +606,7 @@ class StepRecorder:
                   and not (self._step_inputs.get(k, {}).keys() & outputs)]
         if not others:
             return
-        held = {}
-        for report in _C.live_checkpoint_reports():
-            held.setdefault(report.checkpoint, []).append(
-                {(t.device, t.address) for region in report.regions for t in region.tensors})
+        held = self._frames_held()
         for k in others:
             keys = self._kept_keys.get(k, set())
             if not any(keys <= frame for frame in held.get(self.checkpoints[k]["name"], [])):
