@@ -320,7 +320,8 @@ class StepRecorder:
         backward's."""
         keys = self._kept_keys.get(index, set())
         if self._retaining is None and keys:
-            self._retaining = any(keys <= frame for frame in self._frames_held().get(self.checkpoints[index]["name"], []))
+            frames = self._frames_held().get(self.checkpoints[index]["name"], [])
+            self._retaining = any(keys <= frame for frame in frames)
         return bool(self._retaining)
 
     @staticmethod
