@@ -6,7 +6,9 @@ remat_alloc.install()), are cut into segments at every checkpoint's forward entr
 every region's forward entry and exit, and in backward where each checkpoint's backward begins (a
 gradient hook on its outputs) and ends (one on its inputs; where the input is shared, as by
 parallel branches, that hook fires only after every branch, so a call's backward also ends where
-another one's begins and the runtime no longer holds all it kept). Each segment keeps its peak, the bytes
+another one's begins and the runtime no longer holds all it kept; a call whose graph is retained,
+backward(retain_graph=True), keeps all it kept after its backward ends: it stays live, and the
+next backward begins and ends it again). Each segment keeps its peak, the bytes
 allocated when it began, and which checkpoints' kept tensors are alive through it (those whose
 forward is done and whose backward is not). What stays allocated through the step (parameters,
 optimizer state, the batch, gradients once backward made them) is in every segment's figures as
