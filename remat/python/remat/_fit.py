@@ -550,6 +550,18 @@ class FitState:
             self._versions = None
             session.__exit__(RuntimeError, None, None)
 
+    def check_regions_ran(self):
+        """After the profiled step's first training forward: where it ran no region of a
+        checkpoint, there is nothing to plan. Said now, before its backward (the next step would
+        find the profile empty), and again at every training step until the model has regions."""
+        if self.measuring is None or not self.measuring_training or self.measuring[0]._order:
+            return
+        self.discard_profile()
+        raise ValueError("remat.fit: the model's training forward ran no region of a checkpoint, so there is nothing "
+                         "to plan: a plan saves or recomputes each region of the model's checkpoints. Mark its layers "
+                         "with remat.checkpoint and remat.region (wrap_decoder_layers for a Hugging Face model), or "
+                         f"train it without remat.fit. Where the model has them: {_plans.NO_REGION_RAN}")
+
     def finish_step(self):
         """Ends the training step before this point: closes its profile, or checks the measured
         peak of a step planned from a scaled profile."""
@@ -1082,10 +1094,12 @@ class _FitForward:
         context = state.continue_step() if state.backward_pending() else state.begin_step(args, kwargs)
         if context is None:
             try:
-                return self.inner(*args, **kwargs)
+                out = self.inner(*args, **kwargs)
             except BaseException:
                 state.discard_profile()  # a failed step measures nothing: the next one is profiled afresh
                 raise
+            state.check_regions_ran()
+            return out
         with context:
             out = self.inner(*args, **kwargs)
         state.watch_backward(out)

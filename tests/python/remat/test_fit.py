@@ -235,6 +235,18 @@ def test_fit_refuses_what_it_cannot_measure_and_undoes_itself():
                                   budget="1GiB")
 
 
+def test_a_model_without_regions_is_refused_at_its_first_training_step_and_at_every_one_after():
+    # Before, the first step ran, the second raised (the profile found empty) and the third ran again
+    with remat.tag_cpu_tensors():
+        model = remat.fit(torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh()), "1GiB")
+        for _ in range(3):
+            with pytest.raises(ValueError, match=r"remat.fit: the model's training forward ran no region of a "
+                                                 r"checkpoint, so there is nothing to plan.*wrap_decoder_layers"):
+                model(batch(1)).sum().backward()
+            assert model.remat_fit.profiled_steps == 0
+        with torch.no_grad():  # outside training it runs as it is
+            assert model(batch(1)).shape == batch(1).shape
+
 def test_eval_forwards_run_as_they_are_and_end_the_profiled_step(unlimited):
     torch.manual_seed(0)
     with remat.tag_cpu_tensors():
