@@ -17,8 +17,12 @@ The same watch finds what makes a region unsafe to recompute (in every region wh
 it, and with per-op figures in every region): an op that draws from a torch.Generator of the
 region's own (recompute would draw other numbers; the RNG state hooks restore the default
 generators only), or one that writes in place into a tensor the region did not make, its inputs
-aside (a BatchNorm's running statistics, a cache: recompute would write it again). A plan saves
-such a region (the profile's "must_save"). A write into an input is the runtime's to judge: it
+aside (a BatchNorm's running statistics, a cache: recompute would write it again), or one run by
+a backward inside the region's forward (torch.autograd.grad for a gradient penalty: recomputed,
+the region drops what that backward reads as it is saved). It also notes what the region's ops
+read that it did not make, and tells each write into outside state: profile_regions marks a
+region that read a tensor a later region writes in place (a memory bank) too, since its recompute
+would read the changed values. A plan saves such a region (the profile's "must_save"). A write into an input is the runtime's to judge: it
 runs a saved region that changed its input again in recompute (the profile's "must_recompute").
 
 The ops at a region's end that its recompute never runs are found from the same watch
@@ -39,13 +43,14 @@ plan that keeps ops of it pays in forward and again in recompute (remat/budget/o
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._storage_keys import storage_key, storage_of
 
-__all__ = ["OpMeter", "op_name", "keepable", "numbered", "interception_seconds"]
+__all__ = ["OpMeter", "op_name", "keepable", "numbered", "interception_seconds", "describe_tensor"]
 
 _interception = None  # seconds one op costs under a mode that only passes it on
 
@@ -190,7 +195,7 @@ def _default_generators():
     return generators
 
 
-def _describe(tensor):
+def describe_tensor(tensor):
     return f"a {tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')} tensor"
 
 
@@ -202,9 +207,12 @@ class OpMeter(TorchDispatchMode):
     own_seconds (the meter's time around the ops, to take out of the region's), must_save (why
     the region's recompute would not give back what its forward gave, or None)."""
 
-    def __init__(self, cuda=False, figures=True, on_op=None):
+    def __init__(self, cuda=False, figures=True, on_op=None, on_outside_write=None):
         super().__init__()
         self._on_op = on_op  # called with (index, outputs) for each op listed in ops
+        # called with (tensor, op name) for each write into a tensor the region did not make, its inputs aside
+        self._on_outside_write = on_outside_write
+        self.reads = {}  # storage key -> weak reference to the storage, of what its ops read that it did not make
         self.ops = []
         self.count = 0
         self.intercepted = 0
@@ -221,20 +229,47 @@ class OpMeter(TorchDispatchMode):
         self.records_decisions = False  # whether the region consulted a RecomputeReplay channel recording
 
     def _check(self, func, args, kwargs):
-        """Sets must_save where the op draws from a generator of its own or writes into a tensor
-        the region did not make."""
+        """Sets must_save where the op runs in a backward inside the region's forward, draws from a
+        generator of its own or writes into a tensor the region did not make (each such write told
+        to on_outside_write)."""
+        if self.must_save is None and torch._C._current_autograd_node() is not None:
+            self.must_save = (f"it runs a backward inside its forward ({op_name(func)} in it: torch.autograd.grad or "
+                              ".backward(), as for a gradient penalty), which reads what the forward saved while it "
+                              "still runs; recomputed, the region drops that as it is saved")
         generator = kwargs.get("generator")
-        if generator is not None and id(generator) not in self._defaults:
+        if generator is not None and id(generator) not in self._defaults and self.must_save is None:
             self.must_save = (f"it draws from a torch.Generator of its own ({op_name(func)}), which recompute "
                               f"would draw from again")
-            return
         for tensor in _written(func, args, kwargs):
             # a sparse tensor (no storage key) cannot be told made here: taken as not
-            if storage_key(tensor) not in self._made | self._inputs:
+            if storage_key(tensor) in self._made | self._inputs:
+                continue
+            if self.must_save is None:
                 self.must_save = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
-                                  f"{_describe(tensor)}: a BatchNorm's running statistics, a cache), which "
+                                  f"{describe_tensor(tensor)}: a BatchNorm's running statistics, a cache), which "
                                   f"recompute would write again")
-                return
+            if self._on_outside_write is not None:
+                self._on_outside_write(tensor, op_name(func))
+
+    def _note_reads(self, args, kwargs):
+        """Notes the storages the op reads that the region did not make: a later write into one
+        (on_outside_write) makes this region's recompute read other values than its forward did."""
+        for value in (*args, *kwargs.values()):
+            for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                storage = storage_of(tensor)
+                if storage is None:
+                    continue
+                key = (str(tensor.device), storage.data_ptr())
+                if key not in self._made and key not in self.reads:
+                    self.reads[key] = weakref.ref(storage)
+
+    def read_before(self, tensor):
+        """Whether the region's ops read `tensor`'s storage (not one it made) before now."""
+        storage = storage_of(tensor)
+        seen = None if storage is None else self.reads.get((str(tensor.device), storage.data_ptr()))
+        return seen is not None and seen() is storage
 
     def _unlist_written(self, func, args, kwargs):
         """Takes out of ops the listed ops whose outputs this op writes into (module docstring)."""
@@ -259,7 +294,8 @@ class OpMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entered = time.thread_time_ns()
         kwargs = kwargs or {}
-        if self.must_save is None:
+        self._note_reads(args, kwargs)
+        if self.must_save is None or (self._on_outside_write is not None and func._schema.is_mutable):
             self._check(func, args, kwargs)
         if self._listed and func._schema.is_mutable:
             self._unlist_written(func, args, kwargs)

@@ -21,8 +21,10 @@ of those after it saves a tensor.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+import weakref
 
 import remat_alloc
 import torch
@@ -32,7 +34,7 @@ from ._arguments import flag_arg
 from ._extension import _C
 from ._offload_plans import measure_host_copy, offload_bytes
 from ._kept_ops import keeping_seconds
-from ._op_figures import OpMeter, interception_seconds
+from ._op_figures import OpMeter, describe_tensor, interception_seconds
 from ._plans import NO_REGION_RAN, RegionProfile, _state, block_opened
 from ._replay import recording_consults
 from ._step_profile import StepRecorder, allocated_before, tensors_in
@@ -156,10 +158,12 @@ class profile_regions:
         self._kept_keys = set()  # storages earlier checkpoint calls keep (alive until backward)
         self._calls = 0
         self._last_region = None  # (name, output) of the last outermost region the running checkpoint call ran
+        self._region_outputs = []  # (name, output) of each outermost region the running checkpoint call ran
         self._device = "cpu"
         self._step = None
         self._open = False      # entered and not yet exited (counted in _plans.block_open)
         self._must_recompute = {}  # region -> why the runtime ran it again in recompute, saved
+        self._read_changed = {}  # region -> why it must be saved: a later region changes what it read in place
 
     def __enter__(self):
         if getattr(_state, "session", None) is not None:
@@ -211,6 +215,8 @@ class profile_regions:
                 region["offload_bytes"] = self._offload[name]
             if name in self._meters:
                 self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"), ops=self._ops)
+            if name in self._read_changed:
+                region.setdefault("must_save", self._read_changed[name])
             if name in self._must_recompute:
                 region["must_recompute"] = self._must_recompute[name]
                 region.pop("ops", None)  # nothing for a plan to keep: the region runs again whole
@@ -253,11 +259,13 @@ class profile_regions:
                                "forward and backward with gradients on")
         self._shape.record_call(name, args, kwargs)
         outer_last, self._last_region = self._last_region, None
+        outer_outputs, self._region_outputs = self._region_outputs, []
         try:
             out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
-            last = self._last_region
+            last, region_outputs = self._last_region, self._region_outputs
         finally:
-            self._last_region = outer_last
+            self._last_region, self._region_outputs = outer_last, outer_outputs
+        self._watch_outputs_changed_later(region_outputs, out)
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
         # address is its own), any other is this call's alone (a freed address used again by the
         # next call's input is another storage).
@@ -293,6 +301,30 @@ class profile_regions:
         self._shape.record_backward(out)
         return out
 
+    def _watch_outputs_changed_later(self, region_outputs, out):
+        """Marks must_recompute a region whose output the code changes in place after the
+        checkpoint returned (`h.mul_(3)` on an output it hands on), as found when the call's backward
+        begins: the profiled step, which saves every region, never recomputes, so the runtime, which
+        runs such a region again in recompute, did not see it; and a plan recomputing a later region
+        of the call without it would keep neither what it needs to run it again nor a way to."""
+        versions = [(name, index, weakref.ref(t), t._version) for name, output in region_outputs
+                    for index, t in enumerate(tensors_in(output))]
+        began = []
+
+        def backward_begins(grad):
+            if not began:
+                began.append(True)
+                for name, index, tensor, version in versions:
+                    if tensor() is not None and tensor()._version != version:
+                        self._must_recompute.setdefault(
+                            name, f"its output {index} is changed in place after the checkpoint returned (an op such "
+                                  "as h.mul_(2)): recompute runs it again")
+            return grad
+
+        for tensor in tensors_in(out):
+            if tensor.requires_grad:
+                tensor.register_hook(backward_begins)
+
     def _find_tail(self, last, regions, out):
         """Marks on the meter of the call's last region the ops its recompute would not run
         (OpMeter.recompute_tail), where recompute stops inside it (_stops_in); else none."""
@@ -321,11 +353,13 @@ class profile_regions:
             if not self._outer_watched:
                 return None
             meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops,
-                            on_op=self._step.op_made if self._ops else None)
+                            on_op=self._step.op_made if self._ops else None,
+                            on_outside_write=functools.partial(self._outside_write, name))
         elif own_recompute or self._outer_watched:
             return None
         else:
-            meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=False)
+            meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=False,
+                            on_outside_write=functools.partial(self._outside_write, self._outer))
         self._meters.setdefault(self._outer, []).append(meter)
 
         def measured_body(body):
@@ -341,6 +375,15 @@ class profile_regions:
             return body_with_meter
 
         return measured_body
+
+    def _outside_write(self, writer, tensor, op):
+        """Region `writer` writes in place (`op`) into `tensor`, which it did not make (a buffer, a
+        cache): a region watched before it that read the tensor would read the changed values in
+        recompute, after the step's forward, so a plan saves it (must_save)."""
+        for name, meters in self._meters.items():
+            if name != writer and name not in self._read_changed and any(m.read_before(tensor) for m in meters):
+                self._read_changed[name] = (f"it reads {describe_tensor(tensor)} that region '{writer}' later changes "
+                                            f"in place ({op}), so its recompute would read the changed values")
 
     @staticmethod
     def _add_meters(region, meters, cuda, ops):
@@ -388,6 +431,7 @@ class profile_regions:
         out = self._step.region_forward(name, args, lambda: self._timed_region(name, call))
         self._shape.record_region(name, args, out)
         self._last_region = (name, out)
+        self._region_outputs.append((name, out))
         return out
 
     def _timed_region(self, name, call):

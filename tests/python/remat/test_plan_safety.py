@@ -146,6 +146,127 @@ def test_a_region_updating_batchnorm_statistics_is_saved_by_every_plan():
             assert torch.equal(ours.grad, theirs.grad)
 
 
+def test_a_region_reading_a_buffer_a_later_region_changes_in_place_is_saved_by_every_plan():
+    """A memory bank read by one region and updated in place by a later one: recomputed after the
+    step's forward, the reader would read the updated bank. Before, plans recomputed it (the
+    profile marked the writer alone) and gradients differed by up to 6.2, without a word."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    x0 = torch.randn(6, 8)
+    bank, untouched = torch.zeros(8), torch.ones(8)
+
+    def body(t):
+        h = remat.region(lambda u: (u + bank).sin(), "read", recompute=False)(t)
+        h = remat.region(lambda u: (u * untouched).cos(), "other", recompute=False)(h)
+
+        def write(u):
+            with torch.no_grad():
+                bank.mul_(0.5).add_(u.mean(0))
+            return (u @ w).tanh()
+
+        return remat.region(write, "write", recompute=False)(h)
+
+    def step(checkpointed=True):
+        bank.zero_()
+        x = x0.clone().requires_grad_()
+        y = x
+        for index in range(3):
+            y = remat.checkpoint(region_name=f"l{index}")(body)(y) if checkpointed else body(y)
+        y.square().sum().backward()
+        gradients = [x.grad.clone(), w.grad.clone()]
+        w.grad = None
+        return gradients
+
+    reference = step(checkpointed=False)
+    with remat.profile_regions() as profile:
+        step()
+    reasons = {r["name"]: r.get("must_save") for r in json.loads(profile.to_json())["regions"]}
+    for index in range(3):
+        assert reasons[f"l{index}::read"] == (f"it reads a (8,) float32 tensor that region 'l{index}::write' later "
+                                              "changes in place (aten::mul_.Tensor), so its recompute would read "
+                                              "the changed values")
+        assert "writes in place into a tensor it did not make" in reasons[f"l{index}::write"]
+        assert reasons[f"l{index}::other"] is None  # reads a buffer nothing changes
+    least = profile.plan(budget_bytes=profile.base_bytes + sum(
+        r.saved_bytes for r in profile.regions if not r.name.endswith("other")))
+    assert {name: choice for name, choice in least.decisions.items() if choice == "recompute"} == {
+        f"l{index}::other": "recompute" for index in range(3)}
+    with remat.use_plan(least):
+        assert all(torch.equal(got, want) for got, want in zip(step(), reference))
+
+
+def test_a_region_whose_output_the_caller_changes_after_the_checkpoint_is_recomputed_by_every_plan():
+    """The caller scales a region's output in place after the checkpoint returned it: a plan saving
+    that region and recomputing the next, which reads the output, kept neither the checkpoint's
+    input nor a way to make the output again, and backward refused the plan the profile had made
+    ("output 0 of save region 'c::r' was changed in place after forward")."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    x0 = torch.randn(6, 8)
+
+    def body(t):
+        h = remat.region(lambda u: (u @ w).tanh() * 1.0, "r")(t)
+        return h, remat.region(lambda u: (u * 2).sin() @ w, "s")(h)
+
+    def step(checkpointed=True):
+        x = x0.clone().requires_grad_()
+        h, g = (remat.checkpoint(region_name="c")(body) if checkpointed else body)(x * 1.0)
+        h.mul_(3)
+        (g.square().sum() + h.square().sum()).backward()
+        gradients = [x.grad, w.grad]
+        w.grad = None
+        return gradients
+
+    reference = step(checkpointed=False)
+    with remat.profile_regions() as profile:
+        step()
+    regions = {r["name"]: r for r in json.loads(profile.to_json())["regions"]}
+    assert regions["c::r"]["must_recompute"] == ("its output 0 is changed in place after the checkpoint returned (an "
+                                                 "op such as h.mul_(2)): recompute runs it again")
+    assert "must_recompute" not in regions["c::s"]
+    for budget in range(profile.base_bytes, profile.base_bytes + profile.all_saved_bytes + 1, 288):
+        plan = profile.plan(budget_bytes=budget)
+        assert plan.decisions["c::r"] == "recompute"
+        with remat.use_plan(plan):
+            assert all(torch.equal(got, want) for got, want in zip(step(), reference))
+
+
+def test_a_region_running_a_backward_inside_its_forward_is_saved_by_every_plan():
+    """A gradient penalty inside a region (torch.autograd.grad, create_graph=True): recomputed, the
+    region drops what its forward saves as it is saved, so its inner backward has nothing to read.
+    Before, the profile let plans recompute it and each such plan was refused in forward."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    x0 = torch.randn(6, 8)
+
+    def penalized(u):
+        h = torch.tanh(u @ w)
+        g, = torch.autograd.grad(h.square().sum(), u, create_graph=True)
+        return h * g
+
+    def body(t):
+        return remat.region(lambda u: u.sin() @ w, "b")(remat.region(penalized, "a", recompute=False)(t))
+
+    def step(checkpointed=True):
+        x = x0.clone().requires_grad_()
+        (remat.checkpoint(region_name="c")(body) if checkpointed else body)(x * 1.0).square().sum().backward()
+        gradients = [x.grad, w.grad]
+        w.grad = None
+        return gradients
+
+    reference = step(checkpointed=False)
+    with remat.profile_regions() as profile:
+        step()
+    reasons = {r["name"]: r.get("must_save") for r in json.loads(profile.to_json())["regions"]}
+    assert reasons["c::a"].startswith("it runs a backward inside its forward (aten::")
+    assert reasons["c::b"] is None
+    least = profile.plan(budget_bytes=profile.base_bytes + next(r.saved_bytes for r in profile.regions
+                                                                 if r.name == "c::a"))
+    assert least.decisions == {"c::a": "save", "c::b": "recompute"}
+    with remat.use_plan(least):
+        assert all(torch.equal(got, want) for got, want in zip(step(), reference))
+
+
 class _CountMatmuls(TorchDispatchMode):
     def __init__(self):
         super().__init__()
