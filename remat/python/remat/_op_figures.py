@@ -22,8 +22,9 @@ a backward inside the region's forward (torch.autograd.grad for a gradient penal
 the region drops what that backward reads as it is saved). It also notes what the region's ops
 read that it did not make, and tells each write into outside state: profile_regions marks a
 region that read a tensor a later region writes in place (a memory bank) too, since its recompute
-would read the changed values. A plan saves such a region (the profile's "must_save"). A write into an input is the runtime's to judge: it
-runs a saved region that changed its input again in recompute (the profile's "must_recompute").
+would read the changed values. A plan saves such a region (the profile's "must_save"). A write
+into an input is the runtime's to judge: it runs a saved region that changed its input again in
+recompute (the profile's "must_recompute").
 
 The ops at a region's end that its recompute never runs are found from the same watch
 (recompute_tail): recompute stops once the last tensor backward needs is saved again, and an op
