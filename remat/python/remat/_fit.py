@@ -67,6 +67,14 @@ and one is profiled again where saving everything is estimated within the budget
 The step's tensors must be counted for the profile to measure the step: CPU tensors inside
 remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
 
+A step of several training forwards before one backward (losses summed) is known by every
+forward's inputs, in order. Before its first forward only that forward's are known: it is planned
+for the later forwards that the last step beginning with the same inputs took (or, for new ones,
+the last step's). Where its later forwards take other inputs, it ran outside what was planned:
+said at its end (with its peak where over the budget), and steps beginning so are planned for
+those from then on. The ratio a step scales a profile by is that of the input grown most, where
+both list as many tensors: the longer forward's backward works at its own length.
+
 fit profiles and plans the eager model: a training forward traced by torch.compile (the model
 compiled, or a function calling it) would run no region as such, and is refused when the compiled
 function runs, at every step, before its forward (UNDER_COMPILE).
@@ -107,9 +115,14 @@ def _input_bytes(signature):
 def _ratio(signature, profiled):
     """How many times `profiled`'s inputs a step with `signature` takes: by elements, or by bytes
     where the dtypes grew (float32 -> float64 inputs: each activation twice); 1 for fewer (planned
-    as the profiled inputs)."""
-    return max(1.0, _elements(signature) / max(1, _elements(profiled)),
-               _input_bytes(signature) / max(1, _input_bytes(profiled)))
+    as the profiled inputs). Where both list as many tensors, by the one grown most: of two
+    forwards summed for one backward, the longer one's backward works at its own length, not the
+    step's average."""
+    ratios = [_elements(signature) / max(1, _elements(profiled)),
+              _input_bytes(signature) / max(1, _input_bytes(profiled))]
+    if len(signature) == len(profiled):
+        ratios += [_input_bytes((one,)) / max(1, _input_bytes((other,))) for one, other in zip(signature, profiled)]
+    return max(1.0, *ratios)
 
 
 def _shapes_text(signature, dtypes=False):
@@ -374,6 +387,13 @@ class FitState:
         self.optimizer_peak_bytes = None  # the predicted peak of an optimizer step after the step running now
         self.expect_optimizer = False  # the step running now is predicted with the optimizer step after it
         self.input_gradient_bytes = 0  # the bytes of the step's inputs that require grad (their gradients')
+        # A step's signature is every training forward's inputs (losses summed for one backward: a
+        # forward per micro-batch), known in full only as it ends: it is planned for those its first
+        # forward's inputs began with in the last such step (followers), or those of the last step
+        self.forwards = []          # each training forward's signature in the step running now
+        self.followers = {}         # first forward's signature -> the later forwards' of the last step begun so
+        self.last_followers = ()    # the later forwards' signatures of the last step
+        self.step_signature = None  # the signature the step running now was planned or profiled for
         self.closed = False         # close() ran: unfit, or fit again
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
         self._versions = None       # the parameters' version counters when the step began; None: no step open
@@ -569,6 +589,10 @@ class FitState:
             self._finish_step()
 
     def _finish_step(self):
+        forwards, self.forwards = self.forwards, []
+        ran = sum(forwards, ()) if forwards else None  # the step's signature as it ran
+        if forwards:
+            self.followers[forwards[0]] = self.last_followers = tuple(forwards[1:])
         updated = self._versions is not None and self._versions != [p._version for p in self._parameters()]
         self._versions = None
         first_optimizer = False
@@ -592,6 +616,7 @@ class FitState:
                   "next training step is profiled afresh")
         elif self.measuring is not None:
             session, signature = self.measuring
+            signature = signature if ran is None else ran
             self.measuring = None
             try:
                 session.__exit__(None, None, None)
@@ -617,6 +642,8 @@ class FitState:
                       "sequence to keep the first step within it too")
         elif self._fewer_calls():
             pass  # ran outside the plan: said, and nothing learned from it for steps that run as profiled
+        elif ran is not None and ran != self.step_signature and StepRecorder._counted_device() is not None:
+            self._later_forwards_changed(ran)
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
             signature, base, predicted, ratio, source = self.scaled_step
             # The peak when backward ended (read then: the loop may reset the peak after it), or now
@@ -648,6 +675,24 @@ class FitState:
         self.backward_peak = None
         self.backward_end = None
         self.diverged = None
+
+    def _later_forwards_changed(self, ran):
+        """After a planned step whose later forwards took other inputs than those it was planned for
+        (followers): what it measured says nothing of steps planned for its inputs, which steps
+        beginning as it did are from now on. Said once per signature, with its peak where that went
+        over the budget."""
+        measured = max(self.backward_peak or 0, self._read_peak())
+        key = ("later forwards", ran)
+        if key in self.told_differences and measured <= self.budget:
+            return
+        self.told_differences.add(key)
+        over = "" if measured <= self.budget else (
+            f"; it peaked at {_bytes_text(measured)}, over the budget of {_bytes_text(self.budget)} (predicted "
+            f"{_bytes_text(self.predicted_peak_bytes)} for the inputs planned for)")
+        _tell(f"remat.fit: the last step's later training forwards took other inputs than the step was planned for "
+              f"(inputs {_shapes_text(ran)} where it planned for {_shapes_text(self.step_signature)}: the last step "
+              f"that began with the same inputs){over}. Steps whose first forward takes these inputs are planned for "
+              "the later ones the last step took")
 
     def _fewer_calls(self):
         """After a planned step: where it made fewer checkpoint calls than the profiled step (layers
@@ -794,11 +839,12 @@ class FitState:
 
     # --- one training forward ----------------------------------------------------------------------
 
-    def continue_step(self):
+    def continue_step(self, args, kwargs):
         """Before a training forward that begins before the step's backward (gradient accumulation
         by summed losses: forwards, then one backward): part of the step running now, measured in
         its profile, or run under its plan, followed along the profiled step by the same watch (a
         step with more forwards than the profiled one differs from it there)."""
+        self.forwards.append(_signature(args, kwargs))
         if self.measuring is not None:
             return None
         context = _plans.use_plan(self.plan, strict=False)
@@ -818,7 +864,9 @@ class FitState:
             raise ValueError("remat.fit: the step's tensors are not counted, so no step peak can be measured: run the "
                              "training steps inside remat.tag_cpu_tensors() (CPU tensors) or install remat's "
                              "allocator with remat_alloc.install() (CUDA tensors)")
-        signature = _signature(args, kwargs)
+        first = _signature(args, kwargs)
+        signature = first + sum(self.followers.get(first, self.last_followers), ())
+        self.forwards, self.step_signature = [first], signature
         self.input_gradient_bytes = sum(t.numel() * t.element_size() for t in _plans.tensors_in((args, kwargs))
                                         if t.requires_grad)
         start = remat_alloc.memory_stats(device)["requested_bytes"]
@@ -1091,7 +1139,7 @@ class _FitForward:
         if open_profile is not None and (state.measuring is None or open_profile is not state.measuring[0]):
             return self.inner(*args, **kwargs)  # the caller's own profile_regions measures this step
         # Before the last one's backward (losses summed for one backward): the same step goes on
-        context = state.continue_step() if state.backward_pending() else state.begin_step(args, kwargs)
+        context = state.continue_step(args, kwargs) if state.backward_pending() else state.begin_step(args, kwargs)
         if context is None:
             try:
                 out = self.inner(*args, **kwargs)

@@ -371,6 +371,47 @@ def test_forwards_before_one_backward_are_one_step_planned_within_the_budget():
             assert row["predicted"] <= row["peak"] * 1.03, (step, row["peak"], row["predicted"])
 
 
+def test_a_step_whose_second_forward_grows_goes_over_once_said_and_later_ones_are_planned_for_it():
+    """Summed losses where the second micro-batch doubles its sequence at step 4, then the first at
+    step 7: a step is planned before its first forward, so the first step whose second forward
+    grew is planned for the last step's inputs and goes over the budget, which is said with its
+    peak; every later step is planned for both forwards' inputs, from the profile scaled by the
+    input grown most, and stays within the budget. (Before, a step was known by its first forward
+    alone: the next such step went over again, 1.9%, and later ones ran on a room reserved for it.)"""
+    lengths = [(1, 1)] * 3 + [(1, 2)] * 3 + [(2, 1)] * 2
+
+    def train(budget):
+        rows = []
+        with fit_loop.fitted(lambda: Model(checkpointed=budget is not None), budget) as (model, told):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            for step, (first, second) in enumerate(lengths):
+                def one_step():
+                    optimizer.zero_grad(set_to_none=True)
+                    xs = [torch.randn(BATCH, SEQUENCE * n, HIDDEN, requires_grad=True,
+                                      generator=torch.Generator().manual_seed(2 * step + i))
+                          for i, n in enumerate((first, second))]
+                    (model(xs[0]) + model(xs[1])).backward()
+                    optimizer.step()
+
+                rows.append((fit_loop.peak_of(one_step), [p.grad.numpy().tobytes() for p in model.parameters()]))
+            fit_loop.unfit(model, batch(0))
+        return rows, fit_loop.messages(told, "remat.fit")
+
+    with fit_loop.fitted(lambda: Model(), None) as (model, _):
+        with remat.profile_regions() as profile:
+            (model(batch(1)) + model(batch(2))).backward()
+        least, everything = profile.least_peak_bytes(), profile.step_peak_bytes
+    budget = (least + 2 * everything) // 3
+    free, _ = train(None)
+    rows, told = train(budget)
+    assert [row[1] for row in rows] == [row[1] for row in free]
+    over = [step for step, (peak, _) in enumerate(rows) if peak > budget]
+    assert over == [0, 3], [row[0] for row in rows]  # the profiled step (every region saved), and step 4
+    said = [m for m in told if "later training forwards took other inputs" in m]
+    assert len(said) == 2 and f"it peaked at {rows[3][0] / 2**20:.2f} MiB ({rows[3][0]} bytes), over the budget" in \
+        said[0] and "over the budget" not in said[1], said
+
+
 def test_a_profiled_forward_that_raises_is_dropped_and_the_next_step_profiled_afresh():
     torch.manual_seed(0)
     with remat.tag_cpu_tensors():
