@@ -146,6 +146,15 @@ def test_a_region_updating_batchnorm_statistics_is_saved_by_every_plan():
             assert torch.equal(ours.grad, theirs.grad)
 
 
+def _reference_and_profile(step):
+    """(the gradients of step(checkpointed=False), the profile of step(), its regions by name as the
+    dump lists them)."""
+    reference = step(checkpointed=False)
+    with remat.profile_regions() as profile:
+        step()
+    return reference, profile, {r["name"]: r for r in json.loads(profile.to_json())["regions"]}
+
+
 def test_a_region_reading_a_buffer_a_later_region_changes_in_place_is_saved_by_every_plan():
     """A memory bank read by one region and updated in place by a later one: recomputed after the
     step's forward, the reader would read the updated bank. Before, plans recomputed it (the
@@ -177,10 +186,8 @@ def test_a_region_reading_a_buffer_a_later_region_changes_in_place_is_saved_by_e
         w.grad = None
         return gradients
 
-    reference = step(checkpointed=False)
-    with remat.profile_regions() as profile:
-        step()
-    reasons = {r["name"]: r.get("must_save") for r in json.loads(profile.to_json())["regions"]}
+    reference, profile, regions = _reference_and_profile(step)
+    reasons = {name: region.get("must_save") for name, region in regions.items()}
     for index in range(3):
         assert reasons[f"l{index}::read"] == (f"it reads a (8,) float32 tensor that region 'l{index}::write' later "
                                               "changes in place (aten::mul_.Tensor), so its recompute would read "
@@ -217,10 +224,7 @@ def test_a_region_whose_output_the_caller_changes_after_the_checkpoint_is_recomp
         w.grad = None
         return gradients
 
-    reference = step(checkpointed=False)
-    with remat.profile_regions() as profile:
-        step()
-    regions = {r["name"]: r for r in json.loads(profile.to_json())["regions"]}
+    reference, profile, regions = _reference_and_profile(step)
     assert regions["c::r"]["must_recompute"] == ("its output 0 is changed in place after the checkpoint returned (an "
                                                  "op such as h.mul_(2)): recompute runs it again")
     assert "must_recompute" not in regions["c::s"]
@@ -254,10 +258,8 @@ def test_a_region_running_a_backward_inside_its_forward_is_saved_by_every_plan()
         w.grad = None
         return gradients
 
-    reference = step(checkpointed=False)
-    with remat.profile_regions() as profile:
-        step()
-    reasons = {r["name"]: r.get("must_save") for r in json.loads(profile.to_json())["regions"]}
+    reference, profile, regions = _reference_and_profile(step)
+    reasons = {name: region.get("must_save") for name, region in regions.items()}
     assert reasons["c::a"].startswith("it runs a backward inside its forward (aten::")
     assert reasons["c::b"] is None
     least = profile.plan(budget_bytes=profile.base_bytes + next(r.saved_bytes for r in profile.regions
@@ -415,10 +417,8 @@ def test_a_saved_region_nested_in_a_recomputed_one_makes_the_outer_one_saved():
         (remat.checkpoint(region_name="k")(body)(x) if checkpointed else body(x)).sum().backward()
         return w.grad.clone()
 
-    reference = step(checkpointed=False)
-    with remat.profile_regions() as profile:
-        step()
-    reasons = {r["name"]: r.get("must_save") for r in json.loads(profile.to_json())["regions"]}
+    reference, profile, regions = _reference_and_profile(step)
+    reasons = {name: region.get("must_save") for name, region in regions.items()}
     assert "torch.Generator of its own" in reasons["k::outer"] and reasons["k::mlp"] is None
     outer_bytes = next(r.saved_bytes for r in profile.regions if r.name == "k::outer")
     plan = profile.plan(budget_bytes=profile.base_bytes + outer_bytes)
