@@ -214,6 +214,7 @@ class OpMeter(TorchDispatchMode):
         # called with (tensor, op name) for each write into a tensor the region did not make, its inputs aside
         self._on_outside_write = on_outside_write
         self.reads = {}  # storage key -> weak reference to the storage, of what its ops read that it did not make
+        self._read_versions = {}  # id -> (weak reference, version when read) of tensors read that it did not make
         self.ops = []
         self.count = 0
         self.intercepted = 0
@@ -263,8 +264,22 @@ class OpMeter(TorchDispatchMode):
                 if storage is None:
                     continue
                 key = (str(tensor.device), storage.data_ptr())
-                if key not in self._made and key not in self.reads:
+                if key in self._made:
+                    continue
+                if key not in self.reads:
                     self.reads[key] = weakref.ref(storage)
+                seen = self._read_versions.get(id(tensor))
+                if key not in self._inputs and (seen is None or seen[0]() is not tensor):  # (an id used again)
+                    self._read_versions[id(tensor)] = (weakref.ref(tensor), tensor._version)
+
+    def changed_since_read(self):
+        """A tensor the region's ops read (not one it made, nor an input) whose version changed
+        since, still alive, or None."""
+        for reference, version in self._read_versions.values():
+            tensor = reference()
+            if tensor is not None and tensor._version != version:
+                return tensor
+        return None
 
     def read_before(self, tensor):
         """Whether the region's ops read `tensor`'s storage (not one it made) before now."""

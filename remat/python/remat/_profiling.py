@@ -159,6 +159,7 @@ class profile_regions:
         self._calls = 0
         self._last_region = None  # (name, output) of the last outermost region the running checkpoint call ran
         self._region_outputs = []  # (name, output) of each outermost region the running checkpoint call ran
+        self._call_meters = []  # (name, OpMeter) of each region the running checkpoint call watched
         self._device = "cpu"
         self._step = None
         self._open = False      # entered and not yet exited (counted in _plans.block_open)
@@ -260,12 +261,13 @@ class profile_regions:
         self._shape.record_call(name, args, kwargs)
         outer_last, self._last_region = self._last_region, None
         outer_outputs, self._region_outputs = self._region_outputs, []
+        outer_meters, self._call_meters = self._call_meters, []
         try:
             out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
-            last, region_outputs = self._last_region, self._region_outputs
+            last, region_outputs, meters = self._last_region, self._region_outputs, self._call_meters
         finally:
-            self._last_region, self._region_outputs = outer_last, outer_outputs
-        self._watch_outputs_changed_later(region_outputs, out)
+            self._last_region, self._region_outputs, self._call_meters = outer_last, outer_outputs, outer_meters
+        self._watch_changes_before_backward(region_outputs, meters, out)
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
         # address is its own), any other is this call's alone (a freed address used again by the
         # next call's input is another storage).
@@ -301,12 +303,15 @@ class profile_regions:
         self._shape.record_backward(out)
         return out
 
-    def _watch_outputs_changed_later(self, region_outputs, out):
-        """Marks must_recompute a region whose output the code changes in place after the
-        checkpoint returned (`h.mul_(3)` on an output it hands on), as found when the call's backward
-        begins: the profiled step, which saves every region, never recomputes, so the runtime, which
-        runs such a region again in recompute, did not see it; and a plan recomputing a later region
-        of the call without it would keep neither what it needs to run it again nor a way to."""
+    def _watch_changes_before_backward(self, region_outputs, meters, out):
+        """What the call's regions made and read, changed in place before its backward begins (where
+        it is found). A region whose output the code changes after the checkpoint returned (`h.mul_(3)`
+        on an output it hands on) is must_recompute: the profiled step, which saves every region,
+        never recomputes, so the runtime, which runs such a region again in recompute, did not see it;
+        and a plan recomputing a later region of the call without it would keep neither what it
+        needs to run it again nor a way to. A watched region that read a tensor it did not make,
+        changed since (a tensor the body's closure holds, changed before backward), is must_save:
+        its recompute would read the changed values."""
         versions = [(name, index, weakref.ref(t), t._version) for name, output in region_outputs
                     for index, t in enumerate(tensors_in(output))]
         began = []
@@ -319,6 +324,12 @@ class profile_regions:
                         self._must_recompute.setdefault(
                             name, f"its output {index} is changed in place after the checkpoint returned (an op such "
                                   "as h.mul_(2)): recompute runs it again")
+                for name, meter in meters:
+                    changed = meter.changed_since_read()
+                    if changed is not None and name not in self._read_changed:
+                        self._read_changed[name] = (f"it reads {describe_tensor(changed)} it did not make, which is "
+                                                    "changed in place after its forward, before backward, so its "
+                                                    "recompute would read the changed values")
             return grad
 
         for tensor in tensors_in(out):
@@ -361,6 +372,7 @@ class profile_regions:
             meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=False,
                             on_outside_write=functools.partial(self._outside_write, self._outer))
         self._meters.setdefault(self._outer, []).append(meter)
+        self._call_meters.append((self._outer, meter))
 
         def measured_body(body):
             def body_with_meter(*args, **kwargs):

@@ -202,6 +202,41 @@ def test_a_region_reading_a_buffer_a_later_region_changes_in_place_is_saved_by_e
         assert all(torch.equal(got, want) for got, want in zip(step(), reference))
 
 
+@pytest.mark.parametrize("captured", ["buffer", "requires grad"])
+def test_a_region_reading_a_captured_tensor_changed_before_backward_is_saved_by_every_plan(captured):
+    """A region the code saves reads a tensor through the body's closure (a mask, a tensor made
+    from a parameter), which the loop changes in place after the forward: the runtime cannot check
+    it (docs/python.md), so a plan recomputing the region gave wrong gradients without a word."""
+    x0, b0 = torch.randn(6, 8), torch.randn(8)
+
+    def step(checkpointed=True):
+        x = x0.clone().requires_grad_()
+        p = b0.clone().requires_grad_()
+        b = b0.clone() if captured == "buffer" else p * 2.0
+
+        def body(t):
+            return remat.region(lambda u: (u * 2).cos(), "m")(
+                remat.region(lambda u: (u + b).sin(), "a", recompute=False)(t))
+
+        y = (remat.checkpoint(region_name="c")(body) if checkpointed else body)(x * 1.0)
+        with torch.no_grad():
+            b.add_(1.0)
+        y.sum().backward()
+        return [x.grad, p.grad]
+
+    reference, profile, regions = _reference_and_profile(step)
+    assert regions["c::a"]["must_save"] == ("it reads a (8,) float32 tensor it did not make, which is changed in "
+                                            "place after its forward, before backward, so its recompute would read "
+                                            "the changed values")
+    assert "must_save" not in regions["c::m"]
+    least = profile.plan(budget_bytes=profile.base_bytes + next(r.saved_bytes for r in profile.regions
+                                                                 if r.name == "c::a"))
+    assert least.decisions == {"c::a": "save", "c::m": "recompute"}
+    with remat.use_plan(least):
+        got = step()
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(got, reference))
+
+
 def test_a_region_whose_output_the_caller_changes_after_the_checkpoint_is_recomputed_by_every_plan():
     """The caller scales a region's output in place after the checkpoint returned it: a plan saving
     that region and recomputing the next, which reads the output, kept neither the checkpoint's
