@@ -18,7 +18,9 @@ output because the layer's residual add reads it), each name in
 layer's checkpoint runs on the thread; anywhere else it calls the forward it wraps. Layers that
 are not `GradientCheckpointingLayer`s (older transformers, other models: the modules of an
 `nn.ModuleList` named `layers`, or what `layers=` names) get an instance `forward` that
-checkpoints under the same conditions.
+checkpoints under the same conditions. The other modules that carry `gradient_checkpointing` (the
+model, its stack) get it set too, as transformers' own switch sets it: they read it to hand their
+layers no cache in training (_set_parents_checkpointing).
 
 transformers' own switches act on the same attributes. `model.gradient_checkpointing_disable()`
 (`activation_checkpointing_disable()` in transformers 5) turns checkpointing off: the layers run
@@ -483,7 +485,30 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
         else:
             plan.set_attribute(layer, "forward", _PlainLayerForward(plan, layer.forward))
         layer._remat_layer_plan = plan
+    _set_parents_checkpointing(model, found, layer_class)
     return model if budget is None else fit(model, budget, host_budget=host_budget, timer=timer)
+
+
+def _run_as_is(function, *args, **kwargs):
+    """A module's _gradient_checkpointing_func that runs `function` as it is: the layers checkpoint."""
+    return function(*args, **kwargs)
+
+
+def _set_parents_checkpointing(model, found, layer_class):
+    """Sets `gradient_checkpointing` on the modules that carry it and are no decoder layer (the
+    model, its stack), as transformers' gradient_checkpointing_enable does: such a module reads it
+    to hand its layers no cache in training (GPT-2 passes the cache positionally, so the layers'
+    own clearing of keyword caches misses it, and recompute updated the cache a second time). Their
+    _gradient_checkpointing_func runs what it is given as it is (the layers checkpoint)."""
+    layers = {id(layer) for _, layer in found}
+    for module in model.modules():
+        if id(module) in layers or not hasattr(module, "gradient_checkpointing") or \
+                (layer_class is not None and isinstance(module, layer_class)):
+            continue
+        restore = _LayerPlan(module, None, None, {})
+        restore.set_attribute(module, "gradient_checkpointing", True)
+        restore.set_attribute(module, "_gradient_checkpointing_func", _run_as_is)
+        module._remat_layer_plan = restore
 
 
 def unwrap_decoder_layers(model):

@@ -393,3 +393,40 @@ def test_layers_named_by_a_path_that_is_not_there_are_a_clear_error():
     with pytest.raises(ValueError, match=r"^wrap_decoder_layers: layers holds 'model\.layers\.9', which names no "
                                          r"submodule of LlamaForCausalLM$"):
         remat.wrap_decoder_layers(model, layers=["model.layers.0", "model.layers.9"])
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_a_model_handing_its_layers_the_cache_positionally_hands_none_in_training_as_with_transformers(
+        attn_implementation):
+    """GPT-2 passes its cache to each block positionally and drops it only where the model's own
+    gradient_checkpointing is set, as transformers' gradient_checkpointing_enable sets it on every
+    module that has it. wrap_decoder_layers set it on the layers alone: the cache became a
+    checkpoint input, recompute updated it a second time, and backward failed ("recreated saved
+    tensor #7 as float32 [8, 8, 24] ... forward saved float32 [8, 8, 12]") or attended over twice
+    the keys. Now the model hands no cache in training, as under transformers' own checkpointing,
+    with gradients bitwise the plain model's; unwrapping restores the flag."""
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64)
+    config._attn_implementation = attn_implementation
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    torch.manual_seed(0)
+    reference = transformers.GPT2LMHeadModel(config).train()
+    model = transformers.GPT2LMHeadModel(config).train()
+    model.load_state_dict(reference.state_dict())
+    remat.wrap_decoder_layers(model, save=())
+    assert model.transformer.gradient_checkpointing
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(1)  # the same dropout masks
+        expected = reference(input_ids=ids, attention_mask=mask, labels=ids, use_cache=False)
+        torch.manual_seed(1)
+        out = model(input_ids=ids, attention_mask=mask, labels=ids)
+    assert out.past_key_values is None
+    expected.loss.backward()
+    out.loss.backward()
+    assert torch.equal(out.loss, expected.loss)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+    remat.unwrap_decoder_layers(model)
+    assert not model.transformer.gradient_checkpointing and "_gradient_checkpointing_func" not in vars(
+        model.transformer)
