@@ -41,7 +41,9 @@ counted whole through every step that may make them. While the model has paramet
 step gave no gradient, so are the gradients of the step's inputs that require grad: a part of the
 model the profile did not run that reads them makes them as backward begins (where no plan leaves
 room for them the step is planned without: such a part may not read the inputs). The optimizer step
-is seen as the parameters changing after a step; `cycle` micro-batches run from one to the next. Its
+is seen as the parameters changing after a step, or as a torch.optim optimizer over them stepping
+(a fused step may leave their version counters as they were); `cycle` micro-batches run from one to
+the next. Its
 memory after the backward it follows is measured where it runs after a planned step and predicted,
 less the state it made then, after every later cycle's last micro-batch; every micro-batch is
 refused before its forward where one after it would not fit (no plan changes it). Before it first
@@ -89,6 +91,7 @@ import weakref
 
 import remat_alloc
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _optimizer_step, _plans, _profiling
 from ._compile import refuse_planning
@@ -397,6 +400,7 @@ class FitState:
         self.closed = False         # close() ran: unfit, or fit again
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
         self._versions = None       # the parameters' version counters when the step began; None: no step open
+        self._stepped = False       # an optimizer over the model's parameters stepped since (_optimizer_stepped)
         self._named = None          # the model's named parameters while a step begins or ends (_parameters_listed)
         # The step's peak, in a window of fit's own (remat_alloc.PeakWindow): the peak statistics
         # (memory_stats(), PyTorch's max_memory_allocated()) stay the user's to read and reset.
@@ -593,8 +597,9 @@ class FitState:
         ran = sum(forwards, ()) if forwards else None  # the step's signature as it ran
         if forwards:
             self.followers[forwards[0]] = self.last_followers = tuple(forwards[1:])
-        updated = self._versions is not None and self._versions != [p._version for p in self._parameters()]
-        self._versions = None
+        updated = self._versions is not None and (
+            self._stepped or self._versions != [p._version for p in self._parameters()])
+        self._versions, self._stepped = None, False
         first_optimizer = False
         if updated and self.measuring is None and self.backward_end is not None and \
                 StepRecorder._counted_device() is not None:
@@ -870,7 +875,7 @@ class FitState:
         self.input_gradient_bytes = sum(t.numel() * t.element_size() for t in _plans.tensors_in((args, kwargs))
                                         if t.requires_grad)
         start = remat_alloc.memory_stats(device)["requested_bytes"]
-        self._versions = [p._version for p in self._parameters()]
+        self._versions, self._stepped = [p._version for p in self._parameters()], False
         self.position += 1
         self.expect_optimizer = self.cycle is not None and self.position >= self.cycle
         try:
@@ -1155,6 +1160,17 @@ class _FitForward:
 
 
 _fitted = weakref.WeakSet()  # every FitState fit() made (a model dropped takes its own with it)
+_step_hook = None  # the torch.optim step hook, once registered
+
+
+def _optimizer_stepped(optimizer, args, kwargs):
+    """A torch.optim optimizer stepped: an optimizer step for each fitted model with a step open
+    whose parameters it holds. A fused or in-place step by other means may leave the parameters'
+    version counters as they were (AdamW(fused=True) on the CPU does), which fit reads otherwise."""
+    for state in list(_fitted):
+        if state._versions is not None and not state._stepped and state.model is not None:
+            ids = {id(p) for p in state.model.parameters()}
+            state._stepped = any(id(p) in ids for group in optimizer.param_groups for p in group["params"])
 
 UNDER_COMPILE = "remat.fit: " + _plans.refused_under_compile(
     "the model", "fit can neither profile the step nor carry out a plan in it")
@@ -1184,6 +1200,9 @@ def fit(model, budget, *, host_budget=None, timer="auto"):
                          "on the CPU is the memory the budget counts: offload frees none of it there. Give host_budget "
                          "for a model on a GPU, or leave it out")
     timer = _profiling.timer_arg("remat.fit", timer)
+    global _step_hook
+    if _step_hook is None:
+        _step_hook = register_optimizer_step_post_hook(_optimizer_stepped)
     unfit(model)
     state = FitState(model, budget, timer, host_budget)
     _fitted.add(state)
