@@ -43,7 +43,8 @@ model the profile did not run that reads them makes them as backward begins (whe
 room for them the step is planned without: such a part may not read the inputs). The optimizer step
 is seen as the parameters changing after a step, or as a torch.optim optimizer over them stepping
 (a fused step may leave their version counters as they were); `cycle` micro-batches run from one to
-the next. Its
+the next (a forward whose loss is dropped counts in training mode, a skipped batch, but not in eval
+mode, a validation loss with grad on). Its
 memory after the backward it follows is measured where it runs after a planned step and predicted,
 less the state it made then, after every later cycle's last micro-batch; every micro-batch is
 refused before its forward where one after it would not fit (no plan changes it). Before it first
@@ -397,6 +398,7 @@ class FitState:
         self.followers = {}         # first forward's signature -> the later forwards' of the last step begun so
         self.last_followers = ()    # the later forwards' signatures of the last step
         self.step_signature = None  # the signature the step running now was planned or profiled for
+        self.step_training = True   # whether the step running now began in training mode
         self.closed = False         # close() ran: unfit, or fit again
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
         self._versions = None       # the parameters' version counters when the step began; None: no step open
@@ -610,7 +612,15 @@ class FitState:
             made = max(0, now - end + gradients_then - self._gradient_bytes())
             first_optimizer = self.optimizer_part is None and not self.expect_optimizer
             self.optimizer_part = (max(end, self._read_peak()) - end, made)
-        if updated:
+        # An eval-mode forward whose backward never began (a validation loss with grad on) is no
+        # micro-batch of the cycle; a training one is (a skipped batch: the optimizer steps after as
+        # many forwards all the same)
+        no_backward = self._awaiting is not None or (self.measuring is not None and
+                                                     not self.measuring[0]._step.backward_began)
+        if no_backward and not self.step_training:
+            self.position = max(0, self.position - 1)
+        self._awaiting = None
+        if updated and self.position:
             self._count_cycle()
         missing = None if self.measuring is None else self.measuring[0]._step.backward_missing()
         if missing is not None:
@@ -872,6 +882,7 @@ class FitState:
         first = _signature(args, kwargs)
         signature = first + sum(self.followers.get(first, self.last_followers), ())
         self.forwards, self.step_signature = [first], signature
+        self.step_training = self.model.training
         self.input_gradient_bytes = sum(t.numel() * t.element_size() for t in _plans.tensors_in((args, kwargs))
                                         if t.requires_grad)
         start = remat_alloc.memory_stats(device)["requested_bytes"]

@@ -367,6 +367,11 @@ class StepRecorder:
             return []
         return [self.checkpoints[index]["name"] for index, hook in self._awaiting.items() if hook() is not None]
 
+    @property
+    def backward_began(self):
+        """Whether a backward reached any checkpoint call of the step."""
+        return self._backward_began
+
     def backward_missing(self):
         """Why the step's backward was not measured, or None: checkpoint calls awaited one and none
         ran (the loss dropped: a skipped batch), or the backward raised before it ended (the engine

@@ -2,7 +2,8 @@
 or run without checkpoint as in eval mode): the plan does not cover what ran without checkpoint, so
 the step is said to differ, once per count, naming how many calls ran; and nothing is learned from
 it for steps that run as profiled, which still run within the budget (never refused for it). And a
-profiled micro-batch whose loss is dropped still counts in its cycle of gradient accumulation."""
+profiled micro-batch whose loss is dropped still counts in its cycle of gradient accumulation, where
+an eval-mode forward whose loss is dropped (a validation loss with grad on) does not."""
 
 import pytest
 import torch
@@ -85,6 +86,24 @@ def test_a_dropped_profiled_micro_batch_counts_in_its_cycle(budget):
     assert state.cycle == 3
     assert fit_loop.messages(told, "accumulation count changed") == []
     assert len(fit_loop.messages(told, "not measured in full")) == 1
+
+
+def test_a_validation_forward_with_grad_on_and_no_backward_is_no_micro_batch(budget):
+    """model.eval(); model(x) between optimizer steps, without no_grad and without backward: fit
+    counted it as a micro-batch, said that the accumulation count changed (2 where 1 before), and
+    planned every step as if the optimizer stepped after two."""
+    with fit_loop.fitted(Model, budget) as (model, told):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(4):
+            model(batch(step)).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            model.eval()
+            model(batch(10 + step))  # a validation loss, dropped
+            model.train()
+        state = fit_loop.unfit(model, batch(0))
+    assert state.cycle == 1
+    assert fit_loop.messages(told, "accumulation count changed") == []
 
 
 class DropoutModel(Model):
