@@ -48,7 +48,9 @@ std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t in
            std::to_string(index) + " as " + now_meta.describe() + " in " + frame.where(region) +
            ", but forward saved " + forward_meta.describe() + " in " + frame.where(forward_meta.region) +
            "; the body must take the same path in recompute as in forward (branch on " + api_name("is_recomputing") +
-           "() only for work autograd does not save, and run it under the same autocast and grad modes)";
+           "() only for work autograd does not save, and run it under the same autocast and grad modes, with its "
+           "modules in the same training mode: model.eval() between forward and backward changes what dropout and "
+           "batch norm save)";
   }
   if (!frame.options.verify_recompute) return std::nullopt;
   const Fingerprint& forward = frame.fingerprints[index];

@@ -482,10 +482,12 @@ void Frame::recompute() {
     warn_of_random_draws(options.region_name);
   }
   if (missing != 0) {
-    throw Error("recompute of checkpoint '" + options.region_name + "' recreated " +
-                std::to_string(recompute_packs) + " saved tensors but forward saved " + std::to_string(dropped) +
-                "; the body must take the same path in recompute as in forward (branch on " + api_name("is_recomputing") +
-                "() only for work autograd does not save)");
+    throw Error("recompute of checkpoint '" + options.region_name + "' recreated " + std::to_string(recompute_packs) +
+                " saved tensors but forward saved " + std::to_string(dropped) +
+                "; the body must take the same path in recompute as in forward (branch on " +
+                api_name("is_recomputing") +
+                "() only for work autograd does not save, with its modules in the same training mode as in "
+                "forward)");
   }
 }
 
