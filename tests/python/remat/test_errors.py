@@ -82,7 +82,7 @@ def test_recompute_saving_fewer_tensors_than_forward_names_both_counts():
     with pytest.raises(RuntimeError, match=exact(
             "recompute of checkpoint 'diverge.saved' recreated 1 saved tensors but forward saved 2; the body must take "
             "the same path in recompute as in forward (branch on remat.is_recomputing() only for work autograd does "
-            "not save)")):
+            "not save, with its modules in the same training mode as in forward)")):
         loss.backward()
 
 
