@@ -957,6 +957,9 @@ class FitState:
     def _profile_step(self, signature):
         # The copy bandwidth only where plans may offload
         session = _profiling.profile_regions(timer=self.timer, host_copy=self.host_budget > 0)
+        # A region the code recomputes is watched too: under fit the plan decides, and a BatchNorm
+        # in it must be saved for its statistics to be updated once whatever the budget
+        session._watch_every_region = True
         session.__enter__()
         # A model dropped while its step is profiled leaves no profile open on this thread
         weakref.finalize(self, _close_abandoned, session)

@@ -17,7 +17,9 @@ The same watch finds what makes a region unsafe to recompute (in every region wh
 it, and with per-op figures in every region): an op that draws from a torch.Generator of the
 region's own (recompute would draw other numbers; the RNG state hooks restore the default
 generators only), or one that writes in place into a tensor the region did not make, its inputs
-aside (a BatchNorm's running statistics, a cache: recompute would write it again), or one run by
+aside (a BatchNorm's running statistics, a cache: recompute would write it again; writes_outside,
+which profile_regions makes must_save where the code saves the region and must_recompute where
+the code recomputes it, so the writes happen as the code makes them), or one run by
 a backward inside the region's forward (torch.autograd.grad for a gradient penalty: recomputed,
 the region drops what that backward reads as it is saved). It also notes what the region's ops
 read that it did not make, and tells each write into outside state: profile_regions marks a
@@ -206,7 +208,8 @@ class OpMeter(TorchDispatchMode):
     block: ops (the keepable ones, as the region-profile dump lists them; figures=True), count
     (the numbered ops), intercepted (every op the mode saw, views and copies included),
     own_seconds (the meter's time around the ops, to take out of the region's), must_save (why
-    the region's recompute would not give back what its forward gave, or None)."""
+    the region's recompute would not give back what its forward gave, or None), writes_outside
+    (why its recompute would write outside state again, or None)."""
 
     def __init__(self, cuda=False, figures=True, on_op=None, on_outside_write=None):
         super().__init__()
@@ -220,6 +223,7 @@ class OpMeter(TorchDispatchMode):
         self.intercepted = 0
         self.own_seconds = 0.0
         self.must_save = None
+        self.writes_outside = None  # why its recompute would write outside state again (the first such write)
         self._cuda = cuda
         self._figures = figures
         self._made = set()  # storage keys of what the region's ops made
@@ -246,10 +250,10 @@ class OpMeter(TorchDispatchMode):
             # a sparse tensor (no storage key) cannot be told made here: taken as not
             if storage_key(tensor) in self._made | self._inputs:
                 continue
-            if self.must_save is None:
-                self.must_save = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
-                                  f"{describe_tensor(tensor)}: a BatchNorm's running statistics, a cache), which "
-                                  f"recompute would write again")
+            if self.writes_outside is None:
+                self.writes_outside = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
+                                       f"{describe_tensor(tensor)}: a BatchNorm's running statistics, a cache), which "
+                                       f"recompute would write again")
             if self._on_outside_write is not None:
                 self._on_outside_write(tensor, op_name(func))
 
@@ -272,9 +276,15 @@ class OpMeter(TorchDispatchMode):
                 if key not in self._inputs and (seen is None or seen[0]() is not tensor):  # (an id used again)
                     self._read_versions[id(tensor)] = (weakref.ref(tensor), tensor._version)
 
+    def __exit__(self, *exc):
+        # What it read, as its forward left it: a change the region made itself is no later change
+        self._read_versions = {key: (reference, reference()._version)
+                               for key, (reference, _) in self._read_versions.items() if reference() is not None}
+        return super().__exit__(*exc)
+
     def changed_since_read(self):
         """A tensor the region's ops read (not one it made, nor an input) whose version changed
-        since, still alive, or None."""
+        since its forward ended, still alive, or None."""
         for reference, version in self._read_versions.values():
             tensor = reference()
             if tensor is not None and tensor._version != version:
@@ -311,7 +321,8 @@ class OpMeter(TorchDispatchMode):
         entered = time.thread_time_ns()
         kwargs = kwargs or {}
         self._note_reads(args, kwargs)
-        if self.must_save is None or (self._on_outside_write is not None and func._schema.is_mutable):
+        if self.must_save is None or (func._schema.is_mutable and (
+                self.writes_outside is None or self._on_outside_write is not None)):
             self._check(func, args, kwargs)
         if self._listed and func._schema.is_mutable:
             self._unlist_written(func, args, kwargs)

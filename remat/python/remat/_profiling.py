@@ -146,6 +146,9 @@ class profile_regions:
         self._ops = flag_arg("profile_regions", "ops", ops)
         self._host_copy = flag_arg("profile_regions", "host_copy", host_copy)
         self._meters = {}       # region -> [OpMeter of each call]
+        # Whether regions the code recomputes are watched too (remat.fit: a plan then chooses for them)
+        self._watch_every_region = False
+        self._saved_by_code = set()  # outermost regions the code saves, or with a region it saves inside
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
         self._outer = None      # the outermost region running now, and whether its own meter watches it
@@ -215,7 +218,10 @@ class profile_regions:
             if self._offload.get(name):
                 region["offload_bytes"] = self._offload[name]
             if name in self._meters:
-                self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"), ops=self._ops)
+                rewrites = self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"),
+                                            ops=self._ops, saved_by_code=name in self._saved_by_code)
+                if rewrites is not None:
+                    self._must_recompute.setdefault(name, rewrites)
             if name in self._read_changed:
                 region.setdefault("must_save", self._read_changed[name])
             if name in self._must_recompute:
@@ -358,9 +364,11 @@ class profile_regions:
         region's seconds keep in part."""
         if _C.is_recomputing():
             return None
+        if not own_recompute:
+            self._saved_by_code.add(self._outer if self._depth else name)
         if self._depth == 0:
             self._outer = name
-            self._outer_watched = self._ops or not own_recompute
+            self._outer_watched = self._ops or self._watch_every_region or not own_recompute
             if not self._outer_watched:
                 return None
             meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops,
@@ -398,12 +406,18 @@ class profile_regions:
                                             f"in place ({op}), so its recompute would read the changed values")
 
     @staticmethod
-    def _add_meters(region, meters, cuda, ops):
+    def _add_meters(region, meters, cuda, ops, saved_by_code):
         """What the meters of the region's calls found: why it must be saved (any call's reason),
         the meters' own time taken out of the region's seconds on the CPU clock, and with `ops`
         its per-op figures, each op added up over the calls, which must have run the same ops
-        (else the region gets none)."""
+        (else the region gets none). A region that writes outside state (a BatchNorm's running
+        statistics) is saved where the code saves it and recomputed where the code recomputes it:
+        its writes then happen as the code makes them, whatever the budget. Returns why it must be
+        recomputed so, or None."""
         reason = next((meter.must_save for meter in meters if meter.must_save), None)
+        writes = next((meter.writes_outside for meter in meters if meter.writes_outside), None)
+        if reason is None and writes is not None and saved_by_code:
+            reason = writes
         if reason is not None:
             region["must_save"] = reason
         count = sum(m.intercepted for m in meters)
@@ -412,6 +426,10 @@ class profile_regions:
             region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
         if ops:
             profile_regions._add_ops(region, meters, keeping_seconds(count / len(meters)))
+        if reason is None and writes is not None:
+            return (f"{writes}; the code recomputes it (remat.region's default), so every plan does: its writes "
+                    "happen as without a plan, whatever the budget (recompute=False makes them happen once)")
+        return None
 
     @staticmethod
     def _add_ops(region, meters, overhead):

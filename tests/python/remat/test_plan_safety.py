@@ -2,6 +2,7 @@
 saved by every plan (they draw from a generator of their own, they write into state such as a
 BatchNorm's running statistics), and per-op plans keep only ops they can hand back unchanged."""
 
+import contextlib
 import copy
 import json
 import subprocess
@@ -509,3 +510,40 @@ def test_a_checkpoints_own_plan_inside_use_plan_is_no_layout_error_of_the_outer_
         model(x0.clone().requires_grad_(True), plan=recompute_all).backward()
     saved = {f"{scope.name}::{region.name}": region.saved for scope in trace.scopes for region in scope.regions}
     assert saved == {name: False for name in recompute_all.decisions}
+
+
+def test_a_region_the_code_recomputes_that_updates_batchnorm_statistics_is_recomputed_by_every_plan():
+    """A BatchNorm in a region the code recomputes (remat.region's default) updates its statistics
+    again in recompute, as written: a plan saving it updated them once, so under remat.fit they
+    depended on the budget. Watched (ops=True, and always under fit), such a region is
+    must_recompute: every plan updates them as the checkpoint without a plan does."""
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.bn = torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16)
+
+        def forward(self, x):
+            h = remat.region(lambda t: torch.tanh(self.bn(self.lin(t))), "bn")(x)
+            return remat.region(lambda t: torch.sin(self.lin(t)), "mlp", recompute=False)(h)
+
+    torch.manual_seed(0)
+    model = Layer()
+    x = torch.randn(32, 16)
+
+    def step(m, plan=None):
+        with remat.use_plan(plan) if plan is not None else contextlib.nullcontext():
+            remat.checkpoint(region_name="c")(m)(x).square().sum().backward()
+        return [b.clone() for b in m.buffers()]
+
+    without_plan = copy.deepcopy(model)
+    with remat.profile_regions(ops=True) as profile:
+        step(copy.deepcopy(model))
+    regions = {r["name"]: r for r in json.loads(profile.to_json())["regions"]}
+    assert regions["c::bn"]["must_recompute"].startswith("it writes in place into a tensor it did not make (aten::")
+    assert "recompute=False makes them happen once" in regions["c::bn"]["must_recompute"]
+    assert "must_save" not in regions["c::bn"] and "ops" not in regions["c::bn"]
+    expected = step(without_plan)
+    for budget in (profile.base_bytes + profile.all_saved_bytes, profile.base_bytes):
+        plan = profile.plan(budget_bytes=budget)
+        assert plan.decisions["c::bn"] == "recompute"
+        assert all(torch.equal(a, b) for a, b in zip(step(copy.deepcopy(model), plan), expected))
