@@ -67,6 +67,11 @@ step's peak is read when its backward ends: later steps with those inputs plan l
 step that differed took above its prediction, or by what one went over the budget (said once),
 and one is profiled again where saving everything is estimated within the budget.
 
+The profiled step checks each region's forward against the model's buffers' version counters: under
+fit the plan chooses for every region, so a region the code recomputes that updates a buffer (a
+BatchNorm's running statistics) is recomputed by every plan, its updates as the code makes them
+whatever the budget.
+
 The step's tensors must be counted for the profile to measure the step: CPU tensors inside
 remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
 
@@ -957,9 +962,9 @@ class FitState:
     def _profile_step(self, signature):
         # The copy bandwidth only where plans may offload
         session = _profiling.profile_regions(timer=self.timer, host_copy=self.host_budget > 0)
-        # A region the code recomputes is watched too: under fit the plan decides, and a BatchNorm
-        # in it must be saved for its statistics to be updated once whatever the budget
-        session._watch_every_region = True
+        # Under fit the plan decides for every region: one the code recomputes that updates a buffer
+        # (a BatchNorm's statistics) must stay recomputed, its updates the same whatever the budget
+        session._buffers = [b for b in self.model.buffers() if isinstance(b, torch.Tensor)]
         session.__enter__()
         # A model dropped while its step is profiled leaves no profile open on this thread
         weakref.finalize(self, _close_abandoned, session)

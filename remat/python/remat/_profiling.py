@@ -146,8 +146,10 @@ class profile_regions:
         self._ops = flag_arg("profile_regions", "ops", ops)
         self._host_copy = flag_arg("profile_regions", "host_copy", host_copy)
         self._meters = {}       # region -> [OpMeter of each call]
-        # Whether regions the code recomputes are watched too (remat.fit: a plan then chooses for them)
-        self._watch_every_region = False
+        # Tensors whose version counters each outermost region's forward is checked against (remat.fit:
+        # the model's buffers): a region the code recomputes that changes one is must_recompute
+        self._buffers = ()
+        self._buffer_writes = {}  # region -> a buffer its forward changed in place
         self._saved_by_code = set()  # outermost regions the code saves, or with a region it saves inside
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
@@ -217,11 +219,17 @@ class profile_regions:
             region = {"name": name, "saved_bytes": self._bytes.get(name, 0), "seconds": max(seconds, 0.0)}
             if self._offload.get(name):
                 region["offload_bytes"] = self._offload[name]
+            writes = None
             if name in self._meters:
-                rewrites = self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"),
-                                            ops=self._ops, saved_by_code=name in self._saved_by_code)
-                if rewrites is not None:
-                    self._must_recompute.setdefault(name, rewrites)
+                writes = self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"),
+                                          ops=self._ops, saved_by_code=name in self._saved_by_code)
+            if writes is None and name in self._buffer_writes and name not in self._saved_by_code:
+                writes = (f"it writes in place into {describe_tensor(self._buffer_writes[name])}, a buffer of the "
+                          "model (a BatchNorm's running statistics), which recompute would write again")
+            if writes is not None:
+                self._must_recompute.setdefault(name, (
+                    f"{writes}; the code recomputes it (remat.region's default), so every plan does: its writes "
+                    "happen as without a plan, whatever the budget (recompute=False makes them happen once)"))
             if name in self._read_changed:
                 region.setdefault("must_save", self._read_changed[name])
             if name in self._must_recompute:
@@ -368,7 +376,7 @@ class profile_regions:
             self._saved_by_code.add(self._outer if self._depth else name)
         if self._depth == 0:
             self._outer = name
-            self._outer_watched = self._ops or self._watch_every_region or not own_recompute
+            self._outer_watched = self._ops or not own_recompute
             if not self._outer_watched:
                 return None
             meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops,
@@ -412,8 +420,8 @@ class profile_regions:
         its per-op figures, each op added up over the calls, which must have run the same ops
         (else the region gets none). A region that writes outside state (a BatchNorm's running
         statistics) is saved where the code saves it and recomputed where the code recomputes it:
-        its writes then happen as the code makes them, whatever the budget. Returns why it must be
-        recomputed so, or None."""
+        its writes then happen as the code makes them, whatever the budget. Returns why it writes
+        so where the code recomputes it (it must be recomputed), or None."""
         reason = next((meter.must_save for meter in meters if meter.must_save), None)
         writes = next((meter.writes_outside for meter in meters if meter.writes_outside), None)
         if reason is None and writes is not None and saved_by_code:
@@ -426,10 +434,7 @@ class profile_regions:
             region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
         if ops:
             profile_regions._add_ops(region, meters, keeping_seconds(count / len(meters)))
-        if reason is None and writes is not None:
-            return (f"{writes}; the code recomputes it (remat.region's default), so every plan does: its writes "
-                    "happen as without a plan, whatever the budget (recompute=False makes them happen once)")
-        return None
+        return writes if reason is None else None
 
     @staticmethod
     def _add_ops(region, meters, overhead):
@@ -458,7 +463,11 @@ class profile_regions:
     def time_region(self, name, call, args=()):
         if self._depth > 0 or _C.is_recomputing():
             return call()
+        versions = [b._version for b in self._buffers]
         out = self._step.region_forward(name, args, lambda: self._timed_region(name, call))
+        changed = next((b for b, v in zip(self._buffers, versions) if b._version != v), None)
+        if changed is not None:
+            self._buffer_writes.setdefault(name, changed)
         self._shape.record_region(name, args, out)
         self._last_region = (name, out)
         self._region_outputs.append((name, out))
