@@ -1191,6 +1191,7 @@ def _optimizer_stepped(optimizer, args, kwargs):
             ids = {id(p) for p in state.model.parameters()}
             state._stepped = any(id(p) in ids for group in optimizer.param_groups for p in group["params"])
 
+
 UNDER_COMPILE = "remat.fit: " + _plans.refused_under_compile(
     "the model", "fit can neither profile the step nor carry out a plan in it")
 
