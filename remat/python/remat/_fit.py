@@ -70,7 +70,7 @@ and one is profiled again where saving everything is estimated within the budget
 The profiled step checks each region's forward against the model's buffers' version counters: under
 fit the plan chooses for every region, so a region the code recomputes that updates a buffer (a
 BatchNorm's running statistics) is recomputed by every plan, its updates as the code makes them
-whatever the budget.
+whatever the budget (the profiled step, which saves every region, updates it once).
 
 The step's tensors must be counted for the profile to measure the step: CPU tensors inside
 remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
@@ -602,7 +602,7 @@ class FitState:
     def _finish_step(self):
         forwards, self.forwards = self.forwards, []
         ran = sum(forwards, ()) if forwards else None  # the step's signature as it ran
-        if forwards:
+        if forwards and self.step_training:  # (an eval forward with grad on, a validation loss, says nothing of them)
             self.followers[forwards[0]] = self.last_followers = tuple(forwards[1:])
         updated = self._versions is not None and (
             self._stepped or self._versions != [p._version for p in self._parameters()])
@@ -662,7 +662,8 @@ class FitState:
                       "sequence to keep the first step within it too")
         elif self._fewer_calls():
             pass  # ran outside the plan: said, and nothing learned from it for steps that run as profiled
-        elif ran is not None and ran != self.step_signature and StepRecorder._counted_device() is not None:
+        elif ran is not None and ran != self.step_signature and self.step_training and \
+                StepRecorder._counted_device() is not None:
             self._later_forwards_changed(ran)
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
             signature, base, predicted, ratio, source = self.scaled_step
@@ -885,7 +886,9 @@ class FitState:
                              "training steps inside remat.tag_cpu_tensors() (CPU tensors) or install remat's "
                              "allocator with remat_alloc.install() (CUDA tensors)")
         first = _signature(args, kwargs)
-        signature = first + sum(self.followers.get(first, self.last_followers), ())
+        # Planned for the forwards that followed such a first one in training (in eval mode, a
+        # validation loss with grad on: itself alone)
+        signature = first + sum(self.followers.get(first, self.last_followers) if self.model.training else (), ())
         self.forwards, self.step_signature = [first], signature
         self.step_training = self.model.training
         self.input_gradient_bytes = sum(t.numel() * t.element_size() for t in _plans.tensors_in((args, kwargs))
@@ -931,7 +934,8 @@ class FitState:
                 scale *= self.corrections.get((signature, other.signature), 1.0)
                 all_saved = max(all_saved, other.all_saved_peak(max(start, other.start), scale))
         change = None
-        if signature not in self.warned:
+        # Not said of an eval forward planned from a larger profile (a validation loss with grad on)
+        if signature not in self.warned and (self.model.training or _ratio(signature, source.signature) > 1.0):
             self.warned.add(signature)
             dtypes = [d for _, d, _ in signature] != [d for _, d, _ in source.signature]
             what = "shape or dtype" if dtypes else "shape"

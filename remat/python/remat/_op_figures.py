@@ -257,12 +257,15 @@ class OpMeter(TorchDispatchMode):
             if self._on_outside_write is not None:
                 self._on_outside_write(tensor, op_name(func))
 
-    def _note_reads(self, args, kwargs):
+    def _note_reads(self, func, args, kwargs):
         """Notes the storages the op reads that the region did not make: a later write into one
-        (on_outside_write) makes this region's recompute read other values than its forward did."""
+        (on_outside_write) makes this region's recompute read other values than its forward did. A
+        tensor the op writes is not noted (a BatchNorm's running statistics in training: its output
+        does not depend on them)."""
+        written = {id(t) for t in _written(func, args, kwargs)} if func._schema.is_mutable else ()
         for value in (*args, *kwargs.values()):
             for tensor in value if isinstance(value, (list, tuple)) else (value,):
-                if not isinstance(tensor, torch.Tensor):
+                if not isinstance(tensor, torch.Tensor) or id(tensor) in written:
                     continue
                 storage = storage_of(tensor)
                 if storage is None:
@@ -320,7 +323,7 @@ class OpMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entered = time.thread_time_ns()
         kwargs = kwargs or {}
-        self._note_reads(args, kwargs)
+        self._note_reads(func, args, kwargs)
         if self.must_save is None or (func._schema.is_mutable and (
                 self.writes_outside is None or self._on_outside_write is not None)):
             self._check(func, args, kwargs)

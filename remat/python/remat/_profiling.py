@@ -169,6 +169,7 @@ class profile_regions:
         self._step = None
         self._open = False      # entered and not yet exited (counted in _plans.block_open)
         self._must_recompute = {}  # region -> why the runtime ran it again in recompute, saved
+        self._changed_outputs = {}  # region -> how its output was changed after its checkpoint returned
         self._read_changed = {}  # region -> why it must be saved: a later region changes what it read in place
 
     def __enter__(self):
@@ -226,14 +227,18 @@ class profile_regions:
             if writes is None and name in self._buffer_writes and name not in self._saved_by_code:
                 writes = (f"it writes in place into {describe_tensor(self._buffer_writes[name])}, a buffer of the "
                           "model (a BatchNorm's running statistics), which recompute would write again")
-            if writes is not None:
-                self._must_recompute.setdefault(name, (
-                    f"{writes}; the code recomputes it (remat.region's default), so every plan does: its writes "
-                    "happen as without a plan, whatever the budget (recompute=False makes them happen once)"))
             if name in self._read_changed:
                 region.setdefault("must_save", self._read_changed[name])
-            if name in self._must_recompute:
-                region["must_recompute"] = self._must_recompute[name]
+            # The runtime's reruns first; what the profile found must yield to must_save (right
+            # gradients before writes made as the code makes them; a saved region whose output
+            # changed later is the runtime's to run again, where recompute needs it)
+            recompute = self._must_recompute.get(name)
+            if recompute is None and "must_save" not in region:
+                recompute = self._changed_outputs.get(name) if writes is None else (
+                    f"{writes}; the code recomputes it (remat.region's default), so every plan does: its writes "
+                    "happen as without a plan, whatever the budget (recompute=False makes them happen once)")
+            if recompute is not None:
+                region["must_recompute"] = recompute
                 region.pop("ops", None)  # nothing for a plan to keep: the region runs again whole
                 region.pop("op_overhead_seconds", None)
             regions.append(region)
@@ -335,7 +340,7 @@ class profile_regions:
                 began.append(True)
                 for name, index, tensor, version in versions:
                     if tensor() is not None and tensor()._version != version:
-                        self._must_recompute.setdefault(
+                        self._changed_outputs.setdefault(
                             name, f"its output {index} is changed in place after the checkpoint returned (an op such "
                                   "as h.mul_(2)): recompute runs it again")
                 for name, meter in meters:

@@ -88,14 +88,17 @@ def test_a_dropped_profiled_micro_batch_counts_in_its_cycle(budget):
     assert len(fit_loop.messages(told, "not measured in full")) == 1
 
 
-def test_a_validation_forward_with_grad_on_and_no_backward_is_no_micro_batch(budget):
+@pytest.mark.parametrize("forwards", [1, 2], ids=["one forward a step", "two summed"])
+def test_a_validation_forward_with_grad_on_and_no_backward_is_no_micro_batch(budget, forwards):
     """model.eval(); model(x) between optimizer steps, without no_grad and without backward: fit
     counted it as a micro-batch, said that the accumulation count changed (2 where 1 before), and
-    planned every step as if the optimizer stepped after two."""
-    with fit_loop.fitted(Model, budget) as (model, told):
+    planned every step as if the optimizer stepped after two; with two forwards summed a step, it
+    also took the validation forward for a training step's first, said the inputs changed shape
+    and that the later forwards took other inputs."""
+    with fit_loop.fitted(Model, budget if forwards == 1 else budget * 2) as (model, told):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         for step in range(4):
-            model(batch(step)).backward()
+            sum(model(batch(2 * step + i)) for i in range(forwards)).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             model.eval()
@@ -104,6 +107,8 @@ def test_a_validation_forward_with_grad_on_and_no_backward_is_no_micro_batch(bud
         state = fit_loop.unfit(model, batch(0))
     assert state.cycle == 1
     assert fit_loop.messages(told, "accumulation count changed") == []
+    assert fit_loop.messages(told, "later training forwards") == []
+    assert fit_loop.messages(told, "inputs changed") == []
 
 
 class DropoutModel(Model):

@@ -547,3 +547,41 @@ def test_a_region_the_code_recomputes_that_updates_batchnorm_statistics_is_recom
         plan = profile.plan(budget_bytes=budget)
         assert plan.decisions["c::bn"] == "recompute"
         assert all(torch.equal(a, b) for a, b in zip(step(copy.deepcopy(model), plan), expected))
+
+
+def test_batchnorm_statistics_are_no_read_and_a_saved_region_changed_after_its_checkpoint_stays_must_save():
+    """A BatchNorm's running statistics, which its training forward writes, counted as what it
+    read: one module shared by two checkpoints (the second writing what the first "read") was
+    marked must_save and must_recompute at once, and the profile was refused as it closed ("no
+    plan can both save and recompute 'c0::bn'"); so was a saved conv+BatchNorm region whose
+    output the caller changes in place (ReLU(inplace=True), torchvision style)."""
+    torch.manual_seed(0)
+    lin, bn = torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)
+
+    def body(t):
+        return remat.region(lambda u: lin(u).tanh(), "mlp")(remat.region(bn, "bn")(t))
+
+    def shared(checkpointed=True):
+        y = torch.randn(6, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        for index in range(2):
+            y = remat.checkpoint(region_name=f"c{index}")(body)(y) if checkpointed else body(y)
+        y.square().sum().backward()
+
+    with remat.profile_regions(ops=True) as profile:
+        shared()
+    regions = {r["name"]: r for r in json.loads(profile.to_json())["regions"]}
+    for name in ("c0::bn", "c1::bn"):
+        assert "must_save" not in regions[name] and regions[name]["must_recompute"].startswith("it writes in place")
+
+    conv, norm = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+
+    def block(checkpointed=True):
+        x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2), requires_grad=True)
+        run = lambda t: remat.region(lambda u: norm(conv(u)), "conv_bn", recompute=False)(t)  # noqa: E731
+        y = torch.relu_(remat.checkpoint(region_name="block")(run)(x) if checkpointed else run(x))
+        y.square().sum().backward()
+
+    with remat.profile_regions() as profile:
+        block()
+    region = json.loads(profile.to_json())["regions"][0]
+    assert region["must_save"].startswith("it writes in place") and "must_recompute" not in region
