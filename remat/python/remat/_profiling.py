@@ -8,8 +8,12 @@ memory where its tensors are counted (_step_profile), its shape (_step_shape), p
 the host (host_copy=True). On the CPU clock, a region's seconds leave out what watching its ops
 for the checkpoint inputs they read cost them (input_read_seconds_per_op). A region the runtime
 ran again in recompute though saved (it changed its input in place, or its output was changed in
-place after it returned) is marked must_recompute: saving it gains nothing. After the block it is
-a RegionProfile.
+place after it returned) is marked must_recompute: saving it gains nothing. So is, where no reason
+to save it was found, one whose output is changed in place after its checkpoint returned (seen as
+the call's backward begins), and a watched one the code recomputes that writes outside state (or,
+under remat.fit, changes a model buffer: _buffers): its writes happen as the code makes them. A
+watched region is must_save where it read a tensor that a later region writes, or that is changed
+before the call's backward begins (_op_figures). After the block it is a RegionProfile.
 
 With per-op figures, a checkpoint's last region is priced at what its recompute runs: recompute
 stops once the last tensor backward needs is saved again, so the ops at its end after that
@@ -162,7 +166,6 @@ class profile_regions:
         self._inputs = {}       # storage key -> bytes of checkpoint inputs
         self._kept_keys = set()  # storages earlier checkpoint calls keep (alive until backward)
         self._calls = 0
-        self._last_region = None  # (name, output) of the last outermost region the running checkpoint call ran
         self._region_outputs = []  # (name, output) of each outermost region the running checkpoint call ran
         self._call_meters = []  # (name, OpMeter) of each region the running checkpoint call watched
         self._device = "cpu"
@@ -278,14 +281,13 @@ class profile_regions:
                                "so the profile would price every region at 0 bytes. Profile an ordinary training step, "
                                "forward and backward with gradients on")
         self._shape.record_call(name, args, kwargs)
-        outer_last, self._last_region = self._last_region, None
         outer_outputs, self._region_outputs = self._region_outputs, []
         outer_meters, self._call_meters = self._call_meters, []
         try:
             out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
-            last, region_outputs, meters = self._last_region, self._region_outputs, self._call_meters
+            region_outputs, meters = self._region_outputs, self._call_meters
         finally:
-            self._last_region, self._region_outputs, self._call_meters = outer_last, outer_outputs, outer_meters
+            self._region_outputs, self._call_meters = outer_outputs, outer_meters
         self._watch_changes_before_backward(region_outputs, meters, out)
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
         # address is its own), any other is this call's alone (a freed address used again by the
@@ -314,8 +316,8 @@ class profile_regions:
                            and not allocated_before(t))
                 self._bytes[region.region] = self._bytes.get(region.region, 0) + kept
                 self._offload[region.region] = self._offload.get(region.region, 0) + offload_bytes(region.tensors)
-        if report is not None and last is not None and self._ops:
-            self._find_tail(last, report.regions, out)
+        if report is not None and region_outputs and self._ops:
+            self._find_tail(region_outputs[-1], report.regions, out)
         reruns = {r.region: r.reason for r in report.rerun_regions} if report is not None else None
         self._step.checkpoint_kept(call_index, report.regions if report is not None else [],
                                    newest.tensors if newest is not None else [], args, kwargs, out, rerun=reruns)
@@ -474,7 +476,6 @@ class profile_regions:
         if changed is not None:
             self._buffer_writes.setdefault(name, changed)
         self._shape.record_region(name, args, out)
-        self._last_region = (name, out)
         self._region_outputs.append((name, out))
         return out
 
