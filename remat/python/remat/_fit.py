@@ -938,13 +938,14 @@ class FitState:
         if signature not in self.warned and (self.model.training or _ratio(signature, source.signature) > 1.0):
             self.warned.add(signature)
             dtypes = [d for _, d, _ in signature] != [d for _, d, _ in source.signature]
-            what = "shape or dtype" if dtypes else "shape"
+            counted = len(signature) != len(source.signature)
+            what = "in number" if counted else "shape or dtype" if dtypes else "shape"
             measured = (_input_bytes(signature) / max(1, _input_bytes(source.signature)) if dtypes else
                         _elements(signature) / max(1, _elements(source.signature)))
             planned_as = "" if measured >= 1.0 else ", planned as the profiled ones"
             change = (f"remat.fit: the step's inputs changed {what} ({_shapes_text(source.signature, dtypes)} -> "
                       f"{_shapes_text(signature, dtypes)}, {measured:.3g}x the {'bytes' if dtypes else 'elements'}"
-                      f"{planned_as})")
+                      f"{planned_as}{': a tensor given in some steps only, such as a mask' if counted else ''})")
         if all_saved <= self.budget:
             if change is not None:
                 _tell(f"{change}: profiling this step again (every region saved, predicted to peak at "

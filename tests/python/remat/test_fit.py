@@ -613,3 +613,26 @@ def test_a_batchnorm_in_a_region_the_code_recomputes_updates_alike_whatever_the_
     assert all(torch.equal(a, b) for a, b in zip(tight, roomy))
     # once profiled, twice in each of 3 planned steps, once in the no-grad forward that ends the last step
     assert [b.item() for b in roomy if b.dtype == torch.long] == [8, 8, 8]
+
+
+def test_a_tensor_given_in_some_steps_only_is_said_as_such_and_every_step_stays_within_the_budget():
+    """An optional tensor (a mask) given from the third step on: the step's inputs changed in
+    number, said as such (it was "changed shape or dtype"), planned from the profile scaled by the
+    bytes, within the budget."""
+    class Masked(Model):
+        def forward(self, x, mask=None):
+            return super().forward(x if mask is None else x * mask)
+
+    with fit_loop.fitted(lambda: Masked(), None) as (model, _):
+        with remat.profile_regions() as profile:
+            model(batch(1)).backward()
+    budget = (profile.least_peak_bytes() + profile.step_peak_bytes) // 2
+    with fit_loop.fitted(lambda: Masked(), budget) as (model, told):
+        mask = (torch.arange(SEQUENCE) % 3 != 0).float()[None, :, None]  # per position
+        peaks = []
+        for step in range(1, LONGER_FROM):
+            peaks.append(fit_loop.peak_of(lambda: model(batch(step), mask if step >= 3 else None).backward()))
+        fit_loop.unfit(model, batch(0))
+    assert all(peak <= budget for peak in peaks[1:]), (peaks, budget)
+    said = fit_loop.messages(told, "inputs changed")
+    assert len(said) == 1 and "changed in number (" in said[0] and "a tensor given in some steps only" in said[0], said
