@@ -354,7 +354,6 @@ class FitState:
         self.profiles = {}          # signature -> _Profiled
         self.latest = None          # the _Profiled made last
         self.measuring = None       # (profile_regions, signature) open since a training forward
-        self.measuring_training = True  # whether that step ran in training mode
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
         self.scaled_step = None     # (signature, start, predicted peak, ratio, profile's signature) of a scaled step
@@ -408,6 +407,7 @@ class FitState:
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
         self._versions = None       # the parameters' version counters when the step began; None: no step open
         self._stepped = False       # an optimizer over the model's parameters stepped since (_optimizer_stepped)
+        self._held_by = weakref.WeakKeyDictionary()  # optimizer -> (its parameter count, whether it holds ours)
         self._named = None          # the model's named parameters while a step begins or ends (_parameters_listed)
         # The step's peak, in a window of fit's own (remat_alloc.PeakWindow): the peak statistics
         # (memory_stats(), PyTorch's max_memory_allocated()) stay the user's to read and reset.
@@ -585,7 +585,7 @@ class FitState:
         """After the profiled step's first training forward: where it ran no region of a
         checkpoint, there is nothing to plan. Said now, before its backward (the next step would
         find the profile empty), and again at every training step until the model has regions."""
-        if self.measuring is None or not self.measuring_training or self.measuring[0]._order:
+        if self.measuring is None or not self.step_training or self.measuring[0]._order:
             return
         self.discard_profile()
         raise ValueError("remat.fit: the model's training forward ran no region of a checkpoint, so there is nothing "
@@ -641,7 +641,7 @@ class FitState:
             try:
                 session.__exit__(None, None, None)
             except ValueError as error:
-                if self.measuring_training:
+                if self.step_training:
                     raise ValueError(f"remat.fit: {error}") from None
                 # In eval mode a model may run no checkpoint (transformers checkpoints only in training)
                 _tell(f"remat.fit: the profiled step ran in eval mode and is no profile ({error}); the next "
@@ -652,7 +652,7 @@ class FitState:
             profile = session._result()
             made = (self.measuring_graded | self._graded()) - self.measuring_had
             done = _Profiled(profile, signature, made, self._parameter_bytes(made), optimizer_after=updated)
-            done.training = self.measuring_training  # dropout and the like differ by mode: a difference
+            done.training = self.step_training  # dropout and the like differ by mode: a difference
             self.profiles[signature] = done
             self.latest = done
             if profile.step_peak_bytes > self.budget:
@@ -976,7 +976,6 @@ class FitState:
         self.measuring_had, self.measuring_graded = self._graded(), set()
         session._step.watch_gradients(_held_weakly(self._profiled_gradient_bytes), self.model.parameters())
         self.measuring = (session, signature)
-        self.measuring_training = self.model.training
         self.plan = self.predicted_peak_bytes = self.optimizer_peak_bytes = None
         self.profiled_steps += 1
         return None
@@ -1191,10 +1190,17 @@ def _optimizer_stepped(optimizer, args, kwargs):
     """A torch.optim optimizer stepped: an optimizer step for each fitted model with a step open
     whose parameters it holds. A fused or in-place step by other means may leave the parameters'
     version counters as they were (AdamW(fused=True) on the CPU does), which fit reads otherwise."""
+    count = sum(len(group["params"]) for group in optimizer.param_groups)
     for state in list(_fitted):
-        if state._versions is not None and not state._stepped and state.model is not None:
+        if state._versions is None or state._stepped or state.model is None:
+            continue
+        # Asked once per optimizer, again where its parameter groups changed (add_param_group)
+        known = state._held_by.get(optimizer)
+        if known is None or known[0] != count:
             ids = {id(p) for p in state.model.parameters()}
-            state._stepped = any(id(p) in ids for group in optimizer.param_groups for p in group["params"])
+            known = state._held_by[optimizer] = (
+                count, any(id(p) in ids for group in optimizer.param_groups for p in group["params"]))
+        state._stepped = known[1]
 
 
 UNDER_COMPILE = "remat.fit: " + _plans.refused_under_compile(
