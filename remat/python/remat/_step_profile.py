@@ -71,6 +71,7 @@ import threading
 import weakref
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 import remat_alloc
 
 from ._extension import _C
@@ -148,6 +149,8 @@ def _storages_held():
     held = {}
     # By type, not isinstance: some objects warn when asked their __class__
     for obj in _C.instances_among(gc.get_objects(), torch.Tensor):
+        if issubclass(type(obj), FakeTensor):
+            continue  # a compiled graph's stand-in (no data: asked its address, it warns of a bug)
         try:
             storage = obj.untyped_storage()
             if storage.nbytes() > 0:
