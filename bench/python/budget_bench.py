@@ -20,8 +20,8 @@ is followed by the plan at its bytes as the profile counts them, which must be n
 torch.compile with activation_memory_budget set (its partitioner decides per ATen op from
 estimates), at budgets picked so that the step keeps about what remat's plans make it keep; compare
 their step kept bytes with the plans' (the checkpoints' bytes do not apply to them). Each compiled
-row is measured in its own block of rounds (the budget is read when a graph compiles, and Dynamo
-is reset between budgets), not rotated with the others.
+row is its own model compiled by a backend that partitions at that row's budget (the budget is
+read when a graph is partitioned), so the compiled rows run in the rotation beside the others.
 
     PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
         python3 bench/python/budget_bench.py [--rounds 7] [--compile-budgets 0.2,0.45,0.7,1.0]
@@ -71,6 +71,17 @@ def measure(model, ids, meter):
     """(seconds, checkpoint-kept bytes, step kept bytes, step peak bytes) of one training step."""
     seconds, kept, peak, _, _, by_checkpoints = hf.train_step(model, ids, meter, live_checkpoint_bytes)
     return seconds, by_checkpoints, kept, peak
+
+
+def inductor_at_budget(fraction):
+    """A torch.compile backend: Inductor, partitioning forward from backward at activation_memory_budget
+    `fraction`. Dynamo keeps each backend's graphs apart, so models compiled at several budgets run side by side."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(graph, example_inputs):
+        with torch._functorch.config.patch(activation_memory_budget=fraction):
+            return compile_fx(graph, example_inputs)
+    return backend
 
 
 def solver_timing():
@@ -143,28 +154,24 @@ def main():
     for budget in budgets:
         plan = profile.plan(budget_bytes=budget)
         rows.append((f"plan at {budget / MiB:.2f} MiB", wrapped(fresh(), plan=plan), plan, budget))
-    # Compiled rows are measured here, each in its own block of rounds: the budget is read when
-    # a graph compiles, and resetting Dynamo for the next budget drops the graphs compiled before.
-    compiled = []
+    # Compiled rows: each model compiled with its own budget (read when its graph is partitioned,
+    # at its first step), so that they all run in the rotation beside the eager rows.
+    compiled_rows = []  # (label, model, step kept bytes)
     for fraction in [float(f) for f in args.compile_budgets.split(",") if f]:
-        torch._dynamo.reset()
-        torch._functorch.config.activation_memory_budget = fraction
         model = fresh()
-        model.compile(backend="inductor")
+        model.compile(backend=inductor_at_budget(fraction))
         try:
             measure(model, ids, meter)  # compiles under this budget
-            rounds = [measure(model, ids, meter) for _ in range(args.rounds)]
+            step_kept = measure(model, ids, meter)[2]
         except Exception as error:  # noqa: BLE001  (reported in the output instead)
             print(f"torch.compile with activation_memory_budget={fraction}: {type(error).__name__}: {error}")
             continue
-        compiled.append((f"torch.compile, activation_memory_budget={fraction} (own block)", rounds))
-    torch._dynamo.reset()
-    torch._functorch.config.activation_memory_budget = 1.0
+        compiled_rows.append((f"torch.compile, activation_memory_budget={fraction}", model, step_kept))
 
     # Per-op plans at the compiled rows' step bytes: the step keeps the checkpoints' bytes and, beyond
     # them, what it keeps with every region recomputed less base_bytes (logits, loss, the batch).
     matched = []  # (compiled row's label, its step kept bytes, region plan row, per-op plan row)
-    if args.ops and compiled:
+    if args.ops and compiled_rows:
         recomputed = wrapped(fresh(), save=())
         measure(recomputed, ids, meter)
         beyond = measure(recomputed, ids, meter)[2] - low
@@ -175,17 +182,16 @@ def main():
             by_ops(input_ids=ids, labels=ids).loss.backward()
         print(f"per-op profile: {sum(len(ops) for ops in op_profile.ops.values())} keepable ops in "
               f"{len(op_profile.ops)} regions; the step keeps {beyond / MiB:.2f} MiB beyond the checkpoints")
-        for label, rounds in compiled:
-            if label.startswith("torch.compile, activation_memory_budget=1.0"):
+        for label, _, step_kept in compiled_rows:
+            if label.endswith("=1.0"):
                 continue
-            step_kept = statistics.median(r[2] for r in rounds)
             budget = max(low, int(step_kept - beyond))
             plans = [("plan", profile.plan(budget_bytes=budget)),
                      ("per-op plan", op_profile.plan(budget_bytes=budget, ops=True))]
             indices = []
             for kind, plan in plans:
                 indices.append(len(rows))
-                rows.append((f"{kind} at {label.split(' (')[0].split(', ')[1]}'s step bytes, {budget / MiB:.2f} MiB",
+                rows.append((f"{kind} at {label.split(', ')[1]}'s step bytes, {budget / MiB:.2f} MiB",
                              wrapped(fresh(), plan=plan), plan, budget))
             matched.append((label, step_kept, *indices))
         reference = hf.train_step(fresh(), ids, meter)
@@ -207,6 +213,8 @@ def main():
     first_by_peak = len(rows)
     for label, plan, budget, _ in rows_by_peak:
         rows.append((label, wrapped(fresh(), plan=plan), None, None))
+    for label, model, _ in compiled_rows:
+        rows.append((label, model, None, None))
 
     samples = [[] for _ in rows]
     for round_index in range(args.rounds + 1):
@@ -216,9 +224,7 @@ def main():
             if round_index > 0:
                 samples[index].append(result)
     baseline = statistics.median(s[0] for s in samples[0])
-    for label, rounds in compiled:
-        rows.append((label, None, None, None))
-        samples.append(rounds)
+    compiled = [(label, rounds) for (label, *_), rounds in zip(rows, samples)][len(rows) - len(compiled_rows):]
 
     print(f"Llama hidden {args.hidden}, {args.layers} layers, batch {args.batch}, sequence {args.sequence}, {args.dtype}, "
           f"{meter.name}, 1 intra-op thread; torch {torch.__version__}; median of {args.rounds} rounds, rows rotated\n")
@@ -247,7 +253,8 @@ def main():
     print("|---|---:|---:|---:|---:|---:|")
     eager = [(label, rounds) for (label, *_), rounds in zip(rows, samples)][:1]
     peak_samples = samples[first_by_peak:first_by_peak + len(rows_by_peak)]
-    uncompiled = next((statistics.median(r[0] for r in rounds) for label, rounds in compiled if "=1.0 " in label), None)
+    uncompiled = next((statistics.median(r[0] for r in rounds) for label, rounds in compiled
+                       if label.endswith("=1.0")), None)
     for label, rounds in eager:
         peak = statistics.median(r[3] for r in rounds)
         print(f"| {label} | - | - | {peak / MiB:.2f} | {baseline * 1e3:.1f} | 1.00x |")
@@ -263,8 +270,6 @@ def main():
         ratio = "-" if uncompiled is None else f"{seconds / uncompiled:.2f}x"
         print(f"| {label} | - | - | {peak / MiB:.2f} | {seconds * 1e3:.1f} | {ratio} |")
     if matched:
-        compiled_base = next((statistics.median(r[0] for r in rounds) for label, rounds in compiled
-                              if label.startswith("torch.compile, activation_memory_budget=1.0")), None)
         print("\nAt the compiled rows' step bytes, each against its own baseline in this run (remat: the eager step "
               "without checkpointing; compile: its compiled step at activation_memory_budget 1.0):\n")
         print("| compiled row | step kept (MiB) | compile vs own | remat region plan: step kept, vs none | "
@@ -272,13 +277,13 @@ def main():
         print("|---|---:|---:|---:|---:|")
         for label, step_kept, region_index, ops_index in matched:
             rounds = dict(compiled)[label]
-            own = statistics.median(r[0] for r in rounds) / compiled_base if compiled_base else float("nan")
+            own = statistics.median(r[0] for r in rounds) / uncompiled if uncompiled else float("nan")
             cells = []
             for index in (region_index, ops_index):
                 seconds = statistics.median(r[0] for r in samples[index])
                 kept = statistics.median(r[2] for r in samples[index])
                 cells.append(f"{kept / MiB:.2f} MiB, {seconds / baseline:.2f}x")
-            print(f"| {label.split(' (')[0]} | {step_kept / MiB:.2f} | {own:.2f}x | {cells[0]} | {cells[1]} |")
+            print(f"| {label} | {step_kept / MiB:.2f} | {own:.2f}x | {cells[0]} | {cells[1]} |")
     times = solver_timing()
     print(f"\nsolver, 10,000 regions (four kinds, times with 3% noise), 4 budgets: "
           f"{', '.join(f'{t * 1e3:.0f} ms' for t in times)}, every plan exact")
