@@ -378,3 +378,68 @@ def test_a_peak_plan_from_another_model_is_refused_strict_and_recomputed_with_a_
                                              r"model layout"):
             with remat.use_plan(plan):
                 other(x)  # told once per plan: the refusal alone now
+
+
+# --- a region whose bytes depend on its data, at the same shapes -----------------------------------
+
+class BranchInsideRegion(torch.nn.Module):
+    """Three checkpoints of one region each; inside the region, a branch on the data adds a wider
+    path: the same regions run on the same shapes either way, only the bytes differ."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.ModuleList(torch.nn.Linear(64, 256) for _ in range(3))
+        self.extra = torch.nn.ModuleList(torch.nn.Linear(64, 256) for _ in range(3))
+        self.down = torch.nn.ModuleList(torch.nn.Linear(256, 64) for _ in range(3))
+
+    def body(self, index, x):
+        h = self.up[index](x).tanh()
+        if x.mean() > 0:
+            h = h + self.extra[index](x).sin()
+        return self.down[index](h) + x
+
+    def forward(self, x):
+        for index in range(3):
+            region = remat.region(lambda t, i=index: self.body(i, t), "r")
+            x = remat.checkpoint(region_name=f"layers.{index}")(region)(x)
+        return x.square().mean()
+
+
+def test_a_branch_inside_a_region_that_saves_more_is_told_when_over_and_later_steps_leave_room():
+    # No watch sees such a step before its backward (nothing it can compare differs): its peak,
+    # read when backward ends, is over its prediction; over the budget it is said with its figures,
+    # and later steps with its inputs plan lower by what it took above the prediction.
+    def step_batch(index):
+        x = torch.randn(256, 64, generator=torch.Generator().manual_seed(index))
+        return x + (0.5 if index % 2 else -0.5)  # the profiled step (index 0) takes the narrow path
+
+    def profiled_peak(wide):
+        gc.collect()
+        torch.manual_seed(0)
+        with remat.tag_cpu_tensors():
+            model = BranchInsideRegion()
+            with remat.profile_regions() as profile:
+                model(step_batch(1 if wide else 0)).backward()
+        return profile.step_peak_bytes
+
+    narrow, wide = profiled_peak(False), profiled_peak(True)
+    assert wide > narrow * 1.2, (narrow, wide)
+    budget = narrow + (wide - narrow) * 9 // 10
+    runs = {}
+    for fitted_budget in (None, budget):
+        with fit_loop.fitted(BranchInsideRegion, fitted_budget) as (model, told):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            rows = []
+            for index in range(6):
+                x = step_batch(index)
+                peak = fit_loop.peak_of(lambda: (optimizer.zero_grad(set_to_none=True), model(x).backward(),
+                                                 optimizer.step()))
+                rows.append((peak, [None if p.grad is None else p.grad.numpy().tobytes() for p in model.parameters()]))
+            fit_loop.unfit(model, step_batch(0))  # ends the last step
+        runs[fitted_budget] = rows, fit_loop.messages(told, "remat.fit")
+    plain, (rows, told) = runs[None][0], runs[budget]
+    assert [grads for _, grads in rows] == [grads for _, grads in plain]  # bitwise
+    assert rows[1][0] > budget, (rows[1][0], budget)  # the first wide step: over, and said
+    over = [message for message in told if "over the budget" in message]
+    assert len(over) == 1 and f"peaked at {rows[1][0] / 2**20:.2f} MiB ({rows[1][0]} bytes)" in over[0], told
+    assert all(peak <= budget for peak, _ in rows[2:]), ([peak for peak, _ in rows], budget)
