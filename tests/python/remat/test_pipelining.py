@@ -48,17 +48,17 @@ def worker_env(**extra):
     return env
 
 
-def run_ranks(worker, args, out_dir, what, timeout):
-    """Runs `worker` (a script beside this file) on WORLD Gloo ranks over 127.0.0.1 with
+def run_ranks(worker, args, out_dir, what, timeout, world=WORLD):
+    """Runs `worker` (a script beside this file) on `world` Gloo ranks over 127.0.0.1 with
     (out_dir, *args); returns the results each rank wrote to out_dir/rank<r>.json. Every child
     ends: killed at the timeout, and reaped."""
     port = str(free_port())
     children = []
     codes = None
     try:
-        for rank in range(WORLD):
+        for rank in range(world):
             log = open(os.path.join(out_dir, f"rank{rank}.log"), "w")
-            env = worker_env(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            env = worker_env(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
             children.append((subprocess.Popen([sys.executable, os.path.join(HERE, worker), out_dir, *args], env=env,
                                               stdout=log, stderr=subprocess.STDOUT), log))
         codes = [child.wait(timeout=timeout) for child, _ in children]
@@ -69,9 +69,9 @@ def run_ranks(worker, args, out_dir, what, timeout):
             child.wait()
             log.close()
     if any(codes):
-        logs = "\n".join(open(os.path.join(out_dir, f"rank{r}.log")).read()[-3000:] for r in range(WORLD))
+        logs = "\n".join(open(os.path.join(out_dir, f"rank{r}.log")).read()[-3000:] for r in range(world))
         pytest.fail(f"{what} failed with exit codes {codes}:\n{logs}")
-    return [json.load(open(os.path.join(out_dir, f"rank{rank}.json"))) for rank in range(WORLD)]
+    return [json.load(open(os.path.join(out_dir, f"rank{rank}.json"))) for rank in range(world)]
 
 
 def run_fake(tmp_path, check, arg=None, timeout=180):

@@ -1,0 +1,37 @@
+"""remat under torch.nn.parallel.DistributedDataParallel: two Gloo ranks (127.0.0.1, a free port,
+bounded by a timeout, every child reaped) train a model of remat checkpoints, and under remat.fit,
+each rank on its own batches (data_parallel_worker.py). Every parameter after 4 steps must equal
+plain DDP's bitwise, in each DDP setting; under fit every planned step peaks within the budget and
+at most its prediction, fit applied to the module DDP wraps or to the DDP itself, with no_sync()
+accumulation too."""
+
+import pytest
+
+from test_pipelining import run_ranks
+
+RUNS = ["checkpoints", "checkpoints, find_unused_parameters", "checkpoints, static_graph, bucket views",
+        "fit, then DDP", "DDP, then fit", "fit, no_sync accumulation"]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_ranks("data_parallel_worker.py", [], str(tmp_path_factory.mktemp("data_parallel")),
+                     "data parallel job", timeout=300, world=2)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_every_rank_trains_bitwise_as_plain_ddp(ranks, run):
+    for rank, results in enumerate(ranks):
+        assert results[run]["bitwise"], (rank, run)
+
+
+@pytest.mark.parametrize("run", [run for run in RUNS if run.startswith(("fit", "DDP"))])
+def test_planned_steps_peak_within_the_budget_and_their_prediction(ranks, run):
+    for rank, results in enumerate(ranks):
+        budget, steps = results["budget"], results[run]["steps"]
+        # The first step runs profiled (its first micro-batch, under accumulation), every later one planned
+        assert all(predicted is not None and peak <= budget and peak <= predicted for peak, predicted, _ in steps[1:]), \
+            (rank, run, budget, steps)
+        assert all(recomputed > 0 for _, _, recomputed in steps[1:]), (rank, run, steps)  # the budget asks for some
+        # Only the profiled step (everything saved) may be said to be over the budget
+        assert all("profiled step" in message for message in results[run]["told"]), (rank, run, results[run]["told"])
