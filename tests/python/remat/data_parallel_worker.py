@@ -3,9 +3,10 @@
 Trains the same 4-layer model for 4 steps (SGD with momentum, each rank on its own batches)
 plain under DistributedDataParallel, then with remat checkpoints under DDP in several settings,
 then under remat.fit at a budget between the least step peak and everything saved (fit on the
-module DDP wraps, and on the DDP itself), and with no_sync() accumulation under fit. Writes, per
-run, whether every parameter equals the plain run's bitwise, the steps' measured peaks, fit's
-predictions and its warnings."""
+module DDP wraps, and on the DDP itself), and with no_sync() accumulation under fit; then a tiny
+Hugging Face Llama under FSDP2 (fully_shard) with wrap_decoder_layers before or after sharding.
+Writes, per run, whether every parameter equals the run without remat bitwise, the steps'
+measured peaks, fit's predictions and its warnings, and how many checkpoints ran."""
 
 import os
 import sys
@@ -31,9 +32,9 @@ def batch(rank, step):
 
 def train(rank, *, checkpointed=True, budget=None, fit_outer=False, micro_batches=1, **ddp_options):
     """(parameters after the steps, per step (peak, fit's prediction, regions its plan recomputes),
-    fit's warnings, fit's profile)."""
+    fit's warnings, fit's profile, checkpoint calls made)."""
     torch.manual_seed(0)
-    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told, remat.collect_trace() as trace:
         warnings.simplefilter("always")
         model = fit_loop.CheckpointedLayers([fit_loop.Layer(WIDTH) for _ in range(LAYERS)], checkpointed)
         if budget is not None and not fit_outer:
@@ -62,25 +63,54 @@ def train(rank, *, checkpointed=True, budget=None, fit_outer=False, micro_batche
             profile = next(iter(fitted.remat_fit.profiles.values())).profile
             fit_loop.unfit(fitted, batch(rank, 99))
         parameters = [p.detach().clone() for p in model.parameters()]
-    return parameters, steps, fit_loop.messages(told, "remat"), profile
+    return parameters, steps, fit_loop.messages(told, "remat"), profile, len(trace.scopes)
+
+
+def fsdp2_llama(rank, mesh, wrap=None):
+    """A tiny Hugging Face Llama under FSDP2 (fully_shard on each decoder layer and the model),
+    with wrap_decoder_layers before sharding (wrap="before"), after it ("after") or not at all;
+    3 AdamW steps. Returns each parameter's local shard after them."""
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=256, intermediate_size=256, max_position_embeddings=64, use_cache=False)
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config).train()
+    if wrap == "before":
+        remat.wrap_decoder_layers(model)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if wrap == "after":
+        remat.wrap_decoder_layers(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with remat.collect_trace() as trace:
+        for step in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(100 * rank + step))
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+    return [p.detach().to_local().clone() for p in model.parameters()], len(trace.scopes)
 
 
 def work(rank, world):
     results = {}
-    plain, _, _, _ = train(rank, checkpointed=False)
-    plain_accumulated, _, _, _ = train(rank, checkpointed=False, micro_batches=2)
+    plain = train(rank, checkpointed=False)[0]
+    plain_accumulated = train(rank, checkpointed=False, micro_batches=2)[0]
 
     def record(name, run, reference=plain):
-        parameters, steps, told, _ = run
+        parameters, steps, told, _, checkpoints = run
         results[name] = {"bitwise": all(torch.equal(a, b) for a, b in zip(parameters, reference)),
-                         "steps": steps, "told": told}
+                         "steps": steps, "told": told, "checkpoints": checkpoints}
 
     record("checkpoints", train(rank))
     record("checkpoints, find_unused_parameters", train(rank, find_unused_parameters=True))
     record("checkpoints, static_graph, bucket views", train(rank, static_graph=True, gradient_as_bucket_view=True))
     # The budget: midway between the least step peak and everything saved, with the optimizer's
     # state (the steps after the first), the same on every rank.
-    _, steps, _, profile = train(rank, budget="1GiB")
+    _, steps, _, profile, _ = train(rank, budget="1GiB")
     steady = max(peak for peak, _, _ in steps[1:])
     figures = torch.tensor([steady - (profile.step_peak_bytes - profile.least_peak_bytes()), steady])
     dist.all_reduce(figures, op=dist.ReduceOp.MAX)
@@ -90,6 +120,14 @@ def work(rank, world):
     record("fit, then DDP", train(rank, budget=budget))
     record("DDP, then fit", train(rank, budget=budget, fit_outer=True))
     record("fit, no_sync accumulation", train(rank, budget=budget, micro_batches=2), plain_accumulated)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    sharded, _ = fsdp2_llama(rank, mesh)
+    for wrap in ("before", "after"):
+        parameters, checkpoints = fsdp2_llama(rank, mesh, wrap)
+        results[f"FSDP2, wrap_decoder_layers {wrap} fully_shard"] = {
+            "bitwise": all(torch.equal(a, b) for a, b in zip(parameters, sharded)), "checkpoints": checkpoints}
     return results
 
 
