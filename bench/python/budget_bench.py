@@ -14,7 +14,7 @@ For each row: the bytes the plan predicts its checkpoints keep, the bytes they k
 after forward (the live checkpoints' saved-tensors reports, each storage once: must be at most
 the budget), the step's kept and peak bytes as hf_llama_bench counts them (remat's tagging
 allocator as the CPU allocator), and the step's CPU time (median over rounds that rotate the
-order of the rows, as a ratio to no checkpointing). Every remat row also checkpoints the final
+order of the rows; against no checkpointing, the median of each round's ratio). Every remat row also checkpoints the final
 RMSNorm (model.norm, recomputed in backward: it then keeps its input alone). Each hand choice
 is followed by the plan at its bytes as the profile counts them, which must be no slower. The compiled rows run the model without remat under
 torch.compile with activation_memory_budget set (its partitioner decides per ATen op from
@@ -71,6 +71,12 @@ def measure(model, ids, meter):
     """(seconds, checkpoint-kept bytes, step kept bytes, step peak bytes) of one training step."""
     seconds, kept, peak, _, _, by_checkpoints = hf.train_step(model, ids, meter, live_checkpoint_bytes)
     return seconds, by_checkpoints, kept, peak
+
+
+def against(rounds, base_rounds):
+    """The row's step time against the baseline's: the median over rounds of each round's ratio
+    (every row runs once a round, so a slower stretch of the machine moves both sides of a ratio)."""
+    return statistics.median(r[0] / b[0] for r, b in zip(rounds, base_rounds))
 
 
 def inductor_at_budget(fraction):
@@ -243,7 +249,7 @@ def main():
         within = "" if budget is None or kept <= budget else " OVER BUDGET"
         print(f"| {label}{within} | {'-' if budget is None else f'{budget / MiB:.2f}'} | "
               f"{'-' if plan is None else f'{plan.kept_bytes / MiB:.2f}'} | {kept / MiB:.2f} | {step_kept / MiB:.2f} | "
-              f"{peak / MiB:.2f} | {seconds * 1e3:.1f} | {seconds / baseline:.2f}x |")
+              f"{peak / MiB:.2f} | {seconds * 1e3:.1f} | {against(rounds, samples[0]):.2f}x |")
     # By step peak: each plan's prediction beside the peak measured, and torch.compile's rows
     # against its own uncheckpointed compiled step (activation_memory_budget 1.0, where measured).
     print(f"\nBy step peak (the step's own bytes, above what was allocated when it began): the least any plan "
@@ -253,8 +259,7 @@ def main():
     print("|---|---:|---:|---:|---:|---:|")
     eager = [(label, rounds) for (label, *_), rounds in zip(rows, samples)][:1]
     peak_samples = samples[first_by_peak:first_by_peak + len(rows_by_peak)]
-    uncompiled = next((statistics.median(r[0] for r in rounds) for label, rounds in compiled
-                       if label.endswith("=1.0")), None)
+    uncompiled = next((rounds for label, rounds in compiled if label.endswith("=1.0")), None)
     for label, rounds in eager:
         peak = statistics.median(r[3] for r in rounds)
         print(f"| {label} | - | - | {peak / MiB:.2f} | {baseline * 1e3:.1f} | 1.00x |")
@@ -263,11 +268,11 @@ def main():
         peak = statistics.median(r[3] for r in rounds)
         over = "" if peak <= budget else " OVER BUDGET"
         print(f"| {label}{over} | {budget / MiB:.2f} | {predicted / MiB:.2f} | {peak / MiB:.2f} | "
-              f"{seconds * 1e3:.1f} | {seconds / baseline:.2f}x |")
+              f"{seconds * 1e3:.1f} | {against(rounds, samples[0]):.2f}x |")
     for label, rounds in compiled:
         seconds = statistics.median(r[0] for r in rounds)
         peak = statistics.median(r[3] for r in rounds)
-        ratio = "-" if uncompiled is None else f"{seconds / uncompiled:.2f}x"
+        ratio = "-" if uncompiled is None else f"{against(rounds, uncompiled):.2f}x"
         print(f"| {label} | - | - | {peak / MiB:.2f} | {seconds * 1e3:.1f} | {ratio} |")
     if matched:
         print("\nAt the compiled rows' step bytes, each against its own baseline in this run (remat: the eager step "
@@ -277,12 +282,11 @@ def main():
         print("|---|---:|---:|---:|---:|")
         for label, step_kept, region_index, ops_index in matched:
             rounds = dict(compiled)[label]
-            own = statistics.median(r[0] for r in rounds) / uncompiled if uncompiled else float("nan")
+            own = against(rounds, uncompiled) if uncompiled else float("nan")
             cells = []
             for index in (region_index, ops_index):
-                seconds = statistics.median(r[0] for r in samples[index])
                 kept = statistics.median(r[2] for r in samples[index])
-                cells.append(f"{kept / MiB:.2f} MiB, {seconds / baseline:.2f}x")
+                cells.append(f"{kept / MiB:.2f} MiB, {against(samples[index], samples[0]):.2f}x")
             print(f"| {label} | {step_kept / MiB:.2f} | {own:.2f}x | {cells[0]} | {cells[1]} |")
     times = solver_timing()
     print(f"\nsolver, 10,000 regions (four kinds, times with 3% noise), 4 budgets: "
