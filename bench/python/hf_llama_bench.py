@@ -187,10 +187,16 @@ class CpuMeter:
         return remat_alloc.memory_stats()["requested_bytes_peak"]
 
     def start(self):
+        self._elapsed, self._started = 0.0, time.thread_time()
+
+    def pause(self):
+        self._elapsed += time.thread_time() - self._started
+
+    def resume(self):
         self._started = time.thread_time()
 
     def seconds(self):
-        return time.thread_time() - self._started
+        return self._elapsed + time.thread_time() - self._started
 
 
 class CudaMeter:
@@ -223,14 +229,23 @@ class CudaMeter:
         return torch.cuda.max_memory_allocated()
 
     def start(self):
-        self._begin = torch.cuda.Event(enable_timing=True)
-        self._end = torch.cuda.Event(enable_timing=True)
-        self._begin.record()
+        self._spans = []
+        self.resume()
+
+    def pause(self):
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._spans[-1].append(end)
+
+    def resume(self):
+        begin = torch.cuda.Event(enable_timing=True)
+        begin.record()
+        self._spans.append([begin])
 
     def seconds(self):
-        self._end.record()
-        self._end.synchronize()
-        return self._begin.elapsed_time(self._end) / 1e3
+        self.pause()
+        self._spans[-1][1].synchronize()
+        return sum(begin.elapsed_time(end) for begin, end in self._spans) / 1e3
 
 
 def make_meter(parser, device, allocator):
@@ -248,15 +263,18 @@ def make_meter(parser, device, allocator):
 
 def train_step(model, ids, meter, after_forward=lambda: None):
     """(seconds, kept bytes, peak bytes, loss, gradients, after_forward()) of one forward and
-    backward; after_forward runs between them (budget_bench measures what checkpoints keep)."""
+    backward; after_forward runs between them, outside the time (budget_bench measures what
+    checkpoints keep)."""
     model.zero_grad(set_to_none=True)
     with meter.step():
         meter.reset()
         before = meter.allocated()
         meter.start()
         loss = model(input_ids=ids, labels=ids).loss
+        meter.pause()
         probed = after_forward()
         allocated_after_forward = meter.allocated()
+        meter.resume()
         loss.backward()
         seconds = meter.seconds()
         peak = meter.peak()
