@@ -167,6 +167,7 @@ class _Profiled:
 
     def __init__(self, profile, signature, made=frozenset(), gradients=0, optimizer_after=False):
         self.training = True  # the model's mode in the profiled step (set by fit when it ends)
+        self.model_bytes = 0  # the model's parameters' bytes in the profiled step (set by fit when it ends)
         self.profile = profile
         self.signature = signature
         self.made = frozenset(made)  # the parameters whose gradients the step's backward made (names)
@@ -333,7 +334,7 @@ def _held_weakly(method):
 def _close_abandoned(session):
     """Ends a profile its fit state no longer measures, where it is still open (the model was
     dropped during its step): no later profile or forward on this thread meets it."""
-    if _plans.profiling() is session:
+    if session._open:
         session.__exit__(RuntimeError, None, None)
 
 
@@ -376,6 +377,7 @@ class FitState:
         self.planned_steps = 0
         self.measuring_had = set()  # the parameters with a gradient when the profiled step began (names)
         self.measuring_graded = set()  # the parameters with a gradient at any point of it (names)
+        self.measuring_model_bytes = 0  # the model's parameters' bytes when the profiled step began
         # Gradient accumulation: the optimizer step is seen as the parameters changing (their version
         # counters) after a step's backward; `cycle` steps (micro-batches) from one to the next
         self.position = 0           # the step running now, counted from the last optimizer step (1: the first)
@@ -414,6 +416,22 @@ class FitState:
         self._window = None
         self._window_peak = 0
         self._awaiting = None       # a planned step's backward hook (weakly: alive with its graph), until it runs
+
+    def __deepcopy__(self, memo):
+        """The state of a copied model (copy.deepcopy(model): an EMA or teacher copy): fitted with
+        the same budget from a profile of its own, at its first training step. The model is copied
+        first, so the copy is in memo."""
+        model = memo.get(id(self.model))
+        if model is None:
+            raise TypeError("remat.fit: a fit state is copied with its model (copy.deepcopy(model)), not alone")
+        state = FitState(model, self.budget, self.timer, self.host_budget)
+        _fitted.add(state)
+        return state
+
+    def __reduce__(self):
+        raise TypeError(f"remat.fit: a fitted model ({type(self.model).__name__}) cannot be pickled (torch.save(model), "
+                        "multiprocessing): its fit state follows the running process. Save model.state_dict(), or "
+                        "call remat.unfit(model) before saving and remat.fit the loaded model")
 
     @property
     def model(self):
@@ -461,6 +479,10 @@ class FitState:
 
     def _parameter_bytes(self, names):
         return sum(p.numel() * p.element_size() for name, p in self._named_parameters() if name in names)
+
+    def _model_bytes(self):
+        """The bytes of the model's parameters (its dtype: made bfloat16, they take half)."""
+        return sum(p.numel() * p.element_size() for p in self._parameters())
 
     def _gradient_bytes(self):
         return sum(p.grad.numel() * p.grad.element_size() for p in self._parameters() if p.grad is not None)
@@ -653,6 +675,7 @@ class FitState:
             made = (self.measuring_graded | self._graded()) - self.measuring_had
             done = _Profiled(profile, signature, made, self._parameter_bytes(made), optimizer_after=updated)
             done.training = self.step_training  # dropout and the like differ by mode: a difference
+            done.model_bytes = self.measuring_model_bytes
             self.profiles[signature] = done
             self.latest = done
             if profile.step_peak_bytes > self.budget:
@@ -795,13 +818,20 @@ class FitState:
                   f"{_bytes_text(self.budget)} (its plan predicted {_bytes_text(predicted)} for the profiled step"
                   f"{despite}): later steps with these inputs plan for "
                   f"{_bytes_text(self.budget - self.reserve[signature])} to leave room for such steps")
+        profiled = self.watch[0]
+        smaller = self._model_bytes() / max(1, profiled.model_bytes)
         if what not in self.reprofiled and measured > predicted:
             # What the step took above its prediction ran at the least memory; saved, it would take
             # about as much more as saving everything takes over the least peak in the profile.
-            planned = self.watch[0].planned
+            planned = profiled.planned
             least = planned.least_peak_bytes() - planned.step_start_bytes
             saving = (planned.step_peak_bytes - planned.step_start_bytes) / max(1, least)
             self.reprofile[signature] = (what, math.ceil((measured - predicted) * max(1.0, saving)))
+        elif what not in self.reprofiled and smaller < 1.0:
+            # The model was made smaller since its profile (bfloat16 after float32): saving every
+            # region is estimated at the profile's step scaled as the parameters' bytes were
+            all_saved = profiled.planned.step_peak_bytes - profiled.planned.step_start_bytes
+            self.reprofile[signature] = (what, math.ceil(all_saved * smaller) - all_saved)
 
     def _check_planned_step(self, first_optimizer=False):
         """After a step that ran as profiled: over the budget (a prediction that did not hold), it is
@@ -974,6 +1004,7 @@ class FitState:
         # A model dropped while its step is profiled leaves no profile open on this thread
         weakref.finalize(self, _close_abandoned, session)
         self.measuring_had, self.measuring_graded = self._graded(), set()
+        self.measuring_model_bytes = self._model_bytes()
         session._step.watch_gradients(_held_weakly(self._profiled_gradient_bytes), self.model.parameters())
         self.measuring = (session, signature)
         self.plan = self.predicted_peak_bytes = self.optimizer_peak_bytes = None
@@ -1148,14 +1179,9 @@ class _FitForward:
                 state.finish_step()
                 return self.inner(*args, **kwargs)
             # Before the step's backward (a metric, a target under no_grad): part of the step, run
-            # as it is, outside the step's profile (its memory counted where it runs)
-            session = _plans.profiling()
-            if state.measuring is not None and session is state.measuring[0]:
-                _plans._state.session = None
-            try:
-                return self.inner(*args, **kwargs)
-            finally:
-                _plans._state.session = session
+            # as it is, outside the step's profile (in force only in its training forwards; its
+            # memory counted where it runs)
+            return self.inner(*args, **kwargs)
         running = next((other for other in list(_fitted) if other is not state and other.backward_pending()), None)
         if running is not None:
             raise ValueError(
@@ -1169,11 +1195,20 @@ class _FitForward:
         # Before the last one's backward (losses summed for one backward): the same step goes on
         context = state.continue_step(args, kwargs) if state.backward_pending() else state.begin_step(args, kwargs)
         if context is None:
+            # Profiled: the profile stays open until the next step begins (it measures the step's
+            # backward and optimizer step), in force on the thread only while the step's training
+            # forwards run, so that checkpoints of other code between them (another model's
+            # validation, an EMA or teacher copy) run as they would without it
+            session = state.measuring[0]
+            _plans._state.session = session
             try:
                 out = self.inner(*args, **kwargs)
             except BaseException:
                 state.discard_profile()  # a failed step measures nothing: the next one is profiled afresh
                 raise
+            finally:
+                if _plans.profiling() is session:
+                    _plans._state.session = None
             state.check_regions_ran()
             return out
         with context:

@@ -35,6 +35,7 @@ the previous call, so the last call's settings hold and nothing is wrapped twice
 
 import copy
 import functools
+import inspect
 import threading
 
 import torch
@@ -139,6 +140,15 @@ class _RegionForward:
 # --- one layer ---------------------------------------------------------------------------------
 
 
+def _same(current, value):
+    """Whether an attribute still holds the value set: the same object, or a bound method of the
+    same function on the same object (copy.deepcopy makes a new one for each reference to it)."""
+    if current is value:
+        return True
+    return (inspect.ismethod(current) and inspect.ismethod(value) and current.__func__ is value.__func__
+            and current.__self__ is value.__self__)
+
+
 class _LayerPlan:
     """What wrap_decoder_layers did to one layer: its checkpoint, its child regions
     ({child module: (region name, saved)}), and what to put back."""
@@ -163,6 +173,12 @@ class _LayerPlan:
         copied.restore = copy.deepcopy(self.restore, memo)
         copied.body = copied._make_body()
         return copied
+
+    def __reduce__(self):
+        raise TypeError(f"remat.wrap_decoder_layers: a model whose layers it wrapped ('{self.path or 'a layer'}') "
+                        "cannot be pickled (torch.save(model), multiprocessing): its checkpoints hold the running "
+                        "process's state hooks. Save model.state_dict(), or call remat.unwrap_decoder_layers(model) "
+                        "before saving and wrap the loaded model")
 
     def _make_body(self):
         def body(function, *args, **kwargs):
@@ -199,7 +215,7 @@ class _LayerPlan:
 
     def undo(self):
         for module, attribute, previous, value in reversed(self.restore):
-            if module.__dict__.get(attribute, _ABSENT) is not value:
+            if not _same(module.__dict__.get(attribute, _ABSENT), value):
                 continue  # replaced since (gradient_checkpointing_enable, another wrapper): leave it
             if previous is _ABSENT:
                 delattr(module, attribute)

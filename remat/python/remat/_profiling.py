@@ -196,7 +196,8 @@ class profile_regions:
         return self
 
     def __exit__(self, exc_type, *rest):
-        _state.session = None
+        if getattr(_state, "session", None) is self:  # (remat.fit's is in force only in its step's forwards)
+            _state.session = None
         if self._open:
             self._open = False
             block_opened(False)

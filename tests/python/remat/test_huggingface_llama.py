@@ -357,6 +357,27 @@ def test_a_deep_copy_of_a_wrapped_model_checkpoints_its_own_layers():
     remat.unwrap_decoder_layers(copied)
     assert "forward" not in decoder_layers(copied)[0].self_attn.__dict__
     assert "forward" in decoder_layers(model)[0].self_attn.__dict__
+    # what wrapping set on the copy's layers is taken off them too (a bound method deepcopy copied twice)
+    assert all("_gradient_checkpointing_func" not in layer.__dict__ for layer in decoder_layers(copied))
+    assert "_gradient_checkpointing_func" in decoder_layers(model)[0].__dict__
+
+
+def test_pickling_a_wrapped_model_is_refused_naming_state_dict_and_unwrap():
+    import io
+    import pickle
+
+    _, model = twin_models(llama_config())
+    remat.wrap_decoder_layers(model)
+    for save in (pickle.dumps, lambda m: torch.save(m, io.BytesIO())):
+        with pytest.raises(TypeError, match=r"remat.wrap_decoder_layers: a model whose layers it wrapped "
+                                            r"\('model.layers.0'\) cannot be pickled .*state_dict\(\), or call "
+                                            r"remat.unwrap_decoder_layers\(model\)"):
+            save(model)
+    remat.unwrap_decoder_layers(model)
+    restored = pickle.loads(pickle.dumps(model))
+    ids = input_ids()
+    with torch.no_grad():
+        assert torch.equal(restored(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
 @pytest.mark.parametrize("compiled", ["decoder-layers", "whole-model"])
