@@ -429,9 +429,9 @@ class FitState:
         return state
 
     def __reduce__(self):
-        raise TypeError(f"remat.fit: a fitted model ({type(self.model).__name__}) cannot be pickled (torch.save(model), "
-                        "multiprocessing): its fit state follows the running process. Save model.state_dict(), or "
-                        "call remat.unfit(model) before saving and remat.fit the loaded model")
+        raise TypeError(f"remat.fit: a fitted model ({type(self.model).__name__}) cannot be pickled "
+                        "(torch.save(model), multiprocessing): its fit state follows the running process. Save "
+                        "model.state_dict(), or call remat.unfit(model) before saving and remat.fit the loaded model")
 
     @property
     def model(self):

@@ -11,8 +11,6 @@ import pickle
 import pytest
 import torch
 
-import remat
-
 import fit_loop
 
 WIDTH = 64
