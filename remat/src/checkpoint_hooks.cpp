@@ -63,8 +63,10 @@ std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t in
                 forward.sum, now.sum, now.sum - forward.sum, forward.norm, now.norm);
   return "verify_recompute: checkpoint '" + frame.options.region_name + "': saved tensor #" + std::to_string(index) +
          " of " + forward.where + " (shape [" + shape + "]) differs between forward and recompute: " + figures +
-         ". The region is not deterministic: add a " + api_name("RecomputeStateHook") +
-         " for the state it depends on (RNG: " + api_name("cpu_rng_state_hook") + "())";
+         ". The region is not deterministic, or what it reads changed between forward and backward: add a " +
+         api_name("RecomputeStateHook") + " for the state it depends on (RNG: " + api_name("cpu_rng_state_hook") +
+         "()); parameters swapped in for the forward alone (torch.func.functional_call around the checkpoint) must "
+         "stay in place until its backward";
 }
 
 // A cast of a leaf that requires grad, or a view of one (KeptTensor::leaf_cast): its grad_fn is

@@ -360,8 +360,30 @@ def test_verify_recompute_catches_a_region_that_is_not_deterministic():
     assert message.startswith("verify_recompute: checkpoint 'verify': saved tensor #0 of region 'verify::noisy' "
                               "(shape [16]) differs between forward and recompute: sum ")
     assert "(difference " in message
-    assert message.endswith("The region is not deterministic: add a remat.RecomputeStateHook for the state it depends "
-                            "on (RNG: remat.cpu_rng_state_hook())")
+    assert message.endswith("The region is not deterministic, or what it reads changed between forward and backward: "
+                            "add a remat.RecomputeStateHook for the state it depends on (RNG: "
+                            "remat.cpu_rng_state_hook()); parameters swapped in for the forward alone "
+                            "(torch.func.functional_call around the checkpoint) must stay in place until its backward")
+
+
+def test_verify_recompute_catches_parameters_swapped_in_for_the_forward_alone():
+    # torch.func.functional_call around a checkpointed model puts the module's own parameters back
+    # before backward, so recompute reads other weights: values differ, shapes do not.
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            body = remat.region(lambda t: self.linear(t).sin(), "linear")
+            return remat.checkpoint(region_name="swapped", verify_recompute=True)(lambda t: body(t).cos())(x)
+
+    model = Model()
+    doubled = {name: (p.detach() * 2).requires_grad_() for name, p in model.named_parameters()}
+    out = torch.func.functional_call(model, doubled, (torch.rand(4, 8, requires_grad=True),))
+    with pytest.raises(remat.RematError, match=r"verify_recompute: checkpoint 'swapped': .* differs between forward "
+                                               r"and recompute: .*torch.func.functional_call around the checkpoint"):
+        out.sum().backward()
 
 
 def test_verify_recompute_context_manager_turns_it_on_for_checkpoints_started_inside():
