@@ -26,7 +26,8 @@ def batch(step):
 
 def ema_loop(budget, copy_at):
     """4 SGD steps of the model with an EMA copy (made before step `copy_at`, 0: before any) updated
-    after each, and the EMA's eval output after each: (losses, EMA outputs, EMA parameters, model)."""
+    after each, and the EMA's eval output after each: (losses, EMA outputs, EMA parameters, the model,
+    the EMA, fit's warnings)."""
     with fit_loop.fitted(make_model, budget) as (model, told):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         ema = copy.deepcopy(model) if copy_at == 0 else None
