@@ -1109,8 +1109,9 @@ class FitState:
                   f" (the profile at inputs {_shapes_text(source.signature)} scaled by {ratio:.3g}, every region "
                   "assumed to scale with the token count)")
         if reserve:
-            scaled += (f", and a step with these inputs that ran as profiled peaked {_bytes_text(reserve)} above its "
-                       "plan's prediction" if signature in self.under_predicted else
+            scaled += (f", and a step with these inputs that ran the profiled step's checkpoints and regions on the "
+                       f"same shapes peaked {_bytes_text(reserve)} above its plan's prediction (what a region keeps "
+                       "may depend on the data, a branch inside one)" if signature in self.under_predicted else
                        f", and a step with these inputs that differed from the profiled one took "
                        f"{_bytes_text(reserve)} more")
 

@@ -443,3 +443,14 @@ def test_a_branch_inside_a_region_that_saves_more_is_told_when_over_and_later_st
     over = [message for message in told if "over the budget" in message]
     assert len(over) == 1 and f"peaked at {rows[1][0] / 2**20:.2f} MiB ({rows[1][0]} bytes)" in over[0], told
     assert all(peak <= budget for peak, _ in rows[2:]), ([peak for peak, _ in rows], budget)
+    # Where the room such a step took leaves no plan, the next step raises before its forward, naming it
+    tight = (narrow + wide) // 2
+    with fit_loop.fitted(BranchInsideRegion, tight) as (model, _):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        with pytest.raises(ValueError, match=r"a step with these inputs that ran the profiled step's checkpoints and "
+                                             r"regions on the same shapes peaked .* above its plan's prediction \(what "
+                                             r"a region keeps may depend on the data, a branch inside one\)"):
+            for index in range(6):
+                optimizer.zero_grad(set_to_none=True)
+                model(step_batch(index)).backward()
+                optimizer.step()
