@@ -477,12 +477,10 @@ class FitState:
     def _parameters(self):
         return [p for _, p in self._named_parameters() if p.requires_grad]
 
-    def _parameter_bytes(self, names):
-        return sum(p.numel() * p.element_size() for name, p in self._named_parameters() if name in names)
-
-    def _model_bytes(self):
-        """The bytes of the model's parameters (its dtype: made bfloat16, they take half)."""
-        return sum(p.numel() * p.element_size() for p in self._parameters())
+    def _parameter_bytes(self, names=None):
+        """The bytes of the parameters named (None: all of them; made bfloat16, they take half)."""
+        return sum(p.numel() * p.element_size() for name, p in self._named_parameters()
+                   if names is None or name in names)
 
     def _gradient_bytes(self):
         return sum(p.grad.numel() * p.grad.element_size() for p in self._parameters() if p.grad is not None)
@@ -818,19 +816,21 @@ class FitState:
                   f"{_bytes_text(self.budget)} (its plan predicted {_bytes_text(predicted)} for the profiled step"
                   f"{despite}): later steps with these inputs plan for "
                   f"{_bytes_text(self.budget - self.reserve[signature])} to leave room for such steps")
+        if what in self.reprofiled:
+            return
         profiled = self.watch[0]
-        smaller = self._model_bytes() / max(1, profiled.model_bytes)
-        if what not in self.reprofiled and measured > predicted:
+        planned = profiled.planned
+        all_saved = planned.step_peak_bytes - planned.step_start_bytes
+        if measured > predicted:
             # What the step took above its prediction ran at the least memory; saved, it would take
             # about as much more as saving everything takes over the least peak in the profile.
-            planned = profiled.planned
-            least = planned.least_peak_bytes() - planned.step_start_bytes
-            saving = (planned.step_peak_bytes - planned.step_start_bytes) / max(1, least)
+            saving = all_saved / max(1, planned.least_peak_bytes() - planned.step_start_bytes)
             self.reprofile[signature] = (what, math.ceil((measured - predicted) * max(1.0, saving)))
-        elif what not in self.reprofiled and smaller < 1.0:
-            # The model was made smaller since its profile (bfloat16 after float32): saving every
-            # region is estimated at the profile's step scaled as the parameters' bytes were
-            all_saved = profiled.planned.step_peak_bytes - profiled.planned.step_start_bytes
+            return
+        # The model was made smaller since its profile (bfloat16 after float32): saving every
+        # region is estimated at the profile's step scaled as the parameters' bytes were
+        smaller = self._parameter_bytes() / max(1, profiled.model_bytes)
+        if smaller < 1.0:
             self.reprofile[signature] = (what, math.ceil(all_saved * smaller) - all_saved)
 
     def _check_planned_step(self, first_optimizer=False):
@@ -1004,7 +1004,7 @@ class FitState:
         # A model dropped while its step is profiled leaves no profile open on this thread
         weakref.finalize(self, _close_abandoned, session)
         self.measuring_had, self.measuring_graded = self._graded(), set()
-        self.measuring_model_bytes = self._model_bytes()
+        self.measuring_model_bytes = self._parameter_bytes()
         session._step.watch_gradients(_held_weakly(self._profiled_gradient_bytes), self.model.parameters())
         self.measuring = (session, signature)
         self.plan = self.predicted_peak_bytes = self.optimizer_peak_bytes = None
