@@ -67,6 +67,12 @@ step's peak is read when its backward ends: later steps with those inputs plan l
 step that differed took above its prediction, or by what one went over the budget (said once),
 and one is profiled again where saving everything is estimated within the budget.
 
+The profiled step is the model's first and runs cold (or beside another load): the first
+`retime_steps` steps planned from a profile at its own inputs time each region's forward as it runs
+(_timing.RegionTimes), and the profile's seconds are then scaled, region by region, by the median
+of those times over its profiled one (_take_times); later steps plan from that profile. A step that
+ran other regions, or more calls of them, than the profiled one is not timed.
+
 The profiled step checks each region's forward against the model's buffers' version counters: under
 fit the plan chooses for every region, so a region the code recomputes that updates a buffer (a
 BatchNorm's running statistics) is recomputed by every plan, its updates as the code makes them
@@ -93,6 +99,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import statistics
 import weakref
 
 import remat_alloc
@@ -104,8 +111,11 @@ from ._compile import refuse_planning
 from ._offload_plans import host_budget_arg
 from ._step_profile import StepRecorder
 from ._step_shape import StepWatch, warn_at_user_line
+from ._timing import RegionTimes, retime_steps_arg, timer_arg
 
 __all__ = ["fit", "unfit"]
+
+RETIME_STEPS = 3  # fit()'s retime_steps: planned steps timed to re-time a profile
 
 
 def _signature(args, kwargs):
@@ -168,6 +178,8 @@ class _Profiled:
     def __init__(self, profile, signature, made=frozenset(), gradients=0, optimizer_after=False):
         self.training = True  # the model's mode in the profiled step (set by fit when it ends)
         self.model_bytes = 0  # the model's parameters' bytes in the profiled step (set by fit when it ends)
+        self.warm_steps = []  # per planned step at these inputs timed so far: region -> forward seconds
+        self.warm = False  # its seconds are those of warm steps (retimed())
         self.profile = profile
         self.signature = signature
         self.made = frozenset(made)  # the parameters whose gradients the step's backward made (names)
@@ -264,6 +276,14 @@ class _Profiled:
             self._lowered[(share, most)] = lowered
         return lowered
 
+    def retimed(self, factors):
+        """This profile with each region's seconds times its factor (region -> factor): re-timed
+        from warm steps. Its memory figures are as they were."""
+        again = _Profiled(self.profile._retimed(factors), self.signature, self.made, self.gradients,
+                          self.optimizer_after)
+        again.training, again.model_bytes, again.warm = self.training, self.model_bytes, True
+        return again
+
     def all_saved_peak(self, base, ratio):
         """peak() of the plan that saves every region, for a step that makes its gradients."""
         return self.peak(self.planned_for(self.gradients, ratio).step_peak_bytes, base, ratio)
@@ -347,11 +367,13 @@ class FitState:
     """What fit() keeps for one model: the budget, the profiles by input signature, the profile
     being measured (open until the next training forward) and the plan of the step running now."""
 
-    def __init__(self, model, budget, timer="auto", host_budget=0):
+    def __init__(self, model, budget, timer="auto", host_budget=0, retime_steps=RETIME_STEPS):
         self._model = weakref.ref(model)  # the model holds this state (model.remat_fit): no cycle back
         self.budget = budget
         self.host_budget = host_budget  # host memory plans may offload to (0: no offload)
         self.timer = timer          # how profiles time regions (profile_regions(timer=))
+        self.retime_steps = retime_steps  # planned steps whose regions' times re-time a profile (0: none)
+        self.timing = None          # (_Profiled, RegionTimes) where the step running now times its regions
         self.profiles = {}          # signature -> _Profiled
         self.latest = None          # the _Profiled made last
         self.measuring = None       # (profile_regions, signature) open since a training forward
@@ -712,11 +734,39 @@ class FitState:
             self._check_diverged_step()
         elif self.planned_step is not None and StepRecorder._counted_device() is not None:
             self._check_planned_step(first_optimizer)
+            self._take_times()
+        self.timing = None
         self.planned_step = None
         self.scaled_step = None
         self.backward_peak = None
         self.backward_end = None
         self.diverged = None
+
+    def _take_times(self):
+        """After a step planned from its inputs' own profile that ran as profiled: its regions'
+        forward times. Once `retime_steps` such steps were timed, the profile is re-timed: each
+        region's seconds times the median of its warm forward times over its profiled one (the
+        profiled step is a model's first, which runs cold: its regions took 1.3 to 2.7 times their
+        later times on a Llama on the CPU, not alike), and later steps plan from it."""
+        if self.timing is None:
+            return
+        source, times = self.timing
+        cold = source.profile._forward_seconds
+        warm = times.seconds()
+        if source.warm or not cold or {name: calls for name, (calls, _) in warm.items()} != \
+                {name: calls for name, (calls, _) in cold.items()}:
+            return  # a step that ran other regions, or as many more times, times another step
+        source.warm_steps.append({name: seconds for name, (_, seconds) in warm.items()})
+        if len(source.warm_steps) < self.retime_steps:
+            return
+        factors = {name: statistics.median(step[name] for step in source.warm_steps) / seconds
+                   for name, (_, seconds) in cold.items() if seconds > 0}
+        again = source.retimed(factors)
+        for signature, profile in self.profiles.items():
+            if profile is source:
+                self.profiles[signature] = again
+        if self.latest is source:
+            self.latest = again
 
     def _later_forwards_changed(self, ran):
         """After a planned step whose later forwards took other inputs than those it was planned for
@@ -900,6 +950,7 @@ class FitState:
             return None
         context = _plans.use_plan(self.plan, strict=False)
         context._watch = self.watch[1]
+        context._times = None if self.timing is None else self.timing[1]
         return context
 
     def begin_step(self, args, kwargs):
@@ -1094,6 +1145,9 @@ class FitState:
             self.watch[1]._diverge(f"the model is in {mode[self.model.training]} mode, the profiled step ran in "
                                    f"{mode[source.training]} mode")
         context._watch = self.watch[1]
+        timed = own and not source.warm and self.retime_steps > 0
+        self.timing = (source, RegionTimes(self.timer)) if timed else None
+        context._times = None if self.timing is None else self.timing[1]
         return context
 
     def _refuse(self, source, base, ratio, least_now, signature, reserve=0, optimizer=False):
@@ -1243,7 +1297,7 @@ UNDER_COMPILE = "remat.fit: " + _plans.refused_under_compile(
     "the model", "fit can neither profile the step nor carry out a plan in it")
 
 
-def fit(model, budget, *, host_budget=None, timer="auto"):
+def fit(model, budget, *, host_budget=None, timer="auto", retime_steps=RETIME_STEPS):
     """Keeps every training step of `model` within `budget`, the step's peak allocated bytes
     (an int, or a string with a unit: "70GiB", "512 MiB", "80GB"), and returns the model: the
     first training step runs profiled (remat.profile_regions(), every region saved), later ones
@@ -1253,6 +1307,12 @@ def fit(model, budget, *, host_budget=None, timer="auto"):
     .plan is the plan of the last planned step. Calling fit again replaces the budget and starts
     from a new profile; remat.unfit(model) undoes it. timer: how the profiles time regions,
     "auto" or "wall" (wall-clock, for regions that wait: remat.profile_regions(timer=)).
+    retime_steps: the first planned steps at a profile's inputs (3 by default) time their regions'
+    forwards as they run (the timer's clock around each region, no other cost), and the profile's
+    seconds are then re-timed from their median: a profiled step is cold (a model's first step ran
+    its regions up to 2.7 times slower than its later ones on the CPU, not alike), or may have run
+    beside another load. Later steps plan from the re-timed profile, within the same budget. 0:
+    plans keep the profiled step's times.
     host_budget: host memory the plans may offload regions to (an int or a string with a unit;
     None or 0: no offload): each region is then saved, recomputed or offloaded, the step's peak
     on the device predicted with what the offloader holds there (profile.plan(peak_bytes=,
@@ -1266,12 +1326,13 @@ def fit(model, budget, *, host_budget=None, timer="auto"):
         raise ValueError("remat.fit: host_budget offloads what the checkpoints keep to host memory, which for a model "
                          "on the CPU is the memory the budget counts: offload frees none of it there. Give host_budget "
                          "for a model on a GPU, or leave it out")
-    timer = _profiling.timer_arg("remat.fit", timer)
+    timer = timer_arg("remat.fit", timer)
+    retime_steps = retime_steps_arg("remat.fit", retime_steps)
     global _step_hook
     if _step_hook is None:
         _step_hook = register_optimizer_step_post_hook(_optimizer_stepped)
     unfit(model)
-    state = FitState(model, budget, timer, host_budget)
+    state = FitState(model, budget, timer, host_budget, retime_steps)
     _fitted.add(state)
     model.forward = _FitForward(state, model.__dict__.get("forward"))
     model.remat_fit = state

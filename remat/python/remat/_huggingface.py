@@ -40,14 +40,15 @@ import threading
 
 import torch
 
-from . import _plans, _profiling
+from . import _plans
 
 from ._extension import _C
 from ._api import checkpoint
 from ._compile import compiled_region
-from ._fit import fit, unfit
+from ._fit import RETIME_STEPS, fit, unfit
 from ._offload import CpuOffload
 from ._state import checked_state_hooks, cpu_rng_state_hook, cuda_rng_state_hook
+from ._timing import retime_steps_arg, timer_arg
 
 __all__ = ["wrap_decoder_layers", "unwrap_decoder_layers"]
 
@@ -389,7 +390,7 @@ def _has_submodule(layer, name):
 
 def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *, recompute=None, layers=None,
                         every_n_layers=1, context_fn=None, contexts=(), verify_recompute=None, plan=None,
-                        offload=None, budget=None, host_budget=None, timer=None):
+                        offload=None, budget=None, host_budget=None, timer=None, retime_steps=None):
     """Runs every decoder layer of a Hugging Face model as one remat checkpoint named after its
     module path ("model.layers.0"), and returns the model:
 
@@ -424,6 +425,8 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
         (remat.fit(host_budget=)); for a model on a GPU.
     timer: with budget=, how the profiles time regions (remat.fit(timer=)): "auto" (CUDA events
         on a GPU, the thread's CPU time on the CPU) or "wall" (wall-clock, for regions that wait).
+    retime_steps: with budget=, the planned steps timed to re-time each profile (remat.fit(retime_steps=):
+        3 by default; 0: none).
 
     Checkpoints run only in training mode with grad mode on; in eval mode or under no_grad the
     layers run unchanged. Calling it again replaces the previous call's wrapping; see the module
@@ -441,10 +444,14 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
             raise TypeError("wrap_decoder_layers: give plan= (a plan made already) or budget= (a plan made from the "
                             "first step's profile), not both")
         budget = _plans.budget_arg(budget, "wrap_decoder_layers: budget")
-        timer = _profiling.timer_arg("wrap_decoder_layers", "auto" if timer is None else timer)
+        timer = timer_arg("wrap_decoder_layers", "auto" if timer is None else timer)
+        retime_steps = retime_steps_arg("wrap_decoder_layers", RETIME_STEPS if retime_steps is None else retime_steps)
     elif timer is not None:
         raise TypeError("wrap_decoder_layers: timer= is how the profiles of budget= time regions; give it with "
                         "budget= (or time a profile of your own: remat.profile_regions(timer=))")
+    elif retime_steps is not None:
+        raise TypeError("wrap_decoder_layers: retime_steps= is how many planned steps re-time the profiles of "
+                        "budget=; give it with budget=")
     if host_budget is not None and budget is None:
         raise TypeError("wrap_decoder_layers: host_budget= is the host memory budget='s plans may offload to; give "
                         "it with budget= (or plan with a host budget yourself: profile.plan(peak_bytes=, "
@@ -502,7 +509,8 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
             plan.set_attribute(layer, "forward", _PlainLayerForward(plan, layer.forward))
         layer._remat_layer_plan = plan
     _set_parents_checkpointing(model, found, layer_class)
-    return model if budget is None else fit(model, budget, host_budget=host_budget, timer=timer)
+    return model if budget is None else fit(model, budget, host_budget=host_budget, timer=timer,
+                                            retime_steps=retime_steps)
 
 
 def _run_as_is(function, *args, **kwargs):

@@ -111,6 +111,8 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
                          None if in_force is None else in_force.plan._must_save)
     if in_force is not None and in_force.plan._offload is not None:
         run.offload, run.plan = in_force.plan._offload, in_force.plan
+    if in_force is not None:
+        run.times = in_force.times
     # Profiled or watched, the settings are chosen here, region by region; the runtime is given a
     # plan naming no region, so that it takes them as they come and runs as it does under a plan.
     if profile is not None:
@@ -163,6 +165,7 @@ class _CheckpointRun:
         self.kept_ops = kept_ops or {}  # region -> {op index: op name} a per-op plan keeps
         self.must_save = must_save or ()  # the plan's entries whose regions no step may recompute
         self.offload, self.plan = None, None  # the plan's PlanOffload where it offloads regions
+        self.times = None  # a _timing.RegionTimes timing the top-level regions' forwards (watched, remat.fit)
         self._keeps = {}  # region (watched: (region, occurrence)) -> its RegionKeep, from forward to recompute
         self.ran = []  # (path, planned) of the regions forward ran that are not part of a planned region
         self._open = []  # for each region open now: whether it, or one around it, took the plan's choice
@@ -264,7 +267,10 @@ class _CheckpointRun:
         self._open.append((recompute, planned or any(taken for _, taken in self._open)))
         try:
             with self._offloading(path, planned, recompute, recomputing):
-                out = call(recompute, wrap)
+                if self.times is not None and top_level and not recomputing:
+                    out = self.times.run(path, lambda: call(recompute, wrap))
+                else:
+                    out = call(recompute, wrap)
         finally:
             self._open.pop()
         if not recomputing:
@@ -362,6 +368,9 @@ class RegionProfile:
         self.timer = doc.get("timer", "")
         self.regions = [RegionCost(r["name"], r["saved_bytes"], r["seconds"]) for r in doc["regions"]]
         self._shape = None  # the StepShape profile_regions recorded; a dump does not hold it
+        # region -> (its calls, their forward seconds as timed, before per-op figures priced it:
+        # remat.fit re-times the profile against those); nor this
+        self._forward_seconds = None
         self._after_backward = None  # the first step segment after backward ended (profile_regions); nor this
         self._segment_gradients = None  # per step segment, the model's gradient bytes when it began (remat.fit)
         # region -> the ops a per-op plan may keep: [{"index", "op", "bytes", "seconds"}] (ops=True)
@@ -393,6 +402,22 @@ class RegionProfile:
         if self._solver_profile is None:
             self._solver_profile = _budget.Profile(self._text)
         return self._solver_profile
+
+    def _retimed(self, factors):
+        """This profile with each region's seconds, and its ops', times its factor in `factors`
+        (region -> factor; a region not there as it is), and what the dump does not hold as here."""
+        doc = json.loads(self._text)
+        for region in doc["regions"]:
+            factor = factors.get(region["name"], 1.0)
+            region["seconds"] *= factor
+            for op in region.get("ops", ()):
+                op["seconds"] *= factor
+        profile = RegionProfile._checked(json.dumps(doc))
+        profile._shape, profile._after_backward = self._shape, self._after_backward
+        profile._segment_gradients = self._segment_gradients
+        profile._forward_seconds = {name: (calls, seconds * factors.get(name, 1.0))
+                                    for name, (calls, seconds) in (self._forward_seconds or {}).items()}
+        return profile
 
     def to_json(self, path=None):
         """The region-profile dump (schemas/region-profile.schema.json); written atomically to
@@ -825,6 +850,7 @@ class _PlanInForce:
         self.strict = strict
         self.where = where
         self.watch = None  # a _step_shape.StepWatch where the plan's profile recorded its step
+        self.times = None  # a _timing.RegionTimes where the watched step's regions are timed (remat.fit)
         self._under = {}  # plan entry -> the regions that took their choice from it
         self._seen = set()
 
@@ -905,6 +931,7 @@ class use_plan:
         self._strict = bool(strict)
         self._in_force = None
         self._watch = None  # remat.fit's own StepWatch, else one made at __enter__
+        self._times = None  # remat.fit's RegionTimes where it times this step's regions
 
     def __enter__(self):
         if profiling() is not None:
@@ -915,6 +942,7 @@ class use_plan:
             _state.plans = []
         self._in_force = _PlanInForce(self._plan, strict=self._strict, where="use_plan")
         self._in_force.watch = self._watch if self._watch is not None else self._plan._step_watch()
+        self._in_force.times = self._times
         _state.plans.append(self._in_force)
         block_opened()
         return self._plan

@@ -44,11 +44,10 @@ from ._replay import recording_consults
 from ._step_profile import StepRecorder, allocated_before, tensors_in
 from ._storage_keys import storage_of
 from ._step_shape import StepShape
+from ._timing import TIMERS, on_gpu, seconds_of, timed, timer_arg
 from ._trace import untraced
 
 __all__ = ["profile_regions", "timer_arg", "TIMERS"]
-
-TIMERS = ("auto", "wall")
 
 _input_read_per_op = None  # input_read_seconds_per_op(), once calibrated
 
@@ -88,14 +87,6 @@ def input_read_seconds_per_op():
             return 0.0
         _input_read_per_op = sorted(rounds)[len(rounds) // 2]
     return _input_read_per_op
-
-
-def timer_arg(where, timer):
-    if timer not in TIMERS:
-        raise ValueError(f"{where}: timer must be 'auto' (CUDA events on a GPU, the thread's CPU time on the CPU) or "
-                         f"'wall' (wall-clock time, counting what a region waits for: I/O, a collective, a "
-                         f"synchronization), got {timer!r}")
-    return timer
 
 
 def _stops_in(out, region_out):
@@ -216,18 +207,21 @@ class profile_regions:
         if not self._order:
             raise ValueError("profile_regions: no region of a checkpoint ran inside the block; run one training step "
                              f"of a model whose checkpoints have regions. Where the step had them: {NO_REGION_RAN}")
-        if any(isinstance(t, tuple) for times in self._timings.values() for t in times):
-            torch.cuda.synchronize()
         regions = []
+        forward_seconds = {}  # region -> (its calls, their forward seconds before per-op figures price it)
         for name in self._order:
-            seconds = sum(t[0].elapsed_time(t[1]) / 1000.0 if isinstance(t, tuple) else t for t in self._timings[name])
+            seconds = seconds_of(self._timings[name])
             region = {"name": name, "saved_bytes": self._bytes.get(name, 0), "seconds": max(seconds, 0.0)}
             if self._offload.get(name):
                 region["offload_bytes"] = self._offload[name]
             writes = None
             if name in self._meters:
                 writes = self._add_meters(region, self._meters[name], cuda=self._device.startswith("cuda"),
-                                          ops=self._ops, saved_by_code=name in self._saved_by_code)
+                                          saved_by_code=name in self._saved_by_code)
+            forward_seconds[name] = (len(self._timings[name]), region["seconds"])
+            if name in self._meters and self._ops:
+                meters = self._meters[name]
+                self._add_ops(region, meters, keeping_seconds(sum(m.intercepted for m in meters) / len(meters)))
             if writes is None and name in self._buffer_writes and name not in self._saved_by_code:
                 writes = (f"it writes in place into {describe_tensor(self._buffer_writes[name])}, a buffer of the "
                           "model (a BatchNorm's running statistics), which recompute would write again")
@@ -256,6 +250,7 @@ class profile_regions:
             doc["step"] = self._step.to_dump(remat_alloc.memory_stats(self._step.device)["requested_bytes"])
         self._profile = RegionProfile(json.dumps(doc))
         self._profile._shape = self._shape
+        self._profile._forward_seconds = forward_seconds
         # Where backward ended in step.segments (remat.fit predicts the rest apart); not in the dump
         self._profile._after_backward = self._step.after_backward if self._step.enabled else None
         # The model's gradients when each segment began, where remat.fit watched them; not in the dump
@@ -387,13 +382,13 @@ class profile_regions:
             self._outer_watched = self._ops or not own_recompute
             if not self._outer_watched:
                 return None
-            meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=self._ops,
+            meter = OpMeter(cuda=on_gpu(), figures=self._ops,
                             on_op=self._step.op_made if self._ops else None,
                             on_outside_write=functools.partial(self._outside_write, name))
         elif own_recompute or self._outer_watched:
             return None
         else:
-            meter = OpMeter(cuda=torch.cuda.is_available() and torch.cuda.is_initialized(), figures=False,
+            meter = OpMeter(cuda=on_gpu(), figures=False,
                             on_outside_write=functools.partial(self._outside_write, self._outer))
         self._meters.setdefault(self._outer, []).append(meter)
         self._call_meters.append((self._outer, meter))
@@ -422,14 +417,13 @@ class profile_regions:
                                             f"in place ({op}), so its recompute would read the changed values")
 
     @staticmethod
-    def _add_meters(region, meters, cuda, ops, saved_by_code):
-        """What the meters of the region's calls found: why it must be saved (any call's reason),
-        the meters' own time taken out of the region's seconds on the CPU clock, and with `ops`
-        its per-op figures, each op added up over the calls, which must have run the same ops
-        (else the region gets none). A region that writes outside state (a BatchNorm's running
-        statistics) is saved where the code saves it and recomputed where the code recomputes it:
-        its writes then happen as the code makes them, whatever the budget. Returns why it writes
-        so where the code recomputes it (it must be recomputed), or None."""
+    def _add_meters(region, meters, cuda, saved_by_code):
+        """What the meters of the region's calls found: why it must be saved (any call's reason)
+        and the meters' own time taken out of the region's seconds on the CPU clock. A region that
+        writes outside state (a BatchNorm's running statistics) is saved where the code saves it
+        and recomputed where the code recomputes it: its writes then happen as the code makes them,
+        whatever the budget. Returns why it writes so where the code recomputes it (it must be
+        recomputed), or None."""
         reason = next((meter.must_save for meter in meters if meter.must_save), None)
         writes = next((meter.writes_outside for meter in meters if meter.writes_outside), None)
         if reason is None and writes is not None and saved_by_code:
@@ -440,12 +434,12 @@ class profile_regions:
         per_op = interception_seconds()
         if not cuda:
             region["seconds"] = max(0.0, region["seconds"] - sum(m.own_seconds for m in meters) - count * per_op)
-        if ops:
-            profile_regions._add_ops(region, meters, keeping_seconds(count / len(meters)))
         return writes if reason is None else None
 
     @staticmethod
     def _add_ops(region, meters, overhead):
+        """The region's per-op figures, each op added up over the calls, which must have run the
+        same ops (else the region gets none)."""
         for meter in meters:
             meter.finish()
         first = meters[0]
@@ -484,30 +478,13 @@ class profile_regions:
         if name not in self._timings:
             self._timings[name] = []
             self._order.append(name)
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        cuda = on_gpu()
         self._depth += 1
         try:
             if cuda:
                 self._device = f"cuda:{torch.cuda.current_device()}"
             _C.take_ops_watched_in_save_regions()
-            if self._timer == "wall":
-                if cuda:
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                out = call()
-                if cuda:
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - start
-            elif cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = call()
-                end.record()
-                seconds = (start, end)
-            else:
-                start = time.thread_time()
-                out = call()
-                seconds = time.thread_time() - start
+            out, seconds = timed(self._timer, call)
             if not cuda:  # on the CPU clock, watching the region's ops for their reads cost them this
                 seconds = max(0.0, seconds - _C.take_ops_watched_in_save_regions() * input_read_seconds_per_op())
             self._timings[name].append(seconds)
