@@ -70,8 +70,11 @@ and one is profiled again where saving everything is estimated within the budget
 The profiled step is the model's first and runs cold (or beside another load): the first
 `retime_steps` steps planned from a profile at its own inputs time each region's forward as it runs
 (_timing.RegionTimes), and the profile's seconds are then scaled, region by region, by the median
-of those times over its profiled one (_take_times); later steps plan from that profile. A step that
-ran other regions, or more calls of them, than the profiled one is not timed.
+of those times over its profiled one (_take_times); later steps plan from that profile. The times
+of a step that ran other regions, or more calls of them, than the profiled one are dropped (one
+that differs stops timing there), and after RETIME_TRIES times retime_steps timed steps the profile
+keeps its times. A region the plan offloads is not timed (its copies run inside it): it keeps its
+profiled seconds. So does every region where the clock changed (CUDA initialized after the profile).
 
 The profiled step checks each region's forward against the model's buffers' version counters: under
 fit the plan chooses for every region, so a region the code recomputes that updates a buffer (a
@@ -116,6 +119,7 @@ from ._timing import RegionTimes, retime_steps_arg, timer_arg
 __all__ = ["fit", "unfit"]
 
 RETIME_STEPS = 3  # fit()'s retime_steps: planned steps timed to re-time a profile
+RETIME_TRIES = 4  # a profile is timed in at most this many times retime_steps steps (some may differ)
 
 
 def _signature(args, kwargs):
@@ -179,6 +183,7 @@ class _Profiled:
         self.training = True  # the model's mode in the profiled step (set by fit when it ends)
         self.model_bytes = 0  # the model's parameters' bytes in the profiled step (set by fit when it ends)
         self.warm_steps = []  # per planned step at these inputs timed so far: region -> forward seconds
+        self.timed_steps = 0  # the steps at these inputs that timed their regions (some may not count)
         self.warm = False  # its seconds are those of warm steps (retimed())
         self.profile = profile
         self.signature = signature
@@ -276,10 +281,10 @@ class _Profiled:
             self._lowered[(share, most)] = lowered
         return lowered
 
-    def retimed(self, factors):
-        """This profile with each region's seconds times its factor (region -> factor): re-timed
-        from warm steps. Its memory figures are as they were."""
-        again = _Profiled(self.profile._retimed(factors), self.signature, self.made, self.gradients,
+    def retimed(self, forward_seconds):
+        """This profile re-timed from warm steps (region -> its forward's seconds there:
+        RegionProfile._retimed). Its memory figures are as they were."""
+        again = _Profiled(self.profile._retimed(forward_seconds), self.signature, self.made, self.gradients,
                           self.optimizer_after)
         again.training, again.model_bytes, again.warm = self.training, self.model_bytes, True
         return again
@@ -446,7 +451,7 @@ class FitState:
         model = memo.get(id(self.model))
         if model is None:
             raise TypeError("remat.fit: a fit state is copied with its model (copy.deepcopy(model)), not alone")
-        state = FitState(model, self.budget, self.timer, self.host_budget)
+        state = FitState(model, self.budget, self.timer, self.host_budget, self.retime_steps)
         _fitted.add(state)
         return state
 
@@ -752,16 +757,18 @@ class FitState:
             return
         source, times = self.timing
         cold = source.profile._forward_seconds
-        warm = times.seconds()
-        if source.warm or not cold or {name: calls for name, (calls, _) in warm.items()} != \
-                {name: calls for name, (calls, _) in cold.items()}:
-            return  # a step that ran other regions, or as many more times, times another step
-        source.warm_steps.append({name: seconds for name, (_, seconds) in warm.items()})
+        # A step that differed, or ran other regions or as many more times, times another step; and
+        # one whose clock is not the profile's (CUDA initialized since) times another way
+        if source.warm or not cold or times.stopped or times.clocks - {source.profile.timer} or \
+                times.calls() != {name: calls for name, (calls, _) in cold.items()}:
+            return
+        source.warm_steps.append(times.seconds())
         if len(source.warm_steps) < self.retime_steps:
             return
-        factors = {name: statistics.median(step[name] for step in source.warm_steps) / seconds
-                   for name, (_, seconds) in cold.items() if seconds > 0}
-        again = source.retimed(factors)
+        # The regions timed in every step (not one the plan offloads: its copies run inside it)
+        timed = set.intersection(*(set(step) for step in source.warm_steps))
+        again = source.retimed({name: statistics.median(step[name] for step in source.warm_steps)
+                                for name in timed})
         for signature, profile in self.profiles.items():
             if profile is source:
                 self.profiles[signature] = again
@@ -1145,7 +1152,10 @@ class FitState:
             self.watch[1]._diverge(f"the model is in {mode[self.model.training]} mode, the profiled step ran in "
                                    f"{mode[source.training]} mode")
         context._watch = self.watch[1]
-        timed = own and not source.warm and self.retime_steps > 0
+        # Timed until retime_steps steps ran as profiled, in at most RETIME_TRIES times as many
+        timed = own and not source.warm and 0 < self.retime_steps and \
+            source.timed_steps < RETIME_TRIES * self.retime_steps
+        source.timed_steps += timed
         self.timing = (source, RegionTimes(self.timer)) if timed else None
         context._times = None if self.timing is None else self.timing[1]
         return context
@@ -1308,7 +1318,8 @@ def fit(model, budget, *, host_budget=None, timer="auto", retime_steps=RETIME_ST
     from a new profile; remat.unfit(model) undoes it. timer: how the profiles time regions,
     "auto" or "wall" (wall-clock, for regions that wait: remat.profile_regions(timer=)).
     retime_steps: the first planned steps at a profile's inputs (3 by default) time their regions'
-    forwards as they run (the timer's clock around each region, no other cost), and the profile's
+    forwards as they run (the timer's clock around each region; with timer="wall" on a GPU, a
+    synchronization at each region's entry and exit, as in the profile), and the profile's
     seconds are then re-timed from their median: a profiled step is cold (a model's first step ran
     its regions up to 2.7 times slower than its later ones on the CPU, not alike), or may have run
     beside another load. Later steps plan from the re-timed profile, within the same budget. 0:

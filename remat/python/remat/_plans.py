@@ -268,7 +268,11 @@ class _CheckpointRun:
         try:
             with self._offloading(path, planned, recompute, recomputing):
                 if self.times is not None and top_level and not recomputing:
-                    out = self.times.run(path, lambda: call(recompute, wrap))
+                    if self.watch.watch.diverged is not None:
+                        self.times.stop()  # the step differs from the profiled one: its times are of no use
+                    offloaded = self.offload is not None and planned and \
+                        self.plan._entry_for(path) in self.offload.offloaded and not recompute
+                    out = self.times.run(path, lambda: call(recompute, wrap), timing=not offloaded)
                 else:
                     out = call(recompute, wrap)
         finally:
@@ -403,20 +407,28 @@ class RegionProfile:
             self._solver_profile = _budget.Profile(self._text)
         return self._solver_profile
 
-    def _retimed(self, factors):
-        """This profile with each region's seconds, and its ops', times its factor in `factors`
-        (region -> factor; a region not there as it is), and what the dump does not hold as here."""
+    def _retimed(self, forward_seconds):
+        """This profile re-timed: each region in `forward_seconds` (region -> its forward's seconds,
+        as _forward_seconds times them) priced at those over its own, its ops too (a region whose
+        own were 0 at those), and what the dump does not hold as here."""
         doc = json.loads(self._text)
         for region in doc["regions"]:
-            factor = factors.get(region["name"], 1.0)
-            region["seconds"] *= factor
-            for op in region.get("ops", ()):
-                op["seconds"] *= factor
+            name = region["name"]
+            if name not in forward_seconds:
+                continue
+            own = self._forward_seconds[name][1]
+            if own > 0:
+                factor = forward_seconds[name] / own
+                region["seconds"] *= factor
+                for op in region.get("ops", ()):
+                    op["seconds"] *= factor
+            else:
+                region["seconds"] = forward_seconds[name]
         profile = RegionProfile._checked(json.dumps(doc))
         profile._shape, profile._after_backward = self._shape, self._after_backward
         profile._segment_gradients = self._segment_gradients
-        profile._forward_seconds = {name: (calls, seconds * factors.get(name, 1.0))
-                                    for name, (calls, seconds) in (self._forward_seconds or {}).items()}
+        profile._forward_seconds = {name: (calls, forward_seconds.get(name, seconds))
+                                    for name, (calls, seconds) in self._forward_seconds.items()}
         return profile
 
     def to_json(self, path=None):

@@ -44,7 +44,7 @@ from ._replay import recording_consults
 from ._step_profile import StepRecorder, allocated_before, tensors_in
 from ._storage_keys import storage_of
 from ._step_shape import StepShape
-from ._timing import TIMERS, on_gpu, seconds_of, timed, timer_arg
+from ._timing import TIMERS, clock_of, on_gpu, seconds_of, timed, timer_arg
 from ._trace import untraced
 
 __all__ = ["profile_regions", "timer_arg", "TIMERS"]
@@ -241,8 +241,7 @@ class profile_regions:
                 region.pop("op_overhead_seconds", None)
             regions.append(region)
         doc = {"kind": "region-profile", "schema_version": 1, "device_name": self._device,
-               "timer": ("wall_time" if self._timer == "wall" else
-                         "cuda_events" if self._device.startswith("cuda") else "thread_time"),
+               "timer": clock_of(self._timer, self._device.startswith("cuda")),
                "base_bytes": sum(self._inputs.values()), "regions": regions}
         if self._host_copy:
             doc["host_copy"] = measure_host_copy(max(self._offload.values(), default=0), self._device)

@@ -39,6 +39,11 @@ def on_gpu():
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
+def clock_of(timer, cuda):
+    """The clock `timer` reads, as a region-profile dump names it: wall_time, cuda_events or thread_time."""
+    return "wall_time" if timer == "wall" else "cuda_events" if cuda else "thread_time"
+
+
 def timed(timer, call):
     """(call(), what it took by `timer`): seconds, or on a GPU under "auto" the (start, end) CUDA
     events recorded around it, which seconds_of() reads."""
@@ -75,17 +80,33 @@ def seconds_of(measures):
 
 class RegionTimes:
     """The forward seconds of each top-level region of one step (remat.fit's planned steps), timed
-    by `timer` as the regions run under the plan."""
+    by `timer` as the regions run under the plan. A region whose time is not its compute alone (one
+    the plan offloads: its copies to the host run inside it) is counted, not timed; so is every
+    region after `stop()` (the step differs from the profiled one: its times are of no use)."""
 
     def __init__(self, timer):
         self.timer = timer
-        self._measures = {}  # region -> [what timed() measured, per call]
+        self.clocks = set()  # the clocks read (clock_of): one where CUDA was not initialized midway
+        self.stopped = False
+        self._measures = {}  # region -> [what timed() measured, per call; None: not timed]
 
-    def run(self, name, call):
+    def run(self, name, call, timing=True):
+        if self.stopped or not timing:
+            self._measures.setdefault(name, []).append(None)
+            return call()
+        self.clocks.add(clock_of(self.timer, on_gpu()))
         out, measure = timed(self.timer, call)
         self._measures.setdefault(name, []).append(measure)
         return out
 
+    def stop(self):
+        self.stopped = True
+
+    def calls(self):
+        """region -> the calls of it that ran."""
+        return {name: len(measures) for name, measures in self._measures.items()}
+
     def seconds(self):
-        """region -> (its calls, their seconds added up)."""
-        return {name: (len(measures), seconds_of(measures)) for name, measures in self._measures.items()}
+        """region -> its calls' seconds added up, for the regions whose every call was timed."""
+        return {name: seconds_of(measures) for name, measures in self._measures.items()
+                if all(measure is not None for measure in measures)}

@@ -6,6 +6,7 @@ loads or compiles something) is priced as the cold step measured it until then: 
 and recomputes the steady one ("b"); from the fifth step the plan recomputes "a" instead. Every
 step within the budget and every gradient bitwise the same loop's without fit."""
 
+import copy
 import time
 
 import pytest
@@ -58,8 +59,8 @@ class Model(torch.nn.Module):
         super().__init__()
         self.layers = torch.nn.ModuleList(Layer() for _ in range(LAYERS))
 
-    def forward(self, x, twice=False):
-        for index, layer in enumerate(self.layers):
+    def forward(self, x, twice=False, skip_last=False):
+        for index, layer in enumerate(self.layers[:-1] if skip_last else self.layers):
             x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x)
         if twice:
             x = remat.checkpoint(region_name=f"layers.{LAYERS - 1}")(self.layers[-1])(x)
@@ -74,7 +75,7 @@ def region_bytes():
     return ROWS * WIDTH * 4
 
 
-def loop(budget, steps, retime_steps=3, twice_at=()):
+def loop(budget, steps, retime_steps=3, twice_at=(), skip_last_from=None):
     """`steps` SGD steps of a fresh Block under remat.fit(budget, retime_steps=) (budget None: without
     fit): per step (its measured peak, its gradients as bytes, the regions its plan recomputed), and
     the fit state."""
@@ -88,14 +89,16 @@ def loop(budget, steps, retime_steps=3, twice_at=()):
 
             def one_step():
                 optimizer.zero_grad(set_to_none=True)
-                model(x, twice=step in twice_at).backward()
+                skip_last = skip_last_from is not None and step >= skip_last_from
+                model(x, twice=step in twice_at, skip_last=skip_last).backward()
                 optimizer.step()
 
             peak = fit_loop.peak_of(one_step)
             state = getattr(model, "remat_fit", None)
             plan = None if state is None or state.plan is None else state.plan
             recomputed = None if plan is None else sorted(r for r, c in plan.decisions.items() if c == "recompute")
-            rows.append((peak, [p.grad.numpy().tobytes() for p in model.parameters()], recomputed))
+            rows.append((peak, [None if p.grad is None else p.grad.numpy().tobytes() for p in model.parameters()],
+                         recomputed))
         state = fit_loop.unfit(model, batch(0))
     return rows, state
 
@@ -145,6 +148,37 @@ def test_a_step_that_ran_more_checkpoint_calls_is_not_timed(budget):
     rows, state = loop(budget, 7, twice_at=(2,))
     assert recomputed_kind(rows[3:]) == ["b"] * 2 + ["a"] * 2
     assert state.latest.warm
+
+
+def test_steps_that_never_run_as_profiled_stop_being_timed(budget):
+    # From step 1 every step skips the last layer (fewer checkpoint calls than the profiled step):
+    # no step's times count, and after 4 x retime_steps timed steps the profile keeps its times
+    rows, state = loop(budget, 15, retime_steps=2, skip_last_from=1)
+    assert state.latest.timed_steps == 8 and not state.latest.warm and state.latest.warm_steps == []
+    assert state.timing is None
+
+
+def test_a_region_profiled_at_0_seconds_takes_its_warm_seconds(budget):
+    _, state = loop(budget, 2, retime_steps=0)
+    profile = state.latest.profile
+    calls, seconds = profile._forward_seconds["layers.0::b"]
+    profile._forward_seconds["layers.0::a"] = (1, 0.0)
+    again = profile._retimed({"layers.0::a": 0.004, "layers.0::b": seconds / 2})
+    priced = {region.name: region.seconds for region in again.regions}
+    before = {region.name: region.seconds for region in profile.regions}
+    assert priced["layers.0::a"] == 0.004 and priced["layers.0::b"] == pytest.approx(before["layers.0::b"] / 2)
+    assert priced["layers.1::a"] == before["layers.1::a"]  # not re-timed: as it was
+    assert again.step_peak_bytes == profile.step_peak_bytes and again.base_bytes == profile.base_bytes
+
+
+def test_a_copy_of_a_fitted_model_keeps_its_retime_steps(budget):
+    # An EMA or teacher copy is fitted as the original was, retime_steps included
+    with fit_loop.fitted(Model, None) as (model, _):
+        remat.fit(model, budget, retime_steps=0)
+        copied = copy.deepcopy(model)
+        assert copied.remat_fit is not model.remat_fit and copied.remat_fit.retime_steps == 0
+        remat.fit(model, budget, retime_steps=5)
+        assert copy.deepcopy(model).remat_fit.retime_steps == 5
 
 
 @pytest.mark.parametrize("steps", [-1, True, 1.5, "3", None])
