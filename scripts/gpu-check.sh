@@ -39,6 +39,8 @@ prepare() {
   # transformers alone: what it imports (huggingface_hub, tokenizers, safetensors) is on the GPU
   # machine's image in versions it accepts.
   python3 -m pip download --quiet --no-deps "${wheel_platform[@]}" transformers==5.24.0 torch-remat==0.2.2
+  # accelerate (and psutil, which it imports) for the tests that train with transformers.Trainer
+  python3 -m pip download --quiet --no-deps "${wheel_platform[@]}" accelerate==1.16.0 psutil==7.2.2
   echo "prepared $(du -sh "$deps" | cut -f1) in $deps; carry .gpu-deps to the GPU machine"
 }
 

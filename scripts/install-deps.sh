@@ -32,7 +32,8 @@ fi
 # NVIDIA libraries): the checkpoint runtime links LibTorch from it, and the Python tests run
 # against the real torch (which imports on a machine without a GPU). scikit-build-core
 # builds the pip package; pytest runs the checkpoint runtime's Python tests; transformers (about
-# 45 MB with its dependencies; tested with 5.24.0) is for remat.wrap_decoder_layers and its tests.
+# 45 MB with its dependencies; tested with 5.24.0) is for remat.wrap_decoder_layers and its tests,
+# accelerate (tested with 1.16.0, a few hundred KB) for the tests that train with transformers.Trainer.
 # Where the system Python is externally managed (PEP 668: Debian 12's), they go into the virtual
 # environment REMAT_VENV (scripts/python-env.sh), made here.
 source scripts/python-env.sh
@@ -47,6 +48,7 @@ import importlib.metadata as metadata
 import re
 import sys
 import pytest
+import accelerate
 import torch
 import transformers
 
@@ -62,7 +64,7 @@ ok = torch.__version__.startswith("2.11.0") and release(metadata.version("scikit
 sys.exit(0 if ok else 1)
 PY
 then
-  echo "install-deps: torch 2.11.0, scikit-build-core, pytest and transformers present"
+  echo "install-deps: torch 2.11.0, scikit-build-core, pytest, transformers and accelerate present"
 elif remat_externally_managed "$python"; then
   echo "install-deps: PYTHON=$python is externally managed (PEP 668), so pip may not install torch and the rest" \
     "into it: unset PYTHON to install into the virtual environment REMAT_VENV (default ~/.local/share/remat/venv)," \
@@ -73,10 +75,10 @@ elif ! "$python" -m pip --version >/dev/null 2>&1; then
     "(or to a virtual environment's python)" >&2
   exit 1
 else
-  echo "install-deps: installing torch==2.11.0 with its dependencies (about 4.6 GB), scikit-build-core, pytest and" \
-    "transformers from PyPI into $python"
+  echo "install-deps: installing torch==2.11.0 with its dependencies (about 4.6 GB), scikit-build-core, pytest," \
+    "transformers and accelerate from PyPI into $python"
   "$python" -m pip install --quiet --disable-pip-version-check torch==2.11.0 "scikit-build-core>=0.10" pytest \
-    transformers==5.24.0
+    transformers==5.24.0 accelerate==1.16.0
 fi
 if [ "$REMAT_MADE_VENV" = 1 ]; then
   echo "install-deps: the build and the tests use $python (source $REMAT_VENV/bin/activate to use it yourself;" \

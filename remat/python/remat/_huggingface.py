@@ -26,17 +26,23 @@ transformers' own switches act on the same attributes. `model.gradient_checkpoin
 (`activation_checkpointing_disable()` in transformers 5) turns checkpointing off: the layers run
 unchanged and the region wrappers call straight through. `model.gradient_checkpointing_enable()`
 (`activation_checkpointing_enable()`, and the Trainer's `gradient_checkpointing=True` /
-`activation_checkpointing=True`) puts `torch.utils.checkpoint` back in remat's place; call
-`wrap_decoder_layers` after it (or not at all) to use remat. `model.is_gradient_checkpointing`
-reads True while remat checkpoints the layers. Calling `wrap_decoder_layers` again first undoes
-the previous call, so the last call's settings hold and nothing is wrapped twice;
-`unwrap_decoder_layers(model)` undoes it and restores what transformers had set.
+`activation_checkpointing=True`, which transformers.Trainer applies as training begins, after the
+model was wrapped) keeps remat's checkpoints and says so once: its options (the checkpoint's
+keyword arguments, every_n_layers, offload) are not applied, and what else it does (PEFT's
+enable_input_require_grads) is; after gradient_checkpointing_disable() it turns remat's back on.
+That is the instance's `_set_gradient_checkpointing`, through which transformers' switches set the
+layers' attributes (_KeepsRemat). To checkpoint with `torch.utils.checkpoint` instead,
+`unwrap_decoder_layers(model)` first. `model.is_gradient_checkpointing` reads True while remat
+checkpoints the layers. Calling `wrap_decoder_layers` again first undoes the previous call, so the
+last call's settings hold and nothing is wrapped twice; `unwrap_decoder_layers(model)` undoes it
+and restores what transformers had set.
 """
 
 import copy
 import functools
 import inspect
 import threading
+import weakref
 
 import torch
 
@@ -48,6 +54,7 @@ from ._compile import compiled_region
 from ._fit import RETIME_STEPS, fit, unfit
 from ._offload import CpuOffload
 from ._state import checked_state_hooks, cpu_rng_state_hook, cuda_rng_state_hook
+from ._step_shape import warn_at_user_line
 from ._timing import retime_steps_arg, timer_arg
 
 __all__ = ["wrap_decoder_layers", "unwrap_decoder_layers"]
@@ -213,6 +220,12 @@ class _LayerPlan:
     def set_attribute(self, module, attribute, value):
         self.restore.append((module, attribute, module.__dict__.get(attribute, _ABSENT), value))
         setattr(module, attribute, value)
+
+    def reapply(self):
+        """Sets again what wrapping set (turned off since by gradient_checkpointing_disable, say)."""
+        for module, attribute, _, value in self.restore:
+            if not _same(module.__dict__.get(attribute, _ABSENT), value):
+                setattr(module, attribute, value)
 
     def undo(self):
         for module, attribute, previous, value in reversed(self.restore):
@@ -509,6 +522,7 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
             plan.set_attribute(layer, "forward", _PlainLayerForward(plan, layer.forward))
         layer._remat_layer_plan = plan
     _set_parents_checkpointing(model, found, layer_class)
+    _keep_remat_when_enabled(model)
     return model if budget is None else fit(model, budget, host_budget=host_budget, timer=timer,
                                             retime_steps=retime_steps)
 
@@ -533,6 +547,55 @@ def _set_parents_checkpointing(model, found, layer_class):
         restore.set_attribute(module, "gradient_checkpointing", True)
         restore.set_attribute(module, "_gradient_checkpointing_func", _run_as_is)
         module._remat_layer_plan = restore
+
+
+class _KeepsRemat:
+    """The `_set_gradient_checkpointing` of a transformers model whose layers remat checkpoints:
+    turning checkpointing on (gradient_checkpointing_enable, activation_checkpointing_enable,
+    Trainer's gradient_checkpointing=True) keeps remat's checkpoints in place (turned on again
+    where they were turned off), said once; turning it off runs as transformers' own does."""
+
+    def __init__(self, model, method):
+        self.model = weakref.ref(model)  # the model holds this as an attribute: no cycle back
+        self.method = method
+        self.said = False
+
+    def __deepcopy__(self, memo):
+        """A copied model's (copy.deepcopy: its module is copied first, so it is in memo)."""
+        return _KeepsRemat(memo.get(id(self.model()), self.model()), self.method)
+
+    def __call__(self, *args, **kwargs):
+        enable = kwargs.get("enable", args[0] if args else True)
+        if not enable:
+            return self.method(self.model(), *args, **kwargs)
+        for module in self.model().modules():
+            plan = module.__dict__.get("_remat_layer_plan")
+            if plan is not None:
+                plan.reapply()
+        if not self.said:
+            self.said = True
+            warn_at_user_line(
+                f"remat.wrap_decoder_layers: checkpointing was turned on for {type(self.model()).__name__} "
+                "(gradient_checkpointing_enable, activation_checkpointing_enable, or Trainer's "
+                "gradient_checkpointing=True) while remat checkpoints its layers: remat's checkpoints stay, and "
+                "the options given there (the checkpoint's keyword arguments, every_n_layers, offload) are not "
+                "applied. To checkpoint with torch.utils.checkpoint instead, call "
+                "remat.unwrap_decoder_layers(model) first; to stop this warning, leave gradient_checkpointing off "
+                "(remat checkpoints the layers already)")
+        return None
+
+
+def _keep_remat_when_enabled(model):
+    """Sets _KeepsRemat as the `_set_gradient_checkpointing` of every module of `model` whose class
+    has one (the transformers models in it: a PEFT model's base model, its stack)."""
+    for module in model.modules():
+        method = getattr(type(module), "_set_gradient_checkpointing", None)
+        if not callable(method):
+            continue
+        plan = module.__dict__.get("_remat_layer_plan")
+        if plan is None:
+            plan = module._remat_layer_plan = _LayerPlan(module, None, None, {})
+        plan.set_attribute(module, "_set_gradient_checkpointing", _KeepsRemat(module, method))
 
 
 def unwrap_decoder_layers(model):

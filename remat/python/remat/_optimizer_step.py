@@ -12,6 +12,13 @@ nothing. The copy's step runs under a dispatch mode that counts the bytes of eve
 operation makes and drops them when the storage is freed: its peak over where it began is the
 step's rise, what is left at its end the state it made.
 
+The copy shares nothing it writes with the user's optimizer: its attributes are set in its own
+instance dict, never through the class (a wrapper's param_groups property writes into the optimizer
+it wraps: accelerate's AcceleratedOptimizer, which transformers.Trainer steps, would have been given
+the stand-ins for good). A wrapper, an optimizer holding another as `optimizer`, is not predicted:
+the optimizer it wraps is (the scan finds it too). One whose param_groups or state is a property of
+its class otherwise is not predicted at all (prediction() says why).
+
 The real step makes the same tensors on the parameters' device: requested bytes equal each
 tensor's size. What a kernel allocates and frees inside one operation is not seen; on the CPU that
 is the scalars it wraps in tensors, allowed for by a few words (_HOST_KERNEL_SCALARS). Where the copy differs from the real step it is made to allocate no less: a fused
@@ -32,6 +39,7 @@ from __future__ import annotations
 import collections
 import copy
 import gc
+import inspect
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -43,14 +51,29 @@ from ._extension import _C
 
 def optimizers_over(parameters):
     """The torch.optim.Optimizer objects whose param_groups hold any of `parameters`, found in one
-    scan of the collector's objects, by type (which runs no code of theirs) and in C++. Asking the
-    collector for the parameters' referrers instead costs a scan per parameter, in effect: 2.8 s
-    with 4000 parameters and two optimizers, where one scan in Python took 0.17 s."""
+    scan of the collector's objects, by type (which runs no code of theirs) and in C++, less the
+    wrappers of others (_wraps). Asking the collector for the parameters' referrers instead costs a
+    scan per parameter, in effect: 2.8 s with 4000 parameters and two optimizers, where one scan in
+    Python took 0.17 s."""
     if not parameters:
         return []
     ids = {id(p) for p in parameters}
     return [o for o in _C.instances_among(gc.get_objects(), torch.optim.Optimizer)
-            if any(id(p) in ids for group in o.param_groups for p in group["params"])]
+            if _wraps(o) is None and any(id(p) in ids for group in o.param_groups for p in group["params"])]
+
+
+def _wraps(optimizer):
+    """The optimizer `optimizer` wraps (an Optimizer in its instance dict as `optimizer`, as
+    accelerate's AcceleratedOptimizer holds the one it steps), else None. Read from the dict: no
+    property of its runs."""
+    inner = getattr(optimizer, "__dict__", {}).get("optimizer")
+    return inner if isinstance(inner, torch.optim.Optimizer) else None
+
+
+def _class_property(optimizer, name):
+    """Whether the class of `optimizer` defines `name` as a descriptor that takes assignments (a
+    property, which may read and write another object)."""
+    return hasattr(inspect.getattr_static(type(optimizer), name, None), "__set__")
 
 
 class _StorageCount(TorchDispatchMode):
@@ -107,6 +130,10 @@ def step_memory(optimizer, with_gradients, host):
     parameters in `with_gradients` (a set of ids) have gradients of their own shape and dtype;
     `host`: the parameters are on the CPU, whose bytes the budget counts (the step counters too).
     Raises where the step cannot run on stand-ins."""
+    for name in ("param_groups", "state"):
+        if _class_property(optimizer, name):
+            raise TypeError(f"its {name} is a property of its class, which may be another optimizer's: its step is "
+                            "not run on a copy")
     stand_ins = {}
     groups = []
     for group in optimizer.param_groups:
@@ -128,11 +155,12 @@ def step_memory(optimizer, with_gradients, host):
         if p in stand_ins:
             state[stand_ins[p]] = {k: _stand_in(v) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
                                    for k, v in entries.items()}
-    proxy = copy.copy(optimizer)
-    proxy.param_groups, proxy.state = groups, state
+    # A copy with its own attributes, set in its instance dict: nothing written through the class
+    proxy = object.__new__(type(optimizer))
+    vars(proxy).update(vars(optimizer))
     # Neither the user's hooks (per optimizer or global) nor torch's profiler record run for it
-    proxy._optimizer_step_pre_hooks = collections.OrderedDict()
-    proxy._optimizer_step_post_hooks = collections.OrderedDict()
+    vars(proxy).update(param_groups=groups, state=state, _optimizer_step_pre_hooks=collections.OrderedDict(),
+                       _optimizer_step_post_hooks=collections.OrderedDict())
     step = type(optimizer).step
     step = getattr(step, "__wrapped__", step) if getattr(step, "hooked", False) else step
     before = {id(v) for entries in state.values() for v in entries.values()}

@@ -59,7 +59,12 @@ def train(budget, counts, *, optimizer="sgd", width=HIDDEN, batch=BATCH, sequenc
         # AdamW's foreach form: its transient over all parameters at once is more than backward's
         optimizer = {"sgd": lambda: torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                      "adamw": lambda: torch.optim.AdamW(model.parameters(), foreach=True),
-                     "host-reading": lambda: _HostReadingSGD(model.parameters())}[optimizer]()
+                     "host-reading": lambda: _HostReadingSGD(model.parameters()),
+                     "wrapped": lambda: _Wrapping(torch.optim.AdamW(model.parameters(), foreach=True)),
+                     "wrapped-otherwise": lambda: _Wrapping(torch.optim.AdamW(model.parameters(), foreach=True),
+                                                            attribute="_inner"),
+                     "accelerate": lambda: _accelerated(torch.optim.AdamW(model.parameters(), foreach=True)),
+                     }[optimizer]()
         number = 0
         for cycle, count in enumerate(counts):
             model.late_on = late_from is not None and cycle >= late_from
@@ -248,6 +253,75 @@ def test_an_optimizer_that_cannot_step_on_stand_ins_keeps_the_warning_naming_why
         assert f"it was not predicted, as {why}" in said[0]
         assert model.remat_fit.optimizer_part is not None  # measured
         remat.unfit(model)
+
+
+class _Wrapping(torch.optim.Optimizer):
+    """A wrapper as accelerate's AcceleratedOptimizer is (what transformers.Trainer steps): an
+    Optimizer whose param_groups and state are properties that read and write the optimizer it
+    wraps, held as `attribute`."""
+
+    def __init__(self, optimizer, attribute="optimizer"):  # (no Optimizer.__init__, as accelerate's)
+        self._attribute = attribute
+        setattr(self, attribute, optimizer)
+
+    @property
+    def _wrapped(self):
+        return getattr(self, self._attribute)
+
+    @property
+    def param_groups(self):
+        return self._wrapped.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups):
+        self._wrapped.param_groups = groups
+
+    @property
+    def state(self):
+        return self._wrapped.state
+
+    @state.setter
+    def state(self, state):
+        self._wrapped.state = state
+
+    @property
+    def defaults(self):
+        return self._wrapped.defaults
+
+    def step(self, closure=None):
+        return self._wrapped.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self._wrapped.zero_grad(set_to_none=set_to_none)
+
+
+def _accelerated(optimizer):
+    accelerate = pytest.importorskip("accelerate")
+    accelerate.Accelerator(cpu=True)
+    return accelerate.optimizer.AcceleratedOptimizer(optimizer, device_placement=False)
+
+
+@pytest.mark.parametrize("wrapper", ["wrapped", "accelerate"])
+def test_an_optimizer_wrapping_another_is_predicted_by_the_one_it_wraps_and_trains_as_without_fit(wrapper):
+    """Predicting the first optimizer step ran a copy of the wrapper whose param_groups property
+    wrote the stand-ins (meta tensors) into the optimizer it wraps: no parameter changed again, with
+    no error (transformers.Trainer with gradient_accumulation_steps=2 and a budget)."""
+    shape = {"optimizer": wrapper, "width": 256, "batch": 1, "sequence": 8}
+    free, _, _ = train(None, [2, 2, 2], **shape)
+    rows, told, state = train("1 GiB", [2, 2, 2], **shape)
+    assert [r[4] for r in rows] == [r[4] for r in free]  # bitwise, the later cycles' too
+    rise, made, why = state.first_optimizer
+    assert why is None and rise >= made > 0  # AdamW's two moments, predicted on the optimizer wrapped
+    assert state.cycle == 2 and state.optimizer_basis == "measured"
+
+
+def test_an_optimizer_whose_groups_are_another_s_by_a_property_is_not_predicted_and_trains_as_without_fit():
+    shape = {"optimizer": "wrapped-otherwise", "width": 256, "batch": 1, "sequence": 8}
+    free, _, _ = train(None, [2, 2], **shape)
+    rows, told, state = train("1 GiB", [2, 2], **shape)
+    assert [r[4] for r in rows] == [r[4] for r in free]
+    rise, _, why = state.first_optimizer
+    assert rise is None and "its param_groups is a property of its class" in why, why
 
 
 def test_a_parameter_first_given_a_gradient_in_a_later_cycle_is_in_every_prediction():

@@ -223,11 +223,44 @@ def test_gradient_checkpointing_disable_turns_remat_off_and_wrapping_again_on():
     assert list(regions_of(trace)) == ["model.layers.0", "model.layers.1"]
 
 
-def test_gradient_checkpointing_enable_after_wrapping_puts_torch_checkpoint_back():
+def test_gradient_checkpointing_enable_after_wrapping_keeps_remat_and_says_so_once():
+    """transformers.Trainer(gradient_checkpointing=True) turns checkpointing on as training begins,
+    after the user wrapped the model: that put torch.utils.checkpoint back, silently (and under
+    budget= the first step was refused, naming no region). remat's checkpoints stay; said once."""
     reference, model = twin_models(llama_config())
     ids = input_ids()
     expected = train_step(reference, ids)
     remat.wrap_decoder_layers(model)
+    with warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", FutureWarning)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model.activation_checkpointing_enable()
+    said = [str(w.message) for w in told if "remat" in str(w.message)]
+    assert len(said) == 1 and "remat's checkpoints stay" in said[0] and "unwrap_decoder_layers" in said[0], said
+    with remat.collect_trace() as trace:
+        assert_bitwise_equal(expected, train_step(model, ids))
+    assert list(regions_of(trace)) == ["model.layers.0", "model.layers.1"]
+
+    # Turned off, then on again: remat's checkpoints again
+    model.activation_checkpointing_disable()
+    with remat.collect_trace() as trace:
+        assert_bitwise_equal(expected, train_step(model, ids))
+    assert trace.scopes == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.activation_checkpointing_enable()
+    with remat.collect_trace() as trace:
+        assert_bitwise_equal(expected, train_step(model, ids))
+    assert list(regions_of(trace)) == ["model.layers.0", "model.layers.1"]
+
+
+def test_gradient_checkpointing_enable_after_unwrapping_puts_torch_checkpoint_back():
+    reference, model = twin_models(llama_config())
+    ids = input_ids()
+    expected = train_step(reference, ids)
+    remat.unwrap_decoder_layers(remat.wrap_decoder_layers(model))
+    assert all("_set_gradient_checkpointing" not in vars(module) for module in model.modules())
     _without_future_warnings(model.gradient_checkpointing_enable)
     with remat.collect_trace() as trace:
         assert_bitwise_equal(expected, train_step(model, ids))
