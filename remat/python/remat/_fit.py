@@ -757,8 +757,8 @@ class FitState:
             return
         source, times = self.timing
         cold = source.profile._forward_seconds
-        # A step that differed, or ran other regions or as many more times, times another step; and
-        # one whose clock is not the profile's (CUDA initialized since) times another way
+        # A step that differed (other regions, or more or fewer calls of them) times another step, and
+        # one on another clock than the profile's (CUDA initialized since) times another way
         if source.warm or not cold or times.stopped or times.clocks - {source.profile.timer} or \
                 times.calls() != {name: calls for name, (calls, _) in cold.items()}:
             return
@@ -1155,7 +1155,8 @@ class FitState:
         # Timed until retime_steps steps ran as profiled, in at most RETIME_TRIES times as many
         timed = own and not source.warm and 0 < self.retime_steps and \
             source.timed_steps < RETIME_TRIES * self.retime_steps
-        source.timed_steps += timed
+        if timed:
+            source.timed_steps += 1
         self.timing = (source, RegionTimes(self.timer)) if timed else None
         context._times = None if self.timing is None else self.timing[1]
         return context
