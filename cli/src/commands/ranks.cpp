@@ -292,19 +292,18 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
     if (prediction) {
       if (svg) write_output_file(*svg, prediction_svg(*prediction, measured_peaks(run.job)));
       if (options.format() == OutputFormat::json) {
-        write_prediction_check_json(std::cout, *prediction, run.job);
+        write_prediction_check_json(std::cout, *prediction, run.job, run.unreadable);
       } else {
-        print(prediction_check_report(*prediction, run.job), options);
+        print(prediction_check_report(*prediction, run.job, run.unreadable), options);
       }
-      std::cout.flush();
-      return;
-    }
-    if (svg) write_output_file(*svg, ranks_svg(run));
-    if (html) write_output_file(*html, ranks_html(run));
-    switch (options.format()) {
-      case OutputFormat::json: write_ranks_json(std::cout, run); break;
-      case OutputFormat::csv: print(ranks_csv(run), options); break;
-      case OutputFormat::text: print(ranks_report(run, opts->top), options); break;
+    } else {
+      if (svg) write_output_file(*svg, ranks_svg(run));
+      if (html) write_output_file(*html, ranks_html(run));
+      switch (options.format()) {
+        case OutputFormat::json: write_ranks_json(std::cout, run); break;
+        case OutputFormat::csv: print(ranks_csv(run), options); break;
+        case OutputFormat::text: print(ranks_report(run, opts->top), options); break;
+      }
     }
     std::cout.flush();
     if (opts->strict && !run.unreadable.empty()) {

@@ -49,7 +49,8 @@ std::vector<std::uint64_t> unpredicted_ranks(const pipeline::Prediction& predict
 
 }  // namespace
 
-Report prediction_check_report(const pipeline::Prediction& prediction, const JobRanks& job) {
+Report prediction_check_report(const pipeline::Prediction& prediction, const JobRanks& job,
+                               const std::vector<UnreadableDump>& unreadable) {
   const std::map<std::uint64_t, std::uint64_t> measured = measured_peaks(job);
   Report report;
   Table table{.id = "predicted",
@@ -79,6 +80,7 @@ Report prediction_check_report(const pipeline::Prediction& prediction, const Job
                           Cell::bytes(rank.peak), Cell::share(error), Cell::text(rank.action)});
   }
   report.tables.push_back(std::move(table));
+  if (!unreadable.empty()) report.tables.push_back(unreadable_table(unreadable));
   if (worst >= 0) {
     report.notes.push_back(fmt::format("largest error: rank {}, {:.1f}% of its measured peak", worst_rank,
                                        worst * 100.0));
@@ -94,7 +96,8 @@ Report prediction_check_report(const pipeline::Prediction& prediction, const Job
   return report;
 }
 
-void write_prediction_check_json(std::ostream& out, const pipeline::Prediction& prediction, const JobRanks& job) {
+void write_prediction_check_json(std::ostream& out, const pipeline::Prediction& prediction, const JobRanks& job,
+                                 const std::vector<UnreadableDump>& unreadable) {
   const std::map<std::uint64_t, std::uint64_t> measured = measured_peaks(job);
   using Json = nlohmann::ordered_json;
   Json root = dump_header_json("prediction-check", kPredictionCheckSchemaVersion);
@@ -123,6 +126,9 @@ void write_prediction_check_json(std::ostream& out, const pipeline::Prediction& 
   Json unpredicted = Json::array();
   for (const std::uint64_t rank : unpredicted_ranks(prediction, measured)) unpredicted.push_back(rank);
   root["unpredicted_ranks"] = std::move(unpredicted);
+  Json unread = Json::array();
+  for (const UnreadableDump& dump : unreadable) unread.push_back({{"path", dump.path}, {"reason", dump.reason}});
+  root["unreadable"] = std::move(unread);
   out << json_text(root, 2) << '\n';
 }
 

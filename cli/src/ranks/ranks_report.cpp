@@ -192,15 +192,6 @@ void add_first_failure(Report& report, const FirstFailure& first) {
   report.tables.push_back(std::move(others));
 }
 
-Table unreadable_table(const RanksRun& run) {
-  Table table{.id = "unreadable",
-              .title = "Unreadable (left out of the report)",
-              .columns = {{"path", "path", false}, {"reason", "reason", false}}};
-  for (const UnreadableDump& dump : run.unreadable)
-    table.rows.push_back({Cell::text(dump.path), Cell::text(dump.reason)});
-  return table;
-}
-
 std::vector<std::string> run_notes(const RanksRun& run) {
   std::vector<std::string> notes;
   if (!run.skipped.empty()) {
@@ -275,13 +266,21 @@ nlohmann::ordered_json rank_json(const RankRow& row, const std::vector<GroupLabe
 
 }  // namespace
 
+Table unreadable_table(const std::vector<UnreadableDump>& unreadable) {
+  Table table{.id = "unreadable",
+              .title = "Unreadable (left out of the report)",
+              .columns = {{"path", "path", false}, {"reason", "reason", false}}};
+  for (const UnreadableDump& dump : unreadable) table.rows.push_back({Cell::text(dump.path), Cell::text(dump.reason)});
+  return table;
+}
+
 Report ranks_report(const RanksRun& run, std::size_t top) {
   Report report;
   report.tables.push_back(job_table(run));
   if (!run.job.ranks().empty()) report.tables.push_back(ranks_table(run, top));
   if (run.spreads && !run.job.labels().empty()) report.tables.push_back(spreads_table(run));
   if (const std::optional<FirstFailure> first = run.job.first_failure()) add_first_failure(report, *first);
-  if (!run.unreadable.empty()) report.tables.push_back(unreadable_table(run));
+  if (!run.unreadable.empty()) report.tables.push_back(unreadable_table(run.unreadable));
   report.notes = run_notes(run);
   return report;
 }
@@ -316,7 +315,7 @@ Report ranks_csv(const RanksRun& run) {
   Report report;
   report.tables.push_back(std::move(table));
   if (run.spreads && !run.job.labels().empty()) report.tables.push_back(spreads_table(run));
-  if (!run.unreadable.empty()) report.tables.push_back(unreadable_table(run));
+  if (!run.unreadable.empty()) report.tables.push_back(unreadable_table(run.unreadable));
   return report;
 }
 

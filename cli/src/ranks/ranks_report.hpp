@@ -29,6 +29,9 @@ struct RanksRun {
   std::map<std::string, std::uint64_t> skipped;
 };
 
+// The dumps that could not be read, each with why (ranks, and ranks --predicted).
+Table unreadable_table(const std::vector<UnreadableDump>& unreadable);
+
 // `top`: the rows of the ranks table text shows (0: all).
 Report ranks_report(const RanksRun& run, std::size_t top);
 Report ranks_csv(const RanksRun& run);

@@ -217,3 +217,23 @@ def test_ranks_measured_but_not_predicted_are_listed(measured, tmp_path):
     check = report("ranks", os.path.join(out_dir, "case0"), "--predicted", str(prediction), "--json")
     assert [row["rank"] for row in check["ranks"]] == [0, 1]
     assert check["unpredicted_ranks"] == [2, 3]
+
+
+def test_a_cut_short_rank_dump_is_listed_beside_the_prediction_and_strict_fails(measured, tmp_path):
+    # It showed as a rank with no dump ("-"), unlisted, and --strict exited 0
+    out_dir, _ = measured
+    job = tmp_path / "job"
+    job.mkdir()
+    for name in os.listdir(os.path.join(out_dir, "case0")):
+        if name.startswith("snapshot"):
+            (job / name).write_bytes(open(os.path.join(out_dir, "case0", name), "rb").read())
+    cut = sorted(job.iterdir())[1]
+    cut.write_bytes(cut.read_bytes()[:1000])
+    prediction = tmp_path / "prediction.json"
+    prediction.write_text(json.dumps(remat.pipelining.predict(TORCH_PROFILES, "1f1b", ranks=2, microbatches=4)))
+    check = report("ranks", str(job), "--predicted", str(prediction), "--json")
+    assert [dump["path"] for dump in check["unreadable"]] == [str(cut)]
+    assert "cut short" in check["unreadable"][0]["reason"]
+    assert [row["measured_bytes"] is None for row in check["ranks"]].count(True) == 1
+    code, message = report_fails("ranks", str(job), "--predicted", str(prediction), "--strict")
+    assert code == 2 and "--strict: 1 of the dumps are unreadable" in message, message
