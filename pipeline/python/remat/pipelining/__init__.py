@@ -113,7 +113,7 @@ def recv_buffer_memory(schedule: Any) -> list:
     pool = getattr(schedule, _POOL_ATTRIBUTE, None)
     if pool is not None:
         return pool.memory()
-    return _stock_memory(internals.stages_of(schedule))
+    return _stock_memory(internals.read_schedule(schedule)[1])  # refuses what is no schedule
 
 
 def _stock_memory(stages: list) -> list:

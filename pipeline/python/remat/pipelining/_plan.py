@@ -44,10 +44,11 @@ class ScheduleLayout:
     rank: int
 
 
-def layout_of(schedule: Any) -> ScheduleLayout:
-    """The schedule's stages and lowered order; UnsupportedSchedule names what is missing or unknown."""
+def layout_of(schedule: Any, pooling: bool = True) -> ScheduleLayout:
+    """The schedule's stages and lowered order; UnsupportedSchedule names what is missing or unknown.
+    To pool its buffers (`pooling`), its stages must not have set them up yet."""
     single, stages, initialized, microbatches = internals.read_schedule(schedule)
-    if initialized:
+    if initialized and pooling:
         raise RuntimeError(
             "remat.pipelining: the schedule's stages already allocated their receive buffers (step() has run); "
             "pool them after the schedule and its stages are built and before the first step()"

@@ -132,7 +132,7 @@ def predict(profiles: Sequence[Any], schedule: Any, *, ranks: Optional[int] = No
         if ranks is not None or microbatches is not None or virtual_stages is not None:
             raise ValueError("predict: a schedule object gives its own ranks, stages and microbatches; leave out "
                              "ranks=, microbatches= and virtual_stages=")
-        layout = layout_of(schedule)
+        layout = layout_of(schedule, pooling=False)  # the order is the same after step() has run
         orders, stage_to_rank, microbatches = layout.orders, layout.stage_to_rank, layout.microbatches
         name, lowering = layout.name, layout.lowering
     text = _pipeline_plan.predict_json(orders, stage_to_rank, microbatches, texts, schedule=name, lowering=lowering,
