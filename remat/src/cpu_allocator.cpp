@@ -3,6 +3,8 @@
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/errors.hpp>
 
+#include "torch_oom_message.hpp"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -19,7 +21,7 @@ class TaggingCpuAllocator final : public c10::Allocator {
     try {
       ptr = Pool().allocate(bytes, 0);
     } catch (const alloc::OutOfMemoryError& e) {
-      C10_THROW_ERROR(OutOfMemoryError, e.what());
+      C10_THROW_ERROR(OutOfMemoryError, detail::torch_oom_message(e.what(), false));
     }
     return {ptr, ptr, &release, c10::Device(c10::DeviceType::CPU)};
   }

@@ -7,6 +7,8 @@
 #include <remat/alloc/allocator.hpp>
 #include <remat/alloc/errors.hpp>
 
+#include "torch_oom_message.hpp"
+
 #include <c10/util/Exception.h>
 
 #include <cstdio>
@@ -23,7 +25,7 @@ void* allocate(std::size_t bytes, int device, void* stream) {
   try {
     return alloc::device_allocator(device).allocate(bytes, as_stream(stream));
   } catch (const alloc::OutOfMemoryError& e) {
-    C10_THROW_ERROR(OutOfMemoryError, e.what());
+    C10_THROW_ERROR(OutOfMemoryError, detail::torch_oom_message(e.what(), true));
   }
 }
 

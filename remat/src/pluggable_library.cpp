@@ -13,6 +13,7 @@
 //   const char* remat_pluggable_last_error(void)   remat_pluggable_last_error()
 
 #include "pluggable_allocator.hpp"
+#include "torch_oom_message.hpp"
 
 #include <remat/alloc/c_api.h>
 
@@ -29,7 +30,8 @@ thread_local std::string t_last_error;
 // matching Python error.
 [[noreturn]] void raise(int status) {
   const std::string message = remat_last_error();
-  if (status == REMAT_ERR_OUT_OF_MEMORY) C10_THROW_ERROR(OutOfMemoryError, message);
+  if (status == REMAT_ERR_OUT_OF_MEMORY)
+    C10_THROW_ERROR(OutOfMemoryError, remat::detail::torch_oom_message(message, true));
   C10_THROW_ERROR(Error, message);
 }
 

@@ -168,7 +168,8 @@ MemoryView memory_from_replay(const LiveReplay& replay, GroupBy by, const std::s
   const auto& labels = replay.labels();
   std::uint64_t peak_sum = 0;  // the peak shares divide by it, so it must fit in 64 bits
   for (std::size_t g = 0; g < labels.size(); ++g) {
-    if (replay.allocations()[g] == 0 && replay.live()[g] == 0) continue;
+    // A group reached by retags alone (a category: gradient, activation) has no allocations of its own
+    if (replay.allocations()[g] == 0 && replay.live()[g] == 0 && replay.peak()[g] == 0) continue;
     view.rows.push_back(
         MemoryRow{labels[g], replay.live()[g], replay.peak()[g], replay.live_count()[g], replay.allocations()[g]});
     if (__builtin_add_overflow(peak_sum, replay.peak()[g], &peak_sum)) {

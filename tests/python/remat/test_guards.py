@@ -147,6 +147,27 @@ def test_a_verify_recompute_scope_can_be_entered_again():
     assert not recompute_is_verified("guards.after")
 
 
+def test_an_out_of_memory_error_reads_as_pytorch_s_to_code_that_retries_with_a_smaller_batch():
+    # accelerate's find_executable_batch_size (transformers.Trainer's auto_find_batch_size) halves
+    # the batch on an error whose text holds " out of memory." (PyTorch's "CUDA out of memory."):
+    # remat's began "out of memory on device 0", and the job died at its first batch size
+    script = textwrap.dedent("""
+        import torch, remat, remat_alloc
+        remat_alloc.configure("host_capacity_mb:2,oom_dump_interval_ms:0")
+        with remat.tag_cpu_tensors():
+            try:
+                torch.empty(3 << 20, dtype=torch.uint8)
+            except torch.OutOfMemoryError as error:
+                print(str(error).splitlines()[0])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.strip()
+    assert first.startswith("Host out of memory. remat: device 0 (host): tried to allocate 3.00 MiB"), first
+    assert " out of memory." in first and "host_capacity_mb" in first
+
+
 def test_tag_cpu_tensors_caps_cpu_tensors_at_host_capacity_mb_configured_before_the_first():
     # A fresh process: the capacity can change only before the first tagged tensor.
     script = textwrap.dedent("""

@@ -284,6 +284,30 @@ def test_a_retag_is_a_trace_event_so_the_traces_peak_names_tracked_bytes_by_thei
     assert rows["optimizer_state"]["live_bytes"] >= 2 * grads
 
 
+def test_gradients_freed_before_the_dump_keep_their_peak_in_the_report(tagged, tmp_path):
+    # Gradients are allocated as backward's temporaries and become gradients by a retag alone: with
+    # none live at the dump (zero_grad(set_to_none=True)), their category was left out of the trace's
+    # report and shown at 0 B peak in the snapshot's, though the allocator counted its peak
+    report = remat_report()
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with remat.track(model, optimizer):
+        for _ in range(2):
+            step(model, optimizer, ids())
+        optimizer.zero_grad(set_to_none=True)
+        counted = remat_alloc.category_bytes(at_peak=True)["gradient"]
+        remat_alloc.dump_snapshot(str(tmp_path / "snapshot.json"))
+        remat_alloc.dump_trace(str(tmp_path / "trace.jsonl"))
+    grads = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    assert counted >= grads
+    for dump in ("snapshot.json", "trace.jsonl"):
+        out = subprocess.run([report, "memory", str(tmp_path / dump), "--by", "category", "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        rows = {row["category"]: row for row in json.loads(out.stdout)["memory"]}
+        assert rows["gradient"]["live_bytes"] == 0 and rows["gradient"]["peak_bytes"] >= grads, (dump, rows)
+
+
 def test_offloaded_bytes_keep_their_category_and_module_on_the_host(tagged, tmp_path):
     torch.manual_seed(0)
     model = Checkpointed()
