@@ -192,14 +192,48 @@ class OomObserver:
     def detach(self) -> None:
         """Stops reporting. PyTorch cannot remove an observer, so on the native path it stays
         registered and does nothing; on the tagging allocator's path the allocator forgets it and
-        its oom_dump_dir is cleared (REMAT_OOM_DUMP_DIR applies again)."""
+        writes its reports where it did before this observer was attached (the folder of the last
+        one attached that is still attached, else REMAT_ALLOC_CONF's oom_dump_dir, else
+        REMAT_OOM_DUMP_DIR)."""
         with self._lock:
             if not self._attached:
                 return
             self._attached = False
         if self.allocator == "remat":
             remat_alloc.remove_oom_observer(self._remat_id)
-            remat_alloc.configure("oom_dump_dir:")
+            with _tagging_observers_lock:
+                _tagging_observers.remove(self)
+                directory = _tagging_observers[-1].dump_dir if _tagging_observers else _configured_dump_dir()
+            remat_alloc.configure(f"oom_dump_dir:{directory}")
+
+
+# The observers attached to the tagging allocator, oldest first. It writes one report per OOM, into
+# the folder of the last one attached; each other observer gets a copy in its own.
+_tagging_observers: list = []
+_tagging_observers_lock = threading.Lock()
+
+
+def _configured_dump_dir() -> str:
+    """The oom_dump_dir REMAT_ALLOC_CONF gives ("" where it gives none)."""
+    for setting in os.environ.get("REMAT_ALLOC_CONF", "").split(","):
+        key, _, value = setting.partition(":")
+        if key.strip() == "oom_dump_dir":
+            return value.strip()
+    return ""
+
+
+def _copy_into(path: str, directory: str) -> str:
+    """A copy of the report at `path` in `directory` (written atomically), or "" where it failed (said)."""
+    try:
+        with open(path, encoding="utf-8") as report:
+            text = report.read()
+        copy = os.path.join(directory, os.path.basename(path))
+        _write_dump(copy, text)
+        return copy
+    except Exception as error:  # noqa: BLE001  (never into the allocator: PyTorch raises the OOM next)
+        _stderr_line(f"remat: the OOM report {path} could not be copied into {directory}: "
+                     f"{type(error).__name__}: {error}")
+        return ""
 
 
 def _attach_to_tagging_allocator(observer: OomObserver) -> None:
@@ -215,11 +249,16 @@ def _attach_to_tagging_allocator(observer: OomObserver) -> None:
             return
         path = event.dump_path
         if path and (observer.device is None or event.device == observer.device):
-            with observer._lock:
-                observer.dumps.append(path)
+            if os.path.dirname(os.path.abspath(path)) != observer.dump_dir:
+                path = _copy_into(path, observer.dump_dir)  # written into another observer's folder
+            if path:
+                with observer._lock:
+                    observer.dumps.append(path)
 
     observer._remat_id = remat_alloc.add_oom_observer(on_oom)
     observer.allocator = "remat"
+    with _tagging_observers_lock:
+        _tagging_observers.append(observer)
 
 
 def attach_oom_observer(dump_dir, *, device=None, allocator: str = "auto") -> OomObserver:

@@ -694,6 +694,43 @@ def test_under_the_tagging_allocator_the_same_call_lists_its_own_report(tmp_path
     assert "held" in [h["name"] for h in doc["holders"]["by_region"]]
 
 
+def test_two_observers_on_the_tagging_allocator_each_keep_their_reports_in_their_own_folder(tmp_path):
+    # The allocator's report folder is one setting: the first observer's report went into the second
+    # one's folder (listed as its own), and after the second detached, the first wrote none
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    script = textwrap.dedent(f"""
+        import json, os, torch, remat, remat_alloc
+        remat_alloc.configure("host_capacity_mb:4,oom_dump_interval_ms:0")
+        a = remat.attach_oom_observer({str(first)!r}, allocator="remat")
+        b = remat.attach_oom_observer({str(second)!r}, allocator="remat")
+        with remat.tag_cpu_tensors():
+            for attempt in range(2):
+                try:
+                    torch.empty(8 << 20, dtype=torch.uint8)
+                except torch.OutOfMemoryError:
+                    pass
+                if attempt == 0:
+                    b.detach()
+        a.detach()
+        try:
+            with remat.tag_cpu_tensors():
+                torch.empty(8 << 20, dtype=torch.uint8)
+        except torch.OutOfMemoryError:
+            pass
+        print(json.dumps({{"a": a.dumps, "b": b.dumps}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "REMAT_ALLOC_CONF": "", "REMAT_OOM_DUMP_DIR": ""})
+    assert done.returncode == 0, done.stderr
+    dumps = json.loads(done.stdout.splitlines()[-1])
+    assert len(dumps["a"]) == 2 and all(os.path.dirname(path) == str(first) for path in dumps["a"]), dumps
+    assert len(dumps["b"]) == 1 and os.path.dirname(dumps["b"][0]) == str(second), dumps
+    assert sorted(p.name for p in first.iterdir()) == sorted(os.path.basename(path) for path in dumps["a"])
+    assert [p.name for p in second.iterdir()] == [os.path.basename(dumps["b"][0])]  # none after both detached
+
+
 def test_observers_that_allocate_and_fail_or_remove_themselves_leave_the_oom_to_the_caller(tmp_path):
     # An observer whose own allocation fails is not called again for it (that recursion had no
     # end), an observer that removes itself is freed only once it returned, and the caller gets
