@@ -1,6 +1,8 @@
 // remat-launch: runs N ranks of a job on this machine, as torchrun does on one node. It
 // opens the rendezvous port on 127.0.0.1 itself (a free one unless --master-port names one) and
-// hands the listening socket to rank 0, so no other process can take the port in between;
+// hands the listening socket to rank 0, so no other process can take the port in between (with
+// --release-port it closes it instead, for programs that open the port themselves, as
+// torch.distributed.init_process_group does);
 // sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; prefixes
 // every line a rank prints with "[rank i] "; and returns non-zero when any rank fails. When one
 // rank fails the others get --grace seconds to fail on their own (they should: their transfers
@@ -49,14 +51,15 @@ struct Options {
   std::optional<int> master_port;
   double timeout_s = 0;  // 0: none
   double grace_s = 30;
+  bool release_port = false;  // close the rendezvous socket before the ranks start (PyTorch's env://)
   std::vector<std::string> command;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr,
                "remat-launch: %s\n"
-               "usage: remat-launch --nproc N [--master-port PORT] [--timeout SECONDS] [--grace SECONDS] "
-               "[--] PROGRAM [ARGS...]\n",
+               "usage: remat-launch --nproc N [--master-port PORT] [--release-port] [--timeout SECONDS] "
+               "[--grace SECONDS] [--] PROGRAM [ARGS...]\n",
                message.c_str());
   std::exit(kUsageError);
 }
@@ -105,13 +108,20 @@ Options parse_options(int argc, char** argv) {
       options.timeout_s = parse_seconds(arg, value_of(arg), 1e7);
     } else if (arg == "--grace") {
       options.grace_s = parse_seconds(arg, value_of(arg), 1e7);
+    } else if (arg == "--release-port") {
+      options.release_port = true;
     } else if (arg == "--help" || arg == "-h") {
       std::printf(
-          "remat-launch --nproc N [--master-port PORT] [--timeout SECONDS] [--grace SECONDS] [--] PROGRAM [ARGS...]\n"
+          "remat-launch --nproc N [--master-port PORT] [--release-port] [--timeout SECONDS] [--grace SECONDS]\n"
+          "             [--] PROGRAM [ARGS...]\n"
           "  Runs N copies of PROGRAM as ranks 0..N-1 of one job on this machine, with the rendezvous store on\n"
           "  127.0.0.1 (a free port unless --master-port). Output lines are prefixed with the rank. When a rank\n"
           "  fails, the others are stopped after --grace seconds (default 30); --timeout stops the whole job\n"
-          "  (exit status 124). The exit status is the first failing rank's (128+signal when killed).\n");
+          "  (exit status 124). The exit status is the first failing rank's (128+signal when killed).\n"
+          "  The launcher holds the port and hands its socket to rank 0 (REMAT_MASTER_LISTEN_FD), which remat's\n"
+          "  pipeline runtime serves the store on. --release-port closes it before the ranks start instead, for a\n"
+          "  program that opens the port itself (torch.distributed.init_process_group, env://): as under\n"
+          "  torchrun, another process may take the port in between.\n");
       std::exit(0);
     } else if (!arg.empty() && arg[0] == '-') {
       usage_error("unknown option " + arg.substr(0, 64));
@@ -223,10 +233,10 @@ pid_t spawn(const Options& options, int rank, int port, int listen_fd, int& out_
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
     ::close(out_pipe[0]), ::close(out_pipe[1]), ::close(err_pipe[0]), ::close(err_pipe[1]);
-    if (rank == 0) {
+    if (rank == 0 && listen_fd >= 0) {
       ::setenv("REMAT_MASTER_LISTEN_FD", std::to_string(listen_fd).c_str(), 1);
     } else {
-      ::close(listen_fd);
+      if (listen_fd >= 0) ::close(listen_fd);
       ::unsetenv("REMAT_MASTER_LISTEN_FD");
     }
     ::setenv("RANK", std::to_string(rank).c_str(), 1);
@@ -272,7 +282,11 @@ void on_interrupt(int signal) {
 int main(int argc, char** argv) {
   const Options options = parse_options(argc, argv);
   int port = 0;
-  const int listen_fd = open_listener(options.master_port, port);
+  int listen_fd = open_listener(options.master_port, port);
+  if (options.release_port) {
+    ::close(listen_fd);
+    listen_fd = -1;
+  }
 
   struct sigaction action {};
   action.sa_handler = on_interrupt;
@@ -295,7 +309,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  ::close(listen_fd);  // rank 0 holds it now
+  if (listen_fd >= 0) ::close(listen_fd);  // rank 0 holds it now
 
   const auto start = Clock::now();
   std::optional<Clock::time_point> stop_at;  // when the ranks still running are stopped

@@ -132,6 +132,13 @@ std::vector<RankInput> expand(const std::vector<std::string>& paths) {
   return inputs;
 }
 
+// A dump's temporary file (".remat-<pid>-<n>.tmp", renamed to the dump once written): one left in
+// the folder is a write a killed process never finished, no rank's dump.
+bool unfinished_write(const std::string& path) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  return name.starts_with(".remat-") && name.ends_with(".tmp");
+}
+
 // A PyTorch snapshot pickle records no rank: the last number in its file's name is taken.
 std::optional<std::uint64_t> rank_from_name(const std::string& path) {
   const std::string name = std::filesystem::path(path).stem().string();
@@ -175,6 +182,10 @@ class RankReader {
     if (!status_error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
       // Its first bytes are looked at before it is read: a pipe would lose them, or wait for a writer.
       throw InputError("not a regular file (a pipe, socket or device): `ranks` reads dump files and folders of them");
+    }
+    if (input.in_folder && unfinished_write(input.path)) {
+      ++run_.skipped["unfinished write"];
+      return std::nullopt;
     }
     const Looks looks = first_bytes(input.path);
     if (looks == Looks::pickle) return from_pickle(input.path);

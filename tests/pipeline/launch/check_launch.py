@@ -167,6 +167,20 @@ def check_spawn_failure(args):
         expect_all_gone(pids_in(pids), "the ranks started before the failure, and their children")
 
 
+def check_release_port(args):
+    # A program that opens the rendezvous port itself, as torch.distributed.init_process_group's
+    # env:// store does on rank 0: it cannot while the launcher's socket (handed to rank 0) holds it
+    bind = ("import os, socket; s = socket.socket(); "
+            "s.bind(('127.0.0.1', int(os.environ['MASTER_PORT']))); s.listen(); "
+            "print('listening', 'REMAT_MASTER_LISTEN_FD' in os.environ)")
+    program = ["--", sys.executable, "-c", bind]
+    held, _ = run(args, ["--nproc", "1", "--timeout", "30", *program])
+    expect(held.returncode != 0 and "Address already in use" in held.stderr, "the held port cannot be bound again")
+    released, _ = run(args, ["--nproc", "1", "--timeout", "30", "--release-port", *program])
+    expect(released.returncode == 0 and released.stdout == "[rank 0] listening False\n",
+           f"with --release-port rank 0 binds the port itself: {released.stdout!r}")
+
+
 CASES = {
     "leftover-children": check_leftover_children,
     "timeout-with-children": check_timeout_with_children,
@@ -176,6 +190,7 @@ CASES = {
     "interrupted": check_interrupted,
     "launcher-killed": check_launcher_killed,
     "spawn-failure": check_spawn_failure,
+    "release-port": check_release_port,
 }
 
 

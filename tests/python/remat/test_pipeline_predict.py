@@ -237,3 +237,17 @@ def test_a_cut_short_rank_dump_is_listed_beside_the_prediction_and_strict_fails(
     assert [row["measured_bytes"] is None for row in check["ranks"]].count(True) == 1
     code, message = report_fails("ranks", str(job), "--predicted", str(prediction), "--strict")
     assert code == 2 and "--strict: 1 of the dumps are unreadable" in message, message
+
+
+def test_a_dump_write_a_killed_process_left_unfinished_is_skipped_not_unreadable(measured, tmp_path):
+    # The atomic write's temporary file (".remat-<pid>-<n>.tmp") of a job killed mid-dump was read
+    # as a rank's dump cut short, and --strict failed the whole job's report for it
+    out_dir, _ = measured
+    job = tmp_path / "job"
+    job.mkdir()
+    for name in os.listdir(os.path.join(out_dir, "case0")):
+        if name.startswith("snapshot"):
+            (job / name).write_bytes(open(os.path.join(out_dir, "case0", name), "rb").read())
+    (job / ".remat-4242-0.tmp").write_bytes(next(job.glob("snapshot*")).read_bytes()[:1000])
+    check = report("ranks", str(job), "--json", "--strict")
+    assert check["unreadable"] == [] and check["skipped"] == {"unfinished write": 1}
