@@ -12,6 +12,7 @@ namespace remat::report {
 namespace {
 
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+constexpr std::uint64_t kLeastLargeSegmentMb = 10;  // the least large_segment_size_mb the allocator takes
 
 // Sums of report fields saturate: a report's numbers may be anything, and a sum that wrapped
 // would advise a setting far too small to help.
@@ -61,12 +62,29 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
   const std::uint64_t need = std::max(n.rounded_bytes, n.requested_bytes);
 
   if (n.cause == alloc::OomCause::request_exceeds_device || (n.memory.total_bytes > 0 && need > n.memory.total_bytes)) {
-    const std::uint64_t placed = std::max(need, n.segment_bytes);
+    if (n.memory.total_bytes > 0 && need <= kLeastLargeSegmentMb * kMiB && n.segment_bytes > n.memory.total_bytes) {
+      // The request fits; the segment it goes into does not: requests of 1 to 10 MiB share
+      // segments of large_segment_size_mb (20 by default, 10 at least)
+      const bool smaller_fits = kLeastLargeSegmentMb * kMiB <= n.memory.total_bytes;
+      out.push_back({SuggestionKind::request_exceeds_device,
+                     fmt::format("the request ({}) goes into a {} segment, larger than the whole device ({}): {}",
+                                 human_bytes(need), human_bytes(n.segment_bytes), human_bytes(n.memory.total_bytes),
+                                 smaller_fits ? fmt::format("set REMAT_ALLOC_CONF=large_segment_size_mb:{} (the "
+                                                            "segment requests of 1 to 10 MiB share)",
+                                                            kLeastLargeSegmentMb)
+                                              : "no setting makes that segment smaller than 10 MiB; shrink what "
+                                                "sizes the tensor (batch size, sequence length)"),
+                     std::nullopt, smaller_fits ? fmt::format("large_segment_size_mb:{}", kLeastLargeSegmentMb) : "",
+                     ""});
+      return out;
+    }
+    const std::string placed =
+        n.segment_bytes > need ? fmt::format(" in its {} segment", human_bytes(n.segment_bytes)) : std::string();
     out.push_back({SuggestionKind::request_exceeds_device,
-                   fmt::format("the request alone ({}) is larger than the whole device ({}): no cache setting or "
+                   fmt::format("the request alone ({}{}) is larger than the whole device ({}): no cache setting or "
                                "recompute makes it fit; split the tensor or shrink what sizes it (batch size, "
                                "sequence length)",
-                               human_bytes(placed), human_bytes(n.memory.total_bytes)),
+                               human_bytes(need), placed, human_bytes(n.memory.total_bytes)),
                    std::nullopt, "", ""});
     return out;  // nothing else can help a request the device cannot hold
   }
@@ -112,9 +130,12 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
 
   // cached_free_bytes counts every free cached byte, those in split segments included.
   const std::uint64_t mb = std::max(kMinMaxSplitSizeMb, whole_mib_above(need));
+  const std::string now = config_value(config, "max_split_size_mb");
+  // Set to that or less already, it changes nothing: blocks of the request's size are not split then
+  const bool set_already = !now.empty() && now.find_first_not_of("0123456789") == std::string::npos &&
+                           now.size() < 19 && std::stoull(now) <= mb;
   if (n.largest_free_block < need && n.cached_free_bytes >= need && n.fragmented_free_bytes > 0 &&
-      n.releasable_bytes < need && mb <= kMaxMaxSplitSizeMb) {
-    const std::string now = config_value(config, "max_split_size_mb");
+      n.releasable_bytes < need && mb <= kMaxMaxSplitSizeMb && !set_already) {
     out.push_back({SuggestionKind::fragmentation,
                    fmt::format("the largest free block ({}) is smaller than the request ({}) although {} sit cached "
                                "and free, {} of them in {} free block(s) inside split segments: set "

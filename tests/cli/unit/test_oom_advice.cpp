@@ -200,6 +200,42 @@ TEST(OomAdvice, TheRecordedCauseDecidesForARequestWhoseSegmentExceedsTheDevice) 
   EXPECT_EQ(all[0].kind, SuggestionKind::request_exceeds_device);
 }
 
+// A 4 MiB request shares a 20 MiB segment (large_segment_size_mb) that a 16 MiB device cannot
+// hold: the request fits, and the segment's setting is the fix (it read "the request alone
+// (20.00 MiB) is larger than the whole device"); on an 8 MiB device no segment size fits.
+TEST(OomAdvice, ASmallRequestWhoseSharedSegmentExceedsTheDeviceGetsTheSegmentSetting) {
+  OomNumbers n = quiet_numbers();
+  n.cause = alloc::OomCause::request_exceeds_device;
+  n.requested_bytes = n.rounded_bytes = 4 * kMiB;
+  n.segment_bytes = 20 * kMiB;
+  n.memory.total_bytes = 16 * kMiB;
+  std::vector<Suggestion> all = suggest(n, {}, "");
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].setting, "large_segment_size_mb:10");
+  EXPECT_NE(all[0].message.find("the request (4.00 MiB) goes into a 20.00 MiB segment, larger than the whole device "
+                                "(16.00 MiB)"),
+            std::string::npos)
+      << all[0].message;
+  n.memory.total_bytes = 8 * kMiB;
+  all = suggest(n, {}, "");
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].setting, "");
+  EXPECT_NE(all[0].message.find("no setting makes that segment smaller than 10 MiB"), std::string::npos)
+      << all[0].message;
+}
+
+TEST(OomAdvice, FragmentationIsNotSuggestedWhereMaxSplitSizeIsSetThereAlready) {
+  // It advised max_split_size_mb:20 "(now 20)", which changes nothing
+  OomNumbers n = quiet_numbers();
+  n.requested_bytes = n.rounded_bytes = 3 * kMiB;
+  n.largest_free_block = 2 * kMiB;
+  n.cached_free_bytes = 6 * kMiB;
+  n.fragmented_free_bytes = 6 * kMiB;
+  n.free_blocks_in_split_segments = 4;
+  EXPECT_EQ(find(suggest(n, {}, "max_split_size_mb:20"), SuggestionKind::fragmentation), nullptr);
+  EXPECT_NE(find(suggest(n, {}, "max_split_size_mb:64"), SuggestionKind::fragmentation), nullptr);
+}
+
 TEST(OomAdvice, ACapWithASegmentNearTwoTo64NeverAdvisesASmallFraction) {
   OomNumbers n = capped_numbers();
   n.segment_bytes = UINT64_MAX;  // reserved + segment would wrap around to a few MiB
