@@ -105,6 +105,9 @@ void WhatIfReplay::on_event(const Event& event) {
       ++counts_.ignored;
       break;
     case Action::oom:
+      ++counts_.recorded_ooms;
+      ++counts_.ignored;
+      break;
     case Action::retag: ++counts_.ignored; break;
   }
   in_segment_free_run_ = segment_free;

@@ -100,6 +100,7 @@ struct WhatIfCounts {
   std::uint64_t frees_not_completed = 0;  // blocks freed at the next alloc of their address
   std::uint64_t empty_cache_calls = 0;  // runs of consecutive segment_free events
   std::uint64_t ignored = 0;         // segment_alloc, oom, and free_requested completed at once
+  std::uint64_t recorded_ooms = 0;   // oom events: requests the recorded allocator could not meet (not replayed)
 };
 
 class WhatIfReplay final : public EventSink {

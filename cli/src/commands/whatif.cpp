@@ -63,6 +63,29 @@ std::uint64_t parse_capacity(const std::string& given) {
   return size.bytes;
 }
 
+// Keys of REMAT_ALLOC_CONF a replay of the caching pool has no use for: each given in --conf is
+// noted (host_capacity_mb is the device memory, which --capacity sets).
+void note_settings_not_replayed(const std::string& text, std::vector<std::string>& notes) {
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    std::size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    std::string_view key = std::string_view(text).substr(at, end - at);
+    key = key.substr(0, key.find(':'));
+    key.remove_prefix(std::min(key.size(), key.find_first_not_of(" \t")));
+    key = key.substr(0, key.find_last_not_of(" \t") + 1);
+    if (key == "host_capacity_mb") {
+      notes.push_back(fmt::format("--conf {}: host_capacity_mb is not replayed; give the device memory as --capacity",
+                                  printable(text)));
+    } else if (key == "backend" || key == "trace_entries" || key == "oom_dump_dir" || key == "oom_dump_interval_ms" ||
+               key == "tagging") {
+      notes.push_back(
+          fmt::format("--conf {}: {} sets no caching-pool behaviour and is not replayed", printable(text), key));
+    }
+    at = end + 1;
+  }
+}
+
 // --conf text in REMAT_ALLOC_CONF's form, or else a job's PYTORCH_CUDA_ALLOC_CONF text as it
 // stands (backend:native, pinned_* and the other keys only PyTorch's allocator has are noted in
 // `notes`, when given, and not replayed). A text that is neither is REMAT_ALLOC_CONF's error.
@@ -73,7 +96,9 @@ alloc::Config parse_conf(const std::string& text, const alloc::Config& base, std
                                  text.empty() ? std::string("'' (empty)") : printable(text)));
   }
   try {
-    return alloc::Config::parse(text, base, "--conf");
+    alloc::Config config = alloc::Config::parse(text, base, "--conf");
+    if (notes != nullptr) note_settings_not_replayed(text, *notes);
+    return config;
   } catch (const alloc::ConfigError& error) {
     std::vector<std::string> not_applied;
     alloc::Config config;

@@ -42,6 +42,12 @@ std::vector<std::string> all_notes(const RecordedInput& recorded, const WhatIfCo
     }
   }
   if (counts.events == 0) notes.push_back("the input holds no events: every figure is 0");
+  if (counts.recorded_ooms > 0) {
+    notes.push_back(fmt::format(
+        "the recording ran out of memory {} time(s) (its oom events): a request that failed there is no alloc event, "
+        "so no run here replays it, and a run without a failure does not say that setting would have avoided it",
+        counts.recorded_ooms));
+  }
   if (counts.skipped_frees > 0) {
     notes.push_back(
         fmt::format("{} frees of addresses with no live allocation in the input (allocated before its "

@@ -731,6 +731,36 @@ def test_two_observers_on_the_tagging_allocator_each_keep_their_reports_in_their
     assert [p.name for p in second.iterdir()] == [os.path.basename(dumps["b"][0])]  # none after both detached
 
 
+def test_whatif_on_a_recording_that_ran_out_of_memory_says_the_failures_are_not_replayed(tmp_path):
+    # It showed runs without a failure and no word of the recorded OOMs, and dropped a --conf
+    # host_capacity_mb (no caching-pool setting) without a word
+    import shutil
+
+    report = os.environ.get("REMAT_REPORT") or shutil.which("remat-report")
+    if report is None:
+        pytest.skip("remat-report is not built here (REMAT_REPORT unset and not on PATH)")
+    trace = tmp_path / "trace.jsonl"
+    script = textwrap.dedent(f"""
+        import torch, remat, remat_alloc
+        remat_alloc.configure("host_capacity_mb:4")
+        with remat.tag_cpu_tensors():
+            kept = torch.empty(1 << 20, dtype=torch.uint8)
+            try:
+                torch.empty(8 << 20, dtype=torch.uint8)
+            except torch.OutOfMemoryError:
+                pass
+        remat_alloc.dump_trace({str(trace)!r})
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = subprocess.run([report, "whatif", str(trace), "--conf", "host_capacity_mb:8", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    notes = json.loads(out.stdout)["notes"]
+    assert any("the recording ran out of memory 1 time(s)" in note for note in notes), notes
+    assert any("host_capacity_mb is not replayed; give the device memory as --capacity" in note for note in notes)
+
+
 def test_observers_that_allocate_and_fail_or_remove_themselves_leave_the_oom_to_the_caller(tmp_path):
     # An observer whose own allocation fails is not called again for it (that recursion had no
     # end), an observer that removes itself is freed only once it returned, and the caller gets
