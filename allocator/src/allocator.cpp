@@ -7,6 +7,8 @@
 #include "message_text.hpp"
 
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -134,11 +136,31 @@ std::unique_ptr<Backend> make_backend(const Config& config, int device) {
   return std::make_unique<HostBackend>(config.host_capacity_bytes, device);
 }
 
+// An oom_dump_dir the process cannot write reports into is said when it is set, not only at the
+// OOM whose report it loses.
+void say_if_unwritable(const Config& config, const char* source) {
+  if (config.oom_dump_dir.empty()) return;
+  struct stat status {};
+  const char* problem = nullptr;
+  if (::stat(config.oom_dump_dir.c_str(), &status) != 0)
+    problem = "does not exist";
+  else if (!S_ISDIR(status.st_mode))
+    problem = "is not a directory";
+  else if (::access(config.oom_dump_dir.c_str(), W_OK | X_OK) != 0)
+    problem = "is not writable by this process";
+  if (problem == nullptr) return;
+  std::fprintf(stderr,
+               "remat: oom_dump_dir %s (%s) %s: no OOM report can be written there until it is; create it, or "
+               "name a directory this process can write\n",
+               detail::quote(config.oom_dump_dir).c_str(), source, problem);
+}
+
 // Callers hold r.mutex.
 const Config& configured_locked(Registry& r) {
   if (!r.configured) {
     r.config = Config::from_environment();
     r.configured = true;
+    say_if_unwritable(r.config, "REMAT_ALLOC_CONF");
   }
   return r.config;
 }
@@ -228,6 +250,7 @@ void configure(std::string_view text) {
   std::lock_guard lock(r.mutex);
   const Config current = base_for_configure(r, text);
   Config next = Config::parse(text, current, "remat_configure");
+  if (next.oom_dump_dir != current.oom_dump_dir) say_if_unwritable(next, "remat_configure");
   const bool host_capacity_changes = next.host_capacity_bytes != current.host_capacity_bytes;
   const bool backend_changes = resolve(next.backend) != resolve(current.backend) || host_capacity_changes;
   std::vector<CachingAllocator*> existing;

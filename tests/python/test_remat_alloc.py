@@ -296,6 +296,29 @@ class RematAllocCtypes(unittest.TestCase):
         self.assertTrue(segment["is_expandable"])
         self.assertEqual(segment["total_size"], 60 << 20)
 
+    def test_an_oom_dump_dir_that_cannot_take_reports_is_said_when_set(self):
+        # It was found only at the OOM, whose report was then lost
+        script = textwrap.dedent('''
+            import remat_alloc
+            lib = remat_alloc.load()
+            p = lib.remat_alloc(4096, 0, None)
+            lib.remat_free(p, 4096, 0, None)
+            remat_alloc.configure("oom_dump_dir:" + __import__("sys").argv[1])
+        ''')
+        with tempfile.TemporaryDirectory() as folder:
+            a_file = os.path.join(folder, "a-file")
+            pathlib.Path(a_file).write_text("")
+            env = dict(os.environ, REMAT_ALLOC_CONF=f"backend:host,oom_dump_dir:{folder}/missing")
+            done = subprocess.run([sys.executable, "-c", script, a_file], env=env, capture_output=True, text=True,
+                                  timeout=60)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn(f"oom_dump_dir '{folder}/missing' (REMAT_ALLOC_CONF) does not exist", done.stderr)
+            self.assertIn(f"oom_dump_dir '{a_file}' (remat_configure) is not a directory", done.stderr)
+            env["REMAT_ALLOC_CONF"] = f"backend:host,oom_dump_dir:{folder}"
+            done = subprocess.run([sys.executable, "-c", script, folder], env=env, capture_output=True, text=True,
+                                  timeout=60)
+            self.assertEqual(done.stderr, "")
+
     def test_huge_values_are_quoted_in_part(self):
         for text in ("oom_dump_dir:/" + "d" * (1 << 20), "backend:" + "x" * (1 << 20)):
             with self.assertRaises(remat_alloc.RematError) as caught:
