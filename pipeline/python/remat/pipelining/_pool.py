@@ -55,9 +55,13 @@ class _Ring:
         self.template: Optional[tuple] = None  # ((shape, dtype, device), ...) of one set
         self.sets: list = []  # sets[slot]: one tensor per received input
         self.holders: list = [None] * size  # (receiver, microbatch) holding each slot
+        self.members: list = []  # the receivers that took their slots from it
+        self.dissolved = False  # a stage sharing it received other shapes: each took its own ring
 
     def accepts(self, template: tuple) -> bool:
         """Allocates the sets for the first template offered; True where `template` is that one."""
+        if self.dissolved:
+            return False
         if self.template is None:
             self.template = template
             for slot in range(self.size):
@@ -66,6 +70,19 @@ class _Ring:
                 self.sets.append(tensors)
                 self.storages.update(t.untyped_storage().data_ptr() for t in tensors)
         return self.template == template
+
+    def dissolve(self) -> None:
+        """A shared ring one of whose stages receives other shapes: the stages that took it take
+        their own rings instead (sized for themselves, never larger than the shared one), and its
+        sets are freed. Only while the stages set up their buffers, before anything is received."""
+        self.dissolved = True
+        for member in self.members:
+            member.ring, member.slots = member._own_ring, member._own_slots
+            member.ring.accepts(member.template)
+            member.ring.members.append(member)
+        for tensors in self.sets:
+            self.storages.difference_update(t.untyped_storage().data_ptr() for t in tensors)
+        self.members, self.sets, self.template = [], [], None
 
 
 class _Receiver:
@@ -102,9 +119,13 @@ class _Receiver:
         self.template = tuple((tuple(buffer.shape), buffer.dtype, buffer.device) for buffer in buffers)
         self.requires_grad = [buffer.requires_grad for buffer in buffers]
         self.placeholders = [torch.empty(0, dtype=dtype, device=device) for _, dtype, device in self.template]
-        if self.mode == "ring" and not self.ring.accepts(self.template):
-            self.ring, self.slots = self._own_ring, self._own_slots
-            self.ring.accepts(self.template)
+        if self.mode == "ring":
+            if not self.ring.accepts(self.template):
+                if self.ring is not self._own_ring:
+                    self.ring.dissolve()  # the stages sharing it: each its own ring, as mode "ring" gives
+                self.ring, self.slots = self._own_ring, self._own_slots
+                self.ring.accepts(self.template)
+            self.ring.members.append(self)
         received = set(map(id, internals.received(first)))
         self.received = []  # received[mb]: the received records of microbatch mb, in input order
         for mb in range(microbatches):
