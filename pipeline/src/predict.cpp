@@ -3,9 +3,11 @@
 // until when, is PyTorch's torch.distributed.pipelining behaviour:
 // - a forward keeps its activations and output (the stage's forward cache) until the
 //   microbatch's backward (full B, or W after I under a zero-bubble split);
-// - a sent tensor is held by its send until the send is waited for: Schedule1F1B waits each at
-//   once, ScheduleGPipe waits its backward sends at the step's end and the action runtime every
-//   send at the step's end; a tensor handed to a stage on the same rank is let go by the
+// - a sent tensor is held by its send's work until the work is let go: Schedule1F1B waits each
+//   send at once and drops its work, while ScheduleGPipe keeps every send's work (forward and
+//   backward, waited or not) in its pending lists until step() returns, and the action runtime
+//   waits every send at the step's end; so under both a sent output outlives its microbatch's
+//   backward until the step ends. A tensor handed to a stage on the same rank is let go by the
 //   backward that reads it;
 // - the last stage keeps every microbatch's output and loss for the step (its merged output);
 // - parameter gradients appear at a stage's first backward (zero_grad(set_to_none=True)) and
@@ -139,14 +141,15 @@ std::vector<std::uint64_t> receive_bytes(const Schedule& lowered, const std::vec
 // One rank's walk.
 class RankWalk {
  public:
-  RankWalk(const Schedule& lowered, const std::vector<StageProfile>& profiles, const PredictOptions& options,
-           int rank, std::uint64_t receive)
+  RankWalk(const Schedule& lowered, const std::vector<StageProfile>& profiles, const PredictOptions& options, int rank,
+           std::uint64_t receive)
       : order_(lowered.ranks[static_cast<std::size_t>(rank)]),
         profiles_(profiles),
         options_(options),
         last_stage_(lowered.num_stages() - 1),
         microbatches_(lowered.microbatches),
-        remat_runtime_(profiles.front().runtime == kRematRuntime) {
+        remat_runtime_(profiles.front().runtime == kRematRuntime),
+        sends_held_to_end_(remat_runtime_ || options.lowering != "step" || options.schedule_name != "1f1b") {
     result_.rank = rank;
     for (int s = 0; s < lowered.num_stages(); ++s) {
       if (lowered.stage_to_rank[static_cast<std::size_t>(s)] == rank) result_.stages.push_back(s);
@@ -235,12 +238,11 @@ class RankWalk {
   void hold_outputs(int stage, int microbatch, std::uint64_t kept) {
     if (!outputs_held_.insert({stage, microbatch}).second) return;
     const StageProfile& p = profile(stage);
-    const bool waited_at_end = remat_runtime_ || options_.lowering != "step";
-    const bool runtime_send = waited_at_end && sends_forward_.count({stage, microbatch}) > 0;
+    const bool held_by_send = sends_held_to_end_ && sends_forward_.count({stage, microbatch}) > 0;
     if (stage == last_stage_) {
       add(&PeakParts::held_for_sends, p.loss_bytes, figure_text(stage, "loss_bytes"));
       if (!remat_runtime_) add(&PeakParts::held_for_sends, p.output_bytes, figure_text(stage, "output_bytes"));
-    } else if (runtime_send) {
+    } else if (held_by_send) {
       add(&PeakParts::held_for_sends, std::min(p.output_bytes, kept), figure_text(stage, "output_bytes"));
     }
   }
@@ -255,7 +257,7 @@ class RankWalk {
     const bool sent = sends_backward_.count({stage, microbatch}) > 0;
     if (!sent) {
       local_grads_[{stage - 1, microbatch}] += bytes;
-    } else if (options_.lowering == "step" && options_.schedule_name == "1f1b") {
+    } else if (!sends_held_to_end_) {
       waited_at_send_[{stage, microbatch}] += bytes;
     }
   }
@@ -373,6 +375,8 @@ class RankWalk {
   const int last_stage_;
   const int microbatches_;
   const bool remat_runtime_;
+  // Every send's tensor is held until the step's end: all but Schedule1F1B's own loop.
+  const bool sends_held_to_end_;
   PeakParts level_;
   RankPrediction result_;
   bool seen_ = false;

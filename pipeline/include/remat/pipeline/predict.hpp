@@ -69,8 +69,8 @@ enum class ReceiveBuffers { stock, pooled };
 struct PredictOptions {
   std::string schedule_name;  // "1f1b", ...; empty for a CSV
   // How the lowered order was made, which decides when a sent tensor is let go: "step"
-  // (ScheduleGPipe / Schedule1F1B's own loops: 1F1B waits each send at once, GPipe its
-  // backward sends at the end), anything else (PyTorch's action runtime): at the step's end.
+  // (ScheduleGPipe / Schedule1F1B's own loops: 1F1B waits each send at once, GPipe keeps every
+  // send's work until step() returns), anything else (PyTorch's action runtime): at the step's end.
   std::string lowering;
   ReceiveBuffers buffers = ReceiveBuffers::stock;
   int spare_sets = 0;           // pooled, torch: spare sets per ring beyond the colored minimum
