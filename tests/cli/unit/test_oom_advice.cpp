@@ -88,6 +88,9 @@ TEST(OomAdvice, FragmentationSettingIsAtLeast20MiBForSmallRequests) {
   const Suggestion* s = find(all, SuggestionKind::fragmentation);
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(s->setting, "max_split_size_mb:20");
+  // Set to that or less already it changes nothing (it was advised "(now 20)"); set higher it does
+  EXPECT_EQ(find(suggest(n, {}, "max_split_size_mb:20"), SuggestionKind::fragmentation), nullptr);
+  EXPECT_NE(find(suggest(n, {}, "max_split_size_mb:64"), SuggestionKind::fragmentation), nullptr);
 }
 
 TEST(OomAdvice, NoFragmentationSuggestionWhenCachedFreeCannotCoverTheRequest) {
@@ -222,18 +225,6 @@ TEST(OomAdvice, ASmallRequestWhoseSharedSegmentExceedsTheDeviceGetsTheSegmentSet
   EXPECT_EQ(all[0].setting, "");
   EXPECT_NE(all[0].message.find("no setting makes that segment smaller than 10 MiB"), std::string::npos)
       << all[0].message;
-}
-
-TEST(OomAdvice, FragmentationIsNotSuggestedWhereMaxSplitSizeIsSetThereAlready) {
-  // It advised max_split_size_mb:20 "(now 20)", which changes nothing
-  OomNumbers n = quiet_numbers();
-  n.requested_bytes = n.rounded_bytes = 3 * kMiB;
-  n.largest_free_block = 2 * kMiB;
-  n.cached_free_bytes = 6 * kMiB;
-  n.fragmented_free_bytes = 6 * kMiB;
-  n.free_blocks_in_split_segments = 4;
-  EXPECT_EQ(find(suggest(n, {}, "max_split_size_mb:20"), SuggestionKind::fragmentation), nullptr);
-  EXPECT_NE(find(suggest(n, {}, "max_split_size_mb:64"), SuggestionKind::fragmentation), nullptr);
 }
 
 TEST(OomAdvice, ACapWithASegmentNearTwoTo64NeverAdvisesASmallFraction) {

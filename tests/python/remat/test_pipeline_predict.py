@@ -223,14 +223,19 @@ def test_ranks_measured_but_not_predicted_are_listed(measured, tmp_path):
     assert check["unpredicted_ranks"] == [2, 3]
 
 
-def test_a_cut_short_rank_dump_is_listed_beside_the_prediction_and_strict_fails(measured, tmp_path):
-    # It showed as a rank with no dump ("-"), unlisted, and --strict exited 0
-    out_dir, _ = measured
+def snapshots_copied(out_dir, tmp_path):
+    """A folder of its own holding the first case's rank snapshots (a test may spoil them)."""
     job = tmp_path / "job"
     job.mkdir()
     for name in os.listdir(os.path.join(out_dir, "case0")):
         if name.startswith("snapshot"):
             (job / name).write_bytes(open(os.path.join(out_dir, "case0", name), "rb").read())
+    return job
+
+
+def test_a_cut_short_rank_dump_is_listed_beside_the_prediction_and_strict_fails(measured, tmp_path):
+    # It showed as a rank with no dump ("-"), unlisted, and --strict exited 0
+    job = snapshots_copied(measured[0], tmp_path)
     cut = sorted(job.iterdir())[1]
     cut.write_bytes(cut.read_bytes()[:1000])
     prediction = tmp_path / "prediction.json"
@@ -246,12 +251,7 @@ def test_a_cut_short_rank_dump_is_listed_beside_the_prediction_and_strict_fails(
 def test_a_dump_write_a_killed_process_left_unfinished_is_skipped_not_unreadable(measured, tmp_path):
     # The atomic write's temporary file (".remat-<pid>-<n>.tmp") of a job killed mid-dump was read
     # as a rank's dump cut short, and --strict failed the whole job's report for it
-    out_dir, _ = measured
-    job = tmp_path / "job"
-    job.mkdir()
-    for name in os.listdir(os.path.join(out_dir, "case0")):
-        if name.startswith("snapshot"):
-            (job / name).write_bytes(open(os.path.join(out_dir, "case0", name), "rb").read())
+    job = snapshots_copied(measured[0], tmp_path)
     (job / ".remat-4242-0.tmp").write_bytes(next(job.glob("snapshot*")).read_bytes()[:1000])
     check = report("ranks", str(job), "--json", "--strict")
     assert check["unreadable"] == [] and check["skipped"] == {"unfinished write": 1}
