@@ -73,8 +73,8 @@ namespace {
   event.tag = tag;
   bool may_dump = false;
   try {
-    auto report =
-        std::make_shared<OomReport>(build_oom_report(detail::figures_for_oom_report(s), size, rounded, segment_size));
+    auto report = std::make_shared<OomReport>(build_oom_report(
+        detail::figures_for_oom_report(s, rounded <= kSmallRequestLimit), size, rounded, segment_size));
     event.memory = report->memory;
     event.message = oom_message(*report);
     event.report = std::move(report);

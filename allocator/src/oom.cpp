@@ -116,14 +116,24 @@ std::string oom_report_to_json(const OomReport& r) {
       .field("memory_fraction", r.memory_fraction);
   if (r.reserved_limit_bytes != 0) json.field("reserved_limit_bytes", r.reserved_limit_bytes);
   json.end_object();
-  json.key("fragmentation").begin_object()
+  json.key("fragmentation")
+      .begin_object()
       .field("largest_free_block", r.largest_free_block)
       .field("cached_free_bytes", r.cached_free_bytes)
       .field("releasable_bytes", r.releasable_bytes)
       .field("fragmented_free_bytes", r.fragmented_free_bytes)
       .field("free_blocks_in_split_segments", r.free_blocks_in_split_segments)
-      .field("internal_bytes", r.allocated_bytes - r.requested_live_bytes)
-      .end_object();
+      .field("internal_bytes", r.allocated_bytes - r.requested_live_bytes);
+  if (r.request_pool) {
+    json.key("request_pool")
+        .begin_object()
+        .field("pool", r.request_pool->small ? "small" : "large")
+        .field("free_bytes", r.request_pool->free_bytes)
+        .field("fragmented_free_bytes", r.request_pool->fragmented_free_bytes)
+        .field("free_blocks_in_split_segments", r.request_pool->free_blocks_in_split_segments)
+        .end_object();
+  }
+  json.end_object();
   json.field("num_ooms", r.num_ooms).field("config", r.config);
   json.key("holders").begin_object();
   write_holders(json, "by_region", r.by_region);
@@ -221,6 +231,7 @@ OomReport build_oom_report(const PoolFigures& pool, std::size_t requested, std::
   r.releasable_bytes = pool.free.releasable_bytes;
   r.fragmented_free_bytes = pool.free.fragmented_free_bytes;
   r.free_blocks_in_split_segments = pool.free.free_blocks_in_split_segments;
+  r.request_pool = pool.free.request_pool;
   r.num_ooms = stats.num_ooms;
   r.config = pool.config.to_string();
 

@@ -142,6 +142,42 @@ TEST(OomReport, NamesTheHoldersTheRequestAndTheFailingThreadsTags) {
   for (void* p : blocks) a.free(p);
 }
 
+// The report gives the free blocks of the pool the request goes to apart from those of both
+// pools: free small-pool blocks never hold a large request, nor large-pool blocks a small one.
+TEST(OomReport, TheRequestsPoolIsCountedApart) {
+  const fs::path dir = fresh_dir("pools");
+  HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0", 64);
+  // Four 2 MiB small-pool segments of 512 KiB blocks, every other one freed: 4 MiB free in 8 blocks
+  std::vector<void*> small;
+  for (int i = 0; i < 16; ++i) small.push_back(a.alloc(MiB / 2));
+  for (std::size_t i = 0; i < small.size(); i += 2) a.free(small[i]);
+  // 20 + 16 MiB segments of their own and a 20 MiB shared segment holding 6 MiB: 64 MiB reserved
+  std::vector<void*> large{a.alloc(20 * MiB), a.alloc(16 * MiB), a.alloc(6 * MiB)};
+  auto read_report = [&](std::size_t index) {
+    const auto files = dumps_in(dir);
+    EXPECT_EQ(files.size(), index + 1);
+    return nlohmann::json::parse(std::ifstream(files.at(index)));
+  };
+
+  EXPECT_THROW(a.alloc(16 * MiB), OutOfMemoryError);  // 18 MiB cached free, 14 of them in the large pool
+  const auto large_request = read_report(0)["fragmentation"];
+  EXPECT_EQ(large_request["cached_free_bytes"], 18 * MiB);
+  EXPECT_EQ(large_request["fragmented_free_bytes"], 18 * MiB);
+  EXPECT_EQ(large_request["free_blocks_in_split_segments"], 9);
+  EXPECT_EQ(large_request["request_pool"], nlohmann::json({{"pool", "large"},
+                                                           {"free_bytes", 14 * MiB},
+                                                           {"fragmented_free_bytes", 14 * MiB},
+                                                           {"free_blocks_in_split_segments", 1}}));
+
+  EXPECT_THROW(a.alloc(MiB), OutOfMemoryError);  // no two free 512 KiB blocks side by side
+  EXPECT_EQ(read_report(1)["fragmentation"]["request_pool"], nlohmann::json({{"pool", "small"},
+                                                                             {"free_bytes", 4 * MiB},
+                                                                             {"fragmented_free_bytes", 4 * MiB},
+                                                                             {"free_blocks_in_split_segments", 8}}));
+  for (std::size_t i = 1; i < small.size(); i += 2) a.free(small[i]);
+  for (void* p : large) a.free(p);
+}
+
 TEST(OomReport, StderrLineNamesTopHoldersAndTheDumpPath) {
   const fs::path dir = fresh_dir("stderr");
   HostAllocator a("oom_dump_dir:" + dir.string() + ",oom_dump_interval_ms:0", 64);

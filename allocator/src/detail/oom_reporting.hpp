@@ -22,6 +22,7 @@ struct FreeSpace {
   std::int64_t releasable_bytes = 0;       // whole free segments
   std::int64_t fragmented_free_bytes = 0;  // free blocks inside segments that hold live ones
   std::int64_t free_blocks_in_split_segments = 0;
+  PoolFreeSpace request_pool;  // of the pool the failed request goes to
 };
 
 // Whether a new segment of `size` bytes would take reserved memory past the memory_fraction

@@ -13,10 +13,11 @@
 
 namespace remat::alloc::detail {
 
-// What the OOM report needs from the pool's own books; the rest comes from the per-tag
-// statistics and the trace (detail/oom_reporting.hpp).
-inline PoolFigures figures_for_oom_report(const PoolState& s) {
+// What the OOM report needs from the pool's own books, for a request that goes to the small
+// pool or not; the rest comes from the per-tag statistics and the trace (detail/oom_reporting.hpp).
+inline PoolFigures figures_for_oom_report(const PoolState& s, bool small_request) {
   FreeSpace free;
+  free.request_pool.small = small_request;
   auto count = [&](const Block* block) {
     const auto bytes = static_cast<std::int64_t>(block->size);
     free.largest_free_block = std::max(free.largest_free_block, bytes);
@@ -27,9 +28,15 @@ inline PoolFigures figures_for_oom_report(const PoolState& s) {
       releasable = high > low ? static_cast<std::int64_t>(high - low) : 0;
     }
     free.releasable_bytes += releasable;
+    const bool in_request_pool = block->small == small_request;
+    if (in_request_pool) free.request_pool.free_bytes += block->size;
     if (releasable < bytes) {
       free.fragmented_free_bytes += bytes - releasable;
       ++free.free_blocks_in_split_segments;
+      if (in_request_pool) {
+        free.request_pool.fragmented_free_bytes += static_cast<std::uint64_t>(bytes - releasable);
+        ++free.request_pool.free_blocks_in_split_segments;
+      }
     }
   };
   s.small_pool.for_each(count);

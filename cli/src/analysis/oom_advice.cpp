@@ -2,6 +2,8 @@
 
 #include "core/format.hpp"
 
+#include <remat/alloc/size_classes.hpp>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -128,22 +130,32 @@ std::vector<Suggestion> suggest(const OomNumbers& n, const std::vector<OomHolder
                    n.releasable_bytes, "", ""});
   }
 
-  // cached_free_bytes counts every free cached byte, those in split segments included.
+  // Only the free blocks of the request's own pool can hold it (a report without the pool's
+  // figures gives those of both pools: cached_free_bytes counts every free cached byte).
+  const bool by_pool = n.request_pool.has_value();
+  // A request of at most 1 MiB goes to the small pool, whose 2 MiB segments are always split
+  const bool small_request = by_pool ? n.request_pool->small : need <= alloc::kSmallRequestLimit;
+  const std::uint64_t pool_free = by_pool ? n.request_pool->free_bytes : n.cached_free_bytes;
+  const std::uint64_t pool_fragmented = by_pool ? n.request_pool->fragmented_free_bytes : n.fragmented_free_bytes;
+  const std::uint64_t pool_split_blocks =
+      by_pool ? n.request_pool->free_blocks_in_split_segments : n.free_blocks_in_split_segments;
   const std::uint64_t mb = std::max(kMinMaxSplitSizeMb, whole_mib_above(need));
   const std::string now = config_value(config, "max_split_size_mb");
   // Set to that or less already, it changes nothing: blocks of the request's size are not split then
   const bool set_already = !now.empty() && now.find_first_not_of("0123456789") == std::string::npos &&
                            now.size() < 19 && std::stoull(now) <= mb;
-  if (n.largest_free_block < need && n.cached_free_bytes >= need && n.fragmented_free_bytes > 0 &&
+  if (!small_request && n.largest_free_block < need && pool_free >= need && pool_fragmented > 0 &&
       n.releasable_bytes < need && mb <= kMaxMaxSplitSizeMb && !set_already) {
-    out.push_back({SuggestionKind::fragmentation,
-                   fmt::format("the largest free block ({}) is smaller than the request ({}) although {} sit cached "
-                               "and free, {} of them in {} free block(s) inside split segments: set "
-                               "REMAT_ALLOC_CONF=max_split_size_mb:{} so blocks this large are not split{}",
-                               human_bytes(n.largest_free_block), human_bytes(need), human_bytes(n.cached_free_bytes),
-                               human_bytes(n.fragmented_free_bytes), n.free_blocks_in_split_segments, mb,
-                               now.empty() ? "" : fmt::format(" (now {})", now)),
-                   n.fragmented_free_bytes, fmt::format("max_split_size_mb:{}", mb), ""});
+    out.push_back(
+        {SuggestionKind::fragmentation,
+         fmt::format(
+             "the largest free block ({}) is smaller than the request ({}) although {} sit cached "
+             "and free{}, {} of them in {} free block(s) inside split segments: set "
+             "REMAT_ALLOC_CONF=max_split_size_mb:{} so blocks this large are not split{}",
+             human_bytes(n.largest_free_block), human_bytes(need), human_bytes(pool_free),
+             by_pool ? fmt::format(" in the {} pool", n.request_pool->small ? "small" : "large") : std::string(),
+             human_bytes(pool_fragmented), pool_split_blocks, mb, now.empty() ? "" : fmt::format(" (now {})", now)),
+         pool_fragmented, fmt::format("max_split_size_mb:{}", mb), ""});
   }
 
   const auto most_saved = std::max_element(regions.begin(), regions.end(), [](const OomHolder& a, const OomHolder& b) {

@@ -204,6 +204,18 @@ OomDump read_oom(json::object root) {
   n.fragmented_free_bytes = u64_field(fragmentation, "fragmented_free_bytes", fragmentation_path);
   n.free_blocks_in_split_segments = u64_field(fragmentation, "free_blocks_in_split_segments", fragmentation_path);
   n.internal_bytes = u64_field(fragmentation, "internal_bytes", fragmentation_path);
+  if (const auto pool = json::optional_member(fragmentation, "request_pool")) {  // absent in older reports
+    const JsonPath pool_path = fragmentation_path.key("request_pool");
+    const json::object figures = json::as_object(*pool, pool_path);
+    const std::string_view name = string_field(figures, "pool", pool_path);
+    if (name != "small" && name != "large") {
+      throw InputError(pool_path.key("pool").str(),
+                       fmt::format("unknown pool '{}'; expected small or large", printable(name)));
+    }
+    n.request_pool = alloc::PoolFreeSpace{name == "small", u64_field(figures, "free_bytes", pool_path),
+                                          u64_field(figures, "fragmented_free_bytes", pool_path),
+                                          u64_field(figures, "free_blocks_in_split_segments", pool_path)};
+  }
 
   dump.num_ooms = u64_field(root, "num_ooms", path);
   dump.config = string_field(root, "config", path);

@@ -95,6 +95,13 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   add_field(fragmentation, "free_in_split_segments", Cell::bytes(n.fragmented_free_bytes));
   add_field(fragmentation, "free_blocks_in_split_segments", Cell::count(n.free_blocks_in_split_segments));
   add_field(fragmentation, "internal", Cell::bytes(n.internal_bytes));
+  if (const auto& pool = n.request_pool) {  // the pool the request goes to: only its blocks could hold it
+    add_field(fragmentation, "request_pool", Cell::text(pool->small ? "small" : "large"));
+    add_field(fragmentation, "request_pool_free", Cell::bytes(pool->free_bytes));
+    add_field(fragmentation, "request_pool_free_in_split_segments", Cell::bytes(pool->fragmented_free_bytes));
+    add_field(fragmentation, "request_pool_free_blocks_in_split_segments",
+              Cell::count(pool->free_blocks_in_split_segments));
+  }
   report.tables.push_back(std::move(fragmentation));
 
   Table stack{.id = "tag_stack",

@@ -52,6 +52,7 @@ def _is_int(value) -> bool:
 # The largest number a dump holds: remat-report reads every figure as a 64-bit signed integer.
 _MAX_FIGURE = (1 << 63) - 1
 _MAX_DEVICE = (1 << 31) - 1  # a CUDA device index is a C int
+_SMALL_REQUEST_LIMIT = 1 << 20  # PyTorch's small pool takes requests of at most this
 
 
 def _magnitude(value: int) -> str:
@@ -123,7 +124,8 @@ def _items(value, where: str) -> list:
 
 
 def _segments_of(snapshot, device: int) -> list:
-    """[(segment, [(address, size, requested, state)])] of `device`, checked."""
+    """[(segment's total size, [(address, size, requested, state)], its pool: "small", "large" or
+    None where the snapshot does not say)] of `device`, checked."""
     if not isinstance(snapshot, Mapping):
         raise ValueError(f"snapshot must be a dict as torch.cuda.memory._snapshot() returns, "
                          f"got {type(snapshot).__name__}")
@@ -138,6 +140,9 @@ def _segments_of(snapshot, device: int) -> list:
         address = _count(_field(segment, "address", where), f"{where}['address']")
         total = _count(_field(segment, "total_size", where), f"{where}['total_size']")
         blocks = _list(_field(segment, "blocks", where), f"{where}['blocks']")
+        pool = segment.get("segment_type")
+        if pool is not None and pool not in ("small", "large"):
+            raise ValueError(f"{where}['segment_type'] is {pool!r:.80}; expected 'small' or 'large'")
         if seg_device != device:
             continue
         parsed, at = [], address
@@ -159,7 +164,7 @@ def _segments_of(snapshot, device: int) -> list:
         used = sum(size for _, size, _, _ in parsed)
         if used > total:
             raise ValueError(f"{where}: its blocks add up to {used} bytes, more than its total_size {total}")
-        out.append((total, parsed))
+        out.append((total, parsed, pool))
     return out
 
 
@@ -282,8 +287,11 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
     reserved = allocated = requested_live = active = 0
     largest_free = releasable = fragmented = split_free_blocks = 0
     live = []  # (address, size) of allocated blocks
-    for total, blocks in segments:
+    # Per pool, where every segment says its pool: free bytes, those in split segments, their blocks
+    pools = {"small": [0, 0, 0], "large": [0, 0, 0]} if all(pool for _, _, pool in segments) else None
+    for total, blocks, pool in segments:
         reserved += total
+        pool_free = pools[pool] if pools is not None else [0, 0, 0]
         for address, size, requested, state in blocks:
             if state == _ALLOCATED:
                 allocated += size
@@ -294,11 +302,14 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
                 active += size
             else:
                 largest_free = max(largest_free, size)
+                pool_free[0] += size
                 if size == total:  # a whole free segment: what empty_cache() gives back
                     releasable += size
                 else:
                     fragmented += size
                     split_free_blocks += 1
+                    pool_free[1] += size
+                    pool_free[2] += 1
 
     # Bill each live block to the first storage inside it; a block is billed once.
     live.sort()
@@ -329,6 +340,12 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
     num_ooms = max(1, len(ooms)) if num_ooms is None else _count(num_ooms, "num_ooms")
     if num_ooms < 1:
         raise ValueError("num_ooms must be at least 1: this OOM counts")
+
+    request_pool = None  # the free blocks of the pool the request goes to: only they could hold it
+    if pools is not None:
+        pool = "small" if rounded_bytes <= _SMALL_REQUEST_LIMIT else "large"  # as PyTorch's allocator
+        request_pool = dict(zip(("pool", "free_bytes", "fragmented_free_bytes", "free_blocks_in_split_segments"),
+                                (pool, *pools[pool])))
 
     capped = 0 < device_limit < device_total
     fraction = device_limit / device_total if capped else 1.0
@@ -365,6 +382,7 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
             "fragmented_free_bytes": fragmented,
             "free_blocks_in_split_segments": split_free_blocks,
             "internal_bytes": max(0, allocated - requested_live),
+            **({} if request_pool is None else {"request_pool": request_pool}),
         },
         "num_ooms": num_ooms,
         "config": config,

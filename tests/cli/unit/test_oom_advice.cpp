@@ -268,5 +268,41 @@ TEST(OomAdvice, FragmentationUnderAFullDeviceStillSuggestsMaxSplitSize) {
   EXPECT_NE(find(suggest(n, {}, ""), SuggestionKind::fragmentation), nullptr);
 }
 
+TEST(OomAdvice, FreeBlocksOfTheOtherPoolNeverCountTowardTheRequest) {
+  // 80 MiB cached free, 70 of them in split segments, but only 20 MiB in the large pool the
+  // 50 MiB request goes to: the small pool's blocks could never hold it
+  OomNumbers n = quiet_numbers();
+  n.rounded_bytes = n.requested_bytes = 50 * kMiB;
+  n.largest_free_block = 12 * kMiB;
+  n.cached_free_bytes = 80 * kMiB;
+  n.fragmented_free_bytes = 70 * kMiB;
+  n.free_blocks_in_split_segments = 900;
+  n.request_pool = alloc::PoolFreeSpace{false, 20 * kMiB, 20 * kMiB, 3};
+  EXPECT_EQ(find(suggest(n, {}, ""), SuggestionKind::fragmentation), nullptr);
+
+  // The large pool alone holds enough, split: advised, citing that pool's figures
+  n.request_pool = alloc::PoolFreeSpace{false, 60 * kMiB, 55 * kMiB, 6};
+  const std::vector<Suggestion> all = suggest(n, {}, "");
+  const Suggestion* s = find(all, SuggestionKind::fragmentation);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->frees, 55 * kMiB);
+  EXPECT_NE(s->message.find("although 60.00 MiB sit cached and free in the large pool, 55.00 MiB of them in 6 free "
+                            "block(s) inside split segments"),
+            std::string::npos)
+      << s->message;
+}
+
+TEST(OomAdvice, ARequestOfTheSmallPoolGetsNoMaxSplitSize) {
+  // Small-pool segments (2 MiB) are always split: max_split_size_mb cannot help a 768 KiB request
+  OomNumbers n = quiet_numbers();
+  n.rounded_bytes = n.requested_bytes = 768 * 1024;
+  n.largest_free_block = 512 * 1024;
+  n.cached_free_bytes = n.fragmented_free_bytes = 4 * kMiB;
+  n.free_blocks_in_split_segments = 10;
+  EXPECT_EQ(find(suggest(n, {}, ""), SuggestionKind::fragmentation), nullptr);  // an older report
+  n.request_pool = alloc::PoolFreeSpace{true, 4 * kMiB, 4 * kMiB, 10};
+  EXPECT_EQ(find(suggest(n, {}, ""), SuggestionKind::fragmentation), nullptr);
+}
+
 }  // namespace
 }  // namespace remat::report

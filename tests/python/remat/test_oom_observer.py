@@ -122,13 +122,32 @@ def test_memory_and_fragmentation_add_up_the_failing_devices_segments_on_every_s
                               "memory_fraction": 1.0}
     assert dump["fragmentation"] == {"largest_free_block": 6 * MiB, "cached_free_bytes": 8 * MiB,
                                      "releasable_bytes": 2 * MiB, "fragmented_free_bytes": 6 * MiB,
-                                     "free_blocks_in_split_segments": 1, "internal_bytes": MiB + 100}
+                                     "free_blocks_in_split_segments": 1, "internal_bytes": MiB + 100,
+                                     "request_pool": {"pool": "large", "free_bytes": 6 * MiB,
+                                                      "fragmented_free_bytes": 6 * MiB,
+                                                      "free_blocks_in_split_segments": 1}}
     assert dump["request"] == {"requested_bytes": 20 * MiB, "rounded_bytes": 20 * MiB, "segment_bytes": 20 * MiB}
     assert dump["cause"] == "device_full" and dump["num_ooms"] == 1
     assert holders(dump) == [("<untagged>", 16 * MiB, 3, 0)]
     assert dump["holders"]["by_recv_slot"] == dump["holders"]["by_site"] == dump["holders"]["by_phase"] == []
     assert dump["tag_stack"] == [] and dump["last_events"] == []
     validate_oom(dump)
+
+
+def test_the_request_pools_free_blocks_are_counted_apart(validate_oom):
+    """A request of at most 1 MiB goes to PyTorch's small pool, a larger one to the large pool:
+    only that pool's free blocks could hold it (remat-report's advice counts those)."""
+    small = build(two_stream_snapshot(), rounded_bytes=512 * 1024)
+    assert small["fragmentation"]["request_pool"] == {"pool": "small", "free_bytes": 2 * MiB,
+                                                      "fragmented_free_bytes": 0, "free_blocks_in_split_segments": 0}
+    validate_oom(small)
+    # A snapshot whose segments do not say their pool: the figures are left out, not guessed
+    snapshot = two_stream_snapshot()
+    del snapshot["segments"][1]["segment_type"]
+    assert "request_pool" not in build(snapshot)["fragmentation"]
+    snapshot["segments"][1]["segment_type"] = "tiny"
+    with pytest.raises(ValueError, match=r"\['segment_type'\] is 'tiny'; expected 'small' or 'large'"):
+        build(snapshot)
 
 
 def test_the_other_devices_segments_are_reported_when_it_fails(validate_oom):
@@ -197,7 +216,10 @@ def test_the_largest_ten_regions_are_kept_largest_first_then_by_name():
 def test_an_empty_snapshot_is_a_valid_report_with_nothing_held(validate_oom):
     dump = build({"segments": [], "device_traces": []}, segment_bytes=2 * MiB)
     assert dump["memory"]["reserved_bytes"] == dump["memory"]["allocated_bytes"] == dump["memory"]["segments"] == 0
+    pool = dump["fragmentation"].pop("request_pool")
     assert set(dump["fragmentation"].values()) == {0}
+    assert pool == {"pool": "large", "free_bytes": 0, "fragmented_free_bytes": 0, "free_blocks_in_split_segments": 0}
+    dump["fragmentation"]["request_pool"] = pool
     assert dump["holders"]["by_region"] == []
     validate_oom(dump)
     assert build({"segments": []})["last_events"] == []  # device_traces is optional

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,16 @@ enum class OomCause : std::uint8_t {
 };
 std::string_view to_string(OomCause cause);
 
+// The free cached memory of the pool a failed request goes to (the small pool: requests of at
+// most 1 MiB, in 2 MiB segments; the large pool: the rest). Only its blocks, or memory handed
+// back to the device, can hold the request: free small-pool blocks never hold a large request.
+struct PoolFreeSpace {
+  bool small = false;
+  std::uint64_t free_bytes = 0;
+  std::uint64_t fragmented_free_bytes = 0;  // of them, in segments that hold live blocks
+  std::uint64_t free_blocks_in_split_segments = 0;
+};
+
 // An OOM report's figures: the request, the device and the pool when it failed. The allocator
 // fills them; remat-report reads them back from the dump.
 struct OomFigures {
@@ -59,6 +70,7 @@ struct OomFigures {
   std::uint64_t releasable_bytes = 0;       // whole free segments: what empty-cache returns
   std::uint64_t fragmented_free_bytes = 0;  // free bytes inside segments that hold live blocks
   std::uint64_t free_blocks_in_split_segments = 0;
+  std::optional<PoolFreeSpace> request_pool;  // absent in a report written before it was recorded
 };
 
 // Who held the memory, by each grouping of the tags: largest first, the top kOomTopHolders.
