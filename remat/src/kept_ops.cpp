@@ -121,7 +121,9 @@ bool keepable(const c10::OperatorHandle& op) {
 
 std::string profile_again(const std::string& region) {
   return "; the plan was made for other code in region '" + region +
-         "': profile the model again (remat.profile_regions(ops=True)) and plan from that profile";
+         "', or the region took another path on this step's data (a per-op plan holds only where the region runs "
+         "the same ops at every step): profile the model again (remat.profile_regions(ops=True)) and plan from that "
+         "profile, or plan such a region without kept ops (profile.plan() without ops=True)";
 }
 
 template <typename Fn>

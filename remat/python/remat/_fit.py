@@ -99,6 +99,7 @@ function runs, at every step, before its forward (UNDER_COMPILE).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import math
@@ -111,6 +112,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _optimizer_step, _plans, _profiling
 from ._compile import refuse_planning
+from ._memory import tag_cpu_tensors
 from ._offload_plans import host_budget_arg
 from ._step_profile import StepRecorder
 from ._step_shape import StepWatch, warn_at_user_line
@@ -379,26 +381,15 @@ class FitState:
         self.timer = timer          # how profiles time regions (profile_regions(timer=))
         self.retime_steps = retime_steps  # planned steps whose regions' times re-time a profile (0: none)
         self.timing = None          # (_Profiled, RegionTimes) where the step running now times its regions
-        self.profiles = {}          # signature -> _Profiled
-        self.latest = None          # the _Profiled made last
         self.measuring = None       # (profile_regions, signature) open since a training forward
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
         self.scaled_step = None     # (signature, start, predicted peak, ratio, profile's signature) of a scaled step
         self.planned_step = None    # (signature, predicted peak) of a step planned from its inputs' own profile
-        self.measured_plans = {}    # (signature, profiled signature) -> (plan, peak over its start) of a scaled
-        #                             step within the budget
-        self.corrections = {}       # (signature, profiled signature) -> factor on the ratio scaling that profile
-        self.warned = set()         # signatures fit has told the user about
         self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
-        self.watch = None           # (_Profiled, StepWatch) following planned steps along that profile's step
         self.diverged = None        # (what differed, plan's predicted peak, the peak before it) this step
         self.told_differences = set()  # what differed that fit has told the user about
-        self.reprofile = {}         # signature -> (what differed, bytes saving it would add): profile again
-        self.reprofiled = set()     # what differed that made fit profile again (once each)
         self.watch_signature = None  # the inputs of the step the watch follows, where planned unscaled
-        self.reserve = {}           # signature -> bytes steps took above their plan's prediction (differing, or over)
-        self.under_predicted = set()  # signatures whose reserve has a step that ran as profiled and went over
         self.diverged_peaks = []    # per step that differed: its measured peak
         self.profiled_steps = 0
         self.planned_steps = 0
@@ -409,18 +400,7 @@ class FitState:
         # counters) after a step's backward; `cycle` steps (micro-batches) from one to the next
         self.position = 0           # the step running now, counted from the last optimizer step (1: the first)
         self.cycle = None           # micro-batches per optimizer step, once one was seen
-        self.optimizer_part = None  # (its peak over the bytes when backward ended, the state it made) as measured
-        # Before one was measured: (rise, state made, None) of the first optimizer step as predicted
-        # on stand-ins (remat._optimizer_step), or (None, None, why not); None until asked
-        self.first_optimizer = None
-        # Once an optimizer stepped: the optimizers over the model's parameters (weakly; found once),
-        # and (the parameters without state, the next step's prediction on stand-ins) where an
-        # optimizer is to make state for some (_new_state_rise)
-        self._optimizers = None
-        self._new_state = None
-        # What the optimizer step's predicted peak came from: "first" (the first, on stand-ins),
-        # "measured" (an earlier one), "new state" (on stand-ins: it makes state that was not there)
-        self.optimizer_basis = None
+        self._optimizers = None     # once an optimizer stepped: the optimizers over the model's parameters (weakly)
         self.optimizer_peak_bytes = None  # the predicted peak of an optimizer step after the step running now
         self.expect_optimizer = False  # the step running now is predicted with the optimizer step after it
         self.input_gradient_bytes = 0  # the bytes of the step's inputs that require grad (their gradients')
@@ -443,6 +423,57 @@ class FitState:
         self._window = None
         self._window_peak = 0
         self._awaiting = None       # a planned step's backward hook (weakly: alive with its graph), until it runs
+        self.frozen = None          # the names of the parameters that required no gradient in the steps learned from
+        self.learned_when_frozen = {}  # frozen -> what was learned while those were, where others are now
+        self._learn_afresh()
+
+    # What fit learns from profiles and steps: apart for each set of parameters that require no
+    # gradient, which changes what a step keeps for backward and the gradients it makes
+    _LEARNED = ("profiles", "latest", "measured_plans", "corrections", "warned", "watch", "reprofile", "reprofiled",
+                "reserve", "under_predicted", "optimizer_part", "first_optimizer", "_new_state", "optimizer_basis")
+
+    def _learn_afresh(self):
+        self.profiles = {}          # signature -> _Profiled
+        self.latest = None          # the _Profiled made last
+        self.measured_plans = {}    # (signature, profiled signature) -> (plan, peak over its start) of a scaled
+        #                             step within the budget
+        self.corrections = {}       # (signature, profiled signature) -> factor on the ratio scaling that profile
+        self.warned = set()         # signatures fit has told the user about
+        self.watch = None           # (_Profiled, StepWatch) following planned steps along that profile's step
+        self.reprofile = {}         # signature -> (what differed, bytes saving it would add): profile again
+        self.reprofiled = set()     # what differed that made fit profile again (once each)
+        self.reserve = {}           # signature -> bytes steps took above their plan's prediction (differing, or over)
+        self.under_predicted = set()  # signatures whose reserve has a step that ran as profiled and went over
+        self.optimizer_part = None  # (its peak over the bytes when backward ended, the state it made) as measured
+        # Before one was measured: (rise, state made, None) of the first optimizer step as predicted
+        # on stand-ins (remat._optimizer_step), or (None, None, why not); None until asked
+        self.first_optimizer = None
+        # Where an optimizer is to make state for some parameters (_new_state_rise): (those
+        # parameters, the next step's prediction on stand-ins)
+        self._new_state = None
+        # What the optimizer step's predicted peak came from: "first" (the first, on stand-ins),
+        # "measured" (an earlier one), "new state" (on stand-ins: it makes state that was not there)
+        self.optimizer_basis = None
+
+    def _follow_frozen(self):
+        """Before a step: where the parameters that require no gradient changed (layers frozen or
+        unfrozen), what was learned under the others is set aside and what was learned under these
+        (if they were so before) taken back; else the step is profiled afresh, and that is said."""
+        frozen = tuple(name for name, p in self._named_parameters() if not p.requires_grad)
+        if frozen == self.frozen:
+            return
+        before, self.frozen = self.frozen, frozen
+        if before is None:  # the first step
+            return
+        self.learned_when_frozen[before] = {name: getattr(self, name) for name in self._LEARNED}
+        learned = self.learned_when_frozen.pop(frozen, None)
+        if learned is not None:
+            self.__dict__.update(learned)
+            return
+        self._learn_afresh()
+        _tell(f"remat.fit: the parameters that require gradients changed ({len(before)} required none in the steps "
+              f"before, {len(frozen)} now): what a step keeps for backward and the gradients it makes change with "
+              "them, so this step is profiled again (every region saved), and later steps plan from that profile")
 
     def __deepcopy__(self, memo):
         """The state of a copied model (copy.deepcopy(model): an EMA or teacher copy): fitted with
@@ -651,8 +682,8 @@ class FitState:
         ran = sum(forwards, ()) if forwards else None  # the step's signature as it ran
         if forwards and self.step_training:  # (an eval forward with grad on, a validation loss, says nothing of them)
             self.followers[forwards[0]] = self.last_followers = tuple(forwards[1:])
-        updated = self._versions is not None and (
-            self._stepped or self._versions != [p._version for p in self._parameters()])
+        opened = self._versions is not None  # a step began (its forward ran as such)
+        updated = opened and (self._stepped or self._versions != [p._version for p in self._parameters()])
         self._versions, self._stepped = None, False
         first_optimizer = False
         if updated and self.measuring is None and self.backward_end is not None and \
@@ -672,7 +703,10 @@ class FitState:
         if no_backward and not self.step_training:
             self.position = max(0, self.position - 1)
         self._awaiting = None
-        if updated and self.position:
+        # Gradients cleared with no optimizer step (a step GradScaler skipped for an inf, zero_grad
+        # after it): the cycle ended all the same, or it would be counted as longer than it is
+        skipped = opened and not updated and not no_backward and self.position and not self._graded()
+        if (updated or skipped) and self.position:
             self._count_cycle()
         missing = None if self.measuring is None else self.measuring[0]._step.backward_missing()
         if missing is not None:
@@ -892,7 +926,7 @@ class FitState:
 
     def _check_planned_step(self, first_optimizer=False):
         """After a step that ran as profiled: over the budget (a prediction that did not hold), it is
-        said once, and later steps with its inputs plan for less by what it took above its prediction. Where the
+        said (each time), and later steps with its inputs plan for less by what it took above its prediction. Where the
         optimizer stepped after it for the first time outside the profiled step (gradient
         accumulation: the profiled micro-batch had none after it), that part was predicted on
         stand-ins, or where it could not be, not known before it ran: over the budget, it is said
@@ -914,11 +948,10 @@ class FitState:
         # less the overrun alone, the same plan would be chosen again and go over again
         self.reserve[signature] = self.reserve.get(signature, 0) + measured - min(predicted, self.budget)
         self.under_predicted.add(signature)
-        if ("over", signature) not in self.told_differences:
-            self.told_differences.add(("over", signature))
-            _tell(f"remat.fit: the last step peaked at {_bytes_text(measured)}, over the budget of "
-                  f"{_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): later steps with these inputs "
-                  f"plan for {_bytes_text(self.budget - self.reserve[signature])}")
+        # Every time: each such step broke the budget, the room left grows by what it took each time
+        _tell(f"remat.fit: the last step peaked at {_bytes_text(measured)}, over the budget of "
+              f"{_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): later steps with these inputs "
+              f"plan for {_bytes_text(self.budget - self.reserve[signature])}")
 
     def watch_backward(self, out):
         """For a planned step: reads the peak when its backward ends (a hook on the forward's
@@ -973,6 +1006,7 @@ class FitState:
             raise ValueError("remat.fit: the step's tensors are not counted, so no step peak can be measured: run the "
                              "training steps inside remat.tag_cpu_tensors() (CPU tensors) or install remat's "
                              "allocator with remat_alloc.install() (CUDA tensors)")
+        self._follow_frozen()
         first = _signature(args, kwargs)
         # Planned for the forwards that followed such a first one in training (in eval mode, a
         # validation loss with grad on: itself alone)
@@ -1304,6 +1338,15 @@ def _optimizer_stepped(optimizer, args, kwargs):
         state._stepped = known[1]
 
 
+def _finish_last_steps():
+    """As the process exits, or the last tag_cpu_tensors() guard (which counts the steps of a model
+    on the CPU) is exited: a fitted model's last step is checked as the next one would have checked
+    it (a step over the budget is said even where it was the job's last)."""
+    for state in list(_fitted):
+        if not state.closed and state.measuring is None and state.model is not None and not state.backward_pending():
+            state.finish_step()
+
+
 UNDER_COMPILE = "remat.fit: " + _plans.refused_under_compile(
     "the model", "fit can neither profile the step nor carry out a plan in it")
 
@@ -1343,6 +1386,8 @@ def fit(model, budget, *, host_budget=None, timer="auto", retime_steps=RETIME_ST
     global _step_hook
     if _step_hook is None:
         _step_hook = register_optimizer_step_post_hook(_optimizer_stepped)
+        atexit.register(_finish_last_steps)
+        tag_cpu_tensors.before_last_exit.append(_finish_last_steps)
     unfit(model)
     state = FitState(model, budget, timer, host_budget, retime_steps)
     _fitted.add(state)
@@ -1359,6 +1404,8 @@ def unfit(model):
         if forward.state.measuring is not None:
             forward.state.measuring[0].__exit__(RuntimeError, None, None)
             forward.state.measuring = None
+        else:
+            forward.state.finish_step()  # the last step's peak is checked (said where it broke the budget)
         forward.state.close()
         _fitted.discard(forward.state)
         if forward.own is not None:

@@ -35,6 +35,9 @@ class tag_cpu_tensors:
     _lock = threading.Lock()
     _entered = 0  # guards entered, process-wide
     _guard = None  # the runtime's guard while _entered > 0
+    # Called as the last guard is about to exit, while CPU tensors are still counted (remat.fit
+    # checks a fitted model's last step there, as the next step would have)
+    before_last_exit = []
 
     def __init__(self):
         self._times_entered = 0
@@ -62,6 +65,9 @@ class tag_cpu_tensors:
 
     def __exit__(self, *exc_info):
         cls = tag_cpu_tensors
+        if cls._entered == 1 and self._times_entered == 1:
+            for call in cls.before_last_exit:
+                call()
         with cls._lock:
             if self._times_entered == 0 or cls._entered == 0:
                 raise RuntimeError("tag_cpu_tensors: exited without being entered (or exited once more than "

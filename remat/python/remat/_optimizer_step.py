@@ -15,9 +15,13 @@ step's rise, what is left at its end the state it made.
 The copy shares nothing it writes with the user's optimizer: its attributes are set in its own
 instance dict, never through the class (a wrapper's param_groups property writes into the optimizer
 it wraps: accelerate's AcceleratedOptimizer, which transformers.Trainer steps, would have been given
-the stand-ins for good). A wrapper, an optimizer holding another as `optimizer`, is not predicted:
-the optimizer it wraps is (the scan finds it too). One whose param_groups or state is a property of
-its class otherwise is not predicted at all (prediction() says why).
+the stand-ins for good). A wrapper, an optimizer holding another in its instance dict, is not
+predicted: the optimizer it wraps is (the scan finds it too; a wrapper's step steps the optimizer
+it holds, and Lightning's LightningOptimizer stepped the real AdamW so, an optimizer step more than
+the job made). One whose param_groups or state is a property of its class otherwise is not
+predicted at all (prediction() says why), nor one whose step reaches another optimizer's step:
+while the copy steps (without hooks), every optimizer step that runs a hook is refused before it
+changes anything.
 
 The real step makes the same tensors on the parameters' device: requested bytes equal each
 tensor's size. What a kernel allocates and frees inside one operation is not seen; on the CPU that
@@ -43,6 +47,7 @@ import inspect
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -63,11 +68,19 @@ def optimizers_over(parameters):
 
 
 def _wraps(optimizer):
-    """The optimizer `optimizer` wraps (an Optimizer in its instance dict as `optimizer`, as
-    accelerate's AcceleratedOptimizer holds the one it steps), else None. Read from the dict: no
-    property of its runs."""
-    inner = getattr(optimizer, "__dict__", {}).get("optimizer")
-    return inner if isinstance(inner, torch.optim.Optimizer) else None
+    """The optimizer `optimizer` wraps (an Optimizer in its instance dict, as accelerate's
+    AcceleratedOptimizer holds the one it steps as `optimizer` and Lightning's LightningOptimizer as
+    `_optimizer`), else None. Read from the dict: no property of its runs."""
+    return next((value for value in getattr(optimizer, "__dict__", {}).values()
+                 if isinstance(value, torch.optim.Optimizer) and value is not optimizer), None)
+
+
+def _refuse_every_step(optimizer, args, kwargs):
+    """A global optimizer step pre-hook in force while a copy steps on stand-ins: the copy's own
+    step runs without hooks, so any step that reaches one is another optimizer's, a real one (a
+    wrapper's step that steps the optimizer it holds), refused before it changes anything."""
+    raise RuntimeError(f"its step steps another optimizer ({type(optimizer).__name__}), which would change the "
+                       "model's parameters")
 
 
 def _class_property(optimizer, name):
@@ -168,8 +181,12 @@ def step_memory(optimizer, with_gradients, host):
                 if isinstance(t, torch.Tensor)} | {p.grad.untyped_storage()._cdata for p in stand_ins.values()
                                                     if p.grad is not None}
     count = _StorageCount(host, existing)
-    with count:
-        step(proxy)
+    guard = register_optimizer_step_pre_hook(_refuse_every_step)
+    try:
+        with count:
+            step(proxy)
+    finally:
+        guard.remove()
     made = count.live_bytes()  # the state it made is alive with the copy
     if host:
         # Host scalars the step made as state without an operation (torch.tensor(0.0) step

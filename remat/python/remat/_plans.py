@@ -39,6 +39,7 @@ from ._arguments import flag_arg
 from ._extension import _C
 from ._kept_ops import RegionKeep, held_storages
 from ._offload_plans import PlanOffload, host_budget_arg
+from ._saved_tensors_hooks import torch_checkpoint_around
 from ._step_profile import tensors_in
 from ._step_shape import StepWatch, warn_at_user_line
 
@@ -104,6 +105,8 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     profile = profiling()
     plans = getattr(_state, "plans", None)
     in_force = None if profile is not None else own_plan if own_plan is not None else plans[-1] if plans else None
+    if torch_checkpoint_around():
+        return _inside_torch_checkpoint(name, profile is not None or in_force is not None, fn, args, kwargs)
     if profile is None and in_force is None:
         return call(fn, None)
     run = _CheckpointRun(name, None if in_force is None else in_force.plan._choices(), profile,
@@ -130,6 +133,31 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
         if outer is not in_force:
             outer.ran_under_another_plan(run)
     return out
+
+
+_TORCH_CHECKPOINT_AROUND = ("runs inside torch.utils.checkpoint (timm's set_grad_checkpointing(True), a model's own "
+                            "gradient checkpointing), which keeps nothing of what runs inside it and runs it all "
+                            "again in backward")
+_told_inside_torch_checkpoint = set()
+
+
+def _inside_torch_checkpoint(name, planned, fn, args, kwargs):
+    """A checkpoint called inside torch.utils.checkpoint: the outer checkpoint already keeps
+    nothing of it and recomputes it whole, and a checkpoint of remat's inside would keep its own
+    tensors through the outer one's hooks (its backward then failed: torch's count of saved tensors
+    differed, or remat's checkpoint nested in itself). It runs `fn` as it is, said once per name;
+    under a plan or a profile, whose regions it cannot save or recompute there, it is refused."""
+    if planned:
+        raise _C.RematError(f"checkpoint '{name}' {_TORCH_CHECKPOINT_AROUND}: a plan (remat.fit, use_plan, a "
+                            "profile) cannot save or recompute its regions there. Turn the outer checkpointing off "
+                            "(timm: model.set_grad_checkpointing(False); transformers: "
+                            "model.gradient_checkpointing_disable()) and let remat's checkpoints decide")
+    if name not in _told_inside_torch_checkpoint:
+        _told_inside_torch_checkpoint.add(name)
+        warn_at_user_line(f"remat: checkpoint '{name}' {_TORCH_CHECKPOINT_AROUND}: it runs its function as it is "
+                          "there, its regions neither saved nor recomputed of their own. Turn the outer checkpointing "
+                          "off to have remat's checkpoint decide")
+    return fn(*args, **kwargs)
 
 
 def _no_choices():

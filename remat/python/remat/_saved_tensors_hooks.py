@@ -137,3 +137,10 @@ def enclosing_hooks():
         return None
     top = _top_pytorch_pair(True)
     return None if top is None else _C.SavedTensorHooks(*top)
+
+
+def torch_checkpoint_around():
+    """Whether torch.utils.checkpoint (use_reentrant=False) runs around here, in its forward or
+    its recompute: PyTorch's innermost pair is its own."""
+    top = _top_pytorch_pair(True)
+    return top is not None and getattr(top[0], "__module__", None) == "torch.utils.checkpoint"

@@ -63,7 +63,12 @@ def train(budget, counts, *, optimizer="sgd", width=HIDDEN, batch=BATCH, sequenc
                      "wrapped": lambda: _Wrapping(torch.optim.AdamW(model.parameters(), foreach=True)),
                      "wrapped-otherwise": lambda: _Wrapping(torch.optim.AdamW(model.parameters(), foreach=True),
                                                             attribute="_inner"),
+                     "wrapped-unseen": lambda: _Wrapping([torch.optim.AdamW(model.parameters(), foreach=True)],
+                                                         attribute="_held"),
                      "accelerate": lambda: _accelerated(torch.optim.AdamW(model.parameters(), foreach=True)),
+                     "lightning": lambda: _LightningLike(torch.optim.AdamW(model.parameters(), foreach=True)),
+                     "stepping-another": lambda: _SteppingAnother(torch.optim.AdamW(model.parameters(),
+                                                                                    foreach=True)),
                      }[optimizer]()
         number = 0
         for cycle, count in enumerate(counts):
@@ -266,7 +271,8 @@ class _Wrapping(torch.optim.Optimizer):
 
     @property
     def _wrapped(self):
-        return getattr(self, self._attribute)
+        held = getattr(self, self._attribute)
+        return held[0] if isinstance(held, list) else held
 
     @property
     def param_groups(self):
@@ -295,13 +301,41 @@ class _Wrapping(torch.optim.Optimizer):
         self._wrapped.zero_grad(set_to_none=set_to_none)
 
 
+class _LightningLike(torch.optim.Optimizer):
+    """As Lightning's LightningOptimizer (what its Trainer steps): the wrapped optimizer's instance
+    dict copied, its class made on the fly from both classes, the optimizer held as `_optimizer`;
+    its step counts, then steps the one it holds."""
+
+    steps = 0
+
+    def __init__(self, optimizer):  # (no Optimizer.__init__, as Lightning's)
+        self.__dict__ = {**optimizer.__dict__, "_optimizer": optimizer}
+        self.__class__ = type(f"Lightning{type(optimizer).__name__}", (_LightningLike, type(optimizer)), {})
+
+    def step(self, closure=None):
+        _LightningLike.steps += 1  # (Lightning counts its optimizer steps, global_step among them)
+        return self._optimizer.step(closure)
+
+
+class _SteppingAnother(torch.optim.Optimizer):
+    """An optimizer made with Optimizer.__init__ over the same parameters whose step steps another,
+    held where no scan looks (in a list): predicting its step on stand-ins would step that one."""
+
+    def __init__(self, optimizer):
+        super().__init__(optimizer.param_groups, optimizer.defaults)
+        self.inner = [optimizer]
+
+    def step(self, closure=None):
+        return self.inner[0].step(closure)
+
+
 def _accelerated(optimizer):
     accelerate = pytest.importorskip("accelerate")
     accelerate.Accelerator(cpu=True)
     return accelerate.optimizer.AcceleratedOptimizer(optimizer, device_placement=False)
 
 
-@pytest.mark.parametrize("wrapper", ["wrapped", "accelerate"])
+@pytest.mark.parametrize("wrapper", ["wrapped", "wrapped-otherwise", "accelerate"])
 def test_an_optimizer_wrapping_another_is_predicted_by_the_one_it_wraps_and_trains_as_without_fit(wrapper):
     """Predicting the first optimizer step ran a copy of the wrapper whose param_groups property
     wrote the stand-ins (meta tensors) into the optimizer it wraps: no parameter changed again, with
@@ -315,8 +349,32 @@ def test_an_optimizer_wrapping_another_is_predicted_by_the_one_it_wraps_and_trai
     assert state.cycle == 2 and state.optimizer_basis == "measured"
 
 
+def test_a_lightning_optimizer_is_predicted_by_the_one_it_holds_and_steps_as_often_as_without_fit():
+    """Predicting the first optimizer step ran the Lightning wrapper's step on the copy, which
+    stepped the real AdamW: an optimizer step more than the job made, parameters trained apart from
+    the same job without fit, without a word."""
+    shape = {"optimizer": "lightning", "width": 256, "batch": 1, "sequence": 8}
+    _LightningLike.steps = 0
+    free, _, _ = train(None, [2, 2, 2], **shape)
+    assert _LightningLike.steps == 3
+    rows, told, state = train("1 GiB", [2, 2, 2], **shape)
+    assert _LightningLike.steps == 6
+    assert [r[4] for r in rows] == [r[4] for r in free]  # bitwise, the later cycles' too
+    rise, made, why = state.first_optimizer
+    assert why is None and rise >= made > 0  # predicted on the AdamW it holds
+
+
+def test_a_step_that_steps_another_optimizer_is_not_predicted_and_changes_nothing():
+    shape = {"optimizer": "stepping-another", "width": 256, "batch": 1, "sequence": 8}
+    free, _, _ = train(None, [2, 2], **shape)
+    rows, told, state = train("1 GiB", [2, 2], **shape)
+    assert [r[4] for r in rows] == [r[4] for r in free]
+    rise, _, why = state.first_optimizer
+    assert rise is None and "its step steps another optimizer (AdamW)" in why, why
+
+
 def test_an_optimizer_whose_groups_are_another_s_by_a_property_is_not_predicted_and_trains_as_without_fit():
-    shape = {"optimizer": "wrapped-otherwise", "width": 256, "batch": 1, "sequence": 8}
+    shape = {"optimizer": "wrapped-unseen", "width": 256, "batch": 1, "sequence": 8}
     free, _, _ = train(None, [2, 2], **shape)
     rows, told, state = train("1 GiB", [2, 2], **shape)
     assert [r[4] for r in rows] == [r[4] for r in free]
@@ -372,3 +430,29 @@ def test_a_refused_micro_batch_the_loop_skips_is_not_counted_in_the_cycle():
     assert len(changed) == 2 and state.cycle == 2, changed
     assert "after 1 micro-batch(es) where it stepped after 2" in changed[0]
     assert "after 2 micro-batch(es) where it stepped after 1" in changed[1]
+
+
+def test_a_step_grad_scaler_skips_ends_its_cycle_without_a_word_and_trains_as_without_fit():
+    # A step whose gradients hold an inf is skipped by GradScaler.step (no optimizer step), then
+    # zero_grad: fit counted the next step as a second micro-batch and said twice that the
+    # gradient accumulation count changed, in a loop without accumulation
+    def run(budget):
+        with fit_loop.fitted(lambda: Model(True), budget) as (model, told):
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+            grads = []
+            for number in range(8):
+                optimizer.zero_grad(set_to_none=True)
+                loss = model(micro_batch(number)) * (float("inf") if number in (0, 4) else 1.0)
+                scaler.scale(loss).backward()
+                grads.append([p.grad.numpy().tobytes() for p in model.parameters()])
+                scaler.step(optimizer)
+                scaler.update()
+            state = fit_loop.unfit(model, micro_batch(0))
+        return grads, fit_loop.messages(told, "remat.fit"), state
+
+    plain, _, _ = run(None)
+    grads, told, state = run(budget_between_least_and_all_saved())
+    assert grads == plain
+    assert not [message for message in told if "accumulation count changed" in message], told
+    assert state.cycle == 1

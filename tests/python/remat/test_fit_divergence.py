@@ -454,3 +454,66 @@ def test_a_branch_inside_a_region_that_saves_more_is_told_when_over_and_later_st
                 optimizer.zero_grad(set_to_none=True)
                 model(step_batch(index)).backward()
                 optimizer.step()
+
+
+class GradedBranches(BranchInsideRegion):
+    """As BranchInsideRegion, with a second wider path where the input's mean is above 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.wider = torch.nn.ModuleList(torch.nn.Linear(64, 256) for _ in range(3))
+
+    def body(self, index, x):
+        h = self.up[index](x).tanh()
+        if x.mean() > 0:
+            h = h + self.extra[index](x).sin()
+        if x.mean() > 1:
+            h = h + self.wider[index](x).cos()
+        return self.down[index](h) + x
+
+
+def test_every_step_over_the_budget_is_told_the_last_one_too():
+    # A second step over the budget with the same inputs went unsaid (told once per inputs), and
+    # a job's last step over it was never said (the check ran at the next step's forward): now each
+    # one is, the last where the model is unfitted or the tag_cpu_tensors() guard counting it exits
+    def batch(level):
+        x = torch.randn(256, 64, generator=torch.Generator().manual_seed(level))
+        return x - x.mean() + (-0.5, 0.5, 1.5)[level]  # the path taken: narrow, wide, wider
+
+    def profiled_peak(level):
+        gc.collect()
+        torch.manual_seed(0)
+        with remat.tag_cpu_tensors():
+            model = GradedBranches()
+            with remat.profile_regions() as profile:
+                model(batch(level)).backward()
+        return profile.step_peak_bytes
+
+    # Just below the wide step's peak saving everything: it goes over, a wider one later goes over
+    # by more than the room left for the wide one
+    budget = profiled_peak(1) - 65536
+    levels = [0, 0, 1, 1, 2]
+    for ending in ("unfit", "guard exit"):
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            gc.collect()
+            torch.manual_seed(0)
+            with remat.tag_cpu_tensors():
+                model = GradedBranches()
+                remat.fit(model, budget=budget)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+                peaks = []
+                for level in levels:
+                    x = batch(level)
+                    peaks.append(fit_loop.peak_of(lambda: (optimizer.zero_grad(set_to_none=True),
+                                                           model(x).backward(), optimizer.step())))
+                said = len(fit_loop.messages(told, "over the budget"))
+                if ending == "unfit":
+                    remat.unfit(model)
+            over = [peak for peak in peaks if peak > budget]
+            assert len(over) == 2 and peaks[2] > budget and peaks[-1] > budget, (peaks, budget)
+            assert said == len(over) - 1, (said, peaks, budget)  # the last: not before its end
+            told = fit_loop.messages(told, "over the budget")
+            assert len(told) == len(over), told
+            assert [f"peaked at {peak / 2**20:.2f} MiB ({peak} bytes)" in message for peak, message in
+                    zip(over, told)] == [True] * len(over), (over, told)

@@ -242,3 +242,29 @@ def test_call_applies_a_context_fn():
     assert entered == ["forward", "recompute"]
     with pytest.raises(remat.RematError, match="^checkpoint 'c': context_fn given to both"):
         remat.checkpoint(region_name="c", context_fn=context_fn).call(lambda t: t * 2, x, context_fn=context_fn)
+
+
+def _layer_with_a_save_region(x):
+    h = remat.region(lambda t: (t @ W).tanh(), "attn", recompute=False)(x)
+    return remat.region(lambda t: (t @ V).sin() + t, "mlp")(h)
+
+
+def test_a_checkpoint_inside_torch_checkpoint_runs_its_function_as_it_is_and_says_so():
+    # timm's set_grad_checkpointing(True) around blocks a user checkpointed with remat: remat's
+    # checkpoint kept its tensors through torch's checkpoint's hooks, and backward failed ("is nested
+    # inside checkpoint" with a save region; under a plan, torch's count of saved tensors differed)
+    plain = grads_of(_layer_with_a_save_region, W, V)
+    inner = remat.checkpoint(region_name="inner_layer")(_layer_with_a_save_region)
+    outer = functools.partial(torch.utils.checkpoint.checkpoint, inner, use_reentrant=False)
+    with pytest.warns(UserWarning, match=r"checkpoint 'inner_layer' runs inside torch.utils.checkpoint .*: it runs "
+                                         r"its function as it is there"):
+        got = grads_of(outer, W, V)
+    assert_bitwise(plain, got)
+    # Under a plan it cannot carry out there: refused, naming what to turn off
+    with remat.profile_regions() as profile:
+        inner(torch.randn(4, 8)).sum().backward()
+    with remat.use_plan(profile.plan(budget_bytes=profile.base_bytes), strict=False):
+        with pytest.raises(remat.RematError, match=r"checkpoint 'inner_layer' runs inside torch.utils.checkpoint .*: "
+                                                   r"a plan .* cannot save or recompute its regions there. Turn the "
+                                                   r"outer checkpointing off \(timm: model.set_grad_checkpointing"):
+            grads_of(outer, W, V)
