@@ -36,8 +36,16 @@ inline constexpr std::uint64_t kMinMaxSplitSizeMb = 20;
 // no max_split_size_mb advice.
 inline constexpr std::uint64_t kMaxMaxSplitSizeMb = std::uint64_t{1} << 40;
 
+// What else the advice reads from the report.
+struct OomContext {
+  // Written for PyTorch's own caching allocator (remat.attach_oom_observer on it): its settings
+  // go in PYTORCH_CUDA_ALLOC_CONF, and it has no large_segment_size_mb.
+  bool pytorch_allocator = false;
+  std::vector<OomHolder> categories;  // held by category, where the memory carries them (remat.track)
+};
+
 std::vector<Suggestion> suggest(const OomNumbers& numbers, const std::vector<OomHolder>& regions,
-                                const std::string& config);
+                                const std::string& config, const OomContext& context = {});
 std::string_view to_string(SuggestionKind kind);
 
 }  // namespace remat::report

@@ -204,9 +204,9 @@ OomDump read_oom(json::object root) {
   n.fragmented_free_bytes = u64_field(fragmentation, "fragmented_free_bytes", fragmentation_path);
   n.free_blocks_in_split_segments = u64_field(fragmentation, "free_blocks_in_split_segments", fragmentation_path);
   n.internal_bytes = u64_field(fragmentation, "internal_bytes", fragmentation_path);
-  if (const auto pool = json::optional_member(fragmentation, "request_pool")) {  // absent in older reports
+  if (const auto pool_value = json::optional_member(fragmentation, "request_pool")) {  // absent in older reports
     const JsonPath pool_path = fragmentation_path.key("request_pool");
-    const json::object figures = json::as_object(*pool, pool_path);
+    const json::object figures = json::as_object(*pool_value, pool_path);
     const std::string_view name = string_field(figures, "pool", pool_path);
     if (name != "small" && name != "large") {
       throw InputError(pool_path.key("pool").str(),
@@ -215,9 +215,26 @@ OomDump read_oom(json::object root) {
     n.request_pool = alloc::PoolFreeSpace{name == "small", u64_field(figures, "free_bytes", pool_path),
                                           u64_field(figures, "fragmented_free_bytes", pool_path),
                                           u64_field(figures, "free_blocks_in_split_segments", pool_path)};
+    // One pool's free blocks are some of both pools': figures past those are no report's
+    const alloc::PoolFreeSpace& pool = *n.request_pool;
+    const auto more_than = [&](std::string_view field, std::uint64_t value, std::string_view whole, std::uint64_t of) {
+      if (value > of) {
+        throw InputError(pool_path.key(field).str(), fmt::format("{} is more than fragmentation.{} ({}): one pool's "
+                                                                 "free blocks are some of both pools'",
+                                                                 value, whole, of));
+      }
+    };
+    more_than("free_bytes", pool.free_bytes, "cached_free_bytes", n.cached_free_bytes);
+    more_than("fragmented_free_bytes", pool.fragmented_free_bytes, "fragmented_free_bytes", n.fragmented_free_bytes);
+    more_than("fragmented_free_bytes", pool.fragmented_free_bytes, "request_pool.free_bytes", pool.free_bytes);
+    more_than("free_blocks_in_split_segments", pool.free_blocks_in_split_segments, "free_blocks_in_split_segments",
+              n.free_blocks_in_split_segments);
   }
 
   dump.num_ooms = u64_field(root, "num_ooms", path);
+  if (dump.num_ooms == 0) {
+    throw InputError(path.key("num_ooms").str(), "is 0, but an OOM report counts the OOM it reports: at least 1");
+  }
   dump.config = string_field(root, "config", path);
 
   const JsonPath holders_path = path.key("holders");

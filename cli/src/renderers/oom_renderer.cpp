@@ -132,7 +132,11 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   if (shown == 0) events.text_lines = std::vector<std::string>{"  (none recorded)"};
   report.tables.push_back(std::move(events));
 
-  const std::vector<Suggestion> suggestions = suggest(n, h.by_region, dump.config);
+  // remat.attach_oom_observer's reports for PyTorch's own allocator say so in their producer
+  constexpr std::string_view kPyTorchAllocator = "(PyTorch's native allocator)";
+  const OomContext context{.pytorch_allocator = dump.header.producer.ends_with(kPyTorchAllocator),
+                           .categories = h.by_category};
+  const std::vector<Suggestion> suggestions = suggest(n, h.by_region, dump.config, context);
   Table advice{.id = "suggestions",
                .title = "Suggestions",
                .columns = {{"kind", "kind", false},
@@ -149,8 +153,8 @@ Report oom_report(const OomDump& dump, const std::string& path) {
   }
   if (advice_lines.empty()) {
     advice_lines.push_back(
-        "  (none: no region keeps saved bytes, empty-cache and the cached free blocks cannot cover "
-        "the request, and allocated is below 90% of the device)");
+        "  (none: no region keeps saved bytes, neither empty-cache nor a cache setting would give the request a "
+        "block, and allocated is below 90% of the device)");
   }
   advice.text_lines = std::move(advice_lines);
   report.tables.push_back(std::move(advice));

@@ -101,6 +101,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import json
 import math
 import statistics
@@ -458,7 +459,10 @@ class FitState:
     def _follow_frozen(self):
         """Before a step: where the parameters that require no gradient changed (layers frozen or
         unfrozen), what was learned under the others is set aside and what was learned under these
-        (if they were so before) taken back; else the step is profiled afresh, and that is said."""
+        taken back, if they were so before. Else, where a set seen before froze no more than these
+        (layers frozen now that trained then), its steps kept and made at least what these do: these
+        plan from a copy of what was learned under it, a bound from above. Else (layers unfrozen)
+        nothing bounds them: the step is profiled afresh. Either is said."""
         frozen = tuple(name for name, p in self._named_parameters() if not p.requires_grad)
         if frozen == self.frozen:
             return
@@ -470,10 +474,20 @@ class FitState:
         if learned is not None:
             self.__dict__.update(learned)
             return
+        now, then = set(frozen), set(before)
+        change = (f"remat.fit: the parameters that require gradients changed ({len(now - then)} frozen since the "
+                  f"steps before, {len(then - now)} unfrozen): what a step keeps for backward and the gradients it "
+                  "makes change with them")
+        bound = next((key for key in self.learned_when_frozen if set(key) <= now), None)
+        if bound is not None:
+            copied = {name: copy.copy(value) for name, value in self.learned_when_frozen[bound].items()}
+            self.__dict__.update(copied, watch=None)
+            _tell(f"{change}, and steps with more of them trained bound these from above: they plan from what was "
+                  "learned then")
+            return
         self._learn_afresh()
-        _tell(f"remat.fit: the parameters that require gradients changed ({len(before)} required none in the steps "
-              f"before, {len(frozen)} now): what a step keeps for backward and the gradients it makes change with "
-              "them, so this step is profiled again (every region saved), and later steps plan from that profile")
+        _tell(f"{change}, and nothing learned bounds them: this step is profiled again (every region saved, which "
+              "may peak over the budget), and later steps plan from that profile")
 
     def __deepcopy__(self, memo):
         """The state of a copied model (copy.deepcopy(model): an EMA or teacher copy): fitted with
@@ -738,10 +752,11 @@ class FitState:
             self.profiles[signature] = done
             self.latest = done
             if profile.step_peak_bytes > self.budget:
+                first = ("Profile with a smaller batch or sequence to keep the first step within it too"
+                         if self.profiled_steps == 1 else "")
                 _tell(f"remat.fit: the profiled step (every region saved) peaked at "
                       f"{_bytes_text(profile.step_peak_bytes)}, over the budget of {_bytes_text(self.budget)}; "
-                      "later steps run under a plan within the budget. Profile with a smaller batch or "
-                      "sequence to keep the first step within it too")
+                      f"later steps run under a plan within the budget. {first}".rstrip())
         elif self._fewer_calls():
             pass  # ran outside the plan: said, and nothing learned from it for steps that run as profiled
         elif ran is not None and ran != self.step_signature and self.step_training and \
@@ -1404,7 +1419,7 @@ def unfit(model):
         if forward.state.measuring is not None:
             forward.state.measuring[0].__exit__(RuntimeError, None, None)
             forward.state.measuring = None
-        else:
+        elif not forward.state.backward_pending():
             forward.state.finish_step()  # the last step's peak is checked (said where it broke the budget)
         forward.state.close()
         _fitted.discard(forward.state)

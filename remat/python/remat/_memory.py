@@ -65,9 +65,15 @@ class tag_cpu_tensors:
 
     def __exit__(self, *exc_info):
         cls = tag_cpu_tensors
-        if cls._entered == 1 and self._times_entered == 1:
-            for call in cls.before_last_exit:
-                call()
+        try:
+            if cls._entered == 1 and self._times_entered == 1 and exc_info[0] is None:
+                for call in cls.before_last_exit:
+                    call()
+        finally:  # (a call that raises, a warning made an error, leaves the guard exited all the same)
+            self._leave()
+
+    def _leave(self):
+        cls = tag_cpu_tensors
         with cls._lock:
             if self._times_entered == 0 or cls._entered == 0:
                 raise RuntimeError("tag_cpu_tensors: exited without being entered (or exited once more than "

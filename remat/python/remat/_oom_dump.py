@@ -53,6 +53,7 @@ def _is_int(value) -> bool:
 _MAX_FIGURE = (1 << 63) - 1
 _MAX_DEVICE = (1 << 31) - 1  # a CUDA device index is a C int
 _SMALL_REQUEST_LIMIT = 1 << 20  # PyTorch's small pool takes requests of at most this
+_SMALL_SEGMENT = 2 << 20  # in segments of this size
 
 
 def _magnitude(value: int) -> str:
@@ -332,6 +333,7 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
         regions[UNTAGGED][1] += untagged_blocks
 
     ooms = [entry for entry in trace if isinstance(entry.get("action"), str) and entry.get("action") == "oom"]
+    request_known = rounded_bytes is not None or bool(ooms)
     if rounded_bytes is None:
         rounded_bytes = _count(ooms[-1].get("size", segment_bytes), "the 'oom' trace event's size") if ooms \
             else segment_bytes
@@ -343,7 +345,10 @@ def oom_dump_from_snapshot(snapshot, *, device: int, segment_bytes: int, device_
 
     request_pool = None  # the free blocks of the pool the request goes to: only they could hold it
     if pools is not None:
-        pool = "small" if rounded_bytes <= _SMALL_REQUEST_LIMIT else "large"  # as PyTorch's allocator
+        # As PyTorch's allocator; where the request is not known (its observer is handed the segment,
+        # not the request), a segment of 2 MiB is the small pool's: larger requests get 20 MiB or more
+        small = rounded_bytes <= _SMALL_REQUEST_LIMIT if request_known else segment_bytes == _SMALL_SEGMENT
+        pool = "small" if small else "large"
         request_pool = dict(zip(("pool", "free_bytes", "fragmented_free_bytes", "free_blocks_in_split_segments"),
                                 (pool, *pools[pool])))
 

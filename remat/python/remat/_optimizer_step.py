@@ -18,10 +18,11 @@ it wraps: accelerate's AcceleratedOptimizer, which transformers.Trainer steps, w
 the stand-ins for good). A wrapper, an optimizer holding another in its instance dict, is not
 predicted: the optimizer it wraps is (the scan finds it too; a wrapper's step steps the optimizer
 it holds, and Lightning's LightningOptimizer stepped the real AdamW so, an optimizer step more than
-the job made). One whose param_groups or state is a property of its class otherwise is not
-predicted at all (prediction() says why), nor one whose step reaches another optimizer's step:
-while the copy steps (without hooks), every optimizer step that runs a hook is refused before it
-changes anything.
+the job made); one holding another for some of its parameters only (a hybrid) is no wrapper. One
+whose param_groups or state is a property of its class otherwise is not predicted at all
+(prediction() says why), nor one whose step reaches another optimizer's step: while the copy
+steps (without hooks), every optimizer step on that thread that runs torch's step hooks is refused
+before it changes anything.
 
 The real step makes the same tensors on the parameters' device: requested bytes equal each
 tensor's size. What a kernel allocates and frees inside one operation is not seen; on the CPU that
@@ -44,6 +45,8 @@ import collections
 import copy
 import gc
 import inspect
+import sys
+import threading
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -68,19 +71,44 @@ def optimizers_over(parameters):
 
 
 def _wraps(optimizer):
-    """The optimizer `optimizer` wraps (an Optimizer in its instance dict, as accelerate's
-    AcceleratedOptimizer holds the one it steps as `optimizer` and Lightning's LightningOptimizer as
-    `_optimizer`), else None. Read from the dict: no property of its runs."""
-    return next((value for value in getattr(optimizer, "__dict__", {}).values()
-                 if isinstance(value, torch.optim.Optimizer) and value is not optimizer), None)
+    """The optimizer `optimizer` wraps, else None: an Optimizer in its instance dict that holds
+    every parameter `optimizer` holds (accelerate's AcceleratedOptimizer holds the one it steps as
+    `optimizer`, Lightning's LightningOptimizer as `_optimizer`; an optimizer that keeps another for
+    some of its parameters, a hybrid, wraps none: its own step is predicted). Read from the dict: no
+    property of its runs."""
+    for value in getattr(optimizer, "__dict__", {}).values():
+        if isinstance(value, torch.optim.Optimizer) and value is not optimizer:
+            inner = {id(p) for group in value.param_groups for p in group["params"]}
+            if all(id(p) in inner for group in optimizer.param_groups for p in group["params"]):
+                return value
+    return None
 
 
-def _refuse_every_step(optimizer, args, kwargs):
-    """A global optimizer step pre-hook in force while a copy steps on stand-ins: the copy's own
-    step runs without hooks, so any step that reaches one is another optimizer's, a real one (a
-    wrapper's step that steps the optimizer it holds), refused before it changes anything."""
-    raise RuntimeError(f"its step steps another optimizer ({type(optimizer).__name__}), which would change the "
-                       "model's parameters")
+_predicting = threading.local()  # .copy: the copy stepping on stand-ins on this thread, else None
+
+
+def _refuse_other_steps(optimizer, args, kwargs):
+    """A global optimizer step pre-hook, the first of them while a copy steps on stand-ins: the
+    copy's own step runs without hooks, so any step that reaches one on that thread is another
+    optimizer's, a real one (a wrapper's step stepping the optimizer it holds), refused before it
+    changes anything. Steps on other threads go on."""
+    if getattr(_predicting, "copy", None) is not None:
+        raise RuntimeError(f"its step steps another optimizer ({type(optimizer).__name__}), which would change the "
+                           "model's parameters")
+
+
+_refusal = None  # the handle of _refuse_other_steps, once registered
+
+
+def _refusing_other_steps():
+    """_refuse_other_steps registered, and put first of the global step pre-hooks (a user's hook
+    registered earlier would see the refused step first otherwise)."""
+    global _refusal
+    hooks = getattr(sys.modules["torch.optim.optimizer"], "_global_optimizer_pre_hooks", None)  # (PyTorch's own)
+    if _refusal is None or (hooks is not None and _refusal.id not in hooks):  # (removed by hand: again)
+        _refusal = register_optimizer_step_pre_hook(_refuse_other_steps)
+    if hooks is not None:
+        hooks.move_to_end(_refusal.id, last=False)
 
 
 def _class_property(optimizer, name):
@@ -181,12 +209,13 @@ def step_memory(optimizer, with_gradients, host):
                 if isinstance(t, torch.Tensor)} | {p.grad.untyped_storage()._cdata for p in stand_ins.values()
                                                     if p.grad is not None}
     count = _StorageCount(host, existing)
-    guard = register_optimizer_step_pre_hook(_refuse_every_step)
+    _refusing_other_steps()
+    _predicting.copy = proxy
     try:
         with count:
             step(proxy)
     finally:
-        guard.remove()
+        _predicting.copy = None
     made = count.live_bytes()  # the state it made is alive with the copy
     if host:
         # Host scalars the step made as state without an operation (torch.tensor(0.0) step

@@ -549,13 +549,16 @@ class StepRecorder:
                                   if (t.device, t.address) not in held_anyway}
         record["kept_inputs"] = sorted(kept_by_region.get("<inputs>", set()) & set(record["inputs"]))
         kept_by_call = set().union(*kept_by_region.values())
+        # A call none of whose outputs takes a gradient (a frozen first layer) has no backward: it
+        # keeps nothing past its forward, and no plan changes what it holds
+        has_backward = any(t.requires_grad for t in tensors_in(out))
         for region in record["regions"]:
             outputs = region.pop("_outputs")
             # A region the runtime runs again in recompute (it changed its input in place, or its
             # output was changed in place after it returned) keeps its saved tensors but none of its
             # outputs, which are freed after forward unless the call keeps them for another region
             # (one that saved it): only those count as kept, and as what its recompute makes again
-            kept = outputs & kept_by_call if region["name"] in rerun else outputs
+            kept = set() if not has_backward else outputs & kept_by_call if region["name"] in rerun else outputs
             region["kept"] = sorted(kept_by_region.get(region["name"], set()) | kept)
             if rerun.get(region["name"], "").startswith("it changes its input"):
                 self._remade_inputs[index] = self._remade_inputs.get(index, 0) + \
@@ -570,7 +573,8 @@ class StepRecorder:
             if region.pop("_casts_cached") and casts.get(region["name"]):
                 region["autocast_cached"] = sorted(casts[region["name"]])
         record["outputs"] = sorted({self._storage_id(t, keep=True) for t in stored_tensors_in(out)})
-        self._live.append(index)
+        if has_backward:
+            self._live.append(index)
         outputs = [t for t in tensors_in(out) if t.requires_grad]
         inputs = [t for t in tensors_in((args, kwargs)) if t.requires_grad]
         if outputs:

@@ -104,6 +104,35 @@ TEST(OomCommand, ANegativeByteCountIsRefused) {
                    "$.fragmentation.largest_free_block: must not be negative (got -1)");
 }
 
+// The request's pool is one of both pools: figures past both pools' are refused, naming the field
+TEST(OomCommand, RequestPoolFiguresPastBothPoolsAreRefused) {
+  TempDir dir;
+  const auto with_pool = [](const std::string& pool) {
+    return oom_text(R"({"requested_bytes":67108864,"rounded_bytes":67108864,"segment_bytes":67108864})",
+                    R"({"largest_free_block":1048576,"cached_free_bytes":29360128,"releasable_bytes":0,)"
+                    R"("fragmented_free_bytes":29360128,"free_blocks_in_split_segments":9,"internal_bytes":0,)"
+                    R"("request_pool":)" +
+                        pool + "}");
+  };
+  expect_bad_input(run({"oom", dir.write("a.json", with_pool(R"({"pool":"large","free_bytes":293601280,)"
+                                                             R"("fragmented_free_bytes":0,)"
+                                                             R"("free_blocks_in_split_segments":0})"))}),
+                   "$.fragmentation.request_pool.free_bytes: 293601280 is more than "
+                   "fragmentation.cached_free_bytes (29360128)");
+  expect_bad_input(run({"oom", dir.write("b.json", with_pool(R"({"pool":"large","free_bytes":1048576,)"
+                                                             R"("fragmented_free_bytes":2097152,)"
+                                                             R"("free_blocks_in_split_segments":1})"))}),
+                   "$.fragmentation.request_pool.fragmented_free_bytes: 2097152 is more than "
+                   "fragmentation.request_pool.free_bytes (1048576)");
+  expect_bad_input(run({"oom", dir.write("c.json", with_pool(R"({"pool":"medium","free_bytes":0,)"
+                                                             R"("fragmented_free_bytes":0,)"
+                                                             R"("free_blocks_in_split_segments":0})"))}),
+                   "$.fragmentation.request_pool.pool: unknown pool 'medium'; expected small or large");
+  std::string no_oom = oom_text();
+  no_oom.replace(no_oom.find(R"("num_ooms":1)"), 12, R"("num_ooms":0)");
+  expect_bad_input(run({"oom", dir.write("d.json", no_oom)}), "$.num_ooms: is 0");
+}
+
 // Each grouping of holders divides the allocated bytes among them (the allocator bills every
 // live block to one holder of each), so a grouping's rows add up to at most allocated_bytes.
 TEST(OomCommand, HoldersAddingUpPastTheAllocatedBytesAreRefusedNamingTheRow) {

@@ -95,6 +95,30 @@ def test_a_tag_cpu_tensors_guard_can_be_entered_again_and_not_exited_more_than_e
     assert not cpu_tensors_are_tagged()
 
 
+def test_a_call_before_the_last_guard_exits_that_raises_leaves_the_guard_exited():
+    # remat.fit checks a model's last step as the last guard exits: a warning made an error there
+    # left the guard entered for good (every later CPU tensor counted), and replaced the body's own error
+    calls = remat.tag_cpu_tensors.before_last_exit
+    made = []
+
+    def check():
+        made.append(torch.ones(4).untyped_storage().nbytes())  # while CPU tensors are still counted
+        raise UserWarning("a warning made an error")
+
+    calls.append(check)
+    try:
+        with pytest.raises(UserWarning, match="made an error"):
+            with remat.tag_cpu_tensors():
+                pass
+        assert made == [16] and remat.tag_cpu_tensors._entered == 0
+        with pytest.raises(KeyError, match="the body's own"):
+            with remat.tag_cpu_tensors():
+                raise KeyError("the body's own")
+        assert made == [16] and remat.tag_cpu_tensors._entered == 0  # not called while the body's error propagates
+    finally:
+        calls.remove(check)
+
+
 def test_tag_cpu_tensors_documents_the_host_capacity_cap_and_how_to_raise_it():
     doc = remat.tag_cpu_tensors.__doc__
     assert "host_capacity_mb (default 4096 MiB, 4 GiB)" in doc

@@ -141,6 +141,10 @@ def test_the_request_pools_free_blocks_are_counted_apart(validate_oom):
     assert small["fragmentation"]["request_pool"] == {"pool": "small", "free_bytes": 2 * MiB,
                                                       "fragmented_free_bytes": 0, "free_blocks_in_split_segments": 0}
     validate_oom(small)
+    # Without memory history PyTorch's observer is handed the segment alone: a 2 MiB one is the
+    # small pool's (a request of 1 MiB or less), filed under the large pool before
+    assert build(two_stream_snapshot(), segment_bytes=2 * MiB)["fragmentation"]["request_pool"]["pool"] == "small"
+    assert build(two_stream_snapshot(), segment_bytes=20 * MiB)["fragmentation"]["request_pool"]["pool"] == "large"
     # A snapshot whose segments do not say their pool: the figures are left out, not guessed
     snapshot = two_stream_snapshot()
     del snapshot["segments"][1]["segment_type"]
@@ -218,7 +222,7 @@ def test_an_empty_snapshot_is_a_valid_report_with_nothing_held(validate_oom):
     assert dump["memory"]["reserved_bytes"] == dump["memory"]["allocated_bytes"] == dump["memory"]["segments"] == 0
     pool = dump["fragmentation"].pop("request_pool")
     assert set(dump["fragmentation"].values()) == {0}
-    assert pool == {"pool": "large", "free_bytes": 0, "fragmented_free_bytes": 0, "free_blocks_in_split_segments": 0}
+    assert pool == {"pool": "small", "free_bytes": 0, "fragmented_free_bytes": 0, "free_blocks_in_split_segments": 0}
     dump["fragmentation"]["request_pool"] = pool
     assert dump["holders"]["by_region"] == []
     validate_oom(dump)
