@@ -745,6 +745,7 @@ class FitState:
                 self.backward_end = None  # (nothing planned was running: no other step's figures to reset)
                 return
             profile = session._result()
+            self._tell_state_read_again(session, profile)
             made = (self.measuring_graded | self._graded()) - self.measuring_had
             done = _Profiled(profile, signature, made, self._parameter_bytes(made), optimizer_after=updated)
             done.training = self.step_training  # dropout and the like differ by mode: a difference
@@ -897,6 +898,30 @@ class FitState:
                   "(the least memory); its peak is measured when its backward ends, later steps with these inputs "
                   "leave room for what it took above its plan's prediction, and one is profiled again where saving "
                   "every region is estimated within the budget")
+
+    def _tell_state_read_again(self, session, profile):
+        """Regions every plan recomputes because they write a buffer of the model (as the code
+        recomputes them): recompute runs them again from the values forward left. A BatchNorm only
+        updates its statistics again; any other module's buffer (spectral_norm's power iteration
+        vectors) may be read to make the output, whose recompute then differs from forward: the
+        gradients differ from those without checkpointing, by little, without an error. Said once
+        per region, naming the buffer and the fix."""
+        if not session._buffer_writes:
+            return
+        recomputed = {r["name"] for r in json.loads(profile.to_json())["regions"] if r.get("must_recompute")}
+        owners = {id(buffer): (name, module) for module_name, module in self.model.named_modules()
+                  for name, buffer in module.named_buffers(prefix=module_name, recurse=False)}
+        for region, buffer in session._buffer_writes.items():
+            name, module = owners.get(id(buffer), (None, None))
+            if (module is None or isinstance(module, torch.nn.modules.batchnorm._NormBase)
+                    or region not in recomputed or ("state read", region) in self.told_differences):
+                continue
+            self.told_differences.add(("state read", region))
+            _tell(f"remat.fit: region '{region}' writes in place into the buffer {name} ({type(module).__name__}), "
+                  "and every plan recomputes it as its code does: recompute runs it again from the value forward "
+                  "left there, so where its output reads that buffer (spectral_norm's power iteration) its "
+                  "gradients differ from those without checkpointing. Make the region save "
+                  "(remat.region(..., recompute=False)), or run such a module outside the checkpoints")
 
     def _check_diverged_step(self):
         """After a step that differed: later steps with its inputs plan for less than the budget,

@@ -224,7 +224,7 @@ class profile_regions:
                 self._add_ops(region, meters, keeping_seconds(sum(m.intercepted for m in meters) / len(meters)))
             if writes is None and name in self._buffer_writes and name not in self._saved_by_code:
                 writes = (f"it writes in place into {describe_tensor(self._buffer_writes[name])}, a buffer of the "
-                          "model (a BatchNorm's running statistics), which recompute would write again")
+                          "model (a BatchNorm's running statistics, say), which recompute would write again")
             if name in self._read_changed:
                 region.setdefault("must_save", self._read_changed[name])
             # The runtime's reruns first; what the profile found must yield to must_save (right
