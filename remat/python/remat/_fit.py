@@ -109,6 +109,7 @@ import weakref
 
 import remat_alloc
 import torch
+from torch.nn.modules.batchnorm import _NormBase
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _optimizer_step, _plans, _profiling
@@ -193,6 +194,7 @@ class _Profiled:
         self.made = frozenset(made)  # the parameters whose gradients the step's backward made (names)
         self.gradients = gradients  # their bytes (none of them there at the step's start)
         self.optimizer_after = optimizer_after  # the parameters changed after its backward (an optimizer step)
+        self.restored = {}  # region -> buffers its recompute reads as forward did (FitState._buffers_read_again)
         self.start = profile.step_start_bytes
         self.persisted = max(0, profile.step_end_bytes - self.start)
         self.planned = profile
@@ -290,6 +292,7 @@ class _Profiled:
         again = _Profiled(self.profile._retimed(forward_seconds), self.signature, self.made, self.gradients,
                           self.optimizer_after)
         again.training, again.model_bytes, again.warm = self.training, self.model_bytes, True
+        again.restored = self.restored
         return again
 
     def all_saved_peak(self, base, ratio):
@@ -745,9 +748,9 @@ class FitState:
                 self.backward_end = None  # (nothing planned was running: no other step's figures to reset)
                 return
             profile = session._result()
-            self._tell_state_read_again(session, profile)
             made = (self.measuring_graded | self._graded()) - self.measuring_had
             done = _Profiled(profile, signature, made, self._parameter_bytes(made), optimizer_after=updated)
+            done.restored = self._buffers_read_again(session, profile)
             done.training = self.step_training  # dropout and the like differ by mode: a difference
             done.model_bytes = self.measuring_model_bytes
             self.profiles[signature] = done
@@ -899,29 +902,22 @@ class FitState:
                   "leave room for what it took above its plan's prediction, and one is profiled again where saving "
                   "every region is estimated within the budget")
 
-    def _tell_state_read_again(self, session, profile):
-        """Regions every plan recomputes because they write a buffer of the model (as the code
-        recomputes them): recompute runs them again from the values forward left. A BatchNorm only
-        updates its statistics again; any other module's buffer (spectral_norm's power iteration
-        vectors) may be read to make the output, whose recompute then differs from forward: the
-        gradients differ from those without checkpointing, by little, without an error. Said once
-        per region, naming the buffer and the fix."""
+    def _buffers_read_again(self, session, profile):
+        """Per region every plan recomputes because it writes buffers of the model (as the code
+        recomputes it), those buffers of modules other than a BatchNorm: such a buffer may be read
+        to make the output (spectral_norm's power iteration), and recompute would run from the value
+        forward left there, its gradients other than without checkpointing (by a little, without an
+        error, as under torch.utils.checkpoint). Planned steps run such a region's recompute from the
+        values forward read (_CheckpointRun.restored). A BatchNorm's statistics, which its output
+        does not read in training, are updated again in recompute, as the code asks."""
         if not session._buffer_writes:
-            return
+            return {}
         recomputed = {r["name"] for r in json.loads(profile.to_json())["regions"] if r.get("must_recompute")}
-        owners = {id(buffer): (name, module) for module_name, module in self.model.named_modules()
-                  for name, buffer in module.named_buffers(prefix=module_name, recurse=False)}
-        for region, buffer in session._buffer_writes.items():
-            name, module = owners.get(id(buffer), (None, None))
-            if (module is None or isinstance(module, torch.nn.modules.batchnorm._NormBase)
-                    or region not in recomputed or ("state read", region) in self.told_differences):
-                continue
-            self.told_differences.add(("state read", region))
-            _tell(f"remat.fit: region '{region}' writes in place into the buffer {name} ({type(module).__name__}), "
-                  "and every plan recomputes it as its code does: recompute runs it again from the value forward "
-                  "left there, so where its output reads that buffer (spectral_norm's power iteration) its "
-                  "gradients differ from those without checkpointing. Make the region save "
-                  "(remat.region(..., recompute=False)), or run such a module outside the checkpoints")
+        norms = {id(buffer) for module in self.model.modules() if isinstance(module, _NormBase)
+                 for buffer in module.buffers(recurse=False)}
+        restored = {region: [b for b in buffers if id(b) not in norms]
+                    for region, buffers in session._buffer_writes.items() if region in recomputed}
+        return {region: buffers for region, buffers in restored.items() if buffers}
 
     def _check_diverged_step(self):
         """After a step that differed: later steps with its inputs plan for less than the budget,
@@ -1031,6 +1027,7 @@ class FitState:
         context = _plans.use_plan(self.plan, strict=False)
         context._watch = self.watch[1]
         context._times = None if self.timing is None else self.timing[1]
+        context._restored = self.watch[0].restored
         return context
 
     def begin_step(self, args, kwargs):
@@ -1233,6 +1230,7 @@ class FitState:
             source.timed_steps += 1
         self.timing = (source, RegionTimes(self.timer)) if timed else None
         context._times = None if self.timing is None else self.timing[1]
+        context._restored = source.restored
         return context
 
     def _refuse(self, source, base, ratio, least_now, signature, reserve=0, optimizer=False):

@@ -144,7 +144,7 @@ class profile_regions:
         # Tensors whose version counters each outermost region's forward is checked against (remat.fit:
         # the model's buffers): a region the code recomputes that changes one is must_recompute
         self._buffers = ()
-        self._buffer_writes = {}  # region -> a buffer its forward changed in place
+        self._buffer_writes = {}  # region -> the buffers its forward changed in place, first first
         self._saved_by_code = set()  # outermost regions the code saves, or with a region it saves inside
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
@@ -223,7 +223,7 @@ class profile_regions:
                 meters = self._meters[name]
                 self._add_ops(region, meters, keeping_seconds(sum(m.intercepted for m in meters) / len(meters)))
             if writes is None and name in self._buffer_writes and name not in self._saved_by_code:
-                writes = (f"it writes in place into {describe_tensor(self._buffer_writes[name])}, a buffer of the "
+                writes = (f"it writes in place into {describe_tensor(self._buffer_writes[name][0])}, a buffer of the "
                           "model (a BatchNorm's running statistics, say), which recompute would write again")
             if name in self._read_changed:
                 region.setdefault("must_save", self._read_changed[name])
@@ -466,9 +466,10 @@ class profile_regions:
             return call()
         versions = [b._version for b in self._buffers]
         out = self._step.region_forward(name, args, lambda: self._timed_region(name, call))
-        changed = next((b for b, v in zip(self._buffers, versions) if b._version != v), None)
-        if changed is not None:
-            self._buffer_writes.setdefault(name, changed)
+        written = self._buffer_writes.setdefault(name, [])
+        written += [b for b, v in zip(self._buffers, versions) if b._version != v and all(b is not w for w in written)]
+        if not written:
+            del self._buffer_writes[name]
         self._shape.record_region(name, args, out)
         self._region_outputs.append((name, out))
         return out
