@@ -26,6 +26,18 @@ OomNumbers quiet_numbers() {
   return n;
 }
 
+// A 50 MiB request the largest free block (30 MiB) cannot hold, with 80 MiB cached free, 70 of
+// them in 5 free blocks inside split segments.
+OomNumbers fragmented_numbers() {
+  OomNumbers n = quiet_numbers();
+  n.rounded_bytes = n.requested_bytes = 50 * kMiB;
+  n.largest_free_block = 30 * kMiB;
+  n.cached_free_bytes = 80 * kMiB;
+  n.fragmented_free_bytes = 70 * kMiB;
+  n.free_blocks_in_split_segments = 5;
+  return n;
+}
+
 const Suggestion* find(const std::vector<Suggestion>& all, SuggestionKind kind) {
   const auto it = std::find_if(all.begin(), all.end(), [&](const Suggestion& s) { return s.kind == kind; });
   return it == all.end() ? nullptr : &*it;
@@ -56,13 +68,8 @@ TEST(OomAdvice, EmptyCacheIsNotSuggestedWhenReleasableFallsShortOfTheRequest) {
 }
 
 TEST(OomAdvice, FragmentationSuggestsMaxSplitSizeOfTheRoundedRequestInMiB) {
-  OomNumbers n = quiet_numbers();
-  n.rounded_bytes = 50 * kMiB;
+  OomNumbers n = fragmented_numbers();
   n.requested_bytes = 50 * kMiB - 100;
-  n.largest_free_block = 30 * kMiB;
-  n.cached_free_bytes = 80 * kMiB;
-  n.fragmented_free_bytes = 70 * kMiB;
-  n.free_blocks_in_split_segments = 5;
   n.releasable_bytes = 10 * kMiB;
   const std::vector<Suggestion> all = suggest(n, {}, "backend:cuda,max_split_size_mb:unlimited");
   ASSERT_EQ(all.size(), 1u);
@@ -106,12 +113,7 @@ TEST(OomAdvice, ARequestUnder10MiBGetsNoMaxSplitSize) {
 }
 
 TEST(OomAdvice, PyTorchsAllocatorIsAdvisedItsOwnSettings) {
-  OomNumbers n = quiet_numbers();
-  n.rounded_bytes = n.requested_bytes = 50 * kMiB;
-  n.largest_free_block = 30 * kMiB;
-  n.cached_free_bytes = 80 * kMiB;
-  n.fragmented_free_bytes = 70 * kMiB;
-  n.free_blocks_in_split_segments = 5;
+  const OomNumbers n = fragmented_numbers();
   const OomContext pytorch{.pytorch_allocator = true};
   const std::vector<Suggestion> split = suggest(n, {}, "", pytorch);
   const Suggestion* s = find(split, SuggestionKind::fragmentation);
@@ -318,23 +320,16 @@ TEST(OomAdvice, ARequestNearTwoTo64GetsNoMaxSplitSizeTheAllocatorWouldRefuse) {
 }
 
 TEST(OomAdvice, FragmentationUnderAFullDeviceStillSuggestsMaxSplitSize) {
-  OomNumbers n = quiet_numbers();
+  OomNumbers n = fragmented_numbers();
   n.cause = alloc::OomCause::device_full;
-  n.largest_free_block = 30 * kMiB;
-  n.cached_free_bytes = 80 * kMiB;
-  n.fragmented_free_bytes = 70 * kMiB;
-  n.free_blocks_in_split_segments = 5;
   EXPECT_NE(find(suggest(n, {}, ""), SuggestionKind::fragmentation), nullptr);
 }
 
 TEST(OomAdvice, FreeBlocksOfTheOtherPoolNeverCountTowardTheRequest) {
   // 80 MiB cached free, 70 of them in split segments, but only 20 MiB in the large pool the
   // 50 MiB request goes to: the small pool's blocks could never hold it
-  OomNumbers n = quiet_numbers();
-  n.rounded_bytes = n.requested_bytes = 50 * kMiB;
+  OomNumbers n = fragmented_numbers();
   n.largest_free_block = 12 * kMiB;
-  n.cached_free_bytes = 80 * kMiB;
-  n.fragmented_free_bytes = 70 * kMiB;
   n.free_blocks_in_split_segments = 900;
   n.request_pool = alloc::PoolFreeSpace{false, 20 * kMiB, 20 * kMiB, 3};
   EXPECT_EQ(find(suggest(n, {}, ""), SuggestionKind::fragmentation), nullptr);
