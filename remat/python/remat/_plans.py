@@ -197,7 +197,8 @@ class _CheckpointRun:
         # region -> the buffers it writes that recompute reads as forward did (remat.fit: a module's
         # buffer its output may read, spectral_norm's), and their values as forward read them
         self.restored = {}
-        self._forward_values = {}
+        self._forward_values = {}  # (region, occurrence in its pass) -> the values its forward read
+        self._restore_seen = {}  # region -> its calls in this pass (forward, or a recompute)
         self._keeps = {}  # region (watched: (region, occurrence)) -> its RegionKeep, from forward to recompute
         self.ran = []  # (path, planned) of the regions forward ran that are not part of a planned region
         self._open = []  # for each region open now: whether it, or one around it, took the plan's choice
@@ -207,6 +208,7 @@ class _CheckpointRun:
     def body(self, fn):
         def body(*args, **kwargs):
             self._seen = {}  # each pass (forward, recompute) counts its regions from the first
+            self._restore_seen = {}
             return fn(*args, **kwargs)
 
         # Errors name the body by its __qualname__ ("checkpoint 'layers.0' (Block.forward)"): that
@@ -239,7 +241,7 @@ class _CheckpointRun:
             wrap = lambda body: keep.wrap(body, recomputing)  # noqa: E731
 
         def run():
-            out = self._as_forward_read(path, path, recompute, recomputing, lambda: call(recompute, wrap))
+            out = self._as_forward_read(path, recompute, recomputing, lambda: call(recompute, wrap))
             if not recompute and not recomputing:
                 _C.recompute_needs_tensor(*tensors_in(out))
             return out
@@ -253,21 +255,23 @@ class _CheckpointRun:
         finally:
             self._open.pop()
 
-    def _as_forward_read(self, key, path, recompute, recomputing, run):
+    def _as_forward_read(self, path, recompute, recomputing, run):
         """run() of a recomputed region that writes buffers its output may read (`restored`): its
-        forward notes their values (the occurrence `key`), its recompute runs from them and leaves
-        them as it found them, so that it makes what forward made (spectral_norm's power iteration
-        from the same vectors) and they are updated once, as without checkpointing."""
+        forward notes their values, and each recompute of that call (a retained graph's later
+        backward too) runs from them and leaves the buffers as it found them, so that it makes what
+        forward made (spectral_norm's power iteration from the same vectors) and they are updated
+        once, as without checkpointing. The notes live as long as this call (remat.fit counts them)."""
         buffers = self.restored.get(path) if recompute else None
         if not buffers:
             return run()
+        occurrence = self._restore_seen.get(path, 0)
+        self._restore_seen[path] = occurrence + 1
         if not recomputing:
-            self._forward_values.setdefault(key, []).append([b.detach().clone() for b in buffers])
+            self._forward_values[(path, occurrence)] = [b.detach().clone() for b in buffers]
             return run()
-        noted = self._forward_values.get(key)
-        if not noted:
+        values = self._forward_values.get((path, occurrence))
+        if values is None:
             return run()
-        values = noted.pop(0)
         now = [b.detach().clone() for b in buffers]
         with torch.no_grad():
             for buffer, value in zip(buffers, values):
@@ -324,8 +328,7 @@ class _CheckpointRun:
                 keep = self._keeps[(path, occurrence)] = RegionKeep(path, self.kept_ops[path])
             wrap = lambda body: keep.wrap(body, recomputing)  # noqa: E731
         def body():
-            return self._as_forward_read((path, occurrence), path, recompute, recomputing,
-                                         lambda: call(recompute, wrap))
+            return self._as_forward_read(path, recompute, recomputing, lambda: call(recompute, wrap))
 
         self._open.append((recompute, planned or any(taken for _, taken in self._open)))
         try:
