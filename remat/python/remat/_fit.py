@@ -467,8 +467,8 @@ class FitState:
         unfrozen), what was learned under the others is set aside and what was learned under these
         taken back, if they were so before. Else, where a set seen before froze no more than these
         (layers frozen now that trained then), its steps kept and made at least what these do: these
-        plan from a copy of what was learned under it, a bound from above. Else (layers unfrozen)
-        nothing bounds them: the step is profiled afresh. Either is said."""
+        plan from a copy of what was learned under the one that froze the most, a bound from above.
+        Else (layers unfrozen) nothing bounds them: the step is profiled afresh. Either is said."""
         frozen = tuple(name for name, p in self._named_parameters() if not p.requires_grad)
         if frozen == self.frozen:
             return
@@ -484,7 +484,8 @@ class FitState:
         change = (f"remat.fit: the parameters that require gradients changed ({len(now - then)} frozen since the "
                   f"steps before, {len(then - now)} unfrozen): what a step keeps for backward and the gradients it "
                   "makes change with them")
-        bound = next((key for key in self.learned_when_frozen if set(key) <= now), None)
+        # The set that froze the most of these: the tightest bound
+        bound = max((key for key in self.learned_when_frozen if set(key) <= now), key=len, default=None)
         if bound is not None:
             copied = {name: copy.copy(value) for name, value in self.learned_when_frozen[bound].items()}
             self.__dict__.update(copied, watch=None)

@@ -89,6 +89,17 @@ def test_layers_frozen_later_plan_from_what_was_learned_with_them_trained():
         assert peak <= predicted <= budget, (peak, predicted, budget)
 
 
+def test_a_new_set_plans_from_the_tightest_bound():
+    # Bounded by the set that froze the most of its layers: (0, 1) for (0, 1, 2), not () (which
+    # predicted 14.7% above the step)
+    schedule = [(0, 1)] * 2 + [()] * 2 + [(0, 1)] + [(0, 1, 2)] * 2
+    rows, told, state = train(budget_midway(), schedule)
+    assert state.profiled_steps == 2
+    assert rows[5][1] == rows[6][1] == rows[4][1], [row[1] for row in rows]  # as the steps with (0, 1) frozen
+    for peak, predicted, _ in rows[5:]:
+        assert peak <= predicted, (peak, predicted)
+
+
 def test_layers_frozen_in_turn_plan_each_way_from_a_profile_of_their_own():
     schedule = [(0, 1), (0, 1), (), (), (0, 1), (), (0, 1), ()]
     budget = budget_midway()
