@@ -222,12 +222,17 @@ void register_trace(CLI::App& app, GlobalOptions& options) {
     };
     // A snapshot in a file: its events are printed as they stream by, its segments checked and
     // dropped, so that a snapshot of a long trace ring is read in bounded memory (685 MB took 2.7
-    // GB read whole). A pipe, read once, and any other dump are read whole.
-    std::error_code ignored;
-    const bool regular = opts->file != "-" && std::filesystem::is_regular_file(opts->file, ignored);
-    if (!regular || !stream_dump(opts->file, find_renderer("snapshot")->schema_version(), begin).streamed) {
-      const DumpFile dump = open_dump(opts->file);
+    // GB read whole). Any other one-document dump comes back whole from the same read; a JSON
+    // Lines trace (its header alone came back) is opened again, and a pipe, read once, read whole.
+    const auto print = [&](const DumpFile& dump) {
       renderer_for(dump, {"trace", View::events, {}}).events(dump, begin);
+    };
+    std::error_code ignored;
+    if (opts->file == "-" || !std::filesystem::is_regular_file(opts->file, ignored)) {
+      print(open_dump(opts->file));
+    } else if (StreamedDump read = stream_dump(opts->file, find_renderer("snapshot")->schema_version(), begin);
+               !read.streamed) {
+      print(read.file.json_lines ? open_dump(opts->file) : std::move(read.file));
     }
     printer.end();
   });

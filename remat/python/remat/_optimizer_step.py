@@ -84,7 +84,7 @@ def _wraps(optimizer):
     return None
 
 
-_predicting = threading.local()  # .copy: the copy stepping on stand-ins on this thread, else None
+_predicting = threading.local()  # .active: a copy steps on stand-ins on this thread
 
 
 def _refuse_other_steps(optimizer, args, kwargs):
@@ -92,7 +92,7 @@ def _refuse_other_steps(optimizer, args, kwargs):
     copy's own step runs without hooks, so any step that reaches one on that thread is another
     optimizer's, a real one (a wrapper's step stepping the optimizer it holds), refused before it
     changes anything. Steps on other threads go on."""
-    if getattr(_predicting, "copy", None) is not None:
+    if getattr(_predicting, "active", False):
         raise RuntimeError(f"its step steps another optimizer ({type(optimizer).__name__}), which would change the "
                            "model's parameters")
 
@@ -210,12 +210,12 @@ def step_memory(optimizer, with_gradients, host):
                                                     if p.grad is not None}
     count = _StorageCount(host, existing)
     _refusing_other_steps()
-    _predicting.copy = proxy
+    _predicting.active = True
     try:
         with count:
             step(proxy)
     finally:
-        _predicting.copy = None
+        _predicting.active = False
     made = count.live_bytes()  # the state it made is alive with the copy
     if host:
         # Host scalars the step made as state without an operation (torch.tensor(0.0) step

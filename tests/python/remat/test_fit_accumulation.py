@@ -414,7 +414,7 @@ def test_only_the_thread_predicting_refuses_real_steps():
     parameter.grad = torch.ones(4)
     optimizer = torch.optim.SGD([parameter], lr=0.5)
     _optimizer_step._refusing_other_steps()
-    _optimizer_step._predicting.copy = object()  # as while a copy steps on stand-ins on this thread
+    _optimizer_step._predicting.active = True  # as while a copy steps on stand-ins on this thread
     try:
         with pytest.raises(RuntimeError, match=r"its step steps another optimizer \(SGD\)"):
             optimizer.step()
@@ -424,7 +424,7 @@ def test_only_the_thread_predicting_refuses_real_steps():
         other.join(timeout=60)
         assert torch.equal(parameter.detach(), torch.full((4,), 0.5))  # stepped on the other thread
     finally:
-        _optimizer_step._predicting.copy = None
+        _optimizer_step._predicting.active = False
 
 
 def test_an_optimizer_whose_groups_are_another_s_by_a_property_is_not_predicted_and_trains_as_without_fit():
