@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace remat::budget::detail {
@@ -112,6 +113,9 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
     write_ids(json, "kept_inputs", call.kept_inputs);
     if (call.body_inputs) write_ids(json, "body_inputs", *call.body_inputs);
     write_ids(json, "outputs", call.outputs);
+    if (call.create_graph_backward) {
+      write_ids(json, "create_graph_backward", {call.create_graph_backward->first, call.create_graph_backward->second});
+    }
     json.key("regions").begin_array();
     for (const StepRegion& region : call.regions) {
       json.begin_object().field("name", std::string_view(region.name));
@@ -130,6 +134,7 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
         json.end_array();
       }
       if (!region.autocast_cached.empty()) write_ids(json, "autocast_cached", region.autocast_cached);
+      if (call.create_graph_backward) write_ids(json, "saved", region.saved);
       json.end_object();
     }
     json.end_array().end_object();
@@ -176,6 +181,15 @@ StepMemory read_step(const Json& value, std::string_view source) {
     call.kept_inputs = ids_of(entry, "kept_inputs", source, at);
     if (entry.contains("body_inputs")) call.body_inputs = ids_of(entry, "body_inputs", source, at);
     call.outputs = ids_of(entry, "outputs", source, at);
+    if (entry.contains("create_graph_backward")) {
+      const std::vector<std::uint32_t> segments = ids_of(entry, "create_graph_backward", source, at);
+      if (segments.size() != 2 || segments[0] >= segments[1]) {
+        refuse(source, at + ".create_graph_backward",
+               "must be two segment numbers, the first below the second (where the call's backward run with "
+               "create_graph=True began, and where that backward ended); profile the step again");
+      }
+      call.create_graph_backward = std::make_pair(segments[0], segments[1]);
+    }
     for_each_entry(entry, "regions", source, at, [&](const Json& listed, const std::string& in) {
       StepRegion region;
       region.name = text_of(member(listed, "name", source, in), source, in + ".name");
@@ -188,6 +202,7 @@ StepMemory read_step(const Json& value, std::string_view source) {
       if (listed.contains("autocast_cached")) {
         region.autocast_cached = ids_of(listed, "autocast_cached", source, in);
       }
+      if (listed.contains("saved")) region.saved = ids_of(listed, "saved", source, in);
       call.regions.push_back(std::move(region));
     });
     step.checkpoints.push_back(std::move(call));

@@ -18,24 +18,14 @@
 #include <unordered_map>
 #include <utility>
 
+#include "step_bytes.hpp"
+
 namespace remat::budget::detail {
 
 namespace {
 
 bool contains(const std::vector<std::uint32_t>& set, std::uint32_t id) {
   return std::find(set.begin(), set.end(), id) != set.end();
-}
-
-// A sum of the step's byte figures. The dump reader bounds each figure, so only a step made some
-// other way can pass 2^64; it is refused rather than wrapped into a small peak.
-std::uint64_t add_bytes(std::uint64_t a, std::uint64_t b) {
-  std::uint64_t sum = 0;
-  if (__builtin_add_overflow(a, b, &sum)) {
-    throw BudgetError(
-        "the step's byte figures add up past 64 bits, so no step peak can be predicted from them: the "
-        "step is not a real one; profile it again");
-  }
-  return sum;
 }
 
 }  // namespace
@@ -81,7 +71,8 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
     : profile_(profile),
       step_(step),
       cuda_(profile.device.rfind("cuda", 0) == 0),
-      indexes_(region_indexes(profile, step)) {
+      indexes_(region_indexes(profile, step)),
+      made_again_(step) {
   // Outputs of a call that no later call takes as input are held by code outside the
   // checkpoints (a head, a loss): alive while the call is live whatever it keeps.
   const std::size_t calls = step.checkpoints.size();
@@ -222,19 +213,18 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
       // again stay in the cache until the next clear.
       if (step.autocast_held_in_backward && until <= first_backward_[k] && first_backward_[k] < step.segments.size()) {
         const auto next = std::upper_bound(step.autocast_cleared.begin(), step.autocast_cleared.end(), first_backward_[k]);
-        Recast& recast = recasts_.emplace_back();
-        recast.call = k;
-        recast.region = indexes_[k][r];
-        recast.from = first_backward_[k];
-        recast.until = next != step.autocast_cleared.end() ? std::size_t{*next} : step.segments.size();
-        recast.ids = call.regions[r].autocast_cached;
-        for (const std::uint32_t id : recast.ids) recast.bytes = add_bytes(recast.bytes, step.storages[id]);
+        const std::size_t from = first_backward_[k];
+        made_again_.add({k, indexes_[k][r], from,
+                         next != step.autocast_cleared.end() ? std::size_t{*next} : step.segments.size(), from,
+                         call.regions[r].autocast_cached, 0});
       }
     }
   }
+  made_again_.add_graphs_made(indexes_);
   const std::vector<Choice> all_saved(profile.regions.size(), Choice::save);
   saved_sets_ = kept_sets(all_saved, {}, nullptr);
-  saved_alive_ = alive_by_segment(saved_sets_, nullptr, [](std::size_t, std::vector<std::uint32_t>&) {}, nullptr);
+  saved_alive_ = alive_by_segment(
+      saved_sets_, nullptr, [](std::size_t, std::vector<std::uint32_t>&) {}, nullptr, nullptr);
 }
 
 std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vector<bool>& offloaded,
@@ -254,14 +244,10 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
     } else if (segment.forward >= 0 && kept_ops != nullptr) {
       ids = kept_in_forward(s, choices, *kept_ops);
     }
-    for (const Recast& recast : recasts_) {
-      if (s >= recast.from && s < recast.until && choices[recast.region] != Choice::save) {
-        ids.insert(ids.end(), recast.ids.begin(), recast.ids.end());
-      }
-    }
   };
-  const std::vector<std::uint64_t> alive_in = alive_by_segment(
-      sets, kept_ops != nullptr ? &without_kept_ops : nullptr, also_alive, offloads ? &offload : nullptr);
+  const std::vector<char> made = made_again_.made(choices);
+  const std::vector<std::uint64_t> alive_in = alive_by_segment(sets, kept_ops != nullptr ? &without_kept_ops : nullptr,
+                                                               also_alive, offloads ? &offload : nullptr, &made);
   std::uint64_t peak = 0;
   for (std::size_t s = 0; s < step_.segments.size(); ++s) {
     const StepSegment& segment = step_.segments[s];
@@ -270,11 +256,10 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
     if (segment.backward >= 0) {
       top = std::max(top, add_bytes(segment.start_bytes,
                                     recompute_transient(static_cast<std::size_t>(segment.backward), choices)));
-      // The profile's backward freed these casts as it used them; made again into a live cache,
-      // they stay through it: counted above its peak (a bound, the moment they were freed unknown)
-      for (const Recast& recast : recasts_) {
-        if (static_cast<std::int64_t>(recast.call) == segment.backward && choices[recast.region] != Choice::save) {
-          top = add_bytes(top, recast.bytes);
+      // What recompute makes again beside what the profile used as it went (made_again.hpp)
+      for (const std::uint32_t e : made_again_.of_call(static_cast<std::size_t>(segment.backward))) {
+        if (made[e] != 0 && s >= made_again_[e].beside_from && s < made_again_[e].until) {
+          top = add_bytes(top, made_again_[e].bytes);
         }
       }
     }
@@ -479,7 +464,8 @@ class Tally {
 // and leave, so each segment costs what changes in it.
 std::vector<std::uint64_t> StepModel::alive_by_segment(
     const std::vector<std::vector<std::uint32_t>>& sets, const std::vector<std::vector<std::uint32_t>>* in_own_backward,
-    const std::function<void(std::size_t, std::vector<std::uint32_t>&)>& also_alive, const Offload* offload) {
+    const std::function<void(std::size_t, std::vector<std::uint32_t>&)>& also_alive, const Offload* offload,
+    const std::vector<char>* made) {
   const std::size_t calls = step_.checkpoints.size();
   Tally held(step_.storages);
   std::vector<char> live(calls, 0), cached(casts_.size(), 0);
@@ -527,6 +513,14 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
     for (const std::uint32_t k : joining_[s]) settle_call(k, s);
     for (const auto& [k, entry] : unholding_[s]) settle_hold(k, entry);
     for (const std::uint32_t entry : uncaching_[s]) settle_cached(entry, s);
+    if (made != nullptr) {
+      for (const std::uint32_t e : made_again_.ending(s)) {
+        if ((*made)[e] != 0) held.remove(made_again_[e].ids);
+      }
+      for (const std::uint32_t e : made_again_.beginning(s)) {
+        if ((*made)[e] != 0) held.add(made_again_[e].ids);
+      }
+    }
     const bool swapped = in_own_backward != nullptr && segment.backward >= 0 &&
                          live[static_cast<std::size_t>(segment.backward)] != 0;
     if (swapped) {

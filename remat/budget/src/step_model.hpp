@@ -6,6 +6,8 @@
 
 #include <remat/budget/plan.hpp>
 
+#include "made_again.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -67,10 +69,12 @@ class StepModel {
   // Per segment, the bytes alive because of checkpoints (step_model.cpp says which), walked once
   // through the step: `sets` is what each call keeps, `in_own_backward` (where given) what it keeps
   // while its own backward runs, and `also_alive(s, ids)` lists what else segment s holds.
+  // `made` (where given) which of made_again_ the plan makes.
   std::vector<std::uint64_t> alive_by_segment(
       const std::vector<std::vector<std::uint32_t>>& sets,
       const std::vector<std::vector<std::uint32_t>>* in_own_backward,
-      const std::function<void(std::size_t, std::vector<std::uint32_t>&)>& also_alive, const Offload* offload);
+      const std::function<void(std::size_t, std::vector<std::uint32_t>&)>& also_alive, const Offload* offload,
+      const std::vector<char>* made);
 
   const RegionProfile& profile_;
   const StepMemory& step_;
@@ -93,16 +97,7 @@ class StepModel {
   std::vector<HeldCasts> casts_;
   std::vector<std::vector<std::uint32_t>> casts_of_call_;  // per call: its entries in casts_
   std::vector<std::vector<std::uint32_t>> uncaching_;      // per segment: the entries it frees
-  // A recomputed region's casts made again in a backward inside an autocast block, after a clear
-  // freed the forward's: alive from its call's backward to the next clear
-  struct Recast {
-    std::uint32_t call = 0;
-    std::size_t region = 0;  // in the profile's regions
-    std::size_t from = 0, until = 0;
-    std::vector<std::uint32_t> ids;
-    std::uint64_t bytes = 0;  // of ids
-  };
-  std::vector<Recast> recasts_;
+  MadeAgainSet made_again_;
   std::vector<std::size_t> kept_count_;              // per call: its regions' kept storages, counted
   // The regions whose outputs include each storage, as (call, region in it): those of storage id
   // are makers_[makers_begin_[id] .. makers_begin_[id + 1]).

@@ -57,6 +57,13 @@ saved tensors from forward in the profiled step, so there its backward's first o
 recompute; every plan recomputes it (must_recompute), and recompute then runs first, making the
 changed input again beside those ops' temporaries: each backward segment of its checkpoint call
 counts that input's bytes above what it measured.
+A backward run with create_graph=True (a gradient penalty: torch.autograd.grad(loss, x,
+create_graph=True), then a backward through it) makes a graph of its own, which holds what the
+backward's formulas read: the tensors the regions' ops saved. Where a plan recomputes a region,
+those are recompute's copies, held from its call's backward on until the call keeps nothing more
+(its graph was retained: a later backward recomputes again beside them). Such a call lists where
+(create_graph_backward: the segment its own backward began in, and the one that whole backward
+ended in), and each of its regions what its ops saved (saved: kept less the outputs no op saved).
 A plan's step peak is then each segment's measured peak less what the plan's checkpoints do not
 keep of what was alive in it, plus, in a checkpoint's backward, the largest forward transient of a
 region it recomputes; remat::budget computes it (step_peak.hpp)
@@ -161,7 +168,8 @@ def _storages_held():
 
 
 # The lists of storages in a checkpoint call's record and its regions'
-_STORAGE_SETS = frozenset({"inputs", "kept_inputs", "body_inputs", "outputs", "kept", "offload_kept", "autocast_cached"})
+_STORAGE_SETS = frozenset({"inputs", "kept_inputs", "body_inputs", "outputs", "kept", "offload_kept", "autocast_cached",
+                           "saved"})
 
 
 class StepRecorder:
@@ -208,6 +216,8 @@ class StepRecorder:
         self._kept_at_end = set()  # (device, address) of what live checkpoints keep as the step ends
         self._step_inputs = {}  # checkpoint call -> {storage key: identity} of the tensors it was given
         self._body_reads = {}  # checkpoint call -> those code outside its regions read
+        self._saved = {}  # checkpoint call -> per region, the storages its ops saved (what the runtime keeps)
+        self._graph_made = {}  # checkpoint call -> [its first backward run with create_graph=True, where that ended]
 
     @staticmethod
     def _counted_device():
@@ -311,6 +321,9 @@ class StepRecorder:
         whose inputs take no gradient (the first layer's, say) included."""
         self._end_queued = False
         self.mark()
+        for index in self._begun:
+            if self._graph_made.get(index, [0, 0])[1] is None:
+                self._graph_made[index][1] = len(self.segments)
         self._live = [k for k in self._live if k not in self._begun or self._retained(k)]
         if self._recomputing in self._begun:
             self._recomputing = -1
@@ -519,6 +532,7 @@ class StepRecorder:
                        if (t.device, t.address) not in inputs and (t.device, t.address) not in self._held_before
                        and allocated_before(t)}
         kept_by_region = {}
+        saved_by_region = {}  # what its ops saved: not what the runtime keeps of its outputs ("output.N")
         staying = {}  # region -> storages the offloader would leave on the device
         casts = {}  # region -> storages that are casts of leaves (ResidentTensor.leaf_cast)
         listed = iter(storages)
@@ -538,6 +552,8 @@ class StepRecorder:
                 if storage is not None:
                     self._follow(self._alive[key], storage)
                 ids.add(self._alive[key])
+                if not t.name.startswith("output."):
+                    saved_by_region.setdefault(region.region, set()).add(self._alive[key])
                 if not getattr(t, "offloadable", True):
                     staying.setdefault(region.region, set()).add(self._alive[key])
                 if t.leaf_cast:
@@ -545,6 +561,7 @@ class StepRecorder:
                 if not t.shares_storage:
                     self._storages[self._alive[key]] = max(self._storages[self._alive[key]], t.bytes)
             kept_by_region[region.region] = ids
+        self._saved[index] = [sorted(saved_by_region.get(region["name"], set())) for region in record["regions"]]
         self._kept_keys[index] = {(t.device, t.address) for region in reports for t in region.tensors
                                   if (t.device, t.address) not in held_anyway}
         record["kept_inputs"] = sorted(kept_by_region.get("<inputs>", set()) & set(record["inputs"]))
@@ -588,6 +605,8 @@ class StepRecorder:
                         self.autocast_held_in_backward = _casts_cached()
                     self._backward_began = True
                     self.mark()
+                    if torch.is_grad_enabled() and index not in self._graph_made:  # backward(create_graph=True)
+                        self._graph_made[index] = [len(self.segments), None]
                     self._end_finished_backwards(index, output_keys)
                     self._begun_calls.add(index)
                     self._recomputing = index
@@ -687,7 +706,18 @@ class StepRecorder:
                        [region_without(r) for r in value] if key == "regions" else value)
                  for key, value in call.items()} for call in self.checkpoints]
 
+    def _note_graphs_made(self):
+        """Marks each call whose backward ran with create_graph=True, and what its regions' ops saved:
+        the graph that backward makes holds recompute's copies of them (module docstring)."""
+        for index, (first, end) in self._graph_made.items():
+            if end is not None:  # (else that backward raised: the profile refuses the step)
+                record = self.checkpoints[index]
+                record["create_graph_backward"] = [first, end]
+                for region, saved in zip(record["regions"], self._saved[index]):
+                    region["saved"] = saved
+
     def to_dump(self, end_bytes):
+        self._note_graphs_made()
         # A clear marked where the step's last segment ended begins none
         cleared = [s for s in self.autocast_clears if s < len(self.segments)]
         # Freed once the last segment had ended (as the step's last mark was taken): through every segment

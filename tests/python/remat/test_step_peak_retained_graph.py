@@ -92,3 +92,73 @@ def test_fit_plans_a_training_loop_with_two_backwards_a_step_within_budgets_it_r
     assert max(peaks[1:]) <= budget < saved_peaks[-1], (peaks, budget)
     assert gradients == reference
     assert not [m for m in told if "over the budget" in m and "profiled step" not in m], told
+
+
+def penalty_then_backward(loss, x):
+    """A gradient penalty (WGAN-GP, R1): the input's gradient made with create_graph=True, then a
+    backward through the loss and the penalty."""
+    grad, = torch.autograd.grad(loss, x, create_graph=True)
+    (loss + grad.square().sum()).backward()
+
+
+def penalty_alone(loss, x):
+    """A backward through the input's gradient alone (the loss's graph kept, not run again)."""
+    grad, = torch.autograd.grad(loss, x, create_graph=True)
+    grad.square().sum().backward()
+
+
+@pytest.mark.parametrize("backwards", [penalty_then_backward, penalty_alone], ids=["penalty and loss", "penalty alone"])
+def test_plans_by_peak_of_a_step_with_a_backward_that_creates_a_graph_hold_their_prediction(backwards):
+    """The graph a backward run with create_graph=True makes holds what recompute made there (what
+    the regions' ops saved) until the later backward; before, plans that recompute peaked up to
+    20% above their prediction (3866700 B measured, 3211340 B predicted for the least)."""
+    with remat.tag_cpu_tensors():
+        torch.manual_seed(0)
+        x = torch.randn(64, 256, requires_grad=True)
+
+        def step(plan=None):
+            x.grad = None
+            with remat.use_plan(plan) if plan is not None else contextlib.nullcontext():
+                backwards(readme_model(x), x)
+
+        with remat.profile_regions() as profile:
+            step()
+        reference = x.grad.numpy().tobytes()
+        least, most = profile.least_peak_bytes(), profile.step_peak_bytes
+        assert least < most * 9 // 10, (least, most)  # recompute still lowers the peak
+        for budget in [least + (most - least) * i // 4 for i in range(5)]:
+            plan = profile.plan(peak_bytes=budget)
+            assert plan.peak_bytes <= budget
+            measured = max(fit_loop.peak_of(lambda: step(plan)), fit_loop.peak_of(lambda: step(plan)))
+            assert measured <= plan.peak_bytes * 1.03, (budget, plan.peak_bytes, measured)
+            assert x.grad.numpy().tobytes() == reference
+
+
+def test_fit_keeps_a_training_loop_with_a_gradient_penalty_within_its_budget():
+    """Every planned step of a loop with a gradient penalty peaks within the budget, and none is
+    said to have gone over it (before: the first planned step went over, and later ones planned
+    lower by what it went over)."""
+    def train(budget):
+        with fit_loop.fitted(lambda: fit_loop.CheckpointedLayers([fit_loop.Layer(64) for _ in range(6)]),
+                             budget) as (model, told):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            torch.manual_seed(1)
+            x = torch.randn(512, 64, requires_grad=True)
+
+            def step():
+                optimizer.zero_grad(set_to_none=True)
+                x.grad = None
+                penalty_then_backward(model(x), x)
+                optimizer.step()
+
+            peaks = [fit_loop.peak_of(step) for _ in range(4)]
+            gradients = [p.grad.numpy().tobytes() for p in model.parameters()]
+            fit_loop.unfit(model, x.detach())
+            return peaks, gradients, fit_loop.messages(told, "remat.fit")
+
+    saved_peaks, reference, _ = train("1 GiB")
+    budget = saved_peaks[-1] * 98 // 100  # (the graph the penalty makes holds most of what recompute makes)
+    peaks, gradients, told = train(budget)
+    assert max(peaks[1:]) <= budget < saved_peaks[-1], (peaks, budget)
+    assert gradients == reference
+    assert not [m for m in told if "over the budget" in m and "profiled step" not in m], told

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace remat::budget {
@@ -44,6 +45,10 @@ struct StepRegion {
   // region began (StepMemory::autocast_cleared), or where the profile saw no clear, until the
   // step's backward begins (or through it: StepMemory::autocast_held_in_backward).
   std::vector<std::uint32_t> autocast_cached;
+  // Where its call's backward ran with create_graph=True: of `kept`, what its ops saved (its
+  // outputs only where an op saved them). The graph that backward makes holds recompute's copies of
+  // them (StepCheckpoint::create_graph_backward).
+  std::vector<std::uint32_t> saved;
 };
 
 struct StepCheckpoint {  // one call of a checkpoint
@@ -58,6 +63,11 @@ struct StepCheckpoint {  // one call of a checkpoint
   // keeps them. Unknown in older dumps: there every input counts as read where a recomputed region
   // takes what that code made.
   std::optional<std::vector<std::uint32_t>> body_inputs;
+  // Its first backward run with create_graph=True (a gradient penalty), as the segment its own
+  // backward began in and the one that whole backward ended in: the graph it made holds what the
+  // regions' ops saved (StepRegion::saved), which a recomputed region makes again there, until the
+  // call keeps nothing more; a later backward recomputes it again beside them.
+  std::optional<std::pair<std::uint32_t, std::uint32_t>> create_graph_backward;
 };
 
 struct StepSegment {
