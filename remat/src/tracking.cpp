@@ -1,6 +1,6 @@
 // Tracking's per-call work (tracking.hpp). A thread's modules nest, so the category and module in
 // force when each forward began are a stack; backward sets "temporary of the module" from a
-// pre-hook on each output node and clears it when the graph task ends. The engine asks
+// pre-hook on each output node and puts back what was in force when the graph task ends. The engine asks
 // in_tracked_forward() for every tensor autograd saves (engine.cpp).
 
 #include <remat/tracking.hpp>
@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <utility>
@@ -23,29 +24,41 @@ namespace {
 
 thread_local std::vector<std::pair<alloc::Category, alloc::NameId>> t_entered;
 
-// Sets "temporary of the module" when backward reaches the node; a root's also clears the
-// category when the graph task ends.
+// The backwards (graph tasks) on this thread whose end puts back the category in force where they
+// reached their first tracked module; a few, each forgotten at its end (one ended on another
+// thread is dropped when the list is full).
+thread_local std::vector<int> t_restoring;
+
+// Once per backward: its end puts back what is in force now (nothing, or the user's own category:
+// a backward inside a category scope, in LBFGS's closure, in a loop running the model's parts).
+void restore_when_backward_ends() {
+  const int task = torch::autograd::get_current_graph_task_id();
+  if (task < 0 || std::find(t_restoring.begin(), t_restoring.end(), task) != t_restoring.end()) return;
+  if (t_restoring.size() >= 16) t_restoring.erase(t_restoring.begin());
+  t_restoring.push_back(task);
+  torch::autograd::Engine::get_default_engine().queue_callback([before = alloc::current_category_id(), task] {
+    alloc::set_category_by_id(before.first, before.second);
+    std::erase(t_restoring, task);
+  });
+}
+
+// Sets "temporary of the module" when backward reaches the node; the backward's end puts back
+// what was in force before it.
 class EnteringModule final : public torch::autograd::FunctionPreHook {
  public:
-  EnteringModule(alloc::NameId module, bool root) : module_(module), root_(root) {}
+  explicit EnteringModule(alloc::NameId module) : module_(module) {}
 
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    restore_when_backward_ends();
     alloc::set_category_by_id(alloc::Category::temporary, module_);
-    if (root_) {
-      torch::autograd::Engine::get_default_engine().queue_callback(
-          [] { alloc::set_category_by_id(alloc::Category::none, 0); });
-    }
     return grads;
   }
-
-  void make_root() { root_ = true; }
 
   // Compiled autograd would need this hook traced into its graph; it is not, so say so plainly.
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override { refuse_compiled_autograd(); }
 
  private:
   alloc::NameId module_;
-  bool root_;
 };
 
 }  // namespace
@@ -103,14 +116,11 @@ void tag_input(const at::Tensor& tensor) {
       [&](alloc::CachingAllocator& allocator) { done = done || allocator.retag_block(ptr, &as_input).has_value(); });
 }
 
-void hook_backward(const std::shared_ptr<torch::autograd::Node>& node, alloc::NameId module, bool root) {
+void hook_backward(const std::shared_ptr<torch::autograd::Node>& node, alloc::NameId module) {
   for (const auto& hook : node->pre_hooks()) {
-    if (auto* ours = dynamic_cast<EnteringModule*>(hook.get())) {
-      if (root) ours->make_root();  // an inner module's output the model returns as it is
-      return;
-    }
+    if (dynamic_cast<EnteringModule*>(hook.get()) != nullptr) return;  // an inner module's
   }
-  node->add_pre_hook(std::make_unique<EnteringModule>(module, root));
+  node->add_pre_hook(std::make_unique<EnteringModule>(module));
 }
 
 bool RetagLog::retag(const at::Tensor& tensor, alloc::Category category, alloc::NameId module) {

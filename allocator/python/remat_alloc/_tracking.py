@@ -10,7 +10,8 @@ what was in force, so everything a forward allocates belongs to the innermost mo
 What autograd keeps for backward passes a saved-tensor pack hook (pushed around the model's
 forward, unless a remat checkpoint already decides what is kept there): its storage becomes an
 activation of the module that produced it. Each module output's autograd node gets a pre-hook
-that sets "temporary of that module" when backward reaches it, and backward's end clears it.
+that sets "temporary of that module" when backward reaches it, and backward's end puts back what was
+in force before.
 A parameter's post-accumulate-grad hook re-tags its .grad as a gradient of that parameter.
 An optimizer's state dict is replaced by one that re-tags each tensor as it is stored (so the
 state is optimizer_state from the moment the optimizer creates it); the step's own scratch is
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import threading
 import weakref
 from typing import Any, Iterable, Optional
@@ -95,7 +97,7 @@ def _check(status: int) -> None:
 def _storage_ptr(tensor) -> int:
     try:
         return tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # meta, sparse and other storage-less tensors
+    except (RuntimeError, NotImplementedError, ValueError):  # meta, sparse, a lazy module's uninitialized parameter
         return 0
 
 
@@ -107,6 +109,7 @@ class _ThreadState(threading.local):
         # The category and module in force on this thread, as set through _set_category (and
         # remat_alloc.set_category): read without a call into the library.
         self.current: tuple = (0, b"")
+        self.restoring: list = []  # backwards (graph task ids) whose end puts back what was in force
 
 
 _thread = _ThreadState()
@@ -307,8 +310,11 @@ class Tracker:
                 "the first CUDA tensor")
 
     def _hook_gradients(self, model) -> None:
+        import torch
+
         for name, param in model.named_parameters():
-            if id(param) in self._params_hooked or not param.requires_grad:
+            # A lazy module's parameter takes no hook until its first forward made it (track again then)
+            if id(param) in self._params_hooked or not param.requires_grad or torch.nn.parameter.is_lazy(param):
                 continue
             self._params_hooked.add(id(param))
             if self._native is not None:
@@ -347,6 +353,7 @@ class Tracker:
                 # _call_impl between enter and leave) where it would call _call_impl, so PyTorch
                 # takes its path for modules without hooks; module.compile() later replaces it.
                 call = self._native.TrackCall(module, path, root)
+                _follow_replicas()
                 module._compiled_call_impl = call
                 self._calls[id(module)] = call
                 self._handles.append(_CallHandle(module, call))
@@ -381,7 +388,7 @@ class Tracker:
                 import torch
 
                 if torch.is_grad_enabled():
-                    self._hook_backward(path, output, root)
+                    self._hook_backward(path, output)
             if root:
                 self._leave_root()
 
@@ -431,15 +438,16 @@ class Tracker:
         # version too: autograd checks none through hooks, and unpack does as autograd would.
         return tensor.detach(), tensor._version
 
-    def _hook_backward(self, path: bytes, output, root: bool) -> None:
-        import torch
-
+    def _hook_backward(self, path: bytes, output) -> None:
         """Backward reaches a module's output nodes before the module's own nodes: each sets
         "temporary of that module". Inner modules finish first, so a node an inner module already
-        hooked keeps the inner one. The root also clears the category when backward ends."""
+        hooked keeps the inner one. The backward's end puts back what was in force before it."""
+        import torch
+
         lib = _lib()
 
         def entering(grad_outputs):
+            _restore_when_backward_ends()
             _thread.current = (_TEMPORARY, path)
             lib.remat_set_category(_TEMPORARY, path)
 
@@ -449,8 +457,6 @@ class Tracker:
             node = tensor.grad_fn
             if node is None:
                 continue
-            if root:
-                node.register_prehook(_queue_backward_done)
             if id(node) not in hooked:
                 hooked.add(id(node))
                 node.register_prehook(entering)
@@ -569,14 +575,50 @@ def _unpack(packed):
     return tensor
 
 
-def _backward_done() -> None:
-    _set_category(_NONE, b"")
-
-
-def _queue_backward_done(grad_outputs) -> None:
+def _follow_replicas() -> None:
+    """nn.DataParallel makes each replica with Module._replicate_for_data_parallel(), which hands the
+    replica the module's __dict__ as it is: a TrackCall there would call the original module (its
+    weights, on its device), not the replica. Wrapped once, so that a replica takes a TrackCall of
+    its own (the same module path)."""
     import torch
 
-    torch.autograd.Variable._execution_engine.queue_callback(_backward_done)
+    replicate = torch.nn.Module._replicate_for_data_parallel
+    if getattr(replicate, "_remat_follows_replicas", False):
+        return
+
+    @functools.wraps(replicate)
+    def replicate_for_data_parallel(module):
+        replica = replicate(module)
+        call = replica.__dict__.get("_compiled_call_impl")
+        if _native is not None and isinstance(call, _native.TrackCall):
+            replica._compiled_call_impl = call.for_module(replica)
+        return replica
+
+    replicate_for_data_parallel._remat_follows_replicas = True
+    torch.nn.Module._replicate_for_data_parallel = replicate_for_data_parallel
+
+
+def _restore_when_backward_ends() -> None:
+    """Once per backward (graph task): its end puts back what is in force now (nothing, or the
+    user's own category: a backward inside a category scope, in LBFGS's closure, in a loop running
+    the model's parts). A few are followed per thread, each forgotten at its end."""
+    import torch
+
+    task = torch._C._current_graph_task_id()
+    restoring = _thread.restoring
+    if task < 0 or task in restoring:
+        return
+    if len(restoring) >= 16:
+        restoring.pop(0)
+    restoring.append(task)
+    before = _thread.current
+
+    def restore():
+        _set_category(*before)
+        if task in _thread.restoring:
+            _thread.restoring.remove(task)
+
+    torch.autograd.Variable._execution_engine.queue_callback(restore)
 
 
 def _optimizers(optimizer) -> Iterable:

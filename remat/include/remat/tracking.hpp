@@ -35,9 +35,9 @@ bool in_tracked_forward() noexcept;
 void tag_input(const at::Tensor& tensor);
 
 // When backward reaches `node` (an output of module `module`), its work is a temporary of that
-// module; a node hooked by an inner module already keeps the inner one. A root's nodes also clear
-// the category when backward ends.
-void hook_backward(const std::shared_ptr<torch::autograd::Node>& node, alloc::NameId module, bool root);
+// module; a node hooked by an inner module already keeps the inner one. The backward's end puts
+// back the category in force where it reached its first such node.
+void hook_backward(const std::shared_ptr<torch::autograd::Node>& node, alloc::NameId module);
 
 // Throws c10::NotImplementedError (Python's NotImplementedError) saying that tracking does not
 // work under compiled autograd, which cannot trace its C++ backward hooks (their compiled_args).

@@ -52,9 +52,9 @@ void for_each_tensor(PyObject* value, const Fn& fn, int depth = 0) {
 }
 
 // Hooks the autograd node of each tensor in a module's output.
-void hook_outputs(PyObject* value, alloc::NameId module, bool root) {
+void hook_outputs(PyObject* value, alloc::NameId module) {
   for_each_tensor(value, [&](const at::Tensor& tensor) {
-    if (const auto& node = tensor.grad_fn()) tracking::hook_backward(node, module, root);
+    if (const auto& node = tensor.grad_fn()) tracking::hook_backward(node, module);
   });
 }
 
@@ -107,7 +107,7 @@ PyObject* track_leave(PyObject* callable, PyObject* const* args, std::size_t nar
     tracking::leave_module(self->root);
     PyObject* output = args[2];
     if (self->with_outputs && output != Py_None && at::GradMode::is_enabled()) {
-      hook_outputs(output, self->module, self->root);
+      hook_outputs(output, self->module);
     }
   });
 }
@@ -224,7 +224,7 @@ PyObject* track_call(PyObject* callable, PyObject* const* args, std::size_t narg
   PyObject* left = python_call([&] {
     tracking::leave_module(self->root);
     if (output != nullptr && output != Py_None && at::GradMode::is_enabled()) {
-      hook_outputs(output, self->module, self->root);
+      hook_outputs(output, self->module);
     }
   });
   if (left == nullptr) {
@@ -233,6 +233,22 @@ PyObject* track_call(PyObject* callable, PyObject* const* args, std::size_t narg
   }
   Py_DECREF(left);
   return output;
+}
+
+// A TrackCall of `target` (held weakly) under the module path `module`.
+PyObject* make_track_call(PyTypeObject* type, PyObject* target, alloc::NameId module, bool root) {
+  PyObject* ref = PyWeakref_NewRef(target, nullptr);
+  if (ref == nullptr) return nullptr;
+  auto* self = reinterpret_cast<TrackCallObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    Py_DECREF(ref);
+    return nullptr;
+  }
+  self->vectorcall = &track_call;
+  self->module_ref = ref;
+  self->module = module;
+  self->root = root;
+  return reinterpret_cast<PyObject*>(self);
 }
 
 PyObject* new_track_call(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
@@ -245,19 +261,21 @@ PyObject* new_track_call(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   }
   alloc::NameId module = 0;
   if (!path_id(path, type->tp_name, &module)) return nullptr;
-  PyObject* ref = PyWeakref_NewRef(target, nullptr);
-  if (ref == nullptr) return nullptr;
-  auto* self = reinterpret_cast<TrackCallObject*>(type->tp_alloc(type, 0));
-  if (self == nullptr) {
-    Py_DECREF(ref);
-    return nullptr;
-  }
-  self->vectorcall = &track_call;
-  self->module_ref = ref;
-  self->module = module;
-  self->root = root != 0;
-  return reinterpret_cast<PyObject*>(self);
+  return make_track_call(type, target, module, root != 0);
 }
+
+// TrackCall.for_module(module): the same call (module path, root or not) for another module. A
+// module copied with its __dict__ as it is (nn.DataParallel's replicas) holds the original's
+// TrackCall, which would run the original module: the copy takes one of its own.
+PyObject* track_call_for_module(PyObject* callable, PyObject* target) {
+  const auto* self = reinterpret_cast<const TrackCallObject*>(callable);
+  return make_track_call(Py_TYPE(callable), target, self->module, self->root);
+}
+
+PyMethodDef track_call_methods[] = {
+    {"for_module", &track_call_for_module, METH_O,
+     "The same call (module path, root or not) for another module: a copy of the module that took its __dict__."},
+    {nullptr, nullptr, 0, nullptr}};
 
 void dealloc_track_call(PyObject* object) {
   Py_CLEAR(reinterpret_cast<TrackCallObject*>(object)->module_ref);
@@ -272,6 +290,7 @@ PyTypeObject make_track_call_type() {
   type.tp_doc = "Tracking's call of a module (its _compiled_call_impl): enter, the module's _call_impl, leave.";
   type.tp_new = &new_track_call;
   type.tp_dealloc = &dealloc_track_call;
+  type.tp_methods = track_call_methods;
   type.tp_call = PyVectorcall_Call;
   type.tp_vectorcall_offset = offsetof(TrackCallObject, vectorcall);
   return type;
