@@ -39,46 +39,48 @@ std::string draw(const Segment& segment, std::size_t width) {
 
 SegmentSummary summarize_segments(const std::vector<Segment>& segments, std::size_t picture_width) {
   SegmentSummary summary;
-  for (const Segment& segment : segments) {
-    SegmentRow row;
-    row.address = segment.address;
-    row.total_size = segment.total_size;
-    row.stream = segment.stream;
-    row.small = segment.small;
-    row.expandable = segment.expandable;
-    row.blocks = segment.blocks.size();
-    std::uint64_t covered = 0;
-    for (const Block& block : segment.blocks) {
-      covered += block.size;
-      switch (block.state) {
-        case BlockState::active_allocated:
-          row.allocated += block.size;
-          row.requested += block.requested_size;
-          row.internal_free += block.size - block.requested_size;
-          break;
-        case BlockState::active_pending_free: row.pending_free += block.size; break;
-        case BlockState::inactive:
-          row.external_free += block.size;
-          row.largest_free = std::max(row.largest_free, block.size);
-          break;
-      }
-    }
-    // Bytes of the segment no block describes count as free.
-    if (covered < segment.total_size) {
-      row.external_free += segment.total_size - covered;
-      row.largest_free = std::max(row.largest_free, segment.total_size - covered);
-    }
-    row.picture = draw(segment, picture_width);
-    summary.reserved += row.total_size;
-    summary.allocated += row.allocated;
-    summary.requested += row.requested;
-    summary.pending_free += row.pending_free;
-    summary.internal_free += row.internal_free;
-    summary.external_free += row.external_free;
-    summary.largest_free = std::max(summary.largest_free, row.largest_free);
-    summary.rows.push_back(std::move(row));
-  }
+  for (const Segment& segment : segments) add_segment(summary, segment, picture_width);
   return summary;
+}
+
+void add_segment(SegmentSummary& summary, const Segment& segment, std::size_t picture_width) {
+  SegmentRow row;
+  row.address = segment.address;
+  row.total_size = segment.total_size;
+  row.stream = segment.stream;
+  row.small = segment.small;
+  row.expandable = segment.expandable;
+  row.blocks = segment.blocks.size();
+  std::uint64_t covered = 0;
+  for (const Block& block : segment.blocks) {
+    covered += block.size;
+    switch (block.state) {
+      case BlockState::active_allocated:
+        row.allocated += block.size;
+        row.requested += block.requested_size;
+        row.internal_free += block.size - block.requested_size;
+        break;
+      case BlockState::active_pending_free: row.pending_free += block.size; break;
+      case BlockState::inactive:
+        row.external_free += block.size;
+        row.largest_free = std::max(row.largest_free, block.size);
+        break;
+    }
+  }
+  // Bytes of the segment no block describes count as free.
+  if (covered < segment.total_size) {
+    row.external_free += segment.total_size - covered;
+    row.largest_free = std::max(row.largest_free, segment.total_size - covered);
+  }
+  row.picture = draw(segment, picture_width);
+  summary.reserved += row.total_size;
+  summary.allocated += row.allocated;
+  summary.requested += row.requested;
+  summary.pending_free += row.pending_free;
+  summary.internal_free += row.internal_free;
+  summary.external_free += row.external_free;
+  summary.largest_free = std::max(summary.largest_free, row.largest_free);
+  summary.rows.push_back(std::move(row));
 }
 
 void SegmentRebuilder::on_event(const Event& event) {

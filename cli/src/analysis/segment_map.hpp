@@ -40,6 +40,8 @@ struct SegmentSummary {
 };
 
 SegmentSummary summarize_segments(const std::vector<Segment>& segments, std::size_t picture_width);
+// One more segment's row, and its share of the totals: segments summarised as they go by.
+void add_segment(SegmentSummary& summary, const Segment& segment, std::size_t picture_width);
 
 // The segments alive at the end of an event stream, and the blocks alive outside all of them:
 // a trace ring that dropped a segment_alloc still holds the blocks allocated in it.

@@ -1,7 +1,10 @@
-// `remat-report memory`: live and peak bytes of a dump grouped by a tag field or the stream.
+// `remat-report memory`: live and peak bytes of a dump grouped by a tag field or the stream; a
+// snapshot in a file streams by (renderers/streamed_snapshot.hpp).
 
 #include "commands/command.hpp"
 #include "renderers/memory_summary.hpp"
+#include "renderers/snapshot_renderer.hpp"
+#include "renderers/streamed_snapshot.hpp"
 
 #include <memory>
 
@@ -26,8 +29,11 @@ void register_memory(CLI::App& app, GlobalOptions& options) {
   add_output_options(*command, options);
   command->callback([opts, &options] {
     const GroupBy by = group_by_from(opts->by);
-    const DumpFile dump = open_dump(opts->file);
-    const MemoryView view = renderer_for(dump, {"memory", View::memory, by}).memory(dump, by);
+    SnapshotTally tally({.groupings = {by}});
+    const SnapshotInput input = open_streaming(opts->file, tally);
+    const DumpFile& dump = input.file;
+    const MemoryView view = input.streamed ? snapshot_memory(*input.streamed, tally, by, dump.path)
+                                           : renderer_for(dump, {"memory", View::memory, by}).memory(dump, by);
     Report report;
     report.tables.push_back(memory_table(view, opts->top));
     report.notes = view.notes;

@@ -1,8 +1,11 @@
-// `remat-report segments`: the segment map, one line a segment, with fragmentation.
+// `remat-report segments`: the segment map, one line a segment, with fragmentation; a snapshot in a
+// file streams by (renderers/streamed_snapshot.hpp), only each segment's row kept.
 
 #include "commands/command.hpp"
 #include "core/format.hpp"
 #include "renderers/renderer.hpp"
+#include "renderers/snapshot_renderer.hpp"
+#include "renderers/streamed_snapshot.hpp"
 
 #include <fmt/format.h>
 
@@ -31,8 +34,12 @@ void register_segments(CLI::App& app, GlobalOptions& options) {
       ->check(whole_number(0, 400, "characters in each segment's picture"));
   add_output_options(*command, options);
   command->callback([opts, &options] {
-    const DumpFile dump = open_dump(opts->file);
-    const SegmentSummary summary = renderer_for(dump, {"segments", View::segments, {}}).segments(dump, opts->width);
+    SnapshotTally tally({.segment_map = opts->width});
+    const SnapshotInput input = open_streaming(opts->file, tally);
+    const DumpFile& dump = input.file;
+    const SegmentSummary summary =
+        input.streamed ? snapshot_segments(tally)
+                       : renderer_for(dump, {"segments", View::segments, {}}).segments(dump, opts->width);
     Report report;
     Table table{.id = "segments",
                 .title = fmt::format("Segments ({}; map: # allocated, ~ freed but pending, . free)", summary.source),

@@ -6,6 +6,7 @@
 #include "output/output_file.hpp"
 #include "output/timeline_chart.hpp"
 #include "renderers/renderer.hpp"
+#include "renderers/streamed_snapshot.hpp"
 
 #include <fmt/format.h>
 
@@ -47,13 +48,16 @@ void register_timeline(CLI::App& app, GlobalOptions& options) {
       throw UsageError("-o " + opts->out + ": name the output .svg (static picture) or .html (interactive)");
     }
     const std::size_t buckets = opts->buckets != 0 ? opts->buckets : (html ? 4000 : 1000);
-    const DumpFile dump = open_dump(opts->file);
     std::unique_ptr<TimelineBuilder> builder;
     const GroupBy by = group_by_from(opts->by);
-    renderer_for(dump, {"timeline", View::events, {}}).events(dump, [&](const TagTable& tags) -> EventSink& {
+    const EventsBegin begin = [&](const TagTable& tags) -> EventSink& {
       builder = std::make_unique<TimelineBuilder>(tags, by, buckets);
       return *builder;
-    });
+    };
+    // A snapshot in a file: its events are bucketed as they stream by, its segments checked and dropped.
+    const SnapshotInput input = open_streaming(opts->file, begin, {});
+    const DumpFile& dump = input.file;
+    if (!input.streamed) renderer_for(dump, {"timeline", View::events, {}}).events(dump, begin);
     const Timeline timeline = builder->finish(opts->series);
     const ChartText text{fmt::format("Live memory by {}", opts->by), dump.path};
     write_output_file(target, html ? timeline_html(timeline, text) : timeline_svg(timeline, text));

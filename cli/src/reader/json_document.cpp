@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <deque>
+#include <new>
 #include <vector>
 
 namespace remat::report {
@@ -117,10 +118,9 @@ struct SyntaxProbe {
   }
 };
 
-// Structural problems nlohmann accepts but simdjson rejects: nesting depth and integers that
-// fit no 64-bit type. Returns the offset or npos.
-std::size_t find_structural_limit(std::string_view text, std::string& what) {
-  std::size_t depth = 0;
+// Structural problems nlohmann accepts but simdjson rejects: nesting depth (`depth` levels
+// enclosing `text`) and integers that fit no 64-bit type. Returns the offset or npos.
+std::size_t find_structural_limit(std::string_view text, std::string& what, std::size_t depth) {
   bool in_string = false;
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
@@ -161,7 +161,7 @@ std::size_t find_structural_limit(std::string_view text, std::string& what) {
 }  // namespace
 
 std::string describe_json_error(std::string_view text, std::uint64_t base_offset, simdjson::error_code code,
-                                const JsonPath& path) {
+                                const JsonPath& path, std::size_t depth) {
   if (const std::size_t bad = find_invalid_utf8(text); bad != std::string_view::npos) {
     return fmt::format("byte {}: invalid UTF-8 (byte 0x{:02x})", base_offset + bad,
                        static_cast<unsigned char>(text[bad]));
@@ -180,19 +180,29 @@ std::string describe_json_error(std::string_view text, std::uint64_t base_offset
     return fmt::format("byte {}: {}", base_offset + at, printable(probe.message, 160));
   }
   std::string what;
-  if (const std::size_t at = find_structural_limit(text, what); at != std::string_view::npos) {
+  if (const std::size_t at = find_structural_limit(text, what, depth); at != std::string_view::npos) {
     return fmt::format("byte {}: {}", base_offset + at, what);
   }
   return fmt::format("byte {}: {}", base_offset, simdjson::error_message(code));
 }
 
 simdjson::dom::element parse_json(simdjson::dom::parser& parser, std::string_view text, std::uint64_t base_offset,
-                                  const JsonPath& path) {
+                                  const JsonPath& path, std::size_t depth) {
   simdjson::dom::element root;
   const simdjson::error_code code = parser.parse(text.data(), text.size(), false).get(root);
-  if (code != simdjson::SUCCESS) throw InputError(describe_json_error(text, base_offset, code, path));
+  if (code != simdjson::SUCCESS) throw InputError(describe_json_error(text, base_offset, code, path, depth));
   refuse_duplicate_keys(root, path);
   return root;
+}
+
+simdjson::dom::parser nested_value_parser(std::size_t depth) {
+  simdjson::dom::parser parser;
+  // The capacity grows as values need it, keeping the depth.
+  if (parser.allocate(simdjson::dom::MINIMAL_DOCUMENT_CAPACITY, simdjson::DEFAULT_MAX_DEPTH - depth) !=
+      simdjson::SUCCESS) {
+    throw std::bad_alloc();
+  }
+  return parser;
 }
 
 }  // namespace remat::report

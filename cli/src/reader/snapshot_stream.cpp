@@ -16,8 +16,12 @@ namespace {
 
 class SnapshotStream {
  public:
-  SnapshotStream(const std::string& path, std::int64_t snapshot_version, const EventSinkFor& sink_for)
-      : scanner_(InputFile::open(path)), snapshot_version_(std::to_string(snapshot_version)), sink_for_(sink_for) {}
+  SnapshotStream(const std::string& path, std::int64_t snapshot_version, const EventSinkFor& sink_for,
+                 const SegmentSink& on_segment)
+      : scanner_(InputFile::open(path)),
+        snapshot_version_(std::to_string(snapshot_version)),
+        sink_for_(sink_for),
+        on_segment_(on_segment) {}
 
   StreamedDump read() {
     refuse_non_json_start(scanner_.head(kSniffBytes), scanner_.name());
@@ -59,10 +63,11 @@ class SnapshotStream {
     return text += '}';
   }
 
-  // The next value, at `path`, parsed alone (its syntax errors name the file's byte).
-  simdjson::dom::element parse_value(const JsonPath& path) {
+  // The next value, at `path`, parsed alone by `parser` (its syntax errors name the file's byte),
+  // `depth` objects and arrays deep in the document.
+  simdjson::dom::element parse_value(simdjson::dom::parser& parser, const JsonPath& path, std::size_t depth) {
     const std::uint64_t at = scanner_.position();
-    return parse_json(parser_, scanner_.value(), at, path);
+    return parse_json(parser, scanner_.value(), at, path, depth);
   }
 
   // Keeps the next value's text, the member `key` (quoted) of the object at `parent`, and
@@ -89,7 +94,11 @@ class SnapshotStream {
       const JsonPath path = root.key("segments");
       SegmentChecks segments(path);
       std::size_t i = 0;
-      elements([&] { (void)segments.read(parse_value(path.index(i++)), tag_table_->tags.size()); });
+      elements([&] {
+        const Segment segment =
+            segments.read(parse_value(segment_parser_, path.index(i++), kSegmentDepth), tag_table_->tags.size());
+        if (on_segment_) on_segment_(segment);
+      });
       segments.finish();
     } else if (key == "\"trace\"" && scanner_.peek() == '{' && can_stream()) {
       const JsonPath trace_path = root.key("trace");
@@ -102,7 +111,8 @@ class SnapshotStream {
         std::size_t i = 0;
         elements([&] {
           const JsonPath event_path = path.index(i++);
-          sink.on_event(read_checked_event(parse_value(event_path), event_path, tag_table_->tags.size(), checker));
+          sink.on_event(read_checked_event(parse_value(event_parser_, event_path, kEventDepth), event_path,
+                                           tag_table_->tags.size(), checker));
         });
       });
     } else {
@@ -137,8 +147,14 @@ class SnapshotStream {
 
   JsonValueScanner scanner_;
   simdjson::dom::parser parser_;  // one value at a time
+  // Segments and events, which no whole parse sees again, parsed as deep as they sit: the root
+  // object and `segments` enclose a segment; the root, `trace` and `events` an event.
+  static constexpr std::size_t kSegmentDepth = 2, kEventDepth = 3;
+  simdjson::dom::parser segment_parser_ = nested_value_parser(kSegmentDepth);
+  simdjson::dom::parser event_parser_ = nested_value_parser(kEventDepth);
   std::string snapshot_version_;
   const EventSinkFor& sink_for_;
+  const SegmentSink& on_segment_;
   std::string kind_, version_, names_, tags_;
   std::optional<TagTable> tag_table_;
   bool streamed_ = false;
@@ -146,9 +162,10 @@ class SnapshotStream {
 
 }  // namespace
 
-StreamedDump stream_dump(const std::string& path, std::int64_t snapshot_version, const EventSinkFor& sink_for) {
+StreamedDump stream_dump(const std::string& path, std::int64_t snapshot_version, const EventSinkFor& sink_for,
+                         const SegmentSink& on_segment) {
   try {
-    return SnapshotStream(path, snapshot_version, sink_for).read();
+    return SnapshotStream(path, snapshot_version, sink_for, on_segment).read();
   } catch (const InputError& error) {
     const std::string message = error.what();
     if (message.rfind(path + ": ", 0) == 0) throw;

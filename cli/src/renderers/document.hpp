@@ -3,6 +3,7 @@
 // errors prefixed by the file's path.
 
 #include "core/errors.hpp"
+#include "output/table.hpp"
 #include "reader/dump_file.hpp"
 #include "reader/json_fields.hpp"
 

@@ -6,6 +6,7 @@
 #include "renderers/document.hpp"
 #include "renderers/header_fields.hpp"
 #include "renderers/memory_summary.hpp"
+#include "renderers/snapshot_tally.hpp"
 
 #include <fmt/format.h>
 
@@ -30,8 +31,14 @@ void add_stat(Table& table, const std::string& name, const Stat& stat, bool byte
 
 Report SnapshotRenderer::summary(const DumpFile& file) const {
   const Snapshot snapshot = load(file);
+  SnapshotTally tally({.summary = true});
+  tally.add(snapshot);
+  return snapshot_summary(snapshot, tally, file.path);
+}
+
+Report snapshot_summary(const Snapshot& snapshot, const SnapshotTally& tally, const std::string& path) {
   Report report;
-  report.tables.push_back(header_table(snapshot.header, file.path));
+  report.tables.push_back(header_table(snapshot.header, path));
 
   Table allocator = key_value_table("allocator", "Allocator");
   add_field(allocator, "backend", Cell::text(snapshot.config.backend));
@@ -54,75 +61,69 @@ Report SnapshotRenderer::summary(const DumpFile& file) const {
   add_field(stats_table, "invalid_frees", Cell::count(s.num_invalid_frees));
   report.tables.push_back(std::move(stats_table));
 
-  std::uint64_t blocks = 0, allocated = 0, pending = 0;
-  for (const Segment& segment : snapshot.segments) {
-    blocks += segment.blocks.size();
-    for (const Block& block : segment.blocks) {
-      if (block.state == BlockState::active_allocated)
-        ++allocated;
-      else if (block.state == BlockState::active_pending_free)
-        ++pending;
-    }
-  }
   Table contents = key_value_table("contents", "Contents");
   add_field(contents, "names", Cell::count(snapshot.tags.names.size()));
   add_field(contents, "tags", Cell::count(snapshot.tags.tags.size()));
-  add_field(contents, "segments", Cell::count(snapshot.segments.size()));
-  add_field(contents, "blocks", Cell::count(blocks));
-  add_field(contents, "blocks_allocated", Cell::count(allocated));
-  add_field(contents, "blocks_pending_free", Cell::count(pending));
-  add_field(contents, "trace_events", Cell::count(snapshot.events.size()));
+  add_field(contents, "segments", Cell::count(tally.segments()));
+  add_field(contents, "blocks", Cell::count(tally.blocks()));
+  add_field(contents, "blocks_allocated", Cell::count(tally.allocated_blocks()));
+  add_field(contents, "blocks_pending_free", Cell::count(tally.pending_free_blocks()));
+  add_field(contents, "trace_events", Cell::count(tally.events()));
   add_field(contents, "trace_capacity", Cell::count(snapshot.trace_capacity));
   add_field(contents, "trace_dropped", Cell::count(snapshot.trace_dropped));
-  if (!snapshot.events.empty()) {
-    add_field(contents, "trace_span", Cell::time(snapshot.events.back().time_us - snapshot.events.front().time_us));
-  }
+  if (const std::optional<std::int64_t> span = tally.span_us()) add_field(contents, "trace_span", Cell::time(*span));
   report.tables.push_back(std::move(contents));
 
-  report.tables.push_back(memory_table(memory(file, GroupBy::region), 5, "top_regions", "Largest regions by peak"));
-  const auto& tags = snapshot.tags.tags;
-  if (std::any_of(tags.begin(), tags.end(), [](const Tag& tag) { return tag.label != 0; })) {
-    report.tables.push_back(memory_table(snapshot_memory(snapshot, GroupBy::label, file.path), 5, "top_labels",
-                                         "Largest labels by peak"));
-  }
-  if (std::any_of(tags.begin(), tags.end(), [](const Tag& tag) { return tag.category != 0; })) {
-    report.tables.push_back(memory_table(snapshot_memory(snapshot, GroupBy::category, file.path), 8,
-                                         "top_categories", "Categories by peak"));
-    report.tables.push_back(memory_table(snapshot_memory(snapshot, GroupBy::module, file.path), 5, "top_modules",
-                                         "Largest modules by peak"));
+  const auto top = [&](GroupBy by, std::size_t rows, const char* id, const char* title) {
+    report.tables.push_back(memory_table(snapshot_memory(snapshot, tally, by, path), rows, id, title));
+  };
+  for (const GroupBy by : summary_groupings(snapshot.tags)) {
+    switch (by) {
+      case GroupBy::region: top(by, 5, "top_regions", "Largest regions by peak"); break;
+      case GroupBy::label: top(by, 5, "top_labels", "Largest labels by peak"); break;
+      case GroupBy::category: top(by, 8, "top_categories", "Categories by peak"); break;
+      case GroupBy::module: top(by, 5, "top_modules", "Largest modules by peak"); break;
+      default: break;
+    }
   }
   return report;
 }
 
 MemoryView SnapshotRenderer::memory(const DumpFile& file, GroupBy by) const {
-  return snapshot_memory(load(file), by, file.path);
+  const Snapshot snapshot = load(file);
+  SnapshotTally tally({.groupings = {by}});
+  tally.add(snapshot);
+  return snapshot_memory(snapshot, tally, by, file.path);
 }
 
-MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path, bool composition_at_peak) {
-  if (snapshot.events.empty()) return snapshot_memory(snapshot, by, path, nullptr, composition_at_peak);
-  LiveReplay replay(snapshot.tags, by);
-  for (const Event& event : snapshot.events) replay.apply(event);
-  return snapshot_memory(snapshot, by, path, &replay, composition_at_peak);
+MemoryView snapshot_memory(const Snapshot& snapshot, const SnapshotTally& tally, GroupBy by, const std::string& path) {
+  return snapshot_memory(snapshot, by, path, &tally.replay(by), false, tally.allocated_by_stream());
 }
 
 MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path, const LiveReplay* trace,
                            bool composition_at_peak) {
+  BlocksByStream streams;
+  if (by == GroupBy::stream) {
+    for (const Segment& segment : snapshot.segments) add_allocated_blocks(streams, segment);
+  }
+  return snapshot_memory(snapshot, by, path, trace, composition_at_peak, streams);
+}
+
+MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path, const LiveReplay* trace,
+                           bool composition_at_peak, const BlocksByStream& streams) {
   MemoryView view;
   view.by = by;
   view.peak_total = snapshot.stats.allocated_bytes.peak;
   std::map<GroupLabel, MemoryRow> rows;
   bool peaks_are_sums = false;
   if (by == GroupBy::stream) {
-    for (const Segment& segment : snapshot.segments) {
-      for (const Block& block : segment.blocks) {
-        if (block.state != BlockState::active_allocated) continue;
-        const GroupLabel label = GroupLabel::name(fmt::format("stream {}", segment.stream));
-        MemoryRow& row = rows[label];
-        row.group = label;
-        row.live += block.size;
-        ++row.live_count;
-        view.live_total += block.size;
-      }
+    for (const auto& [stream, blocks] : streams) {
+      const GroupLabel label = GroupLabel::name(fmt::format("stream {}", stream));
+      MemoryRow& row = rows[label];
+      row.group = label;
+      row.live += blocks.bytes;
+      row.live_count += blocks.blocks;
+      view.live_total += blocks.bytes;
     }
   } else {
     std::map<GroupLabel, int> tags_with_peak;
@@ -177,7 +178,13 @@ MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::stri
 }
 
 SegmentSummary SnapshotRenderer::segments(const DumpFile& file, std::size_t picture_width) const {
-  SegmentSummary summary = summarize_segments(load(file).segments, picture_width);
+  SnapshotTally tally({.segment_map = picture_width});
+  tally.add(load(file));
+  return snapshot_segments(tally);
+}
+
+SegmentSummary snapshot_segments(const SnapshotTally& tally) {
+  SegmentSummary summary = tally.segment_map();
   summary.source = "snapshot";
   return summary;
 }

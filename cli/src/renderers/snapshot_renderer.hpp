@@ -3,6 +3,7 @@
 
 #include "analysis/live_replay.hpp"
 #include "renderers/renderer.hpp"
+#include "renderers/snapshot_tally.hpp"
 
 namespace remat::report {
 
@@ -21,15 +22,22 @@ class SnapshotRenderer final : public Renderer {
   Snapshot load(const DumpFile& file) const;
 };
 
+// A snapshot's figures (its header, statistics and tag table) with what `tally` gathered of its
+// segments and events, shown as `summary`, `memory --by by` and `segments` show them; the tally
+// holds what each needs (SnapshotTally::Wants). `path` names the snapshot in errors. A snapshot
+// read whole and one streamed by (renderers/streamed_snapshot.hpp) are shown by these alone.
+Report snapshot_summary(const Snapshot& snapshot, const SnapshotTally& tally, const std::string& path);
+MemoryView snapshot_memory(const Snapshot& snapshot, const SnapshotTally& tally, GroupBy by, const std::string& path);
+SegmentSummary snapshot_segments(const SnapshotTally& tally);
+
 // A snapshot's memory by group: live bytes and peaks from its tag statistics, the peaks made
-// exact by replaying its trace when the trace holds every event since the allocator started.
-// With `composition_at_peak`, also each group's bytes when the total peaked (MemoryRow::at_peak)
-// where that trace shows the snapshot's own peak. `path` names the snapshot in errors.
-MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path,
-                           bool composition_at_peak = false);
-// The same where the snapshot's events went by without being kept (reader/snapshot_stream.hpp):
-// `trace` replayed them, grouped `by` (nullptr: the snapshot has none).
+// exact by `trace`, the replay of its events grouped `by` (nullptr: the snapshot has none), when
+// the trace holds every event since the allocator started. With `composition_at_peak`, also each
+// group's bytes when the total peaked (MemoryRow::at_peak) where that trace shows the snapshot's
+// own peak. Live bytes by stream come from the snapshot's segments, or `streams` where given.
 MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path, const LiveReplay* trace,
                            bool composition_at_peak);
+MemoryView snapshot_memory(const Snapshot& snapshot, GroupBy by, const std::string& path, const LiveReplay* trace,
+                           bool composition_at_peak, const BlocksByStream& streams);
 
 }  // namespace remat::report

@@ -1,17 +1,22 @@
 """remat-report on a snapshot of a long trace ring, as a job that raised trace_entries writes it:
-`trace` prints its events as they stream by, in memory that does not grow with the file (read
-whole, a 685 MB snapshot took 2.7 GB)."""
+`trace` prints its events as they stream by, and `summary`, `memory`, `segments` and `timeline`
+gather what they show as its segments and events stream by, in memory that does not grow with
+the file (read whole, a 685 MB snapshot took 2.7 GB)."""
 
 import os
 import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from test_oom_observer import remat_report
 
 
-def test_trace_of_a_large_snapshot_reads_it_in_bounded_memory(tmp_path):
-    path = tmp_path / "snapshot.json"
+@pytest.fixture(scope="module")
+def large_snapshot(tmp_path_factory):
+    """A 68 MB snapshot whose ring holds 400,000 records (all 200,000 allocations and frees)."""
+    path = tmp_path_factory.mktemp("large") / "snapshot.json"
     # In a process of its own: the allocator's trace ring is sized when it is first configured
     script = textwrap.dedent(f"""
         import torch, remat, remat_alloc
@@ -27,12 +32,15 @@ def test_trace_of_a_large_snapshot_reads_it_in_bounded_memory(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
     size = os.path.getsize(path)
     assert size > 50 * 2**20, size
-    # Measured from a process of its own, whose only child it is (a child's peak is the largest of
-    # its parent's children's)
+    return path
+
+
+def run_measured(*args):
+    """remat-report's stdout lines and its peak resident set in KiB, measured from a process of its
+    own whose only child it is (a child's peak is the largest of its parent's children's)."""
     measure = textwrap.dedent(f"""
         import resource, subprocess, sys
-        done = subprocess.run({[remat_report(), "trace", "--limit", "3", str(path)]!r}, capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run({[remat_report(), *map(str, args)]!r}, capture_output=True, text=True, timeout=300)
         sys.stdout.write(done.stdout)
         sys.stderr.write(done.stderr)
         print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
@@ -41,6 +49,54 @@ def test_trace_of_a_large_snapshot_reads_it_in_bounded_memory(tmp_path):
     done = subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True, timeout=330)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert sum(" alloc " in line or "segment_alloc" in line for line in lines[:-1]) == 3, done.stdout
-    peak_kib = int(lines[-1])
+    return lines[:-1], int(lines[-1])
+
+
+def assert_bounded(peak_kib, path):
+    """Far below the file's size: a quarter of it (read whole, the peak was 4 times it)."""
+    size = os.path.getsize(path)
     assert peak_kib * 1024 < size // 4, (peak_kib, size)
+
+
+def field(lines, name):
+    """The value of a key-value table's row `name`."""
+    values = [line.split(None, 1)[1] for line in lines if line.split(None, 1)[:1] == [name]]
+    assert len(values) == 1, (name, lines)
+    return values[0]
+
+
+def test_trace_of_a_large_snapshot_reads_it_in_bounded_memory(large_snapshot):
+    lines, peak_kib = run_measured("trace", "--limit", "3", large_snapshot)
+    assert sum(" alloc " in line or "segment_alloc" in line for line in lines) == 3, lines
+    assert_bounded(peak_kib, large_snapshot)
+
+
+def test_summary_of_a_large_snapshot_reads_it_in_bounded_memory(large_snapshot):
+    lines, peak_kib = run_measured("summary", large_snapshot)
+    assert int(field(lines, "trace_events")) > 390000, lines
+    assert int(field(lines, "blocks_allocated")) >= 4000, lines
+    assert any(line.startswith("Largest regions by peak") for line in lines), lines
+    assert_bounded(peak_kib, large_snapshot)
+
+
+def test_memory_of_a_large_snapshot_reads_it_in_bounded_memory(large_snapshot):
+    lines, peak_kib = run_measured("memory", "--by", "stream", large_snapshot)
+    # Every allocation since the allocator started is in the ring: the peaks are the replay's.
+    total = next(line for line in lines if line.startswith("total "))
+    assert total.split()[-1] == "200000", lines
+    assert_bounded(peak_kib, large_snapshot)
+
+
+def test_segments_of_a_large_snapshot_reads_it_in_bounded_memory(large_snapshot):
+    lines, peak_kib = run_measured("segments", large_snapshot)
+    assert int(field(lines, "segments")) > 0, lines
+    assert field(lines, "blocks_outside_segments") == "0", lines
+    assert_bounded(peak_kib, large_snapshot)
+
+
+def test_timeline_of_a_large_snapshot_reads_it_in_bounded_memory(large_snapshot, tmp_path):
+    picture = tmp_path / "timeline.svg"
+    lines, peak_kib = run_measured("timeline", large_snapshot, "-o", picture)
+    assert int(field(lines, "events")) > 390000, lines
+    assert picture.read_text().startswith("<svg"), picture.read_text()[:100]
+    assert_bounded(peak_kib, large_snapshot)
