@@ -407,8 +407,10 @@ TagId as_activation(TagId tag) {
 
 }  // namespace
 
-bool categorize_as_activation(const void* ptr) noexcept {
-  if (ptr == nullptr || !category_in_force()) return false;
+bool categorize_as_activation(const void* ptr) noexcept { return category_in_force() && name_as_activation(ptr); }
+
+bool name_as_activation(const void* ptr) noexcept {
+  if (ptr == nullptr) return false;
   try {
     std::optional<TagId> previous;
     TagId now = 0;

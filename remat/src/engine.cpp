@@ -12,11 +12,15 @@
 
 #include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 namespace remat {
 namespace detail {
@@ -55,17 +59,20 @@ class TrackingHooks final : public torch::autograd::SavedVariableHooks {
   at::Tensor tensor_;
 };
 
-// Inside a tracked model's forward, outside checkpoints (remat_alloc.track): keeps the tensor as
-// autograd would and names its storage an activation of the module that made it, where it is
-// still unnamed or a temporary. A parameter (a leaf that requires grad, or a view of one) is no
+// Inside a tracked model's forward, outside checkpoints (remat_alloc.track), or anywhere outside
+// them while a tracking is active (a loss computed after the model): keeps the tensor as autograd
+// would and names its storage an activation of the module that made it, where it is still unnamed
+// or a temporary. A parameter (a leaf that requires grad, or a view of one) is no
 // activation: one tracking does not know (added or replaced after track) keeps its tag.
 class ActivationHooks final : public torch::autograd::SavedVariableHooks {
  public:
+  ActivationHooks() : outside_model_(tracked_forwards() == 0) {}
+
   void call_pack_hook(const at::Tensor& tensor) override {
     try {
       const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
       const bool of_parameter = base.is_leaf() && base.requires_grad();
-      if (!of_parameter && tensor.has_storage()) alloc::categorize_as_activation(tensor.storage().data());
+      if (!of_parameter && tensor.has_storage()) alloc::name_as_activation(tensor.storage().data());
     } catch (const c10::Error&) {  // a tensor subclass without accessible storage: left as it is
     }
     // Held without its graph: a tensor saved as its own node's output would hold that node, and
@@ -74,6 +81,11 @@ class ActivationHooks final : public torch::autograd::SavedVariableHooks {
     version_ = tensor.unsafeGetTensorImpl()->version_counter();
     if (version_.enabled()) saved_version_ = version_.current_version();
   }
+  // Compiled autograd asks for a Python unpack hook to trace; there is none.
+  std::optional<std::pair<c10::SafePyObject, c10::SafePyObject>> retrieve_unpack_hook_data() const override {
+    refuse_tracking_under_compiled_autograd();
+  }
+
   // Autograd checks no version of a tensor saved through hooks: these do, as autograd would
   // without them, so an in-place change after the save is an error, not a wrong gradient.
   at::Tensor call_unpack_hook() override {
@@ -82,14 +94,31 @@ class ActivationHooks final : public torch::autograd::SavedVariableHooks {
                 "a tensor saved for backward in a tracked forward (remat_alloc.track) is at version ",
                 version_.current_version(), "; expected version ", saved_version_,
                 " instead. Clone it before changing it in place, or change a copy.");
+    // Saved outside the model (a loss after it): its backward runs before backward reaches the
+    // model's modules, so what it allocates is a temporary of "(backward)" from here.
+    if (outside_model_ && torch::autograd::get_current_graph_task_id() >= 0) {
+      static const alloc::NameId backward = alloc::intern_name("(backward)");
+      restore_category_when_backward_ends();
+      alloc::set_category_by_id(alloc::Category::temporary, backward);
+    }
     return tensor_;
   }
 
  private:
+  bool outside_model_;
   at::Tensor tensor_;
   c10::VariableVersion version_{c10::VariableVersion::DISABLED};
   std::uint32_t saved_version_ = 0;
 };
+
+std::atomic<int> g_active_trackings{0};
+
+bool tracking_active() { return g_active_trackings.load(std::memory_order_relaxed) > 0; }
+
+// The backwards (graph tasks) on this thread whose end puts back the category in force where they
+// first named one; a few, each forgotten at its end (one ended on another thread is dropped when
+// the list is full).
+thread_local std::vector<int> t_restoring;
 
 // The process's autograd engine while checkpoints are in use: it supplies the saved-tensor
 // hooks of checkpoints and of saved-tensor tracking, and hands everything else to the engine
@@ -106,7 +135,7 @@ class RematEngine final : public torch::autograd::Engine {
       return make_checkpoint_hooks(frame_owner(), state);
     }
     if (saved_tracking_enabled() && user_hooks_depth() == 0) return std::make_unique<TrackingHooks>();
-    if (tracked_forwards() > 0 && user_hooks_depth() == 0 && !tracing_or_disabled()) {
+    if ((tracked_forwards() > 0 || tracking_active()) && user_hooks_depth() == 0 && !tracing_or_disabled()) {
       return std::make_unique<ActivationHooks>();
     }
     return delegate_.get_default_saved_variable_hooks();
@@ -159,6 +188,30 @@ void ensure_engine_installed() {
     remat_engine();
     torch::autograd::set_default_engine_stub(&remat_engine);
   });
+}
+
+void restore_category_when_backward_ends() {
+  const int task = torch::autograd::get_current_graph_task_id();
+  if (task < 0 || std::find(t_restoring.begin(), t_restoring.end(), task) != t_restoring.end()) return;
+  if (t_restoring.size() >= 16) t_restoring.erase(t_restoring.begin());
+  t_restoring.push_back(task);
+  torch::autograd::Engine::get_default_engine().queue_callback([before = alloc::current_category_id(), task] {
+    alloc::set_category_by_id(before.first, before.second);
+    std::erase(t_restoring, task);
+  });
+}
+
+void refuse_tracking_under_compiled_autograd() {
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "remat_alloc.track does not work under compiled autograd "
+                              "(torch._dynamo.compiled_autograd, or torch._dynamo.config.compiled_autograd = True): "
+                              "its backward hooks run in C++, which compiled autograd cannot trace. Run the tracked "
+                              "step with compiled autograd off, or untrack the model for compiled-autograd steps");
+}
+
+void count_active_trackings(int change) {
+  if (change > 0) ensure_engine_installed();
+  g_active_trackings.fetch_add(change, std::memory_order_relaxed);
 }
 
 }  // namespace detail

@@ -13,7 +13,6 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <utility>
@@ -24,24 +23,6 @@ namespace {
 
 thread_local std::vector<std::pair<alloc::Category, alloc::NameId>> t_entered;
 
-// The backwards (graph tasks) on this thread whose end puts back the category in force where they
-// reached their first tracked module; a few, each forgotten at its end (one ended on another
-// thread is dropped when the list is full).
-thread_local std::vector<int> t_restoring;
-
-// Once per backward: its end puts back what is in force now (nothing, or the user's own category:
-// a backward inside a category scope, in LBFGS's closure, in a loop running the model's parts).
-void restore_when_backward_ends() {
-  const int task = torch::autograd::get_current_graph_task_id();
-  if (task < 0 || std::find(t_restoring.begin(), t_restoring.end(), task) != t_restoring.end()) return;
-  if (t_restoring.size() >= 16) t_restoring.erase(t_restoring.begin());
-  t_restoring.push_back(task);
-  torch::autograd::Engine::get_default_engine().queue_callback([before = alloc::current_category_id(), task] {
-    alloc::set_category_by_id(before.first, before.second);
-    std::erase(t_restoring, task);
-  });
-}
-
 // Sets "temporary of the module" when backward reaches the node; the backward's end puts back
 // what was in force before it.
 class EnteringModule final : public torch::autograd::FunctionPreHook {
@@ -49,7 +30,7 @@ class EnteringModule final : public torch::autograd::FunctionPreHook {
   explicit EnteringModule(alloc::NameId module) : module_(module) {}
 
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    restore_when_backward_ends();
+    detail::restore_category_when_backward_ends();
     alloc::set_category_by_id(alloc::Category::temporary, module_);
     return grads;
   }
@@ -63,13 +44,7 @@ class EnteringModule final : public torch::autograd::FunctionPreHook {
 
 }  // namespace
 
-void refuse_compiled_autograd() {
-  TORCH_CHECK_NOT_IMPLEMENTED(false,
-                              "remat_alloc.track does not work under compiled autograd "
-                              "(torch._dynamo.compiled_autograd, or torch._dynamo.config.compiled_autograd = True): "
-                              "its backward hooks run in C++, which compiled autograd cannot trace. Run the tracked "
-                              "step with compiled autograd off, or untrack the model for compiled-autograd steps");
-}
+void refuse_compiled_autograd() { detail::refuse_tracking_under_compiled_autograd(); }
 
 void enter_module(alloc::NameId module, bool root) {
   if (root) {
@@ -90,6 +65,14 @@ void leave_module(bool root) {
 }
 
 bool in_tracked_forward() noexcept { return detail::tracked_forwards() > 0; }
+
+ActiveTracking::ActiveTracking() { detail::count_active_trackings(1); }
+
+void ActiveTracking::end() {
+  if (!active_) return;
+  active_ = false;
+  detail::count_active_trackings(-1);
+}
 
 namespace {
 

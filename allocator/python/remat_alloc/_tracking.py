@@ -249,6 +249,8 @@ class Tracker:
         self._active = True
         self._native = _native
         self._log = _native.RetagLog() if _native is not None else None  # what the C++ hooks re-tag
+        # What autograd saves outside the model's forward is named too while it is held (remat._C)
+        self._active_tracking = _native.ActiveTracking() if _native is not None else None
 
     # -- re-tagging ------------------------------------------------------------------------
     def _retag_owned(self, tensor, category: int, name: str) -> bool:
@@ -524,6 +526,8 @@ class Tracker:
                 optimizer.state = tracked_state.plain()
                 tracked_state.clear()
         self._optimizers.clear()
+        if self._active_tracking is not None:
+            self._active_tracking.end()
         if self._log is not None:
             self._log.restore()
         lib = _lib()

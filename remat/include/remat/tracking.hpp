@@ -39,6 +39,22 @@ void tag_input(const at::Tensor& tensor);
 // back the category in force where it reached its first such node.
 void hook_backward(const std::shared_ptr<torch::autograd::Node>& node, alloc::NameId module);
 
+// Held by each tracking with remat's hooks while it is active; untrack ends it, as does dropping it.
+// While there is one, what autograd saves outside checkpoints and tracked forwards is an activation
+// too (a loss computed after the model), and what backward allocates from where it unpacks such a
+// tensor until it reaches a tracked module is a temporary of "(backward)".
+class ActiveTracking {
+ public:
+  ActiveTracking();
+  ~ActiveTracking() { end(); }
+  ActiveTracking(const ActiveTracking&) = delete;
+  ActiveTracking& operator=(const ActiveTracking&) = delete;
+  void end();  // once
+
+ private:
+  bool active_ = true;
+};
+
 // Throws c10::NotImplementedError (Python's NotImplementedError) saying that tracking does not
 // work under compiled autograd, which cannot trace its C++ backward hooks (their compiled_args).
 void refuse_compiled_autograd();

@@ -420,6 +420,11 @@ void bind_tracking(py::module_& m) {
       .def("restore", &tracking::RetagLog::restore, py::call_guard<py::gil_scoped_release>())
       .def("alive", &tracking::RetagLog::alive);
 
+  py::class_<tracking::ActiveTracking>(m, "ActiveTracking",
+                                       "Held by a tracking while it is active: end() when it ends (untrack).")
+      .def(py::init<>())
+      .def("end", &tracking::ActiveTracking::end);
+
   add_type(m, "TrackEnter", track_enter_type);
   add_type(m, "TrackLeave", track_leave_type);
   add_type(m, "TrackCall", track_call_type);

@@ -65,6 +65,9 @@ bool retag_category(const void* ptr, Category category, std::string_view module)
 // live block at `ptr`, when it has no category or is a temporary, becomes an activation of its
 // module. False when nothing changed. Never throws: it runs in autograd's pack path.
 bool categorize_as_activation(const void* ptr) noexcept;
+// The same whatever category is in force: what autograd keeps outside a tracked model's forward
+// while a tracking is active (a loss computed after the model, where none is in force).
+bool name_as_activation(const void* ptr) noexcept;
 
 using OomObserver = std::function<void(const OomEvent&)>;
 // Observers run after the allocator's lock is released; one that throws is reported on
