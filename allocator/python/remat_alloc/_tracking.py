@@ -44,7 +44,7 @@ import ctypes
 import functools
 import threading
 import weakref
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 _NONE, _PARAMETER, _GRADIENT, _OPTIMIZER_STATE, _ACTIVATION, _TEMPORARY, _INPUT, _OTHER = range(8)
 
@@ -171,8 +171,10 @@ class _ParamState(dict):
         owner = self._owner()
         tracker = owner._tracker() if owner is not None else None
         param = self._param()
-        if tracker is not None and param is not None and _is_tensor(value):
-            tracker._retag_owned(value, _OPTIMIZER_STATE, owner.name_of(param))
+        if tracker is not None and param is not None:
+            # A tensor, or lists of them (LBFGS's history, stored again at the end of each step)
+            for tensor in _tensors_in(value, []):
+                tracker._retag_owned(tensor, _OPTIMIZER_STATE, owner.name_of(param))
 
     def __reduce__(self):
         return (dict, (), None, None, iter(dict(self).items()))
@@ -284,7 +286,7 @@ class Tracker:
                 del self._restore[ptr]
 
     # -- parameters, buffers, gradients ------------------------------------------------------
-    def _tag_parameters(self, model) -> None:
+    def _tag_parameters(self, model, *, refuse_foreign=True) -> None:
         foreign: list[tuple[str, int]] = []
         seen: set[int] = set()
         named = [(name, p, _PARAMETER) for name, p in model.named_parameters()]
@@ -300,7 +302,7 @@ class Tracker:
                 continue
             if tensor.grad is not None:
                 self._retag_owned(tensor.grad, _GRADIENT, name)
-        if foreign:
+        if foreign and refuse_foreign:
             from . import RematError
 
             total = sum(size for _, size in foreign)
@@ -312,22 +314,28 @@ class Tracker:
                 "the first CUDA tensor")
 
     def _hook_gradients(self, model) -> None:
+        for name, param in model.named_parameters():
+            self._hook_gradient(name, param)
+
+    def _hook_gradient(self, name: str, param) -> None:
+        """Makes `param`'s .grad a gradient of `name` as backward accumulates it."""
         import torch
 
-        for name, param in model.named_parameters():
-            # A lazy module's parameter takes no hook until its first forward made it (track again then)
-            if id(param) in self._params_hooked or not param.requires_grad or torch.nn.parameter.is_lazy(param):
-                continue
-            self._params_hooked.add(id(param))
-            if self._native is not None:
-                # In C++: backward calls no Python for it. Python's hooks dictionary is made first,
-                # so that hooks registered later join it (and run before the tagging) instead of
-                # replacing the C++ hook.
-                if param._post_accumulate_grad_hooks is None:
-                    param._post_accumulate_grad_hooks = collections.OrderedDict()
-                self._handles.append(self._native.hook_gradient(param, self._log, name))
-            else:
-                self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
+        # A lazy module's parameter takes no hook until its first forward made it (track again then).
+        # The C++ hook goes on a frozen parameter too, for when it is unfrozen; Python's cannot.
+        frozen = not param.requires_grad and self._native is None
+        if id(param) in self._params_hooked or frozen or torch.nn.parameter.is_lazy(param):
+            return
+        self._params_hooked.add(id(param))
+        if self._native is not None:
+            # In C++: backward calls no Python for it. Python's hooks dictionary is made first,
+            # so that hooks registered later join it (and run before the tagging) instead of
+            # replacing the C++ hook.
+            if param._post_accumulate_grad_hooks is None:
+                param._post_accumulate_grad_hooks = collections.OrderedDict()
+            self._handles.append(self._native.hook_gradient(param, self._log, name))
+        else:
+            self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
 
     def _grad_hook(self, name: str):
         if self._native is not None:
@@ -479,9 +487,15 @@ class Tracker:
 
             raise RematError(f"track: the optimizer {type(optimizer).__name__} is already followed by the tracking of "
                              "another model; untrack that model first")
-        for group in optimizer.param_groups:
-            for i, param in enumerate(group["params"]):
-                self._param_names.setdefault(id(param), f"{type(optimizer).__name__}.param{i}")
+        # Parameters it trains that are not the model's (a separate head, a learnable temperature) are
+        # named as its state_dict numbers them, across its groups: parameters, gradients and state.
+        params = [param for group in optimizer.param_groups for param in group["params"]]
+        for number, param in enumerate(params):
+            if id(param) not in self._param_names:
+                name = f"{type(optimizer).__name__}.param{number}"
+                self._param_names[id(param)] = name
+                self._retag_owned(param, _PARAMETER, name)
+                self._hook_gradient(name, param)
         self._follow_state(optimizer)
         name = type(optimizer).__name__.encode()
         if self._native is not None:
@@ -602,6 +616,38 @@ def _follow_replicas() -> None:
     torch.nn.Module._replicate_for_data_parallel = replicate_for_data_parallel
 
 
+_converting = threading.local()  # how deep this thread is in Module._apply calls
+
+
+def _follow_conversions() -> None:
+    """model.to(dtype), .half() and the like give each parameter and buffer a new storage
+    (Module._apply sets param.data): wrapped once, so that where the outermost conversion returns,
+    a tracked model it reached names its parameters, buffers and gradients again (those a
+    conversion moved where no remat allocator tags them, to another device, keep none)."""
+    import torch
+
+    apply = torch.nn.Module._apply
+    if getattr(apply, "_remat_follows_conversions", False):
+        return
+
+    @functools.wraps(apply)
+    def apply_and_name(module, *args, **kwargs):
+        _converting.depth = getattr(_converting, "depth", 0) + 1
+        try:
+            return apply(module, *args, **kwargs)
+        finally:
+            _converting.depth -= 1
+            if _converting.depth == 0:
+                with _trackers_lock:
+                    trackers = [(model, tracker) for model, tracker in _trackers.items()
+                                if tracker._active and id(module) in tracker._modules]
+                for model, tracker in trackers:
+                    tracker._tag_parameters(model, refuse_foreign=False)
+
+    apply_and_name._remat_follows_conversions = True
+    torch.nn.Module._apply = apply_and_name
+
+
 def _restore_when_backward_ends() -> None:
     """Once per backward (graph task): its end puts back what is in force now (nothing, or the
     user's own category: a backward inside a category scope, in LBFGS's closure, in a loop running
@@ -681,6 +727,7 @@ def track(model, optimizer=None) -> Tracker:
         raise
     tracker._hook_gradients(model)
     tracker._hook_modules(model)
+    _follow_conversions()
     for opt in optimizers:
         tracker._follow_optimizer(opt)
     return tracker

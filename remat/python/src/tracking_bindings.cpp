@@ -435,12 +435,9 @@ void bind_tracking(py::module_& m) {
   m.def(
       "hook_gradient",
       [](const at::Tensor& param, std::shared_ptr<tracking::RetagLog> log, const std::string& module) {
-        if (!param.requires_grad() || !param.is_leaf()) {
-          throw py::value_error("hook_gradient: the tensor must be a leaf that requires grad (a parameter)");
-        }
-        if (torch::autograd::impl::get_autograd_meta(param) == nullptr) {
-          throw py::value_error("hook_gradient: the tensor has no autograd metadata");
-        }
+        if (!param.is_leaf()) throw py::value_error("hook_gradient: the tensor must be a leaf (a parameter)");
+        // A frozen parameter takes it too (its metadata made here), for when it is unfrozen
+        torch::autograd::impl::materialize_autograd_meta(param);
         std::unique_ptr<torch::autograd::PostAccumulateGradHook>& slot =
             torch::autograd::impl::post_acc_grad_hooks(param);
         const tracking::RetagLog* owner = log.get();
@@ -449,7 +446,8 @@ void bind_tracking(py::module_& m) {
       },
       py::arg("param"), py::arg("log"), py::arg("module"),
       "Tracking's post-accumulate-grad hook in C++: `param`'s .grad becomes a gradient of `module` as it is "
-      "accumulated. Call it after the parameter's Python hooks dictionary exists (Python's own registration "
+      "accumulated (a frozen parameter's once it is unfrozen). Call it after the parameter's Python hooks dictionary "
+      "exists (Python's own registration "
       "would replace a hook it does not know), so hooks registered later in Python still run.");
 
   py::class_<GradientTag>(m, "GradientTag", "Tracking's post-accumulate-grad hook: .grad is a gradient.")

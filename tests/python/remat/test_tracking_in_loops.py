@@ -146,3 +146,69 @@ def test_a_loss_computed_after_the_model_is_named_at_the_steps_peak(hooks):
         assert unnamed <= 4096, unnamed  # what the loss computes that it does not save (512 B); before: two logits
     else:
         assert unnamed >= logits_bytes  # (the Python hooks name the model's bytes alone)
+
+
+def test_a_model_converted_after_track_names_its_new_storages(hooks):
+    """model.to(dtype) gives every parameter a new storage: it had no category (69456 bytes of
+    parameters unnamed in a repro)."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with remat.track(model, optimizer):
+        model.to(torch.float64)
+        model(torch.randn(3, 8, dtype=torch.float64)).sum().backward()
+        optimizer.step()
+        assert category_of(model[0].weight) == ("parameter", "0.weight")
+        assert category_of(model[2].bias) == ("parameter", "2.bias")
+        assert category_of(model[0].weight.grad) == ("gradient", "0.weight")
+        model[0].double()  # a submodule's conversion: the whole model named again once
+        assert category_of(model[0].bias) == ("parameter", "0.bias")
+
+
+def test_a_layer_unfrozen_after_track_has_its_gradients_named(hooks):
+    model = mlp()
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with remat.track(model, optimizer):
+        model(torch.randn(3, 8)).sum().backward()
+        model[0].requires_grad_(True)
+        model(torch.randn(3, 8)).sum().backward()
+        unfrozen = category_of(model[0].weight.grad)
+    if hooks == "c++":
+        assert unfrozen == ("gradient", "0.weight")  # it was a temporary of the layer
+    else:  # PyTorch takes no post-accumulate-grad hook in Python on a frozen parameter
+        assert unfrozen == ("temporary", "0")
+
+
+def test_lbfgs_history_and_parameters_the_model_does_not_hold_are_named(hooks):
+    """LBFGS keeps its history in lists (they were unnamed); an optimizer training parameters that are
+    not the model's (a head, a temperature) names them as its state_dict numbers them (two groups'
+    first parameters shared one name, and their parameters and gradients had none)."""
+    model = mlp()
+    head, temperature = torch.nn.Linear(2, 2), torch.nn.Parameter(torch.ones(1))
+    adamw = torch.optim.AdamW([{"params": model.parameters()}, {"params": head.parameters()},
+                               {"params": [temperature]}])
+    x = torch.randn(3, 8)
+    with remat.track(model, adamw):
+        for _ in range(2):
+            adamw.zero_grad()
+            (head(model(x)) / temperature).square().sum().backward()
+            adamw.step()
+        assert [category_of(p) for p in (head.weight, head.bias, temperature)] == [
+            ("parameter", "AdamW.param4"), ("parameter", "AdamW.param5"), ("parameter", "AdamW.param6")]
+        assert category_of(temperature.grad) == ("gradient", "AdamW.param6")
+        assert category_of(adamw.state[head.weight]["exp_avg"]) == ("optimizer_state", "AdamW.param4")
+    model = mlp()
+    lbfgs = torch.optim.LBFGS(model.parameters(), history_size=3, max_iter=4)
+    target = torch.randn(3, 2)
+
+    def closure():
+        lbfgs.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        return loss
+
+    with remat.track(model, lbfgs):
+        lbfgs.step(closure)
+        state = lbfgs.state[lbfgs.param_groups[0]["params"][0]]
+        history = state["old_dirs"] + state["old_stps"]
+        assert history and {category_of(t) for t in history} == {("optimizer_state", "0.weight")}
