@@ -107,6 +107,9 @@ void hook_backward(const std::shared_ptr<torch::autograd::Node>& node, alloc::Na
 }
 
 bool RetagLog::retag(const at::Tensor& tensor, alloc::Category category, alloc::NameId module) {
+  // A sparse tensor (an embedding's sparse gradient): its values; its indices may be another's
+  // storage (the embedding's input ids)
+  if (tensor.defined() && tensor.is_sparse()) return retag(tensor._values(), category, module);
   if (!tensor.defined() || !tensor.has_storage()) return true;
   const c10::Storage& storage = tensor.storage();
   const void* ptr = storage.data();

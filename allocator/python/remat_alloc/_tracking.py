@@ -257,7 +257,10 @@ class Tracker:
     # -- re-tagging ------------------------------------------------------------------------
     def _retag_owned(self, tensor, category: int, name: str) -> bool:
         """Re-tags `tensor`'s storage, remembering the tag it had so untrack() can restore it.
-        False when no remat allocator owns the storage."""
+        False when no remat allocator owns the storage. A sparse tensor's values (its indices may be
+        another tensor's storage: an embedding's input ids)."""
+        if tensor.is_sparse:
+            tensor = tensor._values()
         ptr = _storage_ptr(tensor)
         if ptr == 0:
             return True  # nothing allocated (an empty or meta tensor)

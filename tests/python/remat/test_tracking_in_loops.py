@@ -212,3 +212,39 @@ def test_lbfgs_history_and_parameters_the_model_does_not_hold_are_named(hooks):
         state = lbfgs.state[lbfgs.param_groups[0]["params"][0]]
         history = state["old_dirs"] + state["old_stps"]
         assert history and {category_of(t) for t in history} == {("optimizer_state", "0.weight")}
+
+
+def test_a_sparse_gradient_is_named_by_its_values_and_branches_on_threads_save_activations(hooks):
+    """Embedding(sparse=True)'s gradient values were a temporary of the next module (its indices
+    are the input ids, which stay an input); what branches run on worker threads saved was a
+    temporary (remat's hooks name it on any thread while a tracking is active)."""
+    import concurrent.futures
+
+    torch.manual_seed(0)
+    embedding, linear = torch.nn.Embedding(64, 16, sparse=True), torch.nn.Linear(16, 4)
+    model = torch.nn.Sequential(embedding, linear)
+    ids = torch.randint(0, 64, (8, 4))
+    with remat.track(model):
+        model(ids).square().sum().backward()
+        assert embedding.weight.grad.is_sparse
+        assert category_of(embedding.weight.grad._values()) == ("gradient", "0.weight")
+        assert category_of(ids) == ("input", "input")
+
+    class Branches(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 256), torch.nn.Linear(16, 256)
+
+        def forward(self, x):
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                outs = list(pool.map(lambda layer: layer(x).sigmoid(), [self.a, self.b]))
+            return outs[0] + outs[1]
+
+    model = Branches()
+    with remat.track(model):
+        before = remat_alloc.category_bytes()["activation"]
+        out = model(torch.randn(32, 16))
+        saved = remat_alloc.category_bytes()["activation"] - before
+        out.sum().backward()
+    if hooks == "c++":
+        assert saved >= 2 * 32 * 256 * 4  # each branch's sigmoid output (a temporary before)
