@@ -260,13 +260,14 @@ TEST(StepPeak, WhatABackwardThatCreatesAGraphHoldsOfRecomputeIsCountedUntilTheLa
   step.segments = {{220, 0, {0, 1}, -1, -1},   {300, 220, {0, 1}, -1, 1}, {230, 220, {0, 1}, -1, 0},
                    {300, 220, {0, 1}, -1, 1}, {200, 110, {0}, -1, 0}};
   EXPECT_EQ(predict_step_peak(profile, {Choice::save, Choice::recompute}), 300u);
-  step.checkpoints[1].create_graph_backward = std::make_pair(1u, 3u);
+  step.checkpoints[1].create_graph_backwards = {{1u, 3u}};
   step.checkpoints[1].regions[0].saved = {3};  // s1: out1 is no op's
   // s1 made again in c1's second backward beside the first backward's copy
   EXPECT_EQ(predict_step_peak(profile, {Choice::save, Choice::recompute}), 310u);
   EXPECT_EQ(predict_step_peak(profile, {Choice::save, Choice::save}), 300u);
   const RegionProfile read = profile_from_json(profile_to_json(profile), "profile");
-  EXPECT_EQ(read.step->checkpoints[1].create_graph_backward, std::make_pair(1u, 3u));
+  EXPECT_EQ(read.step->checkpoints[1].create_graph_backwards,
+            (std::vector<std::pair<std::uint32_t, std::uint32_t>>{{1, 3}}));
   EXPECT_EQ(read.step->checkpoints[1].regions[0].saved, std::vector<std::uint32_t>{3});
   EXPECT_EQ(predict_step_peak(read, {Choice::save, Choice::recompute}), 310u);
   // Freed where the profiled step freed it (in c1's second backward's segment): no longer beside there
@@ -277,20 +278,21 @@ TEST(StepPeak, WhatABackwardThatCreatesAGraphHoldsOfRecomputeIsCountedUntilTheLa
             std::string::npos)
       << refusal_of(profile);
   step.checkpoints[1].regions[0].saved = {3};
-  step.checkpoints[1].create_graph_backward = std::make_pair(1u, 9u);
-  EXPECT_NE(refusal_of(profile).find("$.step.checkpoints[1].create_graph_backward: segment 9 is past the step's 5"),
+  step.checkpoints[1].create_graph_backwards = {{1u, 9u}};
+  EXPECT_NE(refusal_of(profile).find("$.step.checkpoints[1].create_graph_backwards[0]: segment 9 is past the step's 5"),
             std::string::npos)
       << refusal_of(profile);
-  step.checkpoints[1].create_graph_backward = std::make_pair(1u, 3u);
+  step.checkpoints[1].create_graph_backwards = {{1u, 3u}};
   std::string text = profile_to_json(profile);
-  const std::size_t at = text.find("[1,3]", text.find("\"create_graph_backward\""));
+  const std::size_t at = text.find("[1,3]", text.find("\"create_graph_backwards\""));
   ASSERT_NE(at, std::string::npos) << text;
   try {
     profile_from_json(text.replace(at, 5, "[3,1]"), "p.json");
     FAIL() << "a backward ending before it began was accepted";
   } catch (const BudgetError& error) {
-    EXPECT_NE(std::string(error.what()).find("$.step.checkpoints[1].create_graph_backward: must be two segment numbers"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(error.what()).find("$.step.checkpoints[1].create_graph_backwards[0]: must be two segment numbers"),
+        std::string::npos)
         << error.what();
   }
 }

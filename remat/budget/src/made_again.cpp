@@ -2,6 +2,7 @@
 
 #include "made_again.hpp"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -26,17 +27,34 @@ void MadeAgainSet::add_graphs_made(const std::vector<std::vector<std::size_t>>& 
   const std::size_t step_end = step_.segments.size();
   for (std::uint32_t k = 0; k < step_.checkpoints.size(); ++k) {
     const StepCheckpoint& call = step_.checkpoints[k];
-    if (!call.create_graph_backward) continue;
-    const auto [from, ended] = *call.create_graph_backward;
+    const auto& backwards = call.create_graph_backwards;
     for (std::size_t r = 0; r < call.regions.size(); ++r) {
-      // Held until the segment the profiled step freed each in (there the graph made and the call,
-      // its graph retained, held the same tensors), or to the step's end where it did not.
-      std::map<std::size_t, std::vector<std::uint32_t>> by_until;
-      for (const std::uint32_t id : call.regions[r].saved) {
-        const std::int64_t freed = id < step_.freed_in.size() ? step_.freed_in[id] : -1;
-        by_until[freed > std::int64_t{from} ? static_cast<std::size_t>(freed) : step_end].push_back(id);
+      std::vector<std::uint32_t> held = call.regions[r].saved;
+      for (const std::uint32_t id : call.regions[r].outputs) {
+        for (std::size_t other = 0; other < call.regions.size(); ++other) {
+          const std::vector<std::uint32_t>& saved = call.regions[other].saved;
+          if (other != r && std::find(saved.begin(), saved.end(), id) != saved.end()) {
+            held.push_back(id);
+            break;
+          }
+        }
       }
-      for (auto& [until, ids] : by_until) add({k, regions[k][r], from, until, ended, std::move(ids), 0});
+      // Held until the segment the profiled step freed each in (there the graph made and the call,
+      // its graph retained, held the same tensors), or to the step's end where it did not. A copy of
+      // the call's output is beside the output the caller holds.
+      std::map<std::pair<std::size_t, bool>, std::vector<std::uint32_t>> by_until;
+      for (const std::uint32_t id : held) {
+        const std::int64_t freed = id < step_.freed_in.size() ? step_.freed_in[id] : -1;
+        const bool output = std::find(call.outputs.begin(), call.outputs.end(), id) != call.outputs.end();
+        by_until[{freed >= 0 ? static_cast<std::size_t>(freed) : step_end, output}].push_back(id);
+      }
+      for (std::size_t b = 0; b < backwards.size(); ++b) {
+        const std::size_t next = b + 1 < backwards.size() ? backwards[b + 1].first : step_end;
+        for (const auto& [until_output, ids] : by_until) {
+          const auto [until, output] = until_output;
+          add({k, regions[k][r], backwards[b].first, until, backwards[b].second, next, ids, b > 0 || output, 0});
+        }
+      }
     }
   }
 }

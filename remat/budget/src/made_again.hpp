@@ -16,12 +16,15 @@ namespace remat::budget::detail {
 
 struct MadeAgain {
   std::uint32_t call = 0;
-  std::size_t region = 0;  // in the profile's regions
-  // Alive from `from` to `until` (segments). In the call's backward segments from `beside_from` on,
-  // the profiled step used them as it went and recompute makes them again beside: counted above
-  // its peak there (a bound, the moment they are freed unknown).
-  std::size_t from = 0, until = 0, beside_from = 0;
+  std::size_t region = 0;  // in the profile's regions: made again where it is recomputed
+  // Alive from `from` to `until` (segments). In the call's backward segments from `beside_from` to
+  // `beside_until`, the profiled step used them as it went and recompute makes them again beside:
+  // counted above its peak there (a bound, the moment they are freed unknown).
+  std::size_t from = 0, until = 0, beside_from = 0, beside_until = 0;
   std::vector<std::uint32_t> ids;
+  // Another copy of ids beside one still alive (a second backward with create_graph=True, a copy of
+  // the call's output): its bytes are counted where it is alive even where the same storages are.
+  bool another_copy = false;
   std::uint64_t bytes = 0;  // of ids
 };
 
@@ -31,8 +34,10 @@ class MadeAgainSet {
 
   // `entry` without its bytes, which this counts; none where `ids` is empty.
   void add(MadeAgain entry);
-  // Those of the step's backwards run with create_graph=True (StepCheckpoint::create_graph_backward),
-  // for each region with what its ops saved: `regions` gives each call's regions' indexes in the profile.
+  // Those of the step's backwards run with create_graph=True (StepCheckpoint::create_graph_backwards):
+  // per backward and region, what its ops saved, and its outputs another region of its call saved
+  // (where the region is recomputed, that region's backward reads recompute's copy); `regions` gives
+  // each call's regions' indexes in the profile.
   void add_graphs_made(const std::vector<std::vector<std::size_t>>& regions);
 
   // Per entry, whether `choices` makes it again: its region recomputed.

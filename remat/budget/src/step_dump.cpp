@@ -32,24 +32,34 @@ std::uint64_t bytes_in(const Json& object, const char* key, std::string_view sou
   return bytes_of(member(object, key, source, path), source, path + "." + key);
 }
 
-void write_ids(alloc::JsonWriter& json, const char* key, const std::vector<std::uint32_t>& ids) {
-  json.key(key).begin_array();
-  for (const std::uint32_t id : ids) json.value(static_cast<std::uint64_t>(id));
+void write_numbers(alloc::JsonWriter& json, const std::vector<std::uint32_t>& numbers) {
+  json.begin_array();
+  for (const std::uint32_t number : numbers) json.value(static_cast<std::uint64_t>(number));
   json.end_array();
+}
+
+void write_ids(alloc::JsonWriter& json, const char* key, const std::vector<std::uint32_t>& ids) {
+  json.key(key);
+  write_numbers(json, ids);
+}
+
+// The list at `at`, of storage or segment numbers (`what`).
+std::vector<std::uint32_t> numbers_in(const Json& list, std::string_view source, const std::string& at,
+                                      const std::string& what) {
+  if (!list.is_array()) refuse(source, at, "must be a list of " + what + " numbers");
+  std::vector<std::uint32_t> numbers;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::uint64_t number = count_of(list[i], source, at + "[" + std::to_string(i) + "]");
+    if (number > UINT32_MAX)
+      refuse(source, at + "[" + std::to_string(i) + "]", "is past the largest " + what + " number");
+    numbers.push_back(static_cast<std::uint32_t>(number));
+  }
+  return numbers;
 }
 
 std::vector<std::uint32_t> ids_of(const Json& object, const char* key, std::string_view source,
                                   const std::string& path) {
-  const Json& list = member(object, key, source, path);
-  const std::string at = path + "." + key;
-  if (!list.is_array()) refuse(source, at, "must be a list of storage numbers");
-  std::vector<std::uint32_t> ids;
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const std::uint64_t id = count_of(list[i], source, at + "[" + std::to_string(i) + "]");
-    if (id > UINT32_MAX) refuse(source, at + "[" + std::to_string(i) + "]", "is past the largest storage number");
-    ids.push_back(static_cast<std::uint32_t>(id));
-  }
-  return ids;
+  return numbers_in(member(object, key, source, path), source, path + "." + key, "storage");
 }
 
 std::int64_t call_of(const Json& value, std::string_view source, const std::string& path) {
@@ -113,8 +123,10 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
     write_ids(json, "kept_inputs", call.kept_inputs);
     if (call.body_inputs) write_ids(json, "body_inputs", *call.body_inputs);
     write_ids(json, "outputs", call.outputs);
-    if (call.create_graph_backward) {
-      write_ids(json, "create_graph_backward", {call.create_graph_backward->first, call.create_graph_backward->second});
+    if (!call.create_graph_backwards.empty()) {
+      json.key("create_graph_backwards").begin_array();
+      for (const auto& [begun, ended] : call.create_graph_backwards) write_numbers(json, {begun, ended});
+      json.end_array();
     }
     json.key("regions").begin_array();
     for (const StepRegion& region : call.regions) {
@@ -134,7 +146,7 @@ void write_step(alloc::JsonWriter& json, const StepMemory& step) {
         json.end_array();
       }
       if (!region.autocast_cached.empty()) write_ids(json, "autocast_cached", region.autocast_cached);
-      if (call.create_graph_backward) write_ids(json, "saved", region.saved);
+      if (!call.create_graph_backwards.empty()) write_ids(json, "saved", region.saved);
       json.end_object();
     }
     json.end_array().end_object();
@@ -181,14 +193,20 @@ StepMemory read_step(const Json& value, std::string_view source) {
     call.kept_inputs = ids_of(entry, "kept_inputs", source, at);
     if (entry.contains("body_inputs")) call.body_inputs = ids_of(entry, "body_inputs", source, at);
     call.outputs = ids_of(entry, "outputs", source, at);
-    if (entry.contains("create_graph_backward")) {
-      const std::vector<std::uint32_t> segments = ids_of(entry, "create_graph_backward", source, at);
-      if (segments.size() != 2 || segments[0] >= segments[1]) {
-        refuse(source, at + ".create_graph_backward",
-               "must be two segment numbers, the first below the second (where the call's backward run with "
-               "create_graph=True began, and where that backward ended); profile the step again");
+    if (entry.contains("create_graph_backwards")) {
+      const Json& backwards = list_of(entry, "create_graph_backwards", source, at);
+      for (std::size_t i = 0; i < backwards.size(); ++i) {
+        const std::string in = at + ".create_graph_backwards[" + std::to_string(i) + "]";
+        const std::vector<std::uint32_t> segments = numbers_in(backwards[i], source, in, "segment");
+        const std::uint32_t last = call.create_graph_backwards.empty() ? 0 : call.create_graph_backwards.back().second;
+        if (segments.size() != 2 || segments[0] >= segments[1] || segments[0] < last) {
+          refuse(source, in,
+                 "must be two segment numbers, the first below the second and not before the backward listed before "
+                 "it (where the call's backward run with create_graph=True began, and where that backward ended); "
+                 "profile the step again");
+        }
+        call.create_graph_backwards.emplace_back(segments[0], segments[1]);
       }
-      call.create_graph_backward = std::make_pair(segments[0], segments[1]);
     }
     for_each_entry(entry, "regions", source, at, [&](const Json& listed, const std::string& in) {
       StepRegion region;

@@ -216,7 +216,7 @@ StepModel::StepModel(const RegionProfile& profile, const StepMemory& step)
         const std::size_t from = first_backward_[k];
         made_again_.add({k, indexes_[k][r], from,
                          next != step.autocast_cleared.end() ? std::size_t{*next} : step.segments.size(), from,
-                         call.regions[r].autocast_cached, 0});
+                         step.segments.size(), call.regions[r].autocast_cached, false, 0});
       }
     }
   }
@@ -258,8 +258,9 @@ std::uint64_t StepModel::peak(const std::vector<Choice>& choices, const std::vec
                                     recompute_transient(static_cast<std::size_t>(segment.backward), choices)));
       // What recompute makes again beside what the profile used as it went (made_again.hpp)
       for (const std::uint32_t e : made_again_.of_call(static_cast<std::size_t>(segment.backward))) {
-        if (made[e] != 0 && s >= made_again_[e].beside_from && s < made_again_[e].until) {
-          top = add_bytes(top, made_again_[e].bytes);
+        const MadeAgain& again = made_again_[e];
+        if (made[e] != 0 && s >= again.beside_from && s < std::min(again.until, again.beside_until)) {
+          top = add_bytes(top, again.bytes);
         }
       }
     }
@@ -501,6 +502,7 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
       if (offload->back_bytes[k] > 0 || !offload->lingering[k].empty()) offloading.push_back(k);
     }
   }
+  std::uint64_t copies = 0;  // bytes of made_again_'s other copies alive (MadeAgain::another_copy)
   std::vector<std::uint32_t> stamp(step_.storages.size(), 0), extra_ids;
   std::uint32_t generation = 0;
   std::vector<std::uint64_t> alive(step_.segments.size(), 0);
@@ -515,10 +517,22 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
     for (const std::uint32_t entry : uncaching_[s]) settle_cached(entry, s);
     if (made != nullptr) {
       for (const std::uint32_t e : made_again_.ending(s)) {
-        if ((*made)[e] != 0) held.remove(made_again_[e].ids);
+        const MadeAgain& again = made_again_[e];
+        if ((*made)[e] == 0) continue;
+        if (again.another_copy) {
+          copies -= again.bytes;
+        } else {
+          held.remove(again.ids);
+        }
       }
       for (const std::uint32_t e : made_again_.beginning(s)) {
-        if ((*made)[e] != 0) held.add(made_again_[e].ids);
+        const MadeAgain& again = made_again_[e];
+        if ((*made)[e] == 0) continue;
+        if (again.another_copy) {
+          copies = add_bytes(copies, again.bytes);
+        } else {
+          held.add(again.ids);
+        }
       }
     }
     const bool swapped = in_own_backward != nullptr && segment.backward >= 0 &&
@@ -550,7 +564,7 @@ std::vector<std::uint64_t> StepModel::alive_by_segment(
         for (const std::uint32_t id : offload->lingering[k]) add(id);
       }
     }
-    alive[s] = add_bytes(held.total(), extra);
+    alive[s] = add_bytes(add_bytes(held.total(), extra), copies);
     if (swapped) {
       held.remove((*in_own_backward)[static_cast<std::size_t>(segment.backward)]);
       held.add(sets[static_cast<std::size_t>(segment.backward)]);

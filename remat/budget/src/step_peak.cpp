@@ -67,10 +67,12 @@ void check_step(const StepMemory& step, const RegionProfile& profile) {
       check_ids(call.regions[r].autocast_cached, at + ".autocast_cached");
       check_ids(call.regions[r].saved, at + ".saved");
     }
-    if (call.create_graph_backward && call.create_graph_backward->second > step.segments.size()) {
-      throw BudgetError(where + ".create_graph_backward: segment " +
-                        std::to_string(call.create_graph_backward->second) + " is past the step's " +
-                        std::to_string(step.segments.size()) + " segments; profile the step again");
+    for (std::size_t i = 0; i < call.create_graph_backwards.size(); ++i) {
+      if (call.create_graph_backwards[i].second > step.segments.size()) {
+        throw BudgetError(where + ".create_graph_backwards[" + std::to_string(i) + "]: segment " +
+                          std::to_string(call.create_graph_backwards[i].second) + " is past the step's " +
+                          std::to_string(step.segments.size()) + " segments; profile the step again");
+      }
     }
   }
   if (!step.freed_in.empty() && step.freed_in.size() != step.storages.size()) {

@@ -61,9 +61,12 @@ A backward run with create_graph=True (a gradient penalty: torch.autograd.grad(l
 create_graph=True), then a backward through it) makes a graph of its own, which holds what the
 backward's formulas read: the tensors the regions' ops saved. Where a plan recomputes a region,
 those are recompute's copies, held from its call's backward on until the call keeps nothing more
-(its graph was retained: a later backward recomputes again beside them). Such a call lists where
-(create_graph_backward: the segment its own backward began in, and the one that whole backward
-ended in), and each of its regions what its ops saved (saved: kept less the outputs no op saved).
+(its graph was retained: a later backward recomputes again beside them, a later one with
+create_graph=True holds its own copies). Such a call lists those backwards (create_graph_backwards:
+for each, the segment its own backward began in and the one that whole backward ended in), and
+each of its regions what its ops saved (saved: kept less the outputs no op saved and the call's
+inputs, which recompute reads as they are; what stays allocated through the step included, as
+recompute makes a copy of it).
 A plan's step peak is then each segment's measured peak less what the plan's checkpoints do not
 keep of what was alive in it, plus, in a checkpoint's backward, the largest forward transient of a
 region it recomputes; remat::budget computes it (step_peak.hpp)
@@ -168,8 +171,7 @@ def _storages_held():
 
 
 # The lists of storages in a checkpoint call's record and its regions'
-_STORAGE_SETS = frozenset({"inputs", "kept_inputs", "body_inputs", "outputs", "kept", "offload_kept", "autocast_cached",
-                           "saved"})
+_STORAGE_SETS = frozenset({"inputs", "kept_inputs", "body_inputs", "outputs", "kept", "offload_kept", "autocast_cached"})
 
 
 class StepRecorder:
@@ -217,7 +219,7 @@ class StepRecorder:
         self._step_inputs = {}  # checkpoint call -> {storage key: identity} of the tensors it was given
         self._body_reads = {}  # checkpoint call -> those code outside its regions read
         self._saved = {}  # checkpoint call -> per region, the storages its ops saved (what the runtime keeps)
-        self._graph_made = {}  # checkpoint call -> [its first backward run with create_graph=True, where that ended]
+        self._graph_made = {}  # checkpoint call -> [[its backward run with create_graph=True, where that ended], ...]
 
     @staticmethod
     def _counted_device():
@@ -322,8 +324,9 @@ class StepRecorder:
         self._end_queued = False
         self.mark()
         for index in self._begun:
-            if self._graph_made.get(index, [0, 0])[1] is None:
-                self._graph_made[index][1] = len(self.segments)
+            made = self._graph_made.get(index)
+            if made and made[-1][1] is None:
+                made[-1][1] = len(self.segments)
         self._live = [k for k in self._live if k not in self._begun or self._retained(k)]
         if self._recomputing in self._begun:
             self._recomputing = -1
@@ -561,7 +564,9 @@ class StepRecorder:
                 if not t.shares_storage:
                     self._storages[self._alive[key]] = max(self._storages[self._alive[key]], t.bytes)
             kept_by_region[region.region] = ids
-        self._saved[index] = [sorted(saved_by_region.get(region["name"], set())) for region in record["regions"]]
+        # (Recompute makes a copy of each but the call's inputs, even of one Python holds through the step)
+        given = set(inputs.values())
+        self._saved[index] = [sorted(saved_by_region.get(region["name"], set()) - given) for region in record["regions"]]
         self._kept_keys[index] = {(t.device, t.address) for region in reports for t in region.tensors
                                   if (t.device, t.address) not in held_anyway}
         record["kept_inputs"] = sorted(kept_by_region.get("<inputs>", set()) & set(record["inputs"]))
@@ -605,8 +610,8 @@ class StepRecorder:
                         self.autocast_held_in_backward = _casts_cached()
                     self._backward_began = True
                     self.mark()
-                    if torch.is_grad_enabled() and index not in self._graph_made:  # backward(create_graph=True)
-                        self._graph_made[index] = [len(self.segments), None]
+                    if torch.is_grad_enabled():  # backward(create_graph=True)
+                        self._graph_made.setdefault(index, []).append([len(self.segments), None])
                     self._end_finished_backwards(index, output_keys)
                     self._begun_calls.add(index)
                     self._recomputing = index
@@ -709,10 +714,11 @@ class StepRecorder:
     def _note_graphs_made(self):
         """Marks each call whose backward ran with create_graph=True, and what its regions' ops saved:
         the graph that backward makes holds recompute's copies of them (module docstring)."""
-        for index, (first, end) in self._graph_made.items():
-            if end is not None:  # (else that backward raised: the profile refuses the step)
+        for index, made in self._graph_made.items():
+            ended = [backward for backward in made if backward[1] is not None]  # (else it raised: refused)
+            if ended:
                 record = self.checkpoints[index]
-                record["create_graph_backward"] = [first, end]
+                record["create_graph_backwards"] = ended
                 for region, saved in zip(record["regions"], self._saved[index]):
                     region["saved"] = saved
 

@@ -47,7 +47,7 @@ struct StepRegion {
   std::vector<std::uint32_t> autocast_cached;
   // Where its call's backward ran with create_graph=True: of `kept`, what its ops saved (its
   // outputs only where an op saved them). The graph that backward makes holds recompute's copies of
-  // them (StepCheckpoint::create_graph_backward).
+  // them (StepCheckpoint::create_graph_backwards).
   std::vector<std::uint32_t> saved;
 };
 
@@ -63,11 +63,11 @@ struct StepCheckpoint {  // one call of a checkpoint
   // keeps them. Unknown in older dumps: there every input counts as read where a recomputed region
   // takes what that code made.
   std::optional<std::vector<std::uint32_t>> body_inputs;
-  // Its first backward run with create_graph=True (a gradient penalty), as the segment its own
-  // backward began in and the one that whole backward ended in: the graph it made holds what the
-  // regions' ops saved (StepRegion::saved), which a recomputed region makes again there, until the
-  // call keeps nothing more; a later backward recomputes it again beside them.
-  std::optional<std::pair<std::uint32_t, std::uint32_t>> create_graph_backward;
+  // Its backwards run with create_graph=True (a gradient penalty), in order, each as the segment
+  // its own backward began in and the one that whole backward ended in: the graph each made holds
+  // what the regions' ops saved (StepRegion::saved) where recompute made it there, until the
+  // profiled step freed it; a later backward recomputes it again beside them.
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> create_graph_backwards;
 };
 
 struct StepSegment {
