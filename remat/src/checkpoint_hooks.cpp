@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <optional>
@@ -37,8 +38,90 @@ std::string stop_name() {
                                                : "remat::detail::StopRecompute";
 }
 
+// A cast of a leaf that requires grad, or a view of one (KeptTensor::leaf_cast): its grad_fn is
+// the copy's, whose one input is the leaf's gradient accumulator.
+bool leaf_cast(const at::Tensor& tensor) {
+  const auto cast_of_leaf = [](const at::TensorBase& t) {
+    const std::shared_ptr<torch::autograd::Node>& node = t.grad_fn();
+    if (node == nullptr || node->name() != "ToCopyBackward0" || node->num_outputs() != 1) return false;
+    return dynamic_cast<const torch::autograd::AccumulateGrad*>(node->next_edge(0).function.get()) != nullptr;
+  };
+  return cast_of_leaf(tensor) || (tensor.is_view() && cast_of_leaf(tensor._base()));
+}
+
+const at::TensorBase& base_of(const at::Tensor& tensor) {
+  return tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
+}
+
+bool of_parameter(const at::Tensor& tensor) { return base_of(tensor).is_leaf() && base_of(tensor).requires_grad(); }
+
+// Whether `tensor` takes a gradient and was computed before `sequence` (its graph node, or its
+// base's, numbered below it): not a cast autocast caches.
+bool computed_before(const at::Tensor& tensor, std::uint64_t sequence) {
+  if (!tensor.requires_grad() || !tensor.has_storage() || leaf_cast(tensor)) return false;
+  const std::shared_ptr<torch::autograd::Node>& node = base_of(tensor).grad_fn();
+  return node != nullptr && node->sequence_nr() < sequence;
+}
+
+// DroppedMeta::read of a tensor forward dropped. The checkpoint's inputs are other: recompute is
+// given them as leaves of their own.
+DroppedMeta::Read read_in_forward(const Frame& frame, const at::Tensor& tensor) {
+  if (!tensor.requires_grad() || !tensor.has_storage()) return DroppedMeta::Read::other;
+  const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  if (std::any_of(frame.inputs.begin(), frame.inputs.end(), [&](const InputRecord& input) {
+        return input.value.defined() && input.value.has_storage() &&
+               input.value.storage().unsafeGetStorageImpl() == storage;
+      })) {
+    return DroppedMeta::Read::other;
+  }
+  if (of_parameter(tensor)) return DroppedMeta::Read::parameter;
+  return computed_before(tensor, frame.sequence_at_entry) ? DroppedMeta::Read::computed_before
+                                                          : DroppedMeta::Read::other;
+}
+
+// Whether the allocator tagged `tensor`'s storage as made in a phase other than `body` (the body's
+// forward or recompute): a leaf the body makes (torch.utils.checkpoint's placeholder, a probe that
+// takes a gradient) is another leaf in recompute. False where no remat allocator tagged it.
+bool made_outside(const at::TensorBase& tensor, alloc::Phase body) {
+  if (!tensor.has_storage() || tensor.storage().nbytes() == 0) return false;
+  const std::optional<alloc::TagId> tag = alloc::find_block_tag(tensor.storage().data());
+  return tag && alloc::tag_of(*tag).phase != body;
+}
+
+// Weights swapped in for forward or backward alone: recompute reads a parameter where forward read
+// a tensor computed before the checkpoint; or where forward read a parameter, a tensor computed
+// before recompute, or another parameter made before either (known where the allocator tagged both).
+std::optional<std::string> swapped_read(const Frame& frame, std::size_t index, const at::Tensor& recreated,
+                                        int region) {
+  const DroppedMeta& forward = frame.dropped_metas[index];
+  std::string read, was;
+  if (forward.read == DroppedMeta::Read::computed_before && of_parameter(recreated)) {
+    read = "a parameter";
+    was = "a tensor computed before the checkpoint";
+  } else if (forward.read == DroppedMeta::Read::parameter && computed_before(recreated, frame.sequence_at_recompute)) {
+    read = "a tensor computed before recompute began";
+    was = "a parameter";
+  } else if (const auto parameter = forward.parameter.lock();
+             forward.read == DroppedMeta::Read::parameter && of_parameter(recreated) && parameter &&
+             parameter.get() != base_of(recreated).unsafeGetTensorImpl() &&
+             made_outside(at::Tensor(parameter), alloc::Phase::forward) &&
+             made_outside(base_of(recreated), alloc::Phase::recompute)) {
+    read = "another parameter";
+    was = "a parameter";
+  } else {
+    return std::nullopt;
+  }
+  return "recompute of checkpoint '" + frame.options.region_name + "' read " + read + " as saved tensor #" +
+         std::to_string(index) + " (" + forward.describe() + ") in " + frame.where(region) + ", where forward read " +
+         was +
+         ": weights swapped in for forward or for backward alone (torch.func.functional_call, a "
+         "reparametrization) make recompute give wrong gradients. Keep the swap in force through forward and "
+         "backward, call the checkpoint outside the swapped call, or make its regions save regions (recompute=False)";
+}
+
 // What is wrong with the tensor recompute recreated in place of dropped tensor `index`, if
-// anything: another shape, dtype or device always; other values under verify_recompute.
+// anything: another shape, dtype or device, or weights swapped in (swapped_read) always; other
+// values under verify_recompute.
 std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t index, const at::Tensor& recreated,
                                               int region) {
   const DroppedMeta& forward_meta = frame.dropped_metas[index];
@@ -52,6 +135,7 @@ std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t in
            "modules in the same training mode: model.eval() between forward and backward changes what dropout and "
            "batch norm save)";
   }
+  if (auto swapped = swapped_read(frame, index, recreated, region)) return swapped;
   if (!frame.options.verify_recompute) return std::nullopt;
   const Fingerprint& forward = frame.fingerprints[index];
   const Fingerprint now = fingerprint_of(recreated, forward.where);
@@ -67,17 +151,6 @@ std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t in
          api_name("RecomputeStateHook") + " for the state it depends on (RNG: " + api_name("cpu_rng_state_hook") +
          "()); parameters swapped in for the forward alone (torch.func.functional_call around the checkpoint) must "
          "stay in place until its backward";
-}
-
-// A cast of a leaf that requires grad, or a view of one (KeptTensor::leaf_cast): its grad_fn is
-// the copy's, whose one input is the leaf's gradient accumulator.
-bool leaf_cast(const at::Tensor& tensor) {
-  const auto cast_of_leaf = [](const at::TensorBase& t) {
-    const std::shared_ptr<torch::autograd::Node>& node = t.grad_fn();
-    if (node == nullptr || node->name() != "ToCopyBackward0" || node->num_outputs() != 1) return false;
-    return dynamic_cast<const torch::autograd::AccumulateGrad*>(node->next_edge(0).function.get()) != nullptr;
-  };
-  return cast_of_leaf(tensor) || (tensor.is_view() && cast_of_leaf(tensor._base()));
 }
 
 // Hooks attached to every tensor autograd saves while a checkpoint runs on this thread.
@@ -218,7 +291,12 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
                   "region (recompute=False), or keep the nested ops outside the checkpoint");
     }
     f.note_read(tensor);
-    f.dropped_metas.push_back(DroppedMeta::of(tensor, state_.in_region ? static_cast<int>(f.regions.size()) - 1 : -1));
+    DroppedMeta& meta = f.dropped_metas.emplace_back(
+        DroppedMeta::of(tensor, state_.in_region ? static_cast<int>(f.regions.size()) - 1 : -1));
+    meta.read = read_in_forward(f, tensor);
+    if (meta.read == DroppedMeta::Read::parameter) {
+      meta.parameter = c10::weak_intrusive_ptr<c10::TensorImpl>(base_of(tensor).getIntrusivePtr());
+    }
     if (f.options.verify_recompute) {
       f.fingerprints.push_back(fingerprint_of(
           tensor, state_.region != nullptr ? "region '" + f.region_path(*state_.region) + "'"

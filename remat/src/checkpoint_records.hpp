@@ -114,6 +114,14 @@ struct DroppedMeta {
   at::ScalarType dtype = at::ScalarType::Undefined;
   at::Device device = at::kCPU;
   int region = -1;  // index into Frame::regions; -1 for the checkpoint body outside regions
+  // What forward read that takes a gradient, where it came from outside the checkpoint's body (not
+  // its inputs, not a cast autocast caches): recompute must read the same kind again. A parameter
+  // where forward read a tensor computed before the checkpoint, or the other way round, means weights
+  // were swapped in for forward or backward alone (torch.func.functional_call): wrong gradients.
+  enum class Read : std::uint8_t { other, parameter, computed_before };
+  Read read = Read::other;
+  // Where forward read a parameter (or a view of one): that parameter, which recompute must read.
+  c10::weak_intrusive_ptr<c10::TensorImpl> parameter{c10::intrusive_ptr<c10::TensorImpl>()};
 
   static DroppedMeta of(const at::Tensor& t, int region);
   bool operator==(const DroppedMeta& other) const {

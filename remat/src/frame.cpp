@@ -435,6 +435,7 @@ void Frame::recompute() {
     args.push_back(std::move(arg));
   }
 
+  sequence_at_recompute = at::sequence_number::peek();
   try {
     check_read_again_unchanged();
   } catch (const Error&) {

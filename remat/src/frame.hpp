@@ -107,6 +107,8 @@ struct Frame : std::enable_shared_from_this<Frame> {
   // Autograd's sequence number when forward began: graph nodes numbered below it were made
   // before the checkpoint.
   std::uint64_t sequence_at_entry = 0;
+  // And when recompute's body began: what it reads numbered below was computed before recompute.
+  std::uint64_t sequence_at_recompute = 0;
 
   // Tensors autograd saved outside save regions: dropped in forward, recreated by recompute
   // in the same order. Slots past `dropped` hold the ferried tensors, in their order.
