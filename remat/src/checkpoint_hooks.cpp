@@ -262,19 +262,18 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
       track(at::Tensor());
       return;
     }
-    const at::TensorBase& base = tensor.is_view() ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
-    const bool of_parameter = base.is_leaf() && base.requires_grad();
+    const bool parameter = of_parameter(tensor);
     if (hooks) {
       const std::any context = hooks->captures_context() ? hooks->capture_context() : std::any();
-      packed_ = PackedTensor(hooks, tensor.detach(), {SavedTensorKind::backward, &context, of_parameter, &f});
+      packed_ = PackedTensor(hooks, tensor.detach(), {SavedTensorKind::backward, &context, parameter, &f});
       track(at::Tensor());
       return;
     }
     // variable_data(): the same storage without the graph, as detach() gives, but without a
     // dispatcher round trip; the runtime uses it wherever it holds tensors past forward.
     kept_ = tensor.variable_data();
-    if (!of_parameter && kept_.has_storage()) alloc::categorize_as_activation(kept_.storage().data());  // not sparse
-    f.kept.push_back({state_.save_region, saved_name_, of_parameter, leaf_cast(tensor),
+    if (!parameter && kept_.has_storage()) alloc::categorize_as_activation(kept_.storage().data());  // not sparse
+    f.kept.push_back({state_.save_region, saved_name_, parameter, leaf_cast(tensor),
                       c10::weak_intrusive_ptr<c10::TensorImpl>(kept_.getIntrusivePtr())});
     track(kept_);
   }
