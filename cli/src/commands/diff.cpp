@@ -1,4 +1,5 @@
-// `remat-report diff`: the per-group change of live and peak bytes between two dumps, largest first.
+// `remat-report diff`: the per-group change of live and peak bytes between two dumps, largest first;
+// a snapshot in a file streams by (renderers/streamed_snapshot.hpp), as under `memory`.
 
 #include "commands/command.hpp"
 #include "core/errors.hpp"
@@ -7,6 +8,8 @@
 #include "reader/json_fields.hpp"
 #include "renderers/memory_summary.hpp"
 #include "renderers/renderer.hpp"
+#include "renderers/snapshot_renderer.hpp"
+#include "renderers/streamed_snapshot.hpp"
 
 #include <fmt/format.h>
 
@@ -125,8 +128,11 @@ void register_diff(CLI::App& app, GlobalOptions& options) {
     const std::string* paths[2] = {&opts->before, &opts->after};
     DumpFile dumps[2];
     for (int i = 0; i < 2; ++i) {
-      dumps[i] = open_dump(*paths[i]);
-      views[i] = renderer_for(dumps[i], {"diff", View::memory, by}).memory(dumps[i], by);
+      SnapshotTally tally({.groupings = {by}});
+      SnapshotInput input = open_streaming(*paths[i], tally);
+      dumps[i] = std::move(input.file);
+      views[i] = input.streamed ? snapshot_memory(*input.streamed, tally, by, dumps[i].path)
+                                : renderer_for(dumps[i], {"diff", View::memory, by}).memory(dumps[i], by);
       names[i] = dumps[i].path;
     }
     struct Pair {

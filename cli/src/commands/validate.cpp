@@ -1,5 +1,5 @@
 // `remat-report validate`: a dump against its schema (built in, or --schema-dir) and its own
-// cross-references.
+// cross-references; a snapshot in a file streams by (renderers/streamed_snapshot.hpp).
 
 #include "commands/command.hpp"
 #include "core/errors.hpp"
@@ -7,6 +7,7 @@
 #include "output/json_text.hpp"
 #include "reader/trace_file.hpp"
 #include "renderers/renderer.hpp"
+#include "renderers/streamed_snapshot.hpp"
 #include "schema/schema_set.hpp"
 
 #include <remat/budget/plan.hpp>
@@ -172,6 +173,58 @@ void require_schema(const SchemaSet& schemas, const DumpFile& dump, const std::s
                    fmt::format("no schema for dump kind '{}' (looked for {})", printable(dump.kind), schema));
 }
 
+// A snapshot in a file checked as it streams by: each segment and event against the schemas of its
+// array's items, the rest of the document (those arrays empty) against the whole schema once the
+// stream ends, and everything as read_snapshot checks it. Where all of that passes, so does a whole
+// read (SchemaSet::element_schemas), and the snapshot's document comes back. Where anything fails,
+// or the schemas cannot be applied a piece at a time, the dump comes back read whole, for
+// `problems` to report as it reports any dump: the first problems in its order, --max-errors of them.
+struct Opened {
+  DumpFile dump;
+  bool valid = false;
+};
+
+Opened open_checked(const std::string& file, const SchemaSet& schemas) {
+  std::string schema;
+  std::optional<std::vector<SchemaSet::Subschema>> each[2];
+  // The stream stops at the first problem, and the snapshot is read whole.
+  const auto refuse = [] { throw InputError("read whole to say what fails"); };
+  StreamHooks hooks;
+  hooks.on_array = [&](StreamedArray array, const DumpFile& so_far) {
+    schema = so_far.kind + ".schema.json";
+    if (!schemas.has(schema)) refuse();
+    try {
+      each[static_cast<int>(array)] = array == StreamedArray::segments
+                                          ? schemas.element_schemas(schema, {"segments"})
+                                          : schemas.element_schemas(schema, {"trace", "events"});
+    } catch (const SchemaError&) {
+      refuse();
+    }
+    if (!each[static_cast<int>(array)]) refuse();
+  };
+  hooks.on_element = [&](StreamedArray array, const JsonPath& path, simdjson::dom::element value) {
+    std::vector<std::string> errors;
+    try {
+      schemas.validate(*each[static_cast<int>(array)], value, path, errors, 1);
+    } catch (const SchemaError&) {
+      refuse();
+    }
+    if (!errors.empty()) refuse();
+  };
+  DiscardEvents discard;
+  SnapshotInput input = open_streaming(
+      file, [&](const TagTable&) -> EventSink& { return discard; }, {}, hooks);
+  if (!input.streamed) return {std::move(input.file), false};
+  std::vector<std::string> errors;
+  try {
+    schemas.validate(schema, input.file.root, JsonPath(), errors, 1);
+  } catch (const SchemaError&) {
+    errors.emplace_back();  // for a whole read to tell
+  }
+  if (!errors.empty()) return {open_dump(file), false};
+  return {std::move(input.file), true};
+}
+
 void run_validate(const ValidateOptions& opts, const GlobalOptions& options) {
   const OutputFormat format = options.format();
   const SchemaSet schemas = SchemaSet::load(opts.schema_dir);
@@ -181,14 +234,17 @@ void run_validate(const ValidateOptions& opts, const GlobalOptions& options) {
   std::int64_t version = 0;
   std::string schema;
   try {
-    const DumpFile dump = open_dump(opts.file);
+    const Opened opened = open_checked(opts.file, schemas);
+    const DumpFile& dump = opened.dump;
     name = dump.path;
     kind = dump.kind;
     version = dump.schema_version;
     schema = dump.kind + ".schema.json";
-    require_schema(schemas, dump, schema);
-    std::vector<std::string> found = problems(dump, schemas, schema, opts.max_errors);
-    errors.insert(errors.end(), found.begin(), found.end());
+    if (!opened.valid) {
+      require_schema(schemas, dump, schema);
+      std::vector<std::string> found = problems(dump, schemas, schema, opts.max_errors);
+      errors.insert(errors.end(), found.begin(), found.end());
+    }
   } catch (const InputError& error) {
     errors.push_back(error.what());
   }

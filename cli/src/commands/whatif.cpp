@@ -15,6 +15,7 @@
 #include "reader/trace_file.hpp"
 #include "renderers/document.hpp"
 #include "renderers/renderer.hpp"
+#include "renderers/streamed_snapshot.hpp"
 #include "renderers/whatif_report.hpp"
 
 #include <remat/alloc/config.hpp>
@@ -24,8 +25,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <exception>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 namespace remat::report {
 
@@ -144,6 +148,34 @@ void no_recorded_config(RecordedInput& recorded, std::string_view why) {
                                        why));
 }
 
+// What a remat snapshot records for the runs: its device and memory, its settings (none where
+// `import` made it from a pickle), and the records its ring dropped.
+void record_snapshot(RecordedInput& recorded, const std::string& kind, const Snapshot& snapshot) {
+  recorded.kind = kind;
+  recorded.device = snapshot.header.device;
+  recorded.device_total = snapshot.device_total_bytes;
+  if (snapshot.header.producer == kImportProducer) {
+    no_recorded_config(recorded,
+                       "the snapshot was imported from a PyTorch pickle, whose allocator settings it does "
+                       "not keep (run whatif on the pickle itself to use them)");
+  } else {
+    recorded_config(recorded, snapshot.config.text, false, "the snapshot's config.text");
+    recorded.followable = true;
+  }
+  if (snapshot.trace_dropped > 0) {
+    recorded.notes.push_back(
+        fmt::format("the snapshot's trace ring had dropped {} records: blocks allocated before its first event are "
+                    "missing from every run; raise trace_entries to keep more",
+                    snapshot.trace_dropped));
+  }
+}
+
+[[noreturn]] void no_events(const std::string& path) {
+  throw InputError(path,
+                   "the snapshot holds no trace events to replay; record with trace_entries above 0 "
+                   "(REMAT_ALLOC_CONF=trace_entries:1000000) or write a trace dump");
+}
+
 // Streams the events of a remat dump (a JSON Lines trace, or a snapshot's trace ring) into
 // the replay, which begin() makes once the tag table is known.
 template <typename Begin>
@@ -170,28 +202,77 @@ void replay_dump(const DumpFile& dump, RecordedInput& recorded, Begin begin) {
     return;
   }
   const Snapshot snapshot = read_document(dump, read_snapshot);
-  recorded.kind = dump.kind;
-  recorded.device = snapshot.header.device;
-  recorded.device_total = snapshot.device_total_bytes;
-  if (snapshot.events.empty()) {
-    throw InputError(dump.path, "the snapshot holds no trace events to replay; record with trace_entries above 0 "
-                                "(REMAT_ALLOC_CONF=trace_entries:1000000) or write a trace dump");
-  }
-  if (snapshot.header.producer == kImportProducer) {
-    no_recorded_config(recorded, "the snapshot was imported from a PyTorch pickle, whose allocator settings it does "
-                                 "not keep (run whatif on the pickle itself to use them)");
-  } else {
-    recorded_config(recorded, snapshot.config.text, false, "the snapshot's config.text");
-    recorded.followable = true;
-  }
-  if (snapshot.trace_dropped > 0) {
-    recorded.notes.push_back(
-        fmt::format("the snapshot's trace ring had dropped {} records: blocks allocated before its first event are "
-                    "missing from every run; raise trace_entries to keep more",
-                    snapshot.trace_dropped));
-  }
+  if (snapshot.events.empty()) no_events(dump.path);
+  record_snapshot(recorded, dump.kind, snapshot);
   EventSink& sink = begin(snapshot.tags);
   for (const Event& event : snapshot.events) sink.on_event(event);
+}
+
+// The replay's sink for a snapshot streaming by, started at its first event as a whole read starts
+// it after reading the snapshot (an empty trace starts nothing). What the replay throws -- its
+// settings refused, its own failures -- is kept and the rest of the events go by unreplayed, to be
+// thrown once the stream ends: a snapshot that fails a check after that event is read whole, and
+// refused for what it fails, as a whole read refuses it before replaying.
+template <typename Begin>
+class DeferredSink final : public EventSink {
+ public:
+  explicit DeferredSink(Begin& begin) : begin_(begin) {}
+
+  EventSink& start(const TagTable& tags) {
+    tags_ = tags;
+    return *this;
+  }
+  void on_event(const Event& event) override {
+    ++events_;
+    if (error_) return;
+    try {
+      if (sink_ == nullptr) sink_ = &begin_(*tags_);
+      sink_->on_event(event);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+  std::uint64_t events() const { return events_; }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  Begin& begin_;
+  std::optional<TagTable> tags_;  // the stream's own goes with it; the replay's holders name regions from it
+  EventSink* sink_ = nullptr;
+  std::exception_ptr error_;
+  std::uint64_t events_ = 0;
+};
+
+// A snapshot in a file, replayed as it streams by (renderers/streamed_snapshot.hpp): what the runs
+// are set up with (the recorded settings, the device's memory) is read from the members before its
+// trace, where the allocator writes them. A snapshot in another order, or one that fails a check,
+// is read whole and replayed as replay_dump replays it.
+template <typename Begin>
+void replay_streaming(const std::string& file, RecordedInput& recorded, Begin begin) {
+  bool set_up = false;
+  StreamHooks hooks;
+  hooks.on_array = [&](StreamedArray array, const DumpFile& so_far) {
+    if (array != StreamedArray::events) return;
+    record_snapshot(recorded, so_far.kind, read_document(so_far, read_snapshot));
+    set_up = true;
+  };
+  DeferredSink<Begin> deferred(begin);
+  const SnapshotInput input = open_streaming(
+      file,
+      [&](const TagTable& tags) -> EventSink& {
+        if (!set_up) throw InputError("the snapshot's settings follow its trace: read it whole");
+        return deferred.start(tags);
+      },
+      {}, hooks);
+  if (!input.streamed) {
+    recorded = RecordedInput{};
+    replay_dump(input.file, recorded, begin);
+    return;
+  }
+  if (deferred.events() == 0) no_events(input.file.path);
+  deferred.rethrow();
 }
 
 template <typename Begin>
@@ -204,6 +285,12 @@ void replay_input(const WhatIfOptions& options, RecordedInput& recorded, Begin b
       throw UsageError(fmt::format("--device {}: {} is not a PyTorch snapshot pickle; a remat trace or snapshot "
                                    "records one device, so leave --device out",
                                    options.device, printable(name)));
+    }
+    std::error_code ignored;
+    if (options.file != kStdinArgument && std::filesystem::is_regular_file(options.file, ignored)) {
+      lines.reset();
+      replay_streaming(options.file, recorded, begin);
+      return;
     }
     const DumpFile dump = open_dump(std::move(lines));
     replay_dump(dump, recorded, begin);

@@ -113,6 +113,12 @@ void PickleWriter::recall(std::uint32_t id) {
   }
 }
 
+std::string PickleWriter::take() {
+  std::string taken;
+  taken.swap(out_);
+  return taken;
+}
+
 std::string PickleWriter::finish() {
   op(op::kStop);
   return std::move(out_);

@@ -31,7 +31,10 @@ class PickleWriter {
   std::uint32_t remember();
   void recall(std::uint32_t id);
 
-  // Finishes the pickle and returns its bytes.
+  // The bytes written since the last call (or the start), for a pickle written out as it grows;
+  // memo references stay valid across calls.
+  std::string take();
+  // Finishes the pickle and returns its bytes (those not taken yet).
   std::string finish();
 
  private:

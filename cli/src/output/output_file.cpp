@@ -76,33 +76,55 @@ OutputTarget output_target(const std::string& argument, const std::vector<std::s
   return target;
 }
 
-void write_output_file(const OutputTarget& target, std::string_view contents) {
+OutputFileWriter::OutputFileWriter(const OutputTarget& target) : target_(target) {
   // A short name beside the target: any name the file system accepts for the target leaves
   // room for it.
   const auto slash = target.file.find_last_of('/');
   const std::string directory = slash == std::string::npos ? "." : target.file.substr(0, slash == 0 ? 1 : slash);
-  const std::string temp = fmt::format("{}/.remat-report-{}.tmp", directory == "/" ? "" : directory, ::getpid());
-  auto fail = [&](int error, std::string_view advice) {
-    throw OutputError(fmt::format("cannot write {}: {}{}", target.argument, std::strerror(error), advice));
-  };
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) fail(errno, "; pass -o a path in a directory you can write to");
+  temp_ = fmt::format("{}/.remat-report-{}.tmp", directory == "/" ? "" : directory, ::getpid());
+  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    error_ = errno;
+    opened_ = false;
+    return;
+  }
   struct stat existing {};
-  int error = 0;
-  if (::stat(target.file.c_str(), &existing) == 0 && ::fchmod(fd, existing.st_mode & 07777) != 0) error = errno;
-  for (std::size_t written = 0; error == 0 && written < contents.size();) {
-    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
+  if (::stat(target.file.c_str(), &existing) == 0 && ::fchmod(fd_, existing.st_mode & 07777) != 0) error_ = errno;
+}
+
+OutputFileWriter::~OutputFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (opened_) std::remove(temp_.c_str());
+}
+
+void OutputFileWriter::fail(int error, std::string_view advice) const {
+  throw OutputError(fmt::format("cannot write {}: {}{}", target_.argument, std::strerror(error), advice));
+}
+
+void OutputFileWriter::write(std::string_view piece) {
+  for (std::size_t written = 0; error_ == 0 && written < piece.size();) {
+    const ssize_t n = ::write(fd_, piece.data() + written, piece.size() - written);
     if (n >= 0)
       written += static_cast<std::size_t>(n);
     else if (errno != EINTR)
-      error = errno;
+      error_ = errno;
   }
-  if (::close(fd) != 0 && error == 0) error = errno;
-  if (error == 0 && std::rename(temp.c_str(), target.file.c_str()) != 0) error = errno;
-  if (error != 0) {
-    std::remove(temp.c_str());
-    fail(error, "");
-  }
+}
+
+void OutputFileWriter::commit() {
+  if (!opened_) fail(error_, "; pass -o a path in a directory you can write to");
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0 && error_ == 0) error_ = errno;
+  if (error_ == 0 && std::rename(temp_.c_str(), target_.file.c_str()) != 0) error_ = errno;
+  if (error_ != 0) fail(error_, "");  // the destructor removes the temporary file
+  opened_ = false;
+}
+
+void write_output_file(const OutputTarget& target, std::string_view contents) {
+  OutputFileWriter writer(target);
+  writer.write(contents);
+  writer.commit();
 }
 
 }  // namespace remat::report

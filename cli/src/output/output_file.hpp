@@ -25,4 +25,29 @@ OutputTarget output_target(const std::string& argument, const std::vector<std::s
 // naming the path and the system's reason when it cannot.
 void write_output_file(const OutputTarget& target, std::string_view contents);
 
+// The same, the contents written piece by piece as a command makes them (`export` from a snapshot
+// streaming by): the pieces go to the temporary file at once, and `commit` puts it in the target's
+// place. A write that fails is not thrown until `commit`, with the message write_output_file gives,
+// so that a command that refuses its input after it began writing says so first. A writer
+// destroyed before `commit` removes its temporary file.
+class OutputFileWriter {
+ public:
+  explicit OutputFileWriter(const OutputTarget& target);
+  ~OutputFileWriter();
+  OutputFileWriter(const OutputFileWriter&) = delete;
+  OutputFileWriter& operator=(const OutputFileWriter&) = delete;
+
+  void write(std::string_view piece);
+  void commit();
+
+ private:
+  [[noreturn]] void fail(int error, std::string_view advice) const;
+
+  OutputTarget target_;
+  std::string temp_;
+  int fd_ = -1;
+  int error_ = 0;       // the first failure's errno
+  bool opened_ = true;  // the temporary file was created (a failure to create it has advice)
+};
+
 }  // namespace remat::report

@@ -17,11 +17,12 @@ namespace {
 class SnapshotStream {
  public:
   SnapshotStream(const std::string& path, std::int64_t snapshot_version, const EventSinkFor& sink_for,
-                 const SegmentSink& on_segment)
+                 const SegmentSink& on_segment, const StreamHooks& hooks)
       : scanner_(InputFile::open(path)),
         snapshot_version_(std::to_string(snapshot_version)),
         sink_for_(sink_for),
-        on_segment_(on_segment) {}
+        on_segment_(on_segment),
+        hooks_(hooks) {}
 
   StreamedDump read() {
     refuse_non_json_start(scanner_.head(kSniffBytes), scanner_.name());
@@ -70,6 +71,19 @@ class SnapshotStream {
     return parse_json(parser, scanner_.value(), at, path, depth);
   }
 
+  // The next element of `array`, parsed as parse_value parses it, shown to hooks_.on_element.
+  simdjson::dom::element inspected(StreamedArray array, simdjson::dom::parser& parser, const JsonPath& path,
+                                   std::size_t depth) {
+    const simdjson::dom::element value = parse_value(parser, path, depth);
+    if (hooks_.on_element) hooks_.on_element(array, path, value);
+    return value;
+  }
+
+  // Shows hooks_.on_array the document read so far, `text`.
+  void announce(StreamedArray array, const std::string& text) {
+    if (hooks_.on_array) hooks_.on_array(array, dump_from_text(text, scanner_.name()));
+  }
+
   // Keeps the next value's text, the member `key` (quoted) of the object at `parent`, and
   // remembers what decides whether the rest can stream.
   void keep(const JsonPath& parent, const std::string& key, std::string& into) {
@@ -91,12 +105,14 @@ class SnapshotStream {
     const JsonPath root;  // named: a path holds its parent by address
     if (key == "\"segments\"" && scanner_.peek() == '[' && can_stream()) {
       into += "[]";
+      announce(StreamedArray::segments, into + '}');
       const JsonPath path = root.key("segments");
       SegmentChecks segments(path);
       std::size_t i = 0;
       elements([&] {
-        const Segment segment =
-            segments.read(parse_value(segment_parser_, path.index(i++), kSegmentDepth), tag_table_->tags.size());
+        const JsonPath segment_path = path.index(i++);
+        const Segment segment = segments.read(
+            inspected(StreamedArray::segments, segment_parser_, segment_path, kSegmentDepth), tag_table_->tags.size());
         if (on_segment_) on_segment_(segment);
       });
       segments.finish();
@@ -105,14 +121,15 @@ class SnapshotStream {
       into += object([&](const std::string& trace_key, std::string& trace) {
         if (trace_key != "\"events\"" || scanner_.peek() != '[') return keep(trace_path, trace_key, trace);
         trace += "[]";
+        announce(StreamedArray::events, into + trace + "}}");
         EventSink& sink = sink_for_(*tag_table_);
         EventChecker checker;
         const JsonPath path = trace_path.key("events");
         std::size_t i = 0;
         elements([&] {
           const JsonPath event_path = path.index(i++);
-          sink.on_event(read_checked_event(parse_value(event_parser_, event_path, kEventDepth), event_path,
-                                           tag_table_->tags.size(), checker));
+          sink.on_event(read_checked_event(inspected(StreamedArray::events, event_parser_, event_path, kEventDepth),
+                                           event_path, tag_table_->tags.size(), checker));
         });
       });
     } else {
@@ -155,6 +172,7 @@ class SnapshotStream {
   std::string snapshot_version_;
   const EventSinkFor& sink_for_;
   const SegmentSink& on_segment_;
+  const StreamHooks& hooks_;
   std::string kind_, version_, names_, tags_;
   std::optional<TagTable> tag_table_;
   bool streamed_ = false;
@@ -163,9 +181,9 @@ class SnapshotStream {
 }  // namespace
 
 StreamedDump stream_dump(const std::string& path, std::int64_t snapshot_version, const EventSinkFor& sink_for,
-                         const SegmentSink& on_segment) {
+                         const SegmentSink& on_segment, const StreamHooks& hooks) {
   try {
-    return SnapshotStream(path, snapshot_version, sink_for, on_segment).read();
+    return SnapshotStream(path, snapshot_version, sink_for, on_segment, hooks).read();
   } catch (const InputError& error) {
     const std::string message = error.what();
     if (message.rfind(path + ": ", 0) == 0) throw;

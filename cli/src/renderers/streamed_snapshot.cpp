@@ -15,13 +15,13 @@ namespace {
 // A snapshot that streams, checked; empty for anything else, which `read` then holds whole (a
 // JSON Lines dump: its header line alone).
 std::optional<Snapshot> stream(const std::string& path, const EventSinkFor& events, const SegmentSink& segments,
-                               DumpFile& read) {
+                               const StreamHooks& hooks, DumpFile& read) {
   bool begun = false;
   const EventSinkFor begin = [&](const TagTable& tags) -> EventSink& {
     begun = true;
     return events(tags);
   };
-  StreamedDump dump = stream_dump(path, find_renderer("snapshot")->schema_version(), begin, segments);
+  StreamedDump dump = stream_dump(path, find_renderer("snapshot")->schema_version(), begin, segments, hooks);
   read = std::move(dump.file);
   if (!dump.streamed) return std::nullopt;
   Snapshot snapshot = read_document(read, read_snapshot);
@@ -41,14 +41,15 @@ std::optional<Snapshot> stream(const std::string& path, const EventSinkFor& even
 
 }  // namespace
 
-SnapshotInput open_streaming(const std::string& argument, const EventSinkFor& events, const SegmentSink& segments) {
+SnapshotInput open_streaming(const std::string& argument, const EventSinkFor& events, const SegmentSink& segments,
+                             const StreamHooks& hooks) {
   std::error_code ignored;
   if (argument == kStdinArgument || !std::filesystem::is_regular_file(argument, ignored)) {
     return {open_dump(argument), std::nullopt};
   }
   SnapshotInput input;
   try {
-    input.streamed = stream(argument, events, segments, input.file);
+    input.streamed = stream(argument, events, segments, hooks, input.file);
   } catch (const InputError&) {
     return {open_dump(argument), std::nullopt};
   }

@@ -107,6 +107,41 @@ void SchemaSet::validate(const std::string& ref, element value, const JsonPath& 
   check(*it->second.first, it->second.second, value, path, errors, max_errors);
 }
 
+bool SchemaSet::applying(const nlohmann::json& schema, const std::string& file, std::vector<Subschema>& out,
+                         unsigned hops) const {
+  const Node& n = node(schema, file);
+  if (n.one_of != nullptr || hops >= kMaxReferenceHops) return false;
+  out.push_back({&schema, file});
+  return n.ref == nullptr || applying(*n.ref, n.ref_file, out, hops + 1);
+}
+
+std::optional<std::vector<SchemaSet::Subschema>> SchemaSet::element_schemas(
+    const std::string& ref, const std::vector<std::string>& members) const {
+  std::string file;
+  const nlohmann::json& root = resolve(ref, "", file);
+  std::vector<Subschema> at;
+  if (!applying(root, file, at)) return std::nullopt;
+  for (const std::string& member : members) {
+    std::vector<Subschema> next;
+    for (const Subschema& s : at) {
+      for (const auto& [key, sub] : node(*s.schema, s.file).properties) {
+        if (key == member && !applying(*sub, s.file, next)) return std::nullopt;
+      }
+    }
+    at = std::move(next);
+  }
+  std::vector<Subschema> items;
+  for (const Subschema& s : at) {
+    if (const nlohmann::json* each = node(*s.schema, s.file).items) items.push_back({each, s.file});
+  }
+  return items;
+}
+
+void SchemaSet::validate(const std::vector<Subschema>& schemas, element value, const JsonPath& path,
+                         std::vector<std::string>& errors, std::size_t max_errors) const {
+  for (const Subschema& s : schemas) check(*s.schema, s.file, value, path, errors, max_errors);
+}
+
 namespace {
 enum TypeBit : unsigned { kObject = 1, kArray = 2, kString = 4, kInteger = 8, kNumber = 16, kBoolean = 32, kNull = 64 };
 

@@ -55,6 +55,23 @@ class SchemaSet {
   void validate(const std::string& ref, simdjson::dom::element value, const JsonPath& path,
                 std::vector<std::string>& errors, std::size_t max_errors) const;
 
+  // A schema inside one of the files, as the checker reaches it.
+  struct Subschema {
+    const nlohmann::json* schema = nullptr;
+    std::string file;
+  };
+  // The schemas each element of the array at `members` (keys from the root of a document checked
+  // against `ref`, such as {"trace", "events"}) must meet, for a document checked a piece at a
+  // time (`validate` of a snapshot streaming by): the elements against these, and the document with
+  // that array empty against `ref`, find a problem exactly where checking it whole finds one, up to
+  // keywords on the array itself (`minItems`), which the empty array may fail. Empty where the
+  // schemas on the way there can see the array only whole (`oneOf`) or refer in a cycle.
+  std::optional<std::vector<Subschema>> element_schemas(const std::string& ref,
+                                                        const std::vector<std::string>& members) const;
+  // Checks `value` against each of `schemas`, as `validate` does.
+  void validate(const std::vector<Subschema>& schemas, simdjson::dom::element value, const JsonPath& path,
+                std::vector<std::string>& errors, std::size_t max_errors) const;
+
  private:
   // A schema object with its keywords looked up once: validating millions of trace lines
   // must not search the schema's maps for every value.
@@ -78,6 +95,10 @@ class SchemaSet {
   const Node& node(const nlohmann::json& schema, const std::string& file) const;
   Node make_node(const nlohmann::json& schema, const std::string& file) const;
   const nlohmann::json& resolve(const std::string& ref, const std::string& current_file, std::string& file_out) const;
+  // Appends `schema` and the schemas its `$ref`s lead to, which all apply to one value; false at a
+  // `oneOf` or a reference cycle.
+  bool applying(const nlohmann::json& schema, const std::string& file, std::vector<Subschema>& out,
+                unsigned hops = 0) const;
   // `hops`: the $ref and oneOf steps taken at this value so far.
   void check(const nlohmann::json& schema, const std::string& file, simdjson::dom::element value, const JsonPath& path,
              std::vector<std::string>& errors, std::size_t max_errors, unsigned hops = 0) const;
