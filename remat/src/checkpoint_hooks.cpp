@@ -79,18 +79,10 @@ DroppedMeta::Read read_in_forward(const Frame& frame, const at::Tensor& tensor) 
                                                           : DroppedMeta::Read::other;
 }
 
-// Whether the allocator tagged `tensor`'s storage as made in a phase other than `body` (the body's
-// forward or recompute): a leaf the body makes (torch.utils.checkpoint's placeholder, a probe that
-// takes a gradient) is another leaf in recompute. False where no remat allocator tagged it.
-bool made_outside(const at::TensorBase& tensor, alloc::Phase body) {
-  if (!tensor.has_storage() || tensor.storage().nbytes() == 0) return false;
-  const std::optional<alloc::TagId> tag = alloc::find_block_tag(tensor.storage().data());
-  return tag && alloc::tag_of(*tag).phase != body;
-}
-
 // Weights swapped in for forward or backward alone: recompute reads a parameter where forward read
 // a tensor computed before the checkpoint; or where forward read a parameter, a tensor computed
-// before recompute, or another parameter made before either (known where the allocator tagged both).
+// before recompute, or another parameter over other memory made before either (known where the
+// allocator tagged both).
 std::optional<std::string> swapped_read(const Frame& frame, std::size_t index, const at::Tensor& recreated,
                                         int region) {
   const DroppedMeta& forward = frame.dropped_metas[index];
@@ -105,18 +97,16 @@ std::optional<std::string> swapped_read(const Frame& frame, std::size_t index, c
              forward.read == DroppedMeta::Read::parameter && of_parameter(recreated) && parameter &&
              parameter.get() != base_of(recreated).unsafeGetTensorImpl() &&
              made_outside(at::Tensor(parameter), alloc::Phase::forward) &&
-             made_outside(base_of(recreated), alloc::Phase::recompute)) {
+             made_outside(base_of(recreated), alloc::Phase::recompute) &&
+             !at::Tensor(parameter).storage().is_alias_of(base_of(recreated).storage())) {
     read = "another parameter";
     was = "a parameter";
   } else {
     return std::nullopt;
   }
-  return "recompute of checkpoint '" + frame.options.region_name + "' read " + read + " as saved tensor #" +
-         std::to_string(index) + " (" + forward.describe() + ") in " + frame.where(region) + ", where forward read " +
-         was +
-         ": weights swapped in for forward or for backward alone (torch.func.functional_call, a "
-         "reparametrization) make recompute give wrong gradients. Keep the swap in force through forward and "
-         "backward, call the checkpoint outside the swapped call, or make its regions save regions (recompute=False)";
+  return swapped_weights_error(frame.options.region_name, read + " as saved tensor #" + std::to_string(index) + " (" +
+                                                              forward.describe() + ") in " + frame.where(region) +
+                                                              ", where forward read " + was);
 }
 
 // What is wrong with the tensor recompute recreated in place of dropped tensor `index`, if
@@ -186,6 +176,17 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
   }
 
   at::Tensor call_unpack_hook() override {
+    if (state_.mode == Mode::recompute) {
+      // Recompute's own graph holds no data: what it saves fills forward's slots, or, in a save
+      // region run again, forward kept already. It is reached only through tensors recompute made
+      // that outlived it (held by an error's traceback, say, where a report walks them).
+      const Error error(
+          "a tensor autograd saved while a checkpoint recomputed was unpacked: recompute's own graph keeps no saved "
+          "tensors, so backward cannot run through tensors recompute made (they outlive it only where something holds "
+          "them, such as an error's traceback)");
+      if (const auto translate = g_backward_error_translator.load()) translate(error);
+      throw error;
+    }
     const bool kept = kept_.defined() || packed_ || kept_in_place_of_recompute();
     if (SavedTensorsWalk* walk = entered_walk(); walk != nullptr && frame_) {
       walk->note_checkpoint(frame_);
@@ -293,6 +294,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
     DroppedMeta& meta = f.dropped_metas.emplace_back(
         DroppedMeta::of(tensor, state_.in_region ? static_cast<int>(f.regions.size()) - 1 : -1));
     meta.read = read_in_forward(f, tensor);
+    meta.producer = SavedProducer::of(tensor);
     if (meta.read == DroppedMeta::Read::parameter) {
       meta.parameter = c10::weak_intrusive_ptr<c10::TensorImpl>(base_of(tensor).getIntrusivePtr());
     }

@@ -18,7 +18,24 @@
 #include <string>
 #include <vector>
 
+namespace torch::autograd {
+struct Node;
+}
+
 namespace remat::detail {
+
+// The node that made a tensor forward saved (its grad_fn), held weakly: recompute's graph is
+// compared with forward's from what it recreated only where forward's node still lives (where it
+// died, a side branch dropped in forward, nothing will read what recompute made there).
+struct SavedProducer {
+  std::weak_ptr<torch::autograd::Node> node;
+  bool made_by_a_node = false;  // false for a leaf
+  static SavedProducer of(const at::TensorBase& t) {
+    const std::shared_ptr<torch::autograd::Node>& grad_fn = t.grad_fn();
+    return {grad_fn, grad_fn != nullptr};
+  }
+  bool died() const { return made_by_a_node && node.expired(); }
+};
 
 struct InputRecord {
   TensorMeta meta;
@@ -29,6 +46,9 @@ struct InputRecord {
   // in-place change would make recompute read a different value, which autograd refuses too.
   c10::VariableVersion version{c10::VariableVersion::DISABLED};
   std::uint32_t version_at_entry = 0;
+  // The caller's tensor and its grad_fn, compared by identity only (the grad_fn while forward runs).
+  const c10::TensorImpl* given = nullptr;
+  const torch::autograd::Node* given_grad_fn = nullptr;
   // Whether the caller's tensor changed in place since forward began (false when its
   // version counter is disabled, as for inference tensors).
   bool changed_in_place() const { return version.enabled() && version.current_version() != version_at_entry; }
@@ -104,6 +124,7 @@ struct FerriedTensor {
   // else emptied. Null when a hook pair was in force: then it is always taken from the input.
   std::shared_ptr<at::Tensor> held;
   std::string name;  // given with name_saved_tensors(), for reports
+  SavedProducer producer;  // of the input in forward
 };
 
 // What recompute must recreate in place of a dropped tensor: checked on every recompute (as
@@ -122,6 +143,7 @@ struct DroppedMeta {
   Read read = Read::other;
   // Where forward read a parameter (or a view of one): that parameter, which recompute must read.
   c10::weak_intrusive_ptr<c10::TensorImpl> parameter{c10::intrusive_ptr<c10::TensorImpl>()};
+  SavedProducer producer;  // set where forward dropped it
 
   static DroppedMeta of(const at::Tensor& t, int region);
   bool operator==(const DroppedMeta& other) const {

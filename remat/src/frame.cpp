@@ -159,9 +159,9 @@ void Frame::stop_observing_reads() {
   if (read_observer != 0) at::removeCallback(std::exchange(read_observer, 0));
 }
 
-void Frame::note_read_parameters(const TensorList& outputs) {
+void Frame::note_forward_reads(const TensorList& outputs) {
   if (slots() == 0) return;  // nothing to recompute
-  const std::uint64_t end = at::sequence_number::peek();
+  forward_span = NodeSpan::up_to_now(sequence_at_entry);
   // Recompute runs again the nodes made outside save regions (and in those it runs again) up to
   // the last one that saved a dropped tensor (it stops there).
   auto runs_again = [&](std::uint64_t node) {
@@ -174,27 +174,21 @@ void Frame::note_read_parameters(const TensorList& outputs) {
     }
     return true;
   };
-  // Nodes forward made have sequence numbers in [sequence_at_entry, end): each is visited once,
-  // found by its number (numbers count per thread: a node of another thread may share one). Others
-  // are the graph before the checkpoint, or (numbered UINT64_MAX, function.h) a leaf's gradient
-  // accumulator.
-  std::vector<const torch::autograd::Node*> by_number(end - sequence_at_entry, nullptr);
-  std::unordered_set<const torch::autograd::Node*> sharing_a_number;
-  std::vector<const torch::autograd::Node*> to_visit;
-  auto visit = [&](const torch::autograd::Node* node) {
-    const std::uint64_t number = node->sequence_nr();
-    if (number < sequence_at_entry || number >= end) return;
-    const torch::autograd::Node*& seen = by_number[number - sequence_at_entry];
-    if (seen == node) return;
-    if (seen == nullptr) {
-      seen = node;
-    } else if (!sharing_a_number.insert(node).second) {
-      return;
-    }
-    to_visit.push_back(node);
-  };
+  // From the outputs and from each tensor recompute recreates, as recompute's graph is walked: a
+  // side branch (an auxiliary loss kept aside, a probe) is read again too.
+  std::vector<std::shared_ptr<torch::autograd::Node>> producers;
+  for (const DroppedMeta& meta : dropped_metas) producers.push_back(meta.producer.node.lock());
+  for (const FerriedTensor& slot : ferried) producers.push_back(slot.producer.node.lock());
+  std::vector<const torch::autograd::Node*> roots;
+  for (const auto& producer : producers) roots.push_back(producer.get());
   for (const at::Tensor& out : outputs) {
-    if (out.defined() && out.grad_fn() != nullptr) visit(out.grad_fn().get());
+    if (out.defined()) roots.push_back(out.grad_fn().get());
+  }
+  // The checkpoint's inputs are given to recompute as leaves of its own: what computed them is not
+  // read again.
+  std::vector<const torch::autograd::Node*> inputs_made_by;
+  for (const InputRecord& input : inputs) {
+    if (input.given_grad_fn != nullptr) inputs_made_by.push_back(input.given_grad_fn);
   }
   // Each parameter noted once: looked up in a list while short, then in a set.
   std::vector<const c10::TensorImpl*> noted;
@@ -209,26 +203,23 @@ void Frame::note_read_parameters(const TensorList& outputs) {
     if (noted_set.empty()) noted_set.insert(noted.begin(), noted.end());
     return noted_set.insert(leaf).second;
   };
-  while (!to_visit.empty()) {
-    const torch::autograd::Node* node = to_visit.back();
-    to_visit.pop_back();
-    const bool read_again = runs_again(node->sequence_nr());
-    for (const torch::autograd::Edge& edge : node->next_edges()) {
-      const torch::autograd::Node* next = edge.function.get();
-      if (next == nullptr) continue;
-      if (next->sequence_nr() != UINT64_MAX) {
-        visit(next);
-        continue;
-      }
-      const auto* leaf = dynamic_cast<const torch::autograd::AccumulateGrad*>(next);
-      if (leaf == nullptr || !read_again) continue;
-      const c10::TensorImpl* impl = leaf->variable.unsafeGetTensorImpl();
-      const c10::VariableVersion& version = impl->version_counter();
-      if (version.enabled() && first_note(impl)) {
-        read_parameters.push_back({DroppedMeta::of(leaf->variable, -1), version, version.current_version()});
-      }
-    }
-  }
+  walk_outside_reads(
+      forward_span, roots,
+      [&](const torch::autograd::Node& reader, std::uint32_t input,
+          const std::shared_ptr<torch::autograd::Node>& read) {
+        if (!runs_again(reader.sequence_nr()) ||
+            std::find(inputs_made_by.begin(), inputs_made_by.end(), read.get()) != inputs_made_by.end()) {
+          return;
+        }
+        forward_reads.push_back({read, typeid(reader), input});
+        const auto* leaf = dynamic_cast<const torch::autograd::AccumulateGrad*>(read.get());
+        if (leaf == nullptr) return;
+        const c10::TensorImpl* impl = leaf->variable.unsafeGetTensorImpl();
+        const c10::VariableVersion& version = impl->version_counter();
+        if (version.enabled() && first_note(impl)) {
+          read_parameters.push_back({DroppedMeta::of(leaf->variable, -1), version, version.current_version()});
+        }
+      });
 }
 
 void Frame::check_read_again_unchanged() const {
@@ -291,6 +282,7 @@ void Frame::release_after_failed_forward() {
   dropped_metas.clear();
   dropped_versions.clear();
   read_parameters.clear();
+  forward_reads.clear();
   contexts.clear();
   body = nullptr;  // a Python body holds its closure, which may hold the graph
   options.recompute_state_hooks.clear();
@@ -332,9 +324,9 @@ std::optional<std::size_t> Frame::ferry(const at::Tensor& t, int save_region, bo
   const c10::StorageImpl* storage = storage_of(t);
   for (const auto& [index, input] : recreated_region_inputs) {
     if (storage_of(input) != storage) continue;
-    ferried.push_back({save_region, index, meta_of(input), meta_of(t), t.is_conj() != input.is_conj(),
-                       t.is_neg() != input.is_neg(),
-                       may_keep ? std::make_shared<at::Tensor>(t.variable_data()) : nullptr, name});
+    ferried.push_back(
+        {save_region, index, meta_of(input), meta_of(t), t.is_conj() != input.is_conj(), t.is_neg() != input.is_neg(),
+         may_keep ? std::make_shared<at::Tensor>(t.variable_data()) : nullptr, name, SavedProducer::of(input)});
     return ferried.size() - 1;
   }
   return std::nullopt;
@@ -400,10 +392,27 @@ at::Tensor Frame::take_recreated(std::size_t index) {
 }
 
 void Frame::recompute() {
-  missing = 0;
-  for (const bool slot : filled) missing += slot ? 0 : 1;
+  std::vector<std::size_t> to_fill;
+  for (std::size_t i = 0; i < filled.size(); ++i) {
+    if (!filled[i]) to_fill.push_back(i);
+  }
+  missing = to_fill.size();
   if (missing == 0) return;
+  try {
+    recompute_slots(to_fill);
+  } catch (...) {
+    // What this recompute made holds its graph, whose saved-tensor hooks hold this frame: let go.
+    for (const std::size_t i : to_fill) {
+      recreated[i] = at::Tensor();
+      filled[i] = false;
+    }
+    throw;
+  }
+}
+
+void Frame::recompute_slots(const std::vector<std::size_t>& to_fill) {
   taken_since_recompute = 0;
+  given_by_skipped_save_regions.clear();
   recompute_packs = 0;
   recompute_regions = 0;
   recompute_mismatch.reset();
@@ -489,6 +498,36 @@ void Frame::recompute() {
                 api_name("is_recomputing") +
                 "() only for work autograd does not save, with its modules in the same training mode as in "
                 "forward)");
+  }
+  refuse_reads_forward_did_not_make(to_fill, args);
+}
+
+void Frame::refuse_reads_forward_did_not_make(const std::vector<std::size_t>& filled_now,
+                                              const TensorList& args) const {
+  const NodeSpan span = NodeSpan::up_to_now(sequence_at_recompute);
+  std::vector<const torch::autograd::Node*> roots;
+  for (const std::size_t index : filled_now) {
+    const SavedProducer& forward_made_by =
+        index < dropped ? dropped_metas[index].producer : ferried[index - dropped].producer;
+    const at::Tensor& tensor = recreated[index];
+    if (tensor.defined() && !forward_made_by.died()) roots.push_back(tensor.grad_fn().get());
+  }
+  std::vector<OutsideRead> reads;
+  const std::vector<const torch::autograd::Node*> nodes =
+      walk_outside_reads(span, roots,
+                         [&](const torch::autograd::Node& reader, std::uint32_t input,
+                             const std::shared_ptr<torch::autograd::Node>& read) {
+                           reads.push_back({read, typeid(reader), input});
+                         });
+  // The checkpoint's inputs, as forward and recompute were given them, and what skipped save regions
+  // gave recompute.
+  std::vector<const c10::TensorImpl*> leaves_given = given_by_skipped_save_regions;
+  for (const InputRecord& input : inputs) leaves_given.push_back(input.given);
+  for (const at::Tensor& arg : args) {
+    if (arg.defined()) leaves_given.push_back(arg.unsafeGetTensorImpl());
+  }
+  if (auto elsewhere = recompute_read_elsewhere(forward_reads, forward_span, reads, nodes, span, leaves_given)) {
+    throw Error(swapped_weights_error(options.region_name, *elsewhere));
   }
 }
 

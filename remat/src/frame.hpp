@@ -6,6 +6,7 @@
 
 #include "checkpoint_records.hpp"
 #include "forward_modes.hpp"
+#include "outside_reads.hpp"
 
 #include <remat/diagnostics.hpp>
 #include <remat/kept_ops.hpp>
@@ -93,8 +94,16 @@ struct Frame : std::enable_shared_from_this<Frame> {
     std::uint32_t version_at_forward = 0;
   };
   std::vector<ReadParameter> read_parameters;
-  // Once forward returned `outputs`: fills read_parameters from the graph behind them.
-  void note_read_parameters(const TensorList& outputs);
+  // What the same nodes read from outside the checkpoint (parameters, tensors computed before it,
+  // its inputs), and the span of the nodes forward made.
+  std::vector<OutsideRead> forward_reads;
+  NodeSpan forward_span;
+  // Once forward returned `outputs`: fills read_parameters and forward_reads from the graph behind
+  // them.
+  void note_forward_reads(const TensorList& outputs);
+  // Once recompute filled the slots `filled_now`, given `args`: refuses a read forward did not
+  // make (recompute_read_elsewhere).
+  void refuse_reads_forward_did_not_make(const std::vector<std::size_t>& filled_now, const TensorList& args) const;
   // In recompute, before the body runs: refuses a tensor of dropped_versions or read_parameters
   // changed in place since forward.
   void check_read_again_unchanged() const;
@@ -142,6 +151,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   }
 
   // Recompute progress.
+  std::vector<const c10::TensorImpl*> given_by_skipped_save_regions;  // their outputs, leaves of their own
   std::size_t recompute_packs = 0;
   std::size_t recompute_regions = 0;
   // Set by the pack hook when recompute recreated something other than forward dropped; the
@@ -176,6 +186,8 @@ struct Frame : std::enable_shared_from_this<Frame> {
   void fill_ferried(int save_region, const TensorList& region_inputs);
 
   void recompute();
+  // Recompute's run, filling the slots `to_fill` (those not filled when it began).
+  void recompute_slots(const std::vector<std::size_t>& to_fill);
   at::Tensor take_recreated(std::size_t index);
   // torch_remat's contract for hook pairs: a checkpoint that recomputes does so before any
   // unpack of its pairs runs (a group offloader onloads at the top of the body under

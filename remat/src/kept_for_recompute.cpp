@@ -254,6 +254,7 @@ TensorList outputs_of_skipped_save_region(Frame& frame, int save_index, const st
                                "output " + std::to_string(o) + " of save region '" + frame.region_path(name) + "'")
               : record.outputs[o].variable_data();
       if (record.metas[o].requires_grad) value.requires_grad_(true);
+      frame.given_by_skipped_save_regions.push_back(value.unsafeGetTensorImpl());
       out.push_back(std::move(value));
     } else {
       out.push_back(make_placeholder(

@@ -173,6 +173,8 @@ void record_inputs(Frame& frame, const TensorList& inputs, bool keep_all_inputs)
     }
     const bool has_data = storage_of(input) != nullptr;
     InputRecord record{meta_of(input), input, has_data && keep_all_inputs};
+    record.given = input.defined() ? input.unsafeGetTensorImpl() : nullptr;
+    record.given_grad_fn = input.defined() ? input.grad_fn().get() : nullptr;
     if (input.defined()) {
       record.version = input.unsafeGetTensorImpl()->version_counter();
       if (record.version.enabled()) record.version_at_entry = record.version.current_version();
@@ -222,7 +224,7 @@ void refuse_needed_inputs_changed_in_place(const Frame& frame) {
 // recompute reads again) and records it for the reports.
 void finish_forward(Frame& frame, const TensorList& outputs) {
   frame.stop_early = at::sequence_number::peek() != frame.sequence_at_last_drop;
-  frame.note_read_parameters(outputs);
+  frame.note_forward_reads(outputs);
   frame.recreated.assign(frame.dropped + frame.ferried.size(), at::Tensor());
   frame.filled.assign(frame.dropped + frame.ferried.size(), false);
   frame.forward_finished = true;

@@ -71,7 +71,8 @@ def train(budget, count=2):
 
 
 def test_micro_batches_under_autocast_are_predicted_with_the_casts_autocast_holds():
-    """Budgets from the all-saved loop's peak down, 2% of it at a time, to one no plan meets: the
+    """Budgets from the all-saved loop's peak down, half a percent of it at a time (where a CPU's
+    bfloat16 kernels keep the least peak within 3% of it, as with AVX512-BF16), to one no plan meets: the
     micro-batches that begin with the gradients there recompute regions, and their forward's end
     (every weight's cast held) is their peak. Each planned micro-batch within the budget and its
     prediction (which is at most 3% above it); the budget no plan meets refused before a forward."""
@@ -79,8 +80,8 @@ def test_micro_batches_under_autocast_are_predicted_with_the_casts_autocast_hold
     all_saved, _, _ = train("1 GiB")
     top = max(r[2] for r in all_saved if r[3] is not None)
     recomputing = 0
-    for share in range(99, 80, -2):
-        budget = top * share // 100
+    for share in range(995, 800, -5):
+        budget = top * share // 1000
         try:
             rows, told, state = train(budget)
         except ValueError as refused:
@@ -97,7 +98,7 @@ def test_micro_batches_under_autocast_are_predicted_with_the_casts_autocast_hold
             assert peak <= predicted <= peak * 1.03, f"{where}: measured {peak}, predicted {predicted}"
         assert not [m for m in told if "over the budget" in m], told
     else:
-        pytest.fail(f"no budget down to 81% of {top} was refused")
+        pytest.fail(f"no budget down to 80.5% of {top} was refused")
     assert recomputing >= 2
 
 

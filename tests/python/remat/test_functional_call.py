@@ -4,14 +4,19 @@ the module's own parameters again; a swap for backward too made the inner step's
 the outer backward runs, read the swapped weights: gradients wrong by up to 2.3% of their size,
 silently (torch.utils.checkpoint does the same). Recompute now refuses a tensor of another kind
 or another parameter where forward read a parameter or a tensor computed before the checkpoint;
-the checkpoint's inputs, and the inner step checkpointed with a plain outer step, are as before."""
+the checkpoint's inputs, and the inner step checkpointed with a plain outer step, are as before.
+Weights no op saves (a bias; a weight whose input takes no gradient) are seen by the graph edges
+recompute's nodes take out of its span against forward's, on any thread."""
 
 import contextlib
+import gc
+import threading
 
 import pytest
 import torch
 
 import remat
+from remat._plans import live_checkpoint_bytes
 
 
 class Block(torch.nn.Module):
@@ -107,6 +112,270 @@ def test_leaves_swapped_in_for_forward_alone_are_refused_where_the_allocator_tag
         body(x).sum().backward()
         expected = torch.autograd.grad(inner(x).sin().sum(), x)[0]
         assert torch.equal(x.grad, expected)
+
+
+class Unsaved(torch.nn.Module):
+    """A layer whose weight and bias no op saves: its input takes no gradient."""
+
+    def __init__(self, checkpointed=True):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        body = lambda u: self.a(u).tanh().square()  # noqa: E731
+        return (remat.checkpoint(region_name="c")(body)(x) if self.checkpointed else body(x)).sum()
+
+
+def unsaved_models():
+    torch.manual_seed(2)
+    model, plain = Unsaved(), Unsaved(checkpointed=False)
+    plain.load_state_dict(model.state_dict())
+    return model, plain, torch.randn(4, 8)
+
+
+def test_fast_weights_no_op_saves_are_refused():
+    """MAML's outer step through functional_call on a layer whose input takes no gradient: nothing
+    saved is a weight, so only the graph shows recompute reading the parameters (112% off before)."""
+    model, _, x = unsaved_models()
+    params = dict(model.named_parameters())
+    grads = torch.autograd.grad(model(x), list(params.values()), create_graph=True)
+    fast = {name: p - 0.5 * g for (name, p), g in zip(params.items(), grads)}
+    with pytest.raises(RuntimeError, match=r"checkpoint 'c' read a parameter \(float32 \[8\] on cpu\) as input 0 "
+                                           r"of AddmmBackward0, where forward read a tensor computed from it \(the "
+                                           r"output of SubBackward0\).*functional_call"):
+        torch.func.functional_call(model, fast, (x,)).backward()
+
+
+def test_leaf_copies_no_op_saves_are_refused_where_the_allocator_tags_them():
+    with remat.tag_cpu_tensors():
+        model, _, x = unsaved_models()
+        copies = {name: (p.detach() * 1.5).requires_grad_() for name, p in model.named_parameters()}
+        with pytest.raises(RuntimeError, match=r"read a parameter \(float32 \[8\] on cpu\) as input 0 of "
+                                               r"AddmmBackward0, where forward read another parameter"):
+            torch.func.functional_call(model, copies, (x,)).backward()
+
+
+def _on_a_thread(fn):
+    """Runs fn on a new thread (as backward runs on a CUDA device's), raising what it raised."""
+    raised = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            raised.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    if raised:
+        raise raised.pop()  # leaves no cycle through the list that would keep the graph past the test
+
+
+def test_a_swap_kept_through_a_backward_on_another_thread_is_refused(models):
+    """Sequence numbers count per thread: a backward on another thread (CUDA's device threads) was
+    not compared, 1.7% off. The refused recompute's tensors held its checkpoint alive for good before
+    it let them go."""
+    model, _, x = models
+    params = dict(model.named_parameters())
+    grads = torch.autograd.grad(model(x[:16]), list(params.values()), create_graph=True)
+    fast = {name: p - 0.5 * g for (name, p), g in zip(params.items(), grads)}
+    with torch.nn.utils.stateless._reparametrize_module(model, fast):
+        loss = model(x[16:])
+        with pytest.raises(RuntimeError, match=r"read a tensor computed before recompute began \(the output of "
+                                               r"SubBackward0\) as input 0 of TBackward0, which forward did not read"):
+            _on_a_thread(loss.backward)
+    # The refused recompute let go of what it made (which held its checkpoint): nothing stays live.
+    del loss, grads, fast
+    gc.collect()
+    assert live_checkpoint_bytes() == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: backward runs on the device's own thread")
+def test_a_swap_kept_through_a_backward_on_cuda_device_threads_is_refused():
+    torch.manual_seed(0)
+    model = Net().cuda()
+    x = torch.randn(32, 32, device="cuda")
+    params = dict(model.named_parameters())
+    grads = torch.autograd.grad(model(x[:16]), list(params.values()), create_graph=True)
+    fast = {name: p - 0.5 * g for (name, p), g in zip(params.items(), grads)}
+    with torch.nn.utils.stateless._reparametrize_module(model, fast):
+        loss = model(x[16:])
+        with pytest.raises(RuntimeError, match=r"read a tensor computed before recompute began \(the output of "
+                                               r"SubBackward0\) as input 0 of TBackward0, which forward did not read"):
+            loss.backward()
+
+
+def test_fast_weights_of_several_inner_steps_are_refused():
+    """Three inner steps, not checkpointed: the parameter is three nodes behind the weight forward
+    read (1.85 off)."""
+    model, _, x = unsaved_models()
+    fast = dict(model.named_parameters())
+    model.checkpointed = False
+    for _ in range(3):
+        grads = torch.autograd.grad(torch.func.functional_call(model, fast, (x,)), list(fast.values()),
+                                    create_graph=True)
+        fast = {name: p - 0.5 * g for (name, p), g in zip(fast.items(), grads)}
+    model.checkpointed = True
+    with pytest.raises(RuntimeError, match="where forward read a tensor computed from it"):
+        torch.func.functional_call(model, fast, (x,)).backward()
+
+
+def test_an_outer_step_under_autocast_is_refused(models):
+    """Under autocast recompute reads the cast of the parameter the inner step cached, at another op
+    than forward read the cast of the fast weight (6.1e-2 off)."""
+    model, _, x = models
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="read a parameter .* where forward read a tensor computed from it"):
+            maml_step(model, x)
+
+
+def test_a_weight_computed_again_at_each_forward_gives_the_plain_gradients():
+    """Old-style weight_norm recomputes the weight in a pre-hook at each forward: two forwards before
+    one backward leave the first's recompute reading the second's weight, computed the same way."""
+
+    class Normed(torch.nn.Module):
+        def __init__(self, checkpointed):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(8, 8))
+            self.checkpointed = checkpointed
+
+        def forward(self, x):
+            body = lambda u: torch.nn.functional.linear(u, self.weight).tanh()  # noqa: E731
+            return remat.checkpoint(region_name="c")(body)(x) if self.checkpointed else body(x)
+
+    def step(checkpointed):
+        torch.manual_seed(1)
+        module = Normed(checkpointed)
+        with pytest.warns(FutureWarning):
+            torch.nn.utils.weight_norm(module, "weight")
+        x = torch.randn(4, 8)
+        (module(x) * module(2 * x)).sum().backward()
+        return [p.grad for p in module.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(step(True), step(False)))
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["plain", "cached for forward"])
+def test_a_parametrized_weight_gives_the_plain_gradients(cached):
+    """A weight a parametrization computes (cached for forward alone: recompute computes it again)."""
+
+    def step(checkpointed):
+        torch.manual_seed(4)
+        layer = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(8, 8))
+        body = lambda u: layer(u).tanh().square()  # noqa: E731
+        x = torch.randn(4, 8)
+        with torch.nn.utils.parametrize.cached() if cached else contextlib.nullcontext():
+            loss = (remat.checkpoint(region_name="c")(body)(x) if checkpointed else body(x)).sum()
+        loss.backward()
+        return [p.grad for p in layer.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(step(True), step(False)))
+
+
+def test_leaves_the_body_makes_over_memory_it_did_not_allocate_give_the_plain_gradients():
+    with remat.tag_cpu_tensors():
+        torch.manual_seed(0)
+        layer, buffer = torch.nn.Linear(8, 8), torch.randn(8)
+        x = torch.randn(4, 8, requires_grad=True)
+
+        def body(t):
+            return (layer(t) + buffer.detach().requires_grad_()) * t.detach().requires_grad_().sin()
+
+        body(x).square().sum().backward()
+        reference = [p.grad.clone() for p in layer.parameters()] + [x.grad.clone()]
+        layer.zero_grad()
+        x.grad = None
+        remat.checkpoint(region_name="c")(body)(x).square().sum().backward()
+        assert all(torch.equal(a, b) for a, b in zip([p.grad for p in layer.parameters()] + [x.grad], reference))
+
+
+def test_views_made_again_for_backward_give_the_plain_gradients():
+    """A sharded parameter's views made again between forward and backward (FSDP's flat parameter)
+    hold the same values: not a swap."""
+
+    def step(checkpointed):
+        torch.manual_seed(3)
+        flat = torch.nn.Parameter(torch.randn(72))
+        layer = torch.nn.Linear(8, 8)
+        x = torch.randn(4, 8)
+
+        def views():
+            del layer.weight, layer.bias
+            layer.weight, layer.bias = flat[:64].view(8, 8), flat[64:]
+
+        views()
+        body = lambda u: layer(u).tanh().square()  # noqa: E731
+        loss = (remat.checkpoint(region_name="c")(body)(x) if checkpointed else body(x)).sum()
+        views()
+        loss.backward()
+        return flat.grad
+
+    assert torch.equal(step(True), step(False))
+
+
+def test_a_cached_weight_shared_by_checkpoints_gives_the_plain_gradients():
+    """A recurrent cell's parametrized weight, cached for forward alone: recompute computes it again
+    from the parameter that computed each checkpoint's input too (which recompute is given, not
+    computed again)."""
+
+    class Symmetric(torch.nn.Module):
+        def forward(self, w):
+            return w.triu() + w.triu(1).transpose(-1, -2)
+
+    def step(checkpointed):
+        torch.manual_seed(5)
+        cell = torch.nn.Linear(8, 8)
+        torch.nn.utils.parametrize.register_parametrization(cell, "weight", Symmetric())
+        body = lambda u: torch.tanh(cell(u))  # noqa: E731
+        h = torch.randn(4, 8)
+        with torch.nn.utils.parametrize.cached():
+            for t in range(3):
+                h = remat.checkpoint(region_name=f"t{t}")(body)(h) if checkpointed else body(h)
+        h.square().sum().backward()
+        return [p.grad for p in cell.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(step(True), step(False)))
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+@pytest.mark.parametrize("side", ["auxiliary head", "outside weight", "probe never used"])
+def test_side_branches_of_the_body_give_the_plain_gradients(side, tagged):
+    """What the body computes beside its output (an auxiliary loss kept in a list, through a head of
+    its own or a weight computed once per step outside; a probe kept for logging that backward never
+    reaches) is recomputed too, reading what forward's side branch read."""
+
+    def step(checkpointed):
+        torch.manual_seed(6)
+        layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+        head, table = torch.nn.Linear(8, 5), torch.nn.Embedding(5, 8)
+        x, y = torch.randn(4, 8), torch.randint(0, 5, (4,))
+        classifier = torch.nn.functional.normalize(table.weight, dim=-1)
+        aside = []
+
+        def body(u, layer):
+            h = torch.tanh(layer(u))
+            if side == "auxiliary head":
+                aside.append(torch.nn.functional.cross_entropy(head(h), y))
+            elif side == "outside weight":
+                aside.append(torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, classifier), y))
+            else:
+                aside.append(head(h).softmax(-1).square().mean().detach())
+            return h * 2
+
+        h = x
+        for i, layer in enumerate(layers):
+            f = lambda u, layer=layer: body(u, layer)  # noqa: E731
+            h = remat.checkpoint(region_name=f"b{i}")(f)(h) if checkpointed else f(h)
+        (h.square().sum() + sum(a for a in aside if a.requires_grad)).backward()
+        return [p.grad for m in (layers, head, table) for p in m.parameters() if p.grad is not None]
+
+    with remat.tag_cpu_tensors() if tagged else contextlib.nullcontext():
+        checkpointed, plain = step(True), step(False)
+    assert len(checkpointed) == len(plain) > 0
+    assert all(torch.equal(a, b) for a, b in zip(checkpointed, plain))
 
 
 def _plan_text(decisions):

@@ -3,6 +3,9 @@ marked at once, settings that must not change between forward and recompute, nam
 placeholders, and a checkpoint decorating a method."""
 
 import inspect
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -207,6 +210,33 @@ def test_the_oom_report_without_a_loss_finds_live_checkpoints_and_the_tail():
     text = remat.format_oom_saved_tensors_report()
     assert "layers.0" in text and "ExpBackward0" in text
     del loss, y
+
+
+def test_the_oom_report_after_a_recompute_that_raised_walks_what_recompute_made_without_crashing():
+    """An error in recompute (an OOM there, in production) leaves tensors recompute made held by its
+    traceback; the report the OOM observer writes walks their graph, whose saved tensors recompute
+    kept no data for: a segmentation fault before, now a node the walk skips. Run apart, so that a
+    crash fails this test alone."""
+    script = textwrap.dedent("""
+        import torch, remat
+
+        def body(t):
+            h = t.sin() * t.sin()
+            if remat.is_recomputing():
+                h = torch.cat([h, h])  # another shape in recompute: recompute raises
+            return h.exp()
+
+        x = torch.randn(4, requires_grad=True)
+        try:
+            remat.checkpoint(region_name="layers.0")(body)(x).sum().backward()
+        except RuntimeError as error:
+            held = error  # its traceback holds what recompute made
+        text = remat.format_oom_saved_tensors_report()
+        assert "saved for backward" in text, text
+        print("report written")
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "report written" in run.stdout, run.stderr[-2000:]
 
 
 def test_a_checkpoint_returning_a_tuple_subclass_gives_back_that_type():
