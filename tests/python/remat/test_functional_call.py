@@ -174,11 +174,8 @@ def _on_a_thread(fn):
         raise raised.pop()  # leaves no cycle through the list that would keep the graph past the test
 
 
-def test_a_swap_kept_through_a_backward_on_another_thread_is_refused(models):
-    """Sequence numbers count per thread: a backward on another thread (CUDA's device threads) was
-    not compared, 1.7% off. The refused recompute's tensors held its checkpoint alive for good before
-    it let them go."""
-    model, _, x = models
+def _swap_kept_through_backward_is_refused(model, x, backward):
+    """MAML's outer step with the fast weights in force through `backward(loss)`, on the model."""
     params = dict(model.named_parameters())
     grads = torch.autograd.grad(model(x[:16]), list(params.values()), create_graph=True)
     fast = {name: p - 0.5 * g for (name, p), g in zip(params.items(), grads)}
@@ -186,9 +183,16 @@ def test_a_swap_kept_through_a_backward_on_another_thread_is_refused(models):
         loss = model(x[16:])
         with pytest.raises(RuntimeError, match=r"read a tensor computed before recompute began \(the output of "
                                                r"SubBackward0\) as input 0 of TBackward0, which forward did not read"):
-            _on_a_thread(loss.backward)
+            backward(loss)
+
+
+def test_a_swap_kept_through_a_backward_on_another_thread_is_refused(models):
+    """Sequence numbers count per thread: a backward on another thread (CUDA's device threads) was
+    not compared, 1.7% off. The refused recompute's tensors held its checkpoint alive for good before
+    it let them go."""
+    model, _, x = models
+    _swap_kept_through_backward_is_refused(model, x, lambda loss: _on_a_thread(loss.backward))
     # The refused recompute let go of what it made (which held its checkpoint): nothing stays live.
-    del loss, grads, fast
     gc.collect()
     assert live_checkpoint_bytes() == 0
 
@@ -197,15 +201,7 @@ def test_a_swap_kept_through_a_backward_on_another_thread_is_refused(models):
 def test_a_swap_kept_through_a_backward_on_cuda_device_threads_is_refused():
     torch.manual_seed(0)
     model = Net().cuda()
-    x = torch.randn(32, 32, device="cuda")
-    params = dict(model.named_parameters())
-    grads = torch.autograd.grad(model(x[:16]), list(params.values()), create_graph=True)
-    fast = {name: p - 0.5 * g for (name, p), g in zip(params.items(), grads)}
-    with torch.nn.utils.stateless._reparametrize_module(model, fast):
-        loss = model(x[16:])
-        with pytest.raises(RuntimeError, match=r"read a tensor computed before recompute began \(the output of "
-                                               r"SubBackward0\) as input 0 of TBackward0, which forward did not read"):
-            loss.backward()
+    _swap_kept_through_backward_is_refused(model, torch.randn(32, 32, device="cuda"), lambda loss: loss.backward())
 
 
 def test_fast_weights_of_several_inner_steps_are_refused():
