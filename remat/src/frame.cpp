@@ -211,7 +211,7 @@ void Frame::note_forward_reads(const TensorList& outputs) {
             std::find(inputs_made_by.begin(), inputs_made_by.end(), read.get()) != inputs_made_by.end()) {
           return;
         }
-        forward_reads.push_back({read, typeid(reader), input});
+        forward_reads.push_back(OutsideRead::of(reader, input, read));
         const auto* leaf = dynamic_cast<const torch::autograd::AccumulateGrad*>(read.get());
         if (leaf == nullptr) return;
         const c10::TensorImpl* impl = leaf->variable.unsafeGetTensorImpl();
@@ -506,18 +506,20 @@ void Frame::refuse_reads_forward_did_not_make(const std::vector<std::size_t>& fi
                                               const TensorList& args) const {
   const NodeSpan span = NodeSpan::up_to_now(sequence_at_recompute);
   std::vector<const torch::autograd::Node*> roots;
+  std::vector<const c10::StorageImpl*> storages;
   for (const std::size_t index : filled_now) {
     const SavedProducer& forward_made_by =
         index < dropped ? dropped_metas[index].producer : ferried[index - dropped].producer;
     const at::Tensor& tensor = recreated[index];
     if (tensor.defined() && !forward_made_by.died()) roots.push_back(tensor.grad_fn().get());
+    if (tensor.defined() && tensor.has_storage()) storages.push_back(tensor.storage().unsafeGetStorageImpl());
   }
   std::vector<OutsideRead> reads;
   const std::vector<const torch::autograd::Node*> nodes =
       walk_outside_reads(span, roots,
                          [&](const torch::autograd::Node& reader, std::uint32_t input,
                              const std::shared_ptr<torch::autograd::Node>& read) {
-                           reads.push_back({read, typeid(reader), input});
+                           reads.push_back(OutsideRead::of(reader, input, read));
                          });
   // The checkpoint's inputs, as forward and recompute were given them, and what skipped save regions
   // gave recompute.
@@ -526,7 +528,8 @@ void Frame::refuse_reads_forward_did_not_make(const std::vector<std::size_t>& fi
   for (const at::Tensor& arg : args) {
     if (arg.defined()) leaves_given.push_back(arg.unsafeGetTensorImpl());
   }
-  if (auto elsewhere = recompute_read_elsewhere(forward_reads, forward_span, reads, nodes, span, leaves_given)) {
+  if (auto elsewhere =
+          recompute_read_elsewhere(forward_reads, forward_span, reads, nodes, span, leaves_given, storages)) {
     throw Error(swapped_weights_error(options.region_name, *elsewhere));
   }
 }

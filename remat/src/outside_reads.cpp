@@ -128,6 +128,13 @@ std::string input_of(const OutsideRead& read) {
 
 }  // namespace
 
+OutsideRead OutsideRead::of(const Node& reader, std::uint32_t input, const std::shared_ptr<Node>& read) {
+  const auto* accumulator = dynamic_cast<const AccumulateGrad*>(read.get());
+  // The accumulator holds its leaf once; a node made outside the span is held by its outputs' users.
+  return {read, typeid(reader), input, reader.next_edge(input).input_nr,
+          accumulator == nullptr || accumulator->variable.use_count() > 1};
+}
+
 NodeSpan NodeSpan::up_to_now(std::uint64_t begin) {
   return {at::RecordFunction::currentThreadId(), begin, at::sequence_number::peek()};
 }
@@ -176,12 +183,10 @@ std::vector<const Node*> walk_outside_reads(
   return visited;
 }
 
-std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRead>& forward,
-                                                    const NodeSpan& forward_span,
-                                                    const std::vector<OutsideRead>& recompute,
-                                                    const std::vector<const Node*>& recompute_nodes,
-                                                    const NodeSpan& recompute_span,
-                                                    const std::vector<const c10::TensorImpl*>& inputs) {
+std::optional<std::string> recompute_read_elsewhere(
+    const std::vector<OutsideRead>& forward, const NodeSpan& forward_span, const std::vector<OutsideRead>& recompute,
+    const std::vector<const Node*>& recompute_nodes, const NodeSpan& recompute_span,
+    const std::vector<const c10::TensorImpl*>& inputs, const std::vector<const c10::StorageImpl*>& recreated) {
   constexpr int kDepth = 4;
   // Each read as a leaf (views and casts of one counted as it) or another node.
   struct Read {
@@ -227,6 +232,14 @@ std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRea
   auto same_input = [](const Read& a, const Read& b) {
     return a.edge->reader == b.edge->reader && a.edge->input == b.edge->input;
   };
+  // Whether two reads take values of one shape and type, as a weight swapped for another does.
+  auto alike = [](const Read& a, const Read& b) {
+    if (a.edge->read_input >= a.node->num_inputs() || b.edge->read_input >= b.node->num_inputs()) return false;
+    const torch::autograd::InputMetadata& x = a.node->input_metadata(a.edge->read_input);
+    const torch::autograd::InputMetadata& y = b.node->input_metadata(b.edge->read_input);
+    return !x.is_nested_tensor() && !y.is_nested_tensor() && x.dtype() == y.dtype() &&
+           x.shape_as_dim_vector().equals(y.shape_as_dim_vector());
+  };
   for (const Read& read : now) {
     if (read.leaf == nullptr) {
       // A node made elsewhere than forward's body, before recompute began (on its thread, or
@@ -254,23 +267,37 @@ std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRea
       }
     }
     // Where it read, at the same input of the same kind of op, another leaf over other memory that
-    // recompute does not read, both made outside the body: known where the allocator tagged both (a
-    // leaf the body makes is another in recompute; so is a leaf recompute makes over a tensor
-    // forward made).
+    // recompute does not read, both made outside the body (a leaf the body makes is another in
+    // recompute; so is a leaf recompute makes over a tensor forward made). Known where the allocator
+    // tagged both; untagged, a leaf held elsewhere when read (a module's, a dict's) and not over the
+    // memory of a tensor recompute made counts as made outside.
     const auto& memory = read.leaf->variable;
-    for (const Read& t : then) {
-      if (t.leaf == nullptr || !same_input(t, read) || leaves_now.count(leaf_impl(t)) != 0 || given(leaf_impl(t))) {
-        continue;
-      }
-      const at::Tensor& other = t.leaf->variable;
-      if (other.has_storage() && memory.has_storage() && !other.storage().is_alias_of(memory.storage()) &&
-          made_outside(other, alloc::Phase::forward) && made_outside(memory, alloc::Phase::recompute) &&
-          made_outside(memory, alloc::Phase::forward)) {
-        return what() + "another parameter (" + DroppedMeta::of(other, -1).describe() + ")";
+    if (memory.has_storage() && memory.storage().nbytes() != 0) {
+      const c10::StorageImpl* storage = memory.storage().unsafeGetStorageImpl();
+      const bool recompute_made_it = std::find(recreated.begin(), recreated.end(), storage) != recreated.end();
+      for (const Read& t : then) {
+        if (t.leaf == nullptr || !same_input(t, read) || leaves_now.count(leaf_impl(t)) != 0 || given(leaf_impl(t))) {
+          continue;
+        }
+        const at::Tensor& other = t.leaf->variable;
+        if (!other.has_storage() || other.storage().nbytes() == 0 || other.storage().is_alias_of(memory.storage()) ||
+            !alike(t, read)) {
+          continue;
+        }
+        const bool made_before = tagged(other) && tagged(memory)
+                                     ? made_outside(other, alloc::Phase::forward) &&
+                                           made_outside(memory, alloc::Phase::recompute) &&
+                                           made_outside(memory, alloc::Phase::forward)
+                                     : t.edge->held_elsewhere && read.edge->held_elsewhere && !recompute_made_it;
+        if (made_before) return what() + "another parameter (" + DroppedMeta::of(other, -1).describe() + ")";
       }
     }
   }
   return std::nullopt;
+}
+
+bool tagged(const at::TensorBase& tensor) {
+  return tensor.has_storage() && alloc::find_block_tag(tensor.storage().data()).has_value();
 }
 
 bool made_outside(const at::TensorBase& tensor, alloc::Phase body) {
