@@ -506,13 +506,11 @@ void Frame::refuse_reads_forward_did_not_make(const std::vector<std::size_t>& fi
                                               const TensorList& args) const {
   const NodeSpan span = NodeSpan::up_to_now(sequence_at_recompute);
   std::vector<const torch::autograd::Node*> roots;
-  std::vector<const c10::StorageImpl*> storages;
   for (const std::size_t index : filled_now) {
     const SavedProducer& forward_made_by =
         index < dropped ? dropped_metas[index].producer : ferried[index - dropped].producer;
     const at::Tensor& tensor = recreated[index];
     if (tensor.defined() && !forward_made_by.died()) roots.push_back(tensor.grad_fn().get());
-    if (tensor.defined() && tensor.has_storage()) storages.push_back(tensor.storage().unsafeGetStorageImpl());
   }
   std::vector<OutsideRead> reads;
   const std::vector<const torch::autograd::Node*> nodes =
@@ -528,8 +526,7 @@ void Frame::refuse_reads_forward_did_not_make(const std::vector<std::size_t>& fi
   for (const at::Tensor& arg : args) {
     if (arg.defined()) leaves_given.push_back(arg.unsafeGetTensorImpl());
   }
-  if (auto elsewhere =
-          recompute_read_elsewhere(forward_reads, forward_span, reads, nodes, span, leaves_given, storages)) {
+  if (auto elsewhere = recompute_read_elsewhere(forward_reads, forward_span, reads, nodes, span, leaves_given)) {
     throw Error(swapped_weights_error(options.region_name, *elsewhere));
   }
 }

@@ -129,10 +129,7 @@ std::string input_of(const OutsideRead& read) {
 }  // namespace
 
 OutsideRead OutsideRead::of(const Node& reader, std::uint32_t input, const std::shared_ptr<Node>& read) {
-  const auto* accumulator = dynamic_cast<const AccumulateGrad*>(read.get());
-  // The accumulator holds its leaf once; a node made outside the span is held by its outputs' users.
-  return {read, typeid(reader), input, reader.next_edge(input).input_nr,
-          accumulator == nullptr || accumulator->variable.use_count() > 1};
+  return {read, typeid(reader), input, reader.next_edge(input).input_nr};
 }
 
 NodeSpan NodeSpan::up_to_now(std::uint64_t begin) {
@@ -183,10 +180,12 @@ std::vector<const Node*> walk_outside_reads(
   return visited;
 }
 
-std::optional<std::string> recompute_read_elsewhere(
-    const std::vector<OutsideRead>& forward, const NodeSpan& forward_span, const std::vector<OutsideRead>& recompute,
-    const std::vector<const Node*>& recompute_nodes, const NodeSpan& recompute_span,
-    const std::vector<const c10::TensorImpl*>& inputs, const std::vector<const c10::StorageImpl*>& recreated) {
+std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRead>& forward,
+                                                    const NodeSpan& forward_span,
+                                                    const std::vector<OutsideRead>& recompute,
+                                                    const std::vector<const Node*>& recompute_nodes,
+                                                    const NodeSpan& recompute_span,
+                                                    const std::vector<const c10::TensorImpl*>& inputs) {
   constexpr int kDepth = 4;
   // Each read as a leaf (views and casts of one counted as it) or another node.
   struct Read {
@@ -266,31 +265,27 @@ std::optional<std::string> recompute_read_elsewhere(
         return what() + "a tensor computed from it (the output of " + t.node->name() + ")";
       }
     }
-    // Where it read, at the same input of the same kind of op, another leaf over other memory that
-    // recompute does not read, both made outside the body (a leaf the body makes is another in
-    // recompute; so is a leaf recompute makes over a tensor forward made). Known where the allocator
-    // tagged both; untagged, a leaf held elsewhere when read (a module's, a dict's) and not over the
-    // memory of a tensor recompute made counts as made outside.
+    // Where it read, at the same input of the same kind of op, another leaf of its shape and type
+    // over other memory that recompute does not read, both made outside the body (a leaf the body
+    // makes is another in recompute; so is a leaf recompute makes over a tensor forward made). Known
+    // where the allocator tagged both; untagged, where forward read it through a view or cast made
+    // before the checkpoint (an ensemble member's weights as views of stacked ones).
     const auto& memory = read.leaf->variable;
-    if (memory.has_storage() && memory.storage().nbytes() != 0) {
-      const c10::StorageImpl* storage = memory.storage().unsafeGetStorageImpl();
-      const bool recompute_made_it = std::find(recreated.begin(), recreated.end(), storage) != recreated.end();
-      for (const Read& t : then) {
-        if (t.leaf == nullptr || !same_input(t, read) || leaves_now.count(leaf_impl(t)) != 0 || given(leaf_impl(t))) {
-          continue;
-        }
-        const at::Tensor& other = t.leaf->variable;
-        if (!other.has_storage() || other.storage().nbytes() == 0 || other.storage().is_alias_of(memory.storage()) ||
-            !alike(t, read)) {
-          continue;
-        }
-        const bool made_before = tagged(other) && tagged(memory)
-                                     ? made_outside(other, alloc::Phase::forward) &&
-                                           made_outside(memory, alloc::Phase::recompute) &&
-                                           made_outside(memory, alloc::Phase::forward)
-                                     : t.edge->held_elsewhere && read.edge->held_elsewhere && !recompute_made_it;
-        if (made_before) return what() + "another parameter (" + DroppedMeta::of(other, -1).describe() + ")";
+    if (!memory.has_storage() || memory.storage().nbytes() == 0) continue;
+    for (const Read& t : then) {
+      if (t.leaf == nullptr || !same_input(t, read) || leaves_now.count(leaf_impl(t)) != 0 || given(leaf_impl(t))) {
+        continue;
       }
+      const at::Tensor& other = t.leaf->variable;
+      if (!other.has_storage() || other.storage().nbytes() == 0 || other.storage().is_alias_of(memory.storage()) ||
+          !alike(t, read)) {
+        continue;
+      }
+      const bool made_before = tagged(other) && tagged(memory) ? made_outside(other, alloc::Phase::forward) &&
+                                                                     made_outside(memory, alloc::Phase::recompute) &&
+                                                                     made_outside(memory, alloc::Phase::forward)
+                                                               : t.node.get() != t.leaf;
+      if (made_before) return what() + "another parameter (" + DroppedMeta::of(other, -1).describe() + ")";
     }
   }
   return std::nullopt;

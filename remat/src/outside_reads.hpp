@@ -19,7 +19,6 @@
 #include <vector>
 
 namespace c10 {
-struct StorageImpl;
 struct TensorImpl;
 }
 namespace torch::autograd {
@@ -44,10 +43,6 @@ struct OutsideRead {
   std::type_index reader;                     // the type of the span's node that reads it
   std::uint32_t input = 0;                    // which of the reader's edges
   std::uint32_t read_input = 0;               // which input of `node` that edge gives a gradient
-  // Whether what is read was held elsewhere when the read was noted: a leaf by something besides its
-  // gradient accumulator (a module, a dict of weights), unlike a leaf the body made and let go; a
-  // node made outside the span (a view of a leaf made before it), always.
-  bool held_elsewhere = false;
   static OutsideRead of(const torch::autograd::Node& reader, std::uint32_t input,
                         const std::shared_ptr<torch::autograd::Node>& read);
 };
@@ -65,17 +60,19 @@ std::vector<const torch::autograd::Node*> walk_outside_reads(
 // computed from it (the output of SubBackward0)"): a parameter where forward read a tensor computed
 // from it that recompute (its `recompute_nodes`) does not compute again; a parameter over other
 // memory where forward read another, of its shape and type, at the same input of the same kind of
-// op, both made outside the body (as the allocator tagged them: made_outside; untagged, both held
-// elsewhere when read and not over the memory of a tensor recompute made, `recreated`); a tensor
-// made before recompute began (on recompute's thread, or outside the body on forward's) computed
+// op, both made outside the body (as the allocator tagged them: made_outside; untagged, where
+// forward read its leaf through a view or cast made before the checkpoint); a tensor made before
+// recompute began (on recompute's thread, or outside the body on forward's) computed
 // otherwise than every tensor forward read. Views and casts of a leaf count as the leaf (autocast's
 // cached casts, a sharded parameter's views made again for backward). The checkpoint's `inputs` (as
 // forward and recompute were given them, with the outputs of save regions recompute skips) and
 // nodes of threads other than these two are not compared.
-std::optional<std::string> recompute_read_elsewhere(
-    const std::vector<OutsideRead>& forward, const NodeSpan& forward_span, const std::vector<OutsideRead>& recompute,
-    const std::vector<const torch::autograd::Node*>& recompute_nodes, const NodeSpan& recompute_span,
-    const std::vector<const c10::TensorImpl*>& inputs, const std::vector<const c10::StorageImpl*>& recreated);
+std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRead>& forward,
+                                                    const NodeSpan& forward_span,
+                                                    const std::vector<OutsideRead>& recompute,
+                                                    const std::vector<const torch::autograd::Node*>& recompute_nodes,
+                                                    const NodeSpan& recompute_span,
+                                                    const std::vector<const c10::TensorImpl*>& inputs);
 
 // Whether a remat allocator tagged `tensor`'s storage.
 bool tagged(const at::TensorBase& tensor);

@@ -114,19 +114,6 @@ def test_leaves_swapped_in_for_forward_alone_are_refused_where_the_allocator_tag
         assert torch.equal(x.grad, expected)
 
 
-def test_first_order_fast_weights_as_copies_are_refused_without_tags(models):
-    """First-order MAML: inner steps on detached copies of the weights through functional_call, each
-    gradient taken once the call has put the module's parameters back. Untagged, recompute read the
-    module's parameters instead of the copies forward read (0.91 off in a 3-step loop before): each
-    copy is held by the caller's dict as the parameter is by the module, unlike a leaf the body makes."""
-    model, _, x = models
-    fast = {name: p.detach().clone().requires_grad_() for name, p in model.named_parameters()}
-    loss = torch.func.functional_call(model, fast, (x,))
-    with pytest.raises(RuntimeError, match=r"read a parameter \(float32 \[32(, 32)?\] on cpu\) as input \d+ of "
-                                           r"\w+, where forward read another parameter \(float32 \[32"):
-        torch.autograd.grad(loss, list(fast.values()))
-
-
 def test_ensemble_members_swapped_in_as_views_are_refused_without_tags():
     """Each member's weights views of torch.func.stack_module_state's stacked leaves, swapped in for
     forward alone: recompute read the first model's own (48% off before)."""
@@ -397,6 +384,50 @@ def test_side_branches_of_the_body_give_the_plain_gradients(side, tagged):
         checkpointed, plain = step(True), step(False)
     assert len(checkpointed) == len(plain) > 0
     assert all(torch.equal(a, b) for a, b in zip(checkpointed, plain))
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+@pytest.mark.parametrize("leaf", ["fresh bias", "probe kept", "parameter each call", "scalar", "feature kept"])
+def test_leaves_the_body_makes_and_keeps_give_the_plain_gradients(leaf, tagged):
+    """Leaves the body makes over new memory, let go or kept (a probe in a list, a module attribute,
+    a parameter made at each call) are other leaves in recompute, rightly: not swapped weights."""
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+            self.kept = []
+
+        def forward(self, u):
+            h = self.a(u)
+            if leaf == "fresh bias":
+                h = h + torch.full((8,), 0.5, requires_grad=True)
+            elif leaf == "probe kept":
+                self.kept.append(torch.zeros_like(h, requires_grad=True))
+                h = h + self.kept[-1]
+            elif leaf == "parameter each call":
+                self.extra = torch.nn.Parameter(torch.ones(8))
+                h = h + self.extra
+            elif leaf == "scalar":
+                h = h - torch.tensor(0.3, requires_grad=True)
+            else:
+                self.feature = h.detach().clone().requires_grad_()
+                h = self.feature.relu()
+            return self.b(torch.tanh(h))
+
+    def step(checkpointed):
+        torch.manual_seed(7)
+        layers = torch.nn.ModuleList(Layer() for _ in range(2))
+        h = torch.randn(4, 8)
+        for i, layer in enumerate(layers):
+            h = remat.checkpoint(region_name=f"l{i}")(layer)(h) if checkpointed else layer(h)
+        h.square().sum().backward()
+        return [p.grad for layer in layers for p in (*layer.a.parameters(), *layer.b.parameters())]
+
+    with remat.tag_cpu_tensors() if tagged else contextlib.nullcontext():
+        checkpointed, plain = step(True), step(False)
+    assert [g is None for g in checkpointed] == [g is None for g in plain]  # a detached feature: a's take none
+    assert all(a is None or torch.equal(a, b) for a, b in zip(checkpointed, plain))
 
 
 def _plan_text(decisions):
