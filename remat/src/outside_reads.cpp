@@ -239,6 +239,14 @@ std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRea
     return !x.is_nested_tensor() && !y.is_nested_tensor() && x.dtype() == y.dtype() &&
            x.shape_as_dim_vector().equals(y.shape_as_dim_vector());
   };
+  // Whether forward's leaf and `recompute_leaf` were both made outside the body: by the phases the
+  // allocator tagged; untagged, where forward read its leaf through a view or cast made before it.
+  auto made_before_the_body = [](const Read& forward_read, const at::Tensor& recompute_leaf) {
+    const at::Tensor& forward_leaf = forward_read.leaf->variable;
+    if (!tagged(forward_leaf) || !tagged(recompute_leaf)) return forward_read.node.get() != forward_read.leaf;
+    return made_outside(forward_leaf, alloc::Phase::forward) && made_outside(recompute_leaf, alloc::Phase::recompute) &&
+           made_outside(recompute_leaf, alloc::Phase::forward);
+  };
   for (const Read& read : now) {
     if (read.leaf == nullptr) {
       // A node made elsewhere than forward's body, before recompute began (on its thread, or
@@ -267,9 +275,7 @@ std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRea
     }
     // Where it read, at the same input of the same kind of op, another leaf of its shape and type
     // over other memory that recompute does not read, both made outside the body (a leaf the body
-    // makes is another in recompute; so is a leaf recompute makes over a tensor forward made). Known
-    // where the allocator tagged both; untagged, where forward read it through a view or cast made
-    // before the checkpoint (an ensemble member's weights as views of stacked ones).
+    // makes is another in recompute; so is a leaf recompute makes over a tensor forward made).
     const auto& memory = read.leaf->variable;
     if (!memory.has_storage() || memory.storage().nbytes() == 0) continue;
     for (const Read& t : then) {
@@ -281,11 +287,9 @@ std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRea
           !alike(t, read)) {
         continue;
       }
-      const bool made_before = tagged(other) && tagged(memory) ? made_outside(other, alloc::Phase::forward) &&
-                                                                     made_outside(memory, alloc::Phase::recompute) &&
-                                                                     made_outside(memory, alloc::Phase::forward)
-                                                               : t.node.get() != t.leaf;
-      if (made_before) return what() + "another parameter (" + DroppedMeta::of(other, -1).describe() + ")";
+      if (made_before_the_body(t, memory)) {
+        return what() + "another parameter (" + DroppedMeta::of(other, -1).describe() + ")";
+      }
     }
   }
   return std::nullopt;
