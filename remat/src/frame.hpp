@@ -94,8 +94,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
     std::uint32_t version_at_forward = 0;
   };
   std::vector<ReadParameter> read_parameters;
-  // What the same nodes read from outside the checkpoint (parameters, tensors computed before it,
-  // its inputs), and the span of the nodes forward made.
+  // What the same nodes read from outside the checkpoint (parameters, tensors computed before it;
+  // not what computed its inputs, which recompute is given as leaves), and the span of the nodes
+  // forward made.
   std::vector<OutsideRead> forward_reads;
   NodeSpan forward_span;
   // Once forward returned `outputs`: fills read_parameters and forward_reads from the graph behind
