@@ -203,6 +203,7 @@ void Frame::note_forward_reads(const TensorList& outputs) {
     if (noted_set.empty()) noted_set.insert(noted.begin(), noted.end());
     return noted_set.insert(leaf).second;
   };
+  std::vector<c10::intrusive_ptr<c10::TensorImpl>> leaves;
   walk_outside_reads(
       forward_span, roots,
       [&](const torch::autograd::Node& reader, std::uint32_t input,
@@ -213,13 +214,14 @@ void Frame::note_forward_reads(const TensorList& outputs) {
         }
         forward_reads.push_back(OutsideRead::of(reader, input, read));
         const auto* leaf = dynamic_cast<const torch::autograd::AccumulateGrad*>(read.get());
-        if (leaf == nullptr) return;
-        const c10::TensorImpl* impl = leaf->variable.unsafeGetTensorImpl();
-        const c10::VariableVersion& version = impl->version_counter();
-        if (version.enabled() && first_note(impl)) {
+        if (leaf == nullptr || !first_note(leaf->variable.unsafeGetTensorImpl())) return;
+        leaves.push_back(leaf->variable.getIntrusivePtr());
+        const c10::VariableVersion& version = leaf->variable.unsafeGetTensorImpl()->version_counter();
+        if (version.enabled()) {
           read_parameters.push_back({DroppedMeta::of(leaf->variable, -1), version, version.current_version()});
         }
       });
+  note_leaves_forwards_read(leaves);
 }
 
 void Frame::check_read_again_unchanged() const {

@@ -15,8 +15,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <iterator>
+#include <mutex>
 #include <string_view>
 #include <typeinfo>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace remat::detail {
@@ -120,6 +123,19 @@ bool same_computation(const Node* a, const Node* b, int depth) {
   return true;
 }
 
+// The leaves forwards read, by address, held weakly (an address stays taken while a weak pointer
+// holds it, so a dead leaf's is never another's); dead ones dropped as the record doubles.
+struct LeavesForwardsRead {
+  std::mutex mutex;
+  std::unordered_map<const c10::TensorImpl*, c10::weak_intrusive_ptr<c10::TensorImpl>> leaves;
+  std::size_t prune_at = 1024;
+};
+
+LeavesForwardsRead& leaves_forwards_read() {
+  static auto* instance = new LeavesForwardsRead();  // read during shutdown too
+  return *instance;
+}
+
 // "input 0 of AddmmBackward0".
 std::string input_of(const OutsideRead& read) {
   const std::string type = c10::demangle(read.reader.name());
@@ -130,6 +146,28 @@ std::string input_of(const OutsideRead& read) {
 
 OutsideRead OutsideRead::of(const Node& reader, std::uint32_t input, const std::shared_ptr<Node>& read) {
   return {read, typeid(reader), input, reader.next_edge(input).input_nr};
+}
+
+void note_leaves_forwards_read(const std::vector<c10::intrusive_ptr<c10::TensorImpl>>& leaves) {
+  if (leaves.empty()) return;
+  LeavesForwardsRead& record = leaves_forwards_read();
+  std::lock_guard lock(record.mutex);
+  for (const c10::intrusive_ptr<c10::TensorImpl>& leaf : leaves) {
+    record.leaves.try_emplace(leaf.get(), c10::weak_intrusive_ptr<c10::TensorImpl>(leaf));
+  }
+  if (record.leaves.size() >= record.prune_at) {
+    for (auto it = record.leaves.begin(); it != record.leaves.end();) {
+      it = it->second.expired() ? record.leaves.erase(it) : std::next(it);
+    }
+    record.prune_at = std::max<std::size_t>(1024, 2 * record.leaves.size());
+  }
+}
+
+bool read_by_a_forward(const c10::TensorImpl* leaf) {
+  LeavesForwardsRead& record = leaves_forwards_read();
+  std::lock_guard lock(record.mutex);
+  const auto found = record.leaves.find(leaf);
+  return found != record.leaves.end() && !found->second.expired();
 }
 
 NodeSpan NodeSpan::up_to_now(std::uint64_t begin) {
@@ -240,10 +278,13 @@ std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRea
            x.shape_as_dim_vector().equals(y.shape_as_dim_vector());
   };
   // Whether forward's leaf and `recompute_leaf` were both made outside the body: by the phases the
-  // allocator tagged; untagged, where forward read its leaf through a view or cast made before it.
+  // allocator tagged; untagged, where forward read its leaf through a view or cast made before it,
+  // or some forward read recompute's (a leaf recompute makes is new to every forward).
   auto made_before_the_body = [](const Read& forward_read, const at::Tensor& recompute_leaf) {
     const at::Tensor& forward_leaf = forward_read.leaf->variable;
-    if (!tagged(forward_leaf) || !tagged(recompute_leaf)) return forward_read.node.get() != forward_read.leaf;
+    if (!tagged(forward_leaf) || !tagged(recompute_leaf)) {
+      return forward_read.node.get() != forward_read.leaf || read_by_a_forward(recompute_leaf.unsafeGetTensorImpl());
+    }
     return made_outside(forward_leaf, alloc::Phase::forward) && made_outside(recompute_leaf, alloc::Phase::recompute) &&
            made_outside(recompute_leaf, alloc::Phase::forward);
   };

@@ -9,6 +9,7 @@
 #include <remat/alloc/tags.hpp>
 
 #include <ATen/core/TensorBase.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <functional>
@@ -55,15 +56,21 @@ std::vector<const torch::autograd::Node*> walk_outside_reads(
     const std::function<void(const torch::autograd::Node& reader, std::uint32_t input,
                              const std::shared_ptr<torch::autograd::Node>& read)>& read);
 
+// Notes leaves a checkpoint's forward read as they are (its parameters), held weakly past the
+// checkpoint: a leaf some forward read was made before any later recompute (a late-binding
+// closure's recompute reads the last layer's weights after that layer's checkpoint is gone).
+void note_leaves_forwards_read(const std::vector<c10::intrusive_ptr<c10::TensorImpl>>& leaves);
+bool read_by_a_forward(const c10::TensorImpl* leaf);
+
 // What recompute read that forward did not, where that means weights swapped in, as a phrase
 // ("a parameter (float32 [8] on cpu) as input 0 of AddmmBackward0, where forward read a tensor
 // computed from it (the output of SubBackward0)"): a parameter where forward read a tensor computed
 // from it that recompute (its `recompute_nodes`) does not compute again; a parameter over other
 // memory where forward read another, of its shape and type, at the same input of the same kind of
 // op, both made outside the body (as the allocator tagged them: made_outside; untagged, where
-// forward read its leaf through a view or cast made before the checkpoint); a tensor made before
-// recompute began (on recompute's thread, or outside the body on forward's) computed
-// otherwise than every tensor forward read. Views and casts of a leaf count as the leaf (autocast's
+// forward read its leaf through a view or cast made before the checkpoint, or some forward read
+// recompute's, read_by_a_forward); a tensor made before recompute began (on recompute's thread, or outside the body on
+// forward's) computed otherwise than every tensor forward read. Views and casts of a leaf count as the leaf (autocast's
 // cached casts, a sharded parameter's views made again for backward). The checkpoint's `inputs` (as
 // forward and recompute were given them, with the outputs of save regions recompute skips) and
 // nodes of threads other than these two are not compared.
