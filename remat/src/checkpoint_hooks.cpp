@@ -81,8 +81,7 @@ DroppedMeta::Read read_in_forward(const Frame& frame, const at::Tensor& tensor) 
 
 // Weights swapped in for forward or backward alone: recompute reads a parameter where forward read
 // a tensor computed before the checkpoint; or where forward read a parameter, a tensor computed
-// before recompute, or another parameter over other memory made before either (known where the
-// allocator tagged both).
+// before recompute, or another parameter over other memory made outside the body (swapped_leaf).
 std::optional<std::string> swapped_read(const Frame& frame, std::size_t index, const at::Tensor& recreated,
                                         int region) {
   const DroppedMeta& forward = frame.dropped_metas[index];
@@ -96,9 +95,8 @@ std::optional<std::string> swapped_read(const Frame& frame, std::size_t index, c
   } else if (const auto parameter = forward.parameter.lock();
              forward.read == DroppedMeta::Read::parameter && of_parameter(recreated) && parameter &&
              parameter.get() != base_of(recreated).unsafeGetTensorImpl() &&
-             made_outside(at::Tensor(parameter), alloc::Phase::forward) &&
-             made_outside(base_of(recreated), alloc::Phase::recompute) &&
-             !at::Tensor(parameter).storage().is_alias_of(base_of(recreated).storage())) {
+             !at::Tensor(parameter).storage().is_alias_of(base_of(recreated).storage()) &&
+             swapped_leaf(at::TensorBase(parameter), false, base_of(recreated), frame.held_as_recompute_began)) {
     read = "another parameter";
     was = "a parameter";
   } else {

@@ -408,6 +408,7 @@ void Frame::recompute() {
       recreated[i] = at::Tensor();
       filled[i] = false;
     }
+    held_as_recompute_began.clear();
     throw;
   }
 }
@@ -467,9 +468,12 @@ void Frame::recompute_slots(const std::vector<std::size_t>& to_fill) {
     auto phase_tag = alloc::TagScope::phase(alloc::Phase::recompute);
     at::AutoGradMode grad(true);
     CallerScope caller(options.caller.get());
+    body_starting = true;
     try {
       body(args);
+      body_starting = false;
     } catch (const std::exception& e) {
+      body_starting = false;
       // The stop (StopRecompute, or what the raiser set with set_recompute_stop_raiser()
       // throws in its place: a Python exception, for a Python body): every tensor backward
       // needs exists, so the rest of the body need not run.
@@ -502,6 +506,7 @@ void Frame::recompute_slots(const std::vector<std::size_t>& to_fill) {
                 "forward)");
   }
   refuse_reads_forward_did_not_make(to_fill, args);
+  held_as_recompute_began.clear();
 }
 
 void Frame::refuse_reads_forward_did_not_make(const std::vector<std::size_t>& filled_now,
@@ -528,7 +533,8 @@ void Frame::refuse_reads_forward_did_not_make(const std::vector<std::size_t>& fi
   for (const at::Tensor& arg : args) {
     if (arg.defined()) leaves_given.push_back(arg.unsafeGetTensorImpl());
   }
-  if (auto elsewhere = recompute_read_elsewhere(forward_reads, forward_span, reads, nodes, span, leaves_given)) {
+  if (auto elsewhere = recompute_read_elsewhere(forward_reads, forward_span, reads, nodes, span, leaves_given,
+                                                held_as_recompute_began)) {
     throw Error(swapped_weights_error(options.region_name, *elsewhere));
   }
 }

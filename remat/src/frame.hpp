@@ -153,6 +153,10 @@ struct Frame : std::enable_shared_from_this<Frame> {
 
   // Recompute progress.
   std::vector<const c10::TensorImpl*> given_by_skipped_save_regions;  // their outputs, leaves of their own
+  // What the body held as recompute began (note_leaves_held_by_the_body), while it runs: leaves
+  // made before recompute.
+  bool body_starting = false;
+  TensorList held_as_recompute_began;
   std::size_t recompute_packs = 0;
   std::size_t recompute_regions = 0;
   // Set by the pack hook when recompute recreated something other than forward dropped; the

@@ -218,12 +218,10 @@ std::vector<const Node*> walk_outside_reads(
   return visited;
 }
 
-std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRead>& forward,
-                                                    const NodeSpan& forward_span,
-                                                    const std::vector<OutsideRead>& recompute,
-                                                    const std::vector<const Node*>& recompute_nodes,
-                                                    const NodeSpan& recompute_span,
-                                                    const std::vector<const c10::TensorImpl*>& inputs) {
+std::optional<std::string> recompute_read_elsewhere(
+    const std::vector<OutsideRead>& forward, const NodeSpan& forward_span, const std::vector<OutsideRead>& recompute,
+    const std::vector<const Node*>& recompute_nodes, const NodeSpan& recompute_span,
+    const std::vector<const c10::TensorImpl*>& inputs, const std::vector<at::Tensor>& held) {
   constexpr int kDepth = 4;
   // Each read as a leaf (views and casts of one counted as it) or another node.
   struct Read {
@@ -277,17 +275,6 @@ std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRea
     return !x.is_nested_tensor() && !y.is_nested_tensor() && x.dtype() == y.dtype() &&
            x.shape_as_dim_vector().equals(y.shape_as_dim_vector());
   };
-  // Whether forward's leaf and `recompute_leaf` were both made outside the body: by the phases the
-  // allocator tagged; untagged, where forward read its leaf through a view or cast made before it,
-  // or some forward read recompute's (a leaf recompute makes is new to every forward).
-  auto made_before_the_body = [](const Read& forward_read, const at::Tensor& recompute_leaf) {
-    const at::Tensor& forward_leaf = forward_read.leaf->variable;
-    if (!tagged(forward_leaf) || !tagged(recompute_leaf)) {
-      return forward_read.node.get() != forward_read.leaf || read_by_a_forward(recompute_leaf.unsafeGetTensorImpl());
-    }
-    return made_outside(forward_leaf, alloc::Phase::forward) && made_outside(recompute_leaf, alloc::Phase::recompute) &&
-           made_outside(recompute_leaf, alloc::Phase::forward);
-  };
   for (const Read& read : now) {
     if (read.leaf == nullptr) {
       // A node made elsewhere than forward's body, before recompute began (on its thread, or
@@ -328,7 +315,7 @@ std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRea
           !alike(t, read)) {
         continue;
       }
-      if (made_before_the_body(t, memory)) {
+      if (swapped_leaf(other, t.node.get() != t.leaf, memory, held)) {
         return what() + "another parameter (" + DroppedMeta::of(other, -1).describe() + ")";
       }
     }
@@ -340,6 +327,17 @@ bool tagged(const at::TensorBase& tensor) {
   return tensor.has_storage() && alloc::find_block_tag(tensor.storage().data()).has_value();
 }
 
+bool swapped_leaf(const at::TensorBase& forward_leaf, bool forward_read_a_view, const at::TensorBase& recompute_leaf,
+                  const std::vector<at::Tensor>& held) {
+  if (!tagged(forward_leaf) || !tagged(recompute_leaf)) {
+    const c10::TensorImpl* impl = recompute_leaf.unsafeGetTensorImpl();
+    return forward_read_a_view || read_by_a_forward(impl) ||
+           std::any_of(held.begin(), held.end(), [&](const at::Tensor& t) { return t.unsafeGetTensorImpl() == impl; });
+  }
+  return made_outside(forward_leaf, alloc::Phase::forward) && made_outside(recompute_leaf, alloc::Phase::recompute) &&
+         made_outside(recompute_leaf, alloc::Phase::forward);
+}
+
 bool made_outside(const at::TensorBase& tensor, alloc::Phase body) {
   if (!tensor.has_storage() || tensor.storage().nbytes() == 0) return false;
   const std::optional<alloc::TagId> tag = alloc::find_block_tag(tensor.storage().data());
@@ -349,7 +347,8 @@ bool made_outside(const at::TensorBase& tensor, alloc::Phase body) {
 std::string swapped_weights_error(const std::string& checkpoint, const std::string& what) {
   return "recompute of checkpoint '" + checkpoint + "' read " + what +
          ": weights swapped in for forward or for backward alone (torch.func.functional_call, a "
-         "reparametrization) make recompute give wrong gradients. Keep the swap in force through forward and "
+         "reparametrization, a parameter assigned between forward and backward) make recompute give wrong gradients. "
+         "Keep the swap in force through forward and "
          "backward, call the checkpoint outside the swapped call, or make its regions save regions (recompute=False)";
 }
 

@@ -8,7 +8,7 @@
 
 #include <remat/alloc/tags.hpp>
 
-#include <ATen/core/TensorBase.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
@@ -68,21 +68,28 @@ bool read_by_a_forward(const c10::TensorImpl* leaf);
 // from it that recompute (its `recompute_nodes`) does not compute again; a parameter over other
 // memory where forward read another, of its shape and type, at the same input of the same kind of
 // op, both made outside the body (as the allocator tagged them: made_outside; untagged, where
-// forward read its leaf through a view or cast made before the checkpoint, or some forward read
-// recompute's, read_by_a_forward); a tensor made before recompute began (on recompute's thread, or outside the body on
-// forward's) computed otherwise than every tensor forward read. Views and casts of a leaf count as the leaf (autocast's
-// cached casts, a sharded parameter's views made again for backward). The checkpoint's `inputs` (as
-// forward and recompute were given them, with the outputs of save regions recompute skips) and
-// nodes of threads other than these two are not compared.
-std::optional<std::string> recompute_read_elsewhere(const std::vector<OutsideRead>& forward,
-                                                    const NodeSpan& forward_span,
-                                                    const std::vector<OutsideRead>& recompute,
-                                                    const std::vector<const torch::autograd::Node*>& recompute_nodes,
-                                                    const NodeSpan& recompute_span,
-                                                    const std::vector<const c10::TensorImpl*>& inputs);
+// forward read its leaf through a view or cast made before the checkpoint, or recompute's existed
+// before recompute began: swapped_leaf); a tensor made before recompute began (on recompute's thread, or outside the
+// body on forward's) computed otherwise than every tensor forward read. Views and casts of a leaf count as the leaf
+// (autocast's cached casts, a sharded parameter's views made again for backward). The checkpoint's `inputs` (as forward
+// and recompute were given them, with the outputs of save regions recompute skips) and nodes of threads other than
+// these two are not compared.
+std::optional<std::string> recompute_read_elsewhere(
+    const std::vector<OutsideRead>& forward, const NodeSpan& forward_span, const std::vector<OutsideRead>& recompute,
+    const std::vector<const torch::autograd::Node*>& recompute_nodes, const NodeSpan& recompute_span,
+    const std::vector<const c10::TensorImpl*>& inputs, const std::vector<at::Tensor>& held);
 
 // Whether a remat allocator tagged `tensor`'s storage.
 bool tagged(const at::TensorBase& tensor);
+
+// Whether `forward_leaf`, which forward read, and `recompute_leaf`, which recompute read in its
+// place, were both made outside the body, so that one was swapped for the other: by the phases
+// the allocator tagged; untagged, where forward read its leaf through a view or cast made before
+// the checkpoint (`forward_read_a_view`), or recompute's existed before recompute began (some
+// forward read it, read_by_a_forward, or the body held it as recompute began, among `held`). A
+// leaf the body makes is new to every forward and to the body.
+bool swapped_leaf(const at::TensorBase& forward_leaf, bool forward_read_a_view, const at::TensorBase& recompute_leaf,
+                  const std::vector<at::Tensor>& held);
 
 // Whether the allocator tagged `tensor`'s storage as made in a phase other than `body` (the body's
 // forward or recompute): a leaf the body makes (torch.utils.checkpoint's placeholder, a probe that

@@ -514,6 +514,13 @@ bool is_recomputing() { return detail::thread_state().mode == detail::Mode::reco
 
 bool in_checkpoint() { return detail::thread_state().mode != detail::Mode::none; }
 
+void note_leaves_held_by_the_body(const std::function<TensorList()>& leaves) {
+  const detail::ThreadState& state = detail::thread_state();
+  if (state.mode != detail::Mode::recompute || state.frame == nullptr || !state.frame->body_starting) return;
+  state.frame->body_starting = false;
+  state.frame->held_as_recompute_began = leaves();
+}
+
 std::optional<ForwardPosition> forward_position() {
   const detail::ThreadState& state = detail::thread_state();
   if (state.mode != detail::Mode::forward || state.frame == nullptr) return std::nullopt;
