@@ -12,8 +12,9 @@ namespace {
 // Closures of closures: a plan's wrapper around a lambda around a layer is three.
 constexpr int kClosureDepth = 3;
 
+// Held for the process's lifetime.
 const py::handle& module_type() {
-  static const py::handle type = py::module_::import("torch.nn").attr("Module").cast<py::object>().release();  // process lifetime
+  static const py::handle type = py::module_::import("torch.nn").attr("Module").cast<py::object>().release();
   return type;
 }
 

@@ -123,7 +123,9 @@ def test_ensemble_members_swapped_in_as_views_are_refused_without_tags():
     stacked, _ = torch.func.stack_module_state(members)
     x = torch.randn(4, 32)
     loss = sum(torch.func.functional_call(members[0], {k: v[i] for k, v in stacked.items()}, (x,)) for i in range(2))
-    with pytest.raises(RuntimeError, match=r"checkpoint 'blocks.1' read (a|another) parameter .*where forward read (another|a) parameter"):
+    with pytest.raises(RuntimeError,
+                       match=r"checkpoint 'blocks.1' read (a|another) parameter .*where forward read (another|a) "
+                             r"parameter"):
         loss.backward()
 
 
@@ -178,7 +180,8 @@ def test_leaf_copies_swapped_in_for_forward_alone_are_refused_without_tags(form)
     copies = {name: (p.detach() * 1.5).requires_grad_() for name, p in layer.named_parameters()}
     with torch.nn.utils.stateless._reparametrize_module(layer, copies):
         loss = run(torch.randn(4, 32)).square().sum()
-    with pytest.raises(RuntimeError, match=r"read (a|another) parameter .*\[32.*where forward read (another|a) parameter"):
+    with pytest.raises(RuntimeError,
+                       match=r"read (a|another) parameter .*\[32.*where forward read (another|a) parameter"):
         loss.backward()
 
 
