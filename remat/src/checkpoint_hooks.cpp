@@ -16,6 +16,7 @@
 #include <remat/saved_tensors_walk.hpp>
 
 #include <ATen/SequenceNumber.h>
+#include <ATen/ops/equal.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
@@ -66,7 +67,7 @@ bool computed_before(const at::Tensor& tensor, std::uint64_t sequence) {
 // DroppedMeta::read of a tensor forward dropped. The checkpoint's inputs are other: recompute is
 // given them as leaves of their own.
 DroppedMeta::Read read_in_forward(const Frame& frame, const at::Tensor& tensor) {
-  if (!tensor.requires_grad() || !tensor.has_storage()) return DroppedMeta::Read::other;
+  if (!tensor.has_storage()) return DroppedMeta::Read::other;
   const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   if (std::any_of(frame.inputs.begin(), frame.inputs.end(), [&](const InputRecord& input) {
         return input.value.defined() && input.value.has_storage() &&
@@ -74,14 +75,32 @@ DroppedMeta::Read read_in_forward(const Frame& frame, const at::Tensor& tensor) 
       })) {
     return DroppedMeta::Read::other;
   }
+  if (!tensor.requires_grad()) return DroppedMeta::Read::frozen;
   if (of_parameter(tensor)) return DroppedMeta::Read::parameter;
   return computed_before(tensor, frame.sequence_at_entry) ? DroppedMeta::Read::computed_before
                                                           : DroppedMeta::Read::other;
 }
 
+// Whether recompute read `recreated` from another tensor that takes no gradient than forward's
+// `frozen`, both made outside the body (swapped_leaf), of one shape and type, with other values: a
+// frozen weight or a buffer swapped in for forward or backward alone. One of another shape (a
+// cached table grown since forward) or one forward read that is gone cannot be compared, and is let be.
+bool frozen_swapped(const Frame& frame, const c10::intrusive_ptr<c10::TensorImpl>& frozen,
+                    const at::Tensor& recreated) {
+  const at::Tensor then(frozen);
+  const at::TensorBase& now = base_of(recreated);
+  if (recreated.requires_grad() || !then.has_storage() || !now.has_storage() ||
+      then.storage().is_alias_of(now.storage()) || !then.sizes().equals(now.sizes()) ||
+      then.scalar_type() != now.scalar_type() || then.device() != now.device()) {
+    return false;
+  }
+  return swapped_leaf(then, false, now, frame.held_as_recompute_began) && !at::equal(then, at::Tensor(now));
+}
+
 // Weights swapped in for forward or backward alone: recompute reads a parameter where forward read
 // a tensor computed before the checkpoint; or where forward read a parameter, a tensor computed
-// before recompute, or another parameter over other memory made outside the body (swapped_leaf).
+// before recompute, or another parameter over other memory made outside the body (swapped_leaf);
+// or another frozen tensor (frozen_swapped).
 std::optional<std::string> swapped_read(const Frame& frame, std::size_t index, const at::Tensor& recreated,
                                         int region) {
   const DroppedMeta& forward = frame.dropped_metas[index];
@@ -99,6 +118,10 @@ std::optional<std::string> swapped_read(const Frame& frame, std::size_t index, c
              swapped_leaf(at::TensorBase(parameter), false, base_of(recreated), frame.held_as_recompute_began)) {
     read = "another parameter";
     was = "a parameter";
+  } else if (const auto frozen = forward.parameter.lock();
+             forward.read == DroppedMeta::Read::frozen && frozen && frozen_swapped(frame, frozen, recreated)) {
+    read = "a frozen weight or buffer (a tensor that takes no gradient)";
+    was = "another, with other values";
   } else {
     return std::nullopt;
   }
@@ -293,7 +316,7 @@ class SavedHooks final : public torch::autograd::SavedVariableHooks {
         DroppedMeta::of(tensor, state_.in_region ? static_cast<int>(f.regions.size()) - 1 : -1));
     meta.read = read_in_forward(f, tensor);
     meta.producer = SavedProducer::of(tensor);
-    if (meta.read == DroppedMeta::Read::parameter) {
+    if (meta.read == DroppedMeta::Read::parameter || meta.read == DroppedMeta::Read::frozen) {
       meta.parameter = c10::weak_intrusive_ptr<c10::TensorImpl>(base_of(tensor).getIntrusivePtr());
     }
     if (f.options.verify_recompute) {

@@ -139,9 +139,12 @@ struct DroppedMeta {
   // its inputs, not a cast autocast caches): recompute must read the same kind again. A parameter
   // where forward read a tensor computed before the checkpoint, or the other way round, means weights
   // were swapped in for forward or backward alone (torch.func.functional_call): wrong gradients.
-  enum class Read : std::uint8_t { other, parameter, computed_before };
+  // `frozen`: a tensor that takes no gradient, not an input (a frozen weight, a buffer, a mask the
+  // body makes); recompute reading another made outside the body, with other values, is a swap too.
+  enum class Read : std::uint8_t { other, parameter, computed_before, frozen };
   Read read = Read::other;
-  // Where forward read a parameter (or a view of one): that parameter, which recompute must read.
+  // Where forward read a parameter or a frozen tensor (or a view of one): that tensor, which
+  // recompute must read.
   c10::weak_intrusive_ptr<c10::TensorImpl> parameter{c10::intrusive_ptr<c10::TensorImpl>()};
   SavedProducer producer;  // set where forward dropped it
 

@@ -199,6 +199,67 @@ def test_a_parameter_assigned_between_forward_and_backward_is_refused(tagged):
             loss.backward()
 
 
+class FrozenBetween(torch.nn.Module):
+    """A frozen linear between trainable ones: its weight takes no gradient (a frozen backbone's
+    under adapter or prompt tuning), its input does, so the matmul saves the weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.frozen = torch.nn.Linear(8, 8).requires_grad_(False)
+
+    def forward(self, x):
+        return self.frozen(torch.tanh(self.a(x))).tanh()
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_a_frozen_weight_swapped_in_for_forward_alone_is_refused(tagged):
+    """Recompute read the module's own frozen weight where forward read the swapped one: no graph
+    edge shows it, and `a`'s gradients were 40-42% off, silently, before."""
+    with remat.tag_cpu_tensors() if tagged else contextlib.nullcontext():
+        torch.manual_seed(0)
+        layer = FrozenBetween()
+        swapped = {"frozen.weight": layer.frozen.weight * 2}
+        with torch.nn.utils.stateless._reparametrize_module(layer, swapped):
+            loss = remat.checkpoint(region_name="c")(layer)(torch.randn(4, 8)).square().sum()
+        with pytest.raises(RuntimeError, match=r"checkpoint 'c' read a frozen weight or buffer \(a tensor that takes "
+                                               r"no gradient\) as saved tensor #\d+ \(float32 \[8, 8\] on cpu\).*"
+                                               r"where forward read another, with other values"):
+            loss.backward()
+
+
+@pytest.mark.parametrize("first_kept", [False, True], ids=["first let go", "first kept"])
+def test_a_frozen_table_made_again_with_the_same_values_gives_the_plain_gradients(first_kept):
+    """A table the module makes again whenever the length changes (positions, a mask): recompute of
+    the first call reads the table the third call made, of the same values as the one the first
+    call read (kept alive or not), which is no swap; nor is a longer table, of another shape."""
+
+    class Table(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+            self.table, self.made = None, []
+
+        def forward(self, x):
+            if self.table is None or self.table.shape[0] != x.shape[0]:
+                self.table = torch.arange(x.shape[0], dtype=torch.float32).unsqueeze(1) / 10
+                if first_kept:
+                    self.made.append(self.table)
+            return torch.tanh(self.a(x) * self.table)
+
+    def losses(checkpointed):
+        torch.manual_seed(3)
+        layer = Table()
+        run = remat.checkpoint(region_name="t")(layer) if checkpointed else layer
+        xs = [torch.randn(n, 8) for n in (4, 6, 4)]
+        outs = [run(x).square().sum() for x in xs]
+        for out in outs:  # the first call's backward first, when the module holds the third's table
+            out.backward()
+        return [p.grad for p in layer.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(losses(True), losses(False)))
+
+
 class Unsaved(torch.nn.Module):
     """A layer whose weight and bias no op saves: its input takes no gradient."""
 
