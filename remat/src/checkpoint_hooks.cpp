@@ -81,20 +81,24 @@ DroppedMeta::Read read_in_forward(const Frame& frame, const at::Tensor& tensor) 
                                                           : DroppedMeta::Read::other;
 }
 
-// Whether recompute read `recreated` from another tensor that takes no gradient than forward's
-// `frozen`, both made outside the body (swapped_leaf), of one shape and type, with other values: a
-// frozen weight or a buffer swapped in for forward or backward alone. One of another shape (a
-// cached table grown since forward) or one forward read that is gone cannot be compared, and is let be.
+// Whether recompute read `recreated` from a tensor that takes no gradient the body held as
+// recompute began (a module's frozen weight or buffer) other than forward's `frozen`, of one shape
+// and type, with other values where it reads them: a frozen weight swapped in for forward or
+// backward alone. A tensor forward read that is gone cannot be compared, and is let be.
 bool frozen_swapped(const Frame& frame, const c10::intrusive_ptr<c10::TensorImpl>& frozen,
                     const at::Tensor& recreated) {
   const at::Tensor then(frozen);
   const at::TensorBase& now = base_of(recreated);
-  if (recreated.requires_grad() || !then.has_storage() || !now.has_storage() ||
-      then.storage().is_alias_of(now.storage()) || !then.sizes().equals(now.sizes()) ||
+  if (recreated.requires_grad() || !held_by_the_body(now.unsafeGetTensorImpl(), frame.held_as_recompute_began) ||
+      !then.has_storage() || !now.has_storage() || then.storage().is_alias_of(now.storage()) ||
+      !then.sizes().equals(now.sizes()) || !then.strides().equals(now.strides()) ||
+      then.storage_offset() != now.storage_offset() || then.storage().nbytes() != now.storage().nbytes() ||
       then.scalar_type() != now.scalar_type() || then.device() != now.device()) {
     return false;
   }
-  return swapped_leaf(then, false, now, frame.held_as_recompute_began) && !at::equal(then, at::Tensor(now));
+  // The part of forward's tensor that forward saved, as recompute saved it of its own.
+  const at::Tensor saved_then = then.as_strided(recreated.sizes(), recreated.strides(), recreated.storage_offset());
+  return !at::equal(saved_then, recreated);
 }
 
 // Weights swapped in for forward or backward alone: recompute reads a parameter where forward read

@@ -140,7 +140,7 @@ struct DroppedMeta {
   // where forward read a tensor computed before the checkpoint, or the other way round, means weights
   // were swapped in for forward or backward alone (torch.func.functional_call): wrong gradients.
   // `frozen`: a tensor that takes no gradient, not an input (a frozen weight, a buffer, a mask the
-  // body makes); recompute reading another made outside the body, with other values, is a swap too.
+  // body makes); recompute reading another the body held, with other values, is a swap too.
   enum class Read : std::uint8_t { other, parameter, computed_before, frozen };
   Read read = Read::other;
   // Where forward read a parameter or a frozen tensor (or a view of one): that tensor, which

@@ -153,7 +153,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
 
   // Recompute progress.
   std::vector<const c10::TensorImpl*> given_by_skipped_save_regions;  // their outputs, leaves of their own
-  // What the body held as recompute began (note_leaves_held_by_the_body), while it runs: leaves
+  // The tensors the body held as recompute began (note_tensors_held_by_the_body), while it runs:
   // made before recompute.
   bool body_starting = false;
   TensorList held_as_recompute_began;

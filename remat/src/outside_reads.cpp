@@ -329,13 +329,14 @@ bool tagged(const at::TensorBase& tensor) {
 
 bool swapped_leaf(const at::TensorBase& forward_leaf, bool forward_read_a_view, const at::TensorBase& recompute_leaf,
                   const std::vector<at::Tensor>& held) {
-  if (!tagged(forward_leaf) || !tagged(recompute_leaf)) {
-    const c10::TensorImpl* impl = recompute_leaf.unsafeGetTensorImpl();
-    return forward_read_a_view || read_by_a_forward(impl) ||
-           std::any_of(held.begin(), held.end(), [&](const at::Tensor& t) { return t.unsafeGetTensorImpl() == impl; });
-  }
-  return made_outside(forward_leaf, alloc::Phase::forward) && made_outside(recompute_leaf, alloc::Phase::recompute) &&
-         made_outside(recompute_leaf, alloc::Phase::forward);
+  const c10::TensorImpl* impl = recompute_leaf.unsafeGetTensorImpl();
+  if (forward_read_a_view || read_by_a_forward(impl) || held_by_the_body(impl, held)) return true;
+  return tagged(forward_leaf) && tagged(recompute_leaf) && made_outside(forward_leaf, alloc::Phase::forward) &&
+         made_outside(recompute_leaf, alloc::Phase::recompute) && made_outside(recompute_leaf, alloc::Phase::forward);
+}
+
+bool held_by_the_body(const c10::TensorImpl* impl, const std::vector<at::Tensor>& held) {
+  return std::any_of(held.begin(), held.end(), [&](const at::Tensor& t) { return t.unsafeGetTensorImpl() == impl; });
 }
 
 bool made_outside(const at::TensorBase& tensor, alloc::Phase body) {

@@ -83,13 +83,17 @@ std::optional<std::string> recompute_read_elsewhere(
 bool tagged(const at::TensorBase& tensor);
 
 // Whether `forward_leaf`, which forward read, and `recompute_leaf`, which recompute read in its
-// place, were both made outside the body, so that one was swapped for the other: by the phases
-// the allocator tagged; untagged, where forward read its leaf through a view or cast made before
-// the checkpoint (`forward_read_a_view`), or recompute's existed before recompute began (some
-// forward read it, read_by_a_forward, or the body held it as recompute began, among `held`). A
+// place, were both made outside the body, so that one was swapped for the other: where forward read
+// its leaf through a view or cast made before the checkpoint (`forward_read_a_view`), where
+// recompute's existed before recompute began (some forward read it, read_by_a_forward, or the body
+// held it as recompute began, held_by_the_body), or by the phases the allocator tagged both in. A
 // leaf the body makes is new to every forward and to the body.
 bool swapped_leaf(const at::TensorBase& forward_leaf, bool forward_read_a_view, const at::TensorBase& recompute_leaf,
                   const std::vector<at::Tensor>& held);
+
+// Whether `impl` is among `held`, the tensors the body's function held as recompute began
+// (note_tensors_held_by_the_body).
+bool held_by_the_body(const c10::TensorImpl* impl, const std::vector<at::Tensor>& held);
 
 // Whether the allocator tagged `tensor`'s storage as made in a phase other than `body` (the body's
 // forward or recompute): a leaf the body makes (torch.utils.checkpoint's placeholder, a probe that

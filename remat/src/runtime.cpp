@@ -514,11 +514,11 @@ bool is_recomputing() { return detail::thread_state().mode == detail::Mode::reco
 
 bool in_checkpoint() { return detail::thread_state().mode != detail::Mode::none; }
 
-void note_leaves_held_by_the_body(const std::function<TensorList()>& leaves) {
+void note_tensors_held_by_the_body(const std::function<TensorList()>& tensors) {
   const detail::ThreadState& state = detail::thread_state();
   if (state.mode != detail::Mode::recompute || state.frame == nullptr || !state.frame->body_starting) return;
   state.frame->body_starting = false;
-  state.frame->held_as_recompute_began = leaves();
+  state.frame->held_as_recompute_began = tensors();
 }
 
 std::optional<ForwardPosition> forward_position() {

@@ -254,12 +254,11 @@ void recompute_needs_tensor(const at::Tensor& t);
 bool is_recomputing();
 
 // Called by a body as it begins: at the start of a recompute's run of a checkpoint's own body
-// (once per recompute; elsewhere `leaves` is not called), notes what `leaves()` gives, the tensors
-// the body's function holds outside its arguments (a module's parameters and buffers) as they
-// stand. A leaf recompute reads among them existed before recompute began, so the body did not
-// make it: where forward read another leaf in its place, weights were swapped between forward and
-// recompute (the check that needs it where no allocator tagged the memory).
-void note_leaves_held_by_the_body(const std::function<TensorList()>& leaves);
+// (once per recompute; elsewhere `tensors` is not called), notes what `tensors()` gives, the
+// tensors the body's function holds outside its arguments (its modules' parameters and buffers) as
+// they stand. One that recompute reads existed before recompute began, so the body did not make
+// it: where forward read another in its place, weights were swapped between forward and recompute.
+void note_tensors_held_by_the_body(const std::function<TensorList()>& tensors);
 
 // Whether `t` is (a view of) a placeholder: what recompute hands back for a skipped save
 // region's output that forward did not keep. Its shape, strides and dtype are real; its data

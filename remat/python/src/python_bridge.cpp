@@ -1,6 +1,6 @@
 #include "python_bridge.hpp"
 
-#include "held_leaves.hpp"
+#include "held_tensors.hpp"
 
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -177,7 +177,7 @@ FlatFunction python_body(PyRef fn, Structure call, std::shared_ptr<std::optional
           name = std::move(name)](const TensorList& inputs) {
     return with_gil([&] {
       const py::tuple args_and_kwargs = call.rebuild(inputs);
-      note_leaves_held_by_the_body([&] { return leaves_held(fn.get(), args_and_kwargs[0]); });
+      note_tensors_held_by_the_body([&] { return tensors_held(fn.get(), args_and_kwargs); });
       py::object returned;
       {
         DynamoOff eager;

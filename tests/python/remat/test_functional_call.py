@@ -6,7 +6,9 @@ silently (torch.utils.checkpoint does the same). Recompute now refuses a tensor 
 or another parameter where forward read a parameter or a tensor computed before the checkpoint;
 the checkpoint's inputs, and the inner step checkpointed with a plain outer step, are as before.
 Weights no op saves (a bias; a weight whose input takes no gradient) are seen by the graph edges
-recompute's nodes take out of its span against forward's, on any thread."""
+recompute's nodes take out of its span against forward's, on any thread. A parameter the body's
+function held as recompute began (its modules') is the caller's, with or without the allocator's
+tags; a frozen weight or buffer saved in place of forward's is compared by value."""
 
 import contextlib
 import functools
@@ -156,21 +158,53 @@ class Decorated(torch.nn.Module):
         return torch.tanh(self.a(x)) + x
 
 
+_global_layer = None
+
+
+def _run_the_global_layer(t):
+    return _global_layer(t)
+
+
+def _run_layer(t, layer):
+    return layer(t)
+
+
+class _Trainer:
+    """Not a module: holds one, and its method is what the checkpoint runs."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def step(self, t):
+        return self.layer(t)
+
+    __call__ = step
+
+
 def _checkpointed_as(form):
     """A layer of two linears and a function running it checkpointed, the checkpoint given the layer
     in `form`."""
+    global _global_layer
     if form == "decorated method":
         layer = Decorated()
         return layer, layer
     layer = Block()
     if form == ".call":  # as transformers' gradient checkpointing calls it
         return layer, lambda t: remat.checkpoint(region_name="c").call(layer.__call__, t)
+    if form == "keyword argument":
+        return layer, lambda t: remat.checkpoint(region_name="c")(_run_layer)(t, layer=layer)
+    layers = [torch.nn.Identity(), layer]
+    _global_layer = layer
     body = {"module": layer, "bound method": layer.forward, "closure": lambda t: layer(t),
-            "partial": functools.partial(Block.forward, layer)}[form]
+            "partial": functools.partial(Block.forward, layer), "closure over a list": lambda t: layers[1](t),
+            "global": _run_the_global_layer, "another object's method": _Trainer(layer).step,
+            "another callable object": _Trainer(layer)}[form]
     return layer, remat.checkpoint(region_name="c")(body)
 
 
-@pytest.mark.parametrize("form", ["module", "bound method", "decorated method", "closure", "partial", ".call"])
+@pytest.mark.parametrize("form", ["module", "bound method", "decorated method", "closure", "partial", ".call",
+                                  "closure over a list", "global", "keyword argument", "another object's method",
+                                  "another callable object"])
 def test_leaf_copies_swapped_in_for_forward_alone_are_refused_without_tags(form):
     """First-order MAML's outer step on detached copies through functional_call, where no allocator
     tags memory and no other forward read the module's parameters: recompute read them (22-32% off
@@ -222,8 +256,9 @@ def test_a_frozen_weight_swapped_in_for_forward_alone_is_refused(tagged):
         swapped = {"frozen.weight": layer.frozen.weight * 2}
         with torch.nn.utils.stateless._reparametrize_module(layer, swapped):
             loss = remat.checkpoint(region_name="c")(layer)(torch.randn(4, 8)).square().sum()
-        with pytest.raises(RuntimeError, match=r"checkpoint 'c' read a frozen weight or buffer \(a tensor that takes "
-                                               r"no gradient\) as saved tensor #\d+ \(float32 \[8, 8\] on cpu\).*"
+        with pytest.raises(RuntimeError, match=r"checkpoint 'c' read a frozen weight or buffer \(a tensor that takes no "
+                                               r"gradient\) "
+                                               r"as saved tensor #\d+ \(float32 \[8, 8\] on cpu\).*"
                                                r"where forward read another, with other values"):
             loss.backward()
 
@@ -258,6 +293,120 @@ def test_a_frozen_table_made_again_with_the_same_values_gives_the_plain_gradient
         return [p.grad for p in layer.parameters()]
 
     assert all(torch.equal(a, b) for a, b in zip(losses(True), losses(False)))
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+@pytest.mark.parametrize("how", ["functional_call", "assigned per forward"])
+def test_batch_norm_statistics_swapped_in_give_the_plain_gradients(how, tagged):
+    """Per-domain running statistics swapped in for forward alone: batch norm in training mode saves
+    them, but its gradients never read them (buffers are not compared)."""
+
+    class Net(torch.nn.Module):
+        def __init__(self, checkpointed):
+            super().__init__()
+            self.a, self.norm, self.b = torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4)
+            self.checkpointed = checkpointed
+
+        def forward(self, x):
+            body = lambda t: self.b(torch.relu(self.norm(self.a(t))))  # noqa: E731
+            return remat.checkpoint(region_name="n")(body)(x) if self.checkpointed else body(x)
+
+    def statistics(seed):
+        generator = torch.Generator().manual_seed(seed)
+        return {"norm.running_mean": torch.randn(16, generator=generator) * 0.1,
+                "norm.running_var": torch.rand(16, generator=generator) + 0.5}
+
+    def gradients(checkpointed):
+        torch.manual_seed(0)
+        net, xs = Net(checkpointed).train(), [torch.randn(8, 8) for _ in range(2)]
+        if how == "functional_call":
+            loss = torch.func.functional_call(net, statistics(1), (xs[0],), strict=False).square().mean()
+        else:
+            loss = 0
+            for seed, x in enumerate(xs):
+                net.norm.running_mean, net.norm.running_var = statistics(seed).values()
+                loss = loss + net(x).square().mean()
+        loss.backward()
+        return [p.grad for p in net.parameters()]
+
+    with remat.tag_cpu_tensors() if tagged else contextlib.nullcontext():
+        assert all(torch.equal(a, b) for a, b in zip(gradients(True), gradients(False)))
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_eval_batch_norm_statistics_replaced_between_forward_and_backward_are_refused(tagged):
+    """In eval mode batch norm normalizes by its running statistics, and its gradients read them:
+    recompute reading others gave the linear's gradients 50% off, silently."""
+    with remat.tag_cpu_tensors() if tagged else contextlib.nullcontext():
+        torch.manual_seed(0)
+        layer = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).eval()
+        loss = remat.checkpoint(region_name="bn")(layer)(torch.randn(4, 8)).square().sum()
+        kept = layer[1].running_var
+        layer[1].running_var = kept * 4
+        with pytest.raises(RuntimeError, match=r"checkpoint 'bn' read a frozen weight or buffer .*where forward read "
+                                               r"another, with other values"):
+            loss.backward()
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_a_table_of_fixed_capacity_made_again_gives_the_plain_gradients(tagged):
+    """A shared position table of fixed size, made anew when a longer batch comes: the first
+    micro-batch's recompute reads the new table's first rows, the same as the old one's, which a
+    plain layer's graph keeps alive (its other rows differ)."""
+
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.zeros(16, 8), persistent=False)
+            self.filled = 0
+
+        def forward(self, length):
+            if length > self.filled:
+                table = torch.zeros(16, 8)
+                table[:length] = torch.sin(torch.arange(length).float()[:, None] * torch.arange(1, 9).float() / 10)
+                self.table, self.filled = table, length
+            return self.table[:length]
+
+    class Layer(torch.nn.Module):
+        def __init__(self, positions):
+            super().__init__()
+            self.positions, self.a = positions, torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + torch.tanh(self.a(x) * self.positions(x.shape[0]))
+
+    def gradients(checkpointed):
+        torch.manual_seed(0)
+        positions = Positions()
+        layers = torch.nn.ModuleList(Layer(positions) for _ in range(2))
+
+        def net(x):
+            x = layers[0](x)
+            return (remat.checkpoint(region_name="l1")(layers[1]) if checkpointed else layers[1])(x).square().sum()
+
+        (net(torch.randn(4, 8)) + net(torch.randn(6, 8))).backward()
+        return [p.grad for p in layers.parameters()]
+
+    with remat.tag_cpu_tensors() if tagged else contextlib.nullcontext():
+        assert all(torch.equal(a, b) for a, b in zip(gradients(True), gradients(False)))
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_parameters_made_in_a_checkpointed_forward_then_swapped_are_refused(tagged):
+    """A LazyLinear whose weight the first checkpointed step made (the allocator tags it as made in a
+    forward, as a body's own leaf): copies swapped in later through functional_call were 42% off,
+    silently, under tags before."""
+    with remat.tag_cpu_tensors() if tagged else contextlib.nullcontext():
+        torch.manual_seed(0)
+        layer = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
+        run = remat.checkpoint(region_name="lazy")(layer)
+        run(torch.randn(4, 8)).sum().backward()  # materializes the weight inside the checkpoint
+        copies = {name: (p.detach() * 1.5).requires_grad_() for name, p in layer.named_parameters()}
+        with torch.nn.utils.stateless._reparametrize_module(layer, copies):
+            loss = run(torch.randn(4, 8)).square().sum()
+        with pytest.raises(RuntimeError, match=r"checkpoint 'lazy' read (a|another) parameter .*where forward read "
+                                               r"(another|a) parameter"):
+            loss.backward()
 
 
 class Unsaved(torch.nn.Module):

@@ -1,0 +1,136 @@
+#include "held_tensors.hpp"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <algorithm>
+#include <string>
+#include <unordered_set>
+
+namespace remat::python {
+namespace py = pybind11;
+
+namespace {
+
+// Closures of closures: a plan's wrapper around a lambda around another around a layer is four.
+constexpr int kClosureDepth = 4;
+
+// Held for the process's lifetime.
+const py::handle& module_type() {
+  static const py::handle type = py::module_::import("torch.nn").attr("Module").cast<py::object>().release();
+  return type;
+}
+
+// Batch and instance norm's base class.
+const py::handle& norm_type() {
+  static const py::handle type =
+      py::module_::import("torch.nn.modules.batchnorm").attr("_NormBase").cast<py::object>().release();
+  return type;
+}
+
+const py::handle& partial_type() {
+  static const py::handle type = py::module_::import("functools").attr("partial").cast<py::object>().release();
+  return type;
+}
+
+// A container in a closure or a global holds no more than this many values that are looked at.
+constexpr Py_ssize_t kContainerItems = 256;
+
+class Walk {
+ public:
+  TensorList tensors;
+
+  // Walks what `object` reaches, `depth` closures below the body's function.
+  void reach(const py::handle& object, int depth) {
+    if (object.ptr() == nullptr || depth > kClosureDepth || !seen_.insert(object.ptr()).second) return;
+    PyObject* raw = object.ptr();
+    if (PyObject_IsInstance(raw, module_type().ptr()) == 1) {
+      module(object);
+    } else if (PyMethod_Check(raw)) {
+      reach(PyMethod_GET_SELF(raw), depth);
+      reach(PyMethod_GET_FUNCTION(raw), depth);
+    } else if (PyFunction_Check(raw)) {
+      function(raw, depth);
+    } else if (PyObject_IsInstance(raw, partial_type().ptr()) == 1) {
+      reach(object.attr("func"), depth + 1);
+      for (const py::handle arg : object.attr("args")) reach(arg, depth + 1);
+    } else if (depth > 0 && (PyList_Check(raw) || PyTuple_Check(raw))) {  // layers kept in a plain list
+      const Py_ssize_t size = std::min(PySequence_Fast_GET_SIZE(raw), kContainerItems);
+      for (Py_ssize_t i = 0; i < size; ++i) modules_only(PySequence_Fast_GET_ITEM(raw, i));
+    } else if (depth > 0 && PyDict_Check(raw)) {
+      values_of(raw);
+    } else if (PyObject* attributes = PyObject_GenericGetDict(raw, nullptr)) {
+      // Another object: a callable one, or one whose method is the function (a trainer's step).
+      values_of(attributes);
+      Py_DECREF(attributes);
+    }
+    PyErr_Clear();  // an isinstance check that raised (a proxy object) is a value that holds nothing here
+  }
+
+  // The modules among a dict's values.
+  void values_of(PyObject* dict) {
+    if (!PyDict_Check(dict)) return;
+    Py_ssize_t position = 0, looked_at = 0;
+    PyObject* value = nullptr;
+    while (looked_at++ < kContainerItems && PyDict_Next(dict, &position, nullptr, &value)) modules_only(value);
+  }
+
+  void modules_only(PyObject* value) {
+    if (PyObject_IsInstance(value, module_type().ptr()) == 1 && seen_.insert(value).second) module(value);
+  }
+
+ private:
+  // What the function's closure holds, and the modules among the globals its code names (a model
+  // defined at a script's top level).
+  void function(PyObject* raw, int depth) {
+    PyObject* closure = PyFunction_GET_CLOSURE(raw);
+    if (closure != nullptr && PyTuple_Check(closure)) {
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(closure); ++i) {
+        PyObject* cell = PyTuple_GET_ITEM(closure, i);
+        if (PyCell_Check(cell) && PyCell_GET(cell) != nullptr) reach(PyCell_GET(cell), depth + 1);
+      }
+    }
+    PyObject* globals = PyFunction_GET_GLOBALS(raw);
+    const py::object names = py::getattr(PyFunction_GET_CODE(raw), "co_names", py::none());
+    if (globals == nullptr || !PyDict_Check(globals) || !PyTuple_Check(names.ptr())) return;
+    for (const py::handle name : names) {
+      if (PyObject* value = PyDict_GetItem(globals, name.ptr())) modules_only(value);
+    }
+  }
+
+  void module(const py::handle& object) {
+    const bool norm_training = PyObject_IsInstance(object.ptr(), norm_type().ptr()) == 1 &&
+                               PyObject_IsTrue(object.attr("training").ptr()) == 1;
+    for (const char* members : {"_parameters", "_buffers"}) {
+      const py::object own = py::getattr(object, members, py::none());
+      if (!PyDict_Check(own.ptr())) continue;
+      for (const auto& item : py::reinterpret_borrow<py::dict>(own)) {
+        if (!THPVariable_Check(item.second.ptr())) continue;
+        if (norm_training && PyUnicode_Check(item.first.ptr())) {
+          const std::string name = py::str(item.first);
+          if (name == "running_mean" || name == "running_var") continue;
+        }
+        tensors.push_back(THPVariable_Unpack(item.second.ptr()));
+      }
+    }
+    const py::object children = py::getattr(object, "_modules", py::none());
+    if (!PyDict_Check(children.ptr())) return;
+    for (const auto& item : py::reinterpret_borrow<py::dict>(children)) {
+      if (!item.second.is_none() && seen_.insert(item.second.ptr()).second) module(item.second);
+    }
+  }
+
+  std::unordered_set<PyObject*> seen_;
+};
+
+}  // namespace
+
+TensorList tensors_held(const py::handle& fn, const py::tuple& args_and_kwargs) {
+  Walk walk;
+  walk.reach(fn, 0);
+  for (const py::handle arg : args_and_kwargs[0]) walk.modules_only(arg.ptr());
+  walk.values_of(args_and_kwargs[1].ptr());
+  PyErr_Clear();
+  return std::move(walk.tensors);
+}
+
+}  // namespace remat::python
