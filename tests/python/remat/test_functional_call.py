@@ -256,8 +256,8 @@ def test_a_frozen_weight_swapped_in_for_forward_alone_is_refused(tagged):
         swapped = {"frozen.weight": layer.frozen.weight * 2}
         with torch.nn.utils.stateless._reparametrize_module(layer, swapped):
             loss = remat.checkpoint(region_name="c")(layer)(torch.randn(4, 8)).square().sum()
-        with pytest.raises(RuntimeError, match=r"checkpoint 'c' read a frozen weight or buffer \(a tensor that takes no "
-                                               r"gradient\) "
+        with pytest.raises(RuntimeError, match=r"checkpoint 'c' read a frozen weight or buffer \(a tensor that takes "
+                                               r"no gradient\) "
                                                r"as saved tensor #\d+ \(float32 \[8, 8\] on cpu\).*"
                                                r"where forward read another, with other values"):
             loss.backward()
