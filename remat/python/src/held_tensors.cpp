@@ -58,10 +58,13 @@ class Walk {
       for (Py_ssize_t i = 0; i < size; ++i) modules_only(PySequence_Fast_GET_ITEM(raw, i));
     } else if (depth > 0 && PyDict_Check(raw)) {
       values_of(raw);
-    } else if (PyObject* attributes = PyObject_GenericGetDict(raw, nullptr)) {
-      // Another object: a callable one, or one whose method is the function (a trainer's step).
-      values_of(attributes);
-      Py_DECREF(attributes);
+    } else if (Py_TYPE(raw)->tp_dictoffset != 0 && !THPVariable_Check(raw)) {
+      // Another object with attributes: a callable one, or one whose method is the function (a
+      // trainer's step).
+      if (PyObject* attributes = PyObject_GenericGetDict(raw, nullptr)) {
+        values_of(attributes);
+        Py_DECREF(attributes);
+      }
     }
     PyErr_Clear();  // an isinstance check that raised (a proxy object) is a value that holds nothing here
   }
