@@ -89,11 +89,11 @@ bool frozen_swapped(const Frame& frame, const c10::intrusive_ptr<c10::TensorImpl
                     const at::Tensor& recreated) {
   const at::Tensor then(frozen);
   const at::TensorBase& now = base_of(recreated);
-  if (recreated.requires_grad() || !held_by_the_body(now.unsafeGetTensorImpl(), frame.held_as_recompute_began) ||
-      !then.has_storage() || !now.has_storage() || then.storage().is_alias_of(now.storage()) ||
-      !then.sizes().equals(now.sizes()) || !then.strides().equals(now.strides()) ||
-      then.storage_offset() != now.storage_offset() || then.storage().nbytes() != now.storage().nbytes() ||
-      then.scalar_type() != now.scalar_type() || then.device() != now.device()) {
+  if (recreated.requires_grad() || !then.has_storage() || !now.has_storage() ||
+      then.storage().is_alias_of(now.storage()) || !then.sizes().equals(now.sizes()) ||
+      !then.strides().equals(now.strides()) || then.storage_offset() != now.storage_offset() ||
+      then.storage().nbytes() != now.storage().nbytes() || then.scalar_type() != now.scalar_type() ||
+      then.device() != now.device() || !held_by_the_body(now.unsafeGetTensorImpl(), frame.held_as_recompute_began)) {
     return false;
   }
   // The part of forward's tensor that forward saved, as recompute saved it of its own.

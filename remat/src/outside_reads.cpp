@@ -348,9 +348,9 @@ bool made_outside(const at::TensorBase& tensor, alloc::Phase body) {
 std::string swapped_weights_error(const std::string& checkpoint, const std::string& what) {
   return "recompute of checkpoint '" + checkpoint + "' read " + what +
          ": weights swapped in for forward or for backward alone (torch.func.functional_call, a "
-         "reparametrization, a parameter assigned between forward and backward) make recompute give wrong gradients. "
-         "Keep the swap in force through forward and "
-         "backward, call the checkpoint outside the swapped call, or make its regions save regions (recompute=False)";
+         "reparametrization, a parameter assigned between forward and backward) make recompute give wrong "
+         "gradients. Keep the swap in force through forward and backward, call the checkpoint outside the swapped "
+         "call, or make its regions save regions (recompute=False)";
 }
 
 }  // namespace remat::detail

@@ -67,13 +67,12 @@ bool read_by_a_forward(const c10::TensorImpl* leaf);
 // computed from it (the output of SubBackward0)"): a parameter where forward read a tensor computed
 // from it that recompute (its `recompute_nodes`) does not compute again; a parameter over other
 // memory where forward read another, of its shape and type, at the same input of the same kind of
-// op, both made outside the body (as the allocator tagged them: made_outside; untagged, where
-// forward read its leaf through a view or cast made before the checkpoint, or recompute's existed
-// before recompute began: swapped_leaf); a tensor made before recompute began (on recompute's thread, or outside the
-// body on forward's) computed otherwise than every tensor forward read. Views and casts of a leaf count as the leaf
-// (autocast's cached casts, a sharded parameter's views made again for backward). The checkpoint's `inputs` (as forward
-// and recompute were given them, with the outputs of save regions recompute skips) and nodes of threads other than
-// these two are not compared.
+// op, both made outside the body (swapped_leaf, given `held`); a tensor made before recompute
+// began (on recompute's thread, or outside the body on forward's) computed otherwise than every
+// tensor forward read. Views and casts of a leaf count as the leaf (autocast's cached casts, a
+// sharded parameter's views made again for backward). The checkpoint's `inputs` (as forward and
+// recompute were given them, with the outputs of save regions recompute skips) and nodes of
+// threads other than these two are not compared.
 std::optional<std::string> recompute_read_elsewhere(
     const std::vector<OutsideRead>& forward, const NodeSpan& forward_span, const std::vector<OutsideRead>& recompute,
     const std::vector<const torch::autograd::Node*>& recompute_nodes, const NodeSpan& recompute_span,

@@ -102,7 +102,7 @@ class Walk {
 
   void module(const py::handle& object) {
     const bool norm_training = PyObject_IsInstance(object.ptr(), norm_type().ptr()) == 1 &&
-                               PyObject_IsTrue(object.attr("training").ptr()) == 1;
+                               PyObject_IsTrue(py::getattr(object, "training", py::bool_(false)).ptr()) == 1;
     for (const char* members : {"_parameters", "_buffers"}) {
       const py::object own = py::getattr(object, members, py::none());
       if (!PyDict_Check(own.ptr())) continue;
