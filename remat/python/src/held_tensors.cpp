@@ -3,7 +3,6 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
-#include <string>
 #include <unordered_set>
 
 namespace remat::python {
@@ -100,27 +99,53 @@ class Walk {
     }
   }
 
+  // A module's tensors and its children's, read from the instance dicts (where nn.Module keeps
+  // them) with interned names: a model reached whole is walked at every recompute.
   void module(const py::handle& object) {
-    const bool norm_training = PyObject_IsInstance(object.ptr(), norm_type().ptr()) == 1 &&
-                               PyObject_IsTrue(py::getattr(object, "training", py::bool_(false)).ptr()) == 1;
-    for (const char* members : {"_parameters", "_buffers"}) {
-      const py::object own = py::getattr(object, members, py::none());
-      if (!PyDict_Check(own.ptr())) continue;
-      for (const auto& item : py::reinterpret_borrow<py::dict>(own)) {
-        if (!THPVariable_Check(item.second.ptr())) continue;
-        if (norm_training && PyUnicode_Check(item.first.ptr())) {
-          const std::string name = py::str(item.first);
-          if (name == "running_mean" || name == "running_var") continue;
+    const Names& names = Names::get();
+    const py::object attributes = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(object.ptr(), nullptr));
+    if (!attributes || !PyDict_Check(attributes.ptr())) {
+      PyErr_Clear();
+      return;
+    }
+    PyObject* training = PyDict_GetItem(attributes.ptr(), names.training);
+    const bool norm_training = training == Py_True && PyObject_IsInstance(object.ptr(), norm_type().ptr()) == 1;
+    for (PyObject* members : {names.parameters, names.buffers}) {
+      PyObject* own = PyDict_GetItem(attributes.ptr(), members);
+      if (own == nullptr || !PyDict_Check(own)) continue;
+      Py_ssize_t position = 0;
+      PyObject *name = nullptr, *value = nullptr;
+      while (PyDict_Next(own, &position, &name, &value)) {
+        if (!THPVariable_Check(value)) continue;
+        if (norm_training &&
+            (PyUnicode_Compare(name, names.running_mean) == 0 || PyUnicode_Compare(name, names.running_var) == 0)) {
+          continue;
         }
-        tensors.push_back(THPVariable_Unpack(item.second.ptr()));
+        tensors.push_back(THPVariable_Unpack(value));
       }
     }
-    const py::object children = py::getattr(object, "_modules", py::none());
-    if (!PyDict_Check(children.ptr())) return;
-    for (const auto& item : py::reinterpret_borrow<py::dict>(children)) {
-      if (!item.second.is_none() && seen_.insert(item.second.ptr()).second) module(item.second);
+    PyObject* children = PyDict_GetItem(attributes.ptr(), names.modules);
+    if (children == nullptr || !PyDict_Check(children)) return;
+    Py_ssize_t position = 0;
+    PyObject* child = nullptr;
+    while (PyDict_Next(children, &position, nullptr, &child)) {
+      if (child != Py_None && seen_.insert(child).second) module(child);
     }
   }
+
+  // Interned attribute names, made once (process lifetime).
+  struct Names {
+    PyObject* parameters = PyUnicode_InternFromString("_parameters");
+    PyObject* buffers = PyUnicode_InternFromString("_buffers");
+    PyObject* modules = PyUnicode_InternFromString("_modules");
+    PyObject* training = PyUnicode_InternFromString("training");
+    PyObject* running_mean = PyUnicode_InternFromString("running_mean");
+    PyObject* running_var = PyUnicode_InternFromString("running_var");
+    static const Names& get() {
+      static const Names names;
+      return names;
+    }
+  };
 
   std::unordered_set<PyObject*> seen_;
 };
