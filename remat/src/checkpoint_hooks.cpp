@@ -64,10 +64,13 @@ bool computed_before(const at::Tensor& tensor, std::uint64_t sequence) {
   return node != nullptr && node->sequence_nr() < sequence;
 }
 
-// DroppedMeta::read of a tensor forward dropped. The checkpoint's inputs are other: recompute is
-// given them as leaves of their own.
+// DroppedMeta::read of a tensor forward dropped. The checkpoint's inputs that take a gradient are
+// other: recompute is given them as leaves of their own. One that takes none is frozen without
+// looking through the inputs: what recompute is given in its place (over forward's memory, or a
+// placeholder the body never held) is let be by frozen_swapped.
 DroppedMeta::Read read_in_forward(const Frame& frame, const at::Tensor& tensor) {
   if (!tensor.has_storage()) return DroppedMeta::Read::other;
+  if (!tensor.requires_grad()) return DroppedMeta::Read::frozen;
   const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   if (std::any_of(frame.inputs.begin(), frame.inputs.end(), [&](const InputRecord& input) {
         return input.value.defined() && input.value.has_storage() &&
@@ -75,7 +78,6 @@ DroppedMeta::Read read_in_forward(const Frame& frame, const at::Tensor& tensor) 
       })) {
     return DroppedMeta::Read::other;
   }
-  if (!tensor.requires_grad()) return DroppedMeta::Read::frozen;
   if (of_parameter(tensor)) return DroppedMeta::Read::parameter;
   return computed_before(tensor, frame.sequence_at_entry) ? DroppedMeta::Read::computed_before
                                                           : DroppedMeta::Read::other;

@@ -323,16 +323,12 @@ std::optional<std::string> recompute_read_elsewhere(
   return std::nullopt;
 }
 
-bool tagged(const at::TensorBase& tensor) {
-  return tensor.has_storage() && alloc::find_block_tag(tensor.storage().data()).has_value();
-}
-
 bool swapped_leaf(const at::TensorBase& forward_leaf, bool forward_read_a_view, const at::TensorBase& recompute_leaf,
                   const std::vector<at::Tensor>& held) {
   const c10::TensorImpl* impl = recompute_leaf.unsafeGetTensorImpl();
   if (forward_read_a_view || read_by_a_forward(impl) || held_by_the_body(impl, held)) return true;
-  return tagged(forward_leaf) && tagged(recompute_leaf) && made_outside(forward_leaf, alloc::Phase::forward) &&
-         made_outside(recompute_leaf, alloc::Phase::recompute) && made_outside(recompute_leaf, alloc::Phase::forward);
+  return made_outside(forward_leaf, alloc::Phase::forward) && made_outside(recompute_leaf, alloc::Phase::recompute) &&
+         made_outside(recompute_leaf, alloc::Phase::forward);
 }
 
 bool held_by_the_body(const c10::TensorImpl* impl, const std::vector<at::Tensor>& held) {

@@ -78,9 +78,6 @@ std::optional<std::string> recompute_read_elsewhere(
     const std::vector<const torch::autograd::Node*>& recompute_nodes, const NodeSpan& recompute_span,
     const std::vector<const c10::TensorImpl*>& inputs, const std::vector<at::Tensor>& held);
 
-// Whether a remat allocator tagged `tensor`'s storage.
-bool tagged(const at::TensorBase& tensor);
-
 // Whether `forward_leaf`, which forward read, and `recompute_leaf`, which recompute read in its
 // place, were both made outside the body, so that one was swapped for the other: where forward read
 // its leaf through a view or cast made before the checkpoint (`forward_read_a_view`), where
