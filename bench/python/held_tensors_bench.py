@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""What recompute pays to note the tensors a checkpoint's function holds (the check of weights
-swapped between forward and backward, docs/python.md): a chain of small layers, each a
-checkpoint, run two ways in one run: given the layer itself (its own parameters are walked) and
-through a closure over the whole model (every layer's are walked, at every recompute). Backward
-time is the thread's CPU time, the median over rounds that alternate the two; the difference per
-recompute is what walking the rest of the model costs. Gradients of both are checked bitwise.
+"""What a checkpoint pays to note the tensors its function holds: recompute the parameters and
+buffers (the check of weights swapped between forward and backward), forward the buffers (those
+it changes are given back to recompute as forward read them; docs/python.md). A chain of small
+layers, each a checkpoint, run two ways in one run: given the layer itself (its own modules are
+walked) and through a closure over the whole model (every layer's are walked, at every forward and
+recompute). Forward and backward are timed apart, as the thread's CPU time, the median over rounds
+that alternate the two; the difference per checkpoint is what walking the rest of the model costs.
+Gradients of both are checked bitwise.
 
     PYTHONPATH=build/python:allocator/python REMAT_ALLOC_LIBRARY=build/allocator/libremat_alloc.so \\
         python3 bench/python/held_tensors_bench.py [--rounds 301] [--layers 32]
@@ -34,8 +36,9 @@ class Layer(torch.nn.Module):
         return h + self.down(torch.relu(self.up(self.norm_2(h))))
 
 
-def backward_time(model, x, whole):
+def step_times(model, x, whole):
     model.zero_grad(set_to_none=True)
+    forward_started = time.thread_time_ns()
     h = x
     for index, layer in enumerate(model):
         body = (lambda t, index=index: model[index](t)) if whole else layer
@@ -43,7 +46,8 @@ def backward_time(model, x, whole):
     loss = h.sum()
     started = time.thread_time_ns()
     loss.backward()
-    return time.thread_time_ns() - started, [p.grad.clone() for p in model.parameters()]
+    ended = time.thread_time_ns()
+    return (started - forward_started, ended - started), [p.grad.clone() for p in model.parameters()]
 
 
 def main():
@@ -56,21 +60,24 @@ def main():
     torch.manual_seed(0)
     model = torch.nn.ModuleList(Layer(args.width) for _ in range(args.layers))
     x = torch.randn(4, args.width, requires_grad=True)
-    times = {False: [], True: []}
+    times = {(phase, whole): [] for phase in (0, 1) for whole in (False, True)}
     gradients = {}
     for round_index in range(args.rounds + 5):
         for whole in (False, True):
-            elapsed, gradients[whole] = backward_time(model, x, whole)
+            elapsed, gradients[whole] = step_times(model, x, whole)
             if round_index >= 5:  # the first rounds warm up
-                times[whole].append(elapsed)
+                for phase in (0, 1):
+                    times[(phase, whole)].append(elapsed[phase])
     assert all(torch.equal(a, b) for a, b in zip(gradients[False], gradients[True]))
-    layer_us, whole_us = (statistics.median(times[whole]) / 1e3 for whole in (False, True))
     parameters = sum(1 for _ in model.parameters())
-    print(f"{args.layers} checkpoints, {parameters} parameters in the model; backward per step (median of "
-          f"{args.rounds} rounds):")
-    print(f"  given the layer itself          {layer_us:9.1f} us")
-    print(f"  a closure over the whole model  {whole_us:9.1f} us ({whole_us / layer_us:.2f}x)")
-    print(f"  walking the rest of the model: {(whole_us - layer_us) / args.layers:.1f} us per recompute")
+    modules = sum(1 for _ in model.modules())
+    for phase, (name, each) in enumerate([("forward", "forward"), ("backward", "recompute")]):
+        layer_us, whole_us = (statistics.median(times[(phase, whole)]) / 1e3 for whole in (False, True))
+        print(f"{args.layers} checkpoints, {modules} modules and {parameters} parameters in the model; {name} per "
+              f"step (median of {args.rounds} rounds):")
+        print(f"  given the layer itself          {layer_us:9.1f} us")
+        print(f"  a closure over the whole model  {whole_us:9.1f} us ({whole_us / layer_us:.2f}x)")
+        print(f"  walking the rest of the model: {(whole_us - layer_us) / args.layers:.1f} us per {each}")
 
 
 if __name__ == "__main__":

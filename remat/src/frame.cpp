@@ -468,6 +468,12 @@ void Frame::recompute_slots(const std::vector<std::size_t>& to_fill) {
     auto phase_tag = alloc::TagScope::phase(alloc::Phase::recompute);
     at::AutoGradMode grad(true);
     CallerScope caller(options.caller.get());
+    // The buffers the body changed in forward, as forward read them while it runs, as found after
+    struct PutBackWrittenBuffers {
+      WrittenBuffers& buffers;
+      ~PutBackWrittenBuffers() { buffers.recompute_ended(); }
+    } put_back{written_buffers};
+    written_buffers.recompute_began();
     body_starting = true;
     try {
       body(args);

@@ -7,6 +7,7 @@
 #include "checkpoint_records.hpp"
 #include "forward_modes.hpp"
 #include "outside_reads.hpp"
+#include "written_buffers.hpp"
 
 #include <remat/diagnostics.hpp>
 #include <remat/kept_ops.hpp>
@@ -76,6 +77,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::shared_ptr<SavedTensorHooks> plan_offloader;
   ForwardModes modes;            // autocast, default dtype and backend flags at entry: recompute's too
   std::vector<KeptTensor> kept;  // for reports only
+  WrittenBuffers written_buffers;  // those the body changes in forward (note_buffers_held_by_the_body)
   // Report names for tensors a save region is about to save (name_saved_tensors()), by the
   // exact tensor; cleared when the region returns.
   std::vector<std::pair<const c10::TensorImpl*, std::string>> pending_names;
@@ -153,9 +155,10 @@ struct Frame : std::enable_shared_from_this<Frame> {
 
   // Recompute progress.
   std::vector<const c10::TensorImpl*> given_by_skipped_save_regions;  // their outputs, leaves of their own
+  // Set while the checkpoint's own body has not begun (forward, recompute): it notes what it holds.
+  bool body_starting = false;
   // The tensors the body held as recompute began (note_tensors_held_by_the_body), while it runs:
   // made before recompute.
-  bool body_starting = false;
   TensorList held_as_recompute_began;
   std::size_t recompute_packs = 0;
   std::size_t recompute_regions = 0;

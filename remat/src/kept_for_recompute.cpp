@@ -231,6 +231,7 @@ void record_save_region(Frame& frame, const std::string& name, const TensorList&
                                                     : c10::VariableVersion(c10::VariableVersion::DISABLED));
   }
   record.state_after = snapshot_states(frame.options.recompute_state_hooks);
+  frame.written_buffers.save_region_ended(frame.save_regions.size());
   record.first_node = first_node;
   record.end_node = end_node;
   if (annotation != nullptr) record.annotation = *annotation;
@@ -242,6 +243,7 @@ TensorList outputs_of_skipped_save_region(Frame& frame, int save_index, const st
                                           const TensorList& inputs, std::shared_ptr<void>* annotation) {
   const SaveRegionRecord& record = frame.save_regions[static_cast<std::size_t>(save_index)];
   restore_states(frame.options.recompute_state_hooks, record.state_after);
+  frame.written_buffers.save_region_skipped(static_cast<std::size_t>(save_index));
   frame.fill_ferried(save_index, inputs);
   if (annotation != nullptr) *annotation = record.annotation;
   refuse_outputs_changed_after_forward(record, frame.region_path(name));

@@ -204,7 +204,16 @@ TensorList run_forward(const std::shared_ptr<Frame>& frame, const TensorList& in
   auto region_tag = TagScope::region(frame->options.region_name);
   auto phase_tag = TagScope::phase(Phase::forward);
   CallerScope caller(frame->options.caller.get());
-  TensorList outputs = frame->body(inputs);
+  frame->body_starting = true;
+  TensorList outputs;
+  try {
+    outputs = frame->body(inputs);
+  } catch (...) {
+    frame->body_starting = false;
+    throw;
+  }
+  frame->body_starting = false;
+  frame->written_buffers.forward_ended(frame->options.region_name);
   context_scope.close();
   return outputs;
 }
@@ -519,6 +528,13 @@ void note_tensors_held_by_the_body(const std::function<TensorList()>& tensors) {
   if (state.mode != detail::Mode::recompute || state.frame == nullptr || !state.frame->body_starting) return;
   state.frame->body_starting = false;
   state.frame->held_as_recompute_began = tensors();
+}
+
+void note_buffers_held_by_the_body(const std::function<std::vector<HeldBuffer>()>& buffers) {
+  const detail::ThreadState& state = detail::thread_state();
+  if (state.mode != detail::Mode::forward || state.frame == nullptr || !state.frame->body_starting) return;
+  state.frame->body_starting = false;
+  state.frame->written_buffers.forward_began(state.frame->options.region_name, buffers());
 }
 
 std::optional<ForwardPosition> forward_position() {

@@ -260,6 +260,27 @@ bool is_recomputing();
 // it: where forward read another in its place, weights were swapped between forward and recompute.
 void note_tensors_held_by_the_body(const std::function<TensorList()>& tensors);
 
+// A buffer a body's function holds (a module's, outside the body's arguments): `training` is its
+// module's mode, `name` its attribute name (for messages). `unversioned`: forward may change it
+// without moving its version counter, and what forward makes does not read it (batch norm's
+// running statistics while it trains): recompute leaves it as it found it.
+struct HeldBuffer {
+  at::Tensor tensor;
+  bool training = false;
+  std::string name;
+  bool unversioned = false;
+};
+
+// Called by a body as it begins: at the start of a checkpoint's own body in forward (with
+// gradients on; elsewhere `buffers` is not called), notes what `buffers()` gives. A buffer the
+// body changes in place in forward (a step counter, an exponential average, batch norm's running
+// statistics) is given back to each recompute as forward read it, and after recompute as it was
+// found: recompute makes what forward made, and the buffer changes once, as without checkpointing.
+// Which buffers a body changes is learned as forward ends: one not seen yet, or seen changed
+// before, is copied as forward begins; one seen unchanged in its module's mode is not, and should a
+// later forward change it, that call's recompute reads the changed value (a warning says so).
+void note_buffers_held_by_the_body(const std::function<std::vector<HeldBuffer>()>& buffers);
+
 // Whether `t` is (a view of) a placeholder: what recompute hands back for a skipped save
 // region's output that forward did not keep. Its shape, strides and dtype are real; its data
 // cannot be read.

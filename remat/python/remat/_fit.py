@@ -78,8 +78,9 @@ profiled seconds. So does every region where the clock changed (CUDA initialized
 
 The profiled step checks each region's forward against the model's buffers' version counters: under
 fit the plan chooses for every region, so a region the code recomputes that updates a buffer (a
-BatchNorm's running statistics) is recomputed by every plan, its updates as the code makes them
-whatever the budget (the profiled step, which saves every region, updates it once).
+BatchNorm's running statistics) is recomputed by every plan; the checkpoint's recompute runs from
+the buffers as its forward read them and leaves them as it found them (the runtime's), so they
+are updated once per forward whatever the budget.
 
 The step's tensors must be counted for the profile to measure the step: CPU tensors inside
 remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
@@ -109,7 +110,6 @@ import weakref
 
 import remat_alloc
 import torch
-from torch.nn.modules.batchnorm import _NormBase
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _optimizer_step, _plans, _profiling
@@ -194,9 +194,6 @@ class _Profiled:
         self.made = frozenset(made)  # the parameters whose gradients the step's backward made (names)
         self.gradients = gradients  # their bytes (none of them there at the step's start)
         self.optimizer_after = optimizer_after  # the parameters changed after its backward (an optimizer step)
-        # region -> (the names of the buffers its recompute reads as forward did, their bytes: each call
-        # holds a copy from its forward to its checkpoint's end; FitState._buffers_read_again)
-        self.restored = {}
         self.start = profile.step_start_bytes
         self.persisted = max(0, profile.step_end_bytes - self.start)
         self.planned = profile
@@ -294,7 +291,6 @@ class _Profiled:
         again = _Profiled(self.profile._retimed(forward_seconds), self.signature, self.made, self.gradients,
                           self.optimizer_after)
         again.training, again.model_bytes, again.warm = self.training, self.model_bytes, True
-        again.restored = self.restored
         return again
 
     def all_saved_peak(self, base, ratio):
@@ -429,7 +425,6 @@ class FitState:
         self._window = None
         self._window_peak = 0
         self._awaiting = None       # a planned step's backward hook (weakly: alive with its graph), until it runs
-        self.restoring = {}         # region -> the buffers the step running now restores in its recompute (_restoring)
         self.frozen = None          # the names of the parameters that required no gradient in the steps learned from
         self.learned_when_frozen = {}  # frozen -> what was learned while those were, where others are now
         self._learn_afresh()
@@ -754,7 +749,6 @@ class FitState:
             profile = session._result()
             made = (self.measuring_graded | self._graded()) - self.measuring_had
             done = _Profiled(profile, signature, made, self._parameter_bytes(made), optimizer_after=updated)
-            done.restored = self._buffers_read_again(session, profile)
             done.training = self.step_training  # dropout and the like differ by mode: a difference
             done.model_bytes = self.measuring_model_bytes
             self.profiles[signature] = done
@@ -906,42 +900,6 @@ class FitState:
                   "leave room for what it took above its plan's prediction, and one is profiled again where saving "
                   "every region is estimated within the budget")
 
-    def _buffers_read_again(self, session, profile):
-        """Per region every plan recomputes because it writes buffers of the model (as the code
-        recomputes it): (the names of those of modules other than a BatchNorm, the bytes a call
-        holds to restore them). Such a buffer may be read to make the output (spectral_norm's power
-        iteration), and recompute would run from the value forward left there, its gradients other
-        than without checkpointing (by a little, without an error, as under torch.utils.checkpoint).
-        Planned steps run such a region's recompute from the values forward read (_restoring); a
-        BatchNorm's statistics, which its output does not read in training, are updated again in
-        recompute, as the code asks. Named, so that buffers replaced since (load_state_dict(...,
-        assign=True)) are the ones restored."""
-        if not session._buffer_writes:
-            return {}
-        recomputed = {r["name"] for r in json.loads(profile.to_json())["regions"] if r.get("must_recompute")}
-        names = {id(buffer): name for name, buffer in self.model.named_buffers()}
-        norms = {id(buffer) for module in self.model.modules() if isinstance(module, _NormBase)
-                 for buffer in module.buffers(recurse=False)}
-        restored = {}
-        for region, buffers in session._buffer_writes.items():
-            kept = [b for b in buffers if id(b) in names and id(b) not in norms]
-            if region in recomputed and kept:
-                restored[region] = ([names[id(b)] for b in kept], sum(b.numel() * b.element_size() for b in kept))
-        return restored
-
-    def _restoring(self, source):
-        """(region -> the buffers its recompute reads as forward did, now; the bytes the copies made
-        to restore them may hold at once in the step: one per call of each such region, from its
-        forward to the step's end, and one more while a recompute runs)."""
-        if not source.restored:
-            return {}, 0
-        buffers = dict(self.model.named_buffers())
-        calls = {name: count for name, (count, _) in (source.profile._forward_seconds or {}).items()}
-        held = sum(calls.get(region, 1) * size for region, (_, size) in source.restored.items())
-        held += max(size for _, size in source.restored.values())
-        return {region: [buffers[name] for name in names if name in buffers]
-                for region, (names, _) in source.restored.items()}, held
-
     def _check_diverged_step(self):
         """After a step that differed: later steps with its inputs plan for less than the budget,
         by what this one peaked above its plan's prediction (the room such a step takes), and are
@@ -1050,7 +1008,6 @@ class FitState:
         context = _plans.use_plan(self.plan, strict=False)
         context._watch = self.watch[1]
         context._times = None if self.timing is None else self.timing[1]
-        context._restored = self.restoring
         return context
 
     def begin_step(self, args, kwargs):
@@ -1170,8 +1127,6 @@ class FitState:
         profile = source.profile
         own = signature == source.signature  # the profile of these very inputs
         absent, extra, early = self._absent_gradients(source)
-        self.restoring, restore_bytes = self._restoring(source)
-        extra += restore_bytes
         # Forward and backward, which the plan changes (with the gradients there from the start in
         # micro-batches of gradient accumulation after the first)
         planned = source.planned_for(absent, ratio)
@@ -1255,7 +1210,6 @@ class FitState:
             source.timed_steps += 1
         self.timing = (source, RegionTimes(self.timer)) if timed else None
         context._times = None if self.timing is None else self.timing[1]
-        context._restored = self.restoring
         return context
 
     def _refuse(self, source, base, ratio, least_now, signature, reserve=0, optimizer=False):

@@ -115,7 +115,7 @@ def run_checkpoint(name, own_plan, fn, args, kwargs, call):
     if in_force is not None and in_force.plan._offload is not None:
         run.offload, run.plan = in_force.plan._offload, in_force.plan
     if in_force is not None:
-        run.times, run.restored = in_force.times, in_force.restored
+        run.times = in_force.times
     # Profiled or watched, the settings are chosen here, region by region; the runtime is given a
     # plan naming no region, so that it takes them as they come and runs as it does under a plan.
     if profile is not None:
@@ -194,11 +194,6 @@ class _CheckpointRun:
         self.must_save = must_save or ()  # the plan's entries whose regions no step may recompute
         self.offload, self.plan = None, None  # the plan's PlanOffload where it offloads regions
         self.times = None  # a _timing.RegionTimes timing the top-level regions' forwards (watched, remat.fit)
-        # region -> the buffers it writes that recompute reads as forward did (remat.fit: a module's
-        # buffer its output may read, spectral_norm's), and their values as forward read them
-        self.restored = {}
-        self._forward_values = {}  # (region, occurrence in its pass) -> the values its forward read
-        self._restore_seen = {}  # region -> its calls in this pass (forward, or a recompute)
         self._keeps = {}  # region (watched: (region, occurrence)) -> its RegionKeep, from forward to recompute
         self.ran = []  # (path, planned) of the regions forward ran that are not part of a planned region
         self._open = []  # for each region open now: whether it, or one around it, took the plan's choice
@@ -208,7 +203,6 @@ class _CheckpointRun:
     def body(self, fn):
         def body(*args, **kwargs):
             self._seen = {}  # each pass (forward, recompute) counts its regions from the first
-            self._restore_seen = {}
             return fn(*args, **kwargs)
 
         # Errors name the body by its __qualname__ ("checkpoint 'layers.0' (Block.forward)"): that
@@ -241,7 +235,7 @@ class _CheckpointRun:
             wrap = lambda body: keep.wrap(body, recomputing)  # noqa: E731
 
         def run():
-            out = self._as_forward_read(path, recompute, recomputing, lambda: call(recompute, wrap))
+            out = call(recompute, wrap)
             if not recompute and not recomputing:
                 _C.recompute_needs_tensor(*tensors_in(out))
             return out
@@ -254,35 +248,6 @@ class _CheckpointRun:
                 return run()
         finally:
             self._open.pop()
-
-    def _as_forward_read(self, path, recompute, recomputing, run):
-        """run() of a recomputed region that writes buffers its output may read (`restored`): its
-        forward notes their values, and each recompute of that call (a retained graph's later
-        backward too) runs from them and leaves the buffers as it found them, so that it makes what
-        forward made (spectral_norm's power iteration from the same vectors) and they are updated
-        once, as without checkpointing. The notes live as long as this call (remat.fit counts them)."""
-        buffers = self.restored.get(path) if recompute else None
-        if not buffers:
-            return run()
-        occurrence = self._restore_seen.get(path, 0)
-        self._restore_seen[path] = occurrence + 1
-        if not recomputing:
-            self._forward_values[(path, occurrence)] = [b.detach().clone() for b in buffers]
-            return run()
-        values = self._forward_values.get((path, occurrence))
-        if values is None:
-            return run()
-        now = [b.detach().clone() for b in buffers]
-        with torch.no_grad():
-            for buffer, value in zip(buffers, values):
-                buffer.copy_(value)
-        try:
-            return run()
-        finally:
-            with torch.no_grad():
-                for buffer, value in zip(buffers, now):
-                    if not torch.equal(buffer, value):  # (made again as it was: left, its version as it is)
-                        buffer.copy_(value)
 
     def _may_recompute(self, path):
         return not any(entry == path or ("*" in entry and _budget.matches(entry, path)) for entry in self.must_save)
@@ -328,7 +293,7 @@ class _CheckpointRun:
                 keep = self._keeps[(path, occurrence)] = RegionKeep(path, self.kept_ops[path])
             wrap = lambda body: keep.wrap(body, recomputing)  # noqa: E731
         def body():
-            return self._as_forward_read(path, recompute, recomputing, lambda: call(recompute, wrap))
+            return call(recompute, wrap)
 
         self._open.append((recompute, planned or any(taken for _, taken in self._open)))
         try:
@@ -929,7 +894,6 @@ class _PlanInForce:
         self.where = where
         self.watch = None  # a _step_shape.StepWatch where the plan's profile recorded its step
         self.times = None  # a _timing.RegionTimes where the watched step's regions are timed (remat.fit)
-        self.restored = {}  # region -> buffers its recompute reads as forward did (remat.fit)
         self._under = {}  # plan entry -> the regions that took their choice from it
         self._seen = set()
 
@@ -1011,7 +975,6 @@ class use_plan:
         self._in_force = None
         self._watch = None  # remat.fit's own StepWatch, else one made at __enter__
         self._times = None  # remat.fit's RegionTimes where it times this step's regions
-        self._restored = {}  # remat.fit's: region -> buffers its recompute reads as forward did
 
     def __enter__(self):
         if profiling() is not None:
@@ -1023,7 +986,6 @@ class use_plan:
         self._in_force = _PlanInForce(self._plan, strict=self._strict, where="use_plan")
         self._in_force.watch = self._watch if self._watch is not None else self._plan._step_watch()
         self._in_force.times = self._times
-        self._in_force.restored = self._restored
         _state.plans.append(self._in_force)
         block_opened()
         return self._plan

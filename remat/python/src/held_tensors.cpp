@@ -36,7 +36,11 @@ constexpr Py_ssize_t kContainerItems = 256;
 
 class Walk {
  public:
+  // What is gathered: the parameters and buffers (norm layers' running statistics left out while
+  // they train) into `tensors`, or the buffers alone, with their modules' modes, into `buffers`.
+  explicit Walk(bool buffers_only) : buffers_only_(buffers_only) {}
   TensorList tensors;
+  std::vector<HeldBuffer> buffers;
 
   // Walks what `object` reaches, `depth` closures below the body's function.
   void reach(const py::handle& object, int depth) {
@@ -81,8 +85,8 @@ class Walk {
   }
 
  private:
-  // What the function's closure holds, and the modules among the globals its code names (a model
-  // defined at a script's top level).
+  // What the function's closure holds, the modules among its defaults, and those among the globals
+  // its code names (a model defined at a script's top level).
   void function(PyObject* raw, int depth) {
     PyObject* closure = PyFunction_GET_CLOSURE(raw);
     if (closure != nullptr && PyTuple_Check(closure)) {
@@ -91,6 +95,12 @@ class Walk {
         if (PyCell_Check(cell) && PyCell_GET(cell) != nullptr) reach(PyCell_GET(cell), depth + 1);
       }
     }
+    // Modules bound as defaults (`def block(t, lin=lin)` in a loop)
+    PyObject* defaults = PyFunction_GET_DEFAULTS(raw);
+    if (defaults != nullptr && PyTuple_Check(defaults)) {
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(defaults); ++i) modules_only(PyTuple_GET_ITEM(defaults, i));
+    }
+    if (PyObject* keyword_defaults = PyFunction_GET_KW_DEFAULTS(raw)) values_of(keyword_defaults);
     PyObject* globals = PyFunction_GET_GLOBALS(raw);
     const py::object names = py::getattr(PyFunction_GET_CODE(raw), "co_names", py::none());
     if (globals == nullptr || !PyDict_Check(globals) || !PyTuple_Check(names.ptr())) return;
@@ -108,21 +118,12 @@ class Walk {
       PyErr_Clear();
       return;
     }
-    PyObject* training = PyDict_GetItem(attributes.ptr(), names.training);
-    const bool norm_training = training == Py_True && PyObject_IsInstance(object.ptr(), norm_type().ptr()) == 1;
-    for (PyObject* members : {names.parameters, names.buffers}) {
-      PyObject* own = PyDict_GetItem(attributes.ptr(), members);
-      if (own == nullptr || !PyDict_Check(own)) continue;
-      Py_ssize_t position = 0;
-      PyObject *name = nullptr, *value = nullptr;
-      while (PyDict_Next(own, &position, &name, &value)) {
-        if (!THPVariable_Check(value)) continue;
-        if (norm_training &&
-            (PyUnicode_Compare(name, names.running_mean) == 0 || PyUnicode_Compare(name, names.running_var) == 0)) {
-          continue;
-        }
-        tensors.push_back(THPVariable_Unpack(value));
-      }
+    const bool training = PyDict_GetItem(attributes.ptr(), names.training) == Py_True;
+    const bool norm_training = training && PyObject_IsInstance(object.ptr(), norm_type().ptr()) == 1;
+    if (buffers_only_) {
+      buffers_of(attributes.ptr(), training, norm_training);
+    } else {
+      tensors_of(attributes.ptr(), norm_training);
     }
     PyObject* children = PyDict_GetItem(attributes.ptr(), names.modules);
     if (children == nullptr || !PyDict_Check(children)) return;
@@ -131,6 +132,40 @@ class Walk {
     while (PyDict_Next(children, &position, nullptr, &child)) {
       if (child != Py_None && seen_.insert(child).second) module(child);
     }
+  }
+
+  void buffers_of(PyObject* attributes, bool training, bool norm_training) {
+    PyObject* own = PyDict_GetItem(attributes, Names::get().buffers);
+    if (own == nullptr || !PyDict_Check(own)) return;
+    Py_ssize_t position = 0;
+    PyObject *name = nullptr, *value = nullptr;
+    while (PyDict_Next(own, &position, &name, &value)) {
+      if (!THPVariable_Check(value)) continue;
+      const char* text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
+      buffers.push_back({THPVariable_Unpack(value), training, text != nullptr ? text : "?",
+                         norm_training && running_statistics(name)});
+    }
+    PyErr_Clear();
+  }
+
+  void tensors_of(PyObject* attributes, bool norm_training) {
+    const Names& names = Names::get();
+    for (PyObject* members : {names.parameters, names.buffers}) {
+      PyObject* own = PyDict_GetItem(attributes, members);
+      if (own == nullptr || !PyDict_Check(own)) continue;
+      Py_ssize_t position = 0;
+      PyObject *name = nullptr, *value = nullptr;
+      while (PyDict_Next(own, &position, &name, &value)) {
+        if (!THPVariable_Check(value)) continue;
+        if (norm_training && running_statistics(name)) continue;
+        tensors.push_back(THPVariable_Unpack(value));
+      }
+    }
+  }
+
+  static bool running_statistics(PyObject* name) {
+    const Names& names = Names::get();
+    return PyUnicode_Compare(name, names.running_mean) == 0 || PyUnicode_Compare(name, names.running_var) == 0;
   }
 
   // Interned attribute names, made once (process lifetime).
@@ -147,18 +182,27 @@ class Walk {
     }
   };
 
+  bool buffers_only_;
   std::unordered_set<PyObject*> seen_;
 };
 
-}  // namespace
-
-TensorList tensors_held(const py::handle& fn, const py::tuple& args_and_kwargs) {
-  Walk walk;
+Walk walk_from(const py::handle& fn, const py::tuple& args_and_kwargs, bool buffers_only) {
+  Walk walk(buffers_only);
   walk.reach(fn, 0);
   for (const py::handle arg : args_and_kwargs[0]) walk.modules_only(arg.ptr());
   walk.values_of(args_and_kwargs[1].ptr());
   PyErr_Clear();
-  return std::move(walk.tensors);
+  return walk;
+}
+
+}  // namespace
+
+TensorList tensors_held(const py::handle& fn, const py::tuple& args_and_kwargs) {
+  return std::move(walk_from(fn, args_and_kwargs, /*buffers_only=*/false).tensors);
+}
+
+std::vector<HeldBuffer> buffers_held(const py::handle& fn, const py::tuple& args_and_kwargs) {
+  return std::move(walk_from(fn, args_and_kwargs, /*buffers_only=*/true).buffers);
 }
 
 }  // namespace remat::python

@@ -171,10 +171,17 @@ PYBIND11_MODULE(_C, m) {
         CheckpointOptions options =
             options_of(region_name, state_hooks, contexts, verify_recompute, saved_tensor_hooks, std::move(plan));
         if (!caller.is_none()) options.caller = std::make_shared<PythonCaller>(caller);
-        return run(fn, args, kwargs, "checkpoint '" + region_name + "'",
-                   [&](FlatFunction body, TensorList inputs, ResultSlot&) {
-                     return detail::run_checkpoint(options, std::move(body), std::move(inputs));
-                   });
+        // The runtime's warnings in forward (TORCH_WARN) reach Python as warnings, as it returns
+        torch::PyWarningHandler warnings;
+        try {
+          return run(fn, args, kwargs, "checkpoint '" + region_name + "'",
+                     [&](FlatFunction body, TensorList inputs, ResultSlot&) {
+                       return detail::run_checkpoint(options, std::move(body), std::move(inputs));
+                     });
+        } catch (...) {
+          warnings.set_in_exception();  // (said beside the error, never thrown in its place)
+          throw;
+        }
       },
       py::arg("fn"), py::arg("args"), py::arg("kwargs"), py::arg("region_name"), py::arg("recompute_state_hooks"),
       py::arg("contexts"), py::arg("verify_recompute"), py::arg("saved_tensor_hooks") = py::none(),

@@ -178,6 +178,7 @@ FlatFunction python_body(PyRef fn, Structure call, std::shared_ptr<std::optional
     return with_gil([&] {
       const py::tuple args_and_kwargs = call.rebuild(inputs);
       note_tensors_held_by_the_body([&] { return tensors_held(fn.get(), args_and_kwargs); });
+      note_buffers_held_by_the_body([&] { return buffers_held(fn.get(), args_and_kwargs); });
       py::object returned;
       {
         DynamoOff eager;

@@ -1,0 +1,185 @@
+#include "written_buffers.hpp"
+
+#include "checkpoint_records.hpp"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+namespace remat::detail {
+namespace {
+
+// What forwards of each checkpoint (by name) showed of each buffer, by the buffer and its module's
+// mode (a buffer an eval forward leaves alone may change in training): a function may hold buffers
+// that another checkpoint changes (a closure over the whole model). Holds each buffer weakly: its
+// address is not reused while an entry names it.
+class SeenBuffers {
+ public:
+  enum class Seen : std::uint8_t { not_yet, unchanged, changed };
+  struct Key {
+    const c10::TensorImpl* buffer;
+    bool training;
+    bool operator==(const Key& other) const { return buffer == other.buffer && training == other.training; }
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& key) const {
+      return std::hash<const void*>()(key.buffer) ^ static_cast<std::size_t>(key.training);
+    }
+  };
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl> buffer;
+    Seen seen;
+  };
+  using Entries = std::unordered_map<Key, Entry, KeyHash>;
+
+  // The checkpoint's entries, valid for the process's lifetime (used under lock()).
+  Entries& of(const std::string& checkpoint) {
+    Entries& entries = by_checkpoint_[checkpoint];
+    if (entries.size() >= 2 * pruned_at_[checkpoint] + 64) prune(entries, pruned_at_[checkpoint]);
+    return entries;
+  }
+  std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
+
+  static Key key(const at::Tensor& buffer, bool training) { return {buffer.unsafeGetTensorImpl(), training}; }
+
+ private:
+  static void prune(Entries& entries, std::size_t& pruned_at) {
+    for (auto it = entries.begin(); it != entries.end();) it = it->second.buffer.expired() ? entries.erase(it) : ++it;
+    pruned_at = entries.size();
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<std::string, Entries> by_checkpoint_;
+  std::unordered_map<std::string, std::size_t> pruned_at_;
+};
+
+SeenBuffers& seen_buffers() {
+  static SeenBuffers* seen = new SeenBuffers();  // process lifetime: bodies run on any thread until exit
+  return *seen;
+}
+
+std::uint32_t version_now(const at::Tensor& t) { return t.unsafeGetTensorImpl()->version_counter().current_version(); }
+
+at::Tensor copy_of(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  return t.detach().clone(at::MemoryFormat::Preserve);
+}
+
+// Writes `value` into `buffer` and sets its version counter to `version`.
+void put(const at::Tensor& buffer, const at::Tensor& value, std::uint32_t version) {
+  {
+    at::NoGradGuard no_grad;
+    buffer.detach().copy_(value);
+  }
+  c10::VariableVersion counter = buffer.unsafeGetTensorImpl()->version_counter();  // shares the counter
+  counter.set_version(version);
+}
+
+}  // namespace
+
+void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vector<HeldBuffer>& buffers) {
+  SeenBuffers& seen = seen_buffers();
+  const auto lock = seen.lock();
+  const SeenBuffers::Entries& entries = seen.of(checkpoint);
+  watched_.reserve(buffers.size());
+  for (const HeldBuffer& held : buffers) {
+    const at::Tensor& buffer = held.tensor;
+    if (!buffer.defined() || buffer.layout() != at::kStrided || buffer.is_inference() ||
+        !buffer.unsafeGetTensorImpl()->version_counter().enabled()) {
+      continue;
+    }
+    Watched watched{buffer, held.training, version_now(buffer), version_now(buffer), {}, {},
+                    0,      held.name,     held.unversioned};
+    const auto entry = entries.find(SeenBuffers::key(buffer, held.training));
+    if (!held.unversioned && (entry == entries.end() || entry->second.seen != SeenBuffers::Seen::unchanged)) {
+      watched.as_forward_read = copy_of(buffer);
+    }
+    watched_.push_back(std::move(watched));
+  }
+}
+
+void WrittenBuffers::save_region_ended(std::size_t save_region) {
+  if (recomputing_) return;  // (a save region run again in recompute)
+  for (std::size_t i = 0; i < watched_.size(); ++i) {
+    Watched& watched = watched_[i];
+    const std::uint32_t version = version_now(watched.buffer);
+    if (version == watched.version_marked) continue;
+    watched.version_marked = version;
+    after_save_regions_.push_back({save_region, i, copy_of(watched.buffer), version});
+  }
+}
+
+void WrittenBuffers::forward_ended(const std::string& checkpoint) {
+  SeenBuffers& seen = seen_buffers();
+  const auto lock = seen.lock();
+  SeenBuffers::Entries& entries = seen.of(checkpoint);
+  std::vector<std::optional<std::size_t>> index_now(watched_.size());
+  std::vector<Watched> changed;
+  for (std::size_t i = 0; i < watched_.size(); ++i) {
+    Watched& watched = watched_[i];
+    const bool was_changed = watched.unversioned || version_now(watched.buffer) != watched.version_at_forward;
+    if (!watched.unversioned) {
+      const SeenBuffers::Seen now = was_changed ? SeenBuffers::Seen::changed : SeenBuffers::Seen::unchanged;
+      const auto [entry, made] = entries.try_emplace(
+          SeenBuffers::key(watched.buffer, watched.training),
+          SeenBuffers::Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(watched.buffer.getIntrusivePtr()), now});
+      if (!made) entry->second.seen = now;
+    }
+    if (!was_changed) continue;
+    if (!watched.as_forward_read.defined() && !watched.unversioned) {
+      TORCH_WARN("checkpoint '", checkpoint, "' changed the buffer '", watched.name, "' (",
+                 DroppedMeta::of(watched.buffer, -1).describe(),
+                 ") in place in forward, which its earlier forwards in this mode left alone, so the value forward "
+                 "read was not kept: this call's recompute reads the changed value, and its gradients may differ "
+                 "from those without checkpointing. From the next call on that value is kept and recompute runs "
+                 "from it");
+    }
+    index_now[i] = changed.size();
+    changed.push_back(std::move(watched));
+  }
+  // (A copy after a save region is of a buffer that changed.)
+  for (AfterSaveRegion& copy : after_save_regions_) copy.watched = *index_now[copy.watched];
+  watched_ = std::move(changed);
+}
+
+void WrittenBuffers::recompute_began() {
+  recomputing_ = true;
+  for (Watched& watched : watched_) {
+    watched.version_found = version_now(watched.buffer);
+    watched.as_recompute_found = copy_of(watched.buffer);
+  }
+  for (const Watched& watched : watched_) {
+    if (watched.as_forward_read.defined()) put(watched.buffer, watched.as_forward_read, watched.version_at_forward);
+  }
+}
+
+void WrittenBuffers::save_region_skipped(std::size_t save_region) {
+  if (!recomputing_) return;
+  for (const AfterSaveRegion& copy : after_save_regions_) {
+    if (copy.save_region == save_region) put(watched_[copy.watched].buffer, copy.value, copy.version);
+  }
+}
+
+void WrittenBuffers::recompute_ended() noexcept {
+  if (!recomputing_) return;
+  recomputing_ = false;
+  for (Watched& watched : watched_) {
+    try {
+      // Recompute remade forward's writes where it left the version forward left (what it found,
+      // unless the buffer changed after forward); else (stopped before them, or changed since)
+      // what it found goes back, as it does where no version says
+      if (watched.unversioned || version_now(watched.buffer) != watched.version_found) {
+        put(watched.buffer, watched.as_recompute_found, watched.version_found);
+      }
+    } catch (const std::exception& e) {
+      TORCH_WARN("recompute could not put back the buffer '", watched.name, "' as it found it: ", e.what());
+    }
+    watched.as_recompute_found = at::Tensor();
+  }
+}
+
+}  // namespace remat::detail

@@ -1,0 +1,66 @@
+#pragma once
+// The buffers a checkpoint's body changes in place in forward (a step counter, an exponential
+// average, a recurrent memory, batch norm's running statistics, spectral norm's vectors): each
+// recompute runs from the values forward read, and leaves the buffers as it found them, so that it
+// makes what forward made and each buffer changes once, as without checkpointing. Versions are
+// replayed with the values: recompute's writes leave the version counters where forward's did, so
+// what autograd saved of a buffer in forward and in recompute checks out.
+//
+// Which buffers a body changes is learned as forward ends (their version counters moved), per
+// checkpoint name: a buffer is copied as forward begins where that checkpoint changed it before,
+// or did not see it yet with its module in that mode; one seen unchanged is not copied, and should
+// a later forward change it, that call's recompute reads the changed value (said once per buffer).
+
+#include <remat/remat.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace remat::detail {
+
+class WrittenBuffers {
+ public:
+  // Forward, as the body begins: the buffers its function holds.
+  void forward_began(const std::string& checkpoint, const std::vector<HeldBuffer>& buffers);
+  // Forward, after a save region ran (recompute skips it): copies what changed since forward
+  // began or the last save region ended, for save_region_skipped.
+  void save_region_ended(std::size_t save_region);
+  // Forward, as the body returned: learns which buffers it changed and lets go of the rest.
+  void forward_ended(const std::string& checkpoint);
+  // Recompute, before the body runs: puts forward's values (and versions) in, noting the ones now.
+  void recompute_began();
+  // Recompute, where it skips save region `save_region`: the values forward left after it.
+  void save_region_skipped(std::size_t save_region);
+  // Recompute, as it ends (also where it raised or stopped early): puts back what it found where
+  // it left another version.
+  void recompute_ended() noexcept;
+
+ private:
+  struct Watched {
+    at::Tensor buffer;
+    bool training = false;
+    std::uint32_t version_at_forward = 0;
+    std::uint32_t version_marked = 0;  // at forward's start, or the last save region's end
+    at::Tensor as_forward_read;        // undefined where the buffer was seen unchanged before
+    at::Tensor as_recompute_found;
+    std::uint32_t version_found = 0;
+    std::string name;
+    // HeldBuffer::unversioned: taken as changed; what recompute makes does not read it, so
+    // recompute runs from the value it finds, which goes back after it.
+    bool unversioned = false;
+  };
+  struct AfterSaveRegion {
+    std::size_t save_region = 0;
+    std::size_t watched = 0;
+    at::Tensor value;
+    std::uint32_t version = 0;
+  };
+  std::vector<Watched> watched_;
+  std::vector<AfterSaveRegion> after_save_regions_;
+  bool recomputing_ = false;
+};
+
+}  // namespace remat::detail

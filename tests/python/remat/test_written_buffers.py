@@ -1,0 +1,313 @@
+"""Buffers a checkpoint's body changes in place in forward: a step counter, an exponential average,
+batch norm's running statistics, spectral norm's vectors. Recompute ran from the values forward
+left, so it made other tensors than forward (gradients wrong, silently, as under
+torch.utils.checkpoint) and changed the buffers a second time. Recompute now runs from the values
+forward read and leaves the buffers as it found them: gradients and buffers bitwise those without
+checkpointing."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.utils.checkpoint
+
+import remat
+
+
+class Counter(torch.nn.Module):
+    """Changes its buffer, then reads it (saved, through the product)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("step", torch.zeros(()))
+
+    def forward(self, x):
+        self.step += 1
+        return torch.tanh(self.lin(x)) * self.step
+
+
+class Average(torch.nn.Module):
+    """Reads its buffer (a copy of it is saved), then changes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("average", torch.ones(8))
+
+    def forward(self, x):
+        h = self.lin(x)
+        out = torch.tanh(h * self.average.clone())
+        with torch.no_grad():
+            self.average.mul_(0.9).add_(0.1 * h.mean(0))
+        return out
+
+
+class Norm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.lin(x)))
+
+
+class Spectral(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(8, 8))
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+MODULES = [Counter, Average, Norm, Spectral]
+
+
+def batch(step):
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(step), requires_grad=True)
+
+
+def train(model, checkpoint, steps=3, loss=lambda y, x: y.pow(2).sum()):
+    """Each step's gradients (the input's and the parameters'), then the buffers as the last left them."""
+    rows = []
+    for step in range(steps):
+        x = batch(step)
+        y = checkpoint(model, x) if checkpoint else model(x)
+        loss(y, x).backward()
+        rows.append([x.grad.clone()] + [p.grad.clone() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+    return rows, [b.clone() for b in model.buffers()]
+
+
+def ours(model, x):
+    return remat.checkpoint(region_name="layer")(model)(x)
+
+
+def torchs(model, x):
+    return torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False)
+
+
+def same(a, b):
+    rows_a, buffers_a = a
+    rows_b, buffers_b = b
+    return all(torch.equal(u, v) for ra, rb in zip(rows_a, rows_b) for u, v in zip(ra, rb)) and \
+        all(torch.equal(u, v) for u, v in zip(buffers_a, buffers_b))
+
+
+def made(cls):
+    torch.manual_seed(0)
+    return cls()
+
+
+@pytest.mark.parametrize("cls", MODULES, ids=lambda c: c.__name__)
+def test_recompute_runs_from_the_buffers_forward_read(cls):
+    model = made(cls)
+    plain = train(copy.deepcopy(model), None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say: the first forward keeps every buffer
+        checkpointed = train(copy.deepcopy(model), ours)
+    assert same(checkpointed, plain)
+    # torch.utils.checkpoint recomputes from the changed buffers: the case is one that shows
+    assert not same(train(copy.deepcopy(model), torchs), plain)
+
+
+@pytest.mark.parametrize("cls", [Counter, Norm, Spectral], ids=lambda c: c.__name__)
+def test_each_recompute_of_a_call_runs_from_forward_values(cls):
+    """A gradient penalty's backward through the first backward's graph recomputes the call twice."""
+    def penalty(y, x):
+        loss = y.pow(2).sum()
+        grad, = torch.autograd.grad(loss, x, create_graph=True)
+        return loss + grad.square().sum()
+
+    model = made(cls)
+    assert same(train(copy.deepcopy(model), ours, loss=penalty), train(copy.deepcopy(model), None, loss=penalty))
+
+
+def test_a_retained_graph_recomputes_from_forward_values_each_time():
+    model = made(Counter)
+    x = batch(0)
+    y = ours(model, x).sum()
+    y.backward(retain_graph=True)
+    first = x.grad.clone()
+    y.backward()
+    assert torch.equal(x.grad, 2 * first)
+    assert model.step.item() == 1  # changed by forward alone
+
+    plain = made(Counter)
+    x_plain = batch(0)
+    plain(x_plain).sum().backward()
+    assert torch.equal(first, x_plain.grad)
+
+
+def test_a_recompute_that_stops_before_the_write_leaves_the_buffer_as_it_found_it():
+    """Recompute stops once every saved tensor exists: a count changed after the last of them is
+    not changed again, and the value forward read, put in for recompute, is taken back."""
+    class Late(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            out = torch.tanh(self.lin(x))  # the last tensor saved
+            self.calls += 1
+            return out * 2  # a graph node after it, so recompute stops at it
+
+    model = made(Late)
+    assert same(train(copy.deepcopy(model), ours), train(copy.deepcopy(model), None))
+    checkpointed = copy.deepcopy(model)
+    train(checkpointed, ours, steps=4)
+    assert checkpointed.calls.item() == 4
+
+
+def test_a_save_region_that_changes_a_buffer_gives_recompute_the_values_it_left():
+    """Recompute skips a save region: the buffer it changed takes the values forward left after
+    it, which the code after it reads."""
+    class Staged(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+            self.register_buffer("scale", torch.ones(()))
+
+        def stage(self, x):
+            self.scale.mul_(1.5)
+            return torch.tanh(self.a(x))
+
+        def forward(self, x):
+            h = remat.region(self.stage, "stage", recompute=False)(x)  # (outside a checkpoint: its body)
+            return torch.sigmoid(self.b(h) * self.scale)
+
+    model = made(Staged)
+    assert same(train(copy.deepcopy(model), ours), train(copy.deepcopy(model), None))
+
+
+def test_checkpoints_that_change_one_shared_buffer_each_recompute_from_their_own_forward():
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lins = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+            self.register_buffer("depth", torch.zeros(()))
+
+        def forward(self, x, checkpointed=False):
+            def layer(h, lin):
+                self.depth += 1
+                return torch.tanh(lin(h)) * self.depth.clone()  # (saved itself, the next layer's change is refused)
+
+            for index, lin in enumerate(self.lins):
+                x = remat.checkpoint(region_name=f"lins.{index}")(layer)(x, lin) if checkpointed else layer(x, lin)
+            return x
+
+    model = made(Stack)
+    assert same(train(copy.deepcopy(model), lambda m, x: m(x, checkpointed=True)), train(copy.deepcopy(model), None))
+
+
+def test_a_closure_over_the_whole_model_learns_per_checkpoint_which_buffers_change():
+    """Each checkpoint's function holds every layer (a closure over the model); each changes its own
+    layer's vectors only: what one checkpoint left alone is still kept for the one that changes it."""
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lins = torch.nn.ModuleList(torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(8, 8))
+                                            for _ in range(3))
+
+        def forward(self, x, checkpointed=False):
+            for index in range(3):
+                def block(h, index=index):
+                    return torch.tanh(self.lins[index](h))
+                x = remat.checkpoint(region_name=f"blocks.{index}")(block)(x) if checkpointed else block(x)
+            return x
+
+    model = made(Blocks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        checkpointed = train(copy.deepcopy(model), lambda m, x: m(x, checkpointed=True))
+    assert same(checkpointed, train(copy.deepcopy(model), None))
+
+
+def test_a_buffer_first_changed_by_a_later_forward_is_said_once_then_kept():
+    """A buffer forwards left alone is not copied; the first forward that changes it is said (that
+    call's recompute reads the changed value), and from the next call on recompute is exact."""
+    class Warmup(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("seen", torch.zeros(()))
+            self.counting = False
+
+        def forward(self, x):
+            if self.counting:
+                self.seen += 1
+            return torch.tanh(self.lin(x)) * (1 + self.seen)
+
+    model = made(Warmup)
+    plain = copy.deepcopy(model)
+    for step, counting in enumerate([False, False, True, True, True]):
+        model.counting = plain.counting = counting
+        x, x_plain = batch(step), batch(step)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            ours(model, x).pow(2).sum().backward()
+        plain(x_plain).pow(2).sum().backward()
+        told = [str(w.message) for w in said if "changed the buffer 'seen'" in str(w.message)]
+        assert len(told) == (1 if step == 2 else 0), told
+        if step == 2:
+            assert "this call's recompute reads the changed value" in told[0]
+            assert not torch.equal(x.grad, x_plain.grad)
+        else:
+            assert torch.equal(x.grad, x_plain.grad)
+    assert torch.equal(model.seen, plain.seen)
+
+
+def test_a_buffer_left_alone_in_eval_mode_is_kept_when_training_changes_it():
+    """What a module's forwards do to a buffer is learned per mode: eval forwards with gradients on
+    leave batch norm's statistics alone, training ones change them."""
+    model = made(Norm)
+    plain = copy.deepcopy(model)
+    for step, training in enumerate([False, False, True, True]):
+        model.train(training)
+        plain.train(training)
+        x, x_plain = batch(step), batch(step)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ours(model, x).pow(2).sum().backward()
+        plain(x_plain).pow(2).sum().backward()
+        assert torch.equal(x.grad, x_plain.grad)
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), plain.buffers()))
+
+
+def test_buffers_replaced_between_steps_are_the_ones_kept():
+    model = made(Counter)
+    plain = copy.deepcopy(model)
+    for step in range(4):
+        if step == 2:
+            model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+        x, x_plain = batch(step), batch(step)
+        ours(model, x).pow(2).sum().backward()
+        plain(x_plain).pow(2).sum().backward()
+        assert torch.equal(x.grad, x_plain.grad)
+    assert torch.equal(model.step, plain.step)
+
+
+def test_a_buffer_saved_and_then_changed_in_forward_is_still_refused():
+    """Saved, then changed: autograd refuses it without checkpointing, and recompute refuses it too
+    (the saved tensor's version moved), as before."""
+    class Invalid(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("gain", torch.ones(8))
+
+        def forward(self, x):
+            out = self.lin(x) * self.gain
+            with torch.no_grad():
+                self.gain.mul_(0.5)
+            return out
+
+    model = made(Invalid)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        copy.deepcopy(model)(batch(0)).sum().backward()
+    with pytest.raises(RuntimeError, match="changed by an in-place operation after forward"):
+        ours(model, batch(0)).sum().backward()
