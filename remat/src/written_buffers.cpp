@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -15,11 +16,13 @@ namespace {
 
 // What forwards of each checkpoint (by name) showed of each buffer, by the buffer and its module's
 // mode (a buffer an eval forward leaves alone may change in training): a function may hold buffers
-// that another checkpoint changes (a closure over the whole model). Holds each buffer weakly: its
-// address is not reused while an entry names it.
+// that another checkpoint changes (a closure over the whole model). A buffer once seen changed
+// stays so (one changed every k-th step). Holds each buffer weakly: its address is not reused
+// while an entry names it. Bounded: past kMostCheckpoints names (made anew per call) all is
+// forgotten, and learned again from copies of every buffer.
 class SeenBuffers {
  public:
-  enum class Seen : std::uint8_t { not_yet, unchanged, changed };
+  using Seen = WrittenBuffers::Seen;
   struct Key {
     const c10::TensorImpl* buffer;
     bool training;
@@ -34,27 +37,45 @@ class SeenBuffers {
     c10::weak_intrusive_ptr<c10::TensorImpl> buffer;
     Seen seen;
   };
-  using Entries = std::unordered_map<Key, Entry, KeyHash>;
+  struct Entries {
+    std::unordered_map<Key, Entry, KeyHash> by_buffer;
+    std::size_t pruned_at = 0;
 
-  // The checkpoint's entries, valid for the process's lifetime (used under lock()).
+    Seen seen(const at::Tensor& buffer, bool training) const {
+      const auto found = by_buffer.find(key(buffer, training));
+      return found == by_buffer.end() ? Seen::not_yet : found->second.seen;
+    }
+    void note(const at::Tensor& buffer, bool training, Seen seen) {
+      if (by_buffer.size() >= 2 * pruned_at + 64) prune();
+      const auto [entry, made] = by_buffer.try_emplace(
+          key(buffer, training), Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(buffer.getIntrusivePtr()), seen});
+      if (!made) entry->second.seen = seen;
+    }
+
+   private:
+    void prune() {
+      for (auto it = by_buffer.begin(); it != by_buffer.end();) {
+        it = it->second.buffer.expired() ? by_buffer.erase(it) : std::next(it);
+      }
+      pruned_at = by_buffer.size();
+    }
+  };
+
+  // The checkpoint's entries, valid until the next call (used under lock()).
   Entries& of(const std::string& checkpoint) {
-    Entries& entries = by_checkpoint_[checkpoint];
-    if (entries.size() >= 2 * pruned_at_[checkpoint] + 64) prune(entries, pruned_at_[checkpoint]);
-    return entries;
+    if (by_checkpoint_.size() >= kMostCheckpoints && by_checkpoint_.find(checkpoint) == by_checkpoint_.end()) {
+      by_checkpoint_.clear();
+    }
+    return by_checkpoint_[checkpoint];
   }
   std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
 
-  static Key key(const at::Tensor& buffer, bool training) { return {buffer.unsafeGetTensorImpl(), training}; }
-
  private:
-  static void prune(Entries& entries, std::size_t& pruned_at) {
-    for (auto it = entries.begin(); it != entries.end();) it = it->second.buffer.expired() ? entries.erase(it) : ++it;
-    pruned_at = entries.size();
-  }
+  static constexpr std::size_t kMostCheckpoints = 4096;
+  static Key key(const at::Tensor& buffer, bool training) { return {buffer.unsafeGetTensorImpl(), training}; }
 
   std::mutex mutex_;
   std::unordered_map<std::string, Entries> by_checkpoint_;
-  std::unordered_map<std::string, std::size_t> pruned_at_;
 };
 
 SeenBuffers& seen_buffers() {
@@ -81,6 +102,10 @@ void put(const at::Tensor& buffer, const at::Tensor& value, std::uint32_t versio
 
 }  // namespace
 
+std::pair<std::uint32_t, std::uint32_t> WrittenBuffers::Watched::versions() const {
+  return {version_now(buffer), changes_with.defined() ? version_now(changes_with) : 0};
+}
+
 void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vector<HeldBuffer>& buffers) {
   SeenBuffers& seen = seen_buffers();
   const auto lock = seen.lock();
@@ -92,13 +117,14 @@ void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vec
         !buffer.unsafeGetTensorImpl()->version_counter().enabled()) {
       continue;
     }
-    Watched watched{buffer, held.training, version_now(buffer), version_now(buffer), {}, {},
-                    0,      held.name,     held.unversioned};
-    const auto entry = entries.find(SeenBuffers::key(buffer, held.training));
-    if (!held.unversioned && (entry == entries.end() || entry->second.seen != SeenBuffers::Seen::unchanged)) {
-      watched.as_forward_read = copy_of(buffer);
-    }
-    watched_.push_back(std::move(watched));
+    Watched& watched = watched_.emplace_back();
+    watched.buffer = buffer;
+    watched.training = held.training;
+    watched.changes_with = held.changes_with;
+    watched.at_forward = watched.marked = watched.versions();
+    watched.seen = entries.seen(buffer, held.training);
+    if (watched.seen != Seen::unchanged) watched.as_forward_read = copy_of(buffer);
+    watched.name = held.name;
   }
 }
 
@@ -106,10 +132,10 @@ void WrittenBuffers::save_region_ended(std::size_t save_region) {
   if (recomputing_) return;  // (a save region run again in recompute)
   for (std::size_t i = 0; i < watched_.size(); ++i) {
     Watched& watched = watched_[i];
-    const std::uint32_t version = version_now(watched.buffer);
-    if (version == watched.version_marked) continue;
-    watched.version_marked = version;
-    after_save_regions_.push_back({save_region, i, copy_of(watched.buffer), version});
+    const auto versions = watched.versions();
+    if (versions == watched.marked) continue;
+    watched.marked = versions;
+    after_save_regions_.push_back({save_region, i, copy_of(watched.buffer), versions.first});
   }
 }
 
@@ -121,16 +147,15 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
   std::vector<Watched> changed;
   for (std::size_t i = 0; i < watched_.size(); ++i) {
     Watched& watched = watched_[i];
-    const bool was_changed = watched.unversioned || version_now(watched.buffer) != watched.version_at_forward;
-    if (!watched.unversioned) {
-      const SeenBuffers::Seen now = was_changed ? SeenBuffers::Seen::changed : SeenBuffers::Seen::unchanged;
-      const auto [entry, made] = entries.try_emplace(
-          SeenBuffers::key(watched.buffer, watched.training),
-          SeenBuffers::Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(watched.buffer.getIntrusivePtr()), now});
-      if (!made) entry->second.seen = now;
+    const bool was_changed = watched.versions() != watched.at_forward;
+    // What is learned: a buffer changed, or one seen for the first time left alone
+    if (was_changed && watched.seen != Seen::changed) {
+      entries.note(watched.buffer, watched.training, Seen::changed);
+    } else if (!was_changed && watched.seen == Seen::not_yet) {
+      entries.note(watched.buffer, watched.training, Seen::unchanged);
     }
     if (!was_changed) continue;
-    if (!watched.as_forward_read.defined() && !watched.unversioned) {
+    if (!watched.as_forward_read.defined()) {
       TORCH_WARN("checkpoint '", checkpoint, "' changed the buffer '", watched.name, "' (",
                  DroppedMeta::of(watched.buffer, -1).describe(),
                  ") in place in forward, which its earlier forwards in this mode left alone, so the value forward "
@@ -153,7 +178,7 @@ void WrittenBuffers::recompute_began() {
     watched.as_recompute_found = copy_of(watched.buffer);
   }
   for (const Watched& watched : watched_) {
-    if (watched.as_forward_read.defined()) put(watched.buffer, watched.as_forward_read, watched.version_at_forward);
+    if (watched.as_forward_read.defined()) put(watched.buffer, watched.as_forward_read, watched.at_forward.first);
   }
 }
 
@@ -172,7 +197,7 @@ void WrittenBuffers::recompute_ended() noexcept {
       // Recompute remade forward's writes where it left the version forward left (what it found,
       // unless the buffer changed after forward); else (stopped before them, or changed since)
       // what it found goes back, as it does where no version says
-      if (watched.unversioned || version_now(watched.buffer) != watched.version_found) {
+      if (watched.changes_with.defined() || version_now(watched.buffer) != watched.version_found) {
         put(watched.buffer, watched.as_recompute_found, watched.version_found);
       }
     } catch (const std::exception& e) {

@@ -17,12 +17,16 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace remat::detail {
 
 class WrittenBuffers {
  public:
+  // What a checkpoint's forwards showed of a buffer so far.
+  enum class Seen : std::uint8_t { not_yet, unchanged, changed };
+
   // Forward, as the body begins: the buffers its function holds.
   void forward_began(const std::string& checkpoint, const std::vector<HeldBuffer>& buffers);
   // Forward, after a save region ran (recompute skips it): copies what changed since forward
@@ -42,15 +46,18 @@ class WrittenBuffers {
   struct Watched {
     at::Tensor buffer;
     bool training = false;
-    std::uint32_t version_at_forward = 0;
-    std::uint32_t version_marked = 0;  // at forward's start, or the last save region's end
-    at::Tensor as_forward_read;        // undefined where the buffer was seen unchanged before
+    // HeldBuffer::changes_with: its version moving says the buffer changed too, and recompute
+    // puts back what it found whatever the buffer's version
+    at::Tensor changes_with;
+    Seen seen = Seen::not_yet;  // what this checkpoint's forwards showed of it before this one
+    // The versions of the buffer and of changes_with (0 where none): as forward began, and at
+    // forward's start or the last save region's end
+    std::pair<std::uint32_t, std::uint32_t> at_forward, marked;
+    at::Tensor as_forward_read;  // undefined where the buffer was seen unchanged before
     at::Tensor as_recompute_found;
     std::uint32_t version_found = 0;
     std::string name;
-    // HeldBuffer::unversioned: taken as changed; what recompute makes does not read it, so
-    // recompute runs from the value it finds, which goes back after it.
-    bool unversioned = false;
+    std::pair<std::uint32_t, std::uint32_t> versions() const;
   };
   struct AfterSaveRegion {
     std::size_t save_region = 0;

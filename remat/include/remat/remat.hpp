@@ -261,14 +261,14 @@ bool is_recomputing();
 void note_tensors_held_by_the_body(const std::function<TensorList()>& tensors);
 
 // A buffer a body's function holds (a module's, outside the body's arguments): `training` is its
-// module's mode, `name` its attribute name (for messages). `unversioned`: forward may change it
-// without moving its version counter, and what forward makes does not read it (batch norm's
-// running statistics while it trains): recompute leaves it as it found it.
+// module's mode, `name` its attribute name (for messages). `changes_with`, where defined: forward
+// changes this buffer without moving its version counter, as it moves that tensor's (batch norm's
+// running statistics while it trains, with its num_batches_tracked).
 struct HeldBuffer {
   at::Tensor tensor;
   bool training = false;
   std::string name;
-  bool unversioned = false;
+  at::Tensor changes_with;
 };
 
 // Called by a body as it begins: at the start of a checkpoint's own body in forward (with

@@ -56,16 +56,14 @@ class Walk {
     } else if (PyObject_IsInstance(raw, partial_type().ptr()) == 1) {
       reach(object.attr("func"), depth + 1);
       for (const py::handle arg : object.attr("args")) reach(arg, depth + 1);
-    } else if (depth > 0 && (PyList_Check(raw) || PyTuple_Check(raw))) {  // layers kept in a plain list
-      const Py_ssize_t size = std::min(PySequence_Fast_GET_SIZE(raw), kContainerItems);
-      for (Py_ssize_t i = 0; i < size; ++i) modules_only(PySequence_Fast_GET_ITEM(raw, i));
-    } else if (depth > 0 && PyDict_Check(raw)) {
-      values_of(raw);
+      arguments_of(object.attr("keywords").ptr());
+    } else if (depth > 0 && (PyList_Check(raw) || PyTuple_Check(raw) || PyDict_Check(raw))) {
+      argument(raw);  // layers kept in a plain list
     } else if (Py_TYPE(raw)->tp_dictoffset != 0 && !THPVariable_Check(raw)) {
       // Another object with attributes: a callable one, or one whose method is the function (a
       // trainer's step).
       if (PyObject* attributes = PyObject_GenericGetDict(raw, nullptr)) {
-        values_of(attributes);
+        arguments_of(attributes);
         Py_DECREF(attributes);
       }
     }
@@ -80,13 +78,35 @@ class Walk {
     while (looked_at++ < kContainerItems && PyDict_Next(dict, &position, nullptr, &value)) modules_only(value);
   }
 
+  // The modules among a dict's values, or among the items of a list, tuple or dict there (an
+  // object's attributes: a trainer holding its layers in a list; a partial's keywords).
+  void arguments_of(PyObject* dict) {
+    if (!PyDict_Check(dict)) return;
+    Py_ssize_t position = 0, looked_at = 0;
+    PyObject* value = nullptr;
+    while (looked_at++ < kContainerItems && PyDict_Next(dict, &position, nullptr, &value)) argument(value);
+  }
+
+  // A module, or the modules among the items of a list, tuple or dict (a call's argument, a value
+  // in a closure).
+  void argument(PyObject* value) {
+    if (PyList_Check(value) || PyTuple_Check(value)) {
+      const Py_ssize_t size = std::min(PySequence_Fast_GET_SIZE(value), kContainerItems);
+      for (Py_ssize_t i = 0; i < size; ++i) modules_only(PySequence_Fast_GET_ITEM(value, i));
+    } else if (PyDict_Check(value)) {
+      values_of(value);
+    } else {
+      modules_only(value);
+    }
+  }
+
   void modules_only(PyObject* value) {
     if (PyObject_IsInstance(value, module_type().ptr()) == 1 && seen_.insert(value).second) module(value);
   }
 
  private:
   // What the function's closure holds, the modules among its defaults, and those among the globals
-  // its code names (a model defined at a script's top level).
+  // its code names, or in a list, tuple or dict there (a model defined at a script's top level).
   void function(PyObject* raw, int depth) {
     PyObject* closure = PyFunction_GET_CLOSURE(raw);
     if (closure != nullptr && PyTuple_Check(closure)) {
@@ -105,7 +125,7 @@ class Walk {
     const py::object names = py::getattr(PyFunction_GET_CODE(raw), "co_names", py::none());
     if (globals == nullptr || !PyDict_Check(globals) || !PyTuple_Check(names.ptr())) return;
     for (const py::handle name : names) {
-      if (PyObject* value = PyDict_GetItem(globals, name.ptr())) modules_only(value);
+      if (PyObject* value = PyDict_GetItem(globals, name.ptr())) argument(value);
     }
   }
 
@@ -135,15 +155,20 @@ class Walk {
   }
 
   void buffers_of(PyObject* attributes, bool training, bool norm_training) {
-    PyObject* own = PyDict_GetItem(attributes, Names::get().buffers);
+    const Names& names = Names::get();
+    PyObject* own = PyDict_GetItem(attributes, names.buffers);
     if (own == nullptr || !PyDict_Check(own)) return;
+    // A norm layer changes its running statistics while it trains without moving their version
+    // counters, as it adds to num_batches_tracked
+    PyObject* count = norm_training ? PyDict_GetItem(own, names.num_batches_tracked) : nullptr;
+    const at::Tensor counted = count != nullptr && THPVariable_Check(count) ? THPVariable_Unpack(count) : at::Tensor();
     Py_ssize_t position = 0;
     PyObject *name = nullptr, *value = nullptr;
     while (PyDict_Next(own, &position, &name, &value)) {
       if (!THPVariable_Check(value)) continue;
       const char* text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
       buffers.push_back({THPVariable_Unpack(value), training, text != nullptr ? text : "?",
-                         norm_training && running_statistics(name)});
+                         norm_training && running_statistics(name) ? counted : at::Tensor()});
     }
     PyErr_Clear();
   }
@@ -176,6 +201,7 @@ class Walk {
     PyObject* training = PyUnicode_InternFromString("training");
     PyObject* running_mean = PyUnicode_InternFromString("running_mean");
     PyObject* running_var = PyUnicode_InternFromString("running_var");
+    PyObject* num_batches_tracked = PyUnicode_InternFromString("num_batches_tracked");
     static const Names& get() {
       static const Names names;
       return names;
@@ -189,8 +215,8 @@ class Walk {
 Walk walk_from(const py::handle& fn, const py::tuple& args_and_kwargs, bool buffers_only) {
   Walk walk(buffers_only);
   walk.reach(fn, 0);
-  for (const py::handle arg : args_and_kwargs[0]) walk.modules_only(arg.ptr());
-  walk.values_of(args_and_kwargs[1].ptr());
+  for (const py::handle arg : args_and_kwargs[0]) walk.argument(arg.ptr());
+  walk.arguments_of(args_and_kwargs[1].ptr());
   PyErr_Clear();
   return walk;
 }

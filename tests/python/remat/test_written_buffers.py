@@ -311,3 +311,80 @@ def test_a_buffer_saved_and_then_changed_in_forward_is_still_refused():
         copy.deepcopy(model)(batch(0)).sum().backward()
     with pytest.raises(RuntimeError, match="changed by an in-place operation after forward"):
         ours(model, batch(0)).sum().backward()
+
+
+def test_a_buffer_changed_at_some_steps_only_stays_kept():
+    """Once a checkpoint's forward changed a buffer, it is copied at every forward, also after
+    forwards that left it alone (an average updated every other step)."""
+    class Sometimes(Average):
+        def forward(self, x):
+            if not self.updating:
+                return torch.tanh(self.lin(x) * self.average.clone())
+            return super().forward(x)
+
+    model = made(Sometimes)
+    plain = copy.deepcopy(model)
+    for step in range(6):
+        model.updating = plain.updating = step % 2 == 0
+        x, x_plain = batch(step), batch(step)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ours(model, x).pow(2).sum().backward()
+        plain(x_plain).pow(2).sum().backward()
+        assert torch.equal(x.grad, x_plain.grad), step
+    assert torch.equal(model.average, plain.average)
+
+
+@pytest.mark.parametrize("passed", ["list", "dict", "partial keyword"])
+def test_modules_given_in_a_container_or_by_a_partial_keyword_are_reached(passed):
+    import functools
+
+    def body(h, layers):
+        for layer in (layers.values() if isinstance(layers, dict) else layers):
+            h = layer(h)
+        return h
+
+    model = torch.nn.Sequential(made(Counter), made(Counter))
+    plain = copy.deepcopy(model)
+    for step in range(3):
+        x, x_plain = batch(step), batch(step)
+        if passed == "list":
+            y = remat.checkpoint(region_name="layers")(body)(x, list(model))
+        elif passed == "dict":
+            y = remat.checkpoint(region_name="layers")(body)(x, {"a": model[0], "b": model[1]})
+        else:
+            y = remat.checkpoint(region_name="layers")(functools.partial(body, layers=list(model)))(x)
+        y.pow(2).sum().backward()
+        plain(x_plain).pow(2).sum().backward()
+        assert torch.equal(x.grad, x_plain.grad)
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), plain.buffers()))
+
+
+class Renormalized(torch.nn.BatchNorm1d):
+    """Reads its running statistics in training (batch renormalization) and changes them with ops
+    that move their version counters, leaving num_batches_tracked alone."""
+
+    def forward(self, x):
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        r = ((var + self.eps).sqrt() / (self.running_var + self.eps).sqrt()).detach().clamp(1 / 3, 3)
+        d = ((mean - self.running_mean) / (self.running_var + self.eps).sqrt()).detach().clamp(-5, 5)
+        with torch.no_grad():
+            self.running_mean.mul_(0.9).add_(0.1 * mean)
+            self.running_var.mul_(0.9).add_(0.1 * var)
+        return ((x - mean) / (var + self.eps).sqrt() * r + d) * self.weight + self.bias
+
+
+@pytest.mark.parametrize("norm", ["renormalized", "statistics read after"])
+def test_running_statistics_a_training_forward_reads_are_as_forward_read_them(norm):
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.bn = Renormalized(8) if norm == "renormalized" else torch.nn.BatchNorm1d(8)
+
+        def forward(self, x):
+            h = self.bn(self.lin(x))
+            return torch.tanh(h if norm == "renormalized" else h * self.bn.running_var.clone())
+
+    model = made(Net)
+    assert same(train(copy.deepcopy(model), ours), train(copy.deepcopy(model), None))
