@@ -537,6 +537,11 @@ void note_buffers_held_by_the_body(const std::function<std::vector<HeldBuffer>()
   state.frame->written_buffers.forward_began(state.frame->options.region_name, buffers());
 }
 
+bool given_back_to_recompute(const at::Tensor& t) {
+  const detail::ThreadState& state = detail::thread_state();
+  return state.mode == detail::Mode::forward && state.frame != nullptr && state.frame->written_buffers.watches(t);
+}
+
 std::optional<ForwardPosition> forward_position() {
   const detail::ThreadState& state = detail::thread_state();
   if (state.mode != detail::Mode::forward || state.frame == nullptr) return std::nullopt;

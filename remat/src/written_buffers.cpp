@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <functional>
 #include <iterator>
 #include <mutex>
@@ -137,6 +138,14 @@ void WrittenBuffers::save_region_ended(std::size_t save_region) {
     watched.marked = versions;
     after_save_regions_.push_back({save_region, i, copy_of(watched.buffer), versions.first});
   }
+}
+
+bool WrittenBuffers::watches(const at::Tensor& t) const {
+  if (!t.defined() || !t.has_storage()) return false;
+  const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  return std::any_of(watched_.begin(), watched_.end(), [&](const Watched& watched) {
+    return watched.as_forward_read.defined() && watched.buffer.storage().unsafeGetStorageImpl() == storage;
+  });
 }
 
 void WrittenBuffers::forward_ended(const std::string& checkpoint) {

@@ -32,6 +32,9 @@ class WrittenBuffers {
   // Forward, after a save region ran (recompute skips it): copies what changed since forward
   // began or the last save region ended, for save_region_skipped.
   void save_region_ended(std::size_t save_region);
+  // Forward, until the body returned: whether `t` shares its storage with a buffer copied as
+  // forward began.
+  bool watches(const at::Tensor& t) const;
   // Forward, as the body returned: learns which buffers it changed and lets go of the rest.
   void forward_ended(const std::string& checkpoint);
   // Recompute, before the body runs: puts forward's values (and versions) in, noting the ones now.

@@ -281,6 +281,11 @@ struct HeldBuffer {
 // later forward change it, that call's recompute reads the changed value (a warning says so).
 void note_buffers_held_by_the_body(const std::function<std::vector<HeldBuffer>()>& buffers);
 
+// Whether `t` shares its storage with a buffer that the checkpoint whose forward runs on this
+// thread copied as forward began (note_buffers_held_by_the_body): changed in forward, it is given
+// back to recompute as forward read it, so recompute does not change it twice.
+bool given_back_to_recompute(const at::Tensor& t);
+
 // Whether `t` is (a view of) a placeholder: what recompute hands back for a skipped save
 // region's output that forward did not keep. Its shape, strides and dtype are real; its data
 // cannot be read.

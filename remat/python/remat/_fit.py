@@ -77,10 +77,12 @@ keeps its times. A region the plan offloads is not timed (its copies run inside 
 profiled seconds. So does every region where the clock changed (CUDA initialized after the profile).
 
 The profiled step checks each region's forward against the model's buffers' version counters: under
-fit the plan chooses for every region, so a region the code recomputes that updates a buffer (a
-BatchNorm's running statistics) is recomputed by every plan; the checkpoint's recompute runs from
-the buffers as its forward read them and leaves them as it found them (the runtime's), so they
-are updated once per forward whatever the budget.
+fit the plan chooses for every region, so a region the code recomputes that updates a buffer its
+checkpoint does not give back to recompute (one of a module the checkpoint's function does not
+reach) is recomputed by every plan. The buffers it does give back (a BatchNorm's running
+statistics, as a rule) recompute reads as forward read them and leaves as it found them, so they
+are updated once per forward whatever the plan; the copies a recompute makes of them are added to
+each prediction (_buffer_copies).
 
 The step's tensors must be counted for the profile to measure the step: CPU tensors inside
 remat.tag_cpu_tensors(), CUDA tensors under remat_alloc.install().
@@ -194,6 +196,8 @@ class _Profiled:
         self.made = frozenset(made)  # the parameters whose gradients the step's backward made (names)
         self.gradients = gradients  # their bytes (none of them there at the step's start)
         self.optimizer_after = optimizer_after  # the parameters changed after its backward (an optimizer step)
+        # region -> the bytes of the model's buffers its forward changed (FitState._buffer_copies)
+        self.buffer_copies = {}
         self.start = profile.step_start_bytes
         self.persisted = max(0, profile.step_end_bytes - self.start)
         self.planned = profile
@@ -291,6 +295,7 @@ class _Profiled:
         again = _Profiled(self.profile._retimed(forward_seconds), self.signature, self.made, self.gradients,
                           self.optimizer_after)
         again.training, again.model_bytes, again.warm = self.training, self.model_bytes, True
+        again.buffer_copies = self.buffer_copies
         return again
 
     def all_saved_peak(self, base, ratio):
@@ -749,6 +754,8 @@ class FitState:
             profile = session._result()
             made = (self.measuring_graded | self._graded()) - self.measuring_had
             done = _Profiled(profile, signature, made, self._parameter_bytes(made), optimizer_after=updated)
+            done.buffer_copies = {region: sum(b.numel() * b.element_size() for b in buffers)
+                                  for region, buffers in session._buffer_writes.items()}
             done.training = self.step_training  # dropout and the like differ by mode: a difference
             done.model_bytes = self.measuring_model_bytes
             self.profiles[signature] = done
@@ -899,6 +906,19 @@ class FitState:
                   "(the least memory); its peak is measured when its backward ends, later steps with these inputs "
                   "leave room for what it took above its plan's prediction, and one is profiled again where saving "
                   "every region is estimated within the budget")
+
+    @staticmethod
+    def _buffer_copies(source):
+        """What the runtime's copies of the buffers a checkpoint's forward changes hold above what the
+        profiled step measured (docs/python.md, "Buffers a checkpoint changes"): the copies forward
+        makes, held to the call's backward, were there in the profiled step too; the ones a recompute
+        makes of what it finds were not (the profiled step recomputes no region), and one checkpoint
+        recomputes at a time."""
+        by_checkpoint = {}
+        for region, size in source.buffer_copies.items():
+            checkpoint = region.split("::", 1)[0]
+            by_checkpoint[checkpoint] = by_checkpoint.get(checkpoint, 0) + size
+        return max(by_checkpoint.values(), default=0)
 
     def _check_diverged_step(self):
         """After a step that differed: later steps with its inputs plan for less than the budget,
@@ -1127,6 +1147,7 @@ class FitState:
         profile = source.profile
         own = signature == source.signature  # the profile of these very inputs
         absent, extra, early = self._absent_gradients(source)
+        extra += self._buffer_copies(source)
         # Forward and backward, which the plan changes (with the gradients there from the start in
         # micro-batches of gradient accumulation after the first)
         planned = source.planned_for(absent, ratio)

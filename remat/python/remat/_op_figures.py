@@ -51,6 +51,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._extension import _C
 from ._storage_keys import storage_key, storage_of
 
 __all__ = ["OpMeter", "op_name", "keepable", "numbered", "interception_seconds", "describe_tensor"]
@@ -250,7 +251,8 @@ class OpMeter(TorchDispatchMode):
             # a sparse tensor (no storage key) cannot be told made here: taken as not
             if storage_key(tensor) in self._made | self._inputs:
                 continue
-            if self.writes_outside is None:
+            # (a buffer the checkpoint gives back to recompute as forward read it is written once)
+            if self.writes_outside is None and not _C.given_back_to_recompute(tensor):
                 self.writes_outside = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
                                        f"{describe_tensor(tensor)}: a BatchNorm's running statistics, a cache), which "
                                        f"recompute would write again")

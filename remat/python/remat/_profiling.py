@@ -145,6 +145,8 @@ class profile_regions:
         # the model's buffers): a region the code recomputes that changes one is must_recompute
         self._buffers = ()
         self._buffer_writes = {}  # region -> the buffers its forward changed in place, first first
+        # region -> those of them its checkpoint does not give back to recompute as forward read them
+        self._buffer_writes_kept = {}
         self._saved_by_code = set()  # outermost regions the code saves, or with a region it saves inside
         self._profile = None
         self._depth = 0         # regions being timed, to leave nested ones to the outermost
@@ -222,9 +224,10 @@ class profile_regions:
             if name in self._meters and self._ops:
                 meters = self._meters[name]
                 self._add_ops(region, meters, keeping_seconds(sum(m.intercepted for m in meters) / len(meters)))
-            if writes is None and name in self._buffer_writes and name not in self._saved_by_code:
-                writes = (f"it writes in place into {describe_tensor(self._buffer_writes[name][0])}, a buffer of the "
-                          "model (a BatchNorm's running statistics, say), which recompute would write again")
+            if writes is None and name in self._buffer_writes_kept and name not in self._saved_by_code:
+                writes = (f"it writes in place into {describe_tensor(self._buffer_writes_kept[name][0])}, a buffer "
+                          "of the model its checkpoint does not give back to recompute as forward read it (its "
+                          "function does not reach the module), which recompute would write again")
             if name in self._read_changed:
                 region.setdefault("must_save", self._read_changed[name])
             # The runtime's reruns first; what the profile found must yield to must_save (right
@@ -467,9 +470,13 @@ class profile_regions:
         versions = [b._version for b in self._buffers]
         out = self._step.region_forward(name, args, lambda: self._timed_region(name, call))
         written = self._buffer_writes.setdefault(name, [])
-        written += [b for b, v in zip(self._buffers, versions) if b._version != v and all(b is not w for w in written)]
+        new = [b for b, v in zip(self._buffers, versions) if b._version != v and all(b is not w for w in written)]
+        written += new
         if not written:
             del self._buffer_writes[name]
+        kept = [b for b in new if not _C.given_back_to_recompute(b)]
+        if kept:
+            self._buffer_writes_kept.setdefault(name, []).extend(kept)
         self._shape.record_region(name, args, out)
         self._region_outputs.append((name, out))
         return out

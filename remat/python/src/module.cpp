@@ -186,6 +186,9 @@ PYBIND11_MODULE(_C, m) {
       py::arg("fn"), py::arg("args"), py::arg("kwargs"), py::arg("region_name"), py::arg("recompute_state_hooks"),
       py::arg("contexts"), py::arg("verify_recompute"), py::arg("saved_tensor_hooks") = py::none(),
       py::arg("plan") = nullptr, py::arg("caller") = py::none());
+  m.def("given_back_to_recompute", &given_back_to_recompute, py::arg("tensor"),
+        "Whether the tensor shares its storage with a buffer the checkpoint whose forward runs on this thread gives "
+        "back to recompute as forward read it.");
   m.def(
       "checkpoint_caller",
       []() -> py::object {

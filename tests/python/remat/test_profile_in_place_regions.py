@@ -342,13 +342,14 @@ def test_a_checkpoint_output_changed_after_it_returns_runs_under_every_plan_bitw
 
 
 class MixedLayer(torch.nn.Module):
-    """A 'norm' region that counts its calls in a buffer (must be saved) in the first layer, and
-    one whose output is changed in place after it returns (must be recomputed) in the others."""
+    """A 'norm' region that counts its calls in a tensor it did not make (must be saved: a plain
+    attribute, no buffer the checkpoint gives back to recompute) in the first layer, and one whose
+    output is changed in place after it returns (must be recomputed) in the others."""
 
     def __init__(self, counts_calls):
         super().__init__()
         self.lin, self.mlp = torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH)
-        self.register_buffer("calls", torch.zeros(()))
+        self.calls = torch.zeros(())
         self.counts_calls = counts_calls
 
     def counted(self, t):
