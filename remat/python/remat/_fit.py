@@ -116,6 +116,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _optimizer_step, _plans, _profiling
 from ._compile import refuse_planning
+from ._extension import _C
 from ._memory import tag_cpu_tensors
 from ._offload_plans import host_budget_arg
 from ._step_profile import StepRecorder
@@ -916,7 +917,7 @@ class FitState:
         recomputes at a time."""
         by_checkpoint = {}
         for region, size in source.buffer_copies.items():
-            checkpoint = region.split("::", 1)[0]
+            checkpoint = region.partition(_C.REGION_SEPARATOR)[0]
             by_checkpoint[checkpoint] = by_checkpoint.get(checkpoint, 0) + size
         return max(by_checkpoint.values(), default=0)
 

@@ -17,7 +17,8 @@ The same watch finds what makes a region unsafe to recompute (in every region wh
 it, and with per-op figures in every region): an op that draws from a torch.Generator of the
 region's own (recompute would draw other numbers; the RNG state hooks restore the default
 generators only), or one that writes in place into a tensor the region did not make, its inputs
-aside (a BatchNorm's running statistics, a cache: recompute would write it again; writes_outside,
+aside and the buffers the checkpoint gives back to recompute as forward read them (a cache, a
+buffer of a module its function does not reach: recompute would write it again; writes_outside,
 which profile_regions makes must_save where the code saves the region and must_recompute where
 the code recomputes it, so the writes happen as the code makes them), or one run by
 a backward inside the region's forward (torch.autograd.grad for a gradient penalty: recomputed,
@@ -254,8 +255,8 @@ class OpMeter(TorchDispatchMode):
             # (a buffer the checkpoint gives back to recompute as forward read it is written once)
             if self.writes_outside is None and not _C.given_back_to_recompute(tensor):
                 self.writes_outside = (f"it writes in place into a tensor it did not make ({op_name(func)} into "
-                                       f"{describe_tensor(tensor)}: a BatchNorm's running statistics, a cache), which "
-                                       f"recompute would write again")
+                                       f"{describe_tensor(tensor)}: a cache, a buffer of a module the checkpoint's "
+                                       f"function does not reach), which recompute would write again")
             if self._on_outside_write is not None:
                 self._on_outside_write(tensor, op_name(func))
 
