@@ -42,6 +42,22 @@ def sgd_step(model, optimizer, x):
     return peak_of(step), [p.grad.numpy().tobytes() for p in model.parameters()]
 
 
+def train_rows(make_model, budget, make_optimizer, batch, steps=4):
+    """Trains make_model() under remat.fit(budget) (as it is where budget is None) with sgd_step on
+    batch(step), made inside the count, for `steps` steps: per step (its peak, fit's prediction for
+    it or None, the gradients and the buffers as bytes), and the fit state (None where unfitted)."""
+    with fitted(make_model, budget) as (model, _):
+        optimizer = make_optimizer(model.parameters())
+        rows = []
+        for step in range(steps):
+            x = batch(step)
+            peak, grads = sgd_step(model, optimizer, x)
+            state = getattr(model, "remat_fit", None)
+            rows.append((peak, None if state is None else state.predicted_peak_bytes, grads,
+                         [b.numpy().tobytes() for b in model.buffers()]))
+        return rows, unfit(model, x)
+
+
 def unfit(model, inputs):
     """Ends the last step with a forward on `inputs` outside training, and takes remat.fit off
     the model; returns its fit state (None: the model was not fitted)."""

@@ -770,17 +770,9 @@ def test_the_copies_of_buffers_a_recompute_makes_are_in_the_prediction():
     budget between the two it went over; now every planned step is within its prediction and the
     budget, gradients and buffers bitwise those without checkpointing."""
     def train(budget, checkpointed):
-        with fit_loop.fitted(lambda: _Banks(checkpointed), budget) as (model, _):
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-            rows = []
-            for step in range(4):
-                x = torch.randn(256, 32, generator=torch.Generator().manual_seed(step))
-                peak, grads = fit_loop.sgd_step(model, optimizer, x)
-                state = getattr(model, "remat_fit", None)
-                rows.append((peak, None if state is None else state.predicted_peak_bytes, grads,
-                             [b.numpy().tobytes() for b in model.buffers()]))
-            fit_loop.unfit(model, x)
-        return rows
+        return fit_loop.train_rows(lambda: _Banks(checkpointed), budget,
+                                   lambda parameters: torch.optim.SGD(parameters, lr=0.01),
+                                   lambda step: torch.randn(256, 32, generator=torch.Generator().manual_seed(step)))[0]
 
     plain = train(None, False)
     roomy = train(1 << 30, True)
@@ -821,17 +813,9 @@ def test_a_saved_batchnorm_region_whose_output_is_changed_in_place_trains_under_
             return x.square().mean()
 
     def train(budget, checkpointed):
-        with fit_loop.fitted(lambda: Net(checkpointed), budget) as (model, _):
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            rows = []
-            for step in range(4):
-                x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(step))
-                peak, grads = fit_loop.sgd_step(model, optimizer, x)
-                state = getattr(model, "remat_fit", None)
-                rows.append((peak, None if state is None else state.predicted_peak_bytes, grads,
-                             [b.numpy().tobytes() for b in model.buffers()]))
-            state = fit_loop.unfit(model, x)
-        return rows, state
+        return fit_loop.train_rows(lambda: Net(checkpointed), budget,
+                                   lambda parameters: torch.optim.SGD(parameters, lr=0.01, momentum=0.9),
+                                   lambda step: torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(step)))
 
     plain, _ = train(None, False)
     rows, state = train("1 GiB", True)
