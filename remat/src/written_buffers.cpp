@@ -86,6 +86,8 @@ SeenBuffers& seen_buffers() {
 
 std::uint32_t version_now(const at::Tensor& t) { return t.unsafeGetTensorImpl()->version_counter().current_version(); }
 
+const c10::TensorImpl* impl_of(const at::Tensor& t) { return t.defined() ? t.unsafeGetTensorImpl() : nullptr; }
+
 at::Tensor copy_of(const at::Tensor& t) {
   at::NoGradGuard no_grad;
   return t.detach().clone(at::MemoryFormat::Preserve);
@@ -122,6 +124,8 @@ void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vec
     watched.buffer = buffer;
     watched.training = held.training;
     watched.changes_with = held.changes_with;
+    watched.slot = held.slot;
+    watched.marked_held = buffer.unsafeGetTensorImpl();
     watched.at_forward = watched.marked = watched.versions();
     watched.seen = entries.seen(buffer, held.training);
     if (watched.seen != Seen::unchanged) watched.as_forward_read = copy_of(buffer);
@@ -134,9 +138,15 @@ void WrittenBuffers::save_region_ended(std::size_t save_region) {
   for (std::size_t i = 0; i < watched_.size(); ++i) {
     Watched& watched = watched_[i];
     const auto versions = watched.versions();
-    if (versions == watched.marked) continue;
-    watched.marked = versions;
-    after_save_regions_.push_back({save_region, i, copy_of(watched.buffer), versions.first});
+    if (versions != watched.marked) {
+      watched.marked = versions;
+      after_save_regions_.push_back({save_region, i, copy_of(watched.buffer), versions.first, false});
+    }
+    if (!watched.slot) continue;
+    const at::Tensor held = watched.slot->held();
+    if (impl_of(held) == watched.marked_held) continue;
+    watched.marked_held = impl_of(held);
+    after_save_regions_.push_back({save_region, i, held.defined() ? copy_of(held) : at::Tensor(), 0, true});
   }
 }
 
@@ -153,18 +163,22 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
   const auto lock = seen.lock();
   SeenBuffers::Entries& entries = seen.of(checkpoint);
   std::vector<std::optional<std::size_t>> index_now(watched_.size());
-  std::vector<Watched> changed;
+  std::vector<Watched> kept;  // those changed in place or assigned anew
   for (std::size_t i = 0; i < watched_.size(); ++i) {
     Watched& watched = watched_[i];
-    const bool was_changed = watched.versions() != watched.at_forward;
+    watched.changed = watched.versions() != watched.at_forward;
     // What is learned: a buffer changed, or one seen for the first time left alone
-    if (was_changed && watched.seen != Seen::changed) {
+    if (watched.changed && watched.seen != Seen::changed) {
       entries.note(watched.buffer, watched.training, Seen::changed);
-    } else if (!was_changed && watched.seen == Seen::not_yet) {
+    } else if (!watched.changed && watched.seen == Seen::not_yet) {
       entries.note(watched.buffer, watched.training, Seen::unchanged);
     }
-    if (!was_changed) continue;
-    if (!watched.as_forward_read.defined()) {
+    const c10::TensorImpl* forward_read = watched.buffer.unsafeGetTensorImpl();
+    watched.assigned =
+        watched.slot && (watched.marked_held != forward_read || impl_of(watched.slot->held()) != forward_read);
+    if (!watched.changed) watched.as_forward_read = at::Tensor();
+    if (!watched.changed && !watched.assigned) continue;
+    if (watched.changed && !watched.as_forward_read.defined()) {
       TORCH_WARN("checkpoint '", checkpoint, "' changed the buffer '", watched.name, "' (",
                  DroppedMeta::of(watched.buffer, -1).describe(),
                  ") in place in forward, which its earlier forwards in this mode left alone, so the value forward "
@@ -172,21 +186,25 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
                  "from those without checkpointing. From the next call on that value is kept and recompute runs "
                  "from it");
     }
-    index_now[i] = changed.size();
-    changed.push_back(std::move(watched));
+    index_now[i] = kept.size();
+    kept.push_back(std::move(watched));
   }
-  // (A copy after a save region is of a buffer that changed.)
+  // (A copy after a save region is of a buffer changed or assigned anew.)
   for (AfterSaveRegion& copy : after_save_regions_) copy.watched = *index_now[copy.watched];
-  watched_ = std::move(changed);
+  watched_ = std::move(kept);
 }
 
 void WrittenBuffers::recompute_began() {
   recomputing_ = true;
   for (Watched& watched : watched_) {
-    watched.version_found = version_now(watched.buffer);
-    watched.as_recompute_found = copy_of(watched.buffer);
+    if (watched.changed) {
+      watched.version_found = version_now(watched.buffer);
+      watched.as_recompute_found = copy_of(watched.buffer);
+    }
+    if (watched.assigned) watched.held_as_recompute_began = watched.slot->held();
   }
   for (const Watched& watched : watched_) {
+    if (watched.assigned) watched.slot->hold(watched.buffer);
     if (watched.as_forward_read.defined()) put(watched.buffer, watched.as_forward_read, watched.at_forward.first);
   }
 }
@@ -194,7 +212,13 @@ void WrittenBuffers::recompute_began() {
 void WrittenBuffers::save_region_skipped(std::size_t save_region) {
   if (!recomputing_) return;
   for (const AfterSaveRegion& copy : after_save_regions_) {
-    if (copy.save_region == save_region) put(watched_[copy.watched].buffer, copy.value, copy.version);
+    if (copy.save_region != save_region) continue;
+    const Watched& watched = watched_[copy.watched];
+    if (copy.in_slot) {
+      watched.slot->hold(copy.value);
+    } else {
+      put(watched.buffer, copy.value, copy.version);
+    }
   }
 }
 
@@ -206,13 +230,15 @@ void WrittenBuffers::recompute_ended() noexcept {
       // Recompute remade forward's writes where it left the version forward left (what it found,
       // unless the buffer changed after forward); else (stopped before them, or changed since)
       // what it found goes back, as it does where no version says
-      if (watched.changes_with.defined() || version_now(watched.buffer) != watched.version_found) {
+      if (watched.changed && (watched.changes_with.defined() || version_now(watched.buffer) != watched.version_found)) {
         put(watched.buffer, watched.as_recompute_found, watched.version_found);
       }
+      if (watched.assigned) watched.slot->hold(watched.held_as_recompute_began);
     } catch (const std::exception& e) {
       TORCH_WARN("recompute could not put back the buffer '", watched.name, "' as it found it: ", e.what());
     }
     watched.as_recompute_found = at::Tensor();
+    watched.held_as_recompute_began = at::Tensor();
   }
 }
 

@@ -10,12 +10,18 @@
 // checkpoint name: a buffer is copied as forward begins where that checkpoint changed it before,
 // or did not see it yet with its module in that mode; one seen unchanged is not copied, and should
 // a later forward change it, that call's recompute reads the changed value (said once per buffer).
+//
+// A buffer the body assigns anew (its HeldBuffer::slot holds another tensor as forward ends, or
+// after a save region) needs no copy: forward's tensor is kept, the slot holds it while recompute
+// runs (what a save region left there where recompute skips one, copied), and what the slot held
+// as recompute began after.
 
 #include <remat/remat.hpp>
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,7 +53,8 @@ class WrittenBuffers {
 
  private:
   struct Watched {
-    at::Tensor buffer;
+    at::Tensor buffer;  // the tensor the module held as forward began
+    std::shared_ptr<BufferSlot> slot;
     bool training = false;
     // HeldBuffer::changes_with: its version moving says the buffer changed too, and recompute
     // puts back what it found whatever the buffer's version
@@ -56,17 +63,25 @@ class WrittenBuffers {
     // The versions of the buffer and of changes_with (0 where none): as forward began, and at
     // forward's start or the last save region's end
     std::pair<std::uint32_t, std::uint32_t> at_forward, marked;
+    // What the slot held as forward began or the last save region ended
+    const c10::TensorImpl* marked_held = nullptr;
     at::Tensor as_forward_read;  // undefined where the buffer was seen unchanged before
+    bool changed = false;        // in place, in forward
+    bool assigned = false;       // the slot held another tensor in forward
     at::Tensor as_recompute_found;
     std::uint32_t version_found = 0;
+    at::Tensor held_as_recompute_began;  // what the slot held (assigned ones)
     std::string name;
     std::pair<std::uint32_t, std::uint32_t> versions() const;
   };
+  // What forward left of a buffer after a save region: its value (and version), or, where the
+  // body assigned it anew there, a copy of the tensor its slot held (undefined: none).
   struct AfterSaveRegion {
     std::size_t save_region = 0;
     std::size_t watched = 0;
     at::Tensor value;
     std::uint32_t version = 0;
+    bool in_slot = false;
   };
   std::vector<Watched> watched_;
   std::vector<AfterSaveRegion> after_save_regions_;

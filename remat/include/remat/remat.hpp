@@ -260,15 +260,29 @@ bool is_recomputing();
 // it: where forward read another in its place, weights were swapped between forward and recompute.
 void note_tensors_held_by_the_body(const std::function<TensorList()>& tensors);
 
+// Where a module holds a buffer (the attribute a body reads it from): the runtime reads what it
+// holds and makes it hold another tensor, for a body that assigns the buffer anew in forward
+// (`self.memory = 0.9 * self.memory + ...`) rather than changing it in place. Called on any thread.
+class BufferSlot {
+ public:
+  virtual ~BufferSlot() = default;
+  // Undefined where it holds no tensor (None).
+  virtual at::Tensor held() const = 0;
+  // An undefined tensor: none (None).
+  virtual void hold(const at::Tensor& tensor) = 0;
+};
+
 // A buffer a body's function holds (a module's, outside the body's arguments): `training` is its
 // module's mode, `name` its attribute name (for messages). `changes_with`, where defined: forward
 // changes this buffer without moving its version counter, as it moves that tensor's (batch norm's
-// running statistics while it trains, with its num_batches_tracked).
+// running statistics while it trains, with its num_batches_tracked). `slot`, where set: where the
+// module holds it.
 struct HeldBuffer {
   at::Tensor tensor;
   bool training = false;
   std::string name;
   at::Tensor changes_with;
+  std::shared_ptr<BufferSlot> slot;
 };
 
 // Called by a body as it begins: at the start of a checkpoint's own body in forward (with
@@ -276,6 +290,8 @@ struct HeldBuffer {
 // body changes in place in forward (a step counter, an exponential average, batch norm's running
 // statistics) is given back to each recompute as forward read it, and after recompute as it was
 // found: recompute makes what forward made, and the buffer changes once, as without checkpointing.
+// So is one the body assigns anew (its slot holds another tensor when forward ends): recompute
+// runs with the slot holding the tensor forward read, and the slot holds what it held before after.
 // Which buffers a body changes is learned as forward ends: one not seen yet, or seen changed
 // before, is copied as forward begins; one seen unchanged in its module's mode is not, and should a
 // later forward change it, that call's recompute reads the changed value (a warning says so).

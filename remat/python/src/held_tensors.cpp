@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
+#include <memory>
 #include <unordered_set>
 
 namespace remat::python {
@@ -33,6 +34,41 @@ const py::handle& partial_type() {
 
 // A container in a closure or a global holds no more than this many values that are looked at.
 constexpr Py_ssize_t kContainerItems = 256;
+
+// A buffer's entry in its module's `_buffers` (where nn.Module keeps it: `module.name = tensor`
+// assigns there). Holds the dict and the name; drops them with the GIL held, on any thread.
+class ModuleBufferSlot final : public BufferSlot {
+ public:
+  ModuleBufferSlot(PyObject* buffers, PyObject* name) : buffers_(buffers), name_(name) {
+    Py_INCREF(buffers_);
+    Py_INCREF(name_);
+  }
+  ~ModuleBufferSlot() override {
+    if (!Py_IsInitialized()) return;  // the interpreter is gone: nothing left to release
+    py::gil_scoped_acquire gil;
+    Py_DECREF(buffers_);
+    Py_DECREF(name_);
+  }
+  ModuleBufferSlot(const ModuleBufferSlot&) = delete;
+  ModuleBufferSlot& operator=(const ModuleBufferSlot&) = delete;
+
+  at::Tensor held() const override {
+    py::gil_scoped_acquire gil;
+    PyObject* value = PyDict_GetItem(buffers_, name_);
+    return value != nullptr && THPVariable_Check(value) ? THPVariable_Unpack(value) : at::Tensor();
+  }
+
+  void hold(const at::Tensor& tensor) override {
+    py::gil_scoped_acquire gil;
+    const py::object value =
+        tensor.defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor)) : py::none();
+    if (!value || PyDict_SetItem(buffers_, name_, value.ptr()) != 0) throw py::error_already_set();
+  }
+
+ private:
+  PyObject* buffers_;
+  PyObject* name_;
+};
 
 class Walk {
  public:
@@ -168,7 +204,8 @@ class Walk {
       if (!THPVariable_Check(value)) continue;
       const char* text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
       buffers.push_back({THPVariable_Unpack(value), training, text != nullptr ? text : "?",
-                         norm_training && running_statistics(name) ? counted : at::Tensor()});
+                         norm_training && running_statistics(name) ? counted : at::Tensor(),
+                         std::make_shared<ModuleBufferSlot>(own, name)});
     }
     PyErr_Clear();
   }

@@ -388,3 +388,98 @@ def test_running_statistics_a_training_forward_reads_are_as_forward_read_them(no
 
     model = made(Net)
     assert same(train(copy.deepcopy(model), ours), train(copy.deepcopy(model), None))
+
+
+class Memory(torch.nn.Module):
+    """Reads its buffer, then assigns it anew (a recurrent memory, an average written as
+    `self.x = 0.9 * self.x + ...`): the module's attribute holds another tensor after forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("memory", torch.zeros(8))
+
+    def forward(self, x):
+        y = torch.tanh(self.lin(x) + self.memory)
+        self.memory = 0.9 * self.memory + 0.1 * y.detach().mean(0)
+        return y
+
+
+def test_a_buffer_assigned_anew_is_read_by_recompute_as_forward_read_it():
+    model = made(Memory)
+    plain = train(copy.deepcopy(model), None)
+    checkpointed = copy.deepcopy(model)
+    assert same(train(checkpointed, ours), plain)
+    assert not same(train(copy.deepcopy(model), torchs), plain)
+    # The attribute holds what the last forward assigned, not what a recompute made
+    assert isinstance(checkpointed._buffers["memory"], torch.Tensor) and "memory" in dict(checkpointed.named_buffers())
+
+
+def test_a_buffer_assigned_anew_and_changed_in_place_is_given_back_each_recompute():
+    """The tensor forward read is changed in place and then replaced; a gradient penalty recomputes
+    the call twice and a retained graph's second backward once more."""
+    class Both(Memory):
+        def forward(self, x):
+            self.memory.add_(1.0)
+            y = torch.tanh(self.lin(x) * self.memory)
+            self.memory = self.memory * 0.5
+            return y
+
+    def penalty(y, x):
+        loss = y.pow(2).sum()
+        grad, = torch.autograd.grad(loss, x, create_graph=True)
+        return loss + grad.square().sum()
+
+    model = made(Both)
+    assert same(train(copy.deepcopy(model), ours, loss=penalty), train(copy.deepcopy(model), None, loss=penalty))
+    checkpointed, x = copy.deepcopy(model), batch(0)
+    y = ours(checkpointed, x).sum()
+    y.backward(retain_graph=True)
+    first = x.grad.clone()
+    y.backward()
+    assert torch.equal(x.grad, 2 * first)
+    plain, x_plain = copy.deepcopy(model), batch(0)
+    plain(x_plain).sum().backward()
+    assert torch.equal(first, x_plain.grad) and torch.equal(checkpointed.memory, plain.memory)
+
+
+def test_a_save_region_that_assigns_a_buffer_gives_recompute_what_it_left_there():
+    """Recompute skips the save region that replaced the buffer: the code after it reads what
+    forward left in the attribute, and after backward it holds what the last forward left."""
+    class Staged(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+            self.register_buffer("scale", torch.ones(8))
+
+        def stage(self, x):
+            h = torch.tanh(self.a(x))
+            self.scale = self.scale * 1.5 + h.detach().mean(0)
+            return h
+
+        def forward(self, x):
+            h = remat.region(self.stage, "stage", recompute=False)(x)
+            return torch.sigmoid(self.b(h) * self.scale)
+
+    model = made(Staged)
+    assert same(train(copy.deepcopy(model), ours), train(copy.deepcopy(model), None))
+
+
+def test_a_buffer_assigned_anew_after_the_last_saved_tensor_is_left_as_found():
+    """Recompute stops before the assignment: the attribute holds what it held before recompute."""
+    class Late(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            out = torch.tanh(self.lin(x)) * (self.seen + 1)
+            self.seen = self.seen + 1
+            return out * 2
+
+    model = made(Late)
+    assert same(train(copy.deepcopy(model), ours), train(copy.deepcopy(model), None))
+    checkpointed = copy.deepcopy(model)
+    train(checkpointed, ours, steps=4)
+    assert checkpointed.seen.item() == 4
