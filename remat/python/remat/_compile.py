@@ -152,8 +152,10 @@ def compiled_region(body, recompute, args, kwargs):
 def compiled_checkpoint(checkpoint, fn, args, kwargs, verify_switched_on):
     """A checkpoint traced by Dynamo: its body under a non-reentrant torch.utils.checkpoint.
 
-    State hooks are not needed there (the partitioner never recomputes random ops, so dropout
-    keeps forward's mask) and are left out; a context_fn (selective activation checkpointing)
+    State hooks are left out: traced whole, the partitioner never recomputes random ops (dropout
+    keeps forward's mask); where Dynamo breaks the graph inside the body, torch.utils.checkpoint
+    runs eagerly, and it restores the random number generators' states for recompute
+    (preserve_rng_state, as a state hook would). A context_fn (selective activation checkpointing)
     is torch.utils.checkpoint's own and passes through; replay channels and verify_recompute
     (given, or switched on by remat.verify_recompute(True): verify_switched_on), which need
     recompute to run the Python body again, are refused when the compiled function runs."""
@@ -174,10 +176,8 @@ def compiled_checkpoint(checkpoint, fn, args, kwargs, verify_switched_on):
                          "not nest: use regions inside one checkpoint")
     _tracing_checkpoint = True
     try:
-        if checkpoint._context_fn is None:
-            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False,
-                                                     **kwargs)
-        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False,
-                                                 context_fn=checkpoint._context_fn, **kwargs)
+        selective = {} if checkpoint._context_fn is None else {"context_fn": checkpoint._context_fn}
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, **selective,
+                                                 **kwargs)
     finally:
         _tracing_checkpoint = False

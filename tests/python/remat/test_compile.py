@@ -119,6 +119,32 @@ def test_dropout_in_a_compiled_checkpoint_gives_gradients_consistent_with_its_fo
     assert torch.allclose(x.grad, reference.grad, **TOLERANCE)
 
 
+@pytest.mark.parametrize("breaks", ["graph_break", "item"])
+def test_dropout_in_a_checkpoint_whose_body_breaks_the_graph_is_recomputed_with_forward_masks(breaks):
+    """Dynamo breaks the graph inside the body and runs the checkpoint eagerly: recompute must draw
+    forward's dropout masks (it drew new ones, gradients wrong without a word)."""
+    x, w1, w2 = parameters((8, 16), (16, 16), (16, 16))
+
+    def body(u):
+        h = (u @ w1).relu()
+        if breaks == "graph_break":
+            torch._dynamo.graph_break()
+        else:
+            h = h * (1.0 + 0.0 * h.sum().item())
+        return (torch.nn.functional.dropout(h @ w2, 0.5) * h).sum()
+
+    def gradients(fn):
+        for t in (x, w1, w2):
+            t.grad = None
+        torch.manual_seed(2)
+        fn(x).backward()
+        return [t.grad.clone() for t in (x, w1, w2)]
+
+    expected = gradients(body)
+    got = gradients(torch.compile(lambda t: remat.checkpoint(region_name="broken")(body)(t), backend="aot_eager"))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
 def saved_by_the_partitioner(fn, *inputs):
     """The aten targets of what the partitioned forward graph saves for backward."""
     saved = []
