@@ -94,9 +94,12 @@ class RecomputeReplayRecorder {
   const std::vector<T>& records() const { return records_; }
   std::size_t size() const { return records_.size(); }
   std::size_t replay_misses() const { return misses_; }
+  // The name of the channel of the last scope that bound it (empty before any), for messages.
+  const std::string& channel() const { return channel_; }
 
   // Called by the channel's scopes.
   void begin_scope(ReplayMode mode, const std::string& channel) {
+    channel_ = channel;
     if (mode == ReplayMode::record) {
       if (forward_ended_) {
         throw Error("replay channel '" + channel +
@@ -140,6 +143,7 @@ class RecomputeReplayRecorder {
   bool forward_ended_ = false;
   std::weak_ptr<const void> recorded_in_;          // the checkpoint call forward recorded in
   std::vector<std::weak_ptr<const void>> scopes_;  // per open scope, the checkpoint it opened in
+  std::string channel_;
 };
 
 // A named channel whose recorder binding is thread-local, so pipeline worker threads stay

@@ -7,42 +7,75 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace remat::python {
 namespace {
 
-// The version counter of a tensor decision (none for other objects and inference tensors).
-std::optional<std::uint32_t> tensor_version(const py::handle& value) {
-  if (!THPVariable_Check(value.ptr())) return std::nullopt;
-  const at::Tensor& tensor = THPVariable_Unpack(value.ptr());
-  if (!tensor.defined() || tensor.is_inference()) return std::nullopt;
-  return tensor._version();
+// The tensors of a decision (itself, or the items of its tuples, lists and dicts, nested) with
+// their version counters when it was recorded (inference tensors have none).
+using TensorVersions = std::vector<std::pair<at::Tensor, std::uint32_t>>;
+
+constexpr int kDecisionDepth = 16;
+
+void add_tensors(const py::handle& value, TensorVersions& tensors, int depth) {
+  if (THPVariable_Check(value.ptr())) {
+    const at::Tensor& tensor = THPVariable_Unpack(value.ptr());
+    if (tensor.defined() && !tensor.is_inference()) tensors.emplace_back(tensor, tensor._version());
+  } else if (depth < kDecisionDepth && (PyTuple_Check(value.ptr()) || PyList_Check(value.ptr()))) {
+    for (const py::handle item : value) add_tensors(item, tensors, depth + 1);
+  } else if (depth < kDecisionDepth && PyDict_Check(value.ptr())) {
+    for (const auto item : py::reinterpret_borrow<py::dict>(value)) add_tensors(item.second, tensors, depth + 1);
+  }
 }
 
-// A recorded decision, with the version of a tensor decision when it was recorded.
+TensorVersions tensors_of(const py::handle& value) {
+  TensorVersions tensors;
+  add_tensors(value, tensors, 0);
+  return tensors;
+}
+
+// A recorded decision, with its tensors' versions when it was recorded.
 struct Decision {
   PyRef value;
-  std::optional<std::uint32_t> version;
+  TensorVersions tensors;
 };
 
 using Recorder = RecomputeReplayRecorder<Decision>;
 using Channel = RecomputeReplay<Decision>;
 
-Decision decision_of(const py::object& value) { return {PyRef(value), tensor_version(value)}; }
+Decision decision_of(const py::object& value) { return {PyRef(value), tensors_of(value)}; }
 
-// A tensor decision changed in place after forward (ids += offset) would come back changed and
-// recompute would run on other values than forward did: that is refused.
+// A tensor decision changed in place after forward (ids += offset), or a container decision
+// whose tensors were replaced, would come back changed and recompute would run on other values
+// than forward did: that is refused.
 const py::object& checked_value(const Decision& decision, const std::string& channel) {
   const py::object& value = decision.value.get();
-  if (decision.version && tensor_version(value) != decision.version) {
-    throw Error("replay channel '" + channel + "': the tensor recorded in forward was changed in place afterwards (" +
-                "version " + std::to_string(*decision.version) + ", now " + std::to_string(*tensor_version(value)) +
+  const TensorVersions now = tensors_of(value);
+  const std::string where = "replay channel '" + channel + "': ";
+  for (std::size_t i = 0; i < decision.tensors.size() && i < now.size(); ++i) {
+    const auto& [tensor, version] = decision.tensors[i];
+    if (!now[i].first.is_same(tensor)) break;
+    if (now[i].second == version) continue;
+    const std::string which = now.size() == 1 ? "the tensor" : "tensor " + std::to_string(i) + " of the value";
+    throw Error(where + which + " recorded in forward was changed in place afterwards (version " +
+                std::to_string(version) + ", now " + std::to_string(now[i].second) +
                 "), so replay would hand back the changed value: make that operation out-of-place (ids = ids + "
                 "offset), or return a copy from compute");
+  }
+  const bool same = now.size() == decision.tensors.size() &&
+                    std::equal(now.begin(), now.end(), decision.tensors.begin(),
+                               [](const auto& a, const auto& b) { return a.first.is_same(b.first); });
+  if (!same) {
+    throw Error(where +
+                "the list or dict recorded in forward was changed afterwards (its tensors replaced, added or "
+                "removed), so replay would hand back the changed value: record a tuple, or return a copy from compute");
   }
   return value;
 }
@@ -110,7 +143,7 @@ void bind_replay(py::module_& m) {
           [](Recorder& recorder) -> py::object {
             std::optional<Decision> entry = recorder.take();
             if (!entry) return py::none();
-            return checked_value(*entry, "recorder");
+            return checked_value(*entry, recorder.channel().empty() ? "?" : recorder.channel());
           },
           "The next recorded decision, or None when replay outran the log (counted in replay_misses).")
       .def("rewind", &Recorder::rewind, "Replay starts again from the first record.")

@@ -99,6 +99,59 @@ def test_a_replayed_tensor_changed_in_place_after_forward_is_refused():
         y.sum().backward()
 
 
+def test_a_tensor_of_a_replayed_tuple_changed_in_place_after_forward_is_refused():
+    """A routing decision of (indices, counts): the indices changed in place came back changed."""
+    table = torch.randn(8, 4, requires_grad=True)
+    router = remat.RecomputeReplay("router")
+
+    def body(x):
+        ids, counts = router.record_or_replay(lambda: (x.abs().argmax(dim=1), torch.ones(3)))
+        ids.add_(1).remainder_(8)
+        return (table[ids] * x * counts[:, None]).exp()
+
+    y = remat.checkpoint(contexts=[router], region_name="moe")(body)(torch.randn(3, 4))
+    with pytest.raises(RuntimeError, match=r"replay channel 'router': tensor 0 of the value recorded in forward was "
+                                           r"changed in place afterwards \(version 0, now 2\)"):
+        y.sum().backward()
+
+
+def test_a_replayed_list_whose_tensor_is_replaced_after_forward_is_refused():
+    table = torch.randn(8, 4, requires_grad=True)
+    router = remat.RecomputeReplay("router")
+
+    def body(x):
+        chosen = router.record_or_replay(lambda: [x.abs().argmax(dim=1)])
+        chosen[0] = chosen[0] + 1  # the list recorded is the one replayed
+        return (table[chosen[0]] * x).exp()
+
+    y = remat.checkpoint(contexts=[router], region_name="moe")(body)(torch.randn(3, 4))
+    with pytest.raises(RuntimeError, match=r"replay channel 'router': the list or dict recorded in forward was "
+                                           r"changed afterwards"):
+        y.sum().backward()
+
+
+def test_a_recorder_taken_directly_names_its_channel_in_the_refusal():
+    """NeMo's style: the recorder from channel.current(), recorded into and taken from by hand."""
+    weight = torch.randn(8, 8, requires_grad=True)
+    channel = remat.RecomputeReplay("router.topk")
+
+    def body(x):
+        bound = channel.current()
+        if bound is not None and bound[1] == "replay":
+            ids = bound[0].take()
+        else:
+            ids = (x @ weight).detach().topk(2, dim=-1).indices
+            if bound is not None:
+                bound[0].record(ids)
+        y = (x @ weight) * torch.nn.functional.one_hot(ids, 8).sum(-2)
+        ids.add_(1)
+        return y
+
+    y = remat.checkpoint(region_name="moe", context_fn=channel.checkpoint_context_fn())(body)(torch.randn(4, 8))
+    with pytest.raises(RuntimeError, match=r"replay channel 'router.topk': the tensor recorded"):
+        y.sum().backward()
+
+
 def test_backward_on_two_threads_through_one_checkpoint_matches_autograd():
     import threading
 
