@@ -5,6 +5,7 @@
 #include <remat/kept_ops.hpp>
 
 #include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -146,27 +147,43 @@ std::uint32_t version_of(const at::Tensor& t) {
   return static_cast<std::uint32_t>(t._version());
 }
 
-// The shapes and dtypes of the tensors among an op's arguments, those in lists included (cat's
-// inputs, index's Tensor?[], where a None keeps its place as an empty shape of dtype Undefined).
+// Calls `fn` on each tensor among an op's arguments, those in lists included (cat's inputs,
+// index's Tensor?[], where a None keeps its place as an undefined tensor).
+template <typename Fn>
+void for_each_tensor_argument(c10::ArrayRef<c10::IValue> arguments, Fn&& fn) {
+  for (const c10::IValue& value : arguments) {
+    if (value.isTensor() && value.toTensor().defined()) {
+      fn(value.toTensor());
+    } else if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef()) {
+        if (element.isTensor() || element.isNone()) fn(element.isTensor() ? element.toTensor() : at::Tensor());
+      }
+    }
+  }
+}
+
+// The shapes and dtypes of an op's tensor arguments (a None as an empty shape of dtype Undefined).
 KeptOps::Shapes input_shapes(c10::ArrayRef<c10::IValue> arguments) {
   KeptOps::Shapes shapes;
-  const auto add = [&](const at::Tensor& t) {
+  for_each_tensor_argument(arguments, [&](const at::Tensor& t) {
     if (t.defined()) {
       shapes.emplace_back(t.sizes().vec(), t.scalar_type());
     } else {
       shapes.emplace_back(std::vector<std::int64_t>{}, c10::ScalarType::Undefined);
     }
-  };
-  for (const c10::IValue& value : arguments) {
-    if (value.isTensor() && value.toTensor().defined()) {
-      add(value.toTensor());
-    } else if (value.isList()) {
-      for (const c10::IValue& element : value.toListRef()) {
-        if (element.isTensor() || element.isNone()) add(element.isTensor() ? element.toTensor() : at::Tensor());
-      }
-    }
-  }
+  });
   return shapes;
+}
+
+// Per tensor argument, the storage of a leaf that takes gradients (a weight trained), else null:
+// forward and recompute read the same ones where they run the same op.
+std::vector<const c10::StorageImpl*> trained_inputs(c10::ArrayRef<c10::IValue> arguments) {
+  std::vector<const c10::StorageImpl*> trained;
+  for_each_tensor_argument(arguments, [&](const at::Tensor& t) {
+    const bool leaf = t.defined() && t.requires_grad() && t.is_leaf() && t.has_storage();
+    trained.push_back(leaf ? t.storage().unsafeGetStorageImpl() : nullptr);
+  });
+  return trained;
 }
 
 std::string describe(const KeptOps::Shapes& shapes) {
@@ -304,7 +321,7 @@ void KeptOps::Scope::pass(const c10::OperatorHandle& op, c10::DispatchKeySet key
   if (!numbered(op)) return next(op, keys, stack);
   if (!recomputing_) {
     const auto index = static_cast<std::uint32_t>(ops_.ran_.size());
-    ops_.ran_.push_back(op);
+    ops_.ran_.emplace_back(op, c10::GradMode::is_enabled());
     const auto want = ops_.kept_.find(index);
     if (want != ops_.kept_.end()) return hold(op, keys, stack, index, want->second);
     next(op, keys, stack);
@@ -312,7 +329,12 @@ void KeptOps::Scope::pass(const c10::OperatorHandle& op, c10::DispatchKeySet key
     return;
   }
   const std::uint32_t index = count_++;
-  if (index >= ops_.ran_.size() || !(ops_.ran_[index] == op)) refuse(op, index);
+  if (index >= ops_.ran_.size() || !(ops_.ran_[index].first == op)) refuse(op, index);
+  if (ops_.ran_[index].second != c10::GradMode::is_enabled()) {
+    refuse(op, index,
+           ops_.ran_[index].second ? "with gradients off, where forward ran it with them on"
+                                   : "with gradients on, where forward ran it under no_grad");
+  }
   if (!ops_.held_.empty() && hand_back(op, stack, index)) return;
   next(op, keys, stack);
 }
@@ -339,7 +361,7 @@ void KeptOps::Scope::hold(const c10::OperatorHandle& op, c10::DispatchKeySet key
     if (value.isTensor() && value.toTensor().has_storage())
       inputs.insert(value.toTensor().storage().unsafeGetStorageImpl());
   }
-  Held held{{}, {}, input_shapes(arguments)};
+  Held held{{}, {}, input_shapes(arguments), trained_inputs(arguments)};
   next(op, keys, stack);
   const auto returns = torch::jit::last(*stack, schema.returns().size());
   bool fresh_storage = keepable(op) && plain_returns(returns);
@@ -394,9 +416,19 @@ bool KeptOps::Scope::hand_back(const c10::OperatorHandle& op, torch::jit::Stack*
   ops_.held_.erase(found);
   lock.unlock();
   const std::size_t argument_count = op.schema().arguments().size();
-  const Shapes shapes = input_shapes(torch::jit::last(*stack, argument_count));
+  const auto arguments = torch::jit::last(*stack, argument_count);
+  const Shapes shapes = input_shapes(arguments);
   if (shapes != held.inputs) {
     refuse(op, index, "on inputs " + describe(shapes) + ", where forward ran it on " + describe(held.inputs));
+  }
+  const std::vector<const c10::StorageImpl*> trained = trained_inputs(arguments);
+  for (std::size_t a = 0; a < trained.size(); ++a) {
+    if (held.trained[a] != nullptr && trained[a] != held.trained[a]) {
+      refuse(op, index,
+             "on another tensor as its input " + std::to_string(a) +
+                 ", where forward read a weight that "
+                 "takes gradients there");
+    }
   }
   std::size_t i = 0;
   bool unchanged = true;
@@ -415,11 +447,11 @@ bool KeptOps::Scope::hand_back(const c10::OperatorHandle& op, torch::jit::Stack*
   return true;
 }
 
-void KeptOps::Scope::refuse(const c10::OperatorHandle& op, std::uint32_t index, const std::string& shapes) {
-  const std::string forward = index < ops_.ran_.size() ? op_name(ops_.ran_[index]) : "no op";
+void KeptOps::Scope::refuse(const c10::OperatorHandle& op, std::uint32_t index, const std::string& how) {
+  const std::string forward = index < ops_.ran_.size() ? op_name(ops_.ran_[index].first) : "no op";
   const std::string ran =
-      shapes.empty() ? "ran " + op_name(op) + " as op " + std::to_string(index) + ", where forward ran " + forward
-                     : "ran op " + std::to_string(index) + " (" + forward + ") " + shapes;
+      how.empty() ? "ran " + op_name(op) + " as op " + std::to_string(index) + ", where forward ran " + forward
+                  : "ran op " + std::to_string(index) + " (" + forward + ") " + how;
   C10_THROW_ERROR(ValueError, "region '" + ops_.region_ + "': recompute " + ran +
                                   ": the region's code takes another path in recompute (is_recomputing(), state a "
                                   "recompute hook does not restore, a decision replayed with gradients on); per-op "

@@ -346,7 +346,9 @@ std::string swapped_weights_error(const std::string& checkpoint, const std::stri
          ": weights swapped in for forward or for backward alone (torch.func.functional_call, a "
          "reparametrization, a parameter assigned between forward and backward) make recompute give wrong "
          "gradients. Keep the swap in force through forward and backward, call the checkpoint outside the swapped "
-         "call, or make its regions save regions (recompute=False)";
+         "call, or make its regions save regions (recompute=False). Where no weight was swapped, the body took "
+         "another path in recompute than in forward (code under `if not is_recomputing()` that autograd saves "
+         "tensors for, state a recompute hook does not restore): run the same ops with gradients in both";
 }
 
 }  // namespace remat::detail

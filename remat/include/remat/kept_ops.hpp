@@ -8,10 +8,11 @@
 // - in forward, numbers the ops as the profile numbered them (views and dtype or device copies
 //   aside) and, at each kept index, checks the op is the one the plan names and holds its outputs
 //   (aliases, no copy);
-// - in recompute, checks each op against the one forward ran at its index and, at a kept index,
-//   that its tensor inputs have forward's shapes and dtypes, then hands back the held outputs instead
-//   of running the op. Autograd above sees the same values, so gradients are those of no
-//   checkpointing.
+// - in recompute, checks each op against the one forward ran at its index (the same op, with
+//   gradients on or off as then) and, at a kept index, that its tensor inputs have forward's shapes
+//   and dtypes and that those forward read as leaves that take gradients (the weights trained) are
+//   the same tensors, then hands back the held outputs instead of running the op. Autograd above sees the same values,
+//   so gradients are those of no checkpointing.
 // Forward writing into a held output later (an in-place op, in the region or after it) makes
 // recompute run the op again rather than hand back a changed value: a write through the output, a
 // view of it, or another tensor over its storage that a later op of the region returned with a
@@ -95,7 +96,7 @@ class KeptOps {
     // are other tensors than the held ones (Held::aliases).
     void watch_aliases(const c10::OperatorHandle& op, torch::jit::Stack* stack);
     bool hand_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::uint32_t index);
-    [[noreturn]] void refuse(const c10::OperatorHandle& op, std::uint32_t index, const std::string& shapes = {});
+    [[noreturn]] void refuse(const c10::OperatorHandle& op, std::uint32_t index, const std::string& how = {});
 
     KeptOps& ops_;
     bool recomputing_;
@@ -114,6 +115,9 @@ class KeptOps {
     std::vector<c10::IValue> returns;     // the op's returns, as the dispatcher returned them
     std::vector<std::uint32_t> versions;  // of each returned tensor, in order
     Shapes inputs;                        // the shapes and dtypes of the op's tensor arguments
+    // Per tensor argument, in the same order: the storage of one that is a leaf taking gradients
+    // (a weight trained), else null
+    std::vector<const c10::StorageImpl*> trained;
     // Other tensors over a returned tensor's storage that later ops of the region returned (their
     // version counters are their own), and their versions then: writes through them count too.
     std::vector<at::Tensor> aliases;
@@ -123,7 +127,8 @@ class KeptOps {
   std::string region_;
   std::map<std::uint32_t, std::string> kept_;
   std::uint32_t last_;                    // the highest kept index
-  std::vector<c10::OperatorHandle> ran_;  // the numbered ops forward ran, in order
+  // The numbered ops forward ran, in order, each with whether gradients were on
+  std::vector<std::pair<c10::OperatorHandle, bool>> ran_;
   std::map<std::uint32_t, Held> held_;    // by op index
 };
 

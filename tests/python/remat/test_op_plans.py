@@ -770,3 +770,45 @@ def test_a_kept_op_reading_a_list_of_tensors_of_other_shapes_in_recompute_is_ref
                                          r"\[4, 8\] float32"):
         kept_region_step(RegionKeep("c::r", {0: "aten::cat"}), body, x, w)
     assert held_storages() == {}
+
+
+def test_a_forward_only_probe_of_the_same_op_shifts_no_kept_output_onto_another_op():
+    """A probe forward alone runs (`if not is_recomputing()`, under no_grad: work autograd does not
+    save) is an aten::mm among aten::mm ops of one shape: recompute runs one op fewer, and the op at
+    a kept index is another matmul. Its held output was handed back there, gradients silently wrong;
+    now the difference in gradient mode is refused."""
+    generator = torch.Generator().manual_seed(9)
+    x, w = torch.randn(4, 8, generator=generator), torch.randn(8, 8, generator=generator)
+    probe_weight = torch.randn(8, 8, generator=generator)
+
+    def body(t, weight):
+        a = t @ weight
+        if not remat.is_recomputing():
+            with torch.no_grad():
+                a @ probe_weight  # a forward-only probe: logged, read by nothing
+        return (a @ weight) @ weight
+
+    with pytest.raises(ValueError, match=r"region 'c::r': recompute ran op 1 \(aten::mm\) with gradients on, where "
+                                         r"forward ran it under no_grad: the region's code takes another path"):
+        kept_region_step(RegionKeep("c::r", {1: "aten::mm"}), body, x, w)
+    assert held_storages() == {}
+
+
+def test_a_kept_op_that_reads_another_trained_weight_in_recompute_is_refused():
+    """The same shift with gradients on (the probe's result kept by nothing): op 1 in recompute is a
+    matmul by another weight than forward's op 1 read. (Its input takes no gradient, so autograd
+    saves no weight there for the runtime's check of swapped weights to see.)"""
+    generator = torch.Generator().manual_seed(10)
+    x, w = torch.randn(4, 8, generator=generator), torch.randn(8, 8, generator=generator)
+    probe_weight = torch.randn(8, 8, generator=generator).requires_grad_()
+
+    def body(t, weight):
+        a = t.detach() * 2
+        if not remat.is_recomputing():
+            a @ probe_weight
+        return (a @ weight).sin() * t
+
+    with pytest.raises(ValueError, match=r"region 'c::r': recompute ran op 1 \(aten::mm\) on another tensor as its "
+                                         r"input 1, where forward read a weight that takes gradients there"):
+        kept_region_step(RegionKeep("c::r", {1: "aten::mm"}), body, x, w)
+    assert held_storages() == {}
