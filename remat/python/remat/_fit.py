@@ -65,7 +65,11 @@ difference and is said once per difference. A step that makes fewer checkpoint c
 profiled one ran partly outside the plan: said at its end (once per count), nothing reserved for it. Every planned
 step's peak is read when its backward ends: later steps with those inputs plan lower by what a
 step that differed took above its prediction, or by what one went over the budget (said once),
-and one is profiled again where saving everything is estimated within the budget.
+and one is profiled again where saving everything is estimated within the budget. A step ends
+with its optimizer step (torch.optim's post-step hook), or with its backward where no update
+follows: what runs after it before the next step is outside it (_step_peak). A forward whose
+backward never ran, followed by another in the step (a skipped loss still referenced), is no
+part of what the step is planned as (_held_skipped_graph).
 
 The profiled step is the model's first and runs cold (or beside another load): the first
 `retime_steps` steps planned from a profile at its own inputs time each region's forward as it runs
@@ -416,12 +420,20 @@ class FitState:
         # forward per micro-batch), known in full only as it ends: it is planned for those its first
         # forward's inputs began with in the last such step (followers), or those of the last step
         self.forwards = []          # each training forward's signature in the step running now
+        # Per forward of the step running now: whether its backward began (None: not watched, as in
+        # a profiled step); a forward with none, followed by another, held its graph through it
+        self.backward_began = []
+        self.skipped_forwards = 0   # training forwards of this cycle whose backward never ran (skipped batches)
         self.followers = {}         # first forward's signature -> the later forwards' of the last step begun so
         self.last_followers = ()    # the later forwards' signatures of the last step
         self.step_signature = None  # the signature the step running now was planned or profiled for
         self.step_training = True   # whether the step running now began in training mode
         self.closed = False         # close() ran: unfit, or fit again
         self.backward_end = None    # (bytes, gradient bytes) when the planned step's backward ended
+        # After a planned step's backward: the peak since then as torch.optim optimizers over the
+        # model finished their steps (what runs after them, before the next step, runs outside it)
+        self.optimizer_end_peak = None
+        self.measured_peak = 0      # the step's peak, as the step ends (_step_peak)
         self._versions = None       # the parameters' version counters when the step began; None: no step open
         self._stepped = False       # an optimizer over the model's parameters stepped since (_optimizer_stepped)
         self._held_by = weakref.WeakKeyDictionary()  # optimizer -> (its parameter count, whether it holds ours)
@@ -701,12 +713,20 @@ class FitState:
 
     def _finish_step(self):
         forwards, self.forwards = self.forwards, []
+        began, self.backward_began = self.backward_began, []
+        # A forward whose backward never ran, and another after it: a skipped loss still referenced
+        # as the next forward began (`loss` until it is assigned again), not losses summed for one
+        # backward. The step is what the forwards whose backward ran are
+        held_skipped = any(b is False for b in began[:-1])
+        if held_skipped:
+            forwards = [f for f, b in zip(forwards, began) if b is not False] or forwards[-1:]
         ran = sum(forwards, ()) if forwards else None  # the step's signature as it ran
         if forwards and self.step_training:  # (an eval forward with grad on, a validation loss, says nothing of them)
             self.followers[forwards[0]] = self.last_followers = tuple(forwards[1:])
         opened = self._versions is not None  # a step began (its forward ran as such)
         updated = opened and (self._stepped or self._versions != [p._version for p in self._parameters()])
         self._versions, self._stepped = None, False
+        self.measured_peak = self._step_peak(updated)
         first_optimizer = False
         if updated and self.measuring is None and self.backward_end is not None and \
                 StepRecorder._counted_device() is not None:
@@ -716,7 +736,8 @@ class FitState:
             now = remat_alloc.memory_stats(StepRecorder._counted_device())["requested_bytes"]
             made = max(0, now - end + gradients_then - self._gradient_bytes())
             first_optimizer = self.optimizer_part is None and not self.expect_optimizer
-            self.optimizer_part = (max(end, self._read_peak()) - end, made)
+            after = self._read_peak() if self.optimizer_end_peak is None else self.optimizer_end_peak
+            self.optimizer_part = (max(end, after) - end, made)
         # An eval-mode forward whose backward never began (a validation loss with grad on) is no
         # micro-batch of the cycle; a training one is (a skipped batch: the optimizer steps after as
         # many forwards all the same)
@@ -724,6 +745,8 @@ class FitState:
                                                      not self.measuring[0]._step.backward_began)
         if no_backward and not self.step_training:
             self.position = max(0, self.position - 1)
+        elif no_backward:
+            self.skipped_forwards += 1
         self._awaiting = None
         # Gradients cleared with no optimizer step (a step GradScaler skipped for an inf, zero_grad
         # after it): the cycle ended all the same, or it would be counted as longer than it is
@@ -767,6 +790,8 @@ class FitState:
                 _tell(f"remat.fit: the profiled step (every region saved) peaked at "
                       f"{_bytes_text(profile.step_peak_bytes)}, over the budget of {_bytes_text(self.budget)}; "
                       f"later steps run under a plan within the budget. {first}".rstrip())
+        elif held_skipped:
+            self._held_skipped_graph()
         elif self._fewer_calls():
             pass  # ran outside the plan: said, and nothing learned from it for steps that run as profiled
         elif ran is not None and ran != self.step_signature and self.step_training and \
@@ -774,8 +799,7 @@ class FitState:
             self._later_forwards_changed(ran)
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
             signature, base, predicted, ratio, source = self.scaled_step
-            # The peak when backward ended (read then: the loop may reset the peak after it), or now
-            measured = max(self.backward_peak or 0, self._read_peak())
+            measured = self.measured_peak
             factor = (measured - base) / max(1, predicted - base)
             key = (signature, source)  # against the profile it was scaled from
             if factor > 1.0:  # grew faster than the token count: later steps with these inputs scale by more
@@ -804,7 +828,31 @@ class FitState:
         self.scaled_step = None
         self.backward_peak = None
         self.backward_end = None
+        self.optimizer_end_peak = None
         self.diverged = None
+
+    def _step_peak(self, updated):
+        """The step's peak, as it ends: the peak when its backward ended (read then: the loop may
+        reset the peak after it) and after it the optimizer step's: up to where torch.optim
+        optimizers finished their steps, or up to now where the parameters changed otherwise. What
+        runs after the optimizer step, or after a backward no update follows (a micro-batch of
+        gradient accumulation), before the next step (a metrics buffer, a checkpoint's staging copy)
+        runs outside the step: no plan changes it, and it is said once where it goes over the budget."""
+        if self.backward_end is None:  # no backward watched: all since the step was planned
+            return max(self.backward_peak or 0, self._read_peak())
+        if self.optimizer_end_peak is not None:
+            after = self.optimizer_end_peak
+        else:
+            after = self._read_peak() if updated else 0
+        outside = self._read_peak()
+        if (self.optimizer_end_peak is not None or not updated) and outside > self.budget and \
+                "outside" not in self.told_differences:
+            self.told_differences.add("outside")
+            _tell(f"remat.fit: memory allocated after the last step's {'optimizer step' if updated else 'backward'} "
+                  f"and before the next step peaked at {_bytes_text(outside)}, over the budget of "
+                  f"{_bytes_text(self.budget)}: that part runs outside the model's steps, which no plan changes, "
+                  "and is not counted against them")
+        return max(self.backward_peak or 0, after)
 
     def _take_times(self):
         """After a step planned from its inputs' own profile that ran as profiled: its regions'
@@ -839,7 +887,7 @@ class FitState:
         (followers): what it measured says nothing of steps planned for its inputs, which steps
         beginning as it did are from now on. Said once per signature, with its peak where that went
         over the budget."""
-        measured = max(self.backward_peak or 0, self._read_peak())
+        measured = self.measured_peak
         key = ("later forwards", ran)
         if key in self.told_differences and measured <= self.budget:
             return
@@ -864,7 +912,7 @@ class FitState:
             return False
         measured = None
         if StepRecorder._counted_device() is not None:
-            measured = max(self.backward_peak or 0, self._read_peak())
+            measured = self.measured_peak
         key = ("fewer calls", ran, profiled)
         if key not in self.told_differences:
             self.told_differences.add(key)
@@ -878,8 +926,28 @@ class FitState:
                   "as before; run such steps with checkpoints, or under torch.no_grad() where no backward follows")
         return True
 
+    def _held_skipped_graph(self):
+        """After a step whose training forward ran while an earlier forward's graph was alive and its
+        backward never ran: the step held both forwards' tensors, which no plan changes. Said once
+        (with its peak where over the budget); nothing learned from it."""
+        measured = self.measured_peak if StepRecorder._counted_device() is not None else 0
+        if "held skipped" in self.told_differences and measured <= self.budget:
+            return
+        self.told_differences.add("held skipped")
+        over = "" if measured <= self.budget else (
+            f"; the step peaked at {_bytes_text(measured)}, over the budget of {_bytes_text(self.budget)}")
+        _tell("remat.fit: a training forward ran while an earlier forward's graph was still alive and its backward "
+              f"never ran (a skipped loss still referenced){over}. That graph's tensors are held until the reference "
+              "goes, and no plan changes them: drop a skipped loss (`del loss`) before the next forward. Steps are "
+              "planned as the forwards whose backward ran")
+
     def _count_cycle(self):
-        """The optimizer stepped after the step that just ended: it ends a cycle of micro-batches."""
+        """The optimizer stepped after the step that just ended: it ends a cycle of micro-batches.
+        Forwards whose backward never ran (skipped batches) are counted, or not, to match the cycle."""
+        skipped, self.skipped_forwards = self.skipped_forwards, 0
+        if self.cycle is not None and self.position - skipped == self.cycle:
+            self.position = 0
+            return
         said = ("cycle", self.position) in self.told_differences
         if self.cycle is not None and self.position != self.cycle and not said:
             self.told_differences.add(("cycle", self.position))
@@ -927,7 +995,7 @@ class FitState:
         profiled again where saving every region is estimated within the budget."""
         what, predicted, before = self.diverged
         # The step's peak: before the difference, or from there on
-        measured = max(before, self.backward_peak or 0, self._read_peak())
+        measured = max(before, self.measured_peak)
         self.diverged_peaks.append(measured)
         signature = self.watch_signature
         if signature is None:
@@ -970,7 +1038,7 @@ class FitState:
         stand-ins, or where it could not be, not known before it ran: over the budget, it is said
         (with why it was not predicted), and later steps predict it as measured."""
         signature, predicted = self.planned_step
-        measured = max(self.backward_peak or 0, self._read_peak())
+        measured = self.measured_peak
         if measured <= self.budget:
             return
         if first_optimizer:
@@ -999,6 +1067,9 @@ class FitState:
         tensor = next((t for t in _plans.tensors_in(out) if t.requires_grad), None)
         if tensor is None:
             return
+        began, forward = self.backward_began, len(self.backward_began) - 1
+        began[forward] = False
+
         def backward_ended():
             if self.closed:  # unfit (or fit again) between this step's forward and its backward
                 return
@@ -1009,6 +1080,7 @@ class FitState:
             self._restart_peak()
 
         def backward_began(grad):
+            began[forward] = True
             self._awaiting = None
             torch.autograd.Variable._execution_engine.queue_callback(backward_ended)
             return grad
@@ -1024,6 +1096,7 @@ class FitState:
         its profile, or run under its plan, followed along the profiled step by the same watch (a
         step with more forwards than the profiled one differs from it there)."""
         self.forwards.append(_signature(args, kwargs))
+        self.backward_began.append(None)
         if self.measuring is not None:
             return None
         context = _plans.use_plan(self.plan, strict=False)
@@ -1050,6 +1123,7 @@ class FitState:
         # validation loss with grad on: itself alone)
         signature = first + sum(self.followers.get(first, self.last_followers) if self.model.training else (), ())
         self.forwards, self.step_signature = [first], signature
+        self.backward_began = [None]
         self.step_training = self.model.training
         self.input_gradient_bytes = sum(t.numel() * t.element_size() for t in _plans.tensors_in((args, kwargs))
                                         if t.requires_grad)
@@ -1366,7 +1440,7 @@ def _optimizer_stepped(optimizer, args, kwargs):
     version counters as they were (AdamW(fused=True) on the CPU does), which fit reads otherwise."""
     count = sum(len(group["params"]) for group in optimizer.param_groups)
     for state in list(_fitted):
-        if state._versions is None or state._stepped or state.model is None:
+        if state._versions is None or state.model is None:
             continue
         # Asked once per optimizer, again where its parameter groups changed (add_param_group)
         known = state._held_by.get(optimizer)
@@ -1374,7 +1448,14 @@ def _optimizer_stepped(optimizer, args, kwargs):
             ids = {id(p) for p in state.model.parameters()}
             known = state._held_by[optimizer] = (
                 count, any(id(p) in ids for group in optimizer.param_groups for p in group["params"]))
-        state._stepped = known[1]
+        if not known[1]:
+            continue
+        state._stepped = True
+        if state.backward_end is not None:
+            # A planned step ends with its optimizer steps: what runs after the last, before the next
+            # step, runs outside it
+            state.optimizer_end_peak = max(state.optimizer_end_peak or 0, state._read_peak())
+            state._restart_peak()
 
 
 def _finish_last_steps():
