@@ -34,7 +34,7 @@ from ._C import RecomputeStopped, RematError, is_recomputing
 from ._api import checkpoint, is_placeholder, name_scope, recompute_needs_tensor, region, verify_recompute
 from ._saved_tensors_hooks import SavedTensorInfo, SavedTensorKind, current_saved_tensor_info, saved_tensors_hooks
 from ._offload import CpuOffload
-from ._state import RecomputeStateHook, cpu_rng_state_hook, cuda_rng_state_hook
+from ._state import RecomputeStateHook, cpu_rng_state_hook, cuda_rng_state_hook, generator_state_hook
 from ._trace import collect_trace, trace_scope
 from ._plans import Plan, RegionCost, RegionProfile, load_plan, use_plan
 from ._profiling import profile_regions
@@ -70,6 +70,7 @@ __all__ = [
     "clear_memory_snapshot_cache",
     "RecomputeStateHook",
     "cpu_rng_state_hook",
+    "generator_state_hook",
     "cuda_rng_state_hook",
     "verify_recompute",
     "collect_trace",

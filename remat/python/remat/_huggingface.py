@@ -186,7 +186,8 @@ class _LayerPlan:
         raise TypeError(f"remat.wrap_decoder_layers: a model whose layers it wrapped ('{self.path or 'a layer'}') "
                         "cannot be pickled (torch.save(model), multiprocessing): its checkpoints hold the running "
                         "process's state hooks. Save model.state_dict(), or call remat.unwrap_decoder_layers(model) "
-                        "before saving and wrap the loaded model")
+                        "(and remat.unfit(model) where it was fitted: wrap_decoder_layers(budget=) fits it) before "
+                        "saving and wrap the loaded model")
 
     def _make_body(self):
         def body(function, *args, **kwargs):

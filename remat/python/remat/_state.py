@@ -6,15 +6,16 @@ with snapshot() and restore(state): the runtime snapshots each hook when the che
 and after every save region in forward, restores the matching snapshot before recompute runs
 that stretch again, and puts back the state backward had once recompute ends (recompute is a
 fork, not a rewind of the program). RecomputeStateHook is an optional base class that documents
-the two methods; cpu_rng_state_hook() is the runtime's own for the CPU generator, and
-cuda_rng_state_hook() keeps the CUDA generators through torch.cuda's state calls.
+the two methods; cpu_rng_state_hook() is the runtime's own for the CPU generator,
+cuda_rng_state_hook() keeps the CUDA generators through torch.cuda's state calls, and
+generator_state_hook(generator) keeps a torch.Generator of the caller's own.
 """
 
 import torch
 
 from ._extension import _C
 
-__all__ = ["RecomputeStateHook", "cpu_rng_state_hook", "cuda_rng_state_hook"]
+__all__ = ["RecomputeStateHook", "cpu_rng_state_hook", "cuda_rng_state_hook", "generator_state_hook"]
 
 
 class RecomputeStateHook:
@@ -64,6 +65,25 @@ def cuda_rng_state_hook():
     """A state hook for the default generator of every CUDA device (dropout on CUDA tensors gives
     the same masks in recompute); it costs a check while CUDA is not initialized."""
     return _CudaRngStateHook()
+
+
+class _GeneratorStateHook(RecomputeStateHook):
+    def __init__(self, generator):
+        self.generator = generator
+
+    def snapshot(self):
+        return self.generator.get_state()
+
+    def restore(self, state):
+        self.generator.set_state(state)
+
+
+def generator_state_hook(generator):
+    """A state hook for one torch.Generator of the caller's own (`torch.rand(..., generator=g)`,
+    a sampler's): the default generators' hooks do not keep it, and nothing warns of its draws."""
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator_state_hook takes a torch.Generator; it was given {type(generator).__name__}")
+    return _GeneratorStateHook(generator)
 
 
 def with_rng_state_hooks(hooks, cpu=False):

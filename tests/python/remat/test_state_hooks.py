@@ -319,3 +319,30 @@ def test_a_recompute_that_first_starts_cuda_warns_only_where_it_draws_there(made
         """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == str(int(warned)), done.stdout + done.stderr
+
+
+def test_a_generator_of_the_callers_own_is_kept_by_its_hook():
+    """A body drawing from its own torch.Generator: the default generators' hooks leave it alone,
+    so recompute drew other numbers (gradients wrong, without a warning); generator_state_hook(g)
+    keeps it."""
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(8, 8, requires_grad=True)
+
+    def body(t):
+        noise = torch.rand(t.shape, generator=generator)
+        return ((t @ weight) * noise).tanh()
+
+    def gradients(run):
+        generator.manual_seed(3)
+        weight.grad = None
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        run(x).square().sum().backward()
+        return x.grad, weight.grad.clone()
+
+    expected = gradients(body)
+    hooked = remat.checkpoint(region_name="noisy", recompute_state_hooks=[remat.generator_state_hook(generator)])
+    assert all(torch.equal(a, b) for a, b in zip(gradients(hooked(body)), expected))
+    default_only = remat.checkpoint(region_name="noisy2", recompute_state_hooks=[remat.cpu_rng_state_hook()])
+    assert not all(torch.equal(a, b) for a, b in zip(gradients(default_only(body)), expected))
+    with pytest.raises(TypeError, match="generator_state_hook takes a torch.Generator; it was given int"):
+        remat.generator_state_hook(3)
