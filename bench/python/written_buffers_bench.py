@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What a checkpoint pays to give recompute the buffers its forward changed as forward read them
 (docs/python.md, "Buffers a checkpoint changes"): a chain of small blocks, each a checkpoint, with
-and without a BatchNorm (whose running statistics every training forward changes), against no
+and without a BatchNorm (whose running statistics every training forward changes), or with a
+buffer each forward reads and assigns anew, against no
 checkpointing and torch.utils.checkpoint (non-reentrant) in one run. A step is forward and backward,
 timed as the thread's CPU time, the median over rounds that alternate the modes; per checkpoint:
 (mode - none) / blocks. Also says whether each mode's gradients and buffers after the run are
@@ -23,13 +24,24 @@ import remat
 
 
 class Block(torch.nn.Module):
-    def __init__(self, width, batch_norm):
+    def __init__(self, width, kind):
         super().__init__()
         self.lin = torch.nn.Linear(width, width)
-        self.norm = torch.nn.BatchNorm1d(width) if batch_norm else torch.nn.LayerNorm(width)
+        self.kind = kind
+        self.norm = torch.nn.BatchNorm1d(width) if kind == "batch norm" else torch.nn.LayerNorm(width)
+        if kind == "assigned average":
+            self.register_buffer("average", torch.zeros(width))
 
     def forward(self, x):
-        return x + torch.relu(self.norm(self.lin(x)))
+        h = torch.relu(self.norm(self.lin(x)))
+        if self.kind == "assigned average":  # read, then assigned anew (no in-place change)
+            h = h * (1.0 + self.average)
+            self.average = 0.9 * self.average + 0.1 * h.detach().mean(0)
+        return x + h
+
+
+KINDS = {"layer norm": "Linear, LayerNorm, ReLU (no buffers)", "batch norm": "Linear, BatchNorm1d, ReLU",
+         "assigned average": "Linear, LayerNorm, ReLU, an average buffer assigned anew"}
 
 
 def remat_call(index, block, x):
@@ -61,9 +73,9 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     x = torch.randn(16, args.width)
-    for batch_norm in (False, True):
+    for kind, description in KINDS.items():
         torch.manual_seed(0)
-        base = torch.nn.ModuleList(Block(args.width, batch_norm) for _ in range(args.blocks))
+        base = torch.nn.ModuleList(Block(args.width, kind) for _ in range(args.blocks))
         models = {mode: copy.deepcopy(base) for mode in MODES}
         times = {mode: [] for mode in MODES}
         for round_index in range(args.rounds + 5):
@@ -72,8 +84,8 @@ def main():
                 if round_index >= 5:  # the first rounds warm up
                     times[mode].append(elapsed)
         none_us = statistics.median(times["none"]) / 1e3
-        kind = "Linear, BatchNorm1d, ReLU" if batch_norm else "Linear, LayerNorm, ReLU (no buffers)"
-        print(f"{args.blocks} checkpoints of {kind}; a step (forward and backward), median of {args.rounds} rounds:")
+        print(f"{args.blocks} checkpoints of {description}; a step (forward and backward), median of "
+              f"{args.rounds} rounds:")
         for mode in MODES:
             us = statistics.median(times[mode]) / 1e3
             same = all(torch.equal(a.grad, b.grad) for a, b in zip(models[mode].parameters(),
