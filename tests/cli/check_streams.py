@@ -102,8 +102,52 @@ def output_that_cannot_be_written():
         print(f"ok {args[0]}: output that cannot be written exits 2 and says so")
 
 
+# Writes the start of a snapshot, then one key after another, never ending (until the pipe closes).
+ENDLESS_DOCUMENT = r"""
+import sys
+try:
+    sys.stdout.buffer.write(b'{"kind": "snapshot",\n')
+    line = b'"x": 1,\n' * 65536
+    while True:
+        sys.stdout.buffer.write(line)
+except (BrokenPipeError, OSError):
+    pass
+"""
+
+
+def a_document_without_end_through_a_pipe():
+    """A document read whole from a stream is bounded as a file is by its size."""
+    endless = run(["summary", "-"], stdin=[sys.executable, "-c", ENDLESS_DOCUMENT])
+    expect(endless.returncode == 2 and endless.stderr.startswith("remat-report: <stdin>: byte ") and
+           "more than 256 MiB of one JSON document (or line) from a stream" in endless.stderr and
+           "save the dump to a file" in endless.stderr, f"an endless document: {endless.returncode} {endless.stderr}")
+    print("ok a document that never ends is refused after 256 MiB of a pipe")
+
+
+def output_is_synced_before_rename(tmp):
+    """-o files: written to a temporary file, fsync'ed, then renamed (strace shows the order)."""
+    if subprocess.run(["sh", "-c", "command -v strace"], capture_output=True).returncode != 0:
+        print("not checked without strace: fsync before rename")
+        return
+    out = tmp / "synced.svg"
+    log = tmp / "strace.log"
+    traced = subprocess.run(["strace", "-f", "-o", str(log), "-e", "trace=fsync,fdatasync,rename,renameat,renameat2",
+                             BINARY, "timeline", str(DATA / "snapshot-end.json"), "-o", str(out)],
+                            capture_output=True, text=True, env=ENV, cwd=HERE)
+    if traced.returncode != 0 and not log.exists():
+        print(f"not checked: strace cannot trace here: {traced.stderr.strip()}")
+        return
+    calls = [line.split("(")[0].split()[-1] for line in log.read_text().splitlines() if "(" in line]
+    expect(traced.returncode == 0, f"timeline under strace: {traced.stderr}")
+    renames = [i for i, call in enumerate(calls) if call.startswith("rename")]
+    expect(len(renames) == 1 and "fsync" in calls[:renames[0]], f"fsync before the rename: {calls}")
+    expect("fsync" in calls[renames[0]:], f"the directory synced after the rename: {calls}")
+    print("ok an -o file is synced before its rename, and its directory after")
+
+
 def main():
     output_that_cannot_be_written()
+    a_document_without_end_through_a_pipe()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         for fixture in ("trace.jsonl", "snapshot-end.json"):
@@ -139,6 +183,7 @@ def main():
         expect(imported.returncode == 0, f"import -: {imported.stderr}")
         expect(json.loads((tmp / "imported.json").read_text())["kind"] == "snapshot", "import - wrote no snapshot")
         print("ok import reads a pickle from `-`")
+        output_is_synced_before_rename(tmp)
 
         # Bounded memory: a 2 GiB zero-filled file, the same through a pipe, and a large trace
         # through a pipe.

@@ -3,13 +3,13 @@
 // the checkpoints keep and everything saved.
 
 #include "commands/command.hpp"
+#include "core/byte_size.hpp"
 #include "core/errors.hpp"
 #include "core/format.hpp"
 #include "output/frontier_svg.hpp"
 #include "output/output_file.hpp"
 #include "reader/input_file.hpp"
 
-#include <remat/budget/budget_text.hpp>
 #include <remat/budget/offload_plan.hpp>
 #include <remat/budget/op_plan.hpp>
 #include <remat/budget/plan.hpp>
@@ -48,25 +48,43 @@ struct AdviseOptions {
 // Budgets on the frontier's picture: enough that each step of the curve shows.
 constexpr std::size_t kPictureSteps = 96;
 
+// Each budget on the frontier is one plan, solved and held with a decision per region: budgets
+// times regions bounds the time and memory a frontier takes (a few seconds and a few hundred MiB
+// at this many).
+constexpr std::size_t kLargestFrontierWork = 1'000'000;
+
+// --steps, refused where the frontier would take more than kLargestFrontierWork.
+void check_frontier_work(std::size_t steps, std::size_t regions, bool grouped) {
+  if (regions == 0 || steps <= kLargestFrontierWork / regions) return;
+  const std::size_t most = kLargestFrontierWork / regions;
+  const std::string fewer = most >= 2 ? fmt::format("give --steps {} or fewer", most)
+                                      : std::string("a frontier of this many regions is too large to compute");
+  throw UsageError(
+      fmt::format("--steps {} over {} regions is {} plans' decisions, more than the {} a frontier may "
+                  "take; {}{}, or pass --budget for one plan",
+                  steps, regions, static_cast<std::uint64_t>(steps) * regions, kLargestFrontierWork, fewer,
+                  grouped ? "" : ", --group to plan regions that differ only in numbers as one"));
+}
+
+// The picture's budgets: kPictureSteps, fewer for a profile so large that as many would take too long.
+std::size_t picture_steps(std::size_t regions) {
+  return regions == 0 ? kPictureSteps : std::clamp<std::size_t>(kLargestFrontierWork / regions, 2, kPictureSteps);
+}
+
 std::string read_profile_text(const std::string& path) {
   return read_json_text_input(path, kLargestProfile, "a region profile",
                               "a region-profile dump (profile.to_json(path))");
 }
 
+// Budgets take a unit ("70" could mean bytes or GiB), as remat's parse_budget does.
 std::uint64_t parse_budget(const std::string& option, const std::string& text) {
-  try {
-    return budget::parse_budget(text, option);
-  } catch (const budget::BudgetError& error) {
-    throw UsageError(error.what());
-  }
+  static const SizeRules rules{.bare_bytes = false, .zero_refused = "zero bytes: no step fits in nothing"};
+  return parse_byte_size(option, text, rules);
 }
 
+// Zero host memory means no offload.
 std::uint64_t parse_host_budget(const std::string& text) {
-  try {
-    return budget::parse_host_budget(text, "--host-budget");
-  } catch (const budget::BudgetError& error) {
-    throw UsageError(error.what());
-  }
+  return parse_byte_size("--host-budget", text, SizeRules{.bare_bytes = false, .zero_refused = {}});
 }
 
 Report plan_report(const budget::Plan& plan) {
@@ -153,8 +171,9 @@ std::string peak_svg(const budget::RegionProfile& profile, const std::string& so
     least = budget::least_step_peak(profile);
     const std::uint64_t most = std::max(least, profile.step->peak_bytes);
     std::uint64_t last = 0;
-    for (std::size_t i = 0; i < kPictureSteps; ++i) {
-      const std::uint64_t budget = least + (most - least) * i / (kPictureSteps - 1);
+    const std::size_t steps = picture_steps(profile.regions.size());
+    for (std::size_t i = 0; i < steps; ++i) {
+      const std::uint64_t budget = least + (most - least) * i / (steps - 1);
       if (i > 0 && budget == last) continue;
       last = budget;
       plans.push_back(budget::solve_peak(profile, budget));
@@ -252,10 +271,12 @@ void register_advise(CLI::App& app, GlobalOptions& options) {
       throw UsageError("--svg draws plans without offload: drop --host-budget to draw the frontier, or --svg to plan "
                        "with the host budget");
     }
+    if (!has_budget) check_frontier_work(opts->steps, profile.regions.size(), opts->group);
     if (picture && by_peak) {
       write_output_file(*picture, peak_svg(profile, source));
     } else if (picture) {
-      write_output_file(*picture, frontier_svg(profile, budget::frontier(profile, kPictureSteps), source));
+      write_output_file(
+          *picture, frontier_svg(profile, budget::frontier(profile, picture_steps(profile.regions.size())), source));
     }
     if (!has_budget) {
       print(frontier_report(profile, budget::frontier(profile, opts->steps)), options);

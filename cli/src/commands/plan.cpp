@@ -3,16 +3,12 @@
 
 #include "commands/command.hpp"
 #include "commands/schedule_input.hpp"
+#include "core/byte_size.hpp"
 #include "core/errors.hpp"
-#include "core/format.hpp"
 
 #include <remat/pipeline/errors.hpp>
 #include <remat/pipeline/plan.hpp>
 
-#include <fmt/format.h>
-
-#include <cctype>
-#include <charconv>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -27,22 +23,9 @@ struct PlanCommandOptions {
   bool json = false;
 };
 
-// "67108864", "64MiB", "64 MiB", "1GiB": binary units only, so a size means one thing.
-std::uint64_t parse_buffer_bytes(const std::string& text) {
-  const ByteSize size = parse_byte_size(text, /*decimal_units=*/false);
-  if (size.problem == ByteSize::Problem::too_large) {
-    throw InputError(
-        fmt::format("--buffer-bytes: got '{}', more than 2^64 - 1 bytes (16 EiB); give the bytes of one "
-                    "buffer set (every tensor a stage receives for one microbatch)",
-                    printable(text)));
-  }
-  if (size.problem != ByteSize::Problem::none || size.bytes == 0) {
-    throw InputError(
-        fmt::format("--buffer-bytes: got '{}'; give the bytes of one buffer set (every tensor a stage receives for one "
-                    "microbatch), 1 or more, as a whole number with an optional binary unit: 67108864, 64MiB, 1GiB",
-                    printable(text)));
-  }
-  return size.bytes;
+const SizeRules& buffer_bytes_rules() {
+  static const SizeRules rules{.bare_bytes = true, .zero_refused = "zero bytes: a buffer set holds 1 byte or more"};
+  return rules;
 }
 
 }  // namespace
@@ -57,14 +40,17 @@ void register_plan(CLI::App& app, GlobalOptions&) {
   command->add_option(
       "--slack", options->slack,
       "Extra buffer sets in NeMo's 1F1B closed form max(2, min(M, S - s + slack)) (default 2, as NeMo)");
-  command->add_option("--buffer-bytes", options->buffer_bytes,
-                      "Bytes of one buffer set, for stock and pooled bytes (67108864, 64MiB); without it, sets only");
+  command->add_option(
+      "--buffer-bytes", options->buffer_bytes,
+      "Bytes of one buffer set (every tensor a stage receives for one microbatch), for stock and pooled "
+      "bytes (67108864, 64MiB, 64MB = 64 x 10^6 bytes); without it, sets only");
   command->add_flag("--json", options->json, "Print a pipeline-plan dump (schemas/pipeline-plan.schema.json)");
   command->callback([options, command] {
     pipeline::PlanOptions plan_options;
     plan_options.slack = static_cast<int>(
         parse_whole_number("--slack", options->slack, 0, 1 << 20, "extra buffer sets beyond the in-flight depth"));
-    if (command->count("--buffer-bytes") > 0) plan_options.buffer_bytes = parse_buffer_bytes(options->buffer_bytes);
+    if (command->count("--buffer-bytes") > 0)
+      plan_options.buffer_bytes = parse_byte_size("--buffer-bytes", options->buffer_bytes, buffer_bytes_rules());
     const LoadedSchedule loaded = load_schedule(options->schedule);
     plan_options.schedule_name = loaded.name;
     plan_options.lowering = loaded.lowering;

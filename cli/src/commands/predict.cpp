@@ -135,7 +135,7 @@ void register_predict(CLI::App& app, GlobalOptions& options) {
       }
     }
     if (command->count("--microbatches") > 0 && opts->schedule.microbatches == "0") {
-      throw InputError("--microbatches: got 0; a step runs 1 or more microbatches");
+      throw UsageError("--microbatches: got 0; a step runs 1 or more microbatches");
     }
     if (command->count("--slack") > 0 && !remat_runtime) {
       throw UsageError("--slack sizes remat::pipeline's rings; these profiles are of torch.distributed.pipelining "

@@ -92,10 +92,17 @@ bool named_like_rank_dump(const std::filesystem::path& path) {
   return rank != std::string::npos && rank + 4 < stem.size() && std::isdigit(static_cast<unsigned char>(stem[rank + 4]));
 }
 
+// The files to read, and the subfolders of the folders named, which are not searched.
+struct Expanded {
+  std::vector<RankInput> inputs;
+  std::vector<std::string> subfolders;
+};
+
 // The paths as files to read, each file once however often it is reached (named twice, a folder
 // named twice, a symlink beside its target).
-std::vector<RankInput> expand(const std::vector<std::string>& paths) {
-  std::vector<RankInput> inputs;
+Expanded expand(const std::vector<std::string>& paths) {
+  Expanded expanded;
+  std::vector<RankInput>& inputs = expanded.inputs;
   std::set<std::filesystem::path> seen;
   auto add = [&](std::string path, bool in_folder) {
     std::error_code error;
@@ -123,13 +130,51 @@ std::vector<RankInput> expand(const std::vector<std::string>& paths) {
     std::vector<std::pair<bool, std::string>> files;  // (is a link, path)
     for (const auto& entry : std::filesystem::directory_iterator(path, error)) {
       std::error_code type_error;
-      if (entry.is_regular_file(type_error)) files.emplace_back(entry.is_symlink(type_error), entry.path().string());
+      if (entry.is_regular_file(type_error)) {
+        files.emplace_back(entry.is_symlink(type_error), entry.path().string());
+      } else if (entry.is_directory(type_error)) {
+        expanded.subfolders.push_back(entry.path().string());
+      }
     }
     if (error) throw InputError(fmt::format("cannot list the folder {}: {}", printable(path), error.message()));
     std::sort(files.begin(), files.end());
     for (auto& [is_link, file] : files) add(std::move(file), true);
   }
-  return inputs;
+  std::sort(expanded.subfolders.begin(), expanded.subfolders.end());
+  return expanded;
+}
+
+// "a, b, c and 3 more", each quoted for a one-line message.
+std::string some_of(const std::vector<std::string>& items, std::string_view separator = ", ") {
+  constexpr std::size_t kNamed = 8;
+  std::string text;
+  for (std::size_t i = 0; i < items.size() && i < kNamed; ++i) {
+    text += (i == 0 ? "" : std::string(separator)) + printable(items[i], 300);
+  }
+  if (items.size() > kNamed) text += fmt::format(" and {} more", items.size() - kNamed);
+  return text;
+}
+
+// Why no rank could be reported: every dump was unreadable (each named with its reason), or none
+// was found (a folder's subfolders, where the dumps may be, named).
+[[noreturn]] void refuse_empty_job(const RanksRun& run, const std::vector<std::string>& paths,
+                                   const std::vector<std::string>& subfolders) {
+  if (!run.unreadable.empty()) {
+    std::vector<std::string> reasons;
+    for (const auto& [path, reason] : run.unreadable) reasons.push_back(path + ": " + reason);
+    throw InputError(fmt::format("no rank's dump could be read: {}", some_of(reasons, "; ")));
+  }
+  const std::string where = paths.size() == 1 ? printable(paths.front()) : "the paths given";
+  if (!subfolders.empty()) {
+    throw InputError(
+        fmt::format("no rank's snapshot or OOM dump in {}, and subfolders are not searched: pass the "
+                    "folders that hold the dumps ({}) or the dumps in them",
+                    where, some_of(subfolders)));
+  }
+  throw InputError(
+      fmt::format("no rank's snapshot or OOM dump in {}: pass the dumps each rank wrote "
+                  "(remat_alloc.dump_snapshot, the OOM observer's oom-*.json) or their folder",
+                  where));
 }
 
 // A dump's temporary file (".remat-<pid>-<n>.tmp", renamed to the dump once written): one left in
@@ -293,13 +338,9 @@ void register_ranks(CLI::App& app, GlobalOptions& options) {
     run.spreads = !opts->by.empty();
     run.by = run.spreads ? group_by_from(opts->by) : GroupBy::region;
     RankReader reader(run, run.by);
-    for (const RankInput& input : expand(opts->paths)) reader.read(input);
-    if (run.job.ranks().empty() && run.unreadable.empty()) {
-      throw InputError(
-          fmt::format("no rank's snapshot or OOM dump in {}: pass the dumps each rank wrote "
-                      "(remat_alloc.dump_snapshot, the OOM observer's oom-*.json) or their folder",
-                      opts->paths.size() == 1 ? printable(opts->paths.front()) : "the paths given"));
-    }
+    const Expanded expanded = expand(opts->paths);
+    for (const RankInput& input : expanded.inputs) reader.read(input);
+    if (run.job.ranks().empty()) refuse_empty_job(run, opts->paths, expanded.subfolders);
     if (prediction) {
       if (svg) write_output_file(*svg, prediction_svg(*prediction, measured_peaks(run.job)));
       if (options.format() == OutputFormat::json) {

@@ -61,7 +61,7 @@ LoadedSchedule generated(const ScheduleOptions& options) {
   }
   const std::optional<pipeline::ScheduleKind> kind = pipeline::parse_schedule_kind(options.schedule);
   if (!kind) {
-    throw InputError(fmt::format("--schedule: unknown schedule '{}'; the schedules are {}", printable(options.schedule),
+    throw UsageError(fmt::format("--schedule: unknown schedule '{}'; the schedules are {}", printable(options.schedule),
                                  schedule_names()));
   }
   pipeline::ScheduleShape shape;
@@ -80,7 +80,8 @@ LoadedSchedule generated(const ScheduleOptions& options) {
     loaded.lowered = options.lowering == "step" ? pipeline::lower_single_stage_step(*kind, shape)
                                                 : lower(options, loaded.compute_only);
   } catch (const pipeline::PlanError& e) {
-    throw InputError(fmt::format("--schedule {}: {}", loaded.name, e.what()));
+    // The shape comes from the options alone: a schedule that cannot take it is a usage error.
+    throw UsageError(fmt::format("--schedule {}: {}", loaded.name, e.what()));
   }
   return loaded;
 }
@@ -129,7 +130,7 @@ long long parse_whole_number(const std::string& option, const std::string& text,
   const char* end = text.data() + text.size();
   const auto [stop, error] = std::from_chars(text.data(), end, value);
   if (error == std::errc() && stop == end && value >= min && value <= max) return value;
-  throw InputError(
+  throw UsageError(
       fmt::format("{}: got '{}'; give a whole number from {} to {} ({})", option, printable(text), min, max, counts));
 }
 

@@ -39,7 +39,7 @@ void add_schedule_options(CLI::App& command, ScheduleOptions& options);
 // whole number, a shape the schedule refuses, an unreadable file or a malformed CSV.
 LoadedSchedule load_schedule(const ScheduleOptions& options);
 
-// A non-negative whole number from an option's text, or InputError naming the option.
+// A non-negative whole number from an option's text, or UsageError naming the option.
 long long parse_whole_number(const std::string& option, const std::string& text, long long min, long long max,
                              const std::string& counts);
 

@@ -4,6 +4,7 @@
 
 #include "analysis/whatif_replay.hpp"
 #include "commands/command.hpp"
+#include "core/byte_size.hpp"
 #include "core/errors.hpp"
 #include "core/format.hpp"
 #include "core/terminal_text.hpp"
@@ -46,25 +47,16 @@ struct WhatIfOptions {
   std::int64_t device = -1;
 };
 
-std::uint64_t parse_capacity(const std::string& given) {
-  // " 80GB" as "80 GB" and "80GB": white space around the figure means nothing.
-  const std::size_t first = given.find_first_not_of(" \t");
-  const std::string text =
-      first == std::string::npos ? std::string() : given.substr(first, given.find_last_not_of(" \t") - first + 1);
-  const ByteSize size = parse_byte_size(text, /*decimal_units=*/true);
-  if (size.problem == ByteSize::Problem::too_large || (size.problem == ByteSize::Problem::none && size.bytes > kLargestCapacity)) {
+std::uint64_t parse_capacity(const std::string& text) {
+  static const SizeRules rules{.bare_bytes = true, .zero_refused = "zero bytes: give the device's memory"};
+  const std::uint64_t bytes = parse_byte_size("--capacity", text, rules);
+  if (bytes > kLargestCapacity) {
     throw UsageError(fmt::format("--capacity {}: more than 4 PiB, the most a replayed device may have (each "
                                  "expandable segment reserves the device's size and an eighth more of the 64-bit "
                                  "address space); give the device's memory, such as 80GB or 80GiB",
                                  printable(text)));
   }
-  if (size.problem != ByteSize::Problem::none || size.bytes == 0) {
-    throw UsageError(fmt::format("--capacity {}: give the device's memory in bytes, 1 or more, as a whole number "
-                                 "with an optional unit, B, KiB, MiB, GiB, TiB, PiB (powers of 1024) or kB, MB, GB, "
-                                 "TB, PB (powers of 1000): 85899345920, 80GiB or 80GB",
-                                 text.empty() ? std::string("'' (empty)") : printable(text)));
-  }
-  return size.bytes;
+  return bytes;
 }
 
 // Keys of REMAT_ALLOC_CONF a replay of the caching pool has no use for: each given in --conf is
@@ -364,9 +356,10 @@ void register_whatif(CLI::App& app, GlobalOptions& options) {
                       "Settings for one more run, as REMAT_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF text over the recorded ones "
                       "(expandable_segments:True, max_split_size_mb:256, roundup_power2_divisions:4, ...); repeat "
                       "for more runs");
-  auto* capacity_option = command->add_option("--capacity", opts->capacity,
-                      "Device memory (85899345920, 80GiB, or 80GB = 80 x 10^9 bytes); default: the recorded device's "
-                      "total memory where the input has it, else 1 PiB");
+  auto* capacity_option = command->add_option(
+      "--capacity", opts->capacity,
+      "Device memory (85899345920, 80GiB, 1.5TiB, or 80GB = 80 x 10^9 bytes); default: the recorded device's "
+      "total memory where the input has it, else 1 PiB");
   command->add_option("--device", opts->device, "For a PyTorch pickle: the device to replay (default: as import picks)")
       ->check(whole_number(0, INT32_MAX, "a CUDA device index"));
   add_output_options(*command, options);

@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
@@ -57,42 +56,6 @@ std::int64_t parse_time_us(const std::string& text) {
   const double us = value * scale;
   if (std::fabs(us) > 9.2e18) throw UsageError("time '" + text + "' is out of range");
   return static_cast<std::int64_t>(std::llround(us));
-}
-
-ByteSize parse_byte_size(std::string_view text, bool decimal_units) {
-  std::uint64_t value = 0;
-  const char* begin = text.data();
-  const char* end = text.data() + text.size();
-  const auto [stop, error] = std::from_chars(begin, end, value);
-  std::string_view unit(stop, static_cast<std::size_t>(end - stop));
-  const bool spaced = !unit.empty() && unit.front() == ' ';
-  while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
-  struct Unit {
-    std::string_view name;
-    std::uint64_t scale;
-    bool decimal;
-  };
-  static constexpr Unit kUnits[] = {
-      {"B", 1, false},
-      {"KiB", std::uint64_t{1} << 10, false},
-      {"MiB", std::uint64_t{1} << 20, false},
-      {"GiB", std::uint64_t{1} << 30, false},
-      {"TiB", std::uint64_t{1} << 40, false},
-      {"PiB", std::uint64_t{1} << 50, false},
-      {"kB", 1000, true},
-      {"MB", 1000 * 1000, true},
-      {"GB", std::uint64_t{1000} * 1000 * 1000, true},
-      {"TB", std::uint64_t{1000} * 1000 * 1000 * 1000, true},
-      {"PB", std::uint64_t{1000} * 1000 * 1000 * 1000 * 1000, true},
-  };
-  std::uint64_t scale = unit.empty() && !spaced ? 1 : 0;  // a space goes before a unit only
-  for (const Unit& u : kUnits) {
-    if (unit == u.name && (decimal_units || !u.decimal)) scale = u.scale;
-  }
-  if (error == std::errc::result_out_of_range || (error == std::errc() && scale != 0 && value > UINT64_MAX / scale))
-    return {0, ByteSize::Problem::too_large};
-  if (error != std::errc() || stop == begin || scale == 0) return {0, ByteSize::Problem::malformed};
-  return {value * scale, ByteSize::Problem::none};
 }
 
 }  // namespace remat::report

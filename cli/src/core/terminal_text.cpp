@@ -44,6 +44,17 @@ bool is_c1_control(std::string_view text, std::size_t i) {
 
 }  // namespace
 
+std::uint32_t invisible_format_character(std::string_view text, std::size_t i, std::size_t length) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[i + k]); };
+  if (length == 2 && byte(0) == 0xd8 && byte(1) == 0x9c) return 0x061c;  // ARABIC LETTER MARK
+  if (length != 3 || byte(0) != 0xe2) return 0;
+  const std::uint32_t code = 0x2000u | ((byte(1) & 0x3fu) << 6) | (byte(2) & 0x3fu);
+  const bool zero_width_or_mark = code >= 0x200b && code <= 0x200f;  // ZWSP, ZWNJ, ZWJ, LRM, RLM
+  const bool embedding = code >= 0x202a && code <= 0x202e;           // LRE, RLE, PDF, LRO, RLO
+  const bool isolate = code >= 0x2066 && code <= 0x2069;             // LRI, RLI, FSI, PDI
+  return zero_width_or_mark || embedding || isolate ? code : 0;
+}
+
 bool has_no_controls(std::string_view text) {
   for (std::size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
@@ -53,6 +64,7 @@ bool has_no_controls(std::string_view text) {
     }
     const std::size_t length = utf8_length(text, i);
     if (length < 2 || (length == 2 && is_c1_control(text, i))) return false;
+    if (invisible_format_character(text, i, length) != 0) return false;
     i += length;
   }
   return true;
@@ -79,6 +91,8 @@ std::string escape_controls(std::string_view text) {
       out += fmt::format("\\u{:04x}", c);
     } else if (length == 2 && is_c1_control(text, i)) {
       out += fmt::format("\\u{:04x}", static_cast<unsigned char>(text[i + 1]));
+    } else if (const std::uint32_t code = invisible_format_character(text, i, length); code != 0) {
+      out += fmt::format("\\u{:04x}", code);
     } else {
       out.append(text.substr(i, length));
     }

@@ -1,9 +1,11 @@
 #include "output/chart_style.hpp"
 
 #include "core/format.hpp"
+#include "core/terminal_text.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace remat::report {
@@ -19,7 +21,22 @@ std::string series_color(std::size_t index, bool is_other) {
 std::string xml_escape(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (const char c : text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const std::size_t length = static_cast<unsigned char>(c) == 0xd8   ? 2
+                               : static_cast<unsigned char>(c) == 0xe2 ? 3
+                                                                       : 0;
+    const bool whole = length != 0 && i + length <= text.size() &&
+                       std::all_of(text.begin() + static_cast<std::ptrdiff_t>(i + 1),
+                                   text.begin() + static_cast<std::ptrdiff_t>(i + length),
+                                   [](char b) { return (static_cast<unsigned char>(b) & 0xc0) == 0x80; });
+    if (whole) {
+      if (const std::uint32_t code = invisible_format_character(text, i, length); code != 0) {
+        out += fmt::format("\\u{:04x}", code);  // as escape_controls writes it: shown, never obeyed
+        i += length - 1;
+        continue;
+      }
+    }
     switch (c) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;

@@ -1,6 +1,7 @@
 #include "output/output_file.hpp"
 
 #include "core/errors.hpp"
+#include "output/signal_cleanup.hpp"
 #include "reader/input_file.hpp"
 
 #include <fmt/format.h>
@@ -88,6 +89,7 @@ OutputFileWriter::OutputFileWriter(const OutputTarget& target) : target_(target)
     opened_ = false;
     return;
   }
+  watched_ = remove_on_signal(temp_);
   struct stat existing {};
   if (::stat(target.file.c_str(), &existing) == 0 && ::fchmod(fd_, existing.st_mode & 07777) != 0) error_ = errno;
 }
@@ -95,6 +97,7 @@ OutputFileWriter::OutputFileWriter(const OutputTarget& target) : target_(target)
 OutputFileWriter::~OutputFileWriter() {
   if (fd_ >= 0) ::close(fd_);
   if (opened_) std::remove(temp_.c_str());
+  if (watched_) forget_temporary_file();
 }
 
 void OutputFileWriter::fail(int error, std::string_view advice) const {
@@ -115,10 +118,23 @@ void OutputFileWriter::commit() {
   if (!opened_) fail(error_, "; pass -o a path in a directory you can write to");
   const int fd = fd_;
   fd_ = -1;
+  // On disk before the rename: a crash after it leaves the new file whole, never an empty one.
+  if (error_ == 0 && ::fsync(fd) != 0 && errno != EINVAL && errno != EROFS) error_ = errno;
   if (::close(fd) != 0 && error_ == 0) error_ = errno;
   if (error_ == 0 && std::rename(temp_.c_str(), target_.file.c_str()) != 0) error_ = errno;
   if (error_ != 0) fail(error_, "");  // the destructor removes the temporary file
   opened_ = false;
+  sync_directory();
+}
+
+void OutputFileWriter::sync_directory() const {
+  // The rename itself is durable once the directory is; a file system that cannot say so is no failure.
+  const auto slash = target_.file.find_last_of('/');
+  const std::string directory = slash == std::string::npos ? "." : target_.file.substr(0, slash == 0 ? 1 : slash);
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
 }
 
 void write_output_file(const OutputTarget& target, std::string_view contents) {

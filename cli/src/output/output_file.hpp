@@ -1,7 +1,9 @@
 #pragma once
 // Files named by -o (timeline, export, import). They are written whole, through a temporary
-// file in the same directory and a rename, so a reader never sees half a file and a failed
-// write leaves the old one. What -o names is checked before any input is read.
+// file in the same directory, fsync and a rename (the directory synced after it), so a reader
+// never sees half a file and a failed write, or a crash, leaves the old one; SIGINT, SIGTERM and
+// SIGHUP remove the temporary file (output/signal_cleanup.hpp). What -o names is checked before
+// any input is read.
 
 #include <string>
 #include <string_view>
@@ -42,12 +44,14 @@ class OutputFileWriter {
 
  private:
   [[noreturn]] void fail(int error, std::string_view advice) const;
+  void sync_directory() const;
 
   OutputTarget target_;
   std::string temp_;
   int fd_ = -1;
   int error_ = 0;       // the first failure's errno
   bool opened_ = true;  // the temporary file was created (a failure to create it has advice)
+  bool watched_ = false;  // removed on SIGINT, SIGTERM and SIGHUP
 };
 
 }  // namespace remat::report

@@ -9,6 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string_view>
 
 namespace remat::report {
 
@@ -65,8 +68,9 @@ nlohmann::ordered_json json_value(const Cell& cell) {
 
 }  // namespace
 
-std::string csv_field(const std::string& raw) {
-  const std::string text = escape_controls(raw);
+namespace {
+
+std::string quoted_csv(const std::string& text) {
   if (text.find_first_of(",\"") == std::string::npos) return text;
   std::string out = "\"";
   for (const char c : text) {
@@ -75,6 +79,33 @@ std::string csv_field(const std::string& raw) {
   }
   return out + '"';
 }
+
+bool is_number(std::string_view text) {
+  double value = 0;
+  const char* end = text.data() + text.size();
+  const char* begin = text.data() + (!text.empty() && text.front() == '+' ? 1 : 0);
+  const auto [stop, error] = std::from_chars(begin, end, value);
+  return error == std::errc() && stop == end && std::isfinite(value);
+}
+
+}  // namespace
+
+std::string csv_field(const std::string& raw) {
+  // OWASP's CSV injection advice: a spreadsheet runs a cell that starts with one of these as a
+  // formula; an apostrophe makes it text. A number ("-5", "+1.5e3") stays a number.
+  const bool formula = !raw.empty() && std::string_view("=+-@\t\r").find(raw.front()) != std::string_view::npos;
+  const std::string text = escape_controls(raw);
+  return quoted_csv(formula && !is_number(raw) ? "'" + text : text);
+}
+
+namespace {
+
+// A number as written; text from a dump as csv_field writes it.
+std::string csv_cell(const Cell& cell) {
+  return std::holds_alternative<std::string>(cell.value) ? csv_field(raw_text(cell)) : quoted_csv(raw_text(cell));
+}
+
+}  // namespace
 
 namespace {
 
@@ -239,7 +270,7 @@ void write_report(std::ostream& out, const Report& report, OutputFormat format, 
         out << '\n';
         auto write_row = [&](const std::vector<Cell>& row) {
           for (std::size_t c = 0; c < table.columns.size(); ++c) {
-            out << (c ? "," : "") << (c < row.size() ? csv_field(raw_text(row[c])) : "");
+            out << (c ? "," : "") << (c < row.size() ? csv_cell(row[c]) : "");
           }
           out << '\n';
         };

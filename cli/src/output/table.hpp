@@ -69,8 +69,9 @@ enum class OutputFormat : std::uint8_t { text, json, csv };
 
 void write_report(std::ostream& out, const Report& report, OutputFormat format, bool color);
 std::string display_text(const Cell& cell);
-// One CSV field: control characters escaped (a field is always one line), quoted when it holds
-// a comma or a double quote.
+// One CSV field of text: control and invisible format characters escaped (a field is always one
+// line), a leading apostrophe where a spreadsheet would run the text as a formula (it starts with
+// =, +, -, @, a tab or a CR and is no number), quoted when it holds a comma or a double quote.
 std::string csv_field(const std::string& text);
 
 }  // namespace remat::report

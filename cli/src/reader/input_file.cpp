@@ -2,6 +2,7 @@
 
 #include "core/errors.hpp"
 #include "reader/input_sniff.hpp"
+#include "reader/json_document.hpp"
 
 #include <fmt/format.h>
 
@@ -161,6 +162,10 @@ std::string read_json_text_input(const std::string& argument, std::uint64_t larg
                                  std::string_view pass) {
   std::string text = read_text_input(argument, largest, kind, pass, refuse_non_json_start);
   refuse_non_object_text(text, text_input_name(argument));
+  // The document's own reader (remat's profile and plan readers) words syntax errors its own way.
+  if (std::optional<std::string> syntax = find_json_syntax_error(text)) {
+    throw InputError(text_input_name(argument), *syntax);
+  }
   return text;
 }
 

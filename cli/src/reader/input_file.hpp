@@ -66,7 +66,8 @@ std::string read_text_input(const std::string& argument, std::uint64_t largest, 
 // read_text_input for a small JSON dump (a region or stage profile, a prediction), whose start is
 // checked as every dump reader checks it: an empty input, NUL bytes, a byte-order mark, an
 // archive or a pickle is refused before the rest is read (refuse_non_json_start), and text that
-// is only whitespace or does not start with '{' once it is read.
+// is only whitespace or does not start with '{' once it is read, or whose JSON syntax is broken (a
+// file cut short is said to be).
 std::string read_json_text_input(const std::string& argument, std::uint64_t largest, std::string_view kind,
                                  std::string_view pass);
 

@@ -8,6 +8,7 @@
 
 #include <deque>
 #include <new>
+#include <optional>
 #include <vector>
 
 namespace remat::report {
@@ -158,10 +159,10 @@ std::size_t find_structural_limit(std::string_view text, std::string& what, std:
   return std::string_view::npos;
 }
 
-}  // namespace
-
-std::string describe_json_error(std::string_view text, std::uint64_t base_offset, simdjson::error_code code,
-                                const JsonPath& path, std::size_t depth) {
+// Invalid UTF-8, or the first syntax error: "byte N: <problem>"; a number too large for a double
+// only where `number_overflow` is to be told.
+std::optional<std::string> find_syntax_error(std::string_view text, std::uint64_t base_offset, const JsonPath& path,
+                                             bool number_overflow = true) {
   if (const std::size_t bad = find_invalid_utf8(text); bad != std::string_view::npos) {
     return fmt::format("byte {}: invalid UTF-8 (byte 0x{:02x})", base_offset + bad,
                        static_cast<unsigned char>(text[bad]));
@@ -169,6 +170,7 @@ std::string describe_json_error(std::string_view text, std::uint64_t base_offset
   SyntaxProbe probe;
   nlohmann::json::sax_parse(text.begin(), text.end(), &probe, nlohmann::json::input_format_t::json, true);
   if (probe.failed && probe.number_overflow) {
+    if (!number_overflow) return std::nullopt;
     const std::size_t at = probe.position > probe.token.size() ? probe.position - probe.token.size() : 0;
     return fmt::format(
         "byte {}: {}: the number {} is too large for a 64-bit floating-point value (at most about "
@@ -177,8 +179,25 @@ std::string describe_json_error(std::string_view text, std::uint64_t base_offset
   }
   if (probe.failed) {
     const std::size_t at = probe.position > 0 ? probe.position - 1 : 0;
+    if (probe.position >= text.size() && !probe.frames.empty()) {
+      // The parser ran out of input inside an object or array: the document's end is missing.
+      return fmt::format("byte {}: the input ends inside {}: the file is cut short (a job killed mid-write?)",
+                         base_offset + text.size(), probe.path(path));
+    }
     return fmt::format("byte {}: {}", base_offset + at, printable(probe.message, 160));
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> find_json_syntax_error(std::string_view text) {
+  return find_syntax_error(text, 0, JsonPath(), /*number_overflow=*/false);
+}
+
+std::string describe_json_error(std::string_view text, std::uint64_t base_offset, simdjson::error_code code,
+                                const JsonPath& path, std::size_t depth) {
+  if (std::optional<std::string> syntax = find_syntax_error(text, base_offset, path)) return *syntax;
   std::string what;
   if (const std::size_t at = find_structural_limit(text, what, depth); at != std::string_view::npos) {
     return fmt::format("byte {}: {}", base_offset + at, what);

@@ -7,6 +7,7 @@
 #include <simdjson.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -31,6 +32,12 @@ simdjson::dom::parser nested_value_parser(std::size_t depth);
 // a number too large for a double. Slow; for the error path only.
 std::string describe_json_error(std::string_view text, std::uint64_t base_offset, simdjson::error_code code,
                                 const JsonPath& path = JsonPath(), std::size_t depth = 0);
+
+// Where and why `text` is not JSON as describe_json_error says it ("byte N: the input ends inside
+// $.regions[3]: the file is cut short ..."), or empty when its syntax is sound: for a document
+// another parser reads, so that its syntax errors read as every dump's do. A number too large for
+// a double is left to that parser, which names its field.
+std::optional<std::string> find_json_syntax_error(std::string_view text);
 
 // Offset of the first byte that is not valid UTF-8, or npos.
 std::size_t find_invalid_utf8(std::string_view text);

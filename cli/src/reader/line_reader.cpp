@@ -32,6 +32,16 @@ void LineReader::grow() {
   if (const auto size = input_.size()) {
     const std::uint64_t left = *size > buffer_offset_ ? *size - buffer_offset_ : 0;
     want = static_cast<std::size_t>(std::min<std::uint64_t>(want, left + 1));
+  } else if (want > kLargestStreamBuffer) {
+    // A stream's size is unknown: without a bound, a document that never ends would fill memory.
+    if (capacity_ >= kLargestStreamBuffer) {
+      throw InputError(fmt::format("{}: byte {}", name(), offset_of(end_)),
+                       fmt::format("more than {} MiB of one JSON document (or line) from a stream, which is held in "
+                                   "memory whole: save the dump to a file and name the file, which is read in "
+                                   "bounded memory",
+                                   kLargestStreamBuffer >> 20));
+    }
+    want = kLargestStreamBuffer;
   }
   capacity_ = std::max(want, capacity_ + 1);
   buffer_.resize(capacity_ + simdjson::SIMDJSON_PADDING);

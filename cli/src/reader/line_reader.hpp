@@ -16,6 +16,10 @@
 
 namespace remat::report {
 
+// The most of one line, or of a document read with read_rest(), a stream (standard input, a pipe)
+// may hold: a regular file is bounded by its size, a stream by this. As `advise` caps a profile.
+inline constexpr std::size_t kLargestStreamBuffer = std::size_t{256} << 20;
+
 class LineReader {
  public:
   explicit LineReader(InputFile input, std::size_t chunk_bytes = std::size_t{8} << 20);

@@ -6,6 +6,7 @@
 #include "core/errors.hpp"
 #include "reader/dump_reader.hpp"
 #include "renderers/header_fields.hpp"
+#include "renderers/kind_readers.hpp"
 #include "renderers/memory_report_renderer.hpp"
 #include "renderers/oom_renderer.hpp"
 #include "renderers/remat_trace_renderer.hpp"
@@ -80,26 +81,30 @@ bool has_schema_only(std::string_view kind) {
 }
 
 // `need.command` cannot read this file's kind: names the kinds that have the view and the
-// command that reads this one.
-[[noreturn]] void refuse_kind(const DumpFile& file, const Need& need, std::string_view reader) {
+// command line that reads this one (`reader`).
+[[noreturn]] void refuse_kind(const DumpFile& file, const Need& need, const std::string& reader) {
   std::vector<std::string> kinds;
   for (const Renderer* other : all_renderers()) {
     if (other->provides(need.view)) kinds.emplace_back(other->kind());
   }
   const bool vowel = std::string_view("aeiou").find(file.kind.front()) != std::string_view::npos;
-  throw InputError(file.path, fmt::format("`remat-report {}` reads {} (kind {}); this is {} {} dump: `remat-report "
-                                          "{} {}` reads it",
+  throw InputError(file.path, fmt::format("`remat-report {}` reads {} (kind {}); this is {} {} dump: `{}` "
+                                          "reads it",
                                           need.command, what_provides(need.view), either(kinds), vowel ? "an" : "a",
-                                          file.kind, reader, file.path));
+                                          file.kind, reader));
 }
 
 }  // namespace
 
 const Renderer& renderer_for(const DumpFile& file, const Need& need) {
-  if (find_renderer(file.kind) == nullptr && has_schema_only(file.kind)) refuse_kind(file, need, "summary");
+  if (find_renderer(file.kind) == nullptr && has_schema_only(file.kind)) {
+    const std::string command = reading_command(file.kind, file.path);
+    refuse_kind(file, need, command.empty() ? "remat-report summary " + file.path : command);
+  }
   const Renderer& renderer = renderer_for(file);
   if (!renderer.provides(need.view)) {
-    refuse_kind(file, need, renderer.provides(View::oom_analysis) ? "oom" : "summary");
+    refuse_kind(file, need,
+                (renderer.provides(View::oom_analysis) ? "remat-report oom " : "remat-report summary ") + file.path);
   }
   if (need.by && !renderer.groups_by(*need.by)) {
     std::vector<std::string> groupings;
@@ -144,10 +149,7 @@ Report generic_summary(const DumpFile& file) {
   } catch (const InputError& error) {
     throw InputError(file.path, error.what());
   }
-  report.notes.push_back(
-      fmt::format("this remat-report has no renderer for '{}' dumps yet; `remat-report validate` "
-                  "checks them against schemas/",
-                  printable(file.kind)));
+  report.notes.push_back(kind_reader_note(file.kind, file.path));
   return report;
 }
 

@@ -136,10 +136,40 @@ TEST(Advise, AProfileThatIsNotJsonIsRefusedInWords) {
   TempDir dir;
   const CliResult r = run({"advise", dir.write("cut.json", "{\"kind\": ")});
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("cut.json: $: not JSON (parse error at line 1, column 10: syntax error while parsing value"),
-            std::string::npos)
-      << r.err;
+  EXPECT_EQ(r.err, "remat-report: " + dir.path("cut.json") +
+                       ": byte 9: the input ends inside $.kind: the file is cut short (a job killed mid-write?)\n");
+  const CliResult comma = run({"advise", dir.write("comma.json", "{\"kind\": 1,, \"x\": 2}")});
+  EXPECT_EQ(comma.code, 2);
+  EXPECT_NE(comma.err.find("comma.json: byte 11: syntax error while parsing object key"), std::string::npos)
+      << comma.err;
   EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+}
+
+// A frontier is one plan per budget, each deciding every region: --steps times regions is bounded,
+// and the message says by what and how to ask for less.
+TEST(Advise, AFrontierTooLargeToComputeIsRefusedNamingTheLimit) {
+  nlohmann::json profile = nlohmann::json::parse(data_text("region-profile.json"));
+  nlohmann::json regions = nlohmann::json::array();
+  std::uint64_t all_saved = 0;
+  for (int i = 0; i < 2000; ++i) {
+    regions.push_back(
+        {{"name", "block" + std::to_string(i) + "::mlp"}, {"saved_bytes", 4096 + i}, {"seconds", 0.001 + i * 1e-6}});
+    all_saved += static_cast<std::uint64_t>(4096 + i);
+  }
+  profile["regions"] = regions;
+  profile["all_saved_bytes"] = all_saved + profile["base_bytes"].get<std::uint64_t>();
+  TempDir dir;
+  const std::string file = dir.write("many.json", profile.dump());
+  const CliResult r = run({"advise", file, "--steps", "1000"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err,
+            "remat-report advise: --steps 1000 over 2000 regions is 2000000 plans' decisions, more than the 1000000 a "
+            "frontier may take; give --steps 500 or fewer, --group to plan regions that differ only in numbers as "
+            "one, or pass --budget for one plan\n");
+  EXPECT_EQ(r.out, "");
+  const CliResult fewer = run({"advise", file, "--steps", "10", "--csv"});
+  ASSERT_EQ(fewer.code, 0) << fewer.err;
+  EXPECT_EQ(fewer.out.rfind("budget_bytes,kept_bytes,recompute_seconds,saved_regions\n", 0), 0u) << fewer.out;
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Usage and wrong-input messages name the command, the value or file, and what would work.
 #include "cli_runner.hpp"
 
+#include <filesystem>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -194,6 +196,72 @@ TEST(CliMessages, AnEmptyPictureFileOrHostBudgetIsRefusedNotTakenAsLeftOut) {
     EXPECT_EQ(r.err.substr(0, r.err.find('\n')), message);
     EXPECT_EQ(r.out, "");
   }
+}
+
+// A command that cannot read a dump's kind points at the command that does, and `summary` of such
+// a dump says the same, never "no renderer yet".
+TEST(CliMessages, AWrongKindPointsAtTheCommandThatReadsIt) {
+  struct Case {
+    std::string fixture;
+    std::string kind;
+    std::string command;  // with the path, as the message writes it
+  };
+  const Case cases[] = {
+      {"region-profile.json", "region-profile", "remat-report advise " + data_path("region-profile.json")},
+      {"stage-profile-0.json", "stage-profile",
+       "remat-report predict " + data_path("stage-profile-0.json") + " --schedule NAME --ranks R --microbatches M"},
+      {"pipeline-prediction.json", "pipeline-prediction",
+       "remat-report ranks RANK_DUMPS... --predicted " + data_path("pipeline-prediction.json")}};
+  for (const Case& c : cases) {
+    const CliResult memory = run({"memory", data_path(c.fixture)});
+    EXPECT_EQ(memory.code, 2) << c.fixture;
+    EXPECT_NE(memory.err.find("this is a " + c.kind + " dump: `" + c.command + "` reads it\n"), std::string::npos)
+        << memory.err;
+    const CliResult summary = run({"summary", data_path(c.fixture)});
+    EXPECT_EQ(summary.code, 0) << summary.err;
+    EXPECT_NE(summary.out.find("note: `" + c.command + "` reads this " + c.kind + " dump: "), std::string::npos)
+        << summary.out;
+    EXPECT_EQ(summary.out.find("no renderer"), std::string::npos) << summary.out;
+  }
+  // Dumps no command takes as input: summary says what writes them.
+  const CliResult plan = run({"summary", data_path("pipeline-plan.json")});
+  EXPECT_EQ(plan.code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("note: a pipeline-plan dump is what `remat-report plan --json` writes"), std::string::npos)
+      << plan.out;
+  EXPECT_EQ(plan.out.find("no renderer"), std::string::npos) << plan.out;
+  const CliResult segments = run({"segments", data_path("pipeline-plan.json")});
+  EXPECT_EQ(segments.code, 2);
+  EXPECT_NE(segments.err.find("`remat-report summary " + data_path("pipeline-plan.json") + "` reads it"),
+            std::string::npos)
+      << segments.err;
+}
+
+// `ranks` with no dump it could read fails, naming each file and why, rather than reporting 0 ranks.
+TEST(CliMessages, RanksFailsWhenNoDumpCouldBeRead) {
+  TempDir dir;
+  const std::string empty = dir.write("snapshot-rank1.json", "");
+  const std::string cut = dir.write("snapshot-rank2.json", data_text("snapshot-peak.json").substr(0, 3000));
+  const CliResult r = run({"ranks", empty, cut});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err.rfind("remat-report: no rank's dump could be read: " + empty + ": file is empty (0 bytes)", 0), 0u)
+      << r.err;
+  EXPECT_NE(r.err.find("; " + cut + ": byte "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the file is cut short"), std::string::npos) << r.err;
+}
+
+// A folder whose dumps sit in subfolders says that subfolders are not searched, and names them.
+TEST(CliMessages, RanksNamesTheSubfoldersItDoesNotSearch) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path("job/rank0"));
+  std::filesystem::create_directories(dir.path("job/rank1"));
+  dir.write("job/rank0/snapshot.json", data_text("snapshot-peak.json"));
+  dir.write("job/rank1/snapshot.json", data_text("snapshot-peak.json"));
+  const CliResult r = run({"ranks", dir.path("job")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "remat-report: no rank's snapshot or OOM dump in " + dir.path("job") +
+                       ", and subfolders are not searched: pass the folders that hold the dumps (" +
+                       dir.path("job/rank0") + ", " + dir.path("job/rank1") + ") or the dumps in them\n");
 }
 
 }  // namespace

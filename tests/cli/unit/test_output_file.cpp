@@ -2,10 +2,12 @@
 // the file behind a symlink, keeping the link; never a FIFO, device, socket or directory, never
 // one of the command's inputs. Failures exit 2 naming the path and the system's reason.
 #include "cli_runner.hpp"
+#include "output/output_file.hpp"
 
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -182,6 +184,49 @@ TEST(OutputFile, ATargetWithALongValidNameIsWritten) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(file_text(out).substr(0, 2), "\x80\x02");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path("")), {}), 1) << "a temporary file was left";
+}
+
+// A render stopped by SIGINT, SIGTERM or SIGHUP leaves no temporary file beside the output, the
+// old file untouched, and the process still ends by that signal.
+TEST(OutputFile, ASignalDuringAWriteRemovesTheTemporaryFile) {
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) {
+    TempDir dir;
+    const std::string out = dir.write("t.svg", "old");
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      OutputFileWriter writer(output_target(out, {}));
+      writer.write("<svg>half");
+      std::raise(signal);
+      ::_exit(0);  // not reached: the signal ends the process
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == signal) << "signal " << signal << ", status " << status;
+    EXPECT_EQ(file_text(out), "old");
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path("")), {}), 1)
+        << "signal " << signal << ": a temporary file was left";
+  }
+}
+
+// A signal the process ignores (nohup) stays ignored: the write goes on and commits.
+TEST(OutputFile, AnIgnoredSignalStaysIgnored) {
+  TempDir dir;
+  const std::string out = dir.path("t.svg");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::signal(SIGHUP, SIG_IGN);
+    OutputFileWriter writer(output_target(out, {}));
+    writer.write("<svg/>");
+    std::raise(SIGHUP);
+    writer.commit();
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(file_text(out), "<svg/>");
 }
 
 }  // namespace

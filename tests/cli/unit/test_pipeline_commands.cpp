@@ -199,9 +199,8 @@ TEST(PlanCommand, ValidateRefusesAPlanWhoseIndicesLeaveItsRanksStagesOrRings) {
   }
 }
 
-TEST(PipelineCommands, BadInputExitsTwoNamingTheProblem) {
-  TempDir dir;
-  const std::string malformed = dir.write("bad.csv", "0F0,0X1\r\n1F0\r\n");
+// Bad option values are usage errors, as in every other command: exit 1, the command named.
+TEST(PipelineCommands, BadOptionValuesExitOneNamingTheCommand) {
   struct Case {
     std::vector<std::string> args;
     std::string message;
@@ -225,29 +224,38 @@ TEST(PipelineCommands, BadInputExitsTwoNamingTheProblem) {
   };
   for (const Case& c : cases) {
     const CliResult r = run(c.args);
-    EXPECT_EQ(r.code, 2) << c.args[0] << " " << r.err;
-    EXPECT_EQ(r.err, "remat-report: " + c.message + "\n");
+    EXPECT_EQ(r.code, 1) << c.args[0] << " " << r.err;
+    EXPECT_EQ(r.err, "remat-report " + c.args[0] + ": " + c.message + "\n");
   }
-  // Messages from the schedule library: the parameter and value, or the rank, position and text.
+  // Messages from the schedule library about the shape the options give: the parameter and value.
   const CliResult v =
       run({"plan", "--schedule", "zbv-zero-bubble", "--ranks", "4", "--virtual-stages", "3", "--microbatches", "8"});
-  EXPECT_EQ(v.code, 2);
-  EXPECT_TRUE(contains(v.err, "--schedule zbv-zero-bubble: ") && contains(v.err, "3")) << v.err;
+  EXPECT_EQ(v.code, 1);
+  EXPECT_TRUE(contains(v.err, "remat-report plan: --schedule zbv-zero-bubble: ") && contains(v.err, "3")) << v.err;
   const CliResult few = run({"schedule", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "2"});
-  EXPECT_EQ(few.code, 2);
-  EXPECT_TRUE(contains(few.err, "--schedule 1f1b: ") && contains(few.err, "2")) << few.err;
+  EXPECT_EQ(few.code, 1);
+  EXPECT_TRUE(contains(few.err, "remat-report schedule: --schedule 1f1b: ") && contains(few.err, "2")) << few.err;
+  const CliResult zero = run({"predict", data_path("stage-profile-0.json"), data_path("stage-profile-1.json"),
+                              "--schedule", "1f1b", "--ranks", "2", "--microbatches", "0"});
+  EXPECT_EQ(zero.code, 1);
+  EXPECT_EQ(zero.err, "remat-report predict: --microbatches: got 0; a step runs 1 or more microbatches\n");
+  for (const char* bytes : {"0", "12XB", "lots", "99999999999TiB"}) {
+    const CliResult r =
+        run({"plan", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8", "--buffer-bytes", bytes});
+    EXPECT_EQ(r.code, 1) << bytes;
+    EXPECT_TRUE(contains(r.err, std::string("remat-report plan: --buffer-bytes '") + bytes + "': ")) << r.err;
+  }
+}
+
+TEST(PipelineCommands, BadInputExitsTwoNamingTheProblem) {
+  TempDir dir;
+  const std::string malformed = dir.write("bad.csv", "0F0,0X1\r\n1F0\r\n");
   const CliResult bad_csv = run({"plan", "--csv", malformed});
   EXPECT_EQ(bad_csv.code, 2);
   EXPECT_TRUE(contains(bad_csv.err, malformed) && contains(bad_csv.err, "0X1")) << bad_csv.err;
   const CliResult missing = run({"schedule", "--csv", dir.path("absent.csv")});
   EXPECT_EQ(missing.code, 2);
   EXPECT_TRUE(contains(missing.err, "cannot read " + dir.path("absent.csv") + ": No such file")) << missing.err;
-  for (const char* bytes : {"0", "12XB", "lots", "99999999999TiB"}) {
-    const CliResult r =
-        run({"plan", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8", "--buffer-bytes", bytes});
-    EXPECT_EQ(r.code, 2) << bytes;
-    EXPECT_TRUE(contains(r.err, std::string("--buffer-bytes: got '") + bytes + "'")) << r.err;
-  }
 }
 
 TEST(PipelineCommands, ADirectoryAsTheCsvIsBadInputNotACrash) {
@@ -260,21 +268,21 @@ TEST(PipelineCommands, ADirectoryAsTheCsvIsBadInputNotACrash) {
   }
 }
 
-TEST(PipelineCommands, BufferBytesPastSixtyFourBitsOrWithStraySpacesAreRefused) {
+TEST(PipelineCommands, BufferBytesPastSixtyFourBitsOrNotASizeAreRefused) {
   auto plan_with = [](const std::string& bytes) {
     return run({"plan", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--buffer-bytes", bytes});
   };
   for (const char* bytes : {"18446744073709551616", "99999999999999999999999", "17179869184GiB", "16777216TiB"}) {
     const CliResult r = plan_with(bytes);
-    EXPECT_EQ(r.code, 2) << bytes;
-    EXPECT_TRUE(contains(r.err, std::string("--buffer-bytes: got '") + bytes + "', more than 2^64 - 1 bytes")) << r.err;
+    EXPECT_EQ(r.code, 1) << bytes;
+    EXPECT_TRUE(contains(r.err, std::string("--buffer-bytes '") + bytes + "': more than 2^64 - 1 bytes")) << r.err;
   }
-  for (const char* bytes : {"1 ", " 1", "64MiB ", "1e3", "-5", "1.5GiB", "16EiB"}) {
+  for (const char* bytes : {"1e3", "-5", "16EiB", "0.5B"}) {
     const CliResult r = plan_with(bytes);
-    EXPECT_EQ(r.code, 2) << "'" << bytes << "'";
-    EXPECT_TRUE(contains(r.err, std::string("--buffer-bytes: got '") + bytes + "'; give the bytes")) << r.err;
+    EXPECT_EQ(r.code, 1) << "'" << bytes << "'";
+    EXPECT_TRUE(contains(r.err, std::string("--buffer-bytes '") + bytes + "': ")) << r.err;
   }
-  EXPECT_EQ(plan_with("64 MiB").code, 0);
+  for (const char* bytes : {"64 MiB", " 1", "64MiB ", "1.5GiB", "64MB"}) EXPECT_EQ(plan_with(bytes).code, 0) << bytes;
   EXPECT_EQ(plan_with("18446744073709551615").code, 2);  // fits, but two sets of it do not
 }
 

@@ -3,6 +3,10 @@
 // and messages on stderr are escaped too.
 #include "cli_runner.hpp"
 #include "core/terminal_text.hpp"
+#include "output/chart_style.hpp"
+#include "output/table.hpp"
+
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -140,6 +144,61 @@ TEST(TerminalText, ANewlineInAPathIsEscapedInMessagesNotTurnedIntoASpace) {
   const CliResult r = run({"summary", file});
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err, "remat-report: cannot open " + dir.path("two\\u000alines.json") + ": No such file or directory\n");
+}
+
+TEST(TerminalText, EscapesCharactersThatReorderOrHideText) {
+  // RLO, ZWSP, LRI, PDI, RLM and the Arabic letter mark: shown as escapes, never obeyed.
+  EXPECT_EQ(escape_controls("file\xe2\x80\xae"
+                            "gpj.exe"),
+            "file\\u202egpj.exe");
+  EXPECT_EQ(escape_controls("a\xe2\x80\x8b"
+                            "b"),
+            "a\\u200bb");
+  EXPECT_EQ(escape_controls("\xe2\x81\xa6x\xe2\x81\xa9"), "\\u2066x\\u2069");
+  EXPECT_EQ(escape_controls("\xe2\x80\x8f\xd8\x9c"), "\\u200f\\u061c");
+  EXPECT_EQ(escape_controls("\xe2\x80\x94 \xe2\x80\xaf \xd8\xa7"),
+            "\xe2\x80\x94 \xe2\x80\xaf \xd8\xa7");  // dash, NNBSP, alef
+  EXPECT_FALSE(has_no_controls("x\xe2\x80\xaa"));
+  EXPECT_EQ(xml_escape("<a\xe2\x80\xae"
+                       "b>"),
+            "&lt;a\\u202eb&gt;");
+  EXPECT_EQ(xml_escape("caf\xc3\xa9 \xe2\x80\x94"), "caf\xc3\xa9 \xe2\x80\x94");
+}
+
+TEST(TerminalText, CsvCellsThatASpreadsheetWouldRunAreText) {
+  EXPECT_EQ(csv_field("=cmd|'/c calc'!A1"), "'=cmd|'/c calc'!A1");
+  EXPECT_EQ(csv_field("@SUM(A1)"), "'@SUM(A1)");
+  EXPECT_EQ(csv_field("+x"), "'+x");
+  EXPECT_EQ(csv_field("-x"), "'-x");
+  EXPECT_EQ(csv_field("\tx"), "'\\u0009x");
+  EXPECT_EQ(csv_field("\rx"), "'\\u000dx");
+  EXPECT_EQ(csv_field("=1+2,3"), "\"'=1+2,3\"");
+  EXPECT_EQ(csv_field("-5"), "-5");  // numbers stay numbers
+  EXPECT_EQ(csv_field("+1.5e3"), "+1.5e3");
+  EXPECT_EQ(csv_field("layers.0"), "layers.0");
+
+  Report report;
+  Table table{.id = "t", .title = "T", .columns = {{"name", "name", false}, {"delta", "delta", true}}};
+  table.rows.push_back({Cell::name("=HYPERLINK(\"x\")"), Cell::delta_bytes(-4096)});
+  table.rows.push_back({Cell::text("-3"), Cell::real(-0.5)});
+  report.tables.push_back(table);
+  std::ostringstream out;
+  write_report(out, report, OutputFormat::csv, false);
+  EXPECT_NE(out.str().find("\"'=HYPERLINK(\"\"x\"\")\",-4096\n"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("\n-3,-0.5\n"), std::string::npos) << out.str();
+}
+
+TEST(TerminalText, NoSnapshotNameReachesCsvAsAFormula) {
+  TempDir dir;
+  nlohmann::json snapshot = nlohmann::json::parse(data_text("snapshot-peak.json"));
+  ASSERT_TRUE(snapshot.contains("names")) << "the fixture's shape changed";
+  ASSERT_EQ(snapshot["names"][2], "layers.0");
+  snapshot["names"][2] = "=cmd|'/c calc'!A1";
+  const std::string file = dir.write("evil.json", snapshot.dump());
+  const CliResult r = run({"memory", file, "--csv"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\n'=cmd|'/c calc'!A1,"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\n=cmd"), std::string::npos) << r.out;
 }
 
 }  // namespace
