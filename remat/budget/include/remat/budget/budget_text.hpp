@@ -6,6 +6,7 @@
 #include <remat/budget/error.hpp>
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace remat::budget {
@@ -26,5 +27,16 @@ std::uint64_t parse_budget(std::string_view text, std::string_view what);
 
 // A host budget: as parse_budget, but zero ("0B", "0 GiB") is accepted and means no offload.
 std::uint64_t parse_host_budget(std::string_view text, std::string_view what);
+
+// What reading a byte size found: its bytes, or what is wrong with the text (then `bytes` is 0).
+struct ByteSizeRead {
+  std::uint64_t bytes = 0;
+  std::string problem;  // empty where the text was read
+};
+
+// The reader behind parse_budget, for callers that word their own messages (remat-report's size
+// options): zero is read as zero; a number without a unit is that many bytes where `bare_bytes`,
+// else the problem "no unit (bytes? GiB?)". `noun` names the size in "a <noun> has no sign".
+ByteSizeRead read_byte_size(std::string_view text, bool bare_bytes, std::string_view noun);
 
 }  // namespace remat::budget
