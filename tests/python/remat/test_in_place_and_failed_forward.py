@@ -84,49 +84,39 @@ def test_a_save_region_that_changes_its_input_in_place_is_refused():
         remat.checkpoint(region_name="block")(block)(torch.randn(4, 8, requires_grad=True))
 
 
-def test_a_replayed_tensor_changed_in_place_after_forward_is_refused():
+def ids_changed_in_place(ids):
+    ids += 2  # local to global ids, in place: the recorded tensor changes too
+    return ids
+
+
+def first_of_a_tuple_changed_in_place(decision):
+    ids, _ = decision  # a routing decision of (indices, counts)
+    return ids.add_(1).remainder_(8)
+
+
+def first_of_a_list_replaced(decision):
+    decision[0] = decision[0] + 1  # the list recorded is the one replayed
+    return decision[0]
+
+
+@pytest.mark.parametrize("decide, change, refusal", [
+    (lambda x: x.abs().argmax(dim=1), ids_changed_in_place,
+     r"the tensor recorded in forward was changed in place afterwards \(version 0, now 1\)"),
+    (lambda x: (x.abs().argmax(dim=1), torch.ones(3)), first_of_a_tuple_changed_in_place,
+     r"tensor 0 of the value recorded in forward was changed in place afterwards \(version 0, now 2\)"),
+    (lambda x: [x.abs().argmax(dim=1)], first_of_a_list_replaced,
+     r"the list or dict recorded in forward was changed afterwards"),
+], ids=["tensor", "tensor in a tuple", "list"])
+def test_a_replayed_decision_changed_after_forward_is_refused(decide, change, refusal):
     table = torch.randn(8, 4, requires_grad=True)
     router = remat.RecomputeReplay("router")
 
     def body(x):
-        ids = router.record_or_replay(lambda: x.abs().argmax(dim=1))
-        ids += 2  # local to global ids, in place: the recorded tensor changes too
+        ids = change(router.record_or_replay(lambda: decide(x)))
         return (table[ids] * x).exp()
 
     y = remat.checkpoint(contexts=[router], region_name="moe")(body)(torch.randn(3, 4))
-    with pytest.raises(RuntimeError, match=r"replay channel 'router': the tensor recorded in forward was changed in "
-                                           r"place afterwards \(version 0, now 1\)"):
-        y.sum().backward()
-
-
-def test_a_tensor_of_a_replayed_tuple_changed_in_place_after_forward_is_refused():
-    """A routing decision of (indices, counts): the indices changed in place came back changed."""
-    table = torch.randn(8, 4, requires_grad=True)
-    router = remat.RecomputeReplay("router")
-
-    def body(x):
-        ids, counts = router.record_or_replay(lambda: (x.abs().argmax(dim=1), torch.ones(3)))
-        ids.add_(1).remainder_(8)
-        return (table[ids] * x * counts[:, None]).exp()
-
-    y = remat.checkpoint(contexts=[router], region_name="moe")(body)(torch.randn(3, 4))
-    with pytest.raises(RuntimeError, match=r"replay channel 'router': tensor 0 of the value recorded in forward was "
-                                           r"changed in place afterwards \(version 0, now 2\)"):
-        y.sum().backward()
-
-
-def test_a_replayed_list_whose_tensor_is_replaced_after_forward_is_refused():
-    table = torch.randn(8, 4, requires_grad=True)
-    router = remat.RecomputeReplay("router")
-
-    def body(x):
-        chosen = router.record_or_replay(lambda: [x.abs().argmax(dim=1)])
-        chosen[0] = chosen[0] + 1  # the list recorded is the one replayed
-        return (table[chosen[0]] * x).exp()
-
-    y = remat.checkpoint(contexts=[router], region_name="moe")(body)(torch.randn(3, 4))
-    with pytest.raises(RuntimeError, match=r"replay channel 'router': the list or dict recorded in forward was "
-                                           r"changed afterwards"):
+    with pytest.raises(RuntimeError, match=r"replay channel 'router': " + refusal):
         y.sum().backward()
 
 
