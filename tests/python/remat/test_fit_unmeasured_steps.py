@@ -220,8 +220,7 @@ def test_memory_allocated_between_steps_is_not_charged_to_the_step_before():
 
     def staging(step):
         if step == 2:
-            staged = torch.zeros(budget + (1 << 20), dtype=torch.uint8)  # made and dropped between steps
-            del staged
+            torch.zeros(budget + (1 << 20), dtype=torch.uint8)  # made and dropped between steps
 
     rows, state, told = planned_loop(budget, between=staging)
     assert rows[3][1] == rows[2][1], rows  # planned as before it: no room reserved
