@@ -10,6 +10,16 @@
 //   backward until the step ends. A tensor handed to a stage on the same rank is let go by the
 //   backward that reads it;
 // - the last stage keeps every microbatch's output and loss for the step (its merged output);
+// - I (stage_backward_input) leaves each input gradient on the stage's input leaf as its .grad,
+//   where clear_runtime_states lets it go at the next step's start: a received input's
+//   gradient outlives the step, through the optimizer step (a full B sets .grad to None);
+// - V schedules hand tensors between the two stages of the V's turn on one rank
+//   (set_local_fwd_input, set_local_bwd_input) instead of sending them. With stock buffers
+//   they stay in the receiving stage's records (args_recv_info, grad_recv_info) until the next
+//   step's handoff of the same microbatch replaces them: one set per microbatch and direction,
+//   as stock receive buffers. Pooled, the pool drops them once their last reader is done: the
+//   activation after the receiving stage's backward (B, or W after I), the gradient after the
+//   handing-back stage's backward and, after I, the receiving stage's W (its leaf's .grad);
 // - parameter gradients appear at a stage's first backward (zero_grad(set_to_none=True)) and
 //   the optimizer state is held throughout (a step after the first);
 // - receive buffers are allocated once and held: one set per microbatch (stock) or the plan's
@@ -19,7 +29,10 @@
 // - every send is waited for at the step's end, whatever the schedule, so a sent output
 //   outlives its microbatch's backward until then;
 // - each microbatch's input gradient (stages past the first) is kept in the runtime's state
-//   until the step's end, sent or handed to the stage before on the same rank;
+//   until the step's end, sent or handed to the stage before on the same rank; nothing is kept
+//   past the step (I takes its gradients with autograd::grad, not into .grad), and an
+//   activation handed on the same rank is let go by the receiving stage's backward (B or I),
+//   before the handing stage lets its own output go;
 // - the last stage keeps each microbatch's loss for step()'s result and drops its output at
 //   the backward (no merged output);
 // - I computes the input and the weight gradients in one pass and keeps the weight gradients
@@ -149,13 +162,15 @@ class RankWalk {
         last_stage_(lowered.num_stages() - 1),
         microbatches_(lowered.microbatches),
         remat_runtime_(profiles.front().runtime == kRematRuntime),
-        sends_held_to_end_(remat_runtime_ || options.lowering != "step" || options.schedule_name != "1f1b") {
+        sends_held_to_end_(remat_runtime_ || options.lowering != "step" || options.schedule_name != "1f1b"),
+        stock_handoffs_(!remat_runtime_ && options.buffers == ReceiveBuffers::stock) {
     result_.rank = rank;
     for (int s = 0; s < lowered.num_stages(); ++s) {
       if (lowered.stage_to_rank[static_cast<std::size_t>(s)] == rank) result_.stages.push_back(s);
     }
     level_.receive_buffers = receive;
     const auto m = static_cast<std::uint64_t>(microbatches_);
+    hold_previous_handoffs();
     for (const int s : result_.stages) {
       const StageProfile& p = profile(s);
       add(&PeakParts::params, p.params, figure_text(s, "params"));
@@ -188,6 +203,28 @@ class RankWalk {
   using Key = std::pair<int, int>;  // stage, microbatch
 
   const StageProfile& profile(int stage) const { return profiles_[static_cast<std::size_t>(stage)]; }
+
+  bool runs_here(int stage) const {
+    return std::find(result_.stages.begin(), result_.stages.end(), stage) != result_.stages.end();
+  }
+
+  // PyTorch's runtime hands this stage's output to the next stage on this rank (a V's turn).
+  bool hands_on(int stage) const { return !remat_runtime_ && stage < last_stage_ && runs_here(stage + 1); }
+
+  // Stock: what the previous step handed between the V's two stages, one set per microbatch and
+  // direction, still in the receiving stages' records when this step begins.
+  void hold_previous_handoffs() {
+    if (!stock_handoffs_) return;
+    const auto m = static_cast<std::uint64_t>(microbatches_);
+    for (const int s : result_.stages) {
+      if (!hands_on(s)) continue;
+      add(&PeakParts::receive_buffers, times(profile(s).output_bytes, m, s, "output_bytes"),
+          figure_text(s, "output_bytes") + " x microbatches handed on");
+      add(&PeakParts::receive_buffers, times(profile(s + 1).input_grad_bytes, m, s + 1, "input_grad_bytes"),
+          figure_text(s + 1, "input_grad_bytes") + " x microbatches handed back");
+      for (int mb = 0; mb < microbatches_; ++mb) previous_handoffs_.insert({s, mb});
+    }
+  }
 
   // Adds bytes to one part of the level, refusing a sum past 2^64 - 1 (of the part or the level).
   void add(std::uint64_t PeakParts::*part, std::uint64_t bytes, const std::string& what) {
@@ -231,6 +268,51 @@ class RankWalk {
     level_.activations -= kept;
     in_flight_.erase({stage, microbatch});
     hold_outputs(stage, microbatch, kept);
+    if (hands_on(stage)) hold_handed_output(stage, microbatch, kept);
+  }
+
+  // The output handed to the next stage on this rank outlives this stage's backward: stock, in
+  // the next stage's records until the next step's forward of the microbatch replaces it;
+  // pooled, until the next stage's backward of the microbatch is done, or the step's end where
+  // that stage's sent output pins it.
+  void hold_handed_output(int stage, int microbatch, std::uint64_t kept) {
+    const std::uint64_t bytes = std::min(profile(stage).output_bytes, kept);
+    const std::string what = figure_text(stage, "output_bytes") + " handed on";
+    if (stock_handoffs_) {
+      add(&PeakParts::receive_buffers, bytes, what);
+    } else if (backward_done_.count({stage + 1, microbatch}) == 0) {
+      add(&PeakParts::held_for_sends, bytes, what);
+      handed_outputs_[{stage + 1, microbatch}] += bytes;
+    } else if (pinned_inputs_.count({stage + 1, microbatch}) > 0) {
+      add(&PeakParts::held_for_sends, bytes, what);
+    }
+  }
+
+  // A full B leaves the stage's autograd graph to whatever holds its output: a sent output,
+  // held by its send until the step's end, keeps the graph's nodes and through its
+  // AccumulateGrad the input leaf, here an output handed on by the stage before (I detaches
+  // the output and lets them go).
+  void pin_handed_input(int stage, int microbatch) {
+    if (stage == 0 || !hands_on(stage - 1) || !sends_held_to_end_) return;
+    if (sends_forward_.count({stage, microbatch}) > 0) pinned_inputs_.insert({stage, microbatch});
+  }
+
+  // Stock: this step's forward replaces the output the previous step handed on for the microbatch.
+  void replace_handed_output(int stage, int microbatch) {
+    if (previous_handoffs_.erase({stage, microbatch}) > 0) level_.receive_buffers -= profile(stage).output_bytes;
+  }
+
+  // The stage's backward of the microbatch is done (B, or W after I): what it held of a handoff
+  // on this rank, and what it made a reader of, may be let go.
+  void backward_done(int stage, int microbatch) {
+    backward_done_.insert({stage, microbatch});
+    const auto output = handed_outputs_.find({stage, microbatch});
+    if (output != handed_outputs_.end() && pinned_inputs_.count({stage, microbatch}) == 0) {
+      level_.held_for_sends -= output->second;
+      handed_outputs_.erase(output);
+    }
+    release_local_grad(stage, microbatch);
+    release_local_grad(stage - 1, microbatch);
   }
 
   // What outlives the microbatch's forward state, once: a sent output its send still holds, the
@@ -247,25 +329,40 @@ class RankWalk {
     }
   }
 
-  // The input gradient a backward made: held until its send is waited for, or until the
-  // previous stage on this rank has read it.
-  void hold_input_grad(int stage, int microbatch) {
+  // The input gradient a backward (B, or I where `input_only`) made. remat::pipeline keeps it
+  // until the step's end. Under PyTorch's runtime a sent one is held until its send is waited
+  // for, or, after I, by the input leaf's .grad until the next step; a handed one (stock)
+  // replaces the previous step's in the previous stage's records, or (pooled) is held until the
+  // previous stage's backward is done and, after I, this stage's W.
+  void hold_input_grad(int stage, int microbatch, bool input_only) {
     const std::uint64_t bytes = profile(stage).input_grad_bytes;
     if (stage == 0 || bytes == 0) return;
-    add(&PeakParts::held_for_sends, bytes, figure_text(stage, "input_grad_bytes"));
-    if (remat_runtime_) return;  // kept in the runtime's state until the step's end
-    const bool sent = sends_backward_.count({stage, microbatch}) > 0;
-    if (!sent) {
-      local_grads_[{stage - 1, microbatch}] += bytes;
-    } else if (!sends_held_to_end_) {
-      waited_at_send_[{stage, microbatch}] += bytes;
+    const std::string what = figure_text(stage, "input_grad_bytes");
+    if (remat_runtime_) {
+      add(&PeakParts::held_for_sends, bytes, what);
+      return;
     }
+    const bool sent = sends_backward_.count({stage, microbatch}) > 0;
+    if (sent) {
+      add(&PeakParts::held_for_sends, bytes, what);
+      if (input_only) {
+        kept_past_step_ = checked_add(kept_past_step_, bytes, result_.rank, what + " kept as .grad");
+      } else if (!sends_held_to_end_) {
+        waited_at_send_[{stage, microbatch}] += bytes;
+      }
+      return;
+    }
+    if (stock_handoffs_) return;
+    add(&PeakParts::held_for_sends, bytes, what + " handed back");
+    local_grads_[{stage - 1, microbatch}] = {bytes, input_only};
   }
 
-  void read_local_grad(int stage, int microbatch) {
+  // A gradient handed back to `stage` is let go once its readers are done with it.
+  void release_local_grad(int stage, int microbatch) {
     const auto it = local_grads_.find({stage, microbatch});
-    if (it == local_grads_.end()) return;
-    level_.held_for_sends -= it->second;
+    if (it == local_grads_.end() || backward_done_.count({stage, microbatch}) == 0) return;
+    if (it->second.until_weight_of_next && backward_done_.count({stage + 1, microbatch}) == 0) return;
+    level_.held_for_sends -= it->second.bytes;
     local_grads_.erase(it);
   }
 
@@ -284,14 +381,17 @@ class RankWalk {
         add(&PeakParts::activations, p.forward_kept, figure_text(s, "forward_kept"));
         kept_[{s, m}] = p.forward_kept;
         in_flight_.insert({s, m});
+        replace_handed_output(s, m);
         break;
       case ActionType::full_backward: {
         const auto [transient, figure] = backward_transient_of(s);
         candidate(transient, position, to_string(action), figure_text(s, figure));
         grads_of(s);
         release_forward(s, m, take_kept(s, m));
-        hold_input_grad(s, m);
-        read_local_grad(s, m);
+        hold_input_grad(s, m, false);
+        if (remat_runtime_) break;
+        pin_handed_input(s, m);
+        backward_done(s, m);
         break;
       }
       case ActionType::backward_input:
@@ -304,8 +404,7 @@ class RankWalk {
           if (remat_runtime_) hold_outputs(s, m, forward_kept);
         }
         kept_[{s, m}] = p.input_backward_kept;
-        hold_input_grad(s, m);
-        read_local_grad(s, m);
+        hold_input_grad(s, m, true);
         break;
       case ActionType::backward_weight: {
         const auto [transient, figure] =
@@ -315,7 +414,7 @@ class RankWalk {
         candidate(transient, position, to_string(action), figure_text(s, figure));
         grads_of(s);
         release_forward(s, m, take_kept(s, m));
-        if (s == 0) read_local_grad(s, m);
+        if (!remat_runtime_) backward_done(s, m);
         break;
       }
       case ActionType::send_b: {
@@ -355,6 +454,7 @@ class RankWalk {
     }
     level_.held_for_sends = 0;
     add(&PeakParts::held_for_sends, last_outputs, figure_text(last_stage_, "outputs and losses"));
+    add(&PeakParts::held_for_sends, kept_past_step_, "the input gradients kept as .grad until the next step");
     if (has_last && !remat_runtime_) {
       candidate(times(profile(last_stage_).output_bytes, m, last_stage_, "output_bytes"), -1, "merge outputs",
                 figure_text(last_stage_, "output_bytes"));
@@ -377,6 +477,8 @@ class RankWalk {
   const bool remat_runtime_;
   // Every send's tensor is held until the step's end: all but Schedule1F1B's own loop.
   const bool sends_held_to_end_;
+  // PyTorch's runtime with stock buffers: what the V's turn hands on stays until the next step.
+  const bool stock_handoffs_;
   PeakParts level_;
   RankPrediction result_;
   bool seen_ = false;
@@ -386,8 +488,19 @@ class RankWalk {
   std::set<Key> outputs_held_;
   std::set<int> graded_;
   std::map<Key, std::uint64_t> kept_;
-  std::map<Key, std::uint64_t> local_grads_;
+  // A gradient handed back to a stage on this rank, pooled: let go after that stage's backward
+  // and, where I made it (the leaf's .grad), after the next stage's W.
+  struct HandedGrad {
+    std::uint64_t bytes = 0;
+    bool until_weight_of_next = false;
+  };
+  std::map<Key, HandedGrad> local_grads_;
+  std::map<Key, std::uint64_t> handed_outputs_;  // pooled, by receiving stage: until its backward is done
+  std::set<Key> previous_handoffs_;              // stock: the previous step's outputs handed on, by handing stage
+  std::set<Key> backward_done_;
+  std::set<Key> pinned_inputs_;  // handed inputs a sent output keeps until the step's end, by receiving stage
   std::map<Key, std::uint64_t> waited_at_send_;
+  std::uint64_t kept_past_step_ = 0;  // received inputs' .grad after I, until the next step
 };
 
 }  // namespace

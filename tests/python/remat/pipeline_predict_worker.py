@@ -21,13 +21,14 @@ import remat
 import remat.pipelining
 
 CLASSES = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
-           "interleaved-1f1b": schedules.ScheduleInterleaved1F1B, "zbv-zero-bubble": schedules.ScheduleZBVZeroBubble}
+           "interleaved-1f1b": schedules.ScheduleInterleaved1F1B, "zbv-zero-bubble": schedules.ScheduleZBVZeroBubble,
+           "dualpipev": schedules.ScheduleDualPipeV}
 
 
 def stage_indices(name, rank, world):
     if name in ("gpipe", "1f1b"):
         return [rank]
-    if name == "zbv-zero-bubble":
+    if name in ("zbv-zero-bubble", "dualpipev"):
         return [rank, 2 * world - 1 - rank]
     return [rank, rank + world]
 

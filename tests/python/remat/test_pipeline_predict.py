@@ -1,7 +1,7 @@
 """remat.pipelining.profile_stage and predict against a real 4-rank job: a tiny Llama split over
 4 Gloo ranks (127.0.0.1, a free port, bounded by a timeout, every child reaped) under PyTorch's
-Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B and ScheduleZBVZeroBubble, even and uneven
-splits, stock and pooled receive buffers, with and without checkpointing. Each rank's peak over a
+Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble and ScheduleDualPipeV,
+even and uneven splits, stock and pooled receive buffers, with and without checkpointing. Each rank's peak over a
 steady step (optimizer step included), measured through the tagging allocator, must be within 5%
 of the prediction made from stage profiles measured in this one process beforehand."""
 
@@ -30,6 +30,13 @@ CASES = [
      "microbatches": 4},
     {"schedule": "zbv-zero-bubble", "split": [1, 1, 2, 1, 1, 1, 1, 1], "checkpoint": False, "buffers": "pooled",
      "microbatches": 4},
+    # The rank holding the V's turn (stages 3 and 4) keeps what the two hand each other: stock,
+    # one set per microbatch and direction until the next step; pooled under DualPipeV's full B,
+    # each handed activation until the step's end, held through the graph of stage 4's sent output.
+    {"schedule": "zbv-zero-bubble", "split": [1, 1, 1, 1, 1, 1, 1, 1], "checkpoint": True, "buffers": "stock",
+     "microbatches": 8},
+    {"schedule": "dualpipev", "split": [1, 1, 1, 1, 1, 1, 1, 1], "checkpoint": True, "buffers": "pooled",
+     "microbatches": 8},
 ]
 
 

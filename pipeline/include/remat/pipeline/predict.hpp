@@ -86,8 +86,11 @@ struct PeakParts {
   std::uint64_t grads = 0;
   std::uint64_t optimizer_state = 0;
   std::uint64_t activations = 0;      // what the microbatches in flight keep for their backward
-  std::uint64_t receive_buffers = 0;  // stock sets or the pooled rings
-  std::uint64_t held_for_sends = 0;   // sent outputs and input gradients not yet let go, last stage's outputs
+  // Stock sets (under PyTorch with what a V's turn hands between its two stages) or the pooled rings.
+  std::uint64_t receive_buffers = 0;
+  // Sent outputs and input gradients not yet let go (under PyTorch, an input's .grad after I
+  // until the next step), pooled handoffs on one rank, the last stage's outputs.
+  std::uint64_t held_for_sends = 0;
   std::uint64_t batch = 0;            // the step's inputs (rank of stage 0) and targets (last stage's)
   std::uint64_t transient = 0;        // the running action's own peak
   std::uint64_t total() const;

@@ -89,8 +89,10 @@ def pool_recv_buffers(schedule: Any, *, slack: int = 0, mode: str = "ring") -> d
       - "ring": per stage and direction, a ring of the colored minimum plus `slack` spare
         buffer sets (spares lengthen the time between a slot's release and its reuse);
       - "shared_ring": one ring per direction for all of this rank's stages whose buffers
-        have the same shapes (interleaved and V schedules), the colored minimum of them all;
-        `slack` spares per ring;
+        have the same shapes (interleaved and V schedules), the colored minimum of them all.
+        A shared ring takes no spare sets (the planner colors every stage's receives together
+        at that minimum), so `slack` reaches only a stage whose shapes differ from the others',
+        which keeps a ring of its own; use mode "ring" for spares on every stage;
       - "just_in_time": each buffer set allocated at its receive and dropped after its last
         reader (the peak is the live set; no fixed addresses).
     Returns the `pipeline-plan` dump (schemas/pipeline-plan.schema.json) as a dict.

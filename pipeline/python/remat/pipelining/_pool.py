@@ -180,7 +180,7 @@ class _Receiver:
                 f"to microbatch {mb} while microbatch {other_mb} of {where} still needs it (not yet run: "
                 f"{', '.join(other.pool.missing(other_mb, self.direction))}); receiving into it would overwrite "
                 "data still in use. The order run differs from the one the ring was planned for: pool the schedule "
-                "after its order is final (after _load_csv), or give pool_recv_buffers a larger slack")
+                f"after its order is final (after _load_csv), {self._more_room()}")
         self.ring.holders[slot] = (self, mb)
         tensors = self.ring.sets[slot]
         for tensor in tensors:
@@ -189,6 +189,13 @@ class _Receiver:
             torch.autograd.graph.increment_version(tensor)
         self._set_buffers(mb, self._leaves(tensors))
         self.live[mb] = slot
+
+    def _more_room(self) -> str:
+        """The advice for an order the ring was not planned for: slack spares a stage's own ring only."""
+        if self.ring is self._own_ring:
+            return "or give pool_recv_buffers a larger slack (spare sets per ring)"
+        return ('or pool with mode="ring" and a slack (a shared ring is the colored minimum of its stages and takes '
+                'no spare sets), or with mode="just_in_time"')
 
     def handed_over(self, mb: int) -> None:
         self.live[mb] = None
