@@ -44,6 +44,17 @@ std::string type_name(const py::handle& value) {
 
 constexpr int kMaxDepth = 64;
 
+// dataclasses.fields and copy.copy, held for the process's lifetime.
+const py::handle& dataclass_fields() {
+  static const py::handle fields = py::module_::import("dataclasses").attr("fields").cast<py::object>().release();
+  return fields;
+}
+
+const py::handle& shallow_copy() {
+  static const py::handle copy = py::module_::import("copy").attr("copy").cast<py::object>().release();
+  return copy;
+}
+
 // Runs the body with Dynamo's frame hook off: under torch.compile, Dynamo cannot trace the
 // runtime and runs it eagerly, and a body it compiled in forward would run eagerly in recompute
 // (backward is outside the compiled frame) and recreate other tensors. Both run eagerly instead.
@@ -99,6 +110,10 @@ void Structure::add(const py::handle& value, TensorList& tensors, int depth, con
   else if (PyDict_CheckExact(value.ptr())) kind = Kind::dict;
   else if (PyTuple_Check(value.ptr()) && py::hasattr(value, "_fields")) kind = Kind::named_tuple;
   else if (PyTuple_Check(value.ptr())) kind = Kind::tuple_subclass;
+  else if (PyDict_Check(value.ptr()))
+    kind = Kind::dict_subclass;
+  else if (py::hasattr(py::type::handle_of(value), "__dataclass_fields__"))
+    kind = Kind::dataclass;
   if (kind == Kind::constant) {
     nodes_.push_back({Kind::constant, 0, PyRef(py::reinterpret_borrow<py::object>(value))});
     return;
@@ -110,7 +125,7 @@ void Structure::add(const py::handle& value, TensorList& tensors, int depth, con
   const std::size_t node = nodes_.size();
   const std::size_t tensors_before = tensors.size();
   nodes_.push_back({kind, 0, {}});
-  if (kind == Kind::dict) {
+  if (kind == Kind::dict || kind == Kind::dict_subclass) {
     const py::dict dict = py::reinterpret_borrow<py::dict>(value);
     py::list keys;
     for (const auto [key, item] : dict) {
@@ -118,7 +133,17 @@ void Structure::add(const py::handle& value, TensorList& tensors, int depth, con
       add(item, tensors, depth + 1, name);
     }
     nodes_[node].children = py::len(keys);
-    nodes_[node].object = PyRef(std::move(keys));
+    nodes_[node].object = PyRef(kind == Kind::dict ? py::object(std::move(keys))
+                                                   : py::make_tuple(py::reinterpret_borrow<py::object>(value), keys));
+  } else if (kind == Kind::dataclass) {
+    py::list fields;
+    for (const py::handle field : dataclass_fields()(value)) {
+      const py::object field_name = field.attr("name");
+      fields.append(field_name);
+      add(value.attr(field_name), tensors, depth + 1, name);
+    }
+    nodes_[node].children = py::len(fields);
+    nodes_[node].object = PyRef(py::make_tuple(py::reinterpret_borrow<py::object>(value), fields));
   } else {
     std::size_t children = 0;
     for (const py::handle item : value) {
@@ -152,6 +177,23 @@ py::object Structure::build(std::size_t& node, std::size_t& tensor, const Tensor
       const py::list keys = here.object.get();
       for (std::size_t i = 0; i < here.children; ++i) dict[keys[i]] = build(node, tensor, tensors);
       return dict;
+    }
+    case Kind::dict_subclass:
+    case Kind::dataclass: {
+      // A shallow copy of the value with its items or fields built anew (a Hugging Face ModelOutput,
+      // an OrderedDict, a dataclass of tensors): its type and its other attributes as they were
+      const py::tuple original_and_keys = here.object.get();
+      py::object built = shallow_copy()(original_and_keys[0]);
+      const py::list keys = original_and_keys[1];
+      for (std::size_t i = 0; i < here.children; ++i) {
+        py::object item = build(node, tensor, tensors);
+        if (here.kind == Kind::dict_subclass) {
+          built[keys[i]] = item;
+        } else if (PyObject_GenericSetAttr(built.ptr(), keys[i].ptr(), item.ptr()) != 0) {  // frozen ones too
+          throw py::error_already_set();
+        }
+      }
+      return built;
     }
     case Kind::list: {
       py::list list(here.children);
@@ -187,8 +229,10 @@ FlatFunction python_body(PyRef fn, Structure call, std::shared_ptr<std::optional
       TensorList outputs;
       Structure structure = Structure::of(returned, outputs, name);
       if (outputs.empty()) {
-        throw py::type_error(name() + " must return at least one tensor (alone, or inside tuples, lists or dicts); "
-                             "it returned " + type_name(returned));
+        throw py::type_error(name() +
+                             " must return at least one tensor (alone, or inside tuples, lists, dicts or dataclasses); "
+                             "it returned " +
+                             type_name(returned));
       }
       if (!*result) *result = std::move(structure);
       return outputs;

@@ -54,8 +54,9 @@ auto with_gil(Call&& call) {
 
 // A Python value with its tensors taken out, in depth-first order: they are the runtime's
 // inputs (from a call's arguments, positional and keyword) or outputs (from a result).
-// Tuples, lists, dicts and named tuples are walked; anything else (None, numbers, modules,
-// containers without tensors) is kept as it is and comes back as the same object.
+// Tuples, lists, dicts (their subclasses too: a ModelOutput) and dataclasses are walked; anything
+// else (None, numbers, modules, containers without tensors) is kept as it is and comes back as
+// the same object.
 class Structure {
  public:
   // Throws py::type_error for a value nested deeper than 64 containers (or one holding itself).
@@ -64,12 +65,26 @@ class Structure {
 
  private:
   // tuple_subclass: another tuple type built from one tuple, such as torch.return_types (what
-  // torch.max(x, dim) returns); a named tuple takes its fields as arguments instead.
-  enum class Kind : std::uint8_t { tensor, tuple, list, dict, named_tuple, tuple_subclass, constant };
+  // torch.max(x, dim) returns); a named tuple takes its fields as arguments instead. dict_subclass
+  // (a Hugging Face ModelOutput, an OrderedDict) and dataclass are built as a shallow copy of the
+  // value with its items or fields set.
+  enum class Kind : std::uint8_t {
+    tensor,
+    tuple,
+    list,
+    dict,
+    named_tuple,
+    tuple_subclass,
+    dict_subclass,
+    dataclass,
+    constant
+  };
   struct Node {
     Kind kind = Kind::constant;
     std::size_t children = 0;  // for containers
-    PyRef object;              // the value (constant), the dict's keys (dict), the type (named_tuple, tuple_subclass)
+    // The value (constant), the dict's keys (dict), the type (named_tuple, tuple_subclass), the
+    // value and its keys or field names (dict_subclass, dataclass)
+    PyRef object;
   };
   void add(const py::handle& value, TensorList& tensors, int depth, const std::function<std::string()>& name);
   py::object build(std::size_t& node, std::size_t& tensor, const TensorList& tensors) const;

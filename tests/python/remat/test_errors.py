@@ -159,7 +159,7 @@ def test_a_return_without_tensors_is_a_type_error_naming_the_function_and_what_i
     with pytest.raises(TypeError) as raised:
         remat.checkpoint(region_name="bad-return")(fn)(torch.rand(2, requires_grad=True))
     assert str(raised.value) == (f"checkpoint 'bad-return' ({fn.__qualname__}) must return at least one tensor "
-                                 f"(alone, or inside tuples, lists or dicts); it returned {returned}")
+                                 f"(alone, or inside tuples, lists, dicts or dataclasses); it returned {returned}")
 
 
 def test_results_holding_none_numbers_and_dicts_pass_through_unchanged():
@@ -179,7 +179,7 @@ def test_results_holding_none_numbers_and_dicts_pass_through_unchanged():
 def test_a_regions_bad_return_names_the_region_and_its_function():
     x = torch.rand(2, requires_grad=True)
     with pytest.raises(TypeError, match=exact(
-            "region 'head' (returns_a_string) must return at least one tensor (alone, or inside tuples, lists or dicts); "
+            "region 'head' (returns_a_string) must return at least one tensor (alone, or inside tuples, lists, dicts or dataclasses); "
             "it returned a str")):
         remat.checkpoint(region_name="bad-region-return")(lambda t: remat.region(returns_a_string, "head")(t))(x)
 

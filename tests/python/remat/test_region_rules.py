@@ -2,6 +2,8 @@
 marked at once, settings that must not change between forward and recompute, name scopes,
 placeholders, and a checkpoint decorating a method."""
 
+import collections
+import dataclasses
 import inspect
 import subprocess
 import sys
@@ -72,6 +74,43 @@ def test_a_region_may_return_a_torch_return_types_structseq():
                           grad_of(lambda t: torch.max(t * 2.0, dim=1).values.sin(), x))
     grad_of(checkpointed("structseq.type", body_checking_type), x)
     assert seen and all(kind is torch.return_types.max for kind in seen)
+
+
+@dataclasses.dataclass(frozen=True)
+class Routed:
+    hidden: torch.Tensor
+    experts: int = 4
+
+
+def test_checkpoints_and_regions_take_and_return_mappings_and_dataclasses_of_tensors():
+    """A Hugging Face submodule returns a ModelOutput (an OrderedDict subclass and a dataclass):
+    checkpointing one was refused ("must return at least one tensor"); a dataclass argument's
+    tensors were not inputs of the checkpoint. Each comes back of its own type, its other fields
+    as they were, its tensors those of the checkpoint, gradients as without checkpointing."""
+    model_output = pytest.importorskip("transformers.modeling_outputs").BaseModelOutput
+    weight = torch.randn(4, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+
+    def body(routed, extra):
+        h = remat.region(lambda t: Routed((t @ weight).tanh(), routed.experts + 1), "route")(routed.hidden)
+        out = collections.OrderedDict(main=h.hidden * extra["scale"], count=h.experts)
+        return model_output(last_hidden_state=out["main"], hidden_states=(h.hidden,)), out
+
+    def loss(result):
+        output, mapping = result
+        return output.last_hidden_state.sum() + output.hidden_states[0].square().sum() + mapping["main"].sum()
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    extra = {"scale": torch.tensor(2.0)}
+    for run in (body, remat.checkpoint(region_name="structured")(body)):
+        leaf = x.clone().requires_grad_()
+        weight.grad = None
+        result = run(Routed(leaf * 1.0), extra)
+        assert type(result[0]) is model_output and type(result[1]) is collections.OrderedDict
+        assert result[1]["count"] == 5 and result[0].last_hidden_state is result[0]["last_hidden_state"]
+        loss(result).backward()
+        if run is body:
+            expected = (leaf.grad.clone(), weight.grad.clone())
+    assert torch.equal(leaf.grad, expected[0]) and torch.equal(weight.grad, expected[1])
 
 
 def test_recompute_needs_tensor_takes_several_tensors_and_refuses_non_tensors():
