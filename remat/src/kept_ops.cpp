@@ -175,13 +175,16 @@ KeptOps::Shapes input_shapes(c10::ArrayRef<c10::IValue> arguments) {
   return shapes;
 }
 
-// Per tensor argument, the storage of a leaf that takes gradients (a weight trained), else null:
-// forward and recompute read the same ones where they run the same op.
-std::vector<const c10::StorageImpl*> trained_inputs(c10::ArrayRef<c10::IValue> arguments) {
-  std::vector<const c10::StorageImpl*> trained;
+// Per tensor argument, the tensor and storage of a leaf that takes gradients (a weight trained),
+// else nulls: forward and recompute read the same ones where they run the same op (the same
+// tensor, its storage swapped between them as a sharded parameter's is; or the same storage
+// under another tensor, as a checkpoint's input in recompute).
+std::vector<KeptOps::TrainedInput> trained_inputs(c10::ArrayRef<c10::IValue> arguments) {
+  std::vector<KeptOps::TrainedInput> trained;
   for_each_tensor_argument(arguments, [&](const at::Tensor& t) {
     const bool leaf = t.defined() && t.requires_grad() && t.is_leaf() && t.has_storage();
-    trained.push_back(leaf ? t.storage().unsafeGetStorageImpl() : nullptr);
+    trained.push_back(leaf ? KeptOps::TrainedInput{t.unsafeGetTensorImpl(), t.storage().unsafeGetStorageImpl()}
+                           : KeptOps::TrainedInput{});
   });
   return trained;
 }
@@ -421,9 +424,10 @@ bool KeptOps::Scope::hand_back(const c10::OperatorHandle& op, torch::jit::Stack*
   if (shapes != held.inputs) {
     refuse(op, index, "on inputs " + describe(shapes) + ", where forward ran it on " + describe(held.inputs));
   }
-  const std::vector<const c10::StorageImpl*> trained = trained_inputs(arguments);
+  const std::vector<TrainedInput> trained = trained_inputs(arguments);
   for (std::size_t a = 0; a < trained.size(); ++a) {
-    if (held.trained[a] != nullptr && trained[a] != held.trained[a]) {
+    const TrainedInput& then = held.trained[a];
+    if (then.tensor != nullptr && trained[a].tensor != then.tensor && trained[a].storage != then.storage) {
       refuse(op, index,
              "on another tensor as its input " + std::to_string(a) +
                  ", where forward read a weight that "

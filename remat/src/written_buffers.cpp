@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace remat::detail {
 namespace {
@@ -86,7 +87,10 @@ SeenBuffers& seen_buffers() {
 
 std::uint32_t version_now(const at::Tensor& t) { return t.unsafeGetTensorImpl()->version_counter().current_version(); }
 
-const c10::TensorImpl* impl_of(const at::Tensor& t) { return t.defined() ? t.unsafeGetTensorImpl() : nullptr; }
+// The tensor a slot holds (none for no entry or None).
+const c10::TensorImpl* impl_of(const std::optional<at::Tensor>& held) {
+  return held && held->defined() ? held->unsafeGetTensorImpl() : nullptr;
+}
 
 at::Tensor copy_of(const at::Tensor& t) {
   at::NoGradGuard no_grad;
@@ -143,10 +147,11 @@ void WrittenBuffers::save_region_ended(std::size_t save_region) {
       after_save_regions_.push_back({save_region, i, copy_of(watched.buffer), versions.first, false});
     }
     if (!watched.slot) continue;
-    const at::Tensor held = watched.slot->held();
+    std::optional<at::Tensor> held = watched.slot->held();
     if (impl_of(held) == watched.marked_held) continue;
     watched.marked_held = impl_of(held);
-    after_save_regions_.push_back({save_region, i, held.defined() ? copy_of(held) : at::Tensor(), 0, true});
+    if (held && held->defined()) held = copy_of(*held);
+    after_save_regions_.push_back({save_region, i, at::Tensor(), 0, true, std::move(held)});
   }
 }
 
@@ -164,6 +169,7 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
   SeenBuffers::Entries& entries = seen.of(checkpoint);
   std::vector<std::optional<std::size_t>> index_now(watched_.size());
   std::vector<Watched> kept;  // those changed in place or assigned anew
+  std::unordered_set<std::size_t> reshaped;  // changed in shape or dtype: put back only as recompute found them
   for (std::size_t i = 0; i < watched_.size(); ++i) {
     Watched& watched = watched_[i];
     watched.changed = watched.versions() != watched.at_forward;
@@ -176,6 +182,16 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
     const c10::TensorImpl* forward_read = watched.buffer.unsafeGetTensorImpl();
     watched.assigned =
         watched.slot && (watched.marked_held != forward_read || impl_of(watched.slot->held()) != forward_read);
+    if (watched.changed && watched.as_forward_read.defined() &&
+        (watched.as_forward_read.sizes() != watched.buffer.sizes() ||
+         watched.as_forward_read.scalar_type() != watched.buffer.scalar_type())) {
+      TORCH_WARN("checkpoint '", checkpoint, "' changed the shape or dtype of the buffer '", watched.name, "' (now ",
+                 DroppedMeta::of(watched.buffer, -1).describe(),
+                 ") in forward (a lazy module initializing it): this call's recompute reads it as forward left it, "
+                 "and leaves it as it found it");
+      watched.as_forward_read = at::Tensor();
+      reshaped.insert(i);
+    }
     if (!watched.changed) watched.as_forward_read = at::Tensor();
     if (!watched.changed && !watched.assigned) continue;
     if (watched.changed && !watched.as_forward_read.defined()) {
@@ -189,7 +205,8 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
     index_now[i] = kept.size();
     kept.push_back(std::move(watched));
   }
-  // (A copy after a save region is of a buffer changed or assigned anew.)
+  // (A copy after a save region is of a buffer changed or assigned anew; not put in where its shape changed.)
+  std::erase_if(after_save_regions_, [&](const AfterSaveRegion& copy) { return reshaped.count(copy.watched) != 0; });
   for (AfterSaveRegion& copy : after_save_regions_) copy.watched = *index_now[copy.watched];
   watched_ = std::move(kept);
 }
@@ -215,7 +232,7 @@ void WrittenBuffers::save_region_skipped(std::size_t save_region) {
     if (copy.save_region != save_region) continue;
     const Watched& watched = watched_[copy.watched];
     if (copy.in_slot) {
-      watched.slot->hold(copy.value);
+      watched.slot->hold(copy.slot_value);
     } else {
       put(watched.buffer, copy.value, copy.version);
     }
@@ -238,7 +255,7 @@ void WrittenBuffers::recompute_ended() noexcept {
       TORCH_WARN("recompute could not put back the buffer '", watched.name, "' as it found it: ", e.what());
     }
     watched.as_recompute_found = at::Tensor();
-    watched.held_as_recompute_began = at::Tensor();
+    watched.held_as_recompute_began.reset();
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,18 +71,19 @@ class WrittenBuffers {
     bool assigned = false;       // the slot held another tensor in forward
     at::Tensor as_recompute_found;
     std::uint32_t version_found = 0;
-    at::Tensor held_as_recompute_began;  // what the slot held (assigned ones)
+    std::optional<at::Tensor> held_as_recompute_began;  // what the slot held (assigned ones)
     std::string name;
     std::pair<std::uint32_t, std::uint32_t> versions() const;
   };
   // What forward left of a buffer after a save region: its value (and version), or, where the
-  // body assigned it anew there, a copy of the tensor its slot held (undefined: none).
+  // body assigned it anew there, what its slot held (a tensor copied).
   struct AfterSaveRegion {
     std::size_t save_region = 0;
     std::size_t watched = 0;
     at::Tensor value;
     std::uint32_t version = 0;
     bool in_slot = false;
+    std::optional<at::Tensor> slot_value;
   };
   std::vector<Watched> watched_;
   std::vector<AfterSaveRegion> after_save_regions_;

@@ -62,6 +62,11 @@ class KeptOps {
  public:
   // The shapes and dtypes of an op's tensor arguments.
   using Shapes = std::vector<std::pair<std::vector<std::int64_t>, c10::ScalarType>>;
+  // A tensor argument that is a leaf taking gradients, and its storage then.
+  struct TrainedInput {
+    const c10::TensorImpl* tensor = nullptr;
+    const c10::StorageImpl* storage = nullptr;
+  };
 
   // `kept`: op index -> the ATen op's name as plans write it ("aten::mm", "aten::add.Tensor").
   // Throws remat::Error for an empty map, and where another library registered a fallback on the
@@ -115,9 +120,9 @@ class KeptOps {
     std::vector<c10::IValue> returns;     // the op's returns, as the dispatcher returned them
     std::vector<std::uint32_t> versions;  // of each returned tensor, in order
     Shapes inputs;                        // the shapes and dtypes of the op's tensor arguments
-    // Per tensor argument, in the same order: the storage of one that is a leaf taking gradients
-    // (a weight trained), else null
-    std::vector<const c10::StorageImpl*> trained;
+    // Per tensor argument, in the same order: one that is a leaf taking gradients (a weight
+    // trained), else nulls
+    std::vector<TrainedInput> trained;
     // Other tensors over a returned tensor's storage that later ops of the region returned (their
     // version counters are their own), and their versions then: writes through them count too.
     std::vector<at::Tensor> aliases;

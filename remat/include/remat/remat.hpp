@@ -266,10 +266,10 @@ void note_tensors_held_by_the_body(const std::function<TensorList()>& tensors);
 class BufferSlot {
  public:
   virtual ~BufferSlot() = default;
-  // Undefined where it holds no tensor (None).
-  virtual at::Tensor held() const = 0;
-  // An undefined tensor: none (None).
-  virtual void hold(const at::Tensor& tensor) = 0;
+  // What it holds: nothing where the module has no such buffer, an undefined tensor for None.
+  virtual std::optional<at::Tensor> held() const = 0;
+  // Makes it hold `value` (as held() gives it: nothing takes the buffer out of the module).
+  virtual void hold(const std::optional<at::Tensor>& value) = 0;
 };
 
 // A buffer a body's function holds (a module's, outside the body's arguments): `training` is its

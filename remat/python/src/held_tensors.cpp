@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <unordered_set>
 
 namespace remat::python {
@@ -52,16 +53,22 @@ class ModuleBufferSlot final : public BufferSlot {
   ModuleBufferSlot(const ModuleBufferSlot&) = delete;
   ModuleBufferSlot& operator=(const ModuleBufferSlot&) = delete;
 
-  at::Tensor held() const override {
+  std::optional<at::Tensor> held() const override {
     py::gil_scoped_acquire gil;
     PyObject* value = PyDict_GetItem(buffers_, name_);
-    return value != nullptr && THPVariable_Check(value) ? THPVariable_Unpack(value) : at::Tensor();
+    if (value == nullptr) return std::nullopt;
+    return THPVariable_Check(value) ? THPVariable_Unpack(value) : at::Tensor();
   }
 
-  void hold(const at::Tensor& tensor) override {
+  void hold(const std::optional<at::Tensor>& held) override {
     py::gil_scoped_acquire gil;
-    const py::object value =
-        tensor.defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor)) : py::none();
+    if (!held) {  // no such buffer: the entry taken out, where there is one
+      if (PyDict_GetItem(buffers_, name_) != nullptr && PyDict_DelItem(buffers_, name_) != 0) {
+        throw py::error_already_set();
+      }
+      return;
+    }
+    const py::object value = held->defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(*held)) : py::none();
     if (!value || PyDict_SetItem(buffers_, name_, value.ptr()) != 0) throw py::error_already_set();
   }
 

@@ -79,9 +79,11 @@ py::object run(const py::object& fn, const py::tuple& args, const py::dict& kwar
   PyRef callable(fn);
   const std::function<std::string()> name = call_name(std::move(kind), callable);
   TensorList inputs;
-  Structure call = Structure::of(py::make_tuple(args, kwargs), inputs, name);
+  const py::tuple arguments = py::make_tuple(args, kwargs);
+  Structure call = Structure::of(arguments, inputs, name);
   auto result = std::make_shared<std::optional<Structure>>();
-  FlatFunction body = python_body(std::move(callable), std::move(call), result, name);
+  FlatFunction body =
+      python_body(std::move(callable), std::move(call), GivenCall{PyRef(arguments), inputs}, result, name);
   const TensorList outputs = runner(std::move(body), std::move(inputs), result);
   if (!result || !*result) throw Error(name() + ": no result structure recorded for a skipped body");
   return (*result)->rebuild(outputs);

@@ -4,6 +4,7 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <string_view>
 #include <utility>
 
@@ -213,12 +214,28 @@ py::object Structure::build(std::size_t& node, std::size_t& tensor, const Tensor
   return py::none();
 }
 
-FlatFunction python_body(PyRef fn, Structure call, std::shared_ptr<std::optional<Structure>> result,
+namespace {
+
+// Whether the runtime hands the body the very tensors the call was given.
+bool given_tensors(const TensorList& inputs, const TensorList& given) {
+  return inputs.size() == given.size() &&
+         std::equal(inputs.begin(), inputs.end(), given.begin(),
+                    [](const at::Tensor& a, const at::Tensor& b) { return a.is_same(b); });
+}
+
+}  // namespace
+
+FlatFunction python_body(PyRef fn, Structure call, GivenCall given, std::shared_ptr<std::optional<Structure>> result,
                          std::function<std::string()> name) {
-  return [fn = std::move(fn), call = std::move(call), result = std::move(result),
+  return [fn = std::move(fn), call = std::move(call),
+          given = std::make_shared<std::optional<GivenCall>>(std::move(given)), result = std::move(result),
           name = std::move(name)](const TensorList& inputs) {
     return with_gil([&] {
-      const py::tuple args_and_kwargs = call.rebuild(inputs);
+      std::optional<GivenCall> forward_call;
+      forward_call.swap(*given);  // forward's alone (the first run): let go of after it
+      const py::tuple args_and_kwargs = forward_call && given_tensors(inputs, forward_call->tensors)
+                                            ? py::tuple(forward_call->arguments.get())
+                                            : call.rebuild(inputs);
       note_tensors_held_by_the_body([&] { return tensors_held(fn.get(), args_and_kwargs); });
       note_buffers_held_by_the_body([&] { return buffers_held(fn.get(), args_and_kwargs); });
       py::object returned;

@@ -91,11 +91,21 @@ class Structure {
   std::vector<Node> nodes_;  // in preorder
 };
 
+// The (args, kwargs) a call was given and its tensors (Structure::of's), until forward's body
+// takes them: where the runtime hands forward the given tensors themselves, the body runs on the
+// caller's own arguments, so that what it does to the caller's containers (an auxiliary loss
+// appended to a list, a key added to a dict) reaches the caller, as without checkpointing. A
+// recompute runs on a copy built around its own tensors.
+struct GivenCall {
+  PyRef arguments;
+  TensorList tensors;
+};
+
 // `fn(*args, **kwargs)` as the runtime's flat function, with `call` the structure of
 // (args, kwargs), called with the GIL from whichever thread runs it. Records the result
 // structure of the first call in `result`. `name` names the call in errors; it is called only
 // when one is raised.
-FlatFunction python_body(PyRef fn, Structure call, std::shared_ptr<std::optional<Structure>> result,
+FlatFunction python_body(PyRef fn, Structure call, GivenCall given, std::shared_ptr<std::optional<Structure>> result,
                          std::function<std::string()> name);
 
 // remat.RecomputeStateHook subclasses (any object with snapshot() and restore(state)).

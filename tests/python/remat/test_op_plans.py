@@ -812,3 +812,22 @@ def test_a_kept_op_that_reads_another_trained_weight_in_recompute_is_refused():
                                          r"input 1, where forward read a weight that takes gradients there"):
         kept_region_step(RegionKeep("c::r", {1: "aten::mm"}), body, x, w)
     assert held_storages() == {}
+
+
+def test_a_kept_op_whose_weight_storage_is_swapped_before_backward_is_handed_back():
+    """A sharded parameter gathered again for backward (`weight.data` swapped, the same values):
+    the same weight, so no other path; it was refused as "another tensor"."""
+    generator = torch.Generator().manual_seed(11)
+    x, w = torch.randn(4, 8, generator=generator), torch.randn(8, 8, generator=generator)
+    expected = kept_region_step(RegionKeep("c::r", {0: "aten::mm"}), lambda t, weight: (t @ weight).sin(), x, w)
+    keep = RegionKeep("c::r", {0: "aten::mm"})
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+
+    def kept(t):
+        return keep.wrap(lambda u: (u @ wg).sin(), remat.is_recomputing())(t)
+
+    y = remat.checkpoint(region_name="c")(lambda t: remat.region(kept, "r")(t))(xg)
+    wg.data = wg.data.clone()  # gathered again: another storage, the same values
+    y.square().sum().backward()
+    assert torch.equal(xg.grad, expected[0]) and torch.equal(wg.grad, expected[1])
+    assert held_storages() == {}

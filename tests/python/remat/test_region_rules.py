@@ -409,3 +409,29 @@ def test_wrappers_made_per_call_keep_their_functions_name_doc_module_and_attribu
         with pytest.raises(AttributeError, match="no attribute 'missing'"):
             wrapper.missing
     assert type(remat.region(attention, "attn")).__doc__.startswith("fn as a region")
+
+
+def test_forward_runs_on_the_callers_own_arguments_and_recompute_on_a_copy():
+    """Layers appending an auxiliary loss to a list they are given (a mixture of experts' load
+    balancing): forward ran on a copy of the list once it held a tensor, so the caller saw the
+    first layer's loss alone (loss and gradients wrong without a word). Recompute appends to a copy."""
+    weights = [torch.randn(4, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+    def layer(h, aux, weight):
+        out = (h @ weight).tanh()
+        aux.append(out.square().mean())
+        return out
+
+    def step(checkpointed):
+        leaves = [w.clone().requires_grad_() for w in weights]
+        h, aux = torch.ones(2, 4), []
+        for index, weight in enumerate(leaves):
+            run = remat.checkpoint(region_name=f"layers.{index}")(layer) if checkpointed else layer
+            h = run(h, aux, weight)
+        (h.sum() + sum(aux)).backward()
+        return len(aux), [w.grad for w in leaves]
+
+    plain_count, plain_grads = step(False)
+    count, grads = step(True)
+    assert count == plain_count == 3
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))

@@ -483,3 +483,38 @@ def test_a_buffer_assigned_anew_after_the_last_saved_tensor_is_left_as_found():
     checkpointed = copy.deepcopy(model)
     train(checkpointed, ours, steps=4)
     assert checkpointed.seen.item() == 4
+
+
+def test_a_buffer_taken_out_in_forward_is_out_after_recompute():
+    """`del self._buffers[name]` in forward: recompute runs with it in, and after it the module has
+    no such buffer (it held one set to None, and the next forward failed on it)."""
+    class Once(Memory):
+        def forward(self, x):
+            y = torch.tanh(self.lin(x) + (self.memory if "memory" in self._buffers else 0.0))
+            self._buffers.pop("memory", None)
+            return y
+
+    model = made(Once)
+    assert same(train(copy.deepcopy(model), ours), train(copy.deepcopy(model), None))
+    checkpointed = copy.deepcopy(model)
+    train(checkpointed, ours, steps=2)
+    assert "memory" not in checkpointed._buffers
+
+
+def test_a_lazy_norm_initializing_its_statistics_in_forward_trains_as_without_checkpointing():
+    """LazyBatchNorm1d makes its running statistics in its first forward: recompute put back the
+    empty ones forward began with and failed ("size of tensor a (8) must match ... b (0)")."""
+    class Lazy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.bn = torch.nn.LazyBatchNorm1d()
+
+        def forward(self, x):
+            return torch.tanh(self.bn(self.lin(x)))
+
+    with warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        assert same(train(made(Lazy), ours), train(made(Lazy), None))
+    said = [str(w.message) for w in told if "lazy module initializing it" in str(w.message)]
+    assert len(said) == 2 and "'running_mean'" in said[0] and "'running_var'" in said[1], said
