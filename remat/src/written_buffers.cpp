@@ -194,7 +194,7 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
     }
     if (!watched.changed) watched.as_forward_read = at::Tensor();
     if (!watched.changed && !watched.assigned) continue;
-    if (watched.changed && !watched.as_forward_read.defined()) {
+    if (watched.changed && !watched.as_forward_read.defined() && reshaped.count(i) == 0) {
       TORCH_WARN("checkpoint '", checkpoint, "' changed the buffer '", watched.name, "' (",
                  DroppedMeta::of(watched.buffer, -1).describe(),
                  ") in place in forward, which its earlier forwards in this mode left alone, so the value forward "
