@@ -30,8 +30,9 @@ steps run), _tracking (track: categories and modules without annotations).
 from __future__ import annotations  # torch_remat's package exports the name too
 
 from ._extension import _C  # noqa: F401  (raises an ImportError that says how to fix a missing extension)
-from ._C import RecomputeStopped, RematError, is_recomputing
-from ._api import checkpoint, is_placeholder, name_scope, recompute_needs_tensor, region, verify_recompute
+from ._C import RecomputeStopped, RematError
+from ._api import (checkpoint, is_placeholder, is_recomputing, name_scope, recompute_needs_tensor, region,
+                   verify_recompute)
 from ._saved_tensors_hooks import SavedTensorInfo, SavedTensorKind, current_saved_tensor_info, saved_tensors_hooks
 from ._offload import CpuOffload
 from ._state import RecomputeStateHook, cpu_rng_state_hook, cuda_rng_state_hook, generator_state_hook

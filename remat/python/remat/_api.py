@@ -29,7 +29,8 @@ from ._state import checked_state_hooks, with_rng_state_hooks
 
 RematError = _C.RematError
 
-__all__ = ["checkpoint", "region", "verify_recompute", "recompute_needs_tensor", "is_placeholder", "name_scope"]
+__all__ = ["checkpoint", "region", "verify_recompute", "recompute_needs_tensor", "is_recomputing", "is_placeholder",
+           "name_scope"]
 
 
 _defaults = threading.local()  # .verify_recompute: [(scope, enabled)] entered on this thread, innermost last
@@ -479,6 +480,15 @@ def recompute_needs_tensor(*tensors):
     if torch.compiler.is_compiling():
         return
     _C.recompute_needs_tensor(*tensors)
+
+
+def is_recomputing():
+    """Whether a checkpoint's recompute runs on this thread. False under torch.compile, where the
+    compiled graph never runs the body's Python again (Dynamo cannot trace the runtime's call: a
+    body asking broke the graph, and fullgraph=True raised)."""
+    if torch.compiler.is_compiling():
+        return False
+    return _C.is_recomputing()
 
 
 def is_placeholder(tensor):

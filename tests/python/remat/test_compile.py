@@ -366,3 +366,22 @@ def test_a_compiled_step_runs_beside_a_plan_on_another_thread_and_under_no_grad_
         with pytest.raises(ValueError, match="use_plan: checkpoint 'l0' runs under torch.compile"):
             compiled(x, w1, w2)
     assert torch.equal(out, save_and_recompute(x, w1, w2).detach())
+
+
+def test_a_body_asking_is_recomputing_compiles_whole():
+    """torch_remat's pattern (`if not remat.is_recomputing(): ...` for work autograd does not save)
+    inside a body: Dynamo could not trace the runtime's call, so fullgraph=True raised; now it reads
+    False while tracing, as the compiled graph never runs the body's Python again."""
+    x, w = parameters((8, 16), (16, 16))
+
+    def body(t):
+        h = remat.region(lambda u: (u @ w).relu(), "attention", recompute=False)(t)
+        if not remat.is_recomputing():
+            h = h * 1.0  # (forward's work alone; the same values)
+        return (h @ w).tanh()
+
+    (expected,) = grads_of(body, (x,), x)
+    step = torch.compile(lambda t: remat.checkpoint(region_name="asks")(body)(t), backend="aot_eager", fullgraph=True)
+    (got,) = grads_of(step, (x,), x)
+    assert torch.allclose(got, expected, **TOLERANCE)
+    assert not remat.is_recomputing()
