@@ -42,6 +42,7 @@ class SeenBuffers {
   struct Entries {
     std::unordered_map<Key, Entry, KeyHash> by_buffer;
     std::size_t pruned_at = 0;
+    bool parameter_changed = false;  // a forward changed a parameter: parameters are looked up
 
     Seen seen(const at::Tensor& buffer, bool training) const {
       const auto found = by_buffer.find(key(buffer, training));
@@ -117,11 +118,14 @@ void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vec
   SeenBuffers& seen = seen_buffers();
   const auto lock = seen.lock();
   const SeenBuffers::Entries& entries = seen.of(checkpoint);
-  watched_.reserve(buffers.size());
   for (const HeldBuffer& held : buffers) {
     const at::Tensor& buffer = held.tensor;
     if (!buffer.defined() || buffer.layout() != at::kStrided || buffer.is_inference() ||
         !buffer.unsafeGetTensorImpl()->version_counter().enabled()) {
+      continue;
+    }
+    if (held.parameter && !entries.parameter_changed) {  // (most checkpoints: a version each, no lookup)
+      parameters_.push_back({buffer, version_now(buffer), held.training, held.name});
       continue;
     }
     Watched& watched = watched_.emplace_back();
@@ -132,7 +136,13 @@ void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vec
     watched.marked_held = buffer.unsafeGetTensorImpl();
     watched.at_forward = watched.marked = watched.versions();
     watched.seen = entries.seen(buffer, held.training);
-    if (watched.seen != Seen::unchanged) watched.as_forward_read = copy_of(buffer);
+    // A parameter is copied only once a forward changed it: copying every weight of a model at its
+    // first call (a frozen base model's, under adapters) would hold a layer's weights twice
+    watched.parameter = held.parameter;
+    if (watched.seen == Seen::changed || (watched.seen == Seen::not_yet && !held.parameter)) {
+      watched.as_forward_read = copy_of(buffer);
+    }
+    if (held.parameter && watched.seen == Seen::not_yet) watched.seen = Seen::unchanged;
     watched.name = held.name;
   }
 }
@@ -167,6 +177,19 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
   SeenBuffers& seen = seen_buffers();
   const auto lock = seen.lock();
   SeenBuffers::Entries& entries = seen.of(checkpoint);
+  // A parameter changed for the first time: watched from here, not copied (said below)
+  for (Parameter& parameter : parameters_) {
+    if (version_now(parameter.tensor) == parameter.version) continue;
+    entries.parameter_changed = true;
+    Watched& watched = watched_.emplace_back();
+    watched.buffer = std::move(parameter.tensor);
+    watched.training = parameter.training;
+    watched.parameter = true;
+    watched.marked_held = watched.buffer.unsafeGetTensorImpl();
+    watched.at_forward = watched.marked = {parameter.version, 0};
+    watched.name = std::move(parameter.name);
+  }
+  parameters_.clear();
   std::vector<std::optional<std::size_t>> index_now(watched_.size());
   std::vector<Watched> kept;  // those changed in place or assigned anew
   std::unordered_set<std::size_t> reshaped;  // changed in shape or dtype: put back only as recompute found them
@@ -195,12 +218,18 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
     if (!watched.changed) watched.as_forward_read = at::Tensor();
     if (!watched.changed && !watched.assigned) continue;
     if (watched.changed && !watched.as_forward_read.defined() && reshaped.count(i) == 0) {
-      TORCH_WARN("checkpoint '", checkpoint, "' changed the buffer '", watched.name, "' (",
-                 DroppedMeta::of(watched.buffer, -1).describe(),
-                 ") in place in forward, which its earlier forwards in this mode left alone, so the value forward "
-                 "read was not kept: this call's recompute reads the changed value, and its gradients may differ "
-                 "from those without checkpointing. From the next call on that value is kept and recompute runs "
-                 "from it");
+      const std::string what = watched.parameter ? "parameter" : "buffer";
+      const std::string since = watched.parameter ? "and parameters are not copied before a forward is seen changing "
+                                                    "them"
+                                                  : "which its earlier forwards in this mode left alone";
+      TORCH_WARN("checkpoint '", checkpoint, "' changed the ", what, " '", watched.name, "' (",
+                 DroppedMeta::of(watched.buffer, -1).describe(), ") in place in forward, ", since,
+                 ", so the value forward read was not kept: this call's recompute reads the changed value, and its "
+                 "gradients may differ from those without checkpointing. From the next call on that value is kept "
+                 "and recompute runs from it",
+                 watched.parameter ? " (or change it before the checkpointed call, or make it a buffer, which is "
+                                     "kept from the first call)"
+                                   : "");
     }
     index_now[i] = kept.size();
     kept.push_back(std::move(watched));

@@ -10,6 +10,8 @@
 // checkpoint name: a buffer is copied as forward begins where that checkpoint changed it before,
 // or did not see it yet with its module in that mode; one seen unchanged is not copied, and should
 // a later forward change it, that call's recompute reads the changed value (said once per buffer).
+// A module's parameter is taken as seen unchanged until a forward changes it (copying a model's
+// weights at its first call would hold a layer's twice), then given back as a buffer is.
 //
 // A buffer the body assigns anew (its HeldBuffer::slot holds another tensor as forward ends, or
 // after a save region) needs no copy: forward's tensor is kept, the slot holds it while recompute
@@ -67,6 +69,7 @@ class WrittenBuffers {
     // What the slot held as forward began or the last save region ended
     const c10::TensorImpl* marked_held = nullptr;
     at::Tensor as_forward_read;  // undefined where the buffer was seen unchanged before
+    bool parameter = false;      // HeldBuffer::parameter
     bool changed = false;        // in place, in forward
     bool assigned = false;       // the slot held another tensor in forward
     at::Tensor as_recompute_found;
@@ -85,7 +88,16 @@ class WrittenBuffers {
     bool in_slot = false;
     std::optional<at::Tensor> slot_value;
   };
+  // A parameter of a checkpoint none of whose forwards changed one: its version as forward began
+  // (watched, copied from the next call on, only where forward changes it)
+  struct Parameter {
+    at::Tensor tensor;
+    std::uint32_t version = 0;
+    bool training = false;
+    std::string name;
+  };
   std::vector<Watched> watched_;
+  std::vector<Parameter> parameters_;
   std::vector<AfterSaveRegion> after_save_regions_;
   bool recomputing_ = false;
 };

@@ -276,13 +276,16 @@ class BufferSlot {
 // module's mode, `name` its attribute name (for messages). `changes_with`, where defined: forward
 // changes this buffer without moving its version counter, as it moves that tensor's (batch norm's
 // running statistics while it trains, with its num_batches_tracked). `slot`, where set: where the
-// module holds it.
+// module holds it. `parameter`: a module's parameter rather than a buffer (a body may change one in
+// place in forward under no_grad: a momentum encoder's weights), not copied as forward begins before
+// a forward has been seen changing it.
 struct HeldBuffer {
   at::Tensor tensor;
   bool training = false;
   std::string name;
   at::Tensor changes_with;
   std::shared_ptr<BufferSlot> slot;
+  bool parameter = false;
 };
 
 // Called by a body as it begins: at the start of a checkpoint's own body in forward (with
@@ -294,7 +297,9 @@ struct HeldBuffer {
 // runs with the slot holding the tensor forward read, and the slot holds what it held before after.
 // Which buffers a body changes is learned as forward ends: one not seen yet, or seen changed
 // before, is copied as forward begins; one seen unchanged in its module's mode is not, and should a
-// later forward change it, that call's recompute reads the changed value (a warning says so).
+// later forward change it, that call's recompute reads the changed value (a warning says so). A
+// parameter is taken as unchanged until a forward changes it (said as for such a buffer); from the
+// next call on it is given back to recompute as a buffer is.
 void note_buffers_held_by_the_body(const std::function<std::vector<HeldBuffer>()>& buffers);
 
 // Whether `t` shares its storage with a buffer that the checkpoint whose forward runs on this

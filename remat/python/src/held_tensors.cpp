@@ -80,8 +80,9 @@ class ModuleBufferSlot final : public BufferSlot {
 class Walk {
  public:
   // What is gathered: the parameters and buffers (norm layers' running statistics left out while
-  // they train) into `tensors`, or the buffers alone, with their modules' modes, into `buffers`.
-  explicit Walk(bool buffers_only) : buffers_only_(buffers_only) {}
+  // they train) into `tensors`, or the buffers and parameters, with their modules' modes, into
+  // `buffers` (what forward may change in place).
+  explicit Walk(bool as_held_buffers) : as_held_buffers_(as_held_buffers) {}
   TensorList tensors;
   std::vector<HeldBuffer> buffers;
 
@@ -183,8 +184,8 @@ class Walk {
     }
     const bool training = PyDict_GetItem(attributes.ptr(), names.training) == Py_True;
     const bool norm_training = training && PyObject_IsInstance(object.ptr(), norm_type().ptr()) == 1;
-    if (buffers_only_) {
-      buffers_of(attributes.ptr(), training, norm_training);
+    if (as_held_buffers_) {
+      held_buffers_of(attributes.ptr(), training, norm_training);
     } else {
       tensors_of(attributes.ptr(), norm_training);
     }
@@ -197,7 +198,7 @@ class Walk {
     }
   }
 
-  void buffers_of(PyObject* attributes, bool training, bool norm_training) {
+  void held_buffers_of(PyObject* attributes, bool training, bool norm_training) {
     const Names& names = Names::get();
     PyObject* own = PyDict_GetItem(attributes, names.buffers);
     if (own == nullptr || !PyDict_Check(own)) return;
@@ -213,6 +214,20 @@ class Walk {
       buffers.push_back({THPVariable_Unpack(value), training, text != nullptr ? text : "?",
                          norm_training && running_statistics(name) ? counted : at::Tensor(),
                          std::make_shared<ModuleBufferSlot>(own, name)});
+    }
+    // Parameters too: a body may change one in place under no_grad (a momentum encoder's update)
+    PyObject* parameters = PyDict_GetItem(attributes, names.parameters);
+    position = 0;
+    while (parameters != nullptr && PyDict_Check(parameters) && PyDict_Next(parameters, &position, &name, &value)) {
+      if (!THPVariable_Check(value)) continue;
+      const at::Tensor& parameter = THPVariable_Unpack(value);
+      if (parameter.numel() == 0) continue;  // a lazy module's, made in its first forward
+      const char* text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
+      HeldBuffer& held = buffers.emplace_back();
+      held.tensor = parameter;
+      held.training = training;
+      held.name = text != nullptr ? text : "?";
+      held.parameter = true;
     }
     PyErr_Clear();
   }
@@ -252,12 +267,12 @@ class Walk {
     }
   };
 
-  bool buffers_only_;
+  bool as_held_buffers_;
   std::unordered_set<PyObject*> seen_;
 };
 
-Walk walk_from(const py::handle& fn, const py::tuple& args_and_kwargs, bool buffers_only) {
-  Walk walk(buffers_only);
+Walk walk_from(const py::handle& fn, const py::tuple& args_and_kwargs, bool as_held_buffers) {
+  Walk walk(as_held_buffers);
   walk.reach(fn, 0);
   for (const py::handle arg : args_and_kwargs[0]) walk.argument(arg.ptr());
   walk.arguments_of(args_and_kwargs[1].ptr());
@@ -268,11 +283,11 @@ Walk walk_from(const py::handle& fn, const py::tuple& args_and_kwargs, bool buff
 }  // namespace
 
 TensorList tensors_held(const py::handle& fn, const py::tuple& args_and_kwargs) {
-  return std::move(walk_from(fn, args_and_kwargs, /*buffers_only=*/false).tensors);
+  return std::move(walk_from(fn, args_and_kwargs, /*as_held_buffers=*/false).tensors);
 }
 
 std::vector<HeldBuffer> buffers_held(const py::handle& fn, const py::tuple& args_and_kwargs) {
-  return std::move(walk_from(fn, args_and_kwargs, /*buffers_only=*/true).buffers);
+  return std::move(walk_from(fn, args_and_kwargs, /*as_held_buffers=*/true).buffers);
 }
 
 }  // namespace remat::python

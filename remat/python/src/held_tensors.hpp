@@ -19,8 +19,8 @@ namespace remat::python {
 // them there, but its gradients never read them. Needs the GIL.
 TensorList tensors_held(const pybind11::handle& fn, const pybind11::tuple& args_and_kwargs);
 
-// The buffers of the same modules, all of them, each with its module's mode and its name
-// (note_buffers_held_by_the_body).
+// The buffers and parameters of the same modules, all of them (a lazy module's parameters before its
+// first forward left out), each with its module's mode and its name (note_buffers_held_by_the_body).
 std::vector<HeldBuffer> buffers_held(const pybind11::handle& fn, const pybind11::tuple& args_and_kwargs);
 
 }  // namespace remat::python
