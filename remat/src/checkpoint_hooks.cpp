@@ -146,11 +146,8 @@ std::optional<std::string> recreated_mismatch(const Frame& frame, std::size_t in
     const DroppedMeta now_meta = DroppedMeta::of(recreated, region);
     return "recompute of checkpoint '" + frame.options.region_name + "' recreated saved tensor #" +
            std::to_string(index) + " as " + now_meta.describe() + " in " + frame.where(region) +
-           ", but forward saved " + forward_meta.describe() + " in " + frame.where(forward_meta.region) +
-           "; the body must take the same path in recompute as in forward (branch on " + api_name("is_recomputing") +
-           "() only for work autograd does not save, and run it under the same autocast and grad modes, with its "
-           "modules in the same training mode: model.eval() between forward and backward changes what dropout and "
-           "batch norm save)";
+           ", but forward saved " + forward_meta.describe() + " in " + frame.where(forward_meta.region) + "; " +
+           same_path_advice();
   }
   if (auto swapped = swapped_read(frame, index, recreated, region)) return swapped;
   if (!frame.options.verify_recompute) return std::nullopt;

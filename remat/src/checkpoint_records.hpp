@@ -166,6 +166,7 @@ struct DroppedVersion {
   std::size_t index = 0;  // its dropped slot
   c10::VariableVersion version{c10::VariableVersion::DISABLED};
   std::uint32_t version_at_save = 0;
+  std::uint32_t version_at_forward_end = 0;  // as the body returned (finish_forward)
 };
 
 // What verify_recompute compares: an exact hash of the bytes, plus sums that say how large

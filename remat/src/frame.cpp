@@ -240,6 +240,15 @@ void Frame::check_read_again_unchanged() const {
   for (const DroppedVersion& saved : dropped_versions) {
     if (saved.version.current_version() == saved.version_at_save) continue;
     const DroppedMeta& meta = dropped_metas[saved.index];
+    if (saved.version_at_forward_end != saved.version_at_save) {
+      // Changed inside the body, after an operation saved it: autograd refuses that without checkpointing too
+      throw Error(
+          "a tensor that " + where(meta.region) + " saved for backward (saved tensor #" + std::to_string(saved.index) +
+          ", " + meta.describe() + ") was changed by an in-place operation later in the same forward (version " +
+          std::to_string(saved.version_at_save) + " when saved, " + std::to_string(saved.version_at_forward_end) +
+          " as forward ended), as autograd refuses without checkpointing too: make that operation "
+          "out-of-place (b = b * 2 rather than b.mul_(2)), or change a clone");
+    }
     throw refuse("a tensor that " + where(meta.region) + " read (saved tensor #" + std::to_string(saved.index) + ", " +
                      meta.describe() + ")",
                  saved.version_at_save, saved.version.current_version());
@@ -264,6 +273,14 @@ void Frame::rerun_save_regions_changed_after_forward() {
     region.rerun_reason = "its output " + std::to_string(*changed) +
                           " was changed in place after the checkpoint returned: recompute runs it again";
   }
+}
+
+std::string same_path_advice() {
+  return "the body must take the same path in recompute as in forward (branch on " + api_name("is_recomputing") +
+         "() only for work autograd does not save, and run it under the same autocast and grad modes, with its "
+         "modules in the same training mode and the same parameters requiring grad: model.eval() between forward "
+         "and backward changes what dropout and batch norm save, and requires_grad_(False) on a layer what its ops "
+         "save)";
 }
 
 std::string Frame::where(int region) const {
@@ -505,11 +522,7 @@ void Frame::recompute_slots(const std::vector<std::size_t>& to_fill) {
   }
   if (missing != 0) {
     throw Error("recompute of checkpoint '" + options.region_name + "' recreated " + std::to_string(recompute_packs) +
-                " saved tensors but forward saved " + std::to_string(dropped) +
-                "; the body must take the same path in recompute as in forward (branch on " +
-                api_name("is_recomputing") +
-                "() only for work autograd does not save, with its modules in the same training mode as in "
-                "forward)");
+                " saved tensors but forward saved " + std::to_string(dropped) + "; " + same_path_advice());
   }
   refuse_reads_forward_did_not_make(to_fill, args);
   held_as_recompute_began.clear();

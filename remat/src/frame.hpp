@@ -38,6 +38,9 @@ struct StopRecompute : std::exception {
 };
 
 struct Frame;
+// How a body takes the same path in recompute as in forward (the end of the messages refusing one
+// that did not).
+std::string same_path_advice();
 // Whether this thread records the checkpoint inputs ops read (remat/input_reads.hpp).
 bool recording_input_reads();
 // Throws what unwinds a recompute's body: through the raiser set with

@@ -233,6 +233,7 @@ void refuse_needed_inputs_changed_in_place(const Frame& frame) {
 // recompute reads again) and records it for the reports.
 void finish_forward(Frame& frame, const TensorList& outputs) {
   frame.stop_early = at::sequence_number::peek() != frame.sequence_at_last_drop;
+  for (DroppedVersion& saved : frame.dropped_versions) saved.version_at_forward_end = saved.version.current_version();
   frame.note_forward_reads(outputs);
   frame.recreated.assign(frame.dropped + frame.ferried.size(), at::Tensor());
   frame.filled.assign(frame.dropped + frame.ferried.size(), false);

@@ -82,7 +82,9 @@ def test_recompute_saving_fewer_tensors_than_forward_names_both_counts():
     with pytest.raises(RuntimeError, match=exact(
             "recompute of checkpoint 'diverge.saved' recreated 1 saved tensors but forward saved 2; the body must take "
             "the same path in recompute as in forward (branch on remat.is_recomputing() only for work autograd does "
-            "not save, with its modules in the same training mode as in forward)")):
+            "not save, and run it under the same autocast and grad modes, with its modules in the same training mode "
+            "and the same parameters requiring grad: model.eval() between forward and backward changes what dropout "
+            "and batch norm save, and requires_grad_(False) on a layer what its ops save)")):
         loss.backward()
 
 

@@ -277,3 +277,23 @@ def test_a_closure_tensor_without_grad_that_forward_saved_changed_before_backwar
     expected = torch.autograd.grad((layer(x) * mask).sum(), x)[0]
     remat.checkpoint(region_name="masked")(lambda t: layer(t) * mask)(x * 1).sum().backward()
     assert torch.equal(x.grad, expected)
+
+
+def test_a_tensor_the_body_changes_in_place_after_an_op_saved_it_is_refused_as_changed_in_forward():
+    """b = lin(x).sigmoid(); b.mul_(2): autograd refuses it without checkpointing; the refusal said the
+    tensor was changed after forward and advised stepping the optimizer after backward."""
+    lin = torch.nn.Linear(6, 6)
+
+    def body(t):
+        b = lin(t).sigmoid()  # sigmoid saves its output
+        b.mul_(2)
+        return b
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        body(torch.randn(4, 6, requires_grad=True)).sum().backward()
+    y = remat.checkpoint(region_name="layer")(body)(torch.randn(4, 6, requires_grad=True)).sum()
+    with pytest.raises(RuntimeError, match=r"a tensor that the body of checkpoint 'layer' saved for backward \(saved "
+                                           r"tensor #\d, float32 \[4, 6\] on cpu\) was changed by an in-place "
+                                           r"operation later in the same forward \(version 0 when saved, 1 as forward "
+                                           r"ended\).*b = b \* 2 rather than b.mul_\(2\)"):
+        y.backward()
