@@ -59,6 +59,23 @@ struct Options {
   int profile_stages = 0;  // > 0: profile that many stages in this process and exit
 };
 
+constexpr const char* kUsage =
+    "usage: remat-pipeline-train [options]   (each rank under remat-launch, or --profile-stages alone)\n"
+    "  --schedule NAME        gpipe, 1f1b, interleaved-1f1b, ... (remat-report schedule --help lists them; default 1f1b)\n"
+    "  --virtual-stages V     stages per rank for the multi-stage schedules\n"
+    "  --microbatches M       microbatches per step (default 8)\n"
+    "  --buffers pooled|stock receive buffers in the plan's rings, or one set per microbatch (default pooled)\n"
+    "  --checkpoint           activation checkpointing inside every stage\n"
+    "  --steps N              training steps (default 3)\n"
+    "  --slack K              extra ring slots per receive (default 2)\n"
+    "  --width W, --rows R    the model's width and a microbatch's rows (default 64, 4)\n"
+    "  --timeout S            seconds a rank waits for its peers (default 60)\n"
+    "  --out DIR              where dumps go (default pipeline-out)\n"
+    "  --profile-stages N     profile N stages on one microbatch in this process, write\n"
+    "                         DIR/stage-profile-stage<s>.json for remat-report predict, and exit\n";
+
+struct HelpAsked {};
+
 int parse_int(const std::string& flag, const std::string& text) {
   std::size_t used = 0;
   int value = 0;
@@ -79,6 +96,7 @@ Options parse_options(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
       return argv[++i];
     };
+    if (arg == "--help" || arg == "-h") throw HelpAsked{};
     if (arg == "--schedule") options.schedule = next();
     else if (arg == "--virtual-stages") options.virtual_stages = parse_int(arg, next());
     else if (arg == "--microbatches") options.microbatches = parse_int(arg, next());
@@ -98,7 +116,8 @@ Options parse_options(int argc, char** argv) {
       throw std::invalid_argument(
           "unknown option " + arg +
           "; options: --schedule NAME --virtual-stages V --microbatches M --buffers pooled|stock --checkpoint "
-          "--steps N --slack K --width W --rows R --timeout S --out DIR --profile-stages N");
+          "--steps N --slack K --width W --rows R --timeout S --out DIR --profile-stages N (--help says what each "
+          "does)");
     }
   }
   if (options.steps < 1 || options.width < 1 || options.rows < 1 || options.timeout_s < 1) {
@@ -235,6 +254,9 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);  // several ranks share this machine's cores
   try {
     return run(parse_options(argc, argv));
+  } catch (const HelpAsked&) {
+    std::fputs(kUsage, stdout);
+    return 0;
   } catch (const std::exception& e) {
     // c10's errors carry a C++ backtrace in what(); the message is what a user needs.
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);

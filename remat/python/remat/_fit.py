@@ -19,18 +19,22 @@ batch) never runs on the old plan. It plans from the nearest profile (_nearest_p
 largest of smaller inputs, else the smallest of larger ones), not the latest. With r the ratio of
 its inputs' elements to that profiled step's (the token count; 1 for fewer), everything forward and
 backward held above what the profiled step began with (less what it freed of the last step's:
-_Profiled.origin) is taken to scale by r: where saving every region is then predicted
-within the budget, the step is profiled again (later steps with those shapes plan from that
-profile); otherwise the plan comes from the profile scaled so, and fit says it assumed every
-region scales with the token count. Either way it warns once per new input shape. Where no plan
+_Profiled.origin) is taken to scale by r: where r is at least REPROFILE_GROWTH and saving every
+region is then predicted within the budget, the step is profiled again (later steps with those
+shapes plan from that profile); otherwise the plan comes from the profile scaled so (inputs of
+many lengths, dynamic padding, are not each profiled at several times a step's cost). The first
+SHAPES_SAID new shapes are said, then one line that later ones are not. Where no plan
 fits it raises before the forward, naming the least peak any plan reaches and what it is made
 of; the same error comes at the first plan for a budget below what the profile allows. The
 parameters' gradients are not scaled (they keep their size whatever the inputs): each segment of
 the profile is lowered by the share of the gradients made before it that scaling would add
 (_Profiled.planned_for). A region that grows faster than the token count (a causal mask of
 sequence x sequence) shows in the scaled step's peak, read when its backward ends: later steps
-with those inputs scale by the growth measured, and a step that went over the budget is a warning
-naming the measured and predicted peaks, never silent.
+with those inputs leave room for what it took above its prediction (or, where no plan then fits,
+scale by the growth measured), steps of other inputs scaled from that profile scale by the growth
+estimated from the lengths measured (_correction), and a step that went over the budget is a
+warning naming the measured and predicted peaks, never silent. fit() again on a fitted model (a
+new budget) keeps what was learned.
 
 Gradient accumulation (micro-batches, each with its own backward, then optimizer.step()) is a step
 per micro-batch. A micro-batch that begins with the gradients there (the second on) is planned from
@@ -131,6 +135,11 @@ __all__ = ["fit", "unfit"]
 
 RETIME_STEPS = 3  # fit()'s retime_steps: planned steps timed to re-time a profile
 RETIME_TRIES = 4  # a profile is timed in at most this many times retime_steps steps (some may differ)
+# A step whose inputs are at least this many times the nearest profile's (by elements) is profiled
+# again where saving every region is predicted within the budget; nearer ones plan from that profile
+# scaled (inputs of many lengths, dynamic padding, would each be profiled, at several times a step's cost)
+REPROFILE_GROWTH = 2.0
+SHAPES_SAID = 3  # new input shapes said each; past them one line says that later ones are not
 
 
 def _signature(args, kwargs):
@@ -171,6 +180,17 @@ def _bytes_text(count):
         if count >= size:
             return f"{count / size:.2f} {unit} ({count} bytes)"
     return f"{count} bytes"
+
+
+def _scaled_origin(ratio, tokens):
+    """What a step planned from another profile's inputs plans from, scaled by `ratio` where the
+    token count grew `tokens` times."""
+    if ratio == 1.0:
+        return "profile of the larger inputs as it is"
+    if ratio <= tokens:
+        return f"profile scaled by {ratio:.3g}, assuming every region scales with the token count"
+    return (f"profile scaled by {ratio:.3g} ({tokens:.3g}x the token count, times {ratio / tokens:.3g} as steps scaled "
+            "from it grew faster)")
 
 
 def _tell(message):
@@ -396,15 +416,18 @@ class FitState:
         self.measuring = None       # (profile_regions, signature) open since a training forward
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
-        self.scaled_step = None     # (signature, start, predicted peak, ratio, profile's signature) of a scaled step
+        # (signature, start, predicted peak, ratio, profile's signature, excess) of a scaled step
+        self.scaled_step = None
         self.planned_step = None    # (signature, predicted peak) of a step planned from its inputs' own profile
         self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
         self.diverged = None        # (what differed, plan's predicted peak, the peak before it) this step
         self.told_differences = set()  # what differed that fit has told the user about
+        self.fewer_calls_over = {}  # ("fewer calls", made, profiled) -> such steps over the budget
         self.watch_signature = None  # the inputs of the step the watch follows, where planned unscaled
         self.diverged_peaks = []    # per step that differed: its measured peak
         self.profiled_steps = 0
         self.planned_steps = 0
+        self.shape_changes = 0      # steps whose inputs took a shape not seen before (_shape_change)
         self.measuring_had = set()  # the parameters with a gradient when the profiled step began (names)
         self.measuring_graded = set()  # the parameters with a gradient at any point of it (names)
         self.measuring_model_bytes = 0  # the model's parameters' bytes when the profiled step began
@@ -449,15 +472,22 @@ class FitState:
 
     # What fit learns from profiles and steps: apart for each set of parameters that require no
     # gradient, which changes what a step keeps for backward and the gradients it makes
-    _LEARNED = ("profiles", "latest", "measured_plans", "corrections", "warned", "watch", "reprofile", "reprofiled",
-                "reserve", "under_predicted", "optimizer_part", "first_optimizer", "_new_state", "optimizer_basis")
+    _LEARNED = ("profiles", "latest", "measured_plans", "corrections", "excess", "growth", "warned", "watch",
+                "reprofile", "reprofiled", "reserve", "under_predicted", "optimizer_part", "first_optimizer",
+                "_new_state", "optimizer_basis")
 
     def _learn_afresh(self):
         self.profiles = {}          # signature -> _Profiled
         self.latest = None          # the _Profiled made last
         self.measured_plans = {}    # (signature, profiled signature) -> (plan, peak over its start) of a scaled
         #                             step within the budget
-        self.corrections = {}       # (signature, profiled signature) -> factor on the ratio scaling that profile
+        # Steps planned from a profile scaled (key: (signature, profiled signature)): the factor on the
+        # token count it scales by (_correction, fixed at the first such step), what such steps took
+        # above their prediction (bytes, added to later ones), and how much faster than the token count
+        # the first one grew (other inputs' factors are estimated from these)
+        self.corrections = {}
+        self.excess = {}  # key -> (bytes, the factor on the token count they amount to, where no plan leaves them)
+        self.growth = {}
         self.warned = set()         # signatures fit has told the user about
         self.watch = None           # (_Profiled, StepWatch) following planned steps along that profile's step
         self.reprofile = {}         # signature -> (what differed, bytes saving it would add): profile again
@@ -508,6 +538,18 @@ class FitState:
         self._learn_afresh()
         _tell(f"{change}, and nothing learned bounds them: this step is profiled again (every region saved, which "
               "may peak over the budget), and later steps plan from that profile")
+
+    def _learned_from(self, before):
+        """fit() again on a fitted model (another budget): what `before` learned holds whatever the
+        budget (profiles, how steps grew, the optimizer step's figures), so the next step plans from
+        it rather than profiling again with every region saved, over a budget made smaller."""
+        for name in self._LEARNED:
+            setattr(self, name, getattr(before, name))
+        self.watch = None  # follows the steps of `before`'s plans
+        self.frozen = before.frozen
+        self.learned_when_frozen = {frozen: dict(learned, watch=None)
+                                    for frozen, learned in before.learned_when_frozen.items()}
+        self.cycle, self.position, self.shape_changes = before.cycle, before.position, before.shape_changes
 
     def __deepcopy__(self, memo):
         """The state of a copied model (copy.deepcopy(model): an EMA or teacher copy): fitted with
@@ -798,12 +840,18 @@ class FitState:
                 StepRecorder._counted_device() is not None:
             self._later_forwards_changed(ran)
         elif self.scaled_step is not None and StepRecorder._counted_device() is not None:
-            signature, base, predicted, ratio, source = self.scaled_step
+            signature, base, predicted, ratio, source, excess, factor = self.scaled_step
             measured = self.measured_peak
-            factor = (measured - base) / max(1, predicted - base)
             key = (signature, source)  # against the profile it was scaled from
-            if factor > 1.0:  # grew faster than the token count: later steps with these inputs scale by more
-                self.corrections[key] = self.corrections.get(key, 1.0) * factor
+            grew = (measured - base) / max(1, predicted - excess - base)  # faster than the token count, by
+            if key not in self.growth:  # for other inputs' factors
+                self.growth[key] = ratio / _ratio(signature, source) * max(1.0, grew)
+            # Above its prediction: later steps with these inputs leave room for that much more (whatever
+            # their plan: what grew is mostly a part no plan changes; scaled by more, a plan recomputing
+            # more regions would count less of it and go over again), or scale by that growth
+            if measured > predicted:
+                held, scaled = self.excess.get(key, (0, 1.0))
+                self.excess[key] = (held + measured - predicted, max(scaled, factor * grew))
             # Within the budget, its plan and what it took above its start are kept: a later step with
             # these inputs whose scaled least plan is refused (a start higher by the last step's tensors
             # it frees) runs under it where that measure says it fits
@@ -812,12 +860,11 @@ class FitState:
             else:
                 self.measured_plans.pop(key, None)
             if measured > self.budget:
-                origin = (f"a profile scaled by {ratio:.3g} (every region assumed to scale with the token count)"
-                          if ratio != 1.0 else "the profile of larger inputs as it is")
-                _tell(f"remat.fit: the last step, planned from {origin}, peaked at {_bytes_text(measured)}, over the "
-                      f"budget of {_bytes_text(self.budget)} (predicted {_bytes_text(predicted)}): some "
-                      f"region grows faster than the token count. Steps with these inputs now scale by "
-                      f"{factor:.3g} more")
+                _tell(f"remat.fit: the last step, planned from a {_scaled_origin(ratio, _ratio(signature, source))}, "
+                      f"peaked at {_bytes_text(measured)}, over the budget of {_bytes_text(self.budget)} (predicted "
+                      f"{_bytes_text(predicted)}): some region grows faster than the token count. Steps with these "
+                      f"inputs now leave {_bytes_text(self.excess.get(key, (0,))[0])} more room, and steps of other "
+                      "lengths scaled from that profile scale by more, as estimated from it")
         elif self.diverged is not None and StepRecorder._counted_device() is not None:
             self._check_diverged_step()
         elif self.planned_step is not None and StepRecorder._counted_device() is not None:
@@ -914,6 +961,12 @@ class FitState:
         if StepRecorder._counted_device() is not None:
             measured = self.measured_peak
         key = ("fewer calls", ran, profiled)
+        if key in self.told_differences and measured is not None and measured > self.budget:
+            # Never over the budget without a word: each such step again, in a line
+            self.fewer_calls_over[key] = self.fewer_calls_over.get(key, 1) + 1
+            _tell(f"remat.fit: the last step again made {ran} of the {profiled} checkpoint calls and peaked at "
+                  f"{_bytes_text(measured)}, over the budget of {_bytes_text(self.budget)} "
+                  f"({self.fewer_calls_over[key]} such steps over it so far)")
         if key not in self.told_differences:
             self.told_differences.add(key)
             peak = "" if measured is None else (
@@ -1157,7 +1210,8 @@ class FitState:
                     return self._profile_step(signature)
             return self._plan_step(known, signature, start, 1.0)
         source, ratio = self._nearest_profile(signature)
-        ratio *= self.corrections.get((signature, source.signature), 1.0)
+        growth = ratio  # of the inputs over the nearest profile's
+        ratio *= self._correction(signature, source.signature)
         all_saved = source.all_saved_peak(max(start, source.start), ratio)
         # Profiled again only where every smaller profile, scaled, predicts it within the budget too:
         # a profile whose step began with the last step's tensors still held (freed during it) grows
@@ -1165,28 +1219,68 @@ class FitState:
         for other in self.profiles.values():
             scale = _ratio(signature, other.signature)
             if scale > 1.0 and other is not source:
-                scale *= self.corrections.get((signature, other.signature), 1.0)
+                scale *= self._correction(signature, other.signature)
                 all_saved = max(all_saved, other.all_saved_peak(max(start, other.start), scale))
         change = None
         # Not said of an eval forward planned from a larger profile (a validation loss with grad on)
         if signature not in self.warned and (self.model.training or _ratio(signature, source.signature) > 1.0):
             self.warned.add(signature)
-            dtypes = [d for _, d, _ in signature] != [d for _, d, _ in source.signature]
-            counted = len(signature) != len(source.signature)
-            what = "in number" if counted else "shape or dtype" if dtypes else "shape"
-            measured = (_input_bytes(signature) / max(1, _input_bytes(source.signature)) if dtypes else
-                        _elements(signature) / max(1, _elements(source.signature)))
-            planned_as = "" if measured >= 1.0 else ", planned as the profiled ones"
-            change = (f"remat.fit: the step's inputs changed {what} ({_shapes_text(source.signature, dtypes)} -> "
-                      f"{_shapes_text(signature, dtypes)}, {measured:.3g}x the {'bytes' if dtypes else 'elements'}"
-                      f"{planned_as}{': a tensor given in some steps only, such as a mask' if counted else ''})")
-        if all_saved <= self.budget:
+            change = self._shape_change(signature, source)
+        if all_saved <= self.budget and growth >= REPROFILE_GROWTH:
             if change is not None:
                 _tell(f"{change}: profiling this step again (every region saved, predicted to peak at "
                       f"{_bytes_text(all_saved)} within the budget of {_bytes_text(self.budget)}); later "
                       "steps with these inputs plan from that profile")
             return self._profile_step(signature)
+        self.corrections.setdefault((signature, source.signature), ratio / growth)
+        if change is not None:
+            change += (": saving every region is predicted over the budget" if all_saved > self.budget else
+                       ": a profile of larger inputs bounds it" if growth == 1.0 else
+                       f": within {REPROFILE_GROWTH:g}x the nearest profile's inputs, not profiled again")
         return self._plan_step(source, signature, start, ratio, change=change)
+
+    def _shape_change(self, signature, source):
+        """What to say of a step whose inputs changed shape (planned from `source`), or None past the
+        first SHAPES_SAID such steps (one line then says the rest are not said)."""
+        self.shape_changes += 1
+        if self.shape_changes > SHAPES_SAID:
+            if self.shape_changes == SHAPES_SAID + 1:
+                _tell(f"remat.fit: the step's inputs keep changing shape ({self.shape_changes} new shapes so far): "
+                      "later ones are planned as these were without a word each (model.remat_fit.profiles holds "
+                      "the profiles by inputs); a step over the budget is still said")
+            return None
+        dtypes = [d for _, d, _ in signature] != [d for _, d, _ in source.signature]
+        counted = len(signature) != len(source.signature)
+        what = "in number" if counted else "shape or dtype" if dtypes else "shape"
+        measured = (_input_bytes(signature) / max(1, _input_bytes(source.signature)) if dtypes else
+                    _elements(signature) / max(1, _elements(source.signature)))
+        planned_as = "" if measured >= 1.0 else ", planned as the profiled ones"
+        return (f"remat.fit: the step's inputs changed {what} ({_shapes_text(source.signature, dtypes)} -> "
+                f"{_shapes_text(signature, dtypes)}, {measured:.3g}x the {'bytes' if dtypes else 'elements'}"
+                f"{planned_as}{': a tensor given in some steps only, such as a mask' if counted else ''})")
+
+    def _correction(self, signature, profiled):
+        """The factor on the token count by which a step with `signature` scales the profile of the
+        inputs `profiled`: the one the first such step took, else estimated from the growth measured
+        on steps of other inputs scaled from that profile, linearly in the token count between the
+        nearest of them (from 1 at the profile's own), and beyond the longest along the steepest such
+        line (a sequence x sequence mask grows that way): inputs of many lengths (dynamic padding)
+        each went over the budget once before."""
+        known = self.corrections.get((signature, profiled))
+        if known is not None:
+            return known
+        ratio = _ratio(signature, profiled)
+        measured = sorted((_ratio(s, p), factor) for (s, p), factor in self.growth.items()
+                          if p == profiled and _ratio(s, p) > 1.0)
+        if ratio <= 1.0 or not measured:
+            return 1.0
+        below = max((point for point in measured if point[0] <= ratio), default=(1.0, 1.0))
+        above = min((point for point in measured if point[0] >= ratio), default=None)
+        if above is None:
+            return max(1.0, *(1.0 + (factor - 1.0) * (ratio - 1.0) / (r - 1.0) for r, factor in measured))
+        if above[0] == below[0]:
+            return max(1.0, below[1], above[1])
+        return max(1.0, below[1] + (above[1] - below[1]) * (ratio - below[0]) / (above[0] - below[0]))
 
     def _nearest_profile(self, signature):
         """(the profile a step with `signature` and no profile of its own plans from, the ratio its
@@ -1229,13 +1323,24 @@ class FitState:
         base = max(start, source.start)  # more allocated now than then: it stays through the step
         # The profile's part after backward where it is the optimizer step, only before one
         after = self.expect_optimizer or not source.optimizer_after
+        # Planned from a profile scaled, where steps with these inputs took more than predicted: room is
+        # left for that much (most of it a part no plan changes: a mask, the backward's working set),
+        # or where no plan then fits, what grew is taken to be held by the regions, scaled by how much
+        # faster than the token count it grew (a plan recomputing more of them holds less of it)
+        excess, factor = (0, 1.0) if own else self.excess.get((signature, source.signature), (0, 1.0))
+        host = int(self.host_budget / ratio) if self.host_budget else None
+        if excess and source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio, absent, after,
+                                  extra) + excess > self.budget:
+            excess, ratio = 0, ratio * factor
+            planned = source.planned_for(absent, ratio)
         # What is offloaded scales with the step as the rest does: the profile's regions plan
         # within the host budget shrunk as the step grew
         host = int(self.host_budget / ratio) if self.host_budget else None
         # An optimizer step after this one (expected, or where the accumulation count changes)
         # must fit too: no plan changes it, so the worst micro-batch is checked before every one
         optimizer = self._optimizer_peak(source, base, ratio, absent, extra)
-        reserve = self.reserve.get(signature, 0) if ratio == 1.0 else 0
+        # Room left for what steps with these inputs took above their prediction
+        reserve = (self.reserve.get(signature, 0) if ratio == 1.0 else 0) + excess
 
         def fastest_within(early):
             """The fastest plan predicted within the budget and its prediction, or (None, None)."""
@@ -1266,19 +1371,20 @@ class FitState:
                 plan, predicted = ran[0], base + ran[1] + extra
             elif plan is None or max(least_now, optimizer) + reserve > self.budget:
                 self._refuse(source, base, ratio, max(least_now, optimizer), signature, reserve,
-                             optimizer=optimizer > least_now)
+                             optimizer=optimizer > least_now, excess=excess)
+        predicted += excess
         if self.expect_optimizer:
             predicted = max(predicted, optimizer)
         self.optimizer_peak_bytes = optimizer or None
         if change is not None:
-            origin = (f"profile scaled by {ratio:.3g}, assuming every region scales with the token count"
-                      if ratio != 1.0 else "profile of the larger inputs as it is")
-            _tell(f"{change}: saving every region is predicted over the budget, so the plan comes from the "
-                  f"{origin}: predicted peak {_bytes_text(predicted)} within {_bytes_text(self.budget)}, "
+            _tell(f"{change}, so the plan comes from the {_scaled_origin(ratio, _ratio(signature, source.signature))}: "
+                  f"predicted peak {_bytes_text(predicted)} within "
+                  f"{_bytes_text(self.budget)}, "
                   f"{sum(c == 'recompute' for c in plan.decisions.values())} of {len(plan.decisions)} "
                   "regions recomputed")
         if not own:
-            self.scaled_step = (signature, base, predicted, ratio, source.signature)
+            self.scaled_step = (signature, base, predicted, ratio, source.signature, excess,
+                                factor if not excess else 1.0)
         else:
             self.planned_step = (signature, predicted)
         self._restart_peak()  # the step's peak, read when backward ends
@@ -1308,7 +1414,7 @@ class FitState:
         context._times = None if self.timing is None else self.timing[1]
         return context
 
-    def _refuse(self, source, base, ratio, least_now, signature, reserve=0, optimizer=False):
+    def _refuse(self, source, base, ratio, least_now, signature, reserve=0, optimizer=False, excess=0):
         if source.after_start is not None:
             # Gradients (what backward left allocated) stay through backward; the optimizer step's
             # state and transient, after it, too: no plan changes either
@@ -1320,6 +1426,11 @@ class FitState:
                   f" (the profile at inputs {_shapes_text(source.signature)}, larger, as it is)" if ratio == 1.0 else
                   f" (the profile at inputs {_shapes_text(source.signature)} scaled by {ratio:.3g}, every region "
                   "assumed to scale with the token count)")
+        if excess:
+            scaled += (f", and steps with these inputs planned so took {_bytes_text(excess)} above their prediction (a "
+                       "region growing faster than the token count)")
+            least_now += excess
+            reserve -= excess
         if reserve:
             scaled += (f", and a step with these inputs that ran the profiled step's checkpoints and regions on the "
                        f"same shapes peaked {_bytes_text(reserve)} above its plan's prediction (what a region keeps "
@@ -1338,12 +1449,18 @@ class FitState:
         elif optimizer:
             scaled += (" (with the optimizer step after it, as measured after an earlier micro-batch of gradient "
                        "accumulation: no plan changes that part)")
+        # A validation forward left with gradients on: the plan assumes the checkpoints run, and a model
+        # may run none in eval mode (transformers' layers checkpoint only in training)
+        evaluating = ("" if self.model.training else
+                      ". The model is in eval mode with gradients on: a forward with no backward after it (a "
+                      "validation loss) holds its graph for nothing, and where the model runs no checkpoint in eval "
+                      "mode no plan reduces it; run it under torch.no_grad()")
         raise ValueError(f"remat.fit: no plan keeps this step within the budget of {_bytes_text(self.budget)}: the "
                          f"least step peak any plan reaches at inputs {_shapes_text(signature)} is "
                          f"{_bytes_text(least_now)}{scaled}. What stays allocated through the step (parameters, "
                          f"gradients and optimizer state, the batch: {_bytes_text(fixed)}) is "
                          f"{fixed / least_now:.0%} of it: recompute cannot reduce that part. Give a budget of at least "
-                         f"{least_now} bytes, or make the step smaller (a smaller batch or sequence)")
+                         f"{least_now} bytes, or make the step smaller (a smaller batch or sequence){evaluating}")
 
 
 class _FitForward:
@@ -1478,8 +1595,7 @@ def fit(model, budget, *, host_budget=None, timer="auto", retime_steps=RETIME_ST
     under the plan of least recompute time predicted within the budget, planned again when the
     inputs change shape (module docstring). The model's checkpoints and regions are its own
     (remat.checkpoint, remat.region, wrap_decoder_layers). model.remat_fit holds the state: its
-    .plan is the plan of the last planned step. Calling fit again replaces the budget and starts
-    from a new profile; remat.unfit(model) undoes it. timer: how the profiles time regions,
+    .plan is the plan of the last planned step. remat.unfit(model) undoes it. timer: how the profiles time regions,
     "auto" or "wall" (wall-clock, for regions that wait: remat.profile_regions(timer=)).
     retime_steps: the first planned steps at a profile's inputs (3 by default) time their regions'
     forwards as they run (the timer's clock around each region; with timer="wall" on a GPU, a
@@ -1488,6 +1604,8 @@ def fit(model, budget, *, host_budget=None, timer="auto", retime_steps=RETIME_ST
     its regions up to 2.7 times slower than its later ones on the CPU, not alike), or may have run
     beside another load. Later steps plan from the re-timed profile, within the same budget. 0:
     plans keep the profiled step's times.
+    Calling fit again on a fitted model (another budget) keeps what it learned, its profiles first,
+    where timer and whether host_budget is given are unchanged; remat.unfit(model) first forgets it.
     host_budget: host memory the plans may offload regions to (an int or a string with a unit;
     None or 0: no offload): each region is then saved, recomputed or offloaded, the step's peak
     on the device predicted with what the offloader holds there (profile.plan(peak_bytes=,
@@ -1508,8 +1626,11 @@ def fit(model, budget, *, host_budget=None, timer="auto", retime_steps=RETIME_ST
         _step_hook = register_optimizer_step_post_hook(_optimizer_stepped)
         atexit.register(_finish_last_steps)
         tag_cpu_tensors.before_last_exit.append(_finish_last_steps)
+    before = model.__dict__.get("remat_fit")
     unfit(model)
     state = FitState(model, budget, timer, host_budget, retime_steps)
+    if isinstance(before, FitState) and before.timer == timer and bool(before.host_budget) == bool(host_budget):
+        state._learned_from(before)
     _fitted.add(state)
     model.forward = _FitForward(state, model.__dict__.get("forward"))
     model.remat_fit = state

@@ -62,12 +62,15 @@ def test_a_step_with_fewer_checkpoint_calls_is_said_and_does_not_refuse_later_st
     assert state.profiled_steps == 1 and state.planned_steps == 6
     assert state.reserve == {}
     said = fit_loop.messages(told, "checkpoint calls")
-    assert [m.split(" (layers")[0] for m in said] == [
+    # Said in full once per count; each later such step over the budget again, in a line (it was not)
+    assert [m.split(" (layers")[0].split(" and peaked")[0] for m in said] == [
         "remat.fit: the last step differs from the profiled one: it made 1 of the 4 checkpoint calls the profiled "
         "step made",
+        "remat.fit: the last step again made 1 of the 4 checkpoint calls",
         "remat.fit: the last step differs from the profiled one: it made 0 of the 4 checkpoint calls the profiled "
         "step made"]
     assert all("over the budget of" in m for m in said), said
+    assert "(2 such steps over it so far)" in said[1], said
 
 
 def test_a_dropped_profiled_micro_batch_counts_in_its_cycle(budget):
@@ -136,3 +139,21 @@ def test_a_step_in_another_mode_than_the_profiled_one_differs_from_its_start(bud
     assert [m.split(". From")[0] for m in fit_loop.messages(told, "mode")] == [
         "remat.fit: this step differs from the profiled one: the model is in training mode, the profiled step ran "
         "in eval mode"]
+
+
+def test_a_validation_forward_with_gradients_on_that_no_plan_fits_is_refused_naming_no_grad(budget):
+    """model.eval() and a larger validation batch with gradients on (torch.no_grad() forgotten): no
+    plan fits it, and the refusal says why none can help such a forward (before, it named a least
+    peak as though the checkpoints ran, and where it passed, each such forward over the budget after
+    the first was silent)."""
+    with fit_loop.fitted(Model, budget) as (model, _):
+        for step in range(2):
+            model(batch(step)).backward()
+            model.zero_grad(set_to_none=True)
+        model.eval()
+        with pytest.raises(ValueError, match=r"The model is in eval mode with gradients on: a forward with no "
+                                             r"backward after it \(a validation loss\) holds its graph for nothing.*"
+                                             r"run it under torch.no_grad\(\)"):
+            model(torch.cat([batch(9)] * 4))
+        model.train()
+        fit_loop.unfit(model, batch(0))
