@@ -97,6 +97,17 @@ def same(a, b):
         all(torch.equal(u, v) for u, v in zip(buffers_a, buffers_b))
 
 
+def step_both(model, plain, step, about):
+    """A step of `model` under a checkpoint and of its copy `plain` without: the inputs, and the
+    warnings the checkpointed step gave that mention `about`."""
+    x, x_plain = batch(step), batch(step)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ours(model, x).pow(2).sum().backward()
+    plain(x_plain).pow(2).sum().backward()
+    return x, x_plain, [str(w.message) for w in said if about in str(w.message)]
+
+
 def made(cls):
     torch.manual_seed(0)
     return cls()
@@ -246,12 +257,7 @@ def test_a_buffer_first_changed_by_a_later_forward_is_said_once_then_kept():
     plain = copy.deepcopy(model)
     for step, counting in enumerate([False, False, True, True, True]):
         model.counting = plain.counting = counting
-        x, x_plain = batch(step), batch(step)
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            ours(model, x).pow(2).sum().backward()
-        plain(x_plain).pow(2).sum().backward()
-        told = [str(w.message) for w in said if "changed the buffer 'seen'" in str(w.message)]
+        x, x_plain, told = step_both(model, plain, step, "changed the buffer 'seen'")
         assert len(told) == (1 if step == 2 else 0), told
         if step == 2:
             assert "this call's recompute reads the changed value" in told[0]
@@ -548,12 +554,7 @@ def test_a_parameter_changed_in_place_in_forward_is_said_once_then_given_back_to
     model = made(lambda: Momentum(frozen))
     plain = copy.deepcopy(model)
     for step in range(4):
-        x, x_plain = batch(step), batch(step)
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            ours(model, x).pow(2).sum().backward()
-        plain(x_plain).pow(2).sum().backward()
-        told = [str(w.message) for w in said if "changed the parameter" in str(w.message)]
+        x, x_plain, told = step_both(model, plain, step, "changed the parameter")
         if step == 0:
             assert len(told) == 2 and "'weight'" in told[0] and "'bias'" in told[1], told
             assert "parameters are not copied before a forward is seen changing them" in told[0], told
