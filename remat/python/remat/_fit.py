@@ -416,7 +416,8 @@ class FitState:
         self.measuring = None       # (profile_regions, signature) open since a training forward
         self.plan = None            # the plan the step running now (or the last planned one) runs under
         self.predicted_peak_bytes = None  # that plan's predicted step peak at that step's inputs
-        # (signature, start, predicted peak, ratio, profile's signature, excess) of a scaled step
+        # (signature, start, predicted peak, ratio, profile's signature, room left for excess, factor the
+        # ratio took for it where no plan left that room) of a step planned from a profile scaled
         self.scaled_step = None
         self.planned_step = None    # (signature, predicted peak) of a step planned from its inputs' own profile
         self.backward_peak = None   # the peak when the scaled or diverged step's backward ended
@@ -1378,10 +1379,9 @@ class FitState:
         self.optimizer_peak_bytes = optimizer or None
         if change is not None:
             _tell(f"{change}, so the plan comes from the {_scaled_origin(ratio, _ratio(signature, source.signature))}: "
-                  f"predicted peak {_bytes_text(predicted)} within "
-                  f"{_bytes_text(self.budget)}, "
-                  f"{sum(c == 'recompute' for c in plan.decisions.values())} of {len(plan.decisions)} "
-                  "regions recomputed")
+                  f"predicted peak {_bytes_text(predicted)} within {_bytes_text(self.budget)}, "
+                  f"{sum(c == 'recompute' for c in plan.decisions.values())} of {len(plan.decisions)} regions "
+                  "recomputed")
         if not own:
             self.scaled_step = (signature, base, predicted, ratio, source.signature, excess,
                                 factor if not excess else 1.0)
@@ -1425,7 +1425,10 @@ class FitState:
         scaled = ("" if signature == source.signature else
                   f" (the profile at inputs {_shapes_text(source.signature)}, larger, as it is)" if ratio == 1.0 else
                   f" (the profile at inputs {_shapes_text(source.signature)} scaled by {ratio:.3g}, every region "
-                  "assumed to scale with the token count)")
+                  "assumed to scale with the token count)" if ratio <= _ratio(signature, source.signature) else
+                  f" (the profile at inputs {_shapes_text(source.signature)} scaled by {ratio:.3g}: "
+                  f"{_ratio(signature, source.signature):.3g}x the token count, times more as steps scaled from it "
+                  "grew faster)")
         if excess:
             scaled += (f", and steps with these inputs planned so took {_bytes_text(excess)} above their prediction (a "
                        "region growing faster than the token count)")
