@@ -168,6 +168,17 @@ def _ratio(signature, profiled):
     return max(1.0, *ratios)
 
 
+def _stretch(signature, profiled):
+    """How many times `profiled`'s the step's inputs are along the dimension grown most (a longer
+    sequence at the same token count, a smaller batch of it, stretches what grows with the square of
+    the sequence): at least _ratio()'s; where the inputs differ in number or rank, that ratio."""
+    ratio = _ratio(signature, profiled)
+    if len(signature) != len(profiled) or any(len(a) != len(b) for (a, _, _), (b, _, _) in zip(signature, profiled)):
+        return ratio
+    return max([ratio] + [new / max(1, old) for (a, _, _), (b, _, _) in zip(signature, profiled)
+                          for new, old in zip(a, b)])
+
+
 def _shapes_text(signature, dtypes=False):
     """"16x32x32, 16": each input's shape, with its dtype where `dtypes` (when they changed)."""
     return ", ".join(("x".join(str(d) for d in shape) or "scalar") + (f" {str(dtype).replace('torch.', '')}"
@@ -1212,6 +1223,8 @@ class FitState:
             return self._plan_step(known, signature, start, 1.0)
         source, ratio = self._nearest_profile(signature)
         growth = ratio  # of the inputs over the nearest profile's
+        key = (signature, source.signature)
+        estimated = key not in self.corrections  # (from other inputs' steps, or none)
         ratio *= self._correction(signature, source.signature)
         all_saved = source.all_saved_peak(max(start, source.start), ratio)
         # Profiled again only where every smaller profile, scaled, predicts it within the budget too:
@@ -1227,18 +1240,20 @@ class FitState:
         if signature not in self.warned and (self.model.training or _ratio(signature, source.signature) > 1.0):
             self.warned.add(signature)
             change = self._shape_change(signature, source)
-        if all_saved <= self.budget and growth >= REPROFILE_GROWTH:
+        stretch = _stretch(signature, source.signature)
+        if all_saved <= self.budget and stretch >= REPROFILE_GROWTH:
             if change is not None:
                 _tell(f"{change}: profiling this step again (every region saved, predicted to peak at "
                       f"{_bytes_text(all_saved)} within the budget of {_bytes_text(self.budget)}); later "
                       "steps with these inputs plan from that profile")
             return self._profile_step(signature)
-        self.corrections.setdefault((signature, source.signature), ratio / growth)
+        self.corrections.setdefault(key, ratio / growth)
         if change is not None:
             change += (": saving every region is predicted over the budget" if all_saved > self.budget else
-                       ": a profile of larger inputs bounds it" if growth == 1.0 else
+                       ": a profile of larger inputs bounds it" if stretch == 1.0 else
                        f": within {REPROFILE_GROWTH:g}x the nearest profile's inputs, not profiled again")
-        return self._plan_step(source, signature, start, ratio, change=change)
+        return self._plan_step(source, signature, start, ratio, change=change,
+                               tokens=growth if estimated and ratio > growth else None)
 
     def _shape_change(self, signature, source):
         """What to say of a step whose inputs changed shape (planned from `source`), or None past the
@@ -1310,30 +1325,39 @@ class FitState:
         self.profiled_steps += 1
         return None
 
-    def _plan_step(self, source, signature, start, ratio, *, change=None):
+    def _plan_step(self, source, signature, start, ratio, *, change=None, tokens=None):
         """The use_plan for a step with `signature`, from `source`'s profile with everything above
         what its step began with scaled by `ratio` (1: the profile of these very inputs, or of larger
-        ones, as it is)."""
+        ones, as it is). `tokens`: the token count's ratio, where `ratio` is more by an estimate from
+        other inputs' steps, which alone refuses no step."""
         profile = source.profile
         own = signature == source.signature  # the profile of these very inputs
         absent, extra, early = self._absent_gradients(source)
         extra += self._buffer_copies(source)
-        # Forward and backward, which the plan changes (with the gradients there from the start in
-        # micro-batches of gradient accumulation after the first)
-        planned = source.planned_for(absent, ratio)
         base = max(start, source.start)  # more allocated now than then: it stays through the step
         # The profile's part after backward where it is the optimizer step, only before one
         after = self.expect_optimizer or not source.optimizer_after
+
+        def least_at(scale):
+            host = int(self.host_budget / scale) if self.host_budget else None
+            return source.peak(source.planned_for(absent, scale).least_peak_bytes(host_budget_bytes=host), base,
+                               scale, absent, after, extra)
+
         # Planned from a profile scaled, where steps with these inputs took more than predicted: room is
         # left for that much (most of it a part no plan changes: a mask, the backward's working set),
         # or where no plan then fits, what grew is taken to be held by the regions, scaled by how much
         # faster than the token count it grew (a plan recomputing more of them holds less of it)
         excess, factor = (0, 1.0) if own else self.excess.get((signature, source.signature), (0, 1.0))
-        host = int(self.host_budget / ratio) if self.host_budget else None
-        if excess and source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio, absent, after,
-                                  extra) + excess > self.budget:
+        if excess and least_at(ratio) + excess > self.budget:
             excess, ratio = 0, ratio * factor
-            planned = source.planned_for(absent, ratio)
+        # A growth estimated from other inputs' steps, where no plan would fit by it, gives way to the token
+        # count: the step is measured, and what it takes above that is learned for its inputs
+        if tokens is not None and least_at(ratio) > self.budget >= least_at(tokens):
+            ratio = tokens
+            self.corrections[(signature, source.signature)] = 1.0
+        # Forward and backward, which the plan changes (with the gradients there from the start in
+        # micro-batches of gradient accumulation after the first)
+        planned = source.planned_for(absent, ratio)
         # What is offloaded scales with the step as the rest does: the profile's regions plan
         # within the host budget shrunk as the step grew
         host = int(self.host_budget / ratio) if self.host_budget else None
@@ -1454,16 +1478,16 @@ class FitState:
                        "accumulation: no plan changes that part)")
         # A validation forward left with gradients on: the plan assumes the checkpoints run, and a model
         # may run none in eval mode (transformers' layers checkpoint only in training)
-        evaluating = ("" if self.model.training else
-                      ". The model is in eval mode with gradients on: a forward with no backward after it (a "
-                      "validation loss) holds its graph for nothing, and where the model runs no checkpoint in eval "
-                      "mode no plan reduces it; run it under torch.no_grad()")
+        evaluating = (f"Give a budget of at least {least_now} bytes, or make the step smaller (a smaller batch or "
+                      "sequence)" if self.model.training else
+                      "The model is in eval mode with gradients on: a forward with no backward after it (a validation "
+                      "loss) holds its graph for nothing, and where the model runs no checkpoint in eval mode no plan "
+                      "reduces it; run it under torch.no_grad()")
         raise ValueError(f"remat.fit: no plan keeps this step within the budget of {_bytes_text(self.budget)}: the "
                          f"least step peak any plan reaches at inputs {_shapes_text(signature)} is "
                          f"{_bytes_text(least_now)}{scaled}. What stays allocated through the step (parameters, "
                          f"gradients and optimizer state, the batch: {_bytes_text(fixed)}) is "
-                         f"{fixed / least_now:.0%} of it: recompute cannot reduce that part. Give a budget of at least "
-                         f"{least_now} bytes, or make the step smaller (a smaller batch or sequence){evaluating}")
+                         f"{fixed / least_now:.0%} of it: recompute cannot reduce that part. {evaluating}")
 
 
 class _FitForward:
@@ -1630,9 +1654,10 @@ def fit(model, budget, *, host_budget=None, timer="auto", retime_steps=RETIME_ST
         atexit.register(_finish_last_steps)
         tag_cpu_tensors.before_last_exit.append(_finish_last_steps)
     before = model.__dict__.get("remat_fit")
-    unfit(model)
+    keep = isinstance(before, FitState) and before.timer == timer and bool(before.host_budget) == bool(host_budget)
+    _take_off(model, keep_profile=keep)
     state = FitState(model, budget, timer, host_budget, retime_steps)
-    if isinstance(before, FitState) and before.timer == timer and bool(before.host_budget) == bool(host_budget):
+    if keep:
         state._learned_from(before)
     _fitted.add(state)
     model.forward = _FitForward(state, model.__dict__.get("forward"))
@@ -1643,9 +1668,16 @@ def fit(model, budget, *, host_budget=None, timer="auto", retime_steps=RETIME_ST
 def unfit(model):
     """Undoes fit() on `model` (a no-op where it did nothing) and returns the model; a profile
     still being measured is dropped."""
+    return _take_off(model)
+
+
+def _take_off(model, keep_profile=False):
+    """unfit(); with keep_profile (fit() again, keeping what was learned) the last step's profile is
+    closed and kept where its backward ran (dropped, every step of a loop that fits again before it
+    was profiled again, over the budget, without a word)."""
     forward = model.__dict__.get("forward")
     if isinstance(forward, _FitForward):
-        if forward.state.measuring is not None:
+        if forward.state.measuring is not None and (not keep_profile or forward.state.backward_pending()):
             forward.state.measuring[0].__exit__(RuntimeError, None, None)
             forward.state.measuring = None
         elif not forward.state.backward_pending():

@@ -40,7 +40,8 @@ class Model(torch.nn.Module):
         self.checkpointed = checkpointed
 
     def forward(self, x):
-        mask = torch.ones(len(x), len(x)).tril() / len(x)
+        rows = x.shape[-2]
+        mask = torch.ones(rows, rows).tril() / rows
         for index, layer in enumerate(self.layers):
             if self.checkpointed:
                 x = remat.checkpoint(region_name=f"layers.{index}")(layer)(x, mask)
@@ -55,12 +56,12 @@ def batch(step, rows):
 
 def train(make_model, budget, lengths, refit=None):
     """Per step: (rows, peak, predicted, whether profiled, gradients as bytes); the fit state and
-    the fit warnings. `refit`: (step, budget) at which fit() runs again."""
+    the fit warnings. `refit`: (step, budget, at every step from there) at which fit() runs again."""
     rows = []
     with fit_loop.fitted(make_model, budget) as (model, told):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         for step, count in enumerate(lengths):
-            if refit is not None and step == refit[0]:
+            if refit is not None and step >= refit[0] and (step == refit[0] or refit[2]):
                 remat.fit(model, refit[1])
             peak, grads = fit_loop.sgd_step(model, optimizer, batch(step, count))
             state = getattr(model, "remat_fit", None)
@@ -115,9 +116,46 @@ def test_fit_again_with_a_smaller_budget_plans_from_what_it_learned():
     at_64 = profiled.profiles[(((64, WIDTH), torch.float32, "cpu"),)].profile
     smaller = at_64.least_peak_bytes() + (at_64.step_peak_bytes - at_64.least_peak_bytes()) // 2
     plain, _, _ = train(lambda: Model(checkpointed=False), None, lengths)
-    rows, state, told = train(Model, "1GiB", lengths, refit=(3, smaller))
+    rows, state, told = train(Model, "1GiB", lengths, refit=(3, smaller, False))
     assert [row[4] for row in rows] == [row[4] for row in plain]
     assert state.profiled_steps == 0 and state.budget == smaller and len(state.profiles) == 1
     assert [row[3] for row in rows] == [True, False, False, False, False]
     assert all(peak <= smaller for _, peak, _, _, _ in rows[3:]), (rows, smaller)
     assert not [message for message in told if "over the budget" in message], told
+
+
+def test_fit_again_before_every_step_keeps_the_profile_the_first_step_made():
+    """A loop that applies its budget before every step (fit() each time): the first step's
+    profile, still open when the second fit() ran, was dropped, so every step was profiled again
+    with every region saved, over the budget, without a word."""
+    lengths = [64] * 5
+    _, profiled, _ = train(Model, "1GiB", lengths[:2])
+    at_64 = profiled.profiles[(((64, WIDTH), torch.float32, "cpu"),)].profile
+    budget = at_64.least_peak_bytes() + (at_64.step_peak_bytes - at_64.least_peak_bytes()) // 2
+    plain, _, _ = train(lambda: Model(checkpointed=False), None, lengths)
+    rows, state, told = train(Model, budget, lengths, refit=(1, budget, True))
+    assert [row[4] for row in rows] == [row[4] for row in plain]
+    assert [row[3] for row in rows] == [True, False, False, False, False] and len(state.profiles) == 1
+    assert all(peak <= budget for _, peak, _, _, _ in rows[1:]), (rows, budget)
+    assert not [message for message in told if "micro-batch" in message], told
+
+
+def test_a_longer_sequence_at_the_same_token_count_is_profiled_not_bounded_by_a_shorter_one():
+    """Token batching: 1 x 64 rows after 4 x 16 holds as many tokens, but whatever grows with the
+    square of the sequence (the mask here) grows 4 times: it was planned from the 4 x 16 profile as
+    it is, said to be bounded by it. Stretched 2x or more along a dimension, it is profiled again
+    where saving everything fits; 2 x 16 is bounded by 4 x 16 and plans from it."""
+    shapes = [(4, 16), (4, 16), (2, 16), (1, 64)]
+    batches = [torch.randn(b, s, WIDTH, generator=torch.Generator().manual_seed(i), requires_grad=True)
+               for i, (b, s) in enumerate(shapes)]
+    with fit_loop.fitted(Model, "1GiB") as (model, told):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        profiled = []
+        for x in batches:
+            fit_loop.sgd_step(model, optimizer, x)
+            profiled.append(model.remat_fit.plan is None)
+        state = fit_loop.unfit(model, batches[0])
+    assert profiled == [True, False, False, True], profiled
+    assert sorted(signature[0][0] for signature in state.profiles) == [(1, 64, WIDTH), (4, 16, WIDTH)]
+    said = fit_loop.messages(told, "inputs changed shape")
+    assert "a profile of larger inputs bounds it" in said[0] and "profiling this step again" in said[1], said
