@@ -124,8 +124,11 @@ void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vec
         !buffer.unsafeGetTensorImpl()->version_counter().enabled()) {
       continue;
     }
-    if (held.parameter && !entries.parameter_changed) {  // (most checkpoints: a version each, no lookup)
-      parameters_.push_back({buffer, version_now(buffer), held.training, held.name});
+    // A parameter forward did not change in place before: its version and data as forward begins (most
+    // checkpoints change none, and look none up)
+    if (held.parameter && (!entries.parameter_changed || entries.seen(buffer, held.training) != Seen::changed)) {
+      parameters_.push_back({buffer, version_now(buffer), held.training, held.name,
+                             buffer.has_storage() ? buffer.storage() : c10::Storage()});
       continue;
     }
     Watched& watched = watched_.emplace_back();
@@ -179,9 +182,20 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
   SeenBuffers::Entries& entries = seen.of(checkpoint);
   // A parameter changed for the first time: watched from here, not copied (said below)
   for (Parameter& parameter : parameters_) {
-    if (version_now(parameter.tensor) == parameter.version) continue;
-    entries.parameter_changed = true;
+    const at::Tensor& now = parameter.tensor;
+    const bool data_assigned = parameter.storage && now.has_storage() &&
+                               now.storage().unsafeGetStorageImpl() != parameter.storage.unsafeGetStorageImpl() &&
+                               now.storage().nbytes() == parameter.storage.nbytes();
+    if (!data_assigned && version_now(now) == parameter.version) continue;
+    if (!data_assigned) entries.parameter_changed = true;  // (in place: copied as later forwards begin)
     Watched& watched = watched_.emplace_back();
+    if (data_assigned) {
+      // Forward's data, as it read it: the assignment left that storage alone
+      at::NoGradGuard no_grad;
+      watched.data_assigned = true;
+      watched.as_forward_read = at::empty({0}, now.options());
+      watched.as_forward_read.set_(parameter.storage, now.storage_offset(), now.sizes(), now.strides());
+    }
     watched.buffer = std::move(parameter.tensor);
     watched.training = parameter.training;
     watched.parameter = true;
@@ -195,9 +209,10 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
   std::unordered_set<std::size_t> reshaped;  // changed in shape or dtype: put back only as recompute found them
   for (std::size_t i = 0; i < watched_.size(); ++i) {
     Watched& watched = watched_[i];
-    watched.changed = watched.versions() != watched.at_forward;
-    // What is learned: a buffer changed, or one seen for the first time left alone
-    if (watched.changed && watched.seen != Seen::changed) {
+    watched.changed = watched.data_assigned || watched.versions() != watched.at_forward;
+    // What is learned: a buffer changed, or one seen for the first time left alone (a parameter whose
+    // data was assigned anew needs no copy: not learned)
+    if (!watched.data_assigned && watched.changed && watched.seen != Seen::changed) {
       entries.note(watched.buffer, watched.training, Seen::changed);
     } else if (!watched.changed && watched.seen == Seen::not_yet) {
       entries.note(watched.buffer, watched.training, Seen::unchanged);
@@ -243,7 +258,9 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
 void WrittenBuffers::recompute_began() {
   recomputing_ = true;
   for (Watched& watched : watched_) {
-    if (watched.changed) {
+    if (watched.data_assigned) {
+      watched.as_recompute_found = watched.buffer.variable_data();  // forward's new data, put back as it was
+    } else if (watched.changed) {
       watched.version_found = version_now(watched.buffer);
       watched.as_recompute_found = copy_of(watched.buffer);
     }
@@ -251,7 +268,11 @@ void WrittenBuffers::recompute_began() {
   }
   for (const Watched& watched : watched_) {
     if (watched.assigned) watched.slot->hold(watched.buffer);
-    if (watched.as_forward_read.defined()) put(watched.buffer, watched.as_forward_read, watched.at_forward.first);
+    if (watched.data_assigned) {
+      watched.buffer.set_data(watched.as_forward_read);
+    } else if (watched.as_forward_read.defined()) {
+      put(watched.buffer, watched.as_forward_read, watched.at_forward.first);
+    }
   }
 }
 
@@ -276,7 +297,10 @@ void WrittenBuffers::recompute_ended() noexcept {
       // Recompute remade forward's writes where it left the version forward left (what it found,
       // unless the buffer changed after forward); else (stopped before them, or changed since)
       // what it found goes back, as it does where no version says
-      if (watched.changed && (watched.changes_with.defined() || version_now(watched.buffer) != watched.version_found)) {
+      if (watched.data_assigned) {
+        watched.buffer.set_data(watched.as_recompute_found);
+      } else if (watched.changed &&
+                 (watched.changes_with.defined() || version_now(watched.buffer) != watched.version_found)) {
         put(watched.buffer, watched.as_recompute_found, watched.version_found);
       }
       if (watched.assigned) watched.slot->hold(watched.held_as_recompute_began);

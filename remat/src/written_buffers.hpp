@@ -11,7 +11,9 @@
 // or did not see it yet with its module in that mode; one seen unchanged is not copied, and should
 // a later forward change it, that call's recompute reads the changed value (said once per buffer).
 // A module's parameter is taken as seen unchanged until a forward changes it (copying a model's
-// weights at its first call would hold a layer's twice), then given back as a buffer is.
+// weights at its first call would hold a layer's twice), then given back as a buffer is; one whose
+// data forward assigned anew (`p.data = p.data * m + q.data * (1 - m)`, MoCo's update) is given
+// back from the first call, its data then held (no copy).
 //
 // A buffer the body assigns anew (its HeldBuffer::slot holds another tensor as forward ends, or
 // after a save region) needs no copy: forward's tensor is kept, the slot holds it while recompute
@@ -70,6 +72,9 @@ class WrittenBuffers {
     const c10::TensorImpl* marked_held = nullptr;
     at::Tensor as_forward_read;  // undefined where the buffer was seen unchanged before
     bool parameter = false;      // HeldBuffer::parameter
+    // A parameter whose data forward assigned anew (`p.data = ...`, which moves no version counter):
+    // as_forward_read is its data then (no copy), and recompute runs with it (set_data)
+    bool data_assigned = false;
     bool changed = false;        // in place, in forward
     bool assigned = false;       // the slot held another tensor in forward
     at::Tensor as_recompute_found;
@@ -95,6 +100,7 @@ class WrittenBuffers {
     std::uint32_t version = 0;
     bool training = false;
     std::string name;
+    c10::Storage storage;  // its data's, held: `p.data = ...` in forward leaves it as forward read it
   };
   std::vector<Watched> watched_;
   std::vector<Parameter> parameters_;

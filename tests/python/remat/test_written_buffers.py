@@ -582,3 +582,26 @@ def test_parameters_no_forward_changes_are_not_copied():
         remat.checkpoint(region_name="layer")(body)(batch(step)).pow(2).sum().backward()
     # forward, recompute (False: not in forward), forward again (the target's weights now kept)
     assert looked[0] == [False, False] and looked[2] == [False, True], looked
+
+
+def test_a_parameter_whose_data_forward_assigns_anew_is_given_back_from_the_first_call():
+    """MoCo's update, `k.data = k.data * m + q.data * (1 - m)`, moves no version counter: recompute
+    ran it again and read the key encoder moved twice at every call, without a word (as under
+    torch.utils.checkpoint). The data forward read is held (the assignment leaves it alone) and
+    recompute runs with it: bitwise from the first call, nothing said."""
+    class Assigned(Momentum):
+        def forward(self, x):
+            for online, target in zip(self.online.parameters(), self.target.parameters()):
+                target.data = target.data * 0.5 + online.data * 0.5
+            return torch.tanh(self.target(torch.tanh(self.online(x))))
+
+    model = made(lambda: Assigned(True))
+    plain = copy.deepcopy(model)
+    for step in range(3):
+        x, x_plain, told = step_both(model, plain, step, "checkpoint 'layer'")
+        assert told == [] and torch.equal(x.grad, x_plain.grad), step
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters())), step
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), plain.parameters())
+                   if p.grad is not None), step
+        model.zero_grad(set_to_none=True)
+        plain.zero_grad(set_to_none=True)
