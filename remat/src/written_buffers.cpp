@@ -127,8 +127,18 @@ void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vec
     // A parameter forward did not change in place before: its version and data as forward begins (most
     // checkpoints change none, and look none up)
     if (held.parameter && (!entries.parameter_changed || entries.seen(buffer, held.training) != Seen::changed)) {
-      parameters_.push_back({buffer, version_now(buffer), held.training, held.name,
-                             buffer.has_storage() ? buffer.storage() : c10::Storage()});
+      Parameter& parameter = parameters_.emplace_back();
+      parameter.tensor = buffer;
+      parameter.version = version_now(buffer);
+      parameter.training = held.training;
+      parameter.name = held.name;
+      if (buffer.has_storage()) {
+        parameter.storage = buffer.storage();
+        parameter.offset = buffer.storage_offset();
+        parameter.sizes = at::DimVector(buffer.sizes());
+        parameter.strides = at::DimVector(buffer.strides());
+        parameter.dtype = buffer.scalar_type();
+      }
       continue;
     }
     Watched& watched = watched_.emplace_back();
@@ -183,18 +193,19 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
   // A parameter changed for the first time: watched from here, not copied (said below)
   for (Parameter& parameter : parameters_) {
     const at::Tensor& now = parameter.tensor;
-    const bool data_assigned = parameter.storage && now.has_storage() &&
-                               now.storage().unsafeGetStorageImpl() != parameter.storage.unsafeGetStorageImpl() &&
-                               now.storage().nbytes() == parameter.storage.nbytes();
-    if (!data_assigned && version_now(now) == parameter.version) continue;
-    if (!data_assigned) entries.parameter_changed = true;  // (in place: copied as later forwards begin)
+    const bool in_place = version_now(now) != parameter.version;
+    // Assigned anew (and not changed in place before: the data forward read would be changed too)
+    const bool data_assigned = !in_place && parameter.storage && now.has_storage() &&
+                               now.storage().unsafeGetStorageImpl() != parameter.storage.unsafeGetStorageImpl();
+    if (!data_assigned && !in_place) continue;
+    if (in_place) entries.parameter_changed = true;  // (copied as later forwards begin)
     Watched& watched = watched_.emplace_back();
     if (data_assigned) {
       // Forward's data, as it read it: the assignment left that storage alone
       at::NoGradGuard no_grad;
       watched.data_assigned = true;
-      watched.as_forward_read = at::empty({0}, now.options());
-      watched.as_forward_read.set_(parameter.storage, now.storage_offset(), now.sizes(), now.strides());
+      watched.as_forward_read = at::empty({0}, now.options().dtype(parameter.dtype));
+      watched.as_forward_read.set_(parameter.storage, parameter.offset, parameter.sizes, parameter.strides);
     }
     watched.buffer = std::move(parameter.tensor);
     watched.training = parameter.training;
@@ -220,7 +231,8 @@ void WrittenBuffers::forward_ended(const std::string& checkpoint) {
     const c10::TensorImpl* forward_read = watched.buffer.unsafeGetTensorImpl();
     watched.assigned =
         watched.slot && (watched.marked_held != forward_read || impl_of(watched.slot->held()) != forward_read);
-    if (watched.changed && watched.as_forward_read.defined() &&
+    // (A parameter's data assigned anew is read by recompute in the shape forward read it)
+    if (watched.changed && !watched.data_assigned && watched.as_forward_read.defined() &&
         (watched.as_forward_read.sizes() != watched.buffer.sizes() ||
          watched.as_forward_read.scalar_type() != watched.buffer.scalar_type())) {
       TORCH_WARN("checkpoint '", checkpoint, "' changed the shape or dtype of the buffer '", watched.name, "' (now ",

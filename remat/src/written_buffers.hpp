@@ -22,6 +22,7 @@
 
 #include <remat/remat.hpp>
 
+#include <ATen/core/DimVector.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -100,7 +101,12 @@ class WrittenBuffers {
     std::uint32_t version = 0;
     bool training = false;
     std::string name;
-    c10::Storage storage;  // its data's, held: `p.data = ...` in forward leaves it as forward read it
+    // Its data as forward began: the storage (held: `p.data = ...` in forward leaves it as forward
+    // read it) and where in it the data lay
+    c10::Storage storage;
+    std::int64_t offset = 0;
+    at::DimVector sizes, strides;
+    at::ScalarType dtype = at::kFloat;
   };
   std::vector<Watched> watched_;
   std::vector<Parameter> parameters_;

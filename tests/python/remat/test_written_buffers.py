@@ -584,15 +584,33 @@ def test_parameters_no_forward_changes_are_not_copied():
     assert looked[0] == [False, False] and looked[2] == [False, True], looked
 
 
-def test_a_parameter_whose_data_forward_assigns_anew_is_given_back_from_the_first_call():
-    """MoCo's update, `k.data = k.data * m + q.data * (1 - m)`, moves no version counter: recompute
-    ran it again and read the key encoder moved twice at every call, without a word (as under
-    torch.utils.checkpoint). The data forward read is held (the assignment leaves it alone) and
-    recompute runs with it: bitwise from the first call, nothing said."""
+def assign_each(model):
+    for online, target in zip(model.online.parameters(), model.target.parameters()):
+        target.data = target.data * 0.5 + online.data * 0.5
+
+
+def assign_transposed(model):  # the new data strided otherwise than the old (same bytes)
+    for online, target in zip(model.online.parameters(), model.target.parameters()):
+        target.data = (target.data.t() * 0.5 + online.data.t() * 0.5).contiguous().t() if target.dim() == 2 else \
+            target.data * 0.5 + online.data * 0.5
+
+
+def assign_from_vector(model):  # each parameter's data a view into one new vector (other bytes, an offset)
+    target = torch.nn.utils.parameters_to_vector(model.target.parameters())
+    online = torch.nn.utils.parameters_to_vector(model.online.parameters())
+    torch.nn.utils.vector_to_parameters(target * 0.5 + online * 0.5, model.target.parameters())
+
+
+@pytest.mark.parametrize("update", [assign_each, assign_transposed, assign_from_vector], ids=lambda f: f.__name__)
+def test_a_parameter_whose_data_forward_assigns_anew_is_given_back_from_the_first_call(update):
+    """MoCo's update, `k.data = k.data * m + q.data * (1 - m)` (or vector_to_parameters of the
+    average), moves no version counter: recompute ran it again and read the key encoder moved twice
+    at every call, without a word (as under torch.utils.checkpoint). The data forward read is held
+    as it lay (the assignment leaves it alone) and recompute runs with it: bitwise from the first
+    call, nothing said."""
     class Assigned(Momentum):
         def forward(self, x):
-            for online, target in zip(self.online.parameters(), self.target.parameters()):
-                target.data = target.data * 0.5 + online.data * 0.5
+            update(self)
             return torch.tanh(self.target(torch.tanh(self.online(x))))
 
     model = made(lambda: Assigned(True))
@@ -603,5 +621,28 @@ def test_a_parameter_whose_data_forward_assigns_anew_is_given_back_from_the_firs
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters())), step
         assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), plain.parameters())
                    if p.grad is not None), step
+        model.zero_grad(set_to_none=True)
+        plain.zero_grad(set_to_none=True)
+
+
+def test_a_parameter_changed_in_place_then_assigned_is_said_once_then_given_back():
+    """`k.mul_(m)` under no_grad, then `k.data = k.data + ...`: the data forward read was changed in
+    place before the assignment, so it is no record of what forward read (held as such, recompute
+    ran the change again at every call, unsaid). Taken as changed in place: said at the first call,
+    copied from the next."""
+    class Both(Momentum):
+        def forward(self, x):
+            with torch.no_grad():
+                for online, target in zip(self.online.parameters(), self.target.parameters()):
+                    target.mul_(0.5)
+                    target.data = target.data + online.data * 0.5
+            return torch.tanh(self.target(torch.tanh(self.online(x))))
+
+    model = made(lambda: Both(True))
+    plain = copy.deepcopy(model)
+    for step in range(3):
+        x, x_plain, told = step_both(model, plain, step, "changed the parameter")
+        assert len(told) == (2 if step == 0 else 0) and torch.equal(x.grad, x_plain.grad) == (step > 0), step
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters())), step
         model.zero_grad(set_to_none=True)
         plain.zero_grad(set_to_none=True)
