@@ -118,6 +118,7 @@ void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vec
   SeenBuffers& seen = seen_buffers();
   const auto lock = seen.lock();
   const SeenBuffers::Entries& entries = seen.of(checkpoint);
+  parameters_.reserve(buffers.size());  // (most of what a module holds: one allocation)
   for (const HeldBuffer& held : buffers) {
     const at::Tensor& buffer = held.tensor;
     if (!buffer.defined() || buffer.layout() != at::kStrided || buffer.is_inference() ||
