@@ -150,13 +150,9 @@ void WrittenBuffers::forward_began(const std::string& checkpoint, const std::vec
     watched.marked_held = buffer.unsafeGetTensorImpl();
     watched.at_forward = watched.marked = watched.versions();
     watched.seen = entries.seen(buffer, held.training);
-    // A parameter is copied only once a forward changed it: copying every weight of a model at its
-    // first call (a frozen base model's, under adapters) would hold a layer's weights twice
+    // (A parameter here was seen changed in place: copied as a buffer is)
     watched.parameter = held.parameter;
-    if (watched.seen == Seen::changed || (watched.seen == Seen::not_yet && !held.parameter)) {
-      watched.as_forward_read = copy_of(buffer);
-    }
-    if (held.parameter && watched.seen == Seen::not_yet) watched.seen = Seen::unchanged;
+    if (watched.seen != Seen::unchanged) watched.as_forward_read = copy_of(buffer);
     watched.name = held.name;
   }
 }

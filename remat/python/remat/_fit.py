@@ -1386,8 +1386,7 @@ class FitState:
         # fastest plan within the budget is not predicted within it: a measured plan is taken
         # instead, or the step is refused
         if plan is None or max(predicted, optimizer) + reserve > self.budget:
-            least_now = source.peak(planned.least_peak_bytes(host_budget_bytes=host), base, ratio, absent, after,
-                                    extra)
+            least_now = least_at(ratio)
             # A plan a step with these inputs ran under, scaled from this profile, within the budget:
             # what it measured above its start beats the scaled prediction where the least plan is refused
             ran = None if own else self.measured_plans.get((signature, source.signature))
