@@ -58,8 +58,9 @@ def input_read_seconds_per_op():
     taken out of a region's seconds. Calibrated once per process on a checkpoint whose save region
     runs 50 small ops that need gradients (a sine and a scalar add on a 2x8 tensor, called from
     Python as a model's code calls them: the watch costs an op called from C++ a third less): the
-    median over 9 rounds of the region watched less the region bare, over the ops watched. The
-    calibration's checkpoint is in no trace."""
+    least of 9 rounds of the region watched less the least of 9 bare, over the ops watched (a
+    median of each round's difference read 0 on a loaded machine, where more than half the
+    differences were lost in its noise). The calibration's checkpoint is in no trace."""
     global _input_read_per_op
     if _input_read_per_op is None:
         spent = []
@@ -72,20 +73,20 @@ def input_read_seconds_per_op():
             return t
 
         run = checkpoint(region_name="remat.calibration")(lambda t: region(small_ops, "ops", recompute=False)(t))
-        rounds = []
+        bare, watched_runs, ops = [], [], 0
         with untraced(), torch.inference_mode(False), torch.enable_grad():  # watched only where it keeps tensors
             x = torch.ones(2, 8, requires_grad=True)
             for _ in range(9):
                 run(x)
+                bare.append(spent[-1])
                 _C.record_input_reads(True)
                 run(x)
-                watched = _C.take_ops_watched_in_save_regions()
+                ops = max(ops, _C.take_ops_watched_in_save_regions())
                 _C.record_input_reads(False)
-                if watched:
-                    rounds.append(max(0, spent[-1] - spent[-2]) / watched / 1e9)
-        if not rounds:
+                watched_runs.append(spent[-1])
+        if not ops:
             return 0.0
-        _input_read_per_op = sorted(rounds)[len(rounds) // 2]
+        _input_read_per_op = max(0, min(watched_runs) - min(bare)) / ops / 1e9
     return _input_read_per_op
 
 
