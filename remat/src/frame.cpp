@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -35,6 +37,14 @@ namespace {
 thread_local bool t_recording_input_reads = false;
 thread_local std::vector<std::uintptr_t> t_input_reads;  // storages of the inputs read, each once
 thread_local std::size_t t_ops_watched_in_save_regions = 0;
+thread_local std::vector<std::string> t_collectives;  // collective ops run while recording
+
+// A collective: another rank runs its counterpart, so running it again in recompute on one rank
+// alone pairs it with whatever that rank's peers run next.
+bool is_collective(std::string_view op) {
+  return op.starts_with("c10d::") || op.starts_with("_c10d_functional::") ||
+         op.starts_with("_c10d_functional_autograd::");
+}
 
 // Sees the ops the checkpoint body runs outside save regions (recompute runs them again), to
 // learn which inputs they read and which save-region outputs they need; and, while the thread
@@ -44,6 +54,7 @@ std::unique_ptr<at::ObserverContext> observe_op(const at::RecordFunction& fn) {
   if (state.mode != Mode::forward || state.frame == nullptr) return nullptr;
   const bool in_save_region = state.save_region >= 0;
   if (in_save_region && !t_recording_input_reads) return nullptr;
+  if (t_recording_input_reads && is_collective(fn.name())) t_collectives.emplace_back(fn.name());
   if (in_save_region) ++t_ops_watched_in_save_regions;
   const auto note = [&](const at::Tensor& t) {
     in_save_region ? state.frame->note_read_in_save_region(t) : state.frame->note_read(t);
@@ -566,10 +577,13 @@ void record_input_reads(bool on) {
   detail::t_recording_input_reads = on;
   detail::t_input_reads.clear();
   detail::t_ops_watched_in_save_regions = 0;
+  detail::t_collectives.clear();
 }
 
 std::vector<std::uintptr_t> take_input_reads() { return std::exchange(detail::t_input_reads, {}); }
 
 std::size_t take_ops_watched_in_save_regions() { return std::exchange(detail::t_ops_watched_in_save_regions, 0); }
+
+std::vector<std::string> take_collectives() { return std::exchange(detail::t_collectives, {}); }
 
 }  // namespace remat

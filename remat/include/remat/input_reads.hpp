@@ -2,10 +2,12 @@
 // Which checkpoint inputs a step's ops read, for a step profile: a region may read an input of its
 // checkpoint it does not take (through a closure), and a checkpoint that recomputes it keeps that
 // input for recompute. While recording is on for a thread, every checkpoint forward on it watches
-// its ops, inside save regions too, and notes each input they read (by storage).
+// its ops, inside save regions too, and notes each input they read (by storage), and each
+// collective op they run (a c10d or functional collective: recompute would run it again).
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace remat {
@@ -21,5 +23,9 @@ std::vector<std::uintptr_t> take_input_reads();
 // Watching costs each of them its inputs boxed for the observer: a step profile takes that out of
 // the seconds it measures for a region.
 std::size_t take_ops_watched_in_save_regions();
+
+// The names of the collective ops (c10d::allreduce_, _c10d_functional::all_gather_into_tensor,
+// ...) checkpoint forwards ran while recording since the last call, in order; then forgets them.
+std::vector<std::string> take_collectives();
 
 }  // namespace remat

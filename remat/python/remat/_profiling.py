@@ -116,6 +116,18 @@ def _stops_in(out, region_out):
     return followed
 
 
+def _collective_in(op):
+    return (f"it runs a collective ({op}): were ranks to plan it apart, recompute would run it again on some ranks "
+            "only, pairing it with another collective of their peers (wrong gradients or a hang); saved, every rank "
+            "runs it once")
+
+
+def _collective_between(checkpoint, op):
+    return (f"checkpoint '{checkpoint}' runs a collective ({op}) between its regions, which recompute runs again "
+            "wherever a region of the call recomputes: were ranks to plan it apart, some ranks only would run it "
+            "again, pairing it with another collective of their peers (wrong gradients or a hang)")
+
+
 class profile_regions:
     """`with remat.profile_regions() as profile:` around one ordinary training step (forward and
     backward) measures every region of every checkpoint called inside on this thread; after the
@@ -168,6 +180,8 @@ class profile_regions:
         self._must_recompute = {}  # region -> why the runtime ran it again in recompute, saved
         self._changed_outputs = {}  # region -> how its output was changed after its checkpoint returned
         self._read_changed = {}  # region -> why it must be saved: a later region changes what it read in place
+        self._collectives = {}  # region -> why it must be saved: it, or code between its checkpoint's regions, runs a collective
+        self._between = []  # the collectives the running checkpoint call ran outside its regions
 
     def __enter__(self):
         if getattr(_state, "session", None) is not None:
@@ -183,6 +197,9 @@ class profile_regions:
             keeping_seconds(0)
         self._step = StepRecorder()
         self._step.begin()
+        # The runtime watches checkpoint forwards' ops while it records input reads (the step's
+        # memory needs them): the collectives they run too, whether or not that memory is counted
+        _C.record_input_reads(True)
         self._shape = StepShape()
         _state.session = self
         self._open = True
@@ -192,6 +209,8 @@ class profile_regions:
     def __exit__(self, exc_type, *rest):
         if getattr(_state, "session", None) is self:  # (remat.fit's is in force only in its step's forwards)
             _state.session = None
+        if not self._step.enabled:
+            _C.record_input_reads(False)
         if self._open:
             self._open = False
             block_opened(False)
@@ -231,6 +250,8 @@ class profile_regions:
                           "function does not reach the module), which recompute would write again")
             if name in self._read_changed:
                 region.setdefault("must_save", self._read_changed[name])
+            if name in self._collectives and name not in self._must_recompute:
+                region.setdefault("must_save", self._collectives[name])
             # The runtime's reruns first; what the profile found must yield to must_save (right
             # gradients before writes made as the code makes them; a saved region whose output
             # changed later is the runtime's to run again, where recompute needs it)
@@ -282,11 +303,15 @@ class profile_regions:
         self._shape.record_call(name, args, kwargs)
         outer_outputs, self._region_outputs = self._region_outputs, []
         outer_meters, self._call_meters = self._call_meters, []
+        outer_between, self._between = self._between + _C.take_collectives(), []
         try:
             out, call_index = self._step.checkpoint_forward(name, args, kwargs, call)
-            region_outputs, meters = self._region_outputs, self._call_meters
+            region_outputs, meters, between = self._region_outputs, self._call_meters, self._between
         finally:
-            self._region_outputs, self._call_meters = outer_outputs, outer_meters
+            self._region_outputs, self._call_meters, self._between = outer_outputs, outer_meters, outer_between
+        between += _C.take_collectives()
+        for region_name, _ in region_outputs if between else ():
+            self._collectives.setdefault(region_name, _collective_between(name, between[0]))
         self._watch_changes_before_backward(region_outputs, meters, out)
         # Each input storage once: a storage an earlier call keeps is alive until backward (its
         # address is its own), any other is this call's alone (a freed address used again by the
@@ -492,7 +517,11 @@ class profile_regions:
             if cuda:
                 self._device = f"cuda:{torch.cuda.current_device()}"
             _C.take_ops_watched_in_save_regions()
+            self._between += _C.take_collectives()  # run by the checkpoint's code before this region
             out, seconds = timed(self._timer, call)
+            ran = _C.take_collectives()
+            if ran:
+                self._collectives.setdefault(name, _collective_in(ran[0]))
             if not cuda:  # on the CPU clock, watching the region's ops for their reads cost them this
                 seconds = max(0.0, seconds - _C.take_ops_watched_in_save_regions() * input_read_seconds_per_op())
             self._timings[name].append(seconds)

@@ -331,6 +331,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("take_ops_watched_in_save_regions", &take_ops_watched_in_save_regions,
         "How many ops ran inside save regions while recording input reads since the last call; then forgets "
         "them.");
+  m.def("take_collectives", &take_collectives,
+        "The names of the collective ops checkpoint forwards ran while recording input reads since the last "
+        "call, in order; then forgets them.");
   m.def("take_input_reads", &take_input_reads,
         "The storage addresses of the checkpoint inputs ops read since the last call, each once; then "
         "forgets them.");

@@ -9,6 +9,7 @@ Writes, per run, whether every parameter equals the run without remat bitwise, t
 measured peaks, fit's predictions and its warnings, and how many checkpoints ran."""
 
 import gc
+import json
 import os
 import sys
 import warnings
@@ -31,13 +32,32 @@ def batch(rank, step):
     return torch.randn(8, 32, WIDTH, generator=torch.Generator().manual_seed(1000 * rank + step))
 
 
-def train(rank, *, checkpointed=True, budget=None, fit_outer=False, micro_batches=1, **ddp_options):
+class SyncedLayer(fit_loop.Layer):
+    """fit_loop's layer whose "mlp" region ends in a norm that takes the mean over every rank's
+    batch (an all-reduce in forward, as SyncBatchNorm's or a tensor-parallel layer's)."""
+
+    def forward(self, x, plain=False):
+        from torch.distributed.nn.functional import all_reduce
+
+        def mlp(t):
+            y = self.down(self.up(t).cos())
+            # (the sine saves what the all-reduce took part in: recompute runs it again)
+            return (y - all_reduce(y.mean((0, 1))) / dist.get_world_size()).sin() + t
+
+        attn = lambda t: self.attn(t).sin() + t  # noqa: E731
+        if plain:
+            return mlp(attn(x))
+        return remat.region(mlp, "mlp")(remat.region(attn, "attn")(x))
+
+
+def train(rank, *, checkpointed=True, budget=None, fit_outer=False, micro_batches=1, layer=fit_loop.Layer,
+          **ddp_options):
     """(parameters after the steps, per step (peak, fit's prediction, regions its plan recomputes),
     fit's warnings, fit's profile, checkpoint calls made)."""
     torch.manual_seed(0)
     with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told, remat.collect_trace() as trace:
         warnings.simplefilter("always")
-        model = fit_loop.CheckpointedLayers([fit_loop.Layer(WIDTH) for _ in range(LAYERS)], checkpointed)
+        model = fit_loop.CheckpointedLayers([layer(WIDTH) for _ in range(LAYERS)], checkpointed)
         if budget is not None and not fit_outer:
             remat.fit(model, budget=budget)
         ddp = DistributedDataParallel(model, **ddp_options)
@@ -121,6 +141,18 @@ def work(rank, world):
     record("fit, then DDP", train(rank, budget=budget))
     record("DDP, then fit", train(rank, budget=budget, fit_outer=True))
     record("fit, no_sync accumulation", train(rank, budget=budget, micro_batches=2), plain_accumulated)
+    # A collective in each layer's "mlp" region, each rank under its own budget: rank 0 saves
+    # everything, rank 1 recomputes what its plan may. Ranks planning such a region apart would
+    # run its all-reduce again in one rank's backward only, pairing it with the other's gradient
+    # all-reduce (wrong gradients, or Gloo's size mismatch)
+    synced = train(rank, checkpointed=False, layer=SyncedLayer)[0]
+    _, steps, _, profile, _ = train(rank, budget="1GiB", layer=SyncedLayer)
+    steady = max(peak for peak, _, _ in steps[1:])
+    least = steady - (profile.step_peak_bytes - profile.least_peak_bytes())
+    run = train(rank, budget="1GiB" if rank == 0 else least + (steady - least) // 64, layer=SyncedLayer)
+    record("fit, a collective in a region, a budget per rank", run, synced)
+    results["fit, a collective in a region, a budget per rank"]["must_save"] = {
+        region["name"]: region.get("must_save", "") for region in json.loads(run[3].to_json())["regions"]}
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world,))
