@@ -99,11 +99,11 @@ Structure Structure::of(const py::handle& value, TensorList& tensors, const std:
   return structure;
 }
 
-void Structure::add(const py::handle& value, TensorList& tensors, int depth, const std::function<std::string()>& name) {
+bool Structure::add(const py::handle& value, TensorList& tensors, int depth, const std::function<std::string()>& name) {
   if (is_tensor(value)) {
     nodes_.push_back({Kind::tensor, 0, {}});
     tensors.push_back(tensor_of(value));
-    return;
+    return true;
   }
   Kind kind = Kind::constant;
   if (PyTuple_CheckExact(value.ptr())) kind = Kind::tuple;
@@ -117,21 +117,23 @@ void Structure::add(const py::handle& value, TensorList& tensors, int depth, con
     kind = Kind::dataclass;
   if (kind == Kind::constant) {
     nodes_.push_back({Kind::constant, 0, PyRef(py::reinterpret_borrow<py::object>(value))});
-    return;
+    return false;
   }
   if (depth >= kMaxDepth) {
     throw py::type_error(name() + ": an argument or result is nested deeper than " + std::to_string(kMaxDepth) +
                          " containers (or holds itself); pass flatter structures");
   }
   const std::size_t node = nodes_.size();
-  const std::size_t tensors_before = tensors.size();
+  // A container the body may change (a list an auxiliary loss is appended to) is built anew for
+  // each recompute, tensors in it or not: recompute's changes never reach the caller's
+  bool built = kind == Kind::list || kind == Kind::dict || kind == Kind::dict_subclass || kind == Kind::dataclass;
   nodes_.push_back({kind, 0, {}});
   if (kind == Kind::dict || kind == Kind::dict_subclass) {
     const py::dict dict = py::reinterpret_borrow<py::dict>(value);
     py::list keys;
     for (const auto [key, item] : dict) {
       keys.append(key);
-      add(item, tensors, depth + 1, name);
+      built = add(item, tensors, depth + 1, name) || built;
     }
     nodes_[node].children = py::len(keys);
     nodes_[node].object = PyRef(kind == Kind::dict ? py::object(std::move(keys))
@@ -141,14 +143,14 @@ void Structure::add(const py::handle& value, TensorList& tensors, int depth, con
     for (const py::handle field : dataclass_fields()(value)) {
       const py::object field_name = field.attr("name");
       fields.append(field_name);
-      add(value.attr(field_name), tensors, depth + 1, name);
+      built = add(value.attr(field_name), tensors, depth + 1, name) || built;
     }
     nodes_[node].children = py::len(fields);
     nodes_[node].object = PyRef(py::make_tuple(py::reinterpret_borrow<py::object>(value), fields));
   } else {
     std::size_t children = 0;
     for (const py::handle item : value) {
-      add(item, tensors, depth + 1, name);
+      built = add(item, tensors, depth + 1, name) || built;
       ++children;
     }
     nodes_[node].children = children;
@@ -156,10 +158,11 @@ void Structure::add(const py::handle& value, TensorList& tensors, int depth, con
       nodes_[node].object = PyRef(py::reinterpret_borrow<py::object>(py::type::handle_of(value)));
     }
   }
-  if (tensors.size() == tensors_before) {  // nothing to take out: keep the container itself
+  if (!built) {  // a tuple of constants: kept itself
     nodes_.resize(node);
     nodes_.push_back({Kind::constant, 0, PyRef(py::reinterpret_borrow<py::object>(value))});
   }
+  return built;
 }
 
 py::object Structure::rebuild(const TensorList& tensors) const {

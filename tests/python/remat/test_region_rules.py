@@ -435,3 +435,26 @@ def test_forward_runs_on_the_callers_own_arguments_and_recompute_on_a_copy():
     count, grads = step(True)
     assert count == plain_count == 3
     assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+
+
+@pytest.mark.parametrize("start", [[], ["tag"], {}])
+def test_recompute_changes_a_copy_of_a_container_that_holds_no_tensor(start):
+    """A list (or dict) given with no tensor in it was handed to recompute itself: the layer's
+    recompute, which reaches the append, appended to the caller's list again (3 layers, 4 losses
+    after backward, 5 for a list holding a string), as under torch.utils.checkpoint."""
+    weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+
+    def layer(x, aux):
+        loss = (x @ weight).square().mean()  # before the output: recompute runs it again
+        aux.append(loss) if isinstance(aux, list) else aux.setdefault(f"loss{len(aux)}", loss)
+        return (x @ weight).sin()
+
+    aux = type(start)(start)
+    h = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    for index in range(3):
+        h = remat.checkpoint(region_name=f"layers.{index}")(layer)(h, aux)
+    losses = [v for v in (aux if isinstance(aux, list) else aux.values()) if isinstance(v, torch.Tensor)]
+    assert len(losses) == 3
+    (h.sum() + sum(losses)).backward()
+    assert len(aux) == len(start) + 3
+    assert weight.grad is not None
