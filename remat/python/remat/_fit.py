@@ -127,7 +127,7 @@ from ._compile import refuse_planning
 from ._extension import _C
 from ._memory import tag_cpu_tensors
 from ._offload_plans import host_budget_arg
-from ._step_profile import StepRecorder
+from ._step_profile import StepRecorder, tensors_in
 from ._step_shape import StepWatch, warn_at_user_line
 from ._timing import RegionTimes, retime_steps_arg, timer_arg
 
@@ -140,11 +140,12 @@ RETIME_TRIES = 4  # a profile is timed in at most this many times retime_steps s
 # scaled (inputs of many lengths, dynamic padding, would each be profiled, at several times a step's cost)
 REPROFILE_GROWTH = 2.0
 SHAPES_SAID = 3  # new input shapes said each; past them one line says that later ones are not
+_REGIONLESS_STEPS = 3  # profiled steps in a row that ran no region before the model is refused as having none
 
 
 def _signature(args, kwargs):
     """(shape, dtype, device) of each tensor input, in order: what makes two steps the same shape."""
-    return tuple((tuple(t.shape), t.dtype, str(t.device)) for t in _plans.tensors_in((args, kwargs)))
+    return tuple((tuple(t.shape), t.dtype, str(t.device)) for t in tensors_in((args, kwargs)))
 
 
 def _elements(signature):
@@ -478,6 +479,7 @@ class FitState:
         self._window = None
         self._window_peak = 0
         self._awaiting = None       # a planned step's backward hook (weakly: alive with its graph), until it runs
+        self.regionless_steps = 0   # profiled training steps in a row whose checkpoints ran no region
         self.frozen = None          # the names of the parameters that required no gradient in the steps learned from
         self.learned_when_frozen = {}  # frozen -> what was learned while those were, where others are now
         self._learn_afresh()
@@ -735,29 +737,46 @@ class FitState:
             return bool(self.measuring[0]._step.backward_pending())
         return self._awaiting is not None and self._awaiting() is not None
 
-    def discard_profile(self):
+    def discard_profile(self, step_goes_on=False):
         """Drops the profile of a step whose forward raised (or whose backward did not run in full):
-        the next training step is profiled afresh."""
+        the next training step is profiled afresh. `step_goes_on`: the step itself runs on, its
+        backward and optimizer step to come (a step that ran no region)."""
         if self.measuring is not None:
             session, _ = self.measuring
             self.measuring = None
             self.profiled_steps -= 1
             # Its forward ran: a micro-batch of the cycle all the same, as a planned one that fails is
             # (self.position keeps it: the optimizer steps after the same count of forwards)
-            self._versions = None
+            if not step_goes_on:
+                self._versions = None
             session.__exit__(RuntimeError, None, None)
 
     def check_regions_ran(self):
         """After the profiled step's first training forward: where it ran no region of a
-        checkpoint, there is nothing to plan. Said now, before its backward (the next step would
-        find the profile empty), and again at every training step until the model has regions."""
-        if self.measuring is None or not self.step_training or self.measuring[0]._order:
+        checkpoint, there is nothing to plan: refused now, before its backward (the next step would
+        find the profile empty), where no checkpoint ran. Where checkpoints ran, every layer may
+        have been skipped (LayerDrop decided in the checkpoints): the step runs unplanned and the
+        next is profiled, said once; the third such step in a row is refused."""
+        if self.measuring is None or not self.step_training:
             return
-        self.discard_profile()
-        raise ValueError("remat.fit: the model's training forward ran no region of a checkpoint, so there is nothing "
-                         "to plan: a plan saves or recomputes each region of the model's checkpoints. Mark its layers "
-                         "with remat.checkpoint and remat.region (wrap_decoder_layers for a Hugging Face model), or "
-                         f"train it without remat.fit. Where the model has them: {_plans.NO_REGION_RAN}")
+        if self.measuring[0]._order:
+            self.regionless_steps = 0
+            return
+        calls = self.measuring[0]._calls
+        self.regionless_steps += 1
+        self.discard_profile(step_goes_on=bool(calls) and self.regionless_steps < _REGIONLESS_STEPS)
+        if calls and self.regionless_steps < _REGIONLESS_STEPS:
+            if self.regionless_steps == 1:
+                _tell(f"remat.fit: the profiled step ran {calls} checkpoint call(s) and no region in them (every "
+                      "layer skipped, as LayerDrop does?): it ran without a plan, and the next training step is "
+                      f"profiled instead; {_REGIONLESS_STEPS} such steps in a row are refused")
+            return
+        ran = (f"{_REGIONLESS_STEPS} training steps in a row ran no region of a checkpoint ({calls} checkpoint "
+               "call(s) in the last)" if calls else "the model's training forward ran no region of a checkpoint")
+        raise ValueError(f"remat.fit: {ran}, so there is nothing to plan: a plan saves or "
+                         "recomputes each region of the model's checkpoints. Mark its layers with remat.checkpoint "
+                         "and remat.region (wrap_decoder_layers for a Hugging Face model), or train it without "
+                         f"remat.fit. Where the model has them: {_plans.NO_REGION_RAN}")
 
     def finish_step(self):
         """Ends the training step before this point: closes its profile, or checks the measured
@@ -1129,7 +1148,7 @@ class FitState:
         output queues a callback the autograd engine runs at the end)."""
         if self.scaled_step is None and self.diverged is None and self.planned_step is None:
             return
-        tensor = next((t for t in _plans.tensors_in(out) if t.requires_grad), None)
+        tensor = next((t for t in tensors_in(out) if t.requires_grad), None)
         if tensor is None:
             return
         began, forward = self.backward_began, len(self.backward_began) - 1
@@ -1190,7 +1209,7 @@ class FitState:
         self.forwards, self.step_signature = [first], signature
         self.backward_began = [None]
         self.step_training = self.model.training
-        self.input_gradient_bytes = sum(t.numel() * t.element_size() for t in _plans.tensors_in((args, kwargs))
+        self.input_gradient_bytes = sum(t.numel() * t.element_size() for t in tensors_in((args, kwargs))
                                         if t.requires_grad)
         start = remat_alloc.memory_stats(device)["requested_bytes"]
         self._versions, self._stepped = [p._version for p in self._parameters()], False

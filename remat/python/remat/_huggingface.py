@@ -183,11 +183,11 @@ class _LayerPlan:
         return copied
 
     def __reduce__(self):
-        raise TypeError(f"remat.wrap_decoder_layers: a model whose layers it wrapped ('{self.path or 'a layer'}') "
-                        "cannot be pickled (torch.save(model), multiprocessing): its checkpoints hold the running "
-                        "process's state hooks. Save model.state_dict(), or call remat.unwrap_decoder_layers(model) "
-                        "(and remat.unfit(model) where it was fitted: wrap_decoder_layers(budget=) fits it) before "
-                        "saving and wrap the loaded model")
+        layer = self.path or f"a {type(self.layer).__name__}"
+        raise TypeError(f"remat.wrap_decoder_layers: a model whose layers it wrapped ({layer}) cannot be pickled "
+                        "(torch.save(model), multiprocessing): its checkpoints hold the running process's state hooks. "
+                        "Save model.state_dict(), or call remat.unwrap_decoder_layers(model) (which undoes the fit of "
+                        "wrap_decoder_layers(budget=) too) before saving and wrap the loaded model")
 
     def _make_body(self):
         def body(function, *args, **kwargs):
@@ -372,7 +372,7 @@ def _layer_regions(layer, save, recompute):
     for name, child in _children_of(layer, save).items():
         regions[child] = (name, True)
     if recompute is None:  # every other direct child, except those that hold a save region
-        recompute = [name for name, _ in layer.named_children()
+        recompute = [name for name, _ in _called_children(layer)
                      if name not in save and not any(path.startswith(name + ".") for path in save)]
     for name, child in _children_of(layer, recompute).items():
         if child not in regions:
@@ -380,9 +380,28 @@ def _layer_regions(layer, save, recompute):
     return regions
 
 
+def _called_children(module, prefix=""):
+    """(path, child) of the module's children its forward can call: a ModuleList or ModuleDict
+    (T5's block keeps its sublayers in one, named "layer") is never called itself, its entries are."""
+    for name, child in module.named_children():
+        if isinstance(child, _CONTAINERS):
+            yield from _called_children(child, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", child
+
+
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
 def _require_present(parameter, names, found_layers):
     for name in names:
-        if any(_has_submodule(layer, name) for _, layer in found_layers):
+        containers = [layer.get_submodule(name) for _, layer in found_layers if _has_submodule(layer, name)]
+        if containers and all(isinstance(child, _CONTAINERS) for child in containers):
+            entries = ", ".join(repr(f"{name}.{entry}") for entry, _ in containers[0].named_children())
+            raise ValueError(f"wrap_decoder_layers: {parameter}={name!r} names a {type(containers[0]).__name__}, "
+                             "which a layer never calls itself (it calls its entries), so no region would run: name "
+                             f"its entries instead ({entries or 'it has none'})")
+        if containers:
             continue
         kinds = sorted({type(layer).__name__ for _, layer in found_layers})
         _, first = found_layers[0]
@@ -502,8 +521,9 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
                           saved_tensors_hooks=hooks)
         plans.append((path, layer, _LayerPlan(layer, path, ckpt, _layer_regions(layer, save, recompute))))
 
-    unwrap_decoder_layers(model)  # only now: a call with bad arguments leaves the previous wrapping in force
-    unfit(model)  # a profile of the previous wrapping's regions is of no use to this one
+    # Only now: a call with bad arguments leaves the previous wrapping in force. Its fit goes too: a
+    # profile of the previous wrapping's regions is of no use to this one
+    unwrap_decoder_layers(model)
     for path, layer, plan in plans:
         if plan is None:
             if layer_class is not None and isinstance(layer, layer_class):
@@ -534,14 +554,17 @@ def _run_as_is(function, *args, **kwargs):
 
 
 def _set_parents_checkpointing(model, found, layer_class):
-    """Sets `gradient_checkpointing` on the modules that carry it and are no decoder layer (the
-    model, its stack), as transformers' gradient_checkpointing_enable does: such a module reads it
-    to hand its layers no cache in training (GPT-2 passes the cache positionally, so the layers'
-    own clearing of keyword caches misses it, and recompute updated the cache a second time). Their
-    _gradient_checkpointing_func runs what it is given as it is (the layers checkpoint)."""
-    layers = {id(layer) for _, layer in found}
+    """Sets `gradient_checkpointing` on the modules that carry it and are neither a decoder layer
+    nor inside one (the model, its stack), as transformers' gradient_checkpointing_enable does:
+    such a module reads it to hand its layers no cache in training (GPT-2 passes the cache
+    positionally, so the layers' own clearing of keyword caches misses it, and recompute updated
+    the cache a second time). Their _gradient_checkpointing_func runs what it is given as it is
+    (the layers checkpoint). Inside a layer it is left alone: T5's attention then makes its zero
+    position bias a leaf that requires grad (for reentrant checkpoints), which a region may not
+    return."""
+    inside = {id(module) for _, layer in found for module in layer.modules()}
     for module in model.modules():
-        if id(module) in layers or not hasattr(module, "gradient_checkpointing") or \
+        if id(module) in inside or not hasattr(module, "gradient_checkpointing") or \
                 (layer_class is not None and isinstance(module, layer_class)):
             continue
         restore = _LayerPlan(module, None, None, {})
@@ -602,9 +625,12 @@ def _keep_remat_when_enabled(model):
 def unwrap_decoder_layers(model):
     """Undoes wrap_decoder_layers on `model` (a no-op where it did nothing) and returns the
     model: the layers' checkpoint settings and the children's forwards are what they were,
-    except where something set them again since (gradient_checkpointing_enable, say)."""
+    except where something set them again since (gradient_checkpointing_enable, say). A
+    remat.fit of the model (budget=, or fit after wrapping) is undone too: its plans were of the
+    layers' regions, and without them every later step ran unplanned over its budget."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"unwrap_decoder_layers: model must be a torch.nn.Module, got {type(model).__name__}")
+    unfit(model)
     for module in list(model.modules()):
         plan = module.__dict__.get("_remat_layer_plan")
         if plan is None:

@@ -247,6 +247,50 @@ def test_a_model_without_regions_is_refused_at_its_first_training_step_and_at_ev
         with torch.no_grad():  # outside training it runs as it is
             assert model(batch(1)).shape == batch(1).shape
 
+def test_a_profiled_step_whose_checkpoints_skip_every_layer_runs_unplanned_and_the_next_is_profiled():
+    """LayerDrop decided inside the checkpoints: a first step that dropped every layer was refused as
+    a model without regions. Now it runs without a plan (said once) and the next step is profiled;
+    three such steps in a row are refused."""
+
+    class Dropping(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2))
+            self.skip = True
+
+        def forward(self, x):
+            for index, layer in enumerate(self.layers):
+                body = (lambda t: t * 1.0) if self.skip else (lambda t, layer=layer: remat.region(layer, "mlp")(t))
+                x = remat.checkpoint(region_name=f"layers.{index}")(body)(x)
+            return x.square().mean()
+
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        model = remat.fit(Dropping(), "1GiB")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def train_step():
+            model(batch(1)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        for _ in range(2):
+            train_step()
+            assert model.remat_fit.profiled_steps == 0 and model.remat_fit.measuring is None
+        model.skip = False
+        for _ in range(3):
+            train_step()
+        assert model.remat_fit.profiled_steps == 1 and model.remat_fit.plan is not None
+        said = [str(w.message) for w in told if "remat.fit" in str(w.message)]
+        # Said once, and the steps that ran unplanned are whole steps (no accumulation count changed)
+        assert len(said) == 1 and "ran 2 checkpoint call(s) and no region in them" in said[0], said
+        model = remat.fit(Dropping(), "1GiB")
+        for _ in range(2):
+            model(batch(1)).backward()
+        with pytest.raises(ValueError, match=r"3 training steps in a row ran no region of a checkpoint \(2 "):
+            model(batch(1)).backward()
+
+
 def test_eval_forwards_run_as_they_are_and_end_the_profiled_step(unlimited):
     torch.manual_seed(0)
     with remat.tag_cpu_tensors():

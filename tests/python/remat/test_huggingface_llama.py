@@ -403,7 +403,7 @@ def test_pickling_a_wrapped_model_is_refused_naming_state_dict_and_unwrap():
     remat.wrap_decoder_layers(model)
     for save in (pickle.dumps, lambda m: torch.save(m, io.BytesIO())):
         with pytest.raises(TypeError, match=r"remat.wrap_decoder_layers: a model whose layers it wrapped "
-                                            r"\('model.layers.0'\) cannot be pickled .*state_dict\(\), or call "
+                                            r"\(model.layers.0\) cannot be pickled .*state_dict\(\), or call "
                                             r"remat.unwrap_decoder_layers\(model\)"):
             save(model)
     remat.unwrap_decoder_layers(model)
