@@ -229,9 +229,12 @@ class Checkpoint:
             context_fn = None
         if options.pop("debug", False) is not False:
             raise RematError(f"checkpoint '{self.region_name}': {_REFUSED_OPTIONS['debug']}")
-        keep_rng = flag_arg(f"checkpoint '{self.region_name}'", "preserve_rng_state",
-                            options.pop("preserve_rng_state", True))
-        _check_torch_options(self.region_name, **options)
+        keep_rng = options.pop("preserve_rng_state", True)
+        if not isinstance(keep_rng, bool):  # the name formatted only then: under torch.compile Dynamo
+            #                                 guards a string it formats, another graph for every layer
+            keep_rng = flag_arg(f"checkpoint '{self.region_name}'", "preserve_rng_state", keep_rng)
+        if options:
+            _check_torch_options(self.region_name, **options)
         if context_fn is None:
             return self._run(fn, args, kwargs, keep_rng=keep_rng)
         _check_context_fn(self.region_name, context_fn)

@@ -42,6 +42,7 @@ import copy
 import functools
 import inspect
 import threading
+import types
 import weakref
 
 import torch
@@ -116,33 +117,35 @@ def _current_call():
     return stack[-1] if stack else None
 
 
-class _RegionForward:
-    """The instance forward of a child named in a plan: a region while a plan naming this child
-    runs on the thread, the forward it wraps otherwise. An object, not a closure, so that
-    copy.deepcopy(model) gives the copy's child a wrapper of the copy's forward."""
+def _region_forward(child, *args, **kwargs):
+    """The instance forward of a child named in a plan, bound to the child: a region while a plan
+    naming it runs on the thread, the forward it wraps (the child's `_remat_inner_forward`)
+    otherwise. One function bound to each child, not an object per child: torch.compile guards a
+    bound method by its function, the same for every layer (an object of each layer's own made
+    every layer another graph, 8 for 10 layers, and the 9th on ran eagerly past the recompile
+    limit); copy.deepcopy(model) binds the copy's to the copy's child."""
+    inner = child.__dict__["_remat_inner_forward"]
+    if torch.compiler.is_compiling():
+        # Read off the child, not looked up in the plan's regions: a dict keyed by modules makes
+        # Dynamo guard each key's parameters by identity, another graph for every layer
+        if _traced_plan is None:
+            return inner(*args, **kwargs)
+        return compiled_region(inner, not child.__dict__["_remat_region_saved"], args, kwargs)
+    call = _current_call()
+    entry = call.plan.regions.get(child) if call is not None else None
+    if entry is None:
+        return inner(*args, **kwargs)
+    name, save = entry
+    region = call.region_name(name)
+    # Names were checked when the layer was wrapped; the region goes straight to the runtime.
+    return _plans.run_region(
+        region, not save,
+        lambda setting, wrap=None: _C.region(inner if wrap is None else wrap(inner), args, kwargs, region, setting),
+        (args, kwargs))
 
-    def __init__(self, child, inner):
-        functools.update_wrapper(self, inner)  # name, docstring and __wrapped__ (inspect.signature follows it)
-        self.child = child
-        self.inner = inner
 
-    def __call__(self, *args, **kwargs):
-        if torch.compiler.is_compiling():
-            entry = _traced_plan.regions.get(self.child) if _traced_plan is not None else None
-            if entry is None:
-                return self.inner(*args, **kwargs)
-            return compiled_region(self.inner, not entry[1], args, kwargs)
-        call = _current_call()
-        entry = call.plan.regions.get(self.child) if call is not None else None
-        if entry is None:
-            return self.inner(*args, **kwargs)
-        name, save = entry
-        region = call.region_name(name)
-        # Names were checked when the layer was wrapped; the region goes straight to the runtime.
-        return _plans.run_region(
-            region, not save,
-            lambda setting, wrap=None: _C.region(self.inner if wrap is None else wrap(self.inner), args, kwargs, region,
-                                                 setting), (args, kwargs))
+def _is_region_forward(forward, child):
+    return inspect.ismethod(forward) and forward.__func__ is _region_forward and forward.__self__ is child
 
 
 # --- one layer ---------------------------------------------------------------------------------
@@ -532,10 +535,11 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
                 layer._remat_layer_plan = restore
             continue
         for child in plan.regions:
-            current = child.__dict__.get("forward")
-            if isinstance(current, _RegionForward) and current.child is child:
+            if _is_region_forward(child.__dict__.get("forward"), child):
                 continue  # shared with a layer wrapped before: its wrapper serves every plan
-            plan.set_attribute(child, "forward", _RegionForward(child, child.forward))
+            plan.set_attribute(child, "_remat_inner_forward", child.forward)
+            plan.set_attribute(child, "_remat_region_saved", plan.regions[child][1])
+            plan.set_attribute(child, "forward", types.MethodType(_region_forward, child))
         if layer_class is not None and isinstance(layer, layer_class):
             plan.set_attribute(layer, "_gradient_checkpointing_func", plan.checkpoint_function)
             plan.set_attribute(layer, "gradient_checkpointing", True)

@@ -415,16 +415,23 @@ def test_pickling_a_wrapped_model_is_refused_naming_state_dict_and_unwrap():
 
 @pytest.mark.parametrize("compiled", ["decoder-layers", "whole-model"])
 def test_compiled_llama_with_remat_layers_matches_the_uncompiled_uncheckpointed_model(compiled):
-    reference, model = twin_models(llama_config())
+    """Each decoder layer compiled: one graph for all of them (each layer's own wrapper objects and
+    its checkpoint's name, read while tracing, were guards that compiled a graph per layer, and
+    past Dynamo's recompile limit of 8 the later layers ran eagerly)."""
+    from torch._dynamo.utils import counters
+
+    reference, model = twin_models(llama_config(layers=4))
     ids = input_ids()
     expected = train_step(reference, ids)
     remat.wrap_decoder_layers(model, save=("self_attn",))
     torch._dynamo.reset()
+    counters.clear()
     try:
         if compiled == "decoder-layers":
             for layer in decoder_layers(model):
                 layer.compile(backend="aot_eager")
             actual = train_step(model, ids)
+            assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
         else:
             compiled_model = torch.compile(model, backend="aot_eager", fullgraph=True)  # no graph break
             model.zero_grad(set_to_none=True)
