@@ -480,6 +480,8 @@ class FitState:
         self._window_peak = 0
         self._awaiting = None       # a planned step's backward hook (weakly: alive with its graph), until it runs
         self.regionless_steps = 0   # profiled training steps in a row whose checkpoints ran no region
+        self.others_stepped = False  # another fitted model's step began since this one's began
+        self.finished_early = False  # this one's step was ended as another's began (begin_step)
         self.frozen = None          # the names of the parameters that required no gradient in the steps learned from
         self.learned_when_frozen = {}  # frozen -> what was learned while those were, where others are now
         self._learn_afresh()
@@ -780,7 +782,11 @@ class FitState:
 
     def finish_step(self):
         """Ends the training step before this point: closes its profile, or checks the measured
-        peak of a step planned from a scaled profile."""
+        peak of a step planned from a scaled profile. Once: a step ended early, as another fitted
+        model's step began, is not ended again."""
+        if self.finished_early:
+            self.finished_early = False
+            return
         with self._parameters_listed():
             self._finish_step()
 
@@ -924,7 +930,7 @@ class FitState:
             after = self._read_peak() if updated else 0
         outside = self._read_peak()
         if (self.optimizer_end_peak is not None or not updated) and outside > self.budget and \
-                "outside" not in self.told_differences:
+                not self.others_stepped and "outside" not in self.told_differences:
             self.told_differences.add("outside")
             _tell(f"remat.fit: memory allocated after the last step's {'optimizer step' if updated else 'backward'} "
                   f"and before the next step peaked at {_bytes_text(outside)}, over the budget of "
@@ -1192,6 +1198,18 @@ class FitState:
         """Before a training forward: ends the previous step, then returns the context this
         forward runs in (a use_plan), or None where it runs profiled (the profile is open)."""
         self.finish_step()
+        # What another fitted model's steps allocate runs between this model's steps, not in them
+        # nor "outside" them (two models trained in turn, a GAN's): a profiled step of another
+        # whose backward and optimizer step ran ends now, or its profile would read this step's
+        # peak as its own optimizer step's, every plan of it refused as under the peak it reads
+        self.others_stepped = False
+        for other in list(_fitted):
+            if other is self:
+                continue
+            other.others_stepped = True
+            if other.measuring is not None and other._stepped and other.measuring[0]._step.after_backward is not None:
+                other.finish_step()
+                other.finished_early = True
         with self._parameters_listed():
             return self._begin_step(args, kwargs)
 

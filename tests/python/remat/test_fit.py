@@ -291,6 +291,33 @@ def test_a_profiled_step_whose_checkpoints_skip_every_layer_runs_unplanned_and_t
             model(batch(1)).backward()
 
 
+def test_two_models_trained_in_turn_do_not_count_each_others_steps_as_their_own_outside_memory():
+    """A small model and a large one fitted apart and trained in turn (a GAN's generator and
+    discriminator): the large one's steps ran between the small one's, and the small one said that
+    memory allocated outside its steps went over its budget, reading the large one's peak."""
+    torch.manual_seed(0)
+    with remat.tag_cpu_tensors(), warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        small = remat.fit(Model(), "1GiB")
+        large = fit_loop.CheckpointedLayers([fit_loop.Layer(4 * HIDDEN) for _ in range(4)])
+        remat.fit(large, "1GiB")
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.01) for m in (small, large)]
+        for step in range(3):
+            peaks = []
+            for model, optimizer, width in zip((small, large), optimizers, (HIDDEN, 4 * HIDDEN)):
+                remat_alloc.reset_peak_stats()
+                model(torch.randn(BATCH, SEQUENCE, width, requires_grad=True)).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                peaks.append(remat_alloc.memory_stats()["requested_bytes_peak"])
+            if step == 0:  # the small one's budget: above its own steps' peak, under the large one's
+                assert peaks[0] < peaks[1]
+                remat.fit(small, (peaks[0] + peaks[1]) // 2)
+        remat.unfit(small)
+        remat.unfit(large)
+    assert not [w for w in told if "outside the model's steps" in str(w.message)], [str(w.message) for w in told]
+
+
 def test_eval_forwards_run_as_they_are_and_end_the_profiled_step(unlimited):
     torch.manual_seed(0)
     with remat.tag_cpu_tensors():
