@@ -241,13 +241,12 @@ class Checkpoint:
         if self._context_fn is not None:
             raise RematError(f"checkpoint '{self.region_name}': context_fn given to both remat.checkpoint() and .call(); "
                              "pass it once")
+        if torch.compiler.is_compiling():  # torch.utils.checkpoint's own, as remat.checkpoint(context_fn=) passes it
+            return compiled_checkpoint(self, fn, args, kwargs, _verify_recompute_default(), context_fn)
         return self._run(fn, args, kwargs, [functools.partial(_TorchCheckpointContexts, context_fn)], keep_rng)
 
     def _run(self, fn, args, kwargs, call_contexts=(), keep_rng=False):
         if torch.compiler.is_compiling():
-            if call_contexts:
-                raise RematError(f"checkpoint '{self.region_name}': context_fn given to .call() is not supported under "
-                                 "torch.compile; pass it to remat.checkpoint(context_fn=...)")
             return compiled_checkpoint(self, fn, args, kwargs, _verify_recompute_default())
         verify = _verify_recompute_default() if self._verify is None else self._verify
         saved_tensors_hooks = self._saved_tensors_hooks or enclosing_hooks()

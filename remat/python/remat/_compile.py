@@ -149,7 +149,7 @@ def compiled_region(body, recompute, args, kwargs):
     return dynamo_bypassing_wrapper(_saved_by_the_partitioner, body, *args, **kwargs)
 
 
-def compiled_checkpoint(checkpoint, fn, args, kwargs, verify_switched_on):
+def compiled_checkpoint(checkpoint, fn, args, kwargs, verify_switched_on, context_fn=None):
     """A checkpoint traced by Dynamo: its body under a non-reentrant torch.utils.checkpoint.
 
     State hooks are left out: traced whole, the partitioner never recomputes random ops (dropout
@@ -158,7 +158,9 @@ def compiled_checkpoint(checkpoint, fn, args, kwargs, verify_switched_on):
     (preserve_rng_state, as a state hook would). A context_fn (selective activation checkpointing)
     is torch.utils.checkpoint's own and passes through; replay channels and verify_recompute
     (given, or switched on by remat.verify_recompute(True): verify_switched_on), which need
-    recompute to run the Python body again, are refused when the compiled function runs."""
+    recompute to run the Python body again, are refused when the compiled function runs.
+    `context_fn`: one given to checkpoint.call() (transformers' gradient_checkpointing_kwargs), in
+    place of the checkpoint's own."""
     global _tracing_checkpoint
     refusal = _eager_only_refusal(checkpoint, verify_switched_on)
     if refusal is not None:
@@ -176,7 +178,8 @@ def compiled_checkpoint(checkpoint, fn, args, kwargs, verify_switched_on):
                          "not nest: use regions inside one checkpoint")
     _tracing_checkpoint = True
     try:
-        selective = {} if checkpoint._context_fn is None else {"context_fn": checkpoint._context_fn}
+        context_fn = checkpoint._context_fn if context_fn is None else context_fn
+        selective = {} if context_fn is None else {"context_fn": context_fn}
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, **selective,
                                                  **kwargs)
     finally:

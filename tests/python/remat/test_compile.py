@@ -3,6 +3,7 @@ fullgraph=True), save regions saved and recompute regions recomputed by AOTAutog
 partitioner, gradients equal to eager; eager-only options refused with a clear error."""
 
 
+import functools
 import threading
 
 import pytest
@@ -184,6 +185,35 @@ def test_the_partitioner_saves_save_regions_and_recomputes_recompute_regions():
     torch._dynamo.reset()
     saved = saved_by_the_partitioner(mlp_saved, x)
     assert "aten.sigmoid.default" in saved and "aten.tanh.default" not in saved
+
+
+def test_a_context_fn_given_to_call_is_torch_checkpoints_own_under_compile(fresh_dynamo):
+    """transformers hands gradient_checkpointing_kwargs' context_fn to a checkpoint's .call(): under
+    torch.compile that raised inside the compiled function, so Dynamo broke the graph there (4
+    breaks) and the step ran eagerly without a word (fullgraph=True: Dynamo's "Observed
+    exception"). Now it passes to torch.utils.checkpoint as remat.checkpoint(context_fn=) does:
+    the partitioner saves the matmuls the policy names and recomputes the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    x, w = parameters((16, 32), (32, 32))
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def step(t):
+        return remat.checkpoint(region_name="selective").call(
+            lambda u: ((u @ w).sin() @ w).cos(), t,
+            context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+
+    saved = saved_by_the_partitioner(step, x)
+    assert "aten.mm.default" in saved and "aten.sin.default" not in saved, saved
+    x.grad = w.grad = None
+    ((x @ w).sin() @ w).cos().sum().backward()
+    expected = [x.grad.clone(), w.grad.clone()]
+    x.grad = w.grad = None
+    torch._dynamo.reset()
+    torch.compile(step, backend="aot_eager", fullgraph=True)(x).sum().backward()
+    assert torch.equal(x.grad, expected[0]) and torch.equal(w.grad, expected[1])
 
 
 def test_a_compiled_module_inside_an_eager_checkpoint_works():
