@@ -383,6 +383,9 @@ def _layer_regions(layer, save, recompute):
     return regions
 
 
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
 def _called_children(module, prefix=""):
     """(path, child) of the module's children its forward can call: a ModuleList or ModuleDict
     (T5's block keeps its sublayers in one, named "layer") is never called itself, its entries are."""
@@ -391,9 +394,6 @@ def _called_children(module, prefix=""):
             yield from _called_children(child, f"{prefix}{name}.")
         else:
             yield f"{prefix}{name}", child
-
-
-_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
 def _require_present(parameter, names, found_layers):
