@@ -144,8 +144,32 @@ def _region_forward(child, *args, **kwargs):
         (args, kwargs))
 
 
+_REGION_FORWARD_STATE = ("_remat_inner_forward", "_remat_region_saved")  # on a child, read by _region_forward
+
+# The forward a child is given, per function it wraps (its class's forward): one function for every
+# child of a class, with that forward's name, docstring and signature (inspect.signature follows
+# __wrapped__), bound to each child
+_region_forwards = weakref.WeakKeyDictionary()
+
+
+def _region_forward_for(child, inner):
+    """`child`'s region forward around `inner` (what child.forward was)."""
+    wrapped = inner.__func__ if inspect.ismethod(inner) and inner.__self__ is child else None
+    function = _region_forwards.get(wrapped) if wrapped is not None else None
+    if function is None:
+        def function(child, *args, **kwargs):
+            return _region_forward(child, *args, **kwargs)
+
+        functools.update_wrapper(function, wrapped if wrapped is not None else inner)
+        function._remat_region_forward = True
+        if wrapped is not None:  # an instance's own forward (a hook's) gets a function of its own
+            _region_forwards[wrapped] = function
+    return types.MethodType(function, child)
+
+
 def _is_region_forward(forward, child):
-    return inspect.ismethod(forward) and forward.__func__ is _region_forward and forward.__self__ is child
+    return inspect.ismethod(forward) and getattr(forward.__func__, "_remat_region_forward", False) and \
+        forward.__self__ is child
 
 
 # --- one layer ---------------------------------------------------------------------------------
@@ -232,9 +256,14 @@ class _LayerPlan:
                 setattr(module, attribute, value)
 
     def undo(self):
+        hooked = set()  # children whose region forward something else holds now (a hook set after wrapping)
         for module, attribute, previous, value in reversed(self.restore):
             if not _same(module.__dict__.get(attribute, _ABSENT), value):
+                if attribute == "forward":
+                    hooked.add(id(module))
                 continue  # replaced since (gradient_checkpointing_enable, another wrapper): leave it
+            if id(module) in hooked and attribute in _REGION_FORWARD_STATE:
+                continue  # what the region forward the hook calls reads: it runs the wrapped forward now
             if previous is _ABSENT:
                 delattr(module, attribute)
             else:
@@ -539,7 +568,7 @@ def wrap_decoder_layers(model, save=("self_attn",), recompute_state_hooks=(), *,
                 continue  # shared with a layer wrapped before: its wrapper serves every plan
             plan.set_attribute(child, "_remat_inner_forward", child.forward)
             plan.set_attribute(child, "_remat_region_saved", plan.regions[child][1])
-            plan.set_attribute(child, "forward", types.MethodType(_region_forward, child))
+            plan.set_attribute(child, "forward", _region_forward_for(child, child.__dict__["_remat_inner_forward"]))
         if layer_class is not None and isinstance(layer, layer_class):
             plan.set_attribute(layer, "_gradient_checkpointing_func", plan.checkpoint_function)
             plan.set_attribute(layer, "gradient_checkpointing", True)

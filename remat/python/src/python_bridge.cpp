@@ -124,9 +124,10 @@ bool Structure::add(const py::handle& value, TensorList& tensors, int depth, con
                          " containers (or holds itself); pass flatter structures");
   }
   const std::size_t node = nodes_.size();
-  // A container the body may change (a list an auxiliary loss is appended to) is built anew for
-  // each recompute, tensors in it or not: recompute's changes never reach the caller's
-  bool built = kind == Kind::list || kind == Kind::dict || kind == Kind::dict_subclass || kind == Kind::dataclass;
+  // A list or dict the body may change (an auxiliary loss appended) is built anew for each
+  // recompute, tensors in it or not: recompute's changes never reach the caller's. A subclass or
+  // dataclass without tensors stays itself: copying it may be refused (a frozen dict's setitem)
+  bool built = kind == Kind::list || kind == Kind::dict;
   nodes_.push_back({kind, 0, {}});
   if (kind == Kind::dict || kind == Kind::dict_subclass) {
     const py::dict dict = py::reinterpret_borrow<py::dict>(value);
@@ -158,7 +159,7 @@ bool Structure::add(const py::handle& value, TensorList& tensors, int depth, con
       nodes_[node].object = PyRef(py::reinterpret_borrow<py::object>(py::type::handle_of(value)));
     }
   }
-  if (!built) {  // a tuple of constants: kept itself
+  if (!built) {  // constants alone, in a tuple, a dict subclass or a dataclass: kept itself
     nodes_.resize(node);
     nodes_.push_back({Kind::constant, 0, PyRef(py::reinterpret_borrow<py::object>(value))});
   }

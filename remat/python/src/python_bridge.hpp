@@ -55,8 +55,8 @@ auto with_gil(Call&& call) {
 // A Python value with its tensors taken out, in depth-first order: they are the runtime's
 // inputs (from a call's arguments, positional and keyword) or outputs (from a result).
 // Tuples, lists, dicts (their subclasses too: a ModelOutput) and dataclasses are walked; anything
-// else (None, numbers, modules, tuples holding neither tensors nor those) is kept as it is and
-// comes back as the same object. A list, dict or dataclass comes back as a copy, tensors in it
+// else (None, numbers, modules, containers holding neither tensors nor a list or dict) is kept
+// as it is and comes back as the same object. A list or dict comes back as a copy, tensors in it
 // or not.
 class Structure {
  public:
@@ -87,7 +87,7 @@ class Structure {
     // value and its keys or field names (dict_subclass, dataclass)
     PyRef object;
   };
-  // Whether the value is rebuilt (a tensor, a list, dict or dataclass, or a tuple holding one).
+  // Whether the value is rebuilt (a tensor, a list or dict, or a container holding one).
   bool add(const py::handle& value, TensorList& tensors, int depth, const std::function<std::string()>& name);
   py::object build(std::size_t& node, std::size_t& tensor, const TensorList& tensors) const;
   std::vector<Node> nodes_;  // in preorder

@@ -491,3 +491,27 @@ def test_a_model_handing_its_layers_the_cache_positionally_hands_none_in_trainin
     remat.unwrap_decoder_layers(model)
     assert not model.transformer.gradient_checkpointing and "_gradient_checkpointing_func" not in vars(
         model.transformer)
+
+
+def test_a_childs_forward_keeps_its_signature_and_a_hook_set_after_wrapping_outlives_unwrapping():
+    """A region's forward was a function of remat's own: inspect.signature gave (*args, **kwargs).
+    An accelerate-style hook set on a child after wrapping (its forward replaced by one calling the
+    wrapped forward) failed once the model was unwrapped (KeyError: '_remat_inner_forward')."""
+    import functools
+    import inspect
+
+    reference, model = twin_models(llama_config())
+    remat.wrap_decoder_layers(model)
+    attention = decoder_layers(model)[0].self_attn
+    assert inspect.signature(attention.forward) == inspect.signature(decoder_layers(reference)[0].self_attn.forward)
+    wrapped = attention.forward
+    attention.forward = functools.partial(lambda *args, **kwargs: wrapped(*args, **kwargs))
+    ids = input_ids()
+    expected_loss, expected_grads = train_step(reference, ids)
+    for unwrap in (False, True):
+        if unwrap:
+            remat.unwrap_decoder_layers(model)
+            assert isinstance(attention.forward, functools.partial)  # the hook stays, calling what it wrapped
+        loss, grads = train_step(model, ids)
+        assert torch.equal(loss, expected_loss)
+        assert all(torch.equal(grads[name], grad) for name, grad in expected_grads.items())

@@ -458,3 +458,19 @@ def test_recompute_changes_a_copy_of_a_container_that_holds_no_tensor(start):
     (h.sum() + sum(losses)).backward()
     assert len(aux) == len(start) + 3
     assert weight.grad is not None
+
+
+def test_a_dict_subclass_that_refuses_changes_and_holds_no_tensor_is_handed_to_recompute_as_it_is():
+    """A frozen config (a dict subclass whose __setitem__ raises): copied for recompute, its copy
+    refused the items set back, and backward failed ("FrozenDict is immutable")."""
+
+    class FrozenDict(dict):
+        def __setitem__(self, key, value):
+            raise TypeError("FrozenDict is immutable")
+
+    weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    config = FrozenDict(scale=0.5)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    remat.checkpoint(region_name="layers.0")(lambda t, c: (t @ weight * c["scale"]).sin())(x, config).sum().backward()
+    expected = torch.autograd.grad((x @ weight * 0.5).sin().sum(), weight)[0]
+    assert torch.equal(weight.grad, expected)
