@@ -120,10 +120,11 @@ def _current_call():
 def _region_forward(child, *args, **kwargs):
     """The instance forward of a child named in a plan, bound to the child: a region while a plan
     naming it runs on the thread, the forward it wraps (the child's `_remat_inner_forward`)
-    otherwise. One function bound to each child, not an object per child: torch.compile guards a
-    bound method by its function, the same for every layer (an object of each layer's own made
-    every layer another graph, 8 for 10 layers, and the 9th on ran eagerly past the recompile
-    limit); copy.deepcopy(model) binds the copy's to the copy's child."""
+    otherwise. A child's forward calls it through a function bound to the child, one per class
+    forward it wraps (_region_forward_for), not an object per child: torch.compile guards a bound
+    method by its function, the same for every layer (an object of each layer's own made every
+    layer another graph, 8 for 10 layers, and the 9th on ran eagerly past the recompile limit);
+    copy.deepcopy(model) binds the copy's to the copy's child."""
     inner = child.__dict__["_remat_inner_forward"]
     if torch.compiler.is_compiling():
         # Read off the child, not looked up in the plan's regions: a dict keyed by modules makes
@@ -162,8 +163,8 @@ def _region_forward_for(child, inner):
 
         functools.update_wrapper(function, wrapped if wrapped is not None else inner)
         function._remat_region_forward = True
-        if wrapped is not None:  # an instance's own forward (a hook's) gets a function of its own
-            _region_forwards[wrapped] = function
+        if wrapped is not None:  # kept for the class's other children; an instance's own forward
+            _region_forwards[wrapped] = function  # (a hook's) gets a function of its own
     return types.MethodType(function, child)
 
 
