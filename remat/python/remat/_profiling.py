@@ -198,8 +198,10 @@ class profile_regions:
         self._step = StepRecorder()
         self._step.begin()
         # The runtime watches checkpoint forwards' ops while it records input reads (the step's
-        # memory needs them): the collectives they run too, whether or not that memory is counted
-        _C.record_input_reads(True)
+        # memory needs them, and turns them on): the collectives they run too, whether or not that
+        # memory is counted
+        if not self._step.enabled:
+            _C.record_input_reads(True)
         self._shape = StepShape()
         _state.session = self
         self._open = True
